@@ -1,0 +1,29 @@
+"""manymodels: train many models at once, one per group, file or setting.
+
+>>> import manymodels as mm
+>>> run = mm.train(fit, mm.groups("sales.parquet", by=["store", "item"]))
+>>> run.results, run.failed, run.models[("s1", "i7")]
+"""
+
+from __future__ import annotations
+
+from .api import map_groups, train
+from .backends import WorkerStartupError
+from .results import Run, Summary
+from .scheduling import RunInterrupted, TooManyFailures
+from .sources import grid, groups, items
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Run",
+    "RunInterrupted",
+    "Summary",
+    "TooManyFailures",
+    "WorkerStartupError",
+    "grid",
+    "groups",
+    "items",
+    "map_groups",
+    "train",
+]

@@ -1,0 +1,224 @@
+"""The public entry points: :func:`train` and :func:`map_groups`.
+
+Everything a user can get wrong is checked here, before a worker starts, and
+the error names the argument at fault.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cloudpickle
+import pandas as pd
+
+from ._resources import parse_bytes, usable_cores
+from .backends import backend_class
+from .execution import RunContext
+from .planning import plan as make_plan
+from .results import Run
+from .scheduling import Scheduler
+from .sources import GroupSource, ProductSource, Source
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_max_failures(value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+        raise ValueError(
+            f"max_failures must be a count >= 0 or a fraction in (0, 1), got {value!r}"
+        )
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if not 0 < value < 1:
+        raise ValueError(f"max_failures as a fraction must lie in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _check_retry_on(value: Any) -> tuple[type[BaseException], ...]:
+    if value is None:
+        return ()
+    types = (value,) if isinstance(value, type) else tuple(value)
+    for item in types:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise TypeError(f"retry_on must hold exception classes, got {item!r}")
+    return types
+
+
+def _check_picklable(fit: Callable, shared: dict | None, backend: str) -> None:
+    try:
+        cloudpickle.dumps(fit)
+    except Exception as exc:
+        raise TypeError(
+            f"fit cannot be pickled to send it to the {backend} backend's worker "
+            f"processes: {exc!r}. Define fit at module level without references to "
+            "open files, locks or connections, or use backend='threads'"
+        ) from exc
+    for name, value in (shared or {}).items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"shared object {name!r} cannot be pickled for the {backend} backend: "
+                f"{exc!r}; use backend='threads' to share it in-process"
+            ) from exc
+
+
+def train(
+    fit: Callable[..., Any],
+    source: Source,
+    *,
+    shared: Mapping[str, Any] | None = None,
+    backend: str = "processes",
+    workers: int | None = None,
+    cpus_per_task: int = 1,
+    retries: int = 0,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    timeout: float | None = None,
+    memory_limit: int | str | None = None,
+    max_failures: int | float | None = None,
+    progress: bool = True,
+) -> Run:
+    """Train one model per task of ``source``, in parallel; return the :class:`Run`.
+
+    ``fit(data, **params, **shared)`` receives a group's rows (or an item) first,
+    unless the source is a bare grid, then the grid values and the ``shared``
+    objects as keywords. It returns a model, a ``(model, metrics)`` pair, or a
+    dict of metrics. An exception fails only its own task; its traceback is in
+    ``run.failed``.
+
+    * ``backend``: ``"processes"`` (default), ``"threads"`` or ``"serial"``.
+    * ``workers``: default the usable cores (affinity and cgroup aware) divided
+      by ``cpus_per_task``, the BLAS/OpenMP threads each task may use.
+    * ``retries``: how often a task whose worker crashed, timed out or ran out
+      of memory, or that raised one of ``retry_on``, is tried again.
+    * ``timeout`` (seconds per task) and ``memory_limit`` (per worker, bytes or
+      ``"2GB"``): the worker is killed and replaced, the task recorded
+      ``timeout`` or ``memory`` (processes backend).
+    * ``max_failures``: an error budget, a count or a fraction of the tasks;
+      past it the run stops and raises :class:`TooManyFailures`.
+    * ``progress``: a progress bar on a terminal.
+    """
+    if not callable(fit):
+        raise TypeError(f"fit must be callable, got {type(fit).__name__}")
+    if not isinstance(source, Source):
+        raise TypeError(
+            "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
+            f"got {type(source).__name__}"
+        )
+    backend_type = backend_class(backend)
+    cpus_per_task = _positive_int("cpus_per_task", cpus_per_task)
+    if workers is None:
+        workers = max(1, usable_cores() // cpus_per_task)
+    else:
+        workers = _positive_int("workers", workers)
+    retries = _positive_int("retries", retries, minimum=0)
+    retry_types = _check_retry_on(retry_on)
+    max_failures = _check_max_failures(max_failures)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not backend_type.enforces_timeout:
+            raise ValueError(
+                f"the {backend} backend cannot stop a running task, so it cannot enforce "
+                "timeout=; use backend='processes'"
+            )
+    memory_bytes = None
+    if memory_limit is not None:
+        memory_bytes = parse_bytes(memory_limit)
+        if not backend_type.enforces_memory_limit:
+            raise ValueError(
+                f"the {backend} backend cannot enforce memory_limit=; use backend='processes'"
+            )
+    if shared is not None:
+        if not isinstance(shared, Mapping) or not all(isinstance(k, str) for k in shared):
+            raise TypeError("shared must be a dict of name -> object, passed to fit as keywords")
+        clash = set(shared) & set(source.param_columns)
+        if clash:
+            raise ValueError(f"shared name {sorted(clash)[0]!r} is also a grid parameter")
+        shared = dict(shared)
+    if backend_type.requires_pickling:
+        _check_picklable(fit, shared, backend)
+
+    plan = make_plan(source)
+    if backend == "serial":
+        workers = 1
+    workers = min(workers, len(plan.tasks))
+    context = RunContext(
+        fit=fit,
+        kind=plan.kind,
+        format=plan.format,
+        table=plan.table,
+        shared=shared or None,
+        cpus_per_task=cpus_per_task,
+        retry_on=retry_types,
+    )
+    engine = backend_type(workers, cpus_per_task, timeout=timeout, memory_limit=memory_bytes)
+    scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
+                          progress=progress)
+    return scheduler.run(context)
+
+
+def _as_pandas(value: Any) -> pd.DataFrame:
+    if isinstance(value, pd.DataFrame):
+        return value
+    if hasattr(value, "to_pandas"):
+        return value.to_pandas()
+    if isinstance(value, pd.Series):
+        return value.to_frame().T
+    raise TypeError(f"map_groups' function must return a DataFrame, got {type(value).__name__}")
+
+
+def map_groups(
+    fn: Callable[..., Any],
+    source: GroupSource | ProductSource,
+    *,
+    errors: str = "raise",
+    **options: Any,
+) -> pd.DataFrame:
+    """Run ``fn`` on every group and return one concatenated pandas DataFrame,
+    groups in key order, rows within a group as ``fn`` returned them.
+
+    Key columns missing from ``fn``'s output are added in front. With
+    ``errors="raise"`` (default) a failing group raises an error naming it;
+    with ``errors="skip"`` its rows are left out. Other keywords go to
+    :func:`train` (``backend``, ``workers``, ``shared``, ...).
+    """
+    if errors not in ("raise", "skip"):
+        raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
+    base = source.base if isinstance(source, ProductSource) else source
+    if not isinstance(base, GroupSource):
+        raise TypeError("map_groups needs a source made by mm.groups(...)")
+    options.setdefault("progress", False)
+    run = train(fn, source, **options)
+    failed = run.failed
+    if errors == "raise" and len(failed):
+        row = failed.iloc[0]
+        key = tuple(row[c] for c in run._plan.key_columns)
+        raise RuntimeError(
+            f"map_groups: {len(failed)} group(s) failed; the first, "
+            f"{key[0] if len(key) == 1 else key!r}, with:\n{row['error']}"
+        )
+    frames = []
+    records = run._records
+    for task, parts in zip(run._plan.tasks, run._plan.key_rows):
+        if records.status[task.index] != "ok":
+            continue
+        frame = _as_pandas(records.model[task.index])
+        missing = [c for c in run._plan.key_columns if c not in frame.columns]
+        if missing:
+            frame = frame.copy()
+            for position, name in enumerate(run._plan.key_columns):
+                if name in missing:
+                    frame.insert(position, name, parts[position])
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,24 @@
+"""Execution engines behind one small interface (:mod:`.base`), one file each."""
+
+from __future__ import annotations
+
+from .base import Backend, WorkerStartupError
+from .processes import ProcessesBackend
+from .serial import SerialBackend
+from .threads import ThreadsBackend
+
+BACKENDS: dict[str, type[Backend]] = {
+    "processes": ProcessesBackend,
+    "threads": ThreadsBackend,
+    "serial": SerialBackend,
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The backend class registered under ``name``."""
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+__all__ = ["BACKENDS", "Backend", "WorkerStartupError", "backend_class"]

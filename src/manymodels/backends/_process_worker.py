@@ -1,0 +1,118 @@
+"""Entry point of a worker process of the processes backend.
+
+Started as ``python -m manymodels.backends._process_worker RX TX SLOTS SLOT CONTEXT``
+with BLAS/OpenMP thread limits already in its environment (so they hold from
+the first import of NumPy). It reads batches from pipe ``RX``, writes outcomes
+to pipe ``TX``, and records the task it is running in its slot of the
+``SLOTS`` file, so that the driver knows exactly which task to blame if this
+process dies or overstays, even in the middle of a batch.
+
+Messages (pickled tuples)::
+
+    driver -> worker   ("batch", batch_id, [(index, data_ref, params), ...]) | ("stop",)
+    worker -> driver   ("ready", pid) | ("fatal", traceback)
+                       ("part" | "done", batch_id, outcomes_pickle, busy_s)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+
+from manymodels.backends._protocol import SLOT
+
+_FLUSH_EVERY_S = 0.25
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if the driver dies
+    except (OSError, AttributeError):
+        pass
+
+
+def dump_outcomes(outcomes: list) -> bytes:
+    """Pickle outcomes; a model that cannot be pickled fails its own task only."""
+    try:
+        return pickle.dumps(outcomes, protocol=5)
+    except Exception:
+        pass
+    import cloudpickle
+
+    safe = []
+    for outcome in outcomes:
+        try:
+            cloudpickle.dumps(outcome, protocol=5)
+            safe.append(outcome)
+        except Exception as exc:
+            index, _, _, _, duration, started_at, _, _ = outcome
+            safe.append((index, "failed", None, {}, duration, started_at,
+                         "the value returned by fit cannot be pickled to send it back "
+                         f"to the driver: {exc!r}", False))
+    return cloudpickle.dumps(safe, protocol=5)
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
+    from multiprocessing.connection import Connection
+
+    rx = Connection(int(argv[1]), writable=False)
+    tx = Connection(int(argv[2]), readable=False)
+    slot_offset = int(argv[4]) * SLOT.size
+    with open(argv[3], "r+b") as handle:
+        slots = mmap.mmap(handle.fileno(), 0)
+
+    def mark(index: int) -> None:
+        SLOT.pack_into(slots, slot_offset, index, time.time())
+
+    try:
+        with open(argv[5], "rb") as handle:
+            sys_path, context_bytes = pickle.load(handle)
+        sys.path[:] = sys_path
+        import cloudpickle
+        from threadpoolctl import threadpool_limits
+
+        from manymodels import dataplane
+        from manymodels.execution import Executor
+
+        context = cloudpickle.loads(context_bytes)
+        threadpool_limits(limits=context.cpus_per_task)
+        table = dataplane.open_table(context.table) if isinstance(context.table, str) else None
+        shared = dataplane.open_objects(context.shared) if isinstance(context.shared, str) else None
+        executor = Executor(context, table=table, shared=shared)
+    except BaseException:
+        tx.send(("fatal", traceback.format_exc()))
+        return 1
+    tx.send(("ready", os.getpid()))
+
+    while True:
+        try:
+            message = rx.recv()
+        except EOFError:
+            return 0
+        if message[0] == "stop":
+            return 0
+        _, batch_id, tasks = message
+        begin = last_flush = time.perf_counter()
+        outcomes = []
+        for position, task in enumerate(tasks):
+            mark(task[0])
+            outcomes.append(executor.run_one(task))
+            now = time.perf_counter()
+            if now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
+                tx.send(("part", batch_id, dump_outcomes(outcomes), now - begin))
+                outcomes, begin, last_flush = [], now, now
+        mark(-1)
+        tx.send(("done", batch_id, dump_outcomes(outcomes), time.perf_counter() - begin))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

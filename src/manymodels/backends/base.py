@@ -1,0 +1,120 @@
+"""The contract between the scheduler and an execution engine.
+
+A backend runs batches of tasks on its workers and reports what happened. It
+knows nothing of ordering, batching, retries, error budgets or progress: the
+scheduler (:mod:`manymodels.scheduling`) owns those, so that every backend
+behaves the same and a new engine is one file.
+
+Life cycle, always driven by the scheduler from the driver's main thread::
+
+    backend = SomeBackend(workers=4, cpus_per_task=1, timeout=None, memory_limit=None)
+    backend.start(context)              # once: start workers, ship the RunContext
+    while work remains:
+        for _ in range(backend.free_slots()):
+            backend.submit(batch_id, tasks)   # tasks: [(index, data_ref, params), ...]
+        for event in backend.poll(timeout=0.05):
+            ...                               # Finished / Lost / Requeued
+    backend.stop(force=False)           # always, in a ``finally``
+
+Rules every backend keeps:
+
+* ``submit`` never blocks on a busy worker; ``free_slots`` says how many more
+  batches it accepts now (typically two per worker, so that a worker has its
+  next batch at hand when it finishes one).
+* Each task submitted is reported exactly once, as an outcome inside a
+  :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
+  past ``timeout`` or past ``memory_limit``), or handed back unrun in a
+  :class:`Requeued` event (it was queued on a worker that died).
+* ``poll`` returns within about ``timeout`` seconds, with an empty list if
+  nothing happened; it may return outcomes of a batch in several parts.
+* Exceptions raised by ``fit`` are outcomes, never exceptions of ``poll``.
+  ``poll`` raises only when the backend itself cannot go on
+  (:class:`WorkerStartupError`).
+* ``stop`` leaves no worker process and no shared-memory file behind; with
+  ``force=True`` it kills at once instead of letting workers finish.
+
+Capability flags tell :func:`manymodels.train` which keywords a backend can
+honour, so that a request it cannot keep fails before work starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..execution import Outcome, RunContext, TaskRef
+
+
+@dataclass
+class Finished:
+    """Outcomes of tasks that ran; ``batch_done`` when their batch is complete."""
+
+    outcomes: list[Outcome]
+    worker: int
+    busy_s: float = 0.0
+    batch_done: bool = True
+
+
+@dataclass
+class Lost:
+    """A task whose worker died, timed out or outgrew its memory limit."""
+
+    index: int
+    status: str  # "crashed", "timeout" or "memory"
+    message: str
+    worker: int
+
+
+@dataclass
+class Requeued:
+    """Tasks handed back unrun because their worker went away."""
+
+    indices: list[int] = field(default_factory=list)
+
+
+Event = Finished | Lost | Requeued
+
+
+class WorkerStartupError(RuntimeError):
+    """Workers cannot start or cannot load the run (e.g. ``fit`` does not unpickle)."""
+
+
+class Backend:
+    """Base class of execution engines; see the module docstring for the contract."""
+
+    name: ClassVar[str] = "base"
+    #: ``fit``, ``shared`` and models cross a process boundary (must pickle).
+    requires_pickling: ClassVar[bool] = False
+    #: A crash in ``fit`` (segfault, ``os._exit``) costs one task, not the run.
+    isolates_crashes: ClassVar[bool] = False
+    #: ``timeout=`` can stop a task that runs too long.
+    enforces_timeout: ClassVar[bool] = False
+    #: ``memory_limit=`` can stop a worker that grows too large.
+    enforces_memory_limit: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        workers: int,
+        cpus_per_task: int = 1,
+        timeout: float | None = None,
+        memory_limit: int | None = None,
+    ) -> None:
+        self.workers = workers
+        self.cpus_per_task = cpus_per_task
+        self.timeout = timeout
+        self.memory_limit = memory_limit
+
+    def start(self, context: RunContext) -> None:
+        raise NotImplementedError
+
+    def free_slots(self) -> int:
+        raise NotImplementedError
+
+    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+        raise NotImplementedError
+
+    def poll(self, timeout: float) -> list[Event]:
+        raise NotImplementedError
+
+    def stop(self, *, force: bool = False) -> None:
+        raise NotImplementedError

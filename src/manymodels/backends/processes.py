@@ -1,0 +1,299 @@
+"""Run tasks in worker processes that the driver supervises one by one.
+
+Not a ``multiprocessing.Pool``: a pool breaks as a whole when one worker dies
+(``BrokenProcessPool``) and cannot say which task killed it. Here each worker
+is a plain child process with a pipe of its own and a slot in a small shared
+file where it records the task it is running. So the driver can:
+
+* blame exactly one task when a worker dies (segfault, ``os._exit``, the OOM
+  killer, a SIGKILL from outside), re-queue the rest of its batches, and start
+  a fresh worker in its place;
+* kill a worker whose task overstays ``timeout``, or whose memory grows past
+  ``memory_limit``, and record which task it was.
+
+Workers are fresh interpreters (``python -m ...``, not ``fork``), started with
+BLAS/OpenMP thread limits in their environment, in a session of their own so
+that a Ctrl-C in the terminal reaches only the driver, and with a parent-death
+signal so that none outlives a killed driver. Data reaches them through the
+data plane (:mod:`manymodels.dataplane`), never pickled per task.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+
+import cloudpickle
+import psutil
+
+from .. import dataplane
+from .._resources import thread_limit_environment
+from ..execution import RunContext, TaskRef
+from ._protocol import SLOT
+from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
+
+_BATCHES_PER_WORKER = 2
+_CHECK_EVERY_S = 0.05
+_STOP_GRACE_S = 1.0
+_MAX_UNEXPLAINED_DEATHS = 5
+
+
+@dataclass
+class _Batch:
+    batch_id: int
+    pending: dict[int, None]  # task indices not yet reported, in run order
+
+
+@dataclass
+class _Worker:
+    slot: int
+    process: subprocess.Popen
+    rx: Connection
+    outbox: queue.SimpleQueue
+    sender: threading.Thread
+    ready: bool = False
+    batches: deque[_Batch] = field(default_factory=deque)
+    stats: psutil.Process | None = None
+    peak_rss: int = 0
+
+
+def _send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
+    # One thread per worker, so that a full pipe never blocks the driver loop.
+    while True:
+        data = outbox.get()
+        if data is None:
+            break
+        try:
+            conn.send_bytes(data)
+        except OSError:
+            break  # the worker is gone; the driver sees EOF on its other pipe
+    conn.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process was killed by {name} (signal {-code})"
+    return f"worker process exited with code {code}"
+
+
+def format_bytes(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover
+
+
+class ProcessesBackend(Backend):
+    name = "processes"
+    requires_pickling = True
+    isolates_crashes = True
+    enforces_timeout = True
+    enforces_memory_limit = True
+
+    def start(self, context: RunContext) -> None:
+        dataplane.sweep_stale_files()
+        self._files = dataplane.RunFiles()
+        try:
+            remote = replace(
+                context,
+                table=self._files.write_table(context.table) if context.table is not None else None,
+                shared=self._files.write_objects(context.shared) if context.shared else None,
+            )
+            self._context_path = self._files.write_bytes(
+                "context.pkl", pickle.dumps((list(sys.path), cloudpickle.dumps(remote)))
+            )
+            self._slots_path = self._files.new_file("slots", SLOT.size * self.workers)
+            with open(self._slots_path, "r+b") as handle:
+                self._slots = mmap.mmap(handle.fileno(), 0)
+            for slot in range(self.workers):
+                SLOT.pack_into(self._slots, slot * SLOT.size, -1, 0.0)
+            self._env = {**os.environ, **thread_limit_environment(self.cpus_per_task)}
+            self._workers = [self._spawn(slot) for slot in range(self.workers)]
+        except BaseException:
+            self._files.cleanup()
+            raise
+        self._unexplained_deaths = 0
+        self._last_check = time.monotonic()
+        self.peak_rss = 0
+
+    # -- workers -------------------------------------------------------------
+
+    def _spawn(self, slot: int) -> _Worker:
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "manymodels.backends._process_worker",
+                 str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
+                 self._context_path],
+                pass_fds=(to_worker_r, from_worker_w),
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(to_worker_r)
+            os.close(from_worker_w)
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        sender = threading.Thread(
+            target=_send_loop, args=(Connection(to_worker_w, readable=False), outbox),
+            daemon=True, name=f"manymodels-send-{slot}",
+        )
+        sender.start()
+        try:
+            stats = psutil.Process(process.pid)
+        except psutil.Error:
+            stats = None
+        return _Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
+                       sender, stats=stats)
+
+    def _retire(self, worker: _Worker, *, kill: bool) -> None:
+        if kill and worker.process.poll() is None:
+            try:
+                worker.process.kill()
+            except ProcessLookupError:
+                pass
+        worker.outbox.put(None)
+        try:
+            worker.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+            pass
+        worker.rx.close()
+        SLOT.pack_into(self._slots, worker.slot * SLOT.size, -1, 0.0)
+
+    def _replace(self, worker: _Worker, status: str | None, message: str | None) -> list[Event]:
+        """Account for the tasks of a worker that is gone, and start another."""
+        index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+        self._retire(worker, kill=True)
+        if status is None:
+            status, message = "crashed", _describe_exit(worker.process.returncode)
+        unreported = [i for batch in worker.batches for i in batch.pending]
+        events: list[Event] = []
+        if index in unreported:
+            events.append(Lost(index, status, message, worker.slot))
+            unreported.remove(index)
+        else:
+            self._unexplained_deaths += 1
+            if self._unexplained_deaths > _MAX_UNEXPLAINED_DEATHS:
+                raise WorkerStartupError(
+                    f"a worker process died outside any task ({message}); "
+                    "manymodels cannot go on with this backend"
+                )
+        if unreported:
+            events.append(Requeued(unreported))
+        self._workers[worker.slot] = self._spawn(worker.slot)
+        return events
+
+    # -- the contract ----------------------------------------------------------
+
+    def free_slots(self) -> int:
+        return sum(
+            _BATCHES_PER_WORKER - len(w.batches) for w in self._workers if w.ready
+        )
+
+    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+        ready = [w for w in self._workers if w.ready and len(w.batches) < _BATCHES_PER_WORKER]
+        worker = min(ready, key=lambda w: len(w.batches))
+        worker.batches.append(_Batch(batch_id, dict.fromkeys(t[0] for t in tasks)))
+        worker.outbox.put(pickle.dumps(("batch", batch_id, tasks), protocol=5))
+
+    def poll(self, timeout: float) -> list[Event]:
+        events: list[Event] = []
+        by_conn = {w.rx: w for w in self._workers}
+        for conn in wait(list(by_conn), timeout=min(timeout, _CHECK_EVERY_S)):
+            worker = by_conn[conn]
+            try:
+                message = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                events.extend(self._replace(worker, None, None))
+                continue
+            events.extend(self._handle(worker, message))
+        now = time.monotonic()
+        if now - self._last_check >= _CHECK_EVERY_S:
+            self._last_check = now
+            events.extend(self._check_limits())
+        return events
+
+    def _handle(self, worker: _Worker, message: tuple) -> list[Event]:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            return []
+        if kind == "fatal":
+            raise WorkerStartupError(
+                "a worker process could not load the run (is fit importable in a fresh "
+                f"interpreter? otherwise try backend='threads'):\n{message[1]}"
+            )
+        _, batch_id, payload, busy = message
+        outcomes = pickle.loads(payload)
+        batch = worker.batches[0]
+        for outcome in outcomes:
+            batch.pending.pop(outcome[0], None)
+        done = kind == "done"
+        if done:
+            worker.batches.popleft()
+        return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done)]
+
+    def _check_limits(self) -> list[Event]:
+        events: list[Event] = []
+        wall_now = time.time()
+        for worker in list(self._workers):
+            if not worker.ready:
+                continue
+            if worker.process.poll() is not None:
+                continue  # its pipe reports EOF on the next poll
+            if self.timeout is not None:
+                index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+                if index >= 0 and wall_now - started > self.timeout:
+                    again, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+                    if again == index:
+                        events.extend(self._replace(
+                            worker, "timeout",
+                            f"task ran longer than timeout={self.timeout:g}s; its worker "
+                            "was killed"))
+                        continue
+            if worker.stats is not None:
+                try:
+                    rss = worker.stats.memory_info().rss
+                except psutil.Error:
+                    continue
+                worker.peak_rss = max(worker.peak_rss, rss)
+                self.peak_rss = max(self.peak_rss, rss)
+                if self.memory_limit is not None and rss > self.memory_limit:
+                    events.extend(self._replace(
+                        worker, "memory",
+                        f"worker reached {format_bytes(rss)}, over memory_limit="
+                        f"{format_bytes(self.memory_limit)}; it was killed"))
+        return events
+
+    def stop(self, *, force: bool = False) -> None:
+        try:
+            workers = getattr(self, "_workers", [])
+            if not force:
+                for worker in workers:
+                    worker.outbox.put(pickle.dumps(("stop",)))
+                deadline = time.monotonic() + _STOP_GRACE_S
+                for worker in workers:
+                    try:
+                        worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
+            for worker in workers:
+                self._retire(worker, kill=True)
+        finally:
+            self._files.cleanup()

@@ -1,0 +1,36 @@
+"""Run every task in the driver, one after another: for debugging (pdb, print
+and breakpoints work) and as the reference the other backends must match."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from threadpoolctl import threadpool_limits
+
+from ..execution import Executor, RunContext, TaskRef
+from .base import Backend, Event, Finished
+
+
+class SerialBackend(Backend):
+    name = "serial"
+
+    def start(self, context: RunContext) -> None:
+        self._executor = Executor(context)
+        self._queue: deque[list[TaskRef]] = deque()
+        self._limits = threadpool_limits(limits=self.cpus_per_task)
+
+    def free_slots(self) -> int:
+        return 0 if self._queue else 1
+
+    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+        self._queue.append(tasks)
+
+    def poll(self, timeout: float) -> list[Event]:
+        if not self._queue:
+            return []
+        outcomes, busy = self._executor.run_batch(self._queue.popleft())
+        return [Finished(outcomes, worker=0, busy_s=busy)]
+
+    def stop(self, *, force: bool = False) -> None:
+        self._queue.clear()
+        self._limits.restore_original_limits()

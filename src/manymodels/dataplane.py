@@ -1,0 +1,154 @@
+"""The data plane: data written to shared memory once, mapped by every worker.
+
+Pickling a DataFrame per task is where hand-written pools lose their speed-up,
+and copying the data into every worker is where they run out of memory. Here
+the driver writes each piece of run data once under ``/dev/shm`` (a RAM-backed
+file system; the temporary directory where there is none or it is too small)
+and every worker memory-maps it read-only:
+
+* the sorted group table, as an Arrow IPC file: a task is ``(offset, length)``
+  and a worker slices the mapped table without copying;
+* ``shared=`` objects, pickled with protocol 5 and their large buffers (numpy
+  arrays, DataFrame blocks) stored out of band, so that a worker's arrays are
+  read-only views of the mapping, not copies.
+
+Files are named ``manymodels-<driver pid>-<run>-*``; a run removes its files
+when it ends, and the next run sweeps files left by drivers that died.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import re
+import shutil
+import struct
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pyarrow as pa
+
+_PREFIX = "manymodels-"
+_ALIGN = 64
+_HEADER = struct.Struct("QQ")  # pickle length, offset of the buffer index
+_STALE = re.compile(r"^manymodels-(\d+)-")
+
+
+def _shm_root(needed: int) -> Path:
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        try:
+            if shutil.disk_usage(shm).free > needed * 1.2 + (64 << 20):
+                return shm
+        except OSError:
+            pass
+    return Path(tempfile.gettempdir())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_files() -> int:
+    """Remove run files left behind by drivers that are no longer alive."""
+    removed = 0
+    for root in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
+        try:
+            entries = list(root.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            match = _STALE.match(entry.name)
+            if match and not _pid_alive(int(match.group(1))):
+                try:
+                    entry.unlink()
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
+
+
+class RunFiles:
+    """The shared-memory files of one run; :meth:`cleanup` removes them all."""
+
+    def __init__(self) -> None:
+        self.tag = f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:10]}"
+        self.paths: list[Path] = []
+
+    def _new_path(self, name: str, size: int) -> Path:
+        path = _shm_root(size) / f"{self.tag}-{name}"
+        self.paths.append(path)
+        return path
+
+    def write_table(self, table: pa.Table) -> str:
+        """Write ``table`` as an Arrow IPC file; workers map it with :func:`open_table`."""
+        path = self._new_path("table.arrow", table.nbytes)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return str(path)
+
+    def write_objects(self, obj: Any) -> str:
+        """Pickle ``obj`` with its large buffers out of band; see :func:`open_objects`."""
+        buffers: list[pickle.PickleBuffer] = []
+        body = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        path = self._new_path("shared.bin", len(body) + sum(r.nbytes for r in raws))
+        index = []
+        with open(path, "wb") as out:
+            out.write(b"\0" * _HEADER.size)
+            out.write(body)
+            for raw in raws:
+                out.write(b"\0" * (-out.tell() % _ALIGN))
+                index.append((out.tell(), raw.nbytes))
+                out.write(raw)
+            index_offset = out.tell()
+            out.write(pickle.dumps(index))
+            out.seek(0)
+            out.write(_HEADER.pack(len(body), index_offset))
+        return str(path)
+
+    def write_bytes(self, name: str, data: bytes) -> str:
+        path = self._new_path(name, len(data))
+        path.write_bytes(data)
+        return str(path)
+
+    def new_file(self, name: str, size: int) -> str:
+        path = self._new_path(name, size)
+        with open(path, "wb") as out:
+            out.truncate(size)
+        return str(path)
+
+    def cleanup(self) -> None:
+        for path in self.paths:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        self.paths.clear()
+
+
+def open_table(path: str) -> pa.Table:
+    """Map an Arrow IPC file written by :meth:`RunFiles.write_table`, zero-copy."""
+    return pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+
+
+def open_objects(path: str) -> Any:
+    """Load objects written by :meth:`RunFiles.write_objects`; their arrays are
+    read-only views of the mapped file."""
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+    view = memoryview(mapping)
+    body_length, index_offset = _HEADER.unpack_from(mapping, 0)
+    index = pickle.loads(view[index_offset:])
+    buffers = [view[offset:offset + length] for offset, length in index]
+    return pickle.loads(view[_HEADER.size:_HEADER.size + body_length], buffers=buffers)

@@ -1,0 +1,123 @@
+"""Running tasks inside a worker: the one piece of code every backend shares.
+
+A worker (the driver itself, a thread, a process or a Ray task) builds an
+:class:`Executor` from the run's :class:`RunContext` once, then runs batches
+with it. The executor turns a task reference into ``fit``'s arguments, calls
+``fit``, normalises what it returns, and turns any exception into a failed
+outcome that carries the traceback: one bad task never costs the batch.
+
+An outcome travels as a plain tuple (cheap to pickle, fast to unpickle)::
+
+    (index, status, model, metrics, duration_s, started_at, error, retryable)
+
+``retryable`` says that the exception is one of the run's ``retry_on`` types.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+OK = "ok"
+FAILED = "failed"
+
+#: ``(index, data reference, params)``: what a worker receives per task.
+TaskRef = tuple[int, Any, "dict[str, Any] | None"]
+Outcome = tuple[int, str, Any, dict, float, float, "str | None", bool]
+
+
+@dataclass
+class RunContext:
+    """What every worker of a run needs, sent to each worker once."""
+
+    fit: Callable[..., Any]
+    kind: str  # "groups", "items" or "grid"
+    format: str = "pandas"
+    table: Any = None  # the sorted pyarrow Table, or the path of its shared-memory file
+    shared: Any = None  # the shared= dict, or the path of its shared-memory file
+    cpus_per_task: int = 1
+    retry_on: tuple[type[BaseException], ...] = ()
+
+
+def split_result(value: Any) -> tuple[Any, dict[str, Any]]:
+    """``fit`` returns a model, ``(model, metrics)`` or a metrics dict alone."""
+    if isinstance(value, Mapping):
+        return None, _plain_metrics(value)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+        return value[0], _plain_metrics(value[1])
+    return value, {}
+
+
+def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
+    plain = {}
+    for name, value in metrics.items():
+        item = getattr(value, "item", None)
+        if callable(item) and getattr(value, "ndim", None) == 0:
+            value = item()  # numpy scalar -> Python scalar
+        plain[str(name)] = value
+    return plain
+
+
+class Executor:
+    """Runs batches of tasks for one worker of one run."""
+
+    def __init__(self, context: RunContext, table: Any = None, shared: dict | None = None):
+        self.fit = context.fit
+        self.kind = context.kind
+        self.format = context.format
+        self.retry_on = tuple(context.retry_on)
+        self.table = table if table is not None else context.table
+        self.shared = shared if shared is not None else (context.shared or {})
+        self._materialize = self._group_materializer() if self.kind == "groups" else None
+
+    def _group_materializer(self) -> Callable[[Any], Any]:
+        table, fmt = self.table, self.format
+        if fmt == "arrow":
+            return lambda ref: table.slice(ref[0], ref[1])
+        if fmt == "pandas":
+            return lambda ref: table.slice(ref[0], ref[1]).to_pandas()
+        if fmt == "polars":
+            import polars as pl
+
+            return lambda ref: pl.from_arrow(table.slice(ref[0], ref[1]))
+        if fmt == "numpy":
+            return lambda ref: {
+                name: column.to_numpy()
+                for name, column in zip(table.column_names, table.slice(ref[0], ref[1]).columns)
+            }
+        raise ValueError(f"unknown format {fmt!r}")
+
+    def run_one(self, task: TaskRef) -> Outcome:
+        index, data, params = task
+        started_at = time.time()
+        start = time.perf_counter()
+        try:
+            kwargs = {**params, **self.shared} if params else self.shared
+            if self.kind == "groups":
+                value = self.fit(self._materialize(data), **kwargs)
+            elif self.kind == "items":
+                value = self.fit(data, **kwargs)
+            else:
+                value = self.fit(**kwargs)
+            model, metrics = split_result(value)
+        except (Exception, SystemExit) as exc:
+            return (index, FAILED, None, {}, time.perf_counter() - start, started_at,
+                    traceback.format_exc(), isinstance(exc, self.retry_on))
+        return (index, OK, model, metrics, time.perf_counter() - start, started_at, None, False)
+
+    def run_batch(
+        self,
+        tasks: list[TaskRef],
+        on_start: Callable[[int], None] | None = None,
+    ) -> tuple[list[Outcome], float]:
+        """Run ``tasks`` in order; return their outcomes and the busy time."""
+        begin = time.perf_counter()
+        outcomes = []
+        for task in tasks:
+            if on_start is not None:
+                on_start(task[0])
+            outcomes.append(self.run_one(task))
+        return outcomes, time.perf_counter() - begin

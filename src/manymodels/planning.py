@@ -1,0 +1,138 @@
+"""The planner: from a source to a list of tasks.
+
+A task is a key, a cheap reference to its data and a cost estimate. For a
+group source the table is sorted by key once, and each group becomes an
+``(offset, length)`` slice of the sorted table, so that a task carries two
+integers instead of a DataFrame, and the sorted table can be shared with the
+workers once (see :mod:`manymodels.dataplane`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .sources import GridSource, GroupSource, ItemSource, ProductSource, Source
+
+
+@dataclass(slots=True)
+class Task:
+    """One unit of work: ``fit(data, **params, **shared)``."""
+
+    index: int
+    key: Hashable
+    data: Any  # (offset, length) into the sorted table, an item, or None
+    params: dict[str, Any] | None
+    cost: float
+
+
+@dataclass
+class Plan:
+    """Everything the scheduler needs to run a source."""
+
+    kind: str  # "groups", "items" or "grid"
+    tasks: list[Task]
+    key_columns: list[str]
+    param_columns: list[str]
+    table: pa.Table | None = None  # the sorted table of a group source
+    format: str = "pandas"
+    key_rows: list[tuple] = field(default_factory=list)  # key column values per task
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+@dataclass
+class GroupLayout:
+    """A table sorted by its key columns, and where each group lies in it."""
+
+    table: pa.Table
+    offsets: np.ndarray
+    lengths: np.ndarray
+    keys: list[tuple]
+
+
+def group_layout(source: GroupSource) -> GroupLayout:
+    """Sort ``source``'s table by key once (stable, so rows keep their order
+    within a group) and find each group's slice. Cached on the source."""
+    if source._layout is not None:
+        return source._layout
+    keys_frame = source.table.select(source.by).to_pandas()
+    codes = keys_frame.groupby(source.by, sort=True, dropna=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    lengths = np.bincount(codes)
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    if np.all(order[1:] > order[:-1]):
+        table = source.table  # already sorted: no copy
+    else:
+        table = source.table.take(pa.array(order))
+    table = table.combine_chunks()
+    key_table = table.select(source.by).take(pa.array(offsets))
+    columns = [key_table.column(c).to_pylist() for c in source.by]
+    keys = list(zip(*columns))
+    source._layout = GroupLayout(table, offsets, lengths, keys)
+    return source._layout
+
+
+def _scalar_key(parts: tuple) -> Hashable:
+    return parts[0] if len(parts) == 1 else parts
+
+
+def plan(source: Source) -> Plan:
+    """Turn ``source`` into tasks, numbered in source order."""
+    base, grid_source = source, None
+    if isinstance(source, ProductSource):
+        base, grid_source = source.base, source.grid
+    elif isinstance(source, GridSource):
+        base, grid_source = None, source
+    settings: list[dict[str, Any] | None] = (
+        grid_source.combinations() if grid_source is not None else [None]
+    )
+    param_columns = grid_source.param_columns if grid_source is not None else []
+
+    # (key parts, data reference, cost) of the base before the grid multiplies it
+    if isinstance(base, GroupSource):
+        layout = group_layout(base)
+        cost_of = base.cost or float
+        entries = [
+            (key, (int(off), int(n)), float(cost_of(int(n))))
+            for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)
+        ]
+        kind, table, fmt = "groups", layout.table, base.format
+    elif isinstance(base, ItemSource):
+        cost_of = base.cost
+        entries = [
+            ((key,), item, float(cost_of(item)) if cost_of else 1.0)
+            for key, item in zip(base.keys, base.items)
+        ]
+        kind, table, fmt = "items", None, "pandas"
+    elif base is None:
+        entries = [((), None, 1.0)]
+        kind, table, fmt = "grid", None, "pandas"
+    else:
+        raise TypeError(
+            "source must be made by mm.groups(), mm.items(), mm.grid() or their "
+            f"product; got {type(source).__name__}"
+        )
+
+    tasks: list[Task] = []
+    key_rows: list[tuple] = []
+    for key_parts, data, cost in entries:
+        for params in settings:
+            parts = key_parts + tuple(params.values()) if params else key_parts
+            tasks.append(Task(len(tasks), _scalar_key(parts), data, params, cost))
+            key_rows.append(parts)
+    return Plan(
+        kind=kind,
+        tasks=tasks,
+        key_columns=source.key_columns,
+        param_columns=param_columns,
+        table=table,
+        format=fmt,
+        key_rows=key_rows,
+    )

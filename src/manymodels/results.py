@@ -1,0 +1,158 @@
+"""What a run produced: :class:`Run`, its results table, and its summary."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pandas as pd
+
+from .planning import Plan
+
+OK = "ok"
+#: Statuses of tasks that ran and did not produce a model.
+FAILURE_STATUSES = ("failed", "crashed", "timeout", "memory")
+CANCELLED = "cancelled"
+_RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "error"}
+
+
+@dataclass
+class TaskRecords:
+    """Per-task columns filled by the scheduler, indexed by task number."""
+
+    size: int
+    status: list[str | None] = field(init=False)
+    attempts: list[int] = field(init=False)
+    model: list[Any] = field(init=False)
+    metrics: list[dict | None] = field(init=False)
+    duration_s: list[float] = field(init=False)
+    started_at: list[float] = field(init=False)
+    worker: list[int] = field(init=False)
+    error: list[str | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.size
+        self.status, self.attempts = [None] * n, [0] * n
+        self.model, self.metrics = [None] * n, [None] * n
+        self.duration_s, self.started_at = [float("nan")] * n, [float("nan")] * n
+        self.worker, self.error = [-1] * n, [None] * n
+
+
+@dataclass
+class Summary:
+    """Counts and timings of a run; ``utilization`` compares the work done with
+    what the workers could have done in the wall time (1.0 is the physical limit)."""
+
+    tasks: int
+    ok: int
+    failed: int
+    statuses: dict[str, int]
+    wall_s: float
+    task_time_s: float
+    workers: int
+    backend: str
+    utilization: float
+    reused: int = 0
+
+    def __str__(self) -> str:
+        others = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if k != OK)
+        lines = [
+            f"models      {self.ok} ok, {self.failed} failed of {self.tasks}"
+            + (f" ({others})" if others else ""),
+            f"wall time   {self.wall_s:.2f} s on {self.workers} {self.backend} worker(s)",
+            f"task time   {self.task_time_s:.2f} s (sum of fit times)",
+            f"utilization {self.utilization:.2f} (task time / (wall x workers))",
+        ]
+        return "\n".join(lines)
+
+
+class Run:
+    """The outcome of :func:`manymodels.train`: results, models and failures."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        records: TaskRecords,
+        *,
+        wall_s: float,
+        workers: int,
+        backend: str,
+        started_at: float,
+    ) -> None:
+        self._plan = plan
+        self._records = records
+        self.wall_s = wall_s
+        self.workers = workers
+        self.backend = backend
+        self.started_at = started_at
+
+    @cached_property
+    def results(self) -> pd.DataFrame:
+        """One row per task: key columns, status, attempts, duration_s, worker,
+        started_s (seconds after the run started), one column per metric, error."""
+        plan, rec = self._plan, self._records
+        columns: dict[str, Any] = {}
+        for position, name in enumerate(plan.key_columns):
+            columns[name] = [row[position] for row in plan.key_rows]
+        frame = pd.DataFrame(columns)
+        frame["status"] = rec.status
+        frame["attempts"] = rec.attempts
+        frame["duration_s"] = rec.duration_s
+        frame["worker"] = rec.worker
+        frame["started_s"] = [t - self.started_at for t in rec.started_at]
+        names: dict[str, None] = {}
+        for metrics in rec.metrics:
+            if metrics:
+                names.update(dict.fromkeys(metrics))
+        for name in names:
+            column = f"metric_{name}" if name in _RESERVED or name in columns else name
+            frame[column] = [m.get(name) if m else None for m in rec.metrics]
+        frame["error"] = rec.error
+        return frame
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        """The rows of tasks that produced a model."""
+        return self.results[self.results["status"] == OK]
+
+    @property
+    def failed(self) -> pd.DataFrame:
+        """The rows of tasks that failed, crashed, timed out or ran out of memory,
+        each with its error (the traceback, or what killed the worker)."""
+        return self.results[self.results["status"].isin(FAILURE_STATUSES)]
+
+    @cached_property
+    def models(self) -> dict[Hashable, Any]:
+        """Key -> model of every task that succeeded."""
+        rec = self._records
+        return {
+            task.key: rec.model[task.index]
+            for task in self._plan.tasks
+            if rec.status[task.index] == OK
+        }
+
+    def summary(self) -> Summary:
+        statuses = Counter(s for s in self._records.status if s is not None)
+        task_time = float(
+            sum(d for d, s in zip(self._records.duration_s, self._records.status)
+                if s is not None and d == d)
+        )
+        capacity = self.wall_s * self.workers
+        return Summary(
+            tasks=len(self._plan.tasks),
+            ok=statuses.get(OK, 0),
+            failed=sum(statuses.get(s, 0) for s in FAILURE_STATUSES),
+            statuses=dict(statuses),
+            wall_s=self.wall_s,
+            task_time_s=task_time,
+            workers=self.workers,
+            backend=self.backend,
+            utilization=task_time / capacity if capacity > 0 else 0.0,
+        )
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"<Run {s.ok} ok, {s.failed} failed of {s.tasks} tasks in {s.wall_s:.2f} s>"

@@ -1,0 +1,240 @@
+"""The scheduler: which task runs when, in batches of what size, and what
+happens when one fails.
+
+Data flow (everything here runs in the driver's main thread)::
+
+    Plan.tasks ──sorted by cost, longest first──► pending
+                                                     │  BatchSizer: enough tasks to keep
+    retry queue (crashed / timed out / retry_on) ──► │  a worker busy ~0.1 s, fewer near
+      ▲            with backoff for exceptions       │  the end so that none idles alone
+      │                                              ▼
+      │                                  backend.submit(batch) ───► workers run fit
+      │                                                                  │
+      │           backend.poll() ◄─────── Finished / Lost / Requeued ◄───┘
+      │                │
+      └── retryable ◄──┤
+                       ├──► TaskRecords (status, metrics, model, timings)
+                       ├──► progress bar (counts models, not batches)
+                       └──► error budget: past max_failures, stop and raise
+
+The scheduler owns ordering, batching, retries, the error budget and
+progress; backends (:mod:`manymodels.backends`) only run batches. So every
+backend orders, retries and counts the same way.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+
+from .backends.base import Backend, Finished, Lost, Requeued
+from .execution import OK, Outcome, RunContext
+from .planning import Plan
+from .progress import ProgressBar
+from .results import CANCELLED, FAILURE_STATUSES, Run, TaskRecords
+
+_TARGET_BATCH_S = 0.1
+_MAX_BATCH = 20_000
+_RETRY_BACKOFF_S = 0.1
+
+
+class TooManyFailures(RuntimeError):
+    """The run stopped early: more tasks failed than ``max_failures`` allows.
+    ``.run`` holds every result finished before the stop."""
+
+    def __init__(self, message: str, run: Run) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C or SIGTERM); ``.run`` holds every result
+    finished before the interrupt, the rest are ``cancelled``."""
+
+    def __init__(self, message: str, run: Run) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+class BatchSizer:
+    """Adaptive batch size from measured task times (like joblib's auto batching).
+
+    Until a batch has been measured, sizes double from 1. Then a batch holds
+    ``target_s`` worth of tasks at the running average time per task, capped so
+    that the remaining tasks still spread over every worker a few times.
+    """
+
+    def __init__(self, workers: int, target_s: float = _TARGET_BATCH_S) -> None:
+        self.workers = workers
+        self.target_s = target_s
+        self.seconds_per_task: float | None = None
+        self._ramp = 1
+
+    def observe(self, busy_s: float, tasks: int) -> None:
+        if tasks <= 0:
+            return
+        sample = busy_s / tasks
+        if self.seconds_per_task is None:
+            self.seconds_per_task = sample
+        else:
+            self.seconds_per_task = 0.7 * self.seconds_per_task + 0.3 * sample
+
+    def next_size(self, remaining: int) -> int:
+        if self.seconds_per_task is None:
+            size, self._ramp = self._ramp, min(self._ramp * 2, 64)
+        else:
+            size = int(self.target_s / max(self.seconds_per_task, 1e-7))
+        tail_cap = remaining // (self.workers * 4)
+        return max(1, min(size, tail_cap, _MAX_BATCH))
+
+
+def _failure_budget(max_failures: int | float | None, total: int) -> int | None:
+    if max_failures is None:
+        return None
+    if isinstance(max_failures, float) and 0 < max_failures < 1:
+        return int(max_failures * total)
+    return int(max_failures)
+
+
+class Scheduler:
+    """Runs one plan on one backend; :meth:`run` returns the :class:`Run`."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        backend: Backend,
+        *,
+        retries: int = 0,
+        max_failures: int | float | None = None,
+        progress: bool = True,
+        description: str = "training",
+    ) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.retries = retries
+        self.budget = _failure_budget(max_failures, len(plan.tasks))
+        self.records = TaskRecords(len(plan.tasks))
+        self.progress = ProgressBar(len(plan.tasks), progress, description)
+        self.sizer = BatchSizer(backend.workers)
+        self._done = self._ok = self._failed = 0
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _finish(self, index: int, status: str, worker: int, error: str | None) -> None:
+        self.records.status[index] = status
+        self.records.worker[index] = worker
+        self.records.error[index] = error
+        self._done += 1
+        if status == OK:
+            self._ok += 1
+        elif status in FAILURE_STATUSES:
+            self._failed += 1
+
+    def _record(self, outcome: Outcome, worker: int) -> bool:
+        """Store an outcome; return True if the task goes back for a retry."""
+        index, status, model, metrics, duration, started_at, error, retryable = outcome
+        rec = self.records
+        rec.attempts[index] += 1
+        rec.duration_s[index] = duration
+        rec.started_at[index] = started_at
+        if status == OK:
+            rec.model[index], rec.metrics[index] = model, metrics
+        elif retryable and rec.attempts[index] <= self.retries:
+            return True
+        self._finish(index, status, worker, error)
+        return False
+
+    def _over_budget(self) -> bool:
+        return self.budget is not None and self._failed > self.budget
+
+    def _build_run(self, wall_s: float, started_at: float) -> Run:
+        return Run(self.plan, self.records, wall_s=wall_s, workers=self.backend.workers,
+                   backend=self.backend.name, started_at=started_at)
+
+    # -- the loop --------------------------------------------------------------
+
+    def run(self, context: RunContext) -> Run:
+        tasks = self.plan.tasks
+        pending = deque(sorted(range(len(tasks)), key=lambda i: -tasks[i].cost))
+        retry_now: deque[int] = deque()
+        retry_later: list[tuple[float, int]] = []
+        in_flight: set[int] = set()
+        started_at, start = time.time(), time.perf_counter()
+        backend, batch_id = self.backend, 0
+        stopped_by: BaseException | None = None
+        backend.start(context)
+        try:
+            while self._done < len(tasks):
+                now = time.monotonic()
+                while retry_later and retry_later[0][0] <= now:
+                    retry_now.append(heapq.heappop(retry_later)[1])
+                free = backend.free_slots()
+                while free > 0 and (retry_now or pending):
+                    size = self.sizer.next_size(len(pending) + len(retry_now))
+                    batch = []
+                    while len(batch) < size and (retry_now or pending):
+                        i = retry_now.popleft() if retry_now else pending.popleft()
+                        batch.append((i, tasks[i].data, tasks[i].params))
+                        in_flight.add(i)
+                    backend.submit(batch_id, batch)
+                    batch_id += 1
+                    free -= 1
+                wait = 0.05
+                if retry_later and not in_flight:
+                    wait = max(0.0, min(wait, retry_later[0][0] - now))
+                for event in backend.poll(wait):
+                    if isinstance(event, Finished):
+                        self.sizer.observe(event.busy_s, len(event.outcomes))
+                        for outcome in event.outcomes:
+                            in_flight.discard(outcome[0])
+                            if self._record(outcome, event.worker):
+                                attempt = self.records.attempts[outcome[0]]
+                                delay = _RETRY_BACKOFF_S * 2 ** (attempt - 1)
+                                heapq.heappush(retry_later, (time.monotonic() + delay, outcome[0]))
+                    elif isinstance(event, Lost):
+                        in_flight.discard(event.index)
+                        self.records.attempts[event.index] += 1
+                        if self.records.attempts[event.index] <= self.retries:
+                            retry_now.append(event.index)
+                        else:
+                            self._finish(event.index, event.status, event.worker, event.message)
+                    elif isinstance(event, Requeued):
+                        in_flight.difference_update(event.indices)
+                        retry_now.extendleft(reversed(event.indices))
+                self.progress.update(self._done, self._ok, self._failed)
+                if self._over_budget():
+                    break
+        except KeyboardInterrupt as exc:
+            stopped_by = exc
+        finally:
+            clean = stopped_by is None and not self._over_budget()
+            try:
+                backend.stop(force=not clean)
+            finally:
+                self.progress.close()
+        for index, status in enumerate(self.records.status):
+            if status is None:
+                self.records.status[index] = CANCELLED
+        run = self._build_run(time.perf_counter() - start, started_at)
+        if stopped_by is not None:
+            raise RunInterrupted(
+                f"interrupted after {self._done} of {len(tasks)} tasks; the finished "
+                "results are in the exception's .run", run) from stopped_by
+        if self._over_budget():
+            raise TooManyFailures(self._budget_message(run), run)
+        return run
+
+    def _budget_message(self, run: Run) -> str:
+        failed = run.failed
+        lines = [
+            f"stopped early: {len(failed)} tasks failed, over max_failures={self.budget} "
+            f"({self._ok} finished ok, {int((run.results['status'] == CANCELLED).sum())} "
+            "cancelled); the finished results are in the exception's .run. First failures:"
+        ]
+        key_columns = self.plan.key_columns
+        for _, row in failed.head(3).iterrows():
+            key = tuple(row[c] for c in key_columns)
+            last_line = (row["error"] or "").strip().splitlines()[-1:] or [""]
+            lines.append(f"  {key if len(key) != 1 else key[0]!r}: {row['status']}: {last_line[0]}")
+        return "\n".join(lines)

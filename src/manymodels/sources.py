@@ -1,0 +1,253 @@
+"""Task sources: what to train one model for.
+
+A source is a declaration, cheap to build and checked at once, so that bad
+input fails before any work starts:
+
+* :func:`groups` -- one task per group of a table's rows;
+* :func:`items` -- one task per element of an iterable (files, ids, ...);
+* :func:`grid` -- one task per combination of parameter values;
+* ``source * grid`` -- every task of ``source`` with every setting.
+
+The planner (:mod:`manymodels.planning`) turns a source into tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from pathlib import PurePath
+from typing import Any
+
+import pyarrow as pa
+
+from .tables import read_table
+
+#: How ``fit`` may receive a group's rows.
+FORMATS = ("pandas", "arrow", "polars", "numpy")
+
+
+class Source:
+    """Base of all task sources; ``a * b`` combines a source with a grid."""
+
+    def __mul__(self, other: Source) -> Source:
+        return product(self, other)
+
+    def __rmul__(self, other: Source) -> Source:
+        return product(other, self)
+
+    @property
+    def key_columns(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def param_columns(self) -> list[str]:
+        return []
+
+
+class GroupSource(Source):
+    """One task per distinct value of the ``by`` columns of a table."""
+
+    def __init__(
+        self,
+        table: Any,
+        by: str | Sequence[str],
+        *,
+        format: str = "pandas",
+        cost: Callable[[int], float] | None = None,
+    ) -> None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        by_columns = [by] if isinstance(by, str) else list(by)
+        if not by_columns:
+            raise ValueError("groups() needs at least one column in by=")
+        if not all(isinstance(c, str) for c in by_columns):
+            raise TypeError(f"by= must name columns as strings, got {by!r}")
+        self.table: pa.Table = read_table(table)
+        missing = [c for c in by_columns if c not in self.table.column_names]
+        if missing:
+            raise ValueError(
+                f"by column {missing[0]!r} is not in the table; "
+                f"its columns are {self.table.column_names}"
+            )
+        if self.table.num_rows == 0:
+            raise ValueError("the table is empty: there are no groups to train")
+        self.by = by_columns
+        self.format = format
+        self.cost = cost
+        self._layout = None  # filled once by planning.group_layout
+
+    @property
+    def key_columns(self) -> list[str]:
+        return list(self.by)
+
+    def __repr__(self) -> str:
+        return f"groups({self.table.num_rows} rows, by={self.by})"
+
+
+def _default_item_key(item: Any, position: int) -> Hashable:
+    if isinstance(item, (str, bytes, int, float, PurePath)) or (
+        isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item)
+    ):
+        return item
+    return position
+
+
+class ItemSource(Source):
+    """One task per element of an iterable; ``fit`` receives the element."""
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        *,
+        key: Callable[[Any], Hashable] | None = None,
+        cost: Callable[[Any], float] | None = None,
+    ) -> None:
+        if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
+            raise TypeError(f"items() needs an iterable of items, got {type(iterable).__name__}")
+        self.items = list(iterable)
+        if not self.items:
+            raise ValueError("items() got an empty iterable: there is nothing to train")
+        if key is not None and not callable(key):
+            raise TypeError("items(key=...) must be a function of the item")
+        self.keys = [
+            key(item) if key else _default_item_key(item, i) for i, item in enumerate(self.items)
+        ]
+        _require_unique(self.keys, "item key")
+        self.cost = cost
+
+    @property
+    def key_columns(self) -> list[str]:
+        return ["item"]
+
+    def __repr__(self) -> str:
+        return f"items({len(self.items)})"
+
+
+class GridSource(Source):
+    """One task per combination of the given parameter values."""
+
+    def __init__(self, values: dict[str, Iterable[Any]]) -> None:
+        if not values:
+            raise ValueError("grid() needs at least one parameter, e.g. grid(alpha=[0.1, 1])")
+        self.values: dict[str, list[Any]] = {}
+        for name, options in values.items():
+            if isinstance(options, (str, bytes)) or not isinstance(options, Iterable):
+                raise TypeError(
+                    f"grid parameter {name!r} must be a list of values, got {options!r}"
+                )
+            options = list(options)
+            if not options:
+                raise ValueError(f"grid parameter {name!r} has no values")
+            _require_unique(options, f"value of grid parameter {name!r}")
+            self.values[name] = options
+
+    @property
+    def key_columns(self) -> list[str]:
+        return list(self.values)
+
+    @property
+    def param_columns(self) -> list[str]:
+        return list(self.values)
+
+    def combinations(self) -> list[dict[str, Any]]:
+        names = list(self.values)
+        return [dict(zip(names, combo)) for combo in itertools.product(*self.values.values())]
+
+    def __len__(self) -> int:
+        n = 1
+        for options in self.values.values():
+            n *= len(options)
+        return n
+
+    def __repr__(self) -> str:
+        return "grid(" + ", ".join(f"{k}={len(v)} values" for k, v in self.values.items()) + ")"
+
+
+class ProductSource(Source):
+    """Every task of ``base`` (groups or items) with every setting of ``grid``."""
+
+    def __init__(self, base: GroupSource | ItemSource, grid: GridSource) -> None:
+        clash = set(base.key_columns) & set(grid.param_columns)
+        if clash:
+            raise ValueError(f"grid parameter {sorted(clash)[0]!r} has the name of a key column")
+        self.base = base
+        self.grid = grid
+
+    @property
+    def key_columns(self) -> list[str]:
+        return self.base.key_columns + self.grid.param_columns
+
+    @property
+    def param_columns(self) -> list[str]:
+        return self.grid.param_columns
+
+    def __repr__(self) -> str:
+        return f"{self.base!r} * {self.grid!r}"
+
+
+def _require_unique(values: list[Any], what: str) -> None:
+    seen: set[Any] = set()
+    for value in values:
+        try:
+            if value in seen:
+                raise ValueError(f"duplicate {what}: {value!r}")
+            seen.add(value)
+        except TypeError:
+            return  # unhashable values cannot be keys; positions are used instead
+
+
+def product(left: Source, right: Source) -> Source:
+    """Combine two sources: a grid with a grid, or groups/items with a grid."""
+    if not isinstance(left, Source) or not isinstance(right, Source):
+        return NotImplemented
+    if isinstance(left, GridSource) and isinstance(right, GridSource):
+        clash = set(left.values) & set(right.values)
+        if clash:
+            raise ValueError(f"grid parameter {sorted(clash)[0]!r} appears in both grids")
+        return GridSource({**left.values, **right.values})
+    if isinstance(left, GridSource):
+        left, right = right, left
+    if isinstance(right, GridSource):
+        if isinstance(left, ProductSource):
+            return ProductSource(left.base, product(left.grid, right))
+        if isinstance(left, (GroupSource, ItemSource)):
+            return ProductSource(left, right)
+    raise TypeError(
+        f"cannot combine {left!r} with {right!r}: only a grid can multiply "
+        "groups, items or another grid"
+    )
+
+
+def groups(
+    table: Any,
+    by: str | Sequence[str],
+    *,
+    format: str = "pandas",
+    cost: Callable[[int], float] | None = None,
+) -> GroupSource:
+    """One task per group of ``table``'s rows, keyed by the ``by`` columns.
+
+    ``table`` is a pandas or polars DataFrame, a pyarrow Table, or a path to a
+    Parquet/CSV file or a directory of them. ``fit`` receives each group's rows
+    as ``format``: ``"pandas"`` (default), ``"arrow"``, ``"polars"``, or
+    ``"numpy"`` (a dict of column name to array). ``cost`` maps a group's row
+    count to its expected cost (default: the row count) for longest-first
+    scheduling.
+    """
+    return GroupSource(table, by, format=format, cost=cost)
+
+
+def items(
+    iterable: Iterable[Any],
+    *,
+    key: Callable[[Any], Hashable] | None = None,
+    cost: Callable[[Any], float] | None = None,
+) -> ItemSource:
+    """One task per element; the key is the element itself when it is a string,
+    number, path or tuple, else its position (or ``key(item)`` when given)."""
+    return ItemSource(iterable, key=key, cost=cost)
+
+
+def grid(**values: Iterable[Any]) -> GridSource:
+    """One task per combination of values; ``fit`` receives them as keywords."""
+    return GridSource(values)
