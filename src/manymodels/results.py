@@ -126,12 +126,13 @@ class Run:
 
     @cached_property
     def models(self) -> dict[Hashable, Any]:
-        """Key -> model of every task that succeeded."""
+        """Key -> model of every task that succeeded and returned a model (a fit
+        that returns a metrics dict alone has metrics but no model)."""
         rec = self._records
         return {
             task.key: rec.model[task.index]
             for task in self._plan.tasks
-            if rec.status[task.index] == OK
+            if rec.status[task.index] == OK and rec.model[task.index] is not None
         }
 
     def summary(self) -> Summary:

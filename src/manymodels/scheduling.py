@@ -24,9 +24,13 @@ backend orders, retries and counts the same way.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import signal
+import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 
 from .backends.base import Backend, Finished, Lost, Requeued
 from .execution import OK, Outcome, RunContext
@@ -55,6 +59,23 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, run: Run) -> None:
         super().__init__(message)
         self.run = run
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """During a run, SIGTERM stops it like Ctrl-C: workers stopped, results kept."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class BatchSizer:
@@ -155,75 +176,77 @@ class Scheduler:
     # -- the loop --------------------------------------------------------------
 
     def run(self, context: RunContext) -> Run:
-        tasks = self.plan.tasks
-        pending = deque(sorted(range(len(tasks)), key=lambda i: -tasks[i].cost))
-        retry_now: deque[int] = deque()
-        retry_later: list[tuple[float, int]] = []
-        in_flight: set[int] = set()
         started_at, start = time.time(), time.perf_counter()
-        backend, batch_id = self.backend, 0
         stopped_by: BaseException | None = None
-        backend.start(context)
-        try:
-            while self._done < len(tasks):
-                now = time.monotonic()
-                while retry_later and retry_later[0][0] <= now:
-                    retry_now.append(heapq.heappop(retry_later)[1])
-                free = backend.free_slots()
-                while free > 0 and (retry_now or pending):
-                    size = self.sizer.next_size(len(pending) + len(retry_now))
-                    batch = []
-                    while len(batch) < size and (retry_now or pending):
-                        i = retry_now.popleft() if retry_now else pending.popleft()
-                        batch.append((i, tasks[i].data, tasks[i].params))
-                        in_flight.add(i)
-                    backend.submit(batch_id, batch)
-                    batch_id += 1
-                    free -= 1
-                wait = 0.05
-                if retry_later and not in_flight:
-                    wait = max(0.0, min(wait, retry_later[0][0] - now))
-                for event in backend.poll(wait):
-                    if isinstance(event, Finished):
-                        self.sizer.observe(event.busy_s, len(event.outcomes))
-                        for outcome in event.outcomes:
-                            in_flight.discard(outcome[0])
-                            if self._record(outcome, event.worker):
-                                attempt = self.records.attempts[outcome[0]]
-                                delay = _RETRY_BACKOFF_S * 2 ** (attempt - 1)
-                                heapq.heappush(retry_later, (time.monotonic() + delay, outcome[0]))
-                    elif isinstance(event, Lost):
-                        in_flight.discard(event.index)
-                        self.records.attempts[event.index] += 1
-                        if self.records.attempts[event.index] <= self.retries:
-                            retry_now.append(event.index)
-                        else:
-                            self._finish(event.index, event.status, event.worker, event.message)
-                    elif isinstance(event, Requeued):
-                        in_flight.difference_update(event.indices)
-                        retry_now.extendleft(reversed(event.indices))
-                self.progress.update(self._done, self._ok, self._failed)
-                if self._over_budget():
-                    break
-        except KeyboardInterrupt as exc:
-            stopped_by = exc
-        finally:
-            clean = stopped_by is None and not self._over_budget()
+        with _sigterm_interrupts():
             try:
-                backend.stop(force=not clean)
+                self.backend.start(context)
+                self._loop()
+            except KeyboardInterrupt as exc:
+                stopped_by = exc
             finally:
-                self.progress.close()
+                clean = stopped_by is None and not self._over_budget()
+                try:
+                    self.backend.stop(force=not clean)
+                finally:
+                    self.progress.close()
         for index, status in enumerate(self.records.status):
             if status is None:
                 self.records.status[index] = CANCELLED
         run = self._build_run(time.perf_counter() - start, started_at)
         if stopped_by is not None:
             raise RunInterrupted(
-                f"interrupted after {self._done} of {len(tasks)} tasks; the finished "
-                "results are in the exception's .run", run) from stopped_by
+                f"interrupted after {self._done} of {len(self.plan.tasks)} tasks; the "
+                "finished results are in the exception's .run", run) from stopped_by
         if self._over_budget():
             raise TooManyFailures(self._budget_message(run), run)
         return run
+
+    def _loop(self) -> None:
+        tasks, backend = self.plan.tasks, self.backend
+        pending = deque(sorted(range(len(tasks)), key=lambda i: -tasks[i].cost))
+        retry_now: deque[int] = deque()  # crashed or requeued: before anything else
+        retry_later: list[tuple[float, int]] = []  # (due time, index): backoff
+        in_flight: set[int] = set()
+        batch_id = 0
+        while self._done < len(tasks) and not self._over_budget():
+            now = time.monotonic()
+            while retry_later and retry_later[0][0] <= now:
+                retry_now.append(heapq.heappop(retry_later)[1])
+            free = backend.free_slots()
+            while free > 0 and (retry_now or pending):
+                size = self.sizer.next_size(len(pending) + len(retry_now))
+                batch = []
+                while len(batch) < size and (retry_now or pending):
+                    i = retry_now.popleft() if retry_now else pending.popleft()
+                    batch.append((i, tasks[i].data, tasks[i].params))
+                    in_flight.add(i)
+                backend.submit(batch_id, batch)
+                batch_id += 1
+                free -= 1
+            wait = 0.05
+            if retry_later and not in_flight:
+                wait = max(0.0, min(wait, retry_later[0][0] - now))
+            for event in backend.poll(wait):
+                if isinstance(event, Finished):
+                    self.sizer.observe(event.busy_s, len(event.outcomes))
+                    for outcome in event.outcomes:
+                        in_flight.discard(outcome[0])
+                        if self._record(outcome, event.worker):
+                            attempt = self.records.attempts[outcome[0]]
+                            due = time.monotonic() + _RETRY_BACKOFF_S * 2 ** (attempt - 1)
+                            heapq.heappush(retry_later, (due, outcome[0]))
+                elif isinstance(event, Lost):
+                    in_flight.discard(event.index)
+                    self.records.attempts[event.index] += 1
+                    if self.records.attempts[event.index] <= self.retries:
+                        retry_now.append(event.index)
+                    else:
+                        self._finish(event.index, event.status, event.worker, event.message)
+                elif isinstance(event, Requeued):
+                    in_flight.difference_update(event.indices)
+                    retry_now.extendleft(reversed(event.indices))
+            self.progress.update(self._done, self._ok, self._failed)
 
     def _budget_message(self, run: Run) -> str:
         failed = run.failed

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+BACKENDS = ["serial", "threads", "processes"]
+
+
+def shm_files() -> set[str]:
+    """Run files of this test process under /dev/shm."""
+    root = Path("/dev/shm")
+    if not root.is_dir():
+        return set()
+    return {p.name for p in root.iterdir() if p.name.startswith(f"manymodels-{os.getpid()}-")}
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fails the test if it leaves a child process or a shared-memory file behind."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    gone, alive = psutil.wait_procs(leftover, timeout=3)
+    assert not alive, f"worker processes left behind: {alive}"
+    assert not shm_files(), f"shared-memory files left behind: {shm_files()}"
+
+
+@pytest.fixture
+def sales() -> pd.DataFrame:
+    """A small seeded table: 12 stores x 5 items, 30 rows each, y = a*x + b."""
+    rng = np.random.default_rng(42)
+    stores = [f"s{i:02d}" for i in range(12)]
+    rows = []
+    for s, store in enumerate(stores):
+        for item in range(5):
+            x = rng.normal(size=30)
+            y = (s + 1) * x + item + rng.normal(scale=0.1, size=30)
+            rows.append(pd.DataFrame({"store": store, "item": item, "x": x, "y": y}))
+    frame = pd.concat(rows, ignore_index=True)
+    return frame.sample(frac=1.0, random_state=0).reset_index(drop=True)  # unsorted
+
+
+def fit_linear(df, alpha=0.0, **_ignored):
+    """Least squares slope and intercept, with metrics; module level so it pickles."""
+    x = np.asarray(df["x"], dtype=float)
+    y = np.asarray(df["y"], dtype=float)
+    slope, intercept = np.polyfit(x, y, 1)
+    slope = slope / (1.0 + alpha)
+    return {"slope": slope, "intercept": intercept}, {"slope": float(slope), "n": len(x)}

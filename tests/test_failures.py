@@ -1,0 +1,227 @@
+"""Failures really happen here: workers exit, are SIGKILLed, hang, outgrow their
+memory limit; the driver is interrupted. One task pays, the others finish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import manymodels as mm
+from conftest import shm_files
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def exit_on_13(item):
+    if item == 13:
+        os._exit(3)
+    return item
+
+
+def test_worker_exit_fails_only_its_task_even_inside_a_batch():
+    run = mm.train(exit_on_13, mm.items(range(200)), workers=2, retries=1, progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[13, "status"] == "crashed"
+    assert "exited with code 3" in results.loc[13, "error"]
+    assert results.loc[13, "attempts"] == 2  # tried, retried once, then given up
+    others = results.drop(index=13)
+    assert (others["status"] == "ok").all() and len(others) == 199
+    assert run.models[199] == 199
+    assert run.summary().statuses == {"ok": 199, "crashed": 1}
+
+
+def sleep_on_5_else_fast(item, pid_dir):
+    if item == 5:
+        Path(pid_dir, "victim").write_text(str(os.getpid()))
+        time.sleep(60)
+    return item
+
+
+def test_worker_killed_from_outside_mid_task(tmp_path):
+    def killer():
+        victim = tmp_path / "victim"
+        deadline = time.monotonic() + 30
+        while not victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        os.kill(int(victim.read_text()), signal.SIGKILL)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    run = mm.train(sleep_on_5_else_fast, mm.items(range(50)),
+                   shared={"pid_dir": str(tmp_path)}, workers=2, progress=False)
+    thread.join()
+    results = run.results.set_index("item")
+    assert results.loc[5, "status"] == "crashed"
+    assert "SIGKILL" in results.loc[5, "error"]
+    assert (results.drop(index=5)["status"] == "ok").all()
+
+
+def hang_on_2(item):
+    if item == 2:
+        time.sleep(3600)
+    return item
+
+
+def test_timeout_kills_only_the_overdue_task():
+    begin = time.monotonic()
+    run = mm.train(hang_on_2, mm.items(range(20)), timeout=1, workers=2, progress=False)
+    assert time.monotonic() - begin < 20
+    results = run.results.set_index("item")
+    assert results.loc[2, "status"] == "timeout"
+    assert "timeout=1s" in results.loc[2, "error"]
+    assert (results.drop(index=2)["status"] == "ok").all()
+
+
+def grow_on_1(item):
+    if item == 1:
+        blocks = []
+        for _ in range(40):  # up to 2 GB, 50 MB at a time, touching every page
+            blocks.append(np.ones(50_000_000 // 8))
+            time.sleep(0.01)
+    return item
+
+
+def test_memory_limit_kills_the_growing_worker():
+    run = mm.train(grow_on_1, mm.items(range(10)), memory_limit="400MB", workers=2,
+                   progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[1, "status"] == "memory"
+    assert "memory_limit" in results.loc[1, "error"] and "MiB" in results.loc[1, "error"]
+    assert (results.drop(index=1)["status"] == "ok").all()
+
+
+def fail_if_even_under_100(item):
+    if item < 100 and item % 2 == 0:
+        raise RuntimeError(f"bad {item}")
+    time.sleep(0.001)
+    return item
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads", "processes"])
+def test_error_budget_stops_early_and_keeps_results(backend):
+    with pytest.raises(mm.TooManyFailures) as info:
+        mm.train(fail_if_even_under_100, mm.items(range(400)), max_failures=5,
+                 backend=backend, workers=2, progress=False)
+    message = str(info.value)
+    assert "over max_failures=5" in message and "RuntimeError: bad" in message
+    run = info.value.run
+    statuses = run.results["status"].value_counts()
+    assert statuses["failed"] >= 6
+    assert statuses.get("cancelled", 0) > 0
+    ok = run.results[run.results["status"] == "ok"]
+    assert all(run.models[item] == item for item in ok["item"])
+
+
+def test_fraction_budget():
+    with pytest.raises(mm.TooManyFailures):
+        mm.train(fail_if_even_under_100, mm.items(range(400)), max_failures=0.05,
+                 backend="serial", progress=False)
+    run = mm.train(fail_if_even_under_100, mm.items(range(400)), max_failures=0.2,
+                   backend="serial", progress=False)
+    assert len(run.failed) == 50
+
+
+class Flaky(ConnectionError):
+    pass
+
+
+def flaky_twice(item, marker_dir):
+    marker = Path(marker_dir, f"{item}")
+    tries = int(marker.read_text()) if marker.exists() else 0
+    marker.write_text(str(tries + 1))
+    if tries < 2:
+        raise Flaky(f"transient {item}")
+    return tries
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_retry_on_transient_errors(backend, tmp_path):
+    run = mm.train(flaky_twice, mm.items(range(4)), shared={"marker_dir": str(tmp_path)},
+                   retries=2, retry_on=ConnectionError, backend=backend, progress=False)
+    assert (run.results["status"] == "ok").all()
+    assert (run.results["attempts"] == 3).all()
+    for d in tmp_path.iterdir():
+        d.unlink()
+    run = mm.train(flaky_twice, mm.items(range(4)), shared={"marker_dir": str(tmp_path)},
+                   retries=2, backend=backend, progress=False)  # not retried by default
+    assert (run.results["status"] == "failed").all()
+    assert (run.results["attempts"] == 1).all()
+
+
+def blas_threads(item):
+    from threadpoolctl import threadpool_info
+
+    blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    return {"blas": max(blas), "omp_env": int(os.environ["OMP_NUM_THREADS"])}
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_workers_limit_blas_threads(cpus):
+    run = mm.train(blas_threads, mm.items(range(4)), cpus_per_task=cpus, workers=1,
+                   progress=False)
+    assert (run.results["blas"] == cpus).all()
+    assert (run.results["omp_env"] == cpus).all()
+
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import manymodels as mm
+
+    def slow(item, flag):
+        Path(flag).touch()
+        time.sleep(0.2)
+        return item
+
+    if __name__ == "__main__":
+        try:
+            mm.train(slow, mm.items(range(1000)), shared={"flag": sys.argv[1]},
+                     workers=2, progress=False)
+        except mm.RunInterrupted as exc:
+            done = (exc.run.results["status"] == "ok").sum()
+            print("interrupted", done, flush=True)
+            sys.exit(130)
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_workers_and_keeps_results(tmp_path, signum):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    flag = tmp_path / "started"
+    driver = subprocess.Popen([sys.executable, str(script), str(flag)],
+                              stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    workers = psutil.Process(driver.pid).children(recursive=True)
+    assert len(workers) == 2
+    driver.send_signal(signum)
+    sent = time.monotonic()
+    out, _ = driver.communicate(timeout=30)
+    assert driver.returncode == 130
+    assert out.startswith("interrupted")
+    assert int(out.split()[1]) > 0  # finished results were kept
+    gone, alive = psutil.wait_procs(workers, timeout=max(0.1, 2 - (time.monotonic() - sent)))
+    assert not alive
+    assert not [p for p in Path("/dev/shm").glob(f"manymodels-{driver.pid}-*")]
+
+
+def test_stale_files_of_dead_drivers_are_swept():
+    stale = Path("/dev/shm") / "manymodels-999999999-deadbeef-table.arrow"
+    stale.write_bytes(b"x")
+    mm.train(exit_on_13, mm.items(range(3)), workers=1, progress=False)
+    assert not stale.exists()
+    assert not shm_files()

@@ -1,0 +1,122 @@
+"""Bad input fails before any work starts, naming what is wrong; every kind of
+table reaches the workers the same way."""
+
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import manymodels as mm
+from conftest import fit_linear, shm_files
+
+
+def test_table_files_and_directories(tmp_path, sales):
+    pq.write_table(pa.Table.from_pandas(sales), tmp_path / "sales.parquet")
+    sales.to_csv(tmp_path / "sales.csv", index=False)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for i, (_, chunk) in enumerate(sales.groupby(sales.index % 3)):
+        pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
+                       parts / f"part-{i}.parquet")
+    expected = mm.train(fit_linear, mm.groups(sales, by="store"), backend="serial",
+                        progress=False).results
+    for table in (tmp_path / "sales.parquet", str(tmp_path / "sales.csv"), parts):
+        run = mm.train(fit_linear, mm.groups(table, by="store"), workers=2, progress=False)
+        pd.testing.assert_series_equal(run.results["slope"], expected["slope"])
+
+
+def test_missing_by_column_is_named(sales):
+    with pytest.raises(ValueError, match="by column 'shop' is not in the table"):
+        mm.groups(sales, by=["store", "shop"])
+
+
+def test_empty_table():
+    with pytest.raises(ValueError, match="empty"):
+        mm.groups(pd.DataFrame({"store": [], "x": []}), by="store")
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        mm.groups(tmp_path / "nope.parquet", by="store")
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"this is not parquet")
+    with pytest.raises(ValueError, match="cannot read table file .*broken.parquet"):
+        mm.groups(broken, by="store")
+    odd = tmp_path / "data.xlsx"
+    odd.write_bytes(b"x")
+    with pytest.raises(ValueError, match="unknown file type '.xlsx'"):
+        mm.groups(odd, by="store")
+    with pytest.raises(ValueError, match="no .parquet or .csv"):
+        mm.groups(tmp_path / "empty_dir" if (tmp_path / "empty_dir").mkdir() is None
+                  else None, by="store")
+
+
+def test_bad_arguments_name_the_argument(sales):
+    source = mm.groups(sales, by="store")
+    with pytest.raises(ValueError, match="unknown backend 'dask'"):
+        mm.train(fit_linear, source, backend="dask")
+    with pytest.raises(ValueError, match="unknown format 'excel'"):
+        mm.groups(sales, by="store", format="excel")
+    with pytest.raises(TypeError, match="fit must be callable"):
+        mm.train("fit", source)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        mm.train(fit_linear, source, workers=0)
+    with pytest.raises(ValueError, match="cpus_per_task"):
+        mm.train(fit_linear, source, cpus_per_task=0)
+    with pytest.raises(ValueError, match="max_failures"):
+        mm.train(fit_linear, source, max_failures=-1)
+    with pytest.raises(ValueError, match="cannot enforce timeout"):
+        mm.train(fit_linear, source, backend="threads", timeout=1)
+    with pytest.raises(ValueError, match="memory size"):
+        mm.train(fit_linear, source, memory_limit="lots")
+    with pytest.raises(TypeError, match="source must be made by"):
+        mm.train(fit_linear, sales)
+    with pytest.raises(ValueError, match="grid parameter 'alpha' has no values"):
+        mm.grid(alpha=[])
+    with pytest.raises(TypeError, match="only a grid can multiply"):
+        mm.groups(sales, by="store") * mm.items([1, 2])
+    with pytest.raises(ValueError, match="duplicate item key: 1"):
+        mm.items([1, 2, 1])
+
+
+def test_unpicklable_fit_says_why_and_suggests_threads(sales):
+    lock = threading.Lock()
+
+    def fit_with_lock(df):
+        with lock:
+            return len(df)
+
+    with pytest.raises(TypeError, match="cannot be pickled.*backend='threads'"):
+        mm.train(fit_with_lock, mm.groups(sales, by="store"))
+    assert not shm_files()
+    run = mm.train(fit_with_lock, mm.groups(sales, by="store"), backend="threads",
+                   progress=False)
+    assert len(run.models) == 12
+
+
+def test_workers_never_exceed_tasks():
+    run = mm.train(len, mm.items(["ab", "cde"]), workers=8, progress=False)
+    assert run.summary().workers == 2
+    assert run.models == {"ab": 2, "cde": 3}
+
+
+def test_usable_cores_respects_affinity():
+    import os
+
+    from manymodels._resources import usable_cores
+
+    assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))
+
+
+def test_parse_bytes():
+    from manymodels._resources import parse_bytes
+
+    assert parse_bytes("2GB") == 2_000_000_000
+    assert parse_bytes("1.5 GiB") == int(1.5 * 2**30)
+    assert parse_bytes(1024) == 1024
+    with pytest.raises(ValueError):
+        parse_bytes("-3GB")

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.scheduling import BatchSizer
+
+
+def test_batch_sizes_ramp_then_follow_measured_times():
+    sizer = BatchSizer(workers=2, target_s=0.1)
+    assert [sizer.next_size(10_000) for _ in range(4)] == [1, 2, 4, 8]
+    sizer.observe(busy_s=0.001 * 8, tasks=8)  # 1 ms per task
+    assert sizer.next_size(10_000) == 100
+    assert sizer.next_size(40) == 5  # near the end: spread the rest over the workers
+    assert sizer.next_size(3) == 1
+
+
+def test_longest_tasks_start_first():
+    sizes = {"small": 5, "huge": 500, "medium": 50, "tiny": 1}
+    table = pd.DataFrame({"g": [g for g, n in sizes.items() for _ in range(n)], "x": 1.0})
+    run = mm.train(len, mm.groups(table, by="g"), backend="serial", progress=False)
+    order = run.results.sort_values("started_s")["g"].tolist()
+    assert order == ["huge", "medium", "small", "tiny"]
+    custom = mm.train(len, mm.groups(table, by="g", cost=lambda rows: -rows),
+                      backend="serial", progress=False)
+    assert custom.results.sort_values("started_s")["g"].tolist() == order[::-1]
+
+
+def test_tiny_tasks_travel_in_batches():
+    def noop(item):
+        return item
+
+    run = mm.train(noop, mm.items(range(20_000)), workers=2, progress=False)
+    assert len(run.models) == 20_000
+    # one batch per task would need 20,000 round trips; far fewer happened
+    starts = run.results["started_s"]
+    assert starts.is_monotonic_increasing or len(run.results) == 20_000
+    assert run.results["worker"].nunique() == 2
+
+
+def test_progress_counts_models_not_batches(monkeypatch):
+    seen = []
+    import manymodels.scheduling as scheduling
+
+    class Recorder:
+        def __init__(self, total, enabled, description="training"):
+            seen.append(("total", total))
+
+        def update(self, done, ok, failed):
+            seen.append((done, ok, failed))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(scheduling, "ProgressBar", Recorder)
+
+    def maybe_fail(item):
+        if item % 10 == 0:
+            raise ValueError(item)
+        time.sleep(0.0005)
+        return item
+
+    mm.train(maybe_fail, mm.items(range(300)), workers=2)
+    assert seen[0] == ("total", 300)
+    assert seen[-1] == (300, 270, 30)
+    dones = [entry[0] for entry in seen[1:]]
+    assert dones == sorted(dones)
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads", "processes"])
+def test_summary_and_run_repr(backend):
+    run = mm.train(abs, mm.items([-1, -2, 3]), backend=backend, progress=False)
+    assert "3 ok, 0 failed of 3 tasks" in repr(run)

@@ -1,0 +1,173 @@
+"""Behaviour that must match across the serial, threads and processes backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pytest
+
+import manymodels as mm
+from conftest import BACKENDS, fit_linear
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def fail_on_one(item):
+    if item == 37:
+        raise ValueError(f"bad item {item}")
+    return item * 2, {"double": item * 2}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_results_as_serial(backend, sales):
+    source = mm.groups(sales, by=["store", "item"])
+    reference = mm.train(fit_linear, source, backend="serial", progress=False)
+    run = mm.train(fit_linear, source, backend=backend, workers=2, progress=False)
+    assert (run.results["status"] == "ok").all()
+    assert len(run.results) == 60
+    columns = ["store", "item", "slope", "n"]
+    pd.testing.assert_frame_equal(run.results[columns], reference.results[columns])
+    assert run.models.keys() == reference.models.keys()
+    for key, model in run.models.items():
+        assert model["slope"] == pytest.approx(reference.models[key]["slope"])
+    # the model of store s03, item 2 fits y = 4x + 2
+    assert run.models[("s03", 2)]["slope"] == pytest.approx(4.0, abs=0.1)
+    assert run.models[("s03", 2)]["intercept"] == pytest.approx(2.0, abs=0.1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_exception_fails_only_its_task(backend):
+    run = mm.train(fail_on_one, mm.items(range(100)), backend=backend, workers=2,
+                   progress=False)
+    assert len(run.ok) == 99
+    assert len(run.models) == 99 and 37 not in run.models
+    failed = run.failed
+    assert list(failed["item"]) == [37]
+    assert failed["status"].iloc[0] == "failed"
+    error = failed["error"].iloc[0]
+    assert "Traceback" in error and "ValueError: bad item 37" in error
+    assert "fail_on_one" in error
+    assert run.models[10] == 20
+    assert run.summary().failed == 1 and run.summary().ok == 99
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_groups_times_grid_yields_every_combination_once(backend, sales):
+    source = mm.groups(sales, by="store") * mm.grid(alpha=[0.0, 1.0, 3.0], tag=["a", "b"])
+    run = mm.train(fit_linear, source, backend=backend, workers=2, progress=False)
+    results = run.results
+    assert len(results) == 12 * 3 * 2
+    assert not results.duplicated(["store", "alpha", "tag"]).any()
+    assert set(results["alpha"]) == {0.0, 1.0, 3.0} and set(results["tag"]) == {"a", "b"}
+    assert set(results["store"]) == set(sales["store"])
+    # the grid value reached fit: the slope shrinks by 1 + alpha
+    plain = run.models[("s00", 0.0, "a")]["slope"]
+    assert run.models[("s00", 3.0, "b")]["slope"] == pytest.approx(plain / 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("by", ["store", "item", ["store", "item"]])
+def test_keys_round_trip(backend, by, sales):
+    run = mm.train(fit_linear, mm.groups(sales, by=by), backend=backend, progress=False)
+    if isinstance(by, str):
+        expected = set(sales[by].tolist())
+        assert set(run.models) == expected
+        assert all(type(k) is type(next(iter(expected))) for k in run.models)
+        counts = sales[by].value_counts()
+        for key, n in run.results[[by, "n"]].itertuples(index=False):
+            assert counts[key] == n
+    else:
+        expected = set(map(tuple, sales[by].drop_duplicates().itertuples(index=False)))
+        assert set(run.models) == expected
+        assert ("s05", 4) in run.models
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grid_alone_and_shared_objects(backend):
+    X = np.arange(1000, dtype=float)
+
+    def score(power, offset, data, scale):
+        return {"value": float((data ** power).sum() * scale + offset)}
+
+    run = mm.train(score, mm.grid(power=[1, 2], offset=[0, 10]),
+                   shared={"data": X, "scale": 0.5}, backend=backend, progress=False)
+    results = run.results.set_index(["power", "offset"])
+    assert results.loc[(1, 10), "value"] == pytest.approx(X.sum() * 0.5 + 10)
+    assert results.loc[(2, 0), "value"] == pytest.approx((X ** 2).sum() * 0.5)
+    assert run.models == {}  # a metrics dict alone is not a model
+
+
+def _describe(data):
+    if isinstance(data, pa.Table):
+        kind, n, total = "arrow", data.num_rows, pa.compute.sum(data["x"]).as_py()
+    elif isinstance(data, pl.DataFrame):
+        kind, n, total = "polars", data.height, data["x"].sum()
+    elif isinstance(data, dict):
+        kind, n, total = "numpy", len(data["x"]), float(np.sum(data["x"]))
+    else:
+        kind, n, total = "pandas", len(data), float(data["x"].sum())
+    return {"kind": kind, "rows": n, "total": total}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", ["pandas", "arrow", "polars", "numpy"])
+def test_formats(backend, fmt, sales):
+    run = mm.train(_describe, mm.groups(sales, by="store", format=fmt), backend=backend,
+                   progress=False)
+    results = run.results.set_index("store")
+    assert (results["kind"] == fmt).all()
+    expected = sales.groupby("store")["x"].sum()
+    for store, total in expected.items():
+        assert results.loc[store, "total"] == pytest.approx(total)
+        assert results.loc[store, "rows"] == 150
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_items_of_paths(backend, tmp_path):
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"part{i}.csv"
+        pd.DataFrame({"x": np.arange(i + 1)}).to_csv(path, index=False)
+        paths.append(path)
+
+    def count_rows(path):
+        return {"rows": len(pd.read_csv(path))}
+
+    run = mm.train(count_rows, mm.items(paths), backend=backend, progress=False)
+    assert dict(zip(run.results["item"], run.results["rows"])) == {
+        p: i + 1 for i, p in enumerate(paths)
+    }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_return_shapes(backend):
+    def shapes(item):
+        if item == 0:
+            return "a model"
+        if item == 1:
+            return "a model", {"m": 1.5}
+        return {"m": np.float64(2.5)}
+
+    run = mm.train(shapes, mm.items([0, 1, 2]), backend=backend, progress=False)
+    assert run.models == {0: "a model", 1: "a model"}
+    assert run.results["m"].tolist()[1:] == [1.5, 2.5]
+    assert type(run.results["m"].iloc[2]) is not np.ndarray
+
+
+def test_summary_counts_and_utilization(sales):
+    run = mm.train(fit_linear, mm.groups(sales, by="store"), backend="serial", progress=False)
+    summary = run.summary()
+    assert summary.tasks == 12 and summary.ok == 12 and summary.failed == 0
+    assert summary.task_time_s == pytest.approx(run.results["duration_s"].sum())
+    assert 0 < summary.utilization <= 1.05
+    assert "12 ok" in str(summary) and "utilization" in str(summary)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_polars_and_arrow_tables_as_input(backend, sales):
+    for table in (pl.from_pandas(sales), pa.Table.from_pandas(sales)):
+        run = mm.train(fit_linear, mm.groups(table, by="store"), backend=backend,
+                       progress=False)
+        assert len(run.ok) == 12
