@@ -16,11 +16,11 @@ demo: $(STAMP)
 	$(BIN)/manymodels demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check .
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
