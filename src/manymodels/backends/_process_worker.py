@@ -102,6 +102,7 @@ def main(argv: list[str]) -> int:
             return 0
         _, batch_id, tasks = message
         begin = last_flush = time.perf_counter()
+        executor.begin_batch(tasks)
         outcomes = []
         for position, task in enumerate(tasks):
             mark(task[0])
