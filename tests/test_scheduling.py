@@ -35,10 +35,7 @@ def test_tiny_tasks_travel_in_batches():
 
     run = mm.train(noop, mm.items(range(20_000)), workers=2, progress=False)
     assert len(run.models) == 20_000
-    # one batch per task would need 20,000 round trips; far fewer happened
-    starts = run.results["started_s"]
-    assert starts.is_monotonic_increasing or len(run.results) == 20_000
-    assert run.results["worker"].nunique() == 2
+    assert run.summary().batches < 500  # not one round trip per task
 
 
 def test_progress_counts_models_not_batches(monkeypatch):

@@ -12,12 +12,16 @@ from .backends import WorkerStartupError
 from .results import Run, Summary
 from .scheduling import RunInterrupted, TooManyFailures
 from .sources import grid, groups, items
+from .store import Store, StoreError, StoreIntegrityError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Run",
     "RunInterrupted",
+    "Store",
+    "StoreError",
+    "StoreIntegrityError",
     "Summary",
     "TooManyFailures",
     "WorkerStartupError",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -16,10 +17,12 @@ import pandas as pd
 from ._resources import parse_bytes, usable_cores
 from .backends import backend_class
 from .execution import RunContext
+from .hashing import task_identities
 from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
 from .sources import GroupSource, ProductSource, Source
+from .store import RunRecorder, Store
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -85,6 +88,8 @@ def train(
     memory_limit: int | str | None = None,
     max_failures: int | float | None = None,
     progress: bool = True,
+    store: str | Path | Store | None = None,
+    reuse: bool = True,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -105,6 +110,9 @@ def train(
     * ``max_failures``: an error budget, a count or a fraction of the tasks;
       past it the run stops and raises :class:`TooManyFailures`.
     * ``progress``: a progress bar on a terminal.
+    * ``store``: a directory (or :class:`Store`) that records every task and
+      model, crash-safe; with ``reuse`` (default), a re-run reuses each
+      finished model whose code, parameters and data are unchanged.
     """
     if not callable(fit):
         raise TypeError(f"fit must be callable, got {type(fit).__name__}")
@@ -146,6 +154,10 @@ def train(
         shared = dict(shared)
     if backend_type.requires_pickling:
         _check_picklable(fit, shared, backend)
+    if store is not None and not isinstance(store, Store):
+        if not isinstance(store, (str, Path)):
+            raise TypeError(f"store must be a directory path or a Store, got {store!r}")
+        store = Store(store)
 
     plan = make_plan(source)
     if backend == "serial":
@@ -160,9 +172,18 @@ def train(
         cpus_per_task=cpus_per_task,
         retry_on=retry_types,
     )
+    recorder, reused = None, None
+    if store is not None:
+        identities, code_detail = task_identities(plan, fit, shared)
+        recorder = RunRecorder(
+            store, plan, identities, code_detail,
+            fit_name=f"{getattr(fit, '__module__', '?')}.{getattr(fit, '__qualname__', fit)}",
+            source=repr(source), backend=backend, workers=workers)
+        reused = recorder.begin(reuse=bool(reuse))
+        workers = max(1, min(workers, len(plan.tasks) - len(reused)))
     engine = backend_type(workers, cpus_per_task, timeout=timeout, memory_limit=memory_bytes)
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
-                          progress=progress)
+                          progress=progress, recorder=recorder, reused=reused)
     return scheduler.run(context)
 
 

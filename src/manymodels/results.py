@@ -11,12 +11,13 @@ from typing import Any
 import pandas as pd
 
 from .planning import Plan
+from .store.registry import ModelMap
 
 OK = "ok"
 #: Statuses of tasks that ran and did not produce a model.
 FAILURE_STATUSES = ("failed", "crashed", "timeout", "memory")
 CANCELLED = "cancelled"
-_RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "error"}
+_RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
 
 
 @dataclass
@@ -32,6 +33,7 @@ class TaskRecords:
     started_at: list[float] = field(init=False)
     worker: list[int] = field(init=False)
     error: list[str | None] = field(init=False)
+    reused_from: list[int | None] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.size
@@ -39,6 +41,7 @@ class TaskRecords:
         self.model, self.metrics = [None] * n, [None] * n
         self.duration_s, self.started_at = [float("nan")] * n, [float("nan")] * n
         self.worker, self.error = [-1] * n, [None] * n
+        self.reused_from = [None] * n
 
 
 @dataclass
@@ -56,13 +59,16 @@ class Summary:
     backend: str
     utilization: float
     reused: int = 0
+    batches: int = 0
 
     def __str__(self) -> str:
         others = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if k != OK)
         lines = [
             f"models      {self.ok} ok, {self.failed} failed of {self.tasks}"
-            + (f" ({others})" if others else ""),
-            f"wall time   {self.wall_s:.2f} s on {self.workers} {self.backend} worker(s)",
+            + (f" ({others})" if others else "")
+            + (f"; {self.reused} reused from the store" if self.reused else ""),
+            f"wall time   {self.wall_s:.2f} s on {self.workers} {self.backend} worker(s), "
+            f"{self.batches} batch(es)",
             f"task time   {self.task_time_s:.2f} s (sum of fit times)",
             f"utilization {self.utilization:.2f} (task time / (wall x workers))",
         ]
@@ -81,6 +87,9 @@ class Run:
         workers: int,
         backend: str,
         started_at: float,
+        store: Any = None,
+        run_id: int | None = None,
+        batches: int = 0,
     ) -> None:
         self._plan = plan
         self._records = records
@@ -88,6 +97,9 @@ class Run:
         self.workers = workers
         self.backend = backend
         self.started_at = started_at
+        self.store = store
+        self.run_id = run_id
+        self.batches = batches
 
     @cached_property
     def results(self) -> pd.DataFrame:
@@ -103,6 +115,7 @@ class Run:
         frame["duration_s"] = rec.duration_s
         frame["worker"] = rec.worker
         frame["started_s"] = [t - self.started_at for t in rec.started_at]
+        frame["reused"] = [r is not None for r in rec.reused_from]
         names: dict[str, None] = {}
         for metrics in rec.metrics:
             if metrics:
@@ -125,15 +138,22 @@ class Run:
         return self.results[self.results["status"].isin(FAILURE_STATUSES)]
 
     @cached_property
-    def models(self) -> dict[Hashable, Any]:
+    def models(self) -> ModelMap:
         """Key -> model of every task that succeeded and returned a model (a fit
-        that returns a metrics dict alone has metrics but no model)."""
+        that returns a metrics dict alone has metrics but no model). Models
+        reused from a store are loaded when first asked for."""
         rec = self._records
-        return {
+        return ModelMap({
             task.key: rec.model[task.index]
             for task in self._plan.tasks
             if rec.status[task.index] == OK and rec.model[task.index] is not None
-        }
+        })
+
+    def why_not_reused(self, key: Hashable) -> str:
+        """Why the task ``key`` was trained rather than reused from the store."""
+        if self.store is None:
+            raise ValueError("this run used no store: pass store= to mm.train")
+        return self.store.why_not_reused(key, run=self.run_id)
 
     def summary(self) -> Summary:
         statuses = Counter(s for s in self._records.status if s is not None)
@@ -152,6 +172,8 @@ class Run:
             workers=self.workers,
             backend=self.backend,
             utilization=task_time / capacity if capacity > 0 else 0.0,
+            reused=sum(r is not None for r in self._records.reused_from),
+            batches=self.batches,
         )
 
     def __repr__(self) -> str:

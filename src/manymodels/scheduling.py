@@ -31,12 +31,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from .backends.base import Backend, Finished, Lost, Requeued
 from .execution import OK, Outcome, RunContext
 from .planning import Plan
 from .progress import ProgressBar
 from .results import CANCELLED, FAILURE_STATUSES, Run, TaskRecords
+from .store.registry import StoredModel
 
 _TARGET_BATCH_S = 0.1
 _MAX_BATCH = 20_000
@@ -130,6 +132,8 @@ class Scheduler:
         max_failures: int | float | None = None,
         progress: bool = True,
         description: str = "training",
+        recorder: Any = None,
+        reused: dict[int, Any] | None = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
@@ -138,7 +142,17 @@ class Scheduler:
         self.records = TaskRecords(len(plan.tasks))
         self.progress = ProgressBar(len(plan.tasks), progress, description)
         self.sizer = BatchSizer(backend.workers)
-        self._done = self._ok = self._failed = 0
+        self.recorder = recorder
+        self._done = self._ok = self._failed = self._batches = 0
+        for index, hit in (reused or {}).items():
+            self.records.status[index] = OK
+            self.records.reused_from[index] = hit.run_id
+            self.records.metrics[index] = hit.metrics
+            if hit.artifact is not None:
+                self.records.model[index] = StoredModel(
+                    recorder.store, hit.artifact, f"key {plan.tasks[index].key!r}")
+            self._done += 1
+            self._ok += 1
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -151,6 +165,8 @@ class Scheduler:
             self._ok += 1
         elif status in FAILURE_STATUSES:
             self._failed += 1
+        if self.recorder is not None:
+            self.recorder.task_finished(index)
 
     def _record(self, outcome: Outcome, worker: int) -> bool:
         """Store an outcome; return True if the task goes back for a retry."""
@@ -170,8 +186,11 @@ class Scheduler:
         return self.budget is not None and self._failed > self.budget
 
     def _build_run(self, wall_s: float, started_at: float) -> Run:
+        recorder = self.recorder
         return Run(self.plan, self.records, wall_s=wall_s, workers=self.backend.workers,
-                   backend=self.backend.name, started_at=started_at)
+                   backend=self.backend.name, started_at=started_at,
+                   store=recorder.store if recorder else None,
+                   run_id=recorder.run_id if recorder else None, batches=self._batches)
 
     # -- the loop --------------------------------------------------------------
 
@@ -179,32 +198,44 @@ class Scheduler:
         started_at, start = time.time(), time.perf_counter()
         stopped_by: BaseException | None = None
         with _sigterm_interrupts():
+            started = False
             try:
-                self.backend.start(context)
-                self._loop()
+                if self._done < len(self.plan.tasks):
+                    started = True
+                    self.backend.start(context)
+                    self._loop()
             except KeyboardInterrupt as exc:
                 stopped_by = exc
             finally:
                 clean = stopped_by is None and not self._over_budget()
                 try:
-                    self.backend.stop(force=not clean)
+                    if started:
+                        self.backend.stop(force=not clean)
                 finally:
                     self.progress.close()
-        for index, status in enumerate(self.records.status):
-            if status is None:
-                self.records.status[index] = CANCELLED
-        run = self._build_run(time.perf_counter() - start, started_at)
+            for index, status in enumerate(self.records.status):
+                if status is None:
+                    self.records.status[index] = CANCELLED
+            run = self._build_run(time.perf_counter() - start, started_at)
+            if self.recorder is not None:
+                state = ("interrupted" if stopped_by is not None
+                         else "stopped" if self._over_budget() else "finished")
+                self.recorder.finish(self.records, state, run.wall_s, run.summary())
         if stopped_by is not None:
+            resume = (" Run the same call again with the same store to resume: finished "
+                      "models are reused." if self.recorder is not None else
+                      " Pass store= to keep results across runs and resume.")
             raise RunInterrupted(
                 f"interrupted after {self._done} of {len(self.plan.tasks)} tasks; the "
-                "finished results are in the exception's .run", run) from stopped_by
+                f"finished results are in the exception's .run.{resume}", run) from stopped_by
         if self._over_budget():
             raise TooManyFailures(self._budget_message(run), run)
         return run
 
     def _loop(self) -> None:
         tasks, backend = self.plan.tasks, self.backend
-        pending = deque(sorted(range(len(tasks)), key=lambda i: -tasks[i].cost))
+        todo = [i for i, status in enumerate(self.records.status) if status is None]
+        pending = deque(sorted(todo, key=lambda i: -tasks[i].cost))
         retry_now: deque[int] = deque()  # crashed or requeued: before anything else
         retry_later: list[tuple[float, int]] = []  # (due time, index): backoff
         in_flight: set[int] = set()
@@ -223,6 +254,7 @@ class Scheduler:
                     in_flight.add(i)
                 backend.submit(batch_id, batch)
                 batch_id += 1
+                self._batches += 1
                 free -= 1
             wait = 0.05
             if retry_later and not in_flight:
@@ -247,6 +279,8 @@ class Scheduler:
                     in_flight.difference_update(event.indices)
                     retry_now.extendleft(reversed(event.indices))
             self.progress.update(self._done, self._ok, self._failed)
+            if self.recorder is not None:
+                self.recorder.flush(self.records)
 
     def _budget_message(self, run: Run) -> str:
         failed = run.failed

@@ -1,0 +1,3 @@
+from manymodels.cli import app
+
+app()

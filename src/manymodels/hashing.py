@@ -1,0 +1,265 @@
+"""Task identity: a hash of a task's code, parameters and data.
+
+A re-run with a store reuses every finished model whose identity is
+unchanged, so the identity must change whenever the model could:
+
+* **code**: ``fit``'s source (or bytecode, constants and closure values when
+  the source is not available), and, followed transitively, the source files of
+  the user's own modules that it uses: a helper module edited means every
+  model is retrained. Installed packages (site-packages, the standard library)
+  are not hashed file by file; their versions are recorded instead, so an
+  upgrade of scikit-learn retrains too.
+* **params**: the grid values of the task.
+* **data**: the content of the group's rows (and the table's schema); an
+  item's value, or the content of the file when the item is a path; the
+  content of the ``shared`` objects.
+
+Each part is kept apart so that a store can say which one changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import os
+import pickle
+import sys
+import sysconfig
+import types
+from pathlib import Path, PurePath
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+
+def digest(*parts: bytes | str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_roots() -> tuple[str, ...]:
+    roots = set()
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(name)
+        if path:
+            roots.add(os.path.realpath(path))
+    roots.add(os.path.realpath(os.path.dirname(os.__file__)))
+    roots.add(os.path.realpath(os.path.dirname(__file__)))  # manymodels itself
+    return tuple(sorted(roots))
+
+
+def _is_user_file(filename: str | None) -> bool:
+    if not filename or not filename.endswith(".py") or not os.path.exists(filename):
+        return False
+    real = os.path.realpath(filename)
+    return not any(real.startswith(root + os.sep) for root in _installed_roots())
+
+
+def _package_version(module_name: str) -> str | None:
+    top = module_name.split(".")[0]
+    for name in (top, top.replace("_", "-")):
+        try:
+            return f"{top}=={importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    module = sys.modules.get(top)
+    version = getattr(module, "__version__", None)
+    return f"{top}=={version}" if version else None
+
+
+class _CodeWalker:
+    """Collects the code a function depends on: user sources and package versions."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, str] = {}  # label -> hash of source text
+        self.versions: set[str] = set()
+        self._seen: set[int] = set()
+
+    def visit(self, obj: Any) -> None:
+        if id(obj) in self._seen:
+            return
+        self._seen.add(id(obj))
+        if isinstance(obj, types.ModuleType):
+            self._visit_module(obj)
+        elif isinstance(obj, functools.partial):
+            self.visit(obj.func)
+            self.sources[f"partial:{id(obj)}"] = value_hash((obj.args, obj.keywords))
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            self._visit_function(getattr(obj, "__func__", obj))
+        elif isinstance(obj, type):
+            self._visit_defined(obj)
+        elif callable(obj) and not isinstance(obj, types.BuiltinFunctionType):
+            self.visit(type(obj))
+
+    def _visit_module(self, module: types.ModuleType) -> None:
+        filename = getattr(module, "__file__", None)
+        if _is_user_file(filename):
+            self.sources[f"module:{module.__name__}"] = digest(Path(filename).read_bytes())
+            for value in list(vars(module).values()):
+                if isinstance(value, types.ModuleType) or (
+                    getattr(value, "__module__", None) not in (None, module.__name__)
+                    and callable(value)
+                ):
+                    self.visit(value)
+        elif module.__name__ not in sys.builtin_module_names:
+            version = _package_version(module.__name__)
+            if version:
+                self.versions.add(version)
+
+    def _visit_defined(self, obj: type) -> None:
+        module = sys.modules.get(getattr(obj, "__module__", "") or "")
+        if module is None:
+            return
+        if module.__name__ == "__main__":
+            try:
+                self.sources[f"class:__main__.{obj.__qualname__}"] = digest(inspect.getsource(obj))
+            except (OSError, TypeError):
+                self.sources[f"class:__main__.{obj.__qualname__}"] = value_hash(obj)
+        else:
+            self._visit_module(module)  # a user class: its whole module file
+
+    def _visit_function(self, fn: types.FunctionType) -> None:
+        module = sys.modules.get(fn.__module__ or "")
+        if (
+            module is not None
+            and module.__name__ != "__main__"
+            and not _is_user_file(getattr(module, "__file__", None))
+        ):
+            self._visit_module(module)  # an installed function: its version suffices
+            return
+        # A user function: its own source, then whatever it refers to, so that
+        # editing a helper it calls changes the identity, and editing an
+        # unrelated line of the same file does not.
+        try:
+            text = inspect.getsource(fn)
+        except (OSError, TypeError):
+            text = _code_text(fn.__code__)
+        label = f"function:{fn.__module__}.{fn.__qualname__}"
+        self.sources[label] = digest(text, value_hash((fn.__defaults__, fn.__kwdefaults__)))
+        for position, cell in enumerate(fn.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:
+                continue
+            self.visit(contents)
+            if not callable(contents):
+                self.sources[f"{label}:closure{position}"] = value_hash(contents)
+        for name in _global_names(fn.__code__):
+            if name in fn.__globals__:
+                value = fn.__globals__[name]
+                if callable(value) or isinstance(value, types.ModuleType):
+                    self.visit(value)
+            elif name in sys.modules:  # imported inside the function
+                self.visit(sys.modules[name])
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _code_text(code: types.CodeType) -> str:
+    parts = [code.co_code.hex(), repr(code.co_names)]
+    for const in code.co_consts:
+        parts.append(_code_text(const) if isinstance(const, types.CodeType) else repr(const))
+    return "|".join(parts)
+
+
+def code_identity(fn: Any) -> tuple[str, dict[str, Any]]:
+    """The hash of ``fn``'s code and what it depends on, and a description of
+    its parts (for saying what changed)."""
+    walker = _CodeWalker()
+    walker.visit(fn)
+    versions = sorted(walker.versions | {f"python=={sys.version.split()[0]}"})
+    detail = {"sources": dict(sorted(walker.sources.items())), "versions": versions}
+    return digest(pickle.dumps(detail["sources"]), "\n".join(versions)), detail
+
+
+def value_hash(value: Any) -> str:
+    """A content hash of a value: arrays and frames by their data, paths to files
+    by the file's content, anything else by its pickle."""
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        if array.dtype.hasobject:
+            return digest(cloudpickle.dumps(array.tolist()))
+        return digest(str(array.dtype), str(array.shape), array.tobytes())
+    module = type(value).__module__
+    if module.startswith("pandas"):
+        import pandas as pd
+
+        if isinstance(value, (pd.DataFrame, pd.Series)):
+            rows = pd.util.hash_pandas_object(value, index=True).to_numpy()
+            columns = list(value.columns) if isinstance(value, pd.DataFrame) else [value.name]
+            dtypes = [str(d) for d in getattr(value, "dtypes", [value.dtype])]
+            return digest(repr(columns), repr(dtypes), rows.tobytes())
+    if module.startswith("pyarrow") and hasattr(value, "to_pandas"):
+        return value_hash(value.to_pandas())
+    if isinstance(value, PurePath):
+        return file_hash(value)
+    if isinstance(value, (list, tuple)):
+        return digest(type(value).__name__, *(value_hash(v) for v in value))
+    if isinstance(value, dict):
+        return digest("dict", *(f"{k!r}={value_hash(v)}" for k, v in value.items()))
+    try:
+        return digest(pickle.dumps(value, protocol=5))
+    except Exception:
+        return digest(cloudpickle.dumps(value))
+
+
+def file_hash(path: PurePath | str) -> str:
+    """The content hash of a file, or of the path itself if it is not a file."""
+    path = Path(path)
+    if not path.is_file():
+        return digest("path", str(path))
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def item_hash(item: Any) -> str:
+    """An item's identity: the file's content when it is a path to a file."""
+    if isinstance(item, (str, PurePath)) and os.path.isfile(item):
+        return file_hash(item)
+    return value_hash(item)
+
+
+def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[list[tuple], dict]:
+    """Per task: ``(identity, code, params, data, shared)`` hashes; and the code
+    description. Group rows are hashed once for the whole table."""
+    code, detail = code_identity(fit)
+    shared_part = value_hash(dict(sorted((shared or {}).items())))
+    data_parts: list[str]
+    if plan.kind == "groups":
+        import pandas as pd
+
+        rows = pd.util.hash_pandas_object(plan.table.to_pandas(), index=False).to_numpy()
+        raw, schema = rows.tobytes(), digest(str(plan.table.schema))
+        cache: dict[tuple[int, int], str] = {}
+        data_parts = []
+        for task in plan.tasks:
+            ref = task.data
+            if ref not in cache:
+                cache[ref] = digest(schema, raw[8 * ref[0]:8 * (ref[0] + ref[1])])
+            data_parts.append(cache[ref])
+    elif plan.kind == "items":
+        data_parts = [item_hash(task.data) for task in plan.tasks]
+    else:
+        data_parts = ["-"] * len(plan.tasks)
+    identities = []
+    for task, data in zip(plan.tasks, data_parts):
+        params = value_hash(sorted(task.params.items())) if task.params else "-"
+        identities.append((digest(code, params, data, shared_part), code, params, data,
+                           shared_part))
+    return identities, detail

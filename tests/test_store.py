@@ -1,0 +1,294 @@
+"""The store: crash safety, reuse by task identity, integrity and the registry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+
+import manymodels as mm
+from conftest import fit_linear
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def run_script(path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=path.parent)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def committed_ok(store: Path, run_id: int) -> int:
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        return conn.execute("SELECT count(*) FROM tasks WHERE run_id=? AND status='ok'",
+                            (run_id,)).fetchone()[0]
+
+
+SLOW_DRIVER = textwrap.dedent("""
+    import sys, time
+    import manymodels as mm
+
+    def fit(item):
+        time.sleep(0.01)
+        return {"double": item * 2}, {"value": item * 2}
+
+    if __name__ == "__main__":
+        mm.train(fit, mm.items(range(400)), store=sys.argv[1], workers=2, progress=False)
+""")
+
+
+def test_sigkill_of_the_driver_loses_only_the_uncommitted_tail(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(SLOW_DRIVER)
+    store = tmp_path / "store"
+    driver = subprocess.Popen([sys.executable, str(script), str(store)], cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (store / "index.sqlite").exists():
+            try:
+                if committed_ok(store, 1) >= 60:
+                    break
+            except sqlite3.OperationalError:
+                pass
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=10)
+    kept = committed_ok(store, 1)
+    assert 60 <= kept < 400
+
+    opened = mm.Store(store)
+    assert opened.integrity_check() == "ok"
+    for key, model in opened.models(1).items():  # every indexed artifact loads
+        assert model == {"double": key * 2}
+
+    rerun = run_script(script, str(store))
+    assert rerun.returncode == 0
+    runs = opened.runs()
+    assert list(runs["status"]) == ["running", "finished"]  # the killed run never finished
+    assert runs["reused"].iloc[1] == kept
+    results = opened.results()
+    assert (results["status"] == "ok").all() and len(results) == 400
+    assert results["value"].tolist() == [2 * i for i in range(400)]
+    assert results["reused_from"].notna().sum() == kept
+    models = opened.models()
+    assert all(models[i] == {"double": 2 * i} for i in range(400))
+
+
+HELPER_V1 = "def transform(x):\n    return x * 2\n"
+HELPER_V2 = "def transform(x):\n    return x * 3\n"
+IDENTITY_DRIVER = textwrap.dedent("""
+    import json, sys
+    import pandas as pd
+    import manymodels as mm
+    import helpers
+
+    def fit(df, alpha=1.0):
+        return {"total": float(helpers.transform(df["x"]).sum()) * alpha}  # VERSION 1
+
+    if __name__ == "__main__":
+        table = pd.read_csv(sys.argv[2])
+        alphas = json.loads(sys.argv[3])
+        run = mm.train(fit, mm.groups(table, by="g") * mm.grid(alpha=alphas),
+                       store=sys.argv[1], progress=False, workers=2)
+        trained = run.results[~run.results["reused"]]
+        print(json.dumps(sorted([[g, a] for g, a in zip(trained["g"], trained["alpha"])])))
+""")
+
+
+def test_reuse_retrains_exactly_what_changed(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(IDENTITY_DRIVER)
+    (tmp_path / "helpers.py").write_text(HELPER_V1)
+    table = pd.DataFrame({"g": np.repeat(["a", "b", "c", "d"], 5), "x": np.arange(20.0)})
+    data = tmp_path / "table.csv"
+    table.to_csv(data, index=False)
+    store = str(tmp_path / "store")
+
+    def trained(alphas="[1, 2]"):
+        import json
+
+        return json.loads(run_script(script, store, str(data), alphas).stdout)
+
+    every = [[g, a] for g in "abcd" for a in (1, 2)]
+    assert trained() == every  # first run trains all
+    assert trained() == []  # unchanged: everything reused
+    table.loc[table["g"] == "c", "x"] += 1  # one group's rows
+    table.to_csv(data, index=False)
+    assert trained() == [["c", 1], ["c", 2]]
+    assert trained("[1, 5]") == [[g, 5] for g in "abcd"]  # a new grid value
+    (tmp_path / "helpers.py").write_text(HELPER_V2)  # a helper module fit uses
+    assert trained("[1, 5]") == [[g, a] for g in "abcd" for a in (1, 5)]
+    script.write_text(IDENTITY_DRIVER.replace("# VERSION 1", "# VERSION 2 (same logic)")
+                      .replace("* alpha}", "* alpha * 1.0}"))
+    assert trained("[1, 5]") == [[g, a] for g in "abcd" for a in (1, 5)]  # fit's code
+    why = subprocess.run(
+        [sys.executable, "-m", "manymodels.cli", "why", store, "c", "5"],
+        capture_output=True, text=True, timeout=60)
+    assert why.returncode == 0 and "code of fit" in why.stdout, why.stdout + why.stderr
+
+
+def test_failed_tasks_are_retrained_and_reuse_can_be_turned_off(tmp_path):
+    def fit(item, bad=()):
+        if item in bad:
+            raise ValueError(item)
+        return item
+
+    store = tmp_path / "store"
+    first = mm.train(fit, mm.items(range(10)), shared={"bad": (3,)}, store=store,
+                     backend="threads", progress=False)
+    assert len(first.failed) == 1
+    # the shared objects are part of the identity: all retrain when they change
+    second = mm.train(fit, mm.items(range(10)), shared={"bad": ()}, store=store,
+                      backend="threads", progress=False)
+    assert second.summary().reused == 0 and len(second.ok) == 10
+    third = mm.train(fit, mm.items(range(10)), shared={"bad": ()}, store=store,
+                     backend="threads", progress=False)
+    assert third.summary().reused == 10
+    assert third.models[4] == 4
+    assert "reused from run 2" in third.why_not_reused(4)
+    forced = mm.train(fit, mm.items(range(10)), shared={"bad": ()}, store=store,
+                      backend="threads", progress=False, reuse=False)
+    assert forced.summary().reused == 0
+    assert "reuse was turned off" in forced.why_not_reused(4)
+
+
+def big_model(item):
+    return np.full(300_000, float(item))  # 2.4 MB: stored as a file
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_tampered_artifact_refuses_to_load(tmp_path, size):
+    store = tmp_path / "store"
+    fit = big_model if size == "large" else (lambda item: [item] * 3)
+    mm.train(fit, mm.items([1, 2]), store=store, backend="threads", progress=False)
+    opened = mm.Store(store)
+    assert opened.load(1) is not None
+    if size == "large":
+        files = sorted((store / "artifacts").rglob("*"))
+        target = [f for f in files if f.is_file()][0]
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+    else:
+        with sqlite3.connect(store / "index.sqlite") as conn:
+            conn.execute("UPDATE artifacts SET blob = CAST(blob || x'00' AS BLOB)")
+    errors = 0
+    for key in (1, 2):
+        try:
+            opened.load(key)
+        except mm.StoreIntegrityError as exc:
+            errors += 1
+            assert "SHA-256" in str(exc) and "key" in str(exc)
+    assert errors >= 1
+
+
+CONCURRENT_DRIVER = textwrap.dedent("""
+    import sys
+    import manymodels as mm
+
+    def fit(item, offset):
+        return item + offset
+
+    if __name__ == "__main__":
+        offset = int(sys.argv[2])
+        run = mm.train(fit, mm.items(range(300)), shared={"offset": offset},
+                       store=sys.argv[1], workers=1, progress=False)
+        assert len(run.ok) == 300
+""")
+
+
+def test_two_runs_write_one_store_at_once(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(CONCURRENT_DRIVER)
+    store = tmp_path / "store"
+    drivers = [subprocess.Popen([sys.executable, str(script), str(store), str(n)],
+                                cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+               for n in (1000, 2000)]
+    for driver in drivers:
+        _, err = driver.communicate(timeout=120)
+        assert driver.returncode == 0, err
+    opened = mm.Store(store)
+    assert opened.integrity_check() == "ok"
+    runs = opened.runs()
+    assert list(runs["status"]) == ["finished", "finished"] and list(runs["ok"]) == [300, 300]
+    values = {int(r): set(opened.models(int(r)).values()) for r in runs["run_id"]}
+    assert sorted(min(v) for v in values.values()) == [1000, 2000]
+
+
+def test_bad_store_paths_fail_before_work(tmp_path):
+    file = tmp_path / "a_file"
+    file.write_text("x")
+    with pytest.raises(mm.StoreError, match="is a file"):
+        mm.train(abs, mm.items([1]), store=file, progress=False)
+    with pytest.raises(mm.StoreError, match="cannot create store directory"):
+        mm.train(abs, mm.items([1]), store="/proc/manymodels-store", progress=False)
+
+
+def test_registry_api(tmp_path, sales):
+    from sklearn.linear_model import LinearRegression
+
+    def fit(df):
+        model = LinearRegression().fit(df[["x"]], df["y"])
+        return model, {"r2": model.score(df[["x"]], df["y"])}
+
+    store = tmp_path / "store"
+    run = mm.train(fit, mm.groups(sales, by="store"), store=store, progress=False)
+    opened = mm.Store(store)
+    mode = stat.S_IMODE(os.stat(store).st_mode)
+    assert mode == 0o700 and stat.S_IMODE(os.stat(store / "index.sqlite").st_mode) == 0o600
+    assert list(opened.runs()["run_id"]) == [run.run_id]
+    results = opened.results()
+    assert set(results["store"]) == set(sales["store"]) and "r2" in results
+
+    new_rows = sales.sample(40, random_state=1).reset_index(drop=True)
+    new_rows.loc[0, "store"] = "unseen"
+    predictions = opened.predict(new_rows, by="store")
+    assert len(predictions) == 40 and np.isnan(predictions.iloc[0])
+    row = new_rows.iloc[1]
+    expected = run.models[row["store"]].predict(pd.DataFrame({"x": [row["x"]]}))[0]
+    assert predictions.iloc[1] == pytest.approx(expected)
+
+    out = opened.export(tmp_path / "results.parquet")
+    assert len(pd.read_parquet(out)) == 12 and len(pl.read_parquet(out)) == 12
+
+    mm.train(fit, mm.groups(sales.assign(y=sales["y"] * 2), by="store"), store=store,
+             progress=False)
+    assert opened.gc() == 0  # both runs' artifacts are referenced
+    opened.delete(run.run_id)
+    assert opened.gc() == 12
+    assert len(opened.runs()) == 1 and len(opened.models()) == 12
+
+
+def test_interrupted_run_tells_how_to_resume(tmp_path):
+    from manymodels.scheduling import RunInterrupted
+
+    def fit(item):
+        if item == 5:
+            raise KeyboardInterrupt
+        return item
+
+    with pytest.raises(RunInterrupted, match="same store to resume"):
+        mm.train(fit, mm.items(range(10)), store=tmp_path / "s", backend="serial",
+                 progress=False)
+    runs = mm.Store(tmp_path / "s").runs()
+    assert runs["status"].tolist() == ["interrupted"]
+    assert runs["ok"].iloc[0] >= 1
+
+
+def test_fit_linear_models_round_trip(tmp_path, sales):
+    run = mm.train(fit_linear, mm.groups(sales, by=["store", "item"]), store=tmp_path / "s",
+                   progress=False)
+    stored = mm.Store(tmp_path / "s")
+    assert stored.load(("s03", 2))["slope"] == run.models[("s03", 2)]["slope"]
