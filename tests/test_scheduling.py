@@ -71,3 +71,49 @@ def test_progress_counts_models_not_batches(monkeypatch):
 def test_summary_and_run_repr(backend):
     run = mm.train(abs, mm.items([-1, -2, 3]), backend=backend, progress=False)
     assert "3 ok, 0 failed of 3 tasks" in repr(run)
+
+
+PROGRESS_SCRIPT = """
+import time
+import manymodels as mm
+
+def fit(item):
+    time.sleep(0.002)
+    if item % 50 == 0:
+        raise ValueError(item)
+    return item
+
+if __name__ == "__main__":
+    mm.train(fit, mm.items(range(1000)), workers=2)
+"""
+
+
+def test_progress_bar_renders_on_a_terminal(tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS_SCRIPT)
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "160", "TERM": "xterm"}
+    process = subprocess.Popen([sys.executable, str(script)], stdout=follower,
+                               stderr=follower, env=env)
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    process.wait(timeout=60)
+    os.close(leader)
+    text = output.decode(errors="replace")
+    assert process.returncode == 0
+    assert "1000/1000" in text  # counts models, not batches
+    assert "980 ok" in text and "20 failed" in text
+    assert "models/s" in text
