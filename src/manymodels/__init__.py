@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
-from .api import map_groups, train
+from .api import train
 from .backends import WorkerStartupError
 from .results import Run, Summary
 from .scheduling import RunInterrupted, TooManyFailures
 from .sources import grid, groups, items
 from .store import Store, StoreError, StoreIntegrityError
+from .transforms import map_groups, map_partitions
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,6 @@ __all__ = [
     "groups",
     "items",
     "map_groups",
+    "map_partitions",
     "train",
 ]

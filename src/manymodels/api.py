@@ -1,4 +1,4 @@
-"""The public entry points: :func:`train` and :func:`map_groups`.
+"""The public entry point :func:`train`.
 
 Everything a user can get wrong is checked here, before a worker starts, and
 the error names the argument at fault.
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
-import pandas as pd
 
 from ._resources import parse_bytes, usable_cores
 from .backends import backend_class
@@ -21,7 +20,7 @@ from .hashing import task_identities
 from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
-from .sources import GroupSource, ProductSource, Source
+from .sources import Source
 from .store import RunRecorder, Store
 
 
@@ -185,61 +184,3 @@ def train(
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
                           progress=progress, recorder=recorder, reused=reused)
     return scheduler.run(context)
-
-
-def _as_pandas(value: Any) -> pd.DataFrame:
-    if isinstance(value, pd.DataFrame):
-        return value
-    if hasattr(value, "to_pandas"):
-        return value.to_pandas()
-    if isinstance(value, pd.Series):
-        return value.to_frame().T
-    raise TypeError(f"map_groups' function must return a DataFrame, got {type(value).__name__}")
-
-
-def map_groups(
-    fn: Callable[..., Any],
-    source: GroupSource | ProductSource,
-    *,
-    errors: str = "raise",
-    **options: Any,
-) -> pd.DataFrame:
-    """Run ``fn`` on every group and return one concatenated pandas DataFrame,
-    groups in key order, rows within a group as ``fn`` returned them.
-
-    Key columns missing from ``fn``'s output are added in front. With
-    ``errors="raise"`` (default) a failing group raises an error naming it;
-    with ``errors="skip"`` its rows are left out. Other keywords go to
-    :func:`train` (``backend``, ``workers``, ``shared``, ...).
-    """
-    if errors not in ("raise", "skip"):
-        raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
-    base = source.base if isinstance(source, ProductSource) else source
-    if not isinstance(base, GroupSource):
-        raise TypeError("map_groups needs a source made by mm.groups(...)")
-    options.setdefault("progress", False)
-    run = train(fn, source, **options)
-    failed = run.failed
-    if errors == "raise" and len(failed):
-        row = failed.iloc[0]
-        key = tuple(row[c] for c in run._plan.key_columns)
-        raise RuntimeError(
-            f"map_groups: {len(failed)} group(s) failed; the first, "
-            f"{key[0] if len(key) == 1 else key!r}, with:\n{row['error']}"
-        )
-    frames = []
-    records = run._records
-    for task, parts in zip(run._plan.tasks, run._plan.key_rows):
-        if records.status[task.index] != "ok":
-            continue
-        frame = _as_pandas(records.model[task.index])
-        missing = [c for c in run._plan.key_columns if c not in frame.columns]
-        if missing:
-            frame = frame.copy()
-            for position, name in enumerate(run._plan.key_columns):
-                if name in missing:
-                    frame.insert(position, name, parts[position])
-        frames.append(frame)
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .sources import GridSource, GroupSource, ItemSource, ProductSource, Source
+from .sources import (
+    GridSource,
+    GroupSource,
+    ItemSource,
+    PartitionSource,
+    ProductSource,
+    Source,
+)
 
 
 @dataclass(slots=True)
@@ -79,6 +86,14 @@ def group_layout(source: GroupSource) -> GroupLayout:
     return source._layout
 
 
+def partition_layout(source: PartitionSource) -> GroupLayout:
+    """Split a table into ``source.partitions`` runs of rows of near-equal size."""
+    table = source.table.combine_chunks()
+    bounds = np.linspace(0, table.num_rows, source.partitions + 1).astype(np.int64)
+    offsets, lengths = bounds[:-1], np.diff(bounds)
+    return GroupLayout(table, offsets, lengths, [(i,) for i in range(len(offsets))])
+
+
 def _scalar_key(parts: tuple) -> Hashable:
     return parts[0] if len(parts) == 1 else parts
 
@@ -96,8 +111,8 @@ def plan(source: Source) -> Plan:
     param_columns = grid_source.param_columns if grid_source is not None else []
 
     # (key parts, data reference, cost) of the base before the grid multiplies it
-    if isinstance(base, GroupSource):
-        layout = group_layout(base)
+    if isinstance(base, (GroupSource, PartitionSource)):
+        layout = group_layout(base) if isinstance(base, GroupSource) else partition_layout(base)
         cost_of = base.cost or float
         entries = [
             (key, (int(off), int(n)), float(cost_of(int(n))))

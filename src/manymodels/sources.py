@@ -84,6 +84,29 @@ class GroupSource(Source):
         return f"groups({self.table.num_rows} rows, by={self.by})"
 
 
+class PartitionSource(Source):
+    """One task per contiguous run of rows of a table (no grouping, no sort)."""
+
+    def __init__(self, table: Any, partitions: int, *, format: str = "pandas") -> None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
+        self.table: pa.Table = read_table(table)
+        if self.table.num_rows == 0:
+            raise ValueError("the table is empty: there is nothing to transform")
+        self.partitions = min(partitions, self.table.num_rows)
+        self.format = format
+        self.cost = None
+
+    @property
+    def key_columns(self) -> list[str]:
+        return ["partition"]
+
+    def __repr__(self) -> str:
+        return f"partitions({self.table.num_rows} rows, {self.partitions})"
+
+
 def _default_item_key(item: Any, position: int) -> Hashable:
     if isinstance(item, (str, bytes, int, float, PurePath)) or (
         isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -44,3 +45,42 @@ def test_map_groups_names_the_failing_group(sales):
     kept = mm.map_groups(boom, mm.groups(sales, by="store"), backend="threads",
                          errors="skip")
     assert "s04" not in set(kept["store"]) and len(kept) == len(sales) - 150
+
+
+def add_features(df):
+    out = df.copy()
+    out["out"] = np.log1p(df["c0"].abs()) * df["c1"]
+    out["label"] = df["c2"].apply(lambda v: "hi" if v > 0 else "lo")
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_map_partitions_equals_pandas(backend):
+    rng = np.random.default_rng(3)
+    table = pd.DataFrame(rng.normal(size=(10_001, 4)), columns=["c0", "c1", "c2", "c3"])
+    ours = mm.map_partitions(add_features, table, backend=backend, workers=2)
+    pd.testing.assert_frame_equal(ours, add_features(table))
+    ours_odd = mm.map_partitions(add_features, table, partitions=7, backend=backend)
+    pd.testing.assert_frame_equal(ours_odd, add_features(table))
+
+
+def arrow_double(batch):
+    import pyarrow.compute as pc
+
+    return batch.set_column(0, "c0", pc.multiply(batch["c0"], 2))
+
+
+def test_map_partitions_keeps_the_kind_of_table():
+    import pyarrow as pa
+
+    table = pa.table({"c0": np.arange(1000.0), "c1": np.ones(1000)})
+    out = mm.map_partitions(arrow_double, table, partitions=5, format="arrow")
+    assert isinstance(out, pa.Table)
+    assert out["c0"].to_pylist() == [2.0 * i for i in range(1000)]
+
+
+def test_map_partitions_bad_input():
+    with pytest.raises(ValueError, match="partitions must be an integer >= 1"):
+        mm.map_partitions(add_features, pd.DataFrame({"c0": [1.0]}), partitions=0)
+    with pytest.raises(ValueError, match="empty"):
+        mm.map_partitions(add_features, pd.DataFrame({"c0": []}))
