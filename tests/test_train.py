@@ -171,3 +171,54 @@ def test_polars_and_arrow_tables_as_input(backend, sales):
         run = mm.train(fit_linear, mm.groups(table, by="store"), backend=backend,
                        progress=False)
         assert len(run.ok) == 12
+
+
+def _cuda_devices(item):
+    import os
+    import time
+
+    time.sleep(0.05)
+    return {"devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
+
+
+def test_gpus_per_task_gives_each_worker_its_own_gpus(no_leftovers, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = mm.train(_cuda_devices, mm.items(range(40)), gpus=4, gpus_per_task=2, workers=8,
+                   progress=False)
+    assert run.summary().workers == 2  # 4 GPUs / 2 per task
+    by_worker = run.results.groupby("worker")["devices"].agg(set)
+    assert sorted(next(iter(s)) for s in by_worker) == ["0,1", "2,3"]
+    assert all(len(s) == 1 for s in by_worker)  # a worker keeps its own GPUs
+    with pytest.raises(ValueError, match="gpus_per_task=3 but 2 GPU"):
+        mm.train(_cuda_devices, mm.items(range(4)), gpus=2, gpus_per_task=3)
+    with pytest.raises(ValueError, match="threads backend cannot give each task its own GPU"):
+        mm.train(_cuda_devices, mm.items(range(4)), gpus=2, gpus_per_task=1, backend="threads")
+
+
+def _load_resource():
+    import os
+
+    return {"pid": os.getpid(), "table": list(range(1000))}
+
+
+def _use_resource(item, resource):
+    return {"pid": resource["pid"], "size": len(resource["table"]), "id": id(resource)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_setup_runs_once_per_worker(backend, no_leftovers):
+    run = mm.train(_use_resource, mm.items(range(200)), setup=_load_resource, backend=backend,
+                   workers=2, progress=False)
+    results = run.results
+    assert (results["size"] == 1000).all()
+    # one resource per worker, reused by all of that worker's tasks
+    assert results.groupby("worker")["id"].nunique().max() == 1
+    assert results["id"].nunique() == results["worker"].nunique()
+
+
+def test_setup_failure_is_reported_before_tasks(no_leftovers):
+    def broken():
+        raise OSError("model file missing")
+
+    with pytest.raises(mm.WorkerStartupError, match="model file missing"):
+        mm.train(_use_resource, mm.items(range(5)), setup=broken, workers=1, progress=False)

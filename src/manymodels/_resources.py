@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 #: Environment variables read by BLAS and OpenMP runtimes at import time.
@@ -92,3 +94,25 @@ def parse_bytes(value: int | float | str) -> int:
     if size <= 0:
         raise ValueError(f"a memory size must be positive, got {value!r}")
     return int(size)
+
+
+def visible_gpus(declared: int | None = None) -> list[str]:
+    """The GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else
+    what ``nvidia-smi -L`` lists; ``declared`` (``gpus=``) overrides the count,
+    so that GPU scheduling can be planned (and tested) on any machine."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None and listed.strip() not in ("", "-1", "NoDevFiles"):
+        ids = [part.strip() for part in listed.split(",") if part.strip()]
+    else:
+        ids = []
+        if declared is None and shutil.which("nvidia-smi"):
+            try:
+                out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                     timeout=10).stdout
+                ids = [str(i) for i, line in enumerate(out.splitlines())
+                       if line.startswith("GPU ")]
+            except (OSError, subprocess.SubprocessError):
+                ids = []
+    if declared is not None:
+        ids = ids[:declared] if len(ids) >= declared else [str(i) for i in range(declared)]
+    return ids

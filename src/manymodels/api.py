@@ -13,7 +13,7 @@ from typing import Any
 
 import cloudpickle
 
-from ._resources import parse_bytes, usable_cores
+from ._resources import parse_bytes, usable_cores, visible_gpus
 from .backends import backend_class
 from .execution import RunContext
 from .hashing import task_identities
@@ -54,13 +54,44 @@ def _check_retry_on(value: Any) -> tuple[type[BaseException], ...]:
     return types
 
 
-def _check_picklable(fit: Callable, shared: dict | None, backend: str) -> None:
+def _gpu_sets(gpus_per_task: Any, gpus: Any, backend_type: type, backend: str
+              ) -> list[list[str]] | None:
+    """Split the GPUs into disjoint sets of ``gpus_per_task``, one per worker."""
+    per_task = _positive_int("gpus_per_task", gpus_per_task, minimum=0)
+    declared = None if gpus is None else _positive_int("gpus", gpus, minimum=0)
+    if per_task == 0:
+        return None
+    if not backend_type.isolates_gpus:
+        raise ValueError(f"the {backend} backend cannot give each task its own GPUs; "
+                         "use backend='processes'")
+    ids = visible_gpus(declared)
+    if len(ids) < per_task:
+        raise ValueError(
+            f"gpus_per_task={per_task} but {len(ids)} GPU(s) are available; declare the "
+            "count with gpus=N if detection missed them")
+    return [ids[i * per_task:(i + 1) * per_task] for i in range(len(ids) // per_task)]
+
+
+def _check_setup(setup: Any) -> list[str]:
+    if setup is None:
+        return []
+    if isinstance(setup, Mapping):
+        for name, make in setup.items():
+            if not isinstance(name, str) or not callable(make):
+                raise TypeError("setup must be a function, or a dict of name -> function")
+        return list(setup)
+    if not callable(setup):
+        raise TypeError(f"setup must be a function, got {type(setup).__name__}")
+    return ["resource"]
+
+
+def _check_picklable(fit: Any, shared: dict | None, backend: str, what: str = "fit") -> None:
     try:
         cloudpickle.dumps(fit)
     except Exception as exc:
         raise TypeError(
-            f"fit cannot be pickled to send it to the {backend} backend's worker "
-            f"processes: {exc!r}. Define fit at module level without references to "
+            f"{what} cannot be pickled to send it to the {backend} backend's worker "
+            f"processes: {exc!r}. Define {what} at module level without references to "
             "open files, locks or connections, or use backend='threads'"
         ) from exc
     for name, value in (shared or {}).items():
@@ -81,6 +112,8 @@ def train(
     backend: str = "processes",
     workers: int | None = None,
     cpus_per_task: int = 1,
+    gpus_per_task: int = 0,
+    gpus: int | None = None,
     retries: int = 0,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     timeout: float | None = None,
@@ -89,6 +122,7 @@ def train(
     progress: bool = True,
     store: str | Path | Store | None = None,
     reuse: bool = True,
+    setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -101,6 +135,9 @@ def train(
     * ``backend``: ``"processes"`` (default), ``"threads"`` or ``"serial"``.
     * ``workers``: default the usable cores (affinity and cgroup aware) divided
       by ``cpus_per_task``, the BLAS/OpenMP threads each task may use.
+    * ``gpus_per_task``: GPUs each running task gets to itself, through
+      ``CUDA_VISIBLE_DEVICES``; at most ``gpus // gpus_per_task`` tasks run at
+      once. ``gpus`` declares the GPU count (default: detected).
     * ``retries``: how often a task whose worker crashed, timed out or ran out
       of memory, or that raised one of ``retry_on``, is tried again.
     * ``timeout`` (seconds per task) and ``memory_limit`` (per worker, bytes or
@@ -109,6 +146,9 @@ def train(
     * ``max_failures``: an error budget, a count or a fraction of the tasks;
       past it the run stops and raises :class:`TooManyFailures`.
     * ``progress``: a progress bar on a terminal.
+    * ``setup``: a function run once in each worker (load a large resource
+      once, not per task); its result reaches ``fit`` as ``resource=``. A dict
+      of name -> function passes each result under its name.
     * ``store``: a directory (or :class:`Store`) that records every task and
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
@@ -127,6 +167,9 @@ def train(
     else:
         workers = _positive_int("workers", workers)
     retries = _positive_int("retries", retries, minimum=0)
+    gpu_sets = _gpu_sets(gpus_per_task, gpus, backend_type, backend)
+    if gpu_sets is not None:
+        workers = min(workers, len(gpu_sets))
     retry_types = _check_retry_on(retry_on)
     max_failures = _check_max_failures(max_failures)
     if timeout is not None:
@@ -151,8 +194,14 @@ def train(
         if clash:
             raise ValueError(f"shared name {sorted(clash)[0]!r} is also a grid parameter")
         shared = dict(shared)
+    setup_names = _check_setup(setup)
+    clash = set(setup_names) & (set(shared or {}) | set(source.param_columns))
+    if clash:
+        raise ValueError(f"setup name {sorted(clash)[0]!r} is also a shared or grid name")
     if backend_type.requires_pickling:
         _check_picklable(fit, shared, backend)
+        if setup is not None:
+            _check_picklable(setup, None, backend, what="setup")
     if store is not None and not isinstance(store, Store):
         if not isinstance(store, (str, Path)):
             raise TypeError(f"store must be a directory path or a Store, got {store!r}")
@@ -170,6 +219,7 @@ def train(
         shared=shared or None,
         cpus_per_task=cpus_per_task,
         retry_on=retry_types,
+        setup=setup,
     )
     recorder, reused = None, None
     if store is not None:
@@ -180,7 +230,8 @@ def train(
             source=repr(source), backend=backend, workers=workers)
         reused = recorder.begin(reuse=bool(reuse))
         workers = max(1, min(workers, len(plan.tasks) - len(reused)))
-    engine = backend_type(workers, cpus_per_task, timeout=timeout, memory_limit=memory_bytes)
+    engine = backend_type(workers, cpus_per_task, timeout=timeout, memory_limit=memory_bytes,
+                          gpu_sets=gpu_sets)
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
                           progress=progress, recorder=recorder, reused=reused)
     return scheduler.run(context)

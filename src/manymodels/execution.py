@@ -40,6 +40,7 @@ class RunContext:
     shared: Any = None  # the shared= dict, or the path of its shared-memory file
     cpus_per_task: int = 1
     retry_on: tuple[type[BaseException], ...] = ()
+    setup: Any = None  # a callable, or a dict of name -> callable, run once per worker
 
 
 def split_result(value: Any) -> tuple[Any, dict[str, Any]]:
@@ -61,6 +62,14 @@ def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
     return plain
 
 
+def run_setup(setup: Any) -> dict[str, Any]:
+    """Build a worker's own resources: ``setup()`` is passed to ``fit`` as
+    ``resource=``; a dict of name -> callable, each under its name."""
+    if isinstance(setup, Mapping):
+        return {name: make() for name, make in setup.items()}
+    return {"resource": setup()}
+
+
 def _range_index(length: int) -> Any:
     import pandas as pd
 
@@ -77,6 +86,8 @@ class Executor:
         self.retry_on = tuple(context.retry_on)
         self.table = table if table is not None else context.table
         self.shared = shared if shared is not None else (context.shared or {})
+        if context.setup is not None:
+            self.shared = {**self.shared, **run_setup(context.setup)}
         self._materialize = self._group_materializer() if self.kind == "groups" else None
         self._span: tuple[int, Any] | None = None  # (first row, DataFrame) of this batch
 

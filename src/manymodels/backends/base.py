@@ -91,6 +91,8 @@ class Backend:
     enforces_timeout: ClassVar[bool] = False
     #: ``memory_limit=`` can stop a worker that grows too large.
     enforces_memory_limit: ClassVar[bool] = False
+    #: ``gpus_per_task=`` can give each running task GPUs of its own.
+    isolates_gpus: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -98,11 +100,13 @@ class Backend:
         cpus_per_task: int = 1,
         timeout: float | None = None,
         memory_limit: int | None = None,
+        gpu_sets: list[list[str]] | None = None,
     ) -> None:
         self.workers = workers
         self.cpus_per_task = cpus_per_task
         self.timeout = timeout
         self.memory_limit = memory_limit
+        self.gpu_sets = gpu_sets  # per worker slot: the GPU ids it alone may use
 
     def start(self, context: RunContext) -> None:
         raise NotImplementedError

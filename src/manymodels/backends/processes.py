@@ -104,6 +104,7 @@ class ProcessesBackend(Backend):
     isolates_crashes = True
     enforces_timeout = True
     enforces_memory_limit = True
+    isolates_gpus = True
 
     def start(self, context: RunContext) -> None:
         dataplane.sweep_stale_files()
@@ -134,6 +135,9 @@ class ProcessesBackend(Backend):
     # -- workers -------------------------------------------------------------
 
     def _spawn(self, slot: int) -> _Worker:
+        env = self._env
+        if self.gpu_sets:
+            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_sets[slot])}
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
         try:
@@ -142,7 +146,7 @@ class ProcessesBackend(Backend):
                  str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
                  self._context_path],
                 pass_fds=(to_worker_r, from_worker_w),
-                env=self._env,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -236,8 +240,9 @@ class ProcessesBackend(Backend):
             return []
         if kind == "fatal":
             raise WorkerStartupError(
-                "a worker process could not load the run (is fit importable in a fresh "
-                f"interpreter? otherwise try backend='threads'):\n{message[1]}"
+                "a worker process could not start: loading fit and the data, or running "
+                "setup=, failed (is fit importable in a fresh interpreter? otherwise try "
+                f"backend='threads'):\n{message[1]}"
             )
         _, batch_id, payload, busy = message
         outcomes = pickle.loads(payload)

@@ -3,6 +3,7 @@ and breakpoints work) and as the reference the other backends must match."""
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 from threadpoolctl import threadpool_limits
@@ -13,8 +14,12 @@ from .base import Backend, Event, Finished
 
 class SerialBackend(Backend):
     name = "serial"
+    isolates_gpus = True  # one task at a time
 
     def start(self, context: RunContext) -> None:
+        self._saved_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.gpu_sets:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[0])
         self._executor = Executor(context)
         self._queue: deque[list[TaskRef]] = deque()
         self._limits = threadpool_limits(limits=self.cpus_per_task)
@@ -34,3 +39,8 @@ class SerialBackend(Backend):
     def stop(self, *, force: bool = False) -> None:
         self._queue.clear()
         self._limits.restore_original_limits()
+        if self.gpu_sets:
+            if self._saved_cuda is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = self._saved_cuda

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from threadpoolctl import threadpool_limits
 
 from ..execution import Executor, RunContext, TaskRef
-from .base import Backend, Event, Finished
+from .base import Backend, Event, Finished, WorkerStartupError
 
 _BATCHES_PER_WORKER = 2
 
@@ -20,7 +20,7 @@ class ThreadsBackend(Backend):
     name = "threads"
 
     def start(self, context: RunContext) -> None:
-        self._executor = Executor(context)
+        self._context = context
         self._done: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
         self._in_flight = 0
         self._local = threading.local()
@@ -38,10 +38,12 @@ class ThreadsBackend(Backend):
 
     def _run(self, tasks: list[TaskRef]) -> None:
         try:
-            outcomes, busy = self._executor.run_batch(tasks)
+            if not hasattr(self._local, "executor"):  # one per thread: setup= runs per worker
+                self._local.executor = Executor(self._context)
+            outcomes, busy = self._local.executor.run_batch(tasks)
             self._done.put(Finished(outcomes, worker=self._worker_id(), busy_s=busy))
-        except BaseException as exc:  # pragma: no cover - run_batch catches fit errors
-            self._done.put(exc)
+        except BaseException as exc:  # setup= failed: run_batch catches fit's errors
+            self._done.put(WorkerStartupError(f"a worker thread could not start: {exc!r}"))
 
     def free_slots(self) -> int:
         return self.workers * _BATCHES_PER_WORKER - self._in_flight
