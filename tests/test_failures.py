@@ -28,8 +28,10 @@ def exit_on_13(item):
     return item
 
 
-def test_worker_exit_fails_only_its_task_even_inside_a_batch():
-    run = mm.train(exit_on_13, mm.items(range(200)), workers=2, retries=1, progress=False)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_worker_exit_fails_only_its_task_even_inside_a_batch(start_method):
+    run = mm.train(exit_on_13, mm.items(range(200)), workers=2, retries=1, progress=False,
+                   start_method=start_method)
     results = run.results.set_index("item")
     assert results.loc[13, "status"] == "crashed"
     assert "exited with code 3" in results.loc[13, "error"]
@@ -47,7 +49,8 @@ def sleep_on_5_else_fast(item, pid_dir):
     return item
 
 
-def test_worker_killed_from_outside_mid_task(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_worker_killed_from_outside_mid_task(tmp_path, start_method):
     def killer():
         victim = tmp_path / "victim"
         deadline = time.monotonic() + 30
@@ -59,7 +62,8 @@ def test_worker_killed_from_outside_mid_task(tmp_path):
     thread = threading.Thread(target=killer)
     thread.start()
     run = mm.train(sleep_on_5_else_fast, mm.items(range(50)),
-                   shared={"pid_dir": str(tmp_path)}, workers=2, progress=False)
+                   shared={"pid_dir": str(tmp_path)}, workers=2, progress=False,
+                   start_method=start_method)
     thread.join()
     results = run.results.set_index("item")
     assert results.loc[5, "status"] == "crashed"
@@ -73,9 +77,11 @@ def hang_on_2(item):
     return item
 
 
-def test_timeout_kills_only_the_overdue_task():
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_timeout_kills_only_the_overdue_task(start_method):
     begin = time.monotonic()
-    run = mm.train(hang_on_2, mm.items(range(20)), timeout=1, workers=2, progress=False)
+    run = mm.train(hang_on_2, mm.items(range(20)), timeout=1, workers=2, progress=False,
+                   start_method=start_method)
     assert time.monotonic() - begin < 20
     results = run.results.set_index("item")
     assert results.loc[2, "status"] == "timeout"
@@ -92,9 +98,10 @@ def grow_on_1(item):
     return item
 
 
-def test_memory_limit_kills_the_growing_worker():
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_memory_limit_kills_the_growing_worker(start_method):
     run = mm.train(grow_on_1, mm.items(range(10)), memory_limit="400MB", workers=2,
-                   progress=False)
+                   progress=False, start_method=start_method)
     results = run.results.set_index("item")
     assert results.loc[1, "status"] == "memory"
     assert "memory_limit" in results.loc[1, "error"] and "MiB" in results.loc[1, "error"]

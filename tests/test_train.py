@@ -20,11 +20,13 @@ def fail_on_one(item):
     return item * 2, {"double": item * 2}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "processes-fork", "processes-spawn"])
 def test_same_results_as_serial(backend, sales):
     source = mm.groups(sales, by=["store", "item"])
     reference = mm.train(fit_linear, source, backend="serial", progress=False)
-    run = mm.train(fit_linear, source, backend=backend, workers=2, progress=False)
+    backend, _, start = backend.partition("-")
+    options = {"start_method": start} if start else {}
+    run = mm.train(fit_linear, source, backend=backend, workers=2, progress=False, **options)
     assert (run.results["status"] == "ok").all()
     assert len(run.results) == 60
     columns = ["store", "item", "slope", "n"]

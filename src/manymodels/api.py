@@ -15,6 +15,7 @@ import cloudpickle
 
 from ._resources import parse_bytes, usable_cores, visible_gpus
 from .backends import backend_class
+from .backends.processes import START_METHODS
 from .execution import RunContext
 from .hashing import task_identities
 from .planning import plan as make_plan
@@ -123,6 +124,7 @@ def train(
     store: str | Path | Store | None = None,
     reuse: bool = True,
     setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
+    start_method: str = "auto",
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -149,6 +151,10 @@ def train(
     * ``setup``: a function run once in each worker (load a large resource
       once, not per task); its result reaches ``fit`` as ``resource=``. A dict
       of name -> function passes each result under its name.
+    * ``start_method``: how the processes backend starts workers: ``"fork"``
+      (milliseconds, shares the driver's memory), ``"spawn"`` (a fresh
+      interpreter: slower, safe whatever the driver holds) or ``"auto"``
+      (fork where that is known to be safe, else spawn).
     * ``store``: a directory (or :class:`Store`) that records every task and
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
@@ -161,6 +167,11 @@ def train(
             f"got {type(source).__name__}"
         )
     backend_type = backend_class(backend)
+    if start_method != "auto" and backend != "processes":
+        raise ValueError(f"start_method applies to backend='processes', not {backend!r}")
+    if start_method not in START_METHODS:
+        raise ValueError(f"unknown start_method {start_method!r}; choose one of "
+                         f"{', '.join(START_METHODS)}")
     cpus_per_task = _positive_int("cpus_per_task", cpus_per_task)
     if workers is None:
         workers = max(1, usable_cores() // cpus_per_task)
@@ -230,8 +241,9 @@ def train(
             source=repr(source), backend=backend, workers=workers)
         reused = recorder.begin(reuse=bool(reuse))
         workers = max(1, min(workers, len(plan.tasks) - len(reused)))
+    options = {"start_method": start_method} if backend == "processes" else {}
     engine = backend_type(workers, cpus_per_task, timeout=timeout, memory_limit=memory_bytes,
-                          gpu_sets=gpu_sets)
+                          gpu_sets=gpu_sets, **options)
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
                           progress=progress, recorder=recorder, reused=reused)
     return scheduler.run(context)

@@ -140,7 +140,8 @@ class Scheduler:
         self.retries = retries
         self.budget = _failure_budget(max_failures, len(plan.tasks))
         self.records = TaskRecords(len(plan.tasks))
-        self.progress = ProgressBar(len(plan.tasks), progress, description)
+        self._progress_options = (len(plan.tasks), progress, description)
+        self.progress: ProgressBar | None = None
         self.sizer = BatchSizer(backend.workers)
         self.recorder = recorder
         self._done = self._ok = self._failed = self._batches = 0
@@ -203,6 +204,7 @@ class Scheduler:
                 if self._done < len(self.plan.tasks):
                     started = True
                     self.backend.start(context)
+                    self.progress = ProgressBar(*self._progress_options)
                     self._loop()
             except KeyboardInterrupt as exc:
                 stopped_by = exc
@@ -212,7 +214,8 @@ class Scheduler:
                     if started:
                         self.backend.stop(force=not clean)
                 finally:
-                    self.progress.close()
+                    if self.progress is not None:
+                        self.progress.close()
             for index, status in enumerate(self.records.status):
                 if status is None:
                     self.records.status[index] = CANCELLED

@@ -1,11 +1,12 @@
-"""Entry point of a worker process of the processes backend.
+"""The body of a worker process of the processes backend.
 
-Started as ``python -m manymodels.backends._process_worker RX TX SLOTS SLOT CONTEXT``
-with BLAS/OpenMP thread limits already in its environment (so they hold from
-the first import of NumPy). It reads batches from pipe ``RX``, writes outcomes
-to pipe ``TX``, and records the task it is running in its slot of the
-``SLOTS`` file, so that the driver knows exactly which task to blame if this
-process dies or overstays, even in the middle of a batch.
+A worker is either spawned, as ``python -m manymodels.backends._process_worker
+RX TX SLOTS SLOT CONTEXT`` with BLAS/OpenMP thread limits already in its
+environment (so they hold from the first import of NumPy), or forked from the
+driver (:func:`forked_main`). Either way it reads batches from pipe ``RX``,
+writes outcomes to pipe ``TX``, and records the task it is running in its slot
+of the ``SLOTS`` file, so that the driver knows exactly which task to blame if
+this process dies or overstays, even in the middle of a batch.
 
 Messages (pickled tuples)::
 
@@ -24,6 +25,8 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 from manymodels.backends._protocol import SLOT
 
@@ -59,35 +62,16 @@ def dump_outcomes(outcomes: list) -> bytes:
     return cloudpickle.dumps(safe, protocol=5)
 
 
-def main(argv: list[str]) -> int:
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
-    from multiprocessing.connection import Connection
-
-    rx = Connection(int(argv[1]), writable=False)
-    tx = Connection(int(argv[2]), readable=False)
-    slot_offset = int(argv[4]) * SLOT.size
-    with open(argv[3], "r+b") as handle:
-        slots = mmap.mmap(handle.fileno(), 0)
+def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any]) -> int:
+    """Build the executor with ``load()``, report ready, then run batches until
+    told to stop or until the driver goes away."""
+    slot_offset = slot * SLOT.size
 
     def mark(index: int) -> None:
         SLOT.pack_into(slots, slot_offset, index, time.time())
 
     try:
-        with open(argv[5], "rb") as handle:
-            sys_path, context_bytes = pickle.load(handle)
-        sys.path[:] = sys_path
-        import cloudpickle
-        from threadpoolctl import threadpool_limits
-
-        from manymodels import dataplane
-        from manymodels.execution import Executor
-
-        context = cloudpickle.loads(context_bytes)
-        threadpool_limits(limits=context.cpus_per_task)
-        table = dataplane.open_table(context.table) if isinstance(context.table, str) else None
-        shared = dataplane.open_objects(context.shared) if isinstance(context.shared, str) else None
-        executor = Executor(context, table=table, shared=shared)
+        executor = load()
     except BaseException:
         tx.send(("fatal", traceback.format_exc()))
         return 1
@@ -113,6 +97,56 @@ def main(argv: list[str]) -> int:
                 outcomes, begin, last_flush = [], now, now
         mark(-1)
         tx.send(("done", batch_id, dump_outcomes(outcomes), time.perf_counter() - begin))
+
+
+def main(argv: list[str]) -> int:
+    """A spawned worker: a fresh interpreter that loads the run from the data plane."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
+    from multiprocessing.connection import Connection
+
+    rx = Connection(int(argv[1]), writable=False)
+    tx = Connection(int(argv[2]), readable=False)
+    with open(argv[3], "r+b") as handle:
+        slots = mmap.mmap(handle.fileno(), 0)
+
+    def load() -> Any:
+        with open(argv[5], "rb") as handle:
+            sys_path, context_bytes = pickle.load(handle)
+        sys.path[:] = sys_path
+        import cloudpickle
+        from threadpoolctl import threadpool_limits
+
+        from manymodels import dataplane
+        from manymodels.execution import Executor
+
+        context = cloudpickle.loads(context_bytes)
+        threadpool_limits(limits=context.cpus_per_task)
+        table = dataplane.open_table(context.table) if isinstance(context.table, str) else None
+        shared = dataplane.open_objects(context.shared) if isinstance(context.shared, str) else None
+        return Executor(context, table=table, shared=shared)
+
+    return _serve(rx, tx, slots, int(argv[4]), load)
+
+
+def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
+                environment: dict[str, str]) -> int:
+    """A forked worker: it shares the driver's memory (the table and the shared
+    objects, copy-on-write), so it loads nothing; it only limits its threads."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler
+    os.environ.update(environment)
+
+    def load() -> Any:
+        from threadpoolctl import threadpool_limits
+
+        from manymodels.execution import Executor
+
+        threadpool_limits(limits=context.cpus_per_task)
+        return Executor(context)
+
+    return _serve(rx, tx, slots, slot, load)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ data plane (:mod:`manymodels.dataplane`), never pickled per task.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
@@ -39,6 +41,7 @@ import psutil
 from .. import dataplane
 from .._resources import thread_limit_environment
 from ..execution import RunContext, TaskRef
+from ._process_worker import forked_main
 from ._protocol import SLOT
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 
@@ -46,6 +49,10 @@ _BATCHES_PER_WORKER = 2
 _CHECK_EVERY_S = 0.05
 _STOP_GRACE_S = 1.0
 _MAX_UNEXPLAINED_DEATHS = 5
+START_METHODS = ("auto", "fork", "spawn")
+#: Libraries whose native thread pools or devices hang or fail in a forked
+#: child (polars' and ray's pools, CUDA in torch/jax/tensorflow, ...).
+FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "ray", "cupy")
 
 
 @dataclass
@@ -54,13 +61,46 @@ class _Batch:
     pending: dict[int, None]  # task indices not yet reported, in run order
 
 
+class _ForkedProcess:
+    """What the supervisor needs of ``subprocess.Popen``, for a forked child."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
 @dataclass
 class _Worker:
     slot: int
-    process: subprocess.Popen
+    process: subprocess.Popen | _ForkedProcess
     rx: Connection
     outbox: queue.SimpleQueue
     sender: threading.Thread
+    tx_fd: int = -1
     ready: bool = False
     batches: deque[_Batch] = field(default_factory=deque)
     stats: psutil.Process | None = None
@@ -106,27 +146,60 @@ class ProcessesBackend(Backend):
     enforces_memory_limit = True
     isolates_gpus = True
 
+    def __init__(self, *args, start_method: str = "auto", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if start_method not in START_METHODS:
+            raise ValueError(f"unknown start_method {start_method!r}; choose one of "
+                             f"{', '.join(START_METHODS)}")
+        self.requested_start_method = start_method
+
+    def _choose_start_method(self) -> str:
+        """``fork`` starts a worker in milliseconds and shares the driver's memory;
+        ``spawn`` starts a fresh interpreter, which is slower but safe whatever
+        the driver holds. ``auto`` forks only where forking is known to be safe:
+        on Linux, from a driver with no other Python thread (a thread holding a
+        lock at fork time deadlocks the child), with one BLAS/OpenMP thread per
+        task (an OpenMP pool does not survive a fork), no GPU (CUDA does not),
+        no memory limit (forked pages shared with the driver would count
+        against it), and none of the libraries whose own thread pools or
+        devices do not survive a fork imported (:data:`FORK_UNSAFE_MODULES`)."""
+        if self.requested_start_method != "auto":
+            return self.requested_start_method
+        unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+        if (sys.platform.startswith("linux") and self.cpus_per_task == 1 and not self.gpu_sets
+                and self.memory_limit is None and threading.active_count() == 1
+                and not unsafe):
+            return "fork"
+        return "spawn"
+
     def start(self, context: RunContext) -> None:
         dataplane.sweep_stale_files()
         self._files = dataplane.RunFiles()
+        self._workers: list[_Worker] = []
+        self.start_method = self._choose_start_method()
         try:
-            remote = replace(
-                context,
-                table=self._files.write_table(context.table) if context.table is not None else None,
-                shared=self._files.write_objects(context.shared) if context.shared else None,
-            )
-            self._context_path = self._files.write_bytes(
-                "context.pkl", pickle.dumps((list(sys.path), cloudpickle.dumps(remote)))
-            )
+            self._context = context
+            if self.start_method == "spawn":
+                remote = replace(
+                    context,
+                    table=(self._files.write_table(context.table)
+                           if context.table is not None else None),
+                    shared=self._files.write_objects(context.shared) if context.shared else None,
+                )
+                self._context_path = self._files.write_bytes(
+                    "context.pkl", pickle.dumps((list(sys.path), cloudpickle.dumps(remote)))
+                )
             self._slots_path = self._files.new_file("slots", SLOT.size * self.workers)
             with open(self._slots_path, "r+b") as handle:
                 self._slots = mmap.mmap(handle.fileno(), 0)
             for slot in range(self.workers):
                 SLOT.pack_into(self._slots, slot * SLOT.size, -1, 0.0)
-            self._env = {**os.environ, **thread_limit_environment(self.cpus_per_task)}
-            self._workers = [self._spawn(slot) for slot in range(self.workers)]
+            self._limits = thread_limit_environment(self.cpus_per_task)
+            self._env = {**os.environ, **self._limits}
+            for slot in range(self.workers):
+                self._workers.append(self._spawn(slot))
         except BaseException:
-            self._files.cleanup()
+            self.stop(force=True)
             raise
         self._unexplained_deaths = 0
         self._last_check = time.monotonic()
@@ -135,21 +208,29 @@ class ProcessesBackend(Backend):
     # -- workers -------------------------------------------------------------
 
     def _spawn(self, slot: int) -> _Worker:
-        env = self._env
+        env = dict(self._limits)
         if self.gpu_sets:
-            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_sets[slot])}
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[slot])
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "manymodels.backends._process_worker",
-                 str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
-                 self._context_path],
-                pass_fds=(to_worker_r, from_worker_w),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            if self.start_method == "fork":
+                process = self._fork(slot, env, to_worker_r, from_worker_w,
+                                     (to_worker_w, from_worker_r))
+            else:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "manymodels.backends._process_worker",
+                     str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
+                     self._context_path],
+                    pass_fds=(to_worker_r, from_worker_w),
+                    env={**self._env, **env},
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        except BaseException:
+            os.close(to_worker_w)
+            os.close(from_worker_r)
+            raise
         finally:
             os.close(to_worker_r)
             os.close(from_worker_w)
@@ -164,7 +245,39 @@ class ProcessesBackend(Backend):
         except psutil.Error:
             stats = None
         return _Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
-                       sender, stats=stats)
+                       sender, tx_fd=to_worker_w, stats=stats)
+
+    def _fork(self, slot: int, env: dict[str, str], rx_fd: int, tx_fd: int,
+              own_driver_fds: tuple[int, int]) -> _ForkedProcess:
+        # The child must not keep the driver's ends of any worker's pipes open,
+        # or a dead worker's pipe would never report end-of-file.
+        driver_fds = list(own_driver_fds)
+        for worker in self._workers:
+            if worker.slot != slot:
+                driver_fds += [worker.rx.fileno(), worker.tx_fd]
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        pid = os.fork()
+        if pid:
+            return _ForkedProcess(pid)
+        code = 1
+        try:
+            os.setsid()
+            for fd in driver_fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            code = forked_main(Connection(rx_fd, writable=False),
+                               Connection(tx_fd, readable=False),
+                               self._slots, slot, self._context, env)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
 
     def _retire(self, worker: _Worker, *, kill: bool) -> None:
         if kill and worker.process.poll() is None:
@@ -274,15 +387,18 @@ class ProcessesBackend(Backend):
                         continue
             if worker.stats is not None:
                 try:
-                    rss = worker.stats.memory_info().rss
+                    info = worker.stats.memory_info()
                 except psutil.Error:
                     continue
-                worker.peak_rss = max(worker.peak_rss, rss)
-                self.peak_rss = max(self.peak_rss, rss)
-                if self.memory_limit is not None and rss > self.memory_limit:
+                # Pages mapped from the shared-memory data plane are counted
+                # once for the whole run, not against each worker.
+                private = info.rss - getattr(info, "shared", 0)
+                worker.peak_rss = max(worker.peak_rss, private)
+                self.peak_rss = max(self.peak_rss, private)
+                if self.memory_limit is not None and private > self.memory_limit:
                     events.extend(self._replace(
                         worker, "memory",
-                        f"worker reached {format_bytes(rss)}, over memory_limit="
+                        f"worker reached {format_bytes(private)}, over memory_limit="
                         f"{format_bytes(self.memory_limit)}; it was killed"))
         return events
 
@@ -301,4 +417,5 @@ class ProcessesBackend(Backend):
             for worker in workers:
                 self._retire(worker, kill=True)
         finally:
-            self._files.cleanup()
+            if hasattr(self, "_files"):
+                self._files.cleanup()
