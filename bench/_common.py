@@ -201,7 +201,10 @@ def start_ray() -> dict[str, Any]:
 
 
 def ray_module() -> Any:
-    """The started ``ray`` module, or an error that names why Ray is not there."""
+    """The started ``ray`` module (started on first use), or an error that names
+    why Ray is not there."""
+    if _RAY["module"] is None and _RAY["error"] is None and _RAY["init_s"] is None:
+        start_ray()
     if _RAY["module"] is None:
         raise RuntimeError(_RAY["error"] or "Ray was not started (start_ray() not called)")
     return _RAY["module"]
@@ -307,7 +310,10 @@ def run_case(case: Case) -> dict[str, Any]:
     reference = None
     serial_wall = limit_wall = task_time = None
 
-    for position, tool in enumerate([case.serial, *case.peers]):
+    # Ray's tools run last: once ray.init has started its threads in this
+    # process, no tool after it runs in the clean process a user's script has.
+    peers = sorted(case.peers, key=lambda tool: tool.uses_ray)
+    for position, tool in enumerate([case.serial, *peers]):
         row: dict[str, Any] = {
             "tool": tool.name, "status": "ok", "wall_s": None, "ratio_to_serial": None,
             "ratio_to_physical_limit": None, "peak_rss_mb": None, "start_rss_mb": None,

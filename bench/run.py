@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import subprocess
 import sys
 import time
 import traceback
@@ -42,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma-separated workload letters ({','.join(WORKLOADS)})")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "results.json",
                         help="where to write the JSON results")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the workloads in this process (default: each in a fresh "
+                        "child process, as a user's script would run)")
     args = parser.parse_args(argv)
     letters = [x.strip().lower() for x in args.only.split(",") if x.strip()] or list(WORKLOADS)
     unknown = [x for x in letters if x not in WORKLOADS]
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "workloads_run": args.letters,
         "notes": [
-            "wall_s excludes ray.init (ray_init_s, timed once apart) and data generation",
+            "each workload runs in a fresh interpreter; Ray's rows run last in it, and "
+            "ray.init (ray_init_s, timed apart) is not in any wall; nor is data generation",
             "ratio_to_serial = serial wall / wall; ratio_to_physical_limit = "
             "(sum of serial task times / cores) / wall",
             "peak_rss_mb: peak of the summed RSS of the driver and all its descendants; "
@@ -73,15 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"manymodels bench: {machine['cores']} cores ({machine['cpu_model']}), "
           f"Python {machine['python']}, {'quick' if args.quick else 'full'} sizes, "
           f"workloads {','.join(args.letters)}")
-    if any(getattr(m, "USES_RAY", False) for m in modules.values()):
-        ray_info = c.start_ray()
-        results.update(ray_info)
-        if ray_info["ray_error"]:
-            print(f"Ray rows will fail: {ray_info['ray_error']}")
-        else:
-            print(f"ray.init took {ray_info['ray_init_s']:.2f} s (not counted in any wall)")
     status = 0
     start = time.perf_counter()
+    if not args.in_process:
+        for letter in args.letters:  # each workload in a clean interpreter
+            child_out = args.out.with_name(f".{args.out.stem}-{letter}.json")
+            command = [sys.executable, str(Path(__file__).resolve()), "--in-process",
+                       "--only", letter, "--out", str(child_out)]
+            if args.quick:
+                command.append("--quick")
+            code = subprocess.call(command)
+            status = status or code
+            if child_out.exists():
+                child = json.loads(child_out.read_text())
+                results["workloads"].update(child["workloads"])
+                if child.get("ray_init_s") is not None:
+                    results.setdefault("ray_init_s", {})[letter] = child["ray_init_s"]
+                child_out.unlink()
+            results["elapsed_s"] = time.perf_counter() - start
+            c.write_json(args.out, results)
+        print(f"suite took {time.perf_counter() - start:.1f} s; results in {args.out}")
+        return status
     try:
         for letter, module in modules.items():
             began = time.perf_counter()
@@ -95,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome["elapsed_s"] = time.perf_counter() - began
             results["workloads"][letter] = outcome
             results["elapsed_s"] = time.perf_counter() - start
+            results["ray_init_s"] = c._RAY["init_s"]
             c.write_json(args.out, results)
     finally:
         c.stop_ray()

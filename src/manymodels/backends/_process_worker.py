@@ -1,6 +1,6 @@
 """The body of a worker process of the processes backend.
 
-A worker is either spawned, as ``python -m manymodels.backends._process_worker
+A worker is either spawned, as ``python -m manymodels.backends._spawn_main
 RX TX SLOTS SLOT CONTEXT`` with BLAS/OpenMP thread limits already in its
 environment (so they hold from the first import of NumPy), or forked from the
 driver (:func:`forked_main`). Either way it reads batches from pipe ``RX``,
@@ -148,6 +148,3 @@ def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
 
     return _serve(rx, tx, slots, slot, load)
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

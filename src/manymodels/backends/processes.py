@@ -51,8 +51,9 @@ _STOP_GRACE_S = 1.0
 _MAX_UNEXPLAINED_DEATHS = 5
 START_METHODS = ("auto", "fork", "spawn")
 #: Libraries whose native thread pools or devices hang or fail in a forked
-#: child (polars' and ray's pools, CUDA in torch/jax/tensorflow, ...).
-FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "ray", "cupy")
+#: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
+#: initialised Ray is caught by its threads.
+FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
 
 
 @dataclass
@@ -156,19 +157,22 @@ class ProcessesBackend(Backend):
     def _choose_start_method(self) -> str:
         """``fork`` starts a worker in milliseconds and shares the driver's memory;
         ``spawn`` starts a fresh interpreter, which is slower but safe whatever
-        the driver holds. ``auto`` forks only where forking is known to be safe:
-        on Linux, from a driver with no other Python thread (a thread holding a
-        lock at fork time deadlocks the child), with one BLAS/OpenMP thread per
-        task (an OpenMP pool does not survive a fork), no GPU (CUDA does not),
-        no memory limit (forked pages shared with the driver would count
-        against it), and none of the libraries whose own thread pools or
-        devices do not survive a fork imported (:data:`FORK_UNSAFE_MODULES`)."""
+        the driver holds. ``auto`` forks where forking is known to be safe: on
+        Linux, with one BLAS/OpenMP thread per task (an OpenMP pool does not
+        survive a fork, a single thread needs none), no GPU (CUDA does not), no
+        memory limit (forked pages shared with the driver would count against
+        it), none of the libraries whose own thread pools or devices do not
+        survive a fork imported (:data:`FORK_UNSAFE_MODULES`) and no Ray
+        initialised in the driver. The worker only runs ``fit``; CPython
+        re-initialises its own locks (import, logging) in a forked child."""
         if self.requested_start_method != "auto":
             return self.requested_start_method
         unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+        ray = sys.modules.get("ray")
+        if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+            unsafe.append("ray")
         if (sys.platform.startswith("linux") and self.cpus_per_task == 1 and not self.gpu_sets
-                and self.memory_limit is None and threading.active_count() == 1
-                and not unsafe):
+                and self.memory_limit is None and not unsafe):
             return "fork"
         return "spawn"
 
@@ -219,7 +223,7 @@ class ProcessesBackend(Backend):
                                      (to_worker_w, from_worker_r))
             else:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "manymodels.backends._process_worker",
+                    [sys.executable, "-m", "manymodels.backends._spawn_main",
                      str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
                      self._context_path],
                     pass_fds=(to_worker_r, from_worker_w),
