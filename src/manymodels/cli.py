@@ -92,7 +92,7 @@ def show(
     counts = frame["status"].value_counts().to_dict()
     typer.echo(f"run {frame['run_id'].iloc[0]}: {len(frame)} tasks, "
                + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    frame = frame.drop(columns=["artifact", "run_id"])
+    frame = frame.drop(columns=["artifact", "run_id", "started_at"])
     frame["error"] = frame["error"].map(
         lambda e: e.strip().splitlines()[-1][:80] if isinstance(e, str) and e else "")
     _print_frame(frame.head(limit), "results")
@@ -139,6 +139,186 @@ def why(
             raise typer.BadParameter(f"no task has {column}={text!r}", param_hint="KEY")
         parts.append(values[text])
     typer.echo(opened.why_not_reused(parts[0] if len(parts) == 1 else tuple(parts), run=run))
+
+
+
+def _split_list(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _fail(message: str, hint: str) -> None:
+    raise typer.BadParameter(message, param_hint=hint)
+
+
+@app.command()
+def train(
+    data: str = typer.Argument(..., help="CSV or Parquet file (or a directory of them)."),
+    by: str = typer.Option(..., help="Group column(s), comma-separated."),
+    target: str = typer.Option(..., help="The column to predict."),
+    model: str = typer.Option(..., help="Estimator class by dotted name, e.g. "
+                              "sklearn.linear_model.Ridge or lightgbm.LGBMRegressor."),
+    store: str = typer.Option(..., help="Store directory for the runs and models."),
+    features: str = typer.Option(None, help="Feature columns, comma-separated (default: "
+                                 "every numeric column but --by and --target)."),
+    param: list[str] = typer.Option([], help="A fixed estimator parameter, name=value; "
+                                    "repeatable."),
+    grid: list[str] = typer.Option([], help="Values to try per group, name=v1,v2,...; "
+                                   "repeatable. The best per group is kept."),
+    metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape "
+                                "(regression; default r2,mae), accuracy, f1, "
+                                "balanced_accuracy (classification; default accuracy). "
+                                "The first one picks the best grid setting."),
+    test_size: float = typer.Option(None, help="Fraction of each group held out "
+                                    "(default 0.2)."),
+    cv: int = typer.Option(None, help="Cross-validate with this many folds instead."),
+    fallback: bool = typer.Option(True, help="Also fit a global model for groups that have "
+                                  "none (used by predict)."),
+    backend: str = typer.Option("processes", help="processes, threads or serial."),
+    workers: int = typer.Option(None, min=1, help="Workers (default: usable cores)."),
+    timeout: float = typer.Option(None, help="Seconds per group before it is stopped."),
+    allow_failures: bool = typer.Option(False, help="Exit 0 even if some groups failed."),
+) -> None:
+    """Train one model per group of a table, evaluate it, keep it in a store.
+
+    Example: manymodels train sales.parquet --by store --target sales
+    --model sklearn.linear_model.Ridge --grid alpha=0.1,1,10 --store models/
+    """
+    import manymodels as mm
+
+    from .tabular import GroupModelTask, _metrics, import_estimator, parse_assignment
+    from .tabular import parse_value as value_of
+
+    try:
+        table = mm.groups(data, by=_split_list(by)).table
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc), "DATA/--by")
+    columns = table.column_names
+    by_columns = _split_list(by)
+    if target not in columns:
+        _fail(f"target column {target!r} is not in {data!r}; its columns are {columns}",
+              "--target")
+    if features:
+        feature_columns = _split_list(features)
+        missing = [c for c in feature_columns if c not in columns]
+        if missing:
+            _fail(f"feature column {missing[0]!r} is not in {data!r}", "--features")
+    else:
+        import pyarrow.types as pat
+
+        feature_columns = [f.name for f in table.schema if f.name not in by_columns + [target]
+                           and (pat.is_integer(f.type) or pat.is_floating(f.type)
+                                or pat.is_boolean(f.type))]
+        if not feature_columns:
+            _fail("no numeric feature columns besides --by and --target", "--features")
+    try:
+        estimator = import_estimator(model)
+        params = dict(parse_assignment(p, "--param") for p in param)
+        params = {k: value_of(v) for k, v in params.items()}
+        grid_values = {}
+        for entry in grid:
+            name, values = parse_assignment(entry, "--grid")
+            grid_values[name] = [value_of(v) for v in values.split(",")]
+    except ValueError as exc:
+        _fail(str(exc), "--model/--param/--grid")
+    from sklearn.base import is_classifier
+
+    classifier = is_classifier(estimator())
+    metric_names = _split_list(metrics) or (["accuracy"] if classifier else ["r2", "mae"])
+    unknown = [m for m in metric_names if m not in _metrics()]
+    if unknown:
+        _fail(f"unknown metric {unknown[0]!r}; choose from {', '.join(_metrics())}",
+              "--metrics")
+    if test_size is not None and cv is not None:
+        _fail("give --test-size or --cv, not both", "--test-size/--cv")
+    if cv is not None and cv < 2:
+        _fail(f"--cv needs at least 2 folds, got {cv}", "--cv")
+    if cv is None:
+        test_size = 0.2 if test_size is None else test_size
+        if not 0 < test_size < 1:
+            _fail(f"--test-size must lie in (0, 1), got {test_size}", "--test-size")
+    task = GroupModelTask(model, target, feature_columns, params, grid_values, metric_names,
+                          test_size, cv)
+    try:
+        run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
+                       workers=workers, timeout=timeout)
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc), "options")
+    opened = run.store
+    opened.attach(run.run_id, "train_config", {
+        "by": by_columns, "target": target, "features": feature_columns, "model": model,
+        "params": params, "grid": grid_values, "metrics": metric_names})
+    if fallback:
+        frame = table.select(feature_columns + [target]).to_pandas()
+        best = run.results[[c for c in run.results if c.startswith("best_")]]
+        setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
+        global_model = task.build(setting).fit(frame[feature_columns].to_numpy(),
+                                               frame[target].to_numpy())
+        opened.attach(run.run_id, "fallback", global_model)
+    summary = run.summary()
+    typer.echo(str(summary))
+    means = {m: run.results[m].mean() for m in metric_names if m in run.results}
+    typer.echo("mean " + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
+    typer.echo(f"run {run.run_id} in {store}; see: manymodels show {store} {run.run_id}")
+    if summary.failed and not allow_failures:
+        typer.echo(f"{summary.failed} group(s) failed (use --allow-failures to exit 0)",
+                   err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def predict(
+    store: str = typer.Argument(..., help="Store directory written by manymodels train."),
+    data: str = typer.Argument(..., help="CSV or Parquet file of rows to predict."),
+    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet)."),
+    run: int = typer.Option(None, help="Run id (default: the latest)."),
+    by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
+) -> None:
+    """Predict each row with its group's model; rows of unseen groups get the
+    global fallback (column source = fallback) or none (prediction empty).
+
+    Example: manymodels predict models/ new.csv --out predictions.parquet
+    """
+    from pathlib import Path
+
+    from .tables import read_table
+
+    opened = _open_store(store)
+    try:
+        frame = read_table(data).to_pandas()
+        predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
+                                   with_source=True)
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc), "DATA")
+    frame["prediction"] = predicted["prediction"].to_numpy()
+    frame["source"] = predicted["source"].to_numpy()
+    target = Path(out)
+    if target.suffix.lower() in (".parquet", ".pq"):
+        frame.to_parquet(target, index=False)
+    else:
+        frame.to_csv(target, index=False)
+    counts = frame["source"].value_counts().to_dict()
+    typer.echo(f"wrote {len(frame)} predictions to {target} ("
+               + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")")
+
+
+@app.command()
+def report(
+    store: str = typer.Argument(..., help="Store directory."),
+    run: int = typer.Argument(None, help="Run id (default: the latest)."),
+    out: str = typer.Option("report.html", "--out", "-o", help="HTML file to write."),
+) -> None:
+    """Write a self-contained HTML report of a run: summary, worker timeline,
+    durations, metrics, slowest tasks and failures.
+
+    Example: manymodels report models/ -o report.html
+    """
+    from .report import store_report
+
+    try:
+        path = store_report(_open_store(store), run, out)
+    except ValueError as exc:
+        _fail(str(exc), "RUN")
+    typer.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -180,6 +180,8 @@ def code_identity(fn: Any) -> tuple[str, dict[str, Any]]:
     its parts (for saying what changed)."""
     walker = _CodeWalker()
     walker.visit(fn)
+    if not isinstance(fn, (types.FunctionType, types.MethodType, type, functools.partial)):
+        walker.sources["callable_state"] = value_hash(fn)  # a configured callable object
     versions = sorted(walker.versions | {f"python=={sys.version.split()[0]}"})
     detail = {"sources": dict(sorted(walker.sources.items())), "versions": versions}
     return digest(pickle.dumps(detail["sources"]), "\n".join(versions)), detail

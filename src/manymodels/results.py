@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -148,6 +149,21 @@ class Run:
             for task in self._plan.tasks
             if rec.status[task.index] == OK and rec.model[task.index] is not None
         })
+
+    def report(self, path: str | Path) -> Path:
+        """Write this run's self-contained HTML report (see :mod:`manymodels.report`)."""
+        from .report import render_report
+
+        summary = self.summary()
+        facts = {"tasks": summary.tasks, **{f"status {k}": v for k, v in summary.statuses.items()},
+                 "reused from the store": summary.reused,
+                 "backend": f"{self.backend}, {self.workers} worker(s)",
+                 "wall time (s)": summary.wall_s, "sum of task times (s)": summary.task_time_s,
+                 "utilization": summary.utilization, "batches": summary.batches}
+        path = Path(path)
+        path.write_text(render_report(self.results, facts, "manymodels run",
+                                      self._plan.key_columns), encoding="utf-8")
+        return path
 
     def why_not_reused(self, key: Hashable) -> str:
         """Why the task ``key`` was trained rather than reused from the store."""

@@ -63,6 +63,12 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_ok_identity ON tasks(identity) WHERE status = 'ok';
 CREATE INDEX IF NOT EXISTS tasks_key ON tasks(key, run_id);
+CREATE TABLE IF NOT EXISTS attachments (   -- run-level objects: a fallback model, a config
+    run_id   INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    name     TEXT NOT NULL,
+    artifact TEXT NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
 CREATE TABLE IF NOT EXISTS artifacts (
     sha256 TEXT PRIMARY KEY,
     size   INTEGER NOT NULL,

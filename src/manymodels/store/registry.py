@@ -13,8 +13,8 @@ import pandas as pd
 from . import database
 from .recorder import encode_key
 
-_TASK_COLUMNS = ["status", "attempts", "duration_s", "worker", "reused_from", "error",
-                 "artifact", "size"]
+_TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
+                 "error", "artifact", "size"]
 _PARTS = ("code", "params", "data", "shared")
 
 
@@ -148,36 +148,79 @@ class Store:
 
     # -- using the models --------------------------------------------------------
 
-    def predict(self, table: Any, by: str | list[str], method: str = "predict",
-                features: list[str] | None = None, run: int | None = None) -> pd.Series:
+    def attach(self, run: int, name: str, obj: Any) -> None:
+        """Keep a run-level object (a fallback model, a configuration) with a run."""
+        run_id, _, _ = self._run_row(run)
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            digest, _ = database.write_artifact(self._conn, self.path,
+                                                pickle.dumps(obj, protocol=5))
+            self._conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
+                               (run_id, name, digest))
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    def attached(self, name: str, run: int | None = None, default: Any = None) -> Any:
+        """An object kept with :meth:`attach`, or ``default``."""
+        run_id, _, _ = self._run_row(run)
+        row = self._conn.execute("SELECT artifact FROM attachments WHERE run_id=? AND name=?",
+                                 (run_id, name)).fetchone()
+        if row is None:
+            return default
+        return StoredModel(self, row[0], f"attachment {name!r} of run {run_id}").load()
+
+    def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
+                features: list[str] | None = None, run: int | None = None,
+                fallback: bool = True, with_source: bool = False) -> pd.Series | pd.DataFrame:
         """Predict each row of ``table`` with its group's model.
 
-        Returns a Series aligned with ``table``'s rows; rows of a group with no
-        model are NaN. ``features`` defaults to the model's
-        ``feature_names_in_``, else every column but the ``by`` columns.
+        Returns a Series aligned with ``table``'s rows. A row whose group has no
+        model gets the run's fallback model when it has one (``manymodels
+        train`` keeps a global one) and ``fallback`` is true, else NaN: never
+        another group's model. With ``with_source``, a DataFrame of
+        ``prediction`` and ``source`` ("group", "fallback" or "none").
+        ``by`` and ``features`` default to what ``manymodels train`` recorded,
+        else ``features`` to the model's ``feature_names_in_``, else every
+        column but the ``by`` columns.
         """
         from ..tables import read_table
 
+        config = self.attached("train_config", run, default={}) or {}
+        by = by if by is not None else config.get("by")
+        if by is None:
+            raise ValueError("predict needs by= (the group columns)")
+        features = features or config.get("features")
         frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
         by_columns = [by] if isinstance(by, str) else list(by)
-        missing = [c for c in by_columns if c not in frame.columns]
+        missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
         if missing:
-            raise ValueError(f"by column {missing[0]!r} is not in the table")
+            raise ValueError(f"column {missing[0]!r} is not in the table to predict")
         models = self.models(run)
-        out = pd.Series(float("nan"), index=frame.index, dtype=object)
+        backup = self.attached("fallback", run) if fallback else None
+        prediction = pd.Series(float("nan"), index=frame.index, dtype=object)
+        source = pd.Series("none", index=frame.index, dtype=object)
         grouper = by_columns[0] if len(by_columns) == 1 else by_columns
         for key, rows in frame.groupby(grouper, sort=False, dropna=False).groups.items():
-            if key not in models:
+            model, origin = (models[key], "group") if key in models else (backup, "fallback")
+            if model is None:
                 continue
-            model = models[key]
             names = features or list(getattr(model, "feature_names_in_", [])) or [
                 c for c in frame.columns if c not in by_columns]
-            values = getattr(model, method)(frame.loc[rows, names])
-            out.loc[rows] = list(values) if getattr(values, "ndim", 1) > 1 else values
+            part = frame.loc[rows, names]
+            if not hasattr(model, "feature_names_in_"):
+                part = part.to_numpy()
+            values = getattr(model, method)(part)
+            prediction.loc[rows] = list(values) if getattr(values, "ndim", 1) > 1 else values
+            source.loc[rows] = origin
         try:
-            return out.astype(float)
+            prediction = prediction.astype(float)
         except (TypeError, ValueError):
-            return out
+            pass
+        if with_source:
+            return pd.DataFrame({"prediction": prediction, "source": source})
+        return prediction
 
     def export(self, path: str | Path, run: int | None = None) -> Path:
         """Write a run's results (metrics as columns) to a Parquet file."""
@@ -198,6 +241,7 @@ class Store:
         """Forget a run (its artifacts stay until :meth:`gc`)."""
         run_id, _, _ = self._run_row(run)
         self._conn.execute("BEGIN IMMEDIATE")
+        self._conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
         self._conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
         self._conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
         self._conn.execute("COMMIT")
@@ -209,7 +253,8 @@ class Store:
         try:
             dead = conn.execute(
                 "SELECT sha256, path FROM artifacts WHERE sha256 NOT IN "
-                "(SELECT artifact FROM tasks WHERE artifact IS NOT NULL)").fetchall()
+                "(SELECT artifact FROM tasks WHERE artifact IS NOT NULL) AND sha256 NOT IN "
+                "(SELECT artifact FROM attachments)").fetchall()
             conn.executemany("DELETE FROM artifacts WHERE sha256 = ?", [(d,) for d, _ in dead])
             known = {p for (p,) in conn.execute(
                 "SELECT path FROM artifacts WHERE path IS NOT NULL")}

@@ -1,0 +1,76 @@
+"""The HTML report renders in a real headless browser."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import manymodels as mm
+from manymodels.report import store_report
+
+
+def fit_or_fail(item):
+    if item % 17 == 0:
+        raise ValueError(f"bad item {item}")
+    rng = np.random.default_rng(item)
+    sum(range(20_000 + 1000 * (item % 7)))
+    return {"w": item}, {"score": float(rng.normal()), "loss": float(rng.gamma(2.0))}
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("chromium is not installed (`make test` installs Debian's chromium)")
+    return found
+
+
+def _screenshot(html_path, tmp_path):
+    png = tmp_path / "shot.png"
+    result = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--disable-quic", f"--user-data-dir={tmp_path / 'profile'}",
+         "--window-size=1200,2400", "--hide-scrollbars", "--enable-logging=stderr", "--v=0",
+         f"--screenshot={png}", html_path.resolve().as_uri()],
+        capture_output=True, text=True, timeout=180)
+    assert png.exists(), result.stderr[-2000:]
+    return png, result.stderr
+
+
+def _colors(png):
+    from PIL import Image
+
+    image = Image.open(png).convert("RGB")
+    return image, {color for _, color in image.getcolors(maxcolors=1 << 20)}
+
+
+def test_store_report_renders_in_a_browser(tmp_path):
+    store = tmp_path / "store"
+    run = mm.train(fit_or_fail, mm.items(range(120)), store=store, workers=2, progress=False)
+    assert len(run.failed) == 8
+    report = store_report(mm.Store(store), None, tmp_path / "report.html")
+    text = report.read_text()
+    assert "<script" not in text and "http" not in text.replace("http://www.w3.org", "")
+    assert text.count("<rect") >= 120 + 2 * 5  # a bar per task, histogram bars
+    assert "ValueError: bad item 17" in text  # the failure with its traceback
+    png, log = _screenshot(report, tmp_path)
+    assert "Uncaught" not in log and "CONSOLE" not in log.upper().replace("CONSOLE_", "")
+    image, colors = _colors(png)
+    assert image.size == (1200, 2400)
+    assert len(colors) > 20  # not blank
+    assert (76, 120, 168) in colors  # ok bars of the timeline and durations (#4c78a8)
+    assert (228, 87, 86) in colors  # failed bars (#e45756)
+    assert (84, 162, 75) in colors  # metric histograms (#54a24b)
+
+
+def test_run_report_without_a_store(tmp_path):
+    run = mm.train(fit_or_fail, mm.items(range(40)), backend="threads", progress=False)
+    path = run.report(tmp_path / "run.html")
+    text = path.read_text()
+    assert "Worker timeline" in text and "score" in text and "loss" in text
+    png, _ = _screenshot(path, tmp_path)
+    _, colors = _colors(png)
+    assert (76, 120, 168) in colors
