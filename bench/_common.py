@@ -364,11 +364,15 @@ def run_case(case: Case) -> dict[str, Any]:
             row["ratio_to_serial"] = serial_wall / wall if wall > 0 else None
             row["ratio_to_physical_limit"] = limit_wall / wall if wall > 0 else None
 
+    ray_init_s = _RAY["init_s"]
+    stop_ray()  # the next case starts, like a user's script, without Ray in the driver
+    _RAY.update(module=None, error=None, init_s=None)
     out = {
         "workload": case.workload,
         "title": case.title,
         "tasks": case.tasks,
         "params": case.params,
+        "ray_init_s": ray_init_s,
         "cores": n_cores,
         "serial_task_time_s": task_time,
         "limit_wall_s": limit_wall,

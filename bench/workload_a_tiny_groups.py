@@ -9,6 +9,7 @@ work. manymodels: ``mm.train(fit, mm.groups(path, by="g"))``.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import tempfile
 import time
 from functools import partial
@@ -153,6 +154,8 @@ def with_manymodels(path: Path):
 
 def run(quick: bool) -> dict:
     sizes = [1_000] if quick else [10_000, 100_000]
+    if os.environ.get("BENCH_A_GROUPS"):  # e.g. BENCH_A_GROUPS=10000 for one size only
+        sizes = [int(n) for n in os.environ["BENCH_A_GROUPS"].split(",")]
     cases = []
     for n_groups in sizes:
         with tempfile.TemporaryDirectory(prefix="mm-bench-a-") as tmp:

@@ -7,6 +7,7 @@ the error names the argument at fault.
 from __future__ import annotations
 
 import numbers
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,7 @@ def train(
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
     """
+    began = (time.time(), time.perf_counter())
     if not callable(fit):
         raise TypeError(f"fit must be callable, got {type(fit).__name__}")
     if not isinstance(source, Source):
@@ -246,4 +248,4 @@ def train(
                           gpu_sets=gpu_sets, **options)
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
                           progress=progress, recorder=recorder, reused=reused)
-    return scheduler.run(context)
+    return scheduler.run(context, began)

@@ -195,8 +195,11 @@ class Scheduler:
 
     # -- the loop --------------------------------------------------------------
 
-    def run(self, context: RunContext) -> Run:
-        started_at, start = time.time(), time.perf_counter()
+    def run(self, context: RunContext, began: tuple[float, float] | None = None) -> Run:
+        """Run every task not already finished; ``began`` is ``(time.time(),
+        time.perf_counter())`` when the caller's work started (planning, hashing),
+        so that the wall time covers it."""
+        started_at, start = began or (time.time(), time.perf_counter())
         stopped_by: BaseException | None = None
         with _sigterm_interrupts():
             started = False

@@ -1,0 +1,506 @@
+"""Run batches of tasks as Ray tasks, on one machine or on a Ray cluster.
+
+``backend="ray"`` (or ``RayBackend(address=...)``) connects to the Ray
+instance given by ``address`` or ``RAY_ADDRESS``, or starts a local one, and
+runs the scheduler's batches as Ray tasks. Results are those of every other
+backend: each Ray task runs its batch through the same
+:class:`~manymodels.execution.Executor`.
+
+Why a batch, not a task, per Ray task
+    A Ray task costs about a millisecond of scheduling and two object-store
+    round trips; many fits (a LinearRegression on twenty rows) cost less. The
+    scheduler already sizes batches from measured busy time (~0.1 s of work
+    each), so one Ray task per batch keeps Ray's overhead to a few percent.
+    ``free_slots`` allows two Ray tasks per worker in flight, so that Ray has
+    the next batch at hand (and reuses its worker lease) when one finishes.
+
+How the data goes in once
+    :meth:`RayBackend.start` puts the run into the object store once: the
+    ``RunContext`` without its data (``fit``, ``setup``, ... cloudpickled with
+    the driver's ``sys.path``), the sorted Arrow table and the ``shared`` dict.
+    Each Ray task receives the three references *nested in a tuple*, so that
+    Ray does not resolve them per call; a worker process resolves them once
+    per run (``ray.get``: Arrow buffers and NumPy arrays map the node's object
+    store, zero-copy) and caches the resulting ``Executor`` under the run id
+    in a module-level dict. So ``setup=`` runs once per Ray worker process,
+    not per batch, and tasks travel as ``(offset, length)`` references only.
+
+How a crash or a timeout is pinned on one task
+    The remote function is a Ray *streaming generator*: it yields
+    ``("start", node_id, pid)`` before it loads the run, then outcomes in
+    parts (every 0.25 s) and ``("done", ...)``. In *marked* mode it also
+    yields ``("run", index, ...)`` just before each task (carrying the
+    previous task's outcome), so the driver knows which task the worker is
+    running and since when. Batches run marked when ``timeout`` is set, and
+    single-task batches always do.
+
+    * A worker that dies (``WorkerCrashedError``, a dead node, Ray's OOM
+      killer) inside a marked batch costs exactly the running task: it is
+      reported :class:`~.base.Lost` (``crashed``, or ``memory`` for Ray's
+      memory monitor) and the tasks not yet run are handed back
+      (:class:`~.base.Requeued`). Inside an unmarked batch the driver does
+      not know which task it was: if one task was left unreported it is
+      that one; otherwise the unreported tasks are run again, internally, as
+      one marked batch, which finds the culprit if it crashes again (a
+      one-off kill from outside then costs nothing). Each marked crash
+      reports one task, so a task that always crashes cannot loop forever;
+      ``max_retries=0`` stops Ray from retrying behind the scheduler's back.
+    * Ray has no task timeout. With ``timeout`` every batch runs marked and
+      the driver times the running task from the moment its marker arrives
+      (queueing and loading the run do not count); past ``timeout`` it
+      ``ray.cancel(..., force=True)``\\ s the Ray task, which kills its
+      worker process, reports the task ``timeout`` and requeues the rest.
+
+What it does not do
+    ``memory_limit`` is not enforced (``enforces_memory_limit = False``): a
+    ``memory`` value given to the constructor is passed to Ray as a
+    scheduling reservation only, and Ray's own memory monitor kills workers
+    when a node runs out. GPUs are Ray resources (``num_gpus`` per task, Ray
+    sets ``CUDA_VISIBLE_DEVICES``), never shared by two running tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import cloudpickle
+
+from .._resources import usable_cores
+from ..execution import Executor, RunContext, TaskRef
+from ._process_worker import dump_outcomes
+from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
+
+_BATCHES_PER_WORKER = 2
+_FLUSH_EVERY_S = 0.25
+_STOP_GRACE_S = 1.0
+#: Deaths of Ray workers that no task can be blamed for (before their first
+#: task) tolerated, beyond one per Ray task in flight, before the backend
+#: gives up, as the processes backend does.
+_MAX_UNEXPLAINED_DEATHS = 5
+
+# -- inside a Ray worker process -------------------------------------------------
+
+#: run id -> the Executor of that run in this worker process. A Ray worker runs
+#: one task at a time and serves one job, so only the latest run is kept: an
+#: older run's table and shared objects are released when a new run arrives.
+_EXECUTORS: dict[str, Executor] = {}
+
+
+def _load_executor(run_id: str, payload: tuple[Any, Any, Any]) -> Executor:
+    """The run's Executor in this worker process, built on first use."""
+    executor = _EXECUTORS.get(run_id)
+    if executor is not None:
+        return executor
+    import ray
+
+    _EXECUTORS.clear()
+    context_ref, table_ref, shared_ref = payload
+    driver_path, context_bytes = ray.get(context_ref)
+    # fit's module may live where only the driver's sys.path finds it (a test
+    # directory, a notebook's folder); the same paths exist on a local node.
+    sys.path.extend(entry for entry in driver_path if entry not in sys.path)
+    context = cloudpickle.loads(context_bytes)
+    table = ray.get(table_ref) if table_ref is not None else None
+    shared = ray.get(shared_ref) if shared_ref is not None else None
+    executor = Executor(context, table=table, shared=shared)
+    _EXECUTORS[run_id] = executor
+    return executor
+
+
+def _run_batch(
+    run_id: str,
+    payload: tuple[Any, Any, Any],
+    tasks_blob: bytes,
+    cpus_per_task: int,
+    marked: bool,
+) -> Iterator[tuple]:
+    """The Ray task (a streaming generator): run one batch, yield what happens.
+
+    Yields ``("start", node_id, pid)``, then either ``("fatal", traceback)``
+    (the run cannot be loaded here) or outcome messages: ``("run", index,
+    outcomes_or_None, busy_s)`` before each task in marked mode, ``("part",
+    outcomes, busy_s)`` every 0.25 s otherwise, and finally ``("done",
+    outcomes, busy_s)``; outcomes travel pickled (:func:`dump_outcomes`).
+    """
+    import ray
+    from threadpoolctl import threadpool_limits
+
+    yield ("start", ray.get_runtime_context().get_node_id(), os.getpid())
+    try:
+        executor = _load_executor(run_id, payload)
+        tasks: list[TaskRef] = pickle.loads(tasks_blob)
+    except BaseException:
+        yield ("fatal", traceback.format_exc())
+        return
+    # BLAS/OpenMP pools are per process; restored after the batch, so the
+    # limit never leaks into other Ray tasks this worker may run.
+    with threadpool_limits(limits=cpus_per_task):
+        begin = last_flush = time.perf_counter()
+        executor.begin_batch(tasks)
+        outcomes: list = []
+        for position, task in enumerate(tasks):
+            if marked:
+                now = time.perf_counter()
+                yield ("run", task[0], dump_outcomes(outcomes) if outcomes else None,
+                       now - begin)
+                outcomes, begin = [], now
+            outcomes.append(executor.run_one(task))
+            now = time.perf_counter()
+            if not marked and now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
+                yield ("part", dump_outcomes(outcomes), now - begin)
+                outcomes, begin, last_flush = [], now, now
+        yield ("done", dump_outcomes(outcomes), time.perf_counter() - begin)
+
+
+_REMOTE: Any = None
+
+
+def _remote_function() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(num_returns="streaming", max_retries=0)(_run_batch)
+    return _REMOTE
+
+
+# -- in the driver ---------------------------------------------------------------
+
+
+def _dump_tasks(tasks: list[TaskRef]) -> bytes:
+    # Pickled here, unpickled after the worker has the driver's sys.path: an
+    # item of a class from the user's own module must not fail in Ray's
+    # argument deserialisation, before the worker can find that module.
+    try:
+        return pickle.dumps(tasks, protocol=5)
+    except Exception:
+        return cloudpickle.dumps(tasks, protocol=5)
+
+
+@dataclass
+class _Call:
+    """One Ray task in flight: a batch, or the internal re-run of a crashed one."""
+
+    batch_id: int
+    tasks: dict[int, TaskRef]  # index -> task, of the tasks not yet reported
+    marked: bool
+    started: bool = False  # its "start" message arrived
+    worker: int = -1
+    running: int | None = None  # marked: the index of the task running now
+    running_since: float = 0.0  # driver's monotonic clock when its marker arrived
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(exc).__name__
+
+
+class RayBackend(Backend):
+    """Batches as Ray tasks; see the module docstring.
+
+    ``workers`` is the number of Ray tasks running at once (each with
+    ``cpus_per_task`` CPUs); ``None`` takes the connected cluster's CPUs //
+    ``cpus_per_task``. ``address`` (default ``RAY_ADDRESS``) names a running
+    Ray cluster; without one a local instance with ``workers * cpus_per_task``
+    CPUs is started and shut down in :meth:`stop`. An instance already
+    initialised in this process is used as it is, and left running.
+    ``ray_init_options`` go to ``ray.init``.
+    """
+
+    name = "ray"
+    requires_pickling = True
+    isolates_crashes = True
+    enforces_timeout = True
+    enforces_memory_limit = False
+    isolates_gpus = True
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        cpus_per_task: int = 1,
+        timeout: float | None = None,
+        memory_limit: int | None = None,
+        gpu_sets: list[list[str]] | None = None,
+        *,
+        address: str | None = None,
+        **ray_init_options: Any,
+    ) -> None:
+        self.auto_workers = workers is None
+        if workers is None:
+            workers = self._cluster_workers(cpus_per_task) or max(
+                1, usable_cores() // cpus_per_task)
+        super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
+                         gpu_sets=gpu_sets)
+        self.address = address
+        self.ray_init_options = ray_init_options
+        self.gpus_per_task = len(gpu_sets[0]) if gpu_sets else 0
+        #: worker id (as in ``run.results["worker"]``) -> Ray node id / process id.
+        self.worker_nodes: dict[int, str] = {}
+        self.worker_pids: dict[int, int] = {}
+        self.started_ray = False
+        self._calls: dict[Any, _Call] = {}
+        self._payload: tuple[Any, Any, Any] | None = None
+
+    @staticmethod
+    def _cluster_workers(cpus_per_task: int) -> int | None:
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return None
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        return max(1, cpus // cpus_per_task) if cpus else None
+
+    # -- life cycle -------------------------------------------------------------
+
+    def _connect(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if address is None:
+            options.update(num_cpus=self.workers * self.cpus_per_task, include_dashboard=False)
+            if self.gpu_sets:
+                options["num_gpus"] = len({gpu for group in self.gpu_sets for gpu in group})
+        else:
+            options["address"] = address
+        options.update(self.ray_init_options)
+        # ray.init replaces the SIGTERM handler with sys.exit; the scheduler's
+        # (SIGTERM stops the run like Ctrl-C) must stay in force.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.getsignal(signal.SIGTERM) if main else None
+        try:
+            ray.init(**options)
+        finally:
+            if main and previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        self.started_ray = address is None
+
+    def start(self, context: RunContext) -> None:
+        import ray
+
+        try:
+            self._connect()
+            if self.auto_workers:
+                self.workers = self._cluster_workers(self.cpus_per_task) or self.workers
+            self._check_resources(ray.cluster_resources())
+            self._run_id = uuid.uuid4().hex
+            bare = replace(context, table=None, shared=None)
+            self._payload = (
+                ray.put((list(sys.path), cloudpickle.dumps(bare))),
+                ray.put(context.table) if context.table is not None else None,
+                ray.put(context.shared) if context.shared else None,
+            )
+            options: dict[str, Any] = {"num_cpus": self.cpus_per_task,
+                                       "num_gpus": self.gpus_per_task}
+            if self.memory_limit is not None:
+                options["memory"] = int(self.memory_limit)
+            self._remote = _remote_function().options(**options)
+        except BaseException:
+            self.stop(force=True)
+            raise
+        self._calls = {}
+        self._worker_ids: dict[tuple[str, int], int] = {}
+        self._unexplained_deaths = 0
+
+    def _check_resources(self, resources: dict[str, float]) -> None:
+        missing = []
+        if resources.get("CPU", 0) < self.cpus_per_task:
+            missing.append(f"{self.cpus_per_task} CPU(s)")
+        if self.gpus_per_task and resources.get("GPU", 0) < self.gpus_per_task:
+            missing.append(f"{self.gpus_per_task} GPU(s)")
+        if not missing:
+            return
+        message = (f"each task needs {' and '.join(missing)}, but the Ray cluster has "
+                   f"{resources.get('CPU', 0):g} CPU(s) and {resources.get('GPU', 0):g} GPU(s)")
+        if self.started_ray:
+            raise WorkerStartupError(message)
+        warnings.warn(f"{message}; tasks wait until an autoscaler adds nodes", stacklevel=2)
+
+    def stop(self, *, force: bool = False) -> None:
+        ray = sys.modules.get("ray")
+        try:
+            if ray is not None and ray.is_initialized() and self._calls:
+                calls = list(self._calls)
+                if not force:
+                    ray.wait(calls, num_returns=len(calls), timeout=_STOP_GRACE_S)
+                for gen in calls:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(gen, force=True)
+        finally:
+            self._calls = {}
+            self._payload = None  # the driver's references: the object store frees them
+            if self.started_ray and ray is not None:
+                self.started_ray = False
+                ray.shutdown()
+
+    # -- the contract -------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        return max(0, self.workers * _BATCHES_PER_WORKER - len(self._calls))
+
+    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+        self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
+
+    def _launch(self, batch_id: int, tasks: list[TaskRef], marked: bool) -> None:
+        gen = self._remote.remote(self._run_id, self._payload, _dump_tasks(tasks),
+                                  self.cpus_per_task, marked)
+        self._calls[gen] = _Call(batch_id, {task[0]: task for task in tasks}, marked)
+
+    def poll(self, timeout: float) -> list[Event]:
+        import ray
+
+        events: list[Event] = []
+        if not self._calls:
+            time.sleep(timeout)
+            return events
+        calls = list(self._calls)
+        ready, _ = ray.wait(calls, num_returns=1, timeout=timeout)
+        if ready and len(calls) > 1:
+            ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
+        for gen in ready:
+            events.extend(self._drain(gen))
+        if self.timeout is not None:
+            events.extend(self._check_timeouts())
+        return events
+
+    def _drain(self, gen: Any) -> list[Event]:
+        """Every message of one Ray task available now."""
+        import ray
+
+        events: list[Event] = []
+        call = self._calls[gen]
+        while True:
+            try:
+                message = ray.get(next(gen))
+            except StopIteration:  # ended without "done" (not expected): hand back the rest
+                del self._calls[gen]
+                if call.tasks:
+                    self._count_unexplained("a Ray task ended before reporting its batch")
+                    events.append(Requeued(list(call.tasks)))
+                return events
+            except ray.exceptions.RayError as exc:
+                events.extend(self._died(gen, call, exc))
+                return events
+            kind = message[0]
+            if kind == "start":
+                call.started = True
+                call.worker = self._worker_id(message[1], message[2])
+            elif kind == "fatal":
+                raise WorkerStartupError(
+                    "a Ray worker could not load the run: unpickling fit or the data, or "
+                    "running setup=, failed (is fit importable on the Ray nodes?):\n"
+                    f"{message[1]}")
+            else:
+                events.extend(self._outcomes(call, message))
+                if kind == "run":
+                    call.running, call.running_since = message[1], time.monotonic()
+                elif kind == "done":
+                    del self._calls[gen]
+                    return events
+            if not ray.wait([gen], num_returns=1, timeout=0)[0]:
+                return events
+
+    def _outcomes(self, call: _Call, message: tuple) -> list[Event]:
+        blob, busy = message[-2], message[-1]
+        if blob is None:
+            return []
+        outcomes = pickle.loads(blob)
+        for outcome in outcomes:
+            call.tasks.pop(outcome[0], None)
+        return [Finished(outcomes, worker=call.worker, busy_s=busy,
+                         batch_done=message[0] == "done")]
+
+    def _worker_id(self, node_id: str, pid: int) -> int:
+        key = (node_id, pid)
+        if key not in self._worker_ids:
+            number = self._worker_ids[key] = len(self._worker_ids)
+            self.worker_nodes[number] = node_id
+            self.worker_pids[number] = pid
+        return self._worker_ids[key]
+
+    def _where(self, call: _Call) -> str:
+        if call.worker < 0:
+            return "a Ray worker"
+        node = self.worker_nodes[call.worker]
+        return f"Ray worker process {self.worker_pids[call.worker]} on node {node[:12]}"
+
+    def _died(self, gen: Any, call: _Call, exc: BaseException) -> list[Event]:
+        """Account for the tasks of a Ray task whose worker died."""
+        import ray
+
+        del self._calls[gen]
+        if isinstance(exc, ray.exceptions.RayTaskError) and not call.started:
+            # Python raised before our code ran: the remote function itself
+            # cannot load on that node (manymodels missing, another version).
+            raise WorkerStartupError(f"a Ray worker could not run manymodels' task: {exc}")
+        unreported = list(call.tasks)
+        if not unreported:
+            return []
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            status = "memory"
+            message = f"{self._where(call)} was killed by Ray's memory monitor: {_first_line(exc)}"
+        else:
+            status = "crashed"
+            message = f"{self._where(call)} died ({type(exc).__name__}): {_first_line(exc)}"
+        if not call.marked:
+            if len(unreported) == 1:  # the others of its batch were reported
+                return [Lost(unreported[0], status, message, call.worker)]
+            # Which one? Run them again, marked, to find out (see the docstring).
+            self._launch(call.batch_id, list(call.tasks.values()), marked=True)
+            return []
+        events: list[Event] = []
+        if call.running in call.tasks:
+            events.append(Lost(call.running, status, message, call.worker))
+            unreported.remove(call.running)
+        else:  # died before its first task: loading the run, or before it started
+            self._count_unexplained(message)
+        if unreported:
+            events.append(Requeued(unreported))
+        return events
+
+    def _count_unexplained(self, message: str) -> None:
+        # Tolerates one generation of Ray tasks in flight dying at once (a
+        # lost node), not workers that die whatever they are given.
+        self._unexplained_deaths += 1
+        if self._unexplained_deaths > _MAX_UNEXPLAINED_DEATHS + _BATCHES_PER_WORKER * self.workers:
+            raise WorkerStartupError(
+                f"Ray workers keep dying before running any task ({message}); "
+                "manymodels cannot go on with this backend")
+
+    def _check_timeouts(self) -> list[Event]:
+        import ray
+
+        events: list[Event] = []
+        now = time.monotonic()
+        for gen, call in list(self._calls.items()):
+            if call.running is None or call.running not in call.tasks:
+                continue
+            if now - call.running_since <= self.timeout:
+                continue
+            with contextlib.suppress(Exception):
+                ray.cancel(gen, force=True)
+            del self._calls[gen]  # whatever it sends from now on is dropped
+            events.append(Lost(
+                call.running, "timeout",
+                f"task ran longer than timeout={self.timeout:g}s; its Ray worker was killed",
+                call.worker))
+            rest = [index for index in call.tasks if index != call.running]
+            if rest:
+                events.append(Requeued(rest))
+        return events

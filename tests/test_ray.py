@@ -1,0 +1,248 @@
+"""The Ray backend on a real local Ray instance (no mocks): the same results as
+the processes backend, data put into the object store once, setup= once per
+Ray worker process, crashes and timeouts pinned on exactly one task.
+
+Every test shares one local Ray instance started by the module fixture, so the
+backend connects to it (and leaves it running) instead of starting its own;
+tests/test_ray_cluster.py covers a backend that starts Ray itself and a
+two-node cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from conftest import fit_linear
+from manymodels.backends import BACKENDS, WorkerStartupError
+from manymodels.backends.ray import RayBackend
+
+ray = pytest.importorskip("ray")
+BACKENDS.setdefault("ray", RayBackend)  # harmless once the registry has it
+
+pytestmark = [pytest.mark.slow]
+
+#: Columns that depend on timing or on which worker ran a task.
+_TIMING = ["duration_s", "worker", "started_s"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def _same_results(ray_run, local_run) -> None:
+    left = ray_run.results.drop(columns=_TIMING).drop(columns="error")
+    right = local_run.results.drop(columns=_TIMING).drop(columns="error")
+    pd.testing.assert_frame_equal(left, right)
+    assert ray_run.results["error"].isna().equals(local_run.results["error"].isna())
+
+
+def test_groups_match_the_processes_backend(sales):
+    source = mm.groups(sales, by=["store", "item"])
+    run = mm.train(fit_linear, source, backend="ray", workers=2, progress=False)
+    local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 60}
+    assert run.backend == "ray"
+    _same_results(run, local)
+    assert run.models.keys() == local.models.keys()
+    for key, model in local.models.items():
+        assert run.models[key]["slope"] == pytest.approx(model["slope"], rel=1e-12)
+    assert ray.is_initialized()  # it connected to the running instance and left it
+
+
+def fail_on_37(item):
+    if item == 37:
+        raise ValueError(f"bad item {item}")
+    return item * 2, {"double": item * 2}
+
+
+def test_items_with_a_failure_match_the_processes_backend():
+    source = mm.items(range(100))
+    run = mm.train(fail_on_37, source, backend="ray", workers=2, progress=False)
+    local = mm.train(fail_on_37, source, backend="processes", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 99, "failed": 1}
+    _same_results(run, local)
+    failed = run.failed.set_index("item")
+    assert list(failed.index) == [37]
+    assert "ValueError: bad item 37" in failed.loc[37, "error"]
+    assert "Traceback" in failed.loc[37, "error"]
+    assert run.models[99] == 198
+
+
+def fit_with_shared(df, alpha, weights, offset):
+    # weights comes from the object store, zero-copy: read-only in the worker
+    value = float(np.asarray(df["x"]).sum() * weights.sum() * alpha + offset)
+    return {"value": value, "readonly": not weights.flags.writeable}
+
+
+def test_grid_times_groups_with_shared_numpy_array(sales):
+    weights = np.arange(1_000, dtype=float)
+    source = mm.groups(sales, by="store") * mm.grid(alpha=[0.5, 2.0])
+    shared = {"weights": weights, "offset": 3.0}
+    run = mm.train(fit_with_shared, source, shared=shared, backend="ray", workers=2,
+                   progress=False)
+    local = mm.train(fit_with_shared, source, shared=shared, backend="processes", workers=2,
+                     progress=False)
+    assert run.summary().statuses == {"ok": 24}
+    ray_values = run.results.set_index(["store", "alpha"])["value"]
+    local_values = local.results.set_index(["store", "alpha"])["value"]
+    pd.testing.assert_series_equal(ray_values, local_values)
+    expected = sales.groupby("store")["x"].sum() * weights.sum()
+    for (store, alpha), value in ray_values.items():
+        assert value == pytest.approx(expected[store] * alpha + 3.0)
+    assert run.results["readonly"].all()  # mapped from the object store, not copied
+
+
+def bare_grid_fit(a, b):
+    return {"product": a * b}
+
+
+def test_bare_grid():
+    run = mm.train(bare_grid_fit, mm.grid(a=[1, 2, 3], b=[10, 20]), backend="ray", workers=2,
+                   progress=False)
+    assert run.summary().statuses == {"ok": 6}
+    assert dict(zip(zip(run.results["a"], run.results["b"]), run.results["product"])) == {
+        (a, b): a * b for a in (1, 2, 3) for b in (10, 20)}
+
+
+def make_resource(setup_dir):
+    def make():
+        Path(setup_dir, f"setup-{os.getpid()}-{time.perf_counter_ns()}").touch()
+        return os.getpid()
+    return make
+
+
+def report_pid(item, resource):
+    time.sleep(0.002)
+    return {"pid": os.getpid(), "resource": resource}
+
+
+def test_setup_runs_once_per_ray_worker_process_not_per_batch(tmp_path):
+    run = mm.train(report_pid, mm.items(range(400)), setup=make_resource(str(tmp_path)),
+                   backend="ray", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 400}
+    assert run.batches > 4  # several batches per worker process...
+    pids = set(run.results["pid"])
+    setups = [p.name.split("-")[1] for p in tmp_path.iterdir()]
+    assert sorted(setups) == sorted(str(pid) for pid in pids)  # ...and one setup each
+    assert (run.results["resource"] == run.results["pid"]).all()
+    assert run.results["worker"].nunique() == len(pids)
+
+
+def failing_setup():
+    raise RuntimeError("no resource today")
+
+
+def test_failing_setup_stops_the_run():
+    with pytest.raises(WorkerStartupError, match="no resource today"):
+        mm.train(fail_on_37, mm.items(range(10)), setup=failing_setup, backend="ray",
+                 workers=2, progress=False)
+
+
+def exit_on_13(item):
+    if item == 13:
+        os._exit(3)
+    return item
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_crash_inside_a_batch_costs_exactly_its_task(retries):
+    run = mm.train(exit_on_13, mm.items(range(200)), backend="ray", workers=2,
+                   retries=retries, progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[13, "status"] == "crashed"
+    assert "died" in results.loc[13, "error"]
+    assert results.loc[13, "attempts"] == retries + 1
+    others = results.drop(index=13)
+    assert (others["status"] == "ok").all() and len(others) == 199
+    assert run.summary().statuses == {"ok": 199, "crashed": 1}
+
+
+def sleep_on_5_once(item, pid_dir):
+    victim = Path(pid_dir, "victim")
+    if item == 5 and not victim.exists():
+        victim.write_text(str(os.getpid()))
+        time.sleep(60)
+    time.sleep(0.01)
+    return item
+
+
+def test_ray_worker_killed_from_outside_mid_run(tmp_path):
+    def killer():
+        victim = tmp_path / "victim"
+        deadline = time.monotonic() + 30
+        while not victim.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.kill(int(victim.read_text()), signal.SIGKILL)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    start = time.monotonic()
+    run = mm.train(sleep_on_5_once, mm.items(range(50)), shared={"pid_dir": str(tmp_path)},
+                   backend="ray", workers=2, progress=False)
+    thread.join()
+    assert time.monotonic() - start < 40
+    results = run.results.set_index("item")
+    assert len(results) == 50
+    # A lone task is blamed at once; one killed inside a batch is run again,
+    # marked, to find the culprit, and the one-off kill then costs nothing.
+    assert results.loc[5, "status"] in {"crashed", "ok"}
+    assert (results.drop(index=5)["status"] == "ok").all()
+
+
+def hang_on_2(item):
+    if item == 2:
+        time.sleep(3600)
+    time.sleep(0.01)
+    return item
+
+
+def test_timeout_kills_the_ray_worker_and_costs_one_task():
+    start = time.monotonic()
+    run = mm.train(hang_on_2, mm.items(range(20)), backend="ray", workers=2, timeout=2,
+                   progress=False)
+    assert time.monotonic() - start < 30
+    results = run.results.set_index("item")
+    assert results.loc[2, "status"] == "timeout"
+    assert "timeout=2s" in results.loc[2, "error"]
+    assert (results.drop(index=2)["status"] == "ok").all()
+    assert run.summary().statuses == {"ok": 19, "timeout": 1}
+
+
+def slow_item(item):
+    time.sleep(0.05)
+    return {"pid": os.getpid()}
+
+
+def test_worker_ids_map_to_ray_processes_and_nodes(monkeypatch):
+    made: list[RayBackend] = []
+
+    class Recording(RayBackend):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setitem(BACKENDS, "ray", Recording)
+    run = mm.train(slow_item, mm.items(range(40)), backend="ray", workers=2, progress=False)
+    backend = made[0]
+    assert run.summary().statuses == {"ok": 40}
+    for worker, pid in zip(run.results["worker"], run.results["pid"]):
+        assert backend.worker_pids[worker] == pid
+    node = ray.get_runtime_context().get_node_id()
+    assert set(backend.worker_nodes.values()) == {node}
+    assert not backend.started_ray
