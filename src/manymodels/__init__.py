@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from .api import train
-from .backends import WorkerStartupError
+from .backends import RayBackend, WorkerStartupError
 from .results import Run, Summary
 from .scheduling import RunInterrupted, TooManyFailures
 from .sources import grid, groups, items
@@ -18,6 +18,7 @@ from .transforms import map_groups, map_partitions
 __version__ = "0.1.0"
 
 __all__ = [
+    "RayBackend",
     "Run",
     "RunInterrupted",
     "Store",

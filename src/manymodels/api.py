@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from ._resources import parse_bytes, usable_cores, visible_gpus
-from .backends import backend_class
+from .backends import Backend, backend_class
 from .backends.processes import START_METHODS
 from .execution import RunContext
 from .hashing import task_identities
@@ -74,6 +74,11 @@ def _gpu_sets(gpus_per_task: Any, gpus: Any, backend_type: type, backend: str
     return [ids[i * per_task:(i + 1) * per_task] for i in range(len(ids) // per_task)]
 
 
+def _callable_name(fit: Any) -> str:
+    name = getattr(fit, "__qualname__", None) or type(fit).__qualname__
+    return f"{getattr(fit, '__module__', None) or type(fit).__module__}.{name}"
+
+
 def _check_setup(setup: Any) -> list[str]:
     if setup is None:
         return []
@@ -111,7 +116,7 @@ def train(
     source: Source,
     *,
     shared: Mapping[str, Any] | None = None,
-    backend: str = "processes",
+    backend: str | Backend = "processes",
     workers: int | None = None,
     cpus_per_task: int = 1,
     gpus_per_task: int = 0,
@@ -135,9 +140,12 @@ def train(
     dict of metrics. An exception fails only its own task; its traceback is in
     ``run.failed``.
 
-    * ``backend``: ``"processes"`` (default), ``"threads"`` or ``"serial"``.
+    * ``backend``: ``"processes"`` (default), ``"threads"``, ``"serial"`` or
+      ``"ray"`` (a Ray cluster at ``RAY_ADDRESS``, or a local Ray instance), or
+      a backend instance such as ``mm.RayBackend(address="ray://head:10001")``.
     * ``workers``: default the usable cores (affinity and cgroup aware) divided
-      by ``cpus_per_task``, the BLAS/OpenMP threads each task may use.
+      by ``cpus_per_task``, the BLAS/OpenMP threads each task may use; on Ray,
+      the cluster's CPUs divided by ``cpus_per_task``.
     * ``gpus_per_task``: GPUs each running task gets to itself, through
       ``CUDA_VISIBLE_DEVICES``; at most ``gpus // gpus_per_task`` tasks run at
       once. ``gpus`` declares the GPU count (default: detected).
@@ -168,20 +176,25 @@ def train(
             "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
             f"got {type(source).__name__}"
         )
-    backend_type = backend_class(backend)
+    instance = backend if isinstance(backend, Backend) else None
+    if instance is not None:
+        backend = instance.name
+    backend_type = type(instance) if instance is not None else backend_class(backend)
     if start_method != "auto" and backend != "processes":
         raise ValueError(f"start_method applies to backend='processes', not {backend!r}")
     if start_method not in START_METHODS:
         raise ValueError(f"unknown start_method {start_method!r}; choose one of "
                          f"{', '.join(START_METHODS)}")
     cpus_per_task = _positive_int("cpus_per_task", cpus_per_task)
-    if workers is None:
-        workers = max(1, usable_cores() // cpus_per_task)
-    else:
+    if workers is not None:
         workers = _positive_int("workers", workers)
+    elif instance is not None:
+        workers = instance.workers
+    elif backend != "ray":  # Ray counts its cluster's CPUs itself
+        workers = max(1, usable_cores() // cpus_per_task)
     retries = _positive_int("retries", retries, minimum=0)
     gpu_sets = _gpu_sets(gpus_per_task, gpus, backend_type, backend)
-    if gpu_sets is not None:
+    if gpu_sets is not None and workers is not None:
         workers = min(workers, len(gpu_sets))
     retry_types = _check_retry_on(retry_on)
     max_failures = _check_max_failures(max_failures)
@@ -223,7 +236,8 @@ def train(
     plan = make_plan(source)
     if backend == "serial":
         workers = 1
-    workers = min(workers, len(plan.tasks))
+    if workers is not None:
+        workers = min(workers, len(plan.tasks))
     context = RunContext(
         fit=fit,
         kind=plan.kind,
@@ -239,13 +253,20 @@ def train(
         identities, code_detail = task_identities(plan, fit, shared)
         recorder = RunRecorder(
             store, plan, identities, code_detail,
-            fit_name=f"{getattr(fit, '__module__', '?')}.{getattr(fit, '__qualname__', fit)}",
+            fit_name=_callable_name(fit),
             source=repr(source), backend=backend, workers=workers)
         reused = recorder.begin(reuse=bool(reuse))
-        workers = max(1, min(workers, len(plan.tasks) - len(reused)))
-    options = {"start_method": start_method} if backend == "processes" else {}
-    engine = backend_type(workers, cpus_per_task, timeout=timeout, memory_limit=memory_bytes,
-                          gpu_sets=gpu_sets, **options)
+        if workers is not None:
+            workers = max(1, min(workers, len(plan.tasks) - len(reused)))
+    if instance is not None:
+        engine = instance
+        engine.configure(cpus_per_task, timeout, memory_bytes, gpu_sets)
+        if workers is not None:
+            engine.workers = workers
+    else:
+        options = {"start_method": start_method} if backend == "processes" else {}
+        engine = backend_type(workers, cpus_per_task, timeout=timeout,
+                              memory_limit=memory_bytes, gpu_sets=gpu_sets, **options)
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
                           progress=progress, recorder=recorder, reused=reused)
     return scheduler.run(context, began)

@@ -251,9 +251,13 @@ def train(
         frame = table.select(feature_columns + [target]).to_pandas()
         best = run.results[[c for c in run.results if c.startswith("best_")]]
         setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
-        global_model = task.build(setting).fit(frame[feature_columns].to_numpy(),
-                                               frame[target].to_numpy())
-        opened.attach(run.run_id, "fallback", global_model)
+        try:
+            global_model = task.build(setting).fit(frame[feature_columns].to_numpy(),
+                                                   frame[target].to_numpy())
+        except Exception as exc:  # e.g. the rows of a failed group poison the whole table
+            typer.echo(f"no fallback model: fitting it on all rows failed: {exc!r}", err=True)
+        else:
+            opened.attach(run.run_id, "fallback", global_model)
     summary = run.summary()
     typer.echo(str(summary))
     means = {m: run.results[m].mean() for m in metric_names if m in run.results}

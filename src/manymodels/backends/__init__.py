@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Backend, WorkerStartupError
 from .processes import ProcessesBackend
+from .ray import RayBackend
 from .serial import SerialBackend
 from .threads import ThreadsBackend
 
@@ -11,6 +12,7 @@ BACKENDS: dict[str, type[Backend]] = {
     "processes": ProcessesBackend,
     "threads": ThreadsBackend,
     "serial": SerialBackend,
+    "ray": RayBackend,
 }
 
 
@@ -21,4 +23,4 @@ def backend_class(name: str) -> type[Backend]:
     return BACKENDS[name]
 
 
-__all__ = ["BACKENDS", "Backend", "WorkerStartupError", "backend_class"]
+__all__ = ["BACKENDS", "Backend", "RayBackend", "WorkerStartupError", "backend_class"]

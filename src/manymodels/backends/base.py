@@ -103,6 +103,17 @@ class Backend:
         gpu_sets: list[list[str]] | None = None,
     ) -> None:
         self.workers = workers
+        self.configure(cpus_per_task, timeout, memory_limit, gpu_sets)
+
+    def configure(
+        self,
+        cpus_per_task: int = 1,
+        timeout: float | None = None,
+        memory_limit: int | None = None,
+        gpu_sets: list[list[str]] | None = None,
+    ) -> None:
+        """Apply a run's resource keywords (``mm.train`` calls it on a backend
+        instance that the user built, e.g. ``mm.RayBackend(address=...)``)."""
         self.cpus_per_task = cpus_per_task
         self.timeout = timeout
         self.memory_limit = memory_limit
