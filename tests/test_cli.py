@@ -130,3 +130,16 @@ def test_cli_report(tmp_path, sales_files):
     result = _cli("report", store, "-o", out)
     assert result.returncode == 0 and out.exists()
     assert "Worker timeline" in out.read_text()
+
+
+def test_cli_trains_lightgbm_by_dotted_name(tmp_path, sales_files):
+    pytest.importorskip("lightgbm")
+    _, _, parquet = sales_files
+    store = tmp_path / "store"
+    result = _cli("train", parquet, "--by", "store", "--target", "sales", "--model",
+                  "lightgbm.LGBMRegressor", "--param", "n_estimators=30", "--param",
+                  "verbose=-1", "--param", "n_jobs=1", "--store", store, "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    model = mm.Store(store).load("s001")
+    assert type(model).__name__ == "LGBMRegressor" and model.n_estimators == 30
+    assert (mm.Store(store).results()["r2"] > 0.5).all()
