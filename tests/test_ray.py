@@ -22,13 +22,11 @@ import pytest
 
 import manymodels as mm
 from conftest import fit_linear
-from manymodels.backends import BACKENDS, WorkerStartupError
-from manymodels.backends.ray import RayBackend
+from manymodels.backends import WorkerStartupError
 
 ray = pytest.importorskip("ray")
-BACKENDS.setdefault("ray", RayBackend)  # harmless once the registry has it
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 #: Columns that depend on timing or on which worker ran a task.
 _TIMING = ["duration_s", "worker", "started_s"]
@@ -172,37 +170,50 @@ def test_a_crash_inside_a_batch_costs_exactly_its_task(retries):
     assert run.summary().statuses == {"ok": 199, "crashed": 1}
 
 
-def sleep_on_5_once(item, pid_dir):
-    victim = Path(pid_dir, "victim")
-    if item == 5 and not victim.exists():
-        victim.write_text(str(os.getpid()))
+def sleep_on_5(item, pid_dir, once):
+    if item == 5 and not (once and any(Path(pid_dir).iterdir())):
+        Path(pid_dir, f"victim-{os.getpid()}").touch()
         time.sleep(60)
     time.sleep(0.01)
     return item
 
 
-def test_ray_worker_killed_from_outside_mid_run(tmp_path):
-    def killer():
-        victim = tmp_path / "victim"
-        deadline = time.monotonic() + 30
-        while not victim.exists() and time.monotonic() < deadline:
+@pytest.mark.parametrize("once", [True, False], ids=["killed-once", "killed-every-time"])
+def test_ray_worker_killed_from_outside_mid_run(tmp_path, once):
+    done = threading.Event()
+
+    def killer():  # SIGKILLs every Ray worker process that runs item 5
+        killed: set[str] = set()
+        while not done.is_set():
+            for victim in tmp_path.iterdir():
+                if victim.name not in killed:
+                    time.sleep(0.2)
+                    killed.add(victim.name)
+                    os.kill(int(victim.name.split("-")[1]), signal.SIGKILL)
             time.sleep(0.02)
-        time.sleep(0.2)
-        os.kill(int(victim.read_text()), signal.SIGKILL)
 
     thread = threading.Thread(target=killer)
     thread.start()
     start = time.monotonic()
-    run = mm.train(sleep_on_5_once, mm.items(range(50)), shared={"pid_dir": str(tmp_path)},
-                   backend="ray", workers=2, progress=False)
-    thread.join()
+    try:
+        run = mm.train(sleep_on_5, mm.items(range(50)),
+                       shared={"pid_dir": str(tmp_path), "once": once},
+                       backend="ray", workers=2, progress=False)
+    finally:
+        done.set()
+        thread.join()
     assert time.monotonic() - start < 40
     results = run.results.set_index("item")
     assert len(results) == 50
-    # A lone task is blamed at once; one killed inside a batch is run again,
-    # marked, to find the culprit, and the one-off kill then costs nothing.
-    assert results.loc[5, "status"] in {"crashed", "ok"}
     assert (results.drop(index=5)["status"] == "ok").all()
+    if once:
+        # Killed inside a batch, the batch's unreported tasks run again, marked,
+        # to find the culprit: a one-off kill then costs nothing.
+        assert results.loc[5, "status"] in {"crashed", "ok"}
+    else:  # a task whose worker always dies is blamed, and only it
+        assert results.loc[5, "status"] == "crashed"
+        assert "WorkerCrashedError" in results.loc[5, "error"]
+        assert results.loc[5, "attempts"] == 1
 
 
 def hang_on_2(item):
@@ -229,20 +240,37 @@ def slow_item(item):
     return {"pid": os.getpid()}
 
 
-def test_worker_ids_map_to_ray_processes_and_nodes(monkeypatch):
-    made: list[RayBackend] = []
-
-    class Recording(RayBackend):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setitem(BACKENDS, "ray", Recording)
-    run = mm.train(slow_item, mm.items(range(40)), backend="ray", workers=2, progress=False)
-    backend = made[0]
+def test_a_backend_instance_maps_worker_ids_to_ray_processes_and_nodes():
+    backend = mm.RayBackend()  # workers: the connected instance's CPUs
+    assert backend.workers == 2 and backend.auto_workers
+    run = mm.train(slow_item, mm.items(range(40)), backend=backend, progress=False)
     assert run.summary().statuses == {"ok": 40}
+    assert run.workers == 2 and run.backend == "ray"
     for worker, pid in zip(run.results["worker"], run.results["pid"]):
         assert backend.worker_pids[worker] == pid
     node = ray.get_runtime_context().get_node_id()
     assert set(backend.worker_nodes.values()) == {node}
-    assert not backend.started_ray
+    assert not backend.started_ray and ray.is_initialized()
+
+
+def test_workers_given_to_train_override_the_cluster_size():
+    backend = mm.RayBackend()
+    run = mm.train(slow_item, mm.items(range(6)), backend=backend, workers=1, progress=False)
+    assert run.workers == 1 and backend.workers == 1 and not backend.auto_workers
+    assert run.results["worker"].nunique() == 1
+
+
+def blas_threads(item):
+    from threadpoolctl import threadpool_info  # NumPy's BLAS is loaded with this module
+
+    blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    return {"threads": max(blas)}
+
+
+@pytest.mark.parametrize("cpus_per_task", [1, 2])
+def test_cpus_per_task_limits_blas_threads_and_concurrency(cpus_per_task):
+    run = mm.train(blas_threads, mm.items(range(8)), backend=mm.RayBackend(),
+                   cpus_per_task=cpus_per_task, progress=False)
+    assert run.summary().statuses == {"ok": 8}
+    assert run.workers == 2 // cpus_per_task  # the instance's 2 CPUs
+    assert (run.results["threads"] == cpus_per_task).all()

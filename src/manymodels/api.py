@@ -186,6 +186,7 @@ def train(
         raise ValueError(f"unknown start_method {start_method!r}; choose one of "
                          f"{', '.join(START_METHODS)}")
     cpus_per_task = _positive_int("cpus_per_task", cpus_per_task)
+    explicit_workers = workers is not None
     if workers is not None:
         workers = _positive_int("workers", workers)
     elif instance is not None:
@@ -261,8 +262,10 @@ def train(
     if instance is not None:
         engine = instance
         engine.configure(cpus_per_task, timeout, memory_bytes, gpu_sets)
-        if workers is not None:
+        if explicit_workers:  # the user's count wins over the backend's own sizing
             engine.workers = workers
+            if hasattr(engine, "auto_workers"):
+                engine.auto_workers = False
     else:
         options = {"start_method": start_method} if backend == "processes" else {}
         engine = backend_type(workers, cpus_per_task, timeout=timeout,

@@ -11,8 +11,12 @@ Why a batch, not a task, per Ray task
     round trips; many fits (a LinearRegression on twenty rows) cost less. The
     scheduler already sizes batches from measured busy time (~0.1 s of work
     each), so one Ray task per batch keeps Ray's overhead to a few percent.
-    ``free_slots`` allows two Ray tasks per worker in flight, so that Ray has
-    the next batch at hand (and reuses its worker lease) when one finishes.
+    ``workers`` Ray tasks run at once. Where Ray's own resources already
+    cap the run at ``workers`` (a local instance started with ``workers *
+    cpus_per_task`` CPUs, or ``workers`` left to the cluster's size), two Ray
+    tasks per worker are in flight, so that Ray has the next batch at hand
+    (and reuses its worker lease) when one finishes; where ``workers`` asks
+    for less than the cluster holds, exactly ``workers``.
 
 How the data goes in once
     :meth:`RayBackend.start` puts the run into the object store once: the
@@ -120,6 +124,20 @@ def _load_executor(run_id: str, payload: tuple[Any, Any, Any]) -> Executor:
     return executor
 
 
+_CONTROLLER: list[Any] = [0, None]  # [len(sys.modules) when built, ThreadpoolController]
+
+
+def _thread_limiter() -> Any:
+    """This process's threadpoolctl controller. Finding the BLAS/OpenMP
+    libraries costs milliseconds, limiting them microseconds: the controller
+    is built again only when modules were imported since (a new library)."""
+    if _CONTROLLER[1] is None or _CONTROLLER[0] != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER[:] = [len(sys.modules), ThreadpoolController()]
+    return _CONTROLLER[1]
+
+
 def _run_batch(
     run_id: str,
     payload: tuple[Any, Any, Any],
@@ -136,7 +154,6 @@ def _run_batch(
     outcomes, busy_s)``; outcomes travel pickled (:func:`dump_outcomes`).
     """
     import ray
-    from threadpoolctl import threadpool_limits
 
     yield ("start", ray.get_runtime_context().get_node_id(), os.getpid())
     try:
@@ -147,7 +164,7 @@ def _run_batch(
         return
     # BLAS/OpenMP pools are per process; restored after the batch, so the
     # limit never leaks into other Ray tasks this worker may run.
-    with threadpool_limits(limits=cpus_per_task):
+    with _thread_limiter().limit(limits=cpus_per_task):
         begin = last_flush = time.perf_counter()
         executor.begin_batch(tasks)
         outcomes: list = []
@@ -203,6 +220,15 @@ class _Call:
     running_since: float = 0.0  # driver's monotonic clock when its marker arrived
 
 
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "backend='ray' needs Ray: pip install 'manymodels[ray]' (or 'ray')") from exc
+    return ray
+
+
 def _first_line(exc: BaseException) -> str:
     for line in str(exc).splitlines():
         if line.strip():
@@ -240,21 +266,40 @@ class RayBackend(Backend):
         address: str | None = None,
         **ray_init_options: Any,
     ) -> None:
-        self.auto_workers = workers is None
+        _import_ray()  # fail here, before any work, where Ray is not installed
+        auto = workers is None
         if workers is None:
             workers = self._cluster_workers(cpus_per_task) or max(
                 1, usable_cores() // cpus_per_task)
         super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
                          gpu_sets=gpu_sets)
+        #: ``workers`` follows the cluster's CPUs, until someone sets it.
+        self.auto_workers = auto
         self.address = address
         self.ray_init_options = ray_init_options
-        self.gpus_per_task = len(gpu_sets[0]) if gpu_sets else 0
         #: worker id (as in ``run.results["worker"]``) -> Ray node id / process id.
         self.worker_nodes: dict[int, str] = {}
         self.worker_pids: dict[int, int] = {}
         self.started_ray = False
         self._calls: dict[Any, _Call] = {}
         self._payload: tuple[Any, Any, Any] | None = None
+        self._per_worker = 1
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    @workers.setter
+    def workers(self, value: int) -> None:
+        # Setting another count fixes it; setting the same one (mm.train
+        # hands a backend instance its own count back) leaves it automatic.
+        if getattr(self, "_workers", None) != value:
+            self.auto_workers = False
+        self._workers = value
+
+    @property
+    def gpus_per_task(self) -> int:
+        return len(self.gpu_sets[0]) if self.gpu_sets else 0
 
     @staticmethod
     def _cluster_workers(cpus_per_task: int) -> int | None:
@@ -297,8 +342,14 @@ class RayBackend(Backend):
         try:
             self._connect()
             if self.auto_workers:
-                self.workers = self._cluster_workers(self.cpus_per_task) or self.workers
-            self._check_resources(ray.cluster_resources())
+                self._workers = self._cluster_workers(self.cpus_per_task) or self._workers
+            resources = ray.cluster_resources()
+            self._check_resources(resources)
+            # Queue batches ahead only where Ray itself keeps to `workers` at once.
+            capped = self.workers * self.cpus_per_task >= resources.get("CPU", 0) or (
+                self.gpus_per_task
+                and self.workers * self.gpus_per_task >= resources.get("GPU", 0))
+            self._per_worker = _BATCHES_PER_WORKER if capped else 1
             self._run_id = uuid.uuid4().hex
             bare = replace(context, table=None, shared=None)
             self._payload = (
@@ -316,6 +367,7 @@ class RayBackend(Backend):
             raise
         self._calls = {}
         self._worker_ids: dict[tuple[str, int], int] = {}
+        self.worker_nodes, self.worker_pids = {}, {}
         self._unexplained_deaths = 0
 
     def _check_resources(self, resources: dict[str, float]) -> None:
@@ -352,7 +404,7 @@ class RayBackend(Backend):
     # -- the contract -------------------------------------------------------------
 
     def free_slots(self) -> int:
-        return max(0, self.workers * _BATCHES_PER_WORKER - len(self._calls))
+        return max(0, self.workers * self._per_worker - len(self._calls))
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
