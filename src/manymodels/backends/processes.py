@@ -105,7 +105,6 @@ class _Worker:
     ready: bool = False
     batches: deque[_Batch] = field(default_factory=deque)
     stats: psutil.Process | None = None
-    peak_rss: int = 0
 
 
 def _send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
@@ -207,7 +206,6 @@ class ProcessesBackend(Backend):
             raise
         self._unexplained_deaths = 0
         self._last_check = time.monotonic()
-        self.peak_rss = 0
 
     # -- workers -------------------------------------------------------------
 
@@ -389,7 +387,7 @@ class ProcessesBackend(Backend):
                             f"task ran longer than timeout={self.timeout:g}s; its worker "
                             "was killed"))
                         continue
-            if worker.stats is not None:
+            if self.memory_limit is not None and worker.stats is not None:
                 try:
                     info = worker.stats.memory_info()
                 except psutil.Error:
@@ -397,9 +395,7 @@ class ProcessesBackend(Backend):
                 # Pages mapped from the shared-memory data plane are counted
                 # once for the whole run, not against each worker.
                 private = info.rss - getattr(info, "shared", 0)
-                worker.peak_rss = max(worker.peak_rss, private)
-                self.peak_rss = max(self.peak_rss, private)
-                if self.memory_limit is not None and private > self.memory_limit:
+                if private > self.memory_limit:
                     events.extend(self._replace(
                         worker, "memory",
                         f"worker reached {format_bytes(private)}, over memory_limit="

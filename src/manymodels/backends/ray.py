@@ -83,7 +83,7 @@ from typing import Any
 import cloudpickle
 
 from .._resources import usable_cores
-from ..execution import Executor, RunContext, TaskRef
+from ..execution import Executor, RunContext, TaskRef, pickle_any
 from ._process_worker import dump_outcomes
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 
@@ -201,10 +201,7 @@ def _dump_tasks(tasks: list[TaskRef]) -> bytes:
     # Pickled here, unpickled after the worker has the driver's sys.path: an
     # item of a class from the user's own module must not fail in Ray's
     # argument deserialisation, before the worker can find that module.
-    try:
-        return pickle.dumps(tasks, protocol=5)
-    except Exception:
-        return cloudpickle.dumps(tasks, protocol=5)
+    return pickle_any(tasks)
 
 
 @dataclass

@@ -10,13 +10,11 @@ same transaction or earlier).
 from __future__ import annotations
 
 import json
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
+from ..execution import pickle_any
 from . import database
 
 COMMIT_EVERY_S = 1.0
@@ -28,13 +26,6 @@ def encode_key(parts: tuple) -> str:
 
 def _encode_metrics(metrics: dict | None) -> str | None:
     return json.dumps(metrics, default=repr) if metrics else None
-
-
-def _pickle_model(model: Any) -> bytes:
-    try:
-        return pickle.dumps(model, protocol=5)
-    except Exception:
-        return cloudpickle.dumps(model, protocol=5)
 
 
 @dataclass
@@ -127,7 +118,7 @@ class RunRecorder:
                 if records.status[index] == "ok" and model is not None:
                     try:
                         artifact, size = database.write_artifact(
-                            conn, self.store.path, _pickle_model(model))
+                            conn, self.store.path, pickle_any(model))
                     except Exception as exc:
                         error = f"the model could not be pickled into the store: {exc!r}"
                 rows.append((
