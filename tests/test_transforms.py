@@ -64,6 +64,27 @@ def test_map_partitions_equals_pandas(backend):
     pd.testing.assert_frame_equal(ours_odd, add_features(table))
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_map_partitions_of_a_pandas_frame_keep_its_index(start_method, no_leftovers):
+    rng = np.random.default_rng(5)
+    table = pd.DataFrame(rng.normal(size=(50_000, 6)), columns=[f"c{i}" for i in range(6)],
+                         index=pd.date_range("2020-01-01", periods=50_000, freq="min"))
+    table["tag"] = np.where(table["c3"] > 0, "up", "down")
+    ours = mm.map_partitions(add_features, table, partitions=6, start_method=start_method)
+    pd.testing.assert_frame_equal(ours, add_features(table))  # the outputs came back spilled
+    assert table.shape == (50_000, 7)  # the caller's frame is untouched
+
+
+def drop_negative(df):
+    return df[df["c0"] > 0]
+
+
+def test_map_partitions_output_may_change_the_row_count():
+    table = pd.DataFrame({"c0": np.linspace(-1, 1, 1001), "c1": np.arange(1001)})
+    ours = mm.map_partitions(drop_negative, table, partitions=4, workers=2)
+    pd.testing.assert_frame_equal(ours, drop_negative(table))
+
+
 def arrow_double(batch):
     import pyarrow.compute as pc
 

@@ -8,9 +8,16 @@ and every worker memory-maps it read-only:
 
 * the sorted group table, as an Arrow IPC file: a task is ``(offset, length)``
   and a worker slices the mapped table without copying;
-* ``shared=`` objects, pickled with protocol 5 and their large buffers (numpy
-  arrays, DataFrame blocks) stored out of band, so that a worker's arrays are
-  read-only views of the mapping, not copies.
+* ``shared=`` objects (and a pandas table that ``map_partitions`` slices),
+  pickled with protocol 5 and their large buffers (numpy arrays, DataFrame
+  blocks) stored out of band, so that a worker's arrays are read-only views of
+  the mapping, not copies;
+* on the way back, the large buffers of what ``fit`` returned (a transformed
+  partition, a forest's arrays): a worker writes them to a file once and sends
+  only the small pickle through its pipe; the driver maps the file
+  copy-on-write and unpickles the outcomes around the mapping
+  (:func:`dumps_spilling`, :func:`loads_spilled`), instead of pushing every
+  byte through a pipe and copying it four times.
 
 Files are named ``manymodels-<driver pid>-<run>-*``; a run removes its files
 when it ends, and the next run sweeps files left by drivers that died.
@@ -36,6 +43,8 @@ _PREFIX = "manymodels-"
 _ALIGN = 64
 _HEADER = struct.Struct("QQ")  # pickle length, offset of the buffer index
 _STALE = re.compile(r"^manymodels-(\d+)-")
+#: Buffers at least this large travel back from a worker in a file, not the pipe.
+SPILL_MIN_BYTES = 1 << 16
 
 
 def _shm_root(needed: int) -> Path:
@@ -62,7 +71,7 @@ def _pid_alive(pid: int) -> bool:
 def sweep_stale_files() -> int:
     """Remove run files left behind by drivers that are no longer alive."""
     removed = 0
-    for root in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
+    for root in _roots():
         try:
             entries = list(root.iterdir())
         except OSError:
@@ -97,25 +106,28 @@ class RunFiles:
             writer.write_table(table)
         return str(path)
 
-    def write_objects(self, obj: Any) -> str:
+    def write_objects(self, obj: Any, name: str = "shared") -> str:
         """Pickle ``obj`` with its large buffers out of band; see :func:`open_objects`."""
         buffers: list[pickle.PickleBuffer] = []
         body = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
-        path = self._new_path("shared.bin", len(body) + sum(r.nbytes for r in raws))
-        index = []
+        path = self._new_path(f"{name}.bin", len(body) + sum(r.nbytes for r in raws))
         with open(path, "wb") as out:
             out.write(b"\0" * _HEADER.size)
             out.write(body)
-            for raw in raws:
-                out.write(b"\0" * (-out.tell() % _ALIGN))
-                index.append((out.tell(), raw.nbytes))
-                out.write(raw)
+            index = _write_buffers(out, raws)
             index_offset = out.tell()
             out.write(pickle.dumps(index))
             out.seek(0)
             out.write(_HEADER.pack(len(body), index_offset))
         return str(path)
+
+    @property
+    def spill_prefix(self) -> str:
+        """Where workers put their spill files (:func:`dumps_spilling`):
+        named after this run, so that :meth:`cleanup` and the stale sweep find
+        the files of a worker that died before the driver read them."""
+        return self.tag
 
     def write_bytes(self, name: str, data: bytes) -> str:
         path = self._new_path(name, len(data))
@@ -129,12 +141,79 @@ class RunFiles:
         return str(path)
 
     def cleanup(self) -> None:
-        for path in self.paths:
+        leftovers = [path for root in _roots() for path in root.glob(f"{self.tag}-*")]
+        for path in [*self.paths, *leftovers]:
             try:
                 path.unlink()
             except FileNotFoundError:
                 pass
         self.paths.clear()
+
+
+def _roots() -> set[Path]:
+    return {Path("/dev/shm"), Path(tempfile.gettempdir())}
+
+
+def _write_buffers(out: Any, raws: list[memoryview]) -> list[tuple[int, int]]:
+    """Write ``raws`` to ``out``, each 64-byte aligned; return (offset, length) of each."""
+    index = []
+    for raw in raws:
+        out.write(b"\0" * (-out.tell() % _ALIGN))
+        index.append((out.tell(), raw.nbytes))
+        out.write(raw)
+    return index
+
+
+Spill = tuple[str, list[tuple[int, int]]]
+
+
+def dumps_spilling(obj: Any, dumps: Any, spill_prefix: str | None,
+                   counter: list[int]) -> tuple[bytes, Spill | None]:
+    """Pickle ``obj`` with ``dumps`` (``pickle.dumps`` or ``cloudpickle.dumps``);
+    buffers of :data:`SPILL_MIN_BYTES` or more go to a new file named after
+    ``spill_prefix`` rather than into the pickle. Returns the pickle and
+    ``(path, [(offset, length), ...])`` of the file, or ``None`` when nothing
+    was large enough (most models: a few coefficients)."""
+    if spill_prefix is None:
+        return dumps(obj, protocol=5), None
+    large: list[pickle.PickleBuffer] = []
+
+    def route(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < SPILL_MIN_BYTES:
+            return True  # a true value keeps the buffer in band
+        large.append(buffer)
+        return False
+
+    body = dumps(obj, protocol=5, buffer_callback=route)
+    if not large:
+        return body, None
+    raws = [buffer.raw() for buffer in large]
+    counter[0] += 1
+    name = f"{spill_prefix}-out-{os.getpid()}-{counter[0]}"
+    path = _shm_root(sum(raw.nbytes for raw in raws)) / name
+    try:
+        with open(path, "wb") as out:
+            index = _write_buffers(out, raws)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return body, (str(path), index)
+
+
+def loads_spilled(body: bytes, spill: Spill | None) -> Any:
+    """Unpickle what :func:`dumps_spilling` made and remove its file. The
+    arrays become views of a private copy-on-write mapping of the file: no
+    copy, and writable like any unpickled array."""
+    if spill is None:
+        return pickle.loads(body)
+    path, index = spill
+    try:
+        with open(path, "rb") as handle:
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    finally:
+        os.unlink(path)
+    view = memoryview(mapping)
+    return pickle.loads(body, buffers=[view[offset:offset + length] for offset, length in index])
 
 
 def open_table(path: str) -> pa.Table:

@@ -114,7 +114,8 @@ class Executor:
         the span once and hand each task a slice of it.
         """
         self._span = None
-        if self.kind != "groups" or self.format != "pandas" or len(tasks) < 2:
+        if (self.kind != "groups" or self.format != "pandas" or len(tasks) < 2
+                or hasattr(self.table, "iloc")):
             return
         first = min(task[1][0] for task in tasks)
         end = max(task[1][0] + task[1][1] for task in tasks)
@@ -133,6 +134,8 @@ class Executor:
 
     def _group_materializer(self) -> Callable[[Any], Any]:
         table, fmt = self.table, self.format
+        if hasattr(table, "iloc"):  # map_partitions over a pandas frame: views of it
+            return lambda ref: table.iloc[ref[0]:ref[0] + ref[1]]
         if fmt == "arrow":
             return lambda ref: table.slice(ref[0], ref[1])
         if fmt == "pandas":

@@ -246,8 +246,13 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[list[tupl
     if plan.kind == "groups":
         import pandas as pd
 
-        rows = pd.util.hash_pandas_object(plan.table.to_pandas(), index=False).to_numpy()
-        raw, schema = rows.tobytes(), digest(str(plan.table.schema))
+        if isinstance(plan.table, pd.DataFrame):  # map_partitions keeps the index
+            rows = pd.util.hash_pandas_object(plan.table, index=True).to_numpy()
+            schema = digest(str(plan.table.dtypes.to_dict()), str(list(plan.table.columns)))
+        else:
+            rows = pd.util.hash_pandas_object(plan.table.to_pandas(), index=False).to_numpy()
+            schema = digest(str(plan.table.schema))
+        raw = rows.tobytes()
         cache: dict[tuple[int, int], str] = {}
         data_parts = []
         for task in plan.tasks:

@@ -45,7 +45,7 @@ class Plan:
     tasks: list[Task]
     key_columns: list[str]
     param_columns: list[str]
-    table: pa.Table | None = None  # the sorted table of a group source
+    table: Any = None  # the sorted pyarrow Table of a group source; map_partitions' table
     format: str = "pandas"
     key_rows: list[tuple] = field(default_factory=list)  # key column values per task
 
@@ -88,8 +88,10 @@ def group_layout(source: GroupSource) -> GroupLayout:
 
 def partition_layout(source: PartitionSource) -> GroupLayout:
     """Split a table into ``source.partitions`` runs of rows of near-equal size."""
-    table = source.table.combine_chunks()
-    bounds = np.linspace(0, table.num_rows, source.partitions + 1).astype(np.int64)
+    table = source.table
+    if isinstance(table, pa.Table):
+        table = table.combine_chunks()
+    bounds = np.linspace(0, source.num_rows, source.partitions + 1).astype(np.int64)
     offsets, lengths = bounds[:-1], np.diff(bounds)
     return GroupLayout(table, offsets, lengths, [(i,) for i in range(len(offsets))])
 

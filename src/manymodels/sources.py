@@ -14,6 +14,7 @@ The planner (:mod:`manymodels.planning`) turns a source into tasks.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -92,19 +93,33 @@ class PartitionSource(Source):
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
-        self.table: pa.Table = read_table(table)
-        if self.table.num_rows == 0:
+        if format == "pandas" and _is_pandas_frame(table):
+            # Kept as it is: partitions are views of it, and under fork the
+            # workers share it without a copy or a conversion.
+            self.table: Any = table
+        else:
+            self.table = read_table(table)
+        if self.num_rows == 0:
             raise ValueError("the table is empty: there is nothing to transform")
-        self.partitions = min(partitions, self.table.num_rows)
+        self.partitions = min(partitions, self.num_rows)
         self.format = format
         self.cost = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.table) if _is_pandas_frame(self.table) else self.table.num_rows
 
     @property
     def key_columns(self) -> list[str]:
         return ["partition"]
 
     def __repr__(self) -> str:
-        return f"partitions({self.table.num_rows} rows, {self.partitions})"
+        return f"partitions({self.num_rows} rows, {self.partitions})"
+
+
+def _is_pandas_frame(table: Any) -> bool:
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(table, pandas.DataFrame)
 
 
 def _default_item_key(item: Any, position: int) -> Hashable:

@@ -15,8 +15,9 @@ from .results import Run
 from .sources import GroupSource, PartitionSource, ProductSource
 
 
-def _concat(parts: list[Any], what: str) -> Any:
-    """Concatenate the outputs in order, keeping their kind of table."""
+def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
+    """Concatenate the outputs in order, keeping their kind of table (and,
+    with ``keep_index``, pandas' row labels)."""
     if not parts:
         return pd.DataFrame()
     first = parts[0]
@@ -39,7 +40,7 @@ def _concat(parts: list[Any], what: str) -> Any:
                                 f"{type(part).__name__}")
             part = part.to_pandas()
         frames.append(part)
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=not keep_index)
 
 
 def _ok_outputs(run: Run, errors: str, what: str) -> list[tuple[tuple, Any]]:
@@ -112,10 +113,12 @@ def map_partitions(
 
     The table is shared with the workers once (zero-copy); each task is an
     ``(offset, length)`` slice, handed to ``fn`` as ``format`` (``"pandas"``,
-    ``"arrow"``, ``"polars"`` or ``"numpy"``). ``partitions`` defaults to four
-    per worker. ``fn`` may return a pandas, polars or Arrow table (or a
-    Series); the result is of the same kind. Other keywords go to
-    :func:`train`.
+    ``"arrow"``, ``"polars"`` or ``"numpy"``). A pandas table handed to a
+    pandas ``fn`` stays pandas: each partition is a view of its rows (index
+    included; ``fn`` must not modify it in place), and the result keeps the
+    row labels ``fn`` returns. ``partitions`` defaults to four per worker.
+    ``fn`` may return a pandas, polars or Arrow table (or a Series); the
+    result is of the same kind. Other keywords go to :func:`train`.
     """
     _check_errors(errors)
     if partitions is None:
@@ -125,4 +128,4 @@ def map_partitions(
     options.setdefault("progress", False)
     run = train(fn, source, **options)
     return _concat([output for _, output in _ok_outputs(run, errors, "map_partitions")],
-                   "map_partitions")
+                   "map_partitions", keep_index=isinstance(source.table, pd.DataFrame))

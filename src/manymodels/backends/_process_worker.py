@@ -1,7 +1,7 @@
 """The body of a worker process of the processes backend.
 
 A worker is either spawned, as ``python -m manymodels.backends._spawn_main
-RX TX SLOTS SLOT CONTEXT`` with BLAS/OpenMP thread limits already in its
+RX TX SLOTS SLOT CONTEXT SPILL`` with BLAS/OpenMP thread limits already in its
 environment (so they hold from the first import of NumPy), or forked from the
 driver (:func:`forked_main`). Either way it reads batches from pipe ``RX``,
 writes outcomes to pipe ``TX``, and records the task it is running in its slot
@@ -12,7 +12,10 @@ Messages (pickled tuples)::
 
     driver -> worker   ("batch", batch_id, [(index, data_ref, params), ...]) | ("stop",)
     worker -> driver   ("ready", pid) | ("fatal", traceback)
-                       ("part" | "done", batch_id, outcomes_pickle, busy_s)
+                       ("part" | "done", batch_id, outcomes_pickle, busy_s, spill)
+
+``spill`` names the file holding the outcomes' large buffers, or is ``None``
+(see :func:`manymodels.dataplane.dumps_spilling`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from manymodels.backends._protocol import SLOT
+from manymodels.dataplane import Spill, dumps_spilling
 
 _FLUSH_EVERY_S = 0.25
 
@@ -41,10 +45,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def dump_outcomes(outcomes: list) -> bytes:
-    """Pickle outcomes; a model that cannot be pickled fails its own task only."""
+def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
+                  counter: list[int] | None = None) -> tuple[bytes, Spill | None]:
+    """Pickle outcomes, their large buffers spilled to a file when
+    ``spill_prefix`` is given (see :func:`dataplane.dumps_spilling`); a model
+    that cannot be pickled fails its own task only."""
+    counter = counter if counter is not None else [0]
     try:
-        return pickle.dumps(outcomes, protocol=5)
+        return dumps_spilling(outcomes, pickle.dumps, spill_prefix, counter)
     except Exception:
         pass
     import cloudpickle
@@ -59,13 +67,19 @@ def dump_outcomes(outcomes: list) -> bytes:
             safe.append((index, "failed", None, {}, duration, started_at,
                          "the value returned by fit cannot be pickled to send it back "
                          f"to the driver: {exc!r}", False))
-    return cloudpickle.dumps(safe, protocol=5)
+    return dumps_spilling(safe, cloudpickle.dumps, spill_prefix, counter)
 
 
-def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any]) -> int:
+def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any],
+           spill_prefix: str) -> int:
     """Build the executor with ``load()``, report ready, then run batches until
     told to stop or until the driver goes away."""
     slot_offset = slot * SLOT.size
+    spilled = [0]
+
+    def send(kind: str, batch_id: int, outcomes: list, busy_s: float) -> None:
+        payload, spill = dump_outcomes(outcomes, spill_prefix, spilled)
+        tx.send((kind, batch_id, payload, busy_s, spill))
 
     def mark(index: int) -> None:
         SLOT.pack_into(slots, slot_offset, index, time.time())
@@ -93,10 +107,10 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
             outcomes.append(executor.run_one(task))
             now = time.perf_counter()
             if now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
-                tx.send(("part", batch_id, dump_outcomes(outcomes), now - begin))
+                send("part", batch_id, outcomes, now - begin)
                 outcomes, begin, last_flush = [], now, now
         mark(-1)
-        tx.send(("done", batch_id, dump_outcomes(outcomes), time.perf_counter() - begin))
+        send("done", batch_id, outcomes, time.perf_counter() - begin)
 
 
 def main(argv: list[str]) -> int:
@@ -122,15 +136,18 @@ def main(argv: list[str]) -> int:
 
         context = cloudpickle.loads(context_bytes)
         threadpool_limits(limits=context.cpus_per_task)
-        table = dataplane.open_table(context.table) if isinstance(context.table, str) else None
+        table = None
+        if isinstance(context.table, str):
+            table = (dataplane.open_table(context.table) if context.table.endswith(".arrow")
+                     else dataplane.open_objects(context.table))
         shared = dataplane.open_objects(context.shared) if isinstance(context.shared, str) else None
         return Executor(context, table=table, shared=shared)
 
-    return _serve(rx, tx, slots, int(argv[4]), load)
+    return _serve(rx, tx, slots, int(argv[4]), load, spill_prefix=argv[6])
 
 
 def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
-                environment: dict[str, str]) -> int:
+                environment: dict[str, str], spill_prefix: str) -> int:
     """A forked worker: it shares the driver's memory (the table and the shared
     objects, copy-on-write), so it loads nothing; it only limits its threads."""
     _die_with_parent()
@@ -146,5 +163,5 @@ def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
         threadpool_limits(limits=context.cpus_per_task)
         return Executor(context)
 
-    return _serve(rx, tx, slots, slot, load)
+    return _serve(rx, tx, slots, slot, load, spill_prefix)
 

@@ -34,6 +34,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 import cloudpickle
 import psutil
@@ -185,8 +186,7 @@ class ProcessesBackend(Backend):
             if self.start_method == "spawn":
                 remote = replace(
                     context,
-                    table=(self._files.write_table(context.table)
-                           if context.table is not None else None),
+                    table=self._write_table(context.table),
                     shared=self._files.write_objects(context.shared) if context.shared else None,
                 )
                 self._context_path = self._files.write_bytes(
@@ -207,6 +207,13 @@ class ProcessesBackend(Backend):
         self._unexplained_deaths = 0
         self._last_check = time.monotonic()
 
+    def _write_table(self, table: Any) -> str | None:
+        if table is None:
+            return None
+        if hasattr(table, "iloc"):  # a pandas frame that map_partitions slices
+            return self._files.write_objects(table, name="table")
+        return self._files.write_table(table)
+
     # -- workers -------------------------------------------------------------
 
     def _spawn(self, slot: int) -> _Worker:
@@ -223,7 +230,7 @@ class ProcessesBackend(Backend):
                 process = subprocess.Popen(
                     [sys.executable, "-m", "manymodels.backends._spawn_main",
                      str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
-                     self._context_path],
+                     self._context_path, self._files.spill_prefix],
                     pass_fds=(to_worker_r, from_worker_w),
                     env={**self._env, **env},
                     stdin=subprocess.DEVNULL,
@@ -271,7 +278,8 @@ class ProcessesBackend(Backend):
                     os.close(fd)
             code = forked_main(Connection(rx_fd, writable=False),
                                Connection(tx_fd, readable=False),
-                               self._slots, slot, self._context, env)
+                               self._slots, slot, self._context, env,
+                               self._files.spill_prefix)
         except BaseException:
             with contextlib.suppress(Exception):
                 traceback.print_exc()
@@ -359,8 +367,8 @@ class ProcessesBackend(Backend):
                 "setup=, failed (is fit importable in a fresh interpreter? otherwise try "
                 f"backend='threads'):\n{message[1]}"
             )
-        _, batch_id, payload, busy = message
-        outcomes = pickle.loads(payload)
+        _, batch_id, payload, busy, spill = message
+        outcomes = dataplane.loads_spilled(payload, spill)
         batch = worker.batches[0]
         for outcome in outcomes:
             batch.pending.pop(outcome[0], None)

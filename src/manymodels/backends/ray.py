@@ -73,126 +73,24 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import uuid
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
 
 from .._resources import usable_cores
-from ..execution import Executor, RunContext, TaskRef, pickle_any
-from ._process_worker import dump_outcomes
+from ..execution import RunContext, TaskRef, pickle_any
+from ._ray_worker import remote_function
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 
 _BATCHES_PER_WORKER = 2
-_FLUSH_EVERY_S = 0.25
 _STOP_GRACE_S = 1.0
 #: Deaths of Ray workers that no task can be blamed for (before their first
 #: task) tolerated, beyond one per Ray task in flight, before the backend
 #: gives up, as the processes backend does.
 _MAX_UNEXPLAINED_DEATHS = 5
-
-# -- inside a Ray worker process -------------------------------------------------
-
-#: run id -> the Executor of that run in this worker process. A Ray worker runs
-#: one task at a time and serves one job, so only the latest run is kept: an
-#: older run's table and shared objects are released when a new run arrives.
-_EXECUTORS: dict[str, Executor] = {}
-
-
-def _load_executor(run_id: str, payload: tuple[Any, Any, Any]) -> Executor:
-    """The run's Executor in this worker process, built on first use."""
-    executor = _EXECUTORS.get(run_id)
-    if executor is not None:
-        return executor
-    import ray
-
-    _EXECUTORS.clear()
-    context_ref, table_ref, shared_ref = payload
-    driver_path, context_bytes = ray.get(context_ref)
-    # fit's module may live where only the driver's sys.path finds it (a test
-    # directory, a notebook's folder); the same paths exist on a local node.
-    sys.path.extend(entry for entry in driver_path if entry not in sys.path)
-    context = cloudpickle.loads(context_bytes)
-    table = ray.get(table_ref) if table_ref is not None else None
-    shared = ray.get(shared_ref) if shared_ref is not None else None
-    executor = Executor(context, table=table, shared=shared)
-    _EXECUTORS[run_id] = executor
-    return executor
-
-
-_CONTROLLER: list[Any] = [0, None]  # [len(sys.modules) when built, ThreadpoolController]
-
-
-def _thread_limiter() -> Any:
-    """This process's threadpoolctl controller. Finding the BLAS/OpenMP
-    libraries costs milliseconds, limiting them microseconds: the controller
-    is built again only when modules were imported since (a new library)."""
-    if _CONTROLLER[1] is None or _CONTROLLER[0] != len(sys.modules):
-        from threadpoolctl import ThreadpoolController
-
-        _CONTROLLER[:] = [len(sys.modules), ThreadpoolController()]
-    return _CONTROLLER[1]
-
-
-def _run_batch(
-    run_id: str,
-    payload: tuple[Any, Any, Any],
-    tasks_blob: bytes,
-    cpus_per_task: int,
-    marked: bool,
-) -> Iterator[tuple]:
-    """The Ray task (a streaming generator): run one batch, yield what happens.
-
-    Yields ``("start", node_id, pid)``, then either ``("fatal", traceback)``
-    (the run cannot be loaded here) or outcome messages: ``("run", index,
-    outcomes_or_None, busy_s)`` before each task in marked mode, ``("part",
-    outcomes, busy_s)`` every 0.25 s otherwise, and finally ``("done",
-    outcomes, busy_s)``; outcomes travel pickled (:func:`dump_outcomes`).
-    """
-    import ray
-
-    yield ("start", ray.get_runtime_context().get_node_id(), os.getpid())
-    try:
-        executor = _load_executor(run_id, payload)
-        tasks: list[TaskRef] = pickle.loads(tasks_blob)
-    except BaseException:
-        yield ("fatal", traceback.format_exc())
-        return
-    # BLAS/OpenMP pools are per process; restored after the batch, so the
-    # limit never leaks into other Ray tasks this worker may run.
-    with _thread_limiter().limit(limits=cpus_per_task):
-        begin = last_flush = time.perf_counter()
-        executor.begin_batch(tasks)
-        outcomes: list = []
-        for position, task in enumerate(tasks):
-            if marked:
-                now = time.perf_counter()
-                yield ("run", task[0], dump_outcomes(outcomes) if outcomes else None,
-                       now - begin)
-                outcomes, begin = [], now
-            outcomes.append(executor.run_one(task))
-            now = time.perf_counter()
-            if not marked and now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
-                yield ("part", dump_outcomes(outcomes), now - begin)
-                outcomes, begin, last_flush = [], now, now
-        yield ("done", dump_outcomes(outcomes), time.perf_counter() - begin)
-
-
-_REMOTE: Any = None
-
-
-def _remote_function() -> Any:
-    global _REMOTE
-    if _REMOTE is None:
-        import ray
-
-        _REMOTE = ray.remote(num_returns="streaming", max_retries=0)(_run_batch)
-    return _REMOTE
-
 
 # -- in the driver ---------------------------------------------------------------
 
@@ -358,7 +256,7 @@ class RayBackend(Backend):
                                        "num_gpus": self.gpus_per_task}
             if self.memory_limit is not None:
                 options["memory"] = int(self.memory_limit)
-            self._remote = _remote_function().options(**options)
+            self._remote = remote_function().options(**options)
         except BaseException:
             self.stop(force=True)
             raise

@@ -1,0 +1,121 @@
+"""The body of a Ray task of the Ray backend (see :mod:`.ray` for the design).
+
+Each Ray task runs one batch with :func:`_run_batch`, a streaming generator:
+the run (context, table, shared objects) is resolved from the object store
+once per Ray worker process and cached, the BLAS/OpenMP limits hold for the
+batch only, and what happens is yielded as messages that let the driver pin a
+crash or a timeout on one task.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+
+from ..execution import Executor, TaskRef
+from ._process_worker import dump_outcomes
+
+_FLUSH_EVERY_S = 0.25
+
+#: run id -> the Executor of that run in this worker process. A Ray worker runs
+#: one task at a time and serves one job, so only the latest run is kept: an
+#: older run's table and shared objects are released when a new run arrives.
+_EXECUTORS: dict[str, Executor] = {}
+
+
+def _load_executor(run_id: str, payload: tuple[Any, Any, Any]) -> Executor:
+    """The run's Executor in this worker process, built on first use."""
+    executor = _EXECUTORS.get(run_id)
+    if executor is not None:
+        return executor
+    import ray
+
+    _EXECUTORS.clear()
+    context_ref, table_ref, shared_ref = payload
+    driver_path, context_bytes = ray.get(context_ref)
+    # fit's module may live where only the driver's sys.path finds it (a test
+    # directory, a notebook's folder); the same paths exist on a local node.
+    sys.path.extend(entry for entry in driver_path if entry not in sys.path)
+    context = cloudpickle.loads(context_bytes)
+    table = ray.get(table_ref) if table_ref is not None else None
+    shared = ray.get(shared_ref) if shared_ref is not None else None
+    executor = Executor(context, table=table, shared=shared)
+    _EXECUTORS[run_id] = executor
+    return executor
+
+
+_CONTROLLER: list[Any] = [0, None]  # [len(sys.modules) when built, ThreadpoolController]
+
+
+def _thread_limiter() -> Any:
+    """This process's threadpoolctl controller. Finding the BLAS/OpenMP
+    libraries costs milliseconds, limiting them microseconds: the controller
+    is built again only when modules were imported since (a new library)."""
+    if _CONTROLLER[1] is None or _CONTROLLER[0] != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER[:] = [len(sys.modules), ThreadpoolController()]
+    return _CONTROLLER[1]
+
+
+def _run_batch(
+    run_id: str,
+    payload: tuple[Any, Any, Any],
+    tasks_blob: bytes,
+    cpus_per_task: int,
+    marked: bool,
+) -> Iterator[tuple]:
+    """The Ray task (a streaming generator): run one batch, yield what happens.
+
+    Yields ``("start", node_id, pid)``, then either ``("fatal", traceback)``
+    (the run cannot be loaded here) or outcome messages: ``("run", index,
+    outcomes_or_None, busy_s)`` before each task in marked mode, ``("part",
+    outcomes, busy_s)`` every 0.25 s otherwise, and finally ``("done",
+    outcomes, busy_s)``; outcomes travel pickled (:func:`dump_outcomes`).
+    """
+    import ray
+
+    yield ("start", ray.get_runtime_context().get_node_id(), os.getpid())
+    try:
+        executor = _load_executor(run_id, payload)
+        tasks: list[TaskRef] = pickle.loads(tasks_blob)
+    except BaseException:
+        yield ("fatal", traceback.format_exc())
+        return
+    # BLAS/OpenMP pools are per process; restored after the batch, so the
+    # limit never leaks into other Ray tasks this worker may run.
+    with _thread_limiter().limit(limits=cpus_per_task):
+        begin = last_flush = time.perf_counter()
+        executor.begin_batch(tasks)
+        outcomes: list = []
+        for position, task in enumerate(tasks):
+            if marked:
+                now = time.perf_counter()
+                yield ("run", task[0], dump_outcomes(outcomes)[0] if outcomes else None,
+                       now - begin)
+                outcomes, begin = [], now
+            outcomes.append(executor.run_one(task))
+            now = time.perf_counter()
+            if not marked and now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
+                yield ("part", dump_outcomes(outcomes)[0], now - begin)
+                outcomes, begin, last_flush = [], now, now
+        yield ("done", dump_outcomes(outcomes)[0], time.perf_counter() - begin)
+
+
+_REMOTE: Any = None
+
+
+def remote_function() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(num_returns="streaming", max_retries=0)(_run_batch)
+    return _REMOTE

@@ -1,0 +1,56 @@
+"""The data plane's way back: large results travel in files, not pipes."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import manymodels as mm
+from conftest import BACKENDS, shm_files
+from manymodels import dataplane
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def big_model(seed):
+    rng = np.random.default_rng(seed)
+    # a model with one large array (spilled) and small parts (kept in the pickle)
+    return [rng.normal(size=(300, 200)), np.float64(seed), [seed]], {"seed": seed}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_models_come_back_equal_and_writable(backend):
+    run = mm.train(big_model, mm.grid(seed=list(range(12))), backend=backend, workers=2,
+                   progress=False)
+    assert run.failed.empty and len(run.models) == 12
+    for seed, model in run.models.items():
+        weights, bias, small = model
+        np.testing.assert_array_equal(weights, big_model(seed)[0][0])
+        assert bias == seed and small == [seed]
+        weights[0, 0] = 1.0  # a private copy-on-write mapping: writable
+    assert not shm_files()  # every spill file was removed once read
+
+
+def test_spilled_buffers_round_trip_and_small_ones_stay_in_band():
+    obj = {"large": np.arange(50_000, dtype=np.int64), "tiny": np.arange(3)}
+    body, spill = dataplane.dumps_spilling(obj, pickle.dumps, f"manymodels-{os.getpid()}-test", [0])
+    assert spill is not None and len(spill[1]) == 1  # only the large array left the pickle
+    assert len(body) < 1_000
+    back = dataplane.loads_spilled(body, spill)
+    np.testing.assert_array_equal(back["large"], obj["large"])
+    np.testing.assert_array_equal(back["tiny"], obj["tiny"])
+    assert not shm_files()
+    assert dataplane.dumps_spilling({"tiny": np.arange(3)}, pickle.dumps,
+                                    f"manymodels-{os.getpid()}-test", [0])[1] is None
+
+
+def test_cleanup_removes_spill_files_nobody_read():
+    files = dataplane.RunFiles()
+    body, spill = dataplane.dumps_spilling(np.zeros(100_000), pickle.dumps,
+                                           files.spill_prefix, [0])
+    assert spill is not None and shm_files()  # as a worker killed before sending leaves it
+    files.cleanup()
+    assert not shm_files()
