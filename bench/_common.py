@@ -86,32 +86,40 @@ def machine_info() -> dict[str, Any]:
 _EXCLUDED_ROOTS: set[int] = set()
 
 
+#: PSS is read every this many RSS samples (reading it costs ~0.5 ms a process).
+PSS_EVERY = 4
+
+
 class PeakRSS:
     """Context manager: a background thread sums the RSS of this process and all
     its descendants every ``interval`` seconds and keeps the peak.
 
     Shared pages (``/dev/shm`` mappings, Ray's object store, pages shared after a
-    fork) count once per process that touches them, as RSS always does.
+    fork) count once per process that touches them, as RSS always does. So the
+    tree's PSS (proportional set size: a page shared by n processes counts 1/n
+    in each) is summed too, every :data:`PSS_EVERY` samples: the memory the
+    tree really holds, which summed RSS overstates for tools that share.
     """
 
     def __init__(self, *, include_excluded: bool = False, interval: float = RSS_INTERVAL_S):
         self.include_excluded = include_excluded
         self.interval = interval
         self.peak = 0
+        self.peak_pss = 0
         self.start = 0
         self.samples = 0
         self._procs: dict[int, psutil.Process] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="peak-rss", daemon=True)
 
-    def _tree_rss(self) -> int:
+    def _tree_rss(self, with_pss: bool = False) -> tuple[int, int]:
         children: dict[int, list[int]] = defaultdict(list)
         for proc in psutil.process_iter(["ppid"]):
             ppid = proc.info.get("ppid")
             if ppid is not None:
                 children[ppid].append(proc.pid)
         me = os.getpid()
-        total, stack, seen = 0, [me], set()
+        total, pss, stack, seen = 0, 0, [me], set()
         while stack:
             pid = stack.pop()
             if pid in seen:
@@ -123,20 +131,26 @@ class PeakRSS:
             try:
                 if proc is None:
                     proc = self._procs[pid] = psutil.Process(pid)
-                total += proc.memory_info().rss
+                if with_pss:
+                    info = proc.memory_full_info()
+                    pss += getattr(info, "pss", 0)
+                else:
+                    info = proc.memory_info()
+                total += info.rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 self._procs.pop(pid, None)
                 continue
             stack.extend(children.get(pid, ()))
-        return total
+        return total, pss
 
     def _sample(self) -> None:
         try:
-            rss = self._tree_rss()
+            rss, pss = self._tree_rss(with_pss=self.samples % PSS_EVERY == 0)
         except Exception:  # a process vanished mid-scan: skip this sample
             return
         self.samples += 1
         self.peak = max(self.peak, rss)
+        self.peak_pss = max(self.peak_pss, pss)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -156,6 +170,10 @@ class PeakRSS:
     @property
     def peak_mb(self) -> float:
         return self.peak / 2**20
+
+    @property
+    def peak_pss_mb(self) -> float:
+        return self.peak_pss / 2**20
 
     @property
     def start_mb(self) -> float:
@@ -252,6 +270,9 @@ class Tool:
     fn: Callable[[], Any]
     result: Callable[[Any], Any] = lambda value: value
     uses_ray: bool = False
+    #: leaves imports, threads or worker pools in this process (joblib's loky,
+    #: Dask) that a tool run after it would pay for: such tools run late
+    leaves_state: bool = False
     note: str = ""
     skip: str | None = None
     after: Callable[[], None] | None = None  # clean-up after the row, not timed
@@ -293,8 +314,21 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _measure(tool: Tool) -> tuple[Any, float, PeakRSS]:
+def _release_freed_memory() -> None:
+    """Give memory freed by earlier rows back to the OS (glibc keeps freed heap
+    pages), so that the driver each tool forks from starts as small as the
+    previous rows allow: forked workers count the driver's pages in their RSS."""
     gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _measure(tool: Tool) -> tuple[Any, float, PeakRSS]:
+    _release_freed_memory()
     with PeakRSS(include_excluded=tool.uses_ray) as rss:
         start = time.perf_counter()
         value = tool.fn()
@@ -312,11 +346,15 @@ def run_case(case: Case) -> dict[str, Any]:
 
     # Ray's tools run last: once ray.init has started its threads in this
     # process, no tool after it runs in the clean process a user's script has.
-    peers = sorted(case.peers, key=lambda tool: tool.uses_ray)
+    # Before them, tools that leave state behind (joblib, Dask) run after the
+    # others, so that a forked worker (which counts the driver's pages in its
+    # RSS) starts from the same driver for every tool it can.
+    peers = sorted(case.peers, key=lambda tool: (tool.uses_ray, tool.leaves_state))
     for position, tool in enumerate([case.serial, *peers]):
         row: dict[str, Any] = {
             "tool": tool.name, "status": "ok", "wall_s": None, "ratio_to_serial": None,
-            "ratio_to_physical_limit": None, "peak_rss_mb": None, "start_rss_mb": None,
+            "ratio_to_physical_limit": None, "peak_rss_mb": None, "peak_pss_mb": None,
+            "start_rss_mb": None,
         }
         if case.rate:
             row["tasks_per_s"] = None
@@ -340,6 +378,7 @@ def run_case(case: Case) -> dict[str, Any]:
                     pass
         row["wall_s"] = wall
         row["peak_rss_mb"] = rss.peak_mb
+        row["peak_pss_mb"] = rss.peak_pss_mb
         row["start_rss_mb"] = rss.start_mb
         if case.rate:
             row["tasks_per_s"] = case.tasks / wall if wall > 0 else None
@@ -392,7 +431,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def print_case(case: dict[str, Any]) -> None:
     rate = any("tasks_per_s" in row for row in case["rows"])
-    header = ["tool", "wall s", "x serial", "x limit", "peak RSS MB"]
+    header = ["tool", "wall s", "x serial", "x limit", "peak RSS MB", "peak PSS MB"]
     if rate:
         header.append("tasks/s")
     header.append("status")
@@ -404,6 +443,7 @@ def print_case(case: dict[str, Any]) -> None:
             _fmt(row["ratio_to_serial"], ".2f"),
             _fmt(row["ratio_to_physical_limit"], ".2f"),
             _fmt(row["peak_rss_mb"], ".0f"),
+            _fmt(row.get("peak_pss_mb"), ".0f"),
         ]
         if rate:
             cells.append(_fmt(row.get("tasks_per_s"), ",.0f"))

@@ -172,7 +172,7 @@ def run(quick: bool) -> dict:
                     c.Tool("multiprocessing.Pool.map", partial(with_pool, path),
                            result=from_models),
                     c.Tool("joblib Parallel(n_jobs=-1)", partial(with_joblib, path),
-                           result=from_models, after=c.shutdown_loky),
+                           result=from_models, after=c.shutdown_loky, leaves_state=True),
                     c.Tool("ray.util.multiprocessing.Pool", partial(with_ray_pool, path),
                            result=from_models, uses_ray=True),
                     c.Tool("ray.data groupby().map_groups()", partial(with_ray_data, path),

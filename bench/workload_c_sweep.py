@@ -100,7 +100,7 @@ def run(quick: bool) -> dict:
             c.Tool("multiprocessing.Pool.map", partial(with_pool, *args), result=predict,
                    note="partial(fit, X=X, y=y)"),
             c.Tool("joblib Parallel(n_jobs=-1)", partial(with_joblib, *args), result=predict,
-                   after=c.shutdown_loky),
+                   after=c.shutdown_loky, leaves_state=True),
             c.Tool("ray.util.multiprocessing.Pool", partial(with_ray_pool, *args),
                    result=predict, uses_ray=True, note="partial(fit, X=X, y=y)"),
             c.Tool("manymodels mm.train", partial(with_manymodels, *args),

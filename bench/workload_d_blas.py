@@ -110,7 +110,7 @@ def run(quick: bool) -> dict:
             c.Tool("Pool + threadpoolctl(1)", partial(with_pool_one_thread, *args),
                    note="1 BLAS thread per worker, by hand"),
             c.Tool("joblib Parallel(n_jobs=-1)", partial(with_joblib, *args),
-                   after=c.shutdown_loky),
+                   after=c.shutdown_loky, leaves_state=True),
             c.Tool("ray.util.multiprocessing.Pool", partial(with_ray_pool, *args),
                    uses_ray=True),
             c.Tool("manymodels mm.train", partial(with_manymodels, *args), result=from_run,

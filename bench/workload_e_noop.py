@@ -78,7 +78,7 @@ def run(quick: bool) -> dict:
             c.Tool("multiprocessing.Pool.map", partial(with_pool, n), result=from_list,
                    note="default chunksize"),
             c.Tool("joblib Parallel(n_jobs=-1)", partial(with_joblib, n), result=from_list,
-                   after=c.shutdown_loky, note="auto batching"),
+                   after=c.shutdown_loky, leaves_state=True, note="auto batching"),
             c.Tool("ray.util.multiprocessing.Pool", partial(with_ray_pool, n),
                    result=from_list, uses_ray=True),
             c.Tool("manymodels mm.train", partial(with_manymodels, n), result=from_run,
