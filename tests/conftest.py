@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,12 @@ BACKENDS = ["serial", "threads", "processes"]
 
 
 def shm_files() -> set[str]:
-    """Run files of this test process under /dev/shm."""
-    root = Path("/dev/shm")
-    if not root.is_dir():
-        return set()
-    return {p.name for p in root.iterdir() if p.name.startswith(f"manymodels-{os.getpid()}-")}
+    """Run files of this test process under /dev/shm (or the temporary
+    directory, where the data plane falls back when /dev/shm is small)."""
+    roots = [Path("/dev/shm"), Path(tempfile.gettempdir())]
+    prefix = f"manymodels-{os.getpid()}-"
+    return {p.name for root in roots if root.is_dir()
+            for p in root.iterdir() if p.name.startswith(prefix)}
 
 
 @pytest.fixture

@@ -35,13 +35,14 @@ def test_large_models_come_back_equal_and_writable(backend):
 
 
 def test_spilled_buffers_round_trip_and_small_ones_stay_in_band():
-    obj = {"large": np.arange(50_000, dtype=np.int64), "tiny": np.arange(3)}
+    obj = {"large": np.arange(700_000, dtype=np.int64), "tiny": np.arange(3)}  # 5.6 MB: mapped
     body, spill = dataplane.dumps_spilling(obj, pickle.dumps, f"manymodels-{os.getpid()}-test", [0])
     assert spill is not None and len(spill[1]) == 1  # only the large array left the pickle
     assert len(body) < 1_000
     back = dataplane.loads_spilled(body, spill)
     np.testing.assert_array_equal(back["large"], obj["large"])
     np.testing.assert_array_equal(back["tiny"], obj["tiny"])
+    back["large"][:10] = -1  # a private copy-on-write mapping: writable
     assert not shm_files()
     assert dataplane.dumps_spilling({"tiny": np.arange(3)}, pickle.dumps,
                                     f"manymodels-{os.getpid()}-test", [0])[1] is None

@@ -62,6 +62,24 @@ def test_groups_match_the_processes_backend(sales):
     assert ray.is_initialized()  # it connected to the running instance and left it
 
 
+def test_groups_read_on_the_ray_workers_match_the_processes_backend(tmp_path, sales):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "parts").mkdir()
+    for i, (_, chunk) in enumerate(sales.groupby(sales.index % 3)):
+        pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
+                       tmp_path / "parts" / f"part-{i}.parquet")
+    source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True)
+    assert source.table.column_names == ["store"]  # the driver read the keys only
+    run = mm.train(fit_linear, source, backend="ray", workers=2, progress=False)
+    local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 12}
+    _same_results(run, local)
+    for key, model in local.models.items():
+        assert run.models[key]["slope"] == pytest.approx(model["slope"], rel=1e-12)
+
+
 def fail_on_37(item):
     if item == 37:
         raise ValueError(f"bad item {item}")

@@ -248,6 +248,7 @@ def train(
         cpus_per_task=cpus_per_task,
         retry_on=retry_types,
         setup=setup,
+        reader=plan.reader,
     )
     recorder, reused = None, None
     if store is not None:

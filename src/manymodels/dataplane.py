@@ -45,6 +45,9 @@ _HEADER = struct.Struct("QQ")  # pickle length, offset of the buffer index
 _STALE = re.compile(r"^manymodels-(\d+)-")
 #: Buffers at least this large travel back from a worker in a file, not the pipe.
 SPILL_MIN_BYTES = 1 << 16
+#: Spill files smaller than this are read into memory rather than mapped, so
+#: that a long run of small models does not pile up thousands of mappings.
+_MAP_MIN_BYTES = 4 << 20
 
 
 def _shm_root(needed: int) -> Path:
@@ -209,7 +212,14 @@ def loads_spilled(body: bytes, spill: Spill | None) -> Any:
     path, index = spill
     try:
         with open(path, "rb") as handle:
-            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            size = os.fstat(handle.fileno()).st_size
+            try:
+                if size < _MAP_MIN_BYTES:
+                    raise OSError("small: a copy is cheaper than a mapping")
+                mapping: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            except OSError:  # small, or out of mappings (vm.max_map_count): read it
+                mapping = bytearray(size)
+                handle.readinto(mapping)
     finally:
         os.unlink(path)
     view = memoryview(mapping)

@@ -41,6 +41,7 @@ class RunContext:
     cpus_per_task: int = 1
     retry_on: tuple[type[BaseException], ...] = ()
     setup: Any = None  # a callable, or a dict of name -> callable, run once per worker
+    reader: Any = None  # a tables.ParquetGroups when each batch reads its own groups
 
 
 def split_result(value: Any) -> tuple[Any, dict[str, Any]]:
@@ -101,8 +102,11 @@ class Executor:
         self.shared = shared if shared is not None else (context.shared or {})
         if context.setup is not None:
             self.shared = {**self.shared, **run_setup(context.setup)}
+        self.reader = context.reader
         self._materialize = self._group_materializer() if self.kind == "groups" else None
         self._span: tuple[int, Any] | None = None  # (first row, DataFrame) of this batch
+        self._read: dict[tuple, Any] = {}  # key -> rows, of this batch, with a reader
+        self._read_error: str | None = None
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Convert the rows of a batch of pandas groups to pandas in one go.
@@ -114,6 +118,14 @@ class Executor:
         the span once and hand each task a slice of it.
         """
         self._span = None
+        if self.reader is not None:
+            self._read_error = None
+            try:
+                self._read = self.reader.read([task[1] for task in tasks])
+            except Exception:  # each task fails with the reason when it looks for its rows
+                self._read = {}
+                self._read_error = traceback.format_exc()
+            return
         if (self.kind != "groups" or self.format != "pandas" or len(tasks) < 2
                 or hasattr(self.table, "iloc")):
             return
@@ -132,23 +144,50 @@ class Executor:
                 return group
         return self.table.slice(offset, length).to_pandas()
 
+    def _rows_read(self, ref: tuple[tuple, tuple[int, ...]]) -> Any:
+        key = ref[0]
+        rows = self._read.get(key)
+        if rows is None:
+            reason = self._read_error
+            raise LookupError(f"the rows of group {key!r} could not be read"
+                              + (f":\n{reason}" if reason else " (none match it any more)"))
+        return rows
+
     def _group_materializer(self) -> Callable[[Any], Any]:
         table, fmt = self.table, self.format
         if hasattr(table, "iloc"):  # map_partitions over a pandas frame: views of it
+            import pandas as pd
+
+            if int(pd.__version__.split(".")[0]) < 3:  # no copy-on-write: fn could
+                # write through a view into the caller's frame
+                return lambda ref: table.iloc[ref[0]:ref[0] + ref[1]].copy()
             return lambda ref: table.iloc[ref[0]:ref[0] + ref[1]]
+        if self.reader is not None:
+            rows_of = self._rows_read
+        else:
+            def rows_of(ref: tuple[int, int]) -> Any:
+                return table.slice(ref[0], ref[1])
         if fmt == "arrow":
-            return lambda ref: table.slice(ref[0], ref[1])
+            return rows_of
         if fmt == "pandas":
-            return self._pandas_group
+            if self.reader is None:
+                return self._pandas_group
+
+            def as_frame(ref: Any) -> Any:
+                frame = rows_of(ref).to_pandas()
+                frame.index = _range_index(len(frame))  # as the eager path's groups
+                return frame
+            return as_frame
         if fmt == "polars":
             import polars as pl
 
-            return lambda ref: pl.from_arrow(table.slice(ref[0], ref[1]))
+            return lambda ref: pl.from_arrow(rows_of(ref))
         if fmt == "numpy":
-            return lambda ref: {
-                name: column.to_numpy()
-                for name, column in zip(table.column_names, table.slice(ref[0], ref[1]).columns)
-            }
+            def as_arrays(ref: Any) -> dict[str, Any]:
+                rows = rows_of(ref)
+                return {name: column.to_numpy()
+                        for name, column in zip(rows.column_names, rows.columns)}
+            return as_arrays
         raise ValueError(f"unknown format {fmt!r}")
 
     def run_one(self, task: TaskRef) -> Outcome:
@@ -173,13 +212,15 @@ class Executor:
         self,
         tasks: list[TaskRef],
         on_start: Callable[[int], None] | None = None,
-    ) -> tuple[list[Outcome], float]:
-        """Run ``tasks`` in order; return their outcomes and the busy time."""
-        begin = time.perf_counter()
+    ) -> tuple[list[Outcome], float, float]:
+        """Run ``tasks`` in order; return their outcomes, the time running them
+        and the time preparing the batch."""
+        start = time.perf_counter()
         self.begin_batch(tasks)
+        begin = time.perf_counter()
         outcomes = []
         for task in tasks:
             if on_start is not None:
                 on_start(task[0])
             outcomes.append(self.run_one(task))
-        return outcomes, time.perf_counter() - begin
+        return outcomes, time.perf_counter() - begin, begin - start

@@ -243,7 +243,13 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[list[tupl
     code, detail = code_identity(fit)
     shared_part = value_hash(dict(sorted((shared or {}).items())))
     data_parts: list[str]
-    if plan.kind == "groups":
+    if plan.kind == "groups" and plan.reader is not None:
+        # rows read on the workers: the content of the files that hold a
+        # group's rows stands for its rows
+        file_hashes = [file_hash(path) for path in plan.reader.files]
+        data_parts = [digest(repr(task.data[0]), *(file_hashes[n] for n in task.data[1]))
+                      for task in plan.tasks]
+    elif plan.kind == "groups":
         import pandas as pd
 
         if isinstance(plan.table, pd.DataFrame):  # map_partitions keeps the index

@@ -24,6 +24,7 @@ from .sources import (
     ProductSource,
     Source,
 )
+from .tables import ParquetGroups
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class Plan:
     table: Any = None  # the sorted pyarrow Table of a group source; map_partitions' table
     format: str = "pandas"
     key_rows: list[tuple] = field(default_factory=list)  # key column values per task
+    reader: ParquetGroups | None = None  # groups read on the workers: data refs are keys
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -113,7 +115,18 @@ def plan(source: Source) -> Plan:
     param_columns = grid_source.param_columns if grid_source is not None else []
 
     # (key parts, data reference, cost) of the base before the grid multiplies it
-    if isinstance(base, (GroupSource, PartitionSource)):
+    reader = None
+    if isinstance(base, GroupSource) and base.reader is not None:
+        layout = group_layout(base)  # of the key columns and file numbers only
+        file_numbers = layout.table.column("__file__").to_numpy()
+        cost_of = base.cost or float
+        entries = [
+            (key, (key, tuple(np.unique(file_numbers[off:off + n]).tolist())),
+             float(cost_of(int(n))))
+            for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)
+        ]
+        kind, table, fmt, reader = "groups", None, base.format, base.reader
+    elif isinstance(base, (GroupSource, PartitionSource)):
         layout = group_layout(base) if isinstance(base, GroupSource) else partition_layout(base)
         cost_of = base.cost or float
         entries = [
@@ -152,4 +165,5 @@ def plan(source: Source) -> Plan:
         table=table,
         format=fmt,
         key_rows=key_rows,
+        reader=reader,
     )

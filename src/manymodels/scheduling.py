@@ -85,16 +85,23 @@ class BatchSizer:
 
     Until a batch has been measured, sizes double from 1. Then a batch holds
     ``target_s`` worth of tasks at the running average time per task, capped so
-    that the remaining tasks still spread over every worker a few times.
+    that the remaining tasks still spread over every worker a few times. When
+    preparing a batch costs time of its own (reading its groups' rows from
+    Parquet files), a batch holds at least four times that much work, so that
+    the preparation stays a small part of it.
     """
 
     def __init__(self, workers: int, target_s: float = _TARGET_BATCH_S) -> None:
         self.workers = workers
         self.target_s = target_s
         self.seconds_per_task: float | None = None
+        self.prepare_s = 0.0
         self._ramp = 1
 
-    def observe(self, busy_s: float, tasks: int) -> None:
+    def observe(self, busy_s: float, tasks: int, prepare_s: float = 0.0) -> None:
+        if prepare_s > 0:
+            self.prepare_s = 0.7 * self.prepare_s + 0.3 * prepare_s if self.prepare_s \
+                else prepare_s
         if tasks <= 0:
             return
         sample = busy_s / tasks
@@ -107,7 +114,8 @@ class BatchSizer:
         if self.seconds_per_task is None:
             size, self._ramp = self._ramp, min(self._ramp * 2, 64)
         else:
-            size = int(self.target_s / max(self.seconds_per_task, 1e-7))
+            work_s = max(self.target_s, 4 * self.prepare_s)
+            size = int(work_s / max(self.seconds_per_task, 1e-7))
         tail_cap = remaining // (self.workers * 4)
         return max(1, min(size, tail_cap, _MAX_BATCH))
 
@@ -267,7 +275,7 @@ class Scheduler:
                 wait = max(0.0, min(wait, retry_later[0][0] - now))
             for event in backend.poll(wait):
                 if isinstance(event, Finished):
-                    self.sizer.observe(event.busy_s, len(event.outcomes))
+                    self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
                     for outcome in event.outcomes:
                         in_flight.discard(outcome[0])
                         if self._record(outcome, event.worker):

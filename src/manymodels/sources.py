@@ -20,8 +20,9 @@ from pathlib import PurePath
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .tables import read_table
+from .tables import ParquetGroups, parquet_files, read_table
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")
@@ -55,6 +56,7 @@ class GroupSource(Source):
         *,
         format: str = "pandas",
         cost: Callable[[int], float] | None = None,
+        read_on_workers: bool = False,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
@@ -63,7 +65,20 @@ class GroupSource(Source):
             raise ValueError("groups() needs at least one column in by=")
         if not all(isinstance(c, str) for c in by_columns):
             raise TypeError(f"by= must name columns as strings, got {by!r}")
-        self.table: pa.Table = read_table(table)
+        #: Reads each batch's groups from the Parquet files on the workers, or
+        #: None when the whole table is read here (then ``table`` holds every
+        #: column; with a reader, the key columns and each row's file number).
+        self.reader: ParquetGroups | None = None
+        if read_on_workers:
+            self.reader, self.table = ParquetGroups.plan(parquet_files(table), by_columns)
+            for name in by_columns:
+                column = self.table.column(name)
+                nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()
+                if column.null_count or nan:
+                    raise ValueError(f"by column {name!r} has missing values; "
+                                     "read_on_workers needs a value in every key column")
+        else:
+            self.table = read_table(table)
         missing = [c for c in by_columns if c not in self.table.column_names]
         if missing:
             raise ValueError(
@@ -262,6 +277,7 @@ def groups(
     *,
     format: str = "pandas",
     cost: Callable[[int], float] | None = None,
+    read_on_workers: bool = False,
 ) -> GroupSource:
     """One task per group of ``table``'s rows, keyed by the ``by`` columns.
 
@@ -271,8 +287,14 @@ def groups(
     ``"numpy"`` (a dict of column name to array). ``cost`` maps a group's row
     count to its expected cost (default: the row count) for longest-first
     scheduling.
+
+    ``read_on_workers=True`` (a Parquet file or directory only): the driver
+    reads just the ``by`` columns to plan the groups, and each batch of tasks
+    reads its own groups' rows on its worker, so the driver never holds a
+    table larger than its memory (on Ray, every node must see the same path).
     """
-    return GroupSource(table, by, format=format, cost=cost)
+    return GroupSource(table, by, format=format, cost=cost,
+                       read_on_workers=read_on_workers)
 
 
 def items(

@@ -7,6 +7,7 @@ be sorted once, sliced without copying and memory-mapped by every worker.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,106 @@ def read_table(table: Any) -> pa.Table:
         "a table must be a pandas or polars DataFrame, a pyarrow Table, or a path "
         f"to a Parquet/CSV file or directory; got {type(table).__name__}"
     )
+
+
+def parquet_files(table: Any) -> list[str]:
+    """The Parquet files behind ``table``, a path to a Parquet file or to a
+    directory of them, in the order :func:`read_table` reads them."""
+    if not isinstance(table, (str, Path)):
+        raise TypeError("read_on_workers=True needs the path of a Parquet file or directory, "
+                        f"got {type(table).__name__}")
+    path = Path(table)
+    if not path.exists():
+        raise ValueError(f"table path {str(path)!r} does not exist")
+    files = ([path] if path.is_file() else
+             sorted(p for p in path.rglob("*")
+                    if p.is_file() and p.suffix.lower() in _PARQUET_SUFFIXES | _CSV_SUFFIXES))
+    if not files:
+        raise ValueError(f"directory {str(path)!r} holds no .parquet files")
+    for file in files:
+        if file.suffix.lower() not in _PARQUET_SUFFIXES:
+            raise ValueError(f"read_on_workers=True reads Parquet only; {str(file)!r} is not "
+                             "a .parquet file")
+    return [str(file) for file in files]
+
+
+def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = None,
+              schema: pa.Schema | None = None, use_threads: bool = True) -> pa.Table:
+    """Read ``columns`` of the rows of ``files`` that match ``filter`` (a
+    ``pyarrow.compute`` expression), in file and row order."""
+    import pyarrow.dataset as ds
+
+    try:
+        dataset = ds.dataset(files, format="parquet", schema=schema)
+        return dataset.to_table(columns=columns, filter=filter, use_threads=use_threads)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"cannot read the Parquet files {files[:3]}...: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ParquetGroups:
+    """Groups whose rows stay in Parquet files until a worker needs them:
+    ``mm.groups(path, by=..., read_on_workers=True)``. A task's data reference
+    is ``(key, file numbers)``: its ``by`` values and the files that hold its
+    rows; :meth:`read` fetches a batch's groups with one filtered scan of
+    those files only."""
+
+    files: list[str]
+    by: list[str]
+    schema: pa.Schema  # of all files, unified as an eager read unifies them
+
+    @classmethod
+    def plan(cls, files: list[str], by: list[str]) -> tuple[ParquetGroups, pa.Table]:
+        """Read the key columns only; return the reader and the key table with
+        a ``__file__`` column (the number of the file each row came from)."""
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pa.unify_schemas([pq.read_schema(f) for f in files],
+                                      promote_options="default")
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"cannot read the schema of the Parquet files under "
+                             f"{files[0]!r}...: {exc}") from exc
+        missing = [c for c in by if c not in schema.names]
+        if missing:
+            raise ValueError(f"by column {missing[0]!r} is not in the Parquet files; "
+                             f"their columns are {schema.names}")
+        parts = []
+        for number, file in enumerate(files):
+            keys = read_rows([file], columns=by, schema=schema)
+            parts.append(keys.append_column("__file__", pa.array(
+                [number] * keys.num_rows, type=pa.int32())))
+        return cls(files, by, schema), pa.concat_tables(parts)
+
+    def read(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, pa.Table]:
+        """Key -> that group's rows, in file and row order (as an eager read
+        and its stable sort by key would give them)."""
+        import pyarrow.compute as pc
+
+        keys = dict.fromkeys(key for key, _ in refs)
+        numbers = sorted({number for _, files in refs for number in files})
+        condition = None
+        for position, column in enumerate(self.by):  # a superset: each column's values
+            kind = self.schema.field(column).type
+            if pa.types.is_dictionary(kind):
+                kind = kind.value_type
+            values = pa.array(list(dict.fromkeys(key[position] for key in keys)), type=kind)
+            term = pc.field(column).isin(values)
+            condition = term if condition is None else condition & term
+        # one thread: a worker stays within its cpus_per_task
+        rows = read_rows([self.files[n] for n in numbers], filter=condition, schema=self.schema,
+                         use_threads=False)
+        key_frame = rows.select(self.by).to_pandas()
+        positions = key_frame.groupby(self.by, sort=False).indices
+        groups = {}
+        for key, where in positions.items():
+            key = tuple(_plain(v) for v in (key if isinstance(key, tuple) else (key,)))
+            if key in keys:
+                groups[key] = rows.take(where)
+        return groups
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value the planner's keys hold."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and getattr(value, "ndim", None) == 0 else value

@@ -12,7 +12,8 @@ Messages (pickled tuples)::
 
     driver -> worker   ("batch", batch_id, [(index, data_ref, params), ...]) | ("stop",)
     worker -> driver   ("ready", pid) | ("fatal", traceback)
-                       ("part" | "done", batch_id, outcomes_pickle, busy_s, spill)
+                       ("part" | "done", batch_id, outcomes_pickle, busy_s, spill,
+                        prepare_s)
 
 ``spill`` names the file holding the outcomes' large buffers, or is ``None``
 (see :func:`manymodels.dataplane.dumps_spilling`).
@@ -53,6 +54,9 @@ def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
     counter = counter if counter is not None else [0]
     try:
         return dumps_spilling(outcomes, pickle.dumps, spill_prefix, counter)
+    except OSError:  # no room for the spill file: everything through the pipe
+        if spill_prefix is not None:
+            return dump_outcomes(outcomes, None, counter)
     except Exception:
         pass
     import cloudpickle
@@ -77,9 +81,10 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
     slot_offset = slot * SLOT.size
     spilled = [0]
 
-    def send(kind: str, batch_id: int, outcomes: list, busy_s: float) -> None:
+    def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
+             prepare_s: float) -> None:
         payload, spill = dump_outcomes(outcomes, spill_prefix, spilled)
-        tx.send((kind, batch_id, payload, busy_s, spill))
+        tx.send((kind, batch_id, payload, busy_s, spill, prepare_s))
 
     def mark(index: int) -> None:
         SLOT.pack_into(slots, slot_offset, index, time.time())
@@ -99,18 +104,21 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
         if message[0] == "stop":
             return 0
         _, batch_id, tasks = message
-        begin = last_flush = time.perf_counter()
+        mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
+        start = time.perf_counter()
         executor.begin_batch(tasks)
+        begin = last_flush = time.perf_counter()
+        prepare = begin - start
         outcomes = []
         for position, task in enumerate(tasks):
             mark(task[0])
             outcomes.append(executor.run_one(task))
             now = time.perf_counter()
             if now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
-                send("part", batch_id, outcomes, now - begin)
-                outcomes, begin, last_flush = [], now, now
+                send("part", batch_id, outcomes, now - begin, prepare)
+                outcomes, begin, last_flush, prepare = [], now, now, 0.0
         mark(-1)
-        send("done", batch_id, outcomes, time.perf_counter() - begin)
+        send("done", batch_id, outcomes, time.perf_counter() - begin, prepare)
 
 
 def main(argv: list[str]) -> int:

@@ -75,7 +75,8 @@ def _run_batch(
     """The Ray task (a streaming generator): run one batch, yield what happens.
 
     Yields ``("start", node_id, pid)``, then either ``("fatal", traceback)``
-    (the run cannot be loaded here) or outcome messages: ``("run", index,
+    (the run cannot be loaded here) or ``("prepared", seconds)`` (the batch's
+    rows are ready) and outcome messages: ``("run", index,
     outcomes_or_None, busy_s)`` before each task in marked mode, ``("part",
     outcomes, busy_s)`` every 0.25 s otherwise, and finally ``("done",
     outcomes, busy_s)``; outcomes travel pickled (:func:`dump_outcomes`).
@@ -92,8 +93,10 @@ def _run_batch(
     # BLAS/OpenMP pools are per process; restored after the batch, so the
     # limit never leaks into other Ray tasks this worker may run.
     with _thread_limiter().limit(limits=cpus_per_task):
-        begin = last_flush = time.perf_counter()
+        start = time.perf_counter()
         executor.begin_batch(tasks)
+        begin = last_flush = time.perf_counter()
+        yield ("prepared", begin - start)
         outcomes: list = []
         for position, task in enumerate(tasks):
             if marked:

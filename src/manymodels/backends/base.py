@@ -51,8 +51,9 @@ class Finished:
 
     outcomes: list[Outcome]
     worker: int
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # running these tasks
     batch_done: bool = True
+    prepare_s: float = 0.0  # preparing their batch (reading its rows), once per batch
 
 
 @dataclass

@@ -367,7 +367,7 @@ class ProcessesBackend(Backend):
                 "setup=, failed (is fit importable in a fresh interpreter? otherwise try "
                 f"backend='threads'):\n{message[1]}"
             )
-        _, batch_id, payload, busy, spill = message
+        _, batch_id, payload, busy, spill, prepare = message
         outcomes = dataplane.loads_spilled(payload, spill)
         batch = worker.batches[0]
         for outcome in outcomes:
@@ -375,7 +375,8 @@ class ProcessesBackend(Backend):
         done = kind == "done"
         if done:
             worker.batches.popleft()
-        return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done)]
+        return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done,
+                         prepare_s=prepare)]
 
     def _check_limits(self) -> list[Event]:
         events: list[Event] = []

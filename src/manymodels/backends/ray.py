@@ -110,6 +110,7 @@ class _Call:
     tasks: dict[int, TaskRef]  # index -> task, of the tasks not yet reported
     marked: bool
     started: bool = False  # its "start" message arrived
+    prepare_s: float = 0.0  # from its "prepared" message, until outcomes carry it
     worker: int = -1
     running: int | None = None  # marked: the index of the task running now
     running_since: float = 0.0  # driver's monotonic clock when its marker arrived
@@ -348,6 +349,8 @@ class RayBackend(Backend):
             if kind == "start":
                 call.started = True
                 call.worker = self._worker_id(message[1], message[2])
+            elif kind == "prepared":
+                call.prepare_s = message[1]
             elif kind == "fatal":
                 raise WorkerStartupError(
                     "a Ray worker could not load the run: unpickling fit or the data, or "
@@ -370,8 +373,9 @@ class RayBackend(Backend):
         outcomes = pickle.loads(blob)
         for outcome in outcomes:
             call.tasks.pop(outcome[0], None)
+        prepare, call.prepare_s = call.prepare_s, 0.0
         return [Finished(outcomes, worker=call.worker, busy_s=busy,
-                         batch_done=message[0] == "done")]
+                         batch_done=message[0] == "done", prepare_s=prepare)]
 
     def _worker_id(self, node_id: str, pid: int) -> int:
         key = (node_id, pid)

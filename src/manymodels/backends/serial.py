@@ -33,8 +33,8 @@ class SerialBackend(Backend):
     def poll(self, timeout: float) -> list[Event]:
         if not self._queue:
             return []
-        outcomes, busy = self._executor.run_batch(self._queue.popleft())
-        return [Finished(outcomes, worker=0, busy_s=busy)]
+        outcomes, busy, prepare = self._executor.run_batch(self._queue.popleft())
+        return [Finished(outcomes, worker=0, busy_s=busy, prepare_s=prepare)]
 
     def stop(self, *, force: bool = False) -> None:
         self._queue.clear()

@@ -1,0 +1,123 @@
+"""Groups read on the workers: the driver reads the key columns only, each
+batch reads its own groups' rows from the Parquet files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import manymodels as mm
+from conftest import BACKENDS
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def write_parts(sales: pd.DataFrame, directory) -> None:
+    """Three files; every store's rows are spread over all of them."""
+    directory.mkdir()
+    for i, (_, chunk) in enumerate(sales.groupby(sales.index % 3)):
+        pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
+                       directory / f"part-{i}.parquet")
+
+
+def describe(df):
+    """Order-sensitive: the first row's x shows that rows keep their order."""
+    return {"rows": len(df), "first_x": float(df["x"].iloc[0]), "sum_y": float(df["y"].sum()),
+            "index_is_range": bool(df.index.equals(pd.RangeIndex(len(df))))}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_on_workers_equals_reading_on_the_driver(tmp_path, sales, backend):
+    write_parts(sales, tmp_path / "parts")
+    eager = mm.train(describe, mm.groups(tmp_path / "parts", by=["store", "item"]),
+                     backend="serial", progress=False)
+    lazy = mm.train(describe, mm.groups(tmp_path / "parts", by=["store", "item"],
+                                        read_on_workers=True),
+                    backend=backend, workers=2, progress=False)
+    assert len(lazy.results) == 60 and lazy.failed.empty
+    pd.testing.assert_frame_equal(lazy.results.drop(columns=["worker", "duration_s",
+                                                             "started_s", "attempts"]),
+                                  eager.results.drop(columns=["worker", "duration_s",
+                                                              "started_s", "attempts"]))
+    assert lazy.results["index_is_range"].all()
+
+
+def arrow_width(table):
+    return {"columns": table.num_columns, "rows": table.num_rows}
+
+
+def test_read_on_workers_in_every_format_and_with_a_grid(tmp_path, sales):
+    path = tmp_path / "sales.parquet"
+    pq.write_table(pa.Table.from_pandas(sales, preserve_index=False), path)
+    run = mm.train(arrow_width, mm.groups(path, by="store", format="arrow",
+                                          read_on_workers=True), workers=2, progress=False)
+    assert (run.results["columns"] == 4).all() and (run.results["rows"] == 150).all()
+    source = mm.groups(path, by="store", read_on_workers=True) * mm.grid(alpha=[0.0, 1.0])
+    models = mm.train(lambda df, alpha: len(df) + alpha, source, backend="threads",
+                      progress=False).models
+    assert models[("s03", 1.0)] == 151.0 and len(models) == 24
+
+
+def test_read_on_workers_refuses_what_it_cannot_read(tmp_path, sales):
+    sales.to_csv(tmp_path / "sales.csv", index=False)
+    with pytest.raises(ValueError, match=r"reads Parquet only; .*sales\.csv"):
+        mm.groups(tmp_path / "sales.csv", by="store", read_on_workers=True)
+    with pytest.raises(TypeError, match="needs the path of a Parquet file"):
+        mm.groups(sales, by="store", read_on_workers=True)
+    pq.write_table(pa.Table.from_pandas(sales, preserve_index=False), tmp_path / "s.parquet")
+    with pytest.raises(ValueError, match="by column 'shop' is not in the Parquet files"):
+        mm.groups(tmp_path / "s.parquet", by="shop", read_on_workers=True)
+    with_nulls = sales.assign(store=sales["store"].where(sales.index != 7, None))
+    pq.write_table(pa.Table.from_pandas(with_nulls, preserve_index=False),
+                   tmp_path / "n.parquet")
+    with pytest.raises(ValueError, match="by column 'store' has missing values"):
+        mm.groups(tmp_path / "n.parquet", by="store", read_on_workers=True)
+
+
+def count_rows(df):
+    return len(df)
+
+
+def test_read_on_workers_reuses_until_a_file_changes(tmp_path, sales):
+    write_parts(sales, tmp_path / "parts")
+    source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True)
+    first = mm.train(count_rows, source, store=tmp_path / "store", progress=False)
+    again = mm.train(count_rows, source, store=tmp_path / "store", progress=False)
+    assert first.summary().reused == 0 and again.summary().reused == 12
+    extra = sales.head(3).assign(x=np.arange(3.0))
+    pq.write_table(pa.Table.from_pandas(extra, preserve_index=False),
+                   tmp_path / "parts" / "part-9.parquet")
+    changed = mm.train(count_rows, mm.groups(tmp_path / "parts", by="store",
+                                             read_on_workers=True),
+                       store=tmp_path / "store", progress=False)
+    touched = set(extra["store"])  # only the groups with rows in the new file retrain
+    assert changed.summary().reused == 12 - len(touched)
+    assert sum(changed.models.values()) == len(sales) + 3
+
+
+def first_value(df):
+    return float(df["v"].iloc[0]), len(df)
+
+
+def test_read_on_workers_with_int_bool_and_timestamp_keys(tmp_path):
+    n = 600
+    frame = pd.DataFrame({
+        "shop": np.arange(n) % 7,
+        "open": (np.arange(n) // 7) % 2 == 0,
+        "day": pd.to_datetime("2024-01-01") + pd.to_timedelta(np.arange(n) % 3, unit="D"),
+        "v": np.arange(n, dtype=float),
+    }).sample(frac=1.0, random_state=1)
+    (tmp_path / "parts").mkdir()
+    for i in range(3):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[i::3], preserve_index=False),
+                       tmp_path / "parts" / f"p{i}.parquet")
+    by = ["shop", "open", "day"]
+    eager = mm.train(first_value, mm.groups(tmp_path / "parts", by=by), backend="serial",
+                     progress=False)
+    lazy = mm.train(first_value, mm.groups(tmp_path / "parts", by=by, read_on_workers=True),
+                    workers=2, progress=False)
+    assert lazy.failed.empty and len(lazy.models) == len(eager.models) == 42
+    assert lazy.models == eager.models
