@@ -71,7 +71,7 @@ def test_groups_read_on_the_ray_workers_match_the_processes_backend(tmp_path, sa
         pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
                        tmp_path / "parts" / f"part-{i}.parquet")
     source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True)
-    assert source.table.column_names == ["store"]  # the driver read the keys only
+    assert source.table.column_names == ["store", "__file__"]  # keys and file numbers only
     run = mm.train(fit_linear, source, backend="ray", workers=2, progress=False)
     local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
     assert run.summary().statuses == {"ok": 12}
