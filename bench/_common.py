@@ -112,7 +112,7 @@ class PeakRSS:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="peak-rss", daemon=True)
 
-    def _tree_rss(self, with_pss: bool = False) -> tuple[int, int]:
+    def _tree_memory(self, with_pss: bool = False) -> tuple[int, int]:
         children: dict[int, list[int]] = defaultdict(list)
         for proc in psutil.process_iter(["ppid"]):
             ppid = proc.info.get("ppid")
@@ -145,7 +145,7 @@ class PeakRSS:
 
     def _sample(self) -> None:
         try:
-            rss, pss = self._tree_rss(with_pss=self.samples % PSS_EVERY == 0)
+            rss, pss = self._tree_memory(with_pss=self.samples % PSS_EVERY == 0)
         except Exception:  # a process vanished mid-scan: skip this sample
             return
         self.samples += 1

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .tables import is_pandas_frame
+
 OK = "ok"
 FAILED = "failed"
 
@@ -129,7 +131,7 @@ class Executor:
                 self._read_error = traceback.format_exc()
             return
         if (self.kind != "groups" or self.format != "pandas" or len(tasks) < 2
-                or hasattr(self.table, "iloc")):
+                or is_pandas_frame(self.table)):
             return
         refs = dict.fromkeys(task[1] for task in tasks)  # a product source repeats groups
         first = min(offset for offset, _ in refs)
@@ -169,7 +171,7 @@ class Executor:
 
     def _group_materializer(self) -> Callable[[Any], Any]:
         table, fmt = self.table, self.format
-        if hasattr(table, "iloc"):  # map_partitions over a pandas frame: views of it
+        if is_pandas_frame(table):  # map_partitions over a pandas frame: views of it
             import pandas as pd
 
             if int(pd.__version__.split(".")[0]) < 3:  # no copy-on-write: fn could

@@ -116,24 +116,19 @@ def plan(source: Source) -> Plan:
 
     # (key parts, data reference, cost) of the base before the grid multiplies it
     reader = None
-    if isinstance(base, GroupSource) and base.reader is not None:
-        layout = group_layout(base)  # of the key columns and file numbers only
-        file_numbers = layout.table.column("__file__").to_numpy()
-        cost_of = base.cost or float
-        entries = [
-            (key, (key, tuple(np.unique(file_numbers[off:off + n]).tolist())),
-             float(cost_of(int(n))))
-            for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)
-        ]
-        kind, table, fmt, reader = "groups", None, base.format, base.reader
-    elif isinstance(base, (GroupSource, PartitionSource)):
+    if isinstance(base, (GroupSource, PartitionSource)):
         layout = group_layout(base) if isinstance(base, GroupSource) else partition_layout(base)
         cost_of = base.cost or float
-        entries = [
-            (key, (int(off), int(n)), float(cost_of(int(n))))
-            for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)
-        ]
+        refs = [(int(off), int(n)) for off, n in zip(layout.offsets, layout.lengths)]
         kind, table, fmt = "groups", layout.table, base.format
+        reader = getattr(base, "reader", None)
+        if reader is not None:  # rows read on the workers: a key and the files holding it
+            file_numbers = layout.table.column("__file__").to_numpy()
+            refs = [(key, tuple(np.unique(file_numbers[off:off + n]).tolist()))
+                    for key, (off, n) in zip(layout.keys, refs)]
+            table = None  # the layout holds the keys only
+        entries = [(key, ref, float(cost_of(int(n))))
+                   for key, ref, n in zip(layout.keys, refs, layout.lengths)]
     elif isinstance(base, ItemSource):
         cost_of = base.cost
         entries = [

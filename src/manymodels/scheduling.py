@@ -95,29 +95,28 @@ class BatchSizer:
         self.workers = workers
         self.target_s = target_s
         self.seconds_per_task: float | None = None
-        self.prepare_s = 0.0
+        self.prepare_s: float | None = None  # per batch, when preparing one takes time
         self._ramp = 1
 
     def observe(self, busy_s: float, tasks: int, prepare_s: float = 0.0) -> None:
         if prepare_s > 0:
-            self.prepare_s = 0.7 * self.prepare_s + 0.3 * prepare_s if self.prepare_s \
-                else prepare_s
-        if tasks <= 0:
-            return
-        sample = busy_s / tasks
-        if self.seconds_per_task is None:
-            self.seconds_per_task = sample
-        else:
-            self.seconds_per_task = 0.7 * self.seconds_per_task + 0.3 * sample
+            self.prepare_s = _running_average(self.prepare_s, prepare_s)
+        if tasks > 0:
+            self.seconds_per_task = _running_average(self.seconds_per_task, busy_s / tasks)
 
     def next_size(self, remaining: int) -> int:
         if self.seconds_per_task is None:
             size, self._ramp = self._ramp, min(self._ramp * 2, 64)
         else:
-            work_s = max(self.target_s, 4 * self.prepare_s)
+            work_s = max(self.target_s, 4 * (self.prepare_s or 0.0))
             size = int(work_s / max(self.seconds_per_task, 1e-7))
         tail_cap = remaining // (self.workers * 4)
         return max(1, min(size, tail_cap, _MAX_BATCH))
+
+
+def _running_average(average: float | None, sample: float) -> float:
+    """An exponential moving average that follows drift but not one outlier."""
+    return sample if average is None else 0.7 * average + 0.3 * sample
 
 
 def _failure_budget(max_failures: int | float | None, total: int) -> int | None:

@@ -14,7 +14,6 @@ The planner (:mod:`manymodels.planning`) turns a source into tasks.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .tables import ParquetGroups, parquet_files, read_table
+from .tables import ParquetGroups, is_pandas_frame, parquet_files, read_table
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")
@@ -108,7 +107,7 @@ class PartitionSource(Source):
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
-        if format == "pandas" and _is_pandas_frame(table):
+        if format == "pandas" and is_pandas_frame(table):
             # Kept as it is: partitions are views of it, and under fork the
             # workers share it without a copy or a conversion.
             self.table: Any = table
@@ -122,7 +121,7 @@ class PartitionSource(Source):
 
     @property
     def num_rows(self) -> int:
-        return len(self.table) if _is_pandas_frame(self.table) else self.table.num_rows
+        return len(self.table) if is_pandas_frame(self.table) else self.table.num_rows
 
     @property
     def key_columns(self) -> list[str]:
@@ -130,11 +129,6 @@ class PartitionSource(Source):
 
     def __repr__(self) -> str:
         return f"partitions({self.num_rows} rows, {self.partitions})"
-
-
-def _is_pandas_frame(table: Any) -> bool:
-    pandas = sys.modules.get("pandas")
-    return pandas is not None and isinstance(table, pandas.DataFrame)
 
 
 def _default_item_key(item: Any, position: int) -> Hashable:

@@ -7,6 +7,7 @@ be sorted once, sliced without copying and memory-mapped by every worker.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,18 @@ _CSV_SUFFIXES = {".csv", ".tsv", ".txt"}
 
 def _is_polars_frame(obj: Any) -> bool:
     return type(obj).__module__.startswith("polars") and hasattr(obj, "to_arrow")
+
+
+def is_pandas_frame(obj: Any) -> bool:
+    """Whether ``obj`` is a pandas DataFrame, without importing pandas."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(obj, pandas.DataFrame)
+
+
+def _table_files(path: Path) -> list[Path]:
+    """The table files under a directory, in the order they are read."""
+    return sorted(p for p in path.rglob("*")
+                  if p.is_file() and p.suffix.lower() in _PARQUET_SUFFIXES | _CSV_SUFFIXES)
 
 
 def _read_file(path: Path) -> pa.Table:
@@ -42,10 +55,7 @@ def _read_file(path: Path) -> pa.Table:
 
 
 def _read_directory(path: Path) -> pa.Table:
-    files = sorted(
-        p for p in path.rglob("*")
-        if p.is_file() and p.suffix.lower() in _PARQUET_SUFFIXES | _CSV_SUFFIXES
-    )
+    files = _table_files(path)
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet or .csv files")
     tables = [_read_file(p) for p in files]
@@ -92,9 +102,7 @@ def parquet_files(table: Any) -> list[str]:
     path = Path(table)
     if not path.exists():
         raise ValueError(f"table path {str(path)!r} does not exist")
-    files = ([path] if path.is_file() else
-             sorted(p for p in path.rglob("*")
-                    if p.is_file() and p.suffix.lower() in _PARQUET_SUFFIXES | _CSV_SUFFIXES))
+    files = [path] if path.is_file() else _table_files(path)
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet files")
     for file in files:

@@ -42,6 +42,7 @@ import psutil
 from .. import dataplane
 from .._resources import thread_limit_environment
 from ..execution import RunContext, TaskRef
+from ..tables import is_pandas_frame
 from ._process_worker import forked_main
 from ._protocol import SLOT
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
@@ -210,7 +211,7 @@ class ProcessesBackend(Backend):
     def _write_table(self, table: Any) -> str | None:
         if table is None:
             return None
-        if hasattr(table, "iloc"):  # a pandas frame that map_partitions slices
+        if is_pandas_frame(table):  # a frame that map_partitions slices
             return self._files.write_objects(table, name="table")
         return self._files.write_table(table)
 
