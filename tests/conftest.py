@@ -54,3 +54,11 @@ def fit_linear(df, alpha=0.0, **_ignored):
     slope, intercept = np.polyfit(x, y, 1)
     slope = slope / (1.0 + alpha)
     return {"slope": slope, "intercept": intercept}, {"slope": float(slope), "n": len(x)}
+
+
+def assert_only_timed_out(run, item, timeout) -> None:
+    """``item`` ran past ``timeout`` seconds and was recorded so; every other item is ok."""
+    results = run.results.set_index("item")
+    assert results.loc[item, "status"] == "timeout"
+    assert f"timeout={timeout}s" in results.loc[item, "error"]
+    assert (results.drop(index=item)["status"] == "ok").all()

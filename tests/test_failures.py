@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import manymodels as mm
-from conftest import shm_files
+from conftest import assert_only_timed_out, shm_files
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -83,10 +83,7 @@ def test_timeout_kills_only_the_overdue_task(start_method):
     run = mm.train(hang_on_2, mm.items(range(20)), timeout=1, workers=2, progress=False,
                    start_method=start_method)
     assert time.monotonic() - begin < 20
-    results = run.results.set_index("item")
-    assert results.loc[2, "status"] == "timeout"
-    assert "timeout=1s" in results.loc[2, "error"]
-    assert (results.drop(index=2)["status"] == "ok").all()
+    assert_only_timed_out(run, 2, timeout=1)
 
 
 def grow_on_1(item):
