@@ -18,6 +18,33 @@ def test_batch_sizes_ramp_then_follow_measured_times():
     assert sizer.next_size(3) == 1
 
 
+def test_a_second_batch_is_queued_on_a_worker_only_while_tasks_are_short():
+    sizer = BatchSizer(workers=4, target_s=0.1)
+    assert sizer.batches_per_worker() == 1  # nothing measured yet
+    sizer.observe(busy_s=2.0, tasks=1)
+    assert sizer.batches_per_worker() == 1  # long tasks: run where a worker is free
+    short = BatchSizer(workers=4, target_s=0.1)
+    short.observe(busy_s=0.01, tasks=10)
+    assert short.batches_per_worker() == 2  # short: the next batch waits at hand
+
+
+def _sleep_for(item):
+    import os
+
+    time.sleep(item["s"])
+    return {"pid": os.getpid()}
+
+
+def test_long_tasks_are_not_queued_behind_each_other():
+    # 5 tasks on 4 workers: were a worker given two long ones, the run would
+    # take two long tasks; each long one must start on a worker of its own.
+    seconds = [1.0, 1.0, 1.0, 1.0, 0.1]
+    run = mm.train(_sleep_for, mm.items([{"s": s} for s in seconds], cost=lambda item: item["s"]),
+                   backend="processes", workers=4, progress=False)
+    results = run.results.assign(s=seconds)
+    assert results[results["s"] == 1.0]["pid"].nunique() == 4
+
+
 def test_longest_tasks_start_first():
     sizes = {"small": 5, "huge": 500, "medium": 50, "tiny": 1}
     table = pd.DataFrame({"g": [g for g, n in sizes.items() for _ in range(n)], "x": 1.0})

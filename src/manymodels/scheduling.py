@@ -6,7 +6,9 @@ Data flow (everything here runs in the driver's main thread)::
     Plan.tasks ──sorted by cost, longest first──► pending
                                                      │  BatchSizer: enough tasks to keep
     retry queue (crashed / timed out / retry_on) ──► │  a worker busy ~0.1 s, fewer near
-      ▲            with backoff for exceptions       │  the end so that none idles alone
+      ▲            with backoff for exceptions       │  the end so that none idles alone;
+      │                                              │  a worker's next batch queued on it
+      │                                              │  only while tasks are short
       │                                              ▼
       │                                  backend.submit(batch) ───► workers run fit
       │                                                                  │
@@ -112,6 +114,15 @@ class BatchSizer:
             size = int(work_s / max(self.seconds_per_task, 1e-7))
         tail_cap = remaining // (self.workers * 4)
         return max(1, min(size, tail_cap, _MAX_BATCH))
+
+    def batches_per_worker(self) -> int:
+        """Two batches per worker while tasks are measured short, so that a worker
+        finds its next batch at hand; otherwise one, as a pool's shared queue
+        would: a long task queued behind another on a busy worker would wait
+        there while an idle worker has nothing (20 tasks on 16 workers: the
+        run would last two long tasks instead of one)."""
+        short = self.seconds_per_task is not None and self.seconds_per_task < self.target_s
+        return 2 if short else 1
 
 
 def _running_average(average: float | None, sample: float) -> float:
@@ -257,7 +268,7 @@ class Scheduler:
             now = time.monotonic()
             while retry_later and retry_later[0][0] <= now:
                 retry_now.append(heapq.heappop(retry_later)[1])
-            free = backend.free_slots()
+            free = backend.free_slots(self.sizer.batches_per_worker())
             while free > 0 and (retry_now or pending):
                 size = self.sizer.next_size(len(pending) + len(retry_now))
                 batch = []

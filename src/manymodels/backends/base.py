@@ -10,7 +10,7 @@ Life cycle, always driven by the scheduler from the driver's main thread::
     backend = SomeBackend(workers=4, cpus_per_task=1, timeout=None, memory_limit=None)
     backend.start(context)              # once: start workers, ship the RunContext
     while work remains:
-        for _ in range(backend.free_slots()):
+        for _ in range(backend.free_slots(per_worker)):
             backend.submit(batch_id, tasks)   # tasks: [(index, data_ref, params), ...]
         for event in backend.poll(timeout=0.05):
             ...                               # Finished / Lost / Requeued
@@ -18,9 +18,12 @@ Life cycle, always driven by the scheduler from the driver's main thread::
 
 Rules every backend keeps:
 
-* ``submit`` never blocks on a busy worker; ``free_slots`` says how many more
-  batches it accepts now (typically two per worker, so that a worker has its
-  next batch at hand when it finishes one).
+* ``submit`` never blocks on a busy worker; ``free_slots(per_worker)`` says how
+  many more batches it accepts now with at most ``per_worker`` unfinished on
+  any one worker. The scheduler asks for two while batches are short, so that
+  a worker has its next batch at hand when it finishes one, and for one when
+  they are long or not yet measured: a long batch queued behind its worker's
+  current one would wait there while another worker idles.
 * Each task submitted is reported exactly once, as an outcome inside a
   :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
   past ``timeout`` or past ``memory_limit``), or handed back unrun in a
@@ -123,7 +126,7 @@ class Backend:
     def start(self, context: RunContext) -> None:
         raise NotImplementedError
 
-    def free_slots(self) -> int:
+    def free_slots(self, per_worker: int) -> int:
         raise NotImplementedError
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:

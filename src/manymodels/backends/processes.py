@@ -47,7 +47,6 @@ from ._process_worker import forked_main
 from ._protocol import SLOT
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 
-_BATCHES_PER_WORKER = 2
 _CHECK_EVERY_S = 0.05
 _STOP_GRACE_S = 1.0
 _MAX_UNEXPLAINED_DEATHS = 5
@@ -84,10 +83,12 @@ class _ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005  # short first: a worker that was told to stop is usually gone
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
-            time.sleep(0.005)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
         return self.returncode
 
     def kill(self) -> None:
@@ -120,6 +121,18 @@ def _send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
         except OSError:
             break  # the worker is gone; the driver sees EOF on its other pipe
     conn.close()
+
+
+def _wait_for_pipes_to_close(workers: list[_Worker], deadline: float) -> None:
+    """Wait until every worker's pipe reports end-of-file (it exited) or the
+    deadline passes: one wait for all, not one poll loop per worker."""
+    open_pipes = {w.rx: w for w in workers if w.process.poll() is None}
+    while open_pipes and (left := deadline - time.monotonic()) > 0:
+        for conn in wait(list(open_pipes), timeout=left):
+            try:
+                conn.recv_bytes()  # a last message of a stopping worker: dropped
+            except (EOFError, OSError):
+                del open_pipes[conn]
 
 
 def _describe_exit(code: int | None) -> str:
@@ -200,13 +213,27 @@ class ProcessesBackend(Backend):
                 SLOT.pack_into(self._slots, slot * SLOT.size, -1, 0.0)
             self._limits = thread_limit_environment(self.cpus_per_task)
             self._env = {**os.environ, **self._limits}
-            for slot in range(self.workers):
-                self._workers.append(self._spawn(slot))
+            self._start_gate = os.pipe() if self.start_method == "fork" else None
+            try:
+                for slot in range(self.workers):
+                    self._workers.append(self._spawn(slot))
+            finally:
+                self._open_start_gate()
         except BaseException:
             self.stop(force=True)
             raise
         self._unexplained_deaths = 0
         self._last_check = time.monotonic()
+
+    def _open_start_gate(self) -> None:
+        """Let the forked workers go. Each waits at the gate until every worker
+        is forked: forking is several times slower while earlier children are
+        already busy (their copy-on-write faults contend with the fork for the
+        kernel's locks on the shared memory), so forking them all first and
+        starting them together gets the last one working sooner."""
+        gate, self._start_gate = self._start_gate, None
+        for fd in gate or ():
+            os.close(fd)
 
     def _write_table(self, table: Any) -> str | None:
         if table is None:
@@ -268,6 +295,7 @@ class ProcessesBackend(Backend):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        gate = self._start_gate
         pid = os.fork()
         if pid:
             return _ForkedProcess(pid)
@@ -277,6 +305,10 @@ class ProcessesBackend(Backend):
             for fd in driver_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if gate is not None:  # wait until the driver has forked every worker
+                os.close(gate[1])
+                os.read(gate[0], 1)  # end-of-file once the driver closes its end
+                os.close(gate[0])
             code = forked_main(Connection(rx_fd, writable=False),
                                Connection(tx_fd, readable=False),
                                self._slots, slot, self._context, env,
@@ -329,14 +361,11 @@ class ProcessesBackend(Backend):
 
     # -- the contract ----------------------------------------------------------
 
-    def free_slots(self) -> int:
-        return sum(
-            _BATCHES_PER_WORKER - len(w.batches) for w in self._workers if w.ready
-        )
+    def free_slots(self, per_worker: int) -> int:
+        return sum(max(0, per_worker - len(w.batches)) for w in self._workers if w.ready)
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
-        ready = [w for w in self._workers if w.ready and len(w.batches) < _BATCHES_PER_WORKER]
-        worker = min(ready, key=lambda w: len(w.batches))
+        worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
         worker.batches.append(_Batch(batch_id, dict.fromkeys(t[0] for t in tasks)))
         worker.outbox.put(pickle.dumps(("batch", batch_id, tasks), protocol=5))
 
@@ -419,6 +448,7 @@ class ProcessesBackend(Backend):
                 for worker in workers:
                     worker.outbox.put(pickle.dumps(("stop",)))
                 deadline = time.monotonic() + _STOP_GRACE_S
+                _wait_for_pipes_to_close(workers, deadline)
                 for worker in workers:
                     try:
                         worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -299,8 +299,8 @@ class RayBackend(Backend):
 
     # -- the contract -------------------------------------------------------------
 
-    def free_slots(self) -> int:
-        return max(0, self.workers * self._per_worker - len(self._calls))
+    def free_slots(self, per_worker: int) -> int:
+        return max(0, self.workers * min(per_worker, self._per_worker) - len(self._calls))
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)

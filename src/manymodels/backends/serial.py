@@ -24,7 +24,7 @@ class SerialBackend(Backend):
         self._queue: deque[list[TaskRef]] = deque()
         self._limits = threadpool_limits(limits=self.cpus_per_task)
 
-    def free_slots(self) -> int:
+    def free_slots(self, per_worker: int) -> int:
         return 0 if self._queue else 1
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:

@@ -13,8 +13,6 @@ from threadpoolctl import threadpool_limits
 from ..execution import Executor, RunContext, TaskRef
 from .base import Backend, Event, Finished, WorkerStartupError
 
-_BATCHES_PER_WORKER = 2
-
 
 class ThreadsBackend(Backend):
     name = "threads"
@@ -46,8 +44,8 @@ class ThreadsBackend(Backend):
         except BaseException as exc:  # setup= failed: run_batch catches fit's errors
             self._done.put(WorkerStartupError(f"a worker thread could not start: {exc!r}"))
 
-    def free_slots(self) -> int:
-        return self.workers * _BATCHES_PER_WORKER - self._in_flight
+    def free_slots(self, per_worker: int) -> int:
+        return self.workers * per_worker - self._in_flight
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         self._in_flight += 1
