@@ -6,6 +6,7 @@ reads its own file. manymodels: ``mm.train(fit_file, mm.items(paths))``.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import tempfile
 import time
 from functools import partial
@@ -101,6 +102,8 @@ def with_manymodels(paths: list[str]):
 
 def run(quick: bool) -> dict:
     sizes = [400] if quick else [2_000, 20_000]
+    if os.environ.get("BENCH_B_FILES"):  # e.g. BENCH_B_FILES=2000 for one size only
+        sizes = [int(n) for n in os.environ["BENCH_B_FILES"].split(",")]
     cases = []
     for n_files in sizes:
         with tempfile.TemporaryDirectory(prefix="mm-bench-b-") as tmp:

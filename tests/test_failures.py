@@ -170,12 +170,37 @@ def blas_threads(item):
     return {"blas": max(blas), "omp_env": int(os.environ["OMP_NUM_THREADS"])}
 
 
-@pytest.mark.parametrize("cpus", [1, 2])
-def test_workers_limit_blas_threads(cpus):
+def _driver_blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+@pytest.mark.parametrize("cpus, start_method",
+                         [(1, "auto"), (2, "auto"), (1, "fork"), (2, "fork"), (1, "spawn")])
+def test_workers_limit_blas_threads(cpus, start_method):
+    before = _driver_blas_threads()
     run = mm.train(blas_threads, mm.items(range(4)), cpus_per_task=cpus, workers=1,
-                   progress=False)
+                   start_method=start_method, progress=False)
     assert (run.results["blas"] == cpus).all()
     assert (run.results["omp_env"] == cpus).all()
+    assert _driver_blas_threads() == before  # forked under the limits, then restored
+
+
+def blas_threads_or_crash(item):
+    if item == 0 and not os.path.exists(os.environ["CRASH_MARKER"]):
+        open(os.environ["CRASH_MARKER"], "w").close()
+        os._exit(3)
+    return blas_threads(item)
+
+
+def test_a_replacement_worker_keeps_the_blas_limit(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRASH_MARKER", str(tmp_path / "crashed"))
+    run = mm.train(blas_threads_or_crash, mm.items(range(4)), workers=1, retries=1,
+                   start_method="fork", progress=False)
+    assert (run.results["status"] == "ok").all()
+    assert run.results["attempts"].max() == 2  # the first worker died in task 0
+    assert (run.results["blas"] == 1).all()
 
 
 DRIVER = textwrap.dedent("""

@@ -157,18 +157,17 @@ def main(argv: list[str]) -> int:
 def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
                 environment: dict[str, str], spill_prefix: str) -> int:
     """A forked worker: it shares the driver's memory (the table and the shared
-    objects, copy-on-write), so it loads nothing; it only limits its threads."""
+    objects, copy-on-write), so it loads nothing. Its thread pools are already
+    limited (the driver forks it under the limits); the environment's limits
+    reach libraries that ``fit`` loads later."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler
     os.environ.update(environment)
 
     def load() -> Any:
-        from threadpoolctl import threadpool_limits
-
         from manymodels.execution import Executor
 
-        threadpool_limits(limits=context.cpus_per_task)
         return Executor(context)
 
     return _serve(rx, tx, slots, slot, load, spill_prefix)
