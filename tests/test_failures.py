@@ -179,12 +179,16 @@ def _driver_blas_threads() -> list[int]:
 @pytest.mark.parametrize("cpus, start_method",
                          [(1, "auto"), (2, "auto"), (1, "fork"), (2, "fork"), (1, "spawn")])
 def test_workers_limit_blas_threads(cpus, start_method):
-    before = _driver_blas_threads()
-    run = mm.train(blas_threads, mm.items(range(4)), cpus_per_task=cpus, workers=1,
-                   start_method=start_method, progress=False)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=4):  # a driver with more BLAS threads than a task gets
+        before = _driver_blas_threads()
+        run = mm.train(blas_threads, mm.items(range(4)), cpus_per_task=cpus, workers=1,
+                       start_method=start_method, progress=False)
+        assert _driver_blas_threads() == before  # forked under the limits, then restored
+    assert before == [4] * len(before)
     assert (run.results["blas"] == cpus).all()
     assert (run.results["omp_env"] == cpus).all()
-    assert _driver_blas_threads() == before  # forked under the limits, then restored
 
 
 def blas_threads_or_crash(item):
@@ -195,9 +199,12 @@ def blas_threads_or_crash(item):
 
 
 def test_a_replacement_worker_keeps_the_blas_limit(tmp_path, monkeypatch):
+    from threadpoolctl import threadpool_limits
+
     monkeypatch.setenv("CRASH_MARKER", str(tmp_path / "crashed"))
-    run = mm.train(blas_threads_or_crash, mm.items(range(4)), workers=1, retries=1,
-                   start_method="fork", progress=False)
+    with threadpool_limits(limits=4):
+        run = mm.train(blas_threads_or_crash, mm.items(range(4)), workers=1, retries=1,
+                       start_method="fork", progress=False)
     assert (run.results["status"] == "ok").all()
     assert run.results["attempts"].max() == 2  # the first worker died in task 0
     assert (run.results["blas"] == 1).all()

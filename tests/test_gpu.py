@@ -42,13 +42,15 @@ def test_each_running_task_computes_on_its_own_detected_gpu(start_method, no_lef
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpu_ids = visible_gpus()  # detected through nvidia-smi: no gpus= declared
     assert gpu_ids, "nvidia-smi is present but lists no GPU"
-    run = mm.train(_matmul_on_gpu, mm.items(range(12)), gpus_per_task=1, workers=64,
-                   start_method=start_method, progress=False)
+    # twice as many tasks as GPUs, and more workers asked for than GPUs or tasks
+    run = mm.train(_matmul_on_gpu, mm.items(range(4 * len(gpu_ids))), gpus_per_task=1,
+                   workers=64, start_method=start_method, progress=False)
     summary = run.summary()
     assert summary.failed == 0, run.failed.to_dict("records")
     assert summary.workers == len(gpu_ids)  # one running task per GPU, not per core
     results = run.results
     assert (results["visible"] == 1).all()  # a task sees its own GPU and no other
     assert (results["max_error"] < 1e-9).all()
+    # every GPU used (the first tasks start one per worker), each by one worker
     assert sorted(results.groupby("worker")["devices"].agg(set).map(min)) == sorted(gpu_ids)
     assert (results.groupby("worker")["devices"].nunique() == 1).all()

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
+from manymodels.backends.serial import SerialBackend
 from manymodels.scheduling import BatchSizer
 
 
@@ -26,6 +27,36 @@ def test_a_second_batch_is_queued_on_a_worker_only_while_tasks_are_short():
     short = BatchSizer(workers=4, target_s=0.1)
     short.observe(busy_s=0.01, tasks=10)
     assert short.batches_per_worker() == 2  # short: the next batch waits at hand
+
+
+class _RecordingBackend(SerialBackend):
+    """The serial backend posing as 4 workers whose tasks each take ``seconds``;
+    it records how many batches per worker the scheduler lets it take."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(workers=4)
+        self.seconds = seconds
+        self.asked: list[int] = []
+
+    def free_slots(self, per_worker: int) -> int:
+        self.asked.append(per_worker)
+        return max(0, self.workers * per_worker - len(self._queue))
+
+    def poll(self, timeout: float):
+        events = super().poll(timeout)
+        for event in events:
+            event.busy_s = self.seconds * len(event.outcomes)
+        return events
+
+
+@pytest.mark.parametrize("seconds, expected", [(2.0, {1}), (0.001, {1, 2})])
+def test_the_scheduler_queues_a_second_batch_per_worker_only_for_short_tasks(seconds,
+                                                                              expected):
+    backend = _RecordingBackend(seconds)
+    run = mm.train(lambda item: item, mm.items(range(40)), backend=backend, progress=False)
+    assert run.summary().ok == 40
+    assert backend.asked[0] == 1  # nothing measured before the first batch
+    assert set(backend.asked) == expected
 
 
 def _sleep_for(item):

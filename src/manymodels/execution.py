@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .tables import is_pandas_frame
+from .tables import is_pandas_frame, plain_scalar
 
 OK = "ok"
 FAILED = "failed"
@@ -56,13 +56,7 @@ def split_result(value: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
-    plain = {}
-    for name, value in metrics.items():
-        item = getattr(value, "item", None)
-        if callable(item) and getattr(value, "ndim", None) == 0:
-            value = item()  # numpy scalar -> Python scalar
-        plain[str(name)] = value
-    return plain
+    return {str(name): plain_scalar(value) for name, value in metrics.items()}
 
 
 def run_setup(setup: Any) -> dict[str, Any]:

@@ -150,6 +150,16 @@ class Run:
             if rec.status[task.index] == OK and rec.model[task.index] is not None
         })
 
+    def _ok_outputs(self) -> tuple[list[str], list[tuple[tuple, Any]]]:
+        """The key columns, and (key values, what ``fit`` returned) of every task
+        that succeeded, in plan order: what the transforms assemble."""
+        rec = self._records
+        return self._plan.key_columns, [
+            (parts, rec.model[task.index])
+            for task, parts in zip(self._plan.tasks, self._plan.key_rows)
+            if rec.status[task.index] == OK
+        ]
+
     def report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (see :mod:`manymodels.report`)."""
         from .report import render_report

@@ -182,13 +182,14 @@ class ParquetGroups:
         positions = key_frame.groupby(self.by, sort=False).indices
         groups = {}
         for key, where in positions.items():
-            key = tuple(_plain(v) for v in (key if isinstance(key, tuple) else (key,)))
+            key = tuple(plain_scalar(v) for v in (key if isinstance(key, tuple) else (key,)))
             if key in keys:
                 groups[key] = rows.take(where)
         return groups
 
 
-def _plain(value: Any) -> Any:
-    """A NumPy scalar as the Python value the planner's keys hold."""
+def plain_scalar(value: Any) -> Any:
+    """A NumPy scalar as its Python value (keys and metrics hold Python values);
+    anything else unchanged."""
     item = getattr(value, "item", None)
     return item() if callable(item) and getattr(value, "ndim", None) == 0 else value

@@ -43,19 +43,17 @@ def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
     return pd.concat(frames, ignore_index=not keep_index)
 
 
-def _ok_outputs(run: Run, errors: str, what: str) -> list[tuple[tuple, Any]]:
+def _ok_outputs(run: Run, errors: str, what: str) -> tuple[list[str], list[tuple[tuple, Any]]]:
+    key_columns, outputs = run._ok_outputs()
     failed = run.failed
     if errors == "raise" and len(failed):
         row = failed.iloc[0]
-        key = tuple(row[c] for c in run._plan.key_columns)
+        key = tuple(row[c] for c in key_columns)
         raise RuntimeError(
             f"{what}: {len(failed)} task(s) failed; the first, "
             f"{key[0] if len(key) == 1 else key!r}, with:\n{row['error']}"
         )
-    records = run._records
-    return [(parts, records.model[task.index])
-            for task, parts in zip(run._plan.tasks, run._plan.key_rows)
-            if records.status[task.index] == "ok"]
+    return key_columns, outputs
 
 
 def _check_errors(errors: str) -> None:
@@ -85,9 +83,9 @@ def map_groups(
         raise TypeError("map_groups needs a source made by mm.groups(...)")
     options.setdefault("progress", False)
     run = train(fn, source, **options)
-    key_columns = run._plan.key_columns
+    key_columns, outputs = _ok_outputs(run, errors, "map_groups")
     frames = []
-    for parts, output in _ok_outputs(run, errors, "map_groups"):
+    for parts, output in outputs:
         frame = _concat([output], "map_groups")
         missing = [c for c in key_columns if c not in frame.columns]
         if missing:
@@ -127,5 +125,5 @@ def map_partitions(
     source = PartitionSource(table, partitions, format=format)
     options.setdefault("progress", False)
     run = train(fn, source, **options)
-    return _concat([output for _, output in _ok_outputs(run, errors, "map_partitions")],
+    return _concat([output for _, output in _ok_outputs(run, errors, "map_partitions")[1]],
                    "map_partitions", keep_index=isinstance(source.table, pd.DataFrame))

@@ -38,7 +38,7 @@ from manymodels.dataplane import Spill, dumps_spilling
 _FLUSH_EVERY_S = 0.25
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if the driver dies
@@ -123,7 +123,7 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
 
 def main(argv: list[str]) -> int:
     """A spawned worker: a fresh interpreter that loads the run from the data plane."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
     from multiprocessing.connection import Connection
 
@@ -160,7 +160,7 @@ def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
     objects, copy-on-write), so it loads nothing. Its thread pools are already
     limited (the driver forks it under the limits); the environment's limits
     reach libraries that ``fit`` loads later."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler
     os.environ.update(environment)

@@ -11,11 +11,14 @@ file where it records the task it is running. So the driver can:
 * kill a worker whose task overstays ``timeout``, or whose memory grows past
   ``memory_limit``, and record which task it was.
 
-Workers are fresh interpreters (``python -m ...``, not ``fork``), started with
-BLAS/OpenMP thread limits in their environment, in a session of their own so
-that a Ctrl-C in the terminal reaches only the driver, and with a parent-death
-signal so that none outlives a killed driver. Data reaches them through the
-data plane (:mod:`manymodels.dataplane`), never pickled per task.
+Workers are forked from the driver where that is safe (they share its memory
+copy-on-write and inherit its BLAS/OpenMP limits) and otherwise spawned as
+fresh interpreters (``python -m ...``) with the limits in their environment
+that map the data plane (:mod:`manymodels.dataplane`); either way nothing is
+pickled per task. Each runs in a session of its own, so that a Ctrl-C in the
+terminal reaches only the driver, with a parent-death signal, so that none
+outlives a killed driver. The driver's handle on a worker is
+:mod:`._process_handles`; the worker's own loop is :mod:`._process_worker`.
 """
 
 from __future__ import annotations
@@ -25,14 +28,12 @@ import mmap
 import os
 import pickle
 import queue
-import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -43,7 +44,16 @@ from .. import dataplane
 from .._resources import thread_limit_environment
 from ..execution import RunContext, TaskRef
 from ..tables import is_pandas_frame
-from ._process_worker import forked_main
+from ._process_handles import (
+    Batch,
+    ForkedProcess,
+    Worker,
+    describe_exit,
+    format_bytes,
+    send_loop,
+    wait_for_pipes_to_close,
+)
+from ._process_worker import die_with_parent, forked_main
 from ._protocol import SLOT
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 
@@ -55,102 +65,6 @@ START_METHODS = ("auto", "fork", "spawn")
 #: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
 #: initialised Ray is caught by its threads.
 FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
-
-
-@dataclass
-class _Batch:
-    batch_id: int
-    pending: dict[int, None]  # task indices not yet reported, in run order
-
-
-class _ForkedProcess:
-    """What the supervisor needs of ``subprocess.Popen``, for a forked child."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = -signal.SIGKILL
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005  # short first: a worker that was told to stop is usually gone
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.005)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-
-
-@dataclass
-class _Worker:
-    slot: int
-    process: subprocess.Popen | _ForkedProcess
-    rx: Connection
-    outbox: queue.SimpleQueue
-    sender: threading.Thread
-    tx_fd: int = -1
-    ready: bool = False
-    batches: deque[_Batch] = field(default_factory=deque)
-    stats: psutil.Process | None = None
-
-
-def _send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
-    # One thread per worker, so that a full pipe never blocks the driver loop.
-    while True:
-        data = outbox.get()
-        if data is None:
-            break
-        try:
-            conn.send_bytes(data)
-        except OSError:
-            break  # the worker is gone; the driver sees EOF on its other pipe
-    conn.close()
-
-
-def _wait_for_pipes_to_close(workers: list[_Worker], deadline: float) -> None:
-    """Wait until every worker's pipe reports end-of-file (it exited) or the
-    deadline passes: one wait for all, not one poll loop per worker."""
-    open_pipes = {w.rx: w for w in workers if w.process.poll() is None}
-    while open_pipes and (left := deadline - time.monotonic()) > 0:
-        for conn in wait(list(open_pipes), timeout=left):
-            try:
-                conn.recv_bytes()  # a last message of a stopping worker: dropped
-            except (EOFError, OSError):
-                del open_pipes[conn]
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"worker process was killed by {name} (signal {-code})"
-    return f"worker process exited with code {code}"
-
-
-def format_bytes(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"  # pragma: no cover
 
 
 class ProcessesBackend(Backend):
@@ -193,7 +107,8 @@ class ProcessesBackend(Backend):
     def start(self, context: RunContext) -> None:
         dataplane.sweep_stale_files()
         self._files = dataplane.RunFiles()
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
+        self._thread_pools: Any = None  # threadpoolctl's view of the driver's libraries
         self.start_method = self._choose_start_method()
         try:
             self._context = context
@@ -232,12 +147,15 @@ class ProcessesBackend(Backend):
         Setting it in the worker instead would cost every worker a scan of its
         libraries and a resize of pools whose threads did not survive the fork:
         on 16 cores that added about 0.4 s to every run, and tiny BLAS calls
-        ran at half speed. Spawned workers get the limits from their environment."""
+        ran at half speed. Spawned workers set the limits themselves, and find them
+        in their environment."""
         if self.start_method != "fork":
             return contextlib.nullcontext()
-        from threadpoolctl import threadpool_limits
+        if self._thread_pools is None:  # one scan of the loaded libraries per run
+            from threadpoolctl import ThreadpoolController
 
-        return threadpool_limits(limits=self.cpus_per_task)
+            self._thread_pools = ThreadpoolController()
+        return self._thread_pools.limit(limits=self.cpus_per_task)
 
     def _open_start_gate(self) -> None:
         """Let the forked workers go. Each waits at the gate until every worker
@@ -246,7 +164,7 @@ class ProcessesBackend(Backend):
         kernel's locks on the shared memory), so forking them all first and
         starting them together gets the last one working sooner."""
         gate, self._start_gate = self._start_gate, None
-        for fd in gate or ():
+        for fd in reversed(gate or ()):  # the write end first: it is what opens the gate
             os.close(fd)
 
     def _write_table(self, table: Any) -> str | None:
@@ -258,7 +176,7 @@ class ProcessesBackend(Backend):
 
     # -- workers -------------------------------------------------------------
 
-    def _spawn(self, slot: int) -> _Worker:
+    def _spawn(self, slot: int) -> Worker:
         env = dict(self._limits)
         if self.gpu_sets:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[slot])
@@ -286,39 +204,42 @@ class ProcessesBackend(Backend):
             os.close(to_worker_r)
             os.close(from_worker_w)
         outbox: queue.SimpleQueue = queue.SimpleQueue()
-        sender = threading.Thread(
-            target=_send_loop, args=(Connection(to_worker_w, readable=False), outbox),
-            daemon=True, name=f"manymodels-send-{slot}",
-        )
+        tx = Connection(to_worker_w, readable=False)
+        sender = threading.Thread(target=send_loop, args=(tx, outbox), daemon=True,
+                                  name=f"manymodels-send-{slot}")
         sender.start()
         try:
             stats = psutil.Process(process.pid)
         except psutil.Error:
             stats = None
-        return _Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
-                       sender, tx_fd=to_worker_w, stats=stats)
+        return Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
+                      sender, tx, stats=stats)
 
     def _fork(self, slot: int, env: dict[str, str], rx_fd: int, tx_fd: int,
-              own_driver_fds: tuple[int, int]) -> _ForkedProcess:
+              own_driver_fds: tuple[int, int]) -> ForkedProcess:
         # The child must not keep the driver's ends of any worker's pipes open,
         # or a dead worker's pipe would never report end-of-file.
         driver_fds = list(own_driver_fds)
         for worker in self._workers:
             if worker.slot != slot:
-                driver_fds += [worker.rx.fileno(), worker.tx_fd]
+                driver_fds += [worker.rx.fileno(), worker.tx.fileno()]
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        gate = self._start_gate
+        gate, driver_pid = self._start_gate, os.getpid()
         pid = os.fork()
         if pid:
-            return _ForkedProcess(pid)
+            return ForkedProcess(pid)
         code = 1
         try:
             os.setsid()
             for fd in driver_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            die_with_parent()
+            if os.getppid() != driver_pid:  # the driver died before that took hold
+                code = 0
+                return
             if gate is not None:  # wait until the driver has forked every worker
                 os.close(gate[1])
                 os.read(gate[0], 1)  # end-of-file once the driver closes its end
@@ -336,7 +257,7 @@ class ProcessesBackend(Backend):
                     stream.flush()
             os._exit(code)
 
-    def _retire(self, worker: _Worker, *, kill: bool) -> None:
+    def _retire(self, worker: Worker, *, kill: bool) -> None:
         if kill and worker.process.poll() is None:
             try:
                 worker.process.kill()
@@ -348,14 +269,17 @@ class ProcessesBackend(Backend):
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
             pass
         worker.rx.close()
+        worker.sender.join(timeout=5)
+        if not worker.sender.is_alive():  # else it is stuck on a pipe that a process
+            worker.tx.close()             # the worker started still holds: left open
         SLOT.pack_into(self._slots, worker.slot * SLOT.size, -1, 0.0)
 
-    def _replace(self, worker: _Worker, status: str | None, message: str | None) -> list[Event]:
+    def _replace(self, worker: Worker, status: str | None, message: str | None) -> list[Event]:
         """Account for the tasks of a worker that is gone, and start another."""
         index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
-            status, message = "crashed", _describe_exit(worker.process.returncode)
+            status, message = "crashed", describe_exit(worker.process.returncode)
         unreported = [i for batch in worker.batches for i in batch.pending]
         events: list[Event] = []
         if index in unreported:
@@ -381,7 +305,7 @@ class ProcessesBackend(Backend):
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
-        worker.batches.append(_Batch(batch_id, dict.fromkeys(t[0] for t in tasks)))
+        worker.batches.append(Batch(batch_id, dict.fromkeys(t[0] for t in tasks)))
         worker.outbox.put(pickle.dumps(("batch", batch_id, tasks), protocol=5))
 
     def poll(self, timeout: float) -> list[Event]:
@@ -401,7 +325,7 @@ class ProcessesBackend(Backend):
             events.extend(self._check_limits())
         return events
 
-    def _handle(self, worker: _Worker, message: tuple) -> list[Event]:
+    def _handle(self, worker: Worker, message: tuple) -> list[Event]:
         kind = message[0]
         if kind == "ready":
             worker.ready = True
@@ -463,7 +387,7 @@ class ProcessesBackend(Backend):
                 for worker in workers:
                     worker.outbox.put(pickle.dumps(("stop",)))
                 deadline = time.monotonic() + _STOP_GRACE_S
-                _wait_for_pipes_to_close(workers, deadline)
+                wait_for_pipes_to_close(workers, deadline)
                 for worker in workers:
                     try:
                         worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -45,7 +45,7 @@ class ThreadsBackend(Backend):
             self._done.put(WorkerStartupError(f"a worker thread could not start: {exc!r}"))
 
     def free_slots(self, per_worker: int) -> int:
-        return self.workers * per_worker - self._in_flight
+        return max(0, self.workers * per_worker - self._in_flight)
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         self._in_flight += 1

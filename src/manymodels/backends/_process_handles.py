@@ -1,0 +1,120 @@
+"""The driver's handle on one worker process of the processes backend: the
+process (a ``Popen``, or a forked child behind the same small interface), its
+pipes, the thread that feeds its pipe, and the batches it holds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+import psutil
+
+
+@dataclass
+class Batch:
+    batch_id: int
+    pending: dict[int, None]  # task indices not yet reported, in run order
+
+
+class ForkedProcess:
+    """What the supervisor needs of ``subprocess.Popen``, for a forked child."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005  # short first: a worker that was told to stop is usually gone
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+@dataclass
+class Worker:
+    slot: int
+    process: subprocess.Popen | ForkedProcess
+    rx: Connection
+    outbox: queue.SimpleQueue
+    sender: threading.Thread
+    tx: Connection  # the driver's end of the pipe to the worker; only the sender writes
+    ready: bool = False
+    batches: deque[Batch] = field(default_factory=deque)
+    stats: psutil.Process | None = None
+
+
+def send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
+    """One thread per worker feeds its pipe, so that a full pipe never blocks
+    the driver loop. It never closes the pipe: the driver does, once this
+    thread has ended, so that the descriptor's number cannot be reused while
+    the driver still counts it as this worker's (a worker forked meanwhile
+    would close it as 'the driver's end of another worker's pipe')."""
+    while True:
+        data = outbox.get()
+        if data is None:
+            break
+        try:
+            conn.send_bytes(data)
+        except OSError:
+            break  # the worker is gone; the driver sees EOF on its other pipe
+
+
+def wait_for_pipes_to_close(workers: list[Worker], deadline: float) -> None:
+    """Wait until every worker has exited (its pipe reports end-of-file, or its
+    process is gone while a process it started still holds the pipe) or the
+    deadline passes: one wait for all, not one poll loop per worker."""
+    open_pipes = {w.rx: w for w in workers if w.process.poll() is None}
+    while open_pipes and (left := deadline - time.monotonic()) > 0:
+        for conn in wait(list(open_pipes), timeout=min(left, 0.01)):
+            try:
+                conn.recv_bytes()  # a last message of a stopping worker: dropped
+            except (EOFError, OSError):
+                del open_pipes[conn]
+        for conn in [c for c, w in open_pipes.items() if w.process.poll() is not None]:
+            del open_pipes[conn]
+
+
+def describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process was killed by {name} (signal {-code})"
+    return f"worker process exited with code {code}"
+
+
+def format_bytes(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover
