@@ -108,7 +108,7 @@ class ProcessesBackend(Backend):
         dataplane.sweep_stale_files()
         self._files = dataplane.RunFiles()
         self._workers: list[Worker] = []
-        self._thread_pools: Any = None  # threadpoolctl's view of the driver's libraries
+        self._driver_limits: Any = None  # the driver's BLAS/OpenMP limits, while it runs
         self.start_method = self._choose_start_method()
         try:
             self._context = context
@@ -130,9 +130,9 @@ class ProcessesBackend(Backend):
             self._env = {**os.environ, **self._limits}
             self._start_gate = os.pipe() if self.start_method == "fork" else None
             try:
-                with self._thread_limits_to_inherit():
-                    for slot in range(self.workers):
-                        self._workers.append(self._spawn(slot))
+                self._limit_driver_threads()
+                for slot in range(self.workers):
+                    self._workers.append(self._spawn(slot))
             finally:
                 self._open_start_gate()
         except BaseException:
@@ -141,21 +141,24 @@ class ProcessesBackend(Backend):
         self._unexplained_deaths = 0
         self._last_check = time.monotonic()
 
-    def _thread_limits_to_inherit(self) -> contextlib.AbstractContextManager:
-        """While forking, the driver's BLAS/OpenMP pools are limited to
-        ``cpus_per_task`` threads, so that each forked worker inherits the limit.
-        Setting it in the worker instead would cost every worker a scan of its
-        libraries and a resize of pools whose threads did not survive the fork:
-        on 16 cores that added about 0.4 s to every run, and tiny BLAS calls
-        ran at half speed. Spawned workers set the limits themselves, and find them
+    def _limit_driver_threads(self) -> None:
+        """Limit the driver's BLAS/OpenMP pools to ``cpus_per_task`` threads for
+        the whole run, so that every forked worker (replacements too) inherits
+        the limit; the driver itself computes nothing meanwhile.
+
+        Setting the limit in each worker instead costs every worker a scan of
+        its libraries, and slows its first thousands of small BLAS calls
+        (pools whose threads did not survive the fork): on 16 cores, 0.4 s
+        more per run. Restoring the driver's limits right after forking is no
+        better: OpenBLAS then starts its threads again in the driver, and they
+        spin for a while on the cores the workers need (small SciPy calls in
+        the workers took 1.8x as long). So the limits are restored in
+        :meth:`stop`. Spawned workers set the limits themselves, and find them
         in their environment."""
-        if self.start_method != "fork":
-            return contextlib.nullcontext()
-        if self._thread_pools is None:  # one scan of the loaded libraries per run
+        if self.start_method == "fork":
             from threadpoolctl import ThreadpoolController
 
-            self._thread_pools = ThreadpoolController()
-        return self._thread_pools.limit(limits=self.cpus_per_task)
+            self._driver_limits = ThreadpoolController().limit(limits=self.cpus_per_task)
 
     def _open_start_gate(self) -> None:
         """Let the forked workers go. Each waits at the gate until every worker
@@ -294,8 +297,7 @@ class ProcessesBackend(Backend):
                 )
         if unreported:
             events.append(Requeued(unreported))
-        with self._thread_limits_to_inherit():
-            self._workers[worker.slot] = self._spawn(worker.slot)
+        self._workers[worker.slot] = self._spawn(worker.slot)
         return events
 
     # -- the contract ----------------------------------------------------------
@@ -396,5 +398,8 @@ class ProcessesBackend(Backend):
             for worker in workers:
                 self._retire(worker, kill=True)
         finally:
+            limits, self._driver_limits = getattr(self, "_driver_limits", None), None
+            if limits is not None:
+                limits.restore_original_limits()
             if hasattr(self, "_files"):
                 self._files.cleanup()
