@@ -22,8 +22,8 @@ Rules every backend keeps:
   many more batches it accepts now with at most ``per_worker`` unfinished on
   any one worker. The scheduler asks for two while tasks are measured short,
   so that a worker has its next batch at hand when it finishes one, and for
-  one when they are long or not yet measured: a long batch queued behind its worker's
-  current one would wait there while another worker idles.
+  one when they are long or not yet measured: a long batch queued behind its
+  worker's current one would wait there while another worker idles.
 * Each task submitted is reported exactly once, as an outcome inside a
   :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
   past ``timeout`` or past ``memory_limit``), or handed back unrun in a
