@@ -185,7 +185,7 @@ def test_workers_limit_blas_threads(cpus, start_method):
         before = _driver_blas_threads()
         run = mm.train(blas_threads, mm.items(range(4)), cpus_per_task=cpus, workers=1,
                        start_method=start_method, progress=False)
-        assert _driver_blas_threads() == before  # forked under the limits, then restored
+        assert _driver_blas_threads() == before  # limited during the run, then restored
     assert before == [4] * len(before)
     assert (run.results["blas"] == cpus).all()
     assert (run.results["omp_env"] == cpus).all()
