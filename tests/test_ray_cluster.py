@@ -8,6 +8,7 @@ all its tests, and a process can be connected to one Ray at a time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -44,6 +45,20 @@ def disconnected(monkeypatch):
 def node_id_and_pid(item):
     time.sleep(0.2)
     return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+
+def meet_on_two_nodes(rendezvous: str, item):
+    """Each task marks its node in ``rendezvous`` and waits (a minute at most)
+    until a task has started on two nodes: the run must use both nodes
+    however slowly the second one's worker starts (seconds on a loaded
+    2-core machine, when the first node's worker could have run all 40 tasks
+    alone), and a run that never uses the second node still ends."""
+    node = ray.get_runtime_context().get_node_id()
+    Path(rendezvous, node).touch()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(rendezvous)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"node": node, "pid": os.getpid()}
 
 
 def _ray_children() -> set[int]:
@@ -168,22 +183,22 @@ def _wait_for_nodes(address: str, count: int) -> None:
         ray.shutdown()
 
 
-def test_two_node_cluster_through_ray_address(cluster, monkeypatch):
+def test_two_node_cluster_through_ray_address(cluster, monkeypatch, tmp_path):
     _wait_for_nodes(cluster, 2)
     monkeypatch.setenv("RAY_ADDRESS", cluster)
-    # 8 s of work: the second node's new worker process (a second or two to
-    # start on a small machine) takes its share whatever the timing
-    run = mm.train(node_id_and_pid, mm.items(range(40)), backend="ray", progress=False)
+    fit = functools.partial(meet_on_two_nodes, str(tmp_path))
+    run = mm.train(fit, mm.items(range(40)), backend="ray", progress=False)
     assert run.summary().statuses == {"ok": 40}
     assert run.workers == 2  # the cluster's CPUs, not this machine's cores
     assert run.results["node"].nunique() == 2  # fit ran on both nodes
     assert ray.is_initialized()  # it connected to the cluster, and left it running
 
 
-def test_two_node_cluster_through_a_backend_instance(cluster):
+def test_two_node_cluster_through_a_backend_instance(cluster, tmp_path):
     _wait_for_nodes(cluster, 2)
     backend = mm.RayBackend(address=cluster)
-    run = mm.train(node_id_and_pid, mm.items(range(40)), backend=backend, progress=False)
+    fit = functools.partial(meet_on_two_nodes, str(tmp_path))
+    run = mm.train(fit, mm.items(range(40)), backend=backend, progress=False)
     assert run.summary().statuses == {"ok": 40}
     assert not backend.started_ray and ray.is_initialized()
     assert backend.workers == 2

@@ -23,7 +23,9 @@ Rules every backend keeps:
   any one worker. The scheduler asks for two while tasks are measured short,
   so that a worker has its next batch at hand when it finishes one, and for
   one when they are long or not yet measured: a long batch queued behind its
-  worker's current one would wait there while another worker idles.
+  worker's current one would wait there while another worker idles. A
+  backend whose queued batches go to whichever worker frees first (Ray's
+  queue at the driver) need not follow it.
 * Each task submitted is reported exactly once, as an outcome inside a
   :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
   past ``timeout`` or past ``memory_limit``), or handed back unrun in a

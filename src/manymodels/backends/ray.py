@@ -15,8 +15,10 @@ Why a batch, not a task, per Ray task
     cap the run at ``workers`` (a local instance started with ``workers *
     cpus_per_task`` CPUs, or ``workers`` left to the cluster's size), two Ray
     tasks per worker are in flight, so that Ray has the next batch at hand
-    (and reuses its worker lease) when one finishes; where ``workers`` asks
-    for less than the cluster holds, exactly ``workers``.
+    (and reuses its worker lease) when one finishes, long tasks or short:
+    Ray queues them at the driver, and the first worker to free up takes the
+    next. Where ``workers`` asks for less than the cluster holds, exactly
+    ``workers``.
 
 How the data goes in once
     :meth:`RayBackend.start` puts the run into the object store once: the
@@ -300,7 +302,13 @@ class RayBackend(Backend):
     # -- the contract -------------------------------------------------------------
 
     def free_slots(self, per_worker: int) -> int:
-        return max(0, self.workers * min(per_worker, self._per_worker) - len(self._calls))
+        # ``per_worker`` is ignored: Ray queues a Ray task at the driver (its
+        # owner), not on a worker, and the first worker lease to free up, or
+        # to be granted on a node just joining, takes it. A long batch in
+        # flight does not wait behind another while a worker idles. With one
+        # per worker, a worker finishing early took the next batch before a
+        # new node's first worker had started, again and again.
+        return max(0, self.workers * self._per_worker - len(self._calls))
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
