@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,17 @@ class RunContext:
     retry_on: tuple[type[BaseException], ...] = ()
     setup: Any = None  # a callable, or a dict of name -> callable, run once per worker
     reader: Any = None  # a tables.ParquetGroups when each batch reads its own groups
+
+
+@dataclass
+class BatchPart:
+    """Outcomes of part of a batch, as :meth:`Executor.run_in_parts` yields them."""
+
+    outcomes: list[Outcome]
+    busy_s: float  # running these tasks
+    prepare_s: float  # preparing the batch (reading its rows): in its first part only
+    last: bool  # the batch's final part
+    running: int | None = None  # with part_before_each: the task about to start
 
 
 def split_result(value: Any) -> tuple[Any, dict[str, Any]]:
@@ -218,19 +229,44 @@ class Executor:
                     traceback.format_exc(), isinstance(exc, self.retry_on))
         return (index, OK, model, metrics, time.perf_counter() - start, started_at, None, False)
 
-    def run_batch(
+    def run_in_parts(
         self,
         tasks: list[TaskRef],
+        *,
         on_start: Callable[[int], None] | None = None,
-    ) -> tuple[list[Outcome], float, float]:
-        """Run ``tasks`` in order; return their outcomes, the time running them
-        and the time preparing the batch."""
+        flush_every_s: float | None = None,
+        part_before_each: bool = False,
+    ) -> Iterator[BatchPart]:
+        """Run a batch's ``tasks`` in order, yielding their outcomes in parts.
+
+        Every backend runs a batch through this one loop, so that they time
+        the batch's preparation and its tasks alike. A part comes every
+        ``flush_every_s`` seconds of running (the driver sees progress and
+        frees memory within a long batch), or with ``part_before_each`` just
+        before each task, naming it (the Ray backend's marked mode); the last
+        part ends the batch. ``on_start(index)`` is called as each task starts.
+        """
         start = time.perf_counter()
         self.begin_batch(tasks)
-        begin = time.perf_counter()
-        outcomes = []
-        for task in tasks:
+        begin = last_flush = time.perf_counter()
+        prepare = begin - start
+        outcomes: list[Outcome] = []
+        for position, task in enumerate(tasks):
+            if part_before_each:
+                now = time.perf_counter()
+                yield BatchPart(outcomes, now - begin, prepare, last=False, running=task[0])
+                outcomes, begin, prepare = [], now, 0.0
             if on_start is not None:
                 on_start(task[0])
             outcomes.append(self.run_one(task))
-        return outcomes, time.perf_counter() - begin, begin - start
+            if flush_every_s is not None and position + 1 < len(tasks):
+                now = time.perf_counter()
+                if now - last_flush > flush_every_s:
+                    yield BatchPart(outcomes, now - begin, prepare, last=False)
+                    outcomes, begin, last_flush, prepare = [], now, now, 0.0
+        yield BatchPart(outcomes, time.perf_counter() - begin, prepare, last=True)
+
+    def run_batch(self, tasks: list[TaskRef]) -> BatchPart:
+        """Run ``tasks`` in order; all their outcomes in one part."""
+        *_, whole = self.run_in_parts(tasks)
+        return whole

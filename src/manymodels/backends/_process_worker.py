@@ -105,20 +105,11 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
             return 0
         _, batch_id, tasks = message
         mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
-        start = time.perf_counter()
-        executor.begin_batch(tasks)
-        begin = last_flush = time.perf_counter()
-        prepare = begin - start
-        outcomes = []
-        for position, task in enumerate(tasks):
-            mark(task[0])
-            outcomes.append(executor.run_one(task))
-            now = time.perf_counter()
-            if now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
-                send("part", batch_id, outcomes, now - begin, prepare)
-                outcomes, begin, last_flush, prepare = [], now, now, 0.0
-        mark(-1)
-        send("done", batch_id, outcomes, time.perf_counter() - begin, prepare)
+        for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=_FLUSH_EVERY_S):
+            if part.last:
+                mark(-1)
+            send("done" if part.last else "part", batch_id, part.outcomes, part.busy_s,
+                 part.prepare_s)
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import time
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -75,11 +74,12 @@ def _run_batch(
     """The Ray task (a streaming generator): run one batch, yield what happens.
 
     Yields ``("start", node_id, pid)``, then either ``("fatal", traceback)``
-    (the run cannot be loaded here) or ``("prepared", seconds)`` (the batch's
-    rows are ready) and outcome messages: ``("run", index,
-    outcomes_or_None, busy_s)`` before each task in marked mode, ``("part",
-    outcomes, busy_s)`` every 0.25 s otherwise, and finally ``("done",
-    outcomes, busy_s)``; outcomes travel pickled (:func:`dump_outcomes`).
+    (the run cannot be loaded here) or outcome messages: ``("run", index,
+    outcomes, busy_s, prepare_s)`` before each task in marked mode,
+    ``("part", outcomes, busy_s, prepare_s)`` every 0.25 s otherwise, and
+    finally ``("done", outcomes, busy_s, prepare_s)``. Outcomes travel
+    pickled (:func:`dump_outcomes`), ``None`` when there are none yet;
+    ``prepare_s``, the time reading the batch's rows, is in the first only.
     """
     import ray
 
@@ -93,23 +93,14 @@ def _run_batch(
     # BLAS/OpenMP pools are per process; restored after the batch, so the
     # limit never leaks into other Ray tasks this worker may run.
     with _thread_limiter().limit(limits=cpus_per_task):
-        start = time.perf_counter()
-        executor.begin_batch(tasks)
-        begin = last_flush = time.perf_counter()
-        yield ("prepared", begin - start)
-        outcomes: list = []
-        for position, task in enumerate(tasks):
-            if marked:
-                now = time.perf_counter()
-                yield ("run", task[0], dump_outcomes(outcomes)[0] if outcomes else None,
-                       now - begin)
-                outcomes, begin = [], now
-            outcomes.append(executor.run_one(task))
-            now = time.perf_counter()
-            if not marked and now - last_flush > _FLUSH_EVERY_S and position + 1 < len(tasks):
-                yield ("part", dump_outcomes(outcomes)[0], now - begin)
-                outcomes, begin, last_flush = [], now, now
-        yield ("done", dump_outcomes(outcomes)[0], time.perf_counter() - begin)
+        parts = executor.run_in_parts(
+            tasks, flush_every_s=None if marked else _FLUSH_EVERY_S, part_before_each=marked)
+        for part in parts:
+            blob = dump_outcomes(part.outcomes)[0] if part.outcomes or part.last else None
+            if part.running is not None:
+                yield ("run", part.running, blob, part.busy_s, part.prepare_s)
+            else:
+                yield ("done" if part.last else "part", blob, part.busy_s, part.prepare_s)
 
 
 _REMOTE: Any = None

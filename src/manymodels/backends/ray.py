@@ -112,7 +112,7 @@ class _Call:
     tasks: dict[int, TaskRef]  # index -> task, of the tasks not yet reported
     marked: bool
     started: bool = False  # its "start" message arrived
-    prepare_s: float = 0.0  # from its "prepared" message, until outcomes carry it
+    prepare_s: float = 0.0  # reported before any outcome (marked mode), until one carries it
     worker: int = -1
     running: int | None = None  # marked: the index of the task running now
     running_since: float = 0.0  # driver's monotonic clock when its marker arrived
@@ -357,8 +357,6 @@ class RayBackend(Backend):
             if kind == "start":
                 call.started = True
                 call.worker = self._worker_id(message[1], message[2])
-            elif kind == "prepared":
-                call.prepare_s = message[1]
             elif kind == "fatal":
                 raise WorkerStartupError(
                     "a Ray worker could not load the run: unpickling fit or the data, or "
@@ -375,8 +373,9 @@ class RayBackend(Backend):
                 return events
 
     def _outcomes(self, call: _Call, message: tuple) -> list[Event]:
-        blob, busy = message[-2], message[-1]
-        if blob is None:
+        blob, busy, prepare_s = message[-3:]
+        call.prepare_s += prepare_s
+        if blob is None:  # the marker of a batch's first task: no outcome yet
             return []
         outcomes = pickle.loads(blob)
         for outcome in outcomes:

@@ -33,8 +33,9 @@ class SerialBackend(Backend):
     def poll(self, timeout: float) -> list[Event]:
         if not self._queue:
             return []
-        outcomes, busy, prepare = self._executor.run_batch(self._queue.popleft())
-        return [Finished(outcomes, worker=0, busy_s=busy, prepare_s=prepare)]
+        whole = self._executor.run_batch(self._queue.popleft())
+        return [Finished(whole.outcomes, worker=0, busy_s=whole.busy_s,
+                         prepare_s=whole.prepare_s)]
 
     def stop(self, *, force: bool = False) -> None:
         self._queue.clear()

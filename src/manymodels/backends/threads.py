@@ -38,9 +38,9 @@ class ThreadsBackend(Backend):
         try:
             if not hasattr(self._local, "executor"):  # one per thread: setup= runs per worker
                 self._local.executor = Executor(self._context)
-            outcomes, busy, prepare = self._local.executor.run_batch(tasks)
-            self._done.put(Finished(outcomes, worker=self._worker_id(), busy_s=busy,
-                                    prepare_s=prepare))
+            whole = self._local.executor.run_batch(tasks)
+            self._done.put(Finished(whole.outcomes, worker=self._worker_id(),
+                                    busy_s=whole.busy_s, prepare_s=whole.prepare_s))
         except BaseException as exc:  # setup= failed: run_batch catches fit's errors
             self._done.put(WorkerStartupError(f"a worker thread could not start: {exc!r}"))
 
