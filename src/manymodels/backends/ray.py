@@ -68,15 +68,10 @@ What it does not do
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import pickle
-import signal
 import sys
-import threading
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -84,6 +79,7 @@ import cloudpickle
 
 from .._resources import usable_cores
 from ..execution import RunContext, TaskRef, pickle_any
+from ._ray_cluster import check_resources, cluster_workers, connect, import_ray
 from ._ray_worker import remote_function
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 
@@ -116,15 +112,6 @@ class _Call:
     worker: int = -1
     running: int | None = None  # marked: the index of the task running now
     running_since: float = 0.0  # driver's monotonic clock when its marker arrived
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(
-            "backend='ray' needs Ray: pip install 'manymodels[ray]' (or 'ray')") from exc
-    return ray
 
 
 def _first_line(exc: BaseException) -> str:
@@ -164,10 +151,10 @@ class RayBackend(Backend):
         address: str | None = None,
         **ray_init_options: Any,
     ) -> None:
-        _import_ray()  # fail here, before any work, where Ray is not installed
+        import_ray()  # fail here, before any work, where Ray is not installed
         auto = workers is None
         if workers is None:
-            workers = self._cluster_workers(cpus_per_task) or max(
+            workers = cluster_workers(cpus_per_task) or max(
                 1, usable_cores() // cpus_per_task)
         super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
                          gpu_sets=gpu_sets)
@@ -199,50 +186,19 @@ class RayBackend(Backend):
     def gpus_per_task(self) -> int:
         return len(self.gpu_sets[0]) if self.gpu_sets else 0
 
-    @staticmethod
-    def _cluster_workers(cpus_per_task: int) -> int | None:
-        ray = sys.modules.get("ray")
-        if ray is None or not ray.is_initialized():
-            return None
-        cpus = int(ray.cluster_resources().get("CPU", 0))
-        return max(1, cpus // cpus_per_task) if cpus else None
-
     # -- life cycle -------------------------------------------------------------
-
-    def _connect(self) -> None:
-        import ray
-
-        if ray.is_initialized():
-            return
-        address = self.address or os.environ.get("RAY_ADDRESS") or None
-        options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-        if address is None:
-            options.update(num_cpus=self.workers * self.cpus_per_task, include_dashboard=False)
-            if self.gpu_sets:
-                options["num_gpus"] = len({gpu for group in self.gpu_sets for gpu in group})
-        else:
-            options["address"] = address
-        options.update(self.ray_init_options)
-        # ray.init replaces the SIGTERM handler with sys.exit; the scheduler's
-        # (SIGTERM stops the run like Ctrl-C) must stay in force.
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.getsignal(signal.SIGTERM) if main else None
-        try:
-            ray.init(**options)
-        finally:
-            if main and previous is not None:
-                signal.signal(signal.SIGTERM, previous)
-        self.started_ray = address is None
 
     def start(self, context: RunContext) -> None:
         import ray
 
         try:
-            self._connect()
+            self.started_ray = connect(self.address, self.workers * self.cpus_per_task,
+                                       self.gpu_sets, self.ray_init_options)
             if self.auto_workers:
-                self._workers = self._cluster_workers(self.cpus_per_task) or self._workers
+                self._workers = cluster_workers(self.cpus_per_task) or self._workers
             resources = ray.cluster_resources()
-            self._check_resources(resources)
+            check_resources(resources, self.cpus_per_task, self.gpus_per_task,
+                            fatal=self.started_ray)
             # Queue batches ahead only where Ray itself keeps to `workers` at once.
             capped = self.workers * self.cpus_per_task >= resources.get("CPU", 0) or (
                 self.gpus_per_task
@@ -267,20 +223,6 @@ class RayBackend(Backend):
         self._worker_ids: dict[tuple[str, int], int] = {}
         self.worker_nodes, self.worker_pids = {}, {}
         self._unexplained_deaths = 0
-
-    def _check_resources(self, resources: dict[str, float]) -> None:
-        missing = []
-        if resources.get("CPU", 0) < self.cpus_per_task:
-            missing.append(f"{self.cpus_per_task} CPU(s)")
-        if self.gpus_per_task and resources.get("GPU", 0) < self.gpus_per_task:
-            missing.append(f"{self.gpus_per_task} GPU(s)")
-        if not missing:
-            return
-        message = (f"each task needs {' and '.join(missing)}, but the Ray cluster has "
-                   f"{resources.get('CPU', 0):g} CPU(s) and {resources.get('GPU', 0):g} GPU(s)")
-        if self.started_ray:
-            raise WorkerStartupError(message)
-        warnings.warn(f"{message}; tasks wait until an autoscaler adds nodes", stacklevel=2)
 
     def stop(self, *, force: bool = False) -> None:
         ray = sys.modules.get("ray")
