@@ -23,6 +23,7 @@ import pytest
 import manymodels as mm
 from conftest import assert_only_timed_out, fit_linear
 from manymodels.backends import WorkerStartupError
+from manymodels.execution import RunContext
 
 ray = pytest.importorskip("ray")
 
@@ -276,6 +277,30 @@ def test_workers_given_to_train_override_the_cluster_size():
                        + run.results["duration_s"]))
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert start >= end - 1e-3  # one task at a time, though the instance has 2 CPUs
+
+
+def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():
+    # Ray queues them at the driver, where the first worker to free up takes
+    # the next: long tasks too, for which the scheduler asks for one.
+    capped = mm.RayBackend()  # as many workers as the instance's 2 CPUs
+    capped.start(RunContext(fit=slow_item, kind="items"))
+    try:
+        assert capped.free_slots(1) == capped.free_slots(2) == 2 * capped.workers
+    finally:
+        capped.stop()
+    # Fewer workers than CPUs: Ray would run a queued batch at once.
+    below = mm.RayBackend(workers=1)
+    below.start(RunContext(fit=slow_item, kind="items"))
+    try:
+        assert below.free_slots(1) == below.free_slots(2) == 1
+    finally:
+        below.stop()
+
+
+def test_a_node_with_another_manymodels_version_fails_clearly(monkeypatch):
+    monkeypatch.setattr(mm, "__version__", "0.0.0-driver")  # the workers report theirs
+    with pytest.raises(WorkerStartupError, match="install the same version on every node"):
+        mm.train(slow_item, mm.items(range(4)), backend="ray", workers=2, progress=False)
 
 
 def blas_threads(item):

@@ -79,4 +79,4 @@ def check_resources(resources: dict[str, float], cpus_per_task: int, gpus_per_ta
                f"{resources.get('CPU', 0):g} CPU(s) and {resources.get('GPU', 0):g} GPU(s)")
     if fatal:
         raise WorkerStartupError(message)
-    warnings.warn(f"{message}; tasks wait until an autoscaler adds nodes", stacklevel=3)
+    warnings.warn(f"{message}; tasks wait until an autoscaler adds nodes", stacklevel=2)

@@ -73,7 +73,7 @@ def _run_batch(
 ) -> Iterator[tuple]:
     """The Ray task (a streaming generator): run one batch, yield what happens.
 
-    Yields ``("start", node_id, pid)``, then either ``("fatal", traceback)``
+    Yields ``("start", node_id, pid, manymodels_version)``, then either ``("fatal", traceback)``
     (the run cannot be loaded here) or outcome messages: ``("run", index,
     outcomes, busy_s, prepare_s)`` before each task in marked mode,
     ``("part", outcomes, busy_s, prepare_s)`` every 0.25 s otherwise, and
@@ -83,7 +83,9 @@ def _run_batch(
     """
     import ray
 
-    yield ("start", ray.get_runtime_context().get_node_id(), os.getpid())
+    from .. import __version__
+
+    yield ("start", ray.get_runtime_context().get_node_id(), os.getpid(), __version__)
     try:
         executor = _load_executor(run_id, payload)
         tasks: list[TaskRef] = pickle.loads(tasks_blob)

@@ -14,11 +14,12 @@ Why a batch, not a task, per Ray task
     ``workers`` Ray tasks run at once. Where Ray's own resources already
     cap the run at ``workers`` (a local instance started with ``workers *
     cpus_per_task`` CPUs, or ``workers`` left to the cluster's size), two Ray
-    tasks per worker are in flight, so that Ray has the next batch at hand
-    (and reuses its worker lease) when one finishes, long tasks or short:
-    Ray queues them at the driver, and the first worker to free up takes the
-    next. Where ``workers`` asks for less than the cluster holds, exactly
-    ``workers``.
+    tasks per worker are in flight (one running, one queued), long tasks or
+    short: Ray keeps queued tasks at the driver, not on a worker, and the
+    first worker to free up or to be granted, on any node, takes the next
+    (reusing its lease while that is fresh, half a second). Should the
+    cluster grow during the run, the queued ones run too. Where ``workers``
+    asks for less than the cluster holds, exactly ``workers``.
 
 How the data goes in once
     :meth:`RayBackend.start` puts the run into the object store once: the
@@ -33,12 +34,17 @@ How the data goes in once
 
 How a crash or a timeout is pinned on one task
     The remote function is a Ray *streaming generator*: it yields
-    ``("start", node_id, pid)`` before it loads the run, then outcomes in
+    ``("start", node_id, pid, version)`` before it loads the run, then outcomes in
     parts (every 0.25 s) and ``("done", ...)``. In *marked* mode it also
     yields ``("run", index, ...)`` just before each task (carrying the
     previous task's outcome), so the driver knows which task the worker is
     running and since when. Batches run marked when ``timeout`` is set, and
-    single-task batches always do.
+    single-task batches always do. A marked Ray task waits until the driver
+    has read each message before it goes on (Ray's generator backpressure of
+    one object, about half a millisecond a task): Ray sends yielded items
+    asynchronously, and a worker that dies right after yielding a marker took
+    it down with it two times in three, so the crash was blamed on the task
+    before.
 
     * A worker that dies (``WorkerCrashedError``, a dead node, Ray's OOM
       killer) inside a marked batch costs exactly the running task: it is
@@ -112,6 +118,18 @@ class _Call:
     worker: int = -1
     running: int | None = None  # marked: the index of the task running now
     running_since: float = 0.0  # driver's monotonic clock when its marker arrived
+
+
+def _check_version(start: tuple) -> None:
+    """The worker's messages are read as this version writes them: a node with
+    another manymodels must fail clearly, not as a tuple that will not unpack."""
+    from .. import __version__
+
+    theirs = start[3] if len(start) > 3 else "an older one"
+    if theirs != __version__:
+        raise WorkerStartupError(
+            f"a Ray node ({start[1][:12]}) runs manymodels {theirs}, the driver "
+            f"{__version__}: install the same version on every node")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -216,6 +234,10 @@ class RayBackend(Backend):
             if self.memory_limit is not None:
                 options["memory"] = int(self.memory_limit)
             self._remote = remote_function().options(**options)
+            # A marked Ray task waits until the driver has read each message
+            # (see "How a crash or a timeout is pinned on one task").
+            self._remote_marked = remote_function().options(
+                **options, _generator_backpressure_num_objects=1)
         except BaseException:
             self.stop(force=True)
             raise
@@ -256,8 +278,9 @@ class RayBackend(Backend):
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
 
     def _launch(self, batch_id: int, tasks: list[TaskRef], marked: bool) -> None:
-        gen = self._remote.remote(self._run_id, self._payload, _dump_tasks(tasks),
-                                  self.cpus_per_task, marked)
+        remote = self._remote_marked if marked else self._remote
+        gen = remote.remote(self._run_id, self._payload, _dump_tasks(tasks),
+                            self.cpus_per_task, marked)
         self._calls[gen] = _Call(batch_id, {task[0]: task for task in tasks}, marked)
 
     def poll(self, timeout: float) -> list[Event]:
@@ -297,6 +320,7 @@ class RayBackend(Backend):
                 return events
             kind = message[0]
             if kind == "start":
+                _check_version(message)
                 call.started = True
                 call.worker = self._worker_id(message[1], message[2])
             elif kind == "fatal":
