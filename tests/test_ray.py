@@ -23,6 +23,7 @@ import pytest
 import manymodels as mm
 from conftest import assert_only_timed_out, fit_linear
 from manymodels.backends import WorkerStartupError
+from manymodels.backends.base import Finished
 from manymodels.execution import RunContext
 
 ray = pytest.importorskip("ray")
@@ -285,6 +286,12 @@ def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():
     capped = mm.RayBackend()  # as many workers as the instance's 2 CPUs
     capped.start(RunContext(fit=slow_item, kind="items"))
     try:
+        # before any outcome, as the scheduler asks: batch sizes still double blind
+        assert capped.free_slots(1) == capped.workers
+        capped.submit(0, [(0, 0, None)])
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, Finished) for e in capped.poll(0.05)):
+            assert time.monotonic() < deadline
         assert capped.free_slots(1) == capped.free_slots(2) == 2 * capped.workers
     finally:
         capped.stop()
