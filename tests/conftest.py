@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +22,27 @@ def shm_files() -> set[str]:
             for p in root.iterdir() if p.name.startswith(prefix)}
 
 
+def wait_for_workers(rendezvous: str, count: int, limit_s: float = 60.0) -> None:
+    """Mark this worker process in the folder ``rendezvous`` and wait until
+    ``count`` processes have: tasks that must run on ``count`` workers at once
+    do, however slowly the last worker starts, instead of counting on timing.
+    After ``limit_s`` the first waiter gives up for all (a "gave-up" mark),
+    so that a run that never gets there ends, and fails its test."""
+    Path(rendezvous, str(os.getpid())).touch()
+    deadline = time.monotonic() + limit_s
+    while len(os.listdir(rendezvous)) < count:
+        if time.monotonic() > deadline:
+            Path(rendezvous, "gave-up").touch()
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def no_leftovers():
     """Fails the test if it leaves a child process or a shared-memory file behind."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    gone, alive = psutil.wait_procs(leftover, timeout=3)
+    gone, alive = psutil.wait_procs(leftover, timeout=15)
     assert not alive, f"worker processes left behind: {alive}"
     assert not shm_files(), f"shared-memory files left behind: {shm_files()}"
 

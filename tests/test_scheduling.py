@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
+from conftest import wait_for_workers
 from manymodels.backends.serial import SerialBackend
 from manymodels.scheduling import BatchSizer
 
@@ -59,21 +60,29 @@ def test_the_scheduler_queues_a_second_batch_per_worker_only_for_short_tasks(sec
     assert set(backend.asked) == expected
 
 
-def _sleep_for(item):
+def _long_or_short(item, rendezvous):
     import os
 
-    time.sleep(item["s"])
+    if item["s"] == "long":  # lasts until 4 workers run a long task (a minute at most)
+        wait_for_workers(rendezvous, 4)
+    else:
+        time.sleep(0.1)
     return {"pid": os.getpid()}
 
 
-def test_long_tasks_are_not_queued_behind_each_other():
+def test_long_tasks_are_not_queued_behind_each_other(tmp_path):
     # 5 tasks on 4 workers: were a worker given two long ones, the run would
     # take two long tasks; each long one must start on a worker of its own.
-    seconds = [1.0, 1.0, 1.0, 1.0, 0.1]
-    run = mm.train(_sleep_for, mm.items([{"s": s} for s in seconds], cost=lambda item: item["s"]),
-                   backend="processes", workers=4, progress=False)
+    # A long task lasts until all four run at once (so no worker frees up
+    # early and takes a second legitimately); one queued behind another
+    # would leave three, and the run would end a minute later with three pids.
+    seconds = ["long", "long", "long", "long", "short"]
+    run = mm.train(_long_or_short, mm.items([{"s": s} for s in seconds],
+                                            cost=lambda item: 1.0 if item["s"] == "long" else 0.1),
+                   shared={"rendezvous": str(tmp_path)}, backend="processes", workers=4,
+                   progress=False)
     results = run.results.assign(s=seconds)
-    assert results[results["s"] == 1.0]["pid"].nunique() == 4
+    assert results[results["s"] == "long"]["pid"].nunique() == 4
 
 
 def test_longest_tasks_start_first():

@@ -37,15 +37,18 @@ def committed_ok(store: Path, run_id: int) -> int:
 
 
 SLOW_DRIVER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     import manymodels as mm
 
-    def fit(item):
+    def fit(item, release):
         time.sleep(0.01)
+        while item >= 300 and not os.path.exists(release):  # the run cannot end
+            time.sleep(0.01)                                   # before the test says
         return {"double": item * 2}, {"value": item * 2}
 
     if __name__ == "__main__":
-        mm.train(fit, mm.items(range(400)), store=sys.argv[1], workers=2, progress=False)
+        mm.train(fit, mm.items(range(400)), store=sys.argv[1], workers=2, progress=False,
+                 shared={"release": sys.argv[2]})
 """)
 
 
@@ -53,7 +56,9 @@ def test_sigkill_of_the_driver_loses_only_the_uncommitted_tail(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(SLOW_DRIVER)
     store = tmp_path / "store"
-    driver = subprocess.Popen([sys.executable, str(script), str(store)], cwd=tmp_path)
+    release = tmp_path / "release"
+    driver = subprocess.Popen([sys.executable, str(script), str(store), str(release)],
+                              cwd=tmp_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (store / "index.sqlite").exists():
@@ -73,7 +78,8 @@ def test_sigkill_of_the_driver_loses_only_the_uncommitted_tail(tmp_path):
     for key, model in opened.models(1).items():  # every indexed artifact loads
         assert model == {"double": key * 2}
 
-    rerun = run_script(script, str(store))
+    release.touch()
+    rerun = run_script(script, str(store), str(release))
     assert rerun.returncode == 0
     runs = opened.runs()
     assert list(runs["status"]) == ["running", "finished"]  # the killed run never finished

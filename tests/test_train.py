@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import manymodels as mm
-from conftest import BACKENDS, fit_linear
+from conftest import BACKENDS, fit_linear, wait_for_workers
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -175,18 +175,18 @@ def test_polars_and_arrow_tables_as_input(backend, sales):
         assert len(run.ok) == 12
 
 
-def _cuda_devices(item):
+def _cuda_devices(item, rendezvous=None):
     import os
-    import time
 
-    time.sleep(0.05)
+    if rendezvous is not None:  # both workers run tasks, however slowly one starts
+        wait_for_workers(rendezvous, 2)
     return {"devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
 
 
-def test_gpus_per_task_gives_each_worker_its_own_gpus(no_leftovers, monkeypatch):
+def test_gpus_per_task_gives_each_worker_its_own_gpus(no_leftovers, monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     run = mm.train(_cuda_devices, mm.items(range(40)), gpus=4, gpus_per_task=2, workers=8,
-                   progress=False)
+                   shared={"rendezvous": str(tmp_path)}, progress=False)
     assert run.summary().workers == 2  # 4 GPUs / 2 per task
     by_worker = run.results.groupby("worker")["devices"].agg(set)
     assert sorted(next(iter(s)) for s in by_worker) == ["0,1", "2,3"]
