@@ -233,6 +233,42 @@ def test_two_runs_write_one_store_at_once(tmp_path):
     assert sorted(min(v) for v in values.values()) == [1000, 2000]
 
 
+def _open_and_write(path: str, barrier, errors) -> None:
+    from manymodels.store.database import connect, prepare_directory
+
+    barrier.wait()
+    try:
+        conn = connect(prepare_directory(Path(path)))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO runs(started_at, status) VALUES (0, 'running')")
+        conn.execute("COMMIT")
+        conn.close()
+    except Exception as exc:
+        errors.put(repr(exc))
+
+
+def test_drivers_opening_a_new_store_at_the_same_moment(tmp_path):
+    # Switching a new index to WAL answered "database is locked" to one
+    # opener in eight, without waiting for the other.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for trial in range(15):
+        barrier = context.Barrier(3)
+        store = tmp_path / f"store-{trial}"
+        openers = [context.Process(target=_open_and_write, args=(str(store), barrier, errors))
+                   for _ in range(3)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(timeout=120)
+        assert [opener.exitcode for opener in openers] == [0, 0, 0]
+        assert errors.empty(), errors.get()
+        with sqlite3.connect(store / "index.sqlite") as conn:
+            assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+
+
 def test_bad_store_paths_fail_before_work(tmp_path):
     file = tmp_path / "a_file"
     file.write_text("x")

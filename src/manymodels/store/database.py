@@ -19,6 +19,7 @@ import hashlib
 import os
 import sqlite3
 import tempfile
+import time
 from pathlib import Path
 
 SMALL_ARTIFACT = 1 << 20
@@ -111,12 +112,30 @@ def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(index, timeout=60, isolation_level=None, check_same_thread=False)
     if fresh:
         os.chmod(index, 0o600)
-    conn.execute("PRAGMA journal_mode=WAL")
+    _switch_to_wal(conn)
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.execute("PRAGMA busy_timeout=60000")
-    conn.executescript(SCHEMA)
+    conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
     return conn
+
+
+def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float = 60.0) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting out other connections: the switch
+    needs an exclusive lock, and SQLite answers "database is locked" at once
+    instead of calling the busy handler (two drivers opening a new store at
+    the same moment did, one open in eight)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
 
 def sha256(data: bytes) -> str:
