@@ -25,6 +25,9 @@ from .tables import is_pandas_frame, plain_scalar
 
 OK = "ok"
 FAILED = "failed"
+#: How often a worker sends the outcomes of a long batch so far: the driver
+#: shows progress and records results without waiting for the batch to end.
+FLUSH_EVERY_S = 0.25
 
 #: ``(index, data reference, params)``: what a worker receives per task.
 TaskRef = tuple[int, Any, "dict[str, Any] | None"]

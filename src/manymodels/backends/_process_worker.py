@@ -34,8 +34,7 @@ from typing import Any
 
 from manymodels.backends._protocol import SLOT
 from manymodels.dataplane import Spill, dumps_spilling
-
-_FLUSH_EVERY_S = 0.25
+from manymodels.execution import FLUSH_EVERY_S
 
 
 def die_with_parent() -> None:
@@ -105,7 +104,7 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
             return 0
         _, batch_id, tasks = message
         mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
-        for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=_FLUSH_EVERY_S):
+        for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S):
             if part.last:
                 mark(-1)
             send("done" if part.last else "part", batch_id, part.outcomes, part.busy_s,

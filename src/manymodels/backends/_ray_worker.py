@@ -18,10 +18,8 @@ from typing import Any
 
 import cloudpickle
 
-from ..execution import Executor, TaskRef
+from ..execution import FLUSH_EVERY_S, Executor, TaskRef
 from ._process_worker import dump_outcomes
-
-_FLUSH_EVERY_S = 0.25
 
 #: run id -> the Executor of that run in this worker process. A Ray worker runs
 #: one task at a time and serves one job, so only the latest run is kept: an
@@ -96,7 +94,7 @@ def _run_batch(
     # limit never leaks into other Ray tasks this worker may run.
     with _thread_limiter().limit(limits=cpus_per_task):
         parts = executor.run_in_parts(
-            tasks, flush_every_s=None if marked else _FLUSH_EVERY_S, part_before_each=marked)
+            tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
         for part in parts:
             blob = dump_outcomes(part.outcomes)[0] if part.outcomes or part.last else None
             if part.running is not None:
