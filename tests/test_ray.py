@@ -280,17 +280,20 @@ def test_workers_given_to_train_override_the_cluster_size():
 
 def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():
     # Ray queues them at the driver, where the first worker to free up takes
-    # the next: long tasks too, for which the scheduler asks for one.
+    # the next: so the scheduler asks for two once tasks are measured, long
+    # tasks too (tests/test_scheduling.py), and the backend takes them.
+    assert mm.RayBackend.shares_one_queue
     capped = mm.RayBackend()  # as many workers as the instance's 2 CPUs
     capped.start(RunContext(fit=slow_item, kind="items"))
     try:
-        # before any outcome, as the scheduler asks: batch sizes still double blind
-        assert capped.free_slots(1) == capped.workers
+        assert capped.free_slots(1) == capped.workers  # as asked before any outcome
+        assert capped.free_slots(2) == 2 * capped.workers
         capped.submit(0, [(0, 0, None)])
+        assert capped.free_slots(2) == 2 * capped.workers - 1
         deadline = time.monotonic() + 60
         while not any(isinstance(e, Finished) for e in capped.poll(0.05)):
             assert time.monotonic() < deadline
-        assert capped.free_slots(1) == capped.free_slots(2) == 2 * capped.workers
+        assert capped.free_slots(2) == 2 * capped.workers
     finally:
         capped.stop()
     # Fewer workers than CPUs: Ray would run a queued batch at once.

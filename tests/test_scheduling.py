@@ -28,15 +28,19 @@ def test_a_second_batch_is_queued_on_a_worker_only_while_tasks_are_short():
     short = BatchSizer(workers=4, target_s=0.1)
     short.observe(busy_s=0.01, tasks=10)
     assert short.batches_per_worker() == 2  # short: the next batch waits at hand
+    # one queue shared by the workers (Ray's): two once measured, long or short
+    assert BatchSizer(workers=4).batches_per_worker(shared_queue=True) == 1
+    assert sizer.batches_per_worker(shared_queue=True) == 2
 
 
 class _RecordingBackend(SerialBackend):
     """The serial backend posing as 4 workers whose tasks each take ``seconds``;
     it records how many batches per worker the scheduler lets it take."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, shared_queue: bool = False) -> None:
         super().__init__(workers=4)
         self.seconds = seconds
+        self.shares_one_queue = shared_queue
         self.asked: list[int] = []
 
     def free_slots(self, per_worker: int) -> int:
@@ -50,10 +54,11 @@ class _RecordingBackend(SerialBackend):
         return events
 
 
-@pytest.mark.parametrize("seconds, expected", [(2.0, {1}), (0.001, {1, 2})])
-def test_the_scheduler_queues_a_second_batch_per_worker_only_for_short_tasks(seconds,
-                                                                              expected):
-    backend = _RecordingBackend(seconds)
+@pytest.mark.parametrize("seconds, shared_queue, expected",
+                         [(2.0, False, {1}), (0.001, False, {1, 2}), (2.0, True, {1, 2})])
+def test_the_scheduler_queues_a_second_batch_per_worker_only_for_short_tasks(
+        seconds, shared_queue, expected):
+    backend = _RecordingBackend(seconds, shared_queue)
     run = mm.train(lambda item: item, mm.items(range(40)), backend=backend, progress=False)
     assert run.summary().ok == 40
     assert backend.asked[0] == 1  # nothing measured before the first batch

@@ -115,14 +115,18 @@ class BatchSizer:
         tail_cap = remaining // (self.workers * 4)
         return max(1, min(size, tail_cap, _MAX_BATCH))
 
-    def batches_per_worker(self) -> int:
+    def batches_per_worker(self, shared_queue: bool = False) -> int:
         """Two batches per worker while tasks are measured short, so that a worker
         finds its next batch at hand; otherwise one, as a pool's shared queue
         would: a long task queued behind another on a busy worker would wait
         there while an idle worker has nothing (20 tasks on 16 workers: the
-        run would last two long tasks instead of one)."""
-        short = self.seconds_per_task is not None and self.seconds_per_task < self.target_s
-        return 2 if short else 1
+        run would last two long tasks instead of one). A backend whose queue
+        is shared by its workers (``shared_queue``) has no such risk, and gets
+        two once tasks are measured, long or short; until then batch sizes
+        double blind, so one."""
+        if self.seconds_per_task is None:
+            return 1
+        return 2 if shared_queue or self.seconds_per_task < self.target_s else 1
 
 
 def _running_average(average: float | None, sample: float) -> float:
@@ -268,7 +272,7 @@ class Scheduler:
             now = time.monotonic()
             while retry_later and retry_later[0][0] <= now:
                 retry_now.append(heapq.heappop(retry_later)[1])
-            free = backend.free_slots(self.sizer.batches_per_worker())
+            free = backend.free_slots(self.sizer.batches_per_worker(backend.shares_one_queue))
             while free > 0 and (retry_now or pending):
                 size = self.sizer.next_size(len(pending) + len(retry_now))
                 batch = []

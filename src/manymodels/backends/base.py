@@ -24,8 +24,8 @@ Rules every backend keeps:
   so that a worker has its next batch at hand when it finishes one, and for
   one when they are long or not yet measured: a long batch queued behind its
   worker's current one would wait there while another worker idles. A
-  backend whose queued batches go to whichever worker frees first (Ray's
-  queue at the driver) need not follow it.
+  backend whose queued batches go to whichever worker frees first says so
+  (``shares_one_queue``), and is asked for two once tasks are measured.
 * Each task submitted is reported exactly once, as an outcome inside a
   :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
   past ``timeout`` or past ``memory_limit``), or handed back unrun in a
@@ -99,6 +99,9 @@ class Backend:
     enforces_memory_limit: ClassVar[bool] = False
     #: ``gpus_per_task=`` can give each running task GPUs of its own.
     isolates_gpus: ClassVar[bool] = False
+    #: A queued batch goes to whichever worker frees up first, not to one
+    #: worker: a long batch never waits behind another while a worker idles.
+    shares_one_queue: ClassVar[bool] = False
 
     def __init__(
         self,

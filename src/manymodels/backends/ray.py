@@ -157,6 +157,12 @@ class RayBackend(Backend):
     enforces_timeout = True
     enforces_memory_limit = False
     isolates_gpus = True
+    # Ray keeps a queued Ray task at the driver (its owner), not on a worker:
+    # the first worker to free up, or to be granted on a node just joining,
+    # takes it. With one batch per worker for long tasks, a worker finishing
+    # early took the next batch before a new node's first worker had started,
+    # again and again.
+    shares_one_queue = True
 
     def __init__(
         self,
@@ -187,7 +193,6 @@ class RayBackend(Backend):
         self._calls: dict[Any, _Call] = {}
         self._payload: tuple[Any, Any, Any] | None = None
         self._per_worker = 1
-        self._measured = False
 
     @property
     def workers(self) -> int:
@@ -246,7 +251,6 @@ class RayBackend(Backend):
         self._worker_ids: dict[tuple[str, int], int] = {}
         self.worker_nodes, self.worker_pids = {}, {}
         self._unexplained_deaths = 0
-        self._measured = False  # no outcome has come back yet
 
     def stop(self, *, force: bool = False) -> None:
         ray = sys.modules.get("ray")
@@ -268,15 +272,7 @@ class RayBackend(Backend):
     # -- the contract -------------------------------------------------------------
 
     def free_slots(self, per_worker: int) -> int:
-        # Once outcomes have come back, ``per_worker`` is not followed: Ray
-        # queues a Ray task at the driver (its owner), not on a worker, and
-        # the first worker to free up, or to be granted on a node just
-        # joining, takes it; a long batch does not wait behind another while
-        # a worker idles. With one per worker, a worker finishing early took
-        # the next batch before a new node's first worker had started, again
-        # and again. Before, it is: batch sizes still double blind then.
-        per_worker = self._per_worker if self._measured else min(per_worker, self._per_worker)
-        return max(0, self.workers * per_worker - len(self._calls))
+        return max(0, self.workers * min(per_worker, self._per_worker) - len(self._calls))
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
@@ -348,7 +344,6 @@ class RayBackend(Backend):
         if blob is None:  # the marker of a batch's first task: no outcome yet
             return []
         outcomes = pickle.loads(blob)
-        self._measured = True
         for outcome in outcomes:
             call.tasks.pop(outcome[0], None)
         prepare, call.prepare_s = call.prepare_s, 0.0
