@@ -22,13 +22,15 @@ def shm_files() -> set[str]:
             for p in root.iterdir() if p.name.startswith(prefix)}
 
 
-def wait_for_workers(rendezvous: str, count: int, limit_s: float = 60.0) -> None:
-    """Mark this worker process in the folder ``rendezvous`` and wait until
-    ``count`` processes have: tasks that must run on ``count`` workers at once
-    do, however slowly the last worker starts, instead of counting on timing.
-    After ``limit_s`` the first waiter gives up for all (a "gave-up" mark),
-    so that a run that never gets there ends, and fails its test."""
-    Path(rendezvous, str(os.getpid())).touch()
+def wait_for_workers(rendezvous: str, count: int, limit_s: float = 60.0,
+                     name: str | None = None) -> None:
+    """Mark this worker process (or ``name``: a Ray node, say) in the folder
+    ``rendezvous`` and wait until ``count`` have been marked: tasks that must
+    run on ``count`` workers at once do, however slowly the last one starts,
+    instead of counting on timing. After ``limit_s`` the first waiter gives up
+    for all (a "gave-up" mark), so that a run that never gets there ends, and
+    fails its test."""
+    Path(rendezvous, name or str(os.getpid())).touch()
     deadline = time.monotonic() + limit_s
     while len(os.listdir(rendezvous)) < count:
         if time.monotonic() > deadline:

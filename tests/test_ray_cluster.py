@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 import manymodels as mm
+from conftest import wait_for_workers
 
 ray = pytest.importorskip("ray")
 
@@ -48,19 +49,13 @@ def node_id_and_pid(item):
 
 
 def meet_on_two_nodes(rendezvous: str, item):
-    """Each task marks its node in ``rendezvous`` and waits until a task has
-    started on two nodes: the run must use both nodes however slowly the
-    second one's worker starts (seconds on a loaded 2-core machine, when the
-    first node's worker could have run all 40 tasks alone). After a minute
-    the first waiter gives up for all (a "gave-up" mark), so that a run that
-    never uses the second node ends, and fails the test's node count."""
+    """Each task waits until a task has started on two nodes: the run must use
+    both nodes however slowly the second one's worker starts (seconds on a
+    loaded 2-core machine, when the first node's worker could have run all 40
+    tasks alone). A run that never uses the second node ends after a minute,
+    and fails the test's node count."""
     node = ray.get_runtime_context().get_node_id()
-    Path(rendezvous, node).touch()
-    deadline = time.monotonic() + 60
-    while len(os.listdir(rendezvous)) < 2:
-        if time.monotonic() > deadline:
-            Path(rendezvous, "gave-up").touch()
-        time.sleep(0.05)
+    wait_for_workers(rendezvous, 2, name=node)
     return {"node": node, "pid": os.getpid()}
 
 
