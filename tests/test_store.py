@@ -82,7 +82,7 @@ def test_sigkill_of_the_driver_loses_only_the_uncommitted_tail(tmp_path):
     rerun = run_script(script, str(store), str(release))
     assert rerun.returncode == 0
     runs = opened.runs()
-    assert list(runs["status"]) == ["running", "finished"]  # the killed run never finished
+    assert list(runs["status"]) == ["interrupted", "finished"]  # the killed run never finished
     assert runs["reused"].iloc[1] == kept
     results = opened.results()
     assert (results["status"] == "ok").all() and len(results) == 400
@@ -238,7 +238,8 @@ def _open_and_write(path: str, barrier, errors) -> None:
 
     barrier.wait()
     try:
-        conn = connect(prepare_directory(Path(path)))
+        prepare_directory(Path(path))
+        conn = connect(Path(path))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO runs(started_at, status) VALUES (0, 'running')")
         conn.execute("COMMIT")

@@ -23,7 +23,7 @@ from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
 from .sources import Source
-from .store import RunRecorder, Store
+from .store import RunRecorder, Store, StoreError
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -233,6 +233,9 @@ def train(
         if not isinstance(store, (str, Path)):
             raise TypeError(f"store must be a directory path or a Store, got {store!r}")
         store = Store(store)
+    if store is not None and store.read_only:
+        raise StoreError(f"store {str(store.path)!r} is open for reading only (its files are "
+                         "not writable here): it can be read, not trained into")
 
     plan = make_plan(source)
     if backend == "serial":

@@ -28,6 +28,8 @@ import pickle
 import sys
 import sysconfig
 import types
+import uuid
+import warnings
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -81,22 +83,38 @@ class _CodeWalker:
         self.sources: dict[str, str] = {}  # label -> hash of source text
         self.versions: set[str] = set()
         self._seen: set[int] = set()
+        self.unhashable: list[str] = []
 
-    def visit(self, obj: Any) -> None:
+    def visit(self, obj: Any, label: str = "fit") -> None:
+        """Follow ``obj``; ``label`` names where it was found (a stable name:
+        identities are compared across processes)."""
         if id(obj) in self._seen:
             return
         self._seen.add(id(obj))
         if isinstance(obj, types.ModuleType):
             self._visit_module(obj)
         elif isinstance(obj, functools.partial):
-            self.visit(obj.func)
-            self.sources[f"partial:{id(obj)}"] = value_hash((obj.args, obj.keywords))
+            self.visit(obj.func, f"{label}.func")
+            self.value(f"{label}:partial", (obj.args, obj.keywords))
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
             self._visit_function(getattr(obj, "__func__", obj))
+            if isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type):
+                self.value(f"{label}:self", obj.__self__)
         elif isinstance(obj, type):
             self._visit_defined(obj)
         elif callable(obj) and not isinstance(obj, types.BuiltinFunctionType):
-            self.visit(type(obj))
+            self.visit(type(obj), f"{label}:type")
+            if label != "fit":  # the fit object's own state is hashed by code_identity
+                self.value(f"{label}:state", obj)
+
+    def value(self, label: str, value: Any) -> None:
+        """Hash a value the code reads; one that cannot be hashed makes the
+        identity unique, so that its models are never reused on a guess."""
+        try:
+            self.sources[label] = value_hash(value)
+        except Exception as exc:
+            self.sources[label] = f"unhashable:{uuid.uuid4().hex}"
+            self.unhashable.append(f"{label} ({type(value).__name__}: {exc!r})")
 
     def _visit_module(self, module: types.ModuleType) -> None:
         filename = getattr(module, "__file__", None)
@@ -121,7 +139,11 @@ class _CodeWalker:
             try:
                 self.sources[f"class:__main__.{obj.__qualname__}"] = digest(inspect.getsource(obj))
             except (OSError, TypeError):
-                self.sources[f"class:__main__.{obj.__qualname__}"] = value_hash(obj)
+                self.value(f"class:__main__.{obj.__qualname__}", obj)
+            for member in vars(obj).values():  # its methods read globals too
+                member = getattr(member, "__func__", member)
+                if isinstance(member, types.FunctionType):
+                    self.visit(member)
         else:
             self._visit_module(module)  # a user class: its whole module file
 
@@ -142,20 +164,26 @@ class _CodeWalker:
         except (OSError, TypeError):
             text = _code_text(fn.__code__)
         label = f"function:{fn.__module__}.{fn.__qualname__}"
-        self.sources[label] = digest(text, value_hash((fn.__defaults__, fn.__kwdefaults__)))
+        self.sources[label] = digest(text)
+        self.value(f"{label}:defaults", (fn.__defaults__, fn.__kwdefaults__))
         for position, cell in enumerate(fn.__closure__ or ()):
             try:
                 contents = cell.cell_contents
             except ValueError:
                 continue
-            self.visit(contents)
+            self.visit(contents, f"{label}:closure{position}")
             if not callable(contents):
-                self.sources[f"{label}:closure{position}"] = value_hash(contents)
-        for name in _global_names(fn.__code__):
+                self.value(f"{label}:closure{position}", contents)
+        # Globals it reads: code by what they are, data by their value, so that
+        # editing ALPHA = 1 to ALPHA = 2 retrains (names of attributes are in
+        # co_names too: hashing a global of the same name only errs on the safe side)
+        for name in sorted(_global_names(fn.__code__)):
             if name in fn.__globals__:
                 value = fn.__globals__[name]
                 if callable(value) or isinstance(value, types.ModuleType):
-                    self.visit(value)
+                    self.visit(value, f"{label}:global:{name}")
+                elif not name.startswith("__"):
+                    self.value(f"{label}:global:{name}", value)
             elif name in sys.modules:  # imported inside the function
                 self.visit(sys.modules[name])
 
@@ -181,7 +209,11 @@ def code_identity(fn: Any) -> tuple[str, dict[str, Any]]:
     walker = _CodeWalker()
     walker.visit(fn)
     if not isinstance(fn, (types.FunctionType, types.MethodType, type, functools.partial)):
-        walker.sources["callable_state"] = value_hash(fn)  # a configured callable object
+        walker.value("callable_state", fn)  # a configured callable object
+    if walker.unhashable:
+        warnings.warn(
+            "fit reads values that cannot be hashed, so a store never reuses its models: "
+            + "; ".join(walker.unhashable[:3]), RuntimeWarning, stacklevel=3)
     versions = sorted(walker.versions | {f"python=={sys.version.split()[0]}"})
     detail = {"sources": dict(sorted(walker.sources.items())), "versions": versions}
     return digest(pickle.dumps(detail["sources"]), "\n".join(versions)), detail

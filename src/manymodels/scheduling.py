@@ -40,6 +40,7 @@ from .execution import OK, Outcome, RunContext
 from .planning import Plan
 from .progress import ProgressBar
 from .results import CANCELLED, FAILURE_STATUSES, Run, TaskRecords
+from .store.database import StoreError
 from .store.registry import StoredModel
 
 _TARGET_BATCH_S = 0.1
@@ -223,6 +224,7 @@ class Scheduler:
         so that the wall time covers it."""
         started_at, start = began or (time.time(), time.perf_counter())
         stopped_by: BaseException | None = None
+        store_error: StoreError | None = None
         with _sigterm_interrupts():
             started = False
             try:
@@ -233,8 +235,11 @@ class Scheduler:
                     self._loop()
             except KeyboardInterrupt as exc:
                 stopped_by = exc
+            except StoreError as exc:  # the store cannot take more: stop, keep the results
+                store_error = exc
             finally:
-                clean = stopped_by is None and not self._over_budget()
+                clean = (stopped_by is None and store_error is None
+                         and not self._over_budget())
                 try:
                     if started:
                         self.backend.stop(force=not clean)
@@ -245,10 +250,17 @@ class Scheduler:
                 if status is None:
                     self.records.status[index] = CANCELLED
             run = self._build_run(time.perf_counter() - start, started_at)
-            if self.recorder is not None:
+            if self.recorder is not None and store_error is None:
                 state = ("interrupted" if stopped_by is not None
                          else "stopped" if self._over_budget() else "finished")
-                self.recorder.finish(self.records, state, run.wall_s, run.summary())
+                try:
+                    self.recorder.finish(self.records, state, run)
+                except StoreError as exc:
+                    store_error = exc
+            if store_error is not None:
+                self.recorder.abandon()
+                store_error.run = run
+                raise store_error
         if stopped_by is not None:
             resume = (" Run the same call again with the same store to resume: finished "
                       "models are reused." if self.recorder is not None else

@@ -15,12 +15,15 @@ Only the driver writes; concurrent drivers serialise on SQLite's lock.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import socket
 import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 SMALL_ARTIFACT = 1 << 20
 INDEX_NAME = "index.sqlite"
@@ -42,7 +45,8 @@ CREATE TABLE IF NOT EXISTS runs (
     wall_s        REAL,
     key_columns   TEXT,                   -- JSON list
     param_columns TEXT,                   -- JSON list
-    code_detail   TEXT                    -- JSON: hashed sources and package versions
+    code_detail   TEXT,                   -- JSON: hashed sources and package versions
+    driver        TEXT                    -- host:pid:process start of the driver writing it
 );
 CREATE TABLE IF NOT EXISTS tasks (
     run_id       INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
@@ -70,6 +74,10 @@ CREATE TABLE IF NOT EXISTS attachments (   -- run-level objects: a fallback mode
     artifact TEXT NOT NULL,
     PRIMARY KEY (run_id, name)
 );
+CREATE TABLE IF NOT EXISTS corrupt_artifacts (  -- found not to match their SHA-256
+    sha256   TEXT PRIMARY KEY,
+    found_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS artifacts (
     sha256 TEXT PRIMARY KEY,
     size   INTEGER NOT NULL,
@@ -80,7 +88,14 @@ CREATE TABLE IF NOT EXISTS artifacts (
 
 
 class StoreError(ValueError):
-    """The store path cannot be used (it is a file, or not writable)."""
+    """The store cannot be used: its path is a file or not writable, its index
+    is damaged, or a write failed (a full disk). When a write fails during a
+    run, ``.run`` holds every result finished before it (the ones recorded
+    stay usable in the store)."""
+
+    def __init__(self, message: str, run: object = None) -> None:
+        super().__init__(message)
+        self.run = run
 
 
 class StoreIntegrityError(RuntimeError):
@@ -88,11 +103,20 @@ class StoreIntegrityError(RuntimeError):
     truncated or missing); it is refused, never unpickled."""
 
 
-def prepare_directory(path: Path) -> Path:
-    """Create (or check) a store directory, owner-only, before any work starts."""
+def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
+    """Create (or check) a store directory, owner-only, before any work starts;
+    return whether it can be written. An existing store that this user may
+    only read (or ``read_only``) opens for reading; anything else that cannot
+    be written is refused."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise StoreError(f"store path {str(path)!r} is a file, not a directory")
+    index = path / INDEX_NAME
+    if read_only or (read_only is None and index.is_file() and not (
+            os.access(path, os.W_OK | os.X_OK) and os.access(index, os.W_OK))):
+        if not os.access(index, os.R_OK):
+            raise StoreError(f"store index {str(index)!r} cannot be read")
+        return False
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         (path / "artifacts").mkdir(mode=0o700, exist_ok=True)
@@ -100,24 +124,117 @@ def prepare_directory(path: Path) -> Path:
         raise StoreError(f"cannot create store directory {str(path)!r}: {exc}") from exc
     if not os.access(path, os.W_OK | os.X_OK):
         raise StoreError(f"store directory {str(path)!r} is not writable")
-    index = path / INDEX_NAME
-    if index.exists() and not os.access(index, os.R_OK | os.W_OK):
-        raise StoreError(f"store index {str(index)!r} is not writable")
-    return path
+    return True
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    """Open (and create, or migrate) the index; a damaged one is refused by name."""
     index = Path(path) / INDEX_NAME
-    fresh = not index.exists()
-    conn = sqlite3.connect(index, timeout=60, isolation_level=None, check_same_thread=False)
-    if fresh:
-        os.chmod(index, 0o600)
-    _switch_to_wal(conn)
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA busy_timeout=60000")
-    conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
+    try:
+        if read_only:
+            return _connect_read_only(index)
+        fresh = not index.exists()
+        conn = sqlite3.connect(index, timeout=60, isolation_level=None,
+                               check_same_thread=False)
+        if fresh:
+            os.chmod(index, 0o600)
+        _switch_to_wal(conn)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=60000")
+        conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
+        _migrate(conn)
+        _mark_dead_runs_interrupted(conn)
+        return conn
+    except sqlite3.DatabaseError as exc:
+        raise _index_error(index, exc) from exc
+
+
+def _connect_read_only(index: Path) -> sqlite3.Connection:
+    """A store on read-only media, or one this user may only read: SQLite's
+    WAL needs to write its shared-memory file even to read, unless the index
+    is opened as immutable (nothing writes it while it is read)."""
+    if not index.exists():
+        raise StoreError(f"store index {str(index)!r} does not exist")
+    uri = f"file:{quote(str(index.resolve()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        conn.execute("SELECT count(*) FROM runs").fetchone()
+    except sqlite3.OperationalError:
+        conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
+                               isolation_level=None)
+        conn.execute("SELECT count(*) FROM runs").fetchone()
     return conn
+
+
+def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
+    if is_disk_full(exc):
+        return write_error(index.parent, exc, "the index could not be opened")
+    return StoreError(f"store index {str(index)!r} cannot be read: {exc}. It is not a "
+                      "manymodels store index, or it is damaged (truncated or overwritten)")
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Columns added since a store was created."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "driver" not in columns:
+        conn.execute("ALTER TABLE runs ADD COLUMN driver TEXT")
+
+
+def driver_label() -> str:
+    """Who is writing a run: this host, process and the process's start time
+    (a pid alone is reused)."""
+    import psutil
+
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def _driver_alive(label: str | None) -> bool:
+    import psutil
+
+    try:
+        host, pid, started = (label or "").rsplit(":", 2)
+        if host != socket.gethostname():
+            return True  # another machine's driver: no way to tell from here
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.05
+    except (ValueError, psutil.Error):
+        return False
+
+
+def _mark_dead_runs_interrupted(conn: sqlite3.Connection) -> None:
+    """A run whose driver was killed stays ``running``: when the store is next
+    opened, a run whose driver process is gone is marked ``interrupted``."""
+    running = conn.execute(
+        "SELECT run_id, driver FROM runs WHERE status = 'running'").fetchall()
+    dead = [(run_id,) for run_id, label in running if not _driver_alive(label)]
+    if dead:
+        conn.executemany("UPDATE runs SET status = 'interrupted' WHERE run_id = ? "
+                         "AND status = 'running'", dead)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or (
+        "disk is full" in str(exc))
+
+
+def write_error(root: Path, exc: BaseException, what: str) -> StoreError:
+    """The :class:`StoreError` for a failed write, naming the store and the cause."""
+    cause = "the disk is full" if is_disk_full(exc) else f"{type(exc).__name__}: {exc}"
+    return StoreError(
+        f"cannot write to the store {str(root)!r}: {cause} ({exc}); {what}. What was "
+        "committed before stays usable, and a re-run with the same store reuses it")
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open (SQLite rolls back by itself on
+    some errors, a full disk among them, and a second rollback would raise)."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float = 60.0) -> None:
@@ -143,15 +260,21 @@ def sha256(data: bytes) -> str:
 
 
 def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes) -> tuple[str, int]:
-    """Store ``data`` (inside the caller's transaction); return (sha256, size)."""
+    """Store ``data`` (inside the caller's transaction); return (sha256, size).
+    An artifact found corrupt earlier is written afresh."""
     digest = sha256(data)
+    corrupt = conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
+                           (digest,)).fetchone() is not None
+    if corrupt:
+        conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (digest,))
+        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (digest,))
     if len(data) < SMALL_ARTIFACT:
         conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, blob) VALUES (?, ?, ?)",
                      (digest, len(data), data))
         return digest, len(data)
     relative = f"artifacts/{digest[:2]}/{digest}"
     target = root / relative
-    if not target.exists():
+    if corrupt or not _intact_file(target, len(data)):
         target.parent.mkdir(mode=0o700, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
@@ -167,11 +290,36 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes) -> tuple[s
     return digest, len(data)
 
 
+def _intact_file(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def reusable_artifact(root: Path, path: str | None, size: int | None) -> bool:
+    """Whether an artifact the index knows can still be loaded, as far as a
+    cheap check tells (a file artifact is there with its size; a corrupt one
+    is caught by its SHA-256 when loaded, and then never reused again)."""
+    return path is None or _intact_file(root / path, size or -1)
+
+
+def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:
+    if conn.in_transaction:
+        return
+    try:
+        conn.execute("INSERT OR IGNORE INTO corrupt_artifacts VALUES (?, ?)",
+                     (digest, time.time()))
+    except sqlite3.Error:  # a read-only store: it is refused on every load anyway
+        pass
+
+
 def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) -> bytes:
     """The bytes of an artifact, checked against its SHA-256."""
     row = conn.execute("SELECT size, blob, path FROM artifacts WHERE sha256 = ?",
                        (digest,)).fetchone()
     if row is None:
+        _mark_corrupt(conn, digest)
         raise StoreIntegrityError(f"artifact {digest} of {what} is missing from the store")
     size, blob, relative = row
     if blob is not None:
@@ -180,9 +328,11 @@ def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) 
         try:
             data = (root / relative).read_bytes()
         except OSError as exc:
+            _mark_corrupt(conn, digest)
             raise StoreIntegrityError(
                 f"artifact file {relative} of {what} cannot be read: {exc}") from exc
     if len(data) != size or sha256(data) != digest:
+        _mark_corrupt(conn, digest)
         raise StoreIntegrityError(
             f"artifact {relative or digest} of {what} does not match its recorded "
             f"SHA-256 ({len(data)} bytes, {size} recorded): it was modified or truncated, "

@@ -10,11 +10,12 @@ same transaction or earlier).
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..execution import pickle_any
+from ..execution import FAILED, OK, pickle_any
 from . import database
 
 COMMIT_EVERY_S = 1.0
@@ -61,10 +62,12 @@ class RunRecorder:
         try:
             cursor = conn.execute(
                 "INSERT INTO runs(started_at, status, backend, workers, source, fit, tasks, "
-                "key_columns, param_columns, code_detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "key_columns, param_columns, code_detail, driver) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (time.time(), "running", self.backend, self.workers, self.source,
                  self.fit_name, len(self.plan.tasks), json.dumps(self.plan.key_columns),
-                 json.dumps(self.plan.param_columns), json.dumps(self.code_detail)))
+                 json.dumps(self.plan.param_columns), json.dumps(self.code_detail),
+                 database.driver_label()))
             self.run_id = cursor.lastrowid
             conn.executemany(
                 "INSERT INTO tasks(run_id, task_index, key, identity, code_hash, params_hash, "
@@ -74,25 +77,41 @@ class RunRecorder:
                   *self.identities[index], hit.duration_s, _encode_metrics(hit.metrics),
                   hit.artifact, hit.size, hit.run_id) for index, hit in reused.items()])
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            database.rollback_quietly(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise database.write_error(self.store.path, exc, "the run could not start") \
+                    from exc
             raise
         return reused
 
     def _find_reusable(self) -> dict[int, ReusedTask]:
+        """The latest finished task of each identity whose model can still be
+        loaded: its artifact is in the index (and its file is there, whole),
+        and no load has found it corrupt."""
         by_identity: dict[str, list[int]] = {}
         for index, parts in enumerate(self.identities):
             by_identity.setdefault(parts[0], []).append(index)
         found: dict[str, ReusedTask] = {}
         names = list(by_identity)
+        root = self.store.path
         for start in range(0, len(names), 500):
             chunk = names[start:start + 500]
             rows = self.conn.execute(
-                "SELECT identity, run_id, artifact, size, metrics, duration_s FROM tasks "
-                f"WHERE status = 'ok' AND identity IN ({','.join('?' * len(chunk))}) "
-                "ORDER BY run_id", chunk).fetchall()
-            for identity, run_id, artifact, size, metrics, duration in rows:
+                "SELECT t.identity, t.run_id, t.artifact, t.size, t.metrics, t.duration_s, "
+                "a.sha256, a.path, a.size, c.sha256 FROM tasks t "
+                "LEFT JOIN artifacts a ON a.sha256 = t.artifact "
+                "LEFT JOIN corrupt_artifacts c ON c.sha256 = t.artifact "
+                "WHERE t.status = 'ok' AND t.error IS NULL "
+                f"AND t.identity IN ({','.join('?' * len(chunk))}) "
+                "ORDER BY t.run_id", chunk).fetchall()
+            for (identity, run_id, artifact, size, metrics, duration,
+                 known, path, stored_size, corrupt) in rows:
                 if artifact is None and metrics is None:
+                    continue
+                if artifact is not None and (known is None or corrupt is not None or
+                                             not database.reusable_artifact(root, path,
+                                                                            stored_size)):
                     continue
                 found[identity] = ReusedTask(  # the latest run wins
                     run_id, artifact, size, json.loads(metrics) if metrics else None, duration)
@@ -103,53 +122,81 @@ class RunRecorder:
         self._pending.append(index)
 
     def flush(self, records: Any, force: bool = False) -> None:
-        """Commit the finished tasks, at most once a second unless ``force``."""
+        """Commit the finished tasks, at most once a second unless ``force``.
+
+        Models are pickled before the transaction: a model that cannot be
+        pickled fails its own task (it could never be loaded), while an error
+        of the store itself (a full disk, a lost file system) rolls the whole
+        transaction back and raises :class:`StoreError`, so no row is ever
+        committed without its artifact.
+        """
         now = time.monotonic()
         if not self._pending or (not force and now - self._last_commit < COMMIT_EVERY_S):
             return
-        rows = []
+        pickled: dict[int, bytes] = {}
+        for index in self._pending:
+            model = records.model[index]
+            if records.status[index] == OK and model is not None:
+                try:
+                    pickled[index] = pickle_any(model)
+                except Exception as exc:
+                    records.status[index] = FAILED
+                    records.model[index] = None
+                    records.error[index] = (
+                        f"the model could not be pickled into the store: {exc!r}")
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
+            rows = []
             for index in self._pending:
                 artifact = size = None
-                error = records.error[index]
-                model = records.model[index]
-                if records.status[index] == "ok" and model is not None:
-                    try:
-                        artifact, size = database.write_artifact(
-                            conn, self.store.path, pickle_any(model))
-                    except Exception as exc:
-                        error = f"the model could not be pickled into the store: {exc!r}"
+                if index in pickled:
+                    artifact, size = database.write_artifact(conn, self.store.path,
+                                                             pickled[index])
                 rows.append((
                     self.run_id, index, encode_key(self.plan.key_rows[index]),
                     *self.identities[index], records.status[index], records.attempts[index],
                     _nan_to_none(records.duration_s[index]),
                     _nan_to_none(records.started_at[index]), records.worker[index],
-                    _encode_metrics(records.metrics[index]), error, artifact, size))
+                    _encode_metrics(records.metrics[index]), records.error[index],
+                    artifact, size))
             conn.executemany(
                 "INSERT OR REPLACE INTO tasks(run_id, task_index, key, identity, code_hash, "
                 "params_hash, data_hash, shared_hash, status, attempts, duration_s, "
                 "started_at, worker, metrics, error, artifact, size) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            database.rollback_quietly(conn)
+            if isinstance(exc, (sqlite3.Error, OSError)):
+                raise database.write_error(
+                    self.store.path, exc,
+                    f"{len(self._pending)} finished task(s) could not be recorded") from exc
             raise
         self._pending.clear()
         self._last_commit = now
 
-    def finish(self, records: Any, status: str, wall_s: float, summary: Any) -> None:
+    def finish(self, records: Any, status: str, run: Any) -> None:
         """Record unfinished tasks as cancelled and close the run's row."""
         for index, state in enumerate(records.status):
             if state == "cancelled":
                 self._pending.append(index)
         self.flush(records, force=True)
+        summary = run.summary()  # after the flush: an unpicklable model failed its task
         self.conn.execute(
             "UPDATE runs SET finished_at=?, status=?, ok=?, failed=?, reused=?, wall_s=? "
             "WHERE run_id=?",
-            (time.time(), status, summary.ok, summary.failed, summary.reused, wall_s,
+            (time.time(), status, summary.ok, summary.failed, summary.reused, run.wall_s,
              self.run_id))
+
+    def abandon(self) -> None:
+        """After a store error: mark the run ``failed`` if the store still takes
+        that one small write (what was committed before stays usable)."""
+        try:
+            self.conn.execute("UPDATE runs SET finished_at=?, status='failed' WHERE run_id=?",
+                              (time.time(), self.run_id))
+        except sqlite3.Error:
+            pass
 
 
 def _nan_to_none(value: float) -> float | None:

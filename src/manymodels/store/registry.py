@@ -62,12 +62,16 @@ class Store:
 
     ``mm.train(..., store="models/")`` records every task there; a re-run with
     the same store reuses each finished model whose identity (code, parameters,
-    data) is unchanged and trains only what changed.
+    data) is unchanged and trains only what changed. A store this user may
+    only read (or ``read_only=True``) opens for reading.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = database.prepare_directory(Path(path))
-        self._conn = database.connect(self.path)
+    def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
+        self.path = Path(path)
+        #: True when the store was opened for reading only (asked for, or the
+        #: files are not writable by this user): it can be read, not trained into.
+        self.read_only = not database.prepare_directory(self.path, read_only)
+        self._conn = database.connect(self.path, read_only=self.read_only)
 
     def close(self) -> None:
         self._conn.close()

@@ -1,0 +1,270 @@
+"""Store defects found by hostile input: a full disk, stale or broken reuse, a
+damaged index, a killed run, a read-only store, models that cannot be stored."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import manymodels as mm
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MB file system (tmpfs), grown on request: needs root."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mount)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+
+    def grow(size: str = "256m") -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
+
+    yield mount, grow
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fit_big(item):
+    """A 400 KB model that does not compress."""
+    return np.random.default_rng(item).random(50_000), {"item": item}
+
+
+def test_full_disk_raises_store_error_keeps_results_and_never_records_a_missing_model(
+        small_disk):
+    mount, grow = small_disk
+    store = mount / "store"
+    with pytest.raises(mm.StoreError) as caught:
+        mm.train(fit_big, mm.items(range(24)), store=store, backend="serial", progress=False)
+    error = caught.value
+    assert "disk is full" in str(error) and str(store) in str(error)
+    run = error.run
+    assert run is not None and len(run.ok) > 0  # the finished results came back
+    for key, model in run.models.items():
+        assert np.array_equal(model, fit_big(key)[0])
+    # every task the index records ok has its model, whole
+    reader = mm.Store(store)
+    recorded = reader.results()
+    assert reader.runs()["status"].tolist() == ["failed"]
+    for item in recorded.loc[recorded["status"] == "ok", "item"]:
+        assert np.array_equal(reader.load(item), fit_big(item)[0])
+    reader.close()
+
+    grow()
+    again = mm.train(fit_big, mm.items(range(24)), store=store, backend="serial",
+                     progress=False)
+    assert (again.results["status"] == "ok").all()
+    assert again.summary().reused == int((recorded["status"] == "ok").sum())
+    for item in range(24):
+        assert np.array_equal(mm.Store(store).load(item), fit_big(item)[0])
+
+
+def test_missing_or_corrupt_artifact_is_retrained_not_reused(tmp_path):
+    store = tmp_path / "store"
+    small = mm.train(fit_big, mm.items(range(3)), store=store, backend="serial",
+                     progress=False)
+    assert len(small.ok) == 3
+    with sqlite3.connect(store / "index.sqlite") as conn:  # a lost artifact
+        digest = conn.execute("SELECT artifact FROM tasks WHERE key = '[0]'").fetchone()[0]
+        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (digest,))
+        digest = conn.execute("SELECT artifact FROM tasks WHERE key = '[1]'").fetchone()[0]
+        blob = conn.execute("SELECT blob FROM artifacts WHERE sha256 = ?",
+                            (digest,)).fetchone()[0]
+        conn.execute("UPDATE artifacts SET blob = ? WHERE sha256 = ?",  # a corrupt one
+                     (bytes(len(blob)), digest))
+    opened = mm.Store(store)
+    with pytest.raises(mm.StoreIntegrityError):
+        opened.load(1)  # found corrupt when loaded
+    opened.close()
+    again = mm.train(fit_big, mm.items(range(3)), store=store, backend="serial",
+                     progress=False)
+    assert again.results.set_index("item")["reused"].to_dict() == {0: False, 1: False, 2: True}
+    for item in range(3):
+        assert np.array_equal(mm.Store(store).load(item), fit_big(item)[0])
+
+
+def test_large_artifact_file_removed_is_retrained(tmp_path):
+    def fit_large(item):
+        return np.random.default_rng(item).random(200_000)  # 1.6 MB: a file
+
+    store = tmp_path / "store"
+    mm.train(fit_large, mm.items(range(2)), store=store, backend="serial", progress=False)
+    files = sorted((store / "artifacts").rglob("*"))
+    files = [f for f in files if f.is_file()]
+    assert len(files) == 2
+    files[0].unlink()
+    again = mm.train(fit_large, mm.items(range(2)), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 1
+    for item in range(2):
+        assert np.array_equal(mm.Store(store).load(item), fit_large(item))
+
+
+STALE_SCRIPT = """
+import sys
+import manymodels as mm
+
+ALPHA = {alpha}
+SETTINGS = {{"scale": {alpha} * 10}}
+
+def helper():
+    return SETTINGS["scale"]
+
+def fit(df):
+    return [ALPHA, helper()], {{"a": ALPHA}}
+
+if __name__ == "__main__":
+    run = mm.train(fit, mm.items(range(4)), store=sys.argv[1], backend="serial",
+                   progress=False)
+    print(int(run.summary().reused), run.results["a"].tolist())
+"""
+
+
+def test_editing_a_global_that_fit_reads_retrains(tmp_path):
+    store = tmp_path / "store"
+    script = tmp_path / "job.py"
+    outputs = []
+    for alpha in (1, 1, 2):
+        script.write_text(STALE_SCRIPT.format(alpha=alpha))
+        done = subprocess.run([sys.executable, str(script), str(store)], capture_output=True,
+                              text=True, check=True, cwd=tmp_path)
+        outputs.append(done.stdout.split(maxsplit=1))
+    assert outputs[0] == ["0", "[1, 1, 1, 1]\n"]
+    assert outputs[1] == ["4", "[1, 1, 1, 1]\n"]  # unchanged: reused
+    assert outputs[2] == ["0", "[2, 2, 2, 2]\n"]  # ALPHA edited: retrained
+    assert mm.Store(store).models()[0] == [2, 20]
+
+
+def test_a_global_that_cannot_be_hashed_is_never_reused(tmp_path):
+    lock = threading.Lock()
+
+    def fit(item):
+        with LOCKS[0]:
+            return {"v": item}
+
+    global LOCKS
+    LOCKS = [lock]
+    store = tmp_path / "store"
+    mm.train(fit, mm.items(range(3)), store=store, backend="threads", progress=False)
+    again = mm.train(fit, mm.items(range(3)), store=store, backend="threads", progress=False)
+    assert again.summary().reused == 0
+    assert "code" in again.why_not_reused(0)
+
+
+LOCKS: list = []
+
+
+def test_unpicklable_model_fails_its_task_on_threads(tmp_path):
+    def fit(item):
+        if item == 1:
+            return threading.Lock()  # no store can keep it
+        return [item]
+
+    run = mm.train(fit, mm.items(range(3)), store=tmp_path / "store", backend="threads",
+                   progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[1, "status"] == "failed"
+    assert "could not be pickled" in results.loc[1, "error"]
+    assert results.loc[[0, 2], "status"].tolist() == ["ok", "ok"]
+    assert 1 not in run.models
+    stored = mm.Store(tmp_path / "store").results().set_index("item")
+    assert stored.loc[1, "status"] == "failed"
+    assert run.summary().ok == 2
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_damaged_index_is_refused_by_name(tmp_path, damage):
+    store = tmp_path / "store"
+    mm.train(fit_big, mm.items(range(2)), store=store, backend="serial", progress=False)
+    index = store / "index.sqlite"
+    for extra in ("index.sqlite-wal", "index.sqlite-shm"):
+        (store / extra).unlink(missing_ok=True)
+    if damage == "garbage":
+        index.write_bytes(os.urandom(8192))
+    else:
+        index.write_bytes(index.read_bytes()[:1000])
+    with pytest.raises(mm.StoreError, match="index.sqlite"):
+        mm.Store(store)
+    with pytest.raises(mm.StoreError, match="index.sqlite"):
+        mm.train(fit_big, mm.items(range(2)), store=store, backend="serial", progress=False)
+
+
+KILLED_DRIVER = textwrap.dedent("""
+    import os, signal, sys
+    import manymodels as mm
+
+    def fit(item):
+        if item == 5:
+            os.kill(os.getpid(), signal.SIGKILL)  # the driver itself (serial backend)
+        return [item]
+
+    mm.train(fit, mm.items(range(10)), store=sys.argv[1], backend="serial", progress=False)
+""")
+
+
+def test_a_killed_run_is_marked_interrupted_when_the_store_is_next_opened(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(KILLED_DRIVER)
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, str(script), str(store)], capture_output=True)
+    assert done.returncode == -9
+    runs = mm.Store(store).runs()
+    assert runs["status"].tolist() == ["interrupted"]
+
+
+def test_a_running_run_of_a_live_driver_stays_running(tmp_path):
+    store = tmp_path / "store"
+    seen = []
+
+    def fit(item):
+        seen.append(mm.Store(store).runs()["status"].tolist())  # opened mid-run
+        return [item]
+
+    mm.train(fit, mm.items(range(2)), store=store, backend="serial", progress=False)
+    assert seen[0] == ["running"]
+    assert mm.Store(store).runs()["status"].tolist() == ["finished"]
+
+
+def test_read_only_store_can_be_read_not_trained_into(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fit_big, mm.items(range(3)), store=store, backend="serial", progress=False)
+    with pytest.raises(mm.StoreError, match="read"):
+        mm.train(fit_big, mm.items(range(3)), store=mm.Store(store, read_only=True),
+                 backend="serial", progress=False)
+    opened = mm.Store(store, read_only=True)
+    assert opened.read_only
+    assert len(opened.results()) == 3
+    assert np.array_equal(opened.load(2), fit_big(2)[0])
+
+
+def test_store_on_a_read_only_file_system_opens_for_reading(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fit_big, mm.items(range(3)), store=store, backend="serial", progress=False)
+    view = tmp_path / "view"
+    view.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "--bind", "-o", "ro", str(store), str(view)],
+            capture_output=True).returncode != 0:
+        pytest.skip("a read-only bind mount needs root")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        opened = mm.Store(view)
+        assert opened.read_only
+        assert len(opened.results()) == 3
+        assert np.array_equal(opened.load(1), fit_big(1)[0])
+        opened.close()
+        with pytest.raises(mm.StoreError, match="reading only"):
+            mm.train(fit_big, mm.items(range(3)), store=view, backend="serial",
+                     progress=False)
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=False)
