@@ -252,6 +252,7 @@ def train(
         retry_on=retry_types,
         setup=setup,
         reader=plan.reader,
+        column_labels=plan.column_labels,
     )
     recorder, reused = None, None
     if store is not None:

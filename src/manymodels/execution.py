@@ -47,6 +47,7 @@ class RunContext:
     retry_on: tuple[type[BaseException], ...] = ()
     setup: Any = None  # a callable, or a dict of name -> callable, run once per worker
     reader: Any = None  # a tables.ParquetGroups when each batch reads its own groups
+    column_labels: list | None = None  # labels of a pandas frame's columns, if not str
 
 
 @dataclass
@@ -113,6 +114,7 @@ class Executor:
         if context.setup is not None:
             self.shared = {**self.shared, **run_setup(context.setup)}
         self.reader = context.reader
+        self.labels = context.column_labels
         self._materialize = self._group_materializer() if self.kind == "groups" else None
         # this batch's rows as one DataFrame, and where each group starts in it
         self._span: tuple[dict[tuple[int, int], int], Any] | None = None
@@ -146,7 +148,7 @@ class Executor:
         end = max(offset + length for offset, length in refs)
         rows = sum(length for _, length in refs)
         if end - first <= 2 * rows:
-            frame = self.table.slice(first, end - first).to_pandas()
+            frame = self._to_pandas(self.table.slice(first, end - first))
             self._span = ({ref: ref[0] - first for ref in refs}, frame)
             return
         import pyarrow as pa
@@ -156,7 +158,7 @@ class Executor:
             starts[ref] = position
             position += ref[1]
         pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in refs])
-        self._span = (starts, pieces.to_pandas())
+        self._span = (starts, self._to_pandas(pieces))
 
     def _pandas_group(self, ref: tuple[int, int]) -> Any:
         if self._span is not None:
@@ -166,7 +168,13 @@ class Executor:
                 group = frame.iloc[start:start + ref[1]]
                 group.index = _range_index(ref[1])
                 return group
-        return self.table.slice(ref[0], ref[1]).to_pandas()
+        return self._to_pandas(self.table.slice(ref[0], ref[1]))
+
+    def _to_pandas(self, rows: Any) -> Any:
+        frame = rows.to_pandas()
+        if self.labels is not None:
+            frame.columns = self.labels
+        return frame
 
     def _rows_read(self, ref: tuple[tuple, tuple[int, ...]]) -> Any:
         key = ref[0]
@@ -210,7 +218,8 @@ class Executor:
             def as_arrays(ref: Any) -> dict[str, Any]:
                 rows = rows_of(ref)
                 return {name: column.to_numpy()
-                        for name, column in zip(rows.column_names, rows.columns)}
+                        for name, column in zip(self.labels or rows.column_names,
+                                                rows.columns)}
             return as_arrays
         raise ValueError(f"unknown format {fmt!r}")
 

@@ -50,6 +50,7 @@ class Plan:
     format: str = "pandas"
     key_rows: list[tuple] = field(default_factory=list)  # key column values per task
     reader: ParquetGroups | None = None  # groups read on the workers: data refs are keys
+    column_labels: list | None = None  # a pandas frame's labels, when not all strings
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -161,4 +162,5 @@ def plan(source: Source) -> Plan:
         format=fmt,
         key_rows=key_rows,
         reader=reader,
+        column_labels=getattr(base, "column_labels", None),
     )

@@ -20,6 +20,8 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
+from .routing import group_positions, route_rows
+
 _Y = "__manymodels_target__"
 _GROUP = "__manymodels_group__"
 
@@ -27,6 +29,22 @@ _GROUP = "__manymodels_group__"
 def _fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool) -> Any:
     X = df[features] if as_frame else df[features].to_numpy()
     return clone(estimator).fit(X, df[_Y].to_numpy())
+
+
+def _plain_key(key: Any) -> Hashable:
+    """A group key with NumPy scalars as Python values (as keys are stored)."""
+    if isinstance(key, tuple):
+        return tuple(_plain_key(v) for v in key)
+    return key.item() if isinstance(key, np.generic) else key
+
+
+def _as_pandas_if_table(X: Any) -> Any:
+    """polars and Arrow tables (which ``mm.groups`` accepts) as pandas frames."""
+    module = type(X).__module__
+    if (module.startswith("polars") or module.startswith("pyarrow")) and hasattr(
+            X, "to_pandas"):
+        return X.to_pandas()
+    return X
 
 
 class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
@@ -81,15 +99,41 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             return False
 
     def _split(self, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(key columns, feature columns) of X, checked against ``by``."""
+        """(key columns, feature columns) of X, checked against ``by``. Key
+        columns may hold anything hashable (strings in an object array);
+        feature columns get scikit-learn's own checks when X is an array."""
         by = self._by_list()
+        X = _as_pandas_if_table(X)
         as_frame = isinstance(X, pd.DataFrame)
         if as_frame:
             frame = X
-        else:  # scikit-learn's own checks: 2-D, numeric, finite, not sparse
-            frame = pd.DataFrame(check_array(
-                X, dtype="numeric", ensure_min_features=len(by) + 1 if fitting else 1,
-                ensure_all_finite=not self._allow_nan()))
+        else:
+            array = None if hasattr(X, "toarray") else np.asarray(X)
+            if array is None or array.ndim != 2:
+                # scikit-learn's own message for 1-D, 0-D and sparse input
+                check_array(X, dtype="numeric", ensure_all_finite=not self._allow_nan())
+            keys_at = [b for b in by if isinstance(b, (int, np.integer))
+                       and not isinstance(b, bool) and 0 <= b < array.shape[1]]
+            if array.dtype.kind != "O":  # numeric: keys are checked as features are
+                keys_at = []
+            rest = [i for i in range(array.shape[1]) if i not in keys_at]
+            if not rest:  # only key columns: scikit-learn's message for too few features
+                check_array(array, dtype=None, ensure_min_features=len(by) + 1 if fitting else 1)
+            checked = check_array(  # scikit-learn's checks of the features: numeric, finite
+                array[:, rest], dtype="numeric",
+                ensure_min_features=len(by) + 1 - len(keys_at) if fitting else 1,
+                ensure_all_finite=not self._allow_nan()) if rest else array[:, :0]
+            frame = pd.DataFrame(checked, columns=rest)
+            for position in keys_at:
+                column = array[:, position]
+                if column.dtype.kind == "O":
+                    bad = next((v for v in column if not isinstance(v, Hashable)
+                                or isinstance(v, (dict, list, set))), None)
+                    if bad is not None:
+                        raise TypeError(f"by column {position}: a group key argument must be "
+                                        f"a string or a number, got {type(bad).__name__}")
+                frame[position] = column
+            frame = frame[list(range(array.shape[1]))]
         if not fitting and frame.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {frame.shape[1]} features, but GroupedEstimator is "
                              f"expecting {self.n_features_in_} features as input")
@@ -110,9 +154,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
     @staticmethod
     def _keys(keys: pd.DataFrame) -> list[Hashable]:
         if keys.shape[1] == 1:
-            return [v.item() if hasattr(v, "item") else v for v in keys.iloc[:, 0]]
-        return [tuple(v.item() if hasattr(v, "item") else v for v in row)
-                for row in keys.itertuples(index=False, name=None)]
+            return [_plain_key(v) for v in keys.iloc[:, 0]]
+        return [_plain_key(row) for row in keys.itertuples(index=False, name=None)]
 
     # -- fit -----------------------------------------------------------------------
 
@@ -133,6 +176,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                              "is None")
         keys, features = self._split(X, fitting=True)
         y = column_or_1d(y, warn=True)
+        if y.dtype.kind in "fc":  # scikit-learn's message for NaN or inf in y
+            check_array(y, ensure_2d=False, dtype=None, input_name="y")
         if len(y) != len(features):
             raise ValueError(f"X has {len(features)} rows but y has {len(y)}")
         if len(y) == 0:
@@ -165,6 +210,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             for _, row in run.failed.iterrows():
                 failures.append({"group": key_of[row[_GROUP]], "error": row["error"]})
         self.failed_ = pd.DataFrame(failures, columns=["group", "error"])
+        if failures and not self.models_:
+            raise RuntimeError(
+                f"every group's fit failed ({len(failures)} groups); the first error:\n"
+                f"{failures[0]['error']}")
         if failures:
             warnings.warn(f"{len(failures)} group(s) failed to fit and use the fallback; "
                           "see failed_", RuntimeWarning, stacklevel=2)
@@ -184,29 +233,23 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         check_is_fitted(self, "models_")
         keys, features = self._split(X, fitting=False)
         X_feat = features if self._as_frame else features.to_numpy()
-        group_keys = self._keys(keys)
-        positions: dict[Hashable, list[int]] = {}
-        for position, key in enumerate(group_keys):
-            positions.setdefault(key, []).append(position)
-        out = None
-        unseen = []
-        for key, rows in positions.items():
-            model = self.models_.get(key, self.fallback_)
-            if model is None:
-                unseen.append(key)
-                continue
+
+        def model_of(key: Hashable) -> tuple[Any, str] | None:
+            key = _plain_key(key)
+            if key in self.models_:
+                return self.models_[key], "group"
+            return None if self.fallback_ is None else (self.fallback_, "fallback")
+
+        def call(model: Any, rows: np.ndarray) -> np.ndarray:
             part = X_feat.iloc[rows] if self._as_frame else X_feat[rows]
             values = np.asarray(getattr(model, method)(part))
-            if method == "predict_proba":
-                values = self._align_proba(model, values)
-            if out is None:
-                out = np.empty((len(group_keys), *values.shape[1:]), dtype=values.dtype)
-            elif out.dtype != values.dtype and out.dtype.kind != "O":
-                out = out.astype(np.result_type(out.dtype, values.dtype))
-            out[rows] = values
-        if unseen:
-            raise ValueError(f"no model for group(s) {unseen[:5]!r} and fallback='error'")
-        return out
+            return self._align_proba(model, values) if method == "predict_proba" else values
+
+        routed = route_rows(group_positions(keys), len(keys), model_of, call)
+        if routed.unseen:
+            raise ValueError(f"no model for group(s) {routed.unseen[:5]!r} and "
+                             "fallback='error'")
+        return routed.values
 
     def _align_proba(self, model: Any, proba: np.ndarray) -> np.ndarray:
         full = np.zeros((len(proba), len(self.classes_)))

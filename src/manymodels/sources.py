@@ -59,9 +59,21 @@ class GroupSource(Source):
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-        by_columns = [by] if isinstance(by, str) else list(by)
+        by_columns = [by] if isinstance(by, str) or not isinstance(by, Sequence) else list(by)
         if not by_columns:
             raise ValueError("groups() needs at least one column in by=")
+        #: A pandas frame's column labels when some are not strings (Arrow
+        #: names columns by strings): ``fit`` gets its frame with these labels.
+        self.column_labels: list | None = None
+        if is_pandas_frame(table) and not all(isinstance(c, str) for c in table.columns):
+            self.column_labels = list(table.columns)
+            names = [str(c) for c in self.column_labels]
+            if len(set(names)) < len(names):
+                raise ValueError(f"the frame's column labels {self.column_labels} are not "
+                                 "distinct as strings; rename the columns")
+            by_columns = [str(c) if c in self.column_labels else c for c in by_columns]
+            self.key_labels = [self.column_labels[names.index(c)] if c in names else c
+                               for c in by_columns]
         if not all(isinstance(c, str) for c in by_columns):
             raise TypeError(f"by= must name columns as strings, got {by!r}")
         #: Reads each batch's groups from the Parquet files on the workers, or
@@ -92,8 +104,8 @@ class GroupSource(Source):
         self._layout = None  # filled once by planning.group_layout
 
     @property
-    def key_columns(self) -> list[str]:
-        return list(self.by)
+    def key_columns(self) -> list:
+        return list(self.key_labels) if self.column_labels else list(self.by)
 
     def __repr__(self) -> str:
         return f"groups({self.table.num_rows} rows, by={self.by})"

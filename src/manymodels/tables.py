@@ -84,6 +84,8 @@ def read_table(table: Any) -> pa.Table:
 
     if isinstance(table, pd.DataFrame):
         try:
+            if not all(isinstance(c, str) for c in table.columns):  # labels 0, 1, ...
+                table = table.set_axis([str(c) for c in table.columns], axis=1)
             return pa.Table.from_pandas(table, preserve_index=False)
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ValueError(f"cannot convert the pandas DataFrame to Arrow: {exc}") from exc

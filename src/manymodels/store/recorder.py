@@ -16,13 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..execution import FAILED, OK, pickle_any
+from ..keys import encode_key
 from . import database
 
 COMMIT_EVERY_S = 1.0
-
-
-def encode_key(parts: tuple) -> str:
-    return json.dumps(list(parts), default=str)
 
 
 def _encode_metrics(metrics: dict | None) -> str | None:

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ..keys import decode_key, encode_key, key_parts
 from . import database
-from .recorder import encode_key
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
 _PARTS = ("code", "params", "data", "shared")
-
-
-def _key_parts(key: Hashable) -> tuple:
-    return key if isinstance(key, tuple) else (key,)
 
 
 class StoredModel:
@@ -108,7 +105,7 @@ class Store:
         rows = self._conn.execute(
             f"SELECT key, metrics, {', '.join(_TASK_COLUMNS)} FROM tasks WHERE run_id = ? "
             "ORDER BY task_index", (run_id,)).fetchall()
-        keys = [json.loads(r[0]) for r in rows]
+        keys = [decode_key(r[0]) for r in rows]
         frame = pd.DataFrame({c: [k[i] for k in keys] for i, c in enumerate(key_columns)})
         for position, column in enumerate(_TASK_COLUMNS):
             frame[column] = [r[2 + position] for r in rows]
@@ -126,7 +123,7 @@ class Store:
         run_id, _, _ = self._run_row(run)
         row = self._conn.execute(
             f"SELECT {columns} FROM tasks WHERE run_id = ? AND key = ?",
-            (run_id, encode_key(_key_parts(key)))).fetchone()
+            (run_id, encode_key(key_parts(key)))).fetchone()
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return row
@@ -145,7 +142,7 @@ class Store:
         for key, artifact in self._conn.execute(
             "SELECT key, artifact FROM tasks WHERE run_id = ? AND status = 'ok' AND "
             "artifact IS NOT NULL ORDER BY task_index", (run_id,)):
-            parts = tuple(json.loads(key))
+            parts = decode_key(key)
             item_key = parts[0] if len(parts) == 1 else parts
             items[item_key] = StoredModel(self, artifact, f"key {item_key!r}")
         return ModelMap(items)
@@ -175,20 +172,52 @@ class Store:
             return default
         return StoredModel(self, row[0], f"attachment {name!r} of run {run_id}").load()
 
+    def _model_artifacts(self, run: int | None) -> dict[str, str]:
+        """Encoded key -> artifact of the models that ``predict`` may use: those
+        of ``run``, or (``run`` None) each key's latest model in any run with the
+        latest run's key columns: a re-run in which a group failed leaves that
+        group its earlier model."""
+        if run is not None:
+            run_id, _, _ = self._run_row(run)
+            rows = self._conn.execute(
+                "SELECT key, artifact FROM tasks WHERE run_id = ? AND status = 'ok' AND "
+                "artifact IS NOT NULL", (run_id,))
+        else:
+            run_id, key_columns, _ = self._run_row(None)
+            rows = self._conn.execute(
+                "SELECT t.key, t.artifact FROM tasks t JOIN runs r ON r.run_id = t.run_id "
+                "WHERE r.key_columns = ? AND t.status = 'ok' AND t.artifact IS NOT NULL "
+                "ORDER BY t.run_id", (json.dumps(key_columns),))
+        return dict(rows.fetchall())  # the latest run's last
+
+    def _latest_attached(self, name: str, run: int | None) -> Any:
+        if run is not None:
+            return self.attached(name, run)
+        _, key_columns, _ = self._run_row(None)
+        row = self._conn.execute(
+            "SELECT a.run_id FROM attachments a JOIN runs r ON r.run_id = a.run_id "
+            "WHERE a.name = ? AND r.key_columns = ? ORDER BY a.run_id DESC LIMIT 1",
+            (name, json.dumps(key_columns))).fetchone()
+        return None if row is None else self.attached(name, row[0])
+
     def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
                 features: list[str] | None = None, run: int | None = None,
                 fallback: bool = True, with_source: bool = False) -> pd.Series | pd.DataFrame:
         """Predict each row of ``table`` with its group's model.
 
-        Returns a Series aligned with ``table``'s rows. A row whose group has no
-        model gets the run's fallback model when it has one (``manymodels
-        train`` keeps a global one) and ``fallback`` is true, else NaN: never
-        another group's model. With ``with_source``, a DataFrame of
-        ``prediction`` and ``source`` ("group", "fallback" or "none").
+        Returns a Series aligned with ``table``'s rows. Each group uses its
+        model in ``run``, or by default its latest model in the store (a
+        re-run where the group failed leaves it its earlier model). A row whose
+        group has no model gets the run's fallback model when it has one
+        (``manymodels train`` keeps a global one) and ``fallback`` is true,
+        else NaN, with a warning: never another group's model. When no row has
+        a model at all, it raises instead. With ``with_source``, a DataFrame
+        of ``prediction`` and ``source`` ("group", "fallback" or "none").
         ``by`` and ``features`` default to what ``manymodels train`` recorded,
         else ``features`` to the model's ``feature_names_in_``, else every
         column but the ``by`` columns.
         """
+        from ..routing import group_positions, route_rows
         from ..tables import read_table
 
         config = self.attached("train_config", run, default={}) or {}
@@ -201,29 +230,49 @@ class Store:
         missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
         if missing:
             raise ValueError(f"column {missing[0]!r} is not in the table to predict")
-        models = self.models(run)
-        backup = self.attached("fallback", run) if fallback else None
-        prediction = pd.Series(float("nan"), index=frame.index, dtype=object)
-        source = pd.Series("none", index=frame.index, dtype=object)
-        grouper = by_columns[0] if len(by_columns) == 1 else by_columns
-        for key, rows in frame.groupby(grouper, sort=False, dropna=False).groups.items():
-            model, origin = (models[key], "group") if key in models else (backup, "fallback")
-            if model is None:
-                continue
+        artifacts = self._model_artifacts(run)
+        backup = self._latest_attached("fallback", run) if fallback else None
+        loaded: dict[str, Any] = {}
+
+        def model_of(key: Hashable) -> tuple[Any, str] | None:
+            code = encode_key(key_parts(key))
+            if code in artifacts:
+                if code not in loaded:
+                    loaded[code] = StoredModel(self, artifacts[code], f"key {key!r}").load()
+                return loaded[code], "group"
+            return None if backup is None else (backup, "fallback")
+
+        def call(model: Any, rows: Any) -> Any:
             names = features or list(getattr(model, "feature_names_in_", [])) or [
                 c for c in frame.columns if c not in by_columns]
-            part = frame.loc[rows, names]
+            part = frame.iloc[rows][names]
             if not hasattr(model, "feature_names_in_"):
                 part = part.to_numpy()
-            values = getattr(model, method)(part)
-            prediction.loc[rows] = list(values) if getattr(values, "ndim", 1) > 1 else values
-            source.loc[rows] = origin
-        try:
-            prediction = prediction.astype(float)
-        except (TypeError, ValueError):
-            pass
+            return getattr(model, method)(part)
+
+        routed = route_rows(group_positions(frame[by_columns]), len(frame), model_of, call)
+        where = "" if run is None else f" of run {run}"
+        if routed.values is None:
+            raise ValueError(
+                f"no row of the table has a model in store {str(self.path)!r}{where}: none "
+                f"of its {len(routed.unseen)} group(s) by {by_columns} (e.g. "
+                f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model")
+        if routed.unseen:
+            warnings.warn(
+                f"{int((routed.source == 'none').sum())} row(s) of {len(routed.unseen)} "
+                f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
+                f"{str(self.path)!r}{where} and no fallback: their prediction is NaN",
+                RuntimeWarning, stacklevel=2)
+        values = routed.values
+        prediction = pd.Series(list(values) if values.ndim > 1 else values, index=frame.index)
+        if prediction.dtype == object:
+            try:
+                prediction = prediction.astype(float)
+            except (TypeError, ValueError):
+                pass
         if with_source:
-            return pd.DataFrame({"prediction": prediction, "source": source})
+            return pd.DataFrame({"prediction": prediction, "source": routed.source},
+                                index=frame.index)
         return prediction
 
     def export(self, path: str | Path, run: int | None = None) -> Path:
@@ -292,7 +341,7 @@ class Store:
         before = self._conn.execute(
             "SELECT run_id, code_hash, params_hash, data_hash, shared_hash, status FROM tasks "
             "WHERE key = ? AND run_id < ? ORDER BY (status = 'ok') DESC, run_id DESC LIMIT 1",
-            (encode_key(_key_parts(key)), run_id)).fetchone()
+            (encode_key(key_parts(key)), run_id)).fetchone()
         if before is None:
             return f"{key!r} was trained: no earlier run in this store has this key"
         changed = [name for name, now, then in zip(_PARTS, row[1:5], before[1:5])

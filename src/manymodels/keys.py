@@ -1,0 +1,92 @@
+"""One encoding of a task's key, for every place that stores or looks one up.
+
+A key is a tuple of the values of the key columns (the ``by`` columns, an
+item's key, grid values). The store keeps it as text, and ``Store.predict``
+looks models up by the keys of the rows it is given. Those rows come from
+pandas (``Timestamp``, NumPy scalars) while the stored keys came from Arrow
+(``datetime``, Python scalars): so every value is first brought to one
+canonical form, and the text is JSON with a tag for what JSON lacks::
+
+    ("s1", 7, datetime(2024, 1, 31))  ->  '["s1", 7, {"$datetime": "2024-01-31T00:00:00"}]'
+
+:func:`decode_key` gives back the values (datetimes as ``pandas.Timestamp``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import json
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+
+def canonical(value: Any) -> Any:
+    """A key value in its canonical, JSON-able form."""
+    if isinstance(value, np.generic) and not isinstance(value, (np.datetime64,
+                                                                 np.timedelta64)):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (_dt.datetime, np.datetime64)):
+        import pandas as pd
+
+        return {"$datetime": pd.Timestamp(value).isoformat()}
+    if isinstance(value, _dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, (_dt.timedelta, np.timedelta64)):
+        import pandas as pd
+
+        return {"$timedelta": int(pd.Timedelta(value).value)}
+    if isinstance(value, _dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, bytes):
+        return {"$bytes": value.hex()}
+    if isinstance(value, tuple):
+        return {"$tuple": [canonical(v) for v in value]}
+    return {"$str": str(value)}  # a path, an enum: kept readable, matched by its text
+
+
+def _restore(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    (tag, text), = value.items()
+    if tag == "$datetime":
+        import pandas as pd
+
+        return pd.Timestamp(text)
+    if tag == "$date":
+        return _dt.date.fromisoformat(text)
+    if tag == "$timedelta":
+        import pandas as pd
+
+        return pd.Timedelta(text)
+    if tag == "$time":
+        return _dt.time.fromisoformat(text)
+    if tag == "$decimal":
+        return decimal.Decimal(text)
+    if tag == "$bytes":
+        return bytes.fromhex(text)
+    if tag == "$tuple":
+        return tuple(_restore(v) for v in text)
+    return text
+
+
+def key_parts(key: Hashable) -> tuple:
+    """A key as the tuple of its parts (a one-column key may be given bare)."""
+    return key if isinstance(key, tuple) else (key,)
+
+
+def encode_key(parts: tuple) -> str:
+    """The stored text of a key's parts: equal values give equal text,
+    whichever library they came from."""
+    return json.dumps([canonical(v) for v in parts])
+
+
+def decode_key(text: str) -> tuple:
+    """The parts of a key stored by :func:`encode_key`."""
+    return tuple(_restore(v) for v in json.loads(text))

@@ -1,0 +1,203 @@
+"""Keys round-trip through the store, rows reach their group's model, and
+GroupedEstimator works on arrays, object keys, polars and Arrow."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+import warnings
+from decimal import Decimal
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pytest
+from sklearn.linear_model import LinearRegression, Ridge
+
+import manymodels as mm
+from manymodels.keys import decode_key, encode_key
+from manymodels.sklearn import GroupedEstimator
+
+KEY_COLUMNS = {
+    "string": ["a", "b", "c"],
+    "integer": [3, 1, 2],
+    "float": [0.5, 1.5, 2.5],
+    "boolean": [True, False, True],
+    "datetime": pd.to_datetime(["2024-01-01 00:00", "2024-02-01 06:00", "2024-03-01 12:30"]),
+    "datetime_tz": pd.to_datetime(["2024-01-01", "2024-02-01", "2024-03-01"]).tz_localize(
+        "Europe/Paris"),
+    "date": [dt.date(2024, 1, 1), dt.date(2024, 2, 1), dt.date(2024, 3, 1)],
+    "category": pd.Categorical(["x", "y", "z"]),
+    "decimal": [Decimal("1.10"), Decimal("2.20"), Decimal("3.30")],
+}
+
+
+def _table(key_values, rows_per_group=20, seed=0):
+    rng = np.random.default_rng(seed)
+    parts = []
+    for slope, key in enumerate(list(key_values)[:2], start=1):  # two groups (bool has two)
+        x = rng.normal(size=rows_per_group)
+        parts.append(pd.DataFrame({"k": [key] * rows_per_group, "x": x, "y": slope * x}))
+    frame = pd.concat(parts, ignore_index=True)
+    if isinstance(key_values, pd.Categorical):
+        frame["k"] = pd.Categorical(frame["k"], categories=key_values.categories)
+    return frame.sample(frac=1, random_state=seed).reset_index(drop=True)
+
+
+def fit_lr(df):
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+@pytest.mark.parametrize("kind", list(KEY_COLUMNS))
+def test_every_key_type_round_trips_through_the_store_and_predicts(tmp_path, kind):
+    frame = _table(KEY_COLUMNS[kind])
+    run = mm.train(fit_lr, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+                   progress=False)
+    assert len(run.ok) == 2
+    store = mm.Store(tmp_path / "s")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no row may go without a model
+        predicted = store.predict(frame, by="k", features=["x"])
+    np.testing.assert_allclose(predicted.to_numpy(), frame["y"].to_numpy(), atol=1e-9)
+    stored_keys = store.results()["k"].tolist()
+    assert [encode_key((k,)) for k in stored_keys] == [
+        encode_key((k,)) for k in run.results["k"]]
+    for slope, key in enumerate(list(KEY_COLUMNS[kind])[:2], start=1):
+        found = frame.loc[frame["k"] == key, "k"].iloc[0]  # a pandas scalar finds it
+        assert store.load(found).coef_[0] == pytest.approx(slope)
+
+
+@pytest.mark.parametrize("value", [
+    "s", 7, 2.5, True, None, dt.datetime(2024, 1, 2, 3, 4, 5, 6),
+    pd.Timestamp("2024-01-02", tz="UTC"), dt.date(2024, 1, 2), dt.time(1, 2, 3),
+    pd.Timedelta("1h"), Decimal("1.25"), b"\x00\xff", ("a", 1)])
+def test_key_encoding_round_trips(value):
+    decoded = decode_key(encode_key(("x", value)))
+    assert decoded[0] == "x" and decoded[1] == value
+    assert encode_key(decoded) == encode_key(("x", value))
+
+
+def test_one_encoding_for_equal_values_from_each_library():
+    stamp = "2024-05-06 07:08:09"
+    variants = [dt.datetime(2024, 5, 6, 7, 8, 9), pd.Timestamp(stamp),
+                np.datetime64(stamp), pa.scalar(pd.Timestamp(stamp)).as_py()]
+    assert len({encode_key((v,)) for v in variants}) == 1
+    assert len({encode_key((v,)) for v in [3, np.int64(3), np.int32(3)]}) == 1
+
+
+def fit_maybe_failing(df):
+    if df["x"].isna().any():
+        raise ValueError("no usable rows")
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def test_predict_uses_each_groups_latest_model_after_a_failed_rerun(tmp_path):
+    frame = _table(["a", "b"])
+    store_path = tmp_path / "s"
+    mm.train(fit_maybe_failing, mm.groups(frame, by="k"), store=store_path,
+             backend="serial", progress=False)
+    broken = frame.assign(x=np.nan)
+    failed = mm.train(fit_maybe_failing, mm.groups(broken, by="k"), store=store_path,
+                      backend="serial", progress=False)
+    assert (failed.results["status"] == "failed").all()
+    store = mm.Store(store_path)
+    predicted = store.predict(frame, by="k", features=["x"])
+    np.testing.assert_allclose(predicted.to_numpy(), frame["y"].to_numpy(), atol=1e-9)
+    with pytest.raises(ValueError, match="no row of the table has a model"):
+        store.predict(frame, by="k", features=["x"], run=failed.run_id)
+
+
+def test_predict_warns_about_rows_without_a_model(tmp_path):
+    frame = _table(["a", "b"])
+    mm.train(fit_lr, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    new = pd.concat([frame, frame.head(3).assign(k="unseen")], ignore_index=True)
+    with pytest.warns(RuntimeWarning, match="3 row"):
+        predicted = mm.Store(tmp_path / "s").predict(new, by="k", features=["x"])
+    assert predicted.isna().sum() == 3
+
+
+def test_cli_predict_after_a_failed_rerun_uses_the_earlier_models(tmp_path):
+    frame = _table(["a", "b"])
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    frame.to_parquet(good)
+    frame.assign(y=np.nan).to_parquet(bad)  # every group's fit fails
+    base = ["--by", "k", "--target", "y", "--features", "x", "--model",
+            "sklearn.linear_model.LinearRegression", "--store", tmp_path / "s"]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "manymodels.cli", *map(str, args)],
+                              capture_output=True, text=True, timeout=300)
+
+    assert cli("train", good, *base).returncode == 0
+    assert cli("train", bad, *base, "--allow-failures").returncode == 0
+    out = tmp_path / "p.csv"
+    done = cli("predict", tmp_path / "s", good, "--out", out)
+    assert done.returncode == 0, done.stderr
+    predicted = pd.read_csv(out)
+    assert predicted["prediction"].notna().all()
+    assert (predicted["source"] == "group").all()
+    np.testing.assert_allclose(predicted["prediction"], frame["y"], atol=1e-6)
+
+
+def test_groups_keep_a_frames_column_labels():
+    frame = pd.DataFrame({0: [1, 1, 2, 2], 1: [1.0, 2.0, 3.0, 4.0], "name": list("abcd")})
+    seen = {}
+
+    def fit(df):
+        seen[df[0].iloc[0]] = list(df.columns)
+        return {"total": float(df[1].sum())}
+
+    run = mm.train(fit, mm.groups(frame, by=0), backend="serial", progress=False)
+    assert (run.results["status"] == "ok").all()
+    assert seen == {1: [0, 1, "name"], 2: [0, 1, "name"]}
+    assert run.results[0].tolist() == [1, 2]
+    arrays = mm.train(lambda d: {"n": len(d[1])}, mm.groups(frame, by=0, format="numpy"),
+                      backend="serial", progress=False)
+    assert arrays.results["n"].tolist() == [2, 2]
+
+
+def _grouped_arrays(seed=0):
+    rng = np.random.default_rng(seed)
+    groups = np.repeat([0, 1, 2], 40)
+    x = rng.normal(size=(120, 2))
+    y = x @ [1.0, -1.0] * (groups + 1) + groups
+    return np.column_stack([groups, x]), y, groups
+
+
+def test_grouped_estimator_on_a_numpy_array_fits_every_group():
+    X, y, groups = _grouped_arrays()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = GroupedEstimator(LinearRegression(), by=0, backend="serial").fit(X, y)
+    assert sorted(model.models_) == [0.0, 1.0, 2.0]
+    assert model.failed_.empty
+    np.testing.assert_allclose(model.predict(X), y, atol=1e-9)  # exact per-group fits
+
+
+def test_grouped_estimator_raises_when_every_group_fails():
+    X, y, _ = _grouped_arrays()
+    with pytest.raises(RuntimeError, match="every group's fit failed"):
+        GroupedEstimator(Ridge(solver="cholesky", positive=True), by=0,
+                         backend="serial").fit(X, y)
+
+
+def test_grouped_estimator_takes_string_keys_in_an_object_array():
+    X, y, groups = _grouped_arrays()
+    names = np.array(["north", "south", "east"])[groups]
+    X_obj = np.column_stack([X[:, 1], names, X[:, 2]]).astype(object)
+    model = GroupedEstimator(LinearRegression(), by=1, backend="serial").fit(X_obj, y)
+    assert sorted(model.models_) == ["east", "north", "south"]
+    np.testing.assert_allclose(model.predict(X_obj), y, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["polars", "arrow"])
+def test_grouped_estimator_takes_polars_and_arrow_tables(kind):
+    X, y, groups = _grouped_arrays()
+    frame = pd.DataFrame({"g": groups, "a": X[:, 1], "b": X[:, 2]})
+    table = pl.from_pandas(frame) if kind == "polars" else pa.Table.from_pandas(frame)
+    model = GroupedEstimator(LinearRegression(), by="g", backend="serial").fit(table, y)
+    assert sorted(model.models_) == [0, 1, 2]
+    np.testing.assert_allclose(model.predict(table), y, atol=1e-9)
