@@ -55,3 +55,35 @@ def test_cleanup_removes_spill_files_nobody_read():
     assert spill is not None and shm_files()  # as a worker killed before sending leaves it
     files.cleanup()
     assert not shm_files()
+
+
+def _run_file_modes(df, driver, **_shared):
+    """The permission bits of this run's files, seen from inside a task."""
+    import stat
+    from pathlib import Path
+
+    modes = {}
+    for root in (Path("/dev/shm"), Path(__import__("tempfile").gettempdir())):
+        for path in root.glob(f"manymodels-{driver}-*"):
+            modes[path.name.split("-", 3)[-1]] = stat.S_IMODE(path.stat().st_mode)
+    return modes, {"files": len(modes)}
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_run_files_in_shared_memory_are_owner_only(start_method):
+    import pandas as pd
+
+    frame = pd.DataFrame({"g": [1, 1, 2, 2], "x": [1.0, 2.0, 3.0, 4.0]})
+    old_umask = os.umask(0o022)
+    try:
+        run = mm.train(_run_file_modes, mm.groups(frame, by="g"), backend="processes",
+                       workers=2, start_method=start_method, progress=False,
+                       shared={"driver": os.getpid(), "big": np.zeros(200_000)})
+    finally:
+        os.umask(old_umask)
+    assert run.failed.empty
+    seen = {}
+    for modes in run.models.values():
+        seen.update(modes)
+    assert seen, "the run wrote no files to check"
+    assert all(mode == 0o600 for mode in seen.values()), seen

@@ -263,3 +263,26 @@ def test_stale_files_of_dead_drivers_are_swept():
     mm.train(exit_on_13, mm.items(range(3)), workers=1, progress=False)
     assert not stale.exists()
     assert not shm_files()
+
+
+def raise_keyboard_interrupt(item):
+    if item == 2:
+        raise KeyboardInterrupt("raised by the task itself, not Ctrl-C")
+    return {"item": item}
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_keyboard_interrupt_raised_by_a_task_fails_only_that_task(backend):
+    run = mm.train(raise_keyboard_interrupt, mm.items(range(6)), backend=backend, workers=2,
+                   progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[2, "status"] == "failed"
+    assert "KeyboardInterrupt" in results.loc[2, "error"]
+    assert (results.drop(index=2)["status"] == "ok").all()
+
+
+def test_keyboard_interrupt_on_the_serial_backend_still_stops_the_run():
+    with pytest.raises(mm.RunInterrupted) as stopped:
+        mm.train(raise_keyboard_interrupt, mm.items(range(6)), backend="serial",
+                 progress=False)
+    assert stopped.value.run.results["status"].tolist()[:2] == ["ok", "ok"]

@@ -50,6 +50,15 @@ SPILL_MIN_BYTES = 1 << 16
 _MAP_MIN_BYTES = 4 << 20
 
 
+def _open_private(path: str | Path) -> Any:
+    """Create ``path`` for writing, readable by its owner only: run data (the
+    user's table, the shared objects, the pickled ``fit``) is nobody else's,
+    whatever the umask."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file left by an earlier run keeps its mode otherwise
+    return os.fdopen(fd, "wb")
+
+
 def _shm_root(needed: int) -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
@@ -105,6 +114,7 @@ class RunFiles:
     def write_table(self, table: pa.Table) -> str:
         """Write ``table`` as an Arrow IPC file; workers map it with :func:`open_table`."""
         path = self._new_path("table.arrow", table.nbytes)
+        _open_private(path).close()  # owner-only before a byte is written
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
         return str(path)
@@ -115,7 +125,7 @@ class RunFiles:
         body = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
         path = self._new_path(f"{name}.bin", len(body) + sum(r.nbytes for r in raws))
-        with open(path, "wb") as out:
+        with _open_private(path) as out:
             out.write(b"\0" * _HEADER.size)
             out.write(body)
             index = _write_buffers(out, raws)
@@ -134,12 +144,13 @@ class RunFiles:
 
     def write_bytes(self, name: str, data: bytes) -> str:
         path = self._new_path(name, len(data))
-        path.write_bytes(data)
+        with _open_private(path) as out:
+            out.write(data)
         return str(path)
 
     def new_file(self, name: str, size: int) -> str:
         path = self._new_path(name, size)
-        with open(path, "wb") as out:
+        with _open_private(path) as out:
             out.truncate(size)
         return str(path)
 
@@ -195,7 +206,7 @@ def dumps_spilling(obj: Any, dumps: Any, spill_prefix: str | None,
     name = f"{spill_prefix}-out-{os.getpid()}-{counter[0]}"
     path = _shm_root(sum(raw.nbytes for raw in raws)) / name
     try:
-        with open(path, "wb") as out:
+        with _open_private(path) as out:
             index = _write_buffers(out, raws)
     except BaseException:
         path.unlink(missing_ok=True)

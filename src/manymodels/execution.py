@@ -15,10 +15,12 @@ An outcome travels as a plain tuple (cheap to pickle, fast to unpickle)::
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .tables import is_pandas_frame, plain_scalar
@@ -48,6 +50,7 @@ class RunContext:
     setup: Any = None  # a callable, or a dict of name -> callable, run once per worker
     reader: Any = None  # a tables.ParquetGroups when each batch reads its own groups
     column_labels: list | None = None  # labels of a pandas frame's columns, if not str
+    driver_pid: int = field(default_factory=os.getpid)
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Executor:
             self.shared = {**self.shared, **run_setup(context.setup)}
         self.reader = context.reader
         self.labels = context.column_labels
+        self.driver_pid = context.driver_pid
         self._materialize = self._group_materializer() if self.kind == "groups" else None
         # this batch's rows as one DataFrame, and where each group starts in it
         self._span: tuple[dict[tuple[int, int], int], Any] | None = None
@@ -236,10 +240,19 @@ class Executor:
             else:
                 value = self.fit(**kwargs)
             model, metrics = split_result(value)
-        except (Exception, SystemExit) as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            if isinstance(exc, KeyboardInterrupt) and self._in_drivers_main_thread():
+                raise  # a real Ctrl-C (serial backend): it stops the run
             return (index, FAILED, None, {}, time.perf_counter() - start, started_at,
                     traceback.format_exc(), isinstance(exc, self.retry_on))
         return (index, OK, model, metrics, time.perf_counter() - start, started_at, None, False)
+
+    def _in_drivers_main_thread(self) -> bool:
+        """Ctrl-C reaches only the driver's main thread: a KeyboardInterrupt
+        anywhere else (a worker thread, a worker process) was raised by the
+        task itself, and fails that task alone."""
+        return (os.getpid() == self.driver_pid
+                and threading.current_thread() is threading.main_thread())
 
     def run_in_parts(
         self,
