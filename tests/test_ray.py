@@ -25,6 +25,7 @@ from conftest import assert_only_timed_out, fit_linear
 from manymodels.backends import WorkerStartupError
 from manymodels.backends.base import Finished
 from manymodels.execution import RunContext
+from manymodels.taskdata import Items
 
 ray = pytest.importorskip("ray")
 
@@ -284,7 +285,7 @@ def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():
     # tasks too (tests/test_scheduling.py), and the backend takes them.
     assert mm.RayBackend.shares_one_queue
     capped = mm.RayBackend()  # as many workers as the instance's 2 CPUs
-    capped.start(RunContext(fit=slow_item, kind="items"))
+    capped.start(RunContext(fit=slow_item, data=Items([], [], None)))
     try:
         assert capped.free_slots(1) == capped.workers  # as asked before any outcome
         assert capped.free_slots(2) == 2 * capped.workers
@@ -298,7 +299,7 @@ def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():
         capped.stop()
     # Fewer workers than CPUs: Ray would run a queued batch at once.
     below = mm.RayBackend(workers=1)
-    below.start(RunContext(fit=slow_item, kind="items"))
+    below.start(RunContext(fit=slow_item, data=Items([], [], None)))
     try:
         assert below.free_slots(1) == below.free_slots(2) == 1
     finally:

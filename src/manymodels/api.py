@@ -244,15 +244,12 @@ def train(
         workers = min(workers, len(plan.tasks))
     context = RunContext(
         fit=fit,
-        kind=plan.kind,
-        format=plan.format,
-        table=plan.table,
+        data=plan.data,
+        table=plan.data.table,
         shared=shared or None,
         cpus_per_task=cpus_per_task,
         retry_on=retry_types,
         setup=setup,
-        reader=plan.reader,
-        column_labels=plan.column_labels,
     )
     recorder, reused = None, None
     if store is not None:

@@ -274,34 +274,7 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[list[tupl
     description. Group rows are hashed once for the whole table."""
     code, detail = code_identity(fit)
     shared_part = value_hash(dict(sorted((shared or {}).items())))
-    data_parts: list[str]
-    if plan.kind == "groups" and plan.reader is not None:
-        # rows read on the workers: the content of the files that hold a
-        # group's rows stands for its rows
-        file_hashes = [file_hash(path) for path in plan.reader.files]
-        data_parts = [digest(repr(task.data[0]), *(file_hashes[n] for n in task.data[1]))
-                      for task in plan.tasks]
-    elif plan.kind == "groups":
-        import pandas as pd
-
-        if isinstance(plan.table, pd.DataFrame):  # map_partitions keeps the index
-            rows = pd.util.hash_pandas_object(plan.table, index=True).to_numpy()
-            schema = digest(str(plan.table.dtypes.to_dict()), str(list(plan.table.columns)))
-        else:
-            rows = pd.util.hash_pandas_object(plan.table.to_pandas(), index=False).to_numpy()
-            schema = digest(str(plan.table.schema))
-        raw = rows.tobytes()
-        cache: dict[tuple[int, int], str] = {}
-        data_parts = []
-        for task in plan.tasks:
-            ref = task.data
-            if ref not in cache:
-                cache[ref] = digest(schema, raw[8 * ref[0]:8 * (ref[0] + ref[1])])
-            data_parts.append(cache[ref])
-    elif plan.kind == "items":
-        data_parts = [item_hash(task.data) for task in plan.tasks]
-    else:
-        data_parts = ["-"] * len(plan.tasks)
+    data_parts = plan.data.hashes([task.data for task in plan.tasks])
     identities = []
     for task, data in zip(plan.tasks, data_parts):
         params = value_hash(sorted(task.params.items())) if task.params else "-"

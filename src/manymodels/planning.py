@@ -24,7 +24,7 @@ from .sources import (
     ProductSource,
     Source,
 )
-from .tables import ParquetGroups
+from .taskdata import Items, ParquetReads, SettingsOnly, TableSlices, TaskData
 
 
 @dataclass(slots=True)
@@ -42,15 +42,15 @@ class Task:
 class Plan:
     """Everything the scheduler needs to run a source."""
 
-    kind: str  # "groups", "items" or "grid"
+    data: TaskData  # what the tasks' data references are (see manymodels.taskdata)
     tasks: list[Task]
     key_columns: list[str]
     param_columns: list[str]
-    table: Any = None  # the sorted pyarrow Table of a group source; map_partitions' table
-    format: str = "pandas"
     key_rows: list[tuple] = field(default_factory=list)  # key column values per task
-    reader: ParquetGroups | None = None  # groups read on the workers: data refs are keys
-    column_labels: list | None = None  # a pandas frame's labels, when not all strings
+
+    @property
+    def kind(self) -> str:
+        return self.data.kind
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -115,31 +115,17 @@ def plan(source: Source) -> Plan:
     )
     param_columns = grid_source.param_columns if grid_source is not None else []
 
-    # (key parts, data reference, cost) of the base before the grid multiplies it
-    reader = None
-    if isinstance(base, (GroupSource, PartitionSource)):
-        layout = group_layout(base) if isinstance(base, GroupSource) else partition_layout(base)
-        cost_of = base.cost or float
-        refs = [(int(off), int(n)) for off, n in zip(layout.offsets, layout.lengths)]
-        kind, table, fmt = "groups", layout.table, base.format
-        reader = getattr(base, "reader", None)
-        if reader is not None:  # rows read on the workers: a key and the files holding it
-            file_numbers = layout.table.column("__file__").to_numpy()
-            refs = [(key, tuple(np.unique(file_numbers[off:off + n]).tolist()))
-                    for key, (off, n) in zip(layout.keys, refs)]
-            table = None  # the layout holds the keys only
-        entries = [(key, ref, float(cost_of(int(n))))
-                   for key, ref, n in zip(layout.keys, refs, layout.lengths)]
+    data: TaskData
+    if isinstance(base, GroupSource) and base.reader is not None:
+        data = ParquetReads(group_layout(base), base.reader, base.cost, base.format)
+    elif isinstance(base, GroupSource):
+        data = TableSlices(group_layout(base), base.cost, base.format, base.column_labels)
+    elif isinstance(base, PartitionSource):
+        data = TableSlices(partition_layout(base), None, base.format)
     elif isinstance(base, ItemSource):
-        cost_of = base.cost
-        entries = [
-            ((key,), item, float(cost_of(item)) if cost_of else 1.0)
-            for key, item in zip(base.keys, base.items)
-        ]
-        kind, table, fmt = "items", None, "pandas"
+        data = Items(base.keys, base.items, base.cost)
     elif base is None:
-        entries = [((), None, 1.0)]
-        kind, table, fmt = "grid", None, "pandas"
+        data = SettingsOnly()
     else:
         raise TypeError(
             "source must be made by mm.groups(), mm.items(), mm.grid() or their "
@@ -148,19 +134,10 @@ def plan(source: Source) -> Plan:
 
     tasks: list[Task] = []
     key_rows: list[tuple] = []
-    for key_parts, data, cost in entries:
+    for key_parts, ref, cost in data.entries():
         for params in settings:
             parts = key_parts + tuple(params.values()) if params else key_parts
-            tasks.append(Task(len(tasks), _scalar_key(parts), data, params, cost))
+            tasks.append(Task(len(tasks), _scalar_key(parts), ref, params, cost))
             key_rows.append(parts)
-    return Plan(
-        kind=kind,
-        tasks=tasks,
-        key_columns=source.key_columns,
-        param_columns=param_columns,
-        table=table,
-        format=fmt,
-        key_rows=key_rows,
-        reader=reader,
-        column_labels=getattr(base, "column_labels", None),
-    )
+    return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
+                param_columns=param_columns, key_rows=key_rows)

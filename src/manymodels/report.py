@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .messages import FAILURE_STATUSES
+
 _STATUS_COLORS = {"ok": "#4c78a8", "failed": "#e45756", "crashed": "#b279a2",
                   "timeout": "#f58518", "memory": "#9d755d", "cancelled": "#bab0ac"}
 _MAX_TIMELINE_BARS = 20_000
@@ -150,7 +152,7 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
         [[*(row[c] for c in key_columns), row["status"], row["duration_s"], row["worker"]]
          for _, row in slowest.iterrows()],
         [*key_columns, "status", "duration s", "worker"])]
-    failures = results[results["status"].isin(["failed", "crashed", "timeout", "memory"])]
+    failures = results[results["status"].isin(FAILURE_STATUSES)]
     parts.append(f"<h2>Failures ({len(failures)})</h2>")
     if failures.empty:
         parts.append("<p>None.</p>")

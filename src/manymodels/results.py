@@ -11,13 +11,11 @@ from typing import Any
 
 import pandas as pd
 
+from .messages import FAILURE_STATUSES, Status
 from .planning import Plan
 from .store.registry import ModelMap
 
-OK = "ok"
-#: Statuses of tasks that ran and did not produce a model.
-FAILURE_STATUSES = ("failed", "crashed", "timeout", "memory")
-CANCELLED = "cancelled"
+OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
 
 

@@ -35,11 +35,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from .backends.base import Backend, Finished, Lost, Requeued
-from .execution import OK, Outcome, RunContext
+from .backends.base import Backend
+from .execution import RunContext
+from .messages import FAILURE_STATUSES, Finished, Lost, Outcome, Requeued, Status
 from .planning import Plan
 from .progress import ProgressBar
-from .results import CANCELLED, FAILURE_STATUSES, Run, TaskRecords
+from .results import Run, TaskRecords
 from .store.database import StoreError
 from .store.registry import StoredModel
 
@@ -169,7 +170,7 @@ class Scheduler:
         self.recorder = recorder
         self._done = self._ok = self._failed = self._batches = 0
         for index, hit in (reused or {}).items():
-            self.records.status[index] = OK
+            self.records.status[index] = Status.OK.value
             self.records.reused_from[index] = hit.run_id
             self.records.metrics[index] = hit.metrics
             if hit.artifact is not None:
@@ -185,7 +186,7 @@ class Scheduler:
         self.records.worker[index] = worker
         self.records.error[index] = error
         self._done += 1
-        if status == OK:
+        if status == Status.OK:
             self._ok += 1
         elif status in FAILURE_STATUSES:
             self._failed += 1
@@ -199,7 +200,7 @@ class Scheduler:
         rec.attempts[index] += 1
         rec.duration_s[index] = duration
         rec.started_at[index] = started_at
-        if status == OK:
+        if status == Status.OK:
             rec.model[index], rec.metrics[index] = model, metrics
         elif retryable and rec.attempts[index] <= self.retries:
             return True
@@ -248,7 +249,7 @@ class Scheduler:
                         self.progress.close()
             for index, status in enumerate(self.records.status):
                 if status is None:
-                    self.records.status[index] = CANCELLED
+                    self.records.status[index] = Status.CANCELLED.value
             run = self._build_run(time.perf_counter() - start, started_at)
             if self.recorder is not None and store_error is None:
                 state = ("interrupted" if stopped_by is not None
@@ -326,7 +327,7 @@ class Scheduler:
         failed = run.failed
         lines = [
             f"stopped early: {len(failed)} tasks failed, over max_failures={self.budget} "
-            f"({self._ok} finished ok, {int((run.results['status'] == CANCELLED).sum())} "
+            f"({self._ok} finished ok, {int((run.results['status'] == Status.CANCELLED).sum())} "
             "cancelled); the finished results are in the exception's .run. First failures:"
         ]
         key_columns = self.plan.key_columns

@@ -44,41 +44,13 @@ honour, so that a request it cannot keep fails before work starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..execution import Outcome, RunContext, TaskRef
+from ..execution import RunContext, TaskRef
+from ..messages import Event, Finished, Lost, Outcome, Requeued
 
-
-@dataclass
-class Finished:
-    """Outcomes of tasks that ran; ``batch_done`` when their batch is complete."""
-
-    outcomes: list[Outcome]
-    worker: int
-    busy_s: float = 0.0  # running these tasks
-    batch_done: bool = True
-    prepare_s: float = 0.0  # preparing their batch (reading its rows), once per batch
-
-
-@dataclass
-class Lost:
-    """A task whose worker died, timed out or outgrew its memory limit."""
-
-    index: int
-    status: str  # "crashed", "timeout" or "memory"
-    message: str
-    worker: int
-
-
-@dataclass
-class Requeued:
-    """Tasks handed back unrun because their worker went away."""
-
-    indices: list[int] = field(default_factory=list)
-
-
-Event = Finished | Lost | Requeued
+__all__ = ["Backend", "Event", "Finished", "Lost", "Outcome", "Requeued",
+           "WorkerStartupError"]
 
 
 class WorkerStartupError(RuntimeError):

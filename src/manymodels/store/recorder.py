@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..execution import FAILED, OK, pickle_any
+from ..execution import pickle_any
 from ..keys import encode_key
+from ..messages import Status
 from . import database
 
 COMMIT_EVERY_S = 1.0
@@ -133,11 +134,11 @@ class RunRecorder:
         pickled: dict[int, bytes] = {}
         for index in self._pending:
             model = records.model[index]
-            if records.status[index] == OK and model is not None:
+            if records.status[index] == Status.OK and model is not None:
                 try:
                     pickled[index] = pickle_any(model)
                 except Exception as exc:
-                    records.status[index] = FAILED
+                    records.status[index] = Status.FAILED.value
                     records.model[index] = None
                     records.error[index] = (
                         f"the model could not be pickled into the store: {exc!r}")
@@ -176,7 +177,7 @@ class RunRecorder:
     def finish(self, records: Any, status: str, run: Any) -> None:
         """Record unfinished tasks as cancelled and close the run's row."""
         for index, state in enumerate(records.status):
-            if state == "cancelled":
+            if state == Status.CANCELLED:
                 self._pending.append(index)
         self.flush(records, force=True)
         summary = run.summary()  # after the flush: an unpicklable model failed its task

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from ..keys import decode_key, encode_key, key_parts
+from ..messages import Status
 from . import database
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
@@ -131,7 +132,7 @@ class Store:
     def load(self, key: Hashable, run: int | None = None) -> Any:
         """The model of ``key`` in ``run`` (default: the latest run)."""
         status, artifact = self._task_row(key, run, "status, artifact")
-        if status != "ok" or artifact is None:
+        if status != Status.OK or artifact is None:
             raise KeyError(f"the task with key {key!r} has no model (status {status})")
         return StoredModel(self, artifact, f"key {key!r}").load()
 
@@ -353,6 +354,6 @@ class Store:
             }
             return (f"{key!r} was trained: since run {before[0]}, "
                     + ", ".join(described[c] for c in changed) + " changed")
-        if before[5] != "ok":
+        if before[5] != Status.OK:
             return f"{key!r} was trained: in run {before[0]} it ended {before[5]!r}"
         return f"{key!r} was trained: reuse was turned off (reuse=False)"

@@ -1,0 +1,84 @@
+"""The words workers and the driver exchange: task statuses and messages.
+
+A leaf module (it imports nothing of manymodels), so that every other module,
+a backend's worker side included, can name them without pulling in the rest.
+
+Worker -> driver, per task, an :class:`Outcome`; per batch part, the backend's
+events for the scheduler: :class:`Finished` (outcomes of tasks that ran),
+:class:`Lost` (a task whose worker died, timed out or outgrew its memory) and
+:class:`Requeued` (tasks handed back unrun). ::
+
+    worker:  Executor.run_one ──► Outcome ──► (pickled by the backend, as plain tuples)
+    driver:  backend.poll() ──► Finished(outcomes) | Lost | Requeued ──► Scheduler
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple
+
+
+class Status(str, Enum):
+    """What became of a task. The members are strings (``Status.OK == "ok"``),
+    so results tables, the store and user code compare them as text."""
+
+    OK = "ok"
+    FAILED = "failed"  # fit raised
+    CRASHED = "crashed"  # its worker died
+    TIMEOUT = "timeout"  # it ran past timeout= and its worker was killed
+    MEMORY = "memory"  # its worker outgrew memory_limit= and was killed
+    CANCELLED = "cancelled"  # never ran: the run was interrupted or stopped early
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Statuses of tasks that ran and did not produce a model.
+FAILURE_STATUSES = (Status.FAILED, Status.CRASHED, Status.TIMEOUT, Status.MEMORY)
+
+
+class Outcome(NamedTuple):
+    """One task's result, as the executor reports it. It travels between
+    processes as a plain tuple (a third of the pickling cost): unpack it by
+    position, or name it with ``Outcome(*values)``."""
+
+    index: int
+    status: Status
+    model: Any
+    metrics: dict
+    duration_s: float
+    started_at: float  # time.time() when it started
+    error: str | None  # the traceback
+    retryable: bool  # the exception is one of the run's retry_on types
+
+
+@dataclass
+class Finished:
+    """Outcomes of tasks that ran; ``batch_done`` when their batch is complete."""
+
+    outcomes: list[Outcome]
+    worker: int
+    busy_s: float = 0.0  # running these tasks
+    batch_done: bool = True
+    prepare_s: float = 0.0  # preparing their batch (reading its rows), once per batch
+
+
+@dataclass
+class Lost:
+    """A task whose worker died, timed out or outgrew its memory limit."""
+
+    index: int
+    status: Status  # CRASHED, TIMEOUT or MEMORY
+    message: str
+    worker: int
+
+
+@dataclass
+class Requeued:
+    """Tasks handed back unrun because their worker went away."""
+
+    indices: list[int] = field(default_factory=list)
+
+
+Event = Finished | Lost | Requeued

@@ -1,0 +1,319 @@
+"""Task data: what a task's data reference is, one class per kind of source.
+
+A task carries a cheap reference to its data, not the data. Three places must
+agree on what that reference means, and each kind of source answers all
+three in its one class here:
+
+* **plan** (:meth:`TaskData.entries`, in the driver): a key, a reference and a
+  cost for each of the source's tasks;
+* **hash** (:meth:`TaskData.hashes`, in the driver, with a store): the content
+  hash of each task's data, part of its identity;
+* **read** (:meth:`TaskData.open`, on a worker): a :class:`DataReader` that
+  turns a batch's references into ``fit``'s first argument.
+
+=================  ============================  =================================
+kind               reference                     fit's first argument
+=================  ============================  =================================
+``TableSlices``    ``(offset, length)`` into     the group's rows (pandas, Arrow,
+                   the table sorted by key       polars or NumPy arrays)
+``ParquetReads``   ``(key, file numbers)``       the group's rows, read on the worker
+``Items``          the item itself               the item
+``SettingsOnly``   None                          none: ``fit(**params)``
+=================  ============================  =================================
+
+A new kind of source is one class here (and its source in
+:mod:`manymodels.sources`); the executor only calls ``fit`` safely.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from .tables import ParquetGroups, is_pandas_frame
+
+#: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
+Entry = tuple[tuple, Any, float]
+
+
+class DataReader:
+    """A worker's view of one run's task data: :meth:`begin_batch` prepares a
+    batch (reads or converts its rows at once), :meth:`rows` gives one task's
+    argument for ``fit``."""
+
+    def begin_batch(self, refs: list[Any]) -> None:
+        """Prepare the references of the batch about to run."""
+
+    def rows(self, ref: Any) -> Any:
+        return ref
+
+
+class TaskData:
+    """One kind of task data; see the module's table."""
+
+    #: The kind's name in plans and stores: ``"groups"``, ``"items"`` or ``"grid"``.
+    kind = "groups"
+    #: Whether ``fit`` receives the data as its first argument.
+    passes_data = True
+    #: What the backends ship to every worker once (the sorted table), or None.
+    table: Any = None
+    #: How ``fit`` receives a group's rows.
+    format = "pandas"
+
+    #: Attributes the driver needs and workers do not (the table travels to
+    #: workers once, through the backend's data plane, never inside this object).
+    _driver_only: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._driver_only:
+            state.pop(name, None)
+        return state
+
+    def entries(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def hashes(self, refs: list[Any]) -> list[str]:
+        """The content hash of each reference's data."""
+        raise NotImplementedError
+
+    def open(self, table: Any) -> DataReader:
+        """The reader a worker uses; ``table`` is :attr:`table` as the worker
+        sees it (mapped from shared memory, or the object itself)."""
+        return DataReader()
+
+
+class SettingsOnly(TaskData):
+    """A bare grid: ``fit`` receives the settings as keywords, no data."""
+
+    kind = "grid"
+    passes_data = False
+
+    def entries(self) -> list[Entry]:
+        return [((), None, 1.0)]
+
+    def hashes(self, refs: list[Any]) -> list[str]:
+        return ["-"] * len(refs)
+
+
+class Items(TaskData):
+    """``mm.items``: the reference is the item; a path is hashed by content."""
+
+    kind = "items"
+    _driver_only = ("_keys", "_items")
+
+    def __init__(self, keys: list, items: list, cost: Callable[[Any], float] | None) -> None:
+        self._keys, self._items, self._cost = keys, items, cost
+
+    def entries(self) -> list[Entry]:
+        cost = self._cost
+        return [((key,), item, float(cost(item)) if cost else 1.0)
+                for key, item in zip(self._keys, self._items)]
+
+    def hashes(self, refs: list[Any]) -> list[str]:
+        from .hashing import item_hash
+
+        return [item_hash(item) for item in refs]
+
+
+class TableSlices(TaskData):
+    """Groups (or partitions) of a table sorted by key: ``(offset, length)``."""
+
+    _driver_only = ("layout", "table")
+
+    def __init__(self, layout: Any, cost: Callable[[int], float] | None, format: str,
+                 labels: list | None = None) -> None:
+        self.layout = layout
+        self.table = layout.table
+        self.format = format
+        self.labels = labels  # a pandas frame's column labels, when not all strings
+        self._cost = cost or float
+
+    def entries(self) -> list[Entry]:
+        layout, cost = self.layout, self._cost
+        return [(key, (int(offset), int(length)), float(cost(int(length))))
+                for key, offset, length in zip(layout.keys, layout.offsets, layout.lengths)]
+
+    def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
+        """Rows hashed once for the whole table (pandas' vectorised row hash),
+        each group's slice of the hashes digested."""
+        import pandas as pd
+
+        from .hashing import digest
+
+        table = self.table
+        if is_pandas_frame(table):  # map_partitions keeps the index
+            rows = pd.util.hash_pandas_object(table, index=True).to_numpy()
+            schema = digest(str(table.dtypes.to_dict()), str(list(table.columns)))
+        else:
+            rows = pd.util.hash_pandas_object(table.to_pandas(), index=False).to_numpy()
+            schema = digest(str(table.schema))
+        raw = rows.tobytes()
+        cache: dict[tuple[int, int], str] = {}
+        out = []
+        for ref in refs:
+            if ref not in cache:
+                cache[ref] = digest(schema, raw[8 * ref[0]:8 * (ref[0] + ref[1])])
+            out.append(cache[ref])
+        return out
+
+    def open(self, table: Any) -> DataReader:
+        if is_pandas_frame(table):
+            return _FrameSlices(table)
+        return _ArrowSlices(table, self.format, self.labels)
+
+
+class ParquetReads(TaskData):
+    """``read_on_workers=True``: ``(key, file numbers)``; each batch reads its
+    own groups' rows from the Parquet files, on its worker."""
+
+    _driver_only = ("_entries",)
+
+    def __init__(self, layout: Any, reader: ParquetGroups, cost: Callable[[int], float] | None,
+                 format: str) -> None:
+        import numpy as np
+
+        self.reader = reader
+        self.format = format
+        cost = cost or float
+        file_numbers = layout.table.column("__file__").to_numpy()
+        self._entries = [
+            (key, (key, tuple(np.unique(file_numbers[off:off + n]).tolist())),
+             float(cost(int(n))))
+            for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)]
+
+    def entries(self) -> list[Entry]:
+        return self._entries
+
+    def hashes(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> list[str]:
+        """A group's data is the content of the files that hold its rows."""
+        from .hashing import digest, file_hash
+
+        file_hashes = [file_hash(path) for path in self.reader.files]
+        return [digest(repr(key), *(file_hashes[n] for n in files)) for key, files in refs]
+
+    def open(self, table: Any) -> DataReader:
+        return _ParquetBatches(self.reader, self.format)
+
+
+# -- the workers' side ----------------------------------------------------------------
+
+
+def _range_index(length: int) -> Any:
+    import pandas as pd
+
+    return pd.RangeIndex(length)
+
+
+def _arrow_as(rows: Any, format: str, labels: list | None = None) -> Any:
+    """Arrow rows in the format ``fit`` asked for."""
+    if format == "arrow":
+        return rows
+    if format == "pandas":
+        frame = rows.to_pandas()
+        if labels is not None:
+            frame.columns = labels
+        return frame
+    if format == "polars":
+        import polars as pl
+
+        return pl.from_arrow(rows)
+    if format == "numpy":
+        return {name: column.to_numpy()
+                for name, column in zip(labels or rows.column_names, rows.columns)}
+    raise ValueError(f"unknown format {format!r}")
+
+
+class _FrameSlices(DataReader):
+    """``map_partitions`` over a pandas frame: partitions are views of it."""
+
+    def __init__(self, frame: Any) -> None:
+        import pandas as pd
+
+        self.frame = frame
+        # without copy-on-write (pandas < 3), fn could write through a view
+        # into the caller's frame
+        self.copy = int(pd.__version__.split(".")[0]) < 3
+
+    def rows(self, ref: tuple[int, int]) -> Any:
+        part = self.frame.iloc[ref[0]:ref[0] + ref[1]]
+        return part.copy() if self.copy else part
+
+
+class _ArrowSlices(DataReader):
+    """Slices of the sorted Arrow table (mapped from shared memory)."""
+
+    def __init__(self, table: Any, format: str, labels: list | None) -> None:
+        self.table, self.format, self.labels = table, format, labels
+        # this batch's rows as one DataFrame, and where each group starts in it
+        self._span: tuple[dict[tuple[int, int], int], Any] | None = None
+
+    def begin_batch(self, refs: list[tuple[int, int]]) -> None:
+        """Convert the rows of a batch of pandas groups to pandas in one go.
+
+        Converting Arrow to pandas costs far more per call than per row, so
+        twenty-row groups one by one spend more time converting than fitting
+        (about 0.4 ms a group). So the batch's rows are converted once: the
+        span of the sorted table they lie in when they are dense in it (groups
+        of equal size keep key order in the longest-first queue), else just
+        their slices, gathered; each task gets a slice of the result.
+        """
+        self._span = None
+        if self.format != "pandas" or len(refs) < 2:
+            return
+        unique = dict.fromkeys(refs)  # a product source repeats groups
+        first = min(offset for offset, _ in unique)
+        end = max(offset + length for offset, length in unique)
+        rows = sum(length for _, length in unique)
+        if end - first <= 2 * rows:
+            frame = _arrow_as(self.table.slice(first, end - first), "pandas", self.labels)
+            self._span = ({ref: ref[0] - first for ref in unique}, frame)
+            return
+        import pyarrow as pa
+
+        starts, position = {}, 0
+        for ref in unique:
+            starts[ref] = position
+            position += ref[1]
+        pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in unique])
+        self._span = (starts, _arrow_as(pieces, "pandas", self.labels))
+
+    def rows(self, ref: tuple[int, int]) -> Any:
+        if self._span is not None:
+            starts, frame = self._span
+            start = starts.get(ref)
+            if start is not None:
+                group = frame.iloc[start:start + ref[1]]
+                group.index = _range_index(ref[1])
+                return group
+        return _arrow_as(self.table.slice(ref[0], ref[1]), self.format, self.labels)
+
+
+class _ParquetBatches(DataReader):
+    """A batch's groups read from the Parquet files in one filtered scan."""
+
+    def __init__(self, reader: ParquetGroups, format: str) -> None:
+        self.reader, self.format = reader, format
+        self._read: dict[tuple, Any] = {}
+        self._error: str | None = None
+
+    def begin_batch(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> None:
+        self._error = None
+        try:
+            self._read = self.reader.read(refs)
+        except Exception:  # each task fails with the reason when it looks for its rows
+            self._read = {}
+            self._error = traceback.format_exc()
+
+    def rows(self, ref: tuple[tuple, tuple[int, ...]]) -> Any:
+        key = ref[0]
+        rows = self._read.get(key)
+        if rows is None:
+            raise LookupError(f"the rows of group {key!r} could not be read"
+                              + (f":\n{self._error}" if self._error
+                                 else " (none match it any more)"))
+        value = _arrow_as(rows, self.format)
+        if self.format == "pandas":
+            value.index = _range_index(len(value))  # as the eager path's groups
+        return value
