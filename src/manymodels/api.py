@@ -273,5 +273,5 @@ def train(
         engine = backend_type(workers, cpus_per_task, timeout=timeout,
                               memory_limit=memory_bytes, gpu_sets=gpu_sets, **options)
     scheduler = Scheduler(plan, engine, retries=retries, max_failures=max_failures,
-                          progress=progress, recorder=recorder, reused=reused)
+                          progress=progress, recorder=recorder)
     return scheduler.run(context, began)

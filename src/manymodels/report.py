@@ -165,6 +165,27 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
             f"{''.join(parts)}</body></html>")
 
 
+def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, workers: int,
+                  backend: str, batches: int | None = None) -> dict[str, Any]:
+    """The report's summary of a run, from its results table: what ``Run.report``
+    and the store's report both show. ``reused`` marks the tasks whose models
+    came from an earlier run (their fit time is not this run's work)."""
+    task_time = float(results["duration_s"][~reused.to_numpy(dtype=bool)].sum())
+    capacity = wall_s * workers if wall_s == wall_s else float("nan")
+    facts = {
+        "tasks": len(results),
+        **{f"status {k}": int(v) for k, v in results["status"].value_counts().items()},
+        "reused from the store": int(reused.sum()),
+        "backend": f"{backend}, {workers} worker(s)",
+        "wall time (s)": wall_s,
+        "sum of task times (s)": task_time,
+        "utilization": task_time / capacity if capacity and capacity == capacity else 0.0,
+    }
+    if batches is not None:
+        facts["batches"] = batches
+    return facts
+
+
 def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     """Write the report of a run kept in a store."""
     results = store.results(run)
@@ -175,20 +196,13 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     origin = float(started.min()) if len(started) else 0.0
     results["started_s"] = results["started_at"] - origin
     key_columns = list(results.columns[:results.columns.get_loc("run_id")])
-    wall = float(info["wall_s"]) if pd.notna(info["wall_s"]) else float("nan")
-    task_time = float(results["duration_s"][results["reused_from"].isna()].sum())
-    workers = int(info["workers"] or 1)
     summary = {
         "run": run_id,
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started_at"])),
         "status": info["status"], "fit": info["fit"], "source": info["source"],
-        "tasks": int(info["tasks"]),
-        **{f"status {k}": int(v) for k, v in results["status"].value_counts().items()},
-        "reused from earlier runs": int(results["reused_from"].notna().sum()),
-        "backend": f"{info['backend']}, {workers} worker(s)",
-        "wall time (s)": wall,
-        "sum of task times (s)": task_time,
-        "utilization": task_time / (wall * workers) if wall and wall == wall else float("nan"),
+        **summary_facts(results, results["reused_from"].notna(),
+                        wall_s=float(info["wall_s"]) if pd.notna(info["wall_s"]) else float("nan"),
+                        workers=int(info["workers"] or 1), backend=str(info["backend"])),
     }
     path = Path(path)
     path.write_text(render_report(results, summary, f"manymodels run {run_id}", key_columns),

@@ -160,16 +160,13 @@ class Run:
 
     def report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (see :mod:`manymodels.report`)."""
-        from .report import render_report
+        from .report import render_report, summary_facts
 
-        summary = self.summary()
-        facts = {"tasks": summary.tasks, **{f"status {k}": v for k, v in summary.statuses.items()},
-                 "reused from the store": summary.reused,
-                 "backend": f"{self.backend}, {self.workers} worker(s)",
-                 "wall time (s)": summary.wall_s, "sum of task times (s)": summary.task_time_s,
-                 "utilization": summary.utilization, "batches": summary.batches}
+        results = self.results
+        facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
+                              workers=self.workers, backend=self.backend, batches=self.batches)
         path = Path(path)
-        path.write_text(render_report(self.results, facts, "manymodels run",
+        path.write_text(render_report(results, facts, "manymodels run",
                                       self._plan.key_columns), encoding="utf-8")
         return path
 

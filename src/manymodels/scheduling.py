@@ -42,7 +42,6 @@ from .planning import Plan
 from .progress import ProgressBar
 from .results import Run, TaskRecords
 from .store.database import StoreError
-from .store.registry import StoredModel
 
 _TARGET_BATCH_S = 0.1
 _MAX_BATCH = 20_000
@@ -157,7 +156,6 @@ class Scheduler:
         progress: bool = True,
         description: str = "training",
         recorder: Any = None,
-        reused: dict[int, Any] | None = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
@@ -169,15 +167,8 @@ class Scheduler:
         self.sizer = BatchSizer(backend.workers)
         self.recorder = recorder
         self._done = self._ok = self._failed = self._batches = 0
-        for index, hit in (reused or {}).items():
-            self.records.status[index] = Status.OK.value
-            self.records.reused_from[index] = hit.run_id
-            self.records.metrics[index] = hit.metrics
-            if hit.artifact is not None:
-                self.records.model[index] = StoredModel(
-                    recorder.store, hit.artifact, f"key {plan.tasks[index].key!r}")
-            self._done += 1
-            self._ok += 1
+        if recorder is not None:  # models the store already holds: done before we start
+            self._done = self._ok = recorder.fill_reused(self.records)
 
     # -- bookkeeping -----------------------------------------------------------
 

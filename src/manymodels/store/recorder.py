@@ -19,6 +19,7 @@ from ..execution import pickle_any
 from ..keys import encode_key
 from ..messages import Status
 from . import database
+from .registry import StoredModel
 
 COMMIT_EVERY_S = 1.0
 
@@ -50,11 +51,12 @@ class RunRecorder:
         self.backend, self.workers = backend, workers
         self.run_id: int | None = None
         self._pending: list[int] = []
+        self._reused: dict[int, ReusedTask] = {}
         self._last_commit = time.monotonic()
 
     def begin(self, reuse: bool) -> dict[int, ReusedTask]:
         """Create the run's row and record the tasks whose models are reused."""
-        reused = self._find_reusable() if reuse else {}
+        reused = self._reused = self._find_reusable() if reuse else {}
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -115,6 +117,18 @@ class RunRecorder:
                     run_id, artifact, size, json.loads(metrics) if metrics else None, duration)
         return {i: found[name] for name, indices in by_identity.items() if name in found
                 for i in indices}
+
+    def fill_reused(self, records: Any) -> int:
+        """Fill in the results of the reused tasks (their models stay in the
+        store, loaded when asked for); return how many."""
+        for index, hit in self._reused.items():
+            records.status[index] = Status.OK.value
+            records.reused_from[index] = hit.run_id
+            records.metrics[index] = hit.metrics
+            if hit.artifact is not None:
+                records.model[index] = StoredModel(
+                    self.store, hit.artifact, f"key {self.plan.tasks[index].key!r}")
+        return len(self._reused)
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
