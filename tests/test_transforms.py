@@ -18,9 +18,102 @@ def summarize(df):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_map_groups_equals_pandas_groupby_apply(backend, sales):
+    # a transform: the rows come back in the frame's order, under its row labels
     ours = mm.map_groups(standardize, mm.groups(sales, by="store"), backend=backend)
-    theirs = (sales.groupby("store", group_keys=False)[list(sales.columns)]
-              .apply(standardize).sort_values("store", kind="stable").reset_index(drop=True))
+    theirs = sales.groupby("store", group_keys=False)[list(sales.columns)].apply(standardize)
+    pd.testing.assert_frame_equal(ours, theirs)
+
+
+def zscore(x):
+    return (x - x.mean()) / x.std()
+
+
+def test_map_groups_result_assigns_back_to_the_frame(sales):
+    # sales is not sorted by store: a result in key order under a fresh
+    # RangeIndex would put each z on another row
+    expected = sales.groupby("store")["x"].transform(zscore)
+    sales["z"] = mm.map_groups(standardize, mm.groups(sales, by="store"), backend="threads")["z"]
+    pd.testing.assert_series_equal(sales["z"], expected, check_names=False)
+
+    def boom(df):
+        if df["store"].iloc[0] == "s04":
+            raise KeyError("no such column")
+        return standardize(df)
+
+    kept = mm.map_groups(boom, mm.groups(sales, by="store"), backend="threads", errors="skip")
+    rest = sales[sales["store"] != "s04"]
+    pd.testing.assert_index_equal(kept.index, rest.index)  # the others' rows, in order
+    sales["z"] = kept["z"]
+    assert sales.loc[sales["store"] == "s04", "z"].isna().all()
+    pd.testing.assert_series_equal(sales.loc[rest.index, "z"], expected[rest.index],
+                                   check_names=False)
+
+
+def test_map_groups_of_a_transform_that_drops_whole_groups(sales):
+    def six_stores_only(df):  # a group's rows as they are, or none of them
+        return standardize(df) if df["store"].iloc[0] < "s06" else df.iloc[:0]
+
+    ours = mm.map_groups(six_stores_only, mm.groups(sales, by="store"), backend="serial")
+    theirs = sales.groupby("store", group_keys=False)[list(sales.columns)].apply(six_stores_only)
+    pd.testing.assert_frame_equal(ours, theirs.sort_index())
+
+
+def test_map_groups_of_a_frame_with_its_own_row_labels(sales):
+    frame = sales.set_axis([f"row{i}" for i in range(len(sales))][::-1])
+    frame["z"] = mm.map_groups(standardize, mm.groups(frame, by="store"), backend="serial")["z"]
+    expected = frame.groupby("store")["x"].transform(zscore)
+    pd.testing.assert_series_equal(frame["z"], expected, check_names=False)
+
+
+def test_map_groups_of_an_arrow_table_or_a_file_labels_rows_by_position(sales, tmp_path):
+    # no row labels: the result is labelled, and ordered, by the input's row positions,
+    # as pandas would do on the table converted to pandas
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shuffled = sales.iloc[::-1].reset_index(drop=True)
+    table = pa.Table.from_pandas(shuffled, preserve_index=False)
+    pq.write_table(table, tmp_path / "sales.parquet")
+    theirs = shuffled.groupby("store", group_keys=False)[list(sales.columns)].apply(standardize)
+    for data in (table, pl.from_arrow(table), tmp_path / "sales.parquet"):
+        ours = mm.map_groups(standardize, mm.groups(data, by="store"), backend="serial")
+        pd.testing.assert_frame_equal(ours, theirs)
+    ours = mm.map_groups(standardize, mm.groups(tmp_path / "sales.parquet", by="store",
+                                                read_on_workers=True), backend="serial")
+    pd.testing.assert_frame_equal(ours, theirs)
+
+
+def test_map_groups_with_a_grid_keeps_key_order(sales):
+    def scaled(df, factor):
+        return df.assign(x=df["x"] * factor)
+
+    ours = mm.map_groups(scaled, mm.groups(sales, by="store") * mm.grid(factor=[1, 2]),
+                         backend="serial")
+    assert list(ours.columns) == ["store", "factor", "item", "x", "y"]
+    assert len(ours) == 2 * len(sales) and ours["store"].is_monotonic_increasing
+    pd.testing.assert_index_equal(ours.index, pd.RangeIndex(2 * len(sales)))
+
+
+def centered_x(df):
+    return df["x"] - df["x"].mean()
+
+
+def x_and_y_means(df):
+    return df[["x", "y"]].mean()
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_map_groups_of_a_series(backend, sales):
+    # a Series indexed like its group: one Series, under the frame's row labels
+    ours = mm.map_groups(centered_x, mm.groups(sales, by="store"), backend=backend)
+    assert isinstance(ours, pd.Series)
+    expected = sales.groupby("store")["x"].transform(lambda x: x - x.mean())
+    pd.testing.assert_series_equal(ours, expected)
+    # one Series of the same labels per group: a row per group, as pandas makes it
+    ours = mm.map_groups(x_and_y_means, mm.groups(sales, by=["store", "item"]), backend=backend)
+    theirs = (sales.groupby(["store", "item"], as_index=False)[list(sales.columns)]
+              .apply(x_and_y_means))
     pd.testing.assert_frame_equal(ours, theirs)
 
 
@@ -105,3 +198,60 @@ def test_map_partitions_bad_input():
         mm.map_partitions(add_features, pd.DataFrame({"c0": [1.0]}), partitions=0)
     with pytest.raises(ValueError, match="empty"):
         mm.map_partitions(add_features, pd.DataFrame({"c0": []}))
+
+
+def doubled_c0(df):
+    return df["c0"] * 2
+
+
+def test_map_partitions_of_a_series_returns_a_series():
+    import pyarrow as pa
+
+    table = pd.DataFrame({"c0": np.arange(1000.0), "c1": np.ones(1000)},
+                         index=pd.RangeIndex(5000, 6000))
+    ours = mm.map_partitions(doubled_c0, table, partitions=4, workers=2)
+    pd.testing.assert_series_equal(ours, doubled_c0(table))
+    ours = mm.map_partitions(doubled_c0, pa.Table.from_pandas(table, preserve_index=False),
+                             partitions=3, format="pandas", backend="threads")
+    pd.testing.assert_series_equal(ours, doubled_c0(table.reset_index(drop=True)))
+
+
+def arrow_c0_doubled(batch):
+    import pyarrow.compute as pc
+
+    return pc.multiply(batch["c0"], 2)
+
+
+def test_map_partitions_of_an_arrow_array_returns_one_array():
+    import pyarrow as pa
+
+    table = pa.table({"c0": np.arange(1000.0)})
+    out = mm.map_partitions(arrow_c0_doubled, table, partitions=5, format="arrow",
+                            backend="threads")
+    assert isinstance(out, pa.ChunkedArray)
+    assert out.to_pylist() == [2.0 * i for i in range(1000)]
+
+
+def test_map_groups_of_arrow_and_polars_outputs_adds_missing_key_columns(sales):
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def arrow_mean(table):
+        return pa.table({"mean_x": [pc.mean(table["x"]).as_py()]})
+
+    def polars_mean(frame):
+        return pl.DataFrame({"mean_x": [frame["x"].mean()]})
+
+    expected = sales.groupby("store", as_index=False)["x"].mean().rename(columns={"x": "mean_x"})
+    ours = mm.map_groups(arrow_mean, mm.groups(sales, by="store", format="arrow"),
+                         backend="serial")
+    assert isinstance(ours, pa.Table)
+    pd.testing.assert_frame_equal(ours.to_pandas(), expected)
+    kept = mm.map_groups(lambda table: table, mm.groups(sales, by="store", format="arrow"),
+                         backend="serial")  # key columns already there: kept as they are
+    assert kept.column_names == list(sales.columns) and kept.num_rows == len(sales)
+    ours = mm.map_groups(polars_mean, mm.groups(sales, by="store", format="polars"),
+                         backend="serial")
+    assert isinstance(ours, pl.DataFrame)
+    pd.testing.assert_frame_equal(ours.to_pandas(), expected)

@@ -76,6 +76,9 @@ class GroupSource(Source):
                                for c in by_columns]
         if not all(isinstance(c, str) for c in by_columns):
             raise TypeError(f"by= must name columns as strings, got {by!r}")
+        #: A pandas frame's row labels (None for other tables): map_groups labels
+        #: the rows of a transform's result with them.
+        self.row_index = table.index if is_pandas_frame(table) else None
         #: Reads each batch's groups from the Parquet files on the workers, or
         #: None when the whole table is read here (then ``table`` holds every
         #: column; with a reader, the key columns and each row's file number).

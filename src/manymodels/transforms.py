@@ -4,32 +4,45 @@ parallel and return one concatenated table."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ._resources import usable_cores
 from .api import train
-from .results import Run
+from .planning import group_layout
+from .results import OK, Run
 from .sources import GroupSource, PartitionSource, ProductSource
+
+#: The row-number column that :func:`_input_rows` lays out with the key columns
+_ROW = "__manymodels_row__"
 
 
 def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
-    """Concatenate the outputs in order, keeping their kind of table (and,
-    with ``keep_index``, pandas' row labels)."""
+    """Concatenate the outputs in order, keeping their kind of table or column
+    (a Series stays a Series) and, with ``keep_index``, pandas' row labels."""
     if not parts:
         return pd.DataFrame()
     first = parts[0]
     module = type(first).__module__
     if module.startswith("pyarrow"):
-        import pyarrow as pa
-
+        if isinstance(first, (pa.Array, pa.ChunkedArray)):  # a column stays a column
+            return pa.chunked_array([chunk for part in parts for chunk in
+                                     (part.chunks if isinstance(part, pa.ChunkedArray)
+                                      else [part])], type=first.type)
+        if isinstance(first, pa.RecordBatch):
+            return pa.Table.from_batches(parts)
         return pa.concat_tables(parts)
     if module.startswith("polars"):
         import polars as pl
 
         return pl.concat(parts)
+    if all(isinstance(part, pd.Series) for part in parts):
+        return pd.concat(parts, ignore_index=not keep_index)
     frames = []
     for part in parts:
         if isinstance(part, pd.Series):
@@ -61,21 +74,173 @@ def _check_errors(errors: str) -> None:
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
 
 
+def _with_keys(output: Any, parts: tuple, key_columns: list) -> Any:
+    """``output`` with the key columns it lacks added in front, as the values
+    of its group's key (an Arrow or polars table's columns by their names)."""
+    module = type(output).__module__
+    if module.startswith("pyarrow"):
+        if not isinstance(output, pa.Table):
+            return output
+        missing = [i for i, c in enumerate(key_columns) if str(c) not in output.column_names]
+        for position in missing:
+            output = output.add_column(position, str(key_columns[position]),
+                                       pa.array([parts[position]] * output.num_rows))
+        return output
+    if module.startswith("polars"):
+        import polars as pl
+
+        if not isinstance(output, pl.DataFrame):
+            return output
+        missing = [i for i, c in enumerate(key_columns) if str(c) not in output.columns]
+        for position in missing:
+            output = output.insert_column(
+                position, pl.Series(str(key_columns[position]),
+                                    [parts[position]] * output.height))
+        return output
+    if not isinstance(output, pd.DataFrame):
+        return output
+    names = set(output.columns)
+    missing = [i for i, c in enumerate(key_columns) if c not in names]
+    if missing:
+        output = output.copy(deep=False)  # the caller's frame keeps its columns
+        for position in missing:
+            output.insert(position, key_columns[position], parts[position])
+    return output
+
+
+def _is_group_indexed(output: Any, rows: int) -> bool:
+    """Whether a pandas output is labelled like the group ``fn`` received:
+    ``rows`` rows under 0, 1, ..., in order (pandas' test of a transform)."""
+    index = output.index
+    if len(index) != rows:
+        return False
+    if isinstance(index, pd.RangeIndex):
+        return index.start == 0 and index.step == 1
+    return index.equals(pd.RangeIndex(rows))
+
+
+def _input_rows(base: GroupSource) -> np.ndarray | None:
+    """For each row of ``base``'s sorted layout, its position in the input
+    table: found by laying out the key columns alone, with a row-number column,
+    the way the planner laid out the whole table (the same stable sort). None
+    if the two layouts do not agree."""
+    keys = base.table.select(base.by)
+    helper = copy.copy(base)  # the user's source keeps its table and cached layout
+    helper.table = keys.append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    helper._layout = None
+    layout = group_layout(helper)
+    if not np.array_equal(layout.lengths, group_layout(base).lengths):
+        return None
+    return layout.table.column(_ROW).to_numpy()
+
+
+def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | None:
+    """When every non-empty pandas output holds exactly its group's rows,
+    labelled as ``fn`` received them (a transform): the input position of each
+    row of their concatenation, and which outputs they are; else None."""
+    if not all(isinstance(out, (pd.DataFrame, pd.Series)) for out in outputs):
+        return None
+    layout = group_layout(base)  # the plan's layout, cached on the source
+    rec = run._records
+    done = [task.index for task in run._plan.tasks if rec.status[task.index] == OK]
+    if len(done) != len(outputs) or len(run._plan.tasks) != len(layout.lengths):
+        return None
+    lengths = layout.lengths
+    kept = [i for i, out in enumerate(outputs) if len(out)]
+    if not kept or not all(_is_group_indexed(outputs[i], int(lengths[done[i]])) for i in kept):
+        return None
+    order = _input_rows(base)
+    if order is None:
+        return None
+    if len(kept) == len(lengths):  # every group, in layout order
+        return order, kept
+    offsets = layout.offsets
+    groups = [done[i] for i in kept]
+    return np.concatenate([order[offsets[g]:offsets[g] + lengths[g]] for g in groups]), kept
+
+
+def _in_input_order(result: Any, positions: np.ndarray, base: GroupSource) -> Any:
+    """``result``, whose rows came from input rows ``positions``, put back in
+    the input's row order under its row labels (its positions when it has none)."""
+    if len(positions) > 1 and not np.all(positions[1:] > positions[:-1]):
+        permutation = np.argsort(positions, kind="stable")
+        result = result.take(permutation)
+        positions = positions[permutation]
+    total = base.table.num_rows
+    labels = getattr(base, "row_index", None)
+    if labels is None or len(labels) != total:
+        labels = pd.RangeIndex(total)
+    result.index = labels if len(positions) == total else labels[positions]
+    return result
+
+
+def _frames_with_keys(frames: list[pd.DataFrame], parts: list[tuple],
+                      key_columns: list) -> pd.DataFrame:
+    """The frames concatenated, with the key columns they lack added in front.
+    When all lack the same ones (the usual case) they are added once, to the
+    concatenation, rather than to each frame."""
+    if not frames:
+        return pd.DataFrame()
+    lacking = [tuple(i for i, c in enumerate(key_columns) if c not in names)
+               for names in (set(frame.columns) for frame in frames)]
+    if len(set(lacking)) > 1:
+        frames = [_with_keys(frame, key, key_columns) for frame, key in zip(frames, parts)]
+        return pd.concat(frames, ignore_index=True)
+    result = pd.concat(frames, ignore_index=True)
+    if lacking[0]:
+        lengths = np.array([len(frame) for frame in frames])
+        for position in lacking[0]:  # each group's key value, once per row of its output
+            values = pd.Series([key[position] for key in parts]).repeat(lengths)
+            result.insert(position, key_columns[position], values.array)
+    return result
+
+
+def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
+                    key_columns: list) -> pd.DataFrame:
+    """Series of the same labels, one per group, as rows of one frame with the
+    key columns in front (pandas' ``groupby(..., as_index=False).apply``)."""
+    frame = pd.DataFrame(outputs).reset_index(drop=True)
+    for position, name in enumerate(key_columns):
+        if name not in frame.columns:
+            frame.insert(position, name, [p[position] for p in parts])
+    return frame
+
+
 def map_groups(
     fn: Callable[..., Any],
     source: GroupSource | ProductSource,
     *,
     errors: str = "raise",
     **options: Any,
-) -> pd.DataFrame:
-    """Run ``fn`` on every group and return one concatenated DataFrame, groups
-    in key order, rows within a group as ``fn`` returned them.
+) -> Any:
+    """Run ``fn`` on every group and return one concatenated table, like
+    ``df.groupby(by, group_keys=False).apply(fn)`` in parallel.
 
-    Like ``df.groupby(by, group_keys=False).apply(fn)``, in parallel. Key
-    columns missing from ``fn``'s output are added in front. With
-    ``errors="raise"`` (default) a failing group raises an error naming it;
-    with ``errors="skip"`` its rows are left out. Other keywords go to
-    :func:`train` (``backend``, ``workers``, ``shared``, ...).
+    ``fn`` receives each group's rows as ``mm.train`` hands them (a pandas
+    group under a fresh index 0, 1, ...) and may return a DataFrame, a Series
+    or an Arrow or polars table. What comes back:
+
+    * a **transform** -- every output (DataFrame or Series) holds its group's
+      rows, in order, under the index ``fn`` received (``df.assign(...)``,
+      ``df["x"] - df["x"].mean()``; groups whose output is empty are left
+      out): the rows come back in the input's row order, under the input
+      frame's row labels (an Arrow or polars table, or a file, has none: its
+      row positions 0, 1, ...), so that ``df["z"] = map_groups(...)["z"]``
+      aligns, as with pandas (which keeps a Series in group order; its labels
+      are the same);
+    * any other DataFrame (an aggregation, a filter): the outputs in key
+      order, under a fresh index 0, 1, ...;
+    * a Series of the same labels from every group (``df[["x", "y"]].mean()``):
+      one row per group, in key order;
+    * other Series: concatenated in key order, under the labels ``fn`` gave;
+    * Arrow or polars tables: concatenated in key order.
+
+    Key columns missing from a table ``fn`` returns are added in front. With
+    a grid (``groups * grid``) the outputs come in key order, a group's rows
+    once per setting, under a fresh index. With ``errors="raise"`` (default) a
+    failing group raises an error naming it; with ``errors="skip"`` its rows
+    are left out. Other keywords go to :func:`train` (``backend``,
+    ``workers``, ``shared``, ...).
     """
     _check_errors(errors)
     base = source.base if isinstance(source, ProductSource) else source
@@ -83,18 +248,29 @@ def map_groups(
         raise TypeError("map_groups needs a source made by mm.groups(...)")
     options.setdefault("progress", False)
     run = train(fn, source, **options)
-    key_columns, outputs = _ok_outputs(run, errors, "map_groups")
-    frames = []
-    for parts, output in outputs:
-        frame = _concat([output], "map_groups")
-        missing = [c for c in key_columns if c not in frame.columns]
-        if missing:
-            frame = frame.copy()
-            for position, name in enumerate(key_columns):
-                if name in missing:
-                    frame.insert(position, name, parts[position])
-        frames.append(frame)
-    return _concat(frames, "map_groups")
+    key_columns, ok = _ok_outputs(run, errors, "map_groups")
+    parts = [key for key, _ in ok]
+    outputs = [output for _, output in ok]
+    series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
+    if not series:
+        outputs = [out.to_frame() if isinstance(out, pd.Series) else out for out in outputs]
+    transform = _as_transform(base, run, outputs) if source is base else None
+    if transform is not None:
+        positions, kept = transform
+        outputs, parts = [outputs[i] for i in kept], [parts[i] for i in kept]
+    if series:
+        if transform is not None:
+            return _in_input_order(pd.concat(outputs, ignore_index=True), positions, base)
+        first = outputs[0].index
+        if all(out.index.equals(first) for out in outputs[1:]):
+            return _rows_per_group(outputs, parts, key_columns)
+        return pd.concat(outputs)
+    if all(isinstance(out, pd.DataFrame) for out in outputs):
+        result = _frames_with_keys(outputs, parts, key_columns)
+    else:
+        result = _concat([_with_keys(out, key, key_columns) for key, out in zip(parts, outputs)],
+                         "map_groups")
+    return _in_input_order(result, positions, base) if transform is not None else result
 
 
 def map_partitions(
