@@ -143,3 +143,165 @@ def test_cli_trains_lightgbm_by_dotted_name(tmp_path, sales_files):
     model = mm.Store(store).load("s001")
     assert type(model).__name__ == "LGBMRegressor" and model.n_estimators == 30
     assert (mm.Store(store).results()["r2"] > 0.5).all()
+
+
+def _said(text: str) -> str:
+    """An error message as one line: rich's panel borders and line breaks out."""
+    return " ".join(text.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
+
+
+def test_version_prints_the_version_from_a_leaf_module():
+    import ast
+    import importlib.metadata
+    import inspect
+
+    import manymodels._version as version_module
+
+    result = _cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"manymodels {mm.__version__}\n"
+    assert mm.__version__ == version_module.__version__
+    assert mm.__version__ == importlib.metadata.version("manymodels")
+    tree = ast.parse(inspect.getsource(version_module))  # imports nothing: any module may use it
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+@pytest.fixture
+def trained_store(tmp_path, sales_files):
+    _, _, parquet = sales_files
+    store = tmp_path / "store"
+    result = _cli("train", parquet, "--by", "store,item", "--target", "sales", "--model",
+                  "sklearn.linear_model.Ridge", "--grid", "alpha=0.01,1", "--store", store,
+                  "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    return store
+
+
+def test_runs_and_show_are_readable_piped_at_80_columns(trained_store):
+    import os
+
+    results = mm.Store(trained_store).results()
+    env = {**os.environ, "COLUMNS": "80"}
+    for command in ("runs", "show"):
+        shown = subprocess.run([sys.executable, "-m", "manymodels.cli", command,
+                                str(trained_store)], capture_output=True, text=True,
+                               timeout=120, env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert "…" not in shown.stdout, shown.stdout  # no squeezed column
+        if command == "runs":
+            header, row = shown.stdout.splitlines()[:2]
+            assert header.split()[:3] == ["run_id", "started_at", "status"]
+            assert "finished" in row.split() and "12" in row.split()
+        else:
+            lines = shown.stdout.splitlines()
+            assert lines[0] == "run 1: 12 tasks, 12 ok"
+            header = lines[1].split()
+            assert header[:3] == ["store", "item", "status"] and "r2" in header
+            for line, (_, task) in zip(lines[2:], results.iterrows()):
+                cells = line.split()
+                assert cells[:3] == [task["store"], task["item"], "ok"]
+                assert f"{task['r2']:.4g}" in cells and f"{task['mae']:.4g}" in cells
+
+
+def _on_a_terminal(*args, columns: int) -> str:
+    """What the command line shows on a terminal ``columns`` wide (a pseudo-terminal)."""
+    import os
+    import pty
+    import re
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", "TERM": "xterm"}
+    process = subprocess.Popen([sys.executable, "-m", "manymodels.cli", *map(str, args)],
+                               stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(master)
+        assert process.wait(timeout=120) == 0, b"".join(chunks)
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # styles (bold) out
+
+
+def test_show_on_a_narrow_terminal_splits_columns_not_values(trained_store):
+    results = mm.Store(trained_store).results()
+    text = _on_a_terminal("show", trained_store, columns=60)
+    assert "…" not in text, text  # nothing squeezed
+    assert max(len(line) for line in text.splitlines()) <= 60, text
+    for value in list(results["r2"]) + list(results["mae"]):
+        assert f"{value:.4g}" in text
+    assert text.count("│ s001  │ i002 │") >= 2  # the key is repeated beside each part
+    text = _on_a_terminal("runs", trained_store, columns=60)
+    assert "…" not in text and "finished" in text, text
+
+
+@pytest.mark.parametrize("command", ["runs", "show"])
+def test_runs_and_show_write_csv_and_json(trained_store, command):
+    import io
+
+    import pandas as pd
+
+    opened = mm.Store(trained_store)
+    expected = opened.runs() if command == "runs" else opened.results()
+    columns = ["run_id", "tasks", "ok", "wall_s"] if command == "runs" else \
+        ["store", "item", "r2", "mae", "best_alpha", "duration_s"]
+    as_csv = _cli(command, trained_store, "--format", "csv")
+    assert as_csv.returncode == 0, as_csv.stderr
+    frame = pd.read_csv(io.StringIO(as_csv.stdout))
+    assert len(frame) == len(expected) and set(expected.columns) <= set(frame.columns)
+    pd.testing.assert_frame_equal(frame[columns], expected[columns], check_dtype=False)
+    as_json = _cli(command, trained_store, "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    records = json.loads(as_json.stdout)
+    assert len(records) == len(expected)
+    pd.testing.assert_frame_equal(pd.DataFrame(records)[columns], expected[columns],
+                                  check_dtype=False)
+    assert all(record["started_at"].startswith("20") for record in records)  # ISO 8601
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--param", "nosuch=1"], ["'nosuch'", "sklearn.linear_model.Ridge"]),
+    (["--grid", "alhpa=0.1,1"], ["'alhpa'", "sklearn.linear_model.Ridge", "'alpha'"]),
+    (["--param", "alpha=-1"], ["'alpha'", "Ridge"]),
+    (["--grid", "solver=auto,nope"], ["'solver'", "'nope'"]),
+    (["--param", "alpha=1", "--grid", "alpha=1,2"], ["'alpha'", "--param", "--grid"]),
+    (["--features", "price,store"], ["'store'", "not numeric"]),
+    (["--features", "price,sales"], ["'sales'", "feature"]),
+    (["--metrics", "accuracy"], ["'accuracy'", "regressor"]),
+])
+def test_train_refuses_bad_arguments_before_any_work(tmp_path, sales_files, args, named):
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    _, _, parquet = sales_files
+    store = tmp_path / "s"
+    result = CliRunner().invoke(app, ["train", str(parquet), "--by", "store,item", "--target",
+                                      "sales", "--model", "sklearn.linear_model.Ridge",
+                                      "--store", str(store), *args])
+    assert result.exit_code == 2, result.output
+    for name in named:
+        assert name in _said(result.output), result.output
+    assert not store.exists()  # refused before the store was opened: no run recorded
+
+
+def test_train_refuses_a_text_target_for_a_regressor(tmp_path, sales_files):
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    _, _, parquet = sales_files
+    for target, by, named in [("item", "store", "'item'"), ("store", "store", "--by")]:
+        result = CliRunner().invoke(app, ["train", str(parquet), "--by", by, "--target",
+                                          target, "--model", "sklearn.linear_model.Ridge",
+                                          "--store", str(tmp_path / "s")])
+        assert result.exit_code == 2 and named in _said(result.output), result.output
+    assert not (tmp_path / "s").exists()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from ._version import __version__ as __version__
 from .api import train
 from .backends import RayBackend, WorkerStartupError
 from .results import Run, Summary
@@ -14,8 +15,6 @@ from .scheduling import RunInterrupted, TooManyFailures
 from .sources import grid, groups, items
 from .store import Store, StoreError, StoreIntegrityError
 from .transforms import map_groups, map_partitions
-
-__version__ = "0.1.0"
 
 __all__ = [
     "RayBackend",

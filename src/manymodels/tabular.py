@@ -5,7 +5,9 @@ with the best grid setting picked per group and refitted on all its rows."""
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
+import inspect
 import itertools
 import math
 from collections.abc import Callable
@@ -16,6 +18,8 @@ import pandas as pd
 
 #: name -> (function(y_true, y_pred), higher is better)
 METRICS: dict[str, tuple[Callable[..., float], bool]] = {}
+#: The metrics that compare class labels (the others compare numbers).
+CLASSIFICATION_METRICS = ("accuracy", "f1", "balanced_accuracy")
 
 
 def _metrics() -> dict[str, tuple[Callable[..., float], bool]]:
@@ -71,6 +75,81 @@ def parse_assignment(text: str, option: str) -> tuple[str, str]:
     if not sep or not name.strip() or not value.strip():
         raise ValueError(f"{option} expects name=value, got {text!r}")
     return name.strip(), value
+
+
+def constructor_parameters(cls: type) -> tuple[list[str], bool]:
+    """The keyword parameters that ``cls(...)`` takes, and whether it also takes
+    any other keyword (a ``**kwargs``, as LightGBM's and XGBoost's estimators do,
+    passing unknown names on to their library)."""
+    names: list[str] = []
+    open_ended = False
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # a class defined in C: cannot tell
+        return names, True
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_KEYWORD:
+            open_ended = True
+        elif parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            names.append(parameter.name)
+    if callable(getattr(cls, "get_params", None)):  # scikit-learn's own list, where it differs
+        try:
+            names += [n for n in cls().get_params(deep=False) if n not in names]
+        except Exception:  # a constructor with required arguments
+            pass
+    return names, open_ended
+
+
+def _invalid_parameter(estimator: Any) -> str | None:
+    """scikit-learn's message for a parameter value that ``estimator`` declares
+    invalid (a negative ``alpha``, an unknown ``solver``), or None."""
+    if not hasattr(type(estimator), "_parameter_constraints"):
+        return None
+    try:
+        from sklearn.utils._param_validation import InvalidParameterError
+    except ImportError:  # pragma: no cover - an old scikit-learn
+        return None
+    try:
+        estimator._validate_params()
+    except InvalidParameterError as exc:
+        return str(exc)
+    except Exception:  # cannot tell before fitting: let fit say
+        return None
+    return None
+
+
+def check_settings(dotted: str, params: dict[str, Any], grid: dict[str, list[Any]]) -> Any:
+    """Refuse, before any work, a ``--param`` or ``--grid`` name that the
+    estimator class ``dotted`` does not take, or a value that it rejects; return
+    the estimator built with ``params`` and the first value of each grid list."""
+    cls = import_estimator(dotted)
+    names, open_ended = constructor_parameters(cls)
+    if not open_ended:
+        for option, given in (("--param", params), ("--grid", grid)):
+            for name in given:
+                if name in names:
+                    continue
+                close = difflib.get_close_matches(name, names, n=1)
+                raise ValueError(
+                    f"{option} {name!r}: {dotted} has no parameter {name!r}"
+                    + (f"; did you mean {close[0]!r}?" if close else ".")
+                    + f" Its parameters are: {', '.join(names) or '(none)'}")
+    base = {**params, **{name: values[0] for name, values in grid.items() if values}}
+    checks = [(None, base)] + [(f"--grid {name}={value!r}", {**base, name: value})
+                               for name, values in grid.items() for value in values]
+    first = None
+    for option, setting in checks:
+        call = f"{dotted}({', '.join(f'{k}={v!r}' for k, v in setting.items())})"
+        try:
+            estimator = cls(**setting)
+        except Exception as exc:  # any constructor error is the user's to fix
+            raise ValueError(f"{option + ': ' if option else ''}{call} cannot be built: "
+                             f"{exc}") from exc
+        problem = _invalid_parameter(estimator)
+        if problem:
+            raise ValueError(f"{option}: {problem}" if option else f"{call}: {problem}")
+        first = estimator if first is None else first
+    return first
 
 
 def _package_version(dotted: str) -> str:
