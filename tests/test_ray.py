@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
+import manymodels._version
 from conftest import assert_only_timed_out, fit_linear
 from manymodels.backends import WorkerStartupError
 from manymodels.backends.base import Finished
@@ -307,7 +308,7 @@ def test_two_batches_per_worker_in_flight_where_ray_caps_the_run():
 
 
 def test_a_node_with_another_manymodels_version_fails_clearly(monkeypatch):
-    monkeypatch.setattr(mm, "__version__", "0.0.0-driver")  # the workers report theirs
+    monkeypatch.setattr(manymodels._version, "__version__", "0.0.0-driver")  # workers: theirs
     with pytest.raises(WorkerStartupError, match="install the same version on every node"):
         mm.train(slow_item, mm.items(range(4)), backend="ray", workers=2, progress=False)
 

@@ -81,7 +81,7 @@ def _run_batch(
     """
     import ray
 
-    from .. import __version__
+    from .._version import __version__
 
     yield ("start", ray.get_runtime_context().get_node_id(), os.getpid(), __version__)
     try:

@@ -123,7 +123,7 @@ class _Call:
 def _check_version(start: tuple) -> None:
     """The worker's messages are read as this version writes them: a node with
     another manymodels must fail clearly, not as a tuple that will not unpack."""
-    from .. import __version__
+    from .._version import __version__
 
     theirs = start[3] if len(start) > 3 else "an older one"
     if theirs != __version__:
