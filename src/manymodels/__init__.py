@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._version import __version__ as __version__
 from .api import train
-from .backends import RayBackend, WorkerStartupError
+from .backends import Backend, RayBackend, WorkerStartupError, register_backend
 from .results import Run, Summary
 from .scheduling import RunInterrupted, TooManyFailures
 from .sources import grid, groups, items
@@ -17,6 +17,7 @@ from .store import Store, StoreError, StoreIntegrityError
 from .transforms import map_groups, map_partitions
 
 __all__ = [
+    "Backend",
     "RayBackend",
     "Run",
     "RunInterrupted",
@@ -31,5 +32,6 @@ __all__ = [
     "items",
     "map_groups",
     "map_partitions",
+    "register_backend",
     "train",
 ]

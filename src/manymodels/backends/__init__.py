@@ -16,6 +16,16 @@ BACKENDS: dict[str, type[Backend]] = {
 }
 
 
+def register_backend(name: str, backend: type[Backend]) -> None:
+    """Make ``mm.train(..., backend=name)`` run on ``backend``, a :class:`Backend`
+    subclass (its contract is in :mod:`manymodels.backends.base`)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a backend's name must be a non-empty string, got {name!r}")
+    if not (isinstance(backend, type) and issubclass(backend, Backend)):
+        raise TypeError(f"backend must be a subclass of manymodels.Backend, got {backend!r}")
+    BACKENDS[name] = backend
+
+
 def backend_class(name: str) -> type[Backend]:
     """The backend class registered under ``name``."""
     if not isinstance(name, str) or name not in BACKENDS:
@@ -23,4 +33,5 @@ def backend_class(name: str) -> type[Backend]:
     return BACKENDS[name]
 
 
-__all__ = ["BACKENDS", "Backend", "RayBackend", "WorkerStartupError", "backend_class"]
+__all__ = ["BACKENDS", "Backend", "RayBackend", "WorkerStartupError", "backend_class",
+           "register_backend"]

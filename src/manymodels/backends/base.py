@@ -7,7 +7,8 @@ behaves the same and a new engine is one file.
 
 Life cycle, always driven by the scheduler from the driver's main thread::
 
-    backend = SomeBackend(workers=4, cpus_per_task=1, timeout=None, memory_limit=None)
+    backend = SomeBackend()             # or an instance the user built
+    backend.configure(options)          # the run's validated BackendOptions
     backend.start(context)              # once: start workers, ship the RunContext
     while work remains:
         for _ in range(backend.free_slots(per_worker)):
@@ -40,14 +41,28 @@ Rules every backend keeps:
 
 Capability flags tell :func:`manymodels.train` which keywords a backend can
 honour, so that a request it cannot keep fails before work starts.
+
+A new backend is one file: subclass :class:`Backend`, set ``name`` and the
+capability flags it honours, implement the five abstract methods ``start``,
+``free_slots``, ``submit``, ``poll`` and ``stop`` (a worker runs a batch with
+:meth:`manymodels.execution.Executor.run_in_parts`, so that every backend
+runs ``fit`` alike), override :meth:`Backend.default_workers` if it sizes
+itself, and make it reachable by name with ``mm.register_backend(name, cls)``.
+It must pass ``tests/test_backend_contract.py`` (add its name to
+``CONTRACT_BACKENDS``) and, if it isolates crashes, the fault tests of
+``tests/test_failures.py``. Where a worker dies mid-batch, blame only the
+task it was running and hand the rest back (:func:`blame_lost_batch`).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from .._resources import usable_cores
 from ..execution import RunContext, TaskRef
 from ..messages import Event, Finished, Lost, Outcome, Requeued
+from ..options import BackendOptions
 
 __all__ = ["Backend", "Event", "Finished", "Lost", "Outcome", "Requeued",
            "WorkerStartupError"]
@@ -57,14 +72,12 @@ class WorkerStartupError(RuntimeError):
     """Workers cannot start or cannot load the run (e.g. ``fit`` does not unpickle)."""
 
 
-class Backend:
+class Backend(ABC):
     """Base class of execution engines; see the module docstring for the contract."""
 
     name: ClassVar[str] = "base"
     #: ``fit``, ``shared`` and models cross a process boundary (must pickle).
     requires_pickling: ClassVar[bool] = False
-    #: A crash in ``fit`` (segfault, ``os._exit``) costs one task, not the run.
-    isolates_crashes: ClassVar[bool] = False
     #: ``timeout=`` can stop a task that runs too long.
     enforces_timeout: ClassVar[bool] = False
     #: ``memory_limit=`` can stop a worker that grows too large.
@@ -77,40 +90,55 @@ class Backend:
 
     def __init__(
         self,
-        workers: int,
+        workers: int | None = None,
         cpus_per_task: int = 1,
         timeout: float | None = None,
         memory_limit: int | None = None,
         gpu_sets: list[list[str]] | None = None,
     ) -> None:
-        self.workers = workers
-        self.configure(cpus_per_task, timeout, memory_limit, gpu_sets)
+        #: What the backend was built with; each run's options replace
+        #: :attr:`options`, and a run that names no worker count gets this one.
+        self.built_options = BackendOptions(
+            workers=workers, cpus_per_task=cpus_per_task, timeout=timeout,
+            memory_limit=memory_limit,
+            gpu_sets=None if gpu_sets is None else tuple(tuple(s) for s in gpu_sets))
+        self.configure(self.built_options)
 
-    def configure(
-        self,
-        cpus_per_task: int = 1,
-        timeout: float | None = None,
-        memory_limit: int | None = None,
-        gpu_sets: list[list[str]] | None = None,
-    ) -> None:
-        """Apply a run's resource keywords (``mm.train`` calls it on a backend
-        instance that the user built, e.g. ``mm.RayBackend(address=...)``)."""
-        self.cpus_per_task = cpus_per_task
-        self.timeout = timeout
-        self.memory_limit = memory_limit
-        self.gpu_sets = gpu_sets  # per worker slot: the GPU ids it alone may use
+    @classmethod
+    def default_workers(cls, cpus_per_task: int) -> int | None:
+        """How many workers when the user names no count: the usable cores
+        (affinity and cgroup aware) divided by ``cpus_per_task``; None for a
+        backend that sizes itself when it starts (a cluster's CPUs)."""
+        return max(1, usable_cores() // cpus_per_task)
 
+    def configure(self, options: BackendOptions) -> None:
+        """Take a run's validated options: the only way settings reach a backend
+        (``mm.train`` calls it with each run's options, on a backend it built
+        or on an instance the user built, e.g. ``mm.RayBackend(address=...)``)."""
+        self.options = options
+        self.workers = options.workers or self.default_workers(options.cpus_per_task) or 1
+        self.cpus_per_task = options.cpus_per_task
+        self.timeout = options.timeout
+        self.memory_limit = options.memory_limit
+        self.gpu_sets = options.gpu_sets  # per worker slot: the GPU ids it alone may use
+
+    @abstractmethod
     def start(self, context: RunContext) -> None:
-        raise NotImplementedError
+        """Start the workers and ship them the run's context (once per run)."""
 
+    @abstractmethod
     def free_slots(self, per_worker: int) -> int:
-        raise NotImplementedError
+        """How many more batches :meth:`submit` accepts now, with at most
+        ``per_worker`` unfinished on any one worker."""
 
+    @abstractmethod
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
-        raise NotImplementedError
+        """Queue a batch; never blocks on a busy worker."""
 
+    @abstractmethod
     def poll(self, timeout: float) -> list[Event]:
-        raise NotImplementedError
+        """What happened since the last poll, within about ``timeout`` seconds."""
 
+    @abstractmethod
     def stop(self, *, force: bool = False) -> None:
-        raise NotImplementedError
+        """End the run: no worker process or shared-memory file left behind."""

@@ -43,6 +43,7 @@ import psutil
 from .. import dataplane
 from .._resources import thread_limit_environment
 from ..execution import RunContext, TaskRef
+from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
     Batch,
@@ -60,7 +61,6 @@ from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
 _CHECK_EVERY_S = 0.05
 _STOP_GRACE_S = 1.0
 _MAX_UNEXPLAINED_DEATHS = 5
-START_METHODS = ("auto", "fork", "spawn")
 #: Libraries whose native thread pools or devices hang or fail in a forked
 #: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
 #: initialised Ray is caught by its threads.
@@ -76,11 +76,12 @@ class ProcessesBackend(Backend):
     isolates_gpus = True
 
     def __init__(self, *args, start_method: str = "auto", **kwargs) -> None:
-        super().__init__(*args, **kwargs)
         if start_method not in START_METHODS:
             raise ValueError(f"unknown start_method {start_method!r}; choose one of "
                              f"{', '.join(START_METHODS)}")
-        self.requested_start_method = start_method
+        super().__init__(*args, **kwargs)
+        self.built_options = replace(self.built_options, start_method=start_method)
+        self.configure(self.built_options)
 
     def _choose_start_method(self) -> str:
         """``fork`` starts a worker in milliseconds and shares the driver's memory;
@@ -93,8 +94,8 @@ class ProcessesBackend(Backend):
         survive a fork imported (:data:`FORK_UNSAFE_MODULES`) and no Ray
         initialised in the driver. The worker only runs ``fit``; CPython
         re-initialises its own locks (import, logging) in a forked child."""
-        if self.requested_start_method != "auto":
-            return self.requested_start_method
+        if self.options.start_method != "auto":
+            return self.options.start_method
         unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
         ray = sys.modules.get("ray")
         if ray is not None and getattr(ray, "is_initialized", lambda: False)():

@@ -85,6 +85,7 @@ import cloudpickle
 
 from .._resources import usable_cores
 from ..execution import RunContext, TaskRef, pickle_any
+from ..options import BackendOptions
 from ._ray_cluster import check_resources, cluster_workers, connect, import_ray
 from ._ray_worker import remote_function
 from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
@@ -176,14 +177,6 @@ class RayBackend(Backend):
         **ray_init_options: Any,
     ) -> None:
         import_ray()  # fail here, before any work, where Ray is not installed
-        auto = workers is None
-        if workers is None:
-            workers = cluster_workers(cpus_per_task) or max(
-                1, usable_cores() // cpus_per_task)
-        super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
-                         gpu_sets=gpu_sets)
-        #: ``workers`` follows the cluster's CPUs, until someone sets it.
-        self.auto_workers = auto
         self.address = address
         self.ray_init_options = ray_init_options
         #: worker id (as in ``run.results["worker"]``) -> Ray node id / process id.
@@ -193,18 +186,20 @@ class RayBackend(Backend):
         self._calls: dict[Any, _Call] = {}
         self._payload: tuple[Any, Any, Any] | None = None
         self._per_worker = 1
+        super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
+                         gpu_sets=gpu_sets)
 
-    @property
-    def workers(self) -> int:
-        return self._workers
+    @classmethod
+    def default_workers(cls, cpus_per_task: int) -> int | None:
+        return None  # the cluster's CPUs, counted when the run starts
 
-    @workers.setter
-    def workers(self, value: int) -> None:
-        # Setting another count fixes it; setting the same one (mm.train
-        # hands a backend instance its own count back) leaves it automatic.
-        if getattr(self, "_workers", None) != value:
-            self.auto_workers = False
-        self._workers = value
+    def configure(self, options: BackendOptions) -> None:
+        super().configure(options)
+        #: ``workers`` follows the cluster's CPUs unless a count was given.
+        self.auto_workers = options.workers is None
+        if self.auto_workers:
+            self.workers = cluster_workers(self.cpus_per_task) or max(
+                1, usable_cores() // self.cpus_per_task)
 
     @property
     def gpus_per_task(self) -> int:
@@ -219,7 +214,7 @@ class RayBackend(Backend):
             self.started_ray = connect(self.address, self.workers * self.cpus_per_task,
                                        self.gpu_sets, self.ray_init_options)
             if self.auto_workers:
-                self._workers = cluster_workers(self.cpus_per_task) or self._workers
+                self.workers = cluster_workers(self.cpus_per_task) or self.workers
             resources = ray.cluster_resources()
             check_resources(resources, self.cpus_per_task, self.gpus_per_task,
                             fatal=self.started_ray)

@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from dataclasses import replace
 
 from threadpoolctl import threadpool_limits
 
 from ..execution import Executor, RunContext, TaskRef
+from ..options import BackendOptions
 from .base import Backend, Event, Finished
 
 
 class SerialBackend(Backend):
     name = "serial"
     isolates_gpus = True  # one task at a time
+
+    @classmethod
+    def default_workers(cls, cpus_per_task: int) -> int:
+        return 1  # the driver itself
+
+    def configure(self, options: BackendOptions) -> None:
+        super().configure(replace(options, workers=1))
 
     def start(self, context: RunContext) -> None:
         self._saved_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")

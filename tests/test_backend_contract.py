@@ -1,0 +1,166 @@
+"""The backend contract (manymodels.backends.base), checked on every backend.
+
+A new backend registered with ``mm.register_backend`` must pass this file:
+add its name to ``CONTRACT_BACKENDS``. The scheduler is left out on purpose:
+each test drives the backend the way the scheduler does (configure, start,
+free_slots/submit, poll, stop), so a failure names the backend's own fault.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+import pytest
+
+import manymodels as mm
+from manymodels.backends import BACKENDS, Backend, backend_class
+from manymodels.execution import Executor, RunContext
+from manymodels.messages import Finished, Lost, Requeued, Status
+from manymodels.options import BackendOptions
+from manymodels.taskdata import Items
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+class InlineBackend(Backend):
+    """A whole backend in a few lines: each batch runs in the driver when
+    polled. What a new engine must write, and no more."""
+
+    name = "inline"
+
+    def start(self, context: RunContext) -> None:
+        self._executor = Executor(context)
+        self._queue: deque = deque()
+
+    def free_slots(self, per_worker: int) -> int:
+        return max(0, self.workers * per_worker - len(self._queue))
+
+    def submit(self, batch_id: int, tasks: list) -> None:
+        self._queue.append(tasks)
+
+    def poll(self, timeout: float) -> list:
+        if not self._queue:
+            time.sleep(min(timeout, 0.01))
+            return []
+        part = self._executor.run_batch(self._queue.popleft())
+        return [Finished(part.outcomes, worker=0, busy_s=part.busy_s, prepare_s=part.prepare_s)]
+
+    def stop(self, *, force: bool = False) -> None:
+        self._queue.clear()
+
+
+mm.register_backend("inline", InlineBackend)
+
+CONTRACT_BACKENDS = [
+    "serial", "threads", "processes", "inline",
+    pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+]
+
+
+def contract_fit(item):
+    if item % 5 == 3:
+        raise ValueError(f"item {item} is bad")
+    return {"pid": os.getpid(), "item": item}
+
+
+def _drive(backend: Backend, tasks: list[int], per_worker: int = 2, limit_s: float = 120):
+    """Run ``tasks`` through ``backend`` as the scheduler would; return every
+    report per task index."""
+    reports: dict[int, list] = {i: [] for i in tasks}
+    backend.start(RunContext(fit=contract_fit, data=Items([], [], None)))
+    try:
+        pending = deque(tasks)
+        batch_id = 0
+        deadline = time.monotonic() + limit_s
+        done = 0
+        while done < len(tasks):
+            assert time.monotonic() < deadline, "the backend stopped reporting"
+            free = backend.free_slots(per_worker)
+            assert 0 <= free <= backend.workers * per_worker
+            while free > 0 and pending:
+                taken = [pending.popleft() for _ in range(min(3, len(pending)))]
+                batch = [(index, index, None) for index in taken]  # (index, item, params)
+                backend.submit(batch_id, batch)
+                batch_id += 1
+                free -= 1
+            for event in backend.poll(0.05):
+                if isinstance(event, Finished):
+                    for outcome in event.outcomes:
+                        reports[outcome[0]].append(outcome)
+                        done += 1
+                elif isinstance(event, Lost):
+                    reports[event.index].append(event)
+                    done += 1
+                elif isinstance(event, Requeued):
+                    pending.extendleft(reversed(event.indices))
+    finally:
+        backend.stop()
+    return reports
+
+
+def _configured(name: str, workers: int = 2) -> Backend:
+    backend = backend_class(name)()
+    backend.configure(BackendOptions(workers=workers))
+    return backend
+
+
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+def test_every_task_is_reported_exactly_once_and_exceptions_are_outcomes(name):
+    backend = _configured(name)
+    reports = _drive(backend, list(range(20)))
+    for index, seen in reports.items():
+        assert len(seen) == 1, f"task {index} reported {len(seen)} times"
+        outcome = seen[0]
+        expected = Status.FAILED if index % 5 == 3 else Status.OK
+        assert outcome[1] == expected
+        if expected == Status.FAILED:
+            assert f"item {index} is bad" in outcome[6]
+        else:
+            assert outcome[2] is None and outcome[3]["item"] == index  # metrics alone
+
+
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+def test_free_slots_are_bounded_by_workers_and_refill(name):
+    backend = _configured(name, workers=1)
+    backend.start(RunContext(fit=contract_fit, data=Items([], [], None)))
+    try:
+        deadline = time.monotonic() + 60
+        while backend.free_slots(1) == 0 and time.monotonic() < deadline:
+            assert backend.poll(0.05) == []  # workers still starting: nothing to report
+        assert backend.free_slots(1) == 1
+        backend.submit(0, [(0, 0, None)])
+        assert backend.free_slots(1) == 0  # one batch in flight on the one worker
+        deadline = time.monotonic() + 60
+        finished = []
+        while not finished and time.monotonic() < deadline:
+            finished = [e for e in backend.poll(0.05) if isinstance(e, Finished)]
+        assert finished and backend.free_slots(1) == 1
+    finally:
+        backend.stop()
+
+
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+def test_configure_is_how_settings_reach_a_backend(name):
+    backend = backend_class(name)()
+    backend.configure(BackendOptions(workers=3, cpus_per_task=2))
+    assert backend.cpus_per_task == 2 and backend.options.cpus_per_task == 2
+    assert backend.workers == (1 if name == "serial" else 3)
+
+
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+def test_train_runs_on_it_like_on_serial(name):
+    kwargs = {} if name == "serial" else {"workers": 2}
+    run = mm.train(contract_fit, mm.items(range(12)), backend=name, progress=False, **kwargs)
+    reference = mm.train(contract_fit, mm.items(range(12)), backend="serial", progress=False)
+    assert run.results["status"].tolist() == reference.results["status"].tolist()
+    assert run.results["item"].tolist() == reference.results["item"].tolist()
+
+
+def test_register_backend_refuses_what_is_not_a_backend():
+    with pytest.raises(TypeError, match="subclass of manymodels.Backend"):
+        mm.register_backend("bad", object)
+    with pytest.raises(ValueError, match="non-empty string"):
+        mm.register_backend("", InlineBackend)
+    assert BACKENDS["inline"] is InlineBackend
