@@ -64,12 +64,45 @@ from ..execution import RunContext, TaskRef
 from ..messages import Event, Finished, Lost, Outcome, Requeued
 from ..options import BackendOptions
 
-__all__ = ["Backend", "Event", "Finished", "Lost", "Outcome", "Requeued",
-           "WorkerStartupError"]
+__all__ = ["Backend", "DeathCount", "Event", "Finished", "Lost", "Outcome", "Requeued",
+           "WorkerStartupError", "blame_lost_batch"]
 
 
 class WorkerStartupError(RuntimeError):
     """Workers cannot start or cannot load the run (e.g. ``fit`` does not unpickle)."""
+
+
+class DeathCount:
+    """Worker deaths outside any task (while loading the run, between tasks):
+    a few are bad luck, more mean the workers cannot run here at all, and
+    the run stops with :class:`WorkerStartupError` instead of looping."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit, self.what, self.deaths = limit, what, 0
+
+    def count(self, message: str) -> None:
+        self.deaths += 1
+        if self.deaths > self.limit:
+            raise WorkerStartupError(
+                f"{self.what} ({message}); manymodels cannot go on with this backend")
+
+
+def blame_lost_batch(running: int | None, unreported: list[int], status: str, message: str,
+                     worker: int, deaths: DeathCount) -> list[Event]:
+    """The rule for a worker that died with tasks of its batches unreported:
+    the task it was running (``running``) is :class:`Lost` with ``status``;
+    the rest never ran and go back to the scheduler (:class:`Requeued`); a
+    death with no task running counts towards giving up (``deaths``)."""
+    unreported = list(unreported)
+    events: list[Event] = []
+    if running is not None and running in unreported:
+        events.append(Lost(running, status, message, worker))
+        unreported.remove(running)
+    else:
+        deaths.count(message)
+    if unreported:
+        events.append(Requeued(unreported))
+    return events
 
 
 class Backend(ABC):

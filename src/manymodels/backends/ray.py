@@ -88,7 +88,16 @@ from ..execution import RunContext, TaskRef, pickle_any
 from ..options import BackendOptions
 from ._ray_cluster import check_resources, cluster_workers, connect, import_ray
 from ._ray_worker import remote_function
-from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
+from .base import (
+    Backend,
+    DeathCount,
+    Event,
+    Finished,
+    Lost,
+    Requeued,
+    WorkerStartupError,
+    blame_lost_batch,
+)
 
 _BATCHES_PER_WORKER = 2
 _STOP_GRACE_S = 1.0
@@ -245,7 +254,10 @@ class RayBackend(Backend):
         self._calls = {}
         self._worker_ids: dict[tuple[str, int], int] = {}
         self.worker_nodes, self.worker_pids = {}, {}
-        self._unexplained_deaths = 0
+        # Tolerates one generation of Ray tasks in flight dying at once (a
+        # lost node), not workers that die whatever they are given.
+        self._deaths = DeathCount(_MAX_UNEXPLAINED_DEATHS + _BATCHES_PER_WORKER * self.workers,
+                                  "Ray workers keep dying before running any task")
 
     def stop(self, *, force: bool = False) -> None:
         ray = sys.modules.get("ray")
@@ -307,7 +319,7 @@ class RayBackend(Backend):
             except StopIteration:  # ended without "done" (not expected): hand back the rest
                 del self._calls[gen]
                 if call.tasks:
-                    self._count_unexplained("a Ray task ended before reporting its batch")
+                    self._deaths.count("a Ray task ended before reporting its batch")
                     events.append(Requeued(list(call.tasks)))
                 return events
             except ray.exceptions.RayError as exc:
@@ -383,24 +395,9 @@ class RayBackend(Backend):
             # Which one? Run them again, marked, to find out (see the docstring).
             self._launch(call.batch_id, list(call.tasks.values()), marked=True)
             return []
-        events: list[Event] = []
-        if call.running in call.tasks:
-            events.append(Lost(call.running, status, message, call.worker))
-            unreported.remove(call.running)
-        else:  # died before its first task: loading the run, or before it started
-            self._count_unexplained(message)
-        if unreported:
-            events.append(Requeued(unreported))
-        return events
-
-    def _count_unexplained(self, message: str) -> None:
-        # Tolerates one generation of Ray tasks in flight dying at once (a
-        # lost node), not workers that die whatever they are given.
-        self._unexplained_deaths += 1
-        if self._unexplained_deaths > _MAX_UNEXPLAINED_DEATHS + _BATCHES_PER_WORKER * self.workers:
-            raise WorkerStartupError(
-                f"Ray workers keep dying before running any task ({message}); "
-                "manymodels cannot go on with this backend")
+        # a death before its first task (loading the run) counts towards giving up
+        return blame_lost_batch(call.running, unreported, status, message, call.worker,
+                                self._deaths)
 
     def _check_timeouts(self) -> list[Event]:
         import ray
