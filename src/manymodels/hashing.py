@@ -226,7 +226,7 @@ def value_hash(value: Any) -> str:
         array = np.ascontiguousarray(value)
         if array.dtype.hasobject:
             return digest(cloudpickle.dumps(array.tolist()))
-        return digest(str(array.dtype), str(array.shape), array.tobytes())
+        return digest(str(array.dtype), str(array.shape), array.view(np.uint8).reshape(-1).data)  # no copy
     module = type(value).__module__
     if module.startswith("pandas"):
         import pandas as pd
