@@ -226,7 +226,8 @@ def value_hash(value: Any) -> str:
         array = np.ascontiguousarray(value)
         if array.dtype.hasobject:
             return digest(cloudpickle.dumps(array.tolist()))
-        return digest(str(array.dtype), str(array.shape), array.view(np.uint8).reshape(-1).data)  # no copy
+        raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
+        return digest(str(array.dtype), str(array.shape), raw)
     module = type(value).__module__
     if module.startswith("pandas"):
         import pandas as pd

@@ -1,6 +1,7 @@
 """The driver's handle on one worker process of the processes backend: the
 process (a ``Popen``, or a forked child behind the same small interface), its
-pipes, the thread that feeds its pipe, and the batches it holds."""
+pipes, the thread that feeds its pipe, the batches it holds, and what watches
+its memory."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-import psutil
+from .._resources import memory_bound, memory_held, process_tree
 
 
 @dataclass
@@ -58,6 +60,58 @@ class ForkedProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
+class MemoryWatch:
+    """Measures the memory that a worker holds with the processes it started
+    (its descendants and its session: :func:`process_tree`), against a limit.
+
+    The measure that counts is :func:`memory_held` (PSS of anonymous and
+    shared memory, the run's data plane left out), summed over the tree; it
+    costs milliseconds a process. So each poll first sums the cheap
+    :func:`memory_bound` (tens of microseconds a process), an upper bound of
+    it, and measures only when that bound is over the limit *and*, less what
+    the bound held beyond the measure last time (the data plane the worker
+    mapped, pages shared with others), it still is: when the worker has
+    grown since. It also measures every ``REMEASURE_S`` while the bound is
+    over the limit, in case what the bound held beyond it shrank."""
+
+    TREE_EVERY_S = 0.5  # how often the tree is looked up again (a scan of /proc)
+    REMEASURE_S = 10.0
+    MIN_GAP_S = 0.25  # between two measurements of one worker, at least
+
+    def __init__(self, pid: int, limit: int, exclude: str | None) -> None:
+        self.pid, self.limit, self.exclude = pid, limit, exclude
+        self.tree: list[int] = []
+        self.tree_at = -float("inf")
+        self.beyond = 0  # what the bound held beyond the measure, last measured
+        self.measured_at = -float("inf")
+        self.measure_s = 0.0  # what the last measurement cost
+
+    def check(self, now: float, table: Callable[[], dict]) -> int | None:
+        """The bytes held, when over the limit; else ``None``. ``table()``
+        gives the process table, scanned once for all workers."""
+        if now - self.tree_at >= self.TREE_EVERY_S:
+            self.tree, self.tree_at = process_tree(self.pid, table()), now
+        processes = [self.pid, *self.tree]
+        bound = 0
+        for pid in processes:
+            with contextlib.suppress(OSError):
+                bound += memory_bound(pid)
+        if bound <= self.limit:
+            return None
+        since = now - self.measured_at
+        if since < max(self.MIN_GAP_S, 20 * self.measure_s) or (
+                bound - self.beyond <= self.limit and since < self.REMEASURE_S):
+            return None
+        begin = time.perf_counter()
+        held = 0
+        for pid in processes:
+            with contextlib.suppress(OSError):
+                held += memory_held(pid, self.exclude)
+        self.measure_s = time.perf_counter() - begin
+        self.measured_at, self.beyond = now, max(0, bound - held)
+        return held if held > self.limit else None
+
+
 @dataclass
 class Worker:
     slot: int
@@ -68,7 +122,7 @@ class Worker:
     tx: Connection  # the driver's end of the pipe to the worker; only the sender writes
     ready: bool = False
     batches: deque[Batch] = field(default_factory=deque)
-    stats: psutil.Process | None = None
+    memory: MemoryWatch | None = None
 
 
 def send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:

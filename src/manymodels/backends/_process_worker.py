@@ -17,6 +17,11 @@ Messages (pickled tuples)::
 
 ``spill`` names the file holding the outcomes' large buffers, or is ``None``
 (see :func:`manymodels.dataplane.dumps_spilling`).
+
+A worker leads a session of its own. When it stops, it kills the processes
+its tasks started and left running (:func:`end_own_processes`); the driver
+does the same for a worker it kills. A task that closes or redirects the
+standard streams does so for itself only (:class:`StandardStreams`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from manymodels._resources import end_tree
 from manymodels.backends._protocol import SLOT
 from manymodels.dataplane import Spill, dumps_spilling
 from manymodels.execution import FLUSH_EVERY_S
@@ -43,6 +49,73 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if the driver dies
     except (OSError, AttributeError):
         pass
+
+
+def end_own_processes() -> None:
+    """SIGKILL what this worker's tasks started and left running (see
+    :func:`end_tree`), and reap those that are its children."""
+    for pid in end_tree(os.getpid(), with_root=False):
+        try:
+            os.waitpid(pid, 0)
+        except OSError:  # not a child of this worker's
+            pass
+
+
+class StandardStreams:
+    """Gives each task the worker's standard output and error, whatever the
+    task before did with them: closed ``sys.stdout`` or ``sys.stderr`` (or
+    set it to ``None``), closed file descriptor 1 or 2, or pointed it
+    elsewhere with ``os.dup2``. The check before each task is quick (a
+    descriptor closed, or taken again by a file that Python opened, which is
+    not inheritable); the one at the end of a batch and before the outcomes
+    are sent compares the descriptors with the worker's own."""
+
+    def __init__(self) -> None:
+        self.descriptors: dict[int, tuple[int, tuple[int, int]]] = {}
+        for fd in (1, 2):
+            try:
+                stat = os.fstat(fd)
+                self.descriptors[fd] = (os.dup(fd), (stat.st_dev, stat.st_ino))
+            except OSError:  # not open in this worker to begin with: left alone
+                continue
+        self.streams = {}
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None:
+                self.streams[name] = (getattr(stream, "encoding", None) or "utf-8",
+                                      getattr(stream, "errors", None) or "strict",
+                                      bool(getattr(stream, "line_buffering", False)))
+
+    def repair(self, *, thorough: bool = True) -> None:
+        for fd, (copy, identity) in self.descriptors.items():
+            try:
+                if (not thorough and os.get_inheritable(fd)) or self._same(fd, identity):
+                    continue
+            except OSError:  # closed
+                pass
+            try:
+                os.dup2(copy, fd)
+            except OSError:
+                pass
+        for name, (encoding, errors, line_buffering) in self.streams.items():
+            stream = getattr(sys, name)
+            if stream is not None and getattr(stream, "closed", False) is not True:
+                continue
+            try:
+                fresh = open(1 if name == "stdout" else 2, "w", encoding=encoding,  # noqa: SIM115
+                             errors=errors, closefd=False)
+                fresh.reconfigure(line_buffering=line_buffering)
+            except Exception:  # an encoding that cannot be had again, say
+                continue
+            setattr(sys, name, fresh)
+            dunder = getattr(sys, f"__{name}__", None)
+            if dunder is None or getattr(dunder, "closed", False) is True:
+                setattr(sys, f"__{name}__", fresh)
+
+    @staticmethod
+    def _same(fd: int, identity: tuple[int, int]) -> bool:
+        stat = os.fstat(fd)
+        return (stat.st_dev, stat.st_ino) == identity
 
 
 def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
@@ -76,23 +149,35 @@ def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
 def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any],
            spill_prefix: str) -> int:
     """Build the executor with ``load()``, report ready, then run batches until
-    told to stop or until the driver goes away."""
+    told to stop or until the driver goes away; then end what the tasks
+    started and left running."""
     slot_offset = slot * SLOT.size
-    spilled = [0]
+    try:
+        return _loop(rx, tx, slots, slot_offset, load, spill_prefix)
+    finally:
+        end_own_processes()
 
-    def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
-             prepare_s: float) -> None:
-        payload, spill = dump_outcomes(outcomes, spill_prefix, spilled)
-        tx.send((kind, batch_id, payload, busy_s, spill, prepare_s))
 
-    def mark(index: int) -> None:
-        SLOT.pack_into(slots, slot_offset, index, time.time())
-
+def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[], Any],
+          spill_prefix: str) -> int:
     try:
         executor = load()
     except BaseException:
         tx.send(("fatal", traceback.format_exc()))
         return 1
+    streams = StandardStreams()  # as they are once setup= has run
+    spilled = [0]
+
+    def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
+             prepare_s: float) -> None:
+        streams.repair()  # before any file is opened: fd 1 or 2 may be free
+        payload, spill = dump_outcomes(outcomes, spill_prefix, spilled)
+        tx.send((kind, batch_id, payload, busy_s, spill, prepare_s))
+
+    def mark(index: int) -> None:  # as each task starts, and with -1 as a batch ends
+        streams.repair(thorough=index < 0)
+        SLOT.pack_into(slots, slot_offset, index, time.time())
+
     tx.send(("ready", os.getpid()))
 
     while True:

@@ -8,22 +8,26 @@ file where it records the task it is running. So the driver can:
 * blame exactly one task when a worker dies (segfault, ``os._exit``, the OOM
   killer, a SIGKILL from outside), re-queue the rest of its batches, and start
   a fresh worker in its place;
-* kill a worker whose task overstays ``timeout``, or whose memory grows past
-  ``memory_limit``, and record which task it was.
+* kill a worker whose task overstays ``timeout``, or whose memory (with the
+  processes it started: :class:`._process_handles.MemoryWatch`) grows past
+  ``memory_limit``, and record which task it was;
+* end with a worker every process that its tasks started and left running.
 
 Workers are forked from the driver where that is safe (they share its memory
 copy-on-write and inherit its BLAS/OpenMP limits) and otherwise spawned as
 fresh interpreters (``python -m ...``) with the limits in their environment
 that map the data plane (:mod:`manymodels.dataplane`); either way nothing is
 pickled per task. Each runs in a session of its own, so that a Ctrl-C in the
-terminal reaches only the driver, with a parent-death signal, so that none
-outlives a killed driver. The driver's handle on a worker is
-:mod:`._process_handles`; the worker's own loop is :mod:`._process_worker`.
+terminal reaches only the driver and the session holds what its tasks start,
+with a parent-death signal, so that none outlives a killed driver. The
+driver's handle on a worker is :mod:`._process_handles`; the worker's own loop
+is :mod:`._process_worker`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import pickle
@@ -38,16 +42,16 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import cloudpickle
-import psutil
 
 from .. import dataplane
-from .._resources import thread_limit_environment
+from .._resources import end_tree, process_table, thread_limit_environment
 from ..execution import RunContext, TaskRef
 from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
     Batch,
     ForkedProcess,
+    MemoryWatch,
     Worker,
     describe_exit,
     format_bytes,
@@ -56,7 +60,14 @@ from ._process_handles import (
 )
 from ._process_worker import die_with_parent, forked_main
 from ._protocol import SLOT
-from .base import Backend, Event, Finished, Lost, Requeued, WorkerStartupError
+from .base import (
+    Backend,
+    DeathCount,
+    Event,
+    Finished,
+    WorkerStartupError,
+    blame_lost_batch,
+)
 
 _CHECK_EVERY_S = 0.05
 _STOP_GRACE_S = 1.0
@@ -139,7 +150,7 @@ class ProcessesBackend(Backend):
         except BaseException:
             self.stop(force=True)
             raise
-        self._unexplained_deaths = 0
+        self._deaths = DeathCount(_MAX_UNEXPLAINED_DEATHS, "a worker process died outside any task")
         self._last_check = time.monotonic()
 
     def _limit_driver_threads(self) -> None:
@@ -212,12 +223,11 @@ class ProcessesBackend(Backend):
         sender = threading.Thread(target=send_loop, args=(tx, outbox), daemon=True,
                                   name=f"manymodels-send-{slot}")
         sender.start()
-        try:
-            stats = psutil.Process(process.pid)
-        except psutil.Error:
-            stats = None
+        memory = None
+        if self.memory_limit is not None:  # the data plane's files are not the worker's
+            memory = MemoryWatch(process.pid, self.memory_limit, self._files.tag)
         return Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
-                      sender, tx, stats=stats)
+                      sender, tx, memory=memory)
 
     def _fork(self, slot: int, env: dict[str, str], rx_fd: int, tx_fd: int,
               own_driver_fds: tuple[int, int]) -> ForkedProcess:
@@ -262,11 +272,9 @@ class ProcessesBackend(Backend):
             os._exit(code)
 
     def _retire(self, worker: Worker, *, kill: bool) -> None:
-        if kill and worker.process.poll() is None:
-            try:
-                worker.process.kill()
-            except ProcessLookupError:
-                pass
+        """End a worker; with ``kill``, SIGKILL it and every process it started."""
+        if kill:
+            end_tree(worker.process.pid, with_root=worker.process.poll() is None)
         worker.outbox.put(None)
         try:
             worker.process.wait(timeout=5)
@@ -285,19 +293,7 @@ class ProcessesBackend(Backend):
         if status is None:
             status, message = "crashed", describe_exit(worker.process.returncode)
         unreported = [i for batch in worker.batches for i in batch.pending]
-        events: list[Event] = []
-        if index in unreported:
-            events.append(Lost(index, status, message, worker.slot))
-            unreported.remove(index)
-        else:
-            self._unexplained_deaths += 1
-            if self._unexplained_deaths > _MAX_UNEXPLAINED_DEATHS:
-                raise WorkerStartupError(
-                    f"a worker process died outside any task ({message}); "
-                    "manymodels cannot go on with this backend"
-                )
-        if unreported:
-            events.append(Requeued(unreported))
+        events = blame_lost_batch(index, unreported, status, message, worker.slot, self._deaths)
         self._workers[worker.slot] = self._spawn(worker.slot)
         return events
 
@@ -352,7 +348,8 @@ class ProcessesBackend(Backend):
 
     def _check_limits(self) -> list[Event]:
         events: list[Event] = []
-        wall_now = time.time()
+        wall_now, now = time.time(), time.monotonic()
+        table = functools.cache(process_table)  # one scan for all workers, if any needs it
         for worker in list(self._workers):
             if not worker.ready:
                 continue
@@ -368,19 +365,14 @@ class ProcessesBackend(Backend):
                             f"task ran longer than timeout={self.timeout:g}s; its worker "
                             "was killed"))
                         continue
-            if self.memory_limit is not None and worker.stats is not None:
-                try:
-                    info = worker.stats.memory_info()
-                except psutil.Error:
-                    continue
-                # Pages mapped from the shared-memory data plane are counted
-                # once for the whole run, not against each worker.
-                private = info.rss - getattr(info, "shared", 0)
-                if private > self.memory_limit:
+            if worker.memory is not None:
+                held = worker.memory.check(now, table)
+                if held is not None:
                     events.extend(self._replace(
                         worker, "memory",
-                        f"worker reached {format_bytes(private)}, over memory_limit="
-                        f"{format_bytes(self.memory_limit)}; it was killed"))
+                        f"worker reached {format_bytes(held)} with the processes it "
+                        f"started, over memory_limit={format_bytes(self.memory_limit)}; "
+                        "it was killed"))
         return events
 
     def stop(self, *, force: bool = False) -> None:
@@ -396,8 +388,8 @@ class ProcessesBackend(Backend):
                         worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
                     except subprocess.TimeoutExpired:
                         pass
-            for worker in workers:
-                self._retire(worker, kill=True)
+            for worker in workers:  # one that stopped when told ended what its tasks left
+                self._retire(worker, kill=force or worker.process.poll() != 0)
         finally:
             limits, self._driver_limits = getattr(self, "_driver_limits", None), None
             if limits is not None:

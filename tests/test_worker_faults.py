@@ -1,0 +1,208 @@
+"""Hostile tasks on the processes backend, done for real: memory held where RSS
+minus shared pages does not see it (a shared anonymous mapping, a child
+process), processes a task starts and leaves running, standard streams a task
+closes. Each is one task's problem: the others finish, nothing outlives the run."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import manymodels as mm
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+RENDEZVOUS = "MANYMODELS_TEST_RENDEZVOUS"
+MB = 1 << 20
+#: A process that marks itself (a file named after its pid in folder argv[1]),
+#: then holds argv[2] MiB that it really wrote, and sleeps until something kills it.
+SLEEPER = ("import os, sys, time\n"
+           "open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n"
+           "held = b'\\1' * (int(sys.argv[2]) << 20)\n"
+           "time.sleep(3600)\n")
+#: Starts a SLEEPER and exits at once (``sh -c "sleeper &"``): the sleeper is
+#: orphaned, a grandchild of the worker that no longer has a parent there.
+ORPHANER = ("import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', sys.argv[3], sys.argv[1], sys.argv[2]],\n"
+            "                 stdin=subprocess.DEVNULL)\n")
+
+
+@pytest.fixture
+def rendezvous(tmp_path, monkeypatch):
+    """A folder where the processes that tasks start mark themselves; whatever
+    is still alive there at the end is killed, so that a failing test leaves
+    nothing behind either."""
+    monkeypatch.setenv(RENDEZVOUS, str(tmp_path))
+    yield tmp_path
+    for pid in marked_pids(tmp_path):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+def marked_pids(folder: Path) -> list[int]:
+    return [int(p.name) for p in folder.rglob("*") if p.is_file() and p.name.isdigit()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def survivors(pids: list[int], limit_s: float = 20.0) -> list[int]:
+    """Those of ``pids`` still alive after ``limit_s`` (a SIGKILLed process
+    with much memory takes a moment to go)."""
+    deadline = time.monotonic() + limit_s
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def start_process(kind: str, megabytes: int = 0) -> subprocess.Popen:
+    """Start a SLEEPER the way ``kind`` says and wait until it has marked itself."""
+    folder = Path(os.environ[RENDEZVOUS], kind)
+    folder.mkdir()
+    args = [str(folder), str(megabytes)]
+    if kind == "orphan":
+        process = subprocess.Popen([sys.executable, "-c", ORPHANER, *args, SLEEPER])
+        process.wait()
+    else:
+        process = subprocess.Popen([sys.executable, "-c", SLEEPER, *args],
+                                   start_new_session=(kind == "session"))
+    deadline = time.monotonic() + 120
+    while not any(folder.iterdir()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the {kind} process did not start")
+        time.sleep(0.01)
+    return process
+
+
+def assert_only(run, item: int, status: str) -> None:
+    results = run.results.set_index("item")
+    assert results.loc[item, "status"] == status, results.loc[item, "error"]
+    others = results.drop(index=item)
+    assert (others["status"] == "ok").all(), others[others["status"] != "ok"]
+
+
+# -- memory_limit counts what RSS minus shared pages missed ---------------------------
+
+
+def fill_shared_anonymous_on_1(item):
+    if item == 1:
+        block = mmap.mmap(-1, 600 * MB)  # MAP_SHARED | MAP_ANONYMOUS: "shared" in RSS
+        chunk = b"\1" * MB
+        for _ in range(600):  # written a piece at a time: no private copy of it
+            block.write(chunk)
+        time.sleep(3600)  # only the memory limit (or the timeout backstop) ends this
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_memory_limit_counts_a_shared_anonymous_mapping(rendezvous, start_method):
+    run = mm.train(fill_shared_anonymous_on_1, mm.items(range(6)), memory_limit="300MB",
+                   timeout=90, workers=2, progress=False, start_method=start_method)
+    assert_only(run, 1, "memory")
+    assert "memory_limit=" in run.results.set_index("item").loc[1, "error"]
+
+
+def child_holds_memory_on_1(item):
+    if item == 1:
+        start_process("child", megabytes=600).wait()  # only a kill ends it
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_memory_limit_counts_the_processes_a_task_starts(rendezvous, start_method):
+    run = mm.train(child_holds_memory_on_1, mm.items(range(6)), memory_limit="300MB",
+                   timeout=90, workers=2, progress=False, start_method=start_method)
+    assert_only(run, 1, "memory")
+    pids = marked_pids(rendezvous)
+    assert len(pids) == 1 and not survivors(pids)
+
+
+def sum_shared(item, X):
+    return float(X.sum())  # touches every page of the mapped data plane
+
+
+def test_memory_limit_does_not_count_the_mapped_data_plane(rendezvous):
+    X = np.ones(400 * MB // 8)  # 400 MiB, mapped read-only by the one worker
+    run = mm.train(sum_shared, mm.items(range(4)), shared={"X": X}, memory_limit="300MB",
+                   workers=1, progress=False)
+    assert (run.results["status"] == "ok").all(), run.results["error"].tolist()
+
+
+# -- processes that a task starts end with its worker ---------------------------------
+
+KINDS = {1: "child", 2: "session", 3: "orphan"}
+
+
+def start_processes_and_return(item):
+    if item in KINDS:
+        start_process(KINDS[item])
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_processes_a_task_starts_end_with_the_run(rendezvous, start_method):
+    run = mm.train(start_processes_and_return, mm.items(range(8)), workers=2,
+                   progress=False, start_method=start_method)
+    assert (run.results["status"] == "ok").all()
+    pids = marked_pids(rendezvous)
+    assert len(pids) == 3
+    assert not survivors(pids), "processes that tasks started outlived the run"
+
+
+def start_processes_and_hang_on_1(item):
+    if item == 1:
+        for kind in KINDS.values():
+            start_process(kind)
+        time.sleep(3600)  # only the timeout ends this
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_processes_a_task_starts_end_with_its_timed_out_worker(rendezvous, start_method):
+    run = mm.train(start_processes_and_hang_on_1, mm.items(range(6)), timeout=15,
+                   workers=2, progress=False, start_method=start_method)
+    assert_only(run, 1, "timeout")
+    pids = marked_pids(rendezvous)
+    assert len(pids) == 3
+    assert not survivors(pids), "processes of a killed worker outlived it"
+
+
+# -- a task that closes the standard streams ------------------------------------------
+
+
+def print_then_close_streams(item):
+    print(f"stdout-{item}", flush=True)
+    print(f"stderr-{item}", file=sys.stderr, flush=True)
+    os.write(1, f"fd1-{item}\n".encode())
+    os.write(2, f"fd2-{item}\n".encode())
+    sys.stdout.close()
+    sys.stderr.close()
+    os.close(1)
+    os.close(2)
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_closed_standard_streams_do_not_break_later_tasks(capfd, start_method):
+    items = range(6)
+    run = mm.train(print_then_close_streams, mm.items(items), workers=1, progress=False,
+                   start_method=start_method)
+    assert (run.results["status"] == "ok").all(), run.results["error"].tolist()
+    out, err = capfd.readouterr()
+    for item in items:
+        assert f"stdout-{item}" in out and f"fd1-{item}" in out
+        assert f"stderr-{item}" in err and f"fd2-{item}" in err
