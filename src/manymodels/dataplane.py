@@ -39,6 +39,8 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
+from .messages import Status
+
 _PREFIX = "manymodels-"
 _ALIGN = 64
 _HEADER = struct.Struct("QQ")  # pickle length, offset of the buffer index
@@ -252,3 +254,44 @@ def open_objects(path: str) -> Any:
     index = pickle.loads(view[index_offset:])
     buffers = [view[offset:offset + length] for offset, length in index]
     return pickle.loads(view[_HEADER.size:_HEADER.size + body_length], buffers=buffers)
+
+
+def pickle_any(obj: Any) -> bytes:
+    """Pickle ``obj`` with the standard pickler (fast), or with cloudpickle when
+    it holds lambdas or classes defined in ``__main__``."""
+    import pickle
+
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=5)
+
+
+def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
+                  counter: list[int] | None = None) -> tuple[bytes, Spill | None]:
+    """Pickle outcomes, their large buffers spilled to a file when
+    ``spill_prefix`` is given (see :func:`dataplane.dumps_spilling`); a model
+    that cannot be pickled fails its own task only."""
+    counter = counter if counter is not None else [0]
+    try:
+        return dumps_spilling(outcomes, pickle.dumps, spill_prefix, counter)
+    except OSError:  # no room for the spill file: everything through the pipe
+        if spill_prefix is not None:
+            return dump_outcomes(outcomes, None, counter)
+    except Exception:
+        pass
+    import cloudpickle
+
+    safe = []
+    for outcome in outcomes:
+        try:
+            cloudpickle.dumps(outcome, protocol=5)
+            safe.append(outcome)
+        except Exception as exc:
+            index, _, _, _, duration, started_at, _, _ = outcome
+            safe.append((index, Status.FAILED.value, None, {}, duration, started_at,
+                         "the value returned by fit cannot be pickled to send it back "
+                         f"to the driver: {exc!r}", False))
+    return dumps_spilling(safe, cloudpickle.dumps, spill_prefix, counter)

@@ -79,19 +79,6 @@ def run_setup(setup: Any) -> dict[str, Any]:
     return {"resource": setup()}
 
 
-def pickle_any(obj: Any) -> bytes:
-    """Pickle ``obj`` with the standard pickler (fast), or with cloudpickle when
-    it holds lambdas or classes defined in ``__main__``."""
-    import pickle
-
-    try:
-        return pickle.dumps(obj, protocol=5)
-    except Exception:
-        import cloudpickle
-
-        return cloudpickle.dumps(obj, protocol=5)
-
-
 class Executor:
     """Runs batches of tasks for one worker of one run."""
 

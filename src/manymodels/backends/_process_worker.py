@@ -39,7 +39,7 @@ from typing import Any
 
 from manymodels._resources import end_tree
 from manymodels.backends._protocol import SLOT
-from manymodels.dataplane import Spill, dumps_spilling
+from manymodels.dataplane import dump_outcomes
 from manymodels.execution import FLUSH_EVERY_S
 
 
@@ -116,34 +116,6 @@ class StandardStreams:
     def _same(fd: int, identity: tuple[int, int]) -> bool:
         stat = os.fstat(fd)
         return (stat.st_dev, stat.st_ino) == identity
-
-
-def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
-                  counter: list[int] | None = None) -> tuple[bytes, Spill | None]:
-    """Pickle outcomes, their large buffers spilled to a file when
-    ``spill_prefix`` is given (see :func:`dataplane.dumps_spilling`); a model
-    that cannot be pickled fails its own task only."""
-    counter = counter if counter is not None else [0]
-    try:
-        return dumps_spilling(outcomes, pickle.dumps, spill_prefix, counter)
-    except OSError:  # no room for the spill file: everything through the pipe
-        if spill_prefix is not None:
-            return dump_outcomes(outcomes, None, counter)
-    except Exception:
-        pass
-    import cloudpickle
-
-    safe = []
-    for outcome in outcomes:
-        try:
-            cloudpickle.dumps(outcome, protocol=5)
-            safe.append(outcome)
-        except Exception as exc:
-            index, _, _, _, duration, started_at, _, _ = outcome
-            safe.append((index, "failed", None, {}, duration, started_at,
-                         "the value returned by fit cannot be pickled to send it back "
-                         f"to the driver: {exc!r}", False))
-    return dumps_spilling(safe, cloudpickle.dumps, spill_prefix, counter)
 
 
 def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any],

@@ -18,8 +18,8 @@ from typing import Any
 
 import cloudpickle
 
+from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S, Executor, TaskRef
-from ._process_worker import dump_outcomes
 
 #: run id -> the Executor of that run in this worker process. A Ray worker runs
 #: one task at a time and serves one job, so only the latest run is kept: an

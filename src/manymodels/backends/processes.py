@@ -46,6 +46,7 @@ import cloudpickle
 from .. import dataplane
 from .._resources import end_tree, process_table, thread_limit_environment
 from ..execution import RunContext, TaskRef
+from ..messages import Status
 from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
@@ -291,7 +292,7 @@ class ProcessesBackend(Backend):
         index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
-            status, message = "crashed", describe_exit(worker.process.returncode)
+            status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
         unreported = [i for batch in worker.batches for i in batch.pending]
         events = blame_lost_batch(index, unreported, status, message, worker.slot, self._deaths)
         self._workers[worker.slot] = self._spawn(worker.slot)
@@ -361,7 +362,7 @@ class ProcessesBackend(Backend):
                     again, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
                     if again == index:
                         events.extend(self._replace(
-                            worker, "timeout",
+                            worker, Status.TIMEOUT.value,
                             f"task ran longer than timeout={self.timeout:g}s; its worker "
                             "was killed"))
                         continue
@@ -369,7 +370,7 @@ class ProcessesBackend(Backend):
                 held = worker.memory.check(now, table)
                 if held is not None:
                     events.extend(self._replace(
-                        worker, "memory",
+                        worker, Status.MEMORY.value,
                         f"worker reached {format_bytes(held)} with the processes it "
                         f"started, over memory_limit={format_bytes(self.memory_limit)}; "
                         "it was killed"))

@@ -84,7 +84,9 @@ from typing import Any
 import cloudpickle
 
 from .._resources import usable_cores
-from ..execution import RunContext, TaskRef, pickle_any
+from ..dataplane import pickle_any
+from ..execution import RunContext, TaskRef
+from ..messages import Status
 from ..options import BackendOptions
 from ._ray_cluster import check_resources, cluster_workers, connect, import_ray
 from ._ray_worker import remote_function
@@ -384,10 +386,10 @@ class RayBackend(Backend):
         if not unreported:
             return []
         if isinstance(exc, ray.exceptions.OutOfMemoryError):
-            status = "memory"
+            status = Status.MEMORY.value
             message = f"{self._where(call)} was killed by Ray's memory monitor: {_first_line(exc)}"
         else:
-            status = "crashed"
+            status = Status.CRASHED.value
             message = f"{self._where(call)} died ({type(exc).__name__}): {_first_line(exc)}"
         if not call.marked:
             if len(unreported) == 1:  # the others of its batch were reported
@@ -413,7 +415,7 @@ class RayBackend(Backend):
                 ray.cancel(gen, force=True)
             del self._calls[gen]  # whatever it sends from now on is dropped
             events.append(Lost(
-                call.running, "timeout",
+                call.running, Status.TIMEOUT.value,
                 f"task ran longer than timeout={self.timeout:g}s; its Ray worker was killed",
                 call.worker))
             rest = [index for index in call.tasks if index != call.running]

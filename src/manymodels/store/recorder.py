@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..execution import pickle_any
+from ..dataplane import pickle_any
 from ..keys import encode_key
 from ..messages import Status
 from . import database
