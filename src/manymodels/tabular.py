@@ -10,16 +10,31 @@ import importlib
 import inspect
 import itertools
 import math
-from collections.abc import Callable
-from typing import Any
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from .results import Run
 
 #: name -> (function(y_true, y_pred), higher is better)
 METRICS: dict[str, tuple[Callable[..., float], bool]] = {}
 #: The metrics that compare class labels (the others compare numbers).
 CLASSIFICATION_METRICS = ("accuracy", "f1", "balanced_accuracy")
+
+
+class ArgumentError(ValueError):
+    """An argument refused before any work, with the option at fault
+    (``option``, e.g. ``"--target"``), so that the command line can say which
+    of its options to fix while Python callers still catch a ValueError."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 def _metrics() -> dict[str, tuple[Callable[..., float], bool]]:
@@ -71,6 +86,7 @@ def parse_value(text: str) -> Any:
 
 
 def parse_assignment(text: str, option: str) -> tuple[str, str]:
+    """``name=value`` as ``(name, value)``; ``option`` names the source in the error."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip() or not value.strip():
         raise ValueError(f"{option} expects name=value, got {text!r}")
@@ -217,3 +233,169 @@ class GroupModelTask:
         metrics["rows"] = len(y)
         metrics.update({f"best_{name}": value for name, value in best_setting.items()})
         return model, metrics
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """What :func:`train_table` did: the run, the features and metrics it used,
+    each metric's mean, and why no fallback model was kept (or None)."""
+
+    run: Run
+    features: list[str]
+    metrics: list[str]
+    means: dict[str, float]
+    fallback_error: str | None = None
+
+
+def _is_numeric(kind: Any) -> bool:
+    import pyarrow.types as pat
+
+    return (pat.is_integer(kind) or pat.is_floating(kind) or pat.is_boolean(kind)
+            or pat.is_decimal(kind))
+
+
+def _check_metrics(names: list[str], estimator: Any, model: str) -> None:
+    """Refuse an unknown metric, or one that compares class labels for a regressor."""
+    from sklearn.base import is_regressor
+
+    unknown = [m for m in names if m not in _metrics()]
+    if unknown:
+        raise ArgumentError(f"unknown metric {unknown[0]!r}; choose from "
+                            f"{', '.join(_metrics())}", "--metrics")
+    labels = [m for m in names if m in CLASSIFICATION_METRICS] if is_regressor(estimator) else []
+    if labels:
+        raise ArgumentError(f"metric {labels[0]!r} compares class labels, but {model} is a "
+                            "regressor; use r2, mae, mse, rmse or mape", "--metrics")
+
+
+def _check_split(test_size: float | None, cv: int | None) -> float | None:
+    """The holdout fraction to use (0.2 unless given, None with ``cv``)."""
+    if test_size is not None and cv is not None:
+        raise ArgumentError("give --test-size or --cv, not both", "--test-size/--cv")
+    if cv is not None and cv < 2:
+        raise ArgumentError(f"--cv needs at least 2 folds, got {cv}", "--cv")
+    if cv is None:
+        test_size = 0.2 if test_size is None else test_size
+        if not 0 < test_size < 1:
+            raise ArgumentError(f"--test-size must lie in (0, 1), got {test_size}",
+                                "--test-size")
+    return test_size
+
+
+def _check_columns(table: Any, where: str, by: list[str], target: str,
+                   features: Sequence[str] | None) -> list[str]:
+    """The feature columns (given, or every numeric one but ``by`` and
+    ``target``), refusing a column that is missing or of the wrong kind."""
+    columns = table.column_names
+    types = {f.name: f.type for f in table.schema}
+    if target not in columns:
+        raise ArgumentError(f"target column {target!r} is not in {where}; its columns are "
+                            f"{columns}", "--target")
+    if target in by:
+        raise ArgumentError(f"target column {target!r} is also a --by column", "--target")
+    if features is None:
+        chosen = [c for c in columns if c not in by + [target] and _is_numeric(types[c])]
+        if not chosen:
+            raise ArgumentError("no numeric feature columns besides --by and --target",
+                                "--features")
+        return chosen
+    chosen = list(features)
+    missing = [c for c in chosen if c not in columns]
+    if missing:
+        raise ArgumentError(f"feature column {missing[0]!r} is not in {where}; its columns "
+                            f"are {columns}", "--features")
+    if target in chosen:
+        raise ArgumentError(f"--target {target!r} is also a feature column", "--features")
+    text = [c for c in chosen if not _is_numeric(types[c])]
+    if text:
+        raise ArgumentError(f"feature column {text[0]!r} is not numeric (its type is "
+                            f"{types[text[0]]})", "--features")
+    return chosen
+
+
+def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
+    """One model on every row, with the grid setting most groups chose: the
+    prediction for a group that has no model of its own."""
+    frame = table.select(task.features + [task.target]).to_pandas()
+    best = run.results[[c for c in run.results if c.startswith("best_")]]
+    setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
+    return task.build(setting).fit(frame[task.features].to_numpy(),
+                                   frame[task.target].to_numpy())
+
+
+def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
+                store: str | os.PathLike[str], features: Sequence[str] | None = None,
+                params: Mapping[str, Any] | None = None,
+                grid: Mapping[str, Sequence[Any]] | None = None,
+                metrics: Sequence[str] | None = None, test_size: float | None = None,
+                cv: int | None = None, fallback: bool = True, backend: str = "processes",
+                workers: int | None = None, timeout: float | None = None) -> TableRun:
+    """Train one ``model`` (an estimator class by dotted name) per ``by`` group
+    of ``data`` (a CSV/Parquet path or a table) to predict ``target``, score it
+    on a holdout (``test_size``, default 0.2) or by ``cv`` folds, keep each
+    group's best ``grid`` setting, and record it all in ``store``.
+
+    This is ``manymodels train`` as a function, so that the command line only
+    parses and prints. Every argument that can be refused is refused before the
+    data is read or the store is opened, as an :class:`ArgumentError` (a
+    ValueError) naming the option at fault: a typo should cost seconds, not a
+    run. ``features`` defaults to every numeric column but ``by`` and
+    ``target``; ``metrics`` to r2, mae for a regressor and accuracy for a
+    classifier, the first one picking the best setting. With ``fallback`` a
+    global model, fitted on all rows, is attached to the run for groups that
+    have none; if that fit fails the run is kept and ``fallback_error`` says why.
+    """
+    from sklearn.base import is_classifier, is_regressor
+
+    import manymodels as mm
+
+    params, grid = dict(params or {}), {k: list(v) for k, v in (grid or {}).items()}
+    both = [name for name in grid if name in params]
+    if both:
+        raise ArgumentError(f"{both[0]!r} is given both as --param and as --grid",
+                            "--model/--param/--grid")
+    try:
+        estimator = check_settings(model, params, grid)
+    except ValueError as exc:
+        raise ArgumentError(str(exc), "--model/--param/--grid") from exc
+    classifier = is_classifier(estimator)
+    metric_names = list(metrics or []) or (["accuracy"] if classifier else ["r2", "mae"])
+    _check_metrics(metric_names, estimator, model)
+    test_size = _check_split(test_size, cv)
+    by_columns = [by] if isinstance(by, str) else list(by)
+    try:
+        table = mm.groups(data, by=by_columns).table
+    except (ValueError, TypeError) as exc:
+        raise ArgumentError(str(exc), "DATA/--by") from exc
+    where = repr(data) if isinstance(data, (str, os.PathLike)) else "the table"
+    feature_columns = _check_columns(table, where, by_columns, target, features)
+    target_type = table.schema.field(target).type
+    if is_regressor(estimator) and not _is_numeric(target_type):
+        raise ArgumentError(f"target column {target!r} is not numeric (its type is "
+                            f"{target_type}) but {model} is a regressor", "--target")
+    if classifier and not _is_numeric(target_type):
+        numbers = [m for m in metric_names if m not in CLASSIFICATION_METRICS]
+        if numbers:
+            raise ArgumentError(f"metric {numbers[0]!r} needs a numeric target, and "
+                                f"{target!r} is not: use {', '.join(CLASSIFICATION_METRICS)}",
+                                "--metrics")
+    task = GroupModelTask(model, target, feature_columns, params, grid, metric_names,
+                          test_size, cv)
+    try:
+        run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
+                       workers=workers, timeout=timeout)
+    except (ValueError, TypeError) as exc:
+        raise ArgumentError(str(exc), "--backend/--workers/--timeout/--store") from exc
+    run.store.attach(run.run_id, "train_config", {
+        "by": by_columns, "target": target, "features": feature_columns, "model": model,
+        "params": params, "grid": grid, "metrics": metric_names})
+    fallback_error = None
+    if fallback:
+        try:
+            global_model = _fit_fallback(task, table, run)
+        except Exception as exc:  # e.g. the rows of a failed group poison the whole table
+            fallback_error = f"fitting it on all rows failed: {exc!r}"
+        else:
+            run.store.attach(run.run_id, "fallback", global_model)
+    means = {m: run.results[m].mean() for m in metric_names if m in run.results}
+    return TableRun(run, feature_columns, metric_names, means, fallback_error)

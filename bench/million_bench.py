@@ -1,0 +1,649 @@
+"""A million models (issue 15): N groups of 10 rows, one least-squares fit each.
+
+    python bench/million_bench.py [--groups N | --quick] [--workers W]
+                                  [--case-timeout S] [--out FILE] [--profile-store FILE]
+
+Workload: ``--groups`` groups (default 1,000,000; ``--quick``: 100,000) of 10
+seeded rows each, columns ``g`` (group id), ``x1``, ``x2``, ``y``, handed to
+``fit`` as NumPy arrays (``format="numpy"``); ``fit`` is one ``np.linalg.lstsq``
+of ``y`` on ``[x1, x2, 1]`` and returns the coefficients and ``{"rss": ...}``.
+
+Cases, each in its own fresh interpreter, one after another (never two at
+once), each with a time limit (``--case-timeout``):
+
+1. ``serial``: the sum of the fit times over all groups, in one process, on
+   NumPy slices of the (pre-sorted) table, no manymodels. The physical limit
+   is that sum / workers.
+2. ``pool``: a plain ``multiprocessing.Pool`` (``imap`` over chunks of
+   consecutive groups), Pool start-up included.
+3. ``mm``: ``mm.train(fit, mm.groups(df, by="g", format="numpy"))`` without a
+   store: planning, worker start-up and collecting the results included.
+4. ``mm+store``: the same with ``store=`` a fresh directory.
+5. ``mm rerun``: the same again with the same store: every model reused.
+
+Each case's wall is timed inside its interpreter around the job alone (the
+table is generated first, untimed); the interpreter's whole life
+(``process_s``: start-up, imports, data) is recorded too. Memory: the
+driver's peak RSS (``ru_maxrss``: the whole process's life, data generation
+included) and the peak PSS summed over the driver and all its descendants,
+sampled every 0.2 s while the job runs. Store size: bytes on disk (allocated
+blocks, ``du``) / N, and that minus the pickled size of one model.
+
+Every case is checked: the sum of the per-group ``rss`` metrics and the
+coefficients of a seeded sample of 1,000 groups against the serial ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pickle
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+ROWS_PER_GROUP = 10
+SEED = 15
+SAMPLE = 1_000  # groups whose coefficients are compared with the serial ones
+POOL_CHUNK = 1_000  # groups per Pool task
+PSS_INTERVAL_S = 0.2
+CASES = ("serial", "pool", "mm", "mm+store", "mm rerun")
+
+
+# -- the workload -------------------------------------------------------------------
+
+
+def fit(data):
+    """One group's least squares: ``y`` on ``[x1, x2, 1]``."""
+    x1 = data["x1"]
+    design = np.column_stack([x1, data["x2"], np.ones(len(x1))])
+    coef, residuals, _, _ = np.linalg.lstsq(design, data["y"], rcond=None)
+    rss = float(residuals[0]) if residuals.size else float(
+        ((design @ coef - data["y"]) ** 2).sum())
+    return coef, {"rss": rss}
+
+
+def make_columns(groups: int) -> dict[str, np.ndarray]:
+    """The seeded table as columns, sorted by ``g`` (10 rows a group)."""
+    rng = np.random.default_rng(SEED)
+    n = groups * ROWS_PER_GROUP
+    g = np.repeat(np.arange(groups, dtype=np.int64), ROWS_PER_GROUP)
+    x1 = rng.normal(size=n)
+    x2 = rng.normal(size=n)
+    slope = rng.normal(size=groups)[g]  # each group its own line
+    y = slope * x1 - 0.5 * x2 + 1.0 + rng.normal(scale=0.3, size=n)
+    return {"g": g, "x1": x1, "x2": x2, "y": y}
+
+
+def group_bounds(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start offsets and keys of the runs of equal ``g`` (the table is sorted)."""
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    return starts, g[starts]
+
+
+def sample_keys(groups: int) -> np.ndarray:
+    return np.sort(np.random.default_rng(SEED + 1).choice(groups, min(SAMPLE, groups),
+                                                          replace=False))
+
+
+# -- measuring inside a case's interpreter ------------------------------------------
+
+
+class TreePSS:
+    """A thread that sums the PSS (and RSS) of this process and all its
+    descendants every ``interval`` seconds and keeps the peaks."""
+
+    def __init__(self, interval: float = PSS_INTERVAL_S) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.interval = interval
+        self.peak_pss = 0
+        self.peak_rss = 0
+        self.peak_procs = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-pss", daemon=True)
+
+    def sample(self) -> None:
+        psutil = self._psutil
+        me = psutil.Process()
+        try:
+            procs = [me, *me.children(recursive=True)]
+        except psutil.Error:
+            return
+        pss = rss = 0
+        for proc in procs:
+            try:
+                info = proc.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            pss += getattr(info, "pss", 0)
+            rss += info.rss
+        self.samples += 1
+        self.peak_pss = max(self.peak_pss, pss)
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_procs = max(self.peak_procs, len(procs))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> TreePSS:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def disk_usage(path: Path) -> tuple[int, int, int]:
+    """(allocated bytes as ``du`` counts them, apparent bytes, files) under ``path``."""
+    allocated = apparent = files = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            allocated += st.st_blocks * 512
+            apparent += st.st_size
+            files += 1
+    return allocated, apparent, files
+
+
+def pickled_size(model: Any) -> int:
+    """Bytes of one model as the store pickles it (manymodels' own pickler)."""
+    try:
+        from manymodels.execution import pickle_any
+
+        return len(pickle_any(model))
+    except Exception:
+        return len(pickle.dumps(model, protocol=5))
+
+
+class ThreadProfiles:
+    """cProfile of the driver's main thread and of every thread it starts
+    (Python 3.11's cProfile sees only the thread that enabled it)."""
+
+    def __init__(self) -> None:
+        import cProfile
+
+        self._cProfile = cProfile
+        self.main = cProfile.Profile()
+        self.others: list[tuple[str, Any]] = []
+
+    def _hook(self, *_: Any) -> None:
+        profile = self._cProfile.Profile()
+        self.others.append((threading.current_thread().name, profile))
+        profile.enable()
+
+    def __enter__(self) -> ThreadProfiles:
+        threading.setprofile(self._hook)
+        self.main.enable()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.main.disable()
+        threading.setprofile(None)
+
+    def report(self, path: Path, top: int = 15) -> str:
+        import io
+        import pstats
+
+        stream = io.StringIO()
+        stats = pstats.Stats(self.main, stream=stream)
+        stream.write("== driver main thread ==\n")
+        stats.sort_stats("cumulative").print_stats(top)
+        stats.dump_stats(str(path))
+        for name, profile in self.others:
+            try:
+                other = pstats.Stats(profile, stream=stream)
+            except (TypeError, ValueError):  # a thread that never ran Python code
+                continue
+            if other.total_tt < 0.05:
+                continue
+            stream.write(f"== thread {name} ({other.total_tt:.2f} s) ==\n")
+            other.sort_stats("cumulative").print_stats(top)
+        return stream.getvalue()
+
+
+# -- the cases (each runs in its own interpreter) -----------------------------------
+
+
+def case_serial(cols: dict[str, np.ndarray], workers: int, **_: Any) -> dict[str, Any]:
+    g, x1, x2, y = cols["g"], cols["x1"], cols["x2"], cols["y"]
+    begin = time.perf_counter()
+    starts, keys = group_bounds(g)
+    ends = np.r_[starts[1:], len(g)]
+    coefs: list[np.ndarray] = []
+    rss_sum = 0.0
+    fit_s = 0.0
+    clock = time.perf_counter
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        data = {"g": g[a:b], "x1": x1[a:b], "x2": x2[a:b], "y": y[a:b]}
+        t0 = clock()
+        coef, metrics = fit(data)
+        fit_s += clock() - t0
+        coefs.append(coef)
+        rss_sum += metrics["rss"]
+    wall = time.perf_counter() - begin
+    sample = sample_keys(len(keys))
+    return {"wall_s": wall, "fit_sum_s": fit_s, "models": len(coefs), "rss_sum": rss_sum,
+            "sample_coef": np.array([coefs[k] for k in sample]).tolist(),
+            "model_pickle_bytes": pickled_size(coefs[0])}
+
+
+def _pool_chunk(chunk: tuple) -> list[tuple]:
+    keys, offsets, x1, x2, y = chunk
+    out = []
+    for i, key in enumerate(keys):
+        a, b = offsets[i], offsets[i + 1]
+        out.append((key, *fit({"x1": x1[a:b], "x2": x2[a:b], "y": y[a:b]})))
+    return out
+
+
+def case_pool(cols: dict[str, np.ndarray], workers: int, **_: Any) -> dict[str, Any]:
+    import multiprocessing
+
+    g, x1, x2, y = cols["g"], cols["x1"], cols["x2"], cols["y"]
+
+    def chunks(starts: np.ndarray, keys: np.ndarray):
+        bounds = np.r_[starts, len(g)]
+        for i in range(0, len(keys), POOL_CHUNK):
+            lo, hi = bounds[i], bounds[min(i + POOL_CHUNK, len(keys))]
+            offsets = bounds[i:min(i + POOL_CHUNK, len(keys)) + 1] - lo
+            yield (keys[i:i + POOL_CHUNK].tolist(), offsets.tolist(),
+                   x1[lo:hi], x2[lo:hi], y[lo:hi])
+
+    begin = time.perf_counter()
+    starts, keys = group_bounds(g)
+    models: dict[int, np.ndarray] = {}
+    rss_sum = 0.0
+    with multiprocessing.Pool(workers) as pool:
+        for part in pool.imap(_pool_chunk, chunks(starts, keys)):
+            for key, coef, metrics in part:
+                models[key] = coef
+                rss_sum += metrics["rss"]
+    wall = time.perf_counter() - begin
+    sample = sample_keys(len(keys))
+    return {"wall_s": wall, "models": len(models), "rss_sum": rss_sum,
+            "sample_coef": np.array([models[int(k)] for k in sample]).tolist(),
+            "start_method": multiprocessing.get_start_method()}
+
+
+def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
+            expect_reused: bool = False, profile: str | None = None,
+            **_: Any) -> dict[str, Any]:
+    import pandas as pd
+
+    import manymodels as mm
+
+    frame = pd.DataFrame(cols, copy=False)  # the columns as they are: no second copy
+    kwargs: dict[str, Any] = {"progress": False, "workers": workers}
+    if store is not None:
+        kwargs["store"] = store
+    profiles = ThreadProfiles() if profile else None
+    begin = time.perf_counter()
+    if profiles is not None:
+        with profiles:
+            run = mm.train(fit, mm.groups(frame, by="g", format="numpy"), **kwargs)
+    else:
+        run = mm.train(fit, mm.groups(frame, by="g", format="numpy"), **kwargs)
+    wall = time.perf_counter() - begin
+    out: dict[str, Any] = {"wall_s": wall}
+    if profiles is not None:
+        out["profile_top"] = profiles.report(Path(profile))
+        out["profile_file"] = profile
+    summary = run.summary()
+    out["mm_summary"] = {"tasks": summary.tasks, "ok": summary.ok, "failed": summary.failed,
+                         "reused": summary.reused, "wall_s": summary.wall_s,
+                         "task_time_s": summary.task_time_s, "workers": summary.workers,
+                         "utilization": summary.utilization, "batches": summary.batches}
+    reused = summary.reused or 0
+    if summary.ok != summary.tasks or summary.failed:
+        raise AssertionError(f"{summary.ok} ok, {summary.failed} failed of {summary.tasks}")
+    if expect_reused and reused != summary.tasks:
+        raise AssertionError(f"re-run reused {reused} of {summary.tasks} models")
+    if not expect_reused and reused:
+        raise AssertionError(f"first run reused {reused} models")
+    # checks, outside the timing
+    check_begin = time.perf_counter()
+    results = run.results
+    out["models"] = int(len(results))
+    out["rss_sum"] = float(results["rss"].sum())
+    sample = sample_keys(summary.tasks)
+    models = run.models
+    out["sample_coef"] = np.array([np.asarray(models[int(k)]) for k in sample]).tolist()
+    out["check_s"] = time.perf_counter() - check_begin
+    if store is not None:
+        allocated, apparent, files = disk_usage(Path(store))
+        one = out["sample_coef"][0]
+        out["store"] = {"du_bytes": allocated, "apparent_bytes": apparent, "files": files,
+                        "model_pickle_bytes": pickled_size(np.asarray(one))}
+    return out
+
+
+CASE_FUNCTIONS = {"serial": case_serial, "pool": case_pool, "mm": case_mm,
+                  "mm+store": case_mm, "mm rerun": case_mm}
+
+
+def child_main(args: argparse.Namespace) -> int:
+    """Run one case in this (fresh) interpreter; write its JSON to ``--result``."""
+    born = time.perf_counter()
+    out: dict[str, Any] = {"case": args.case, "pid": os.getpid(),
+                           "load_average_at_start": list(os.getloadavg())}
+    try:
+        import psutil
+
+        gen_begin = time.perf_counter()
+        cols = make_columns(args.groups)
+        out["data_s"] = time.perf_counter() - gen_begin
+        out["driver_rss_before_mb"] = psutil.Process().memory_info().rss / 2**20
+        with TreePSS() as tree:
+            result = CASE_FUNCTIONS[args.case](
+                cols, args.workers, store=args.store,
+                expect_reused=args.case == "mm rerun", profile=args.profile)
+        del cols
+        out.update(result)
+        out["tree_peak_pss_mb"] = tree.peak_pss / 2**20
+        out["tree_peak_rss_mb"] = tree.peak_rss / 2**20
+        out["tree_peak_processes"] = tree.peak_procs
+        out["pss_samples"] = tree.samples
+        out["driver_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["status"] = "ok"
+        code = 0
+    except Exception as exc:
+        out["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
+        out["traceback"] = traceback.format_exc()
+        code = 1
+    out["process_s"] = time.perf_counter() - born
+    Path(args.result).write_text(json.dumps(out, default=str))
+    return code
+
+
+# -- the driver: run the cases one after another -------------------------------------
+
+
+def run_case(case: str, args: argparse.Namespace, work: Path, store: Path | None,
+             profile: Path | None = None) -> dict[str, Any]:
+    result_file = work / f"{case.replace(' ', '_').replace('+', '_')}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", case,
+               "--groups", str(args.groups), "--workers", str(args.workers),
+               "--result", str(result_file)]
+    if store is not None:
+        command += ["--store", str(store)]
+    if profile is not None:
+        command += ["--profile", str(profile)]
+    load = list(os.getloadavg())
+    print(f"[{time.strftime('%H:%M:%S')}] {case}: {args.groups:,} groups, load "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    began = time.perf_counter()
+    # own session, so that a timeout can stop the case's whole process tree
+    proc = subprocess.Popen(command, start_new_session=True, cwd=REPO)
+    try:
+        code = proc.wait(timeout=args.case_timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return {"case": case, "status": f"timeout after {args.case_timeout:.0f} s",
+                "launcher_load_average": load,
+                "elapsed_s": time.perf_counter() - began}
+    elapsed = time.perf_counter() - began
+    if result_file.exists():
+        out = json.loads(result_file.read_text())
+    else:
+        out = {"case": case, "status": f"error: exit code {code}, no result"}
+    out["exit_code"] = code
+    out["elapsed_s"] = elapsed  # interpreter start to exit, seen from here
+    out["launcher_load_average"] = load
+    return out
+
+
+def check(row: dict[str, Any], reference: dict[str, Any]) -> None:
+    if row.get("status") != "ok" or reference.get("status") != "ok":
+        return
+    problems = []
+    if row.get("models") != reference.get("models"):
+        problems.append(f"{row.get('models')} models, serial {reference.get('models')}")
+    a, b = row.get("rss_sum"), reference.get("rss_sum")
+    if a is None or abs(a - b) > 1e-8 * max(1.0, abs(b)):
+        problems.append(f"rss sum {a} != serial {b}")
+    if not np.allclose(np.array(row.get("sample_coef")), np.array(reference["sample_coef"]),
+                       rtol=1e-9, atol=1e-12):
+        problems.append("sample coefficients differ from the serial ones")
+    row["checked"] = not problems
+    if problems:
+        row["status"] = "error: wrong result: " + "; ".join(problems)
+
+
+def summarize(rows: dict[str, dict[str, Any]], workers: int, groups: int) -> None:
+    """Add ratios, utilization and store bytes per model to each row."""
+    serial = rows.get("serial", {})
+    limit = serial.get("fit_sum_s") / workers if serial.get("status") == "ok" else None
+    reference = {"pool": "mm", "mm+store": "mm", "mm rerun": "mm+store"}
+    for case, row in rows.items():
+        wall = row.get("wall_s")
+        row["limit_wall_s"] = limit
+        if wall and limit and case != "serial":
+            row["utilization"] = limit / wall
+        base = reference.get(case)
+        base_wall = rows.get(base, {}).get("wall_s") if base else None
+        if wall and base_wall:
+            row["ratio"] = wall / base_wall
+            row["ratio_to"] = base
+        store = row.get("store")
+        if store:
+            per_model = store["du_bytes"] / groups
+            store["du_bytes_per_model"] = per_model
+            store["apparent_bytes_per_model"] = store["apparent_bytes"] / groups
+            store["bytes_per_model_beyond_pickle"] = per_model - store["model_pickle_bytes"]
+    first, again = rows.get("mm+store", {}).get("store"), rows.get("mm rerun", {}).get("store")
+    if first and again:  # a re-run records its (reused) tasks too
+        again["growth_bytes_per_model"] = (again["du_bytes"] - first["du_bytes"]) / groups
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = result["cases"]
+    header = ["case", "wall s", "ratio", "x limit", "driver RSS MB", "tree PSS MB",
+              "store B/model", "(beyond pickle)", "load", "status"]
+    lines = []
+    for case in CASES:
+        row = rows.get(case)
+        if row is None:
+            continue
+        ratio = (f"{row['ratio']:.2f} of {row['ratio_to']}" if row.get("ratio") is not None
+                 else ("sum of fits" if case == "serial" else "-"))
+        store = row.get("store") or {}
+        load = row.get("load_average_at_start") or row.get("launcher_load_average")
+        lines.append([
+            case, _fmt(row.get("fit_sum_s") if case == "serial" else row.get("wall_s"), ".2f"),
+            ratio, _fmt(row.get("utilization"), ".2f"),
+            _fmt(row.get("driver_peak_rss_mb"), ".0f"), _fmt(row.get("tree_peak_pss_mb"), ".0f"),
+            _fmt(store.get("du_bytes_per_model"), ".0f"),
+            _fmt(store.get("bytes_per_model_beyond_pickle"), ".0f"),
+            "-" if not load else f"{load[0]:.2f}", row.get("status", "-"),
+        ])
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
+    print()
+    print(f"a million models: {result['groups']:,} groups x {ROWS_PER_GROUP} rows, "
+          f"{result['workers']} workers; limit = sum of fit times / workers = "
+          f"{_fmt(rows.get('serial', {}).get('limit_wall_s'), '.2f')} s")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for cells in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths)))
+    print("serial: its wall s is the sum of fit times (whole loop: "
+          f"{_fmt(rows.get('serial', {}).get('wall_s'), '.2f')} s); x limit = limit / wall; "
+          "load = 1-min load average at the case's start")
+    sys.stdout.flush()
+
+
+def git_info() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
+                                        capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        info["src_dirty"] = bool(dirty)
+        info["src_changes"] = dirty.splitlines()[:50]
+    except OSError:
+        pass
+    return info
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, default=None,
+                        help="number of groups (default 1,000,000; --quick: 100,000)")
+    parser.add_argument("--quick", action="store_true", help="100,000 groups")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes (default os.cpu_count())")
+    parser.add_argument("--case-timeout", type=float, default=1800.0,
+                        help="seconds a case may run before it is stopped (default 1800)")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"comma-separated subset of {', '.join(CASES)}")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output (default bench/results/million-<timestamp>.json)")
+    parser.add_argument("--profile-store", type=Path, default=None,
+                        help="cProfile the driver of the mm+store case; pstats file here")
+    parser.add_argument("--keep-store", action="store_true",
+                        help="leave the store directory in place (its path is in the JSON)")
+    # internal: one case in a fresh interpreter
+    parser.add_argument("--child", choices=CASES, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.groups is None:
+        args.groups = 100_000 if args.quick else 1_000_000
+    if args.workers is None:
+        args.workers = os.cpu_count() or 1
+    args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in args.case_list if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        args.case = args.child
+        return child_main(args)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_path = args.out or BENCH_DIR / "results" / f"million-{stamp}.json"
+    work = Path(tempfile.mkdtemp(prefix="mm-million-"))
+    store = work / "store"
+    import psutil
+
+    result: dict[str, Any] = {
+        "benchmark": "million_bench (issue 15)",
+        "command": [Path(sys.executable).name, *sys.argv],
+        "groups": args.groups, "rows_per_group": ROWS_PER_GROUP, "seed": SEED,
+        "workers": args.workers, "case_timeout_s": args.case_timeout,
+        "machine": {"os_cpu_count": os.cpu_count(),
+                    "affinity": len(os.sched_getaffinity(0)),
+                    "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
+                    "python": platform.python_version(), "platform": platform.platform(),
+                    "numpy": np.__version__},
+        "git": git_info(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "notes": [
+            "each case runs alone in a fresh interpreter; wall_s is timed inside it around "
+            "the job (planning, worker start-up and collecting results included; generating "
+            "the table not); process_s is the interpreter's whole life",
+            "serial: wall_s is the whole loop, fit_sum_s the fit calls alone; "
+            "limit_wall_s = fit_sum_s / workers; utilization = limit_wall_s / wall_s",
+            "driver_peak_rss_mb: ru_maxrss of the case's interpreter (its whole life, "
+            "data generation included); tree_peak_pss_mb: peak of the PSS summed over the "
+            "interpreter and its descendants, sampled every 0.2 s during the job",
+            "store du_bytes: allocated blocks under the store directory after the run; "
+            "bytes_per_model_beyond_pickle = du_bytes / groups - pickled size of one model",
+            "load_average_at_start: os.getloadavg() when the case's interpreter started; "
+            "the CPU is shared with other work",
+        ],
+        "cases": {},
+    }
+    rows = result["cases"]
+    started = time.perf_counter()
+    try:
+        for case in CASES:
+            if case not in args.case_list:
+                continue
+            if case == "mm rerun" and rows.get("mm+store", {}).get("status") != "ok":
+                rows[case] = {"case": case, "status": "skipped: the store run did not finish"}
+                continue
+            if case == "mm+store" and store.exists():
+                shutil.rmtree(store)
+            profile = args.profile_store if case == "mm+store" else None
+            if profile is not None:
+                profile = profile.resolve()
+            rows[case] = run_case(case, args, work,
+                                  store if case in ("mm+store", "mm rerun") else None,
+                                  profile)
+            row = rows[case]
+            if case != "serial" and "serial" in rows:
+                check(row, rows["serial"])
+            summarize(rows, args.workers, args.groups)
+            print(f"    {row.get('status')}; wall {_fmt(row.get('wall_s'), '.2f')} s, "
+                  f"process {_fmt(row.get('process_s'), '.1f')} s", flush=True)
+            if row.get("traceback"):
+                print(row["traceback"], file=sys.stderr)
+            if row.get("profile_top"):
+                print(row["profile_top"])
+            result["elapsed_s"] = time.perf_counter() - started
+            _write(out_path, result)
+    finally:
+        if args.keep_store:
+            result["store_dir"] = str(store)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    for row in rows.values():
+        row.pop("sample_coef", None)  # served its check; keeps the JSON small
+    result["elapsed_s"] = time.perf_counter() - started
+    _write(out_path, result)
+    print_table(result)
+    print(f"took {result['elapsed_s']:.0f} s; results in {out_path}")
+    return 0 if all(r.get("status") == "ok" for r in rows.values()) else 1
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""How ``manymodels runs`` and ``show`` print a table: csv, json, or aligned
+text that is never squeezed. Kept apart from the commands so that ``cli.py``
+stays a thin layer of options."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from typing import Any
+
+import typer
+
+
+class OutputFormat(str, Enum):
+    """The ``--format`` choices."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def cell(value: Any) -> str:
+    """``value`` as one short line: 4 significant digits, empty for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else " ".join(str(value).splitlines())
+
+
+def json_value(value: Any) -> Any:
+    """``value`` as JSON can hold it: a plain Python scalar, None for NaN or inf."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a NumPy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def iso_times(frame: Any, columns: list[str]) -> Any:
+    """``columns`` (seconds since the epoch) as ISO 8601 local times with offset."""
+    from datetime import datetime
+
+    frame = frame.copy()
+    for column in columns:
+        frame[column] = [None if t is None or t != t else
+                         datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")
+                         for t in frame[column]]
+    return frame
+
+
+def table_chunks(widths: list[int], keys: int, room: int) -> list[list[int]]:
+    """Column indices per table, each table no wider than ``room`` where it can
+    be, every one repeating the first ``keys`` columns (the task's key)."""
+    def width(columns: list[int]) -> int:  # a rich table: "│ x │ y │"
+        return sum(widths[i] + 3 for i in columns) + 1
+
+    keys = min(keys, len(widths) - 1) if len(widths) > 1 else 0
+    if width(list(range(keys))) + 10 > room:  # the key alone fills the room: repeat nothing
+        keys = 0
+    chunks, current = [], list(range(keys))
+    for index in range(keys, len(widths)):
+        if len(current) > keys and width(current + [index]) > room:
+            chunks.append(current)
+            current = list(range(keys))
+        current.append(index)
+    chunks.append(current)
+    return chunks
+
+
+def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, keys: int = 1,
+                console: Any = None) -> None:
+    """Print ``frame`` as csv, json, or a table. A table is never squeezed (no
+    ``0.…``): piped or redirected it is plain aligned text; on a terminal too
+    narrow for it, its columns are split over several tables, each repeating
+    the first ``keys`` columns."""
+    if fmt == OutputFormat.csv:
+        typer.echo(frame.to_csv(index=False), nl=False)
+        return
+    if fmt == OutputFormat.json:
+        records = [{str(k): json_value(v) for k, v in row.items()}
+                   for row in frame.to_dict(orient="records")]
+        typer.echo(json.dumps(records, indent=2, default=str, allow_nan=False))
+        return
+
+    import pandas as pd
+    from rich.cells import cell_len
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    headers = [str(c) for c in frame.columns]
+    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    right = [pd.api.types.is_numeric_dtype(kind) and not pd.api.types.is_bool_dtype(kind)
+             for kind in frame.dtypes]
+    widths = [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    if not console.is_terminal:
+        def line(cells: list[str]) -> str:
+            padded = [" " * (w - cell_len(c)) + c if r else c + " " * (w - cell_len(c))
+                      for c, w, r in zip(cells, widths, right)]
+            return "  ".join(padded).rstrip()
+
+        typer.echo("\n".join([line(headers)] + [line(r) for r in rows]))
+        return
+    for number, columns in enumerate(table_chunks(widths, keys, console.width)):
+        table = Table(title=title if number == 0 else None)
+        for i in columns:
+            table.add_column(Text(headers[i]), justify="right" if right[i] else "left",
+                             overflow="fold")
+        for row in rows:  # Text: a value is never read as rich markup ("[red]")
+            table.add_row(*[Text(row[i]) for i in columns])
+        console.print(table)
