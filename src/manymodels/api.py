@@ -106,7 +106,9 @@ def train(
     plan = make_plan(source)
     context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
                          cpus_per_task=options.backend.cpus_per_task,
-                         retry_on=options.retry_on, setup=setup)
+                         retry_on=options.retry_on, setup=setup,
+                         pickle_models=(None if not backend_type.requires_pickling
+                                        else "all" if store is not None else "small"))
     recorder, to_do = None, len(plan.tasks)
     if store is not None:
         identities, code_detail = task_identities(plan, fit, options.shared)

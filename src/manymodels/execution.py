@@ -12,7 +12,10 @@ with its status as plain text: a third of the cost of pickling the named type.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pickle
 import threading
 import time
 import traceback
@@ -20,7 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .messages import Outcome, Status
+from .dataplane import SPILL_MIN_BYTES, pickle_any
+from .messages import Outcome, Pickled, Status
 from .tables import plain_scalar
 from .taskdata import TaskData
 
@@ -45,6 +49,11 @@ class RunContext:
     retry_on: tuple[type[BaseException], ...] = ()
     setup: Any = None  # a callable, or a dict of name -> callable, run once per worker
     driver_pid: int = field(default_factory=os.getpid)
+    #: Where models are pickled: None (they stay objects: threads, serial),
+    #: "small" (in the worker, unless they hold large buffers, which take the
+    #: data plane's zero-copy way back) or "all" (in the worker, with their
+    #: SHA-256: a store keeps the bytes as they come).
+    pickle_models: str | None = None
 
 
 @dataclass
@@ -90,6 +99,7 @@ class Executor:
         if context.setup is not None:
             self.shared = {**self.shared, **run_setup(context.setup)}
         self.driver_pid = context.driver_pid
+        self.pickle_models = context.pickle_models
         self.data = context.data.open(table if table is not None else context.table)
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
@@ -112,7 +122,37 @@ class Executor:
                 raise  # a real Ctrl-C (serial backend): it stops the run
             return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
                     traceback.format_exc(), isinstance(exc, self.retry_on))
+        if self.pickle_models == "all":  # for a store: its JSON, encoded here
+            metrics = json.dumps(metrics, default=repr) if metrics else None
+        if model is not None and self.pickle_models is not None:
+            try:
+                model = self._pickled(model)
+            except Exception as exc:
+                return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
+                        "the value returned by fit cannot be pickled to send it back to the "
+                        f"driver: {exc!r}", False)
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
+
+    def _pickled(self, model: Any) -> Any:
+        """The model as :class:`Pickled` bytes (see ``RunContext.pickle_models``)."""
+        if self.pickle_models == "all":
+            data = pickle_any(model)
+            return Pickled(data, hashlib.sha256(data).hexdigest())
+        large: list[int] = []
+
+        def in_band(buffer: pickle.PickleBuffer) -> bool:
+            if buffer.raw().nbytes >= SPILL_MIN_BYTES:
+                large.append(1)
+                return False  # out of band: not copied, and the model goes as it is
+            return True
+
+        try:
+            data = pickle.dumps(model, protocol=5, buffer_callback=in_band)
+        except Exception:
+            import cloudpickle
+
+            data = cloudpickle.dumps(model, protocol=5, buffer_callback=in_band)
+        return model if large else Pickled(data)
 
     def _in_drivers_main_thread(self) -> bool:
         """Ctrl-C reaches only the driver's main thread: a KeyboardInterrupt

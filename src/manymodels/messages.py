@@ -46,7 +46,7 @@ class Outcome(NamedTuple):
     index: int
     status: Status
     model: Any
-    metrics: dict
+    metrics: dict | str | None  # a store's run: its JSON, encoded by the worker
     duration_s: float
     started_at: float  # time.time() when it started
     error: str | None  # the traceback
@@ -82,3 +82,24 @@ class Requeued:
 
 
 Event = Finished | Lost | Requeued
+
+
+class Pickled:
+    """A model pickled where it was made (a worker process), with the SHA-256
+    of its bytes when a store will keep them: the driver writes the bytes as
+    they are and unpickles them only when someone asks for the model
+    (``run.models[key]``), so a million small models cost the driver a
+    million byte strings, not a million unpickled objects."""
+
+    __slots__ = ("data", "sha256")
+
+    def __init__(self, data: bytes, sha256: str | None = None) -> None:
+        self.data, self.sha256 = data, sha256
+
+    def __reduce__(self) -> tuple:
+        return (Pickled, (self.data, self.sha256))
+
+    def load(self) -> Any:
+        import pickle
+
+        return pickle.loads(self.data)

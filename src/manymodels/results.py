@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -11,12 +12,17 @@ from typing import Any
 
 import pandas as pd
 
-from .messages import FAILURE_STATUSES, Status
+from .messages import FAILURE_STATUSES, Pickled, Status
 from .planning import Plan
 from .store.registry import ModelMap
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
+
+
+def _loaded(model: Any) -> Any:
+    """A model itself, where a worker sent it pickled."""
+    return model.load() if isinstance(model, Pickled) else model
 
 
 @dataclass
@@ -116,12 +122,13 @@ class Run:
         frame["started_s"] = [t - self.started_at for t in rec.started_at]
         frame["reused"] = [r is not None for r in rec.reused_from]
         names: dict[str, None] = {}
-        for metrics in rec.metrics:
+        metrics_of = [json.loads(m) if isinstance(m, str) else m for m in rec.metrics]
+        for metrics in metrics_of:  # reused ones come as the store's JSON
             if metrics:
                 names.update(dict.fromkeys(metrics))
         for name in names:
             column = f"metric_{name}" if name in _RESERVED or name in columns else name
-            frame[column] = [m.get(name) if m else None for m in rec.metrics]
+            frame[column] = [m.get(name) if m else None for m in metrics_of]
         frame["error"] = rec.error
         return frame
 
@@ -153,7 +160,7 @@ class Run:
         that succeeded, in plan order: what the transforms assemble."""
         rec = self._records
         return self._plan.key_columns, [
-            (parts, rec.model[task.index])
+            (parts, _loaded(rec.model[task.index]))
             for task, parts in zip(self._plan.tasks, self._plan.key_rows)
             if rec.status[task.index] == OK
         ]

@@ -1,7 +1,8 @@
 """Writing one run into the store, from the driver, in batched transactions.
 
-The scheduler tells the recorder each finished task; the recorder commits at
-least once a second and at the end, so a driver killed at any moment loses at
+The scheduler tells the recorder each finished task; the recorder hands them
+to the store's writer thread (:mod:`.writer`), committed at least once a
+second and at the end, so a driver killed at any moment loses at
 most the last second of results, and never leaves a row that points at a
 missing artifact (artifacts are written before the rows that name them, in the
 same transaction or earlier).
@@ -17,15 +18,12 @@ from typing import Any
 
 from ..dataplane import pickle_any
 from ..keys import encode_key
-from ..messages import Status
+from ..messages import Pickled, Status
 from . import database
 from .registry import StoredModel
+from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
-
-
-def _encode_metrics(metrics: dict | None) -> str | None:
-    return json.dumps(metrics, default=repr) if metrics else None
 
 
 @dataclass
@@ -33,7 +31,7 @@ class ReusedTask:
     run_id: int
     artifact: str | None
     size: int | None
-    metrics: dict | None
+    metrics: str | None  # as stored: JSON, decoded when the results are read
     duration_s: float | None
 
 
@@ -53,6 +51,7 @@ class RunRecorder:
         self._pending: list[int] = []
         self._reused: dict[int, ReusedTask] = {}
         self._last_commit = time.monotonic()
+        self._writer: StoreWriter | None = None
 
     def begin(self, reuse: bool) -> dict[int, ReusedTask]:
         """Create the run's row and record the tasks whose models are reused."""
@@ -74,7 +73,7 @@ class RunRecorder:
                 "data_hash, shared_hash, status, attempts, duration_s, metrics, artifact, size, "
                 "reused_from) VALUES (?,?,?,?,?,?,?,?,'ok',0,?,?,?,?,?)",
                 [(self.run_id, index, encode_key(self.plan.key_rows[index]),
-                  *self.identities[index], hit.duration_s, _encode_metrics(hit.metrics),
+                  *self.identities[index], hit.duration_s, hit.metrics,
                   hit.artifact, hit.size, hit.run_id) for index, hit in reused.items()])
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -83,6 +82,8 @@ class RunRecorder:
                 raise database.write_error(self.store.path, exc, "the run could not start") \
                     from exc
             raise
+        self._writer = StoreWriter(self.store.path, self.run_id, self.plan.key_rows,
+                                   self.identities)
         return reused
 
     def _find_reusable(self) -> dict[int, ReusedTask]:
@@ -114,7 +115,7 @@ class RunRecorder:
                                                                             stored_size)):
                     continue
                 found[identity] = ReusedTask(  # the latest run wins
-                    run_id, artifact, size, json.loads(metrics) if metrics else None, duration)
+                    run_id, artifact, size, metrics, duration)
         return {i: found[name] for name, indices in by_identity.items() if name in found
                 for i in indices}
 
@@ -126,67 +127,52 @@ class RunRecorder:
             records.reused_from[index] = hit.run_id
             records.metrics[index] = hit.metrics
             if hit.artifact is not None:
-                records.model[index] = StoredModel(
-                    self.store, hit.artifact, f"key {self.plan.tasks[index].key!r}")
+                records.model[index] = StoredModel(self.store, hit.artifact,
+                                                   self.plan.tasks[index].key)
         return len(self._reused)
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
 
     def flush(self, records: Any, force: bool = False) -> None:
-        """Commit the finished tasks, at most once a second unless ``force``.
+        """Hand the finished tasks to the writer thread, at most once a second
+        unless ``force`` (then wait until they are committed).
 
-        Models are pickled before the transaction: a model that cannot be
-        pickled fails its own task (it could never be loaded), while an error
-        of the store itself (a full disk, a lost file system) rolls the whole
-        transaction back and raises :class:`StoreError`, so no row is ever
-        committed without its artifact.
+        A model not yet pickled (threads, serial, a large one) is pickled
+        here: one that cannot be fails its own task (it could never be
+        loaded). An error of the store itself (a full disk) is raised here as
+        :class:`StoreError`; its transaction was rolled back whole, so no row
+        is ever committed without its artifact.
         """
+        self._raise_write_error()
         now = time.monotonic()
-        if not self._pending or (not force and now - self._last_commit < COMMIT_EVERY_S):
-            return
-        pickled: dict[int, bytes] = {}
-        for index in self._pending:
-            model = records.model[index]
-            if records.status[index] == Status.OK and model is not None:
-                try:
-                    pickled[index] = pickle_any(model)
-                except Exception as exc:
-                    records.status[index] = Status.FAILED.value
-                    records.model[index] = None
-                    records.error[index] = (
-                        f"the model could not be pickled into the store: {exc!r}")
-        conn = self.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        if self._pending and (force or now - self._last_commit >= COMMIT_EVERY_S):
             rows = []
             for index in self._pending:
-                artifact = size = None
-                if index in pickled:
-                    artifact, size = database.write_artifact(conn, self.store.path,
-                                                             pickled[index])
-                rows.append((
-                    self.run_id, index, encode_key(self.plan.key_rows[index]),
-                    *self.identities[index], records.status[index], records.attempts[index],
-                    _nan_to_none(records.duration_s[index]),
-                    _nan_to_none(records.started_at[index]), records.worker[index],
-                    _encode_metrics(records.metrics[index]), records.error[index],
-                    artifact, size))
-            conn.executemany(
-                "INSERT OR REPLACE INTO tasks(run_id, task_index, key, identity, code_hash, "
-                "params_hash, data_hash, shared_hash, status, attempts, duration_s, "
-                "started_at, worker, metrics, error, artifact, size) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            database.rollback_quietly(conn)
-            if isinstance(exc, (sqlite3.Error, OSError)):
-                raise database.write_error(
-                    self.store.path, exc,
-                    f"{len(self._pending)} finished task(s) could not be recorded") from exc
-            raise
-        self._pending.clear()
-        self._last_commit = now
+                status, model = records.status[index], records.model[index]
+                if status != Status.OK:
+                    model = None
+                elif model is not None and not isinstance(model, Pickled):
+                    try:
+                        model = Pickled(pickle_any(model))
+                    except Exception as exc:
+                        status = records.status[index] = Status.FAILED.value
+                        records.model[index] = model = None
+                        records.error[index] = (
+                            f"the model could not be pickled into the store: {exc!r}")
+                rows.append((index, status, records.attempts[index], records.duration_s[index],
+                             records.started_at[index], records.worker[index],
+                             records.metrics[index], records.error[index], model))
+            self._writer.put(rows)
+            self._pending = []
+            self._last_commit = now
+        if force:
+            self._writer.wait()
+            self._raise_write_error()
+
+    def _raise_write_error(self) -> None:
+        if self._writer is not None and self._writer.error is not None:
+            raise self._writer.error
 
     def finish(self, records: Any, status: str, run: Any) -> None:
         """Record unfinished tasks as cancelled and close the run's row."""
@@ -194,6 +180,7 @@ class RunRecorder:
             if state == Status.CANCELLED:
                 self._pending.append(index)
         self.flush(records, force=True)
+        self._writer.close()
         summary = run.summary()  # after the flush: an unpicklable model failed its task
         self.conn.execute(
             "UPDATE runs SET finished_at=?, status=?, ok=?, failed=?, reused=?, wall_s=? "
@@ -204,12 +191,11 @@ class RunRecorder:
     def abandon(self) -> None:
         """After a store error: mark the run ``failed`` if the store still takes
         that one small write (what was committed before stays usable)."""
+        if self._writer is not None:
+            self._writer.close()
         try:
             self.conn.execute("UPDATE runs SET finished_at=?, status='failed' WHERE run_id=?",
                               (time.time(), self.run_id))
         except sqlite3.Error:
             pass
 
-
-def _nan_to_none(value: float) -> float | None:
-    return None if value != value else value

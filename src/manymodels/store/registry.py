@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from ..keys import decode_key, encode_key, key_parts
-from ..messages import Status
+from ..messages import Pickled, Status
 from . import database
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
@@ -25,11 +25,14 @@ class StoredModel:
 
     __slots__ = ("digest", "store", "what")
 
-    def __init__(self, store: Store, digest: str, what: str) -> None:
+    def __init__(self, store: Store, digest: str, what: Any) -> None:
+        # what: a description, or the task's key (described only if needed:
+        # a re-run makes a million of these)
         self.store, self.digest, self.what = store, digest, what
 
     def load(self) -> Any:
-        data = database.read_artifact(self.store._conn, self.store.path, self.digest, self.what)
+        what = self.what if isinstance(self.what, str) else f"key {self.what!r}"
+        data = database.read_artifact(self.store._conn, self.store.path, self.digest, what)
         return pickle.loads(data)
 
 
@@ -41,7 +44,7 @@ class ModelMap(Mapping):
 
     def __getitem__(self, key: Hashable) -> Any:
         value = self._items[key]
-        if isinstance(value, StoredModel):
+        if isinstance(value, (StoredModel, Pickled)):  # loaded when first asked for
             value = self._items[key] = value.load()
         return value
 
@@ -335,18 +338,23 @@ class Store:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
         rather than reused: which part of its identity changed."""
         run_id, _, _ = self._run_row(run)
-        row = self._task_row(key, run_id, "reused_from, code_hash, params_hash, data_hash, "
-                                          "shared_hash, status")
+        columns = ("t.reused_from, t.code_hash, t.params_hash, t.data_hash, t.shared_hash, "
+                   "t.status, r.code_detail")
+        row = self._conn.execute(
+            f"SELECT {columns} FROM tasks t JOIN runs r ON r.run_id = t.run_id "
+            "WHERE t.run_id = ? AND t.key = ?", (run_id, encode_key(key_parts(key)))).fetchone()
+        if row is None:
+            raise KeyError(f"run {run_id} has no task with key {key!r}")
         if row[0] is not None:
             return f"{key!r} was reused from run {row[0]}"
         before = self._conn.execute(
-            "SELECT run_id, code_hash, params_hash, data_hash, shared_hash, status FROM tasks "
-            "WHERE key = ? AND run_id < ? ORDER BY (status = 'ok') DESC, run_id DESC LIMIT 1",
-            (encode_key(key_parts(key)), run_id)).fetchone()
+            f"SELECT t.run_id, {columns[15:]} FROM tasks t JOIN runs r ON r.run_id = t.run_id "
+            "WHERE t.key = ? AND t.run_id < ? ORDER BY (t.status = 'ok') DESC, t.run_id DESC "
+            "LIMIT 1", (encode_key(key_parts(key)), run_id)).fetchone()
         if before is None:
             return f"{key!r} was trained: no earlier run in this store has this key"
-        changed = [name for name, now, then in zip(_PARTS, row[1:5], before[1:5])
-                   if now != then]
+        changed = [name for name, now, then in zip(_PARTS, _identity_parts(row),
+                                                   _identity_parts(before)) if now != then]
         if changed:
             described = {
                 "code": "the code of fit (or of a module it uses, or a package version)",
@@ -357,3 +365,14 @@ class Store:
         if before[5] != Status.OK:
             return f"{key!r} was trained: in run {before[0]} it ended {before[5]!r}"
         return f"{key!r} was trained: reuse was turned off (reuse=False)"
+
+
+def _identity_parts(row: tuple) -> tuple:
+    """(code, params, data, shared) of a task row ``(_, code, params, data,
+    shared, status, run's code_detail)``: code and shared are the same for
+    every task of a run, so the run keeps them (a task row keeps its own only
+    in stores written before)."""
+    _, code, params, data, shared, _, detail = row
+    run_level = json.loads(detail) if detail else {}
+    return (code or run_level.get("code_hash"), params or "-", data,
+            shared or run_level.get("shared_hash"))

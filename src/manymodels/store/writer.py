@@ -1,0 +1,121 @@
+"""The store's writer thread: finished tasks committed off the driver's loop.
+
+The driver's main loop feeds workers and reads their results; at a million
+models, writing each one's row and artifact there was the whole cost of a run
+with a store. So the recorder hands the writer, at least once a second, the
+finished tasks as plain rows (the models already pickled, by the workers when
+they are processes), and the writer commits each hand-over in one transaction
+on its own SQLite connection: small artifacts in one ``executemany``, the
+task rows in another. A driver killed at any moment still loses at most the
+last second; a failed write (a full disk) is rolled back whole and kept as a
+:class:`StoreError` that the recorder raises on the driver's next hand-over.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sqlite3
+import threading
+from pathlib import Path
+
+from ..keys import encode_key
+from . import database
+
+#: One finished task as the recorder hands it over: ``(index, status,
+#: attempts, duration_s, started_at, worker, metrics, error, model)``, the
+#: model as :class:`manymodels.messages.Pickled` bytes or None.
+Row = tuple
+
+
+def encode_metrics(metrics: dict | str | None) -> str | None:
+    """Metrics as the store keeps them: JSON (a worker may have encoded them)."""
+    if isinstance(metrics, str):
+        return metrics
+    return json.dumps(metrics, default=repr) if metrics else None
+
+
+def _nan_to_none(value: float) -> float | None:
+    return None if value != value else value
+
+
+class StoreWriter:
+    """Commits the rows of one run, in the order handed over, on a thread."""
+
+    def __init__(self, root: Path, run_id: int, key_rows: list[tuple],
+                 identities: list[tuple]) -> None:
+        self.root, self.run_id = root, run_id
+        self.key_rows, self.identities = key_rows, identities
+        #: The first write that failed, as the error the driver raises.
+        self.error: database.StoreError | None = None
+        self._queue: queue.Queue[list[Row] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="manymodels-store-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    def put(self, rows: list[Row]) -> None:
+        self._queue.put(rows)
+
+    def wait(self) -> None:
+        """Until every row handed over is committed (or the write failed)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        conn = None
+        try:
+            conn = database.connect(self.root)
+            # a million task rows go into indexes keyed by random hashes: a
+            # cache of 64 MiB (not SQLite's 2) nearly halves the cost per row
+            conn.execute("PRAGMA cache_size=-65536")
+        except Exception as exc:  # the store cannot even be opened again
+            self.error = exc if isinstance(exc, database.StoreError) else database.write_error(
+                self.root, exc, "the store's writer could not open it")
+        while True:
+            rows = self._queue.get()
+            try:
+                if rows is None:
+                    return
+                if self.error is None and conn is not None:
+                    self._commit(conn, rows)
+            except BaseException as exc:
+                if conn is not None:
+                    database.rollback_quietly(conn)
+                error = database.write_error(
+                    self.root, exc, f"{len(rows)} finished task(s) could not be recorded")
+                error.__cause__ = exc
+                self.error = error
+            finally:
+                self._queue.task_done()
+                if rows is None and conn is not None:
+                    conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
+        corrupt = {sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")}
+        conn.execute("BEGIN IMMEDIATE")
+        blobs, task_rows = [], []
+        for index, status, attempts, duration, started, worker, metrics, error, model in rows:
+            artifact = size = None
+            if model is not None:
+                data = model.data
+                artifact = model.sha256 or database.sha256(data)
+                size = len(data)
+                if size >= database.SMALL_ARTIFACT or artifact in corrupt:
+                    database.write_artifact(conn, self.root, data)
+                else:
+                    blobs.append((artifact, size, data))
+            task_rows.append((
+                self.run_id, index, encode_key(self.key_rows[index]), *self.identities[index],
+                status, attempts, _nan_to_none(duration), _nan_to_none(started), worker,
+                encode_metrics(metrics), error, artifact, size))
+        conn.executemany("INSERT OR IGNORE INTO artifacts(sha256, size, blob) VALUES (?, ?, ?)",
+                         blobs)
+        conn.executemany(
+            "INSERT OR REPLACE INTO tasks(run_id, task_index, key, identity, code_hash, "
+            "params_hash, data_hash, shared_hash, status, attempts, duration_s, "
+            "started_at, worker, metrics, error, artifact, size) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", task_rows)
+        conn.execute("COMMIT")
