@@ -96,26 +96,23 @@ class RunRecorder:
         found: dict[str, ReusedTask] = {}
         names = list(by_identity)
         root = self.store.path
-        for start in range(0, len(names), 500):
-            chunk = names[start:start + 500]
-            rows = self.conn.execute(
-                "SELECT t.identity, t.run_id, t.artifact, t.size, t.metrics, t.duration_s, "
-                "a.sha256, a.path, a.size, c.sha256 FROM tasks t "
+        for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
+            chunk = names[start:start + 5000]
+            rows = self.conn.execute(  # per identity, its latest loadable model
+                "SELECT t.identity, MAX(t.run_id), t.artifact, t.size, t.metrics, "
+                "t.duration_s, a.path, a.size FROM tasks t "
                 "LEFT JOIN artifacts a ON a.sha256 = t.artifact "
                 "LEFT JOIN corrupt_artifacts c ON c.sha256 = t.artifact "
                 "WHERE t.status = 'ok' AND t.error IS NULL "
                 f"AND t.identity IN ({','.join('?' * len(chunk))}) "
-                "ORDER BY t.run_id", chunk).fetchall()
-            for (identity, run_id, artifact, size, metrics, duration,
-                 known, path, stored_size, corrupt) in rows:
+                "AND (t.artifact IS NULL OR a.sha256 IS NOT NULL) AND c.sha256 IS NULL "
+                "GROUP BY t.identity", chunk).fetchall()
+            for identity, run_id, artifact, size, metrics, duration, path, stored_size in rows:
                 if artifact is None and metrics is None:
                     continue
-                if artifact is not None and (known is None or corrupt is not None or
-                                             not database.reusable_artifact(root, path,
-                                                                            stored_size)):
+                if path is not None and not database.reusable_artifact(root, path, stored_size):
                     continue
-                found[identity] = ReusedTask(  # the latest run wins
-                    run_id, artifact, size, metrics, duration)
+                found[identity] = ReusedTask(run_id, artifact, size, metrics, duration)
         return {i: found[name] for name, indices in by_identity.items() if name in found
                 for i in indices}
 

@@ -68,9 +68,6 @@ class StoreWriter:
         conn = None
         try:
             conn = database.connect(self.root)
-            # a million task rows go into indexes keyed by random hashes: a
-            # cache of 64 MiB (not SQLite's 2) nearly halves the cost per row
-            conn.execute("PRAGMA cache_size=-65536")
         except Exception as exc:  # the store cannot even be opened again
             self.error = exc if isinstance(exc, database.StoreError) else database.write_error(
                 self.root, exc, "the store's writer could not open it")

@@ -1,0 +1,163 @@
+"""The driver at scale: models pickled by workers and loaded lazily, the store
+written by its own thread, identities computed for all groups at once."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.hashing import task_identities
+from manymodels.messages import Pickled
+from manymodels.planning import plan
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def fit_small(data):
+    x = np.column_stack([data["x"], np.ones(len(data["x"]))])
+    coef = np.linalg.lstsq(x, data["y"], rcond=None)[0]
+    return coef, {"slope": float(coef[0])}
+
+
+def _table(groups: int, rows: int = 5, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    g = np.repeat(np.arange(groups), rows)
+    x = rng.normal(size=groups * rows)
+    return pd.DataFrame({"g": g, "x": x, "y": (g % 7 + 1) * x + rng.normal(size=len(g)) * 0.01})
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_models_pickled_by_workers_load_lazily_and_equal_eager_ones(tmp_path, store):
+    table = _table(300)
+    run = mm.train(fit_small, mm.groups(table, by="g", format="numpy"), workers=2,
+                   progress=False, store=tmp_path / "s" if store else None)
+    eager = mm.train(fit_small, mm.groups(table, by="g", format="numpy"), backend="serial",
+                     progress=False)
+    held = [run._records.model[i] for i in range(len(run._plan.tasks))]
+    assert all(isinstance(model, Pickled) for model in held)  # bytes until asked for
+    assert all((model.sha256 is not None) == store for model in held)
+    assert len(run.models) == 300
+    for key, model in eager.models.items():
+        np.testing.assert_array_equal(run.models[key], model)
+    pd.testing.assert_series_equal(run.results["slope"], eager.results["slope"])
+    if store:
+        stored = mm.Store(tmp_path / "s")
+        assert stored.results()["slope"].tolist() == eager.results["slope"].tolist()
+        np.testing.assert_array_equal(stored.load(17), eager.models[17])
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this model refuses to be pickled")
+
+
+def fit_unpicklable(item):
+    return Unpicklable() if item == 2 else [item]
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_a_model_a_worker_cannot_pickle_fails_its_task_only(tmp_path, store):
+    run = mm.train(fit_unpicklable, mm.items(range(5)), workers=2, progress=False,
+                   store=tmp_path / "s" if store else None)
+    results = run.results.set_index("item")
+    assert results.loc[2, "status"] == "failed"
+    assert "cannot be pickled" in results.loc[2, "error"]
+    assert (results.drop(index=2)["status"] == "ok").all()
+
+
+def test_group_identities_follow_each_groups_content_and_order():
+    table = _table(50)
+
+    def identities(frame):
+        return [row[0] for row in task_identities(plan(mm.groups(frame, by="g")), fit_small,
+                                                  None)[0]]
+
+    before = identities(table)
+    assert len(set(before)) == 50
+    interleaved = table.iloc[np.argsort(np.arange(len(table)) % 5, kind="stable")]
+    assert identities(interleaved) == before  # groups interleaved, each in its own order
+    changed = table.copy()
+    changed.loc[changed.index[changed["g"] == 7][2], "x"] += 1e-9  # one value of group 7
+    after = identities(changed)
+    assert [i for i, (a, b) in enumerate(zip(before, after)) if a != b] == [7]
+    swapped = table.copy()
+    rows = swapped.index[swapped["g"] == 9][:2]
+    swapped.loc[rows, "x"] = swapped.loc[rows[::-1], "x"].to_numpy()  # order within group 9
+    assert [i for i, (a, b) in enumerate(zip(before, identities(swapped))) if a != b] == [9]
+    grid = task_identities(plan(mm.groups(table, by="g") * mm.grid(a=[1, 2])), fit_small,
+                           None)[0]
+    assert len({row[0] for row in grid}) == 100
+
+
+def test_the_store_is_written_off_the_drivers_thread(tmp_path):
+    writers = []
+
+    def fit(item):
+        writers.extend(t.name for t in threading.enumerate() if "store-writer" in t.name)
+        return [item]
+
+    mm.train(fit, mm.items(range(20)), backend="serial", progress=False, store=tmp_path / "s")
+    assert writers and set(writers) == {"manymodels-store-writer"}
+    assert not [t for t in threading.enumerate() if "store-writer" in t.name]  # joined
+    assert len(mm.Store(tmp_path / "s").results()) == 20
+
+
+MANY_DRIVER = textwrap.dedent("""
+    import sys, time
+    import numpy as np, pandas as pd
+    import manymodels as mm
+
+    def fit(data):
+        if int(data["g"][0]) >= 15_000:
+            time.sleep(0.002)  # the tail is slow: the test kills the driver in it
+        return data["x"].sum(), {"total": float(data["x"].sum())}
+
+    g = np.repeat(np.arange(20_000), 3)
+    table = pd.DataFrame({"g": g, "x": np.arange(len(g), dtype=float)})
+    run = mm.train(fit, mm.groups(table, by="g", format="numpy"), store=sys.argv[1],
+                   workers=2, progress=False)
+    print(run.summary().reused)
+""")
+
+
+def test_a_driver_killed_mid_run_loses_at_most_the_last_second_and_resumes(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(MANY_DRIVER)
+    store = tmp_path / "store"
+    driver = subprocess.Popen([sys.executable, str(script), str(store)], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+
+    def committed() -> int:
+        try:
+            with sqlite3.connect(store / "index.sqlite", timeout=5) as conn:
+                return conn.execute("SELECT count(*) FROM tasks WHERE status='ok'").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
+    while committed() < 5_000 and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=30)
+    kept = committed()
+    assert 5_000 <= kept < 20_000
+    opened = mm.Store(store)
+    assert opened.integrity_check() == "ok"
+    assert opened.runs()["status"].tolist() == ["interrupted"]
+    again = subprocess.run([sys.executable, str(script), str(store)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert int(again.stdout.split()[-1]) == kept  # every committed model reused
+    results = opened.results()
+    assert len(results) == 20_000 and (results["status"] == "ok").all()
+    expected = [float(3 * (3 * i) + 3) for i in range(20_000)]  # x = 3i, 3i+1, 3i+2
+    assert results["total"].tolist() == expected
