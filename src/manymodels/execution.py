@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .dataplane import SPILL_MIN_BYTES, pickle_any
 from .messages import Outcome, Pickled, Status
 from .tables import plain_scalar
@@ -69,14 +71,22 @@ class BatchPart:
 
 def split_result(value: Any) -> tuple[Any, dict[str, Any]]:
     """``fit`` returns a model, ``(model, metrics)`` or a metrics dict alone."""
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind is tuple and len(value) == 2 and type(value[1]) is dict:  # the usual: quick
+        return value[0], _plain_metrics(value[1])
+    if kind is dict or isinstance(value, Mapping):
         return None, _plain_metrics(value)
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
         return value[0], _plain_metrics(value[1])
     return value, {}
 
 
+_PLAIN = (float, int, str, bool, type(None))
+
+
 def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
+    if all(type(name) is str and type(value) in _PLAIN for name, value in metrics.items()):
+        return dict(metrics)  # already plain: a million tasks skip the conversion
     return {str(name): plain_scalar(value) for name, value in metrics.items()}
 
 
@@ -138,6 +148,9 @@ class Executor:
         if self.pickle_models == "all":
             data = pickle_any(model)
             return Pickled(data, hashlib.sha256(data).hexdigest())
+        if type(model) is np.ndarray and model.nbytes < SPILL_MIN_BYTES and (
+                not model.dtype.hasobject):
+            return Pickled(pickle.dumps(model, protocol=5))  # small: no buffer to route
         large: list[int] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:
