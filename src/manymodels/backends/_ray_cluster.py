@@ -1,6 +1,7 @@
 """The Ray backend's connection to Ray, in the driver: importing it, joining a
-cluster or starting a local instance, and sizing the run from the cluster's
-resources (see :mod:`.ray` for the design)."""
+cluster or starting a local instance, sizing the run from the cluster's
+resources, and checking that every node runs this manymodels (see :mod:`.ray`
+for the design)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,22 @@ def check_resources(resources: dict[str, float], cpus_per_task: int, gpus_per_ta
     if fatal:
         raise WorkerStartupError(message)
     warnings.warn(f"{message}; tasks wait until an autoscaler adds nodes", stacklevel=2)
+
+
+def check_version(start: tuple) -> None:
+    """The worker's messages are read as this version writes them: a node with
+    another manymodels must fail clearly, not as a tuple that will not unpack."""
+    from .._version import __version__
+
+    theirs = start[3] if len(start) > 3 else "an older one"
+    if theirs != __version__:
+        raise WorkerStartupError(
+            f"a Ray node ({start[1][:12]}) runs manymodels {theirs}, the driver "
+            f"{__version__}: install the same version on every node")
+
+
+def first_line(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(exc).__name__

@@ -88,7 +88,14 @@ from ..dataplane import pickle_any
 from ..execution import RunContext, TaskRef
 from ..messages import Status
 from ..options import BackendOptions
-from ._ray_cluster import check_resources, cluster_workers, connect, import_ray
+from ._ray_cluster import (
+    check_resources,
+    check_version,
+    cluster_workers,
+    connect,
+    first_line,
+    import_ray,
+)
 from ._ray_worker import remote_function
 from .base import (
     Backend,
@@ -130,25 +137,6 @@ class _Call:
     worker: int = -1
     running: int | None = None  # marked: the index of the task running now
     running_since: float = 0.0  # driver's monotonic clock when its marker arrived
-
-
-def _check_version(start: tuple) -> None:
-    """The worker's messages are read as this version writes them: a node with
-    another manymodels must fail clearly, not as a tuple that will not unpack."""
-    from .._version import __version__
-
-    theirs = start[3] if len(start) > 3 else "an older one"
-    if theirs != __version__:
-        raise WorkerStartupError(
-            f"a Ray node ({start[1][:12]}) runs manymodels {theirs}, the driver "
-            f"{__version__}: install the same version on every node")
-
-
-def _first_line(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return type(exc).__name__
 
 
 class RayBackend(Backend):
@@ -329,7 +317,7 @@ class RayBackend(Backend):
                 return events
             kind = message[0]
             if kind == "start":
-                _check_version(message)
+                check_version(message)
                 call.started = True
                 call.worker = self._worker_id(message[1], message[2])
             elif kind == "fatal":
@@ -387,10 +375,10 @@ class RayBackend(Backend):
             return []
         if isinstance(exc, ray.exceptions.OutOfMemoryError):
             status = Status.MEMORY.value
-            message = f"{self._where(call)} was killed by Ray's memory monitor: {_first_line(exc)}"
+            message = f"{self._where(call)} was killed by Ray's memory monitor: {first_line(exc)}"
         else:
             status = Status.CRASHED.value
-            message = f"{self._where(call)} died ({type(exc).__name__}): {_first_line(exc)}"
+            message = f"{self._where(call)} died ({type(exc).__name__}): {first_line(exc)}"
         if not call.marked:
             if len(unreported) == 1:  # the others of its batch were reported
                 return [Lost(unreported[0], status, message, call.worker)]
