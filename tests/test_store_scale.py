@@ -161,3 +161,140 @@ def test_a_driver_killed_mid_run_loses_at_most_the_last_second_and_resumes(tmp_p
     assert len(results) == 20_000 and (results["status"] == "ok").all()
     expected = [float(3 * (3 * i) + 3) for i in range(20_000)]  # x = 3i, 3i+1, 3i+2
     assert results["total"].tolist() == expected
+
+
+def fit_setting(alpha):
+    return [alpha], {"alpha": alpha}
+
+
+def test_a_bare_grid_with_a_store_trains_and_is_reused(tmp_path):
+    first = mm.train(fit_setting, mm.grid(alpha=[1, 2, 3]), store=tmp_path / "s",
+                     backend="serial", progress=False)
+    assert (first.results["status"] == "ok").all()
+    again = mm.train(fit_setting, mm.grid(alpha=[1, 2, 3, 4]), store=tmp_path / "s",
+                     backend="serial", progress=False)
+    assert again.results["reused"].tolist() == [True, True, True, False]
+
+
+SET_SCRIPT = """
+import sys
+import pandas as pd
+import manymodels as mm
+
+COLUMNS = {"alpha", "beta", "gamma", "delta", "epsilon"}
+sales = pd.DataFrame({"v": [%s]})  # a global table named like a column fit reads
+
+def fit(df):
+    return {"n": len(COLUMNS & set(df.columns)) + float(df.sales.sum())}
+
+if __name__ == "__main__":
+    table = pd.DataFrame({"g": [1, 1, 2], "sales": [1.0, 2.0, 3.0], "alpha": [0, 0, 0]})
+    run = mm.train(fit, mm.groups(table, by="g"), store=sys.argv[1], backend="serial",
+                   progress=False)
+    print(run.summary().reused)
+"""
+
+
+def test_globals_hash_the_same_in_every_process_and_attributes_are_not_globals(tmp_path):
+    script = tmp_path / "job.py"
+    reused = []
+    for seed, sales in (("1", "1"), ("2", "1"), ("3", "2")):
+        script.write_text(SET_SCRIPT % sales)  # the global `sales` changes last: unread
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "s")],
+                              capture_output=True, text=True, cwd=tmp_path,
+                              env={**__import__("os").environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        reused.append(int(done.stdout.split()[-1]))
+    assert reused == [0, 2, 2]
+
+
+def fit_array_metric(item):
+    return [item], {"coef": np.array([1.5, 2.0]) * item, "pair": (item, 2)}
+
+
+def test_metrics_are_the_same_whatever_the_backend_and_store(tmp_path):
+    with_store = mm.train(fit_array_metric, mm.items(range(3)), workers=2, progress=False,
+                          store=tmp_path / "s")
+    reference = mm.train(fit_array_metric, mm.items(range(3)), backend="serial",
+                         progress=False)
+    for mine, theirs in zip(with_store.results["coef"], reference.results["coef"]):
+        np.testing.assert_array_equal(mine, theirs)
+    assert with_store.results["pair"].tolist() == reference.results["pair"].tolist()
+
+
+def fit_writes_its_rows(data, alpha):
+    before = float(data["x"][0])
+    try:
+        data["x"][0] = 1e9  # a fresh copy, or refused (a view the next task shares)
+    except ValueError:
+        pass
+    return {"before": before}
+
+
+def test_a_groups_rows_are_not_changed_by_an_earlier_setting_of_it():
+    table = pd.DataFrame({"g": [1, 1, 2, 2], "x": [1.0, None, 3.0, 4.0]})  # a null: a copy
+    for rows in (table, table.fillna(2.0)):  # with and without a copy from Arrow
+        run = mm.train(fit_writes_its_rows, mm.groups(rows, by="g", format="numpy")
+                       * mm.grid(alpha=list(range(6))), backend="serial", progress=False)
+        assert (run.results["status"] == "ok").all()
+        assert run.results.groupby("g")["before"].unique().to_dict() == {1: [1.0], 2: [3.0]}
+
+
+class FailingBackend(mm.Backend):
+    """Runs batches in the driver, then breaks down as an engine can."""
+
+    name = "breaks"
+
+    def start(self, context):
+        from manymodels.execution import Executor
+
+        self._executor, self._queue, self._batches = Executor(context), [], 0
+
+    def free_slots(self, per_worker):
+        return 0 if self._queue else 1
+
+    def submit(self, batch_id, tasks):
+        self._queue.append(tasks)
+
+    def poll(self, timeout):
+        from manymodels.messages import Finished
+
+        if not self._queue:
+            return []
+        self._batches += 1
+        if self._batches == 4:
+            raise mm.WorkerStartupError("the engine went away")
+        part = self._executor.run_batch(self._queue.pop())
+        return [Finished(part.outcomes, worker=0, busy_s=part.busy_s)]
+
+    def stop(self, *, force=False):
+        self._queue = []
+
+
+def test_a_backend_that_breaks_down_leaves_the_run_failed_and_what_finished_kept(tmp_path):
+    with pytest.raises(mm.WorkerStartupError):
+        mm.train(fit_setting, mm.grid(alpha=list(range(20))), backend=FailingBackend(),
+                 store=tmp_path / "s", progress=False)
+    assert not [t for t in threading.enumerate() if "store-writer" in t.name]
+    store = mm.Store(tmp_path / "s")
+    assert store.runs()["status"].tolist() == ["failed"]
+    ok = store.results().query("status == 'ok'")
+    assert len(ok) >= 3  # the first three batches, committed
+    assert store.load(ok["alpha"].iloc[0]) == [ok["alpha"].iloc[0]]
+
+
+def fit_lr_rows(df):
+    from sklearn.linear_model import LinearRegression
+
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def test_a_group_with_a_missing_key_finds_its_model(tmp_path):
+    table = pd.DataFrame({"k": ["a", "a", None, None], "x": [1.0, 2.0, 1.0, 2.0],
+                          "y": [1.0, 2.0, 3.0, 6.0]})
+    mm.train(fit_lr_rows, mm.groups(table, by="k"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    predicted = mm.Store(tmp_path / "s").predict(table, by="k", features=["x"],
+                                                 with_source=True)
+    assert (predicted["source"] == "group").all()
+    np.testing.assert_allclose(predicted["prediction"], table["y"])

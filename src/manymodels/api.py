@@ -117,8 +117,13 @@ def train(
                                backend=name,
                                workers=options.sized_for(backend_type, len(plan.tasks)).workers)
         to_do -= len(recorder.begin(reuse=options.reuse))
-    engine = instance if instance is not None else backend_type()
-    engine.configure(options.sized_for(backend_type, to_do))
+    try:
+        engine = instance if instance is not None else backend_type()
+        engine.configure(options.sized_for(backend_type, to_do))
+    except BaseException:
+        if recorder is not None:
+            recorder.abandon()
+        raise
     scheduler = Scheduler(plan, engine, retries=options.retries,
                           max_failures=options.max_failures, progress=options.progress,
                           recorder=recorder)

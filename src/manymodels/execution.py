@@ -13,7 +13,6 @@ with its status as plain text: a third of the cost of pickling the named type.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pickle
 import threading
@@ -132,8 +131,6 @@ class Executor:
                 raise  # a real Ctrl-C (serial backend): it stops the run
             return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
                     traceback.format_exc(), isinstance(exc, self.retry_on))
-        if self.pickle_models == "all":  # for a store: its JSON, encoded here
-            metrics = json.dumps(metrics, default=repr) if metrics else None
         if model is not None and self.pickle_models is not None:
             try:
                 model = self._pickled(model)

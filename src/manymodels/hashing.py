@@ -19,6 +19,7 @@ Each part is kept apart so that a store can say which one changed.
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import importlib.metadata
@@ -175,8 +176,7 @@ class _CodeWalker:
             if not callable(contents):
                 self.value(f"{label}:closure{position}", contents)
         # Globals it reads: code by what they are, data by their value, so that
-        # editing ALPHA = 1 to ALPHA = 2 retrains (names of attributes are in
-        # co_names too: hashing a global of the same name only errs on the safe side)
+        # editing ALPHA = 1 to ALPHA = 2 retrains
         for name in sorted(_global_names(fn.__code__)):
             if name in fn.__globals__:
                 value = fn.__globals__[name]
@@ -189,7 +189,11 @@ class _CodeWalker:
 
 
 def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
+    """The global names ``code`` (and the code nested in it) reads: not the
+    attribute names it uses (``df.sales`` must not hash a global ``sales``)."""
+    names = {instruction.argval for instruction in dis.get_instructions(code)
+             if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL")}
+    names |= {name for name in code.co_names if name in sys.modules}  # imported inside
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)
@@ -245,6 +249,8 @@ def value_hash(value: Any) -> str:
         return digest(type(value).__name__, *(value_hash(v) for v in value))
     if isinstance(value, dict):
         return digest("dict", *(f"{k!r}={value_hash(v)}" for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):  # a set pickles in hash-seed order
+        return digest(type(value).__name__, *sorted(value_hash(v) for v in value))
     try:
         return digest(pickle.dumps(value, protocol=5))
     except Exception:

@@ -28,8 +28,13 @@ def canonical(value: Any) -> Any:
     if isinstance(value, np.generic) and not isinstance(value, (np.datetime64,
                                                                  np.timedelta64)):
         value = value.item()
+    if isinstance(value, float) and value != value:
+        return None  # NaN: a missing key, as Arrow gives it (None)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if type(value).__name__ in ("NaTType", "NAType") or (
+            isinstance(value, np.datetime64) and np.isnat(value)):
+        return None  # pandas' and NumPy's missing values
     if isinstance(value, (_dt.datetime, np.datetime64)):
         import pandas as pd
 

@@ -46,7 +46,7 @@ class Outcome(NamedTuple):
     index: int
     status: Status
     model: Any
-    metrics: dict | str | None  # a store's run: its JSON, encoded by the worker
+    metrics: dict
     duration_s: float
     started_at: float  # time.time() when it started
     error: str | None  # the traceback

@@ -229,6 +229,10 @@ class Scheduler:
                 stopped_by = exc
             except StoreError as exc:  # the store cannot take more: stop, keep the results
                 store_error = exc
+            except BaseException:  # the backend cannot go on: keep what finished
+                if self.recorder is not None:
+                    self.recorder.abandon(self.records)
+                raise
             finally:
                 clean = (stopped_by is None and store_error is None
                          and not self._over_budget())

@@ -20,6 +20,7 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
+from .keys import encode_key, key_parts
 from .routing import group_positions, route_rows
 
 _Y = "__manymodels_target__"
@@ -234,10 +235,12 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         keys, features = self._split(X, fitting=False)
         X_feat = features if self._as_frame else features.to_numpy()
 
+        by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
+
         def model_of(key: Hashable) -> tuple[Any, str] | None:
-            key = _plain_key(key)
-            if key in self.models_:
-                return self.models_[key], "group"
+            model = by_code.get(encode_key(key_parts(_plain_key(key))))  # NaN finds NaN
+            if model is not None:
+                return model, "group"
             return None if self.fallback_ is None else (self.fallback_, "fallback")
 
         def call(model: Any, rows: np.ndarray) -> np.ndarray:

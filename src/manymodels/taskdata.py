@@ -103,7 +103,9 @@ class SettingsOnly(TaskData):
         return [((), None, 1.0)]
 
     def hashes(self, refs: list[Any]) -> list[str]:
-        return ["-"] * len(refs)
+        from .hashing import digest
+
+        return [digest("no data")] * len(refs)
 
 
 class Items(TaskData):
@@ -255,6 +257,16 @@ class _FrameSlices(DataReader):
         return part.copy() if self.copy else part
 
 
+def _read_only(view: Any) -> Any:
+    """A view of a batch's array that ``fit`` cannot write through (into the
+    next task's rows: a group repeated by a grid shares them): as the arrays
+    of a zero-copy conversion already are."""
+    if view.flags.writeable:
+        view = view.view()
+        view.flags.writeable = False
+    return view
+
+
 class _ArrowSlices(DataReader):
     """Slices of the sorted Arrow table (mapped from shared memory)."""
 
@@ -299,8 +311,9 @@ class _ArrowSlices(DataReader):
             start = starts.get(ref)
             if start is not None:
                 stop = start + ref[1]
-                if self.format == "numpy":  # views of the batch's arrays
-                    return {name: array[start:stop] for name, array in converted.items()}
+                if self.format == "numpy":  # views of the batch's arrays, read-only
+                    return {name: _read_only(array[start:stop])
+                            for name, array in converted.items()}
                 group = converted.iloc[start:stop]
                 group.index = _range_index(ref[1])
                 return group

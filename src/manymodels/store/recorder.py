@@ -179,17 +179,28 @@ class RunRecorder:
         self.flush(records, force=True)
         self._writer.close()
         summary = run.summary()  # after the flush: an unpicklable model failed its task
-        self.conn.execute(
-            "UPDATE runs SET finished_at=?, status=?, ok=?, failed=?, reused=?, wall_s=? "
-            "WHERE run_id=?",
-            (time.time(), status, summary.ok, summary.failed, summary.reused, run.wall_s,
-             self.run_id))
+        try:
+            self.conn.execute(
+                "UPDATE runs SET finished_at=?, status=?, ok=?, failed=?, reused=?, wall_s=? "
+                "WHERE run_id=?",
+                (time.time(), status, summary.ok, summary.failed, summary.reused, run.wall_s,
+                 self.run_id))
+        except sqlite3.Error as exc:
+            raise database.write_error(self.store.path, exc,
+                                       "the run's end could not be recorded") from exc
 
-    def abandon(self) -> None:
-        """After a store error: mark the run ``failed`` if the store still takes
-        that one small write (what was committed before stays usable)."""
+    def abandon(self, records: Any = None) -> None:
+        """After an error that ends the run (the store's own, or a backend's):
+        commit what finished if the store still can, and mark the run
+        ``failed`` (what was committed before stays usable)."""
         if self._writer is not None:
+            if records is not None and self._writer.error is None:
+                try:
+                    self.flush(records, force=True)
+                except Exception:  # the run is ending on an error already
+                    pass
             self._writer.close()
+            self._writer = None
         try:
             self.conn.execute("UPDATE runs SET finished_at=?, status='failed' WHERE run_id=?",
                               (time.time(), self.run_id))
