@@ -224,6 +224,7 @@ def train(
     Example: manymodels train sales.parquet --by store --target sales
     --model sklearn.linear_model.Ridge --grid alpha=0.1,1,10 --store models/
     """
+    from .store import StoreError
     from .tabular import ArgumentError, train_table
 
     try:
@@ -238,6 +239,9 @@ def train(
                               workers=workers, timeout=timeout)
     except ArgumentError as exc:
         _fail(str(exc), exc.option)
+    except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     run = trained.run
     if trained.fallback_error:
         typer.echo(f"no fallback model: {trained.fallback_error}", err=True)

@@ -385,6 +385,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
         run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
                        workers=workers, timeout=timeout)
     except (ValueError, TypeError) as exc:
+        if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
+            raise
         raise ArgumentError(str(exc), "--backend/--workers/--timeout/--store") from exc
     run.store.attach(run.run_id, "train_config", {
         "by": by_columns, "target": target, "features": feature_columns, "model": model,

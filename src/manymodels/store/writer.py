@@ -48,7 +48,9 @@ class StoreWriter:
         self.key_rows, self.identities = key_rows, identities
         #: The first write that failed, as the error the driver raises.
         self.error: database.StoreError | None = None
-        self._queue: queue.Queue[list[Row] | None] = queue.Queue()
+        # Two hand-overs at most wait: when the writer falls behind, the driver
+        # waits for it, so a killed driver still loses only the last second or two.
+        self._queue: queue.Queue[list[Row] | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._loop, name="manymodels-store-writer",
                                         daemon=True)
         self._thread.start()
