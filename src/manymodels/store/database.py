@@ -66,7 +66,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     reused_from  INTEGER,
     PRIMARY KEY (run_id, task_index)
 );
-CREATE INDEX IF NOT EXISTS tasks_ok_identity ON tasks(identity) WHERE status = 'ok';
+-- models trained (not reused) by identity: reuse looks up only these, and a
+-- re-run's million reused rows cost no entry here
+CREATE INDEX IF NOT EXISTS tasks_trained_identity ON tasks(identity)
+    WHERE status = 'ok' AND reused_from IS NULL;
 CREATE INDEX IF NOT EXISTS tasks_key ON tasks(key, run_id);
 CREATE TABLE IF NOT EXISTS attachments (   -- run-level objects: a fallback model, a config
     run_id   INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
@@ -84,6 +87,7 @@ CREATE TABLE IF NOT EXISTS artifacts (
     blob   BLOB,                          -- small models live here
     path   TEXT                           -- large ones in artifacts/, relative path
 );
+CREATE INDEX IF NOT EXISTS artifacts_files ON artifacts(path) WHERE path IS NOT NULL;
 """
 
 
@@ -182,6 +186,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
     if "driver" not in columns:
         conn.execute("ALTER TABLE runs ADD COLUMN driver TEXT")
+    conn.execute("DROP INDEX IF EXISTS tasks_ok_identity")  # now tasks_trained_identity
 
 
 def driver_label() -> str:
@@ -300,11 +305,30 @@ def _intact_file(path: Path, size: int) -> bool:
         return False
 
 
-def reusable_artifact(root: Path, path: str | None, size: int | None) -> bool:
-    """Whether an artifact the index knows can still be loaded, as far as a
-    cheap check tells (a file artifact is there with its size; a corrupt one
-    is caught by its SHA-256 when loaded, and then never reused again)."""
-    return path is None or _intact_file(root / path, size or -1)
+def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) -> set[str]:
+    """Those of ``digests`` that can still be loaded, as far as a cheap check
+    tells: in the index, not found corrupt, and a file artifact's file there
+    with its size. All at once: a scan of the artifact names when the store
+    holds few more than asked for, else one query per 5,000."""
+    if not digests:
+        return set()
+    total = conn.execute("SELECT max(rowid) FROM artifacts").fetchone()[0] or 0
+    if total <= 20 * len(digests):
+        present = digests & {sha for (sha,) in conn.execute("SELECT sha256 FROM artifacts")}
+    else:
+        present, names = set(), list(digests)
+        for start in range(0, len(names), 5000):
+            chunk = names[start:start + 5000]
+            present.update(sha for (sha,) in conn.execute(
+                f"SELECT sha256 FROM artifacts WHERE sha256 IN ({','.join('?' * len(chunk))})",
+                chunk))
+    for sha, path, size in conn.execute(
+            "SELECT sha256, path, size FROM artifacts WHERE path IS NOT NULL"):
+        if sha in present and not _intact_file(root / path, size):
+            present.discard(sha)
+    present.difference_update(sha for (sha,) in conn.execute(
+        "SELECT sha256 FROM corrupt_artifacts"))
+    return present
 
 
 def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:

@@ -87,34 +87,31 @@ class RunRecorder:
         return reused
 
     def _find_reusable(self) -> dict[int, ReusedTask]:
-        """The latest finished task of each identity whose model can still be
+        """The latest task that trained each identity, if its model can still be
         loaded: its artifact is in the index (and its file is there, whole),
-        and no load has found it corrupt."""
+        and no load has found it corrupt. One grouped query per 5,000
+        identities, then the artifacts checked all at once (a join per row
+        cost more than the query itself)."""
         by_identity: dict[str, list[int]] = {}
         for index, parts in enumerate(self.identities):
             by_identity.setdefault(parts[0], []).append(index)
-        found: dict[str, ReusedTask] = {}
+        candidates: dict[str, ReusedTask] = {}
         names = list(by_identity)
-        root = self.store.path
         for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
             chunk = names[start:start + 5000]
-            rows = self.conn.execute(  # per identity, its latest loadable model
-                "SELECT t.identity, MAX(t.run_id), t.artifact, t.size, t.metrics, "
-                "t.duration_s, a.path, a.size FROM tasks t "
-                "LEFT JOIN artifacts a ON a.sha256 = t.artifact "
-                "LEFT JOIN corrupt_artifacts c ON c.sha256 = t.artifact "
-                "WHERE t.status = 'ok' AND t.error IS NULL "
-                f"AND t.identity IN ({','.join('?' * len(chunk))}) "
-                "AND (t.artifact IS NULL OR a.sha256 IS NOT NULL) AND c.sha256 IS NULL "
-                "GROUP BY t.identity", chunk).fetchall()
-            for identity, run_id, artifact, size, metrics, duration, path, stored_size in rows:
-                if artifact is None and metrics is None:
-                    continue
-                if path is not None and not database.reusable_artifact(root, path, stored_size):
-                    continue
-                found[identity] = ReusedTask(run_id, artifact, size, metrics, duration)
-        return {i: found[name] for name, indices in by_identity.items() if name in found
-                for i in indices}
+            rows = self.conn.execute(  # per identity, its latest finished task
+                "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
+                "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
+                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
+            for identity, run_id, artifact, size, metrics, duration in rows:
+                if artifact is not None or metrics is not None:
+                    candidates[identity] = ReusedTask(run_id, artifact, size, metrics, duration)
+        loadable = database.loadable_artifacts(
+            self.conn, self.store.path,
+            {hit.artifact for hit in candidates.values() if hit.artifact is not None})
+        return {i: hit for name, hit in candidates.items()
+                if hit.artifact is None or hit.artifact in loadable
+                for i in by_identity[name]}
 
     def fill_reused(self, records: Any) -> int:
         """Fill in the results of the reused tasks (their models stay in the
