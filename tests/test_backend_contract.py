@@ -164,3 +164,16 @@ def test_register_backend_refuses_what_is_not_a_backend():
     with pytest.raises(ValueError, match="non-empty string"):
         mm.register_backend("", InlineBackend)
     assert BACKENDS["inline"] is InlineBackend
+
+
+def test_a_backends_worker_side_does_not_import_the_whole_package():
+    import subprocess
+    import sys
+
+    code = ("import sys, manymodels.backends._ray_worker, manymodels._version; "
+            "print(sorted(m for m in ('pandas', 'manymodels.store', 'manymodels.api', "
+            "'manymodels.transforms') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+    assert mm.train is __import__("manymodels.api", fromlist=["train"]).train  # still there
