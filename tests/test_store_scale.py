@@ -298,3 +298,28 @@ def test_a_group_with_a_missing_key_finds_its_model(tmp_path):
                                                  with_source=True)
     assert (predicted["source"] == "group").all()
     np.testing.assert_allclose(predicted["prediction"], table["y"])
+
+
+def test_a_fork_waits_for_the_store_writer_to_leave_sqlite():
+    import os
+
+    from manymodels.store.writer import WRITING
+
+    released = threading.Event()
+
+    def commit_for_a_while():
+        with WRITING:  # as the writer thread holds it around each transaction
+            time.sleep(0.5)
+            released.set()
+
+    writer = threading.Thread(target=commit_for_a_while)
+    writer.start()
+    time.sleep(0.1)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forked_after_release = released.is_set()
+    os.waitpid(pid, 0)
+    writer.join()
+    assert forked_after_release
+    assert not WRITING.locked()

@@ -14,6 +14,7 @@ last second; a failed write (a full disk) is rolled back whole and kept as a
 from __future__ import annotations
 
 import json
+import os
 import queue
 import sqlite3
 import threading
@@ -26,6 +27,23 @@ from . import database
 #: attempts, duration_s, started_at, worker, metrics, error, model)``, the
 #: model as :class:`manymodels.messages.Pickled` bytes or None.
 Row = tuple
+
+
+#: Held while the writer talks to SQLite. A fork waits for it (a process
+#: backend forks replacement workers mid-run): a child must not inherit
+#: SQLite's global mutexes locked by the writer thread, or a ``fit`` that
+#: opens a database of its own would wait on them for ever.
+WRITING = threading.Lock()
+
+
+def _release_after_fork() -> None:
+    if WRITING.locked():
+        WRITING.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=WRITING.acquire, after_in_parent=_release_after_fork,
+                        after_in_child=_release_after_fork)
 
 
 def encode_metrics(metrics: dict | str | None) -> str | None:
@@ -69,7 +87,8 @@ class StoreWriter:
     def _loop(self) -> None:
         conn = None
         try:
-            conn = database.connect(self.root)
+            with WRITING:
+                conn = database.connect(self.root)
         except Exception as exc:  # the store cannot even be opened again
             self.error = exc if isinstance(exc, database.StoreError) else database.write_error(
                 self.root, exc, "the store's writer could not open it")
@@ -79,10 +98,12 @@ class StoreWriter:
                 if rows is None:
                     return
                 if self.error is None and conn is not None:
-                    self._commit(conn, rows)
+                    with WRITING:
+                        self._commit(conn, rows)
             except BaseException as exc:
                 if conn is not None:
-                    database.rollback_quietly(conn)
+                    with WRITING:
+                        database.rollback_quietly(conn)
                 error = database.write_error(
                     self.root, exc, f"{len(rows)} finished task(s) could not be recorded")
                 error.__cause__ = exc
@@ -90,7 +111,8 @@ class StoreWriter:
             finally:
                 self._queue.task_done()
                 if rows is None and conn is not None:
-                    conn.close()
+                    with WRITING:
+                        conn.close()
 
     def _commit(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
         corrupt = {sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")}
