@@ -267,10 +267,12 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes) -> tuple[str, int]:
+def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
+                   digest: str | None = None) -> tuple[str, int]:
     """Store ``data`` (inside the caller's transaction); return (sha256, size).
-    An artifact found corrupt earlier is written afresh."""
-    digest = sha256(data)
+    ``digest``: its SHA-256 when the caller has it already (a worker hashed
+    it). An artifact found corrupt earlier is written afresh."""
+    digest = digest or sha256(data)
     corrupt = conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
                            (digest,)).fetchone() is not None
     if corrupt:

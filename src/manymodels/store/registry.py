@@ -18,6 +18,10 @@ from . import database
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
 _PARTS = ("code", "params", "data", "shared")
+#: What says why a task was not reused: its identity's parts, its status, and
+#: its run's code description (which holds the run-level code and shared hashes)
+_IDENTITY_COLUMNS = ("code_hash, params_hash, data_hash, shared_hash, status, "
+                     "(SELECT code_detail FROM runs WHERE runs.run_id = tasks.run_id)")
 
 
 class StoredModel:
@@ -338,19 +342,13 @@ class Store:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
         rather than reused: which part of its identity changed."""
         run_id, _, _ = self._run_row(run)
-        columns = ("t.reused_from, t.code_hash, t.params_hash, t.data_hash, t.shared_hash, "
-                   "t.status, r.code_detail")
-        row = self._conn.execute(
-            f"SELECT {columns} FROM tasks t JOIN runs r ON r.run_id = t.run_id "
-            "WHERE t.run_id = ? AND t.key = ?", (run_id, encode_key(key_parts(key)))).fetchone()
-        if row is None:
-            raise KeyError(f"run {run_id} has no task with key {key!r}")
+        row = self._task_row(key, run_id, f"reused_from, {_IDENTITY_COLUMNS}")
         if row[0] is not None:
             return f"{key!r} was reused from run {row[0]}"
         before = self._conn.execute(
-            f"SELECT t.run_id, {columns[15:]} FROM tasks t JOIN runs r ON r.run_id = t.run_id "
-            "WHERE t.key = ? AND t.run_id < ? ORDER BY (t.status = 'ok') DESC, t.run_id DESC "
-            "LIMIT 1", (encode_key(key_parts(key)), run_id)).fetchone()
+            f"SELECT run_id, {_IDENTITY_COLUMNS} FROM tasks WHERE key = ? AND run_id < ? "
+            "ORDER BY (status = 'ok') DESC, run_id DESC LIMIT 1",
+            (encode_key(key_parts(key)), run_id)).fetchone()
         if before is None:
             return f"{key!r} was trained: no earlier run in this store has this key"
         changed = [name for name, now, then in zip(_PARTS, _identity_parts(row),

@@ -81,8 +81,10 @@ class StoreWriter:
         self._queue.join()
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        """End the thread (a second call, after an error, does nothing)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
 
     def _loop(self) -> None:
         conn = None
@@ -125,7 +127,7 @@ class StoreWriter:
                 artifact = model.sha256 or database.sha256(data)
                 size = len(data)
                 if size >= database.SMALL_ARTIFACT or artifact in corrupt:
-                    database.write_artifact(conn, self.root, data)
+                    database.write_artifact(conn, self.root, data, artifact)
                 else:
                     blobs.append((artifact, size, data))
             task_rows.append((
