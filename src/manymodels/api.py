@@ -106,7 +106,7 @@ def train(
     plan = make_plan(source)
     context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
                          cpus_per_task=options.backend.cpus_per_task,
-                         retry_on=options.retry_on, setup=setup,
+                         retry_on=options.retry_on, setup=options.setup,
                          pickle_models=(None if not backend_type.requires_pickling
                                         else "all" if store is not None else "small"))
     recorder, to_do = None, len(plan.tasks)

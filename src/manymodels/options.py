@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
@@ -57,7 +57,6 @@ class RunOptions:
     reuse: bool = True
     shared: dict[str, Any] | None = None
     setup: Any = None
-    explicit_workers: bool = field(default=False)
 
     @classmethod
     def validate(cls, *, fit: Any, source: Any, backend_type: type, backend_name: str,
@@ -120,7 +119,7 @@ class RunOptions:
                    retry_on=_check_retry_on(retry_on),
                    max_failures=_check_max_failures(max_failures),
                    progress=bool(progress), reuse=bool(reuse), shared=shared or None,
-                   setup=setup, explicit_workers=workers is not None)
+                   setup=setup)
 
     def sized_for(self, backend_type: type, tasks: int) -> BackendOptions:
         """The backend's options for a run of ``tasks`` tasks still to do: no

@@ -22,6 +22,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from .keys import encode_key, key_parts
 from .routing import group_positions, route_rows
+from .tables import plain_scalar
 
 _Y = "__manymodels_target__"
 _GROUP = "__manymodels_group__"
@@ -35,8 +36,8 @@ def _fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool)
 def _plain_key(key: Any) -> Hashable:
     """A group key with NumPy scalars as Python values (as keys are stored)."""
     if isinstance(key, tuple):
-        return tuple(_plain_key(v) for v in key)
-    return key.item() if isinstance(key, np.generic) else key
+        return tuple(plain_scalar(v) for v in key)
+    return plain_scalar(key)
 
 
 def _as_pandas_if_table(X: Any) -> Any:
@@ -238,7 +239,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
 
         def model_of(key: Hashable) -> tuple[Any, str] | None:
-            model = by_code.get(encode_key(key_parts(_plain_key(key))))  # NaN finds NaN
+            model = by_code.get(encode_key(key_parts(key)))  # one encoding: NaN finds NaN
             if model is not None:
                 return model, "group"
             return None if self.fallback_ is None else (self.fallback_, "fallback")

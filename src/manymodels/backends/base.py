@@ -72,6 +72,10 @@ class WorkerStartupError(RuntimeError):
     """Workers cannot start or cannot load the run (e.g. ``fit`` does not unpickle)."""
 
 
+#: Worker deaths outside any task a backend tolerates before it gives up.
+DEATHS_OUTSIDE_TASKS = 5
+
+
 class DeathCount:
     """Worker deaths outside any task (while loading the run, between tasks):
     a few are bad luck, more mean the workers cannot run here at all, and

@@ -62,6 +62,7 @@ from ._process_handles import (
 from ._process_worker import die_with_parent, forked_main
 from ._protocol import SLOT
 from .base import (
+    DEATHS_OUTSIDE_TASKS,
     Backend,
     DeathCount,
     Event,
@@ -72,7 +73,6 @@ from .base import (
 
 _CHECK_EVERY_S = 0.05
 _STOP_GRACE_S = 1.0
-_MAX_UNEXPLAINED_DEATHS = 5
 #: Libraries whose native thread pools or devices hang or fail in a forked
 #: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
 #: initialised Ray is caught by its threads.
@@ -151,7 +151,7 @@ class ProcessesBackend(Backend):
         except BaseException:
             self.stop(force=True)
             raise
-        self._deaths = DeathCount(_MAX_UNEXPLAINED_DEATHS, "a worker process died outside any task")
+        self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS, "a worker process died outside any task")
         self._last_check = time.monotonic()
 
     def _limit_driver_threads(self) -> None:

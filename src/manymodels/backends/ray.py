@@ -98,6 +98,7 @@ from ._ray_cluster import (
 )
 from ._ray_worker import remote_function
 from .base import (
+    DEATHS_OUTSIDE_TASKS,
     Backend,
     DeathCount,
     Event,
@@ -110,10 +111,6 @@ from .base import (
 
 _BATCHES_PER_WORKER = 2
 _STOP_GRACE_S = 1.0
-#: Deaths of Ray workers that no task can be blamed for (before their first
-#: task) tolerated, beyond one per Ray task in flight, before the backend
-#: gives up, as the processes backend does.
-_MAX_UNEXPLAINED_DEATHS = 5
 
 # -- in the driver ---------------------------------------------------------------
 
@@ -246,7 +243,7 @@ class RayBackend(Backend):
         self.worker_nodes, self.worker_pids = {}, {}
         # Tolerates one generation of Ray tasks in flight dying at once (a
         # lost node), not workers that die whatever they are given.
-        self._deaths = DeathCount(_MAX_UNEXPLAINED_DEATHS + _BATCHES_PER_WORKER * self.workers,
+        self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS + _BATCHES_PER_WORKER * self.workers,
                                   "Ray workers keep dying before running any task")
 
     def stop(self, *, force: bool = False) -> None:
