@@ -55,13 +55,14 @@ from typing import Any
 
 import numpy as np
 
+import _common as c  # the bench directory is on sys.path: this script's own
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 ROWS_PER_GROUP = 10
 SEED = 15
 SAMPLE = 1_000  # groups whose coefficients are compared with the serial ones
 POOL_CHUNK = 1_000  # groups per Pool task
-PSS_INTERVAL_S = 0.2
 CASES = ("serial", "pool", "mm", "mm+store", "mm rerun")
 
 
@@ -102,57 +103,6 @@ def sample_keys(groups: int) -> np.ndarray:
 
 
 # -- measuring inside a case's interpreter ------------------------------------------
-
-
-class TreePSS:
-    """A thread that sums the PSS (and RSS) of this process and all its
-    descendants every ``interval`` seconds and keeps the peaks."""
-
-    def __init__(self, interval: float = PSS_INTERVAL_S) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self.interval = interval
-        self.peak_pss = 0
-        self.peak_rss = 0
-        self.peak_procs = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tree-pss", daemon=True)
-
-    def sample(self) -> None:
-        psutil = self._psutil
-        me = psutil.Process()
-        try:
-            procs = [me, *me.children(recursive=True)]
-        except psutil.Error:
-            return
-        pss = rss = 0
-        for proc in procs:
-            try:
-                info = proc.memory_full_info()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            pss += getattr(info, "pss", 0)
-            rss += info.rss
-        self.samples += 1
-        self.peak_pss = max(self.peak_pss, pss)
-        self.peak_rss = max(self.peak_rss, rss)
-        self.peak_procs = max(self.peak_procs, len(procs))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def __enter__(self) -> TreePSS:
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
 
 
 def disk_usage(path: Path) -> tuple[int, int, int]:
@@ -358,16 +308,14 @@ def child_main(args: argparse.Namespace) -> int:
         cols = make_columns(args.groups)
         out["data_s"] = time.perf_counter() - gen_begin
         out["driver_rss_before_mb"] = psutil.Process().memory_info().rss / 2**20
-        with TreePSS() as tree:
+        with c.PeakRSS() as tree:  # the tree's RSS every 0.05 s, its PSS every 0.2 s
             result = CASE_FUNCTIONS[args.case](
                 cols, args.workers, store=args.store,
                 expect_reused=args.case == "mm rerun", profile=args.profile)
         del cols
         out.update(result)
         out["tree_peak_pss_mb"] = tree.peak_pss / 2**20
-        out["tree_peak_rss_mb"] = tree.peak_rss / 2**20
-        out["tree_peak_processes"] = tree.peak_procs
-        out["pss_samples"] = tree.samples
+        out["tree_peak_rss_mb"] = tree.peak_mb
         out["driver_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["status"] = "ok"
         code = 0
