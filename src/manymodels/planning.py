@@ -64,6 +64,9 @@ class GroupLayout:
     offsets: np.ndarray
     lengths: np.ndarray
     keys: list[tuple]
+    #: Each sorted row's position in the input table; None when the input was
+    #: in key order already (``map_groups`` puts a transform's rows back)
+    input_rows: np.ndarray | None = None
 
 
 def group_layout(source: GroupSource) -> GroupLayout:
@@ -78,14 +81,14 @@ def group_layout(source: GroupSource) -> GroupLayout:
     offsets = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
     if np.all(order[1:] > order[:-1]):
-        table = source.table  # already sorted: no copy
+        table, order = source.table, None  # already sorted: no copy
     else:
         table = source.table.take(pa.array(order))
     table = table.combine_chunks()
     key_table = table.select(source.by).take(pa.array(offsets))
     columns = [key_table.column(c).to_pylist() for c in source.by]
     keys = list(zip(*columns))
-    source._layout = GroupLayout(table, offsets, lengths, keys)
+    source._layout = GroupLayout(table, offsets, lengths, keys, order)
     return source._layout
 
 

@@ -4,7 +4,6 @@ parallel and return one concatenated table."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +16,6 @@ from .api import train
 from .planning import group_layout
 from .results import OK, Run
 from .sources import GroupSource, PartitionSource, ProductSource
-
-#: The row-number column that :func:`_input_rows` lays out with the key columns
-_ROW = "__manymodels_row__"
 
 
 def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
@@ -119,21 +115,6 @@ def _is_group_indexed(output: Any, rows: int) -> bool:
     return index.equals(pd.RangeIndex(rows))
 
 
-def _input_rows(base: GroupSource) -> np.ndarray | None:
-    """For each row of ``base``'s sorted layout, its position in the input
-    table: found by laying out the key columns alone, with a row-number column,
-    the way the planner laid out the whole table (the same stable sort). None
-    if the two layouts do not agree."""
-    keys = base.table.select(base.by)
-    helper = copy.copy(base)  # the user's source keeps its table and cached layout
-    helper.table = keys.append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
-    helper._layout = None
-    layout = group_layout(helper)
-    if not np.array_equal(layout.lengths, group_layout(base).lengths):
-        return None
-    return layout.table.column(_ROW).to_numpy()
-
-
 def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | None:
     """When every non-empty pandas output holds exactly its group's rows,
     labelled as ``fn`` received them (a transform): the input position of each
@@ -149,9 +130,9 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | No
     kept = [i for i, out in enumerate(outputs) if len(out)]
     if not kept or not all(_is_group_indexed(outputs[i], int(lengths[done[i]])) for i in kept):
         return None
-    order = _input_rows(base)
+    order = layout.input_rows  # the planner's sort: each row's input position
     if order is None:
-        return None
+        order = np.arange(int(lengths.sum()))
     if len(kept) == len(lengths):  # every group, in layout order
         return order, kept
     offsets = layout.offsets
