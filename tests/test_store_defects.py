@@ -3,6 +3,7 @@ damaged index, a killed run, a read-only store, models that cannot be stored."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -74,21 +75,32 @@ def test_missing_or_corrupt_artifact_is_retrained_not_reused(tmp_path):
     small = mm.train(fit_big, mm.items(range(3)), store=store, backend="serial",
                      progress=False)
     assert len(small.ok) == 3
-    with sqlite3.connect(store / "index.sqlite") as conn:  # a lost artifact
-        digest = conn.execute("SELECT artifact FROM tasks WHERE key = '[0]'").fetchone()[0]
-        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (digest,))
-        digest = conn.execute("SELECT artifact FROM tasks WHERE key = '[1]'").fetchone()[0]
-        blob = conn.execute("SELECT blob FROM artifacts WHERE sha256 = ?",
-                            (digest,)).fetchone()[0]
-        conn.execute("UPDATE artifacts SET blob = ? WHERE sha256 = ?",  # a corrupt one
-                     (bytes(len(blob)), digest))
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        # small models are packed: item -> (pack, offset, size) from its locator
+        located = {json.loads(key)[0]: tuple(int(p) for p in art.split("@")[1].split("/"))
+                   for key, art in conn.execute("SELECT key, artifact FROM tasks")}
+        last = max(located, key=lambda item: located[item][1])  # lost: the pack cut short
+        damaged = next(item for item in located if item != last)  # corrupt: bytes zeroed
+        pack, offset, size = located[last]
+        conn.execute("UPDATE packs SET blob = substr(blob, 1, ?) WHERE pack_id = ?",
+                     (offset, pack))
+        pack, offset, size = located[damaged]
+        blob = bytearray(conn.execute("SELECT blob FROM packs WHERE pack_id = ?",
+                                      (pack,)).fetchone()[0])
+        blob[offset:offset + size] = bytes(size)
+        conn.execute("UPDATE packs SET blob = ? WHERE pack_id = ?", (bytes(blob), pack))
     opened = mm.Store(store)
-    with pytest.raises(mm.StoreIntegrityError):
-        opened.load(1)  # found corrupt when loaded
+    with pytest.raises(mm.StoreIntegrityError, match="packed artifact"):
+        opened.load(last)  # missing: beyond the pack's end
+    opened.close()
+    opened = mm.Store(store)
+    with pytest.raises(mm.StoreIntegrityError, match="does not match"):
+        opened.load(damaged)  # found corrupt when loaded
     opened.close()
     again = mm.train(fit_big, mm.items(range(3)), store=store, backend="serial",
                      progress=False)
-    assert again.results.set_index("item")["reused"].to_dict() == {0: False, 1: False, 2: True}
+    expected = {item: item not in (last, damaged) for item in range(3)}
+    assert again.results.set_index("item")["reused"].to_dict() == expected
     for item in range(3):
         assert np.array_equal(mm.Store(store).load(item), fit_big(item)[0])
 

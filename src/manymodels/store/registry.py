@@ -308,7 +308,8 @@ class Store:
         self._conn.execute("COMMIT")
 
     def gc(self) -> int:
-        """Remove artifacts no run references, and stray files; return how many."""
+        """Remove artifacts and packs no run references, and stray files; return
+        how many models (and files) were removed."""
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -319,11 +320,16 @@ class Store:
             conn.executemany("DELETE FROM artifacts WHERE sha256 = ?", [(d,) for d, _ in dead])
             known = {p for (p,) in conn.execute(
                 "SELECT path FROM artifacts WHERE path IS NOT NULL")}
+            referenced = {database.parse_locator(a)[1] for (a,) in conn.execute(
+                "SELECT DISTINCT artifact FROM tasks WHERE artifact LIKE '%@%'")}
+            dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
+                          if p not in referenced]
+            conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        removed = len(dead)
+        removed = len(dead) + sum(models for _, models in dead_packs)
         for file in (self.path / "artifacts").rglob("*"):
             relative = file.relative_to(self.path).as_posix()
             if file.is_file() and relative not in known:

@@ -5,10 +5,11 @@ models, writing each one's row and artifact there was the whole cost of a run
 with a store. So the recorder hands the writer, at least once a second, the
 finished tasks as plain rows (the models already pickled, by the workers when
 they are processes), and the writer commits each hand-over in one transaction
-on its own SQLite connection: small artifacts in one ``executemany``, the
-task rows in another. A driver killed at any moment still loses at most the
-last second; a failed write (a full disk) is rolled back whole and kept as a
-:class:`StoreError` that the recorder raises on the driver's next hand-over.
+on its own SQLite connection: the small models joined into packs (one BLOB
+row each, see :mod:`.database`), the task rows in one ``executemany``. A
+driver killed at any moment still loses at most the last second; a failed
+write (a full disk) is rolled back whole and kept as a :class:`StoreError`
+that the recorder raises on the driver's next hand-over.
 """
 
 from __future__ import annotations
@@ -117,25 +118,26 @@ class StoreWriter:
                         conn.close()
 
     def _commit(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
-        corrupt = {sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")}
         conn.execute("BEGIN IMMEDIATE")
-        blobs, task_rows = [], []
+        small, task_rows = [], []
         for index, status, attempts, duration, started, worker, metrics, error, model in rows:
             artifact = size = None
             if model is not None:
                 data = model.data
                 artifact = model.sha256 or database.sha256(data)
                 size = len(data)
-                if size >= database.SMALL_ARTIFACT or artifact in corrupt:
+                if size >= database.SMALL_ARTIFACT:
                     database.write_artifact(conn, self.root, data, artifact)
-                else:
-                    blobs.append((artifact, size, data))
-            task_rows.append((
+                else:  # packed below; the row learns its locator then
+                    small.append((len(task_rows), artifact, data))
+            task_rows.append([
                 self.run_id, index, encode_key(self.key_rows[index]), *self.identities[index],
                 status, attempts, _nan_to_none(duration), _nan_to_none(started), worker,
-                encode_metrics(metrics), error, artifact, size))
-        conn.executemany("INSERT OR IGNORE INTO artifacts(sha256, size, blob) VALUES (?, ?, ?)",
-                         blobs)
+                encode_metrics(metrics), error, artifact, size])
+        if small:
+            locators = database.write_pack(conn, [(sha, data) for _, sha, data in small])
+            for (row, _, _), locator in zip(small, locators):
+                task_rows[row][-2] = locator
         conn.executemany(
             "INSERT OR REPLACE INTO tasks(run_id, task_index, key, identity, code_hash, "
             "params_hash, data_hash, shared_hash, status, attempts, duration_s, "
