@@ -397,9 +397,14 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
     packed = {d for d in digests if "@" in d}
     digests = digests - packed
     if packed:
+        # length() of a BLOB is read from its record header, not its content
         lengths = dict(conn.execute("SELECT pack_id, length(blob) FROM packs"))
-        packed = {d for d in packed if sum(parse_locator(d)[2:]) <= lengths.get(
-            parse_locator(d)[1], -1)}
+        whole = set()
+        for locator in packed:
+            _, pack, offset, size = parse_locator(locator)
+            if offset + size <= lengths.get(pack, -1):
+                whole.add(locator)
+        packed = whole
     total = conn.execute("SELECT max(rowid) FROM artifacts").fetchone()[0] or 0
     if total <= 20 * len(digests):
         present = digests & {sha for (sha,) in conn.execute("SELECT sha256 FROM artifacts")}
