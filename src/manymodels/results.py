@@ -14,7 +14,7 @@ import pandas as pd
 
 from .messages import FAILURE_STATUSES, Pickled, Status
 from .planning import Plan
-from .store.registry import ModelMap
+from .store.registry import IN_STORE, ModelMap, StoredModel
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
@@ -149,18 +149,28 @@ class Run:
         that returns a metrics dict alone has metrics but no model). Models
         reused from a store are loaded when first asked for."""
         rec = self._records
+        in_store = self._stored_artifacts()
         return ModelMap({
-            task.key: rec.model[task.index]
+            task.key: (StoredModel(self.store, in_store[task.index], task.key)
+                       if rec.model[task.index] is IN_STORE else rec.model[task.index])
             for task in self._plan.tasks
             if rec.status[task.index] == OK and rec.model[task.index] is not None
         })
+
+    def _stored_artifacts(self) -> dict[int, str]:
+        """Task index -> artifact of the models the driver left in the store."""
+        if self.store is None or not any(m is IN_STORE for m in self._records.model):
+            return {}
+        return self.store._run_artifacts(self.run_id)
 
     def _ok_outputs(self) -> tuple[list[str], list[tuple[tuple, Any]]]:
         """The key columns, and (key values, what ``fit`` returned) of every task
         that succeeded, in plan order: what the transforms assemble."""
         rec = self._records
+        in_store = self._stored_artifacts()
         return self._plan.key_columns, [
-            (parts, _loaded(rec.model[task.index]))
+            (parts, StoredModel(self.store, in_store[task.index], task.key).load()
+             if rec.model[task.index] is IN_STORE else _loaded(rec.model[task.index]))
             for task, parts in zip(self._plan.tasks, self._plan.key_rows)
             if rec.status[task.index] == OK
         ]

@@ -20,7 +20,7 @@ from ..dataplane import pickle_any
 from ..keys import encode_key
 from ..messages import Pickled, Status
 from . import database
-from .registry import StoredModel
+from .registry import IN_STORE
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
@@ -52,6 +52,7 @@ class RunRecorder:
         self._reused: dict[int, ReusedTask] = {}
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
+        self._records: Any = None
 
     def begin(self, reuse: bool) -> dict[int, ReusedTask]:
         """Create the run's row and record the tasks whose models are reused."""
@@ -83,7 +84,7 @@ class RunRecorder:
                     from exc
             raise
         self._writer = StoreWriter(self.store.path, self.run_id, self.plan.key_rows,
-                                   self.identities)
+                                   self.identities, on_committed=self._forget_models)
         return reused
 
     def _find_reusable(self) -> dict[int, ReusedTask]:
@@ -120,10 +121,21 @@ class RunRecorder:
             records.status[index] = Status.OK.value
             records.reused_from[index] = hit.run_id
             records.metrics[index] = hit.metrics
-            if hit.artifact is not None:
-                records.model[index] = StoredModel(self.store, hit.artifact,
-                                                   self.plan.tasks[index].key)
-        return len(self._reused)
+            if hit.artifact is not None:  # this run's row names it: loaded from there
+                records.model[index] = IN_STORE
+        count = len(self._reused)
+        self._reused = {}
+        return count
+
+    def _forget_models(self, indices: list[int]) -> None:
+        """Called by the writer thread once these tasks' models are committed:
+        the driver drops its copies (``run.models`` loads them from the store),
+        so its memory does not grow with the number of models. Until then it
+        keeps them, so a failed write still leaves every model in ``.run``."""
+        model = self._records.model
+        for index in indices:
+            if model[index] is not None:
+                model[index] = IN_STORE
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
@@ -138,6 +150,7 @@ class RunRecorder:
         :class:`StoreError`; its transaction was rolled back whole, so no row
         is ever committed without its artifact.
         """
+        self._records = records
         self._raise_write_error()
         now = time.monotonic()
         if self._pending and (force or now - self._last_commit >= COMMIT_EVERY_S):

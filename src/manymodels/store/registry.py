@@ -24,6 +24,20 @@ _IDENTITY_COLUMNS = ("code_hash, params_hash, data_hash, shared_hash, status, "
                      "(SELECT code_detail FROM runs WHERE runs.run_id = tasks.run_id)")
 
 
+class _InStore:
+    """Marks a task's model as committed to the run's store: the driver keeps
+    no copy (a million models would be a gigabyte), and ``run.models`` loads
+    it from the store when asked for."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "IN_STORE"
+
+
+IN_STORE = _InStore()
+
+
 class StoredModel:
     """A model in a store, loaded (and checked) on first use."""
 
@@ -135,6 +149,12 @@ class Store:
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return row
+
+    def _run_artifacts(self, run_id: int) -> dict[int, str]:
+        """Task index -> artifact of each model a run recorded."""
+        return dict(self._conn.execute(
+            "SELECT task_index, artifact FROM tasks WHERE run_id = ? AND status = 'ok' AND "
+            "artifact IS NOT NULL", (run_id,)))
 
     def load(self, key: Hashable, run: int | None = None) -> Any:
         """The model of ``key`` in ``run`` (default: the latest run)."""

@@ -19,6 +19,7 @@ import os
 import queue
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from ..keys import encode_key
@@ -62,8 +63,11 @@ class StoreWriter:
     """Commits the rows of one run, in the order handed over, on a thread."""
 
     def __init__(self, root: Path, run_id: int, key_rows: list[tuple],
-                 identities: list[tuple]) -> None:
+                 identities: list[tuple],
+                 on_committed: Callable[[list[int]], None] | None = None) -> None:
         self.root, self.run_id = root, run_id
+        #: Told the task indices whose models a transaction committed.
+        self.on_committed = on_committed
         self.key_rows, self.identities = key_rows, identities
         #: The first write that failed, as the error the driver raises.
         self.error: database.StoreError | None = None
@@ -103,6 +107,8 @@ class StoreWriter:
                 if self.error is None and conn is not None:
                     with WRITING:
                         self._commit(conn, rows)
+                    if self.on_committed is not None:
+                        self.on_committed([row[0] for row in rows if row[-1] is not None])
             except BaseException as exc:
                 if conn is not None:
                     with WRITING:
