@@ -89,6 +89,14 @@ def test_order_by_changes_the_data_identity_only_when_it_changes_the_rows(series
     unordered = mm.train(last_value_forecast, mm.groups(series, by="sku"), store=store,
                          backend="serial", progress=False)
     assert not unordered.results["reused"].any()  # fit sees other rows first: other data
+    path = tmp_path / "series.parquet"  # read on workers: the files, plus how they are read
+    series.to_parquet(path, index=False)
+    for options in ({}, {"order_by": "date"}, {"order_by": "date", "columns": ["y"]}):
+        source = mm.groups(path, by="sku", read_on_workers=True, **options)
+        first = mm.train(width, source, store=store, backend="serial", progress=False)
+        assert not first.results["reused"].any(), options
+        again = mm.train(width, source, store=store, backend="serial", progress=False)
+        assert again.results["reused"].all(), options
 
 
 def test_bad_order_by_and_columns_are_named_before_work(series, tmp_path):
