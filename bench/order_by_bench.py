@@ -1,6 +1,6 @@
 """What ``mm.groups(..., order_by=...)`` costs the planner: the layout of a
 shuffled table sorted by key alone, and by key then a date column (one sort
-either way), at a modest size. Prints a table and writes order_by_bench.json.
+either way), at a modest size. Prints a table and writes bench/results/order_by.json.
 
     python bench/order_by_bench.py [rows] [groups]
 """
@@ -42,7 +42,8 @@ def main() -> None:
     print(f"{rows} shuffled rows, {groups} groups: planner layout (best of 3)")
     for name, seconds in results.items():
         print(f"  {name:<20} {seconds * 1000:8.1f} ms")
-    out = Path(__file__).with_name("order_by_bench.json")
+    out = Path(__file__).parent / "results" / "order_by.json"
+    out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"rows": rows, "groups": groups,
                                "layout_ms": {k: v * 1000 for k, v in results.items()}},
                               indent=2))
