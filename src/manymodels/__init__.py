@@ -27,6 +27,7 @@ _EXPORTS = {
     "Summary": ".results",
     "RunInterrupted": ".scheduling",
     "TooManyFailures": ".scheduling",
+    "glance": ".fitstats",
     "grid": ".sources",
     "groups": ".sources",
     "items": ".sources",
@@ -48,6 +49,7 @@ __all__ = [
     "Summary",
     "TooManyFailures",
     "WorkerStartupError",
+    "glance",
     "grid",
     "groups",
     "items",
@@ -60,6 +62,7 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
     from .backends import Backend, RayBackend, WorkerStartupError, register_backend
+    from .fitstats import glance
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items

@@ -15,6 +15,7 @@ from .backends import Backend, backend_class
 from .execution import RunContext
 from .hashing import task_identities
 from .options import RunOptions
+from .planning import add_fit_keys
 from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
@@ -54,7 +55,8 @@ def train(
     unless the source is a bare grid, then the grid values and the ``shared``
     objects as keywords. It returns a model, a ``(model, metrics)`` pair, or a
     dict of metrics. An exception fails only its own task; its traceback is in
-    ``run.failed``.
+    ``run.failed``. A ``fit`` with a ``key`` parameter also gets its task's key
+    as ``key=`` (a scalar for one ``by`` column, a tuple for several).
 
     * ``backend``: ``"processes"`` (default), ``"threads"``, ``"serial"`` or
       ``"ray"`` (a Ray cluster at ``RAY_ADDRESS``, or a local Ray instance), or
@@ -104,6 +106,8 @@ def train(
     store = _open_store(store)
 
     plan = make_plan(source)
+    add_fit_keys(plan, fit, {*(options.shared or {}),
+                             *(options.setup if isinstance(options.setup, Mapping) else ())})
     context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
                          cpus_per_task=options.backend.cpus_per_task,
                          retry_on=options.retry_on, setup=options.setup,

@@ -24,6 +24,7 @@ from .sources import (
     ProductSource,
     Source,
 )
+from .tables import sort_order
 from .taskdata import Items, ParquetReads, SettingsOnly, TableSlices, TaskData
 
 
@@ -47,6 +48,8 @@ class Plan:
     key_columns: list[str]
     param_columns: list[str]
     key_rows: list[tuple] = field(default_factory=list)  # key column values per task
+    #: Per task, the ``key=`` keyword ``fit`` gets (None: fit does not ask for it)
+    fit_keys: list[Hashable] | None = None
 
     @property
     def kind(self) -> str:
@@ -71,12 +74,17 @@ class GroupLayout:
 
 def group_layout(source: GroupSource) -> GroupLayout:
     """Sort ``source``'s table by key once (stable, so rows keep their order
-    within a group) and find each group's slice. Cached on the source."""
+    within a group; with ``order_by``, one sort by key then those columns)
+    and find each group's slice. Cached on the source."""
     if source._layout is not None:
         return source._layout
     keys_frame = source.table.select(source.by).to_pandas()
     codes = keys_frame.groupby(source.by, sort=True, dropna=False).ngroup().to_numpy()
-    order = np.argsort(codes, kind="stable")
+    order_by = getattr(source, "order_by", None)
+    if order_by and source.reader is None:  # (read on workers: each batch sorts its rows)
+        order = sort_order(source.table, order_by, codes).to_numpy()
+    else:
+        order = np.argsort(codes, kind="stable")
     lengths = np.bincount(codes)
     offsets = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
@@ -144,3 +152,34 @@ def plan(source: Source) -> Plan:
             key_rows.append(parts)
     return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
                 param_columns=param_columns, key_rows=key_rows)
+
+
+def asks_for_key(fit: Any) -> bool:
+    """Whether ``fit`` names a ``key`` parameter (looked at once, on the driver;
+    a ``**kwargs`` catch-all does not count: ``key=`` would surprise it)."""
+    import inspect
+
+    try:
+        parameter = inspect.signature(fit).parameters.get("key")
+    except (TypeError, ValueError):  # a builtin or an object with no signature
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def add_fit_keys(plan: Plan, fit: Any, passed: set[str]) -> None:
+    """Give each task its ``key=`` keyword when ``fit`` asks for one: the
+    group's key (a scalar for one ``by`` column, a tuple for several; an
+    item's key), without the grid's settings, which ``fit`` gets anyway. Not
+    when a grid setting, a shared object or a setup resource is named ``key`` (that one is
+    passed), nor for a bare grid (its tasks have no key besides the settings).
+    ``passed``: the names of the shared objects and setup resources."""
+    if plan.kind == "grid" or not asks_for_key(fit):
+        return
+    if "key" in plan.param_columns or "key" in passed:
+        return
+    width = len(plan.key_columns) - len(plan.param_columns)
+    if width == 1:
+        plan.fit_keys = [parts[0] for parts in plan.key_rows]
+    else:
+        plan.fit_keys = [parts[:width] for parts in plan.key_rows]

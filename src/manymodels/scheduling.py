@@ -269,7 +269,7 @@ class Scheduler:
         return run
 
     def _loop(self) -> None:
-        tasks, backend = self.plan.tasks, self.backend
+        tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
         todo = [i for i, status in enumerate(self.records.status) if status is None]
         pending = deque(sorted(todo, key=lambda i: -tasks[i].cost))
         retry_now: deque[int] = deque()  # crashed or requeued: before anything else
@@ -286,7 +286,11 @@ class Scheduler:
                 batch = []
                 while len(batch) < size and (retry_now or pending):
                     i = retry_now.popleft() if retry_now else pending.popleft()
-                    batch.append((i, tasks[i].data, tasks[i].params))
+                    params = tasks[i].params
+                    if fit_keys is not None:  # fit asked for its key (planning.add_fit_keys)
+                        params = {**params, "key": fit_keys[i]} if params else {
+                            "key": fit_keys[i]}
+                    batch.append((i, tasks[i].data, params))
                     in_flight.add(i)
                 backend.submit(batch_id, batch)
                 batch_id += 1

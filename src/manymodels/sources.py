@@ -56,12 +56,29 @@ class GroupSource(Source):
         format: str = "pandas",
         cost: Callable[[int], float] | None = None,
         read_on_workers: bool = False,
+        order_by: str | Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-        by_columns = [by] if isinstance(by, str) or not isinstance(by, Sequence) else list(by)
+        by_columns = _column_list(by, "by")
         if not by_columns:
             raise ValueError("groups() needs at least one column in by=")
+        order_columns = _column_list(order_by, "order_by") if order_by is not None else []
+        if columns is not None:
+            wanted = _column_list(columns, "columns")
+            if not wanted:
+                raise ValueError("columns= names no column; leave it out to read them all")
+            wanted = list(dict.fromkeys(by_columns + order_columns + wanted))
+            if is_pandas_frame(table):  # select by label, before anything is converted
+                absent = [c for c in wanted if c not in table.columns]
+                if absent:
+                    raise ValueError(f"column {absent[0]!r} is not in the table; "
+                                     f"its columns are {list(table.columns)}")
+                table = table.loc[:, [c for c in table.columns if c in wanted]]
+                wanted = None
+        else:
+            wanted = None
         #: A pandas frame's column labels when some are not strings (Arrow
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
@@ -72,10 +89,17 @@ class GroupSource(Source):
                 raise ValueError(f"the frame's column labels {self.column_labels} are not "
                                  "distinct as strings; rename the columns")
             by_columns = [str(c) if c in self.column_labels else c for c in by_columns]
+            order_columns = [str(c) if c in self.column_labels else c for c in order_columns]
             self.key_labels = [self.column_labels[names.index(c)] if c in names else c
                                for c in by_columns]
         if not all(isinstance(c, str) for c in by_columns):
             raise TypeError(f"by= must name columns as strings, got {by!r}")
+        if not all(isinstance(c, str) for c in order_columns):
+            raise TypeError(f"order_by= must name columns as strings, got {order_by!r}")
+        clash = set(by_columns) & set(order_columns)
+        if clash:
+            raise ValueError(f"order_by column {sorted(clash)[0]!r} is also a by column: "
+                             "within a group it has one value, so it orders nothing")
         #: A pandas frame's row labels (None for other tables): map_groups labels
         #: the rows of a transform's result with them.
         self.row_index = table.index if is_pandas_frame(table) else None
@@ -84,7 +108,8 @@ class GroupSource(Source):
         #: column; with a reader, the key columns and each row's file number).
         self.reader: ParquetGroups | None = None
         if read_on_workers:
-            self.reader, self.table = ParquetGroups.plan(parquet_files(table), by_columns)
+            self.reader, self.table = ParquetGroups.plan(parquet_files(table), by_columns,
+                                                         order_columns, wanted)
             for name in by_columns:
                 column = self.table.column(name)
                 nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()
@@ -92,16 +117,19 @@ class GroupSource(Source):
                     raise ValueError(f"by column {name!r} has missing values; "
                                      "read_on_workers needs a value in every key column")
         else:
-            self.table = read_table(table)
-        missing = [c for c in by_columns if c not in self.table.column_names]
-        if missing:
-            raise ValueError(
-                f"by column {missing[0]!r} is not in the table; "
-                f"its columns are {self.table.column_names}"
-            )
+            self.table = read_table(table, wanted)
+        checked = (("by", by_columns),) + (() if self.reader else (("order_by", order_columns),))
+        for what, names in checked:
+            missing = [c for c in names if c not in self.table.column_names]
+            if missing:
+                raise ValueError(
+                    f"{what} column {missing[0]!r} is not in the table; "
+                    f"its columns are {self.table.column_names}"
+                )
         if self.table.num_rows == 0:
             raise ValueError("the table is empty: there are no groups to train")
         self.by = by_columns
+        self.order_by = order_columns
         self.format = format
         self.cost = cost
         self._layout = None  # filled once by planning.group_layout
@@ -111,7 +139,8 @@ class GroupSource(Source):
         return list(self.key_labels) if self.column_labels else list(self.by)
 
     def __repr__(self) -> str:
-        return f"groups({self.table.num_rows} rows, by={self.by})"
+        order = f", order_by={self.order_by}" if self.order_by else ""
+        return f"groups({self.table.num_rows} rows, by={self.by}{order})"
 
 
 class PartitionSource(Source):
@@ -247,6 +276,13 @@ class ProductSource(Source):
         return f"{self.base!r} * {self.grid!r}"
 
 
+def _column_list(names: Any, what: str) -> list:
+    """A column name or a sequence of them, as a list."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        return [names]
+    return list(names)
+
+
 def _require_unique(values: list[Any], what: str) -> None:
     seen: set[Any] = set()
     for value in values:
@@ -287,6 +323,8 @@ def groups(
     format: str = "pandas",
     cost: Callable[[int], float] | None = None,
     read_on_workers: bool = False,
+    order_by: str | Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> GroupSource:
     """One task per group of ``table``'s rows, keyed by the ``by`` columns.
 
@@ -301,9 +339,16 @@ def groups(
     reads just the ``by`` columns to plan the groups, and each batch of tasks
     reads its own groups' rows on its worker, so the driver never holds a
     table larger than its memory (on Ray, every node must see the same path).
+
+    ``order_by`` (a column or a list of them): each group's rows reach ``fit``
+    sorted by it (ascending, stable, missing values last), as a time series
+    needs them, whatever the input's row order; without it they keep the
+    input's order. ``columns``: read only these columns (plus the ``by`` and
+    ``order_by`` ones) -- from a Parquet or CSV file the others are never
+    read; a column the table lacks is named in the error.
     """
     return GroupSource(table, by, format=format, cost=cost,
-                       read_on_workers=read_on_workers)
+                       read_on_workers=read_on_workers, order_by=order_by, columns=columns)
 
 
 def items(

@@ -34,18 +34,27 @@ def _table_files(path: Path) -> list[Path]:
                   if p.is_file() and p.suffix.lower() in _PARQUET_SUFFIXES | _CSV_SUFFIXES)
 
 
-def _read_file(path: Path) -> pa.Table:
+def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """The file's table; with ``columns``, only those (each checked against the
+    file's own column names first, so that a missing one is named)."""
     suffix = path.suffix.lower()
     try:
         if suffix in _PARQUET_SUFFIXES:
             import pyarrow.parquet as pq
 
-            return pq.read_table(path)
+            if columns is not None:
+                columns = _present(columns, pq.read_schema(path).names, path)
+            return pq.read_table(path, columns=columns)
         if suffix in _CSV_SUFFIXES:
             import pyarrow.csv as pcsv
 
             parse = pcsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ",")
-            return pcsv.read_csv(path, parse_options=parse)
+            convert = None
+            if columns is not None:
+                with pcsv.open_csv(path, parse_options=parse) as reader:  # the header only
+                    names = reader.schema.names
+                convert = pcsv.ConvertOptions(include_columns=_present(columns, names, path))
+            return pcsv.read_csv(path, parse_options=parse, convert_options=convert)
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read table file {str(path)!r}: {exc}") from exc
     raise ValueError(
@@ -54,11 +63,21 @@ def _read_file(path: Path) -> pa.Table:
     )
 
 
-def _read_directory(path: Path) -> pa.Table:
+def _present(columns: list[str], names: list[str], where: Any) -> list[str]:
+    """``columns`` in the order of ``names``; a missing one is named."""
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in {str(where)!r}; "
+                         f"its columns are {names}")
+    wanted = set(columns)
+    return [name for name in names if name in wanted]
+
+
+def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     files = _table_files(path)
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet or .csv files")
-    tables = [_read_file(p) for p in files]
+    tables = [_read_file(p, columns) for p in files]
     try:
         return pa.concat_tables(tables, promote_options="default")
     except pa.ArrowException as exc:
@@ -67,8 +86,18 @@ def _read_directory(path: Path) -> pa.Table:
         ) from exc
 
 
-def read_table(table: Any) -> pa.Table:
-    """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``."""
+def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
+    """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
+    with ``columns``, only those columns (a file's others are never read), in
+    the table's order; a column the table lacks is named in the error."""
+    if columns is not None and not isinstance(table, (str, Path)):
+        names = ([str(c) for c in table.columns] if is_pandas_frame(table)
+                 else list(table.columns) if _is_polars_frame(table) else table.column_names)
+        columns = _present(columns, names, "the table")
+        if is_pandas_frame(table):  # before the conversion: the others are never converted
+            table = table.iloc[:, [names.index(c) for c in columns]]
+        else:
+            table = table.select(columns)
     if isinstance(table, pa.Table):
         return table
     if isinstance(table, pa.RecordBatch):
@@ -77,7 +106,7 @@ def read_table(table: Any) -> pa.Table:
         path = Path(table)
         if not path.exists():
             raise ValueError(f"table path {str(path)!r} does not exist")
-        return _read_directory(path) if path.is_dir() else _read_file(path)
+        return _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
     if _is_polars_frame(table):
         return table.to_arrow()
     import pandas as pd
@@ -138,9 +167,12 @@ class ParquetGroups:
     files: list[str]
     by: list[str]
     schema: pa.Schema  # of all files, unified as an eager read unifies them
+    order_by: tuple[str, ...] = ()  # each group's rows sorted by these
+    columns: tuple[str, ...] | None = None  # the columns read (None: all)
 
     @classmethod
-    def plan(cls, files: list[str], by: list[str]) -> tuple[ParquetGroups, pa.Table]:
+    def plan(cls, files: list[str], by: list[str], order_by: list[str] | None = None,
+             columns: list[str] | None = None) -> tuple[ParquetGroups, pa.Table]:
         """Read the key columns only; return the reader and the key table with
         a ``__file__`` column (the number of the file each row came from)."""
         import pyarrow.parquet as pq
@@ -151,16 +183,20 @@ class ParquetGroups:
         except (OSError, pa.ArrowException) as exc:
             raise ValueError(f"cannot read the schema of the Parquet files under "
                              f"{files[0]!r}...: {exc}") from exc
-        missing = [c for c in by if c not in schema.names]
-        if missing:
-            raise ValueError(f"by column {missing[0]!r} is not in the Parquet files; "
-                             f"their columns are {schema.names}")
+        for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
+            missing = [c for c in names if c not in schema.names]
+            if missing:
+                raise ValueError(f"{what + ' ' if what else ''}column {missing[0]!r} is not in "
+                                 f"the Parquet files; their columns are {schema.names}")
+        if columns is not None:
+            columns = _present(columns, schema.names, files[0])
         parts = []
         for number, file in enumerate(files):
             keys = read_rows([file], columns=by, schema=schema)
             parts.append(keys.append_column("__file__", pa.array(
                 [number] * keys.num_rows, type=pa.int32())))
-        return cls(files, by, schema), pa.concat_tables(parts)
+        return (cls(files, by, schema, tuple(order_by or ()),
+                    None if columns is None else tuple(columns)), pa.concat_tables(parts))
 
     def read(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, pa.Table]:
         """Key -> that group's rows, in file and row order (as an eager read
@@ -178,8 +214,11 @@ class ParquetGroups:
             term = pc.field(column).isin(values)
             condition = term if condition is None else condition & term
         # one thread: a worker stays within its cpus_per_task
-        rows = read_rows([self.files[n] for n in numbers], filter=condition, schema=self.schema,
-                         use_threads=False)
+        rows = read_rows([self.files[n] for n in numbers],
+                         columns=None if self.columns is None else list(self.columns),
+                         filter=condition, schema=self.schema, use_threads=False)
+        if self.order_by:  # one stable sort for the batch: each group's rows in order
+            rows = rows.take(sort_order(rows, list(self.order_by)))
         key_frame = rows.select(self.by).to_pandas()
         positions = key_frame.groupby(self.by, sort=False).indices
         groups = {}
@@ -188,6 +227,19 @@ class ParquetGroups:
             if key in keys:
                 groups[key] = rows.take(where)
         return groups
+
+
+def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:
+    """The stable sort of ``table``'s rows by ``columns`` (ascending, missing
+    values last), after ``codes`` (a group number per row) when given."""
+    import pyarrow.compute as pc
+
+    keys = [(c, "ascending") for c in columns]
+    sortable = table.select(columns)
+    if codes is not None:
+        sortable = sortable.append_column("__group__", pa.array(codes))
+        keys = [("__group__", "ascending"), *keys]
+    return pc.sort_indices(sortable, sort_keys=keys)  # nulls (and NaN) last
 
 
 def plain_scalar(value: Any) -> Any:

@@ -203,11 +203,15 @@ class ParquetReads(TaskData):
         return self._entries
 
     def hashes(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> list[str]:
-        """A group's data is the content of the files that hold its rows."""
+        """A group's data is the content of the files that hold its rows (and,
+        when given, the columns read and the order of its rows)."""
         from .hashing import digest, file_hash
 
         file_hashes = [file_hash(path) for path in self.reader.files]
-        return [digest(repr(key), *(file_hashes[n] for n in files)) for key, files in refs]
+        reader = self.reader
+        how = ([f"order_by={list(reader.order_by)}"] if reader.order_by else []) + (
+            [f"columns={list(reader.columns)}"] if reader.columns is not None else [])
+        return [digest(repr(key), *how, *(file_hashes[n] for n in files)) for key, files in refs]
 
     def open(self, table: Any) -> DataReader:
         return _ParquetBatches(self.reader, self.format)

@@ -4,6 +4,8 @@ parallel and return one concatenated table."""
 
 from __future__ import annotations
 
+import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -187,11 +189,75 @@ def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
     return frame
 
 
+#: The metric a fallback's output carries: why ``fn`` failed on that group.
+_FALLBACK = "__manymodels_fallback__"
+
+
+class _WithFallback:
+    """``fn``, or ``fallback`` on the same rows where ``fn`` raises (as
+    statsforecast's ``fallback_model``): in the worker, so the fallback's
+    output travels back like any other, marked with the reason."""
+
+    def __init__(self, fn: Callable[..., Any], fallback: Callable[..., Any]) -> None:
+        self.fn, self.fallback = fn, fallback
+
+    def __call__(self, data: Any, **kwargs: Any) -> Any:
+        try:
+            return self.fn(data, **kwargs)
+        except Exception:  # the fallback's own error, if any, carries fn's as its context
+            reason = traceback.format_exc()
+            return self.fallback(data, **kwargs), {_FALLBACK: reason}
+
+
+def _key_of(parts: tuple) -> Any:
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def _fallen_back(run: Run) -> dict[Any, str]:
+    """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
+    rec = run._records
+    return {_key_of(parts): rec.metrics[task.index][_FALLBACK]
+            for task, parts in zip(run._plan.tasks, run._plan.key_rows)
+            if rec.status[task.index] == OK and rec.metrics[task.index]
+            and _FALLBACK in rec.metrics[task.index]}
+
+
+def _failures(run: Run, key_columns: list) -> dict[Any, str]:
+    """Key -> error of every task that failed (left out of the result)."""
+    failed = run.failed
+    return {_key_of(tuple(row[c] for c in key_columns)): row["error"]
+            for _, row in failed.iterrows()}
+
+
+def _reason(error: str) -> str:
+    """The last line of a traceback: the exception and its message."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def _report_failures(result: Any, failed: dict, fallback: dict | None) -> Any:
+    """Warn about the groups left out; on a pandas result, ``attrs["failed"]``
+    (and ``attrs["fallback"]``) map each such key to its traceback."""
+    if failed:
+        listed = "; ".join(f"{key!r} ({_reason(error)})" for key, error in
+                           list(failed.items())[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        warnings.warn(f"map_groups: {len(failed)} group(s) failed and are left out of the "
+                      f"result: {listed}{more} (a pandas result lists them all in "
+                      "result.attrs['failed'])", RuntimeWarning, stacklevel=3)
+    if isinstance(result, (pd.DataFrame, pd.Series)):
+        result.attrs["failed"] = failed
+        if fallback is not None:
+            result.attrs["fallback"] = fallback
+    return result
+
+
 def map_groups(
     fn: Callable[..., Any],
     source: GroupSource | ProductSource,
     *,
     errors: str = "raise",
+    fallback: Callable[..., Any] | None = None,
     **options: Any,
 ) -> Any:
     """Run ``fn`` on every group and return one concatenated table, like
@@ -220,16 +286,34 @@ def map_groups(
     a grid (``groups * grid``) the outputs come in key order, a group's rows
     once per setting, under a fresh index. With ``errors="raise"`` (default) a
     failing group raises an error naming it; with ``errors="skip"`` its rows
-    are left out. Other keywords go to :func:`train` (``backend``,
-    ``workers``, ``shared``, ...).
+    are left out, a ``RuntimeWarning`` names them with the reason, and a
+    pandas result's ``attrs["failed"]`` maps each one's key to its traceback.
+    ``fallback``: a function called on a group's rows (with the same
+    keywords) where ``fn`` raises, whose output takes the place of ``fn``'s
+    (statsforecast's ``fallback_model``); a pandas result's
+    ``attrs["fallback"]`` maps those groups' keys to ``fn``'s traceback.
+    Other keywords go to :func:`train` (``backend``, ``workers``, ``shared``, ...).
     """
     _check_errors(errors)
     base = source.base if isinstance(source, ProductSource) else source
     if not isinstance(base, GroupSource):
         raise TypeError("map_groups needs a source made by mm.groups(...)")
+    if fallback is not None:
+        if not callable(fallback):
+            raise TypeError("fallback must be a function of a group's rows, got "
+                            f"{type(fallback).__name__}")
+        fn = _WithFallback(fn, fallback)
     options.setdefault("progress", False)
     run = train(fn, source, **options)
     key_columns, ok = _ok_outputs(run, errors, "map_groups")
+    failed = _failures(run, key_columns) if errors == "skip" else {}
+    fell_back = _fallen_back(run) if fallback is not None else None
+    return _report_failures(_assemble(run, base, source, key_columns, ok), failed, fell_back)
+
+
+def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
+              ok: list[tuple[tuple, Any]]) -> Any:
+    """The outputs of the groups that succeeded as one table (see map_groups)."""
     parts = [key for key, _ in ok]
     outputs = [output for _, output in ok]
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)

@@ -1,0 +1,92 @@
+"""In-sample fit statistics of a linear regression, as R's ``broom::glance``.
+
+R users fitting "many models" get every fit statistic of an ``lm`` from
+``broom::glance``; here ``fit`` returns them as its metrics without writing
+them by hand::
+
+    def fit(df):
+        model = LinearRegression().fit(df[["year"]], df["life_exp"])
+        return model, mm.glance(model, df[["year"]], df["life_exp"])
+
+The names are broom's, in snake case, and so are the formulas (those of R's
+``summary.lm``, ``logLik.lm``, ``AIC`` and ``BIC``): ``p`` coefficients
+(the intercept included, zero coefficients left out: the model's rank for
+least squares, the usual degrees of freedom for the lasso), ``n`` rows,
+``RSS`` the residual sum of squares.
+
+==================  ===============================================================
+``r_squared``       ``1 - RSS / TSS`` (TSS about the mean; about 0 without intercept)
+``adj_r_squared``   ``1 - (1 - r2) (n - i) / (n - p)``, ``i`` 1 with an intercept
+``sigma``           ``sqrt(RSS / (n - p))``, the residual standard error
+``statistic``       the F statistic, ``((TSS - RSS) / (p - i)) / (RSS / (n - p))``
+``p_value``         its upper tail probability, F(p - i, n - p)
+``df``              ``p - i``, the model's degrees of freedom
+``log_lik``         ``-n/2 (log(2 pi) + log(RSS / n) + 1)``, Gaussian errors
+``aic``, ``bic``    ``-2 log_lik + k (p + 1)``, ``k`` 2 or ``log(n)`` (``+ 1``: sigma)
+``deviance``        ``RSS``
+``df_residual``     ``n - p``
+``nobs``            ``n``
+==================  ===============================================================
+
+For a penalised model (ridge, lasso) they are the same formulas at its
+coefficients, as ``glance`` of a ``glmnet`` fit would not give: read them as
+descriptive. (statsmodels' ``OLS`` AIC and BIC leave sigma out of the count:
+they are 2 and ``log(n)`` lower than R's and these.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def _coefficients(model: Any) -> tuple[np.ndarray, bool]:
+    """The model's coefficients, and whether it has an intercept."""
+    coef = getattr(model, "coef_", None)
+    if coef is None or getattr(model, "classes_", None) is not None:
+        raise TypeError("glance needs a fitted linear regression (a model with coef_, such "
+                        f"as LinearRegression or Ridge), got {type(model).__name__}")
+    coef = np.asarray(coef, dtype=float)
+    if coef.ndim > 1 and coef.shape[0] != 1:
+        raise ValueError(f"glance describes one target; the model has {coef.shape[0]}")
+    intercept = bool(getattr(model, "fit_intercept", True)) and (
+        getattr(model, "intercept_", None) is not None)
+    return coef.ravel(), intercept
+
+
+def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
+    """broom's ``glance`` of a fitted linear regression on the rows ``X, y`` it
+    was fitted on: a dict of plain floats (``nobs``, ``df``, ``df_residual``
+    ints), ready to be ``fit``'s metrics. See the module's table."""
+    from scipy import stats
+
+    coef, intercept = _coefficients(model)
+    y = np.asarray(y, dtype=float).ravel()
+    n = len(y)
+    if n == 0:
+        raise ValueError("glance needs at least one row")
+    fitted = np.asarray(model.predict(X), dtype=float).ravel()
+    if len(fitted) != n:
+        raise ValueError(f"X has {len(fitted)} rows but y has {n}")
+    p = int(np.count_nonzero(coef)) + int(intercept)
+    i = int(intercept)
+    rss = float(np.sum((y - fitted) ** 2))
+    tss = float(np.sum((y - y.mean()) ** 2) if intercept else np.sum(y ** 2))
+    df_residual = n - p
+    r2 = 1.0 - rss / tss if tss > 0 else math.nan
+    nan = math.nan
+    adj = 1.0 - (1.0 - r2) * (n - i) / df_residual if df_residual > 0 else nan
+    sigma = math.sqrt(rss / df_residual) if df_residual > 0 else nan
+    df_model = p - i
+    if df_model > 0 and df_residual > 0 and rss > 0:
+        statistic = ((tss - rss) / df_model) / (rss / df_residual)
+        p_value = float(stats.f.sf(statistic, df_model, df_residual))
+    else:
+        statistic = p_value = nan
+    log_lik = -0.5 * n * (math.log(2 * math.pi) + math.log(rss / n) + 1) if rss > 0 else nan
+    return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
+            "p_value": p_value, "df": df_model, "log_lik": log_lik,
+            "aic": -2 * log_lik + 2 * (p + 1), "bic": -2 * log_lik + math.log(n) * (p + 1),
+            "deviance": rss, "df_residual": df_residual, "nobs": n}

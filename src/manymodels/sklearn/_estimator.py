@@ -1,0 +1,370 @@
+"""``GroupedEstimator``: one scikit-learn model per group, fitted by manymodels.
+
+For people who think in ``fit``/``predict``: ``GroupedEstimator(Ridge(),
+by="store")`` behaves as one estimator (``clone``, ``Pipeline``,
+``GridSearchCV`` work) while manymodels fits a clone of ``Ridge()`` per store
+in parallel. Rows of groups that were too small, that failed, or that were
+never seen in ``fit`` go to their parent group's model (``hierarchical``) or
+to a fallback model; ``shrinkage`` blends a group's model with its parents'
+as scikit-lego's ``GroupedPredictor`` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.base import (
+    BaseEstimator,
+    ClassifierMixin,
+    MetaEstimatorMixin,
+    RegressorMixin,
+    clone,
+    is_classifier,
+    is_regressor,
+)
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
+
+from ..keys import encode_key, key_parts
+from ..routing import group_positions, route_rows
+from ..tables import plain_scalar
+from ._inputs import feature_input, split_X
+from ._shrinkage import shrinkage_function
+
+_Y = "__manymodels_target__"
+_GROUP = "__manymodels_group__"
+
+
+def _fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool) -> Any:
+    X = df[features] if as_frame else df[features].to_numpy()
+    return clone(estimator).fit(X, df[_Y].to_numpy())
+
+
+def _level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple]]:
+    """Each row's group number among the prefixes of its key of length
+    ``depth``, and each group's prefix (a tuple of plain values)."""
+    columns = list(keys.columns[:depth])
+    codes = keys.groupby(columns if depth > 1 else columns[0], sort=False,
+                         dropna=False).ngroup().to_numpy()
+    first = np.unique(codes, return_index=True)[1]
+    prefixes = [tuple(plain_scalar(v) for v in row)
+                for row in keys.iloc[first, :depth].itertuples(index=False, name=None)]
+    return codes, prefixes
+
+
+class _Blend:
+    """A chain of models whose predictions are averaged with fixed weights."""
+
+    def __init__(self, models: list, weights: np.ndarray) -> None:
+        self.models, self.weights = models, weights
+
+    def predict(self, X: Any) -> np.ndarray:
+        return sum(w * np.asarray(m.predict(X), dtype=float)
+                   for m, w in zip(self.models, self.weights))
+
+
+class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
+    """One clone of ``estimator`` per group of rows, with a fallback model.
+
+    Parameters
+    ----------
+    estimator : a scikit-learn estimator, cloned for every group.
+    by : the column(s) naming a row's group: names for a DataFrame, positions
+        for an array. They are not passed to the per-group models; X may hold
+        them alone (one baseline per group, e.g. ``DummyRegressor()``).
+    fallback : ``"global"`` (a clone of ``estimator`` fitted on all rows), an
+        estimator (fitted on all rows), or ``"error"`` (predicting an unseen
+        group raises). Used for unseen groups, groups smaller than
+        ``min_group_size`` and groups whose fit failed (scikit-lego's
+        ``use_global_model=False`` is ``fallback="error"``).
+    min_group_size : groups with fewer rows use the fallback (or a parent).
+    backend, workers : passed to :func:`manymodels.train`.
+    hierarchical : with several ``by`` columns, also fit a model per prefix
+        (``by=["country", "city"]``: per country, then per (country, city)), and
+        send a row whose group has no model to its nearest parent that has
+        one, then to the fallback.
+    shrinkage : None, ``"constant"``, ``"relative"``, ``"min_n_obs"``,
+        ``"equal"`` or a function of the levels' sizes (see
+        :mod:`manymodels.sklearn._shrinkage`): predict the weighted mean of the
+        models from the global one (unless ``fallback="error"``) down to the
+        group's own; implies ``hierarchical``; regressors only.
+    shrinkage_kwargs : the shrinkage's keywords: ``{"alpha": 0.1}`` for
+        ``"constant"``, ``{"min_n_obs": 50}`` for ``"min_n_obs"``.
+
+    Attributes
+    ----------
+    models_ : dict of group key -> fitted estimator (a scalar key for one
+        ``by`` column, a tuple for several).
+    parent_models_ : dict of key prefix (a tuple) -> fitted estimator, with
+        ``hierarchical`` or ``shrinkage``.
+    fallback_ : the fitted fallback, or None.
+    group_sizes_ : dict of group key -> rows seen in ``fit``.
+    shrinkage_factors_ : dict of group key -> weights of its chain of models,
+        root first, with ``shrinkage``.
+    failed_ : DataFrame of the groups whose fit failed (key, error).
+    classes_ : for classifiers, every class seen in ``fit``.
+    """
+
+    def __init__(
+        self,
+        estimator: Any = None,
+        by: str | int | Sequence[str] | Sequence[int] = 0,
+        fallback: Any = "global",
+        min_group_size: int = 1,
+        backend: str = "processes",
+        workers: int | None = None,
+        hierarchical: bool = False,
+        shrinkage: Any = None,
+        shrinkage_kwargs: dict | None = None,
+    ) -> None:
+        self.estimator = estimator
+        self.by = by
+        self.fallback = fallback
+        self.min_group_size = min_group_size
+        self.backend = backend
+        self.workers = workers
+        self.hierarchical = hierarchical
+        self.shrinkage = shrinkage
+        self.shrinkage_kwargs = shrinkage_kwargs
+
+    def _check_kind(self) -> None:
+        """Subclasses refuse the wrong kind of estimator."""
+
+    # -- fit -----------------------------------------------------------------------
+
+    def _check_params(self) -> Any:
+        if self.estimator is None:
+            raise ValueError(f"{type(self).__name__} needs an estimator, e.g. "
+                             f"{type(self).__name__}(Ridge(), by='store')")
+        self._check_kind()
+        if not isinstance(self.min_group_size, (int, np.integer)) or self.min_group_size < 1:
+            raise ValueError(f"min_group_size must be an integer >= 1, "
+                             f"got {self.min_group_size!r}")
+        if not (self.fallback in ("global", "error") or hasattr(self.fallback, "fit")):
+            raise ValueError(f"fallback must be 'global', 'error' or an estimator, "
+                             f"got {self.fallback!r}")
+        if self.shrinkage is None:
+            return None
+        if not is_regressor(self.estimator):
+            raise ValueError("shrinkage averages the predictions of a group's models, so it "
+                             f"needs a regressor; {type(self.estimator).__name__} is not one")
+        return shrinkage_function(self.shrinkage, self.shrinkage_kwargs)
+
+    def fit(self, X: Any, y: Any) -> GroupedEstimator:
+        import manymodels as mm
+
+        shrink = self._check_params()
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target "
+                             "y is None")
+        keys, features = split_X(self, X, fitting=True)
+        y = column_or_1d(y, warn=True)
+        if y.dtype.kind in "fc":  # scikit-learn's message for NaN or inf in y
+            check_array(y, ensure_2d=False, dtype=None, input_name="y")
+        if len(y) != len(features):
+            raise ValueError(f"X has {len(features)} rows but y has {len(y)}")
+        if len(y) == 0:
+            raise ValueError("cannot fit on 0 samples")
+        if is_classifier(self.estimator):
+            self.classes_ = np.unique(y)
+        X_all = feature_input(features, self._as_frame)
+        if X_all.shape[1] == 0:
+            self._check_fits_without_features(X_all, y, keys.shape[1])
+
+        depth = keys.shape[1]
+        hierarchical = bool(self.hierarchical) or shrink is not None
+        table = features.copy()
+        if not self._as_frame:
+            table.columns = list(range(features.shape[1]))
+        feature_columns = list(table.columns)
+        table[_Y] = y
+        parts, key_of, sizes = [], [], []
+        for level in range(1, depth + 1) if hierarchical else [depth]:
+            codes, prefixes = _level_codes(keys, level)
+            counts = np.bincount(codes, minlength=len(prefixes))
+            keep = counts[codes] >= self.min_group_size
+            parts.append(table[keep].assign(**{_GROUP: codes[keep] + len(key_of)}))
+            key_of.extend(prefixes)
+            sizes.extend(int(n) for n in counts)
+        stacked = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+        def public(prefix: tuple) -> Hashable:
+            return prefix[0] if depth == 1 else prefix
+
+        self.n_rows_ = len(y)
+        self.level_sizes_ = dict(zip(key_of, sizes))
+        self.group_sizes_ = {public(k): n for k, n in self.level_sizes_.items()
+                             if len(k) == depth}
+        self.models_, self.parent_models_, failures = {}, {}, []
+        if len(stacked):
+            run = mm.train(
+                _fit_group, mm.groups(stacked, by=_GROUP),
+                shared={"estimator": self.estimator, "features": feature_columns,
+                        "as_frame": self._as_frame},
+                backend=self.backend, workers=self.workers, progress=False)
+            for code, model in run.models.items():
+                prefix = key_of[code]
+                if len(prefix) == depth:
+                    self.models_[public(prefix)] = model
+                else:
+                    self.parent_models_[prefix] = model
+            for _, row in run.failed.iterrows():
+                prefix = key_of[row[_GROUP]]
+                failures.append({"group": public(prefix) if len(prefix) == depth else prefix,
+                                 "error": row["error"]})
+        self.failed_ = pd.DataFrame(failures, columns=["group", "error"])
+        if failures and not (self.models_ or self.parent_models_):
+            raise RuntimeError(
+                f"every group's fit failed ({len(failures)} groups); the first error:\n"
+                f"{failures[0]['error']}")
+        if failures:
+            warnings.warn(f"{len(failures)} group(s) failed to fit and use a parent or the "
+                          "fallback; see failed_", RuntimeWarning, stacklevel=2)
+        # after the groups: a model fitted here first (LightGBM's OpenMP pool)
+        # could deadlock the forked workers
+        self.fallback_ = self._fit_global(X_all, y)
+        if self.fallback_ is None and not (self.models_ or self.parent_models_):
+            raise ValueError("no group could be fitted and fallback='error'")
+        self.shrinkage_function_ = shrink
+        if shrink is not None:
+            self.shrinkage_factors_ = {
+                public(k): self._chain(k)[1] for k in key_of if len(k) == depth}
+        return self
+
+    def _check_fits_without_features(self, X_all: Any, y: np.ndarray, depth: int) -> None:
+        """With the key columns alone as X, make sure the estimator fits on no
+        feature at all, before any group is fitted, with scikit-learn's message."""
+        try:
+            clone(self.estimator).fit(X_all, y)
+        except ValueError as exc:
+            raise ValueError(f"X has {depth} feature(s), all of them by columns, and "
+                             f"{type(self.estimator).__name__} cannot fit without a "
+                             f"feature: {exc}") from exc
+
+    def _fit_global(self, X_all: Any, y: np.ndarray) -> Any:
+        """The fallback fitted on all rows (None with ``fallback="error"``)."""
+        if self.fallback == "error":
+            return None
+        prototype = self.estimator if self.fallback == "global" else self.fallback
+        return clone(prototype).fit(X_all, y)
+
+    # -- predict -------------------------------------------------------------------
+
+    def _chain(self, key: tuple) -> tuple[list, np.ndarray]:
+        """The models from the root down to ``key``'s own, skipping levels
+        without one, and their shrinkage weights."""
+        models, sizes = [], []
+        if self.fallback_ is not None:
+            models.append(self.fallback_)
+            sizes.append(self.n_rows_)
+        for level in range(1, len(key) + 1):
+            prefix = key[:level]
+            model = (self.models_.get(prefix[0] if len(key) == 1 else prefix)
+                     if level == len(key) else self.parent_models_.get(prefix))
+            if model is not None:
+                models.append(model)
+                sizes.append(self.level_sizes_[prefix])
+        return models, self.shrinkage_function_(np.array(sizes)) if models else np.array([])
+
+    def _route(self, X: Any, method: str) -> np.ndarray:
+        check_is_fitted(self, "models_")
+        keys, features = split_X(self, X, fitting=False)
+        X_feat = feature_input(features, self._as_frame)
+        by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
+        by_code.update((encode_key(k), m) for k, m in self.parent_models_.items())
+        shrinking = self.shrinkage_function_ is not None and method == "predict"
+        depth = keys.shape[1]
+
+        def model_of(key: Hashable) -> tuple[Any, str] | None:
+            parts = key_parts(key)
+            if shrinking:
+                models, weights = self._chain(tuple(plain_scalar(v) for v in parts))
+                return (_Blend(models, weights), "shrunk") if models else None
+            for level in range(depth, 0, -1):  # one encoding: NaN finds NaN
+                model = by_code.get(encode_key(parts[:level]))
+                if model is not None:
+                    return model, "group" if level == depth else "parent"
+            return None if self.fallback_ is None else (self.fallback_, "fallback")
+
+        def call(model: Any, rows: np.ndarray) -> np.ndarray:
+            part = X_feat.iloc[rows] if self._as_frame else X_feat[rows]
+            values = np.asarray(getattr(model, method)(part))
+            if method == "predict_proba":
+                return self._align(model, values, 0.0)
+            if method == "decision_function" and len(self.classes_) > 2:
+                return self._align(model, values, -np.inf)
+            return values
+
+        routed = route_rows(group_positions(keys), len(keys), model_of, call)
+        if routed.unseen:
+            raise ValueError(f"no model for group(s) {routed.unseen[:5]!r} and "
+                             "fallback='error'")
+        return routed.values
+
+    def _align(self, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
+        """A model's class columns placed among ``classes_`` (a group may have
+        seen fewer classes); a binary decision as two columns, -s and s."""
+        if scores.ndim == 1:
+            scores = np.column_stack([-scores, scores])
+        full = np.full((len(scores), len(self.classes_)), missing)
+        full[:, np.searchsorted(self.classes_, model.classes_)] = scores
+        return full
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Each row predicted by its group's model (or a parent's, or the
+        fallback); with shrinkage, the weighted mean of its chain of models."""
+        return self._route(X, "predict")
+
+    @available_if(lambda self: hasattr(self.estimator, "predict_proba"))
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities, columns in the order of ``classes_``."""
+        return self._route(X, "predict_proba")
+
+    @available_if(lambda self: hasattr(self.estimator, "decision_function"))
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Each row's decision scores from its group's model: one column for two
+        classes, else one per class of ``classes_`` (-inf for a class the
+        group never saw)."""
+        return self._route(X, "decision_function")
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Accuracy for classifiers, R^2 for regressors."""
+        prediction = self.predict(X)
+        if is_classifier(self.estimator):
+            return float(accuracy_score(y, prediction, sample_weight=sample_weight))
+        return float(r2_score(y, prediction, sample_weight=sample_weight))
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        if self.estimator is not None:
+            inner = self.estimator.__sklearn_tags__()
+            tags.estimator_type = inner.estimator_type
+            tags.classifier_tags = inner.classifier_tags
+            tags.regressor_tags = inner.regressor_tags
+            tags.target_tags.required = True
+            tags.input_tags.sparse = False
+            tags.input_tags.allow_nan = inner.input_tags.allow_nan
+        return tags
+
+
+class GroupedRegressor(RegressorMixin, GroupedEstimator):
+    """A :class:`GroupedEstimator` of regressors; refuses a classifier."""
+
+    def _check_kind(self) -> None:
+        if not is_regressor(self.estimator):
+            raise ValueError(f"GroupedRegressor needs a regressor, got "
+                             f"{type(self.estimator).__name__}; use GroupedClassifier")
+
+
+class GroupedClassifier(ClassifierMixin, GroupedEstimator):
+    """A :class:`GroupedEstimator` of classifiers; refuses a regressor."""
+
+    def _check_kind(self) -> None:
+        if not is_classifier(self.estimator):
+            raise ValueError(f"GroupedClassifier needs a classifier, got "
+                             f"{type(self.estimator).__name__}; use GroupedRegressor")

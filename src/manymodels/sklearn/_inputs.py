@@ -1,0 +1,99 @@
+"""GroupedEstimator's input: X split into its key columns and its features,
+with scikit-learn's own checks and messages."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.utils.validation import check_array
+
+from ..tables import plain_scalar
+
+
+def plain_key(key: Any) -> Hashable:
+    """A group key with NumPy scalars as Python values (as keys are stored)."""
+    if isinstance(key, tuple):
+        return tuple(plain_scalar(v) for v in key)
+    return plain_scalar(key)
+
+
+def as_pandas_if_table(X: Any) -> Any:
+    """polars and Arrow tables (which ``mm.groups`` accepts) as pandas frames."""
+    module = type(X).__module__
+    if (module.startswith("polars") or module.startswith("pyarrow")) and hasattr(
+            X, "to_pandas"):
+        return X.to_pandas()
+    return X
+
+
+def by_list(by: Any) -> list:
+    return list(by) if isinstance(by, (list, tuple)) else [by]
+
+
+def allow_nan(estimator: Any) -> bool:
+    try:
+        return bool(estimator.__sklearn_tags__().input_tags.allow_nan)
+    except AttributeError:
+        return False
+
+
+def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(key columns, feature columns) of X, checked against ``owner.by``. Key
+    columns may hold anything hashable (strings in an object array); feature
+    columns get scikit-learn's own checks when X is an array. X may hold the
+    key columns alone (one baseline per group, e.g. a ``DummyRegressor``)."""
+    by = by_list(owner.by)
+    X = as_pandas_if_table(X)
+    as_frame = isinstance(X, pd.DataFrame)
+    nan_ok = allow_nan(owner.estimator)
+    if as_frame:
+        frame = X
+    else:
+        array = None if hasattr(X, "toarray") else np.asarray(X)
+        if array is None or array.ndim != 2:
+            # scikit-learn's own message for 1-D, 0-D and sparse input
+            check_array(X, dtype="numeric", ensure_all_finite=not nan_ok)
+        keys_at = [b for b in by if isinstance(b, (int, np.integer))
+                   and not isinstance(b, bool) and 0 <= b < array.shape[1]]
+        if array.dtype.kind != "O":  # numeric: keys are checked as features are
+            keys_at = []
+        rest = [i for i in range(array.shape[1]) if i not in keys_at]
+        if not rest:  # only key columns: scikit-learn's message for no rows or columns
+            check_array(array, dtype=None, ensure_min_features=len(by))
+        checked = check_array(  # scikit-learn's checks of the features: numeric, finite
+            array[:, rest], dtype="numeric",
+            ensure_min_features=max(1, len(by) - len(keys_at)) if fitting else 1,
+            ensure_all_finite=not nan_ok) if rest else array[:, :0]
+        frame = pd.DataFrame(checked, columns=rest)
+        for position in keys_at:
+            column = array[:, position]
+            if column.dtype.kind == "O":
+                bad = next((v for v in column if not isinstance(v, Hashable)
+                            or isinstance(v, (dict, list, set))), None)
+                if bad is not None:
+                    raise TypeError(f"by column {position}: a group key argument must be "
+                                    f"a string or a number, got {type(bad).__name__}")
+            frame[position] = column
+        frame = frame[list(range(array.shape[1]))]
+    if not fitting and frame.shape[1] != owner.n_features_in_:
+        raise ValueError(f"X has {frame.shape[1]} features, but {type(owner).__name__} is "
+                         f"expecting {owner.n_features_in_} features as input")
+    missing = [b for b in by if b not in frame.columns]
+    if missing:
+        where = "columns" if as_frame else f"{frame.shape[1]} column positions"
+        raise ValueError(f"by column {missing[0]!r} is not among X's {where}")
+    features = [c for c in frame.columns if c not in by]
+    if fitting:
+        owner._as_frame = as_frame
+        owner.n_features_in_ = frame.shape[1]
+        if as_frame:
+            owner.feature_names_in_ = np.asarray(frame.columns, dtype=object)
+    return frame[by], frame[features]
+
+
+def feature_input(features: pd.DataFrame, as_frame: bool) -> Any:
+    """What the per-group models take: the frame itself, or its array."""
+    return features if as_frame else features.to_numpy()

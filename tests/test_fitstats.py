@@ -1,0 +1,83 @@
+"""mm.glance: R's broom::glance of a linear model, checked against R's own
+numbers for ``lm(mpg ~ wt, mtcars)`` and against a hand computation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import Lasso, LinearRegression, LogisticRegression
+
+import manymodels as mm
+
+MPG = [21.0, 21.0, 22.8, 21.4, 18.7, 18.1, 14.3, 24.4, 22.8, 19.2, 17.8, 16.4, 17.3, 15.2, 10.4,
+       10.4, 14.7, 32.4, 30.4, 33.9, 21.5, 15.5, 15.2, 13.3, 19.2, 27.3, 26.0, 30.4, 15.8, 19.7,
+       15.0, 21.4]
+WT = [2.620, 2.875, 2.320, 3.215, 3.440, 3.460, 3.570, 3.190, 3.150, 3.440, 3.440, 4.070, 3.730,
+      3.780, 5.250, 5.424, 5.345, 2.200, 1.615, 1.835, 2.465, 3.520, 3.435, 3.840, 3.845, 1.935,
+      2.140, 1.513, 3.170, 2.770, 3.570, 2.780]
+
+#: broom::glance(lm(mpg ~ wt, data = mtcars)) in R
+R_GLANCE = {"r_squared": 0.7528328, "adj_r_squared": 0.7445939, "sigma": 3.045882,
+            "statistic": 91.37533, "p_value": 1.293959e-10, "df": 1, "log_lik": -80.01471,
+            "aic": 166.0294, "bic": 170.4266, "deviance": 278.3219, "df_residual": 30,
+            "nobs": 32}
+
+
+def test_glance_equals_r_for_mtcars():
+    X = pd.DataFrame({"wt": WT})
+    model = LinearRegression().fit(X, MPG)
+    assert model.intercept_ == pytest.approx(37.2851, abs=1e-4)  # R's coef(lm(mpg ~ wt))
+    got = mm.glance(model, X, MPG)
+    assert set(got) == set(R_GLANCE)
+    for name, value in R_GLANCE.items():
+        assert got[name] == pytest.approx(value, rel=1e-6), name
+
+
+def test_glance_by_hand_with_several_features_and_no_intercept():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(50, 3))
+    y = X @ [1.0, -2.0, 0.5] + rng.normal(size=50)
+    model = LinearRegression(fit_intercept=False).fit(X, y)
+    got = mm.glance(model, X, y)
+    residual = y - X @ np.linalg.lstsq(X, y, rcond=None)[0]
+    rss, n, p = float(residual @ residual), 50, 3
+    # TSS about 0, as R's lm(y ~ 0 + X)
+    assert got["r_squared"] == pytest.approx(1 - rss / float(y @ y))
+    assert got["sigma"] == pytest.approx(math.sqrt(rss / (n - p)))
+    assert got["df"] == 3 and got["df_residual"] == 47
+    log_lik = -n / 2 * (math.log(2 * math.pi * rss / n) + 1)
+    assert got["aic"] == pytest.approx(-2 * log_lik + 2 * (p + 1))
+    assert got["bic"] == pytest.approx(-2 * log_lik + math.log(n) * (p + 1))
+    lasso = Lasso(alpha=0.5).fit(np.column_stack([X, rng.normal(size=50)]), y)
+    assert mm.glance(lasso, np.column_stack([X, np.zeros(50)]), y)["df"] == int(
+        np.count_nonzero(lasso.coef_))  # zero coefficients are not degrees of freedom
+
+
+def test_glance_refuses_what_it_cannot_describe():
+    X = np.arange(10.0).reshape(-1, 1)
+    with pytest.raises(TypeError, match="linear regression.*LogisticRegression"):
+        mm.glance(LogisticRegression().fit(X, [0, 1] * 5), X, [0, 1] * 5)
+    with pytest.raises(ValueError, match="one target"):
+        mm.glance(LinearRegression().fit(X, np.column_stack([X[:, 0], -X[:, 0]])), X, X)
+
+
+def gapminder_like_fit(df):
+    model = LinearRegression().fit(df[["year"]], df["life_exp"])
+    return model, mm.glance(model, df[["year"]], df["life_exp"])
+
+
+def test_glance_as_the_metrics_of_many_models():
+    rng = np.random.default_rng(5)
+    years = np.arange(1952, 2008, 5)
+    frame = pd.concat([pd.DataFrame({"country": c, "year": years,
+                                     "life_exp": 40 + slope * (years - 1952)
+                                     + rng.normal(scale=noise, size=len(years))})
+                       for c, slope, noise in [("A", 0.3, 0.5), ("B", 0.1, 3.0)]])
+    run = mm.train(gapminder_like_fit, mm.groups(frame, by="country", order_by="year"),
+                   backend="serial", progress=False)
+    results = run.results.set_index("country")
+    assert results.loc["A", "r_squared"] > 0.9 > results.loc["B", "r_squared"]
+    assert (results["nobs"] == len(years)).all() and (results["df"] == 1).all()
