@@ -58,8 +58,8 @@ def check_gpus_per_task(value: Any) -> tuple[float, int]:
         return 1 / k, k
     fewer, more = math.floor(1 / value), math.ceil(1 / value)  # 1/more < value < 1/fewer
     raise ValueError(
-        f"gpus_per_task={value!r} is not 1/k, so tasks cannot share a GPU evenly; use "
-        f"{_share(more)} ({more} per GPU) or {_share(fewer)} ({fewer} per GPU)")
+        f"gpus_per_task={value!r} is not 1/k; use {_share(more)} ({more} per GPU) or "
+        f"{_share(fewer)} ({fewer} per GPU), so that tasks share a GPU evenly")
 
 
 def _share(k: int) -> str:
