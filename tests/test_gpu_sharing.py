@@ -237,3 +237,21 @@ def test_cpu_torch_worker_setup_is_harmless(tmp_path):
                           timeout=240, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] == "4"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_on_ray_a_fraction_becomes_fractional_num_gpus(tmp_path, monkeypatch):
+    """Ray started here with two (declared) GPUs: gpus_per_task=0.5 lets four
+    tasks run at once, two on each GPU, and Ray pins each to one GPU."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.skip("a Ray instance without GPUs is already running in this process")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run = mm.train(_devices, mm.items(range(8)), backend="ray", gpus=[0, 1],
+                   gpus_per_task=0.5, workers=4,
+                   shared={"rendezvous": str(tmp_path), "count": 4}, progress=False)
+    assert not (tmp_path / "gave-up").exists()  # four ran at once: half a GPU each
+    assert run.summary().ok == 8
+    assert set(run.results["devices"]) == {"0", "1"}
