@@ -11,9 +11,12 @@ CUDA context."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +258,27 @@ def test_on_ray_a_fraction_becomes_fractional_num_gpus(tmp_path, monkeypatch):
     assert not (tmp_path / "gave-up").exists()  # four ran at once: half a GPU each
     assert run.summary().ok == 8
     assert set(run.results["devices"]) == {"0", "1"}
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tmp_path):
+    """bench/gpu_bench.py's smoke mode: every code path but CUDA's, in seconds;
+    asked for CUDA where there is none, it says so and exits."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs PyTorch (CPU is enough)")
+    bench = Path(__file__).resolve().parents[1] / "bench" / "gpu_bench.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(bench), "--device", "cpu", "--tasks", "3",
+                           "--steps", "2", "--pool", "2", "--shares", "0.5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["tool"] for row in rows] == ["serial loop", "spawn Pool(2)",
+                                             "manymodels gpus_per_task=0.5"]
+    assert all(row["losses_match"] and len(row["losses"]) == 3 for row in rows)
+    assert "manymodels gpus_per_task=0.5" in done.stdout
+    if shutil.which("nvidia-smi") is None:
+        done = subprocess.run([sys.executable, str(bench), "--out", str(out)],
+                              capture_output=True, text=True, timeout=240, env=env)
+        assert done.returncode == 2 and "no CUDA GPU is visible to PyTorch" in done.stderr
