@@ -159,6 +159,7 @@ def test_gpu_errors_are_told_apart_by_class_name_module_and_message(monkeypatch)
     broken = gpu_failure(RuntimeError("CUDA error: an illegal memory access was encountered\n"
                                       "CUDA kernel errors might be asynchronously reported"))
     assert broken.kind == "broken" and broken.device is None  # two GPUs: which one is unsaid
+    assert "replaced" not in broken.describe()  # only a worker that retires says so
     assert gpu_failure(RuntimeError("CUDA out of memory on cuda:1")).device == "6"
     for other in (MemoryError(), ValueError("out of memory"), RuntimeError("illegal memory "
                                                                           "access in my code")):

@@ -115,6 +115,9 @@ class Executor:
         self.data = context.data.open(table if table is not None else context.table)
         #: Why this worker's CUDA context is unusable, once a task broke it.
         self.broken: str | None = None
+        #: Set by a worker that retires once its CUDA context is broken (the
+        #: processes backend's): a batch then ends at the task that broke it.
+        self.retires_when_broken = False
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Let the data reader prepare the batch (read or convert its rows at once)."""
@@ -158,11 +161,11 @@ class Executor:
         error, status = traceback.format_exc(), _FAILED
         gpu = gpu_failure(exc)
         if gpu is not None:
-            error = f"{gpu.describe()}\n\n{error}"
+            error = f"{gpu.describe(replaced=self.retires_when_broken)}\n\n{error}"
             if gpu.kind == "memory":
                 status = _MEMORY
             else:
-                self.broken = gpu.describe()
+                self.broken = gpu.describe(replaced=self.retires_when_broken)
         # out of GPU memory is worth another try, as a worker past memory_limit is
         return (index, status, None, {}, time.perf_counter() - start, started_at, error,
                 status == _MEMORY or isinstance(exc, self.retry_on))
@@ -205,7 +208,6 @@ class Executor:
         on_start: Callable[[int], None] | None = None,
         flush_every_s: float | None = None,
         part_before_each: bool = False,
-        stop_if_broken: bool = False,
     ) -> Iterator[BatchPart]:
         """Run a batch's ``tasks`` in order, yielding their outcomes in parts.
 
@@ -215,10 +217,11 @@ class Executor:
         frees memory within a long batch), or with ``part_before_each`` just
         before each task, naming it (the Ray backend's marked mode); the last
         part ends the batch. ``on_start(index)`` is called as each task starts.
-        With ``stop_if_broken``, a task that breaks the worker's CUDA context
-        (:attr:`broken`) ends the batch early: the part with its outcome is
-        the last yielded, not marked ``last``, and the tasks after it are left
-        to the caller (a worker that retires hands them back).
+        In a worker that :attr:`retires_when_broken`, a task that breaks its
+        CUDA context (:attr:`broken`) ends the batch early: the part with its
+        outcome is the last yielded, not marked ``last``, and the tasks after
+        it are left to the caller (the worker retires; the driver hands them
+        back).
         """
         start = time.perf_counter()
         self.begin_batch(tasks)
@@ -233,7 +236,7 @@ class Executor:
             if on_start is not None:
                 on_start(task[0])
             outcomes.append(self.run_one(task))
-            if stop_if_broken and self.broken is not None:
+            if self.retires_when_broken and self.broken is not None:
                 yield BatchPart(outcomes, time.perf_counter() - begin, prepare, last=False)
                 return
             if flush_every_s is not None and position + 1 < len(tasks):

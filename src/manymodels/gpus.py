@@ -186,12 +186,12 @@ class GpuFailure:
     device: str | None  # the GPU's id as the machine numbers it (CUDA_VISIBLE_DEVICES)
     message: str
 
-    def describe(self) -> str:
+    def describe(self, replaced: bool = False) -> str:
         where = f" on GPU {self.device}" if self.device is not None else ""
         if self.kind == "memory":
             return f"GPU out of memory{where}: {self.message}"
         return (f"CUDA error{where} that leaves the worker's CUDA context unusable: "
-                f"{self.message}; the worker was replaced")
+                f"{self.message}" + ("; the worker was replaced" if replaced else ""))
 
 
 def _classes(exc: BaseException) -> list[tuple[str, str]]:
@@ -201,7 +201,10 @@ def _classes(exc: BaseException) -> list[tuple[str, str]]:
 def gpu_failure(exc: BaseException) -> GpuFailure | None:
     """Classify ``exc`` (see the module docstring); ``None`` for any other error."""
     classes = _classes(exc)
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose message cannot be made
+        return None
     cuda_related = any(module in ("torch", "cupy", "cupy_backends", "jax", "jaxlib",
                                   "tensorflow") for module, _ in classes) or "CUDA" in text
     kind = None

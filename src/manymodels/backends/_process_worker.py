@@ -141,6 +141,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
         tx.send(("fatal", traceback.format_exc()))
         return 1
     streams = StandardStreams()  # as they are once setup= has run
+    executor.retires_when_broken = True  # a broken CUDA context: a fresh worker
     spilled = [0]
 
     def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
@@ -164,8 +165,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
             return 0
         _, batch_id, tasks = message
         mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
-        for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S,
-                                          stop_if_broken=True):
+        for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S):
             if part.last or executor.broken is not None:
                 mark(-1)
             send("done" if part.last else "part", batch_id, part.outcomes, part.busy_s,

@@ -128,6 +128,7 @@ class ProcessesBackend(Backend):
         self.start_method = self._choose_start_method()
         self._start_began, self.worker_start_s = time.perf_counter(), 0.0
         self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took
+        self._first_pids: list[int] = []
         try:
             if self.gpu_sets:  # PyTorch loaded here: fit uses it, warm CUDA up in the workers
                 context = replace(context, gpu_setup=GpuSetup(
@@ -154,7 +155,7 @@ class ProcessesBackend(Backend):
                 self._limit_driver_threads()
                 for slot in range(self.workers):
                     self._workers.append(self._spawn(slot))
-                self._first_workers = list(self._workers)
+                self._first_pids = [w.process.pid for w in self._workers]
             finally:
                 self._open_start_gate()
         except BaseException:
@@ -349,7 +350,7 @@ class ProcessesBackend(Backend):
         kind = message[0]
         if kind == "ready":
             worker.ready = True
-            if worker.slot not in self._ready_after and worker in self._first_workers:
+            if worker.slot not in self._ready_after and worker.process.pid in self._first_pids:
                 self._ready_after[worker.slot] = time.perf_counter() - self._start_began
             return []
         if kind == "retire":
@@ -404,11 +405,11 @@ class ProcessesBackend(Backend):
         """The mean time a first worker took to start (one still starting
         counts until now): the capacity the run spent starting workers."""
         now = time.perf_counter() - self._start_began
-        times = [self._ready_after.get(slot, now) for slot in range(len(self._first_workers))]
+        times = [self._ready_after.get(slot, now) for slot in range(len(self._first_pids))]
         self.worker_start_s = sum(times) / len(times) if times else 0.0
 
     def stop(self, *, force: bool = False) -> None:
-        if hasattr(self, "_first_workers"):
+        if getattr(self, "_first_pids", None):
             self._measure_start()
         try:
             workers = getattr(self, "_workers", [])
