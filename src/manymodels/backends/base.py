@@ -166,9 +166,11 @@ class Backend(ABC):
         self.gpu_sets = options.gpu_sets  # per worker slot: the GPU ids it alone may use
 
     def worker_gpus(self) -> dict[int, str]:
-        """Worker id (as in ``run.results["worker"]``) -> the GPU ids it used,
-        where each worker keeps its GPUs; empty where the backend does not know."""
-        return {}
+        """Worker id (as in ``run.results["worker"]``) -> the GPU ids it ran on.
+        Here a worker's id is its slot, which keeps its GPUs (``gpu_sets``); a
+        backend whose worker ids mean something else returns ``{}``."""
+        return {slot: ",".join(gpus) for slot, gpus in enumerate(self.gpu_sets or ())
+                if slot < self.workers}
 
     @abstractmethod
     def start(self, context: RunContext) -> None:

@@ -299,9 +299,8 @@ class ProcessesBackend(Backend):
 
     def _replace(self, worker: Worker, status: str | None, message: str | None, *,
                  retiring: bool = False) -> list[Event]:
-        """Account for the tasks of a worker that is gone, and start another.
-        One ``retiring`` (its CUDA context broken) reported its task itself:
-        the rest go back unblamed."""
+        """Account for the tasks of a worker that is gone, and start another;
+        one ``retiring`` (its CUDA context broken) blames no task."""
         index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
@@ -314,10 +313,6 @@ class ProcessesBackend(Backend):
                                       self._deaths)
         self._workers[worker.slot] = self._spawn(worker.slot)
         return events
-
-    def worker_gpus(self) -> dict[int, str]:
-        return {slot: ",".join(gpus) for slot, gpus in enumerate(self.gpu_sets or ())
-                if slot < self.workers}
 
     # -- the contract ----------------------------------------------------------
 
@@ -401,16 +396,11 @@ class ProcessesBackend(Backend):
                         "it was killed"))
         return events
 
-    def _measure_start(self) -> None:
-        """The mean time a first worker took to start (one still starting
-        counts until now): the capacity the run spent starting workers."""
-        now = time.perf_counter() - self._start_began
-        times = [self._ready_after.get(slot, now) for slot in range(len(self._first_pids))]
-        self.worker_start_s = sum(times) / len(times) if times else 0.0
-
     def stop(self, *, force: bool = False) -> None:
-        if getattr(self, "_first_pids", None):
-            self._measure_start()
+        if getattr(self, "_first_pids", None):  # the mean start of the first workers
+            now = time.perf_counter() - self._start_began  # (one still starting: until now)
+            self.worker_start_s = sum(self._ready_after.get(slot, now) for slot in range(
+                len(self._first_pids))) / len(self._first_pids)
         try:
             workers = getattr(self, "_workers", [])
             if not force:

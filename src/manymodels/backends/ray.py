@@ -201,6 +201,9 @@ class RayBackend(Backend):
             self.workers = cluster_workers(self.cpus_per_task) or max(
                 1, usable_cores() // self.cpus_per_task)
 
+    def worker_gpus(self) -> dict[int, str]:
+        return {}  # Ray's worker processes, not slots: Ray picks each task's GPU
+
     @property
     def gpus_per_task(self) -> float:
         """Ray's ``num_gpus`` per task: whole GPUs, or a share such as 0.25."""

@@ -33,9 +33,6 @@ class SerialBackend(Backend):
         self._queue: deque[list[TaskRef]] = deque()
         self._limits = threadpool_limits(limits=self.cpus_per_task)
 
-    def worker_gpus(self) -> dict[int, str]:
-        return {0: ",".join(self.gpu_sets[0])} if self.gpu_sets else {}
-
     def free_slots(self, per_worker: int) -> int:
         return 0 if self._queue else 1
 
