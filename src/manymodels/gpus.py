@@ -115,9 +115,10 @@ def place_gpus(per_task: float, ids: Sequence[str]) -> tuple[tuple[str, ...], ..
 @dataclass(frozen=True)
 class GpuSetup:
     """Sent to GPU workers with the run: ``memory_fraction`` caps PyTorch's
-    allocator on each visible GPU; ``warm`` creates the CUDA context before the
-    first task (PyTorch was loaded in the driver, so ``fit`` uses it), so that
-    its cost counts as the worker's start, not as the first task's time."""
+    allocator on each visible GPU; ``warm`` creates the CUDA context (and
+    cuBLAS's handle) before the first task (PyTorch was loaded in the driver,
+    so ``fit`` uses it), so that its cost counts as the worker's start, not as
+    the first task's time."""
 
     memory_fraction: float | None = None
     warm: bool = False
@@ -154,8 +155,9 @@ def prepare_worker(setup: GpuSetup | None) -> None:
     for device in range(torch.cuda.device_count()):
         if setup.memory_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(setup.memory_fraction, device)
-        if setup.warm:
-            torch.empty(1, device=f"cuda:{device}")
+        if setup.warm:  # the context, and cuBLAS's handle (a first matmul's 0.1-0.3 s)
+            block = torch.ones(8, 8, device=f"cuda:{device}")
+            (block @ block).sum().item()
 
 
 # -- failures ----------------------------------------------------------------------
