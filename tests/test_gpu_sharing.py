@@ -73,6 +73,8 @@ def test_gpus_per_task_accepts_whole_numbers_and_1_over_k_only():
         check_gpus_per_task(0.6)
     with pytest.raises(ValueError, match="above one GPU, a task takes whole GPUs; use 1 or 2"):
         check_gpus_per_task(1.5)
+    with pytest.raises(ValueError, match="at most 256 tasks share a GPU"):
+        check_gpus_per_task(1e-9)
     for bad in (-1, True, "0.5", None):
         with pytest.raises(ValueError, match="gpus_per_task must be"):
             check_gpus_per_task(bad)

@@ -37,6 +37,9 @@ from typing import Any
 
 # -- placement ------------------------------------------------------------------
 
+#: The most tasks that may share one GPU (each is a process with a CUDA context).
+MAX_PER_GPU = 256
+
 
 def check_gpus_per_task(value: Any) -> tuple[float, int]:
     """``(gpus_per_task, k)``: ``k`` tasks share a GPU (``k`` = 1 for a whole
@@ -53,6 +56,9 @@ def check_gpus_per_task(value: Any) -> tuple[float, int]:
         low, high = math.floor(value), math.ceil(value)
         raise ValueError(f"gpus_per_task={value!r}: above one GPU, a task takes whole GPUs; "
                          f"use {low} or {high}")
+    if value < 1 / MAX_PER_GPU:
+        raise ValueError(f"gpus_per_task={value!r}: at most {MAX_PER_GPU} tasks share a GPU "
+                         f"(gpus_per_task=1/{MAX_PER_GPU})")
     k = round(1 / value)
     if k >= 1 and abs(k * float(value) - 1) < 1e-6:
         return 1 / k, k
