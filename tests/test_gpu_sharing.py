@@ -75,7 +75,7 @@ def test_gpus_per_task_accepts_whole_numbers_and_1_over_k_only():
         check_gpus_per_task(1.5)
     with pytest.raises(ValueError, match="at most 256 tasks share a GPU"):
         check_gpus_per_task(1e-9)
-    for bad in (-1, True, "0.5", None):
+    for bad in (-1, True, "0.5", None, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="gpus_per_task must be"):
             check_gpus_per_task(bad)
 

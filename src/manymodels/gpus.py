@@ -45,7 +45,8 @@ def check_gpus_per_task(value: Any) -> tuple[float, int]:
     """``(gpus_per_task, k)``: ``k`` tasks share a GPU (``k`` = 1 for a whole
     number). Raises for anything but 0, a whole number or a fraction ``1/k``,
     saying what would fit."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0
+            or not math.isfinite(value)):
         raise ValueError(f"gpus_per_task must be 0, a whole number of GPUs or a fraction "
                          f"1/k such as 0.5 or 0.25, got {value!r}")
     if value == 0:
