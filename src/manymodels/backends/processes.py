@@ -11,7 +11,9 @@ file where it records the task it is running. So the driver can:
 * kill a worker whose task overstays ``timeout``, or whose memory (with the
   processes it started: :class:`._process_handles.MemoryWatch`) grows past
   ``memory_limit``, and record which task it was;
-* end with a worker every process that its tasks started and left running.
+* end with a worker every process that its tasks started and left running;
+* replace a worker whose CUDA context a task broke (it reports that task and
+  says ``retire``), handing the rest of its batches back unblamed.
 
 Workers are forked from the driver where that is safe (they share its memory
 copy-on-write and inherit its BLAS/OpenMP limits) and otherwise spawned as
