@@ -36,8 +36,9 @@ def train(
     backend: str | Backend = "processes",
     workers: int | None = None,
     cpus_per_task: int = 1,
-    gpus_per_task: int = 0,
-    gpus: int | None = None,
+    gpus_per_task: float = 0,
+    gpus: int | list[int | str] | None = None,
+    gpu_memory_limit: float | None = None,
     retries: int = 0,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     timeout: float | None = None,
@@ -66,7 +67,11 @@ def train(
       the cluster's CPUs divided by ``cpus_per_task``.
     * ``gpus_per_task``: GPUs each running task gets to itself, through
       ``CUDA_VISIBLE_DEVICES``; at most ``gpus // gpus_per_task`` tasks run at
-      once. ``gpus`` declares the GPU count (default: detected).
+      once. A fraction ``1/k`` (0.5, 0.25, ...) lets ``k`` tasks share a GPU;
+      workers then default to GPUs x ``k``, at most one per usable core.
+      ``gpus`` declares the GPU count or ids (default: detected).
+      ``gpu_memory_limit``: a fraction of its GPU's memory each task's PyTorch
+      may allocate (see :mod:`manymodels.gpus`).
     * ``retries``: how often a task whose worker crashed, timed out or ran out
       of memory, or that raised one of ``retry_on``, is tried again.
     * ``timeout`` (seconds per task) and ``memory_limit`` (per worker, bytes or
@@ -102,7 +107,8 @@ def train(
         instance=instance, shared=shared, workers=workers, cpus_per_task=cpus_per_task,
         gpus_per_task=gpus_per_task, gpus=gpus, retries=retries, retry_on=retry_on,
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
-        progress=progress, reuse=reuse, setup=setup, start_method=start_method)
+        progress=progress, reuse=reuse, setup=setup, start_method=start_method,
+        gpu_memory_limit=gpu_memory_limit)
     store = _open_store(store)
 
     plan = make_plan(source)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .dataplane import SPILL_MIN_BYTES, pickle_any
+from .gpus import gpu_failure, release_cached_memory
 from .messages import Outcome, Pickled, Status
 from .tables import plain_scalar
 from .taskdata import TaskData
@@ -35,7 +36,7 @@ FLUSH_EVERY_S = 0.25
 
 #: ``(index, data reference, params)``: what a worker receives per task.
 TaskRef = tuple[int, Any, "dict[str, Any] | None"]
-_OK, _FAILED = Status.OK.value, Status.FAILED.value
+_OK, _FAILED, _MEMORY = Status.OK.value, Status.FAILED.value, Status.MEMORY.value
 
 
 @dataclass
@@ -55,6 +56,8 @@ class RunContext:
     #: data plane's zero-copy way back) or "all" (in the worker, with their
     #: SHA-256: a store keeps the bytes as they come).
     pickle_models: str | None = None
+    #: What a GPU worker does once before its first task (:class:`manymodels.gpus.GpuSetup`).
+    gpu_setup: Any = None
 
 
 @dataclass
@@ -110,6 +113,11 @@ class Executor:
         self.driver_pid = context.driver_pid
         self.pickle_models = context.pickle_models
         self.data = context.data.open(table if table is not None else context.table)
+        #: Why this worker's CUDA context is unusable, once a task broke it.
+        self.broken: str | None = None
+        #: Set by a worker that retires once its CUDA context is broken (the
+        #: processes backend's): a batch then ends at the task that broke it.
+        self.retires_when_broken = False
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Let the data reader prepare the batch (read or convert its rows at once)."""
@@ -129,8 +137,13 @@ class Executor:
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             if isinstance(exc, KeyboardInterrupt) and self._in_drivers_main_thread():
                 raise  # a real Ctrl-C (serial backend): it stops the run
-            return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
-                    traceback.format_exc(), isinstance(exc, self.retry_on))
+            failed = self._failed(index, exc, start, started_at)
+        else:
+            failed = None
+        if failed is not None:
+            if failed[1] == _MEMORY:  # the traceback's frames are gone: free their memory
+                release_cached_memory()
+            return failed
         if model is not None and self.pickle_models is not None:
             try:
                 model = self._pickled(model)
@@ -139,6 +152,23 @@ class Executor:
                         "the value returned by fit cannot be pickled to send it back to the "
                         f"driver: {exc!r}", False)
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
+
+    def _failed(self, index: int, exc: BaseException, start: float,
+                started_at: float) -> Outcome:
+        """A task that raised: ``failed``, or ``memory`` when it ran out of GPU
+        memory; an error that broke the CUDA context marks the worker
+        :attr:`broken` (see :mod:`manymodels.gpus`)."""
+        error, status = traceback.format_exc(), _FAILED
+        gpu = gpu_failure(exc)
+        if gpu is not None:
+            error = f"{gpu.describe(replaced=self.retires_when_broken)}\n\n{error}"
+            if gpu.kind == "memory":
+                status = _MEMORY
+            else:
+                self.broken = gpu.describe(replaced=self.retires_when_broken)
+        # out of GPU memory is worth another try, as a worker past memory_limit is
+        return (index, status, None, {}, time.perf_counter() - start, started_at, error,
+                status == _MEMORY or isinstance(exc, self.retry_on))
 
     def _pickled(self, model: Any) -> Any:
         """The model as :class:`Pickled` bytes (see ``RunContext.pickle_models``)."""
@@ -187,6 +217,11 @@ class Executor:
         frees memory within a long batch), or with ``part_before_each`` just
         before each task, naming it (the Ray backend's marked mode); the last
         part ends the batch. ``on_start(index)`` is called as each task starts.
+        In a worker that :attr:`retires_when_broken`, a task that breaks its
+        CUDA context (:attr:`broken`) ends the batch early: the part with its
+        outcome is the last yielded, not marked ``last``, and the tasks after
+        it are left to the caller (the worker retires; the driver hands them
+        back).
         """
         start = time.perf_counter()
         self.begin_batch(tasks)
@@ -201,6 +236,9 @@ class Executor:
             if on_start is not None:
                 on_start(task[0])
             outcomes.append(self.run_one(task))
+            if self.retires_when_broken and self.broken is not None:
+                yield BatchPart(outcomes, time.perf_counter() - begin, prepare, last=False)
+                return
             if flush_every_s is not None and position + 1 < len(tasks):
                 now = time.perf_counter()
                 if now - last_flush > flush_every_s:

@@ -27,7 +27,7 @@ class Status(str, Enum):
     FAILED = "failed"  # fit raised
     CRASHED = "crashed"  # its worker died
     TIMEOUT = "timeout"  # it ran past timeout= and its worker was killed
-    MEMORY = "memory"  # its worker outgrew memory_limit= and was killed
+    MEMORY = "memory"  # its worker outgrew memory_limit= and was killed, or out of GPU memory
     CANCELLED = "cancelled"  # never ran: the run was interrupted or stopped early
 
     def __str__(self) -> str:

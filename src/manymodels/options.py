@@ -22,6 +22,7 @@ from typing import Any
 import cloudpickle
 
 from ._resources import parse_bytes, visible_gpus
+from .gpus import check_gpus_per_task, check_memory_fraction, declared_gpus, place_gpus
 
 #: How the processes backend may start its workers.
 START_METHODS = ("auto", "fork", "spawn")
@@ -33,7 +34,7 @@ class BackendOptions:
 
     ``workers`` None lets the backend size itself (the usable cores divided by
     ``cpus_per_task``; a Ray cluster's CPUs). ``gpu_sets`` holds, per worker
-    slot, the GPU ids that slot alone may use.
+    slot, the GPU ids that slot may use (:func:`manymodels.gpus.place_gpus`).
     """
 
     workers: int | None = None
@@ -42,6 +43,8 @@ class BackendOptions:
     memory_limit: int | None = None
     gpu_sets: tuple[tuple[str, ...], ...] | None = None
     start_method: str = "auto"
+    gpus_per_task: float = 0  # 2, 1, or a share 1/k of one GPU
+    gpu_memory_fraction: float | None = None  # gpu_memory_limit=, per task
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class RunOptions:
                  instance: Any, shared: Any, workers: Any, cpus_per_task: Any,
                  gpus_per_task: Any, gpus: Any, retries: Any, retry_on: Any, timeout: Any,
                  memory_limit: Any, max_failures: Any, progress: Any, reuse: Any,
-                 setup: Any, start_method: Any) -> RunOptions:
+                 setup: Any, start_method: Any, gpu_memory_limit: Any = None) -> RunOptions:
         """Check ``train``'s keywords (see its docstring) against the backend
         that will run them; raise naming the keyword at fault."""
         if not callable(fit):
@@ -81,7 +84,10 @@ class RunOptions:
             workers = positive_int("workers", workers)
         elif instance is not None:
             workers = instance.built_options.workers  # what the user built it with
-        gpu_sets = _gpu_sets(gpus_per_task, gpus, backend_type, backend_name)
+        per_task, per_gpu = check_gpus_per_task(gpus_per_task)
+        gpu_sets = _gpu_sets(per_task, gpus, backend_type, backend_name)
+        gpu_fraction = _check_gpu_memory_limit(gpu_memory_limit, per_task, per_gpu,
+                                               backend_type, backend_name)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -113,7 +119,8 @@ class RunOptions:
                 _check_picklable(setup, None, backend_name, what="setup")
         backend = BackendOptions(workers=workers, cpus_per_task=cpus, timeout=timeout,
                                  memory_limit=memory_bytes, gpu_sets=gpu_sets,
-                                 start_method=start_method)
+                                 start_method=start_method, gpus_per_task=per_task,
+                                 gpu_memory_fraction=gpu_fraction)
         return cls(backend=backend, backend_name=backend_name,
                    retries=positive_int("retries", retries, minimum=0),
                    retry_on=_check_retry_on(retry_on),
@@ -166,23 +173,31 @@ def _check_retry_on(value: Any) -> tuple[type[BaseException], ...]:
     return types
 
 
-def _gpu_sets(gpus_per_task: Any, gpus: Any, backend_type: type, backend: str
+def _gpu_sets(per_task: float, gpus: Any, backend_type: type, backend: str
               ) -> tuple[tuple[str, ...], ...] | None:
-    """Split the GPUs into disjoint sets of ``gpus_per_task``, one per worker."""
-    per_task = positive_int("gpus_per_task", gpus_per_task, minimum=0)
-    declared = None if gpus is None else positive_int("gpus", gpus, minimum=0)
+    """Per worker slot, its GPUs (:func:`place_gpus`): disjoint sets of
+    ``gpus_per_task``, or ``1/gpus_per_task`` slots on each GPU."""
+    declared = declared_gpus(gpus)
     if per_task == 0:
         return None
     if not backend_type.isolates_gpus:
         raise ValueError(f"the {backend} backend cannot give each task its own GPUs; "
                          "use backend='processes'")
-    ids = visible_gpus(declared)
-    if len(ids) < per_task:
-        raise ValueError(
-            f"gpus_per_task={per_task} but {len(ids)} GPU(s) are available; declare the "
-            "count with gpus=N if detection missed them")
-    return tuple(tuple(ids[i * per_task:(i + 1) * per_task])
-                 for i in range(len(ids) // per_task))
+    ids = declared if isinstance(declared, list) else visible_gpus(declared)
+    return place_gpus(per_task, ids)
+
+
+def _check_gpu_memory_limit(value: Any, per_task: float, per_gpu: int, backend_type: type,
+                            backend: str) -> float | None:
+    if value is None:
+        return None
+    if per_task == 0:
+        raise ValueError("gpu_memory_limit= caps each task's share of its GPU; it needs "
+                         "gpus_per_task (e.g. gpus_per_task=0.25, gpu_memory_limit=0.25)")
+    if not getattr(backend_type, "caps_gpu_memory", False):
+        raise ValueError(f"the {backend} backend cannot cap a task's GPU memory (it would "
+                         "cap your own process); use backend='processes' or 'ray'")
+    return check_memory_fraction(value, per_gpu)
 
 
 def _check_setup(setup: Any) -> list[str]:

@@ -23,7 +23,7 @@ _STATUS_COLORS = {"ok": "#4c78a8", "failed": "#e45756", "crashed": "#b279a2",
                   "timeout": "#f58518", "memory": "#9d755d", "cancelled": "#bab0ac"}
 _MAX_TIMELINE_BARS = 20_000
 _NOT_METRICS = {"status", "attempts", "duration_s", "worker", "started_s", "started_at",
-                "reused", "reused_from", "error", "artifact", "size", "run_id", "rows"}
+                "reused", "reused_from", "error", "artifact", "size", "run_id", "rows", "gpu"}
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -101,8 +101,15 @@ def _timeline(results: pd.DataFrame, width: int = 1060) -> str:
         done = done.nlargest(_MAX_TIMELINE_BARS, "duration_s")
         note = f"<p>Showing the {_MAX_TIMELINE_BARS:,} longest tasks.</p>"
     workers = sorted(int(w) for w in done["worker"].unique())
+    names = {w: f"worker {w}" for w in workers}
+    if "gpu" in done.columns:  # "w3 · GPU 1": the GPU(s) each worker ran on
+        for worker, gpu in done[["worker", "gpu"]].drop_duplicates("worker").itertuples(
+                index=False):
+            if gpu is not None and gpu == gpu:
+                names[int(worker)] = f"w{int(worker)} \u00b7 GPU {gpu}"
     row_of = {w: i for i, w in enumerate(workers)}
-    row_h, left, top = max(8, min(28, 400 // max(1, len(workers)))), 70, 20
+    longest = max(len(name) for name in names.values())
+    row_h, left, top = max(8, min(28, 400 // max(1, len(workers)))), max(70, 7 * longest), 20
     height = top + row_h * len(workers) + 30
     end = float((done["started_s"] + done["duration_s"]).max()) or 1.0
     scale = (width - left - 10) / end
@@ -116,7 +123,7 @@ def _timeline(results: pd.DataFrame, width: int = 1060) -> str:
             f'fill="{_STATUS_COLORS.get(status, "#888")}"/>')
     labels = "".join(
         f'<text x="{left - 6}" y="{top + i * row_h + row_h / 2 + 4}" text-anchor="end">'
-        f"worker {w}</text>" for i, w in enumerate(workers))
+        f"{_esc(names[w])}</text>" for i, w in enumerate(workers))
     axis = (f'<text x="{left}" y="{height - 8}">0 s</text>'
             f'<text x="{width - 10}" y="{height - 8}" text-anchor="end">{end:.2f} s</text>')
     legend = "".join(
@@ -166,7 +173,8 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
 
 
 def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, workers: int,
-                  backend: str, batches: int | None = None) -> dict[str, Any]:
+                  backend: str, batches: int | None = None,
+                  worker_start_s: float = 0.0) -> dict[str, Any]:
     """The report's summary of a run, from its results table: what ``Run.report``
     and the store's report both show. ``reused`` marks the tasks whose models
     came from an earlier run (their fit time is not this run's work)."""
@@ -181,6 +189,10 @@ def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, wo
         "sum of task times (s)": task_time,
         "utilization": task_time / capacity if capacity and capacity == capacity else 0.0,
     }
+    if worker_start_s > 0:  # inside the wall time, outside the task times
+        facts["worker start (s)"] = worker_start_s
+        started = (wall_s - worker_start_s) * workers
+        facts["utilization once started"] = task_time / started if started > 0 else 0.0
     if batches is not None:
         facts["batches"] = batches
     return facts

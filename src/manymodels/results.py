@@ -65,6 +65,17 @@ class Summary:
     utilization: float
     reused: int = 0
     batches: int = 0
+    #: Seconds a worker took to start, on average over the first ones (they
+    #: start in parallel: interpreter, imports, loading the run, a CUDA
+    #: context), before its first task: inside ``wall_s``, not ``task_time_s``.
+    worker_start_s: float = 0.0
+
+    @property
+    def utilization_after_start(self) -> float:
+        """Task time / ((wall - worker start) x workers): how busy the workers
+        were once they had started."""
+        capacity = (self.wall_s - self.worker_start_s) * self.workers
+        return self.task_time_s / capacity if capacity > 0 else 0.0
 
     def __str__(self) -> str:
         others = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if k != OK)
@@ -77,6 +88,10 @@ class Summary:
             f"task time   {self.task_time_s:.2f} s (sum of fit times)",
             f"utilization {self.utilization:.2f} (task time / (wall x workers))",
         ]
+        if self.worker_start_s >= 0.1:  # a fork takes milliseconds: not worth a line
+            lines.insert(2, f"start       {self.worker_start_s:.2f} s to start a worker, in "
+                            "parallel (interpreter, imports, CUDA context); not task time")
+            lines[-1] += f"; {self.utilization_after_start:.2f} once started"
         return "\n".join(lines)
 
 
@@ -95,6 +110,8 @@ class Run:
         store: Any = None,
         run_id: int | None = None,
         batches: int = 0,
+        worker_gpus: dict[int, str] | None = None,
+        worker_start_s: float = 0.0,
     ) -> None:
         self._plan = plan
         self._records = records
@@ -105,6 +122,9 @@ class Run:
         self.store = store
         self.run_id = run_id
         self.batches = batches
+        #: worker id -> the GPU ids it ran on (processes and serial backends)
+        self.worker_gpus = worker_gpus or {}
+        self.worker_start_s = worker_start_s
 
     @cached_property
     def results(self) -> pd.DataFrame:
@@ -119,6 +139,8 @@ class Run:
         frame["attempts"] = rec.attempts
         frame["duration_s"] = rec.duration_s
         frame["worker"] = rec.worker
+        if self.worker_gpus:  # which GPU(s) each task ran on
+            frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
         frame["started_s"] = [t - self.started_at for t in rec.started_at]
         frame["reused"] = [r is not None for r in rec.reused_from]
         names: dict[str, None] = {}
@@ -127,7 +149,8 @@ class Run:
             if metrics:
                 names.update(dict.fromkeys(metrics))
         for name in names:
-            column = f"metric_{name}" if name in _RESERVED or name in columns else name
+            column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
+                      else name)
             frame[column] = [m.get(name) if m else None for m in metrics_of]
         frame["error"] = rec.error
         return frame
@@ -181,7 +204,8 @@ class Run:
 
         results = self.results
         facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
-                              workers=self.workers, backend=self.backend, batches=self.batches)
+                              workers=self.workers, backend=self.backend, batches=self.batches,
+                              worker_start_s=self.worker_start_s)
         path = Path(path)
         path.write_text(render_report(results, facts, "manymodels run",
                                       self._plan.key_columns), encoding="utf-8")
@@ -212,6 +236,7 @@ class Run:
             utilization=task_time / capacity if capacity > 0 else 0.0,
             reused=sum(r is not None for r in self._records.reused_from),
             batches=self.batches,
+            worker_start_s=self.worker_start_s,
         )
 
     def __repr__(self) -> str:

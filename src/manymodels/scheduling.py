@@ -206,7 +206,9 @@ class Scheduler:
         return Run(self.plan, self.records, wall_s=wall_s, workers=self.backend.workers,
                    backend=self.backend.name, started_at=started_at,
                    store=recorder.store if recorder else None,
-                   run_id=recorder.run_id if recorder else None, batches=self._batches)
+                   run_id=recorder.run_id if recorder else None, batches=self._batches,
+                   worker_gpus=self.backend.worker_gpus(),
+                   worker_start_s=self.backend.worker_start_s)
 
     # -- the loop --------------------------------------------------------------
 

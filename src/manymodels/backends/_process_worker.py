@@ -6,12 +6,15 @@ environment (so they hold from the first import of NumPy), or forked from the
 driver (:func:`forked_main`). Either way it reads batches from pipe ``RX``,
 writes outcomes to pipe ``TX``, and records the task it is running in its slot
 of the ``SLOTS`` file, so that the driver knows exactly which task to blame if
-this process dies or overstays, even in the middle of a batch.
+this process dies or overstays, even in the middle of a batch. A worker whose
+CUDA context a task broke (:mod:`manymodels.gpus`) reports that task, says
+``retire`` and exits: the driver hands the rest of its batches back and
+starts a fresh worker.
 
 Messages (pickled tuples)::
 
     driver -> worker   ("batch", batch_id, [(index, data_ref, params), ...]) | ("stop",)
-    worker -> driver   ("ready", pid) | ("fatal", traceback)
+    worker -> driver   ("ready", pid) | ("fatal", traceback) | ("retire", why)
                        ("part" | "done", batch_id, outcomes_pickle, busy_s, spill,
                         prepare_s)
 
@@ -138,6 +141,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
         tx.send(("fatal", traceback.format_exc()))
         return 1
     streams = StandardStreams()  # as they are once setup= has run
+    executor.retires_when_broken = True  # a broken CUDA context: a fresh worker
     spilled = [0]
 
     def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
@@ -162,10 +166,13 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
         _, batch_id, tasks = message
         mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
         for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S):
-            if part.last:
+            if part.last or executor.broken is not None:
                 mark(-1)
             send("done" if part.last else "part", batch_id, part.outcomes, part.busy_s,
                  part.prepare_s)
+        if executor.broken is not None:  # its CUDA context is unusable: a fresh worker
+            tx.send(("retire", executor.broken))
+            return 0
 
 
 def main(argv: list[str]) -> int:
@@ -188,9 +195,11 @@ def main(argv: list[str]) -> int:
 
         from manymodels import dataplane
         from manymodels.execution import Executor
+        from manymodels.gpus import prepare_worker
 
         context = cloudpickle.loads(context_bytes)
         threadpool_limits(limits=context.cpus_per_task)
+        prepare_worker(context.gpu_setup)
         table = None
         if isinstance(context.table, str):
             table = (dataplane.open_table(context.table) if context.table.endswith(".arrow")
@@ -214,7 +223,9 @@ def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
 
     def load() -> Any:
         from manymodels.execution import Executor
+        from manymodels.gpus import prepare_worker
 
+        prepare_worker(context.gpu_setup)
         return Executor(context)
 
     return _serve(rx, tx, slots, slot, load, spill_prefix)

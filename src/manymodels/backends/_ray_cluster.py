@@ -65,7 +65,7 @@ def connect(address: str | None, cpus: int, gpu_sets: list[list[str]] | None,
     return address is None
 
 
-def check_resources(resources: dict[str, float], cpus_per_task: int, gpus_per_task: int,
+def check_resources(resources: dict[str, float], cpus_per_task: int, gpus_per_task: float,
                     *, fatal: bool) -> None:
     """Fail (``fatal``: an instance we started, which will not grow) or warn
     (a cluster, which an autoscaler may grow) when no node can run a task."""
@@ -73,7 +73,7 @@ def check_resources(resources: dict[str, float], cpus_per_task: int, gpus_per_ta
     if resources.get("CPU", 0) < cpus_per_task:
         missing.append(f"{cpus_per_task} CPU(s)")
     if gpus_per_task and resources.get("GPU", 0) < gpus_per_task:
-        missing.append(f"{gpus_per_task} GPU(s)")
+        missing.append(f"{gpus_per_task:g} GPU(s)")
     if not missing:
         return
     message = (f"each task needs {' and '.join(missing)}, but the Ray cluster has "

@@ -20,6 +20,7 @@ import cloudpickle
 
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S, Executor, TaskRef
+from ..gpus import prepare_worker
 
 #: run id -> the Executor of that run in this worker process. A Ray worker runs
 #: one task at a time and serves one job, so only the latest run is kept: an
@@ -41,6 +42,7 @@ def _load_executor(run_id: str, payload: tuple[Any, Any, Any]) -> Executor:
     # directory, a notebook's folder); the same paths exist on a local node.
     sys.path.extend(entry for entry in driver_path if entry not in sys.path)
     context = cloudpickle.loads(context_bytes)
+    prepare_worker(context.gpu_setup)
     table = ray.get(table_ref) if table_ref is not None else None
     shared = ray.get(shared_ref) if shared_ref is not None else None
     executor = Executor(context, table=table, shared=shared)

@@ -121,6 +121,12 @@ class Backend(ABC):
     enforces_memory_limit: ClassVar[bool] = False
     #: ``gpus_per_task=`` can give each running task GPUs of its own.
     isolates_gpus: ClassVar[bool] = False
+    #: ``gpu_memory_limit=`` caps each worker process's PyTorch allocator.
+    caps_gpu_memory: ClassVar[bool] = False
+    #: Seconds a worker took to start, on average over the first ones (in
+    #: parallel: interpreter, imports, loading the run, a CUDA context), where
+    #: the backend measures it (processes).
+    worker_start_s: float = 0.0
     #: A queued batch goes to whichever worker frees up first, not to one
     #: worker: a long batch never waits behind another while a worker idles.
     shares_one_queue: ClassVar[bool] = False
@@ -158,6 +164,13 @@ class Backend(ABC):
         self.timeout = options.timeout
         self.memory_limit = options.memory_limit
         self.gpu_sets = options.gpu_sets  # per worker slot: the GPU ids it alone may use
+
+    def worker_gpus(self) -> dict[int, str]:
+        """Worker id (as in ``run.results["worker"]``) -> the GPU ids it ran on.
+        Here a worker's id is its slot, which keeps its GPUs (``gpu_sets``); a
+        backend whose worker ids mean something else returns ``{}``."""
+        return {slot: ",".join(gpus) for slot, gpus in enumerate(self.gpu_sets or ())
+                if slot < self.workers}
 
     @abstractmethod
     def start(self, context: RunContext) -> None:

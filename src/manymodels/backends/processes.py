@@ -11,7 +11,9 @@ file where it records the task it is running. So the driver can:
 * kill a worker whose task overstays ``timeout``, or whose memory (with the
   processes it started: :class:`._process_handles.MemoryWatch`) grows past
   ``memory_limit``, and record which task it was;
-* end with a worker every process that its tasks started and left running.
+* end with a worker every process that its tasks started and left running;
+* replace a worker whose CUDA context a task broke (it reports that task and
+  says ``retire``), handing the rest of its batches back unblamed.
 
 Workers are forked from the driver where that is safe (they share its memory
 copy-on-write and inherit its BLAS/OpenMP limits) and otherwise spawned as
@@ -46,6 +48,7 @@ import cloudpickle
 from .. import dataplane
 from .._resources import end_tree, process_table, thread_limit_environment
 from ..execution import RunContext, TaskRef
+from ..gpus import GpuSetup
 from ..messages import Status
 from ..options import START_METHODS
 from ..tables import is_pandas_frame
@@ -67,6 +70,7 @@ from .base import (
     DeathCount,
     Event,
     Finished,
+    Requeued,
     WorkerStartupError,
     blame_lost_batch,
 )
@@ -86,6 +90,7 @@ class ProcessesBackend(Backend):
     enforces_timeout = True
     enforces_memory_limit = True
     isolates_gpus = True
+    caps_gpu_memory = True
 
     def __init__(self, *args, start_method: str = "auto", **kwargs) -> None:
         if start_method not in START_METHODS:
@@ -123,7 +128,13 @@ class ProcessesBackend(Backend):
         self._workers: list[Worker] = []
         self._driver_limits: Any = None  # the driver's BLAS/OpenMP limits, while it runs
         self.start_method = self._choose_start_method()
+        self._start_began, self.worker_start_s = time.perf_counter(), 0.0
+        self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took
+        self._first_pids: list[int] = []
         try:
+            if self.gpu_sets:  # PyTorch loaded here: fit uses it, warm CUDA up in the workers
+                context = replace(context, gpu_setup=GpuSetup(
+                    self.options.gpu_memory_fraction, warm="torch" in sys.modules))
             self._context = context
             if self.start_method == "spawn":
                 remote = replace(
@@ -146,6 +157,7 @@ class ProcessesBackend(Backend):
                 self._limit_driver_threads()
                 for slot in range(self.workers):
                     self._workers.append(self._spawn(slot))
+                self._first_pids = [w.process.pid for w in self._workers]
             finally:
                 self._open_start_gate()
         except BaseException:
@@ -287,14 +299,20 @@ class ProcessesBackend(Backend):
             worker.tx.close()             # the worker started still holds: left open
         SLOT.pack_into(self._slots, worker.slot * SLOT.size, -1, 0.0)
 
-    def _replace(self, worker: Worker, status: str | None, message: str | None) -> list[Event]:
-        """Account for the tasks of a worker that is gone, and start another."""
+    def _replace(self, worker: Worker, status: str | None, message: str | None, *,
+                 retiring: bool = False) -> list[Event]:
+        """Account for the tasks of a worker that is gone, and start another;
+        one ``retiring`` (its CUDA context broken) blames no task."""
         index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
             status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
         unreported = [i for batch in worker.batches for i in batch.pending]
-        events = blame_lost_batch(index, unreported, status, message, worker.slot, self._deaths)
+        if retiring:
+            events: list[Event] = [Requeued(unreported)] if unreported else []
+        else:
+            events = blame_lost_batch(index, unreported, status, message, worker.slot,
+                                      self._deaths)
         self._workers[worker.slot] = self._spawn(worker.slot)
         return events
 
@@ -329,7 +347,11 @@ class ProcessesBackend(Backend):
         kind = message[0]
         if kind == "ready":
             worker.ready = True
+            if worker.slot not in self._ready_after and worker.process.pid in self._first_pids:
+                self._ready_after[worker.slot] = time.perf_counter() - self._start_began
             return []
+        if kind == "retire":
+            return self._replace(worker, None, None, retiring=True)
         if kind == "fatal":
             raise WorkerStartupError(
                 "a worker process could not start: loading fit and the data, or running "
@@ -377,6 +399,10 @@ class ProcessesBackend(Backend):
         return events
 
     def stop(self, *, force: bool = False) -> None:
+        if getattr(self, "_first_pids", None):  # the mean start of the first workers
+            now = time.perf_counter() - self._start_began  # (one still starting: until now)
+            self.worker_start_s = sum(self._ready_after.get(slot, now) for slot in range(
+                len(self._first_pids))) / len(self._first_pids)
         try:
             workers = getattr(self, "_workers", [])
             if not force:

@@ -67,8 +67,10 @@ What it does not do
     ``memory_limit`` is not enforced (``enforces_memory_limit = False``): a
     ``memory`` value given to the constructor is passed to Ray as a
     scheduling reservation only, and Ray's own memory monitor kills workers
-    when a node runs out. GPUs are Ray resources (``num_gpus`` per task, Ray
-    sets ``CUDA_VISIBLE_DEVICES``), never shared by two running tasks.
+    when a node runs out. GPUs are Ray resources (``num_gpus`` per task, a
+    share such as 0.25 where ``gpus_per_task`` is one; Ray sets
+    ``CUDA_VISIBLE_DEVICES``). A worker whose CUDA context a task broke is
+    not replaced on Ray (Ray reuses its worker processes).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ import cloudpickle
 from .._resources import usable_cores
 from ..dataplane import pickle_any
 from ..execution import RunContext, TaskRef
+from ..gpus import GpuSetup
 from ..messages import Status
 from ..options import BackendOptions
 from ._ray_cluster import (
@@ -154,6 +157,7 @@ class RayBackend(Backend):
     enforces_timeout = True
     enforces_memory_limit = False
     isolates_gpus = True
+    caps_gpu_memory = True
     # Ray keeps a queued Ray task at the driver (its owner), not on a worker:
     # the first worker to free up, or to be granted on a node just joining,
     # takes it. With one batch per worker for long tasks, a worker finishing
@@ -197,9 +201,13 @@ class RayBackend(Backend):
             self.workers = cluster_workers(self.cpus_per_task) or max(
                 1, usable_cores() // self.cpus_per_task)
 
+    def worker_gpus(self) -> dict[int, str]:
+        return {}  # Ray's worker processes, not slots: Ray picks each task's GPU
+
     @property
-    def gpus_per_task(self) -> int:
-        return len(self.gpu_sets[0]) if self.gpu_sets else 0
+    def gpus_per_task(self) -> float:
+        """Ray's ``num_gpus`` per task: whole GPUs, or a share such as 0.25."""
+        return self.options.gpus_per_task if self.gpu_sets else 0
 
     # -- life cycle -------------------------------------------------------------
 
@@ -221,6 +229,8 @@ class RayBackend(Backend):
             self._per_worker = _BATCHES_PER_WORKER if capped else 1
             self._run_id = uuid.uuid4().hex
             bare = replace(context, table=None, shared=None)
+            if self.gpus_per_task:
+                bare = replace(bare, gpu_setup=GpuSetup(self.options.gpu_memory_fraction))
             self._payload = (
                 ray.put((list(sys.path), cloudpickle.dumps(bare))),
                 ray.put(context.table) if context.table is not None else None,
