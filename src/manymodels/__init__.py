@@ -30,6 +30,8 @@ _EXPORTS = {
     "grid": ".sources",
     "groups": ".sources",
     "items": ".sources",
+    "LinearResult": ".linmodels",
+    "linear": ".linmodels",
     "Store": ".store",
     "StoreError": ".store",
     "StoreIntegrityError": ".store",
@@ -39,6 +41,7 @@ _EXPORTS = {
 
 __all__ = [
     "Backend",
+    "LinearResult",
     "RayBackend",
     "Run",
     "RunInterrupted",
@@ -51,6 +54,7 @@ __all__ = [
     "grid",
     "groups",
     "items",
+    "linear",
     "map_groups",
     "map_partitions",
     "register_backend",
@@ -60,6 +64,7 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
     from .backends import Backend, RayBackend, WorkerStartupError, register_backend
+    from .linmodels import LinearResult, linear
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items

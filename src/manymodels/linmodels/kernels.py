@@ -1,0 +1,192 @@
+"""NumPy kernels: one block of groups, every group's model at once.
+
+Each function takes dense ``(groups, rows, features)`` arrays (padded rows
+carry weight 0) and returns per-group arrays. The loops below run over
+features or Newton iterations, never over groups.
+
+Least squares follows scikit-learn: with an intercept the rows are centred
+on their (weighted) means, the intercept is not penalised, and ridge adds
+``alpha`` to the diagonal of the centred ``X'WX``. Well-conditioned groups are
+solved by a batched Cholesky of the normal equations; a group whose pivot
+says it is (nearly) rank-deficient, or too small, is solved again from its
+rows by a batched SVD, which gives the least-norm solution as
+``LinearRegression`` (LAPACK ``gelsd``) does, and the group's status says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: A Cholesky pivot below this fraction of its diagonal sends the group to the SVD.
+PIVOT_TOLERANCE = 1e-8
+
+
+def cholesky_solve(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Solve ``A x = b`` for a stack ``A`` (g, q, q) of symmetric matrices;
+    also return which were safely positive definite (the others' x is junk)."""
+    g, q, _ = A.shape
+    L = np.zeros_like(A)
+    ok = np.ones(g, dtype=bool)
+    for j in range(q):
+        pivot = A[:, j, j] - np.einsum("gk,gk->g", L[:, j, :j], L[:, j, :j])
+        good = pivot > PIVOT_TOLERANCE * np.abs(A[:, j, j])
+        ok &= good
+        d = np.sqrt(np.where(good, pivot, 1.0))
+        L[:, j, j] = d
+        if j + 1 < q:
+            L[:, j + 1:, j] = (A[:, j + 1:, j] - np.einsum("gik,gk->gi", L[:, j + 1:, :j],
+                                                           L[:, j, :j])) / d[:, None]
+    z = np.empty_like(b)
+    for i in range(q):
+        z[:, i] = (b[:, i] - np.einsum("gk,gk->g", L[:, i, :i], z[:, :i])) / L[:, i, i]
+    x = np.empty_like(b)
+    for i in range(q - 1, -1, -1):
+        x[:, i] = (z[:, i] - np.einsum("gk,gk->g", L[:, i + 1:, i], x[:, i + 1:])) / L[:, i, i]
+    return x, ok
+
+
+def _weighted_means(X: np.ndarray, y: np.ndarray, w: np.ndarray | None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if w is None:
+        sw = np.full(X.shape[0], float(X.shape[1]))
+        return sw, X.mean(axis=1), y.mean(axis=1)
+    sw = w.sum(axis=1)
+    safe = np.where(sw > 0, sw, 1.0)
+    return sw, np.einsum("gm,gmp->gp", w, X) / safe[:, None], (w * y).sum(axis=1) / safe
+
+
+def least_squares(X: np.ndarray, y: np.ndarray, w: np.ndarray | None,
+                  alpha: np.ndarray | float, fit_intercept: bool) -> dict[str, np.ndarray]:
+    """OLS, WLS or ridge for every group of a block: coefficients, intercept,
+    rank-deficiency flag, and in-sample SSE/SST from the residuals."""
+    g, m, p = X.shape
+    sw, xm, ym = _weighted_means(X, y, w)
+    Xc = X - xm[:, None, :] if fit_intercept else X
+    yc = y - ym[:, None] if fit_intercept else y
+    Xw = Xc if w is None else Xc * w[:, :, None]
+    Xt = Xw.transpose(0, 2, 1)
+    A = Xt @ Xc
+    b = (Xt @ yc[:, :, None])[:, :, 0]
+    alpha_g = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (g,))
+    A[:, np.arange(p), np.arange(p)] += alpha_g[:, None]
+    coef, ok = cholesky_solve(A, b)
+    ok &= sw > 0
+    rank_deficient = np.zeros(g, dtype=bool)
+    redo = np.flatnonzero(~ok)
+    if len(redo):
+        coef[redo], rank_deficient[redo] = _least_norm(
+            Xc[redo], yc[redo], None if w is None else w[redo], alpha_g[redo])
+    intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
+    residual = yc - (Xc @ coef[:, :, None])[:, :, 0]
+    spread = y - ym[:, None]
+    if w is None:
+        sse, sst = np.einsum("gm,gm->g", residual, residual), np.einsum("gm,gm->g", spread,
+                                                                         spread)
+    else:
+        sse, sst = np.einsum("gm,gm,gm->g", w, residual, residual), np.einsum(
+            "gm,gm,gm->g", w, spread, spread)
+    return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient,
+            "sse": sse, "sst": sst, "sw": sw}
+
+
+def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The least-norm solution of each group's (weighted, ridge-augmented)
+    least squares by a batched SVD, and whether the group is rank-deficient."""
+    g, m, p = Xc.shape
+    if w is not None:
+        root = np.sqrt(w)
+        Xc, yc = Xc * root[:, :, None], yc * root
+    if np.any(alpha > 0):  # ridge as least squares on rows sqrt(alpha) * I
+        eye = np.sqrt(alpha)[:, None, None] * np.eye(p)[None]
+        Xc = np.concatenate([Xc, eye], axis=1)
+        yc = np.concatenate([yc, np.zeros((g, p))], axis=1)
+    U, s, Vt = np.linalg.svd(Xc, full_matrices=False)
+    cutoff = np.finfo(np.float64).eps * max(Xc.shape[1], p) * s[:, :1]
+    keep = s > cutoff
+    inverse = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
+    projected = np.einsum("gmk,gm->gk", U, yc) * inverse
+    coef = np.einsum("gkp,gk->gp", Vt, projected)
+    return coef, keep.sum(axis=1) < p
+
+
+def _objective(eta: np.ndarray, y: np.ndarray, w: np.ndarray | None, theta: np.ndarray,
+               C: float, penalised: int) -> np.ndarray:
+    loss = np.logaddexp(0.0, eta) - y * eta
+    total = loss.sum(axis=1) if w is None else np.einsum("gm,gm->g", w, loss)
+    return C * total + 0.5 * np.einsum("gp,gp->g", theta[:, :penalised], theta[:, :penalised])
+
+
+def logistic(X: np.ndarray, y: np.ndarray, w: np.ndarray | None, C: float,
+             fit_intercept: bool, max_iter: int, tol: float) -> dict[str, np.ndarray]:
+    """L2-penalised logistic regression for every group of a block by Newton's
+    method with a backtracking line search: scikit-learn's objective
+    ``C * sum(w * log_loss) + ||coef||^2 / 2``, the intercept not penalised."""
+    g, m, p = X.shape
+    sw, xm, _ = _weighted_means(X, y, w)
+    positives = y.sum(axis=1) if w is None else np.einsum("gm,gm->g", w, y)
+    single = (positives <= 0) | (positives >= sw)
+    if fit_intercept:  # centred features: the same optimum, better conditioned
+        design = np.concatenate([X - xm[:, None, :], np.ones((g, m, 1))], axis=2)
+    else:
+        design = X
+    q = design.shape[2]
+    theta = np.zeros((g, q))
+    converged = single.copy()
+    iterations = np.zeros(g, dtype=np.int64)
+    active = np.flatnonzero(~converged)
+    for _ in range(max_iter):
+        if not len(active):
+            break
+        if len(active) == g:  # all groups still run: no copy
+            D, yy, ww, th = design, y, w, theta[active]
+        else:
+            D, yy, ww = design[active], y[active], None if w is None else w[active]
+            th = theta[active]
+        eta = (D @ th[:, :, None])[:, :, 0]
+        mu = 0.5 * (1.0 + np.tanh(0.5 * eta))  # the logistic function, without overflow
+        residual = mu - yy if ww is None else ww * (mu - yy)
+        grad = C * np.einsum("gmq,gm->gq", D, residual)
+        grad[:, :p] += th[:, :p]
+        curvature = mu * (1.0 - mu) if ww is None else ww * mu * (1.0 - mu)
+        H = C * ((D * curvature[:, :, None]).transpose(0, 2, 1) @ D)
+        H[:, np.arange(p), np.arange(p)] += 1.0
+        step, _ok = cholesky_solve(H, grad)
+        before = _objective(eta, yy, ww, th, C, p)
+        slope = np.einsum("gq,gq->g", grad, step)
+        t = np.ones(len(active))
+        pending = np.arange(len(active))
+        for _halving in range(30):  # Armijo: halve where the objective did not fall enough
+            trial = th[pending] - t[pending, None] * step[pending]
+            eta_t = (D[pending] @ trial[:, :, None])[:, :, 0]
+            after = _objective(eta_t, yy[pending], None if ww is None else ww[pending], trial,
+                               C, p)
+            fine = after <= before[pending] - 1e-4 * t[pending] * slope[pending]
+            pending = pending[~fine]
+            if not len(pending):
+                break
+            t[pending] *= 0.5
+        new = th - t[:, None] * step
+        theta[active] = new
+        iterations[active] += 1
+        size = np.abs(t[:, None] * step).max(axis=1)
+        done = size <= tol * (1.0 + np.abs(new).max(axis=1))
+        converged[active[done]] = True
+        active = active[~done]
+    coef = theta[:, :p].copy()
+    intercept = theta[:, p] - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
+    coef[single] = np.nan
+    intercept[single] = np.nan
+    eta = (design @ theta[:, :, None])[:, :, 0]
+    loss = np.logaddexp(0.0, eta) - y * eta
+    hit = ((eta > 0) == (y > 0.5)).astype(np.float64)
+    safe = np.where(sw > 0, sw, 1.0)
+    if w is None:
+        log_loss, accuracy = loss.mean(axis=1), hit.mean(axis=1)
+    else:
+        log_loss = np.einsum("gm,gm->g", w, loss) / safe
+        accuracy = np.einsum("gm,gm->g", w, hit) / safe
+    log_loss[single], accuracy[single] = np.nan, np.nan
+    return {"coef": coef, "intercept": intercept, "single_class": single,
+            "converged": converged & ~single, "iterations": iterations, "log_loss": log_loss,
+            "accuracy": accuracy, "sw": sw}
