@@ -73,14 +73,14 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     def fit(block: Block) -> None:
         i = block.index
         if family == "logistic":
-            out = kernels.logistic(block.X, block.y, block.w, float(C), fit_intercept,
+            out = kernels.logistic(block.Z, block.w, float(C), fit_intercept,
                                    int(max_iter), float(tol))
             for name in ("log_loss", "accuracy", "converged", "iterations"):
                 extra[name][i] = out[name]
             status[i[~out["converged"]]] = "not_converged"
             status[i[out["single_class"]]] = "single_class"
         else:
-            out = kernels.least_squares(block.X, block.y, block.w, block.alpha, fit_intercept)
+            out = kernels.least_squares(block.Z, block.w, block.alpha, fit_intercept)
             sse, sst, n = out["sse"], out["sst"], data.counts[i]
             with np.errstate(divide="ignore", invalid="ignore"):
                 r2 = np.where(sst > 0, 1.0 - sse / sst, np.where(sse == 0, 1.0, 0.0))

@@ -45,28 +45,27 @@ def cholesky_solve(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return x, ok
 
 
-def _weighted_means(X: np.ndarray, y: np.ndarray, w: np.ndarray | None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _weighted_means(Z: np.ndarray, w: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's total weight and (weighted) column means."""
     if w is None:
-        sw = np.full(X.shape[0], float(X.shape[1]))
-        return sw, X.mean(axis=1), y.mean(axis=1)
+        return np.full(Z.shape[0], float(Z.shape[1])), Z.mean(axis=1)
     sw = w.sum(axis=1)
     safe = np.where(sw > 0, sw, 1.0)
-    return sw, np.einsum("gm,gmp->gp", w, X) / safe[:, None], (w * y).sum(axis=1) / safe
+    return sw, np.einsum("gm,gmq->gq", w, Z) / safe[:, None]
 
 
-def least_squares(X: np.ndarray, y: np.ndarray, w: np.ndarray | None,
-                  alpha: np.ndarray | float, fit_intercept: bool) -> dict[str, np.ndarray]:
-    """OLS, WLS or ridge for every group of a block: coefficients, intercept,
-    rank-deficiency flag, and in-sample SSE/SST from the residuals."""
-    g, m, p = X.shape
-    sw, xm, ym = _weighted_means(X, y, w)
-    Xc = X - xm[:, None, :] if fit_intercept else X
-    yc = y - ym[:, None] if fit_intercept else y
-    Xw = Xc if w is None else Xc * w[:, :, None]
-    Xt = Xw.transpose(0, 2, 1)
-    A = Xt @ Xc
-    b = (Xt @ yc[:, :, None])[:, :, 0]
+def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float,
+                  fit_intercept: bool) -> dict[str, np.ndarray]:
+    """OLS, WLS or ridge for every group of a block (``Z``: the features, then
+    the target): coefficients, intercept, rank-deficiency flag, and in-sample
+    SSE and SST from the residuals."""
+    g, m, q = Z.shape
+    p = q - 1
+    sw, means = _weighted_means(Z, w)
+    Zc = Z - means[:, None, :] if fit_intercept else Z
+    Zw = Zc if w is None else Zc * w[:, :, None]
+    M = Zw.transpose(0, 2, 1) @ Zc  # X'WX, X'Wy and y'Wy of every group at once
+    A, b = M[:, :p, :p].copy(), M[:, :p, p].copy()
     alpha_g = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (g,))
     A[:, np.arange(p), np.arange(p)] += alpha_g[:, None]
     coef, ok = cholesky_solve(A, b)
@@ -75,16 +74,20 @@ def least_squares(X: np.ndarray, y: np.ndarray, w: np.ndarray | None,
     redo = np.flatnonzero(~ok)
     if len(redo):
         coef[redo], rank_deficient[redo] = _least_norm(
-            Xc[redo], yc[redo], None if w is None else w[redo], alpha_g[redo])
+            Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], alpha_g[redo])
+    xm, ym = means[:, :p], means[:, p]
     intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
-    residual = yc - (Xc @ coef[:, :, None])[:, :, 0]
-    spread = y - ym[:, None]
-    if w is None:
-        sse, sst = np.einsum("gm,gm->g", residual, residual), np.einsum("gm,gm->g", spread,
-                                                                         spread)
+    residual = (Zc @ np.concatenate([-coef, np.ones((g, 1))], axis=1)[:, :, None])[:, :, 0]
+    if fit_intercept:
+        sst = M[:, p, p]
     else:
-        sse, sst = np.einsum("gm,gm,gm->g", w, residual, residual), np.einsum(
-            "gm,gm,gm->g", w, spread, spread)
+        spread = Z[:, :, p] - ym[:, None]
+        sst = (spread * spread).sum(axis=1) if w is None else np.einsum("gm,gm,gm->g", w,
+                                                                        spread, spread)
+    if w is None:
+        sse = np.einsum("gm,gm->g", residual, residual)
+    else:
+        sse = np.einsum("gm,gm,gm->g", w, residual, residual)
     return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient,
             "sse": sse, "sst": sst, "sw": sw}
 
@@ -110,20 +113,35 @@ def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.
     return coef, keep.sum(axis=1) < p
 
 
+def _log_loss_sum(eta: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """Each group's sum of (weighted) log-losses ``log(1 + e^eta) - y * eta``.
+    Unweighted, the logarithm of a product: one ``log`` per group, not per
+    row (each factor lies in (1, 2], so 1,000 rows cannot overflow)."""
+    linear = np.maximum(eta, 0.0) - y * eta
+    tail = 1.0 + np.exp(-np.abs(eta))
+    if w is None and eta.shape[1] <= 1000:
+        return linear.sum(axis=1) + np.log(tail.prod(axis=1))
+    if w is None:
+        return (linear + np.log(tail)).sum(axis=1)
+    return np.einsum("gm,gm->g", w, linear + np.log(tail))
+
+
 def _objective(eta: np.ndarray, y: np.ndarray, w: np.ndarray | None, theta: np.ndarray,
                C: float, penalised: int) -> np.ndarray:
-    loss = np.logaddexp(0.0, eta) - y * eta
-    total = loss.sum(axis=1) if w is None else np.einsum("gm,gm->g", w, loss)
+    total = _log_loss_sum(eta, y, w)
     return C * total + 0.5 * np.einsum("gp,gp->g", theta[:, :penalised], theta[:, :penalised])
 
 
-def logistic(X: np.ndarray, y: np.ndarray, w: np.ndarray | None, C: float,
-             fit_intercept: bool, max_iter: int, tol: float) -> dict[str, np.ndarray]:
-    """L2-penalised logistic regression for every group of a block by Newton's
-    method with a backtracking line search: scikit-learn's objective
-    ``C * sum(w * log_loss) + ||coef||^2 / 2``, the intercept not penalised."""
-    g, m, p = X.shape
-    sw, xm, _ = _weighted_means(X, y, w)
+def logistic(Z: np.ndarray, w: np.ndarray | None, C: float, fit_intercept: bool,
+             max_iter: int, tol: float) -> dict[str, np.ndarray]:
+    """L2-penalised logistic regression for every group of a block (``Z``: the
+    features, then the 0/1 target) by Newton's method with a backtracking line
+    search: scikit-learn's objective ``C * sum(w * log_loss) + ||coef||^2 / 2``,
+    the intercept not penalised."""
+    g, m, q = Z.shape
+    p = q - 1
+    sw, means = _weighted_means(Z, w)
+    X, y, xm = Z[:, :, :p], Z[:, :, p], means[:, :p]
     positives = y.sum(axis=1) if w is None else np.einsum("gm,gm->g", w, y)
     single = (positives <= 0) | (positives >= sw)
     if fit_intercept:  # centred features: the same optimum, better conditioned
@@ -152,7 +170,7 @@ def logistic(X: np.ndarray, y: np.ndarray, w: np.ndarray | None, C: float,
         H = C * ((D * curvature[:, :, None]).transpose(0, 2, 1) @ D)
         H[:, np.arange(p), np.arange(p)] += 1.0
         step, _ok = cholesky_solve(H, grad)
-        before = _objective(eta, yy, ww, th, C, p)
+        before = _objective(eta, yy, ww, th, C, p)  # (recomputed: cheaper than bookkeeping)
         slope = np.einsum("gq,gq->g", grad, step)
         t = np.ones(len(active))
         pending = np.arange(len(active))
@@ -161,7 +179,8 @@ def logistic(X: np.ndarray, y: np.ndarray, w: np.ndarray | None, C: float,
             eta_t = (D[pending] @ trial[:, :, None])[:, :, 0]
             after = _objective(eta_t, yy[pending], None if ww is None else ww[pending], trial,
                                C, p)
-            fine = after <= before[pending] - 1e-4 * t[pending] * slope[pending]
+            rounding = 64 * np.finfo(np.float64).eps * np.abs(before[pending])
+            fine = after <= before[pending] - 1e-4 * t[pending] * slope[pending] + rounding
             pending = pending[~fine]
             if not len(pending):
                 break
@@ -178,14 +197,10 @@ def logistic(X: np.ndarray, y: np.ndarray, w: np.ndarray | None, C: float,
     coef[single] = np.nan
     intercept[single] = np.nan
     eta = (design @ theta[:, :, None])[:, :, 0]
-    loss = np.logaddexp(0.0, eta) - y * eta
     hit = ((eta > 0) == (y > 0.5)).astype(np.float64)
     safe = np.where(sw > 0, sw, 1.0)
-    if w is None:
-        log_loss, accuracy = loss.mean(axis=1), hit.mean(axis=1)
-    else:
-        log_loss = np.einsum("gm,gm->g", w, loss) / safe
-        accuracy = np.einsum("gm,gm->g", w, hit) / safe
+    log_loss = _log_loss_sum(eta, y, w) / safe
+    accuracy = hit.mean(axis=1) if w is None else np.einsum("gm,gm->g", w, hit) / safe
     log_loss[single], accuracy[single] = np.nan, np.nan
     return {"coef": coef, "intercept": intercept, "single_class": single,
             "converged": converged & ~single, "iterations": iterations, "log_loss": log_loss,

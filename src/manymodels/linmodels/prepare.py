@@ -24,8 +24,9 @@ import pyarrow as pa
 from ..tables import read_table
 
 FAMILIES = ("ols", "ridge", "wls", "logistic")
-#: Padded rows in one block (times the feature count, 8 bytes each).
-BLOCK_ROWS = 1 << 20
+#: Padded rows in one block: small enough that a block's arrays stay in the
+#: CPU's cache between the kernel's passes over them.
+BLOCK_ROWS = 1 << 16
 
 
 def _names(value: str | Sequence[str], argument: str) -> list[str]:
@@ -65,8 +66,7 @@ class Prepared:
     counts: np.ndarray          # rows per group
     starts: np.ndarray          # first row of each group in sorted order
     order: np.ndarray | None    # sorted position -> table row (None: already sorted)
-    X: np.ndarray               # (rows, features), table order
-    y: np.ndarray
+    columns: list[np.ndarray]   # each feature's column, then the target's; table order
     w: np.ndarray | None        # weights, or None for all ones
     alpha: np.ndarray | float   # per group, or one value
 
@@ -114,8 +114,17 @@ def check(table: Any, by: Any, features: Any, target: str, family: str,
     return table, by_columns, feature_columns
 
 
-def group_codes(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """Each row's group number (groups in key order) and the key table."""
+def group_layout(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray, np.ndarray | None]:
+    """The key table (groups in key order), each group's row count, and the
+    permutation that sorts the rows by group (None when they are sorted)."""
+    if table.num_columns == 1 and table.column(0).null_count == 0 and (
+            pa.types.is_integer(table.schema.types[0])):
+        values = table.column(0).to_numpy()
+        if len(values) < 2 or (values[1:] >= values[:-1]).all():  # sorted already: no hashing
+            starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+            counts = np.diff(np.append(starts, len(values)))
+            return pd.DataFrame({table.column_names[0]: values[starts]}), counts, None
+    frame = table.to_pandas()
     codes = None
     uniques = []
     for name in frame.columns:  # missing keys form a group of their own, as in mm.groups
@@ -131,19 +140,24 @@ def group_codes(frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
     assert codes is not None
     if len(uniques) == 1:
         keys = pd.DataFrame({frame.columns[0]: uniques[0]})
-        return codes, keys
-    codes, combined = pd.factorize(codes, sort=True)
-    first = np.full(len(combined), -1, dtype=np.int64)
-    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # each group's first row
-    keys = frame.iloc[first].reset_index(drop=True)
-    return codes.astype(np.int64), keys
+    else:
+        codes, combined = pd.factorize(codes, sort=True)
+        first = np.full(len(combined), -1, dtype=np.int64)
+        first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # each group's first row
+        keys = frame.iloc[first].reset_index(drop=True)
+    counts = np.bincount(codes, minlength=len(keys))
+    order = None
+    if len(codes) > 1 and (codes[1:] < codes[:-1]).any():
+        order = np.argsort(codes, kind="stable")
+    return keys, counts, order
 
 
 def prepare(table: pa.Table, by: list[str], features: list[str], target: str,
             weights: str | None, alpha: Any, family: str) -> Prepared:
     """Read the numeric columns and lay out the groups (see the module's doc)."""
-    X = np.column_stack([_column(table, c, "feature") for c in features])
+    columns = [_column(table, c, "feature") for c in features]
     y = _column(table, target, "target")
+    columns.append(y)
     if family == "logistic" and not np.isin(y, (0.0, 1.0)).all():
         bad = y[~np.isin(y, (0.0, 1.0))][0]
         raise ValueError(f"target column {target!r} must hold the classes 0 and 1 (or "
@@ -153,11 +167,7 @@ def prepare(table: pa.Table, by: list[str], features: list[str], target: str,
         w = _column(table, weights, "weights")
         if (w < 0).any():
             raise ValueError(f"weights column {weights!r} has negative values")
-    codes, keys = group_codes(table.select(by).to_pandas())
-    counts = np.bincount(codes, minlength=len(keys))
-    order = None
-    if len(codes) > 1 and (np.diff(codes) < 0).any():
-        order = np.argsort(codes, kind="stable")
+    keys, counts, order = group_layout(table.select(by))
     starts = np.zeros(len(counts), dtype=np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
     alpha_value: np.ndarray | float
@@ -174,7 +184,7 @@ def prepare(table: pa.Table, by: list[str], features: list[str], target: str,
         alpha_value = float(alpha)
     if np.any(np.asarray(alpha_value) < 0):
         raise ValueError(f"alpha must be >= 0, got {alpha!r}")
-    return Prepared(keys, counts, starts, order, X, y, w, alpha_value)
+    return Prepared(keys, counts, starts, order, columns, w, alpha_value)
 
 
 @dataclass
@@ -182,8 +192,7 @@ class Block:
     """Groups ``index`` as dense arrays; padded rows have weight 0."""
 
     index: np.ndarray   # group numbers
-    X: np.ndarray       # (g, m, p)
-    y: np.ndarray       # (g, m)
+    Z: np.ndarray       # (g, m, p + 1): the features, then the target
     w: np.ndarray | None
     alpha: np.ndarray | float
 
@@ -215,10 +224,9 @@ def _gather(data: Prepared, index: np.ndarray) -> Block:
         len(index) == 1 or (np.diff(index) == 1).all())
     if contiguous:  # equal groups, in table order: a reshape, no gather
         rows = slice(int(starts[0]), int(starts[0]) + m * len(index))
-        X = data.X[rows].reshape(len(index), m, -1)
-        y = data.y[rows].reshape(len(index), m)
+        Z = np.stack([c[rows].reshape(len(index), m) for c in data.columns], axis=-1)
         w = None if data.w is None else data.w[rows].reshape(len(index), m)
-        return Block(index, X, y, w, alpha)
+        return Block(index, Z, w, alpha)
     offsets = np.arange(m)
     valid = offsets[None, :] < counts[:, None]
     rows = np.where(valid, starts[:, None] + offsets[None, :], starts[:, None])
@@ -227,4 +235,4 @@ def _gather(data: Prepared, index: np.ndarray) -> Block:
     w = valid.astype(np.float64) if data.w is None else np.where(valid, data.w[rows], 0.0)
     if valid.all() and data.w is None:
         w = None
-    return Block(index, data.X[rows], data.y[rows], w, alpha)
+    return Block(index, np.stack([c[rows] for c in data.columns], axis=-1), w, alpha)

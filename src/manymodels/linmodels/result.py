@@ -84,7 +84,6 @@ class LinearResult:
                 if name not in arrow.column_names:
                     raise ValueError(f"{role} column {name!r} is not in the table to predict; "
                                      f"its columns are {arrow.column_names}")
-        X = np.column_stack([_column(arrow, c, "feature") for c in self.features])
         group = self.group_of(arrow)
         missing = group < 0
         if missing.any() and unseen == "raise":
@@ -93,7 +92,9 @@ class LinearResult:
             raise KeyError(f"{int(missing.sum())} rows belong to groups with no model, the "
                            f"first (row {row}) to {key}")
         safe = np.where(missing, 0, group)
-        out = np.einsum("rp,rp->r", X, self.coef[safe]) + self.intercept[safe]
+        out = self.intercept[safe]
+        for position, name in enumerate(self.features):
+            out = out + _column(arrow, name, "feature") * self.coef[safe, position]
         out[missing] = np.nan
         return out
 
