@@ -73,8 +73,12 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     rank_deficient = np.zeros(g, dtype=bool)
     redo = np.flatnonzero(~ok)
     if len(redo):
+        raw = Z[redo, :, :p]
+        raw = raw if w is None else raw * np.sqrt(w[redo])[:, :, None]
+        rows = np.full(len(redo), m) if w is None else (w[redo] > 0).sum(axis=1)
         coef[redo], rank_deficient[redo] = _least_norm(
-            Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], alpha_g[redo])
+            Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], alpha_g[redo],
+            np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
     xm, ym = means[:, :p], means[:, p]
     intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
     residual = (Zc @ np.concatenate([-coef, np.ones((g, 1))], axis=1)[:, :, None])[:, :, 0]
@@ -92,10 +96,16 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
             "sse": sse, "sst": sst, "sw": sw}
 
 
-def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
+def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray,
+                scale: np.ndarray, most: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The least-norm solution of each group's (weighted, ridge-augmented)
-    least squares by a batched SVD, and whether the group is rank-deficient."""
+    least squares by a batched SVD, and whether the group is rank-deficient.
+
+    A singular value counts when it exceeds the rounding of the *uncentred*
+    rows (``scale``, their norm: centring rows far from zero leaves noise of
+    that size) and is among the ``most`` largest (the rank that the group's
+    rows allow: one less than their number after centring). Without these two
+    rules a two-row group's answer is rounding noise, as LAPACK's is."""
     g, m, p = Xc.shape
     if w is not None:
         root = np.sqrt(w)
@@ -105,8 +115,11 @@ def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.
         Xc = np.concatenate([Xc, eye], axis=1)
         yc = np.concatenate([yc, np.zeros((g, p))], axis=1)
     U, s, Vt = np.linalg.svd(Xc, full_matrices=False)
-    cutoff = np.finfo(np.float64).eps * max(Xc.shape[1], p) * s[:, :1]
-    keep = s > cutoff
+    eps = np.finfo(np.float64).eps * max(Xc.shape[1], p)
+    cutoff = eps * np.maximum(s[:, 0], np.where(alpha > 0, 0.0, scale))
+    keep = s > cutoff[:, None]
+    ridge = alpha > 0  # the sqrt(alpha) rows give full rank
+    keep &= ridge[:, None] | (np.arange(s.shape[1])[None, :] < most[:, None])
     inverse = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
     projected = np.einsum("gmk,gm->gk", U, yc) * inverse
     coef = np.einsum("gkp,gk->gp", Vt, projected)
