@@ -254,3 +254,27 @@ def test_bad_input_is_refused_with_the_column_named(change, message):
     arguments = {"by": ["store", "item"], "features": FEATURES, "target": "y", **change}
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         mm.linear(frame, **arguments)
+
+
+@pytest.mark.parametrize("family", ["ols", "wls", "ridge", "logistic"])
+def test_torch_engine_equals_numpy(family):
+    torch = pytest.importorskip("torch")
+    frame = sales(groups=60, seed=9)
+    target = "label" if family == "logistic" else "y"
+    options = {"weights": "w"} if family == "wls" else {}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    numpy_result = mm.linear(frame, by=["store", "item"], features=FEATURES, target=target,
+                             family=family, **options)
+    for device in devices:
+        torch_result = mm.linear(frame, by=["store", "item"], features=FEATURES, target=target,
+                                 family=family, device=device, block_rows=300, **options)
+        np.testing.assert_allclose(torch_result.coef, numpy_result.coef, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(torch_result.intercept, numpy_result.intercept, rtol=1e-7,
+                                   atol=1e-9)
+        pd.testing.assert_frame_equal(torch_result.metrics, numpy_result.metrics, rtol=1e-7)
+
+
+def test_an_unknown_device_is_refused_before_work():
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="device 'tpu9'|unknown device"):
+        mm.linear(sales(groups=3), by="store", features=FEATURES, target="y", device="tpu9")

@@ -28,7 +28,8 @@ __all__ = ["LinearResult", "linear"]
 def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], target: str,
            family: str = "ols", *, fit_intercept: bool = True, weights: str | None = None,
            alpha: float | str = 1.0, C: float = 1.0, max_iter: int = 100, tol: float = 1e-8,
-           workers: int = 1, block_rows: int = BLOCK_ROWS) -> LinearResult:
+           workers: int = 1, block_rows: int = BLOCK_ROWS,
+           device: str | None = None) -> LinearResult:
     """Fit one linear model per ``by`` group of ``table`` (a pandas or polars
     DataFrame, an Arrow table, a Parquet/CSV path), all groups at once.
 
@@ -45,6 +46,10 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     memory is bounded at any number of groups; ``workers`` threads fit
     blocks side by side (NumPy releases the GIL in its kernels). Bad input
     is refused before any work, naming the column at fault.
+
+    ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) runs the kernels in
+    PyTorch (an optional dependency) on that device, blocks of
+    ``block_rows`` at a time; results equal NumPy's to rounding.
     """
     if not isinstance(fit_intercept, bool):
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
@@ -54,6 +59,13 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
         raise ValueError(f"alpha must be a finite number >= 0 or a column name, got {alpha!r}")
     if int(max_iter) < 1 or int(workers) < 1 or int(block_rows) < 1:
         raise ValueError("max_iter, workers and block_rows must be at least 1")
+    engine: Any = kernels
+    torch_device = None
+    if device is not None:
+        from . import torch_kernels
+
+        torch_device, engine = torch_kernels.check_device(device), torch_kernels
+    on = {} if torch_device is None else {"device": torch_device}
     started = time.perf_counter()
     ridge = alpha if family == "ridge" else 0.0
     arrow, by_columns, feature_columns = check(table, by, features, target, family, weights,
@@ -73,14 +85,14 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     def fit(block: Block) -> None:
         i = block.index
         if family == "logistic":
-            out = kernels.logistic(block.Z, block.w, float(C), fit_intercept,
-                                   int(max_iter), float(tol))
+            out = engine.logistic(block.Z, block.w, float(C), fit_intercept, int(max_iter),
+                                  float(tol), **on)
             for name in ("log_loss", "accuracy", "converged", "iterations"):
                 extra[name][i] = out[name]
             status[i[~out["converged"]]] = "not_converged"
             status[i[out["single_class"]]] = "single_class"
         else:
-            out = kernels.least_squares(block.Z, block.w, block.alpha, fit_intercept)
+            out = engine.least_squares(block.Z, block.w, block.alpha, fit_intercept, **on)
             sse, sst, n = out["sse"], out["sst"], data.counts[i]
             with np.errstate(divide="ignore", invalid="ignore"):
                 r2 = np.where(sst > 0, 1.0 - sse / sst, np.where(sse == 0, 1.0, 0.0))
