@@ -132,7 +132,9 @@ class Batched:
     def result(self, task: Any, df: pd.DataFrame) -> tuple[Any, dict[str, Any]] | None:
         """The model and metrics the plain task would return for ``df``, or
         None for a group that was not batched."""
-        found = self.index.get(encode_key(tuple(df[self.by].iloc[0]))) if len(df) else None
+        if not len(df):
+            return None
+        found = self.index.get(encode_key(tuple(df[name].iat[0] for name in self.by)))
         if found is None:
             return None
         model = task.build({})
@@ -142,7 +144,7 @@ class Batched:
         if type(model).__name__ == "Ridge":
             model.n_iter_, model.solver_ = None, "cholesky"
         else:
-            X = df[task.features].to_numpy(dtype=np.float64)
+            X = np.column_stack([df[name].to_numpy(dtype=np.float64) for name in task.features])
             if model.fit_intercept:
                 X = X - X.mean(axis=0)
             model.singular_ = np.linalg.svd(X, compute_uv=False)
