@@ -23,6 +23,12 @@ group column ``g``. Tools, for OLS (``LinearRegression``) and logistic
   target, 8 bytes each) over the memory bandwidth measured here (a 1 GB
   ``np.copyto``: bytes read and written / time, as a copy moves both).
 
+Then the command line's job (``manymodels train --model
+sklearn.linear_model.LinearRegression``, as ``tabular.train_table``: holdout
+scores, refit, a store) on ``--cli-groups`` groups, with its batched path and
+with the generic one (forced by ``copy_X=True``, a parameter the batched fit
+does not take and that changes nothing in the model).
+
 Every tool's coefficients on the subset are checked against ``mm.linear``'s
 (OLS 1e-8 relative; logistic 1e-3, scikit-learn's lbfgs stops at tol=1e-4).
 Wall times are medians of ``--repeat`` runs for ``mm.linear``, one run for the
@@ -147,6 +153,29 @@ def time_groupby(table: pa.Table, family: str) -> tuple[np.ndarray, float]:
     return np.array([coefficients(models[k]) for k in sorted(models)]), wall
 
 
+def time_cli(groups: int, workers: int) -> dict[str, Any]:
+    """``train_table`` with LinearRegression: the batched path, then the generic."""
+    import tempfile
+
+    from manymodels.tabular import train_table
+
+    table = make_table(groups).drop_columns(["label"])
+    out: dict[str, Any] = {"groups": groups}
+    for name, params in (("batched", {}), ("generic", {"copy_X": True})):
+        with tempfile.TemporaryDirectory() as store:
+            start = time.perf_counter()
+            trained = train_table(table, by="g", target="y", store=store, params=params,
+                                  model="sklearn.linear_model.LinearRegression",
+                                  workers=workers)
+            out[f"{name}_s"] = time.perf_counter() - start
+            out[f"{name}_note"] = trained.path_note
+            out[f"{name}_r2_mean"] = float(trained.run.results["r2"].mean())
+    if abs(out["batched_r2_mean"] - out["generic_r2_mean"]) > 1e-9:
+        raise AssertionError(f"train paths differ: {out}")
+    out["speedup"] = out["generic_s"] / out["batched_s"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", default="100000,1000000")
@@ -154,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--loop-subset", type=int, default=2_000)
     parser.add_argument("--workers", type=int, default=c.cores())
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cli-groups", type=int, default=5_000)
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "linear.json")
     parser.add_argument("--publish", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -215,9 +245,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"* scaled: wall per model x groups, measured on {args.subset:,} groups (generic = "
           f"mm.train, one scikit-learn fit per group, workers={args.workers}) and "
           f"{args.loop_subset:,} groups (groupby loop, one process)")
+    cli = time_cli(args.cli_groups, args.workers) if args.cli_groups else None
+    if cli:
+        print(f"manymodels train --model ...LinearRegression, {cli['groups']:,} groups (holdout "
+              f"scores, refit, store): batched {cli['batched_s']:.1f} s, generic "
+              f"{cli['generic_s']:.1f} s ({cli['speedup']:.1f}x)")
     data = {"benchmark": "linear", "command": " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
             "machine": machine, "bandwidth_gb_s": bandwidth, "workers": args.workers,
-            "rows_per_group": ROWS, "features": len(FEATURES), "results": rows}
+            "rows_per_group": ROWS, "features": len(FEATURES), "results": rows,
+            "train_command": cli}
     c.write_json(args.out, data)
     if args.publish:
         c.write_json(args.publish, data)
