@@ -81,19 +81,35 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
             np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
     xm, ym = means[:, :p], means[:, p]
     intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
-    residual = (Zc @ np.concatenate([-coef, np.ones((g, 1))], axis=1)[:, :, None])[:, :, 0]
     if fit_intercept:
         sst = M[:, p, p]
     else:
         spread = Z[:, :, p] - ym[:, None]
         sst = (spread * spread).sum(axis=1) if w is None else np.einsum("gm,gm,gm->g", w,
                                                                         spread, spread)
-    if w is None:
-        sse = np.einsum("gm,gm->g", residual, residual)
-    else:
-        sse = np.einsum("gm,gm,gm->g", w, residual, residual)
+    sse = _sse(Zc, w, M, coef)
     return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient,
             "sse": sse, "sst": sst, "sw": sw}
+
+
+def _sse(Zc: np.ndarray, w: np.ndarray | None, M: np.ndarray, coef: np.ndarray
+         ) -> np.ndarray:
+    """Each group's weighted sum of squared residuals. From the normal
+    equations, ``y'y - 2 b'X'y + b'X'X b``, with no pass over the rows; where
+    that sum cancels to less than 1e-6 of ``y'y`` (a near-perfect fit, whose
+    small SSE it would give to few digits), from the residuals themselves."""
+    p = coef.shape[1]
+    yy = M[:, p, p]
+    sse = yy - 2.0 * np.einsum("gp,gp->g", M[:, :p, p], coef) + np.einsum(
+        "gi,gij,gj->g", coef, M[:, :p, :p], coef)
+    near = np.flatnonzero(~(sse > 1e-6 * yy))
+    if len(near):
+        Zn = Zc[near]
+        direction = np.concatenate([-coef[near], np.ones((len(near), 1))], axis=1)
+        residual = (Zn @ direction[:, :, None])[:, :, 0]
+        weight = np.ones_like(residual) if w is None else w[near]
+        sse[near] = np.einsum("gm,gm,gm->g", weight, residual, residual)
+    return sse
 
 
 def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray,

@@ -45,7 +45,7 @@ class LinearResult:
         return len(self.keys)
 
     def __repr__(self) -> str:
-        counts = self.metrics["status"].value_counts().to_dict()
+        counts = {k: v for k, v in self.metrics["status"].value_counts().items() if v}
         return (f"LinearResult({self.family}, {len(self)} groups by {self.by}, "
                 f"features={self.features}, status={counts})")
 
