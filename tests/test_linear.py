@@ -278,3 +278,15 @@ def test_an_unknown_device_is_refused_before_work():
     pytest.importorskip("torch")
     with pytest.raises(ValueError, match="device 'tpu9'|unknown device"):
         mm.linear(sales(groups=3), by="store", features=FEATURES, target="y", device="tpu9")
+
+
+def test_logistic_past_max_iter_says_not_converged():
+    frame = sales(groups=10, seed=10, max_rows=60)
+    fitted = mm.linear(frame, by=["store", "item"], features=FEATURES, target="label",
+                       family="logistic", max_iter=1)
+    metrics = fitted.metrics
+    two_classes = metrics["status"] != "single_class"
+    assert (metrics.loc[two_classes, "status"] == "not_converged").all()
+    assert not metrics.loc[two_classes, "converged"].any()
+    assert (metrics.loc[two_classes, "iterations"] == 1).all()
+    assert not fitted.coefficients.loc[two_classes, FEATURES].isna().any().any()
