@@ -97,6 +97,10 @@ def test_the_command_says_which_path_it_took(tmp_path):
                  "--store", tmp_path / "b")
     assert grid.returncode == 0, grid.stderr
     assert "generic path: --grid picks a setting per group" in grid.stdout
+    logistic = train("--model", "sklearn.linear_model.LogisticRegression", "--target", "promo",
+                     "--features", "price", "--allow-failures", "--store", tmp_path / "d")
+    assert logistic.returncode == 0, logistic.stderr  # (tiny one-class groups fail)
+    assert "generic path: LogisticRegression's lbfgs stops at tol=1e-4" in logistic.stdout
     other = train("--model", "sklearn.tree.DecisionTreeRegressor", "--store", tmp_path / "c")
     assert other.returncode == 0 and "path:" not in other.stdout
     assert len(mm.Store(tmp_path / "a").results()) == 32
