@@ -31,6 +31,8 @@ _EXPORTS = {
     "grid": ".sources",
     "groups": ".sources",
     "items": ".sources",
+    "LinearResult": ".linmodels",
+    "linear": ".linmodels",
     "Store": ".store",
     "StoreError": ".store",
     "StoreIntegrityError": ".store",
@@ -40,6 +42,7 @@ _EXPORTS = {
 
 __all__ = [
     "Backend",
+    "LinearResult",
     "RayBackend",
     "Run",
     "RunInterrupted",
@@ -53,6 +56,7 @@ __all__ = [
     "grid",
     "groups",
     "items",
+    "linear",
     "map_groups",
     "map_partitions",
     "register_backend",
@@ -63,6 +67,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
     from .backends import Backend, RayBackend, WorkerStartupError, register_backend
     from .fitstats import glance
+    from .linmodels import LinearResult, linear
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items

@@ -243,6 +243,8 @@ def train(
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
     run = trained.run
+    if trained.path_note:
+        typer.echo(trained.path_note)
     if trained.fallback_error:
         typer.echo(f"no fallback model: {trained.fallback_error}", err=True)
     summary = run.summary()

@@ -215,6 +215,11 @@ class GroupModelTask:
         return {name: float(np.mean(values)) for name, values in scores.items()}
 
     def __call__(self, df: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
+        from .linmodels.fastpath import precomputed  # fitted in batches by mm.linear
+
+        done = precomputed(self, df)
+        if done is not None:
+            return done
         X = df[self.features].to_numpy()
         y = df[self.target].to_numpy()
         settings = self.settings()
@@ -245,6 +250,7 @@ class TableRun:
     metrics: list[str]
     means: dict[str, float]
     fallback_error: str | None = None
+    path_note: str | None = None  # whether the batched linear fit (mm.linear) was used
 
 
 def _is_numeric(kind: Any) -> bool:
@@ -381,6 +387,9 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                                 "--metrics")
     task = GroupModelTask(model, target, feature_columns, params, grid, metric_names,
                           test_size, cv)
+    from .linmodels.fastpath import try_fast  # LinearRegression/Ridge: batched, same outputs
+
+    path_note = try_fast(task, table, by_columns)
     try:
         run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
                        workers=workers, timeout=timeout)
@@ -400,4 +409,4 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
         else:
             run.store.attach(run.run_id, "fallback", global_model)
     means = {m: run.results[m].mean() for m in metric_names if m in run.results}
-    return TableRun(run, feature_columns, metric_names, means, fallback_error)
+    return TableRun(run, feature_columns, metric_names, means, fallback_error, path_note)

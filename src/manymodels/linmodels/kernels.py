@@ -1,0 +1,241 @@
+"""NumPy kernels: one block of groups, every group's model at once.
+
+Each function takes dense ``(groups, rows, features)`` arrays (padded rows
+carry weight 0) and returns per-group arrays. The loops below run over
+features or Newton iterations, never over groups.
+
+Least squares follows scikit-learn: with an intercept the rows are centred
+on their (weighted) means, the intercept is not penalised, and ridge adds
+``alpha`` to the diagonal of the centred ``X'WX``. Well-conditioned groups are
+solved by a batched Cholesky of the normal equations; a group whose pivot
+says it is (nearly) rank-deficient, or too small, is solved again from its
+rows by a batched SVD, which gives the least-norm solution as
+``LinearRegression`` (LAPACK ``gelsd``) does, and the group's status says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: A Cholesky pivot below this fraction of its diagonal sends the group to the SVD.
+PIVOT_TOLERANCE = 1e-8
+
+
+def cholesky_solve(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Solve ``A x = b`` for a stack ``A`` (g, q, q) of symmetric matrices;
+    also return which were safely positive definite (the others' x is junk)."""
+    g, q, _ = A.shape
+    L = np.zeros_like(A)
+    ok = np.ones(g, dtype=bool)
+    for j in range(q):
+        pivot = A[:, j, j] - np.einsum("gk,gk->g", L[:, j, :j], L[:, j, :j])
+        good = pivot > PIVOT_TOLERANCE * np.abs(A[:, j, j])
+        ok &= good
+        d = np.sqrt(np.where(good, pivot, 1.0))
+        L[:, j, j] = d
+        if j + 1 < q:
+            L[:, j + 1:, j] = (A[:, j + 1:, j] - np.einsum("gik,gk->gi", L[:, j + 1:, :j],
+                                                           L[:, j, :j])) / d[:, None]
+    z = np.empty_like(b)
+    for i in range(q):
+        z[:, i] = (b[:, i] - np.einsum("gk,gk->g", L[:, i, :i], z[:, :i])) / L[:, i, i]
+    x = np.empty_like(b)
+    for i in range(q - 1, -1, -1):
+        x[:, i] = (z[:, i] - np.einsum("gk,gk->g", L[:, i + 1:, i], x[:, i + 1:])) / L[:, i, i]
+    return x, ok
+
+
+def _weighted_means(Z: np.ndarray, w: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's total weight and (weighted) column means."""
+    if w is None:
+        return np.full(Z.shape[0], float(Z.shape[1])), Z.mean(axis=1)
+    sw = w.sum(axis=1)
+    safe = np.where(sw > 0, sw, 1.0)
+    return sw, np.einsum("gm,gmq->gq", w, Z) / safe[:, None]
+
+
+def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float,
+                  fit_intercept: bool) -> dict[str, np.ndarray]:
+    """OLS, WLS or ridge for every group of a block (``Z``: the features, then
+    the target): coefficients, intercept, rank-deficiency flag, and in-sample
+    SSE and SST from the residuals."""
+    g, m, q = Z.shape
+    p = q - 1
+    sw, means = _weighted_means(Z, w)
+    Zc = Z - means[:, None, :] if fit_intercept else Z
+    Zw = Zc if w is None else Zc * w[:, :, None]
+    M = Zw.transpose(0, 2, 1) @ Zc  # X'WX, X'Wy and y'Wy of every group at once
+    A, b = M[:, :p, :p].copy(), M[:, :p, p].copy()
+    alpha_g = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (g,))
+    A[:, np.arange(p), np.arange(p)] += alpha_g[:, None]
+    coef, ok = cholesky_solve(A, b)
+    ok &= sw > 0
+    rank_deficient = np.zeros(g, dtype=bool)
+    redo = np.flatnonzero(~ok)
+    if len(redo):
+        raw = Z[redo, :, :p]
+        raw = raw if w is None else raw * np.sqrt(w[redo])[:, :, None]
+        rows = np.full(len(redo), m) if w is None else (w[redo] > 0).sum(axis=1)
+        coef[redo], rank_deficient[redo] = _least_norm(
+            Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], alpha_g[redo],
+            np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
+    xm, ym = means[:, :p], means[:, p]
+    intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
+    if fit_intercept:
+        sst = M[:, p, p]
+    else:
+        spread = Z[:, :, p] - ym[:, None]
+        sst = (spread * spread).sum(axis=1) if w is None else np.einsum("gm,gm,gm->g", w,
+                                                                        spread, spread)
+    sse = _sse(Zc, w, M, coef)
+    return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient,
+            "sse": sse, "sst": sst, "sw": sw}
+
+
+def _sse(Zc: np.ndarray, w: np.ndarray | None, M: np.ndarray, coef: np.ndarray
+         ) -> np.ndarray:
+    """Each group's weighted sum of squared residuals. From the normal
+    equations, ``y'y - 2 b'X'y + b'X'X b``, with no pass over the rows; where
+    that sum cancels to less than 1e-6 of ``y'y`` (a near-perfect fit, whose
+    small SSE it would give to few digits), from the residuals themselves."""
+    p = coef.shape[1]
+    yy = M[:, p, p]
+    sse = yy - 2.0 * np.einsum("gp,gp->g", M[:, :p, p], coef) + np.einsum(
+        "gi,gij,gj->g", coef, M[:, :p, :p], coef)
+    near = np.flatnonzero(~(sse > 1e-6 * yy))
+    if len(near):
+        Zn = Zc[near]
+        direction = np.concatenate([-coef[near], np.ones((len(near), 1))], axis=1)
+        residual = (Zn @ direction[:, :, None])[:, :, 0]
+        weight = np.ones_like(residual) if w is None else w[near]
+        sse[near] = np.einsum("gm,gm,gm->g", weight, residual, residual)
+    return sse
+
+
+def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray,
+                scale: np.ndarray, most: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The least-norm solution of each group's (weighted, ridge-augmented)
+    least squares by a batched SVD, and whether the group is rank-deficient.
+
+    A singular value counts when it exceeds the rounding of the *uncentred*
+    rows (``scale``, their norm: centring rows far from zero leaves noise of
+    that size) and is among the ``most`` largest (the rank that the group's
+    rows allow: one less than their number after centring). Without these two
+    rules a two-row group's answer is rounding noise, as LAPACK's is."""
+    g, m, p = Xc.shape
+    if w is not None:
+        root = np.sqrt(w)
+        Xc, yc = Xc * root[:, :, None], yc * root
+    if np.any(alpha > 0):  # ridge as least squares on rows sqrt(alpha) * I
+        eye = np.sqrt(alpha)[:, None, None] * np.eye(p)[None]
+        Xc = np.concatenate([Xc, eye], axis=1)
+        yc = np.concatenate([yc, np.zeros((g, p))], axis=1)
+    U, s, Vt = np.linalg.svd(Xc, full_matrices=False)
+    eps = np.finfo(np.float64).eps * max(Xc.shape[1], p)
+    cutoff = eps * np.maximum(s[:, 0], np.where(alpha > 0, 0.0, scale))
+    keep = s > cutoff[:, None]
+    ridge = alpha > 0  # the sqrt(alpha) rows give full rank
+    keep &= ridge[:, None] | (np.arange(s.shape[1])[None, :] < most[:, None])
+    inverse = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
+    projected = np.einsum("gmk,gm->gk", U, yc) * inverse
+    coef = np.einsum("gkp,gk->gp", Vt, projected)
+    return coef, keep.sum(axis=1) < p
+
+
+def _log_loss_sum(eta: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """Each group's sum of (weighted) log-losses ``log(1 + e^eta) - y * eta``.
+    Unweighted, the logarithm of a product: one ``log`` per group, not per
+    row (each factor lies in (1, 2], so 1,000 rows cannot overflow)."""
+    linear = np.maximum(eta, 0.0) - y * eta
+    tail = 1.0 + np.exp(-np.abs(eta))
+    if w is None and eta.shape[1] <= 1000:
+        return linear.sum(axis=1) + np.log(tail.prod(axis=1))
+    if w is None:
+        return (linear + np.log(tail)).sum(axis=1)
+    return np.einsum("gm,gm->g", w, linear + np.log(tail))
+
+
+def _objective(eta: np.ndarray, y: np.ndarray, w: np.ndarray | None, theta: np.ndarray,
+               C: float, penalised: int) -> np.ndarray:
+    total = _log_loss_sum(eta, y, w)
+    return C * total + 0.5 * np.einsum("gp,gp->g", theta[:, :penalised], theta[:, :penalised])
+
+
+def logistic(Z: np.ndarray, w: np.ndarray | None, C: float, fit_intercept: bool,
+             max_iter: int, tol: float) -> dict[str, np.ndarray]:
+    """L2-penalised logistic regression for every group of a block (``Z``: the
+    features, then the 0/1 target) by Newton's method with a backtracking line
+    search: scikit-learn's objective ``C * sum(w * log_loss) + ||coef||^2 / 2``,
+    the intercept not penalised."""
+    g, m, q = Z.shape
+    p = q - 1
+    sw, means = _weighted_means(Z, w)
+    X, y, xm = Z[:, :, :p], Z[:, :, p], means[:, :p]
+    positives = y.sum(axis=1) if w is None else np.einsum("gm,gm->g", w, y)
+    single = (positives <= 0) | (positives >= sw)
+    if fit_intercept:  # centred features: the same optimum, better conditioned
+        design = np.concatenate([X - xm[:, None, :], np.ones((g, m, 1))], axis=2)
+    else:
+        design = X
+    q = design.shape[2]
+    theta = np.zeros((g, q))
+    value = C * sw * np.log(2.0)  # the objective at theta = 0: every row's loss is log 2
+    converged = single.copy()
+    iterations = np.zeros(g, dtype=np.int64)
+    active = np.flatnonzero(~converged)
+    for _ in range(max_iter):
+        if not len(active):
+            break
+        if len(active) == g:  # all groups still run: no copy
+            D, yy, ww, th = design, y, w, theta[active]
+        else:
+            D, yy, ww = design[active], y[active], None if w is None else w[active]
+            th = theta[active]
+        eta = (D @ th[:, :, None])[:, :, 0]
+        mu = 0.5 * (1.0 + np.tanh(0.5 * eta))  # the logistic function, without overflow
+        residual = mu - yy if ww is None else ww * (mu - yy)
+        grad = C * np.einsum("gmq,gm->gq", D, residual)
+        grad[:, :p] += th[:, :p]
+        curvature = mu * (1.0 - mu) if ww is None else ww * mu * (1.0 - mu)
+        H = C * ((D * curvature[:, :, None]).transpose(0, 2, 1) @ D)
+        H[:, np.arange(p), np.arange(p)] += 1.0
+        step, _ok = cholesky_solve(H, grad)
+        before = value[active]
+        slope = np.einsum("gq,gq->g", grad, step)
+        t = np.ones(len(active))
+        accepted = before.copy()
+        pending = np.arange(len(active))
+        for _halving in range(30):  # Armijo: halve where the objective did not fall enough
+            trial = th[pending] - t[pending, None] * step[pending]
+            eta_t = (D[pending] @ trial[:, :, None])[:, :, 0]
+            after = _objective(eta_t, yy[pending], None if ww is None else ww[pending], trial,
+                               C, p)
+            rounding = 64 * np.finfo(np.float64).eps * np.abs(before[pending])
+            fine = after <= before[pending] - 1e-4 * t[pending] * slope[pending] + rounding
+            accepted[pending[fine]] = after[fine]
+            pending = pending[~fine]
+            if not len(pending):
+                break
+            t[pending] *= 0.5
+        t[pending] = 0.0  # no decrease left at this precision: the optimum
+        new = th - t[:, None] * step
+        theta[active] = new
+        value[active] = accepted
+        iterations[active] += 1
+        size = np.abs(t[:, None] * step).max(axis=1)
+        done = size <= tol * (1.0 + np.abs(new).max(axis=1))
+        converged[active[done]] = True
+        active = active[~done]
+    coef = theta[:, :p].copy()
+    intercept = theta[:, p] - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
+    coef[single] = np.nan
+    intercept[single] = np.nan
+    eta = (design @ theta[:, :, None])[:, :, 0]
+    hit = ((eta > 0) == (y > 0.5)).astype(np.float64)
+    safe = np.where(sw > 0, sw, 1.0)
+    log_loss = _log_loss_sum(eta, y, w) / safe
+    accuracy = hit.mean(axis=1) if w is None else np.einsum("gm,gm->g", w, hit) / safe
+    log_loss[single], accuracy[single] = np.nan, np.nan
+    return {"coef": coef, "intercept": intercept, "single_class": single,
+            "converged": converged & ~single, "iterations": iterations, "log_loss": log_loss,
+            "accuracy": accuracy, "sw": sw}
