@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import Backend, backend_class
+from .callbacks import Callbacks, RunInfo
 from .execution import RunContext
 from .hashing import task_identities
 from .options import RunOptions
@@ -47,6 +48,9 @@ def train(
     reuse: bool = True,
     setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
     start_method: str = "auto",
+    callbacks: Any = None,
+    track: Any = None,
+    dashboard: bool = False,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -83,6 +87,11 @@ def train(
     * ``store``: a directory (or :class:`Store`) that records every task and
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
+    * ``callbacks``: :class:`manymodels.Callback` objects called as the run
+      goes (see :mod:`manymodels.callbacks`); ``track``: one more, a tracker
+      such as ``mm.MLflow(experiment="sales")`` (one MLflow run per call).
+    * ``dashboard``: serve the live dashboard of ``store`` on 127.0.0.1 while
+      the run lasts, and print its address.
     """
     began = (time.time(), time.perf_counter())
     if not callable(fit):
@@ -101,7 +110,14 @@ def train(
         gpus_per_task=gpus_per_task, gpus=gpus, retries=retries, retry_on=retry_on,
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
         progress=progress, reuse=reuse, setup=setup, start_method=start_method)
+    hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
+    if dashboard and store is None:
+        raise ValueError("dashboard=True needs store=: the dashboard reads the store")
     store = _open_store(store)
+    if dashboard:
+        from .dashboard import LiveDashboard
+
+        hooks.append(LiveDashboard())
 
     plan = make_plan(source)
     context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
@@ -126,8 +142,15 @@ def train(
         raise
     scheduler = Scheduler(plan, engine, retries=options.retries,
                           max_failures=options.max_failures, progress=options.progress,
-                          recorder=recorder)
-    return scheduler.run(context, began)
+                          recorder=recorder, callbacks=hooks and Callbacks(
+                              hooks, plan, RunInfo.describe(
+                                  plan, fit, source, engine, options, store, recorder)))
+    try:
+        return scheduler.run(context, began)
+    finally:
+        for hook in hooks:
+            if hasattr(hook, "close"):
+                hook.close()
 
 
 def _open_store(store: Any) -> Store | None:
