@@ -179,8 +179,8 @@ class Callbacks:
             if isinstance(metrics, str):
                 metrics = json.loads(metrics)
             self._call("on_task_finished", FinishedTask(
-                index, tasks[index].key, getattr(status, "value", status), records.duration_s[index],
-                records.worker[index], records.attempts[index], metrics,
+                index, tasks[index].key, getattr(status, "value", status),
+                records.duration_s[index], records.worker[index], records.attempts[index], metrics,
                 records.error[index]))
 
     def run_end(self, run: Any) -> None:
