@@ -142,9 +142,10 @@ def train(
         raise
     scheduler = Scheduler(plan, engine, retries=options.retries,
                           max_failures=options.max_failures, progress=options.progress,
-                          recorder=recorder, callbacks=hooks and Callbacks(
+                          recorder=recorder, callbacks=Callbacks(
                               hooks, plan, RunInfo.describe(
-                                  plan, fit, source, engine, options, store, recorder)))
+                                  plan, fit, source, engine, options, store, recorder))
+                          if hooks else None)
     try:
         return scheduler.run(context, began)
     finally:

@@ -320,5 +320,36 @@ def report(
     typer.echo(f"wrote {path}")
 
 
+@app.command()
+def dashboard(
+    store: str = typer.Argument(..., help="Store directory."),
+    port: int = typer.Option(0, min=0, max=65535, help="Port (default: a free one)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; another than loopback "
+                             "needs --allow-remote."),
+    allow_remote: bool = typer.Option(False, help="Allow a non-loopback --host; the URL "
+                                      "then carries a token, and requests without it fail."),
+    token: str = typer.Option(None, help="The token to require (default: a random one "
+                              "when the host is not loopback)."),
+) -> None:
+    """Serve a live dashboard of a store's runs, updated while they are written.
+
+    Example: manymodels dashboard models/ --port 8050
+    """
+    from .dashboard import DashboardServer
+
+    _open_store(store).close()
+    try:
+        server = DashboardServer(store, host, port, token=token, allow_remote=allow_remote)
+    except (ValueError, OSError) as exc:
+        _fail(str(exc), "--host/--port/--token")
+    typer.echo(f"manymodels dashboard of {store}: {server.url}  (Ctrl-C stops it)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

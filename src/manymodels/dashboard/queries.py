@@ -1,0 +1,267 @@
+"""What the dashboard shows, aggregated in SQL from the store's index.
+
+The dashboard reads the SQLite index on read-only connections while a driver
+writes it (WAL lets readers and the one writer go on at once). Every answer is
+small whatever the run's size: counts and sums are ``GROUP BY``s, histograms
+are buckets counted in SQL, the slowest tasks a ``LIMIT``, and what must be
+drawn task by task (the worker timeline, metric distributions) comes from a
+systematic sample of at most :data:`SAMPLE` tasks. A finished run cannot
+change, so its answers are computed once and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..messages import FAILURE_STATUSES
+from ..store import database
+
+SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
+BINS = 30
+SLOWEST = 20
+FAILURES = 50
+METRICS = 8
+_FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
+_IN_FAILED = f"({','.join('?' * len(_FAILED))})"
+SECTIONS = ("summary", "durations", "metrics", "slowest", "failures", "timeline")
+
+
+def key_label(text: str) -> str:
+    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``."""
+    try:
+        parts = json.loads(text)
+    except ValueError:
+        return text
+    return ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+
+
+def _finite(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _histogram(values: list[float], bins: int = BINS) -> dict[str, Any]:
+    if not values:
+        return {"low": None, "high": None, "counts": []}
+    low, high = min(values), max(values)
+    width = (high - low) / bins or 1.0
+    counts = [0] * bins
+    for value in values:
+        counts[min(int((value - low) / width), bins - 1)] += 1
+    return {"low": low, "high": high, "counts": counts}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+class Queries:
+    """The dashboard's questions to one store, safe to ask from many threads."""
+
+    def __init__(self, store: str | Path) -> None:
+        self.root = Path(store)
+        index = self.root / database.INDEX_NAME
+        if not index.is_file():
+            raise FileNotFoundError(f"{str(self.root)!r} is not a manymodels store: it has "
+                                    f"no {database.INDEX_NAME}")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._finished: dict[tuple, Any] = {}  # (run_id, section) of finished runs
+        self._seen: dict[int, deque] = {}  # run_id -> (time, done) samples, for the rate
+
+    def _conn(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = database._connect_read_only(
+                self.root / database.INDEX_NAME)
+            conn.execute("PRAGMA query_only=ON")
+        return conn
+
+    def _rows(self, sql: str, *args: Any) -> list[tuple]:
+        return self._conn().execute(sql, args).fetchall()
+
+    # -- runs ------------------------------------------------------------------------
+
+    def runs(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The latest runs, newest first; a running one with its progress."""
+        rows = self._rows(
+            "SELECT run_id, started_at, finished_at, status, backend, workers, fit, tasks, "
+            "ok, failed, reused, wall_s FROM runs ORDER BY run_id DESC LIMIT ?", limit)
+        names = ("run_id", "started_at", "finished_at", "status", "backend", "workers", "fit",
+                 "tasks", "ok", "failed", "reused", "wall_s")
+        runs = [dict(zip(names, row)) for row in rows]
+        for run in runs:
+            if run["status"] == "running":
+                done, ok, failed = self._rows(
+                    "SELECT count(*), coalesce(sum(status = 'ok'), 0), coalesce(sum(status IN "
+                    f"{_IN_FAILED}), 0) FROM tasks WHERE run_id = ?",
+                    *_FAILED, run["run_id"])[0]
+                run.update(ok=ok, failed=failed)
+            else:
+                done = run["tasks"] if run["status"] == "finished" else self._rows(
+                    "SELECT count(*) FROM tasks WHERE run_id = ?", run["run_id"])[0][0]
+            run["done"] = done
+            run.update(self._pace(run))
+        return runs
+
+    def _pace(self, run: dict[str, Any]) -> dict[str, Any]:
+        """Models per second (over the last ~30 s while running, else overall)
+        and the time left at that pace."""
+        now = time.time()
+        end = run["finished_at"] or now
+        elapsed = max(end - run["started_at"], 1e-9)
+        rate = (run["done"] - (run["reused"] or 0)) / elapsed
+        if run["status"] == "running":
+            with self._lock:
+                seen = self._seen.setdefault(run["run_id"], deque(maxlen=64))
+                seen.append((now, run["done"]))
+                while len(seen) > 2 and now - seen[1][0] > 30:
+                    seen.popleft()
+                if now - seen[0][0] > 2 and seen[-1][1] > seen[0][1]:
+                    rate = (seen[-1][1] - seen[0][1]) / (now - seen[0][0])
+            left = max(run["tasks"] - run["done"], 0)
+            eta = left / rate if rate > 0 else None
+        else:
+            eta = None
+        return {"rate": rate, "eta_s": eta, "elapsed_s": elapsed}
+
+    def run_row(self, run_id: int) -> dict[str, Any]:
+        rows = self._rows("SELECT run_id, status, tasks, started_at, finished_at, workers, "
+                          "wall_s, key_columns, fit, source, backend FROM runs WHERE run_id = ?",
+                          run_id)
+        if not rows:
+            raise KeyError(f"the store has no run {run_id}")
+        names = ("run_id", "status", "tasks", "started_at", "finished_at", "workers", "wall_s",
+                 "key_columns", "fit", "source", "backend")
+        row = dict(zip(names, rows[0]))
+        row["key_columns"] = json.loads(row["key_columns"] or "[]")
+        return row
+
+    # -- one run ---------------------------------------------------------------------
+
+    def section(self, run_id: int, name: str, search: str = "") -> Any:
+        """One section of a run's page (see :data:`SECTIONS`)."""
+        if name not in SECTIONS:
+            raise KeyError(f"no section {name!r}; choose one of {', '.join(SECTIONS)}")
+        run = self.run_row(run_id)
+        cacheable = run["status"] != "running" and not search
+        if cacheable and (run_id, name) in self._finished:
+            return self._finished[(run_id, name)]
+        method = getattr(self, f"_{name}")
+        value = method(run, search) if name == "failures" else method(run)
+        if cacheable:
+            self._finished[(run_id, name)] = value
+        return value
+
+    def run(self, run_id: int, search: str = "") -> dict[str, Any]:
+        """Every section of a run's page, in one answer."""
+        return {name: self.section(run_id, name, search) for name in SECTIONS}
+
+    def _summary(self, run: dict[str, Any]) -> dict[str, Any]:
+        rows = self._rows(
+            "SELECT status, count(*), sum(CASE WHEN reused_from IS NULL THEN duration_s END), "
+            "count(reused_from) FROM tasks WHERE run_id = ? GROUP BY status", run["run_id"])
+        counts = {status: count for status, count, _, _ in rows}
+        task_time = sum(busy or 0.0 for _, _, busy, _ in rows)
+        reused = sum(r for *_, r in rows)
+        done = sum(counts.values())
+        wall = run["wall_s"] or (time.time() - run["started_at"])
+        workers = run["workers"] or 1
+        return {**{k: run[k] for k in ("run_id", "status", "tasks", "workers", "fit",
+                                        "source", "backend", "key_columns", "started_at")},
+                "counts": counts, "done": done, "reused": reused, "task_time_s": task_time,
+                "wall_s": wall, "utilization": task_time / (wall * workers) if wall else 0.0,
+                "failed": sum(counts.get(s, 0) for s in _FAILED)}
+
+    def _durations(self, run: dict[str, Any]) -> dict[str, Any]:
+        where = "run_id = ? AND duration_s IS NOT NULL AND reused_from IS NULL"
+        low, high, count = self._rows(
+            f"SELECT min(duration_s), max(duration_s), count(*) FROM tasks WHERE {where}",
+            run["run_id"])[0]
+        if not count:
+            return {"low": None, "high": None, "counts": []}
+        width = (high - low) / BINS or 1.0
+        counts = [0] * BINS
+        for bucket, n in self._rows(
+                f"SELECT min(CAST((duration_s - ?) / ? AS INTEGER), {BINS - 1}), count(*) "
+                f"FROM tasks WHERE {where} GROUP BY 1", low, width, run["run_id"]):
+            counts[bucket] = n
+        return {"low": low, "high": high, "counts": counts}
+
+    def _sample(self, run: dict[str, Any]) -> list[tuple]:
+        """At most :data:`SAMPLE` finished tasks, every k-th by task number."""
+        step = max(1, math.ceil((run["tasks"] or 0) / SAMPLE))
+        return self._rows(
+            "SELECT task_index, key, status, started_at, duration_s, worker, metrics "
+            "FROM tasks WHERE run_id = ? AND task_index % ? = 0 LIMIT ?",
+            run["run_id"], step, SAMPLE)
+
+    def _metrics(self, run: dict[str, Any]) -> dict[str, Any]:
+        values: dict[str, list[float]] = {}
+        sample = self._sample(run)
+        for *_, status, _, _, _, metrics in sample:
+            if status != "ok" or not metrics:
+                continue
+            for name, value in json.loads(metrics).items():
+                if _finite(value) is not None and not isinstance(value, bool):
+                    if name in values or len(values) < METRICS:
+                        values.setdefault(name, []).append(float(value))
+        charts = []
+        for name, found in values.items():
+            ordered = sorted(found)
+            charts.append({"name": name, "n": len(found), "mean": sum(found) / len(found),
+                           **{f"p{round(q * 100):02d}": _quantile(ordered, q)
+                              for q in (0.05, 0.5, 0.95)},
+                           **_histogram(found)})
+        return {"sampled": len(sample), "charts": charts}
+
+    def _slowest(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+        rows = self._rows(
+            "SELECT key, status, duration_s, worker, attempts FROM tasks WHERE run_id = ? "
+            "AND duration_s IS NOT NULL AND reused_from IS NULL ORDER BY duration_s DESC "
+            "LIMIT ?", run["run_id"], SLOWEST)
+        return [{"key": key_label(k), "status": s, "duration_s": d, "worker": w, "attempts": a}
+                for k, s, d, w, a in rows]
+
+    def _failures(self, run: dict[str, Any], search: str = "") -> dict[str, Any]:
+        where = f"run_id = ? AND status IN {_IN_FAILED}"
+        args: list[Any] = [run["run_id"], *_FAILED]
+        total = self._rows(f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
+        if search:
+            where += " AND (instr(lower(key), lower(?)) > 0 OR instr(error, ?) > 0)"
+            args += [search, search]
+        rows = self._rows(f"SELECT key, status, attempts, worker, error FROM tasks WHERE {where} "
+                          "ORDER BY task_index LIMIT ?", *args, FAILURES)
+        matching = total if not search else self._rows(
+            f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
+        return {"total": total, "matching": matching, "search": search,
+                "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
+                           "error": e or ""} for k, s, a, w, e in rows]}
+
+    def _timeline(self, run: dict[str, Any]) -> dict[str, Any]:
+        """Bars ``[start_s, duration_s, worker, status]`` of the sampled tasks and
+        the slowest ones, with their keys; times from the run's start."""
+        origin = run["started_at"]
+        seen, bars, keys = set(), [], []
+        sample = self._sample(run) + self._rows(
+            "SELECT task_index, key, status, started_at, duration_s, worker, NULL FROM tasks "
+            "WHERE run_id = ? AND started_at IS NOT NULL ORDER BY duration_s DESC LIMIT ?",
+            run["run_id"], SLOWEST)
+        for index, key, status, started, duration, worker, _ in sample:
+            if index in seen or started is None or duration is None or worker is None:
+                continue
+            seen.add(index)
+            bars.append([round(started - origin, 6), round(duration, 6), worker, status])
+            keys.append(key_label(key))
+        total = self._rows("SELECT count(*) FROM tasks WHERE run_id = ? AND started_at "
+                           "IS NOT NULL", run["run_id"])[0][0]
+        return {"bars": bars, "keys": keys, "total": total,
+                "workers": sorted({bar[2] for bar in bars})}
