@@ -337,9 +337,10 @@ def dashboard(
     """
     from .dashboard import DashboardServer
 
-    _open_store(store).close()
-    try:
+    try:  # read-only: opening it as a Store would write (migrations)
         server = DashboardServer(store, host, port, token=token, allow_remote=allow_remote)
+    except FileNotFoundError as exc:
+        _fail(str(exc), "STORE")
     except (ValueError, OSError) as exc:
         _fail(str(exc), "--host/--port/--token")
     typer.echo(f"manymodels dashboard of {store}: {server.url}  (Ctrl-C stops it)")

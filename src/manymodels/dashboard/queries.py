@@ -211,9 +211,9 @@ class Queries:
             if status != "ok" or not metrics:
                 continue
             for name, value in json.loads(metrics).items():
-                if _finite(value) is not None and not isinstance(value, bool):
-                    if name in values or len(values) < METRICS:
-                        values.setdefault(name, []).append(float(value))
+                if (_finite(value) is not None and not isinstance(value, bool)
+                        and (name in values or len(values) < METRICS)):
+                    values.setdefault(name, []).append(float(value))
         charts = []
         for name, found in values.items():
             ordered = sorted(found)
