@@ -147,47 +147,59 @@ class Queries:
 
     # -- one run ---------------------------------------------------------------------
 
-    def section(self, run_id: int, name: str, search: str = "") -> Any:
-        """One section of a run's page (see :data:`SECTIONS`)."""
+    def section(self, run_id: int, name: str, search: str = "",
+                memo: dict | None = None) -> Any:
+        """One section of a run's page (see :data:`SECTIONS`). ``memo`` shares
+        the scans that several sections use (the sample, the summary) between
+        the sections of one answer."""
         if name not in SECTIONS:
             raise KeyError(f"no section {name!r}; choose one of {', '.join(SECTIONS)}")
-        run = self.run_row(run_id)
+        memo = {} if memo is None else memo
+        run = memo.get("run") or memo.setdefault("run", self.run_row(run_id))
         cacheable = run["status"] != "running" and not search
         if cacheable and (run_id, name) in self._finished:
             return self._finished[(run_id, name)]
         method = getattr(self, f"_{name}")
-        value = method(run, search) if name == "failures" else method(run)
+        value = method(run, memo, search) if name == "failures" else method(run, memo)
         if cacheable:
             self._finished[(run_id, name)] = value
         return value
 
     def run(self, run_id: int, search: str = "") -> dict[str, Any]:
         """Every section of a run's page, in one answer."""
-        return {name: self.section(run_id, name, search) for name in SECTIONS}
+        memo: dict[str, Any] = {}
+        return {name: self.section(run_id, name, search, memo) for name in SECTIONS}
 
-    def _summary(self, run: dict[str, Any]) -> dict[str, Any]:
+    def _summary(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         rows = self._rows(
             "SELECT status, count(*), sum(CASE WHEN reused_from IS NULL THEN duration_s END), "
-            "count(reused_from) FROM tasks WHERE run_id = ? GROUP BY status", run["run_id"])
-        counts = {status: count for status, count, _, _ in rows}
-        task_time = sum(busy or 0.0 for _, _, busy, _ in rows)
-        reused = sum(r for *_, r in rows)
+            "count(reused_from), min(CASE WHEN reused_from IS NULL THEN duration_s END), "
+            "max(CASE WHEN reused_from IS NULL THEN duration_s END) "
+            "FROM tasks WHERE run_id = ? GROUP BY status", run["run_id"])
+        counts = {row[0]: row[1] for row in rows}
+        task_time = sum(row[2] or 0.0 for row in rows)
+        reused = sum(row[3] for row in rows)
+        lows = [row[4] for row in rows if row[4] is not None]
+        highs = [row[5] for row in rows if row[5] is not None]
+        memo["range"] = (min(lows), max(highs)) if lows else None
         done = sum(counts.values())
         wall = run["wall_s"] or (time.time() - run["started_at"])
         workers = run["workers"] or 1
-        return {**{k: run[k] for k in ("run_id", "status", "tasks", "workers", "fit",
-                                        "source", "backend", "key_columns", "started_at")},
+        shown = ("run_id", "status", "tasks", "workers", "fit", "source", "backend",
+                 "key_columns", "started_at")
+        memo["summary_value"] = {**{k: run[k] for k in shown},
                 "counts": counts, "done": done, "reused": reused, "task_time_s": task_time,
                 "wall_s": wall, "utilization": task_time / (wall * workers) if wall else 0.0,
                 "failed": sum(counts.get(s, 0) for s in _FAILED)}
+        return memo["summary_value"]
 
-    def _durations(self, run: dict[str, Any]) -> dict[str, Any]:
+    def _durations(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         where = "run_id = ? AND duration_s IS NOT NULL AND reused_from IS NULL"
-        low, high, count = self._rows(
-            f"SELECT min(duration_s), max(duration_s), count(*) FROM tasks WHERE {where}",
-            run["run_id"])[0]
-        if not count:
+        if "range" not in memo:
+            self._summary(run, memo)
+        if memo["range"] is None:
             return {"low": None, "high": None, "counts": []}
+        low, high = memo["range"]
         width = (high - low) / BINS or 1.0
         counts = [0] * BINS
         for bucket, n in self._rows(
@@ -196,17 +208,20 @@ class Queries:
             counts[bucket] = n
         return {"low": low, "high": high, "counts": counts}
 
-    def _sample(self, run: dict[str, Any]) -> list[tuple]:
+    def _sample(self, run: dict[str, Any], memo: dict) -> list[tuple]:
         """At most :data:`SAMPLE` finished tasks, every k-th by task number."""
+        if "sample" in memo:
+            return memo["sample"]
         step = max(1, math.ceil((run["tasks"] or 0) / SAMPLE))
-        return self._rows(
+        memo["sample"] = self._rows(
             "SELECT task_index, key, status, started_at, duration_s, worker, metrics "
             "FROM tasks WHERE run_id = ? AND task_index % ? = 0 LIMIT ?",
             run["run_id"], step, SAMPLE)
+        return memo["sample"]
 
-    def _metrics(self, run: dict[str, Any]) -> dict[str, Any]:
+    def _metrics(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         values: dict[str, list[float]] = {}
-        sample = self._sample(run)
+        sample = self._sample(run, memo)
         for *_, status, _, _, _, metrics in sample:
             if status != "ok" or not metrics:
                 continue
@@ -223,15 +238,19 @@ class Queries:
                            **_histogram(found)})
         return {"sampled": len(sample), "charts": charts}
 
-    def _slowest(self, run: dict[str, Any]) -> list[dict[str, Any]]:
-        rows = self._rows(
-            "SELECT key, status, duration_s, worker, attempts FROM tasks WHERE run_id = ? "
-            "AND duration_s IS NOT NULL AND reused_from IS NULL ORDER BY duration_s DESC "
-            "LIMIT ?", run["run_id"], SLOWEST)
-        return [{"key": key_label(k), "status": s, "duration_s": d, "worker": w, "attempts": a}
-                for k, s, d, w, a in rows]
+    def _slowest_rows(self, run: dict[str, Any], memo: dict) -> list[tuple]:
+        if "slowest" not in memo:
+            memo["slowest"] = self._rows(
+                "SELECT task_index, key, status, started_at, duration_s, worker, attempts "
+                "FROM tasks WHERE run_id = ? AND duration_s IS NOT NULL AND reused_from IS "
+                "NULL ORDER BY duration_s DESC LIMIT ?", run["run_id"], SLOWEST)
+        return memo["slowest"]
 
-    def _failures(self, run: dict[str, Any], search: str = "") -> dict[str, Any]:
+    def _slowest(self, run: dict[str, Any], memo: dict) -> list[dict[str, Any]]:
+        return [{"key": key_label(k), "status": s, "duration_s": d, "worker": w, "attempts": a}
+                for _, k, s, _, d, w, a in self._slowest_rows(run, memo)]
+
+    def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
         where = f"run_id = ? AND status IN {_IN_FAILED}"
         args: list[Any] = [run["run_id"], *_FAILED]
         total = self._rows(f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
@@ -246,22 +265,20 @@ class Queries:
                 "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
                            "error": e or ""} for k, s, a, w, e in rows]}
 
-    def _timeline(self, run: dict[str, Any]) -> dict[str, Any]:
+    def _timeline(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         """Bars ``[start_s, duration_s, worker, status]`` of the sampled tasks and
         the slowest ones, with their keys; times from the run's start."""
         origin = run["started_at"]
         seen, bars, keys = set(), [], []
-        sample = self._sample(run) + self._rows(
-            "SELECT task_index, key, status, started_at, duration_s, worker, NULL FROM tasks "
-            "WHERE run_id = ? AND started_at IS NOT NULL ORDER BY duration_s DESC LIMIT ?",
-            run["run_id"], SLOWEST)
-        for index, key, status, started, duration, worker, _ in sample:
+        for index, key, status, started, duration, worker, _ in (
+                self._sample(run, memo) + self._slowest_rows(run, memo)):
             if index in seen or started is None or duration is None or worker is None:
                 continue
             seen.add(index)
             bars.append([round(started - origin, 6), round(duration, 6), worker, status])
             keys.append(key_label(key))
-        total = self._rows("SELECT count(*) FROM tasks WHERE run_id = ? AND started_at "
-                           "IS NOT NULL", run["run_id"])[0][0]
-        return {"bars": bars, "keys": keys, "total": total,
+        summary = memo.get("summary_value")
+        total = len(bars) if summary is None else summary["done"] - summary["reused"] - (
+            summary["counts"].get("cancelled", 0))
+        return {"bars": bars, "keys": keys, "total": max(total, len(bars)),
                 "workers": sorted({bar[2] for bar in bars})}
