@@ -114,10 +114,11 @@ def train(
     if dashboard and store is None:
         raise ValueError("dashboard=True needs store=: the dashboard reads the store")
     store = _open_store(store)
+    live = None
     if dashboard:
         from .dashboard import LiveDashboard
 
-        hooks.append(LiveDashboard())
+        hooks.append(live := LiveDashboard())
 
     plan = make_plan(source)
     context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
@@ -149,9 +150,8 @@ def train(
     try:
         return scheduler.run(context, began)
     finally:
-        for hook in hooks:
-            if hasattr(hook, "close"):
-                hook.close()
+        if live is not None:
+            live.close()
 
 
 def _open_store(store: Any) -> Store | None:
