@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -98,6 +99,9 @@ def test_json_endpoints_answer_from_sql(finished_store):
         assert len(slowest) == 20
         assert [s["duration_s"] for s in slowest] == sorted(
             (s["duration_s"] for s in slowest), reverse=True)
+        with urllib.request.urlopen(server.url + "report/1", timeout=60) as answer:
+            report = answer.read().decode()
+        assert "Worker timeline" in report and "ValueError: bad item k017" in report
         assert get(server.url + "api/run/9")[0] == 404
         assert get(server.url + "api/run/1/nothing")[0] == 404
         # a page elsewhere that rebinds its name to 127.0.0.1 is refused
@@ -118,8 +122,27 @@ def test_a_non_loopback_address_needs_a_flag_and_then_a_token(finished_store):
             urllib.request.urlopen(base, timeout=30)  # the page itself too
     result = subprocess.run(
         [sys.executable, "-m", "manymodels.cli", "dashboard", str(finished_store),
-         "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120)
+         "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200"})
     assert result.returncode != 0 and "--allow-remote" in result.stderr
+
+
+def test_the_command_serves_a_store(finished_store):
+    server = subprocess.Popen(
+        [sys.executable, "-m", "manymodels.cli", "dashboard", str(finished_store)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        url = re.search(r"(http://127\.0\.0\.1:\d+/)", line).group(1)
+        status, runs = get(url + "api/runs")
+        assert status == 200 and runs["runs"][0]["done"] == 61
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "manymodels.cli", "dashboard", str(finished_store.parent)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode != 0 and "not a manymodels store" in result.stderr
 
 
 def test_train_with_dashboard_prints_its_address_and_stops_after(tmp_path, capsys):

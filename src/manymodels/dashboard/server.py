@@ -34,6 +34,8 @@ from .queries import SECTIONS, Queries
 STATIC = Path(__file__).with_name("static")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}
+#: the static report has inline style and SVG, and no script at all
+_REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
         "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
@@ -129,13 +131,13 @@ class _Handler(BaseHTTPRequestHandler):
     def board(self) -> DashboardServer:
         return self.server.dashboard  # type: ignore[attr-defined]
 
-    def _send(self, status: int, body: bytes, kind: str) -> None:
+    def _send(self, status: int, body: bytes, kind: str, policy: str = _CSP) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Content-Security-Policy", _CSP)
+        self.send_header("Content-Security-Policy", policy)
         self.send_header("Referrer-Policy", "no-referrer")
         self.end_headers()
         self.wfile.write(body)
@@ -178,11 +180,29 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/":
             return self._send(200, (STATIC / "index.html").read_bytes(), _TYPES[".html"])
         try:
+            if path.startswith("/report/") and path.removeprefix("/report/").isdigit():
+                return self._report(int(path.removeprefix("/report/")))
             return self._api(path, query)
         except KeyError as exc:
             return self._error(HTTPStatus.NOT_FOUND, str(exc.args[0]))
         except Exception as exc:  # the store is being written, or damaged: say so
             return self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"{type(exc).__name__}: {exc}")
+
+    def _report(self, run_id: int) -> None:
+        """The run's static HTML report (:mod:`manymodels.report`), made on demand."""
+        import tempfile
+
+        from ..report import store_report
+        from ..store import Store
+
+        self.board.queries.run_row(run_id)  # KeyError: no such run
+        store = Store(self.board.queries.root, read_only=True)
+        try:
+            with tempfile.TemporaryDirectory(prefix="manymodels-report-") as tmp:
+                body = store_report(store, run_id, f"{tmp}/report.html").read_bytes()
+        finally:
+            store.close()
+        self._send(200, body, _TYPES[".html"], _REPORT_CSP)
 
     def _api(self, path: str, query: dict[str, list[str]]) -> None:
         queries = self.board.queries

@@ -172,6 +172,8 @@ function renderRun(data) {
   const s = data.summary;
   document.getElementById("run").hidden = false;
   setText("run-id", s.run_id);
+  document.getElementById("report-link").href = "/report/" + s.run_id
+    + (token ? "?token=" + encodeURIComponent(token) : "");
   const badge = document.getElementById("run-status");
   badge.textContent = s.status;
   badge.className = "badge " + s.status;
