@@ -209,13 +209,18 @@ class Queries:
         return {"low": low, "high": high, "counts": counts}
 
     def _sample(self, run: dict[str, Any], memo: dict) -> list[tuple]:
-        """At most :data:`SAMPLE` finished tasks, every k-th by task number."""
+        """About :data:`SAMPLE` finished tasks at most: those whose scrambled task
+        number falls in one k-th of the range. Scrambled (a multiplicative hash
+        modulo a prime), not every k-th: a plan's order can repeat with a period
+        (a worker every 16th task, a grid value every 3rd) and every k-th task
+        would then draw one part of it only. The same tasks every poll."""
         if "sample" in memo:
             return memo["sample"]
         step = max(1, math.ceil((run["tasks"] or 0) / SAMPLE))
         memo["sample"] = self._rows(
             "SELECT task_index, key, status, started_at, duration_s, worker, metrics "
-            "FROM tasks WHERE run_id = ? AND task_index % ? = 0 LIMIT ?",
+            "FROM tasks WHERE run_id = ? AND (task_index * 2654435761) % 4294967291 % ? = 0 "
+            "LIMIT ?",
             run["run_id"], step, SAMPLE)
         return memo["sample"]
 
