@@ -29,6 +29,10 @@ FAILURES = 50
 METRICS = 8
 _FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
 _IN_FAILED = f"({','.join('?' * len(_FAILED))})"
+#: A running run's answer is kept for this many times what it cost (at least
+#: a second): at a million tasks the dashboard then takes a fifth of a core at
+#: most from the training it watches, instead of half of one.
+KEEP_FOR_COST = 4.0
 SECTIONS = ("summary", "durations", "metrics", "slowest", "failures", "timeline")
 
 
@@ -76,6 +80,25 @@ class Queries:
         self._lock = threading.Lock()
         self._finished: dict[tuple, Any] = {}  # (run_id, section) of finished runs
         self._seen: dict[int, deque] = {}  # run_id -> (time, done) samples, for the rate
+        self._recent: dict[tuple, tuple[float, Any]] = {}  # key -> (keep until, answer)
+
+    def _throttled(self, key: tuple, compute: Any) -> Any:
+        """``compute()``, or its last answer while that is fresh enough (see
+        :data:`KEEP_FOR_COST`) and no run has started or ended since."""
+        key = (*key, *self._rows("SELECT count(*), max(run_id), max(finished_at), "
+                                 "group_concat(status) FROM runs")[0])
+        now = time.monotonic()
+        with self._lock:
+            hit = self._recent.get(key)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        value = compute()
+        cost = time.monotonic() - now
+        with self._lock:
+            if len(self._recent) > 64:
+                self._recent.clear()
+            self._recent[key] = (time.monotonic() + max(1.0, KEEP_FOR_COST * cost), value)
+        return value
 
     def _conn(self) -> Any:
         conn = getattr(self._local, "conn", None)
@@ -92,6 +115,9 @@ class Queries:
 
     def runs(self, limit: int = 100) -> list[dict[str, Any]]:
         """The latest runs, newest first; a running one with its progress."""
+        return self._throttled(("runs", limit), lambda: self._runs(limit))
+
+    def _runs(self, limit: int) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT run_id, started_at, finished_at, status, backend, workers, fit, tasks, "
             "ok, failed, reused, wall_s FROM runs ORDER BY run_id DESC LIMIT ?", limit)
@@ -167,8 +193,11 @@ class Queries:
 
     def run(self, run_id: int, search: str = "") -> dict[str, Any]:
         """Every section of a run's page, in one answer."""
-        memo: dict[str, Any] = {}
-        return {name: self.section(run_id, name, search, memo) for name in SECTIONS}
+        def compute() -> dict[str, Any]:
+            memo: dict[str, Any] = {}
+            return {name: self.section(run_id, name, search, memo) for name in SECTIONS}
+
+        return self._throttled(("run", run_id, search), compute)
 
     def _summary(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         rows = self._rows(
