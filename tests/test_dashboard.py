@@ -145,13 +145,22 @@ def test_the_command_serves_a_store(finished_store):
     assert result.returncode != 0 and "not a manymodels store" in result.stderr
 
 
-def test_train_with_dashboard_prints_its_address_and_stops_after(tmp_path, capsys):
+def test_train_with_dashboard_serves_while_the_run_lasts(tmp_path, capsys):
+    seen = {}
+
+    class Look(mm.Callback):  # looks at the dashboard from inside the run
+        def on_batch(self, progress):
+            if not seen:
+                printed = capsys.readouterr().err
+                seen["url"] = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)",
+                                        printed).group(1)
+                seen["runs"] = get(seen["url"] + "api/runs")[1]["runs"]
+
     mm.train(fit_small, mm.items([f"k{i:03d}" for i in range(5)]), backend="threads",
-             progress=False, store=tmp_path / "store", dashboard=True)
-    printed = capsys.readouterr().err
-    url = re.search(r"manymodels dashboard: (http://127\.0\.0\.1:\d+/)", printed).group(1)
-    with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(url + "api/runs", timeout=10)  # served while the run lasted
+             progress=False, store=tmp_path / "store", dashboard=True, callbacks=[Look()])
+    assert seen["runs"][0]["status"] == "running" and seen["runs"][0]["tasks"] == 5
+    with pytest.raises(urllib.error.URLError):  # and stops with it
+        urllib.request.urlopen(seen["url"] + "api/runs", timeout=10)
 
 
 _LIVE_RUN = """
