@@ -269,3 +269,16 @@ def test_a_million_tasks_render_in_chromium(tmp_path):
     assert number(page, "done") == tasks and number(page, "count-failed") == tasks // 1000
     print(f"1M tasks: all sections of the run in {api_s:.2f} s (server, uncached); the page "
           f"in Chromium (start, load, two polls, render, dump) in {page_s:.2f} s")
+
+
+def test_a_run_whose_driver_died_shows_interrupted(finished_store):
+    import socket
+    import sqlite3
+
+    with sqlite3.connect(finished_store / "index.sqlite") as conn:  # killed mid-run
+        conn.execute("UPDATE runs SET status = 'running', finished_at = NULL, ok = NULL, "
+                     "driver = ?", (f"{socket.gethostname()}:1:0.0",))
+    with DashboardServer(finished_store) as server:
+        run = get(server.url + "api/runs")[1]["runs"][0]
+        assert run["status"] == "interrupted" and run["done"] == 61 and run["eta_s"] is None
+        assert get(server.url + "api/run/1/summary")[1]["status"] == "interrupted"

@@ -67,6 +67,15 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
+def _alive(run: dict[str, Any]) -> dict[str, Any]:
+    """A run still ``running`` whose driver process is gone shows as
+    ``interrupted``, as the store marks it when next opened for writing."""
+    driver = run.pop("driver")
+    if run["status"] == "running" and not database._driver_alive(driver):
+        run["status"] = "interrupted"
+    return run
+
+
 class Queries:
     """The dashboard's questions to one store, safe to ask from many threads."""
 
@@ -120,10 +129,10 @@ class Queries:
     def _runs(self, limit: int) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT run_id, started_at, finished_at, status, backend, workers, fit, tasks, "
-            "ok, failed, reused, wall_s FROM runs ORDER BY run_id DESC LIMIT ?", limit)
+            "ok, failed, reused, wall_s, driver FROM runs ORDER BY run_id DESC LIMIT ?", limit)
         names = ("run_id", "started_at", "finished_at", "status", "backend", "workers", "fit",
-                 "tasks", "ok", "failed", "reused", "wall_s")
-        runs = [dict(zip(names, row)) for row in rows]
+                 "tasks", "ok", "failed", "reused", "wall_s", "driver")
+        runs = [_alive(dict(zip(names, row))) for row in rows]
         for run in runs:
             if run["status"] == "running":
                 done, ok, failed = self._rows(
@@ -131,9 +140,11 @@ class Queries:
                     f"{_IN_FAILED}), 0) FROM tasks WHERE run_id = ?",
                     *_FAILED, run["run_id"])[0]
                 run.update(ok=ok, failed=failed)
-            else:
-                done = run["tasks"] if run["status"] == "finished" else self._rows(
-                    "SELECT count(*) FROM tasks WHERE run_id = ?", run["run_id"])[0][0]
+            elif run["ok"] is not None:  # recorded when it ended
+                done = run["ok"] + (run["failed"] or 0)
+            else:  # its driver died: count what it committed
+                done = self._rows("SELECT count(*) FROM tasks WHERE run_id = ? AND status "
+                                  "!= 'cancelled'", run["run_id"])[0][0]
             run["done"] = done
             run.update(self._pace(run))
         return runs
@@ -161,13 +172,13 @@ class Queries:
 
     def run_row(self, run_id: int) -> dict[str, Any]:
         rows = self._rows("SELECT run_id, status, tasks, started_at, finished_at, workers, "
-                          "wall_s, key_columns, fit, source, backend FROM runs WHERE run_id = ?",
-                          run_id)
+                          "wall_s, key_columns, fit, source, backend, driver FROM runs "
+                          "WHERE run_id = ?", run_id)
         if not rows:
             raise KeyError(f"the store has no run {run_id}")
         names = ("run_id", "status", "tasks", "started_at", "finished_at", "workers", "wall_s",
-                 "key_columns", "fit", "source", "backend")
-        row = dict(zip(names, rows[0]))
+                 "key_columns", "fit", "source", "backend", "driver")
+        row = _alive(dict(zip(names, rows[0])))
         row["key_columns"] = json.loads(row["key_columns"] or "[]")
         return row
 
