@@ -26,6 +26,12 @@ def fit_line(x):
     return model, {"r2": 1 - 1 / (x + 2), "rmse": float(x)}
 
 
+def fit_refusing_low(x):
+    if x < 5:
+        raise ValueError("too low")
+    return {"x": x}
+
+
 class Recorder(mm.Callback):
     def __init__(self):
         self.info, self.tasks, self.batches, self.end = None, [], [], None
@@ -73,6 +79,16 @@ def test_callbacks_see_every_task_each_round_and_the_end(tmp_path, backend):
     assert seen.batches and seen.batches[-1].done == 40 and seen.batches[-1].failed == 1
     assert [b.done for b in seen.batches] == sorted(b.done for b in seen.batches)
     assert seen.end is run
+
+
+def test_the_end_is_told_when_the_error_budget_stops_the_run():
+    seen = Recorder()
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(fit_refusing_low, mm.items(range(40)), backend="serial", max_failures=2,
+                 progress=False, callbacks=[seen])
+    assert seen.end is stopped.value.run
+    failed = [t.key for t in seen.tasks if t.status == "failed"]
+    assert len(failed) >= 3 and all(key < 5 for key in failed)
 
 
 def test_no_per_task_events_unless_a_callback_wants_them():
