@@ -23,7 +23,7 @@ def fit_line(x):
 
     features = np.arange(20.0).reshape(-1, 1)
     model = Ridge(alpha=1e-6).fit(features, features[:, 0] * x)
-    return model, {"r2": 1 - 1 / (x + 2), "rmse": float(x)}
+    return model, {"r2": 1 - 1 / (x + 2), "rmse": float(x), "r²": 0.5}
 
 
 def fit_refusing_low(x):
@@ -156,6 +156,7 @@ def test_mlflow_gets_one_run_with_params_metrics_artifacts_and_best_models(
     assert metrics["rmse.p50"] == pytest.approx(rmse.median())
     assert metrics["r2.p95"] == pytest.approx(run.ok["r2"].quantile(0.95))
     assert 0 < metrics["utilization"] <= 1.05
+    assert metrics["r_.mean"] == 0.5  # a name MLflow refuses, made one it takes
     names = {a.path for a in client.list_artifacts(tracker.run_id)}
     assert {"results.parquet", "report.html", "models"} <= names
     table = pd.read_parquet(client.download_artifacts(tracker.run_id, "results.parquet",

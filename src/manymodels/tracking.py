@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +33,12 @@ def _mlflow() -> Any:
     except ImportError as exc:
         raise ImportError("mm.MLflow needs MLflow: pip install 'manymodels[mlflow]'") from exc
     return mlflow
+
+
+def _name(name: str) -> str:
+    """A name MLflow accepts (letters, digits, ``_ - . / :`` and spaces; 250 at most):
+    a metric ``r²`` is logged as ``r_``, not refused with the whole batch."""
+    return re.sub(r"[^\w\-. /:]|[^\x00-\x7f]", "_", str(name))[:250]
 
 
 def _param(value: Any) -> str:
@@ -93,8 +100,9 @@ class MLflow(Callback):
                   "code.versions": info.code.get("versions")}
         params.update({f"code.{name}": digest
                        for name, digest in list(info.code.get("sources", {}).items())[:50]})
-        client.log_batch(self.run_id, params=[
-            mlflow.entities.Param(k[:250], _param(v)) for k, v in params.items()])
+        entries = [mlflow.entities.Param(_name(k), _param(v)) for k, v in params.items()]
+        for start in range(0, len(entries), 100):  # MLflow's batch limit for params
+            client.log_batch(self.run_id, params=entries[start:start + 100])
         client.log_metric(self.run_id, "reused", info.reused)
 
     def on_batch(self, progress: Progress) -> None:
@@ -108,7 +116,7 @@ class MLflow(Callback):
     def _log_metrics(self, values: dict[str, float], step: int = 0) -> None:
         Metric = _mlflow().entities.Metric
         stamp = int(time.time() * 1000)
-        metrics = [Metric(k[:250], float(v), stamp, step) for k, v in values.items()
+        metrics = [Metric(_name(k), float(v), stamp, step) for k, v in values.items()
                    if v is not None and math.isfinite(float(v))]
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
             self._client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
