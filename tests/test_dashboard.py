@@ -218,6 +218,9 @@ def test_the_page_follows_a_live_run_in_chromium(tmp_path):
     assert after.count("<script") == 1  # the page's own app.js, nothing injected
     assert "<title>manymodels dashboard</title>" in after  # the key's script never ran
     assert after.count('class="failure"') == 2 and after.count("<rect") >= 71
+    with DashboardServer(store) as server:  # the search box, given in the address
+        found = dump_dom(server.url + "?q=k017", tmp_path, budget_ms=2500)
+    assert found.count('class="failure"') == 1 and "bad item k017" in found
 
 
 def _million_store(path: Path, tasks: int) -> None:

@@ -245,7 +245,9 @@ async function poll() {
 
 document.addEventListener("DOMContentLoaded", () => {
   let typing = null;
-  document.getElementById("search").addEventListener("input", event => {
+  const box = document.getElementById("search");
+  box.value = search = new URLSearchParams(location.search).get("q") || "";  // a link to a search
+  box.addEventListener("input", event => {
     search = event.target.value;
     clearTimeout(typing);
     typing = setTimeout(poll, 250);
