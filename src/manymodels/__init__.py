@@ -21,6 +21,8 @@ _EXPORTS = {
     "train": ".api",
     "Backend": ".backends",
     "RayBackend": ".backends",
+    "Callback": ".callbacks",
+    "MLflow": ".tracking",
     "WorkerStartupError": ".backends",
     "register_backend": ".backends",
     "Run": ".results",
@@ -42,7 +44,9 @@ _EXPORTS = {
 
 __all__ = [
     "Backend",
+    "Callback",
     "LinearResult",
+    "MLflow",
     "RayBackend",
     "Run",
     "RunInterrupted",
@@ -66,12 +70,14 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
     from .backends import Backend, RayBackend, WorkerStartupError, register_backend
+    from .callbacks import Callback
     from .fitstats import glance
     from .linmodels import LinearResult, linear
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items
     from .store import Store, StoreError, StoreIntegrityError
+    from .tracking import MLflow
     from .transforms import map_groups, map_partitions
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import Backend, backend_class
+from .callbacks import Callbacks, RunInfo
 from .execution import RunContext
 from .hashing import task_identities
 from .options import RunOptions
@@ -49,6 +50,9 @@ def train(
     reuse: bool = True,
     setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
     start_method: str = "auto",
+    callbacks: Any = None,
+    track: Any = None,
+    dashboard: bool = False,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -90,6 +94,11 @@ def train(
     * ``store``: a directory (or :class:`Store`) that records every task and
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
+    * ``callbacks``: :class:`manymodels.Callback` objects called as the run
+      goes (see :mod:`manymodels.callbacks`); ``track``: one more, a tracker
+      such as ``mm.MLflow(experiment="sales")`` (one MLflow run per call).
+    * ``dashboard``: serve the live dashboard of ``store`` on 127.0.0.1 while
+      the run lasts, and print its address.
     """
     began = (time.time(), time.perf_counter())
     if not callable(fit):
@@ -109,7 +118,15 @@ def train(
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
         progress=progress, reuse=reuse, setup=setup, start_method=start_method,
         gpu_memory_limit=gpu_memory_limit)
+    hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
+    if dashboard and store is None:
+        raise ValueError("dashboard=True needs store=: the dashboard reads the store")
     store = _open_store(store)
+    live = None
+    if dashboard:
+        from .dashboard import LiveDashboard
+
+        hooks.append(live := LiveDashboard())
 
     plan = make_plan(source)
     add_fit_keys(plan, fit, {*(options.shared or {}),
@@ -136,8 +153,15 @@ def train(
         raise
     scheduler = Scheduler(plan, engine, retries=options.retries,
                           max_failures=options.max_failures, progress=options.progress,
-                          recorder=recorder)
-    return scheduler.run(context, began)
+                          recorder=recorder, callbacks=Callbacks(
+                              hooks, plan, RunInfo.describe(
+                                  plan, fit, source, engine, options, store, recorder))
+                          if hooks else None)
+    try:
+        return scheduler.run(context, began)
+    finally:
+        if live is not None:
+            live.close()
 
 
 def _open_store(store: Any) -> Store | None:

@@ -218,6 +218,8 @@ def train(
     workers: int = typer.Option(None, min=1, help="Workers (default: usable cores)."),
     timeout: float = typer.Option(None, help="Seconds per group before it is stopped."),
     allow_failures: bool = typer.Option(False, help="Exit 0 even if some groups failed."),
+    mlflow: str = typer.Option(None, "--mlflow", metavar="EXPERIMENT", help="Also log the "
+                               "run to this MLflow experiment (at MLFLOW_TRACKING_URI)."),
 ) -> None:
     """Train one model per group of a table, evaluate it, keep it in a store.
 
@@ -232,11 +234,18 @@ def train(
     except ValueError as exc:
         _fail(str(exc), "--model/--param/--grid")
     try:  # every refusal comes before the data is read, naming the option at fault
+        track = None
+        if mlflow:
+            from .tracking import MLflow
+
+            track = MLflow(experiment=mlflow)
         trained = train_table(data, _split_list(by), target, model, store=store,
                               features=_split_list(features) if features else None,
                               params=params, grid=grid_values, metrics=_split_list(metrics),
                               test_size=test_size, cv=cv, fallback=fallback, backend=backend,
-                              workers=workers, timeout=timeout)
+                              workers=workers, timeout=timeout, track=track)
+    except ImportError as exc:
+        _fail(str(exc), "--mlflow")
     except ArgumentError as exc:
         _fail(str(exc), exc.option)
     except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1
@@ -311,6 +320,38 @@ def report(
     except ValueError as exc:
         _fail(str(exc), "RUN")
     typer.echo(f"wrote {path}")
+
+
+@app.command()
+def dashboard(
+    store: str = typer.Argument(..., help="Store directory."),
+    port: int = typer.Option(0, min=0, max=65535, help="Port (default: a free one)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; another than loopback "
+                             "needs --allow-remote."),
+    allow_remote: bool = typer.Option(False, help="Allow a non-loopback --host; the URL "
+                                      "then carries a token, and requests without it fail."),
+    token: str = typer.Option(None, help="The token to require (default: a random one "
+                              "when the host is not loopback)."),
+) -> None:
+    """Serve a live dashboard of a store's runs, updated while they are written.
+
+    Example: manymodels dashboard models/ --port 8050
+    """
+    from .dashboard import DashboardServer
+
+    try:  # read-only: opening it as a Store would write (migrations)
+        server = DashboardServer(store, host, port, token=token, allow_remote=allow_remote)
+    except FileNotFoundError as exc:
+        _fail(str(exc), "STORE")
+    except (ValueError, OSError) as exc:
+        _fail(str(exc), "--host/--port/--token")
+    typer.echo(f"manymodels dashboard of {store}: {server.url}  (Ctrl-C stops it)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

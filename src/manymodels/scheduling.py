@@ -135,6 +135,17 @@ def _running_average(average: float | None, sample: float) -> float:
     return sample if average is None else 0.7 * average + 0.3 * sample
 
 
+def _ended(events: list) -> Iterator[int]:
+    """The task indices a round of events may have ended (a retried one has not:
+    its status is still unset, and the callbacks skip it)."""
+    for event in events:
+        if isinstance(event, Finished):
+            for outcome in event.outcomes:
+                yield outcome[0]
+        elif isinstance(event, Lost):
+            yield event.index
+
+
 def _failure_budget(max_failures: int | float | None, total: int) -> int | None:
     if max_failures is None:
         return None
@@ -156,6 +167,7 @@ class Scheduler:
         progress: bool = True,
         description: str = "training",
         recorder: Any = None,
+        callbacks: Any = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
@@ -166,6 +178,7 @@ class Scheduler:
         self.progress: ProgressBar | None = None
         self.sizer = BatchSizer(backend.workers)
         self.recorder = recorder
+        self.callbacks = callbacks  # a callbacks.Callbacks, or None
         self._done = self._ok = self._failed = self._batches = 0
         if recorder is not None:  # models the store already holds: done before we start
             self._done = self._ok = recorder.fill_reused(self.records)
@@ -222,6 +235,8 @@ class Scheduler:
         with _sigterm_interrupts():
             started = False
             try:
+                if self.callbacks is not None:
+                    self.callbacks.run_start(self._done)
                 if self._done < len(self.plan.tasks):
                     started = True
                     self.backend.start(context)
@@ -255,6 +270,8 @@ class Scheduler:
                     self.recorder.finish(self.records, state, run)
                 except StoreError as exc:
                     store_error = exc
+            if self.callbacks is not None:
+                self.callbacks.run_end(run)
             if store_error is not None:
                 self.recorder.abandon()
                 store_error.run = run
@@ -278,6 +295,8 @@ class Scheduler:
         retry_later: list[tuple[float, int]] = []  # (due time, index): backoff
         in_flight: set[int] = set()
         batch_id = 0
+        callbacks = self.callbacks
+        per_task = callbacks is not None and callbacks.wants_tasks
         while self._done < len(tasks) and not self._over_budget():
             now = time.monotonic()
             while retry_later and retry_later[0][0] <= now:
@@ -301,7 +320,10 @@ class Scheduler:
             wait = 0.05
             if retry_later and not in_flight:
                 wait = max(0.0, min(wait, retry_later[0][0] - now))
-            for event in backend.poll(wait):
+            events = backend.poll(wait)
+            if per_task:
+                events = list(events)
+            for event in events:
                 if isinstance(event, Finished):
                     self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
                     for outcome in event.outcomes:
@@ -323,6 +345,10 @@ class Scheduler:
             self.progress.update(self._done, self._ok, self._failed)
             if self.recorder is not None:
                 self.recorder.flush(self.records)
+            if callbacks is not None:
+                if per_task:
+                    callbacks.tasks_finished(_ended(events), self.records)
+                callbacks.batch(self._done, self._ok, self._failed)
 
     def _budget_message(self, run: Run) -> str:
         failed = run.failed

@@ -335,7 +335,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                 grid: Mapping[str, Sequence[Any]] | None = None,
                 metrics: Sequence[str] | None = None, test_size: float | None = None,
                 cv: int | None = None, fallback: bool = True, backend: str = "processes",
-                workers: int | None = None, timeout: float | None = None) -> TableRun:
+                workers: int | None = None, timeout: float | None = None,
+                track: Any = None) -> TableRun:
     """Train one ``model`` (an estimator class by dotted name) per ``by`` group
     of ``data`` (a CSV/Parquet path or a table) to predict ``target``, score it
     on a holdout (``test_size``, default 0.2) or by ``cv`` folds, keep each
@@ -392,7 +393,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     path_note = try_fast(task, table, by_columns)
     try:
         run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
-                       workers=workers, timeout=timeout)
+                       workers=workers, timeout=timeout, track=track)
     except (ValueError, TypeError) as exc:
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
             raise

@@ -1,0 +1,329 @@
+"""What the dashboard shows, aggregated in SQL from the store's index.
+
+The dashboard reads the SQLite index on read-only connections while a driver
+writes it (WAL lets readers and the one writer go on at once). Every answer is
+small whatever the run's size: counts and sums are ``GROUP BY``s, histograms
+are buckets counted in SQL, the slowest tasks a ``LIMIT``, and what must be
+drawn task by task (the worker timeline, metric distributions) comes from a
+systematic sample of at most :data:`SAMPLE` tasks. A finished run cannot
+change, so its answers are computed once and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ..messages import FAILURE_STATUSES
+from ..store import database
+
+SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
+BINS = 30
+SLOWEST = 20
+FAILURES = 50
+METRICS = 8
+_FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
+_IN_FAILED = f"({','.join('?' * len(_FAILED))})"
+#: A running run's answer is kept for this many times what it cost (at least
+#: a second): at a million tasks the dashboard then takes a fifth of a core at
+#: most from the training it watches, instead of half of one.
+KEEP_FOR_COST = 4.0
+SECTIONS = ("summary", "durations", "metrics", "slowest", "failures", "timeline")
+
+
+def key_label(text: str) -> str:
+    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``."""
+    try:
+        parts = json.loads(text)
+    except ValueError:
+        return text
+    return ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+
+
+def _finite(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _histogram(values: list[float], bins: int = BINS) -> dict[str, Any]:
+    if not values:
+        return {"low": None, "high": None, "counts": []}
+    low, high = min(values), max(values)
+    width = (high - low) / bins or 1.0
+    counts = [0] * bins
+    for value in values:
+        counts[min(int((value - low) / width), bins - 1)] += 1
+    return {"low": low, "high": high, "counts": counts}
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def _alive(run: dict[str, Any]) -> dict[str, Any]:
+    """A run still ``running`` whose driver process is gone shows as
+    ``interrupted``, as the store marks it when next opened for writing."""
+    driver = run.pop("driver")
+    if run["status"] == "running" and not database._driver_alive(driver):
+        run["status"] = "interrupted"
+    return run
+
+
+class Queries:
+    """The dashboard's questions to one store, safe to ask from many threads."""
+
+    def __init__(self, store: str | Path) -> None:
+        self.root = Path(store)
+        index = self.root / database.INDEX_NAME
+        if not index.is_file():
+            raise FileNotFoundError(f"{str(self.root)!r} is not a manymodels store: it has "
+                                    f"no {database.INDEX_NAME}")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._finished: dict[tuple, Any] = {}  # (run_id, section) of finished runs
+        self._seen: dict[int, deque] = {}  # run_id -> (time, done) samples, for the rate
+        self._recent: dict[tuple, tuple[float, Any]] = {}  # key -> (keep until, answer)
+
+    def _throttled(self, key: tuple, compute: Any) -> Any:
+        """``compute()``, or its last answer while that is fresh enough (see
+        :data:`KEEP_FOR_COST`) and no run has started or ended since."""
+        key = (*key, *self._rows("SELECT count(*), max(run_id), max(finished_at), "
+                                 "group_concat(status) FROM runs")[0])
+        now = time.monotonic()
+        with self._lock:
+            hit = self._recent.get(key)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        value = compute()
+        cost = time.monotonic() - now
+        with self._lock:
+            if len(self._recent) > 64:
+                self._recent.clear()
+            self._recent[key] = (time.monotonic() + max(1.0, KEEP_FOR_COST * cost), value)
+        return value
+
+    def _conn(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = database._connect_read_only(
+                self.root / database.INDEX_NAME)
+            conn.execute("PRAGMA query_only=ON")
+        return conn
+
+    def _rows(self, sql: str, *args: Any) -> list[tuple]:
+        return self._conn().execute(sql, args).fetchall()
+
+    # -- runs ------------------------------------------------------------------------
+
+    def runs(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The latest runs, newest first; a running one with its progress."""
+        return self._throttled(("runs", limit), lambda: self._runs(limit))
+
+    def _runs(self, limit: int) -> list[dict[str, Any]]:
+        rows = self._rows(
+            "SELECT run_id, started_at, finished_at, status, backend, workers, fit, tasks, "
+            "ok, failed, reused, wall_s, driver FROM runs ORDER BY run_id DESC LIMIT ?", limit)
+        names = ("run_id", "started_at", "finished_at", "status", "backend", "workers", "fit",
+                 "tasks", "ok", "failed", "reused", "wall_s", "driver")
+        runs = [_alive(dict(zip(names, row))) for row in rows]
+        for run in runs:
+            if run["status"] == "running":
+                done, ok, failed = self._rows(
+                    "SELECT count(*), coalesce(sum(status = 'ok'), 0), coalesce(sum(status IN "
+                    f"{_IN_FAILED}), 0) FROM tasks WHERE run_id = ?",
+                    *_FAILED, run["run_id"])[0]
+                run.update(ok=ok, failed=failed)
+            elif run["ok"] is not None:  # recorded when it ended
+                done = run["ok"] + (run["failed"] or 0)
+            else:  # its driver died: count what it committed
+                done = self._rows("SELECT count(*) FROM tasks WHERE run_id = ? AND status "
+                                  "!= 'cancelled'", run["run_id"])[0][0]
+            run["done"] = done
+            run.update(self._pace(run))
+        return runs
+
+    def _pace(self, run: dict[str, Any]) -> dict[str, Any]:
+        """Models per second (over the last ~30 s while running, else overall)
+        and the time left at that pace."""
+        now = time.time()
+        end = run["finished_at"] or now
+        elapsed = max(end - run["started_at"], 1e-9)
+        rate = (run["done"] - (run["reused"] or 0)) / elapsed
+        if run["status"] == "running":
+            with self._lock:
+                seen = self._seen.setdefault(run["run_id"], deque(maxlen=64))
+                seen.append((now, run["done"]))
+                while len(seen) > 2 and now - seen[1][0] > 30:
+                    seen.popleft()
+                if now - seen[0][0] > 2 and seen[-1][1] > seen[0][1]:
+                    rate = (seen[-1][1] - seen[0][1]) / (now - seen[0][0])
+            left = max(run["tasks"] - run["done"], 0)
+            eta = left / rate if rate > 0 else None
+        else:
+            eta = None
+        return {"rate": rate, "eta_s": eta, "elapsed_s": elapsed}
+
+    def run_row(self, run_id: int) -> dict[str, Any]:
+        rows = self._rows("SELECT run_id, status, tasks, started_at, finished_at, workers, "
+                          "wall_s, key_columns, fit, source, backend, driver FROM runs "
+                          "WHERE run_id = ?", run_id)
+        if not rows:
+            raise KeyError(f"the store has no run {run_id}")
+        names = ("run_id", "status", "tasks", "started_at", "finished_at", "workers", "wall_s",
+                 "key_columns", "fit", "source", "backend", "driver")
+        row = _alive(dict(zip(names, rows[0])))
+        row["key_columns"] = json.loads(row["key_columns"] or "[]")
+        return row
+
+    # -- one run ---------------------------------------------------------------------
+
+    def section(self, run_id: int, name: str, search: str = "",
+                memo: dict | None = None) -> Any:
+        """One section of a run's page (see :data:`SECTIONS`). ``memo`` shares
+        the scans that several sections use (the sample, the summary) between
+        the sections of one answer."""
+        if name not in SECTIONS:
+            raise KeyError(f"no section {name!r}; choose one of {', '.join(SECTIONS)}")
+        memo = {} if memo is None else memo
+        run = memo.get("run") or memo.setdefault("run", self.run_row(run_id))
+        cacheable = run["status"] != "running" and not search
+        if cacheable and (run_id, name) in self._finished:
+            return self._finished[(run_id, name)]
+        method = getattr(self, f"_{name}")
+        value = method(run, memo, search) if name == "failures" else method(run, memo)
+        if cacheable:
+            self._finished[(run_id, name)] = value
+        return value
+
+    def run(self, run_id: int, search: str = "") -> dict[str, Any]:
+        """Every section of a run's page, in one answer."""
+        def compute() -> dict[str, Any]:
+            memo: dict[str, Any] = {}
+            return {name: self.section(run_id, name, search, memo) for name in SECTIONS}
+
+        return self._throttled(("run", run_id, search), compute)
+
+    def _summary(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
+        rows = self._rows(
+            "SELECT status, count(*), sum(CASE WHEN reused_from IS NULL THEN duration_s END), "
+            "count(reused_from), min(CASE WHEN reused_from IS NULL THEN duration_s END), "
+            "max(CASE WHEN reused_from IS NULL THEN duration_s END) "
+            "FROM tasks WHERE run_id = ? GROUP BY status", run["run_id"])
+        counts = {row[0]: row[1] for row in rows}
+        task_time = sum(row[2] or 0.0 for row in rows)
+        reused = sum(row[3] for row in rows)
+        lows = [row[4] for row in rows if row[4] is not None]
+        highs = [row[5] for row in rows if row[5] is not None]
+        memo["range"] = (min(lows), max(highs)) if lows else None
+        done = sum(counts.values())
+        wall = run["wall_s"] or (time.time() - run["started_at"])
+        workers = run["workers"] or 1
+        shown = ("run_id", "status", "tasks", "workers", "fit", "source", "backend",
+                 "key_columns", "started_at")
+        memo["summary_value"] = {**{k: run[k] for k in shown},
+                "counts": counts, "done": done, "reused": reused, "task_time_s": task_time,
+                "wall_s": wall, "utilization": task_time / (wall * workers) if wall else 0.0,
+                "failed": sum(counts.get(s, 0) for s in _FAILED)}
+        return memo["summary_value"]
+
+    def _durations(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
+        where = "run_id = ? AND duration_s IS NOT NULL AND reused_from IS NULL"
+        if "range" not in memo:
+            self._summary(run, memo)
+        if memo["range"] is None:
+            return {"low": None, "high": None, "counts": []}
+        low, high = memo["range"]
+        width = (high - low) / BINS or 1.0
+        counts = [0] * BINS
+        for bucket, n in self._rows(
+                f"SELECT min(CAST((duration_s - ?) / ? AS INTEGER), {BINS - 1}), count(*) "
+                f"FROM tasks WHERE {where} GROUP BY 1", low, width, run["run_id"]):
+            counts[bucket] = n
+        return {"low": low, "high": high, "counts": counts}
+
+    def _sample(self, run: dict[str, Any], memo: dict) -> list[tuple]:
+        """About :data:`SAMPLE` finished tasks at most: those whose scrambled task
+        number falls in one k-th of the range. Scrambled (a multiplicative hash
+        modulo a prime), not every k-th: a plan's order can repeat with a period
+        (a worker every 16th task, a grid value every 3rd) and every k-th task
+        would then draw one part of it only. The same tasks every poll."""
+        if "sample" in memo:
+            return memo["sample"]
+        step = max(1, math.ceil((run["tasks"] or 0) / SAMPLE))
+        memo["sample"] = self._rows(
+            "SELECT task_index, key, status, started_at, duration_s, worker, metrics "
+            "FROM tasks WHERE run_id = ? AND (task_index * 2654435761) % 4294967291 % ? = 0 "
+            "LIMIT ?",
+            run["run_id"], step, SAMPLE)
+        return memo["sample"]
+
+    def _metrics(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
+        values: dict[str, list[float]] = {}
+        sample = self._sample(run, memo)
+        for *_, status, _, _, _, metrics in sample:
+            if status != "ok" or not metrics:
+                continue
+            for name, value in json.loads(metrics).items():
+                if (_finite(value) is not None and not isinstance(value, bool)
+                        and (name in values or len(values) < METRICS)):
+                    values.setdefault(name, []).append(float(value))
+        charts = []
+        for name, found in values.items():
+            ordered = sorted(found)
+            charts.append({"name": name, "n": len(found), "mean": sum(found) / len(found),
+                           **{f"p{round(q * 100):02d}": _quantile(ordered, q)
+                              for q in (0.05, 0.5, 0.95)},
+                           **_histogram(found)})
+        return {"sampled": len(sample), "charts": charts}
+
+    def _slowest_rows(self, run: dict[str, Any], memo: dict) -> list[tuple]:
+        if "slowest" not in memo:
+            memo["slowest"] = self._rows(
+                "SELECT task_index, key, status, started_at, duration_s, worker, attempts "
+                "FROM tasks WHERE run_id = ? AND duration_s IS NOT NULL AND reused_from IS "
+                "NULL ORDER BY duration_s DESC LIMIT ?", run["run_id"], SLOWEST)
+        return memo["slowest"]
+
+    def _slowest(self, run: dict[str, Any], memo: dict) -> list[dict[str, Any]]:
+        return [{"key": key_label(k), "status": s, "duration_s": d, "worker": w, "attempts": a}
+                for _, k, s, _, d, w, a in self._slowest_rows(run, memo)]
+
+    def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
+        where = f"run_id = ? AND status IN {_IN_FAILED}"
+        args: list[Any] = [run["run_id"], *_FAILED]
+        total = self._rows(f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
+        if search:
+            where += " AND (instr(lower(key), lower(?)) > 0 OR instr(error, ?) > 0)"
+            args += [search, search]
+        rows = self._rows(f"SELECT key, status, attempts, worker, error FROM tasks WHERE {where} "
+                          "ORDER BY task_index LIMIT ?", *args, FAILURES)
+        matching = total if not search else self._rows(
+            f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
+        return {"total": total, "matching": matching, "search": search,
+                "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
+                           "error": e or ""} for k, s, a, w, e in rows]}
+
+    def _timeline(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
+        """Bars ``[start_s, duration_s, worker, status]`` of the sampled tasks and
+        the slowest ones, with their keys; times from the run's start."""
+        origin = run["started_at"]
+        seen, bars, keys = set(), [], []
+        for index, key, status, started, duration, worker, _ in (
+                self._sample(run, memo) + self._slowest_rows(run, memo)):
+            if index in seen or started is None or duration is None or worker is None:
+                continue
+            seen.add(index)
+            bars.append([round(started - origin, 6), round(duration, 6), worker, status])
+            keys.append(key_label(key))
+        summary = memo.get("summary_value")
+        total = len(bars) if summary is None else summary["done"] - summary["reused"] - (
+            summary["counts"].get("cancelled", 0))
+        return {"bars": bars, "keys": keys, "total": max(total, len(bars)),
+                "workers": sorted({bar[2] for bar in bars})}

@@ -1,0 +1,287 @@
+"""The live dashboard: its JSON endpoints, its refusals, and its page in a real
+headless Chromium while a real run (another process) writes the store."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import manymodels as mm
+from manymodels.dashboard import DashboardServer
+
+SCRIPT_KEY = "<script>document.title='pwned'</script>"
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("chromium is not installed (`make test` installs Debian's chromium)")
+    return found
+
+
+def dump_dom(url: str, tmp_path: Path, budget_ms: int = 4000) -> str:
+    """The page's DOM after its scripts ran (and polled) for ``budget_ms``."""
+    result = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180)
+    assert "<body" in result.stdout, result.stderr[-2000:]
+    return result.stdout
+
+
+def text_of(dom: str, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+    assert found, f"no #{element_id} in the page"
+    return html.unescape(found.group(1))
+
+
+def number(dom: str, element_id: str) -> int:
+    return int(text_of(dom, element_id).replace(",", ""))
+
+
+def get(url: str, **headers: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def fit_small(item):
+    if item in ("k017", SCRIPT_KEY):
+        raise ValueError(f"bad item {item}")
+    return {"score": len(item) + int(item[1:]) / 100 if item[1:].isdigit() else 0.0}
+
+
+@pytest.fixture
+def finished_store(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fit_small, mm.items([f"k{i:03d}" for i in range(60)] + [SCRIPT_KEY]),
+             backend="threads", workers=2, progress=False, store=store)
+    return store
+
+
+def test_json_endpoints_answer_from_sql(finished_store):
+    with DashboardServer(finished_store) as server:
+        status, runs = get(server.url + "api/runs")
+        assert status == 200 and len(runs["runs"]) == 1
+        run = runs["runs"][0]
+        assert (run["status"], run["tasks"], run["done"], run["ok"], run["failed"]) == (
+            "finished", 61, 61, 59, 2)
+        _, summary = get(server.url + "api/run/1/summary")
+        assert summary["counts"] == {"ok": 59, "failed": 2} and summary["key_columns"] == ["item"]
+        _, durations = get(server.url + "api/run/1/durations")
+        assert sum(durations["counts"]) == 61
+        _, metrics = get(server.url + "api/run/1/metrics")
+        assert metrics["charts"][0]["name"] == "score" and metrics["charts"][0]["n"] == 59
+        _, failures = get(server.url + "api/run/1/failures?q=k017")
+        assert failures["total"] == 2 and failures["matching"] == 1
+        assert failures["items"][0]["key"] == "k017"
+        assert "ValueError: bad item k017" in failures["items"][0]["error"]
+        _, timeline = get(server.url + "api/run/1/timeline")
+        assert len(timeline["bars"]) == 61 and set(timeline["workers"]) <= {0, 1}
+        _, slowest = get(server.url + "api/run/1/slowest")
+        assert len(slowest) == 20
+        assert [s["duration_s"] for s in slowest] == sorted(
+            (s["duration_s"] for s in slowest), reverse=True)
+        with urllib.request.urlopen(server.url + "report/1", timeout=60) as answer:
+            report = answer.read().decode()
+        assert "Worker timeline" in report and "ValueError: bad item k017" in report
+        assert get(server.url + "api/run/9")[0] == 404
+        assert get(server.url + "api/run/1/nothing")[0] == 404
+        # a page elsewhere that rebinds its name to 127.0.0.1 is refused
+        assert get(server.url + "api/runs", Host="evil.example:80")[0] == 403
+
+
+def test_a_non_loopback_address_needs_a_flag_and_then_a_token(finished_store):
+    with pytest.raises(ValueError, match="not a loopback address.*--allow-remote"):
+        DashboardServer(finished_store, host="0.0.0.0")
+    with DashboardServer(finished_store, host="0.0.0.0", allow_remote=True) as server:
+        assert server.token and f"?token={server.token}" in server.url
+        base = f"http://127.0.0.1:{server.port}/"
+        status, answer = get(base + "api/runs")
+        assert status == 403 and "token is required" in answer["error"]
+        assert get(base + "api/runs?token=wrong-token-value")[0] == 403
+        assert get(base + f"api/runs?token={server.token}")[0] == 200
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(base, timeout=30)  # the page itself too
+    result = subprocess.run(
+        [sys.executable, "-m", "manymodels.cli", "dashboard", str(finished_store),
+         "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode != 0 and "--allow-remote" in result.stderr
+
+
+def test_the_command_serves_a_store(finished_store):
+    server = subprocess.Popen(
+        [sys.executable, "-m", "manymodels.cli", "dashboard", str(finished_store)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        url = re.search(r"(http://127\.0\.0\.1:\d+/)", line).group(1)
+        status, runs = get(url + "api/runs")
+        assert status == 200 and runs["runs"][0]["done"] == 61
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "manymodels.cli", "dashboard", str(finished_store.parent)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode != 0 and "not a manymodels store" in result.stderr
+
+
+def test_train_with_dashboard_serves_while_the_run_lasts(tmp_path, capsys):
+    seen = {}
+
+    class Look(mm.Callback):  # looks at the dashboard from inside the run
+        def on_batch(self, progress):
+            if not seen:
+                printed = capsys.readouterr().err
+                seen["url"] = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)",
+                                        printed).group(1)
+                seen["runs"] = get(seen["url"] + "api/runs")[1]["runs"]
+
+    mm.train(fit_small, mm.items([f"k{i:03d}" for i in range(5)]), backend="threads",
+             progress=False, store=tmp_path / "store", dashboard=True, callbacks=[Look()])
+    assert seen["runs"][0]["status"] == "running" and seen["runs"][0]["tasks"] == 5
+    with pytest.raises(urllib.error.URLError):  # and stops with it
+        urllib.request.urlopen(seen["url"] + "api/runs", timeout=10)
+
+
+_LIVE_RUN = """
+import os, sys, time
+import manymodels as mm
+GATE = sys.argv[2]
+def fit(item):
+    if int(item[1:4]) >= 40:  # the second part waits for the test to open the gate
+        deadline = time.time() + 120
+        while not os.path.exists(GATE) and time.time() < deadline:
+            time.sleep(0.02)
+    if item == "k017" or item.startswith("k070"):
+        raise ValueError(f"bad item {item}")
+    return {"score": int(item[1:4]) / 10}
+items = [f"k{i:03d}" for i in range(70)] + ["k070" + %r]
+mm.train(fit, mm.items(items), backend="threads", workers=2, progress=False,
+         store=sys.argv[1])
+"""
+
+
+def test_the_page_follows_a_live_run_in_chromium(tmp_path):
+    _chromium()
+    store, gate = tmp_path / "store", tmp_path / "gate"
+    script = tmp_path / "live_run.py"
+    script.write_text(textwrap.dedent(_LIVE_RUN) % SCRIPT_KEY)
+    writer = subprocess.Popen([sys.executable, str(script), str(store), str(gate)],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (store / "index.sqlite").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with DashboardServer(store) as server:
+            while time.monotonic() < deadline:  # the first part committed (once a second)
+                runs = get(server.url + "api/runs")[1].get("runs")  # 503 while it is made
+                if runs and runs[0]["done"] >= 20:
+                    break
+                time.sleep(0.1)
+            during = dump_dom(server.url, tmp_path)
+            assert text_of(during, "run-status") == "running"
+            done_during = number(during, "done")
+            assert 20 <= done_during <= 40 and number(during, "total") == 71
+            gate.touch()
+            assert writer.wait(timeout=120) == 0, writer.stderr.read()[-3000:]
+            after = dump_dom(server.url, tmp_path)
+    finally:
+        gate.touch()
+        writer.kill()
+    assert text_of(after, "run-status") == "finished"
+    assert number(after, "done") == 71 > done_during  # the counts advanced
+    assert number(after, "count-failed") == 2 and number(after, "count-ok") == 69
+    assert int(re.search(r'data-polls="(\d+)"', after).group(1)) >= 1
+    # the failure with its traceback, and the <script> key shown as text, inert
+    assert "ValueError: bad item k017" in html.unescape(after)
+    assert html.escape(SCRIPT_KEY, quote=False) in after
+    assert after.count("<script") == 1  # the page's own app.js, nothing injected
+    assert "<title>manymodels dashboard</title>" in after  # the key's script never ran
+    assert after.count('class="failure"') == 2 and after.count("<rect") >= 71
+    with DashboardServer(store) as server:  # the search box, given in the address
+        found = dump_dom(server.url + "?q=k017", tmp_path, budget_ms=2500)
+    assert found.count('class="failure"') == 1 and "bad item k017" in found
+
+
+def _million_store(path: Path, tasks: int) -> None:
+    """A finished run of ``tasks`` tasks, its rows written in bulk through the
+    store's own writer (no fit is called: the test is about reading)."""
+    from manymodels.store.writer import StoreWriter
+
+    store = mm.Store(path)
+    start = time.time() - 3600
+    run_id = store._conn.execute(
+        "INSERT INTO runs(started_at, finished_at, status, backend, workers, source, fit, "
+        "tasks, ok, failed, reused, wall_s, key_columns, param_columns, code_detail) "
+        "VALUES (?, ?, 'finished', 'processes', 16, 'groups(...)', 'bench.fit', ?, ?, ?, 0, "
+        "3600, '[\"store\", \"item\"]', '[]', '{}')",
+        (start, start + 3600, tasks, tasks - tasks // 1000, tasks // 1000)).lastrowid
+    store.close()
+    keys = [(f"s{i // 1000:04d}", f"i{i % 1000:03d}") for i in range(tasks)]
+    identities = [(f"{i:032x}", None, None, f"{i:032x}", None) for i in range(tasks)]
+    writer = StoreWriter(path, run_id, keys, identities)
+    for first in range(0, tasks, 200_000):
+        writer.put([
+            (i, "failed" if i % 1000 == 7 else "ok", 1, 0.01 + (i % 97) / 1000,
+             start + (i // 16) * 0.057, i % 16, f'{{"rmse": {(i % 89) / 10}}}',
+             f"Traceback...\nValueError: bad group {i}" if i % 1000 == 7 else None, None)
+            for i in range(first, min(first + 200_000, tasks))])
+    writer.wait()
+    writer.close()
+    assert writer.error is None
+
+
+@pytest.mark.slow
+def test_a_million_tasks_render_in_chromium(tmp_path):
+    _chromium()
+    tasks = 1_000_000
+    began = time.perf_counter()
+    _million_store(tmp_path / "store", tasks)
+    print(f"\nwrote {tasks:,} task rows in {time.perf_counter() - began:.1f} s")
+    with DashboardServer(tmp_path / "store") as server:  # a finished run's answers are
+        began = time.perf_counter()                      # kept: each server asks afresh
+        page = dump_dom(server.url, tmp_path, budget_ms=3000)
+        page_s = time.perf_counter() - began
+    with DashboardServer(tmp_path / "store") as server:
+        began = time.perf_counter()
+        status, everything = get(server.url + "api/run/1")
+        api_s = time.perf_counter() - began
+        assert status == 200 and everything["summary"]["done"] == tasks
+        assert len(everything["timeline"]["bars"]) <= 4100  # a sample, never a million
+        assert everything["failures"]["total"] == tasks // 1000
+    assert number(page, "done") == tasks and number(page, "count-failed") == tasks // 1000
+    print(f"1M tasks: all sections of the run in {api_s:.2f} s (server, uncached); the page "
+          f"in Chromium (start, load, two polls, render, dump) in {page_s:.2f} s")
+
+
+def test_a_run_whose_driver_died_shows_interrupted(finished_store):
+    import socket
+    import sqlite3
+
+    with sqlite3.connect(finished_store / "index.sqlite") as conn:  # killed mid-run
+        conn.execute("UPDATE runs SET status = 'running', finished_at = NULL, ok = NULL, "
+                     "driver = ?", (f"{socket.gethostname()}:1:0.0",))
+    with DashboardServer(finished_store) as server:
+        run = get(server.url + "api/runs")[1]["runs"][0]
+        assert run["status"] == "interrupted" and run["done"] == 61 and run["eta_s"] is None
+        assert get(server.url + "api/run/1/summary")[1]["status"] == "interrupted"

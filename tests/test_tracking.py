@@ -1,0 +1,194 @@
+"""Callbacks, and MLflow tracking against a real local MLflow store (SQLite)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.callbacks import Callbacks
+
+
+def fit_line(x):
+    if x == 3:
+        raise ValueError("three is refused")
+    from sklearn.linear_model import Ridge
+
+    features = np.arange(20.0).reshape(-1, 1)
+    model = Ridge(alpha=1e-6).fit(features, features[:, 0] * x)
+    return model, {"r2": 1 - 1 / (x + 2), "rmse": float(x), "r²": 0.5}
+
+
+def fit_refusing_low(x):
+    if x < 5:
+        raise ValueError("too low")
+    return {"x": x}
+
+
+class Recorder(mm.Callback):
+    def __init__(self):
+        self.info, self.tasks, self.batches, self.end = None, [], [], None
+
+    def on_run_start(self, info):
+        self.info = info
+
+    def on_task_finished(self, task):
+        self.tasks.append(task)
+
+    def on_batch(self, progress):
+        self.batches.append(progress)
+
+    def on_run_end(self, run):
+        self.end = run
+
+
+class CountsOnly(mm.Callback):
+    def __init__(self):
+        self.last = None
+
+    def on_batch(self, progress):
+        self.last = progress
+
+
+class Broken(mm.Callback):
+    calls = 0
+
+    def on_batch(self, progress):
+        Broken.calls += 1
+        raise RuntimeError("tracker is down")
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_callbacks_see_every_task_each_round_and_the_end(tmp_path, backend):
+    seen = Recorder()
+    run = mm.train(fit_line, mm.items(range(40)), backend=backend, workers=2, progress=False,
+                   store=tmp_path / "store", callbacks=[seen])
+    assert seen.info.tasks == 40 and seen.info.key_columns == ["item"]
+    assert seen.info.run_id == run.run_id and seen.info.code["code_hash"]
+    assert sorted(t.key for t in seen.tasks) == list(range(40))  # each once
+    failed = [t for t in seen.tasks if t.status != "ok"]
+    assert [t.key for t in failed] == [3] and "three is refused" in failed[0].error
+    assert all(t.metrics["rmse"] == t.key for t in seen.tasks if t.status == "ok")
+    assert seen.batches and seen.batches[-1].done == 40 and seen.batches[-1].failed == 1
+    assert [b.done for b in seen.batches] == sorted(b.done for b in seen.batches)
+    assert seen.end is run
+
+
+def test_the_end_is_told_when_the_error_budget_stops_the_run():
+    seen = Recorder()
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(fit_refusing_low, mm.items(range(40)), backend="serial", max_failures=2,
+                 progress=False, callbacks=[seen])
+    assert seen.end is stopped.value.run
+    failed = [t.key for t in seen.tasks if t.status == "failed"]
+    assert len(failed) >= 3 and all(key < 5 for key in failed)
+
+
+def test_no_per_task_events_unless_a_callback_wants_them():
+    counts = CountsOnly()
+    assert not Callbacks([counts], None, None).wants_tasks
+    assert Callbacks([counts, Recorder()], None, None).wants_tasks
+    mm.train(fit_line, mm.items(range(10)), backend="threads", progress=False,
+             callbacks=counts)
+    assert counts.last.done == 10 and counts.last.total == 10
+
+
+def test_a_callback_that_raises_is_warned_about_and_the_run_goes_on():
+    Broken.calls = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = mm.train(fit_line, mm.items(range(30)), backend="threads", workers=2,
+                       progress=False, callbacks=[Broken()])
+    assert len(run.ok) == 29 and Broken.calls == 1
+    assert any("Broken.on_batch raised RuntimeError('tracker is down')" in str(w.message)
+               for w in caught)
+
+
+def test_bad_callbacks_are_refused_before_work():
+    with pytest.raises(TypeError, match=r"callbacks\[1\] \(int\)"):
+        mm.train(fit_line, mm.items(range(3)), callbacks=[Recorder(), 42])
+    with pytest.raises(ValueError, match="dashboard=True needs store="):
+        mm.train(fit_line, mm.items(range(3)), dashboard=True)
+    with pytest.raises(ValueError, match="log_models"):
+        mm.MLflow(log_models=-1)
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    pytest.importorskip("mlflow")
+    root = tmp_path_factory.mktemp("mlflow")
+    return root, f"sqlite:///{root / 'mlflow.db'}"
+
+
+def test_mlflow_gets_one_run_with_params_metrics_artifacts_and_best_models(
+        tracking, tmp_path, monkeypatch):
+    import mlflow
+    import mlflow.sklearn
+
+    root, uri = tracking
+    monkeypatch.chdir(root)  # MLflow's default artifact root is ./mlruns
+    tracker = mm.MLflow(experiment="lines", tracking_uri=uri, log_models=2, metric="rmse",
+                        tags={"team": "forecasting"})
+    run = mm.train(fit_line, mm.items(range(25)), workers=2, progress=False,
+                   store=tmp_path / "store", track=tracker)
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("lines")
+    logged = client.search_runs([experiment.experiment_id])
+    assert [r.info.run_id for r in logged] == [tracker.run_id]  # one run, not one per model
+    got = logged[0]
+    assert got.info.status == "FINISHED"
+    params, metrics, tags = got.data.params, got.data.metrics, got.data.tags
+    assert params["fit"].endswith("fit_line") and params["option.workers"] == "2"
+    assert params["code_hash"] == run.store._conn.execute(
+        "SELECT json_extract(code_detail, '$.code_hash') FROM runs").fetchone()[0]
+    assert tags["team"] == "forecasting" and tags["manymodels.run_id"] == str(run.run_id)
+    assert metrics["ok"] == 24 and metrics["failed"] == 1 and metrics["tasks"] == 25
+    assert metrics["wall_s"] == pytest.approx(run.wall_s)
+    rmse = run.ok["rmse"]
+    assert metrics["rmse.mean"] == pytest.approx(rmse.mean())
+    assert metrics["rmse.p50"] == pytest.approx(rmse.median())
+    assert metrics["r2.p95"] == pytest.approx(run.ok["r2"].quantile(0.95))
+    assert 0 < metrics["utilization"] <= 1.05
+    assert metrics["r_.mean"] == 0.5  # a name MLflow refuses, made one it takes
+    names = {a.path for a in client.list_artifacts(tracker.run_id)}
+    assert {"results.parquet", "report.html", "models"} <= names
+    table = pd.read_parquet(client.download_artifacts(tracker.run_id, "results.parquet",
+                                                      str(tmp_path)))
+    assert len(table) == 25 and set(table["status"]) == {"ok", "failed"}
+    report = client.download_artifacts(tracker.run_id, "report.html", str(tmp_path))
+    assert "three is refused" in Path(report).read_text()
+    # the two best by rmse (lowest): items 0 and 1, loadable as MLflow models
+    assert tags["manymodels.model-1"].startswith("0: rmse=")
+    assert tags["manymodels.model-2"].startswith("1: rmse=")
+    mlflow.set_tracking_uri(uri)
+    best = mlflow.sklearn.load_model(f"runs:/{tracker.run_id}/models/model-2")
+    assert best.coef_[0] == pytest.approx(1.0, abs=1e-3)  # item 1's slope
+
+
+def test_cli_train_logs_to_mlflow(tracking, tmp_path):
+    import mlflow
+
+    root, uri = tracking
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"store": np.repeat(["a", "b", "c"], 60),
+                          "price": rng.uniform(1, 9, 180)})
+    frame["sales"] = 30 - 2 * frame["price"] + rng.normal(0, 0.3, 180)
+    frame.to_csv(tmp_path / "sales.csv", index=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "manymodels.cli", "train", str(tmp_path / "sales.csv"),
+         "--by", "store", "--target", "sales", "--model", "sklearn.linear_model.Ridge",
+         "--store", str(tmp_path / "store"), "--workers", "2", "--mlflow", "cli-runs"],
+        capture_output=True, text=True, timeout=300, cwd=root,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    logged = client.search_runs([client.get_experiment_by_name("cli-runs").experiment_id])
+    assert len(logged) == 1
+    assert logged[0].data.metrics["ok"] == 3 and "r2.mean" in logged[0].data.metrics
