@@ -19,6 +19,9 @@ from ._version import __version__ as __version__
 #: public name -> the module that defines it
 _EXPORTS = {
     "train": ".api",
+    "holdout": ".evaluation",
+    "kfold": ".evaluation",
+    "backtest": ".evaluation",
     "Backend": ".backends",
     "RayBackend": ".backends",
     "WorkerStartupError": ".backends",
@@ -48,9 +51,12 @@ __all__ = [
     "Summary",
     "TooManyFailures",
     "WorkerStartupError",
+    "backtest",
     "grid",
     "groups",
+    "holdout",
     "items",
+    "kfold",
     "map_groups",
     "map_partitions",
     "register_backend",
@@ -60,6 +66,7 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
     from .backends import Backend, RayBackend, WorkerStartupError, register_backend
+    from .evaluation import backtest, holdout, kfold
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items

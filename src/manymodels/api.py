@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .backends import Backend, backend_class
+from .evaluation import prepare as prepare_evaluation
 from .execution import RunContext
 from .hashing import task_identities
 from .options import RunOptions
 from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
+from .selection import Selection
 from .sources import Source
 from .store import RunRecorder, Store, StoreError
 
@@ -47,6 +49,8 @@ def train(
     reuse: bool = True,
     setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
     start_method: str = "auto",
+    evaluate: Any = None,
+    select: Any = None,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -83,6 +87,12 @@ def train(
     * ``store``: a directory (or :class:`Store`) that records every task and
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
+    * ``evaluate``: ``mm.holdout(...)``, ``mm.kfold(...)`` or ``mm.backtest(...)``:
+      each task scores ``fit``'s model on rows it did not see, then refits on
+      all (see :mod:`manymodels.evaluation`); ``run.evaluation`` per window.
+    * ``select``: a metric (``"rmse"``, ``("r2", "max")``): each group's best
+      task of ``groups * grid``, shown by ``run.best()`` and recorded in the
+      store as the group's model (see :mod:`manymodels.selection`).
     """
     began = (time.time(), time.perf_counter())
     if not callable(fit):
@@ -101,17 +111,22 @@ def train(
         gpus_per_task=gpus_per_task, gpus=gpus, retries=retries, retry_on=retry_on,
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
         progress=progress, reuse=reuse, setup=setup, start_method=start_method)
+    run_fit, splitter = prepare_evaluation(fit, source, evaluate)
+    selection = None if select is None else Selection.parse(select, splitter)
     store = _open_store(store)
 
     plan = make_plan(source)
-    context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
+    context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table, shared=options.shared,
                          cpus_per_task=options.backend.cpus_per_task,
                          retry_on=options.retry_on, setup=options.setup,
                          pickle_models=(None if not backend_type.requires_pickling
                                         else "all" if store is not None else "small"))
     recorder, to_do = None, len(plan.tasks)
     if store is not None:
-        identities, code_detail = task_identities(plan, fit, options.shared)
+        # the splitter is part of each task's identity: its metrics depend on it
+        identities, code_detail = task_identities(
+            plan, fit, options.shared if splitter is None
+            else {**(options.shared or {}), "__evaluate__": splitter})
         recorder = RunRecorder(store, plan, identities, code_detail,
                                fit_name=_callable_name(fit), source=repr(source),
                                backend=name,
@@ -127,7 +142,10 @@ def train(
     scheduler = Scheduler(plan, engine, retries=options.retries,
                           max_failures=options.max_failures, progress=options.progress,
                           recorder=recorder)
-    return scheduler.run(context, began)
+    run = scheduler.run(context, began)
+    if selection is not None:
+        run.select(selection, source)
+    return run
 
 
 def _open_store(store: Any) -> Store | None:

@@ -121,11 +121,23 @@ class Store:
         names: dict[str, None] = {}
         for m in metrics:
             names.update(dict.fromkeys(m))
+        names.pop("__windows__", None)  # per-window scores: Store.evaluation
         for name in names:
             column = name if name not in frame.columns else f"metric_{name}"
             frame[column] = [m.get(name) for m in metrics]
         frame.insert(len(key_columns), "run_id", run_id)
         return frame
+
+    def evaluation(self, run: int | None = None) -> pd.DataFrame:
+        """The per-window scores of a run (default: the latest) trained with
+        ``evaluate=``, like ``Run.evaluation``."""
+        from ..evaluation import window_frame
+
+        run_id, key_columns, _ = self._run_row(run)
+        rows = self._conn.execute(
+            "SELECT key, metrics FROM tasks WHERE run_id = ? ORDER BY task_index",
+            (run_id,)).fetchall()
+        return window_frame(key_columns, [decode_key(r[0]) for r in rows], [r[1] for r in rows])
 
     def _task_row(self, key: Hashable, run: int | None, columns: str) -> tuple:
         run_id, _, _ = self._run_row(run)
