@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .metrics import higher_is_better
@@ -50,23 +51,24 @@ class Selection:
 
 def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Selection
               ) -> pd.DataFrame:
-    """One row per group (in the order groups first appear): its best task's
-    row of ``results``. A group none of whose tasks has the metric is left out."""
+    """One row per group (in key order): its best task's row of ``results``. A
+    group none of whose tasks has the metric (too short to evaluate) keeps its
+    first task that trained ok; a group with none ok is left out."""
     if selection.metric not in results.columns:
         raise ValueError(f"select={selection.metric!r}: no task reported that metric; the "
                          f"results' columns are {list(results.columns)}")
-    scores = pd.to_numeric(results[selection.metric], errors="coerce")
-    usable = results[(results["status"] == "ok") & scores.notna()]
-    if usable.empty:
+    ok = results[results["status"] == "ok"]
+    if ok.empty:
         return results.iloc[0:0]
-    ranked = scores[usable.index]
-    ranked = -ranked if selection.higher else ranked
+    scores = pd.to_numeric(ok[selection.metric], errors="coerce")
+    ranked = -scores if selection.higher else scores
+    # unscored tasks rank last, in task order: the first one stands in
+    ranked = ranked.fillna(np.inf)
     if not group_columns:  # a bare grid: one winner
-        return usable.loc[[ranked.idxmin()]]
-    keys = usable[group_columns]
-    grouper = group_columns[0] if len(group_columns) == 1 else group_columns
-    winners = ranked.groupby([keys[c] for c in group_columns] if len(group_columns) > 1
-                             else keys[grouper], sort=False, dropna=False).idxmin()
+        return results.loc[[ranked.idxmin()]]
+    keys = [ok[c] for c in group_columns]
+    winners = ranked.groupby(keys if len(keys) > 1 else keys[0], sort=True,
+                             dropna=False).idxmin()
     return results.loc[winners.to_numpy()]
 
 

@@ -1,0 +1,147 @@
+"""Prediction on the engine: each group's new rows through its stored model.
+
+``Store.predict`` plans the rows to predict as ``mm.groups(table, by=...)``
+and runs them through :func:`manymodels.train`'s backends, like training:
+the table is sorted by key once and shared with the workers; each task is one
+group, whose worker loads the group's model from the store (SHA-256 checked,
+cached per worker: a fallback model is loaded once per worker, not per
+group) and predicts its rows. The driver only lays the answers back in the
+input's row order, one NumPy scatter for all groups, where the serial loop
+it replaces looked up, loaded and sliced group by group.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .keys import encode_key
+
+#: Fewer groups than this predict in the driver (serial backend): starting
+#: workers would cost more than they save.
+SERIAL_BELOW = 500
+
+
+def _open_store(path: str) -> Any:
+    from .store import Store
+
+    return Store(path, read_only=True)
+
+
+class GroupPredictor:
+    """The task run per group: load its model, predict its rows. Returns the
+    predictions (as the task's "model") and where they came from (a metric)."""
+
+    def __init__(self, by: list[str], features: list[str] | None, method: str,
+                 fn: Callable[[Any, Any], Any] | None, fallback: str | None) -> None:
+        self.by, self.features, self.method = by, features, method
+        self.fn, self.fallback = fn, fallback
+        self._models: dict[str, Any] = {}  # per worker: digest -> model
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_models": {}}
+
+    def _model(self, store: Any, digest: str, what: str) -> Any:
+        model = self._models.get(digest)
+        if model is None:
+            from .store.registry import StoredModel
+
+            model = self._models[digest] = StoredModel(store, digest, what).load()
+        return model
+
+    def __call__(self, rows: Any, artifacts: dict[str, str], resource: Any) -> Any:
+        key = tuple(rows[column].iloc[0] for column in self.by)
+        digest = artifacts.get(encode_key(key))
+        if digest is not None:
+            origin = "group"
+        elif self.fallback is not None:
+            digest, origin = self.fallback, "fallback"
+        else:
+            return {"source": "none"}
+        model = self._model(resource, digest, f"key {key[0] if len(key) == 1 else key!r}")
+        if self.fn is not None:
+            values = self.fn(model, rows)
+        else:
+            names = self.features or list(getattr(model, "feature_names_in_", [])) or [
+                c for c in rows.columns if c not in self.by]
+            part = rows[names]
+            if not hasattr(model, "feature_names_in_"):
+                part = part.to_numpy()
+            values = getattr(model, self.method)(part)
+        values = np.asarray(values)
+        if len(values) != len(rows):
+            raise ValueError(f"the prediction of group {key!r} has {len(values)} rows for "
+                             f"its {len(rows)} rows")
+        return values, {"source": origin}
+
+
+@dataclass
+class Predicted:
+    """Per input row: the prediction (None when no row had a model) and its
+    source; the group keys that had no model."""
+
+    values: np.ndarray | None
+    source: np.ndarray
+    unseen: list[Any]
+
+
+def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, str],
+                   fallback: str | None, *, features: list[str] | None, method: str,
+                   fn: Callable[[Any, Any], Any] | None, backend: str | None,
+                   workers: int | None, progress: bool) -> Predicted:
+    """Predict ``frame``'s rows group by group on the engine (see the module)."""
+    from . import planning
+    from .api import train
+    from .results import _loaded
+    from .sources import groups
+
+    source = groups(frame, by=by)
+    layout = planning.group_layout(source)
+    if backend is None:
+        backend = "serial" if len(layout.keys) < SERIAL_BELOW or workers == 1 else "processes"
+    task = GroupPredictor(by, features, method, fn, fallback)
+    run = train(task, source, shared={"artifacts": artifacts},
+                setup=functools.partial(_open_store, str(store.path)), backend=backend,
+                workers=workers, progress=progress)
+    records = run._records
+    failed = [i for i, status in enumerate(records.status) if status != "ok"]
+    if failed:
+        first = failed[0]
+        raise RuntimeError(f"predicting group {layout.keys[first]!r} failed "
+                           f"({len(failed)} group(s) in all): {records.error[first]}")
+    n = len(frame)
+    sorted_source = np.full(n, "none", dtype=object)
+    pieces, unseen = [], []
+    out: np.ndarray | None = None
+    for index, (offset, length) in enumerate(zip(layout.offsets, layout.lengths)):
+        origin = records.metrics[index]["source"]
+        if origin == "none":
+            unseen.append(layout.keys[index][0] if len(by) == 1 else layout.keys[index])
+            continue
+        values = _loaded(records.model[index])
+        pieces.append((int(offset), int(length), values))
+        sorted_source[offset:offset + length] = origin
+    if pieces:
+        first = pieces[0][2]
+        kind = np.result_type(*[p[2].dtype for p in pieces]) if all(
+            p[2].dtype.kind != "O" for p in pieces) else np.dtype(object)
+        if unseen and kind.kind in "iub":
+            kind = np.dtype(float)
+        elif unseen and kind.kind not in "fcO":
+            kind = np.dtype(object)
+        out = np.empty((n, *first.shape[1:]), dtype=kind)
+        if unseen:
+            out[sorted_source == "none"] = np.nan
+        for offset, length, values in pieces:
+            out[offset:offset + length] = values
+    order = layout.input_rows
+    if order is not None:  # back from key order to the input's row order
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        sorted_source = sorted_source[inverse]
+        out = out[inverse] if out is not None else None
+    return Predicted(out, sorted_source, unseen)
