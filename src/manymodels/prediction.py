@@ -13,6 +13,7 @@ it replaces looked up, loaded and sliced group by group.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,9 @@ class GroupPredictor:
         return model
 
     def __call__(self, rows: Any, artifacts: dict[str, str], resource: Any) -> Any:
-        key = tuple(rows[column].iloc[0] for column in self.by)
+        # rows: the group's columns as NumPy arrays, or (with fn) a DataFrame
+        numpy = isinstance(rows, dict)
+        key = tuple(rows[column][0] if numpy else rows[column].iloc[0] for column in self.by)
         digest = artifacts.get(encode_key(key))
         if digest is not None:
             origin = "group"
@@ -63,20 +66,43 @@ class GroupPredictor:
         else:
             return {"source": "none"}
         model = self._model(resource, digest, f"key {key[0] if len(key) == 1 else key!r}")
+        n = len(rows[self.by[0]]) if numpy else len(rows)
         if self.fn is not None:
             values = self.fn(model, rows)
         else:
             names = self.features or list(getattr(model, "feature_names_in_", [])) or [
-                c for c in rows.columns if c not in self.by]
-            part = rows[names]
-            if not hasattr(model, "feature_names_in_"):
-                part = part.to_numpy()
-            values = getattr(model, self.method)(part)
+                c for c in rows if c not in self.by]
+            values = _call(model, self.method, rows, names)
         values = np.asarray(values)
-        if len(values) != len(rows):
+        if len(values) != n:
             raise ValueError(f"the prediction of group {key!r} has {len(values)} rows for "
-                             f"its {len(rows)} rows")
+                             f"its {n} rows")
         return values, {"source": origin}
+
+
+def _plain_estimator(model: Any) -> bool:
+    """A scikit-learn estimator that reads its features by position (not a
+    pipeline or column transformer, which may select columns by name)."""
+    module = type(model).__module__
+    return module.startswith("sklearn.") and not module.startswith(
+        ("sklearn.pipeline", "sklearn.compose"))
+
+
+def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[str]) -> Any:
+    """``model.<method>`` of a group's feature columns. A model fitted on a
+    DataFrame gets one, except a plain scikit-learn estimator: it gets the
+    same columns, in its ``feature_names_in_`` order, as one NumPy array,
+    which skips its DataFrame validation (most of a small group's cost)."""
+    import pandas as pd
+
+    named = hasattr(model, "feature_names_in_")
+    if not named:
+        return getattr(model, method)(np.column_stack([columns[c] for c in names]))
+    if _plain_estimator(model) and list(model.feature_names_in_) == names:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            return getattr(model, method)(np.column_stack([columns[c] for c in names]))
+    return getattr(model, method)(pd.DataFrame({c: columns[c] for c in names}))
 
 
 @dataclass
@@ -99,7 +125,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     from .results import _loaded
     from .sources import groups
 
-    source = groups(frame, by=by)
+    source = groups(frame, by=by, format="pandas" if fn is not None else "numpy")
     layout = planning.group_layout(source)
     if backend is None:
         backend = "serial" if len(layout.keys) < SERIAL_BELOW or workers == 1 else "processes"
