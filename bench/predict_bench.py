@@ -31,7 +31,6 @@ from sklearn.linear_model import LinearRegression
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
-
 import manymodels as mm  # noqa: E402
 
 FEATURES = ["x1", "x2", "x3"]

@@ -88,6 +88,20 @@ def _plain_estimator(model: Any) -> bool:
         ("sklearn.pipeline", "sklearn.compose"))
 
 
+#: scikit-learn regressors whose ``predict`` is ``X @ coef_.T + intercept_``
+#: after validation (``LinearModel.predict``; they override it for its docstring).
+_LINEAR = ("LinearRegression", "Ridge", "RidgeCV", "Lasso", "LassoCV", "ElasticNet",
+           "ElasticNetCV")
+
+
+def _linear_predict(model: Any) -> bool:
+    """Whether ``model`` is exactly one of :data:`_LINEAR` (not a subclass,
+    which may predict otherwise), with dense coefficients."""
+    kind = type(model)
+    return (kind.__module__.startswith("sklearn.linear_model.") and kind.__name__ in _LINEAR
+            and isinstance(getattr(model, "coef_", None), np.ndarray))
+
+
 def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[str]) -> Any:
     """``model.<method>`` of a group's feature columns. A model fitted on a
     DataFrame gets one, except a plain scikit-learn estimator: it gets the
@@ -96,6 +110,12 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
     import pandas as pd
 
     named = hasattr(model, "feature_names_in_")
+    if method == "predict" and _linear_predict(model) and (
+            not named or list(model.feature_names_in_) == names):
+        # scikit-learn's LinearModel.predict, the same product, minus ~50 us
+        # of validation per call (a group of 5 rows costs ~5 us)
+        X = np.column_stack([np.asarray(columns[c], dtype=float) for c in names])
+        return X @ model.coef_.T + model.intercept_
     if not named:
         return getattr(model, method)(np.column_stack([columns[c] for c in names]))
     if _plain_estimator(model) and list(model.feature_names_in_) == names:
