@@ -219,3 +219,19 @@ def test_store_predict_on_the_engine_aligns_rows_fallback_and_fn(tmp_path, backe
     doubled = store.predict(new, by="sku", backend=backend, workers=2,
                             fn=lambda model, rows: 2 * model.predict(rows[["x"]]))
     assert np.allclose(doubled, 2 * filled["prediction"])
+
+
+def test_cli_train_uses_the_evaluation_machinery_and_test_size_zero_scores_the_fit(tmp_path):
+    from manymodels.tabular import train_table
+
+    frame = daily(groups=2, days=30).drop(columns="date")
+    trained = train_table(frame, "sku", "sales", "sklearn.linear_model.Ridge",
+                          store=tmp_path / "s", grid={"alpha": [0.01, 1000.0]}, test_size=0,
+                          metrics=["rmse", "r2"], backend="serial")
+    results = trained.run.results.set_index("sku")
+    assert (results["best_alpha"] == 0.01).all()
+    rows = frame[frame["sku"] == "s1"]
+    model = Ridge(alpha=0.01).fit(rows[["x"]], rows["sales"])
+    in_sample = np.sqrt(np.mean((rows["sales"] - model.predict(rows[["x"]])) ** 2))
+    assert results.loc["s1", "rmse"] == pytest.approx(in_sample)
+    assert results.loc["s1", "rows"] == 30

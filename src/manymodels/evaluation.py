@@ -337,3 +337,30 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
         except (ValueError, TypeError):
             pass
     return frame
+
+
+def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[str, Any]],
+                        splitter: Splitter, metric: str, higher: bool
+                        ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Every setting of one group evaluated in one task, the best by
+    ``metric`` refitted on all rows: ``(model, its metrics, its setting)``.
+    ``manymodels train`` tunes each group this way (one row per group); with
+    a group too short to evaluate, the first setting is fitted."""
+    quiet = replace(splitter, refit=False)
+    scored = []
+    for setting in settings:
+        model, metrics = evaluate_rows(fit, rows, setting, quiet)
+        if SKIPPED in metrics:
+            break
+        scored.append((metrics.get(metric, float("nan")), setting, metrics))
+    ranked = [s for s in scored if s[0] == s[0]]  # not NaN
+    if ranked:
+        _, setting, metrics = (max if higher else min)(ranked, key=lambda s: s[0])
+    else:
+        setting = settings[0]
+        if not scored:
+            metrics = evaluate_rows(fit, rows, setting, quiet)[1]
+    from .execution import split_result
+
+    model, _ = split_result(fit(rows, **setting))
+    return model, metrics, setting
