@@ -235,3 +235,32 @@ def test_cli_train_uses_the_evaluation_machinery_and_test_size_zero_scores_the_f
     in_sample = np.sqrt(np.mean((rows["sales"] - model.predict(rows[["x"]])) ** 2))
     assert results.loc["s1", "rmse"] == pytest.approx(in_sample)
     assert results.loc["s1", "rows"] == 30
+
+
+def test_halving_finds_the_full_evaluations_winner_with_fewer_fits(tmp_path):
+    frame = daily(groups=3, days=60)
+    alphas = [0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5]
+    splitter = mm.backtest("date", horizon=7, windows=3, target="sales", features=["x"])
+    source = mm.groups(frame, by="sku") * mm.grid(model=[Ridge(alpha=a) for a in alphas])
+    full = mm.train(fit_candidate, source, backend="serial", progress=False,
+                    evaluate=splitter, select="rmse")
+    halved = mm.train(fit_candidate, source, backend="serial", progress=False,
+                      evaluate=splitter, select=mm.halving("rmse", eta=3),
+                      store=tmp_path / "store")
+    best = halved.best().set_index("sku")
+    assert len(halved.results) == 3  # one task per group
+    assert (best["window_fits"] == 9 + 3 + 1).all()  # not 9 x 3 = 27
+    scores = full.results.assign(alpha=[m.alpha for m in full.results["model"]])
+    for sku, group in scores.groupby("sku"):
+        # the winner's full score is the full evaluation's, and near its best
+        won = group[group["alpha"] == best.loc[sku, "best_model"].alpha].iloc[0]
+        assert best.loc[sku, "rmse"] == pytest.approx(won["rmse"])
+        assert won["rmse"] <= group["rmse"].min() * 1.02
+        assert won["rmse"] < group["rmse"].max() / 2  # the large alphas are out
+    assert (halved.evaluation.groupby("sku").size() == 3).all()  # the winner's windows
+    predicted = mm.Store(tmp_path / "store").predict(frame, by="sku")
+    rows = frame["sku"] == "s0"
+    assert np.allclose(predicted[rows], halved.models["s0"].predict(frame.loc[rows, ["x"]]))
+    with pytest.raises(ValueError, match="needs groups \\* grid"):
+        mm.train(fit_linear, mm.groups(frame, by="sku"), evaluate=splitter,
+                 select=mm.halving("rmse"))

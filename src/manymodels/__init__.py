@@ -22,6 +22,7 @@ _EXPORTS = {
     "holdout": ".evaluation",
     "kfold": ".evaluation",
     "backtest": ".evaluation",
+    "halving": ".selection",
     "Backend": ".backends",
     "RayBackend": ".backends",
     "WorkerStartupError": ".backends",
@@ -54,6 +55,7 @@ __all__ = [
     "backtest",
     "grid",
     "groups",
+    "halving",
     "holdout",
     "items",
     "kfold",
@@ -69,6 +71,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .evaluation import backtest, holdout, kfold
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
+    from .selection import halving
     from .sources import grid, groups, items
     from .store import Store, StoreError, StoreIntegrityError
     from .transforms import map_groups, map_partitions

@@ -19,7 +19,7 @@ from .options import RunOptions
 from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
-from .selection import Selection
+from .selection import Halving, HalvingSearch, Selection
 from .sources import Source
 from .store import RunRecorder, Store, StoreError
 
@@ -112,7 +112,13 @@ def train(
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
         progress=progress, reuse=reuse, setup=setup, start_method=start_method)
     run_fit, splitter = prepare_evaluation(fit, source, evaluate)
-    selection = None if select is None else Selection.parse(select, splitter)
+    identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
+    if isinstance(select, Halving):  # one task per group, its candidates inside
+        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
+        identity_extra["__halving__"] = (select, run_fit.settings)
+        selection = select.selection
+    else:
+        selection = None if select is None else Selection.parse(select, splitter)
     store = _open_store(store)
 
     plan = make_plan(source)
@@ -125,8 +131,8 @@ def train(
     if store is not None:
         # the splitter is part of each task's identity: its metrics depend on it
         identities, code_detail = task_identities(
-            plan, fit, options.shared if splitter is None
-            else {**(options.shared or {}), "__evaluate__": splitter})
+            plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
+            else options.shared)
         recorder = RunRecorder(store, plan, identities, code_detail,
                                fit_name=_callable_name(fit), source=repr(source),
                                backend=name,
