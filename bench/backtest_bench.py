@@ -9,6 +9,10 @@ per-window MAE and RMSE of every series, model and cutoff are compared, to
 1e-6. Wall times of both are reported (statsforecast with ``n_jobs`` = the
 cores; manymodels on as many worker processes).
 
+statsforecast is not in the ``bench`` extra: its dependencies (fugue, triad)
+install pandas < 3 over the pandas 3 the rest of the project uses, so run
+this script in an environment of its own (``pip install statsforecast``).
+
 Usage: python bench/backtest_bench.py [--series 1000] [--days 365] [--out FILE]
 """
 

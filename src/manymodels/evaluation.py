@@ -347,10 +347,10 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
     ``manymodels train`` tunes each group this way (one row per group); with
     a group too short to evaluate, the first setting is fitted."""
     quiet = replace(splitter, refit=False)
-    scored = []
+    scored, metrics = [], {}
     for setting in settings:
-        model, metrics = evaluate_rows(fit, rows, setting, quiet)
-        if SKIPPED in metrics:
+        _, metrics = evaluate_rows(fit, rows, setting, quiet)
+        if SKIPPED in metrics:  # too short for every setting alike
             break
         scored.append((metrics.get(metric, float("nan")), setting, metrics))
     ranked = [s for s in scored if s[0] == s[0]]  # not NaN
@@ -358,8 +358,7 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
         _, setting, metrics = (max if higher else min)(ranked, key=lambda s: s[0])
     else:
         setting = settings[0]
-        if not scored:
-            metrics = evaluate_rows(fit, rows, setting, quiet)[1]
+        metrics = scored[0][2] if scored else metrics
     from .execution import split_result
 
     model, _ = split_result(fit(rows, **setting))
