@@ -125,6 +125,30 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
     return getattr(model, method)(pd.DataFrame({c: columns[c] for c in names}))
 
 
+def _as_workers_see(layout: Any, by: list[str], artifacts: dict[str, str],
+                    fn: Any) -> dict[str, str]:
+    """``artifacts`` under each group's key as its worker reads it from its
+    rows (a NumPy or pandas value, which may differ from the Arrow value the
+    store's key was encoded from: a time zone-aware timestamp comes back as
+    UTC ``datetime64``), so that the worker's lookup matches the store's."""
+    import pandas as pd
+
+    offsets = layout.offsets
+    keys = layout.table.select(by).take(offsets)
+    if fn is None:  # workers get NumPy columns
+        columns = [keys.column(c).to_numpy() for c in by]
+    else:
+        frame = keys.to_pandas()
+        columns = [frame[c].to_numpy() if not isinstance(frame[c].dtype, pd.DatetimeTZDtype)
+                   else list(frame[c]) for c in by]
+    seen: dict[str, str] = {}
+    for position, parts in enumerate(layout.keys):
+        digest = artifacts.get(encode_key(parts))
+        if digest is not None:
+            seen[encode_key(tuple(column[position] for column in columns))] = digest
+    return seen
+
+
 @dataclass
 class Predicted:
     """Per input row: the prediction (None when no row had a model) and its
@@ -150,7 +174,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     if backend is None:
         backend = "serial" if len(layout.keys) < SERIAL_BELOW or workers == 1 else "processes"
     task = GroupPredictor(by, features, method, fn, fallback)
-    run = train(task, source, shared={"artifacts": artifacts},
+    run = train(task, source, shared={"artifacts": _as_workers_see(layout, by, artifacts, fn)},
                 setup=functools.partial(_open_store, str(store.path)), backend=backend,
                 workers=workers, progress=progress)
     records = run._records
