@@ -264,3 +264,32 @@ def test_halving_finds_the_full_evaluations_winner_with_fewer_fits(tmp_path):
     with pytest.raises(ValueError, match="needs groups \\* grid"):
         mm.train(fit_linear, mm.groups(frame, by="sku"), evaluate=splitter,
                  select=mm.halving("rmse"))
+
+
+def test_cli_predict_runs_groups_on_worker_processes(tmp_path):
+    import subprocess
+    import sys
+
+    frame = daily(groups=3, days=30).drop(columns="date")
+    data, rows = tmp_path / "train.parquet", tmp_path / "new.parquet"
+    frame.to_parquet(data)
+    frame.iloc[:20].to_parquet(rows)
+    store, out = tmp_path / "store", tmp_path / "out.csv"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "manymodels.cli", *map(str, args)],
+                              capture_output=True, text=True, timeout=300)
+
+    trained = cli("train", data, "--by", "sku", "--target", "sales", "--model",
+                  "sklearn.linear_model.LinearRegression", "--store", store, "--test-size", "0",
+                  "--metrics", "rmse", "--backend", "serial")
+    assert trained.returncode == 0, trained.stderr
+    predicted = cli("predict", store, rows, "--out", out, "--workers", "2",
+                    "--backend", "processes")
+    assert predicted.returncode == 0, predicted.stderr
+    got = pd.read_csv(out)
+    model = mm.Store(store).load("s0")
+    first = frame.iloc[:20]
+    mine = (first["sku"] == "s0").to_numpy()
+    assert np.allclose(got["prediction"][mine], model.predict(first.loc[mine, ["x"]]))
+    assert (got["source"] == "group").all()
