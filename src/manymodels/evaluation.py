@@ -49,9 +49,14 @@ class Splitter:
     exclude: tuple[str, ...] = field(default=(), repr=False)
     time: str | None = None
 
-    def windows(self, rows: Any) -> list[tuple[np.ndarray, np.ndarray, Any]]:
-        """``(train positions, test positions, cutoff)`` per window."""
+    def windows(self, rows: Any) -> list[tuple[Any, Any, Any]]:
+        """``(train positions, test positions, cutoff)`` per window, of the
+        rows :meth:`prepare` returned (positions: an array or a slice)."""
         raise NotImplementedError
+
+    def prepare(self, rows: Any) -> Any:
+        """The group's rows as the windows index them (a backtest: by time)."""
+        return rows
 
     # -- checked in the driver, before any work ------------------------------------
 
@@ -144,11 +149,19 @@ class Backtest(Splitter):
     n_windows: int = 3
     step: int | None = None
 
-    def windows(self, rows: Any) -> list[tuple[np.ndarray, np.ndarray, Any]]:
-        """Expanding windows: the group sorted by ``time``; the last window tests
-        the last ``horizon`` rows, each earlier one starts ``step`` rows before;
-        each trains on every row before its test rows. The cutoff is the time
-        of a window's last training row (as statsforecast's ``cutoff``)."""
+    def prepare(self, rows: Any) -> Any:
+        """The rows sorted by time once (stable; not copied when already in
+        order), so that every window is a slice of them."""
+        order = np.argsort(rows[self.time].to_numpy(), kind="stable")
+        if len(order) > 1 and not np.all(order[1:] > order[:-1]):
+            rows = rows.iloc[order].reset_index(drop=True)
+        return rows
+
+    def windows(self, rows: Any) -> list[tuple[Any, Any, Any]]:
+        """Expanding windows over the rows in time order: the last window
+        tests the last ``horizon`` rows, each earlier one starts ``step`` rows
+        before; each trains on every row before its test rows. The cutoff is
+        the time of a window's last training row (as statsforecast's ``cutoff``)."""
         n, step = len(rows), self.step or self.horizon
         needed = self.horizon + (self.n_windows - 1) * step + 1
         if n < needed:
@@ -156,12 +169,11 @@ class Backtest(Splitter):
                            f"{self.horizon} (step {step}) needs at least {needed} rows, "
                            f"has {n}")
         times = rows[self.time]
-        order = np.argsort(times.to_numpy(), kind="stable")
         out = []
         for w in range(self.n_windows):
             start = n - self.horizon - (self.n_windows - 1 - w) * step
-            cutoff = times.iloc[order[start - 1]]
-            out.append((order[:start], order[start:start + self.horizon], _plain(cutoff)))
+            out.append((slice(0, start), slice(start, start + self.horizon),
+                        _plain(times.iloc[start - 1])))
         return out
 
 
@@ -239,18 +251,19 @@ def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
     features = splitter.feature_columns(rows)
     records: list[dict[str, Any]] = []
     model, fit_metrics, skipped = None, {}, None
+    ordered = splitter.prepare(rows)
     try:
-        windows = splitter.windows(rows)
+        windows = splitter.windows(ordered)
     except TooShort as exc:
         windows, skipped = [], str(exc)
     for number, (train, test, cutoff) in enumerate(windows):
-        train_rows = rows.iloc[train].reset_index(drop=True)
-        test_rows = rows.iloc[test].reset_index(drop=True)
+        train_rows = ordered.iloc[train].reset_index(drop=True)
+        test_rows = ordered.iloc[test].reset_index(drop=True)
         model, fit_metrics = split_result(fit(train_rows, **kwargs))
         scores = score_window(splitter, model, test_rows, features,
                               train_rows[splitter.target].to_numpy())
-        records.append({"window": number, "cutoff": cutoff, "n_train": len(train),
-                        "n_test": len(test), **scores})
+        records.append({"window": number, "cutoff": cutoff, "n_train": len(train_rows),
+                        "n_test": len(test_rows), **scores})
     if splitter.refit or skipped is not None:
         model, fit_metrics = split_result(fit(rows, **kwargs))
     averaged: dict[str, Any] = {}

@@ -129,21 +129,23 @@ class HalvingSearch:
         alive = list(range(len(self.settings)))
         records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}
         fits, skipped = 0, None
+        ordered = splitter.prepare(rows)
         try:
-            windows = splitter.windows(rows)
+            windows = splitter.windows(ordered)
         except TooShort as exc:
             windows, skipped = [], str(exc)
         features = splitter.feature_columns(rows)
         for number, (train, test, cutoff) in enumerate(windows):
-            train_rows = rows.iloc[train].reset_index(drop=True)
-            test_rows = rows.iloc[test].reset_index(drop=True)
+            train_rows = ordered.iloc[train].reset_index(drop=True)
+            test_rows = ordered.iloc[test].reset_index(drop=True)
             for i in alive:
                 model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
                 fits += 1
                 scores = score_window(splitter, model, test_rows, features,
                                       train_rows[splitter.target].to_numpy())
-                records[i].append({"window": number, "cutoff": cutoff, "n_train": len(train),
-                                   "n_test": len(test), **scores})
+                records[i].append({"window": number, "cutoff": cutoff,
+                                   "n_train": len(train_rows), "n_test": len(test_rows),
+                                   **scores})
 
             def mean(i: int) -> float:
                 values = [r.get(metric, np.nan) for r in records[i]]
