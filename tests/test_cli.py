@@ -87,7 +87,7 @@ def test_cli_trains_and_predicts(tmp_path, sales_files, kind):
     features = [c for c in table.columns if c not in ("store", "item", "sales")]
     first = rows.iloc[0]
     model = opened.load((first["store"], first["item"]))
-    expected = model.predict(rows[features].iloc[:1].to_numpy())[0]
+    expected = model.predict(rows[features].iloc[:1])[0]  # fitted on a DataFrame
     assert predicted["prediction"].iloc[0] == pytest.approx(expected)
 
 

@@ -19,6 +19,10 @@ from ._version import __version__ as __version__
 #: public name -> the module that defines it
 _EXPORTS = {
     "train": ".api",
+    "holdout": ".evaluation",
+    "kfold": ".evaluation",
+    "backtest": ".evaluation",
+    "halving": ".selection",
     "Backend": ".backends",
     "RayBackend": ".backends",
     "Callback": ".callbacks",
@@ -56,10 +60,14 @@ __all__ = [
     "Summary",
     "TooManyFailures",
     "WorkerStartupError",
+    "backtest",
     "glance",
     "grid",
     "groups",
+    "halving",
+    "holdout",
     "items",
+    "kfold",
     "linear",
     "map_groups",
     "map_partitions",
@@ -71,10 +79,12 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
     from .backends import Backend, RayBackend, WorkerStartupError, register_backend
     from .callbacks import Callback
+    from .evaluation import backtest, holdout, kfold
     from .fitstats import glance
     from .linmodels import LinearResult, linear
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
+    from .selection import halving
     from .sources import grid, groups, items
     from .store import Store, StoreError, StoreIntegrityError
     from .tracking import MLflow

@@ -13,6 +13,7 @@ from typing import Any
 
 from .backends import Backend, backend_class
 from .callbacks import Callbacks, RunInfo
+from .evaluation import prepare as prepare_evaluation
 from .execution import RunContext
 from .hashing import task_identities
 from .options import RunOptions
@@ -20,6 +21,7 @@ from .planning import add_fit_keys
 from .planning import plan as make_plan
 from .results import Run
 from .scheduling import Scheduler
+from .selection import Halving, HalvingSearch, Selection
 from .sources import Source
 from .store import RunRecorder, Store, StoreError
 
@@ -53,6 +55,8 @@ def train(
     callbacks: Any = None,
     track: Any = None,
     dashboard: bool = False,
+    evaluate: Any = None,
+    select: Any = None,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -99,6 +103,12 @@ def train(
       such as ``mm.MLflow(experiment="sales")`` (one MLflow run per call).
     * ``dashboard``: serve the live dashboard of ``store`` on 127.0.0.1 while
       the run lasts, and print its address.
+    * ``evaluate``: ``mm.holdout(...)``, ``mm.kfold(...)`` or ``mm.backtest(...)``:
+      each task scores ``fit``'s model on rows it did not see, then refits on
+      all (see :mod:`manymodels.evaluation`); ``run.evaluation`` per window.
+    * ``select``: a metric (``"rmse"``, ``("r2", "max")``): each group's best
+      task of ``groups * grid``, shown by ``run.best()`` and recorded in the
+      store as the group's model (see :mod:`manymodels.selection`).
     """
     began = (time.time(), time.perf_counter())
     if not callable(fit):
@@ -121,6 +131,14 @@ def train(
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
     if dashboard and store is None:
         raise ValueError("dashboard=True needs store=: the dashboard reads the store")
+    run_fit, splitter = prepare_evaluation(fit, source, evaluate)
+    identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
+    if isinstance(select, Halving):  # one task per group, its candidates inside
+        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
+        identity_extra["__halving__"] = (select, run_fit.settings)
+        selection = select.selection
+    else:
+        selection = None if select is None else Selection.parse(select, splitter)
     store = _open_store(store)
     live = None
     if dashboard:
@@ -131,14 +149,17 @@ def train(
     plan = make_plan(source)
     add_fit_keys(plan, fit, {*(options.shared or {}),
                              *(options.setup if isinstance(options.setup, Mapping) else ())})
-    context = RunContext(fit=fit, data=plan.data, table=plan.data.table, shared=options.shared,
+    context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table, shared=options.shared,
                          cpus_per_task=options.backend.cpus_per_task,
                          retry_on=options.retry_on, setup=options.setup,
                          pickle_models=(None if not backend_type.requires_pickling
                                         else "all" if store is not None else "small"))
     recorder, to_do = None, len(plan.tasks)
     if store is not None:
-        identities, code_detail = task_identities(plan, fit, options.shared)
+        # the splitter is part of each task's identity: its metrics depend on it
+        identities, code_detail = task_identities(
+            plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
+            else options.shared)
         recorder = RunRecorder(store, plan, identities, code_detail,
                                fit_name=_callable_name(fit), source=repr(source),
                                backend=name,
@@ -158,10 +179,13 @@ def train(
                                   plan, fit, source, engine, options, store, recorder))
                           if hooks else None)
     try:
-        return scheduler.run(context, began)
+        run = scheduler.run(context, began)
     finally:
         if live is not None:
             live.close()
+    if selection is not None:
+        run.select(selection, source)
+    return run
 
 
 def _open_store(store: Any) -> Store | None:

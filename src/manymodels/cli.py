@@ -207,10 +207,10 @@ def train(
                                    "repeatable. The best per group is kept."),
     metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape "
                                 "(regression; default r2,mae), accuracy, f1, "
-                                "balanced_accuracy (classification; default accuracy). "
+                                "balanced_accuracy, log_loss (classification; default accuracy). "
                                 "The first one picks the best grid setting."),
     test_size: float = typer.Option(None, help="Fraction of each group held out "
-                                    "(default 0.2)."),
+                                    "(default 0.2; 0 scores the fit on its own rows)."),
     cv: int = typer.Option(None, help="Cross-validate with this many folds instead."),
     fallback: bool = typer.Option(True, help="Also fit a global model for groups that have "
                                   "none (used by predict)."),
@@ -273,8 +273,11 @@ def predict(
     out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
     by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
+    workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),
+    backend: str = typer.Option(None, help="processes, threads, serial or ray "
+                                "(default: serial below 500 groups, else processes)."),
 ) -> None:
-    """Predict each row with its group's model; rows of unseen groups get the
+    """Predict each row with its group's model, groups in parallel; rows of unseen groups get the
     global fallback (column source = fallback) or none (prediction empty).
 
     Example: manymodels predict models/ new.csv --out predictions.parquet
@@ -287,7 +290,8 @@ def predict(
     try:
         frame = read_table(data).to_pandas()
         predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
-                                   with_source=True)
+                                   with_source=True, workers=workers, backend=backend,
+                                   progress=True)
     except (ValueError, TypeError) as exc:
         _fail(str(exc), "DATA")
     frame["prediction"] = predicted["prediction"].to_numpy()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from .evaluation import WINDOWS
 from .messages import FAILURE_STATUSES, Pickled, Status
 from .planning import Plan
 from .store.registry import IN_STORE, ModelMap, StoredModel
@@ -125,6 +126,7 @@ class Run:
         #: worker id -> the GPU ids it ran on (processes and serial backends)
         self.worker_gpus = worker_gpus or {}
         self.worker_start_s = worker_start_s
+        self._selection: Any = None  # (Selection, group columns) with select=
 
     @cached_property
     def results(self) -> pd.DataFrame:
@@ -148,6 +150,7 @@ class Run:
         for metrics in metrics_of:  # reused ones come as the store's JSON
             if metrics:
                 names.update(dict.fromkeys(metrics))
+        names.pop(WINDOWS, None)  # per-window scores: run.evaluation
         for name in names:
             column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
                       else name)
@@ -197,6 +200,44 @@ class Run:
             for task, parts in zip(self._plan.tasks, self._plan.key_rows)
             if rec.status[task.index] == OK
         ]
+
+    @cached_property
+    def evaluation(self) -> pd.DataFrame:
+        """One row per task and window of ``evaluate=``: key columns, window,
+        cutoff, n_train, n_test and each metric (empty without evaluation)."""
+        from .evaluation import window_frame
+
+        return window_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics)
+
+    def select(self, selection: Any, source: Any) -> None:
+        """Mark each group's best task (``train(select=...)`` calls this); with
+        a store, record the winners as the groups' models."""
+        from .selection import record_winners
+
+        params = set(self._plan.param_columns)
+        groups = [c for c in self._plan.key_columns if c not in params]
+        self._selection = (selection, groups)
+        if self.store is not None and self.run_id is not None:
+            record_winners(self.store, self.run_id, self.best(), self._plan.key_rows,
+                           groups, selection)
+
+    def best(self) -> pd.DataFrame:
+        """One row per group: its winning task's key, setting and scores (the
+        rows of ``results``), by the metric of ``train(select=...)``."""
+        from .selection import best_rows
+
+        if self._selection is None:
+            raise ValueError("this run selected nothing: pass select= (a metric) to mm.train")
+        selection, groups = self._selection
+        return best_rows(self.results, groups, selection)
+
+    def predict(self, table: Any, **options: Any) -> pd.Series | pd.DataFrame:
+        """Predict ``table``'s rows with this run's models (each group's
+        winner with ``select=``), on the engine: see :meth:`Store.predict`."""
+        if self.store is None or self.run_id is None:
+            raise ValueError("run.predict needs a run trained with store=; or use "
+                             "run.models[key].predict")
+        return self.store.predict(table, run=self.run_id, **options)
 
     def report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (see :mod:`manymodels.report`)."""

@@ -9,22 +9,17 @@ import difflib
 import importlib
 import inspect
 import itertools
-import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
     from .results import Run
 
-#: name -> (function(y_true, y_pred), higher is better)
-METRICS: dict[str, tuple[Callable[..., float], bool]] = {}
-#: The metrics that compare class labels (the others compare numbers).
-CLASSIFICATION_METRICS = ("accuracy", "f1", "balanced_accuracy")
+from .metrics import CLASSIFICATION_METRICS, METRICS
 
 
 class ArgumentError(ValueError):
@@ -35,23 +30,6 @@ class ArgumentError(ValueError):
     def __init__(self, message: str, option: str) -> None:
         super().__init__(message)
         self.option = option
-
-
-def _metrics() -> dict[str, tuple[Callable[..., float], bool]]:
-    if not METRICS:
-        from sklearn import metrics as m
-
-        METRICS.update({
-            "r2": (m.r2_score, True),
-            "mae": (m.mean_absolute_error, False),
-            "mse": (m.mean_squared_error, False),
-            "rmse": (lambda t, p: math.sqrt(m.mean_squared_error(t, p)), False),
-            "mape": (m.mean_absolute_percentage_error, False),
-            "accuracy": (m.accuracy_score, True),
-            "f1": (lambda t, p: m.f1_score(t, p, average="weighted"), True),
-            "balanced_accuracy": (m.balanced_accuracy_score, True),
-        })
-    return METRICS
 
 
 def import_estimator(dotted: str) -> type:
@@ -194,49 +172,31 @@ class GroupModelTask:
     def build(self, setting: dict[str, Any]) -> Any:
         return import_estimator(self.model)(**{**self.params, **setting})
 
-    def _score(self, setting: dict[str, Any], X: np.ndarray, y: np.ndarray) -> dict[str, float]:
-        table = _metrics()
-        if self.cv:
-            from sklearn.model_selection import KFold
+    def splitter(self) -> Any:
+        """The evaluation of ``mm.train(evaluate=...)``: a shuffled holdout
+        (``test_size`` 0 scores the fit on its own rows) or ``cv`` folds."""
+        from .evaluation import holdout, kfold
 
-            folds = KFold(self.cv, shuffle=True, random_state=self.seed).split(X)
-        else:
-            from sklearn.model_selection import train_test_split
+        common = {"target": self.target, "features": self.features,
+                  "metrics": self.metrics, "seed": self.seed}
+        return kfold(self.cv, **common) if self.cv else holdout(self.test_size, **common)
 
-            train, test = train_test_split(np.arange(len(y)), test_size=self.test_size,
-                                           random_state=self.seed)
-            folds = [(train, test)]
-        scores: dict[str, list[float]] = {name: [] for name in self.metrics}
-        for train, test in folds:
-            model = self.build(setting).fit(X[train], y[train])
-            predicted = model.predict(X[test])
-            for name in self.metrics:
-                scores[name].append(float(table[name][0](y[test], predicted)))
-        return {name: float(np.mean(values)) for name, values in scores.items()}
+    def fit(self, df: pd.DataFrame, **setting: Any) -> Any:
+        return self.build(setting).fit(df[self.features], df[self.target])
 
     def __call__(self, df: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
+        from .evaluation import WINDOWS, evaluate_candidates
         from .linmodels.fastpath import precomputed  # fitted in batches by mm.linear
 
         done = precomputed(self, df)
         if done is not None:
             return done
-        X = df[self.features].to_numpy()
-        y = df[self.target].to_numpy()
-        settings = self.settings()
-        enough = len(y) >= max(2, self.cv or 0) and (self.cv or self.test_size)
-        results: list[tuple[dict, dict]] = []
-        if enough:
-            results = [(setting, self._score(setting, X, y)) for setting in settings]
-            first = self.metrics[0]
-            higher = _metrics()[first][1]
-            best_setting, best_scores = (max if higher else min)(
-                results, key=lambda pair: pair[1][first])
-        else:  # too few rows to hold any out: fit on all, no scores
-            best_setting, best_scores = settings[0], {m: float("nan") for m in self.metrics}
-        model = self.build(best_setting).fit(X, y)
-        metrics: dict[str, Any] = dict(best_scores)
-        metrics["rows"] = len(y)
-        metrics.update({f"best_{name}": value for name, value in best_setting.items()})
+        first = self.metrics[0]
+        model, scores, setting = evaluate_candidates(
+            self.fit, df, self.settings(), self.splitter(), first, METRICS[first][1])
+        metrics: dict[str, Any] = {k: v for k, v in scores.items() if k != WINDOWS}
+        metrics["rows"] = len(df)
+        metrics.update({f"best_{name}": value for name, value in setting.items()})
         return model, metrics
 
 
@@ -264,10 +224,10 @@ def _check_metrics(names: list[str], estimator: Any, model: str) -> None:
     """Refuse an unknown metric, or one that compares class labels for a regressor."""
     from sklearn.base import is_regressor
 
-    unknown = [m for m in names if m not in _metrics()]
+    unknown = [m for m in names if m not in METRICS]
     if unknown:
         raise ArgumentError(f"unknown metric {unknown[0]!r}; choose from "
-                            f"{', '.join(_metrics())}", "--metrics")
+                            f"{', '.join(METRICS)}", "--metrics")
     labels = [m for m in names if m in CLASSIFICATION_METRICS] if is_regressor(estimator) else []
     if labels:
         raise ArgumentError(f"metric {labels[0]!r} compares class labels, but {model} is a "
@@ -282,8 +242,8 @@ def _check_split(test_size: float | None, cv: int | None) -> float | None:
         raise ArgumentError(f"--cv needs at least 2 folds, got {cv}", "--cv")
     if cv is None:
         test_size = 0.2 if test_size is None else test_size
-        if not 0 < test_size < 1:
-            raise ArgumentError(f"--test-size must lie in (0, 1), got {test_size}",
+        if not 0 <= test_size < 1:  # 0: the training fit's own scores
+            raise ArgumentError(f"--test-size must lie in [0, 1), got {test_size}",
                                 "--test-size")
     return test_size
 
@@ -325,8 +285,7 @@ def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     frame = table.select(task.features + [task.target]).to_pandas()
     best = run.results[[c for c in run.results if c.startswith("best_")]]
     setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
-    return task.build(setting).fit(frame[task.features].to_numpy(),
-                                   frame[task.target].to_numpy())
+    return task.fit(frame, **setting)
 
 
 def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,

@@ -1,8 +1,8 @@
 """``manymodels train --model ...LinearRegression|Ridge``, fitted in batches.
 
 The command line trains one estimator per group, scores it on a holdout
-(``train_test_split(range(n), test_size, random_state=seed)``: the split
-depends on the group's row count alone) and refits it on all rows. For
+(``mm.holdout(test_size, seed=seed)``: the split depends on the group's row
+count alone) and refits it on all rows. For
 ``LinearRegression`` and ``Ridge`` with a holdout, no grid and metrics that are
 plain formulas (r2, mae, mse, rmse, mape), all of that is a few batched
 solves: :func:`fast_task` computes every group's holdout scores and final
@@ -89,8 +89,9 @@ def _scores(y: np.ndarray, predicted: np.ndarray) -> dict[str, np.ndarray]:
 
 def fast_task(task: Any, table: Any, by: list[str]) -> Any:
     """The batched stand-in for ``task`` on ``table`` (see the module's doc)."""
-    from sklearn.model_selection import train_test_split
+    from ..evaluation import TooShort
 
+    splitter = task.splitter()
     family, _ = MODELS[task.model]
     alpha = float(task.params.get("alpha", 1.0)) if family == "ridge" else 0.0
     intercept_on = task.params.get("fit_intercept", True)
@@ -102,8 +103,10 @@ def fast_task(task: Any, table: Any, by: list[str]) -> Any:
     for n in np.unique(data.counts):
         if n < 2:
             continue  # too few rows to hold any out: the generic path says so
-        train, test = train_test_split(np.arange(n), test_size=task.test_size,
-                                       random_state=task.seed)
+        try:  # the same rows as the generic path's splitter holds out
+            ((train, test, _),) = splitter.windows(np.arange(n))
+        except TooShort:
+            continue
         groups = np.flatnonzero(data.counts == n)
         for start in range(0, len(groups), max(1, (1 << 16) // int(n))):
             block = _gather(data, groups[start:start + (1 << 16) // int(n) or 1])

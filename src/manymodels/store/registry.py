@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import warnings
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +135,23 @@ class Store:
         names: dict[str, None] = {}
         for m in metrics:
             names.update(dict.fromkeys(m))
+        names.pop("__windows__", None)  # per-window scores: Store.evaluation
         for name in names:
             column = name if name not in frame.columns else f"metric_{name}"
             frame[column] = [m.get(name) for m in metrics]
         frame.insert(len(key_columns), "run_id", run_id)
         return frame
+
+    def evaluation(self, run: int | None = None) -> pd.DataFrame:
+        """The per-window scores of a run (default: the latest) trained with
+        ``evaluate=``, like ``Run.evaluation``."""
+        from ..evaluation import window_frame
+
+        run_id, key_columns, _ = self._run_row(run)
+        rows = self._conn.execute(
+            "SELECT key, metrics FROM tasks WHERE run_id = ? ORDER BY task_index",
+            (run_id,)).fetchall()
+        return window_frame(key_columns, [decode_key(r[0]) for r in rows], [r[1] for r in rows])
 
     def _task_row(self, key: Hashable, run: int | None, columns: str) -> tuple:
         run_id, _, _ = self._run_row(run)
@@ -218,38 +230,40 @@ class Store:
                 "ORDER BY t.run_id", (json.dumps(key_columns),))
         return dict(rows.fetchall())  # the latest run's last
 
-    def _latest_attached(self, name: str, run: int | None) -> Any:
-        if run is not None:
-            return self.attached(name, run)
-        _, key_columns, _ = self._run_row(None)
-        row = self._conn.execute(
-            "SELECT a.run_id FROM attachments a JOIN runs r ON r.run_id = a.run_id "
-            "WHERE a.name = ? AND r.key_columns = ? ORDER BY a.run_id DESC LIMIT 1",
-            (name, json.dumps(key_columns))).fetchone()
-        return None if row is None else self.attached(name, row[0])
-
     def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
                 features: list[str] | None = None, run: int | None = None,
-                fallback: bool = True, with_source: bool = False) -> pd.Series | pd.DataFrame:
-        """Predict each row of ``table`` with its group's model.
+                fallback: bool = True, with_source: bool = False, *,
+                fn: Callable[[Any, Any], Any] | None = None, backend: str | None = None,
+                workers: int | None = None, progress: bool = False
+                ) -> pd.Series | pd.DataFrame:
+        """Predict each row of ``table`` with its group's model, on the engine.
 
         Returns a Series aligned with ``table``'s rows. Each group uses its
         model in ``run``, or by default its latest model in the store (a
-        re-run where the group failed leaves it its earlier model). A row whose
-        group has no model gets the run's fallback model when it has one
+        re-run where the group failed leaves it its earlier model); a run
+        trained with ``select=`` gives each group its winning candidate. A row
+        whose group has no model gets the run's fallback model when it has one
         (``manymodels train`` keeps a global one) and ``fallback`` is true,
         else NaN, with a warning: never another group's model. When no row has
         a model at all, it raises instead. With ``with_source``, a DataFrame
         of ``prediction`` and ``source`` ("group", "fallback" or "none").
         ``by`` and ``features`` default to what ``manymodels train`` recorded,
         else ``features`` to the model's ``feature_names_in_``, else every
-        column but the ``by`` columns.
+        column but the ``by`` columns. ``fn(model, rows)`` replaces
+        ``model.predict(rows[features])`` (a forecaster that needs more).
+
+        The groups run through ``backend`` (``"processes"``, ``"threads"``,
+        ``"serial"``, ``"ray"``; default serial below 500 groups, else
+        processes) on ``workers``: each worker loads its groups' models from
+        the store (checked against their SHA-256) and predicts their rows
+        (see :mod:`manymodels.prediction`).
         """
-        from ..routing import group_positions, route_rows
+        from ..prediction import predict_groups
         from ..tables import read_table
 
         config = self.attached("train_config", run, default={}) or {}
-        by = by if by is not None else config.get("by")
+        chosen = self._selection(run)
+        by = by if by is not None else config.get("by") or (chosen or {}).get("by")
         if by is None:
             raise ValueError("predict needs by= (the group columns)")
         features = features or config.get("features")
@@ -258,27 +272,13 @@ class Store:
         missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
         if missing:
             raise ValueError(f"column {missing[0]!r} is not in the table to predict")
-        artifacts = self._model_artifacts(run)
-        backup = self._latest_attached("fallback", run) if fallback else None
-        loaded: dict[str, Any] = {}
-
-        def model_of(key: Hashable) -> tuple[Any, str] | None:
-            code = encode_key(key_parts(key))
-            if code in artifacts:
-                if code not in loaded:
-                    loaded[code] = StoredModel(self, artifacts[code], f"key {key!r}").load()
-                return loaded[code], "group"
-            return None if backup is None else (backup, "fallback")
-
-        def call(model: Any, rows: Any) -> Any:
-            names = features or list(getattr(model, "feature_names_in_", [])) or [
-                c for c in frame.columns if c not in by_columns]
-            part = frame.iloc[rows][names]
-            if not hasattr(model, "feature_names_in_"):
-                part = part.to_numpy()
-            return getattr(model, method)(part)
-
-        routed = route_rows(group_positions(frame[by_columns]), len(frame), model_of, call)
+        if fn is not None and not callable(fn):
+            raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")
+        artifacts = chosen["artifacts"] if chosen else self._model_artifacts(run)
+        backup = self._latest_attached_digest("fallback", run) if fallback else None
+        routed = predict_groups(self, frame, by_columns, artifacts, backup, features=features,
+                                method=method, fn=fn, backend=backend, workers=workers,
+                                progress=progress)
         where = "" if run is None else f" of run {run}"
         if routed.values is None:
             raise ValueError(
@@ -302,6 +302,28 @@ class Store:
             return pd.DataFrame({"prediction": prediction, "source": routed.source},
                                 index=frame.index)
         return prediction
+
+    def _selection(self, run: int | None) -> dict | None:
+        """The winners recorded by ``train(select=...)`` in ``run`` (default:
+        the latest run), or None."""
+        run_id, _, _ = self._run_row(run)
+        return self.attached("selection", run_id, default=None)
+
+    def _latest_attached_digest(self, name: str, run: int | None) -> str | None:
+        """The artifact of the attachment ``name`` of ``run``, or (``run`` None)
+        of the latest run with the latest run's key columns that has one."""
+        if run is None:
+            _, key_columns, _ = self._run_row(None)
+            row = self._conn.execute(
+                "SELECT a.artifact FROM attachments a JOIN runs r ON r.run_id = a.run_id "
+                "WHERE a.name = ? AND r.key_columns = ? ORDER BY a.run_id DESC LIMIT 1",
+                (name, json.dumps(key_columns))).fetchone()
+        else:
+            run_id, _, _ = self._run_row(run)
+            row = self._conn.execute(
+                "SELECT artifact FROM attachments WHERE run_id = ? AND name = ?",
+                (run_id, name)).fetchone()
+        return None if row is None else row[0]
 
     def export(self, path: str | Path, run: int | None = None) -> Path:
         """Write a run's results (metrics as columns) to a Parquet file."""

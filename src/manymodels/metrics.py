@@ -1,0 +1,153 @@
+"""Named metrics: how a model's predictions on held-out rows are scored.
+
+One table, used by ``mm.train(..., evaluate=...)`` and by ``manymodels
+train``: a name maps to a function of the true values, the predictions (and,
+for ``mase``, the training target) and to whether higher is better, which is
+what ``select=`` needs to pick a group's best candidate. They are plain NumPy,
+so that a worker scoring a 28-row window spends microseconds, not the
+milliseconds of a validating library call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+#: ``fn(y_true, y_pred, y_train)``: a float.
+MetricFn = Callable[[np.ndarray, np.ndarray, np.ndarray], float]
+
+
+def _float(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=float).reshape(-1)
+
+
+def rmse(y: Any, p: Any, train: Any = None) -> float:
+    return float(np.sqrt(np.mean((_float(y) - _float(p)) ** 2)))
+
+
+def mse(y: Any, p: Any, train: Any = None) -> float:
+    return float(np.mean((_float(y) - _float(p)) ** 2))
+
+
+def mae(y: Any, p: Any, train: Any = None) -> float:
+    return float(np.mean(np.abs(_float(y) - _float(p))))
+
+
+def mape(y: Any, p: Any, train: Any = None) -> float:
+    """Mean absolute percentage error as a fraction (0.1 is 10 %); a true zero
+    divides by machine epsilon, as scikit-learn does."""
+    y, p = _float(y), _float(p)
+    return float(np.mean(np.abs(y - p) / np.maximum(np.abs(y), np.finfo(float).eps)))
+
+
+def smape(y: Any, p: Any, train: Any = None) -> float:
+    """Symmetric MAPE, ``mean(2 |y - p| / (|y| + |p|))`` in [0, 2]; 0/0 counts 0."""
+    y, p = _float(y), _float(p)
+    scale = np.abs(y) + np.abs(p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(scale == 0, 0.0, 2 * np.abs(y - p) / scale)
+    return float(np.mean(ratio))
+
+
+def mase(y: Any, p: Any, train: Any = None) -> float:
+    """Mean absolute scaled error: the MAE over the in-sample MAE of the naive
+    one-step forecast of the training target (season 1), as in Hyndman &
+    Koehler (2006). NaN when the training target is too short or constant."""
+    if train is None:
+        return float("nan")
+    history = _float(train)
+    scale = np.mean(np.abs(np.diff(history))) if len(history) > 1 else 0.0
+    return float(mae(y, p) / scale) if scale > 0 else float("nan")
+
+
+def r2(y: Any, p: Any, train: Any = None) -> float:
+    y, p = _float(y), _float(p)
+    total = np.sum((y - y.mean()) ** 2)
+    residual = np.sum((y - p) ** 2)
+    if total == 0:
+        return 1.0 if residual == 0 else 0.0  # scikit-learn's convention
+    return float(1 - residual / total)
+
+
+def accuracy(y: Any, p: Any, train: Any = None) -> float:
+    return float(np.mean(np.asarray(y).reshape(-1) == np.asarray(p).reshape(-1)))
+
+
+def _f1(y: Any, p: Any, train: Any = None) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(y, p, average="weighted"))
+
+
+def _balanced_accuracy(y: Any, p: Any, train: Any = None) -> float:
+    from sklearn.metrics import balanced_accuracy_score
+
+    return float(balanced_accuracy_score(y, p))
+
+
+def log_loss(y: Any, proba: Any, classes: Any) -> float:
+    """Cross-entropy of the true labels under ``predict_proba``'s columns
+    (``classes``, the model's ``classes_``); a label the model never saw
+    scores as probability 1e-15."""
+    proba = np.asarray(proba, dtype=float)
+    classes = np.asarray(classes)
+    y = np.asarray(y).reshape(-1)
+    order = np.argsort(classes)
+    found = np.searchsorted(classes, y, sorter=order)
+    found = np.clip(found, 0, len(classes) - 1)
+    column = order[found]
+    known = classes[column] == y
+    chosen = np.where(known, proba[np.arange(len(y)), column], 0.0)
+    return float(-np.mean(np.log(np.clip(chosen, 1e-15, 1.0))))
+
+
+#: name -> (function, higher is better). ``log_loss`` is scored on
+#: ``predict_proba`` (see :func:`score`), every other on ``predict``.
+METRICS: dict[str, tuple[Callable[..., float], bool]] = {
+    "rmse": (rmse, False),
+    "mse": (mse, False),
+    "mae": (mae, False),
+    "mape": (mape, False),
+    "smape": (smape, False),
+    "mase": (mase, False),
+    "r2": (r2, True),
+    "accuracy": (accuracy, True),
+    "f1": (_f1, True),
+    "balanced_accuracy": (_balanced_accuracy, True),
+    "log_loss": (log_loss, False),
+}
+#: The metrics that compare class labels (the others compare numbers).
+CLASSIFICATION_METRICS = ("accuracy", "f1", "balanced_accuracy", "log_loss")
+
+
+def higher_is_better(name: str) -> bool | None:
+    """Whether a larger ``name`` is better; None for a name not in the table."""
+    found = METRICS.get(name)
+    return None if found is None else found[1]
+
+
+def check_names(names: list[str], option: str = "metrics") -> None:
+    """Refuse a metric name not in the table, naming the option at fault."""
+    for name in names:
+        if name not in METRICS:
+            raise ValueError(f"unknown metric {name!r} in {option}=; choose from "
+                             f"{', '.join(METRICS)} (or pass a function "
+                             "score(model, test_rows) -> dict)")
+
+
+def score(names: list[str], model: Any, X: Any, y: Any, y_train: Any) -> dict[str, float]:
+    """Each named metric of ``model`` on the rows ``X`` with truth ``y``;
+    ``predict`` (and ``predict_proba`` for ``log_loss``) called once."""
+    scores: dict[str, float] = {}
+    predicted = None
+    for name in names:
+        fn = METRICS[name][0]
+        if name == "log_loss":
+            scores[name] = fn(y, model.predict_proba(X), model.classes_)
+            continue
+        if predicted is None:
+            predicted = np.asarray(model.predict(X))
+        scores[name] = fn(y, predicted, y_train)
+    return scores

@@ -1,0 +1,295 @@
+"""Evaluation, selection and prediction on the engine, with real scikit-learn
+and LightGBM models and a real SQLite store."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import clone
+from sklearn.linear_model import LinearRegression, Ridge
+
+import manymodels as mm
+
+
+def daily(groups: int = 3, days: int = 60, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frames = []
+    for g in range(groups):
+        x = rng.normal(size=days)
+        frames.append(pd.DataFrame({
+            "sku": f"s{g}", "date": pd.date_range("2024-01-01", periods=days), "x": x,
+            "sales": (g + 1) * x + rng.normal(scale=0.1, size=days) + 10}))
+    frame = pd.concat(frames, ignore_index=True)
+    return frame.sample(frac=1.0, random_state=seed).reset_index(drop=True)  # unsorted
+
+
+def fit_linear(df: pd.DataFrame) -> LinearRegression:
+    return LinearRegression().fit(df[["x"]], df["sales"])
+
+
+def fit_candidate(df: pd.DataFrame, model=None) -> object:
+    return clone(model).fit(df[["x"]], df["sales"])
+
+
+def test_backtest_windows_match_a_hand_computation():
+    frame = daily(groups=2, days=40)
+    run = mm.train(fit_linear, mm.groups(frame, by="sku"), backend="serial", progress=False,
+                   evaluate=mm.backtest("date", horizon=5, windows=3, step=4, target="sales",
+                                        metrics=["rmse", "mae", "mase"]))
+    windows = run.evaluation
+    assert len(windows) == 6 and list(windows["window"].unique()) == [0, 1, 2]
+    for sku in ("s0", "s1"):
+        rows = frame[frame["sku"] == sku].sort_values("date").reset_index(drop=True)
+        scores = []
+        for w, start in enumerate([40 - 5 - 8, 40 - 5 - 4, 40 - 5]):
+            train, test = rows.iloc[:start], rows.iloc[start:start + 5]
+            model = LinearRegression().fit(train[["x"]], train["sales"])
+            error = test["sales"].to_numpy() - model.predict(test[["x"]])
+            naive = np.mean(np.abs(np.diff(train["sales"].to_numpy())))
+            got = windows[(windows["sku"] == sku) & (windows["window"] == w)].iloc[0]
+            assert got["cutoff"] == train["date"].iloc[-1]
+            assert (got["n_train"], got["n_test"]) == (start, 5)
+            assert got["rmse"] == pytest.approx(np.sqrt(np.mean(error ** 2)), rel=1e-9)
+            assert got["mae"] == pytest.approx(np.mean(np.abs(error)), rel=1e-9)
+            assert got["mase"] == pytest.approx(np.mean(np.abs(error)) / naive, rel=1e-9)
+            scores.append(got["rmse"])
+        result = run.results.set_index("sku").loc[sku]
+        assert result["rmse"] == pytest.approx(np.mean(scores), rel=1e-12)
+    # refit=True: the kept model is fitted on all the group's rows
+    rows = frame[frame["sku"] == "s1"]
+    whole = LinearRegression().fit(rows[["x"]], rows["sales"])
+    assert run.models["s1"].coef_ == pytest.approx(whole.coef_)
+
+
+def test_fit_sees_only_training_rows_and_refit_false_keeps_the_last_window():
+    seen: list[int] = []
+
+    def fit(df):
+        seen.append(len(df))
+        return fit_linear(df)
+
+    frame = daily(groups=1, days=30)
+    run = mm.train(fit, mm.groups(frame, by="sku"), backend="serial", progress=False,
+                   evaluate=mm.backtest("date", horizon=7, windows=2, target="sales",
+                                        refit=False))
+    assert seen == [30 - 14, 30 - 7]  # no refit on all 30 rows
+    last = frame.sort_values("date").iloc[:23]
+    assert run.models["s0"].coef_ == pytest.approx(fit_linear(last).coef_)
+
+
+def test_holdout_kfold_and_in_sample():
+    frame = daily(groups=2, days=50)
+    common = {"target": "sales", "features": ["x"], "metrics": ["r2", "rmse"]}
+    for splitter, windows in ((mm.holdout(0.2, **common), 1), (mm.kfold(5, **common), 5),
+                              (mm.holdout(0, **common), 1)):
+        run = mm.train(fit_linear, mm.groups(frame, by="sku"), backend="serial",
+                       progress=False, evaluate=splitter)
+        assert (run.evaluation.groupby("sku").size() == windows).all()
+        assert (run.results["r2"] > 0.9).all()
+        if windows == 5:  # every row is tested once
+            assert (run.evaluation.groupby("sku")["n_test"].sum() == 50).all()
+    # in-sample: the scores of the model fitted on all the rows
+    rows = frame[frame["sku"] == "s0"]
+    model = fit_linear(rows)
+    expected = np.sqrt(np.mean((rows["sales"] - model.predict(rows[["x"]])) ** 2))
+    assert run.results.set_index("sku").loc["s0", "rmse"] == pytest.approx(expected)
+
+
+def test_a_group_too_short_is_skipped_with_the_reason_not_failed():
+    frame = daily(groups=2, days=40)
+    frame = frame[(frame["sku"] == "s0") | (frame["date"] < "2024-01-11")]  # s1: 10 days
+    run = mm.train(fit_linear, mm.groups(frame, by="sku"), backend="serial", progress=False,
+                   evaluate=mm.backtest("date", horizon=7, windows=2, target="sales"))
+    results = run.results.set_index("sku")
+    assert (results["status"] == "ok").all()
+    assert "needs at least 15 rows, has 10" in results.loc["s1", "eval_skipped"]
+    assert np.isnan(results.loc["s1", "rmse"]) and not np.isnan(results.loc["s0", "rmse"])
+    assert "s1" in run.models  # fitted on its rows all the same
+
+
+def test_select_estimator_candidates_with_lightgbm_and_the_store_predicts_the_winner(tmp_path):
+    from lightgbm import LGBMRegressor
+
+    frame = daily(groups=3, days=80)
+    rng = np.random.default_rng(5)
+    frame["x2"] = rng.normal(size=len(frame))
+    frame.loc[frame["sku"] == "s2", "sales"] = np.where(frame["x2"] > 0, 50.0, 0.0)[
+        frame["sku"] == "s2"]  # a step: the trees win there, the line elsewhere
+
+    def fit(df, model=None):
+        return clone(model).fit(df[["x", "x2"]], df["sales"])
+
+    candidates = mm.grid(model=[Ridge(alpha=1e-3),
+                                LGBMRegressor(n_estimators=30, min_child_samples=5,
+                                              verbose=-1)])
+    run = mm.train(fit, mm.groups(frame, by="sku") * candidates, workers=2, progress=False,
+                   evaluate=mm.backtest("date", horizon=7, windows=2, target="sales",
+                                        features=["x", "x2"]),
+                   select="rmse", store=tmp_path / "store")
+    best = run.best().set_index("sku")
+    assert list(best.index) == ["s0", "s1", "s2"]
+    names = {sku: type(model).__name__ for sku, model in best["model"].items()}
+    assert names == {"s0": "Ridge", "s1": "Ridge", "s2": "LGBMRegressor"}
+    for sku, row in best.iterrows():  # the winner has the group's lowest rmse
+        group = run.results[run.results["sku"] == sku]
+        assert row["rmse"] == group["rmse"].min()
+    new = daily(groups=3, days=10, seed=9)
+    new["x2"] = np.random.default_rng(1).normal(size=len(new))
+    predicted = mm.Store(tmp_path / "store").predict(new, by="sku", with_source=True)
+    assert (predicted["source"] == "group").all()
+    for sku in ("s0", "s2"):
+        rows = new["sku"] == sku
+        model = run.models[(sku, best.loc[sku, "model"])]
+        assert np.allclose(predicted.loc[rows, "prediction"],
+                           model.predict(new.loc[rows, ["x", "x2"]]))
+    assert run.predict(new, by="sku").equals(predicted["prediction"])
+    stored = mm.Store(tmp_path / "store")
+    assert len(stored.evaluation()) == 6 * 2 and "__windows__" not in stored.results()
+
+
+def test_select_max_and_a_callable_metric():
+    frame = daily(groups=2, days=40)
+
+    def bias(model, test):
+        return {"bias": float(np.mean(model.predict(test[["x"]]) - test["sales"]))}
+
+    run = mm.train(fit_candidate, mm.groups(frame, by="sku")
+                   * mm.grid(model=[Ridge(alpha=0.01), Ridge(alpha=1e4)]),
+                   backend="serial", progress=False,
+                   evaluate=mm.holdout(0.25, target="sales", features=["x"], metrics=["r2", bias]),
+                   select=("r2", "max"))
+    assert "bias" in run.results.columns
+    assert [m.alpha for m in run.best()["model"]] == [0.01, 0.01]
+
+
+def test_bad_input_is_refused_before_work():
+    frame = daily(groups=2, days=20)
+    calls = []
+
+    def fit(df):
+        calls.append(1)
+        return fit_linear(df)
+
+    source = mm.groups(frame, by="sku")
+    with pytest.raises(ValueError, match="time column 'day' is not in the table"):
+        mm.train(fit, source, evaluate=mm.backtest("day", horizon=3, target="sales"))
+    with pytest.raises(ValueError, match="unknown metric 'rmsee'"):
+        mm.backtest("date", horizon=3, target="sales", metrics=["rmsee"])
+    with pytest.raises(ValueError, match="select='r2' names a metric that evaluate= does not"):
+        mm.train(fit, source, select="r2",
+                 evaluate=mm.holdout(0.2, target="sales", metrics=["rmse"]))
+    with pytest.raises(ValueError, match="target column 'y' is not in the table"):
+        mm.train(fit, source, evaluate=mm.kfold(3, target="y"))
+    odd = frame.assign(date=[[1]] * len(frame))
+    with pytest.raises(ValueError, match="time column 'date' cannot be sorted"):
+        mm.train(fit, mm.groups(odd, by="sku"),
+                 evaluate=mm.backtest("date", horizon=3, target="sales"))
+    with pytest.raises(ValueError, match="horizon must be"):
+        mm.backtest("date", horizon=0, target="sales")
+    with pytest.raises(ValueError, match="direction must be"):
+        mm.train(fit, source, select=("rmse", "lowest"))
+    assert calls == []
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_store_predict_on_the_engine_aligns_rows_fallback_and_fn(tmp_path, backend):
+    frame = daily(groups=4, days=20)
+    store = mm.Store(tmp_path / "store")
+    run = mm.train(fit_linear, mm.groups(frame, by="sku"), store=store, backend="serial",
+                   progress=False)
+    new = daily(groups=5, days=6, seed=3)  # s4 has no model
+    new.index = new.index * 10 + 7  # labels kept
+    with pytest.warns(RuntimeWarning, match="have no model"):
+        got = store.predict(new, by="sku", backend=backend, workers=2, with_source=True)
+    assert got.index.equals(new.index)
+    for sku in ("s0", "s3"):
+        rows = new["sku"] == sku
+        assert np.allclose(got.loc[rows, "prediction"],
+                           run.models[sku].predict(new.loc[rows, ["x"]]))
+    assert got.loc[new["sku"] == "s4", "prediction"].isna().all()
+    assert set(got.loc[new["sku"] == "s4", "source"]) == {"none"}
+    store.attach(run.run_id, "fallback", fit_linear(frame))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        filled = store.predict(new, by="sku", backend=backend, workers=2, with_source=True)
+    assert set(filled.loc[new["sku"] == "s4", "source"]) == {"fallback"}
+    doubled = store.predict(new, by="sku", backend=backend, workers=2,
+                            fn=lambda model, rows: 2 * model.predict(rows[["x"]]))
+    assert np.allclose(doubled, 2 * filled["prediction"])
+
+
+def test_cli_train_uses_the_evaluation_machinery_and_test_size_zero_scores_the_fit(tmp_path):
+    from manymodels.tabular import train_table
+
+    frame = daily(groups=2, days=30).drop(columns="date")
+    trained = train_table(frame, "sku", "sales", "sklearn.linear_model.Ridge",
+                          store=tmp_path / "s", grid={"alpha": [0.01, 1000.0]}, test_size=0,
+                          metrics=["rmse", "r2"], backend="serial")
+    results = trained.run.results.set_index("sku")
+    assert (results["best_alpha"] == 0.01).all()
+    rows = frame[frame["sku"] == "s1"]
+    model = Ridge(alpha=0.01).fit(rows[["x"]], rows["sales"])
+    in_sample = np.sqrt(np.mean((rows["sales"] - model.predict(rows[["x"]])) ** 2))
+    assert results.loc["s1", "rmse"] == pytest.approx(in_sample)
+    assert results.loc["s1", "rows"] == 30
+
+
+def test_halving_finds_the_full_evaluations_winner_with_fewer_fits(tmp_path):
+    frame = daily(groups=3, days=60)
+    alphas = [0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5]
+    splitter = mm.backtest("date", horizon=7, windows=3, target="sales", features=["x"])
+    source = mm.groups(frame, by="sku") * mm.grid(model=[Ridge(alpha=a) for a in alphas])
+    full = mm.train(fit_candidate, source, backend="serial", progress=False,
+                    evaluate=splitter, select="rmse")
+    halved = mm.train(fit_candidate, source, backend="serial", progress=False,
+                      evaluate=splitter, select=mm.halving("rmse", eta=3),
+                      store=tmp_path / "store")
+    best = halved.best().set_index("sku")
+    assert len(halved.results) == 3  # one task per group
+    assert (best["window_fits"] == 9 + 3 + 1).all()  # not 9 x 3 = 27
+    scores = full.results.assign(alpha=[m.alpha for m in full.results["model"]])
+    for sku, group in scores.groupby("sku"):
+        # the winner's full score is the full evaluation's, and near its best
+        won = group[group["alpha"] == best.loc[sku, "best_model"].alpha].iloc[0]
+        assert best.loc[sku, "rmse"] == pytest.approx(won["rmse"])
+        assert won["rmse"] <= group["rmse"].min() * 1.02
+        assert won["rmse"] < group["rmse"].max() / 2  # the large alphas are out
+    assert (halved.evaluation.groupby("sku").size() == 3).all()  # the winner's windows
+    predicted = mm.Store(tmp_path / "store").predict(frame, by="sku")
+    rows = frame["sku"] == "s0"
+    assert np.allclose(predicted[rows], halved.models["s0"].predict(frame.loc[rows, ["x"]]))
+    with pytest.raises(ValueError, match="needs groups \\* grid"):
+        mm.train(fit_linear, mm.groups(frame, by="sku"), evaluate=splitter,
+                 select=mm.halving("rmse"))
+
+
+def test_cli_predict_runs_groups_on_worker_processes(tmp_path):
+    import subprocess
+    import sys
+
+    frame = daily(groups=3, days=30).drop(columns="date")
+    data, rows = tmp_path / "train.parquet", tmp_path / "new.parquet"
+    frame.to_parquet(data)
+    frame.iloc[:20].to_parquet(rows)
+    store, out = tmp_path / "store", tmp_path / "out.csv"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "manymodels.cli", *map(str, args)],
+                              capture_output=True, text=True, timeout=300)
+
+    trained = cli("train", data, "--by", "sku", "--target", "sales", "--model",
+                  "sklearn.linear_model.LinearRegression", "--store", store, "--test-size", "0",
+                  "--metrics", "rmse", "--backend", "serial")
+    assert trained.returncode == 0, trained.stderr
+    predicted = cli("predict", store, rows, "--out", out, "--workers", "2",
+                    "--backend", "processes")
+    assert predicted.returncode == 0, predicted.stderr
+    got = pd.read_csv(out)
+    model = mm.Store(store).load("s0")
+    first = frame.iloc[:20]
+    mine = (first["sku"] == "s0").to_numpy()
+    assert np.allclose(got["prediction"][mine], model.predict(first.loc[mine, ["x"]]))
+    assert (got["source"] == "group").all()
