@@ -20,7 +20,9 @@ from ._version import __version__ as __version__
 _EXPORTS = {
     "train": ".api",
     "Backend": ".backends",
+    "DaskBackend": ".backends",
     "RayBackend": ".backends",
+    "SparkBackend": ".backends",
     "WorkerStartupError": ".backends",
     "register_backend": ".backends",
     "Run": ".results",
@@ -39,12 +41,14 @@ _EXPORTS = {
 
 __all__ = [
     "Backend",
+    "DaskBackend",
     "RayBackend",
     "Run",
     "RunInterrupted",
     "Store",
     "StoreError",
     "StoreIntegrityError",
+    "SparkBackend",
     "Summary",
     "TooManyFailures",
     "WorkerStartupError",
@@ -59,7 +63,8 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
-    from .backends import Backend, RayBackend, WorkerStartupError, register_backend
+    from .backends import (Backend, DaskBackend, RayBackend, SparkBackend, WorkerStartupError,
+                           register_backend)
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items
