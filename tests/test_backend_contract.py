@@ -56,6 +56,8 @@ mm.register_backend("inline", InlineBackend)
 CONTRACT_BACKENDS = [
     "serial", "threads", "processes", "inline",
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+    pytest.param("dask", marks=[pytest.mark.dask, pytest.mark.slow]),
 ]
 
 

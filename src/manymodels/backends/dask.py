@@ -22,6 +22,7 @@ How it runs
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -81,6 +82,7 @@ class DaskBackend(RemoteSlotsBackend):
         self.cluster_options = cluster_options
         self._own_client: Any = None
         self._own_cluster: Any = None
+        self._tracker_was_running = True
         super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
                          gpu_sets=gpu_sets)
 
@@ -105,6 +107,7 @@ class DaskBackend(RemoteSlotsBackend):
         if client is None:
             client = _current_client()
         if client is None:
+            self._tracker_was_running = _tracker_running()
             options = {"n_workers": self.workers, "threads_per_worker": 1,
                        "processes": True, "dashboard_address": ":0",
                        "memory_limit": 0, "silence_logs": logging.ERROR,
@@ -158,3 +161,23 @@ class DaskBackend(RemoteSlotsBackend):
             client.close()
         if cluster is not None:
             cluster.close()
+            if not self._tracker_was_running:
+                _stop_tracker()
+
+
+def _tracker_running() -> bool:
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_fd", None) is not None
+
+
+def _stop_tracker() -> None:
+    """The LocalCluster's nannies start Python's multiprocessing resource
+    tracker, a process that otherwise outlives the run: stop it where this
+    run started it (the next user of it starts it again)."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is not None:
+        with contextlib.suppress(Exception):
+            stop()
