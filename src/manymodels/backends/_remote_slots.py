@@ -65,6 +65,7 @@ from .base import (
 )
 
 _HELLO_WAIT_S = 30.0
+_ACK = pickle.dumps(("ack",))
 _STOP_GRACE_S = 2.0
 
 
@@ -84,6 +85,7 @@ class _Worker:
     pid: int
     batches: deque = field(default_factory=deque)
     running: int | None = None  # marked: the task running now
+    running_since: float = 0.0  # when its marker arrived (driver's monotonic clock)
     timed_out: int | None = None  # the task its watchdog reported
     reported: bool = False  # it sent anything after its greeting
 
@@ -108,6 +110,10 @@ class RemoteSlotsBackend(Backend):
     def _ship(self, payload: bytes) -> Any:
         """Send ``payload`` to the nodes once; returns what a launch takes."""
         raise NotImplementedError
+
+    def _reship(self, shipped: Any, payload: bytes) -> Any:
+        """The shipped payload, shipped again where the engine lost it."""
+        return shipped
 
     def _launch(self, launch: int, args: tuple) -> Any:
         """Start engine task number ``launch`` running
@@ -136,7 +142,9 @@ class RemoteSlotsBackend(Backend):
         self._server: socket.socket | None = None
         self._per_worker = 2
         self._numbers = 0
+        self._relaunching = False  # a launch started again, after its engine task ended
         self._shipped: Any = None
+        self._payload: bytes | None = None
         try:
             host = self._start_engine()
             self._authkey = os.urandom(32)
@@ -148,8 +156,8 @@ class RemoteSlotsBackend(Backend):
                                               name=f"manymodels-{self.name}-accept")
             self._acceptor.start()
             bare = replace(context, table=None, shared=None)
-            shipped = self._ship(dump_payload(bare, context.table, context.shared))
-            self._address, self._shipped = address, shipped
+            self._payload = dump_payload(bare, context.table, context.shared)
+            self._address, self._shipped = address, self._ship(self._payload)
             for launch in range(self.workers):
                 self._start_launch(launch)
         except BaseException:
@@ -204,7 +212,7 @@ class RemoteSlotsBackend(Backend):
                 self._cancel_launches(pending)
         finally:
             self._workers, self._launches = {}, {}
-            self._shipped = None  # the driver's reference: the engine frees the payload
+            self._shipped = self._payload = None  # the engine frees its copies
             if self._server is not None:
                 self._server.close()
                 self._server = None
@@ -302,7 +310,9 @@ class RemoteSlotsBackend(Backend):
             batch = worker.batches[0]
             events.extend(self._outcomes(worker, batch, message))
             if kind == "run":
-                worker.running = message[1]
+                worker.running, worker.running_since = message[1], time.monotonic()
+                with contextlib.suppress(OSError):  # it waits for this (see _remote_worker)
+                    worker.conn.send_bytes(_ACK)
             elif kind == "done":
                 worker.batches.popleft()
                 worker.running = None
@@ -333,6 +343,10 @@ class RemoteSlotsBackend(Backend):
             events.append(Requeued(later))
         first = batches[0]
         where = f"{self.engine} worker process {worker.pid} on {worker.host}"
+        overstayed = (self.timeout is not None and first.marked and worker.running is not None
+                      and time.monotonic() - worker.running_since > self.timeout)
+        if overstayed and worker.timed_out is None:  # its "timeout" message was lost
+            worker.timed_out = worker.running
         if worker.timed_out is not None and worker.timed_out in first.tasks:
             events.append(Lost(worker.timed_out, Status.TIMEOUT.value,
                                f"task ran longer than timeout={self.timeout:g}s; its "
@@ -352,6 +366,7 @@ class RemoteSlotsBackend(Backend):
                                          self._deaths)
 
     def _start_launch(self, launch: int) -> None:
+        self._shipped = self._reship(self._shipped, self._payload)
         args = (self._address, self._authkey, launch, self._shipped, self.cpus_per_task,
                 self.timeout)
         self._launches[launch] = self._launch(launch, args)
@@ -368,6 +383,7 @@ class RemoteSlotsBackend(Backend):
                 continue
             if launch not in self._connected:  # it never reached the driver
                 self._deaths.count(f"a {self.engine} task ended: {ended}")
+            self._relaunching = True
             self._start_launch(launch)
         return []
 

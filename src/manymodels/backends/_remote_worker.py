@@ -11,7 +11,14 @@ hangs up. Messages, pickled, each ``conn.send_bytes``:
   batches), ``("part", ...)`` every 0.25 s and ``("done", ...)`` at its end;
   ``("timeout", index)`` just before the worker ends its own process because
   that task ran past ``timeout``.
-* driver -> worker: ``("batch", tasks_blob, marked)`` or ``("stop",)``.
+* driver -> worker: ``("batch", tasks_blob, marked)``, ``("ack",)`` for each
+  ``"run"`` marker, or ``("stop",)``.
+
+A marked batch waits for the driver's ack of each marker before it runs the
+task: a process that dies with unread bytes in its socket makes the kernel
+reset the connection, and a reset discards what the driver had not yet read,
+so an unacknowledged marker could be lost and the crash blamed on the task
+before.
 
 Kept free of pandas and of the engines themselves: it imports only what a
 worker needs, and the engine hands it the run's payload already fetched.
@@ -26,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from typing import Any
 
 import cloudpickle
@@ -84,7 +92,10 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
 
     from .._version import __version__
 
-    conn = Client(address, authkey=authkey)
+    try:
+        conn = Client(address, authkey=authkey)
+    except OSError:  # the run is over (an engine re-running a finished task): nothing to do
+        return 0
     lock = threading.Lock()
 
     def send(message: tuple) -> None:
@@ -104,15 +115,18 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
         if timeout is not None:
             watchdog = _Watchdog(timeout, send)
             watchdog.start()
+        inbox = _Inbox(conn)
         while True:
             try:
-                message = pickle.loads(conn.recv_bytes())
+                message = inbox.next()
             except (EOFError, OSError):  # the driver hung up: the run is over
                 return batches
             if message[0] == "stop":
                 return batches
+            if message[0] != "batch":
+                continue
             tasks: list[TaskRef] = pickle.loads(message[1])
-            _run(executor, tasks, message[2], cpus_per_task, send, watchdog)
+            _run(executor, tasks, message[2], cpus_per_task, send, watchdog, inbox)
             batches += 1
     except (EOFError, OSError, BrokenPipeError):
         return batches
@@ -120,8 +134,27 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
         conn.close()
 
 
+class _Inbox:
+    """The driver's messages in order; an ack awaited sets aside what comes first."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.waiting = conn, deque()
+
+    def next(self) -> tuple:
+        if self.waiting:
+            return self.waiting.popleft()
+        return pickle.loads(self.conn.recv_bytes())
+
+    def wait_ack(self) -> None:
+        while True:
+            message = pickle.loads(self.conn.recv_bytes())
+            if message[0] == "ack":
+                return
+            self.waiting.append(message)
+
+
 def _run(executor: Executor, tasks: list[TaskRef], marked: bool, cpus_per_task: int,
-         send: Any, watchdog: _Watchdog | None) -> None:
+         send: Any, watchdog: _Watchdog | None, inbox: _Inbox) -> None:
     with _thread_limiter().limit(limits=cpus_per_task):
         parts = executor.run_in_parts(
             tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
@@ -129,6 +162,7 @@ def _run(executor: Executor, tasks: list[TaskRef], marked: bool, cpus_per_task: 
             blob = dump_outcomes(part.outcomes)[0] if part.outcomes or part.last else None
             if part.running is not None:
                 send(("run", part.running, blob, part.busy_s, part.prepare_s))
+                inbox.wait_ack()
                 if watchdog is not None:
                     watchdog.running = (part.running, time.monotonic())
             else:

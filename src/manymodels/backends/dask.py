@@ -83,6 +83,7 @@ class DaskBackend(RemoteSlotsBackend):
         self._own_client: Any = None
         self._own_cluster: Any = None
         self._tracker_was_running = True
+        self._relaunching = False
         super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
                          gpu_sets=gpu_sets)
 
@@ -128,10 +129,17 @@ class DaskBackend(RemoteSlotsBackend):
     def _ship(self, payload: bytes) -> Any:
         return self._client.scatter(payload, broadcast=True, hash=False)
 
+    def _reship(self, shipped: Any, payload: bytes) -> Any:
+        # The scheduler forgets scattered data whose last holder died (a
+        # worker process killed with the only copy left): scatter it again.
+        return shipped if shipped.status == "finished" else self._ship(payload)
+
     def _launch(self, launch: int, args: tuple) -> Any:
         workers = list(self._client.scheduler_info().get("workers", {}))
         options: dict[str, Any] = {}
-        if workers:  # spread the loops over worker processes, not threads of one
+        if workers and not self._relaunching:
+            # spread the first loops over worker processes, not threads of one;
+            # a replacement goes wherever the scheduler finds room
             options = {"workers": [workers[launch % len(workers)]],
                        "allow_other_workers": True}
         return self._client.submit(serve, *args, key=f"{self._key}-{launch}-{uuid.uuid4().hex[:6]}",
