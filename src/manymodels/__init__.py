@@ -63,8 +63,14 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
-    from .backends import (Backend, DaskBackend, RayBackend, SparkBackend, WorkerStartupError,
-                           register_backend)
+    from .backends import (
+        Backend,
+        DaskBackend,
+        RayBackend,
+        SparkBackend,
+        WorkerStartupError,
+        register_backend,
+    )
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .sources import grid, groups, items

@@ -49,5 +49,5 @@ def backend_class(name: str) -> type[Backend]:
     return BACKENDS[name]
 
 
-__all__ = ["BACKENDS", "Backend", "DaskBackend", "RayBackend", "SparkBackend", "WorkerStartupError", "backend_class",
-           "register_backend"]
+__all__ = ["BACKENDS", "Backend", "DaskBackend", "RayBackend", "SparkBackend",
+           "WorkerStartupError", "backend_class", "register_backend"]
