@@ -63,10 +63,26 @@ def _warm(_: Any = None) -> int:
     return os.getpid()
 
 
+def fit_to_named_row(df: Any) -> Any:
+    """Dask's (pandas') grouped apply passes a group without its key column
+    (pandas 3), its key as ``df.name``: the same row as ``a.fit_to_row``."""
+    import pandas as pd
+
+    model = a.fit(df)
+    row = {"g": [df.name], "intercept": [model.intercept_]}
+    for i, name in enumerate(a.FEATURES):
+        row[f"coef_{name}"] = [model.coef_[i]]
+    return pd.DataFrame(row)
+
+
 def spark_rows(path: Path, workers: int, reference: dict) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark's Python workers find the bench's modules (Spark's own apply
+    # pickles a.fit_to_row by reference) as the driver does.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(BENCH_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
 
     def start() -> Any:
         spark = (SparkSession.builder.master(f"local[{workers}]").appName("engines-bench")
@@ -115,7 +131,7 @@ def dask_rows(path: Path, workers: int, reference: dict) -> dict[str, Any]:
             frame = dd.read_parquet(str(path))
             meta = {"g": "int64", "intercept": "f8", "coef_x0": "f8", "coef_x1": "f8",
                     "coef_x2": "f8"}
-            return frame.groupby("g").apply(a.fit_to_row, meta=meta).compute()
+            return frame.groupby("g").apply(fit_to_named_row, meta=meta).compute()
 
         native, native_s = _timed(own)
         a.compare(a.from_frame(native.reset_index(drop=True)), reference)
