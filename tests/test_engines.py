@@ -219,3 +219,45 @@ def fail_on_7(item):
     if item == 7:
         raise ValueError(f"bad item {item}")
     return item
+
+
+def fail_odd(item):
+    if item % 2:
+        raise ValueError(f"odd item {item}")
+    return item
+
+
+def test_the_error_budget_stops_the_run_and_keeps_what_finished(engine):
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(fail_odd, mm.items(range(400)), backend=engine, workers=2, max_failures=3,
+                 progress=False)
+    statuses = stopped.value.run.results["status"]
+    assert (statuses == "failed").sum() >= 4 and (statuses == "ok").sum() >= 1
+    assert (statuses == "cancelled").any()  # the rest never ran
+
+
+def slow_item(item, flag_dir):
+    Path(flag_dir, f"started-{item}").touch()
+    time.sleep(0.1)
+    return item
+
+
+def test_ctrl_c_stops_the_run_keeps_results_and_leaves_the_engine_up(engine, tmp_path):
+    def interrupt():  # Ctrl-C, once a few tasks have run
+        deadline = time.monotonic() + 120
+        while not Path(tmp_path, "started-6").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(slow_item, mm.items(range(1000)), shared={"flag_dir": str(tmp_path)},
+                     backend=engine, workers=2, progress=False)
+    finally:
+        thread.join()
+    done = (stopped.value.run.results["status"] == "ok").sum()
+    assert 0 < done < 1000
+    run = mm.train(fail_on_7, mm.items(range(10)), backend=engine, workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 9, "failed": 1}  # the engine still serves

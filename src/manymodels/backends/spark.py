@@ -50,7 +50,9 @@ def _active_session() -> Any:
         return None
     from pyspark.sql import SparkSession
 
-    return SparkSession.getActiveSession()
+    # the session active in this thread, else the one this process created
+    # in another thread (getActiveSession is per thread)
+    return SparkSession.getActiveSession() or getattr(SparkSession, "_instantiatedSession", None)
 
 
 class _Launch(threading.Thread):
