@@ -176,6 +176,7 @@ class RemoteSlotsBackend(Backend):
                 continue
             except OSError:
                 return
+            conn = None
             try:
                 sock.setblocking(True)  # Connection reads the descriptor as blocking
                 conn = Connection(sock.detach())
@@ -186,7 +187,7 @@ class RemoteSlotsBackend(Backend):
                 self._hellos.put((conn, pickle.loads(conn.recv_bytes())))
             except Exception:  # a stranger, or a worker that died at once
                 with contextlib.suppress(Exception):
-                    conn.close()
+                    (conn or sock).close()
 
     def stop(self, *, force: bool = False) -> None:
         closing = getattr(self, "_closing", None)

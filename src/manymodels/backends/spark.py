@@ -146,7 +146,13 @@ class SparkBackend(RemoteSlotsBackend):
                     os.environ.pop("PYSPARK_PYTHON", None)
             session.sparkContext.setLogLevel("ERROR")
         self._session = session
-        context = session.sparkContext
+        try:
+            context = session.sparkContext
+        except Exception as exc:
+            raise ValueError(
+                "backend='spark' runs its workers as Spark tasks, which needs a classic "
+                "SparkSession (with a SparkContext); this one has none (a Spark Connect "
+                f"session?): {describe(exc)}") from exc
         if self.auto_workers and self._own_session is None:
             self.workers = max(1, context.defaultParallelism // self.cpus_per_task)
         self._group = f"manymodels-{uuid.uuid4().hex[:10]}"
