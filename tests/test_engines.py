@@ -49,7 +49,14 @@ def _start_spark():
              .config("spark.driver.bindAddress", "127.0.0.1")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    return spark, spark.stop, lambda: spark.range(3).count() == 3
+
+    def close():
+        from manymodels.backends.spark import _shutdown_gateway
+
+        spark.stop()
+        _shutdown_gateway()  # no JVM left for the rest of the suite
+
+    return spark, close, lambda: spark.range(3).count() == 3
 
 
 def _start_dask():
