@@ -207,6 +207,21 @@ def test_timeout_ends_the_worker_process_and_costs_one_task(engine):
     assert run.summary().statuses == {"ok": 19, "timeout": 1}
 
 
+def hold_the_gil_on_3(item):
+    if item == 3:  # catastrophic backtracking: C code that never releases the GIL
+        import re
+
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    return item
+
+
+def test_timeout_holds_when_the_task_starves_the_watchdog_of_the_gil(engine):
+    run = mm.train(hold_the_gil_on_3, mm.items(range(10)), backend=engine, workers=2,
+                   timeout=1, progress=False)
+    assert_only_timed_out(run, 3, timeout=1)
+    assert run.summary().statuses == {"ok": 9, "timeout": 1}
+
+
 def test_a_backend_instance_given_the_users_engine(engine):
     if engine == "spark":
         from pyspark.sql import SparkSession

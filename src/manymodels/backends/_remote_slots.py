@@ -23,14 +23,16 @@ How the data goes in once
     Batches travel as ``(offset, length)`` references only.
 
 How a crash or a timeout is pinned on one task
-    As on Ray: a batch runs *marked* (a message before each task) when
+    As on Ray, a batch runs *marked* (a message before each task) when
     ``timeout`` is set or it holds one task; a worker that dies inside a
     marked batch costs the task it was running, and the rest go back to the
     scheduler (:func:`.base.blame_lost_batch`). Inside an unmarked batch, a
     single unreported task is the culprit; several are run again as one
     marked batch, which finds the culprit if it crashes again (a one-off kill
     from outside then costs nothing). Past ``timeout`` the worker's own
-    watchdog reports the task and ends its process. A launch whose engine task
+    watchdog reports the task and ends its process; should a task hold the
+    GIL so that the watchdog cannot run, the driver kills a worker on its own
+    host a few seconds later. A launch whose engine task
     ended is started again, up to a bound of deaths outside any task.
 """
 
@@ -40,6 +42,7 @@ import contextlib
 import os
 import pickle
 import queue
+import signal
 import socket
 import threading
 import time
@@ -67,6 +70,10 @@ from .base import (
 _HELLO_WAIT_S = 30.0
 _ACK = pickle.dumps(("ack",))
 _STOP_GRACE_S = 2.0
+#: How long past ``timeout`` the driver waits for a worker's own watchdog
+#: before it kills the worker itself (a task holding the GIL starves the
+#: watchdog thread); only where the worker runs on the driver's host.
+_WATCHDOG_GRACE_S = 3.0
 
 
 @dataclass
@@ -258,8 +265,21 @@ class RemoteSlotsBackend(Backend):
         else:
             for conn in wait(conns, timeout):
                 events.extend(self._drain(self._workers[conn]))
+        if self.timeout is not None:
+            self._kill_overdue()
         events.extend(self._relaunch())
         return events
+
+    def _kill_overdue(self) -> None:
+        """Kill a worker on this host whose task overstays ``timeout`` and
+        whose watchdog did not end it; its death is then reported as usual."""
+        now, here = time.monotonic(), socket.gethostname()
+        for worker in self._workers.values():
+            if (worker.running is not None and worker.host == here
+                    and now - worker.running_since > self.timeout + _WATCHDOG_GRACE_S):
+                worker.timed_out = worker.running
+                with contextlib.suppress(OSError):
+                    os.kill(worker.pid, signal.SIGKILL)
 
     def _admit(self) -> None:
         """Take workers that connected since the last poll."""
