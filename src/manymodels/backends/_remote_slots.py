@@ -110,8 +110,7 @@ class RemoteSlotsBackend(Backend):
     # -- what an engine provides -------------------------------------------------
 
     def _start_engine(self) -> str:
-        """Connect to or start the engine; returns the driver's address as the
-        engine's workers reach it."""
+        """Connect to or start the engine; returns the driver's host as workers reach it."""
         raise NotImplementedError
 
     def _ship(self, payload: bytes) -> Any:
@@ -119,12 +118,10 @@ class RemoteSlotsBackend(Backend):
         raise NotImplementedError
 
     def _reship(self, shipped: Any, payload: bytes) -> Any:
-        """The shipped payload, shipped again where the engine lost it."""
-        return shipped
+        return shipped  # shipped again only where the engine lost it
 
     def _launch(self, launch: int, args: tuple) -> Any:
-        """Start engine task number ``launch`` running
-        :func:`._remote_worker.serve` with ``args``; returns its handle."""
+        """Start an engine task running ``_remote_worker.serve(*args)``; its handle."""
         raise NotImplementedError
 
     def _launch_ended(self, handle: Any) -> str | None:
@@ -267,7 +264,7 @@ class RemoteSlotsBackend(Backend):
                 events.extend(self._drain(self._workers[conn]))
         if self.timeout is not None:
             self._kill_overdue()
-        events.extend(self._relaunch())
+        self._relaunch()
         return events
 
     def _kill_overdue(self) -> None:
@@ -393,7 +390,7 @@ class RemoteSlotsBackend(Backend):
         self._launches[launch] = self._launch(launch, args)
         self._connected.discard(launch)
 
-    def _relaunch(self) -> list[Event]:
+    def _relaunch(self) -> None:
         """Start again each launch whose engine task ended without a worker."""
         live = {w.launch for w in self._workers.values()}
         for launch, handle in list(self._launches.items()):
@@ -406,7 +403,6 @@ class RemoteSlotsBackend(Backend):
                 self._deaths.count(f"a {self.engine} task ended: {ended}")
             self._relaunching = True
             self._start_launch(launch)
-        return []
 
 
 def describe(exc: BaseException) -> str:
