@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser
+.PHONY: demo test lint bench clean browser java
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/manymodels demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser java
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -25,6 +25,13 @@ browser:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "chromium is not installed and cannot be (not root): browser tests skip"; fi; }
+
+# The Spark backend is tested on a real local Spark session: it needs a Java runtime.
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; \
+	  else echo "java is not installed and cannot be (not root): Spark tests skip"; fi; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

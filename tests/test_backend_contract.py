@@ -56,6 +56,8 @@ mm.register_backend("inline", InlineBackend)
 CONTRACT_BACKENDS = [
     "serial", "threads", "processes", "inline",
     pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]),
+    pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow]),
+    pytest.param("dask", marks=[pytest.mark.dask, pytest.mark.slow]),
 ]
 
 
@@ -170,10 +172,26 @@ def test_a_backends_worker_side_does_not_import_the_whole_package():
     import subprocess
     import sys
 
-    code = ("import sys, manymodels.backends._ray_worker, manymodels._version; "
+    code = ("import sys, manymodels.backends._ray_worker, manymodels._version, "
+            "manymodels.backends._remote_worker; "
             "print(sorted(m for m in ('pandas', 'manymodels.store', 'manymodels.api', "
             "'manymodels.transforms') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
     assert mm.train is __import__("manymodels.api", fromlist=["train"]).train  # still there
+
+
+def test_the_engines_load_only_when_asked_for():
+    import subprocess
+    import sys
+
+    code = ("import sys, manymodels as mm, manymodels.backends as b; mm.SparkBackend; "
+            "mm.DaskBackend; b.backend_class('spark'); b.backend_class('dask'); "
+            "print(sorted(m for m in ('pyspark', 'distributed', 'dask') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+    with pytest.raises(ValueError, match="unknown backend 'nope'") as error:
+        backend_class("nope")
+    assert "spark" in str(error.value) and "dask" in str(error.value)

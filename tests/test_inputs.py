@@ -57,8 +57,8 @@ def test_unreadable_and_missing_files(tmp_path):
 
 def test_bad_arguments_name_the_argument(sales):
     source = mm.groups(sales, by="store")
-    with pytest.raises(ValueError, match="unknown backend 'dask'"):
-        mm.train(fit_linear, source, backend="dask")
+    with pytest.raises(ValueError, match="unknown backend 'hadoop'"):
+        mm.train(fit_linear, source, backend="hadoop")
     with pytest.raises(ValueError, match="unknown format 'excel'"):
         mm.groups(sales, by="store", format="excel")
     with pytest.raises(TypeError, match="fit must be callable"):

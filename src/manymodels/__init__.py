@@ -24,7 +24,9 @@ _EXPORTS = {
     "backtest": ".evaluation",
     "halving": ".selection",
     "Backend": ".backends",
+    "DaskBackend": ".backends",
     "RayBackend": ".backends",
+    "SparkBackend": ".backends",
     "Callback": ".callbacks",
     "MLflow": ".tracking",
     "WorkerStartupError": ".backends",
@@ -49,6 +51,7 @@ _EXPORTS = {
 __all__ = [
     "Backend",
     "Callback",
+    "DaskBackend",
     "LinearResult",
     "MLflow",
     "RayBackend",
@@ -57,6 +60,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreIntegrityError",
+    "SparkBackend",
     "Summary",
     "TooManyFailures",
     "WorkerStartupError",
@@ -77,7 +81,14 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
-    from .backends import Backend, RayBackend, WorkerStartupError, register_backend
+    from .backends import (
+        Backend,
+        DaskBackend,
+        RayBackend,
+        SparkBackend,
+        WorkerStartupError,
+        register_backend,
+    )
     from .callbacks import Callback
     from .evaluation import backtest, holdout, kfold
     from .fitstats import glance

@@ -15,6 +15,19 @@ BACKENDS: dict[str, type[Backend]] = {
     "ray": RayBackend,
 }
 
+#: Backends whose engines load only when asked for: importing manymodels must
+#: not import pyspark or dask. name -> (module, class)
+_LAZY = {"spark": (".spark", "SparkBackend"), "dask": (".dask", "DaskBackend")}
+
+
+def __getattr__(name: str) -> type[Backend]:
+    for module, class_name in _LAZY.values():
+        if name == class_name:
+            import importlib
+
+            return getattr(importlib.import_module(module, __name__), class_name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def register_backend(name: str, backend: type[Backend]) -> None:
     """Make ``mm.train(..., backend=name)`` run on ``backend``, a :class:`Backend`
@@ -28,10 +41,13 @@ def register_backend(name: str, backend: type[Backend]) -> None:
 
 def backend_class(name: str) -> type[Backend]:
     """The backend class registered under ``name``."""
+    if isinstance(name, str) and name in _LAZY and name not in BACKENDS:
+        BACKENDS[name] = __getattr__(_LAZY[name][1])
     if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+        names = list(BACKENDS) + [lazy for lazy in _LAZY if lazy not in BACKENDS]
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(names)}")
     return BACKENDS[name]
 
 
-__all__ = ["BACKENDS", "Backend", "RayBackend", "WorkerStartupError", "backend_class",
-           "register_backend"]
+__all__ = ["BACKENDS", "Backend", "DaskBackend", "RayBackend", "SparkBackend",
+           "WorkerStartupError", "backend_class", "register_backend"]

@@ -1,0 +1,285 @@
+"""The Spark and Dask backends on real engines (no mocks): a local Spark session
+(``local[2]``, a real JVM and Python workers) and a real ``distributed``
+LocalCluster of two worker processes. Each engine is started once for the
+module by the user's way (an active session, a current client), so the
+backends connect to it and must leave it running; the contract tests
+(tests/test_backend_contract.py) cover a backend that starts and stops its own.
+
+Every test runs on both engines: the same results as the processes backend,
+a worker process killed mid-run costing only the task it was running,
+``timeout`` ending a worker process and costing one task, and
+``read_on_workers=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from conftest import assert_only_timed_out, fit_linear
+
+pytestmark = pytest.mark.slow
+
+_TIMING = ["duration_s", "worker", "started_s"]
+
+
+def _start_spark():
+    pytest.importorskip("pyspark")
+    import shutil
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime: Spark cannot start (make test installs one)")
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2]").appName("manymodels-tests")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def close():
+        from manymodels.backends.spark import _shutdown_gateway
+
+        spark.stop()
+        _shutdown_gateway()  # no JVM left for the rest of the suite
+
+    return spark, close, lambda: spark.range(3).count() == 3
+
+
+def _start_dask():
+    distributed = pytest.importorskip("distributed")
+    import logging
+
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0", silence_logs=logging.ERROR)
+    client = distributed.Client(cluster)
+
+    def close():
+        client.close()
+        cluster.close()
+
+    return client, close, lambda: client.submit(len, [1, 2, 3]).result(timeout=60) == 3
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("spark", marks=pytest.mark.spark),
+    pytest.param("dask", marks=pytest.mark.dask),
+])
+def engine(request):
+    """The engine's name; the user's session or client is up meanwhile."""
+    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
+    yield request.param
+    assert alive(), f"the user's {request.param} was stopped by manymodels"
+    close()
+
+
+def _same_results(run, local) -> None:
+    left = run.results.drop(columns=[*_TIMING, "error"])
+    right = local.results.drop(columns=[*_TIMING, "error"])
+    pd.testing.assert_frame_equal(left, right)
+    assert run.results["error"].isna().equals(local.results["error"].isna())
+
+
+def test_groups_match_the_processes_backend(engine, sales):
+    source = mm.groups(sales, by=["store", "item"])
+    run = mm.train(fit_linear, source, backend=engine, workers=2, progress=False)
+    local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 60}
+    assert run.backend == engine
+    _same_results(run, local)
+    for key, model in local.models.items():
+        assert run.models[key]["slope"] == pytest.approx(model["slope"], rel=1e-12)
+
+
+def test_groups_read_on_the_workers_match_the_processes_backend(engine, tmp_path, sales):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "parts").mkdir()
+    for i, (_, chunk) in enumerate(sales.groupby(sales.index % 3)):
+        pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
+                       tmp_path / "parts" / f"part-{i}.parquet")
+    source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True)
+    assert source.table.column_names == ["store", "__file__"]  # keys and file numbers only
+    run = mm.train(fit_linear, source, backend=engine, workers=2, progress=False)
+    local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 12}
+    _same_results(run, local)
+
+
+def fit_with_shared(item, weights, offset):
+    return {"value": float(weights.sum() * item + offset)}
+
+
+def test_shared_objects_and_failures_match_the_processes_backend(engine, tmp_path):
+    shared = {"weights": np.arange(10_000, dtype=float), "offset": 1.5}
+    source = mm.items(range(60))
+    run = mm.train(fit_with_shared, source, shared=shared, backend=engine, workers=2,
+                   store=tmp_path / "store", progress=False)
+    local = mm.train(fit_with_shared, source, shared=shared, backend="processes", workers=2,
+                     progress=False)
+    _same_results(run, local)
+    assert len(mm.Store(tmp_path / "store").runs()) == 1
+
+
+def exit_on_13(item):
+    if item == 13:
+        os._exit(3)
+    return item
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_crash_inside_a_batch_costs_exactly_its_task(engine, retries):
+    run = mm.train(exit_on_13, mm.items(range(120)), backend=engine, workers=2,
+                   retries=retries, progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[13, "status"] == "crashed"
+    assert "died" in results.loc[13, "error"]
+    assert results.loc[13, "attempts"] == retries + 1
+    assert run.summary().statuses == {"ok": 119, "crashed": 1}
+
+
+def sleep_on_5(item, pid_dir, once):
+    if item == 5 and not (once and any(Path(pid_dir).iterdir())):
+        Path(pid_dir, f"victim-{os.getpid()}").touch()
+        time.sleep(3600)  # until killed: the run cannot end otherwise
+    time.sleep(0.01)
+    return item
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["killed-once", "killed-every-time"])
+def test_worker_process_killed_from_outside_mid_run(engine, tmp_path, once):
+    done = threading.Event()
+
+    def killer():  # SIGKILLs every worker process that runs item 5
+        killed: set[str] = set()
+        while not done.is_set():
+            for victim in tmp_path.iterdir():
+                if victim.name not in killed:
+                    time.sleep(0.2)
+                    killed.add(victim.name)
+                    os.kill(int(victim.name.split("-")[1]), signal.SIGKILL)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        run = mm.train(sleep_on_5, mm.items(range(40)),
+                       shared={"pid_dir": str(tmp_path), "once": once},
+                       backend=engine, workers=2, progress=False)
+    finally:
+        done.set()
+        thread.join()
+    results = run.results.set_index("item")
+    assert len(results) == 40
+    assert (results.drop(index=5)["status"] == "ok").all()
+    if once:  # the batch's unreported tasks run again, marked: a one-off kill costs nothing
+        assert results.loc[5, "status"] in {"crashed", "ok"}
+    else:  # a task whose worker always dies is blamed, and only it
+        assert results.loc[5, "status"] == "crashed"
+        assert "died" in results.loc[5, "error"]
+
+
+def hang_on_2(item):
+    if item == 2:
+        time.sleep(3600)
+    time.sleep(0.01)
+    return item
+
+
+def test_timeout_ends_the_worker_process_and_costs_one_task(engine):
+    run = mm.train(hang_on_2, mm.items(range(20)), backend=engine, workers=2, timeout=2,
+                   progress=False)
+    assert_only_timed_out(run, 2, timeout=2)
+    assert run.summary().statuses == {"ok": 19, "timeout": 1}
+
+
+def hold_the_gil_on_3(item):
+    if item == 3:  # catastrophic backtracking: C code that never releases the GIL
+        import re
+
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    return item
+
+
+def test_timeout_holds_when_the_task_starves_the_watchdog_of_the_gil(engine):
+    run = mm.train(hold_the_gil_on_3, mm.items(range(10)), backend=engine, workers=2,
+                   timeout=1, progress=False)
+    assert_only_timed_out(run, 3, timeout=1)
+    assert run.summary().statuses == {"ok": 9, "timeout": 1}
+
+
+def test_a_backend_instance_given_the_users_engine(engine):
+    if engine == "spark":
+        from pyspark.sql import SparkSession
+
+        backend = mm.SparkBackend(session=SparkSession.getActiveSession())
+    else:
+        import distributed
+
+        backend = mm.DaskBackend(client=distributed.get_client())
+    run = mm.train(fail_on_7, mm.items(range(30)), backend=backend, progress=False)
+    assert run.summary().statuses == {"ok": 29, "failed": 1}
+    assert run.results["worker"].nunique() <= 2  # the engine's two cores, counted
+    assert "ValueError: bad item 7" in run.failed.set_index("item").loc[7, "error"]
+
+
+def fail_on_7(item):
+    if item == 7:
+        raise ValueError(f"bad item {item}")
+    return item
+
+
+def fail_odd(item):
+    if item % 2:
+        raise ValueError(f"odd item {item}")
+    return item
+
+
+def test_the_error_budget_stops_the_run_and_keeps_what_finished(engine):
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(fail_odd, mm.items(range(400)), backend=engine, workers=2, max_failures=3,
+                 progress=False)
+    statuses = stopped.value.run.results["status"]
+    assert (statuses == "failed").sum() >= 4 and (statuses == "ok").sum() >= 1
+    assert (statuses == "cancelled").any()  # the rest never ran
+
+
+def slow_item(item, flag_dir):
+    Path(flag_dir, f"started-{item}").touch()
+    time.sleep(0.1)
+    return item
+
+
+def test_ctrl_c_stops_the_run_keeps_results_and_leaves_the_engine_up(engine, tmp_path):
+    def interrupt():  # Ctrl-C, once a few tasks have run
+        deadline = time.monotonic() + 120
+        while not Path(tmp_path, "started-6").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(slow_item, mm.items(range(1000)), shared={"flag_dir": str(tmp_path)},
+                     backend=engine, workers=2, progress=False)
+    finally:
+        thread.join()
+    done = (stopped.value.run.results["status"] == "ok").sum()
+    assert 0 < done < 1000
+    run = mm.train(fail_on_7, mm.items(range(10)), backend=engine, workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 9, "failed": 1}  # the engine still serves
