@@ -339,3 +339,18 @@ def test_fit_linear_models_round_trip(tmp_path, sales):
                    progress=False)
     stored = mm.Store(tmp_path / "s")
     assert stored.load(("s03", 2))["slope"] == run.models[("s03", 2)]["slope"]
+
+
+def test_a_hand_over_larger_than_a_pack_is_split_and_every_model_reads_back(tmp_path,
+                                                                             monkeypatch):
+    from manymodels.store import packs
+
+    monkeypatch.setattr(packs, "PACK_BYTES", 200)  # a few models per pack
+    store = tmp_path / "store"
+    mm.train(lambda item: [item] * 10, mm.items(range(30)), store=store, backend="threads",
+             progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        sizes = [size for (size,) in conn.execute("SELECT size FROM packs")]
+    assert len(sizes) > 1 and max(sizes) <= 200
+    opened = mm.Store(store)
+    assert [opened.load(item) for item in range(30)] == [[item] * 10 for item in range(30)]

@@ -7,12 +7,9 @@ Layout of a store directory (owner-only permissions)::
                         run attachments as BLOBs
     artifacts/ab/abcd…  models of 1 MiB or more, one file each, named by SHA-256
 
-A model under 1 MiB that a run trains goes into a *pack*: the writer thread
-joins one hand-over's models into one BLOB, and each task row names its model
-by a locator ``<sha256>@<pack>/<offset>/<size>``. A million tiny models are
-then a few dozen pack rows, not a million rows in a table keyed by random
-hashes (that index was a third of a stored run's cost), and the store keeps
-about 200 bytes less per model. Every read still checks the bytes against the
+A model under 1 MiB that a run trains goes into a *pack* (:mod:`.packs`):
+many models in one BLOB row, each task row naming its model by a locator
+``<sha256>@<pack>/<offset>/<size>``. Every read checks the bytes against the
 SHA-256 before unpickling. Larger models are content-addressed, one
 ``artifacts`` row (and file) each, so a model shared by two runs is stored
 once; a reused task names the same artifact or locator as the task it reuses.
@@ -33,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from . import packs
 
 SMALL_ARTIFACT = 1 << 20
 INDEX_NAME = "index.sqlite"
@@ -104,9 +103,6 @@ CREATE TABLE IF NOT EXISTS packs (        -- small models, many per BLOB (see lo
     blob    BLOB NOT NULL
 );
 """
-
-#: A pack holds at most this many bytes; a larger hand-over makes several.
-PACK_BYTES = 32 << 20
 
 
 class StoreError(ValueError):
@@ -318,67 +314,6 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
     return digest, len(data)
 
 
-def write_pack(conn: sqlite3.Connection, models: list[tuple[str, bytes]]) -> list[str]:
-    """Store small models as packs (inside the caller's transaction); return
-    each one's locator, in order. ``models``: ``(sha256, data)`` pairs."""
-    locators: list[str] = []
-    start = 0
-    while start < len(models):
-        end, total = start, 0
-        while end < len(models) and (end == start or total + len(models[end][1]) <= PACK_BYTES):
-            total += len(models[end][1])
-            end += 1
-        chunk = models[start:end]
-        blob = b"".join(data for _, data in chunk)
-        pack = conn.execute("INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
-                            (len(blob), len(chunk), blob)).lastrowid
-        offset = 0
-        for digest, data in chunk:
-            locators.append(f"{digest}@{pack}/{offset}/{len(data)}")
-            offset += len(data)
-        start = end
-    return locators
-
-
-def parse_locator(artifact: str) -> tuple[str, int, int, int] | None:
-    """``(sha256, pack, offset, size)`` of a packed model's locator; None for
-    a content-addressed artifact (a bare SHA-256)."""
-    digest, at, place = artifact.partition("@")
-    if not at:
-        return None
-    pack, offset, size = (int(part) for part in place.split("/"))
-    return digest, pack, offset, size
-
-
-def _read_packed(conn: sqlite3.Connection, artifact: str, what: str) -> bytes:
-    digest, pack, offset, size = parse_locator(artifact)
-    data = None
-    if hasattr(conn, "blobopen"):  # Python 3.11: read the slice, not the whole pack
-        try:
-            with conn.blobopen("packs", "blob", pack, readonly=True) as blob:
-                if offset + size <= len(blob):
-                    blob.seek(offset)
-                    data = blob.read(size)
-        except sqlite3.OperationalError:  # no such row
-            data = None
-    else:
-        row = conn.execute("SELECT substr(blob, ?, ?) FROM packs WHERE pack_id = ?",
-                           (offset + 1, size, pack)).fetchone()
-        data = bytes(row[0]) if row is not None and row[0] is not None else None
-    if data is None:
-        _mark_corrupt(conn, artifact)
-        raise StoreIntegrityError(
-            f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size}) "
-            "is missing from the store")
-    if len(data) != size or sha256(data) != digest:
-        _mark_corrupt(conn, artifact)
-        raise StoreIntegrityError(
-            f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size}) "
-            "does not match its recorded SHA-256: the pack was modified or truncated, so it "
-            "is not loaded")
-    return data
-
-
 def _intact_file(path: Path, size: int) -> bool:
     try:
         return path.stat().st_size == size
@@ -394,17 +329,9 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
     for, else one query per 5,000."""
     if not digests:
         return set()
-    packed = {d for d in digests if "@" in d}
+    packed = {d for d in digests if packs.is_locator(d)}
     digests = digests - packed
-    if packed:
-        # length() of a BLOB is read from its record header, not its content
-        lengths = dict(conn.execute("SELECT pack_id, length(blob) FROM packs"))
-        whole = set()
-        for locator in packed:
-            _, pack, offset, size = parse_locator(locator)
-            if offset + size <= lengths.get(pack, -1):
-                whole.add(locator)
-        packed = whole
+    packed = packs.whole_locators(conn, packed)
     total = conn.execute("SELECT max(rowid) FROM artifacts").fetchone()[0] or 0
     if total <= 20 * len(digests):
         present = digests & {sha for (sha,) in conn.execute("SELECT sha256 FROM artifacts")}
@@ -425,6 +352,22 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
     return present
 
 
+def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
+    """A packed model's bytes, checked against its SHA-256 (see :mod:`.packs`)."""
+    digest, pack, offset, size = packs.parse_locator(locator)
+    data = packs.read_slice(conn, pack, offset, size)
+    place = f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size})"
+    if data is None:
+        _mark_corrupt(conn, locator)
+        raise StoreIntegrityError(f"{place} is missing from the store")
+    if len(data) != size or sha256(data) != digest:
+        _mark_corrupt(conn, locator)
+        raise StoreIntegrityError(
+            f"{place} does not match its recorded SHA-256: the pack was modified or "
+            "truncated, so it is not loaded")
+    return data
+
+
 def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:
     if conn.in_transaction:
         return
@@ -438,7 +381,7 @@ def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:
 def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) -> bytes:
     """The bytes of an artifact (a SHA-256 or a pack locator), checked against
     its SHA-256."""
-    if "@" in digest:
+    if packs.is_locator(digest):
         return _read_packed(conn, digest, what)
     row = conn.execute("SELECT size, blob, path FROM artifacts WHERE sha256 = ?",
                        (digest,)).fetchone()

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..keys import decode_key, encode_key, key_parts
 from ..messages import Pickled, Status
-from . import database
+from . import database, packs
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -362,8 +362,7 @@ class Store:
             conn.executemany("DELETE FROM artifacts WHERE sha256 = ?", [(d,) for d, _ in dead])
             known = {p for (p,) in conn.execute(
                 "SELECT path FROM artifacts WHERE path IS NOT NULL")}
-            referenced = {database.parse_locator(a)[1] for (a,) in conn.execute(
-                "SELECT DISTINCT artifact FROM tasks WHERE artifact LIKE '%@%'")}
+            referenced = packs.referenced_packs(conn)
             dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
                           if p not in referenced]
             conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])

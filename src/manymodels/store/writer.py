@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..keys import encode_key
-from . import database
+from . import database, packs
 
 #: One finished task as the recorder hands it over: ``(index, status,
 #: attempts, duration_s, started_at, worker, metrics, error, model)``, the
@@ -141,7 +141,7 @@ class StoreWriter:
                 status, attempts, _nan_to_none(duration), _nan_to_none(started), worker,
                 encode_metrics(metrics), error, artifact, size])
         if small:
-            locators = database.write_pack(conn, [(sha, data) for _, sha, data in small])
+            locators = packs.write_packs(conn, [(sha, data) for _, sha, data in small])
             for (row, _, _), locator in zip(small, locators):
                 task_rows[row][-2] = locator
         conn.executemany(

@@ -1,0 +1,97 @@
+"""Packs: many small models in one BLOB row of the store's index.
+
+A model under 1 MiB that a run trains is not an ``artifacts`` row of its own:
+the writer thread joins one hand-over's models into one row of ``packs``, and
+each task row names its model by a *locator*, ``<sha256>@<pack>/<offset>/<size>``.
+A million tiny models are then a few dozen rows, not a million inserts into a
+table keyed by random hashes (a third of a stored run's cost, measured), and
+about 200 bytes less per model on disk.
+
+This module is the layout and its I/O only; checking a model's bytes against
+its SHA-256, and what to do when they do not match, is :mod:`.database`'s.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+#: A pack holds at most this many bytes; a larger hand-over makes several.
+PACK_BYTES = 32 << 20
+
+
+def is_locator(artifact: str) -> bool:
+    """Whether ``artifact`` names a packed model (else it is a bare SHA-256)."""
+    return "@" in artifact
+
+
+def parse_locator(locator: str) -> tuple[str, int, int, int]:
+    """``(sha256, pack, offset, size)`` of a packed model's locator."""
+    digest, _, place = locator.partition("@")
+    pack, offset, size = (int(part) for part in place.split("/"))
+    return digest, pack, offset, size
+
+
+def write_packs(conn: sqlite3.Connection, models: list[tuple[str, bytes]]) -> list[str]:
+    """Store small models as packs (inside the caller's transaction); return
+    each one's locator, in order. ``models``: ``(sha256, data)`` pairs."""
+    locators: list[str] = []
+    chunk: list[tuple[str, bytes]] = []
+    total = 0
+    for digest, data in models:
+        if chunk and total + len(data) > PACK_BYTES:
+            locators += _write_pack(conn, chunk)
+            chunk, total = [], 0
+        chunk.append((digest, data))
+        total += len(data)
+    if chunk:
+        locators += _write_pack(conn, chunk)
+    return locators
+
+
+def _write_pack(conn: sqlite3.Connection, chunk: list[tuple[str, bytes]]) -> list[str]:
+    blob = b"".join(data for _, data in chunk)
+    pack = conn.execute("INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
+                        (len(blob), len(chunk), blob)).lastrowid
+    locators, offset = [], 0
+    for digest, data in chunk:
+        locators.append(f"{digest}@{pack}/{offset}/{len(data)}")
+        offset += len(data)
+    return locators
+
+
+def read_slice(conn: sqlite3.Connection, pack: int, offset: int, size: int) -> bytes | None:
+    """The bytes a locator names, or None when its pack is gone or too short."""
+    if hasattr(conn, "blobopen"):  # Python 3.11: read the slice, not the whole pack
+        try:
+            with conn.blobopen("packs", "blob", pack, readonly=True) as blob:
+                if offset + size > len(blob):
+                    return None
+                blob.seek(offset)
+                return blob.read(size)
+        except sqlite3.OperationalError:  # no such row
+            return None
+    row = conn.execute("SELECT substr(blob, ?, ?), length(blob) FROM packs WHERE pack_id = ?",
+                       (offset + 1, size, pack)).fetchone()
+    if row is None or row[1] < offset + size:
+        return None
+    return bytes(row[0])
+
+
+def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
+    """Those of ``locators`` whose pack is there and long enough (a cheap check:
+    SQLite reads a BLOB's ``length()`` from its record header, not its content)."""
+    if not locators:
+        return set()
+    lengths = dict(conn.execute("SELECT pack_id, length(blob) FROM packs"))
+    whole = set()
+    for locator in locators:
+        _, pack, offset, size = parse_locator(locator)
+        if offset + size <= lengths.get(pack, -1):
+            whole.add(locator)
+    return whole
+
+
+def referenced_packs(conn: sqlite3.Connection) -> set[int]:
+    """The packs some task row still names (what :meth:`Store.gc` keeps)."""
+    return {parse_locator(a)[1] for (a,) in conn.execute(
+        "SELECT DISTINCT artifact FROM tasks WHERE artifact LIKE '%@%'")}
