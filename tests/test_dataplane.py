@@ -87,3 +87,41 @@ def test_run_files_in_shared_memory_are_owner_only(start_method):
         seen.update(modes)
     assert seen, "the run wrote no files to check"
     assert all(mode == 0o600 for mode in seen.values()), seen
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(3.0), np.arange(12, dtype=np.int32).reshape(3, 4), np.array([1 + 2j]),
+    np.zeros(5, dtype=">f4"), np.array(["ab", "c"]), np.array([True, False]),
+    np.array(["2020-01-01"], dtype="M8[D]"), np.frombuffer(b"abcdefgh"),  # read-only
+    np.array(2.5),  # 0-d
+])
+def test_small_array_pickles_equal_the_picklers_bytes(array):
+    """The fast path for tiny models must give the same bytes (so the same
+    SHA-256 and store artifact) as pickle.dumps, and load back equal."""
+    from manymodels.dataplane import pickle_small_array
+
+    for values in (array, array.copy() if array.flags.writeable else array):
+        data = pickle_small_array(values)
+        assert data == pickle.dumps(values, protocol=5)
+        again = pickle.loads(data)
+        assert again.dtype == values.dtype and again.shape == values.shape
+        assert again.tobytes() == values.tobytes()
+    if array.flags.writeable and array.size:
+        other = np.frombuffer(np.random.default_rng(0).bytes(array.nbytes), dtype=np.uint8)
+        other = other.view(array.dtype).reshape(array.shape).copy()
+        assert pickle_small_array(other) == pickle.dumps(other, protocol=5)
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(6.0).reshape(2, 3).T,  # not C-ordered
+    np.array([object(), 1], dtype=object),
+    np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")]),  # fields
+    np.zeros(1 << 14),  # large: its buffer goes out of band
+    np.zeros(0),
+    [1.0, 2.0],
+    np.float64(1.0),
+])
+def test_small_array_pickles_refuse_what_they_cannot_copy(value):
+    from manymodels.dataplane import pickle_small_array
+
+    assert pickle_small_array(value) is None

@@ -256,6 +256,53 @@ def open_objects(path: str) -> Any:
     return pickle.loads(view[_HEADER.size:_HEADER.size + body_length], buffers=buffers)
 
 
+#: (dtype, shape) -> the protocol-5 pickle of such an array cut around its data
+#: bytes, or None where no such cut exists (see :func:`pickle_small_array`).
+_ARRAY_PICKLES: dict[tuple, tuple[bytes, bytes] | None] = {}
+
+
+def pickle_small_array(array: Any) -> bytes | None:
+    """``pickle.dumps(array, protocol=5)`` of a small, C-ordered NumPy array of
+    plain values (numbers, strings, dates: no objects, no fields), byte for
+    byte, in a fifth of the time; None for any other object. A million tiny
+    models (coefficients, say) each pickled by the pickler spent a third as
+    long there as in their fits. Arrays of one dtype, shape and writeability
+    pickle to the same bytes but for their data, which lie in one run: the
+    first array of each kind is pickled once with a probe of random bytes to
+    find where its data go, and the cut is checked by loading it back."""
+    import numpy as np
+
+    if (type(array) is not np.ndarray or not array.flags.c_contiguous
+            or array.dtype.hasobject or array.dtype.names is not None
+            or array.dtype.metadata or not 0 < array.nbytes < SPILL_MIN_BYTES):
+        return None
+    kind = (array.dtype.str, array.shape, array.flags.writeable)  # read-only: BYTES8
+    cut = _ARRAY_PICKLES.get(kind, False)
+    if cut is False:
+        cut = _ARRAY_PICKLES[kind] = _cut_for(array)
+    if cut is None:
+        return None
+    return b"".join((cut[0], array.tobytes(), cut[1]))
+
+
+def _cut_for(array: Any) -> tuple[bytes, bytes] | None:
+    import numpy as np
+
+    probe = np.frombuffer(os.urandom(array.nbytes), dtype=np.uint8).view(array.dtype)
+    probe = probe.reshape(array.shape).copy()
+    probe.flags.writeable = array.flags.writeable
+    data, whole = probe.tobytes(), pickle.dumps(probe, protocol=5)
+    at = whole.find(data)
+    if at < 0 or whole.find(data, at + 1) >= 0:
+        return None
+    cut = (whole[:at], whole[at + len(data):])
+    again = pickle.loads(cut[0] + data + cut[1])
+    if (type(again) is not np.ndarray or again.dtype != probe.dtype
+            or again.shape != probe.shape or again.tobytes() != data):
+        return None
+    return cut
+
+
 def pickle_any(obj: Any) -> bytes:
     """Pickle ``obj`` with the standard pickler (fast), or with cloudpickle when
     it holds lambdas or classes defined in ``__main__``."""

@@ -22,9 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from .dataplane import SPILL_MIN_BYTES, pickle_any
+from .dataplane import SPILL_MIN_BYTES, pickle_any, pickle_small_array
 from .gpus import gpu_failure, release_cached_memory
 from .messages import Outcome, Pickled, Status
 from .tables import plain_scalar
@@ -172,12 +170,13 @@ class Executor:
 
     def _pickled(self, model: Any) -> Any:
         """The model as :class:`Pickled` bytes (see ``RunContext.pickle_models``)."""
+        data = pickle_small_array(model)
         if self.pickle_models == "all":
-            data = pickle_any(model)
+            if data is None:
+                data = pickle_any(model)
             return Pickled(data, hashlib.sha256(data).hexdigest())
-        if type(model) is np.ndarray and model.nbytes < SPILL_MIN_BYTES and (
-                not model.dtype.hasobject):
-            return Pickled(pickle.dumps(model, protocol=5))  # small: no buffer to route
+        if data is not None:
+            return Pickled(data)  # small: no buffer to route
         large: list[int] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:

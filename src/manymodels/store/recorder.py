@@ -140,6 +140,9 @@ class RunRecorder:
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
 
+    def tasks_finished(self, indices: list[int]) -> None:
+        self._pending.extend(indices)
+
     def flush(self, records: Any, force: bool = False) -> None:
         """Hand the finished tasks to the writer thread, at most once a second
         unless ``force`` (then wait until they are committed).

@@ -52,7 +52,12 @@ def encode_metrics(metrics: dict | str | None) -> str | None:
     """Metrics as the store keeps them: JSON (a worker may have encoded them)."""
     if isinstance(metrics, str):
         return metrics
-    return json.dumps(metrics, default=repr) if metrics else None
+    return _encode_json(metrics) if metrics else None
+
+
+#: ``json.dumps(..., default=repr)`` without building an encoder per call
+#: (a third of its time on a one-metric dict, a million times a run).
+_encode_json = json.JSONEncoder(default=repr).encode
 
 
 def _nan_to_none(value: float) -> float | None:
