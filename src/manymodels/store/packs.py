@@ -31,6 +31,13 @@ def parse_locator(locator: str) -> tuple[str, int, int, int]:
     return digest, pack, offset, size
 
 
+def _parsed_or_none(locator: str) -> tuple[str, int, int, int] | None:
+    try:
+        return parse_locator(locator)
+    except ValueError:
+        return None
+
+
 def write_packs(conn: sqlite3.Connection, models: list[tuple[str, bytes]]) -> list[str]:
     """Store small models as packs (inside the caller's transaction); return
     each one's locator, in order. ``models``: ``(sha256, data)`` pairs."""
@@ -82,13 +89,30 @@ def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
     SQLite reads a BLOB's ``length()`` from its record header, not its content)."""
     if not locators:
         return set()
-    lengths = dict(conn.execute("SELECT pack_id, length(blob) FROM packs"))
-    whole = set()
-    for locator in locators:
-        _, pack, offset, size = parse_locator(locator)
-        if offset + size <= lengths.get(pack, -1):
-            whole.add(locator)
-    return whole
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    known = conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
+    if not known:
+        return set()
+    pack_ids, lengths = np.array(known, dtype=np.int64).T
+    names = list(locators)  # parsed all at once: a re-run checks a million
+    try:
+        places = pc.list_element(
+            pc.split_pattern(pa.array(names, pa.string()), "@", max_splits=1), 1)
+        numbers = pc.list_flatten(pc.split_pattern(places, "/")).cast(pa.int64()).to_numpy()
+        pack, offset, size = numbers.reshape(len(names), 3).T
+    except (pa.ArrowException, ValueError):  # a damaged index row: one at a time
+        parsed = [_parsed_or_none(name) for name in names]
+        names = [name for name, parts in zip(names, parsed) if parts is not None]
+        if not names:
+            return set()
+        pack, offset, size = np.array([p[1:] for p in parsed if p is not None],
+                                      dtype=np.int64).T
+    at = np.minimum(np.searchsorted(pack_ids, pack), len(pack_ids) - 1)
+    whole = (pack_ids[at] == pack) & (offset + size <= lengths[at])
+    return {name for name, ok in zip(names, whole.tolist()) if ok}
 
 
 def referenced_packs(conn: sqlite3.Connection) -> set[int]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..dataplane import pickle_any
 from ..keys import encode_key
@@ -24,10 +23,16 @@ from .registry import IN_STORE
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
+#: Identities looked up one by one to find the runs a re-run reads whole.
+_SAMPLE = 200
+_REUSED_COLUMNS = "identity, run_id, artifact, size, metrics, duration_s"
 
 
-@dataclass
-class ReusedTask:
+class ReusedTask(NamedTuple):
+    """A trained task whose model a new task with the same identity reuses
+    (a tuple: a re-run makes a million of them)."""
+
+    identity: str
     run_id: int
     artifact: str | None
     size: int | None
@@ -88,31 +93,58 @@ class RunRecorder:
         return reused
 
     def _find_reusable(self) -> dict[int, ReusedTask]:
-        """The latest task that trained each identity, if its model can still be
-        loaded: its artifact is in the index (and its file is there, whole),
-        and no load has found it corrupt. One grouped query per 5,000
-        identities, then the artifacts checked all at once (a join per row
-        cost more than the query itself)."""
+        """A task that trained each identity, if its model can still be loaded:
+        its artifact is in the index (and its file is there, whole), and no
+        load has found it corrupt.
+
+        A re-run mostly finds its identities in the one or two runs that
+        trained them, so those runs are found from a sample of identities
+        and read whole, each in one scan of its rows, and matched here; what
+        that leaves (new tasks, models retrained elsewhere, a corrupt
+        artifact) is looked up per identity, the latest trained task first,
+        one grouped query per 5,000 identities."""
         by_identity: dict[str, list[int]] = {}
         for index, parts in enumerate(self.identities):
             by_identity.setdefault(parts[0], []).append(index)
-        candidates: dict[str, ReusedTask] = {}
         names = list(by_identity)
-        for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
-            chunk = names[start:start + 5000]
-            rows = self.conn.execute(  # per identity, its latest finished task
+        sample = names[::max(1, len(names) // _SAMPLE)]
+        runs = {hit.run_id for hit in self._latest_trained(sample)}
+        if runs:  # a run far larger than this one is cheaper to look up in
+            runs = {run_id for run_id, tasks in self.conn.execute(
+                f"SELECT run_id, tasks FROM runs WHERE run_id IN ({','.join('?' * len(runs))})",
+                sorted(runs)) if (tasks or 0) <= 4 * len(names) + 10_000}
+        candidates: dict[str, ReusedTask] = {}
+        for run_id in sorted(runs):  # a later run's task wins
+            candidates.update(
+                (hit.identity, hit) for hit in map(ReusedTask._make, self.conn.execute(
+                    f"SELECT {_REUSED_COLUMNS} FROM tasks WHERE run_id = ? AND status = 'ok' "
+                    "AND reused_from IS NULL AND error IS NULL AND "
+                    "(artifact IS NOT NULL OR metrics IS NOT NULL)", (run_id,)))
+                if hit.identity in by_identity)
+        found = self._loadable(candidates)
+        rest = [name for name in names if name not in found]
+        if rest:
+            found.update(self._loadable({hit.identity: hit for hit in self._latest_trained(rest)
+                                         if hit.artifact is not None or hit.metrics is not None}))
+        return {i: hit for name, hit in found.items() for i in by_identity[name]}
+
+    def _latest_trained(self, identities: list[str]) -> list[ReusedTask]:
+        """The latest finished task that trained each of ``identities``."""
+        rows: list[ReusedTask] = []
+        for start in range(0, len(identities), 5000):  # SQLite takes 32766 parameters
+            chunk = identities[start:start + 5000]
+            rows += map(ReusedTask._make, self.conn.execute(
                 "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
                 "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
-                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
-            for identity, run_id, artifact, size, metrics, duration in rows:
-                if artifact is not None or metrics is not None:
-                    candidates[identity] = ReusedTask(run_id, artifact, size, metrics, duration)
+                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk))
+        return rows
+
+    def _loadable(self, candidates: dict[str, ReusedTask]) -> dict[str, ReusedTask]:
         loadable = database.loadable_artifacts(
             self.conn, self.store.path,
             {hit.artifact for hit in candidates.values() if hit.artifact is not None})
-        return {i: hit for name, hit in candidates.items()
-                if hit.artifact is None or hit.artifact in loadable
-                for i in by_identity[name]}
+        return {name: hit for name, hit in candidates.items()
+                if hit.artifact is None or hit.artifact in loadable}
 
     def fill_reused(self, records: Any) -> int:
         """Fill in the results of the reused tasks (their models stay in the
