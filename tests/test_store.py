@@ -354,3 +354,27 @@ def test_a_hand_over_larger_than_a_pack_is_split_and_every_model_reads_back(tmp_
     assert len(sizes) > 1 and max(sizes) <= 200
     opened = mm.Store(store)
     assert [opened.load(item) for item in range(30)] == [[item] * 10 for item in range(30)]
+
+
+def square_of(item):
+    return {"square": item * item}, {"square": item * item}
+
+
+def test_reuse_across_runs_points_at_the_run_that_trained_each_model(tmp_path):
+    """A re-run finds its models in the runs that trained them: most in the
+    first run, the ones trained later in the later run, and new items trained."""
+    store = tmp_path / "store"
+    first = mm.train(square_of, mm.items(range(300)), store=store, workers=2, progress=False)
+    assert first.summary().reused == 0
+    second = mm.train(square_of, mm.items(range(290, 320)), store=store, workers=2,
+                      progress=False)  # 10 reused from run 1, 20 new
+    assert second.summary().reused == 10
+    third = mm.train(square_of, mm.items(range(330)), store=store, workers=2, progress=False)
+    assert third.summary().reused == 320
+    results = mm.Store(store).results(run=3).set_index("item")
+    assert (results.loc[list(range(290)), "reused_from"] == 1).all()
+    assert (results.loc[list(range(290, 300)), "reused_from"] == 1).all()
+    assert (results.loc[list(range(300, 320)), "reused_from"] == 2).all()
+    assert results.loc[list(range(320, 330)), "reused_from"].isna().all()
+    assert third.models[317] == {"square": 317 * 317}
+    assert (results["square"] == results.index ** 2).all()
