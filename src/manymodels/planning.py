@@ -145,6 +145,13 @@ def plan(source: Source) -> Plan:
 
     tasks: list[Task] = []
     key_rows: list[tuple] = []
+    if settings == [None]:  # one task per entry: built in one pass (a million of them)
+        entries = data.entries()
+        key_rows = [parts for parts, _, _ in entries]
+        tasks = [Task(index, parts[0] if len(parts) == 1 else parts, ref, None, cost)
+                 for index, (parts, ref, cost) in enumerate(entries)]
+        return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
+                    param_columns=param_columns, key_rows=key_rows)
     for key_parts, ref, cost in data.entries():
         for params in settings:
             parts = key_parts + tuple(params.values()) if params else key_parts

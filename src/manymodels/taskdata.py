@@ -143,8 +143,12 @@ class TableSlices(TaskData):
 
     def entries(self) -> list[Entry]:
         layout, cost = self.layout, self._cost
-        return [(key, (int(offset), int(length)), float(cost(int(length))))
-                for key, offset, length in zip(layout.keys, layout.offsets, layout.lengths)]
+        offsets, lengths = layout.offsets.tolist(), layout.lengths.tolist()  # Python ints
+        if cost is float:
+            return [(key, (offset, length), float(length))
+                    for key, offset, length in zip(layout.keys, offsets, lengths)]
+        return [(key, (offset, length), float(cost(length)))
+                for key, offset, length in zip(layout.keys, offsets, lengths)]
 
     def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
         from .hashing import lanes_hex
