@@ -22,25 +22,21 @@ that map the data plane (:mod:`manymodels.dataplane`); either way nothing is
 pickled per task. Each runs in a session of its own, so that a Ctrl-C in the
 terminal reaches only the driver and the session holds what its tasks start,
 with a parent-death signal, so that none outlives a killed driver. The
-driver's handle on a worker is :mod:`._process_handles`; the worker's own loop
-is :mod:`._process_worker`.
+driver's handle on a worker is :mod:`._process_handles`, starting one is
+:mod:`._process_start`, and the worker's own loop is :mod:`._process_worker`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import mmap
 import os
 import pickle
-import queue
 import subprocess
 import sys
-import threading
 import time
-import traceback
 from dataclasses import replace
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 import cloudpickle
@@ -54,15 +50,12 @@ from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
     Batch,
-    ForkedProcess,
-    MemoryWatch,
     Worker,
     describe_exit,
     format_bytes,
-    send_loop,
     wait_for_pipes_to_close,
 )
-from ._process_worker import die_with_parent, forked_main
+from ._process_start import WorkerStarter
 from ._protocol import SLOT
 from .base import (
     DEATHS_OUTSIDE_TASKS,
@@ -83,7 +76,7 @@ _STOP_GRACE_S = 1.0
 FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
 
 
-class ProcessesBackend(Backend):
+class ProcessesBackend(WorkerStarter, Backend):
     name = "processes"
     requires_pickling = True
     isolates_crashes = True
@@ -201,88 +194,6 @@ class ProcessesBackend(Backend):
         if is_pandas_frame(table):  # a frame that map_partitions slices
             return self._files.write_objects(table, name="table")
         return self._files.write_table(table)
-
-    # -- workers -------------------------------------------------------------
-
-    def _spawn(self, slot: int) -> Worker:
-        env = dict(self._limits)
-        if self.gpu_sets:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[slot])
-        to_worker_r, to_worker_w = os.pipe()
-        from_worker_r, from_worker_w = os.pipe()
-        try:
-            if self.start_method == "fork":
-                process = self._fork(slot, env, to_worker_r, from_worker_w,
-                                     (to_worker_w, from_worker_r))
-            else:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "manymodels.backends._spawn_main",
-                     str(to_worker_r), str(from_worker_w), self._slots_path, str(slot),
-                     self._context_path, self._files.spill_prefix],
-                    pass_fds=(to_worker_r, from_worker_w),
-                    env={**self._env, **env},
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-        except BaseException:
-            os.close(to_worker_w)
-            os.close(from_worker_r)
-            raise
-        finally:
-            os.close(to_worker_r)
-            os.close(from_worker_w)
-        outbox: queue.SimpleQueue = queue.SimpleQueue()
-        tx = Connection(to_worker_w, readable=False)
-        sender = threading.Thread(target=send_loop, args=(tx, outbox), daemon=True,
-                                  name=f"manymodels-send-{slot}")
-        sender.start()
-        memory = None
-        if self.memory_limit is not None:  # the data plane's files are not the worker's
-            memory = MemoryWatch(process.pid, self.memory_limit, self._files.tag)
-        return Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
-                      sender, tx, memory=memory)
-
-    def _fork(self, slot: int, env: dict[str, str], rx_fd: int, tx_fd: int,
-              own_driver_fds: tuple[int, int]) -> ForkedProcess:
-        # The child must not keep the driver's ends of any worker's pipes open,
-        # or a dead worker's pipe would never report end-of-file.
-        driver_fds = list(own_driver_fds)
-        for worker in self._workers:
-            if worker.slot != slot:
-                driver_fds += [worker.rx.fileno(), worker.tx.fileno()]
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        gate, driver_pid = self._start_gate, os.getpid()
-        pid = os.fork()
-        if pid:
-            return ForkedProcess(pid)
-        code = 1
-        try:
-            os.setsid()
-            for fd in driver_fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            die_with_parent()
-            if os.getppid() != driver_pid:  # the driver died before that took hold
-                code = 0
-                return
-            if gate is not None:  # wait until the driver has forked every worker
-                os.close(gate[1])
-                os.read(gate[0], 1)  # end-of-file once the driver closes its end
-                os.close(gate[0])
-            code = forked_main(Connection(rx_fd, writable=False),
-                               Connection(tx_fd, readable=False),
-                               self._slots, slot, self._context, env,
-                               self._files.spill_prefix)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(code)
 
     def _retire(self, worker: Worker, *, kill: bool) -> None:
         """End a worker; with ``kill``, SIGKILL it and every process it started."""
