@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser java
+.PHONY: demo test lint bench clean browser java torch
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/manymodels demo
 
-test: $(STAMP) browser java
+test: $(STAMP) browser java torch
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -25,6 +25,14 @@ browser:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "chromium is not installed and cannot be (not root): browser tests skip"; fi; }
+
+# mm.linear(device=...) and the GPU workers' PyTorch paths are tested on the CPU build
+# of PyTorch where the machine keeps one on disk (no CUDA download of several GB).
+torch: $(STAMP)
+	@$(BIN)/python -c "import torch" 2>/dev/null || { \
+	  wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
+	  if [ -n "$$wheel" ]; then $(BIN)/python -m pip install --quiet "$$wheel"; \
+	  else echo "no CPU build of PyTorch on disk: the PyTorch tests skip"; fi; }
 
 # The Spark backend is tested on a real local Spark session: it needs a Java runtime.
 java:
