@@ -39,7 +39,10 @@ class LinearResult:
     intercept: np.ndarray     # (groups,)
     metrics: pd.DataFrame
     timings: dict[str, float] = field(default_factory=dict)
+    #: the store's run that saved it (``mm.linear(..., store=)``), else None
+    run_id: int | None = None
     _index: Any = field(default=None, repr=False)
+    _why: Any = field(default=None, repr=False)  # (reason per group, text, source run)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -48,6 +51,35 @@ class LinearResult:
         counts = {k: v for k, v in self.metrics["status"].value_counts().items() if v}
         return (f"LinearResult({self.family}, {len(self)} groups by {self.by}, "
                 f"features={self.features}, status={counts})")
+
+    @property
+    def reused(self) -> int:
+        """Groups copied from a saved result (``store=``) rather than fitted."""
+        if "reused_from" not in self.metrics:
+            return 0
+        return int(self.metrics["reused_from"].notna().sum())
+
+    @property
+    def fitted(self) -> int:
+        """Groups fitted by this call (all of them without a store)."""
+        return len(self) - self.reused
+
+    def why_not_reused(self, key: Any) -> str:
+        """Say why group ``key`` was fitted rather than copied from the store:
+        new, its rows changed, or no saved result had these options (and
+        which option, or the model code, changed)."""
+        if self._why is None:
+            return f"{key!r} was fitted: no store was given"
+        reason, text, source = self._why
+        where = self._key_index().get_indexer([key])[0]
+        if where < 0:
+            raise KeyError(f"this result has no group {key!r}")
+        code = int(reason[where])
+        if code == 0:
+            return f"{key!r} was reused from run {self.metrics['reused_from'].iloc[where]}"
+        return f"{key!r} was fitted: " + (
+            f"run {source} had no group {key!r}" if code == 1 else
+            f"its rows changed since run {source}" if code == 2 else text)
 
     @property
     def coefficients(self) -> pd.DataFrame:

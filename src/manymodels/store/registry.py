@@ -187,6 +187,14 @@ class Store:
             items[item_key] = StoredModel(self, artifact, f"key {item_key!r}")
         return ModelMap(items)
 
+    def linear(self, name: str | None = None, run: int | None = None) -> Any:
+        """The result ``mm.linear(..., store=, name=)`` saved (default: the
+        latest of any name; ``run``: that run's), as a ``LinearResult``
+        whose ``.predict`` works; checked against its SHA-256 first."""
+        from ..linmodels.stored import load
+
+        return load(self, name, run)
+
     # -- using the models --------------------------------------------------------
 
     def attach(self, run: int, name: str, obj: Any) -> None:

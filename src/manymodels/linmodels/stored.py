@@ -1,0 +1,414 @@
+"""``mm.linear(..., store=...)``: the whole result saved as one artifact, and
+re-runs that fit only the groups that changed.
+
+A million linear models are a few arrays, so the store keeps them as one
+Arrow IPC artifact (keys, coefficients, metrics, and per group its identity
+and the run that fitted it), written through the store's content-addressed
+artifact path and checked against its SHA-256 before it is read, and one row
+in ``runs`` (``Store.runs()``, ``manymodels runs``), not a million task rows.
+
+A group's identity is a 64-bit hash of its rows in order (features, target,
+weights), its per-group alpha, and the *options hash*: family, key, feature
+and target names, the options that family uses and the model code's version
+(the sources of the fit, the kernels and the layout, and NumPy's version).
+It is computed for every group at once, by NumPy over the prepared columns in
+chunks (splitmix64 mixing, as the store's task identities; not a
+cryptographic hash: a change is missed with odds of 2^-64). A re-run loads
+the latest saved result with the same options hash, copies the groups whose
+key and identity match, fits the others, and drops the groups that are gone.
+An artifact that fails its SHA-256 check is refused by name
+(:class:`~manymodels.store.StoreIntegrityError`, given as a warning) and its
+groups are fitted again.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..hashing import digest, lanes_of, mix64
+from ..store import Store, StoreError, StoreIntegrityError
+from ..store import database
+from .fitting import STATUSES, empty, fit_groups
+from .prepare import Prepared
+from .result import LinearResult
+
+#: the code whose edit changes a fitted model: a new version refits every group
+MODEL_FILES = ("fitting.py", "kernels.py", "prepare.py")
+FORMAT = 1
+META = b"manymodels.linear"
+PREFIX = "linear:"  # attachment name of a saved result: linear:<name>
+CHUNK = 1 << 18     # rows hashed at a time: the passes stay in the CPU's cache
+_K = [np.uint64(k) for k in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
+                             0xD6E8FEB86659FD93, 0xCA5A826395121157, 0xA0761D6478BD642F)]
+# why a group was fitted rather than reused (LinearResult.why_not_reused)
+REUSED, NEW_KEY, CHANGED, NO_SOURCE = 0, 1, 2, 3
+
+
+@functools.lru_cache(maxsize=1)
+def model_code_version() -> str:
+    here = Path(__file__).parent
+    return digest(*((here / name).read_bytes() for name in MODEL_FILES),
+                  f"numpy=={np.__version__}")
+
+
+@dataclass
+class Opened:
+    store: Store
+    name: str
+    owned: bool  # opened here from a path: closed at the end
+
+
+def open_store(store: Any, name: str) -> Opened:
+    """The store to save into, refused before any work if it cannot be."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name= must be a non-empty string, got {name!r}")
+    if isinstance(store, Store):
+        opened = Opened(store, name, False)
+    elif isinstance(store, (str, PurePath)):
+        opened = Opened(Store(store), name, True)
+    else:
+        raise TypeError(f"store= must be a path or a manymodels.Store, got {store!r}")
+    if opened.store.read_only:
+        if opened.owned:
+            opened.store.close()
+        raise StoreError(f"store {str(opened.store.path)!r} is open for reading only: "
+                         "mm.linear cannot save its result there")
+    return opened
+
+
+def describe_options(family: str, by: list[str], features: list[str], target: str,
+                     weights: str | None, alpha: Any, options: dict) -> dict:
+    """What a fitted model depends on besides its rows: only the options that
+    ``family`` uses (a new ``tol`` does not refit least squares)."""
+    what: dict[str, Any] = {"family": family, "by": by, "features": features,
+                            "target": target, "weights": weights,
+                            "fit_intercept": options["fit_intercept"]}
+    if family == "ridge":
+        what["alpha"] = alpha if isinstance(alpha, str) else float(alpha)
+    if family == "logistic":
+        what.update(C=float(options["C"]), max_iter=int(options["max_iter"]),
+                    tol=float(options["tol"]))
+    what["model_code"] = model_code_version()
+    return what
+
+
+def _mix_inplace(x: np.ndarray, scratch: np.ndarray) -> None:
+    """splitmix64's finalizer, in place (no temporaries beyond ``scratch``)."""
+    for multiplier, shift in ((_K[1], 30), (_K[2], 27)):
+        np.right_shift(x, np.uint64(shift), out=scratch)
+        np.bitwise_xor(x, scratch, out=x)
+        np.multiply(x, multiplier, out=x)
+    np.right_shift(x, np.uint64(31), out=scratch)
+    np.bitwise_xor(x, scratch, out=x)
+
+
+def group_identities(data: Prepared, options_hash: str) -> np.ndarray:
+    """One uint64 identity per group of ``data``, all at once (see the module's doc)."""
+    columns = [*data.columns, *([] if data.w is None else [data.w])]
+    n = len(columns[0])
+    rows = np.empty(n, dtype=np.uint64)
+    scratch = np.empty(min(CHUNK, max(n, 1)), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for a in range(0, n, CHUNK):  # each row's values, in table order
+            out, tmp = rows[a:a + CHUNK], scratch[:min(CHUNK, n - a)]
+            for j, column in enumerate(columns):
+                bits = column[a:a + CHUNK].view(np.uint64)
+                if j == 0:
+                    np.add(bits, _K[5], out=out)
+                else:
+                    np.bitwise_xor(out, bits, out=out)
+                np.multiply(out, _K[j % 5], out=out)
+                np.right_shift(out, np.uint64(31), out=tmp)
+                np.bitwise_xor(out, tmp, out=out)
+        if data.order is not None:  # to key order: one gather of the row hashes
+            rows = rows[data.order]
+        first = np.repeat(data.starts, data.counts).view(np.uint64)
+        for a in range(0, n, CHUNK):  # mixed with the row's position in its group
+            out, tmp = rows[a:a + CHUNK], scratch[:min(CHUNK, n - a)]
+            position = np.arange(a, a + len(out), dtype=np.uint64) - first[a:a + CHUNK]
+            np.multiply(position, _K[4], out=position)
+            np.add(out, position, out=out)
+            _mix_inplace(out, tmp)
+        sums = np.add.reduceat(rows, data.starts) if n else np.zeros(0, np.uint64)
+        salt_a, salt_b = (np.uint64(v) for v in lanes_of(options_hash))
+        identity = mix64(sums ^ mix64(data.counts.astype(np.uint64) + salt_a))
+        alpha = np.asarray(data.alpha, dtype=np.float64)
+        alpha_bits = (alpha if alpha.ndim else np.full(len(identity), alpha)).view(np.uint64)
+        return mix64(identity + mix64(alpha_bits ^ salt_b))
+
+
+def subset(data: Prepared, index: np.ndarray) -> Prepared:
+    """The groups ``index`` of ``data`` (their rows stay where they are)."""
+    alpha = data.alpha if np.ndim(data.alpha) == 0 else data.alpha[index]
+    return Prepared(data.keys.iloc[index], data.counts[index], data.starts[index], data.order,
+                    data.columns, data.w, alpha)
+
+
+def match_keys(new: pd.DataFrame, old: pd.DataFrame) -> np.ndarray:
+    """Each new group's position in ``old``, -1 where it has none."""
+    if len(new) == len(old) and list(new.dtypes) == list(old.dtypes) and new.equals(old):
+        return np.arange(len(new))
+    try:
+        if new.shape[1] == 1:
+            return pd.Index(old.iloc[:, 0]).get_indexer(new.iloc[:, 0])
+        return pd.MultiIndex.from_frame(old).get_indexer(pd.MultiIndex.from_frame(new))
+    except (TypeError, ValueError):  # keys of other types: nothing matches
+        return np.full(len(new), -1)
+
+
+# -- the artifact -------------------------------------------------------------------
+
+
+def to_artifact(result: LinearResult, identity: np.ndarray, fitted_in: np.ndarray,
+                options: dict, options_hash: str) -> bytes:
+    """The result as Arrow IPC bytes: the same bytes for the same result, so an
+    unchanged re-run stores nothing new."""
+    keys = pa.Table.from_pandas(result.keys.reset_index(drop=True), preserve_index=False)
+    arrays = {f"key:{c}": keys.column(c) for c in result.by}
+    for position, feature in enumerate(result.features):
+        arrays[f"coef:{feature}"] = pa.array(result.coef[:, position])
+    arrays["intercept"] = pa.array(result.intercept)
+    metric_names = [c for c in result.metrics.columns
+                    if c not in result.by and c not in ("status", "reused_from")]
+    for metric in metric_names:
+        arrays[f"metric:{metric}"] = pa.array(result.metrics[metric].to_numpy())
+    arrays["status"] = pa.array(np.asarray(result.metrics["status"].cat.codes, np.int8))
+    arrays["identity"], arrays["fitted_in"] = pa.array(identity), pa.array(fitted_in)
+    meta = {"format": FORMAT, "family": result.family, "by": result.by,
+            "features": result.features, "target": result.target,
+            "fit_intercept": result.fit_intercept, "metrics": metric_names,
+            "statuses": STATUSES, "options": options, "options_hash": options_hash}
+    table = pa.table(arrays).replace_schema_metadata({META: json.dumps(meta)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@dataclass
+class Saved:
+    result: LinearResult
+    identity: np.ndarray
+    fitted_in: np.ndarray
+    meta: dict
+
+
+def from_artifact(data: bytes, run_id: int) -> Saved:
+    table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    meta = json.loads(table.schema.metadata[META])
+    by, features = meta["by"], meta["features"]
+    keys = table.select([f"key:{c}" for c in by]).rename_columns(by).to_pandas()
+    G = table.num_rows
+    coef = np.empty((G, len(features)))
+    for position, feature in enumerate(features):
+        coef[:, position] = table.column(f"coef:{feature}").to_numpy()
+    metrics = keys.copy()
+    for metric in meta["metrics"]:
+        metrics[metric] = table.column(f"metric:{metric}").to_numpy()
+    codes = table.column("status").to_numpy().astype(np.int64)
+    metrics["status"] = pd.Categorical.from_codes(codes, categories=meta["statuses"])
+    fitted_in = table.column("fitted_in").to_numpy()
+    metrics["reused_from"] = pd.arrays.IntegerArray(fitted_in.astype(np.int64),
+                                                    fitted_in == run_id)
+    result = LinearResult(meta["family"], by, features, meta["target"], meta["fit_intercept"],
+                          keys, coef, table.column("intercept").to_numpy().copy(), metrics)
+    result.run_id = run_id
+    return Saved(result, table.column("identity").to_numpy(), fitted_in, meta)
+
+
+# -- the run ------------------------------------------------------------------------
+
+
+def _linear_runs(store: Store, name: str | None = None) -> list[tuple]:
+    """(run_id, code_detail, artifact) of the finished mm.linear runs, latest first."""
+    rows = store._conn.execute(
+        "SELECT r.run_id, r.code_detail, a.artifact, a.name FROM runs r JOIN attachments a "
+        "ON a.run_id = r.run_id WHERE r.status = 'finished' AND a.name LIKE 'linear:%' "
+        "ORDER BY r.run_id DESC").fetchall()
+    return [(run_id, json.loads(detail or "{}"), artifact) for run_id, detail, artifact, label
+            in rows if name is None or label == PREFIX + name]
+
+
+def load(store: Store, name: str | None = None, run: int | None = None) -> LinearResult:
+    """The result saved by ``mm.linear(..., store=, name=)`` (default: the
+    latest of any name), or the one of ``run``; checked against its SHA-256."""
+    found = [row for row in _linear_runs(store, name) if run is None or row[0] == int(run)]
+    if not found:
+        names = sorted({d.get("linear") for _, d, _ in _linear_runs(store)})
+        which = f"named {name!r}" if name is not None else "at all"
+        where = f" in run {run}" if run is not None else ""
+        raise ValueError(f"store {str(store.path)!r} holds no mm.linear result {which}{where}"
+                         f"; the names it holds: {names}")
+    run_id, detail, artifact = found[0]
+    what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
+    return from_artifact(database.read_artifact(store._conn, store.path, artifact, what),
+                         run_id).result
+
+
+def _source(store: Store, options_hash: str) -> tuple[Saved | None, list[str]]:
+    """The latest saved result with these options that loads, and the
+    artifacts refused on the way (a failed SHA-256 check)."""
+    refused = []
+    for run_id, detail, artifact in _linear_runs(store):
+        if detail.get("options_hash") != options_hash:
+            continue
+        what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
+        try:
+            return from_artifact(database.read_artifact(store._conn, store.path, artifact,
+                                                        what), run_id), refused
+        except StoreIntegrityError as exc:
+            refused.append(str(exc))
+            warnings.warn(f"{exc}; its groups are fitted again", RuntimeWarning, stacklevel=4)
+    return None, refused
+
+
+def _no_source_reason(store: Store, name: str, options: dict, refused: list[str]) -> str:
+    if refused:
+        return f"the saved result it would reuse was refused: {refused[0]}"
+    earlier = _linear_runs(store, name)
+    if not earlier:
+        return f"no earlier mm.linear result named {name!r} in this store"
+    run_id, detail, _ = earlier[0]
+    before = detail.get("options", {})
+    changed = [f"{k} ({before.get(k)!r} -> {options.get(k)!r})"
+               for k in sorted(set(before) | set(options)) if before.get(k) != options.get(k)]
+    changed = [c if not c.startswith("model_code") else "the model code" for c in changed]
+    return f"since run {run_id}, " + ", ".join(changed) + " changed"
+
+
+def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, options: dict,
+           options_hash: str, workers: int, engine: str) -> int:
+    source = f"groups({str(table) if isinstance(table, (str, PurePath)) else type(table).__name__}"
+    detail = {"linear": name, "options": options, "options_hash": options_hash}
+    conn = store._conn
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        run_id = conn.execute(
+            "INSERT INTO runs(started_at, status, backend, workers, source, fit, tasks, "
+            "key_columns, param_columns, code_detail, driver) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (time.time(), "running", engine, workers, f"{source}, by={by})",
+             f"mm.linear({options['family']}) {name}", groups, json.dumps(by), "[]",
+             json.dumps(detail), database.driver_label())).lastrowid
+        conn.execute("COMMIT")
+        return int(run_id)
+    except sqlite3.Error as exc:
+        database.rollback_quietly(conn)
+        raise database.write_error(store.path, exc, "the run could not start") from exc
+
+
+def _finish(store: Store, run_id: int, name: str, artifact: bytes, result: LinearResult,
+            reused: int, wall_s: float) -> None:
+    """The artifact, its attachment and the run's end: one transaction."""
+    conn = store._conn
+    has_model = int(np.isfinite(result.intercept).sum()) if len(result) else 0
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        digest_, _ = database.write_artifact(conn, store.path, artifact)
+        conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
+                     (run_id, PREFIX + name, digest_))
+        conn.execute("UPDATE runs SET finished_at=?, status='finished', ok=?, failed=?, "
+                     "reused=?, wall_s=? WHERE run_id=?",
+                     (time.time(), has_model, len(result) - has_model, reused, wall_s, run_id))
+        conn.execute("COMMIT")
+    except (sqlite3.Error, OSError) as exc:
+        database.rollback_quietly(conn)
+        raise database.write_error(store.path, exc, "the mm.linear result was not saved") \
+            from exc
+
+
+def _abandon(store: Store, run_id: int) -> None:
+    try:
+        database.rollback_quietly(store._conn)
+        store._conn.execute("UPDATE runs SET finished_at=?, status='failed' WHERE run_id=?",
+                            (time.time(), run_id))
+    except sqlite3.Error:
+        pass
+
+
+def linear_in_store(opened: Opened, table: Any, data: Prepared, family: str, by: list[str],
+                    features: list[str], target: str, weights: str | None, alpha: Any,
+                    options: dict, *, engine: Any, on: dict, started: float,
+                    prepared: float) -> LinearResult:
+    """:func:`manymodels.linear` with a store (see the module's doc)."""
+    try:
+        return _linear_in_store(opened, table, data, family, by, features, target, weights,
+                                alpha, options, engine=engine, on=on, started=started,
+                                prepared=prepared)
+    finally:
+        if opened.owned:
+            opened.store.close()
+
+
+def _linear_in_store(opened: Opened, table: Any, data: Prepared, family: str, by: list[str],
+                     features: list[str], target: str, weights: str | None, alpha: Any,
+                     options: dict, *, engine: Any, on: dict, started: float,
+                     prepared: float) -> LinearResult:
+    from . import assemble
+
+    store, name = opened.store, opened.name
+    described = describe_options(family, by, features, target, weights, alpha, options)
+    options_hash = digest(json.dumps(described, sort_keys=True))
+    identity = group_identities(data, options_hash)
+    hashed = time.perf_counter()
+    device = "numpy" if not on else f"torch:{on['device']}"
+    run_id = _begin(store, name, table, by, data.groups, described, options_hash,
+                    int(options["workers"]), f"mm.linear:{device}")
+    try:
+        old, refused = _source(store, options_hash)
+        text = "" if old is not None else _no_source_reason(store, name, described, refused)
+        reason = np.full(data.groups, NO_SOURCE, dtype=np.int8)
+        hit = np.zeros(data.groups, dtype=bool)
+        position = np.full(data.groups, -1)
+        if old is not None:
+            position = match_keys(data.keys, old.result.keys)
+            known = position >= 0
+            hit[known] = old.identity[position[known]] == identity[known]
+            reason[:] = np.where(hit, REUSED, np.where(known, CHANGED, NEW_KEY))
+        loaded = time.perf_counter()
+        todo = np.flatnonzero(~hit)
+        fit_options = {k: options[k] for k in ("fit_intercept", "C", "max_iter", "tol",
+                                                "workers", "block_rows")}
+        fresh = fit_groups(subset(data, todo), len(features), family, engine=engine, on=on,
+                           **fit_options)
+        fitted = empty(family, data.groups, len(features))
+        fitted_in = np.full(data.groups, run_id, dtype=np.int64)
+        fitted.coef[todo], fitted.intercept[todo], fitted.status[todo] = (
+            fresh.coef, fresh.intercept, fresh.status)
+        for metric, values in fresh.extra.items():
+            fitted.extra[metric][todo] = values
+        if old is not None and hit.any():
+            source = position[hit]
+            saved = old.result
+            fitted.coef[hit], fitted.intercept[hit] = saved.coef[source], saved.intercept[source]
+            fitted.status[hit] = np.asarray(saved.metrics["status"], dtype=object)[source]
+            for metric in fitted.extra:
+                fitted.extra[metric][hit] = saved.metrics[metric].to_numpy()[source]
+            fitted_in[hit] = old.fitted_in[source]
+        done = time.perf_counter()
+        reused_from = pd.arrays.IntegerArray(fitted_in, ~hit)
+        result = assemble(family, by, features, target, options["fit_intercept"], data,
+                          fitted, {}, reused_from=reused_from)
+        artifact = to_artifact(result, identity, fitted_in, described, options_hash)
+        _finish(store, run_id, name, artifact, result, int(hit.sum()),
+                time.perf_counter() - started)
+    except BaseException:
+        _abandon(store, run_id)
+        raise
+    saved_at = time.perf_counter()
+    result.timings = {"prepare_s": prepared - started, "hash_s": hashed - prepared,
+                      "load_s": loaded - hashed, "fit_s": done - loaded,
+                      "save_s": saved_at - done}
+    result.run_id = run_id
+    result._why = (reason, text, None if old is None else old.result.run_id)
+    return result
