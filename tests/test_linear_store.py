@@ -1,0 +1,202 @@
+"""mm.linear(store=...): one artifact per result, per-group identities, re-runs
+that fit only what changed (issue 21), on a real SQLite store and real files."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from test_linear import FEATURES, sales
+
+BY = ["store", "item"]
+
+
+def fit(frame, store, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning unless a test expects one
+        return mm.linear(frame, by=BY, features=FEATURES, target="y", store=store, **kwargs)
+
+
+def same(a: mm.LinearResult, b: mm.LinearResult, exact: bool = True) -> None:
+    """Equal coefficients and metrics (whatever each group's origin)."""
+    if exact:
+        pd.testing.assert_frame_equal(a.coefficients, b.coefficients)
+    else:
+        pd.testing.assert_frame_equal(a.coefficients, b.coefficients, check_exact=False,
+                                      rtol=1e-12, atol=1e-12)
+    columns = [c for c in a.metrics.columns if c != "reused_from"]
+    pd.testing.assert_frame_equal(a.metrics[columns], b.metrics[columns], check_exact=exact,
+                                  **({} if exact else {"rtol": 1e-12, "atol": 1e-12}))
+
+
+def group_mask(frame: pd.DataFrame, key: tuple) -> pd.Series:
+    return (frame["store"] == key[0]) & (frame["item"] == key[1])
+
+
+def artifacts(path) -> list[str]:
+    with sqlite3.connect(path / "index.sqlite") as conn:
+        return [a for (a,) in conn.execute("SELECT artifact FROM attachments ORDER BY run_id")]
+
+
+def test_first_run_fits_all_an_unchanged_rerun_fits_none(tmp_path):
+    frame = sales(150)
+    first = fit(frame, tmp_path)
+    assert (first.fitted, first.reused, first.run_id) == (len(first), 0, 1)
+    assert first.metrics["reused_from"].isna().all()
+    again = fit(frame, tmp_path)
+    assert (again.fitted, again.reused, again.run_id) == (0, len(first), 2)
+    assert (again.metrics["reused_from"] == 1).all()
+    same(first, again)
+    same(first, mm.linear(frame, by=BY, features=FEATURES, target="y"))  # as with no store
+    assert again.why_not_reused(("s3", 3)) == "('s3', 3) was reused from run 1"
+    # the same rows in another table order: the groups are the same, all reused
+    reordered = frame.sort_values(BY, ascending=False, kind="stable")
+    assert fit(reordered, tmp_path).reused == len(first)
+    runs = mm.Store(tmp_path).runs()
+    assert runs["status"].tolist() == ["finished"] * 3
+    assert runs["reused"].tolist() == [0, len(first), len(first)]
+    assert runs["tasks"].tolist() == [len(first)] * 3
+    assert runs["fit"].iloc[0] == "mm.linear(ols) y"
+    assert len(set(artifacts(tmp_path))) == 1  # an unchanged result is stored once
+
+
+@pytest.mark.parametrize("layout", ["shuffled", "sorted-int-keys"])
+def test_a_changed_group_is_refitted_alone_and_equals_a_fresh_fit(tmp_path, layout):
+    frame = sales(120)
+    by = BY
+    if layout == "sorted-int-keys":  # the layout read without hashing the keys
+        frame = frame.sort_values(BY, kind="stable").reset_index(drop=True)
+        frame["g"] = frame.groupby(BY, sort=True).ngroup()
+        by = ["g"]
+    run = mm.linear(frame, by=by, features=FEATURES, target="y", store=tmp_path)
+    changed = frame.copy()
+    row = changed.index[group_mask(changed, ("s2", 9))][0]
+    changed.loc[row, "y"] += 0.5
+    key = ("s2", 9) if by == BY else int(frame.loc[row, "g"])
+    rerun = mm.linear(changed, by=by, features=FEATURES, target="y", store=tmp_path)
+    assert (rerun.fitted, rerun.reused) == (1, len(run) - 1)
+    refitted = rerun.metrics[rerun.metrics["reused_from"].isna()]
+    assert refitted[by].iloc[0].tolist() == list(key if by == BY else [key])
+    assert "its rows changed since run 1" in rerun.why_not_reused(key)
+    same(rerun, mm.linear(changed, by=by, features=FEATURES, target="y"), exact=False)
+    where = rerun._key_index().get_indexer([key])[0]
+    assert not np.allclose(rerun.coef[where], run.coef[where])
+
+
+def test_groups_added_and_removed(tmp_path):
+    frame = sales(100)
+    first = fit(frame, tmp_path)
+    dropped = frame[~group_mask(frame, ("s0", 0))]
+    added = frame[group_mask(frame, ("s1", 1))].assign(item=999)
+    changed = pd.concat([dropped, added], ignore_index=True)
+    rerun = fit(changed, tmp_path)
+    assert len(rerun) == len(first)  # one gone, one new
+    assert (rerun.fitted, rerun.reused) == (1, len(first) - 1)
+    assert ("s0", 0) not in set(map(tuple, rerun.keys.to_numpy().tolist()))
+    assert rerun.why_not_reused(("s1", 999)) == "('s1', 999) was fitted: run 1 had no group " \
+        "('s1', 999)"
+    same(rerun, mm.linear(changed, by=BY, features=FEATURES, target="y"), exact=False)
+    loaded = mm.Store(tmp_path).linear("y")
+    assert len(loaded) == len(rerun) and loaded.run_id == 2
+    same(loaded, rerun)
+
+
+def test_an_option_change_refits_every_group_and_going_back_reuses(tmp_path):
+    frame = sales(80)
+    ridge = fit(frame, tmp_path, family="ridge", alpha=1.0)
+    stronger = fit(frame, tmp_path, family="ridge", alpha=2.0)
+    assert stronger.reused == 0
+    assert "alpha (1.0 -> 2.0) changed" in stronger.why_not_reused(("s1", 1))
+    back = fit(frame, tmp_path, family="ridge", alpha=1.0)  # run 1's result, by its options
+    assert back.reused == len(ridge) and (back.metrics["reused_from"] == 1).all()
+    same(back, ridge)
+    assert fit(frame, tmp_path, family="ols").reused == 0
+    assert fit(frame, tmp_path, family="ols", tol=1e-3).reused == len(ridge)  # unused by OLS
+    assert fit(frame, tmp_path, family="ols", fit_intercept=False).reused == 0
+    assert fit(frame, tmp_path, family="wls", weights="w").reused == 0
+    # a per-group alpha column: a new alpha for one group refits that group alone
+    column = fit(frame, tmp_path, family="ridge", alpha="alpha")
+    changed = frame.copy()
+    changed.loc[group_mask(changed, ("s4", 4)), "alpha"] = 7.0
+    rerun = fit(changed, tmp_path, family="ridge", alpha="alpha")
+    assert (rerun.fitted, rerun.reused) == (1, len(column) - 1)
+    same(rerun, mm.linear(changed, by=BY, features=FEATURES, target="y", family="ridge",
+                          alpha="alpha"), exact=False)
+
+
+@pytest.mark.parametrize("where", ["file", "index"])
+def test_a_tampered_artifact_is_refused_by_name_and_refitted(tmp_path, where):
+    groups = 20_000 if where == "file" else 50  # 1 MiB or more: a file of its own
+    frame = sales(groups, max_rows=6)
+    first = fit(frame, tmp_path)
+    (digest,) = artifacts(tmp_path)
+    files = list((tmp_path / "artifacts").rglob(digest))
+    assert len(files) == (1 if where == "file" else 0)
+    if where == "file":
+        data = bytearray(files[0].read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        files[0].write_bytes(bytes(data))
+    else:
+        with sqlite3.connect(tmp_path / "index.sqlite") as conn:
+            blob = bytearray(conn.execute("SELECT blob FROM artifacts WHERE sha256 = ?",
+                                          (digest,)).fetchone()[0])
+            blob[len(blob) // 2] ^= 0xFF
+            conn.execute("UPDATE artifacts SET blob = ? WHERE sha256 = ?", (bytes(blob), digest))
+    with pytest.raises(mm.StoreIntegrityError, match="mm.linear result 'y' of run 1"):
+        mm.Store(tmp_path).linear("y")
+    with pytest.warns(RuntimeWarning, match="does not match its recorded SHA-256.*fitted again"):
+        refit = mm.linear(frame, by=BY, features=FEATURES, target="y", store=tmp_path)
+    assert (refit.fitted, refit.reused) == (len(first), 0)
+    assert "was refused" in refit.why_not_reused(tuple(first.keys.iloc[0]))
+    same(refit, first)
+    loaded = mm.Store(tmp_path).linear("y")  # the refit wrote the artifact afresh
+    assert loaded.run_id == 2
+    same(loaded, first)
+
+
+def test_the_loaded_result_predicts_as_the_one_in_memory(tmp_path):
+    frame = sales(90, seed=3)
+    fitted = mm.linear(frame, by=BY, features=FEATURES, target="y", store=str(tmp_path),
+                       name="sales-ols")
+    logistic = mm.linear(frame, by=BY, features=FEATURES, target="label", family="logistic",
+                         store=mm.Store(tmp_path))
+    store = mm.Store(tmp_path)
+    for name, result in (("sales-ols", fitted), ("label", logistic)):
+        loaded = store.linear(name)
+        assert loaded.family == result.family and loaded.features == FEATURES
+        same(loaded, result)
+        np.testing.assert_array_equal(loaded.predict(frame), result.predict(frame))
+        assert loaded.metrics["status"].dtype == result.metrics["status"].dtype
+    np.testing.assert_array_equal(store.linear("label").predict_proba(frame),
+                                  logistic.predict_proba(frame))
+    assert store.linear().run_id == 2  # the latest of any name
+    assert store.linear(run=1).family == "ols"
+    with pytest.raises(ValueError, match=r"no mm.linear result named 'sales'.*'label', "
+                                         r"'sales-ols'"):
+        store.linear("sales")
+    assert store.gc() == 0  # the saved results are referenced: nothing is removed
+    same(store.linear("sales-ols"), fitted)
+
+
+def test_a_bad_store_is_refused_before_any_work(tmp_path):
+    frame = sales(10)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(mm.StoreError, match="is a file"):
+        mm.linear(frame, by=BY, features=FEATURES, target="y", store=afile)
+    with pytest.raises(TypeError, match="store= must be a path or a manymodels.Store"):
+        mm.linear(frame, by=BY, features=FEATURES, target="y", store=3)
+    with pytest.raises(TypeError, match="name= must be a non-empty string"):
+        mm.linear(frame, by=BY, features=FEATURES, target="y", store=tmp_path, name="")
+    mm.linear(frame, by=BY, features=FEATURES, target="y", store=tmp_path)
+    with pytest.raises(mm.StoreError, match="reading only"):
+        mm.linear(frame, by=BY, features=FEATURES, target="y",
+                  store=mm.Store(tmp_path, read_only=True))
+    with pytest.raises(ValueError, match="feature column 'nope'"):
+        mm.linear(frame, by=BY, features=["nope"], target="y", store=tmp_path)
+    assert mm.Store(tmp_path).runs()["status"].tolist() == ["finished"]  # no half-run
