@@ -200,3 +200,30 @@ def test_a_bad_store_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="feature column 'nope'"):
         mm.linear(frame, by=BY, features=["nope"], target="y", store=tmp_path)
     assert mm.Store(tmp_path).runs()["status"].tolist() == ["finished"]  # no half-run
+
+
+def test_identities_do_not_depend_on_chunks_or_where_the_rows_sit(monkeypatch):
+    from manymodels.linmodels import identities
+    from manymodels.linmodels.prepare import check, prepare
+
+    def hashed(table):
+        arrow, by, features = check(table, BY, FEATURES, "y", "ols", None, 0.0)
+        data = prepare(arrow, by, features, "y", None, 0.0, "ols")
+        return data, identities.group_identities(data, "0" * 32)
+
+    shuffled = sales(60)
+    in_order = shuffled.sort_values(BY, kind="stable")  # each group's rows keep their order
+    data, whole = hashed(shuffled)
+    sorted_data, sorted_whole = hashed(in_order)
+    assert data.order is not None and sorted_data.order is None
+    np.testing.assert_array_equal(sorted_whole, whole)
+    monkeypatch.setattr(identities, "CHUNK", 7)  # groups span chunks
+    np.testing.assert_array_equal(hashed(shuffled)[1], whole)
+    np.testing.assert_array_equal(hashed(in_order)[1], whole)
+    assert len(set(whole.tolist())) == len(whole)  # distinct groups, distinct identities
+    swapped = shuffled.copy()  # two rows of a group trade places: a new identity
+    rows = swapped.index[group_mask(swapped, ("s1", 1))][:2]
+    swapped.loc[rows[0], FEATURES + ["y"]], swapped.loc[rows[1], FEATURES + ["y"]] = (
+        shuffled.loc[rows[1], FEATURES + ["y"]].to_numpy(),
+        shuffled.loc[rows[0], FEATURES + ["y"]].to_numpy())
+    assert (hashed(swapped)[1] != whole).sum() == 1

@@ -64,34 +64,55 @@ def _mix_inplace(x: np.ndarray, scratch: np.ndarray) -> None:
     np.bitwise_xor(x, scratch, out=x)
 
 
+def _row_hashes(columns: list[np.ndarray], a: int, out: np.ndarray,
+                scratch: np.ndarray) -> None:
+    """The hashes of rows ``a .. a + len(out)`` of ``columns`` into ``out``."""
+    for j, column in enumerate(columns):
+        bits = column[a:a + len(out)].view(np.uint64)
+        if j == 0:
+            np.add(bits, _K[5], out=out)
+        else:
+            np.bitwise_xor(out, bits, out=out)
+        np.multiply(out, _K[j % 5], out=out)
+        np.right_shift(out, np.uint64(31), out=scratch)
+        np.bitwise_xor(out, scratch, out=out)
+
+
 def group_identities(data: Prepared, options_hash: str) -> np.ndarray:
-    """One uint64 identity per group of ``data``, all at once (see the module's doc)."""
+    """One uint64 identity per group of ``data``, all at once (see the module's doc).
+
+    Chunk by chunk of rows in key order: each row's hash (computed there, or
+    gathered once from the table's order), mixed with its position in its
+    group, summed into its group's total (a group may span chunks)."""
     columns = [*data.columns, *([] if data.w is None else [data.w])]
     n = len(columns[0])
-    rows = np.empty(n, dtype=np.uint64)
-    scratch = np.empty(min(CHUNK, max(n, 1)), dtype=np.uint64)
+    ordered = None
+    buffer, scratch = (np.empty(min(CHUNK, max(n, 1)), dtype=np.uint64) for _ in range(2))
+    sums = np.zeros(data.groups, dtype=np.uint64)
+    starts = data.starts
     with np.errstate(over="ignore"):
-        for a in range(0, n, CHUNK):  # each row's values, in table order
-            out, tmp = rows[a:a + CHUNK], scratch[:min(CHUNK, n - a)]
-            for j, column in enumerate(columns):
-                bits = column[a:a + CHUNK].view(np.uint64)
-                if j == 0:
-                    np.add(bits, _K[5], out=out)
-                else:
-                    np.bitwise_xor(out, bits, out=out)
-                np.multiply(out, _K[j % 5], out=out)
-                np.right_shift(out, np.uint64(31), out=tmp)
-                np.bitwise_xor(out, tmp, out=out)
-        if data.order is not None:  # to key order: one gather of the row hashes
-            rows = rows[data.order]
-        first = np.repeat(data.starts, data.counts).view(np.uint64)
-        for a in range(0, n, CHUNK):  # mixed with the row's position in its group
-            out, tmp = rows[a:a + CHUNK], scratch[:min(CHUNK, n - a)]
-            position = np.arange(a, a + len(out), dtype=np.uint64) - first[a:a + CHUNK]
+        if data.order is not None:  # rows hashed in table order, then one gather
+            ordered = np.empty(n, dtype=np.uint64)
+            for a in range(0, n, CHUNK):
+                _row_hashes(columns, a, ordered[a:a + CHUNK], scratch[:min(CHUNK, n - a)])
+            ordered = ordered[data.order]
+        for a in range(0, n, CHUNK):
+            b = min(a + CHUNK, n)
+            out, tmp = buffer[:b - a], scratch[:b - a]
+            if ordered is None:
+                _row_hashes(columns, a, out, tmp)
+            else:
+                out[:] = ordered[a:b]
+            g0 = int(np.searchsorted(starts, a, side="right")) - 1  # groups in this chunk
+            g1 = int(np.searchsorted(starts, b, side="left"))
+            local = np.maximum(starts[g0:g1], a) - a
+            lengths = np.diff(np.append(local, b - a))
+            position = np.arange(a, b, dtype=np.uint64) - np.repeat(
+                starts[g0:g1].astype(np.uint64), lengths)
             np.multiply(position, _K[4], out=position)
             np.add(out, position, out=out)
             _mix_inplace(out, tmp)
-        sums = np.add.reduceat(rows, data.starts) if n else np.zeros(0, np.uint64)
+            sums[g0:g1] += np.add.reduceat(out, local)
         salt_a, salt_b = (np.uint64(v) for v in lanes_of(options_hash))
         identity = mix64(sums ^ mix64(data.counts.astype(np.uint64) + salt_a))
         alpha = np.asarray(data.alpha, dtype=np.float64)
