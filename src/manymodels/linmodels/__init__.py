@@ -109,7 +109,8 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
     metrics["n"] = data.counts
     for name, values in fitted.extra.items():
         metrics[name] = values
-    metrics["status"] = pd.Categorical(fitted.status, categories=STATUSES)
+    metrics["status"] = (fitted.status if isinstance(fitted.status, pd.Categorical)
+                         else pd.Categorical(fitted.status, categories=STATUSES))
     if reused_from is not None:  # as in Run.results: the run that fitted it, or <NA>
         metrics["reused_from"] = reused_from
     return LinearResult(family, by, features, target, fit_intercept, data.keys, fitted.coef,

@@ -28,7 +28,7 @@ class Fitted:
 
     coef: np.ndarray             # (groups, features)
     intercept: np.ndarray        # (groups,)
-    status: np.ndarray           # (groups,) object: one of STATUSES
+    status: Any                  # (groups,) object array of STATUSES, or a Categorical
     extra: dict[str, np.ndarray]
 
 

@@ -112,6 +112,7 @@ class Saved:
     identity: np.ndarray
     fitted_in: np.ndarray
     meta: dict
+    digest: str = ""  # the artifact's SHA-256
 
 
 def from_artifact(data: bytes, run_id: int) -> Saved:
@@ -175,8 +176,10 @@ def _source(store: Store, options_hash: str) -> tuple[Saved | None, list[str]]:
             continue
         what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
         try:
-            return from_artifact(database.read_artifact(store._conn, store.path, artifact,
-                                                        what), run_id), refused
+            saved = from_artifact(database.read_artifact(store._conn, store.path, artifact,
+                                                         what), run_id)
+            saved.digest = artifact
+            return saved, refused
         except StoreIntegrityError as exc:
             refused.append(str(exc))
             warnings.warn(f"{exc}; its groups are fitted again", RuntimeWarning, stacklevel=4)
@@ -217,14 +220,16 @@ def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, opti
         raise database.write_error(store.path, exc, "the run could not start") from exc
 
 
-def _finish(store: Store, run_id: int, name: str, artifact: bytes, result: LinearResult,
+def _finish(store: Store, run_id: int, name: str, artifact: bytes | str,
+            result: LinearResult,
             reused: int, wall_s: float) -> None:
     """The artifact, its attachment and the run's end: one transaction."""
     conn = store._conn
     has_model = int(np.isfinite(result.intercept).sum()) if len(result) else 0
     try:
         conn.execute("BEGIN IMMEDIATE")
-        digest_, _ = database.write_artifact(conn, store.path, artifact)
+        digest_ = artifact if isinstance(artifact, str) else database.write_artifact(
+            conn, store.path, artifact)[0]
         conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
                      (run_id, PREFIX + name, digest_))
         conn.execute("UPDATE runs SET finished_at=?, status='finished', ok=?, failed=?, "
@@ -293,23 +298,29 @@ def _linear_in_store(opened: Opened, table: Any, data: Prepared, family: str, by
                            **fit_options)
         fitted = empty(family, data.groups, len(features))
         fitted_in = np.full(data.groups, run_id, dtype=np.int64)
-        fitted.coef[todo], fitted.intercept[todo], fitted.status[todo] = (
-            fresh.coef, fresh.intercept, fresh.status)
+        codes = np.empty(data.groups, dtype=np.int8)  # statuses as codes: no strings
+        fitted.coef[todo], fitted.intercept[todo] = fresh.coef, fresh.intercept
+        codes[todo] = pd.Categorical(fresh.status, categories=STATUSES).codes
         for metric, values in fresh.extra.items():
             fitted.extra[metric][todo] = values
         if old is not None and hit.any():
             source = position[hit]
             saved = old.result
             fitted.coef[hit], fitted.intercept[hit] = saved.coef[source], saved.intercept[source]
-            fitted.status[hit] = np.asarray(saved.metrics["status"], dtype=object)[source]
+            codes[hit] = saved.metrics["status"].cat.codes.to_numpy()[source]
             for metric in fitted.extra:
                 fitted.extra[metric][hit] = saved.metrics[metric].to_numpy()[source]
             fitted_in[hit] = old.fitted_in[source]
+        fitted.status = pd.Categorical.from_codes(codes, categories=STATUSES)
         done = time.perf_counter()
         reused_from = pd.arrays.IntegerArray(fitted_in, ~hit)
         result = assemble(family, by, features, target, options["fit_intercept"], data,
                           fitted, {}, reused_from=reused_from)
-        artifact = to_artifact(result, identity, fitted_in, described, options_hash)
+        unchanged = (old is not None and hit.all() and len(old.identity) == data.groups
+                     and np.array_equal(position, np.arange(data.groups)))
+        # an unchanged result is the saved one, byte for byte: named again, not rebuilt
+        artifact = old.digest if unchanged else to_artifact(result, identity, fitted_in,
+                                                            described, options_hash)
         _finish(store, run_id, name, artifact, result, int(hit.sum()),
                 time.perf_counter() - started)
     except BaseException:
