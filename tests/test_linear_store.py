@@ -227,3 +227,25 @@ def test_identities_do_not_depend_on_chunks_or_where_the_rows_sit(monkeypatch):
         shuffled.loc[rows[1], FEATURES + ["y"]].to_numpy(),
         shuffled.loc[rows[0], FEATURES + ["y"]].to_numpy())
     assert (hashed(swapped)[1] != whole).sum() == 1
+
+
+def test_the_store_shows_and_explains_a_linear_run(tmp_path):
+    frame = sales(40)
+    fit(frame, tmp_path)
+    changed = frame.copy()
+    changed.loc[changed.index[group_mask(changed, ("s2", 2))][0], "y"] += 1.0
+    rerun = fit(changed, tmp_path)
+    store = mm.Store(tmp_path)
+    results = store.results()
+    assert results.columns[:3].tolist() == ["store", "item", "run_id"]
+    assert len(results) == len(rerun) and (results["run_id"] == 2).all()
+    assert results["status"].tolist() == rerun.metrics["status"].astype(str).tolist()
+    np.testing.assert_array_equal(results["r2"], rerun.metrics["r2"])
+    assert results["reused_from"].isna().sum() == 1
+    assert store.why_not_reused(("s2", 2)) == "('s2', 2) was fitted: its rows changed since run 1"
+    assert store.why_not_reused(("s1", 1)) == "('s1', 1) was reused from run 1"
+    assert "no earlier mm.linear result named 'y'" in store.why_not_reused(("s1", 1), run=1)
+    fit(changed, tmp_path, fit_intercept=False)
+    assert "fit_intercept (True -> False) changed" in store.why_not_reused(("s1", 1))
+    with pytest.raises(KeyError, match="no group"):
+        store.why_not_reused(("s9", 99))

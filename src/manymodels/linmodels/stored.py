@@ -186,10 +186,12 @@ def _source(store: Store, options_hash: str) -> tuple[Saved | None, list[str]]:
     return None, refused
 
 
-def _no_source_reason(store: Store, name: str, options: dict, refused: list[str]) -> str:
+def _no_source_reason(store: Store, name: str, options: dict, refused: list[str],
+                      before_run: int | None = None) -> str:
     if refused:
         return f"the saved result it would reuse was refused: {refused[0]}"
-    earlier = _linear_runs(store, name)
+    earlier = [row for row in _linear_runs(store, name)
+               if before_run is None or row[0] < before_run]
     if not earlier:
         return f"no earlier mm.linear result named {name!r} in this store"
     run_id, detail, _ = earlier[0]
@@ -198,6 +200,70 @@ def _no_source_reason(store: Store, name: str, options: dict, refused: list[str]
                for k in sorted(set(before) | set(options)) if before.get(k) != options.get(k)]
     changed = [c if not c.startswith("model_code") else "the model code" for c in changed]
     return f"since run {run_id}, " + ", ".join(changed) + " changed"
+
+
+# -- the store's views of an mm.linear run (Store.results, Store.why_not_reused) --------
+
+
+def linear_run(store: Store, run_id: int) -> tuple[int, dict, str] | None:
+    """``(run_id, code_detail, artifact)`` when ``run_id`` saved an mm.linear result."""
+    row = store._conn.execute(
+        "SELECT r.code_detail, a.artifact FROM runs r JOIN attachments a ON a.run_id = "
+        "r.run_id WHERE r.run_id = ? AND a.name LIKE 'linear:%'", (run_id,)).fetchone()
+    return None if row is None else (run_id, json.loads(row[0] or "{}"), row[1])
+
+
+def _read(store: Store, found: tuple[int, dict, str]) -> Saved:
+    run_id, detail, artifact = found
+    what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
+    saved = from_artifact(database.read_artifact(store._conn, store.path, artifact, what),
+                          run_id)
+    saved.digest = artifact
+    return saved
+
+
+def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
+    """An mm.linear run as ``Store.results`` shows a run: a row per group (its
+    status and metrics; its coefficients are in ``Store.linear``)."""
+    result = _read(store, found).result
+    frame = result.keys.copy()
+    frame["run_id"] = found[0]
+    frame["status"] = result.metrics["status"].astype(str).to_numpy()
+    for column in ("attempts", "duration_s", "started_at", "worker"):
+        frame[column] = None
+    frame["reused_from"] = result.metrics["reused_from"].to_numpy()
+    frame["error"], frame["artifact"], frame["size"] = None, found[2], None
+    for column in result.metrics.columns:
+        if column not in frame.columns:
+            frame[column] = result.metrics[column].to_numpy()
+    return frame
+
+
+def explain(store: Store, found: tuple[int, dict, str], key: Any) -> str:
+    """Why group ``key`` of an mm.linear run was fitted rather than reused."""
+    run_id, detail, _ = found
+    saved = _read(store, found)
+    where = saved.result._key_index().get_indexer([key])[0]
+    if where < 0:
+        raise KeyError(f"run {run_id} has no group {key!r}")
+    if saved.fitted_in[where] != run_id:
+        return f"{key!r} was reused from run {saved.fitted_in[where]}"
+    for earlier in _linear_runs(store):
+        if earlier[0] < run_id and earlier[2] and (
+                earlier[1].get("options_hash") == detail.get("options_hash")):
+            try:
+                source = _read(store, earlier)
+            except StoreIntegrityError as exc:
+                return f"{key!r} was fitted: the saved result it would reuse is refused: {exc}"
+            position = source.result._key_index().get_indexer([key])[0]
+            if position < 0:
+                return f"{key!r} was fitted: run {earlier[0]} had no group {key!r}"
+            if source.identity[position] != saved.identity[where]:
+                return f"{key!r} was fitted: its rows changed since run {earlier[0]}"
+            return (f"{key!r} was fitted: the result of run {earlier[0]} could not be used "
+                    "when it ran (refused, or saved after it started)")
+    return f"{key!r} was fitted: " + _no_source_reason(
+        store, detail.get("linear", ""), detail.get("options", {}), [], run_id)
 
 
 def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, options: dict,
