@@ -249,3 +249,17 @@ def test_the_store_shows_and_explains_a_linear_run(tmp_path):
     assert "fit_intercept (True -> False) changed" in store.why_not_reused(("s1", 1))
     with pytest.raises(KeyError, match="no group"):
         store.why_not_reused(("s9", 99))
+
+
+def test_store_predict_uses_the_saved_linear_result(tmp_path):
+    frame = sales(30, seed=5)
+    fitted = fit(frame, tmp_path)
+    store = mm.Store(tmp_path)
+    predicted = store.predict(frame)
+    np.testing.assert_array_equal(predicted.to_numpy(), fitted.predict(frame))
+    assert predicted.index.equals(frame.index)
+    unseen = frame.head(3).assign(item=-1)
+    with pytest.warns(RuntimeWarning, match="3 row"):
+        sourced = store.predict(pd.concat([frame.head(2), unseen]), with_source=True)
+    assert sourced["source"].tolist() == ["group"] * 2 + ["none"] * 3
+    assert sourced["prediction"].iloc[2:].isna().all()

@@ -29,17 +29,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from ..hashing import digest
 from ..store import Store, StoreError, StoreIntegrityError, database
+from .artifact import Saved, from_artifact, to_artifact
 from .fitting import STATUSES, empty, fit_groups
 from .identities import describe_options, group_identities, match_keys
 from .prepare import Prepared
 from .result import LinearResult
 
-FORMAT = 1
-META = b"manymodels.linear"
 PREFIX = "linear:"  # attachment name of a saved result: linear:<name>
 # why a group was fitted rather than reused (LinearResult.why_not_reused)
 REUSED, NEW_KEY, CHANGED, NO_SOURCE = 0, 1, 2, 3
@@ -75,67 +73,6 @@ def subset(data: Prepared, index: np.ndarray) -> Prepared:
     alpha = data.alpha if np.ndim(data.alpha) == 0 else data.alpha[index]
     return Prepared(data.keys.iloc[index], data.counts[index], data.starts[index], data.order,
                     data.columns, data.w, alpha)
-
-
-# -- the artifact -------------------------------------------------------------------
-
-
-def to_artifact(result: LinearResult, identity: np.ndarray, fitted_in: np.ndarray,
-                options: dict, options_hash: str) -> bytes:
-    """The result as Arrow IPC bytes: the same bytes for the same result, so an
-    unchanged re-run stores nothing new."""
-    keys = pa.Table.from_pandas(result.keys.reset_index(drop=True), preserve_index=False)
-    arrays = {f"key:{c}": keys.column(c) for c in result.by}
-    for position, feature in enumerate(result.features):
-        arrays[f"coef:{feature}"] = pa.array(result.coef[:, position])
-    arrays["intercept"] = pa.array(result.intercept)
-    metric_names = [c for c in result.metrics.columns
-                    if c not in result.by and c not in ("status", "reused_from")]
-    for metric in metric_names:
-        arrays[f"metric:{metric}"] = pa.array(result.metrics[metric].to_numpy())
-    arrays["status"] = pa.array(np.asarray(result.metrics["status"].cat.codes, np.int8))
-    arrays["identity"], arrays["fitted_in"] = pa.array(identity), pa.array(fitted_in)
-    meta = {"format": FORMAT, "family": result.family, "by": result.by,
-            "features": result.features, "target": result.target,
-            "fit_intercept": result.fit_intercept, "metrics": metric_names,
-            "statuses": STATUSES, "options": options, "options_hash": options_hash}
-    table = pa.table(arrays).replace_schema_metadata({META: json.dumps(meta)})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-@dataclass
-class Saved:
-    result: LinearResult
-    identity: np.ndarray
-    fitted_in: np.ndarray
-    meta: dict
-    digest: str = ""  # the artifact's SHA-256
-
-
-def from_artifact(data: bytes, run_id: int) -> Saved:
-    table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-    meta = json.loads(table.schema.metadata[META])
-    by, features = meta["by"], meta["features"]
-    keys = table.select([f"key:{c}" for c in by]).rename_columns(by).to_pandas()
-    G = table.num_rows
-    coef = np.empty((G, len(features)))
-    for position, feature in enumerate(features):
-        coef[:, position] = table.column(f"coef:{feature}").to_numpy()
-    metrics = keys.copy()
-    for metric in meta["metrics"]:
-        metrics[metric] = table.column(f"metric:{metric}").to_numpy()
-    codes = table.column("status").to_numpy().astype(np.int64)
-    metrics["status"] = pd.Categorical.from_codes(codes, categories=meta["statuses"])
-    fitted_in = table.column("fitted_in").to_numpy()
-    metrics["reused_from"] = pd.arrays.IntegerArray(fitted_in.astype(np.int64),
-                                                    fitted_in == run_id)
-    result = LinearResult(meta["family"], by, features, meta["target"], meta["fit_intercept"],
-                          keys, coef, table.column("intercept").to_numpy().copy(), metrics)
-    result.run_id = run_id
-    return Saved(result, table.column("identity").to_numpy(), fitted_in, meta)
 
 
 # -- the run ------------------------------------------------------------------------
@@ -237,6 +174,33 @@ def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
         if column not in frame.columns:
             frame[column] = result.metrics[column].to_numpy()
     return frame
+
+
+def predict_frame(store: Store, found: tuple[int, dict, str], table: Any, method: str,
+                  with_source: bool) -> pd.Series | pd.DataFrame:
+    """``Store.predict`` for an mm.linear run: each row by its group's model."""
+    from ..tables import read_table
+
+    methods = ("predict", "predict_proba", "decision_function")
+    if method not in methods:
+        raise ValueError(f"method must be one of {methods} for an mm.linear run, "
+                         f"got {method!r}")
+    result = _read(store, found).result
+    frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
+    values = getattr(result, method)(frame)
+    seen = result.group_of(frame) >= 0
+    if not seen.any():
+        raise ValueError(f"no row of the table has a model in store {str(store.path)!r}: "
+                         f"none of its groups by {result.by} is in run {found[0]}")
+    if not seen.all():
+        warnings.warn(f"{int((~seen).sum())} row(s) have no model in run {found[0]} of store "
+                      f"{str(store.path)!r}: their prediction is NaN", RuntimeWarning,
+                      stacklevel=3)
+    prediction = pd.Series(values, index=frame.index)
+    if with_source:
+        return pd.DataFrame({"prediction": prediction,
+                             "source": np.where(seen, "group", "none")}, index=frame.index)
+    return prediction
 
 
 def explain(store: Store, found: tuple[int, dict, str], key: Any) -> str:

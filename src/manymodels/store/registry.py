@@ -279,6 +279,11 @@ class Store:
         from ..prediction import predict_groups
         from ..tables import read_table
 
+        linear = self._linear_run(self._run_row(run)[0])
+        if linear is not None:  # an mm.linear run: its result predicts, vectorised
+            from ..linmodels.stored import predict_frame
+
+            return predict_frame(self, linear, table, method, with_source)
         config = self.attached("train_config", run, default={}) or {}
         chosen = self._selection(run)
         by = by if by is not None else config.get("by") or (chosen or {}).get("by")
