@@ -23,9 +23,10 @@ META = b"manymodels.linear"
 
 
 def to_artifact(result: LinearResult, identity: np.ndarray, fitted_in: np.ndarray,
-                options: dict, options_hash: str) -> bytes:
-    """The result as Arrow IPC bytes: the same bytes for the same result, so an
-    unchanged re-run stores nothing new."""
+                options: dict, options_hash: str) -> memoryview:
+    """The result as Arrow IPC bytes (a view of Arrow's buffer, not copied
+    into a ``bytes``): the same bytes for the same result, so an unchanged
+    re-run stores nothing new."""
     keys = pa.Table.from_pandas(result.keys.reset_index(drop=True), preserve_index=False)
     arrays = {f"key:{c}": keys.column(c) for c in result.by}
     for position, feature in enumerate(result.features):
@@ -42,10 +43,13 @@ def to_artifact(result: LinearResult, identity: np.ndarray, fitted_in: np.ndarra
             "fit_intercept": result.fit_intercept, "metrics": metric_names,
             "statuses": STATUSES, "options": options, "options_hash": options_hash}
     table = pa.table(arrays).replace_schema_metadata({META: json.dumps(meta)})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
+    counter = pa.MockOutputStream()  # its size first: one buffer, written once
+    with pa.ipc.new_file(counter, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    buffer = pa.allocate_buffer(counter.size())
+    with pa.ipc.new_file(pa.FixedSizeBufferWriter(buffer), table.schema) as writer:
+        writer.write_table(table)
+    return memoryview(buffer)
 
 
 @dataclass

@@ -250,7 +250,7 @@ def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, opti
         raise database.write_error(store.path, exc, "the run could not start") from exc
 
 
-def _finish(store: Store, run_id: int, name: str, artifact: bytes | str,
+def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
             result: LinearResult,
             reused: int, wall_s: float) -> None:
     """The artifact, its attachment and the run's end: one transaction."""
