@@ -263,3 +263,19 @@ def test_store_predict_uses_the_saved_linear_result(tmp_path):
         sourced = store.predict(pd.concat([frame.head(2), unseen]), with_source=True)
     assert sourced["source"].tolist() == ["group"] * 2 + ["none"] * 3
     assert sourced["prediction"].iloc[2:].isna().all()
+
+
+def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
+    frame = sales(30)
+    frame["store"] = frame["store"].where(frame["item"] != 2, None)  # a missing key part
+    first = fit(frame, tmp_path)
+    assert fit(frame, tmp_path).reused == len(first)
+    floats = sales(20).assign(g=lambda f: f["item"] + 0.5)
+    by_float = mm.linear(floats, by="g", features=FEATURES, target="y", store=tmp_path,
+                         name="floats")
+    again = mm.linear(floats, by="g", features=FEATURES, target="y", store=tmp_path,
+                      name="floats")
+    assert again.reused == len(by_float)
+    loaded = mm.Store(tmp_path).linear("floats")
+    assert loaded.why_not_reused(0.5) == "0.5 was reused from run 3"
+    assert "fitted in run 1" in mm.Store(tmp_path).linear(run=1).why_not_reused(("s1", 1))

@@ -27,6 +27,9 @@ class LinearResult:
     ``LinearRegression`` gives), ``no_weight`` (all its weights are 0: NaN
     coefficients), ``single_class`` (logistic, one class only: NaN
     coefficients, where scikit-learn refuses to fit) or ``not_converged``.
+    With a store (``mm.linear(..., store=)``, or loaded by ``Store.linear``),
+    ``metrics`` also has ``reused_from``: the run that fitted the group when it
+    was copied from a saved result, ``<NA>`` when fitted by ``run_id`` itself.
     """
 
     family: str
@@ -68,12 +71,17 @@ class LinearResult:
         """Say why group ``key`` was fitted rather than copied from the store:
         new, its rows changed, or no saved result had these options (and
         which option, or the model code, changed)."""
-        if self._why is None:
-            return f"{key!r} was fitted: no store was given"
-        reason, text, source = self._why
         where = self._key_index().get_indexer([key])[0]
         if where < 0:
             raise KeyError(f"this result has no group {key!r}")
+        if self._why is None:  # not fitted with a store here: loaded from one, or none
+            if self.run_id is None:
+                return f"{key!r} was fitted: no store was given"
+            origin = self.metrics["reused_from"].iloc[where]
+            return (f"{key!r} was reused from run {origin}" if not pd.isna(origin) else
+                    f"{key!r} was fitted in run {self.run_id}: its store's "
+                    f"why_not_reused(key, run={self.run_id}) says why")
+        reason, text, source = self._why
         code = int(reason[where])
         if code == 0:
             return f"{key!r} was reused from run {self.metrics['reused_from'].iloc[where]}"
