@@ -279,3 +279,25 @@ def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
     loaded = mm.Store(tmp_path).linear("floats")
     assert loaded.why_not_reused(0.5) == "0.5 was reused from run 3"
     assert "fitted in run 1" in mm.Store(tmp_path).linear(run=1).why_not_reused(("s1", 1))
+
+
+def test_a_run_that_fails_is_marked_and_the_saved_result_stays(tmp_path, monkeypatch):
+    from manymodels.linmodels import stored
+
+    frame = sales(40)
+    first = fit(frame, tmp_path)
+    changed = frame.assign(y=frame["y"] + 1.0)
+
+    def broken(*args, **kwargs):  # a fit that dies half-way (a kill, a full device)
+        raise MemoryError("out of memory in the kernels")
+
+    monkeypatch.setattr(stored, "fit_groups", broken)
+    with pytest.raises(MemoryError):
+        fit(changed, tmp_path)
+    monkeypatch.undo()
+    store = mm.Store(tmp_path)
+    assert store.runs()["status"].tolist() == ["finished", "failed"]
+    same(store.linear("y"), first)  # the failed run saved nothing
+    assert fit(frame, tmp_path).reused == len(first)  # and is never a source
+    store.delete(1)
+    assert fit(frame, tmp_path).reused == len(first)  # run 3's copy is the source now
