@@ -98,10 +98,7 @@ def load(store: Store, name: str | None = None, run: int | None = None) -> Linea
         where = f" in run {run}" if run is not None else ""
         raise ValueError(f"store {str(store.path)!r} holds no mm.linear result {which}{where}"
                          f"; the names it holds: {names}")
-    run_id, detail, artifact = found[0]
-    what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
-    return from_artifact(database.read_artifact(store._conn, store.path, artifact, what),
-                         run_id).result
+    return _read(store, found[0]).result
 
 
 def _source(store: Store, options_hash: str) -> tuple[Saved | None, list[str]]:
@@ -111,15 +108,11 @@ def _source(store: Store, options_hash: str) -> tuple[Saved | None, list[str]]:
     for run_id, detail, artifact in _linear_runs(store):
         if detail.get("options_hash") != options_hash:
             continue
-        what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
         try:
-            saved = from_artifact(database.read_artifact(store._conn, store.path, artifact,
-                                                         what), run_id)
-            saved.digest = artifact
-            return saved, refused
+            return _read(store, (run_id, detail, artifact)), refused
         except StoreIntegrityError as exc:
             refused.append(str(exc))
-            warnings.warn(f"{exc}; its groups are fitted again", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"{exc}; its groups are fitted again", RuntimeWarning, stacklevel=5)
     return None, refused
 
 
@@ -136,6 +129,8 @@ def _no_source_reason(store: Store, name: str, options: dict, refused: list[str]
     changed = [f"{k} ({before.get(k)!r} -> {options.get(k)!r})"
                for k in sorted(set(before) | set(options)) if before.get(k) != options.get(k)]
     changed = [c if not c.startswith("model_code") else "the model code" for c in changed]
+    if not changed:
+        return f"the result of run {run_id}, with the same options, could not be used"
     return f"since run {run_id}, " + ", ".join(changed) + " changed"
 
 
