@@ -301,3 +301,30 @@ def test_a_run_that_fails_is_marked_and_the_saved_result_stays(tmp_path, monkeyp
     assert fit(frame, tmp_path).reused == len(first)  # and is never a source
     store.delete(1)
     assert fit(frame, tmp_path).reused == len(first)  # run 3's copy is the source now
+
+
+def test_the_command_line_shows_explains_reports_and_predicts_a_linear_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    frame = sales(30)
+    store = tmp_path / "store"
+    fit(frame, store)
+    changed = frame.copy()
+    changed.loc[changed.index[group_mask(changed, ("s1", 1))][0], "y"] += 1.0
+    fitted = fit(changed, store)
+    runner = CliRunner()
+    shown = runner.invoke(app, ["show", str(store)])
+    assert shown.exit_code == 0, shown.output
+    assert f"run 2: {len(fitted)} tasks" in shown.output
+    why = runner.invoke(app, ["why", str(store), "s1", "1"])
+    assert why.exit_code == 0 and "its rows changed since run 1" in why.output
+    report = runner.invoke(app, ["report", str(store), "-o", str(tmp_path / "r.html")])
+    assert report.exit_code == 0, report.output
+    frame.to_parquet(tmp_path / "rows.parquet")
+    predicted = runner.invoke(app, ["predict", str(store), str(tmp_path / "rows.parquet"),
+                                    "-o", str(tmp_path / "out.parquet")])
+    assert predicted.exit_code == 0, predicted.output
+    out = pd.read_parquet(tmp_path / "out.parquet")
+    np.testing.assert_allclose(out["prediction"], fitted.predict(frame), rtol=0, atol=0)

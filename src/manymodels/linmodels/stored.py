@@ -161,8 +161,9 @@ def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
     frame = result.keys.copy()
     frame["run_id"] = found[0]
     frame["status"] = result.metrics["status"].astype(str).to_numpy()
-    for column in ("attempts", "duration_s", "started_at", "worker"):
-        frame[column] = None
+    frame["attempts"] = np.where(result.metrics["reused_from"].isna(), 1, 0)
+    frame["duration_s"] = frame["started_at"] = np.nan  # one batched fit, no task timings
+    frame["worker"] = None
     frame["reused_from"] = result.metrics["reused_from"].to_numpy()
     frame["error"], frame["artifact"], frame["size"] = None, found[2], None
     for column in result.metrics.columns:
