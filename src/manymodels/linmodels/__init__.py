@@ -83,9 +83,14 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     on = {} if torch_device is None else {"device": torch_device}
     started = time.perf_counter()
     ridge = alpha if family == "ridge" else 0.0
-    arrow, by_columns, feature_columns = check(table, by, features, target, family, weights,
-                                               ridge)
-    data = prepare(arrow, by_columns, feature_columns, target, weights, ridge, family)
+    try:
+        arrow, by_columns, feature_columns = check(table, by, features, target, family,
+                                                   weights, ridge)
+        data = prepare(arrow, by_columns, feature_columns, target, weights, ridge, family)
+    except BaseException:
+        if opened is not None and opened.owned:  # refused input: no run was started
+            opened.store.close()
+        raise
     prepared = time.perf_counter()
     options = {"fit_intercept": fit_intercept, "C": C, "max_iter": max_iter, "tol": tol,
                "workers": workers, "block_rows": block_rows}
