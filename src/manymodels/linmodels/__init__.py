@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from . import kernels
-from .prepare import BLOCK_ROWS, Block, blocks, check, prepare
+from .fitting import STATUSES, Fitted, fit_groups
+from .prepare import BLOCK_ROWS, Prepared, check, prepare
 from .result import LinearResult
 
 __all__ = ["LinearResult", "linear"]
@@ -29,7 +29,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
            family: str = "ols", *, fit_intercept: bool = True, weights: str | None = None,
            alpha: float | str = 1.0, C: float = 1.0, max_iter: int = 100, tol: float = 1e-8,
            workers: int = 1, block_rows: int = BLOCK_ROWS,
-           device: str | None = None) -> LinearResult:
+           device: str | None = None, store: Any = None,
+           name: str | None = None) -> LinearResult:
     """Fit one linear model per ``by`` group of ``table`` (a pandas or polars
     DataFrame, an Arrow table, a Parquet/CSV path), all groups at once.
 
@@ -50,6 +51,15 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) runs the kernels in
     PyTorch (an optional dependency) on that device, blocks of
     ``block_rows`` at a time; results equal NumPy's to rounding.
+
+    ``store`` (a path or a :class:`manymodels.Store`) saves the result there
+    as one artifact, under ``name`` (default: the target's name), with an
+    identity per group (a hash of its rows, the family, the options and the
+    model code): a re-run fits only the groups whose identity changed or that
+    are new, and copies the others from the latest saved result with the same
+    options (see :mod:`.stored`). ``.metrics`` then says, per group, the run
+    it was ``reused_from`` (``<NA>``: fitted now); ``Store(path).linear(name)``
+    loads it back.
     """
     if not isinstance(fit_intercept, bool):
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
@@ -59,6 +69,11 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
         raise ValueError(f"alpha must be a finite number >= 0 or a column name, got {alpha!r}")
     if int(max_iter) < 1 or int(workers) < 1 or int(block_rows) < 1:
         raise ValueError("max_iter, workers and block_rows must be at least 1")
+    opened = None
+    if store is not None:  # refused before any work: a file, a read-only store
+        from .stored import open_store
+
+        opened = open_store(store, name if name is not None else target)
     engine: Any = kernels
     torch_device = None
     if device is not None:
@@ -68,55 +83,40 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     on = {} if torch_device is None else {"device": torch_device}
     started = time.perf_counter()
     ridge = alpha if family == "ridge" else 0.0
-    arrow, by_columns, feature_columns = check(table, by, features, target, family, weights,
-                                               ridge)
-    data = prepare(arrow, by_columns, feature_columns, target, weights, ridge, family)
+    try:
+        arrow, by_columns, feature_columns = check(table, by, features, target, family,
+                                                   weights, ridge)
+        data = prepare(arrow, by_columns, feature_columns, target, weights, ridge, family)
+    except BaseException:
+        if opened is not None and opened.owned:  # refused input: no run was started
+            opened.store.close()
+        raise
     prepared = time.perf_counter()
-    G, p = data.groups, len(feature_columns)
-    coef, intercept = np.empty((G, p)), np.empty(G)
-    status = np.full(G, "ok", dtype=object)
-    extra: dict[str, np.ndarray] = {}
-    if family == "logistic":
-        extra = {"log_loss": np.empty(G), "accuracy": np.empty(G),
-                 "converged": np.empty(G, dtype=bool), "iterations": np.empty(G, dtype=np.int64)}
-    else:
-        extra = {"r2": np.empty(G), "rmse": np.empty(G)}
+    options = {"fit_intercept": fit_intercept, "C": C, "max_iter": max_iter, "tol": tol,
+               "workers": workers, "block_rows": block_rows}
+    if opened is not None:
+        from .stored import linear_in_store
 
-    def fit(block: Block) -> None:
-        i = block.index
-        if family == "logistic":
-            out = engine.logistic(block.Z, block.w, float(C), fit_intercept, int(max_iter),
-                                  float(tol), **on)
-            for name in ("log_loss", "accuracy", "converged", "iterations"):
-                extra[name][i] = out[name]
-            status[i[~out["converged"]]] = "not_converged"
-            status[i[out["single_class"]]] = "single_class"
-        else:
-            out = engine.least_squares(block.Z, block.w, block.alpha, fit_intercept, **on)
-            sse, sst, n = out["sse"], out["sst"], data.counts[i]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r2 = np.where(sst > 0, 1.0 - sse / sst, np.where(sse == 0, 1.0, 0.0))
-                extra["rmse"][i] = np.sqrt(sse / out["sw"])
-            extra["r2"][i] = np.where(n >= 2, r2, np.nan)
-            status[i[out["rank_deficient"]]] = "rank_deficient"
-        empty = out["sw"] <= 0
-        out["coef"][empty], out["intercept"][empty] = np.nan, np.nan
-        status[i[empty]] = "no_weight"
-        coef[i], intercept[i] = out["coef"], out["intercept"]
+        return linear_in_store(opened, table, data, family, by_columns, feature_columns,
+                               target, weights, alpha if family == "ridge" else None, options,
+                               engine=engine, on=on, started=started, prepared=prepared)
+    fitted = fit_groups(data, len(feature_columns), family, engine=engine, on=on, **options)
+    done = time.perf_counter()
+    return assemble(family, by_columns, feature_columns, target, fit_intercept, data, fitted,
+                    {"prepare_s": prepared - started, "fit_s": done - prepared})
 
-    if int(workers) == 1:
-        for block in blocks(data, int(block_rows)):
-            fit(block)
-    else:
-        with ThreadPoolExecutor(int(workers)) as pool:
-            list(pool.map(fit, blocks(data, int(block_rows))))
+
+def assemble(family: str, by: list[str], features: list[str], target: str,
+             fit_intercept: bool, data: Prepared, fitted: Fitted,
+             timings: dict[str, float], reused_from: Any = None) -> LinearResult:
+    """The :class:`LinearResult` of ``fitted`` (every group of ``data``)."""
     metrics = data.keys.copy()
     metrics["n"] = data.counts
-    for name, values in extra.items():
+    for name, values in fitted.extra.items():
         metrics[name] = values
-    metrics["status"] = pd.Categorical(status, categories=[
-        "ok", "rank_deficient", "not_converged", "single_class", "no_weight"])
-    done = time.perf_counter()
-    return LinearResult(family, by_columns, feature_columns, target, fit_intercept,
-                        data.keys, coef, intercept, metrics,
-                        {"prepare_s": prepared - started, "fit_s": done - prepared})
+    metrics["status"] = (fitted.status if isinstance(fitted.status, pd.Categorical)
+                         else pd.Categorical(fitted.status, categories=STATUSES))
+    if reused_from is not None:  # as in Run.results: the run that fitted it, or <NA>
+        metrics["reused_from"] = reused_from
+    return LinearResult(family, by, features, target, fit_intercept, data.keys, fitted.coef,
+                        fitted.intercept, metrics, timings)

@@ -220,8 +220,9 @@ def _gather(data: Prepared, index: np.ndarray) -> Block:
     m = int(counts.max())
     alpha = data.alpha if np.ndim(data.alpha) == 0 else data.alpha[index]
     starts = data.starts[index]
+    # (the groups' starts, not their numbers: a store fits some groups only)
     contiguous = (counts == m).all() and data.order is None and (
-        len(index) == 1 or (np.diff(index) == 1).all())
+        len(index) == 1 or (np.diff(starts) == m).all())
     if contiguous:  # equal groups, in table order: a reshape, no gather
         rows = slice(int(starts[0]), int(starts[0]) + m * len(index))
         Z = np.stack([c[rows].reshape(len(index), m) for c in data.columns], axis=-1)

@@ -27,6 +27,9 @@ class LinearResult:
     ``LinearRegression`` gives), ``no_weight`` (all its weights are 0: NaN
     coefficients), ``single_class`` (logistic, one class only: NaN
     coefficients, where scikit-learn refuses to fit) or ``not_converged``.
+    With a store (``mm.linear(..., store=)``, or loaded by ``Store.linear``),
+    ``metrics`` also has ``reused_from``: the run that fitted the group when it
+    was copied from a saved result, ``<NA>`` when fitted by ``run_id`` itself.
     """
 
     family: str
@@ -39,7 +42,10 @@ class LinearResult:
     intercept: np.ndarray     # (groups,)
     metrics: pd.DataFrame
     timings: dict[str, float] = field(default_factory=dict)
+    #: the store's run that saved it (``mm.linear(..., store=)``), else None
+    run_id: int | None = None
     _index: Any = field(default=None, repr=False)
+    _why: Any = field(default=None, repr=False)  # (reason per group, text, source run)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -48,6 +54,40 @@ class LinearResult:
         counts = {k: v for k, v in self.metrics["status"].value_counts().items() if v}
         return (f"LinearResult({self.family}, {len(self)} groups by {self.by}, "
                 f"features={self.features}, status={counts})")
+
+    @property
+    def reused(self) -> int:
+        """Groups copied from a saved result (``store=``) rather than fitted."""
+        if "reused_from" not in self.metrics:
+            return 0
+        return int(self.metrics["reused_from"].notna().sum())
+
+    @property
+    def fitted(self) -> int:
+        """Groups fitted by this call (all of them without a store)."""
+        return len(self) - self.reused
+
+    def why_not_reused(self, key: Any) -> str:
+        """Say why group ``key`` was fitted rather than copied from the store:
+        new, its rows changed, or no saved result had these options (and
+        which option, or the model code, changed)."""
+        where = self._key_index().get_indexer([key])[0]
+        if where < 0:
+            raise KeyError(f"this result has no group {key!r}")
+        if self._why is None:  # not fitted with a store here: loaded from one, or none
+            if self.run_id is None:
+                return f"{key!r} was fitted: no store was given"
+            origin = self.metrics["reused_from"].iloc[where]
+            return (f"{key!r} was reused from run {origin}" if not pd.isna(origin) else
+                    f"{key!r} was fitted in run {self.run_id}: its store's "
+                    f"why_not_reused(key, run={self.run_id}) says why")
+        reason, text, source = self._why
+        code = int(reason[where])
+        if code == 0:
+            return f"{key!r} was reused from run {self.metrics['reused_from'].iloc[where]}"
+        return f"{key!r} was fitted: " + (
+            f"run {source} had no group {key!r}" if code == 1 else
+            f"its rows changed since run {source}" if code == 2 else text)
 
     @property
     def coefficients(self) -> pd.DataFrame:

@@ -124,6 +124,11 @@ class Store:
     def results(self, run: int | None = None) -> pd.DataFrame:
         """The results of a run (default: the latest), like ``Run.results``."""
         run_id, key_columns, _ = self._run_row(run)
+        linear = self._linear_run(run_id)
+        if linear is not None:  # one artifact, no task rows
+            from ..linmodels.stored import results_frame
+
+            return results_frame(self, linear)
         rows = self._conn.execute(
             f"SELECT key, metrics, {', '.join(_TASK_COLUMNS)} FROM tasks WHERE run_id = ? "
             "ORDER BY task_index", (run_id,)).fetchall()
@@ -186,6 +191,19 @@ class Store:
             item_key = parts[0] if len(parts) == 1 else parts
             items[item_key] = StoredModel(self, artifact, f"key {item_key!r}")
         return ModelMap(items)
+
+    def _linear_run(self, run_id: int) -> Any:
+        from ..linmodels.stored import linear_run
+
+        return linear_run(self, run_id)
+
+    def linear(self, name: str | None = None, run: int | None = None) -> Any:
+        """The result ``mm.linear(..., store=, name=)`` saved (default: the
+        latest of any name; ``run``: that run's), as a ``LinearResult``
+        whose ``.predict`` works; checked against its SHA-256 first."""
+        from ..linmodels.stored import load
+
+        return load(self, name, run)
 
     # -- using the models --------------------------------------------------------
 
@@ -261,6 +279,11 @@ class Store:
         from ..prediction import predict_groups
         from ..tables import read_table
 
+        linear = self._linear_run(self._run_row(run)[0])
+        if linear is not None:  # an mm.linear run: its result predicts, vectorised
+            from ..linmodels.stored import predict_frame
+
+            return predict_frame(self, linear, table, method, with_source)
         config = self.attached("train_config", run, default={}) or {}
         chosen = self._selection(run)
         by = by if by is not None else config.get("by") or (chosen or {}).get("by")
@@ -389,6 +412,11 @@ class Store:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
         rather than reused: which part of its identity changed."""
         run_id, _, _ = self._run_row(run)
+        linear = self._linear_run(run_id)
+        if linear is not None:
+            from ..linmodels.stored import explain
+
+            return explain(self, linear, key)
         row = self._task_row(key, run_id, f"reused_from, {_IDENTITY_COLUMNS}")
         if row[0] is not None:
             return f"{key!r} was reused from run {row[0]}"

@@ -1,0 +1,84 @@
+"""The fit of a set of groups: every block through the kernels, then each
+group's coefficients, metrics and status as arrays.
+
+Apart from :func:`manymodels.linear` so that a store can fit only the groups
+that changed (a :class:`~.prepare.Prepared` of some groups) and so that the
+store's model-code version covers exactly the code that computes a result
+(this module, the kernels and the layout).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .prepare import Block, Prepared, blocks
+
+STATUSES = ["ok", "rank_deficient", "not_converged", "single_class", "no_weight"]
+LOGISTIC_METRICS = ("log_loss", "accuracy", "converged", "iterations")
+LEAST_SQUARES_METRICS = ("r2", "rmse")
+
+
+@dataclass
+class Fitted:
+    """Per group: coefficients, intercept, status and the family's metrics."""
+
+    coef: np.ndarray             # (groups, features)
+    intercept: np.ndarray        # (groups,)
+    status: Any                  # (groups,) object array of STATUSES, or a Categorical
+    extra: dict[str, np.ndarray]
+
+
+def empty(family: str, groups: int, features: int) -> Fitted:
+    if family == "logistic":
+        extra = {"log_loss": np.empty(groups), "accuracy": np.empty(groups),
+                 "converged": np.empty(groups, dtype=bool),
+                 "iterations": np.empty(groups, dtype=np.int64)}
+    else:
+        extra = {"r2": np.empty(groups), "rmse": np.empty(groups)}
+    return Fitted(np.empty((groups, features)), np.empty(groups),
+                  np.full(groups, "ok", dtype=object), extra)
+
+
+def fit_groups(data: Prepared, features: int, family: str, *, engine: Any, on: dict,
+               fit_intercept: bool, C: float, max_iter: int, tol: float, workers: int,
+               block_rows: int) -> Fitted:
+    """Fit every group of ``data`` (blocks on ``workers`` threads)."""
+    out_all = empty(family, data.groups, features)
+    coef, intercept, status, extra = (out_all.coef, out_all.intercept, out_all.status,
+                                      out_all.extra)
+
+    def fit(block: Block) -> None:
+        i = block.index
+        if family == "logistic":
+            out = engine.logistic(block.Z, block.w, float(C), fit_intercept, int(max_iter),
+                                  float(tol), **on)
+            for name in LOGISTIC_METRICS:
+                extra[name][i] = out[name]
+            status[i[~out["converged"]]] = "not_converged"
+            status[i[out["single_class"]]] = "single_class"
+        else:
+            out = engine.least_squares(block.Z, block.w, block.alpha, fit_intercept, **on)
+            sse, sst, n = out["sse"], out["sst"], data.counts[i]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r2 = np.where(sst > 0, 1.0 - sse / sst, np.where(sse == 0, 1.0, 0.0))
+                extra["rmse"][i] = np.sqrt(sse / out["sw"])
+            extra["r2"][i] = np.where(n >= 2, r2, np.nan)
+            status[i[out["rank_deficient"]]] = "rank_deficient"
+        no_weight = out["sw"] <= 0
+        out["coef"][no_weight], out["intercept"][no_weight] = np.nan, np.nan
+        status[i[no_weight]] = "no_weight"
+        coef[i], intercept[i] = out["coef"], out["intercept"]
+
+    if data.groups == 0:
+        return out_all
+    if int(workers) == 1:
+        for block in blocks(data, int(block_rows)):
+            fit(block)
+    else:
+        with ThreadPoolExecutor(int(workers)) as pool:
+            list(pool.map(fit, blocks(data, int(block_rows))))
+    return out_all
