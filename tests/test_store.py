@@ -378,3 +378,31 @@ def test_reuse_across_runs_points_at_the_run_that_trained_each_model(tmp_path):
     assert results.loc[list(range(320, 330)), "reused_from"].isna().all()
     assert third.models[317] == {"square": 317 * 317}
     assert (results["square"] == results.index ** 2).all()
+
+
+def test_reuse_takes_the_latest_model_even_when_a_small_run_retrained_it(tmp_path):
+    """Models retrained on purpose (reuse=False) in a small later run replace
+    the earlier ones for the next re-run, wherever they fall among the keys."""
+    store = tmp_path / "store"
+    mm.train(square_of, mm.items(range(1000)), store=store, workers=1, progress=False)
+    mm.train(square_of, mm.items([6, 7, 8]), store=store, workers=1, progress=False,
+             reuse=False)
+    mm.train(square_of, mm.items(range(1000)), store=store, workers=1, progress=False)
+    results = mm.Store(store).results(run=3).set_index("item")["reused_from"]
+    assert results.loc[[6, 7, 8]].tolist() == [2, 2, 2]
+    assert (results.drop([6, 7, 8]) == 1).all()
+
+
+def test_pack_locators_damaged_in_the_index_are_not_whole(tmp_path):
+    from manymodels.store import packs
+
+    conn = sqlite3.connect(tmp_path / "packs.sqlite")
+    conn.execute("CREATE TABLE packs(pack_id INTEGER PRIMARY KEY, size INT, models INT, "
+                 "blob BLOB)")
+    conn.execute("INSERT INTO packs VALUES (1, 10, 2, zeroblob(10))")
+    conn.execute("INSERT INTO packs VALUES (3, 5, 1, zeroblob(5))")
+    good = {"a@1/0/5", "b@1/5/5", "e@3/0/5"}
+    bad = {"c@1/6/5", "d@2/0/1", "f@4/0/1", "x@1/0", "y@7/0/10/999", f"z@1/{2**62}/{2**62}",
+           "h@1/99999999999999999999999/1", "n@1/-1/2", "q@1/a/2"}
+    assert packs.whole_locators(conn, good | bad) == good
+    assert packs.whole_locators(conn, good) == good

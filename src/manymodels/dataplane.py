@@ -259,6 +259,8 @@ def open_objects(path: str) -> Any:
 #: (dtype, shape) -> the protocol-5 pickle of such an array cut around its data
 #: bytes, or None where no such cut exists (see :func:`pickle_small_array`).
 _ARRAY_PICKLES: dict[tuple, tuple[bytes, bytes] | None] = {}
+#: Kinds kept at most; past that, arrays of new kinds go through the pickler.
+_MAX_ARRAY_KINDS = 1024
 
 
 def pickle_small_array(array: Any) -> bytes | None:
@@ -272,28 +274,39 @@ def pickle_small_array(array: Any) -> bytes | None:
     find where its data go, and the cut is checked by loading it back."""
     import numpy as np
 
-    if (type(array) is not np.ndarray or not array.flags.c_contiguous
-            or array.dtype.hasobject or array.dtype.names is not None
-            or array.dtype.metadata or not 0 < array.nbytes < SPILL_MIN_BYTES):
+    if type(array) is not np.ndarray or not array.flags.c_contiguous:
         return None
-    kind = (array.dtype.str, array.shape, array.flags.writeable)  # read-only: BYTES8
+    dtype = array.dtype
+    if (dtype.hasobject or dtype.names is not None or dtype.metadata is not None
+            or dtype.isbuiltin == 2 or not 0 < array.nbytes < SPILL_MIN_BYTES):
+        return None  # objects, fields, metadata, user-defined dtypes (ml_dtypes): the pickler
+    try:  # read-only as the pickler sees it (BYTES8, not BYTEARRAY8): broadcast views are
+        read_only = memoryview(array).readonly
+    except (TypeError, ValueError):  # no buffer (datetime64): the pickler's other way
+        return None
+    kind = (dtype.str, dtype.type, array.shape, read_only)
     cut = _ARRAY_PICKLES.get(kind, False)
     if cut is False:
-        cut = _ARRAY_PICKLES[kind] = _cut_for(array)
+        cut = _cut_for(array, read_only)
+        if len(_ARRAY_PICKLES) < _MAX_ARRAY_KINDS:
+            _ARRAY_PICKLES[kind] = cut
     if cut is None:
         return None
     return b"".join((cut[0], array.tobytes(), cut[1]))
 
 
-def _cut_for(array: Any) -> tuple[bytes, bytes] | None:
+def _cut_for(array: Any, read_only: bool) -> tuple[bytes, bytes] | None:
     import numpy as np
 
-    probe = np.frombuffer(os.urandom(array.nbytes), dtype=np.uint8).view(array.dtype)
-    probe = probe.reshape(array.shape).copy()
-    probe.flags.writeable = array.flags.writeable
-    data, whole = probe.tobytes(), pickle.dumps(probe, protocol=5)
-    at = whole.find(data)
-    if at < 0 or whole.find(data, at + 1) >= 0:
+    for _ in range(4):  # a probe whose bytes also appear in the header: another one
+        probe = np.frombuffer(os.urandom(array.nbytes), dtype=np.uint8).view(array.dtype)
+        probe = probe.reshape(array.shape).copy()
+        probe.flags.writeable = not read_only
+        data, whole = probe.tobytes(), pickle.dumps(probe, protocol=5)
+        at = whole.find(data)
+        if at >= 0 and whole.find(data, at + 1) < 0:
+            break
+    else:
         return None
     cut = (whole[:at], whole[at + len(data):])
     again = pickle.loads(cut[0] + data + cut[1])

@@ -215,3 +215,60 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
         sorted_source = sorted_source[inverse]
         out = out[inverse] if out is not None else None
     return Predicted(out, sorted_source, unseen)
+
+
+def predict_from_store(store: Any, table: Any, by: str | list[str] | None, method: str,
+                       features: list[str] | None, run: int | None, fallback: bool,
+                       with_source: bool, *, fn: Callable[[Any, Any], Any] | None,
+                       backend: str | None, workers: int | None, progress: bool) -> Any:
+    """:meth:`manymodels.Store.predict`: each group's rows through its model."""
+    import pandas as pd
+
+    from .tables import read_table
+
+    linear = store._linear_run(store._run_row(run)[0])
+    if linear is not None:  # an mm.linear run: its result predicts, vectorised
+        from .linmodels.stored import predict_frame
+
+        return predict_frame(store, linear, table, method, with_source)
+    config = store.attached("train_config", run, default={}) or {}
+    chosen = store._selection(run)
+    by = by if by is not None else config.get("by") or (chosen or {}).get("by")
+    if by is None:
+        raise ValueError("predict needs by= (the group columns)")
+    features = features or config.get("features")
+    frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
+    by_columns = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in the table to predict")
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")
+    artifacts = chosen["artifacts"] if chosen else store._model_artifacts(run)
+    backup = store._latest_attached_digest("fallback", run) if fallback else None
+    routed = predict_groups(store, frame, by_columns, artifacts, backup, features=features,
+                            method=method, fn=fn, backend=backend, workers=workers,
+                            progress=progress)
+    where = "" if run is None else f" of run {run}"
+    if routed.values is None:
+        raise ValueError(
+            f"no row of the table has a model in store {str(store.path)!r}{where}: none "
+            f"of its {len(routed.unseen)} group(s) by {by_columns} (e.g. "
+            f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model")
+    if routed.unseen:
+        warnings.warn(
+            f"{int((routed.source == 'none').sum())} row(s) of {len(routed.unseen)} "
+            f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
+            f"{str(store.path)!r}{where} and no fallback: their prediction is NaN",
+            RuntimeWarning, stacklevel=2)
+    values = routed.values
+    prediction = pd.Series(list(values) if values.ndim > 1 else values, index=frame.index)
+    if prediction.dtype == object:
+        try:
+            prediction = prediction.astype(float)
+        except (TypeError, ValueError):
+            pass
+    if with_source:
+        return pd.DataFrame({"prediction": prediction, "source": routed.source},
+                            index=frame.index)
+    return prediction

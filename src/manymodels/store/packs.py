@@ -101,15 +101,18 @@ def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
     try:
         places = pc.list_element(
             pc.split_pattern(pa.array(names, pa.string()), "@", max_splits=1), 1)
-        numbers = pc.list_flatten(pc.split_pattern(places, "/")).cast(pa.int64()).to_numpy()
-        pack, offset, size = numbers.reshape(len(names), 3).T
-    except (pa.ArrowException, ValueError):  # a damaged index row: one at a time
-        parsed = [_parsed_or_none(name) for name in names]
-        names = [name for name, parts in zip(names, parsed) if parts is not None]
-        if not names:
-            return set()
-        pack, offset, size = np.array([p[1:] for p in parsed if p is not None],
-                                      dtype=np.int64).T
+        parts = pc.split_pattern(places, "/")
+        if not pc.all(pc.equal(pc.list_value_length(parts), 3)).as_py():
+            raise ValueError("a locator without three numbers")
+        numbers = pc.list_flatten(parts).cast(pa.int64()).to_numpy()
+        if numbers.size and not (numbers.min() >= 0 and numbers.max() < 1 << 48):
+            raise ValueError("a number out of range")
+    except (pa.ArrowException, ValueError):  # a damaged index row: one at a time, as ints
+        sizes = dict(known)
+        return {name for name, parsed in zip(names, map(_parsed_or_none, names))
+                if parsed is not None and min(parsed[1:]) >= 0
+                and parsed[2] + parsed[3] <= sizes.get(parsed[1], -1)}
+    pack, offset, size = numbers.reshape(len(names), 3).T
     at = np.minimum(np.searchsorted(pack_ids, pack), len(pack_ids) - 1)
     whole = (pack_ids[at] == pack) & (offset + size <= lengths[at])
     return {name for name, ok in zip(names, whole.tolist()) if ok}

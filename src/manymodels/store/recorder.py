@@ -93,40 +93,55 @@ class RunRecorder:
         return reused
 
     def _find_reusable(self) -> dict[int, ReusedTask]:
-        """A task that trained each identity, if its model can still be loaded:
-        its artifact is in the index (and its file is there, whole), and no
-        load has found it corrupt.
+        """The latest task that trained each identity, if its model can still
+        be loaded: its artifact is in the index (and its file is there,
+        whole), and no load has found it corrupt.
 
         A re-run mostly finds its identities in the one or two runs that
-        trained them, so those runs are found from a sample of identities
-        and read whole, each in one scan of its rows, and matched here; what
-        that leaves (new tasks, models retrained elsewhere, a corrupt
-        artifact) is looked up per identity, the latest trained task first,
-        one grouped query per 5,000 identities."""
+        trained them. So a sample of identities says where to start, and the
+        runs since then that trained tasks are read whole, each in one scan
+        of its rows, a later run's task winning; what that leaves (new tasks,
+        tasks last trained before, a corrupt artifact) is looked up per
+        identity, one grouped query per 5,000 identities."""
         by_identity: dict[str, list[int]] = {}
         for index, parts in enumerate(self.identities):
             by_identity.setdefault(parts[0], []).append(index)
         names = list(by_identity)
         sample = names[::max(1, len(names) // _SAMPLE)]
-        runs = {hit.run_id for hit in self._latest_trained(sample)}
-        if runs:  # a run far larger than this one is cheaper to look up in
-            runs = {run_id for run_id, tasks in self.conn.execute(
-                f"SELECT run_id, tasks FROM runs WHERE run_id IN ({','.join('?' * len(runs))})",
-                sorted(runs)) if (tasks or 0) <= 4 * len(names) + 10_000}
         candidates: dict[str, ReusedTask] = {}
-        for run_id in sorted(runs):  # a later run's task wins
-            candidates.update(
+        for run_id in self._runs_to_read(min((h.run_id for h in self._latest_trained(sample)),
+                                             default=None), len(names)):
+            candidates.update(  # in run order: a later run's task wins
                 (hit.identity, hit) for hit in map(ReusedTask._make, self.conn.execute(
                     f"SELECT {_REUSED_COLUMNS} FROM tasks WHERE run_id = ? AND status = 'ok' "
-                    "AND reused_from IS NULL AND error IS NULL AND "
-                    "(artifact IS NOT NULL OR metrics IS NOT NULL)", (run_id,)))
+                    "AND reused_from IS NULL AND error IS NULL", (run_id,)))
                 if hit.identity in by_identity)
-        found = self._loadable(candidates)
+        found = self._loadable({name: hit for name, hit in candidates.items()
+                                if hit.artifact is not None or hit.metrics is not None})
         rest = [name for name in names if name not in found]
         if rest:
             found.update(self._loadable({hit.identity: hit for hit in self._latest_trained(rest)
                                          if hit.artifact is not None or hit.metrics is not None}))
         return {i: hit for name, hit in found.items() for i in by_identity[name]}
+
+    def _runs_to_read(self, first: int | None, tasks: int) -> list[int]:
+        """The runs from ``first`` on that may have trained tasks, oldest first:
+        every one of them, so that each identity found there is found in the
+        latest run that trained it, back to (not including) the latest run
+        too large to read for a re-run of ``tasks`` tasks."""
+        if first is None:
+            return []
+        runs: list[int] = []
+        for run_id, size, ok, reused in self.conn.execute(
+                "SELECT run_id, tasks, ok, reused FROM runs WHERE run_id >= ? "
+                "AND coalesce(backend, '') NOT LIKE 'mm.linear%' ORDER BY run_id DESC",
+                (first,)):
+            if ok is not None and ok - (reused or 0) <= 0:
+                continue  # it trained nothing
+            if (size or 0) > 4 * tasks + 10_000:
+                break  # cheaper looked up per identity than read whole
+            runs.append(run_id)
+        return runs[::-1]
 
     def _latest_trained(self, identities: list[str]) -> list[ReusedTask]:
         """The latest finished task that trained each of ``identities``."""

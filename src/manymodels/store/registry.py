@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,6 @@ from . import database, packs
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
-_PARTS = ("code", "params", "data", "shared")
-#: What says why a task was not reused: its identity's parts, its status, and
-#: its run's code description (which holds the run-level code and shared hashes)
-_IDENTITY_COLUMNS = ("code_hash, params_hash, data_hash, shared_hash, status, "
-                     "(SELECT code_detail FROM runs WHERE runs.run_id = tasks.run_id)")
 
 
 class _InStore:
@@ -276,55 +270,10 @@ class Store:
         the store (checked against their SHA-256) and predicts their rows
         (see :mod:`manymodels.prediction`).
         """
-        from ..prediction import predict_groups
-        from ..tables import read_table
+        from ..prediction import predict_from_store
 
-        linear = self._linear_run(self._run_row(run)[0])
-        if linear is not None:  # an mm.linear run: its result predicts, vectorised
-            from ..linmodels.stored import predict_frame
-
-            return predict_frame(self, linear, table, method, with_source)
-        config = self.attached("train_config", run, default={}) or {}
-        chosen = self._selection(run)
-        by = by if by is not None else config.get("by") or (chosen or {}).get("by")
-        if by is None:
-            raise ValueError("predict needs by= (the group columns)")
-        features = features or config.get("features")
-        frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
-        by_columns = [by] if isinstance(by, str) else list(by)
-        missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
-        if missing:
-            raise ValueError(f"column {missing[0]!r} is not in the table to predict")
-        if fn is not None and not callable(fn):
-            raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")
-        artifacts = chosen["artifacts"] if chosen else self._model_artifacts(run)
-        backup = self._latest_attached_digest("fallback", run) if fallback else None
-        routed = predict_groups(self, frame, by_columns, artifacts, backup, features=features,
-                                method=method, fn=fn, backend=backend, workers=workers,
-                                progress=progress)
-        where = "" if run is None else f" of run {run}"
-        if routed.values is None:
-            raise ValueError(
-                f"no row of the table has a model in store {str(self.path)!r}{where}: none "
-                f"of its {len(routed.unseen)} group(s) by {by_columns} (e.g. "
-                f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model")
-        if routed.unseen:
-            warnings.warn(
-                f"{int((routed.source == 'none').sum())} row(s) of {len(routed.unseen)} "
-                f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
-                f"{str(self.path)!r}{where} and no fallback: their prediction is NaN",
-                RuntimeWarning, stacklevel=2)
-        values = routed.values
-        prediction = pd.Series(list(values) if values.ndim > 1 else values, index=frame.index)
-        if prediction.dtype == object:
-            try:
-                prediction = prediction.astype(float)
-            except (TypeError, ValueError):
-                pass
-        if with_source:
-            return pd.DataFrame({"prediction": prediction, "source": routed.source},
-                                index=frame.index)
-        return prediction
+        return predict_from_store(self, table, by, method, features, run, fallback, with_source,
+                                  fn=fn, backend=backend, workers=workers, progress=progress)
 
     def _selection(self, run: int | None) -> dict | None:
         """The winners recorded by ``train(select=...)`` in ``run`` (default:
@@ -411,41 +360,6 @@ class Store:
     def why_not_reused(self, key: Hashable, run: int | None = None) -> str:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
         rather than reused: which part of its identity changed."""
-        run_id, _, _ = self._run_row(run)
-        linear = self._linear_run(run_id)
-        if linear is not None:
-            from ..linmodels.stored import explain
+        from .explain import why_not_reused
 
-            return explain(self, linear, key)
-        row = self._task_row(key, run_id, f"reused_from, {_IDENTITY_COLUMNS}")
-        if row[0] is not None:
-            return f"{key!r} was reused from run {row[0]}"
-        before = self._conn.execute(
-            f"SELECT run_id, {_IDENTITY_COLUMNS} FROM tasks WHERE key = ? AND run_id < ? "
-            "ORDER BY (status = 'ok') DESC, run_id DESC LIMIT 1",
-            (encode_key(key_parts(key)), run_id)).fetchone()
-        if before is None:
-            return f"{key!r} was trained: no earlier run in this store has this key"
-        changed = [name for name, now, then in zip(_PARTS, _identity_parts(row),
-                                                   _identity_parts(before)) if now != then]
-        if changed:
-            described = {
-                "code": "the code of fit (or of a module it uses, or a package version)",
-                "params": "its parameters", "data": "its data", "shared": "the shared objects",
-            }
-            return (f"{key!r} was trained: since run {before[0]}, "
-                    + ", ".join(described[c] for c in changed) + " changed")
-        if before[5] != Status.OK:
-            return f"{key!r} was trained: in run {before[0]} it ended {before[5]!r}"
-        return f"{key!r} was trained: reuse was turned off (reuse=False)"
-
-
-def _identity_parts(row: tuple) -> tuple:
-    """(code, params, data, shared) of a task row ``(_, code, params, data,
-    shared, status, run's code_detail)``: code and shared are the same for
-    every task of a run, so the run keeps them (a task row keeps its own only
-    in stores written before)."""
-    _, code, params, data, shared, _, detail = row
-    run_level = json.loads(detail) if detail else {}
-    return (code or run_level.get("code_hash"), params or "-", data,
-            shared or run_level.get("shared_hash"))
+        return why_not_reused(self, key, run)
