@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..dataplane import pickle_any
 from ..keys import encode_key
@@ -28,16 +28,12 @@ _SAMPLE = 200
 _REUSED_COLUMNS = "identity, run_id, artifact, size, metrics, duration_s"
 
 
-class ReusedTask(NamedTuple):
-    """A trained task whose model a new task with the same identity reuses
-    (a tuple: a re-run makes a million of them)."""
-
-    identity: str
-    run_id: int
-    artifact: str | None
-    size: int | None
-    metrics: str | None  # as stored: JSON, decoded when the results are read
-    duration_s: float | None
+#: A trained task whose model a new task with the same identity reuses: a
+#: plain tuple of :data:`_REUSED_COLUMNS` as SQLite returns it (a re-run
+#: makes a million of them), its metrics as stored (JSON, decoded when the
+#: results are read).
+ReusedTask = tuple
+_RUN, _ARTIFACT, _SIZE, _METRICS, _DURATION = 1, 2, 3, 4, 5
 
 
 class RunRecorder:
@@ -79,8 +75,8 @@ class RunRecorder:
                 "data_hash, shared_hash, status, attempts, duration_s, metrics, artifact, size, "
                 "reused_from) VALUES (?,?,?,?,?,?,?,?,'ok',0,?,?,?,?,?)",
                 [(self.run_id, index, encode_key(self.plan.key_rows[index]),
-                  *self.identities[index], hit.duration_s, hit.metrics,
-                  hit.artifact, hit.size, hit.run_id) for index, hit in reused.items()])
+                  *self.identities[index], hit[_DURATION], hit[_METRICS],
+                  hit[_ARTIFACT], hit[_SIZE], hit[_RUN]) for index, hit in reused.items()])
             conn.execute("COMMIT")
         except BaseException as exc:
             database.rollback_quietly(conn)
@@ -109,19 +105,17 @@ class RunRecorder:
         names = list(by_identity)
         sample = names[::max(1, len(names) // _SAMPLE)]
         candidates: dict[str, ReusedTask] = {}
-        for run_id in self._runs_to_read(min((h.run_id for h in self._latest_trained(sample)),
+        for run_id in self._runs_to_read(min((hit[_RUN] for hit in self._latest_trained(sample)),
                                              default=None), len(names)):
-            candidates.update(  # in run order: a later run's task wins
-                (hit.identity, hit) for hit in map(ReusedTask._make, self.conn.execute(
+            candidates.update({  # in run order: a later run's task wins
+                hit[0]: hit for hit in self.conn.execute(
                     f"SELECT {_REUSED_COLUMNS} FROM tasks WHERE run_id = ? AND status = 'ok' "
-                    "AND reused_from IS NULL AND error IS NULL", (run_id,)))
-                if hit.identity in by_identity)
-        found = self._loadable({name: hit for name, hit in candidates.items()
-                                if hit.artifact is not None or hit.metrics is not None})
+                    "AND reused_from IS NULL AND error IS NULL", (run_id,)).fetchall()
+                if hit[0] in by_identity})
+        found = self._loadable(candidates)
         rest = [name for name in names if name not in found]
         if rest:
-            found.update(self._loadable({hit.identity: hit for hit in self._latest_trained(rest)
-                                         if hit.artifact is not None or hit.metrics is not None}))
+            found.update(self._loadable({hit[0]: hit for hit in self._latest_trained(rest)}))
         return {i: hit for name, hit in found.items() for i in by_identity[name]}
 
     def _runs_to_read(self, first: int | None, tasks: int) -> list[int]:
@@ -148,28 +142,32 @@ class RunRecorder:
         rows: list[ReusedTask] = []
         for start in range(0, len(identities), 5000):  # SQLite takes 32766 parameters
             chunk = identities[start:start + 5000]
-            rows += map(ReusedTask._make, self.conn.execute(
+            rows += self.conn.execute(
                 "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
                 "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
-                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk))
+                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
         return rows
 
     def _loadable(self, candidates: dict[str, ReusedTask]) -> dict[str, ReusedTask]:
+        """Those of ``candidates`` that left a model or metrics, and whose
+        artifact can still be loaded."""
         loadable = database.loadable_artifacts(
             self.conn, self.store.path,
-            {hit.artifact for hit in candidates.values() if hit.artifact is not None})
+            {hit[_ARTIFACT] for hit in candidates.values() if hit[_ARTIFACT] is not None})
         return {name: hit for name, hit in candidates.items()
-                if hit.artifact is None or hit.artifact in loadable}
+                if hit[_ARTIFACT] in loadable
+                or (hit[_ARTIFACT] is None and hit[_METRICS] is not None)}
 
     def fill_reused(self, records: Any) -> int:
         """Fill in the results of the reused tasks (their models stay in the
         store, loaded when asked for); return how many."""
+        status, reused_from, metrics, model = (records.status, records.reused_from,
+                                               records.metrics, records.model)
+        ok = Status.OK.value
         for index, hit in self._reused.items():
-            records.status[index] = Status.OK.value
-            records.reused_from[index] = hit.run_id
-            records.metrics[index] = hit.metrics
-            if hit.artifact is not None:  # this run's row names it: loaded from there
-                records.model[index] = IN_STORE
+            status[index], reused_from[index], metrics[index] = ok, hit[_RUN], hit[_METRICS]
+            if hit[_ARTIFACT] is not None:  # this run's row names it: loaded from there
+                model[index] = IN_STORE
         count = len(self._reused)
         self._reused = {}
         return count
