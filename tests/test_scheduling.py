@@ -13,11 +13,18 @@ from manymodels.scheduling import BatchSizer
 
 def test_batch_sizes_ramp_then_follow_measured_times():
     sizer = BatchSizer(workers=2, target_s=0.1)
-    assert [sizer.next_size(10_000) for _ in range(4)] == [1, 2, 4, 8]
+    # one task per worker while nothing is measured, then doubling
+    assert [sizer.next_size(10_000) for _ in range(6)] == [1, 1, 1, 2, 4, 8]
     sizer.observe(busy_s=0.001 * 8, tasks=8)  # 1 ms per task
     assert sizer.next_size(10_000) == 100
     assert sizer.next_size(40) == 5  # near the end: spread the rest over the workers
     assert sizer.next_size(3) == 1
+
+
+def test_every_worker_gets_one_unmeasured_task_before_any_gets_two():
+    sizer = BatchSizer(workers=16, target_s=0.1)
+    assert [sizer.next_size(1_000) for _ in range(16)] == [1] * 16
+    assert sizer.next_size(1_000) == 1 and sizer.next_size(1_000) == 2  # then the ramp
 
 
 def test_a_second_batch_is_queued_on_a_worker_only_while_tasks_are_short():

@@ -86,7 +86,8 @@ def _sigterm_interrupts() -> Iterator[None]:
 class BatchSizer:
     """Adaptive batch size from measured task times (like joblib's auto batching).
 
-    Until a batch has been measured, sizes double from 1. Then a batch holds
+    Until a batch has been measured, each worker gets one task, then sizes
+    double from 1. Then a batch holds
     ``target_s`` worth of tasks at the running average time per task, capped so
     that the remaining tasks still spread over every worker a few times. When
     preparing a batch costs time of its own (reading its groups' rows from
@@ -100,6 +101,7 @@ class BatchSizer:
         self.seconds_per_task: float | None = None
         self.prepare_s: float | None = None  # per batch, when preparing one takes time
         self._ramp = 1
+        self._blind = 0  # batches handed out before any was measured
 
     def observe(self, busy_s: float, tasks: int, prepare_s: float = 0.0) -> None:
         if prepare_s > 0:
@@ -108,6 +110,9 @@ class BatchSizer:
             self.seconds_per_task = _running_average(self.seconds_per_task, busy_s / tasks)
 
     def next_size(self, remaining: int) -> int:
+        if self.seconds_per_task is None and self._blind < self.workers:
+            self._blind += 1  # one task for each worker before any is measured: a worker
+            return 1          # never waits while another holds two unmeasured tasks
         if self.seconds_per_task is None:
             size, self._ramp = self._ramp, min(self._ramp * 2, 64)
         else:
