@@ -296,6 +296,17 @@ def mix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+def mix64_inplace(x: np.ndarray, scratch: np.ndarray) -> None:
+    """:func:`mix64` in place on uint64 ``x``, with ``scratch`` (its shape) the
+    only temporary: for chunks of a large column, hashed without allocating."""
+    for multiplier, shift in ((_M1, 30), (_M2, 27)):
+        np.right_shift(x, np.uint64(shift), out=scratch)
+        np.bitwise_xor(x, scratch, out=x)
+        np.multiply(x, multiplier, out=x)
+    np.right_shift(x, np.uint64(31), out=scratch)
+    np.bitwise_xor(x, scratch, out=x)
+
+
 def lanes_of(text: str) -> tuple[int, int]:
     """The two lanes of a 32-hex-digit hash (a :func:`digest`)."""
     return int(text[:16], 16), int(text[16:32], 16)

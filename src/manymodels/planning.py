@@ -148,7 +148,7 @@ def plan(source: Source) -> Plan:
     if settings == [None]:  # one task per entry: built in one pass (a million of them)
         entries = data.entries()
         key_rows = [parts for parts, _, _ in entries]
-        tasks = [Task(index, parts[0] if len(parts) == 1 else parts, ref, None, cost)
+        tasks = [Task(index, _scalar_key(parts), ref, None, cost)
                  for index, (parts, ref, cost) in enumerate(entries)]
         return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
                     param_columns=param_columns, key_rows=key_rows)

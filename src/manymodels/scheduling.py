@@ -203,9 +203,11 @@ class Scheduler:
             self.recorder.task_finished(index)
 
     def _record_all(self, outcomes: list[Outcome], worker: int) -> list[int]:
-        """:meth:`_record` for a batch's outcomes, in one loop over local names
-        (a million tasks paid more for the method calls than for the work);
-        returns the tasks that go back for a retry."""
+        """Record a batch's outcomes: each one's attempt and times, its model
+        and metrics when ok, then :meth:`_finish`'s bookkeeping unless it goes
+        back for a retry; all in one loop over local names (a million tasks
+        paid more for a method call each than for the work). Returns the
+        tasks to retry."""
         rec, ok_status, retries = self.records, Status.OK.value, self.retries
         attempts, durations, starts = rec.attempts, rec.duration_s, rec.started_at
         statuses, workers, errors = rec.status, rec.worker, rec.error

@@ -144,9 +144,6 @@ class TableSlices(TaskData):
     def entries(self) -> list[Entry]:
         layout, cost = self.layout, self._cost
         offsets, lengths = layout.offsets.tolist(), layout.lengths.tolist()  # Python ints
-        if cost is float:
-            return [(key, (offset, length), float(length))
-                    for key, offset, length in zip(layout.keys, offsets, lengths)]
         return [(key, (offset, length), float(cost(length)))
                 for key, offset, length in zip(layout.keys, offsets, lengths)]
 

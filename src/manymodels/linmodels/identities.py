@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..hashing import digest, lanes_of, mix64
+from ..hashing import digest, lanes_of, mix64, mix64_inplace
 from .prepare import Prepared
 
 #: the code whose edit changes a fitted model: a new version refits every group
@@ -52,16 +52,6 @@ def describe_options(family: str, by: list[str], features: list[str], target: st
                     tol=float(options["tol"]))
     what["model_code"] = model_code_version()
     return what
-
-
-def _mix_inplace(x: np.ndarray, scratch: np.ndarray) -> None:
-    """splitmix64's finalizer, in place (no temporaries beyond ``scratch``)."""
-    for multiplier, shift in ((_K[1], 30), (_K[2], 27)):
-        np.right_shift(x, np.uint64(shift), out=scratch)
-        np.bitwise_xor(x, scratch, out=x)
-        np.multiply(x, multiplier, out=x)
-    np.right_shift(x, np.uint64(31), out=scratch)
-    np.bitwise_xor(x, scratch, out=x)
 
 
 def _row_hashes(columns: list[np.ndarray], a: int, out: np.ndarray,
@@ -111,7 +101,7 @@ def group_identities(data: Prepared, options_hash: str) -> np.ndarray:
                 starts[g0:g1].astype(np.uint64), lengths)
             np.multiply(position, _K[4], out=position)
             np.add(out, position, out=out)
-            _mix_inplace(out, tmp)
+            mix64_inplace(out, tmp)
             sums[g0:g1] += np.add.reduceat(out, local)
         salt_a, salt_b = (np.uint64(v) for v in lanes_of(options_hash))
         identity = mix64(sums ^ mix64(data.counts.astype(np.uint64) + salt_a))

@@ -233,14 +233,12 @@ def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, opti
     conn = store._conn
     try:
         conn.execute("BEGIN IMMEDIATE")
-        run_id = conn.execute(
-            "INSERT INTO runs(started_at, status, backend, workers, source, fit, tasks, "
-            "key_columns, param_columns, code_detail, driver) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (time.time(), "running", engine, workers, f"{source}, by={by})",
-             f"mm.linear({options['family']}) {name}", groups, json.dumps(by), "[]",
-             json.dumps(detail), database.driver_label())).lastrowid
+        run_id = database.insert_run(
+            conn, backend=engine, workers=workers, source=f"{source}, by={by})",
+            fit=f"mm.linear({options['family']}) {name}", tasks=groups, key_columns=by,
+            param_columns=[], code_detail=detail)
         conn.execute("COMMIT")
-        return int(run_id)
+        return run_id
     except sqlite3.Error as exc:
         database.rollback_quietly(conn)
         raise database.write_error(store.path, exc, "the run could not start") from exc

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import socket
 import sqlite3
@@ -211,6 +212,19 @@ def driver_label() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
 
 
+def insert_run(conn: sqlite3.Connection, *, backend: str, workers: int, source: str,
+               fit: str, tasks: int, key_columns: list, param_columns: list,
+               code_detail: dict) -> int:
+    """A new run's row, ``running`` and owned by this driver (inside the
+    caller's transaction); its ``run_id``."""
+    return int(conn.execute(
+        "INSERT INTO runs(started_at, status, backend, workers, source, fit, tasks, "
+        "key_columns, param_columns, code_detail, driver) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (time.time(), "running", backend, workers, source, fit, tasks,
+         json.dumps(key_columns), json.dumps(param_columns), json.dumps(code_detail),
+         driver_label())).lastrowid)
+
+
 def _driver_alive(label: str | None) -> bool:
     import psutil
 
@@ -329,7 +343,7 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
     for, else one query per 5,000."""
     if not digests:
         return set()
-    packed = {d for d in digests if "@" in d}  # packs.is_locator, inlined: a million
+    packed = {d for d in digests if packs.is_locator(d)}
     digests = digests - packed
     packed = packs.whole_locators(conn, packed)
     total = conn.execute("SELECT max(rowid) FROM artifacts").fetchone()[0] or 0

@@ -10,7 +10,6 @@ same transaction or earlier).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from typing import Any
@@ -61,15 +60,11 @@ class RunRecorder:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            cursor = conn.execute(
-                "INSERT INTO runs(started_at, status, backend, workers, source, fit, tasks, "
-                "key_columns, param_columns, code_detail, driver) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (time.time(), "running", self.backend, self.workers, self.source,
-                 self.fit_name, len(self.plan.tasks), json.dumps(self.plan.key_columns),
-                 json.dumps(self.plan.param_columns), json.dumps(self.code_detail),
-                 database.driver_label()))
-            self.run_id = cursor.lastrowid
+            self.run_id = database.insert_run(
+                conn, backend=self.backend, workers=self.workers, source=self.source,
+                fit=self.fit_name, tasks=len(self.plan.tasks),
+                key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
+                code_detail=self.code_detail)
             conn.executemany(
                 "INSERT INTO tasks(run_id, task_index, key, identity, code_hash, params_hash, "
                 "data_hash, shared_hash, status, attempts, duration_s, metrics, artifact, size, "
