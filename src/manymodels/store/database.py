@@ -2,9 +2,10 @@
 
 Layout of a store directory (owner-only permissions)::
 
-    index.sqlite        runs, tasks (key, identity, status, metrics, timings,
-                        error, artifact reference), packs of small models, and
-                        run attachments as BLOBs
+    index.sqlite        runs; their tasks (key, identity, status, metrics,
+                        timings, error, artifact reference) as columnar blocks,
+                        one row per hand-over (see :mod:`.taskblocks`); packs
+                        of small models; run attachments as BLOBs
     artifacts/ab/abcd…  models of 1 MiB or more, one file each, named by SHA-256
 
 A model under 1 MiB that a run trains goes into a *pack* (:mod:`.packs`):
@@ -57,6 +58,18 @@ CREATE TABLE IF NOT EXISTS runs (
     code_detail   TEXT,                   -- JSON: hashed sources and package versions
     driver        TEXT                    -- host:pid:process start of the driver writing it
 );
+-- a run's finished tasks, one row per hand-over of the writer: an Arrow IPC
+-- stream with a row per task and the columns of the old tasks table (see
+-- taskblocks); trained counts its tasks that trained a model (not reused)
+CREATE TABLE IF NOT EXISTS task_blocks (
+    block_id INTEGER PRIMARY KEY,
+    run_id   INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    tasks    INTEGER NOT NULL,
+    trained  INTEGER NOT NULL,
+    data     BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS task_blocks_run ON task_blocks(run_id, trained);
+-- stores written before task_blocks: a row per task (read, never written)
 CREATE TABLE IF NOT EXISTS tasks (
     run_id       INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
     task_index   INTEGER NOT NULL,
