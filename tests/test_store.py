@@ -19,6 +19,7 @@ import pytest
 
 import manymodels as mm
 from conftest import fit_linear
+from manymodels.store import taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -32,8 +33,8 @@ def run_script(path: Path, *args: str, timeout: float = 120) -> subprocess.Compl
 
 def committed_ok(store: Path, run_id: int) -> int:
     with sqlite3.connect(store / "index.sqlite") as conn:
-        return conn.execute("SELECT count(*) FROM tasks WHERE run_id=? AND status='ok'",
-                            (run_id,)).fetchone()[0]
+        tasks = taskblocks.read_run(conn, run_id, ["status"])
+        return tasks["status"].to_pylist().count("ok")
 
 
 SLOW_DRIVER = textwrap.dedent("""

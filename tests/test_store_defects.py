@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import manymodels as mm
+from manymodels.store import taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -78,7 +79,8 @@ def test_missing_or_corrupt_artifact_is_retrained_not_reused(tmp_path):
     with sqlite3.connect(store / "index.sqlite") as conn:
         # small models are packed: item -> (pack, offset, size) from its locator
         located = {json.loads(key)[0]: tuple(int(p) for p in art.split("@")[1].split("/"))
-                   for key, art in conn.execute("SELECT key, artifact FROM tasks")}
+                   for key, art in zip(*taskblocks.read_run(conn, 1, ["key", "artifact"])
+                                       .select(["key", "artifact"]).to_pydict().values())}
         last = max(located, key=lambda item: located[item][1])  # lost: the pack cut short
         damaged = next(item for item in located if item != last)  # corrupt: bytes zeroed
         pack, offset, size = located[last]

@@ -19,6 +19,7 @@ import manymodels as mm
 from manymodels.hashing import task_identities
 from manymodels.messages import Pickled
 from manymodels.planning import plan
+from manymodels.store import taskblocks
 from manymodels.store.registry import IN_STORE
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -144,7 +145,9 @@ def test_a_driver_killed_mid_run_loses_at_most_the_last_second_and_resumes(tmp_p
     def committed() -> int:
         try:
             with sqlite3.connect(store / "index.sqlite", timeout=5) as conn:
-                return conn.execute("SELECT count(*) FROM tasks WHERE status='ok'").fetchone()[0]
+                return sum(
+                    taskblocks.decode(data)["status"].to_pylist().count("ok")
+                    for (data,) in conn.execute("SELECT data FROM task_blocks"))
         except sqlite3.Error:
             return 0
 

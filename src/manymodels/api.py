@@ -164,7 +164,7 @@ def train(
                                fit_name=_callable_name(fit), source=repr(source),
                                backend=name,
                                workers=options.sized_for(backend_type, len(plan.tasks)).workers)
-        to_do -= len(recorder.begin(reuse=options.reuse))
+        to_do -= recorder.begin(reuse=options.reuse)
     try:
         engine = instance if instance is not None else backend_type()
         engine.configure(options.sized_for(backend_type, to_do))

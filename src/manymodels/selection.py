@@ -78,9 +78,7 @@ def record_winners(store: Any, run_id: int, best: pd.DataFrame, key_rows: list[t
     a prediction looks it up); return how many groups have one."""
     from .keys import encode_key
 
-    artifacts = dict(store._conn.execute(
-        "SELECT task_index, artifact FROM tasks WHERE run_id = ? AND artifact IS NOT NULL",
-        (run_id,)).fetchall())
+    artifacts = store._run_artifacts(run_id)
     width = len(group_columns)
     chosen = {}
     for index in best.index:

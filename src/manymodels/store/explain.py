@@ -8,14 +8,17 @@ import json
 from collections.abc import Hashable
 from typing import Any
 
+import pyarrow.compute as pc
+
 from ..keys import encode_key, key_parts
 from ..messages import Status
+from . import taskblocks
 
 _PARTS = ("code", "params", "data", "shared")
-#: What says why a task was not reused: its identity's parts, its status, and
-#: its run's code description (which holds the run-level code and shared hashes)
-_IDENTITY_COLUMNS = ("code_hash, params_hash, data_hash, shared_hash, status, "
-                     "(SELECT code_detail FROM runs WHERE runs.run_id = tasks.run_id)")
+#: What says why a task was not reused: its identity's parts and its status
+#: (with its run's code description, which holds the run-level code and
+#: shared hashes)
+_IDENTITY_COLUMNS = ["code_hash", "params_hash", "data_hash", "shared_hash", "status"]
 
 
 def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
@@ -26,35 +29,54 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
         from ..linmodels.stored import explain
 
         return explain(store, linear, key)
-    row = store._task_row(key, run_id, f"reused_from, {_IDENTITY_COLUMNS}")
-    if row[0] is not None:
-        return f"{key!r} was reused from run {row[0]}"
-    before = store._conn.execute(
-        f"SELECT run_id, {_IDENTITY_COLUMNS} FROM tasks WHERE key = ? AND run_id < ? "
-        "ORDER BY (status = 'ok') DESC, run_id DESC LIMIT 1",
-        (encode_key(key_parts(key)), run_id)).fetchone()
+    row = store._task_row(key, run_id, ["reused_from", *_IDENTITY_COLUMNS])
+    if row["reused_from"] is not None:
+        return f"{key!r} was reused from run {row['reused_from']}"
+    now = _identity_parts(row, _code_detail(store, run_id))
+    before = _latest_before(store, encode_key(key_parts(key)), run_id)
     if before is None:
         return f"{key!r} was trained: no earlier run in this store has this key"
-    changed = [name for name, now, then in zip(_PARTS, _identity_parts(row),
-                                               _identity_parts(before)) if now != then]
+    then_run, then = before
+    changed = [name for name, a, b in zip(_PARTS, now, _identity_parts(
+        then, _code_detail(store, then_run))) if a != b]
     if changed:
         described = {
             "code": "the code of fit (or of a module it uses, or a package version)",
             "params": "its parameters", "data": "its data", "shared": "the shared objects",
         }
-        return (f"{key!r} was trained: since run {before[0]}, "
+        return (f"{key!r} was trained: since run {then_run}, "
                 + ", ".join(described[c] for c in changed) + " changed")
-    if before[5] != Status.OK:
-        return f"{key!r} was trained: in run {before[0]} it ended {before[5]!r}"
+    if then["status"] != Status.OK:
+        return f"{key!r} was trained: in run {then_run} it ended {then['status']!r}"
     return f"{key!r} was trained: reuse was turned off (reuse=False)"
 
 
-def _identity_parts(row: tuple) -> tuple:
-    """(code, params, data, shared) of a task row ``(_, code, params, data,
-    shared, status, run's code_detail)``: code and shared are the same for
-    every task of a run, so the run keeps them (a task row keeps its own only
-    in stores written before)."""
-    _, code, params, data, shared, _, detail = row
-    run_level = json.loads(detail) if detail else {}
-    return (code or run_level.get("code_hash"), params or "-", data,
-            shared or run_level.get("shared_hash"))
+def _latest_before(store: Any, key: str, run_id: int) -> tuple[int, dict] | None:
+    """The task with ``key`` in the latest run before ``run_id`` that has it,
+    preferring a run where it ended ok: ``(run, its columns)``."""
+    fallback = None
+    for (earlier,) in store._conn.execute(
+            "SELECT run_id FROM runs WHERE run_id < ? ORDER BY run_id DESC", (run_id,)):
+        tasks = taskblocks.read_run(store._conn, earlier, ["key", *_IDENTITY_COLUMNS])
+        rows = tasks.filter(pc.equal(tasks["key"], key))
+        if rows.num_rows == 0:
+            continue
+        row = {name: rows[name][rows.num_rows - 1].as_py() for name in _IDENTITY_COLUMNS}
+        if row["status"] == Status.OK:
+            return earlier, row
+        fallback = fallback or (earlier, row)
+    return fallback
+
+
+def _code_detail(store: Any, run_id: int) -> dict:
+    (detail,) = store._conn.execute("SELECT code_detail FROM runs WHERE run_id = ?",
+                                    (run_id,)).fetchone()
+    return json.loads(detail) if detail else {}
+
+
+def _identity_parts(row: dict, run_level: dict) -> tuple:
+    """(code, params, data, shared) of a task: code and shared are the same
+    for every task of a run, so the run keeps them (a task row keeps its own
+    only in stores written before)."""
+    return (row["code_hash"] or run_level.get("code_hash"), row["params_hash"] or "-",
+            row["data_hash"], row["shared_hash"] or run_level.get("shared_hash"))

@@ -116,9 +116,3 @@ def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
     at = np.minimum(np.searchsorted(pack_ids, pack), len(pack_ids) - 1)
     whole = (pack_ids[at] == pack) & (offset + size <= lengths[at])
     return {name for name, ok in zip(names, whole.tolist()) if ok}
-
-
-def referenced_packs(conn: sqlite3.Connection) -> set[int]:
-    """The packs some task row still names (what :meth:`Store.gc` keeps)."""
-    return {parse_locator(a)[1] for (a,) in conn.execute(
-        "SELECT DISTINCT artifact FROM tasks WHERE artifact LIKE '%@%'")}

@@ -14,25 +14,21 @@ import sqlite3
 import time
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ..dataplane import pickle_any
 from ..keys import encode_key
 from ..messages import Pickled, Status
-from . import database
+from . import database, taskblocks
 from .registry import IN_STORE
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
-#: Identities looked up one by one to find the runs a re-run reads whole.
-_SAMPLE = 200
-_REUSED_COLUMNS = "identity, run_id, artifact, size, metrics, duration_s"
-
-
-#: A trained task whose model a new task with the same identity reuses: a
-#: plain tuple of :data:`_REUSED_COLUMNS` as SQLite returns it (a re-run
-#: makes a million of them), its metrics as stored (JSON, decoded when the
-#: results are read).
-ReusedTask = tuple
-_RUN, _ARTIFACT, _SIZE, _METRICS, _DURATION = 1, 2, 3, 4, 5
+#: The columns a reused task takes from the task whose model it reuses.
+_REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
+                   "metrics", "duration_s")
 
 
 class RunRecorder:
@@ -49,14 +45,15 @@ class RunRecorder:
         self.backend, self.workers = backend, workers
         self.run_id: int | None = None
         self._pending: list[int] = []
-        self._reused: dict[int, ReusedTask] = {}
+        self._reused: pa.Table | None = None
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
 
-    def begin(self, reuse: bool) -> dict[int, ReusedTask]:
-        """Create the run's row and record the tasks whose models are reused."""
-        reused = self._reused = self._find_reusable() if reuse else {}
+    def begin(self, reuse: bool) -> int:
+        """Create the run's row and record the tasks whose models are reused
+        (as blocks, like any finished task); return how many."""
+        reused = self._reused = self._find_reusable() if reuse else None
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -65,13 +62,8 @@ class RunRecorder:
                 fit=self.fit_name, tasks=len(self.plan.tasks),
                 key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
                 code_detail=self.code_detail)
-            conn.executemany(
-                "INSERT INTO tasks(run_id, task_index, key, identity, code_hash, params_hash, "
-                "data_hash, shared_hash, status, attempts, duration_s, metrics, artifact, size, "
-                "reused_from) VALUES (?,?,?,?,?,?,?,?,'ok',0,?,?,?,?,?)",
-                [(self.run_id, index, encode_key(self.plan.key_rows[index]),
-                  *self.identities[index], hit[_DURATION], hit[_METRICS],
-                  hit[_ARTIFACT], hit[_SIZE], hit[_RUN]) for index, hit in reused.items()])
+            if reused is not None and reused.num_rows:
+                self._insert_reused(reused)
             conn.execute("COMMIT")
         except BaseException as exc:
             database.rollback_quietly(conn)
@@ -81,91 +73,140 @@ class RunRecorder:
             raise
         self._writer = StoreWriter(self.store.path, self.run_id, self.plan.key_rows,
                                    self.identities, on_committed=self._forget_models)
-        return reused
+        return 0 if reused is None else reused.num_rows
 
-    def _find_reusable(self) -> dict[int, ReusedTask]:
-        """The latest task that trained each identity, if its model can still
-        be loaded: its artifact is in the index (and its file is there,
-        whole), and no load has found it corrupt.
+    def _insert_reused(self, reused: pa.Table) -> None:
+        """The reused tasks' rows: blocks of at most a million each."""
+        key_rows, identities = self.plan.key_rows, self.identities
+        for start in range(0, reused.num_rows, 1 << 20):
+            part = reused.slice(start, 1 << 20)
+            indices = part["task_index"].to_pylist()
+            ids = list(zip(*(identities[index] for index in indices)))
+            taskblocks.insert(self.conn, self.run_id, taskblocks.table({
+                "task_index": part["task_index"],
+                "key": [encode_key(key_rows[index]) for index in indices],
+                "identity": ids[0], "code_hash": ids[1], "params_hash": ids[2],
+                "data_hash": ids[3], "shared_hash": ids[4],
+                "status": pa.repeat("ok", part.num_rows).cast(pa.string()),
+                "attempts": np.zeros(part.num_rows, dtype=np.int64),
+                "duration_s": part["duration_s"], "metrics": part["metrics"],
+                "artifact": part["artifact"], "size": part["size"],
+                "reused_from": part["reused_from"]}))
 
-        A re-run mostly finds its identities in the one or two runs that
-        trained them. So a sample of identities says where to start, and the
-        runs since then that trained tasks are read whole, each in one scan
-        of its rows, a later run's task winning; what that leaves (new tasks,
-        tasks last trained before, a corrupt artifact) is looked up per
-        identity, one grouped query per 5,000 identities."""
+    def _find_reusable(self) -> pa.Table | None:
+        """For each task, the latest task that trained its identity, if its
+        model can still be loaded (its artifact is in the index, its file or
+        pack there and whole, and no load found it corrupt), as a table:
+        ``task_index`` (this run's), ``reused_from`` (the run that trained
+        it), ``artifact``, ``size``, ``metrics``, ``duration_s``.
+
+        The runs that trained something are read newest first, one columnar
+        read and one vectorised match each, until every identity is found:
+        an unchanged re-run reads one run. Stores written before task blocks
+        are then looked up per identity, in the old ``tasks`` table."""
+        if not self.identities:
+            return None
+        names = pa.array([parts[0] for parts in self.identities], pa.string())
+        left = np.arange(len(names))
+        found: list[pa.Table] = []
+        for run_id in self._runs_that_trained():
+            if left.size == 0:
+                break
+            trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
+                                          trained_only=True)
+            trained = trained.filter(pc.and_(
+                pc.and_(pc.equal(trained["status"], "ok"), pc.is_null(trained["reused_from"])),
+                pc.is_null(trained["error"])))
+            if trained.num_rows == 0:
+                continue
+            at = pc.index_in(names.take(left), value_set=trained["identity"])
+            hit = at.is_valid().to_numpy(zero_copy_only=False)
+            if not hit.any():
+                continue
+            rows = trained.take(at.drop_null())
+            loadable = self._loadable_mask(rows)
+            matched = left[hit][loadable]
+            rows = rows.filter(pa.array(loadable))
+            found.append(pa.table({
+                "task_index": pa.array(matched, pa.int64()),
+                "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), len(matched)),
+                "artifact": rows["artifact"], "size": rows["size"],
+                "metrics": rows["metrics"], "duration_s": rows["duration_s"]}))
+            keep = np.ones(left.size, dtype=bool)
+            keep[np.flatnonzero(hit)[loadable]] = False
+            left = left[keep]
+        if left.size and self._has_legacy_rows():
+            found.append(self._legacy_reusable(left))
+        found = [part for part in found if part.num_rows]
+        if not found:
+            return None
+        return pa.concat_tables(found).combine_chunks()
+
+    def _runs_that_trained(self) -> list[int]:
+        return [run_id for (run_id,) in self.conn.execute(
+            "SELECT DISTINCT b.run_id FROM task_blocks b JOIN runs r ON r.run_id = b.run_id "
+            "WHERE b.trained > 0 AND coalesce(r.backend, '') NOT LIKE 'mm.linear%' "
+            "ORDER BY b.run_id DESC")]
+
+    def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
+        """Which of ``rows`` left a model that can still be loaded, or metrics
+        without a model."""
+        artifacts = rows["artifact"].to_pylist()
+        loadable = database.loadable_artifacts(
+            self.conn, self.store.path, {a for a in artifacts if a is not None})
+        has_metrics = rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
+        return np.fromiter(
+            (a in loadable if a is not None else bool(m)
+             for a, m in zip(artifacts, has_metrics)), dtype=bool, count=len(artifacts))
+
+    def _has_legacy_rows(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None
+
+    def _legacy_reusable(self, left: np.ndarray) -> pa.Table:
+        """What tasks ``left`` find in a store's rows written before blocks:
+        the latest trained task per identity, one grouped query per 5,000."""
         by_identity: dict[str, list[int]] = {}
-        for index, parts in enumerate(self.identities):
-            by_identity.setdefault(parts[0], []).append(index)
+        for index in left.tolist():
+            by_identity.setdefault(self.identities[index][0], []).append(index)
         names = list(by_identity)
-        sample = names[::max(1, len(names) // _SAMPLE)]
-        candidates: dict[str, ReusedTask] = {}
-        for run_id in self._runs_to_read(min((hit[_RUN] for hit in self._latest_trained(sample)),
-                                             default=None), len(names)):
-            candidates.update({  # in run order: a later run's task wins
-                hit[0]: hit for hit in self.conn.execute(
-                    f"SELECT {_REUSED_COLUMNS} FROM tasks WHERE run_id = ? AND status = 'ok' "
-                    "AND reused_from IS NULL AND error IS NULL", (run_id,)).fetchall()
-                if hit[0] in by_identity})
-        found = self._loadable(candidates)
-        rest = [name for name in names if name not in found]
-        if rest:
-            found.update(self._loadable({hit[0]: hit for hit in self._latest_trained(rest)}))
-        return {i: hit for name, hit in found.items() for i in by_identity[name]}
-
-    def _runs_to_read(self, first: int | None, tasks: int) -> list[int]:
-        """The runs from ``first`` on that may have trained tasks, oldest first:
-        every one of them, so that each identity found there is found in the
-        latest run that trained it, back to (not including) the latest run
-        too large to read for a re-run of ``tasks`` tasks."""
-        if first is None:
-            return []
-        runs: list[int] = []
-        for run_id, size, ok, reused in self.conn.execute(
-                "SELECT run_id, tasks, ok, reused FROM runs WHERE run_id >= ? "
-                "AND coalesce(backend, '') NOT LIKE 'mm.linear%' ORDER BY run_id DESC",
-                (first,)):
-            if ok is not None and ok - (reused or 0) <= 0:
-                continue  # it trained nothing
-            if (size or 0) > 4 * tasks + 10_000:
-                break  # cheaper looked up per identity than read whole
-            runs.append(run_id)
-        return runs[::-1]
-
-    def _latest_trained(self, identities: list[str]) -> list[ReusedTask]:
-        """The latest finished task that trained each of ``identities``."""
-        rows: list[ReusedTask] = []
-        for start in range(0, len(identities), 5000):  # SQLite takes 32766 parameters
-            chunk = identities[start:start + 5000]
+        rows: list[tuple] = []
+        for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
+            chunk = names[start:start + 5000]
             rows += self.conn.execute(
                 "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
                 "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
                 f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
-        return rows
-
-    def _loadable(self, candidates: dict[str, ReusedTask]) -> dict[str, ReusedTask]:
-        """Those of ``candidates`` that left a model or metrics, and whose
-        artifact can still be loaded."""
         loadable = database.loadable_artifacts(
-            self.conn, self.store.path,
-            {hit[_ARTIFACT] for hit in candidates.values() if hit[_ARTIFACT] is not None})
-        return {name: hit for name, hit in candidates.items()
-                if hit[_ARTIFACT] in loadable
-                or (hit[_ARTIFACT] is None and hit[_METRICS] is not None)}
+            self.conn, self.store.path, {row[2] for row in rows if row[2] is not None})
+        hits = [(index, *row[1:]) for row in rows
+                if (row[2] in loadable if row[2] is not None else row[4] is not None)
+                for index in by_identity[row[0]]]
+        columns = list(zip(*hits)) if hits else [[]] * 6
+        return pa.table({
+            "task_index": pa.array(columns[0], pa.int64()),
+            "reused_from": pa.array(columns[1], pa.int64()),
+            "artifact": pa.array(columns[2], pa.string()),
+            "size": pa.array(columns[3], pa.int64()),
+            "metrics": pa.array(columns[4], pa.string()),
+            "duration_s": pa.array(columns[5], pa.float64())})
 
     def fill_reused(self, records: Any) -> int:
         """Fill in the results of the reused tasks (their models stay in the
         store, loaded when asked for); return how many."""
+        reused = self._reused
+        self._reused = None
+        if reused is None:
+            return 0
         status, reused_from, metrics, model = (records.status, records.reused_from,
                                                records.metrics, records.model)
         ok = Status.OK.value
-        for index, hit in self._reused.items():
-            status[index], reused_from[index], metrics[index] = ok, hit[_RUN], hit[_METRICS]
-            if hit[_ARTIFACT] is not None:  # this run's row names it: loaded from there
+        for index, run, metric, artifact in zip(
+                reused["task_index"].to_pylist(), reused["reused_from"].to_pylist(),
+                reused["metrics"].to_pylist(), reused["artifact"].is_valid().to_pylist()):
+            status[index], reused_from[index], metrics[index] = ok, run, metric
+            if artifact:  # this run's row names it: loaded from there
                 model[index] = IN_STORE
-        count = len(self._reused)
-        self._reused = {}
-        return count
+        return reused.num_rows
 
     def _forget_models(self, indices: list[int]) -> None:
         """Called by the writer thread once these tasks' models are committed:

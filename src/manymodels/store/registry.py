@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..keys import decode_key, encode_key, key_parts
 from ..messages import Pickled, Status
-from . import database, packs
+from . import database, packs, taskblocks
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -85,6 +87,7 @@ class Store:
         #: files are not writable by this user): it can be read, not trained into.
         self.read_only = not database.prepare_directory(self.path, read_only)
         self._conn = database.connect(self.path, read_only=self.read_only)
+        self._cached_tasks: tuple[tuple, pa.Table] | None = None
 
     def close(self) -> None:
         self._conn.close()
@@ -123,14 +126,12 @@ class Store:
             from ..linmodels.stored import results_frame
 
             return results_frame(self, linear)
-        rows = self._conn.execute(
-            f"SELECT key, metrics, {', '.join(_TASK_COLUMNS)} FROM tasks WHERE run_id = ? "
-            "ORDER BY task_index", (run_id,)).fetchall()
-        keys = [decode_key(r[0]) for r in rows]
+        tasks = self._tasks(run_id)
+        keys = [decode_key(k) for k in tasks["key"].to_pylist()]
         frame = pd.DataFrame({c: [k[i] for k in keys] for i, c in enumerate(key_columns)})
-        for position, column in enumerate(_TASK_COLUMNS):
-            frame[column] = [r[2 + position] for r in rows]
-        metrics = [json.loads(r[1]) if r[1] else {} for r in rows]
+        for column in _TASK_COLUMNS:
+            frame[column] = tasks[column].to_pylist()
+        metrics = [json.loads(m) if m else {} for m in tasks["metrics"].to_pylist()]
         names: dict[str, None] = {}
         for m in metrics:
             names.update(dict.fromkeys(m))
@@ -147,29 +148,39 @@ class Store:
         from ..evaluation import window_frame
 
         run_id, key_columns, _ = self._run_row(run)
-        rows = self._conn.execute(
-            "SELECT key, metrics FROM tasks WHERE run_id = ? ORDER BY task_index",
-            (run_id,)).fetchall()
-        return window_frame(key_columns, [decode_key(r[0]) for r in rows], [r[1] for r in rows])
+        tasks = self._tasks(run_id)
+        return window_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
+                            tasks["metrics"].to_pylist())
 
-    def _task_row(self, key: Hashable, run: int | None, columns: str) -> tuple:
+    def _tasks(self, run_id: int) -> pa.Table:
+        """A run's tasks (all columns, task order), kept until the run gains
+        a block or another run is read: looking up one key in a million-task
+        run then reads the run once, not once per key."""
+        version = (run_id, *self._conn.execute(
+            "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
+            (run_id,)).fetchone())
+        if self._cached_tasks is None or self._cached_tasks[0] != version:
+            self._cached_tasks = (version, taskblocks.read_run(self._conn, run_id))
+        return self._cached_tasks[1]
+
+    def _task_row(self, key: Hashable, run: int | None, columns: list[str]) -> dict[str, Any]:
+        """The task of ``key`` in ``run``: ``columns`` by name."""
         run_id, _, _ = self._run_row(run)
-        row = self._conn.execute(
-            f"SELECT {columns} FROM tasks WHERE run_id = ? AND key = ?",
-            (run_id, encode_key(key_parts(key)))).fetchone()
-        if row is None:
+        tasks = self._tasks(run_id)
+        rows = tasks.filter(pc.equal(tasks["key"], encode_key(key_parts(key))))
+        if rows.num_rows == 0:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
-        return row
+        return {name: rows[name][rows.num_rows - 1].as_py() for name in columns}
 
     def _run_artifacts(self, run_id: int) -> dict[int, str]:
         """Task index -> artifact of each model a run recorded."""
-        return dict(self._conn.execute(
-            "SELECT task_index, artifact FROM tasks WHERE run_id = ? AND status = 'ok' AND "
-            "artifact IS NOT NULL", (run_id,)))
+        tasks = _with_models(self._tasks(run_id))
+        return dict(zip(tasks["task_index"].to_pylist(), tasks["artifact"].to_pylist()))
 
     def load(self, key: Hashable, run: int | None = None) -> Any:
         """The model of ``key`` in ``run`` (default: the latest run)."""
-        status, artifact = self._task_row(key, run, "status, artifact")
+        row = self._task_row(key, run, ["status", "artifact"])
+        status, artifact = row["status"], row["artifact"]
         if status != Status.OK or artifact is None:
             raise KeyError(f"the task with key {key!r} has no model (status {status})")
         return StoredModel(self, artifact, f"key {key!r}").load()
@@ -178,9 +189,8 @@ class Store:
         """A lazy mapping key -> model of a run (default: the latest)."""
         run_id, key_columns, _ = self._run_row(run)
         items: dict[Hashable, Any] = {}
-        for key, artifact in self._conn.execute(
-            "SELECT key, artifact FROM tasks WHERE run_id = ? AND status = 'ok' AND "
-            "artifact IS NOT NULL ORDER BY task_index", (run_id,)):
+        tasks = _with_models(self._tasks(run_id))
+        for key, artifact in zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()):
             parts = decode_key(key)
             item_key = parts[0] if len(parts) == 1 else parts
             items[item_key] = StoredModel(self, artifact, f"key {item_key!r}")
@@ -230,17 +240,18 @@ class Store:
         latest run's key columns: a re-run in which a group failed leaves that
         group its earlier model."""
         if run is not None:
-            run_id, _, _ = self._run_row(run)
-            rows = self._conn.execute(
-                "SELECT key, artifact FROM tasks WHERE run_id = ? AND status = 'ok' AND "
-                "artifact IS NOT NULL", (run_id,))
+            run_ids = [self._run_row(run)[0]]
         else:
-            run_id, key_columns, _ = self._run_row(None)
-            rows = self._conn.execute(
-                "SELECT t.key, t.artifact FROM tasks t JOIN runs r ON r.run_id = t.run_id "
-                "WHERE r.key_columns = ? AND t.status = 'ok' AND t.artifact IS NOT NULL "
-                "ORDER BY t.run_id", (json.dumps(key_columns),))
-        return dict(rows.fetchall())  # the latest run's last
+            _, key_columns, _ = self._run_row(None)
+            run_ids = [run_id for (run_id,) in self._conn.execute(
+                "SELECT run_id FROM runs WHERE key_columns = ? ORDER BY run_id",
+                (json.dumps(key_columns),))]
+        artifacts: dict[str, str] = {}
+        for run_id in run_ids:  # the latest run's last
+            tasks = _with_models(taskblocks.read_run(self._conn, run_id,
+                                                     ["key", "status", "artifact"]))
+            artifacts.update(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()))
+        return artifacts
 
     def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
                 features: list[str] | None = None, run: int | None = None,
@@ -318,6 +329,7 @@ class Store:
         self._conn.execute("BEGIN IMMEDIATE")
         self._conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
         self._conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
+        self._conn.execute("DELETE FROM task_blocks WHERE run_id = ?", (run_id,))
         self._conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
         self._conn.execute("COMMIT")
 
@@ -327,14 +339,14 @@ class Store:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            dead = conn.execute(
-                "SELECT sha256, path FROM artifacts WHERE sha256 NOT IN "
-                "(SELECT artifact FROM tasks WHERE artifact IS NOT NULL) AND sha256 NOT IN "
-                "(SELECT artifact FROM attachments)").fetchall()
+            named = taskblocks.referenced_artifacts(conn)
+            named.update(a for (a,) in conn.execute("SELECT artifact FROM attachments"))
+            dead = [(sha, path) for sha, path in conn.execute(
+                "SELECT sha256, path FROM artifacts") if sha not in named]
             conn.executemany("DELETE FROM artifacts WHERE sha256 = ?", [(d,) for d, _ in dead])
             known = {p for (p,) in conn.execute(
                 "SELECT path FROM artifacts WHERE path IS NOT NULL")}
-            referenced = packs.referenced_packs(conn)
+            referenced = {packs.parse_locator(a)[1] for a in named if packs.is_locator(a)}
             dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
                           if p not in referenced]
             conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
@@ -363,3 +375,9 @@ class Store:
         from .explain import why_not_reused
 
         return why_not_reused(self, key, run)
+
+
+def _with_models(tasks: pa.Table) -> pa.Table:
+    """The tasks that ended ok with a model."""
+    return tasks.filter(pc.and_(pc.equal(tasks["status"], Status.OK.value),
+                                pc.is_valid(tasks["artifact"])))

@@ -6,7 +6,8 @@ with a store. So the recorder hands the writer, at least once a second, the
 finished tasks as plain rows (the models already pickled, by the workers when
 they are processes), and the writer commits each hand-over in one transaction
 on its own SQLite connection: the small models joined into packs (one BLOB
-row each, see :mod:`.database`), the task rows in one ``executemany``. A
+row each, see :mod:`.packs`), the tasks' rows as one columnar block (one
+row of ``task_blocks``, see :mod:`.taskblocks`). A
 driver killed at any moment still loses at most the last second; a failed
 write (a full disk) is rolled back whole and kept as a :class:`StoreError`
 that the recorder raises on the driver's next hand-over.
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..keys import encode_key
-from . import database, packs
+from . import database, packs, taskblocks
 
 #: One finished task as the recorder hands it over: ``(index, status,
 #: attempts, duration_s, started_at, worker, metrics, error, model)``, the
@@ -58,10 +59,6 @@ def encode_metrics(metrics: dict | str | None) -> str | None:
 #: ``json.dumps(..., default=repr)`` without building an encoder per call
 #: (a third of its time on a one-metric dict, a million times a run).
 _encode_json = json.JSONEncoder(default=repr).encode
-
-
-def _nan_to_none(value: float) -> float | None:
-    return None if value != value else value
 
 
 class StoreWriter:
@@ -130,28 +127,33 @@ class StoreWriter:
 
     def _commit(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        small, task_rows = [], []
-        for index, status, attempts, duration, started, worker, metrics, error, model in rows:
-            artifact = size = None
+        (indices, statuses, attempts, durations, starts, workers, metrics, errors,
+         models) = zip(*rows)
+        artifacts: list[str | None] = [None] * len(rows)
+        sizes: list[int | None] = [None] * len(rows)
+        small = []
+        for row, model in enumerate(models):
             if model is not None:
                 data = model.data
                 artifact = model.sha256 or database.sha256(data)
-                size = len(data)
-                if size >= database.SMALL_ARTIFACT:
+                sizes[row] = len(data)
+                if len(data) >= database.SMALL_ARTIFACT:
                     database.write_artifact(conn, self.root, data, artifact)
+                    artifacts[row] = artifact
                 else:  # packed below; the row learns its locator then
-                    small.append((len(task_rows), artifact, data))
-            task_rows.append([
-                self.run_id, index, encode_key(self.key_rows[index]), *self.identities[index],
-                status, attempts, _nan_to_none(duration), _nan_to_none(started), worker,
-                encode_metrics(metrics), error, artifact, size])
+                    small.append((row, artifact, data))
         if small:
             locators = packs.write_packs(conn, [(sha, data) for _, sha, data in small])
             for (row, _, _), locator in zip(small, locators):
-                task_rows[row][-2] = locator
-        conn.executemany(
-            "INSERT OR REPLACE INTO tasks(run_id, task_index, key, identity, code_hash, "
-            "params_hash, data_hash, shared_hash, status, attempts, duration_s, "
-            "started_at, worker, metrics, error, artifact, size) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", task_rows)
+                artifacts[row] = locator
+        key_rows, identities = self.key_rows, self.identities
+        parts = list(zip(*(identities[index] for index in indices)))
+        taskblocks.insert(conn, self.run_id, taskblocks.table({
+            "task_index": indices, "key": [encode_key(key_rows[i]) for i in indices],
+            "identity": parts[0], "code_hash": parts[1], "params_hash": parts[2],
+            "data_hash": parts[3], "shared_hash": parts[4],
+            "status": [str(status) for status in statuses], "attempts": attempts,
+            "duration_s": durations, "started_at": starts, "worker": workers,
+            "metrics": [encode_metrics(m) for m in metrics], "error": errors,
+            "artifact": artifacts, "size": sizes}))
         conn.execute("COMMIT")
