@@ -31,6 +31,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from . import packs
@@ -377,6 +378,34 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
     present.difference_update(sha for (sha,) in conn.execute(
         "SELECT sha256 FROM corrupt_artifacts"))
     return present
+
+
+def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any) -> Any:
+    """:func:`loadable_artifacts` as a mask over ``artifacts`` (a string
+    array, nulls allowed: never loadable), the pack locators among them
+    checked all at once, without a Python string per model."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    artifacts = pa.array(artifacts, pa.string()) if not isinstance(
+        artifacts, pa.Array) else artifacts
+    mask = np.zeros(len(artifacts), dtype=bool)
+    packed = pc.fill_null(pc.match_substring(artifacts, "@"), False).to_numpy(
+        zero_copy_only=False)
+    where = np.flatnonzero(packed)
+    if where.size:
+        mask[where] = packs.whole_mask(conn, artifacts.take(pa.array(where)))
+        corrupt = [sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")]
+        if corrupt:
+            mask &= ~pc.fill_null(pc.is_in(artifacts, pa.array(corrupt, pa.string())),
+                                  False).to_numpy(zero_copy_only=False)
+    rest = np.flatnonzero(~packed & artifacts.is_valid().to_numpy(zero_copy_only=False))
+    if rest.size:
+        names = artifacts.take(pa.array(rest)).to_pylist()
+        loadable = loadable_artifacts(conn, root, set(names))
+        mask[rest] = [name in loadable for name in names]
+    return mask
 
 
 def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:

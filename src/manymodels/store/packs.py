@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import sqlite3
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 #: A pack holds at most this many bytes; a larger hand-over makes several.
 PACK_BYTES = 32 << 20
 
@@ -38,31 +42,27 @@ def _parsed_or_none(locator: str) -> tuple[str, int, int, int] | None:
         return None
 
 
-def write_packs(conn: sqlite3.Connection, models: list[tuple[str, bytes]]) -> list[str]:
+def write_packs(conn: sqlite3.Connection, digests: list[str], models: list[bytes]
+                ) -> list[str]:
     """Store small models as packs (inside the caller's transaction); return
-    each one's locator, in order. ``models``: ``(sha256, data)`` pairs."""
+    each one's locator, in order. ``digests``: the models' SHA-256s."""
+    import numpy as np
+
+    sizes = np.fromiter(map(len, models), dtype=np.int64, count=len(models))
+    ends = np.cumsum(sizes)
     locators: list[str] = []
-    chunk: list[tuple[str, bytes]] = []
-    total = 0
-    for digest, data in models:
-        if chunk and total + len(data) > PACK_BYTES:
-            locators += _write_pack(conn, chunk)
-            chunk, total = [], 0
-        chunk.append((digest, data))
-        total += len(data)
-    if chunk:
-        locators += _write_pack(conn, chunk)
-    return locators
-
-
-def _write_pack(conn: sqlite3.Connection, chunk: list[tuple[str, bytes]]) -> list[str]:
-    blob = b"".join(data for _, data in chunk)
-    pack = conn.execute("INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
-                        (len(blob), len(chunk), blob)).lastrowid
-    locators, offset = [], 0
-    for digest, data in chunk:
-        locators.append(f"{digest}@{pack}/{offset}/{len(data)}")
-        offset += len(data)
+    start = 0
+    while start < len(models):
+        base = ends[start - 1] if start else 0
+        # the models up to PACK_BYTES from here (always at least one)
+        stop = max(start + 1, int(np.searchsorted(ends, base + PACK_BYTES, side="right")))
+        blob = b"".join(models[start:stop])
+        pack = conn.execute("INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
+                            (len(blob), stop - start, blob)).lastrowid
+        offsets = (ends[start:stop] - sizes[start:stop] - base).tolist()
+        locators += [f"{digest}@{pack}/{offset}/{size}" for digest, offset, size in zip(
+            digests[start:stop], offsets, sizes[start:stop].tolist())]
+        start = stop
     return locators
 
 
@@ -85,22 +85,22 @@ def read_slice(conn: sqlite3.Connection, pack: int, offset: int, size: int) -> b
 
 
 def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
-    """Those of ``locators`` whose pack is there and long enough (a cheap check:
-    SQLite reads a BLOB's ``length()`` from its record header, not its content)."""
-    if not locators:
-        return set()
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    """Those of ``locators`` whose pack is there and long enough."""
+    names = list(locators)
+    whole = whole_mask(conn, pa.array(names, pa.string())).tolist()
+    return {name for name, ok in zip(names, whole) if ok}
 
+
+def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
+    """For each of ``locators``, whether its pack is there and long enough (a
+    cheap check: SQLite reads a BLOB's ``length()`` from its record header,
+    not its content); parsed all at once: a re-run checks a million."""
     known = conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
-    if not known:
-        return set()
+    if not known or len(locators) == 0:
+        return np.zeros(len(locators), dtype=bool)
     pack_ids, lengths = np.array(known, dtype=np.int64).T
-    names = list(locators)  # parsed all at once: a re-run checks a million
     try:
-        places = pc.list_element(
-            pc.split_pattern(pa.array(names, pa.string()), "@", max_splits=1), 1)
+        places = pc.list_element(pc.split_pattern(locators, "@", max_splits=1), 1)
         parts = pc.split_pattern(places, "/")
         if not pc.all(pc.equal(pc.list_value_length(parts), 3)).as_py():
             raise ValueError("a locator without three numbers")
@@ -109,10 +109,9 @@ def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
             raise ValueError("a number out of range")
     except (pa.ArrowException, ValueError):  # a damaged index row: one at a time, as ints
         sizes = dict(known)
-        return {name for name, parsed in zip(names, map(_parsed_or_none, names))
-                if parsed is not None and min(parsed[1:]) >= 0
-                and parsed[2] + parsed[3] <= sizes.get(parsed[1], -1)}
-    pack, offset, size = numbers.reshape(len(names), 3).T
+        return np.array([parsed is not None and min(parsed[1:]) >= 0
+                         and parsed[2] + parsed[3] <= sizes.get(parsed[1], -1)
+                         for parsed in map(_parsed_or_none, locators.to_pylist())], dtype=bool)
+    pack, offset, size = numbers.reshape(len(locators), 3).T
     at = np.minimum(np.searchsorted(pack_ids, pack), len(pack_ids) - 1)
-    whole = (pack_ids[at] == pack) & (offset + size <= lengths[at])
-    return {name for name, ok in zip(names, whole.tolist()) if ok}
+    return (pack_ids[at] == pack) & (offset + size <= lengths[at])

@@ -151,13 +151,13 @@ class RunRecorder:
     def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
         """Which of ``rows`` left a model that can still be loaded, or metrics
         without a model."""
-        artifacts = rows["artifact"].to_pylist()
-        loadable = database.loadable_artifacts(
-            self.conn, self.store.path, {a for a in artifacts if a is not None})
-        has_metrics = rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
-        return np.fromiter(
-            (a in loadable if a is not None else bool(m)
-             for a, m in zip(artifacts, has_metrics)), dtype=bool, count=len(artifacts))
+        artifact = rows["artifact"].combine_chunks() if isinstance(
+            rows["artifact"], pa.ChunkedArray) else rows["artifact"]
+        loadable = database.loadable_mask(self.conn, self.store.path, artifact)
+        no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
+        if no_model.any():
+            loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
+        return loadable
 
     def _has_legacy_rows(self) -> bool:
         return self.conn.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .database import StoreIntegrityError
+
 #: The columns of a block, and their Arrow types.
 COLUMNS: dict[str, pa.DataType] = {
     "task_index": pa.int64(),
@@ -70,8 +72,18 @@ def encode(block: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+def decode(data: bytes, what: str = "a task block") -> pa.Table:
+    """A block's table; a damaged one is refused by name (never half read)."""
+    try:
+        block = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StoreIntegrityError(f"{what} of the store's index is damaged ({exc}): its "
+                                  "tasks cannot be read") from exc
+    missing = [name for name in COLUMNS if name not in block.column_names]
+    if missing:
+        raise StoreIntegrityError(f"{what} of the store's index is damaged: it has no "
+                                  f"column {missing[0]!r}")
+    return block
 
 
 def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table) -> None:
@@ -102,9 +114,10 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     the others are left out: what reuse looks for is in the former)."""
     names = list(dict.fromkeys(["task_index", *(columns or COLUMNS)]))
     condition = " AND trained > 0" if trained_only else ""
-    parts = [decode(data).select(names) for (data,) in conn.execute(
-        f"SELECT data FROM task_blocks WHERE run_id = ?{condition} ORDER BY block_id",
-        (run_id,))]
+    parts = [decode(data, f"task block {block_id} of run {run_id}").select(names)
+             for block_id, data in conn.execute(
+                 f"SELECT block_id, data FROM task_blocks WHERE run_id = ?{condition} "
+                 "ORDER BY block_id", (run_id,))]
     legacy = _legacy_rows(conn, run_id)
     if legacy is not None:
         parts.insert(0, legacy.select(names))
@@ -133,7 +146,8 @@ def referenced_artifacts(conn: sqlite3.Connection) -> set[str]:
     what :meth:`Store.gc` keeps."""
     names: set[str] = {a for (a,) in conn.execute(
         "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL")}
-    for (data,) in conn.execute("SELECT data FROM task_blocks"):
-        column = decode(data)["artifact"].drop_null()
+    for block_id, run_id, data in conn.execute(
+            "SELECT block_id, run_id, data FROM task_blocks"):
+        column = decode(data, f"task block {block_id} of run {run_id}")["artifact"].drop_null()
         names.update(pc.unique(column).to_pylist())
     return names

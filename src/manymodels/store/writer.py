@@ -20,7 +20,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..keys import encode_key
@@ -59,6 +59,40 @@ def encode_metrics(metrics: dict | str | None) -> str | None:
 #: ``json.dumps(..., default=repr)`` without building an encoder per call
 #: (a third of its time on a one-metric dict, a million times a run).
 _encode_json = json.JSONEncoder(default=repr).encode
+
+
+def encode_all_metrics(all_metrics: Sequence[dict | str | None]) -> list[str | None]:
+    """:func:`encode_metrics` of each, the same text, about five times faster
+    on the common case of a million tasks reporting the same names with finite
+    float values: each such dict is one ``%`` on a template made once per set
+    of names (``float.__repr__`` is what ``json`` writes for a finite float)."""
+    templates: dict[tuple, str | None] = {}
+    encoded: list[str | None] = []
+    append, float_repr = encoded.append, float.__repr__
+    for metrics in all_metrics:
+        if type(metrics) is dict and metrics:
+            names = tuple(metrics)
+            template = templates.get(names, "")
+            if template == "":
+                template = templates[names] = _template(names)
+            if template is not None:
+                try:  # float.__repr__ refuses what is not a float (an int, a bool)
+                    values = tuple(map(float_repr, metrics.values()))
+                except TypeError:
+                    values = ()
+                # only nan and inf have an "n": json writes them its own way
+                if values and "n" not in "".join(values):
+                    append(template % values)
+                    continue
+        append(encode_metrics(metrics))
+    return encoded
+
+
+def _template(names: tuple) -> str | None:
+    if not all(type(name) is str for name in names):
+        return None  # json turns non-string names into strings its own way
+    return "{" + ", ".join(f"{json.dumps(name).replace('%', '%%')}: %s"
+                           for name in names) + "}"
 
 
 class StoreWriter:
@@ -143,7 +177,8 @@ class StoreWriter:
                 else:  # packed below; the row learns its locator then
                     small.append((row, artifact, data))
         if small:
-            locators = packs.write_packs(conn, [(sha, data) for _, sha, data in small])
+            locators = packs.write_packs(conn, [sha for _, sha, _ in small],
+                                        [data for _, _, data in small])
             for (row, _, _), locator in zip(small, locators):
                 artifacts[row] = locator
         key_rows, identities = self.key_rows, self.identities
@@ -154,6 +189,6 @@ class StoreWriter:
             "data_hash": parts[3], "shared_hash": parts[4],
             "status": [str(status) for status in statuses], "attempts": attempts,
             "duration_s": durations, "started_at": starts, "worker": workers,
-            "metrics": [encode_metrics(m) for m in metrics], "error": errors,
+            "metrics": encode_all_metrics(metrics), "error": errors,
             "artifact": artifacts, "size": sizes}))
         conn.execute("COMMIT")

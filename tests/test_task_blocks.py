@@ -1,0 +1,159 @@
+"""A run's tasks as columnar blocks in the store (issue 15): what a reader gets
+back equals what the run had, a damaged block is refused by name, and a store
+written before blocks (a row per task in ``tasks``) stays readable and reusable."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.keys import encode_key
+from manymodels.store import StoreIntegrityError, taskblocks
+
+
+def fit_mean(frame):
+    if frame["x"].iloc[0] < 0:
+        raise ValueError("a negative first x")
+    return float(frame["x"].mean()), {"mean": float(frame["x"].mean()), "n": len(frame)}
+
+
+def table(groups: int = 300, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({"g": np.repeat(np.arange(groups), 4),
+                          "x": rng.uniform(1.0, 2.0, size=groups * 4)})
+    frame.loc[frame["g"] == 7, "x"] = -1.0  # group 7 fails
+    return frame
+
+
+def blocks(store) -> list[tuple[int, int, int]]:
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        return conn.execute("SELECT run_id, tasks, trained FROM task_blocks "
+                            "ORDER BY block_id").fetchall()
+
+
+def test_a_run_is_written_as_blocks_and_read_back_equal(tmp_path):
+    store = tmp_path / "store"
+    run = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="processes",
+                   workers=2, progress=False)
+    written = blocks(store)
+    assert written and sum(tasks for _, tasks, _ in written) == 300
+    assert sum(trained for _, _, trained in written) == 299  # group 7 failed
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        assert conn.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
+    stored = mm.Store(store).results(run.run_id).set_index("g").sort_index()
+    fresh = run.results.set_index("g").sort_index()
+    assert stored["status"].tolist() == fresh["status"].tolist()
+    assert np.allclose(stored["mean"].dropna(), fresh["mean"].dropna())
+    assert stored.loc[7, "status"] == "failed" and "negative" in stored.loc[7, "error"]
+    assert mm.Store(store).load(3) == pytest.approx(run.models[3])
+
+
+def test_an_unchanged_rerun_reuses_every_model_in_one_block_per_million(tmp_path):
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="threads",
+                     progress=False)
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="threads",
+                     progress=False)
+    summary = again.summary()
+    assert summary.reused == 299 and summary.failed == 1  # the failed group ran again
+    reused = [b for b in blocks(store) if b[0] == again.run_id]
+    assert reused[0] == (again.run_id, 299, 0)  # the reused tasks: one block
+    assert again.models[5] == pytest.approx(first.models[5])
+    explained = mm.Store(store).why_not_reused(5, again.run_id)
+    assert explained == f"5 was reused from run {first.run_id}"
+
+
+def test_a_changed_group_is_retrained_and_explained(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+             progress=False)
+    changed = table()
+    changed.loc[changed["g"] == 11, "x"] += 1.0
+    again = mm.train(fit_mean, mm.groups(changed, by="g"), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 298
+    assert "its data changed" in mm.Store(store).why_not_reused(11, again.run_id)
+
+
+def test_a_damaged_block_is_refused_by_name(tmp_path):
+    store = tmp_path / "store"
+    run = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                   progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        block_id = conn.execute("SELECT min(block_id) FROM task_blocks").fetchone()[0]
+        conn.execute("UPDATE task_blocks SET data = substr(data, 1, 100) WHERE block_id = ?",
+                     (block_id,))
+    with pytest.raises(StoreIntegrityError, match=f"task block {block_id} of run {run.run_id}"):
+        mm.Store(store).results()
+
+
+def test_a_task_written_twice_reads_as_its_latest_row(tmp_path):
+    store = mm.Store(tmp_path / "store")
+    conn = store._conn
+    conn.execute("BEGIN IMMEDIATE")
+    from manymodels.store import database
+
+    run_id = database.insert_run(conn, backend="serial", workers=1, source="s", fit="f",
+                                 tasks=3, key_columns=["k"], param_columns=[], code_detail={})
+    for status, indices in (("failed", [0, 1, 2]), ("ok", [1])):
+        taskblocks.insert(conn, run_id, taskblocks.table({
+            "task_index": indices, "key": [encode_key((i,)) for i in indices],
+            "identity": [f"id{i}" for i in indices], "status": [status] * len(indices)}))
+    conn.execute("COMMIT")
+    tasks = taskblocks.read_run(conn, run_id, ["status"])
+    assert tasks["task_index"].to_pylist() == [0, 1, 2]
+    assert tasks["status"].to_pylist() == ["failed", "ok", "failed"]
+
+
+def _as_legacy_store(store) -> None:
+    """Turn a store's blocks into the rows a store written before blocks held."""
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        for (run_id,) in conn.execute("SELECT run_id FROM runs").fetchall():
+            rows = taskblocks.read_run(conn, run_id).to_pylist()
+            conn.executemany(
+                f"INSERT INTO tasks(run_id, {', '.join(taskblocks.COLUMNS)}) VALUES "
+                f"({', '.join('?' * (1 + len(taskblocks.COLUMNS)))})",
+                [(run_id, *row.values()) for row in rows])
+        conn.execute("DELETE FROM task_blocks")
+
+
+def test_a_store_written_before_blocks_is_read_and_reused(tmp_path):
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    before = mm.Store(store).results(first.run_id)
+    _as_legacy_store(store)
+    assert blocks(store) == []
+    old = mm.Store(store)
+    pd.testing.assert_frame_equal(old.results(first.run_id), before)
+    assert old.load(4) == pytest.approx(first.models[4])
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 299
+    assert again.models[4] == pytest.approx(first.models[4])
+    assert old.gc() == 0  # the legacy rows still name their models
+
+
+def test_gc_keeps_what_blocks_name_and_removes_what_a_deleted_run_named(tmp_path):
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    changed = table(seed=1)
+    second = mm.train(fit_mean, mm.groups(changed, by="g"), store=store, backend="serial",
+                      progress=False)
+    registry = mm.Store(store)
+    assert registry.gc() == 0
+    registry.delete(first.run_id)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        assert conn.execute("SELECT count(*) FROM task_blocks WHERE run_id = ?",
+                            (first.run_id,)).fetchone()[0] == 0
+    assert registry.gc() > 0
+    assert registry.load(9) == pytest.approx(second.models[9])
+    metrics = json.loads(taskblocks.read_run(registry._conn, second.run_id, ["metrics"])
+                         ["metrics"][9].as_py())
+    assert metrics["n"] == 4
