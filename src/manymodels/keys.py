@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import json
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -96,6 +96,30 @@ def encode_key(parts: tuple) -> str:
         if type(value) is str:
             return f"[{json.dumps(value)}]"
     return json.dumps([canonical(v) for v in parts])
+
+
+def encode_keys(key_rows: Sequence[tuple]) -> Any:
+    """:func:`encode_key` of every row, as an Arrow string array: at once in
+    Arrow for the common keys (one int column, or one column of plain ASCII
+    strings: the same text), else one row at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if key_rows and all(len(parts) == 1 for parts in key_rows):
+        values = [parts[0] for parts in key_rows]
+        kinds = set(map(type, values))
+        try:
+            if kinds == {int}:
+                return pc.binary_join_element_wise(
+                    "[", pc.cast(pa.array(values, pa.int64()), pa.string()), "]", "")
+            if kinds == {str}:
+                text = pa.array(values, pa.string())
+                # printable ASCII but for '"' and '\\': JSON writes it as it is
+                if pc.all(pc.match_substring_regex(text, r"^[ !#-\[\]-~]*$")).as_py():
+                    return pc.binary_join_element_wise('["', text, '"]', "")
+        except OverflowError:  # an int beyond 64 bits
+            pass
+    return pa.array([encode_key(parts) for parts in key_rows], pa.string())
 
 
 def decode_key(text: str) -> tuple:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..dataplane import pickle_any
-from ..keys import encode_key
+from ..keys import encode_keys
 from ..messages import Pickled, Status
 from . import database, taskblocks
 from .registry import IN_STORE
@@ -46,6 +46,8 @@ class RunRecorder:
         self.run_id: int | None = None
         self._pending: list[int] = []
         self._reused: pa.Table | None = None
+        self._keys: pa.Array | None = None
+        self._identity_parts: list[pa.Array] = []
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
@@ -53,6 +55,9 @@ class RunRecorder:
     def begin(self, reuse: bool) -> int:
         """Create the run's row and record the tasks whose models are reused
         (as blocks, like any finished task); return how many."""
+        self._keys = encode_keys(self.plan.key_rows)
+        self._identity_parts = [pa.array(part, pa.string())
+                                for part in zip(*self.identities)] if self.identities else []
         reused = self._reused = self._find_reusable() if reuse else None
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
@@ -71,23 +76,22 @@ class RunRecorder:
                 raise database.write_error(self.store.path, exc, "the run could not start") \
                     from exc
             raise
-        self._writer = StoreWriter(self.store.path, self.run_id, self.plan.key_rows,
-                                   self.identities, on_committed=self._forget_models)
+        self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
+                                   self._identity_parts, on_committed=self._forget_models)
         return 0 if reused is None else reused.num_rows
 
     def _insert_reused(self, reused: pa.Table) -> None:
         """The reused tasks' rows: blocks of at most a million each."""
-        key_rows, identities = self.plan.key_rows, self.identities
         for start in range(0, reused.num_rows, 1 << 20):
             part = reused.slice(start, 1 << 20)
-            indices = part["task_index"].to_pylist()
-            ids = list(zip(*(identities[index] for index in indices)))
+            rows = part["task_index"]
+            identity, code, params, data, shared = (
+                column.take(rows) for column in self._identity_parts)
             taskblocks.insert(self.conn, self.run_id, taskblocks.table({
-                "task_index": part["task_index"],
-                "key": [encode_key(key_rows[index]) for index in indices],
-                "identity": ids[0], "code_hash": ids[1], "params_hash": ids[2],
-                "data_hash": ids[3], "shared_hash": ids[4],
-                "status": pa.repeat("ok", part.num_rows).cast(pa.string()),
+                "task_index": rows, "key": self._keys.take(rows),
+                "identity": identity, "code_hash": code, "params_hash": params,
+                "data_hash": data, "shared_hash": shared,
+                "status": pa.repeat(pa.scalar("ok", pa.string()), part.num_rows),
                 "attempts": np.zeros(part.num_rows, dtype=np.int64),
                 "duration_s": part["duration_s"], "metrics": part["metrics"],
                 "artifact": part["artifact"], "size": part["size"],
@@ -106,7 +110,7 @@ class RunRecorder:
         are then looked up per identity, in the old ``tasks`` table."""
         if not self.identities:
             return None
-        names = pa.array([parts[0] for parts in self.identities], pa.string())
+        names = self._identity_parts[0]
         left = np.arange(len(names))
         found: list[pa.Table] = []
         for run_id in self._runs_that_trained():
@@ -238,24 +242,31 @@ class RunRecorder:
         self._raise_write_error()
         now = time.monotonic()
         if self._pending and (force or now - self._last_commit >= COMMIT_EVERY_S):
-            rows = []
-            for index in self._pending:
-                status, model = records.status[index], records.model[index]
-                if status != Status.OK:
-                    model = None
-                elif model is not None and not isinstance(model, Pickled):
-                    try:
-                        model = Pickled(pickle_any(model))
-                    except Exception as exc:
-                        status = records.status[index] = Status.FAILED.value
-                        records.model[index] = model = None
-                        records.error[index] = (
-                            f"the model could not be pickled into the store: {exc!r}")
-                rows.append((index, status, records.attempts[index], records.duration_s[index],
-                             records.started_at[index], records.worker[index],
-                             records.metrics[index], records.error[index], model))
-            self._writer.put(rows)
-            self._pending = []
+            pending, self._pending = self._pending, []
+            status_of, model_of = records.status, records.model
+            statuses = [status_of[index] for index in pending]
+            models = [model_of[index] for index in pending]
+            ok = Status.OK.value
+            for row, model in enumerate(models):
+                if model is None or type(model) is Pickled and statuses[row] == ok:
+                    continue
+                if statuses[row] != ok:
+                    models[row] = None
+                    continue
+                index = pending[row]
+                try:
+                    models[row] = Pickled(pickle_any(model))
+                except Exception as exc:  # the task fails: its model could never be loaded
+                    statuses[row] = status_of[index] = Status.FAILED.value
+                    models[row] = model_of[index] = None
+                    records.error[index] = (
+                        f"the model could not be pickled into the store: {exc!r}")
+            self._writer.put({
+                "task_index": pending, "status": statuses, "model": models,
+                **{name: [column[index] for index in pending] for name, column in (
+                    ("attempts", records.attempts), ("duration_s", records.duration_s),
+                    ("started_at", records.started_at), ("worker", records.worker),
+                    ("metrics", records.metrics), ("error", records.error))}})
             self._last_commit = now
         if force:
             self._writer.wait()

@@ -23,13 +23,16 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..keys import encode_key
+import pyarrow as pa
+
 from . import database, packs, taskblocks
 
-#: One finished task as the recorder hands it over: ``(index, status,
-#: attempts, duration_s, started_at, worker, metrics, error, model)``, the
-#: model as :class:`manymodels.messages.Pickled` bytes or None.
-Row = tuple
+#: Finished tasks as the recorder hands them over: columns by name, each a
+#: list in the same order (``task_index``, ``status``, ``attempts``,
+#: ``duration_s``, ``started_at``, ``worker``, ``metrics``, ``error``) and
+#: ``model``: each task's model as :class:`manymodels.messages.Pickled` bytes,
+#: or None.
+Handover = dict
 
 
 #: Held while the writer talks to SQLite. A fork waits for it (a process
@@ -96,29 +99,32 @@ def _template(names: tuple) -> str | None:
 
 
 class StoreWriter:
-    """Commits the rows of one run, in the order handed over, on a thread."""
+    """Commits the tasks of one run, in the order handed over, on a thread.
 
-    def __init__(self, root: Path, run_id: int, key_rows: list[tuple],
-                 identities: list[tuple],
+    ``keys`` and ``identities``: every task's encoded key and identity parts
+    (identity, code, params, data, shared) as Arrow string arrays, made once
+    for the run; a hand-over's rows take theirs by task index."""
+
+    def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: list[pa.Array],
                  on_committed: Callable[[list[int]], None] | None = None) -> None:
         self.root, self.run_id = root, run_id
         #: Told the task indices whose models a transaction committed.
         self.on_committed = on_committed
-        self.key_rows, self.identities = key_rows, identities
+        self.keys, self.identities = keys, identities
         #: The first write that failed, as the error the driver raises.
         self.error: database.StoreError | None = None
         # Two hand-overs at most wait: when the writer falls behind, the driver
         # waits for it, so a killed driver still loses only the last second or two.
-        self._queue: queue.Queue[list[Row] | None] = queue.Queue(maxsize=2)
+        self._queue: queue.Queue[Handover | None] = queue.Queue(maxsize=2)
         self._thread = threading.Thread(target=self._loop, name="manymodels-store-writer",
                                         daemon=True)
         self._thread.start()
 
-    def put(self, rows: list[Row]) -> None:
-        self._queue.put(rows)
+    def put(self, handover: Handover) -> None:
+        self._queue.put(handover)
 
     def wait(self) -> None:
-        """Until every row handed over is committed (or the write failed)."""
+        """Until every task handed over is committed (or the write failed)."""
         self._queue.join()
 
     def close(self) -> None:
@@ -136,59 +142,61 @@ class StoreWriter:
             self.error = exc if isinstance(exc, database.StoreError) else database.write_error(
                 self.root, exc, "the store's writer could not open it")
         while True:
-            rows = self._queue.get()
+            handover = self._queue.get()
             try:
-                if rows is None:
+                if handover is None:
                     return
                 if self.error is None and conn is not None:
                     with WRITING:
-                        self._commit(conn, rows)
+                        self._commit(conn, handover)
                     if self.on_committed is not None:
-                        self.on_committed([row[0] for row in rows if row[-1] is not None])
+                        self.on_committed([index for index, model in zip(
+                            handover["task_index"], handover["model"]) if model is not None])
             except BaseException as exc:
                 if conn is not None:
                     with WRITING:
                         database.rollback_quietly(conn)
                 error = database.write_error(
-                    self.root, exc, f"{len(rows)} finished task(s) could not be recorded")
+                    self.root, exc,
+                    f"{len(handover['task_index'])} finished task(s) could not be recorded")
                 error.__cause__ = exc
                 self.error = error
             finally:
                 self._queue.task_done()
-                if rows is None and conn is not None:
+                if handover is None and conn is not None:
                     with WRITING:
                         conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
+    def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        (indices, statuses, attempts, durations, starts, workers, metrics, errors,
-         models) = zip(*rows)
-        artifacts: list[str | None] = [None] * len(rows)
-        sizes: list[int | None] = [None] * len(rows)
-        small = []
+        models = handover["model"]
+        artifacts: list[str | None] = [None] * len(models)
+        sizes: list[int | None] = [None] * len(models)
+        small_rows, small_digests, small_data = [], [], []
         for row, model in enumerate(models):
             if model is not None:
                 data = model.data
                 artifact = model.sha256 or database.sha256(data)
-                sizes[row] = len(data)
-                if len(data) >= database.SMALL_ARTIFACT:
+                size = sizes[row] = len(data)
+                if size >= database.SMALL_ARTIFACT:
                     database.write_artifact(conn, self.root, data, artifact)
                     artifacts[row] = artifact
                 else:  # packed below; the row learns its locator then
-                    small.append((row, artifact, data))
-        if small:
-            locators = packs.write_packs(conn, [sha for _, sha, _ in small],
-                                        [data for _, _, data in small])
-            for (row, _, _), locator in zip(small, locators):
+                    small_rows.append(row)
+                    small_digests.append(artifact)
+                    small_data.append(data)
+        if small_rows:
+            for row, locator in zip(small_rows, packs.write_packs(conn, small_digests,
+                                                                  small_data)):
                 artifacts[row] = locator
-        key_rows, identities = self.key_rows, self.identities
-        parts = list(zip(*(identities[index] for index in indices)))
+        rows = pa.array(handover["task_index"], pa.int64())
+        identity, code, params, data, shared = (part.take(rows) for part in self.identities)
         taskblocks.insert(conn, self.run_id, taskblocks.table({
-            "task_index": indices, "key": [encode_key(key_rows[i]) for i in indices],
-            "identity": parts[0], "code_hash": parts[1], "params_hash": parts[2],
-            "data_hash": parts[3], "shared_hash": parts[4],
-            "status": [str(status) for status in statuses], "attempts": attempts,
-            "duration_s": durations, "started_at": starts, "worker": workers,
-            "metrics": encode_all_metrics(metrics), "error": errors,
-            "artifact": artifacts, "size": sizes}))
+            "task_index": rows, "key": self.keys.take(rows),
+            "identity": identity, "code_hash": code, "params_hash": params,
+            "data_hash": data, "shared_hash": shared,
+            "status": handover["status"], "attempts": handover["attempts"],
+            "duration_s": handover["duration_s"], "started_at": handover["started_at"],
+            "worker": handover["worker"], "metrics": encode_all_metrics(handover["metrics"]),
+            "error": handover["error"], "artifact": artifacts, "size": sizes}))
         conn.execute("COMMIT")
