@@ -157,13 +157,11 @@ def train(
     recorder, to_do = None, len(plan.tasks)
     if store is not None:
         # the splitter is part of each task's identity: its metrics depend on it
-        identities, code_detail = task_identities(
+        # the driver keeps no per-task identity beyond the recorder's columns
+        recorder = RunRecorder(store, plan, *task_identities(
             plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
-            else options.shared)
-        recorder = RunRecorder(store, plan, identities, code_detail,
-                               fit_name=_callable_name(fit), source=repr(source),
-                               backend=name,
-                               workers=options.sized_for(backend_type, len(plan.tasks)).workers)
+            else options.shared), fit_name=_callable_name(fit), source=repr(source),
+            backend=name, workers=options.sized_for(backend_type, len(plan.tasks)).workers)
         to_do -= recorder.begin(reuse=options.reuse)
     try:
         engine = instance if instance is not None else backend_type()

@@ -32,7 +32,7 @@ import types
 import uuid
 import warnings
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -346,10 +346,21 @@ def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
     return np.stack([a, b], axis=1)
 
 
-def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[list[tuple], dict]:
-    """Per task: ``(identity, None, params, data, None)`` hashes (the row a store
-    keeps; params None without a grid); and the code description, with the
-    run's ``code_hash`` and ``shared_hash``. Group rows are hashed once for the whole table."""
+class TaskIdentities(NamedTuple):
+    """Each task's identity and the parts of it that are its own, as columns
+    in task order (a million tuples of three strings were a quarter of a
+    driver's memory). Code and shared objects are the same for every task:
+    the run keeps their hashes, in its code description."""
+
+    identity: list[str]
+    params: list[str | None]  # the hash of its parameters; None without a grid
+    data: list[str]
+
+
+def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:
+    """Every task's identity (see :class:`TaskIdentities`), and the code
+    description, with the run's ``code_hash`` and ``shared_hash``. Group rows
+    are hashed once for the whole table."""
     code, detail = code_identity(fit)
     shared_part = value_hash(dict(sorted((shared or {}).items())))
     refs = [task.data for task in plan.tasks]
@@ -369,8 +380,6 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[list[tupl
         which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
     names = lanes_hex(combine_lanes(data_lanes, prefix_lanes))
-    # code and shared are the same for every task: the run keeps them (in
-    # ``detail``), a task row only what is its own
-    identities = [(name, None, None if params == "-" else params, data, None)
-                  for name, params, data in zip(names, params_parts, data_parts)]
+    identities = TaskIdentities(
+        names, [None if params == "-" else params for params in params_parts], data_parts)
     return identities, {**detail, "code_hash": code, "shared_hash": shared_part}

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..dataplane import pickle_any
+from ..hashing import TaskIdentities
 from ..keys import encode_keys
 from ..messages import Pickled, Status
 from . import database, taskblocks
@@ -34,7 +35,7 @@ _REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "si
 class RunRecorder:
     """Records one run: its row in ``runs``, then its tasks as they finish."""
 
-    def __init__(self, store: Any, plan: Any, identities: list[tuple], code_detail: dict,
+    def __init__(self, store: Any, plan: Any, identities: TaskIdentities, code_detail: dict,
                  *, fit_name: str, source: str, backend: str, workers: int) -> None:
         self.store = store
         self.conn = store._conn
@@ -56,8 +57,12 @@ class RunRecorder:
         """Create the run's row and record the tasks whose models are reused
         (as blocks, like any finished task); return how many."""
         self._keys = encode_keys(self.plan.key_rows)
-        self._identity_parts = [pa.array(part, pa.string())
-                                for part in zip(*self.identities)] if self.identities else []
+        ids, count = self.identities, len(self.plan.tasks)
+        self._identity_parts = [  # identity, code, params, data, shared (see .writer)
+            pa.array(ids.identity, pa.string()), pa.nulls(count, pa.string()),
+            pa.array(ids.params, pa.string()), pa.array(ids.data, pa.string()),
+            pa.nulls(count, pa.string())]
+        self.identities = None  # the columns above are all the run needs
         reused = self._reused = self._find_reusable() if reuse else None
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
@@ -108,7 +113,7 @@ class RunRecorder:
         read and one vectorised match each, until every identity is found:
         an unchanged re-run reads one run. Stores written before task blocks
         are then looked up per identity, in the old ``tasks`` table."""
-        if not self.identities:
+        if not self.plan.tasks:
             return None
         names = self._identity_parts[0]
         left = np.arange(len(names))
@@ -170,8 +175,9 @@ class RunRecorder:
         """What tasks ``left`` find in a store's rows written before blocks:
         the latest trained task per identity, one grouped query per 5,000."""
         by_identity: dict[str, list[int]] = {}
-        for index in left.tolist():
-            by_identity.setdefault(self.identities[index][0], []).append(index)
+        for index, name in zip(left.tolist(),
+                               self._identity_parts[0].take(pa.array(left)).to_pylist()):
+            by_identity.setdefault(name, []).append(index)
         names = list(by_identity)
         rows: list[tuple] = []
         for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
