@@ -38,12 +38,15 @@ SLOWEST = 20
 FAILURES = 50
 METRICS = 8
 _FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
-#: Runs whose decoded tasks are kept (the most recently asked about): a
-#: million tasks take about 100 MB.
+#: Runs whose decoded tasks are kept (the most recently asked about): a run
+#: of a million tasks takes about 150 MB (measured: 100 MB of Arrow rows, 50 MB
+#: of numpy columns), and several live runs polled in turn must not evict
+#: each other (each would be decoded whole again at every poll).
 RUNS_KEPT = 4
 #: A running run's answer is kept for this many times what it cost (at least
-#: a second): at a million tasks the dashboard then takes a fifth of a core at
-#: most from the training it watches, instead of half of one.
+#: a second), so that the dashboard takes at most a fifth of a core from the
+#: training it watches; at a million tasks a poll costs about 0.1 s (the new
+#: blocks and a few vectorised passes), so the second is what applies.
 KEEP_FOR_COST = 4.0
 SECTIONS = ("summary", "durations", "metrics", "slowest", "failures", "timeline")
 
@@ -231,7 +234,8 @@ class Queries:
         if memo is not None and "tasks" in memo:
             return memo["tasks"]
         with self._lock:
-            tasks = self._cache.pop(run["run_id"], None) or RunTasks(run["run_id"])
+            tasks = (self._cache.pop(run["run_id"], None)
+                     or RunTasks(run["run_id"], run["tasks"] or 0))
             self._cache[run["run_id"]] = tasks  # most recently used last
             while len(self._cache) > RUNS_KEPT:
                 self._cache.pop(next(iter(self._cache)))
@@ -243,7 +247,7 @@ class Queries:
     def _summary(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         tasks = self._tasks(run, memo)
         counts = tasks.counts()
-        durations = tasks.duration[~tasks.reused & ~np.isnan(tasks.duration)]
+        durations = tasks.trained_durations
         task_time = float(durations.sum())
         reused = int(tasks.reused.sum())
         memo["range"] = ((float(durations.min()), float(durations.max())) if durations.size
@@ -268,8 +272,7 @@ class Queries:
             return {"low": None, "high": None, "counts": []}
         low, high = memo["range"]
         width = (high - low) / BINS or 1.0
-        tasks = self._tasks(run, memo)
-        durations = tasks.duration[~tasks.reused & ~np.isnan(tasks.duration)]
+        durations = self._tasks(run, memo).trained_durations
         buckets = np.minimum(((durations - low) / width).astype(np.int64), BINS - 1)
         return {"low": low, "high": high,
                 "counts": np.bincount(buckets, minlength=BINS).tolist()}
@@ -314,8 +317,7 @@ class Queries:
         order): a partition finds the cut, only those above it are sorted."""
         if "slowest" not in memo:
             tasks = self._tasks(run, memo)
-            chosen = np.flatnonzero(~tasks.reused & ~np.isnan(tasks.duration))
-            durations = tasks.duration[chosen]
+            chosen, durations = tasks.trained, tasks.trained_durations
             if durations.size > SLOWEST:
                 cut = np.partition(durations, durations.size - SLOWEST)[-SLOWEST]
                 chosen, durations = chosen[durations >= cut], durations[durations >= cut]

@@ -28,6 +28,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,10 @@ from ..store import taskblocks
 COLUMNS = ("task_index", "key", "status", "attempts", "duration_s", "started_at", "worker",
            "metrics", "error", "reused_from")
 _SCHEMA = pa.schema([(name, taskblocks.COLUMNS[name]) for name in COLUMNS])
+#: Only these columns are decompressed from a block: the identity and hashes
+#: are half a block's decoding time and never shown.
+_READ = pa.ipc.IpcReadOptions(included_fields=[
+    taskblocks.SCHEMA.get_field_index(name) for name in COLUMNS])
 #: A run read in many small parts (an old-style run followed poll by poll) is
 #: merged into one when it has more than this many: taking rows from an
 #: Arrow table of thousands of chunks is slow.
@@ -59,6 +64,16 @@ class Snapshot:
 
     def __len__(self) -> int:
         return len(self.task_index)
+
+    @cached_property
+    def trained(self) -> np.ndarray:
+        """Positions of the tasks that trained (not reused) and have a
+        duration: the summary's task time, the histogram and the slowest."""
+        return np.flatnonzero(~self.reused & ~np.isnan(self.duration))
+
+    @cached_property
+    def trained_durations(self) -> np.ndarray:
+        return self.duration[self.trained]
 
     def counts(self) -> dict[str | None, int]:
         """Tasks per status, by status name (as SQL's ``GROUP BY status``)."""
@@ -88,7 +103,7 @@ class Snapshot:
 class RunTasks:
     """One run's tasks, read incrementally; :meth:`refresh` from any thread."""
 
-    def __init__(self, run_id: int) -> None:
+    def __init__(self, run_id: int, tasks: int = 0) -> None:
         self.run_id = run_id
         self.blocks_read = 0  #: blocks decoded so far (each exactly once)
         self._lock = threading.Lock()
@@ -97,7 +112,7 @@ class RunTasks:
         self._block = 0          # last block_id read
         self._rowid: int | None = None  # last rowid of the old tasks table read
         self._complete = False   # read after the run stopped: nothing more comes
-        self._position = np.full(0, -1, np.int64)  # task_index -> row, -1: none yet
+        self._position = np.full(tasks, -1, np.int64)  # task_index -> row, -1: none yet
         self._statuses: list[str | None] = []
         self._status: list[np.ndarray] = []  # per row, codes into _statuses
         self._duration: list[np.ndarray] = []
@@ -137,7 +152,8 @@ class RunTasks:
         for block_id, data in conn.execute(
                 "SELECT block_id, data FROM task_blocks WHERE run_id = ? AND block_id > ? "
                 "ORDER BY block_id", (self.run_id, self._block)):
-            self._append(taskblocks.decode(data).select(list(COLUMNS)))
+            self._append(pa.ipc.open_stream(pa.py_buffer(data), options=_READ).read_all()
+                         .select(list(COLUMNS)))
             self._block = block_id
             self.blocks_read += 1
 
@@ -167,7 +183,7 @@ class RunTasks:
             self._parts = [pa.concat_tables(self._parts).combine_chunks()]
         encoded = pc.dictionary_encode(part.column("status")).combine_chunks()
         codes = np.array([self._code(s) for s in encoded.dictionary.to_pylist()]
-                         + [self._code(None)], np.int32)
+                         + [self._code(None)], np.int16)
         missing = len(codes) - 1  # a null status
         self._status.append(codes[pc.fill_null(encoded.indices, missing).to_numpy()])
         self._duration.append(pc.fill_null(part.column("duration_s"), np.nan)
@@ -192,7 +208,7 @@ class RunTasks:
         rows = (pa.concat_tables(self._parts) if self._parts
                 else _SCHEMA.empty_table())
         return Snapshot(rows=rows, row=row, task_index=tasks,
-                        status=per_task(self._status, np.int32),
+                        status=per_task(self._status, np.int16),
                         statuses=tuple(self._statuses),
                         duration=per_task(self._duration, np.float64),
                         reused=per_task(self._reused, bool))
