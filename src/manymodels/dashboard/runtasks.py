@@ -134,16 +134,17 @@ class RunTasks:
 
     def _read_old_rows(self, conn: sqlite3.Connection) -> None:
         names = ", ".join(COLUMNS)
-        if self._rowid is None:  # the run's rows, by the (run_id, task_index) index
-            rows = conn.execute(f"SELECT rowid, {names} FROM tasks WHERE run_id = ? "
-                                "ORDER BY rowid", (self.run_id,)).fetchall()
+        if self._rowid is None:  # the run's rows, by the (run_id, task_index) index:
+            rows = conn.execute(  # one per task there, no order needed
+                f"SELECT rowid, {names} FROM tasks WHERE run_id = ?", (self.run_id,)
+            ).fetchall()
         else:  # rows added since: a range of rowids (``+`` keeps SQLite off the index)
             rows = conn.execute(f"SELECT rowid, {names} FROM tasks WHERE rowid > ? AND "
                                 "+run_id = ? ORDER BY rowid", (self._rowid, self.run_id)
                                 ).fetchall()
         if rows:
-            self._rowid = rows[-1][0]
-            columns = list(zip(*rows))[1:]
+            rowids, *columns = zip(*rows)
+            self._rowid = max(rowids)
             self._append(pa.Table.from_arrays(
                 [pa.array(values, kind) for values, kind in zip(columns, _SCHEMA.types)],
                 schema=_SCHEMA))
