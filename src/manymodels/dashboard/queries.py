@@ -1,12 +1,18 @@
-"""What the dashboard shows, aggregated in SQL from the store's index.
+"""What the dashboard shows: small answers computed from a run's task blocks.
 
 The dashboard reads the SQLite index on read-only connections while a driver
-writes it (WAL lets readers and the one writer go on at once). Every answer is
-small whatever the run's size: counts and sums are ``GROUP BY``s, histograms
-are buckets counted in SQL, the slowest tasks a ``LIMIT``, and what must be
-drawn task by task (the worker timeline, metric distributions) comes from a
-systematic sample of at most :data:`SAMPLE` tasks. A finished run cannot
-change, so its answers are computed once and kept.
+writes it (WAL lets readers and the one writer go on at once). A run's tasks
+are in blocks (:mod:`..store.taskblocks`), immutable once written, so each
+run's decoded tasks are kept between polls and a poll reads only the blocks
+written since (:mod:`.runtasks`); a poll of a live run costs what its new
+blocks cost to decode plus a few vectorised passes over the run (numpy and
+Arrow, no Python loop per task). Every answer is small whatever the run's
+size: counts per status are a ``bincount``, the duration histogram buckets
+counted in numpy, the slowest tasks a partition, and what must be drawn task
+by task (the worker timeline, metric distributions) comes from a systematic
+sample of at most :data:`SAMPLE` tasks. The answers are those the SQL on the
+old ``tasks`` table gave (stores written before blocks are read from it). A
+finished run cannot change, so its answers are computed once and kept.
 """
 
 from __future__ import annotations
@@ -19,8 +25,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.compute as pc
+
 from ..messages import FAILURE_STATUSES
 from ..store import database
+from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
 BINS = 30
@@ -28,10 +38,15 @@ SLOWEST = 20
 FAILURES = 50
 METRICS = 8
 _FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
-_IN_FAILED = f"({','.join('?' * len(_FAILED))})"
+#: Runs whose decoded tasks are kept (the most recently asked about): a run
+#: of a million tasks takes about 150 MB (measured: 100 MB of Arrow rows, 50 MB
+#: of numpy columns), and several live runs polled in turn must not evict
+#: each other (each would be decoded whole again at every poll).
+RUNS_KEPT = 4
 #: A running run's answer is kept for this many times what it cost (at least
-#: a second): at a million tasks the dashboard then takes a fifth of a core at
-#: most from the training it watches, instead of half of one.
+#: a second), so that the dashboard takes at most a fifth of a core from the
+#: training it watches; at a million tasks a poll costs about 0.1 s (the new
+#: blocks and a few vectorised passes), so the second is what applies.
 KEEP_FOR_COST = 4.0
 SECTIONS = ("summary", "durations", "metrics", "slowest", "failures", "timeline")
 
@@ -90,6 +105,7 @@ class Queries:
         self._finished: dict[tuple, Any] = {}  # (run_id, section) of finished runs
         self._seen: dict[int, deque] = {}  # run_id -> (time, done) samples, for the rate
         self._recent: dict[tuple, tuple[float, Any]] = {}  # key -> (keep until, answer)
+        self._cache: dict[int, RunTasks] = {}  # run_id -> its tasks, least recently used first
 
     def _throttled(self, key: tuple, compute: Any) -> Any:
         """``compute()``, or its last answer while that is fresh enough (see
@@ -135,16 +151,18 @@ class Queries:
         runs = [_alive(dict(zip(names, row))) for row in rows]
         for run in runs:
             if run["status"] == "running":
-                done, ok, failed = self._rows(
-                    "SELECT count(*), coalesce(sum(status = 'ok'), 0), coalesce(sum(status IN "
-                    f"{_IN_FAILED}), 0) FROM tasks WHERE run_id = ?",
-                    *_FAILED, run["run_id"])[0]
-                run.update(ok=ok, failed=failed)
+                tasks = self._tasks(run)
+                done = len(tasks)
+                run.update(ok=int(tasks.status_in(("ok",)).sum()),
+                           failed=int(tasks.status_in(_FAILED).sum()))
             elif run["ok"] is not None:  # recorded when it ended
                 done = run["ok"] + (run["failed"] or 0)
-            else:  # its driver died: count what it committed
-                done = self._rows("SELECT count(*) FROM tasks WHERE run_id = ? AND status "
-                                  "!= 'cancelled'", run["run_id"])[0][0]
+            else:  # its driver died: count what it committed (once: it cannot change)
+                done = self._finished.get((run["run_id"], "done"))
+                if done is None:
+                    tasks = self._tasks(run)
+                    done = self._finished[(run["run_id"], "done")] = int(
+                        (~tasks.status_in(("cancelled",))).sum())
             run["done"] = done
             run.update(self._pace(run))
         return runs
@@ -210,19 +228,31 @@ class Queries:
 
         return self._throttled(("run", run_id, search), compute)
 
+    def _tasks(self, run: dict[str, Any], memo: dict | None = None) -> Snapshot:
+        """The run's tasks, read incrementally (see :mod:`.runtasks`); one
+        refresh per answer, shared by its sections through ``memo``."""
+        if memo is not None and "tasks" in memo:
+            return memo["tasks"]
+        with self._lock:
+            tasks = (self._cache.pop(run["run_id"], None)
+                     or RunTasks(run["run_id"], run["tasks"] or 0))
+            self._cache[run["run_id"]] = tasks  # most recently used last
+            while len(self._cache) > RUNS_KEPT:
+                self._cache.pop(next(iter(self._cache)))
+        snapshot = tasks.refresh(self._conn(), live=run["status"] == "running")
+        if memo is not None:
+            memo["tasks"] = snapshot
+        return snapshot
+
     def _summary(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
-        rows = self._rows(
-            "SELECT status, count(*), sum(CASE WHEN reused_from IS NULL THEN duration_s END), "
-            "count(reused_from), min(CASE WHEN reused_from IS NULL THEN duration_s END), "
-            "max(CASE WHEN reused_from IS NULL THEN duration_s END) "
-            "FROM tasks WHERE run_id = ? GROUP BY status", run["run_id"])
-        counts = {row[0]: row[1] for row in rows}
-        task_time = sum(row[2] or 0.0 for row in rows)
-        reused = sum(row[3] for row in rows)
-        lows = [row[4] for row in rows if row[4] is not None]
-        highs = [row[5] for row in rows if row[5] is not None]
-        memo["range"] = (min(lows), max(highs)) if lows else None
-        done = sum(counts.values())
+        tasks = self._tasks(run, memo)
+        counts = tasks.counts()
+        durations = tasks.trained_durations
+        task_time = float(durations.sum())
+        reused = int(tasks.reused.sum())
+        memo["range"] = ((float(durations.min()), float(durations.max())) if durations.size
+                         else None)
+        done = len(tasks)
         wall = run["wall_s"] or (time.time() - run["started_at"])
         workers = run["workers"] or 1
         shown = ("run_id", "status", "tasks", "workers", "fit", "source", "backend",
@@ -234,34 +264,33 @@ class Queries:
         return memo["summary_value"]
 
     def _durations(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
-        where = "run_id = ? AND duration_s IS NOT NULL AND reused_from IS NULL"
+        """Trained tasks' durations in :data:`BINS` buckets over the range the
+        summary found (a bucket is what SQL's ``CAST(... AS INTEGER)`` gave)."""
         if "range" not in memo:
             self._summary(run, memo)
         if memo["range"] is None:
             return {"low": None, "high": None, "counts": []}
         low, high = memo["range"]
         width = (high - low) / BINS or 1.0
-        counts = [0] * BINS
-        for bucket, n in self._rows(
-                f"SELECT min(CAST((duration_s - ?) / ? AS INTEGER), {BINS - 1}), count(*) "
-                f"FROM tasks WHERE {where} GROUP BY 1", low, width, run["run_id"]):
-            counts[bucket] = n
-        return {"low": low, "high": high, "counts": counts}
+        durations = self._tasks(run, memo).trained_durations
+        buckets = np.minimum(((durations - low) / width).astype(np.int64), BINS - 1)
+        return {"low": low, "high": high,
+                "counts": np.bincount(buckets, minlength=BINS).tolist()}
 
     def _sample(self, run: dict[str, Any], memo: dict) -> list[tuple]:
         """About :data:`SAMPLE` finished tasks at most: those whose scrambled task
-        number falls in one k-th of the range. Scrambled (a multiplicative hash
-        modulo a prime), not every k-th: a plan's order can repeat with a period
-        (a worker every 16th task, a grid value every 3rd) and every k-th task
-        would then draw one part of it only. The same tasks every poll."""
+        number falls in one k-th of the range, the first in task order. Scrambled
+        (a multiplicative hash modulo a prime), not every k-th: a plan's order can
+        repeat with a period (a worker every 16th task, a grid value every 3rd)
+        and every k-th task would then draw one part of it only. The same tasks
+        every poll."""
         if "sample" in memo:
             return memo["sample"]
         step = max(1, math.ceil((run["tasks"] or 0) / SAMPLE))
-        memo["sample"] = self._rows(
-            "SELECT task_index, key, status, started_at, duration_s, worker, metrics "
-            "FROM tasks WHERE run_id = ? AND (task_index * 2654435761) % 4294967291 % ? = 0 "
-            "LIMIT ?",
-            run["run_id"], step, SAMPLE)
+        tasks = self._tasks(run, memo)
+        drawn = np.flatnonzero(tasks.task_index * 2654435761 % 4294967291 % step == 0)
+        memo["sample"] = tasks.records(drawn[:SAMPLE], (
+            "task_index", "key", "status", "started_at", "duration_s", "worker", "metrics"))
         return memo["sample"]
 
     def _metrics(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
@@ -284,11 +313,18 @@ class Queries:
         return {"sampled": len(sample), "charts": charts}
 
     def _slowest_rows(self, run: dict[str, Any], memo: dict) -> list[tuple]:
+        """The :data:`SLOWEST` longest trained tasks, longest first (ties in task
+        order): a partition finds the cut, only those above it are sorted."""
         if "slowest" not in memo:
-            memo["slowest"] = self._rows(
-                "SELECT task_index, key, status, started_at, duration_s, worker, attempts "
-                "FROM tasks WHERE run_id = ? AND duration_s IS NOT NULL AND reused_from IS "
-                "NULL ORDER BY duration_s DESC LIMIT ?", run["run_id"], SLOWEST)
+            tasks = self._tasks(run, memo)
+            chosen, durations = tasks.trained, tasks.trained_durations
+            if durations.size > SLOWEST:
+                cut = np.partition(durations, durations.size - SLOWEST)[-SLOWEST]
+                chosen, durations = chosen[durations >= cut], durations[durations >= cut]
+            order = np.lexsort((chosen, -durations))[:SLOWEST]
+            memo["slowest"] = tasks.records(chosen[order], (
+                "task_index", "key", "status", "started_at", "duration_s", "worker",
+                "attempts"))
         return memo["slowest"]
 
     def _slowest(self, run: dict[str, Any], memo: dict) -> list[dict[str, Any]]:
@@ -296,17 +332,20 @@ class Queries:
                 for _, k, s, _, d, w, a in self._slowest_rows(run, memo)]
 
     def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
-        where = f"run_id = ? AND status IN {_IN_FAILED}"
-        args: list[Any] = [run["run_id"], *_FAILED]
-        total = self._rows(f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
-        if search:
-            where += " AND (instr(lower(key), lower(?)) > 0 OR instr(error, ?) > 0)"
-            args += [search, search]
-        rows = self._rows(f"SELECT key, status, attempts, worker, error FROM tasks WHERE {where} "
-                          "ORDER BY task_index LIMIT ?", *args, FAILURES)
-        matching = total if not search else self._rows(
-            f"SELECT count(*) FROM tasks WHERE {where}", *args)[0][0]
-        return {"total": total, "matching": matching, "search": search,
+        """Failed tasks in task order; ``search`` matches the key ignoring ASCII
+        case or the error as written (SQL's ``instr(lower(key), lower(?))``,
+        ``instr(error, ?)``: SQLite's ``lower`` folds ASCII letters only)."""
+        tasks = self._tasks(run, memo)
+        failed = np.flatnonzero(tasks.status_in(_FAILED))
+        total = len(failed)
+        if search and total:
+            folded = search.encode().lower().decode()  # bytes.lower: ASCII only
+            found = pc.or_kleene(
+                pc.match_substring(pc.ascii_lower(tasks.column("key", failed)), folded),
+                pc.match_substring(tasks.column("error", failed), search))
+            failed = failed[pc.fill_null(found, False).to_numpy(zero_copy_only=False)]
+        rows = tasks.records(failed[:FAILURES], ("key", "status", "attempts", "worker", "error"))
+        return {"total": total, "matching": len(failed), "search": search,
                 "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
                            "error": e or ""} for k, s, a, w, e in rows]}
 
