@@ -226,6 +226,9 @@ def test_the_page_follows_a_live_run_in_chromium(tmp_path):
 def _million_store(path: Path, tasks: int) -> None:
     """A finished run of ``tasks`` tasks, its rows written in bulk through the
     store's own writer (no fit is called: the test is about reading)."""
+    import pyarrow as pa
+
+    from manymodels.keys import encode_keys
     from manymodels.store.writer import StoreWriter
 
     store = mm.Store(path)
@@ -237,15 +240,23 @@ def _million_store(path: Path, tasks: int) -> None:
         "3600, '[\"store\", \"item\"]', '[]', '{}')",
         (start, start + 3600, tasks, tasks - tasks // 1000, tasks // 1000)).lastrowid
     store.close()
-    keys = [(f"s{i // 1000:04d}", f"i{i % 1000:03d}") for i in range(tasks)]
-    identities = [(f"{i:032x}", None, None, f"{i:032x}", None) for i in range(tasks)]
-    writer = StoreWriter(path, run_id, keys, identities)
+    keys = encode_keys([(f"s{i // 1000:04d}", f"i{i % 1000:03d}") for i in range(tasks)])
+    hashes = pa.array([f"{i:032x}" for i in range(tasks)], pa.string())
+    nothing = pa.nulls(tasks, pa.string())
+    writer = StoreWriter(path, run_id, keys, [hashes, nothing, nothing, hashes, nothing])
     for first in range(0, tasks, 200_000):
-        writer.put([
-            (i, "failed" if i % 1000 == 7 else "ok", 1, 0.01 + (i % 97) / 1000,
-             start + (i // 16) * 0.057, i % 16, f'{{"rmse": {(i % 89) / 10}}}',
-             f"Traceback...\nValueError: bad group {i}" if i % 1000 == 7 else None, None)
-            for i in range(first, min(first + 200_000, tasks))])
+        rows = range(first, min(first + 200_000, tasks))
+        writer.put({
+            "task_index": list(rows),
+            "status": ["failed" if i % 1000 == 7 else "ok" for i in rows],
+            "attempts": [1] * len(rows),
+            "duration_s": [0.01 + (i % 97) / 1000 for i in rows],
+            "started_at": [start + (i // 16) * 0.057 for i in rows],
+            "worker": [i % 16 for i in rows],
+            "metrics": [f'{{"rmse": {(i % 89) / 10}}}' for i in rows],
+            "error": [f"Traceback...\nValueError: bad group {i}" if i % 1000 == 7 else None
+                      for i in rows],
+            "model": [None] * len(rows)})
     writer.wait()
     writer.close()
     assert writer.error is None
