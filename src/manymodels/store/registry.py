@@ -19,6 +19,10 @@ from . import database, packs, taskblocks
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
 
+#: What a lookup by key reads: the model, and why it was or was not reused.
+_LOOKUP_COLUMNS = ["key", "status", "artifact", "reused_from", "code_hash", "params_hash",
+                   "data_hash", "shared_hash"]
+
 
 class _InStore:
     """Marks a task's model as committed to the run's store: the driver keeps
@@ -126,7 +130,7 @@ class Store:
             from ..linmodels.stored import results_frame
 
             return results_frame(self, linear)
-        tasks = self._tasks(run_id)
+        tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
         keys = [decode_key(k) for k in tasks["key"].to_pylist()]
         frame = pd.DataFrame({c: [k[i] for k in keys] for i, c in enumerate(key_columns)})
         for column in _TASK_COLUMNS:
@@ -148,19 +152,21 @@ class Store:
         from ..evaluation import window_frame
 
         run_id, key_columns, _ = self._run_row(run)
-        tasks = self._tasks(run_id)
+        tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics"])
         return window_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
                             tasks["metrics"].to_pylist())
 
     def _tasks(self, run_id: int) -> pa.Table:
-        """A run's tasks (all columns, task order), kept until the run gains
-        a block or another run is read: looking up one key in a million-task
-        run then reads the run once, not once per key."""
+        """A run's tasks (the columns a lookup by key needs, task order), kept
+        until the run gains a block or another run is read: looking up one key
+        in a million-task run then reads the run once, not once per key."""
         version = (run_id, *self._conn.execute(
             "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
             (run_id,)).fetchone())
         if self._cached_tasks is None or self._cached_tasks[0] != version:
-            self._cached_tasks = (version, taskblocks.read_run(self._conn, run_id))
+            self._cached_tasks = None  # the old one is freed before the new one is read
+            self._cached_tasks = (version, taskblocks.read_run(self._conn, run_id,
+                                                               _LOOKUP_COLUMNS))
         return self._cached_tasks[1]
 
     def _task_row(self, key: Hashable, run: int | None, columns: list[str]) -> dict[str, Any]:
@@ -174,7 +180,7 @@ class Store:
 
     def _run_artifacts(self, run_id: int) -> dict[int, str]:
         """Task index -> artifact of each model a run recorded."""
-        tasks = _with_models(self._tasks(run_id))
+        tasks = _with_models(taskblocks.read_run(self._conn, run_id, ["status", "artifact"]))
         return dict(zip(tasks["task_index"].to_pylist(), tasks["artifact"].to_pylist()))
 
     def load(self, key: Hashable, run: int | None = None) -> Any:
@@ -189,7 +195,8 @@ class Store:
         """A lazy mapping key -> model of a run (default: the latest)."""
         run_id, key_columns, _ = self._run_row(run)
         items: dict[Hashable, Any] = {}
-        tasks = _with_models(self._tasks(run_id))
+        tasks = _with_models(taskblocks.read_run(self._conn, run_id,
+                                                 ["key", "status", "artifact"]))
         for key, artifact in zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()):
             parts = decode_key(key)
             item_key = parts[0] if len(parts) == 1 else parts
