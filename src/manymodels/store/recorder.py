@@ -122,7 +122,7 @@ class RunRecorder:
             if left.size == 0:
                 break
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
-                                          trained_only=True)
+                                          trained_only=True, ordered=False)
             trained = trained.filter(pc.and_(
                 pc.and_(pc.equal(trained["status"], "ok"), pc.is_null(trained["reused_from"])),
                 pc.is_null(trained["error"])))

@@ -107,9 +107,10 @@ def _legacy_rows(conn: sqlite3.Connection, run_id: int) -> pa.Table | None:
 
 
 def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | None = None,
-             *, trained_only: bool = False) -> pa.Table:
-    """The tasks of ``run_id`` in task order, one row per task (the latest
-    written), with ``columns`` (default all; ``task_index`` always).
+             *, trained_only: bool = False, ordered: bool = True) -> pa.Table:
+    """The tasks of ``run_id``, one row per task (the latest written), with
+    ``columns`` (default all; ``task_index`` always), in task order unless
+    not ``ordered`` (reuse only matches rows: a million-row sort saved).
     ``trained_only``: only blocks that trained a model are read (the rows of
     the others are left out: what reuse looks for is in the former)."""
     names = list(dict.fromkeys(["task_index", *(columns or COLUMNS)]))
@@ -125,7 +126,9 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
         return pa.Table.from_arrays([pa.array([], COLUMNS[n]) for n in names], names=names)
     result = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     index = result["task_index"].to_numpy()
-    if len(parts) > 1 or (index.size > 1 and np.any(np.diff(index) <= 0)):
+    if index.size > 1 and np.any(np.diff(index) <= 0):  # not in task order as written
+        if not ordered and index.min() >= 0 and np.bincount(index).max() == 1:
+            return result.combine_chunks()  # each task once: nothing to drop
         # stable sort by task index, then keep each index's last row
         order = np.argsort(index, kind="stable")
         index = index[order]
