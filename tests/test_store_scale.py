@@ -84,7 +84,8 @@ def test_group_identities_follow_each_groups_content_and_order():
     table = _table(50)
 
     def identities(frame):
-        return task_identities(plan(mm.groups(frame, by="g")), fit_small, None)[0].identity
+        return task_identities(plan(mm.groups(frame, by="g")), fit_small,
+                               None)[0].identity.to_pylist()
 
     before = identities(table)
     assert len(set(before)) == 50
@@ -100,7 +101,7 @@ def test_group_identities_follow_each_groups_content_and_order():
     assert [i for i, (a, b) in enumerate(zip(before, identities(swapped))) if a != b] == [9]
     grid = task_identities(plan(mm.groups(table, by="g") * mm.grid(a=[1, 2])), fit_small,
                            None)[0]
-    assert len(set(grid.identity)) == 100
+    assert len(set(grid.identity.to_pylist())) == 100
 
 
 def test_the_store_is_written_off_the_drivers_thread(tmp_path):

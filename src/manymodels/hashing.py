@@ -319,6 +319,26 @@ def lanes_hex(lanes: np.ndarray) -> list[str]:
     return np.ascontiguousarray(_HEX[raw]).view("<U32").ravel().tolist()
 
 
+#: The two ASCII hex digits of each byte value, as bytes.
+_HEX_ASCII = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)),
+                           dtype=np.uint8).reshape(256, 2)
+
+
+def lanes_hex_array(lanes: np.ndarray) -> Any:
+    """:func:`lanes_hex` as an Arrow string array built straight from the hex
+    digits' bytes: a million identities without a Python string each (a
+    quarter of a re-run's driver memory, and its time to make them)."""
+    import pyarrow as pa
+
+    count = len(lanes)
+    raw = np.ascontiguousarray(lanes.astype(">u8")).view(np.uint8).reshape(count, 16)
+    digits = np.ascontiguousarray(_HEX_ASCII[raw]).reshape(-1)
+    offsets = np.arange(0, 32 * count + 1, 32, dtype=np.int64)
+    return pa.Array.from_buffers(pa.large_string(), count,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(digits)]
+                                 ).cast(pa.string())
+
+
 def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
                 salt: str) -> np.ndarray:
     """The ``(groups, 2)`` lanes of consecutive runs of rows: each row's hash
@@ -347,25 +367,27 @@ def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
 
 
 class TaskIdentities(NamedTuple):
-    """Each task's identity and the parts of it that are its own, as columns
-    in task order (a million tuples of three strings were a quarter of a
-    driver's memory). Code and shared objects are the same for every task:
-    the run keeps their hashes, in its code description."""
+    """Each task's identity and the parts of it that are its own, as Arrow
+    string arrays in task order (a million tuples of three Python strings
+    were a quarter of a driver's memory). Code and shared objects are the
+    same for every task: the run keeps their hashes, in its code description."""
 
-    identity: list[str]
-    params: list[str | None]  # the hash of its parameters; None without a grid
-    data: list[str]
+    identity: Any  # pa.StringArray
+    params: Any  # the hash of its parameters; null without a grid
+    data: Any
 
 
 def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:
     """Every task's identity (see :class:`TaskIdentities`), and the code
     description, with the run's ``code_hash`` and ``shared_hash``. Group rows
     are hashed once for the whole table."""
+    import pyarrow as pa
+
     code, detail = code_identity(fit)
     shared_part = value_hash(dict(sorted((shared or {}).items())))
     refs = [task.data for task in plan.tasks]
     data_lanes = plan.data.hash_lanes(refs)
-    data_parts = lanes_hex(data_lanes)
+    data_parts = lanes_hex_array(data_lanes)
     # the parts that vary per setting, not per group: hashed once per setting
     params_of: dict[int, tuple[str, int]] = {}
     prefixes: list[tuple[int, int]] = []
@@ -379,7 +401,11 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
         params_parts.append(found[0])
         which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
-    names = lanes_hex(combine_lanes(data_lanes, prefix_lanes))
-    identities = TaskIdentities(
-        names, [None if params == "-" else params for params in params_parts], data_parts)
+    names = lanes_hex_array(combine_lanes(data_lanes, prefix_lanes))
+    if len(params_of) == 1 and params_parts[0] == "-":
+        params_column = pa.nulls(len(params_parts), pa.string())  # no grid: no parameters
+    else:
+        params_column = pa.array([None if params == "-" else params
+                                  for params in params_parts], pa.string())
+    identities = TaskIdentities(names, params_column, data_parts)
     return identities, {**detail, "code_hash": code, "shared_hash": shared_part}

@@ -59,8 +59,7 @@ class RunRecorder:
         self._keys = encode_keys(self.plan.key_rows)
         ids, count = self.identities, len(self.plan.tasks)
         self._identity_parts = [  # identity, code, params, data, shared (see .writer)
-            pa.array(ids.identity, pa.string()), pa.nulls(count, pa.string()),
-            pa.array(ids.params, pa.string()), pa.array(ids.data, pa.string()),
+            ids.identity, pa.nulls(count, pa.string()), ids.params, ids.data,
             pa.nulls(count, pa.string())]
         self.identities = None  # the columns above are all the run needs
         reused = self._reused = self._find_reusable() if reuse else None
@@ -123,16 +122,23 @@ class RunRecorder:
                 break
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
                                           trained_only=True, ordered=False)
-            trained = trained.filter(pc.and_(
-                pc.and_(pc.equal(trained["status"], "ok"), pc.is_null(trained["reused_from"])),
-                pc.is_null(trained["error"])))
-            if trained.num_rows == 0:
+            usable = pc.and_(pc.and_(pc.equal(trained["status"], "ok"),
+                                     pc.is_null(trained["reused_from"])),
+                             pc.is_null(trained["error"]))
+            positions = np.flatnonzero(usable.to_numpy(zero_copy_only=False))
+            if positions.size == 0:
                 continue
-            at = pc.index_in(names.take(left), value_set=trained["identity"])
+            # only the identities are matched; the rest is taken for the matches alone
+            candidates = trained["identity"] if positions.size == trained.num_rows else \
+                trained["identity"].take(pa.array(positions))
+            at = pc.index_in(names if left.size == len(names) else names.take(pa.array(left)),
+                             value_set=candidates)
             hit = at.is_valid().to_numpy(zero_copy_only=False)
             if not hit.any():
                 continue
-            rows = trained.take(at.drop_null())
+            rows = trained.select(["artifact", "size", "metrics", "duration_s"]).take(
+                pa.array(positions[at.drop_null().to_numpy()]))
+            del trained
             loadable = self._loadable_mask(rows)
             matched = left[hit][loadable]
             rows = rows.filter(pa.array(loadable))
