@@ -177,3 +177,66 @@ def test_gc_keeps_what_blocks_name_and_removes_what_a_deleted_run_named(tmp_path
     metrics = json.loads(taskblocks.read_run(registry._conn, second.run_id, ["metrics"])
                          ["metrics"][9].as_py())
     assert metrics["n"] == 4
+
+
+# -- the vectorised helpers give what their one-at-a-time originals give -----------
+
+
+@pytest.mark.parametrize("rows", [
+    [(1,), (2,), (-5,), (10**15,)],                 # ints: Arrow's text
+    [("a",), ("b c",), ("~[]{}",), ("",)],           # plain ASCII strings: wrapped as they are
+    [("x\"y",), ("a\\b",), ("tab\t",), ("é",)],       # JSON escapes: one at a time
+    [(1,), ("a",)], [(True,), (False,)], [(2**70,), (1,)], [(1, "a"), (2, "b")],
+    [(np.int64(3),), (4,)], [],
+])
+def test_keys_encoded_at_once_equal_one_at_a_time(rows):
+    from manymodels.keys import encode_keys
+
+    assert encode_keys(rows).to_pylist() == [encode_key(parts) for parts in rows]
+
+
+@pytest.mark.parametrize("metrics", [
+    {"rss": 0.1}, {"rss": np.float64(0.123456789)}, {"rss": float("nan")},
+    {"rss": float("-inf")}, {"a": 1, "b": 2.0}, {"a%": 1.5, "b": 2.5e-7}, {"x": True},
+    {"rss": 1e300, "r2": -0.0}, {}, None, '{"k": 1}', {1: 2.0}, {"q": np.float32(0.1)},
+    {"e\u00e9": 2.5}, {"n": [1, 2]}, {"s": "text"},
+])
+def test_metrics_encoded_by_template_equal_json(metrics):
+    from manymodels.store.writer import encode_all_metrics, encode_metrics
+
+    # twice in one call: the second use of a template too
+    assert encode_all_metrics([metrics, metrics]) == [encode_metrics(metrics)] * 2
+
+
+def test_identities_as_arrow_equal_their_python_strings():
+    from manymodels.hashing import lanes_hex, lanes_hex_array
+
+    lanes = np.random.default_rng(3).integers(0, 2**63, size=(500, 2), dtype=np.uint64) * 3
+    assert lanes_hex_array(lanes).to_pylist() == lanes_hex(lanes)
+    assert lanes_hex_array(lanes[:0]).to_pylist() == []
+
+
+def test_loadable_mask_equals_the_set_check(tmp_path):
+    """Packed models (whole, cut short, in a pack that is gone, found corrupt),
+    a damaged locator, a file artifact and its deleted twin, and no artifact."""
+    from manymodels.store import database, packs
+
+    store = mm.Store(tmp_path / "store")
+    conn = store._conn
+    conn.execute("BEGIN IMMEDIATE")
+    small = [bytes([i]) * 10 for i in range(4)]
+    locators = packs.write_packs(conn, [database.sha256(m) for m in small], small)
+    big = b"x" * (database.SMALL_ARTIFACT + 1)
+    kept, _ = database.write_artifact(conn, store.path, big)
+    gone, _ = database.write_artifact(conn, store.path, big + b"y")
+    conn.execute("COMMIT")
+    (store.path / "artifacts" / gone[:2] / gone).unlink()
+    conn.execute("INSERT INTO corrupt_artifacts VALUES (?, 0)", (locators[1],))
+    digest, pack, offset, size = packs.parse_locator(locators[3])
+    artifacts = [*locators, f"{digest}@{pack}/{offset}/{size + 99}",  # past the pack's end
+                 f"{digest}@{pack + 7}/0/10", "abc@not/a/locator", kept, gone, None]
+    mask = database.loadable_mask(conn, store.path, artifacts)
+    named = {a for a in artifacts if a is not None}
+    expected = database.loadable_artifacts(conn, store.path, named)
+    assert mask.tolist() == [a in expected for a in artifacts]
+    assert mask.tolist() == [True, False, True, True, False, False, False, True, False, False]
