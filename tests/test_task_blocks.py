@@ -240,3 +240,42 @@ def test_loadable_mask_equals_the_set_check(tmp_path):
     expected = database.loadable_artifacts(conn, store.path, named)
     assert mask.tolist() == [a in expected for a in artifacts]
     assert mask.tolist() == [True, False, True, True, False, False, False, True, False, False]
+
+
+@pytest.mark.parametrize("rows", [
+    [(1,), (-22,), (10**17,)], [("a",), ("b c",), ("",)], [("x\"y",), ("é",)],
+    [(10**19,), (1,)], [(1, "a"), (2, "b")], [(True,), (False,)], [(1.5,), (2.0,)],
+    [(pd.Timestamp("2024-01-02"),)],
+])
+def test_keys_decoded_at_once_equal_one_at_a_time(rows):
+    from manymodels.keys import decode_key, decode_keys, encode_keys
+
+    texts = encode_keys(rows)
+    width = len(rows[0])
+    expected = [[decode_key(text)[i] for text in texts.to_pylist()] for i in range(width)]
+    got = decode_keys(texts, width)
+    assert got == expected
+    assert [[type(v) for v in column] for column in got] == [
+        [type(v) for v in column] for column in expected]
+
+
+@pytest.mark.parametrize("texts", [
+    ['{"rss": 0.5}', '{"rss": 1.25, "r2": -0.5}', None, '{"r2": 3}'],
+    ['{"a": 1}', '{"a": 2}'], ['{"a": [1, 2]}', '{"b": "x"}'],
+    ['{"a": true, "s": "t\\u00e9"}', '{"a": false}'], ['{"big": 123456789012345678901234}'],
+    ['{"n": null}', '{"n": 1}'], [None, None], ['{"a": 1}', '{"a": "x"}'],
+    ['{"x": 1e300, "y": -0.0}'], ['{"__windows__": [{"fold": 0}], "rmse": 1.0}'],
+])
+def test_metric_columns_equal_json_one_object_at_a_time(texts):
+    import pyarrow as pa
+
+    from manymodels.store.registry import metric_columns
+
+    objects = [json.loads(t) if t else {} for t in texts]
+    names = list(dict.fromkeys(name for m in objects for name in m))
+    expected = {name: [m.get(name) for m in objects] for name in names}
+    got = metric_columns(pa.array(texts, pa.string()))
+    assert list(got) == names and got == expected
+    # as results columns: the same dtypes (an int among floats is a float there)
+    pd.testing.assert_frame_equal(pd.DataFrame(got, index=range(len(texts))),
+                                  pd.DataFrame(expected, index=range(len(texts))))

@@ -122,6 +122,24 @@ def encode_keys(key_rows: Sequence[tuple]) -> Any:
     return pa.array([encode_key(parts) for parts in key_rows], pa.string())
 
 
+def decode_keys(texts: Any, width: int) -> list[list]:
+    """:func:`decode_key` of every text of an Arrow string array, as ``width``
+    columns of values: at once in Arrow for what :func:`encode_keys` makes at
+    once (one int, one plain ASCII string), else one at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    if width == 1 and len(texts) and texts.null_count == 0:
+        if pc.all(pc.match_substring_regex(texts, r"^\[-?[0-9]{1,18}\]$")).as_py():
+            inner = pc.utf8_slice_codeunits(texts, 1, -1)
+            return [pc.cast(inner, pa.int64()).to_pylist()]
+        if pc.all(pc.match_substring_regex(texts, r'^\["[ !#-\[\]-~]*"\]$')).as_py():
+            return [pc.utf8_slice_codeunits(texts, 2, -2).to_pylist()]
+    rows = [decode_key(text) for text in texts.to_pylist()]
+    return [[row[i] for row in rows] for i in range(width)]
+
+
 def decode_key(text: str) -> tuple:
     """The parts of a key stored by :func:`encode_key`."""
     return tuple(_restore(v) for v in json.loads(text))

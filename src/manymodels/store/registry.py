@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..keys import decode_key, encode_key, key_parts
+from ..keys import decode_key, decode_keys, encode_key, key_parts
 from ..messages import Pickled, Status
 from . import database, packs, taskblocks
 
@@ -131,18 +131,14 @@ class Store:
 
             return results_frame(self, linear)
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
-        keys = [decode_key(k) for k in tasks["key"].to_pylist()]
-        frame = pd.DataFrame({c: [k[i] for k in keys] for i, c in enumerate(key_columns)})
+        frame = pd.DataFrame(dict(zip(key_columns, decode_keys(tasks["key"],
+                                                               len(key_columns)))))
         for column in _TASK_COLUMNS:
             frame[column] = tasks[column].to_pylist()
-        metrics = [json.loads(m) if m else {} for m in tasks["metrics"].to_pylist()]
-        names: dict[str, None] = {}
-        for m in metrics:
-            names.update(dict.fromkeys(m))
-        names.pop("__windows__", None)  # per-window scores: Store.evaluation
-        for name in names:
-            column = name if name not in frame.columns else f"metric_{name}"
-            frame[column] = [m.get(name) for m in metrics]
+        for name, values in metric_columns(tasks["metrics"]).items():
+            if name == "__windows__":  # per-window scores: Store.evaluation
+                continue
+            frame[name if name not in frame.columns else f"metric_{name}"] = values
         frame.insert(len(key_columns), "run_id", run_id)
         return frame
 
@@ -388,3 +384,35 @@ def _with_models(tasks: pa.Table) -> pa.Table:
     """The tasks that ended ok with a model."""
     return tasks.filter(pc.and_(pc.equal(tasks["status"], Status.OK.value),
                                 pc.is_valid(tasks["artifact"])))
+
+
+def metric_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
+    """Each metric's values, by name in order of first appearance, from the
+    tasks' metrics as JSON objects (None where a task has not that metric):
+    parsed at once by Arrow's JSON reader when every value is a plain
+    number, string or bool, else one object at a time with ``json``."""
+    import io
+
+    import pyarrow.json as pajson
+
+    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    if len(texts) and texts.null_count < len(texts):
+        lines = pc.fill_null(texts, "{}")
+        try:
+            if pc.any(pc.match_substring_regex(lines, "\n|[0-9]{19}")).as_py():
+                # one object per line below; an int past 64 bits would turn float
+                raise ValueError("a line break or a large int in a metric")
+            parsed = pajson.read_json(io.BytesIO("\n".join(lines.to_pylist()).encode()),
+                                      read_options=pajson.ReadOptions(block_size=1 << 26))
+            if parsed.num_rows == len(texts) and all(
+                    pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                    or pa.types.is_boolean(f.type) or pa.types.is_string(f.type)
+                    or pa.types.is_null(f.type) for f in parsed.schema):
+                return {name: parsed[name].to_pylist() for name in parsed.column_names}
+        except (pa.ArrowException, ValueError):  # NaN, a nested value: as json reads it
+            pass
+    metrics = [json.loads(m) if m else {} for m in texts.to_pylist()]
+    names: dict[str, None] = {}
+    for m in metrics:
+        names.update(dict.fromkeys(m))
+    return {name: [m.get(name) for m in metrics] for name in names}
