@@ -145,8 +145,8 @@ def why(
     Example: manymodels why models/ s001 i007
     """
     opened = _open_store(store)
-    results = opened.results(run)
-    key_columns = list(results.columns[:results.columns.get_loc("run_id")])
+    results = opened._key_frame(run)
+    key_columns = list(results.columns)
     if len(key) != len(key_columns):
         raise typer.BadParameter(
             f"this run's key has {len(key_columns)} column(s) {key_columns}, got {len(key)}",

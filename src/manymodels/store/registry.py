@@ -142,6 +142,17 @@ class Store:
         frame.insert(len(key_columns), "run_id", run_id)
         return frame
 
+    def _key_frame(self, run: int | None = None) -> pd.DataFrame:
+        """The key columns of a run's tasks (what naming one task needs: the
+        whole results frame of a million tasks is several seconds)."""
+        run_id, key_columns, _ = self._run_row(run)
+        if self._linear_run(run_id) is not None:
+            return self.results(run_id)[key_columns]
+        tasks = taskblocks.read_run(self._conn, run_id, ["key"])
+        return pd.DataFrame(dict(zip(key_columns, decode_keys(tasks["key"],
+                                                              len(key_columns)))),
+                            columns=key_columns)
+
     def evaluation(self, run: int | None = None) -> pd.DataFrame:
         """The per-window scores of a run (default: the latest) trained with
         ``evaluate=``, like ``Run.evaluation``."""
