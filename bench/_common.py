@@ -90,7 +90,34 @@ _EXCLUDED_ROOTS: set[int] = set()
 PSS_EVERY = 4
 
 
-class PeakRSS:
+class Sampler:
+    """Context manager: calls :meth:`_sample` on entry, every ``interval``
+    seconds on a background thread, and on exit."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sampler", daemon=True)
+
+    def _sample(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self):  # noqa: ANN204 (the subclass)
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+class PeakRSS(Sampler):
     """Context manager: a background thread sums the RSS of this process and all
     its descendants every ``interval`` seconds and keeps the peak.
 
@@ -102,15 +129,13 @@ class PeakRSS:
     """
 
     def __init__(self, *, include_excluded: bool = False, interval: float = RSS_INTERVAL_S):
+        super().__init__(interval)
         self.include_excluded = include_excluded
-        self.interval = interval
         self.peak = 0
         self.peak_pss = 0
         self.start = 0
         self.samples = 0
         self._procs: dict[int, psutil.Process] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="peak-rss", daemon=True)
 
     def _tree_memory(self, with_pss: bool = False) -> tuple[int, int]:
         children: dict[int, list[int]] = defaultdict(list)
@@ -152,20 +177,10 @@ class PeakRSS:
         self.peak = max(self.peak, rss)
         self.peak_pss = max(self.peak_pss, pss)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
     def __enter__(self) -> PeakRSS:
-        self._sample()
+        super().__enter__()
         self.start = self.peak
-        self._thread.start()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
     @property
     def peak_mb(self) -> float:

@@ -295,7 +295,7 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
     return out
 
 
-class DriverRSS:
+class DriverRSS(c.Sampler):
     """The driver's own RSS, sampled every 0.05 s while ``mm.train`` runs (the
     checks after it, which load every model and build the results frame, are
     not the training's memory): its peak, and its value when train returned."""
@@ -303,28 +303,13 @@ class DriverRSS:
     def __init__(self) -> None:
         import psutil
 
+        super().__init__(0.05)
         self._process = psutil.Process()
         self.peak = self.last = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _sample(self) -> None:
         self.last = self._process.memory_info().rss
         self.peak = max(self.peak, self.last)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.05):
-            self._sample()
-
-    def __enter__(self) -> DriverRSS:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
 
 CASE_FUNCTIONS = {"serial": case_serial, "pool": case_pool, "mm": case_mm,

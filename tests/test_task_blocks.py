@@ -92,41 +92,39 @@ def test_a_damaged_block_is_refused_by_name(tmp_path):
         mm.Store(store).results()
 
 
-def test_a_task_written_twice_reads_as_its_latest_row(tmp_path):
-    store = mm.Store(tmp_path / "store")
-    conn = store._conn
-    conn.execute("BEGIN IMMEDIATE")
+def _run_of_blocks(store: mm.Store, blocks: list[tuple[str, list[int]]]) -> int:
+    """A run whose tasks are written as ``blocks`` of (status, task indices), in order."""
     from manymodels.store import database
 
+    conn = store._conn
+    conn.execute("BEGIN IMMEDIATE")
     run_id = database.insert_run(conn, backend="serial", workers=1, source="s", fit="f",
-                                 tasks=3, key_columns=["k"], param_columns=[], code_detail={})
-    for status, indices in (("failed", [0, 1, 2]), ("ok", [1])):
+                                 tasks=6, key_columns=["k"], param_columns=[], code_detail={})
+    for status, indices in blocks:
         taskblocks.insert(conn, run_id, taskblocks.table({
             "task_index": indices, "key": [encode_key((i,)) for i in indices],
             "identity": [f"id{i}" for i in indices], "status": [status] * len(indices)}))
     conn.execute("COMMIT")
-    tasks = taskblocks.read_run(conn, run_id, ["status"])
+    return run_id
+
+
+def test_a_task_written_twice_reads_as_its_latest_row(tmp_path):
+    store = mm.Store(tmp_path / "store")
+    run_id = _run_of_blocks(store, [("failed", [0, 1, 2]), ("ok", [1])])
+    tasks = taskblocks.read_run(store._conn, run_id, ["status"])
     assert tasks["task_index"].to_pylist() == [0, 1, 2]
     assert tasks["status"].to_pylist() == ["failed", "ok", "failed"]
-    unordered = taskblocks.read_run(conn, run_id, ["status"], ordered=False)
+    unordered = taskblocks.read_run(store._conn, run_id, ["status"], ordered=False)
     assert sorted(unordered.to_pylist(), key=lambda row: row["task_index"]) == tasks.to_pylist()
 
 
 def test_blocks_out_of_task_order_read_in_order_or_as_they_are(tmp_path):
     store = mm.Store(tmp_path / "store")
-    conn = store._conn
-    from manymodels.store import database
-
-    conn.execute("BEGIN IMMEDIATE")
-    run_id = database.insert_run(conn, backend="serial", workers=1, source="s", fit="f",
-                                 tasks=6, key_columns=["k"], param_columns=[], code_detail={})
-    for indices in ([3, 4, 5], [0, 2], [1]):  # batches finish out of order
-        taskblocks.insert(conn, run_id, taskblocks.table({
-            "task_index": indices, "key": [encode_key((i,)) for i in indices],
-            "identity": [f"id{i}" for i in indices], "status": ["ok"] * len(indices)}))
-    conn.execute("COMMIT")
-    assert taskblocks.read_run(conn, run_id, ["key"])["task_index"].to_pylist() == list(range(6))
-    as_written = taskblocks.read_run(conn, run_id, ["key"], ordered=False)
+    # batches finish out of order
+    run_id = _run_of_blocks(store, [("ok", [3, 4, 5]), ("ok", [0, 2]), ("ok", [1])])
+    in_order = taskblocks.read_run(store._conn, run_id, ["key"])
+    assert in_order["task_index"].to_pylist() == list(range(6))
+    as_written = taskblocks.read_run(store._conn, run_id, ["key"], ordered=False)
     assert as_written["task_index"].to_pylist() == [3, 4, 5, 0, 2, 1]
 
 
