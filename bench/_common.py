@@ -503,3 +503,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     tmp.replace(path)
+
+
+def print_and_write(numbers: dict[str, Any], out: Path) -> None:
+    """A bench's numbers, one per line, and as JSON in ``out``."""
+    width = max(map(len, numbers))
+    for name, value in numbers.items():
+        print(f"{name:<{width}}  {value}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(numbers, indent=2))
+    print(f"wrote {out}", file=sys.stderr)

@@ -16,17 +16,16 @@ Usage: python bench/dashboard_bench.py [--tasks 1000000] [--out FILE]
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
 
+import _common as c  # the bench directory is on sys.path: this script's own
 import manymodels as mm
 from manymodels.dashboard import DashboardServer
 from manymodels.dashboard.queries import SECTIONS, Queries
@@ -112,13 +111,7 @@ def main() -> None:
         numbers["all_sections_running_s"] = timed(lambda: Queries(big).run(1))
         numbers["chromium_page_s"] = chromium_page(big, Path(tmp) / "profile")
         numbers["chromium_page_200_tasks_s"] = chromium_page(small, Path(tmp) / "profile")
-    width = max(map(len, numbers))
-    for name, value in numbers.items():
-        print(f"{name:<{width}}  {value}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(numbers, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    c.print_and_write(numbers, Path(args.out))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ Usage: python bench/dashboard_blocks_bench.py [--tasks 1000000] [--blocks 30] [-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+import _common as c  # the bench directory is on sys.path: this script's own
 from manymodels.dashboard.queries import SECTIONS, Queries
 from manymodels.store import database, taskblocks
 
@@ -120,13 +119,7 @@ def main() -> None:
             path = Path(tmp) / "old"
             make_store(path, args.tasks, args.blocks, old=True)
             poll(Queries(path), numbers, "old_store_first")
-    width = max(map(len, numbers))
-    for name, value in numbers.items():
-        print(f"{name:<{width}}  {value}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(numbers, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    c.print_and_write(numbers, Path(args.out))
 
 
 if __name__ == "__main__":
