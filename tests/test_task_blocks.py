@@ -277,3 +277,80 @@ def test_metric_columns_equal_json_one_object_at_a_time(texts):
     # as results columns: the same dtypes (an int among floats is a float there)
     pd.testing.assert_frame_equal(pd.DataFrame(got, index=range(len(texts))),
                                   pd.DataFrame(expected, index=range(len(texts))))
+
+
+def test_a_store_written_before_blocks_reads_on_a_read_only_connection(tmp_path):
+    """Read-only (and the dashboard's) connections cannot add task_blocks to
+    an older index: they read its rows all the same."""
+    from manymodels.dashboard.queries import Queries
+
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    model = first.models[4]
+    first.store.close()
+    _as_legacy_store(store)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute("DROP TABLE task_blocks")
+    before = (store / "index.sqlite").read_bytes()
+    old = mm.Store(store, read_only=True)
+    assert old.results()["status"].value_counts().to_dict() == {"ok": 299, "failed": 1}
+    assert old.load(4) == pytest.approx(model)
+    assert len(old.models()) == 299
+    assert "reused" not in old.why_not_reused(4)
+    summary = Queries(store).run(first.run_id)["summary"]
+    assert summary["counts"] == {"failed": 1, "ok": 299}
+    assert (store / "index.sqlite").read_bytes() == before
+
+
+def test_a_store_of_a_later_layout_is_refused_by_name(tmp_path):
+    from manymodels.store import StoreError, database
+
+    store = tmp_path / "store"
+    mm.Store(store).close()
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute(f"PRAGMA user_version = {database.FORMAT + 1}")
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="newer than this manymodels reads"):
+            mm.Store(store, read_only=read_only)
+
+
+def test_reuse_skips_the_runs_that_cannot_have_trained_an_identity(tmp_path, monkeypatch):
+    """A new group must not make a re-run read every earlier run: a run whose
+    blocks' identity prefixes hold none of those left is not read."""
+    store = tmp_path / "store"
+    for seed in range(3):  # three runs training different data
+        mm.train(fit_mean, mm.groups(table(seed=seed), by="g"), store=store,
+                 backend="serial", progress=False)
+    read: list[int] = []
+    original = taskblocks.read_run
+
+    def counting(conn, run_id, *args, **kwargs):
+        read.append(run_id)
+        return original(conn, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(taskblocks, "read_run", counting)
+    grown = pd.concat([table(seed=0), pd.DataFrame({"g": [10_000] * 4, "x": 1.5})])
+    again = mm.train(fit_mean, mm.groups(grown, by="g"), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 299
+    assert read[:1] == [1]  # runs 3 and 2 trained none of these: never read
+
+
+def test_a_loop_of_loads_finds_each_key_in_the_run_read_once(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    run = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                   progress=False)
+    registry = mm.Store(store)
+    expected = {key: run.models[key] for key in (0, 299, 150, 1, 298)}
+    reads: list[int] = []
+    original = taskblocks.read_run
+    monkeypatch.setattr(taskblocks, "read_run", lambda conn, run_id, *a, **k: (
+        reads.append(run_id), original(conn, run_id, *a, **k))[1])
+    for key, model in expected.items():
+        assert registry.load(key) == pytest.approx(model)
+    with pytest.raises(KeyError, match="no task with key 300"):
+        registry.load(300)
+    with pytest.raises(KeyError, match="has no model"):
+        registry.load(7)  # failed
+    assert reads == [run.run_id]

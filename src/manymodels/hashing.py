@@ -375,6 +375,9 @@ class TaskIdentities(NamedTuple):
     identity: Any  # pa.StringArray
     params: Any  # the hash of its parameters; null without a grid
     data: Any
+    #: The identity's first 64 bits (uint64): what a store's blocks keep, sorted,
+    #: of the tasks they trained, so that reuse skips the runs that cannot match.
+    prefixes: np.ndarray
 
 
 def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:
@@ -401,11 +404,13 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
         params_parts.append(found[0])
         which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
-    names = lanes_hex_array(combine_lanes(data_lanes, prefix_lanes))
+    identity_lanes = combine_lanes(data_lanes, prefix_lanes)
+    names = lanes_hex_array(identity_lanes)
     if len(params_of) == 1 and params_parts[0] == "-":
         params_column = pa.nulls(len(params_parts), pa.string())  # no grid: no parameters
     else:
         params_column = pa.array([None if params == "-" else params
                                   for params in params_parts], pa.string())
-    identities = TaskIdentities(names, params_column, data_parts)
+    identities = TaskIdentities(names, params_column, data_parts,
+                                np.ascontiguousarray(identity_lanes[:, 0]))
     return identities, {**detail, "code_hash": code, "shared_hash": shared_part}

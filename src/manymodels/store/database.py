@@ -38,6 +38,9 @@ from . import packs
 
 SMALL_ARTIFACT = 1 << 20
 INDEX_NAME = "index.sqlite"
+#: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
+#: blocks. A store written by a later layout is refused, not misread.
+FORMAT = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,7 +70,8 @@ CREATE TABLE IF NOT EXISTS task_blocks (
     run_id   INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
     tasks    INTEGER NOT NULL,
     trained  INTEGER NOT NULL,
-    data     BLOB NOT NULL
+    data     BLOB NOT NULL,
+    trained_identities BLOB               -- sorted uint64 prefixes of what it trained
 );
 CREATE INDEX IF NOT EXISTS task_blocks_run ON task_blocks(run_id, trained);
 -- stores written before task_blocks: a row per task (read, never written)
@@ -178,6 +182,7 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         # a million task rows go into indexes keyed by random hashes: a page
         # cache of 64 MiB (not SQLite's 2) nearly halves the cost of a row
         conn.execute("PRAGMA cache_size=-65536")
+        _check_format(conn, index)
         conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
         _migrate(conn)
         _mark_dead_runs_interrupted(conn)
@@ -200,7 +205,21 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
                                isolation_level=None)
         conn.execute("SELECT count(*) FROM runs").fetchone()
+    _check_format(conn, index)
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'task_blocks'").fetchone() is None:
+        # a store written before blocks, that this connection may not change:
+        # an empty table of its own stands in (readers then find rows only)
+        conn.execute("CREATE TEMP TABLE task_blocks (block_id INTEGER PRIMARY KEY, run_id "
+                     "INTEGER, tasks INTEGER, trained INTEGER, data BLOB, "
+                     "trained_identities BLOB)")
     return conn
+
+
+def _check_format(conn: sqlite3.Connection, index: Path) -> None:
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    if version > FORMAT:
+        raise StoreError(f"store index {str(index)!r} has layout {version}, newer than this "
+                         f"manymodels reads ({FORMAT}): upgrade manymodels to use it")
 
 
 def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
@@ -216,6 +235,11 @@ def _migrate(conn: sqlite3.Connection) -> None:
     if "driver" not in columns:
         conn.execute("ALTER TABLE runs ADD COLUMN driver TEXT")
     conn.execute("DROP INDEX IF EXISTS tasks_ok_identity")  # now tasks_trained_identity
+    if "trained_identities" not in {row[1] for row in conn.execute(
+            "PRAGMA table_info(task_blocks)")}:
+        conn.execute("ALTER TABLE task_blocks ADD COLUMN trained_identities BLOB")
+    if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT:
+        conn.execute(f"PRAGMA user_version = {FORMAT}")
 
 
 def driver_label() -> str:

@@ -49,6 +49,7 @@ class RunRecorder:
         self._reused: pa.Table | None = None
         self._keys: pa.Array | None = None
         self._identity_parts: list[pa.Array] = []
+        self._prefixes: np.ndarray | None = None
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
@@ -61,6 +62,7 @@ class RunRecorder:
         self._identity_parts = [  # identity, code, params, data, shared (see .writer)
             ids.identity, pa.nulls(count, pa.string()), ids.params, ids.data,
             pa.nulls(count, pa.string())]
+        self._prefixes = ids.prefixes
         self.identities = None  # the columns above are all the run needs
         reused = self._reused = self._find_reusable() if reuse else None
         conn = self.conn
@@ -81,7 +83,8 @@ class RunRecorder:
                     from exc
             raise
         self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
-                                   self._identity_parts, on_committed=self._forget_models)
+                                   self._identity_parts, on_committed=self._forget_models,
+                                   prefixes=self._prefixes)
         return 0 if reused is None else reused.num_rows
 
     def _insert_reused(self, reused: pa.Table) -> None:
@@ -120,6 +123,8 @@ class RunRecorder:
         for run_id in self._runs_that_trained():
             if left.size == 0:
                 break
+            if not taskblocks.may_have_trained(self.conn, run_id, self._prefixes[left]):
+                continue  # none of these identities is among what it trained
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
                                           trained_only=True, ordered=False)
             usable = pc.and_(pc.and_(pc.equal(trained["status"], "ok"),

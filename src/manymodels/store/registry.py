@@ -91,7 +91,7 @@ class Store:
         #: files are not writable by this user): it can be read, not trained into.
         self.read_only = not database.prepare_directory(self.path, read_only)
         self._conn = database.connect(self.path, read_only=self.read_only)
-        self._cached_tasks: tuple[tuple, pa.Table] | None = None
+        self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
 
     def close(self) -> None:
         self._conn.close()
@@ -163,27 +163,27 @@ class Store:
         return window_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
                             tasks["metrics"].to_pylist())
 
-    def _tasks(self, run_id: int) -> pa.Table:
-        """A run's tasks (the columns a lookup by key needs, task order), kept
-        until the run gains a block or another run is read: looking up one key
-        in a million-task run then reads the run once, not once per key."""
+    def _task_row(self, key: Hashable, run: int | None, columns: list[str]) -> dict[str, Any]:
+        """The task of ``key`` in ``run``: ``columns`` (of :data:`_LOOKUP_COLUMNS`)
+        by name. The run's keys are read and sorted once, kept for the two
+        runs last asked about until they gain a block: a loop over a
+        million keys is a binary search each, not a read of the run each."""
+        run_id, _, _ = self._run_row(run)
         version = (run_id, *self._conn.execute(
             "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
             (run_id,)).fetchone())
-        if self._cached_tasks is None or self._cached_tasks[0] != version:
-            self._cached_tasks = None  # the old one is freed before the new one is read
-            self._cached_tasks = (version, taskblocks.read_run(self._conn, run_id,
-                                                               _LOOKUP_COLUMNS))
-        return self._cached_tasks[1]
-
-    def _task_row(self, key: Hashable, run: int | None, columns: list[str]) -> dict[str, Any]:
-        """The task of ``key`` in ``run``: ``columns`` by name."""
-        run_id, _, _ = self._run_row(run)
-        tasks = self._tasks(run_id)
-        rows = tasks.filter(pc.equal(tasks["key"], encode_key(key_parts(key))))
-        if rows.num_rows == 0:
+        lookup = self._lookups.pop(run_id, None)
+        if lookup is None or lookup.version != version:
+            lookup = None  # the old one is freed before the new one is read
+            lookup = taskblocks.KeyLookup(version, taskblocks.read_run(
+                self._conn, run_id, _LOOKUP_COLUMNS))
+        self._lookups[run_id] = lookup  # the latest last
+        while len(self._lookups) > 2:
+            self._lookups.pop(next(iter(self._lookups)))
+        row = lookup.find(encode_key(key_parts(key)))
+        if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
-        return {name: rows[name][rows.num_rows - 1].as_py() for name in columns}
+        return {name: lookup.tasks[name][row].as_py() for name in columns}
 
     def _run_artifacts(self, run_id: int) -> dict[int, str]:
         """Task index -> artifact of each model a run recorded."""

@@ -72,28 +72,59 @@ def encode(block: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode(data: bytes, what: str = "a task block") -> pa.Table:
-    """A block's table; a damaged one is refused by name (never half read)."""
+def decode(data: bytes, what: str = "a task block",
+           columns: Sequence[str] | None = None) -> pa.Table:
+    """A block's table (only ``columns`` decompressed, when given); a damaged
+    one is refused by name (never half read)."""
+    names = list(columns) if columns is not None else list(COLUMNS)
+    options = pa.ipc.IpcReadOptions(included_fields=[
+        SCHEMA.get_field_index(name) for name in names]) if columns is not None else None
     try:
-        block = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        block = pa.ipc.open_stream(pa.py_buffer(data), options=options).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreIntegrityError(f"{what} of the store's index is damaged ({exc}): its "
                                   "tasks cannot be read") from exc
-    missing = [name for name in COLUMNS if name not in block.column_names]
-    if missing:
+    missing = [name for name in names if name not in block.column_names]
+    if missing or block.schema.names != [n for n in COLUMNS if n in names]:
         raise StoreIntegrityError(f"{what} of the store's index is damaged: it has no "
-                                  f"column {missing[0]!r}")
-    return block
+                                  f"column {(missing or names)[0]!r} where it should")
+    return block.select(names)
 
 
-def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table) -> None:
-    """One block of ``run_id``'s tasks (inside the caller's transaction)."""
+def trained_mask(block: pa.Table) -> np.ndarray:
+    """Which of a block's tasks trained a model: ok, and not reused."""
+    return pc.and_(pc.equal(block["status"], "ok"), pc.is_null(block["reused_from"])
+                   ).to_numpy(zero_copy_only=False)
+
+
+def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
+           prefixes: np.ndarray | None = None) -> None:
+    """One block of ``run_id``'s tasks (inside the caller's transaction).
+    ``prefixes``: each task's identity prefix (uint64, see
+    :class:`manymodels.hashing.TaskIdentities`); those of the tasks it trained
+    are kept, sorted, for :func:`may_have_trained`."""
     if block.num_rows == 0:
         return
-    trained = pc.sum(pc.and_(pc.equal(block["status"], "ok"),
-                             pc.is_null(block["reused_from"]))).as_py() or 0
-    conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data) VALUES (?,?,?,?)",
-                 (run_id, block.num_rows, trained, encode(block)))
+    trained = trained_mask(block)
+    kept = None
+    if prefixes is not None and trained.any():
+        kept = np.unique(np.asarray(prefixes, dtype=np.uint64)[trained]).tobytes()
+    conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, trained_identities) "
+                 "VALUES (?,?,?,?,?)",
+                 (run_id, block.num_rows, int(trained.sum()), encode(block), kept))
+
+
+def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray) -> bool:
+    """Whether ``run_id`` may have trained a task whose identity starts with
+    one of ``prefixes``: False only when every block that trained something
+    keeps its prefixes and none matches (then the run need not be read)."""
+    kept = []
+    for (blob,) in conn.execute("SELECT trained_identities FROM task_blocks "
+                                "WHERE run_id = ? AND trained > 0", (run_id,)):
+        if blob is None:
+            return True  # a block written without them
+        kept.append(np.frombuffer(blob, dtype=np.uint64))
+    return bool(kept) and bool(np.isin(prefixes, np.concatenate(kept)).any())
 
 
 def _legacy_rows(conn: sqlite3.Connection, run_id: int) -> pa.Table | None:
@@ -115,7 +146,7 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     the others are left out: what reuse looks for is in the former)."""
     names = list(dict.fromkeys(["task_index", *(columns or COLUMNS)]))
     condition = " AND trained > 0" if trained_only else ""
-    parts = [decode(data, f"task block {block_id} of run {run_id}").select(names)
+    parts = [decode(data, f"task block {block_id} of run {run_id}", names)
              for block_id, data in conn.execute(
                  f"SELECT block_id, data FROM task_blocks WHERE run_id = ?{condition} "
                  "ORDER BY block_id", (run_id,))]
@@ -138,10 +169,31 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     return result.combine_chunks()
 
 
-def run_ids_with_blocks(conn: sqlite3.Connection) -> list[int]:
-    return [run_id for (run_id,) in conn.execute(
-        "SELECT DISTINCT run_id FROM task_blocks UNION SELECT DISTINCT run_id FROM tasks "
-        "ORDER BY 1")]
+class KeyLookup:
+    """A run's tasks with their keys sorted once: a task found by its encoded
+    key in a binary search (Arrow sorts strings by their UTF-8 bytes, which is
+    the order of Python's ``<`` on them)."""
+
+    def __init__(self, version: tuple, tasks: pa.Table) -> None:
+        self.version, self.tasks = version, tasks
+        self._order = pc.sort_indices(tasks["key"]).to_numpy()
+        self._sorted = tasks["key"].take(pa.array(self._order))
+
+    def find(self, key: str) -> int | None:
+        """The row of the task with ``key`` (the last in task order if two
+        have it), or None."""
+        keys, low, high = self._sorted, 0, len(self._sorted)
+        while low < high:
+            middle = (low + high) // 2
+            if keys[middle].as_py() < key:
+                low = middle + 1
+            else:
+                high = middle
+        rows = []
+        while low < len(keys) and keys[low].as_py() == key:
+            rows.append(int(self._order[low]))
+            low += 1
+        return max(rows) if rows else None
 
 
 def referenced_artifacts(conn: sqlite3.Connection) -> set[str]:
@@ -151,6 +203,7 @@ def referenced_artifacts(conn: sqlite3.Connection) -> set[str]:
         "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL")}
     for block_id, run_id, data in conn.execute(
             "SELECT block_id, run_id, data FROM task_blocks"):
-        column = decode(data, f"task block {block_id} of run {run_id}")["artifact"].drop_null()
+        column = decode(data, f"task block {block_id} of run {run_id}",
+                        ["artifact"])["artifact"].drop_null()
         names.update(pc.unique(column).to_pylist())
     return names

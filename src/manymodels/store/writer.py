@@ -22,6 +22,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -106,11 +107,14 @@ class StoreWriter:
     for the run; a hand-over's rows take theirs by task index."""
 
     def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: list[pa.Array],
-                 on_committed: Callable[[list[int]], None] | None = None) -> None:
+                 on_committed: Callable[[list[int]], None] | None = None,
+                 prefixes: Any = None) -> None:
         self.root, self.run_id = root, run_id
         #: Told the task indices whose models a transaction committed.
         self.on_committed = on_committed
         self.keys, self.identities = keys, identities
+        #: Each task's identity prefix (see :func:`.taskblocks.insert`), or None.
+        self.prefixes = prefixes
         #: The first write that failed, as the error the driver raises.
         self.error: database.StoreError | None = None
         # Two hand-overs at most wait: when the writer falls behind, the driver
@@ -198,5 +202,6 @@ class StoreWriter:
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"], "metrics": encode_all_metrics(handover["metrics"]),
-            "error": handover["error"], "artifact": artifacts, "size": sizes}))
+            "error": handover["error"], "artifact": artifacts, "size": sizes}),
+            None if self.prefixes is None else self.prefixes[rows.to_numpy()])
         conn.execute("COMMIT")
