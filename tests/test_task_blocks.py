@@ -217,26 +217,26 @@ def test_identities_as_arrow_equal_their_python_strings():
 def test_loadable_mask_equals_the_set_check(tmp_path):
     """Packed models (whole, cut short, in a pack that is gone, found corrupt),
     a damaged locator, a file artifact and its deleted twin, and no artifact."""
-    from manymodels.store import database, packs
+    from manymodels.store import artifacts, packs
 
     store = mm.Store(tmp_path / "store")
     conn = store._conn
     conn.execute("BEGIN IMMEDIATE")
     small = [bytes([i]) * 10 for i in range(4)]
-    locators = packs.write_packs(conn, [database.sha256(m) for m in small], small)
-    big = b"x" * (database.SMALL_ARTIFACT + 1)
-    kept, _ = database.write_artifact(conn, store.path, big)
-    gone, _ = database.write_artifact(conn, store.path, big + b"y")
+    locators = packs.write_packs(conn, [artifacts.sha256(m) for m in small], small)
+    big = b"x" * (artifacts.SMALL_ARTIFACT + 1)
+    kept, _ = artifacts.write_artifact(conn, store.path, big)
+    gone, _ = artifacts.write_artifact(conn, store.path, big + b"y")
     conn.execute("COMMIT")
     (store.path / "artifacts" / gone[:2] / gone).unlink()
     conn.execute("INSERT INTO corrupt_artifacts VALUES (?, 0)", (locators[1],))
     digest, pack, offset, size = packs.parse_locator(locators[3])
-    artifacts = [*locators, f"{digest}@{pack}/{offset}/{size + 99}",  # past the pack's end
-                 f"{digest}@{pack + 7}/0/10", "abc@not/a/locator", kept, gone, None]
-    mask = database.loadable_mask(conn, store.path, artifacts)
-    named = {a for a in artifacts if a is not None}
-    expected = database.loadable_artifacts(conn, store.path, named)
-    assert mask.tolist() == [a in expected for a in artifacts]
+    names = [*locators, f"{digest}@{pack}/{offset}/{size + 99}",  # past the pack's end
+             f"{digest}@{pack + 7}/0/10", "abc@not/a/locator", kept, gone, None]
+    mask = artifacts.loadable_mask(conn, store.path, names)
+    named = {a for a in names if a is not None}
+    expected = artifacts.loadable_artifacts(conn, store.path, named)
+    assert mask.tolist() == [a in expected for a in names]
     assert mask.tolist() == [True, False, True, True, False, False, False, True, False, False]
 
 
@@ -267,12 +267,10 @@ def test_keys_decoded_at_once_equal_one_at_a_time(rows):
 def test_metric_columns_equal_json_one_object_at_a_time(texts):
     import pyarrow as pa
 
-    from manymodels.store.registry import metric_columns
-
     objects = [json.loads(t) if t else {} for t in texts]
     names = list(dict.fromkeys(name for m in objects for name in m))
     expected = {name: [m.get(name) for m in objects] for name in names}
-    got = metric_columns(pa.array(texts, pa.string()))
+    got = taskblocks.metric_columns(pa.array(texts, pa.string()))
     assert list(got) == names and got == expected
     # as results columns: the same dtypes (an int among floats is a float there)
     pd.testing.assert_frame_equal(pd.DataFrame(got, index=range(len(texts))),

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..hashing import digest
-from ..store import Store, StoreError, StoreIntegrityError, database
+from ..store import Store, StoreError, StoreIntegrityError, artifacts, database
 from .artifact import Saved, from_artifact, to_artifact
 from .fitting import STATUSES, empty, fit_groups
 from .identities import describe_options, group_identities, match_keys
@@ -148,7 +148,7 @@ def linear_run(store: Store, run_id: int) -> tuple[int, dict, str] | None:
 def _read(store: Store, found: tuple[int, dict, str]) -> Saved:
     run_id, detail, artifact = found
     what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
-    saved = from_artifact(database.read_artifact(store._conn, store.path, artifact, what),
+    saved = from_artifact(artifacts.read_artifact(store._conn, store.path, artifact, what),
                           run_id)
     saved.digest = artifact
     return saved
@@ -252,7 +252,7 @@ def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
     has_model = int(np.isfinite(result.intercept).sum()) if len(result) else 0
     try:
         conn.execute("BEGIN IMMEDIATE")
-        digest_ = artifact if isinstance(artifact, str) else database.write_artifact(
+        digest_ = artifact if isinstance(artifact, str) else artifacts.write_artifact(
             conn, store.path, artifact)[0]
         conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
                      (run_id, PREFIX + name, digest_))

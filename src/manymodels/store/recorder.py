@@ -22,7 +22,7 @@ from ..dataplane import pickle_any
 from ..hashing import TaskIdentities
 from ..keys import encode_keys
 from ..messages import Pickled, Status
-from . import database, taskblocks
+from . import artifacts, database, taskblocks
 from .registry import IN_STORE
 from .writer import StoreWriter
 
@@ -173,7 +173,7 @@ class RunRecorder:
         without a model."""
         artifact = rows["artifact"].combine_chunks() if isinstance(
             rows["artifact"], pa.ChunkedArray) else rows["artifact"]
-        loadable = database.loadable_mask(self.conn, self.store.path, artifact)
+        loadable = artifacts.loadable_mask(self.conn, self.store.path, artifact)
         no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
         if no_model.any():
             loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
@@ -197,7 +197,7 @@ class RunRecorder:
                 "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
                 "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
                 f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
-        loadable = database.loadable_artifacts(
+        loadable = artifacts.loadable_artifacts(
             self.conn, self.store.path, {row[2] for row in rows if row[2] is not None})
         hits = [(index, *row[1:]) for row in rows
                 if (row[2] in loadable if row[2] is not None else row[4] is not None)

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from ..keys import decode_key, decode_keys, encode_key, key_parts
 from ..messages import Pickled, Status
-from . import database, packs, taskblocks
+from . import artifacts, database, packs, taskblocks
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -50,7 +50,7 @@ class StoredModel:
 
     def load(self) -> Any:
         what = self.what if isinstance(self.what, str) else f"key {self.what!r}"
-        data = database.read_artifact(self.store._conn, self.store.path, self.digest, what)
+        data = artifacts.read_artifact(self.store._conn, self.store.path, self.digest, what)
         return pickle.loads(data)
 
 
@@ -135,7 +135,7 @@ class Store:
                                                                len(key_columns)))))
         for column in _TASK_COLUMNS:
             frame[column] = tasks[column].to_pylist()
-        for name, values in metric_columns(tasks["metrics"]).items():
+        for name, values in taskblocks.metric_columns(tasks["metrics"]).items():
             if name == "__windows__":  # per-window scores: Store.evaluation
                 continue
             frame[name if name not in frame.columns else f"metric_{name}"] = values
@@ -230,7 +230,7 @@ class Store:
         run_id, _, _ = self._run_row(run)
         self._conn.execute("BEGIN IMMEDIATE")
         try:
-            digest, _ = database.write_artifact(self._conn, self.path,
+            digest, _ = artifacts.write_artifact(self._conn, self.path,
                                                 pickle.dumps(obj, protocol=5))
             self._conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
                                (run_id, name, digest))
@@ -260,12 +260,12 @@ class Store:
             run_ids = [run_id for (run_id,) in self._conn.execute(
                 "SELECT run_id FROM runs WHERE key_columns = ? ORDER BY run_id",
                 (json.dumps(key_columns),))]
-        artifacts: dict[str, str] = {}
+        named: dict[str, str] = {}
         for run_id in run_ids:  # the latest run's last
             tasks = _with_models(taskblocks.read_run(self._conn, run_id,
                                                      ["key", "status", "artifact"]))
-            artifacts.update(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()))
-        return artifacts
+            named.update(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()))
+        return named
 
     def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
                 features: list[str] | None = None, run: int | None = None,
@@ -395,35 +395,3 @@ def _with_models(tasks: pa.Table) -> pa.Table:
     """The tasks that ended ok with a model."""
     return tasks.filter(pc.and_(pc.equal(tasks["status"], Status.OK.value),
                                 pc.is_valid(tasks["artifact"])))
-
-
-def metric_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
-    """Each metric's values, by name in order of first appearance, from the
-    tasks' metrics as JSON objects (None where a task has not that metric):
-    parsed at once by Arrow's JSON reader when every value is a plain
-    number, string or bool, else one object at a time with ``json``."""
-    import io
-
-    import pyarrow.json as pajson
-
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
-    if len(texts) and texts.null_count < len(texts):
-        lines = pc.fill_null(texts, "{}")
-        try:
-            if pc.any(pc.match_substring_regex(lines, "\n|[0-9]{19}")).as_py():
-                # one object per line below; an int past 64 bits would turn float
-                raise ValueError("a line break or a large int in a metric")
-            parsed = pajson.read_json(io.BytesIO("\n".join(lines.to_pylist()).encode()),
-                                      read_options=pajson.ReadOptions(block_size=1 << 26))
-            if parsed.num_rows == len(texts) and all(
-                    pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-                    or pa.types.is_boolean(f.type) or pa.types.is_string(f.type)
-                    or pa.types.is_null(f.type) for f in parsed.schema):
-                return {name: parsed[name].to_pylist() for name in parsed.column_names}
-        except (pa.ArrowException, ValueError):  # NaN, a nested value: as json reads it
-            pass
-    metrics = [json.loads(m) if m else {} for m in texts.to_pylist()]
-    names: dict[str, None] = {}
-    for m in metrics:
-        names.update(dict.fromkeys(m))
-    return {name: [m.get(name) for m in metrics] for name in names}

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import database, packs, taskblocks
+from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
 #: list in the same order (``task_index``, ``status``, ``attempts``,
@@ -174,17 +174,17 @@ class StoreWriter:
     def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
         conn.execute("BEGIN IMMEDIATE")
         models = handover["model"]
-        artifacts: list[str | None] = [None] * len(models)
+        stored_as: list[str | None] = [None] * len(models)
         sizes: list[int | None] = [None] * len(models)
         small_rows, small_digests, small_data = [], [], []
         for row, model in enumerate(models):
             if model is not None:
                 data = model.data
-                artifact = model.sha256 or database.sha256(data)
+                artifact = model.sha256 or artifacts.sha256(data)
                 size = sizes[row] = len(data)
-                if size >= database.SMALL_ARTIFACT:
-                    database.write_artifact(conn, self.root, data, artifact)
-                    artifacts[row] = artifact
+                if size >= artifacts.SMALL_ARTIFACT:
+                    artifacts.write_artifact(conn, self.root, data, artifact)
+                    stored_as[row] = artifact
                 else:  # packed below; the row learns its locator then
                     small_rows.append(row)
                     small_digests.append(artifact)
@@ -192,7 +192,7 @@ class StoreWriter:
         if small_rows:
             for row, locator in zip(small_rows, packs.write_packs(conn, small_digests,
                                                                   small_data)):
-                artifacts[row] = locator
+                stored_as[row] = locator
         rows = pa.array(handover["task_index"], pa.int64())
         identity, code, params, data, shared = (part.take(rows) for part in self.identities)
         taskblocks.insert(conn, self.run_id, taskblocks.table({
@@ -202,6 +202,6 @@ class StoreWriter:
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"], "metrics": encode_all_metrics(handover["metrics"]),
-            "error": handover["error"], "artifact": artifacts, "size": sizes}),
+            "error": handover["error"], "artifact": stored_as, "size": sizes}),
             None if self.prefixes is None else self.prefixes[rows.to_numpy()])
         conn.execute("COMMIT")

@@ -1,0 +1,183 @@
+"""Model artifacts in a store: written, checked against their SHA-256, read.
+
+A model of 1 MiB or more is a file under ``artifacts/``, named by its SHA-256
+(written to a temporary name and renamed); a smaller one that a run trains is
+packed (see :mod:`.packs`), and a run-level object (an attachment) is a BLOB
+row of ``artifacts``. Every read checks the bytes against the SHA-256 before
+anything is unpickled; an artifact found not to match is remembered in
+``corrupt_artifacts``, so a re-run retrains its task instead of reusing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import packs
+from .database import StoreIntegrityError
+
+SMALL_ARTIFACT = 1 << 20
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
+                   digest: str | None = None) -> tuple[str, int]:
+    """Store ``data`` (inside the caller's transaction); return (sha256, size).
+    ``digest``: its SHA-256 when the caller has it already (a worker hashed
+    it). An artifact found corrupt earlier is written afresh."""
+    digest = digest or sha256(data)
+    corrupt = conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
+                           (digest,)).fetchone() is not None
+    if corrupt:
+        conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (digest,))
+        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (digest,))
+    if len(data) < SMALL_ARTIFACT:
+        conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, blob) VALUES (?, ?, ?)",
+                     (digest, len(data), data))
+        return digest, len(data)
+    relative = f"artifacts/{digest[:2]}/{digest}"
+    target = root / relative
+    if corrupt or not _intact_file(target, len(data)):
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.chmod(temporary, 0o600)
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, path) VALUES (?, ?, ?)",
+                 (digest, len(data), relative))
+    return digest, len(data)
+
+
+def _intact_file(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) -> set[str]:
+    """Those of ``digests`` (SHA-256s or pack locators) that can still be
+    loaded, as far as a cheap check tells: in the index (or their pack is),
+    not found corrupt, and a file artifact's file there with its size. All at
+    once: a scan of the artifact names when the store holds few more than asked
+    for, else one query per 5,000."""
+    if not digests:
+        return set()
+    packed = {d for d in digests if packs.is_locator(d)}
+    digests = digests - packed
+    packed = packs.whole_locators(conn, packed)
+    total = conn.execute("SELECT max(rowid) FROM artifacts").fetchone()[0] or 0
+    if total <= 20 * len(digests):
+        present = digests & {sha for (sha,) in conn.execute("SELECT sha256 FROM artifacts")}
+    else:
+        present, names = set(), list(digests)
+        for start in range(0, len(names), 5000):
+            chunk = names[start:start + 5000]
+            present.update(sha for (sha,) in conn.execute(
+                f"SELECT sha256 FROM artifacts WHERE sha256 IN ({','.join('?' * len(chunk))})",
+                chunk))
+    for sha, path, size in conn.execute(
+            "SELECT sha256, path, size FROM artifacts WHERE path IS NOT NULL"):
+        if sha in present and not _intact_file(root / path, size):
+            present.discard(sha)
+    present |= packed
+    present.difference_update(sha for (sha,) in conn.execute(
+        "SELECT sha256 FROM corrupt_artifacts"))
+    return present
+
+
+def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any) -> Any:
+    """:func:`loadable_artifacts` as a mask over ``artifacts`` (a string
+    array, nulls allowed: never loadable), the pack locators among them
+    checked all at once, without a Python string per model."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    artifacts = pa.array(artifacts, pa.string()) if not isinstance(
+        artifacts, pa.Array) else artifacts
+    mask = np.zeros(len(artifacts), dtype=bool)
+    packed = pc.fill_null(pc.match_substring(artifacts, "@"), False).to_numpy(
+        zero_copy_only=False)
+    where = np.flatnonzero(packed)
+    if where.size:
+        mask[where] = packs.whole_mask(conn, artifacts.take(pa.array(where)))
+        corrupt = [sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")]
+        if corrupt:
+            mask &= ~pc.fill_null(pc.is_in(artifacts, pa.array(corrupt, pa.string())),
+                                  False).to_numpy(zero_copy_only=False)
+    rest = np.flatnonzero(~packed & artifacts.is_valid().to_numpy(zero_copy_only=False))
+    if rest.size:
+        names = artifacts.take(pa.array(rest)).to_pylist()
+        loadable = loadable_artifacts(conn, root, set(names))
+        mask[rest] = [name in loadable for name in names]
+    return mask
+
+
+def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
+    """A packed model's bytes, checked against its SHA-256 (see :mod:`.packs`)."""
+    digest, pack, offset, size = packs.parse_locator(locator)
+    data = packs.read_slice(conn, pack, offset, size)
+    place = f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size})"
+    if data is None:
+        _mark_corrupt(conn, locator)
+        raise StoreIntegrityError(f"{place} is missing from the store")
+    if len(data) != size or sha256(data) != digest:
+        _mark_corrupt(conn, locator)
+        raise StoreIntegrityError(
+            f"{place} does not match its recorded SHA-256: the pack was modified or "
+            "truncated, so it is not loaded")
+    return data
+
+
+def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:
+    if conn.in_transaction:
+        return
+    try:
+        conn.execute("INSERT OR IGNORE INTO corrupt_artifacts VALUES (?, ?)",
+                     (digest, time.time()))
+    except sqlite3.Error:  # a read-only store: it is refused on every load anyway
+        pass
+
+
+def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) -> bytes:
+    """The bytes of an artifact (a SHA-256 or a pack locator), checked against
+    its SHA-256."""
+    if packs.is_locator(digest):
+        return _read_packed(conn, digest, what)
+    row = conn.execute("SELECT size, blob, path FROM artifacts WHERE sha256 = ?",
+                       (digest,)).fetchone()
+    if row is None:
+        _mark_corrupt(conn, digest)
+        raise StoreIntegrityError(f"artifact {digest} of {what} is missing from the store")
+    size, blob, relative = row
+    if blob is not None:
+        data = bytes(blob)
+    else:
+        try:
+            data = (root / relative).read_bytes()
+        except OSError as exc:
+            _mark_corrupt(conn, digest)
+            raise StoreIntegrityError(
+                f"artifact file {relative} of {what} cannot be read: {exc}") from exc
+    if len(data) != size or sha256(data) != digest:
+        _mark_corrupt(conn, digest)
+        raise StoreIntegrityError(
+            f"artifact {relative or digest} of {what} does not match its recorded "
+            f"SHA-256 ({len(data)} bytes, {size} recorded): it was modified or truncated, "
+            "so it is not loaded"
+        )
+    return data
