@@ -9,10 +9,11 @@ Layout of a store directory (owner-only permissions)::
     artifacts/ab/abcd…  models of 1 MiB or more, one file each, named by SHA-256
 
 A model under 1 MiB that a run trains goes into a *pack* (:mod:`.packs`):
-many models in one BLOB row, each task row naming its model by a locator
+many models in one BLOB row, each task naming its model by a locator
 ``<sha256>@<pack>/<offset>/<size>``. Every read checks the bytes against the
-SHA-256 before unpickling (:mod:`.artifacts`). Larger models are content-addressed, one
-``artifacts`` row (and file) each, so a model shared by two runs is stored
+SHA-256 before unpickling (:mod:`.artifacts`). Larger models are
+content-addressed, one ``artifacts`` row (and file) each, so a model shared by
+two runs is stored
 once; a reused task names the same artifact or locator as the task it reuses.
 Files are written to a temporary name and renamed, and the index row that
 names them is committed after, so the index never points at a half-written
