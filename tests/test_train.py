@@ -224,3 +224,48 @@ def test_setup_failure_is_reported_before_tasks(no_leftovers):
 
     with pytest.raises(mm.WorkerStartupError, match="model file missing"):
         mm.train(_use_resource, mm.items(range(5)), setup=broken, workers=1, progress=False)
+
+
+def _collector_on(_item):
+    import gc
+
+    return gc.isenabled()
+
+
+def _failing(_item):
+    raise ValueError("no model")
+
+
+def test_the_cycle_collector_is_paused_only_while_fits_run_elsewhere():
+    """Processes: the driver's collector is off during the run and back on
+    after (a run that failed too); threads and serial: fit runs in the driver,
+    so it stays on; a collector the user turned off stays off."""
+    import gc
+
+    seen = []
+
+    class Watch(mm.Callback):
+        def on_batch(self, progress):
+            seen.append(gc.isenabled())
+
+    assert gc.isenabled()
+    mm.train(_collector_on, mm.items(range(20)), backend="processes", workers=2,
+             progress=False, callbacks=[Watch()])
+    assert seen and not any(seen) and gc.isenabled()
+    workers_on = mm.train(_collector_on, mm.items(range(6)), backend="processes", workers=2,
+                          progress=False, start_method="fork")
+    assert all(workers_on.models.values())  # forked mid-pause, a worker's own is on
+    with pytest.raises(mm.TooManyFailures):  # raised from inside the run
+        mm.train(_failing, mm.items(range(3)), backend="processes", workers=2,
+                 progress=False, max_failures=0)
+    assert gc.isenabled()
+    for backend in ("threads", "serial"):
+        run = mm.train(_collector_on, mm.items(range(4)), backend=backend, progress=False)
+        assert all(run.models.values()), backend
+    gc.disable()
+    try:
+        mm.train(_collector_on, mm.items(range(4)), backend="processes", workers=2,
+                 progress=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

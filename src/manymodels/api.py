@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._resources import collector_paused
 from .backends import Backend, backend_class
 from .callbacks import Callbacks, RunInfo
 from .evaluation import prepare as prepare_evaluation
@@ -146,41 +147,45 @@ def train(
 
         hooks.append(live := LiveDashboard())
 
-    plan = make_plan(source)
-    add_fit_keys(plan, fit, {*(options.shared or {}),
-                             *(options.setup if isinstance(options.setup, Mapping) else ())})
-    context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table, shared=options.shared,
-                         cpus_per_task=options.backend.cpus_per_task,
-                         retry_on=options.retry_on, setup=options.setup,
-                         pickle_models=(None if not backend_type.requires_pickling
-                                        else "all" if store is not None else "small"))
-    recorder, to_do = None, len(plan.tasks)
-    if store is not None:
-        # the splitter is part of each task's identity: its metrics depend on it
-        # the driver keeps no per-task identity beyond the recorder's columns
-        recorder = RunRecorder(store, plan, *task_identities(
-            plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
-            else options.shared), fit_name=_callable_name(fit), source=repr(source),
-            backend=name, workers=options.sized_for(backend_type, len(plan.tasks)).workers)
-        to_do -= recorder.begin(reuse=options.reuse)
-    try:
-        engine = instance if instance is not None else backend_type()
-        engine.configure(options.sized_for(backend_type, to_do))
-    except BaseException:
-        if recorder is not None:
-            recorder.abandon()
-        raise
-    scheduler = Scheduler(plan, engine, retries=options.retries,
-                          max_failures=options.max_failures, progress=options.progress,
-                          recorder=recorder, callbacks=Callbacks(
-                              hooks, plan, RunInfo.describe(
-                                  plan, fit, source, engine, options, store, recorder))
-                          if hooks else None)
-    try:
-        run = scheduler.run(context, began)
-    finally:
-        if live is not None:
-            live.close()
+    # fits run in other processes: the driver's own million tuples and dicts
+    # (acyclic) need no cycle collector, whose full passes over them cost
+    # seconds; with threads or serial, fit runs here and it stays on
+    with collector_paused(backend_type.requires_pickling):
+        plan = make_plan(source)
+        add_fit_keys(plan, fit, {*(options.shared or {}),
+                                 *(options.setup if isinstance(options.setup, Mapping) else ())})
+        context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table,
+                             shared=options.shared, cpus_per_task=options.backend.cpus_per_task,
+                             retry_on=options.retry_on, setup=options.setup,
+                             pickle_models=(None if not backend_type.requires_pickling
+                                            else "all" if store is not None else "small"))
+        recorder, to_do = None, len(plan.tasks)
+        if store is not None:
+            # the splitter is part of each task's identity: its metrics depend on
+            # it; the driver keeps no per-task identity beyond the recorder's columns
+            recorder = RunRecorder(store, plan, *task_identities(
+                plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
+                else options.shared), fit_name=_callable_name(fit), source=repr(source),
+                backend=name, workers=options.sized_for(backend_type, len(plan.tasks)).workers)
+            to_do -= recorder.begin(reuse=options.reuse)
+        try:
+            engine = instance if instance is not None else backend_type()
+            engine.configure(options.sized_for(backend_type, to_do))
+        except BaseException:
+            if recorder is not None:
+                recorder.abandon()
+            raise
+        scheduler = Scheduler(plan, engine, retries=options.retries,
+                              max_failures=options.max_failures, progress=options.progress,
+                              recorder=recorder, callbacks=Callbacks(
+                                  hooks, plan, RunInfo.describe(
+                                      plan, fit, source, engine, options, store, recorder))
+                              if hooks else None)
+        try:
+            run = scheduler.run(context, began)
+        finally:
+            if live is not None:
+                live.close()
     if selection is not None:
         run.select(selection, source)
     return run

@@ -145,6 +145,9 @@ class TableSlices(TaskData):
     def entries(self) -> list[Entry]:
         layout, cost = self.layout, self._cost
         offsets, lengths = layout.offsets.tolist(), layout.lengths.tolist()  # Python ints
+        if cost is float:  # the default, its length: all at once (a million groups)
+            costs = layout.lengths.astype("float64").tolist()
+            return list(zip(layout.keys, zip(offsets, lengths), costs))
         return [(key, (offset, length), float(cost(length)))
                 for key, offset, length in zip(layout.keys, offsets, lengths)]
 

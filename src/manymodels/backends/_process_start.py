@@ -14,6 +14,7 @@ these methods use.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import queue
 import subprocess
@@ -22,6 +23,7 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
+from .. import _resources
 from ._process_handles import ForkedProcess, MemoryWatch, Worker, send_loop
 from ._process_worker import die_with_parent, forked_main
 
@@ -84,6 +86,8 @@ class WorkerStarter:
             return ForkedProcess(pid)
         code = 1
         try:
+            if _resources.COLLECTOR_PAUSED:  # the driver's pause: fits run here
+                gc.enable()
             os.setsid()
             for fd in driver_fds:
                 with contextlib.suppress(OSError):
