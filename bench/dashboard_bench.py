@@ -29,6 +29,7 @@ import _common as c  # the bench directory is on sys.path: this script's own
 import manymodels as mm
 from manymodels.dashboard import DashboardServer
 from manymodels.dashboard.queries import SECTIONS, Queries
+from manymodels.hashing import TaskIdentities
 from manymodels.keys import encode_keys
 from manymodels.store.writer import StoreWriter
 
@@ -46,7 +47,7 @@ def write_store(path: Path, tasks: int, status: str = "finished") -> None:
     keys = encode_keys([(f"s{i // 1000:04d}", f"i{i % 1000:03d}") for i in range(tasks)])
     hashes = pa.array([f"{i:032x}" for i in range(tasks)], pa.string())
     nothing = pa.nulls(tasks, pa.string())
-    writer = StoreWriter(path, run_id, keys, [hashes, nothing, nothing, hashes, nothing])
+    writer = StoreWriter(path, run_id, keys, TaskIdentities(hashes, nothing, hashes, None))
     for first in range(0, tasks, 200_000):
         rows = range(first, min(first + 200_000, tasks))
         writer.put({

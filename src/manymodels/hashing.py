@@ -377,7 +377,7 @@ class TaskIdentities(NamedTuple):
     data: Any
     #: The identity's first 64 bits (uint64): what a store's blocks keep, sorted,
     #: of the tasks they trained, so that reuse skips the runs that cannot match.
-    prefixes: np.ndarray
+    prefixes: np.ndarray | None  # None: not kept (a block then cannot be skipped)
 
 
 def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:

@@ -48,8 +48,6 @@ class RunRecorder:
         self._pending: list[int] = []
         self._reused: pa.Table | None = None
         self._keys: pa.Array | None = None
-        self._identity_parts: list[pa.Array] = []
-        self._prefixes: np.ndarray | None = None
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
@@ -58,12 +56,6 @@ class RunRecorder:
         """Create the run's row and record the tasks whose models are reused
         (as blocks, like any finished task); return how many."""
         self._keys = encode_keys(self.plan.key_rows)
-        ids, count = self.identities, len(self.plan.tasks)
-        self._identity_parts = [  # identity, code, params, data, shared (see .writer)
-            ids.identity, pa.nulls(count, pa.string()), ids.params, ids.data,
-            pa.nulls(count, pa.string())]
-        self._prefixes = ids.prefixes
-        self.identities = None  # the columns above are all the run needs
         reused = self._reused = self._find_reusable() if reuse else None
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
@@ -83,21 +75,15 @@ class RunRecorder:
                     from exc
             raise
         self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
-                                   self._identity_parts, on_committed=self._forget_models,
-                                   prefixes=self._prefixes)
+                                   self.identities, on_committed=self._forget_models)
         return 0 if reused is None else reused.num_rows
 
     def _insert_reused(self, reused: pa.Table) -> None:
         """The reused tasks' rows: blocks of at most a million each."""
         for start in range(0, reused.num_rows, 1 << 20):
             part = reused.slice(start, 1 << 20)
-            rows = part["task_index"]
-            identity, code, params, data, shared = (
-                column.take(rows) for column in self._identity_parts)
             taskblocks.insert(self.conn, self.run_id, taskblocks.table({
-                "task_index": rows, "key": self._keys.take(rows),
-                "identity": identity, "code_hash": code, "params_hash": params,
-                "data_hash": data, "shared_hash": shared,
+                **taskblocks.task_columns(self._keys, self.identities, part["task_index"]),
                 "status": pa.repeat(pa.scalar("ok", pa.string()), part.num_rows),
                 "attempts": np.zeros(part.num_rows, dtype=np.int64),
                 "duration_s": part["duration_s"], "metrics": part["metrics"],
@@ -117,20 +103,19 @@ class RunRecorder:
         are then looked up per identity, in the old ``tasks`` table."""
         if not self.plan.tasks:
             return None
-        names = self._identity_parts[0]
+        names, prefixes = self.identities.identity, self.identities.prefixes
         left = np.arange(len(names))
         found: list[pa.Table] = []
         for run_id in self._runs_that_trained():
             if left.size == 0:
                 break
-            if not taskblocks.may_have_trained(self.conn, run_id, self._prefixes[left]):
+            if not taskblocks.may_have_trained(self.conn, run_id, prefixes[left]):
                 continue  # none of these identities is among what it trained
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
                                           trained_only=True, ordered=False)
-            usable = pc.and_(pc.and_(pc.equal(trained["status"], "ok"),
-                                     pc.is_null(trained["reused_from"])),
-                             pc.is_null(trained["error"]))
-            positions = np.flatnonzero(usable.to_numpy(zero_copy_only=False))
+            positions = np.flatnonzero(taskblocks.trained_mask(trained)
+                                       & trained["error"].is_null().to_numpy(
+                                           zero_copy_only=False))
             if positions.size == 0:
                 continue
             # only the identities are matched; the rest is taken for the matches alone
@@ -187,7 +172,7 @@ class RunRecorder:
         the latest trained task per identity, one grouped query per 5,000."""
         by_identity: dict[str, list[int]] = {}
         for index, name in zip(left.tolist(),
-                               self._identity_parts[0].take(pa.array(left)).to_pylist()):
+                               self.identities.identity.take(pa.array(left)).to_pylist()):
             by_identity.setdefault(name, []).append(index)
         names = list(by_identity)
         rows: list[tuple] = []

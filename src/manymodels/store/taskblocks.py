@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..hashing import TaskIdentities
 from .database import StoreIntegrityError
 
 #: The columns of a block, and their Arrow types.
@@ -92,6 +93,14 @@ def decode(data: bytes, what: str = "a task block",
     return block.select(names)
 
 
+def task_columns(keys: pa.Array, identities: TaskIdentities, rows: pa.Array) -> dict:
+    """The key and identity columns of the tasks ``rows`` for :func:`table`,
+    taken from the run's (the code and shared hashes are the run's: left null)."""
+    return {"task_index": rows, "key": keys.take(rows),
+            "identity": identities.identity.take(rows),
+            "params_hash": identities.params.take(rows), "data_hash": identities.data.take(rows)}
+
+
 def trained_mask(block: pa.Table) -> np.ndarray:
     """Which of a block's tasks trained a model: ok, and not reused."""
     return pc.and_(pc.equal(block["status"], "ok"), pc.is_null(block["reused_from"])
@@ -101,9 +110,9 @@ def trained_mask(block: pa.Table) -> np.ndarray:
 def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
            prefixes: np.ndarray | None = None) -> None:
     """One block of ``run_id``'s tasks (inside the caller's transaction).
-    ``prefixes``: each task's identity prefix (uint64, see
-    :class:`manymodels.hashing.TaskIdentities`); those of the tasks it trained
-    are kept, sorted, for :func:`may_have_trained`."""
+    ``prefixes``: the block's tasks' identity prefixes (uint64, see
+    :class:`~manymodels.hashing.TaskIdentities`); those of the tasks it
+    trained are kept, sorted, for :func:`may_have_trained`."""
     if block.num_rows == 0:
         return
     trained = trained_mask(block)

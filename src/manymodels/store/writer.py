@@ -22,10 +22,10 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
+from ..hashing import TaskIdentities
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
@@ -102,19 +102,16 @@ def _template(names: tuple) -> str | None:
 class StoreWriter:
     """Commits the tasks of one run, in the order handed over, on a thread.
 
-    ``keys`` and ``identities``: every task's encoded key and identity parts
-    (identity, code, params, data, shared) as Arrow string arrays, made once
-    for the run; a hand-over's rows take theirs by task index."""
+    ``keys`` and ``identities``: every task's encoded key and identity
+    columns, made once for the run; a hand-over's rows take theirs by task
+    index (see :func:`.taskblocks.task_columns`)."""
 
-    def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: list[pa.Array],
-                 on_committed: Callable[[list[int]], None] | None = None,
-                 prefixes: Any = None) -> None:
+    def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: TaskIdentities,
+                 on_committed: Callable[[list[int]], None] | None = None) -> None:
         self.root, self.run_id = root, run_id
         #: Told the task indices whose models a transaction committed.
         self.on_committed = on_committed
         self.keys, self.identities = keys, identities
-        #: Each task's identity prefix (see :func:`.taskblocks.insert`), or None.
-        self.prefixes = prefixes
         #: The first write that failed, as the error the driver raises.
         self.error: database.StoreError | None = None
         # Two hand-overs at most wait: when the writer falls behind, the driver
@@ -194,14 +191,12 @@ class StoreWriter:
                                                                   small_data)):
                 stored_as[row] = locator
         rows = pa.array(handover["task_index"], pa.int64())
-        identity, code, params, data, shared = (part.take(rows) for part in self.identities)
+        prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
-            "task_index": rows, "key": self.keys.take(rows),
-            "identity": identity, "code_hash": code, "params_hash": params,
-            "data_hash": data, "shared_hash": shared,
+            **taskblocks.task_columns(self.keys, self.identities, rows),
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"], "metrics": encode_all_metrics(handover["metrics"]),
             "error": handover["error"], "artifact": stored_as, "size": sizes}),
-            None if self.prefixes is None else self.prefixes[rows.to_numpy()])
+            None if prefixes is None else prefixes[rows.to_numpy()])
         conn.execute("COMMIT")
