@@ -40,10 +40,6 @@ from ..store import taskblocks
 COLUMNS = ("task_index", "key", "status", "attempts", "duration_s", "started_at", "worker",
            "metrics", "error", "reused_from")
 _SCHEMA = pa.schema([(name, taskblocks.COLUMNS[name]) for name in COLUMNS])
-#: Only these columns are decompressed from a block: the identity and hashes
-#: are half a block's decoding time and never shown.
-_READ = pa.ipc.IpcReadOptions(included_fields=[
-    taskblocks.SCHEMA.get_field_index(name) for name in COLUMNS])
 #: A run read in many small parts (an old-style run followed poll by poll) is
 #: merged into one when it has more than this many: taking rows from an
 #: Arrow table of thousands of chunks is slow.
@@ -153,8 +149,10 @@ class RunTasks:
         for block_id, data in conn.execute(
                 "SELECT block_id, data FROM task_blocks WHERE run_id = ? AND block_id > ? "
                 "ORDER BY block_id", (self.run_id, self._block)):
-            self._append(pa.ipc.open_stream(pa.py_buffer(data), options=_READ).read_all()
-                         .select(list(COLUMNS)))
+            # only the shown columns are decompressed: the identity and hashes
+            # are half a block's decoding time and never shown
+            self._append(taskblocks.decode(data, f"task block {block_id} of run {self.run_id}",
+                                           COLUMNS))
             self._block = block_id
             self.blocks_read += 1
 
