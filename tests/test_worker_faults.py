@@ -116,6 +116,27 @@ def test_memory_limit_counts_a_shared_anonymous_mapping(rendezvous, start_method
     assert "memory_limit=" in run.results.set_index("item").loc[1, "error"]
 
 
+def idle_then_fill_on_1(item):
+    if item == 1:
+        time.sleep(2)  # meanwhile the driver measures both workers, idle
+        Path(os.environ[RENDEZVOUS], "filling").touch()
+    return fill_shared_anonymous_on_1(item)
+
+
+def test_a_forked_worker_is_not_charged_for_the_drivers_pages(rendezvous):
+    # 1.2 GiB written in the driver: PSS gives each of two forked workers a
+    # third of it (400 MiB), over the limit before any task has run
+    ballast = np.ones(1200 * MB // 8)
+    run = mm.train(idle_then_fill_on_1, mm.items(range(6)), memory_limit="300MB",
+                   timeout=90, workers=2, progress=False, start_method="fork")
+    assert_only(run, 1, "memory")
+    assert (rendezvous / "filling").exists()  # killed for what it wrote, not while it slept
+    error = run.results.set_index("item").loc[1, "error"]
+    held = float(error.split("reached ")[1].split()[0])
+    assert 286 < held < 700  # what the task wrote, not the driver's share besides
+    assert ballast[-1] == 1.0
+
+
 def child_holds_memory_on_1(item):
     if item == 1:
         start_process("child", megabytes=600).wait()  # only a kill ends it

@@ -99,8 +99,9 @@ class ProcessesBackend(WorkerStarter, Backend):
         the driver holds. ``auto`` forks where forking is known to be safe: on
         Linux, with one BLAS/OpenMP thread per task (an OpenMP pool does not
         survive a fork, a single thread needs none), no GPU (CUDA does not), no
-        memory limit (forked pages shared with the driver would count against
-        it), none of the libraries whose own thread pools or devices do not
+        memory limit (a forked worker's share of the driver's pages is left out
+        of its memory, but the pages the driver then copies become the worker's
+        alone and would count), none of the libraries whose own thread pools or devices do not
         survive a fork imported (:data:`FORK_UNSAFE_MODULES`) and no Ray
         initialised in the driver. The worker only runs ``fit``; CPython
         re-initialises its own locks (import, logging) in a forked child."""
@@ -258,6 +259,8 @@ class ProcessesBackend(WorkerStarter, Backend):
         kind = message[0]
         if kind == "ready":
             worker.ready = True
+            if worker.memory is not None and self.start_method == "fork":
+                worker.memory.inherit()
             if worker.slot not in self._ready_after and worker.process.pid in self._first_pids:
                 self._ready_after[worker.slot] = time.perf_counter() - self._start_began
             return []
