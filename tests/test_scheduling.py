@@ -196,3 +196,46 @@ def test_progress_bar_renders_on_a_terminal(tmp_path):
     assert "1000/1000" in text  # counts models, not batches
     assert "980 ok" in text and "20 failed" in text
     assert "models/s" in text
+
+
+# -- the plan as columns ------------------------------------------------------------
+
+
+def test_a_columnar_plan_makes_the_tasks_the_rows_would():
+    from manymodels.planning import Task, plan
+
+    frame = pd.DataFrame({"g": ["b", "a", "b", "c", "a", "b"], "x": range(6)})
+    tasks = plan(mm.groups(frame, by="g", cost=lambda n: n * 10.0)).tasks
+    assert len(tasks) == 3 and tasks.params is None
+    assert list(tasks) == [Task(0, "a", (0, 2), None, 20.0), Task(1, "b", (2, 3), None, 30.0),
+                           Task(2, "c", (5, 1), None, 10.0)]
+    assert tasks[-1] == tasks[2] and tasks[1:] == [tasks[1], tasks[2]]
+    with pytest.raises(IndexError):
+        tasks[3]
+    assert tasks.keys() == ["a", "b", "c"]
+    assert tasks.batch([2, 0], None) == [(2, (5, 1), None), (0, (0, 2), None)]
+    assert tasks.batch([1], ["a", "b", "c"]) == [(1, (2, 3), {"key": "b"})]
+
+
+def test_a_plan_of_groups_times_settings_repeats_each_group_per_setting():
+    from manymodels.planning import plan
+
+    frame = pd.DataFrame({"g": [2, 1, 2], "x": range(3)})
+    source = mm.groups(frame, by="g") * mm.grid(alpha=[0.1, 1.0])
+    p = plan(source)
+    tasks = p.tasks
+    assert p.key_rows == [(1, 0.1), (1, 1.0), (2, 0.1), (2, 1.0)]
+    assert [t.key for t in tasks] == [(1, 0.1), (1, 1.0), (2, 0.1), (2, 1.0)]
+    assert [t.data for t in tasks] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    assert [t.params for t in tasks] == [{"alpha": 0.1}, {"alpha": 1.0}] * 2
+    assert list(tasks.costs) == [1.0, 1.0, 2.0, 2.0]
+    assert tasks.batch([3], [1, 1, 2, 2]) == [(3, (1, 2), {"alpha": 1.0, "key": 2})]
+
+
+def test_the_longest_tasks_are_planned_first_ties_in_source_order():
+    frame = pd.DataFrame({"g": [1, 2, 2, 3, 4, 4], "x": range(6)})
+    seen = []
+    run = mm.train(lambda data, key: seen.append(key) or 0.0, mm.groups(frame, by="g"),
+                   backend="serial", progress=False)
+    assert run.summary().ok == 4
+    assert seen == [2, 4, 1, 3]

@@ -236,6 +236,24 @@ def _failing(_item):
     raise ValueError("no model")
 
 
+def _frozen_objects(_item):
+    import gc
+
+    return gc.get_freeze_count()
+
+
+def test_a_forked_worker_leaves_the_drivers_objects_out_of_its_collections():
+    """Its collector never walks (and so never copies the pages of) the
+    objects it inherited: they are frozen as it starts."""
+    import gc
+
+    inherited = [(i, str(i)) for i in range(100_000)]  # the driver's own objects
+    run = mm.train(_frozen_objects, mm.items(range(4)), backend="processes", workers=2,
+                   progress=False, start_method="fork")
+    assert all(count >= len(inherited) for count in run.models.values())
+    assert gc.get_freeze_count() == 0  # the driver's own collector is untouched
+
+
 def test_the_cycle_collector_is_paused_only_while_fits_run_elsewhere():
     """Processes: the driver's collector is off during the run and back on
     after (a run that failed too); threads and serial: fit runs in the driver,

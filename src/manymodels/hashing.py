@@ -388,26 +388,31 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
 
     code, detail = code_identity(fit)
     shared_part = value_hash(dict(sorted((shared or {}).items())))
-    refs = [task.data for task in plan.tasks]
-    data_lanes = plan.data.hash_lanes(refs)
+    tasks = plan.tasks
+    data_lanes = plan.data.hash_lanes(tasks.refs)
     data_parts = lanes_hex_array(data_lanes)
     # the parts that vary per setting, not per group: hashed once per setting
     params_of: dict[int, tuple[str, int]] = {}
     prefixes: list[tuple[int, int]] = []
-    params_parts, which = [], np.empty(len(plan.tasks), dtype=np.int64)
-    for position, task in enumerate(plan.tasks):
-        found = params_of.get(id(task.params))
-        if found is None:
-            params = value_hash(sorted(task.params.items())) if task.params else "-"
-            found = params_of[id(task.params)] = (params, len(prefixes))
-            prefixes.append(lanes_of(digest(code, params, shared_part)))
-        params_parts.append(found[0])
-        which[position] = found[1]
+    params_parts: list[str] = []
+    if tasks.params is None:  # no grid: one prefix for every task
+        prefixes.append(lanes_of(digest(code, "-", shared_part)))
+        which = np.zeros(len(tasks), dtype=np.int64)
+    else:
+        which = np.empty(len(tasks), dtype=np.int64)
+        for position, task_params in enumerate(tasks.params):
+            found = params_of.get(id(task_params))
+            if found is None:
+                params = value_hash(sorted(task_params.items())) if task_params else "-"
+                found = params_of[id(task_params)] = (params, len(prefixes))
+                prefixes.append(lanes_of(digest(code, params, shared_part)))
+            params_parts.append(found[0])
+            which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
     identity_lanes = combine_lanes(data_lanes, prefix_lanes)
     names = lanes_hex_array(identity_lanes)
-    if len(params_of) == 1 and params_parts[0] == "-":
-        params_column = pa.nulls(len(params_parts), pa.string())  # no grid: no parameters
+    if tasks.params is None or (len(params_of) == 1 and params_parts[0] == "-"):
+        params_column = pa.nulls(len(tasks), pa.string())  # no grid: no parameters
     else:
         params_column = pa.array([None if params == "-" else params
                                   for params in params_parts], pa.string())

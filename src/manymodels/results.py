@@ -177,10 +177,11 @@ class Run:
         rec = self._records
         in_store = self._stored_artifacts()
         return ModelMap({
-            task.key: (StoredModel(self.store, in_store[task.index], task.key)
-                       if rec.model[task.index] is IN_STORE else rec.model[task.index])
-            for task in self._plan.tasks
-            if rec.status[task.index] == OK and rec.model[task.index] is not None
+            key: (StoredModel(self.store, in_store[index], key)
+                  if model is IN_STORE else model)
+            for index, (key, status, model) in enumerate(zip(
+                self._plan.tasks.keys(), rec.status, rec.model))
+            if status == OK and model is not None
         })
 
     def _stored_artifacts(self) -> dict[int, str]:
@@ -195,10 +196,11 @@ class Run:
         rec = self._records
         in_store = self._stored_artifacts()
         return self._plan.key_columns, [
-            (parts, StoredModel(self.store, in_store[task.index], task.key).load()
-             if rec.model[task.index] is IN_STORE else _loaded(rec.model[task.index]))
-            for task, parts in zip(self._plan.tasks, self._plan.key_rows)
-            if rec.status[task.index] == OK
+            (parts, StoredModel(self.store, in_store[index], key).load()
+             if model is IN_STORE else _loaded(model))
+            for index, (key, parts, status, model) in enumerate(zip(
+                self._plan.tasks.keys(), self._plan.key_rows, rec.status, rec.model))
+            if status == OK
         ]
 
     @cached_property

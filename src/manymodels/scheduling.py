@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from .backends.base import Backend
 from .execution import RunContext
 from .messages import FAILURE_STATUSES, Finished, Lost, Outcome, Requeued, Status
@@ -314,8 +316,9 @@ class Scheduler:
 
     def _loop(self) -> None:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
-        todo = [i for i, status in enumerate(self.records.status) if status is None]
-        pending = deque(sorted(todo, key=lambda i: -tasks[i].cost))
+        todo = np.array([i for i, status in enumerate(self.records.status) if status is None],
+                        dtype=np.int64)
+        pending = deque(todo[np.argsort(-tasks.costs[todo], kind="stable")].tolist())
         retry_now: deque[int] = deque()  # crashed or requeued: before anything else
         retry_later: list[tuple[float, int]] = []  # (due time, index): backoff
         in_flight: set[int] = set()
@@ -329,16 +332,12 @@ class Scheduler:
             free = backend.free_slots(self.sizer.batches_per_worker(backend.shares_one_queue))
             while free > 0 and (retry_now or pending):
                 size = self.sizer.next_size(len(pending) + len(retry_now))
-                batch = []
-                while len(batch) < size and (retry_now or pending):
-                    i = retry_now.popleft() if retry_now else pending.popleft()
-                    params = tasks[i].params
-                    if fit_keys is not None:  # fit asked for its key (planning.add_fit_keys)
-                        params = {**params, "key": fit_keys[i]} if params else {
-                            "key": fit_keys[i]}
-                    batch.append((i, tasks[i].data, params))
-                    in_flight.add(i)
-                backend.submit(batch_id, batch)
+                positions = [retry_now.popleft() for _ in range(min(size, len(retry_now)))]
+                if len(positions) < size and pending:
+                    positions += [pending.popleft()
+                                  for _ in range(min(size - len(positions), len(pending)))]
+                in_flight.update(positions)
+                backend.submit(batch_id, tasks.batch(positions, fit_keys))
                 batch_id += 1
                 self._batches += 1
                 free -= 1

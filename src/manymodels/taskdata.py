@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .tables import ParquetGroups, is_pandas_frame
@@ -74,6 +74,14 @@ class TaskData:
 
     def entries(self) -> list[Entry]:
         raise NotImplementedError
+
+    def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
+        """The entries as columns: key parts, data references, costs (an array)."""
+        import numpy as np
+
+        entries = self.entries()
+        return ([parts for parts, _, _ in entries], [ref for _, ref, _ in entries],
+                np.array([cost for _, _, cost in entries], dtype=np.float64))
 
     def hashes(self, refs: list[Any]) -> list[str]:
         """The content hash of each reference's data (a :func:`~.hashing.digest`)."""
@@ -129,6 +137,34 @@ class Items(TaskData):
         return [item_hash(item) for item in refs]
 
 
+class SliceRefs(Sequence):
+    """The ``(offset, length)`` references of a table's groups, kept as two
+    arrays; ``refs[i]`` is the tuple a worker receives."""
+
+    __slots__ = ("offsets", "lengths")
+
+    def __init__(self, offsets: Any, lengths: Any) -> None:
+        import numpy as np
+
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return SliceRefs(self.offsets[position], self.lengths[position])
+        return int(self.offsets[position]), int(self.lengths[position])
+
+    def take(self, positions: Sequence[int]) -> list[tuple[int, int]]:
+        """The references at ``positions``, at once."""
+        import numpy as np
+
+        chosen = np.asarray(positions, dtype=np.int64)
+        return list(zip(self.offsets[chosen].tolist(), self.lengths[chosen].tolist()))
+
+
 class TableSlices(TaskData):
     """Groups (or partitions) of a table sorted by key: ``(offset, length)``."""
 
@@ -143,13 +179,19 @@ class TableSlices(TaskData):
         self._cost = cost or float
 
     def entries(self) -> list[Entry]:
+        keys, refs, costs = self.task_columns()
+        return list(zip(keys, refs, costs.tolist()))
+
+    def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
+        import numpy as np
+
         layout, cost = self.layout, self._cost
-        offsets, lengths = layout.offsets.tolist(), layout.lengths.tolist()  # Python ints
         if cost is float:  # the default, its length: all at once (a million groups)
-            costs = layout.lengths.astype("float64").tolist()
-            return list(zip(layout.keys, zip(offsets, lengths), costs))
-        return [(key, (offset, length), float(cost(length)))
-                for key, offset, length in zip(layout.keys, offsets, lengths)]
+            costs = layout.lengths.astype(np.float64)
+        else:
+            costs = np.array([float(cost(length)) for length in layout.lengths.tolist()],
+                             dtype=np.float64)
+        return layout.keys, SliceRefs(layout.offsets, layout.lengths), costs
 
     def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
         from .hashing import lanes_hex
@@ -175,7 +217,8 @@ class TableSlices(TaskData):
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)
         per_group = group_lanes(rows, offsets, lengths, schema)
-        starts = np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs))
+        starts = (refs.offsets if hasattr(refs, "offsets") else
+                  np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
         found = np.searchsorted(offsets, starts)
         return per_group[found]
 

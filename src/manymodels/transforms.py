@@ -125,7 +125,7 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | No
         return None
     layout = group_layout(base)  # the plan's layout, cached on the source
     rec = run._records
-    done = [task.index for task in run._plan.tasks if rec.status[task.index] == OK]
+    done = [index for index, status in enumerate(rec.status) if status == OK]
     if len(done) != len(outputs) or len(run._plan.tasks) != len(layout.lengths):
         return None
     lengths = layout.lengths
@@ -216,10 +216,9 @@ def _key_of(parts: tuple) -> Any:
 def _fallen_back(run: Run) -> dict[Any, str]:
     """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
     rec = run._records
-    return {_key_of(parts): rec.metrics[task.index][_FALLBACK]
-            for task, parts in zip(run._plan.tasks, run._plan.key_rows)
-            if rec.status[task.index] == OK and rec.metrics[task.index]
-            and _FALLBACK in rec.metrics[task.index]}
+    return {_key_of(parts): metrics[_FALLBACK]
+            for parts, status, metrics in zip(run._plan.key_rows, rec.status, rec.metrics)
+            if status == OK and metrics and _FALLBACK in metrics}
 
 
 def _failures(run: Run, key_columns: list) -> dict[Any, str]:

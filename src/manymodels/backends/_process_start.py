@@ -86,6 +86,10 @@ class WorkerStarter:
             return ForkedProcess(pid)
         code = 1
         try:
+            # The objects inherited from the driver are never walked by this
+            # worker's collector: a full pass would write to each one's header
+            # and copy every page of the driver's heap into the worker.
+            gc.freeze()
             if _resources.COLLECTOR_PAUSED:  # the driver's pause: fits run here
                 gc.enable()
             os.setsid()
