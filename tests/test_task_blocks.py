@@ -53,6 +53,22 @@ def test_a_run_is_written_as_blocks_and_read_back_equal(tmp_path):
     assert mm.Store(store).load(3) == pytest.approx(run.models[3])
 
 
+def test_worker_processes_send_a_stores_metrics_as_its_json(tmp_path):
+    """With a store, the driver holds each task's metrics as the store's text
+    (encoded on the worker), and the results read them back as numbers."""
+    stored = mm.train(fit_mean, mm.groups(table(), by="g"), store=tmp_path / "store",
+                      backend="processes", workers=2, progress=False)
+    plain = mm.train(fit_mean, mm.groups(table(), by="g"), backend="processes", workers=2,
+                     progress=False)
+    metrics = stored._records.metrics
+    assert all(type(m) is str for i, m in enumerate(metrics) if i != 7)
+    assert json.loads(metrics[3]) == plain._records.metrics[3]
+    for column in ("mean", "n"):
+        assert stored.results[column].tolist() == pytest.approx(
+            plain.results[column].tolist(), nan_ok=True)
+    assert stored.results["n"].dropna().eq(4).all()
+
+
 def test_an_unchanged_rerun_reuses_every_model_in_one_block_per_million(tmp_path):
     store = tmp_path / "store"
     first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="threads",
@@ -200,10 +216,17 @@ def test_keys_encoded_at_once_equal_one_at_a_time(rows):
     {"e\u00e9": 2.5}, {"n": [1, 2]}, {"s": "text"},
 ])
 def test_metrics_encoded_by_template_equal_json(metrics):
-    from manymodels.store.writer import encode_all_metrics, encode_metrics
+    import json
 
+    from manymodels.execution import metrics_json
+    from manymodels.store.writer import encode_all_metrics
+
+    expected = (metrics if isinstance(metrics, str) else
+                json.dumps(metrics, default=repr) if metrics else None)
     # twice in one call: the second use of a template too
-    assert encode_all_metrics([metrics, metrics]) == [encode_metrics(metrics)] * 2
+    assert encode_all_metrics([metrics, metrics]) == [expected] * 2
+    if not isinstance(metrics, str):
+        assert metrics_json(metrics) == expected
 
 
 def test_identities_as_arrow_equal_their_python_strings():

@@ -96,6 +96,25 @@ class Summary:
         return "\n".join(lines)
 
 
+def _metric_columns(all_metrics: list[dict | str | None]) -> dict[str, list]:
+    """Each metric's values by name, in order of first appearance. With a
+    store the tasks' metrics are JSON text (a worker process's, or a reused
+    task's, as the store keeps them): when all are, Arrow's JSON reader
+    parses them at once (:func:`~manymodels.store.taskblocks.metric_columns`)."""
+    if all_metrics and all(m is None or type(m) is str for m in all_metrics):
+        import pyarrow as pa
+
+        from .store.taskblocks import metric_columns
+
+        return metric_columns(pa.array(all_metrics, pa.string()))
+    names: dict[str, None] = {}
+    metrics_of = [json.loads(m) if isinstance(m, str) else m for m in all_metrics]
+    for metrics in metrics_of:
+        if metrics:
+            names.update(dict.fromkeys(metrics))
+    return {name: [m.get(name) if m else None for m in metrics_of] for name in names}
+
+
 class Run:
     """The outcome of :func:`manymodels.train`: results, models and failures."""
 
@@ -145,16 +164,12 @@ class Run:
             frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
         frame["started_s"] = [t - self.started_at for t in rec.started_at]
         frame["reused"] = [r is not None for r in rec.reused_from]
-        names: dict[str, None] = {}
-        metrics_of = [json.loads(m) if isinstance(m, str) else m for m in rec.metrics]
-        for metrics in metrics_of:  # reused ones come as the store's JSON
-            if metrics:
-                names.update(dict.fromkeys(metrics))
-        names.pop(WINDOWS, None)  # per-window scores: run.evaluation
-        for name in names:
+        for name, values in _metric_columns(rec.metrics).items():
+            if name == WINDOWS:  # per-window scores: run.evaluation
+                continue
             column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
                       else name)
-            frame[column] = [m.get(name) if m else None for m in metrics_of]
+            frame[column] = values
         frame["error"] = rec.error
         return frame
 

@@ -15,7 +15,6 @@ that the recorder raises on the driver's next hand-over.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import sqlite3
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..execution import metrics_json
 from ..hashing import TaskIdentities
 from . import artifacts, database, packs, taskblocks
 
@@ -53,50 +53,11 @@ if hasattr(os, "register_at_fork"):
                         after_in_child=_release_after_fork)
 
 
-def encode_metrics(metrics: dict | str | None) -> str | None:
-    """Metrics as the store keeps them: JSON (a worker may have encoded them)."""
-    if isinstance(metrics, str):
-        return metrics
-    return _encode_json(metrics) if metrics else None
-
-
-#: ``json.dumps(..., default=repr)`` without building an encoder per call
-#: (a third of its time on a one-metric dict, a million times a run).
-_encode_json = json.JSONEncoder(default=repr).encode
-
-
 def encode_all_metrics(all_metrics: Sequence[dict | str | None]) -> list[str | None]:
-    """:func:`encode_metrics` of each, the same text, about five times faster
-    on the common case of a million tasks reporting the same names with finite
-    float values: each such dict is one ``%`` on a template made once per set
-    of names (``float.__repr__`` is what ``json`` writes for a finite float)."""
-    templates: dict[tuple, str | None] = {}
-    encoded: list[str | None] = []
-    append, float_repr = encoded.append, float.__repr__
-    for metrics in all_metrics:
-        if type(metrics) is dict and metrics:
-            names = tuple(metrics)
-            template = templates.get(names, "")
-            if template == "":
-                template = templates[names] = _template(names)
-            if template is not None:
-                try:  # float.__repr__ refuses what is not a float (an int, a bool)
-                    values = tuple(map(float_repr, metrics.values()))
-                except TypeError:
-                    values = ()
-                # only nan and inf have an "n": json writes them its own way
-                if values and "n" not in "".join(values):
-                    append(template % values)
-                    continue
-        append(encode_metrics(metrics))
-    return encoded
-
-
-def _template(names: tuple) -> str | None:
-    if not all(type(name) is str for name in names):
-        return None  # json turns non-string names into strings its own way
-    return "{" + ", ".join(f"{json.dumps(name).replace('%', '%%')}: %s"
-                           for name in names) + "}"
+    """Metrics as the store keeps them: JSON text (:func:`~manymodels.execution.metrics_json`;
+    worker processes send theirs encoded already)."""
+    return [metrics if type(metrics) is str else metrics_json(metrics)
+            for metrics in all_metrics]
 
 
 class StoreWriter:
