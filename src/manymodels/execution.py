@@ -190,8 +190,9 @@ class Executor:
                     return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
                             "the value returned by fit cannot be pickled to send it back to "
                             f"the driver: {exc!r}", False)
-            if self.pickle_models == "all":  # for a store: as it keeps them
-                metrics = metrics_json(metrics)
+            if self.pickle_models == "all" and all(  # for a store: as it keeps them,
+                    type(value) in _PLAIN for value in metrics.values()):  # when they read
+                metrics = metrics_json(metrics)  # back the same (an array would not)
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
 
     def _failed(self, index: int, exc: BaseException, start: float,
