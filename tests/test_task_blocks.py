@@ -405,3 +405,18 @@ def test_arrow_row_hashes_equal_pandas_hash_of_the_whole_frame():
     one = table.select(["x"])
     assert np.array_equal(arrow_row_hashes(one),
                           pd.util.hash_pandas_object(one.to_pandas(), index=False).to_numpy())
+
+
+@pytest.mark.parametrize("where", ["none", "first", "late", "last"])
+def test_may_have_trained_finds_a_prefix_wherever_it_lies(tmp_path, where):
+    rng = np.random.default_rng(9)
+    kept = [np.unique(rng.integers(1, 2**63, size=n, dtype=np.uint64)) for n in (500, 3000)]
+    wanted = rng.integers(2**63, 2**64 - 1, size=5000, dtype=np.uint64)  # none kept
+    if where != "none":
+        wanted[{"first": 0, "late": 2500, "last": 4999}[where]] = kept[1][1234]
+    conn = sqlite3.connect(tmp_path / "t.sqlite")
+    conn.execute("CREATE TABLE task_blocks (run_id, trained, trained_identities)")
+    conn.executemany("INSERT INTO task_blocks VALUES (1, ?, ?)",
+                     [(len(k), k.tobytes()) for k in kept])
+    assert taskblocks.may_have_trained(conn, 1, wanted) == (where != "none")
+    assert taskblocks.may_have_trained(conn, 2, wanted) is False  # trained nothing

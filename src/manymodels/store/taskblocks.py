@@ -134,7 +134,17 @@ def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray
         if blob is None:
             return True  # a block written without them
         kept.append(np.frombuffer(blob, dtype=np.uint64))
-    return bool(kept) and bool(np.isin(prefixes, np.concatenate(kept)).any())
+    if not kept:
+        return False
+    known = np.sort(np.concatenate(kept), kind="stable")  # sorted runs: merged, not sorted
+
+    def any_known(wanted: np.ndarray) -> bool:
+        at = np.minimum(np.searchsorted(known, wanted), known.size - 1)
+        return bool((known[at] == wanted).any())
+
+    # a run that trained any of them most often trained the first ones too:
+    # a thousand looked up first (an unchanged re-run stops there)
+    return any_known(prefixes[:1024]) or any_known(prefixes[1024:])
 
 
 def _legacy_rows(conn: sqlite3.Connection, run_id: int) -> pa.Table | None:
