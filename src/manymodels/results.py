@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .evaluation import WINDOWS
@@ -276,11 +277,13 @@ class Run:
         return self.store.why_not_reused(key, run=self.run_id)
 
     def summary(self) -> Summary:
-        statuses = Counter(s for s in self._records.status if s is not None)
-        task_time = float(
-            sum(d for d, s in zip(self._records.duration_s, self._records.status)
-                if s is not None and d == d)
-        )
+        rec = self._records
+        statuses = Counter(rec.status)
+        unset = statuses.pop(None, 0)
+        durations = np.asarray(rec.duration_s, dtype=np.float64)
+        if unset:  # mid-run (a callback's view): only the tasks that have ended
+            durations = durations[[s is not None for s in rec.status]]
+        task_time = float(np.nansum(durations))
         capacity = self.wall_s * self.workers
         return Summary(
             tasks=len(self._plan.tasks),
@@ -292,7 +295,7 @@ class Run:
             workers=self.workers,
             backend=self.backend,
             utilization=task_time / capacity if capacity > 0 else 0.0,
-            reused=sum(r is not None for r in self._records.reused_from),
+            reused=len(rec.reused_from) - rec.reused_from.count(None),
             batches=self.batches,
             worker_start_s=self.worker_start_s,
         )
