@@ -180,8 +180,8 @@ class Callbacks:
                 metrics = json.loads(metrics)
             self._call("on_task_finished", FinishedTask(
                 index, tasks[index].key, getattr(status, "value", status),
-                records.duration_s[index], records.worker[index], records.attempts[index], metrics,
-                records.error[index]))
+                float(records.duration_s[index]), records.worker[index],
+                records.attempts[index], metrics, records.error[index]))
 
     def run_end(self, run: Any) -> None:
         self._call("on_run_end", run)

@@ -36,8 +36,9 @@ class TaskRecords:
     attempts: list[int] = field(init=False)
     model: list[Any] = field(init=False)
     metrics: list[dict | None] = field(init=False)
-    duration_s: list[float] = field(init=False)
-    started_at: list[float] = field(init=False)
+    #: Arrays (float64, NaN until set): a million Python floats were 48 MB.
+    duration_s: np.ndarray = field(init=False)
+    started_at: np.ndarray = field(init=False)
     worker: list[int] = field(init=False)
     error: list[str | None] = field(init=False)
     reused_from: list[int | None] = field(init=False)
@@ -46,7 +47,7 @@ class TaskRecords:
         n = self.size
         self.status, self.attempts = [None] * n, [0] * n
         self.model, self.metrics = [None] * n, [None] * n
-        self.duration_s, self.started_at = [float("nan")] * n, [float("nan")] * n
+        self.duration_s, self.started_at = np.full(n, np.nan), np.full(n, np.nan)
         self.worker, self.error = [-1] * n, [None] * n
         self.reused_from = [None] * n
 
@@ -163,7 +164,7 @@ class Run:
         frame["worker"] = rec.worker
         if self.worker_gpus:  # which GPU(s) each task ran on
             frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
-        frame["started_s"] = [t - self.started_at for t in rec.started_at]
+        frame["started_s"] = rec.started_at - self.started_at
         frame["reused"] = [r is not None for r in rec.reused_from]
         for name, values in _metric_columns(rec.metrics).items():
             if name == WINDOWS:  # per-window scores: run.evaluation
@@ -280,7 +281,7 @@ class Run:
         rec = self._records
         statuses = Counter(rec.status)
         unset = statuses.pop(None, 0)
-        durations = np.asarray(rec.duration_s, dtype=np.float64)
+        durations = rec.duration_s
         if unset:  # mid-run (a callback's view): only the tasks that have ended
             durations = durations[[s is not None for s in rec.status]]
         task_time = float(np.nansum(durations))

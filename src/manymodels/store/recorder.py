@@ -274,9 +274,10 @@ class RunRecorder:
                         f"the model could not be pickled into the store: {exc!r}")
             self._writer.put({
                 "task_index": pending, "status": statuses, "model": models,
+                "duration_s": records.duration_s[pending],
+                "started_at": records.started_at[pending],
                 **{name: [column[index] for index in pending] for name, column in (
-                    ("attempts", records.attempts), ("duration_s", records.duration_s),
-                    ("started_at", records.started_at), ("worker", records.worker),
+                    ("attempts", records.attempts), ("worker", records.worker),
                     ("metrics", records.metrics), ("error", records.error))}})
             self._last_commit = now
         if force:
