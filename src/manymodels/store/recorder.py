@@ -57,6 +57,9 @@ class RunRecorder:
         (as blocks, like any finished task); return how many."""
         self._keys = encode_keys(self.plan.key_rows)
         reused = self._reused = self._find_reusable() if reuse else None
+        # what the match read and dropped goes back to the system now: a
+        # re-run of a million would otherwise hold it through the run
+        pa.default_memory_pool().release_unused()
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -89,6 +92,7 @@ class RunRecorder:
                 "duration_s": part["duration_s"], "metrics": part["metrics"],
                 "artifact": part["artifact"], "size": part["size"],
                 "reused_from": part["reused_from"]}))
+            pa.default_memory_pool().release_unused()
 
     def _find_reusable(self) -> pa.Table | None:
         """For each task, the latest task that trained its identity, if its
