@@ -420,3 +420,14 @@ def test_may_have_trained_finds_a_prefix_wherever_it_lies(tmp_path, where):
                      [(len(k), k.tobytes()) for k in kept])
     assert taskblocks.may_have_trained(conn, 1, wanted) == (where != "none")
     assert taskblocks.may_have_trained(conn, 2, wanted) is False  # trained nothing
+
+
+def test_the_template_cache_keeps_at_most_64_sets_of_names():
+    import json
+
+    from manymodels import execution
+
+    for i in range(200):  # names that differ per task
+        metrics = {f"coef_{i}": 0.5 + i, "n": 1.0}
+        assert execution.metrics_json(metrics) == json.dumps(metrics, default=repr)
+    assert len(execution._TEMPLATES) <= 64

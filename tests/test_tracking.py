@@ -192,3 +192,24 @@ def test_cli_train_logs_to_mlflow(tracking, tmp_path):
     logged = client.search_runs([client.get_experiment_by_name("cli-runs").experiment_id])
     assert len(logged) == 1
     assert logged[0].data.metrics["ok"] == 3 and "r2.mean" in logged[0].data.metrics
+
+
+def model_only(x):
+    return x * 2.0
+
+
+def two_metrics(x):
+    return x, {"rmse": float(x), "n": 3}
+
+
+@pytest.mark.parametrize("fit, metrics", [(model_only, {}), (two_metrics, {"n": 3})])
+def test_a_stores_tasks_reach_callbacks_with_their_metrics_as_a_dict(tmp_path, fit, metrics):
+    """With a store, worker processes send metrics as JSON text: a callback
+    still gets a dict (an empty one for a fit that returns a model alone)."""
+    seen = Recorder()
+    mm.train(fit, mm.items(range(6)), store=tmp_path / "s", backend="processes", workers=2,
+             progress=False, callbacks=[seen])
+    assert len(seen.tasks) == 6
+    for task in seen.tasks:
+        assert isinstance(task.metrics, dict)
+        assert {k: v for k, v in task.metrics.items() if k != "rmse"} == metrics

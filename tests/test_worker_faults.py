@@ -137,6 +137,29 @@ def test_a_forked_worker_is_not_charged_for_the_drivers_pages(rendezvous):
     assert ballast[-1] == 1.0
 
 
+def hold_400_mib():
+    return np.ones(400 * MB // 8)  # written: resident, the worker's own
+
+
+def sleep_a_second(item, resource):
+    time.sleep(1)
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_memory_that_setup_holds_counts_against_the_limit(rendezvous, start_method):
+    # killed in a task (recorded "memory"), or before any (then the run gives
+    # up, as it does for workers that cannot start): either way, counted
+    try:
+        run = mm.train(sleep_a_second, mm.items(range(4)), setup=hold_400_mib,
+                       memory_limit="300MB", timeout=90, workers=2, progress=False,
+                       start_method=start_method)
+    except mm.WorkerStartupError as exc:
+        assert "over memory_limit=" in str(exc)
+    else:
+        assert (run.results["status"] == "memory").all(), run.results["status"].tolist()
+
+
 def child_holds_memory_on_1(item):
     if item == 1:
         start_process("child", megabytes=600).wait()  # only a kill ends it

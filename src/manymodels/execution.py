@@ -106,7 +106,9 @@ def metrics_json(metrics: Mapping | None) -> str | None:
         names = tuple(metrics)
         template = _TEMPLATES.get(names, "")
         if template == "":
-            template = _TEMPLATES[names] = _template(names) if len(_TEMPLATES) < 64 else None
+            template = _template(names)
+            if len(_TEMPLATES) < 64:  # names that differ per task are not kept
+                _TEMPLATES[names] = template
         if template is not None:
             try:  # float.__repr__ refuses what is not a float (an int, a bool)
                 values = tuple(map(float.__repr__, metrics.values()))
@@ -190,9 +192,9 @@ class Executor:
                     return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
                             "the value returned by fit cannot be pickled to send it back to "
                             f"the driver: {exc!r}", False)
-            if self.pickle_models == "all" and all(  # for a store: as it keeps them,
-                    type(value) in _PLAIN for value in metrics.values()):  # when they read
-                metrics = metrics_json(metrics)  # back the same (an array would not)
+            if self.pickle_models == "all" and metrics and all(  # for a store: as it keeps
+                    type(value) in _PLAIN for value in metrics.values()):  # them, when they
+                metrics = metrics_json(metrics)  # read back the same (an array would not)
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
 
     def _failed(self, index: int, exc: BaseException, start: float,

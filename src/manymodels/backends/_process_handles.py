@@ -77,8 +77,9 @@ class MemoryWatch:
     A forked worker starts out holding a share of the driver's pages (PSS
     splits them between the driver and its children): a driver of 1.3 GB
     made each of two idle workers hold 476 MiB. That is not the worker's
-    doing, so :meth:`inherit` measures it as the worker becomes ready, before
-    any task, and :meth:`check` leaves it out."""
+    doing, so :meth:`inherit` measures it while the worker waits at its
+    start gate, before it runs ``setup=`` or any task, and :meth:`check`
+    leaves it out."""
 
     TREE_EVERY_S = 0.5  # how often the tree is looked up again (a scan of /proc)
     REMEASURE_S = 10.0

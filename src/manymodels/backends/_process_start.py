@@ -37,10 +37,15 @@ class WorkerStarter:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[slot])
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
+        # A worker forked mid-run waits at a gate of its own while its memory is
+        # measured (its share of the driver's pages, see MemoryWatch): the
+        # first ones wait at the shared gate, measured before it opens.
+        own_gate = (os.pipe() if self.start_method == "fork" and self._start_gate is None
+                    and self.memory_limit is not None else None)
         try:
             if self.start_method == "fork":
                 process = self._fork(slot, env, to_worker_r, from_worker_w,
-                                     (to_worker_w, from_worker_r))
+                                     (to_worker_w, from_worker_r), own_gate)
             else:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "manymodels.backends._spawn_main",
@@ -54,6 +59,9 @@ class WorkerStarter:
         except BaseException:
             os.close(to_worker_w)
             os.close(from_worker_r)
+            if own_gate is not None:
+                os.close(own_gate[0])
+                os.close(own_gate[1])
             raise
         finally:
             os.close(to_worker_r)
@@ -66,11 +74,16 @@ class WorkerStarter:
         memory = None
         if self.memory_limit is not None:  # the data plane's files are not the worker's
             memory = MemoryWatch(process.pid, self.memory_limit, self._files.tag)
+        if own_gate is not None:
+            memory.inherit()  # before it runs setup= or any task
+            os.close(own_gate[0])
+            os.close(own_gate[1])  # the gate opens
         return Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
                       sender, tx, memory=memory)
 
     def _fork(self, slot: int, env: dict[str, str], rx_fd: int, tx_fd: int,
-              own_driver_fds: tuple[int, int]) -> ForkedProcess:
+              own_driver_fds: tuple[int, int],
+              own_gate: tuple[int, int] | None = None) -> ForkedProcess:
         # The child must not keep the driver's ends of any worker's pipes open,
         # or a dead worker's pipe would never report end-of-file.
         driver_fds = list(own_driver_fds)
@@ -80,7 +93,7 @@ class WorkerStarter:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        gate, driver_pid = self._start_gate, os.getpid()
+        gate, driver_pid = own_gate or self._start_gate, os.getpid()
         pid = os.fork()
         if pid:
             return ForkedProcess(pid)

@@ -152,6 +152,10 @@ class ProcessesBackend(WorkerStarter, Backend):
                 for slot in range(self.workers):
                     self._workers.append(self._spawn(slot))
                 self._first_pids = [w.process.pid for w in self._workers]
+                if self.start_method == "fork":  # each waits at the gate: what it holds
+                    for worker in self._workers:  # is its share of the driver's pages
+                        if worker.memory is not None:
+                            worker.memory.inherit()
             finally:
                 self._open_start_gate()
         except BaseException:
@@ -259,8 +263,6 @@ class ProcessesBackend(WorkerStarter, Backend):
         kind = message[0]
         if kind == "ready":
             worker.ready = True
-            if worker.memory is not None and self.start_method == "fork":
-                worker.memory.inherit()
             if worker.slot not in self._ready_after and worker.process.pid in self._first_pids:
                 self._ready_after[worker.slot] = time.perf_counter() - self._start_began
             return []
