@@ -141,8 +141,8 @@ def hold_400_mib():
     return np.ones(400 * MB // 8)  # written: resident, the worker's own
 
 
-def sleep_a_second(item, resource):
-    time.sleep(1)
+def sleep_a_while(item, resource):
+    time.sleep(5)  # killed long before it ends: it holds what setup= allocated
     return item
 
 
@@ -151,7 +151,7 @@ def test_memory_that_setup_holds_counts_against_the_limit(rendezvous, start_meth
     # killed in a task (recorded "memory"), or before any (then the run gives
     # up, as it does for workers that cannot start): either way, counted
     try:
-        run = mm.train(sleep_a_second, mm.items(range(4)), setup=hold_400_mib,
+        run = mm.train(sleep_a_while, mm.items(range(4)), setup=hold_400_mib,
                        memory_limit="300MB", timeout=90, workers=2, progress=False,
                        start_method=start_method)
     except mm.WorkerStartupError as exc:
