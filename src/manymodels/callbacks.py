@@ -16,12 +16,13 @@ the rest of the run: a broken tracker must never cost the models.
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .execution import metrics_dict
 
 
 @dataclass
@@ -175,9 +176,7 @@ class Callbacks:
             status = records.status[index]
             if status is None:
                 continue
-            metrics = records.metrics[index]
-            if isinstance(metrics, str):
-                metrics = json.loads(metrics)
+            metrics = metrics_dict(records.metrics[index])
             self._call("on_task_finished", FinishedTask(
                 index, tasks[index].key, getattr(status, "value", status),
                 float(records.duration_s[index]), records.worker[index],

@@ -120,6 +120,12 @@ def metrics_json(metrics: Mapping | None) -> str | None:
     return _encode_json(metrics)
 
 
+def metrics_dict(metrics: Mapping | str | None) -> Any:
+    """A task's metrics as a dict: with a store, worker processes send them as
+    :func:`metrics_json` text, and reused tasks come as the store's."""
+    return json.loads(metrics) if isinstance(metrics, str) else metrics
+
+
 #: ``json.dumps(..., default=repr)`` without building an encoder per call.
 _encode_json = json.JSONEncoder(default=repr).encode
 _TEMPLATES: dict[tuple, str | None] = {}

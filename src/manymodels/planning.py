@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -107,13 +107,17 @@ class Plan:
     tasks: TaskList
     key_columns: list[str]
     param_columns: list[str]
-    key_rows: list[tuple] = field(default_factory=list)  # key column values per task
     #: Per task, the ``key=`` keyword ``fit`` gets (None: fit does not ask for it)
     fit_keys: list[Hashable] | None = None
 
     @property
     def kind(self) -> str:
         return self.data.kind
+
+    @property
+    def key_rows(self) -> list[tuple]:
+        """Each task's key column values (its grid settings included)."""
+        return self.tasks.key_rows
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -207,7 +211,7 @@ def plan(source: Source) -> Plan:
     if settings == [None]:  # one task per entry, as columns (a million of them)
         tasks = TaskList(key_rows, refs, None, costs)
         return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
-                    param_columns=param_columns, key_rows=key_rows)
+                    param_columns=param_columns)
     count = len(settings)
     rows: list[tuple] = []
     for key_parts in key_rows:
@@ -217,7 +221,7 @@ def plan(source: Source) -> Plan:
     tasks = TaskList(rows, _take(refs, entry_of.tolist()), settings * len(key_rows),
                      np.repeat(costs, count))
     return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
-                param_columns=param_columns, key_rows=rows)
+                param_columns=param_columns)
 
 
 def asks_for_key(fit: Any) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .evaluation import WINDOWS
+from .execution import metrics_dict
 from .messages import FAILURE_STATUSES, Pickled, Status
 from .planning import Plan
 from .store.registry import IN_STORE, ModelMap, StoredModel
@@ -110,7 +110,7 @@ def _metric_columns(all_metrics: list[dict | str | None]) -> dict[str, list]:
 
         return metric_columns(pa.array(all_metrics, pa.string()))
     names: dict[str, None] = {}
-    metrics_of = [json.loads(m) if isinstance(m, str) else m for m in all_metrics]
+    metrics_of = [metrics_dict(m) for m in all_metrics]
     for metrics in metrics_of:
         if metrics:
             names.update(dict.fromkeys(metrics))

@@ -4,8 +4,9 @@ A task carries a cheap reference to its data, not the data. Three places must
 agree on what that reference means, and each kind of source answers all
 three in its one class here:
 
-* **plan** (:meth:`TaskData.entries`, in the driver): a key, a reference and a
-  cost for each of the source's tasks;
+* **plan** (:meth:`TaskData.task_columns`, in the driver): a key, a reference
+  and a cost for each of the source's tasks, as columns (a kind with few tasks
+  lists them in :meth:`TaskData.entries` and the columns are made from those);
 * **hash** (:meth:`TaskData.hashes`, in the driver, with a store): the content
   hash of each task's data, part of its identity;
 * **read** (:meth:`TaskData.open`, on a worker): a :class:`DataReader` that
@@ -177,10 +178,6 @@ class TableSlices(TaskData):
         self.format = format
         self.labels = labels  # a pandas frame's column labels, when not all strings
         self._cost = cost or float
-
-    def entries(self) -> list[Entry]:
-        keys, refs, costs = self.task_columns()
-        return list(zip(keys, refs, costs.tolist()))
 
     def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
         import numpy as np

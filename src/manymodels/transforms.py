@@ -4,7 +4,6 @@ parallel and return one concatenated table."""
 
 from __future__ import annotations
 
-import json
 import traceback
 import warnings
 from collections.abc import Callable
@@ -16,6 +15,7 @@ import pyarrow as pa
 
 from ._resources import usable_cores
 from .api import train
+from .execution import metrics_dict
 from .planning import group_layout
 from .results import OK, Run
 from .sources import GroupSource, PartitionSource, ProductSource
@@ -217,14 +217,12 @@ def _key_of(parts: tuple) -> Any:
 def _fallen_back(run: Run) -> dict[Any, str]:
     """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
     rec = run._records
-    return {_key_of(parts): _as_dict(metrics)[_FALLBACK]
-            for parts, status, metrics in zip(run._plan.key_rows, rec.status, rec.metrics)
-            if status == OK and metrics and _FALLBACK in _as_dict(metrics)}
-
-
-def _as_dict(metrics: dict | str) -> dict:
-    """A task's metrics; with a store, worker processes send them as JSON text."""
-    return json.loads(metrics) if isinstance(metrics, str) else metrics
+    fallen: dict[Any, str] = {}
+    for parts, status, metrics in zip(run._plan.key_rows, rec.status, rec.metrics):
+        metrics = metrics_dict(metrics) if status == OK else None
+        if metrics and _FALLBACK in metrics:
+            fallen[_key_of(parts)] = metrics[_FALLBACK]
+    return fallen
 
 
 def _failures(run: Run, key_columns: list) -> dict[Any, str]:

@@ -92,7 +92,7 @@ class MemoryWatch:
         self.beyond = 0  # what the bound held beyond the measure, last measured
         self.measured_at = -float("inf")
         self.measure_s = 0.0  # what the last measurement cost
-        self.inherited = 0  # what a forked worker held as it became ready
+        self.inherited = 0  # what a forked worker held at its start gate
 
     def inherit(self) -> None:
         """Measure what the worker holds now, before any task, and leave it out
