@@ -42,12 +42,16 @@ def fit_big(item):
     return np.random.default_rng(item).random(50_000), {"item": item}
 
 
+@pytest.mark.parametrize("backend", ["serial", "processes"])
 def test_full_disk_raises_store_error_keeps_results_and_never_records_a_missing_model(
-        small_disk):
+        small_disk, backend):
+    """serial: the driver pickles the models; processes: workers send them in
+    packs, and the models of a hand-over that failed load from those."""
     mount, grow = small_disk
     store = mount / "store"
     with pytest.raises(mm.StoreError) as caught:
-        mm.train(fit_big, mm.items(range(24)), store=store, backend="serial", progress=False)
+        mm.train(fit_big, mm.items(range(24)), store=store, backend=backend, workers=2,
+                 progress=False)
     error = caught.value
     assert "disk is full" in str(error) and str(store) in str(error)
     run = error.run
@@ -63,7 +67,7 @@ def test_full_disk_raises_store_error_keeps_results_and_never_records_a_missing_
     reader.close()
 
     grow()
-    again = mm.train(fit_big, mm.items(range(24)), store=store, backend="serial",
+    again = mm.train(fit_big, mm.items(range(24)), store=store, backend=backend, workers=2,
                      progress=False)
     assert (again.results["status"] == "ok").all()
     assert again.summary().reused == int((recorded["status"] == "ok").sum())

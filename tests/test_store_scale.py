@@ -61,6 +61,56 @@ def test_models_pickled_by_workers_load_lazily_and_equal_eager_ones(tmp_path, st
         np.testing.assert_array_equal(stored.load(17), eager.models[17])
 
 
+def test_a_model_pack_travels_whole_and_gives_each_model_with_its_sha256():
+    """Workers send a part's small models as one ModelPack: pickled once
+    however many outcomes name it, each model back as Pickled bytes with the
+    SHA-256 a store checks."""
+    import hashlib
+    import pickle
+
+    from manymodels.messages import ModelPack, unpacked
+
+    models = [pickle.dumps(np.arange(i)) for i in range(5)]
+    pack = ModelPack().seal([40, 7, 12, 3, 99], models)
+    outcomes = [(index, "ok", pack, None) for index in (40, 7, 12, 3, 99)]
+    sent = pickle.loads(pickle.dumps(outcomes))
+    assert len({id(outcome[2]) for outcome in sent}) == 1  # one pack, not five
+    for (index, _, received, _), data in zip(sent, models):
+        one = unpacked(received, index)
+        assert isinstance(one, Pickled) and one.data == data
+        assert one.sha256 == hashlib.sha256(data).hexdigest()
+        np.testing.assert_array_equal(received.load(index), pickle.loads(data))
+    assert unpacked("as it is", 3) == "as it is"
+
+
+def fit_mixed(item):
+    """Small models (packed), one over a MiB (an artifact of its own), and
+    metrics without a model, mixed within each batch."""
+    if item % 7 == 3:
+        return {"item": item}
+    if item % 11 == 5:
+        return np.random.default_rng(item).random(140_000), {"item": item}
+    return np.full(3, float(item)), {"item": item}
+
+
+@pytest.mark.parametrize("backend", ["processes", "threads"])
+def test_packed_large_and_absent_models_are_each_stored_under_their_task(tmp_path, backend):
+    run = mm.train(fit_mixed, mm.items(range(60)), store=tmp_path / "s", backend=backend,
+                   workers=2, progress=False)
+    assert (run.results["status"] == "ok").all()
+    expected = {item: fit_mixed(item)[0] for item in range(60) if item % 7 != 3}
+    assert sorted(run.models) == sorted(expected)
+    store = mm.Store(tmp_path / "s")
+    for item, model in expected.items():
+        np.testing.assert_array_equal(run.models[item], model)
+        np.testing.assert_array_equal(store.load(item), model)
+    results = store.results().set_index("item")
+    assert results.loc[3, "artifact"] is None or pd.isna(results.loc[3, "artifact"])
+    assert "@" not in results.loc[5, "artifact"]  # large: its own artifact, not packed
+    assert "@" in results.loc[1, "artifact"]
+    store.close()
+
+
 class Unpicklable:
     def __reduce__(self):
         raise TypeError("this model refuses to be pickled")

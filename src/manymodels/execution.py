@@ -25,7 +25,7 @@ from typing import Any
 
 from .dataplane import SPILL_MIN_BYTES, pickle_any, pickle_small_array
 from .gpus import gpu_failure, release_cached_memory
-from .messages import Outcome, Pickled, Status
+from .messages import PACKED_BELOW, ModelPack, Outcome, Pickled, Status
 from .tables import plain_scalar
 from .taskdata import TaskData
 
@@ -102,22 +102,28 @@ def metrics_json(metrics: Mapping | None) -> str | None:
     not a dict, and its writer has nothing left to encode."""
     if not metrics:
         return None
-    if type(metrics) is dict:
-        names = tuple(metrics)
-        template = _TEMPLATES.get(names, "")
-        if template == "":
-            template = _template(names)
-            if len(_TEMPLATES) < 64:  # names that differ per task are not kept
-                _TEMPLATES[names] = template
-        if template is not None:
-            try:  # float.__repr__ refuses what is not a float (an int, a bool)
-                values = tuple(map(float.__repr__, metrics.values()))
-            except TypeError:
-                values = ()
-            # only nan and inf have an "n": json writes them its own way
-            if values and "n" not in "".join(values):
-                return template % values
-    return _encode_json(metrics)
+    return _floats_json(metrics) or _encode_json(metrics)
+
+
+def _floats_json(metrics: Mapping) -> str | None:
+    """:func:`metrics_json` of a dict of finite floats by its names' template;
+    None for anything else."""
+    if type(metrics) is not dict:
+        return None
+    names = tuple(metrics)
+    template = _TEMPLATES.get(names, "")
+    if template == "":
+        template = _template(names)
+        if len(_TEMPLATES) < 64:  # names that differ per task are not kept
+            _TEMPLATES[names] = template
+    if template is None:
+        return None
+    try:  # float.__repr__ refuses what is not a float (an int, a bool)
+        values = tuple(map(float.__repr__, metrics.values()))
+    except TypeError:
+        return None
+    # only nan and inf have an "n": json writes them its own way
+    return template % values if values and "n" not in "".join(values) else None
 
 
 def metrics_dict(metrics: Mapping | str | None) -> Any:
@@ -164,6 +170,10 @@ class Executor:
         #: Set by a worker that retires once its CUDA context is broken (the
         #: processes backend's): a batch then ends at the task that broke it.
         self.retires_when_broken = False
+        #: The small models of the part being run, for a store (see ``_pickled``).
+        self._pack: ModelPack | None = None
+        self._pack_indices: list[int] = []
+        self._pack_models: list[bytes] = []
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Let the data reader prepare the batch (read or convert its rows at once)."""
@@ -193,14 +203,17 @@ class Executor:
         if self.pickle_models is not None:
             if model is not None:
                 try:
-                    model = self._pickled(model)
+                    model = self._pickled(model, index)
                 except Exception as exc:
                     return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
                             "the value returned by fit cannot be pickled to send it back to "
                             f"the driver: {exc!r}", False)
-            if self.pickle_models == "all" and metrics and all(  # for a store: as it keeps
-                    type(value) in _PLAIN for value in metrics.values()):  # them, when they
-                metrics = metrics_json(metrics)  # read back the same (an array would not)
+            if self.pickle_models == "all" and metrics:
+                # as the store keeps them, when they read back the same (not an array)
+                encoded = _floats_json(metrics)
+                if encoded is None and all(type(value) in _PLAIN for value in metrics.values()):
+                    encoded = metrics_json(metrics)
+                metrics = encoded if encoded is not None else metrics
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
 
     def _failed(self, index: int, exc: BaseException, start: float,
@@ -220,12 +233,20 @@ class Executor:
         return (index, status, None, {}, time.perf_counter() - start, started_at, error,
                 status == _MEMORY or isinstance(exc, self.retry_on))
 
-    def _pickled(self, model: Any) -> Any:
-        """The model as :class:`Pickled` bytes (see ``RunContext.pickle_models``)."""
+    def _pickled(self, model: Any, index: int) -> Any:
+        """The model as :class:`Pickled` bytes (see ``RunContext.pickle_models``);
+        for a store, a small one joins the part's :class:`ModelPack` instead
+        (sealed as the part is sent: :meth:`_parted`)."""
         data = pickle_small_array(model)
         if self.pickle_models == "all":
             if data is None:
                 data = pickle_any(model)
+            if len(data) < PACKED_BELOW:
+                if self._pack is None:
+                    self._pack, self._pack_indices, self._pack_models = ModelPack(), [], []
+                self._pack_indices.append(index)
+                self._pack_models.append(data)
+                return self._pack
             return Pickled(data, hashlib.sha256(data).hexdigest())
         if data is not None:
             return Pickled(data)  # small: no buffer to route
@@ -244,6 +265,15 @@ class Executor:
 
             data = cloudpickle.dumps(model, protocol=5, buffer_callback=in_band)
         return model if large else Pickled(data)
+
+    def _parted(self, outcomes: list[Outcome], busy_s: float, prepare_s: float, last: bool,
+                running: int | None = None) -> BatchPart:
+        """A part of the batch, with the models packed since the last one sealed
+        (the outcomes name the pack: it is complete before it travels)."""
+        if self._pack is not None:
+            self._pack.seal(self._pack_indices, self._pack_models)
+            self._pack, self._pack_indices, self._pack_models = None, [], []
+        return BatchPart(outcomes, busy_s, prepare_s, last, running)
 
     def _in_drivers_main_thread(self) -> bool:
         """Ctrl-C reaches only the driver's main thread: a KeyboardInterrupt
@@ -282,20 +312,20 @@ class Executor:
         for position, task in enumerate(tasks):
             if part_before_each:
                 now = time.perf_counter()
-                yield BatchPart(outcomes, now - begin, prepare, last=False, running=task[0])
+                yield self._parted(outcomes, now - begin, prepare, False, running=task[0])
                 outcomes, begin, prepare = [], now, 0.0
             if on_start is not None:
                 on_start(task[0])
             outcomes.append(self.run_one(task))
             if self.retires_when_broken and self.broken is not None:
-                yield BatchPart(outcomes, time.perf_counter() - begin, prepare, last=False)
+                yield self._parted(outcomes, time.perf_counter() - begin, prepare, False)
                 return
             if flush_every_s is not None and position + 1 < len(tasks):
                 now = time.perf_counter()
                 if now - last_flush > flush_every_s:
-                    yield BatchPart(outcomes, now - begin, prepare, last=False)
+                    yield self._parted(outcomes, now - begin, prepare, False)
                     outcomes, begin, last_flush, prepare = [], now, now, 0.0
-        yield BatchPart(outcomes, time.perf_counter() - begin, prepare, last=True)
+        yield self._parted(outcomes, time.perf_counter() - begin, prepare, True)
 
     def run_batch(self, tasks: list[TaskRef]) -> BatchPart:
         """Run ``tasks`` in order; all their outcomes in one part."""

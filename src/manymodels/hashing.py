@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 import cloudpickle
 import numpy as np
 
+from .rowhash import combine_lanes, lanes_hex_array, lanes_of
+
 
 def digest(*parts: bytes | str) -> str:
     h = hashlib.blake2b(digest_size=16)
@@ -277,95 +279,6 @@ def item_hash(item: Any) -> str:
 
 
 # -- hashes of a million tasks at once ---------------------------------------------
-# A task's data hash and identity are 128 bits, held as two uint64 lanes, so
-# that a million of them are mixed by NumPy in one pass instead of a million
-# blake2b calls in the driver. The mixing is splitmix64's finalizer: not a
-# cryptographic hash (a store is not defended against someone forging a
-# table), but every bit of each input word reaches every bit of the output.
-
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_HEX = np.array([f"{i:02x}" for i in range(256)], dtype="<U2")
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer, element-wise on uint64 (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
-
-
-def mix64_inplace(x: np.ndarray, scratch: np.ndarray) -> None:
-    """:func:`mix64` in place on uint64 ``x``, with ``scratch`` (its shape) the
-    only temporary: for chunks of a large column, hashed without allocating."""
-    for multiplier, shift in ((_M1, 30), (_M2, 27)):
-        np.right_shift(x, np.uint64(shift), out=scratch)
-        np.bitwise_xor(x, scratch, out=x)
-        np.multiply(x, multiplier, out=x)
-    np.right_shift(x, np.uint64(31), out=scratch)
-    np.bitwise_xor(x, scratch, out=x)
-
-
-def lanes_of(text: str) -> tuple[int, int]:
-    """The two lanes of a 32-hex-digit hash (a :func:`digest`)."""
-    return int(text[:16], 16), int(text[16:32], 16)
-
-
-def lanes_hex(lanes: np.ndarray) -> list[str]:
-    """32 hex digits per row of an ``(n, 2)`` uint64 array, without a Python
-    call per row."""
-    raw = np.ascontiguousarray(lanes.astype(">u8")).view(np.uint8).reshape(len(lanes), 16)
-    return np.ascontiguousarray(_HEX[raw]).view("<U32").ravel().tolist()
-
-
-#: The two ASCII hex digits of each byte value, as bytes.
-_HEX_ASCII = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)),
-                           dtype=np.uint8).reshape(256, 2)
-
-
-def lanes_hex_array(lanes: np.ndarray) -> Any:
-    """:func:`lanes_hex` as an Arrow string array built straight from the hex
-    digits' bytes: a million identities without a Python string each (a
-    quarter of a re-run's driver memory, and its time to make them)."""
-    import pyarrow as pa
-
-    count = len(lanes)
-    raw = np.ascontiguousarray(lanes.astype(">u8")).view(np.uint8).reshape(count, 16)
-    digits = np.ascontiguousarray(_HEX_ASCII[raw]).reshape(-1)
-    offsets = np.arange(0, 32 * count + 1, 32, dtype=np.int64)
-    return pa.Array.from_buffers(pa.large_string(), count,
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(digits)]
-                                 ).cast(pa.string())
-
-
-def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                salt: str) -> np.ndarray:
-    """The ``(groups, 2)`` lanes of consecutive runs of rows: each row's hash
-    mixed with its position in its group (order matters), summed per group,
-    then mixed with the group's length and ``salt`` (the schema)."""
-    salt_a, salt_b = (np.uint64(v) for v in lanes_of(digest(salt)))
-    rows = row_hashes.astype(np.uint64, copy=False)
-    with np.errstate(over="ignore"):
-        position = (np.arange(len(rows), dtype=np.uint64)
-                    - np.repeat(offsets.astype(np.uint64), lengths))
-        a = np.add.reduceat(mix64(rows ^ mix64(position + salt_a)), offsets)
-        b = np.add.reduceat(mix64(rows + mix64(position ^ salt_b) + _GOLDEN), offsets)
-        size = lengths.astype(np.uint64)
-        a = mix64(a ^ mix64(size + salt_a))
-        b = mix64(b + mix64(size ^ salt_b) ^ a)
-    return np.stack([a, b], axis=1)
-
-
-def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
-    """Per row, the lanes of (data, prefix): the identity of a task from its
-    data hash and the hash of its code, parameters and shared objects."""
-    with np.errstate(over="ignore"):
-        a = mix64(data[:, 0] + mix64(prefix[:, 0] ^ data[:, 1]))
-        b = mix64(data[:, 1] ^ mix64(prefix[:, 1] + a))
-    return np.stack([a, b], axis=1)
-
-
 class TaskIdentities(NamedTuple):
     """Each task's identity and the parts of it that are its own, as Arrow
     string arrays in task order (a million tuples of three Python strings

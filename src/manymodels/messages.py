@@ -103,3 +103,76 @@ class Pickled:
         import pickle
 
         return pickle.loads(self.data)
+
+
+#: Models pickled smaller than this travel in their part's :class:`ModelPack`
+#: (with a store), and the store packs them (``store.artifacts.SMALL_ARTIFACT``).
+PACKED_BELOW = 1 << 20
+
+
+class ModelPack:
+    """The small models one worker pickled during one part of a batch, as one
+    buffer: their bytes joined, each one's size and SHA-256 (32 raw bytes)
+    side by side, and the task index of each. With a store, a million tiny
+    models were a million :class:`Pickled` objects, each made, pickled,
+    unpickled and taken apart again in the driver; as packs, a worker sends
+    one object per part, every outcome of the part names that same object (a
+    reference, pickled once), and the store's writer writes its bytes as they
+    came (:func:`manymodels.store.packs.write_packs`). The driver takes a
+    single model out of a pack only when someone asks for it before it is
+    committed (:meth:`pickled`)."""
+
+    __slots__ = ("indices", "data", "sizes", "digests", "_positions")
+
+    def __init__(self) -> None:
+        self.indices: Any = None  # np.ndarray of int64, set by seal()
+        self.data, self.digests, self.sizes = b"", b"", None
+        self._positions: dict[int, int] | None = None
+
+    def seal(self, indices: list[int], models: list[bytes]) -> ModelPack:
+        """Fill the pack with ``models`` (pickled bytes) of tasks ``indices``."""
+        import hashlib
+
+        import numpy as np
+
+        sha256 = hashlib.sha256
+        self.indices = np.array(indices, dtype=np.int64)
+        self.sizes = np.fromiter(map(len, models), dtype=np.int64, count=len(models))
+        self.data = b"".join(models)
+        self.digests = b"".join([sha256(model).digest() for model in models])
+        return self
+
+    def __len__(self) -> int:
+        return 0 if self.indices is None else len(self.indices)
+
+    def __reduce__(self) -> tuple:
+        return (_restore_pack, (self.indices.tobytes(), self.data, self.sizes.tobytes(),
+                                self.digests))
+
+    def pickled(self, index: int) -> Pickled:
+        """Task ``index``'s model as :class:`Pickled` bytes with their SHA-256."""
+        if self._positions is None:
+            self._positions = {task: at for at, task in enumerate(self.indices.tolist())}
+        at = self._positions[index]
+        start = int(self.sizes[:at].sum())
+        return Pickled(self.data[start:start + int(self.sizes[at])],
+                       self.digests[32 * at:32 * at + 32].hex())
+
+    def load(self, index: int) -> Any:
+        return self.pickled(index).load()
+
+
+def _restore_pack(indices: bytes, data: bytes, sizes: bytes, digests: bytes) -> ModelPack:
+    import numpy as np
+
+    pack = ModelPack()
+    pack.indices = np.frombuffer(indices, dtype=np.int64)
+    pack.sizes = np.frombuffer(sizes, dtype=np.int64)
+    pack.data, pack.digests = data, digests
+    return pack
+
+
+def unpacked(model: Any, index: int) -> Any:
+    """What a task's slot of the results holds, with a :class:`ModelPack`'s
+    model taken out of it (as :class:`Pickled`); anything else as it is."""
+    return model.pickled(index) if type(model) is ModelPack else model

@@ -192,7 +192,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
         if origin == "none":
             unseen.append(layout.keys[index][0] if len(by) == 1 else layout.keys[index])
             continue
-        values = _loaded(records.model[index])
+        values = _loaded(records.model[index], index)
         pieces.append((int(offset), int(length), values))
         sorted_source[offset:offset + length] = origin
     if pieces:

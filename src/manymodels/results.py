@@ -14,7 +14,7 @@ import pandas as pd
 
 from .evaluation import WINDOWS
 from .execution import metrics_dict
-from .messages import FAILURE_STATUSES, Pickled, Status
+from .messages import FAILURE_STATUSES, Pickled, Status, unpacked
 from .planning import Plan
 from .store.registry import IN_STORE, ModelMap, StoredModel
 
@@ -22,8 +22,10 @@ OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
 
 
-def _loaded(model: Any) -> Any:
-    """A model itself, where a worker sent it pickled."""
+def _loaded(model: Any, index: int) -> Any:
+    """Task ``index``'s model itself, where a worker sent it pickled (alone or
+    in a :class:`ModelPack`)."""
+    model = unpacked(model, index)
     return model.load() if isinstance(model, Pickled) else model
 
 
@@ -194,8 +196,8 @@ class Run:
         rec = self._records
         in_store = self._stored_artifacts()
         return ModelMap({
-            key: (StoredModel(self.store, in_store[index], key)
-                  if model is IN_STORE else model)
+            key: (StoredModel(self.store, in_store[index], key) if model is IN_STORE
+                  else unpacked(model, index))
             for index, (key, status, model) in enumerate(zip(
                 self._plan.tasks.keys(), rec.status, rec.model))
             if status == OK and model is not None
@@ -214,7 +216,7 @@ class Run:
         in_store = self._stored_artifacts()
         return self._plan.key_columns, [
             (parts, StoredModel(self.store, in_store[index], key).load()
-             if model is IN_STORE else _loaded(model))
+             if model is IN_STORE else _loaded(model, index))
             for index, (key, parts, status, model) in enumerate(zip(
                 self._plan.tasks.keys(), self._plan.key_rows, rec.status, rec.model))
             if status == OK

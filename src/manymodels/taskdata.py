@@ -28,7 +28,6 @@ A new kind of source is one class here (and its source in
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -93,7 +92,7 @@ class TaskData:
         :mod:`manymodels.hashing`); a kind with many tasks computes it at once."""
         import numpy as np
 
-        from .hashing import lanes_of
+        from .rowhash import lanes_of
 
         return np.array([lanes_of(h) for h in self.hashes(refs)], dtype=np.uint64).reshape(-1, 2)
 
@@ -191,18 +190,19 @@ class TableSlices(TaskData):
         return layout.keys, SliceRefs(layout.offsets, layout.lengths), costs
 
     def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
-        from .hashing import lanes_hex
+        from .rowhash import lanes_hex
 
         return lanes_hex(self.hash_lanes(refs))
 
     def hash_lanes(self, refs: list[tuple[int, int]]) -> Any:
         """Rows hashed once for the whole table (pandas' vectorised row hash),
-        combined per group by NumPy (:func:`~.hashing.group_lanes`): a million
+        combined per group by NumPy (:func:`~.rowhash.group_lanes`): a million
         groups without a Python call each."""
         import numpy as np
         import pandas as pd
 
-        from .hashing import group_lanes
+        from .hashing import digest
+        from .rowhash import arrow_row_hashes, group_lanes, lanes_of
 
         table, layout = self.table, self.layout
         if is_pandas_frame(table):  # map_partitions keeps the index
@@ -213,7 +213,7 @@ class TableSlices(TaskData):
             schema = str(table.schema)
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)
-        per_group = group_lanes(rows, offsets, lengths, schema)
+        per_group = group_lanes(rows, offsets, lengths, lanes_of(digest(schema)))
         starts = (refs.offsets if hasattr(refs, "offsets") else
                   np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
         found = np.searchsorted(offsets, starts)
@@ -396,32 +396,3 @@ class _ParquetBatches(DataReader):
         if self.format == "pandas":
             value.index = _range_index(len(value))  # as the eager path's groups
         return value
-
-
-def arrow_row_hashes(table: Any) -> Any:
-    """``pd.util.hash_pandas_object(table.to_pandas(), index=False)`` of an
-    Arrow table, the same uint64 per row, with each column converted and
-    hashed on a thread of its own (both release the GIL: at ten million rows,
-    a third of the time) and the columns combined as pandas combines them."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-    import pandas as pd
-
-    def column_hashes(position: int) -> np.ndarray:
-        series = table.column(position).to_pandas()
-        return pd.util.hash_pandas_object(series, index=False).to_numpy()
-
-    columns = table.num_columns
-    with ThreadPoolExecutor(max(1, min(columns, os.cpu_count() or 1, 8))) as pool:
-        hashes = list(pool.map(column_hashes, range(columns)))
-    # pandas' combine_hash_arrays (private there): its constants, in its order
-    combined = np.full(table.num_rows, 0x345678, dtype=np.uint64)
-    multiplier = np.uint64(1000003)
-    with np.errstate(over="ignore"):
-        for position, values in enumerate(hashes):
-            combined ^= values
-            combined *= multiplier
-            multiplier += np.uint64(82520 + 2 * (columns - position))
-        combined += np.uint64(97531)
-    return combined

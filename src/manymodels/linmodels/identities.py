@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..hashing import digest, lanes_of, mix64, mix64_inplace
+from ..hashing import digest
+from ..rowhash import lanes_of, mix64, mix64_inplace
 from .prepare import Prepared
 
 #: the code whose edit changes a fitted model: a new version refits every group

@@ -18,10 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..messages import PACKED_BELOW
 from . import packs
 from .database import StoreIntegrityError
 
-SMALL_ARTIFACT = 1 << 20
+#: Models smaller than this are packed (see :mod:`.packs`); workers send them
+#: in packs already (:class:`manymodels.messages.ModelPack`).
+SMALL_ARTIFACT = PACKED_BELOW
 
 
 def sha256(data: bytes) -> str:

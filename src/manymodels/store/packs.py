@@ -42,28 +42,44 @@ def _parsed_or_none(locator: str) -> tuple[str, int, int, int] | None:
         return None
 
 
-def write_packs(conn: sqlite3.Connection, digests: list[str], models: list[bytes]
-                ) -> list[str]:
+def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.ndarray,
+                digests: bytes) -> pa.Array:
     """Store small models as packs (inside the caller's transaction); return
-    each one's locator, in order. ``digests``: the models' SHA-256s."""
-    import numpy as np
-
-    sizes = np.fromiter(map(len, models), dtype=np.int64, count=len(models))
-    ends = np.cumsum(sizes)
-    locators: list[str] = []
+    each one's locator, in order, as an Arrow string array. ``data``: the
+    models' pickles joined, ``sizes`` each one's length, ``digests`` their
+    SHA-256s, 32 raw bytes each (as a :class:`~manymodels.messages.ModelPack`
+    holds them): the bytes go to SQLite as they came, and the locators are
+    made by Arrow, not a Python string per model."""
+    count = len(sizes)
+    ends = np.cumsum(sizes, dtype=np.int64)
+    view = memoryview(data)
+    pack_of = np.empty(count, dtype=np.int64)
+    base_of = np.empty(count, dtype=np.int64)  # where each model's pack starts in data
     start = 0
-    while start < len(models):
-        base = ends[start - 1] if start else 0
+    while start < count:
+        base = int(ends[start - 1]) if start else 0
         # the models up to PACK_BYTES from here (always at least one)
         stop = max(start + 1, int(np.searchsorted(ends, base + PACK_BYTES, side="right")))
-        blob = b"".join(models[start:stop])
-        pack = conn.execute("INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
-                            (len(blob), stop - start, blob)).lastrowid
-        offsets = (ends[start:stop] - sizes[start:stop] - base).tolist()
-        locators += [f"{digest}@{pack}/{offset}/{size}" for digest, offset, size in zip(
-            digests[start:stop], offsets, sizes[start:stop].tolist())]
+        end = int(ends[stop - 1])
+        pack_of[start:stop] = conn.execute(
+            "INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
+            (end - base, stop - start, view[base:end])).lastrowid
+        base_of[start:stop] = base
         start = stop
-    return locators
+    return locators(digests, pack_of, ends - sizes - base_of, sizes)
+
+
+def locators(digests: bytes, pack: np.ndarray, offset: np.ndarray, size: np.ndarray
+             ) -> pa.Array:
+    """``<sha256>@<pack>/<offset>/<size>`` for each model, made at once."""
+    from ..rowhash import hex_array
+
+    def text(numbers: np.ndarray) -> pa.Array:
+        return pc.cast(pa.array(numbers, pa.int64()), pa.string())
+
+    raw = np.frombuffer(digests, dtype=np.uint8).reshape(len(size), 32)
+    return pc.binary_join_element_wise(hex_array(raw), "@", text(pack), "/", text(offset), "/",
+                                       text(size), "")
 
 
 def read_slice(conn: sqlite3.Connection, pack: int, offset: int, size: int) -> bytes | None:

@@ -21,12 +21,14 @@ import pyarrow.compute as pc
 from ..dataplane import pickle_any
 from ..hashing import TaskIdentities
 from ..keys import encode_keys
-from ..messages import Pickled, Status
+from ..messages import ModelPack, Pickled, Status
 from . import artifacts, database, taskblocks
 from .registry import IN_STORE
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
+#: How a worker process sends a model it pickled: ready for the writer as it is.
+_SENT = (Pickled, ModelPack)
 #: The columns a reused task takes from the task whose model it reuses.
 _REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
                    "metrics", "duration_s")
@@ -263,7 +265,7 @@ class RunRecorder:
             models = [model_of[index] for index in pending]
             ok = Status.OK.value
             for row, model in enumerate(models):
-                if model is None or type(model) is Pickled and statuses[row] == ok:
+                if model is None or type(model) in _SENT and statuses[row] == ok:
                     continue
                 if statuses[row] != ok:
                     models[row] = None

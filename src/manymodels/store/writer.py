@@ -21,18 +21,21 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..execution import metrics_json
 from ..hashing import TaskIdentities
+from ..messages import ModelPack
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
 #: list in the same order (``task_index``, ``status``, ``attempts``,
 #: ``duration_s``, ``started_at``, ``worker``, ``metrics``, ``error``) and
 #: ``model``: each task's model as :class:`manymodels.messages.Pickled` bytes,
-#: or None.
+#: the :class:`~manymodels.messages.ModelPack` a worker sent it in, or None.
 Handover = dict
 
 
@@ -131,26 +134,7 @@ class StoreWriter:
 
     def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        models = handover["model"]
-        stored_as: list[str | None] = [None] * len(models)
-        sizes: list[int | None] = [None] * len(models)
-        small_rows, small_digests, small_data = [], [], []
-        for row, model in enumerate(models):
-            if model is not None:
-                data = model.data
-                artifact = model.sha256 or artifacts.sha256(data)
-                size = sizes[row] = len(data)
-                if size >= artifacts.SMALL_ARTIFACT:
-                    artifacts.write_artifact(conn, self.root, data, artifact)
-                    stored_as[row] = artifact
-                else:  # packed below; the row learns its locator then
-                    small_rows.append(row)
-                    small_digests.append(artifact)
-                    small_data.append(data)
-        if small_rows:
-            for row, locator in zip(small_rows, packs.write_packs(conn, small_digests,
-                                                                  small_data)):
-                stored_as[row] = locator
+        artifact, size = self._write_models(conn, handover["task_index"], handover["model"])
         rows = pa.array(handover["task_index"], pa.int64())
         prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
@@ -158,6 +142,73 @@ class StoreWriter:
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"], "metrics": encode_all_metrics(handover["metrics"]),
-            "error": handover["error"], "artifact": stored_as, "size": sizes}),
+            "error": handover["error"], "artifact": artifact, "size": size}),
             None if prefixes is None else prefixes[rows.to_numpy()])
         conn.execute("COMMIT")
+
+    def _write_models(self, conn: sqlite3.Connection, task_index: list[int],
+                      models: list[Any]) -> tuple[pa.Array, pa.Array]:
+        """Write a hand-over's models (inside the caller's transaction); return
+        each row's ``artifact`` and ``size`` columns (null where no model).
+
+        The packs workers sent (:class:`ModelPack`) are written whole, their
+        bytes as they came; a small model pickled in the driver joins one more
+        pack; a large one is an artifact of its own (see :mod:`.artifacts`)."""
+        # one pass in C over the rows: the few distinct objects they name (the
+        # packs, shared by all the tasks of a part; None), each classified once
+        count = len(models)
+        named = np.fromiter(map(id, models), dtype=np.uint64, count=count)
+        distinct, first, which = np.unique(named, return_index=True, return_inverse=True)
+        by_object = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[by_object], np.arange(len(distinct) + 1))
+        sent: list[tuple[ModelPack, np.ndarray]] = []
+        small_rows: list[int] = []
+        small: list[bytes] = []
+        large_rows: list[int] = []
+        large: list[str] = []
+        for number, row in enumerate(first.tolist()):
+            model = models[row]
+            if model is None:
+                continue
+            if type(model) is ModelPack:
+                sent.append((model, by_object[bounds[number]:bounds[number + 1]]))
+            elif len(model.data) < artifacts.SMALL_ARTIFACT:
+                small_rows.append(row)
+                small.append(model.data)
+            else:
+                large_rows.append(row)
+                large.append(artifacts.write_artifact(conn, self.root, model.data,
+                                                      model.sha256)[0])
+        at = np.full(count, -1, dtype=np.int64)  # each row's place in the locators
+        sizes = np.zeros(count, dtype=np.int64)
+        packed = [pack for pack, _ in sent]
+        if small:
+            packed.append(ModelPack().seal([task_index[row] for row in small_rows], small))
+        located = 0
+        tasks = np.asarray(task_index, dtype=np.int64)
+        for pack, rows in [*sent, *([(packed[-1], small_rows)] if small else [])]:
+            rows_at = np.asarray(rows, dtype=np.int64)
+            order = np.argsort(pack.indices, kind="stable")
+            wanted = tasks[rows_at]
+            within = order[np.minimum(np.searchsorted(pack.indices, wanted, sorter=order),
+                                      len(order) - 1)]
+            if not (pack.indices[within] == wanted).all():
+                raise RuntimeError("a task's model is not in the pack its outcome named")
+            at[rows_at] = located + within
+            sizes[rows_at] = pack.sizes[within]
+            located += len(pack)
+        pieces = []
+        if packed:
+            pieces.append(packs.write_packs(
+                conn, b"".join(pack.data for pack in packed),
+                np.concatenate([pack.sizes for pack in packed]),
+                b"".join(pack.digests for pack in packed)))
+        if large:
+            rows_at = np.asarray(large_rows, dtype=np.int64)
+            at[rows_at] = located + np.arange(len(large))
+            sizes[rows_at] = [len(models[row].data) for row in large_rows]
+            pieces.append(pa.array(large, pa.string()))
+        missing = at < 0
+        names = (pa.concat_arrays(pieces) if pieces else pa.array([], pa.string())).take(
+            pa.array(at, mask=missing))
+        return names, pa.array(sizes, pa.int64(), mask=missing)
