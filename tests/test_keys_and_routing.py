@@ -201,3 +201,31 @@ def test_grouped_estimator_takes_polars_and_arrow_tables(kind):
     model = GroupedEstimator(LinearRegression(), by="g", backend="serial").fit(table, y)
     assert sorted(model.models_) == [0, 1, 2]
     np.testing.assert_allclose(model.predict(table), y, atol=1e-9)
+
+
+@pytest.mark.parametrize("keys", [
+    [-5, -5, 0, 0, 0, 7, 10**12],  # sorted: found from where the key changes
+    [3, 3, 3],  # one group
+    [4, 1, 1, 9, 4],  # not in order: pandas sorts
+    [1, 2, 2, 3, 1],  # in order but for the last row
+])
+@pytest.mark.parametrize("dtype", ["int8", "int64", "uint32"])
+def test_groups_of_an_int_key_in_order_equal_pandas_groups(keys, dtype):
+    from manymodels.planning import _sorted_int_codes, group_layout
+
+    if dtype == "int8" and max(keys) > 127 or dtype == "uint32" and min(keys) < 0:
+        pytest.skip("not representable")
+    frame = pd.DataFrame({"g": np.array(keys, dtype=dtype), "row": range(len(keys))})
+    expected = frame.groupby("g", sort=True).ngroup().to_numpy()
+    codes = _sorted_int_codes(pa.Table.from_pandas(frame), ["g"])
+    in_order = all(a <= b for a, b in zip(keys, keys[1:]))
+    assert (codes is not None) == in_order
+    if in_order:
+        np.testing.assert_array_equal(codes, expected)
+    layout = group_layout(mm.groups(frame, by="g"))
+    sizes = frame.groupby("g", sort=True).size()
+    assert [key[0] for key in layout.keys] == sizes.index.tolist()
+    assert layout.lengths.tolist() == sizes.tolist()
+    rows = layout.table.column("row").to_pylist()
+    for (key,), offset, length in zip(layout.keys, layout.offsets, layout.lengths):
+        assert rows[offset:offset + length] == frame.index[frame["g"] == key].tolist()

@@ -97,7 +97,12 @@ def decode(data: bytes, what: str = "a task block",
 
 def task_columns(keys: pa.Array, identities: TaskIdentities, rows: pa.Array) -> dict:
     """The key and identity columns of the tasks ``rows`` for :func:`table`,
-    taken from the run's (the code and shared hashes are the run's: left null)."""
+    taken from the run's (the code and shared hashes are the run's: left null).
+    Every task in order (an unchanged re-run's reused block) takes nothing."""
+    if len(rows) == len(keys) and pc.all(pc.equal(
+            rows, pa.array(np.arange(len(rows)), rows.type))).as_py():
+        return {"task_index": rows, "key": keys, "identity": identities.identity,
+                "params_hash": identities.params, "data_hash": identities.data}
     return {"task_index": rows, "key": keys.take(rows),
             "identity": identities.identity.take(rows),
             "params_hash": identities.params.take(rows), "data_hash": identities.data.take(rows)}
@@ -163,7 +168,8 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
              *, trained_only: bool = False, ordered: bool = True) -> pa.Table:
     """The tasks of ``run_id``, one row per task (the latest written), with
     ``columns`` (default all; ``task_index`` always), in task order unless
-    not ``ordered`` (reuse only matches rows: a million-row sort saved).
+    not ``ordered`` (reuse only matches rows: a million-row sort saved; its
+    blocks are then left as the table's chunks).
     ``trained_only``: only blocks that trained a model are read (the rows of
     the others are left out: what reuse looks for is in the former)."""
     names = list(dict.fromkeys(["task_index", *(columns or COLUMNS)]))
@@ -181,7 +187,7 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     index = result["task_index"].to_numpy()
     if index.size > 1 and np.any(np.diff(index) <= 0):  # not in task order as written
         if not ordered and index.min() >= 0 and np.bincount(index).max() == 1:
-            return result.combine_chunks()  # each task once: nothing to drop
+            return result  # each task once: nothing to drop (and its chunks not copied)
         # stable sort by task index, then keep each index's last row
         order = np.argsort(index, kind="stable")
         index = index[order]
