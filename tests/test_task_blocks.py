@@ -283,6 +283,23 @@ def test_keys_decoded_at_once_equal_one_at_a_time(rows):
         [type(v) for v in column] for column in expected]
 
 
+@pytest.mark.parametrize("values, kind", [
+    ([3, -7, 0, 10**17], "int64"), ([1, -128, 127], "int8"), ([2**64 - 1, 0], "uint64"),
+    ([5, 6], "int32"), (["a", "b"], "string"), ([1.5, 2.0], "float64"),
+])
+def test_keys_encoded_from_arrow_columns_equal_one_at_a_time(values, kind):
+    """A plan of one group per task hands its keys as Arrow columns: encoded
+    at once, the same text as encode_key of each."""
+    import pyarrow as pa
+
+    from manymodels.keys import encode_keys
+
+    rows = [(value,) for value in values]
+    table = pa.table({"g": pa.array(values, kind)})
+    assert encode_keys(rows, table).to_pylist() == [encode_key(row) for row in rows]
+    assert encode_keys(rows, table.slice(0, 1)).to_pylist() == [encode_key(r) for r in rows]
+
+
 @pytest.mark.parametrize("texts", [
     ['{"rss": 0.5}', '{"rss": 1.25, "r2": -0.5}', None, '{"r2": 3}'],
     ['{"a": 1}', '{"a": 2}'], ['{"a": [1, 2]}', '{"b": "x"}'],

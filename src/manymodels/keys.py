@@ -98,13 +98,20 @@ def encode_key(parts: tuple) -> str:
     return json.dumps([canonical(v) for v in parts])
 
 
-def encode_keys(key_rows: Sequence[tuple]) -> Any:
+def encode_keys(key_rows: Sequence[tuple], key_table: Any = None) -> Any:
     """:func:`encode_key` of every row, as an Arrow string array: at once in
     Arrow for the common keys (one int column, or one column of plain ASCII
-    strings: the same text), else one row at a time."""
+    strings: the same text), else one row at a time. ``key_table``: the same
+    keys as Arrow columns, when the plan has them (no Python list to scan)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if key_table is not None and key_table.num_columns == 1 and len(key_table) == len(
+            key_rows):
+        column = key_table.column(0)
+        if pa.types.is_integer(column.type) and not column.null_count:
+            return pc.binary_join_element_wise(
+                "[", pc.cast(column, pa.string()), "]", "").combine_chunks()
     if key_rows and all(len(parts) == 1 for parts in key_rows):
         values = [parts[0] for parts in key_rows]
         kinds = set(map(type, values))

@@ -109,6 +109,9 @@ class Plan:
     param_columns: list[str]
     #: Per task, the ``key=`` keyword ``fit`` gets (None: fit does not ask for it)
     fit_keys: list[Hashable] | None = None
+    #: The tasks' keys as Arrow columns, when each task is one group of a table
+    #: (a store encodes a million keys from these at once)
+    key_table: pa.Table | None = None
 
     @property
     def kind(self) -> str:
@@ -134,6 +137,8 @@ class GroupLayout:
     #: Each sorted row's position in the input table; None when the input was
     #: in key order already (``map_groups`` puts a transform's rows back)
     input_rows: np.ndarray | None = None
+    #: The groups' keys as Arrow columns (one row per group), when grouped by columns
+    key_table: pa.Table | None = None
 
 
 def group_layout(source: GroupSource) -> GroupLayout:
@@ -165,7 +170,7 @@ def group_layout(source: GroupSource) -> GroupLayout:
     key_table = table.select(source.by).take(pa.array(offsets))
     columns = [key_table.column(c).to_pylist() for c in source.by]
     keys = list(zip(*columns))
-    source._layout = GroupLayout(table, offsets, lengths, keys, order)
+    source._layout = GroupLayout(table, offsets, lengths, keys, order, key_table)
     return source._layout
 
 
@@ -233,8 +238,10 @@ def plan(source: Source) -> Plan:
     key_rows, refs, costs = data.task_columns()
     if settings == [None]:  # one task per entry, as columns (a million of them)
         tasks = TaskList(key_rows, refs, None, costs)
+        layout = getattr(data, "layout", None)
         return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
-                    param_columns=param_columns)
+                    param_columns=param_columns,
+                    key_table=getattr(layout, "key_table", None))
     count = len(settings)
     rows: list[tuple] = []
     for key_parts in key_rows:

@@ -57,7 +57,7 @@ class RunRecorder:
     def begin(self, reuse: bool) -> int:
         """Create the run's row and record the tasks whose models are reused
         (as blocks, like any finished task); return how many."""
-        self._keys = encode_keys(self.plan.key_rows)
+        self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
         reused = self._reused = self._find_reusable() if reuse else None
         # what the match read and dropped goes back to the system now: a
         # re-run of a million would otherwise hold it through the run
