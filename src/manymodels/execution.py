@@ -305,6 +305,8 @@ class Executor:
         back).
         """
         start = time.perf_counter()
+        # a batch left unfinished before (its worker retired) sent nothing packed since
+        self._pack, self._pack_indices, self._pack_models = None, [], []
         self.begin_batch(tasks)
         begin = last_flush = time.perf_counter()
         prepare = begin - start
