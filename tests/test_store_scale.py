@@ -81,6 +81,37 @@ def test_a_model_pack_travels_whole_and_gives_each_model_with_its_sha256():
         assert one.sha256 == hashlib.sha256(data).hexdigest()
         np.testing.assert_array_equal(received.load(index), pickle.loads(data))
     assert unpacked("as it is", 3) == "as it is"
+    twice = ModelPack().seal([5, 5], [b"first", b"second"])  # as the store's writer: the first
+    assert twice.pickled(5).data == b"first"
+
+
+def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
+    """The writer sorts a hand-over's rows by the objects they name: a task
+    listed twice (the same model object) is stored twice, packed or not."""
+    import types
+
+    from manymodels.messages import ModelPack
+    from manymodels.store import artifacts
+    from manymodels.store.writer import StoreWriter
+
+    store = mm.Store(tmp_path / "s")
+    conn = store._conn
+    small, large = Pickled(b"s" * 20), Pickled(b"L" * (artifacts.SMALL_ARTIFACT + 5))
+    pack = ModelPack().seal([7, 8], [b"seven", b"eight!"])
+    conn.execute("BEGIN IMMEDIATE")
+    names, sizes = StoreWriter._write_models(
+        types.SimpleNamespace(root=store.path), conn, [1, 1, 2, 2, 7, 8, 8, 9],
+        [small, small, large, large, pack, pack, pack, None])
+    conn.execute("COMMIT")
+    names, sizes = names.to_pylist(), sizes.to_pylist()
+    assert names[0] == names[1] and names[2] == names[3] and names[5] == names[6]
+    assert names[7] is None and sizes[7] is None
+    assert sizes == [20, 20, artifacts.SMALL_ARTIFACT + 5, artifacts.SMALL_ARTIFACT + 5,
+                     5, 6, 6, None]
+    loaded = [artifacts.read_artifact(conn, store.path, name, "t") for name in names[:7]]
+    assert loaded == [small.data, small.data, large.data, large.data, b"seven", b"eight!",
+                      b"eight!"]
+    store.close()
 
 
 def fit_mixed(item):

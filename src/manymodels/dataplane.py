@@ -39,7 +39,7 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
-from .messages import Status
+from .messages import ModelPack, Status
 
 _PREFIX = "manymodels-"
 _ALIGN = 64
@@ -346,8 +346,9 @@ def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
 
     safe = []
     for outcome in outcomes:
-        try:
-            cloudpickle.dumps(outcome, protocol=5)
+        try:  # (a part's ModelPack is bytes, and named by all its outcomes: not probed)
+            cloudpickle.dumps(outcome if type(outcome[2]) is not ModelPack
+                              else (*outcome[:2], None, *outcome[3:]), protocol=5)
             safe.append(outcome)
         except Exception as exc:
             index, _, _, _, duration, started_at, _, _ = outcome

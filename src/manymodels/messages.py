@@ -122,12 +122,13 @@ class ModelPack:
     single model out of a pack only when someone asks for it before it is
     committed (:meth:`pickled`)."""
 
-    __slots__ = ("indices", "data", "sizes", "digests", "_positions")
+    __slots__ = ("indices", "data", "sizes", "digests", "_positions", "_starts")
 
     def __init__(self) -> None:
         self.indices: Any = None  # np.ndarray of int64, set by seal()
         self.data, self.digests, self.sizes = b"", b"", None
         self._positions: dict[int, int] | None = None
+        self._starts: Any = None
 
     def seal(self, indices: list[int], models: list[bytes]) -> ModelPack:
         """Fill the pack with ``models`` (pickled bytes) of tasks ``indices``."""
@@ -151,10 +152,13 @@ class ModelPack:
 
     def pickled(self, index: int) -> Pickled:
         """Task ``index``'s model as :class:`Pickled` bytes with their SHA-256."""
-        if self._positions is None:
-            self._positions = {task: at for at, task in enumerate(self.indices.tolist())}
+        if self._positions is None:  # the first of a task twice, as the store's writer
+            self._positions = {}
+            for at, task in enumerate(self.indices.tolist()):
+                self._positions.setdefault(task, at)
+            self._starts = (self.sizes.cumsum() - self.sizes).tolist()
         at = self._positions[index]
-        start = int(self.sizes[:at].sum())
+        start = self._starts[at]
         return Pickled(self.data[start:start + int(self.sizes[at])],
                        self.digests[32 * at:32 * at + 32].hex())
 

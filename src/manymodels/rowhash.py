@@ -98,6 +98,8 @@ def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
     rows = row_hashes.astype(np.uint64, copy=False)
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and lengths.min() < 1:
+        raise ValueError("every group has at least one row")
     groups = len(offsets)
     a = np.empty(groups, dtype=np.uint64)
     b = np.empty(groups, dtype=np.uint64)

@@ -162,10 +162,11 @@ class StoreWriter:
         by_object = np.argsort(which, kind="stable")
         bounds = np.searchsorted(which[by_object], np.arange(len(distinct) + 1))
         sent: list[tuple[ModelPack, np.ndarray]] = []
-        small_rows: list[int] = []
+        small_objects: list[int] = []  # models pickled in the driver, by object number
         small: list[bytes] = []
-        large_rows: list[int] = []
+        large_objects: list[int] = []
         large: list[str] = []
+        large_sizes: list[int] = []
         for number, row in enumerate(first.tolist()):
             model = models[row]
             if model is None:
@@ -173,30 +174,43 @@ class StoreWriter:
             if type(model) is ModelPack:
                 sent.append((model, by_object[bounds[number]:bounds[number + 1]]))
             elif len(model.data) < artifacts.SMALL_ARTIFACT:
-                small_rows.append(row)
+                small_objects.append(number)
                 small.append(model.data)
             else:
-                large_rows.append(row)
+                large_objects.append(number)
                 large.append(artifacts.write_artifact(conn, self.root, model.data,
                                                       model.sha256)[0])
+                large_sizes.append(len(model.data))
         at = np.full(count, -1, dtype=np.int64)  # each row's place in the locators
         sizes = np.zeros(count, dtype=np.int64)
-        packed = [pack for pack, _ in sent]
-        if small:
-            packed.append(ModelPack().seal([task_index[row] for row in small_rows], small))
         located = 0
         tasks = np.asarray(task_index, dtype=np.int64)
-        for pack, rows in [*sent, *([(packed[-1], small_rows)] if small else [])]:
-            rows_at = np.asarray(rows, dtype=np.int64)
+        for pack, rows in sent:
             order = np.argsort(pack.indices, kind="stable")
-            wanted = tasks[rows_at]
+            wanted = tasks[rows]
             within = order[np.minimum(np.searchsorted(pack.indices, wanted, sorter=order),
                                       len(order) - 1)]
             if not (pack.indices[within] == wanted).all():
                 raise RuntimeError("a task's model is not in the pack its outcome named")
-            at[rows_at] = located + within
-            sizes[rows_at] = pack.sizes[within]
+            at[rows] = located + within
+            sizes[rows] = pack.sizes[within]
             located += len(pack)
+        packed = [pack for pack, _ in sent]
+        # a Pickled model: every row that names it gets its place
+        object_at = np.full(len(distinct), -1, dtype=np.int64)
+        object_size = np.zeros(len(distinct), dtype=np.int64)
+        if small:  # one more pack, of the models pickled here
+            packed.append(ModelPack().seal(tasks[first[small_objects]].tolist(), small))
+            object_at[small_objects] = located + np.arange(len(small))
+            object_size[small_objects] = packed[-1].sizes
+            located += len(small)
+        if large:
+            object_at[large_objects] = located + np.arange(len(large))
+            object_size[large_objects] = large_sizes
+        if small or large:
+            plain = object_at[which] >= 0
+            at[plain] = object_at[which][plain]
+            sizes[plain] = object_size[which][plain]
         pieces = []
         if packed:
             pieces.append(packs.write_packs(
@@ -204,9 +218,6 @@ class StoreWriter:
                 np.concatenate([pack.sizes for pack in packed]),
                 b"".join(pack.digests for pack in packed)))
         if large:
-            rows_at = np.asarray(large_rows, dtype=np.int64)
-            at[rows_at] = located + np.arange(len(large))
-            sizes[rows_at] = [len(models[row].data) for row in large_rows]
             pieces.append(pa.array(large, pa.string()))
         missing = at < 0
         names = (pa.concat_arrays(pieces) if pieces else pa.array([], pa.string())).take(
