@@ -174,9 +174,9 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=60000")
-        # a million task rows go into indexes keyed by random hashes: a page
-        # cache of 64 MiB (not SQLite's 2) nearly halves the cost of a row
-        conn.execute("PRAGMA cache_size=-65536")
+        # a page cache of 16 MiB (not SQLite's 2): a second's task block and
+        # packs fit in it; a larger one was held for the whole run
+        conn.execute("PRAGMA cache_size=-16384")
         _check_format(conn, index)
         conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
         _migrate(conn)
