@@ -17,7 +17,7 @@ import pytest
 
 import manymodels as mm
 from manymodels.hashing import task_identities
-from manymodels.messages import Pickled
+from manymodels.messages import ModelPack, Pickled
 from manymodels.planning import plan
 from manymodels.store import taskblocks
 from manymodels.store.registry import IN_STORE
@@ -48,9 +48,10 @@ def test_models_pickled_by_workers_load_lazily_and_equal_eager_ones(tmp_path, st
     held = [run._records.model[i] for i in range(len(run._plan.tasks))]
     if store:  # committed: the driver keeps no copy, run.models loads from the store
         assert all(model is IN_STORE for model in held)
-    else:
-        assert all(isinstance(model, Pickled) for model in held)  # bytes until asked for
-        assert all(model.sha256 is None for model in held)  # hashed only for a store
+    else:  # bytes until asked for, a part's models in one pack, hashed only for a store
+        assert all(type(model) is ModelPack for model in held)
+        assert all(model.pickled(i).sha256 is None for i, model in enumerate(held))
+        assert len({id(model) for model in held}) < 300
     assert len(run.models) == 300
     for key, model in eager.models.items():
         np.testing.assert_array_equal(run.models[key], model)
@@ -68,7 +69,7 @@ def test_a_model_pack_travels_whole_and_gives_each_model_with_its_sha256():
     import hashlib
     import pickle
 
-    from manymodels.messages import ModelPack, unpacked
+    from manymodels.messages import unpacked
 
     models = [pickle.dumps(np.arange(i)) for i in range(5)]
     pack = ModelPack().seal([40, 7, 12, 3, 99], models)
@@ -76,10 +77,11 @@ def test_a_model_pack_travels_whole_and_gives_each_model_with_its_sha256():
     sent = pickle.loads(pickle.dumps(outcomes))
     assert len({id(outcome[2]) for outcome in sent}) == 1  # one pack, not five
     for (index, _, received, _), data in zip(sent, models):
-        one = unpacked(received, index)
+        one = received.pickled(index)
         assert isinstance(one, Pickled) and one.data == data
         assert one.sha256 == hashlib.sha256(data).hexdigest()
         np.testing.assert_array_equal(received.load(index), pickle.loads(data))
+        np.testing.assert_array_equal(unpacked(received, index).load(), pickle.loads(data))
     assert unpacked("as it is", 3) == "as it is"
     twice = ModelPack().seal([5, 5], [b"first", b"second"])  # as the store's writer: the first
     assert twice.pickled(5).data == b"first"
@@ -90,7 +92,6 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     listed twice (the same model object) is stored twice, packed or not."""
     import types
 
-    from manymodels.messages import ModelPack
     from manymodels.store import artifacts
     from manymodels.store.writer import StoreWriter
 

@@ -234,22 +234,20 @@ class Executor:
                 status == _MEMORY or isinstance(exc, self.retry_on))
 
     def _pickled(self, model: Any, index: int) -> Any:
-        """The model as :class:`Pickled` bytes (see ``RunContext.pickle_models``);
-        for a store, a small one joins the part's :class:`ModelPack` instead
-        (sealed as the part is sent: :meth:`_parted`)."""
+        """The model's pickled bytes (see ``RunContext.pickle_models``): a
+        small one joins the part's :class:`ModelPack` (sealed as the part is
+        sent: :meth:`_parted`), a large one goes as :class:`Pickled` (for a
+        store, with its SHA-256) or, holding large buffers, as it is (the data
+        plane's zero-copy way)."""
         data = pickle_small_array(model)
         if self.pickle_models == "all":
             if data is None:
                 data = pickle_any(model)
             if len(data) < PACKED_BELOW:
-                if self._pack is None:
-                    self._pack, self._pack_indices, self._pack_models = ModelPack(), [], []
-                self._pack_indices.append(index)
-                self._pack_models.append(data)
-                return self._pack
+                return self._packed(index, data)
             return Pickled(data, hashlib.sha256(data).hexdigest())
         if data is not None:
-            return Pickled(data)  # small: no buffer to route
+            return self._packed(index, data)  # small: no buffer to route
         large: list[int] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:
@@ -264,14 +262,25 @@ class Executor:
             import cloudpickle
 
             data = cloudpickle.dumps(model, protocol=5, buffer_callback=in_band)
-        return model if large else Pickled(data)
+        if large:
+            return model
+        return self._packed(index, data) if len(data) < PACKED_BELOW else Pickled(data)
+
+    def _packed(self, index: int, data: bytes) -> ModelPack:
+        """Add task ``index``'s pickled model to the part's pack; return the pack."""
+        if self._pack is None:
+            self._pack, self._pack_indices, self._pack_models = ModelPack(), [], []
+        self._pack_indices.append(index)
+        self._pack_models.append(data)
+        return self._pack
 
     def _parted(self, outcomes: list[Outcome], busy_s: float, prepare_s: float, last: bool,
                 running: int | None = None) -> BatchPart:
         """A part of the batch, with the models packed since the last one sealed
         (the outcomes name the pack: it is complete before it travels)."""
         if self._pack is not None:
-            self._pack.seal(self._pack_indices, self._pack_models)
+            self._pack.seal(self._pack_indices, self._pack_models,
+                            hashed=self.pickle_models == "all")
             self._pack, self._pack_indices, self._pack_models = None, [], []
         return BatchPart(outcomes, busy_s, prepare_s, last, running)
 

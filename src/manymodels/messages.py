@@ -130,8 +130,9 @@ class ModelPack:
         self._positions: dict[int, int] | None = None
         self._starts: Any = None
 
-    def seal(self, indices: list[int], models: list[bytes]) -> ModelPack:
-        """Fill the pack with ``models`` (pickled bytes) of tasks ``indices``."""
+    def seal(self, indices: list[int], models: list[bytes], hashed: bool = True) -> ModelPack:
+        """Fill the pack with ``models`` (pickled bytes) of tasks ``indices``;
+        with their SHA-256s when ``hashed`` (a store keeps them)."""
         import hashlib
 
         import numpy as np
@@ -140,7 +141,8 @@ class ModelPack:
         self.indices = np.array(indices, dtype=np.int64)
         self.sizes = np.fromiter(map(len, models), dtype=np.int64, count=len(models))
         self.data = b"".join(models)
-        self.digests = b"".join([sha256(model).digest() for model in models])
+        if hashed:
+            self.digests = b"".join([sha256(model).digest() for model in models])
         return self
 
     def __len__(self) -> int:
@@ -160,7 +162,7 @@ class ModelPack:
         at = self._positions[index]
         start = self._starts[at]
         return Pickled(self.data[start:start + int(self.sizes[at])],
-                       self.digests[32 * at:32 * at + 32].hex())
+                       self.digests[32 * at:32 * at + 32].hex() if self.digests else None)
 
     def load(self, index: int) -> Any:
         return self.pickled(index).load()
@@ -176,7 +178,21 @@ def _restore_pack(indices: bytes, data: bytes, sizes: bytes, digests: bytes) -> 
     return pack
 
 
+class PackedModel:
+    """Task ``index``'s model in a :class:`ModelPack`, loaded when asked for
+    (``run.models`` names a million of these without copying their bytes)."""
+
+    __slots__ = ("pack", "index")
+
+    def __init__(self, pack: ModelPack, index: int) -> None:
+        self.pack, self.index = pack, index
+
+    def load(self) -> Any:
+        return self.pack.load(self.index)
+
+
 def unpacked(model: Any, index: int) -> Any:
-    """What a task's slot of the results holds, with a :class:`ModelPack`'s
-    model taken out of it (as :class:`Pickled`); anything else as it is."""
-    return model.pickled(index) if type(model) is ModelPack else model
+    """What a task's slot of the results holds, with a :class:`ModelPack`
+    standing for task ``index``'s model alone (:class:`PackedModel`);
+    anything else as it is."""
+    return PackedModel(model, index) if type(model) is ModelPack else model

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .evaluation import WINDOWS
 from .execution import metrics_dict
-from .messages import FAILURE_STATUSES, Pickled, Status, unpacked
+from .messages import FAILURE_STATUSES, PackedModel, Pickled, Status, unpacked
 from .planning import Plan
 from .store.registry import IN_STORE, ModelMap, StoredModel
 
@@ -26,7 +26,7 @@ def _loaded(model: Any, index: int) -> Any:
     """Task ``index``'s model itself, where a worker sent it pickled (alone or
     in a :class:`ModelPack`)."""
     model = unpacked(model, index)
-    return model.load() if isinstance(model, Pickled) else model
+    return model.load() if isinstance(model, (Pickled, PackedModel)) else model
 
 
 @dataclass

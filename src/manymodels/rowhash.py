@@ -9,6 +9,7 @@ identity covers, and why, is :mod:`.hashing`'s.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -196,11 +197,46 @@ def arrow_row_hashes(table: Any) -> np.ndarray:
                         word[...] = piece
                     else:  # its bits, widened as pandas widens them (unsigned)
                         word[...] = piece.view(f"u{piece.dtype.itemsize}")
+                        if piece.dtype.kind == "f":
+                            _as_pandas_floats(piece, word)
                     mix64_inplace(word, spare)
                     np.bitwise_xor(out, word, out=out)
                 np.multiply(out, multipliers[position], out=out)
             out += np.uint64(97531)
     return combined
+
+
+def _as_pandas_floats(values: np.ndarray, bits: np.ndarray) -> None:
+    """Give the widened ``bits`` of float ``values`` the one pattern pandas
+    hashes for each NaN and for -0.0, where the installed pandas does (since
+    3.1 it hashes equal floats alike; 3.0 hashed their bits as they were)."""
+    nan_bits, negative_zero_bits = _pandas_float_patterns(values.dtype.str)
+    if nan_bits is not None:
+        nan = np.isnan(values)
+        if nan.any():
+            bits[nan] = nan_bits
+    if negative_zero_bits is not None:
+        bits[bits == negative_zero_bits] = 0
+
+
+@functools.lru_cache(maxsize=8)
+def _pandas_float_patterns(dtype: str) -> tuple[np.uint64 | None, np.uint64 | None]:
+    """For floats of ``dtype``: the bits pandas hashes every NaN as, and those
+    of -0.0 (hashed as 0.0), or None where the installed pandas hashes the
+    value's own bits; found by asking pandas once."""
+    import pandas as pd
+
+    kind = np.dtype(dtype)
+    unsigned = f"u{kind.itemsize}"
+    negative_nan = np.array([np.nan, -np.nan], dtype=kind)
+    negative_nan.view(unsigned)[1] |= np.array(1, dtype=unsigned)  # another payload
+    nans = pd.util.hash_array(negative_nan)
+    zeros = pd.util.hash_array(np.array([0.0, -0.0], dtype=kind))
+    nan_bits = np.uint64(np.array(np.nan, dtype=kind).view(unsigned)) if nans[0] == nans[1] \
+        else None
+    zero_bits = np.uint64(np.array(-0.0, dtype=kind).view(unsigned)) if zeros[0] == zeros[1] \
+        else None
+    return nan_bits, zero_bits
 
 
 def _plain_numbers(column: Any) -> np.ndarray | None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..keys import decode_key, decode_keys, encode_key, key_parts
-from ..messages import Pickled, Status
+from ..messages import PackedModel, Pickled, Status
 from . import artifacts, database, packs, taskblocks
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
@@ -62,7 +62,7 @@ class ModelMap(Mapping):
 
     def __getitem__(self, key: Hashable) -> Any:
         value = self._items[key]
-        if isinstance(value, (StoredModel, Pickled)):  # loaded when first asked for
+        if isinstance(value, (StoredModel, Pickled, PackedModel)):  # loaded when asked for
             value = self._items[key] = value.load()
         return value
 
