@@ -85,11 +85,11 @@ Event = Finished | Lost | Requeued
 
 
 class Pickled:
-    """A model pickled where it was made (a worker process), with the SHA-256
-    of its bytes when a store will keep them: the driver writes the bytes as
-    they are and unpickles them only when someone asks for the model
-    (``run.models[key]``), so a million small models cost the driver a
-    million byte strings, not a million unpickled objects."""
+    """One model's pickled bytes, with their SHA-256 when a store will keep
+    them: a model of a MiB or more a worker process pickled (smaller ones
+    travel in their part's :class:`ModelPack`), or one the driver pickled for
+    its store. The driver writes the bytes as they are and unpickles them
+    only when someone asks for the model (``run.models[key]``)."""
 
     __slots__ = ("data", "sha256")
 
@@ -112,15 +112,15 @@ PACKED_BELOW = 1 << 20
 
 class ModelPack:
     """The small models one worker pickled during one part of a batch, as one
-    buffer: their bytes joined, each one's size and SHA-256 (32 raw bytes)
-    side by side, and the task index of each. With a store, a million tiny
+    buffer: their bytes joined, each one's size, its SHA-256 (32 raw bytes,
+    when a store keeps them) and the task index of each. A million tiny
     models were a million :class:`Pickled` objects, each made, pickled,
     unpickled and taken apart again in the driver; as packs, a worker sends
     one object per part, every outcome of the part names that same object (a
     reference, pickled once), and the store's writer writes its bytes as they
     came (:func:`manymodels.store.packs.write_packs`). The driver takes a
-    single model out of a pack only when someone asks for it before it is
-    committed (:meth:`pickled`)."""
+    single model out of a pack only when someone asks for it (``run.models``,
+    before the store has it: :meth:`pickled`, :class:`PackedModel`)."""
 
     __slots__ = ("indices", "data", "sizes", "digests", "_positions", "_starts")
 
