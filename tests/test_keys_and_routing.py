@@ -214,15 +214,15 @@ def test_grouped_estimator_takes_polars_and_arrow_tables(kind):
     ) for dtype in ("int8", "int64", "uint32")],
 ])
 def test_groups_of_an_int_key_in_order_equal_pandas_groups(keys, dtype):
-    from manymodels.planning import _sorted_int_codes, group_layout
+    from manymodels.planning import _sorted_int_group_lengths, group_layout
 
     frame = pd.DataFrame({"g": np.array(keys, dtype=dtype), "row": range(len(keys))})
     expected = frame.groupby("g", sort=True).ngroup().to_numpy()
-    codes = _sorted_int_codes(pa.Table.from_pandas(frame), ["g"])
+    lengths = _sorted_int_group_lengths(pa.Table.from_pandas(frame), ["g"])
     in_order = all(a <= b for a, b in zip(keys, keys[1:]))
-    assert (codes is not None) == in_order
-    if in_order:
-        np.testing.assert_array_equal(codes, expected)
+    assert (lengths is not None) == in_order
+    if in_order:  # the groups pandas numbers, in order, each as long
+        np.testing.assert_array_equal(np.repeat(np.arange(len(lengths)), lengths), expected)
     layout = group_layout(mm.groups(frame, by="g"))
     sizes = frame.groupby("g", sort=True).size()
     assert [key[0] for key in layout.keys] == sizes.index.tolist()

@@ -148,24 +148,21 @@ def group_layout(source: GroupSource) -> GroupLayout:
     if source._layout is not None:
         return source._layout
     order_by = getattr(source, "order_by", None)
-    codes = _sorted_int_codes(source.table, source.by) if not order_by else None
-    in_order = codes is not None
-    if codes is None:
+    lengths = None if order_by else _sorted_int_group_lengths(source.table, source.by)
+    order: np.ndarray | None = None  # None: the table is in key order already
+    if lengths is None:
         keys_frame = source.table.select(source.by).to_pandas()
         codes = keys_frame.groupby(source.by, sort=True, dropna=False).ngroup().to_numpy()
-    if order_by and source.reader is None:  # (read on workers: each batch sorts its rows)
-        order = sort_order(source.table, order_by, codes).to_numpy()
-    elif in_order:
-        order = np.arange(len(codes))
-    else:
-        order = np.argsort(codes, kind="stable")
-    lengths = np.bincount(codes)
+        if order_by and source.reader is None:  # (read on workers: each batch sorts its rows)
+            order = sort_order(source.table, order_by, codes).to_numpy()
+        else:
+            order = np.argsort(codes, kind="stable")
+        lengths = np.bincount(codes)
+        if np.all(order[1:] > order[:-1]):
+            order = None  # already sorted: no copy
     offsets = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
-    if np.all(order[1:] > order[:-1]):
-        table, order = source.table, None  # already sorted: no copy
-    else:
-        table = source.table.take(pa.array(order))
+    table = source.table if order is None else source.table.take(pa.array(order))
     table = table.combine_chunks()
     key_table = table.select(source.by).take(pa.array(offsets))
     columns = [key_table.column(c).to_pylist() for c in source.by]
@@ -174,11 +171,11 @@ def group_layout(source: GroupSource) -> GroupLayout:
     return source._layout
 
 
-def _sorted_int_codes(table: pa.Table, by: list[str]) -> np.ndarray | None:
-    """Each row's group number when the table is keyed by one integer column
-    without nulls already in order (a table written group by group): what
-    pandas' sorted ``ngroup`` gives, from where the key changes, without
-    hashing ten million keys. None otherwise."""
+def _sorted_int_group_lengths(table: pa.Table, by: list[str]) -> np.ndarray | None:
+    """Each group's number of rows, in key order, when the table is keyed by
+    one integer column without nulls already in order (a table written group
+    by group): from where the key changes, without hashing ten million keys
+    or numbering each row. None otherwise."""
     if len(by) != 1:
         return None
     column = table.column(by[0])
@@ -188,8 +185,7 @@ def _sorted_int_codes(table: pa.Table, by: list[str]) -> np.ndarray | None:
     if not (values[1:] >= values[:-1]).all():
         return None
     starts = np.flatnonzero(values[1:] != values[:-1]) + 1
-    return np.repeat(np.arange(len(starts) + 1, dtype=np.int64),
-                     np.diff(starts, prepend=0, append=len(values)))
+    return np.diff(starts, prepend=0, append=len(values))
 
 
 def partition_layout(source: PartitionSource) -> GroupLayout:
