@@ -170,7 +170,7 @@ class Executor:
         #: Set by a worker that retires once its CUDA context is broken (the
         #: processes backend's): a batch then ends at the task that broke it.
         self.retires_when_broken = False
-        #: The small models of the part being run, for a store (see ``_pickled``).
+        #: The small models of the part being run, pickled (see ``_pickled``).
         self._pack: ModelPack | None = None
         self._pack_indices: list[int] = []
         self._pack_models: list[bytes] = []
@@ -212,7 +212,7 @@ class Executor:
                 # as the store keeps them, when they read back the same (not an array)
                 encoded = _floats_json(metrics)
                 if encoded is None and all(type(value) in _PLAIN for value in metrics.values()):
-                    encoded = metrics_json(metrics)
+                    encoded = _encode_json(metrics)  # (metrics_json, its template tried)
                 metrics = encoded if encoded is not None else metrics
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
 

@@ -105,8 +105,8 @@ class Pickled:
         return pickle.loads(self.data)
 
 
-#: Models pickled smaller than this travel in their part's :class:`ModelPack`
-#: (with a store), and the store packs them (``store.artifacts.SMALL_ARTIFACT``).
+#: Models pickled smaller than this travel in their part's :class:`ModelPack`,
+#: and a store packs them (``store.artifacts.SMALL_ARTIFACT``).
 PACKED_BELOW = 1 << 20
 
 
@@ -153,7 +153,8 @@ class ModelPack:
                                 self.digests))
 
     def pickled(self, index: int) -> Pickled:
-        """Task ``index``'s model as :class:`Pickled` bytes with their SHA-256."""
+        """Task ``index``'s model as :class:`Pickled` bytes, with their SHA-256
+        when the pack was sealed ``hashed``."""
         if self._positions is None:  # the first of a task twice, as the store's writer
             self._positions = {}
             for at, task in enumerate(self.indices.tolist()):
