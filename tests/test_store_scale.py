@@ -17,7 +17,8 @@ import pytest
 
 import manymodels as mm
 from manymodels.hashing import task_identities
-from manymodels.messages import ModelPack, Pickled
+from manymodels.messages import Pickled
+from manymodels.partpacks import ModelPack
 from manymodels.planning import plan
 from manymodels.store import taskblocks
 from manymodels.store.registry import IN_STORE
@@ -69,7 +70,7 @@ def test_a_model_pack_travels_whole_and_gives_each_model_with_its_sha256():
     import hashlib
     import pickle
 
-    from manymodels.messages import unpacked
+    from manymodels.partpacks import unpacked
 
     models = [pickle.dumps(np.arange(i)) for i in range(5)]
     pack = ModelPack().seal([40, 7, 12, 3, 99], models)

@@ -220,12 +220,12 @@ def test_metrics_encoded_by_template_equal_json(metrics):
     import json
 
     from manymodels.execution import metrics_json
-    from manymodels.store.writer import encode_all_metrics
+    from manymodels.metriccolumns import metrics_texts
 
     expected = (metrics if isinstance(metrics, str) else
                 json.dumps(metrics, default=repr) if metrics else None)
     # twice in one call: the second use of a template too
-    assert encode_all_metrics([metrics, metrics]) == [expected] * 2
+    assert metrics_texts([metrics, metrics], [0, 1]).to_pylist() == [expected] * 2
     if not isinstance(metrics, str):
         assert metrics_json(metrics) == expected
 

@@ -176,7 +176,7 @@ class Callbacks:
             status = records.status[index]
             if status is None:
                 continue
-            metrics = metrics_dict(records.metrics[index])
+            metrics = metrics_dict(records.metrics[index], index)
             self._call("on_task_finished", FinishedTask(
                 index, tasks[index].key, getattr(status, "value", status),
                 float(records.duration_s[index]), records.worker[index],

@@ -39,7 +39,8 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
-from .messages import ModelPack, Status
+from .messages import Status
+from .partpacks import MetricsPack, ModelPack
 
 _PREFIX = "manymodels-"
 _ALIGN = 64
@@ -346,9 +347,11 @@ def dump_outcomes(outcomes: list, spill_prefix: str | None = None,
 
     safe = []
     for outcome in outcomes:
-        try:  # (a part's ModelPack is bytes, and named by all its outcomes: not probed)
-            cloudpickle.dumps(outcome if type(outcome[2]) is not ModelPack
-                              else (*outcome[:2], None, *outcome[3:]), protocol=5)
+        index, status, model, metrics, *rest = outcome
+        try:  # (a part's packs are bytes and arrays, named by all its outcomes: not probed)
+            cloudpickle.dumps((index, status, None if type(model) is ModelPack else model,
+                               None if type(metrics) is MetricsPack else metrics, *rest),
+                              protocol=5)
             safe.append(outcome)
         except Exception as exc:
             index, _, _, _, duration, started_at, _, _ = outcome

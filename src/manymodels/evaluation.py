@@ -332,8 +332,12 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
 
     import pandas as pd
 
+    from .partpacks import MetricsPack
+
     rows = []
     for parts, stored in zip(key_rows, metrics):
+        if type(stored) is MetricsPack:  # floats only: no windows
+            continue
         if isinstance(stored, str):  # a reused task's: the store's JSON
             if WINDOWS not in stored:
                 continue

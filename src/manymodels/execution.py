@@ -25,7 +25,8 @@ from typing import Any
 
 from .dataplane import SPILL_MIN_BYTES, pickle_any, pickle_small_array
 from .gpus import gpu_failure, release_cached_memory
-from .messages import PACKED_BELOW, ModelPack, Outcome, Pickled, Status
+from .messages import Outcome, Pickled, Status
+from .partpacks import PACKED_BELOW, MetricsPack, PartPacker
 from .tables import plain_scalar
 from .taskdata import TaskData
 
@@ -126,9 +127,12 @@ def _floats_json(metrics: Mapping) -> str | None:
     return template % values if values and "n" not in "".join(values) else None
 
 
-def metrics_dict(metrics: Mapping | str | None) -> Any:
-    """A task's metrics as a dict: with a store, worker processes send them as
-    :func:`metrics_json` text, and reused tasks come as the store's."""
+def metrics_dict(metrics: Mapping | str | MetricsPack | None, index: int) -> Any:
+    """Task ``index``'s metrics as a dict, from what its slot of the results
+    holds: a dict, the store's JSON text (a reused task's, or a worker's for
+    a store), or its part's :class:`~manymodels.partpacks.MetricsPack`."""
+    if type(metrics) is MetricsPack:
+        return metrics.get(index)
     return json.loads(metrics) if isinstance(metrics, str) else metrics
 
 
@@ -170,10 +174,9 @@ class Executor:
         #: Set by a worker that retires once its CUDA context is broken (the
         #: processes backend's): a batch then ends at the task that broke it.
         self.retires_when_broken = False
-        #: The small models of the part being run, pickled (see ``_pickled``).
-        self._pack: ModelPack | None = None
-        self._pack_indices: list[int] = []
-        self._pack_models: list[bytes] = []
+        #: The part being run's small pickled models and float metrics (see
+        #: :mod:`manymodels.partpacks`): in workers that pickle models only.
+        self._packer = PartPacker(hashed=self.pickle_models == "all")
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Let the data reader prepare the batch (read or convert its rows at once)."""
@@ -208,12 +211,9 @@ class Executor:
                     return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
                             "the value returned by fit cannot be pickled to send it back to "
                             f"the driver: {exc!r}", False)
-            if self.pickle_models == "all" and metrics:
-                # as the store keeps them, when they read back the same (not an array)
-                encoded = _floats_json(metrics)
-                if encoded is None and all(type(value) in _PLAIN for value in metrics.values()):
-                    encoded = _encode_json(metrics)  # (metrics_json, its template tried)
-                metrics = encoded if encoded is not None else metrics
+            if metrics:
+                packed = self._packer.metrics(index, metrics)  # (an open pack's len is 0)
+                metrics = self._encoded(metrics) if packed is None else packed
         return (index, _OK, model, metrics, time.perf_counter() - start, started_at, None, False)
 
     def _failed(self, index: int, exc: BaseException, start: float,
@@ -233,6 +233,13 @@ class Executor:
         return (index, status, None, {}, time.perf_counter() - start, started_at, error,
                 status == _MEMORY or isinstance(exc, self.retry_on))
 
+    def _encoded(self, metrics: dict) -> dict | str:
+        """Metrics that are not in the part's pack: for a store, as its JSON
+        text when they read back the same (not an array, say)."""
+        if self.pickle_models == "all" and all(type(v) in _PLAIN for v in metrics.values()):
+            return metrics_json(metrics)
+        return metrics
+
     def _pickled(self, model: Any, index: int) -> Any:
         """The model's pickled bytes (see ``RunContext.pickle_models``): a
         small one joins the part's :class:`ModelPack` (sealed as the part is
@@ -244,10 +251,10 @@ class Executor:
             if data is None:
                 data = pickle_any(model)
             if len(data) < PACKED_BELOW:
-                return self._packed(index, data)
+                return self._packer.model(index, data)
             return Pickled(data, hashlib.sha256(data).hexdigest())
         if data is not None:
-            return self._packed(index, data)  # small: no buffer to route
+            return self._packer.model(index, data)  # small: no buffer to route
         large: list[int] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:
@@ -264,24 +271,13 @@ class Executor:
             data = cloudpickle.dumps(model, protocol=5, buffer_callback=in_band)
         if large:
             return model
-        return self._packed(index, data) if len(data) < PACKED_BELOW else Pickled(data)
-
-    def _packed(self, index: int, data: bytes) -> ModelPack:
-        """Add task ``index``'s pickled model to the part's pack; return the pack."""
-        if self._pack is None:
-            self._pack, self._pack_indices, self._pack_models = ModelPack(), [], []
-        self._pack_indices.append(index)
-        self._pack_models.append(data)
-        return self._pack
+        return self._packer.model(index, data) if len(data) < PACKED_BELOW else Pickled(data)
 
     def _parted(self, outcomes: list[Outcome], busy_s: float, prepare_s: float, last: bool,
                 running: int | None = None) -> BatchPart:
-        """A part of the batch, with the models packed since the last one sealed
-        (the outcomes name the pack: it is complete before it travels)."""
-        if self._pack is not None:
-            self._pack.seal(self._pack_indices, self._pack_models,
-                            hashed=self.pickle_models == "all")
-            self._pack, self._pack_indices, self._pack_models = None, [], []
+        """A part of the batch, with what was packed since the last one sealed
+        (the outcomes name the packs: they are complete before they travel)."""
+        self._packer.seal()
         return BatchPart(outcomes, busy_s, prepare_s, last, running)
 
     def _in_drivers_main_thread(self) -> bool:
@@ -315,7 +311,7 @@ class Executor:
         """
         start = time.perf_counter()
         # a batch left unfinished before (its worker retired) sent nothing packed since
-        self._pack, self._pack_indices, self._pack_models = None, [], []
+        self._packer.reset()
         self.begin_batch(tasks)
         begin = last_flush = time.perf_counter()
         prepare = begin - start

@@ -126,6 +126,42 @@ class Plan:
         return len(self.tasks)
 
 
+class KeyRows(Sequence):
+    """Each group's key as a tuple of Python values, made from the groups'
+    Arrow key columns when first asked for. A million keys as tuples are
+    about 85 MB that a run does not need (a store encodes its keys from the
+    columns, the scheduler names tasks by index): the results table, a
+    failure's message or ``run.models`` make them after."""
+
+    __slots__ = ("_table", "_rows")
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+        self._rows: list[tuple] | None = None
+
+    def _list(self) -> list[tuple]:
+        if self._rows is None:
+            self._rows = list(zip(*(column.to_pylist() for column in self._table.columns)))
+        return self._rows
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def __getitem__(self, position: Any) -> Any:
+        return self._list()[position]
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return self._list() == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (KeyRows, (self._table,))
+
+
 @dataclass
 class GroupLayout:
     """A table sorted by its key columns, and where each group lies in it."""
@@ -133,7 +169,7 @@ class GroupLayout:
     table: pa.Table
     offsets: np.ndarray
     lengths: np.ndarray
-    keys: list[tuple]
+    keys: Sequence[tuple]  # a list, or KeyRows
     #: Each sorted row's position in the input table; None when the input was
     #: in key order already (``map_groups`` puts a transform's rows back)
     input_rows: np.ndarray | None = None
@@ -165,9 +201,7 @@ def group_layout(source: GroupSource) -> GroupLayout:
     table = source.table if order is None else source.table.take(pa.array(order))
     table = table.combine_chunks()
     key_table = table.select(source.by).take(pa.array(offsets))
-    columns = [key_table.column(c).to_pylist() for c in source.by]
-    keys = list(zip(*columns))
-    source._layout = GroupLayout(table, offsets, lengths, keys, order, key_table)
+    source._layout = GroupLayout(table, offsets, lengths, KeyRows(key_table), order, key_table)
     return source._layout
 
 

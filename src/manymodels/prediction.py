@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .execution import metrics_dict
 from .keys import encode_key
 
 #: Fewer groups than this predict in the driver (serial backend): starting
@@ -188,7 +189,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     pieces, unseen = [], []
     out: np.ndarray | None = None
     for index, (offset, length) in enumerate(zip(layout.offsets, layout.lengths)):
-        origin = records.metrics[index]["source"]
+        origin = metrics_dict(records.metrics[index], index)["source"]
         if origin == "none":
             unseen.append(layout.keys[index][0] if len(by) == 1 else layout.keys[index])
             continue

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from .evaluation import WINDOWS
-from .execution import metrics_dict
-from .messages import FAILURE_STATUSES, PackedModel, Pickled, Status, unpacked
+from .messages import FAILURE_STATUSES, Pickled, Status
+from .metriccolumns import metric_columns
+from .partpacks import PackedModel, unpacked
 from .planning import Plan
 from .store.registry import IN_STORE, ModelMap, StoredModel
 
@@ -100,25 +101,6 @@ class Summary:
         return "\n".join(lines)
 
 
-def _metric_columns(all_metrics: list[dict | str | None]) -> dict[str, list]:
-    """Each metric's values by name, in order of first appearance. With a
-    store the tasks' metrics are JSON text (a worker process's, or a reused
-    task's, as the store keeps them): when all are, Arrow's JSON reader
-    parses them at once (:func:`~manymodels.store.taskblocks.metric_columns`)."""
-    if all_metrics and all(m is None or type(m) is str for m in all_metrics):
-        import pyarrow as pa
-
-        from .store.taskblocks import metric_columns
-
-        return metric_columns(pa.array(all_metrics, pa.string()))
-    names: dict[str, None] = {}
-    metrics_of = [metrics_dict(m) for m in all_metrics]
-    for metrics in metrics_of:
-        if metrics:
-            names.update(dict.fromkeys(metrics))
-    return {name: [m.get(name) if m else None for m in metrics_of] for name in names}
-
-
 class Run:
     """The outcome of :func:`manymodels.train`: results, models and failures."""
 
@@ -168,7 +150,7 @@ class Run:
             frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
         frame["started_s"] = rec.started_at - self.started_at
         frame["reused"] = [r is not None for r in rec.reused_from]
-        for name, values in _metric_columns(rec.metrics).items():
+        for name, values in metric_columns(rec.metrics).items():
             if name == WINDOWS:  # per-window scores: run.evaluation
                 continue
             column = (f"metric_{name}" if name in _RESERVED or name in frame.columns

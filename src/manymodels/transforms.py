@@ -218,8 +218,9 @@ def _fallen_back(run: Run) -> dict[Any, str]:
     """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
     rec = run._records
     fallen: dict[Any, str] = {}
-    for parts, status, metrics in zip(run._plan.key_rows, rec.status, rec.metrics):
-        metrics = metrics_dict(metrics) if status == OK else None
+    for index, (parts, status, metrics) in enumerate(
+            zip(run._plan.key_rows, rec.status, rec.metrics)):
+        metrics = metrics_dict(metrics, index) if status == OK else None
         if metrics and _FALLBACK in metrics:
             fallen[_key_of(parts)] = metrics[_FALLBACK]
     return fallen

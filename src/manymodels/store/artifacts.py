@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..messages import PACKED_BELOW
+from ..partpacks import PACKED_BELOW
 from . import packs
 from .database import StoreIntegrityError
 

@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from ..dataplane import pickle_any
 from ..hashing import TaskIdentities
 from ..keys import encode_keys
-from ..messages import ModelPack, Pickled, Status
+from ..messages import Pickled, Status
+from ..partpacks import ModelPack
 from . import artifacts, database, taskblocks
 from .registry import IN_STORE
 from .writer import StoreWriter

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..keys import decode_key, decode_keys, encode_key, key_parts
-from ..messages import PackedModel, Pickled, Status
+from ..messages import Pickled, Status
+from ..partpacks import PackedModel
 from . import artifacts, database, packs, taskblocks
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",

@@ -19,16 +19,16 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..execution import metrics_json
 from ..hashing import TaskIdentities
-from ..messages import ModelPack
+from ..metriccolumns import metrics_texts
+from ..partpacks import ModelPack
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
@@ -54,13 +54,6 @@ def _release_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=WRITING.acquire, after_in_parent=_release_after_fork,
                         after_in_child=_release_after_fork)
-
-
-def encode_all_metrics(all_metrics: Sequence[dict | str | None]) -> list[str | None]:
-    """Metrics as the store keeps them: JSON text (:func:`~manymodels.execution.metrics_json`;
-    worker processes send theirs encoded already)."""
-    return [metrics if type(metrics) is str else metrics_json(metrics)
-            for metrics in all_metrics]
 
 
 class StoreWriter:
@@ -141,7 +134,8 @@ class StoreWriter:
             **taskblocks.task_columns(self.keys, self.identities, rows),
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
-            "worker": handover["worker"], "metrics": encode_all_metrics(handover["metrics"]),
+            "worker": handover["worker"],
+            "metrics": metrics_texts(handover["metrics"], handover["task_index"]),
             "error": handover["error"], "artifact": artifact, "size": size}),
             None if prefixes is None else prefixes[rows.to_numpy()])
         conn.execute("COMMIT")

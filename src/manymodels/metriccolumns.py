@@ -1,0 +1,148 @@
+"""Tasks' metrics read as columns: for the results table and the store.
+
+A run's per-task metrics slots hold, task by task, a dict (what ``fit``
+returned, in the driver's own workers), the store's JSON text (a reused
+task's, or a worker's for a store when its metrics did not fit a pack), or
+the :class:`~manymodels.partpacks.MetricsPack` of the part the task ran in
+(worker processes: every task of a part that reports the same float metrics).
+The two readers here take each pack once, as an array, and the rest one at a
+time: a million tasks in a few dozen packs cost a few array operations, not
+a million dicts.
+
+The store keeps metrics as JSON objects. For a pack's rows the text is made
+by Arrow (:func:`float_texts`): the shortest decimal that reads back as the
+same float, as ``repr`` writes it, though not always in the same notation
+(``0.00001`` where ``repr`` says ``1e-05``); ``json.loads`` and Arrow's JSON
+reader give back the very same floats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .execution import metrics_json
+from .partpacks import MetricsPack
+
+
+def _by_object(entries: Sequence[Any]) -> tuple[list[tuple[MetricsPack, np.ndarray]], np.ndarray]:
+    """The :class:`MetricsPack` objects ``entries`` name, in order of first
+    appearance, each with the positions that name it; and, apart, the
+    positions whose entry is anything else (a dict, text, None)."""
+    count = len(entries)
+    named = np.fromiter(map(id, entries), dtype=np.uint64, count=count)
+    _, first, inverse = np.unique(named, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    is_pack = np.fromiter((type(entries[at]) is MetricsPack for at in first.tolist()),
+                          dtype=bool, count=len(first))
+    in_pack = is_pack[inverse]
+    rest = np.flatnonzero(~in_pack)
+    if not is_pack.any():
+        return [], rest
+    rows = np.flatnonzero(in_pack)
+    order = rows[np.argsort(inverse[rows], kind="stable")]  # grouped by object
+    distinct = np.flatnonzero(is_pack)  # in np.unique's order, as ``order`` is
+    counts = np.bincount(inverse[rows], minlength=len(first))[distinct]
+    groups = np.split(order, np.cumsum(counts)[:-1])
+    packs = [(entries[int(first[d])], group) for d, group in zip(distinct, groups)]
+    packs.sort(key=lambda pack: int(pack[1][0]))
+    return packs, rest
+
+
+def float_texts(values: np.ndarray) -> pa.Array:
+    """Each float as JSON text that ``json.loads`` reads back as the same
+    float: Arrow's shortest round-trip decimal, with ``.0`` added to a whole
+    number (JSON would read ``1`` as an int), and ``NaN``, ``Infinity`` and
+    ``-Infinity`` as ``json.dumps`` writes them."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    texts = pc.cast(pa.array(values), pa.string())
+    whole = pc.match_substring_regex(texts, r"^-?[0-9]+$")
+    texts = pc.if_else(whole, pc.binary_join_element_wise(texts, ".0", ""), texts)
+    if not np.isfinite(values).all():
+        special = np.where(np.isnan(values), "NaN",
+                           np.where(values > 0, "Infinity", "-Infinity"))
+        texts = pc.if_else(pa.array(~np.isfinite(values)), pa.array(special, pa.string()),
+                           texts)
+    return texts
+
+
+def _pack_texts(names: tuple[str, ...], rows: np.ndarray) -> pa.Array:
+    """JSON objects ``{"name": value, ...}`` of a pack's rows, made at once."""
+    pieces: list[Any] = []
+    for position, name in enumerate(names):
+        pieces.append(("{" if position == 0 else ", ") + json.dumps(name) + ": ")
+        pieces.append(float_texts(rows[:, position]))
+    pieces.append("}")
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def metrics_texts(entries: Sequence[Any], task_index: Sequence[int] | np.ndarray) -> pa.Array:
+    """The store's ``metrics`` column for tasks ``task_index``, whose slots
+    are ``entries``: JSON text, null where a task has none."""
+    count = len(entries)
+    packs, rest = _by_object(entries)
+    if not packs:
+        return pa.array([e if e is None or type(e) is str else metrics_json(e)
+                         for e in entries], pa.string())
+    tasks = np.asarray(task_index, dtype=np.int64)
+    pieces, positions = [], []
+    for pack, where in packs:
+        pieces.append(_pack_texts(pack.names, pack.rows_of(tasks[where])))
+        positions.append(where)
+    if len(rest):
+        pieces.append(pa.array([entries[i] if entries[i] is None or type(entries[i]) is str
+                                else metrics_json(entries[i]) for i in rest.tolist()],
+                               pa.string()))
+        positions.append(rest)
+    # back into the rows' order: row r's text is at place[r] of the joined pieces
+    place = np.empty(count, dtype=np.int64)
+    place[np.concatenate(positions)] = np.arange(count)
+    joined = pa.concat_arrays([p.cast(pa.string()) for p in pieces])
+    return joined.take(pa.array(place))
+
+
+def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
+    """Each metric's values by name, in order of first appearance, for tasks
+    ``0..n-1`` whose slots are ``entries``: an array of floats (NaN where a
+    task has not that metric) for a metric only packs hold, else a list
+    (None where a task has it not)."""
+    from .store.taskblocks import metric_columns as parse_texts
+
+    count = len(entries)
+    packs, rest = _by_object(entries)
+    columns: dict[str, Any] = {}
+    for pack, where in packs:
+        rows = pack.rows_of(where)
+        for position, name in enumerate(pack.names):
+            if name not in columns:
+                columns[name] = np.full(count, np.nan)
+            columns[name][where] = rows[:, position]
+    if not len(rest):
+        return columns
+    others = [entries[i] for i in rest.tolist()]
+    if all(m is None or type(m) is str for m in others):
+        # a store's JSON text (reused tasks): Arrow's JSON reader parses it at once
+        parsed = parse_texts(pa.array(others, pa.string()))
+    else:
+        dicts = [json.loads(m) if type(m) is str else m for m in others]
+        names = dict.fromkeys(name for m in dicts if m for name in m)
+        parsed = {name: [m.get(name) if m else None for m in dicts] for name in names}
+    for name, values in parsed.items():
+        column = columns.get(name)
+        if column is None:
+            filled: list[Any] = [None] * count
+        else:  # a metric packs hold too: as a list, None where no task has it
+            covered = np.zeros(count, dtype=bool)
+            for pack, where in packs:
+                if name in pack.names:
+                    covered[where] = True
+            filled = [v if c else None for v, c in zip(column.tolist(), covered.tolist())]
+        for i, value in zip(rest.tolist(), values):
+            filled[i] = value
+        columns[name] = filled
+    return columns

@@ -1,0 +1,231 @@
+"""Packs: what one worker sends for one part of a batch, one object each.
+
+A worker process runs a batch in parts (about 0.25 s of fits each, see
+:meth:`manymodels.execution.Executor.run_in_parts`). Per task it used to send
+its model's pickle and its metrics dict as objects of their own, which the
+driver unpickled, held and took apart one at a time: at a million tiny
+models that was the driver's whole cost. Instead, during a part, a
+:class:`PartPacker` gathers
+
+- the small models' pickles into one :class:`ModelPack` (joined bytes,
+  sizes, SHA-256s for a store), and
+- the metrics of the tasks that report the same names with float values
+  into one :class:`MetricsPack` (a float64 array, a row per task);
+
+every outcome of the part names those same two objects (a reference, pickled
+once). The driver keeps the references in its per-task lists and reads the
+packs as columns: the store's writer writes a ModelPack's bytes as they came
+and a MetricsPack's rows as JSON text made by Arrow
+(:func:`manymodels.metriccolumns.metrics_texts`); a single task's model or
+metrics are taken out only when someone asks (:class:`PackedModel`,
+:meth:`MetricsPack.get`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .messages import Pickled
+
+#: Models pickled smaller than this travel in their part's :class:`ModelPack`,
+#: and a store packs them (``store.artifacts.SMALL_ARTIFACT``).
+PACKED_BELOW = 1 << 20
+
+
+class ModelPack:
+    """The small models one worker pickled during one part of a batch, as one
+    buffer: their bytes joined, each one's size, its SHA-256 (32 raw bytes,
+    when a store keeps them) and the task index of each. A million tiny
+    models were a million :class:`Pickled` objects, each made, pickled,
+    unpickled and taken apart again in the driver; as packs, a worker sends
+    one object per part, every outcome of the part names that same object (a
+    reference, pickled once), and the store's writer writes its bytes as they
+    came (:func:`manymodels.store.packs.write_packs`). The driver takes a
+    single model out of a pack only when someone asks for it (``run.models``,
+    before the store has it: :meth:`pickled`, :class:`PackedModel`)."""
+
+    __slots__ = ("indices", "data", "sizes", "digests", "_positions", "_starts")
+
+    def __init__(self) -> None:
+        self.indices: Any = None  # np.ndarray of int64, set by seal()
+        self.data, self.digests, self.sizes = b"", b"", None
+        self._positions: dict[int, int] | None = None
+        self._starts: Any = None
+
+    def seal(self, indices: list[int], models: list[bytes], hashed: bool = True) -> ModelPack:
+        """Fill the pack with ``models`` (pickled bytes) of tasks ``indices``;
+        with their SHA-256s when ``hashed`` (a store keeps them)."""
+        import hashlib
+
+        sha256 = hashlib.sha256
+        self.indices = np.array(indices, dtype=np.int64)
+        self.sizes = np.fromiter(map(len, models), dtype=np.int64, count=len(models))
+        self.data = b"".join(models)
+        if hashed:
+            self.digests = b"".join([sha256(model).digest() for model in models])
+        return self
+
+    def __len__(self) -> int:
+        return 0 if self.indices is None else len(self.indices)
+
+    def __reduce__(self) -> tuple:
+        return (_restore_pack, (self.indices.tobytes(), self.data, self.sizes.tobytes(),
+                                self.digests))
+
+    def pickled(self, index: int) -> Pickled:
+        """Task ``index``'s model as :class:`Pickled` bytes, with their SHA-256
+        when the pack was sealed ``hashed``."""
+        if self._positions is None:  # the first of a task twice, as the store's writer
+            self._positions = {}
+            for at, task in enumerate(self.indices.tolist()):
+                self._positions.setdefault(task, at)
+            self._starts = (self.sizes.cumsum() - self.sizes).tolist()
+        at = self._positions[index]
+        start = self._starts[at]
+        return Pickled(self.data[start:start + int(self.sizes[at])],
+                       self.digests[32 * at:32 * at + 32].hex() if self.digests else None)
+
+    def load(self, index: int) -> Any:
+        return self.pickled(index).load()
+
+
+def _restore_pack(indices: bytes, data: bytes, sizes: bytes, digests: bytes) -> ModelPack:
+    pack = ModelPack()
+    pack.indices = np.frombuffer(indices, dtype=np.int64)
+    pack.sizes = np.frombuffer(sizes, dtype=np.int64)
+    pack.data, pack.digests = data, digests
+    return pack
+
+
+class PackedModel:
+    """Task ``index``'s model in a :class:`ModelPack`, loaded when asked for
+    (``run.models`` names a million of these without copying their bytes)."""
+
+    __slots__ = ("pack", "index")
+
+    def __init__(self, pack: ModelPack, index: int) -> None:
+        self.pack, self.index = pack, index
+
+    def load(self) -> Any:
+        return self.pack.load(self.index)
+
+
+def unpacked(model: Any, index: int) -> Any:
+    """What a task's slot of the results holds, with a :class:`ModelPack`
+    standing for task ``index``'s model alone (:class:`PackedModel`);
+    anything else as it is."""
+    return PackedModel(model, index) if type(model) is ModelPack else model
+
+
+def first_positions(indices: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each of ``wanted`` first appears in ``indices`` (all must)."""
+    order = np.argsort(indices, kind="stable")
+    return order[np.searchsorted(indices, wanted, sorter=order)]
+
+
+class MetricsPack:
+    """The metrics of a part's tasks that all report ``names``, each a float,
+    as one array: ``values[row]`` are task ``indices[row]``'s. A million
+    ``{"rss": ...}`` dicts were a million objects to pickle, unpickle, hold
+    (200 bytes each) and encode as JSON one at a time, 3 µs a task in the
+    workers alone (measured); a pack is one array."""
+
+    __slots__ = ("names", "indices", "values", "_positions")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.indices: Any = None  # np.ndarray of int64, set by seal()
+        self.values: Any = None  # np.ndarray of float64, (tasks, names)
+        self._positions: dict[int, int] | None = None
+
+    def seal(self, indices: list[int], values: list[float]) -> MetricsPack:
+        """Fill the pack: ``values`` holds each task's values in ``names``
+        order, one task after the other."""
+        self.indices = np.array(indices, dtype=np.int64)
+        self.values = np.array(values, dtype=np.float64).reshape(len(indices), len(self.names))
+        return self
+
+    def __len__(self) -> int:
+        return 0 if self.indices is None else len(self.indices)
+
+    def __reduce__(self) -> tuple:
+        return (_restore_metrics, (self.names, self.indices.tobytes(), self.values.tobytes()))
+
+    def get(self, index: int) -> dict[str, float]:
+        """Task ``index``'s metrics as the dict ``fit`` returned (a new one)."""
+        if self._positions is None:
+            self._positions = {}
+            for at, task in enumerate(self.indices.tolist()):
+                self._positions.setdefault(task, at)
+        return dict(zip(self.names, self.values[self._positions[index]].tolist()))
+
+    def rows_of(self, indices: np.ndarray) -> np.ndarray:
+        """The values of tasks ``indices`` (each in the pack), a row each."""
+        return self.values[first_positions(self.indices, indices)]
+
+
+def _restore_metrics(names: tuple[str, ...], indices: bytes, values: bytes) -> MetricsPack:
+    pack = MetricsPack(names)
+    pack.indices = np.frombuffer(indices, dtype=np.int64)
+    pack.values = np.frombuffer(values, dtype=np.float64).reshape(len(pack.indices), len(names))
+    return pack
+
+
+class PartPacker:
+    """A worker's packs for the part of a batch being run. ``model`` and
+    ``metrics`` add a task's and return the pack its outcome names; ``seal``
+    completes both as the part is sent (they travel complete) and starts
+    new ones; ``hashed``: keep each model's SHA-256 (a store will)."""
+
+    __slots__ = ("hashed", "_models", "_model_indices", "_model_bytes", "_metrics",
+                 "_metric_indices", "_metric_values")
+
+    def __init__(self, hashed: bool) -> None:
+        self.hashed = hashed
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new part (what was gathered and not sealed is dropped)."""
+        self._models: ModelPack | None = None
+        self._model_indices: list[int] = []
+        self._model_bytes: list[bytes] = []
+        self._metrics: MetricsPack | None = None
+        self._metric_indices: list[int] = []
+        self._metric_values: list[float] = []
+
+    def model(self, index: int, data: bytes) -> ModelPack:
+        """Add task ``index``'s pickled model; return the part's model pack."""
+        if self._models is None:
+            self._models = ModelPack()
+        self._model_indices.append(index)
+        self._model_bytes.append(data)
+        return self._models
+
+    def metrics(self, index: int, metrics: dict) -> MetricsPack | None:
+        """Add task ``index``'s metrics and return the part's metrics pack, or
+        None when they do not fit it (a value that is not a float, names
+        other than the pack's first task's): they then travel as they are."""
+        values = list(metrics.values())
+        for value in values:
+            if type(value) is not float:
+                return None
+        pack = self._metrics
+        if pack is None:
+            names = tuple(metrics)
+            if not all(type(name) is str for name in names):
+                return None
+            pack = self._metrics = MetricsPack(names)
+        elif len(values) != len(pack.names) or tuple(metrics) != pack.names:
+            return None
+        self._metric_indices.append(index)
+        self._metric_values.extend(values)
+        return pack
+
+    def seal(self) -> None:
+        if self._models is not None:
+            self._models.seal(self._model_indices, self._model_bytes, hashed=self.hashed)
+        if self._metrics is not None:
+            self._metrics.seal(self._metric_indices, self._metric_values)
+        self.reset()

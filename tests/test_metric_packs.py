@@ -1,0 +1,176 @@
+"""Metrics in packs: worker processes send a part's float metrics as one
+array (MetricsPack); the driver reads them as columns, and the store keeps
+them as JSON made by Arrow that reads back as the very same floats."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import struct
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import manymodels as mm
+from manymodels.execution import metrics_dict
+from manymodels.metriccolumns import float_texts, metric_columns, metrics_texts
+from manymodels.partpacks import MetricsPack, PartPacker
+from manymodels.store import taskblocks
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+AWKWARD = [0.0, -0.0, 1.0, -1.0, 0.1, 1e-05, 3.5e-05, 1e-07, 123456789.0, 1e15, 1e16,
+           1e22, 1.5e300, -2.5e-300, 5e-324, 2.2250738585072014e-308,
+           1.7976931348623157e308, 9007199254740993.0, 0.30000000000000004, 100.0]
+
+
+def _same_float(got: object, want: float) -> bool:
+    if type(got) is not float:
+        return False
+    if math.isnan(want):
+        return math.isnan(got)
+    return struct.pack("<d", got) == struct.pack("<d", want)  # -0.0 kept too
+
+
+def test_float_texts_read_back_as_the_same_floats_with_json_and_arrow():
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**63, size=20_000, dtype=np.uint64) | (
+        rng.integers(0, 2, size=20_000, dtype=np.uint64) << np.uint64(63))
+    random_floats = bits.view(np.float64)
+    values = np.concatenate([AWKWARD, [math.nan, math.inf, -math.inf],
+                             random_floats[np.isfinite(random_floats)],
+                             rng.normal(size=2000), rng.integers(-99, 99, 500).astype(float)])
+    texts = float_texts(values).to_pylist()
+    for text, value in zip(texts, values.tolist()):
+        assert _same_float(json.loads(text), value), (text, value)
+    # Arrow's JSON reader (how the store reads a run's metrics at once)
+    finite = np.isfinite(values)
+    objects = pa.array(['{"m": ' + t + '}' for t, ok in zip(texts, finite) if ok])
+    read = taskblocks.metric_columns(objects)["m"]
+    assert all(_same_float(got, want) for got, want in zip(read, values[finite].tolist()))
+    # where repr would do, it is repr
+    assert texts[:3] == ["0.0", "-0.0", "1.0"]
+    assert float_texts(np.array([math.nan, math.inf, -math.inf])).to_pylist() == [
+        "NaN", "Infinity", "-Infinity"]
+
+
+def _pack(names, indices, rows):
+    return MetricsPack(tuple(names)).seal(list(indices), [v for row in rows for v in row])
+
+
+def _entries():
+    """Slots as a run holds them: two packs (one task in both), dicts, the
+    store's text, None; tasks out of order."""
+    first = _pack(["rss", "r2"], [4, 0, 2], [[0.5, 0.9], [1e-05, -0.0], [2.0, math.nan]])
+    second = _pack(["rss"], [5, 1], [[3.25], [math.inf]])
+    return [first, second, first, '{"rss": 7, "note": "text"}', first, second,
+            {"rss": 1, "extra": [1, 2]}, None]
+
+
+def test_metrics_texts_and_columns_equal_reading_each_task_alone():
+    entries = _entries()
+    expected = [metrics_dict(entry, index) for index, entry in enumerate(entries)]
+    assert expected[0] == {"rss": 1e-05, "r2": -0.0}
+    texts = metrics_texts(entries, list(range(len(entries)))).to_pylist()
+    for text, want in zip(texts, expected):
+        if want is None:
+            assert text is None
+            continue
+        got = json.loads(text)
+        assert list(got) == list(want)
+        for name, value in want.items():
+            assert got[name] == value if not isinstance(value, float) else _same_float(
+                got[name], value)
+    columns = metric_columns(entries)
+    assert set(columns) == {"rss", "r2", "note", "extra"}
+    for name, values in columns.items():
+        values = values.tolist() if isinstance(values, np.ndarray) else values
+        for value, want in zip(values, expected):
+            wanted = (want or {}).get(name)
+            if isinstance(wanted, float):
+                assert _same_float(value, wanted)
+            elif wanted is None:  # None or NaN: a missing value either way
+                assert value is None or (isinstance(value, float) and math.isnan(value))
+            else:
+                assert value == wanted
+
+
+def test_metrics_texts_follow_the_handed_over_rows_order():
+    pack = _pack(["a"], [10, 11, 12], [[1.5], [2.5], [3.5]])
+    texts = metrics_texts([pack, None, pack, pack, {"a": 9.0}], [12, 3, 10, 11, 4])
+    assert texts.to_pylist() == ['{"a": 3.5}', None, '{"a": 1.5}', '{"a": 2.5}',
+                                 '{"a": 9.0}']
+
+
+def test_a_part_packs_only_the_metrics_that_fit_and_seals_them_whole():
+    packer = PartPacker(hashed=False)
+    pack = packer.metrics(0, {"loss": 0.25, "acc": 0.5})
+    assert type(pack) is MetricsPack and len(pack) == 0  # open until the part is sent
+    assert packer.metrics(1, {"loss": 0.75, "acc": 1.0}) is pack
+    assert packer.metrics(2, {"acc": 1.0, "loss": 0.75}) is None  # other order
+    assert packer.metrics(3, {"loss": 1, "acc": 1.0}) is None  # an int stays an int
+    assert packer.metrics(4, {"loss": np.float64(1.0), "acc": 1.0}) is None
+    assert packer.metrics(5, {"loss": True, "acc": 1.0}) is None
+    assert packer.metrics(6, {"loss": 0.5}) is None
+    packer.seal()
+    sent = pickle.loads(pickle.dumps([pack, pack]))
+    assert sent[0] is sent[1] and len(sent[0]) == 2
+    assert sent[0].get(1) == {"loss": 0.75, "acc": 1.0}
+    # a new part starts a new pack, with the names of its own first task
+    assert packer.metrics(7, {"other": 2.0}).names == ("other",)
+
+
+def fit_with_metrics(data):
+    n = len(data["x"])
+    total = float(np.sum(data["x"]))
+    if n == 3:
+        return None, {"sum": total, "rows": n}  # an int: not packed
+    if n == 4:
+        return None, {"other": total}  # other names than the part's first task
+    return float(total), {"sum": total, "mean": total / n, "nan": math.nan}
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_a_runs_metrics_are_the_same_packed_by_workers_or_not(tmp_path, store):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(2, 7, size=400)
+    table = pd.DataFrame({"g": np.repeat(np.arange(400), lengths),
+                          "x": rng.normal(size=int(lengths.sum()))})
+    source = mm.groups(table, by="g", format="numpy")
+    run = mm.train(fit_with_metrics, source, workers=2, progress=False,
+                   store=tmp_path / "s" if store else None)
+    reference = mm.train(fit_with_metrics, source, backend="serial", progress=False)
+    held = run._records.metrics
+    assert sum(type(entry) is MetricsPack for entry in held) > 200  # packed indeed
+    assert len({id(entry) for entry in held if type(entry) is MetricsPack}) < 200
+    columns = ["sum", "mean", "nan", "rows", "other"]
+    pd.testing.assert_frame_equal(run.results[columns], reference.results[columns])
+    if store:
+        stored = mm.Store(tmp_path / "s").results()
+        pd.testing.assert_frame_equal(stored[columns].reset_index(drop=True),
+                                      reference.results[columns], check_dtype=False)
+        again = mm.train(fit_with_metrics, source, workers=2, progress=False,
+                         store=tmp_path / "s")
+        assert again.summary().reused == 400
+        pd.testing.assert_frame_equal(again.results[columns], reference.results[columns],
+                                      check_dtype=False)
+
+
+def test_a_callback_gets_each_tasks_metrics_as_a_dict(tmp_path):
+    seen = {}
+
+    class Watch(mm.Callback):
+        def on_task_finished(self, task):
+            seen[task.key] = task.metrics
+
+    table = pd.DataFrame({"g": np.repeat(np.arange(50), 5), "x": np.arange(250.0)})
+    mm.train(fit_with_metrics, mm.groups(table, by="g", format="numpy"), workers=2,
+             progress=False, callbacks=[Watch()])
+    assert len(seen) == 50
+    for key, metrics in seen.items():
+        total = float(np.arange(key * 5, key * 5 + 5).sum())
+        assert metrics["sum"] == total and metrics["mean"] == total / 5
+        assert math.isnan(metrics["nan"])
