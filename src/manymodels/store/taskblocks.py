@@ -49,7 +49,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "reused_from": pa.int64(),     # the run whose model a reused task names
 }
 SCHEMA = pa.schema(list(COLUMNS.items()))
-_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 def table(columns: dict[str, Sequence | np.ndarray | pa.Array]) -> pa.Table:
