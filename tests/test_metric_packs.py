@@ -98,6 +98,13 @@ def test_metrics_texts_and_columns_equal_reading_each_task_alone():
                 assert value == wanted
 
 
+def test_metric_columns_come_in_order_of_first_appearance():
+    pack = _pack(["a", "c"], [1, 2], [[1.0, 0.5], [2.0, 0.25]])
+    assert list(metric_columns([{"b": 1}, pack, pack])) == ["b", "a", "c"]
+    assert list(metric_columns([None, pack, pack, '{"b": 2}'])) == ["a", "c", "b"]
+    assert list(metric_columns([pack, '{"a": 2, "d": 1}', pack])) == ["a", "c", "d"]
+
+
 def test_metrics_texts_follow_the_handed_over_rows_order():
     pack = _pack(["a"], [10, 11, 12], [[1.5], [2.5], [3.5]])
     texts = metrics_texts([pack, None, pack, pack, {"a": 9.0}], [12, 3, 10, 11, 4])
@@ -148,6 +155,7 @@ def test_a_runs_metrics_are_the_same_packed_by_workers_or_not(tmp_path, store):
     assert len({id(entry) for entry in held if type(entry) is MetricsPack}) < 200
     columns = ["sum", "mean", "nan", "rows", "other"]
     pd.testing.assert_frame_equal(run.results[columns], reference.results[columns])
+    assert list(run.results.columns) == list(reference.results.columns)
     if store:
         stored = mm.Store(tmp_path / "s").results()
         pd.testing.assert_frame_equal(stored[columns].reset_index(drop=True),

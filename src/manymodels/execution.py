@@ -242,7 +242,7 @@ class Executor:
 
     def _pickled(self, model: Any, index: int) -> Any:
         """The model's pickled bytes (see ``RunContext.pickle_models``): a
-        small one joins the part's :class:`ModelPack` (sealed as the part is
+        small one joins the part's :class:`~manymodels.partpacks.ModelPack` (sealed as the part is
         sent: :meth:`_parted`), a large one goes as :class:`Pickled` (for a
         store, with its SHA-256) or, holding large buffers, as it is (the data
         plane's zero-copy way)."""

@@ -87,7 +87,7 @@ Event = Finished | Lost | Requeued
 class Pickled:
     """One model's pickled bytes, with their SHA-256 when a store will keep
     them: a model of a MiB or more a worker process pickled (smaller ones
-    travel in their part's :class:`ModelPack`), or one the driver pickled for
+    travel in their part's :class:`~manymodels.partpacks.ModelPack`), or one the driver pickled for
     its store. The driver writes the bytes as they are and unpickles them
     only when someone asks for the model (``run.models[key]``)."""
 

@@ -116,11 +116,13 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     count = len(entries)
     packs, rest = _by_object(entries)
     columns: dict[str, Any] = {}
+    first_seen: dict[str, int] = {}  # the first task that has each metric
     for pack, where in packs:
         rows = pack.rows_of(where)
         for position, name in enumerate(pack.names):
             if name not in columns:
                 columns[name] = np.full(count, np.nan)
+                first_seen[name] = int(where[0])
             columns[name][where] = rows[:, position]
     if not len(rest):
         return columns
@@ -128,10 +130,19 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     if all(m is None or type(m) is str for m in others):
         # a store's JSON text (reused tasks): Arrow's JSON reader parses it at once
         parsed = parse_texts(pa.array(others, pa.string()))
+        has = {name: next((at for at, v in enumerate(values) if v is not None), 0)
+               for name, values in parsed.items()}
     else:
         dicts = [json.loads(m) if type(m) is str else m for m in others]
-        names = dict.fromkeys(name for m in dicts if m for name in m)
-        parsed = {name: [m.get(name) if m else None for m in dicts] for name in names}
+        has = {}
+        for at, m in enumerate(dicts):
+            for name in m or ():
+                has.setdefault(name, at)
+        parsed = {name: [m.get(name) if m else None for m in dicts] for name in has}
+    for name, at in has.items():
+        seen = int(rest[at])
+        first_seen[name] = min(first_seen.get(name, seen), seen)
+    columns = _in_order_of(columns, first_seen)
     for name, values in parsed.items():
         column = columns.get(name)
         if column is None:
@@ -145,4 +156,11 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
         for i, value in zip(rest.tolist(), values):
             filled[i] = value
         columns[name] = filled
-    return columns
+    return _in_order_of(columns, first_seen)
+
+
+def _in_order_of(columns: dict[str, Any], first_seen: dict[str, int]) -> dict[str, Any]:
+    """``columns`` by the first task that has each (then by name's arrival)."""
+    names = sorted(first_seen, key=first_seen.__getitem__)  # (stable: ties keep order)
+    return {name: columns[name] for name in names if name in columns} | {
+        name: column for name, column in columns.items() if name not in first_seen}

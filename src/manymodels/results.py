@@ -25,7 +25,7 @@ _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused"
 
 def _loaded(model: Any, index: int) -> Any:
     """Task ``index``'s model itself, where a worker sent it pickled (alone or
-    in a :class:`ModelPack`)."""
+    in a :class:`~manymodels.partpacks.ModelPack`)."""
     model = unpacked(model, index)
     return model.load() if isinstance(model, (Pickled, PackedModel)) else model
 

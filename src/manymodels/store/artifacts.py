@@ -23,7 +23,7 @@ from . import packs
 from .database import StoreIntegrityError
 
 #: Models smaller than this are packed (see :mod:`.packs`); workers send them
-#: in packs already (:class:`manymodels.messages.ModelPack`).
+#: in packs already (:class:`manymodels.partpacks.ModelPack`).
 SMALL_ARTIFACT = PACKED_BELOW
 
 

@@ -170,8 +170,6 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
                                check_same_thread=False)
         if fresh:
             os.chmod(index, 0o600)
-            if os.environ.get("MM_PAGE"):
-                conn.execute(f"PRAGMA page_size={int(os.environ['MM_PAGE'])}")
         _switch_to_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")

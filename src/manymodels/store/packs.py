@@ -47,7 +47,7 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
     """Store small models as packs (inside the caller's transaction); return
     each one's locator, in order, as an Arrow string array. ``data``: the
     models' pickles joined, ``sizes`` each one's length, ``digests`` their
-    SHA-256s, 32 raw bytes each (as a :class:`~manymodels.messages.ModelPack`
+    SHA-256s, 32 raw bytes each (as a :class:`~manymodels.partpacks.ModelPack`
     holds them): the bytes go to SQLite as they came, and the locators are
     made by Arrow, not a Python string per model."""
     count = len(sizes)

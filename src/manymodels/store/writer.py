@@ -35,7 +35,7 @@ from . import artifacts, database, packs, taskblocks
 #: list in the same order (``task_index``, ``status``, ``attempts``,
 #: ``duration_s``, ``started_at``, ``worker``, ``metrics``, ``error``) and
 #: ``model``: each task's model as :class:`manymodels.messages.Pickled` bytes,
-#: the :class:`~manymodels.messages.ModelPack` a worker sent it in, or None.
+#: the :class:`~manymodels.partpacks.ModelPack` a worker sent it in, or None.
 Handover = dict
 
 
