@@ -33,6 +33,8 @@ from .writer import StoreWriter
 COMMIT_EVERY_S = 1.0
 #: How a worker process sends a model it pickled: ready for the writer as it is.
 _SENT = (Pickled, ModelPack)
+#: What a hand-over's models may all be for none to need pickling here.
+_READY = {*_SENT, type(None)}
 #: Reused tasks' rows per block (see ``RunRecorder._insert_reused``).
 _REUSED_BLOCK = 1 << 18
 #: The columns a reused task takes from the task whose model it reuses.
@@ -302,7 +304,12 @@ class RunRecorder:
             statuses = [status_of[index] for index in pending]
             models = [model_of[index] for index in pending]
             ok = Status.OK.value
-            for row, model in enumerate(models):
+            if statuses.count(ok) == len(statuses) and set(map(type, models)) <= _READY:
+                rows: Any = ()  # every model as a worker sent it (a million tasks' case)
+            else:
+                rows = range(len(models))
+            for row in rows:
+                model = models[row]
                 if model is None or type(model) in _SENT and statuses[row] == ok:
                     continue
                 if statuses[row] != ok:
