@@ -136,7 +136,9 @@ def decode_keys(texts: Any, width: int) -> list[list]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    from .tables import one_array
+
+    texts = one_array(texts)
     if width == 1 and len(texts) and texts.null_count == 0:
         if pc.all(pc.match_substring_regex(texts, r"^\[-?[0-9]{1,18}\]$")).as_py():
             inner = pc.utf8_slice_codeunits(texts, 1, -1)

@@ -117,7 +117,8 @@ def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any) -> Any:
         zero_copy_only=False)
     where = np.flatnonzero(packed)
     if where.size:
-        mask[where] = packs.whole_mask(conn, artifacts.take(pa.array(where)))
+        mask[where] = packs.whole_mask(conn, artifacts if where.size == len(artifacts)
+                                       else artifacts.take(pa.array(where)))
         corrupt = [sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")]
         if corrupt:
             mask &= ~pc.fill_null(pc.is_in(artifacts, pa.array(corrupt, pa.string())),

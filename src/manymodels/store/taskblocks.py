@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
+from ..tables import one_array
 from .database import StoreIntegrityError
 
 #: The columns of a block, and their Arrow types.
@@ -246,7 +247,7 @@ def metric_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
 
     import pyarrow.json as pajson
 
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    texts = one_array(texts)
     if len(texts) and texts.null_count < len(texts):
         lines = pc.fill_null(texts, "{}")
         try:
