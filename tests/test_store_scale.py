@@ -448,3 +448,32 @@ def test_a_first_run_hashes_its_data_while_it_trains(tmp_path, backend):
     assert not plan(mixed).data.hashing_cannot_fail()
     mm.train(fit, mixed, backend="serial", progress=False, store=tmp_path / "t")
     assert set(Path(seen).read_text()) == {"0"}
+
+
+def test_an_earlier_run_with_the_same_tasks_is_matched_task_by_task():
+    """The re-run's shortcut finds each task at its own number, as a hash join
+    would, and gives way to the join whenever the earlier run differs."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from manymodels.store.recorder import _same_tasks
+
+    wanted = pa.array([f"id{i}" for i in range(6)])
+    numbers = np.array([3, 0, 5, 1, 4, 2])
+    candidates = wanted.take(pa.array(numbers))
+    task_index = pa.chunked_array([numbers[:2], numbers[2:]])
+    everything = np.arange(6)
+    at = _same_tasks(wanted, candidates, task_index, everything)
+    assert at.to_pylist() == pc.index_in(wanted, value_set=candidates).to_pylist()
+    # a trained task left out (failed there): the positions say which rows count
+    kept = candidates.filter(pa.array(numbers != 5))
+    at = _same_tasks(wanted.slice(0, 5), kept, task_index, np.flatnonzero(numbers != 5))
+    assert at.to_pylist() == pc.index_in(wanted.slice(0, 5), value_set=kept).to_pylist()
+    changed = pa.array(["id0", "id1", "other", "id3", "id4", "id5"])
+    assert _same_tasks(changed, candidates, task_index, everything) is None  # one changed
+    assert _same_tasks(wanted, candidates.slice(1), task_index, everything[1:]) is None
+    twice = pa.chunked_array([np.array([3, 0, 5, 1, 4, 4])])  # not each task once
+    assert _same_tasks(wanted, wanted.take(pa.array([3, 0, 5, 1, 4, 4])), twice,
+                       everything) is None
+    beyond = pa.chunked_array([np.array([3, 0, 5, 1, 4, 6])])
+    assert _same_tasks(wanted, candidates, beyond, everything) is None
