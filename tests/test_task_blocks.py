@@ -14,7 +14,7 @@ import pytest
 
 import manymodels as mm
 from manymodels.keys import encode_key
-from manymodels.store import StoreIntegrityError, taskblocks
+from manymodels.store import StoreIntegrityError, database, taskblocks
 
 
 def fit_mean(frame):
@@ -192,6 +192,99 @@ def test_gc_keeps_what_blocks_name_and_removes_what_a_deleted_run_named(tmp_path
     metrics = json.loads(taskblocks.read_run(registry._conn, second.run_id, ["metrics"])
                          ["metrics"][9].as_py())
     assert metrics["n"] == 4
+
+
+def _same_as(store) -> list[tuple[int, int, int | None]]:
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        return conn.execute("SELECT run_id, tasks, same_as FROM task_blocks "
+                            "ORDER BY block_id").fetchall()
+
+
+def _layout(store) -> int:
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_path, backend):
+    """Every row the first run trained is reused at its own task number: the
+    re-run writes one block naming that run (not 299 rows again), reads back
+    as reused rows, and keeps them when the first run is deleted."""
+    from manymodels.dashboard.queries import SECTIONS, Queries
+
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
+                     workers=2, progress=False)
+    assert _layout(store) == 2  # nothing names another run yet: older readers may open it
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
+                     workers=2, progress=False)
+    third = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
+                     workers=2, progress=False)
+    assert again.summary().reused == third.summary().reused == 299
+    blocks_of = {run: [(tasks, same_as) for r, tasks, same_as in _same_as(store) if r == run]
+                 for run in (again.run_id, third.run_id)}
+    # the trained run is named (not the re-run that named it); group 7 ran and failed again
+    assert blocks_of[again.run_id] == [(299, first.run_id), (1, None)]
+    assert blocks_of[third.run_id] == [(299, first.run_id), (1, None)]
+    assert _layout(store) == 3  # a reader that cannot follow the name refuses the store
+
+    registry = mm.Store(store)
+    before = registry.results(again.run_id)
+    trained = registry.results(first.run_id).drop(7)
+    reused = before.drop(7)
+    assert (reused["status"] == "ok").all() and (reused["reused_from"] == first.run_id).all()
+    assert (reused["attempts"] == 0).all()
+    for column in ("g", "mean", "n", "duration_s", "artifact", "size"):
+        assert reused[column].tolist() == trained[column].tolist(), column
+    assert before.loc[7, "status"] == "failed" and before.loc[7, "attempts"] == 1
+    assert registry.load(5, again.run_id) == pytest.approx(first.models[5])
+    assert again.results["mean"].tolist() == pytest.approx(first.results["mean"].tolist(),
+                                                           nan_ok=True)
+    assert registry.why_not_reused(5, again.run_id) == f"5 was reused from run {first.run_id}"
+    memo: dict = {}
+    page = {name: Queries(store).section(again.run_id, name, "", memo) for name in SECTIONS}
+    assert page["summary"]["done"] == 300 and page["summary"]["reused"] == 299
+
+    registry.delete(first.run_id)  # its rows are copied into the runs that named them
+    assert [same_as for _, _, same_as in _same_as(store)] == [None] * 4
+    after = mm.Store(store).results(again.run_id)
+    pd.testing.assert_frame_equal(after, before)
+    memo = {}
+    assert {name: Queries(store).section(again.run_id, name, "", memo)
+            for name in SECTIONS} == page
+    assert mm.Store(store).gc() == 0  # the re-runs still name every model
+    assert mm.Store(store).load(5, third.run_id) == pytest.approx(first.models[5])
+
+
+def test_a_run_still_running_is_copied_from_not_named(tmp_path):
+    """A run another driver is still writing may gain rows: a re-run that
+    reuses its models copies them instead of naming the run."""
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute("UPDATE runs SET status = 'running', driver = ? WHERE run_id = ?",
+                     (database.driver_label(), first.run_id))  # this live process's
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 299
+    assert [same_as for run, _, same_as in _same_as(store) if run == again.run_id] == \
+        [None, None]
+    assert _layout(store) == 2
+
+
+def test_a_rerun_after_changes_copies_the_rows_it_reuses(tmp_path):
+    """One group changed: the re-run does not reuse every trained row at its
+    number, so it copies the 298 it reuses (and names no run)."""
+    store = tmp_path / "store"
+    mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+             progress=False)
+    changed = table()
+    changed.loc[changed["g"] == 11, "x"] += 1.0
+    again = mm.train(fit_mean, mm.groups(changed, by="g"), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 298
+    assert all(same_as is None for _, _, same_as in _same_as(store))
 
 
 # -- the vectorised helpers give what their one-at-a-time originals give -----------

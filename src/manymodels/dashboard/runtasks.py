@@ -146,13 +146,14 @@ class RunTasks:
                 schema=_SCHEMA))
 
     def _read_blocks(self, conn: sqlite3.Connection) -> None:
-        for block_id, data in conn.execute(
-                "SELECT block_id, data FROM task_blocks WHERE run_id = ? AND block_id > ? "
-                "ORDER BY block_id", (self.run_id, self._block)):
+        for block_id, data, same_as in conn.execute(
+                f"SELECT block_id, data, {taskblocks.same_as_column(conn)} FROM task_blocks "
+                "WHERE run_id = ? AND block_id > ? ORDER BY block_id",
+                (self.run_id, self._block)):
             # only the shown columns are decompressed: the identity and hashes
             # are half a block's decoding time and never shown
-            self._append(taskblocks.decode(data, f"task block {block_id} of run {self.run_id}",
-                                           COLUMNS))
+            self._append(taskblocks.block_rows(conn, self.run_id, block_id, data, same_as,
+                                               COLUMNS))
             self._block = block_id
             self.blocks_read += 1
 

@@ -34,8 +34,13 @@ from urllib.parse import quote
 
 INDEX_NAME = "index.sqlite"
 #: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
-#: blocks. A store written by a later layout is refused, not misread.
-FORMAT = 2
+#: blocks; 3 once a run's block names another run's rows instead of copying
+#: them (``same_as``: set by the first such block, so that a manymodels that
+#: cannot read it refuses the store rather than miss those tasks). A store
+#: written by a later layout is refused, not misread.
+FORMAT = 3
+#: The layout every store this manymodels opens is migrated to.
+_BASE_FORMAT = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -66,7 +71,8 @@ CREATE TABLE IF NOT EXISTS task_blocks (
     tasks    INTEGER NOT NULL,
     trained  INTEGER NOT NULL,
     data     BLOB NOT NULL,
-    trained_identities BLOB               -- sorted uint64 prefixes of what it trained
+    trained_identities BLOB,              -- sorted uint64 prefixes of what it trained
+    same_as  INTEGER                      -- the block stands for that run's trained rows
 );
 CREATE INDEX IF NOT EXISTS task_blocks_run ON task_blocks(run_id, trained);
 -- stores written before task_blocks: a row per task (read, never written)
@@ -206,7 +212,7 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
         # an empty table of its own stands in (readers then find rows only)
         conn.execute("CREATE TEMP TABLE task_blocks (block_id INTEGER PRIMARY KEY, run_id "
                      "INTEGER, tasks INTEGER, trained INTEGER, data BLOB, "
-                     "trained_identities BLOB)")
+                     "trained_identities BLOB, same_as INTEGER)")
     return conn
 
 
@@ -230,11 +236,13 @@ def _migrate(conn: sqlite3.Connection) -> None:
     if "driver" not in columns:
         conn.execute("ALTER TABLE runs ADD COLUMN driver TEXT")
     conn.execute("DROP INDEX IF EXISTS tasks_ok_identity")  # now tasks_trained_identity
-    if "trained_identities" not in {row[1] for row in conn.execute(
-            "PRAGMA table_info(task_blocks)")}:
+    block_columns = {row[1] for row in conn.execute("PRAGMA table_info(task_blocks)")}
+    if "trained_identities" not in block_columns:
         conn.execute("ALTER TABLE task_blocks ADD COLUMN trained_identities BLOB")
-    if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT:
-        conn.execute(f"PRAGMA user_version = {FORMAT}")
+    if "same_as" not in block_columns:
+        conn.execute("ALTER TABLE task_blocks ADD COLUMN same_as INTEGER")
+    if conn.execute("PRAGMA user_version").fetchone()[0] < _BASE_FORMAT:
+        conn.execute(f"PRAGMA user_version = {_BASE_FORMAT}")
 
 
 def driver_label() -> str:

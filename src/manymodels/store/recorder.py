@@ -40,19 +40,19 @@ _READY = {*_SENT, type(None)}
 _REUSED_BLOCK = 1 << 18
 #: The columns a reused task takes from the task whose model it reuses.
 _REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
-                   "metrics", "duration_s")
+                   "metrics", "duration_s", "key")
 
 
 def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedArray,
                 positions: np.ndarray) -> pa.Array | None:
     """Where each of ``wanted`` (every task's identity, in task order) is
     among ``candidates`` (an earlier run's trained tasks' identities, at
-    ``positions`` of its rows, ``task_index`` their task numbers there), when
-    that run had the same tasks: each task then finds its own identity at its
-    own number, checked at once (a tenth of a hash join's time for an
-    unchanged re-run of a million); None when it did not."""
+    ``positions`` of its rows, ``task_index`` their task numbers there; null
+    where a task is not), when that run had the same tasks: each it trained
+    then has its own identity at its own number, checked at once (a tenth of
+    a hash join's time for an unchanged re-run of a million); None when not."""
     count = len(wanted)
-    if len(candidates) != count or count == 0:
+    if len(candidates) > count or len(candidates) == 0:
         return None
     numbers = task_index.to_numpy()[positions] if len(positions) != len(task_index) \
         else task_index.to_numpy()
@@ -60,9 +60,13 @@ def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedAr
         return None  # not each task once
     if not pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py():
         return None
-    at = np.empty(count, dtype=np.int64)
-    at[numbers] = np.arange(count)
-    return pa.array(at)
+    at = np.zeros(count, dtype=np.int64)
+    at[numbers] = np.arange(len(numbers))
+    missing = None
+    if len(numbers) < count:  # tasks that run did not train
+        missing = np.ones(count, dtype=bool)
+        missing[numbers] = False
+    return pa.array(at, mask=missing)
 
 
 class RunRecorder:
@@ -83,6 +87,8 @@ class RunRecorder:
         self.run_id: int | None = None
         self._pending: list[int] = []
         self._reused: pa.Table | None = None
+        #: (run, tasks): every row that run trained is reused here, as it is
+        self._same_as: tuple[int, int] | None = None
         self._keys: pa.Array | None = None
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
@@ -110,8 +116,10 @@ class RunRecorder:
                 fit=self.fit_name, tasks=len(self.plan.tasks),
                 key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
                 code_detail=self.code_detail)
+            if self._same_as is not None:
+                self._insert_same_as(*self._same_as)
             if reused is not None and reused.num_rows:
-                self._insert_reused(reused)
+                self._insert_reused(reused.filter(pc.invert(reused["by_reference"])))
             conn.execute("COMMIT")
         except BaseException as exc:
             database.rollback_quietly(conn)
@@ -144,6 +152,18 @@ class RunRecorder:
         threading.Thread(target=make, name="manymodels-identities", daemon=True).start()
         return False
 
+    def _insert_same_as(self, source: int, tasks: int) -> None:
+        """One block naming ``source``'s trained rows, every one reused here
+        (see :meth:`_names_every_trained_row`): checked again inside this
+        transaction, where no other driver can delete that run meanwhile."""
+        status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
+                                   (source,)).fetchone()
+        if status is None or status[0] == "running":
+            raise database.StoreError(
+                f"run {source}, whose models this run reuses, was deleted while the run "
+                "started: start it again")
+        taskblocks.insert_same_as(self.conn, self.run_id, source, tasks)
+
     def _insert_reused(self, reused: pa.Table) -> None:
         """The reused tasks' rows: blocks of at most 262,144 each (a million
         rows as one block held 540 MB while it was made and encoded; a
@@ -164,12 +184,15 @@ class RunRecorder:
         model can still be loaded (its artifact is in the index, its file or
         pack there and whole, and no load found it corrupt), as a table:
         ``task_index`` (this run's), ``reused_from`` (the run that trained
-        it), ``artifact``, ``size``, ``metrics``, ``duration_s``.
+        it), ``has_model``, ``metrics``, and, unless ``by_reference`` (see
+        :meth:`_names_every_trained_row`), ``artifact``, ``size`` and
+        ``duration_s``.
 
         The runs that trained something are read newest first, one columnar
         read and one vectorised match each, until every identity is found:
         an unchanged re-run reads one run. Stores written before task blocks
         are then looked up per identity, in the old ``tasks`` table."""
+        self._same_as = None
         if not self.plan.tasks:
             return None
         names, prefixes = self.identities.identity, self.identities.prefixes
@@ -182,18 +205,22 @@ class RunRecorder:
                 continue  # none of these identities is among what it trained
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
                                           trained_only=True, ordered=False)
-            positions = np.flatnonzero(taskblocks.trained_mask(trained)
-                                       & trained["error"].is_null().to_numpy(
-                                           zero_copy_only=False))
+            positions = taskblocks.trained_rows(trained)
             if positions.size == 0:
                 continue
             # only the identities are matched; the rest is taken for the matches alone
             candidates = trained["identity"] if positions.size == trained.num_rows else \
                 trained["identity"].take(pa.array(positions))
-            wanted = names if left.size == len(names) else names.take(pa.array(left))
-            at = _same_tasks(wanted, candidates, trained["task_index"], positions)
+            every = left.size == len(names)
+            at = _same_tasks(names, candidates, trained["task_index"], positions) \
+                if every else None
+            if at is not None and self._names_every_trained_row(run_id, trained, positions, at):
+                found.append(self._reused_by_reference(run_id, trained, positions, at))
+                left = left[~at.is_valid().to_numpy(zero_copy_only=False)]
+                continue
             if at is None:  # another plan: a hash join
-                at = pc.index_in(wanted, value_set=candidates)
+                at = pc.index_in(names if every else names.take(pa.array(left)),
+                                 value_set=candidates)
             hit = at.is_valid().to_numpy(zero_copy_only=False)
             if not hit.any():
                 continue
@@ -207,6 +234,8 @@ class RunRecorder:
             found.append(pa.table({
                 "task_index": pa.array(matched, pa.int64()),
                 "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), len(matched)),
+                "has_model": rows["artifact"].is_valid(),
+                "by_reference": pa.repeat(pa.scalar(False), len(matched)),
                 "artifact": rows["artifact"], "size": rows["size"],
                 "metrics": rows["metrics"], "duration_s": rows["duration_s"]}))
             keep = np.ones(left.size, dtype=bool)
@@ -219,6 +248,45 @@ class RunRecorder:
             return None
         return pa.concat_tables(found).combine_chunks()
 
+    def _names_every_trained_row(self, run_id: int, trained: pa.Table, positions: np.ndarray,
+                                 at: pa.Array) -> bool:
+        """Whether this run may name ``run_id``'s trained rows instead of
+        copying them (:func:`.taskblocks.insert_same_as`): each of them is
+        one of this run's tasks at its own number (``at``, from
+        :func:`_same_tasks`) with its own key, every one's model can be
+        loaded, and that run has ended (no row of it will change)."""
+        status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
+                                   (run_id,)).fetchone()
+        if status is None or status[0] == "running":
+            return False
+        rows = pa.array(positions) if positions.size != trained.num_rows else None
+        keys = trained["key"] if rows is None else trained["key"].take(rows)
+        numbers = trained["task_index"].to_numpy()[positions]
+        if not pc.all(pc.equal(self._keys.take(pa.array(numbers)), keys)).as_py():
+            return False
+        artifact = trained["artifact"] if rows is None else trained["artifact"].take(rows)
+        return bool(self._loadable_mask(pa.table({
+            "artifact": artifact,
+            "metrics": trained["metrics"] if rows is None else trained["metrics"].take(rows),
+        })).all())
+
+    def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
+                             at: pa.Array) -> pa.Table:
+        """The tasks reused from each row ``run_id`` trained, for the results
+        of this run (its store names them: see :meth:`begin`)."""
+        hit = at.is_valid().to_numpy(zero_copy_only=False)
+        rows = pa.array(positions[at.drop_null().to_numpy()])
+        count = len(rows)
+        self._same_as = (run_id, count)
+        return pa.table({
+            "task_index": pa.array(np.flatnonzero(hit), pa.int64()),
+            "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), count),
+            "has_model": trained["artifact"].is_valid().take(rows),
+            "by_reference": pa.repeat(pa.scalar(True), count),
+            "artifact": pa.nulls(count, pa.string()), "size": pa.nulls(count, pa.int64()),
+            "metrics": trained["metrics"].take(rows),
+            "duration_s": pa.nulls(count, pa.float64())})
+
     def _runs_that_trained(self) -> list[int]:
         return [run_id for (run_id,) in self.conn.execute(
             "SELECT DISTINCT b.run_id FROM task_blocks b JOIN runs r ON r.run_id = b.run_id "
@@ -228,8 +296,13 @@ class RunRecorder:
     def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
         """Which of ``rows`` left a model that can still be loaded, or metrics
         without a model."""
-        artifact = one_array(rows["artifact"])
-        loadable = artifacts.loadable_mask(self.conn, self.store.path, artifact)
+        artifact = rows["artifact"]
+        if isinstance(artifact, pa.ChunkedArray) and artifact.num_chunks > 1:
+            # a run's rows as read, a chunk a block: checked chunk by chunk, not copied
+            loadable = np.concatenate([artifacts.loadable_mask(
+                self.conn, self.store.path, chunk) for chunk in artifact.chunks])
+        else:
+            loadable = artifacts.loadable_mask(self.conn, self.store.path, one_array(artifact))
         no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
         if no_model.any():
             loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
@@ -262,6 +335,8 @@ class RunRecorder:
         return pa.table({
             "task_index": pa.array(columns[0], pa.int64()),
             "reused_from": pa.array(columns[1], pa.int64()),
+            "has_model": pa.array([artifact is not None for artifact in columns[2]], pa.bool_()),
+            "by_reference": pa.repeat(pa.scalar(False), len(columns[0])),
             "artifact": pa.array(columns[2], pa.string()),
             "size": pa.array(columns[3], pa.int64()),
             "metrics": pa.array(columns[4], pa.string()),
@@ -281,14 +356,14 @@ class RunRecorder:
             records.status = [ok] * records.size
             records.reused_from = reused["reused_from"].to_pylist()
             records.metrics = reused["metrics"].to_pylist()
-            in_store = reused["artifact"].is_valid().to_numpy(zero_copy_only=False)
+            in_store = reused["has_model"].to_numpy(zero_copy_only=False)
             records.model = np.where(in_store, IN_STORE, None).tolist()
             return reused.num_rows
         status, reused_from, metrics, model = (records.status, records.reused_from,
                                                records.metrics, records.model)
         for index, run, metric, artifact in zip(
                 reused["task_index"].to_pylist(), reused["reused_from"].to_pylist(),
-                reused["metrics"].to_pylist(), reused["artifact"].is_valid().to_pylist()):
+                reused["metrics"].to_pylist(), reused["has_model"].to_pylist()):
             status[index], reused_from[index], metrics[index] = ok, run, metric
             if artifact:  # this run's row names it: loaded from there
                 model[index] = IN_STORE

@@ -341,12 +341,18 @@ class Store:
     def delete(self, run: int) -> None:
         """Forget a run (its artifacts stay until :meth:`gc`)."""
         run_id, _, _ = self._run_row(run)
-        self._conn.execute("BEGIN IMMEDIATE")
-        self._conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
-        self._conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
-        self._conn.execute("DELETE FROM task_blocks WHERE run_id = ?", (run_id,))
-        self._conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
-        self._conn.execute("COMMIT")
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            taskblocks.copy_out_references(conn, run_id)  # a later run reuses its rows
+            conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM task_blocks WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            conn.execute("COMMIT")
+        except BaseException:
+            database.rollback_quietly(conn)
+            raise
 
     def gc(self) -> int:
         """Remove artifacts and packs no run references, and stray files; return

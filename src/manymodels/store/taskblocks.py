@@ -175,10 +175,10 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     the others are left out: what reuse looks for is in the former)."""
     names = list(dict.fromkeys(["task_index", *(columns or COLUMNS)]))
     condition = " AND trained > 0" if trained_only else ""
-    parts = [decode(data, f"task block {block_id} of run {run_id}", names)
-             for block_id, data in conn.execute(
-                 f"SELECT block_id, data FROM task_blocks WHERE run_id = ?{condition} "
-                 "ORDER BY block_id", (run_id,))]
+    parts = [block_rows(conn, run_id, block_id, data, same_as, names)
+             for block_id, data, same_as in conn.execute(
+                 f"SELECT block_id, data, {same_as_column(conn)} FROM task_blocks "
+                 f"WHERE run_id = ?{condition} ORDER BY block_id", (run_id,))]
     legacy = _legacy_rows(conn, run_id)
     if legacy is not None:
         parts.insert(0, legacy.select(names))
@@ -196,6 +196,91 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
         last[:-1] = index[1:] != index[:-1]
         result = result.take(pa.array(order[last]))
     return result.combine_chunks()
+
+
+def block_rows(conn: sqlite3.Connection, run_id: int, block_id: int, data: bytes,
+               same_as: int | None, columns: Sequence[str]) -> pa.Table:
+    """One block's rows with ``columns``: decoded, or, for a block that names
+    another run's rows (see :func:`insert_same_as`), made from them."""
+    if same_as is None:
+        return decode(data, f"task block {block_id} of run {run_id}", columns)
+    return _rows_reused_from(conn, same_as, columns)
+
+
+# -- a run that reuses another run's trained rows, all of them, as they are ----------
+#
+# An unchanged re-run of a million models reused each of them and wrote a
+# million rows (the other run's columns, taken and encoded again: a third of
+# its time and 170 bytes a model on disk). When every task that another,
+# ended run trained is reused from it at its own task number with its own key,
+# the re-run writes one block that names that run instead (``same_as``); its
+# readers make the rows from that run's trained ones: reused from it, no
+# attempt of their own. A run so named is copied into its readers' blocks
+# before it is deleted (:func:`copy_out_references`).
+
+#: A reused task's columns that are not the trained row's own.
+_REUSED_VALUES = {"attempts": 0, "started_at": None, "worker": None}
+
+
+def same_as_column(conn: sqlite3.Connection) -> str:
+    """The ``same_as`` column where the index has it (a store written before
+    it, opened read-only, has not)."""
+    has = any(row[1] == "same_as" for row in conn.execute("PRAGMA table_info(task_blocks)"))
+    return "same_as" if has else "NULL"
+
+
+def trained_rows(table: pa.Table) -> np.ndarray:
+    """The positions of ``table``'s rows (a run's, as :func:`read_run` gives
+    them) that trained a model without an error: what reuse takes, and what a
+    block naming the run stands for."""
+    no_error = table["error"].is_null().to_numpy(zero_copy_only=False)
+    return np.flatnonzero(trained_mask(table) & no_error)
+
+
+def _rows_reused_from(conn: sqlite3.Connection, source: int, columns: Sequence[str]
+                      ) -> pa.Table:
+    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (source,)).fetchone() is None:
+        raise StoreIntegrityError(f"run {source}, whose models a later run reuses, is "
+                                  "missing from the store's index")
+    wanted = list(dict.fromkeys([*columns, "status", "reused_from", "error"]))
+    rows = read_run(conn, source, wanted, trained_only=True, ordered=False)
+    positions = trained_rows(rows)
+    if len(positions) != rows.num_rows:
+        rows = rows.take(pa.array(positions))
+    count = rows.num_rows
+    made = []
+    for name in columns:
+        if name == "reused_from":
+            made.append(pa.repeat(pa.scalar(source, pa.int64()), count))
+        elif name in _REUSED_VALUES:
+            made.append(pa.repeat(pa.scalar(_REUSED_VALUES[name], COLUMNS[name]), count))
+        else:
+            made.append(rows[name])
+    return pa.Table.from_arrays(made, names=list(columns))
+
+
+def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: int) -> None:
+    """A block of ``run_id`` that stands for every row ``source`` trained
+    (``tasks`` of them), reused as they are (inside the caller's transaction,
+    which has checked that ``source`` has ended and trained just those)."""
+    from .database import FORMAT
+
+    if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT:
+        conn.execute(f"PRAGMA user_version = {FORMAT}")  # an older reader would miss them
+    conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, same_as) "
+                 "VALUES (?, ?, 0, ?, ?)", (run_id, tasks, encode(table({"task_index": []})),
+                                           source))
+
+
+def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
+    """Before run ``source`` is deleted: each block that names its rows gets
+    them copied in (inside the caller's transaction)."""
+    for (block_id,) in conn.execute(
+            f"SELECT block_id FROM task_blocks WHERE {same_as_column(conn)} = ?",
+            (source,)).fetchall():
+        rows = _rows_reused_from(conn, source, list(COLUMNS))
+        conn.execute("UPDATE task_blocks SET data = ?, same_as = NULL WHERE block_id = ?",
+                     (encode(rows), block_id))
 
 
 class KeyLookup:
