@@ -287,6 +287,42 @@ def test_a_rerun_after_changes_copies_the_rows_it_reuses(tmp_path):
     assert all(same_as is None for _, _, same_as in _same_as(store))
 
 
+def test_a_corrupt_model_of_the_latest_run_is_reused_from_an_earlier_one(tmp_path):
+    """Two runs trained the same tasks; the later one's model of group 5 is
+    found corrupt: a re-run reuses that group's model from the earlier run,
+    the rest from the later one (which it then cannot name whole: it copies)."""
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    second = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                      progress=False, reuse=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        rows = taskblocks.read_run(conn, second.run_id, ["key", "artifact"])
+        locator = rows["artifact"][5].as_py()
+        assert json.loads(rows["key"][5].as_py()) == [5]
+        _, pack, offset, size = taskblocks_locator(locator)
+        blob = bytearray(conn.execute("SELECT blob FROM packs WHERE pack_id = ?",
+                                      (pack,)).fetchone()[0])
+        blob[offset:offset + size] = bytes(size)
+        conn.execute("UPDATE packs SET blob = ? WHERE pack_id = ?", (bytes(blob), pack))
+    with pytest.raises(StoreIntegrityError, match="does not match"):
+        mm.Store(store).load(5, second.run_id)  # found corrupt, and remembered
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    results = mm.Store(store).results(again.run_id).set_index("g")
+    assert again.summary().reused == 299
+    assert results.loc[5, "reused_from"] == first.run_id
+    assert (results.drop([5, 7])["reused_from"] == second.run_id).all()
+    assert all(same_as is None for _, _, same_as in _same_as(store))
+    assert mm.Store(store).load(5, again.run_id) == pytest.approx(first.models[5])
+
+
+def taskblocks_locator(locator: str) -> tuple[str, int, int, int]:
+    from manymodels.store.packs import parse_locator
+
+    return parse_locator(locator)
+
+
 # -- the vectorised helpers give what their one-at-a-time originals give -----------
 
 
