@@ -456,7 +456,7 @@ def test_an_earlier_run_with_the_same_tasks_is_matched_task_by_task():
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from manymodels.store.recorder import _same_tasks
+    from manymodels.store.reuse import _same_tasks
 
     wanted = pa.array([f"id{i}" for i in range(6)])
     numbers = np.array([3, 0, 5, 1, 4, 2])

@@ -26,9 +26,9 @@ from ..hashing import TaskIdentities
 from ..keys import encode_keys
 from ..messages import Pickled, Status
 from ..partpacks import ModelPack
-from ..tables import one_array
-from . import artifacts, database, taskblocks
+from . import database, taskblocks
 from .registry import IN_STORE
+from .reuse import ReuseSearch, anything_to_reuse
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
@@ -38,35 +38,6 @@ _SENT = (Pickled, ModelPack)
 _READY = {*_SENT, type(None)}
 #: Reused tasks' rows per block (see ``RunRecorder._insert_reused``).
 _REUSED_BLOCK = 1 << 18
-#: The columns a reused task takes from the task whose model it reuses.
-_REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
-                   "metrics", "duration_s", "key")
-
-
-def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedArray,
-                positions: np.ndarray) -> pa.Array | None:
-    """Where each of ``wanted`` (every task's identity, in task order) is
-    among ``candidates`` (an earlier run's trained tasks' identities, at
-    ``positions`` of its rows, ``task_index`` their task numbers there; null
-    where a task is not), when that run had the same tasks: each it trained
-    then has its own identity at its own number, checked at once (a tenth of
-    a hash join's time for an unchanged re-run of a million); None when not."""
-    count = len(wanted)
-    if len(candidates) > count or len(candidates) == 0:
-        return None
-    numbers = task_index.to_numpy()[positions] if len(positions) != len(task_index) \
-        else task_index.to_numpy()
-    if numbers.min() < 0 or numbers.max() >= count or np.bincount(numbers).max() != 1:
-        return None  # not each task once
-    if not pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py():
-        return None
-    at = np.zeros(count, dtype=np.int64)
-    at[numbers] = np.arange(len(numbers))
-    missing = None
-    if len(numbers) < count:  # tasks that run did not train
-        missing = np.ones(count, dtype=bool)
-        missing[numbers] = False
-    return pa.array(at, mask=missing)
 
 
 class RunRecorder:
@@ -104,7 +75,11 @@ class RunRecorder:
         (as blocks, like any finished task); return how many."""
         reuse = self._start_identities(reuse)
         self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
-        reused = self._reused = self._find_reusable() if reuse else None
+        reused = self._reused = None
+        if reuse and self.plan.tasks:
+            search = ReuseSearch(self.conn, self.store.path, self.identities, self._keys)
+            reused = self._reused = search.find()
+            self._same_as = search.same_as
         # what the match read and dropped goes back to the system now: a
         # re-run of a million would otherwise hold it through the run
         pa.default_memory_pool().release_unused()
@@ -138,7 +113,7 @@ class RunRecorder:
         groups' rows take half a second to hash, which the workers would
         otherwise wait. The writer waits for them before its first commit.
         Return whether reuse is worth looking for."""
-        reuse = reuse and (bool(self._runs_that_trained()) or self._has_legacy_rows())
+        reuse = reuse and anything_to_reuse(self.conn)
         if reuse or not self.plan.data.hashing_cannot_fail():
             self._identities.set_result(self._make_identities())  # may refuse, before work
             return reuse
@@ -178,169 +153,6 @@ class RunRecorder:
                 "artifact": part["artifact"], "size": part["size"],
                 "reused_from": part["reused_from"]}))
             pa.default_memory_pool().release_unused()
-
-    def _find_reusable(self) -> pa.Table | None:
-        """For each task, the latest task that trained its identity, if its
-        model can still be loaded (its artifact is in the index, its file or
-        pack there and whole, and no load found it corrupt), as a table:
-        ``task_index`` (this run's), ``reused_from`` (the run that trained
-        it), ``has_model``, ``metrics``, and, unless ``by_reference`` (see
-        :meth:`_names_every_trained_row`), ``artifact``, ``size`` and
-        ``duration_s``.
-
-        The runs that trained something are read newest first, one columnar
-        read and one vectorised match each, until every identity is found:
-        an unchanged re-run reads one run. Stores written before task blocks
-        are then looked up per identity, in the old ``tasks`` table."""
-        self._same_as = None
-        if not self.plan.tasks:
-            return None
-        names, prefixes = self.identities.identity, self.identities.prefixes
-        left = np.arange(len(names))
-        found: list[pa.Table] = []
-        for run_id in self._runs_that_trained():
-            if left.size == 0:
-                break
-            if not taskblocks.may_have_trained(self.conn, run_id, prefixes[left]):
-                continue  # none of these identities is among what it trained
-            trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
-                                          trained_only=True, ordered=False)
-            positions = taskblocks.trained_rows(trained)
-            if positions.size == 0:
-                continue
-            # only the identities are matched; the rest is taken for the matches alone
-            candidates = trained["identity"] if positions.size == trained.num_rows else \
-                trained["identity"].take(pa.array(positions))
-            every = left.size == len(names)
-            at = _same_tasks(names, candidates, trained["task_index"], positions) \
-                if every else None
-            if at is not None and self._names_every_trained_row(run_id, trained, positions, at):
-                found.append(self._reused_by_reference(run_id, trained, positions, at))
-                left = left[~at.is_valid().to_numpy(zero_copy_only=False)]
-                continue
-            if at is None:  # another plan: a hash join
-                at = pc.index_in(names if every else names.take(pa.array(left)),
-                                 value_set=candidates)
-            hit = at.is_valid().to_numpy(zero_copy_only=False)
-            if not hit.any():
-                continue
-            rows = trained.select(["artifact", "size", "metrics", "duration_s"]).take(
-                pa.array(positions[at.drop_null().to_numpy()]))
-            del trained
-            loadable = self._loadable_mask(rows)
-            matched = left[hit][loadable]
-            if not loadable.all():
-                rows = rows.filter(pa.array(loadable))
-            found.append(pa.table({
-                "task_index": pa.array(matched, pa.int64()),
-                "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), len(matched)),
-                "has_model": rows["artifact"].is_valid(),
-                "by_reference": pa.repeat(pa.scalar(False), len(matched)),
-                "artifact": rows["artifact"], "size": rows["size"],
-                "metrics": rows["metrics"], "duration_s": rows["duration_s"]}))
-            keep = np.ones(left.size, dtype=bool)
-            keep[np.flatnonzero(hit)[loadable]] = False
-            left = left[keep]
-        if left.size and self._has_legacy_rows():
-            found.append(self._legacy_reusable(left))
-        found = [part for part in found if part.num_rows]
-        if not found:
-            return None
-        return pa.concat_tables(found).combine_chunks()
-
-    def _names_every_trained_row(self, run_id: int, trained: pa.Table, positions: np.ndarray,
-                                 at: pa.Array) -> bool:
-        """Whether this run may name ``run_id``'s trained rows instead of
-        copying them (:func:`.taskblocks.insert_same_as`): each of them is
-        one of this run's tasks at its own number (``at``, from
-        :func:`_same_tasks`) with its own key, every one's model can be
-        loaded, and that run has ended (no row of it will change)."""
-        status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
-                                   (run_id,)).fetchone()
-        if status is None or status[0] == "running":
-            return False
-        rows = pa.array(positions) if positions.size != trained.num_rows else None
-        keys = trained["key"] if rows is None else trained["key"].take(rows)
-        numbers = trained["task_index"].to_numpy()[positions]
-        if not pc.all(pc.equal(self._keys.take(pa.array(numbers)), keys)).as_py():
-            return False
-        artifact = trained["artifact"] if rows is None else trained["artifact"].take(rows)
-        return bool(self._loadable_mask(pa.table({
-            "artifact": artifact,
-            "metrics": trained["metrics"] if rows is None else trained["metrics"].take(rows),
-        })).all())
-
-    def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
-                             at: pa.Array) -> pa.Table:
-        """The tasks reused from each row ``run_id`` trained, for the results
-        of this run (its store names them: see :meth:`begin`)."""
-        hit = at.is_valid().to_numpy(zero_copy_only=False)
-        rows = pa.array(positions[at.drop_null().to_numpy()])
-        count = len(rows)
-        self._same_as = (run_id, count)
-        return pa.table({
-            "task_index": pa.array(np.flatnonzero(hit), pa.int64()),
-            "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), count),
-            "has_model": trained["artifact"].is_valid().take(rows),
-            "by_reference": pa.repeat(pa.scalar(True), count),
-            "artifact": pa.nulls(count, pa.string()), "size": pa.nulls(count, pa.int64()),
-            "metrics": trained["metrics"].take(rows),
-            "duration_s": pa.nulls(count, pa.float64())})
-
-    def _runs_that_trained(self) -> list[int]:
-        return [run_id for (run_id,) in self.conn.execute(
-            "SELECT DISTINCT b.run_id FROM task_blocks b JOIN runs r ON r.run_id = b.run_id "
-            "WHERE b.trained > 0 AND coalesce(r.backend, '') NOT LIKE 'mm.linear%' "
-            "ORDER BY b.run_id DESC")]
-
-    def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
-        """Which of ``rows`` left a model that can still be loaded, or metrics
-        without a model."""
-        artifact = rows["artifact"]
-        if isinstance(artifact, pa.ChunkedArray) and artifact.num_chunks > 1:
-            # a run's rows as read, a chunk a block: checked chunk by chunk, not copied
-            loadable = np.concatenate([artifacts.loadable_mask(
-                self.conn, self.store.path, chunk) for chunk in artifact.chunks])
-        else:
-            loadable = artifacts.loadable_mask(self.conn, self.store.path, one_array(artifact))
-        no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
-        if no_model.any():
-            loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
-        return loadable
-
-    def _has_legacy_rows(self) -> bool:
-        return self.conn.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None
-
-    def _legacy_reusable(self, left: np.ndarray) -> pa.Table:
-        """What tasks ``left`` find in a store's rows written before blocks:
-        the latest trained task per identity, one grouped query per 5,000."""
-        by_identity: dict[str, list[int]] = {}
-        for index, name in zip(left.tolist(),
-                               self.identities.identity.take(pa.array(left)).to_pylist()):
-            by_identity.setdefault(name, []).append(index)
-        names = list(by_identity)
-        rows: list[tuple] = []
-        for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
-            chunk = names[start:start + 5000]
-            rows += self.conn.execute(
-                "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
-                "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
-                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
-        loadable = artifacts.loadable_artifacts(
-            self.conn, self.store.path, {row[2] for row in rows if row[2] is not None})
-        hits = [(index, *row[1:]) for row in rows
-                if (row[2] in loadable if row[2] is not None else row[4] is not None)
-                for index in by_identity[row[0]]]
-        columns = list(zip(*hits)) if hits else [[]] * 6
-        return pa.table({
-            "task_index": pa.array(columns[0], pa.int64()),
-            "reused_from": pa.array(columns[1], pa.int64()),
-            "has_model": pa.array([artifact is not None for artifact in columns[2]], pa.bool_()),
-            "by_reference": pa.repeat(pa.scalar(False), len(columns[0])),
-            "artifact": pa.array(columns[2], pa.string()),
-            "size": pa.array(columns[3], pa.int64()),
-            "metrics": pa.array(columns[4], pa.string()),
-            "duration_s": pa.array(columns[5], pa.float64())})
 
     def fill_reused(self, records: Any) -> int:
         """Fill in the results of the reused tasks (their models stay in the

@@ -1,0 +1,236 @@
+"""What a run can reuse from the store: for each task, the latest task of an
+earlier run that trained its identity and whose model can still be loaded.
+
+The runs that trained something are read newest first, one columnar read and
+one vectorised match each (task by task when the run had the same tasks,
+else a hash join), until every identity is found: an unchanged re-run reads
+one run. When every row a run trained is reused at its own task number, the
+recorder names that run instead of copying its rows (``same_as``, see
+:func:`.taskblocks.insert_same_as`). Stores written before task blocks are
+then looked up per identity, in the old ``tasks`` table.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..hashing import TaskIdentities
+from ..tables import one_array
+from . import artifacts, taskblocks
+
+#: The columns a reused task takes from the task whose model it reuses.
+_REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
+                   "metrics", "duration_s", "key")
+
+
+def anything_to_reuse(conn: sqlite3.Connection) -> bool:
+    """Whether any run of the store trained a model a later run could reuse."""
+    return bool(_runs_that_trained(conn)) or _has_legacy_rows(conn)
+
+
+def _runs_that_trained(conn: sqlite3.Connection) -> list[int]:
+    return [run_id for (run_id,) in conn.execute(
+        "SELECT DISTINCT b.run_id FROM task_blocks b JOIN runs r ON r.run_id = b.run_id "
+        "WHERE b.trained > 0 AND coalesce(r.backend, '') NOT LIKE 'mm.linear%' "
+        "ORDER BY b.run_id DESC")]
+
+
+def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None
+
+
+def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedArray,
+                positions: np.ndarray) -> pa.Array | None:
+    """Where each of ``wanted`` (every task's identity, in task order) is
+    among ``candidates`` (an earlier run's trained tasks' identities, at
+    ``positions`` of its rows, ``task_index`` their task numbers there; null
+    where a task is not), when that run had the same tasks: each it trained
+    then has its own identity at its own number, checked at once (a tenth of
+    a hash join's time for an unchanged re-run of a million); None when not."""
+    count = len(wanted)
+    if len(candidates) > count or len(candidates) == 0:
+        return None
+    numbers = task_index.to_numpy()[positions] if len(positions) != len(task_index) \
+        else task_index.to_numpy()
+    if numbers.min() < 0 or numbers.max() >= count or np.bincount(numbers).max() != 1:
+        return None  # not each task once
+    if not pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py():
+        return None
+    at = np.zeros(count, dtype=np.int64)
+    at[numbers] = np.arange(len(numbers))
+    missing = None
+    if len(numbers) < count:  # tasks that run did not train
+        missing = np.ones(count, dtype=bool)
+        missing[numbers] = False
+    return pa.array(at, mask=missing)
+
+
+
+
+class ReuseSearch:
+    """One run's search for what it can reuse: its tasks' ``identities`` and
+    encoded ``keys``, looked up in the store at ``root`` on ``conn``."""
+
+    def __init__(self, conn: sqlite3.Connection, root: Path, identities: TaskIdentities,
+                 keys: pa.Array) -> None:
+        self.conn, self.root = conn, root
+        self.identities, self.keys = identities, keys
+        #: (run, tasks) when every row that run trained is reused, as it is
+        self.same_as: tuple[int, int] | None = None
+
+    def find(self) -> pa.Table | None:
+        """For each task, the latest task that trained its identity, if its
+        model can still be loaded (its artifact is in the index, its file or
+        pack there and whole, and no load found it corrupt), as a table:
+        ``task_index`` (this run's), ``reused_from`` (the run that trained
+        it), ``has_model``, ``metrics``, and, unless ``by_reference`` (see
+        :meth:`_names_every_trained_row`), ``artifact``, ``size`` and
+        ``duration_s``.
+
+        None when nothing is reused (see the module's docstring for how)."""
+        self.same_as = None
+        names, prefixes = self.identities.identity, self.identities.prefixes
+        left = np.arange(len(names))
+        found: list[pa.Table] = []
+        for run_id in _runs_that_trained(self.conn):
+            if left.size == 0:
+                break
+            if not taskblocks.may_have_trained(self.conn, run_id, prefixes[left]):
+                continue  # none of these identities is among what it trained
+            trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
+                                          trained_only=True, ordered=False)
+            positions = taskblocks.trained_rows(trained)
+            if positions.size == 0:
+                continue
+            # only the identities are matched; the rest is taken for the matches alone
+            candidates = trained["identity"] if positions.size == trained.num_rows else \
+                trained["identity"].take(pa.array(positions))
+            every = left.size == len(names)
+            at = _same_tasks(names, candidates, trained["task_index"], positions) \
+                if every else None
+            if at is not None and self._names_every_trained_row(run_id, trained, positions, at):
+                found.append(self._reused_by_reference(run_id, trained, positions, at))
+                left = left[~at.is_valid().to_numpy(zero_copy_only=False)]
+                continue
+            if at is None:  # another plan: a hash join
+                at = pc.index_in(names if every else names.take(pa.array(left)),
+                                 value_set=candidates)
+            hit = at.is_valid().to_numpy(zero_copy_only=False)
+            if not hit.any():
+                continue
+            rows = trained.select(["artifact", "size", "metrics", "duration_s"]).take(
+                pa.array(positions[at.drop_null().to_numpy()]))
+            del trained
+            loadable = self._loadable_mask(rows)
+            matched = left[hit][loadable]
+            if not loadable.all():
+                rows = rows.filter(pa.array(loadable))
+            found.append(pa.table({
+                "task_index": pa.array(matched, pa.int64()),
+                "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), len(matched)),
+                "has_model": rows["artifact"].is_valid(),
+                "by_reference": pa.repeat(pa.scalar(False), len(matched)),
+                "artifact": rows["artifact"], "size": rows["size"],
+                "metrics": rows["metrics"], "duration_s": rows["duration_s"]}))
+            keep = np.ones(left.size, dtype=bool)
+            keep[np.flatnonzero(hit)[loadable]] = False
+            left = left[keep]
+        if left.size and _has_legacy_rows(self.conn):
+            found.append(self._legacy_reusable(left))
+        found = [part for part in found if part.num_rows]
+        if not found:
+            return None
+        return pa.concat_tables(found).combine_chunks()
+
+    def _names_every_trained_row(self, run_id: int, trained: pa.Table, positions: np.ndarray,
+                                 at: pa.Array) -> bool:
+        """Whether this run may name ``run_id``'s trained rows instead of
+        copying them (:func:`.taskblocks.insert_same_as`): each of them is
+        one of this run's tasks at its own number (``at``, from
+        :func:`_same_tasks`) with its own key, every one's model can be
+        loaded, and that run has ended (no row of it will change)."""
+        status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
+                                   (run_id,)).fetchone()
+        if status is None or status[0] == "running":
+            return False
+        rows = pa.array(positions) if positions.size != trained.num_rows else None
+        keys = trained["key"] if rows is None else trained["key"].take(rows)
+        numbers = trained["task_index"].to_numpy()[positions]
+        if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), keys)).as_py():
+            return False
+        artifact = trained["artifact"] if rows is None else trained["artifact"].take(rows)
+        return bool(self._loadable_mask(pa.table({
+            "artifact": artifact,
+            "metrics": trained["metrics"] if rows is None else trained["metrics"].take(rows),
+        })).all())
+
+    def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
+                             at: pa.Array) -> pa.Table:
+        """The tasks reused from each row ``run_id`` trained, for the results
+        of this run (its store names them: see :meth:`begin`)."""
+        hit = at.is_valid().to_numpy(zero_copy_only=False)
+        rows = pa.array(positions[at.drop_null().to_numpy()])
+        count = len(rows)
+        self.same_as = (run_id, count)
+        return pa.table({
+            "task_index": pa.array(np.flatnonzero(hit), pa.int64()),
+            "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), count),
+            "has_model": trained["artifact"].is_valid().take(rows),
+            "by_reference": pa.repeat(pa.scalar(True), count),
+            "artifact": pa.nulls(count, pa.string()), "size": pa.nulls(count, pa.int64()),
+            "metrics": trained["metrics"].take(rows),
+            "duration_s": pa.nulls(count, pa.float64())})
+
+
+    def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
+        """Which of ``rows`` left a model that can still be loaded, or metrics
+        without a model."""
+        artifact = rows["artifact"]
+        if isinstance(artifact, pa.ChunkedArray) and artifact.num_chunks > 1:
+            # a run's rows as read, a chunk a block: checked chunk by chunk, not copied
+            loadable = np.concatenate([artifacts.loadable_mask(
+                self.conn, self.root, chunk) for chunk in artifact.chunks])
+        else:
+            loadable = artifacts.loadable_mask(self.conn, self.root, one_array(artifact))
+        no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
+        if no_model.any():
+            loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
+        return loadable
+
+
+    def _legacy_reusable(self, left: np.ndarray) -> pa.Table:
+        """What tasks ``left`` find in a store's rows written before blocks:
+        the latest trained task per identity, one grouped query per 5,000."""
+        by_identity: dict[str, list[int]] = {}
+        for index, name in zip(left.tolist(),
+                               self.identities.identity.take(pa.array(left)).to_pylist()):
+            by_identity.setdefault(name, []).append(index)
+        names = list(by_identity)
+        rows: list[tuple] = []
+        for start in range(0, len(names), 5000):  # SQLite takes 32766 parameters
+            chunk = names[start:start + 5000]
+            rows += self.conn.execute(
+                "SELECT identity, MAX(run_id), artifact, size, metrics, duration_s FROM tasks "
+                "WHERE status = 'ok' AND reused_from IS NULL AND error IS NULL AND identity IN "
+                f"({','.join('?' * len(chunk))}) GROUP BY identity", chunk).fetchall()
+        loadable = artifacts.loadable_artifacts(
+            self.conn, self.root, {row[2] for row in rows if row[2] is not None})
+        hits = [(index, *row[1:]) for row in rows
+                if (row[2] in loadable if row[2] is not None else row[4] is not None)
+                for index in by_identity[row[0]]]
+        columns = list(zip(*hits)) if hits else [[]] * 6
+        return pa.table({
+            "task_index": pa.array(columns[0], pa.int64()),
+            "reused_from": pa.array(columns[1], pa.int64()),
+            "has_model": pa.array([artifact is not None for artifact in columns[2]], pa.bool_()),
+            "by_reference": pa.repeat(pa.scalar(False), len(columns[0])),
+            "artifact": pa.array(columns[2], pa.string()),
+            "size": pa.array(columns[3], pa.int64()),
+            "metrics": pa.array(columns[4], pa.string()),
+            "duration_s": pa.array(columns[5], pa.float64())})
+
