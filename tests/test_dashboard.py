@@ -226,8 +226,6 @@ def test_the_page_follows_a_live_run_in_chromium(tmp_path):
 def _million_store(path: Path, tasks: int) -> None:
     """A finished run of ``tasks`` tasks, its rows written in bulk through the
     store's own writer (no fit is called: the test is about reading)."""
-    from concurrent.futures import Future
-
     import pyarrow as pa
 
     from manymodels.hashing import TaskIdentities
@@ -246,9 +244,7 @@ def _million_store(path: Path, tasks: int) -> None:
     keys = encode_keys([(f"s{i // 1000:04d}", f"i{i % 1000:03d}") for i in range(tasks)])
     hashes = pa.array([f"{i:032x}" for i in range(tasks)], pa.string())
     nothing = pa.nulls(tasks, pa.string())
-    identities = Future()
-    identities.set_result(TaskIdentities(hashes, nothing, hashes, None))
-    writer = StoreWriter(path, run_id, keys, identities)
+    writer = StoreWriter(path, run_id, keys, TaskIdentities(hashes, nothing, hashes, None))
     for first in range(0, tasks, 200_000):
         rows = range(first, min(first + 200_000, tasks))
         writer.put({

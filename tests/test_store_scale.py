@@ -10,7 +10,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -414,40 +413,6 @@ def test_a_fork_waits_for_the_store_writer_to_leave_sqlite():
     writer.join()
     assert forked_after_release
     assert not WRITING.locked()
-
-
-@pytest.mark.parametrize("backend", ["serial", "processes"])
-def test_a_first_run_hashes_its_data_while_it_trains(tmp_path, backend):
-    """Into a store that never trained a model, a table of numbers is hashed
-    on a thread while the run goes (the workers do not wait for it): the
-    stored identities are those made before the run, and a re-run, which
-    hashes first to look for reuse, reuses every model."""
-    table = _table(400)
-    seen = str(tmp_path / "seen")  # a file's name: a closure's values are in the identity
-
-    def fit(data):
-        hashing = any(t.name == "manymodels-identities" for t in threading.enumerate())
-        with open(seen, "a") as out:
-            out.write("1" if hashing else "0")
-        return fit_small(data)
-
-    source = mm.groups(table, by="g", format="numpy")
-    assert plan(source).data.hashing_cannot_fail()
-    expected = task_identities(plan(source), fit, None)[0].identity.to_pylist()
-    first = mm.train(fit, source, backend=backend, workers=2, progress=False,
-                     store=tmp_path / "s")
-    assert (first.results["status"] == "ok").all()
-    tasks = taskblocks.read_run(mm.Store(tmp_path / "s")._conn, first.run_id, ["identity"])
-    assert tasks["identity"].to_pylist() == expected
-    again = mm.train(fit, source, backend=backend, workers=2, progress=False,
-                     store=tmp_path / "s")
-    assert again.summary().reused == 400
-    # a pandas frame may hold what pandas cannot hash: hashed before the run starts
-    Path(seen).unlink()
-    mixed = mm.groups(table.assign(label=table["g"].astype(str)), by="g")
-    assert not plan(mixed).data.hashing_cannot_fail()
-    mm.train(fit, mixed, backend="serial", progress=False, store=tmp_path / "t")
-    assert set(Path(seen).read_text()) == {"0"}
 
 
 def test_an_earlier_run_with_the_same_tasks_is_matched_task_by_task():

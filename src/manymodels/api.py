@@ -6,7 +6,6 @@ the error names the argument at fault.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,7 +16,7 @@ from .backends import Backend, backend_class
 from .callbacks import Callbacks, RunInfo
 from .evaluation import prepare as prepare_evaluation
 from .execution import RunContext
-from .hashing import plan_identities, run_hashes
+from .hashing import task_identities
 from .options import RunOptions
 from .planning import add_fit_keys
 from .planning import plan as make_plan
@@ -164,12 +163,10 @@ def train(
         if store is not None:
             # the splitter is part of each task's identity: its metrics depend on
             # it; the driver keeps no per-task identity beyond the recorder's columns
-            hashes = run_hashes(fit, {**(options.shared or {}), **identity_extra}
-                                if identity_extra else options.shared)
-            recorder = RunRecorder(
-                store, plan, functools.partial(plan_identities, plan, hashes), hashes,
-                fit_name=_callable_name(fit), source=repr(source), backend=name,
-                workers=options.sized_for(backend_type, len(plan.tasks)).workers)
+            recorder = RunRecorder(store, plan, *task_identities(
+                plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
+                else options.shared), fit_name=_callable_name(fit), source=repr(source),
+                backend=name, workers=options.sized_for(backend_type, len(plan.tasks)).workers)
             to_do -= recorder.begin(reuse=options.reuse)
         try:
             engine = instance if instance is not None else backend_type()

@@ -297,25 +297,10 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
     """Every task's identity (see :class:`TaskIdentities`), and the code
     description, with the run's ``code_hash`` and ``shared_hash``. Group rows
     are hashed once for the whole table."""
-    detail = run_hashes(fit, shared)
-    return plan_identities(plan, detail), detail
-
-
-def run_hashes(fit: Any, shared: dict | None) -> dict:
-    """What every task's identity shares: the code description, with the
-    run's ``code_hash`` and ``shared_hash`` (an object that cannot be hashed
-    is refused here, before any work)."""
-    code, detail = code_identity(fit)
-    return {**detail, "code_hash": code,
-            "shared_hash": value_hash(dict(sorted((shared or {}).items())))}
-
-
-def plan_identities(plan: Any, run: dict) -> TaskIdentities:
-    """Every task's identity from its data and parameters and the ``run``'s
-    hashes (:func:`run_hashes`)."""
     import pyarrow as pa
 
-    code, shared_part = run["code_hash"], run["shared_hash"]
+    code, detail = code_identity(fit)
+    shared_part = value_hash(dict(sorted((shared or {}).items())))
     tasks = plan.tasks
     data_lanes = plan.data.hash_lanes(tasks.refs)
     data_parts = lanes_hex_array(data_lanes)
@@ -344,5 +329,6 @@ def plan_identities(plan: Any, run: dict) -> TaskIdentities:
     else:
         params_column = pa.array([None if params == "-" else params
                                   for params in params_parts], pa.string())
-    return TaskIdentities(names, params_column, data_parts,
-                          np.ascontiguousarray(identity_lanes[:, 0]))
+    identities = TaskIdentities(names, params_column, data_parts,
+                                np.ascontiguousarray(identity_lanes[:, 0]))
+    return identities, {**detail, "code_hash": code, "shared_hash": shared_part}

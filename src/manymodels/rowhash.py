@@ -163,7 +163,7 @@ def arrow_row_hashes(table: Any) -> np.ndarray:
     import pandas as pd
 
     columns, count = table.num_columns, table.num_rows
-    own = [plain_numbers(table.column(position)) for position in range(columns)]
+    own = [_plain_numbers(table.column(position)) for position in range(columns)]
     by_pandas = [position for position in range(columns) if own[position] is None]
 
     def pandas_hashes(position: int) -> np.ndarray:
@@ -239,7 +239,7 @@ def _pandas_float_patterns(dtype: str) -> tuple[np.uint64 | None, np.uint64 | No
     return nan_bits, zero_bits
 
 
-def plain_numbers(column: Any) -> np.ndarray | None:
+def _plain_numbers(column: Any) -> np.ndarray | None:
     """A column of integers, floats or booleans without nulls as one NumPy
     array (what pandas would hash by its bits); None for any other column."""
     import pyarrow as pa

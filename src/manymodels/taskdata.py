@@ -96,12 +96,6 @@ class TaskData:
 
         return np.array([lanes_of(h) for h in self.hashes(refs)], dtype=np.uint64).reshape(-1, 2)
 
-    def hashing_cannot_fail(self) -> bool:
-        """Whether :meth:`hash_lanes` cannot raise: a store then hashes the
-        data while the run goes (its first run, when nothing could be
-        reused), instead of keeping the workers waiting for it."""
-        return False
-
     def open(self, table: Any) -> DataReader:
         """The reader a worker uses; ``table`` is :attr:`table` as the worker
         sees it (mapped from shared memory, or the object itself)."""
@@ -224,16 +218,6 @@ class TableSlices(TaskData):
                   np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
         found = np.searchsorted(offsets, starts)
         return per_group[found]
-
-    def hashing_cannot_fail(self) -> bool:
-        """An Arrow table of numbers and booleans without nulls: hashed by
-        NumPy alone (see :func:`~.rowhash.arrow_row_hashes`), so hashing on a
-        thread is safe beside a fork too (pandas and Arrow, which hash the
-        other columns, keep thread pools and locks a forked worker inherits)."""
-        from .rowhash import plain_numbers
-
-        return not is_pandas_frame(self.table) and all(
-            plain_numbers(column) is not None for column in self.table.columns)
 
     def open(self, table: Any) -> DataReader:
         if is_pandas_frame(table):

@@ -11,10 +11,7 @@ same transaction or earlier).
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -28,7 +25,7 @@ from ..messages import Pickled, Status
 from ..partpacks import ModelPack
 from . import database, taskblocks
 from .registry import IN_STORE
-from .reuse import ReuseSearch, anything_to_reuse
+from .reuse import ReuseSearch
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
@@ -43,15 +40,12 @@ _REUSED_BLOCK = 1 << 18
 class RunRecorder:
     """Records one run: its row in ``runs``, then its tasks as they finish."""
 
-    def __init__(self, store: Any, plan: Any, identities: Callable[[], TaskIdentities],
-                 code_detail: dict, *, fit_name: str, source: str, backend: str,
-                 workers: int) -> None:
+    def __init__(self, store: Any, plan: Any, identities: TaskIdentities, code_detail: dict,
+                 *, fit_name: str, source: str, backend: str, workers: int) -> None:
         self.store = store
         self.conn = store._conn
         self.plan = plan
-        #: Makes every task's identity (see :meth:`_start_identities`).
-        self._make_identities = identities
-        self._identities: Future[TaskIdentities] = Future()
+        self.identities = identities
         self.code_detail = code_detail
         self.fit_name, self.source = fit_name, source
         self.backend, self.workers = backend, workers
@@ -65,15 +59,9 @@ class RunRecorder:
         self._writer: StoreWriter | None = None
         self._records: Any = None
 
-    @property
-    def identities(self) -> TaskIdentities:
-        """Every task's identity (waiting for them when they are being made)."""
-        return self._identities.result()
-
     def begin(self, reuse: bool) -> int:
         """Create the run's row and record the tasks whose models are reused
         (as blocks, like any finished task); return how many."""
-        reuse = self._start_identities(reuse)
         self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
         reused = self._reused = None
         if reuse and self.plan.tasks:
@@ -103,29 +91,8 @@ class RunRecorder:
                     from exc
             raise
         self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
-                                   self._identities, on_committed=self._forget_models)
+                                   self.identities, on_committed=self._forget_models)
         return 0 if reused is None else reused.num_rows
-
-    def _start_identities(self, reuse: bool) -> bool:
-        """Make the tasks' identities now, or, when no task could be reused
-        (the store never trained a model, or ``reuse=False``) and hashing
-        the data cannot fail, on a thread while the run goes: a million
-        groups' rows take half a second to hash, which the workers would
-        otherwise wait. The writer waits for them before its first commit.
-        Return whether reuse is worth looking for."""
-        reuse = reuse and anything_to_reuse(self.conn)
-        if reuse or not self.plan.data.hashing_cannot_fail():
-            self._identities.set_result(self._make_identities())  # may refuse, before work
-            return reuse
-
-        def make() -> None:
-            try:
-                self._identities.set_result(self._make_identities())
-            except BaseException as exc:  # the writer raises it as the store's error
-                self._identities.set_exception(exc)
-
-        threading.Thread(target=make, name="manymodels-identities", daemon=True).start()
-        return False
 
     def _insert_same_as(self, source: int, tasks: int) -> None:
         """One block naming ``source``'s trained rows, every one reused here

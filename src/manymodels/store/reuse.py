@@ -28,11 +28,6 @@ _REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "si
                    "metrics", "duration_s", "key")
 
 
-def anything_to_reuse(conn: sqlite3.Connection) -> bool:
-    """Whether any run of the store trained a model a later run could reuse."""
-    return bool(_runs_that_trained(conn)) or _has_legacy_rows(conn)
-
-
 def _runs_that_trained(conn: sqlite3.Connection) -> list[int]:
     return [run_id for (run_id,) in conn.execute(
         "SELECT DISTINCT b.run_id FROM task_blocks b JOIN runs r ON r.run_id = b.run_id "

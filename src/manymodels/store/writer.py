@@ -20,7 +20,6 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +60,10 @@ class StoreWriter:
     """Commits the tasks of one run, in the order handed over, on a thread.
 
     ``keys`` and ``identities``: every task's encoded key and identity
-    columns, made once for the run (the identities perhaps still being made:
-    the first commit waits for them); a hand-over's rows take theirs by task
+    columns, made once for the run; a hand-over's rows take theirs by task
     index (see :func:`.taskblocks.task_columns`)."""
 
-    def __init__(self, root: Path, run_id: int, keys: pa.Array,
-                 identities: Future[TaskIdentities],
+    def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: TaskIdentities,
                  on_committed: Callable[[list[int]], None] | None = None) -> None:
         self.root, self.run_id = root, run_id
         #: Told the task indices whose models a transaction committed.
@@ -129,13 +126,12 @@ class StoreWriter:
                         conn.close()
 
     def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
-        identities = self.identities.result()  # before the transaction: it may wait
         conn.execute("BEGIN IMMEDIATE")
         artifact, size = self._write_models(conn, handover["task_index"], handover["model"])
         rows = pa.array(handover["task_index"], pa.int64())
-        prefixes = identities.prefixes
+        prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
-            **taskblocks.task_columns(self.keys, identities, rows),
+            **taskblocks.task_columns(self.keys, self.identities, rows),
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"],
