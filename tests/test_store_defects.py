@@ -286,3 +286,42 @@ def test_store_on_a_read_only_file_system_opens_for_reading(tmp_path):
                      progress=False)
     finally:
         subprocess.run(["umount", "-l", str(view)], check=False)
+
+
+def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_path):
+    """``Store.gc`` decodes the blocks before its write transaction and, inside
+    it, only the blocks written since (a run committing meanwhile is kept
+    whole); a stray file is removed, but not one newer than the collection (a
+    writer puts a large model's file in place before the row naming it)."""
+    import os
+    import time
+
+    from manymodels.store import taskblocks
+
+    def fit_large(item):
+        return np.random.default_rng(item).random(200_000)  # 1.6 MB: a file
+
+    store = tmp_path / "store"
+    mm.train(fit_large, mm.items(range(2)), store=store, backend="serial", progress=False)
+    registry = mm.Store(store)
+    conn = registry._conn
+    named, last = taskblocks.referenced_artifacts(conn)
+    assert len(named) == 2 and last > 0
+    assert taskblocks.referenced_artifacts(conn, after=last) == (set(), last)
+    later = mm.train(fit_large, mm.items(range(2, 4)), store=store, backend="serial",
+                     progress=False)
+    since, newest = taskblocks.referenced_artifacts(conn, after=last)
+    assert len(since) == 2 and newest > last and not since & named
+
+    stray = store / "artifacts" / "ab" / ("ab" + "0" * 62)
+    placed = store / "artifacts" / "cd" / ("cd" + "0" * 62)
+    for file in (stray, placed):
+        file.parent.mkdir(exist_ok=True)
+        file.write_bytes(b"x" * 10)
+    os.utime(stray, (time.time() - 60, time.time() - 60))
+    os.utime(placed, (time.time() + 60, time.time() + 60))  # as if written during the gc
+    assert registry.gc() == 1
+    assert not stray.exists() and placed.exists()
+    for item in range(4):  # every model any run names is kept
+        np.testing.assert_array_equal(registry.load(item, later.run_id if item >= 2 else 1),
+                                      fit_large(item))

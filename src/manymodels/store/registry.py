@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -356,11 +357,22 @@ class Store:
 
     def gc(self) -> int:
         """Remove artifacts and packs no run references, and stray files; return
-        how many models (and files) were removed."""
+        how many models (and files) were removed.
+
+        The blocks are read before the write transaction (a million tasks'
+        locators take seconds to decode, and a run training into the store
+        meanwhile would wait for its commits); inside it, only the blocks
+        written since. A stray file newer than the collection is left: a
+        run's writer puts a large model's file in place before the row that
+        names it."""
         conn = self._conn
+        began = time.time()
+        named, last_block = taskblocks.referenced_artifacts(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            named = taskblocks.referenced_artifacts(conn)
+            named |= taskblocks.referenced_artifacts(conn, after=last_block)[0]
+            named.update(a for (a,) in conn.execute(
+                "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL"))
             named.update(a for (a,) in conn.execute("SELECT artifact FROM attachments"))
             dead = [(sha, path) for sha, path in conn.execute(
                 "SELECT sha256, path FROM artifacts") if sha not in named]
@@ -378,7 +390,7 @@ class Store:
         removed = len(dead) + sum(models for _, models in dead_packs)
         for file in (self.path / "artifacts").rglob("*"):
             relative = file.relative_to(self.path).as_posix()
-            if file.is_file() and relative not in known:
+            if file.is_file() and relative not in known and _older_than(file, began):
                 file.unlink(missing_ok=True)
                 removed += relative not in {p for _, p in dead if p}
         conn.execute("VACUUM")
@@ -396,6 +408,13 @@ class Store:
         from .explain import why_not_reused
 
         return why_not_reused(self, key, run)
+
+
+def _older_than(file: Path, moment: float) -> bool:
+    try:
+        return file.stat().st_mtime < moment
+    except OSError:  # gone meanwhile
+        return False
 
 
 def _with_models(tasks: pa.Table) -> pa.Table:

@@ -310,17 +310,21 @@ class KeyLookup:
         return max(rows) if rows else None
 
 
-def referenced_artifacts(conn: sqlite3.Connection) -> set[str]:
-    """Every artifact (SHA-256 or pack locator) some task of any run names:
-    what :meth:`Store.gc` keeps."""
-    names: set[str] = {a for (a,) in conn.execute(
-        "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL")}
+def referenced_artifacts(conn: sqlite3.Connection, after: int = 0) -> tuple[set[str], int]:
+    """Every artifact (SHA-256 or pack locator) the blocks after block
+    ``after`` name (a block that names another run's rows adds nothing: that
+    run's own blocks name its models), and the last block read: what
+    :meth:`Store.gc` keeps."""
+    names: set[str] = set()
+    last = after
     for block_id, run_id, data in conn.execute(
-            "SELECT block_id, run_id, data FROM task_blocks"):
+            "SELECT block_id, run_id, data FROM task_blocks WHERE block_id > ? "
+            "ORDER BY block_id", (after,)):
         column = decode(data, f"task block {block_id} of run {run_id}",
                         ["artifact"])["artifact"].drop_null()
         names.update(pc.unique(column).to_pylist())
-    return names
+        last = block_id
+    return names, last
 
 
 def metric_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
