@@ -250,3 +250,35 @@ def test_closed_standard_streams_do_not_break_later_tasks(capfd, start_method):
     for item in items:
         assert f"stdout-{item}" in out and f"fd1-{item}" in out
         assert f"stderr-{item}" in err and f"fd2-{item}" in err
+
+
+#: A driver that ran LightGBM (GNU OpenMP's pool started in its main thread),
+#: then trains LightGBM models in forked workers.
+OPENMP_THEN_FORK = """
+import sys
+import numpy as np, pandas as pd, lightgbm as lgb, manymodels as mm
+rng = np.random.default_rng(0)
+X = rng.normal(size=(200, 2)); y = X[:, 0] + rng.normal(size=200)
+lgb.LGBMRegressor(n_estimators=5, verbose=-1).fit(X, y)
+frame = pd.DataFrame({"g": np.repeat(list("abcd"), 50), "x": X[:, 0], "x2": X[:, 1], "y": y})
+
+def fit(df):
+    return lgb.LGBMRegressor(n_estimators=5, verbose=-1).fit(df[["x", "x2"]], df["y"])
+
+run = mm.train(fit, mm.groups(frame, by="g"), workers=2, start_method=sys.argv[1],
+               timeout=30, progress=False)
+print(run.results["status"].tolist())
+"""
+
+
+@pytest.mark.parametrize("start_method", ["auto", "fork"])
+def test_workers_forked_after_the_driver_ran_openmp_do_not_hang(start_method):
+    """GNU OpenMP keeps a thread's pool after its first parallel region and
+    has no fork handler: a worker forked from the driver after a LightGBM fit
+    waited for the pool's threads for ever in its first fit. The driver ends
+    its pool before each fork."""
+    pytest.importorskip("lightgbm")
+    done = subprocess.run([sys.executable, "-c", OPENMP_THEN_FORK, start_method],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(["ok"] * 4)

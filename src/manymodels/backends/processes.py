@@ -28,6 +28,7 @@ driver's handle on a worker is :mod:`._process_handles`, starting one is
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import mmap
 import os
@@ -74,6 +75,34 @@ _STOP_GRACE_S = 1.0
 #: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
 #: initialised Ray is caught by its threads.
 FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
+#: ``omp_pause_hard``: ``omp_pause_resource_all`` ends the calling thread's pool.
+_OMP_PAUSE_HARD = 2
+
+
+def gomp_pool_releasers(controller: Any) -> list[Any] | None:
+    """``omp_pause_resource_all`` of each GNU OpenMP runtime (libgomp) that
+    ``controller`` (a ``threadpoolctl.ThreadpoolController``) found loaded, or
+    None where one lacks it (libgomp before GCC 10).
+
+    libgomp keeps a thread's pool of OpenMP threads after its first parallel
+    region (a LightGBM or scikit-learn fit, a LightGBM model loaded) and has no
+    fork handler: a child forked from that thread inherits the pool's
+    bookkeeping but not its threads, and its first parallel region waits for
+    them forever, even with one thread. Called in the forking thread just
+    before a fork, the pause ends that thread's pool (its threads exit; the
+    next parallel region starts a new one), so the child starts without one.
+    LLVM's and Intel's runtimes handle a fork themselves."""
+    releasers = []
+    for info in controller.info():
+        if (info.get("internal_api") == "openmp"
+                and os.path.basename(info.get("filepath") or "").startswith("libgomp")):
+            try:
+                pause = ctypes.CDLL(info["filepath"]).omp_pause_resource_all
+            except (OSError, AttributeError):
+                return None
+            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+            releasers.append(pause)
+    return releasers
 
 
 class ProcessesBackend(WorkerStarter, Backend):
@@ -102,9 +131,12 @@ class ProcessesBackend(WorkerStarter, Backend):
         memory limit (a forked worker's share of the driver's pages is left out
         of its memory, but the pages the driver then copies become the worker's
         alone and would count), none of the libraries whose own thread pools or devices do not
-        survive a fork imported (:data:`FORK_UNSAFE_MODULES`) and no Ray
-        initialised in the driver. The worker only runs ``fit``; CPython
-        re-initialises its own locks (import, logging) in a forked child."""
+        survive a fork imported (:data:`FORK_UNSAFE_MODULES`), no Ray
+        initialised in the driver and every GNU OpenMP runtime loaded able to
+        end the driver's pool before a fork (:func:`gomp_pool_releasers`). The
+        worker only runs ``fit``; CPython re-initialises its own locks (import,
+        logging) in a forked child."""
+        self._controller = None  # the libraries loaded now: scanned again each run
         if self.options.start_method != "auto":
             return self.options.start_method
         unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
@@ -112,15 +144,30 @@ class ProcessesBackend(WorkerStarter, Backend):
         if ray is not None and getattr(ray, "is_initialized", lambda: False)():
             unsafe.append("ray")
         if (sys.platform.startswith("linux") and self.cpus_per_task == 1 and not self.gpu_sets
-                and self.memory_limit is None and not unsafe):
+                and self.memory_limit is None and not unsafe
+                and gomp_pool_releasers(self._threadpools()) is not None):
             return "fork"
         return "spawn"
+
+    def _threadpools(self) -> Any:
+        """threadpoolctl's controller of the BLAS/OpenMP libraries loaded, found once a run."""
+        if getattr(self, "_controller", None) is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._controller = ThreadpoolController()
+        return self._controller
+
+    def _release_openmp(self) -> None:
+        """End the driver's GNU OpenMP pool before a fork (see :func:`gomp_pool_releasers`)."""
+        for pause in self._gomp_releasers:
+            pause(_OMP_PAUSE_HARD)
 
     def start(self, context: RunContext) -> None:
         dataplane.sweep_stale_files()
         self._files = dataplane.RunFiles()
         self._workers: list[Worker] = []
         self._driver_limits: Any = None  # the driver's BLAS/OpenMP limits, while it runs
+        self._gomp_releasers: list[Any] = []
         self.start_method = self._choose_start_method()
         self._start_began, self.worker_start_s = time.perf_counter(), 0.0
         self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took
@@ -149,6 +196,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             self._start_gate = os.pipe() if self.start_method == "fork" else None
             try:
                 self._limit_driver_threads()
+                self._release_openmp()
                 for slot in range(self.workers):
                     self._workers.append(self._spawn(slot))
                 self._first_pids = [w.process.pid for w in self._workers]
@@ -177,11 +225,12 @@ class ProcessesBackend(WorkerStarter, Backend):
         spin for a while on the cores the workers need (small SciPy calls in
         the workers took 1.8x as long). So the limits are restored in
         :meth:`stop`. Spawned workers set the limits themselves, and find them
-        in their environment."""
+        in their environment. Before forking, the driver's GNU OpenMP pool is
+        ended (:meth:`_release_openmp`)."""
         if self.start_method == "fork":
-            from threadpoolctl import ThreadpoolController
-
-            self._driver_limits = ThreadpoolController().limit(limits=self.cpus_per_task)
+            controller = self._threadpools()
+            self._driver_limits = controller.limit(limits=self.cpus_per_task)
+            self._gomp_releasers = gomp_pool_releasers(controller) or []
 
     def _open_start_gate(self) -> None:
         """Let the forked workers go. Each waits at the gate until every worker
@@ -229,6 +278,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         else:
             events = blame_lost_batch(index, unreported, status, message, worker.slot,
                                       self._deaths)
+        self._release_openmp()  # in case the driver ran OpenMP since the last fork
         self._workers[worker.slot] = self._spawn(worker.slot)
         return events
 
