@@ -305,13 +305,25 @@ def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_
     mm.train(fit_large, mm.items(range(2)), store=store, backend="serial", progress=False)
     registry = mm.Store(store)
     conn = registry._conn
-    named, last = taskblocks.referenced_artifacts(conn)
-    assert len(named) == 2 and last > 0
-    assert taskblocks.referenced_artifacts(conn, after=last) == (set(), last)
+    named, read = taskblocks.referenced_artifacts(conn)
+    assert len(named) == 2 and read
+    assert taskblocks.referenced_artifacts(conn, seen=read) == (set(), set())
     later = mm.train(fit_large, mm.items(range(2, 4)), store=store, backend="serial",
                      progress=False)
-    since, newest = taskblocks.referenced_artifacts(conn, after=last)
-    assert len(since) == 2 and newest > last and not since & named
+    since, new = taskblocks.referenced_artifacts(conn, seen=read)
+    assert len(since) == 2 and new and not new & read and not since & named
+    # a block id reused after its run was deleted is read again (its run's id differs)
+    third = mm.train(fit_large, mm.items(range(4, 5)), store=store, backend="serial",
+                     progress=False)
+    snapshot = taskblocks.referenced_artifacts(conn)[1]  # gc's read before it locks
+    registry.delete(third.run_id)  # meanwhile: the newest blocks go, their ids are free
+    fourth = mm.train(fit_large, mm.items(range(5, 6)), store=store, backend="serial",
+                      progress=False)
+    assert {block for block, run in snapshot if run == third.run_id} == {
+        block for block, run in taskblocks.referenced_artifacts(conn)[1]
+        if run == fourth.run_id}  # the same block id, now another run's
+    reused_id = taskblocks.referenced_artifacts(conn, seen=snapshot)
+    assert {run for _, run in reused_id[1]} == {fourth.run_id} and len(reused_id[0]) == 1
 
     stray = store / "artifacts" / "ab" / ("ab" + "0" * 62)
     placed = store / "artifacts" / "cd" / ("cd" + "0" * 62)
@@ -320,8 +332,9 @@ def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_
         file.write_bytes(b"x" * 10)
     os.utime(stray, (time.time() - 60, time.time() - 60))
     os.utime(placed, (time.time() + 60, time.time() + 60))  # as if written during the gc
-    assert registry.gc() == 1
+    assert registry.gc() == 2  # the stray file and the deleted run's model
     assert not stray.exists() and placed.exists()
+    np.testing.assert_array_equal(registry.load(5, fourth.run_id), fit_large(5))
     for item in range(4):  # every model any run names is kept
         np.testing.assert_array_equal(registry.load(item, later.run_id if item >= 2 else 1),
                                       fit_large(item))

@@ -362,15 +362,15 @@ class Store:
         The blocks are read before the write transaction (a million tasks'
         locators take seconds to decode, and a run training into the store
         meanwhile would wait for its commits); inside it, only the blocks
-        written since. A stray file newer than the collection is left: a
-        run's writer puts a large model's file in place before the row that
-        names it."""
+        written since (a block id reused after a run was deleted included).
+        A stray file newer than the collection is left: a run's writer puts
+        a large model's file in place before the row that names it."""
         conn = self._conn
         began = time.time()
-        named, last_block = taskblocks.referenced_artifacts(conn)
+        named, read = taskblocks.referenced_artifacts(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            named |= taskblocks.referenced_artifacts(conn, after=last_block)[0]
+            named |= taskblocks.referenced_artifacts(conn, seen=read)[0]
             named.update(a for (a,) in conn.execute(
                 "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL"))
             named.update(a for (a,) in conn.execute("SELECT artifact FROM attachments"))

@@ -310,21 +310,27 @@ class KeyLookup:
         return max(rows) if rows else None
 
 
-def referenced_artifacts(conn: sqlite3.Connection, after: int = 0) -> tuple[set[str], int]:
-    """Every artifact (SHA-256 or pack locator) the blocks after block
-    ``after`` name (a block that names another run's rows adds nothing: that
-    run's own blocks name its models), and the last block read: what
-    :meth:`Store.gc` keeps."""
+def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | None = None
+                         ) -> tuple[set[str], set[tuple[int, int]]]:
+    """Every artifact (SHA-256 or pack locator) the blocks name but those
+    already ``seen`` (``(block_id, run_id)`` pairs: a block's id is reused
+    after its run is deleted, a run's id never is), and the blocks read: what
+    :meth:`Store.gc` keeps. A block that names another run's rows adds
+    nothing: that run's own blocks name its models."""
+    seen = seen or set()
+    wanted = [pair for pair in conn.execute("SELECT block_id, run_id FROM task_blocks")
+              if pair not in seen] if seen else None
     names: set[str] = set()
-    last = after
-    for block_id, run_id, data in conn.execute(
-            "SELECT block_id, run_id, data FROM task_blocks WHERE block_id > ? "
-            "ORDER BY block_id", (after,)):
+    read: set[tuple[int, int]] = set()
+    rows = conn.execute("SELECT block_id, run_id, data FROM task_blocks") if wanted is None \
+        else (conn.execute("SELECT block_id, run_id, data FROM task_blocks WHERE block_id = ?",
+                           (block_id,)).fetchone() for block_id, _ in wanted)
+    for block_id, run_id, data in rows:
         column = decode(data, f"task block {block_id} of run {run_id}",
                         ["artifact"])["artifact"].drop_null()
         names.update(pc.unique(column).to_pylist())
-        last = block_id
-    return names, last
+        read.add((block_id, run_id))
+    return names, read
 
 
 def metric_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
