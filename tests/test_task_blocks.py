@@ -256,6 +256,50 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     assert mm.Store(store).load(5, third.run_id) == pytest.approx(first.models[5])
 
 
+def test_a_run_deleted_as_a_rerun_starts_is_searched_again(tmp_path, monkeypatch):
+    """Another driver deletes the run a re-run was about to name, between the
+    search and the re-run's transaction: the re-run searches again (and
+    trains what it can no longer reuse) instead of failing."""
+    from manymodels.store import reuse
+
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    found = reuse.ReuseSearch.find
+    deleted = []
+
+    def find_then_delete(self):
+        result = found(self)
+        if not deleted:
+            other = mm.Store(store)  # another connection, as another driver's
+            other.delete(first.run_id)
+            other.close()
+            deleted.append(first.run_id)
+        return result
+
+    monkeypatch.setattr(reuse.ReuseSearch, "find", find_then_delete)
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    assert deleted == [first.run_id]
+    assert again.summary().reused == 0 and again.summary().ok == 299
+    assert all(same_as is None for _, _, same_as in _same_as(store))
+
+
+def test_a_block_naming_a_missing_run_is_refused_by_name(tmp_path):
+    """A block whose named run is gone without its rows copied in (an older
+    manymodels deleted it) is refused by name, never read as no tasks."""
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (first.run_id,))
+    with pytest.raises(StoreIntegrityError, match=f"names run {first.run_id}"):
+        mm.Store(store).results(again.run_id)
+
+
 def test_a_run_still_running_is_copied_from_not_named(tmp_path):
     """A run another driver is still writing may gain rows: a re-run that
     reuses its models copies them instead of naming the run."""

@@ -1,7 +1,9 @@
 """One run's tasks, kept in memory between the dashboard's polls.
 
 A run's tasks reach the store in blocks (:mod:`..store.taskblocks`): a row of
-``task_blocks`` per hand-over of the writer, never changed once written. The
+``task_blocks`` per hand-over of the writer, never changed once written (but
+for a block naming another run's rows, which gets the same rows copied in
+when that run is deleted). The
 dashboard asks about a live run about once a second; decoding every block at
 every poll would redo a million tasks' work each time. A :class:`RunTasks`
 keeps what it decoded and, at each refresh, reads only the blocks written since
@@ -146,14 +148,11 @@ class RunTasks:
                 schema=_SCHEMA))
 
     def _read_blocks(self, conn: sqlite3.Connection) -> None:
-        for block_id, data, same_as in conn.execute(
-                f"SELECT block_id, data, {taskblocks.same_as_column(conn)} FROM task_blocks "
-                "WHERE run_id = ? AND block_id > ? ORDER BY block_id",
-                (self.run_id, self._block)):
-            # only the shown columns are decompressed: the identity and hashes
-            # are half a block's decoding time and never shown
-            self._append(taskblocks.block_rows(conn, self.run_id, block_id, data, same_as,
-                                               COLUMNS))
+        # only the shown columns are decompressed: the identity and hashes
+        # are half a block's decoding time and never shown
+        for block_id, rows in taskblocks.run_blocks(conn, self.run_id, COLUMNS,
+                                                    after=self._block):
+            self._append(rows)
             self._block = block_id
             self.blocks_read += 1
 

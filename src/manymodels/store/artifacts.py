@@ -59,6 +59,11 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+    else:  # the same bytes are there: made new again, so a gc running now leaves them
+        try:
+            os.utime(target)
+        except OSError:
+            pass
     conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, path) VALUES (?, ?, ?)",
                  (digest, len(data), relative))
     return digest, len(data)

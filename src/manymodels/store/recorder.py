@@ -61,50 +61,66 @@ class RunRecorder:
 
     def begin(self, reuse: bool) -> int:
         """Create the run's row and record the tasks whose models are reused
-        (as blocks, like any finished task); return how many."""
+        (their rows as blocks, or one block naming the run whose trained rows
+        they all are); return how many."""
         self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
-        reused = self._reused = None
+        for last_try in (False, True):
+            reused = self._find_reusable(reuse)
+            if self._start_run(reused, last_try):
+                break
+        self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
+                                   self.identities, on_committed=self._forget_models)
+        return 0 if reused is None else reused.num_rows
+
+    def _find_reusable(self, reuse: bool) -> pa.Table | None:
+        self._same_as = self._reused = None
         if reuse and self.plan.tasks:
             search = ReuseSearch(self.conn, self.store.path, self.identities, self._keys)
-            reused = self._reused = search.find()
+            self._reused = search.find()
             self._same_as = search.same_as
         # what the match read and dropped goes back to the system now: a
         # re-run of a million would otherwise hold it through the run
         pa.default_memory_pool().release_unused()
+        return self._reused
+
+    def _start_run(self, reused: pa.Table | None, last_try: bool) -> bool:
+        """Write the run's row and its reused tasks in one transaction; False
+        (nothing written) when the run to be named was deleted since it was
+        found, to search again (on the last try, it is an error)."""
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if self._same_as is not None and not self._may_still_name(self._same_as[0]):
+                conn.execute("ROLLBACK")
+                if last_try:
+                    raise database.StoreError(
+                        f"run {self._same_as[0]}, whose models this run reuses, was deleted "
+                        "twice while the run started: start it again")
+                return False
             self.run_id = database.insert_run(
                 conn, backend=self.backend, workers=self.workers, source=self.source,
                 fit=self.fit_name, tasks=len(self.plan.tasks),
                 key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
                 code_detail=self.code_detail)
             if self._same_as is not None:
-                self._insert_same_as(*self._same_as)
+                taskblocks.insert_same_as(conn, self.run_id, *self._same_as)
             if reused is not None and reused.num_rows:
                 self._insert_reused(reused.filter(pc.invert(reused["by_reference"])))
             conn.execute("COMMIT")
+            return True
         except BaseException as exc:
             database.rollback_quietly(conn)
             if isinstance(exc, sqlite3.Error):
                 raise database.write_error(self.store.path, exc, "the run could not start") \
                     from exc
             raise
-        self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
-                                   self.identities, on_committed=self._forget_models)
-        return 0 if reused is None else reused.num_rows
 
-    def _insert_same_as(self, source: int, tasks: int) -> None:
-        """One block naming ``source``'s trained rows, every one reused here
-        (see :meth:`_names_every_trained_row`): checked again inside this
-        transaction, where no other driver can delete that run meanwhile."""
+    def _may_still_name(self, source: int) -> bool:
+        """Whether run ``source`` is still there and ended (checked inside the
+        transaction that names it, where no other driver can delete it)."""
         status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
                                    (source,)).fetchone()
-        if status is None or status[0] == "running":
-            raise database.StoreError(
-                f"run {source}, whose models this run reuses, was deleted while the run "
-                "started: start it again")
-        taskblocks.insert_same_as(self.conn, self.run_id, source, tasks)
+        return status is not None and status[0] != "running"
 
     def _insert_reused(self, reused: pa.Table) -> None:
         """The reused tasks' rows: blocks of at most 262,144 each (a million

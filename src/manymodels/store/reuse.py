@@ -23,7 +23,9 @@ from ..hashing import TaskIdentities
 from ..tables import one_array
 from . import artifacts, taskblocks
 
-#: The columns a reused task takes from the task whose model it reuses.
+#: What reuse reads of an earlier run's trained rows: what a reused task
+#: takes from the task whose model it reuses, and what matching and naming
+#: that run check (identity, status, error; key).
 _REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
                    "metrics", "duration_s", "key")
 
@@ -63,8 +65,6 @@ def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedAr
         missing = np.ones(count, dtype=bool)
         missing[numbers] = False
     return pa.array(at, mask=missing)
-
-
 
 
 class ReuseSearch:
@@ -108,7 +108,7 @@ class ReuseSearch:
             every = left.size == len(names)
             at = _same_tasks(names, candidates, trained["task_index"], positions) \
                 if every else None
-            if at is not None and self._names_every_trained_row(run_id, trained, positions, at):
+            if at is not None and self._names_every_trained_row(run_id, trained, positions):
                 found.append(self._reused_by_reference(run_id, trained, positions, at))
                 left = left[~at.is_valid().to_numpy(zero_copy_only=False)]
                 continue
@@ -142,12 +142,12 @@ class ReuseSearch:
             return None
         return pa.concat_tables(found).combine_chunks()
 
-    def _names_every_trained_row(self, run_id: int, trained: pa.Table, positions: np.ndarray,
-                                 at: pa.Array) -> bool:
+    def _names_every_trained_row(self, run_id: int, trained: pa.Table,
+                                 positions: np.ndarray) -> bool:
         """Whether this run may name ``run_id``'s trained rows instead of
         copying them (:func:`.taskblocks.insert_same_as`): each of them is
-        one of this run's tasks at its own number (``at``, from
-        :func:`_same_tasks`) with its own key, every one's model can be
+        one of this run's tasks at its own number (as :func:`_same_tasks`
+        found) with its own key, every one's model can be
         loaded, and that run has ended (no row of it will change)."""
         status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
                                    (run_id,)).fetchone()
@@ -181,7 +181,6 @@ class ReuseSearch:
             "metrics": trained["metrics"].take(rows),
             "duration_s": pa.nulls(count, pa.float64())})
 
-
     def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
         """Which of ``rows`` left a model that can still be loaded, or metrics
         without a model."""
@@ -196,7 +195,6 @@ class ReuseSearch:
         if no_model.any():
             loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
         return loadable
-
 
     def _legacy_reusable(self, left: np.ndarray) -> pa.Table:
         """What tasks ``left`` find in a store's rows written before blocks:
@@ -228,4 +226,3 @@ class ReuseSearch:
             "size": pa.array(columns[3], pa.int64()),
             "metrics": pa.array(columns[4], pa.string()),
             "duration_s": pa.array(columns[5], pa.float64())})
-

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -174,11 +174,7 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     ``trained_only``: only blocks that trained a model are read (the rows of
     the others are left out: what reuse looks for is in the former)."""
     names = list(dict.fromkeys(["task_index", *(columns or COLUMNS)]))
-    condition = " AND trained > 0" if trained_only else ""
-    parts = [block_rows(conn, run_id, block_id, data, same_as, names)
-             for block_id, data, same_as in conn.execute(
-                 f"SELECT block_id, data, {same_as_column(conn)} FROM task_blocks "
-                 f"WHERE run_id = ?{condition} ORDER BY block_id", (run_id,))]
+    parts = [rows for _, rows in run_blocks(conn, run_id, names, trained_only=trained_only)]
     legacy = _legacy_rows(conn, run_id)
     if legacy is not None:
         parts.insert(0, legacy.select(names))
@@ -198,13 +194,30 @@ def read_run(conn: sqlite3.Connection, run_id: int, columns: Iterable[str] | Non
     return result.combine_chunks()
 
 
-def block_rows(conn: sqlite3.Connection, run_id: int, block_id: int, data: bytes,
-               same_as: int | None, columns: Sequence[str]) -> pa.Table:
-    """One block's rows with ``columns``: decoded, or, for a block that names
-    another run's rows (see :func:`insert_same_as`), made from them."""
-    if same_as is None:
-        return decode(data, f"task block {block_id} of run {run_id}", columns)
-    return _rows_reused_from(conn, same_as, columns)
+def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
+               after: int = 0, trained_only: bool = False) -> Iterator[tuple[int, pa.Table]]:
+    """``run_id``'s blocks after block ``after``, in order, each as its
+    rows with ``columns``: decoded, or, for a block that names another run's
+    rows (see :func:`insert_same_as`), made from them. Each block is fetched
+    on its own (a million tasks' blocks are not all held at once), after the
+    list of them: no statement is open while a named run is read."""
+    condition = " AND trained > 0" if trained_only else ""
+    blocks = conn.execute(f"SELECT block_id, {same_as_column(conn)} FROM task_blocks "
+                          f"WHERE run_id = ? AND block_id > ?{condition} ORDER BY block_id",
+                          (run_id, after)).fetchall()
+    for block_id, same_as in blocks:
+        if same_as is not None and conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ?", (same_as,)).fetchone() is not None:
+            yield block_id, _rows_reused_from(conn, same_as, columns)
+            continue
+        row = conn.execute(f"SELECT data, {same_as_column(conn)} FROM task_blocks "
+                           "WHERE block_id = ?", (block_id,)).fetchone()
+        if row is None or row[1] is not None:  # gone, or names a run that is gone
+            raise StoreIntegrityError(
+                f"task block {block_id} of run {run_id} names run {same_as}, whose models "
+                "it reuses, but that run is missing from the store's index")
+        # (a block whose run was deleted meanwhile has its rows copied in by now)
+        yield block_id, decode(row[0], f"task block {block_id} of run {run_id}", columns)
 
 
 # -- a run that reuses another run's trained rows, all of them, as they are ----------
@@ -239,9 +252,6 @@ def trained_rows(table: pa.Table) -> np.ndarray:
 
 def _rows_reused_from(conn: sqlite3.Connection, source: int, columns: Sequence[str]
                       ) -> pa.Table:
-    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (source,)).fetchone() is None:
-        raise StoreIntegrityError(f"run {source}, whose models a later run reuses, is "
-                                  "missing from the store's index")
     wanted = list(dict.fromkeys([*columns, "status", "reused_from", "error"]))
     rows = read_run(conn, source, wanted, trained_only=True, ordered=False)
     positions = trained_rows(rows)
@@ -272,15 +282,30 @@ def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: in
                                            source))
 
 
+#: Rows per block when a named run's rows are copied out (a million as one
+#: block held 540 MB while it was made and encoded).
+_COPIED_BLOCK = 1 << 18
+
+
 def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
     """Before run ``source`` is deleted: each block that names its rows gets
-    them copied in (inside the caller's transaction)."""
-    for (block_id,) in conn.execute(
-            f"SELECT block_id FROM task_blocks WHERE {same_as_column(conn)} = ?",
-            (source,)).fetchall():
-        rows = _rows_reused_from(conn, source, list(COLUMNS))
-        conn.execute("UPDATE task_blocks SET data = ?, same_as = NULL WHERE block_id = ?",
-                     (encode(rows), block_id))
+    them copied in (inside the caller's transaction): the rows made once, the
+    block's first piece written in its place and the rest as blocks after."""
+    naming = conn.execute(f"SELECT block_id, run_id FROM task_blocks "
+                          f"WHERE {same_as_column(conn)} = ?", (source,)).fetchall()
+    if not naming:
+        return
+    rows = _rows_reused_from(conn, source, list(COLUMNS))
+    pieces = [encode(rows.slice(start, _COPIED_BLOCK))
+              for start in range(0, max(rows.num_rows, 1), _COPIED_BLOCK)]
+    for block_id, run_id in naming:
+        conn.execute("UPDATE task_blocks SET data = ?, tasks = ?, same_as = NULL "
+                     "WHERE block_id = ?", (pieces[0], min(rows.num_rows, _COPIED_BLOCK),
+                                            block_id))
+        for number, piece in enumerate(pieces[1:], start=1):
+            count = min(_COPIED_BLOCK, rows.num_rows - number * _COPIED_BLOCK)
+            conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data) "
+                         "VALUES (?, ?, 0, ?)", (run_id, count, piece))
 
 
 class KeyLookup:
