@@ -256,6 +256,31 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     assert mm.Store(store).load(5, third.run_id) == pytest.approx(first.models[5])
 
 
+def test_a_rerun_names_every_run_whose_trained_rows_it_reuses_whole(tmp_path):
+    """Group 7 failed in the first run and trained, fixed, in the second: a
+    third run names both runs (one block each), not the second alone with
+    the first's rows copied; its rows read back in task order."""
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    fixed = table()
+    fixed.loc[fixed["g"] == 7, "x"] = 1.5
+    second = mm.train(fit_mean, mm.groups(fixed, by="g"), store=store, backend="serial",
+                      progress=False)
+    third = mm.train(fit_mean, mm.groups(fixed, by="g"), store=store, backend="serial",
+                     progress=False)
+    assert second.summary().reused == 299 and third.summary().reused == 300
+    assert [(tasks, same_as) for run, tasks, same_as in _same_as(store)
+            if run == third.run_id] == [(1, second.run_id), (299, first.run_id)]
+    results = mm.Store(store).results(third.run_id)
+    assert results["g"].tolist() == list(range(300))
+    assert results["reused_from"].tolist() == [
+        second.run_id if g == 7 else first.run_id for g in range(300)]
+    assert third.results["mean"].tolist() == pytest.approx(
+        second.results["mean"].tolist())
+    assert mm.Store(store).load(7, third.run_id) == pytest.approx(1.5)
+
+
 def test_a_run_deleted_as_a_rerun_starts_is_searched_again(tmp_path, monkeypatch):
     """Another driver deletes the run a re-run was about to name, between the
     search and the re-run's transaction: the re-run searches again (and

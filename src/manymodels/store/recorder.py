@@ -52,8 +52,8 @@ class RunRecorder:
         self.run_id: int | None = None
         self._pending: list[int] = []
         self._reused: pa.Table | None = None
-        #: (run, tasks): every row that run trained is reused here, as it is
-        self._same_as: tuple[int, int] | None = None
+        #: (run, tasks) of each run every trained row of which is reused here
+        self._same_as: list[tuple[int, int]] = []
         self._keys: pa.Array | None = None
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
@@ -73,7 +73,7 @@ class RunRecorder:
         return 0 if reused is None else reused.num_rows
 
     def _find_reusable(self, reuse: bool) -> pa.Table | None:
-        self._same_as = self._reused = None
+        self._same_as, self._reused = [], None
         if reuse and self.plan.tasks:
             search = ReuseSearch(self.conn, self.store.path, self.identities, self._keys)
             self._reused = search.find()
@@ -90,20 +90,21 @@ class RunRecorder:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if self._same_as is not None and not self._may_still_name(self._same_as[0]):
+            gone = [run for run, _ in self._same_as if not self._may_still_name(run)]
+            if gone:
                 conn.execute("ROLLBACK")
                 if last_try:
                     raise database.StoreError(
-                        f"run {self._same_as[0]}, whose models this run reuses, was deleted "
-                        "twice while the run started: start it again")
+                        f"run {gone[0]}, whose models this run reuses, was deleted twice "
+                        "while the run started: start it again")
                 return False
             self.run_id = database.insert_run(
                 conn, backend=self.backend, workers=self.workers, source=self.source,
                 fit=self.fit_name, tasks=len(self.plan.tasks),
                 key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
                 code_detail=self.code_detail)
-            if self._same_as is not None:
-                taskblocks.insert_same_as(conn, self.run_id, *self._same_as)
+            for source, tasks in self._same_as:
+                taskblocks.insert_same_as(conn, self.run_id, source, tasks)
             if reused is not None and reused.num_rows:
                 self._insert_reused(reused.filter(pc.invert(reused["by_reference"])))
             conn.execute("COMMIT")

@@ -42,13 +42,15 @@ def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
 
 
 def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedArray,
-                positions: np.ndarray) -> pa.Array | None:
+                positions: np.ndarray, open_tasks: np.ndarray | None = None) -> pa.Array | None:
     """Where each of ``wanted`` (every task's identity, in task order) is
     among ``candidates`` (an earlier run's trained tasks' identities, at
     ``positions`` of its rows, ``task_index`` their task numbers there; null
     where a task is not), when that run had the same tasks: each it trained
     then has its own identity at its own number, checked at once (a tenth of
-    a hash join's time for an unchanged re-run of a million); None when not."""
+    a hash join's time for an unchanged re-run of a million); None when not,
+    or when one of those is not among ``open_tasks`` (a mask: the tasks not
+    yet found in a later run)."""
     count = len(wanted)
     if len(candidates) > count or len(candidates) == 0:
         return None
@@ -56,6 +58,8 @@ def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedAr
         else task_index.to_numpy()
     if numbers.min() < 0 or numbers.max() >= count or np.bincount(numbers).max() != 1:
         return None  # not each task once
+    if open_tasks is not None and not open_tasks[numbers].all():
+        return None
     if not pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py():
         return None
     at = np.zeros(count, dtype=np.int64)
@@ -75,8 +79,8 @@ class ReuseSearch:
                  keys: pa.Array) -> None:
         self.conn, self.root = conn, root
         self.identities, self.keys = identities, keys
-        #: (run, tasks) when every row that run trained is reused, as it is
-        self.same_as: tuple[int, int] | None = None
+        #: (run, tasks) of each run every row of which that trained is reused
+        self.same_as: list[tuple[int, int]] = []
 
     def find(self) -> pa.Table | None:
         """For each task, the latest task that trained its identity, if its
@@ -88,7 +92,7 @@ class ReuseSearch:
         ``duration_s``.
 
         None when nothing is reused (see the module's docstring for how)."""
-        self.same_as = None
+        self.same_as = []
         names, prefixes = self.identities.identity, self.identities.prefixes
         left = np.arange(len(names))
         found: list[pa.Table] = []
@@ -106,12 +110,17 @@ class ReuseSearch:
             candidates = trained["identity"] if positions.size == trained.num_rows else \
                 trained["identity"].take(pa.array(positions))
             every = left.size == len(names)
-            at = _same_tasks(names, candidates, trained["task_index"], positions) \
-                if every else None
+            open_tasks = None
+            if not every:
+                open_tasks = np.zeros(len(names), dtype=bool)
+                open_tasks[left] = True
+            at = _same_tasks(names, candidates, trained["task_index"], positions, open_tasks)
             if at is not None and self._names_every_trained_row(run_id, trained, positions):
                 found.append(self._reused_by_reference(run_id, trained, positions, at))
-                left = left[~at.is_valid().to_numpy(zero_copy_only=False)]
+                left = left[~at.is_valid().to_numpy(zero_copy_only=False)[left]]
                 continue
+            if at is not None and not every:  # by task number: by place in ``left``
+                at = at.take(pa.array(left))
             if at is None:  # another plan: a hash join
                 at = pc.index_in(names if every else names.take(pa.array(left)),
                                  value_set=candidates)
@@ -140,7 +149,10 @@ class ReuseSearch:
         found = [part for part in found if part.num_rows]
         if not found:
             return None
-        return pa.concat_tables(found).combine_chunks()
+        reused = pa.concat_tables(found).combine_chunks()
+        if len(found) > 1:  # in task order, as the results are filled fastest
+            reused = reused.take(pc.sort_indices(reused["task_index"]))
+        return reused
 
     def _names_every_trained_row(self, run_id: int, trained: pa.Table,
                                  positions: np.ndarray) -> bool:
@@ -171,7 +183,7 @@ class ReuseSearch:
         hit = at.is_valid().to_numpy(zero_copy_only=False)
         rows = pa.array(positions[at.drop_null().to_numpy()])
         count = len(rows)
-        self.same_as = (run_id, count)
+        self.same_as.append((run_id, count))
         return pa.table({
             "task_index": pa.array(np.flatnonzero(hit), pa.int64()),
             "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), count),
