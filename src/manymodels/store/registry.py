@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pyarrow.compute as pc
 from ..keys import decode_key, decode_keys, encode_key, key_parts
 from ..messages import Pickled, Status
 from ..partpacks import PackedModel
-from . import artifacts, database, packs, taskblocks
+from . import artifacts, database, taskblocks
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -357,44 +356,10 @@ class Store:
 
     def gc(self) -> int:
         """Remove artifacts and packs no run references, and stray files; return
-        how many models (and files) were removed.
+        how many models (and files) were removed (see :func:`.collect.collect`)."""
+        from .collect import collect
 
-        The blocks are read before the write transaction (a million tasks'
-        locators take seconds to decode, and a run training into the store
-        meanwhile would wait for its commits); inside it, only the blocks
-        written since (a block id reused after a run was deleted included).
-        A stray file newer than the collection is left: a run's writer puts
-        a large model's file in place before the row that names it."""
-        conn = self._conn
-        began = time.time()
-        named, read = taskblocks.referenced_artifacts(conn)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            named |= taskblocks.referenced_artifacts(conn, seen=read)[0]
-            named.update(a for (a,) in conn.execute(
-                "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL"))
-            named.update(a for (a,) in conn.execute("SELECT artifact FROM attachments"))
-            dead = [(sha, path) for sha, path in conn.execute(
-                "SELECT sha256, path FROM artifacts") if sha not in named]
-            conn.executemany("DELETE FROM artifacts WHERE sha256 = ?", [(d,) for d, _ in dead])
-            known = {p for (p,) in conn.execute(
-                "SELECT path FROM artifacts WHERE path IS NOT NULL")}
-            referenced = {packs.parse_locator(a)[1] for a in named if packs.is_locator(a)}
-            dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
-                          if p not in referenced]
-            conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        removed = len(dead) + sum(models for _, models in dead_packs)
-        for file in (self.path / "artifacts").rglob("*"):
-            relative = file.relative_to(self.path).as_posix()
-            if file.is_file() and relative not in known and _older_than(file, began):
-                file.unlink(missing_ok=True)
-                removed += relative not in {p for _, p in dead if p}
-        conn.execute("VACUUM")
-        return removed
+        return collect(self._conn, self.path)
 
     def integrity_check(self) -> str:
         """SQLite's own ``PRAGMA integrity_check`` ("ok" when sound)."""
@@ -408,13 +373,6 @@ class Store:
         from .explain import why_not_reused
 
         return why_not_reused(self, key, run)
-
-
-def _older_than(file: Path, moment: float) -> bool:
-    try:
-        return file.stat().st_mtime < moment
-    except OSError:  # gone meanwhile
-        return False
 
 
 def _with_models(tasks: pa.Table) -> pa.Table:

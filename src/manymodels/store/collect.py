@@ -1,0 +1,62 @@
+"""Collecting a store's garbage: artifacts, packs and files no run names.
+
+Safe beside a run that writes the store (another driver's): the blocks are
+decoded before the write transaction, and inside it only the blocks not yet
+read; a file newer than the collection is left.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from . import packs, taskblocks
+
+
+def collect(conn: sqlite3.Connection, root: Path) -> int:
+    """Remove artifacts and packs no run references, and stray files; return
+    how many models (and files) were removed.
+
+    The blocks are read before the write transaction (a million tasks'
+    locators take seconds to decode, and a run training into the store
+    meanwhile would wait for its commits); inside it, only the blocks
+    written since (a block id reused after a run was deleted included).
+    A stray file newer than the collection is left: a run's writer puts
+    a large model's file in place before the row that names it."""
+    began = time.time()
+    named, read = taskblocks.referenced_artifacts(conn)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        named |= taskblocks.referenced_artifacts(conn, seen=read)[0]
+        named.update(a for (a,) in conn.execute(
+            "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL"))
+        named.update(a for (a,) in conn.execute("SELECT artifact FROM attachments"))
+        dead = [(sha, path) for sha, path in conn.execute(
+            "SELECT sha256, path FROM artifacts") if sha not in named]
+        conn.executemany("DELETE FROM artifacts WHERE sha256 = ?", [(d,) for d, _ in dead])
+        known = {p for (p,) in conn.execute(
+            "SELECT path FROM artifacts WHERE path IS NOT NULL")}
+        referenced = {packs.parse_locator(a)[1] for a in named if packs.is_locator(a)}
+        dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
+                      if p not in referenced]
+        conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    removed = len(dead) + sum(models for _, models in dead_packs)
+    for file in (root / "artifacts").rglob("*"):
+        relative = file.relative_to(root).as_posix()
+        if file.is_file() and relative not in known and _older_than(file, began):
+            file.unlink(missing_ok=True)
+            removed += relative not in {p for _, p in dead if p}
+    conn.execute("VACUUM")
+    return removed
+
+
+def _older_than(file: Path, moment: float) -> bool:
+    try:
+        return file.stat().st_mtime < moment
+    except OSError:  # gone meanwhile
+        return False
