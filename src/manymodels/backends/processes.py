@@ -136,7 +136,6 @@ class ProcessesBackend(WorkerStarter, Backend):
         end the driver's pool before a fork (:func:`gomp_pool_releasers`). The
         worker only runs ``fit``; CPython re-initialises its own locks (import,
         logging) in a forked child."""
-        self._controller = None  # the libraries loaded now: scanned again each run
         if self.options.start_method != "auto":
             return self.options.start_method
         unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
@@ -151,7 +150,7 @@ class ProcessesBackend(WorkerStarter, Backend):
 
     def _threadpools(self) -> Any:
         """threadpoolctl's controller of the BLAS/OpenMP libraries loaded, found once a run."""
-        if getattr(self, "_controller", None) is None:
+        if self._controller is None:
             from threadpoolctl import ThreadpoolController
 
             self._controller = ThreadpoolController()
@@ -168,6 +167,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         self._workers: list[Worker] = []
         self._driver_limits: Any = None  # the driver's BLAS/OpenMP limits, while it runs
         self._gomp_releasers: list[Any] = []
+        self._controller: Any = None  # the libraries loaded now: scanned again each run
         self.start_method = self._choose_start_method()
         self._start_began, self.worker_start_s = time.perf_counter(), 0.0
         self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took

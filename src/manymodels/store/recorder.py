@@ -33,8 +33,6 @@ COMMIT_EVERY_S = 1.0
 _SENT = (Pickled, ModelPack)
 #: What a hand-over's models may all be for none to need pickling here.
 _READY = {*_SENT, type(None)}
-#: Reused tasks' rows per block (see ``RunRecorder._insert_reused``).
-_REUSED_BLOCK = 1 << 18
 
 
 class RunRecorder:
@@ -90,7 +88,8 @@ class RunRecorder:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            gone = [run for run, _ in self._same_as if not self._may_still_name(run)]
+            # checked again where no other driver can delete those runs meanwhile
+            gone = [run for run, _ in self._same_as if not taskblocks.run_has_ended(conn, run)]
             if gone:
                 conn.execute("ROLLBACK")
                 if last_try:
@@ -116,19 +115,12 @@ class RunRecorder:
                     from exc
             raise
 
-    def _may_still_name(self, source: int) -> bool:
-        """Whether run ``source`` is still there and ended (checked inside the
-        transaction that names it, where no other driver can delete it)."""
-        status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
-                                   (source,)).fetchone()
-        return status is not None and status[0] != "running"
-
     def _insert_reused(self, reused: pa.Table) -> None:
-        """The reused tasks' rows: blocks of at most 262,144 each (a million
-        rows as one block held 540 MB while it was made and encoded; a
-        quarter of that at a time)."""
-        for start in range(0, reused.num_rows, _REUSED_BLOCK):
-            part = reused.slice(start, _REUSED_BLOCK)
+        """The reused tasks' rows, in blocks of
+        :data:`~.taskblocks.REUSED_ROWS_PER_BLOCK`."""
+        size = taskblocks.REUSED_ROWS_PER_BLOCK
+        for start in range(0, reused.num_rows, size):
+            part = reused.slice(start, size)
             taskblocks.insert(self.conn, self.run_id, taskblocks.table({
                 **taskblocks.task_columns(self._keys, self.identities, part["task_index"]),
                 "status": pa.repeat(pa.scalar("ok", pa.string()), part.num_rows),

@@ -161,20 +161,15 @@ class ReuseSearch:
         one of this run's tasks at its own number (as :func:`_same_tasks`
         found) with its own key, every one's model can be
         loaded, and that run has ended (no row of it will change)."""
-        status = self.conn.execute("SELECT status FROM runs WHERE run_id = ?",
-                                   (run_id,)).fetchone()
-        if status is None or status[0] == "running":
+        if not taskblocks.run_has_ended(self.conn, run_id):
             return False
-        rows = pa.array(positions) if positions.size != trained.num_rows else None
-        keys = trained["key"] if rows is None else trained["key"].take(rows)
+        rows = trained.select(["key", "artifact", "metrics"])
+        if positions.size != trained.num_rows:
+            rows = rows.take(pa.array(positions))
         numbers = trained["task_index"].to_numpy()[positions]
-        if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), keys)).as_py():
+        if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), rows["key"])).as_py():
             return False
-        artifact = trained["artifact"] if rows is None else trained["artifact"].take(rows)
-        return bool(self._loadable_mask(pa.table({
-            "artifact": artifact,
-            "metrics": trained["metrics"] if rows is None else trained["metrics"].take(rows),
-        })).all())
+        return bool(self._loadable_mask(rows).all())
 
     def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
                              at: pa.Array) -> pa.Table:

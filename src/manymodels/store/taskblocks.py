@@ -202,7 +202,8 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
     on its own (a million tasks' blocks are not all held at once), after the
     list of them: no statement is open while a named run is read."""
     condition = " AND trained > 0" if trained_only else ""
-    blocks = conn.execute(f"SELECT block_id, {same_as_column(conn)} FROM task_blocks "
+    same_as_of = same_as_column(conn)
+    blocks = conn.execute(f"SELECT block_id, {same_as_of} FROM task_blocks "
                           f"WHERE run_id = ? AND block_id > ?{condition} ORDER BY block_id",
                           (run_id, after)).fetchall()
     for block_id, same_as in blocks:
@@ -210,14 +211,17 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
                 "SELECT 1 FROM runs WHERE run_id = ?", (same_as,)).fetchone() is not None:
             yield block_id, _rows_reused_from(conn, same_as, columns)
             continue
-        row = conn.execute(f"SELECT data, {same_as_column(conn)} FROM task_blocks "
-                           "WHERE block_id = ?", (block_id,)).fetchone()
-        if row is None or row[1] is not None:  # gone, or names a run that is gone
+        # a block whose named run was deleted meanwhile has its rows copied in by now
+        row = conn.execute(f"SELECT data, {same_as_of} FROM task_blocks WHERE block_id = ?",
+                           (block_id,)).fetchone()
+        if row is None:
+            continue  # deleted meanwhile, with its run
+        data, names = row
+        if names is not None:
             raise StoreIntegrityError(
-                f"task block {block_id} of run {run_id} names run {same_as}, whose models "
+                f"task block {block_id} of run {run_id} names run {names}, whose models "
                 "it reuses, but that run is missing from the store's index")
-        # (a block whose run was deleted meanwhile has its rows copied in by now)
-        yield block_id, decode(row[0], f"task block {block_id} of run {run_id}", columns)
+        yield block_id, decode(data, f"task block {block_id} of run {run_id}", columns)
 
 
 # -- a run that reuses another run's trained rows, all of them, as they are ----------
@@ -233,6 +237,16 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
 
 #: A reused task's columns that are not the trained row's own.
 _REUSED_VALUES = {"attempts": 0, "started_at": None, "worker": None}
+#: Rows per block of reused tasks written out (a million as one block held
+#: 540 MB while it was made and encoded).
+REUSED_ROWS_PER_BLOCK = 1 << 18
+
+
+def run_has_ended(conn: sqlite3.Connection, run_id: int) -> bool:
+    """Whether run ``run_id`` is there and no longer running: no row of it
+    will change, so a later run may name its rows."""
+    status = conn.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return status is not None and status[0] != "running"
 
 
 def same_as_column(conn: sqlite3.Connection) -> str:
@@ -282,11 +296,6 @@ def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: in
                                            source))
 
 
-#: Rows per block when a named run's rows are copied out (a million as one
-#: block held 540 MB while it was made and encoded).
-_COPIED_BLOCK = 1 << 18
-
-
 def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
     """Before run ``source`` is deleted: each block that names its rows gets
     them copied in (inside the caller's transaction): the rows made once, the
@@ -296,14 +305,13 @@ def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
     if not naming:
         return
     rows = _rows_reused_from(conn, source, list(COLUMNS))
-    pieces = [encode(rows.slice(start, _COPIED_BLOCK))
-              for start in range(0, max(rows.num_rows, 1), _COPIED_BLOCK)]
+    size = REUSED_ROWS_PER_BLOCK
+    pieces = [encode(rows.slice(start, size)) for start in range(0, max(rows.num_rows, 1), size)]
     for block_id, run_id in naming:
         conn.execute("UPDATE task_blocks SET data = ?, tasks = ?, same_as = NULL "
-                     "WHERE block_id = ?", (pieces[0], min(rows.num_rows, _COPIED_BLOCK),
-                                            block_id))
+                     "WHERE block_id = ?", (pieces[0], min(rows.num_rows, size), block_id))
         for number, piece in enumerate(pieces[1:], start=1):
-            count = min(_COPIED_BLOCK, rows.num_rows - number * _COPIED_BLOCK)
+            count = min(size, rows.num_rows - number * size)
             conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data) "
                          "VALUES (?, ?, 0, ?)", (run_id, count, piece))
 
@@ -342,19 +350,19 @@ def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | 
     after its run is deleted, a run's id never is), and the blocks read: what
     :meth:`Store.gc` keeps. A block that names another run's rows adds
     nothing: that run's own blocks name its models."""
-    seen = seen or set()
-    wanted = [pair for pair in conn.execute("SELECT block_id, run_id FROM task_blocks")
-              if pair not in seen] if seen else None
     names: set[str] = set()
     read: set[tuple[int, int]] = set()
-    rows = conn.execute("SELECT block_id, run_id, data FROM task_blocks") if wanted is None \
-        else (conn.execute("SELECT block_id, run_id, data FROM task_blocks WHERE block_id = ?",
-                           (block_id,)).fetchone() for block_id, _ in wanted)
-    for block_id, run_id, data in rows:
-        column = decode(data, f"task block {block_id} of run {run_id}",
+    for pair in conn.execute("SELECT block_id, run_id FROM task_blocks").fetchall():
+        if seen and pair in seen:
+            continue
+        row = conn.execute("SELECT data FROM task_blocks WHERE block_id = ? AND run_id = ?",
+                           pair).fetchone()
+        if row is None:
+            continue  # deleted meanwhile, with its run
+        column = decode(row[0], f"task block {pair[0]} of run {pair[1]}",
                         ["artifact"])["artifact"].drop_null()
         names.update(pc.unique(column).to_pylist())
-        read.add((block_id, run_id))
+        read.add(pair)
     return names, read
 
 
