@@ -17,7 +17,7 @@ import pytest
 import manymodels as mm
 from manymodels.execution import metrics_dict
 from manymodels.metriccolumns import float_texts, metric_columns, metrics_texts
-from manymodels.partpacks import MetricsPack, PartPacker
+from manymodels.partpacks import MetricsPack, PartPacker, distinct_objects
 from manymodels.store import taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -110,6 +110,18 @@ def test_metrics_texts_follow_the_handed_over_rows_order():
     texts = metrics_texts([pack, None, pack, pack, {"a": 9.0}], [12, 3, 10, 11, 4])
     assert texts.to_pylist() == ['{"a": 3.5}', None, '{"a": 1.5}', '{"a": 2.5}',
                                  '{"a": 9.0}']
+
+
+def test_distinct_objects_numbers_each_slot_by_the_object_it_holds():
+    first_pack, second_pack = _pack(["a"], [0], [[1.0]]), _pack(["a"], [1], [[2.0]])
+    text = '{"a": 3.0}'
+    # runs of one object, an object coming back after another, None in between
+    slots = [first_pack, first_pack, second_pack, None, None, first_pack, text, second_pack]
+    first, number = distinct_objects(slots)
+    assert len(first) == 4 and sorted(set(number.tolist())) == [0, 1, 2, 3]
+    assert all(slots[first[number[at]]] is slot for at, slot in enumerate(slots))
+    assert all(slots.index(slots[at]) == at for at in first.tolist())  # first appearances
+    assert [len(part) for part in distinct_objects([])] == [0, 0]
 
 
 def test_a_part_packs_only_the_metrics_that_fit_and_seals_them_whole():

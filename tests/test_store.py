@@ -407,3 +407,24 @@ def test_pack_locators_damaged_in_the_index_are_not_whole(tmp_path):
            "h@1/99999999999999999999999/1", "n@1/-1/2", "q@1/a/2"}
     assert packs.whole_locators(conn, good | bad) == good
     assert packs.whole_locators(conn, good) == good
+
+
+def test_a_new_index_has_large_pages_and_an_old_one_keeps_its_own(tmp_path):
+    df = pd.DataFrame({"g": np.repeat(np.arange(30), 5), "x": np.arange(150.0),
+                       "y": np.arange(150.0) * 2})
+
+    def page_size(store: Path) -> int:
+        with sqlite3.connect(store / "index.sqlite") as conn:
+            return conn.execute("PRAGMA page_size").fetchone()[0]
+
+    new = tmp_path / "new"
+    mm.train(fit_linear, mm.groups(df, by="g"), store=new, progress=False, workers=1)
+    assert page_size(new) == 1 << 16
+    old = tmp_path / "old"  # an index made with SQLite's 4 KiB pages, as earlier stores were
+    old.mkdir()
+    sqlite3.connect(old / "index.sqlite").execute("PRAGMA journal_mode=WAL").close()
+    first = mm.train(fit_linear, mm.groups(df, by="g"), store=old, progress=False, workers=1)
+    again = mm.train(fit_linear, mm.groups(df, by="g"), store=old, progress=False, workers=1)
+    assert page_size(old) == 4096
+    assert again.summary().reused == 30 and mm.Store(old).integrity_check() == "ok"
+    assert first.results["status"].eq("ok").all()

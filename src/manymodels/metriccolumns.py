@@ -27,17 +27,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .execution import metrics_json
-from .partpacks import MetricsPack
+from .partpacks import MetricsPack, distinct_objects
 
 
 def _by_object(entries: Sequence[Any]) -> tuple[list[tuple[MetricsPack, np.ndarray]], np.ndarray]:
     """The :class:`MetricsPack` objects ``entries`` name, in order of first
     appearance, each with the positions that name it; and, apart, the
     positions whose entry is anything else (a dict, text, None)."""
-    count = len(entries)
-    named = np.fromiter(map(id, entries), dtype=np.uint64, count=count)
-    _, first, inverse = np.unique(named, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    first, inverse = distinct_objects(entries)
     is_pack = np.fromiter((type(entries[at]) is MetricsPack for at in first.tolist()),
                           dtype=bool, count=len(first))
     in_pack = is_pack[inverse]
@@ -46,7 +43,7 @@ def _by_object(entries: Sequence[Any]) -> tuple[list[tuple[MetricsPack, np.ndarr
         return [], rest
     rows = np.flatnonzero(in_pack)
     order = rows[np.argsort(inverse[rows], kind="stable")]  # grouped by object
-    distinct = np.flatnonzero(is_pack)  # in np.unique's order, as ``order`` is
+    distinct = np.flatnonzero(is_pack)  # in the order of ``order``
     counts = np.bincount(inverse[rows], minlength=len(first))[distinct]
     groups = np.split(order, np.cumsum(counts)[:-1])
     packs = [(entries[int(first[d])], group) for d, group in zip(distinct, groups)]

@@ -34,6 +34,23 @@ from .messages import Pickled
 PACKED_BELOW = 1 << 20
 
 
+def distinct_objects(entries: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct objects ``entries`` holds (a hand-over's per-task slots
+    name a few dozen packs, each over a run of consecutive tasks): each one's
+    first position, and each entry's number among them. The runs of one
+    object are found first, in one pass, and only their objects sorted:
+    ``np.unique`` over a million ``id``s sorted them all (0.1 s a million)."""
+    count = len(entries)
+    if count == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    named = np.fromiter(map(id, entries), dtype=np.uint64, count=count)
+    starts = np.flatnonzero(np.r_[True, named[1:] != named[:-1]])
+    _, run_first, run_number = np.unique(named[starts], return_index=True,
+                                         return_inverse=True)
+    return starts[run_first], np.repeat(run_number.reshape(-1),
+                                        np.diff(np.r_[starts, count]))
+
+
 class ModelPack:
     """The small models one worker pickled during one part of a batch, as one
     buffer: their bytes joined, each one's size, its SHA-256 (32 raw bytes,

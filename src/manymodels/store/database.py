@@ -165,6 +165,10 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
     return True
 
 
+#: The page size of a new store's index (an existing one keeps its own).
+PAGE_SIZE = 1 << 16
+
+
 def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
     """Open (and create, or migrate) the index; a damaged one is refused by name."""
     index = Path(path) / INDEX_NAME
@@ -176,6 +180,10 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
                                check_same_thread=False)
         if fresh:
             os.chmod(index, 0o600)
+            # pages of 64 KiB (not 4): a run's packs and blocks are large BLOBs,
+            # written twice (the WAL, then the checkpoint) page by page, and a
+            # packed model is read by walking its pack's chain of pages
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
         _switch_to_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")

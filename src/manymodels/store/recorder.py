@@ -10,6 +10,7 @@ same transaction or earlier).
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import time
 from typing import Any
@@ -33,6 +34,14 @@ COMMIT_EVERY_S = 1.0
 _SENT = (Pickled, ModelPack)
 #: What a hand-over's models may all be for none to need pickling here.
 _READY = {*_SENT, type(None)}
+
+
+def _taken(column: list, indices: list[int]) -> list:
+    """``column``'s items at ``indices``, as a list (gathered in C: a
+    hand-over of a million tasks takes six columns)."""
+    if len(indices) == 1:
+        return [column[indices[0]]]
+    return list(operator.itemgetter(*indices)(column)) if indices else []
 
 
 class RunRecorder:
@@ -189,8 +198,7 @@ class RunRecorder:
         if self._pending and (force or now - self._last_commit >= COMMIT_EVERY_S):
             pending, self._pending = self._pending, []
             status_of, model_of = records.status, records.model
-            statuses = [status_of[index] for index in pending]
-            models = [model_of[index] for index in pending]
+            statuses, models = _taken(status_of, pending), _taken(model_of, pending)
             ok = Status.OK.value
             if statuses.count(ok) == len(statuses) and set(map(type, models)) <= _READY:
                 rows: Any = ()  # every model as a worker sent it (a million tasks' case)
@@ -215,7 +223,7 @@ class RunRecorder:
                 "task_index": pending, "status": statuses, "model": models,
                 "duration_s": records.duration_s[pending],
                 "started_at": records.started_at[pending],
-                **{name: [column[index] for index in pending] for name, column in (
+                **{name: _taken(column, pending) for name, column in (
                     ("attempts", records.attempts), ("worker", records.worker),
                     ("metrics", records.metrics), ("error", records.error))}})
             self._last_commit = now
@@ -229,9 +237,10 @@ class RunRecorder:
 
     def finish(self, records: Any, status: str, run: Any) -> None:
         """Record unfinished tasks as cancelled and close the run's row."""
-        for index, state in enumerate(records.status):
-            if state == Status.CANCELLED:
-                self._pending.append(index)
+        cancelled = Status.CANCELLED.value
+        if cancelled in records.status:
+            self._pending.extend(index for index, state in enumerate(records.status)
+                                 if state == cancelled)
         self.flush(records, force=True)
         self._writer.close()
         summary = run.summary()  # after the flush: an unpicklable model failed its task

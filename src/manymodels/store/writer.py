@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..hashing import TaskIdentities
 from ..metriccolumns import metrics_texts
-from ..partpacks import ModelPack
+from ..partpacks import ModelPack, distinct_objects
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
@@ -151,10 +151,9 @@ class StoreWriter:
         # one pass in C over the rows: the few distinct objects they name (the
         # packs, shared by all the tasks of a part; None), each classified once
         count = len(models)
-        named = np.fromiter(map(id, models), dtype=np.uint64, count=count)
-        distinct, first, which = np.unique(named, return_index=True, return_inverse=True)
+        first, which = distinct_objects(models)
         by_object = np.argsort(which, kind="stable")
-        bounds = np.searchsorted(which[by_object], np.arange(len(distinct) + 1))
+        bounds = np.searchsorted(which[by_object], np.arange(len(first) + 1))
         sent: list[tuple[ModelPack, np.ndarray]] = []
         small_objects: list[int] = []  # models pickled in the driver, by object number
         small: list[bytes] = []
@@ -191,8 +190,8 @@ class StoreWriter:
             located += len(pack)
         packed = [pack for pack, _ in sent]
         # a Pickled model: every row that names it gets its place
-        object_at = np.full(len(distinct), -1, dtype=np.int64)
-        object_size = np.zeros(len(distinct), dtype=np.int64)
+        object_at = np.full(len(first), -1, dtype=np.int64)
+        object_size = np.zeros(len(first), dtype=np.int64)
         if small:  # one more pack, of the models pickled here
             packed.append(ModelPack().seal(tasks[first[small_objects]].tolist(), small))
             object_at[small_objects] = located + np.arange(len(small))
