@@ -101,10 +101,12 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     small, large = Pickled(b"s" * 20), Pickled(b"L" * (artifacts.SMALL_ARTIFACT + 5))
     pack = ModelPack().seal([7, 8], [b"seven", b"eight!"])
     conn.execute("BEGIN IMMEDIATE")
-    names, sizes = StoreWriter._write_models(
+    names, sizes, written = StoreWriter._write_models(
         types.SimpleNamespace(root=store.path), conn, [1, 1, 2, 2, 7, 8, 8, 9],
         [small, small, large, large, pack, pack, pack, None])
     conn.execute("COMMIT")
+    # one pack: the worker's two models and the one pickled in the driver, joined
+    assert written.tolist() == [[written[0, 0], 5 + 6 + 20]]
     names, sizes = names.to_pylist(), sizes.to_pylist()
     assert names[0] == names[1] and names[2] == names[3] and names[5] == names[6]
     assert names[7] is None and sizes[7] is None

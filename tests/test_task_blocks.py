@@ -10,6 +10,8 @@ import sqlite3
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import manymodels as mm
@@ -258,6 +260,36 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     assert mm.Store(store).load(5, third.run_id) == pytest.approx(first.models[5])
 
 
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_each_block_lists_the_packs_it_wrote_and_a_lost_pack_is_retrained(tmp_path, backend):
+    """A re-run trusts a run's locators without parsing them only while every
+    pack its blocks list is whole: one pack deleted, exactly its tasks retrain."""
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
+                     workers=2, progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        listed = np.frombuffer(b"".join(blob for (blob,) in conn.execute(
+            "SELECT written_packs FROM task_blocks WHERE run_id = ? AND trained > 0",
+            (first.run_id,))), dtype=np.int64).reshape(-1, 2)
+        packs = conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id"
+                             ).fetchall()
+        assert sorted(map(tuple, listed.tolist())) == packs
+        lost = packs[-1][0]
+        in_lost = [json.loads(key)[0] for key, artifact in zip(*taskblocks.read_run(
+            conn, first.run_id, ["key", "artifact"]).select(["key", "artifact"])
+            .to_pydict().values()) if artifact and f"@{lost}/" in artifact]
+        conn.execute("DELETE FROM packs WHERE pack_id = ?", (lost,))
+    assert in_lost
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
+                     workers=2, progress=False)
+    retrained = again.results.index[~again.results["reused"]].tolist()
+    assert sorted(retrained) == sorted([*in_lost, 7])  # and group 7, which failed
+    assert again.summary().ok == 299
+    means = table().groupby("g")["x"].mean()
+    for group in (in_lost[0], 3):
+        assert mm.Store(store).load(group, again.run_id) == pytest.approx(means[group])
+
+
 def test_a_rerun_names_every_run_whose_trained_rows_it_reuses_whole(tmp_path):
     """Group 7 failed in the first run and trained, fixed, in the second: a
     third run names both runs (one block each), not the second alone with
@@ -433,9 +465,11 @@ def test_loadable_mask_equals_the_set_check(tmp_path):
     conn = store._conn
     conn.execute("BEGIN IMMEDIATE")
     small = [bytes([i]) * 10 for i in range(4)]
-    locators = packs.write_packs(conn, b"".join(small), np.array([len(m) for m in small]),
-                                 b"".join(hashlib.sha256(m).digest() for m in small)
-                                 ).to_pylist()
+    located, written = packs.write_packs(
+        conn, b"".join(small), np.array([len(m) for m in small]),
+        b"".join(hashlib.sha256(m).digest() for m in small))
+    locators = located.to_pylist()
+    assert written.tolist() == [[written[0, 0], 40]]  # one pack of the four
     big = b"x" * (artifacts.SMALL_ARTIFACT + 1)
     kept, _ = artifacts.write_artifact(conn, store.path, big)
     gone, _ = artifacts.write_artifact(conn, store.path, big + b"y")
@@ -687,3 +721,41 @@ def test_the_template_cache_keeps_at_most_64_sets_of_names():
         metrics = {f"coef_{i}": 0.5 + i, "n": 1.0}
         assert execution.metrics_json(metrics) == json.dumps(metrics, default=repr)
     assert len(execution._TEMPLATES) <= 64
+
+
+def test_locators_are_told_from_bare_digests_at_any_slice():
+    from manymodels.store import packs
+
+    digest = "ab" * 32
+    names = [f"{digest}@1/0/10", digest, None, f"{digest}x@1/0/1", "short@1/2/3",
+             f"{digest}@22/300/4000", ""]
+    expected = [True, False, False, False, False, True, False]
+    for kind in (pa.string(), pa.large_string()):
+        array = pa.array(["pad", *names], kind)
+        assert packs.locator_mask(array.slice(1)).tolist() == expected
+        assert [packs.is_locator(n) and n.index("@") == 64 if n else False
+                for n in names] == expected
+
+
+def test_identities_compared_as_bytes_equal_arrows_comparison():
+    from manymodels.store.reuse import _equal_at
+    from manymodels.tables import fixed_width_bytes
+
+    rng = np.random.default_rng(3)
+    names = [f"{value:032x}" for value in rng.integers(0, 2**63, size=500)]
+    wanted = pa.array(names)
+    numbers = rng.permutation(500)[:300]
+    same = [names[n] for n in numbers]
+    cases = {
+        "equal, one chunk": (pa.array(same), True),
+        "equal, blocks": (pa.chunked_array([same[:100], [], same[100:]], pa.string()), True),
+        "one differs in a later block": (pa.chunked_array(
+            [same[:100], [*same[100:299], "f" * 32]], pa.string()), False),
+        "another width": (pa.array([*same[:-1], "abc"]), False),
+        "a null (Arrow's all() skips it)": (pa.array([*same[:-1], None]), True),
+    }
+    for name, (candidates, expected) in cases.items():
+        arrow = pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py()
+        assert arrow == expected and _equal_at(wanted, numbers, candidates) == expected, name
+    assert fixed_width_bytes(pa.array(["ab", "cd"]).slice(1)).tolist() == [[ord("c"), ord("d")]]
+    assert fixed_width_bytes(pa.array(["ab", "c"])) is None

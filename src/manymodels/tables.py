@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 _PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
@@ -29,6 +30,22 @@ def one_array(column: Any) -> Any:
     if not isinstance(column, pa.ChunkedArray):
         return column
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def fixed_width_bytes(strings: pa.Array) -> np.ndarray | None:
+    """A string array whose values all have one width (hex digests), without
+    nulls, as a ``(len, width)`` uint8 view of its bytes (no copy), or None:
+    such rows are taken and compared by NumPy about ten times faster than
+    Arrow compares strings."""
+    count = len(strings)
+    if count == 0 or strings.null_count or not pa.types.is_string(strings.type):
+        return None
+    _, offsets, data = strings.buffers()
+    ends = np.frombuffer(offsets, dtype=np.int32)[strings.offset:strings.offset + count + 1]
+    width, rest = divmod(int(ends[-1] - ends[0]), count)
+    if rest or width == 0 or not (np.diff(ends) == width).all():
+        return None
+    return np.frombuffer(data, dtype=np.uint8)[ends[0]:ends[-1]].reshape(count, width)
 
 
 def is_pandas_frame(obj: Any) -> bool:

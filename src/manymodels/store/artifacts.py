@@ -107,10 +107,13 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
     return present
 
 
-def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any) -> Any:
+def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any,
+                  packs_whole: bool = False) -> Any:
     """:func:`loadable_artifacts` as a mask over ``artifacts`` (a string
     array, nulls allowed: never loadable), the pack locators among them
-    checked all at once, without a Python string per model."""
+    checked all at once, without a Python string per model; not at all
+    when ``packs_whole`` (the caller knows every pack they name is whole:
+    :func:`.packs.all_whole`), only against the models found corrupt."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -118,12 +121,11 @@ def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any) -> Any:
     artifacts = pa.array(artifacts, pa.string()) if not isinstance(
         artifacts, pa.Array) else artifacts
     mask = np.zeros(len(artifacts), dtype=bool)
-    packed = pc.fill_null(pc.match_substring(artifacts, "@"), False).to_numpy(
-        zero_copy_only=False)
+    packed = packs.locator_mask(artifacts)
     where = np.flatnonzero(packed)
     if where.size:
-        mask[where] = packs.whole_mask(conn, artifacts if where.size == len(artifacts)
-                                       else artifacts.take(pa.array(where)))
+        mask[where] = True if packs_whole else packs.whole_mask(
+            conn, artifacts if where.size == len(artifacts) else artifacts.take(pa.array(where)))
         corrupt = [sha for (sha,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")]
         if corrupt:
             mask &= ~pc.fill_null(pc.is_in(artifacts, pa.array(corrupt, pa.string())),

@@ -72,7 +72,8 @@ CREATE TABLE IF NOT EXISTS task_blocks (
     trained  INTEGER NOT NULL,
     data     BLOB NOT NULL,
     trained_identities BLOB,              -- sorted uint64 prefixes of what it trained
-    same_as  INTEGER                      -- the block stands for that run's trained rows
+    same_as  INTEGER,                     -- the block stands for that run's trained rows
+    written_packs BLOB                    -- (pack_id, size) int64 rows of the packs it wrote
 );
 CREATE INDEX IF NOT EXISTS task_blocks_run ON task_blocks(run_id, trained);
 -- stores written before task_blocks: a row per task (read, never written)
@@ -220,7 +221,7 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
         # an empty table of its own stands in (readers then find rows only)
         conn.execute("CREATE TEMP TABLE task_blocks (block_id INTEGER PRIMARY KEY, run_id "
                      "INTEGER, tasks INTEGER, trained INTEGER, data BLOB, "
-                     "trained_identities BLOB, same_as INTEGER)")
+                     "trained_identities BLOB, same_as INTEGER, written_packs BLOB)")
     return conn
 
 
@@ -245,10 +246,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE runs ADD COLUMN driver TEXT")
     conn.execute("DROP INDEX IF EXISTS tasks_ok_identity")  # now tasks_trained_identity
     block_columns = {row[1] for row in conn.execute("PRAGMA table_info(task_blocks)")}
-    if "trained_identities" not in block_columns:
-        conn.execute("ALTER TABLE task_blocks ADD COLUMN trained_identities BLOB")
-    if "same_as" not in block_columns:
-        conn.execute("ALTER TABLE task_blocks ADD COLUMN same_as INTEGER")
+    for name, kind in (("trained_identities", "BLOB"), ("same_as", "INTEGER"),
+                       ("written_packs", "BLOB")):
+        if name not in block_columns:
+            conn.execute(f"ALTER TABLE task_blocks ADD COLUMN {name} {kind}")
     if conn.execute("PRAGMA user_version").fetchone()[0] < _BASE_FORMAT:
         conn.execute(f"PRAGMA user_version = {_BASE_FORMAT}")
 

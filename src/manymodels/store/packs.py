@@ -28,6 +28,23 @@ def is_locator(artifact: str) -> bool:
     return "@" in artifact
 
 
+def locator_mask(artifacts: pa.Array) -> np.ndarray:
+    """Which of ``artifacts`` (a string array, nulls allowed) are locators: a
+    SHA-256's 64 hex digits, then ``@``. Read from the array's buffers: a
+    substring search took 0.1 s a million, a tenth of an unchanged re-run."""
+    count = len(artifacts)
+    _, offsets, data = artifacts.buffers()
+    wide = pa.types.is_large_string(artifacts.type)
+    ends = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[
+        artifacts.offset:artifacts.offset + count + 1]
+    long = (np.diff(ends) > 64) & artifacts.is_valid().to_numpy(zero_copy_only=False)
+    mask = np.zeros(count, dtype=bool)
+    where = np.flatnonzero(long)
+    if where.size:
+        mask[where] = np.frombuffer(data, dtype=np.uint8)[ends[where] + 64] == ord("@")
+    return mask
+
+
 def parse_locator(locator: str) -> tuple[str, int, int, int]:
     """``(sha256, pack, offset, size)`` of a packed model's locator."""
     digest, _, place = locator.partition("@")
@@ -43,9 +60,11 @@ def _parsed_or_none(locator: str) -> tuple[str, int, int, int] | None:
 
 
 def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.ndarray,
-                digests: bytes) -> pa.Array:
+                digests: bytes) -> tuple[pa.Array, np.ndarray]:
     """Store small models as packs (inside the caller's transaction); return
-    each one's locator, in order, as an Arrow string array. ``data``: the
+    each one's locator, in order, as an Arrow string array, and the packs
+    written, as ``(pack_id, size)`` int64 rows (what a block keeps, for
+    :func:`all_whole`). ``data``: the
     models' pickles joined, ``sizes`` each one's length, ``digests`` their
     SHA-256s, 32 raw bytes each (as a :class:`~manymodels.partpacks.ModelPack`
     holds them): the bytes go to SQLite as they came, and the locators are
@@ -55,6 +74,7 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
     view = memoryview(data)
     pack_of = np.empty(count, dtype=np.int64)
     base_of = np.empty(count, dtype=np.int64)  # where each model's pack starts in data
+    written: list[tuple[int, int]] = []
     start = 0
     while start < count:
         base = int(ends[start - 1]) if start else 0
@@ -65,8 +85,29 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
             "INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
             (end - base, stop - start, view[base:end])).lastrowid
         base_of[start:stop] = base
+        written.append((int(pack_of[start]), end - base))
         start = stop
-    return locators(digests, pack_of, ends - sizes - base_of, sizes)
+    return (locators(digests, pack_of, ends - sizes - base_of, sizes),
+            np.array(written, dtype=np.int64).reshape(-1, 2))
+
+
+def all_whole(conn: sqlite3.Connection, written: list[bytes | None]) -> bool:
+    """Whether every pack that blocks wrote (each block's ``written_packs``:
+    ``(pack_id, size)`` int64 rows, see :func:`write_packs`) is still there
+    at its size; False when a block's list is not known (None: written
+    before blocks kept it). Then each locator those blocks hold names bytes
+    that are there, without parsing a million of them (:func:`whole_mask`:
+    a quarter of an unchanged re-run's time); whether the bytes are right
+    is checked by their SHA-256 when a model is loaded, as always."""
+    if any(blob is None for blob in written):
+        return False
+    wanted = np.frombuffer(b"".join(written), dtype=np.int64).reshape(-1, 2)
+    if not len(wanted):
+        return True
+    known = dict(conn.execute("SELECT pack_id, length(blob) FROM packs WHERE pack_id "
+                              "BETWEEN ? AND ?", (int(wanted[:, 0].min()),
+                                                  int(wanted[:, 0].max()))).fetchall())
+    return all(known.get(pack, -1) >= size for pack, size in wanted.tolist())
 
 
 def locators(digests: bytes, pack: np.ndarray, offset: np.ndarray, size: np.ndarray

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
-from ..tables import one_array
-from . import artifacts, taskblocks
+from ..tables import fixed_width_bytes, one_array
+from . import artifacts, packs, taskblocks
 
 #: What reuse reads of an earlier run's trained rows: what a reused task
 #: takes from the task whose model it reuses, and what matching and naming
@@ -35,6 +35,15 @@ def _runs_that_trained(conn: sqlite3.Connection) -> list[int]:
         "SELECT DISTINCT b.run_id FROM task_blocks b JOIN runs r ON r.run_id = b.run_id "
         "WHERE b.trained > 0 AND coalesce(r.backend, '') NOT LIKE 'mm.linear%' "
         "ORDER BY b.run_id DESC")]
+
+
+def _trained_packs_whole(conn: sqlite3.Connection, run_id: int) -> bool:
+    """Whether every pack that ``run_id``'s blocks which trained something
+    wrote is whole: each locator those blocks hold then names bytes that are
+    there (the models they trained are in no other packs)."""
+    column = taskblocks.block_column(conn, "written_packs")
+    return packs.all_whole(conn, [blob for (blob,) in conn.execute(
+        f"SELECT {column} FROM task_blocks WHERE run_id = ? AND trained > 0", (run_id,))])
 
 
 def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
@@ -60,7 +69,7 @@ def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedAr
         return None  # not each task once
     if open_tasks is not None and not open_tasks[numbers].all():
         return None
-    if not pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py():
+    if not _equal_at(wanted, numbers, candidates):
         return None
     at = np.zeros(count, dtype=np.int64)
     at[numbers] = np.arange(len(numbers))
@@ -69,6 +78,28 @@ def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedAr
         missing = np.ones(count, dtype=bool)
         missing[numbers] = False
     return pa.array(at, mask=missing)
+
+
+def _equal_at(wanted: pa.Array, numbers: np.ndarray, candidates: pa.Array | pa.ChunkedArray
+              ) -> bool:
+    """Whether ``wanted`` at ``numbers`` equals ``candidates``, one by one:
+    hex identities as rows of bytes, a block at a time, else by Arrow."""
+    rows = fixed_width_bytes(wanted)
+    chunks = candidates.chunks if isinstance(candidates, pa.ChunkedArray) else [candidates]
+    if rows is not None:
+        start = 0
+        for chunk in chunks:
+            if len(chunk) == 0:
+                continue
+            theirs = fixed_width_bytes(chunk)
+            if theirs is None or theirs.shape[1] != rows.shape[1]:
+                break
+            if not (rows[numbers[start:start + len(chunk)]] == theirs).all():
+                return False
+            start += len(chunk)
+        else:
+            return True
+    return pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py()
 
 
 class ReuseSearch:
@@ -115,7 +146,9 @@ class ReuseSearch:
                 open_tasks = np.zeros(len(names), dtype=bool)
                 open_tasks[left] = True
             at = _same_tasks(names, candidates, trained["task_index"], positions, open_tasks)
-            if at is not None and self._names_every_trained_row(run_id, trained, positions):
+            packs_whole = _trained_packs_whole(self.conn, run_id)
+            if at is not None and self._names_every_trained_row(run_id, trained, positions,
+                                                                packs_whole):
                 found.append(self._reused_by_reference(run_id, trained, positions, at))
                 left = left[~at.is_valid().to_numpy(zero_copy_only=False)[left]]
                 continue
@@ -130,7 +163,7 @@ class ReuseSearch:
             rows = trained.select(["artifact", "size", "metrics", "duration_s"]).take(
                 pa.array(positions[at.drop_null().to_numpy()]))
             del trained
-            loadable = self._loadable_mask(rows)
+            loadable = self._loadable_mask(rows, packs_whole)
             matched = left[hit][loadable]
             if not loadable.all():
                 rows = rows.filter(pa.array(loadable))
@@ -155,7 +188,7 @@ class ReuseSearch:
         return reused
 
     def _names_every_trained_row(self, run_id: int, trained: pa.Table,
-                                 positions: np.ndarray) -> bool:
+                                 positions: np.ndarray, packs_whole: bool) -> bool:
         """Whether this run may name ``run_id``'s trained rows instead of
         copying them (:func:`.taskblocks.insert_same_as`): each of them is
         one of this run's tasks at its own number (as :func:`_same_tasks`
@@ -169,7 +202,7 @@ class ReuseSearch:
         numbers = trained["task_index"].to_numpy()[positions]
         if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), rows["key"])).as_py():
             return False
-        return bool(self._loadable_mask(rows).all())
+        return bool(self._loadable_mask(rows, packs_whole).all())
 
     def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
                              at: pa.Array) -> pa.Table:
@@ -188,16 +221,18 @@ class ReuseSearch:
             "metrics": trained["metrics"].take(rows),
             "duration_s": pa.nulls(count, pa.float64())})
 
-    def _loadable_mask(self, rows: pa.Table) -> np.ndarray:
-        """Which of ``rows`` left a model that can still be loaded, or metrics
-        without a model."""
+    def _loadable_mask(self, rows: pa.Table, packs_whole: bool) -> np.ndarray:
+        """Which of ``rows`` (a run's trained rows) left a model that can
+        still be loaded, or metrics without a model; ``packs_whole``: every
+        pack that run wrote is whole (see :func:`_trained_packs_whole`)."""
         artifact = rows["artifact"]
         if isinstance(artifact, pa.ChunkedArray) and artifact.num_chunks > 1:
             # a run's rows as read, a chunk a block: checked chunk by chunk, not copied
             loadable = np.concatenate([artifacts.loadable_mask(
-                self.conn, self.root, chunk) for chunk in artifact.chunks])
+                self.conn, self.root, chunk, packs_whole) for chunk in artifact.chunks])
         else:
-            loadable = artifacts.loadable_mask(self.conn, self.root, one_array(artifact))
+            loadable = artifacts.loadable_mask(self.conn, self.root, one_array(artifact),
+                                               packs_whole)
         no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
         if no_model.any():
             loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)

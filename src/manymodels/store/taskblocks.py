@@ -116,20 +116,22 @@ def trained_mask(block: pa.Table) -> np.ndarray:
 
 
 def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
-           prefixes: np.ndarray | None = None) -> None:
+           prefixes: np.ndarray | None = None, written_packs: np.ndarray | None = None) -> None:
     """One block of ``run_id``'s tasks (inside the caller's transaction).
     ``prefixes``: the block's tasks' identity prefixes (uint64, see
     :class:`~manymodels.hashing.TaskIdentities`); those of the tasks it
-    trained are kept, sorted, for :func:`may_have_trained`."""
+    trained are kept, sorted, for :func:`may_have_trained`. ``written_packs``:
+    the packs its models were written to (see :func:`.packs.all_whole`)."""
     if block.num_rows == 0:
         return
     trained = trained_mask(block)
     kept = None
     if prefixes is not None and trained.any():
         kept = np.unique(np.asarray(prefixes, dtype=np.uint64)[trained]).tobytes()
-    conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, trained_identities) "
-                 "VALUES (?,?,?,?,?)",
-                 (run_id, block.num_rows, int(trained.sum()), encode(block), kept))
+    conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, trained_identities, "
+                 "written_packs) VALUES (?,?,?,?,?,?)",
+                 (run_id, block.num_rows, int(trained.sum()), encode(block), kept,
+                  None if written_packs is None else written_packs.astype(np.int64).tobytes()))
 
 
 def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray) -> bool:
@@ -202,7 +204,7 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
     on its own (a million tasks' blocks are not all held at once), after the
     list of them: no statement is open while a named run is read."""
     condition = " AND trained > 0" if trained_only else ""
-    same_as_of = same_as_column(conn)
+    same_as_of = block_column(conn, "same_as")
     blocks = conn.execute(f"SELECT block_id, {same_as_of} FROM task_blocks "
                           f"WHERE run_id = ? AND block_id > ?{condition} ORDER BY block_id",
                           (run_id, after)).fetchall()
@@ -249,11 +251,11 @@ def run_has_ended(conn: sqlite3.Connection, run_id: int) -> bool:
     return status is not None and status[0] != "running"
 
 
-def same_as_column(conn: sqlite3.Connection) -> str:
-    """The ``same_as`` column where the index has it (a store written before
-    it, opened read-only, has not)."""
-    has = any(row[1] == "same_as" for row in conn.execute("PRAGMA table_info(task_blocks)"))
-    return "same_as" if has else "NULL"
+def block_column(conn: sqlite3.Connection, name: str) -> str:
+    """``task_blocks``' column ``name`` where the index has it, else ``NULL``
+    (a store written before it, opened read-only, has not)."""
+    has = any(row[1] == name for row in conn.execute("PRAGMA table_info(task_blocks)"))
+    return name if has else "NULL"
 
 
 def trained_rows(table: pa.Table) -> np.ndarray:
@@ -301,7 +303,7 @@ def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
     them copied in (inside the caller's transaction): the rows made once, the
     block's first piece written in its place and the rest as blocks after."""
     naming = conn.execute(f"SELECT block_id, run_id FROM task_blocks "
-                          f"WHERE {same_as_column(conn)} = ?", (source,)).fetchall()
+                          f"WHERE {block_column(conn, 'same_as')} = ?", (source,)).fetchall()
     if not naming:
         return
     rows = _rows_reused_from(conn, source, list(COLUMNS))

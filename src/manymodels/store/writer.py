@@ -127,7 +127,8 @@ class StoreWriter:
 
     def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        artifact, size = self._write_models(conn, handover["task_index"], handover["model"])
+        artifact, size, written = self._write_models(conn, handover["task_index"],
+                                                     handover["model"])
         rows = pa.array(handover["task_index"], pa.int64())
         prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
@@ -137,13 +138,14 @@ class StoreWriter:
             "worker": handover["worker"],
             "metrics": metrics_texts(handover["metrics"], handover["task_index"]),
             "error": handover["error"], "artifact": artifact, "size": size}),
-            None if prefixes is None else prefixes[rows.to_numpy()])
+            None if prefixes is None else prefixes[rows.to_numpy()], written)
         conn.execute("COMMIT")
 
     def _write_models(self, conn: sqlite3.Connection, task_index: list[int],
-                      models: list[Any]) -> tuple[pa.Array, pa.Array]:
+                      models: list[Any]) -> tuple[pa.Array, pa.Array, np.ndarray]:
         """Write a hand-over's models (inside the caller's transaction); return
-        each row's ``artifact`` and ``size`` columns (null where no model).
+        each row's ``artifact`` and ``size`` columns (null where no model), and
+        the packs written (see :func:`.packs.write_packs`).
 
         The packs workers sent (:class:`ModelPack`) are written whole, their
         bytes as they came; a small model pickled in the driver joins one more
@@ -205,14 +207,16 @@ class StoreWriter:
             at[plain] = object_at[which][plain]
             sizes[plain] = object_size[which][plain]
         pieces = []
+        written = np.zeros((0, 2), dtype=np.int64)
         if packed:
-            pieces.append(packs.write_packs(
+            located_packs, written = packs.write_packs(
                 conn, b"".join(pack.data for pack in packed),
                 np.concatenate([pack.sizes for pack in packed]),
-                b"".join(pack.digests for pack in packed)))
+                b"".join(pack.digests for pack in packed))
+            pieces.append(located_packs)
         if large:
             pieces.append(pa.array(large, pa.string()))
         missing = at < 0
         names = (pa.concat_arrays(pieces) if pieces else pa.array([], pa.string())).take(
             pa.array(at, mask=missing))
-        return names, pa.array(sizes, pa.int64(), mask=missing)
+        return names, pa.array(sizes, pa.int64(), mask=missing), written
