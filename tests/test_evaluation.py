@@ -293,3 +293,16 @@ def test_cli_predict_runs_groups_on_worker_processes(tmp_path):
     mine = (first["sku"] == "s0").to_numpy()
     assert np.allclose(got["prediction"][mine], model.predict(first.loc[mine, ["x"]]))
     assert (got["source"] == "group").all()
+
+
+def test_a_reruns_windows_read_from_the_store_equal_the_first_runs(tmp_path):
+    frame = daily(groups=3, days=30)
+    splitter = mm.backtest("date", horizon=5, windows=2, target="sales")
+    runs = [mm.train(fit_linear, mm.groups(frame, by="sku"), evaluate=splitter,
+                     store=tmp_path / "s", backend="serial", progress=False) for _ in range(2)]
+    assert runs[1].summary().reused == 3
+    # the windows stay in the store's texts until asked for
+    assert {type(slot).__name__ for slot in runs[1]._records.metrics} == {"MetricTexts"}
+    first, again = (run.evaluation for run in runs)
+    assert len(first) == 6
+    pd.testing.assert_frame_equal(again, first)

@@ -152,6 +152,12 @@ def fit_with_metrics(data):
     return float(total), {"sum": total, "mean": total / n, "nan": math.nan}
 
 
+def fit_unless_nan(data):
+    if np.isnan(data["x"]).any():
+        raise ValueError("a missing x")
+    return fit_with_metrics(data)
+
+
 @pytest.mark.parametrize("store", [False, True])
 def test_a_runs_metrics_are_the_same_packed_by_workers_or_not(tmp_path, store):
     rng = np.random.default_rng(3)
@@ -194,3 +200,47 @@ def test_a_callback_gets_each_tasks_metrics_as_a_dict(tmp_path):
         total = float(np.arange(key * 5, key * 5 + 5).sum())
         assert metrics["sum"] == total and metrics["mean"] == total / 5
         assert math.isnan(metrics["nan"])
+
+
+def test_a_reruns_metrics_stay_in_the_store_until_asked_and_read_back_equal(tmp_path):
+    """An unchanged re-run's slots name the stored texts (one object per run
+    it names), and every reader gets what the first run had: a task's dict,
+    the results' columns, a re-run naming two runs, evaluation windows."""
+    from manymodels.execution import metrics_dict
+    from manymodels.partpacks import MetricTexts
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(2, 7, size=300)
+    table = pd.DataFrame({"g": np.repeat(np.arange(300), lengths),
+                          "x": rng.normal(size=int(lengths.sum()))})
+    table.loc[table["g"] == 5, "x"] = math.nan  # group 5 fails, until fixed below
+    store = tmp_path / "s"
+    source = mm.groups(table, by="g", format="numpy")
+    first = mm.train(fit_unless_nan, source, workers=2, progress=False, store=store)
+    again = mm.train(fit_unless_nan, source, workers=2, progress=False, store=store)
+    assert again.summary().reused == 299
+    held = again._records.metrics
+    assert len({id(entry) for entry in held if type(entry) is MetricTexts}) == 1
+    assert sum(type(entry) is MetricTexts for entry in held) == 299
+    columns = ["sum", "mean", "nan", "rows", "other"]
+    pd.testing.assert_frame_equal(again.results[columns], first.results[columns],
+                                  check_dtype=False)
+    for index in (0, 17, 299):  # (group 5 failed: no metrics)
+        want = metrics_dict(first._records.metrics[index], index)
+        got = metrics_dict(held[index], index)
+        assert got.keys() == want.keys()
+        assert all(g == w or (math.isnan(g) and math.isnan(w)) for g, w in
+                   ((got[k], want[k]) for k in want))
+
+    # a re-run that names two runs: group 5 was fixed and trained in between
+    fixed = table.copy()
+    fixed.loc[fixed["g"] == 5, "x"] = 1.0
+    second = mm.train(fit_unless_nan, mm.groups(fixed, by="g", format="numpy"), workers=2,
+                      progress=False, store=store)
+    third = mm.train(fit_unless_nan, mm.groups(fixed, by="g", format="numpy"), workers=2,
+                     progress=False, store=store)
+    assert second.summary().reused == 299 and third.summary().reused == 300
+    assert len({id(entry) for entry in third._records.metrics}) == 2
+    pd.testing.assert_frame_equal(third.results[columns], second.results[columns],
+                                  check_dtype=False)
+

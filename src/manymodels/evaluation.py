@@ -332,12 +332,14 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
 
     import pandas as pd
 
-    from .partpacks import MetricsPack
+    from .partpacks import MetricsPack, MetricTexts
 
     rows = []
-    for parts, stored in zip(key_rows, metrics):
+    for index, (parts, stored) in enumerate(zip(key_rows, metrics)):
         if type(stored) is MetricsPack:  # floats only: no windows
             continue
+        if type(stored) is MetricTexts:
+            stored = stored.text(index)
         if isinstance(stored, str):  # a reused task's: the store's JSON
             if WINDOWS not in stored:
                 continue

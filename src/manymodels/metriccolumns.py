@@ -27,15 +27,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .execution import metrics_json
-from .partpacks import MetricsPack, distinct_objects
+from .partpacks import MetricsPack, MetricTexts, distinct_objects
 
 
-def _by_object(entries: Sequence[Any]) -> tuple[list[tuple[MetricsPack, np.ndarray]], np.ndarray]:
-    """The :class:`MetricsPack` objects ``entries`` name, in order of first
-    appearance, each with the positions that name it; and, apart, the
-    positions whose entry is anything else (a dict, text, None)."""
+def _by_object(entries: Sequence[Any], kind: type = MetricsPack
+               ) -> tuple[list[tuple[Any, np.ndarray]], np.ndarray]:
+    """The objects of type ``kind`` (:class:`MetricsPack`) ``entries`` name,
+    in order of first appearance, each with the positions that name it; and,
+    apart, the positions whose entry is anything else (a dict, text, None)."""
     first, inverse = distinct_objects(entries)
-    is_pack = np.fromiter((type(entries[at]) is MetricsPack for at in first.tolist()),
+    is_pack = np.fromiter((type(entries[at]) is kind for at in first.tolist()),
                           dtype=bool, count=len(first))
     in_pack = is_pack[inverse]
     rest = np.flatnonzero(~in_pack)
@@ -78,22 +79,27 @@ def _pack_texts(names: tuple[str, ...], rows: np.ndarray) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, "")
 
 
+def _text(entry: Any, task: int) -> str | None:
+    """One task's slot as the store's JSON text (None: no metrics)."""
+    if entry is None or type(entry) is str:
+        return entry
+    return entry.text(task) if type(entry) is MetricTexts else metrics_json(entry)
+
+
 def metrics_texts(entries: Sequence[Any], task_index: Sequence[int] | np.ndarray) -> pa.Array:
     """The store's ``metrics`` column for tasks ``task_index``, whose slots
     are ``entries``: JSON text, null where a task has none."""
     count = len(entries)
     packs, rest = _by_object(entries)
     if not packs:
-        return pa.array([e if e is None or type(e) is str else metrics_json(e)
-                         for e in entries], pa.string())
+        return pa.array(list(map(_text, entries, task_index)), pa.string())
     tasks = np.asarray(task_index, dtype=np.int64)
     pieces, positions = [], []
     for pack, where in packs:
         pieces.append(_pack_texts(pack.names, pack.rows_of(tasks[where])))
         positions.append(where)
     if len(rest):
-        pieces.append(pa.array([entries[i] if entries[i] is None or type(entries[i]) is str
-                                else metrics_json(entries[i]) for i in rest.tolist()],
+        pieces.append(pa.array([_text(entries[i], tasks[i]) for i in rest.tolist()],
                                pa.string()))
         positions.append(rest)
     # back into the rows' order: row r's text is at place[r] of the joined pieces
@@ -111,6 +117,7 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     from .store.taskblocks import metric_columns as parse_texts
 
     count = len(entries)
+    entries = _texts_taken_out(entries)
     packs, rest = _by_object(entries)
     columns: dict[str, Any] = {}
     first_seen: dict[str, int] = {}  # the first task that has each metric
@@ -154,6 +161,19 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
             filled[i] = value
         columns[name] = filled
     return _in_order_of(columns, first_seen)
+
+
+def _texts_taken_out(entries: Sequence[Any]) -> Sequence[Any]:
+    """``entries`` with each slot that names a :class:`MetricTexts` holding
+    its task's text instead (all of one object's taken at once)."""
+    stored, _ = _by_object(entries, MetricTexts)
+    if not stored:
+        return entries
+    entries = list(entries)
+    for texts, where in stored:
+        for index, text in zip(where.tolist(), texts.texts_of(where).to_pylist()):
+            entries[index] = text
+    return entries
 
 
 def _in_order_of(columns: dict[str, Any], first_seen: dict[str, int]) -> dict[str, Any]:

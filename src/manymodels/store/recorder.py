@@ -23,7 +23,7 @@ from ..dataplane import pickle_any
 from ..hashing import TaskIdentities
 from ..keys import encode_keys
 from ..messages import Pickled, Status
-from ..partpacks import ModelPack
+from ..partpacks import MetricTexts, ModelPack
 from . import database, taskblocks
 from .registry import IN_STORE
 from .reuse import ReuseSearch
@@ -59,8 +59,10 @@ class RunRecorder:
         self.run_id: int | None = None
         self._pending: list[int] = []
         self._reused: pa.Table | None = None
-        #: (run, tasks) of each run every trained row of which is reused here
+        #: (run, tasks) of each run every trained row of which is reused here,
+        #: and the metrics of those tasks by run
         self._same_as: list[tuple[int, int]] = []
+        self._metric_texts: dict[int, MetricTexts] = {}
         self._keys: pa.Array | None = None
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
@@ -80,11 +82,11 @@ class RunRecorder:
         return 0 if reused is None else reused.num_rows
 
     def _find_reusable(self, reuse: bool) -> pa.Table | None:
-        self._same_as, self._reused = [], None
+        self._same_as, self._reused, self._metric_texts = [], None, {}
         if reuse and self.plan.tasks:
             search = ReuseSearch(self.conn, self.store.path, self.identities, self._keys)
             self._reused = search.find()
-            self._same_as = search.same_as
+            self._same_as, self._metric_texts = search.same_as, search.metric_texts
         # what the match read and dropped goes back to the system now: a
         # re-run of a million would otherwise hold it through the run
         pa.default_memory_pool().release_unused()
@@ -142,26 +144,31 @@ class RunRecorder:
     def fill_reused(self, records: Any) -> int:
         """Fill in the results of the reused tasks (their models stay in the
         store, loaded when asked for); return how many."""
-        reused = self._reused
-        self._reused = None
+        reused, texts_of = self._reused, self._metric_texts
+        self._reused, self._metric_texts = None, {}
         if reused is None:
             return 0
         ok = Status.OK.value
         indices = reused["task_index"].to_numpy()
-        if len(indices) == records.size and (indices == np.arange(records.size)).all():
+        if len(indices) == records.size and (indices == np.arange(records.size)).all() and (
+                len(texts_of) == 0 or len(texts_of) == 1 and reused["by_reference"]
+                .to_numpy(zero_copy_only=False).all()):
             # every task, in order (an unchanged re-run): whole columns at once
             records.status = [ok] * records.size
             records.reused_from = reused["reused_from"].to_pylist()
-            records.metrics = reused["metrics"].to_pylist()
+            records.metrics = [*texts_of.values()] * records.size if texts_of else \
+                reused["metrics"].to_pylist()
             in_store = reused["has_model"].to_numpy(zero_copy_only=False)
             records.model = np.where(in_store, IN_STORE, None).tolist()
             return reused.num_rows
         status, reused_from, metrics, model = (records.status, records.reused_from,
                                                records.metrics, records.model)
-        for index, run, metric, artifact in zip(
+        for index, run, metric, artifact, by_reference in zip(
                 reused["task_index"].to_pylist(), reused["reused_from"].to_pylist(),
-                reused["metrics"].to_pylist(), reused["has_model"].to_pylist()):
-            status[index], reused_from[index], metrics[index] = ok, run, metric
+                reused["metrics"].to_pylist(), reused["has_model"].to_pylist(),
+                reused["by_reference"].to_pylist()):
+            status[index], reused_from[index] = ok, run
+            metrics[index] = texts_of[run] if by_reference else metric
             if artifact:  # this run's row names it: loaded from there
                 model[index] = IN_STORE
         return reused.num_rows

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
+from ..partpacks import MetricTexts
 from ..tables import fixed_width_bytes, one_array
 from . import artifacts, packs, taskblocks
 
@@ -112,18 +113,22 @@ class ReuseSearch:
         self.identities, self.keys = identities, keys
         #: (run, tasks) of each run every row of which that trained is reused
         self.same_as: list[tuple[int, int]] = []
+        #: The metrics of the tasks reused from each run in ``same_as``, by run
+        #: (their rows in :meth:`find`'s table have none: see :class:`MetricTexts`)
+        self.metric_texts: dict[int, MetricTexts] = {}
 
     def find(self) -> pa.Table | None:
         """For each task, the latest task that trained its identity, if its
         model can still be loaded (its artifact is in the index, its file or
         pack there and whole, and no load found it corrupt), as a table:
         ``task_index`` (this run's), ``reused_from`` (the run that trained
-        it), ``has_model``, ``metrics``, and, unless ``by_reference`` (see
-        :meth:`_names_every_trained_row`), ``artifact``, ``size`` and
-        ``duration_s``.
+        it), ``has_model``, and, unless ``by_reference`` (see
+        :meth:`_names_every_trained_row`), ``metrics``, ``artifact``, ``size``
+        and ``duration_s`` (the metrics of the others are in
+        :attr:`metric_texts`, by the run they are reused from).
 
         None when nothing is reused (see the module's docstring for how)."""
-        self.same_as = []
+        self.same_as, self.metric_texts = [], {}
         names, prefixes = self.identities.identity, self.identities.prefixes
         left = np.arange(len(names))
         found: list[pa.Table] = []
@@ -209,16 +214,20 @@ class ReuseSearch:
         """The tasks reused from each row ``run_id`` trained, for the results
         of this run (its store names them: see :meth:`begin`)."""
         hit = at.is_valid().to_numpy(zero_copy_only=False)
-        rows = pa.array(positions[at.drop_null().to_numpy()])
+        tasks = np.flatnonzero(hit)
+        rows = positions[at.drop_null().to_numpy()]
         count = len(rows)
         self.same_as.append((run_id, count))
+        row_of = np.full(len(at), -1, dtype=np.int64)
+        row_of[tasks] = rows
+        self.metric_texts[run_id] = MetricTexts(trained["metrics"], row_of)
         return pa.table({
-            "task_index": pa.array(np.flatnonzero(hit), pa.int64()),
+            "task_index": pa.array(tasks, pa.int64()),
             "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), count),
-            "has_model": trained["artifact"].is_valid().take(rows),
+            "has_model": trained["artifact"].is_valid().take(pa.array(rows)),
             "by_reference": pa.repeat(pa.scalar(True), count),
             "artifact": pa.nulls(count, pa.string()), "size": pa.nulls(count, pa.int64()),
-            "metrics": trained["metrics"].take(rows),
+            "metrics": pa.nulls(count, pa.string()),
             "duration_s": pa.nulls(count, pa.float64())})
 
     def _loadable_mask(self, rows: pa.Table, packs_whole: bool) -> np.ndarray:
