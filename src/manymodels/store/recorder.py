@@ -10,6 +10,8 @@ same transaction or earlier).
 
 from __future__ import annotations
 
+import collections
+import itertools
 import operator
 import sqlite3
 import time
@@ -178,10 +180,8 @@ class RunRecorder:
         the driver drops its copies (``run.models`` loads them from the store),
         so its memory does not grow with the number of models. Until then it
         keeps them, so a failed write still leaves every model in ``.run``."""
-        model = self._records.model
-        for index in indices:
-            if model[index] is not None:
-                model[index] = IN_STORE
+        collections.deque(map(self._records.model.__setitem__, indices,
+                              itertools.repeat(IN_STORE)), maxlen=0)  # in C: a million a run
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)

@@ -15,6 +15,8 @@ that the recorder raises on the driver's next hand-over.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 import queue
 import sqlite3
@@ -108,8 +110,8 @@ class StoreWriter:
                     with WRITING:
                         self._commit(conn, handover)
                     if self.on_committed is not None:
-                        self.on_committed([index for index, model in zip(
-                            handover["task_index"], handover["model"]) if model is not None])
+                        self.on_committed(list(itertools.compress(handover["task_index"], map(
+                            operator.is_not, handover["model"], itertools.repeat(None)))))
             except BaseException as exc:
                 if conn is not None:
                     with WRITING:
