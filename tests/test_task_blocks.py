@@ -282,6 +282,9 @@ def test_each_block_lists_the_packs_it_wrote_and_a_lost_pack_is_retrained(tmp_pa
     assert in_lost
     again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
                      workers=2, progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:  # the lost pack's id not given again
+        assert conn.execute("SELECT min(pack_id) FROM packs WHERE pack_id > ?",
+                            (packs[-2][0] if len(packs) > 1 else 0,)).fetchone()[0] > lost
     retrained = again.results.index[~again.results["reused"]].tolist()
     assert sorted(retrained) == sorted([*in_lost, 7])  # and group 7, which failed
     assert again.summary().ok == 299
