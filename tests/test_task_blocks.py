@@ -762,3 +762,24 @@ def test_identities_compared_as_bytes_equal_arrows_comparison():
         assert arrow == expected and _equal_at(wanted, numbers, candidates) == expected, name
     assert fixed_width_bytes(pa.array(["ab", "cd"]).slice(1)).tolist() == [[ord("c"), ord("d")]]
     assert fixed_width_bytes(pa.array(["ab", "c"])) is None
+
+
+def test_why_not_reused_looks_past_runs_without_the_key(tmp_path):
+    """The latest earlier run that has the key explains it; runs without it are
+    skipped (their keys read, nothing more); a key no run had says so."""
+    store = tmp_path / "store"
+    frame = table(groups=20)
+    kwargs = {"store": store, "backend": "serial", "progress": False}
+    mm.train(fit_mean, mm.groups(frame[frame["g"] < 10], by="g"), **kwargs)
+    mm.train(fit_mean, mm.groups(frame[frame["g"] >= 10], by="g"), **kwargs)
+    changed = frame[frame["g"] < 10].copy()
+    changed.loc[changed["g"] == 3, "x"] += 1.0
+    third = mm.train(fit_mean, mm.groups(changed, by="g"), **kwargs)
+    registry = mm.Store(store)
+    assert registry.why_not_reused(3, third.run_id) == \
+        "3 was trained: since run 1, its data changed"
+    assert registry.why_not_reused(7, third.run_id) == "7 was trained: in run 1 it ended 'failed'"
+    wider = table(groups=25)
+    fourth = mm.train(fit_mean, mm.groups(wider[wider["g"] >= 20], by="g"), **kwargs)
+    assert registry.why_not_reused(22, fourth.run_id) == \
+        "22 was trained: no earlier run in this store has this key"

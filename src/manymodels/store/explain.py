@@ -56,7 +56,11 @@ def _latest_before(store: Any, key: str, run_id: int) -> tuple[int, dict] | None
     preferring a run where it ended ok: ``(run, its columns)``."""
     fallback = None
     for (earlier,) in store._conn.execute(
-            "SELECT run_id FROM runs WHERE run_id < ? ORDER BY run_id DESC", (run_id,)):
+            "SELECT run_id FROM runs WHERE run_id < ? ORDER BY run_id DESC", (run_id,)).fetchall():
+        # its keys first (a key absent from a long history reads no more of each run)
+        keys = taskblocks.read_run(store._conn, earlier, ["key"], ordered=False)["key"]
+        if not pc.any(pc.equal(keys, key)).as_py():
+            continue
         tasks = taskblocks.read_run(store._conn, earlier, ["key", *_IDENTITY_COLUMNS])
         rows = tasks.filter(pc.equal(tasks["key"], key))
         if rows.num_rows == 0:
