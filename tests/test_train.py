@@ -287,3 +287,14 @@ def test_the_cycle_collector_is_paused_only_while_fits_run_elsewhere():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_runs_records_compare_by_identity_without_raising():
+    from manymodels.results import TaskRecords
+
+    first, second = TaskRecords(3), TaskRecords(3)
+    assert first == first and first != second  # field by field, the NumPy columns raised
+    run = mm.train(fit_linear, mm.groups(pd.DataFrame({"g": [1, 1, 2, 2], "x": [0., 1., 0., 1.],
+                                                       "y": [1., 2., 3., 5.]}), by="g"),
+                   backend="serial", progress=False)
+    assert run._records == run._records and run._records in [second, run._records]

@@ -30,9 +30,11 @@ def _loaded(model: Any, index: int) -> Any:
     return model.load() if isinstance(model, (Pickled, PackedModel)) else model
 
 
-@dataclass
+@dataclass(eq=False)
 class TaskRecords:
-    """Per-task columns filled by the scheduler, indexed by task number."""
+    """Per-task columns filled by the scheduler, indexed by task number. Two
+    are equal only when they are the same object (comparing the columns
+    field by field raised on the NumPy ones)."""
 
     size: int
     status: list[str | None] = field(init=False)
