@@ -16,9 +16,8 @@ import pytest
 
 import manymodels as mm
 from manymodels.execution import metrics_dict
-from manymodels.metriccolumns import float_texts, metric_columns, metrics_texts
+from manymodels.metriccolumns import float_texts, metric_columns, metrics_texts, text_columns
 from manymodels.partpacks import MetricsPack, PartPacker, distinct_objects
-from manymodels.store import taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -49,7 +48,7 @@ def test_float_texts_read_back_as_the_same_floats_with_json_and_arrow():
     # Arrow's JSON reader (how the store reads a run's metrics at once)
     finite = np.isfinite(values)
     objects = pa.array(['{"m": ' + t + '}' for t, ok in zip(texts, finite) if ok])
-    read = taskblocks.metric_columns(objects)["m"]
+    read = text_columns(objects)["m"]
     assert all(_same_float(got, want) for got, want in zip(read, values[finite].tolist()))
     # where repr would do, it is repr
     assert texts[:3] == ["0.0", "-0.0", "1.0"]

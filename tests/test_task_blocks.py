@@ -533,10 +533,12 @@ def test_keys_encoded_from_arrow_columns_equal_one_at_a_time(values, kind):
 def test_metric_columns_equal_json_one_object_at_a_time(texts):
     import pyarrow as pa
 
+    from manymodels.metriccolumns import text_columns
+
     objects = [json.loads(t) if t else {} for t in texts]
     names = list(dict.fromkeys(name for m in objects for name in m))
     expected = {name: [m.get(name) for m in objects] for name in names}
-    got = taskblocks.metric_columns(pa.array(texts, pa.string()))
+    got = text_columns(pa.array(texts, pa.string()))
     assert list(got) == names and got == expected
     # as results columns: the same dtypes (an int among floats is a float there)
     pd.testing.assert_frame_equal(pd.DataFrame(got, index=range(len(texts))),

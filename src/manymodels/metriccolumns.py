@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from .execution import metrics_json
 from .partpacks import MetricsPack, MetricTexts, distinct_objects
+from .tables import one_array
 
 
 def _by_object(entries: Sequence[Any], kind: type = MetricsPack
@@ -114,8 +115,6 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     ``0..n-1`` whose slots are ``entries``: an array of floats (NaN where a
     task has not that metric) for a metric only packs hold, else a list
     (None where a task has it not)."""
-    from .store.taskblocks import metric_columns as parse_texts
-
     count = len(entries)
     entries = _texts_taken_out(entries)
     packs, rest = _by_object(entries)
@@ -133,7 +132,7 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     others = [entries[i] for i in rest.tolist()]
     if all(m is None or type(m) is str for m in others):
         # a store's JSON text (reused tasks): Arrow's JSON reader parses it at once
-        parsed = parse_texts(pa.array(others, pa.string()))
+        parsed = text_columns(pa.array(others, pa.string()))
         has = {name: next((at for at, v in enumerate(values) if v is not None), 0)
                for name, values in parsed.items()}
     else:
@@ -161,6 +160,38 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
             filled[i] = value
         columns[name] = filled
     return _in_order_of(columns, first_seen)
+
+
+def text_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
+    """Each metric's values, by name in order of first appearance, from the
+    tasks' metrics as JSON objects (None where a task has not that metric):
+    parsed at once by Arrow's JSON reader when every value is a plain
+    number, string or bool, else one object at a time with ``json``."""
+    import io
+
+    import pyarrow.json as pajson
+
+    texts = one_array(texts)
+    if len(texts) and texts.null_count < len(texts):
+        lines = pc.fill_null(texts, "{}")
+        try:
+            if pc.any(pc.match_substring_regex(lines, "\n|[0-9]{19}")).as_py():
+                # one object per line below; an int past 64 bits would turn float
+                raise ValueError("a line break or a large int in a metric")
+            parsed = pajson.read_json(io.BytesIO("\n".join(lines.to_pylist()).encode()),
+                                      read_options=pajson.ReadOptions(block_size=1 << 26))
+            if parsed.num_rows == len(texts) and all(
+                    pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                    or pa.types.is_boolean(f.type) or pa.types.is_string(f.type)
+                    or pa.types.is_null(f.type) for f in parsed.schema):
+                return {name: parsed[name].to_pylist() for name in parsed.column_names}
+        except (pa.ArrowException, ValueError):  # NaN, a nested value: as json reads it
+            pass
+    metrics = [json.loads(m) if m else {} for m in texts.to_pylist()]
+    names: dict[str, None] = {}
+    for m in metrics:
+        names.update(dict.fromkeys(m))
+    return {name: [m.get(name) for m in metrics] for name in names}
 
 
 def _texts_taken_out(entries: Sequence[Any]) -> Sequence[Any]:

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from ..keys import decode_key, decode_keys, encode_key, key_parts
 from ..messages import Pickled, Status
+from ..metriccolumns import text_columns
 from ..partpacks import PackedModel
 from . import artifacts, database, taskblocks
 
@@ -136,7 +137,7 @@ class Store:
                                                                len(key_columns)))))
         for column in _TASK_COLUMNS:
             frame[column] = tasks[column].to_pylist()
-        for name, values in taskblocks.metric_columns(tasks["metrics"]).items():
+        for name, values in text_columns(tasks["metrics"]).items():
             if name == "__windows__":  # per-window scores: Store.evaluation
                 continue
             frame[name if name not in frame.columns else f"metric_{name}"] = values

@@ -19,7 +19,6 @@ reusable without a migration.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -28,7 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
-from ..tables import one_array
 from .database import StoreIntegrityError
 
 #: The columns of a block, and their Arrow types.
@@ -366,35 +364,3 @@ def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | 
         names.update(pc.unique(column).to_pylist())
         read.add(pair)
     return names, read
-
-
-def metric_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
-    """Each metric's values, by name in order of first appearance, from the
-    tasks' metrics as JSON objects (None where a task has not that metric):
-    parsed at once by Arrow's JSON reader when every value is a plain
-    number, string or bool, else one object at a time with ``json``."""
-    import io
-
-    import pyarrow.json as pajson
-
-    texts = one_array(texts)
-    if len(texts) and texts.null_count < len(texts):
-        lines = pc.fill_null(texts, "{}")
-        try:
-            if pc.any(pc.match_substring_regex(lines, "\n|[0-9]{19}")).as_py():
-                # one object per line below; an int past 64 bits would turn float
-                raise ValueError("a line break or a large int in a metric")
-            parsed = pajson.read_json(io.BytesIO("\n".join(lines.to_pylist()).encode()),
-                                      read_options=pajson.ReadOptions(block_size=1 << 26))
-            if parsed.num_rows == len(texts) and all(
-                    pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-                    or pa.types.is_boolean(f.type) or pa.types.is_string(f.type)
-                    or pa.types.is_null(f.type) for f in parsed.schema):
-                return {name: parsed[name].to_pylist() for name in parsed.column_names}
-        except (pa.ArrowException, ValueError):  # NaN, a nested value: as json reads it
-            pass
-    metrics = [json.loads(m) if m else {} for m in texts.to_pylist()]
-    names: dict[str, None] = {}
-    for m in metrics:
-        names.update(dict.fromkeys(m))
-    return {name: [m.get(name) for m in metrics] for name in names}
