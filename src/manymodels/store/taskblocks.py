@@ -51,6 +51,9 @@ SCHEMA = pa.schema(list(COLUMNS.items()))
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
+_ONE_VALUE_KINDS = (str, int, type(None))
+
+
 def table(columns: dict[str, Sequence | np.ndarray | pa.Array]) -> pa.Table:
     """A block's table from columns (lists, arrays); a column left out is all null."""
     length = len(next(iter(columns.values())))
@@ -61,6 +64,10 @@ def table(columns: dict[str, Sequence | np.ndarray | pa.Array]) -> pa.Table:
             arrays.append(pa.nulls(length, kind))
         elif isinstance(values, (pa.Array, pa.ChunkedArray)):
             arrays.append(values.cast(kind) if values.type != kind else values)
+        elif type(values) is list and values and type(values[0]) in _ONE_VALUE_KINDS \
+                and values.count(values[0]) == length:
+            # one value throughout (a million "ok", 1 attempt, no error): made at once
+            arrays.append(pa.repeat(pa.scalar(values[0], kind), length))
         else:
             arrays.append(pa.array(values, kind, from_pandas=True))
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
