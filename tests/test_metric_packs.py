@@ -243,3 +243,22 @@ def test_a_reruns_metrics_stay_in_the_store_until_asked_and_read_back_equal(tmp_
     pd.testing.assert_frame_equal(third.results[columns], second.results[columns],
                                   check_dtype=False)
 
+
+
+def test_metric_texts_pickle_and_refuse_a_task_they_do_not_hold():
+    import pickle
+
+    import pyarrow as pa
+
+    from manymodels.partpacks import MetricTexts
+
+    texts = MetricTexts(pa.chunked_array([['{"a": 1.5}'], ['{"a": 2.5}', None]]),
+                        np.array([2, -1, 0, 1]))
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(texts, protocol=protocol))
+        assert [back.get(i) for i in (0, 2, 3)] == [None, {"a": 1.5}, {"a": 2.5}]
+    with pytest.raises(KeyError, match="task 1 is not one"):
+        texts.text(1)
+    with pytest.raises(KeyError):
+        texts.texts_of(np.array([0, 1]))
+    assert texts.texts_of(np.array([3, 0])).to_pylist() == ['{"a": 2.5}', None]

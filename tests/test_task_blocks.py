@@ -293,6 +293,18 @@ def test_each_block_lists_the_packs_it_wrote_and_a_lost_pack_is_retrained(tmp_pa
         assert mm.Store(store).load(group, again.run_id) == pytest.approx(means[group])
 
 
+def test_a_damaged_pack_list_falls_back_to_checking_each_locator(tmp_path):
+    store = tmp_path / "store"
+    first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute("UPDATE task_blocks SET written_packs = x'010203' WHERE run_id = ?",
+                     (first.run_id,))
+    again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+                     progress=False)
+    assert again.summary().reused == 299
+
+
 def test_a_rerun_names_every_run_whose_trained_rows_it_reuses_whole(tmp_path):
     """Group 7 failed in the first run and trained, fixed, in the second: a
     third run names both runs (one block each), not the second alone with

@@ -332,14 +332,13 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
 
     import pandas as pd
 
-    from .partpacks import MetricsPack, MetricTexts
+    from .metriccolumns import texts_taken_out
+    from .partpacks import MetricsPack
 
     rows = []
-    for index, (parts, stored) in enumerate(zip(key_rows, metrics)):
+    for parts, stored in zip(key_rows, texts_taken_out(metrics)):
         if type(stored) is MetricsPack:  # floats only: no windows
             continue
-        if type(stored) is MetricTexts:
-            stored = stored.text(index)
         if isinstance(stored, str):  # a reused task's: the store's JSON
             if WINDOWS not in stored:
                 continue

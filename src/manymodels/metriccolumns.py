@@ -34,8 +34,9 @@ from .tables import one_array
 def _by_object(entries: Sequence[Any], kind: type = MetricsPack
                ) -> tuple[list[tuple[Any, np.ndarray]], np.ndarray]:
     """The objects of type ``kind`` (:class:`MetricsPack`) ``entries`` name,
-    in order of first appearance, each with the positions that name it; and,
-    apart, the positions whose entry is anything else (a dict, text, None)."""
+    in order of their first positions, each with the positions that name it;
+    and, apart, the positions whose entry is anything else (a dict, text,
+    None)."""
     first, inverse = distinct_objects(entries)
     is_pack = np.fromiter((type(entries[at]) is kind for at in first.tolist()),
                           dtype=bool, count=len(first))
@@ -116,7 +117,7 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     task has not that metric) for a metric only packs hold, else a list
     (None where a task has it not)."""
     count = len(entries)
-    entries = _texts_taken_out(entries)
+    entries = texts_taken_out(entries)
     packs, rest = _by_object(entries)
     columns: dict[str, Any] = {}
     first_seen: dict[str, int] = {}  # the first task that has each metric
@@ -194,7 +195,7 @@ def text_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
     return {name: [m.get(name) for m in metrics] for name in names}
 
 
-def _texts_taken_out(entries: Sequence[Any]) -> Sequence[Any]:
+def texts_taken_out(entries: Sequence[Any]) -> Sequence[Any]:
     """``entries`` with each slot that names a :class:`MetricTexts` holding
     its task's text instead (all of one object's taken at once)."""
     stored, _ = _by_object(entries, MetricTexts)

@@ -206,9 +206,15 @@ class MetricTexts:
         self.texts = texts  # a pyarrow string Array or ChunkedArray
         self.rows = rows
 
+    def __reduce__(self) -> tuple:
+        return (MetricTexts, (self.texts, self.rows))
+
     def text(self, index: int) -> str | None:
         """Task ``index``'s metrics as the store's JSON text."""
-        return self.texts[int(self.rows[index])].as_py()
+        row = int(self.rows[index])
+        if row < 0:
+            raise KeyError(f"task {index} is not one of the tasks these metrics are of")
+        return self.texts[row].as_py()
 
     def get(self, index: int) -> dict | None:
         """Task ``index``'s metrics as a dict (a new one)."""
@@ -221,7 +227,10 @@ class MetricTexts:
         """The texts of tasks ``indices`` (each one of them), as an Arrow array."""
         import pyarrow as pa
 
-        taken = self.texts.take(pa.array(self.rows[indices]))
+        rows = self.rows[indices]
+        if len(rows) and rows.min() < 0:
+            raise KeyError("a task that is not one of the tasks these metrics are of")
+        taken = self.texts.take(pa.array(rows))
         return taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
 
 

@@ -117,8 +117,9 @@ CREATE TABLE IF NOT EXISTS artifacts (
     path   TEXT                           -- large ones in artifacts/, relative path
 );
 CREATE INDEX IF NOT EXISTS artifacts_files ON artifacts(path) WHERE path IS NOT NULL;
--- AUTOINCREMENT: a pack's id is never given again, so a locator naming a
--- deleted pack never finds another one's bytes in its place
+-- AUTOINCREMENT (stores created since it was added; an older store's table
+-- keeps SQLite's plain rowids): a pack's id is never given again, so a
+-- locator naming a deleted pack never finds another one's bytes in its place
 CREATE TABLE IF NOT EXISTS packs (        -- small models, many per BLOB (see locators)
     pack_id INTEGER PRIMARY KEY AUTOINCREMENT,
     size    INTEGER NOT NULL,

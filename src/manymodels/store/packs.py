@@ -29,19 +29,21 @@ def is_locator(artifact: str) -> bool:
 
 
 def locator_mask(artifacts: pa.Array) -> np.ndarray:
-    """Which of ``artifacts`` (a string array, nulls allowed) are locators: a
-    SHA-256's 64 hex digits, then ``@``. Read from the array's buffers: a
-    substring search took 0.1 s a million, a tenth of an unchanged re-run."""
+    """Which of ``artifacts`` (a string array, nulls allowed) are locators:
+    longer than a SHA-256's 64 hex digits, with ``@`` after them (the digits
+    themselves are checked when a model is loaded). Read from the array's
+    buffers: a substring search took 0.1 s a million, a tenth of an unchanged
+    re-run."""
     count = len(artifacts)
     _, offsets, data = artifacts.buffers()
     wide = pa.types.is_large_string(artifacts.type)
-    ends = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[
-        artifacts.offset:artifacts.offset + count + 1]
-    long = (np.diff(ends) > 64) & artifacts.is_valid().to_numpy(zero_copy_only=False)
+    starts = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[
+        artifacts.offset:artifacts.offset + count + 1]  # and the last one's end
+    long = (np.diff(starts) > 64) & artifacts.is_valid().to_numpy(zero_copy_only=False)
     mask = np.zeros(count, dtype=bool)
     where = np.flatnonzero(long)
     if where.size:
-        mask[where] = np.frombuffer(data, dtype=np.uint8)[ends[where] + 64] == ord("@")
+        mask[where] = np.frombuffer(data, dtype=np.uint8)[starts[where] + 64] == ord("@")
     return mask
 
 
@@ -94,13 +96,14 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
 def all_whole(conn: sqlite3.Connection, written: list[bytes | None]) -> bool:
     """Whether every pack that blocks wrote (each block's ``written_packs``:
     ``(pack_id, size)`` int64 rows, see :func:`write_packs`) is still there
-    at its size; False when a block's list is not known (None: written
-    before blocks kept it). Then each locator those blocks hold names bytes
-    that are there, without parsing a million of them (:func:`whole_mask`:
-    a quarter of an unchanged re-run's time); whether the bytes are right
-    is checked by their SHA-256 when a model is loaded, as always."""
-    if any(blob is None for blob in written):
-        return False
+    at its size (True when they wrote none); False when a block's list is
+    not known (None: written before blocks kept it) or damaged. Then each
+    locator those blocks hold names bytes that are there, without parsing a
+    million of them (:func:`whole_mask`: a quarter of an unchanged re-run's
+    time); whether the bytes are right is checked by their SHA-256 when a
+    model is loaded, as always."""
+    if any(blob is None or len(blob) % 16 for blob in written):
+        return False  # then each locator is checked on its own
     wanted = np.frombuffer(b"".join(written), dtype=np.int64).reshape(-1, 2)
     if not len(wanted):
         return True

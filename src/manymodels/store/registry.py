@@ -14,7 +14,6 @@ import pyarrow.compute as pc
 
 from ..keys import decode_key, decode_keys, encode_key, key_parts
 from ..messages import Pickled, Status
-from ..metriccolumns import text_columns
 from ..partpacks import PackedModel
 from . import artifacts, database, taskblocks
 
@@ -132,6 +131,8 @@ class Store:
             from ..linmodels.stored import results_frame
 
             return results_frame(self, linear)
+        from ..metriccolumns import text_columns
+
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
         frame = pd.DataFrame(dict(zip(key_columns, decode_keys(tasks["key"],
                                                                len(key_columns)))))
