@@ -107,6 +107,10 @@ def test_missing_or_corrupt_artifact_is_retrained_not_reused(tmp_path):
                      progress=False)
     expected = {item: item not in (last, damaged) for item in range(3)}
     assert again.results.set_index("item")["reused"].to_dict() == expected
+    for item in (last, damaged):  # not blamed on reuse=False
+        assert mm.Store(store).why_not_reused(item, again.run_id) == (
+            f"{item!r} was trained: its model from run {small.run_id} could no longer be "
+            "loaded (missing from the store, or found corrupt)")
     for item in range(3):
         assert np.array_equal(mm.Store(store).load(item), fit_big(item)[0])
 

@@ -249,7 +249,9 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     page = {name: Queries(store).section(again.run_id, name, "", memo) for name in SECTIONS}
     assert page["summary"]["done"] == 300 and page["summary"]["reused"] == 299
 
-    registry.delete(first.run_id)  # its rows are copied into the runs that named them
+    # its rows are copied into the runs that named them, which hold its models
+    # as their own from now on (see test_store_deletion.py); the rows read the same
+    registry.delete(first.run_id)
     assert [same_as for _, _, same_as in _same_as(store)] == [None] * 4
     after = mm.Store(store).results(again.run_id)
     pd.testing.assert_frame_equal(after, before)

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from ..keys import encode_key, key_parts
 from ..messages import Status
-from . import taskblocks
+from . import artifacts, taskblocks
 
 _PARTS = ("code", "params", "data", "shared")
 #: What says why a task was not reused: its identity's parts and its status
@@ -48,6 +48,10 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
                 + ", ".join(described[c] for c in changed) + " changed")
     if then["status"] != Status.OK:
         return f"{key!r} was trained: in run {then_run} it ended {then['status']!r}"
+    if then["artifact"] is not None and not artifacts.loadable_mask(
+            store._conn, store.path, [then["artifact"]])[0]:
+        return (f"{key!r} was trained: its model from run {then_run} could no longer be "
+                "loaded (missing from the store, or found corrupt)")
     return f"{key!r} was trained: reuse was turned off (reuse=False)"
 
 
@@ -61,11 +65,13 @@ def _latest_before(store: Any, key: str, run_id: int) -> tuple[int, dict] | None
         keys = taskblocks.read_run(store._conn, earlier, ["key"], ordered=False)["key"]
         if not pc.any(pc.equal(keys, key)).as_py():
             continue
-        tasks = taskblocks.read_run(store._conn, earlier, ["key", *_IDENTITY_COLUMNS])
+        tasks = taskblocks.read_run(store._conn, earlier, ["key", "artifact",
+                                                           *_IDENTITY_COLUMNS])
         rows = tasks.filter(pc.equal(tasks["key"], key))
         if rows.num_rows == 0:
             continue
-        row = {name: rows[name][rows.num_rows - 1].as_py() for name in _IDENTITY_COLUMNS}
+        row = {name: rows[name][rows.num_rows - 1].as_py()
+               for name in ["artifact", *_IDENTITY_COLUMNS]}
         if row["status"] == Status.OK:
             return earlier, row
         fallback = fallback or (earlier, row)

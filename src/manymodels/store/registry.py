@@ -16,6 +16,7 @@ from ..keys import decode_key, decode_keys, encode_key, key_parts
 from ..messages import Pickled, Status
 from ..partpacks import PackedModel
 from . import artifacts, database, taskblocks
+from .deletion import delete_run
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -341,16 +342,13 @@ class Store:
     # -- housekeeping --------------------------------------------------------------
 
     def delete(self, run: int) -> None:
-        """Forget a run (its artifacts stay until :meth:`gc`)."""
+        """Forget a run (its artifacts stay until :meth:`gc`); the models later
+        runs reused from it stay theirs, reusable (see :mod:`.deletion`)."""
         run_id, _, _ = self._run_row(run)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            taskblocks.copy_out_references(conn, run_id)  # a later run reuses its rows
-            conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM task_blocks WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            delete_run(conn, run_id)  # what later runs reuse of it stays reusable
             conn.execute("COMMIT")
         except BaseException:
             database.rollback_quietly(conn)

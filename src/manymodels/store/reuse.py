@@ -139,7 +139,7 @@ class ReuseSearch:
                 continue  # none of these identities is among what it trained
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
                                           trained_only=True, ordered=False)
-            positions = taskblocks.trained_rows(trained)
+            positions = taskblocks.trained_rows(self.conn, trained)
             if positions.size == 0:
                 continue
             # only the identities are matched; the rest is taken for the matches alone

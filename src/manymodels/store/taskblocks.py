@@ -114,10 +114,24 @@ def task_columns(keys: pa.Array, identities: TaskIdentities, rows: pa.Array) -> 
             "params_hash": identities.params.take(rows), "data_hash": identities.data.take(rows)}
 
 
-def trained_mask(block: pa.Table) -> np.ndarray:
-    """Which of a block's tasks trained a model: ok, and not reused."""
-    return pc.and_(pc.equal(block["status"], "ok"), pc.is_null(block["reused_from"])
-                   ).to_numpy(zero_copy_only=False)
+def trained_mask(block: pa.Table, deleted: pa.Array | None = None) -> np.ndarray:
+    """Which of a block's tasks hold their model as their own: ok, and not
+    reused, or reused from one of the runs ``deleted`` since (see
+    :mod:`.deletion`)."""
+    own = pc.is_null(block["reused_from"])
+    if deleted is not None and len(deleted) and block["reused_from"].null_count < block.num_rows:
+        own = pc.or_(own, pc.fill_null(pc.is_in(block["reused_from"], value_set=deleted),
+                                       False))
+    return pc.and_(pc.equal(block["status"], "ok"), own).to_numpy(zero_copy_only=False)
+
+
+def deleted_sources(conn: sqlite3.Connection, table: pa.Table) -> pa.Array:
+    """The runs ``table``'s rows were reused from that are no longer in the store."""
+    sources = pc.unique(table["reused_from"]).drop_null()
+    if not len(sources):
+        return sources
+    live = pa.array([run for (run,) in conn.execute("SELECT run_id FROM runs")], pa.int64())
+    return sources.filter(pc.invert(pc.is_in(sources, value_set=live)))
 
 
 def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
@@ -216,7 +230,7 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
     for block_id, same_as in blocks:
         if same_as is not None and conn.execute(
                 "SELECT 1 FROM runs WHERE run_id = ?", (same_as,)).fetchone() is not None:
-            yield block_id, _rows_reused_from(conn, same_as, columns)
+            yield block_id, rows_reused_from(conn, same_as, columns)
             continue
         # a block whose named run was deleted meanwhile has its rows copied in by now
         row = conn.execute(f"SELECT data, {same_as_of} FROM task_blocks WHERE block_id = ?",
@@ -240,7 +254,7 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
 # the re-run writes one block that names that run instead (``same_as``); its
 # readers make the rows from that run's trained ones: reused from it, no
 # attempt of their own. A run so named is copied into its readers' blocks
-# before it is deleted (:func:`copy_out_references`).
+# before it is deleted (:func:`.deletion.copy_out_references`).
 
 #: A reused task's columns that are not the trained row's own.
 _REUSED_VALUES = {"attempts": 0, "started_at": None, "worker": None}
@@ -263,19 +277,23 @@ def block_column(conn: sqlite3.Connection, name: str) -> str:
     return name if has else "NULL"
 
 
-def trained_rows(table: pa.Table) -> np.ndarray:
+def trained_rows(conn: sqlite3.Connection, table: pa.Table) -> np.ndarray:
     """The positions of ``table``'s rows (a run's, as :func:`read_run` gives
-    them) that trained a model without an error: what reuse takes, and what a
-    block naming the run stands for."""
+    them) that trained a model without an error, or hold one reused from a
+    run since deleted: what reuse takes, and what a block naming the run
+    stands for."""
     no_error = table["error"].is_null().to_numpy(zero_copy_only=False)
-    return np.flatnonzero(trained_mask(table) & no_error)
+    return np.flatnonzero(trained_mask(table, deleted_sources(conn, table)) & no_error)
 
 
-def _rows_reused_from(conn: sqlite3.Connection, source: int, columns: Sequence[str]
-                      ) -> pa.Table:
+def rows_reused_from(conn: sqlite3.Connection, source: int, columns: Sequence[str]
+                     ) -> pa.Table:
+    """Run ``source``'s trained rows (see :func:`trained_rows`) as a block
+    naming it stands for them: ``columns``, reused from ``source``, no
+    attempt of their own."""
     wanted = list(dict.fromkeys([*columns, "status", "reused_from", "error"]))
     rows = read_run(conn, source, wanted, trained_only=True, ordered=False)
-    positions = trained_rows(rows)
+    positions = trained_rows(conn, rows)
     if len(positions) != rows.num_rows:
         rows = rows.take(pa.array(positions))
     count = rows.num_rows
@@ -301,26 +319,6 @@ def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: in
     conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, same_as) "
                  "VALUES (?, ?, 0, ?, ?)", (run_id, tasks, encode(table({"task_index": []})),
                                            source))
-
-
-def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
-    """Before run ``source`` is deleted: each block that names its rows gets
-    them copied in (inside the caller's transaction): the rows made once, the
-    block's first piece written in its place and the rest as blocks after."""
-    naming = conn.execute(f"SELECT block_id, run_id FROM task_blocks "
-                          f"WHERE {block_column(conn, 'same_as')} = ?", (source,)).fetchall()
-    if not naming:
-        return
-    rows = _rows_reused_from(conn, source, list(COLUMNS))
-    size = REUSED_ROWS_PER_BLOCK
-    pieces = [encode(rows.slice(start, size)) for start in range(0, max(rows.num_rows, 1), size)]
-    for block_id, run_id in naming:
-        conn.execute("UPDATE task_blocks SET data = ?, tasks = ?, same_as = NULL "
-                     "WHERE block_id = ?", (pieces[0], min(rows.num_rows, size), block_id))
-        for number, piece in enumerate(pieces[1:], start=1):
-            count = min(size, rows.num_rows - number * size)
-            conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data) "
-                         "VALUES (?, ?, 0, ?)", (run_id, count, piece))
 
 
 class KeyLookup:

@@ -1,0 +1,120 @@
+"""Deleting a run keeps what later runs reuse of it (store/deletion.py): the
+runs that reused its models take them as their own, so a re-run after the
+delete still trains only what changed."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from test_task_blocks import _same_as, fit_mean, table
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def train(frame: pd.DataFrame, store, backend: str = "serial") -> mm.Run:
+    return mm.train(fit_mean, mm.groups(frame, by="g"), store=store, backend=backend,
+                    workers=2, progress=False)
+
+
+def prefixes_kept(store, run_id: int) -> np.ndarray:
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        blobs = conn.execute("SELECT trained_identities FROM task_blocks WHERE run_id = ? "
+                             "AND trained > 0", (run_id,)).fetchall()
+    return np.sort(np.concatenate([np.frombuffer(b, dtype=np.uint64) for (b,) in blobs]))
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_a_rerun_after_the_trainer_is_deleted_reuses_from_the_run_that_named_it(
+        tmp_path, backend):
+    store = tmp_path / "store"
+    first = train(table(), store, backend)
+    second = train(table(), store, backend)  # names the first run
+    assert second.summary().reused == 299
+    before = mm.Store(store).results(second.run_id)
+    registry = mm.Store(store)
+    registry.delete(first.run_id)
+    # its rows read as they did (reused from the deleted run, for the record)...
+    pd.testing.assert_frame_equal(registry.results(second.run_id), before)
+    # ...and its blocks count them as its own, with their identities' prefixes
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        assert conn.execute("SELECT sum(trained) FROM task_blocks WHERE run_id = ?",
+                            (second.run_id,)).fetchone()[0] == 299
+    assert len(prefixes_kept(store, second.run_id)) == 299
+    third = train(table(), store, backend)
+    assert third.summary().reused == 299 and third.summary().ok == 299
+    assert registry.why_not_reused(5, third.run_id) == f"5 was reused from run {second.run_id}"
+    assert registry.gc() == 0  # every model is still named
+    means = table().groupby("g")["x"].mean()
+    for group in (0, 5, 299):
+        assert registry.load(group, third.run_id) == pytest.approx(means[group])
+    assert registry.integrity_check() == "ok"
+
+
+def test_rows_copied_by_a_partial_rerun_are_taken_too(tmp_path):
+    """The second run reused 290 models and retrained ten (copied rows, no
+    name): deleting the first leaves all 300 reusable from the second."""
+    store = tmp_path / "store"
+    first = train(table(), store)
+    changed = table()
+    changed.loc[changed["g"] < 10, "x"] += 0.5
+    changed.loc[changed["g"] == 7, "x"] = -1.0  # group 7 still fails
+    second = train(changed, store)
+    assert second.summary().reused == 290
+    mm.Store(store).delete(first.run_id)
+    third = train(changed, store)
+    assert third.summary().reused == 299
+    assert set(mm.Store(store).results(third.run_id)["reused_from"].dropna()) == {second.run_id}
+    # and once the second is deleted too, the third holds them
+    mm.Store(store).delete(second.run_id)
+    assert train(changed, store).summary().reused == 299
+
+
+def test_a_run_named_by_a_later_run_is_copied_before_it_takes_rows(tmp_path):
+    """Group 7 failed in the first run and trained in the second; the third
+    names both. Deleting the first: the second takes its 299 rows, and the
+    third's block naming the second still stands for that one task (not 300)."""
+    store = tmp_path / "store"
+    first = train(table(), store)
+    fixed = table()
+    fixed.loc[fixed["g"] == 7, "x"] = 1.5
+    second = train(fixed, store)
+    third = train(fixed, store)
+    assert [(tasks, same_as) for run, tasks, same_as in _same_as(store)
+            if run == third.run_id] == [(1, second.run_id), (299, first.run_id)]
+    before = mm.Store(store).results(third.run_id)
+    mm.Store(store).delete(first.run_id)
+    assert all(same_as is None for _, _, same_as in _same_as(store))
+    after = mm.Store(store).results(third.run_id)
+    assert after["g"].tolist() == list(range(300))  # each task once
+    pd.testing.assert_frame_equal(after, before)
+    with sqlite3.connect(store / "index.sqlite") as conn:  # the one the second trained, still
+        assert conn.execute("SELECT sum(tasks) FROM task_blocks WHERE run_id = ?",
+                            (third.run_id,)).fetchone()[0] == 300
+    fourth = train(fixed, store)
+    assert fourth.summary().reused == 300
+    assert mm.Store(store).gc() == 0
+
+
+def test_a_delete_that_fails_changes_nothing(tmp_path, monkeypatch):
+    from manymodels.store import deletion
+
+    store = tmp_path / "store"
+    first = train(table(), store)
+    second = train(table(), store)
+    before = mm.Store(store).results(second.run_id)
+
+    def broken(conn, source):
+        raise RuntimeError("the disk went away")
+
+    monkeypatch.setattr(deletion, "_adopt", broken)
+    with pytest.raises(RuntimeError, match="disk went away"):
+        mm.Store(store).delete(first.run_id)
+    registry = mm.Store(store)
+    assert list(registry.runs()["run_id"]) == [first.run_id, second.run_id]
+    pd.testing.assert_frame_equal(registry.results(second.run_id), before)
+    assert [same_as for _, _, same_as in _same_as(store)][-2] == first.run_id
