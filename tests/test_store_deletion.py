@@ -108,7 +108,7 @@ def test_a_delete_that_fails_changes_nothing(tmp_path, monkeypatch):
     second = train(table(), store)
     before = mm.Store(store).results(second.run_id)
 
-    def broken(conn, source):
+    def broken(conn, source, holding):
         raise RuntimeError("the disk went away")
 
     monkeypatch.setattr(deletion, "_adopt", broken)
@@ -118,3 +118,99 @@ def test_a_delete_that_fails_changes_nothing(tmp_path, monkeypatch):
     assert list(registry.runs()["run_id"]) == [first.run_id, second.run_id]
     pd.testing.assert_frame_equal(registry.results(second.run_id), before)
     assert [same_as for _, _, same_as in _same_as(store)][-2] == first.run_id
+
+
+# -- another driver deletes while a run starts or a reader reads -------------------
+
+
+def delete_once_after_the_search(monkeypatch, store, run_id: int) -> None:
+    """Another driver deletes ``run_id`` right after this run's first search
+    for what it can reuse, before the run starts (its own connection)."""
+    from manymodels.store import reuse
+
+    search = reuse.ReuseSearch.find
+    done = []
+
+    def then_delete(self):
+        found = search(self)
+        if not done:
+            done.append(True)
+            mm.Store(store).delete(run_id)
+        return found
+
+    monkeypatch.setattr(reuse.ReuseSearch, "find", then_delete)
+
+
+def test_a_run_named_as_a_delete_adds_to_it_is_searched_again(tmp_path, monkeypatch):
+    """The third run (groups 0-9) would name the second, which trained those
+    ten; the first is deleted meanwhile and the second takes 289 more models:
+    the third searches again rather than name a run that now stands for 299."""
+    store = tmp_path / "store"
+    train(table(), store)
+    changed = table()
+    changed.loc[changed["g"] < 10, "x"] += 0.5
+    changed.loc[changed["g"] == 7, "x"] = -1.0
+    second = train(changed, store)
+    delete_once_after_the_search(monkeypatch, store, 1)
+    third = train(changed[changed["g"] < 10], store)
+    monkeypatch.undo()
+    assert third.summary().reused == 9
+    assert len(mm.Store(store).results(third.run_id)) == 10
+    assert set(mm.Store(store).results(third.run_id)["reused_from"].dropna()) == {
+        second.run_id}
+    assert len(train(changed, store).results) == 300
+
+
+def test_rows_copied_from_a_run_deleted_as_the_rerun_starts_are_not_written(
+        tmp_path, monkeypatch):
+    """The second run found 290 models of the first to copy; the first is
+    deleted before it starts, and nothing holds those models any more (a gc
+    would remove them): it searches again and trains them, and the run after
+    reuses every one."""
+    store = tmp_path / "store"
+    train(table(), store)
+    changed = table()
+    changed.loc[changed["g"] < 10, "x"] += 0.5
+    changed.loc[changed["g"] == 7, "x"] = -1.0
+    delete_once_after_the_search(monkeypatch, store, 1)
+    second = train(changed, store)
+    monkeypatch.undo()
+    assert second.summary().reused == 0 and second.summary().ok == 299
+    mm.Store(store).gc()
+    third = train(changed, store)
+    assert third.summary().reused == 299
+
+
+def test_a_reader_sees_the_runs_it_names_as_they_were_when_it_listed_them(tmp_path):
+    """Run 3 names run 2 (ten models); run 1 is deleted by another driver
+    between the reader's listing of run 3's blocks and its reading of run 2:
+    the reader still gets run 3's ten tasks (one snapshot), not 299."""
+    from manymodels.store import taskblocks
+
+    store = tmp_path / "store"
+    first = train(table(), store)
+    changed = table()
+    changed.loc[changed["g"] < 10, "x"] += 0.5
+    changed.loc[changed["g"] == 7, "x"] = -1.0
+    train(changed, store)
+    third = train(changed[changed["g"] < 10], store)
+    assert [same_as for run, _, same_as in _same_as(store) if run == third.run_id][0] == 2
+    conn = sqlite3.connect(store / "index.sqlite", isolation_level=None)
+
+    class DeletesMidRead:
+        fired = False
+
+        @property
+        def in_transaction(self):
+            return conn.in_transaction
+
+        def execute(self, sql, *args):
+            if sql.startswith("SELECT 1 FROM runs WHERE run_id") and not self.fired:
+                DeletesMidRead.fired = True
+                mm.Store(store).delete(first.run_id)  # another driver, mid-read
+            return conn.execute(sql, *args)
+
+    rows = taskblocks.read_run(DeletesMidRead(), third.run_id, ["key", "reused_from"])
+    assert DeletesMidRead.fired and rows.num_rows == 10
+    assert len(mm.Store(store).results(third.run_id)) == 10
+    conn.close()

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 -- a run's finished tasks, one row per hand-over of the writer: an Arrow IPC
 -- stream with a row per task and the columns of the old tasks table (see
--- taskblocks); trained counts its tasks that trained a model (not reused)
+-- taskblocks); trained counts the models its tasks hold as their own: trained
+-- there (not reused), or reused from a run deleted since (see deletion.py)
 CREATE TABLE IF NOT EXISTS task_blocks (
     block_id INTEGER PRIMARY KEY,
     run_id   INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,

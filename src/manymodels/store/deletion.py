@@ -41,11 +41,11 @@ def delete_run(conn: sqlite3.Connection, run_id: int) -> None:
     """Delete run ``run_id`` and its rows (inside the caller's transaction),
     its models handed to the runs that reuse them (see the module's docstring)."""
     copy_out_references(conn, run_id)
-    adopters = _runs_reusing(conn, run_id)
-    for adopter in adopters:
-        copy_out_references(conn, adopter)
-    if adopters:
-        _adopt(conn, run_id)
+    holding = _blocks_reusing(conn, run_id)
+    for adopter in sorted({run for _, run, _ in holding}):
+        copy_out_references(conn, adopter)  # (adds no row reused from run_id)
+    if holding:
+        _adopt(conn, run_id, holding)
     conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM task_blocks WHERE run_id = ?", (run_id,))
@@ -72,36 +72,33 @@ def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
                          "VALUES (?, ?, 0, ?)", (run_id, count, piece))
 
 
-def _blocks_reusing(conn: sqlite3.Connection, source: int) -> list[tuple[int, int]]:
-    """``(block, run)`` of each block of another run that holds a row reused
-    from ``source`` (blocks that name a run hold no rows of their own)."""
+def _blocks_reusing(conn: sqlite3.Connection, source: int
+                    ) -> list[tuple[int, int, pa.Table]]:
+    """``(block, run, its identity, status and reused_from columns)`` of each
+    block of another run that holds a row reused from ``source`` (blocks
+    that name a run hold no rows of their own): each block read once."""
     found = []
     for block_id, run_id in conn.execute(
             f"SELECT block_id, run_id FROM task_blocks WHERE run_id != ? AND "
             f"{block_column(conn, 'same_as')} IS NULL", (source,)).fetchall():
         (data,) = conn.execute("SELECT data FROM task_blocks WHERE block_id = ?",
                                (block_id,)).fetchone()
-        reused = decode(data, f"task block {block_id} of run {run_id}",
-                        ["reused_from"])["reused_from"]
-        if pc.any(pc.equal(reused, source)).as_py():
-            found.append((block_id, run_id))
+        what = f"task block {block_id} of run {run_id}"
+        if pc.any(pc.equal(decode(data, what, ["reused_from"])["reused_from"], source)).as_py():
+            found.append((block_id, run_id, decode(data, what,
+                                                   ["identity", "status", "reused_from"])))
     return found
 
 
-def _runs_reusing(conn: sqlite3.Connection, source: int) -> list[int]:
-    return sorted({run for _, run in _blocks_reusing(conn, source)})
-
-
-def _adopt(conn: sqlite3.Connection, source: int) -> None:
-    """The blocks holding rows reused from ``source`` count them as their
+def _adopt(conn: sqlite3.Connection, source: int,
+           holding: list[tuple[int, int, pa.Table]]) -> None:
+    """The blocks ``holding`` rows reused from ``source`` count them as their
     run's own: their ``trained`` and ``trained_identities`` (the rows stay)."""
-    for block_id, run_id in _blocks_reusing(conn, source):
-        (data,) = conn.execute("SELECT data FROM task_blocks WHERE block_id = ?",
-                               (block_id,)).fetchone()
-        block = decode(data, f"task block {block_id} of run {run_id}",
-                       ["identity", "status", "reused_from"])
-        deleted = pa.concat_arrays([taskblocks.deleted_sources(conn, block),
-                                    pa.array([source], pa.int64())])
+    live = {run for (run,) in conn.execute("SELECT run_id FROM runs WHERE run_id != ?",
+                                           (source,))}
+    for block_id, _, block in holding:
+        sources = pc.unique(block["reused_from"]).drop_null().to_pylist()
+        deleted = pa.array([run for run in sources if run not in live], pa.int64())
         owned = taskblocks.trained_mask(block, deleted)
         prefixes = _identity_prefixes(block["identity"])
         conn.execute("UPDATE task_blocks SET trained = ?, trained_identities = ? "

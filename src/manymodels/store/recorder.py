@@ -61,9 +61,9 @@ class RunRecorder:
         self.run_id: int | None = None
         self._pending: list[int] = []
         self._reused: pa.Table | None = None
-        #: (run, tasks) of each run every trained row of which is reused here,
-        #: and the metrics of those tasks by run
-        self._same_as: list[tuple[int, int]] = []
+        #: (run, tasks, held) of each run every trained row of which is reused
+        #: here (see ReuseSearch.same_as), and the metrics of those tasks by run
+        self._same_as: list[tuple[int, int, int]] = []
         self._metric_texts: dict[int, MetricTexts] = {}
         self._keys: pa.Array | None = None
         self._last_commit = time.monotonic()
@@ -101,21 +101,30 @@ class RunRecorder:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            # checked again where no other driver can delete those runs meanwhile
-            gone = [run for run, _ in self._same_as if not taskblocks.run_has_ended(conn, run)]
+            # checked again where no other driver can delete those runs meanwhile:
+            # a run named must be as it was found (a delete adds to what a run
+            # holds), a run whose rows are copied must still be there (else its
+            # models would be held by no run, or removed by a gc meanwhile)
+            copied = [] if reused is None else pc.unique(reused.filter(pc.invert(
+                reused["by_reference"]))["reused_from"]).drop_null().to_pylist()
+            gone = [run for run, _, held in self._same_as
+                    if not taskblocks.run_has_ended(conn, run)
+                    or taskblocks.held_count(conn, run) != held]
+            gone += [run for run in copied if conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ?", (run,)).fetchone() is None]
             if gone:
                 conn.execute("ROLLBACK")
                 if last_try:
                     raise database.StoreError(
-                        f"run {gone[0]}, whose models this run reuses, was deleted twice "
-                        "while the run started: start it again")
+                        f"run {gone[0]}, whose models this run reuses, was deleted or changed "
+                        "twice while the run started: start it again")
                 return False
             self.run_id = database.insert_run(
                 conn, backend=self.backend, workers=self.workers, source=self.source,
                 fit=self.fit_name, tasks=len(self.plan.tasks),
                 key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
                 code_detail=self.code_detail)
-            for source, tasks in self._same_as:
+            for source, tasks, _ in self._same_as:
                 taskblocks.insert_same_as(conn, self.run_id, source, tasks)
             if reused is not None and reused.num_rows:
                 self._insert_reused(reused.filter(pc.invert(reused["by_reference"])))

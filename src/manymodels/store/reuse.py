@@ -111,8 +111,10 @@ class ReuseSearch:
                  keys: pa.Array) -> None:
         self.conn, self.root = conn, root
         self.identities, self.keys = identities, keys
-        #: (run, tasks) of each run every row of which that trained is reused
-        self.same_as: list[tuple[int, int]] = []
+        #: (run, tasks, its held count) of each run every row of which that
+        #: trained is reused (the count as :func:`.taskblocks.held_count`
+        #: gave it before the run's rows were read)
+        self.same_as: list[tuple[int, int, int]] = []
         #: The metrics of the tasks reused from each run in ``same_as``, by run
         #: (their rows in :meth:`find`'s table have none: see :class:`MetricTexts`)
         self.metric_texts: dict[int, MetricTexts] = {}
@@ -137,6 +139,7 @@ class ReuseSearch:
                 break
             if not taskblocks.may_have_trained(self.conn, run_id, prefixes[left]):
                 continue  # none of these identities is among what it trained
+            held = taskblocks.held_count(self.conn, run_id)  # before its rows are read
             trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
                                           trained_only=True, ordered=False)
             positions = taskblocks.trained_rows(self.conn, trained)
@@ -154,7 +157,7 @@ class ReuseSearch:
             packs_whole = _trained_packs_whole(self.conn, run_id)
             if at is not None and self._names_every_trained_row(run_id, trained, positions,
                                                                 packs_whole):
-                found.append(self._reused_by_reference(run_id, trained, positions, at))
+                found.append(self._reused_by_reference(run_id, trained, positions, at, held))
                 left = left[~at.is_valid().to_numpy(zero_copy_only=False)[left]]
                 continue
             if at is not None and not every:  # by task number: by place in ``left``
@@ -210,14 +213,14 @@ class ReuseSearch:
         return bool(self._loadable_mask(rows, packs_whole).all())
 
     def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
-                             at: pa.Array) -> pa.Table:
+                             at: pa.Array, held: int) -> pa.Table:
         """The tasks reused from each row ``run_id`` trained, for the results
         of this run (its store names them: see :meth:`begin`)."""
         hit = at.is_valid().to_numpy(zero_copy_only=False)
         tasks = np.flatnonzero(hit)
         rows = positions[at.drop_null().to_numpy()]
         count = len(rows)
-        self.same_as.append((run_id, count))
+        self.same_as.append((run_id, count, held))
         row_of = np.full(len(at), -1, dtype=np.int64)
         row_of[tasks] = rows
         self.metric_texts[run_id] = MetricTexts(trained["metrics"], row_of)

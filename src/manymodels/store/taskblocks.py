@@ -221,7 +221,22 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
     rows with ``columns``: decoded, or, for a block that names another run's
     rows (see :func:`insert_same_as`), made from them. Each block is fetched
     on its own (a million tasks' blocks are not all held at once), after the
-    list of them: no statement is open while a named run is read."""
+    list of them: no statement is open while a named run is read. All in
+    one read transaction (unless the caller's): a run deleted meanwhile
+    changes what the runs that reused it hold (see :mod:`.deletion`), and a
+    reader must see the runs it names as they were when it listed them."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        yield from _run_blocks(conn, run_id, columns, after, trained_only)
+    finally:
+        if own and conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+def _run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], after: int,
+                trained_only: bool) -> Iterator[tuple[int, pa.Table]]:
     condition = " AND trained > 0" if trained_only else ""
     same_as_of = block_column(conn, "same_as")
     blocks = conn.execute(f"SELECT block_id, {same_as_of} FROM task_blocks "
@@ -268,6 +283,14 @@ def run_has_ended(conn: sqlite3.Connection, run_id: int) -> bool:
     will change, so a later run may name its rows."""
     status = conn.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     return status is not None and status[0] != "running"
+
+
+def held_count(conn: sqlite3.Connection, run_id: int) -> int:
+    """How many models run ``run_id``'s blocks count as its own (trained, or
+    taken from a deleted run): a re-run that names the run checks it again
+    as it starts, since a delete may have added to them meanwhile."""
+    return conn.execute("SELECT coalesce(sum(trained), 0) FROM task_blocks WHERE run_id = ?",
+                        (run_id,)).fetchone()[0]
 
 
 def block_column(conn: sqlite3.Connection, name: str) -> str:
