@@ -214,3 +214,42 @@ def test_a_reader_sees_the_runs_it_names_as_they_were_when_it_listed_them(tmp_pa
     assert DeletesMidRead.fired and rows.num_rows == 10
     assert len(mm.Store(store).results(third.run_id)) == 10
     conn.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_histories_of_reruns_and_deletes(tmp_path, seed):
+    """Seeded histories of runs (some groups changed, some left out) and
+    deletes (of any run), with gc between: every run left reads back as it
+    was written, every model it names loads as its group's mean, and a run
+    of the latest run's data again reuses every model that run has."""
+    rng = np.random.default_rng(seed)
+    store = tmp_path / "store"
+    frames: dict[int, pd.DataFrame] = {}  # run -> the table it was trained on
+    written: dict[int, pd.DataFrame] = {}  # run -> its results as first read back
+    frame = table(groups=40, seed=seed)
+    for _ in range(9):
+        registry = mm.Store(store)
+        if written and rng.random() < 0.35:
+            gone = int(rng.choice(sorted(written)))
+            registry.delete(gone)
+            del written[gone], frames[gone]
+            if rng.random() < 0.5:
+                registry.gc()
+        else:
+            frame = frame.copy()
+            changed = rng.choice(40, size=int(rng.integers(0, 6)), replace=False)
+            frame.loc[frame["g"].isin(changed), "x"] += 0.25
+            part = frame[frame["g"] < rng.integers(10, 41)] if rng.random() < 0.3 else frame
+            run = train(part, store)
+            frames[run.run_id] = part
+            written[run.run_id] = mm.Store(store).results(run.run_id)
+        registry = mm.Store(store)
+        for run_id, results in written.items():
+            pd.testing.assert_frame_equal(registry.results(run_id), results)
+            means = frames[run_id].groupby("g")["x"].mean()
+            for group in results.loc[results["status"] == "ok", "g"]:
+                assert registry.load(group, run_id) == pytest.approx(means[group])
+    if written:
+        latest = max(written)
+        again = train(frames[latest], store)
+        assert again.summary().reused == int((written[latest]["status"] == "ok").sum())
