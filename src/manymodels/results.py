@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -265,7 +264,8 @@ class Run:
 
     def summary(self) -> Summary:
         rec = self._records
-        statuses = Counter(rec.status)
+        # each status counted by list.count in C (a Counter hashed a million)
+        statuses = {status: rec.status.count(status) for status in dict.fromkeys(rec.status)}
         unset = statuses.pop(None, 0)
         durations = rec.duration_s
         if unset:  # mid-run (a callback's view): only the tasks that have ended

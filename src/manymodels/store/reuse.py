@@ -24,11 +24,15 @@ from ..partpacks import MetricTexts
 from ..tables import fixed_width_bytes, one_array
 from . import artifacts, packs, taskblocks
 
-#: What reuse reads of an earlier run's trained rows: what a reused task
-#: takes from the task whose model it reuses, and what matching and naming
-#: that run check (identity, status, error; key).
-_REUSED_COLUMNS = ("identity", "status", "reused_from", "error", "artifact", "size",
-                   "metrics", "duration_s", "key")
+#: What reuse reads of an earlier run's trained rows first: what matching and
+#: naming that run check (identity, status, error; key), and what a reused
+#: task takes of them in either case (size, metrics).
+_MATCH_COLUMNS = ("identity", "status", "reused_from", "error", "size", "metrics", "key")
+#: What it reads after, where it needs them: what a copied row takes (the
+#: artifact is a million 82-byte locators, half of what a run's rows are
+#: decompressed into: an unchanged re-run that names the run whose models
+#: are all in packs known whole reads none of them).
+_COPY_COLUMNS = ("artifact", "duration_s")
 
 
 def _runs_that_trained(conn: sqlite3.Connection) -> list[int]:
@@ -41,10 +45,12 @@ def _runs_that_trained(conn: sqlite3.Connection) -> list[int]:
 def _trained_packs_whole(conn: sqlite3.Connection, run_id: int) -> bool:
     """Whether every pack that ``run_id``'s blocks which trained something
     wrote is whole: each locator those blocks hold then names bytes that are
-    there (the models they trained are in no other packs)."""
+    there (the models they trained are in no other packs). False for a run
+    without such blocks (a store's rows written before blocks)."""
     column = taskblocks.block_column(conn, "written_packs")
-    return packs.all_whole(conn, [blob for (blob,) in conn.execute(
-        f"SELECT {column} FROM task_blocks WHERE run_id = ? AND trained > 0", (run_id,))])
+    written = [blob for (blob,) in conn.execute(
+        f"SELECT {column} FROM task_blocks WHERE run_id = ? AND trained > 0", (run_id,))]
+    return bool(written) and packs.all_whole(conn, written)
 
 
 def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
@@ -129,7 +135,18 @@ class ReuseSearch:
         and ``duration_s`` (the metrics of the others are in
         :attr:`metric_texts`, by the run they are reused from).
 
-        None when nothing is reused (see the module's docstring for how)."""
+        None when nothing is reused (see the module's docstring for how).
+        All read in one read transaction: a run's columns read apart match."""
+        own = not self.conn.in_transaction
+        if own:
+            self.conn.execute("BEGIN")
+        try:
+            return self._find()
+        finally:
+            if own and self.conn.in_transaction:
+                self.conn.execute("COMMIT")
+
+    def _find(self) -> pa.Table | None:
         self.same_as, self.metric_texts = [], {}
         names, prefixes = self.identities.identity, self.identities.prefixes
         left = np.arange(len(names))
@@ -140,7 +157,7 @@ class ReuseSearch:
             if not taskblocks.may_have_trained(self.conn, run_id, prefixes[left]):
                 continue  # none of these identities is among what it trained
             held = taskblocks.held_count(self.conn, run_id)  # before its rows are read
-            trained = taskblocks.read_run(self.conn, run_id, _REUSED_COLUMNS,
+            trained = taskblocks.read_run(self.conn, run_id, _MATCH_COLUMNS,
                                           trained_only=True, ordered=False)
             positions = taskblocks.trained_rows(self.conn, trained)
             if positions.size == 0:
@@ -155,11 +172,19 @@ class ReuseSearch:
                 open_tasks[left] = True
             at = _same_tasks(names, candidates, trained["task_index"], positions, open_tasks)
             packs_whole = _trained_packs_whole(self.conn, run_id)
-            if at is not None and self._names_every_trained_row(run_id, trained, positions,
-                                                                packs_whole):
-                found.append(self._reused_by_reference(run_id, trained, positions, at, held))
-                left = left[~at.is_valid().to_numpy(zero_copy_only=False)[left]]
-                continue
+            sure = False  # every model those rows name can be loaded, known without artifacts
+            if at is not None:
+                sure = packs_whole and self._all_in_packs(trained, positions)
+                if not sure:
+                    trained = self._with_copy_columns(run_id, trained)
+                if self._names_every_trained_row(run_id, trained, positions, packs_whole,
+                                                 sure):
+                    found.append(self._reused_by_reference(run_id, trained, positions, at,
+                                                           held))
+                    left = left[~at.is_valid().to_numpy(zero_copy_only=False)[left]]
+                    continue
+            if "artifact" not in trained.column_names:
+                trained = self._with_copy_columns(run_id, trained)
             if at is not None and not every:  # by task number: by place in ``left``
                 at = at.take(pa.array(left))
             if at is None:  # another plan: a hash join
@@ -195,21 +220,49 @@ class ReuseSearch:
             reused = reused.take(pc.sort_indices(reused["task_index"]))
         return reused
 
+    def _with_copy_columns(self, run_id: int, trained: pa.Table) -> pa.Table:
+        """``trained`` (``run_id``'s rows as :func:`.taskblocks.read_run` read
+        them, in :meth:`find`'s read transaction) with :data:`_COPY_COLUMNS`."""
+        extra = taskblocks.read_run(self.conn, run_id, _COPY_COLUMNS, trained_only=True,
+                                    ordered=False)
+        if not np.array_equal(extra["task_index"].to_numpy(), trained["task_index"].to_numpy()):
+            raise RuntimeError(f"run {run_id}'s rows read twice in one transaction differ")
+        for name in _COPY_COLUMNS:
+            trained = trained.append_column(name, extra[name])
+        return trained
+
+    def _all_in_packs(self, trained: pa.Table, positions: np.ndarray) -> bool:
+        """Whether every model the rows at ``positions`` name is packed (a
+        block the writer listed its packs in packs every model under
+        :data:`~.artifacts.SMALL_ARTIFACT`, and only those) and none was
+        found corrupt: with the run's packs whole, each can then be loaded."""
+        if self.conn.execute("SELECT 1 FROM corrupt_artifacts LIMIT 1").fetchone():
+            return False
+        sizes = trained["size"] if positions.size == trained.num_rows else \
+            trained["size"].take(pa.array(positions))
+        largest = pc.max(sizes).as_py()
+        return largest is None or largest < artifacts.SMALL_ARTIFACT
+
     def _names_every_trained_row(self, run_id: int, trained: pa.Table,
-                                 positions: np.ndarray, packs_whole: bool) -> bool:
+                                 positions: np.ndarray, packs_whole: bool,
+                                 sure: bool = False) -> bool:
         """Whether this run may name ``run_id``'s trained rows instead of
         copying them (:func:`.taskblocks.insert_same_as`): each of them is
         one of this run's tasks at its own number (as :func:`_same_tasks`
-        found) with its own key, every one's model can be
-        loaded, and that run has ended (no row of it will change)."""
+        found) with its own key, every one's model can be loaded (``sure``:
+        known so, see :meth:`_all_in_packs`), and that run has ended (no row
+        of it will change)."""
         if not taskblocks.run_has_ended(self.conn, run_id):
             return False
-        rows = trained.select(["key", "artifact", "metrics"])
+        rows = trained.select(["key", "size" if sure else "artifact", "metrics"])
         if positions.size != trained.num_rows:
             rows = rows.take(pa.array(positions))
         numbers = trained["task_index"].to_numpy()[positions]
         if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), rows["key"])).as_py():
             return False
+        if sure:  # a model, or metrics without one
+            return bool(pc.all(pc.or_(rows["size"].is_valid(),
+                                      rows["metrics"].is_valid())).as_py())
         return bool(self._loadable_mask(rows, packs_whole).all())
 
     def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
@@ -227,7 +280,9 @@ class ReuseSearch:
         return pa.table({
             "task_index": pa.array(tasks, pa.int64()),
             "reused_from": pa.repeat(pa.scalar(run_id, pa.int64()), count),
-            "has_model": trained["artifact"].is_valid().take(pa.array(rows)),
+            # the writer's size is null exactly where the artifact is
+            "has_model": trained["artifact" if "artifact" in trained.column_names
+                                 else "size"].is_valid().take(pa.array(rows)),
             "by_reference": pa.repeat(pa.scalar(True), count),
             "artifact": pa.nulls(count, pa.string()), "size": pa.nulls(count, pa.int64()),
             "metrics": pa.nulls(count, pa.string()),
