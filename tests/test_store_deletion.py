@@ -108,7 +108,7 @@ def test_a_delete_that_fails_changes_nothing(tmp_path, monkeypatch):
     second = train(table(), store)
     before = mm.Store(store).results(second.run_id)
 
-    def broken(conn, source, holding):
+    def broken(conn, holding):
         raise RuntimeError("the disk went away")
 
     monkeypatch.setattr(deletion, "_adopt", broken)

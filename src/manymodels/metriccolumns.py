@@ -117,7 +117,6 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
     task has not that metric) for a metric only packs hold, else a list
     (None where a task has it not)."""
     count = len(entries)
-    entries = texts_taken_out(entries)
     packs, rest = _by_object(entries)
     columns: dict[str, Any] = {}
     first_seen: dict[str, int] = {}  # the first task that has each metric
@@ -130,7 +129,7 @@ def metric_columns(entries: Sequence[Any]) -> dict[str, Any]:
             columns[name][where] = rows[:, position]
     if not len(rest):
         return columns
-    others = [entries[i] for i in rest.tolist()]
+    others = texts_taken_out([entries[i] for i in rest.tolist()], rest)
     if all(m is None or type(m) is str for m in others):
         # a store's JSON text (reused tasks): Arrow's JSON reader parses it at once
         parsed = text_columns(pa.array(others, pa.string()))
@@ -195,15 +194,18 @@ def text_columns(texts: pa.ChunkedArray | pa.Array) -> dict[str, list]:
     return {name: [m.get(name) for m in metrics] for name in names}
 
 
-def texts_taken_out(entries: Sequence[Any]) -> Sequence[Any]:
-    """``entries`` with each slot that names a :class:`MetricTexts` holding
-    its task's text instead (all of one object's taken at once)."""
+def texts_taken_out(entries: Sequence[Any], tasks: np.ndarray | None = None
+                    ) -> Sequence[Any]:
+    """``entries`` (the slots of tasks ``tasks``, default ``0..n-1``) with
+    each slot that names a :class:`MetricTexts` holding its task's text
+    instead (all of one object's taken at once)."""
     stored, _ = _by_object(entries, MetricTexts)
     if not stored:
         return entries
     entries = list(entries)
     for texts, where in stored:
-        for index, text in zip(where.tolist(), texts.texts_of(where).to_pylist()):
+        numbers = where if tasks is None else tasks[where]
+        for index, text in zip(where.tolist(), texts.texts_of(numbers).to_pylist()):
             entries[index] = text
     return entries
 

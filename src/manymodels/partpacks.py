@@ -227,11 +227,12 @@ class MetricTexts:
         """The texts of tasks ``indices`` (each one of them), as an Arrow array."""
         import pyarrow as pa
 
+        from .tables import one_array
+
         rows = self.rows[indices]
         if len(rows) and rows.min() < 0:
             raise KeyError("a task that is not one of the tasks these metrics are of")
-        taken = self.texts.take(pa.array(rows))
-        return taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
+        return one_array(self.texts.take(pa.array(rows)))
 
 
 class PartPacker:

@@ -32,6 +32,18 @@ def one_array(column: Any) -> Any:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
+def string_offsets(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string (or large string) array's value offsets, each value's start
+    and then the last one's end (``len + 1``, the array's slice applied), and
+    its data bytes, as NumPy views of its buffers (no copy)."""
+    _, offsets, data = strings.buffers()
+    wide = pa.types.is_large_string(strings.type)
+    starts = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[
+        strings.offset:strings.offset + len(strings) + 1]
+    return starts, np.frombuffer(data, dtype=np.uint8) if data is not None else \
+        np.zeros(0, dtype=np.uint8)
+
+
 def fixed_width_bytes(strings: pa.Array) -> np.ndarray | None:
     """A string array whose values all have one width (hex digests), without
     nulls, as a ``(len, width)`` uint8 view of its bytes (no copy), or None:
@@ -40,12 +52,11 @@ def fixed_width_bytes(strings: pa.Array) -> np.ndarray | None:
     count = len(strings)
     if count == 0 or strings.null_count or not pa.types.is_string(strings.type):
         return None
-    _, offsets, data = strings.buffers()
-    ends = np.frombuffer(offsets, dtype=np.int32)[strings.offset:strings.offset + count + 1]
+    ends, data = string_offsets(strings)
     width, rest = divmod(int(ends[-1] - ends[0]), count)
     if rest or width == 0 or not (np.diff(ends) == width).all():
         return None
-    return np.frombuffer(data, dtype=np.uint8)[ends[0]:ends[-1]].reshape(count, width)
+    return data[ends[0]:ends[-1]].reshape(count, width)
 
 
 def is_pandas_frame(obj: Any) -> bool:

@@ -23,12 +23,14 @@ Only the driver writes; concurrent drivers serialise on SQLite's lock.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -315,6 +317,21 @@ def write_error(root: Path, exc: BaseException, what: str) -> StoreError:
     return StoreError(
         f"cannot write to the store {str(root)!r}: {cause} ({exc}); {what}. What was "
         "committed before stays usable, and a re-run with the same store reuses it")
+
+
+@contextlib.contextmanager
+def read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """Reads that must see the index as of one moment (a run's blocks and
+    the runs they name; a run's columns read apart): one read transaction,
+    unless the caller's is open already."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if own and conn.in_transaction:
+            conn.execute("COMMIT")
 
 
 def rollback_quietly(conn: sqlite3.Connection) -> None:

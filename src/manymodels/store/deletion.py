@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..tables import fixed_width_bytes
+from ..tables import fixed_width_bytes, one_array
 from . import taskblocks
 from .taskblocks import COLUMNS, REUSED_ROWS_PER_BLOCK, block_column, decode, encode
 
@@ -44,12 +44,11 @@ def delete_run(conn: sqlite3.Connection, run_id: int) -> None:
     holding = _blocks_reusing(conn, run_id)
     for adopter in sorted({run for _, run, _ in holding}):
         copy_out_references(conn, adopter)  # (adds no row reused from run_id)
-    if holding:
-        _adopt(conn, run_id, holding)
     conn.execute("DELETE FROM attachments WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM tasks WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM task_blocks WHERE run_id = ?", (run_id,))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+    _adopt(conn, holding)  # run_id is now among the runs its rows name as deleted
 
 
 def copy_out_references(conn: sqlite3.Connection, source: int) -> None:
@@ -90,16 +89,12 @@ def _blocks_reusing(conn: sqlite3.Connection, source: int
     return found
 
 
-def _adopt(conn: sqlite3.Connection, source: int,
-           holding: list[tuple[int, int, pa.Table]]) -> None:
-    """The blocks ``holding`` rows reused from ``source`` count them as their
-    run's own: their ``trained`` and ``trained_identities`` (the rows stay)."""
-    live = {run for (run,) in conn.execute("SELECT run_id FROM runs WHERE run_id != ?",
-                                           (source,))}
+def _adopt(conn: sqlite3.Connection, holding: list[tuple[int, int, pa.Table]]) -> None:
+    """The blocks ``holding`` rows reused from a run deleted (in this
+    transaction) count them as their run's own: their ``trained`` and
+    ``trained_identities`` (the rows stay)."""
     for block_id, _, block in holding:
-        sources = pc.unique(block["reused_from"]).drop_null().to_pylist()
-        deleted = pa.array([run for run in sources if run not in live], pa.int64())
-        owned = taskblocks.trained_mask(block, deleted)
+        owned = taskblocks.trained_mask(block, taskblocks.deleted_sources(conn, block))
         prefixes = _identity_prefixes(block["identity"])
         conn.execute("UPDATE task_blocks SET trained = ?, trained_identities = ? "
                      "WHERE block_id = ?",
@@ -112,7 +107,7 @@ def _identity_prefixes(identities: pa.ChunkedArray) -> np.ndarray | None:
     """Each identity's first 64 bits (its first 16 hex digits), as a block
     keeps those of its trained tasks; None when they are not all such text
     (the block then keeps none, and reuse reads it whatever it looks for)."""
-    identities = identities.combine_chunks()
+    identities = one_array(identities)
     if identities.null_count:
         return None
     digits = fixed_width_bytes(identities)

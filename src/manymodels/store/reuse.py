@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from ..hashing import TaskIdentities
 from ..partpacks import MetricTexts
 from ..tables import fixed_width_bytes, one_array
-from . import artifacts, packs, taskblocks
+from . import artifacts, database, packs, taskblocks
 
 #: What reuse reads of an earlier run's trained rows first: what matching and
 #: naming that run check (identity, status, error; key), and what a reused
@@ -137,14 +137,8 @@ class ReuseSearch:
 
         None when nothing is reused (see the module's docstring for how).
         All read in one read transaction: a run's columns read apart match."""
-        own = not self.conn.in_transaction
-        if own:
-            self.conn.execute("BEGIN")
-        try:
+        with database.read_snapshot(self.conn):
             return self._find()
-        finally:
-            if own and self.conn.in_transaction:
-                self.conn.execute("COMMIT")
 
     def _find(self) -> pa.Table | None:
         self.same_as, self.metric_texts = [], {}

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
-from .database import StoreIntegrityError
+from .database import StoreIntegrityError, read_snapshot
 
 #: The columns of a block, and their Arrow types.
 COLUMNS: dict[str, pa.DataType] = {
@@ -225,14 +225,8 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
     one read transaction (unless the caller's): a run deleted meanwhile
     changes what the runs that reused it hold (see :mod:`.deletion`), and a
     reader must see the runs it names as they were when it listed them."""
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN")
-    try:
+    with read_snapshot(conn):
         yield from _run_blocks(conn, run_id, columns, after, trained_only)
-    finally:
-        if own and conn.in_transaction:
-            conn.execute("COMMIT")
 
 
 def _run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], after: int,
