@@ -32,7 +32,7 @@ import types
 import uuid
 import warnings
 from pathlib import Path, PurePath
-from typing import Any, NamedTuple
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -279,18 +279,35 @@ def item_hash(item: Any) -> str:
 
 
 # -- hashes of a million tasks at once ---------------------------------------------
-class TaskIdentities(NamedTuple):
+class TaskIdentities:
     """Each task's identity and the parts of it that are its own, as Arrow
     string arrays in task order (a million tuples of three Python strings
     were a quarter of a driver's memory). Code and shared objects are the
-    same for every task: the run keeps their hashes, in its code description."""
+    same for every task: the run keeps their hashes, in its code description.
 
-    identity: Any  # pa.StringArray
-    params: Any  # the hash of its parameters; null without a grid
-    data: Any
-    #: The identity's first 64 bits (uint64): what a store's blocks keep, sorted,
-    #: of the tasks they trained, so that reuse skips the runs that cannot match.
-    prefixes: np.ndarray | None  # None: not kept (a block then cannot be skipped)
+    ``data`` may be given as its ``(tasks, 2)`` uint64 lanes: its text is then
+    made when first asked for (an unchanged re-run that names the run it
+    reuses never writes it)."""
+
+    __slots__ = ("identity", "params", "_data", "prefixes")
+
+    def __init__(self, identity: Any, params: Any, data: Any,
+                 prefixes: np.ndarray | None) -> None:
+        self.identity = identity  # pa.StringArray
+        #: the hash of each task's parameters; null without a grid
+        self.params = params
+        self._data = data
+        #: The identity's first 64 bits (uint64): what a store's blocks keep, sorted,
+        #: of the tasks they trained, so that reuse skips the runs that cannot match.
+        #: None: not kept (a block then cannot be skipped).
+        self.prefixes = prefixes
+
+    @property
+    def data(self) -> Any:
+        """The hash of each task's data (its group's rows, or its item)."""
+        if isinstance(self._data, np.ndarray):
+            self._data = lanes_hex_array(self._data)
+        return self._data
 
 
 def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:
@@ -303,7 +320,6 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
     shared_part = value_hash(dict(sorted((shared or {}).items())))
     tasks = plan.tasks
     data_lanes = plan.data.hash_lanes(tasks.refs)
-    data_parts = lanes_hex_array(data_lanes)
     # the parts that vary per setting, not per group: hashed once per setting
     params_of: dict[int, tuple[str, int]] = {}
     prefixes: list[tuple[int, int]] = []
@@ -329,6 +345,6 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
     else:
         params_column = pa.array([None if params == "-" else params
                                   for params in params_parts], pa.string())
-    identities = TaskIdentities(names, params_column, data_parts,
+    identities = TaskIdentities(names, params_column, data_lanes,
                                 np.ascontiguousarray(identity_lanes[:, 0]))
     return identities, {**detail, "code_hash": code, "shared_hash": shared_part}

@@ -105,7 +105,18 @@ def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
     a = np.empty(groups, dtype=np.uint64)
     b = np.empty(groups, dtype=np.uint64)
     ends = offsets + lengths
+    longest = int(lengths.max()) if groups else 0
+    # the block's buffers made once: fresh ones each block were fresh pages
+    # each block (a page fault per 4 KiB), more than the arithmetic
+    capacity = max(min(_BLOCK, len(rows)), longest)
+    position = np.empty(capacity, dtype=np.int64)
+    mixed, scratch = np.empty(capacity, dtype=np.uint64), np.empty(capacity, dtype=np.uint64)
     with np.errstate(over="ignore"):
+        # a row's position is mixed alike in every group: each position's
+        # two words made once, then looked up
+        every_position = np.arange(longest, dtype=np.uint64)
+        position_a = mix64(every_position + salt_a)
+        position_b = mix64(every_position ^ salt_b) + _GOLDEN
         first = 0
         while first < groups:
             # the groups whose rows end within a block from here (at least one)
@@ -114,21 +125,22 @@ def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
             start = int(offsets[first])
             local = offsets[first:last] - start
             count = int(ends[last - 1]) - start
-            position = np.arange(count, dtype=np.uint64)
-            position -= np.repeat(local.astype(np.uint64), lengths[first:last])
+            # each row's place in its group: ones, a group's start stepping back
+            # by the length of the group before it, summed
+            at, word, spare = position[:count], mixed[:count], scratch[:count]
+            at.fill(1)
+            at[0] = 0
+            at[local[1:]] = 1 - lengths[first:last - 1]
+            np.cumsum(at, out=at)
             block = rows[start:start + count]
-            mixed, scratch = np.empty(count, dtype=np.uint64), np.empty(count, dtype=np.uint64)
-            np.add(position, salt_a, out=mixed)
-            mix64_inplace(mixed, scratch)
-            np.bitwise_xor(mixed, block, out=mixed)
-            mix64_inplace(mixed, scratch)
-            a[first:last] = np.add.reduceat(mixed, local)
-            np.bitwise_xor(position, salt_b, out=mixed)
-            mix64_inplace(mixed, scratch)
-            mixed += block
-            mixed += _GOLDEN
-            mix64_inplace(mixed, scratch)
-            b[first:last] = np.add.reduceat(mixed, local)
+            np.take(position_a, at, out=word)
+            np.bitwise_xor(word, block, out=word)
+            mix64_inplace(word, spare)
+            a[first:last] = np.add.reduceat(word, local)
+            np.take(position_b, at, out=word)
+            word += block
+            mix64_inplace(word, spare)
+            b[first:last] = np.add.reduceat(word, local)
             first = last
         size = lengths.astype(np.uint64)
         a = mix64(a ^ mix64(size + salt_a))

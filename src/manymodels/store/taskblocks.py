@@ -165,15 +165,18 @@ def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray
         kept.append(np.frombuffer(blob, dtype=np.uint64))
     if not kept:
         return False
-    known = np.sort(np.concatenate(kept), kind="stable")  # sorted runs: merged, not sorted
 
-    def any_known(wanted: np.ndarray) -> bool:
+    def any_known(known: np.ndarray, wanted: np.ndarray) -> bool:
         at = np.minimum(np.searchsorted(known, wanted), known.size - 1)
         return bool((known[at] == wanted).any())
 
     # a run that trained any of them most often trained the first ones too:
-    # a thousand looked up first (an unchanged re-run stops there)
-    return any_known(prefixes[:1024]) or any_known(prefixes[1024:])
+    # a thousand looked up first, in each block's sorted prefixes (an
+    # unchanged re-run stops there), the rest in all of them merged
+    if any(any_known(known, prefixes[:1024]) for known in kept):
+        return True
+    rest = prefixes[1024:]
+    return bool(rest.size) and any_known(np.sort(np.concatenate(kept), kind="stable"), rest)
 
 
 def _legacy_rows(conn: sqlite3.Connection, run_id: int) -> pa.Table | None:
