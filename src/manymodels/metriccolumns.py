@@ -61,8 +61,13 @@ def float_texts(values: np.ndarray) -> pa.Array:
     ``-Infinity`` as ``json.dumps`` writes them."""
     values = np.ascontiguousarray(values, dtype=np.float64)
     texts = pc.cast(pa.array(values), pa.string())
-    whole = pc.match_substring_regex(texts, r"^-?[0-9]+$")
-    texts = pc.if_else(whole, pc.binary_join_element_wise(texts, ".0", ""), texts)
+    with np.errstate(invalid="ignore"):
+        whole = np.flatnonzero(values == np.trunc(values))  # (NaN and infinities: not)
+    if whole.size:  # only these may be written as digits alone (1e+16 is not)
+        digits = pc.match_substring_regex(texts.take(pa.array(whole)), r"^-?[0-9]+$")
+        bare = np.zeros(len(values), dtype=bool)
+        bare[whole] = digits.to_numpy(zero_copy_only=False)
+        texts = pc.if_else(pa.array(bare), pc.binary_join_element_wise(texts, ".0", ""), texts)
     if not np.isfinite(values).all():
         special = np.where(np.isnan(values), "NaN",
                            np.where(values > 0, "Infinity", "-Infinity"))

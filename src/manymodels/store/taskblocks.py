@@ -146,7 +146,7 @@ def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
     trained = trained_mask(block)
     kept = None
     if prefixes is not None and trained.any():
-        kept = np.unique(np.asarray(prefixes, dtype=np.uint64)[trained]).tobytes()
+        kept = np.sort(np.asarray(prefixes, dtype=np.uint64)[trained]).tobytes()
     conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, trained_identities, "
                  "written_packs) VALUES (?,?,?,?,?,?)",
                  (run_id, block.num_rows, int(trained.sum()), encode(block), kept,
