@@ -423,27 +423,31 @@ def test_an_earlier_run_with_the_same_tasks_is_matched_task_by_task():
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from manymodels.hashing import TaskIdentities
     from manymodels.store.reuse import _same_tasks
+
+    def held(identities: pa.Array) -> TaskIdentities:
+        return TaskIdentities(identities, None, None, None)
 
     wanted = pa.array([f"id{i}" for i in range(6)])
     numbers = np.array([3, 0, 5, 1, 4, 2])
     candidates = wanted.take(pa.array(numbers))
     task_index = pa.chunked_array([numbers[:2], numbers[2:]])
     everything = np.arange(6)
-    at = _same_tasks(wanted, candidates, task_index, everything)
+    at = _same_tasks(held(wanted), candidates, task_index, everything)
     assert at.to_pylist() == pc.index_in(wanted, value_set=candidates).to_pylist()
     # a trained task left out (failed there): the positions say which rows count
     kept = candidates.filter(pa.array(numbers != 5))
-    at = _same_tasks(wanted.slice(0, 5), kept, task_index, np.flatnonzero(numbers != 5))
+    at = _same_tasks(held(wanted.slice(0, 5)), kept, task_index, np.flatnonzero(numbers != 5))
     assert at.to_pylist() == pc.index_in(wanted.slice(0, 5), value_set=kept).to_pylist()
     changed = pa.array(["id0", "id1", "other", "id3", "id4", "id5"])
-    assert _same_tasks(changed, candidates, task_index, everything) is None  # one changed
+    assert _same_tasks(held(changed), candidates, task_index, everything) is None  # one changed
     # a task that run did not train (failed there): not found, the others are
-    at = _same_tasks(wanted, candidates.slice(1), task_index, everything[1:])
+    at = _same_tasks(held(wanted), candidates.slice(1), task_index, everything[1:])
     assert at.to_pylist() == pc.index_in(wanted, value_set=candidates.slice(1)).to_pylist()
     assert at.null_count == 1
     twice = pa.chunked_array([np.array([3, 0, 5, 1, 4, 4])])  # not each task once
-    assert _same_tasks(wanted, wanted.take(pa.array([3, 0, 5, 1, 4, 4])), twice,
+    assert _same_tasks(held(wanted), wanted.take(pa.array([3, 0, 5, 1, 4, 4])), twice,
                        everything) is None
     beyond = pa.chunked_array([np.array([3, 0, 5, 1, 4, 6])])
-    assert _same_tasks(wanted, candidates, beyond, everything) is None
+    assert _same_tasks(held(wanted), candidates, beyond, everything) is None

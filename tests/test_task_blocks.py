@@ -724,8 +724,10 @@ def test_may_have_trained_finds_a_prefix_wherever_it_lies(tmp_path, where):
     if where != "none":
         wanted[{"first": 0, "late": 2500, "last": 4999}[where]] = kept[1][1234]
     conn = sqlite3.connect(tmp_path / "t.sqlite")
-    conn.execute("CREATE TABLE task_blocks (run_id, trained, trained_identities)")
-    conn.executemany("INSERT INTO task_blocks VALUES (1, ?, ?)",
+    conn.execute("CREATE TABLE task_blocks (block_id INTEGER PRIMARY KEY, run_id, trained, "
+                 "trained_identities)")
+    conn.executemany("INSERT INTO task_blocks(run_id, trained, trained_identities) "
+                     "VALUES (1, ?, ?)",
                      [(len(k), k.tobytes()) for k in kept])
     assert taskblocks.may_have_trained(conn, 1, wanted) == (where != "none")
     assert taskblocks.may_have_trained(conn, 2, wanted) is False  # trained nothing
@@ -757,11 +759,16 @@ def test_locators_are_told_from_bare_digests_at_any_slice():
 
 
 def test_identities_compared_as_bytes_equal_arrows_comparison():
+    """Identities held as lanes (their bytes compared with the stored digits
+    turned into bytes) or as text (rows of digits) compare as Arrow does."""
+    from manymodels.hashing import TaskIdentities
+    from manymodels.rowhash import lanes_hex
     from manymodels.store.reuse import _equal_at
     from manymodels.tables import fixed_width_bytes
 
     rng = np.random.default_rng(3)
-    names = [f"{value:032x}" for value in rng.integers(0, 2**63, size=500)]
+    lanes = rng.integers(0, 2**63, size=(500, 2), dtype=np.uint64) * np.uint64(3)
+    names = lanes_hex(lanes)
     wanted = pa.array(names)
     numbers = rng.permutation(500)[:300]
     same = [names[n] for n in numbers]
@@ -770,12 +777,17 @@ def test_identities_compared_as_bytes_equal_arrows_comparison():
         "equal, blocks": (pa.chunked_array([same[:100], [], same[100:]], pa.string()), True),
         "one differs in a later block": (pa.chunked_array(
             [same[:100], [*same[100:299], "f" * 32]], pa.string()), False),
+        "not hex digits, the same width": (pa.array([*same[:-1], "g" * 32]), False),
         "another width": (pa.array([*same[:-1], "abc"]), False),
         "a null (Arrow's all() skips it)": (pa.array([*same[:-1], None]), True),
     }
     for name, (candidates, expected) in cases.items():
         arrow = pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py()
-        assert arrow == expected and _equal_at(wanted, numbers, candidates) == expected, name
+        assert arrow == expected, name
+        for held in (TaskIdentities(lanes, None, None, None),
+                     TaskIdentities(wanted, None, None, None)):
+            assert _equal_at(held, numbers, candidates) == expected, name
+    assert TaskIdentities(lanes, None, None, None).identity.to_pylist() == names
     assert fixed_width_bytes(pa.array(["ab", "cd"]).slice(1)).tolist() == [[ord("c"), ord("d")]]
     assert fixed_width_bytes(pa.array(["ab", "c"])) is None
 
@@ -799,3 +811,21 @@ def test_why_not_reused_looks_past_runs_without_the_key(tmp_path):
     fourth = mm.train(fit_mean, mm.groups(wider[wider["g"] >= 20], by="g"), **kwargs)
     assert registry.why_not_reused(22, fourth.run_id) == \
         "22 was trained: no earlier run in this store has this key"
+
+
+def test_group_lanes_from_row_hashes_made_block_by_block_equal_those_from_all_rows():
+    """Row hashes made a block at a time as group_lanes reaches each block
+    (a text column hashed by pandas, a group longer than a block) give the
+    lanes that the whole table's row hashes give."""
+    from manymodels.rowhash import _BLOCK, RowHashes, arrow_row_hashes, group_lanes
+
+    rng = np.random.default_rng(11)
+    lengths = np.concatenate([rng.integers(1, 30, 4000), [_BLOCK + 17], [2, 1]])
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    rows = int(lengths.sum())
+    table = pa.table({"g": np.repeat(np.arange(len(lengths)), lengths),
+                      "x": rng.normal(size=rows),
+                      "label": pa.array([f"r{i % 97}" for i in range(rows)]),
+                      "flag": rng.integers(0, 2, rows).astype(bool)})
+    whole = group_lanes(arrow_row_hashes(table), offsets, lengths, (5, 7))
+    assert np.array_equal(group_lanes(RowHashes(table), offsets, lengths, (5, 7)), whole)

@@ -285,15 +285,16 @@ class TaskIdentities:
     were a quarter of a driver's memory). Code and shared objects are the
     same for every task: the run keeps their hashes, in its code description.
 
-    ``data`` may be given as its ``(tasks, 2)`` uint64 lanes: its text is then
-    made when first asked for (an unchanged re-run that names the run it
-    reuses never writes it)."""
+    ``identity`` and ``data`` may be given as their ``(tasks, 2)`` uint64
+    lanes: their text is then made when first asked for (an unchanged re-run
+    that names the run it reuses compares the identities' bytes, and writes
+    neither)."""
 
-    __slots__ = ("identity", "params", "_data", "prefixes")
+    __slots__ = ("_identity", "params", "_data", "prefixes")
 
     def __init__(self, identity: Any, params: Any, data: Any,
                  prefixes: np.ndarray | None) -> None:
-        self.identity = identity  # pa.StringArray
+        self._identity = identity
         #: the hash of each task's parameters; null without a grid
         self.params = params
         self._data = data
@@ -301,6 +302,24 @@ class TaskIdentities:
         #: of the tasks they trained, so that reuse skips the runs that cannot match.
         #: None: not kept (a block then cannot be skipped).
         self.prefixes = prefixes
+
+    def __len__(self) -> int:
+        return len(self._identity)
+
+    @property
+    def identity(self) -> Any:
+        """Each task's identity, 32 hex digits (what the store keeps)."""
+        if isinstance(self._identity, np.ndarray):
+            self._identity = lanes_hex_array(self._identity)
+        return self._identity
+
+    def identity_bytes(self) -> np.ndarray | None:
+        """Each task's identity as the 16 bytes its hex digits spell, a
+        ``(tasks, 16)`` uint8 array; None once (or when) held as text only."""
+        if not isinstance(self._identity, np.ndarray):
+            return None
+        return np.ascontiguousarray(self._identity.astype(">u8")).view(np.uint8).reshape(
+            len(self._identity), 16)
 
     @property
     def data(self) -> Any:
@@ -339,12 +358,11 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
             which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
     identity_lanes = combine_lanes(data_lanes, prefix_lanes)
-    names = lanes_hex_array(identity_lanes)
     if tasks.params is None or (len(params_of) == 1 and params_parts[0] == "-"):
         params_column = pa.nulls(len(tasks), pa.string())  # no grid: no parameters
     else:
         params_column = pa.array([None if params == "-" else params
                                   for params in params_parts], pa.string())
-    identities = TaskIdentities(names, params_column, data_lanes,
+    identities = TaskIdentities(identity_lanes, params_column, data_lanes,
                                 np.ascontiguousarray(identity_lanes[:, 0]))
     return identities, {**detail, "code_hash": code, "shared_hash": shared_part}

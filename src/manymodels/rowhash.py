@@ -87,7 +87,7 @@ def hex_array(raw: np.ndarray) -> Any:
                                  [None, pa.py_buffer(offsets), pa.py_buffer(digits)])
 
 
-def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths: np.ndarray,
                 salt: tuple[int, int]) -> np.ndarray:
     """The ``(groups, 2)`` lanes of consecutive runs of rows: each row's hash
     mixed with its position in its group (order matters), summed per group,
@@ -96,7 +96,11 @@ def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
     Worked through in blocks of whole groups (about :data:`_BLOCK` rows), in
     place: ten million rows made a dozen temporaries of 80 MB each."""
     salt_a, salt_b = (np.uint64(v) for v in salt)
-    rows = row_hashes.astype(np.uint64, copy=False)
+    if isinstance(row_hashes, RowHashes):
+        rows_of, total = row_hashes.rows, row_hashes.count
+    else:
+        rows = row_hashes.astype(np.uint64, copy=False)
+        rows_of, total = (lambda start, stop: rows[start:stop]), len(rows)
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size and lengths.min() < 1:
@@ -108,7 +112,7 @@ def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
     longest = int(lengths.max()) if groups else 0
     # the block's buffers made once: fresh ones each block were fresh pages
     # each block (a page fault per 4 KiB), more than the arithmetic
-    capacity = max(min(_BLOCK, len(rows)), longest)
+    capacity = max(min(_BLOCK, total), longest)
     position = np.empty(capacity, dtype=np.int64)
     mixed, scratch = np.empty(capacity, dtype=np.uint64), np.empty(capacity, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -132,7 +136,7 @@ def group_lanes(row_hashes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
             at[0] = 0
             at[local[1:]] = 1 - lengths[first:last - 1]
             np.cumsum(at, out=at)
-            block = rows[start:start + count]
+            block = rows_of(start, start + count)
             np.take(position_a, at, out=word)
             np.bitwise_xor(word, block, out=word)
             mix64_inplace(word, spare)
@@ -162,47 +166,68 @@ def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
 def arrow_row_hashes(table: Any) -> np.ndarray:
     """``pd.util.hash_pandas_object(table.to_pandas(), index=False)`` of an
     Arrow table: the same uint64 per row, so that the identities of stores
-    written before stay the same.
+    written before stay the same (see :class:`RowHashes`)."""
+    hashes = RowHashes(table)
+    combined = np.empty(hashes.count, dtype=np.uint64)
+    for start in range(0, hashes.count, _BLOCK):
+        stop = min(start + _BLOCK, hashes.count)
+        combined[start:stop] = hashes.rows(start, stop)
+    return combined
+
+
+class RowHashes:
+    """An Arrow table's row hashes as pandas makes them
+    (``pd.util.hash_pandas_object(table.to_pandas(), index=False)``), made a
+    range of rows at a time (:meth:`rows`) into one buffer used again:
+    :func:`group_lanes` takes each block's as it goes, so that ten million
+    rows' hashes are never held at once (80 MB of fresh pages, a fifth of an
+    unchanged re-run's page faults).
 
     Columns of numbers or booleans without nulls are hashed here as pandas
     hashes them (each value's bits as uint64, then splitmix64's finalizer),
     all columns of a block of rows at once and in place: a fifth of pandas'
     time for ten million rows of four columns, without its temporaries. Any
-    other column (text, dates, nulls) is converted and hashed by pandas, on a
-    thread of its own. The columns are combined as pandas combines them."""
-    from concurrent.futures import ThreadPoolExecutor
+    other column (text, dates, nulls) is converted and hashed by pandas,
+    whole, on a thread of its own. The columns are combined as pandas
+    combines them."""
 
-    import pandas as pd
+    def __init__(self, table: Any) -> None:
+        from concurrent.futures import ThreadPoolExecutor
 
-    columns, count = table.num_columns, table.num_rows
-    own = [_plain_numbers(table.column(position)) for position in range(columns)]
-    by_pandas = [position for position in range(columns) if own[position] is None]
+        import pandas as pd
 
-    def pandas_hashes(position: int) -> np.ndarray:
-        series = table.column(position).to_pandas()
-        return pd.util.hash_pandas_object(series, index=False).to_numpy()
+        columns = table.num_columns
+        self.count = table.num_rows
+        self._own = [_plain_numbers(table.column(position)) for position in range(columns)]
+        by_pandas = [position for position in range(columns) if self._own[position] is None]
 
-    hashed: dict[int, np.ndarray] = {}
-    if by_pandas:
-        with ThreadPoolExecutor(max(1, min(len(by_pandas), os.cpu_count() or 1, 8))) as pool:
-            hashed = dict(zip(by_pandas, pool.map(pandas_hashes, by_pandas)))
-    # pandas' combine_hash_arrays (private there): its constants, in its order
-    multipliers, multiplier = [], 1000003
-    for position in range(columns):
-        multipliers.append(np.uint64(multiplier))
-        multiplier = (multiplier + 82520 + 2 * (columns - position)) % (1 << 64)
-    combined = np.empty(count, dtype=np.uint64)
-    value = np.empty(min(count, _BLOCK), dtype=np.uint64)
-    scratch = np.empty_like(value)
-    with np.errstate(over="ignore"):
-        for start in range(0, count, _BLOCK):
-            stop = min(start + _BLOCK, count)
-            out, word, spare = combined[start:stop], value[:stop - start], scratch[:stop - start]
-            out.fill(0x345678)
-            for position in range(columns):
-                values = own[position]
+        def pandas_hashes(position: int) -> np.ndarray:
+            series = table.column(position).to_pandas()
+            return pd.util.hash_pandas_object(series, index=False).to_numpy()
+
+        self._hashed: dict[int, np.ndarray] = {}
+        if by_pandas:
+            with ThreadPoolExecutor(max(1, min(len(by_pandas), os.cpu_count() or 1, 8))) as pool:
+                self._hashed = dict(zip(by_pandas, pool.map(pandas_hashes, by_pandas)))
+        # pandas' combine_hash_arrays (private there): its constants, in its order
+        self._multipliers, multiplier = [], 1000003
+        for position in range(columns):
+            self._multipliers.append(np.uint64(multiplier))
+            multiplier = (multiplier + 82520 + 2 * (columns - position)) % (1 << 64)
+        self._buffers = np.empty((3, 0), dtype=np.uint64)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """The hashes of rows ``start`` to ``stop``: a view of this object's
+        buffer, good until the next call."""
+        count = stop - start
+        if self._buffers.shape[1] < count:
+            self._buffers = np.empty((3, count), dtype=np.uint64)
+        out, word, spare = (buffer[:count] for buffer in self._buffers)
+        out.fill(0x345678)
+        with np.errstate(over="ignore"):
+            for position, values in enumerate(self._own):
                 if values is None:
-                    np.bitwise_xor(out, hashed[position][start:stop], out=out)
+                    np.bitwise_xor(out, self._hashed[position][start:stop], out=out)
                 else:
                     piece = values[start:stop]
                     if piece.dtype == np.bool_:
@@ -213,9 +238,9 @@ def arrow_row_hashes(table: Any) -> np.ndarray:
                             _as_pandas_floats(piece, word)
                     mix64_inplace(word, spare)
                     np.bitwise_xor(out, word, out=out)
-                np.multiply(out, multipliers[position], out=out)
+                np.multiply(out, self._multipliers[position], out=out)
             out += np.uint64(97531)
-    return combined
+        return out
 
 
 def _as_pandas_floats(values: np.ndarray, bits: np.ndarray) -> None:

@@ -202,14 +202,14 @@ class TableSlices(TaskData):
         import pandas as pd
 
         from .hashing import digest
-        from .rowhash import arrow_row_hashes, group_lanes, lanes_of
+        from .rowhash import RowHashes, group_lanes, lanes_of
 
         table, layout = self.table, self.layout
         if is_pandas_frame(table):  # map_partitions keeps the index
             rows = pd.util.hash_pandas_object(table, index=True).to_numpy()
             schema = f"{table.dtypes.to_dict()}|{list(table.columns)}"
         else:
-            rows = arrow_row_hashes(table)
+            rows = RowHashes(table)  # each block's made as group_lanes comes to it
             schema = str(table.schema)
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)

@@ -12,6 +12,7 @@ then looked up per identity, in the old ``tasks`` table.
 
 from __future__ import annotations
 
+import binascii
 import sqlite3
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
     return conn.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None
 
 
-def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedArray,
+def _same_tasks(wanted: TaskIdentities, candidates: pa.Array, task_index: pa.ChunkedArray,
                 positions: np.ndarray, open_tasks: np.ndarray | None = None) -> pa.Array | None:
     """Where each of ``wanted`` (every task's identity, in task order) is
     among ``candidates`` (an earlier run's trained tasks' identities, at
@@ -87,26 +88,33 @@ def _same_tasks(wanted: pa.Array, candidates: pa.Array, task_index: pa.ChunkedAr
     return pa.array(at, mask=missing)
 
 
-def _equal_at(wanted: pa.Array, numbers: np.ndarray, candidates: pa.Array | pa.ChunkedArray
-              ) -> bool:
-    """Whether ``wanted`` at ``numbers`` equals ``candidates``, one by one:
-    hex identities as rows of bytes, a block at a time, else by Arrow."""
-    rows = fixed_width_bytes(wanted)
+def _equal_at(wanted: TaskIdentities, numbers: np.ndarray,
+              candidates: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether the identities ``wanted`` at ``numbers`` equal ``candidates``
+    (stored hex identities), one by one: as rows of bytes, a block at a
+    time (the stored digits turned into bytes: a million of ours never
+    written out as text), else by Arrow."""
+    ours = wanted.identity_bytes()
     chunks = candidates.chunks if isinstance(candidates, pa.ChunkedArray) else [candidates]
-    if rows is not None:
+    if ours is not None:
         start = 0
         for chunk in chunks:
             if len(chunk) == 0:
                 continue
-            theirs = fixed_width_bytes(chunk)
-            if theirs is None or theirs.shape[1] != rows.shape[1]:
+            digits = fixed_width_bytes(chunk)
+            if digits is None or digits.shape[1] != 2 * ours.shape[1]:
                 break
-            if not (rows[numbers[start:start + len(chunk)]] == theirs).all():
+            try:
+                theirs = np.frombuffer(binascii.unhexlify(digits), dtype=np.uint8)
+            except binascii.Error:  # not hex digits: no identity of ours
+                return False
+            if not (ours[numbers[start:start + len(chunk)]] == theirs.reshape(len(chunk), -1)
+                    ).all():
                 return False
             start += len(chunk)
         else:
             return True
-    return pc.all(pc.equal(wanted.take(pa.array(numbers)), candidates)).as_py()
+    return pc.all(pc.equal(wanted.identity.take(pa.array(numbers)), candidates)).as_py()
 
 
 class ReuseSearch:
@@ -142,8 +150,8 @@ class ReuseSearch:
 
     def _find(self) -> pa.Table | None:
         self.same_as, self.metric_texts = [], {}
-        names, prefixes = self.identities.identity, self.identities.prefixes
-        left = np.arange(len(names))
+        identities, prefixes = self.identities, self.identities.prefixes
+        left = np.arange(len(identities))
         found: list[pa.Table] = []
         for run_id in _runs_that_trained(self.conn):
             if left.size == 0:
@@ -159,12 +167,13 @@ class ReuseSearch:
             # only the identities are matched; the rest is taken for the matches alone
             candidates = trained["identity"] if positions.size == trained.num_rows else \
                 trained["identity"].take(pa.array(positions))
-            every = left.size == len(names)
+            every = left.size == len(identities)
             open_tasks = None
             if not every:
-                open_tasks = np.zeros(len(names), dtype=bool)
+                open_tasks = np.zeros(len(identities), dtype=bool)
                 open_tasks[left] = True
-            at = _same_tasks(names, candidates, trained["task_index"], positions, open_tasks)
+            at = _same_tasks(identities, candidates, trained["task_index"], positions,
+                             open_tasks)
             packs_whole = _trained_packs_whole(self.conn, run_id)
             sure = False  # every model those rows name can be loaded, known without artifacts
             if at is not None:
@@ -182,6 +191,7 @@ class ReuseSearch:
             if at is not None and not every:  # by task number: by place in ``left``
                 at = at.take(pa.array(left))
             if at is None:  # another plan: a hash join
+                names = identities.identity
                 at = pc.index_in(names if every else names.take(pa.array(left)),
                                  value_set=candidates)
             hit = at.is_valid().to_numpy(zero_copy_only=False)

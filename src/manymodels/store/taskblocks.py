@@ -157,26 +157,29 @@ def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray
     """Whether ``run_id`` may have trained a task whose identity starts with
     one of ``prefixes``: False only when every block that trained something
     keeps its prefixes and none matches (then the run need not be read)."""
-    kept = []
-    for (blob,) in conn.execute("SELECT trained_identities FROM task_blocks "
-                                "WHERE run_id = ? AND trained > 0", (run_id,)):
-        if blob is None:
-            return True  # a block written without them
-        kept.append(np.frombuffer(blob, dtype=np.uint64))
-    if not kept:
-        return False
-
     def any_known(known: np.ndarray, wanted: np.ndarray) -> bool:
         at = np.minimum(np.searchsorted(known, wanted), known.size - 1)
         return bool((known[at] == wanted).any())
 
     # a run that trained any of them most often trained the first ones too:
-    # a thousand looked up first, in each block's sorted prefixes (an
-    # unchanged re-run stops there), the rest in all of them merged
-    if any(any_known(known, prefixes[:1024]) for known in kept):
-        return True
+    # a thousand looked up first, in each block's sorted prefixes as it is
+    # read (an unchanged re-run stops at the first block), the rest in all
+    # of them merged
+    first, kept = prefixes[:1024], []
+    for (block_id,) in conn.execute("SELECT block_id FROM task_blocks WHERE run_id = ? "
+                                    "AND trained > 0 ORDER BY block_id", (run_id,)).fetchall():
+        row = conn.execute("SELECT trained_identities FROM task_blocks WHERE block_id = ?",
+                           (block_id,)).fetchone()
+        if row is None:
+            continue  # deleted meanwhile, with its run
+        if row[0] is None:
+            return True  # a block written without them
+        kept.append(np.frombuffer(row[0], dtype=np.uint64))
+        if any_known(kept[-1], first):
+            return True
     rest = prefixes[1024:]
-    return bool(rest.size) and any_known(np.sort(np.concatenate(kept), kind="stable"), rest)
+    return bool(kept and rest.size) and any_known(
+        np.sort(np.concatenate(kept), kind="stable"), rest)
 
 
 def _legacy_rows(conn: sqlite3.Connection, run_id: int) -> pa.Table | None:
