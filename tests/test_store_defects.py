@@ -300,7 +300,7 @@ def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_
     import os
     import time
 
-    from manymodels.store import taskblocks
+    from manymodels.store import collect
 
     def fit_large(item):
         return np.random.default_rng(item).random(200_000)  # 1.6 MB: a file
@@ -309,24 +309,24 @@ def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_
     mm.train(fit_large, mm.items(range(2)), store=store, backend="serial", progress=False)
     registry = mm.Store(store)
     conn = registry._conn
-    named, read = taskblocks.referenced_artifacts(conn)
+    named, read = collect.referenced_artifacts(conn)
     assert len(named) == 2 and read
-    assert taskblocks.referenced_artifacts(conn, seen=read) == (set(), set())
+    assert collect.referenced_artifacts(conn, seen=read) == (set(), set())
     later = mm.train(fit_large, mm.items(range(2, 4)), store=store, backend="serial",
                      progress=False)
-    since, new = taskblocks.referenced_artifacts(conn, seen=read)
+    since, new = collect.referenced_artifacts(conn, seen=read)
     assert len(since) == 2 and new and not new & read and not since & named
     # a block id reused after its run was deleted is read again (its run's id differs)
     third = mm.train(fit_large, mm.items(range(4, 5)), store=store, backend="serial",
                      progress=False)
-    snapshot = taskblocks.referenced_artifacts(conn)[1]  # gc's read before it locks
+    snapshot = collect.referenced_artifacts(conn)[1]  # gc's read before it locks
     registry.delete(third.run_id)  # meanwhile: the newest blocks go, their ids are free
     fourth = mm.train(fit_large, mm.items(range(5, 6)), store=store, backend="serial",
                       progress=False)
     assert {block for block, run in snapshot if run == third.run_id} == {
-        block for block, run in taskblocks.referenced_artifacts(conn)[1]
+        block for block, run in collect.referenced_artifacts(conn)[1]
         if run == fourth.run_id}  # the same block id, now another run's
-    reused_id = taskblocks.referenced_artifacts(conn, seen=snapshot)
+    reused_id = collect.referenced_artifacts(conn, seen=snapshot)
     assert {run for _, run in reused_id[1]} == {fourth.run_id} and len(reused_id[0]) == 1
 
     stray = store / "artifacts" / "ab" / ("ab" + "0" * 62)

@@ -3,6 +3,7 @@ written by its own thread, identities computed for all groups at once."""
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import sqlite3
 import subprocess
@@ -101,12 +102,19 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     small, large = Pickled(b"s" * 20), Pickled(b"L" * (artifacts.SMALL_ARTIFACT + 5))
     pack = ModelPack().seal([7, 8], [b"seven", b"eight!"])
     conn.execute("BEGIN IMMEDIATE")
-    names, sizes, written = StoreWriter._write_models(
-        types.SimpleNamespace(root=store.path), conn, [1, 1, 2, 2, 7, 8, 8, 9],
+    tasks = [1, 1, 2, 2, 7, 8, 8, 9]
+    artifact, sizes, written, located = StoreWriter._write_models(
+        types.SimpleNamespace(root=store.path), conn, tasks,
         [small, small, large, large, pack, pack, pack, None])
     conn.execute("COMMIT")
     # one pack: the worker's two models and the one pickled in the driver, joined
     assert written.tolist() == [[written[0, 0], 5 + 6 + 20]]
+    # the packed ones' locators are kept as their parts, read back as text
+    assert artifact.to_pylist()[2:4] == [hashlib.sha256(large.data).hexdigest()] * 2
+    assert artifact.null_count == 6
+    block = taskblocks.table({"task_index": tasks, "artifact": artifact, "size": sizes,
+                              **located})
+    names = taskblocks.decode(taskblocks.encode(block), columns=["artifact"])["artifact"]
     names, sizes = names.to_pylist(), sizes.to_pylist()
     assert names[0] == names[1] and names[2] == names[3] and names[5] == names[6]
     assert names[7] is None and sizes[7] is None
@@ -271,6 +279,8 @@ def test_a_bare_grid_with_a_store_trains_and_is_reused(tmp_path):
 SET_SCRIPT = """
 import sys
 import pandas as pd
+import hashlib
+
 import manymodels as mm
 
 COLUMNS = {"alpha", "beta", "gamma", "delta", "epsilon"}

@@ -219,7 +219,7 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     store = tmp_path / "store"
     first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
                      workers=2, progress=False)
-    assert _layout(store) == 2  # nothing names another run yet: older readers may open it
+    assert _layout(store) == 4  # packed models' locators kept as their parts
     again = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
                      workers=2, progress=False)
     third = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
@@ -230,7 +230,7 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     # the trained run is named (not the re-run that named it); group 7 ran and failed again
     assert blocks_of[again.run_id] == [(299, first.run_id), (1, None)]
     assert blocks_of[third.run_id] == [(299, first.run_id), (1, None)]
-    assert _layout(store) == 3  # a reader that cannot follow the name refuses the store
+    assert _layout(store) == 4  # (naming a run needs 3: it stays at the higher)
 
     registry = mm.Store(store)
     before = registry.results(again.run_id)
@@ -390,7 +390,70 @@ def test_a_run_still_running_is_copied_from_not_named(tmp_path):
     assert again.summary().reused == 299
     assert [same_as for run, _, same_as in _same_as(store) if run == again.run_id] == \
         [None, None]
+    assert _layout(store) == 4
+
+
+def fit_metrics_only(frame):
+    return {"mean": float(frame["x"].mean())}
+
+
+def test_the_store_layout_rises_only_with_the_first_block_that_needs_it(tmp_path):
+    """No model: layout 2 (a manymodels of the blocks' first layout reads
+    it); a re-run that names the run: 3; a packed model: 4. A manymodels
+    that reads an older layout refuses the store instead of missing rows."""
+    store = tmp_path / "store"
+    mm.train(fit_metrics_only, mm.groups(table(), by="g"), store=store, backend="serial",
+             progress=False)
     assert _layout(store) == 2
+    again = mm.train(fit_metrics_only, mm.groups(table(), by="g"), store=store,
+                     backend="serial", progress=False)
+    assert again.summary().reused == 300 and _layout(store) == 3  # (no group fails here)
+    mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
+             progress=False)
+    assert _layout(store) == 4
+
+
+def test_packed_models_locators_are_kept_as_their_parts_and_read_as_text(tmp_path):
+    """A block keeps a packed model's SHA-256, pack and offset as binary and
+    ints (its artifact text null); readers get the locator text from them,
+    and the models load by it; a large model keeps its SHA-256 as text."""
+    import pyarrow.ipc as ipc
+
+    from manymodels.store import artifacts, packs
+
+    store = tmp_path / "store"
+    frame = table(groups=40)
+
+    def fit(rows):
+        size = 2 * artifacts.SMALL_ARTIFACT if rows["g"].iloc[0] == 3 else 10
+        return b"m" * size + bytes([int(rows["g"].iloc[0])])
+
+    run = mm.train(fit, mm.groups(frame, by="g"), store=store, backend="serial",
+                   progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        (data,) = conn.execute("SELECT data FROM task_blocks WHERE run_id = ?",
+                               (run.run_id,)).fetchone()
+    raw = ipc.open_stream(data).read_all()
+    assert raw.column_names == [*taskblocks.COLUMNS, *packs.LOCATOR_COLUMNS]
+    index = raw["task_index"].to_pylist()
+    row3 = index.index(3)
+    assert raw["artifact"].null_count == raw.num_rows - 1  # only the large one's text
+    assert raw["pack_id"][row3].as_py() is None and raw["pack_id"].null_count == 1
+    registry = mm.Store(store)
+    results = registry.results(run.run_id)
+    for g in range(40):
+        artifact = results.loc[g, "artifact"]
+        model = b"m" * (2 * artifacts.SMALL_ARTIFACT if g == 3 else 10) + bytes([g])
+        if g == 3:
+            assert len(artifact) == 64 and not packs.is_locator(artifact)
+        else:
+            row = index.index(g)
+            assert packs.parse_locator(artifact) == (
+                raw["model_sha256"][row].as_py().hex(), raw["pack_id"][row].as_py(),
+                raw["pack_offset"][row].as_py(), results.loc[g, "size"])
+        assert registry.load(g, run.run_id) == model  # its bytes checked by the SHA-256
+    assert taskblocks.decode(data, columns=["task_index", "size"]).column_names == [
+        "task_index", "size"]
 
 
 def test_a_corrupt_model_of_the_latest_run_is_reused_from_an_earlier_one(tmp_path):
@@ -482,10 +545,10 @@ def test_loadable_mask_equals_the_set_check(tmp_path):
     conn = store._conn
     conn.execute("BEGIN IMMEDIATE")
     small = [bytes([i]) * 10 for i in range(4)]
-    located, written = packs.write_packs(
-        conn, b"".join(small), np.array([len(m) for m in small]),
-        b"".join(hashlib.sha256(m).digest() for m in small))
-    locators = located.to_pylist()
+    sizes = np.array([len(m) for m in small])
+    pack_of, offsets, written = packs.write_packs(conn, b"".join(small), sizes)
+    locators = packs.locators(b"".join(hashlib.sha256(m).digest() for m in small),
+                              pack_of, offsets, sizes).to_pylist()
     assert written.tolist() == [[written[0, 0], 40]]  # one pack of the four
     big = b"x" * (artifacts.SMALL_ARTIFACT + 1)
     kept, _ = artifacts.write_artifact(conn, store.path, big)

@@ -11,6 +11,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 from . import packs, taskblocks
 
 
@@ -25,10 +27,10 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
     A stray file newer than the collection is left: a run's writer puts
     a large model's file in place before the row that names it."""
     began = time.time()
-    named, read = taskblocks.referenced_artifacts(conn)
+    named, read = referenced_artifacts(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        named |= taskblocks.referenced_artifacts(conn, seen=read)[0]
+        named |= referenced_artifacts(conn, seen=read)[0]
         named.update(a for (a,) in conn.execute(
             "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL"))
         named.update(a for (a,) in conn.execute("SELECT artifact FROM attachments"))
@@ -60,3 +62,26 @@ def _older_than(file: Path, moment: float) -> bool:
         return file.stat().st_mtime < moment
     except OSError:  # gone meanwhile
         return False
+
+
+def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | None = None
+                         ) -> tuple[set[str], set[tuple[int, int]]]:
+    """Every artifact (SHA-256 or pack locator) the blocks name but those
+    already ``seen`` (``(block_id, run_id)`` pairs: a block's id is reused
+    after its run is deleted, a run's id never is), and the blocks read: what
+    :meth:`Store.gc` keeps. A block that names another run's rows adds
+    nothing: that run's own blocks name its models."""
+    names: set[str] = set()
+    read: set[tuple[int, int]] = set()
+    for pair in conn.execute("SELECT block_id, run_id FROM task_blocks").fetchall():
+        if seen and pair in seen:
+            continue
+        row = conn.execute("SELECT data FROM task_blocks WHERE block_id = ? AND run_id = ?",
+                           pair).fetchone()
+        if row is None:
+            continue  # deleted meanwhile, with its run
+        column = taskblocks.decode(row[0], f"task block {pair[0]} of run {pair[1]}",
+                                   ["artifact"])["artifact"].drop_null()
+        names.update(pc.unique(column).to_pylist())
+        read.add(pair)
+    return names, read

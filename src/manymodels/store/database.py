@@ -37,10 +37,14 @@ from urllib.parse import quote
 INDEX_NAME = "index.sqlite"
 #: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
 #: blocks; 3 once a run's block names another run's rows instead of copying
-#: them (``same_as``: set by the first such block, so that a manymodels that
-#: cannot read it refuses the store rather than miss those tasks). A store
-#: written by a later layout is refused, not misread.
-FORMAT = 3
+#: them (``same_as``); 4 once a block keeps its packed models' locators as
+#: their parts (see :data:`.packs.LOCATOR_COLUMNS`). Each is set by the
+#: first block that needs it, so that a manymodels that cannot read it
+#: refuses the store rather than miss those tasks or models. A store written
+#: by a later layout is refused, not misread.
+FORMAT = 4
+SAME_AS_FORMAT = 3
+LOCATOR_FORMAT = 4
 #: The layout every store this manymodels opens is migrated to.
 _BASE_FORMAT = 2
 

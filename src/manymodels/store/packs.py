@@ -2,7 +2,8 @@
 
 A model under 1 MiB that a run trains is not an ``artifacts`` row of its own:
 the writer thread joins one hand-over's models into one row of ``packs``, and
-each task row names its model by a *locator*, ``<sha256>@<pack>/<offset>/<size>``.
+each task row names its model by a *locator*, ``<sha256>@<pack>/<offset>/<size>``
+(kept in a block as its parts, see :data:`LOCATOR_COLUMNS`).
 A million tiny models are then a few dozen rows, not a million inserts into a
 table keyed by random hashes (a third of a stored run's cost, measured), and
 about 200 bytes less per model on disk.
@@ -14,13 +15,30 @@ its SHA-256, and what to do when they do not match, is :mod:`.database`'s.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..tables import one_array
+
 #: A pack holds at most this many bytes; a larger hand-over makes several.
 PACK_BYTES = 32 << 20
+
+#: A packed model's locator as its parts: the columns after
+#: :data:`.taskblocks.COLUMNS` in the blocks written since store layout 4
+#: (``artifact`` is then null): 32 bytes of SHA-256 and two ints, not 82 hex
+#: and decimal digits made into text for each of a million models as they
+#: are written (0.13-0.16 s of the writer's CPU a million, measured) and
+#: taken apart again when read. The locator's text is made when a reader
+#: asks for ``artifact`` (:func:`.taskblocks.decode`); readers never see
+#: these columns.
+LOCATOR_COLUMNS: dict[str, pa.DataType] = {
+    "model_sha256": pa.binary(32),  # zeros where not packed
+    "pack_id": pa.int64(),          # null where not packed
+    "pack_offset": pa.int64(),
+}
 
 
 def is_locator(artifact: str) -> bool:
@@ -59,16 +77,14 @@ def _parsed_or_none(locator: str) -> tuple[str, int, int, int] | None:
         return None
 
 
-def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.ndarray,
-                digests: bytes) -> tuple[pa.Array, np.ndarray]:
+def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Store small models as packs (inside the caller's transaction); return
-    each one's locator, in order, as an Arrow string array, and the packs
-    written, as ``(pack_id, size)`` int64 rows (what a block keeps, for
-    :func:`all_whole`). ``data``: the
-    models' pickles joined, ``sizes`` each one's length, ``digests`` their
-    SHA-256s, 32 raw bytes each (as a :class:`~manymodels.partpacks.ModelPack`
-    holds them): the bytes go to SQLite as they came, and the locators are
-    made by Arrow, not a Python string per model."""
+    each one's pack and offset in it (int64 arrays, in order: with its size
+    and SHA-256, what its locator says, see :func:`locators`), and the
+    packs written, as ``(pack_id, size)`` int64 rows (what a block keeps,
+    for :func:`all_whole`). ``data``: the models' pickles joined, ``sizes``
+    each one's length: the bytes go to SQLite as they came."""
     count = len(sizes)
     ends = np.cumsum(sizes, dtype=np.int64)
     view = memoryview(data)
@@ -87,7 +103,7 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
         base_of[start:stop] = base
         written.append((int(pack_of[start]), end - base))
         start = stop
-    return (locators(digests, pack_of, ends - sizes - base_of, sizes),
+    return (pack_of, ends - sizes - base_of,
             np.array(written, dtype=np.int64).reshape(-1, 2))
 
 
@@ -111,15 +127,19 @@ def all_whole(conn: sqlite3.Connection, written: list[bytes | None]) -> bool:
     return all(known.get(pack, -1) >= size for pack, size in wanted.tolist())
 
 
-def locators(digests: bytes, pack: np.ndarray, offset: np.ndarray, size: np.ndarray
-             ) -> pa.Array:
-    """``<sha256>@<pack>/<offset>/<size>`` for each model, made at once."""
+def locators(digests: bytes | np.ndarray, pack: Any, offset: Any, size: Any) -> pa.Array:
+    """``<sha256>@<pack>/<offset>/<size>`` for each model, made at once:
+    ``digests`` their SHA-256s, 32 raw bytes each (or a ``(n, 32)`` uint8
+    array); the numbers as NumPy or Arrow arrays (a null one gives a null
+    locator)."""
     from ..rowhash import hex_array
 
-    def text(numbers: np.ndarray) -> pa.Array:
-        return pc.cast(pa.array(numbers, pa.int64()), pa.string())
+    def text(numbers: Any) -> pa.Array:
+        return pc.cast(numbers if isinstance(numbers, (pa.Array, pa.ChunkedArray))
+                       else pa.array(numbers, pa.int64()), pa.string())
 
-    raw = np.frombuffer(digests, dtype=np.uint8).reshape(len(size), 32)
+    raw = digests if isinstance(digests, np.ndarray) else \
+        np.frombuffer(digests, dtype=np.uint8).reshape(len(size), 32)
     return pc.binary_join_element_wise(hex_array(raw), "@", text(pack), "/", text(offset), "/",
                                        text(size), "")
 
@@ -173,3 +193,37 @@ def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
     pack, offset, size = numbers.reshape(len(locators), 3).T
     at = np.minimum(np.searchsorted(pack_ids, pack), len(pack_ids) - 1)
     return (pack_ids[at] == pack) & (offset + size <= lengths[at])
+
+
+def locator_columns(digests: np.ndarray, pack: np.ndarray, offset: np.ndarray,
+                    at: np.ndarray, in_pack: np.ndarray) -> dict[str, pa.Array]:
+    """:data:`LOCATOR_COLUMNS` of a block's rows: row ``r`` names the packed
+    model ``at[r]`` (of ``digests``, an ``(n, 32)`` uint8 array, ``pack`` and
+    ``offset``) where ``in_pack[r]``."""
+    count = len(at)
+    where = at[in_pack]
+    sha = np.zeros((count, 32), dtype=np.uint8)
+    sha[in_pack] = digests[where]
+    packs_of = np.zeros(count, dtype=np.int64)
+    packs_of[in_pack] = pack[where]
+    offsets = np.zeros(count, dtype=np.int64)
+    offsets[in_pack] = offset[where]
+    outside = None if in_pack.all() else ~in_pack
+    return {"model_sha256": pa.Array.from_buffers(pa.binary(32), count,
+                                                  [None, pa.py_buffer(sha)]),
+            "pack_id": pa.array(packs_of, pa.int64(), mask=outside),
+            "pack_offset": pa.array(offsets, pa.int64(), mask=outside)}
+
+
+def with_locator_texts(block: pa.Table) -> pa.Table:
+    """``block`` (a block decoded with :data:`LOCATOR_COLUMNS`) with each packed
+    model's locator in ``artifact``, and those columns gone."""
+    pack = block["pack_id"]
+    if pack.null_count < len(pack):
+        sha = one_array(block["model_sha256"])
+        raw = np.frombuffer(sha.buffers()[1], dtype=np.uint8)[
+            sha.offset * 32:(sha.offset + len(sha)) * 32].reshape(len(sha), 32)
+        texts = locators(raw, pack, block["pack_offset"], block["size"])
+        block = block.set_column(block.schema.get_field_index("artifact"), "artifact",
+                                 pc.coalesce(block["artifact"], texts))
+    return block.drop_columns(list(LOCATOR_COLUMNS))

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
 from .database import StoreIntegrityError, read_snapshot
+from .packs import LOCATOR_COLUMNS, with_locator_texts
 
 #: The columns of a block, and their Arrow types.
 COLUMNS: dict[str, pa.DataType] = {
@@ -48,6 +49,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "reused_from": pa.int64(),     # the run whose model a reused task names
 }
 SCHEMA = pa.schema(list(COLUMNS.items()))
+_FULL_SCHEMA = pa.schema([*COLUMNS.items(), *LOCATOR_COLUMNS.items()])
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -55,10 +57,14 @@ _ONE_VALUE_KINDS = (str, int, type(None))
 
 
 def table(columns: dict[str, Sequence | np.ndarray | pa.Array]) -> pa.Table:
-    """A block's table from columns (lists, arrays); a column left out is all null."""
+    """A block's table from columns (lists, arrays); a column left out is all
+    null. With :data:`~.packs.LOCATOR_COLUMNS` (see
+    :func:`~.packs.locator_columns`), those follow."""
     length = len(next(iter(columns.values())))
     arrays = []
-    for name, kind in COLUMNS.items():
+    located = "pack_id" in columns
+    kinds = {**COLUMNS, **LOCATOR_COLUMNS} if located else COLUMNS
+    for name, kind in kinds.items():
         values = columns.get(name)
         if values is None:
             arrays.append(pa.nulls(length, kind))
@@ -70,7 +76,7 @@ def table(columns: dict[str, Sequence | np.ndarray | pa.Array]) -> pa.Table:
             arrays.append(pa.repeat(pa.scalar(values[0], kind), length))
         else:
             arrays.append(pa.array(values, kind, from_pandas=True))
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=_FULL_SCHEMA if located else SCHEMA)
 
 
 def encode(block: pa.Table) -> pa.Buffer:
@@ -85,19 +91,28 @@ def encode(block: pa.Table) -> pa.Buffer:
 def decode(data: bytes, what: str = "a task block",
            columns: Sequence[str] | None = None) -> pa.Table:
     """A block's table (only ``columns`` decompressed, when given); a damaged
-    one is refused by name (never half read)."""
+    one is refused by name (never half read). A packed model's ``artifact``
+    is its locator's text, however the block keeps it."""
     names = list(columns) if columns is not None else list(COLUMNS)
-    options = pa.ipc.IpcReadOptions(included_fields=[
-        SCHEMA.get_field_index(name) for name in names]) if columns is not None else None
+    buffer = pa.py_buffer(data)
     try:
-        block = pa.ipc.open_stream(pa.py_buffer(data), options=options).read_all()
+        located = pa.ipc.open_stream(buffer).schema.names[len(COLUMNS):] == list(
+            LOCATOR_COLUMNS)
+        wanted = names + (["size", *LOCATOR_COLUMNS] if located and "artifact" in names
+                          else [])
+        schema = _FULL_SCHEMA if located else SCHEMA
+        options = pa.ipc.IpcReadOptions(included_fields=sorted(
+            {schema.get_field_index(name) for name in wanted}))
+        block = pa.ipc.open_stream(buffer, options=options).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreIntegrityError(f"{what} of the store's index is damaged ({exc}): its "
                                   "tasks cannot be read") from exc
     missing = [name for name in names if name not in block.column_names]
-    if missing or block.schema.names != [n for n in COLUMNS if n in names]:
+    if missing or block.schema.names != [n for n in schema.names if n in wanted]:
         raise StoreIntegrityError(f"{what} of the store's index is damaged: it has no "
                                   f"column {(missing or names)[0]!r} where it should")
+    if located and "artifact" in names:
+        block = with_locator_texts(block)
     return block.select(names)
 
 
@@ -143,6 +158,12 @@ def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
     the packs its models were written to (see :func:`.packs.all_whole`)."""
     if block.num_rows == 0:
         return
+    if "pack_id" in block.column_names:
+        from .database import LOCATOR_FORMAT
+
+        if conn.execute("PRAGMA user_version").fetchone()[0] < LOCATOR_FORMAT:
+            # a manymodels that reads only text locators would find no model
+            conn.execute(f"PRAGMA user_version = {LOCATOR_FORMAT}")
     trained = trained_mask(block)
     kept = None
     if prefixes is not None and trained.any():
@@ -335,10 +356,10 @@ def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: in
     """A block of ``run_id`` that stands for every row ``source`` trained
     (``tasks`` of them), reused as they are (inside the caller's transaction,
     which has checked that ``source`` has ended and trained just those)."""
-    from .database import FORMAT
+    from .database import SAME_AS_FORMAT
 
-    if conn.execute("PRAGMA user_version").fetchone()[0] < FORMAT:
-        conn.execute(f"PRAGMA user_version = {FORMAT}")  # an older reader would miss them
+    if conn.execute("PRAGMA user_version").fetchone()[0] < SAME_AS_FORMAT:
+        conn.execute(f"PRAGMA user_version = {SAME_AS_FORMAT}")  # an older reader would miss them
     conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, same_as) "
                  "VALUES (?, ?, 0, ?, ?)", (run_id, tasks, encode(table({"task_index": []})),
                                            source))
@@ -371,24 +392,3 @@ class KeyLookup:
         return max(rows) if rows else None
 
 
-def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | None = None
-                         ) -> tuple[set[str], set[tuple[int, int]]]:
-    """Every artifact (SHA-256 or pack locator) the blocks name but those
-    already ``seen`` (``(block_id, run_id)`` pairs: a block's id is reused
-    after its run is deleted, a run's id never is), and the blocks read: what
-    :meth:`Store.gc` keeps. A block that names another run's rows adds
-    nothing: that run's own blocks name its models."""
-    names: set[str] = set()
-    read: set[tuple[int, int]] = set()
-    for pair in conn.execute("SELECT block_id, run_id FROM task_blocks").fetchall():
-        if seen and pair in seen:
-            continue
-        row = conn.execute("SELECT data FROM task_blocks WHERE block_id = ? AND run_id = ?",
-                           pair).fetchone()
-        if row is None:
-            continue  # deleted meanwhile, with its run
-        column = decode(row[0], f"task block {pair[0]} of run {pair[1]}",
-                        ["artifact"])["artifact"].drop_null()
-        names.update(pc.unique(column).to_pylist())
-        read.add(pair)
-    return names, read

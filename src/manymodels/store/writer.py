@@ -129,8 +129,8 @@ class StoreWriter:
 
     def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        artifact, size, written = self._write_models(conn, handover["task_index"],
-                                                     handover["model"])
+        artifact, size, written, located = self._write_models(conn, handover["task_index"],
+                                                              handover["model"])
         rows = pa.array(handover["task_index"], pa.int64())
         prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
@@ -139,15 +139,17 @@ class StoreWriter:
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"],
             "metrics": metrics_texts(handover["metrics"], handover["task_index"]),
-            "error": handover["error"], "artifact": artifact, "size": size}),
+            "error": handover["error"], "artifact": artifact, "size": size, **located}),
             None if prefixes is None else prefixes[rows.to_numpy()], written)
         conn.execute("COMMIT")
 
-    def _write_models(self, conn: sqlite3.Connection, task_index: list[int],
-                      models: list[Any]) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    def _write_models(self, conn: sqlite3.Connection, task_index: list[int], models: list[Any]
+                      ) -> tuple[pa.Array, pa.Array, np.ndarray, dict[str, pa.Array]]:
         """Write a hand-over's models (inside the caller's transaction); return
-        each row's ``artifact`` and ``size`` columns (null where no model), and
-        the packs written (see :func:`.packs.write_packs`).
+        each row's ``artifact`` (a large model's SHA-256; null where packed or
+        no model) and ``size`` (null where no model) columns, the packs
+        written (see :func:`.packs.write_packs`), and the packed models'
+        locators as their parts (see :data:`.packs.LOCATOR_COLUMNS`).
 
         The packs workers sent (:class:`ModelPack`) are written whole, their
         bytes as they came; a small model pickled in the driver joins one more
@@ -201,6 +203,7 @@ class StoreWriter:
             object_at[small_objects] = located + np.arange(len(small))
             object_size[small_objects] = packed[-1].sizes
             located += len(small)
+        packed_count = located  # places below are packed models, from here large ones
         if large:
             object_at[large_objects] = located + np.arange(len(large))
             object_size[large_objects] = large_sizes
@@ -208,17 +211,18 @@ class StoreWriter:
             plain = object_at[which] >= 0
             at[plain] = object_at[which][plain]
             sizes[plain] = object_size[which][plain]
-        pieces = []
         written = np.zeros((0, 2), dtype=np.int64)
-        if packed:
-            located_packs, written = packs.write_packs(
-                conn, b"".join(pack.data for pack in packed),
-                np.concatenate([pack.sizes for pack in packed]),
-                b"".join(pack.digests for pack in packed))
-            pieces.append(located_packs)
-        if large:
-            pieces.append(pa.array(large, pa.string()))
         missing = at < 0
-        names = (pa.concat_arrays(pieces) if pieces else pa.array([], pa.string())).take(
-            pa.array(at, mask=missing))
-        return names, pa.array(sizes, pa.int64(), mask=missing), written
+        in_pack = ~missing & (at < packed_count)
+        located_columns: dict[str, pa.Array] = {}
+        if packed:
+            pack_of, offsets, written = packs.write_packs(
+                conn, b"".join(pack.data for pack in packed),
+                np.concatenate([pack.sizes for pack in packed]))
+            digests = np.frombuffer(b"".join(pack.digests for pack in packed),
+                                    dtype=np.uint8).reshape(-1, 32)
+            located_columns = packs.locator_columns(digests, pack_of, offsets, at, in_pack)
+        is_large = ~missing & ~in_pack
+        artifact = pa.array(large, pa.string()).take(
+            pa.array(at - packed_count, mask=~is_large)) if large else pa.nulls(count, pa.string())
+        return artifact, pa.array(sizes, pa.int64(), mask=missing), written, located_columns
