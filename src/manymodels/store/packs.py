@@ -216,14 +216,15 @@ def locator_columns(digests: np.ndarray, pack: np.ndarray, offset: np.ndarray,
 
 
 def with_locator_texts(block: pa.Table) -> pa.Table:
-    """``block`` (a block decoded with :data:`LOCATOR_COLUMNS`) with each packed
-    model's locator in ``artifact``, and those columns gone."""
-    pack = block["pack_id"]
+    """``block`` (a block decoded with :data:`LOCATOR_COLUMNS` and its
+    ``large_artifact``) with each model's artifact in ``artifact``: a packed
+    one's locator text, a large one's SHA-256; those columns gone."""
+    pack, artifact = block["pack_id"], block["large_artifact"]
     if pack.null_count < len(pack):
         sha = one_array(block["model_sha256"])
         raw = np.frombuffer(sha.buffers()[1], dtype=np.uint8)[
             sha.offset * 32:(sha.offset + len(sha)) * 32].reshape(len(sha), 32)
-        texts = locators(raw, pack, block["pack_offset"], block["size"])
-        block = block.set_column(block.schema.get_field_index("artifact"), "artifact",
-                                 pc.coalesce(block["artifact"], texts))
-    return block.drop_columns(list(LOCATOR_COLUMNS))
+        artifact = pc.coalesce(artifact, locators(raw, pack, block["pack_offset"],
+                                                  block["size"]))
+    return block.set_column(block.schema.get_field_index("large_artifact"), "artifact",
+                            artifact).drop_columns(list(LOCATOR_COLUMNS))

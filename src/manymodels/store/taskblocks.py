@@ -49,7 +49,14 @@ COLUMNS: dict[str, pa.DataType] = {
     "reused_from": pa.int64(),     # the run whose model a reused task names
 }
 SCHEMA = pa.schema(list(COLUMNS.items()))
-_FULL_SCHEMA = pa.schema([*COLUMNS.items(), *LOCATOR_COLUMNS.items()])
+#: A block with :data:`~.packs.LOCATOR_COLUMNS`: its ``artifact`` column is
+#: named ``large_artifact`` (only a large model's SHA-256 is text there), so
+#: that a manymodels that reads only text locators, still holding the store
+#: open when its layout rose to 4, refuses such a block as damaged (no
+#: ``artifact`` column) instead of taking its packed models for none (its
+#: ``gc`` would remove them).
+_FULL_SCHEMA = pa.schema([*((("large_artifact" if name == "artifact" else name), kind)
+                            for name, kind in COLUMNS.items()), *LOCATOR_COLUMNS.items()])
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -98,16 +105,18 @@ def decode(data: bytes, what: str = "a task block",
     try:
         located = pa.ipc.open_stream(buffer).schema.names[len(COLUMNS):] == list(
             LOCATOR_COLUMNS)
-        wanted = names + (["size", *LOCATOR_COLUMNS] if located and "artifact" in names
-                          else [])
         schema = _FULL_SCHEMA if located else SCHEMA
+        wanted = [("large_artifact" if located and name == "artifact" else name)
+                  for name in names]
+        if located and "artifact" in names:
+            wanted += ["size", *LOCATOR_COLUMNS]
         options = pa.ipc.IpcReadOptions(included_fields=sorted(
             {schema.get_field_index(name) for name in wanted}))
         block = pa.ipc.open_stream(buffer, options=options).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreIntegrityError(f"{what} of the store's index is damaged ({exc}): its "
                                   "tasks cannot be read") from exc
-    missing = [name for name in names if name not in block.column_names]
+    missing = [name for name in wanted if name not in block.column_names]
     if missing or block.schema.names != [n for n in schema.names if n in wanted]:
         raise StoreIntegrityError(f"{what} of the store's index is damaged: it has no "
                                   f"column {(missing or names)[0]!r} where it should")
