@@ -16,7 +16,7 @@ import pytest
 
 import manymodels as mm
 from manymodels.keys import encode_key
-from manymodels.store import StoreIntegrityError, database, taskblocks
+from manymodels.store import StoreIntegrityError, database, reuse, taskblocks
 
 
 def fit_mean(frame):
@@ -799,8 +799,8 @@ def test_may_have_trained_finds_a_prefix_wherever_it_lies(tmp_path, where):
     conn.executemany("INSERT INTO task_blocks(run_id, trained, trained_identities) "
                      "VALUES (1, ?, ?)",
                      [(len(k), k.tobytes()) for k in kept])
-    assert taskblocks.may_have_trained(conn, 1, wanted) == (where != "none")
-    assert taskblocks.may_have_trained(conn, 2, wanted) is False  # trained nothing
+    assert reuse.may_have_trained(conn, 1, wanted) == (where != "none")
+    assert reuse.may_have_trained(conn, 2, wanted) is False  # trained nothing
 
 
 def test_the_template_cache_keeps_at_most_64_sets_of_names():

@@ -37,7 +37,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .rowhash import combine_lanes, lanes_hex_array, lanes_of
+from .rowhash import combine_lanes, lanes_bytes, lanes_hex_array, lanes_of
 
 
 def digest(*parts: bytes | str) -> str:
@@ -318,8 +318,7 @@ class TaskIdentities:
         ``(tasks, 16)`` uint8 array; None once (or when) held as text only."""
         if not isinstance(self._identity, np.ndarray):
             return None
-        return np.ascontiguousarray(self._identity.astype(">u8")).view(np.uint8).reshape(
-            len(self._identity), 16)
+        return lanes_bytes(self._identity)
 
     @property
     def data(self) -> Any:

@@ -53,19 +53,23 @@ def lanes_of(text: str) -> tuple[int, int]:
     return int(text[:16], 16), int(text[16:32], 16)
 
 
+def lanes_bytes(lanes: np.ndarray) -> np.ndarray:
+    """The 16 bytes each row of an ``(n, 2)`` uint64 array stands for (each
+    lane big-endian: what its 32 hex digits spell), an ``(n, 16)`` uint8 array."""
+    return np.ascontiguousarray(lanes.astype(">u8")).view(np.uint8).reshape(len(lanes), 16)
+
+
 def lanes_hex(lanes: np.ndarray) -> list[str]:
     """32 hex digits per row of an ``(n, 2)`` uint64 array, without a Python
     call per row."""
-    raw = np.ascontiguousarray(lanes.astype(">u8")).view(np.uint8).reshape(len(lanes), 16)
-    return np.ascontiguousarray(_HEX[raw]).view("<U32").ravel().tolist()
+    return np.ascontiguousarray(_HEX[lanes_bytes(lanes)]).view("<U32").ravel().tolist()
 
 
 def lanes_hex_array(lanes: np.ndarray) -> Any:
     """:func:`lanes_hex` as an Arrow string array built straight from the hex
     digits' bytes: a million identities without a Python string each (a
     quarter of a re-run's driver memory, and its time to make them)."""
-    raw = np.ascontiguousarray(lanes.astype(">u8")).view(np.uint8).reshape(len(lanes), 16)
-    return hex_array(raw)
+    return hex_array(lanes_bytes(lanes))
 
 
 def hex_array(raw: np.ndarray) -> Any:

@@ -260,8 +260,14 @@ def _migrate(conn: sqlite3.Connection) -> None:
                        ("written_packs", "BLOB")):
         if name not in block_columns:
             conn.execute(f"ALTER TABLE task_blocks ADD COLUMN {name} {kind}")
-    if conn.execute("PRAGMA user_version").fetchone()[0] < _BASE_FORMAT:
-        conn.execute(f"PRAGMA user_version = {_BASE_FORMAT}")
+    raise_layout(conn, _BASE_FORMAT)
+
+
+def raise_layout(conn: sqlite3.Connection, layout: int) -> None:
+    """The index's layout (see :data:`FORMAT`) at least ``layout``: a store
+    keeps the highest any of its blocks needs."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] < layout:
+        conn.execute(f"PRAGMA user_version = {layout}")
 
 
 def driver_label() -> str:

@@ -98,9 +98,7 @@ def _adopt(conn: sqlite3.Connection, holding: list[tuple[int, int, pa.Table]]) -
         prefixes = _identity_prefixes(block["identity"])
         conn.execute("UPDATE task_blocks SET trained = ?, trained_identities = ? "
                      "WHERE block_id = ?",
-                     (int(owned.sum()),
-                      None if prefixes is None else np.unique(prefixes[owned]).tobytes(),
-                      block_id))
+                     (int(owned.sum()), taskblocks.trained_prefixes(prefixes, owned), block_id))
 
 
 def _identity_prefixes(identities: pa.ChunkedArray) -> np.ndarray | None:

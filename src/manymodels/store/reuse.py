@@ -30,9 +30,9 @@ from . import artifacts, database, packs, taskblocks
 #: task takes of them in either case (size, metrics).
 _MATCH_COLUMNS = ("identity", "status", "reused_from", "error", "size", "metrics", "key")
 #: What it reads after, where it needs them: what a copied row takes (the
-#: artifact is a million 82-byte locators, half of what a run's rows are
-#: decompressed into: an unchanged re-run that names the run whose models
-#: are all in packs known whole reads none of them).
+#: artifact is a million 82-byte locators, made as text from their parts or
+#: decompressed: an unchanged re-run that names the run whose models are all
+#: in packs known whole reads none of them).
 _COPY_COLUMNS = ("artifact", "duration_s")
 
 
@@ -52,6 +52,35 @@ def _trained_packs_whole(conn: sqlite3.Connection, run_id: int) -> bool:
     written = [blob for (blob,) in conn.execute(
         f"SELECT {column} FROM task_blocks WHERE run_id = ? AND trained > 0", (run_id,))]
     return bool(written) and packs.all_whole(conn, written)
+
+
+def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray) -> bool:
+    """Whether ``run_id`` may have trained a task whose identity starts with
+    one of ``prefixes``: False only when every block that trained something
+    keeps its prefixes and none matches (then the run need not be read)."""
+    def any_known(known: np.ndarray, wanted: np.ndarray) -> bool:
+        at = np.minimum(np.searchsorted(known, wanted), known.size - 1)
+        return bool((known[at] == wanted).any())
+
+    # a run that trained any of them most often trained the first ones too:
+    # a thousand looked up first, in each block's sorted prefixes as it is
+    # read (an unchanged re-run stops at the first block), the rest in all
+    # of them merged
+    first, kept = prefixes[:1024], []
+    for (block_id,) in conn.execute("SELECT block_id FROM task_blocks WHERE run_id = ? "
+                                    "AND trained > 0 ORDER BY block_id", (run_id,)).fetchall():
+        row = conn.execute("SELECT trained_identities FROM task_blocks WHERE block_id = ?",
+                           (block_id,)).fetchone()
+        if row is None:
+            continue  # deleted meanwhile, with its run
+        if row[0] is None:
+            return True  # a block written without them
+        kept.append(np.frombuffer(row[0], dtype=np.uint64))
+        if any_known(kept[-1], first):
+            return True
+    rest = prefixes[1024:]
+    return bool(kept and rest.size) and any_known(
+        np.sort(np.concatenate(kept), kind="stable"), rest)
 
 
 def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
@@ -156,7 +185,7 @@ class ReuseSearch:
         for run_id in _runs_that_trained(self.conn):
             if left.size == 0:
                 break
-            if not taskblocks.may_have_trained(self.conn, run_id, prefixes[left]):
+            if not may_have_trained(self.conn, run_id, prefixes[left]):
                 continue  # none of these identities is among what it trained
             held = taskblocks.held_count(self.conn, run_id)  # before its rows are read
             trained = taskblocks.read_run(self.conn, run_id, _MATCH_COLUMNS,

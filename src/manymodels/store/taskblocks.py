@@ -27,7 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
-from .database import StoreIntegrityError, read_snapshot
+from .database import (
+    LOCATOR_FORMAT,
+    SAME_AS_FORMAT,
+    StoreIntegrityError,
+    raise_layout,
+    read_snapshot,
+)
 from .packs import LOCATOR_COLUMNS, with_locator_texts
 
 #: The columns of a block, and their Arrow types.
@@ -163,53 +169,27 @@ def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
     """One block of ``run_id``'s tasks (inside the caller's transaction).
     ``prefixes``: the block's tasks' identity prefixes (uint64, see
     :class:`~manymodels.hashing.TaskIdentities`); those of the tasks it
-    trained are kept, sorted, for :func:`may_have_trained`. ``written_packs``:
-    the packs its models were written to (see :func:`.packs.all_whole`)."""
+    trained are kept (:func:`trained_prefixes`). ``written_packs``: the
+    packs its models were written to (see :func:`.packs.all_whole`)."""
     if block.num_rows == 0:
         return
-    if "pack_id" in block.column_names:
-        from .database import LOCATOR_FORMAT
-
-        if conn.execute("PRAGMA user_version").fetchone()[0] < LOCATOR_FORMAT:
-            # a manymodels that reads only text locators would find no model
-            conn.execute(f"PRAGMA user_version = {LOCATOR_FORMAT}")
+    if "pack_id" in block.column_names:  # a manymodels that reads only text locators
+        raise_layout(conn, LOCATOR_FORMAT)  # would find no model
     trained = trained_mask(block)
-    kept = None
-    if prefixes is not None and trained.any():
-        kept = np.sort(np.asarray(prefixes, dtype=np.uint64)[trained]).tobytes()
+    kept = trained_prefixes(prefixes, trained)
     conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, trained_identities, "
                  "written_packs) VALUES (?,?,?,?,?,?)",
                  (run_id, block.num_rows, int(trained.sum()), encode(block), kept,
                   None if written_packs is None else written_packs.astype(np.int64).tobytes()))
 
 
-def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray) -> bool:
-    """Whether ``run_id`` may have trained a task whose identity starts with
-    one of ``prefixes``: False only when every block that trained something
-    keeps its prefixes and none matches (then the run need not be read)."""
-    def any_known(known: np.ndarray, wanted: np.ndarray) -> bool:
-        at = np.minimum(np.searchsorted(known, wanted), known.size - 1)
-        return bool((known[at] == wanted).any())
-
-    # a run that trained any of them most often trained the first ones too:
-    # a thousand looked up first, in each block's sorted prefixes as it is
-    # read (an unchanged re-run stops at the first block), the rest in all
-    # of them merged
-    first, kept = prefixes[:1024], []
-    for (block_id,) in conn.execute("SELECT block_id FROM task_blocks WHERE run_id = ? "
-                                    "AND trained > 0 ORDER BY block_id", (run_id,)).fetchall():
-        row = conn.execute("SELECT trained_identities FROM task_blocks WHERE block_id = ?",
-                           (block_id,)).fetchone()
-        if row is None:
-            continue  # deleted meanwhile, with its run
-        if row[0] is None:
-            return True  # a block written without them
-        kept.append(np.frombuffer(row[0], dtype=np.uint64))
-        if any_known(kept[-1], first):
-            return True
-    rest = prefixes[1024:]
-    return bool(kept and rest.size) and any_known(
-        np.sort(np.concatenate(kept), kind="stable"), rest)
+def trained_prefixes(prefixes: np.ndarray | None, trained: np.ndarray) -> bytes | None:
+    """What a block keeps of the identity prefixes ``prefixes`` of its
+    tasks that hold a model of their own (the mask ``trained``), for
+    :func:`.reuse.may_have_trained`: sorted; None when not known or none trained."""
+    if prefixes is None or not trained.any():
+        return None
+    return np.sort(np.asarray(prefixes, dtype=np.uint64)[trained]).tobytes()
 
 
 def _legacy_rows(conn: sqlite3.Connection, run_id: int) -> pa.Table | None:
@@ -365,10 +345,7 @@ def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: in
     """A block of ``run_id`` that stands for every row ``source`` trained
     (``tasks`` of them), reused as they are (inside the caller's transaction,
     which has checked that ``source`` has ended and trained just those)."""
-    from .database import SAME_AS_FORMAT
-
-    if conn.execute("PRAGMA user_version").fetchone()[0] < SAME_AS_FORMAT:
-        conn.execute(f"PRAGMA user_version = {SAME_AS_FORMAT}")  # an older reader would miss them
+    raise_layout(conn, SAME_AS_FORMAT)  # an older reader would miss them
     conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, same_as) "
                  "VALUES (?, ?, 0, ?, ?)", (run_id, tasks, encode(table({"task_index": []})),
                                            source))
