@@ -764,9 +764,22 @@ def test_numbers_hashed_in_blocks_equal_pandas_hash():
     assert len(arrow_row_hashes(table.slice(0, 0))) == 0
 
 
-def test_group_lanes_in_blocks_equal_the_whole_arrays_formula():
+@pytest.fixture(params=["one thread", "three threads"])
+def hashing_threads(request, monkeypatch):
+    """Small blocks, and one thread or ranges of groups on three (as a large
+    table on three cores), for group_lanes."""
+    from manymodels import rowhash
+
+    monkeypatch.setattr(rowhash, "_BLOCK", 1000)
+    cores = 1 if request.param == "one thread" else 3
+    monkeypatch.setattr(rowhash, "_usable_cores", lambda: cores)
+    return cores
+
+
+def test_group_lanes_in_blocks_equal_the_whole_arrays_formula(hashing_threads):
     """Groups combined block by block (whole groups per block, a group longer
-    than a block alone) equal the formula on whole arrays."""
+    than a block alone), on one thread or several, equal the formula on
+    whole arrays."""
     from manymodels.rowhash import _BLOCK, _GOLDEN, group_lanes, mix64
 
     rng = np.random.default_rng(4)
@@ -883,10 +896,12 @@ def test_why_not_reused_looks_past_runs_without_the_key(tmp_path):
         "22 was trained: no earlier run in this store has this key"
 
 
-def test_group_lanes_from_row_hashes_made_block_by_block_equal_those_from_all_rows():
+def test_group_lanes_from_row_hashes_made_block_by_block_equal_those_from_all_rows(
+        hashing_threads):
     """Row hashes made a block at a time as group_lanes reaches each block
-    (a text column hashed by pandas, a group longer than a block) give the
-    lanes that the whole table's row hashes give."""
+    (a text column hashed by pandas, a group longer than a block), on one
+    thread or several, give the lanes that the whole table's row hashes
+    give."""
     from manymodels.rowhash import _BLOCK, RowHashes, arrow_row_hashes, group_lanes
 
     rng = np.random.default_rng(11)

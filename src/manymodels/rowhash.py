@@ -98,13 +98,16 @@ def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths
     then mixed with the group's length and ``salt`` (the schema's lanes).
 
     Worked through in blocks of whole groups (about :data:`_BLOCK` rows), in
-    place: ten million rows made a dozen temporaries of 80 MB each."""
+    place: ten million rows made a dozen temporaries of 80 MB each. A large
+    table's groups are split into contiguous ranges worked through on
+    threads at once (NumPy lets go of the GIL in each step): this runs
+    before any worker has started, on cores that are otherwise idle."""
     salt_a, salt_b = (np.uint64(v) for v in salt)
     if isinstance(row_hashes, RowHashes):
         rows_of, total = row_hashes.rows, row_hashes.count
     else:
         rows = row_hashes.astype(np.uint64, copy=False)
-        rows_of, total = (lambda start, stop: rows[start:stop]), len(rows)
+        rows_of, total = (lambda start, stop, _=None: rows[start:stop]), len(rows)
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size and lengths.min() < 1:
@@ -114,46 +117,75 @@ def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths
     b = np.empty(groups, dtype=np.uint64)
     ends = offsets + lengths
     longest = int(lengths.max()) if groups else 0
-    # the block's buffers made once: fresh ones each block were fresh pages
-    # each block (a page fault per 4 KiB), more than the arithmetic
-    capacity = max(min(_BLOCK, total), longest)
-    position = np.empty(capacity, dtype=np.int64)
-    mixed, scratch = np.empty(capacity, dtype=np.uint64), np.empty(capacity, dtype=np.uint64)
     with np.errstate(over="ignore"):
         # a row's position is mixed alike in every group: each position's
         # two words made once, then looked up
         every_position = np.arange(longest, dtype=np.uint64)
         position_a = mix64(every_position + salt_a)
         position_b = mix64(every_position ^ salt_b) + _GOLDEN
-        first = 0
-        while first < groups:
-            # the groups whose rows end within a block from here (at least one)
-            last = max(first + 1, int(np.searchsorted(ends, offsets[first] + _BLOCK,
-                                                      side="right")))
-            start = int(offsets[first])
-            local = offsets[first:last] - start
-            count = int(ends[last - 1]) - start
-            # each row's place in its group: ones, a group's start stepping back
-            # by the length of the group before it, summed
-            at, word, spare = position[:count], mixed[:count], scratch[:count]
-            at.fill(1)
-            at[0] = 0
-            at[local[1:]] = 1 - lengths[first:last - 1]
-            np.cumsum(at, out=at)
-            block = rows_of(start, start + count)
-            np.take(position_a, at, out=word)
-            np.bitwise_xor(word, block, out=word)
-            mix64_inplace(word, spare)
-            a[first:last] = np.add.reduceat(word, local)
-            np.take(position_b, at, out=word)
-            word += block
-            mix64_inplace(word, spare)
-            b[first:last] = np.add.reduceat(word, local)
-            first = last
+
+    def lanes_of_range(first: int, stop: int) -> None:
+        """Fill ``a`` and ``b`` for groups ``first`` to ``stop``."""
+        if first >= stop:
+            return
+        # the block's buffers made once: fresh ones each block were fresh pages
+        # each block (a page fault per 4 KiB), more than the arithmetic
+        capacity = max(min(_BLOCK, int(ends[stop - 1] - offsets[first])), longest)
+        position = np.empty(capacity, dtype=np.int64)
+        mixed, scratch = np.empty(capacity, dtype=np.uint64), np.empty(capacity, dtype=np.uint64)
+        row_buffers = np.empty((3, capacity), dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            while first < stop:
+                # the groups whose rows end within a block from here (at least one)
+                last = min(stop, max(first + 1, int(np.searchsorted(
+                    ends, offsets[first] + _BLOCK, side="right"))))
+                start = int(offsets[first])
+                local = offsets[first:last] - start
+                count = int(ends[last - 1]) - start
+                # each row's place in its group: ones, a group's start stepping
+                # back by the length of the group before it, summed
+                at, word, spare = position[:count], mixed[:count], scratch[:count]
+                at.fill(1)
+                at[0] = 0
+                at[local[1:]] = 1 - lengths[first:last - 1]
+                np.cumsum(at, out=at)
+                block = rows_of(start, start + count, row_buffers)
+                np.take(position_a, at, out=word)
+                np.bitwise_xor(word, block, out=word)
+                mix64_inplace(word, spare)
+                a[first:last] = np.add.reduceat(word, local)
+                np.take(position_b, at, out=word)
+                word += block
+                mix64_inplace(word, spare)
+                b[first:last] = np.add.reduceat(word, local)
+                first = last
+
+    threads = min(_usable_cores(), total // (4 * _BLOCK))
+    if threads > 1 and groups > threads:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # ranges of about equal rows, each starting where a group starts
+        bounds = np.searchsorted(offsets, np.linspace(0, total, threads + 1)[1:-1])
+        bounds = [0, *bounds.tolist(), groups]
+        with ThreadPoolExecutor(threads, thread_name_prefix="manymodels-hash") as pool:
+            list(pool.map(lanes_of_range, bounds[:-1], bounds[1:]))
+    else:
+        lanes_of_range(0, groups)
+    with np.errstate(over="ignore"):
         size = lengths.astype(np.uint64)
         a = mix64(a ^ mix64(size + salt_a))
         b = mix64(b + mix64(size ^ salt_b) ^ a)
     return np.stack([a, b], axis=1)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (at most 8: past that, memory
+    bandwidth, not arithmetic, limits these passes)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    return max(1, min(usable, 8))
 
 
 def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
@@ -220,13 +252,16 @@ class RowHashes:
             multiplier = (multiplier + 82520 + 2 * (columns - position)) % (1 << 64)
         self._buffers = np.empty((3, 0), dtype=np.uint64)
 
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        """The hashes of rows ``start`` to ``stop``: a view of this object's
-        buffer, good until the next call."""
+    def rows(self, start: int, stop: int, buffers: np.ndarray | None = None) -> np.ndarray:
+        """The hashes of rows ``start`` to ``stop``: a view of ``buffers`` (a
+        ``(3, n)`` uint64 array of the caller's, one per thread), else of
+        this object's own buffer, good until the next call."""
         count = stop - start
-        if self._buffers.shape[1] < count:
-            self._buffers = np.empty((3, count), dtype=np.uint64)
-        out, word, spare = (buffer[:count] for buffer in self._buffers)
+        if buffers is None or buffers.shape[1] < count:
+            if self._buffers.shape[1] < count:
+                self._buffers = np.empty((3, count), dtype=np.uint64)
+            buffers = self._buffers
+        out, word, spare = (buffer[:count] for buffer in buffers)
         out.fill(0x345678)
         with np.errstate(over="ignore"):
             for position, values in enumerate(self._own):

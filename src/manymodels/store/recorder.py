@@ -32,6 +32,9 @@ from .reuse import ReuseSearch
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
+#: Once every task has been handed to the workers: what finishes is handed
+#: over this often, so the commit left after the last result is small.
+TAIL_COMMIT_EVERY_S = 0.2
 #: How a worker process sends a model it pickled: ready for the writer as it is.
 _SENT = (Pickled, ModelPack)
 #: What a hand-over's models may all be for none to need pickling here.
@@ -198,7 +201,7 @@ class RunRecorder:
     def tasks_finished(self, indices: list[int]) -> None:
         self._pending.extend(indices)
 
-    def flush(self, records: Any, force: bool = False) -> None:
+    def flush(self, records: Any, force: bool = False, tail: bool = False) -> None:
         """Hand the finished tasks to the writer thread, at most once a second
         unless ``force`` (then wait until they are committed).
 
@@ -211,7 +214,8 @@ class RunRecorder:
         self._records = records
         self._raise_write_error()
         now = time.monotonic()
-        if self._pending and (force or now - self._last_commit >= COMMIT_EVERY_S):
+        every = TAIL_COMMIT_EVERY_S if tail else COMMIT_EVERY_S
+        if self._pending and (force or now - self._last_commit >= every):
             pending, self._pending = self._pending, []
             status_of, model_of = records.status, records.model
             statuses, models = _taken(status_of, pending), _taken(model_of, pending)

@@ -15,8 +15,6 @@ that the recorder raises on the driver's next hand-over.
 
 from __future__ import annotations
 
-import itertools
-import operator
 import os
 import queue
 import sqlite3
@@ -108,10 +106,9 @@ class StoreWriter:
                     return
                 if self.error is None and conn is not None:
                     with WRITING:
-                        self._commit(conn, handover)
+                        with_models = self._commit(conn, handover)
                     if self.on_committed is not None:
-                        self.on_committed(list(itertools.compress(handover["task_index"], map(
-                            operator.is_not, handover["model"], itertools.repeat(None)))))
+                        self.on_committed(with_models)
             except BaseException as exc:
                 if conn is not None:
                     with WRITING:
@@ -127,23 +124,30 @@ class StoreWriter:
                     with WRITING:
                         conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, handover: Handover) -> None:
+    def _commit(self, conn: sqlite3.Connection, handover: Handover) -> list[int]:
+        """Write a hand-over in one transaction; return the task indices of
+        its rows that have a model (all of them, as handed over, where none
+        is missing)."""
         conn.execute("BEGIN IMMEDIATE")
-        artifact, size, written, located = self._write_models(conn, handover["task_index"],
-                                                              handover["model"])
-        rows = pa.array(handover["task_index"], pa.int64())
+        tasks = np.asarray(handover["task_index"], dtype=np.int64)  # once: 100,000 ints
+        artifact, size, written, located = self._write_models(conn, tasks, handover["model"])
+        rows = pa.array(tasks)
         prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
             **taskblocks.task_columns(self.keys, self.identities, rows),
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"],
-            "metrics": metrics_texts(handover["metrics"], handover["task_index"]),
+            "metrics": metrics_texts(handover["metrics"], tasks),
             "error": handover["error"], "artifact": artifact, "size": size, **located}),
-            None if prefixes is None else prefixes[rows.to_numpy()], written)
+            None if prefixes is None else prefixes[tasks], written)
         conn.execute("COMMIT")
+        missing = size.is_null().to_numpy(zero_copy_only=False)
+        if not missing.any():
+            return handover["task_index"]
+        return tasks[~missing].tolist()
 
-    def _write_models(self, conn: sqlite3.Connection, task_index: list[int], models: list[Any]
+    def _write_models(self, conn: sqlite3.Connection, tasks: np.ndarray, models: list[Any]
                       ) -> tuple[pa.Array, pa.Array, np.ndarray, dict[str, pa.Array]]:
         """Write a hand-over's models (inside the caller's transaction); return
         each row's ``artifact`` (a large model's SHA-256; null where packed or
@@ -183,7 +187,7 @@ class StoreWriter:
         at = np.full(count, -1, dtype=np.int64)  # each row's place in the locators
         sizes = np.zeros(count, dtype=np.int64)
         located = 0
-        tasks = np.asarray(task_index, dtype=np.int64)
+        tasks = np.asarray(tasks, dtype=np.int64)
         for pack, rows in sent:
             order = np.argsort(pack.indices, kind="stable")
             wanted = tasks[rows]
