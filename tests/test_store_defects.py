@@ -342,3 +342,46 @@ def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_
     for item in range(4):  # every model any run names is kept
         np.testing.assert_array_equal(registry.load(item, later.run_id if item >= 2 else 1),
                                       fit_large(item))
+
+
+def _rows_per_list(data):
+    return len(data)
+
+
+def test_list_and_struct_columns_are_hashed_so_a_changed_group_alone_retrains(tmp_path):
+    """A column of lists and one of dicts (Arrow lists and structs, which
+    pandas cannot hash) used to fail every stored run with pandas' bare
+    "unhashable type"; their values are now hashed as canonical text."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"g": [1, 1, 2, 3], "x": [[1, 2], [3], [4, 5], []],
+                          "d": [{"a": 1}, {"a": 2}, {"a": 3}, {"a": None}]})
+    store = tmp_path / "store"
+    first = mm.train(_rows_per_list, mm.groups(frame, by="g"), store=store, workers=1,
+                     progress=False)
+    assert first.summary().ok == 3
+    again = mm.train(_rows_per_list, mm.groups(frame, by="g"), store=store, workers=1,
+                     progress=False)
+    assert again.summary().reused == 3
+    changed = frame.copy()
+    changed.at[2, "x"] = [4, 6]  # group 2's list
+    changed.at[3, "d"] = {"a": 0}  # group 3's struct
+    after = mm.train(_rows_per_list, mm.groups(changed, by="g"), store=store, workers=1,
+                     progress=False)
+    assert after.summary().reused == 1
+    assert after.results.set_index("g")["reused"].to_dict() == {1: True, 2: False, 3: False}
+
+
+def test_a_column_that_cannot_be_hashed_is_named_before_any_work(tmp_path, monkeypatch):
+    """Where pandas cannot hash a column's values, the error names the column
+    and nothing is trained or recorded."""
+    import pandas as pd
+
+    from manymodels import rowhash
+
+    monkeypatch.setattr(rowhash, "_is_nested", lambda kind: False)  # as an unknown type
+    frame = pd.DataFrame({"g": [1, 1, 2], "payload": [[1, 2], [3], [4]]})
+    with pytest.raises(TypeError, match="column 'payload' holds values that cannot be hashed"):
+        mm.train(_rows_per_list, mm.groups(frame, by="g"), store=tmp_path / "store",
+                 workers=1, progress=False)
+    assert mm.Store(tmp_path / "store").runs().empty
