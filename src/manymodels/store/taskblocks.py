@@ -63,7 +63,7 @@ SCHEMA = pa.schema(list(COLUMNS.items()))
 #: ``gc`` would remove them).
 _FULL_SCHEMA = pa.schema([*((("large_artifact" if name == "artifact" else name), kind)
                             for name, kind in COLUMNS.items()), *LOCATOR_COLUMNS.items()])
-_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=-5))
+_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 _ONE_VALUE_KINDS = (str, int, type(None))
