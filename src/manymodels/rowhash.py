@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .nestedvalues import hashable_series
+
 #: Rows worked through at a time: small enough for the CPU's cache.
 _BLOCK = 1 << 16
 
@@ -231,6 +233,7 @@ class RowHashes:
         from concurrent.futures import ThreadPoolExecutor
 
         import pandas as pd
+        import pyarrow as pa
 
         columns = table.num_columns
         self.count = table.num_rows
@@ -238,14 +241,10 @@ class RowHashes:
         by_pandas = [position for position in range(columns) if self._own[position] is None]
 
         def pandas_hashes(position: int) -> np.ndarray:
-            column = table.column(position)
-            if _is_nested(column.type):  # lists, structs, maps: pandas hashes none of them
-                series = pd.Series(_canonical_texts(column), dtype=object)
-            else:
-                series = column.to_pandas()
             try:
+                series = hashable_series(table.column(position))
                 return pd.util.hash_pandas_object(series, index=False).to_numpy()
-            except TypeError as exc:
+            except (TypeError, ValueError, pa.ArrowException) as exc:
                 raise TypeError(
                     f"column {table.column_names[position]!r} holds values that cannot be "
                     f"hashed ({exc}), and a store needs each group's data hash to know when "
@@ -291,26 +290,6 @@ class RowHashes:
                 np.multiply(out, self._multipliers[position], out=out)
             out += np.uint64(97531)
         return out
-
-
-def _is_nested(kind: Any) -> bool:
-    import pyarrow as pa
-
-    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-            or pa.types.is_fixed_size_list(kind) or pa.types.is_struct(kind)
-            or pa.types.is_map(kind) or pa.types.is_union(kind)
-            or getattr(pa.types, "is_list_view", lambda _: False)(kind)
-            or getattr(pa.types, "is_large_list_view", lambda _: False)(kind))
-
-
-def _canonical_texts(column: Any) -> list[str | None]:
-    """Each value of a nested column (a list, a struct) as canonical JSON
-    text (keys sorted; what JSON has no form for, by its ``repr``): equal
-    values, equal texts, in any run."""
-    import json
-
-    dumps = functools.partial(json.dumps, sort_keys=True, default=repr, separators=(",", ":"))
-    return [None if value is None else dumps(value) for value in column.to_pylist()]
 
 
 def _as_pandas_floats(values: np.ndarray, bits: np.ndarray) -> None:
