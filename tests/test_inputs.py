@@ -120,3 +120,37 @@ def test_parse_bytes():
     assert parse_bytes(1024) == 1024
     with pytest.raises(ValueError):
         parse_bytes("-3GB")
+
+
+def _writes_into_its_rows(data, alpha):
+    seen = float(data["x"][0])
+    try:
+        data["x"][0] = 99.0
+        wrote = 1.0
+    except ValueError:  # read-only
+        wrote = 0.0
+    try:
+        data["x"].flags.writeable = True
+        unlocked = 1.0
+    except ValueError:
+        unlocked = 0.0
+    return {"seen": seen, "wrote": wrote, "unlocked": unlocked}
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_numpy_rows_are_read_only_so_no_task_changes_the_next_ones(backend):
+    """``format="numpy"`` gives each task read-only views of its batch's
+    arrays, also where the conversion copied them (a column with nulls), or
+    a copy of its own (a batch of one task): a fit that writes into its
+    rows, or tries to make them writeable, cannot change what the same
+    group's next setting sees."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"g": [1, 1, 2, 2, 3, 3], "x": [1.0, None, 3.0, 4.0, 5.0, 6.0]})
+    run = mm.train(_writes_into_its_rows, mm.groups(frame, by="g", format="numpy")
+                   * mm.grid(alpha=[1, 2, 3]), backend=backend, workers=1, progress=False)
+    results = run.results
+    assert run.summary().ok == 9
+    assert sorted(results["seen"]) == [1.0] * 3 + [3.0] * 3 + [5.0] * 3
+    locked = results["wrote"] == 0
+    assert locked.any() and (results["unlocked"][locked] == 0).all()

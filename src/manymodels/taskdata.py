@@ -308,14 +308,20 @@ class _FrameSlices(DataReader):
         return part.copy() if self.copy else part
 
 
-def _read_only(view: Any) -> Any:
-    """A view of a batch's array that ``fit`` cannot write through (into the
-    next task's rows: a group repeated by a grid shares them): as the arrays
-    of a zero-copy conversion already are."""
-    if view.flags.writeable:
-        view = view.view()
-        view.flags.writeable = False
-    return view
+def _locked(converted: Any) -> Any:
+    """A batch's rows as ``format="numpy"`` made them, with every array made
+    read-only (as those of a zero-copy conversion already are), once: each
+    task's views of them then are too, and ``fit`` cannot write through one
+    into the next task's rows (a group repeated by a grid shares them), nor
+    make it writeable again. Other formats are returned as they are."""
+    import numpy as np
+
+    if type(converted) is dict:
+        for array in converted.values():
+            while isinstance(array, np.ndarray):  # and the arrays it views: NumPy asks
+                array.flags.writeable = False      # those when a view is made writeable
+                array = array.base
+    return converted
 
 
 class _ArrowSlices(DataReader):
@@ -345,7 +351,7 @@ class _ArrowSlices(DataReader):
         rows = sum(length for _, length in unique)
         if end - first <= 2 * rows:
             converted = _arrow_as(self.table.slice(first, end - first), self.format, self.labels)
-            self._span = ({ref: ref[0] - first for ref in unique}, converted)
+            self._span = ({ref: ref[0] - first for ref in unique}, _locked(converted))
             return
         import pyarrow as pa
 
@@ -354,7 +360,7 @@ class _ArrowSlices(DataReader):
             starts[ref] = position
             position += ref[1]
         pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in unique])
-        self._span = (starts, _arrow_as(pieces, self.format, self.labels))
+        self._span = (starts, _locked(_arrow_as(pieces, self.format, self.labels)))
 
     def rows(self, ref: tuple[int, int]) -> Any:
         if self._span is not None:
@@ -362,9 +368,8 @@ class _ArrowSlices(DataReader):
             start = starts.get(ref)
             if start is not None:
                 stop = start + ref[1]
-                if self.format == "numpy":  # views of the batch's arrays, read-only
-                    return {name: _read_only(array[start:stop])
-                            for name, array in converted.items()}
+                if self.format == "numpy":  # views of the batch's read-only arrays
+                    return {name: array[start:stop] for name, array in converted.items()}
                 group = converted.iloc[start:stop]
                 group.index = _range_index(ref[1])
                 return group
