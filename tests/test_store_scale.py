@@ -49,7 +49,10 @@ def test_models_pickled_by_workers_load_lazily_and_equal_eager_ones(tmp_path, st
                      progress=False)
     held = [run._records.model[i] for i in range(len(run._plan.tasks))]
     if store:  # committed: the driver keeps no copy, run.models loads from the store
-        assert all(model is IN_STORE for model in held)
+        # (a pack whose every task was committed at once let go of its bytes)
+        assert all(model is IN_STORE or type(model) is ModelPack and model.stored
+                   and model.data == b"" and model.indices is None for model in held)
+        assert any(type(model) is ModelPack for model in held)
     else:  # bytes until asked for, a part's models in one pack, hashed only for a store
         assert all(type(model) is ModelPack for model in held)
         assert all(model.pickled(i).sha256 is None for i, model in enumerate(held))
@@ -103,10 +106,11 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     pack = ModelPack().seal([7, 8], [b"seven", b"eight!"])
     conn.execute("BEGIN IMMEDIATE")
     tasks = [1, 1, 2, 2, 7, 8, 8, 9]
-    artifact, sizes, written, located = StoreWriter._write_models(
+    artifact, sizes, written, located, whole = StoreWriter._write_models(
         types.SimpleNamespace(root=store.path), conn, tasks,
         [small, small, large, large, pack, pack, pack, None])
     conn.execute("COMMIT")
+    assert whole == []  # task 8 named twice: the pack's slots are set one by one
     # one pack: the worker's two models and the one pickled in the driver, joined
     assert written.tolist() == [[written[0, 0], 5 + 6 + 20]]
     # the packed ones' locators are kept as their parts, read back as text
@@ -123,6 +127,13 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     loaded = [artifacts.read_artifact(conn, store.path, name, "t") for name in names[:7]]
     assert loaded == [small.data, small.data, large.data, large.data, b"seven", b"eight!",
                       b"eight!"]
+    # a pack every task of which is in the hand-over, once each: committed whole
+    other = ModelPack().seal([3, 4], [b"three", b"four"])
+    conn.execute("BEGIN IMMEDIATE")
+    *_, whole = StoreWriter._write_models(types.SimpleNamespace(root=store.path), conn,
+                                          [4, 5, 3], [other, None, other])
+    conn.execute("COMMIT")
+    assert [(pack, rows.tolist()) for pack, rows in whole] == [(other, [0, 2])]
     store.close()
 
 
@@ -461,3 +472,19 @@ def test_an_earlier_run_with_the_same_tasks_is_matched_task_by_task():
                        everything) is None
     beyond = pa.chunked_array([np.array([3, 0, 5, 1, 4, 6])])
     assert _same_tasks(held(wanted), candidates, beyond, everything) is None
+
+
+def test_a_released_pack_keeps_no_bytes_and_stays_released_when_pickled():
+    """The writer lets a committed pack go: its bytes and task lists are
+    dropped, every slot naming it reads as a model in the store, and a run
+    pickled with it still does."""
+    import pickle
+
+    from manymodels.results import _in_store
+
+    pack = ModelPack().seal([1, 2], [b"one", b"two"])
+    assert not _in_store(pack)
+    pack.release()
+    assert _in_store(pack) and pack.data == b"" and pack.indices is None
+    again = pickle.loads(pickle.dumps(pack))
+    assert type(again) is ModelPack and _in_store(again) and len(again) == 0

@@ -14,12 +14,18 @@ import pandas as pd
 from .evaluation import WINDOWS
 from .messages import FAILURE_STATUSES, Pickled, Status
 from .metriccolumns import metric_columns
-from .partpacks import PackedModel, unpacked
+from .partpacks import ModelPack, PackedModel, unpacked
 from .planning import Plan
 from .store.registry import IN_STORE, ModelMap, StoredModel
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
+
+
+def _in_store(model: Any) -> bool:
+    """Whether a task's slot stands for a model the store holds: the store's
+    mark, or a pack the store's writer committed and let go of."""
+    return model is IN_STORE or (type(model) is ModelPack and model.stored)
 
 
 def _loaded(model: Any, index: int) -> Any:
@@ -179,7 +185,7 @@ class Run:
         rec = self._records
         in_store = self._stored_artifacts()
         return ModelMap({
-            key: (StoredModel(self.store, in_store[index], key) if model is IN_STORE
+            key: (StoredModel(self.store, in_store[index], key) if _in_store(model)
                   else unpacked(model, index))
             for index, (key, status, model) in enumerate(zip(
                 self._plan.tasks.keys(), rec.status, rec.model))
@@ -188,7 +194,7 @@ class Run:
 
     def _stored_artifacts(self) -> dict[int, str]:
         """Task index -> artifact of the models the driver left in the store."""
-        if self.store is None or not any(m is IN_STORE for m in self._records.model):
+        if self.store is None or not any(map(_in_store, self._records.model)):
             return {}
         return self.store._run_artifacts(self.run_id)
 
@@ -199,7 +205,7 @@ class Run:
         in_store = self._stored_artifacts()
         return self._plan.key_columns, [
             (parts, StoredModel(self.store, in_store[index], key).load()
-             if model is IN_STORE else _loaded(model, index))
+             if _in_store(model) else _loaded(model, index))
             for index, (key, parts, status, model) in enumerate(zip(
                 self._plan.tasks.keys(), self._plan.key_rows, rec.status, rec.model))
             if status == OK

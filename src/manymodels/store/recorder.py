@@ -187,13 +187,18 @@ class RunRecorder:
                 model[index] = IN_STORE
         return reused.num_rows
 
-    def _forget_models(self, indices: list[int]) -> None:
-        """Called by the writer thread once these tasks' models are committed:
-        the driver drops its copies (``run.models`` loads them from the store),
+    def _forget_models(self, packs: list[ModelPack], indices: list[int]) -> None:
+        """Called by the writer thread once these models are committed: the
+        driver drops its copies (``run.models`` loads them from the store),
         so its memory does not grow with the number of models. Until then it
-        keeps them, so a failed write still leaves every model in ``.run``."""
+        keeps them, so a failed write still leaves every model in ``.run``.
+        A pack whose every task was committed lets go of its bytes, its
+        tasks' slots left naming it (one call a pack, not a slot set a
+        task); the other tasks' slots are set to :data:`IN_STORE`."""
+        for pack in packs:
+            pack.release()
         collections.deque(map(self._records.model.__setitem__, indices,
-                              itertools.repeat(IN_STORE)), maxlen=0)  # in C: a million a run
+                              itertools.repeat(IN_STORE)), maxlen=0)  # in C
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)

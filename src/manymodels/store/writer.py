@@ -64,9 +64,11 @@ class StoreWriter:
     index (see :func:`.taskblocks.task_columns`)."""
 
     def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: TaskIdentities,
-                 on_committed: Callable[[list[int]], None] | None = None) -> None:
+                 on_committed: Callable[[list[ModelPack], list[int]], None] | None = None
+                 ) -> None:
         self.root, self.run_id = root, run_id
-        #: Told the task indices whose models a transaction committed.
+        #: Told what a transaction committed: the packs whose every task it
+        #: holds, and the task indices of its other rows with a model.
         self.on_committed = on_committed
         self.keys, self.identities = keys, identities
         #: The first write that failed, as the error the driver raises.
@@ -106,9 +108,9 @@ class StoreWriter:
                     return
                 if self.error is None and conn is not None:
                     with WRITING:
-                        with_models = self._commit(conn, handover)
+                        whole, others = self._commit(conn, handover)
                     if self.on_committed is not None:
-                        self.on_committed(with_models)
+                        self.on_committed(whole, others)
             except BaseException as exc:
                 if conn is not None:
                     with WRITING:
@@ -124,13 +126,15 @@ class StoreWriter:
                     with WRITING:
                         conn.close()
 
-    def _commit(self, conn: sqlite3.Connection, handover: Handover) -> list[int]:
-        """Write a hand-over in one transaction; return the task indices of
-        its rows that have a model (all of them, as handed over, where none
-        is missing)."""
+    def _commit(self, conn: sqlite3.Connection, handover: Handover
+                ) -> tuple[list[ModelPack], list[int]]:
+        """Write a hand-over in one transaction; return what it committed:
+        the packs all of whose tasks it holds, and the task indices of the
+        other rows that have a model."""
         conn.execute("BEGIN IMMEDIATE")
         tasks = np.asarray(handover["task_index"], dtype=np.int64)  # once: 100,000 ints
-        artifact, size, written, located = self._write_models(conn, tasks, handover["model"])
+        artifact, size, written, located, whole = self._write_models(conn, tasks,
+                                                                     handover["model"])
         rows = pa.array(tasks)
         prefixes = self.identities.prefixes
         taskblocks.insert(conn, self.run_id, taskblocks.table({
@@ -142,18 +146,21 @@ class StoreWriter:
             "error": handover["error"], "artifact": artifact, "size": size, **located}),
             None if prefixes is None else prefixes[tasks], written)
         conn.execute("COMMIT")
-        missing = size.is_null().to_numpy(zero_copy_only=False)
-        if not missing.any():
-            return handover["task_index"]
-        return tasks[~missing].tolist()
+        others = ~size.is_null().to_numpy(zero_copy_only=False)  # has a model
+        for _, rows in whole:
+            others[rows] = False
+        return [pack for pack, _ in whole], tasks[others].tolist()
 
     def _write_models(self, conn: sqlite3.Connection, tasks: np.ndarray, models: list[Any]
-                      ) -> tuple[pa.Array, pa.Array, np.ndarray, dict[str, pa.Array]]:
+                      ) -> tuple[pa.Array, pa.Array, np.ndarray, dict[str, pa.Array],
+                                 list[tuple[ModelPack, np.ndarray]]]:
         """Write a hand-over's models (inside the caller's transaction); return
         each row's ``artifact`` (a large model's SHA-256; null where packed or
         no model) and ``size`` (null where no model) columns, the packs
-        written (see :func:`.packs.write_packs`), and the packed models'
-        locators as their parts (see :data:`.packs.LOCATOR_COLUMNS`).
+        written (see :func:`.packs.write_packs`), the packed models'
+        locators as their parts (see :data:`.packs.LOCATOR_COLUMNS`), and
+        the packs workers sent whose every task is one of these rows, each
+        with its rows (no other task's slot names such a pack).
 
         The packs workers sent (:class:`ModelPack`) are written whole, their
         bytes as they came; a small model pickled in the driver joins one more
@@ -188,6 +195,7 @@ class StoreWriter:
         sizes = np.zeros(count, dtype=np.int64)
         located = 0
         tasks = np.asarray(tasks, dtype=np.int64)
+        whole: list[tuple[ModelPack, np.ndarray]] = []
         for pack, rows in sent:
             order = np.argsort(pack.indices, kind="stable")
             wanted = tasks[rows]
@@ -198,6 +206,8 @@ class StoreWriter:
             at[rows] = located + within
             sizes[rows] = pack.sizes[within]
             located += len(pack)
+            if len(rows) == len(pack) and len(np.unique(within)) == len(rows):
+                whole.append((pack, rows))
         packed = [pack for pack, _ in sent]
         # a Pickled model: every row that names it gets its place
         object_at = np.full(len(first), -1, dtype=np.int64)
@@ -229,4 +239,5 @@ class StoreWriter:
         is_large = ~missing & ~in_pack
         artifact = pa.array(large, pa.string()).take(
             pa.array(at - packed_count, mask=~is_large)) if large else pa.nulls(count, pa.string())
-        return artifact, pa.array(sizes, pa.int64(), mask=missing), written, located_columns
+        return (artifact, pa.array(sizes, pa.int64(), mask=missing), written, located_columns,
+                whole)
