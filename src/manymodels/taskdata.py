@@ -309,11 +309,12 @@ class _FrameSlices(DataReader):
 
 
 def _locked(converted: Any) -> Any:
-    """A batch's rows as ``format="numpy"`` made them, with every array made
-    read-only (as those of a zero-copy conversion already are), once: each
-    task's views of them then are too, and ``fit`` cannot write through one
-    into the next task's rows (a group repeated by a grid shares them), nor
-    make it writeable again. Other formats are returned as they are."""
+    """Rows as ``format="numpy"`` made them (a batch's, or a task's own),
+    with every array made read-only (as those of a zero-copy conversion
+    already are), once: each task's views of them then are too, and ``fit``
+    cannot write through one into the next task's rows (a group repeated by
+    a grid shares them), nor make it writeable again. Other formats are
+    returned as they are."""
     import numpy as np
 
     if type(converted) is dict:
@@ -373,7 +374,9 @@ class _ArrowSlices(DataReader):
                 group = converted.iloc[start:stop]
                 group.index = _range_index(ref[1])
                 return group
-        return _arrow_as(self.table.slice(ref[0], ref[1]), self.format, self.labels)
+        # a batch of one task, or a task not in its batch's span: rows of its own,
+        # read-only too, so a fit sees the same whichever batch it lands in
+        return _locked(_arrow_as(self.table.slice(ref[0], ref[1]), self.format, self.labels))
 
 
 class _ParquetBatches(DataReader):
