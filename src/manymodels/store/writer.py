@@ -206,8 +206,8 @@ class StoreWriter:
             at[rows] = located + within
             sizes[rows] = pack.sizes[within]
             located += len(pack)
-            if len(rows) == len(pack) and len(np.unique(within)) == len(rows):
-                whole.append((pack, rows))
+            if len(rows) == len(pack) and (np.bincount(within, minlength=len(pack)) == 1).all():
+                whole.append((pack, rows))  # each of the pack's tasks once
         packed = [pack for pack, _ in sent]
         # a Pickled model: every row that names it gets its place
         object_at = np.full(len(first), -1, dtype=np.int64)
