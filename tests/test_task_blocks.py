@@ -772,7 +772,7 @@ def hashing_threads(request, monkeypatch):
 
     monkeypatch.setattr(rowhash, "_BLOCK", 1000)
     cores = 1 if request.param == "one thread" else 3
-    monkeypatch.setattr(rowhash, "_usable_cores", lambda: cores)
+    monkeypatch.setattr(rowhash, "_hashing_threads", lambda: cores)
     return cores
 
 

@@ -162,7 +162,7 @@ def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths
                 b[first:last] = np.add.reduceat(word, local)
                 first = last
 
-    threads = min(_usable_cores(), total // (4 * _BLOCK))
+    threads = min(_hashing_threads(), total // (4 * _BLOCK))
     if threads > 1 and groups > threads:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -180,14 +180,13 @@ def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths
     return np.stack([a, b], axis=1)
 
 
-def _usable_cores() -> int:
-    """The cores this process may run on (at most 8: past that, memory
-    bandwidth, not arithmetic, limits these passes)."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
-    return max(1, min(usable, 8))
+def _hashing_threads() -> int:
+    """Threads for :func:`group_lanes`: the usable cores (affinity and cgroup
+    aware), at most 8 (past that, memory bandwidth, not arithmetic, limits
+    these passes)."""
+    from ._resources import usable_cores
+
+    return min(usable_cores(), 8)
 
 
 def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
