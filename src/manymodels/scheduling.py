@@ -373,7 +373,8 @@ class Scheduler:
                     retry_now.extendleft(reversed(event.indices))
             self.progress.update(self._done, self._ok, self._failed)
             if self.recorder is not None:
-                self.recorder.flush(self.records, tail=taken == len(pending) and not retry_now)
+                self.recorder.flush(self.records, tail=taken == len(pending) and not (
+                    retry_now or retry_later))
             if callbacks is not None:
                 if per_task:
                     callbacks.tasks_finished(_ended(events), self.records)

@@ -147,8 +147,8 @@ class StoreWriter:
             None if prefixes is None else prefixes[tasks], written)
         conn.execute("COMMIT")
         others = ~size.is_null().to_numpy(zero_copy_only=False)  # has a model
-        for _, rows in whole:
-            others[rows] = False
+        for _, positions in whole:
+            others[positions] = False
         return [pack for pack, _ in whole], tasks[others].tolist()
 
     def _write_models(self, conn: sqlite3.Connection, tasks: np.ndarray, models: list[Any]
