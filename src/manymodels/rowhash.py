@@ -10,7 +10,6 @@ identity covers, and why, is :mod:`.hashing`'s.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -252,7 +251,7 @@ class RowHashes:
 
         self._hashed: dict[int, np.ndarray] = {}
         if by_pandas:
-            with ThreadPoolExecutor(max(1, min(len(by_pandas), os.cpu_count() or 1, 8))) as pool:
+            with ThreadPoolExecutor(min(len(by_pandas), _hashing_threads())) as pool:
                 self._hashed = dict(zip(by_pandas, pool.map(pandas_hashes, by_pandas)))
         # pandas' combine_hash_arrays (private there): its constants, in its order
         self._multipliers, multiplier = [], 1000003
