@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from ._resources import collector_paused
-from ._switching import short_switch_interval
 from .backends import Backend, backend_class
 from .callbacks import Callbacks, RunInfo
 from .evaluation import prepare as prepare_evaluation
@@ -150,10 +149,8 @@ def train(
 
     # fits run in other processes: the driver's own million tuples and dicts
     # (acyclic) need no cycle collector, whose full passes over them cost
-    # seconds; with threads or serial, fit runs here and it stays on. The
-    # driver's threads (the store's writer, the senders) get the GIL back
-    # within half a millisecond while it runs (see _switching)
-    with collector_paused(backend_type.requires_pickling), short_switch_interval():
+    # seconds; with threads or serial, fit runs here and it stays on
+    with collector_paused(backend_type.requires_pickling):
         plan = make_plan(source)
         add_fit_keys(plan, fit, {*(options.shared or {}),
                                  *(options.setup if isinstance(options.setup, Mapping) else ())})
