@@ -16,7 +16,13 @@ import pytest
 
 import manymodels as mm
 from manymodels.execution import metrics_dict
-from manymodels.metriccolumns import float_texts, metric_columns, metrics_texts, text_columns
+from manymodels.metriccolumns import (
+    float_texts,
+    metric_columns,
+    metrics_texts,
+    pack_texts,
+    text_columns,
+)
 from manymodels.partpacks import MetricsPack, PartPacker, distinct_objects
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -141,6 +147,37 @@ def test_a_part_packs_only_the_metrics_that_fit_and_seals_them_whole():
     assert packer.metrics(7, {"other": 2.0}).names == ("other",)
 
 
+def test_for_a_store_a_part_makes_its_metrics_text_and_sends_it():
+    packer = PartPacker(hashed=True)  # a store will keep the part
+    pack = packer.metrics(7, {"loss": 0.25, "acc": 1e-05})
+    packer.metrics(3, {"loss": math.nan, "acc": 2.0})
+    packer.seal()
+    made_here = pack_texts(("loss", "acc"), np.array([[0.25, 1e-05], [math.nan, 2.0]]))
+    assert pack.texts.equals(made_here)
+    assert json.loads(pack.texts[0].as_py()) == {"loss": 0.25, "acc": 1e-05}
+    sent = pickle.loads(pickle.dumps(pack))
+    assert sent.texts.equals(made_here) and sent.get(3)["acc"] == 2.0
+    # a subset, out of order, is taken from the text; without text, None
+    assert sent.texts_of(np.array([3])).to_pylist() == [made_here[1].as_py()]
+    assert sent.texts_of(np.array([7, 3])) is sent.texts
+    plain = PartPacker(hashed=False)  # no store: no text
+    plain_pack = plain.metrics(0, {"loss": 0.5})
+    plain.seal()
+    assert plain_pack.texts is None and len(plain_pack) == 1
+    assert pickle.loads(pickle.dumps(_pack(["loss"], [0], [[0.5]]))).texts is None
+
+
+def test_the_stores_metrics_are_the_text_a_pack_came_with_and_then_let_go():
+    pack = _pack(["a"], [10, 11], [[1.5], [2.5]])
+    pack.texts = pa.array(['{"a": 1.5}', '{"a": "as the worker wrote it"}'])
+    used = []
+    texts = metrics_texts([pack, None, pack], [11, 3, 10], used)
+    assert texts.to_pylist() == ['{"a": "as the worker wrote it"}', None, '{"a": 1.5}']
+    assert used == [pack]
+    pack.drop_texts()  # committed: the text is made again if ever needed
+    assert metrics_texts([pack], [11]).to_pylist() == ['{"a": 2.5}']
+
+
 def fit_with_metrics(data):
     n = len(data["x"])
     total = float(np.sum(data["x"]))
@@ -173,7 +210,8 @@ def test_a_runs_metrics_are_the_same_packed_by_workers_or_not(tmp_path, store):
     columns = ["sum", "mean", "nan", "rows", "other"]
     pd.testing.assert_frame_equal(run.results[columns], reference.results[columns])
     assert list(run.results.columns) == list(reference.results.columns)
-    if store:
+    if store:  # the workers' text of each pack, let go of once committed
+        assert all(entry.texts is None for entry in held if type(entry) is MetricsPack)
         stored = mm.Store(tmp_path / "s").results()
         pd.testing.assert_frame_equal(stored[columns].reset_index(drop=True),
                                       reference.results[columns], check_dtype=False)

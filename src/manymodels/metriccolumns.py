@@ -10,7 +10,8 @@ time: a million tasks in a few dozen packs cost a few array operations, not
 a million dicts.
 
 The store keeps metrics as JSON objects. For a pack's rows the text is made
-by Arrow (:func:`float_texts`): the shortest decimal that reads back as the
+by Arrow (:func:`float_texts`), in the worker that made the pack when a store
+will keep it (else here, when asked): the shortest decimal that reads back as the
 same float, as ``repr`` writes it, though not always in the same notation
 (``0.00001`` where ``repr`` says ``1e-05``); ``json.loads`` and Arrow's JSON
 reader give back the very same floats.
@@ -76,8 +77,9 @@ def float_texts(values: np.ndarray) -> pa.Array:
     return texts
 
 
-def _pack_texts(names: tuple[str, ...], rows: np.ndarray) -> pa.Array:
-    """JSON objects ``{"name": value, ...}`` of a pack's rows, made at once."""
+def pack_texts(names: tuple[str, ...], rows: np.ndarray) -> pa.Array:
+    """JSON objects ``{"name": value, ...}`` of a pack's rows, made at once
+    (a fresh string array: no nulls, no offset)."""
     pieces: list[Any] = []
     for position, name in enumerate(names):
         pieces.append(("{" if position == 0 else ", ") + json.dumps(name) + ": ")
@@ -93,17 +95,23 @@ def _text(entry: Any, task: int) -> str | None:
     return entry.text(task) if type(entry) is MetricTexts else metrics_json(entry)
 
 
-def metrics_texts(entries: Sequence[Any], task_index: Sequence[int] | np.ndarray) -> pa.Array:
+def metrics_texts(entries: Sequence[Any], task_index: Sequence[int] | np.ndarray,
+                  packs_used: list[MetricsPack] | None = None) -> pa.Array:
     """The store's ``metrics`` column for tasks ``task_index``, whose slots
-    are ``entries``: JSON text, null where a task has none."""
+    are ``entries``: JSON text, null where a task has none. The packs the
+    slots name are added to ``packs_used``, when given."""
     count = len(entries)
     packs, rest = _by_object(entries)
+    if packs_used is not None:
+        packs_used.extend(pack for pack, _ in packs)
     if not packs:
         return pa.array(list(map(_text, entries, task_index)), pa.string())
     tasks = np.asarray(task_index, dtype=np.int64)
     pieces, positions = [], []
     for pack, where in packs:
-        pieces.append(_pack_texts(pack.names, pack.rows_of(tasks[where])))
+        wanted = tasks[where]
+        texts = pack.texts_of(wanted)  # made by the worker, or here
+        pieces.append(pack_texts(pack.names, pack.rows_of(wanted)) if texts is None else texts)
         positions.append(where)
     if len(rest):
         pieces.append(pa.array([_text(entries[i], tasks[i]) for i in rest.tolist()],

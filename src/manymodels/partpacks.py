@@ -15,8 +15,8 @@ models that was the driver's whole cost. Instead, during a part, a
 every outcome of the part names those same two objects (a reference, pickled
 once). The driver keeps the references in its per-task lists and reads the
 packs as columns: the store's writer writes a ModelPack's bytes as they came
-and a MetricsPack's rows as JSON text made by Arrow
-(:func:`manymodels.metriccolumns.metrics_texts`); a single task's model or
+and a MetricsPack's rows as the JSON text the worker made with Arrow
+(:func:`manymodels.metriccolumns.pack_texts`); a single task's model or
 metrics are taken out only when someone asks (:class:`PackedModel`,
 :meth:`MetricsPack.get`).
 """
@@ -167,28 +167,46 @@ class MetricsPack:
     as one array: ``values[row]`` are task ``indices[row]``'s. A million
     ``{"rss": ...}`` dicts were a million objects to pickle, unpickle, hold
     (200 bytes each) and encode as JSON one at a time, 3 µs a task in the
-    workers alone (measured); a pack is one array."""
+    workers alone (measured); a pack is one array.
 
-    __slots__ = ("names", "indices", "values", "_positions")
+    For a store, the worker also makes the rows' JSON text (``texts``, see
+    :func:`manymodels.metriccolumns.pack_texts`): the store keeps that text,
+    and made in the driver it was a quarter of the store writer's time, on
+    the one thread that many busy workers wait on. The writer lets go of
+    the text once it is committed (:meth:`drop_texts`)."""
+
+    __slots__ = ("names", "indices", "values", "texts", "_positions")
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
         self.indices: Any = None  # np.ndarray of int64, set by seal()
         self.values: Any = None  # np.ndarray of float64, (tasks, names)
+        #: each row's JSON object as a pyarrow string Array, or None (not made)
+        self.texts: Any = None
         self._positions: dict[int, int] | None = None
 
-    def seal(self, indices: list[int], values: list[float]) -> MetricsPack:
+    def seal(self, indices: list[int], values: list[float], texts: bool = False
+             ) -> MetricsPack:
         """Fill the pack: ``values`` holds each task's values in ``names``
-        order, one task after the other."""
+        order, one task after the other; ``texts``: make the rows' JSON text."""
         self.indices = np.array(indices, dtype=np.int64)
         self.values = np.array(values, dtype=np.float64).reshape(len(indices), len(self.names))
+        if texts:
+            from .metriccolumns import pack_texts
+
+            self.texts = pack_texts(self.names, self.values)
         return self
 
     def __len__(self) -> int:
         return 0 if self.indices is None else len(self.indices)
 
     def __reduce__(self) -> tuple:
-        return (_restore_metrics, (self.names, self.indices.tobytes(), self.values.tobytes()))
+        texts = self.texts
+        if texts is None:
+            return (_restore_metrics, (self.names, self.indices.tobytes(), self.values.tobytes()))
+        _, offsets, data = texts.buffers()  # (a fresh array: no nulls, no offset)
+        return (_restore_metrics, (self.names, self.indices.tobytes(), self.values.tobytes(),
+                                   offsets.to_pybytes(), data.to_pybytes()))
 
     def get(self, index: int) -> dict[str, float]:
         """Task ``index``'s metrics as the dict ``fit`` returned (a new one)."""
@@ -202,11 +220,33 @@ class MetricsPack:
         """The values of tasks ``indices`` (each in the pack), a row each."""
         return self.values[first_positions(self.indices, indices)]
 
+    def texts_of(self, indices: np.ndarray) -> Any:
+        """The JSON text of tasks ``indices`` (each in the pack), or None
+        when the pack has no text (then it is made from :meth:`rows_of`)."""
+        texts = self.texts
+        if texts is None:
+            return None
+        if len(indices) == len(self.indices) and (indices == self.indices).all():
+            return texts  # the whole pack, in order: as it came
+        import pyarrow as pa
 
-def _restore_metrics(names: tuple[str, ...], indices: bytes, values: bytes) -> MetricsPack:
+        return texts.take(pa.array(first_positions(self.indices, indices)))
+
+    def drop_texts(self) -> None:
+        """Let go of the text (committed to the store: not needed again)."""
+        self.texts = None
+
+
+def _restore_metrics(names: tuple[str, ...], indices: bytes, values: bytes,
+                     offsets: bytes | None = None, data: bytes | None = None) -> MetricsPack:
     pack = MetricsPack(names)
     pack.indices = np.frombuffer(indices, dtype=np.int64)
     pack.values = np.frombuffer(values, dtype=np.float64).reshape(len(pack.indices), len(names))
+    if offsets is not None:
+        import pyarrow as pa
+
+        pack.texts = pa.StringArray.from_buffers(len(pack.indices), pa.py_buffer(offsets),
+                                                 pa.py_buffer(data))
     return pack
 
 
@@ -259,7 +299,8 @@ class PartPacker:
     """A worker's packs for the part of a batch being run. ``model`` and
     ``metrics`` add a task's and return the pack its outcome names; ``seal``
     completes both as the part is sent (they travel complete) and starts
-    new ones; ``hashed``: keep each model's SHA-256 (a store will)."""
+    new ones; ``hashed``: keep each model's SHA-256 and the metrics' JSON
+    text (a store will)."""
 
     __slots__ = ("hashed", "_models", "_model_indices", "_model_bytes", "_metrics",
                  "_metric_indices", "_metric_values")
@@ -309,5 +350,5 @@ class PartPacker:
         if self._models is not None:
             self._models.seal(self._model_indices, self._model_bytes, hashed=self.hashed)
         if self._metrics is not None:
-            self._metrics.seal(self._metric_indices, self._metric_values)
+            self._metrics.seal(self._metric_indices, self._metric_values, texts=self.hashed)
         self.reset()

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..hashing import TaskIdentities
 from ..metriccolumns import metrics_texts
-from ..partpacks import ModelPack, distinct_objects
+from ..partpacks import MetricsPack, ModelPack, distinct_objects
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
@@ -137,15 +137,18 @@ class StoreWriter:
                                                                      handover["model"])
         rows = pa.array(tasks)
         prefixes = self.identities.prefixes
+        metric_packs: list[MetricsPack] = []
         taskblocks.insert(conn, self.run_id, taskblocks.table({
             **taskblocks.task_columns(self.keys, self.identities, rows),
             "status": handover["status"], "attempts": handover["attempts"],
             "duration_s": handover["duration_s"], "started_at": handover["started_at"],
             "worker": handover["worker"],
-            "metrics": metrics_texts(handover["metrics"], tasks),
+            "metrics": metrics_texts(handover["metrics"], tasks, metric_packs),
             "error": handover["error"], "artifact": artifact, "size": size, **located}),
             None if prefixes is None else prefixes[tasks], written)
         conn.execute("COMMIT")
+        for pack in metric_packs:  # their text is in the store now
+            pack.drop_texts()
         others = ~size.is_null().to_numpy(zero_copy_only=False)  # has a model
         for _, positions in whole:
             others[positions] = False
