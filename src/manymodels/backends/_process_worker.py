@@ -44,6 +44,7 @@ from manymodels._resources import end_tree
 from manymodels.backends._protocol import SLOT
 from manymodels.dataplane import dump_outcomes
 from manymodels.execution import FLUSH_EVERY_S
+from manymodels.messages import OkOutcomes
 
 
 def die_with_parent() -> None:
@@ -147,7 +148,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
     def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
              prepare_s: float) -> None:
         streams.repair()  # before any file is opened: fd 1 or 2 may be free
-        payload, spill = dump_outcomes(outcomes, spill_prefix, spilled)
+        payload, spill = dump_outcomes(OkOutcomes.of(outcomes), spill_prefix, spilled)
         tx.send((kind, batch_id, payload, busy_s, spill, prepare_s))
 
     def mark(index: int) -> None:  # as each task starts, and with -1 as a batch ends

@@ -46,7 +46,7 @@ from .. import dataplane
 from .._resources import end_tree, process_table, thread_limit_environment
 from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
-from ..messages import Status
+from ..messages import Status, outcome_indices
 from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
@@ -326,9 +326,9 @@ class ProcessesBackend(WorkerStarter, Backend):
             )
         _, batch_id, payload, busy, spill, prepare = message
         outcomes = dataplane.loads_spilled(payload, spill)
-        batch = worker.batches[0]
-        for outcome in outcomes:
-            batch.pending.pop(outcome[0], None)
+        pending = worker.batches[0].pending
+        for index in outcome_indices(outcomes):
+            pending.pop(index, None)
         done = kind == "done"
         if done:
             worker.batches.popleft()

@@ -1,0 +1,92 @@
+"""A worker process sends a part whose every task succeeded as columns
+(OkOutcomes); the driver records it at once, the same as a tuple a task."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.messages import OkOutcomes, Outcome, outcome_indices
+from manymodels.partpacks import MetricsPack, ModelPack
+from manymodels.scheduling import Scheduler
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def _outcomes(count: int = 4) -> tuple[list[tuple], ModelPack, MetricsPack]:
+    models = ModelPack().seal(list(range(10, 10 + count)), [b"m%d" % i for i in range(count)],
+                              hashed=False)
+    metrics = MetricsPack(("rss",)).seal(list(range(10, 10 + count)),
+                                         [0.5 * i for i in range(count)])
+    return ([(10 + i, "ok", models, metrics, 0.001 * i, 1e9 + i, None, False)
+             for i in range(count)], models, metrics)
+
+
+def test_a_part_of_successes_travels_as_columns_and_reads_as_its_tuples():
+    outcomes, models, metrics = _outcomes()
+    columns = OkOutcomes.of(outcomes)
+    assert type(columns) is OkOutcomes and len(columns) == 4
+    assert list(columns) == outcomes and columns[2] == outcomes[2]
+    assert Outcome(*columns[1]).duration_s == 0.001
+    assert outcome_indices(columns) == outcome_indices(outcomes) == [10, 11, 12, 13]
+    sent = pickle.loads(pickle.dumps([columns, models], protocol=5))
+    restored = list(sent[0])
+    assert all(outcome[2] is sent[1] for outcome in restored)  # the pack once, named by all
+
+    def plain(outcome):
+        return (outcome[0], outcome[1], outcome[4], outcome[5], outcome[6], outcome[7],
+                outcome[3].get(outcome[0]))
+
+    assert [plain(outcome) for outcome in restored] == [plain(outcome) for outcome in outcomes]
+    np.testing.assert_array_equal(sent[0].durations, columns.durations)
+
+
+@pytest.mark.parametrize("change", [
+    lambda o: (o[0], "failed", None, {}, o[4], o[5], "Traceback", False),  # a failure
+    lambda o: (*o[:6], None, True),  # retryable
+    lambda o: (o[0], o[1], ModelPack(), *o[3:]),  # another model object
+    lambda o: (o[0], o[1], o[2], {"rss": 1.0}, *o[4:]),  # metrics of its own
+])
+def test_a_part_with_anything_else_travels_as_tuples(change):
+    outcomes, _, _ = _outcomes()
+    outcomes[2] = change(outcomes[2])
+    assert OkOutcomes.of(outcomes) is outcomes
+    assert OkOutcomes.of(outcomes[:1]) == outcomes[:1]  # one task: nothing to gain
+
+
+def fit(data):
+    x = np.column_stack([data["x"], np.ones(len(data["x"]))])
+    coef = np.linalg.lstsq(x, data["y"], rcond=None)[0]
+    return coef, {"slope": float(coef[0])}
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_columns_record_the_same_results_as_tuples(tmp_path, monkeypatch, store):
+    recorded = []
+    record_ok = Scheduler._record_ok
+
+    def counting(self, outcomes, worker):
+        recorded.append(len(outcomes))
+        return record_ok(self, outcomes, worker)
+
+    monkeypatch.setattr(Scheduler, "_record_ok", counting)
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"g": np.repeat(np.arange(3000), 4), "x": rng.normal(size=12000)})
+    table["y"] = 2 * table["x"] + 1
+    source = mm.groups(table, by="g", format="numpy")
+    run = mm.train(fit, source, workers=2, progress=False,
+                   store=tmp_path / "s" if store else None)
+    assert sum(recorded) > 2000  # most parts came as columns
+    reference = mm.train(fit, source, backend="serial", progress=False)
+    columns = ["g", "status", "attempts", "slope", "error"]
+    pd.testing.assert_frame_equal(run.results[columns], reference.results[columns])
+    assert set(run.results["worker"]) <= {0, 1} and (run.results["duration_s"] > 0).all()
+    assert run.summary().ok == 3000
+    np.testing.assert_allclose(run.models[7], reference.models[7])
+    if store:
+        again = mm.train(fit, source, workers=2, progress=False, store=tmp_path / "s")
+        assert again.summary().reused == 3000
