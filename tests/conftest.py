@@ -73,6 +73,22 @@ def fit_linear(df, alpha=0.0, **_ignored):
     return {"slope": slope, "intercept": intercept}, {"slope": float(slope), "n": len(x)}
 
 
+def count_parts_as_columns(monkeypatch) -> list[int]:
+    """The sizes of the parts the scheduler records as columns
+    (:class:`manymodels.messages.OkOutcomes`) from now on in this test."""
+    from manymodels.scheduling import Scheduler
+
+    sizes: list[int] = []
+    record_ok = Scheduler._record_ok
+
+    def counting(self, outcomes, worker):
+        sizes.append(len(outcomes))
+        return record_ok(self, outcomes, worker)
+
+    monkeypatch.setattr(Scheduler, "_record_ok", counting)
+    return sizes
+
+
 def assert_only_timed_out(run, item, timeout) -> None:
     """``item`` ran past ``timeout`` seconds and was recorded so; every other item is ok."""
     results = run.results.set_index("item")

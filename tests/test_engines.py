@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from conftest import assert_only_timed_out, fit_linear
+from conftest import assert_only_timed_out, count_parts_as_columns, fit_linear
 
 pytestmark = pytest.mark.slow
 
@@ -93,9 +93,11 @@ def _same_results(run, local) -> None:
     assert run.results["error"].isna().equals(local.results["error"].isna())
 
 
-def test_groups_match_the_processes_backend(engine, sales):
+def test_groups_match_the_processes_backend(engine, sales, monkeypatch):
+    as_columns = count_parts_as_columns(monkeypatch)
     source = mm.groups(sales, by=["store", "item"])
     run = mm.train(fit_linear, source, backend=engine, workers=2, progress=False)
+    assert sum(as_columns) > 0  # parts of successes came as columns (OkOutcomes)
     local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
     assert run.summary().statuses == {"ok": 60}
     assert run.backend == engine

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
+from conftest import count_parts_as_columns
 from manymodels.messages import OkOutcomes, Outcome, outcome_indices
 from manymodels.partpacks import MetricsPack, ModelPack
-from manymodels.scheduling import Scheduler
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -36,6 +36,7 @@ def test_a_part_of_successes_travels_as_columns_and_reads_as_its_tuples():
     sent = pickle.loads(pickle.dumps([columns, models], protocol=5))
     restored = list(sent[0])
     assert all(outcome[2] is sent[1] for outcome in restored)  # the pack once, named by all
+    assert sent[0]._models == (sent[1],)
 
     def plain(outcome):
         return (outcome[0], outcome[1], outcome[4], outcome[5], outcome[6], outcome[7],
@@ -48,14 +49,26 @@ def test_a_part_of_successes_travels_as_columns_and_reads_as_its_tuples():
 @pytest.mark.parametrize("change", [
     lambda o: (o[0], "failed", None, {}, o[4], o[5], "Traceback", False),  # a failure
     lambda o: (*o[:6], None, True),  # retryable
-    lambda o: (o[0], o[1], ModelPack(), *o[3:]),  # another model object
-    lambda o: (o[0], o[1], o[2], {"rss": 1.0}, *o[4:]),  # metrics of its own
 ])
-def test_a_part_with_anything_else_travels_as_tuples(change):
+def test_a_part_with_a_failure_travels_as_tuples(change):
     outcomes, _, _ = _outcomes()
     outcomes[2] = change(outcomes[2])
     assert OkOutcomes.of(outcomes) is outcomes
     assert OkOutcomes.of(outcomes[:1]) == outcomes[:1]  # one task: nothing to gain
+
+
+def test_models_and_metrics_of_their_own_travel_as_lists():
+    outcomes, _, _ = _outcomes()
+    own = [{"rss": 1.0}, '{"rss": 2.0}', None, {"rss": 4.0}]
+    other = ModelPack().seal([11], [b"other"], hashed=False)
+    outcomes = [(*o[:2], other if i == 1 else o[2], own[i], *o[4:])
+                for i, o in enumerate(outcomes)]
+    columns = OkOutcomes.of(outcomes)
+    assert type(columns._models) is list and type(columns._metrics) is list
+    sent = pickle.loads(pickle.dumps(columns))
+    assert [o[3] for o in sent] == own and sent[3][3] == {"rss": 4.0}
+    assert [type(o[2]) for o in sent] == [ModelPack] * 4
+    assert sent[0][2] is sent[2][2] and sent[1][2] is not sent[0][2]
 
 
 def fit(data):
@@ -66,14 +79,7 @@ def fit(data):
 
 @pytest.mark.parametrize("store", [False, True])
 def test_columns_record_the_same_results_as_tuples(tmp_path, monkeypatch, store):
-    recorded = []
-    record_ok = Scheduler._record_ok
-
-    def counting(self, outcomes, worker):
-        recorded.append(len(outcomes))
-        return record_ok(self, outcomes, worker)
-
-    monkeypatch.setattr(Scheduler, "_record_ok", counting)
+    recorded = count_parts_as_columns(monkeypatch)
     rng = np.random.default_rng(0)
     table = pd.DataFrame({"g": np.repeat(np.arange(3000), 4), "x": rng.normal(size=12000)})
     table["y"] = 2 * table["x"] + 1

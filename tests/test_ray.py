@@ -22,7 +22,7 @@ import pytest
 
 import manymodels as mm
 import manymodels._version
-from conftest import assert_only_timed_out, fit_linear
+from conftest import assert_only_timed_out, count_parts_as_columns, fit_linear
 from manymodels.backends import WorkerStartupError
 from manymodels.backends.base import Finished
 from manymodels.execution import RunContext
@@ -53,9 +53,11 @@ def _same_results(ray_run, local_run) -> None:
     assert ray_run.results["error"].isna().equals(local_run.results["error"].isna())
 
 
-def test_groups_match_the_processes_backend(sales):
+def test_groups_match_the_processes_backend(sales, monkeypatch):
+    as_columns = count_parts_as_columns(monkeypatch)
     source = mm.groups(sales, by=["store", "item"])
     run = mm.train(fit_linear, source, backend="ray", workers=2, progress=False)
+    assert sum(as_columns) > 0  # parts of successes came as columns (OkOutcomes)
     local = mm.train(fit_linear, source, backend="processes", workers=2, progress=False)
     assert run.summary().statuses == {"ok": 60}
     assert run.backend == "ray"

@@ -87,9 +87,9 @@ Event = Finished | Lost | Requeued
 
 class OkOutcomes:
     """The outcomes of a part of a batch whose every task succeeded (``ok``,
-    no error, nothing to retry) and names one model object and one metrics
-    object (the part's packs, or None), as columns: task indices, durations
-    and start times as NumPy arrays.
+    no error, nothing to retry), as columns: task indices, durations and
+    start times as NumPy arrays, and the models and the metrics each as one
+    object that every task names (the part's packs, or None) or a list.
 
     A worker process sends a part so (:meth:`of`) instead of a tuple a task:
     at a million tiny tasks the driver's loop spent more on recording each
@@ -97,12 +97,13 @@ class OkOutcomes:
     a few array operations. Anyone else reads it as the list of
     :class:`Outcome` tuples it stands for (iteration, ``len``, indexing)."""
 
-    __slots__ = ("indices", "durations", "started", "model", "metrics")
+    __slots__ = ("indices", "durations", "started", "_models", "_metrics")
 
-    def __init__(self, indices: Any, durations: Any, started: Any, model: Any,
-                 metrics: Any) -> None:
+    def __init__(self, indices: Any, durations: Any, started: Any, models: tuple | list,
+                 metrics: tuple | list) -> None:
         self.indices, self.durations, self.started = indices, durations, started
-        self.model, self.metrics = model, metrics
+        #: a one-tuple (the object every task names) or a list (each task's)
+        self._models, self._metrics = models, metrics
 
     @classmethod
     def of(cls, outcomes: list) -> OkOutcomes | list:
@@ -111,41 +112,67 @@ class OkOutcomes:
             return outcomes
         index, status, model, metrics, duration, started, error, retryable = zip(*outcomes)
         count = len(outcomes)
-        ok = Status.OK.value
-        if (status.count(ok) != count or error.count(None) != count
-                or retryable.count(False) != count or len(set(map(id, model))) != 1
-                or len(set(map(id, metrics))) != 1):
+        if (status.count(Status.OK.value) != count or error.count(None) != count
+                or retryable.count(False) != count):
             return outcomes
         import numpy as np
 
         return cls(np.array(index, dtype=np.int64), np.array(duration, dtype=np.float64),
-                   np.array(started, dtype=np.float64), model[0], metrics[0])
+                   np.array(started, dtype=np.float64), _one_or_each(model),
+                   _one_or_each(metrics))
+
+    def models(self) -> Any:
+        """Each task's model, in order (an iterable)."""
+        return _each(self._models, len(self.indices))
+
+    def metrics(self) -> Any:
+        """Each task's metrics, in order (an iterable)."""
+        return _each(self._metrics, len(self.indices))
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __iter__(self) -> Any:
-        ok, model, metrics = Status.OK.value, self.model, self.metrics
-        for index, duration, started in zip(self.indices.tolist(), self.durations.tolist(),
-                                            self.started.tolist()):
+        ok = Status.OK.value
+        for index, model, metrics, duration, started in zip(
+                self.indices.tolist(), self.models(), self.metrics(), self.durations.tolist(),
+                self.started.tolist()):
             yield (index, ok, model, metrics, duration, started, None, False)
 
     def __getitem__(self, position: int) -> tuple:
-        return (int(self.indices[position]), Status.OK.value, self.model, self.metrics,
+        models, metrics = self._models, self._metrics
+        return (int(self.indices[position]), Status.OK.value,
+                models[0 if type(models) is tuple else position],
+                metrics[0 if type(metrics) is tuple else position],
                 float(self.durations[position]), float(self.started[position]), None, False)
 
     def __reduce__(self) -> tuple:
         return (_restore_ok, (self.indices.tobytes(), self.durations.tobytes(),
-                              self.started.tobytes(), self.model, self.metrics))
+                              self.started.tobytes(), self._models, self._metrics))
 
 
-def _restore_ok(indices: bytes, durations: bytes, started: bytes, model: Any,
-                metrics: Any) -> OkOutcomes:
+def _one_or_each(values: tuple) -> tuple | list:
+    """``(object,)`` when every one of ``values`` is that object, else a list."""
+    first = values[0]
+    for value in values:
+        if value is not first:
+            return list(values)
+    return (first,)
+
+
+def _each(values: tuple | list, count: int) -> Any:
+    import itertools
+
+    return itertools.repeat(values[0], count) if type(values) is tuple else values
+
+
+def _restore_ok(indices: bytes, durations: bytes, started: bytes, models: tuple | list,
+                metrics: tuple | list) -> OkOutcomes:
     import numpy as np
 
     return OkOutcomes(np.frombuffer(indices, dtype=np.int64),
                       np.frombuffer(durations, dtype=np.float64),
-                      np.frombuffer(started, dtype=np.float64), model, metrics)
+                      np.frombuffer(started, dtype=np.float64), models, metrics)
 
 
 def outcome_indices(outcomes: list | OkOutcomes) -> list[int]:

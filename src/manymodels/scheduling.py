@@ -258,8 +258,8 @@ class Scheduler:
         rec.started_at[outcomes.indices] = outcomes.started
         attempts, statuses, workers, errors = rec.attempts, rec.status, rec.worker, rec.error
         models, metrics_of = rec.model, rec.metrics
-        ok, model, metrics = Status.OK.value, outcomes.model, outcomes.metrics
-        for index in finished:
+        ok = Status.OK.value
+        for index, model, metrics in zip(finished, outcomes.models(), outcomes.metrics()):
             attempts[index] += 1
             statuses[index], workers[index], errors[index] = ok, worker, None
             models[index], metrics_of[index] = model, metrics

@@ -21,6 +21,7 @@ import cloudpickle
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S, Executor, TaskRef
 from ..gpus import prepare_worker
+from ..messages import OkOutcomes
 
 #: run id -> the Executor of that run in this worker process. A Ray worker runs
 #: one task at a time and serves one job, so only the latest run is kept: an
@@ -98,7 +99,8 @@ def _run_batch(
         parts = executor.run_in_parts(
             tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
         for part in parts:
-            blob = dump_outcomes(part.outcomes)[0] if part.outcomes or part.last else None
+            blob = (dump_outcomes(OkOutcomes.of(part.outcomes))[0]
+                    if part.outcomes or part.last else None)
             if part.running is not None:
                 yield ("run", part.running, blob, part.busy_s, part.prepare_s)
             else:

@@ -52,7 +52,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..execution import RunContext, TaskRef
-from ..messages import Status
+from ..messages import Status, outcome_indices
 from ._ray_cluster import first_line
 from ._remote_worker import dump_payload
 from .base import (
@@ -340,8 +340,8 @@ class RemoteSlotsBackend(Backend):
         if blob is None:
             return []
         outcomes = pickle.loads(blob)
-        for outcome in outcomes:
-            batch.tasks.pop(outcome[0], None)
+        for index in outcome_indices(outcomes):
+            batch.tasks.pop(index, None)
         return [Finished(outcomes, worker=worker.number, busy_s=busy,
                          batch_done=message[0] == "done", prepare_s=prepare_s)]
 

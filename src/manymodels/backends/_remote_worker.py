@@ -40,6 +40,7 @@ import cloudpickle
 
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S, Executor, TaskRef
+from ..messages import OkOutcomes
 from ._ray_worker import _thread_limiter
 
 #: Exit status of a worker process that ended itself: a task overstayed ``timeout``.
@@ -159,7 +160,8 @@ def _run(executor: Executor, tasks: list[TaskRef], marked: bool, cpus_per_task: 
         parts = executor.run_in_parts(
             tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
         for part in parts:
-            blob = dump_outcomes(part.outcomes)[0] if part.outcomes or part.last else None
+            blob = (dump_outcomes(OkOutcomes.of(part.outcomes))[0]
+                    if part.outcomes or part.last else None)
             if part.running is not None:
                 send(("run", part.running, blob, part.busy_s, part.prepare_s))
                 inbox.wait_ack()

@@ -89,7 +89,7 @@ from .._resources import usable_cores
 from ..dataplane import pickle_any
 from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
-from ..messages import Status
+from ..messages import Status, outcome_indices
 from ..options import BackendOptions
 from ._ray_cluster import (
     check_resources,
@@ -348,8 +348,8 @@ class RayBackend(Backend):
         if blob is None:  # the marker of a batch's first task: no outcome yet
             return []
         outcomes = pickle.loads(blob)
-        for outcome in outcomes:
-            call.tasks.pop(outcome[0], None)
+        for index in outcome_indices(outcomes):
+            call.tasks.pop(index, None)
         prepare, call.prepare_s = call.prepare_s, 0.0
         return [Finished(outcomes, worker=call.worker, busy_s=busy,
                          batch_done=message[0] == "done", prepare_s=prepare)]
