@@ -28,6 +28,27 @@ def exit_on_13(item):
     return item
 
 
+def exit_on_10_raise_on_90(item):
+    if item == 10:
+        os._exit(3)
+    if item == 90:
+        raise ValueError("bad value")
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_replacement_workers_errors_carry_no_trace_of_the_crash_before(start_method):
+    # the replacement was forked while the driver handled the dead worker's
+    # EOFError; every error of its tasks then read "during handling of EOFError"
+    run = mm.train(exit_on_10_raise_on_90, mm.items(list(range(100))), workers=1,
+                   start_method=start_method, progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[10, "status"] == "crashed" and results.loc[90, "status"] == "failed"
+    error = results.loc[90, "error"]
+    assert "ValueError: bad value" in error
+    assert "EOFError" not in error and "During handling" not in error
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_worker_exit_fails_only_its_task_even_inside_a_batch(start_method):
     run = mm.train(exit_on_13, mm.items(range(200)), workers=2, retries=1, progress=False,

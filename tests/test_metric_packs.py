@@ -167,6 +167,26 @@ def test_for_a_store_a_part_makes_its_metrics_text_and_sends_it():
     assert pickle.loads(pickle.dumps(_pack(["loss"], [0], [[0.5]]))).texts is None
 
 
+def test_a_packs_text_pickles_whatever_array_holds_it(monkeypatch):
+    pack = _pack(["a"], [1, 2, 3], [[1.0], [2.0], [3.0]])
+    pack.texts = pa.array(['{"a": 0.0}', '{"a": 1.0}', '{"a": 2.0}', None, '{"a": 3.0}'])[1:]
+    sent = pickle.loads(pickle.dumps(pack))  # a slice, with a null: as it reads
+    assert sent.texts.to_pylist() == ['{"a": 1.0}', '{"a": 2.0}', None, '{"a": 3.0}']
+    assert pack_texts((), np.zeros((2, 0))).to_pylist() == ["{}", "{}"]  # no names
+    empty = MetricsPack(()).seal([4, 5], [], texts=True)
+    assert pickle.loads(pickle.dumps(empty)).texts.to_pylist() == ["{}", "{}"]
+
+    import manymodels.metriccolumns as metriccolumns
+
+    def failing(names, rows):
+        raise MemoryError
+
+    monkeypatch.setattr(metriccolumns, "pack_texts", failing)
+    # a worker that cannot make the text sends the pack without it: the writer makes it
+    kept = MetricsPack(("a",)).seal([7], [0.5], texts=True)
+    assert kept.texts is None and kept.get(7) == {"a": 0.5}
+
+
 def test_the_stores_metrics_are_the_text_a_pack_came_with_and_then_let_go():
     pack = _pack(["a"], [10, 11], [[1.5], [2.5]])
     pack.texts = pa.array(['{"a": 1.5}', '{"a": "as the worker wrote it"}'])

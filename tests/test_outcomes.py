@@ -31,6 +31,7 @@ def test_a_part_of_successes_travels_as_columns_and_reads_as_its_tuples():
     columns = OkOutcomes.of(outcomes)
     assert type(columns) is OkOutcomes and len(columns) == 4
     assert list(columns) == outcomes and columns[2] == outcomes[2]
+    assert columns[1:3] == outcomes[1:3] and columns.index(outcomes[3]) == 3
     assert Outcome(*columns[1]).duration_s == 0.001
     assert outcome_indices(columns) == outcome_indices(outcomes) == [10, 11, 12, 13]
     sent = pickle.loads(pickle.dumps([columns, models], protocol=5))

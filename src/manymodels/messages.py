@@ -15,6 +15,7 @@ events for the scheduler: :class:`Finished` (outcomes of tasks that ran),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -85,7 +86,7 @@ class Requeued:
 Event = Finished | Lost | Requeued
 
 
-class OkOutcomes:
+class OkOutcomes(Sequence):
     """The outcomes of a part of a batch whose every task succeeded (``ok``,
     no error, nothing to retry), as columns: task indices, durations and
     start times as NumPy arrays, and the models and the metrics each as one
@@ -94,8 +95,9 @@ class OkOutcomes:
     A worker process sends a part so (:meth:`of`) instead of a tuple a task:
     at a million tiny tasks the driver's loop spent more on recording each
     tuple than on anything else, and the scheduler records such a part with
-    a few array operations. Anyone else reads it as the list of
-    :class:`Outcome` tuples it stands for (iteration, ``len``, indexing)."""
+    a few array operations. Anyone else reads it as the sequence of
+    :class:`Outcome` tuples it stands for (iteration, ``len``, indexing and
+    slicing; ``list(part)`` for a list)."""
 
     __slots__ = ("indices", "durations", "started", "_models", "_metrics")
 
@@ -139,7 +141,9 @@ class OkOutcomes:
                 self.started.tolist()):
             yield (index, ok, model, metrics, duration, started, None, False)
 
-    def __getitem__(self, position: int) -> tuple:
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return list(self)[position]
         models, metrics = self._models, self._metrics
         return (int(self.indices[position]), Status.OK.value,
                 models[0 if type(models) is tuple else position],

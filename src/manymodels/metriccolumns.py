@@ -80,6 +80,8 @@ def float_texts(values: np.ndarray) -> pa.Array:
 def pack_texts(names: tuple[str, ...], rows: np.ndarray) -> pa.Array:
     """JSON objects ``{"name": value, ...}`` of a pack's rows, made at once
     (a fresh string array: no nulls, no offset)."""
+    if not names:
+        return pa.array(["{}"] * len(rows), pa.string())
     pieces: list[Any] = []
     for position, name in enumerate(names):
         pieces.append(("{" if position == 0 else ", ") + json.dumps(name) + ": ")

@@ -194,7 +194,10 @@ class MetricsPack:
         if texts:
             from .metriccolumns import pack_texts
 
-            self.texts = pack_texts(self.names, self.values)
+            try:
+                self.texts = pack_texts(self.names, self.values)
+            except Exception:  # (out of memory, say) the writer makes them, as before
+                self.texts = None
         return self
 
     def __len__(self) -> int:
@@ -202,11 +205,11 @@ class MetricsPack:
 
     def __reduce__(self) -> tuple:
         texts = self.texts
-        if texts is None:
-            return (_restore_metrics, (self.names, self.indices.tobytes(), self.values.tobytes()))
-        _, offsets, data = texts.buffers()  # (a fresh array: no nulls, no offset)
+        if texts is not None and not texts.offset and not texts.null_count:
+            _, offsets, data = texts.buffers()  # the pack's own: its two buffers as bytes
+            texts = (offsets.to_pybytes(), data.to_pybytes())
         return (_restore_metrics, (self.names, self.indices.tobytes(), self.values.tobytes(),
-                                   offsets.to_pybytes(), data.to_pybytes()))
+                                   texts))
 
     def get(self, index: int) -> dict[str, float]:
         """Task ``index``'s metrics as the dict ``fit`` returned (a new one)."""
@@ -238,15 +241,16 @@ class MetricsPack:
 
 
 def _restore_metrics(names: tuple[str, ...], indices: bytes, values: bytes,
-                     offsets: bytes | None = None, data: bytes | None = None) -> MetricsPack:
+                     texts: Any = None) -> MetricsPack:
     pack = MetricsPack(names)
     pack.indices = np.frombuffer(indices, dtype=np.int64)
     pack.values = np.frombuffer(values, dtype=np.float64).reshape(len(pack.indices), len(names))
-    if offsets is not None:
+    if type(texts) is tuple:  # (offsets, data) of a string array of one per task
         import pyarrow as pa
 
-        pack.texts = pa.StringArray.from_buffers(len(pack.indices), pa.py_buffer(offsets),
-                                                 pa.py_buffer(data))
+        texts = pa.StringArray.from_buffers(len(pack.indices), pa.py_buffer(texts[0]),
+                                            pa.py_buffer(texts[1]))
+    pack.texts = texts
     return pack
 
 

@@ -300,6 +300,10 @@ class ProcessesBackend(WorkerStarter, Backend):
             try:
                 message = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
+                message = None
+            if message is None:  # it died: replaced outside the except block, or
+                # the forked replacement would run inside it, and every error of
+                # its tasks would carry this EOFError as its context
                 events.extend(self._replace(worker, None, None))
                 continue
             events.extend(self._handle(worker, message))
