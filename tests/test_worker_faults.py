@@ -252,6 +252,26 @@ def test_closed_standard_streams_do_not_break_later_tasks(capfd, start_method):
         assert f"stderr-{item}" in err and f"fd2-{item}" in err
 
 
+def print_then_take_the_streams(item, spill):
+    print(f"stdout-{item}", flush=True)
+    if item % 2 == 0:
+        sys.stdout = None  # Python's stream gone, the descriptor left
+    else:
+        os.close(1)  # the descriptor taken by a file Python opens (not inheritable)
+        handle = open(os.path.join(spill, f"taken-{item}"), "w")  # noqa: SIM115
+        assert handle.fileno() == 1
+    return item
+
+
+def test_a_task_that_took_the_streams_leaves_them_to_the_next(capfd, tmp_path):
+    run = mm.train(print_then_take_the_streams, mm.items(range(6)), workers=1,
+                   progress=False, start_method="fork", shared={"spill": str(tmp_path)})
+    assert (run.results["status"] == "ok").all(), run.results["error"].tolist()
+    out, _ = capfd.readouterr()
+    assert all(f"stdout-{item}" in out for item in range(6))
+    assert all("stdout" not in path.read_text() for path in tmp_path.glob("taken-*"))
+
+
 #: A driver that ran LightGBM (GNU OpenMP's pool started in its main thread),
 #: then trains LightGBM models in forked workers.
 OPENMP_THEN_FORK = """
