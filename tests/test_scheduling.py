@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 import time
 
 import pandas as pd
@@ -8,6 +9,7 @@ import pytest
 import manymodels as mm
 from conftest import wait_for_workers
 from manymodels.backends.serial import SerialBackend
+from manymodels.messages import task_indices
 from manymodels.scheduling import BatchSizer
 
 
@@ -213,7 +215,12 @@ def test_a_columnar_plan_makes_the_tasks_the_rows_would():
     with pytest.raises(IndexError):
         tasks[3]
     assert tasks.keys() == ["a", "b", "c"]
-    assert tasks.batch([2, 0], None) == [(2, (5, 1), None), (0, (0, 2), None)]
+    columns = tasks.batch([2, 0], None)  # a table's groups: as columns (SliceBatch)
+    assert list(columns) == [(2, (5, 1), None), (0, (0, 2), None)]
+    assert type(columns).__name__ == "SliceBatch" and columns[1] == (0, (0, 2), None)
+    sent = pickle.loads(pickle.dumps(columns))
+    assert list(sent) == list(columns) and list(sent[1:]) == [(0, (0, 2), None)]
+    assert task_indices(sent) == [2, 0] == task_indices(list(columns))
     assert tasks.batch([1], ["a", "b", "c"]) == [(1, (2, 3), {"key": "b"})]
 
 

@@ -179,6 +179,53 @@ def _restore_ok(indices: bytes, durations: bytes, started: bytes, models: tuple 
                       np.frombuffer(started, dtype=np.float64), models, metrics)
 
 
+class SliceBatch(Sequence):
+    """A batch of tasks that are slices of one table (its groups) with no
+    parameters, as three int64 arrays: each task reads as the
+    ``(index, (offset, length), None)`` a worker runs. It pickles as the
+    arrays' bytes: the driver builds and pickles no tuple a task (at a
+    million tiny tasks, part of what the loop that feeds many workers
+    spends), and the worker reads it as the tuples it stands for."""
+
+    __slots__ = ("indices", "offsets", "lengths")
+
+    def __init__(self, indices: Any, offsets: Any, lengths: Any) -> None:
+        self.indices, self.offsets, self.lengths = indices, offsets, lengths
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Any:
+        for index, offset, length in zip(self.indices.tolist(), self.offsets.tolist(),
+                                         self.lengths.tolist()):
+            yield (index, (offset, length), None)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return SliceBatch(self.indices[position], self.offsets[position],
+                              self.lengths[position])
+        return (int(self.indices[position]),
+                (int(self.offsets[position]), int(self.lengths[position])), None)
+
+    def __reduce__(self) -> tuple:
+        return (_restore_slices, (self.indices.tobytes(), self.offsets.tobytes(),
+                                  self.lengths.tobytes()))
+
+
+def _restore_slices(indices: bytes, offsets: bytes, lengths: bytes) -> SliceBatch:
+    import numpy as np
+
+    return SliceBatch(*(np.frombuffer(column, dtype=np.int64)
+                        for column in (indices, offsets, lengths)))
+
+
+def task_indices(tasks: list | SliceBatch) -> list[int]:
+    """The task index of each of a batch's tasks, in order."""
+    if type(tasks) is SliceBatch:
+        return tasks.indices.tolist()
+    return [task[0] for task in tasks]
+
+
 def outcome_indices(outcomes: list | OkOutcomes) -> list[int]:
     """The task index of each outcome, in order."""
     if type(outcomes) is OkOutcomes:

@@ -85,12 +85,17 @@ class TaskList(Sequence):
         """Every task's key (a scalar for one key column, else a tuple)."""
         return [_scalar_key(parts) for parts in self.key_rows]
 
-    def batch(self, positions: list[int], fit_keys: list | None) -> list[tuple]:
-        """The ``(index, data reference, params)`` a worker runs, for ``positions``;
-        with ``fit_keys``, each task's ``key=`` joins its parameters."""
-        refs = _take(self.refs, positions)
+    def batch(self, positions: list[int], fit_keys: list | None) -> Sequence[tuple]:
+        """The ``(index, data reference, params)`` a worker runs, for ``positions``
+        (a table's groups without parameters: as columns, a
+        :class:`~manymodels.messages.SliceBatch`); with ``fit_keys``, each
+        task's ``key=`` joins its parameters."""
         if self.params is None and fit_keys is None:
-            return list(zip(positions, refs, [None] * len(positions)))
+            as_columns = getattr(self.refs, "batch", None)  # a table's groups: as arrays
+            if as_columns is not None:
+                return as_columns(positions)
+            return list(zip(positions, _take(self.refs, positions), [None] * len(positions)))
+        refs = _take(self.refs, positions)
         params = ([self.params[i] for i in positions] if self.params is not None
                   else [None] * len(positions))
         if fit_keys is not None:  # fit asked for its key (add_fit_keys)

@@ -164,6 +164,16 @@ class SliceRefs(Sequence):
         chosen = np.asarray(positions, dtype=np.int64)
         return list(zip(self.offsets[chosen].tolist(), self.lengths[chosen].tolist()))
 
+    def batch(self, positions: Sequence[int]) -> Any:
+        """The tasks at ``positions``, without parameters, as a worker runs
+        them: a :class:`~manymodels.messages.SliceBatch`."""
+        import numpy as np
+
+        from .messages import SliceBatch
+
+        chosen = np.asarray(positions, dtype=np.int64)
+        return SliceBatch(chosen, self.offsets[chosen], self.lengths[chosen])
+
 
 class TableSlices(TaskData):
     """Groups (or partitions) of a table sorted by key: ``(offset, length)``."""

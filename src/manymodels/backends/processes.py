@@ -46,7 +46,7 @@ from .. import dataplane
 from .._resources import end_tree, process_table, thread_limit_environment
 from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
-from ..messages import Status, outcome_indices
+from ..messages import Status, outcome_indices, task_indices
 from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
@@ -289,7 +289,7 @@ class ProcessesBackend(WorkerStarter, Backend):
 
     def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
-        worker.batches.append(Batch(batch_id, dict.fromkeys(t[0] for t in tasks)))
+        worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
         worker.outbox.put(pickle.dumps(("batch", batch_id, tasks), protocol=5))
 
     def poll(self, timeout: float) -> list[Event]:
