@@ -12,7 +12,7 @@ Life cycle, always driven by the scheduler from the driver's main thread::
     backend.start(context)              # once: start workers, ship the RunContext
     while work remains:
         for _ in range(backend.free_slots(per_worker)):
-            backend.submit(batch_id, tasks)   # tasks: [(index, data_ref, params), ...]
+            backend.submit(batch_id, tasks)   # tasks: a sequence of (index, data_ref, params)
         for event in backend.poll(timeout=0.05):
             ...                               # Finished / Lost / Requeued
     backend.stop(force=False)           # always, in a ``finally``
@@ -33,6 +33,13 @@ Rules every backend keeps:
   :class:`Requeued` event (it was queued on a worker that died).
 * ``poll`` returns within about ``timeout`` seconds, with an empty list if
   nothing happened; it may return outcomes of a batch in several parts.
+* A batch and a part's outcomes are sequences, not always lists: a table's
+  groups without parameters come as a :class:`~manymodels.messages.SliceBatch`
+  and a worker may send a part of successes as
+  :class:`~manymodels.messages.OkOutcomes` (``OkOutcomes.of(outcomes)``),
+  each read as the tuples it stands for and pickled as arrays. Take a
+  batch's or a part's task indices with :func:`~manymodels.messages.task_indices`
+  and :func:`~manymodels.messages.outcome_indices`.
 * Exceptions raised by ``fit`` are outcomes, never exceptions of ``poll``.
   ``poll`` raises only when the backend itself cannot go on
   (:class:`WorkerStartupError`).
@@ -57,6 +64,7 @@ task it was running and hand the rest back (:func:`blame_lost_batch`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import ClassVar
 
 from .._resources import usable_cores
@@ -182,8 +190,10 @@ class Backend(ABC):
         ``per_worker`` unfinished on any one worker."""
 
     @abstractmethod
-    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
-        """Queue a batch; never blocks on a busy worker."""
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
+        """Queue a batch (a list of task tuples, or a
+        :class:`~manymodels.messages.SliceBatch` read as one); never blocks
+        on a busy worker."""
 
     @abstractmethod
     def poll(self, timeout: float) -> list[Event]:
