@@ -11,7 +11,7 @@ import pytest
 
 import manymodels as mm
 from conftest import count_parts_as_columns
-from manymodels.messages import OkOutcomes, Outcome, outcome_indices
+from manymodels.messages import OkOutcomes, Outcome, task_indices
 from manymodels.partpacks import MetricsPack, ModelPack
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -33,7 +33,7 @@ def test_a_part_of_successes_travels_as_columns_and_reads_as_its_tuples():
     assert list(columns) == outcomes and columns[2] == outcomes[2]
     assert columns[1:3] == outcomes[1:3] and columns.index(outcomes[3]) == 3
     assert Outcome(*columns[1]).duration_s == 0.001
-    assert outcome_indices(columns) == outcome_indices(outcomes) == [10, 11, 12, 13]
+    assert task_indices(columns) == task_indices(outcomes) == [10, 11, 12, 13]
     sent = pickle.loads(pickle.dumps([columns, models], protocol=5))
     restored = list(sent[0])
     assert all(outcome[2] is sent[1] for outcome in restored)  # the pack once, named by all

@@ -15,6 +15,7 @@ events for the scheduler: :class:`Finished` (outcomes of tasks that ran),
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -165,8 +166,6 @@ def _one_or_each(values: tuple) -> tuple | list:
 
 
 def _each(values: tuple | list, count: int) -> Any:
-    import itertools
-
     return itertools.repeat(values[0], count) if type(values) is tuple else values
 
 
@@ -219,18 +218,13 @@ def _restore_slices(indices: bytes, offsets: bytes, lengths: bytes) -> SliceBatc
                         for column in (indices, offsets, lengths)))
 
 
-def task_indices(tasks: list | SliceBatch) -> list[int]:
-    """The task index of each of a batch's tasks, in order."""
-    if type(tasks) is SliceBatch:
-        return tasks.indices.tolist()
-    return [task[0] for task in tasks]
-
-
-def outcome_indices(outcomes: list | OkOutcomes) -> list[int]:
-    """The task index of each outcome, in order."""
-    if type(outcomes) is OkOutcomes:
-        return outcomes.indices.tolist()
-    return [outcome[0] for outcome in outcomes]
+def task_indices(items: Sequence) -> list[int]:
+    """The task index of each of a batch's tasks or a part's outcomes, in
+    order: a column's, when they come as columns (:class:`SliceBatch`,
+    :class:`OkOutcomes`), else each tuple's first item."""
+    if type(items) is SliceBatch or type(items) is OkOutcomes:
+        return items.indices.tolist()
+    return [item[0] for item in items]
 
 
 class Pickled:

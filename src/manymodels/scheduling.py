@@ -47,7 +47,7 @@ from .messages import (
     Outcome,
     Requeued,
     Status,
-    outcome_indices,
+    task_indices,
 )
 from .planning import Plan
 from .progress import ProgressBar
@@ -156,7 +156,7 @@ def _ended(events: list) -> Iterator[int]:
     its status is still unset, and the callbacks skip it)."""
     for event in events:
         if isinstance(event, Finished):
-            yield from outcome_indices(event.outcomes)
+            yield from task_indices(event.outcomes)
         elif isinstance(event, Lost):
             yield event.index
 
@@ -387,7 +387,7 @@ class Scheduler:
             for event in events:
                 if isinstance(event, Finished):
                     self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
-                    in_flight.difference_update(outcome_indices(event.outcomes))
+                    in_flight.difference_update(task_indices(event.outcomes))
                     for index in self._record_all(event.outcomes, event.worker):
                         attempt = self.records.attempts[index]
                         due = time.monotonic() + _RETRY_BACKOFF_S * 2 ** (attempt - 1)

@@ -47,12 +47,13 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any
 
 from ..execution import RunContext, TaskRef
-from ..messages import Status, outcome_indices
+from ..messages import Status, task_indices
 from ._ray_cluster import first_line
 from ._remote_worker import dump_payload
 from .base import (
@@ -233,7 +234,7 @@ class RemoteSlotsBackend(Backend):
         free = sum(max(0, per - len(w.batches)) for w in self._workers.values())
         return max(0, free - len(self._rerun))
 
-    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         self._send(_Batch(batch_id, {task[0]: task for task in tasks},
                           marked=self.timeout is not None or len(tasks) == 1))
 
@@ -340,7 +341,7 @@ class RemoteSlotsBackend(Backend):
         if blob is None:
             return []
         outcomes = pickle.loads(blob)
-        for index in outcome_indices(outcomes):
+        for index in task_indices(outcomes):
             batch.tasks.pop(index, None)
         return [Finished(outcomes, worker=worker.number, busy_s=busy,
                          batch_done=message[0] == "done", prepare_s=prepare_s)]

@@ -38,8 +38,8 @@ Rules every backend keeps:
   and a worker may send a part of successes as
   :class:`~manymodels.messages.OkOutcomes` (``OkOutcomes.of(outcomes)``),
   each read as the tuples it stands for and pickled as arrays. Take a
-  batch's or a part's task indices with :func:`~manymodels.messages.task_indices`
-  and :func:`~manymodels.messages.outcome_indices`.
+  batch's or a part's task indices with
+  :func:`~manymodels.messages.task_indices`.
 * Exceptions raised by ``fit`` are outcomes, never exceptions of ``poll``.
   ``poll`` raises only when the backend itself cannot go on
   (:class:`WorkerStartupError`).

@@ -36,6 +36,7 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any
@@ -46,7 +47,7 @@ from .. import dataplane
 from .._resources import end_tree, process_table, thread_limit_environment
 from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
-from ..messages import Status, outcome_indices, task_indices
+from ..messages import Status, task_indices
 from ..options import START_METHODS
 from ..tables import is_pandas_frame
 from ._process_handles import (
@@ -287,7 +288,7 @@ class ProcessesBackend(WorkerStarter, Backend):
     def free_slots(self, per_worker: int) -> int:
         return sum(max(0, per_worker - len(w.batches)) for w in self._workers if w.ready)
 
-    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
         worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
         worker.outbox.put(pickle.dumps(("batch", batch_id, tasks), protocol=5))
@@ -331,7 +332,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         _, batch_id, payload, busy, spill, prepare = message
         outcomes = dataplane.loads_spilled(payload, spill)
         pending = worker.batches[0].pending
-        for index in outcome_indices(outcomes):
+        for index in task_indices(outcomes):
             pending.pop(index, None)
         done = kind == "done"
         if done:

@@ -80,6 +80,7 @@ import pickle
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,7 +90,7 @@ from .._resources import usable_cores
 from ..dataplane import pickle_any
 from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
-from ..messages import Status, outcome_indices
+from ..messages import Status, task_indices
 from ..options import BackendOptions
 from ._ray_cluster import (
     check_resources,
@@ -278,7 +279,7 @@ class RayBackend(Backend):
     def free_slots(self, per_worker: int) -> int:
         return max(0, self.workers * min(per_worker, self._per_worker) - len(self._calls))
 
-    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
 
     def _launch(self, batch_id: int, tasks: list[TaskRef], marked: bool) -> None:
@@ -348,7 +349,7 @@ class RayBackend(Backend):
         if blob is None:  # the marker of a batch's first task: no outcome yet
             return []
         outcomes = pickle.loads(blob)
-        for index in outcome_indices(outcomes):
+        for index in task_indices(outcomes):
             call.tasks.pop(index, None)
         prepare, call.prepare_s = call.prepare_s, 0.0
         return [Finished(outcomes, worker=call.worker, busy_s=busy,

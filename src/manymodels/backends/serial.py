@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 
 from threadpoolctl import threadpool_limits
@@ -36,7 +37,7 @@ class SerialBackend(Backend):
     def free_slots(self, per_worker: int) -> int:
         return 0 if self._queue else 1
 
-    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         self._queue.append(tasks)
 
     def poll(self, timeout: float) -> list[Event]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from threadpoolctl import threadpool_limits
@@ -47,7 +48,7 @@ class ThreadsBackend(Backend):
     def free_slots(self, per_worker: int) -> int:
         return max(0, self.workers * per_worker - self._in_flight)
 
-    def submit(self, batch_id: int, tasks: list[TaskRef]) -> None:
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         self._in_flight += 1
         self._pool.submit(self._run, tasks)
 
