@@ -9,8 +9,8 @@ import pytest
 import manymodels as mm
 from conftest import wait_for_workers
 from manymodels.backends.serial import SerialBackend
+from manymodels.batchsizing import BatchSizer
 from manymodels.messages import task_indices
-from manymodels.scheduling import BatchSizer
 
 
 def test_batch_sizes_ramp_then_follow_measured_times():

@@ -9,7 +9,8 @@ three in its one class here:
   lists them in :meth:`TaskData.entries` and the columns are made from those);
 * **hash** (:meth:`TaskData.hashes`, in the driver, with a store): the content
   hash of each task's data, part of its identity;
-* **read** (:meth:`TaskData.open`, on a worker): a :class:`DataReader` that
+* **read** (:meth:`TaskData.open`, on a worker): a
+  :class:`~manymodels.datareaders.DataReader` that
   turns a batch's references into ``fit``'s first argument.
 
 =================  ============================  =================================
@@ -28,26 +29,14 @@ A new kind of source is one class here (and its source in
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .datareaders import ArrowSlices, DataReader, FrameSlices, ParquetBatches
 from .tables import ParquetGroups, is_pandas_frame
 
 #: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
 Entry = tuple[tuple, Any, float]
-
-
-class DataReader:
-    """A worker's view of one run's task data: :meth:`begin_batch` prepares a
-    batch (reads or converts its rows at once), :meth:`rows` gives one task's
-    argument for ``fit``."""
-
-    def begin_batch(self, refs: list[Any]) -> None:
-        """Prepare the references of the batch about to run."""
-
-    def rows(self, ref: Any) -> Any:
-        return ref
 
 
 class TaskData:
@@ -233,8 +222,8 @@ class TableSlices(TaskData):
 
     def open(self, table: Any) -> DataReader:
         if is_pandas_frame(table):
-            return _FrameSlices(table)
-        return _ArrowSlices(table, self.format, self.labels)
+            return FrameSlices(table)
+        return ArrowSlices(table, self.format, self.labels)
 
 
 class ParquetReads(TaskData):
@@ -271,148 +260,4 @@ class ParquetReads(TaskData):
         return [digest(repr(key), *how, *(file_hashes[n] for n in files)) for key, files in refs]
 
     def open(self, table: Any) -> DataReader:
-        return _ParquetBatches(self.reader, self.format)
-
-
-# -- the workers' side ----------------------------------------------------------------
-
-
-def _range_index(length: int) -> Any:
-    import pandas as pd
-
-    return pd.RangeIndex(length)
-
-
-def _arrow_as(rows: Any, format: str, labels: list | None = None) -> Any:
-    """Arrow rows in the format ``fit`` asked for."""
-    if format == "arrow":
-        return rows
-    if format == "pandas":
-        frame = rows.to_pandas()
-        if labels is not None:
-            frame.columns = labels
-        return frame
-    if format == "polars":
-        import polars as pl
-
-        return pl.from_arrow(rows)
-    if format == "numpy":
-        return {name: column.to_numpy()
-                for name, column in zip(labels or rows.column_names, rows.columns)}
-    raise ValueError(f"unknown format {format!r}")
-
-
-class _FrameSlices(DataReader):
-    """``map_partitions`` over a pandas frame: partitions are views of it."""
-
-    def __init__(self, frame: Any) -> None:
-        import pandas as pd
-
-        self.frame = frame
-        # without copy-on-write (pandas < 3), fn could write through a view
-        # into the caller's frame
-        self.copy = int(pd.__version__.split(".")[0]) < 3
-
-    def rows(self, ref: tuple[int, int]) -> Any:
-        part = self.frame.iloc[ref[0]:ref[0] + ref[1]]
-        return part.copy() if self.copy else part
-
-
-def _locked(converted: Any) -> Any:
-    """Rows as ``format="numpy"`` made them (a batch's, or a task's own),
-    with every array made read-only (as those of a zero-copy conversion
-    already are), once: each task's views of them then are too, and ``fit``
-    cannot write through one into the next task's rows (a group repeated by
-    a grid shares them), nor make it writeable again. Other formats are
-    returned as they are."""
-    import numpy as np
-
-    if type(converted) is dict:
-        for array in converted.values():
-            while isinstance(array, np.ndarray):  # and the arrays it views: NumPy asks
-                array.flags.writeable = False      # those when a view is made writeable
-                array = array.base
-    return converted
-
-
-class _ArrowSlices(DataReader):
-    """Slices of the sorted Arrow table (mapped from shared memory)."""
-
-    def __init__(self, table: Any, format: str, labels: list | None) -> None:
-        self.table, self.format, self.labels = table, format, labels
-        # this batch's rows as one DataFrame, and where each group starts in it
-        self._span: tuple[dict[tuple[int, int], int], Any] | None = None
-
-    def begin_batch(self, refs: list[tuple[int, int]]) -> None:
-        """Convert the rows of a batch of groups to pandas (or NumPy) in one go.
-
-        Converting Arrow to pandas costs far more per call than per row, so
-        twenty-row groups one by one spend more time converting than fitting
-        (about 0.4 ms a group). So the batch's rows are converted once: the
-        span of the sorted table they lie in when they are dense in it (groups
-        of equal size keep key order in the longest-first queue), else just
-        their slices, gathered; each task gets a slice of the result.
-        """
-        self._span = None
-        if self.format not in ("pandas", "numpy") or len(refs) < 2:
-            return
-        unique = dict.fromkeys(refs)  # a product source repeats groups
-        first = min(offset for offset, _ in unique)
-        end = max(offset + length for offset, length in unique)
-        rows = sum(length for _, length in unique)
-        if end - first <= 2 * rows:
-            converted = _arrow_as(self.table.slice(first, end - first), self.format, self.labels)
-            self._span = ({ref: ref[0] - first for ref in unique}, _locked(converted))
-            return
-        import pyarrow as pa
-
-        starts, position = {}, 0
-        for ref in unique:
-            starts[ref] = position
-            position += ref[1]
-        pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in unique])
-        self._span = (starts, _locked(_arrow_as(pieces, self.format, self.labels)))
-
-    def rows(self, ref: tuple[int, int]) -> Any:
-        if self._span is not None:
-            starts, converted = self._span
-            start = starts.get(ref)
-            if start is not None:
-                stop = start + ref[1]
-                if self.format == "numpy":  # views of the batch's read-only arrays
-                    return {name: array[start:stop] for name, array in converted.items()}
-                group = converted.iloc[start:stop]
-                group.index = _range_index(ref[1])
-                return group
-        # a batch of one task, or a task not in its batch's span: rows of its own,
-        # read-only too, so a fit sees the same whichever batch it lands in
-        return _locked(_arrow_as(self.table.slice(ref[0], ref[1]), self.format, self.labels))
-
-
-class _ParquetBatches(DataReader):
-    """A batch's groups read from the Parquet files in one filtered scan."""
-
-    def __init__(self, reader: ParquetGroups, format: str) -> None:
-        self.reader, self.format = reader, format
-        self._read: dict[tuple, Any] = {}
-        self._error: str | None = None
-
-    def begin_batch(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> None:
-        self._error = None
-        try:
-            self._read = self.reader.read(refs)
-        except Exception:  # each task fails with the reason when it looks for its rows
-            self._read = {}
-            self._error = traceback.format_exc()
-
-    def rows(self, ref: tuple[tuple, tuple[int, ...]]) -> Any:
-        key = ref[0]
-        rows = self._read.get(key)
-        if rows is None:
-            raise LookupError(f"the rows of group {key!r} could not be read"
-                              + (f":\n{self._error}" if self._error
-                                 else " (none match it any more)"))
-        value = _arrow_as(rows, self.format)
-        if self.format == "pandas":
-            value.index = _range_index(len(value))  # as the eager path's groups
-        return value
+        return ParquetBatches(self.reader, self.format)
