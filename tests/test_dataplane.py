@@ -126,6 +126,21 @@ def test_small_array_pickles_follow_the_buffer_and_the_dtype_metadata():
         assert pickle_small_array(one) in (None, pickle.dumps(one, protocol=5))
 
 
+def test_small_array_pickles_never_take_the_last_kind_for_another():
+    """The kind last cut is reused by identity: an array that differs from
+    it in writeability, shape, dtype or order must not get its cut."""
+    from manymodels.dataplane import pickle_small_array
+
+    read_only = np.frombuffer(np.arange(3.0).tobytes())
+    arrays = [np.arange(3.0), read_only, np.arange(3.0) + 1, np.arange(4.0),
+              np.arange(3), np.arange(3.0).astype(">f8"), np.arange(3.0, dtype=np.float32),
+              np.arange(3.0).reshape(1, 3), np.arange(3.0)]
+    for array in arrays + arrays[::-1]:
+        assert pickle_small_array(array) == pickle.dumps(array, protocol=5)
+    pickle_small_array(np.arange(3.0))
+    assert pickle_small_array(np.arange(6.0)[::2]) is None  # same dtype and shape, strided
+
+
 @pytest.mark.parametrize("value", [
     np.arange(6.0).reshape(2, 3).T,  # not C-ordered
     np.array([object(), 1], dtype=object),

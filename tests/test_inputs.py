@@ -153,3 +153,38 @@ def test_numpy_rows_are_read_only_so_no_task_changes_the_next_ones(backend):
     assert run.summary().ok == 9
     assert sorted(results["seen"]) == [1.0] * 3 + [3.0] * 3 + [5.0] * 3
     assert (results["wrote"] == 0).all() and (results["unlocked"] == 0).all()
+
+
+@pytest.mark.parametrize("format", ["numpy", "pandas"])
+def test_a_batchs_groups_read_the_same_however_the_batch_was_prepared(format):
+    """A worker converts a batch's rows at once: the span of the table they
+    lie in (references as a list, or as columns when the batch came as
+    one), or, where they are sparse in it, their slices gathered (a
+    product repeats groups). Every task reads exactly its own rows either
+    way, and so does a task outside its batch's rows."""
+    import numpy as np
+
+    from manymodels.datareaders import ArrowSlices
+    from manymodels.taskdata import SliceRefs
+
+    table = pa.table({"g": np.repeat(np.arange(40), 3), "x": np.arange(120.0)})
+    reader = ArrowSlices(table, format, None)
+
+    def own(offset, length):
+        rows = table.slice(offset, length)
+        return ({name: rows[name].to_numpy() for name in rows.column_names}
+                if format == "numpy" else rows.to_pandas())
+
+    dense = [(offset, 3) for offset in range(30, 60, 3)]
+    sparse = [(0, 3), (114, 3), (57, 3), (0, 3)]
+    for refs in (dense, SliceRefs([o for o, _ in dense], [3] * len(dense)), sparse):
+        reader.begin_batch(refs)
+        for offset, length in [*refs, (90, 3), (27, 6)]:
+            got, expected = reader.rows((offset, length)), own(offset, length)
+            if format == "numpy":
+                assert got.keys() == expected.keys()
+                for name in got:
+                    np.testing.assert_array_equal(got[name], expected[name])
+                    assert not got[name].flags.writeable
+            else:
+                pd.testing.assert_frame_equal(got, expected)

@@ -10,6 +10,7 @@ its rows) and gives each task its rows (:meth:`DataReader.rows`).
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from .tables import ParquetGroups
@@ -90,10 +91,12 @@ class ArrowSlices(DataReader):
 
     def __init__(self, table: Any, format: str, labels: list | None) -> None:
         self.table, self.format, self.labels = table, format, labels
-        # this batch's rows as one DataFrame, and where each group starts in it
-        self._span: tuple[dict[tuple[int, int], int], Any] | None = None
+        # this batch's rows converted at once: (first, end, starts, converted);
+        # converted holds the table's rows first..end, or, where ``starts`` is
+        # not None, the batch's groups gathered, each at starts[(offset, length)]
+        self._span: tuple[int, int, dict | None, Any] | None = None
 
-    def begin_batch(self, refs: list[tuple[int, int]]) -> None:
+    def begin_batch(self, refs: Sequence[tuple[int, int]]) -> None:
         """Convert the rows of a batch of groups to pandas (or NumPy) in one go.
 
         Converting Arrow to pandas costs far more per call than per row, so
@@ -101,18 +104,25 @@ class ArrowSlices(DataReader):
         (about 0.4 ms a group). So the batch's rows are converted once: the
         span of the sorted table they lie in when they are dense in it (groups
         of equal size keep key order in the longest-first queue), else just
-        their slices, gathered; each task gets a slice of the result.
+        their slices, gathered; each task gets a slice of the result. ``refs``
+        may come as columns (:class:`~manymodels.taskdata.SliceRefs`: a batch
+        of a table's groups, each once), read without a tuple a group.
         """
         self._span = None
         if self.format not in ("pandas", "numpy") or len(refs) < 2:
             return
-        unique = dict.fromkeys(refs)  # a product source repeats groups
-        first = min(offset for offset, _ in unique)
-        end = max(offset + length for offset, length in unique)
-        rows = sum(length for _, length in unique)
+        offsets = getattr(refs, "offsets", None)
+        if offsets is not None:
+            first, end = int(offsets.min()), int((offsets + refs.lengths).max())
+            rows, unique = int(refs.lengths.sum()), refs
+        else:
+            unique = dict.fromkeys(refs)  # a product source repeats groups
+            first = min(offset for offset, _ in unique)
+            end = max(offset + length for offset, length in unique)
+            rows = sum(length for _, length in unique)
         if end - first <= 2 * rows:
             converted = _arrow_as(self.table.slice(first, end - first), self.format, self.labels)
-            self._span = ({ref: ref[0] - first for ref in unique}, _locked(converted))
+            self._span = (first, end, None, _locked(converted))
             return
         import pyarrow as pa
 
@@ -120,23 +130,28 @@ class ArrowSlices(DataReader):
         for ref in unique:
             starts[ref] = position
             position += ref[1]
-        pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in unique])
-        self._span = (starts, _locked(_arrow_as(pieces, self.format, self.labels)))
+        pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in starts])
+        self._span = (first, end, starts, _locked(_arrow_as(pieces, self.format, self.labels)))
 
     def rows(self, ref: tuple[int, int]) -> Any:
-        if self._span is not None:
-            starts, converted = self._span
-            start = starts.get(ref)
+        offset, length = ref
+        span = self._span
+        if span is not None:
+            first, end, starts, converted = span
+            if starts is not None:
+                start = starts.get(ref)
+            else:
+                start = offset - first if first <= offset and offset + length <= end else None
             if start is not None:
-                stop = start + ref[1]
+                stop = start + length
                 if self.format == "numpy":  # views of the batch's read-only arrays
                     return {name: array[start:stop] for name, array in converted.items()}
                 group = converted.iloc[start:stop]
-                group.index = _range_index(ref[1])
+                group.index = _range_index(length)
                 return group
         # a batch of one task, or a task not in its batch's span: rows of its own,
         # read-only too, so a fit sees the same whichever batch it lands in
-        return _locked(_arrow_as(self.table.slice(ref[0], ref[1]), self.format, self.labels))
+        return _locked(_arrow_as(self.table.slice(offset, length), self.format, self.labels))
 
 
 class ParquetBatches(DataReader):

@@ -87,9 +87,10 @@ _PLAIN = (float, int, str, bool, type(None))
 
 
 def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
-    if all(type(name) is str and type(value) in _PLAIN for name, value in metrics.items()):
-        return dict(metrics)  # already plain: a million tasks skip the conversion
-    return {str(name): plain_scalar(value) for name, value in metrics.items()}
+    for name, value in metrics.items():
+        if type(name) is not str or type(value) not in _PLAIN:
+            return {str(name): plain_scalar(value) for name, value in metrics.items()}
+    return dict(metrics)  # already plain: a million tasks skip the conversion
 
 
 def metrics_json(metrics: Mapping | None) -> str | None:
@@ -181,7 +182,8 @@ class Executor:
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Let the data reader prepare the batch (read or convert its rows at once)."""
-        self.data.begin_batch([task[1] for task in tasks])
+        refs = getattr(tasks, "refs", None)  # a SliceBatch: its references as columns
+        self.data.begin_batch(refs() if refs is not None else [task[1] for task in tasks])
 
     def run_one(self, task: TaskRef) -> Outcome:
         index, data, params = task

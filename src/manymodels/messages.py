@@ -206,6 +206,13 @@ class SliceBatch(Sequence):
         return (int(self.indices[position]),
                 (int(self.offsets[position]), int(self.lengths[position])), None)
 
+    def refs(self) -> Any:
+        """The tasks' ``(offset, length)`` as columns (a
+        :class:`~manymodels.taskdata.SliceRefs`), for the worker's reader."""
+        from .taskdata import SliceRefs
+
+        return SliceRefs(self.offsets, self.lengths)
+
     def __reduce__(self) -> tuple:
         return (_restore_slices, (self.indices.tobytes(), self.offsets.tobytes(),
                                   self.lengths.tobytes()))

@@ -334,18 +334,18 @@ class PartPacker:
         """Add task ``index``'s metrics and return the part's metrics pack, or
         None when they do not fit it (a value that is not a float, names
         other than the pack's first task's): they then travel as they are."""
-        values = list(metrics.values())
+        pack = self._metrics
+        if pack is not None and tuple(metrics) != pack.names:
+            return None
+        values = metrics.values()
         for value in values:
             if type(value) is not float:
                 return None
-        pack = self._metrics
         if pack is None:
             names = tuple(metrics)
             if not all(type(name) is str for name in names):
                 return None
             pack = self._metrics = MetricsPack(names)
-        elif len(values) != len(pack.names) or tuple(metrics) != pack.names:
-            return None
         self._metric_indices.append(index)
         self._metric_values.extend(values)
         return pack
