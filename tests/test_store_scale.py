@@ -111,8 +111,8 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
         [small, small, large, large, pack, pack, pack, None])
     conn.execute("COMMIT")
     assert whole == []  # task 8 named twice: the pack's slots are set one by one
-    # one pack: the worker's two models and the one pickled in the driver, joined
-    assert written.tolist() == [[written[0, 0], 5 + 6 + 20]]
+    # two packs: the worker's two models as they came, and the one pickled in the driver
+    assert written.tolist() == [[written[0, 0], 5 + 6], [written[0, 0] + 1, 20]]
     # the packed ones' locators are kept as their parts, read back as text
     assert artifact.to_pylist()[2:4] == [hashlib.sha256(large.data).hexdigest()] * 2
     assert artifact.null_count == 6

@@ -1,10 +1,12 @@
 """Packs: many small models in one BLOB row of the store's index.
 
 A model under 1 MiB that a run trains is not an ``artifacts`` row of its own:
-the writer thread joins one hand-over's models into one row of ``packs``, and
+the writer thread writes each pack a worker sent (the models it pickled in
+one part of a batch) as it came, as a row of ``packs`` (or more, past
+:data:`PACK_BYTES`), the models pickled in the driver joined into one, and
 each task row names its model by a *locator*, ``<sha256>@<pack>/<offset>/<size>``
 (kept in a block as its parts, see :data:`LOCATOR_COLUMNS`).
-A million tiny models are then a few dozen rows, not a million inserts into a
+A million tiny models are then a few hundred rows, not a million inserts into a
 table keyed by random hashes (a third of a stored run's cost, measured), and
 about 200 bytes less per model on disk.
 

@@ -5,7 +5,7 @@ models, writing each one's row and artifact there was the whole cost of a run
 with a store. So the recorder hands the writer, at least once a second, the
 finished tasks as plain rows (the models already pickled, by the workers when
 they are processes), and the writer commits each hand-over in one transaction
-on its own SQLite connection: the small models joined into packs (one BLOB
+on its own SQLite connection: the small models in packs (one BLOB
 row each, see :mod:`.packs`), the tasks' rows as one columnar block (one
 row of ``task_blocks``, see :mod:`.taskblocks`). A
 driver killed at any moment still loses at most the last second; a failed
@@ -233,9 +233,10 @@ class StoreWriter:
         in_pack = ~missing & (at < packed_count)
         located_columns: dict[str, pa.Array] = {}
         if packed:
-            pack_of, offsets, written = packs.write_packs(
-                conn, b"".join(pack.data for pack in packed),
-                np.concatenate([pack.sizes for pack in packed]))
+            # each pack's bytes as they came, a row (or more) of their own: not
+            # joined first (a second copy of every model, in fresh pages)
+            pieces = [packs.write_packs(conn, pack.data, pack.sizes) for pack in packed]
+            pack_of, offsets, written = (np.concatenate(column) for column in zip(*pieces))
             digests = np.frombuffer(b"".join(pack.digests for pack in packed),
                                     dtype=np.uint8).reshape(-1, 32)
             located_columns = packs.locator_columns(digests, pack_of, offsets, at, in_pack)
