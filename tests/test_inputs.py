@@ -177,7 +177,8 @@ def test_a_batchs_groups_read_the_same_however_the_batch_was_prepared(format):
 
     dense = [(offset, 3) for offset in range(30, 60, 3)]
     sparse = [(0, 3), (114, 3), (57, 3), (0, 3)]
-    for refs in (dense, SliceRefs([o for o, _ in dense], [3] * len(dense)), sparse):
+    for refs in (dense, SliceRefs([o for o, _ in dense], [3] * len(dense)), sparse,
+                 SliceRefs([o for o, _ in sparse], [3] * len(sparse))):
         reader.begin_batch(refs)
         for offset, length in [*refs, (90, 3), (27, 6)]:
             got, expected = reader.rows((offset, length)), own(offset, length)

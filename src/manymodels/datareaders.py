@@ -106,7 +106,7 @@ class ArrowSlices(DataReader):
         of equal size keep key order in the longest-first queue), else just
         their slices, gathered; each task gets a slice of the result. ``refs``
         may come as columns (:class:`~manymodels.taskdata.SliceRefs`: a batch
-        of a table's groups, each once), read without a tuple a group.
+        of a table's groups), read without a tuple a group.
         """
         self._span = None
         if self.format not in ("pandas", "numpy") or len(refs) < 2:
@@ -127,7 +127,7 @@ class ArrowSlices(DataReader):
         import pyarrow as pa
 
         starts, position = {}, 0
-        for ref in unique:
+        for ref in dict.fromkeys(unique):  # columns may repeat a group too
             starts[ref] = position
             position += ref[1]
         pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in starts])
