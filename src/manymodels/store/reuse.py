@@ -248,7 +248,7 @@ class ReuseSearch:
         found = [part for part in found if part.num_rows]
         if not found:
             return None
-        reused = pa.concat_tables(found).combine_chunks()
+        reused = pa.concat_tables(found, promote_options="default").combine_chunks()
         if len(found) > 1:  # in task order, as the results are filled fastest
             reused = reused.take(pc.sort_indices(reused["task_index"]))
         return reused
@@ -317,9 +317,10 @@ class ReuseSearch:
             "has_model": trained["artifact" if "artifact" in trained.column_names
                                  else "size"].is_valid().take(pa.array(rows)),
             "by_reference": pa.repeat(pa.scalar(True), count),
-            "artifact": pa.nulls(count, pa.string()), "size": pa.nulls(count, pa.int64()),
-            "metrics": pa.nulls(count, pa.string()),
-            "duration_s": pa.nulls(count, pa.float64())})
+            # nothing is copied from these rows: columns of no type, no buffers
+            # (typed where another run's copied rows join them: see _find)
+            "artifact": pa.nulls(count), "size": pa.nulls(count),
+            "metrics": pa.nulls(count), "duration_s": pa.nulls(count)})
 
     def _loadable_mask(self, rows: pa.Table, packs_whole: bool) -> np.ndarray:
         """Which of ``rows`` (a run's trained rows) left a model that can
