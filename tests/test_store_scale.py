@@ -4,6 +4,7 @@ written by its own thread, identities computed for all groups at once."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 import signal
 import sqlite3
 import subprocess
@@ -488,3 +489,132 @@ def test_a_released_pack_keeps_no_bytes_and_stays_released_when_pickled():
     assert _in_store(pack) and pack.data == b"" and pack.indices is None
     again = pickle.loads(pickle.dumps(pack))
     assert type(again) is ModelPack and _in_store(again) and len(again) == 0
+
+
+def _coefficients(item):
+    return np.arange(3.0) * item  # a least-squares model's kind: 24 bytes in a 151-byte pickle
+
+
+def test_small_arrays_of_one_kind_are_packed_as_a_template_once(tmp_path):
+    """Worker processes pack a part's small arrays of one kind as the head and
+    tail their pickles share, once, and each one's own bytes: the store
+    keeps a sixth of the bytes (layout 5), and every model reads back byte
+    for byte, checked by its SHA-256, now and in a re-run."""
+    store = tmp_path / "s"
+    run = mm.train(_coefficients, mm.items(range(200)), store=store, workers=2,
+                   progress=False)
+    assert run.summary().ok == 200
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        rows = conn.execute("SELECT length(blob), head IS NOT NULL AND tail IS NOT NULL "
+                            "FROM packs").fetchall()
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert rows and all(templated for _, templated in rows)
+    assert sum(length for length, _ in rows) == 200 * 24
+    opened = mm.Store(store)
+    for item in range(200):
+        np.testing.assert_array_equal(opened.load(item), _coefficients(item))
+    opened.close()
+    again = mm.train(_coefficients, mm.items(range(200)), store=store, workers=2,
+                     progress=False)
+    assert again.summary().reused == 200
+    np.testing.assert_array_equal(again.models[7], _coefficients(7))
+
+
+def test_a_templated_pack_tampered_or_cut_short_is_refused_by_name(tmp_path):
+    store = tmp_path / "s"
+    mm.train(_coefficients, mm.items(range(40)), store=store, workers=2, progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        packs = conn.execute("SELECT pack_id, models, head FROM packs ORDER BY pack_id").fetchall()
+        pack, models, head = packs[0]
+        head = bytearray(head)
+        head[-1] ^= 0xFF  # one byte of what every model of the pack starts with
+        conn.execute("UPDATE packs SET head = ? WHERE pack_id = ?", (bytes(head), pack))
+    opened = mm.Store(store)
+    refused = []
+    for item in range(40):
+        try:
+            np.testing.assert_array_equal(opened.load(item), _coefficients(item))
+        except mm.StoreIntegrityError as exc:
+            message = str(exc)
+            assert "SHA-256" in message and f"key {item}" in message and f"pack {pack}" in message
+            refused.append(item)
+    assert len(refused) == models  # exactly that pack's models, each by name
+    opened.close()
+    if len(packs) > 1:  # another pack cut one byte short: its last model is gone, not misread
+        other = packs[1][0]
+        with sqlite3.connect(store / "index.sqlite") as conn:
+            conn.execute("UPDATE packs SET blob = substr(blob, 1, length(blob) - 1) "
+                         "WHERE pack_id = ?", (other,))
+        again = mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
+                         progress=False)
+        # the models found corrupt are trained again, and the one cut short
+        assert again.summary().reused == 40 - len(refused) - 1
+        for item in range(40):
+            if item not in refused:
+                np.testing.assert_array_equal(mm.Store(store).load(item), _coefficients(item))
+
+
+def test_a_part_of_models_of_several_kinds_packs_whole_pickles():
+    """A part's pack is templated while every model shares one template; the
+    first that does not (another kind, or a model the pickler made) makes
+    the pack one of whole pickles, the ones before included."""
+    from manymodels.dataplane import small_array_parts
+    from manymodels.partpacks import PartPacker
+
+    models = [np.arange(3.0), np.arange(3.0) + 1, np.arange(4.0), {"not": "an array"},
+              np.arange(3.0) * 2]
+    for order in (models, models[::-1], [models[3], models[0]]):
+        packer = PartPacker(hashed=True)
+        for index, model in enumerate(order):
+            parts = small_array_parts(model)
+            pack = (packer.model(index, pickle.dumps(model, protocol=5)) if parts is None
+                    else packer.model(index, parts[1], (parts[0], parts[2])))
+        packer.seal()
+        assert pack.template is None
+        for each in (pack, pickle.loads(pickle.dumps(pack))):
+            for index, model in enumerate(order):
+                one = each.pickled(index)
+                assert one.data == pickle.dumps(model, protocol=5)
+                assert one.sha256 == hashlib.sha256(one.data).hexdigest()
+    packer = PartPacker(hashed=True)
+    for index in range(5):
+        head, body, tail = small_array_parts(np.arange(3.0) * index)
+        pack = packer.model(index, body, (head, tail))
+    packer.seal()
+    assert pack.template is not None and len(pack.data) == 5 * 24
+    for each in (pack, pickle.loads(pickle.dumps(pack))):
+        one = each.pickled(3)
+        assert one.data == pickle.dumps(np.arange(3.0) * 3, protocol=5)
+        assert one.sha256 == hashlib.sha256(one.data).hexdigest()
+
+
+def test_a_store_from_before_templates_is_read_and_migrated(tmp_path):
+    """A store of layout 4 has no ``head`` or ``tail`` in ``packs``: a reader
+    that cannot add them reads its packs as whole pickles, and one that opens
+    it for writing adds them (its layout rises to 5 only once a templated
+    pack is written)."""
+    from manymodels.store import packs as store_packs
+
+    store = tmp_path / "s"
+    mm.train(lambda item: [item] * 3, mm.items(range(5)), store=store, backend="threads",
+             progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute("ALTER TABLE packs DROP COLUMN head")
+        conn.execute("ALTER TABLE packs DROP COLUMN tail")
+        conn.execute("PRAGMA user_version = 4")
+        (pack,) = conn.execute("SELECT pack_id FROM packs").fetchone()
+        assert store_packs.pack_template(conn, pack) == (b"", b"")
+        assert store_packs._pack_lengths(conn)[0][0] == pack
+    opened = mm.Store(store)
+    assert [opened.load(item) for item in range(5)] == [[item] * 3 for item in range(5)]
+    opened.close()
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(packs)")}
+        assert {"head", "tail"} <= columns
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    mm.train(_coefficients, mm.items(range(10, 20)), store=store, workers=2, progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+    opened = mm.Store(store)
+    assert opened.load(2, run=1) == [2] * 3
+    np.testing.assert_array_equal(opened.load(12), _coefficients(12))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dataplane import SPILL_MIN_BYTES, pickle_any, pickle_small_array
+from .dataplane import SPILL_MIN_BYTES, pickle_any, small_array_parts
 from .gpus import gpu_failure, release_cached_memory
 from .messages import Outcome, Pickled, Status
 from .partpacks import PACKED_BELOW, MetricsPack, MetricTexts, PartPacker
@@ -249,15 +249,14 @@ class Executor:
         sent: :meth:`_parted`), a large one goes as :class:`Pickled` (for a
         store, with its SHA-256) or, holding large buffers, as it is (the data
         plane's zero-copy way)."""
-        data = pickle_small_array(model)
+        parts = small_array_parts(model)
+        if parts is not None:  # small: its pack keeps its kind's head and tail once
+            return self._packer.model(index, parts[1], (parts[0], parts[2]))
         if self.pickle_models == "all":
-            if data is None:
-                data = pickle_any(model)
+            data = pickle_any(model)
             if len(data) < PACKED_BELOW:
                 return self._packer.model(index, data)
             return Pickled(data, hashlib.sha256(data).hexdigest())
-        if data is not None:
-            return self._packer.model(index, data)  # small: no buffer to route
         large: list[int] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:

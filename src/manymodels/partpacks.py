@@ -61,30 +61,55 @@ class ModelPack:
     reference, pickled once), and the store's writer writes its bytes as they
     came (:func:`manymodels.store.packs.write_packs`). The driver takes a
     single model out of a pack only when someone asks for it (``run.models``,
-    before the store has it: :meth:`pickled`, :class:`PackedModel`)."""
+    before the store has it: :meth:`pickled`, :class:`PackedModel`).
 
-    __slots__ = ("indices", "data", "sizes", "digests", "stored", "_positions", "_starts")
+    A pack of small arrays of one kind (:func:`manymodels.dataplane.small_array_parts`)
+    is *templated*: ``template`` holds the head and tail every one of its
+    pickles shares, once, and ``data`` each one's own bytes between them (a
+    least-squares model's 151-byte pickle is 24 bytes of coefficients).
+    ``sizes`` and ``digests`` are always those of the whole pickles."""
+
+    __slots__ = ("indices", "data", "sizes", "digests", "template", "stored", "_positions",
+                 "_starts")
 
     def __init__(self) -> None:
         self.indices: Any = None  # np.ndarray of int64, set by seal()
         self.data, self.digests, self.sizes = b"", b"", None
+        #: ``(head, tail)`` of a templated pack, else None.
+        self.template: tuple[bytes, bytes] | None = None
         #: Committed to a store, its bytes let go (see :meth:`release`).
         self.stored = False
         self._positions: dict[int, int] | None = None
         self._starts: Any = None
 
-    def seal(self, indices: list[int], models: list[bytes], hashed: bool = True) -> ModelPack:
-        """Fill the pack with ``models`` (pickled bytes) of tasks ``indices``;
-        with their SHA-256s when ``hashed`` (a store keeps them)."""
+    def seal(self, indices: list[int], models: list[bytes], hashed: bool = True,
+             template: tuple[bytes, bytes] | None = None) -> ModelPack:
+        """Fill the pack with ``models`` (pickled bytes; with ``template``, the
+        part of each between its head and tail) of tasks ``indices``; with
+        the SHA-256s of the whole pickles when ``hashed`` (a store keeps them)."""
         import hashlib
 
         sha256 = hashlib.sha256
         self.indices = np.array(indices, dtype=np.int64)
         self.sizes = np.fromiter(map(len, models), dtype=np.int64, count=len(models))
         self.data = b"".join(models)
-        if hashed:
+        self.template = template
+        if template is not None:
+            head, tail = template
+            self.sizes += len(head) + len(tail)
+            if hashed:
+                self.digests = b"".join([sha256(head + model + tail).digest()
+                                         for model in models])
+        elif hashed:
             self.digests = b"".join([sha256(model).digest() for model in models])
         return self
+
+    def part_sizes(self) -> np.ndarray:
+        """Each model's bytes in :attr:`data` (its whole pickle's size, less
+        the template's where the pack is templated)."""
+        if self.template is None:
+            return self.sizes
+        return self.sizes - (len(self.template[0]) + len(self.template[1]))
 
     def __len__(self) -> int:
         return 0 if self.indices is None else len(self.indices)
@@ -93,7 +118,7 @@ class ModelPack:
         if self.stored:
             return (_stored_pack, ())
         return (_restore_pack, (self.indices.tobytes(), self.data, self.sizes.tobytes(),
-                                self.digests))
+                                self.digests, self.template))
 
     def release(self) -> None:
         """Mark the pack committed to a store and let go of its bytes: every
@@ -102,7 +127,7 @@ class ModelPack:
         in one transaction: one call instead of a slot set per task (a
         million a run, on the writer thread, holding the GIL)."""
         self.stored = True
-        self.indices = self.sizes = self._positions = self._starts = None
+        self.indices = self.sizes = self._positions = self._starts = self.template = None
         self.data = self.digests = b""
 
     def pickled(self, index: int) -> Pickled:
@@ -112,21 +137,27 @@ class ModelPack:
             self._positions = {}
             for at, task in enumerate(self.indices.tolist()):
                 self._positions.setdefault(task, at)
-            self._starts = (self.sizes.cumsum() - self.sizes).tolist()
+            parts = self.part_sizes()
+            self._starts = (parts.cumsum() - parts).tolist()
         at = self._positions[index]
         start = self._starts[at]
-        return Pickled(self.data[start:start + int(self.sizes[at])],
-                       self.digests[32 * at:32 * at + 32].hex() if self.digests else None)
+        digest = self.digests[32 * at:32 * at + 32].hex() if self.digests else None
+        if self.template is None:
+            return Pickled(self.data[start:start + int(self.sizes[at])], digest)
+        head, tail = self.template
+        end = start + int(self.sizes[at]) - len(head) - len(tail)
+        return Pickled(b"".join((head, self.data[start:end], tail)), digest)
 
     def load(self, index: int) -> Any:
         return self.pickled(index).load()
 
 
-def _restore_pack(indices: bytes, data: bytes, sizes: bytes, digests: bytes) -> ModelPack:
+def _restore_pack(indices: bytes, data: bytes, sizes: bytes, digests: bytes,
+                  template: tuple[bytes, bytes] | None = None) -> ModelPack:
     pack = ModelPack()
     pack.indices = np.frombuffer(indices, dtype=np.int64)
     pack.sizes = np.frombuffer(sizes, dtype=np.int64)
-    pack.data, pack.digests = data, digests
+    pack.data, pack.digests, pack.template = data, digests, template
     return pack
 
 
@@ -306,8 +337,8 @@ class PartPacker:
     new ones; ``hashed``: keep each model's SHA-256 and the metrics' JSON
     text (a store will)."""
 
-    __slots__ = ("hashed", "_models", "_model_indices", "_model_bytes", "_metrics",
-                 "_metric_indices", "_metric_values")
+    __slots__ = ("hashed", "_models", "_model_indices", "_model_bytes", "_template",
+                 "_metrics", "_metric_indices", "_metric_values")
 
     def __init__(self, hashed: bool) -> None:
         self.hashed = hashed
@@ -318,14 +349,28 @@ class PartPacker:
         self._models: ModelPack | None = None
         self._model_indices: list[int] = []
         self._model_bytes: list[bytes] = []
+        self._template: tuple[bytes, bytes] | None = None
         self._metrics: MetricsPack | None = None
         self._metric_indices: list[int] = []
         self._metric_values: list[float] = []
 
-    def model(self, index: int, data: bytes) -> ModelPack:
-        """Add task ``index``'s pickled model; return the part's model pack."""
+    def model(self, index: int, data: bytes,
+              template: tuple[bytes, bytes] | None = None) -> ModelPack:
+        """Add task ``index``'s pickled model (with ``template``, the head and
+        tail of its pickle, ``data`` being what lies between them); return
+        the part's model pack. The pack is templated while every model added
+        shares one template; the first that does not makes it a pack of
+        whole pickles (the ones before made whole too)."""
         if self._models is None:
             self._models = ModelPack()
+            self._template = template
+        elif template is not self._template and template != self._template:
+            if self._template is not None:
+                head, tail = self._template
+                self._model_bytes = [b"".join((head, body, tail)) for body in self._model_bytes]
+                self._template = None
+            if template is not None:
+                data = b"".join((template[0], data, template[1]))
         self._model_indices.append(index)
         self._model_bytes.append(data)
         return self._models
@@ -352,7 +397,8 @@ class PartPacker:
 
     def seal(self) -> None:
         if self._models is not None:
-            self._models.seal(self._model_indices, self._model_bytes, hashed=self.hashed)
+            self._models.seal(self._model_indices, self._model_bytes, hashed=self.hashed,
+                              template=self._template)
         if self._metrics is not None:
             self._metrics.seal(self._metric_indices, self._metric_values, texts=self.hashed)
         self.reset()

@@ -38,13 +38,16 @@ INDEX_NAME = "index.sqlite"
 #: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
 #: blocks; 3 once a run's block names another run's rows instead of copying
 #: them (``same_as``); 4 once a block keeps its packed models' locators as
-#: their parts (see :data:`.packs.LOCATOR_COLUMNS`). Each is set by the
-#: first block that needs it, so that a manymodels that cannot read it
-#: refuses the store rather than miss those tasks or models. A store written
-#: by a later layout is refused, not misread.
-FORMAT = 4
+#: their parts (see :data:`.packs.LOCATOR_COLUMNS`); 5 once a pack keeps
+#: the head and tail its models' pickles share once (``packs.head`` and
+#: ``packs.tail``: a templated pack, see :mod:`.packs`). Each is set by the
+#: first block or pack that needs it, so that a manymodels that cannot read
+#: it refuses the store rather than miss those tasks or misread those models.
+#: A store written by a later layout is refused, not misread.
+FORMAT = 5
 SAME_AS_FORMAT = 3
 LOCATOR_FORMAT = 4
+TEMPLATE_FORMAT = 5
 #: The layout every store this manymodels opens is migrated to.
 _BASE_FORMAT = 2
 
@@ -131,7 +134,9 @@ CREATE TABLE IF NOT EXISTS packs (        -- small models, many per BLOB (see lo
     pack_id INTEGER PRIMARY KEY AUTOINCREMENT,
     size    INTEGER NOT NULL,
     models  INTEGER NOT NULL,
-    blob    BLOB NOT NULL
+    blob    BLOB NOT NULL,
+    head    BLOB,                         -- a templated pack: what every model's pickle
+    tail    BLOB                          -- starts and ends with (blob: the rest, joined)
 );
 """
 
@@ -260,6 +265,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
                        ("written_packs", "BLOB")):
         if name not in block_columns:
             conn.execute(f"ALTER TABLE task_blocks ADD COLUMN {name} {kind}")
+    pack_columns = {row[1] for row in conn.execute("PRAGMA table_info(packs)")}
+    for name in ("head", "tail"):
+        if name not in pack_columns:
+            conn.execute(f"ALTER TABLE packs ADD COLUMN {name} BLOB")
     raise_layout(conn, _BASE_FORMAT)
 
 

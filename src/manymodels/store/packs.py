@@ -10,6 +10,16 @@ A million tiny models are then a few hundred rows, not a million inserts into a
 table keyed by random hashes (a third of a stored run's cost, measured), and
 about 200 bytes less per model on disk.
 
+A pack of small arrays of one kind is *templated* (store layout 5): the
+head and tail every one of its models' pickles shares are kept once, in the
+row's ``head`` and ``tail``, and its BLOB holds only what lies between them,
+each model's own bytes (a least-squares model's 151-byte pickle is 24 bytes
+of coefficients: a sixth of the bytes to carry from the workers, to write
+twice through SQLite's write-ahead log, and to keep). A locator is the same
+either way: its offset is in the BLOB, its size the whole pickle's, and a
+model is read back as head, its bytes and tail, byte for byte, then checked
+against its SHA-256 like any other.
+
 This module is the layout and its I/O only; checking a model's bytes against
 its SHA-256, and what to do when they do not match, is :mod:`.database`'s.
 """
@@ -79,14 +89,22 @@ def _parsed_or_none(locator: str) -> tuple[str, int, int, int] | None:
         return None
 
 
-def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.ndarray
+def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.ndarray,
+                template: tuple[bytes, bytes] | None = None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Store small models as packs (inside the caller's transaction); return
     each one's pack and offset in it (int64 arrays, in order: with its size
     and SHA-256, what its locator says, see :func:`locators`), and the
     packs written, as ``(pack_id, size)`` int64 rows (what a block keeps,
     for :func:`all_whole`). ``data``: the models' pickles joined, ``sizes``
-    each one's length: the bytes go to SQLite as they came."""
+    each one's length: the bytes go to SQLite as they came. With
+    ``template`` (a templated pack's head and tail), ``data`` and ``sizes``
+    are what lies between them, and each pack written keeps the template."""
+    head, tail = template if template is not None else (None, None)
+    if template is not None:
+        from .database import TEMPLATE_FORMAT, raise_layout
+
+        raise_layout(conn, TEMPLATE_FORMAT)  # an older reader would misread these packs
     count = len(sizes)
     ends = np.cumsum(sizes, dtype=np.int64)
     view = memoryview(data)
@@ -100,8 +118,8 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
         stop = max(start + 1, int(np.searchsorted(ends, base + PACK_BYTES, side="right")))
         end = int(ends[stop - 1])
         pack_of[start:stop] = conn.execute(
-            "INSERT INTO packs(size, models, blob) VALUES (?, ?, ?)",
-            (end - base, stop - start, view[base:end])).lastrowid
+            "INSERT INTO packs(size, models, blob, head, tail) VALUES (?, ?, ?, ?, ?)",
+            (end - base, stop - start, view[base:end], head, tail)).lastrowid
         base_of[start:stop] = base
         written.append((int(pack_of[start]), end - base))
         start = stop
@@ -147,21 +165,52 @@ def locators(digests: bytes | np.ndarray, pack: Any, offset: Any, size: Any) -> 
 
 
 def read_slice(conn: sqlite3.Connection, pack: int, offset: int, size: int) -> bytes | None:
-    """The bytes a locator names, or None when its pack is gone or too short."""
+    """The bytes a locator names (a templated pack's model with its head and
+    tail), or None when its pack is gone or too short."""
+    head, tail = pack_template(conn, pack)
+    part = size - len(head) - len(tail)
+    if part < 0:
+        return None
     if hasattr(conn, "blobopen"):  # Python 3.11: read the slice, not the whole pack
         try:
             with conn.blobopen("packs", "blob", pack, readonly=True) as blob:
-                if offset + size > len(blob):
+                if offset + part > len(blob):
                     return None
                 blob.seek(offset)
-                return blob.read(size)
+                data = blob.read(part)
         except sqlite3.OperationalError:  # no such row
             return None
-    row = conn.execute("SELECT substr(blob, ?, ?), length(blob) FROM packs WHERE pack_id = ?",
-                       (offset + 1, size, pack)).fetchone()
-    if row is None or row[1] < offset + size:
-        return None
-    return bytes(row[0])
+    else:
+        row = conn.execute("SELECT substr(blob, ?, ?), length(blob) FROM packs "
+                           "WHERE pack_id = ?", (offset + 1, part, pack)).fetchone()
+        if row is None or row[1] < offset + part:
+            return None
+        data = bytes(row[0])
+    return b"".join((head, data, tail)) if head or tail else data
+
+
+def pack_template(conn: sqlite3.Connection, pack: int) -> tuple[bytes, bytes]:
+    """A pack's head and tail (empty unless it is templated, and in a store
+    of a layout before templates, which has no such columns)."""
+    try:
+        row = conn.execute("SELECT head, tail FROM packs WHERE pack_id = ?",
+                           (pack,)).fetchone()
+    except sqlite3.OperationalError:  # no such column: a store read-only at an older layout
+        return b"", b""
+    if row is None:
+        return b"", b""
+    return bytes(row[0] or b""), bytes(row[1] or b"")
+
+
+def _pack_lengths(conn: sqlite3.Connection) -> list[tuple[int, int]]:
+    """Each pack's id and the longest a model it holds may say it ends at:
+    its BLOB's length, plus its template's where it is templated (read from
+    the records' headers, not the content)."""
+    try:
+        return conn.execute("SELECT pack_id, length(blob) + coalesce(length(head), 0) "
+                            "+ coalesce(length(tail), 0) FROM packs ORDER BY pack_id").fetchall()
+    except sqlite3.OperationalError:  # a store read-only at a layout before templates
+        return conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
 
 
 def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
@@ -174,8 +223,10 @@ def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
 def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
     """For each of ``locators``, whether its pack is there and long enough (a
     cheap check: SQLite reads a BLOB's ``length()`` from its record header,
-    not its content); parsed all at once: a re-run checks a million."""
-    known = conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
+    not its content); parsed all at once: a re-run checks a million. A
+    templated pack's model is whole when its offset and size, less the
+    template, lie within the BLOB."""
+    known = _pack_lengths(conn)
     if not known or len(locators) == 0:
         return np.zeros(len(locators), dtype=bool)
     pack_ids, lengths = np.array(known, dtype=np.int64).T

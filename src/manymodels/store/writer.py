@@ -235,7 +235,8 @@ class StoreWriter:
         if packed:
             # each pack's bytes as they came, a row (or more) of their own: not
             # joined first (a second copy of every model, in fresh pages)
-            pieces = [packs.write_packs(conn, pack.data, pack.sizes) for pack in packed]
+            pieces = [packs.write_packs(conn, pack.data, pack.part_sizes(), pack.template)
+                      for pack in packed]
             pack_of, offsets, written = (np.concatenate(column) for column in zip(*pieces))
             digests = np.frombuffer(b"".join(pack.digests for pack in packed),
                                     dtype=np.uint8).reshape(-1, 32)
