@@ -195,8 +195,10 @@ def pack_template(conn: sqlite3.Connection, pack: int) -> tuple[bytes, bytes]:
     try:
         row = conn.execute("SELECT head, tail FROM packs WHERE pack_id = ?",
                            (pack,)).fetchone()
-    except sqlite3.OperationalError:  # no such column: a store read-only at an older layout
-        return b"", b""
+    except sqlite3.OperationalError as exc:
+        if "no such column" not in str(exc):
+            raise  # (a busy index, say): never a model read without its template
+        return b"", b""  # a store read-only at a layout before templates
     if row is None:
         return b"", b""
     return bytes(row[0] or b""), bytes(row[1] or b"")
@@ -209,7 +211,10 @@ def _pack_lengths(conn: sqlite3.Connection) -> list[tuple[int, int]]:
     try:
         return conn.execute("SELECT pack_id, length(blob) + coalesce(length(head), 0) "
                             "+ coalesce(length(tail), 0) FROM packs ORDER BY pack_id").fetchall()
-    except sqlite3.OperationalError:  # a store read-only at a layout before templates
+    except sqlite3.OperationalError as exc:
+        if "no such column" not in str(exc):
+            raise
+        # a store read-only at a layout before templates
         return conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
 
 
