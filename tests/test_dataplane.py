@@ -89,6 +89,12 @@ def test_run_files_in_shared_memory_are_owner_only(start_method):
     assert all(mode == 0o600 for mode in seen.values()), seen
 
 
+def pickle_small_array(array):
+    """:func:`dataplane.small_array_parts` joined: what a pack stores reads back as."""
+    parts = dataplane.small_array_parts(array)
+    return None if parts is None else b"".join(parts)
+
+
 @pytest.mark.parametrize("array", [
     np.arange(3.0), np.arange(12, dtype=np.int32).reshape(3, 4), np.array([1 + 2j]),
     np.zeros(5, dtype=">f4"), np.array(["ab", "c"]), np.array([True, False]),
@@ -98,8 +104,6 @@ def test_run_files_in_shared_memory_are_owner_only(start_method):
 def test_small_array_pickles_equal_the_picklers_bytes(array):
     """The fast path for tiny models must give the same bytes (so the same
     SHA-256 and store artifact) as pickle.dumps, and load back equal."""
-    from manymodels.dataplane import pickle_small_array
-
     for values in (array, array.copy() if array.flags.writeable else array):
         data = pickle_small_array(values)
         assert data == pickle.dumps(values, protocol=5)
@@ -113,8 +117,6 @@ def test_small_array_pickles_equal_the_picklers_bytes(array):
 
 
 def test_small_array_pickles_follow_the_buffer_and_the_dtype_metadata():
-    from manymodels.dataplane import pickle_small_array
-
     broadcast, _ = np.broadcast_arrays(np.arange(3.0), np.zeros((1, 3)))  # read-only buffer
     assert pickle_small_array(broadcast) == pickle.dumps(broadcast, protocol=5)
     tagged = np.arange(5.0, dtype=np.dtype("f8", metadata={}))
@@ -129,8 +131,6 @@ def test_small_array_pickles_follow_the_buffer_and_the_dtype_metadata():
 def test_small_array_pickles_never_take_the_last_kind_for_another():
     """The kind last cut is reused by identity: an array that differs from
     it in writeability, shape, dtype or order must not get its cut."""
-    from manymodels.dataplane import pickle_small_array
-
     read_only = np.frombuffer(np.arange(3.0).tobytes())
     arrays = [np.arange(3.0), read_only, np.arange(3.0) + 1, np.arange(4.0),
               np.arange(3), np.arange(3.0).astype(">f8"), np.arange(3.0, dtype=np.float32),
@@ -152,6 +152,4 @@ def test_small_array_pickles_never_take_the_last_kind_for_another():
     np.float64(1.0),
 ])
 def test_small_array_pickles_refuse_what_they_cannot_copy(value):
-    from manymodels.dataplane import pickle_small_array
-
     assert pickle_small_array(value) is None

@@ -258,7 +258,7 @@ def open_objects(path: str) -> Any:
 
 
 #: (dtype, shape) -> the protocol-5 pickle of such an array cut around its data
-#: bytes, or None where no such cut exists (see :func:`pickle_small_array`).
+#: bytes, or None where no such cut exists (see :func:`small_array_parts`).
 _ARRAY_PICKLES: dict[tuple, tuple[bytes, bytes] | None] = {}
 #: Kinds kept at most; past that, arrays of new kinds go through the pickler.
 _MAX_ARRAY_KINDS = 1024
@@ -267,26 +267,24 @@ _MAX_ARRAY_KINDS = 1024
 _LAST_ARRAY_KIND: tuple = (None,) * 6
 
 
-def pickle_small_array(array: Any) -> bytes | None:
-    """``pickle.dumps(array, protocol=5)`` of a small, C-ordered NumPy array of
-    plain values (numbers, strings, dates: no objects, no fields), byte for
-    byte, in a fifth of the time; None for any other object. A million tiny
-    models (coefficients, say) each pickled by the pickler spent a third as
-    long there as in their fits. Arrays of one dtype, shape and writeability
-    pickle to the same bytes but for their data, which lie in one run: the
-    first array of each kind is pickled once with a probe of random bytes to
-    find where its data go, and the cut is checked by loading it back.
-
-    The kind of the array last pickled is checked first, by identity: a
-    million models of one kind then skip the lookup (0.9 to 0.4 µs each)."""
-    parts = small_array_parts(array)
-    return None if parts is None else b"".join(parts)
-
-
 def small_array_parts(array: Any) -> tuple[bytes, bytes, bytes] | None:
-    """:func:`pickle_small_array` as its three parts: the head and tail that
-    every array of its kind shares (the same objects for every such array,
-    while its kind is the last one cut) and its own data between them."""
+    """``pickle.dumps(array, protocol=5)`` of a small, C-ordered NumPy array of
+    plain values (numbers, strings, dates: no objects, no fields) as its
+    three parts, which joined are those bytes, byte for byte, in a fifth of
+    the pickler's time; None for any other object. The head and tail are
+    what every array of its kind shares (the same objects for every such
+    array while its kind is the last one cut), its own data lie between
+    them: a worker's pack of such models keeps the two once
+    (:class:`manymodels.partpacks.ModelPack`).
+
+    A million tiny models (coefficients, say) each pickled by the pickler
+    spent a third as long there as in their fits. Arrays of one dtype, shape
+    and writeability pickle to the same bytes but for their data, which lie
+    in one run: the first array of each kind is pickled once with a probe of
+    random bytes to find where its data go, and the cut is checked by
+    loading it back. The kind of the array last cut is checked first, by
+    identity: a million models of one kind then skip the lookup (0.9 to 0.4
+    µs each)."""
     last = _LAST_ARRAY_KIND
     if (type(array) is last[0] and array.dtype is last[1] and array.shape == last[2]
             and array.flags.c_contiguous and memoryview(array).readonly is last[3]):

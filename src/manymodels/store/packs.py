@@ -190,15 +190,9 @@ def read_slice(conn: sqlite3.Connection, pack: int, offset: int, size: int) -> b
 
 
 def pack_template(conn: sqlite3.Connection, pack: int) -> tuple[bytes, bytes]:
-    """A pack's head and tail (empty unless it is templated, and in a store
-    of a layout before templates, which has no such columns)."""
-    try:
-        row = conn.execute("SELECT head, tail FROM packs WHERE pack_id = ?",
-                           (pack,)).fetchone()
-    except sqlite3.OperationalError as exc:
-        if "no such column" not in str(exc):
-            raise  # (a busy index, say): never a model read without its template
-        return b"", b""  # a store read-only at a layout before templates
+    """A pack's head and tail (empty unless it is templated)."""
+    row = _select_packs(conn, "SELECT head, tail FROM packs WHERE pack_id = ?",
+                        "SELECT NULL, NULL FROM packs WHERE pack_id = ?", (pack,)).fetchone()
     if row is None:
         return b"", b""
     return bytes(row[0] or b""), bytes(row[1] or b"")
@@ -208,14 +202,23 @@ def _pack_lengths(conn: sqlite3.Connection) -> list[tuple[int, int]]:
     """Each pack's id and the longest a model it holds may say it ends at:
     its BLOB's length, plus its template's where it is templated (read from
     the records' headers, not the content)."""
+    return _select_packs(conn, "SELECT pack_id, length(blob) + coalesce(length(head), 0) "
+                               "+ coalesce(length(tail), 0) FROM packs ORDER BY pack_id",
+                         "SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
+
+
+def _select_packs(conn: sqlite3.Connection, query: str, before_templates: str,
+                  parameters: tuple = ()) -> sqlite3.Cursor:
+    """``query``, or ``before_templates`` in a store read-only at a layout
+    before templates (its ``packs`` has no ``head`` or ``tail``). Any other
+    error (a busy index, say) is raised: never a model read without its
+    template."""
     try:
-        return conn.execute("SELECT pack_id, length(blob) + coalesce(length(head), 0) "
-                            "+ coalesce(length(tail), 0) FROM packs ORDER BY pack_id").fetchall()
+        return conn.execute(query, parameters)
     except sqlite3.OperationalError as exc:
         if "no such column" not in str(exc):
             raise
-        # a store read-only at a layout before templates
-        return conn.execute("SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
+        return conn.execute(before_templates, parameters)
 
 
 def whole_locators(conn: sqlite3.Connection, locators: set[str]) -> set[str]:
