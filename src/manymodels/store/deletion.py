@@ -34,7 +34,14 @@ import pyarrow.compute as pc
 
 from ..tables import fixed_width_bytes, one_array
 from . import taskblocks
-from .taskblocks import COLUMNS, REUSED_ROWS_PER_BLOCK, block_column, decode, encode
+from .taskblocks import (
+    COLUMNS,
+    REUSED_ROWS_PER_BLOCK,
+    block_column,
+    block_data,
+    decode,
+    encode,
+)
 
 
 def delete_run(conn: sqlite3.Connection, run_id: int) -> None:
@@ -80,8 +87,7 @@ def _blocks_reusing(conn: sqlite3.Connection, source: int
     for block_id, run_id in conn.execute(
             f"SELECT block_id, run_id FROM task_blocks WHERE run_id != ? AND "
             f"{block_column(conn, 'same_as')} IS NULL", (source,)).fetchall():
-        (data,) = conn.execute("SELECT data FROM task_blocks WHERE block_id = ?",
-                               (block_id,)).fetchone()
+        data = block_data(conn, block_id)
         what = f"task block {block_id} of run {run_id}"
         if pc.any(pc.equal(decode(data, what, ["reused_from"])["reused_from"], source)).as_py():
             found.append((block_id, run_id, decode(data, what,
