@@ -588,6 +588,50 @@ def test_a_part_of_models_of_several_kinds_packs_whole_pickles():
         assert one.sha256 == hashlib.sha256(one.data).hexdigest()
 
 
+def _open_at_barrier(path, barrier, answers):
+    from manymodels.store import database
+
+    barrier.wait()
+    try:
+        database.connect(path).close()
+        answers.put("ok")
+    except Exception as exc:  # noqa: BLE001 - the test reports what it was
+        answers.put(repr(exc))
+
+
+def test_drivers_opening_an_older_store_at_once_all_migrate_it(tmp_path):
+    """Two drivers that open a store of layout 4 at the same instant both
+    find ``packs`` without ``head``: each adds the columns inside its own
+    write transaction, so the second finds them there instead of failing
+    with 'duplicate column name' (it did in about one try in five)."""
+    import multiprocessing
+    import shutil
+
+    base = tmp_path / "base"
+    mm.train(lambda item: [item] * 3, mm.items(range(5)), store=base, backend="threads",
+             progress=False)
+    with sqlite3.connect(base / "index.sqlite") as conn:
+        conn.execute("ALTER TABLE packs DROP COLUMN head")
+        conn.execute("ALTER TABLE packs DROP COLUMN tail")
+        conn.execute("PRAGMA user_version = 4")
+    context = multiprocessing.get_context("fork")
+    for attempt in range(20):
+        store = tmp_path / f"s{attempt}"
+        shutil.copytree(base, store)
+        barrier, answers = context.Barrier(6), context.Queue()
+        openers = [context.Process(target=_open_at_barrier, args=(store, barrier, answers))
+                   for _ in range(6)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(60)
+        assert [answers.get(timeout=10) for _ in openers] == ["ok"] * 6, attempt
+        with sqlite3.connect(store / "index.sqlite") as conn:
+            assert {"head", "tail"} <= {row[1] for row in conn.execute(
+                "PRAGMA table_info(packs)")}
+        assert mm.Store(store).load(3) == [3] * 3
+
+
 def test_a_store_from_before_templates_is_read_and_migrated(tmp_path):
     """A store of layout 4 has no ``head`` or ``tail`` in ``packs``: a reader
     that cannot add them reads its packs as whole pickles, and one that opens

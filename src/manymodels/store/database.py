@@ -208,8 +208,16 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         # packs fit in it; a larger one was held for the whole run
         conn.execute("PRAGMA cache_size=-16384")
         _check_format(conn, index)
-        conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
-        _migrate(conn)
+        # the tables made and the columns added since in one write transaction:
+        # two drivers opening a store of an older layout at once would both
+        # find a column missing, and the second to add it would fail
+        conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA}")
+        try:
+            _migrate(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback_quietly(conn)
+            raise
         _mark_dead_runs_interrupted(conn)
         return conn
     except sqlite3.DatabaseError as exc:
