@@ -540,18 +540,42 @@ def test_a_templated_pack_tampered_or_cut_short_is_refused_by_name(tmp_path):
             refused.append(item)
     assert len(refused) == models  # exactly that pack's models, each by name
     opened.close()
-    if len(packs) > 1:  # another pack cut one byte short: its last model is gone, not misread
-        other = packs[1][0]
+    if len(packs) > 1:  # another pack cut one byte short: damaged, none of it is reused
+        other, other_models = packs[1][:2]
         with sqlite3.connect(store / "index.sqlite") as conn:
             conn.execute("UPDATE packs SET blob = substr(blob, 1, length(blob) - 1) "
                          "WHERE pack_id = ?", (other,))
         again = mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
                          progress=False)
-        # the models found corrupt are trained again, and the one cut short
-        assert again.summary().reused == 40 - len(refused) - 1
+        # the models found corrupt are trained again, and those of the pack cut short
+        assert again.summary().reused == 40 - len(refused) - other_models
         for item in range(40):
             if item not in refused:
                 np.testing.assert_array_equal(mm.Store(store).load(item), _coefficients(item))
+
+
+@pytest.mark.parametrize("cut", ["head", "tail"])
+def test_a_templated_pack_whose_template_was_cut_is_not_reused(tmp_path, cut):
+    """A pack's size is its whole length, template included: a re-run finds
+    at once that a pack's head or tail was cut short (every model of it
+    would fail its SHA-256 when loaded) and trains that pack's models
+    again, instead of naming them as reused."""
+    store = tmp_path / "s"
+    mm.train(_coefficients, mm.items(range(40)), store=store, workers=2, progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        pack, models, size = conn.execute(
+            "SELECT pack_id, models, size FROM packs ORDER BY pack_id").fetchone()
+        assert size == conn.execute("SELECT length(blob) + length(head) + length(tail) "
+                                    "FROM packs WHERE pack_id = ?", (pack,)).fetchone()[0]
+        conn.execute(f"UPDATE packs SET {cut} = substr({cut}, 1, length({cut}) - 1) "
+                     "WHERE pack_id = ?", (pack,))
+    again = mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
+                     progress=False)
+    assert again.summary().ok == 40
+    assert again.summary().reused == 40 - models
+    opened = mm.Store(store)
+    for item in range(40):  # each read from this run's model, reused or new
+        np.testing.assert_array_equal(opened.load(item), _coefficients(item))
 
 
 def test_a_part_of_models_of_several_kinds_packs_whole_pickles():

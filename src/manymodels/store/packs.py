@@ -101,7 +101,9 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
     ``template`` (a templated pack's head and tail), ``data`` and ``sizes``
     are what lies between them, and each pack written keeps the template."""
     head, tail = template if template is not None else (None, None)
+    template_length = 0
     if template is not None:
+        template_length = len(head) + len(tail)
         from .database import TEMPLATE_FORMAT, raise_layout
 
         raise_layout(conn, TEMPLATE_FORMAT)  # an older reader would misread these packs
@@ -117,11 +119,14 @@ def write_packs(conn: sqlite3.Connection, data: bytes | memoryview, sizes: np.nd
         # the models up to PACK_BYTES from here (always at least one)
         stop = max(start + 1, int(np.searchsorted(ends, base + PACK_BYTES, side="right")))
         end = int(ends[stop - 1])
+        # a pack's size: its whole length, its template's included (a pack
+        # whose head or tail was cut short is then known so at once)
+        size = end - base + template_length
         pack_of[start:stop] = conn.execute(
             "INSERT INTO packs(size, models, blob, head, tail) VALUES (?, ?, ?, ?, ?)",
-            (end - base, stop - start, view[base:end], head, tail)).lastrowid
+            (size, stop - start, view[base:end], head, tail)).lastrowid
         base_of[start:stop] = base
-        written.append((int(pack_of[start]), end - base))
+        written.append((int(pack_of[start]), size))
         start = stop
     return (pack_of, ends - sizes - base_of,
             np.array(written, dtype=np.int64).reshape(-1, 2))
@@ -141,9 +146,8 @@ def all_whole(conn: sqlite3.Connection, written: list[bytes | None]) -> bool:
     wanted = np.frombuffer(b"".join(written), dtype=np.int64).reshape(-1, 2)
     if not len(wanted):
         return True
-    known = dict(conn.execute("SELECT pack_id, length(blob) FROM packs WHERE pack_id "
-                              "BETWEEN ? AND ?", (int(wanted[:, 0].min()),
-                                                  int(wanted[:, 0].max()))).fetchall())
+    known = {pack: length for pack, length, _ in _pack_lengths(
+        conn, (int(wanted[:, 0].min()), int(wanted[:, 0].max())))}
     return all(known.get(pack, -1) >= size for pack, size in wanted.tolist())
 
 
@@ -198,13 +202,19 @@ def pack_template(conn: sqlite3.Connection, pack: int) -> tuple[bytes, bytes]:
     return bytes(row[0] or b""), bytes(row[1] or b"")
 
 
-def _pack_lengths(conn: sqlite3.Connection) -> list[tuple[int, int]]:
-    """Each pack's id and the longest a model it holds may say it ends at:
-    its BLOB's length, plus its template's where it is templated (read from
-    the records' headers, not the content)."""
-    return _select_packs(conn, "SELECT pack_id, length(blob) + coalesce(length(head), 0) "
-                               "+ coalesce(length(tail), 0) FROM packs ORDER BY pack_id",
-                         "SELECT pack_id, length(blob) FROM packs ORDER BY pack_id").fetchall()
+def _pack_lengths(conn: sqlite3.Connection, between: tuple[int, int] | None = None
+                  ) -> list[tuple[int, int, int]]:
+    """Each pack's id (those ``between`` two, inclusive, if given), the
+    longest a model it holds may say it ends at: its BLOB's length, plus its
+    template's where it is templated (read from the records' headers, not
+    the content), and the size it was written at (its whole length, since
+    templates; its BLOB's before)."""
+    where = "" if between is None else "WHERE pack_id BETWEEN ? AND ? "
+    return _select_packs(
+        conn, "SELECT pack_id, length(blob) + coalesce(length(head), 0) + "
+              f"coalesce(length(tail), 0), size FROM packs {where}ORDER BY pack_id",
+        f"SELECT pack_id, length(blob), size FROM packs {where}ORDER BY pack_id",
+        between or ()).fetchall()
 
 
 def _select_packs(conn: sqlite3.Connection, query: str, before_templates: str,
@@ -237,7 +247,10 @@ def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
     known = _pack_lengths(conn)
     if not known or len(locators) == 0:
         return np.zeros(len(locators), dtype=bool)
-    pack_ids, lengths = np.array(known, dtype=np.int64).T
+    pack_ids, lengths, written = np.array(known, dtype=np.int64).T
+    # a pack shorter than it was written (its BLOB, head or tail cut) holds
+    # no model that can be trusted whole
+    lengths = np.where(lengths >= written, lengths, -1)
     try:
         places = pc.list_element(pc.split_pattern(locators, "@", max_splits=1), 1)
         parts = pc.split_pattern(places, "/")
@@ -247,7 +260,7 @@ def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
         if numbers.size and not (numbers.min() >= 0 and numbers.max() < 1 << 48):
             raise ValueError("a number out of range")
     except (pa.ArrowException, ValueError):  # a damaged index row: one at a time, as ints
-        sizes = dict(known)
+        sizes = dict(zip(pack_ids.tolist(), lengths.tolist()))
         return np.array([parsed is not None and min(parsed[1:]) >= 0
                          and parsed[2] + parsed[3] <= sizes.get(parsed[1], -1)
                          for parsed in map(_parsed_or_none, locators.to_pylist())], dtype=bool)
