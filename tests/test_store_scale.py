@@ -540,15 +540,15 @@ def test_a_templated_pack_tampered_or_cut_short_is_refused_by_name(tmp_path):
             refused.append(item)
     assert len(refused) == models  # exactly that pack's models, each by name
     opened.close()
-    if len(packs) > 1:  # another pack cut one byte short: damaged, none of it is reused
-        other, other_models = packs[1][:2]
+    if len(packs) > 1:  # another pack cut one byte short: its last model is gone, not misread
+        other = packs[1][0]
         with sqlite3.connect(store / "index.sqlite") as conn:
             conn.execute("UPDATE packs SET blob = substr(blob, 1, length(blob) - 1) "
                          "WHERE pack_id = ?", (other,))
         again = mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
                          progress=False)
-        # the models found corrupt are trained again, and those of the pack cut short
-        assert again.summary().reused == 40 - len(refused) - other_models
+        # the models found corrupt are trained again, and the one cut short
+        assert again.summary().reused == 40 - len(refused) - 1
         for item in range(40):
             if item not in refused:
                 np.testing.assert_array_equal(mm.Store(store).load(item), _coefficients(item))
@@ -557,24 +557,56 @@ def test_a_templated_pack_tampered_or_cut_short_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("cut", ["head", "tail"])
 def test_a_templated_pack_whose_template_was_cut_is_not_reused(tmp_path, cut):
     """A pack's size is its whole length, template included: a re-run finds
-    at once that a pack's head or tail was cut short (every model of it
-    would fail its SHA-256 when loaded) and trains that pack's models
-    again, instead of naming them as reused."""
+    that a pack is shorter than written, and that no model of it reads back
+    whole (its head or tail was cut: every model would fail its SHA-256
+    when loaded), and trains that pack's models again instead of naming
+    them as reused; a pack whose BLOB alone was cut loses only the models
+    past the cut."""
     store = tmp_path / "s"
     mm.train(_coefficients, mm.items(range(40)), store=store, workers=2, progress=False)
     with sqlite3.connect(store / "index.sqlite") as conn:
-        pack, models, size = conn.execute(
-            "SELECT pack_id, models, size FROM packs ORDER BY pack_id").fetchone()
-        assert size == conn.execute("SELECT length(blob) + length(head) + length(tail) "
-                                    "FROM packs WHERE pack_id = ?", (pack,)).fetchone()[0]
+        packs = conn.execute("SELECT pack_id, models, size, length(blob) + length(head) + "
+                             "length(tail) FROM packs WHERE models > 1 ORDER BY pack_id"
+                             ).fetchall()
+        assert len(packs) >= 2 and all(size == whole for _, _, size, whole in packs)
+        (cut_template, models, _, _), (cut_blob, *_) = packs[:2]
         conn.execute(f"UPDATE packs SET {cut} = substr({cut}, 1, length({cut}) - 1) "
-                     "WHERE pack_id = ?", (pack,))
+                     "WHERE pack_id = ?", (cut_template,))
+        conn.execute("UPDATE packs SET blob = substr(blob, 1, length(blob) - 1) "
+                     "WHERE pack_id = ?", (cut_blob,))
     again = mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
                      progress=False)
     assert again.summary().ok == 40
-    assert again.summary().reused == 40 - models
+    assert again.summary().reused == 40 - models - 1
     opened = mm.Store(store)
     for item in range(40):  # each read from this run's model, reused or new
+        np.testing.assert_array_equal(opened.load(item), _coefficients(item))
+
+
+def test_a_pack_written_when_its_size_was_its_blobs_is_checked_model_by_model(tmp_path):
+    """A templated pack written before its size took in its template records
+    its BLOB's length: such a pack is never taken as whole at once, and
+    one cut a byte short loses only its last model."""
+    store = tmp_path / "s"
+    mm.train(_coefficients, mm.items(range(40)), store=store, workers=2, progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:  # as that manymodels wrote it
+        conn.execute("UPDATE packs SET size = length(blob)")
+        lengths = dict(conn.execute("SELECT pack_id, length(blob) FROM packs").fetchall())
+        for block, listed in conn.execute("SELECT block_id, written_packs FROM task_blocks "
+                                          "WHERE written_packs IS NOT NULL").fetchall():
+            rows = np.frombuffer(listed, dtype=np.int64).reshape(-1, 2).copy()
+            rows[:, 1] = [lengths[pack] for pack in rows[:, 0].tolist()]
+            conn.execute("UPDATE task_blocks SET written_packs = ? WHERE block_id = ?",
+                         (rows.tobytes(), block))
+        (pack,) = conn.execute("SELECT pack_id FROM packs WHERE models > 1 "
+                               "ORDER BY pack_id").fetchone()
+        conn.execute("UPDATE packs SET blob = substr(blob, 1, length(blob) - 1) "
+                     "WHERE pack_id = ?", (pack,))
+    again = mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
+                     progress=False)
+    assert again.summary().reused == 39
+    opened = mm.Store(store)
+    for item in range(40):
         np.testing.assert_array_equal(opened.load(item), _coefficients(item))
 
 

@@ -146,9 +146,12 @@ def all_whole(conn: sqlite3.Connection, written: list[bytes | None]) -> bool:
     wanted = np.frombuffer(b"".join(written), dtype=np.int64).reshape(-1, 2)
     if not len(wanted):
         return True
+    # each at its size exactly: a pack cut short is checked model by model
+    # (whole_mask), and so is a templated one written when its size was
+    # its BLOB's length alone
     known = {pack: length for pack, length, _ in _pack_lengths(
         conn, (int(wanted[:, 0].min()), int(wanted[:, 0].max())))}
-    return all(known.get(pack, -1) >= size for pack, size in wanted.tolist())
+    return all(known.get(pack, -1) == size for pack, size in wanted.tolist())
 
 
 def locators(digests: bytes | np.ndarray, pack: Any, offset: Any, size: Any) -> pa.Array:
@@ -243,14 +246,12 @@ def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
     cheap check: SQLite reads a BLOB's ``length()`` from its record header,
     not its content); parsed all at once: a re-run checks a million. A
     templated pack's model is whole when its offset and size, less the
-    template, lie within the BLOB."""
+    template, lie within the BLOB, and, where its pack is shorter than it
+    was written, its template is whole (:func:`_template_whole`)."""
     known = _pack_lengths(conn)
     if not known or len(locators) == 0:
         return np.zeros(len(locators), dtype=bool)
     pack_ids, lengths, written = np.array(known, dtype=np.int64).T
-    # a pack shorter than it was written (its BLOB, head or tail cut) holds
-    # no model that can be trusted whole
-    lengths = np.where(lengths >= written, lengths, -1)
     try:
         places = pc.list_element(pc.split_pattern(locators, "@", max_splits=1), 1)
         parts = pc.split_pattern(places, "/")
@@ -266,7 +267,30 @@ def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
                          for parsed in map(_parsed_or_none, locators.to_pylist())], dtype=bool)
     pack, offset, size = numbers.reshape(len(locators), 3).T
     at = np.minimum(np.searchsorted(pack_ids, pack), len(pack_ids) - 1)
-    return (pack_ids[at] == pack) & (offset + size <= lengths[at])
+    whole = (pack_ids[at] == pack) & (offset + size <= lengths[at])
+    cut = whole & (lengths < written)[at]
+    for damaged in np.unique(pack[cut]).tolist():
+        rows = np.flatnonzero(cut & (pack == damaged))
+        if not _template_whole(conn, locators, rows[np.argsort(offset[rows])]):
+            whole[rows] = False
+    return whole
+
+
+def _template_whole(conn: sqlite3.Connection, locators: pa.Array, rows: np.ndarray) -> bool:
+    """Whether the pack of ``locators[rows]`` (one pack, shorter than it was
+    written: cut in its BLOB, head or tail) still has the template its
+    models were written with: some model of it reads back whole (its
+    SHA-256 checked). Its lengths alone cannot tell: a head cut by a byte
+    is as short as a BLOB; but a cut template fails every model of the
+    pack, a cut BLOB only those past the cut (their offsets say which)."""
+    import hashlib
+
+    for locator in locators.take(pa.array(rows)).to_pylist():
+        digest, pack, offset, size = parse_locator(locator)
+        data = read_slice(conn, pack, offset, size)
+        if data is not None and hashlib.sha256(data).hexdigest() == digest:
+            return True
+    return False
 
 
 def locator_columns(digests: np.ndarray, pack: np.ndarray, offset: np.ndarray,
