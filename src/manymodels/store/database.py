@@ -211,8 +211,8 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         # the tables made and the columns added since in one write transaction:
         # two drivers opening a store of an older layout at once would both
         # find a column missing, and the second to add it would fail
-        conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA}")
         try:
+            conn.executescript(f"BEGIN IMMEDIATE; {SCHEMA}")
             _migrate(conn)
             conn.execute("COMMIT")
         except BaseException:

@@ -169,11 +169,14 @@ class RunRecorder:
                 .to_numpy(zero_copy_only=False).all()):
             # every task, in order (an unchanged re-run): whole columns at once
             records.status = [ok] * records.size
-            records.reused_from = reused["reused_from"].to_pylist()
+            sources = pc.min_max(reused["reused_from"])
+            records.reused_from = [sources["min"].as_py()] * records.size \
+                if sources["min"] == sources["max"] else reused["reused_from"].to_pylist()
             records.metrics = [*texts_of.values()] * records.size if texts_of else \
                 reused["metrics"].to_pylist()
             in_store = reused["has_model"].to_numpy(zero_copy_only=False)
-            records.model = np.where(in_store, IN_STORE, None).tolist()
+            records.model = [IN_STORE] * records.size if in_store.all() else \
+                np.where(in_store, IN_STORE, None).tolist()
             return reused.num_rows
         status, reused_from, metrics, model = (records.status, records.reused_from,
                                                records.metrics, records.model)
