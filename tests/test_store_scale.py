@@ -585,8 +585,9 @@ def test_a_templated_pack_whose_template_was_cut_is_not_reused(tmp_path, cut):
 
 def test_a_pack_written_when_its_size_was_its_blobs_is_checked_model_by_model(tmp_path):
     """A templated pack written before its size took in its template records
-    its BLOB's length: such a pack is never taken as whole at once, and
-    one cut a byte short loses only its last model."""
+    its BLOB's length: such a pack is whole at that length (an unchanged
+    re-run reuses every model), and one cut a byte short loses only its
+    last model."""
     store = tmp_path / "s"
     mm.train(_coefficients, mm.items(range(40)), store=store, workers=2, progress=False)
     with sqlite3.connect(store / "index.sqlite") as conn:  # as that manymodels wrote it
@@ -598,6 +599,9 @@ def test_a_pack_written_when_its_size_was_its_blobs_is_checked_model_by_model(tm
             rows[:, 1] = [lengths[pack] for pack in rows[:, 0].tolist()]
             conn.execute("UPDATE task_blocks SET written_packs = ? WHERE block_id = ?",
                          (rows.tobytes(), block))
+    assert mm.train(_coefficients, mm.items(range(40)), store=store, workers=2,
+                    progress=False).summary().reused == 40
+    with sqlite3.connect(store / "index.sqlite") as conn:
         (pack,) = conn.execute("SELECT pack_id FROM packs WHERE models > 1 "
                                "ORDER BY pack_id").fetchone()
         conn.execute("UPDATE packs SET blob = substr(blob, 1, length(blob) - 1) "

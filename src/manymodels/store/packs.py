@@ -146,12 +146,12 @@ def all_whole(conn: sqlite3.Connection, written: list[bytes | None]) -> bool:
     wanted = np.frombuffer(b"".join(written), dtype=np.int64).reshape(-1, 2)
     if not len(wanted):
         return True
-    # each at its size exactly: a pack cut short is checked model by model
-    # (whole_mask), and so is a templated one written when its size was
-    # its BLOB's length alone
-    known = {pack: length for pack, length, _ in _pack_lengths(
+    # each at its size exactly (a pack cut short is checked model by model,
+    # by whole_mask): its whole length, or, for a templated pack written
+    # when its size was its BLOB's length, that (its template unchecked)
+    known = {pack: (length, blob) for pack, length, _, blob in _pack_lengths(
         conn, (int(wanted[:, 0].min()), int(wanted[:, 0].max())))}
-    return all(known.get(pack, -1) == size for pack, size in wanted.tolist())
+    return all(size in known.get(pack, ()) for pack, size in wanted.tolist())
 
 
 def locators(digests: bytes | np.ndarray, pack: Any, offset: Any, size: Any) -> pa.Array:
@@ -206,18 +206,19 @@ def pack_template(conn: sqlite3.Connection, pack: int) -> tuple[bytes, bytes]:
 
 
 def _pack_lengths(conn: sqlite3.Connection, between: tuple[int, int] | None = None
-                  ) -> list[tuple[int, int, int]]:
+                  ) -> list[tuple[int, int, int, int]]:
     """Each pack's id (those ``between`` two, inclusive, if given), the
     longest a model it holds may say it ends at: its BLOB's length, plus its
     template's where it is templated (read from the records' headers, not
-    the content), and the size it was written at (its whole length, since
-    templates; its BLOB's before)."""
+    the content), the size it was written at (its whole length; a templated
+    pack an earlier manymodels wrote has its BLOB's), and its BLOB's length."""
     where = "" if between is None else "WHERE pack_id BETWEEN ? AND ? "
     return _select_packs(
         conn, "SELECT pack_id, length(blob) + coalesce(length(head), 0) + "
-              f"coalesce(length(tail), 0), size FROM packs {where}ORDER BY pack_id",
-        f"SELECT pack_id, length(blob), size FROM packs {where}ORDER BY pack_id",
-        between or ()).fetchall()
+              f"coalesce(length(tail), 0), size, length(blob) FROM packs {where}"
+              "ORDER BY pack_id",
+        f"SELECT pack_id, length(blob), size, length(blob) FROM packs {where}"
+        "ORDER BY pack_id", between or ()).fetchall()
 
 
 def _select_packs(conn: sqlite3.Connection, query: str, before_templates: str,
@@ -251,7 +252,7 @@ def whole_mask(conn: sqlite3.Connection, locators: pa.Array) -> np.ndarray:
     known = _pack_lengths(conn)
     if not known or len(locators) == 0:
         return np.zeros(len(locators), dtype=bool)
-    pack_ids, lengths, written = np.array(known, dtype=np.int64).T
+    pack_ids, lengths, written, _ = np.array(known, dtype=np.int64).T
     try:
         places = pc.list_element(pc.split_pattern(locators, "@", max_splits=1), 1)
         parts = pc.split_pattern(places, "/")
