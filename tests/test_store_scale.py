@@ -614,6 +614,45 @@ def test_a_pack_written_when_its_size_was_its_blobs_is_checked_model_by_model(tm
         np.testing.assert_array_equal(opened.load(item), _coefficients(item))
 
 
+def test_models_loaded_one_after_another_read_each_pack_once(tmp_path):
+    """Loading a run's models in order reads a pack whole at its second model
+    in a row and serves the rest from it (a query or two a pack, not two a
+    model); each model is still checked against its SHA-256, and a held
+    pack whose bytes are wrong (another store's, say) is read again from the
+    store: the model loads, and nothing is called corrupt."""
+    from manymodels.store import packs as store_packs
+
+    store = tmp_path / "s"
+    mm.train(_coefficients, mm.items(range(300)), store=store, workers=2, progress=False)
+    opened = mm.Store(store)
+    queries: list[str] = []
+    opened._conn.set_trace_callback(queries.append)
+    models = opened.models()
+    for item in range(300):
+        np.testing.assert_array_equal(models[item], _coefficients(item))
+    templates = [q for q in queries if q.startswith("SELECT head, tail FROM packs")]
+    packs_read = opened._conn.execute("SELECT count(*) FROM packs").fetchone()[0]
+    assert len(templates) <= 2 * packs_read < 300
+    held = store_packs._LastPack.held
+    assert held is not None and held[0][0] == id(opened._conn)
+    # the held pack's bytes spoiled: its models are read again from the store
+    place, head, whole, tail = held
+    store_packs._LastPack.held = (place, head, bytes(len(whole)), tail)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        located = taskblocks.read_run(conn, 1, ["key", "artifact"])
+    in_held = [key for key, artifact in zip(located["key"].to_pylist(),
+                                            located["artifact"].to_pylist())
+               if int(artifact.split("@")[1].split("/")[0]) == place[1]]
+    assert in_held
+    fresh = opened.models()
+    for key in in_held:
+        item = int(key.strip("[]"))
+        np.testing.assert_array_equal(fresh[item], _coefficients(item))
+    assert opened._conn.execute("SELECT count(*) FROM corrupt_artifacts").fetchone()[0] == 0
+    assert store_packs._LastPack.held[2] == whole  # read again, and held again
+    opened.close()
+
+
 def test_a_part_of_models_of_several_kinds_packs_whole_pickles():
     """A part's pack is templated while every model shares one template; the
     first that does not (another kind, or a model the pickler made) makes

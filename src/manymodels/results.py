@@ -283,7 +283,7 @@ class Run:
         # each status counted by list.count in C (a Counter hashed a million;
         # a run whose every task is ok, the common case, is one count)
         ok_count = rec.status.count(OK.value)  # the value: found by identity, not ==
-        statuses = {OK: ok_count} if ok_count == rec.size else {
+        statuses = {OK.value: ok_count} if ok_count and ok_count == rec.size else {
             status: rec.status.count(status) for status in dict.fromkeys(rec.status)}
         unset = statuses.pop(None, 0)
         durations = rec.duration_s

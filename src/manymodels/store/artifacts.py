@@ -141,17 +141,24 @@ def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any,
 def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
     """A packed model's bytes, checked against its SHA-256 (see :mod:`.packs`)."""
     digest, pack, offset, size = packs.parse_locator(locator)
+
+    def whole(data: bytes | None) -> bool:
+        return data is not None and len(data) == size and sha256(data) == digest
+
     data = packs.read_slice(conn, pack, offset, size)
+    if whole(data):
+        return data
+    data = packs.read_slice(conn, pack, offset, size, cached=False)  # the pack as it is now
+    if whole(data):
+        return data
     place = f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size})"
     if data is None:
         _mark_corrupt(conn, locator)
         raise StoreIntegrityError(f"{place} is missing from the store")
-    if len(data) != size or sha256(data) != digest:
-        _mark_corrupt(conn, locator)
-        raise StoreIntegrityError(
-            f"{place} does not match its recorded SHA-256: the pack was modified or "
-            "truncated, so it is not loaded")
-    return data
+    _mark_corrupt(conn, locator)
+    raise StoreIntegrityError(
+        f"{place} does not match its recorded SHA-256: the pack was modified or "
+        "truncated, so it is not loaded")
 
 
 def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:

@@ -169,9 +169,10 @@ class RunRecorder:
                 .to_numpy(zero_copy_only=False).all()):
             # every task, in order (an unchanged re-run): whole columns at once
             records.status = [ok] * records.size
-            sources = pc.min_max(reused["reused_from"])
+            source, sources = reused["reused_from"], pc.min_max(reused["reused_from"])
             records.reused_from = [sources["min"].as_py()] * records.size \
-                if sources["min"] == sources["max"] else reused["reused_from"].to_pylist()
+                if not source.null_count and sources["min"] == sources["max"] \
+                else source.to_pylist()
             records.metrics = [*texts_of.values()] * records.size if texts_of else \
                 reused["metrics"].to_pylist()
             in_store = reused["has_model"].to_numpy(zero_copy_only=False)
