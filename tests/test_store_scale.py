@@ -687,6 +687,18 @@ def test_a_part_of_models_of_several_kinds_packs_whole_pickles():
         assert one.sha256 == hashlib.sha256(one.data).hexdigest()
 
 
+def _layout_4_store(store):
+    """A store of five items' models as a manymodels of layout 4 left it:
+    ``packs`` without ``head`` and ``tail``."""
+    mm.train(lambda item: [item] * 3, mm.items(range(5)), store=store, backend="threads",
+             progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        conn.execute("ALTER TABLE packs DROP COLUMN head")
+        conn.execute("ALTER TABLE packs DROP COLUMN tail")
+        conn.execute("PRAGMA user_version = 4")
+    return store
+
+
 def _open_at_barrier(path, barrier, answers):
     from manymodels.store import database
 
@@ -706,13 +718,7 @@ def test_drivers_opening_an_older_store_at_once_all_migrate_it(tmp_path):
     import multiprocessing
     import shutil
 
-    base = tmp_path / "base"
-    mm.train(lambda item: [item] * 3, mm.items(range(5)), store=base, backend="threads",
-             progress=False)
-    with sqlite3.connect(base / "index.sqlite") as conn:
-        conn.execute("ALTER TABLE packs DROP COLUMN head")
-        conn.execute("ALTER TABLE packs DROP COLUMN tail")
-        conn.execute("PRAGMA user_version = 4")
+    base = _layout_4_store(tmp_path / "base")
     context = multiprocessing.get_context("fork")
     for attempt in range(20):
         store = tmp_path / f"s{attempt}"
@@ -738,13 +744,8 @@ def test_a_store_from_before_templates_is_read_and_migrated(tmp_path):
     pack is written)."""
     from manymodels.store import packs as store_packs
 
-    store = tmp_path / "s"
-    mm.train(lambda item: [item] * 3, mm.items(range(5)), store=store, backend="threads",
-             progress=False)
+    store = _layout_4_store(tmp_path / "s")
     with sqlite3.connect(store / "index.sqlite") as conn:
-        conn.execute("ALTER TABLE packs DROP COLUMN head")
-        conn.execute("ALTER TABLE packs DROP COLUMN tail")
-        conn.execute("PRAGMA user_version = 4")
         (pack,) = conn.execute("SELECT pack_id FROM packs").fetchone()
         assert store_packs.pack_template(conn, pack) == (b"", b"")
         assert store_packs._pack_lengths(conn)[0][0] == pack
