@@ -428,3 +428,63 @@ def test_a_new_index_has_large_pages_and_an_old_one_keeps_its_own(tmp_path):
     assert page_size(old) == 4096
     assert again.summary().reused == 30 and mm.Store(old).integrity_check() == "ok"
     assert first.results["status"].eq("ok").all()
+
+
+def _coefficients(item):
+    return np.arange(3.0) * item
+
+
+def test_one_store_used_from_several_threads(tmp_path):
+    """A Store shared by threads gives each its own connection: one thread
+    loading a run's models and reading results while another deletes other
+    runs and collects garbage, and a third trains into it, each gets what it
+    would alone (one connection shared, a delete's BEGIN failed inside
+    another thread's read)."""
+    import threading
+
+    path = tmp_path / "store"
+    mm.train(_coefficients, mm.items(range(2000)), store=path, workers=2, progress=False)
+    for start in range(4):
+        mm.train(_coefficients, mm.items(range(10_000 + 200 * start, 10_200 + 200 * start)),
+                 store=path, backend="serial", progress=False)
+    store = mm.Store(path)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    trained: list[mm.Run] = []
+
+    def loader():
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            key = int(rng.integers(0, 2000))
+            np.testing.assert_array_equal(store.load(key, run=1), _coefficients(key))
+            assert len(store.results(1)) == 2000
+
+    def deleter():
+        for run_id in range(2, 6):
+            store.delete(run_id)
+            store.gc()
+
+    def trainer():
+        trained.append(mm.train(_coefficients, mm.items(range(2000)), store=store,
+                                backend="serial", progress=False))
+
+    def guarded(work):
+        def run():
+            try:
+                work()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+                stop.set()
+        return run
+
+    threads = [threading.Thread(target=guarded(work)) for work in (loader, deleter, trainer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads[1:]:
+        thread.join(120)
+    stop.set()
+    threads[0].join(120)
+    assert not errors, errors
+    assert trained[0].summary().reused == 2000
+    assert store.runs()["run_id"].tolist() == [1, trained[0].run_id]
+    store.close()

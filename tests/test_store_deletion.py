@@ -253,3 +253,63 @@ def test_random_histories_of_reruns_and_deletes(tmp_path, seed):
         latest = max(written)
         again = train(frames[latest], store)
         assert again.summary().reused == int((written[latest]["status"] == "ok").sum())
+
+
+def _delete_own_run(item, store):
+    """A fit that deletes the run it is part of (threads: this driver's)."""
+    if item == 0:
+        opened = mm.Store(store)
+        try:
+            opened.delete(int(opened.runs()["run_id"].max()))
+        except mm.StoreError as exc:
+            return str(exc)  # the model: what the refusal said
+        finally:
+            opened.close()
+        return "deleted"
+    return float(item)
+
+
+def test_a_run_still_being_written_is_not_deleted(tmp_path):
+    """``Store.delete`` refuses a run whose driver is alive and writing it (its
+    committed models would be lost to the next gc, its driver fail); a run
+    of a driver on another machine, which this one cannot tell from a live
+    one, is refused unless ``force``."""
+    store = tmp_path / "store"
+    run = mm.train(_delete_own_run, mm.items(range(3)), shared={"store": str(store)},
+                   store=store, backend="threads", progress=False)
+    refused = run.models[0]
+    assert f"run {run.run_id} of the store" in refused and "still being written" in refused
+    assert run.summary().ok == 3
+    opened = mm.Store(store)
+    assert opened.runs()["status"].tolist() == ["finished"]
+    opened.delete(run.run_id)  # ended: deleted
+    assert opened.runs().empty
+    again = mm.train(_delete_own_run, mm.items(range(1, 3)), shared={"store": str(store)},
+                     store=store, backend="threads", progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:  # as another machine's live driver
+        conn.execute("UPDATE runs SET status = 'running', driver = 'elsewhere:1:1.0' "
+                     "WHERE run_id = ?", (again.run_id,))
+    with pytest.raises(mm.StoreError, match="elsewhere:1:1.0"):
+        opened.delete(again.run_id)
+    opened.delete(again.run_id, force=True)
+    assert opened.runs().empty
+    opened.close()
+
+
+def test_models_of_a_run_deleted_after_it_ran_are_refused_by_name(tmp_path):
+    """A run whose models stayed in the store (a worker sent them there) and
+    that another driver deleted since says so when its models are asked
+    for, instead of a bare KeyError; the run that reused them keeps them."""
+    store = tmp_path / "store"
+    first = mm.train(_square, mm.items(range(50)), store=store, workers=2, progress=False)
+    second = mm.train(_square, mm.items(range(50)), store=store, workers=2, progress=False)
+    assert second.summary().reused == 50
+    mm.Store(store).delete(first.run_id)
+    with pytest.raises(mm.StoreError, match=f"run {first.run_id} was deleted"):
+        first.models  # noqa: B018 - the property is what is tested
+    assert second.models[7] == 49
+    assert mm.Store(store).models(run=second.run_id)[7] == 49
+
+
+def _square(item):
+    return item * item

@@ -16,6 +16,7 @@ from .messages import FAILURE_STATUSES, Pickled, Status
 from .metriccolumns import metric_columns
 from .partpacks import ModelPack, PackedModel, unpacked
 from .planning import Plan
+from .store.database import StoreError
 from .store.registry import IN_STORE, ModelMap, StoredModel
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
@@ -206,7 +207,14 @@ class Run:
         """Task index -> artifact of the models the driver left in the store."""
         if self.store is None or not any(map(_in_store, self._records.model)):
             return {}
-        return self.store._run_artifacts(self.run_id)
+        artifacts = self.store._run_artifacts(self.run_id)
+        if not artifacts and self.store._conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ?", (self.run_id,)).fetchone() is None:
+            raise StoreError(
+                f"run {self.run_id} was deleted from the store {str(self.store.path)!r} "
+                "after it ran, and its models with it: those a later run reused are that "
+                "run's (mm.Store(path).models(run=...)); train again for the others")
+        return artifacts
 
     def _ok_outputs(self) -> tuple[list[str], list[tuple[tuple, Any]]]:
         """The key columns, and (key values, what ``fit`` returned) of every task

@@ -86,7 +86,7 @@ def _alive(run: dict[str, Any]) -> dict[str, Any]:
     """A run still ``running`` whose driver process is gone shows as
     ``interrupted``, as the store marks it when next opened for writing."""
     driver = run.pop("driver")
-    if run["status"] == "running" and not database._driver_alive(driver):
+    if run["status"] == "running" and not database.driver_alive(driver):
         run["status"] = "interrupted"
     return run
 

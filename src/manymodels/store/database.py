@@ -185,8 +185,10 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
 PAGE_SIZE = 1 << 16
 
 
-def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
-    """Open (and create, or migrate) the index; a damaged one is refused by name."""
+def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sqlite3.Connection:
+    """Open (and create, or migrate) the index; a damaged one is refused by name.
+    ``opened``: this process opened it for writing already (another thread's
+    connection): only the connection and its settings."""
     index = Path(path) / INDEX_NAME
     try:
         if read_only:
@@ -194,6 +196,10 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         fresh = not index.exists()
         conn = sqlite3.connect(index, timeout=60, isolation_level=None,
                                check_same_thread=False)
+        if opened:
+            _configure(conn)
+            _check_format(conn, index)
+            return conn
         if fresh:
             os.chmod(index, 0o600)
             # pages of 64 KiB (not 4): a run's packs and blocks are large BLOBs,
@@ -201,12 +207,7 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
             # packed model is read by walking its pack's chain of pages
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
         _switch_to_wal(conn)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=60000")
-        # a page cache of 16 MiB (not SQLite's 2): a second's task block and
-        # packs fit in it; a larger one was held for the whole run
-        conn.execute("PRAGMA cache_size=-16384")
+        _configure(conn)
         _check_format(conn, index)
         # the tables made and the columns added since in one write transaction:
         # two drivers opening a store of an older layout at once would both
@@ -222,6 +223,16 @@ def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         return conn
     except sqlite3.DatabaseError as exc:
         raise _index_error(index, exc) from exc
+
+
+def _configure(conn: sqlite3.Connection) -> None:
+    """A writing connection's settings (the write-ahead log is the file's)."""
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=60000")
+    # a page cache of 16 MiB (not SQLite's 2): a second's task block and
+    # packs fit in it; a larger one was held for the whole run
+    conn.execute("PRAGMA cache_size=-16384")
 
 
 def _connect_read_only(index: Path) -> sqlite3.Connection:
@@ -308,7 +319,9 @@ def insert_run(conn: sqlite3.Connection, *, backend: str, workers: int, source: 
          driver_label())).lastrowid)
 
 
-def _driver_alive(label: str | None) -> bool:
+def driver_alive(label: str | None) -> bool:
+    """Whether the driver a run's ``driver`` label names may still be
+    running: True for another machine's (this one cannot tell)."""
     import psutil
 
     try:
@@ -325,7 +338,7 @@ def _mark_dead_runs_interrupted(conn: sqlite3.Connection) -> None:
     opened, a run whose driver process is gone is marked ``interrupted``."""
     running = conn.execute(
         "SELECT run_id, driver FROM runs WHERE status = 'running'").fetchall()
-    dead = [(run_id,) for run_id, label in running if not _driver_alive(label)]
+    dead = [(run_id,) for run_id, label in running if not driver_alive(label)]
     if dead:
         conn.executemany("UPDATE runs SET status = 'interrupted' WHERE run_id = ? "
                          "AND status = 'running'", dead)

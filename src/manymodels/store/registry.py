@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import sqlite3
+import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -92,11 +94,31 @@ class Store:
         #: True when the store was opened for reading only (asked for, or the
         #: files are not writable by this user): it can be read, not trained into.
         self.read_only = not database.prepare_directory(self.path, read_only)
-        self._conn = database.connect(self.path, read_only=self.read_only)
+        # a connection per thread: SQLite's transactions are a connection's,
+        # and threads sharing one broke each other's (a delete's BEGIN inside
+        # another thread's read, a reader's COMMIT of a half-done write)
+        self._local = threading.local()
+        self._connections = [database.connect(self.path, read_only=self.read_only)]
+        self._local.conn = self._connections[0]
+        self._connecting = threading.Lock()
         self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
 
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection to the index (opened on first use)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = database.connect(self.path, read_only=self.read_only, opened=True)
+            with self._connecting:
+                self._connections.append(conn)
+            self._local.conn = conn
+        return conn
+
     def close(self) -> None:
-        self._conn.close()
+        with self._connecting:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r})"
@@ -341,13 +363,28 @@ class Store:
 
     # -- housekeeping --------------------------------------------------------------
 
-    def delete(self, run: int) -> None:
+    def delete(self, run: int, *, force: bool = False) -> None:
         """Forget a run (its artifacts stay until :meth:`gc`); the models later
-        runs reused from it stay theirs, reusable (see :mod:`.deletion`)."""
+        runs reused from it stay theirs, reusable (see :mod:`.deletion`).
+
+        A run whose driver is still writing it is refused: the driver would
+        go on committing rows that name no run, and a :meth:`gc` meanwhile
+        would remove the models it had committed. ``force`` deletes it
+        anyway: for a run of a driver on another machine that is gone (this
+        machine cannot tell it from a live one; one on this machine that is
+        gone reads ``interrupted`` once the store is opened again)."""
         run_id, _, _ = self._run_row(run)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            status, driver = conn.execute("SELECT status, driver FROM runs WHERE run_id = ?",
+                                          (run_id,)).fetchone()
+            if status == "running" and not force and database.driver_alive(driver):
+                raise database.StoreError(
+                    f"run {run_id} of the store {str(self.path)!r} is still being written by "
+                    f"its driver ({driver}): delete it once it has ended, or stop that "
+                    "driver first (Store.delete(run, force=True) for a driver on another "
+                    "machine that is gone)")
             delete_run(conn, run_id)  # what later runs reuse of it stays reusable
             conn.execute("COMMIT")
         except BaseException:
