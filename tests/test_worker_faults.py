@@ -225,6 +225,38 @@ def test_processes_a_task_starts_end_with_its_timed_out_worker(rendezvous, start
     assert not survivors(pids), "processes of a killed worker outlived it"
 
 
+def fork_a_sleeper_on_0_then_die_on_1(item):
+    if item == 0:  # forked: the child holds the worker's ends of its pipes
+        folder = Path(os.environ[RENDEZVOUS], "forked")
+        folder.mkdir()
+        if os.fork() == 0:
+            (folder / str(os.getpid())).write_text("")
+            time.sleep(120)
+            os._exit(0)
+        while not any(folder.iterdir()):
+            time.sleep(0.01)
+    if item == 1:
+        os._exit(7)
+    return item
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_worker_that_dies_while_a_process_it_forked_holds_its_pipe(rendezvous,
+                                                                      start_method):
+    """A worker whose task forked a process that keeps running, and which
+    then dies, is replaced once its process is gone, though its pipe stays
+    open (the driver waited until the forked process ended, here 120 s),
+    and the forked process, left in the dead worker's session, is ended."""
+    started = time.monotonic()
+    run = mm.train(fork_a_sleeper_on_0_then_die_on_1, mm.items(range(4)), workers=1,
+                   progress=False, start_method=start_method)
+    assert time.monotonic() - started < 60, "the driver waited for the forked process"
+    assert_only(run, 1, "crashed")
+    pids = marked_pids(rendezvous)
+    assert len(pids) == 1
+    assert not survivors(pids), "the process a task forked outlived its dead worker"
+
+
 # -- a task that closes the standard streams ------------------------------------------
 
 

@@ -138,6 +138,9 @@ class Worker:
     ready: bool = False
     batches: deque[Batch] = field(default_factory=deque)
     memory: MemoryWatch | None = None
+    #: When the driver first found its process gone with its pipe still open
+    #: (a process it started holds the pipe's other end)
+    gone_since: float | None = None
 
 
 def send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:

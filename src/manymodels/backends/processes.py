@@ -28,11 +28,13 @@ driver's handle on a worker is :mod:`._process_handles`, starting one is
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -71,6 +73,9 @@ from .base import (
 )
 
 _CHECK_EVERY_S = 0.05
+#: How long a worker's process may be gone while its pipe stays open (a
+#: process it started holds it) before the driver replaces it regardless.
+_GONE_GRACE_S = 0.5
 _STOP_GRACE_S = 1.0
 #: Libraries whose native thread pools or devices hang or fail in a forked
 #: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
@@ -254,6 +259,10 @@ class ProcessesBackend(WorkerStarter, Backend):
         """End a worker; with ``kill``, SIGKILL it and every process it started."""
         if kill:
             end_tree(worker.process.pid, with_root=worker.process.poll() is None)
+            # the processes its tasks started and left behind when it died
+            # (reparented, so no longer in its tree) are still in its session
+            with contextlib.suppress(OSError):
+                os.killpg(worker.process.pid, signal.SIGKILL)
         worker.outbox.put(None)
         try:
             worker.process.wait(timeout=5)
@@ -340,6 +349,18 @@ class ProcessesBackend(WorkerStarter, Backend):
         return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done,
                          prepare_s=prepare)]
 
+    def _read_what_is_left(self, worker: Worker) -> list[Event]:
+        """The messages a worker that is gone sent before it died and the
+        driver has not read (its pipe still open: a process it started holds it)."""
+        events: list[Event] = []
+        while worker in self._workers and worker.rx.poll(0):
+            try:
+                message = pickle.loads(worker.rx.recv_bytes())
+            except (EOFError, OSError):
+                break  # its end closed after all: replaced by the caller
+            events.extend(self._handle(worker, message))
+        return events
+
     def _check_limits(self) -> list[Event]:
         events: list[Event] = []
         wall_now, now = time.time(), time.monotonic()
@@ -348,7 +369,16 @@ class ProcessesBackend(WorkerStarter, Backend):
             if not worker.ready:
                 continue
             if worker.process.poll() is not None:
-                continue  # its pipe reports EOF on the next poll
+                # its pipe reports EOF on the next poll, unless a process it
+                # started still holds the pipe's other end: then it is
+                # replaced from here, once what it sent before it died is read
+                if worker.gone_since is None:
+                    worker.gone_since = now
+                elif now - worker.gone_since > _GONE_GRACE_S:
+                    events.extend(self._read_what_is_left(worker))
+                    if worker in self._workers:
+                        events.extend(self._replace(worker, None, None))
+                continue
             if self.timeout is not None:
                 index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
                 if index >= 0 and wall_now - started > self.timeout:
