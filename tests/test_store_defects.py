@@ -12,6 +12,7 @@ import textwrap
 import threading
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import manymodels as mm
@@ -473,3 +474,55 @@ def test_a_column_no_value_of_which_can_be_told_apart_is_refused_by_name(tmp_pat
         mm.train(_rows_per_list, mm.groups(table, by="g"), store=tmp_path / "store",
                  backend="threads", workers=1, progress=False)
     assert mm.Store(tmp_path / "store").runs().empty
+
+
+@pytest.mark.parametrize("make", [
+    lambda frame: mm.groups(frame.rename(columns={"g": "status"}), by="status"),
+    lambda frame: mm.grid(error=[1, 2]),
+    lambda frame: mm.items(["a", "b"]) * mm.grid(run_id=[1]),
+])
+def test_a_key_named_as_a_results_column_is_refused_before_any_work(tmp_path, make):
+    """A key column (``by=``, a grid's parameter) named as a column the
+    results add (status, error, run_id, ...) would show in ``run.results``
+    as that column's values: refused by name before the store is made."""
+    frame = pd.DataFrame({"g": ["a", "b"], "x": [1.0, 2.0]})
+    store = tmp_path / "store"
+    with pytest.raises(ValueError, match="key column '(status|error|run_id)' has the name"):
+        mm.train(lambda *args, **kwargs: 1, make(frame), store=store, progress=False)
+    assert not store.exists()
+
+
+def test_an_empty_store_path_or_another_programs_sqlite_file_is_refused(tmp_path,
+                                                                         monkeypatch):
+    """An empty path would make the current directory a store; a SQLite file
+    of something else as the index would get a store's tables beside its
+    own: both are refused, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(mm.StoreError, match="store path is empty"):
+        mm.train(lambda item: item, mm.items([1, 2]), store="", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    with sqlite3.connect(foreign / "index.sqlite") as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+        conn.execute("INSERT INTO users VALUES ('ada')")
+    before = (foreign / "index.sqlite").read_bytes()
+    with pytest.raises(mm.StoreError, match="SQLite file of something else.*users"):
+        mm.train(lambda item: item, mm.items([1, 2]), store=foreign, progress=False)
+    assert (foreign / "index.sqlite").read_bytes() == before
+    with sqlite3.connect(foreign / "index.sqlite") as conn:
+        assert [name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")] == ["users"]
+
+
+def test_the_cli_reads_only_a_store_and_makes_none(tmp_path):
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for command in (["runs", str(plain)], ["show", str(plain), "1"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2 and "not a manymodels store" in result.output, command
+    assert list(plain.iterdir()) == []

@@ -20,7 +20,7 @@ from .hashing import task_identities
 from .options import RunOptions
 from .planning import add_fit_keys
 from .planning import plan as make_plan
-from .results import Run
+from .results import Run, check_key_names
 from .scheduling import Scheduler
 from .selection import Halving, HalvingSearch, Selection
 from .sources import Source
@@ -119,6 +119,7 @@ def train(
             "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
             f"got {type(source).__name__}"
         )
+    check_key_names(source.key_columns)
     instance = backend if isinstance(backend, Backend) else None
     backend_type = type(instance) if instance is not None else backend_class(backend)
     name = instance.name if instance is not None else backend

@@ -21,6 +21,20 @@ from .store.registry import IN_STORE, ModelMap, StoredModel
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
+#: The columns a run's results add beside its keys (``gpu`` with GPUs;
+#: ``run_id`` in :meth:`Store.results`).
+RESULT_COLUMNS = frozenset({*_RESERVED, "gpu", "run_id"})
+
+
+def check_key_names(names: list[Any]) -> None:
+    """Refuse key columns (``by=``, a grid's parameters) named as a column the
+    results add: the results would show one where the other belongs."""
+    clash = [name for name in names if name in RESULT_COLUMNS]
+    if clash:
+        raise ValueError(
+            f"the key column {clash[0]!r} has the name of a column that run.results adds "
+            f"({', '.join(sorted(RESULT_COLUMNS))}): rename that column of the table, or "
+            "that grid parameter")
 
 
 def _in_store(model: Any) -> bool:

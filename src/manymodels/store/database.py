@@ -206,6 +206,8 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
             # written twice (the WAL, then the checkpoint) page by page, and a
             # packed model is read by walking its pack's chain of pages
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        if not fresh:
+            _check_is_store(conn, index)
         _switch_to_wal(conn)
         _configure(conn)
         _check_format(conn, index)
@@ -257,6 +259,19 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
                      "INTEGER, tasks INTEGER, trained INTEGER, data BLOB, "
                      "trained_identities BLOB, same_as INTEGER, written_packs BLOB)")
     return conn
+
+
+def _check_is_store(conn: sqlite3.Connection, index: Path) -> None:
+    """Refuse an existing SQLite file that is not a store's index (tables, but
+    no ``runs``) before anything is written to it: its tables were someone
+    else's, and a store's would have been added beside them."""
+    tables = {name for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if tables and "runs" not in tables:
+        conn.close()
+        raise StoreError(f"store index {str(index)!r} is a SQLite file of something else "
+                         f"(its tables: {', '.join(sorted(tables)[:5])}): not a manymodels "
+                         "store index; give the store a directory of its own")
 
 
 def _check_format(conn: sqlite3.Connection, index: Path) -> None:

@@ -90,6 +90,9 @@ class Store:
     """
 
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
+        if isinstance(path, str) and not path.strip():
+            raise database.StoreError("the store path is empty: name a directory (an empty "
+                                      "path would make the current directory a store)")
         self.path = Path(path)
         #: True when the store was opened for reading only (asked for, or the
         #: files are not writable by this user): it can be read, not trained into.
