@@ -55,6 +55,28 @@ def test_unreadable_and_missing_files(tmp_path):
                   else None, by="store")
 
 
+@pytest.mark.parametrize(("options", "kind", "message"), [
+    ({"timeout": float("nan")}, ValueError, "timeout must be a positive number"),
+    ({"memory_limit": float("nan")}, ValueError, "memory_limit: .*finite"),
+    ({"memory_limit": float("inf")}, ValueError, "memory_limit: .*finite"),
+    ({"memory_limit": "1e400"}, ValueError, "memory_limit: .*finite"),
+    ({"retry_on": ValueError()}, TypeError, "write retry_on=ValueError"),
+    ({"retry_on": 5}, TypeError, "retry_on must be an exception class"),
+    ({"reuse": "false"}, TypeError, "reuse must be True or False"),
+])
+def test_values_that_read_as_something_else_are_refused(sales, options, kind, message):
+    """A NaN timeout (no timeout at all), an infinite memory limit, an
+    exception instead of its class, the text "false" (true) for a switch:
+    each refused by name before any work, not read as another value."""
+    with pytest.raises(kind, match=message):
+        mm.train(fit_linear, mm.groups(sales, by="store"), progress=False, **options)
+
+
+def test_a_by_column_named_twice_is_refused(sales):
+    with pytest.raises(ValueError, match="by= names the column 'store' twice"):
+        mm.groups(sales, by=["store", "store"])
+
+
 def test_bad_arguments_name_the_argument(sales):
     source = mm.groups(sales, by="store")
     with pytest.raises(ValueError, match="unknown backend 'hadoop'"):

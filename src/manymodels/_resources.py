@@ -100,8 +100,9 @@ def parse_bytes(value: int | float | str) -> int:
             ) from None
     else:
         raise TypeError("a memory size must be a number of bytes or a string like '2GB'")
-    if size <= 0:
-        raise ValueError(f"a memory size must be positive, got {value!r}")
+    if not size > 0 or size == float("inf"):  # NaN fails the first
+        raise ValueError(f"a memory size must be a positive, finite number of bytes, "
+                         f"got {value!r}")
     return int(size)
 
 

@@ -89,7 +89,8 @@ class RunOptions:
         gpu_fraction = _check_gpu_memory_limit(gpu_memory_limit, per_task, per_gpu,
                                                backend_type, backend_name)
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or \
+                    not timeout > 0:  # NaN too
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
             if not backend_type.enforces_timeout:
                 raise ValueError(
@@ -97,7 +98,10 @@ class RunOptions:
                     "enforce timeout=; use backend='processes'")
         memory_bytes = None
         if memory_limit is not None:
-            memory_bytes = parse_bytes(memory_limit)
+            try:
+                memory_bytes = parse_bytes(memory_limit)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"memory_limit: {exc}") from None
             if not backend_type.enforces_memory_limit:
                 raise ValueError(f"the {backend_name} backend cannot enforce memory_limit=; "
                                  "use backend='processes'")
@@ -125,7 +129,8 @@ class RunOptions:
                    retries=positive_int("retries", retries, minimum=0),
                    retry_on=_check_retry_on(retry_on),
                    max_failures=_check_max_failures(max_failures),
-                   progress=bool(progress), reuse=bool(reuse), shared=shared or None,
+                   progress=bool(progress), reuse=_check_bool("reuse", reuse),
+                   shared=shared or None,
                    setup=setup)
 
     def sized_for(self, backend_type: type, tasks: int) -> BackendOptions:
@@ -163,10 +168,24 @@ def _check_max_failures(value: Any) -> int | float | None:
     return float(value)
 
 
+def _check_bool(name: str, value: Any) -> bool:
+    """A switch: True or False (``"false"`` read as True was a full run)."""
+    if not isinstance(value, (bool, int)) or value not in (0, 1):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def _check_retry_on(value: Any) -> tuple[type[BaseException], ...]:
     if value is None:
         return ()
-    types = (value,) if isinstance(value, type) else tuple(value)
+    if isinstance(value, BaseException):
+        raise TypeError(f"retry_on must hold exception classes, got the exception {value!r} "
+                        f"(write retry_on={type(value).__name__})")
+    try:
+        types = (value,) if isinstance(value, type) else tuple(value)
+    except TypeError:
+        raise TypeError(f"retry_on must be an exception class or several, got {value!r}") \
+            from None
     for item in types:
         if not (isinstance(item, type) and issubclass(item, BaseException)):
             raise TypeError(f"retry_on must hold exception classes, got {item!r}")

@@ -64,6 +64,10 @@ class GroupSource(Source):
         by_columns = _column_list(by, "by")
         if not by_columns:
             raise ValueError("groups() needs at least one column in by=")
+        twice = next((name for position, name in enumerate(by_columns)
+                      if name in by_columns[:position]), None)
+        if twice is not None:
+            raise ValueError(f"by= names the column {twice!r} twice")
         order_columns = _column_list(order_by, "order_by") if order_by is not None else []
         if columns is not None:
             wanted = _column_list(columns, "columns")
