@@ -526,3 +526,26 @@ def test_the_cli_reads_only_a_store_and_makes_none(tmp_path):
         result = CliRunner().invoke(app, command)
         assert result.exit_code == 2 and "not a manymodels store" in result.output, command
     assert list(plain.iterdir()) == []
+
+
+def _with_lock(n, lock):
+    return {"n": n}
+
+
+def test_a_run_refused_at_its_task_identities_leaves_no_store_behind(tmp_path):
+    """A shared object that cannot be hashed (a store needs its hash) is named
+    in the error, and a store that did not exist is not made (an empty one
+    was left behind); an existing store gains no run."""
+    import threading
+
+    store = tmp_path / "store"
+    with pytest.raises(TypeError, match="shared object 'lock' cannot be hashed"):
+        mm.train(_with_lock, mm.grid(n=[1, 2]), shared={"lock": threading.Lock()},
+                 backend="threads", store=store, progress=False)
+    assert not store.exists()
+    mm.train(lambda n: {"n": n}, mm.grid(n=[1, 2]), backend="threads", store=store,
+             progress=False)
+    with pytest.raises(TypeError, match="shared object 'lock'"):
+        mm.train(_with_lock, mm.grid(n=[1, 2]), shared={"lock": threading.Lock()},
+                 backend="threads", store=store, progress=False)
+    assert mm.Store(store).runs()["run_id"].tolist() == [1]

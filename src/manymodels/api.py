@@ -141,7 +141,11 @@ def train(
         selection = select.selection
     else:
         selection = None if select is None else Selection.parse(select, splitter)
-    store = _open_store(store)
+    # a store that does not exist yet is made once the plan and the task
+    # identities are (a refusal there, of a column that cannot be hashed say,
+    # left an empty store behind); an existing one is checked at once
+    new_store = isinstance(store, (str, Path)) and not Path(store).exists()
+    store = _check_new_store_path(store) if new_store else _open_store(store)
     live = None
     if dashboard:
         from .dashboard import LiveDashboard
@@ -164,10 +168,14 @@ def train(
         if store is not None:
             # the splitter is part of each task's identity: its metrics depend on
             # it; the driver keeps no per-task identity beyond the recorder's columns
-            recorder = RunRecorder(store, plan, *task_identities(
+            identities = task_identities(
                 plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
-                else options.shared), fit_name=_callable_name(fit), source=repr(source),
-                backend=name, workers=options.sized_for(backend_type, len(plan.tasks)).workers)
+                else options.shared)
+            if new_store:
+                store = _open_store(store)
+            recorder = RunRecorder(store, plan, *identities, fit_name=_callable_name(fit),
+                                   source=repr(source), backend=name, workers=options.sized_for(
+                                       backend_type, len(plan.tasks)).workers)
             to_do -= recorder.begin(reuse=options.reuse)
         try:
             engine = instance if instance is not None else backend_type()
@@ -190,6 +198,15 @@ def train(
     if selection is not None:
         run.select(selection, source)
     return run
+
+
+def _check_new_store_path(store: str | Path) -> str | Path:
+    """What can be told of a store's path before it is made (it is made, and
+    checked whole, once the run's plan and task identities are)."""
+    if isinstance(store, str) and not store.strip():
+        raise StoreError("the store path is empty: name a directory (an empty path would "
+                         "make the current directory a store)")
+    return store
 
 
 def _open_store(store: Any) -> Store | None:

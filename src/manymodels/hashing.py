@@ -328,6 +328,24 @@ class TaskIdentities:
         return self._data
 
 
+def _shared_hash(shared: dict) -> str:
+    """The hash of the shared objects (each by :func:`value_hash`); one that
+    cannot be hashed is named."""
+    try:
+        return value_hash(dict(sorted(shared.items())))
+    except Exception as exc:
+        for name, value in sorted(shared.items()):
+            try:
+                value_hash(value)
+            except Exception as error:
+                raise TypeError(
+                    f"the shared object {name!r} cannot be hashed ({type(error).__name__}: "
+                    f"{error}), and a store needs it to know when a model can be reused: "
+                    "pass it through setup= instead (made on each worker), or train "
+                    "without store=") from error
+        raise exc
+
+
 def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:
     """Every task's identity (see :class:`TaskIdentities`), and the code
     description, with the run's ``code_hash`` and ``shared_hash``. Group rows
@@ -335,7 +353,7 @@ def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdent
     import pyarrow as pa
 
     code, detail = code_identity(fit)
-    shared_part = value_hash(dict(sorted((shared or {}).items())))
+    shared_part = _shared_hash(shared or {})
     tasks = plan.tasks
     data_lanes = plan.data.hash_lanes(tasks.refs)
     # the parts that vary per setting, not per group: hashed once per setting
