@@ -305,3 +305,51 @@ def test_train_refuses_a_text_target_for_a_regressor(tmp_path, sales_files):
                                           "--store", str(tmp_path / "s")])
         assert result.exit_code == 2 and named in _said(result.output), result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_output_places_and_options_are_checked_before_any_work(tmp_path, sales_files):
+    """export, report and predict check where they will write, and predict its
+    workers and backend, before anything runs (a missing directory was a
+    traceback after the predicting; --workers 0 was blamed on DATA); why on
+    a store without runs says so."""
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    table, csv, _ = sales_files
+    store = tmp_path / "store"
+    mm.train(lambda rows: float(rows["sales"].mean()), mm.groups(table, by="store"),
+             store=store, backend="serial", progress=False)
+    missing = tmp_path / "missing" / "out"
+    cases = [
+        (["export", str(store), "-o", f"{missing}.parquet"], "--out", "does not exist"),
+        (["report", str(store), "-o", str(tmp_path)], "--out", "is a directory"),
+        (["predict", str(store), str(csv), "--out", f"{missing}.csv"], "--out",
+         "does not exist"),
+        (["predict", str(store), str(csv), "--out", str(tmp_path / "p.csv"), "--workers", "0"],
+         "--workers", "at least 1"),
+        (["predict", str(store), str(csv), "--out", str(tmp_path / "p.csv"), "--backend",
+          "nope"], "--backend", "unknown backend 'nope'"),
+    ]
+    for args, hint, message in cases:
+        result = CliRunner().invoke(app, args)
+        said = _said(result.output)
+        assert result.exit_code == 2 and hint in said and message in said, (args, said)
+    assert not (tmp_path / "p.csv").exists()
+    empty = tmp_path / "empty"
+    mm.Store(empty).close()
+    result = CliRunner().invoke(app, ["why", str(empty), "s000"])
+    assert result.exit_code == 2 and "holds no runs yet" in _said(result.output)
+
+
+def test_store_predict_refuses_switches_and_by_of_the_wrong_kind(tmp_path, sales_files):
+    table, _, _ = sales_files
+    store = tmp_path / "store"
+    mm.train(lambda rows: float(rows["sales"].mean()), mm.groups(table, by="store"),
+             store=store, backend="serial", progress=False)
+    opened = mm.Store(store)
+    with pytest.raises(TypeError, match="with_source must be True or False, got 'no'"):
+        opened.predict(table, by="store", with_source="no")
+    with pytest.raises(TypeError, match="by must be a column name or a list of them, got 5"):
+        opened.predict(table, by=5)
+    opened.close()

@@ -64,6 +64,18 @@ def _open_store(path: str):
     return Store(path)
 
 
+def _check_out(out: str) -> None:
+    """An output file's place, checked before any work (the work was lost to a
+    traceback when its directory was missing)."""
+    from pathlib import Path
+
+    target = Path(out)
+    if target.is_dir():
+        _fail(f"{out!r} is a directory: name a file", "--out")
+    if not target.parent.is_dir():
+        _fail(f"the directory of {out!r} does not exist", "--out")
+
+
 _FORMAT_HELP = ("table (aligned; plain text when piped), csv or json (every column, "
                 "full precision).")
 
@@ -130,6 +142,7 @@ def export(
 
     Example: manymodels export models/ -o results.parquet
     """
+    _check_out(out)
     try:
         path = _open_store(store).export(out, run)
     except ValueError as exc:
@@ -148,7 +161,10 @@ def why(
     Example: manymodels why models/ s001 i007
     """
     opened = _open_store(store)
-    results = opened._key_frame(run)
+    try:
+        results = opened._key_frame(run)
+    except ValueError as exc:  # no runs yet, or no such run
+        _fail(str(exc), "RUN")
     key_columns = list(results.columns)
     if len(key) != len(key_columns):
         raise typer.BadParameter(
@@ -287,8 +303,17 @@ def predict(
     """
     from pathlib import Path
 
+    from .backends import backend_class
     from .tables import read_table
 
+    _check_out(out)
+    if workers is not None and workers < 1:
+        _fail(f"workers must be at least 1, got {workers}", "--workers")
+    if backend is not None:
+        try:
+            backend_class(backend)
+        except ValueError as exc:
+            _fail(str(exc), "--backend")
     opened = _open_store(store)
     try:
         frame = read_table(data).to_pandas()
@@ -322,6 +347,7 @@ def report(
     """
     from .report import store_report
 
+    _check_out(out)
     try:
         path = store_report(_open_store(store), run, out)
     except ValueError as exc:

@@ -227,6 +227,12 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
 
     from .tables import read_table
 
+    for name, value in (("with_source", with_source), ("fallback", fallback)):
+        if not isinstance(value, (bool, int)) or value not in (0, 1):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if by is not None and not (isinstance(by, str) or (
+            isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
+        raise TypeError(f"by must be a column name or a list of them, got {by!r}")
     linear = store._linear_run(store._run_row(run)[0])
     if linear is not None:  # an mm.linear run: its result predicts, vectorised
         from .linmodels.stored import predict_frame
