@@ -302,6 +302,28 @@ def test_keyboard_interrupt_raised_by_a_task_fails_only_that_task(backend):
     assert (results.drop(index=2)["status"] == "ok").all()
 
 
+class _LibrarysOwnStop(BaseException):
+    """What a library may raise that is not an Exception (a greenlet's exit, say)."""
+
+
+def raise_base_exception(item):
+    if item == 2:
+        raise _LibrarysOwnStop("a BaseException of the task's own")
+    return {"item": item}
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads", "processes"])
+def test_a_base_exception_of_a_tasks_own_fails_only_that_task(backend):
+    """It failed the whole run (serial), read as a worker that could not
+    start (threads), or as a crash without its traceback (processes)."""
+    run = mm.train(raise_base_exception, mm.items(range(6)), backend=backend, workers=2,
+                   progress=False)
+    results = run.results.set_index("item")
+    assert results.loc[2, "status"] == "failed"
+    assert "_LibrarysOwnStop: a BaseException of the task's own" in results.loc[2, "error"]
+    assert (results.drop(index=2)["status"] == "ok").all()
+
+
 def test_keyboard_interrupt_on_the_serial_backend_still_stops_the_run():
     with pytest.raises(mm.RunInterrupted) as stopped:
         mm.train(raise_keyboard_interrupt, mm.items(range(6)), backend="serial",

@@ -196,9 +196,9 @@ class Executor:
             else:
                 value = self.fit(**kwargs)
             model, metrics = split_result(value)
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        except BaseException as exc:  # a fit's own BaseException subclass too: its task alone
             if isinstance(exc, KeyboardInterrupt) and self._in_drivers_main_thread():
-                raise  # a real Ctrl-C (serial backend): it stops the run
+                raise  # a real Ctrl-C or SIGTERM (serial backend): it stops the run
             failed = self._failed(index, exc, start, started_at)
         else:
             failed = None
