@@ -230,3 +230,22 @@ def test_groups_of_an_int_key_in_order_equal_pandas_groups(keys, dtype):
     rows = layout.table.column("row").to_pylist()
     for (key,), offset, length in zip(layout.keys, layout.offsets, layout.lengths):
         assert rows[offset:offset + length] == frame.index[frame["g"] == key].tolist()
+
+
+def _model_of_key(rows, key):
+    return ("model", key)
+
+
+def test_integer_keys_with_a_missing_one_keep_every_digit(tmp_path):
+    """Integer keys with a missing value are nullable integers in the results,
+    the run's and the store's: pandas made them floats, and keys past 2**53
+    read the same."""
+    big = 2**53
+    frame = pd.DataFrame({"g": pd.array([big, big + 1, None], dtype="Int64"), "x": [1, 2, 3]})
+    run = mm.train(_model_of_key, mm.groups(frame, by="g"), backend="serial",
+                   store=tmp_path / "s", progress=False)
+    for results in (run.results, mm.Store(tmp_path / "s").results()):
+        assert str(results["g"].dtype) == "Int64"
+        assert results["g"].iloc[:2].tolist() == [big, big + 1]
+        assert results["g"].isna().tolist() == [False, False, True]
+    assert run.models[big + 1] == ("model", big + 1)

@@ -149,6 +149,21 @@ def decode_keys(texts: Any, width: int) -> list[list]:
     return [[row[i] for row in rows] for i in range(width)]
 
 
+def key_column(values: list) -> Any:
+    """A key column's values as pandas should hold them: integers with a
+    missing one as nullable ``Int64`` (pandas made them floats, and two keys
+    past 2**53 read the same), anything else as it is."""
+    import pandas as pd
+
+    kinds = set(map(type, values))
+    if int in kinds and kinds <= {int, type(None)} and type(None) in kinds:
+        try:
+            return pd.array(values, dtype="Int64")
+        except (OverflowError, TypeError, ValueError):  # past 64 bits: as objects
+            return pd.Series(values, dtype=object)
+    return values
+
+
 def decode_key(text: str) -> tuple:
     """The parts of a key stored by :func:`encode_key`."""
     return tuple(_restore(v) for v in json.loads(text))

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .evaluation import WINDOWS
+from .keys import key_column
 from .messages import FAILURE_STATUSES, Pickled, Status
 from .metriccolumns import metric_columns
 from .partpacks import ModelPack, PackedModel, unpacked
@@ -172,7 +173,7 @@ class Run:
         plan, rec = self._plan, self._records
         columns: dict[str, Any] = {}
         for position, name in enumerate(plan.key_columns):
-            columns[name] = [row[position] for row in plan.key_rows]
+            columns[name] = key_column([row[position] for row in plan.key_rows])
         frame = pd.DataFrame(columns)
         frame["status"] = rec.status
         frame["attempts"] = rec.attempts

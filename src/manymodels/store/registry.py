@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..keys import decode_key, decode_keys, encode_key, key_parts
+from ..keys import decode_key, decode_keys, encode_key, key_column, key_parts
 from ..messages import Pickled, Status
 from ..partpacks import PackedModel
 from . import artifacts, database, taskblocks
@@ -160,8 +160,8 @@ class Store:
         from ..metriccolumns import text_columns
 
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
-        frame = pd.DataFrame(dict(zip(key_columns, decode_keys(tasks["key"],
-                                                               len(key_columns)))))
+        keys = decode_keys(tasks["key"], len(key_columns))
+        frame = pd.DataFrame(dict(zip(key_columns, map(key_column, keys))))
         for column in _TASK_COLUMNS:
             frame[column] = tasks[column].to_pylist()
         for name, values in text_columns(tasks["metrics"]).items():
@@ -178,9 +178,8 @@ class Store:
         if self._linear_run(run_id) is not None:
             return self.results(run_id)[key_columns]
         tasks = taskblocks.read_run(self._conn, run_id, ["key"])
-        return pd.DataFrame(dict(zip(key_columns, decode_keys(tasks["key"],
-                                                              len(key_columns)))),
-                            columns=key_columns)
+        keys = decode_keys(tasks["key"], len(key_columns))
+        return pd.DataFrame(dict(zip(key_columns, map(key_column, keys))), columns=key_columns)
 
     def evaluation(self, run: int | None = None) -> pd.DataFrame:
         """The per-window scores of a run (default: the latest) trained with
