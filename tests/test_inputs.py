@@ -72,6 +72,16 @@ def test_values_that_read_as_something_else_are_refused(sales, options, kind, me
         mm.train(fit_linear, mm.groups(sales, by="store"), progress=False, **options)
 
 
+def test_a_grid_too_large_to_plan_or_with_a_value_twice_is_refused():
+    """A grid of ten billion settings was built one dict at a time until the
+    memory ran out; a list given twice as a grid value was not noticed."""
+    with pytest.raises(ValueError, match="makes 10,000,000,000 combinations"):
+        mm.grid(a=range(100_000), b=range(100_000))
+    with pytest.raises(ValueError, match=r"duplicate value of grid parameter 'a': \[1, 2\]"):
+        mm.grid(a=[[1, 2], [3], [1, 2]])
+    assert len(mm.grid(a=[[1, 2], [2, 1]], b=[{"x": 1}, {"x": 2}])) == 4
+
+
 def test_a_by_column_named_twice_is_refused(sales):
     with pytest.raises(ValueError, match="by= names the column 'store' twice"):
         mm.groups(sales, by=["store", "store"])

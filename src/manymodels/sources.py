@@ -218,6 +218,11 @@ class ItemSource(Source):
         return f"items({len(self.items)})"
 
 
+#: The most settings one grid may make (a billion were built one by one, as
+#: dicts, before anything else ran, until the memory ran out).
+MOST_SETTINGS = 100_000_000
+
+
 class GridSource(Source):
     """One task per combination of the given parameter values."""
 
@@ -233,8 +238,13 @@ class GridSource(Source):
             options = list(options)
             if not options:
                 raise ValueError(f"grid parameter {name!r} has no values")
-            _require_unique(options, f"value of grid parameter {name!r}")
+            _require_unique(options, f"value of grid parameter {name!r}", by_equality=True)
             self.values[name] = options
+        if len(self) > MOST_SETTINGS:  # each one is a dict held while the run is planned
+            raise ValueError(
+                f"grid() makes {len(self):,} combinations of its {len(self.values)} "
+                f"parameters, more than a run plans ({MOST_SETTINGS:,}): narrow the grid, "
+                "or run it in parts")
 
     @property
     def key_columns(self) -> list[str]:
@@ -287,15 +297,31 @@ def _column_list(names: Any, what: str) -> list:
     return list(names)
 
 
-def _require_unique(values: list[Any], what: str) -> None:
+def _require_unique(values: list[Any], what: str, by_equality: bool = False) -> None:
+    """Refuse a value given twice; ``by_equality``: unhashable ones too, each
+    compared with those before (a grid's few values, not a million items'
+    keys, which are positions where they cannot be hashed)."""
     seen: set[Any] = set()
+    unhashable: list[Any] = []
     for value in values:
         try:
-            if value in seen:
-                raise ValueError(f"duplicate {what}: {value!r}")
+            duplicate = value in seen
             seen.add(value)
         except TypeError:
-            return  # unhashable values cannot be keys; positions are used instead
+            if not by_equality:
+                return
+            duplicate = any(_equal(value, other) for other in unhashable)
+            unhashable.append(value)
+        if duplicate:
+            raise ValueError(f"duplicate {what}: {value!r}")
+
+
+def _equal(left: Any, right: Any) -> bool:
+    """``left == right`` as one truth; False where it has none (arrays)."""
+    try:
+        return type(left) is type(right) and bool(left == right)
+    except (TypeError, ValueError):
+        return False
 
 
 def product(left: Source, right: Source) -> Source:
