@@ -221,3 +221,15 @@ def test_a_batchs_groups_read_the_same_however_the_batch_was_prepared(format):
                     assert not got[name].flags.writeable
             else:
                 pd.testing.assert_frame_equal(got, expected)
+
+
+def test_a_directory_of_files_with_other_columns_is_refused_naming_the_file(tmp_path):
+    """Files of one directory with other columns were merged, the missing
+    ones null (every group then failed); their order may differ."""
+    pd.DataFrame({"g": ["a"], "x": [1.0], "y": [2.0]}).to_csv(tmp_path / "a.csv", index=False)
+    pd.DataFrame({"y": [3.0], "g": ["b"], "x": [1.0]}).to_csv(tmp_path / "b.csv", index=False)
+    assert len(mm.train(len, mm.groups(tmp_path, by="g"), backend="serial",
+                        progress=False).ok) == 2
+    pd.DataFrame({"g": ["c"], "x": [1.0], "z": [2.0]}).to_csv(tmp_path / "c.csv", index=False)
+    with pytest.raises(ValueError, match=r"c\.csv' lacks \['y'\] and has \['z'\] besides"):
+        mm.groups(tmp_path, by="g")

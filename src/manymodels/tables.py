@@ -115,6 +115,15 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet or .csv files")
     tables = [_read_file(p, columns) for p in files]
+    names = set(tables[0].column_names)
+    for file, part in zip(files[1:], tables[1:]):
+        if set(part.column_names) != names:  # else merged, the missing ones all null
+            lacks = sorted(names - set(part.column_names))
+            extra = sorted(set(part.column_names) - names)
+            raise ValueError(
+                f"the files under {str(path)!r} do not share their columns: {str(file)!r} "
+                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
+                + (f"has {extra} besides" if extra else "") + f" those of {str(files[0])!r}")
     try:
         return pa.concat_tables(tables, promote_options="default")
     except pa.ArrowException as exc:
