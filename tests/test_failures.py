@@ -302,6 +302,23 @@ def test_keyboard_interrupt_raised_by_a_task_fails_only_that_task(backend):
     assert (results.drop(index=2)["status"] == "ok").all()
 
 
+def _one(item):
+    return 1
+
+
+def test_an_item_that_cannot_be_sent_to_a_worker_fails_only_its_task():
+    """An item the processes backend cannot pickle failed the whole run
+    mid-way, with a bare pickling error and no ``.run``."""
+    lock = threading.Lock()
+    run = mm.train(_one, mm.items([1, lock, 3], key=lambda item: "lock" if item is lock
+                                  else item), workers=2, retries=1, progress=False)
+    results = run.results.set_index("item")
+    assert results.loc["lock", "status"] == "failed"
+    assert "cannot be pickled to send them to a worker" in results.loc["lock", "error"]
+    assert "_thread.lock" in results.loc["lock", "error"]
+    assert (results.drop(index="lock")["status"] == "ok").all()
+
+
 class _LibrarysOwnStop(BaseException):
     """What a library may raise that is not an Exception (a greenlet's exit, say)."""
 

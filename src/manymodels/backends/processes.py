@@ -67,6 +67,7 @@ from .base import (
     DeathCount,
     Event,
     Finished,
+    Lost,
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
@@ -217,6 +218,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             raise
         self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS, "a worker process died outside any task")
         self._last_check = time.monotonic()
+        self._unsent: list[Event] = []  # tasks that could not be sent, told at the next poll
 
     def _limit_driver_threads(self) -> None:
         """Limit the driver's BLAS/OpenMP pools to ``cpus_per_task`` threads for
@@ -299,11 +301,37 @@ class ProcessesBackend(WorkerStarter, Backend):
 
     def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
+        try:
+            payload = pickle.dumps(("batch", batch_id, tasks), protocol=5)
+        except Exception:  # an item or a setting that cannot travel: its task fails alone
+            tasks = self._sendable(tasks)
+            if not tasks:
+                return
+            payload = pickle.dumps(("batch", batch_id, tasks), protocol=5)
         worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
-        worker.outbox.put(pickle.dumps(("batch", batch_id, tasks), protocol=5))
+        worker.outbox.put(payload)
+
+    def _sendable(self, tasks: Sequence[TaskRef]) -> list[TaskRef]:
+        """Those of ``tasks`` that can be pickled; each of the others is lost
+        (failed, with the reason), told at the next :meth:`poll`."""
+        sendable = []
+        for task in tasks:
+            try:
+                pickle.dumps(task, protocol=5)
+            except Exception as exc:
+                self._unsent.append(Lost(
+                    task[0], Status.FAILED.value, "this task's item or settings cannot be "
+                    f"pickled to send them to a worker process ({type(exc).__name__}: {exc}); "
+                    "make them picklable, or use backend='threads'", -1))
+            else:
+                sendable.append(task)
+        return sendable
 
     def poll(self, timeout: float) -> list[Event]:
-        events: list[Event] = []
+        events: list[Event] = self._unsent
+        self._unsent = []
+        if events:
+            timeout = 0.0
         by_conn = {w.rx: w for w in self._workers}
         for conn in wait(list(by_conn), timeout=min(timeout, _CHECK_EVERY_S)):
             worker = by_conn[conn]
