@@ -233,3 +233,18 @@ def test_a_directory_of_files_with_other_columns_is_refused_naming_the_file(tmp_
     pd.DataFrame({"g": ["c"], "x": [1.0], "z": [2.0]}).to_csv(tmp_path / "c.csv", index=False)
     with pytest.raises(ValueError, match=r"c\.csv' lacks \['y'\] and has \['z'\] besides"):
         mm.groups(tmp_path, by="g")
+
+
+def test_tables_keys_and_costs_that_cannot_be_used_are_named(tmp_path):
+    """A CSV header naming a column twice, a group key of lists or structs,
+    and a cost function that returns no number were errors from pandas,
+    Arrow or float() deep inside; each is named now, before any work."""
+    (tmp_path / "twice.csv").write_text("g,x,x\na,1,2\n")
+    with pytest.raises(ValueError, match="has two columns named 'x'"):
+        mm.groups(tmp_path / "twice.csv", by="g")
+    for key in ([[1], [2]], [{"a": 1}, {"a": 2}]):
+        table = pa.table({"k": key, "x": [1.0, 2.0]})
+        with pytest.raises(ValueError, match="by column 'k' holds .* a group key must be"):
+            mm.train(len, mm.groups(table, by="k"), progress=False)
+    with pytest.raises(TypeError, match=r"cost=\.\.\.\) must return a number; .* 'x'"):
+        mm.train(len, mm.items([1, 2], cost=lambda item: "x"), progress=False)

@@ -188,6 +188,13 @@ def group_layout(source: GroupSource) -> GroupLayout:
     and find each group's slice. Cached on the source."""
     if source._layout is not None:
         return source._layout
+    for name in source.by:
+        kind = source.table.schema.field(name).type
+        if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) and pa.types.is_nested(
+                kind.value_type):
+            raise ValueError(f"by column {name!r} holds {kind} values: a group key must be "
+                             "a plain value (a number, string, date, ...), not a list or "
+                             "a struct")
     order_by = getattr(source, "order_by", None)
     lengths = None if order_by else _sorted_int_group_lengths(source.table, source.by)
     order: np.ndarray | None = None  # None: the table is in key order already

@@ -132,6 +132,15 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
         ) from exc
 
 
+def _refuse_a_name_twice(names: list[str], what: str) -> None:
+    """A table whose columns name one twice (a CSV's header may): which is
+    meant cannot be told, and a later step failed on it."""
+    twice = next((name for position, name in enumerate(names) if name in names[:position]),
+                 None)
+    if twice is not None:
+        raise ValueError(f"the table {what} has two columns named {twice!r}: rename one")
+
+
 def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
     with ``columns``, only those columns (a file's others are never read), in
@@ -152,7 +161,9 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         path = Path(table)
         if not path.exists():
             raise ValueError(f"table path {str(path)!r} does not exist")
-        return _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
+        read = _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
+        _refuse_a_name_twice(read.column_names, repr(str(path)))
+        return read
     if _is_polars_frame(table):
         return table.to_arrow()
     import pandas as pd

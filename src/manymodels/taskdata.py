@@ -116,9 +116,18 @@ class Items(TaskData):
         self._keys, self._items, self._cost = keys, items, cost
 
     def entries(self) -> list[Entry]:
-        cost = self._cost
-        return [((key,), item, float(cost(item)) if cost else 1.0)
+        return [((key,), item, self._cost_of(key, item))
                 for key, item in zip(self._keys, self._items)]
+
+    def _cost_of(self, key: Any, item: Any) -> float:
+        if self._cost is None:
+            return 1.0
+        value = self._cost(item)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"items(cost=...) must return a number; for the item of key "
+                            f"{key!r} it returned {value!r}") from None
 
     def hashes(self, refs: list[Any]) -> list[str]:
         from .hashing import item_hash
