@@ -296,10 +296,16 @@ def raise_keyboard_interrupt(item):
 def test_keyboard_interrupt_raised_by_a_task_fails_only_that_task(backend):
     run = mm.train(raise_keyboard_interrupt, mm.items(range(6)), backend=backend, workers=2,
                    progress=False)
+    assert_only_failed(run, 2, "KeyboardInterrupt")
+
+
+def assert_only_failed(run: mm.Run, item, *said: str) -> None:
+    """``item``'s task failed, its error saying each of ``said``; the others ok."""
     results = run.results.set_index("item")
-    assert results.loc[2, "status"] == "failed"
-    assert "KeyboardInterrupt" in results.loc[2, "error"]
-    assert (results.drop(index=2)["status"] == "ok").all()
+    assert results.loc[item, "status"] == "failed"
+    for text in said:
+        assert text in results.loc[item, "error"]
+    assert (results.drop(index=item)["status"] == "ok").all()
 
 
 def _one(item):
@@ -312,11 +318,8 @@ def test_an_item_that_cannot_be_sent_to_a_worker_fails_only_its_task():
     lock = threading.Lock()
     run = mm.train(_one, mm.items([1, lock, 3], key=lambda item: "lock" if item is lock
                                   else item), workers=2, retries=1, progress=False)
-    results = run.results.set_index("item")
-    assert results.loc["lock", "status"] == "failed"
-    assert "cannot be pickled to send them to a worker" in results.loc["lock", "error"]
-    assert "_thread.lock" in results.loc["lock", "error"]
-    assert (results.drop(index="lock")["status"] == "ok").all()
+    assert_only_failed(run, "lock", "cannot be pickled to send them to a worker",
+                       "_thread.lock")
 
 
 class _LibrarysOwnStop(BaseException):
@@ -335,10 +338,7 @@ def test_a_base_exception_of_a_tasks_own_fails_only_that_task(backend):
     start (threads), or as a crash without its traceback (processes)."""
     run = mm.train(raise_base_exception, mm.items(range(6)), backend=backend, workers=2,
                    progress=False)
-    results = run.results.set_index("item")
-    assert results.loc[2, "status"] == "failed"
-    assert "_LibrarysOwnStop: a BaseException of the task's own" in results.loc[2, "error"]
-    assert (results.drop(index=2)["status"] == "ok").all()
+    assert_only_failed(run, 2, "_LibrarysOwnStop: a BaseException of the task's own")
 
 
 def test_keyboard_interrupt_on_the_serial_backend_still_stops_the_run():
