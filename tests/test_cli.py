@@ -352,4 +352,6 @@ def test_store_predict_refuses_switches_and_by_of_the_wrong_kind(tmp_path, sales
         opened.predict(table, by="store", with_source="no")
     with pytest.raises(TypeError, match="by must be a column name or a list of them, got 5"):
         opened.predict(table, by=5)
+    with pytest.raises(ValueError, match="the table to predict has no rows"):
+        opened.predict(table.iloc[:0], by="store")  # not "no groups to train"
     opened.close()

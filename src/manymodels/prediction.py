@@ -245,6 +245,8 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
         raise ValueError("predict needs by= (the group columns)")
     features = features or config.get("features")
     frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
+    if frame.empty:
+        raise ValueError("the table to predict has no rows")
     by_columns = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
     if missing:
