@@ -89,6 +89,15 @@ def count_parts_as_columns(monkeypatch) -> list[int]:
     return sizes
 
 
+def assert_only_failed(run, item, *said: str) -> None:
+    """``item``'s task failed, its error saying each of ``said``; the others ok."""
+    results = run.results.set_index("item")
+    assert results.loc[item, "status"] == "failed"
+    for text in said:
+        assert text in results.loc[item, "error"]
+    assert (results.drop(index=item)["status"] == "ok").all()
+
+
 def assert_only_timed_out(run, item, timeout) -> None:
     """``item`` ran past ``timeout`` seconds and was recorded so; every other item is ok."""
     results = run.results.set_index("item")

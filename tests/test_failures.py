@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import manymodels as mm
-from conftest import assert_only_timed_out, shm_files
+from conftest import assert_only_failed, assert_only_timed_out, shm_files
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -298,14 +298,6 @@ def test_keyboard_interrupt_raised_by_a_task_fails_only_that_task(backend):
                    progress=False)
     assert_only_failed(run, 2, "KeyboardInterrupt")
 
-
-def assert_only_failed(run: mm.Run, item, *said: str) -> None:
-    """``item``'s task failed, its error saying each of ``said``; the others ok."""
-    results = run.results.set_index("item")
-    assert results.loc[item, "status"] == "failed"
-    for text in said:
-        assert text in results.loc[item, "error"]
-    assert (results.drop(index=item)["status"] == "ok").all()
 
 
 def _one(item):

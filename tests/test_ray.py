@@ -22,7 +22,12 @@ import pytest
 
 import manymodels as mm
 import manymodels._version
-from conftest import assert_only_timed_out, count_parts_as_columns, fit_linear
+from conftest import (
+    assert_only_failed,
+    assert_only_timed_out,
+    count_parts_as_columns,
+    fit_linear,
+)
 from manymodels.backends import WorkerStartupError
 from manymodels.backends.base import Finished
 from manymodels.execution import RunContext
@@ -329,3 +334,15 @@ def test_cpus_per_task_limits_blas_threads_and_concurrency(cpus_per_task):
     assert run.summary().statuses == {"ok": 8}
     assert run.workers == 2 // cpus_per_task  # the instance's 2 CPUs
     assert (run.results["threads"] == cpus_per_task).all()
+
+
+def _one(item):
+    return 1
+
+
+def test_an_item_that_cannot_be_sent_fails_only_its_task():
+    """An item Ray cannot pickle failed the run mid-way, with no ``.run``."""
+    lock = threading.Lock()
+    run = mm.train(_one, mm.items([1, lock, 3], key=lambda item: "lock" if item is lock
+                                  else item), backend="ray", workers=2, progress=False)
+    assert_only_failed(run, "lock", "cannot be pickled to send them to a worker")

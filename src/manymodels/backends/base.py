@@ -64,12 +64,12 @@ task it was running and hand the rest back (:func:`blame_lost_batch`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from .._resources import usable_cores
 from ..execution import RunContext, TaskRef
-from ..messages import Event, Finished, Lost, Outcome, Requeued
+from ..messages import Event, Finished, Lost, Outcome, Requeued, Status
 from ..options import BackendOptions
 
 __all__ = ["Backend", "DeathCount", "Event", "Finished", "Lost", "Outcome", "Requeued",
@@ -97,6 +97,26 @@ class DeathCount:
         if self.deaths > self.limit:
             raise WorkerStartupError(
                 f"{self.what} ({message}); manymodels cannot go on with this backend")
+
+
+def sendable_tasks(tasks: Sequence[TaskRef], dumps: Callable[[Any], bytes]
+                   ) -> tuple[list[TaskRef], list[Event]]:
+    """Those of ``tasks`` that ``dumps`` (a backend's pickler) can send to a
+    worker, and a :class:`Lost` (failed, the reason named) for each other:
+    an item or a setting that cannot be pickled fails its task alone,
+    instead of the run."""
+    sendable: list[TaskRef] = []
+    lost: list[Event] = []
+    for task in tasks:
+        try:
+            dumps(task)
+        except Exception as exc:
+            lost.append(Lost(task[0], Status.FAILED.value, "this task's item or settings "
+                             f"cannot be pickled to send them to a worker ({type(exc).__name__}: "
+                             f"{exc}); make them picklable, or use backend='threads'", -1))
+        else:
+            sendable.append(task)
+    return sendable, lost
 
 
 def blame_lost_batch(running: int | None, unreported: list[int], status: str, message: str,

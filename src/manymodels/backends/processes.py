@@ -67,10 +67,10 @@ from .base import (
     DeathCount,
     Event,
     Finished,
-    Lost,
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
+    sendable_tasks,
 )
 
 _CHECK_EVERY_S = 0.05
@@ -304,28 +304,13 @@ class ProcessesBackend(WorkerStarter, Backend):
         try:
             payload = pickle.dumps(("batch", batch_id, tasks), protocol=5)
         except Exception:  # an item or a setting that cannot travel: its task fails alone
-            tasks = self._sendable(tasks)
+            tasks, lost = sendable_tasks(tasks, functools.partial(pickle.dumps, protocol=5))
+            self._unsent.extend(lost)
             if not tasks:
                 return
             payload = pickle.dumps(("batch", batch_id, tasks), protocol=5)
         worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
         worker.outbox.put(payload)
-
-    def _sendable(self, tasks: Sequence[TaskRef]) -> list[TaskRef]:
-        """Those of ``tasks`` that can be pickled; each of the others is lost
-        (failed, with the reason), told at the next :meth:`poll`."""
-        sendable = []
-        for task in tasks:
-            try:
-                pickle.dumps(task, protocol=5)
-            except Exception as exc:
-                self._unsent.append(Lost(
-                    task[0], Status.FAILED.value, "this task's item or settings cannot be "
-                    f"pickled to send them to a worker process ({type(exc).__name__}: {exc}); "
-                    "make them picklable, or use backend='threads'", -1))
-            else:
-                sendable.append(task)
-        return sendable
 
     def poll(self, timeout: float) -> list[Event]:
         events: list[Event] = self._unsent

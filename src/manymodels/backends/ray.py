@@ -111,6 +111,7 @@ from .base import (
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
+    sendable_tasks,
 )
 
 _BATCHES_PER_WORKER = 2
@@ -185,6 +186,7 @@ class RayBackend(Backend):
         self.worker_pids: dict[int, int] = {}
         self.started_ray = False
         self._calls: dict[Any, _Call] = {}
+        self._unsent: list[Event] = []  # tasks that could not be sent, told at the next poll
         self._payload: tuple[Any, Any, Any] | None = None
         self._per_worker = 1
         super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
@@ -280,20 +282,33 @@ class RayBackend(Backend):
         return max(0, self.workers * min(per_worker, self._per_worker) - len(self._calls))
 
     def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
-        self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1)
+        try:
+            dumped = _dump_tasks(tasks)
+        except Exception:  # an item or a setting that cannot travel: its task fails alone
+            tasks, lost = sendable_tasks(tasks, lambda task: _dump_tasks([task]))
+            self._unsent.extend(lost)
+            if not tasks:
+                return
+            dumped = None
+        self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1,
+                     dumped=dumped)
 
-    def _launch(self, batch_id: int, tasks: list[TaskRef], marked: bool) -> None:
+    def _launch(self, batch_id: int, tasks: list[TaskRef], marked: bool,
+                dumped: bytes | None = None) -> None:
         remote = self._remote_marked if marked else self._remote
-        gen = remote.remote(self._run_id, self._payload, _dump_tasks(tasks),
+        gen = remote.remote(self._run_id, self._payload,
+                            _dump_tasks(tasks) if dumped is None else dumped,
                             self.cpus_per_task, marked)
         self._calls[gen] = _Call(batch_id, {task[0]: task for task in tasks}, marked)
 
     def poll(self, timeout: float) -> list[Event]:
         import ray
 
-        events: list[Event] = []
+        events: list[Event] = self._unsent
+        self._unsent = []
         if not self._calls:
-            time.sleep(timeout)
+            if not events:
+                time.sleep(timeout)
             return events
         calls = list(self._calls)
         ready, _ = ray.wait(calls, num_returns=1, timeout=timeout)
