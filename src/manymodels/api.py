@@ -145,7 +145,8 @@ def train(
     # identities are (a refusal there, of a column that cannot be hashed say,
     # left an empty store behind); an existing one is checked at once
     new_store = isinstance(store, (str, Path)) and not Path(store).exists()
-    store = _check_new_store_path(store) if new_store else _open_store(store)
+    if not new_store:
+        store = _open_store(store)
     live = None
     if dashboard:
         from .dashboard import LiveDashboard
@@ -198,15 +199,6 @@ def train(
     if selection is not None:
         run.select(selection, source)
     return run
-
-
-def _check_new_store_path(store: str | Path) -> str | Path:
-    """What can be told of a store's path before it is made (it is made, and
-    checked whole, once the run's plan and task identities are)."""
-    if isinstance(store, str) and not store.strip():
-        raise StoreError("the store path is empty: name a directory (an empty path would "
-                         "make the current directory a store)")
-    return store
 
 
 def _open_store(store: Any) -> Store | None:

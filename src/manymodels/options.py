@@ -129,7 +129,7 @@ class RunOptions:
                    retries=positive_int("retries", retries, minimum=0),
                    retry_on=_check_retry_on(retry_on),
                    max_failures=_check_max_failures(max_failures),
-                   progress=bool(progress), reuse=_check_bool("reuse", reuse),
+                   progress=bool(progress), reuse=check_switch("reuse", reuse),
                    shared=shared or None,
                    setup=setup)
 
@@ -168,7 +168,7 @@ def _check_max_failures(value: Any) -> int | float | None:
     return float(value)
 
 
-def _check_bool(name: str, value: Any) -> bool:
+def check_switch(name: str, value: Any) -> bool:
     """A switch: True or False (``"false"`` read as True was a full run)."""
     if not isinstance(value, (bool, int)) or value not in (0, 1):
         raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -225,11 +225,11 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     """:meth:`manymodels.Store.predict`: each group's rows through its model."""
     import pandas as pd
 
+    from .options import check_switch
     from .tables import read_table
 
-    for name, value in (("with_source", with_source), ("fallback", fallback)):
-        if not isinstance(value, (bool, int)) or value not in (0, 1):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    check_switch("with_source", with_source)
+    check_switch("fallback", fallback)
     if by is not None and not (isinstance(by, str) or (
             isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
         raise TypeError(f"by must be a column name or a list of them, got {by!r}")

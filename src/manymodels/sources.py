@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .tables import ParquetGroups, is_pandas_frame, parquet_files, read_table
+from .tables import ParquetGroups, is_pandas_frame, named_twice, parquet_files, read_table
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")
@@ -64,8 +64,7 @@ class GroupSource(Source):
         by_columns = _column_list(by, "by")
         if not by_columns:
             raise ValueError("groups() needs at least one column in by=")
-        twice = next((name for position, name in enumerate(by_columns)
-                      if name in by_columns[:position]), None)
+        twice = named_twice(by_columns)
         if twice is not None:
             raise ValueError(f"by= names the column {twice!r} twice")
         order_columns = _column_list(order_by, "order_by") if order_by is not None else []

@@ -140,17 +140,12 @@ def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any,
 
 def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
     """A packed model's bytes, checked against its SHA-256 (see :mod:`.packs`)."""
+    data, whole = packs.read_model(conn, locator)
+    if not whole:  # read again as the pack is now: a held copy may be what failed
+        data, whole = packs.read_model(conn, locator, cached=False)
+    if whole:
+        return data
     digest, pack, offset, size = packs.parse_locator(locator)
-
-    def whole(data: bytes | None) -> bool:
-        return data is not None and len(data) == size and sha256(data) == digest
-
-    data = packs.read_slice(conn, pack, offset, size)
-    if whole(data):
-        return data
-    data = packs.read_slice(conn, pack, offset, size, cached=False)  # the pack as it is now
-    if whole(data):
-        return data
     place = f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size})"
     if data is None:
         _mark_corrupt(conn, locator)

@@ -20,12 +20,14 @@ either way: its offset is in the BLOB, its size the whole pickle's, and a
 model is read back as head, its bytes and tail, byte for byte, then checked
 against its SHA-256 like any other.
 
-This module is the layout and its I/O only; checking a model's bytes against
-its SHA-256, and what to do when they do not match, is :mod:`.database`'s.
+This module is the layout and its I/O, a model read back checked against
+its SHA-256 (:func:`read_model`) included; what to do when it does not
+match (mark the model corrupt, refuse it by name) is :mod:`.artifacts`'s.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from typing import Any
 
@@ -233,6 +235,16 @@ def read_slice(conn: sqlite3.Connection, pack: int, offset: int, size: int, *,
     return b"".join((head, data, tail)) if head or tail else data
 
 
+def read_model(conn: sqlite3.Connection, locator: str, *, cached: bool = True
+               ) -> tuple[bytes | None, bool]:
+    """The bytes ``locator`` names (:func:`read_slice`), and whether they are
+    the model it names: there, of its size, and of its SHA-256."""
+    digest, pack, offset, size = parse_locator(locator)
+    data = read_slice(conn, pack, offset, size, cached=cached)
+    return data, (data is not None and len(data) == size
+                  and hashlib.sha256(data).hexdigest() == digest)
+
+
 def pack_template(conn: sqlite3.Connection, pack: int) -> tuple[bytes, bytes]:
     """A pack's head and tail (empty unless it is templated)."""
     row = _select_packs(conn, "SELECT head, tail FROM packs WHERE pack_id = ?",
@@ -321,14 +333,8 @@ def _template_whole(conn: sqlite3.Connection, locators: pa.Array, rows: np.ndarr
     SHA-256 checked). Its lengths alone cannot tell: a head cut by a byte
     is as short as a BLOB; but a cut template fails every model of the
     pack, a cut BLOB only those past the cut (their offsets say which)."""
-    import hashlib
-
-    for locator in locators.take(pa.array(rows)).to_pylist():
-        digest, pack, offset, size = parse_locator(locator)
-        data = read_slice(conn, pack, offset, size, cached=False)
-        if data is not None and hashlib.sha256(data).hexdigest() == digest:
-            return True
-    return False
+    return any(read_model(conn, locator, cached=False)[1]
+               for locator in locators.take(pa.array(rows)).to_pylist())
 
 
 def locator_columns(digests: np.ndarray, pack: np.ndarray, offset: np.ndarray,
