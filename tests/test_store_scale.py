@@ -23,7 +23,7 @@ from manymodels.messages import Pickled
 from manymodels.partpacks import ModelPack
 from manymodels.planning import plan
 from manymodels.store import taskblocks
-from manymodels.store.registry import IN_STORE
+from manymodels.store.lazymodels import IN_STORE
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

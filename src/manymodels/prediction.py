@@ -50,7 +50,7 @@ class GroupPredictor:
     def _model(self, store: Any, digest: str, what: str) -> Any:
         model = self._models.get(digest)
         if model is None:
-            from .store.registry import StoredModel
+            from .store.lazymodels import StoredModel
 
             model = self._models[digest] = StoredModel(store, digest, what).load()
         return model

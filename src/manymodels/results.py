@@ -18,7 +18,7 @@ from .metriccolumns import metric_columns
 from .partpacks import ModelPack, PackedModel, unpacked
 from .planning import Plan
 from .store.database import StoreError
-from .store.registry import IN_STORE, ModelMap, StoredModel
+from .store.lazymodels import IN_STORE, ModelMap, StoredModel
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}

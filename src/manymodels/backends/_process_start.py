@@ -1,5 +1,6 @@
-"""Starting the processes backend's workers: forked or spawned, each with its
-own pipes, a thread that writes its batches, and a memory watch.
+"""Starting the processes backend's workers: forked or spawned (which, and
+the driver's BLAS/OpenMP pools readied for a fork, is decided here), each
+with its own pipes, a thread that writes its batches, and a memory watch.
 
 A forked worker waits at a start gate until every worker is forked (see
 ``ProcessesBackend._open_start_gate``) and closes the driver's ends of every
@@ -14,6 +15,7 @@ these methods use.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import os
 import queue
@@ -22,14 +24,109 @@ import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
+from typing import Any
 
 from .. import _resources
 from ._process_handles import ForkedProcess, MemoryWatch, Worker, send_loop
 from ._process_worker import die_with_parent, forked_main
 
+#: Libraries whose native thread pools or devices hang or fail in a forked
+#: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
+#: initialised Ray is caught by its threads.
+FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
+#: ``omp_pause_hard``: ``omp_pause_resource_all`` ends the calling thread's pool.
+_OMP_PAUSE_HARD = 2
+
+
+def gomp_pool_releasers(controller: Any) -> list[Any] | None:
+    """``omp_pause_resource_all`` of each GNU OpenMP runtime (libgomp) that
+    ``controller`` (a ``threadpoolctl.ThreadpoolController``) found loaded, or
+    None where one lacks it (libgomp before GCC 10).
+
+    libgomp keeps a thread's pool of OpenMP threads after its first parallel
+    region (a LightGBM or scikit-learn fit, a LightGBM model loaded) and has no
+    fork handler: a child forked from that thread inherits the pool's
+    bookkeeping but not its threads, and its first parallel region waits for
+    them forever, even with one thread. Called in the forking thread just
+    before a fork, the pause ends that thread's pool (its threads exit; the
+    next parallel region starts a new one), so the child starts without one.
+    LLVM's and Intel's runtimes handle a fork themselves."""
+    releasers = []
+    for info in controller.info():
+        if (info.get("internal_api") == "openmp"
+                and os.path.basename(info.get("filepath") or "").startswith("libgomp")):
+            try:
+                pause = ctypes.CDLL(info["filepath"]).omp_pause_resource_all
+            except (OSError, AttributeError):
+                return None
+            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+            releasers.append(pause)
+    return releasers
+
 
 class WorkerStarter:
-    """Starts one worker of the processes backend in a given slot."""
+    """Starts one worker of the processes backend in a given slot: chooses
+    how (forked or spawned), and readies the driver's thread pools for a
+    fork."""
+
+    def _choose_start_method(self) -> str:
+        """``fork`` starts a worker in milliseconds and shares the driver's memory;
+        ``spawn`` starts a fresh interpreter, which is slower but safe whatever
+        the driver holds. ``auto`` forks where forking is known to be safe: on
+        Linux, with one BLAS/OpenMP thread per task (an OpenMP pool does not
+        survive a fork, a single thread needs none), no GPU (CUDA does not), no
+        memory limit (a forked worker's share of the driver's pages is left out
+        of its memory, but the pages the driver then copies become the worker's
+        alone and would count), none of the libraries whose own thread pools or devices do not
+        survive a fork imported (:data:`FORK_UNSAFE_MODULES`), no Ray
+        initialised in the driver and every GNU OpenMP runtime loaded able to
+        end the driver's pool before a fork (:func:`gomp_pool_releasers`). The
+        worker only runs ``fit``; CPython re-initialises its own locks (import,
+        logging) in a forked child."""
+        if self.options.start_method != "auto":
+            return self.options.start_method
+        unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+        ray = sys.modules.get("ray")
+        if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+            unsafe.append("ray")
+        if (sys.platform.startswith("linux") and self.cpus_per_task == 1 and not self.gpu_sets
+                and self.memory_limit is None and not unsafe
+                and gomp_pool_releasers(self._threadpools()) is not None):
+            return "fork"
+        return "spawn"
+
+    def _threadpools(self) -> Any:
+        """threadpoolctl's controller of the BLAS/OpenMP libraries loaded, found once a run."""
+        if self._controller is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._controller = ThreadpoolController()
+        return self._controller
+
+    def _release_openmp(self) -> None:
+        """End the driver's GNU OpenMP pool before a fork (see :func:`gomp_pool_releasers`)."""
+        for pause in self._gomp_releasers:
+            pause(_OMP_PAUSE_HARD)
+
+    def _limit_driver_threads(self) -> None:
+        """Limit the driver's BLAS/OpenMP pools to ``cpus_per_task`` threads for
+        the whole run, so that every forked worker (replacements too) inherits
+        the limit; the driver itself computes nothing meanwhile.
+
+        Setting the limit in each worker instead costs every worker a scan of
+        its libraries, and slows its first thousands of small BLAS calls
+        (pools whose threads did not survive the fork): on 16 cores, 0.4 s
+        more per run. Restoring the driver's limits right after forking is no
+        better: OpenBLAS then starts its threads again in the driver, and they
+        spin for a while on the cores the workers need (small SciPy calls in
+        the workers took 1.8x as long). So the limits are restored in
+        :meth:`stop`. Spawned workers set the limits themselves, and find them
+        in their environment. Before forking, the driver's GNU OpenMP pool is
+        ended (:meth:`_release_openmp`)."""
+        if self.start_method == "fork":
+            controller = self._threadpools()
+            self._driver_limits = controller.limit(limits=self.cpus_per_task)
+            self._gomp_releasers = gomp_pool_releasers(controller) or []
 
     def _spawn(self, slot: int) -> Worker:
         env = dict(self._limits)

@@ -22,14 +22,14 @@ that map the data plane (:mod:`manymodels.dataplane`); either way nothing is
 pickled per task. Each runs in a session of its own, so that a Ctrl-C in the
 terminal reaches only the driver and the session holds what its tasks start,
 with a parent-death signal, so that none outlives a killed driver. The
-driver's handle on a worker is :mod:`._process_handles`, starting one is
-:mod:`._process_start`, and the worker's own loop is :mod:`._process_worker`.
+driver's handle on a worker is :mod:`._process_handles`, starting one (and
+choosing fork or spawn) is :mod:`._process_start`, and the worker's own loop
+is :mod:`._process_worker`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import mmap
 import os
@@ -78,40 +78,6 @@ _CHECK_EVERY_S = 0.05
 #: process it started holds it) before the driver replaces it regardless.
 _GONE_GRACE_S = 0.5
 _STOP_GRACE_S = 1.0
-#: Libraries whose native thread pools or devices hang or fail in a forked
-#: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
-#: initialised Ray is caught by its threads.
-FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
-#: ``omp_pause_hard``: ``omp_pause_resource_all`` ends the calling thread's pool.
-_OMP_PAUSE_HARD = 2
-
-
-def gomp_pool_releasers(controller: Any) -> list[Any] | None:
-    """``omp_pause_resource_all`` of each GNU OpenMP runtime (libgomp) that
-    ``controller`` (a ``threadpoolctl.ThreadpoolController``) found loaded, or
-    None where one lacks it (libgomp before GCC 10).
-
-    libgomp keeps a thread's pool of OpenMP threads after its first parallel
-    region (a LightGBM or scikit-learn fit, a LightGBM model loaded) and has no
-    fork handler: a child forked from that thread inherits the pool's
-    bookkeeping but not its threads, and its first parallel region waits for
-    them forever, even with one thread. Called in the forking thread just
-    before a fork, the pause ends that thread's pool (its threads exit; the
-    next parallel region starts a new one), so the child starts without one.
-    LLVM's and Intel's runtimes handle a fork themselves."""
-    releasers = []
-    for info in controller.info():
-        if (info.get("internal_api") == "openmp"
-                and os.path.basename(info.get("filepath") or "").startswith("libgomp")):
-            try:
-                pause = ctypes.CDLL(info["filepath"]).omp_pause_resource_all
-            except (OSError, AttributeError):
-                return None
-            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-            releasers.append(pause)
-    return releasers
-
-
 class ProcessesBackend(WorkerStarter, Backend):
     name = "processes"
     requires_pickling = True
@@ -128,45 +94,6 @@ class ProcessesBackend(WorkerStarter, Backend):
         super().__init__(*args, **kwargs)
         self.built_options = replace(self.built_options, start_method=start_method)
         self.configure(self.built_options)
-
-    def _choose_start_method(self) -> str:
-        """``fork`` starts a worker in milliseconds and shares the driver's memory;
-        ``spawn`` starts a fresh interpreter, which is slower but safe whatever
-        the driver holds. ``auto`` forks where forking is known to be safe: on
-        Linux, with one BLAS/OpenMP thread per task (an OpenMP pool does not
-        survive a fork, a single thread needs none), no GPU (CUDA does not), no
-        memory limit (a forked worker's share of the driver's pages is left out
-        of its memory, but the pages the driver then copies become the worker's
-        alone and would count), none of the libraries whose own thread pools or devices do not
-        survive a fork imported (:data:`FORK_UNSAFE_MODULES`), no Ray
-        initialised in the driver and every GNU OpenMP runtime loaded able to
-        end the driver's pool before a fork (:func:`gomp_pool_releasers`). The
-        worker only runs ``fit``; CPython re-initialises its own locks (import,
-        logging) in a forked child."""
-        if self.options.start_method != "auto":
-            return self.options.start_method
-        unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
-        ray = sys.modules.get("ray")
-        if ray is not None and getattr(ray, "is_initialized", lambda: False)():
-            unsafe.append("ray")
-        if (sys.platform.startswith("linux") and self.cpus_per_task == 1 and not self.gpu_sets
-                and self.memory_limit is None and not unsafe
-                and gomp_pool_releasers(self._threadpools()) is not None):
-            return "fork"
-        return "spawn"
-
-    def _threadpools(self) -> Any:
-        """threadpoolctl's controller of the BLAS/OpenMP libraries loaded, found once a run."""
-        if self._controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            self._controller = ThreadpoolController()
-        return self._controller
-
-    def _release_openmp(self) -> None:
-        """End the driver's GNU OpenMP pool before a fork (see :func:`gomp_pool_releasers`)."""
-        for pause in self._gomp_releasers:
-            pause(_OMP_PAUSE_HARD)
 
     def start(self, context: RunContext) -> None:
         dataplane.sweep_stale_files()
@@ -219,26 +146,6 @@ class ProcessesBackend(WorkerStarter, Backend):
         self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS, "a worker process died outside any task")
         self._last_check = time.monotonic()
         self._unsent: list[Event] = []  # tasks that could not be sent, told at the next poll
-
-    def _limit_driver_threads(self) -> None:
-        """Limit the driver's BLAS/OpenMP pools to ``cpus_per_task`` threads for
-        the whole run, so that every forked worker (replacements too) inherits
-        the limit; the driver itself computes nothing meanwhile.
-
-        Setting the limit in each worker instead costs every worker a scan of
-        its libraries, and slows its first thousands of small BLAS calls
-        (pools whose threads did not survive the fork): on 16 cores, 0.4 s
-        more per run. Restoring the driver's limits right after forking is no
-        better: OpenBLAS then starts its threads again in the driver, and they
-        spin for a while on the cores the workers need (small SciPy calls in
-        the workers took 1.8x as long). So the limits are restored in
-        :meth:`stop`. Spawned workers set the limits themselves, and find them
-        in their environment. Before forking, the driver's GNU OpenMP pool is
-        ended (:meth:`_release_openmp`)."""
-        if self.start_method == "fork":
-            controller = self._threadpools()
-            self._driver_limits = controller.limit(limits=self.cpus_per_task)
-            self._gomp_releasers = gomp_pool_releasers(controller) or []
 
     def _open_start_gate(self) -> None:
         """Let the forked workers go. Each waits at the gate until every worker

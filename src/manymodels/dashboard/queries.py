@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..messages import FAILURE_STATUSES
-from ..store import database
+from ..store import database, drivers
 from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
@@ -86,7 +86,7 @@ def _alive(run: dict[str, Any]) -> dict[str, Any]:
     """A run still ``running`` whose driver process is gone shows as
     ``interrupted``, as the store marks it when next opened for writing."""
     driver = run.pop("driver")
-    if run["status"] == "running" and not database.driver_alive(driver):
+    if run["status"] == "running" and not drivers.driver_alive(driver):
         run["status"] = "interrupted"
     return run
 

@@ -1,8 +1,9 @@
 """The store: an embedded, crash-safe registry of runs and models."""
 
 from .database import StoreError, StoreIntegrityError
+from .lazymodels import ModelMap, StoredModel
 from .recorder import RunRecorder
-from .registry import ModelMap, Store, StoredModel
+from .registry import Store
 
 __all__ = ["ModelMap", "RunRecorder", "Store", "StoreError", "StoreIntegrityError",
            "StoredModel"]

@@ -27,12 +27,13 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
+
+from .drivers import driver_label, mark_dead_runs_interrupted
 
 INDEX_NAME = "index.sqlite"
 #: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
@@ -221,7 +222,7 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
         except BaseException:
             rollback_quietly(conn)
             raise
-        _mark_dead_runs_interrupted(conn)
+        mark_dead_runs_interrupted(conn)
         return conn
     except sqlite3.DatabaseError as exc:
         raise _index_error(index, exc) from exc
@@ -313,14 +314,6 @@ def raise_layout(conn: sqlite3.Connection, layout: int) -> None:
         conn.execute(f"PRAGMA user_version = {layout}")
 
 
-def driver_label() -> str:
-    """Who is writing a run: this host, process and the process's start time
-    (a pid alone is reused)."""
-    import psutil
-
-    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
-
-
 def insert_run(conn: sqlite3.Connection, *, backend: str, workers: int, source: str,
                fit: str, tasks: int, key_columns: list, param_columns: list,
                code_detail: dict) -> int:
@@ -332,31 +325,6 @@ def insert_run(conn: sqlite3.Connection, *, backend: str, workers: int, source: 
         (time.time(), "running", backend, workers, source, fit, tasks,
          json.dumps(key_columns), json.dumps(param_columns), json.dumps(code_detail),
          driver_label())).lastrowid)
-
-
-def driver_alive(label: str | None) -> bool:
-    """Whether the driver a run's ``driver`` label names may still be
-    running: True for another machine's (this one cannot tell)."""
-    import psutil
-
-    try:
-        host, pid, started = (label or "").rsplit(":", 2)
-        if host != socket.gethostname():
-            return True  # another machine's driver: no way to tell from here
-        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.05
-    except (ValueError, psutil.Error):
-        return False
-
-
-def _mark_dead_runs_interrupted(conn: sqlite3.Connection) -> None:
-    """A run whose driver was killed stays ``running``: when the store is next
-    opened, a run whose driver process is gone is marked ``interrupted``."""
-    running = conn.execute(
-        "SELECT run_id, driver FROM runs WHERE status = 'running'").fetchall()
-    dead = [(run_id,) for run_id, label in running if not driver_alive(label)]
-    if dead:
-        conn.executemany("UPDATE runs SET status = 'interrupted' WHERE run_id = ? "
-                         "AND status = 'running'", dead)
 
 
 def is_disk_full(exc: BaseException) -> bool:

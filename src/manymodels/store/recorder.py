@@ -27,7 +27,7 @@ from ..keys import encode_keys
 from ..messages import Pickled, Status
 from ..partpacks import MetricTexts, ModelPack
 from . import database, taskblocks
-from .registry import IN_STORE
+from .lazymodels import IN_STORE
 from .reuse import ReuseSearch
 from .writer import StoreWriter
 

@@ -6,7 +6,7 @@ import json
 import pickle
 import sqlite3
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..keys import decode_key, decode_keys, encode_key, key_column, key_parts
-from ..messages import Pickled, Status
-from ..partpacks import PackedModel
-from . import artifacts, database, taskblocks
+from ..messages import Status
+from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
+from .lazymodels import ModelMap, StoredModel
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -26,58 +26,6 @@ _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "re
 #: What a lookup by key reads: the model, and why it was or was not reused.
 _LOOKUP_COLUMNS = ["key", "status", "artifact", "reused_from", "code_hash", "params_hash",
                    "data_hash", "shared_hash"]
-
-
-class _InStore:
-    """Marks a task's model as committed to the run's store: the driver keeps
-    no copy (a million models would be a gigabyte), and ``run.models`` loads
-    it from the store when asked for."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "IN_STORE"
-
-
-IN_STORE = _InStore()
-
-
-class StoredModel:
-    """A model in a store, loaded (and checked) on first use."""
-
-    __slots__ = ("digest", "store", "what")
-
-    def __init__(self, store: Store, digest: str, what: Any) -> None:
-        # what: a description, or the task's key (described only if needed:
-        # a re-run makes a million of these)
-        self.store, self.digest, self.what = store, digest, what
-
-    def load(self) -> Any:
-        what = self.what if isinstance(self.what, str) else f"key {self.what!r}"
-        data = artifacts.read_artifact(self.store._conn, self.store.path, self.digest, what)
-        return pickle.loads(data)
-
-
-class ModelMap(Mapping):
-    """Key -> model; models kept in a store are loaded when first asked for."""
-
-    def __init__(self, items: dict[Hashable, Any]) -> None:
-        self._items = items
-
-    def __getitem__(self, key: Hashable) -> Any:
-        value = self._items[key]
-        if isinstance(value, (StoredModel, Pickled, PackedModel)):  # loaded when asked for
-            value = self._items[key] = value.load()
-        return value
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __repr__(self) -> str:
-        return f"<{len(self)} models>"
 
 
 class Store:
@@ -381,7 +329,7 @@ class Store:
         try:
             status, driver = conn.execute("SELECT status, driver FROM runs WHERE run_id = ?",
                                           (run_id,)).fetchone()
-            if status == "running" and not force and database.driver_alive(driver):
+            if status == "running" and not force and drivers.driver_alive(driver):
                 raise database.StoreError(
                     f"run {run_id} of the store {str(self.path)!r} is still being written by "
                     f"its driver ({driver}): delete it once it has ended, or stop that "

@@ -1,0 +1,69 @@
+"""Models kept in a store, loaded when first asked for: a run of a million
+models holds a marker or a locator for each, not the models (a gigabyte),
+and ``run.models[key]`` reads one from the store, checked against its
+SHA-256, only when it is used."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Hashable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..messages import Pickled
+from ..partpacks import PackedModel
+from . import artifacts
+
+if TYPE_CHECKING:
+    from .registry import Store
+
+
+class _InStore:
+    """Marks a task's model as committed to the run's store: the driver keeps
+    no copy (a million models would be a gigabyte), and ``run.models`` loads
+    it from the store when asked for."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "IN_STORE"
+
+
+IN_STORE = _InStore()
+
+
+class StoredModel:
+    """A model in a store, loaded (and checked) on first use."""
+
+    __slots__ = ("digest", "store", "what")
+
+    def __init__(self, store: Store, digest: str, what: Any) -> None:
+        # what: a description, or the task's key (described only if needed:
+        # a re-run makes a million of these)
+        self.store, self.digest, self.what = store, digest, what
+
+    def load(self) -> Any:
+        what = self.what if isinstance(self.what, str) else f"key {self.what!r}"
+        data = artifacts.read_artifact(self.store._conn, self.store.path, self.digest, what)
+        return pickle.loads(data)
+
+
+class ModelMap(Mapping):
+    """Key -> model; models kept in a store are loaded when first asked for."""
+
+    def __init__(self, items: dict[Hashable, Any]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: Hashable) -> Any:
+        value = self._items[key]
+        if isinstance(value, (StoredModel, Pickled, PackedModel)):  # loaded when asked for
+            value = self._items[key] = value.load()
+        return value
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} models>"
