@@ -257,6 +257,50 @@ def test_a_worker_that_dies_while_a_process_it_forked_holds_its_pipe(rendezvous,
     assert not survivors(pids), "the process a task forked outlived its dead worker"
 
 
+#: A driver whose task 0 starts a child and an orphan (each marks itself in
+#: the folder $MANYMODELS_TEST_MARKS) and hangs; the other tasks finish.
+HANGING_DRIVER = f"""
+import os, subprocess, sys, time
+import manymodels as mm
+SLEEPER = {SLEEPER!r}
+ORPHANER = {ORPHANER!r}
+
+def start_and_hang_on_0(item):
+    if item == 0:
+        marks = os.environ["MANYMODELS_TEST_MARKS"]
+        subprocess.Popen([sys.executable, "-c", SLEEPER, marks, "0"])
+        subprocess.Popen([sys.executable, "-c", ORPHANER, marks, "0", SLEEPER]).wait()
+        time.sleep(3600)
+    return item
+
+mm.train(start_and_hang_on_0, mm.items(range(4)), workers=2, progress=False,
+         start_method=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_processes_a_task_starts_end_with_a_killed_driver(rendezvous, start_method):
+    """SIGKILL the driver while a task's processes run: its workers die with
+    it, and so do the processes they started (a child, and an orphan whose
+    parent has exited), which no driver is left to end."""
+    script = rendezvous / "driver.py"
+    script.write_text(HANGING_DRIVER)
+    marks = rendezvous / "marks"
+    marks.mkdir()
+    driver = subprocess.Popen([sys.executable, str(script), start_method],
+                              env={**os.environ, "MANYMODELS_TEST_MARKS": str(marks)})
+    deadline = time.monotonic() + 120
+    while len(marked_pids(marks)) < 2:
+        assert time.monotonic() < deadline and driver.poll() is None, "the task did not start"
+        time.sleep(0.05)
+    workers_and_undertaker = [p.pid for p in psutil.Process(driver.pid).children()]
+    assert len(workers_and_undertaker) == 3
+    driver.kill()
+    driver.wait(timeout=10)
+    assert not survivors(marked_pids(marks)), "a task's processes outlived the killed driver"
+    assert not survivors(workers_and_undertaker), "a worker outlived the killed driver"
+
+
 # -- a task that closes the standard streams ------------------------------------------
 
 

@@ -163,6 +163,7 @@ class WorkerStarter:
         finally:
             os.close(to_worker_r)
             os.close(from_worker_w)
+        self._undertaker.started(process.pid)
         outbox: queue.SimpleQueue = queue.SimpleQueue()
         tx = Connection(to_worker_w, readable=False)
         sender = threading.Thread(target=send_loop, args=(tx, outbox), daemon=True,
@@ -183,7 +184,7 @@ class WorkerStarter:
               own_gate: tuple[int, int] | None = None) -> ForkedProcess:
         # The child must not keep the driver's ends of any worker's pipes open,
         # or a dead worker's pipe would never report end-of-file.
-        driver_fds = list(own_driver_fds)
+        driver_fds = [*own_driver_fds, self._undertaker.fd]
         for worker in self._workers:
             if worker.slot != slot:
                 driver_fds += [worker.rx.fileno(), worker.tx.fileno()]

@@ -21,7 +21,8 @@ fresh interpreters (``python -m ...``) with the limits in their environment
 that map the data plane (:mod:`manymodels.dataplane`); either way nothing is
 pickled per task. Each runs in a session of its own, so that a Ctrl-C in the
 terminal reaches only the driver and the session holds what its tasks start,
-with a parent-death signal, so that none outlives a killed driver. The
+with a parent-death signal, so that none outlives a killed driver (nor, by
+:mod:`._undertaker`, do the processes its tasks started). The
 driver's handle on a worker is :mod:`._process_handles`, starting one (and
 choosing fork or spawn) is :mod:`._process_start`, and the worker's own loop
 is :mod:`._process_worker`.
@@ -61,6 +62,7 @@ from ._process_handles import (
 )
 from ._process_start import WorkerStarter
 from ._protocol import SLOT
+from ._undertaker import Undertaker
 from .base import (
     DEATHS_OUTSIDE_TASKS,
     Backend,
@@ -107,6 +109,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took
         self._first_pids: list[int] = []
         try:
+            self._undertaker = Undertaker()
             if self.gpu_sets:  # PyTorch loaded here: fit uses it, warm CUDA up in the workers
                 context = replace(context, gpu_setup=GpuSetup(
                     self.options.gpu_memory_fraction, warm="torch" in sys.modules))
@@ -177,6 +180,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             worker.process.wait(timeout=5)
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
             pass
+        self._undertaker.retired(worker.process.pid)
         worker.rx.close()
         worker.sender.join(timeout=5)
         if not worker.sender.is_alive():  # else it is stuck on a pipe that a process
@@ -342,5 +346,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             limits, self._driver_limits = getattr(self, "_driver_limits", None), None
             if limits is not None:
                 limits.restore_original_limits()
+            if hasattr(self, "_undertaker"):
+                self._undertaker.close()
             if hasattr(self, "_files"):
                 self._files.cleanup()
