@@ -23,7 +23,8 @@ from manymodels.metriccolumns import (
     pack_texts,
     text_columns,
 )
-from manymodels.partpacks import MetricsPack, PartPacker, distinct_objects
+from manymodels.metricpacks import MetricsPack
+from manymodels.partpacks import PartPacker, distinct_objects
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -264,7 +265,7 @@ def test_a_reruns_metrics_stay_in_the_store_until_asked_and_read_back_equal(tmp_
     it names), and every reader gets what the first run had: a task's dict,
     the results' columns, a re-run naming two runs, evaluation windows."""
     from manymodels.execution import metrics_dict
-    from manymodels.partpacks import MetricTexts
+    from manymodels.metricpacks import MetricTexts
 
     rng = np.random.default_rng(4)
     lengths = rng.integers(2, 7, size=300)
@@ -308,7 +309,7 @@ def test_metric_texts_pickle_and_refuse_a_task_they_do_not_hold():
 
     import pyarrow as pa
 
-    from manymodels.partpacks import MetricTexts
+    from manymodels.metricpacks import MetricTexts
 
     texts = MetricTexts(pa.chunked_array([['{"a": 1.5}'], ['{"a": 2.5}', None]]),
                         np.array([2, -1, 0, 1]))

@@ -12,7 +12,8 @@ import pytest
 import manymodels as mm
 from conftest import count_parts_as_columns
 from manymodels.messages import OkOutcomes, Outcome, task_indices
-from manymodels.partpacks import MetricsPack, ModelPack
+from manymodels.metricpacks import MetricsPack
+from manymodels.partpacks import ModelPack
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

@@ -40,7 +40,8 @@ import cloudpickle
 import pyarrow as pa
 
 from .messages import Status
-from .partpacks import MetricsPack, ModelPack
+from .metricpacks import MetricsPack
+from .partpacks import ModelPack
 
 _PREFIX = "manymodels-"
 _ALIGN = 64

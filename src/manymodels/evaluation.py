@@ -333,7 +333,7 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
     import pandas as pd
 
     from .metriccolumns import texts_taken_out
-    from .partpacks import MetricsPack
+    from .metricpacks import MetricsPack
 
     rows = []
     for parts, stored in zip(key_rows, texts_taken_out(metrics)):

@@ -26,7 +26,8 @@ from typing import Any
 from .dataplane import SPILL_MIN_BYTES, pickle_any, small_array_parts
 from .gpus import gpu_failure, release_cached_memory
 from .messages import Outcome, Pickled, Status
-from .partpacks import PACKED_BELOW, MetricsPack, MetricTexts, PartPacker
+from .metricpacks import MetricsPack, MetricTexts
+from .partpacks import PACKED_BELOW, PartPacker
 from .tables import plain_scalar
 from .taskdata import TaskData
 
@@ -131,8 +132,8 @@ def _floats_json(metrics: Mapping) -> str | None:
 def metrics_dict(metrics: Mapping | str | MetricsPack | MetricTexts | None, index: int) -> Any:
     """Task ``index``'s metrics as a dict, from what its slot of the results
     holds: a dict, the store's JSON text (a reused task's, or a worker's for
-    a store), its part's :class:`~manymodels.partpacks.MetricsPack`, or the
-    :class:`~manymodels.partpacks.MetricTexts` of the run it was reused from."""
+    a store), its part's :class:`~manymodels.metricpacks.MetricsPack`, or the
+    :class:`~manymodels.metricpacks.MetricTexts` of the run it was reused from."""
     if type(metrics) is MetricsPack or type(metrics) is MetricTexts:
         return metrics.get(index)
     return json.loads(metrics) if isinstance(metrics, str) else metrics

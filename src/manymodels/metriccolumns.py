@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .execution import metrics_json
-from .partpacks import MetricsPack, MetricTexts, distinct_objects
+from .metricpacks import MetricsPack, MetricTexts
+from .partpacks import distinct_objects
 from .tables import one_array
 
 

@@ -25,7 +25,8 @@ from ..dataplane import pickle_any
 from ..hashing import TaskIdentities
 from ..keys import encode_keys
 from ..messages import Pickled, Status
-from ..partpacks import MetricTexts, ModelPack
+from ..metricpacks import MetricTexts
+from ..partpacks import ModelPack
 from . import database, taskblocks
 from .lazymodels import IN_STORE
 from .reuse import ReuseSearch

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..hashing import TaskIdentities
-from ..partpacks import MetricTexts
+from ..metricpacks import MetricTexts
 from ..tables import fixed_width_bytes, one_array
 from . import artifacts, database, packs, taskblocks
 

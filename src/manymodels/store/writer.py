@@ -28,7 +28,8 @@ import pyarrow as pa
 
 from ..hashing import TaskIdentities
 from ..metriccolumns import metrics_texts
-from ..partpacks import MetricsPack, ModelPack, distinct_objects
+from ..metricpacks import MetricsPack
+from ..partpacks import ModelPack, distinct_objects
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
