@@ -289,14 +289,16 @@ def test_processes_a_task_starts_end_with_a_killed_driver(rendezvous, start_meth
     marks.mkdir()
     driver = subprocess.Popen([sys.executable, str(script), start_method],
                               env={**os.environ, "MANYMODELS_TEST_MARKS": str(marks)})
-    deadline = time.monotonic() + 120
-    while len(marked_pids(marks)) < 2:
-        assert time.monotonic() < deadline and driver.poll() is None, "the task did not start"
-        time.sleep(0.05)
-    workers_and_undertaker = [p.pid for p in psutil.Process(driver.pid).children()]
-    assert len(workers_and_undertaker) == 3
-    driver.kill()
-    driver.wait(timeout=10)
+    try:
+        deadline = time.monotonic() + 120
+        while len(marked_pids(marks)) < 2:
+            assert time.monotonic() < deadline and driver.poll() is None, "no task started"
+            time.sleep(0.05)
+        workers_and_undertaker = [p.pid for p in psutil.Process(driver.pid).children()]
+        assert len(workers_and_undertaker) == 3
+    finally:
+        driver.kill()
+        driver.wait(timeout=10)
     assert not survivors(marked_pids(marks)), "a task's processes outlived the killed driver"
     assert not survivors(workers_and_undertaker), "a worker outlived the killed driver"
 
