@@ -18,10 +18,9 @@ from typing import Any
 
 import cloudpickle
 
-from ..dataplane import dump_outcomes
-from ..execution import FLUSH_EVERY_S, Executor, TaskRef
+from ..execution import Executor, TaskRef
 from ..gpus import prepare_worker
-from ..messages import OkOutcomes
+from ._batch_messages import batch_messages
 
 #: run id -> the Executor of that run in this worker process. A Ray worker runs
 #: one task at a time and serves one job, so only the latest run is kept: an
@@ -51,20 +50,6 @@ def _load_executor(run_id: str, payload: tuple[Any, Any, Any]) -> Executor:
     return executor
 
 
-_CONTROLLER: list[Any] = [0, None]  # [len(sys.modules) when built, ThreadpoolController]
-
-
-def _thread_limiter() -> Any:
-    """This process's threadpoolctl controller. Finding the BLAS/OpenMP
-    libraries costs milliseconds, limiting them microseconds: the controller
-    is built again only when modules were imported since (a new library)."""
-    if _CONTROLLER[1] is None or _CONTROLLER[0] != len(sys.modules):
-        from threadpoolctl import ThreadpoolController
-
-        _CONTROLLER[:] = [len(sys.modules), ThreadpoolController()]
-    return _CONTROLLER[1]
-
-
 def _run_batch(
     run_id: str,
     payload: tuple[Any, Any, Any],
@@ -76,11 +61,8 @@ def _run_batch(
 
     Yields ``("start", node_id, pid, manymodels_version)``, then either ``("fatal", traceback)``
     (the run cannot be loaded here) or outcome messages: ``("run", index,
-    outcomes, busy_s, prepare_s)`` before each task in marked mode,
-    ``("part", outcomes, busy_s, prepare_s)`` every 0.25 s otherwise, and
-    finally ``("done", outcomes, busy_s, prepare_s)``. Outcomes travel
-    pickled (:func:`dump_outcomes`), ``None`` when there are none yet;
-    ``prepare_s``, the time reading the batch's rows, is in the first only.
+    outcomes, busy_s, prepare_s)`` before each task in marked mode, and
+    the others of :func:`~._batch_messages.batch_messages`.
     """
     import ray
 
@@ -93,18 +75,7 @@ def _run_batch(
     except BaseException:
         yield ("fatal", traceback.format_exc())
         return
-    # BLAS/OpenMP pools are per process; restored after the batch, so the
-    # limit never leaks into other Ray tasks this worker may run.
-    with _thread_limiter().limit(limits=cpus_per_task):
-        parts = executor.run_in_parts(
-            tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
-        for part in parts:
-            blob = (dump_outcomes(OkOutcomes.of(part.outcomes))[0]
-                    if part.outcomes or part.last else None)
-            if part.running is not None:
-                yield ("run", part.running, blob, part.busy_s, part.prepare_s)
-            else:
-                yield ("done" if part.last else "part", blob, part.busy_s, part.prepare_s)
+    yield from batch_messages(executor, tasks, marked, cpus_per_task)
 
 
 _REMOTE: Any = None

@@ -26,6 +26,7 @@ worker needs, and the engine hands it the run's payload already fetched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -38,10 +39,8 @@ from typing import Any
 
 import cloudpickle
 
-from ..dataplane import dump_outcomes
-from ..execution import FLUSH_EVERY_S, Executor, TaskRef
-from ..messages import OkOutcomes
-from ._ray_worker import _thread_limiter
+from ..execution import Executor, TaskRef
+from ._batch_messages import batch_messages
 
 #: Exit status of a worker process that ended itself: a task overstayed ``timeout``.
 TIMEOUT_EXIT = 70
@@ -156,18 +155,15 @@ class _Inbox:
 
 def _run(executor: Executor, tasks: list[TaskRef], marked: bool, cpus_per_task: int,
          send: Any, watchdog: _Watchdog | None, inbox: _Inbox) -> None:
-    with _thread_limiter().limit(limits=cpus_per_task):
-        parts = executor.run_in_parts(
-            tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
-        for part in parts:
-            blob = (dump_outcomes(OkOutcomes.of(part.outcomes))[0]
-                    if part.outcomes or part.last else None)
-            if part.running is not None:
-                send(("run", part.running, blob, part.busy_s, part.prepare_s))
+    # closed at once, whatever happens here: its thread limits end with it
+    with contextlib.closing(batch_messages(executor, tasks, marked, cpus_per_task)) as messages:
+        for message in messages:
+            if message[0] == "run":
+                send(message)
                 inbox.wait_ack()
                 if watchdog is not None:
-                    watchdog.running = (part.running, time.monotonic())
+                    watchdog.running = (message[1], time.monotonic())
             else:
                 if watchdog is not None:
                     watchdog.running = None
-                send(("done" if part.last else "part", blob, part.busy_s, part.prepare_s))
+                send(message)

@@ -119,6 +119,21 @@ def sendable_tasks(tasks: Sequence[TaskRef], dumps: Callable[[Any], bytes]
     return sendable, lost
 
 
+def dump_sendable(tasks: Sequence[TaskRef], dump_batch: Callable[[Sequence[TaskRef]], bytes],
+                  dump_task: Callable[[TaskRef], bytes]
+                  ) -> tuple[Sequence[TaskRef], bytes | None, list[Event]]:
+    """``dump_batch(tasks)``, the batch as it travels, with the tasks it
+    holds and no :class:`Lost`; where that fails, the batch of the tasks that
+    :func:`sendable_tasks` finds sendable (``None`` if none is) and the
+    others' :class:`Lost`. The whole batch is tried first: checking each task
+    alone costs a pickle per task, paid only when one cannot travel."""
+    try:
+        return tasks, dump_batch(tasks), []
+    except Exception:
+        sendable, lost = sendable_tasks(tasks, dump_task)
+        return sendable, dump_batch(sendable) if sendable else None, lost
+
+
 def blame_lost_batch(running: int | None, unreported: list[int], status: str, message: str,
                      worker: int, deaths: DeathCount) -> list[Event]:
     """The rule for a worker that died with tasks of its batches unreported:

@@ -72,7 +72,7 @@ from .base import (
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
-    sendable_tasks,
+    dump_sendable,
 )
 
 _CHECK_EVERY_S = 0.05
@@ -212,14 +212,13 @@ class ProcessesBackend(WorkerStarter, Backend):
 
     def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
-        try:
-            payload = pickle.dumps(("batch", batch_id, tasks), protocol=5)
-        except Exception:  # an item or a setting that cannot travel: its task fails alone
-            tasks, lost = sendable_tasks(tasks, functools.partial(pickle.dumps, protocol=5))
-            self._unsent.extend(lost)
-            if not tasks:
-                return
-            payload = pickle.dumps(("batch", batch_id, tasks), protocol=5)
+        # an item or a setting that cannot travel: its task fails alone
+        tasks, payload, lost = dump_sendable(
+            tasks, lambda some: pickle.dumps(("batch", batch_id, some), protocol=5),
+            functools.partial(pickle.dumps, protocol=5))
+        self._unsent.extend(lost)
+        if payload is None:
+            return
         worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
         worker.outbox.put(payload)
 

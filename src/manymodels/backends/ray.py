@@ -83,7 +83,7 @@ from .base import (
     Finished,
     Requeued,
     WorkerStartupError,
-    sendable_tasks,
+    dump_sendable,
 )
 
 _BATCHES_PER_WORKER = 2
@@ -240,14 +240,11 @@ class RayBackend(CallSupervision, Backend):
         return max(0, self.workers * min(per_worker, self._per_worker) - len(self._calls))
 
     def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
-        try:
-            dumped = _dump_tasks(tasks)
-        except Exception:  # an item or a setting that cannot travel: its task fails alone
-            tasks, lost = sendable_tasks(tasks, lambda task: _dump_tasks([task]))
-            self._unsent.extend(lost)
-            if not tasks:
-                return
-            dumped = None
+        # an item or a setting that cannot travel: its task fails alone
+        tasks, dumped, lost = dump_sendable(tasks, _dump_tasks, lambda task: _dump_tasks([task]))
+        self._unsent.extend(lost)
+        if dumped is None:
+            return
         self._launch(batch_id, tasks, marked=self.timeout is not None or len(tasks) == 1,
                      dumped=dumped)
 
