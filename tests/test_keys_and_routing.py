@@ -249,3 +249,78 @@ def test_integer_keys_with_a_missing_one_keep_every_digit(tmp_path):
         assert results["g"].iloc[:2].tolist() == [big, big + 1]
         assert results["g"].isna().tolist() == [False, False, True]
     assert run.models[big + 1] == ("model", big + 1)
+
+
+# -- integers that a missing value made floats ------------------------------------------
+
+BIG = 2**53  # past it, a float64 cannot tell n from n + 1
+
+
+def _rows_per_key(frame):
+    return frame["k"].map(lambda k: None if pd.isna(k) else k).tolist()
+
+
+@pytest.mark.parametrize("values, kind", [([BIG, BIG + 1, BIG + 1, None], pa.int64()),
+                                          ([2**64 - 1, 2**64 - 2, None], pa.uint64())])
+def test_integer_keys_past_2_53_with_a_missing_one_stay_apart(values, kind):
+    table = pa.table({"k": pa.array(values, kind), "x": np.arange(len(values), dtype=float)})
+    run = mm.train(lambda rows: len(rows), mm.groups(table, by="k"), backend="serial",
+                   progress=False)
+    counts = {(None if pd.isna(k) else int(k)): n
+              for k, n in zip(run.results["k"], run.models.values())}
+    expected = {}
+    for value in values:
+        expected[value] = expected.get(value, 0) + 1
+    assert counts == expected
+
+
+def _frame_with_missing_int_keys():
+    keys = pd.array([1, 1, 1, 2, 2, 2, None, None, None], dtype="Int64")
+    x = np.tile([0.0, 1.0, 2.0], 3)
+    return pd.DataFrame({"k": keys, "x": x, "y": x * keys.fillna(10).to_numpy(dtype=float)})
+
+
+@pytest.mark.parametrize("as_table", [lambda f: f, pa.Table.from_pandas,
+                                      lambda f: pl.from_pandas(f)],
+                         ids=["pandas", "arrow", "polars"])
+def test_predict_routes_integer_keys_with_a_missing_one(tmp_path, as_table):
+    """Keys 1 and 2 beside a missing key read as 1.0 and 2.0 somewhere on
+    the way, and no row found its model."""
+    frame = _frame_with_missing_int_keys()
+    mm.train(fit_lr, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    predicted = mm.Store(tmp_path / "s").predict(as_table(frame), by="k", features=["x"],
+                                                 with_source=True)
+    assert (predicted["source"] == "group").all()
+    np.testing.assert_allclose(predicted["prediction"], frame["y"], atol=1e-9)
+
+
+def test_predict_finds_a_whole_number_key_typed_otherwise(tmp_path):
+    """A key trained as text "1" (a CSV column with a letter in it) and
+    asked for as the number 1, or trained as 1.0 and asked for as 1."""
+    for trained, asked in ((["1", "22"], [1, 22]), ([1.0, 22.0], [1, 22]), ([1, 22], ["1", "22"])):
+        path = tmp_path / f"s-{type(trained[0]).__name__}-{type(asked[0]).__name__}"
+        frame = _table(trained)
+        mm.train(fit_lr, mm.groups(frame, by="k"), store=path, backend="serial",
+                 progress=False)
+        new = frame.assign(k=frame["k"].map(dict(zip(trained, asked))))
+        predicted = mm.Store(path).predict(new, by="k", features=["x"], with_source=True)
+        assert (predicted["source"] == "group").all(), (trained, asked)
+        np.testing.assert_allclose(predicted["prediction"], frame["y"], atol=1e-9)
+
+
+def test_changing_an_integer_past_2_53_beside_a_missing_one_retrains(tmp_path):
+    """As floats, 2**53 + 1 and 2**53 hashed the same: the group kept its
+    stale model."""
+    def fit_values(rows):
+        return rows["v"].tolist()
+
+    frame = pd.DataFrame({"k": ["a", "a", "b", "b"],
+                          "v": pd.array([1, None, 1, BIG + 1], dtype="Int64")})
+    mm.train(fit_values, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    changed = frame.assign(v=pd.array([1, None, 1, BIG], dtype="Int64"))
+    run = mm.train(fit_values, mm.groups(changed, by="k"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    assert run.results.set_index("k")["reused"].to_dict() == {"a": True, "b": False}
+    assert run.models["b"] == [1, BIG]

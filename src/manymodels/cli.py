@@ -304,7 +304,7 @@ def predict(
     from pathlib import Path
 
     from .backends import backend_class
-    from .tables import read_table
+    from .tables import exact_pandas, read_table
 
     _check_out(out)
     if workers is not None and workers < 1:
@@ -316,7 +316,7 @@ def predict(
             _fail(str(exc), "--backend")
     opened = _open_store(store)
     try:
-        frame = read_table(data).to_pandas()
+        frame = exact_pandas(read_table(data))
         predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)

@@ -30,7 +30,7 @@ from .sources import (
     ProductSource,
     Source,
 )
-from .tables import sort_order
+from .tables import exact_pandas, sort_order
 from .taskdata import Items, ParquetReads, SettingsOnly, TableSlices, TaskData
 
 
@@ -199,7 +199,7 @@ def group_layout(source: GroupSource) -> GroupLayout:
     lengths = None if order_by else _sorted_int_group_lengths(source.table, source.by)
     order: np.ndarray | None = None  # None: the table is in key order already
     if lengths is None:
-        keys_frame = source.table.select(source.by).to_pandas()
+        keys_frame = exact_pandas(source.table.select(source.by))
         codes = keys_frame.groupby(source.by, sort=True, dropna=False).ngroup().to_numpy()
         if order_by and source.reader is None:  # (read on workers: each batch sorts its rows)
             order = sort_order(source.table, order_by, codes).to_numpy()

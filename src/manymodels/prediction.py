@@ -13,8 +13,10 @@ it replaces looked up, loaded and sliced group by group.
 from __future__ import annotations
 
 import functools
+import itertools
+import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,10 +57,12 @@ class GroupPredictor:
             model = self._models[digest] = StoredModel(store, digest, what).load()
         return model
 
-    def __call__(self, rows: Any, artifacts: dict[str, str], resource: Any) -> Any:
-        # rows: the group's columns as NumPy arrays, or (with fn) a DataFrame
+    def __call__(self, rows: Any, artifacts: dict[str, str], resource: Any, key: Any) -> Any:
+        # rows: the group's columns as NumPy arrays, or (with fn) a DataFrame;
+        # key: the group's key as the driver planned it (artifacts' keys are
+        # those), not as this worker reads it from its rows
         numpy = isinstance(rows, dict)
-        key = tuple(rows[column][0] if numpy else rows[column].iloc[0] for column in self.by)
+        key = key if len(self.by) > 1 else (key,)
         digest = artifacts.get(encode_key(key))
         if digest is not None:
             origin = "group"
@@ -126,28 +130,50 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
     return getattr(model, method)(pd.DataFrame({c: columns[c] for c in names}))
 
 
-def _as_workers_see(layout: Any, by: list[str], artifacts: dict[str, str],
-                    fn: Any) -> dict[str, str]:
-    """``artifacts`` under each group's key as its worker reads it from its
-    rows (a NumPy or pandas value, which may differ from the Arrow value the
-    store's key was encoded from: a time zone-aware timestamp comes back as
-    UTC ``datetime64``), so that the worker's lookup matches the store's."""
-    import pandas as pd
-
-    offsets = layout.offsets
-    keys = layout.table.select(by).take(offsets)
-    if fn is None:  # workers get NumPy columns
-        columns = [keys.column(c).to_numpy() for c in by]
-    else:
-        frame = keys.to_pandas()
-        columns = [frame[c].to_numpy() if not isinstance(frame[c].dtype, pd.DatetimeTZDtype)
-                   else list(frame[c]) for c in by]
-    seen: dict[str, str] = {}
-    for position, parts in enumerate(layout.keys):
-        digest = artifacts.get(encode_key(parts))
+def _group_digests(keys: Any, artifacts: dict[str, str]) -> dict[str, str]:
+    """The model of each group of ``keys`` (the plan's) that has one, by its
+    encoded key: the stored key equal to it, or else one that differs only
+    in how a reader typed a whole number (see :func:`_typed_otherwise`)."""
+    found: dict[str, str] = {}
+    for parts in keys:
+        text = encode_key(parts)
+        digest = artifacts.get(text)
+        if digest is None:
+            for variant in _typed_otherwise(parts):
+                digest = artifacts.get(encode_key(variant))
+                if digest is not None:
+                    break
         if digest is not None:
-            seen[encode_key(tuple(column[position] for column in columns))] = digest
-    return seen
+            found[text] = digest
+    return found
+
+
+_WHOLE_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _typed_otherwise(parts: tuple) -> Iterator[tuple]:
+    """``parts`` with each whole number as another reader may have typed it:
+    ``1``, ``1.0`` or ``"1"`` (a column with a missing value makes integers
+    floats; a CSV's column is text when one of its values is), each
+    combination but ``parts`` itself once."""
+    choices = []
+    for value in parts:
+        if isinstance(value, np.generic):
+            value = value.item()
+        if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+            value = int(value)
+        if type(value) is int:
+            choices.append((value, str(value)) + ((float(value),) if abs(value) <= 2**53
+                                                  else ()))
+        elif type(value) is str and _WHOLE_NUMBER.fullmatch(value):
+            whole = int(value)
+            choices.append((value, whole) + ((float(whole),) if abs(whole) <= 2**53 else ()))
+        else:
+            choices.append((value,))
+    original = encode_key(parts)
+    for variant in itertools.product(*choices):
+        if encode_key(variant) != original:
+            yield variant
 
 
 @dataclass
@@ -175,7 +201,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     if backend is None:
         backend = "serial" if len(layout.keys) < SERIAL_BELOW or workers == 1 else "processes"
     task = GroupPredictor(by, features, method, fn, fallback)
-    run = train(task, source, shared={"artifacts": _as_workers_see(layout, by, artifacts, fn)},
+    run = train(task, source, shared={"artifacts": _group_digests(layout.keys, artifacts)},
                 setup=functools.partial(_open_store, str(store.path)), backend=backend,
                 workers=workers, progress=progress)
     records = run._records
@@ -226,7 +252,7 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     import pandas as pd
 
     from .options import check_switch
-    from .tables import read_table
+    from .tables import exact_pandas, read_table
 
     check_switch("with_source", with_source)
     check_switch("fallback", fallback)
@@ -244,7 +270,7 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if by is None:
         raise ValueError("predict needs by= (the group columns)")
     features = features or config.get("features")
-    frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
+    frame = table if isinstance(table, pd.DataFrame) else exact_pandas(read_table(table))
     if frame.empty:
         raise ValueError("the table to predict has no rows")
     by_columns = [by] if isinstance(by, str) else list(by)

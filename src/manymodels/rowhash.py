@@ -211,6 +211,31 @@ def arrow_row_hashes(table: Any) -> np.ndarray:
     return combined
 
 
+def _exact_large_integers(column: Any, hashes: np.ndarray) -> np.ndarray:
+    """``hashes`` of a 64-bit integer column with a missing value (which
+    pandas hashes as float64), with each value past 2**53 hashed as the
+    integer it is: as a float, 2**53 + 1 hashes like 2**53. Other values
+    keep the hash their stores recorded."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if not (pa.types.is_integer(kind) and kind.bit_width == 64 and column.null_count):
+        return hashes
+    large = pc.greater(column, pa.scalar(2**53, kind))
+    if pa.types.is_signed_integer(kind):
+        large = pc.or_(large, pc.less(column, pa.scalar(-(2**53), kind)))
+    large = large.fill_null(False)
+    if not pc.any(large).as_py():
+        return hashes
+    exact = pd.Series(column.filter(large).to_numpy())
+    hashes = hashes.copy()
+    hashes[large.to_numpy(zero_copy_only=False)] = pd.util.hash_pandas_object(
+        exact, index=False).to_numpy()
+    return hashes
+
+
 class RowHashes:
     """An Arrow table's row hashes as pandas makes them
     (``pd.util.hash_pandas_object(table.to_pandas(), index=False)``), made a
@@ -240,8 +265,10 @@ class RowHashes:
 
         def pandas_hashes(position: int) -> np.ndarray:
             try:
-                series = hashable_series(table.column(position))
-                return pd.util.hash_pandas_object(series, index=False).to_numpy()
+                column = table.column(position)
+                series = hashable_series(column)
+                hashes = pd.util.hash_pandas_object(series, index=False).to_numpy()
+                return _exact_large_integers(column, hashes)
             except (TypeError, ValueError, pa.ArrowException) as exc:
                 raise TypeError(
                     f"column {table.column_names[position]!r} holds values that cannot be "

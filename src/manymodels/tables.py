@@ -313,3 +313,23 @@ def plain_scalar(value: Any) -> Any:
     anything else unchanged."""
     item = getattr(value, "item", None)
     return item() if callable(item) and getattr(value, "ndim", None) == 0 else value
+
+
+def _nullable_integer(kind: pa.DataType) -> Any:
+    import pandas as pd
+
+    if pa.types.is_integer(kind):
+        return pd.api.types.pandas_dtype(str(kind).replace("int", "Int").replace("uInt", "UInt"))
+    return None
+
+
+def exact_pandas(table: pa.Table) -> Any:
+    """``table.to_pandas()``, but an integer column with a missing value
+    becomes a nullable ``Int64`` (``UInt64``, ...) column, not ``float64``:
+    as floats two integers past 2**53 read the same, and 1 reads 1.0."""
+    frame = table.to_pandas()
+    for position, name in enumerate(table.column_names):
+        column = table.column(position)
+        if pa.types.is_integer(column.type) and column.null_count:
+            frame[name] = column.to_pandas(types_mapper=_nullable_integer).array
+    return frame
