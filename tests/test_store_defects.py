@@ -549,3 +549,132 @@ def test_a_run_refused_at_its_task_identities_leaves_no_store_behind(tmp_path):
         mm.train(_with_lock, mm.grid(n=[1, 2]), shared={"lock": threading.Lock()},
                  backend="threads", store=store, progress=False)
     assert mm.Store(store).runs()["run_id"].tolist() == [1]
+
+
+#: A job whose class and setup function are edited between runs:
+#: ``{factor}`` is in the class's method, ``{scale}`` the setup's value.
+#: Prints each run's reused count and models per way of use.
+EDITED_JOB = """
+import sys
+import manymodels as mm
+
+class Scaler:
+    def __init__(self, c):
+        self.c = c
+    def apply(self, v):
+        return v * self.c * {factor}
+
+GLOBAL = Scaler(1)
+
+def make_scale():
+    return {scale}
+
+def fit_global(item):
+    return GLOBAL.apply(item)
+
+def fit_shared(item, scaler):
+    return scaler.apply(item)
+
+def fit_grid(item, scaler):
+    return scaler.apply(item)
+
+def fit_setup(item, scale):
+    return item * scale
+
+store = sys.argv[1]
+out = []
+for name, fit, source, extra in (
+        ("global", fit_global, mm.items([1, 2]), {{}}),
+        ("shared", fit_shared, mm.items([1, 2]), {{"shared": {{"scaler": Scaler(1)}}}}),
+        ("grid", fit_grid, mm.items([1, 2]) * mm.grid(scaler=[Scaler(1)]), {{}}),
+        ("setup", fit_setup, mm.items([1, 2]), {{"setup": {{"scale": make_scale}}}})):
+    run = mm.train(fit, source, store=f"{{store}}/{{name}}", backend="serial",
+                   progress=False, **extra)
+    values = ",".join(map(str, sorted(run.models.values())))
+    out.append(f"{{name}}={{run.summary().reused}}:{{values}}")
+print(" ".join(out))
+"""
+
+
+def test_editing_the_code_behind_an_object_or_setup_retrains(tmp_path):
+    """A class whose instance fit reads (a global, a shared object, a grid
+    value) and a setup= function were hashed by their names alone: edited,
+    their stale models were reused."""
+    script = tmp_path / "job.py"
+
+    def run(factor, scale):
+        script.write_text(EDITED_JOB.format(factor=factor, scale=scale))
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "stores")],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return dict(part.split("=") for part in done.stdout.split())
+
+    assert run(1, 1) == {"global": "0:1,2", "shared": "0:1,2", "grid": "0:1,2",
+                         "setup": "0:1,2"}
+    assert run(1, 1) == {"global": "2:1,2", "shared": "2:1,2", "grid": "2:1,2",
+                         "setup": "2:1,2"}  # unchanged: reused
+    assert run(10, 3) == {"global": "0:10,20", "shared": "0:10,20", "grid": "0:10,20",
+                          "setup": "0:3,6"}  # edited: retrained
+    assert "code" in mm.Store(tmp_path / "stores" / "setup").why_not_reused(1)
+
+
+METRIC_JOB = """
+import sys
+import numpy as np, pandas as pd
+import manymodels as mm
+from sklearn.linear_model import LinearRegression
+
+def bonus(model, test):
+    return {{"bonus": {bonus}}}
+
+def fit(rows):
+    return LinearRegression().fit(rows[["x"]], rows["y"])
+
+frame = pd.DataFrame({{"g": ["a"] * 20, "x": np.arange(20.0)}}).assign(y=lambda f: 2 * f.x)
+run = mm.train(fit, mm.groups(frame, by="g"), store=sys.argv[1], backend="serial",
+               progress=False, evaluate=mm.holdout(target="y", features=["x"],
+                                                   metrics=["rmse", bonus]))
+print(run.summary().reused, run.results["bonus"].tolist())
+"""
+
+
+def test_editing_a_metric_function_retrains(tmp_path):
+    script = tmp_path / "job.py"
+    outputs = []
+    for bonus in (1.0, 1.0, 7.0):
+        script.write_text(METRIC_JOB.format(bonus=bonus))
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.split(maxsplit=1))
+    assert outputs == [["0", "[1.0]\n"], ["1", "[1.0]\n"], ["0", "[7.0]\n"]]
+
+
+class _SameText:
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return "SameText(...)"
+
+    def __eq__(self, other):
+        return isinstance(other, _SameText) and other.value == self.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+
+def _value_of(item, option):
+    return option.value
+
+
+def test_grid_values_that_read_the_same_are_refused_with_a_store(tmp_path):
+    """The store names a model by its grid values' text: two estimators
+    whose shortened reprs read the same shared one stored model."""
+    source = mm.items([1]) * mm.grid(option=[_SameText(1), _SameText(2)])
+    with pytest.raises(ValueError, match="values 0 and 1 of grid parameter 'option' differ "
+                                         "but read the same"):
+        mm.train(_value_of, source, store=tmp_path / "s", backend="serial", progress=False)
+    assert not (tmp_path / "s").exists()
+    run = mm.train(_value_of, source, backend="serial", progress=False)  # no store: fine
+    assert sorted(run.models.values()) == [1, 2]

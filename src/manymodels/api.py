@@ -23,7 +23,7 @@ from .planning import plan as make_plan
 from .results import Run, check_key_names
 from .scheduling import Scheduler
 from .selection import Halving, HalvingSearch, Selection
-from .sources import Source
+from .sources import Source, require_distinct_texts
 from .store import RunRecorder, Store, StoreError
 
 
@@ -144,6 +144,8 @@ def train(
     # a store that does not exist yet is made once the plan and the task
     # identities are (a refusal there, of a column that cannot be hashed say,
     # left an empty store behind); an existing one is checked at once
+    if store is not None:
+        require_distinct_texts(source)
     new_store = isinstance(store, (str, Path)) and not Path(store).exists()
     if not new_store:
         store = _open_store(store)
@@ -171,7 +173,7 @@ def train(
             # it; the driver keeps no per-task identity beyond the recorder's columns
             identities = task_identities(
                 plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
-                else options.shared)
+                else options.shared, options.setup)
             if new_store:
                 store = _open_store(store)
             recorder = RunRecorder(store, plan, *identities, fit_name=_callable_name(fit),

@@ -28,9 +28,11 @@ import os
 import pickle
 import sys
 import sysconfig
+import threading
 import types
 import uuid
 import warnings
+from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -209,11 +211,18 @@ def _code_text(code: types.CodeType) -> str:
     return "|".join(parts)
 
 
-def code_identity(fn: Any) -> tuple[str, dict[str, Any]]:
+def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
     """The hash of ``fn``'s code and what it depends on, and a description of
-    its parts (for saying what changed)."""
+    its parts (for saying what changed); with ``setup=`` (what makes each
+    worker's resources, which ``fn`` computes with), its code too."""
     walker = _CodeWalker()
     walker.visit(fn)
+    for name, maker in (setup.items() if isinstance(setup, Mapping) else [("", setup)]):
+        if maker is not None:
+            walker.visit(maker, f"setup{':' if name else ''}{name}")
+            if not isinstance(maker, (types.FunctionType, types.MethodType, type,
+                                      functools.partial)):
+                walker.value(f"setup{':' if name else ''}{name}:state", maker)
     if not isinstance(fn, (types.FunctionType, types.MethodType, type, functools.partial)):
         walker.value("callable_state", fn)  # a configured callable object
     if walker.unhashable:
@@ -253,10 +262,63 @@ def value_hash(value: Any) -> str:
         return digest("dict", *(f"{k!r}={value_hash(v)}" for k, v in value.items()))
     if isinstance(value, (set, frozenset)):  # a set pickles in hash-seed order
         return digest(type(value).__name__, *sorted(value_hash(v) for v in value))
-    try:
+    if value is None or type(value) in (bool, int, float, str, bytes):
         return digest(pickle.dumps(value, protocol=5))
+    try:
+        data, named = _pickled_naming(value)
     except Exception:
         return digest(cloudpickle.dumps(value))
+    code = _user_code(named)
+    return digest(data, code) if code else digest(data)
+
+
+class _NamingPickler(pickle.Pickler):
+    """A pickler that notes the classes of the objects it pickles and the
+    classes and functions it pickles by name: its pickle is the plain one."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=5)
+        self.named: dict[int, Any] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)):
+            self.named.setdefault(id(obj), obj)
+        else:
+            self.named.setdefault(id(type(obj)), type(obj))
+        return NotImplemented  # pickled as it would be
+
+
+def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:
+    import io
+
+    buffer = io.BytesIO()
+    pickler = _NamingPickler(buffer)
+    pickler.dump(value)
+    return buffer.getvalue(), list(pickler.named.values())
+
+
+def _user_code(named: list[Any]) -> str:
+    """The hash of the user's own code among ``named`` (classes and
+    functions a pickle names; see :class:`_CodeWalker`), or "" when there is
+    none: a pickle names a class or a function, it does not hold its code,
+    so an edited method would otherwise leave an instance's hash as it was.
+    Installed code is left to its version, as the pickle's names are."""
+    walker = _CodeWalker()
+    visiting = _VISITING.__dict__.setdefault("ids", set())
+    for obj in named:
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        if id(obj) not in visiting and module is not None and (
+                module.__name__ == "__main__" or _is_user_file(getattr(module, "__file__", None))):
+            visiting.add(id(obj))  # a class without source is hashed by value: not again
+            try:
+                walker.visit(obj, f"named:{getattr(obj, '__qualname__', '')}")
+            finally:
+                visiting.discard(id(obj))
+    return digest(pickle.dumps(sorted(walker.sources.items()))) if walker.sources else ""
+
+
+#: Per thread, the classes and functions whose code :func:`_user_code` is walking.
+_VISITING = threading.local()
 
 
 def file_hash(path: PurePath | str) -> str:
@@ -346,13 +408,14 @@ def _shared_hash(shared: dict) -> str:
         raise exc
 
 
-def task_identities(plan: Any, fit: Any, shared: dict | None) -> tuple[TaskIdentities, dict]:
+def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
+                    ) -> tuple[TaskIdentities, dict]:
     """Every task's identity (see :class:`TaskIdentities`), and the code
     description, with the run's ``code_hash`` and ``shared_hash``. Group rows
     are hashed once for the whole table."""
     import pyarrow as pa
 
-    code, detail = code_identity(fit)
+    code, detail = code_identity(fit, setup)
     shared_part = _shared_hash(shared or {})
     tasks = plan.tasks
     data_lanes = plan.data.hash_lanes(tasks.refs)

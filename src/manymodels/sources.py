@@ -315,6 +315,30 @@ def _require_unique(values: list[Any], what: str, by_equality: bool = False) -> 
             raise ValueError(f"duplicate {what}: {value!r}")
 
 
+def require_distinct_texts(source: Source) -> None:
+    """Refuse two values of a grid parameter that differ but read the same,
+    for a run with a store: it keys a model by its values' text
+    (:func:`manymodels.keys.encode_key`, an object's ``str()``), so both
+    would be kept, and found, under one key. scikit-learn shortens a long
+    estimator's repr with "...", so two pipelines that differ in the middle
+    read the same."""
+    from .keys import encode_key
+
+    grid = source.grid if isinstance(source, ProductSource) else source
+    for name, options in (grid.values.items() if isinstance(grid, GridSource) else ()):
+        seen: dict[str, int] = {}
+        for position, value in enumerate(options):
+            text = encode_key((value,))
+            if text in seen:
+                raise ValueError(
+                    f"values {seen[text]} and {position} of grid parameter {name!r} differ "
+                    f"but read the same ({str(value)[:60]!r}...), and a store names each "
+                    "model by that text, so it could not tell them apart: give them texts "
+                    "of their own (a __repr__ that tells them apart), or make the grid's "
+                    "values names and build each one in fit")
+            seen[text] = position
+
+
 def _equal(left: Any, right: Any) -> bool:
     """``left == right`` as one truth; False where it has none (arrays)."""
     try:
