@@ -298,3 +298,21 @@ def test_runs_records_compare_by_identity_without_raising():
                                                        "y": [1., 2., 3., 5.]}), by="g"),
                    backend="serial", progress=False)
     assert run._records == run._records and run._records in [second, run._records]
+
+
+def _setting_a(item, params):
+    return item * params["a"]
+
+
+def test_models_of_a_grid_of_dicts_are_found_by_their_keys():
+    """A grid of settings dicts made keys Python cannot hash: ``run.models``
+    raised TypeError."""
+    run = mm.train(_setting_a, mm.items([1, 2]) * mm.grid(params=[{"a": 1}, {"a": 10}]),
+                   backend="serial", progress=False)
+    models = run.models
+    assert len(models) == 4
+    assert models[(2, {"a": 10})] == 20
+    assert (1, {"a": 10}) in models and (1, {"a": 5}) not in models
+    assert sorted(models.values()) == [1, 2, 10, 20]
+    assert [key for key in models] == [(1, {"a": 1}), (1, {"a": 10}), (2, {"a": 1}),
+                                       (2, {"a": 10})]

@@ -18,7 +18,7 @@ from .metriccolumns import metric_columns
 from .partpacks import ModelPack, PackedModel, unpacked
 from .planning import Plan
 from .store.database import StoreError
-from .store.lazymodels import IN_STORE, ModelMap, StoredModel
+from .store.lazymodels import IN_STORE, ModelMap, StoredModel, hashable_key
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
 _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
@@ -211,7 +211,7 @@ class Run:
         rec = self._records
         in_store = self._stored_artifacts()
         return ModelMap({
-            key: (StoredModel(self.store, in_store[index], key) if _in_store(model)
+            hashable_key(key): (StoredModel(self.store, in_store[index], key) if _in_store(model)
                   else unpacked(model, index))
             for index, (key, status, model) in enumerate(zip(
                 self._plan.tasks.keys(), rec.status, rec.model))

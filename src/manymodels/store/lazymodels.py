@@ -47,14 +47,55 @@ class StoredModel:
         return pickle.loads(data)
 
 
+class KeyByText:
+    """A task's key that Python cannot hash (a grid's dict of settings, a
+    list), stood for by its stored text (:func:`manymodels.keys.encode_key`):
+    it equals the key, and ``run.models[key]`` finds it by the key itself."""
+
+    __slots__ = ("key", "_text")
+
+    def __init__(self, key: Any) -> None:
+        from ..keys import encode_key
+
+        self.key = key
+        self._text = encode_key(key if isinstance(key, tuple) else (key,))
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __eq__(self, other: object) -> bool:
+        other_key = other.key if isinstance(other, KeyByText) else other
+        try:
+            return bool(other_key == self.key)
+        except Exception:  # (arrays) no single truth: not equal
+            return False
+
+    def __repr__(self) -> str:
+        return repr(self.key)
+
+
+def hashable_key(key: Any) -> Hashable:
+    """``key`` itself, or a :class:`KeyByText` where Python cannot hash it."""
+    try:
+        hash(key)
+    except TypeError:
+        return KeyByText(key)
+    return key
+
+
 class ModelMap(Mapping):
-    """Key -> model; models kept in a store are loaded when first asked for."""
+    """Key -> model; models kept in a store are loaded when first asked for.
+    A key that cannot be hashed is found by its text (:class:`KeyByText`)."""
 
     def __init__(self, items: dict[Hashable, Any]) -> None:
         self._items = items
 
     def __getitem__(self, key: Hashable) -> Any:
-        value = self._items[key]
+        try:
+            value = self._items[key]
+        except TypeError:  # unhashable: as the map holds it
+            key = KeyByText(key)
+            value = self._items[key]
         if isinstance(value, (StoredModel, Pickled, PackedModel)):  # loaded when asked for
             value = self._items[key] = value.load()
         return value
