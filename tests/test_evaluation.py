@@ -306,3 +306,29 @@ def test_a_reruns_windows_read_from_the_store_equal_the_first_runs(tmp_path):
     first, again = (run.evaluation for run in runs)
     assert len(first) == 6
     pd.testing.assert_frame_equal(again, first)
+
+
+def fit_candidate_unless_nan(df: pd.DataFrame, model=None) -> object:
+    if df["x"].isna().any():
+        raise ValueError("NaN in x")
+    return clone(model).fit(df[["x"]], df["y"])
+
+
+def test_predict_keeps_a_groups_earlier_winner_when_all_its_candidates_fail(tmp_path):
+    """With select=, a re-run in which every candidate of a group failed
+    left that group no model in Store.predict, though its earlier winner
+    was in the store."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": ["a"] * 20 + ["b"] * 20, "x": rng.normal(size=40)})
+    frame["y"] = 2 * frame["x"]
+    options = dict(evaluate=mm.holdout(0.25, target="y", features=["x"], metrics=["rmse"]),
+                   select="rmse", store=tmp_path / "s", backend="serial", progress=False)
+    grid = mm.grid(model=[Ridge(), Ridge(alpha=10.0)])
+    mm.train(fit_candidate_unless_nan, mm.groups(frame, by="g") * grid, **options)
+    broken = frame.assign(x=np.where(frame["g"] == "b", np.nan, frame["x"]))
+    again = mm.train(fit_candidate_unless_nan, mm.groups(broken, by="g") * grid, **options)
+    assert set(again.results.loc[again.results["g"] == "b", "status"]) == {"failed"}
+    new = pd.DataFrame({"g": ["a", "b"], "x": [1.0, 1.0]})
+    predicted = mm.Store(tmp_path / "s").predict(new, by="g", features=["x"], with_source=True)
+    assert (predicted["source"] == "group").all()
+    np.testing.assert_allclose(predicted["prediction"], [2.0, 2.0], atol=0.3)

@@ -277,10 +277,24 @@ class Store:
                                   fn=fn, backend=backend, workers=workers, progress=progress)
 
     def _selection(self, run: int | None) -> dict | None:
-        """The winners recorded by ``train(select=...)`` in ``run`` (default:
-        the latest run), or None."""
+        """The winners recorded by ``train(select=...)`` in ``run``, or None;
+        ``run`` None: the latest run's, with each group's latest winner of
+        the earlier runs that selected by the same columns (a re-run in
+        which all of a group's candidates failed leaves it its winner, as
+        :meth:`_model_artifacts` leaves a group its model)."""
         run_id, _, _ = self._run_row(run)
-        return self.attached("selection", run_id, default=None)
+        latest = self.attached("selection", run_id, default=None)
+        if run is not None or latest is None:
+            return latest
+        winners: dict[str, str] = {}
+        for (earlier,) in self._conn.execute(
+                "SELECT run_id FROM attachments WHERE name = 'selection' AND run_id < ? "
+                "ORDER BY run_id", (run_id,)).fetchall():
+            chosen = self.attached("selection", earlier, default=None)
+            if chosen is not None and chosen.get("by") == latest.get("by"):
+                winners.update(chosen["artifacts"])
+        winners.update(latest["artifacts"])
+        return {**latest, "artifacts": winners}
 
     def _latest_attached_digest(self, name: str, run: int | None) -> str | None:
         """The artifact of the attachment ``name`` of ``run``, or (``run`` None)
