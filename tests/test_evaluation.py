@@ -266,6 +266,31 @@ def test_halving_finds_the_full_evaluations_winner_with_fewer_fits(tmp_path):
                  select=mm.halving("rmse"))
 
 
+class _Unfittable(Ridge):
+    """A candidate that always raises (too few rows for it, say)."""
+
+    def fit(self, X, y, sample_weight=None):
+        raise ValueError("this candidate cannot fit")
+
+
+def test_halving_drops_a_candidate_that_raises_not_the_group():
+    frame = daily(groups=2, days=60)
+    splitter = mm.backtest("date", horizon=7, windows=3, target="sales", features=["x"])
+    source = mm.groups(frame, by="sku") * mm.grid(model=[_Unfittable(), Ridge(alpha=0.01),
+                                                         Ridge(alpha=100.0)])
+    run = mm.train(fit_candidate, source, backend="serial", progress=False,
+                   evaluate=splitter, select=mm.halving("rmse", eta=3))
+    assert (run.results["status"] == "ok").all(), run.results["error"].tolist()
+    assert [m.alpha for m in run.results["best_model"]] == [0.01, 0.01]
+    assert (run.results["candidates_failed"] == 1).all()
+    assert run.results["candidate_error"].str.contains("this candidate cannot fit").all()
+    every = mm.grid(model=[_Unfittable(), _Unfittable(alpha=2.0)])
+    failed = mm.train(fit_candidate, mm.groups(frame, by="sku") * every, backend="serial",
+                      progress=False, evaluate=splitter, select=mm.halving("rmse"))
+    assert (failed.results["status"] == "failed").all()
+    assert failed.results["error"].str.contains("every candidate failed").all()
+
+
 def test_cli_predict_runs_groups_on_worker_processes(tmp_path):
     import subprocess
     import sys

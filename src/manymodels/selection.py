@@ -133,17 +133,28 @@ class HalvingSearch:
         except TooShort as exc:
             windows, skipped = [], str(exc)
         features = splitter.feature_columns(rows)
+        failed: dict[int, str] = {}  # a candidate that raised: out of the race, not the group
         for number, (train, test, cutoff) in enumerate(windows):
             train_rows = ordered.iloc[train].reset_index(drop=True)
             test_rows = ordered.iloc[test].reset_index(drop=True)
             for i in alive:
-                model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
                 fits += 1
-                scores = score_window(splitter, model, test_rows, features,
-                                      train_rows[splitter.target].to_numpy())
+                try:
+                    model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
+                    scores = score_window(splitter, model, test_rows, features,
+                                          train_rows[splitter.target].to_numpy())
+                except Exception as exc:
+                    failed[i] = f"{type(exc).__name__}: {exc}"
+                    continue
                 records[i].append({"window": number, "cutoff": cutoff,
                                    "n_train": len(train_rows), "n_test": len(test_rows),
                                    **scores})
+            alive = [i for i in alive if i not in failed]
+            if not alive:
+                first = min(failed)
+                raise RuntimeError(
+                    f"every candidate failed in window {number}, e.g. "
+                    f"{self.settings[first]}: {failed[first]}")
 
             def mean(i: int) -> float:
                 values = [r.get(metric, np.nan) for r in records[i]]
@@ -166,6 +177,10 @@ class HalvingSearch:
             metrics[SKIPPED] = skipped
         metrics.update({f"best_{k}": v for k, v in self.settings[winner].items()})
         metrics["window_fits"] = fits
+        if failed:  # how many candidates raised, and the first one's error
+            metrics["candidates_failed"] = len(failed)
+            first = min(failed)
+            metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
         metrics[WINDOWS] = records[winner]
         return model, metrics
 
