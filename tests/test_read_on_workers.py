@@ -121,3 +121,19 @@ def test_read_on_workers_with_int_bool_and_timestamp_keys(tmp_path):
                     workers=2, progress=False)
     assert lazy.failed.empty and len(lazy.models) == len(eager.models) == 42
     assert lazy.models == eager.models
+
+
+def row_ids(df):
+    return sorted(df["rid"].tolist())
+
+
+def test_read_on_workers_keeps_the_rows_of_a_zero_key_of_either_sign(tmp_path):
+    """-0.0 and 0.0 are one group (as pandas groups them), but Arrow's
+    is_in told them apart: the rows of the sign the group's first row did
+    not have were silently dropped."""
+    pq.write_table(pa.table({"k": [-0.0, 1.0, 0.0, 0.0], "rid": [0, 1, 2, 3]}),
+                   tmp_path / "a.parquet")
+    eager, lazy = (mm.train(row_ids, mm.groups(tmp_path, by="k", read_on_workers=lazy),
+                            backend="serial", progress=False) for lazy in (False, True))
+    assert sorted(eager.models.values()) == [[0, 2, 3], [1]]
+    assert sorted(lazy.models.values()) == [[0, 2, 3], [1]]

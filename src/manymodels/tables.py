@@ -276,8 +276,10 @@ class ParquetGroups:
             kind = self.schema.field(column).type
             if pa.types.is_dictionary(kind):
                 kind = kind.value_type
-            values = pa.array(list(dict.fromkeys(key[position] for key in keys)), type=kind)
-            term = pc.field(column).isin(values)
+            wanted = list(dict.fromkeys(key[position] for key in keys))
+            if pa.types.is_floating(kind) and any(v == 0 for v in wanted if v is not None):
+                wanted += [0.0, -0.0]  # one key to pandas' grouping, two to Arrow's is_in
+            term = pc.field(column).isin(pa.array(wanted, type=kind))
             condition = term if condition is None else condition & term
         # one thread: a worker stays within its cpus_per_task
         rows = read_rows([self.files[n] for n in numbers],
@@ -285,7 +287,7 @@ class ParquetGroups:
                          filter=condition, schema=self.schema, use_threads=False)
         if self.order_by:  # one stable sort for the batch: each group's rows in order
             rows = rows.take(sort_order(rows, list(self.order_by)))
-        key_frame = rows.select(self.by).to_pandas()
+        key_frame = exact_pandas(rows.select(self.by))
         positions = key_frame.groupby(self.by, sort=False).indices
         groups = {}
         for key, where in positions.items():
