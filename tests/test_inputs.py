@@ -248,3 +248,37 @@ def test_tables_keys_and_costs_that_cannot_be_used_are_named(tmp_path):
             mm.train(len, mm.groups(table, by="k"), progress=False)
     with pytest.raises(TypeError, match=r"cost=\.\.\.\) must return a number; .* 'x'"):
         mm.train(len, mm.items([1, 2], cost=lambda item: "x"), progress=False)
+
+
+def _row_count(rows):
+    return len(rows)
+
+
+@pytest.mark.parametrize("column, message", [
+    (pd.period_range("2020-01", periods=2, freq="M").repeat(2), "pandas.period values"),
+    (pd.interval_range(0, 2).repeat(2), "pandas.interval values"),
+    (pa.array([1, 2, 1, 2], pa.time64("ns")), "times of day with nanoseconds"),
+])
+def test_keys_that_cannot_be_kept_as_they_are_are_refused_by_name(column, message):
+    """Period keys became their storage integers (600, 601), Interval keys
+    dicts that broke run.models, nanosecond times a deep ArrowInvalid."""
+    table = (pa.table({"k": column, "x": [1.0, 2.0, 3.0, 4.0]}) if isinstance(column, pa.Array)
+             else pd.DataFrame({"k": column, "x": [1.0, 2.0, 3.0, 4.0]}))
+    with pytest.raises(ValueError, match=f"by column 'k' holds {message}"):
+        mm.train(_row_count, mm.groups(table, by="k"), backend="serial", progress=False)
+
+
+def _first_ids(rows):
+    return rows["rid"].tolist()
+
+
+def test_columns_named_like_manymodels_own_are_refused_or_kept_apart(tmp_path):
+    pq.write_table(pa.table({"__file__": ["a", "a", "b"], "rid": [0, 1, 2]}),
+                   tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match="by column '__file__' has the name read_on_workers"):
+        mm.train(_first_ids, mm.groups(tmp_path, by="__file__", read_on_workers=True),
+                 backend="serial", progress=False)
+    table = pa.table({"k": ["a", "a", "b", "b"], "__group__": [2, 1, 2, 1], "rid": [0, 1, 2, 3]})
+    run = mm.train(_first_ids, mm.groups(table, by="k", order_by="__group__"),
+                   backend="serial", progress=False)
+    assert dict(run.models) == {"a": [1, 0], "b": [3, 2]}

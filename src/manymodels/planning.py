@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .sources import (
     GridSource,
@@ -189,12 +190,7 @@ def group_layout(source: GroupSource) -> GroupLayout:
     if source._layout is not None:
         return source._layout
     for name in source.by:
-        kind = source.table.schema.field(name).type
-        if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) and pa.types.is_nested(
-                kind.value_type):
-            raise ValueError(f"by column {name!r} holds {kind} values: a group key must be "
-                             "a plain value (a number, string, date, ...), not a list or "
-                             "a struct")
+        _check_key_type(name, source.table.column(name))
     order_by = getattr(source, "order_by", None)
     lengths = None if order_by else _sorted_int_group_lengths(source.table, source.by)
     order: np.ndarray | None = None  # None: the table is in key order already
@@ -215,6 +211,28 @@ def group_layout(source: GroupSource) -> GroupLayout:
     key_table = table.select(source.by).take(pa.array(offsets))
     source._layout = GroupLayout(table, offsets, lengths, KeyRows(key_table), order, key_table)
     return source._layout
+
+
+def _check_key_type(name: str, column: Any) -> None:
+    """Refuse a ``by`` column whose values cannot be keys as they are."""
+    kind = column.type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) and pa.types.is_nested(
+            kind.value_type):
+        raise ValueError(f"by column {name!r} holds {kind} values: a group key must be "
+                         "a plain value (a number, string, date, ...), not a list or "
+                         "a struct")
+    if isinstance(kind, pa.BaseExtensionType):  # pandas' Period and Interval, say
+        raise ValueError(f"by column {name!r} holds {kind.extension_name} values, which "
+                         f"become their storage ({kind.storage_type}) as keys: convert the "
+                         "column to text or to timestamps first (.astype(str), "
+                         ".dt.to_timestamp())")
+    if pa.types.is_time64(kind) and kind.unit == "ns":
+        try:
+            pc.cast(column, pa.time64("us"))
+        except pa.ArrowInvalid:
+            raise ValueError(f"by column {name!r} holds times of day with nanoseconds, which "
+                             "a Python time (a key's value) cannot hold: cast it to "
+                             "time64('us') or to text first") from None
 
 
 def _sorted_int_group_lengths(table: pa.Table, by: list[str]) -> np.ndarray | None:

@@ -111,6 +111,9 @@ class GroupSource(Source):
         #: column; with a reader, the key columns and each row's file number).
         self.reader: ParquetGroups | None = None
         if read_on_workers:
+            if "__file__" in by_columns:
+                raise ValueError("by column '__file__' has the name read_on_workers gives "
+                                 "each row's file number: rename it, or read on the driver")
             self.reader, self.table = ParquetGroups.plan(parquet_files(table), by_columns,
                                                          order_columns, wanted)
             for name in by_columns:

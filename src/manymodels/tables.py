@@ -305,8 +305,11 @@ def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Arr
     keys = [(c, "ascending") for c in columns]
     sortable = table.select(columns)
     if codes is not None:
-        sortable = sortable.append_column("__group__", pa.array(codes))
-        keys = [("__group__", "ascending"), *keys]
+        name = "__group__"
+        while name in sortable.column_names:  # a column of the user's own has that name
+            name += "_"
+        sortable = sortable.append_column(name, pa.array(codes))
+        keys = [(name, "ascending"), *keys]
     return pc.sort_indices(sortable, sort_keys=keys)  # nulls (and NaN) last
 
 
