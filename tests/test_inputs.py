@@ -282,3 +282,37 @@ def test_columns_named_like_manymodels_own_are_refused_or_kept_apart(tmp_path):
     run = mm.train(_first_ids, mm.groups(table, by="k", order_by="__group__"),
                    backend="serial", progress=False)
     assert dict(run.models) == {"a": [1, 0], "b": [3, 2]}
+
+
+def _keys_and_ids(rows):
+    return sorted(rows["rid"].tolist())
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_files_whose_types_widen_to_one_are_read_as_one_table(tmp_path, lazy):
+    """int32 in one file and int64 in another, or a dictionary-encoded
+    column beside plain text, were refused as not sharing a schema."""
+    pq.write_table(pa.table({"k": pa.array([1, 2], pa.int32()), "s": pa.array(["a", "b"]).
+                             dictionary_encode(), "rid": [0, 1]}), tmp_path / "1.parquet")
+    pq.write_table(pa.table({"k": pa.array([1, 3], pa.int64()),
+                             "s": pa.array(["a", "c"], pa.large_string()), "rid": [2, 3]}),
+                   tmp_path / "2.parquet")
+    for by in ("k", "s"):
+        run = mm.train(_keys_and_ids, mm.groups(tmp_path, by=by, read_on_workers=lazy),
+                       backend="serial", progress=False)
+        assert sorted(run.models.values()) == [[0, 2], [1], [3]], by
+
+
+def test_a_csv_column_read_as_numbers_in_one_file_and_text_in_another_is_text(tmp_path):
+    """CSV's inference reads a key column as numbers in a file without a
+    letter in it: the directory was refused."""
+    (tmp_path / "1.csv").write_text("k,rid\n1,0\n2,1\n")
+    (tmp_path / "2.csv").write_text("k,rid\nA,2\n1,3\n")
+    run = mm.train(_keys_and_ids, mm.groups(tmp_path, by="k"), backend="serial",
+                   progress=False)
+    assert dict(run.models) == {"1": [0, 3], "2": [1], "A": [2]}
+    (tmp_path / "3.csv").write_text("k,rid\n2020-01-01T00:00:00,4\n")
+    (tmp_path / "1.csv").unlink()
+    (tmp_path / "2.csv").write_text("k,rid\n1.5,2\n")
+    with pytest.raises(ValueError, match="3.csv' does not fit the files before it"):
+        mm.train(_keys_and_ids, mm.groups(tmp_path, by="k"), backend="serial", progress=False)

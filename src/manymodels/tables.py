@@ -124,12 +124,52 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                 f"the files under {str(path)!r} do not share their columns: {str(file)!r} "
                 + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
                 + (f"has {extra} besides" if extra else "") + f" those of {str(files[0])!r}")
-    try:
-        return pa.concat_tables(tables, promote_options="default")
+    tables = _text_where_any_is_text(tables)
+    try:  # widened where one file's type holds another's (int32 and int64, int and float)
+        return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as exc:
-        raise ValueError(
-            f"the files under {str(path)!r} do not share one schema: {exc}"
-        ) from exc
+        raise ValueError(f"the files under {str(path)!r} do not share one schema: "
+                         f"{_first_misfit(files, [t.schema for t in tables])}{exc}") from exc
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
+    """The files' tables with a column that is text in one file and of
+    another type in another (CSV's inference reads "7" as a number in a file
+    that has no "A", a writer dictionary-encodes some files) as text in all."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for table in tables:
+        for field in table.schema:
+            kinds.setdefault(field.name, set()).add(field.type)
+    mixed = [name for name, types in kinds.items()
+             if len(types) > 1 and any(_is_text(kind) for kind in types)]
+    if not mixed:
+        return tables
+    retyped = []
+    for table in tables:
+        for name in mixed:
+            position = table.schema.get_field_index(name)
+            if position >= 0 and table.schema.field(position).type != pa.string():
+                table = table.set_column(position, name, table.column(position).cast(pa.string()))
+        retyped.append(table)
+    return retyped
+
+
+def _first_misfit(files: list[Any], schemas: list[pa.Schema]) -> str:
+    """"FILE does not fit those before it: " for the first file whose schema
+    does not unify with the files' before it, or "" (none alone)."""
+    unified = schemas[0]
+    for file, schema in zip(files[1:], schemas[1:]):
+        try:
+            unified = pa.unify_schemas([unified, schema], promote_options="permissive")
+        except pa.ArrowException:
+            return f"{str(file)!r} does not fit the files before it: "
+    return ""
 
 
 def named_twice(names: list[Any]) -> Any:
@@ -244,11 +284,17 @@ class ParquetGroups:
         import pyarrow.parquet as pq
 
         try:
-            schema = pa.unify_schemas([pq.read_schema(f) for f in files],
-                                      promote_options="default")
+            schemas = [pq.read_schema(f) for f in files]
         except (OSError, pa.ArrowException) as exc:
             raise ValueError(f"cannot read the schema of the Parquet files under "
                              f"{files[0]!r}...: {exc}") from exc
+        mixed = _text_where_any_is_text([schema.empty_table() for schema in schemas])
+        schemas = [table.schema for table in mixed]  # a column text anywhere: text everywhere
+        try:
+            schema = pa.unify_schemas(schemas, promote_options="permissive")
+        except pa.ArrowException as exc:
+            raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
+                             f"schema: {_first_misfit(files, schemas)}{exc}") from exc
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:
