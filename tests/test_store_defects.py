@@ -678,3 +678,40 @@ def test_grid_values_that_read_the_same_are_refused_with_a_store(tmp_path):
     assert not (tmp_path / "s").exists()
     run = mm.train(_value_of, source, backend="serial", progress=False)  # no store: fine
     assert sorted(run.models.values()) == [1, 2]
+
+
+def _double(item):
+    return item * 2
+
+
+def test_a_read_only_store_refuses_gc_delete_and_attach_by_name(tmp_path):
+    mm.train(_double, mm.items([1, 2]), store=tmp_path / "s", backend="serial", progress=False)
+    reader = mm.Store(tmp_path / "s", read_only=True)
+    for what, call in (("gc", reader.gc), ("delete", lambda: reader.delete(1)),
+                       ("attach", lambda: reader.attach(1, "note", {"a": 1}))):
+        with pytest.raises(mm.StoreError, match=f"open for reading only .*: {what} writes"):
+            call()  # was sqlite3.OperationalError: attempt to write a readonly database
+    assert dict(mm.Store(tmp_path / "s").models()) == {1: 2, 2: 4}
+
+
+def test_a_store_inside_another_stores_artifacts_is_refused_and_left_alone_by_gc(tmp_path):
+    """The outer store's gc deleted the inner store's files as strays."""
+    outer = tmp_path / "outer"
+    mm.train(_double, mm.items([1]), store=outer, backend="serial", progress=False)
+    with pytest.raises(mm.StoreError, match="inside the artifacts folder of the store"):
+        mm.Store(outer / "artifacts" / "inner")
+    mm.train(_double, mm.items([3]), store=tmp_path / "inner", backend="serial",
+             progress=False)
+    os.rename(tmp_path / "inner", outer / "artifacts" / "inner")  # put there by hand
+    mm.Store(outer).gc()
+    assert dict(mm.Store(outer / "artifacts" / "inner").models()) == {3: 6}
+    assert dict(mm.Store(outer).models()) == {1: 2}
+
+
+def test_a_store_path_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    store = mm.Store("~/models")
+    assert store.path == tmp_path / "home" / "models"
+    assert (tmp_path / "home" / "models" / "index.sqlite").is_file()
+    assert not (tmp_path / "~").exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from . import packs, taskblocks
+from .database import INDEX_NAME
 
 
 def collect(conn: sqlite3.Connection, root: Path) -> int:
@@ -48,8 +49,11 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
         conn.execute("ROLLBACK")
         raise
     removed = len(dead) + sum(models for _, models in dead_packs)
+    nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
     for file in (root / "artifacts").rglob("*"):
         relative = file.relative_to(root).as_posix()
+        if any(folder in file.parents for folder in nested):  # another store: not ours
+            continue
         if file.is_file() and relative not in known and _older_than(file, began):
             file.unlink(missing_ok=True)
             removed += relative not in {p for _, p in dead if p}

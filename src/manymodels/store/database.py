@@ -166,12 +166,15 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise StoreError(f"store path {str(path)!r} is a file, not a directory")
-    index = path / INDEX_NAME
+    index, folder = path / INDEX_NAME, path / "artifacts"
     if read_only or (read_only is None and index.is_file() and not (
-            os.access(path, os.W_OK | os.X_OK) and os.access(index, os.W_OK))):
+            os.access(path, os.W_OK | os.X_OK) and os.access(index, os.W_OK)
+            and (not folder.exists() or os.access(folder, os.W_OK | os.X_OK)))):
         if not os.access(index, os.R_OK):
             raise StoreError(f"store index {str(index)!r} cannot be read")
         return False
+    if not index.exists():
+        _refuse_inside_artifacts(path)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         (path / "artifacts").mkdir(mode=0o700, exist_ok=True)
@@ -180,6 +183,16 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
     if not os.access(path, os.W_OK | os.X_OK):
         raise StoreError(f"store directory {str(path)!r} is not writable")
     return True
+
+
+def _refuse_inside_artifacts(path: Path) -> None:
+    """Refuse a new store inside another store's ``artifacts`` folder, whose
+    :meth:`~manymodels.Store.gc` would remove its files as strays."""
+    for parent in path.resolve().parents:
+        if parent.name == "artifacts" and (parent.parent / INDEX_NAME).is_file():
+            raise StoreError(f"store path {str(path)!r} is inside the artifacts folder of "
+                             f"the store {str(parent.parent)!r}, whose gc would remove its "
+                             "files: put it elsewhere")
 
 
 #: The page size of a new store's index (an existing one keeps its own).

@@ -41,7 +41,7 @@ class Store:
         if isinstance(path, str) and not path.strip():
             raise database.StoreError("the store path is empty: name a directory (an empty "
                                       "path would make the current directory a store)")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         #: True when the store was opened for reading only (asked for, or the
         #: files are not writable by this user): it can be read, not trained into.
         self.read_only = not database.prepare_directory(self.path, read_only)
@@ -201,8 +201,15 @@ class Store:
 
     # -- using the models --------------------------------------------------------
 
+    def _require_writable(self, what: str) -> None:
+        if self.read_only:
+            raise database.StoreError(
+                f"store {str(self.path)!r} is open for reading only (asked for, or its "
+                f"files are not writable here): {what} writes to it")
+
     def attach(self, run: int, name: str, obj: Any) -> None:
         """Keep a run-level object (a fallback model, a configuration) with a run."""
+        self._require_writable("attach")
         run_id, _, _ = self._run_row(run)
         self._conn.execute("BEGIN IMMEDIATE")
         try:
@@ -337,6 +344,7 @@ class Store:
         anyway: for a run of a driver on another machine that is gone (this
         machine cannot tell it from a live one; one on this machine that is
         gone reads ``interrupted`` once the store is opened again)."""
+        self._require_writable("delete")
         run_id, _, _ = self._run_row(run)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -360,6 +368,7 @@ class Store:
         how many models (and files) were removed (see :func:`.collect.collect`)."""
         from .collect import collect
 
+        self._require_writable("gc")
         return collect(self._conn, self.path)
 
     def integrity_check(self) -> str:
