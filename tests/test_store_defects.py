@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -715,3 +716,27 @@ def test_a_store_path_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatc
     assert store.path == tmp_path / "home" / "models"
     assert (tmp_path / "home" / "models" / "index.sqlite").is_file()
     assert not (tmp_path / "~").exists()
+
+
+def _csv_files_in(folder):
+    return len(list(Path(folder).glob("*.csv")))
+
+
+def test_a_folder_item_retrains_when_its_files_change(tmp_path):
+    """A folder given as an item was hashed by its path: files added to it
+    left its stale model reused."""
+    folder = tmp_path / "data" / "a"
+    folder.mkdir(parents=True)
+    (folder / "1.csv").write_text("x\n1\n")
+
+    def run(item):
+        return mm.train(_csv_files_in, mm.items([item]), store=tmp_path / "s",
+                        backend="serial", progress=False)
+
+    assert run(folder).summary().reused == 0
+    assert run(str(folder)).summary().reused == 1  # unchanged, as a Path or as text
+    (folder / "2.csv").write_text("x\n2\n")
+    again = run(folder)
+    assert again.summary().reused == 0 and list(again.models.values()) == [2]
+    (folder / "2.csv").write_text("x\n3\n")  # a file's content changed
+    assert run(folder).summary().reused == 0

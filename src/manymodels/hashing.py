@@ -322,8 +322,13 @@ _VISITING = threading.local()
 
 
 def file_hash(path: PurePath | str) -> str:
-    """The content hash of a file, or of the path itself if it is not a file."""
+    """The content hash of a file; of a folder, the names and contents of
+    the files under it; else of the path itself (nothing there)."""
     path = Path(path)
+    if path.is_dir():
+        parts = [f"{file.relative_to(path).as_posix()}={file_hash(file)}"
+                 for file in sorted(path.rglob("*")) if file.is_file()]
+        return digest("folder", *parts)
     if not path.is_file():
         return digest("path", str(path))
     h = hashlib.blake2b(digest_size=16)
@@ -334,8 +339,12 @@ def file_hash(path: PurePath | str) -> str:
 
 
 def item_hash(item: Any) -> str:
-    """An item's identity: the file's content when it is a path to a file."""
-    if isinstance(item, (str, PurePath)) and os.path.isfile(item):
+    """An item's identity: the content when it is a path to a file, or to a
+    folder (the files under it) given as a ``Path`` or as text with a ``/``
+    in it (a bare word such as "src" stays a word, whatever is in the
+    current directory)."""
+    if isinstance(item, PurePath) or isinstance(item, str) and (
+            os.path.isfile(item) or os.sep in item and os.path.isdir(item)):
         return file_hash(item)
     return value_hash(item)
 
