@@ -357,3 +357,12 @@ def test_predict_keeps_a_groups_earlier_winner_when_all_its_candidates_fail(tmp_
     predicted = mm.Store(tmp_path / "s").predict(new, by="g", features=["x"], with_source=True)
     assert (predicted["source"] == "group").all()
     np.testing.assert_allclose(predicted["prediction"], [2.0, 2.0], atol=0.3)
+
+
+def test_why_names_the_evaluation_not_the_shared_objects_when_evaluate_changed(tmp_path):
+    frame = daily(groups=1, days=40)
+    for test_size in (0.2, 0.3):
+        run = mm.train(fit_linear, mm.groups(frame, by="sku"), store=tmp_path / "s",
+                       backend="serial", progress=False,
+                       evaluate=mm.holdout(test_size, target="sales", features=["x"]))
+    assert run.why_not_reused("s0").endswith("since run 1, the evaluation (evaluate=) changed")

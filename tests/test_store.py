@@ -160,6 +160,7 @@ def test_failed_tasks_are_retrained_and_reuse_can_be_turned_off(tmp_path):
     second = mm.train(fit, mm.items(range(10)), shared={"bad": ()}, store=store,
                       backend="threads", progress=False)
     assert second.summary().reused == 0 and len(second.ok) == 10
+    assert second.why_not_reused(4).endswith("since run 1, the shared object 'bad' changed")
     third = mm.train(fit, mm.items(range(10)), shared={"bad": ()}, store=store,
                      backend="threads", progress=False)
     assert third.summary().reused == 10

@@ -399,22 +399,21 @@ class TaskIdentities:
         return self._data
 
 
-def _shared_hash(shared: dict) -> str:
-    """The hash of the shared objects (each by :func:`value_hash`); one that
-    cannot be hashed is named."""
-    try:
-        return value_hash(dict(sorted(shared.items())))
-    except Exception as exc:
-        for name, value in sorted(shared.items()):
-            try:
-                value_hash(value)
-            except Exception as error:
-                raise TypeError(
-                    f"the shared object {name!r} cannot be hashed ({type(error).__name__}: "
-                    f"{error}), and a store needs it to know when a model can be reused: "
-                    "pass it through setup= instead (made on each worker), or train "
-                    "without store=") from error
-        raise exc
+def _shared_hash(shared: dict) -> tuple[str, dict[str, str]]:
+    """The hash of the shared objects (:func:`value_hash` of the dict, made
+    from each object's hash) and each one's, so that a store can say which
+    one changed; one that cannot be hashed is named."""
+    parts: dict[str, str] = {}
+    for name, value in sorted(shared.items()):
+        try:
+            parts[name] = value_hash(value)
+        except Exception as error:
+            raise TypeError(
+                f"the shared object {name!r} cannot be hashed ({type(error).__name__}: "
+                f"{error}), and a store needs it to know when a model can be reused: "
+                "pass it through setup= instead (made on each worker), or train "
+                "without store=") from error
+    return digest("dict", *(f"{name!r}={part}" for name, part in parts.items())), parts
 
 
 def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
@@ -425,7 +424,7 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
     import pyarrow as pa
 
     code, detail = code_identity(fit, setup)
-    shared_part = _shared_hash(shared or {})
+    shared_part, shared_parts = _shared_hash(shared or {})
     tasks = plan.tasks
     data_lanes = plan.data.hash_lanes(tasks.refs)
     # the parts that vary per setting, not per group: hashed once per setting
@@ -454,4 +453,5 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
                                   for params in params_parts], pa.string())
     identities = TaskIdentities(identity_lanes, params_column, data_lanes,
                                 np.ascontiguousarray(identity_lanes[:, 0]))
-    return identities, {**detail, "code_hash": code, "shared_hash": shared_part}
+    return identities, {**detail, "code_hash": code, "shared_hash": shared_part,
+                        "shared_parts": shared_parts}

@@ -37,12 +37,14 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
     if before is None:
         return f"{key!r} was trained: no earlier run in this store has this key"
     then_run, then = before
-    changed = [name for name, a, b in zip(_PARTS, now, _identity_parts(
-        then, _code_detail(store, then_run))) if a != b]
+    then_detail = _code_detail(store, then_run)
+    changed = [name for name, a, b in zip(_PARTS, now, _identity_parts(then, then_detail))
+               if a != b]
     if changed:
         described = {
             "code": "the code of fit (or of a module it uses, or a package version)",
-            "params": "its parameters", "data": "its data", "shared": "the shared objects",
+            "params": "its parameters", "data": "its data",
+            "shared": _shared_changes(_code_detail(store, run_id), then_detail),
         }
         return (f"{key!r} was trained: since run {then_run}, "
                 + ", ".join(described[c] for c in changed) + " changed")
@@ -53,6 +55,23 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
         return (f"{key!r} was trained: its model from run {then_run} could no longer be "
                 "loaded (missing from the store, or found corrupt)")
     return f"{key!r} was trained: reuse was turned off (reuse=False)"
+
+
+#: What the runs' own entries among the shared objects' hashes stand for.
+_OWN_SHARED = {"__evaluate__": "the evaluation (evaluate=)",
+               "__halving__": "the halving search (select=mm.halving(...))"}
+
+
+def _shared_changes(now: dict, then: dict) -> str:
+    """Which of the shared objects changed, named, where both runs recorded
+    each one's hash (runs written before did not)."""
+    new, old = now.get("shared_parts"), then.get("shared_parts")
+    if new is None or old is None:
+        return "the shared objects"
+    names = sorted(name for name in new.keys() | old.keys() if new.get(name) != old.get(name))
+    if not names:
+        return "the shared objects"
+    return ", ".join(_OWN_SHARED.get(name, f"the shared object {name!r}") for name in names)
 
 
 def _latest_before(store: Any, key: str, run_id: int) -> tuple[int, dict] | None:
