@@ -137,3 +137,35 @@ def test_read_on_workers_keeps_the_rows_of_a_zero_key_of_either_sign(tmp_path):
                             backend="serial", progress=False) for lazy in (False, True))
     assert sorted(eager.models.values()) == [[0, 2, 3], [1]]
     assert sorted(lazy.models.values()) == [[0, 2, 3], [1]]
+
+
+def sorted_x(df):
+    return sorted(df["x"].tolist())
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_hive_partition_folders_are_columns(tmp_path, lazy):
+    """A directory written with partition_cols= keeps those columns in its
+    folder names (year=2020/): they were dropped, and by= could not name them."""
+    pq.write_to_dataset(pa.table({"store": ["a", "a", "b", "b"], "year": [2020, 2021, 2020, 2021],
+                                  "region": ["n s", "n s", "s", "s"], "x": [1.0, 2.0, 3.0, 4.0]}),
+                        tmp_path, partition_cols=["year", "region"])
+    by_year = mm.train(sorted_x, mm.groups(tmp_path, by="year", read_on_workers=lazy),
+                       backend="serial", progress=False)
+    assert dict(by_year.models) == {2020: [1.0, 3.0], 2021: [2.0, 4.0]}
+    by_both = mm.train(sorted_x, mm.groups(tmp_path, by=["store", "region"],
+                                           read_on_workers=lazy),
+                       backend="serial", progress=False)  # "n s": URL-decoded from n%20s
+    assert dict(by_both.models) == {("a", "n s"): [1.0, 2.0], ("b", "s"): [3.0, 4.0]}
+    seen = mm.train(lambda df: sorted(df.columns), mm.groups(tmp_path, by="store",
+                                                             read_on_workers=lazy),
+                    backend="serial", progress=False)
+    assert seen.models["a"] == ["region", "store", "x", "year"]
+
+
+def test_files_partitioned_differently_are_refused_by_name(tmp_path):
+    (tmp_path / "year=2020").mkdir()
+    pq.write_table(pa.table({"x": [1.0]}), tmp_path / "year=2020" / "a.parquet")
+    pq.write_table(pa.table({"x": [2.0]}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match="are not partitioned alike"):
+        mm.train(sorted_x, mm.groups(tmp_path, by="x"), backend="serial", progress=False)

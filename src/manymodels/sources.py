@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 import pyarrow as pa
@@ -114,8 +114,9 @@ class GroupSource(Source):
             if "__file__" in by_columns:
                 raise ValueError("by column '__file__' has the name read_on_workers gives "
                                  "each row's file number: rename it, or read on the driver")
-            self.reader, self.table = ParquetGroups.plan(parquet_files(table), by_columns,
-                                                         order_columns, wanted)
+            self.reader, self.table = ParquetGroups.plan(
+                parquet_files(table), by_columns, order_columns, wanted,
+                root=str(table) if Path(table).is_dir() else None)
             for name in by_columns:
                 column = self.table.column(name)
                 nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()

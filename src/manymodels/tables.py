@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .partitions import add_partition_columns, partition_table, partitioning
+
 _PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
 _CSV_SUFFIXES = {".csv", ".tsv", ".txt"}
 
@@ -114,7 +116,14 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     files = _table_files(path)
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet or .csv files")
-    tables = [_read_file(p, columns) for p in files]
+    partitions = partition_table(path, files)  # name=value folders: columns of their own
+    if partitions is None:
+        tables = [_read_file(p, columns) for p in files]
+    else:
+        in_files = None if columns is None else [
+            c for c in columns if c not in partitions.column_names]
+        tables = [add_partition_columns(_read_file(p, in_files), partitions, row, p, columns)
+                  for row, p in enumerate(files)]
     names = set(tables[0].column_names)
     for file, part in zip(files[1:], tables[1:]):
         if set(part.column_names) != names:  # else merged, the missing ones all null
@@ -250,13 +259,18 @@ def parquet_files(table: Any) -> list[str]:
 
 
 def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = None,
-              schema: pa.Schema | None = None, use_threads: bool = True) -> pa.Table:
+              schema: pa.Schema | None = None, use_threads: bool = True,
+              partitions: pa.Table | None = None, root: str | None = None) -> pa.Table:
     """Read ``columns`` of the rows of ``files`` that match ``filter`` (a
-    ``pyarrow.compute`` expression), in file and row order."""
+    ``pyarrow.compute`` expression), in file and row order; ``partitions``:
+    the files' partition columns (:mod:`manymodels.partitions`), from the
+    names of their folders under ``root``."""
     import pyarrow.dataset as ds
 
     try:
-        dataset = ds.dataset(files, format="parquet", schema=schema)
+        dataset = ds.dataset(files, format="parquet", schema=schema,
+                             partitioning=partitioning(partitions),
+                             partition_base_dir=root if partitions is not None else None)
         return dataset.to_table(columns=columns, filter=filter, use_threads=use_threads)
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read the Parquet files {files[:3]}...: {exc}") from exc
@@ -275,13 +289,21 @@ class ParquetGroups:
     schema: pa.Schema  # of all files, unified as an eager read unifies them
     order_by: tuple[str, ...] = ()  # each group's rows sorted by these
     columns: tuple[str, ...] | None = None  # the columns read (None: all)
+    partitions: pa.Table | None = None  # each file's partition columns (name=value folders)
+    root: str | None = None  # the directory the files are under
 
     @classmethod
     def plan(cls, files: list[str], by: list[str], order_by: list[str] | None = None,
-             columns: list[str] | None = None) -> tuple[ParquetGroups, pa.Table]:
+             columns: list[str] | None = None, root: str | None = None
+             ) -> tuple[ParquetGroups, pa.Table]:
         """Read the key columns only; return the reader and the key table with
-        a ``__file__`` column (the number of the file each row came from)."""
+        a ``__file__`` column (the number of the file each row came from).
+        ``root``: the directory the files are under (its ``name=value``
+        folders are columns, :mod:`manymodels.partitions`)."""
         import pyarrow.parquet as pq
+
+        partitions = None if root is None else partition_table(Path(root), [
+            Path(f) for f in files])
 
         try:
             schemas = [pq.read_schema(f) for f in files]
@@ -295,6 +317,11 @@ class ParquetGroups:
         except pa.ArrowException as exc:
             raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
                              f"schema: {_first_misfit(files, schemas)}{exc}") from exc
+        for field in () if partitions is None else partitions.schema:
+            if field.name in schema.names:
+                raise ValueError(f"column {field.name!r} is both in the Parquet files under "
+                                 f"{root!r} and in the names of their folders: rename one")
+            schema = schema.append(field)
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:
@@ -304,11 +331,13 @@ class ParquetGroups:
             columns = _present(columns, schema.names, files[0])
         parts = []
         for number, file in enumerate(files):
-            keys = read_rows([file], columns=by, schema=schema)
+            keys = read_rows([file], columns=by, schema=schema, partitions=partitions,
+                             root=root)
             parts.append(keys.append_column("__file__", pa.array(
                 [number] * keys.num_rows, type=pa.int32())))
         return (cls(files, by, schema, tuple(order_by or ()),
-                    None if columns is None else tuple(columns)), pa.concat_tables(parts))
+                    None if columns is None else tuple(columns), partitions, root),
+                pa.concat_tables(parts))
 
     def read(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, pa.Table]:
         """Key -> that group's rows, in file and row order (as an eager read
@@ -330,7 +359,8 @@ class ParquetGroups:
         # one thread: a worker stays within its cpus_per_task
         rows = read_rows([self.files[n] for n in numbers],
                          columns=None if self.columns is None else list(self.columns),
-                         filter=condition, schema=self.schema, use_threads=False)
+                         filter=condition, schema=self.schema, use_threads=False,
+                         partitions=self.partitions, root=self.root)
         if self.order_by:  # one stable sort for the batch: each group's rows in order
             rows = rows.take(sort_order(rows, list(self.order_by)))
         key_frame = exact_pandas(rows.select(self.by))
