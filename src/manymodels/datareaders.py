@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .tables import ParquetGroups
+from .parquetgroups import ParquetGroups
 
 
 class DataReader:

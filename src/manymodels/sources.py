@@ -21,7 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .tables import ParquetGroups, is_pandas_frame, named_twice, parquet_files, read_table
+from .parquetgroups import ParquetGroups, parquet_files
+from .tables import is_pandas_frame, named_twice, read_table
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")

@@ -8,16 +8,15 @@ be sorted once, sliced without copying and memory-mapped by every worker.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from .partitions import add_partition_columns, partition_table, partitioning
+from .partitions import add_partition_columns, partition_table
 
-_PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
+PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
 _CSV_SUFFIXES = {".csv", ".tsv", ".txt"}
 
 
@@ -67,10 +66,10 @@ def is_pandas_frame(obj: Any) -> bool:
     return pandas is not None and isinstance(obj, pandas.DataFrame)
 
 
-def _table_files(path: Path) -> list[Path]:
+def table_files(path: Path) -> list[Path]:
     """The table files under a directory, in the order they are read."""
     return sorted(p for p in path.rglob("*")
-                  if p.is_file() and p.suffix.lower() in _PARQUET_SUFFIXES | _CSV_SUFFIXES)
+                  if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES)
 
 
 def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -78,11 +77,11 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
     file's own column names first, so that a missing one is named)."""
     suffix = path.suffix.lower()
     try:
-        if suffix in _PARQUET_SUFFIXES:
+        if suffix in PARQUET_SUFFIXES:
             import pyarrow.parquet as pq
 
             if columns is not None:
-                columns = _present(columns, pq.read_schema(path).names, path)
+                columns = present_columns(columns, pq.read_schema(path).names, path)
             return pq.read_table(path, columns=columns)
         if suffix in _CSV_SUFFIXES:
             import pyarrow.csv as pcsv
@@ -92,7 +91,7 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
             if columns is not None:
                 with pcsv.open_csv(path, parse_options=parse) as reader:  # the header only
                     names = reader.schema.names
-                convert = pcsv.ConvertOptions(include_columns=_present(columns, names, path))
+                convert = pcsv.ConvertOptions(include_columns=present_columns(columns, names, path))
             return pcsv.read_csv(path, parse_options=parse, convert_options=convert)
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read table file {str(path)!r}: {exc}") from exc
@@ -102,7 +101,7 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
     )
 
 
-def _present(columns: list[str], names: list[str], where: Any) -> list[str]:
+def present_columns(columns: list[str], names: list[str], where: Any) -> list[str]:
     """``columns`` in the order of ``names``; a missing one is named."""
     missing = [c for c in columns if c not in names]
     if missing:
@@ -113,7 +112,7 @@ def _present(columns: list[str], names: list[str], where: Any) -> list[str]:
 
 
 def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
-    files = _table_files(path)
+    files = table_files(path)
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet or .csv files")
     partitions = partition_table(path, files)  # name=value folders: columns of their own
@@ -133,12 +132,12 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                 f"the files under {str(path)!r} do not share their columns: {str(file)!r} "
                 + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
                 + (f"has {extra} besides" if extra else "") + f" those of {str(files[0])!r}")
-    tables = _text_where_any_is_text(tables)
+    tables = text_where_any_is_text(tables)
     try:  # widened where one file's type holds another's (int32 and int64, int and float)
         return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as exc:
         raise ValueError(f"the files under {str(path)!r} do not share one schema: "
-                         f"{_first_misfit(files, [t.schema for t in tables])}{exc}") from exc
+                         f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -147,7 +146,7 @@ def _is_text(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
+def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
     """The files' tables with a column that is text in one file and of
     another type in another (CSV's inference reads "7" as a number in a file
     that has no "A", a writer dictionary-encodes some files) as text in all."""
@@ -169,7 +168,7 @@ def _text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
     return retyped
 
 
-def _first_misfit(files: list[Any], schemas: list[pa.Schema]) -> str:
+def first_misfit(files: list[Any], schemas: list[pa.Schema]) -> str:
     """"FILE does not fit those before it: " for the first file whose schema
     does not unify with the files' before it, or "" (none alone)."""
     unified = schemas[0]
@@ -206,7 +205,7 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     if columns is not None and not isinstance(table, (str, Path)):
         names = ([str(c) for c in table.columns] if is_pandas_frame(table)
                  else list(table.columns) if _is_polars_frame(table) else table.column_names)
-        columns = _present(columns, names, "the table")
+        columns = present_columns(columns, names, "the table")
         if is_pandas_frame(table):  # before the conversion: the others are never converted
             table = table.iloc[:, [names.index(c) for c in columns]]
         else:
@@ -237,140 +236,6 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         "a table must be a pandas or polars DataFrame, a pyarrow Table, or a path "
         f"to a Parquet/CSV file or directory; got {type(table).__name__}"
     )
-
-
-def parquet_files(table: Any) -> list[str]:
-    """The Parquet files behind ``table``, a path to a Parquet file or to a
-    directory of them, in the order :func:`read_table` reads them."""
-    if not isinstance(table, (str, Path)):
-        raise TypeError("read_on_workers=True needs the path of a Parquet file or directory, "
-                        f"got {type(table).__name__}")
-    path = Path(table)
-    if not path.exists():
-        raise ValueError(f"table path {str(path)!r} does not exist")
-    files = [path] if path.is_file() else _table_files(path)
-    if not files:
-        raise ValueError(f"directory {str(path)!r} holds no .parquet files")
-    for file in files:
-        if file.suffix.lower() not in _PARQUET_SUFFIXES:
-            raise ValueError(f"read_on_workers=True reads Parquet only; {str(file)!r} is not "
-                             "a .parquet file")
-    return [str(file) for file in files]
-
-
-def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = None,
-              schema: pa.Schema | None = None, use_threads: bool = True,
-              partitions: pa.Table | None = None, root: str | None = None) -> pa.Table:
-    """Read ``columns`` of the rows of ``files`` that match ``filter`` (a
-    ``pyarrow.compute`` expression), in file and row order; ``partitions``:
-    the files' partition columns (:mod:`manymodels.partitions`), from the
-    names of their folders under ``root``."""
-    import pyarrow.dataset as ds
-
-    try:
-        dataset = ds.dataset(files, format="parquet", schema=schema,
-                             partitioning=partitioning(partitions),
-                             partition_base_dir=root if partitions is not None else None)
-        return dataset.to_table(columns=columns, filter=filter, use_threads=use_threads)
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read the Parquet files {files[:3]}...: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class ParquetGroups:
-    """Groups whose rows stay in Parquet files until a worker needs them:
-    ``mm.groups(path, by=..., read_on_workers=True)``. A task's data reference
-    is ``(key, file numbers)``: its ``by`` values and the files that hold its
-    rows; :meth:`read` fetches a batch's groups with one filtered scan of
-    those files only."""
-
-    files: list[str]
-    by: list[str]
-    schema: pa.Schema  # of all files, unified as an eager read unifies them
-    order_by: tuple[str, ...] = ()  # each group's rows sorted by these
-    columns: tuple[str, ...] | None = None  # the columns read (None: all)
-    partitions: pa.Table | None = None  # each file's partition columns (name=value folders)
-    root: str | None = None  # the directory the files are under
-
-    @classmethod
-    def plan(cls, files: list[str], by: list[str], order_by: list[str] | None = None,
-             columns: list[str] | None = None, root: str | None = None
-             ) -> tuple[ParquetGroups, pa.Table]:
-        """Read the key columns only; return the reader and the key table with
-        a ``__file__`` column (the number of the file each row came from).
-        ``root``: the directory the files are under (its ``name=value``
-        folders are columns, :mod:`manymodels.partitions`)."""
-        import pyarrow.parquet as pq
-
-        partitions = None if root is None else partition_table(Path(root), [
-            Path(f) for f in files])
-
-        try:
-            schemas = [pq.read_schema(f) for f in files]
-        except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"cannot read the schema of the Parquet files under "
-                             f"{files[0]!r}...: {exc}") from exc
-        mixed = _text_where_any_is_text([schema.empty_table() for schema in schemas])
-        schemas = [table.schema for table in mixed]  # a column text anywhere: text everywhere
-        try:
-            schema = pa.unify_schemas(schemas, promote_options="permissive")
-        except pa.ArrowException as exc:
-            raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
-                             f"schema: {_first_misfit(files, schemas)}{exc}") from exc
-        for field in () if partitions is None else partitions.schema:
-            if field.name in schema.names:
-                raise ValueError(f"column {field.name!r} is both in the Parquet files under "
-                                 f"{root!r} and in the names of their folders: rename one")
-            schema = schema.append(field)
-        for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
-            missing = [c for c in names if c not in schema.names]
-            if missing:
-                raise ValueError(f"{what + ' ' if what else ''}column {missing[0]!r} is not in "
-                                 f"the Parquet files; their columns are {schema.names}")
-        if columns is not None:
-            columns = _present(columns, schema.names, files[0])
-        parts = []
-        for number, file in enumerate(files):
-            keys = read_rows([file], columns=by, schema=schema, partitions=partitions,
-                             root=root)
-            parts.append(keys.append_column("__file__", pa.array(
-                [number] * keys.num_rows, type=pa.int32())))
-        return (cls(files, by, schema, tuple(order_by or ()),
-                    None if columns is None else tuple(columns), partitions, root),
-                pa.concat_tables(parts))
-
-    def read(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, pa.Table]:
-        """Key -> that group's rows, in file and row order (as an eager read
-        and its stable sort by key would give them)."""
-        import pyarrow.compute as pc
-
-        keys = dict.fromkeys(key for key, _ in refs)
-        numbers = sorted({number for _, files in refs for number in files})
-        condition = None
-        for position, column in enumerate(self.by):  # a superset: each column's values
-            kind = self.schema.field(column).type
-            if pa.types.is_dictionary(kind):
-                kind = kind.value_type
-            wanted = list(dict.fromkeys(key[position] for key in keys))
-            if pa.types.is_floating(kind) and any(v == 0 for v in wanted if v is not None):
-                wanted += [0.0, -0.0]  # one key to pandas' grouping, two to Arrow's is_in
-            term = pc.field(column).isin(pa.array(wanted, type=kind))
-            condition = term if condition is None else condition & term
-        # one thread: a worker stays within its cpus_per_task
-        rows = read_rows([self.files[n] for n in numbers],
-                         columns=None if self.columns is None else list(self.columns),
-                         filter=condition, schema=self.schema, use_threads=False,
-                         partitions=self.partitions, root=self.root)
-        if self.order_by:  # one stable sort for the batch: each group's rows in order
-            rows = rows.take(sort_order(rows, list(self.order_by)))
-        key_frame = exact_pandas(rows.select(self.by))
-        positions = key_frame.groupby(self.by, sort=False).indices
-        groups = {}
-        for key, where in positions.items():
-            key = tuple(plain_scalar(v) for v in (key if isinstance(key, tuple) else (key,)))
-            if key in keys:
-                groups[key] = rows.take(where)
-        return groups
 
 
 def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:

@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .datareaders import ArrowSlices, DataReader, FrameSlices, ParquetBatches
-from .tables import ParquetGroups, is_pandas_frame
+from .parquetgroups import ParquetGroups
+from .tables import is_pandas_frame
 
 #: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
 Entry = tuple[tuple, Any, float]
