@@ -740,3 +740,33 @@ def test_a_folder_item_retrains_when_its_files_change(tmp_path):
     assert again.summary().reused == 0 and list(again.models.values()) == [2]
     (folder / "2.csv").write_text("x\n3\n")  # a file's content changed
     assert run(folder).summary().reused == 0
+
+
+RUNTIME_ATTRIBUTE_JOB = """
+import sys
+import helpers
+import manymodels as mm
+
+helpers.ALPHA = {alpha}  # set by the script, not in helpers.py
+
+def fit(item):
+    return item * helpers.ALPHA
+
+run = mm.train(fit, mm.items([1, 2]), store=sys.argv[1], backend="serial", progress=False)
+print(run.summary().reused, sorted(run.models.values()))
+"""
+
+
+def test_a_module_value_a_script_sets_is_part_of_the_identity(tmp_path):
+    """helpers.ALPHA = 50 in the script, read by fit as helpers.ALPHA: the
+    module's file was hashed, its value was not, and the stale models stayed."""
+    (tmp_path / "helpers.py").write_text("ALPHA = 0\n")
+    script = tmp_path / "job.py"
+    outputs = []
+    for alpha in (1, 1, 50):
+        script.write_text(RUNTIME_ATTRIBUTE_JOB.format(alpha=alpha))
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip())
+    assert outputs == ["0 [1, 2]", "2 [1, 2]", "0 [50, 100]"]

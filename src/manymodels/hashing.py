@@ -190,6 +190,19 @@ class _CodeWalker:
                     self.value(f"{label}:global:{name}", value)
             elif name in sys.modules:  # imported inside the function
                 self.visit(sys.modules[name])
+        # Values it reads from a module of the user's own (helpers.ALPHA): the
+        # module's file covers what is written there, not what a script set
+        # since (helpers.ALPHA = 50)
+        for chain in sorted(_attribute_chains(fn.__code__)):
+            value = fn.__globals__.get(chain[0])
+            for depth, attribute in enumerate(chain[1:], start=1):
+                if not isinstance(value, types.ModuleType):
+                    break
+                owner, value = value, getattr(value, attribute, None)
+                if not isinstance(value, types.ModuleType):
+                    if not callable(value) and _is_user_file(getattr(owner, "__file__", None)):
+                        self.value(f"{label}:global:{'.'.join(chain[:depth + 1])}", value)
+                    break
 
 
 def _global_names(code: types.CodeType) -> set[str]:
@@ -202,6 +215,30 @@ def _global_names(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)
     return names
+
+
+def _attribute_chains(code: types.CodeType) -> set[tuple[str, ...]]:
+    """The dotted names ``code`` (and the code nested in it) reads from a
+    global: ``("helpers", "ALPHA")`` for ``helpers.ALPHA``."""
+    chains: set[tuple[str, ...]] = set()
+    chain: list[str] = []
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "LOAD_GLOBAL":
+            if len(chain) > 1:
+                chains.add(tuple(chain))
+            chain = [instruction.argval]
+        elif instruction.opname == "LOAD_ATTR" and chain:
+            chain.append(instruction.argval)
+        else:
+            if len(chain) > 1:
+                chains.add(tuple(chain))
+            chain = []
+    if len(chain) > 1:
+        chains.add(tuple(chain))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            chains |= _attribute_chains(const)
+    return chains
 
 
 def _code_text(code: types.CodeType) -> str:
