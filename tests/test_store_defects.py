@@ -552,6 +552,21 @@ def test_a_run_refused_at_its_task_identities_leaves_no_store_behind(tmp_path):
     assert mm.Store(store).runs()["run_id"].tolist() == [1]
 
 
+def run_edited_job(tmp_path, job: str, edits: list[dict]) -> list[str]:
+    """Write the script ``job`` with each of ``edits`` (its format values) in
+    turn and run it, the store ``tmp_path / "store"`` as its argument: each
+    run's standard output, stripped."""
+    script = tmp_path / "job.py"
+    outputs = []
+    for values in edits:
+        script.write_text(job.format(**values))
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip())
+    return outputs
+
+
 #: A job whose class and setup function are edited between runs:
 #: ``{factor}`` is in the class's method, ``{scale}`` the setup's value.
 #: Prints each run's reused count and models per way of use.
@@ -601,22 +616,15 @@ def test_editing_the_code_behind_an_object_or_setup_retrains(tmp_path):
     """A class whose instance fit reads (a global, a shared object, a grid
     value) and a setup= function were hashed by their names alone: edited,
     their stale models were reused."""
-    script = tmp_path / "job.py"
-
-    def run(factor, scale):
-        script.write_text(EDITED_JOB.format(factor=factor, scale=scale))
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / "stores")],
-                              capture_output=True, text=True, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-        return dict(part.split("=") for part in done.stdout.split())
-
-    assert run(1, 1) == {"global": "0:1,2", "shared": "0:1,2", "grid": "0:1,2",
-                         "setup": "0:1,2"}
-    assert run(1, 1) == {"global": "2:1,2", "shared": "2:1,2", "grid": "2:1,2",
-                         "setup": "2:1,2"}  # unchanged: reused
-    assert run(10, 3) == {"global": "0:10,20", "shared": "0:10,20", "grid": "0:10,20",
-                          "setup": "0:3,6"}  # edited: retrained
-    assert "code" in mm.Store(tmp_path / "stores" / "setup").why_not_reused(1)
+    edits = [{"factor": 1, "scale": 1}, {"factor": 1, "scale": 1}, {"factor": 10, "scale": 3}]
+    first, again, edited = (dict(part.split("=") for part in out.split())
+                            for out in run_edited_job(tmp_path, EDITED_JOB, edits))
+    assert first == {"global": "0:1,2", "shared": "0:1,2", "grid": "0:1,2", "setup": "0:1,2"}
+    assert again == {"global": "2:1,2", "shared": "2:1,2", "grid": "2:1,2",
+                     "setup": "2:1,2"}  # unchanged: reused
+    assert edited == {"global": "0:10,20", "shared": "0:10,20", "grid": "0:10,20",
+                      "setup": "0:3,6"}  # edited: retrained
+    assert "code" in mm.Store(tmp_path / "store" / "setup").why_not_reused(1)
 
 
 METRIC_JOB = """
@@ -640,15 +648,9 @@ print(run.summary().reused, run.results["bonus"].tolist())
 
 
 def test_editing_a_metric_function_retrains(tmp_path):
-    script = tmp_path / "job.py"
-    outputs = []
-    for bonus in (1.0, 1.0, 7.0):
-        script.write_text(METRIC_JOB.format(bonus=bonus))
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")],
-                              capture_output=True, text=True, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-        outputs.append(done.stdout.split(maxsplit=1))
-    assert outputs == [["0", "[1.0]\n"], ["1", "[1.0]\n"], ["0", "[7.0]\n"]]
+    outputs = run_edited_job(tmp_path, METRIC_JOB, [{"bonus": 1.0}, {"bonus": 1.0},
+                                                   {"bonus": 7.0}])
+    assert outputs == ["0 [1.0]", "1 [1.0]", "0 [7.0]"]
 
 
 class _SameText:
@@ -761,12 +763,6 @@ def test_a_module_value_a_script_sets_is_part_of_the_identity(tmp_path):
     """helpers.ALPHA = 50 in the script, read by fit as helpers.ALPHA: the
     module's file was hashed, its value was not, and the stale models stayed."""
     (tmp_path / "helpers.py").write_text("ALPHA = 0\n")
-    script = tmp_path / "job.py"
-    outputs = []
-    for alpha in (1, 1, 50):
-        script.write_text(RUNTIME_ATTRIBUTE_JOB.format(alpha=alpha))
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")],
-                              capture_output=True, text=True, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-        outputs.append(done.stdout.strip())
+    outputs = run_edited_job(tmp_path, RUNTIME_ATTRIBUTE_JOB, [{"alpha": 1}, {"alpha": 1},
+                                                               {"alpha": 50}])
     assert outputs == ["0 [1, 2]", "2 [1, 2]", "0 [50, 100]"]
