@@ -290,3 +290,31 @@ def test_logistic_past_max_iter_says_not_converged():
     assert not metrics.loc[two_classes, "converged"].any()
     assert (metrics.loc[two_classes, "iterations"] == 1).all()
     assert not fitted.coefficients.loc[two_classes, FEATURES].isna().any().any()
+
+
+def test_float_keys_find_the_integer_group_they_equal_exactly():
+    """2**53 as a float equals the integer key 2**53, but pandas compared the
+    keys as floats, and the rows of 2**53 found group 2**53 + 1's model."""
+    frame = pd.DataFrame({"g": [2**53] * 3 + [2**53 + 1] * 3, "x": [0.0, 1, 2] * 2,
+                          "y": [0.0, 1, 2, 0, 10, 20]})
+    result = mm.linear(frame, by="g", features=["x"], target="y")
+    np.testing.assert_allclose(result.predict(frame), frame["y"], atol=1e-9)
+    as_floats = frame.head(3).astype({"g": float}).assign(z=0)
+    np.testing.assert_allclose(result.predict(as_floats), [0.0, 1, 2], atol=1e-9)
+    assert np.isnan(result.predict(frame.head(1).assign(g=0.5))).all()  # no whole number
+
+
+def test_a_group_without_weight_has_no_scores_and_bad_arguments_are_named():
+    frame = pd.DataFrame({"g": ["a"] * 3 + ["b"] * 3, "x": [0.0, 1, 2] * 2,
+                          "y": [1.0, 0, 3, 0, 1, 3], "w": [0.0, 0, 0, 1, 1, 1]})
+    metrics = mm.linear(frame, by="g", features=["x"], target="y", family="wls",
+                        weights="w").metrics.set_index("g")
+    assert metrics.loc["a", "status"] == "no_weight"
+    assert np.isnan(metrics.loc["a", "r2"]) and np.isnan(metrics.loc["a", "rmse"])  # r2 was 1
+    for arguments, message in (({"by": ["g", "g"]}, "by= names a column twice"),
+                               ({"family": "ridge", "alpha": None}, "alpha must be"),
+                               ({"max_iter": None}, "max_iter must be a whole number"),
+                               ({"workers": 0}, "workers must be a whole number")):
+        options = {"by": "g", **arguments}
+        with pytest.raises(ValueError, match=message):
+            mm.linear(frame, features=["x"], target="y", **options)

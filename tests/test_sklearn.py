@@ -123,3 +123,20 @@ def test_scikit_learn_check_estimator(inner, min_group_size):
         check_estimator(GroupedEstimator(inner, by=0, backend="serial",
                                          min_group_size=min_group_size),
                         expected_failed_checks=EXPECTED_FAILURES)
+
+
+def test_a_group_key_typed_otherwise_finds_its_model_and_no_rows_are_refused():
+    """Fitted on integer keys, predicted with the same keys as floats (or on
+    booleans, with 1 and 0): every row went to the global fallback."""
+    frame = pd.DataFrame({"g": [1, 1, 1, 2, 2, 2], "x": [0.0, 1, 2, 0, 1, 2]})
+    y = np.array([0.0, 1, 2, 0, 10, 20])
+    model = GroupedEstimator(LinearRegression(), by="g").fit(frame, y)
+    own = model.predict(frame)
+    np.testing.assert_allclose(own, y, atol=1e-9)
+    np.testing.assert_allclose(model.predict(frame.astype({"g": float})), own)
+    booleans = GroupedEstimator(LinearRegression(), by="g").fit(
+        frame.assign(g=frame["g"] == 2), y)
+    np.testing.assert_allclose(booleans.predict(frame.assign(g=(frame["g"] == 2).astype(int))),
+                               own, atol=1e-9)
+    with pytest.raises(ValueError, match="Found array with 0 sample"):
+        model.predict(frame.iloc[:0])  # it returned None

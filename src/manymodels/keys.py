@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import itertools
 import json
-from collections.abc import Hashable, Sequence
+import re
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -167,3 +169,36 @@ def key_column(values: list) -> Any:
 def decode_key(text: str) -> tuple:
     """The parts of a key stored by :func:`encode_key`."""
     return tuple(_restore(v) for v in json.loads(text))
+
+
+_WHOLE_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def typed_otherwise(parts: tuple) -> Iterator[tuple]:
+    """``parts`` with each whole number as another reader may have typed it:
+    ``1``, ``1.0`` or ``"1"`` (a column with a missing value makes integers
+    floats; a CSV's column is text when one of its values is), and ``True``
+    as ``1`` (pandas holds them equal), each combination but ``parts``
+    itself once: what a lookup tries when the key as given has no model."""
+    choices = []
+    for value in parts:
+        if isinstance(value, np.generic):
+            value = value.item()
+        if type(value) is bool:
+            choices.append((value, int(value), float(value)))
+            continue
+        if type(value) is float and value.is_integer() and abs(value) <= 2**53:
+            value = int(value)
+        if type(value) is int:
+            choices.append((value, str(value)) + ((float(value),) if abs(value) <= 2**53
+                                                  else ()) + ((bool(value),) if value in (0, 1)
+                                                              else ()))
+        elif type(value) is str and _WHOLE_NUMBER.fullmatch(value):
+            whole = int(value)
+            choices.append((value, whole) + ((float(whole),) if abs(whole) <= 2**53 else ()))
+        else:
+            choices.append((value,))
+    original = encode_key(parts)
+    for variant in itertools.product(*choices):
+        if encode_key(variant) != original:
+            yield variant

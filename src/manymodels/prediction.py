@@ -13,17 +13,15 @@ it replaces looked up, loaded and sliced group by group.
 from __future__ import annotations
 
 import functools
-import itertools
-import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .execution import metrics_dict
-from .keys import encode_key
+from .keys import encode_key, typed_otherwise
 
 #: Fewer groups than this predict in the driver (serial backend): starting
 #: workers would cost more than they save.
@@ -133,47 +131,19 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
 def _group_digests(keys: Any, artifacts: dict[str, str]) -> dict[str, str]:
     """The model of each group of ``keys`` (the plan's) that has one, by its
     encoded key: the stored key equal to it, or else one that differs only
-    in how a reader typed a whole number (see :func:`_typed_otherwise`)."""
+    in how a reader typed a whole number (see :func:`~manymodels.keys.typed_otherwise`)."""
     found: dict[str, str] = {}
     for parts in keys:
         text = encode_key(parts)
         digest = artifacts.get(text)
         if digest is None:
-            for variant in _typed_otherwise(parts):
+            for variant in typed_otherwise(parts):
                 digest = artifacts.get(encode_key(variant))
                 if digest is not None:
                     break
         if digest is not None:
             found[text] = digest
     return found
-
-
-_WHOLE_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)")
-
-
-def _typed_otherwise(parts: tuple) -> Iterator[tuple]:
-    """``parts`` with each whole number as another reader may have typed it:
-    ``1``, ``1.0`` or ``"1"`` (a column with a missing value makes integers
-    floats; a CSV's column is text when one of its values is), each
-    combination but ``parts`` itself once."""
-    choices = []
-    for value in parts:
-        if isinstance(value, np.generic):
-            value = value.item()
-        if type(value) is float and value.is_integer() and abs(value) <= 2**53:
-            value = int(value)
-        if type(value) is int:
-            choices.append((value, str(value)) + ((float(value),) if abs(value) <= 2**53
-                                                  else ()))
-        elif type(value) is str and _WHOLE_NUMBER.fullmatch(value):
-            whole = int(value)
-            choices.append((value, whole) + ((float(whole),) if abs(whole) <= 2**53 else ()))
-        else:
-            choices.append((value,))
-    original = encode_key(parts)
-    for variant in itertools.product(*choices):
-        if encode_key(variant) != original:
-            yield variant
 
 
 @dataclass

@@ -65,10 +65,14 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
     if family == "logistic" and not (isinstance(C, (int, float)) and 0 < C < np.inf):
         raise ValueError(f"C must be a positive number, got {C!r}")
-    if not isinstance(alpha, str) and not np.isfinite(alpha):
+    if not isinstance(alpha, str) and not (_is_number(alpha) and alpha < np.inf):
         raise ValueError(f"alpha must be a finite number >= 0 or a column name, got {alpha!r}")
-    if int(max_iter) < 1 or int(workers) < 1 or int(block_rows) < 1:
-        raise ValueError("max_iter, workers and block_rows must be at least 1")
+    if not (_is_number(tol) and tol >= 0):
+        raise ValueError(f"tol must be a number >= 0, got {tol!r}")
+    for argument, value in (("max_iter", max_iter), ("workers", workers),
+                        ("block_rows", block_rows)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{argument} must be a whole number of at least 1, got {value!r}")
     opened = None
     if store is not None:  # refused before any work: a file, a read-only store
         from .stored import open_store
@@ -120,3 +124,8 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
         metrics["reused_from"] = reused_from
     return LinearResult(family, by, features, target, fit_intercept, data.keys, fitted.coef,
                         fitted.intercept, metrics, timings)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, bool)

@@ -71,6 +71,9 @@ def fit_groups(data: Prepared, features: int, family: str, *, engine: Any, on: d
         no_weight = out["sw"] <= 0
         out["coef"][no_weight], out["intercept"][no_weight] = np.nan, np.nan
         status[i[no_weight]] = "no_weight"
+        for values in extra.values():  # no rows weigh anything: nothing was scored
+            if values.dtype.kind == "f":
+                values[i[no_weight]] = np.nan
         coef[i], intercept[i] = out["coef"], out["intercept"]
 
     if data.groups == 0:

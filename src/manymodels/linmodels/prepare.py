@@ -85,6 +85,8 @@ def check(table: Any, by: Any, features: Any, target: str, family: str,
     feature_columns = _names(features, "features")
     if not by_columns:
         raise ValueError("linear() needs at least one column in by=")
+    if len(set(by_columns)) < len(by_columns):
+        raise ValueError(f"by= names a column twice: {by_columns}")
     if not feature_columns:
         raise ValueError("linear() needs at least one column in features=")
     if not isinstance(target, str):

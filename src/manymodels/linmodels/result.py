@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..tables import read_table
+from ..tables import exact_pandas, read_table
 from .prepare import _column
 
 
@@ -108,10 +108,13 @@ class LinearResult:
     def group_of(self, table: Any) -> np.ndarray:
         """Each row's group number in this result, -1 for a group it has no
         model for."""
-        frame = read_table(table).select(self.by).to_pandas()
+        frame = exact_pandas(read_table(table).select(self.by))
+        index = self._key_index()
         if len(self.by) == 1:
-            return self._key_index().get_indexer(frame[self.by[0]])
-        return self._key_index().get_indexer(pd.MultiIndex.from_frame(frame))
+            return index.get_indexer(_as_integers_where(frame[self.by[0]], index.dtype))
+        frame = pd.DataFrame({name: _as_integers_where(frame[name], level.dtype)
+                              for name, level in zip(self.by, index.levels)})
+        return index.get_indexer(pd.MultiIndex.from_frame(frame))
 
     def decision_function(self, table: Any, unseen: str = "nan") -> np.ndarray:
         """``X @ coef + intercept`` of each row with its group's model (the
@@ -155,3 +158,16 @@ class LinearResult:
             raise ValueError(f"predict_proba needs family='logistic', this is {self.family!r}")
         out = self.decision_function(table, unseen)
         return 0.5 * (1.0 + np.tanh(0.5 * out))
+
+
+def _as_integers_where(values: pd.Series, keys: Any) -> pd.Series:
+    """``values`` (float keys to look up) as integers where the keys are:
+    pandas would compare them as floats, and 2**53 + 1 would find 2**53.
+    A float that is no whole number finds no integer key."""
+    if not (pd.api.types.is_integer_dtype(keys) and pd.api.types.is_float_dtype(values.dtype)):
+        return values
+    floats = values.to_numpy(dtype=float)
+    whole = np.isfinite(floats) & (np.floor(floats) == floats) & (np.abs(floats) < 2.0**63)
+    integers = np.zeros(len(floats), dtype=np.int64)
+    integers[whole] = floats[whole].astype(np.int64)
+    return pd.Series(pd.arrays.IntegerArray(integers, ~whole), index=values.index)

@@ -30,7 +30,7 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
-from ..keys import encode_key, key_parts
+from ..keys import encode_key, key_parts, typed_otherwise
 from ..routing import group_positions, route_rows
 from ..tables import plain_scalar
 from ._inputs import feature_input, split_X
@@ -274,6 +274,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
     def _route(self, X: Any, method: str) -> np.ndarray:
         check_is_fitted(self, "models_")
         keys, features = split_X(self, X, fitting=False)
+        if len(keys) == 0:  # as scikit-learn's check_array says it
+            raise ValueError(f"Found array with 0 sample(s) (shape={np.shape(X)}) while a "
+                             f"minimum of 1 is required by {type(self).__name__}.")
         X_feat = feature_input(features, self._as_frame)
         by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
         by_code.update((encode_key(k), m) for k, m in self.parent_models_.items())
@@ -287,6 +290,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                 return (_Blend(models, weights), "shrunk") if models else None
             for level in range(depth, 0, -1):  # one encoding: NaN finds NaN
                 model = by_code.get(encode_key(parts[:level]))
+                for variant in () if model is not None else typed_otherwise(parts[:level]):
+                    model = by_code.get(encode_key(variant))  # 1.0 or True for 1
+                    if model is not None:
+                        break
                 if model is not None:
                     return model, "group" if level == depth else "parent"
             return None if self.fallback_ is None else (self.fallback_, "fallback")
