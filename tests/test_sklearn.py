@@ -110,6 +110,15 @@ EXPECTED_FAILURES = {
         "of its own; one-row classifiers cannot fit, every row goes to the fallback, "
         "which lacks the by column as a feature, and accuracy stays under the check's 0.83"),
 }
+#: For a classifier: the sample-weight checks' few rows, grouped by a continuous
+#: column, make groups of a repeated row, one class each, so every group's
+#: LogisticRegression fails and fit raises (as it must when every group fails).
+CLASSIFIER_FAILURES = {
+    **EXPECTED_FAILURES,
+    **dict.fromkeys(["check_sample_weights_shape", "check_sample_weights_not_overwritten",
+                     "check_sample_weight_equivalence_on_dense_data"],
+                    "every group of the check's data holds one class: every group fails"),
+}
 
 
 @pytest.mark.parametrize("inner, min_group_size", [(Ridge(), 1), (LogisticRegression(), 2)],
@@ -122,7 +131,8 @@ def test_scikit_learn_check_estimator(inner, min_group_size):
         warnings.simplefilter("ignore")
         check_estimator(GroupedEstimator(inner, by=0, backend="serial",
                                          min_group_size=min_group_size),
-                        expected_failed_checks=EXPECTED_FAILURES)
+                        expected_failed_checks=EXPECTED_FAILURES if min_group_size == 1
+                        else CLASSIFIER_FAILURES)
 
 
 def test_a_group_key_typed_otherwise_finds_its_model_and_no_rows_are_refused():
@@ -140,3 +150,23 @@ def test_a_group_key_typed_otherwise_finds_its_model_and_no_rows_are_refused():
                                own, atol=1e-9)
     with pytest.raises(ValueError, match="Found array with 0 sample"):
         model.predict(frame.iloc[:0])  # it returned None
+
+
+def test_sample_weight_reaches_each_groups_fit_and_the_fallback():
+    frame = pd.DataFrame({"g": ["a"] * 4 + ["b"] * 4, "x": [0.0, 1, 2, 3] * 2})
+    y = np.array([0.0, 1, 2, 30, 0, 2, 4, 6])
+    weight = np.array([1.0, 1, 1, 0, 1, 1, 1, 1])  # the outlier of "a" weighs nothing
+    model = GroupedEstimator(LinearRegression(), by="g").fit(frame, y, sample_weight=weight)
+    np.testing.assert_allclose(model.models_["a"].coef_, [1.0], atol=1e-9)
+    np.testing.assert_allclose(model.models_["b"].coef_, [2.0], atol=1e-9)
+    by_hand = LinearRegression().fit(frame[["x"]], y, sample_weight=weight)
+    np.testing.assert_allclose(model.fallback_.coef_, by_hand.coef_)
+
+    class NoWeights(LinearRegression):
+        def fit(self, X, y):
+            return super().fit(X, y)
+
+    with pytest.raises(TypeError, match="NoWeights.fit takes no sample_weight"):
+        GroupedEstimator(NoWeights(), by="g").fit(frame, y, sample_weight=weight)
+    with pytest.raises(ValueError, match="by column 'g' is a name, and X is an array"):
+        model.predict(frame.to_numpy(dtype=object))

@@ -28,7 +28,13 @@ from sklearn.base import (
 )
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_array,
+    check_is_fitted,
+    column_or_1d,
+    has_fit_parameter,
+)
 
 from ..keys import encode_key, key_parts, typed_otherwise
 from ..routing import group_positions, route_rows
@@ -38,10 +44,14 @@ from ._shrinkage import shrinkage_function
 
 _Y = "__manymodels_target__"
 _GROUP = "__manymodels_group__"
+_W = "__manymodels_weight__"
 
 
-def _fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool) -> Any:
+def _fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool,
+               weighted: bool = False) -> Any:
     X = df[features] if as_frame else df[features].to_numpy()
+    if weighted:
+        return clone(estimator).fit(X, df[_Y].to_numpy(), sample_weight=df[_W].to_numpy())
     return clone(estimator).fit(X, df[_Y].to_numpy())
 
 
@@ -155,7 +165,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                              f"needs a regressor; {type(self.estimator).__name__} is not one")
         return shrinkage_function(self.shrinkage, self.shrinkage_kwargs)
 
-    def fit(self, X: Any, y: Any) -> GroupedEstimator:
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GroupedEstimator:
+        """Fit a model per group, and the fallback; ``sample_weight`` (one per
+        row) goes to each group's fit with its rows' weights, and to the
+        fallback's."""
         import manymodels as mm
 
         shrink = self._check_params()
@@ -170,6 +183,12 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             raise ValueError(f"X has {len(features)} rows but y has {len(y)}")
         if len(y) == 0:
             raise ValueError("cannot fit on 0 samples")
+        if sample_weight is not None:
+            for estimator in (self.estimator, self.fallback):
+                if hasattr(estimator, "fit") and not has_fit_parameter(estimator,
+                                                                       "sample_weight"):
+                    raise TypeError(f"{type(estimator).__name__}.fit takes no sample_weight")
+            sample_weight = _check_sample_weight(sample_weight, features)
         if is_classifier(self.estimator):
             self.classes_ = np.unique(y)
         X_all = feature_input(features, self._as_frame)
@@ -183,6 +202,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             table.columns = list(range(features.shape[1]))
         feature_columns = list(table.columns)
         table[_Y] = y
+        if sample_weight is not None:
+            table[_W] = sample_weight
         parts, key_of, sizes = [], [], []
         for level in range(1, depth + 1) if hierarchical else [depth]:
             codes, prefixes = _level_codes(keys, level)
@@ -205,7 +226,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             run = mm.train(
                 _fit_group, mm.groups(stacked, by=_GROUP),
                 shared={"estimator": self.estimator, "features": feature_columns,
-                        "as_frame": self._as_frame},
+                        "as_frame": self._as_frame, "weighted": sample_weight is not None},
                 backend=self.backend, workers=self.workers, progress=False)
             for code, model in run.models.items():
                 prefix = key_of[code]
@@ -227,7 +248,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                           "fallback; see failed_", RuntimeWarning, stacklevel=2)
         # after the groups: a model fitted here first (LightGBM's OpenMP pool)
         # could deadlock the forked workers
-        self.fallback_ = self._fit_global(X_all, y)
+        self.fallback_ = self._fit_global(X_all, y, sample_weight)
         if self.fallback_ is None and not (self.models_ or self.parent_models_):
             raise ValueError("no group could be fitted and fallback='error'")
         self.shrinkage_function_ = shrink
@@ -246,11 +267,13 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                              f"{type(self.estimator).__name__} cannot fit without a "
                              f"feature: {exc}") from exc
 
-    def _fit_global(self, X_all: Any, y: np.ndarray) -> Any:
+    def _fit_global(self, X_all: Any, y: np.ndarray, sample_weight: Any = None) -> Any:
         """The fallback fitted on all rows (None with ``fallback="error"``)."""
         if self.fallback == "error":
             return None
         prototype = self.estimator if self.fallback == "global" else self.fallback
+        if sample_weight is not None:
+            return clone(prototype).fit(X_all, y, sample_weight=sample_weight)
         return clone(prototype).fit(X_all, y)
 
     # -- predict -------------------------------------------------------------------

@@ -52,6 +52,10 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
     if as_frame:
         frame = X
     else:
+        named = [b for b in by if isinstance(b, str)]
+        if named:  # checked first: its string keys would read as features that are no numbers
+            raise ValueError(f"by column {named[0]!r} is a name, and X is an array without "
+                             "column names: pass a DataFrame (or by= column positions)")
         array = None if hasattr(X, "toarray") else np.asarray(X)
         if array is None or array.ndim != 2:
             # scikit-learn's own message for 1-D, 0-D and sparse input
