@@ -255,3 +255,29 @@ def test_map_groups_of_arrow_and_polars_outputs_adds_missing_key_columns(sales):
                          backend="serial")
     assert isinstance(ours, pl.DataFrame)
     pd.testing.assert_frame_equal(ours.to_pandas(), expected)
+
+
+def sorted_and_renumbered(df):
+    return df.sort_values("x", ascending=False).reset_index(drop=True)
+
+
+def labels_seen(df, key):
+    return pd.DataFrame({"key": [key] * len(df), "label": list(df.index)})
+
+
+def test_map_groups_hands_each_group_its_labels_and_tells_a_reorder_from_a_transform():
+    """Under a fresh index 0, 1, ... a group sorted and renumbered looked
+    like a transform, and its rows came back under other rows' labels."""
+    frame = pd.DataFrame({"g": ["b", "a", "b", "a"], "x": [10.0, 20, 30, 40]},
+                         index=[100, 101, 102, 103])
+    ours = mm.map_groups(sorted_and_renumbered, mm.groups(frame, by="g"), backend="threads")
+    assert ours["x"].tolist() == [40.0, 20.0, 30.0, 10.0]  # key order, as pandas gives
+    pd.testing.assert_index_equal(ours.index, pd.RangeIndex(4))
+    seen = mm.map_groups(labels_seen, mm.groups(frame, by="g"), backend="processes",
+                         workers=2)
+    assert seen.groupby("key")["label"].apply(list).to_dict() == {"a": [101, 103],
+                                                                  "b": [100, 102]}
+    one_row = pd.DataFrame({"g": ["z", "y"], "x": [1.0, 2.0]}, index=[7, 8])
+    means = mm.map_groups(lambda df: pd.DataFrame({"m": [df["x"].mean()]}),
+                          mm.groups(one_row, by="g"), backend="serial")
+    assert means["g"].tolist() == ["y", "z"]  # an aggregation: key order, not input order

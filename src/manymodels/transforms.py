@@ -16,7 +16,8 @@ import pyarrow as pa
 from ._resources import usable_cores
 from .api import train
 from .execution import metrics_dict
-from .planning import group_layout
+from .grouplabels import WithLabels, group_labels, is_transform, shared_labels
+from .planning import asks_for_key, group_layout
 from .results import OK, Run
 from .sources import GroupSource, PartitionSource, ProductSource
 
@@ -107,17 +108,6 @@ def _with_keys(output: Any, parts: tuple, key_columns: list) -> Any:
     return output
 
 
-def _is_group_indexed(output: Any, rows: int) -> bool:
-    """Whether a pandas output is labelled like the group ``fn`` received:
-    ``rows`` rows under 0, 1, ..., in order (pandas' test of a transform)."""
-    index = output.index
-    if len(index) != rows:
-        return False
-    if isinstance(index, pd.RangeIndex):
-        return index.start == 0 and index.step == 1
-    return index.equals(pd.RangeIndex(rows))
-
-
 def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | None:
     """When every non-empty pandas output holds exactly its group's rows,
     labelled as ``fn`` received them (a transform): the input position of each
@@ -129,16 +119,16 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | No
     done = [index for index, status in enumerate(rec.status) if status == OK]
     if len(done) != len(outputs) or len(run._plan.tasks) != len(layout.lengths):
         return None
-    lengths = layout.lengths
+    labels, offsets, lengths = group_labels(layout, base.row_index)
     kept = [i for i, out in enumerate(outputs) if len(out)]
-    if not kept or not all(_is_group_indexed(outputs[i], int(lengths[done[i]])) for i in kept):
+    if not kept or not all(is_transform(outputs[i], labels[offsets[done[i]]:offsets[done[i]]
+                                                          + lengths[done[i]]]) for i in kept):
         return None
     order = layout.input_rows  # the planner's sort: each row's input position
     if order is None:
         order = np.arange(int(lengths.sum()))
     if len(kept) == len(lengths):  # every group, in layout order
         return order, kept
-    offsets = layout.offsets
     groups = [done[i] for i in kept]
     return np.concatenate([order[offsets[g]:offsets[g] + lengths[g]] for g in groups]), kept
 
@@ -267,12 +257,13 @@ def map_groups(
     """Run ``fn`` on every group and return one concatenated table, like
     ``df.groupby(by, group_keys=False).apply(fn)`` in parallel.
 
-    ``fn`` receives each group's rows as ``mm.train`` hands them (a pandas
-    group under a fresh index 0, 1, ...) and may return a DataFrame, a Series
-    or an Arrow or polars table. What comes back:
+    ``fn`` receives each group's rows as ``mm.train`` hands them, a pandas
+    group under its rows' labels in the input frame (their positions for an
+    Arrow or polars table or a file; :mod:`manymodels.grouplabels`), and may
+    return a DataFrame, a Series or an Arrow or polars table. What comes back:
 
     * a **transform** -- every output (DataFrame or Series) holds its group's
-      rows, in order, under the index ``fn`` received (``df.assign(...)``,
+      rows, in order, under the labels ``fn`` received (``df.assign(...)``,
       ``df["x"] - df["x"].mean()``; groups whose output is empty are left
       out): the rows come back in the input's row order, under the input
       frame's row labels (an Arrow or polars table, or a file, has none: its
@@ -308,6 +299,10 @@ def map_groups(
                             f"{type(fallback).__name__}")
         fn = _WithFallback(fn, fallback)
     options.setdefault("progress", False)
+    if source is base and base.format == "pandas":  # each group under its rows' labels
+        options["shared"] = {**(options.get("shared") or {}),
+                             **shared_labels(group_layout(base), base.row_index)}
+        fn = WithLabels(fn, asks_for_key(fn))
     run = train(fn, source, **options)
     key_columns, ok = _ok_outputs(run, errors, "map_groups")
     failed = _failures(run, key_columns) if errors == "skip" else {}
