@@ -198,7 +198,7 @@ def test_unpicklable_model_fails_its_task_on_threads(tmp_path):
                    progress=False)
     results = run.results.set_index("item")
     assert results.loc[1, "status"] == "failed"
-    assert "could not be pickled" in results.loc[1, "error"]
+    assert "cannot be pickled to keep it in the store" in results.loc[1, "error"]
     assert results.loc[[0, 2], "status"].tolist() == ["ok", "ok"]
     assert 1 not in run.models
     stored = mm.Store(tmp_path / "store").results().set_index("item")
@@ -766,3 +766,87 @@ def test_a_module_value_a_script_sets_is_part_of_the_identity(tmp_path):
     outputs = run_edited_job(tmp_path, RUNTIME_ATTRIBUTE_JOB, [{"alpha": 1}, {"alpha": 1},
                                                                {"alpha": 50}])
     assert outputs == ["0 [1, 2]", "2 [1, 2]", "0 [50, 100]"]
+
+
+def _circular_metric_on_3(item):
+    info: dict = {"n": item}
+    if item == 3:
+        info["self"] = info  # JSON cannot hold it
+    return item, {"info": info, "r2": 0.5}
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_a_metric_json_cannot_hold_is_kept_as_why_not_the_whole_run_lost(tmp_path, backend):
+    """One task's self-referring metric made the store's writer fail and
+    every finished task of the run unrecorded (StoreError, run failed)."""
+    run = mm.train(_circular_metric_on_3, mm.items(range(6)), store=tmp_path / "s",
+                   backend=backend, workers=2, progress=False)
+    assert (run.results["status"] == "ok").all()
+    stored = mm.Store(tmp_path / "s").results().set_index("item")
+    assert (stored["status"] == "ok").all() and (stored["r2"] == 0.5).all()
+    assert stored.loc[3, "info"].startswith("<not stored: ValueError: Circular reference")
+    assert stored.loc[2, "info"] == {"n": 2}
+
+
+def _with_a_run_id_metric(item):
+    return item, {"run_id": 99}
+
+
+def test_a_metric_named_run_id_does_not_break_reading_the_store(tmp_path):
+    mm.train(_with_a_run_id_metric, mm.items([1, 2]), store=tmp_path / "s",
+             backend="serial", progress=False)
+    results = mm.Store(tmp_path / "s").results()  # raised: cannot insert run_id
+    assert results["run_id"].tolist() == [1, 1] and results["metric_run_id"].tolist() == [99, 99]
+
+
+def _change_directory(item, elsewhere):
+    os.chdir(elsewhere)
+    return item
+
+
+def test_a_relative_store_path_survives_a_fit_that_changes_directory(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    run = mm.train(_change_directory, mm.items([1, 2]), store="models", backend="serial",
+                   shared={"elsewhere": str(tmp_path / "elsewhere")}, progress=False)
+    assert sorted(run.models.values()) == [1, 2]  # StoreError: models/artifacts/... not found
+    assert dict(mm.Store(tmp_path / "models").models()) == {1: 1, 2: 2}
+
+
+class _ExitsWhenPickled:
+    def __reduce__(self):
+        raise SystemExit(7)
+
+
+def _exits_when_pickled_on_1(item):
+    return _ExitsWhenPickled() if item == 1 else item
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads", "processes"])
+def test_a_model_whose_pickling_raises_system_exit_fails_alone(tmp_path, backend):
+    """serial and threads: train raised SystemExit with no .run, the store's
+    run left running; processes: the task crashed its worker."""
+    run = mm.train(_exits_when_pickled_on_1, mm.items(range(4)), store=tmp_path / "s",
+                   backend=backend, workers=2, progress=False)
+    results = run.results.set_index("item")
+    assert results["status"].to_dict() == {0: "ok", 1: "failed", 2: "ok", 3: "ok"}
+    assert "SystemExit(7)" in results.loc[1, "error"]
+    assert mm.Store(tmp_path / "s").runs()["status"].tolist() == ["finished"]
+
+
+class _Counter:
+    def __init__(self):
+        self.calls = 0
+
+
+def _count_and_return(item, counter):
+    counter.calls += 1
+    return counter  # the same object, changed by every later task
+
+
+def test_serial_and_threads_store_a_model_as_fit_returned_it(tmp_path):
+    """The store pickled each model when it committed, after later tasks had
+    changed it: every stored model read the last task's state."""
+    run = mm.train(_count_and_return, mm.items(range(4)), shared={"counter": _Counter()},
+                   store=tmp_path / "s", backend="serial", progress=False)
+    assert [run.models[i].calls for i in range(4)] == [1, 2, 3, 4]

@@ -165,8 +165,10 @@ def train(
         context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table,
                              shared=options.shared, cpus_per_task=options.backend.cpus_per_task,
                              retry_on=options.retry_on, setup=options.setup,
-                             pickle_models=(None if not backend_type.requires_pickling
-                                            else "all" if store is not None else "small"))
+                             # with a store, as fit returned it (serial and threads
+                             # too: a model fit goes on changing is stored as it was)
+                             pickle_models=("all" if store is not None else "small"
+                                            if backend_type.requires_pickling else None))
         recorder, to_do = None, len(plan.tasks)
         if store is not None:
             # the splitter is part of each task's identity: its metrics depend on

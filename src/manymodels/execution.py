@@ -105,7 +105,28 @@ def metrics_json(metrics: Mapping | None) -> str | None:
     not a dict, and its writer has nothing left to encode."""
     if not metrics:
         return None
-    return _floats_json(metrics) or _encode_json(metrics)
+    text = _floats_json(metrics)
+    if text is not None:
+        return text
+    try:
+        return _encode_json(metrics)
+    except Exception:  # a value that refers to itself, a repr that raises: that one alone
+        return _encode_json({_name_text(name): _value_or_why(value)
+                             for name, value in metrics.items()})
+
+
+def _name_text(name: Any) -> Any:
+    return name if isinstance(name, (str, int, float, bool)) or name is None else repr(name)
+
+
+def _value_or_why(value: Any) -> Any:
+    """``value`` where JSON can hold it (by its repr, as the store does), or
+    a text saying why it could not be kept."""
+    try:
+        _encode_json(value)
+        return value
+    except Exception as exc:
+        return f"<not stored: {type(exc).__name__}: {str(exc)[:200]}>"
 
 
 def _floats_json(metrics: Mapping) -> str | None:
@@ -211,10 +232,13 @@ class Executor:
             if model is not None:
                 try:
                     model = self._pickled(model, index)
-                except Exception as exc:
+                except BaseException as exc:  # a __reduce__'s SystemExit too: its task alone
+                    if isinstance(exc, KeyboardInterrupt) and self._in_drivers_main_thread():
+                        raise
                     return (index, _FAILED, None, {}, time.perf_counter() - start, started_at,
-                            "the value returned by fit cannot be pickled to send it back to "
-                            f"the driver: {exc!r}", False)
+                            "the value returned by fit cannot be pickled to "
+                            + ("keep it in the store" if self.pickle_models == "all" else
+                               "send it back to the driver") + f": {exc!r}", False)
             if metrics:
                 packed = self._packer.metrics(index, metrics)  # (an open pack's len is 0)
                 metrics = self._encoded(metrics) if packed is None else packed

@@ -44,7 +44,7 @@ def parquet_files(table: Any) -> list[str]:
         if file.suffix.lower() not in PARQUET_SUFFIXES:
             raise ValueError(f"read_on_workers=True reads Parquet only; {str(file)!r} is not "
                              "a .parquet file")
-    return [str(file) for file in files]
+    return [str(file.absolute()) for file in files]  # fit may change the directory
 
 
 def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = None,

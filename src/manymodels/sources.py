@@ -117,7 +117,7 @@ class GroupSource(Source):
                                  "each row's file number: rename it, or read on the driver")
             self.reader, self.table = ParquetGroups.plan(
                 parquet_files(table), by_columns, order_columns, wanted,
-                root=str(table) if Path(table).is_dir() else None)
+                root=str(Path(table).absolute()) if Path(table).is_dir() else None)
             for name in by_columns:
                 column = self.table.column(name)
                 nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()

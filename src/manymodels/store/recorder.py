@@ -244,7 +244,9 @@ class RunRecorder:
                 index = pending[row]
                 try:
                     models[row] = Pickled(pickle_any(model))
-                except Exception as exc:  # the task fails: its model could never be loaded
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # the task fails: its model could never be loaded
                     statuses[row] = status_of[index] = Status.FAILED.value
                     models[row] = model_of[index] = None
                     records.error[index] = (

@@ -41,7 +41,7 @@ class Store:
         if isinstance(path, str) and not path.strip():
             raise database.StoreError("the store path is empty: name a directory (an empty "
                                       "path would make the current directory a store)")
-        self.path = Path(path).expanduser()
+        self.path = Path(path).expanduser().absolute()  # fit may change the directory
         #: True when the store was opened for reading only (asked for, or the
         #: files are not writable by this user): it can be read, not trained into.
         self.read_only = not database.prepare_directory(self.path, read_only)
@@ -115,7 +115,8 @@ class Store:
         for name, values in text_columns(tasks["metrics"]).items():
             if name == "__windows__":  # per-window scores: Store.evaluation
                 continue
-            frame[name if name not in frame.columns else f"metric_{name}"] = values
+            taken = name in frame.columns or name == "run_id"  # (inserted below)
+            frame[f"metric_{name}" if taken else name] = values
         frame.insert(len(key_columns), "run_id", run_id)
         return frame
 
