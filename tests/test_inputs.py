@@ -316,3 +316,22 @@ def test_a_csv_column_read_as_numbers_in_one_file_and_text_in_another_is_text(tm
     (tmp_path / "2.csv").write_text("k,rid\n1.5,2\n")
     with pytest.raises(ValueError, match="3.csv' does not fit the files before it"):
         mm.train(_keys_and_ids, mm.groups(tmp_path, by="k"), backend="serial", progress=False)
+
+
+def _write_into_shared(item, weights):
+    weights[0] = item
+    return item
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads", "processes"])
+def test_a_shared_array_reaches_fit_read_only_on_every_backend(backend):
+    """A task's write reached the later tasks on its worker, and, on serial
+    and threads, the caller's own array."""
+    import numpy as np
+
+    weights = np.zeros(3)
+    run = mm.train(_write_into_shared, mm.items([1, 2]), shared={"weights": weights},
+                   backend=backend, workers=2, progress=False)
+    assert (run.results["status"] == "failed").all()
+    assert run.results["error"].str.contains("read-only").all()
+    assert weights.tolist() == [0.0, 0.0, 0.0] and weights.flags.writeable

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .dataplane import SPILL_MIN_BYTES, pickle_any, small_array_parts
 from .gpus import gpu_failure, release_cached_memory
 from .messages import Outcome, Pickled, Status
@@ -92,6 +94,22 @@ def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
         if type(name) is not str or type(value) not in _PLAIN:
             return {str(name): plain_scalar(value) for name, value in metrics.items()}
     return dict(metrics)  # already plain: a million tasks skip the conversion
+
+
+def _arrays_read_only(shared: dict) -> dict:
+    """``shared`` with each NumPy array as a read-only view of itself: one
+    task's write would reach the tasks after it on the same worker (and the
+    caller's own array, on the serial and threads backends)."""
+    if not any(isinstance(value, np.ndarray) and value.flags.writeable
+               for value in shared.values()):
+        return shared
+    viewed = {}
+    for name, value in shared.items():
+        if isinstance(value, np.ndarray) and value.flags.writeable:
+            value = value.view()
+            value.flags.writeable = False
+        viewed[name] = value
+    return viewed
 
 
 def metrics_json(metrics: Mapping | None) -> str | None:
@@ -187,7 +205,7 @@ class Executor:
         self.fit = context.fit
         self.passes_data = context.data.passes_data
         self.retry_on = tuple(context.retry_on)
-        self.shared = shared if shared is not None else (context.shared or {})
+        self.shared = _arrays_read_only(shared if shared is not None else (context.shared or {}))
         if context.setup is not None:
             self.shared = {**self.shared, **run_setup(context.setup)}
         self.driver_pid = context.driver_pid
