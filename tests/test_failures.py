@@ -338,3 +338,39 @@ def test_keyboard_interrupt_on_the_serial_backend_still_stops_the_run():
         mm.train(raise_keyboard_interrupt, mm.items(range(6)), backend="serial",
                  progress=False)
     assert stopped.value.run.results["status"].tolist()[:2] == ["ok", "ok"]
+
+
+STDIN_DRIVER = """
+import sys
+import manymodels as mm
+
+def read_stdin(item):
+    return sys.stdin.read()
+
+run = mm.train(read_stdin, mm.items([1]), backend="processes", workers=1, progress=False,
+               start_method=sys.argv[1])
+print(repr(run.models[1]), repr(sys.stdin.read()))
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_worker_reads_nothing_of_the_drivers_standard_input(tmp_path, start_method):
+    """A forked worker shared the driver's stdin: a fit that read it took the
+    driver's input (or blocked on a terminal)."""
+    script = tmp_path / "driver.py"
+    script.write_text(STDIN_DRIVER)
+    done = subprocess.run([sys.executable, str(script), start_method], input="for the driver\n",
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "'' 'for the driver\\n'"
+
+
+def _fail_loudly(item):
+    raise ValueError("x" * 100_000)
+
+
+def test_too_many_failures_names_them_in_a_message_of_reasonable_size():
+    with pytest.raises(mm.TooManyFailures) as caught:
+        mm.train(_fail_loudly, mm.items(range(5)), max_failures=1, backend="serial",
+                 progress=False)
+    assert len(str(caught.value)) < 5_000 and "ValueError: xxx" in str(caught.value)

@@ -364,5 +364,6 @@ class Scheduler:
         for _, row in failed.head(3).iterrows():
             key = tuple(row[c] for c in key_columns)
             last_line = (row["error"] or "").strip().splitlines()[-1:] or [""]
-            lines.append(f"  {key if len(key) != 1 else key[0]!r}: {row['status']}: {last_line[0]}")
+            last = last_line[0] if len(last_line[0]) <= 500 else last_line[0][:500] + " ..."
+            lines.append(f"  {key if len(key) != 1 else key[0]!r}: {row['status']}: {last}")
         return "\n".join(lines)

@@ -204,6 +204,9 @@ class WorkerStarter:
             if _resources.COLLECTOR_PAUSED:  # the driver's pause: fits run here
                 gc.enable()
             os.setsid()
+            stdin = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's: a fit that
+            os.dup2(stdin, 0)                          # reads stdin takes nothing of the driver's
+            os.close(stdin)
             for fd in driver_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
