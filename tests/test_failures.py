@@ -374,3 +374,32 @@ def test_too_many_failures_names_them_in_a_message_of_reasonable_size():
         mm.train(_fail_loudly, mm.items(range(5)), max_failures=1, backend="serial",
                  progress=False)
     assert len(str(caught.value)) < 5_000 and "ValueError: xxx" in str(caught.value)
+
+
+THREADS_DRIVER = """
+import time
+import manymodels as mm
+
+def sleep_on_2_and_3(item):
+    if item >= 2:
+        time.sleep(600)
+    return item
+
+try:
+    mm.train(sleep_on_2_and_3, mm.items(range(4)), backend="threads", workers=2,
+             progress=False)
+except mm.RunInterrupted as exc:
+    print("interrupted", len(exc.run.ok), flush=True)
+"""
+
+
+def test_after_ctrl_c_a_fit_still_running_on_a_thread_does_not_keep_python_alive(tmp_path):
+    """A thread cannot be stopped; the pool's threads were joined at exit, so
+    the interpreter waited for the running fits (here ten minutes)."""
+    script = tmp_path / "driver.py"
+    script.write_text(THREADS_DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    time.sleep(3)  # items 0 and 1 done, 2 and 3 asleep
+    driver.send_signal(signal.SIGINT)
+    out, _ = driver.communicate(timeout=60)
+    assert out.strip() == "interrupted 2"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from threadpoolctl import threadpool_limits
 
@@ -27,7 +26,19 @@ class ThreadsBackend(Backend):
         self._worker_lock = threading.Lock()
         # BLAS pools are process-wide: cap them at cpus_per_task for the run.
         self._limits = threadpool_limits(limits=self.cpus_per_task)
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="manymodels")
+        # Daemon threads, not a ThreadPoolExecutor, whose threads the interpreter
+        # joins at exit: after a Ctrl-C a fit still running (a thread cannot be
+        # stopped) kept the interpreter from exiting until it ended.
+        self._inbox: queue.SimpleQueue[list[TaskRef] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._serve, daemon=True,
+                                          name=f"manymodels-{number}")
+                         for number in range(self.workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def _serve(self) -> None:
+        while (tasks := self._inbox.get()) is not None:
+            self._run(tasks)
 
     def _worker_id(self) -> int:
         if not hasattr(self._local, "worker"):
@@ -50,7 +61,7 @@ class ThreadsBackend(Backend):
 
     def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         self._in_flight += 1
-        self._pool.submit(self._run, tasks)
+        self._inbox.put(list(tasks))
 
     def poll(self, timeout: float) -> list[Event]:
         events: list[Event] = []
@@ -67,5 +78,14 @@ class ThreadsBackend(Backend):
         return events
 
     def stop(self, *, force: bool = False) -> None:
-        self._pool.shutdown(wait=not force, cancel_futures=True)
+        try:
+            while True:  # the batches not started are dropped
+                self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        for _ in self._threads:
+            self._inbox.put(None)
+        if not force:
+            for thread in self._threads:
+                thread.join()
         self._limits.restore_original_limits()
