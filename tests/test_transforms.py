@@ -281,3 +281,15 @@ def test_map_groups_hands_each_group_its_labels_and_tells_a_reorder_from_a_trans
     means = mm.map_groups(lambda df: pd.DataFrame({"m": [df["x"].mean()]}),
                           mm.groups(one_row, by="g"), backend="serial")
     assert means["g"].tolist() == ["y", "z"]  # an aggregation: key order, not input order
+
+
+def mean_unless_3(df):
+    return None if df["x"].iloc[0] == 3 else pd.DataFrame({"m": [df["x"].mean()]})
+
+
+def test_map_groups_leaves_out_a_group_whose_fn_returned_none():
+    """As pandas' apply does; it raised 'must return a table, got NoneType'
+    without naming the group."""
+    frame = pd.DataFrame({"g": ["a", "a", "b", "c"], "x": [1.0, 2, 3, 4]})
+    ours = mm.map_groups(mean_unless_3, mm.groups(frame, by="g"), backend="serial")
+    assert ours.to_dict("list") == {"g": ["a", "c"], "m": [1.5, 4.0]}

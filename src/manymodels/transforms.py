@@ -314,7 +314,8 @@ def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
               ok: list[tuple[tuple, Any]]) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
     parts = [key for key, _ in ok]
-    outputs = [output for _, output in ok]
+    # a group whose fn returned None has no rows, as in pandas' apply
+    outputs = [pd.DataFrame() if output is None else output for _, output in ok]
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
     if not series:
         outputs = [out.to_frame() if isinstance(out, pd.Series) else out for out in outputs]
