@@ -147,7 +147,7 @@ def check_settings(dotted: str, params: dict[str, Any], grid: dict[str, list[Any
 
 
 def _package_version(dotted: str) -> str:
-    from .hashing import _package_version as version_of
+    from .codehash import package_version as version_of
 
     return version_of(dotted) or dotted
 
