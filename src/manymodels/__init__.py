@@ -36,7 +36,7 @@ _EXPORTS = {
     "RunInterrupted": ".scheduling",
     "TooManyFailures": ".scheduling",
     "glance": ".fitstats",
-    "grid": ".sources",
+    "grid": ".grids",
     "groups": ".sources",
     "items": ".sources",
     "LinearResult": ".linmodels",
@@ -92,11 +92,12 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .callbacks import Callback
     from .evaluation import backtest, holdout, kfold
     from .fitstats import glance
+    from .grids import grid
     from .linmodels import LinearResult, linear
     from .results import Run, Summary
     from .scheduling import RunInterrupted, TooManyFailures
     from .selection import halving
-    from .sources import grid, groups, items
+    from .sources import groups, items
     from .store import Store, StoreError, StoreIntegrityError
     from .tracking import MLflow
     from .transforms import map_groups, map_partitions

@@ -16,6 +16,7 @@ from .backends import Backend, backend_class
 from .callbacks import Callbacks, RunInfo
 from .evaluation import prepare as prepare_evaluation
 from .execution import RunContext
+from .grids import require_distinct_texts
 from .hashing import task_identities
 from .options import RunOptions
 from .planning import add_fit_keys
@@ -23,7 +24,7 @@ from .planning import plan as make_plan
 from .results import Run, check_key_names
 from .scheduling import Scheduler
 from .selection import Halving, HalvingSearch, Selection
-from .sources import Source, require_distinct_texts
+from .sources import Source
 from .store import RunRecorder, Store, StoreError
 
 

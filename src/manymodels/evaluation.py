@@ -299,7 +299,8 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
     if not isinstance(evaluate, Splitter):
         raise TypeError("evaluate must be made by mm.holdout(), mm.kfold() or mm.backtest(), "
                         f"got {type(evaluate).__name__}")
-    from .sources import GroupSource, ProductSource
+    from .grids import ProductSource
+    from .sources import GroupSource
 
     base = source.base if isinstance(source, ProductSource) else source
     if not isinstance(base, GroupSource):

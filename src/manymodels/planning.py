@@ -23,14 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .sources import (
-    GridSource,
-    GroupSource,
-    ItemSource,
-    PartitionSource,
-    ProductSource,
-    Source,
-)
+from .grids import GridSource, ProductSource
+from .sources import GroupSource, ItemSource, PartitionSource, Source
 from .tables import exact_pandas, sort_order
 from .taskdata import Items, ParquetReads, SettingsOnly, TableSlices, TaskData
 

@@ -187,7 +187,7 @@ class HalvingSearch:
     @staticmethod
     def prepare(fit: Any, source: Any, splitter: Any, halving: Halving) -> tuple:
         """``(source, fit)`` to run: one task per group of ``groups * grid``."""
-        from .sources import ProductSource
+        from .grids import ProductSource
 
         if splitter is None:
             raise ValueError("select=mm.halving(...) needs evaluate= (a backtest or k folds)")

@@ -16,10 +16,11 @@ import pyarrow as pa
 from ._resources import usable_cores
 from .api import train
 from .execution import metrics_dict
+from .grids import ProductSource
 from .grouplabels import WithLabels, group_labels, is_transform, shared_labels
 from .planning import asks_for_key, group_layout
 from .results import OK, Run
-from .sources import GroupSource, PartitionSource, ProductSource
+from .sources import GroupSource, PartitionSource
 
 
 def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
