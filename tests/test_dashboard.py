@@ -297,3 +297,24 @@ def test_a_run_whose_driver_died_shows_interrupted(finished_store):
         run = get(server.url + "api/runs")[1]["runs"][0]
         assert run["status"] == "interrupted" and run["done"] == 61 and run["eta_s"] is None
         assert get(server.url + "api/run/1/summary")[1]["status"] == "interrupted"
+
+
+def test_a_host_name_that_resolves_to_loopback_is_refused_all_the_same(finished_store,
+                                                                        monkeypatch):
+    """DNS rebinding: a page elsewhere makes its own name resolve to
+    127.0.0.1; the check resolved the request's Host name, and let it in."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def rebound(host, *args, **kwargs):
+        if host == "rebind.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebound)
+    with DashboardServer(finished_store) as server:
+        port = server.url.split(":")[2].split("/")[0]
+        assert get(server.url + "api/runs", Host=f"rebind.example:{port}")[0] == 403
+        assert get(server.url + "api/runs", Host=f"localhost:{port}")[0] == 200
+        assert get(server.url + "api/runs", Host=f"127.0.0.1:{port}")[0] == 200

@@ -40,12 +40,18 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 's
         "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
+def is_loopback(host: str, resolve: bool = True) -> bool:
+    """Whether ``host`` is this machine's loopback: ``localhost`` or a
+    loopback address; with ``resolve``, a name that resolves to one only
+    (the address to bind; never a request's Host header, whose name a page
+    elsewhere can make resolve to 127.0.0.1: DNS rebinding)."""
+    if host.lower() in ("localhost", "localhost."):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
+        if not resolve:
+            return False
         try:
             return all(ipaddress.ip_address(info[4][0]).is_loopback
                        for info in socket.getaddrinfo(host, None))
@@ -153,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         board = self.board
         if board.loopback:  # DNS rebinding: a page elsewhere naming our port
             host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
-            if host and not is_loopback(host):
+            if host and not is_loopback(host, resolve=False):
                 self._error(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this machine")
                 return False
         if board.token is None:
