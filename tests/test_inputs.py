@@ -335,3 +335,21 @@ def test_a_shared_array_reaches_fit_read_only_on_every_backend(backend):
     assert (run.results["status"] == "failed").all()
     assert run.results["error"].str.contains("read-only").all()
     assert weights.tolist() == [0.0, 0.0, 0.0] and weights.flags.writeable
+
+
+def _row_ids(rows):
+    return sorted(rows["rid"].tolist())
+
+
+def test_csv_codes_with_leading_zeros_stay_apart_and_plain_integers_stay_integers(tmp_path):
+    """CSV's inference read 001, 01 and 1 as the integer 1: three groups
+    trained as one."""
+    (tmp_path / "codes.csv").write_text("k,rid\n001,0\n1,1\n01,2\n007,3\n7,4\n")
+    run = mm.train(_row_ids, mm.groups(tmp_path / "codes.csv", by="k"), backend="serial",
+                   progress=False)
+    assert dict(run.models) == {"001": [0], "01": [2], "007": [3], "1": [1], "7": [4]}
+    (tmp_path / "plain.csv").write_text("k,rid\n1,0\n-2,1\n1,2\n,3\n")
+    plain = mm.train(_row_ids, mm.groups(tmp_path / "plain.csv", by="k"), backend="serial",
+                     progress=False)
+    assert {(None if pd.isna(k) else k): v for k, v in plain.models.items()} == {
+        1: [0, 2], -2: [1], None: [3]}

@@ -92,13 +92,35 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
                 with pcsv.open_csv(path, parse_options=parse) as reader:  # the header only
                     names = reader.schema.names
                 convert = pcsv.ConvertOptions(include_columns=present_columns(columns, names, path))
-            return pcsv.read_csv(path, parse_options=parse, convert_options=convert)
+            return _codes_kept_as_text(path, parse, pcsv.read_csv(
+                path, parse_options=parse, convert_options=convert))
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read table file {str(path)!r}: {exc}") from exc
     raise ValueError(
         f"cannot read {str(path)!r}: unknown file type {suffix!r} "
         "(expected .parquet or .csv)"
     )
+
+
+def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
+    """``table`` (a CSV file's) with each column that CSV's inference read as
+    integers but whose text says otherwise (codes such as 007 beside 7, or
+    +1) as the text it is: as integers, 007, 07 and 7 were one group key."""
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+
+    integers = [field.name for field in table.schema if pa.types.is_integer(field.type)]
+    if not integers:
+        return table
+    texts = pcsv.read_csv(path, parse_options=parse, convert_options=pcsv.ConvertOptions(
+        include_columns=integers, column_types=dict.fromkeys(integers, pa.string()),
+        strings_can_be_null=True))
+    for name in integers:
+        text = texts.column(name)
+        same = pc.equal(text, pc.cast(table.column(name), pa.string())).fill_null(True)
+        if not pc.all(same).as_py():
+            table = table.set_column(table.schema.get_field_index(name), name, text)
+    return table
 
 
 def present_columns(columns: list[str], names: list[str], where: Any) -> list[str]:
