@@ -324,3 +324,26 @@ def test_changing_an_integer_past_2_53_beside_a_missing_one_retrains(tmp_path):
                    backend="serial", progress=False)
     assert run.results.set_index("k")["reused"].to_dict() == {"a": True, "b": False}
     assert run.models["b"] == [1, BIG]
+
+
+def _echo(item, params=None):
+    return item
+
+
+def test_the_store_finds_a_tuple_item_key_and_a_key_with_a_grid_dict(tmp_path):
+    """A one-column key whose values are tuples was read as a key of several
+    columns; a dict of settings, stored as its text, was not found by the
+    text the store gives back (manymodels why showed a traceback)."""
+    mm.train(_echo, mm.items([("a", 1), ("b", 2)]), store=tmp_path / "tuples",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "tuples")
+    assert store.load(("a", 1)) == ("a", 1)
+    assert "no earlier run" in store.why_not_reused(("b", 2))
+    mm.train(_echo, mm.items([1]) * mm.grid(params=[{"a": 10}]), store=tmp_path / "dicts",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "dicts")
+    (key,) = store.models()  # as the store gives it back: the dict as text
+    assert store.load(key) == 1 and store.load((1, {"a": 10})) == 1
+    done = subprocess.run([sys.executable, "-m", "manymodels.cli", "why", str(tmp_path / "dicts"),
+                           "1", "{'a': 10}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "was trained" in done.stdout, done.stderr

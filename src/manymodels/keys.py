@@ -202,3 +202,17 @@ def typed_otherwise(parts: tuple) -> Iterator[tuple]:
     for variant in itertools.product(*choices):
         if encode_key(variant) != original:
             yield variant
+
+
+def stored_object_texts(parts: tuple) -> list[str]:
+    """Encodings of ``parts`` with its texts as the stored text of an object
+    (a dict of settings, an estimator: ``{"$str": ...}``, which the store's
+    keys read back as plain text): a key read from a run finds its task."""
+    texts = [i for i, part in enumerate(parts) if isinstance(part, str)]
+    found = []
+    for chosen in itertools.product((False, True), repeat=len(texts)):
+        if any(chosen):
+            wrapped = dict(zip(texts, chosen))
+            found.append(json.dumps([{"$str": part} if wrapped.get(i) else canonical(part)
+                                     for i, part in enumerate(parts)]))
+    return found

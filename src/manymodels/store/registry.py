@@ -14,7 +14,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..keys import decode_key, decode_keys, encode_key, key_column, key_parts
+from ..keys import (
+    decode_key,
+    decode_keys,
+    encode_key,
+    key_column,
+    key_parts,
+    stored_object_texts,
+)
 from ..messages import Status
 from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
@@ -145,7 +152,7 @@ class Store:
         by name. The run's keys are read and sorted once, kept for the two
         runs last asked about until they gain a block: a loop over a
         million keys is a binary search each, not a read of the run each."""
-        run_id, _, _ = self._run_row(run)
+        run_id, key_columns, _ = self._run_row(run)
         version = (run_id, *self._conn.execute(
             "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
             (run_id,)).fetchone())
@@ -157,7 +164,14 @@ class Store:
         self._lookups[run_id] = lookup  # the latest last
         while len(self._lookups) > 2:
             self._lookups.pop(next(iter(self._lookups)))
-        row = lookup.find(encode_key(key_parts(key)))
+        parts = key_parts(key)
+        if len(key_columns) == 1 and len(parts) != 1:  # one column whose values are tuples
+            parts = (key,)
+        row = lookup.find(encode_key(parts))
+        for text in () if row is not None else stored_object_texts(parts):
+            row = lookup.find(text)
+            if row is not None:
+                break
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return {name: lookup.tasks[name][row].as_py() for name in columns}
