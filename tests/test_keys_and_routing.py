@@ -347,3 +347,19 @@ def test_the_store_finds_a_tuple_item_key_and_a_key_with_a_grid_dict(tmp_path):
     done = subprocess.run([sys.executable, "-m", "manymodels.cli", "why", str(tmp_path / "dicts"),
                            "1", "{'a': 10}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "was trained" in done.stdout, done.stderr
+
+
+def test_predict_by_columns_the_run_was_not_keyed_by_is_refused(tmp_path):
+    """Every row went to the fallback, quietly (exit 0 in the CLI)."""
+    frame = _table(["a", "b"])
+    good = tmp_path / "rows.csv"
+    frame.to_csv(good, index=False)
+    done = subprocess.run([sys.executable, "-m", "manymodels.cli", "train", str(good), "--by",
+                           "k", "--target", "y", "--features", "x", "--model",
+                           "sklearn.linear_model.LinearRegression", "--store",
+                           str(tmp_path / "s")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(ValueError, match=r"by='x', but the run's models are keyed by \['k'\]"):
+        mm.Store(tmp_path / "s").predict(frame, by="x")
+    np.testing.assert_allclose(mm.Store(tmp_path / "s").predict(frame, by="k"), frame["y"],
+                               atol=1e-6)

@@ -236,7 +236,14 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
         return predict_frame(store, linear, table, method, with_source)
     config = store.attached("train_config", run, default={}) or {}
     chosen = store._selection(run)
-    by = by if by is not None else config.get("by") or (chosen or {}).get("by")
+    trained_by = config.get("by") or (chosen or {}).get("by")
+    if by is not None and trained_by is not None and list(
+            [by] if isinstance(by, str) else by) != list(
+            [trained_by] if isinstance(trained_by, str) else trained_by):
+        raise ValueError(f"by={by!r}, but the run's models are keyed by {trained_by!r}: "
+                         "no row could find its group's model (rename the columns of the "
+                         "table to predict, or leave by= out)")
+    by = by if by is not None else trained_by
     if by is None:
         raise ValueError("predict needs by= (the group columns)")
     features = features or config.get("features")
