@@ -318,3 +318,37 @@ def test_a_host_name_that_resolves_to_loopback_is_refused_all_the_same(finished_
         assert get(server.url + "api/runs", Host=f"rebind.example:{port}")[0] == 403
         assert get(server.url + "api/runs", Host=f"localhost:{port}")[0] == 200
         assert get(server.url + "api/runs", Host=f"127.0.0.1:{port}")[0] == 200
+
+
+LIVE_DRIVER = """
+import sys, time
+import manymodels as mm
+
+def slow(item):
+    time.sleep(0.5)
+    return item
+
+mm.train(slow, mm.items(range(200)), store=sys.argv[1], dashboard=True, workers=2,
+         progress=False)
+"""
+
+
+def test_a_runs_dashboard_ends_with_a_killed_driver(tmp_path):
+    """Its workers died with a SIGKILLed driver; its dashboard served on."""
+    import psutil
+
+    script = tmp_path / "driver.py"
+    script.write_text(LIVE_DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path / "store")],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert "manymodels dashboard: http" in driver.stderr.readline()
+        boards = [p for p in psutil.Process(driver.pid).children()
+                  if "dashboard" in " ".join(p.cmdline())]
+        assert len(boards) == 1
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
+        driver.stderr.close()
+    gone, alive = psutil.wait_procs(boards, timeout=30)
+    assert not alive, "the dashboard outlived its killed driver"

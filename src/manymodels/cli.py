@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import NoReturn
+import sys
+from typing import Any, NoReturn
 
 import typer
 
@@ -370,7 +371,10 @@ def dashboard(
 
     Example: manymodels dashboard models/ --port 8050
     """
-    from .dashboard import DashboardServer
+    import os
+    import threading
+
+    from .dashboard import WATCH_DRIVER, DashboardServer
 
     try:  # read-only: opening it as a Store would write (migrations)
         server = DashboardServer(store, host, port, token=token, allow_remote=allow_remote)
@@ -379,12 +383,20 @@ def dashboard(
     except (ValueError, OSError) as exc:
         _fail(str(exc), "--host/--port/--token")
     typer.echo(f"manymodels dashboard of {store}: {server.url}  (Ctrl-C stops it)")
+    if os.environ.get(WATCH_DRIVER) == "1":  # a run's: it ends with its driver
+        threading.Thread(target=_end_with_stdin, args=(server,), daemon=True).start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.close()
+
+
+def _end_with_stdin(server: Any) -> None:
+    """Stop ``server`` once standard input ends: the run's driver is gone."""
+    sys.stdin.buffer.read()
+    server.httpd.shutdown()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,7 @@ slowest tasks, and failures with their tracebacks, searchable by key.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,6 +20,10 @@ from ..callbacks import Callback, RunInfo
 from .server import DashboardServer
 
 __all__ = ["DashboardServer", "LiveDashboard"]
+
+
+#: Set for a dashboard started by a run: it ends when its standard input does.
+WATCH_DRIVER = "MANYMODELS_DASHBOARD_OF_A_RUN"
 
 
 class LiveDashboard(Callback):
@@ -41,9 +46,12 @@ class LiveDashboard(Callback):
             return
         # its errors go to a file, never a pipe nobody reads; closed in close()
         log = self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        # its standard input is a pipe of the driver's: end-of-file there (the
+        # driver killed) ends it, as its workers die with the driver
         self.process = subprocess.Popen(
             [sys.executable, "-m", "manymodels.cli", "dashboard", str(info.store.path),
-             "--port", str(self.port)], stdout=subprocess.PIPE, stderr=log, text=True)
+             "--port", str(self.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=log, text=True, env={**os.environ, WATCH_DRIVER: "1"})
         line = self.process.stdout.readline()  # the address, once it listens
         found = re.search(r"http://\S+", line)
         if found is None:
@@ -63,5 +71,6 @@ class LiveDashboard(Callback):
                 self.process.kill()
                 self.process.wait()
             self.process.stdout.close()
+            self.process.stdin.close()
             self._log.close()
             self.process = None
