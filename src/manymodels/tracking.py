@@ -12,6 +12,7 @@ trackers are a few lines alike.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -37,8 +38,14 @@ def _mlflow() -> Any:
 
 def _name(name: str) -> str:
     """A name MLflow accepts (letters, digits, ``_ - . / :`` and spaces; 250 at most):
-    a metric ``r²`` is logged as ``r_``, not refused with the whole batch."""
-    return re.sub(r"[^\w\-. /:]|[^\x00-\x7f]", "_", str(name))[:250]
+    a metric ``r²`` is logged as ``r_`` and a few letters of its hash, not refused
+    with the whole batch (the hash keeps ``r³`` apart from it)."""
+    text = str(name)
+    accepted = re.sub(r"[^\w\-. /:]|[^\x00-\x7f]", "_", text)
+    if accepted == text and len(text) <= 250:
+        return text
+    tag = hashlib.blake2b(text.encode(), digest_size=3).hexdigest()
+    return f"{accepted[:243]}_{tag}"
 
 
 def _param(value: Any) -> str:
@@ -124,6 +131,14 @@ class MLflow(Callback):
     def on_run_end(self, run: Any) -> None:
         if self.run_id is None:
             return
+        status = "FAILED"  # what the MLflow run ends as if logging fails: never left RUNNING
+        try:
+            status = self._log_run(run)
+        finally:
+            self._client.set_terminated(self.run_id, status)
+
+    def _log_run(self, run: Any) -> str:
+        """Log the run's summary, metrics, results and best models; its status."""
         summary, results = run.summary(), run.results
         values: dict[str, float] = {
             "tasks": summary.tasks, "ok": summary.ok, "failed": summary.failed,
@@ -143,8 +158,7 @@ class MLflow(Callback):
             self._client.log_artifact(self.run_id, str(run.report(Path(tmp) / "report.html")))
         if self.log_models:
             self._log_best_models(run, results)
-        status = "FINISHED" if summary.ok + summary.failed == summary.tasks else "KILLED"
-        self._client.set_terminated(self.run_id, status)
+        return "FINISHED" if summary.ok + summary.failed == summary.tasks else "KILLED"
 
     def _metric_columns(self, results: Any) -> list[str]:
         import pandas as pd
@@ -194,6 +208,7 @@ class MLflow(Callback):
 def _describe(name: str, values: Any) -> dict[str, float]:
     if not len(values):
         return {}
+    name = _name(name)  # r² and r³ apart (each with its tag) before the suffixes
     quantiles = values.quantile([0.05, 0.5, 0.95])
     return {f"{name}.mean": values.mean(), f"{name}.std": values.std(ddof=0),
             f"{name}.min": values.min(), f"{name}.p05": quantiles[0.05],
