@@ -110,7 +110,7 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
     import pyarrow.csv as pcsv
 
     integers = [field.name for field in table.schema if pa.types.is_integer(field.type)]
-    if not integers:
+    if not integers or named_twice(table.column_names):  # (refused by read_table)
         return table
     texts = pcsv.read_csv(path, parse_options=parse, convert_options=pcsv.ConvertOptions(
         include_columns=integers, column_types=dict.fromkeys(integers, pa.string()),
