@@ -134,6 +134,8 @@ def test_cli_predict_after_a_failed_rerun_uses_the_earlier_models(tmp_path):
     assert cli("train", good, *base).returncode == 0
     assert cli("train", bad, *base, "--allow-failures").returncode == 0
     out = tmp_path / "p.csv"
+    missing = cli("predict", tmp_path / "s", good, "--out", out, "--run", "99")
+    assert missing.returncode == 2 and "Invalid value for --run" in missing.stderr
     done = cli("predict", tmp_path / "s", good, "--out", out)
     assert done.returncode == 0, done.stderr
     predicted = pd.read_csv(out)

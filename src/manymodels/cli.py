@@ -317,6 +317,10 @@ def predict(
             _fail(str(exc), "--backend")
     opened = _open_store(store)
     try:
+        opened._run_row(run)
+    except ValueError as exc:  # no runs yet, or no such run
+        _fail(str(exc), "--run")
+    try:
         frame = exact_pandas(read_table(data))
         predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
