@@ -293,3 +293,17 @@ def test_map_groups_leaves_out_a_group_whose_fn_returned_none():
     frame = pd.DataFrame({"g": ["a", "a", "b", "c"], "x": [1.0, 2, 3, 4]})
     ours = mm.map_groups(mean_unless_3, mm.groups(frame, by="g"), backend="serial")
     assert ours.to_dict("list") == {"g": ["a", "c"], "m": [1.5, 4.0]}
+
+
+def add_shared_key(df, key):
+    return df.assign(k=key)
+
+
+def test_map_groups_with_a_shared_object_named_key_keeps_transforms_in_input_order():
+    """A shared object named key takes the place of the group's key, so the
+    group's labels cannot be looked up: fn gets a fresh index, and a
+    transform is still told by it."""
+    frame = pd.DataFrame({"g": ["b", "a", "b"], "x": [1.0, 2, 3]}, index=[10, 11, 12])
+    ours = mm.map_groups(add_shared_key, mm.groups(frame, by="g"), backend="serial",
+                         shared={"key": 5})
+    pd.testing.assert_frame_equal(ours, frame.assign(k=5))

@@ -109,7 +109,8 @@ def _with_keys(output: Any, parts: tuple, key_columns: list) -> Any:
     return output
 
 
-def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | None:
+def _as_transform(base: GroupSource, run: Run, outputs: list[Any],
+                  labelled: bool = True) -> tuple | None:
     """When every non-empty pandas output holds exactly its group's rows,
     labelled as ``fn`` received them (a transform): the input position of each
     row of their concatenation, and which outputs they are; else None."""
@@ -121,6 +122,9 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | No
     if len(done) != len(outputs) or len(run._plan.tasks) != len(layout.lengths):
         return None
     labels, offsets, lengths = group_labels(layout, base.row_index)
+    if not labelled:  # fn got each group under a fresh index 0, 1, ...
+        labels = pd.RangeIndex(len(labels))
+        offsets = np.zeros_like(offsets)
     kept = [i for i, out in enumerate(outputs) if len(out)]
     if not kept or not all(is_transform(outputs[i], labels[offsets[done[i]]:offsets[done[i]]
                                                           + lengths[done[i]]]) for i in kept):
@@ -300,7 +304,9 @@ def map_groups(
                             f"{type(fallback).__name__}")
         fn = _WithFallback(fn, fallback)
     options.setdefault("progress", False)
-    if source is base and base.format == "pandas":  # each group under its rows' labels
+    labelled = source is base and base.format == "pandas" and "key" not in (
+        options.get("shared") or {})
+    if labelled:  # each group under its rows' labels
         options["shared"] = {**(options.get("shared") or {}),
                              **shared_labels(group_layout(base), base.row_index)}
         fn = WithLabels(fn, asks_for_key(fn))
@@ -308,11 +314,12 @@ def map_groups(
     key_columns, ok = _ok_outputs(run, errors, "map_groups")
     failed = _failures(run, key_columns) if errors == "skip" else {}
     fell_back = _fallen_back(run) if fallback is not None else None
-    return _report_failures(_assemble(run, base, source, key_columns, ok), failed, fell_back)
+    return _report_failures(_assemble(run, base, source, key_columns, ok, labelled),
+                            failed, fell_back)
 
 
 def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
-              ok: list[tuple[tuple, Any]]) -> Any:
+              ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
     parts = [key for key, _ in ok]
     # a group whose fn returned None has no rows, as in pandas' apply
@@ -320,7 +327,7 @@ def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
     if not series:
         outputs = [out.to_frame() if isinstance(out, pd.Series) else out for out in outputs]
-    transform = _as_transform(base, run, outputs) if source is base else None
+    transform = _as_transform(base, run, outputs, labelled) if source is base else None
     if transform is not None:
         positions, kept = transform
         outputs, parts = [outputs[i] for i in kept], [parts[i] for i in kept]
