@@ -25,11 +25,16 @@ from .keys import encode_key
 SHARED_NAME = "__manymodels_group_labels__"
 
 
+def input_positions(layout: Any) -> np.ndarray:
+    """Each sorted row's position in the input table."""
+    order = layout.input_rows  # the planner's sort; None: the input was in key order
+    return np.arange(int(layout.lengths.sum())) if order is None else order
+
+
 def group_labels(layout: Any, row_index: Any) -> tuple[Any, np.ndarray, np.ndarray]:
     """Each sorted row's input label (``row_index``, or its position), and
     each group's offset and length among them."""
-    order = layout.input_rows
-    positions = np.arange(int(layout.lengths.sum())) if order is None else order
+    positions = input_positions(layout)
     total = len(positions)
     labels = (pd.Index(positions) if row_index is None or len(row_index) != total
               else row_index[positions])

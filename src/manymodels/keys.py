@@ -19,7 +19,7 @@ import decimal
 import itertools
 import json
 import re
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -202,6 +202,18 @@ def typed_otherwise(parts: tuple) -> Iterator[tuple]:
     for variant in itertools.product(*choices):
         if encode_key(variant) != original:
             yield variant
+
+
+def find_typed(by_text: Mapping[str, Any], parts: tuple) -> Any:
+    """What ``by_text`` (encoded key -> value) holds for ``parts``, or else
+    for the first of :func:`typed_otherwise`'s readings of it; None if none."""
+    found = by_text.get(encode_key(parts))
+    if found is None:
+        for variant in typed_otherwise(parts):
+            found = by_text.get(encode_key(variant))
+            if found is not None:
+                break
+    return found
 
 
 def stored_object_texts(parts: tuple) -> list[str]:

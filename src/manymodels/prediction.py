@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .execution import metrics_dict
-from .keys import encode_key, typed_otherwise
+from .keys import encode_key, find_typed
 
 #: Fewer groups than this predict in the driver (serial backend): starting
 #: workers would cost more than they save.
@@ -131,18 +131,12 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
 def _group_digests(keys: Any, artifacts: dict[str, str]) -> dict[str, str]:
     """The model of each group of ``keys`` (the plan's) that has one, by its
     encoded key: the stored key equal to it, or else one that differs only
-    in how a reader typed a whole number (see :func:`~manymodels.keys.typed_otherwise`)."""
+    in how a reader typed a whole number (:func:`~manymodels.keys.find_typed`)."""
     found: dict[str, str] = {}
     for parts in keys:
-        text = encode_key(parts)
-        digest = artifacts.get(text)
-        if digest is None:
-            for variant in typed_otherwise(parts):
-                digest = artifacts.get(encode_key(variant))
-                if digest is not None:
-                    break
+        digest = find_typed(artifacts, parts)
         if digest is not None:
-            found[text] = digest
+            found[encode_key(parts)] = digest
     return found
 
 
@@ -214,6 +208,10 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     return Predicted(out, sorted_source, unseen)
 
 
+def _column_names(names: str | list[str] | None) -> list[str] | None:
+    return None if names is None else [names] if isinstance(names, str) else list(names)
+
+
 def predict_from_store(store: Any, table: Any, by: str | list[str] | None, method: str,
                        features: list[str] | None, run: int | None, fallback: bool,
                        with_source: bool, *, fn: Callable[[Any, Any], Any] | None,
@@ -236,21 +234,19 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
         return predict_frame(store, linear, table, method, with_source)
     config = store.attached("train_config", run, default={}) or {}
     chosen = store._selection(run)
-    trained_by = config.get("by") or (chosen or {}).get("by")
-    if by is not None and trained_by is not None and list(
-            [by] if isinstance(by, str) else by) != list(
-            [trained_by] if isinstance(trained_by, str) else trained_by):
-        raise ValueError(f"by={by!r}, but the run's models are keyed by {trained_by!r}: "
+    asked = _column_names(by)
+    trained = _column_names(config.get("by") or (chosen or {}).get("by"))
+    if asked is not None and trained is not None and asked != trained:
+        raise ValueError(f"by={by!r}, but the run's models are keyed by {trained!r}: "
                          "no row could find its group's model (rename the columns of the "
                          "table to predict, or leave by= out)")
-    by = by if by is not None else trained_by
-    if by is None:
+    by_columns = asked or trained
+    if by_columns is None:
         raise ValueError("predict needs by= (the group columns)")
     features = features or config.get("features")
     frame = table if isinstance(table, pd.DataFrame) else exact_pandas(read_table(table))
     if frame.empty:
         raise ValueError("the table to predict has no rows")
-    by_columns = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
     if missing:
         raise ValueError(f"column {missing[0]!r} is not in the table to predict")

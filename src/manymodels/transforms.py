@@ -17,7 +17,13 @@ from ._resources import usable_cores
 from .api import train
 from .execution import metrics_dict
 from .grids import ProductSource
-from .grouplabels import WithLabels, group_labels, is_transform, shared_labels
+from .grouplabels import (
+    WithLabels,
+    group_labels,
+    input_positions,
+    is_transform,
+    shared_labels,
+)
 from .planning import asks_for_key, group_layout
 from .results import OK, Run
 from .sources import GroupSource, PartitionSource
@@ -129,9 +135,7 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any],
     if not kept or not all(is_transform(outputs[i], labels[offsets[done[i]]:offsets[done[i]]
                                                           + lengths[done[i]]]) for i in kept):
         return None
-    order = layout.input_rows  # the planner's sort: each row's input position
-    if order is None:
-        order = np.arange(int(lengths.sum()))
+    order = input_positions(layout)
     if len(kept) == len(lengths):  # every group, in layout order
         return order, kept
     groups = [done[i] for i in kept]

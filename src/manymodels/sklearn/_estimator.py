@@ -36,7 +36,7 @@ from sklearn.utils.validation import (
     has_fit_parameter,
 )
 
-from ..keys import encode_key, key_parts, typed_otherwise
+from ..keys import encode_key, find_typed, key_parts
 from ..routing import group_positions, route_rows
 from ..tables import plain_scalar
 from ._inputs import feature_input, split_X
@@ -311,12 +311,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             if shrinking:
                 models, weights = self._chain(tuple(plain_scalar(v) for v in parts))
                 return (_Blend(models, weights), "shrunk") if models else None
-            for level in range(depth, 0, -1):  # one encoding: NaN finds NaN
-                model = by_code.get(encode_key(parts[:level]))
-                for variant in () if model is not None else typed_otherwise(parts[:level]):
-                    model = by_code.get(encode_key(variant))  # 1.0 or True for 1
-                    if model is not None:
-                        break
+            for level in range(depth, 0, -1):  # one encoding: NaN finds NaN; 1.0 finds 1
+                model = find_typed(by_code, parts[:level])
                 if model is not None:
                     return model, "group" if level == depth else "parent"
             return None if self.fallback_ is None else (self.fallback_, "fallback")
