@@ -100,16 +100,14 @@ def _arrays_read_only(shared: dict) -> dict:
     """``shared`` with each NumPy array as a read-only view of itself: one
     task's write would reach the tasks after it on the same worker (and the
     caller's own array, on the serial and threads backends)."""
-    if not any(isinstance(value, np.ndarray) and value.flags.writeable
-               for value in shared.values()):
-        return shared
-    viewed = {}
-    for name, value in shared.items():
-        if isinstance(value, np.ndarray) and value.flags.writeable:
-            value = value.view()
-            value.flags.writeable = False
-        viewed[name] = value
-    return viewed
+    return {name: _read_only(value) for name, value in shared.items()}
+
+
+def _read_only(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
 
 
 def metrics_json(metrics: Mapping | None) -> str | None:

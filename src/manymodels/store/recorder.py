@@ -215,9 +215,10 @@ class RunRecorder:
         """Hand the finished tasks to the writer thread, at most once a second
         unless ``force`` (then wait until they are committed).
 
-        A model not yet pickled (threads, serial, a large one) is pickled
-        here: one that cannot be fails its own task (it could never be
-        loaded). An error of the store itself (a full disk) is raised here as
+        Workers pickle each model for a store themselves, on every backend
+        (as ``fit`` returned it); one a backend hands over unpickled is
+        pickled here: one that cannot be fails its own task (it could never
+        be loaded). An error of the store itself (a full disk) is raised here as
         :class:`StoreError`; its transaction was rolled back whole, so no row
         is ever committed without its artifact.
         """
