@@ -39,7 +39,7 @@ from sklearn.utils.validation import (
 from ..keys import encode_key, find_typed, key_parts
 from ..routing import group_positions, route_rows
 from ..tables import plain_scalar
-from ._inputs import feature_input, split_X
+from ._inputs import by_list, feature_input, split_X
 from ._shrinkage import shrinkage_function
 
 _Y = "__manymodels_target__"
@@ -160,6 +160,12 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                              f"got {self.fallback!r}")
         if self.shrinkage is None:
             return None
+        if self.fallback == "error" and len(by_list(self.by)) == 1:
+            raise ValueError(
+                f"shrinkage={self.shrinkage!r} blends each group's model with its parents', "
+                f"but by={self.by!r} with fallback='error' gives one level only: add a parent "
+                "by column (by=['country', 'city']) or keep the global model as the root "
+                "(fallback='global')")
         if not is_regressor(self.estimator):
             raise ValueError("shrinkage averages the predictions of a group's models, so it "
                              f"needs a regressor; {type(self.estimator).__name__} is not one")
