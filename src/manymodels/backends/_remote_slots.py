@@ -44,6 +44,7 @@ import pickle
 import queue
 import signal
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -69,6 +70,9 @@ from .base import (
 )
 
 _HELLO_WAIT_S = 30.0
+#: How long a connection to the worker port may take over each step of the
+#: HMAC handshake (a worker answers in milliseconds).
+_HANDSHAKE_S = 10.0
 _ACK = pickle.dumps(("ack",))
 _STOP_GRACE_S = 2.0
 #: How long past ``timeout`` the driver waits for a worker's own watchdog
@@ -153,8 +157,7 @@ class RemoteSlotsBackend(Backend):
         try:
             host = self._start_engine()
             self._authkey = os.urandom(32)
-            bind = host if host.startswith("127.") or host == "localhost" else ""
-            self._server = socket.create_server((bind, 0))
+            self._server = socket.create_server((bind_address(host), 0))
             self._server.settimeout(0.2)
             address = (host, self._server.getsockname()[1])
             self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
@@ -172,8 +175,10 @@ class RemoteSlotsBackend(Backend):
                                   f"{self.engine} workers keep dying before running any task")
 
     def _accept_loop(self) -> None:
-        """Accept workers' connections off the main thread: the handshake and
-        the first message wait on the network."""
+        """Accept workers' connections off the main thread, and shake hands
+        with each on a thread of its own, under a deadline: a peer that
+        connects and says nothing (a port scanner, a stuck process) costs its
+        own thread a few seconds, and holds up no worker behind it."""
         while not self._closing.is_set():
             try:
                 sock, _ = self._server.accept()
@@ -181,18 +186,31 @@ class RemoteSlotsBackend(Backend):
                 continue
             except OSError:
                 return
-            conn = None
-            try:
-                sock.setblocking(True)  # Connection reads the descriptor as blocking
-                conn = Connection(sock.detach())
-                deliver_challenge(conn, self._authkey)
-                answer_challenge(conn, self._authkey)
-                if not conn.poll(_HELLO_WAIT_S):
-                    raise TimeoutError("no greeting")
-                self._hellos.put((conn, pickle.loads(conn.recv_bytes())))
-            except Exception:  # a stranger, or a worker that died at once
-                with contextlib.suppress(Exception):
-                    (conn or sock).close()
+            threading.Thread(target=self._greet, args=(sock,), daemon=True,
+                             name=f"manymodels-{self.name}-handshake").start()
+
+    def _greet(self, sock: socket.socket) -> None:
+        """The HMAC handshake and the worker's greeting, then hand the
+        connection to :meth:`_admit`; a stranger, a worker that died at once or
+        a peer silent past the deadline is closed."""
+        conn = None
+        try:
+            sock.setblocking(True)  # Connection reads the descriptor as blocking
+            _io_deadline(sock, _HANDSHAKE_S)  # so a blocked read or write gives up
+            conn = Connection(sock.detach())
+            deliver_challenge(conn, self._authkey)
+            answer_challenge(conn, self._authkey)
+            if not conn.poll(_HELLO_WAIT_S):
+                raise TimeoutError("no greeting")
+            hello = pickle.loads(conn.recv_bytes())
+            with socket.socket(fileno=os.dup(conn.fileno())) as same:
+                _io_deadline(same, 0)  # batches may take long to arrive: no deadline now
+            if self._closing.is_set():
+                raise ConnectionAbortedError("the run is over")
+            self._hellos.put((conn, hello))
+        except Exception:
+            with contextlib.suppress(Exception):
+                (conn or sock).close()
 
     def stop(self, *, force: bool = False) -> None:
         closing = getattr(self, "_closing", None)
@@ -404,6 +422,38 @@ class RemoteSlotsBackend(Backend):
                 self._deaths.count(f"a {self.engine} task ended: {ended}")
             self._relaunching = True
             self._start_launch(launch)
+
+
+def bind_address(host: str) -> str:
+    """Where the worker port listens, given ``host``, the driver's address as
+    the engine's workers reach it: loopback for a local engine; else the
+    interface that has that address, as Spark binds its own driver port; every
+    interface (``""``) only where none here has it (a driver behind NAT) or
+    where a host name means loopback here (``127.0.1.1`` in ``/etc/hosts``)
+    but, by its name, something else on the workers."""
+    if host == "localhost" or host.startswith("127."):
+        return "127.0.0.1" if host == "localhost" else host
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return ""
+    if address.startswith("127."):
+        return ""
+    try:
+        with socket.create_server((address, 0)):
+            return address
+    except OSError:
+        return ""
+
+
+def _io_deadline(sock: socket.socket, seconds: float) -> None:
+    """A kernel deadline on each blocking read and write of ``sock`` (0:
+    none). Not ``settimeout``, which makes the descriptor non-blocking: a
+    :class:`~multiprocessing.connection.Connection` reads it as blocking."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 def describe(exc: BaseException) -> str:
