@@ -7,6 +7,11 @@ import socket
 import threading
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
 import manymodels as mm
 from manymodels.backends import _remote_slots
 from manymodels.backends._remote_slots import RemoteSlotsBackend, bind_address
@@ -93,3 +98,39 @@ def _an_address_of_this_host() -> str | None:
         probe.close()
     return None if address.startswith("127.") or address == "192.0.2.254" else address
 
+
+# -- item 9: evaluate= checked against the files' columns before work ------------
+
+
+def _never_called(df):
+    raise AssertionError("fit ran: evaluate= was not checked before work")
+
+
+@pytest.mark.parametrize("evaluate, columns, culprit", [
+    (lambda: mm.holdout(target="nope"), None, "target column 'nope'"),
+    (lambda: mm.kfold(target="y", features=["x", "nope"]), None, "feature column 'nope'"),
+    (lambda: mm.backtest(time="nope", horizon=2, target="y"), None, "time column 'nope'"),
+    (lambda: mm.holdout(target="y"), ["x"], "target column 'y'"),  # y is not read
+])
+def test_read_on_workers_checks_evaluate_columns_before_work(tmp_path, sales, evaluate,
+                                                            columns, culprit):
+    path = tmp_path / "sales.parquet"
+    pq.write_table(pa.Table.from_pandas(sales, preserve_index=False), path)
+    messages = []
+    for lazy in (False, True):
+        source = mm.groups(path, by="store", columns=columns, read_on_workers=lazy)
+        with pytest.raises(ValueError, match=f"evaluate: {culprit} is not in the table") as err:
+            mm.train(_never_called, source, evaluate=evaluate(), backend="serial",
+                     progress=False)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]  # the same message as reading on the driver
+
+
+def test_read_on_workers_refuses_an_unsortable_time_column_before_work(tmp_path):
+    frame = pd.DataFrame({"g": ["a"] * 6, "t": [[i] for i in range(6)], "y": range(6)})
+    path = tmp_path / "lists.parquet"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    with pytest.raises(ValueError, match="time column 't' cannot be sorted"):
+        mm.train(_never_called, mm.groups(path, by="g", read_on_workers=True),
+                 evaluate=mm.backtest(time="t", horizon=2, target="y"), backend="serial",
+                 progress=False)

@@ -299,6 +299,8 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
     if not isinstance(evaluate, Splitter):
         raise TypeError("evaluate must be made by mm.holdout(), mm.kfold() or mm.backtest(), "
                         f"got {type(evaluate).__name__}")
+    import pyarrow as pa
+
     from .grids import ProductSource
     from .sources import GroupSource
 
@@ -308,12 +310,14 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
                          "a grid): it splits each group's rows")
     if base.format != "pandas":
         raise ValueError(f"evaluate= needs groups(..., format='pandas'), not {base.format!r}")
-    if base.reader is None:
-        evaluate = evaluate.bound(base.table.column_names, base.by)
-        if evaluate.time is not None:
-            _check_sortable(base.table.schema.field(evaluate.time))
-    else:
-        evaluate = replace(evaluate, exclude=tuple(base.by))
+    # read_on_workers: the driver holds the key columns only, but the files'
+    # schema names every column a group will have (what columns= reads)
+    schema = base.table.schema if base.reader is None else base.reader.schema
+    if base.reader is not None and base.reader.columns is not None:
+        schema = pa.schema([schema.field(name) for name in base.reader.columns])
+    evaluate = evaluate.bound(schema.names, base.by)
+    if evaluate.time is not None:
+        _check_sortable(schema.field(evaluate.time))
     return Evaluated(fit, evaluate), evaluate
 
 
