@@ -9,6 +9,12 @@ can say what changed; an installed package counts by its version. A pickle
 names a class or a function without its code, so :func:`user_code` walks
 the user's classes and functions a value's pickle names (a global, a shared
 object, a grid value): an edited method retrains.
+
+A decorated ``fit`` counts whole: the wrapper's own code and, down the
+chain, what it wraps (``__wrapped__``, a closure's cells, a
+``functools.partial``'s function and arguments, a ``staticmethod`` or
+``classmethod``'s function, a callable object's class and state), so that
+editing the decorator retrains as editing ``fit`` does.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ class _CodeWalker:
         self.sources: dict[str, str] = {}  # label -> hash of source text
         self.versions: set[str] = set()
         self._seen: set[int] = set()
+        self._labelled: dict[str, int] = {}  # a function's label -> the function's id
         self.unhashable: list[str] = []
 
     def visit(self, obj: Any, label: str = "fit") -> None:
@@ -87,19 +94,43 @@ class _CodeWalker:
         self._seen.add(id(obj))
         if isinstance(obj, types.ModuleType):
             self._visit_module(obj)
-        elif isinstance(obj, functools.partial):
+            return
+        if isinstance(obj, functools.partial):
             self.visit(obj.func, f"{label}.func")
             self.value(f"{label}:partial", (obj.args, obj.keywords))
+        elif isinstance(obj, (staticmethod, classmethod)):
+            self.visit(obj.__func__, f"{label}.func")
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
             self._visit_function(getattr(obj, "__func__", obj))
-            if isinstance(obj, types.MethodType) and not isinstance(obj.__self__, type):
-                self.value(f"{label}:self", obj.__self__)
+            if isinstance(obj, types.MethodType):
+                if isinstance(obj.__self__, type):  # a classmethod: its class's code
+                    self.visit(obj.__self__, f"{label}:class")
+                else:
+                    self.value(f"{label}:self", obj.__self__)
         elif isinstance(obj, type):
             self._visit_defined(obj)
+            return  # a class's __wrapped__ would be a class attribute's, not its own
         elif callable(obj) and not isinstance(obj, types.BuiltinFunctionType):
             self.visit(type(obj), f"{label}:type")
             if label != "fit":  # the fit object's own state is hashed by code_identity
                 self.value(f"{label}:state", obj)
+        # What a decorator wraps (functools.wraps and update_wrapper set
+        # __wrapped__; so do lru_cache and staticmethod), down its whole chain:
+        # the wrapper's code above, the wrapped one's here
+        wrapped = _wrapped(obj)
+        if wrapped is not None:
+            self.visit(wrapped, f"{label}.__wrapped__")
+
+    def _label(self, label: str, fn: Any) -> str:
+        """``label``, or, when another function of this walk holds it (two
+        wrappers made by one decorator share a qualified name), ``label#2``
+        and on: a walk is made in the same order each time, so these stay put."""
+        number = 1
+        unique = label
+        while self._labelled.setdefault(unique, id(fn)) != id(fn):
+            number += 1
+            unique = f"{label}#{number}"
+        return unique
 
     def value(self, label: str, value: Any) -> None:
         """Hash a value the code reads; one that cannot be hashed makes the
@@ -144,28 +175,37 @@ class _CodeWalker:
             self._visit_module(module)  # a user class: its whole module file
 
     def _visit_function(self, fn: types.FunctionType) -> None:
-        module = sys.modules.get(fn.__module__ or "")
+        # Where its code was written: functools.wraps copies the wrapped
+        # function's __module__ and __qualname__ onto a wrapper, its code and
+        # globals stay its own
+        module_name = fn.__globals__.get("__name__") or fn.__module__ or ""
+        module = sys.modules.get(module_name)
         if (
             module is not None
             and module.__name__ != "__main__"
             and not _is_user_file(getattr(module, "__file__", None))
         ):
             self._visit_module(module)  # an installed function: its version suffices
+            for position, cell in enumerate(fn.__closure__ or ()):  # a user's fit it wraps
+                contents = _cell_contents(cell)
+                if callable(contents):
+                    self.visit(contents, f"function:{module_name}:closure{position}")
             return
         # A user function: its own source, then whatever it refers to, so that
         # editing a helper it calls changes the identity, and editing an
-        # unrelated line of the same file does not.
+        # unrelated line of the same file does not. The source of its code
+        # object: inspect.getsource(fn) would follow __wrapped__ and read the
+        # wrapped function's instead.
         try:
-            text = inspect.getsource(fn)
+            text = inspect.getsource(fn.__code__)
         except (OSError, TypeError):
             text = _code_text(fn.__code__)
-        label = f"function:{fn.__module__}.{fn.__qualname__}"
+        label = self._label(f"function:{module_name}.{fn.__code__.co_qualname}", fn)
         self.sources[label] = digest(text)
         self.value(f"{label}:defaults", (fn.__defaults__, fn.__kwdefaults__))
         for position, cell in enumerate(fn.__closure__ or ()):
-            try:
-                contents = cell.cell_contents
-            except ValueError:
+            contents = _cell_contents(cell)
+            if contents is _EMPTY_CELL:
                 continue
             self.visit(contents, f"{label}:closure{position}")
             if not callable(contents):
@@ -194,6 +234,32 @@ class _CodeWalker:
                     if not callable(value) and _is_user_file(getattr(owner, "__file__", None)):
                         self.value(f"{label}:global:{'.'.join(chain[:depth + 1])}", value)
                     break
+
+
+#: What :func:`_cell_contents` gives for a closure cell not yet assigned.
+_EMPTY_CELL = object()
+
+
+def _cell_contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY_CELL
+
+
+def _wrapped(obj: Any) -> Any:
+    """The callable ``obj`` wraps, by its ``__wrapped__`` (functools.wraps,
+    update_wrapper, lru_cache), or None. Read without running a
+    ``__getattr__``: a proxy that answers every name must not lead the walk on."""
+    if isinstance(obj, (type, staticmethod, classmethod)):
+        return None  # a class's is a class attribute; these two are followed by __func__
+    try:
+        wrapped = inspect.getattr_static(obj, "__wrapped__")
+    except AttributeError:
+        return None
+    if inspect.ismemberdescriptor(wrapped) or inspect.isgetsetdescriptor(wrapped):
+        wrapped = getattr(obj, "__wrapped__", None)
+    return wrapped if callable(wrapped) else None
 
 
 def _global_names(code: types.CodeType) -> set[str]:
@@ -239,6 +305,11 @@ def _code_text(code: types.CodeType) -> str:
     return "|".join(parts)
 
 
+#: Callables the walk hashes whole; any other is an object whose state counts too.
+_CODE_TYPES = (types.FunctionType, types.MethodType, type, functools.partial,
+               staticmethod, classmethod)
+
+
 def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
     """The hash of ``fn``'s code and what it depends on, and a description of
     its parts (for saying what changed); with ``setup=`` (what makes each
@@ -248,10 +319,9 @@ def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
     for name, maker in (setup.items() if isinstance(setup, Mapping) else [("", setup)]):
         if maker is not None:
             walker.visit(maker, f"setup{':' if name else ''}{name}")
-            if not isinstance(maker, (types.FunctionType, types.MethodType, type,
-                                      functools.partial)):
+            if not isinstance(maker, _CODE_TYPES):
                 walker.value(f"setup{':' if name else ''}{name}:state", maker)
-    if not isinstance(fn, (types.FunctionType, types.MethodType, type, functools.partial)):
+    if not isinstance(fn, _CODE_TYPES):
         walker.value("callable_state", fn)  # a configured callable object
     if walker.unhashable:
         warnings.warn(

@@ -1,0 +1,178 @@
+"""Issue 37, item 2: the code identity covers the wrapper around ``fit`` and
+everything it wraps (``functools.wraps``, ``functools.partial``, a
+class-based decorator, ``staticmethod``), so editing any of them retrains.
+
+Each version of the user's module is a real file, imported fresh under one
+module name (as a re-run of a script imports it), from its own folder."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import textwrap
+from collections.abc import Callable
+
+import pandas as pd
+import pytest
+
+import manymodels as mm
+
+MODULE = "mm_user_decorated"
+
+#: ``{factor}`` is what an edit of the wrapper changes: the wrapped ``fit`` stays as it is
+SOURCES = {
+    "wraps": """
+        import functools
+
+        def deco(f):
+            @functools.wraps(f)
+            def w(df, **params):
+                v = f(df, **params) * {factor}
+                return [v], {{"a": v}}
+            return w
+
+        @deco
+        def fit(df, offset=0):
+            return 1 + offset
+
+        def user_fit():
+            return fit
+    """,
+    "partial": """
+        import functools
+
+        def deco(f):
+            @functools.wraps(f)
+            def w(df, **params):
+                v = f(df, **params) * {factor}
+                return [v], {{"a": v}}
+            return w
+
+        @deco
+        def fit(df, offset=0):
+            return 1 + offset
+
+        def user_fit():
+            return functools.partial(fit, offset=0)
+    """,
+    "class": """
+        import functools
+
+        class Deco:
+            def __init__(self, f):
+                functools.update_wrapper(self, f)
+                self.f = f
+
+            def __call__(self, df):
+                v = self.f(df) * {factor}
+                return [v], {{"a": v}}
+
+        @Deco
+        def fit(df):
+            return 1
+
+        def user_fit():
+            return fit
+    """,
+    "staticmethod": """
+        import functools
+
+        def deco(f):
+            @functools.wraps(f)
+            def w(df):
+                v = f(df) * {factor}
+                return [v], {{"a": v}}
+            return w
+
+        class Fits:
+            @staticmethod
+            @deco
+            def fit(df):
+                return 1
+
+        def user_fit():
+            return Fits.__dict__["fit"]  # the staticmethod object itself
+    """,
+}
+
+
+def _import_fresh(tmp_path, monkeypatch, kind: str, factor: int) -> Callable:
+    """The user's ``fit`` from the module file of this version, imported anew."""
+    folder = tmp_path / f"{kind}-{factor}"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{MODULE}.py"
+    path.write_text(textwrap.dedent(SOURCES[kind]).format(factor=factor))
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    spec.loader.exec_module(module)
+    return module.user_fit()
+
+
+@pytest.mark.parametrize("kind", list(SOURCES))
+def test_editing_the_wrapper_around_fit_retrains(tmp_path, monkeypatch, kind):
+    table = pd.DataFrame({"g": ["a", "b"]})
+    store = tmp_path / "s"
+
+    def train(factor: int) -> mm.Run:
+        fit = _import_fresh(tmp_path, monkeypatch, kind, factor)
+        return mm.train(fit, mm.groups(table, by="g"), store=store, backend="serial",
+                        progress=False)
+
+    first = train(10)
+    assert not first.results["reused"].any()
+    assert first.models["a"] == [10]
+    again = train(10)  # the same code, imported again: nothing to retrain
+    assert again.results["reused"].all()
+    edited = train(20)  # only the wrapper's code changed
+    assert not edited.results["reused"].any(), edited.results
+    assert edited.models["a"] == [20] and edited.models["b"] == [20]
+    assert edited.results["a"].tolist() == [20, 20]
+    assert mm.Store(store).models()["a"] == [20]
+
+
+def test_a_wrapper_keeps_its_own_label_beside_what_it_wraps():
+    """functools.wraps copies the wrapped function's name onto the wrapper:
+    both must still count, each under its own label."""
+    from manymodels.codehash import code_identity
+
+    def deco(f):
+        @functools.wraps(f)
+        def w(df):
+            return f(df)
+        return w
+
+    def fit(df):
+        return df
+
+    _, detail = code_identity(deco(fit))
+    labels = [label for label in detail["sources"] if label.startswith("function:")
+              and ":" not in label.removeprefix("function:")]
+    assert any(label.endswith("deco.<locals>.w") for label in labels), labels
+    assert any(label.endswith("<locals>.fit") for label in labels), labels
+
+
+def _scaled(factor):
+    def deco(f):
+        @functools.wraps(f)
+        def w(df):
+            return f(df) * factor
+        return w
+    return deco
+
+
+def test_each_of_two_wrappers_from_one_decorator_counts():
+    """Two wrappers made by one decorator share their code and qualified
+    name: the values each one's closure holds must both count."""
+    from manymodels.codehash import code_identity
+
+    def fit(df):
+        return df
+
+    def identity(inner: int) -> str:
+        return code_identity(_scaled(2)(_scaled(inner)(fit)))[0]
+
+    assert identity(3) == identity(3)
+    assert identity(3) != identity(4)
+
