@@ -56,12 +56,49 @@ def test_glance_by_hand_with_several_features_and_no_intercept():
         np.count_nonzero(lasso.coef_))  # zero coefficients are not degrees of freedom
 
 
+def test_glance_counts_the_rank_not_collinear_coefficients():
+    """A duplicated feature: LinearRegression splits its coefficient in two
+    (least norm), but the model has rank 2, as R's lm (an NA coefficient)
+    and statsmodels' OLS say: df 1, df_residual n - 2 (issue 37, item 10)."""
+    rng = np.random.default_rng(37)
+    x = rng.normal(size=12)
+    y = 0.3 * x + rng.normal(size=12)
+    X = pd.DataFrame({"x": x, "x_again": x})
+    model = LinearRegression().fit(X, y)
+    assert np.count_nonzero(model.coef_) == 2  # the split that was counted as 3 parameters
+    got = mm.glance(model, X, y)
+    design = np.column_stack([np.ones(12), X.to_numpy()])
+    beta = np.linalg.lstsq(design, y, rcond=None)[0]
+    rank, n = int(np.linalg.matrix_rank(design)), 12
+    assert rank == 2
+    rss = float(np.sum((y - design @ beta) ** 2))
+    tss = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1 - rss / tss
+    log_lik = -n / 2 * (math.log(2 * math.pi * rss / n) + 1)
+    assert got["df"] == 1 and got["df_residual"] == 10
+    assert got["r_squared"] == pytest.approx(r2)
+    assert got["adj_r_squared"] == pytest.approx(1 - (1 - r2) * (n - 1) / (n - rank))
+    assert got["sigma"] == pytest.approx(math.sqrt(rss / (n - rank)))
+    assert got["aic"] == pytest.approx(-2 * log_lik + 2 * (rank + 1))
+    assert got["bic"] == pytest.approx(-2 * log_lik + math.log(n) * (rank + 1))
+    statistic = (tss - rss) / (rss / (n - rank))
+    assert got["statistic"] == pytest.approx(statistic)
+    # the same numbers as the model with the feature once
+    once = mm.glance(LinearRegression().fit(X[["x"]], y), X[["x"]], y)
+    assert got == pytest.approx(once)
+    # a feature constant in the rows is collinear with the intercept: no degree of freedom
+    constant = X.assign(x_again=5.0)
+    assert mm.glance(LinearRegression().fit(constant, y), constant, y)["df"] == 1
+
+
 def test_glance_refuses_what_it_cannot_describe():
     X = np.arange(10.0).reshape(-1, 1)
     with pytest.raises(TypeError, match="linear regression.*LogisticRegression"):
         mm.glance(LogisticRegression().fit(X, [0, 1] * 5), X, [0, 1] * 5)
     with pytest.raises(ValueError, match="one target"):
         mm.glance(LinearRegression().fit(X, np.column_stack([X[:, 0], -X[:, 0]])), X, X)
+    with pytest.raises(ValueError, match="X has 2 columns but the model has 1"):
+        mm.glance(LinearRegression().fit(X, X[:, 0]), np.column_stack([X, X]), X[:, 0])
 
 
 def gapminder_like_fit(df):

@@ -12,7 +12,11 @@ The names are broom's, in snake case, and so are the formulas (those of R's
 ``summary.lm``, ``logLik.lm``, ``AIC`` and ``BIC``): ``p`` coefficients
 (the intercept included, zero coefficients left out: the model's rank for
 least squares, the usual degrees of freedom for the lasso), ``n`` rows,
-``RSS`` the residual sum of squares.
+``RSS`` the residual sum of squares. ``p`` is the rank of the design matrix
+(the intercept's column of ones and the columns of ``X`` whose coefficient is
+not zero), as R's ``lm`` counts it: a duplicated or otherwise collinear feature,
+which ``LinearRegression`` splits into a least-norm pair of coefficients and R
+reports as ``NA``, adds no degree of freedom.
 
 ==================  ===============================================================
 ``r_squared``       ``1 - RSS / TSS`` (TSS about the mean; about 0 without intercept)
@@ -56,6 +60,26 @@ def _coefficients(model: Any) -> tuple[np.ndarray, bool]:
     return coef.ravel(), intercept
 
 
+def _rank(X: Any, coef: np.ndarray, intercept: bool) -> int:
+    """The rank of the design matrix: the columns of ``X`` whose coefficient is
+    not zero, and a column of ones for the intercept. Counting coefficients
+    instead would count a collinear feature's share of a split coefficient."""
+    import scipy.sparse
+
+    if not scipy.sparse.issparse(X):
+        X = np.asarray(X, dtype=float)
+        if X.ndim == 1:
+            X = X.reshape(-1, 1)
+    if X.ndim != 2 or X.shape[1] != len(coef):
+        raise ValueError(f"X has {X.shape[1] if X.ndim == 2 else 'no'} columns but the model "
+                         f"has {len(coef)} coefficients: pass the X it was fitted on")
+    active = X[:, np.flatnonzero(coef)]
+    active = active.toarray() if scipy.sparse.issparse(active) else active
+    if intercept:
+        active = np.column_stack([np.ones(X.shape[0]), active])
+    return int(np.linalg.matrix_rank(active)) if active.size else 0
+
+
 def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     """broom's ``glance`` of a fitted linear regression on the rows ``X, y`` it
     was fitted on: a dict of plain floats (``nobs``, ``df``, ``df_residual``
@@ -70,7 +94,7 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     fitted = np.asarray(model.predict(X), dtype=float).ravel()
     if len(fitted) != n:
         raise ValueError(f"X has {len(fitted)} rows but y has {n}")
-    p = int(np.count_nonzero(coef)) + int(intercept)
+    p = _rank(X, coef, intercept)
     i = int(intercept)
     rss = float(np.sum((y - fitted) ** 2))
     tss = float(np.sum((y - y.mean()) ** 2) if intercept else np.sum(y ** 2))
