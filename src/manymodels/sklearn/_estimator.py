@@ -40,7 +40,7 @@ from ..keys import encode_key, find_typed, key_parts
 from ..routing import group_positions, route_rows
 from ..tables import plain_scalar
 from ._inputs import by_list, feature_input, split_X
-from ._shrinkage import shrinkage_function
+from ._shrinkage import ShrinkageWeights, shrinkage_function
 
 _Y = "__manymodels_target__"
 _GROUP = "__manymodels_group__"
@@ -227,6 +227,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         self.level_sizes_ = dict(zip(key_of, sizes))
         self.group_sizes_ = {public(k): n for k, n in self.level_sizes_.items()
                              if len(k) == depth}
+        if shrink is not None:
+            self._check_chains(shrink, key_of)
         self.models_, self.parent_models_, failures = {}, {}, []
         if len(stacked):
             run = mm.train(
@@ -258,10 +260,30 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         if self.fallback_ is None and not (self.models_ or self.parent_models_):
             raise ValueError("no group could be fitted and fallback='error'")
         self.shrinkage_function_ = shrink
-        if shrink is not None:
-            self.shrinkage_factors_ = {
-                public(k): self._chain(k)[1] for k in key_of if len(k) == depth}
+        if shrink is not None:  # weighed again: a failed fit shortens the chains through it
+            weights = {k: self._chain(k)[1] for k in [(), *key_of]}
+            self.shrinkage_factors_ = {public(k): w for k, w in weights.items()
+                                       if len(k) == depth}
         return self
+
+    def _check_chains(self, shrink: ShrinkageWeights, prefixes: list[tuple]) -> None:
+        """Weigh, from the row counts and before any model is fitted, every chain
+        that predict may use: each prefix's (rows of its unseen sub-groups use
+        it) and the root's alone (rows of unseen top-level groups). A chain is
+        the root (unless fallback='error') and the prefix's levels that have
+        min_group_size rows or more."""
+        root = [] if self.fallback == "error" else [self.n_rows_]
+        for prefix in [(), *prefixes]:
+            chain = root + [self.level_sizes_[prefix[:level]]
+                            for level in range(1, len(prefix) + 1)
+                            if self.level_sizes_[prefix[:level]] >= self.min_group_size]
+            if chain:
+                shrink.for_chain(chain, self._whose_chain(prefix))
+
+    def _whose_chain(self, prefix: tuple) -> str:
+        if prefix:
+            return repr(prefix)
+        return "the global model" if self.fallback == "global" else "the fallback model"
 
     def _check_fits_without_features(self, X_all: Any, y: np.ndarray, depth: int) -> None:
         """With the key columns alone as X, make sure the estimator fits on no
@@ -298,7 +320,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             if model is not None:
                 models.append(model)
                 sizes.append(self.level_sizes_[prefix])
-        return models, self.shrinkage_function_(np.array(sizes)) if models else np.array([])
+        if not models:
+            return models, np.array([])
+        return models, self.shrinkage_function_.for_chain(sizes, self._whose_chain(key))
 
     def _route(self, X: Any, method: str) -> np.ndarray:
         check_is_fitted(self, "models_")

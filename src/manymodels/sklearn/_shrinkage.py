@@ -23,7 +23,7 @@ Weights are normalised to sum to 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -115,7 +115,17 @@ class ShrinkageWeights:
         sizes = [int(n) for n in sizes]  # a list, root first, as scikit-lego passes them
         values = np.asarray(self.function(sizes, **self.kwargs), dtype=float)
         total = values.sum()
-        if values.shape != (len(sizes),) or not np.isfinite(total) or total <= 0:
+        if (values.shape != (len(sizes),) or not np.isfinite(total) or total <= 0
+                or (values < 0).any()):
             raise ValueError(f"shrinkage weights {values!r} for sizes {list(sizes)} must be "
                              "one finite, non-negative weight per level, not all zero")
         return values / total
+
+    def for_chain(self, sizes: Sequence[int], whose: str) -> np.ndarray:
+        """The weights of one chain, or an error naming the chain: run on every
+        chain that predict may use while fitting, so that predict never refuses."""
+        try:
+            return self(np.asarray(sizes))
+        except Exception as exc:
+            raise ValueError(f"shrinkage: the chain of {whose} (sizes {[int(n) for n in sizes]}, "
+                             f"root first) gets no weights: {exc}") from exc
