@@ -7,6 +7,7 @@ import socket
 import threading
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -134,3 +135,56 @@ def test_read_on_workers_refuses_an_unsortable_time_column_before_work(tmp_path)
         mm.train(_never_called, mm.groups(path, by="g", read_on_workers=True),
                  evaluate=mm.backtest(time="t", horizon=2, target="y"), backend="serial",
                  progress=False)
+
+
+# -- item 4: backtest windows cut on time boundaries -----------------------------
+
+
+def test_backtest_never_trains_on_a_day_it_tests_with_several_rows_a_day():
+    days = pd.date_range("2024-01-01", periods=20)
+    frame = pd.DataFrame({"g": "a", "date": days.repeat(2), "x": np.arange(40.0),
+                          "y": np.arange(40.0) * 2})
+    frame = frame.sample(frac=1.0, random_state=1).reset_index(drop=True)  # unsorted
+    trained: list[set] = []
+    tested: list[set] = []
+
+    def fit(df):
+        trained.append(set(df["date"]))
+        return _Mean(float(df["y"].mean()))
+
+    def test_days(model, test):
+        tested.append(set(test["date"]))
+        return {}
+
+    run = mm.train(fit, mm.groups(frame, by="g"), backend="serial", progress=False,
+                   evaluate=mm.backtest("date", horizon=5, windows=3, step=3, target="y",
+                                        metrics=["mae", test_days]))
+    assert len(tested) == 3 and len(trained) == 4  # three windows, then the refit
+    for w, (train, test) in enumerate(zip(trained, tested)):
+        assert not train & test, f"window {w} trains on a day it tests"
+        assert max(train) < min(test)
+        start = 20 - 5 - (2 - w) * 3  # in days, as for one row a day
+        assert test == set(days[start:start + 5]) and train == set(days[:start])
+    windows = run.evaluation
+    assert list(windows["n_test"]) == [10, 10, 10]  # both rows of each of 5 days
+    assert list(windows["n_train"]) == [18, 24, 30]
+    assert list(windows["cutoff"]) == [days[start - 1] for start in (9, 12, 15)]
+
+
+def test_backtest_too_few_days_is_skipped_naming_the_times():
+    frame = pd.DataFrame({"g": "a", "date": pd.date_range("2024-01-01", periods=6).repeat(3),
+                          "x": np.arange(18.0), "y": np.arange(18.0)})
+    run = mm.train(lambda df: _Mean(float(df["y"].mean())), mm.groups(frame, by="g"),
+                   backend="serial", progress=False,
+                   evaluate=mm.backtest("date", horizon=3, windows=2, target="y"))
+    # 18 rows would do by row count; 6 days do not
+    assert "needs at least 7 distinct 'date' values, has 6 (in 18 rows)" in \
+        run.results.loc[0, "eval_skipped"]
+
+
+class _Mean:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def predict(self, X):
+        return np.full(len(X), self.value)

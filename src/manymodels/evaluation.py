@@ -158,22 +158,31 @@ class Backtest(Splitter):
         return rows
 
     def windows(self, rows: Any) -> list[tuple[Any, Any, Any]]:
-        """Expanding windows over the rows in time order: the last window
-        tests the last ``horizon`` rows, each earlier one starts ``step`` rows
-        before; each trains on every row before its test rows. The cutoff is
-        the time of a window's last training row (as statsforecast's ``cutoff``)."""
+        """Expanding windows over the group's time steps (its distinct
+        ``time`` values, in order): the last window tests the last
+        ``horizon`` steps, each earlier one starts ``step`` steps before; each
+        trains on every row strictly before its test rows. With one row per
+        step, steps are rows, as in statsforecast's ``cross_validation``; with
+        several (two stores' rows a day), a window tests every row of its
+        days and never trains on any of them. The cutoff is the time of a
+        window's last training step (as statsforecast's ``cutoff``)."""
         n, step = len(rows), self.step or self.horizon
         needed = self.horizon + (self.n_windows - 1) * step + 1
-        if n < needed:
-            raise TooShort(f"a backtest of {self.n_windows} window(s) of horizon "
-                           f"{self.horizon} (step {step}) needs at least {needed} rows, "
-                           f"has {n}")
         times = rows[self.time]
+        values = times.to_numpy()
+        # the row where each step begins (the rows are sorted by time), and the end
+        begins = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1, [n]))
+        steps = len(begins) - 1
+        if steps < needed:
+            have = (f"{needed} rows, has {n}" if steps == n else
+                    f"{needed} distinct {self.time!r} values, has {steps} (in {n} rows)")
+            raise TooShort(f"a backtest of {self.n_windows} window(s) of horizon "
+                           f"{self.horizon} (step {step}) needs at least {have}")
         out = []
         for w in range(self.n_windows):
-            start = n - self.horizon - (self.n_windows - 1 - w) * step
-            out.append((slice(0, start), slice(start, start + self.horizon),
-                        _plain(times.iloc[start - 1])))
+            first = steps - self.horizon - (self.n_windows - 1 - w) * step
+            start, end = int(begins[first]), int(begins[first + self.horizon])
+            out.append((slice(0, start), slice(start, end), _plain(times.iloc[start - 1])))
         return out
 
 
@@ -213,8 +222,14 @@ def backtest(time: str, horizon: int, windows: int = 3, step: int | None = None,
              metrics: Sequence[Any] = ("rmse", "mae"), refit: bool = True) -> Backtest:
     """Expanding-window time-series cross-validation per group, as
     statsforecast's ``cross_validation``: sorted by ``time``, ``windows``
-    cutoffs ``step`` rows apart (default ``horizon``), each training on every
-    row up to its cutoff and testing the next ``horizon`` rows."""
+    cutoffs ``step`` time steps apart (default ``horizon``), each training on
+    every row up to its cutoff and testing the next ``horizon`` time steps.
+
+    ``horizon`` and ``step`` count time steps, the distinct values of
+    ``time``, not rows: with one row per step they are the same (and the
+    windows equal statsforecast's); a group with several rows per time (two
+    rows a day) tests every row of its last ``horizon`` days, and trains only
+    on rows strictly earlier, never on a day it tests."""
     features, metrics = _check_common(target, features, metrics)
     if not isinstance(time, str) or not time:
         raise TypeError(f"time must name the column to sort by, got {time!r}")
