@@ -97,7 +97,7 @@ def test_glance_refuses_what_it_cannot_describe():
         mm.glance(LogisticRegression().fit(X, [0, 1] * 5), X, [0, 1] * 5)
     with pytest.raises(ValueError, match="one target"):
         mm.glance(LinearRegression().fit(X, np.column_stack([X[:, 0], -X[:, 0]])), X, X)
-    with pytest.raises(ValueError, match="X has 2 columns but the model has 1"):
+    with pytest.raises(ValueError, match="X has 2"):
         mm.glance(LinearRegression().fit(X, X[:, 0]), np.column_stack([X, X]), X[:, 0])
 
 
