@@ -1,5 +1,8 @@
-"""Issue 37: shrinkage in GroupedEstimator as scikit-lego has it.
+"""Issue 37, items 20-22: shrinkage in GroupedEstimator as scikit-lego has it.
 
+20. A classifier's predict_proba is the shrinkage-weighted sum of its chain's
+    levels' predict_proba (scikit-lego's HierarchicalClassifier); checked here
+    against LogisticRegression models fitted level by level by hand.
 21. Shrinkage with one level and no global model is refused.
 22. A shrinkage function whose weights do not fit a chain that predict may
     use is refused at fit, not at predict.
@@ -7,14 +10,17 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.dummy import DummyRegressor
-from sklearn.linear_model import Ridge
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.svm import LinearSVC
 
-from manymodels.sklearn import GroupedRegressor
+from manymodels.sklearn import GroupedClassifier, GroupedEstimator, GroupedRegressor
 
 CLASSES = np.array(["high", "low", "mid"])
 FEATURES = ["x1", "x2"]
@@ -36,6 +42,101 @@ def labelled():
                                    "x2": x[:, 1], "y": label}))
     frame = pd.concat(parts, ignore_index=True)
     return frame[["country", "city", *FEATURES]], frame["y"].to_numpy()
+
+
+def aligned_proba(model: LogisticRegression, X: pd.DataFrame) -> np.ndarray:
+    """A hand-fitted model's probabilities over CLASSES, 0 for a class it never saw."""
+    full = np.zeros((len(X), len(CLASSES)))
+    for column, label in enumerate(model.classes_):
+        full[:, list(CLASSES).index(label)] = model.predict_proba(X)[:, column]
+    return full
+
+
+def by_hand(X: pd.DataFrame, y: np.ndarray, new: pd.DataFrame, weigh) -> np.ndarray:
+    """Each new row's chain (all rows, its country, its city), fitted by hand,
+    its probabilities summed with the weights ``weigh(sizes)``."""
+    out = np.zeros((len(new), len(CLASSES)))
+    for i, (country, city) in enumerate(zip(new["country"], new["city"])):
+        masks = [np.ones(len(X), dtype=bool), (X["country"] == country).to_numpy(),
+                 ((X["country"] == country) & (X["city"] == city)).to_numpy()]
+        masks = [m for m in masks if m.any()]  # an unseen city or country has no model
+        sizes = np.array([m.sum() for m in masks], dtype=float)
+        weights = weigh(sizes)
+        row = new.iloc[[i]][FEATURES]
+        for weight, mask in zip(weights / weights.sum(), masks):
+            level = LogisticRegression().fit(X.loc[mask, FEATURES], y[mask])
+            out[i] += weight * aligned_proba(level, row)[0]
+    return out
+
+
+def constant(alpha):
+    def weigh(sizes):
+        n = len(sizes)
+        if n == 1:
+            return np.ones(1)
+        return np.array([alpha ** (n - 1)] + [alpha ** (n - 1 - i) * (1 - alpha)
+                                              for i in range(1, n - 1)] + [1 - alpha])
+    return weigh
+
+
+@pytest.mark.parametrize("shrinkage, kwargs, weigh", [
+    ("relative", None, lambda sizes: sizes),
+    ("constant", {"alpha": 0.3}, constant(0.3)),
+    ("equal", None, lambda sizes: np.ones(len(sizes))),
+])
+def test_classifier_shrinkage_blends_the_chain_probabilities(labelled, shrinkage, kwargs,
+                                                            weigh):
+    X, y = labelled
+    model = GroupedClassifier(LogisticRegression(), by=["country", "city"],
+                              shrinkage=shrinkage, shrinkage_kwargs=kwargs,
+                              backend="serial").fit(X, y)
+    new = pd.concat([X.iloc[[0, 70, 100, 140]],  # Amsterdam, Rotterdam, Antwerp, Ghent
+                     pd.DataFrame({"country": ["BE", "FR"], "city": ["Liege", "Paris"],
+                                   "x1": [1.5, -0.2], "x2": [0.3, 0.9]})],
+                    ignore_index=True)
+    expected = by_hand(X, y, new, weigh)
+    proba = model.predict_proba(new)
+    assert model.classes_.tolist() == CLASSES.tolist()
+    np.testing.assert_allclose(proba, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    assert model.predict(new).tolist() == CLASSES[expected.argmax(axis=1)].tolist()
+    assert model.score(X, y) == np.mean(model.predict(X) == y)
+    restored = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(restored.predict_proba(new), proba)
+
+
+def test_classifier_shrinkage_without_a_global_model(labelled):
+    X, y = labelled
+    model = GroupedEstimator(LogisticRegression(), by=["country", "city"], fallback="error",
+                             shrinkage="equal", backend="serial").fit(X, y)
+    ghent = X.iloc[[140]]
+    be = (X["country"] == "BE").to_numpy()
+    city = be & (X["city"] == "Ghent").to_numpy()
+    expected = 0.5 * (aligned_proba(LogisticRegression().fit(X.loc[be, FEATURES], y[be]),
+                                    ghent[FEATURES])
+                      + aligned_proba(LogisticRegression().fit(X.loc[city, FEATURES],
+                                                               y[city]), ghent[FEATURES]))
+    np.testing.assert_allclose(model.predict_proba(ghent), expected, rtol=0, atol=1e-12)
+    assert expected[0, list(CLASSES).index("high")] > 0  # the country's model gives "high"
+    with pytest.raises(ValueError, match="no model for group"):
+        model.predict(pd.DataFrame({"country": ["FR"], "city": ["Paris"], "x1": [0.0],
+                                    "x2": [0.0]}))
+
+
+def test_classifier_shrinkage_needs_probabilities(labelled):
+    X, y = labelled
+    with pytest.raises(ValueError, match="predict_proba.*LinearSVC"):
+        GroupedClassifier(LinearSVC(), by=["country", "city"], shrinkage="equal").fit(X, y)
+    with pytest.raises(ValueError, match="fallback.*predict_proba.*LinearSVC"):
+        GroupedClassifier(LogisticRegression(), by=["country", "city"], fallback=LinearSVC(),
+                          shrinkage="equal").fit(X, y)
+    shrunk = GroupedClassifier(LogisticRegression(), by=["country", "city"],
+                               shrinkage="equal", backend="serial").fit(X, y)
+    assert not hasattr(shrunk, "decision_function")  # scorers then use predict_proba
+    with pytest.raises(AttributeError) as refused:
+        shrunk.decision_function(X)
+    assert "shrinkage" in str(refused.value.__cause__)
+    assert "predict_proba" in str(refused.value.__cause__)
 
 
 @pytest.mark.parametrize("by", ["country", ["country"], 0])

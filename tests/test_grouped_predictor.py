@@ -86,8 +86,8 @@ def test_bad_shrinkage_is_refused_before_any_fit(places, shrinkage, kwargs, mess
     X, y = places
     with pytest.raises(ValueError, match=message):
         shrunk(shrinkage, **kwargs).fit(X, y)
-    with pytest.raises(ValueError, match="needs a regressor"):
-        GroupedEstimator(LogisticRegression(), by="Country", shrinkage="equal").fit(X, y > 2)
+    with pytest.raises(ValueError, match="needs predict_proba, which LinearSVC has not"):
+        GroupedEstimator(LinearSVC(), by="Country", shrinkage="equal").fit(X, y > 2)
 
 
 @pytest.fixture

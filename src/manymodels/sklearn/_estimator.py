@@ -67,15 +67,44 @@ def _level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple
     return codes, prefixes
 
 
-class _Blend:
-    """A chain of models whose predictions are averaged with fixed weights."""
+def _aligned(classes: np.ndarray, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
+    """A model's class columns placed among ``classes`` (a group may have seen
+    fewer classes; the others get ``missing``); a binary decision as two
+    columns, -s and s."""
+    if scores.ndim == 1:
+        scores = np.column_stack([-scores, scores])
+    full = np.full((len(scores), len(classes)), missing)
+    full[:, np.searchsorted(classes, model.classes_)] = scores
+    return full
 
-    def __init__(self, models: list, weights: np.ndarray) -> None:
-        self.models, self.weights = models, weights
+
+class _Blend:
+    """A chain of models whose predictions (a regressor's) or class
+    probabilities (a classifier's, over ``classes``: a model that never saw a
+    class gives it 0) are summed with fixed weights, as scikit-lego's
+    HierarchicalRegressor and HierarchicalClassifier do."""
+
+    def __init__(self, models: list, weights: np.ndarray, classes: np.ndarray | None) -> None:
+        self.models, self.weights, self.classes_ = models, weights, classes
 
     def predict(self, X: Any) -> np.ndarray:
         return sum(w * np.asarray(m.predict(X), dtype=float)
                    for m, w in zip(self.models, self.weights))
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        return sum(w * _aligned(self.classes_, m, np.asarray(m.predict_proba(X), dtype=float),
+                                0.0)
+                   for m, w in zip(self.models, self.weights))
+
+
+def _offers_decision_function(owner: GroupedEstimator) -> bool:
+    if not hasattr(owner.estimator, "decision_function"):
+        return False
+    if owner.shrinkage is not None:  # the reason, as the AttributeError's __cause__
+        raise AttributeError("decision_function is not offered with shrinkage: the levels' "
+                             "scores are on different scales and do not add up; "
+                             "use predict_proba, which is shrunk")
+    return True
 
 
 class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
@@ -100,9 +129,15 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         one, then to the fallback.
     shrinkage : None, ``"constant"``, ``"relative"``, ``"min_n_obs"``,
         ``"equal"`` or a function of the levels' sizes (see
-        :mod:`manymodels.sklearn._shrinkage`): predict the weighted mean of the
-        models from the global one (unless ``fallback="error"``) down to the
-        group's own; implies ``hierarchical``; regressors only.
+        :mod:`manymodels.sklearn._shrinkage`): blend the chain of models from
+        the global one (unless ``fallback="error"``) down to the group's own.
+        A regressor predicts the chain's weighted sum of predictions; a
+        classifier (it needs ``predict_proba``) the weighted sum of the chain's
+        class probabilities, a class a model never saw counting 0, and
+        ``predict`` gives the most probable class (scikit-lego's
+        ``HierarchicalClassifier``; ``decision_function`` is then not offered,
+        as the levels' scores do not add up). Implies ``hierarchical``; needs
+        two levels or more (several ``by`` columns, or the global model).
     shrinkage_kwargs : the shrinkage's keywords: ``{"alpha": 0.1}`` for
         ``"constant"``, ``{"min_n_obs": 50}`` for ``"min_n_obs"``.
 
@@ -166,9 +201,16 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                 f"but by={self.by!r} with fallback='error' gives one level only: add a parent "
                 "by column (by=['country', 'city']) or keep the global model as the root "
                 "(fallback='global')")
-        if not is_regressor(self.estimator):
-            raise ValueError("shrinkage averages the predictions of a group's models, so it "
-                             f"needs a regressor; {type(self.estimator).__name__} is not one")
+        if is_classifier(self.estimator):
+            for role, estimator in (("estimator", self.estimator), ("fallback", self.fallback)):
+                if hasattr(estimator, "fit") and not hasattr(estimator, "predict_proba"):
+                    raise ValueError(
+                        "shrinkage blends the class probabilities of a group's models, so the "
+                        f"{role} needs predict_proba, which {type(estimator).__name__} has not")
+        elif not is_regressor(self.estimator):
+            raise ValueError("shrinkage blends the predictions of a group's models, so it "
+                             "needs a regressor or a classifier with predict_proba; "
+                             f"{type(self.estimator).__name__} is neither")
         return shrinkage_function(self.shrinkage, self.shrinkage_kwargs)
 
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GroupedEstimator:
@@ -333,14 +375,16 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         X_feat = feature_input(features, self._as_frame)
         by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
         by_code.update((encode_key(k), m) for k, m in self.parent_models_.items())
-        shrinking = self.shrinkage_function_ is not None and method == "predict"
+        shrinking = (self.shrinkage_function_ is not None
+                     and method in ("predict", "predict_proba"))
+        classes = self.classes_ if is_classifier(self.estimator) else None
         depth = keys.shape[1]
 
         def model_of(key: Hashable) -> tuple[Any, str] | None:
             parts = key_parts(key)
             if shrinking:
                 models, weights = self._chain(tuple(plain_scalar(v) for v in parts))
-                return (_Blend(models, weights), "shrunk") if models else None
+                return (_Blend(models, weights, classes), "shrunk") if models else None
             for level in range(depth, 0, -1):  # one encoding: NaN finds NaN; 1.0 finds 1
                 model = find_typed(by_code, parts[:level])
                 if model is not None:
@@ -351,9 +395,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             part = X_feat.iloc[rows] if self._as_frame else X_feat[rows]
             values = np.asarray(getattr(model, method)(part))
             if method == "predict_proba":
-                return self._align(model, values, 0.0)
+                return _aligned(self.classes_, model, values, 0.0)
             if method == "decision_function" and len(self.classes_) > 2:
-                return self._align(model, values, -np.inf)
+                return _aligned(self.classes_, model, values, -np.inf)
             return values
 
         routed = route_rows(group_positions(keys), len(keys), model_of, call)
@@ -362,18 +406,13 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                              "fallback='error'")
         return routed.values
 
-    def _align(self, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
-        """A model's class columns placed among ``classes_`` (a group may have
-        seen fewer classes); a binary decision as two columns, -s and s."""
-        if scores.ndim == 1:
-            scores = np.column_stack([-scores, scores])
-        full = np.full((len(scores), len(self.classes_)), missing)
-        full[:, np.searchsorted(self.classes_, model.classes_)] = scores
-        return full
-
     def predict(self, X: Any) -> np.ndarray:
         """Each row predicted by its group's model (or a parent's, or the
-        fallback); with shrinkage, the weighted mean of its chain of models."""
+        fallback); with shrinkage, the weighted sum of its chain's predictions,
+        or for a classifier the class of highest blended probability."""
+        check_is_fitted(self, "models_")
+        if self.shrinkage_function_ is not None and is_classifier(self.estimator):
+            return self.classes_[np.argmax(self._route(X, "predict_proba"), axis=1)]
         return self._route(X, "predict")
 
     @available_if(lambda self: hasattr(self.estimator, "predict_proba"))
@@ -381,7 +420,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         """Class probabilities, columns in the order of ``classes_``."""
         return self._route(X, "predict_proba")
 
-    @available_if(lambda self: hasattr(self.estimator, "decision_function"))
+    @available_if(_offers_decision_function)
     def decision_function(self, X: Any) -> np.ndarray:
         """Each row's decision scores from its group's model: one column for two
         classes, else one per class of ``classes_`` (-inf for a class the

@@ -4,10 +4,14 @@ A row of group ``(country, city)`` has a chain of models, from the root (the
 global model, when there is one) down to its own group: ``[global, country,
 (country, city)]``, with the number of training rows each saw, e.g. ``[1000,
 80, 12]``. A shrinkage function maps those sizes to one weight per level;
-the prediction is the weighted mean of the chain's predictions, so that a
-small group leans on its parents. The names and meanings are scikit-lego's
-(``GroupedPredictor(shrinkage=..., **shrinkage_kwargs)``), so that its users
-get the same numbers:
+a regressor's prediction is the weighted sum of the chain's predictions, a
+classifier's probabilities the weighted sum of the chain's probabilities
+(scikit-lego's ``HierarchicalClassifier``), so that a small group leans on
+its parents. Every chain that predict may use (a group's, a parent's for its
+unseen sub-groups, the global model's alone) is weighed in ``fit``, so that a
+function whose weights do not fit one is refused before any model is fitted.
+The names and meanings are scikit-lego's (``GroupedPredictor(shrinkage=...,
+**shrinkage_kwargs)``), so that its users get the same numbers:
 
 * ``"constant"`` (``alpha``): the root gets ``alpha ** (n - 1)``, level ``i``
   ``alpha ** (n - 1 - i) * (1 - alpha)``, the group itself ``1 - alpha``;
@@ -18,7 +22,7 @@ get the same numbers:
 * a callable: sizes (a list of ints, root first) -> an np.ndarray of weights
   as long.
 
-Weights are normalised to sum to 1.
+Weights must be non-negative; they are normalised to sum to 1.
 """
 
 from __future__ import annotations
