@@ -36,15 +36,25 @@ def json_value(value: Any) -> Any:
     return value
 
 
-def iso_times(frame: Any, columns: list[str]) -> Any:
-    """``columns`` (seconds since the epoch) as ISO 8601 local times with offset."""
+def local_time(t: Any) -> Any:
+    """``t`` (seconds since the epoch, or a timezone-aware timestamp such as
+    ``Store.runs()`` gives) as a local datetime with its offset; None for none."""
     from datetime import datetime
 
+    if t is None or t != t:  # None, NaN, NaT
+        return None
+    if isinstance(t, datetime):  # by its instant: a pandas Timestamp's astimezone needs a zone
+        return datetime.fromtimestamp(t.timestamp()).astimezone() if t.tzinfo else t.astimezone()
+    return datetime.fromtimestamp(t).astimezone()
+
+
+def iso_times(frame: Any, columns: list[str]) -> Any:
+    """``columns`` (seconds since the epoch, or timezone-aware timestamps) as
+    ISO 8601 local times with offset."""
     frame = frame.copy()
     for column in columns:
-        frame[column] = [None if t is None or t != t else
-                         datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")
-                         for t in frame[column]]
+        frame[column] = [None if t is None else t.isoformat(timespec="milliseconds")
+                         for t in map(local_time, frame[column])]
     return frame
 
 

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from ._cli_tables import OutputFormat, iso_times, print_frame
+from ._cli_tables import OutputFormat, iso_times, local_time, print_frame
 from ._version import __version__
 
 app = typer.Typer(
@@ -91,13 +91,11 @@ def runs(
 
     Example: manymodels runs models/ --format csv
     """
-    import time
-
     frame = _open_store(store).runs()
     if fmt != OutputFormat.table:
         print_frame(iso_times(frame, ["started_at", "finished_at"]), "runs", fmt)
         return
-    frame["started_at"] = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    frame["started_at"] = [local_time(t).strftime("%Y-%m-%d %H:%M:%S")
                            for t in frame["started_at"]]
     print_frame(frame.drop(columns=["finished_at", "source"]), f"runs in {store}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import math
-import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,7 @@ def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, wo
         "tasks": len(results),
         **{f"status {k}": int(v) for k, v in results["status"].value_counts().items()},
         "reused from the store": int(reused.sum()),
-        "backend": f"{backend}, {workers} worker(s)",
+        "backend": f"{backend}, {workers} worker{'' if workers == 1 else 's'}",
         "wall time (s)": wall_s,
         "sum of task times (s)": task_time,
         "utilization": task_time / capacity if capacity and capacity == capacity else 0.0,
@@ -210,7 +210,8 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     key_columns = list(results.columns[:results.columns.get_loc("run_id")])
     summary = {
         "run": run_id,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started_at"])),
+        "started": datetime.fromtimestamp(info["started_at"].timestamp()).strftime(
+            "%Y-%m-%d %H:%M:%S"),  # a UTC timestamp (Store.runs), in local time
         "status": info["status"], "fit": info["fit"], "source": info["source"],
         **summary_facts(results, results["reused_from"].notna(),
                         wall_s=float(info["wall_s"]) if pd.notna(info["wall_s"]) else float("nan"),

@@ -88,6 +88,18 @@ def _not_none(values: list) -> int:
     return len(values) - values.count(None)
 
 
+#: A backend's workers, as a sentence names them ("2 process workers").
+_WORKER_NOUNS = {"processes": "process", "threads": "thread", "ray": "Ray", "spark": "Spark",
+                 "dask": "Dask"}
+
+
+def _workers_text(workers: int, backend: str) -> str:
+    """``2 process workers``, ``1 thread worker``, ``8 Ray workers``: the
+    summary's words for a run's workers (a backend's name is a plural noun)."""
+    noun = _WORKER_NOUNS.get(backend, backend)
+    return f"{workers} {noun} worker{'' if workers == 1 else 's'}"
+
+
 @dataclass
 class Summary:
     """Counts and timings of a run; ``utilization`` compares the work done with
@@ -122,8 +134,8 @@ class Summary:
             f"models      {self.ok} ok, {self.failed} failed of {self.tasks}"
             + (f" ({others})" if others else "")
             + (f"; {self.reused} reused from the store" if self.reused else ""),
-            f"wall time   {self.wall_s:.2f} s on {self.workers} {self.backend} worker(s), "
-            f"{self.batches} batch(es)",
+            f"wall time   {self.wall_s:.2f} s on {_workers_text(self.workers, self.backend)}, "
+            f"{self.batches} {'batch' if self.batches == 1 else 'batches'}",
             f"task time   {self.task_time_s:.2f} s (sum of fit times)",
             f"utilization {self.utilization:.2f} (task time / (wall x workers))",
         ]

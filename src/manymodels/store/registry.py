@@ -84,10 +84,21 @@ class Store:
     # -- runs ------------------------------------------------------------------
 
     def runs(self) -> pd.DataFrame:
-        """One row per run: id, times, status, backend, counts, wall time."""
-        return pd.read_sql_query(
+        """One row per run: id, times, status, backend, counts, wall time.
+
+        ``started_at`` and ``finished_at`` are timezone-aware UTC timestamps
+        (``finished_at`` NaT while a run goes on, or when its driver died):
+        the instants ``manymodels runs`` shows in local time, with its offset.
+        ``.dt.tz_convert(zone)`` gives them in another zone,
+        ``.dt.tz_localize(None)`` as naive UTC times.
+        """
+        frame = pd.read_sql_query(
             "SELECT run_id, started_at, finished_at, status, backend, workers, source, fit, "
             "tasks, ok, failed, reused, wall_s FROM runs ORDER BY run_id", self._conn)
+        for column in ("started_at", "finished_at"):  # kept as epoch seconds
+            frame[column] = pd.to_datetime(frame[column].astype(float), unit="s",
+                                           utc=True).dt.round("us")
+        return frame
 
     def _run_row(self, run: int | None) -> tuple:
         if run is None:
