@@ -128,6 +128,25 @@ def higher_is_better(name: str) -> bool | None:
     return None if found is None else found[1]
 
 
+def direction(metric: str, given: str | None, how: str) -> bool:
+    """Whether a higher ``metric`` is better: ``given`` (``"min"`` or ``"max"``)
+    when the user said so, else this module's table. A name the table does not
+    know is refused before any work, naming the metric and ``how`` to give its
+    direction: a guess (by the words in the name, or "lower is better") picks
+    the worst model silently when it is wrong, as for an ``auc`` or a
+    ``val_accuracy`` that ``fit`` reports."""
+    if given is not None:
+        if given not in ("min", "max"):
+            raise ValueError(f"the direction of metric {metric!r} must be 'min' or 'max', "
+                             f"got {given!r}")
+        return given == "max"
+    higher = higher_is_better(metric)
+    if higher is None:
+        raise ValueError(f"metric {metric!r}: manymodels does not know whether higher or lower "
+                         f"is better (it knows {', '.join(METRICS)}); say which, e.g. {how}")
+    return higher
+
+
 def check_names(names: list[str], option: str = "metrics") -> None:
     """Refuse a metric name not in the table, naming the option at fault."""
     for name in names:

@@ -2,7 +2,10 @@
 
 ``select="rmse"`` (lower is better for error metrics, higher for ``r2`` and
 ``accuracy``) or ``select=("r2", "max")`` picks, per group, the task whose
-metric is best; ties go to the first setting of the grid. ``run.best()``
+metric is best; ties go to the first setting of the grid. A metric whose
+direction manymodels does not know (one a score function or ``fit`` reports,
+such as ``auc`` or ``val_accuracy``) needs it said, ``select=("auc", "max")``:
+it is refused before any work rather than guessed. ``run.best()``
 shows the winners; a store records each group's winner as its model, so that
 ``Store.predict`` (and ``manymodels predict``) use it.
 """
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .metrics import higher_is_better
+from .metrics import direction as _direction
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,12 @@ class Selection:
     higher: bool
 
     @classmethod
-    def parse(cls, select: Any, evaluate: Any = None) -> Selection:
-        """Refuse, before work, a malformed ``select`` or one naming a metric
-        that ``evaluate`` does not compute."""
+    def parse(cls, select: Any, evaluate: Any = None, example: str = "select=({!r}, 'max')"
+              ) -> Selection:
+        """Refuse, before work, a malformed ``select``, one naming a metric
+        that ``evaluate`` does not compute, or one whose direction is unknown
+        (see :func:`manymodels.metrics.direction`); ``example`` shows how to
+        give one, formatted with the metric's name."""
         if isinstance(select, str):
             metric, direction = select, None
         elif isinstance(select, tuple) and len(select) == 2 and isinstance(select[0], str):
@@ -45,8 +51,7 @@ class Selection:
             if metric not in named and not scored_by_function:
                 raise ValueError(f"select={metric!r} names a metric that evaluate= does not "
                                  f"compute; it computes {', '.join(named)}")
-        higher = direction == "max" if direction else bool(higher_is_better(metric))
-        return cls(metric, higher)
+        return cls(metric, _direction(metric, direction, example.format(metric)))
 
 
 def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Selection
@@ -108,7 +113,7 @@ def halving(metric: str | tuple[str, str], eta: int = 3) -> Halving:
     setting in ``best_<name>`` columns and counts its ``window_fits``."""
     if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
         raise ValueError(f"halving needs eta >= 2, got {eta!r}")
-    return Halving(Selection.parse(metric), eta)
+    return Halving(Selection.parse(metric, example="mm.halving(({!r}, 'max'))"), eta)
 
 
 class HalvingSearch:
