@@ -62,6 +62,11 @@ def get(url: str, **headers: str) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
+def at(server: DashboardServer, path: str) -> str:
+    """``path`` on ``server``, with its token."""
+    return f"{server.address}{path}{'&' if '?' in path else '?'}token={server.token}"
+
+
 def fit_small(item):
     if item in ("k017", SCRIPT_KEY):
         raise ValueError(f"bad item {item}")
@@ -78,34 +83,34 @@ def finished_store(tmp_path):
 
 def test_json_endpoints_answer_from_sql(finished_store):
     with DashboardServer(finished_store) as server:
-        status, runs = get(server.url + "api/runs")
+        status, runs = get(at(server, "api/runs"))
         assert status == 200 and len(runs["runs"]) == 1
         run = runs["runs"][0]
         assert (run["status"], run["tasks"], run["done"], run["ok"], run["failed"]) == (
             "finished", 61, 61, 59, 2)
-        _, summary = get(server.url + "api/run/1/summary")
+        _, summary = get(at(server, "api/run/1/summary"))
         assert summary["counts"] == {"ok": 59, "failed": 2} and summary["key_columns"] == ["item"]
-        _, durations = get(server.url + "api/run/1/durations")
+        _, durations = get(at(server, "api/run/1/durations"))
         assert sum(durations["counts"]) == 61
-        _, metrics = get(server.url + "api/run/1/metrics")
+        _, metrics = get(at(server, "api/run/1/metrics"))
         assert metrics["charts"][0]["name"] == "score" and metrics["charts"][0]["n"] == 59
-        _, failures = get(server.url + "api/run/1/failures?q=k017")
+        _, failures = get(at(server, "api/run/1/failures?q=k017"))
         assert failures["total"] == 2 and failures["matching"] == 1
         assert failures["items"][0]["key"] == "k017"
         assert "ValueError: bad item k017" in failures["items"][0]["error"]
-        _, timeline = get(server.url + "api/run/1/timeline")
+        _, timeline = get(at(server, "api/run/1/timeline"))
         assert len(timeline["bars"]) == 61 and set(timeline["workers"]) <= {0, 1}
-        _, slowest = get(server.url + "api/run/1/slowest")
+        _, slowest = get(at(server, "api/run/1/slowest"))
         assert len(slowest) == 20
         assert [s["duration_s"] for s in slowest] == sorted(
             (s["duration_s"] for s in slowest), reverse=True)
-        with urllib.request.urlopen(server.url + "report/1", timeout=60) as answer:
+        with urllib.request.urlopen(at(server, "report/1"), timeout=60) as answer:
             report = answer.read().decode()
         assert "Worker timeline" in report and "ValueError: bad item k017" in report
-        assert get(server.url + "api/run/9")[0] == 404
-        assert get(server.url + "api/run/1/nothing")[0] == 404
+        assert get(at(server, "api/run/9"))[0] == 404
+        assert get(at(server, "api/run/1/nothing"))[0] == 404
         # a page elsewhere that rebinds its name to 127.0.0.1 is refused
-        assert get(server.url + "api/runs", Host="evil.example:80")[0] == 403
+        assert get(at(server, "api/runs"), Host="evil.example:80")[0] == 403
 
 
 def test_a_non_loopback_address_needs_a_flag_and_then_a_token(finished_store):
@@ -133,8 +138,8 @@ def test_the_command_serves_a_store(finished_store):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
-        url = re.search(r"(http://127\.0\.0\.1:\d+/)", line).group(1)
-        status, runs = get(url + "api/runs")
+        url, token = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", line).groups()
+        status, runs = get(url + f"api/runs?token={token}")
         assert status == 200 and runs["runs"][0]["done"] == 61
     finally:
         server.terminate()
@@ -152,9 +157,11 @@ def test_train_with_dashboard_serves_while_the_run_lasts(tmp_path, capsys):
         def on_batch(self, progress):
             if not seen:
                 printed = capsys.readouterr().err
-                seen["url"] = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)",
-                                        printed).group(1)
-                seen["runs"] = get(seen["url"] + "api/runs")[1]["runs"]
+                url, token = re.search(
+                    r"dashboard: (http://127\.0\.0\.1:\d+/)\?token=([\w-]+)#run=1",
+                    printed).groups()
+                seen["url"] = url
+                seen["runs"] = get(f"{url}api/runs?token={token}")[1]["runs"]
 
     mm.train(fit_small, mm.items([f"k{i:03d}" for i in range(5)]), backend="threads",
              progress=False, store=tmp_path / "store", dashboard=True, callbacks=[Look()])
@@ -194,7 +201,7 @@ def test_the_page_follows_a_live_run_in_chromium(tmp_path):
             time.sleep(0.05)
         with DashboardServer(store) as server:
             while time.monotonic() < deadline:  # the first part committed (once a second)
-                runs = get(server.url + "api/runs")[1].get("runs")  # 503 while it is made
+                runs = get(at(server, "api/runs"))[1].get("runs")  # 503 while it is made
                 if runs and runs[0]["done"] >= 20:
                     break
                 time.sleep(0.1)
@@ -219,7 +226,7 @@ def test_the_page_follows_a_live_run_in_chromium(tmp_path):
     assert "<title>manymodels dashboard</title>" in after  # the key's script never ran
     assert after.count('class="failure"') == 2 and after.count("<rect") >= 71
     with DashboardServer(store) as server:  # the search box, given in the address
-        found = dump_dom(server.url + "?q=k017", tmp_path, budget_ms=2500)
+        found = dump_dom(server.url + "&q=k017", tmp_path, budget_ms=2500)
     assert found.count('class="failure"') == 1 and "bad item k017" in found
 
 
@@ -276,7 +283,7 @@ def test_a_million_tasks_render_in_chromium(tmp_path):
         page_s = time.perf_counter() - began
     with DashboardServer(tmp_path / "store") as server:
         began = time.perf_counter()
-        status, everything = get(server.url + "api/run/1")
+        status, everything = get(at(server, "api/run/1"))
         api_s = time.perf_counter() - began
         assert status == 200 and everything["summary"]["done"] == tasks
         assert len(everything["timeline"]["bars"]) <= 4100  # a sample, never a million
@@ -294,9 +301,9 @@ def test_a_run_whose_driver_died_shows_interrupted(finished_store):
         conn.execute("UPDATE runs SET status = 'running', finished_at = NULL, ok = NULL, "
                      "driver = ?", (f"{socket.gethostname()}:1:0.0",))
     with DashboardServer(finished_store) as server:
-        run = get(server.url + "api/runs")[1]["runs"][0]
+        run = get(at(server, "api/runs"))[1]["runs"][0]
         assert run["status"] == "interrupted" and run["done"] == 61 and run["eta_s"] is None
-        assert get(server.url + "api/run/1/summary")[1]["status"] == "interrupted"
+        assert get(at(server, "api/run/1/summary"))[1]["status"] == "interrupted"
 
 
 def test_a_host_name_that_resolves_to_loopback_is_refused_all_the_same(finished_store,
@@ -315,9 +322,9 @@ def test_a_host_name_that_resolves_to_loopback_is_refused_all_the_same(finished_
     monkeypatch.setattr(socket, "getaddrinfo", rebound)
     with DashboardServer(finished_store) as server:
         port = server.url.split(":")[2].split("/")[0]
-        assert get(server.url + "api/runs", Host=f"rebind.example:{port}")[0] == 403
-        assert get(server.url + "api/runs", Host=f"localhost:{port}")[0] == 200
-        assert get(server.url + "api/runs", Host=f"127.0.0.1:{port}")[0] == 200
+        assert get(at(server, "api/runs"), Host=f"rebind.example:{port}")[0] == 403
+        assert get(at(server, "api/runs"), Host=f"localhost:{port}")[0] == 200
+        assert get(at(server, "api/runs"), Host=f"127.0.0.1:{port}")[0] == 200
 
 
 LIVE_DRIVER = """

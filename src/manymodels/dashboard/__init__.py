@@ -1,9 +1,11 @@
 """The live dashboard: a page that follows the runs of a store as they are written.
 
 ``manymodels dashboard models/`` (or ``mm.train(..., store=..., dashboard=True)``)
-serves it on 127.0.0.1: every run with its progress, rate, ETA and counts per
-status; a run's worker timeline, duration histogram, metric distributions,
-slowest tasks, and failures with their tracebacks, searchable by key.
+serves it on 127.0.0.1, behind a token printed in its URL (kept by the browser
+in a cookie after the first visit; see :mod:`.server`): every run with its
+progress, rate, ETA and counts per status; a run's worker timeline, duration
+histogram, metric distributions, slowest tasks, and failures with their
+tracebacks, searchable by key.
 :mod:`.queries` asks the store, :mod:`.server` serves, ``static/`` is the page.
 """
 
@@ -27,7 +29,8 @@ WATCH_DRIVER = "MANYMODELS_DASHBOARD_OF_A_RUN"
 
 
 class LiveDashboard(Callback):
-    """Serves the run's store while ``train`` runs, and prints the address.
+    """Serves the run's store while ``train`` runs, and prints the address,
+    with its token (``?token=``): any local account can reach a loopback port.
 
     The server runs in a process of its own (``manymodels dashboard``), not in
     a thread of the driver: its queries and JSON would otherwise compete for

@@ -6,12 +6,19 @@ server does that with no dependency to install, audit or keep in step (no
 web framework, no ASGI server), and nothing is fetched from a CDN: the page,
 its script and its style ship in the package (``static/``).
 
-Safety: it binds to loopback unless told otherwise, and a non-loopback
-address needs ``allow_remote`` and then a token in every URL (one is made if
-none is given); on loopback it checks the ``Host`` header (no DNS
-rebinding). It opens the store read-only. The page puts every key and error
-into the document as text (``textContent``), never as HTML, and the
-Content-Security-Policy allows only the package's own script.
+Safety: it binds to loopback unless told otherwise (a non-loopback address
+needs ``allow_remote``), and asks for a token on every address, loopback
+too, as Jupyter does: the store is its owner's only, and any local account
+can reach a loopback port. The token is random unless given, printed in
+the URL (``?token=``); the first request that carries it gets it back as a
+cookie (``HttpOnly``, ``SameSite=Strict``, one name per port), so the page's
+own requests and a reload need it no more. ``token=""`` serves without one,
+on loopback only and with a warning. The page's script and style
+(``/static/``) hold no data and need no token. On loopback it checks the
+``Host`` header (no DNS rebinding). It opens the store read-only. The page
+puts every key and error into the document as text (``textContent``),
+never as HTML, and the Content-Security-Policy allows only the package's
+own script.
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ import hmac
 import ipaddress
 import json
 import math
+import re
 import secrets
 import socket
 import threading
+import warnings
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -71,10 +81,14 @@ def _clean(value: Any) -> Any:
 
 
 class DashboardServer:
-    """Serves one store's dashboard from a thread; :attr:`url` is its address.
+    """Serves one store's dashboard from a thread; :attr:`url` is its address,
+    with the token.
 
     ``port`` 0 picks a free one. ``host`` other than loopback is refused unless
-    ``allow_remote``, and then every request must carry ``?token=``.
+    ``allow_remote``. ``token``: the token every request must carry (in the
+    URL, or in the cookie the first one gets); ``None`` makes a random one,
+    ``""`` asks for none (loopback only: it lets every local account read the
+    store, so it warns).
     """
 
     def __init__(self, store: str | Path, host: str = "127.0.0.1", port: int = 0, *,
@@ -87,21 +101,39 @@ class DashboardServer:
                 f"host {host!r} is not a loopback address: the dashboard would show the "
                 "store's keys, metrics and tracebacks to the network. Pass --allow-remote "
                 "(allow_remote=True) to do so; a token is then required in the URL")
-        if token is not None and (not isinstance(token, str) or len(token) < 8):
-            raise ValueError("token must be a string of 8 characters or more")
-        self.token = token if token or loopback else secrets.token_urlsafe(18)
+        if token is not None and not isinstance(token, str):
+            raise ValueError(f"token must be a string, got {type(token).__name__}")
+        if token == "":
+            if not loopback:
+                raise ValueError(f"token='' (--no-token) serves without a token, which is "
+                                 f"allowed on loopback only, not on host {host!r}")
+            warnings.warn("the dashboard asks for no token: every account on this machine "
+                          "can read the store's keys, metrics and tracebacks through it",
+                          UserWarning, stacklevel=2)
+        elif token is not None and not re.fullmatch(r"[A-Za-z0-9._~-]{8,}", token):
+            raise ValueError("token must be 8 characters or more, each a letter, digit or "
+                             "one of . _ ~ - (it goes in a URL and a cookie as it is)")
+        self.token = secrets.token_urlsafe(18) if token is None else token
         self.queries = Queries(store)
         self.host, self.loopback = host, loopback
         self.httpd = ThreadingHTTPServer((host, port), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.dashboard = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
+        #: cookies are not told apart by port: each dashboard names its own
+        self.cookie_name = f"manymodels-dashboard-{self.port}"
         self._thread: threading.Thread | None = None
 
     @property
-    def url(self) -> str:
+    def address(self) -> str:
+        """The URL without the token."""
         shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{shown}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+        return f"http://{shown}:{self.port}/"
+
+    @property
+    def url(self) -> str:
+        """The URL to open: with ``?token=`` unless the token is ``""``."""
+        return self.address + (f"?token={self.token}" if self.token else "")
 
     def start(self) -> DashboardServer:
         """Serve from a daemon thread; return self."""
@@ -129,6 +161,7 @@ class DashboardServer:
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "manymodels-dashboard"
+    _cookie: str | None = None  # a Set-Cookie to send with this answer
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: it polls
         pass
@@ -145,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", policy)
         self.send_header("Referrer-Policy", "no-referrer")
+        if self._cookie is not None:
+            self.send_header("Set-Cookie", self._cookie)
         self.end_headers()
         self.wfile.write(body)
 
@@ -162,16 +197,32 @@ class _Handler(BaseHTTPRequestHandler):
             if host and not is_loopback(host, resolve=False):
                 self._error(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this machine")
                 return False
-        if board.token is None:
+        if not board.token:  # token="": asked for none, explicitly
             return True
+        expected = board.token.encode()
         given = (query.get("token") or [""])[0]
-        if hmac.compare_digest(given.encode(), board.token.encode()):
+        if hmac.compare_digest(given.encode(), expected):
+            # kept by the browser: the page's own requests need it no more
+            self._cookie = (f"{board.cookie_name}={board.token}; HttpOnly; "
+                            "SameSite=Strict; Path=/")
+            return True
+        if hmac.compare_digest(self._cookie_token().encode(), expected):
             return True
         self._error(HTTPStatus.FORBIDDEN, "a token is required: open the address that "
                     "`manymodels dashboard` printed, with its ?token=")
         return False
 
+    def _cookie_token(self) -> str:
+        """The token in this dashboard's cookie, or ``""``."""
+        try:
+            cookies = SimpleCookie(self.headers.get("Cookie") or "")
+        except CookieError:
+            return ""
+        found = cookies.get(self.board.cookie_name)
+        return found.value if found is not None else ""
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._cookie = None
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         path = parts.path
