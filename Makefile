@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser java torch
+.PHONY: demo test lint docs bench clean browser java torch
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ java:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The documentation site, into build/site: no broken link, no missing reference.
+# (make test builds it too: tests/test_docs.py, with every example of the docs.)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
