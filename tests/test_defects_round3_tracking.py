@@ -1,6 +1,9 @@
-"""Issue 37 (item 1): metric directions from one table, refused when unknown."""
+"""Issue 37 (items 1, 7): metric directions from one table, refused when unknown;
+metric names MLflow refuses as paths."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -86,3 +89,39 @@ def test_select_r2_without_a_direction_still_maximises():
                     progress=False).best()["q"].tolist() == [0.9]
     assert mm.train(fit, source, select="rmse", backend="serial",
                     progress=False).best()["q"].tolist() == [0.2]
+
+
+@pytest.fixture()
+def tracking(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+# -- item 7: metric names MLflow refuses as paths ------------------------------------
+
+PATHS = ["a//b", "/abs", "x/", "./y", "..", "a/b", "a__b", "_abs"]
+
+
+def fit_path_metrics(x):
+    return {name: float(x + i) for i, name in enumerate(PATHS)}
+
+
+def test_metric_names_mlflow_refuses_as_paths_are_cleaned_and_kept_apart(tracking, tmp_path):
+    import mlflow
+
+    tracker = mm.MLflow(experiment="paths", tracking_uri=tracking)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no callback failure
+        mm.train(fit_path_metrics, mm.items(range(4)), backend="serial", progress=False,
+                 track=tracker)
+    client = mlflow.MlflowClient(tracking)
+    got = client.get_run(tracker.run_id)
+    assert got.info.status == "FINISHED"
+    means = {name: value for name, value in got.data.metrics.items() if name.endswith(".mean")
+             and not name.startswith("duration_s")}
+    assert sorted(means.values()) == [1.5 + i for i in range(len(PATHS))]  # 8 names, 8 kept
+    assert means["a/b.mean"] == 1.5 + 5 and means["a__b.mean"] == 1.5 + 6
+    assert got.data.metrics["ok"] == 4
+    assert {"results.parquet", "report.html"} <= {a.path for a in
+                                                  client.list_artifacts(tracker.run_id)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import posixpath
 import re
 import tempfile
 import time
@@ -37,15 +38,26 @@ def _mlflow() -> Any:
 
 
 def _name(name: str) -> str:
-    """A name MLflow accepts (letters, digits, ``_ - . / :`` and spaces; 250 at most):
-    a metric ``r²`` is logged as ``r_`` and a few letters of its hash, not refused
-    with the whole batch (the hash keeps ``r³`` apart from it)."""
+    """A name MLflow accepts (letters, digits, ``_ - . / :`` and spaces; 250 at most;
+    a normal relative path): a metric ``r²`` is logged as ``r_`` and a few letters
+    of its hash, not refused with the whole batch (the hash keeps ``r³`` apart from
+    it); one MLflow refuses as a path (``a//b``, ``/abs``, ``x/``, ``./y``, ``..``)
+    has its slashes and dots made ``_``, and the tag too."""
     text = str(name)
     accepted = re.sub(r"[^\w\-. /:]|[^\x00-\x7f]", "_", text)
-    if accepted == text and len(text) <= 250:
+    if accepted == text and len(text) <= 250 and not _refused_as_path(text):
         return text
+    if _refused_as_path(accepted):
+        accepted = re.sub(r"[/.]", "_", accepted)
     tag = hashlib.blake2b(text.encode(), digest_size=3).hexdigest()
     return f"{accepted[:243]}_{tag}"
+
+
+def _refused_as_path(name: str) -> bool:
+    """MLflow's test (``path_not_unique``): a name must be its own normal
+    relative path, as it may become a file's path in the artifact store."""
+    norm = posixpath.normpath(name)
+    return norm != name or norm == "." or norm.startswith("..") or norm.startswith("/")
 
 
 def _param(value: Any) -> str:
