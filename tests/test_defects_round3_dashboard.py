@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -105,3 +106,24 @@ def test_no_token_must_be_asked_for_and_only_on_loopback(store):
          "--token", "abcdefgh12"], capture_output=True, text=True, timeout=120,
         env={**os.environ, "COLUMNS": "200"})
     assert refused.returncode != 0 and "not both" in refused.stderr
+
+
+# -- item 12: a silent connection holds a thread no more -----------------------------------
+
+
+def test_a_silent_connection_is_closed_while_others_are_answered(store):
+    with pytest.raises(ValueError, match="timeout"):
+        DashboardServer(store, timeout=0)
+    with DashboardServer(store, timeout=0.5) as server:
+        silent = socket.create_connection(("127.0.0.1", server.port))
+        half = socket.create_connection(("127.0.0.1", server.port))
+        half.sendall(b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never ends
+        try:
+            status, _, body = request(f"{server.url}&x=1")  # answered meanwhile
+            assert status == 200 and "<html" in body
+            for idle in (silent, half):
+                idle.settimeout(60)
+                assert idle.recv(1024) == b""  # the server hung up
+        finally:
+            silent.close()
+            half.close()

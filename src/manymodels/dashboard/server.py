@@ -15,10 +15,11 @@ cookie (``HttpOnly``, ``SameSite=Strict``, one name per port), so the page's
 own requests and a reload need it no more. ``token=""`` serves without one,
 on loopback only and with a warning. The page's script and style
 (``/static/``) hold no data and need no token. On loopback it checks the
-``Host`` header (no DNS rebinding). It opens the store read-only. The page
-puts every key and error into the document as text (``textContent``),
-never as HTML, and the Content-Security-Policy allows only the package's
-own script.
+``Host`` header (no DNS rebinding). A connection that sends nothing for
+:data:`READ_TIMEOUT` seconds is closed (each holds a thread). It opens the
+store read-only. The page puts every key and error into the document as
+text (``textContent``), never as HTML, and the Content-Security-Policy
+allows only the package's own script.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
 _REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
         "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+#: Seconds a connection may stay silent (before or within its request)
+#: before it is closed: each holds one of the server's threads.
+READ_TIMEOUT = 20.0
 
 
 def is_loopback(host: str, resolve: bool = True) -> bool:
@@ -88,13 +92,17 @@ class DashboardServer:
     ``allow_remote``. ``token``: the token every request must carry (in the
     URL, or in the cookie the first one gets); ``None`` makes a random one,
     ``""`` asks for none (loopback only: it lets every local account read the
-    store, so it warns).
+    store, so it warns). ``timeout``: seconds a silent connection is kept.
     """
 
     def __init__(self, store: str | Path, host: str = "127.0.0.1", port: int = 0, *,
-                 token: str | None = None, allow_remote: bool = False) -> None:
+                 token: str | None = None, allow_remote: bool = False,
+                 timeout: float = READ_TIMEOUT) -> None:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"port must be 0 (any free port) to 65535, got {port!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+                0 < timeout < math.inf):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         loopback = is_loopback(host)
         if not loopback and not allow_remote:
             raise ValueError(
@@ -114,6 +122,7 @@ class DashboardServer:
             raise ValueError("token must be 8 characters or more, each a letter, digit or "
                              "one of . _ ~ - (it goes in a URL and a cookie as it is)")
         self.token = secrets.token_urlsafe(18) if token is None else token
+        self.timeout = float(timeout)
         self.queries = Queries(store)
         self.host, self.loopback = host, loopback
         self.httpd = ThreadingHTTPServer((host, port), _Handler)
@@ -162,6 +171,10 @@ class DashboardServer:
 class _Handler(BaseHTTPRequestHandler):
     server_version = "manymodels-dashboard"
     _cookie: str | None = None  # a Set-Cookie to send with this answer
+
+    @property  # read by StreamRequestHandler.setup: the socket's timeout
+    def timeout(self) -> float:  # type: ignore[override]
+        return self.server.dashboard.timeout  # type: ignore[attr-defined]
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: it polls
         pass
