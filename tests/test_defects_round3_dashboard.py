@@ -11,13 +11,17 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 import manymodels as mm
 from manymodels.dashboard import DashboardServer
+from manymodels.dashboard.queries import Queries
+from manymodels.store import database, taskblocks
 
 
 def request(url: str, **headers: str) -> tuple[int, dict, str]:
@@ -127,3 +131,104 @@ def test_a_silent_connection_is_closed_while_others_are_answered(store):
         finally:
             silent.close()
             half.close()
+
+
+# -- item 19: the ETA, and one poll counted once -------------------------------------------
+
+
+def running_run(path, tasks: int, workers: int, started_at: float) -> int:
+    """A store with one running run (of this process) and no task yet."""
+    database.prepare_directory(path)
+    conn = database.connect(path)
+    conn.execute("BEGIN IMMEDIATE")
+    run_id = database.insert_run(conn, backend="processes", workers=workers,
+                                 source="items(...)", fit="tests.fit", tasks=tasks,
+                                 key_columns=["item"], param_columns=[], code_detail={})
+    conn.execute("UPDATE runs SET started_at = ? WHERE run_id = ?", (started_at, run_id))
+    conn.execute("COMMIT")
+    conn.close()
+    return run_id
+
+
+def write_tasks(path, run_id: int, indices, started, duration, reused: bool = False) -> None:
+    indices = np.asarray(indices)
+    conn = database.connect(path)
+    conn.execute("BEGIN IMMEDIATE")
+    taskblocks.insert(conn, run_id, taskblocks.table({
+        "task_index": indices,
+        "key": [json.dumps([f"k{i}"]) for i in indices],
+        "identity": [f"{i:032x}" for i in indices],
+        "status": ["ok"] * len(indices),
+        "attempts": [0 if reused else 1] * len(indices),
+        "duration_s": [None if reused else d for d in np.broadcast_to(duration, len(indices))],
+        "started_at": [None if reused else s for s in np.broadcast_to(started, len(indices))],
+        "worker": [None if reused else int(i % 4) for i in indices],
+        "reused_from": [1 if reused else None for _ in indices]}))
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def test_the_eta_counts_from_the_tasks_not_from_the_runs_slow_start(tmp_path):
+    now = time.time()
+    path = tmp_path / "store"
+    # 60 s of planning and starting workers; then 4 workers, 0.1 s a task
+    run_id = running_run(path, 4000, workers=4, started_at=now - 65)
+    write_tasks(path, run_id, range(2), now - 5, 0.1)
+    first = Queries(path).runs()[0]
+    assert first["done"] == 2 and first["eta_s"] is None  # 2 tasks, 4 workers: too soon
+    assert first["rate"] is None
+    write_tasks(path, run_id, range(200, 400), reused=True, started=0, duration=0)
+    indices = np.arange(2, 200)
+    write_tasks(path, run_id, indices, now - 5 + (indices // 4) * 0.1, 0.1)
+    run = Queries(path).runs()[0]
+    # 200 trained in the 5 s from the first start to the last end: 40 a second
+    assert run["done"] == 400 and run["rate"] == pytest.approx(40.0)
+    assert run["eta_s"] == pytest.approx((4000 - 400) / 40.0)  # not 3600 / (200 / 65 s)
+
+
+def test_tasks_ending_together_are_not_taken_for_a_burst(tmp_path):
+    now = time.time()
+    path = tmp_path / "store"
+    run_id = running_run(path, 100, workers=4, started_at=now - 120)
+    write_tasks(path, run_id, range(4), now - 61, 60.0)  # four 60-s tasks, ended at once
+    run = Queries(path).runs()[0]
+    assert run["rate"] == pytest.approx(4 / 60) and run["eta_s"] == pytest.approx(96 * 15)
+
+
+def test_one_poll_of_the_page_counts_its_run_once(tmp_path):
+    """The page's runs table and its run's cards come from one answer, read
+    at once: the same counts, while a real run writes the store."""
+    seen = []
+
+    class Poll(mm.Callback):
+        server = None
+
+        def on_batch(self, progress):
+            if self.server is None:
+                self.server = DashboardServer(tmp_path / "store").start()
+            status, _, body = request(f"{self.server.address}api/page?run=1&token="
+                                      f"{self.server.token}")
+            assert status == 200, body
+            seen.append(json.loads(body))
+
+    def slow(item):
+        time.sleep(0.01)
+        return {"score": float(item[1:])}
+
+    poll = Poll()
+    try:
+        mm.train(slow, mm.items([f"k{i}" for i in range(600)]), backend="threads", workers=2,
+                 progress=False, store=tmp_path / "store", callbacks=[poll])
+        status, _, body = request(f"{poll.server.address}api/page?token={poll.server.token}")
+        seen.append(json.loads(body))  # the newest run when none is named
+    finally:
+        if poll.server is not None:
+            poll.server.close()
+    assert len(seen) > 2 and seen[-1]["run"]["summary"]["done"] == 600
+    for page in seen:
+        row, summary = page["runs"][0], page["run"]["summary"]
+        assert (row["run_id"], row["status"]) == (summary["run_id"], summary["status"])
+        assert row["done"] == summary["done"]
+        assert row["ok"] == summary["counts"].get("ok", 0)
+        assert row["failed"] == summary["failed"]
+    assert len({page["runs"][0]["done"] for page in seen}) > 1  # it was polled as it ran

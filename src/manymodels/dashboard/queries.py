@@ -21,7 +21,6 @@ import json
 import math
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import pyarrow.compute as pc
 
 from ..messages import FAILURE_STATUSES
 from ..store import database, drivers
+from ..store.database import read_snapshot
 from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
@@ -49,6 +49,14 @@ RUNS_KEPT = 4
 #: blocks and a few vectorised passes), so the second is what applies.
 KEEP_FOR_COST = 4.0
 SECTIONS = ("summary", "durations", "metrics", "slowest", "failures", "timeline")
+#: A running run's rate is measured over the tasks that ended in the last
+#: this many seconds (of the tasks' own clock), or over three times the
+#: median task's duration where that is longer (a window shorter than a
+#: task would count a batch of tasks ending together as a burst).
+RATE_WINDOW_S = 30.0
+#: No rate or ETA is given before this many tasks have trained, nor before
+#: every worker has finished one: the first ones include a worker's start.
+MIN_TASKS_FOR_ETA = 3
 
 
 def key_label(text: str) -> str:
@@ -103,7 +111,6 @@ class Queries:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._finished: dict[tuple, Any] = {}  # (run_id, section) of finished runs
-        self._seen: dict[int, deque] = {}  # run_id -> (time, done) samples, for the rate
         self._recent: dict[tuple, tuple[float, Any]] = {}  # key -> (keep until, answer)
         self._cache: dict[int, RunTasks] = {}  # run_id -> its tasks, least recently used first
 
@@ -142,16 +149,40 @@ class Queries:
         """The latest runs, newest first; a running one with its progress."""
         return self._throttled(("runs", limit), lambda: self._runs(limit))
 
-    def _runs(self, limit: int) -> list[dict[str, Any]]:
+    def page(self, run_id: int | None = None, search: str = "",
+             limit: int = 100) -> dict[str, Any]:
+        """What one poll of the page shows, in one answer: ``runs`` (as
+        :meth:`runs`) and ``run``, every section of run ``run_id`` (the newest
+        when ``None``; ``None`` in a store with no run), read in one read
+        transaction, the run's line in ``runs`` from the same tasks as its
+        sections. Asked apart, the two answers were read (and kept, see
+        :meth:`_throttled`) at different moments, and one page showed two
+        different counts of done tasks for the same run."""
+        def compute() -> dict[str, Any]:
+            with read_snapshot(self._conn()):
+                chosen = run_id
+                if chosen is None:
+                    chosen = self._rows("SELECT max(run_id) FROM runs")[0][0]
+                memo: dict[str, Any] = {}
+                run = None if chosen is None else {
+                    name: self.section(chosen, name, search, memo) for name in SECTIONS}
+                return {"runs": self._runs(limit, {chosen: memo}), "run": run}
+
+        return self._throttled(("page", run_id, search, limit), compute)
+
+    def _runs(self, limit: int, memos: dict[int, dict] | None = None) -> list[dict[str, Any]]:
+        """The runs; a run in ``memos`` counted from the tasks its memo holds."""
         rows = self._rows(
             "SELECT run_id, started_at, finished_at, status, backend, workers, fit, tasks, "
             "ok, failed, reused, wall_s, driver FROM runs ORDER BY run_id DESC LIMIT ?", limit)
         names = ("run_id", "started_at", "finished_at", "status", "backend", "workers", "fit",
                  "tasks", "ok", "failed", "reused", "wall_s", "driver")
         runs = [_alive(dict(zip(names, row))) for row in rows]
+        memos = memos or {}
         for run in runs:
+            tasks = None
             if run["status"] == "running":
-                tasks = self._tasks(run)
+                tasks = self._tasks(run, memos.get(run["run_id"]))
                 done = len(tasks)
                 run.update(ok=int(tasks.status_in(("ok",)).sum()),
                            failed=int(tasks.status_in(_FAILED).sum()))
@@ -160,32 +191,41 @@ class Queries:
             else:  # its driver died: count what it committed (once: it cannot change)
                 done = self._finished.get((run["run_id"], "done"))
                 if done is None:
-                    tasks = self._tasks(run)
+                    tasks = self._tasks(run, memos.get(run["run_id"]))
                     done = self._finished[(run["run_id"], "done")] = int(
                         (~tasks.status_in(("cancelled",))).sum())
             run["done"] = done
-            run.update(self._pace(run))
+            run.update(self._pace(run, tasks if run["status"] == "running" else None))
         return runs
 
-    def _pace(self, run: dict[str, Any]) -> dict[str, Any]:
-        """Models per second (over the last ~30 s while running, else overall)
-        and the time left at that pace."""
+    def _pace(self, run: dict[str, Any], tasks: Snapshot | None) -> dict[str, Any]:
+        """Models trained per second, and, while it runs, the time left.
+
+        An ended run: its trained tasks over its wall time. A running one:
+        from the tasks' own clocks, the tasks that ended in the last
+        :data:`RATE_WINDOW_S` over the time from the window's start (at the
+        earliest, when the first task started) to the last end seen. Not
+        over the time since the run started, whose first seconds (planning,
+        hashing, starting the workers) train nothing: a 7-second run's first
+        ETA was 111 s. Neither is given before :data:`MIN_TASKS_FOR_ETA`
+        tasks, and one per worker, have trained."""
         now = time.time()
         end = run["finished_at"] or now
         elapsed = max(end - run["started_at"], 1e-9)
-        rate = (run["done"] - (run["reused"] or 0)) / elapsed
-        if run["status"] == "running":
-            with self._lock:
-                seen = self._seen.setdefault(run["run_id"], deque(maxlen=64))
-                seen.append((now, run["done"]))
-                while len(seen) > 2 and now - seen[1][0] > 30:
-                    seen.popleft()
-                if now - seen[0][0] > 2 and seen[-1][1] > seen[0][1]:
-                    rate = (seen[-1][1] - seen[0][1]) / (now - seen[0][0])
-            left = max(run["tasks"] - run["done"], 0)
-            eta = left / rate if rate > 0 else None
-        else:
-            eta = None
+        if tasks is None:
+            rate = (run["done"] - (run["reused"] or 0)) / elapsed
+            return {"rate": rate, "eta_s": None, "elapsed_s": elapsed}
+        trained = ~tasks.reused & ~np.isnan(tasks.duration) & ~np.isnan(tasks.started)
+        started, ended = tasks.started[trained], (tasks.started + tasks.duration)[trained]
+        rate = eta = None
+        if ended.size >= max(MIN_TASKS_FOR_ETA, run["workers"] or 1):
+            last = float(ended.max())
+            window = max(RATE_WINDOW_S, 3 * float(np.median(tasks.duration[trained])))
+            since = max(float(started.min()), last - window)
+            span = last - since
+            if span > 0:
+                rate = int((ended > since).sum()) / span
+                eta = max(run["tasks"] - run["done"], 0) / rate
         return {"rate": rate, "eta_s": eta, "elapsed_s": elapsed}
 
     def run_row(self, run_id: int) -> dict[str, Any]:

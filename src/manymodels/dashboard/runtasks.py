@@ -58,6 +58,7 @@ class Snapshot:
     status: np.ndarray           #: per task: a code into ``statuses``
     statuses: tuple              #: the status names (``None`` for a missing one)
     duration: np.ndarray         #: per task: seconds, NaN where none
+    started: np.ndarray          #: per task: when it started (epoch seconds), NaN where none
     reused: np.ndarray           #: per task: whether it names another run's model
 
     def __len__(self) -> int:
@@ -114,6 +115,7 @@ class RunTasks:
         self._statuses: list[str | None] = []
         self._status: list[np.ndarray] = []  # per row, codes into _statuses
         self._duration: list[np.ndarray] = []
+        self._started: list[np.ndarray] = []
         self._reused: list[np.ndarray] = []
         self._snapshot: Snapshot | None = None
 
@@ -187,6 +189,8 @@ class RunTasks:
         self._status.append(codes[pc.fill_null(encoded.indices, missing).to_numpy()])
         self._duration.append(pc.fill_null(part.column("duration_s"), np.nan)
                               .to_numpy().astype(np.float64, copy=False))
+        self._started.append(pc.fill_null(part.column("started_at"), np.nan)
+                             .to_numpy().astype(np.float64, copy=False))
         self._reused.append(pc.is_valid(part.column("reused_from")).to_numpy())
         self._snapshot = None
 
@@ -210,4 +214,5 @@ class RunTasks:
                         status=per_task(self._status, np.int16),
                         statuses=tuple(self._statuses),
                         duration=per_task(self._duration, np.float64),
+                        started=per_task(self._started, np.float64),
                         reused=per_task(self._reused, bool))

@@ -280,6 +280,11 @@ class _Handler(BaseHTTPRequestHandler):
         search = (query.get("q") or [""])[0][:200]
         if parts == ["api", "runs"]:
             return self._json({"runs": queries.runs()})
+        if parts == ["api", "page"]:  # what the page polls: runs and one run, together
+            chosen = (query.get("run") or [""])[0]
+            if chosen and not chosen.isdigit():
+                raise KeyError(f"run must be a run id, got {chosen[:20]!r}")
+            return self._json(queries.page(int(chosen) if chosen else None, search))
         if len(parts) in (3, 4) and parts[:2] == ["api", "run"] and parts[2].isdigit():
             run_id = int(parts[2])
             if len(parts) == 3:

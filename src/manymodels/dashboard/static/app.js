@@ -12,10 +12,12 @@ let search = "";
 let polls = 0;
 const opened = new Set(); // failures whose traceback is unfolded, by key
 
-function api(path) {
-  const params = new URLSearchParams();
+// The token of the address, where it has one: the server keeps it in a cookie
+// too, so the page works without it once loaded (a reload, a bookmark).
+function api(path, extra) {
+  const params = new URLSearchParams(extra || {});
   if (token) params.set("token", token);
-  if (search && path.startsWith("/api/run/")) params.set("q", search);
+  if (search) params.set("q", search);
   const query = params.toString();
   return fetch(path + (query ? "?" + query : ""), {cache: "no-store"}).then(r => {
     if (!r.ok) return r.json().then(body => { throw new Error(body.error || r.statusText); });
@@ -226,11 +228,13 @@ async function poll() {
   if (busy) { timer = setTimeout(poll, 200); return; }
   busy = true;
   try {
-    const runs = (await api("/api/runs")).runs;
+    // one answer for the runs and the run shown: their counts are read at once
     const fromHash = /run=(\d+)/.exec(location.hash);
-    if (selected === null) selected = fromHash ? Number(fromHash[1]) : (runs.length ? runs[0].run_id : null);
-    renderRuns(runs);
-    if (selected !== null) renderRun(await api("/api/run/" + selected));
+    if (selected === null && fromHash) selected = Number(fromHash[1]);
+    const page = await api("/api/page", selected === null ? {} : {run: selected});
+    if (selected === null && page.run) selected = page.run.summary.run_id;
+    renderRuns(page.runs);
+    if (page.run) renderRun(page.run);
     polls += 1;
     document.body.dataset.polls = polls;
     if (polls === 1) document.body.dataset.firstRenderMs = Math.round(performance.now());
