@@ -53,16 +53,22 @@ def demo(
 
 
 def _open_store(path: str):
+    """The store at ``path``, or a refusal naming STORE: a missing directory, or
+    an index that is not a manymodels store's (random bytes, text, another
+    program's SQLite file) is told in one line, not a traceback."""
     from pathlib import Path
 
-    from .store import Store
+    from .store import Store, StoreError
 
     if not Path(path).is_dir():
         raise typer.BadParameter(f"store {path!r} does not exist", param_hint="STORE")
     if not (Path(path) / "index.sqlite").is_file():  # nothing made where only reading
         raise typer.BadParameter(f"{path!r} is not a manymodels store (it has no "
                                  "index.sqlite)", param_hint="STORE")
-    return Store(path)
+    try:
+        return Store(path)
+    except StoreError as exc:
+        _fail(str(exc), "STORE")
 
 
 def _check_out(out: str) -> None:
