@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import manymodels as mm
 from manymodels.cli import app
 
 
@@ -70,3 +71,97 @@ def test_a_garbage_store_index_prints_no_traceback_from_the_installed_command(tm
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "not a manymodels store index" in _said(done.stderr)
+
+
+# -- 13: a key typed otherwise is found in time linear in its columns ----------------------
+
+
+def _first_reading_tried_in_turn(by_text: dict, parts: tuple):
+    """The lookup as it was: the key, then each reading in turn (exponential)."""
+    from manymodels.keys import encode_key, typed_otherwise
+
+    found = by_text.get(encode_key(parts))
+    for variant in typed_otherwise(parts) if found is None else ():
+        found = by_text.get(encode_key(variant))
+        if found is not None:
+            break
+    return found
+
+
+def test_typed_keys_find_what_trying_each_reading_in_turn_finds():
+    """Stored keys whose columns are typed every way (1, 1.0, "1", True, 2**60,
+    text, missing), several of them readings of one another: the index gives
+    the same model as trying the readings in their order, for every query."""
+    from manymodels.keys import TypedKeys, encode_key, find_typed
+
+    values = [0, 1, 1.0, "1", True, False, "0", 7, "07", -3, "-3", 2**60, str(2**60),
+              2.5, "a", None]
+    rng = np.random.default_rng(1)
+    stored = {encode_key(tuple(values[i] for i in rng.integers(0, len(values), 3))): n
+              for n in range(400)}
+    typed = TypedKeys(stored)
+    queries = [tuple(values[i] for i in rng.integers(0, len(values), 3)) for _ in range(600)]
+    queries += [(np.int64(1), np.float64(7.0), "-3"), (1, 1, 1), (True, "1", 1.0)]
+    found_otherwise = 0
+    for parts in queries:
+        expected = _first_reading_tried_in_turn(stored, parts)
+        assert typed.find(parts) == expected, parts
+        assert find_typed(stored, parts) == expected, parts
+        found_otherwise += expected is not None and encode_key(parts) not in stored
+    assert found_otherwise > 20  # the readings were exercised, not only exact keys
+
+
+def test_store_predict_routes_keys_typed_otherwise_in_several_columns(tmp_path):
+    """Trained on integer keys in 6 columns, asked with them as floats, text
+    and numbers mixed per column: each row reaches its own model; groups never
+    trained go to the fallback model."""
+    from sklearn.linear_model import LinearRegression
+
+    columns = [f"k{i}" for i in range(6)]
+    rng = np.random.default_rng(2)
+    keys = pd.DataFrame(rng.integers(0, 4, (12, 6)), columns=columns).drop_duplicates()
+    frame = keys.loc[keys.index.repeat(3)].reset_index(drop=True)
+    frame["x"] = np.tile([0.0, 1.0, 2.0], len(keys))
+    slope = np.repeat(np.arange(1.0, len(keys) + 1), 3)
+    frame["y"] = frame["x"] * slope
+
+    def fit(df):
+        return LinearRegression().fit(df[["x"]], df["y"])
+
+    store = tmp_path / "s"
+    run = mm.train(fit, mm.groups(frame, by=columns), store=store, backend="serial",
+                   progress=False)
+    opened = mm.Store(store)
+    global_model = LinearRegression().fit(frame[["x"]], frame["x"] * 0 - 100.0)
+    opened.attach(run.run_id, "fallback", global_model)
+    asked = frame.astype({"k0": float, "k2": float}).astype({"k1": str, "k4": str})
+    unseen = pd.DataFrame({c: [9] for c in columns}).astype(asked[columns].dtypes.to_dict())
+    unseen["x"] = 1.0
+    predicted = opened.predict(pd.concat([asked, unseen], ignore_index=True), by=columns,
+                               features=["x"], with_source=True)
+    assert predicted["source"].tolist() == ["group"] * len(frame) + ["fallback"]
+    np.testing.assert_allclose(predicted["prediction"][:len(frame)], frame["y"], atol=1e-9)
+    assert predicted["prediction"].iloc[-1] == pytest.approx(-100.0)
+
+
+def test_a_key_without_a_model_is_not_looked_up_once_per_reading():
+    """8 integer columns have 4**8 readings of a key: each was looked up in
+    turn (20 unseen groups of 9 columns took 2.5 s); now the stored keys are
+    indexed once, and an unseen key costs one look-up whatever its columns."""
+    from manymodels.keys import encode_key, find_typed
+
+    class Counting(dict):
+        lookups = 0
+
+        def get(self, key, default=None):
+            Counting.lookups += 1
+            return super().get(key, default)
+
+        def __getitem__(self, key):
+            Counting.lookups += 1
+            return super().__getitem__(key)
+
+    stored = Counting({encode_key(tuple(range(n, n + 8))): n for n in range(50)})
+    assert find_typed(stored, tuple(range(100, 108))) is None  # unseen
+    assert find_typed(stored, tuple(float(v) for v in range(3, 11))) == 3  # typed otherwise
+    assert Counting.lookups <= 4

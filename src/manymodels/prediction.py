@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .execution import metrics_dict
-from .keys import encode_key, find_typed
+from .keys import TypedKeys, encode_key
 
 #: Fewer groups than this predict in the driver (serial backend): starting
 #: workers would cost more than they save.
@@ -131,10 +131,12 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
 def _group_digests(keys: Any, artifacts: dict[str, str]) -> dict[str, str]:
     """The model of each group of ``keys`` (the plan's) that has one, by its
     encoded key: the stored key equal to it, or else one that differs only
-    in how a reader typed a whole number (:func:`~manymodels.keys.find_typed`)."""
+    in how a reader typed a whole number (:class:`~manymodels.keys.TypedKeys`:
+    linear in the key columns, where trying each typing was exponential)."""
     found: dict[str, str] = {}
+    typed = TypedKeys(artifacts)
     for parts in keys:
-        digest = find_typed(artifacts, parts)
+        digest = typed.find(parts)
         if digest is not None:
             found[encode_key(parts)] = digest
     return found

@@ -36,7 +36,7 @@ from sklearn.utils.validation import (
     has_fit_parameter,
 )
 
-from ..keys import encode_key, find_typed, key_parts
+from ..keys import TypedKeys, encode_key, find_typed, key_parts
 from ..routing import group_positions, route_rows
 from ..tables import plain_scalar
 from ._inputs import by_list, feature_input, split_X
@@ -375,6 +375,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         X_feat = feature_input(features, self._as_frame)
         by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
         by_code.update((encode_key(k), m) for k, m in self.parent_models_.items())
+        by_code = TypedKeys(by_code)  # indexed once: each lookup linear in the columns
         shrinking = (self.shrinkage_function_ is not None
                      and method in ("predict", "predict_proba"))
         classes = self.classes_ if is_classifier(self.estimator) else None
