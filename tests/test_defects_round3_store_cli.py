@@ -165,3 +165,67 @@ def test_a_key_without_a_model_is_not_looked_up_once_per_reading():
     assert find_typed(stored, tuple(range(100, 108))) is None  # unseen
     assert find_typed(stored, tuple(float(v) for v in range(3, 11))) == 3  # typed otherwise
     assert Counting.lookups <= 4
+
+
+# -- 14: a tampered model stops Store.predict with StoreIntegrityError ---------------------
+
+
+def _fit_line(df):
+    from sklearn.linear_model import LinearRegression
+
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def _store_with_one_model_flipped(tmp_path):
+    """A store of groups a, b, c of which one packed model has one byte flipped,
+    and that model's key (found by loading each)."""
+    frame = pd.DataFrame({"g": np.repeat(["a", "b", "c"], 3), "x": [0.0, 1, 2] * 3})
+    frame["y"] = frame["x"] * np.repeat([1.0, 2, 3], 3)
+    store = tmp_path / "s"
+    mm.train(_fit_line, mm.groups(frame, by="g"), store=store, backend="serial",
+             progress=False)
+    with sqlite3.connect(store / "index.sqlite") as conn:
+        pack, blob = conn.execute("SELECT pack_id, blob FROM packs ORDER BY pack_id "
+                                  "LIMIT 1").fetchone()
+        blob = bytearray(blob)
+        blob[10] ^= 0xFF
+        conn.execute("UPDATE packs SET blob = ? WHERE pack_id = ?", (bytes(blob), pack))
+    conn.close()
+    tampered = []
+    for key in "abc":
+        try:
+            mm.Store(store).load(key)
+        except mm.StoreIntegrityError:
+            tampered.append(key)
+    assert len(tampered) == 1
+    return store, frame, tampered[0]
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_predict_with_a_tampered_model_raises_store_integrity_error_naming_the_key(
+        tmp_path, backend):
+    """It raised RuntimeError holding the integrity error's traceback as text
+    (the error crossed the worker boundary as text)."""
+    store, frame, key = _store_with_one_model_flipped(tmp_path)
+    with pytest.raises(mm.StoreIntegrityError) as caught:
+        mm.Store(store).predict(frame, by="g", features=["x"], backend=backend, workers=2)
+    said = str(caught.value)
+    assert said.startswith(f"predicting group '{key}': ")
+    assert f"key '{key}'" in said and "SHA-256" in said and "Traceback" not in said
+    others = frame[frame["g"] != key]
+    untouched = mm.Store(store).predict(others, by="g", features=["x"])
+    np.testing.assert_allclose(untouched, others["y"], atol=1e-9)
+
+
+def test_cli_predict_with_a_tampered_model_says_so_in_one_line(tmp_path):
+    store, frame, key = _store_with_one_model_flipped(tmp_path)
+    data = tmp_path / "rows.csv"
+    frame.to_csv(data, index=False)
+    result = CliRunner().invoke(app, ["predict", str(store), str(data), "--by", "g", "-o",
+                                      str(tmp_path / "out.csv")], env={"COLUMNS": "80"})
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    said = _said(result.output)
+    assert f"Error: predicting group '{key}':" in said and "SHA-256" in said, said
+    assert not (tmp_path / "out.csv").exists()

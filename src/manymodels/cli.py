@@ -309,6 +309,7 @@ def predict(
     from pathlib import Path
 
     from .backends import backend_class
+    from .store import StoreIntegrityError
     from .tables import exact_pandas, read_table
 
     _check_out(out)
@@ -331,6 +332,9 @@ def predict(
                                    progress=True)
     except (ValueError, TypeError) as exc:
         _fail(str(exc), "DATA")
+    except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     frame["prediction"] = predicted["prediction"].to_numpy()
     frame["source"] = predicted["source"].to_numpy()
     target = Path(out)

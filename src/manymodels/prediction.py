@@ -22,7 +22,12 @@ import numpy as np
 
 from .execution import metrics_dict
 from .keys import TypedKeys, encode_key
+from .store.database import StoreIntegrityError
 
+#: A group's ``source`` when its stored model failed its SHA-256 check: the
+#: driver raises :class:`~manymodels.StoreIntegrityError` (a task's exception
+#: reaches the driver as text, and a tampered model is no ordinary failure).
+CORRUPT = "corrupt"
 #: Fewer groups than this predict in the driver (serial backend): starting
 #: workers would cost more than they save.
 SERIAL_BELOW = 500
@@ -68,7 +73,12 @@ class GroupPredictor:
             digest, origin = self.fallback, "fallback"
         else:
             return {"source": "none"}
-        model = self._model(resource, digest, f"key {key[0] if len(key) == 1 else key!r}")
+        named = f"key {key[0] if len(key) == 1 else key!r}"
+        try:
+            model = self._model(resource, digest, named if origin == "group"
+                                else f"the fallback model (asked for {named})")
+        except StoreIntegrityError as exc:  # told by its type in the driver, not as text
+            return {"source": CORRUPT, "error": str(exc)}
         n = len(rows[self.by[0]]) if numpy else len(rows)
         if self.fn is not None:
             values = self.fn(model, rows)
@@ -171,6 +181,14 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
                 setup=functools.partial(_open_store, str(store.path)), backend=backend,
                 workers=workers, progress=progress)
     records = run._records
+    corrupt = [i for i, status in enumerate(records.status) if status == "ok" and metrics_dict(
+        records.metrics[i], i)["source"] == CORRUPT]
+    if corrupt:
+        first = corrupt[0]
+        key = layout.keys[first][0] if len(by) == 1 else layout.keys[first]
+        others = f" (and {len(corrupt) - 1} other group(s))" if len(corrupt) > 1 else ""
+        raise StoreIntegrityError(f"predicting group {key!r}{others}: "
+                                  + metrics_dict(records.metrics[first], first)["error"])
     failed = [i for i, status in enumerate(records.status) if status != "ok"]
     if failed:
         first = failed[0]
