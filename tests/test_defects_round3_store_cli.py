@@ -229,3 +229,76 @@ def test_cli_predict_with_a_tampered_model_says_so_in_one_line(tmp_path):
     said = _said(result.output)
     assert f"Error: predicting group '{key}':" in said and "SHA-256" in said, said
     assert not (tmp_path / "out.csv").exists()
+
+
+# -- 16: the summary says why workers were spawned, and CUDA only with a GPU ---------------
+
+SPAWN_SCRIPT = """
+import sys
+{imports}
+import manymodels as mm
+
+def fit(item):
+    return item
+
+run = mm.train(fit, mm.items(range(4)), backend="processes", workers=2, progress=False)
+print(run.summary())
+"""
+
+
+def _summary_after(imports: str) -> str:
+    done = subprocess.run([sys.executable, "-c", SPAWN_SCRIPT.format(imports=imports)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_summary_says_an_imported_polars_made_the_workers_spawn():
+    """Importing polars (statsmodels does, through formulaic) made every run
+    spawn its workers, silently, and the summary blamed a CUDA context on a
+    machine without a GPU."""
+    summary = _summary_after("import polars")
+    assert "spawned, not forked: polars is imported (it is not fork-safe)" in summary, summary
+    assert "to start a worker, in parallel (interpreter, imports); not task time" in summary
+    assert "CUDA" not in summary
+
+
+def test_the_summary_of_forked_workers_gives_no_spawn_reason():
+    summary = _summary_after("")
+    assert "spawned" not in summary and "CUDA" not in summary, summary
+
+
+def test_a_summary_mentions_a_cuda_context_only_for_workers_given_gpus():
+    from manymodels.results import Summary
+
+    def text(**given):
+        return str(Summary(tasks=1, ok=1, failed=0, statuses={}, wall_s=3.0, task_time_s=1.0,
+                           workers=2, backend="processes", utilization=0.2,
+                           worker_start_s=1.5, **given))
+
+    assert "(interpreter, imports, CUDA context)" in text(
+        gpus=True, spawn_reason="tasks are given GPUs (CUDA does not survive a fork)")
+    assert "CUDA" not in text(spawn_reason="memory_limit is set")
+    assert "spawned, not forked: memory_limit is set" in text(spawn_reason="memory_limit is set")
+
+
+def test_an_asked_for_spawn_says_so():
+    run = mm.train(_fit_line, mm.groups(pd.DataFrame({"g": ["a"] * 3, "x": [0.0, 1, 2],
+                                                      "y": [0.0, 1, 2]}), by="g"),
+                   backend="processes", workers=1, start_method="spawn", progress=False)
+    assert run.spawn_reason == "start_method='spawn' was asked for"
+    assert "spawned, not forked: start_method='spawn' was asked for" in str(run.summary())
+
+
+def _gpu_ids(item):
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_workers_given_gpus_are_spawned_for_them_and_the_summary_says_so(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = mm.train(_gpu_ids, mm.items(range(4)), gpus=[0, 1], gpus_per_task=1, workers=2,
+                   progress=False)
+    assert run.spawn_reason == "tasks are given GPUs (CUDA does not survive a fork)"
+    summary = run.summary()
+    assert summary.gpus and "spawned, not forked: tasks are given GPUs" in str(summary)
+    assert "(interpreter, imports, CUDA context)" in str(summary)

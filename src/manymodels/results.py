@@ -120,6 +120,11 @@ class Summary:
     #: start in parallel: interpreter, imports, loading the run, a CUDA
     #: context), before its first task: inside ``wall_s``, not ``task_time_s``.
     worker_start_s: float = 0.0
+    #: Why the workers were spawned, not forked (a module imported that is
+    #: not fork-safe, a memory limit...): see ``start_method`` of ``train``.
+    spawn_reason: str | None = None
+    #: Tasks were given GPUs: a worker's start includes a CUDA context.
+    gpus: bool = False
 
     @property
     def utilization_after_start(self) -> float:
@@ -140,8 +145,12 @@ class Summary:
             f"utilization {self.utilization:.2f} (task time / (wall x workers))",
         ]
         if self.worker_start_s >= 0.1:  # a fork takes milliseconds: not worth a line
-            lines.insert(2, f"start       {self.worker_start_s:.2f} s to start a worker, in "
-                            "parallel (interpreter, imports, CUDA context); not task time")
+            cuda = ", CUDA context" if self.gpus else ""  # none is made without a GPU
+            start = [f"start       {self.worker_start_s:.2f} s to start a worker, in "
+                     f"parallel (interpreter, imports{cuda}); not task time"]
+            if self.spawn_reason:  # a spawn costs about a second: say what caused it
+                start.append(f"            spawned, not forked: {self.spawn_reason}")
+            lines[2:2] = start
             lines[-1] += f"; {self.utilization_after_start:.2f} once started"
         return "\n".join(lines)
 
@@ -163,6 +172,7 @@ class Run:
         batches: int = 0,
         worker_gpus: dict[int, str] | None = None,
         worker_start_s: float = 0.0,
+        spawn_reason: str | None = None,
     ) -> None:
         self._plan = plan
         self._records = records
@@ -176,6 +186,7 @@ class Run:
         #: worker id -> the GPU ids it ran on (processes and serial backends)
         self.worker_gpus = worker_gpus or {}
         self.worker_start_s = worker_start_s
+        self.spawn_reason = spawn_reason
         self._selection: Any = None  # (Selection, group columns) with select=
 
     @cached_property
@@ -339,6 +350,8 @@ class Run:
             reused=_not_none(rec.reused_from),
             batches=self.batches,
             worker_start_s=self.worker_start_s,
+            spawn_reason=self.spawn_reason,
+            gpus=bool(self.worker_gpus),
         )
 
     def __repr__(self) -> str:

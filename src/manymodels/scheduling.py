@@ -221,7 +221,8 @@ class Scheduler:
                    store=recorder.store if recorder else None,
                    run_id=recorder.run_id if recorder else None, batches=self._batches,
                    worker_gpus=self.backend.worker_gpus(),
-                   worker_start_s=self.backend.worker_start_s)
+                   worker_start_s=self.backend.worker_start_s,
+                   spawn_reason=self.backend.spawn_reason)
 
     # -- the loop --------------------------------------------------------------
 

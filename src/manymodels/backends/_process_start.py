@@ -72,28 +72,51 @@ class WorkerStarter:
     def _choose_start_method(self) -> str:
         """``fork`` starts a worker in milliseconds and shares the driver's memory;
         ``spawn`` starts a fresh interpreter, which is slower but safe whatever
-        the driver holds. ``auto`` forks where forking is known to be safe: on
+        the driver holds. ``auto`` forks where forking is known to be safe
+        (:meth:`_spawn_reasons` finds none). Sets ``spawn_reason`` (see
+        :class:`~.base.Backend`): a spawn costs about a second a run, which the
+        run's summary explains."""
+        method = self.options.start_method
+        if method == "auto":
+            reasons = self._spawn_reasons()
+            method = "spawn" if reasons else "fork"
+        else:
+            reasons = [f"start_method={method!r} was asked for"] if method == "spawn" else []
+        self.spawn_reason = "; ".join(reasons) or None
+        return method
+
+    def _spawn_reasons(self) -> list[str]:
+        """Why forking is not known to be safe here, each in words; none on
         Linux, with one BLAS/OpenMP thread per task (an OpenMP pool does not
         survive a fork, a single thread needs none), no GPU (CUDA does not), no
         memory limit (a forked worker's share of the driver's pages is left out
         of its memory, but the pages the driver then copies become the worker's
-        alone and would count), none of the libraries whose own thread pools or devices do not
-        survive a fork imported (:data:`FORK_UNSAFE_MODULES`), no Ray
-        initialised in the driver and every GNU OpenMP runtime loaded able to
-        end the driver's pool before a fork (:func:`gomp_pool_releasers`). The
-        worker only runs ``fit``; CPython re-initialises its own locks (import,
-        logging) in a forked child."""
-        if self.options.start_method != "auto":
-            return self.options.start_method
-        unsafe = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+        alone and would count), none of the libraries whose own thread pools or
+        devices do not survive a fork imported (:data:`FORK_UNSAFE_MODULES`), no
+        Ray initialised in the driver and every GNU OpenMP runtime loaded able
+        to end the driver's pool before a fork (:func:`gomp_pool_releasers`).
+        The worker only runs ``fit``; CPython re-initialises its own locks
+        (import, logging) in a forked child."""
+        reasons = []
+        if not sys.platform.startswith("linux"):
+            reasons.append(f"workers are forked on Linux only, this is {sys.platform}")
+        if self.cpus_per_task != 1:
+            reasons.append(f"cpus_per_task={self.cpus_per_task} (an OpenMP thread pool does "
+                           "not survive a fork)")
+        if self.gpu_sets:
+            reasons.append("tasks are given GPUs (CUDA does not survive a fork)")
+        if self.memory_limit is not None:
+            reasons.append("memory_limit is set (a forked worker's memory is not its own "
+                           "alone)")
+        reasons += [f"{name} is imported (it is not fork-safe)"
+                    for name in FORK_UNSAFE_MODULES if name in sys.modules]
         ray = sys.modules.get("ray")
         if ray is not None and getattr(ray, "is_initialized", lambda: False)():
-            unsafe.append("ray")
-        if (sys.platform.startswith("linux") and self.cpus_per_task == 1 and not self.gpu_sets
-                and self.memory_limit is None and not unsafe
-                and gomp_pool_releasers(self._threadpools()) is not None):
-            return "fork"
-        return "spawn"
+            reasons.append("Ray is initialised here (its threads do not survive a fork)")
+        if not reasons and gomp_pool_releasers(self._threadpools()) is None:
+            reasons.append("a GNU OpenMP runtime older than GCC 10 is loaded (its thread "
+                           "pool cannot be ended before a fork)")
+        return reasons
 
     def _threadpools(self) -> Any:
         """threadpoolctl's controller of the BLAS/OpenMP libraries loaded, found once a run."""

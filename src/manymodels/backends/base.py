@@ -170,6 +170,10 @@ class Backend(ABC):
     #: parallel: interpreter, imports, loading the run, a CUDA context), where
     #: the backend measures it (processes).
     worker_start_s: float = 0.0
+    #: Why the workers were spawned rather than forked, in words ("polars is
+    #: imported (it is not fork-safe)"), where the backend chooses (processes);
+    #: the run's summary gives it beside ``worker_start_s``.
+    spawn_reason: str | None = None
     #: A queued batch goes to whichever worker frees up first, not to one
     #: worker: a long batch never waits behind another while a worker idles.
     shares_one_queue: ClassVar[bool] = False
