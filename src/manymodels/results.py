@@ -144,7 +144,7 @@ class Summary:
             f"task time   {self.task_time_s:.2f} s (sum of fit times)",
             f"utilization {self.utilization:.2f} (task time / (wall x workers))",
         ]
-        if self.worker_start_s >= 0.1:  # a fork takes milliseconds: not worth a line
+        if self.worker_start_s >= 0.1 or self.spawn_reason:  # a fork takes milliseconds
             cuda = ", CUDA context" if self.gpus else ""  # none is made without a GPU
             start = [f"start       {self.worker_start_s:.2f} s to start a worker, in "
                      f"parallel (interpreter, imports{cuda}); not task time"]
