@@ -27,10 +27,10 @@ import pyarrow as pa
 
 import _common as c  # the bench directory is on sys.path: this script's own
 import manymodels as mm
-from manymodels.dashboard import DashboardServer
-from manymodels.dashboard.queries import SECTIONS, Queries
-from manymodels.hashing import TaskIdentities
-from manymodels.keys import encode_keys
+from manymodels.identity.hashing import TaskIdentities
+from manymodels.inputs.keys import encode_keys
+from manymodels.observe.dashboard import DashboardServer
+from manymodels.observe.dashboard.queries import SECTIONS, Queries
 from manymodels.store.writer import StoreWriter
 
 

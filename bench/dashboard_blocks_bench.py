@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 import _common as c  # the bench directory is on sys.path: this script's own
-from manymodels.dashboard.queries import SECTIONS, Queries
+from manymodels.observe.dashboard.queries import SECTIONS, Queries
 from manymodels.store import database, taskblocks
 
 

@@ -157,7 +157,7 @@ def time_cli(groups: int, workers: int) -> dict[str, Any]:
     """``train_table`` with LinearRegression: the batched path, then the generic."""
     import tempfile
 
-    from manymodels.tabular import train_table
+    from manymodels.cli.tabular import train_table
 
     table = make_table(groups).drop_columns(["label"])
     out: dict[str, Any] = {"groups": groups}

@@ -125,7 +125,7 @@ def disk_usage(path: Path) -> tuple[int, int, int]:
 def pickled_size(model: Any) -> int:
     """Bytes of one model as the store pickles it (manymodels' own pickler)."""
     try:
-        from manymodels.execution import pickle_any
+        from manymodels.engine.execution import pickle_any
 
         return len(pickle_any(model))
     except Exception:

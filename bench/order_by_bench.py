@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 import manymodels as mm
-from manymodels.planning import group_layout
+from manymodels.planning.plan import group_layout
 
 
 def layout_seconds(frame: pd.DataFrame, **options) -> float:

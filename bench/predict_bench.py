@@ -52,8 +52,8 @@ def make_rows(groups: int, rows: int, seed: int) -> pd.DataFrame:
 def old_predict(store: mm.Store, frame: pd.DataFrame, by: str) -> pd.Series:
     """``Store.predict`` as it was at a2f87ac: serial, in the driver (the
     fallback and warning branches left out: every group has a model here)."""
-    from manymodels.keys import encode_key, key_parts
-    from manymodels.routing import group_positions, route_rows
+    from manymodels.inputs.keys import encode_key, key_parts
+    from manymodels.sklearn._routing import group_positions, route_rows
     from manymodels.store.registry import StoredModel
 
     by_columns = [by]

@@ -59,10 +59,10 @@ def _warm_ray_workers() -> None:
 
 def with_manymodels(path: Path, backend: str) -> Any:
     import manymodels as mm
-    from manymodels.backends import BACKENDS
+    from manymodels.engine.backends import BACKENDS
 
     if backend == "ray" and "ray" not in BACKENDS:  # before the registry has it
-        from manymodels.backends.ray import RayBackend
+        from manymodels.engine.backends.ray import RayBackend
 
         BACKENDS["ray"] = RayBackend
     if backend == "ray":

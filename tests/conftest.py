@@ -75,8 +75,8 @@ def fit_linear(df, alpha=0.0, **_ignored):
 
 def count_parts_as_columns(monkeypatch) -> list[int]:
     """The sizes of the parts the scheduler records as columns
-    (:class:`manymodels.messages.OkOutcomes`) from now on in this test."""
-    from manymodels.scheduling import Scheduler
+    (:class:`manymodels.engine.messages.OkOutcomes`) from now on in this test."""
+    from manymodels.engine.scheduling import Scheduler
 
     sizes: list[int] = []
     record_ok = Scheduler._record_ok

@@ -1,4 +1,4 @@
-"""The backend contract (manymodels.backends.base), checked on every backend.
+"""The backend contract (manymodels.engine.backends.base), checked on every backend.
 
 A new backend registered with ``mm.register_backend`` must pass this file:
 add its name to ``CONTRACT_BACKENDS``. The scheduler is left out on purpose:
@@ -15,11 +15,11 @@ from collections import deque
 import pytest
 
 import manymodels as mm
-from manymodels.backends import BACKENDS, Backend, backend_class
-from manymodels.execution import Executor, RunContext
-from manymodels.messages import Finished, Lost, Requeued, Status
-from manymodels.options import BackendOptions
-from manymodels.taskdata import Items
+from manymodels.engine.backends import BACKENDS, Backend, backend_class
+from manymodels.engine.execution import Executor, RunContext
+from manymodels.engine.messages import Finished, Lost, Requeued, Status
+from manymodels.engine.options import BackendOptions
+from manymodels.planning.taskdata import Items
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -172,8 +172,8 @@ def test_a_backends_worker_side_does_not_import_the_whole_package():
     import subprocess
     import sys
 
-    code = ("import sys, manymodels.backends._ray_worker, manymodels._version, "
-            "manymodels.backends._remote_worker; "
+    code = ("import sys, manymodels.engine.backends._ray_worker, manymodels._version, "
+            "manymodels.engine.backends._remote_worker; "
             "print(sorted(m for m in ('pandas', 'manymodels.store', 'manymodels.api', "
             "'manymodels.transforms') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -186,7 +186,7 @@ def test_the_engines_load_only_when_asked_for():
     import subprocess
     import sys
 
-    code = ("import sys, manymodels as mm, manymodels.backends as b; mm.SparkBackend; "
+    code = ("import sys, manymodels as mm, manymodels.engine.backends as b; mm.SparkBackend; "
             "mm.DaskBackend; b.backend_class('spark'); b.backend_class('dask'); "
             "print(sorted(m for m in ('pyspark', 'distributed', 'dask') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

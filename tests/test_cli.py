@@ -280,7 +280,7 @@ def test_runs_and_show_write_csv_and_json(trained_store, command):
 def test_train_refuses_bad_arguments_before_any_work(tmp_path, sales_files, args, named):
     from typer.testing import CliRunner
 
-    from manymodels.cli import app
+    from manymodels.cli.app import app
 
     _, _, parquet = sales_files
     store = tmp_path / "s"
@@ -296,7 +296,7 @@ def test_train_refuses_bad_arguments_before_any_work(tmp_path, sales_files, args
 def test_train_refuses_a_text_target_for_a_regressor(tmp_path, sales_files):
     from typer.testing import CliRunner
 
-    from manymodels.cli import app
+    from manymodels.cli.app import app
 
     _, _, parquet = sales_files
     for target, by, named in [("item", "store", "'item'"), ("store", "store", "--by")]:
@@ -314,7 +314,7 @@ def test_output_places_and_options_are_checked_before_any_work(tmp_path, sales_f
     a store without runs says so."""
     from typer.testing import CliRunner
 
-    from manymodels.cli import app
+    from manymodels.cli.app import app
 
     table, csv, _ = sales_files
     store = tmp_path / "store"

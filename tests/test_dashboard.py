@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import manymodels as mm
-from manymodels.dashboard import DashboardServer
+from manymodels.observe.dashboard import DashboardServer
 
 SCRIPT_KEY = "<script>document.title='pwned'</script>"
 
@@ -235,8 +235,8 @@ def _million_store(path: Path, tasks: int) -> None:
     store's own writer (no fit is called: the test is about reading)."""
     import pyarrow as pa
 
-    from manymodels.hashing import TaskIdentities
-    from manymodels.keys import encode_keys
+    from manymodels.identity.hashing import TaskIdentities
+    from manymodels.inputs.keys import encode_keys
     from manymodels.store.writer import StoreWriter
 
     store = mm.Store(path)

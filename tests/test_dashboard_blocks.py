@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from manymodels.dashboard import queries as dashboard
-from manymodels.dashboard.queries import SECTIONS, Queries
+from manymodels.observe.dashboard import queries as dashboard
+from manymodels.observe.dashboard.queries import SECTIONS, Queries
 from manymodels.store import database, taskblocks
 
 STATUSES = np.array(["ok"] * 12 + ["failed", "timeout", "crashed", "cancelled"])

@@ -10,7 +10,7 @@ import pytest
 
 import manymodels as mm
 from conftest import BACKENDS, shm_files
-from manymodels import dataplane
+from manymodels.engine import dataplane
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import manymodels as mm
-from manymodels.dashboard import DashboardServer
-from manymodels.dashboard.queries import Queries
+from manymodels.observe.dashboard import DashboardServer
+from manymodels.observe.dashboard.queries import Queries
 from manymodels.store import database, taskblocks
 
 

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import manymodels as mm
-from manymodels.backends import _remote_slots
-from manymodels.backends._remote_slots import RemoteSlotsBackend, bind_address
-from manymodels.backends._remote_worker import serve
+from manymodels.engine.backends import _remote_slots
+from manymodels.engine.backends._remote_slots import RemoteSlotsBackend, bind_address
+from manymodels.engine.backends._remote_worker import serve
 
 # -- item 5: one silent connection must not stall the workers' handshakes --------
 

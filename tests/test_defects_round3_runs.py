@@ -70,7 +70,7 @@ def test_the_summary_names_its_workers_in_words(backend, workers, words):
 
 
 def test_a_summary_of_ray_workers_and_one_batch_reads_naturally():
-    from manymodels.results import Summary
+    from manymodels.run.results import Summary
 
     summary = Summary(tasks=1, ok=1, failed=0, statuses={}, wall_s=1.0, task_time_s=0.5,
                       workers=8, backend="ray", utilization=0.1, batches=3)

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 import manymodels as mm
-from manymodels.cli import app
+from manymodels.cli.app import app
 
 
 def _said(text: str) -> str:
@@ -78,7 +78,7 @@ def test_a_garbage_store_index_prints_no_traceback_from_the_installed_command(tm
 
 def _first_reading_tried_in_turn(by_text: dict, parts: tuple):
     """The lookup as it was: the key, then each reading in turn (exponential)."""
-    from manymodels.keys import encode_key, typed_otherwise
+    from manymodels.inputs.keys import encode_key, typed_otherwise
 
     found = by_text.get(encode_key(parts))
     for variant in typed_otherwise(parts) if found is None else ():
@@ -92,7 +92,7 @@ def test_typed_keys_find_what_trying_each_reading_in_turn_finds():
     """Stored keys whose columns are typed every way (1, 1.0, "1", True, 2**60,
     text, missing), several of them readings of one another: the index gives
     the same model as trying the readings in their order, for every query."""
-    from manymodels.keys import TypedKeys, encode_key, find_typed
+    from manymodels.inputs.keys import TypedKeys, encode_key, find_typed
 
     values = [0, 1, 1.0, "1", True, False, "0", 7, "07", -3, "-3", 2**60, str(2**60),
               2.5, "a", None]
@@ -148,7 +148,7 @@ def test_a_key_without_a_model_is_not_looked_up_once_per_reading():
     """8 integer columns have 4**8 readings of a key: each was looked up in
     turn (20 unseen groups of 9 columns took 2.5 s); now the stored keys are
     indexed once, and an unseen key costs one look-up whatever its columns."""
-    from manymodels.keys import encode_key, find_typed
+    from manymodels.inputs.keys import encode_key, find_typed
 
     class Counting(dict):
         lookups = 0
@@ -269,7 +269,7 @@ def test_the_summary_of_forked_workers_gives_no_spawn_reason():
 
 
 def test_a_summary_mentions_a_cuda_context_only_for_workers_given_gpus():
-    from manymodels.results import Summary
+    from manymodels.run.results import Summary
 
     def text(**given):
         return str(Summary(tasks=1, ok=1, failed=0, statuses={}, wall_s=3.0, task_time_s=1.0,

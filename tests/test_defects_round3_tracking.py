@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from manymodels.metrics import METRICS
+from manymodels.evaluation.metrics import METRICS
 
 
 class Constant:
@@ -74,7 +74,7 @@ def test_a_score_functions_metric_needs_its_direction_and_halving_too():
 
 @pytest.mark.parametrize("name", list(METRICS))
 def test_the_built_in_table_still_gives_every_known_direction(name):
-    from manymodels.metrics import direction
+    from manymodels.evaluation.metrics import direction
 
     higher = METRICS[name][1]
     assert direction(name, None, "") is higher

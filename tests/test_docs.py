@@ -146,7 +146,7 @@ def cli_options() -> dict[str, set[str]]:
     """command -> its arguments (upper case) and option spellings, from the app."""
     import typer.main
 
-    from manymodels.cli import app
+    from manymodels.cli.app import app
 
     def names(params) -> set[str]:
         found = set()

@@ -51,7 +51,7 @@ def _start_spark():
     spark.sparkContext.setLogLevel("ERROR")
 
     def close():
-        from manymodels.backends.spark import _shutdown_gateway
+        from manymodels.engine.backends.spark import _shutdown_gateway
 
         spark.stop()
         _shutdown_gateway()  # no JVM left for the rest of the suite

@@ -222,7 +222,7 @@ def test_store_predict_on_the_engine_aligns_rows_fallback_and_fn(tmp_path, backe
 
 
 def test_cli_train_uses_the_evaluation_machinery_and_test_size_zero_scores_the_fit(tmp_path):
-    from manymodels.tabular import train_table
+    from manymodels.cli.tabular import train_table
 
     frame = daily(groups=2, days=30).drop(columns="date")
     trained = train_table(frame, "sku", "sales", "sklearn.linear_model.Ridge",

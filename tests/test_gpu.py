@@ -18,7 +18,7 @@ import pytest
 
 import manymodels as mm
 from conftest import wait_for_workers
-from manymodels._resources import visible_gpus
+from manymodels.machine import visible_gpus
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvidia-smi") is None or importlib.util.find_spec("torch") is None,

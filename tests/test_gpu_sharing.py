@@ -22,8 +22,8 @@ import pytest
 
 import manymodels as mm
 from conftest import wait_for_workers
-from manymodels._resources import usable_cores
-from manymodels.gpus import check_gpus_per_task, gpu_failure, place_gpus
+from manymodels.engine.gpus import check_gpus_per_task, gpu_failure, place_gpus
+from manymodels.machine import usable_cores
 
 
 class OutOfMemoryError(RuntimeError):

@@ -139,13 +139,13 @@ def test_workers_never_exceed_tasks():
 def test_usable_cores_respects_affinity():
     import os
 
-    from manymodels._resources import usable_cores
+    from manymodels.machine import usable_cores
 
     assert 1 <= usable_cores() <= len(os.sched_getaffinity(0))
 
 
 def test_parse_bytes():
-    from manymodels._resources import parse_bytes
+    from manymodels.machine import parse_bytes
 
     assert parse_bytes("2GB") == 2_000_000_000
     assert parse_bytes("1.5 GiB") == int(1.5 * 2**30)
@@ -196,8 +196,8 @@ def test_a_batchs_groups_read_the_same_however_the_batch_was_prepared(format):
     way, and so does a task outside its batch's rows."""
     import numpy as np
 
-    from manymodels.datareaders import ArrowSlices
-    from manymodels.taskdata import SliceRefs
+    from manymodels.inputs.datareaders import ArrowSlices
+    from manymodels.planning.taskdata import SliceRefs
 
     table = pa.table({"g": np.repeat(np.arange(40), 3), "x": np.arange(120.0)})
     reader = ArrowSlices(table, format, None)

@@ -17,7 +17,7 @@ import pytest
 from sklearn.linear_model import LinearRegression, Ridge
 
 import manymodels as mm
-from manymodels.keys import decode_key, encode_key
+from manymodels.inputs.keys import decode_key, encode_key
 from manymodels.sklearn import GroupedEstimator
 
 KEY_COLUMNS = {
@@ -216,7 +216,7 @@ def test_grouped_estimator_takes_polars_and_arrow_tables(kind):
     ) for dtype in ("int8", "int64", "uint32")],
 ])
 def test_groups_of_an_int_key_in_order_equal_pandas_groups(keys, dtype):
-    from manymodels.planning import _sorted_int_group_lengths, group_layout
+    from manymodels.planning.plan import _sorted_int_group_lengths, group_layout
 
     frame = pd.DataFrame({"g": np.array(keys, dtype=dtype), "row": range(len(keys))})
     expected = frame.groupby("g", sort=True).ngroup().to_numpy()

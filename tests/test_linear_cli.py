@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from manymodels.linmodels.fastpath import fast_task
-from manymodels.tabular import GroupModelTask, train_table
+from manymodels.cli.tabular import GroupModelTask, train_table
+from manymodels.models.linear.fastpath import fast_task
 
 
 def table(seed: int = 0) -> pd.DataFrame:
@@ -65,9 +65,9 @@ def test_the_batched_path_gives_the_generic_paths_results(tmp_path, model, param
 
 
 def test_the_batched_results_live_outside_the_task_and_its_identity():
-    from manymodels.hashing import code_identity
-    from manymodels.linmodels.fastpath import PRECOMPUTED
-    from manymodels.tables import read_table
+    from manymodels.identity.hashing import code_identity
+    from manymodels.inputs.tables import read_table
+    from manymodels.models.linear.fastpath import PRECOMPUTED
 
     def make():
         return GroupModelTask("sklearn.linear_model.Ridge", "sales", ["price", "promo"],

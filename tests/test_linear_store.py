@@ -203,8 +203,8 @@ def test_a_bad_store_is_refused_before_any_work(tmp_path):
 
 
 def test_identities_do_not_depend_on_chunks_or_where_the_rows_sit(monkeypatch):
-    from manymodels.linmodels import identities
-    from manymodels.linmodels.prepare import check, prepare
+    from manymodels.models.linear import identities
+    from manymodels.models.linear.prepare import check, prepare
 
     def hashed(table):
         arrow, by, features = check(table, BY, FEATURES, "y", "ols", None, 0.0)
@@ -282,7 +282,7 @@ def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
 
 
 def test_a_run_that_fails_is_marked_and_the_saved_result_stays(tmp_path, monkeypatch):
-    from manymodels.linmodels import stored
+    from manymodels.models.linear import stored
 
     frame = sales(40)
     first = fit(frame, tmp_path)
@@ -306,7 +306,7 @@ def test_a_run_that_fails_is_marked_and_the_saved_result_stays(tmp_path, monkeyp
 def test_the_command_line_shows_explains_reports_and_predicts_a_linear_run(tmp_path):
     from typer.testing import CliRunner
 
-    from manymodels.cli import app
+    from manymodels.cli.app import app
 
     frame = sales(30)
     store = tmp_path / "store"

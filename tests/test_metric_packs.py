@@ -15,16 +15,16 @@ import pyarrow as pa
 import pytest
 
 import manymodels as mm
-from manymodels.execution import metrics_dict
-from manymodels.metriccolumns import (
+from manymodels.engine.execution import metrics_dict
+from manymodels.engine.metriccolumns import (
     float_texts,
     metric_columns,
     metrics_texts,
     pack_texts,
     text_columns,
 )
-from manymodels.metricpacks import MetricsPack
-from manymodels.partpacks import PartPacker, distinct_objects
+from manymodels.engine.metricpacks import MetricsPack
+from manymodels.engine.partpacks import PartPacker, distinct_objects
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -177,7 +177,7 @@ def test_a_packs_text_pickles_whatever_array_holds_it(monkeypatch):
     empty = MetricsPack(()).seal([4, 5], [], texts=True)
     assert pickle.loads(pickle.dumps(empty)).texts.to_pylist() == ["{}", "{}"]
 
-    import manymodels.metriccolumns as metriccolumns
+    import manymodels.engine.metriccolumns as metriccolumns
 
     def failing(names, rows):
         raise MemoryError
@@ -264,8 +264,8 @@ def test_a_reruns_metrics_stay_in_the_store_until_asked_and_read_back_equal(tmp_
     """An unchanged re-run's slots name the stored texts (one object per run
     it names), and every reader gets what the first run had: a task's dict,
     the results' columns, a re-run naming two runs, evaluation windows."""
-    from manymodels.execution import metrics_dict
-    from manymodels.metricpacks import MetricTexts
+    from manymodels.engine.execution import metrics_dict
+    from manymodels.engine.metricpacks import MetricTexts
 
     rng = np.random.default_rng(4)
     lengths = rng.integers(2, 7, size=300)
@@ -309,7 +309,7 @@ def test_metric_texts_pickle_and_refuse_a_task_they_do_not_hold():
 
     import pyarrow as pa
 
-    from manymodels.metricpacks import MetricTexts
+    from manymodels.engine.metricpacks import MetricTexts
 
     texts = MetricTexts(pa.chunked_array([['{"a": 1.5}'], ['{"a": 2.5}', None]]),
                         np.array([2, -1, 0, 1]))

@@ -11,9 +11,9 @@ import pytest
 
 import manymodels as mm
 from conftest import count_parts_as_columns
-from manymodels.messages import OkOutcomes, Outcome, task_indices
-from manymodels.metricpacks import MetricsPack
-from manymodels.partpacks import ModelPack
+from manymodels.engine.messages import OkOutcomes, Outcome, task_indices
+from manymodels.engine.metricpacks import MetricsPack
+from manymodels.engine.partpacks import ModelPack
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

@@ -28,10 +28,10 @@ from conftest import (
     count_parts_as_columns,
     fit_linear,
 )
-from manymodels.backends import WorkerStartupError
-from manymodels.backends.base import Finished
-from manymodels.execution import RunContext
-from manymodels.taskdata import Items
+from manymodels.engine.backends import WorkerStartupError
+from manymodels.engine.backends.base import Finished
+from manymodels.engine.execution import RunContext
+from manymodels.planning.taskdata import Items
 
 ray = pytest.importorskip("ray")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import manymodels as mm
-from manymodels.report import store_report
+from manymodels.observe.report import store_report
 
 
 def fit_or_fail(item):

@@ -8,9 +8,9 @@ import pytest
 
 import manymodels as mm
 from conftest import wait_for_workers
-from manymodels.backends.serial import SerialBackend
-from manymodels.batchsizing import BatchSizer
-from manymodels.messages import task_indices
+from manymodels.engine.backends.serial import SerialBackend
+from manymodels.engine.batchsizing import BatchSizer
+from manymodels.engine.messages import task_indices
 
 
 def test_batch_sizes_ramp_then_follow_measured_times():
@@ -121,7 +121,7 @@ def test_tiny_tasks_travel_in_batches():
 
 def test_progress_counts_models_not_batches(monkeypatch):
     seen = []
-    import manymodels.scheduling as scheduling
+    import manymodels.engine.scheduling as scheduling
 
     class Recorder:
         def __init__(self, total, enabled, description="training"):
@@ -204,7 +204,7 @@ def test_progress_bar_renders_on_a_terminal(tmp_path):
 
 
 def test_a_columnar_plan_makes_the_tasks_the_rows_would():
-    from manymodels.planning import Task, plan
+    from manymodels.planning.plan import Task, plan
 
     frame = pd.DataFrame({"g": ["b", "a", "b", "c", "a", "b"], "x": range(6)})
     tasks = plan(mm.groups(frame, by="g", cost=lambda n: n * 10.0)).tasks
@@ -225,7 +225,7 @@ def test_a_columnar_plan_makes_the_tasks_the_rows_would():
 
 
 def test_a_plan_of_groups_times_settings_repeats_each_group_per_setting():
-    from manymodels.planning import plan
+    from manymodels.planning.plan import plan
 
     frame = pd.DataFrame({"g": [2, 1, 2], "x": range(3)})
     source = mm.groups(frame, by="g") * mm.grid(alpha=[0.1, 1.0])

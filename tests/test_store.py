@@ -323,7 +323,7 @@ def test_registry_api(tmp_path, sales):
 
 
 def test_interrupted_run_tells_how_to_resume(tmp_path):
-    from manymodels.scheduling import RunInterrupted
+    from manymodels.engine.scheduling import RunInterrupted
 
     def fit(item):
         if item == 5:

@@ -426,7 +426,7 @@ def test_nested_values_of_different_kinds_never_hash_alike():
 
     import pyarrow as pa
 
-    from manymodels.rowhash import arrow_row_hashes
+    from manymodels.identity.rowhash import arrow_row_hashes
 
     def hashes(values, kind):
         return arrow_row_hashes(pa.table({"c": pa.array(values, kind)})).tolist()
@@ -446,7 +446,7 @@ def test_dictionary_encoded_lists_and_tensors_are_hashed_by_their_values():
     import numpy as np
     import pyarrow as pa
 
-    from manymodels.rowhash import arrow_row_hashes
+    from manymodels.identity.rowhash import arrow_row_hashes
 
     encoded = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0]), pa.array([[1, 2], [3]]))
     plain = pa.array([[1, 2], [3], [1, 2]])
@@ -520,7 +520,7 @@ def test_an_empty_store_path_or_another_programs_sqlite_file_is_refused(tmp_path
 def test_the_cli_reads_only_a_store_and_makes_none(tmp_path):
     from typer.testing import CliRunner
 
-    from manymodels.cli import app
+    from manymodels.cli.app import app
 
     plain = tmp_path / "plain"
     plain.mkdir()

@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from manymodels.hashing import task_identities
-from manymodels.messages import Pickled
-from manymodels.partpacks import ModelPack
-from manymodels.planning import plan
+from manymodels.engine.messages import Pickled
+from manymodels.engine.partpacks import ModelPack
+from manymodels.identity.hashing import task_identities
+from manymodels.planning.plan import plan
 from manymodels.store import taskblocks
 from manymodels.store.lazymodels import IN_STORE
 
@@ -75,7 +75,7 @@ def test_a_model_pack_travels_whole_and_gives_each_model_with_its_sha256():
     import hashlib
     import pickle
 
-    from manymodels.partpacks import unpacked
+    from manymodels.engine.partpacks import unpacked
 
     models = [pickle.dumps(np.arange(i)) for i in range(5)]
     pack = ModelPack().seal([40, 7, 12, 3, 99], models)
@@ -360,7 +360,7 @@ class FailingBackend(mm.Backend):
     name = "breaks"
 
     def start(self, context):
-        from manymodels.execution import Executor
+        from manymodels.engine.execution import Executor
 
         self._executor, self._queue, self._batches = Executor(context), [], 0
 
@@ -371,7 +371,7 @@ class FailingBackend(mm.Backend):
         self._queue.append(tasks)
 
     def poll(self, timeout):
-        from manymodels.messages import Finished
+        from manymodels.engine.messages import Finished
 
         if not self._queue:
             return []
@@ -445,7 +445,7 @@ def test_an_earlier_run_with_the_same_tasks_is_matched_task_by_task():
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from manymodels.hashing import TaskIdentities
+    from manymodels.identity.hashing import TaskIdentities
     from manymodels.store.reuse import _same_tasks
 
     def held(identities: pa.Array) -> TaskIdentities:
@@ -481,7 +481,7 @@ def test_a_released_pack_keeps_no_bytes_and_stays_released_when_pickled():
     pickled with it still does."""
     import pickle
 
-    from manymodels.results import _in_store
+    from manymodels.run.results import _in_store
 
     pack = ModelPack().seal([1, 2], [b"one", b"two"])
     assert not _in_store(pack)
@@ -657,8 +657,8 @@ def test_a_part_of_models_of_several_kinds_packs_whole_pickles():
     """A part's pack is templated while every model shares one template; the
     first that does not (another kind, or a model the pickler made) makes
     the pack one of whole pickles, the ones before included."""
-    from manymodels.dataplane import small_array_parts
-    from manymodels.partpacks import PartPacker
+    from manymodels.engine.dataplane import small_array_parts
+    from manymodels.engine.partpacks import PartPacker
 
     models = [np.arange(3.0), np.arange(3.0) + 1, np.arange(4.0), {"not": "an array"},
               np.arange(3.0) * 2]

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 import manymodels as mm
-from manymodels.keys import encode_key
+from manymodels.inputs.keys import encode_key
 from manymodels.store import StoreIntegrityError, database, reuse, taskblocks
 
 
@@ -214,7 +214,7 @@ def test_an_unchanged_rerun_names_the_trained_rows_instead_of_copying_them(tmp_p
     """Every row the first run trained is reused at its own task number: the
     re-run writes one block naming that run (not 299 rows again), reads back
     as reused rows, and keeps them when the first run is deleted."""
-    from manymodels.dashboard.queries import SECTIONS, Queries
+    from manymodels.observe.dashboard.queries import SECTIONS, Queries
 
     store = tmp_path / "store"
     first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend=backend,
@@ -510,7 +510,7 @@ def taskblocks_locator(locator: str) -> tuple[str, int, int, int]:
     [(np.int64(3),), (4,)], [],
 ])
 def test_keys_encoded_at_once_equal_one_at_a_time(rows):
-    from manymodels.keys import encode_keys
+    from manymodels.inputs.keys import encode_keys
 
     assert encode_keys(rows).to_pylist() == [encode_key(parts) for parts in rows]
 
@@ -524,8 +524,8 @@ def test_keys_encoded_at_once_equal_one_at_a_time(rows):
 def test_metrics_encoded_by_template_equal_json(metrics):
     import json
 
-    from manymodels.execution import metrics_json
-    from manymodels.metriccolumns import metrics_texts
+    from manymodels.engine.execution import metrics_json
+    from manymodels.engine.metriccolumns import metrics_texts
 
     expected = (metrics if isinstance(metrics, str) else
                 json.dumps(metrics, default=repr) if metrics else None)
@@ -536,7 +536,7 @@ def test_metrics_encoded_by_template_equal_json(metrics):
 
 
 def test_identities_as_arrow_equal_their_python_strings():
-    from manymodels.rowhash import lanes_hex, lanes_hex_array
+    from manymodels.identity.rowhash import lanes_hex, lanes_hex_array
 
     lanes = np.random.default_rng(3).integers(0, 2**63, size=(500, 2), dtype=np.uint64) * 3
     assert lanes_hex_array(lanes).to_pylist() == lanes_hex(lanes)
@@ -579,7 +579,7 @@ def test_loadable_mask_equals_the_set_check(tmp_path):
     [(pd.Timestamp("2024-01-02"),)],
 ])
 def test_keys_decoded_at_once_equal_one_at_a_time(rows):
-    from manymodels.keys import decode_key, decode_keys, encode_keys
+    from manymodels.inputs.keys import decode_key, decode_keys, encode_keys
 
     texts = encode_keys(rows)
     width = len(rows[0])
@@ -599,7 +599,7 @@ def test_keys_encoded_from_arrow_columns_equal_one_at_a_time(values, kind):
     at once, the same text as encode_key of each."""
     import pyarrow as pa
 
-    from manymodels.keys import encode_keys
+    from manymodels.inputs.keys import encode_keys
 
     rows = [(value,) for value in values]
     table = pa.table({"g": pa.array(values, kind)})
@@ -617,7 +617,7 @@ def test_keys_encoded_from_arrow_columns_equal_one_at_a_time(values, kind):
 def test_metric_columns_equal_json_one_object_at_a_time(texts):
     import pyarrow as pa
 
-    from manymodels.metriccolumns import text_columns
+    from manymodels.engine.metriccolumns import text_columns
 
     objects = [json.loads(t) if t else {} for t in texts]
     names = list(dict.fromkeys(name for m in objects for name in m))
@@ -632,7 +632,7 @@ def test_metric_columns_equal_json_one_object_at_a_time(texts):
 def test_a_store_written_before_blocks_reads_on_a_read_only_connection(tmp_path):
     """Read-only (and the dashboard's) connections cannot add task_blocks to
     an older index: they read its rows all the same."""
-    from manymodels.dashboard.queries import Queries
+    from manymodels.observe.dashboard.queries import Queries
 
     store = tmp_path / "store"
     first = mm.train(fit_mean, mm.groups(table(), by="g"), store=store, backend="serial",
@@ -714,7 +714,7 @@ def test_arrow_row_hashes_equal_pandas_hash_of_the_whole_frame():
 
     import pyarrow as pa
 
-    from manymodels.rowhash import arrow_row_hashes
+    from manymodels.identity.rowhash import arrow_row_hashes
 
     n = 1_000
     rng = np.random.default_rng(5)
@@ -742,7 +742,7 @@ def test_numbers_hashed_in_blocks_equal_pandas_hash():
     chunks, with NaN, -0.0 and extremes."""
     import pyarrow as pa
 
-    from manymodels.rowhash import _BLOCK, arrow_row_hashes
+    from manymodels.identity.rowhash import _BLOCK, arrow_row_hashes
 
     n = 2 * _BLOCK + 123
     rng = np.random.default_rng(8)
@@ -768,7 +768,7 @@ def test_numbers_hashed_in_blocks_equal_pandas_hash():
 def hashing_threads(request, monkeypatch):
     """Small blocks, and one thread or ranges of groups on three (as a large
     table on three cores), for group_lanes."""
-    from manymodels import rowhash
+    from manymodels.identity import rowhash
 
     monkeypatch.setattr(rowhash, "_BLOCK", 1000)
     cores = 1 if request.param == "one thread" else 3
@@ -780,7 +780,7 @@ def test_group_lanes_in_blocks_equal_the_whole_arrays_formula(hashing_threads):
     """Groups combined block by block (whole groups per block, a group longer
     than a block alone), on one thread or several, equal the formula on
     whole arrays."""
-    from manymodels.rowhash import _BLOCK, _GOLDEN, group_lanes, mix64
+    from manymodels.identity.rowhash import _BLOCK, _GOLDEN, group_lanes, mix64
 
     rng = np.random.default_rng(4)
     lengths = np.concatenate([rng.integers(1, 40, 5000), [_BLOCK * 2 + 5], [1, 3]])
@@ -819,7 +819,7 @@ def test_may_have_trained_finds_a_prefix_wherever_it_lies(tmp_path, where):
 def test_the_template_cache_keeps_at_most_64_sets_of_names():
     import json
 
-    from manymodels import execution
+    from manymodels.engine import execution
 
     for i in range(200):  # names that differ per task
         metrics = {f"coef_{i}": 0.5 + i, "n": 1.0}
@@ -844,10 +844,10 @@ def test_locators_are_told_from_bare_digests_at_any_slice():
 def test_identities_compared_as_bytes_equal_arrows_comparison():
     """Identities held as lanes (their bytes compared with the stored digits
     turned into bytes) or as text (rows of digits) compare as Arrow does."""
-    from manymodels.hashing import TaskIdentities
-    from manymodels.rowhash import lanes_hex
+    from manymodels.identity.hashing import TaskIdentities
+    from manymodels.identity.rowhash import lanes_hex
+    from manymodels.inputs.tables import fixed_width_bytes
     from manymodels.store.reuse import _equal_at
-    from manymodels.tables import fixed_width_bytes
 
     rng = np.random.default_rng(3)
     lanes = rng.integers(0, 2**63, size=(500, 2), dtype=np.uint64) * np.uint64(3)
@@ -902,7 +902,7 @@ def test_group_lanes_from_row_hashes_made_block_by_block_equal_those_from_all_ro
     (a text column hashed by pandas, a group longer than a block), on one
     thread or several, give the lanes that the whole table's row hashes
     give."""
-    from manymodels.rowhash import _BLOCK, RowHashes, arrow_row_hashes, group_lanes
+    from manymodels.identity.rowhash import _BLOCK, RowHashes, arrow_row_hashes, group_lanes
 
     rng = np.random.default_rng(11)
     lengths = np.concatenate([rng.integers(1, 30, 4000), [_BLOCK + 17], [2, 1]])

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from manymodels.callbacks import Callbacks
+from manymodels.observe.callbacks import Callbacks
 
 
 def fit_line(x):

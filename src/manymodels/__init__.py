@@ -19,28 +19,28 @@ from ._version import __version__ as __version__
 #: public name -> the module that defines it
 _EXPORTS = {
     "train": ".api",
-    "holdout": ".evaluation",
-    "kfold": ".evaluation",
-    "backtest": ".evaluation",
-    "halving": ".selection",
-    "Backend": ".backends",
-    "DaskBackend": ".backends",
-    "RayBackend": ".backends",
-    "SparkBackend": ".backends",
-    "Callback": ".callbacks",
-    "MLflow": ".tracking",
-    "WorkerStartupError": ".backends",
-    "register_backend": ".backends",
-    "Run": ".results",
-    "Summary": ".results",
-    "RunInterrupted": ".scheduling",
-    "TooManyFailures": ".scheduling",
-    "glance": ".fitstats",
-    "grid": ".grids",
-    "groups": ".sources",
-    "items": ".sources",
-    "LinearResult": ".linmodels",
-    "linear": ".linmodels",
+    "holdout": ".evaluation.splitters",
+    "kfold": ".evaluation.splitters",
+    "backtest": ".evaluation.splitters",
+    "halving": ".evaluation.selection",
+    "Backend": ".engine.backends",
+    "DaskBackend": ".engine.backends",
+    "RayBackend": ".engine.backends",
+    "SparkBackend": ".engine.backends",
+    "Callback": ".observe.callbacks",
+    "MLflow": ".observe.tracking",
+    "WorkerStartupError": ".engine.backends",
+    "register_backend": ".engine.backends",
+    "Run": ".run.results",
+    "Summary": ".run.results",
+    "RunInterrupted": ".engine.scheduling",
+    "TooManyFailures": ".engine.scheduling",
+    "glance": ".evaluation.fitstats",
+    "grid": ".inputs.grids",
+    "groups": ".inputs.sources",
+    "items": ".inputs.sources",
+    "LinearResult": ".models.linear",
+    "linear": ".models.linear",
     "Store": ".store",
     "StoreError": ".store",
     "StoreIntegrityError": ".store",
@@ -81,7 +81,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .api import train
-    from .backends import (
+    from .engine.backends import (
         Backend,
         DaskBackend,
         RayBackend,
@@ -89,17 +89,17 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
         WorkerStartupError,
         register_backend,
     )
-    from .callbacks import Callback
-    from .evaluation import backtest, holdout, kfold
-    from .fitstats import glance
-    from .grids import grid
-    from .linmodels import LinearResult, linear
-    from .results import Run, Summary
-    from .scheduling import RunInterrupted, TooManyFailures
-    from .selection import halving
-    from .sources import groups, items
+    from .engine.scheduling import RunInterrupted, TooManyFailures
+    from .evaluation.fitstats import glance
+    from .evaluation.selection import halving
+    from .evaluation.splitters import backtest, holdout, kfold
+    from .inputs.grids import grid
+    from .inputs.sources import groups, items
+    from .models.linear import LinearResult, linear
+    from .observe.callbacks import Callback
+    from .observe.tracking import MLflow
+    from .run.results import Run, Summary
     from .store import Store, StoreError, StoreIntegrityError
-    from .tracking import MLflow
     from .transforms import map_groups, map_partitions
 
 

@@ -1,3 +1,3 @@
-from manymodels.cli import app
+from .cli.app import app
 
 app()

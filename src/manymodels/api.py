@@ -11,20 +11,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._resources import collector_paused
-from .backends import Backend, backend_class
-from .callbacks import Callbacks, RunInfo
-from .evaluation import prepare as prepare_evaluation
-from .execution import RunContext
-from .grids import require_distinct_texts
-from .hashing import task_identities
-from .options import RunOptions
-from .planning import add_fit_keys
-from .planning import plan as make_plan
-from .results import Run, check_key_names
-from .scheduling import Scheduler
-from .selection import Halving, HalvingSearch, Selection
-from .sources import Source
+from .engine.backends import Backend, backend_class
+from .engine.execution import RunContext
+from .engine.options import RunOptions
+from .engine.scheduling import Scheduler
+from .evaluation.selection import Halving, HalvingSearch, Selection
+from .evaluation.splitters import prepare as prepare_evaluation
+from .identity.hashing import task_identities
+from .inputs.grids import require_distinct_texts
+from .inputs.sources import Source
+from .machine import collector_paused
+from .observe.callbacks import Callbacks, RunInfo
+from .planning.plan import add_fit_keys
+from .planning.plan import plan as make_plan
+from .run.results import Run, check_key_names
 from .store import RunRecorder, Store, StoreError
 
 
@@ -81,7 +81,7 @@ def train(
       workers then default to GPUs x ``k``, at most one per usable core.
       ``gpus`` declares the GPU count or ids (default: detected).
       ``gpu_memory_limit``: a fraction of its GPU's memory each task's PyTorch
-      may allocate (see :mod:`manymodels.gpus`).
+      may allocate (see :mod:`manymodels.engine.gpus`).
     * ``retries``: how often a task whose worker crashed, timed out or ran out
       of memory, or that raised one of ``retry_on``, is tried again.
     * ``timeout`` (seconds per task) and ``memory_limit`` (per worker, bytes or
@@ -101,16 +101,16 @@ def train(
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
     * ``callbacks``: :class:`manymodels.Callback` objects called as the run
-      goes (see :mod:`manymodels.callbacks`); ``track``: one more, a tracker
+      goes (see :mod:`manymodels.observe.callbacks`); ``track``: one more, a tracker
       such as ``mm.MLflow(experiment="sales")`` (one MLflow run per call).
     * ``dashboard``: serve the live dashboard of ``store`` on 127.0.0.1 while
       the run lasts, and print its address.
     * ``evaluate``: ``mm.holdout(...)``, ``mm.kfold(...)`` or ``mm.backtest(...)``:
       each task scores ``fit``'s model on rows it did not see, then refits on
-      all (see :mod:`manymodels.evaluation`); ``run.evaluation`` per window.
+      all (see :mod:`manymodels.evaluation.splitters`); ``run.evaluation`` per window.
     * ``select``: a metric (``"rmse"``, ``("r2", "max")``): each group's best
       task of ``groups * grid``, shown by ``run.best()`` and recorded in the
-      store as the group's model (see :mod:`manymodels.selection`).
+      store as the group's model (see :mod:`manymodels.evaluation.selection`).
     """
     began = (time.time(), time.perf_counter())
     if not callable(fit):
@@ -152,7 +152,7 @@ def train(
         store = _open_store(store)
     live = None
     if dashboard:
-        from .dashboard import LiveDashboard
+        from .observe.dashboard import LiveDashboard
 
         hooks.append(live := LiveDashboard())
 

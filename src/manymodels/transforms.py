@@ -13,20 +13,20 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ._resources import usable_cores
 from .api import train
-from .execution import metrics_dict
-from .grids import ProductSource
-from .grouplabels import (
+from .engine.execution import metrics_dict
+from .inputs.grids import ProductSource
+from .inputs.grouplabels import (
     WithLabels,
     group_labels,
     input_positions,
     is_transform,
     shared_labels,
 )
-from .planning import asks_for_key, group_layout
-from .results import OK, Run
-from .sources import GroupSource, PartitionSource
+from .inputs.sources import GroupSource, PartitionSource
+from .machine import usable_cores
+from .planning.plan import asks_for_key, group_layout
+from .run.results import OK, Run
 
 
 def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
@@ -268,7 +268,7 @@ def map_groups(
 
     ``fn`` receives each group's rows as ``mm.train`` hands them, a pandas
     group under its rows' labels in the input frame (their positions for an
-    Arrow or polars table or a file; :mod:`manymodels.grouplabels`), and may
+    Arrow or polars table or a file; :mod:`manymodels.inputs.grouplabels`), and may
     return a DataFrame, a Series or an Arrow or polars table. What comes back:
 
     * a **transform** -- every output (DataFrame or Series) holds its group's

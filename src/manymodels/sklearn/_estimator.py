@@ -36,10 +36,10 @@ from sklearn.utils.validation import (
     has_fit_parameter,
 )
 
-from ..keys import TypedKeys, encode_key, find_typed, key_parts
-from ..routing import group_positions, route_rows
-from ..tables import plain_scalar
+from ..inputs.keys import TypedKeys, encode_key, find_typed, key_parts
+from ..inputs.tables import plain_scalar
 from ._inputs import by_list, feature_input, split_X
+from ._routing import group_positions, route_rows
 from ._shrinkage import ShrinkageWeights, shrinkage_function
 
 _Y = "__manymodels_target__"

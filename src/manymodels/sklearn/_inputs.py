@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from sklearn.utils.validation import check_array
 
-from ..tables import plain_scalar
+from ..inputs.tables import plain_scalar
 
 
 def plain_key(key: Any) -> Hashable:

@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..partpacks import PACKED_BELOW
+from ..engine.partpacks import PACKED_BELOW
 from . import packs
 from .database import StoreIntegrityError
 
 #: Models smaller than this are packed (see :mod:`.packs`); workers send them
-#: in packs already (:class:`manymodels.partpacks.ModelPack`).
+#: in packs already (:class:`manymodels.engine.partpacks.ModelPack`).
 SMALL_ARTIFACT = PACKED_BELOW
 
 

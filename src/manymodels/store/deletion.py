@@ -32,16 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..tables import fixed_width_bytes, one_array
+from ..inputs.tables import fixed_width_bytes, one_array
 from . import taskblocks
-from .taskblocks import (
-    COLUMNS,
-    REUSED_ROWS_PER_BLOCK,
-    block_column,
-    block_data,
-    decode,
-    encode,
-)
+from .taskblocks import COLUMNS, REUSED_ROWS_PER_BLOCK, block_column, block_data, decode, encode
 
 
 def delete_run(conn: sqlite3.Connection, run_id: int) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from ..keys import encode_key, key_parts
-from ..messages import Status
+from ..engine.messages import Status
+from ..inputs.keys import encode_key, key_parts
 from . import artifacts, taskblocks
 
 _PARTS = ("code", "params", "data", "shared")
@@ -26,7 +26,7 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
     run_id, _, _ = store._run_row(run)
     linear = store._linear_run(run_id)
     if linear is not None:
-        from ..linmodels.stored import explain
+        from ..models.linear.stored import explain
 
         return explain(store, linear, key)
     row = store._task_row(key, run_id, ["reused_from", *_IDENTITY_COLUMNS])

@@ -9,8 +9,8 @@ import pickle
 from collections.abc import Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..messages import Pickled
-from ..partpacks import PackedModel
+from ..engine.messages import Pickled
+from ..engine.partpacks import PackedModel
 from . import artifacts
 
 if TYPE_CHECKING:
@@ -49,13 +49,13 @@ class StoredModel:
 
 class KeyByText:
     """A task's key that Python cannot hash (a grid's dict of settings, a
-    list), stood for by its stored text (:func:`manymodels.keys.encode_key`):
+    list), stood for by its stored text (:func:`manymodels.inputs.keys.encode_key`):
     it equals the key, and ``run.models[key]`` finds it by the key itself."""
 
     __slots__ = ("key", "_text")
 
     def __init__(self, key: Any) -> None:
-        from ..keys import encode_key
+        from ..inputs.keys import encode_key
 
         self.key = key
         self._text = encode_key(key if isinstance(key, tuple) else (key,))

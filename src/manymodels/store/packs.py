@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..tables import one_array
+from ..inputs.tables import one_array
 
 #: A pack holds at most this many bytes; a larger hand-over makes several.
 PACK_BYTES = 32 << 20
@@ -66,7 +66,7 @@ def locator_mask(artifacts: pa.Array) -> np.ndarray:
     themselves are checked when a model is loaded). Read from the array's
     buffers: a substring search took 0.1 s a million, a tenth of an unchanged
     re-run."""
-    from ..tables import string_offsets
+    from ..inputs.tables import string_offsets
 
     starts, data = string_offsets(artifacts)
     long = (np.diff(starts) > 64) & artifacts.is_valid().to_numpy(zero_copy_only=False)
@@ -161,7 +161,7 @@ def locators(digests: bytes | np.ndarray, pack: Any, offset: Any, size: Any) -> 
     ``digests`` their SHA-256s, 32 raw bytes each (or a ``(n, 32)`` uint8
     array); the numbers as NumPy or Arrow arrays (a null one gives a null
     locator)."""
-    from ..rowhash import hex_array
+    from ..identity.rowhash import hex_array
 
     def text(numbers: Any) -> pa.Array:
         return pc.cast(numbers if isinstance(numbers, (pa.Array, pa.ChunkedArray))

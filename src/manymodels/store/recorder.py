@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..dataplane import pickle_any
-from ..hashing import TaskIdentities
-from ..keys import encode_keys
-from ..messages import Pickled, Status
-from ..metricpacks import MetricTexts
-from ..partpacks import ModelPack
+from ..engine.dataplane import pickle_any
+from ..engine.messages import Pickled, Status
+from ..engine.metricpacks import MetricTexts
+from ..engine.partpacks import ModelPack
+from ..identity.hashing import TaskIdentities
+from ..inputs.keys import encode_keys
 from . import database, taskblocks
 from .lazymodels import IN_STORE
 from .reuse import ReuseSearch

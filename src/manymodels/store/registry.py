@@ -14,7 +14,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..keys import (
+from ..engine.messages import Status
+from ..inputs.keys import (
     decode_key,
     decode_keys,
     encode_key,
@@ -22,7 +23,6 @@ from ..keys import (
     key_parts,
     stored_object_texts,
 )
-from ..messages import Status
 from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
 from .lazymodels import ModelMap, StoredModel
@@ -120,10 +120,10 @@ class Store:
         run_id, key_columns, _ = self._run_row(run)
         linear = self._linear_run(run_id)
         if linear is not None:  # one artifact, no task rows
-            from ..linmodels.stored import results_frame
+            from ..models.linear.stored import results_frame
 
             return results_frame(self, linear)
-        from ..metriccolumns import text_columns
+        from ..engine.metriccolumns import text_columns
 
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
         keys = decode_keys(tasks["key"], len(key_columns))
@@ -151,7 +151,7 @@ class Store:
     def evaluation(self, run: int | None = None) -> pd.DataFrame:
         """The per-window scores of a run (default: the latest) trained with
         ``evaluate=``, like ``Run.evaluation``."""
-        from ..evaluation import window_frame
+        from ..evaluation.splitters import window_frame
 
         run_id, key_columns, _ = self._run_row(run)
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics"])
@@ -213,7 +213,7 @@ class Store:
         return ModelMap(items)
 
     def _linear_run(self, run_id: int) -> Any:
-        from ..linmodels.stored import linear_run
+        from ..models.linear.stored import linear_run
 
         return linear_run(self, run_id)
 
@@ -221,7 +221,7 @@ class Store:
         """The result ``mm.linear(..., store=, name=)`` saved (default: the
         latest of any name; ``run``: that run's), as a ``LinearResult``
         whose ``.predict`` works; checked against its SHA-256 first."""
-        from ..linmodels.stored import load
+        from ..models.linear.stored import load
 
         return load(self, name, run)
 
@@ -302,9 +302,9 @@ class Store:
         ``"serial"``, ``"ray"``; default serial below 500 groups, else
         processes) on ``workers``: each worker loads its groups' models from
         the store (checked against their SHA-256) and predicts their rows
-        (see :mod:`manymodels.prediction`).
+        (see :mod:`manymodels.run.prediction`).
         """
-        from ..prediction import predict_from_store
+        from ..run.prediction import predict_from_store
 
         return predict_from_store(self, table, by, method, features, run, fallback, with_source,
                                   fn=fn, backend=backend, workers=workers, progress=progress)

@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..hashing import TaskIdentities
-from ..metricpacks import MetricTexts
-from ..tables import fixed_width_bytes, one_array
+from ..engine.metricpacks import MetricTexts
+from ..identity.hashing import TaskIdentities
+from ..inputs.tables import fixed_width_bytes, one_array
 from . import artifacts, database, packs, taskblocks
 
 #: What reuse reads of an earlier run's trained rows first: what matching and

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..hashing import TaskIdentities
+from ..identity.hashing import TaskIdentities
 from .database import (
     LOCATOR_FORMAT,
     SAME_AS_FORMAT,
@@ -168,7 +168,7 @@ def insert(conn: sqlite3.Connection, run_id: int, block: pa.Table,
            prefixes: np.ndarray | None = None, written_packs: np.ndarray | None = None) -> None:
     """One block of ``run_id``'s tasks (inside the caller's transaction).
     ``prefixes``: the block's tasks' identity prefixes (uint64, see
-    :class:`~manymodels.hashing.TaskIdentities`); those of the tasks it
+    :class:`~manymodels.identity.hashing.TaskIdentities`); those of the tasks it
     trained are kept (:func:`trained_prefixes`). ``written_packs``: the
     packs its models were written to (see :func:`.packs.all_whole`)."""
     if block.num_rows == 0:

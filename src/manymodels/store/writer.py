@@ -26,17 +26,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..hashing import TaskIdentities
-from ..metriccolumns import metrics_texts
-from ..metricpacks import MetricsPack
-from ..partpacks import ModelPack, distinct_objects
+from ..engine.metriccolumns import metrics_texts
+from ..engine.metricpacks import MetricsPack
+from ..engine.partpacks import ModelPack, distinct_objects
+from ..identity.hashing import TaskIdentities
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
 #: list in the same order (``task_index``, ``status``, ``attempts``,
 #: ``duration_s``, ``started_at``, ``worker``, ``metrics``, ``error``) and
-#: ``model``: each task's model as :class:`manymodels.messages.Pickled` bytes,
-#: the :class:`~manymodels.partpacks.ModelPack` a worker sent it in, or None.
+#: ``model``: each task's model as :class:`manymodels.engine.messages.Pickled` bytes,
+#: the :class:`~manymodels.engine.partpacks.ModelPack` a worker sent it in, or None.
 Handover = dict
 
 

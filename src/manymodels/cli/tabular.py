@@ -1,0 +1,372 @@
+"""The no-code job behind ``manymodels train``: one estimator per group of a
+table, chosen by dotted name, evaluated on a holdout or by cross-validation,
+with the best grid setting picked per group and refitted on all its rows."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib
+import inspect
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+if TYPE_CHECKING:
+    from ..run.results import Run
+
+from ..evaluation.metrics import CLASSIFICATION_METRICS, METRICS
+
+
+class ArgumentError(ValueError):
+    """An argument refused before any work, with the option at fault
+    (``option``, e.g. ``"--target"``), so that the command line can say which
+    of its options to fix while Python callers still catch a ValueError."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+def import_estimator(dotted: str) -> type:
+    """The estimator class named ``package.module.Class``."""
+    module_name, _, class_name = dotted.rpartition(".")
+    if not module_name:
+        raise ValueError(f"--model must be a dotted name like sklearn.linear_model.Ridge, "
+                         f"got {dotted!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} for --model: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"module {module_name!r} has no {class_name!r} (--model)")
+    if not callable(getattr(cls, "fit", None)) or not callable(getattr(cls, "predict", None)):
+        raise ValueError(f"--model {dotted!r} is not an estimator with fit and predict")
+    return cls
+
+
+def parse_value(text: str) -> Any:
+    """``1.0`` -> 1.0, ``true`` -> True, ``none`` -> None, anything else a string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        return text.strip()
+
+
+def parse_assignment(text: str, option: str) -> tuple[str, str]:
+    """``name=value`` as ``(name, value)``; ``option`` names the source in the error."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise ValueError(f"{option} expects name=value, got {text!r}")
+    return name.strip(), value
+
+
+def constructor_parameters(cls: type) -> tuple[list[str], bool]:
+    """The keyword parameters that ``cls(...)`` takes, and whether it also takes
+    any other keyword (a ``**kwargs``, as LightGBM's and XGBoost's estimators do,
+    passing unknown names on to their library)."""
+    names: list[str] = []
+    open_ended = False
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # a class defined in C: cannot tell
+        return names, True
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_KEYWORD:
+            open_ended = True
+        elif parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            names.append(parameter.name)
+    if callable(getattr(cls, "get_params", None)):  # scikit-learn's own list, where it differs
+        try:
+            names += [n for n in cls().get_params(deep=False) if n not in names]
+        except Exception:  # a constructor with required arguments
+            pass
+    return names, open_ended
+
+
+def _invalid_parameter(estimator: Any) -> str | None:
+    """scikit-learn's message for a parameter value that ``estimator`` declares
+    invalid (a negative ``alpha``, an unknown ``solver``), or None."""
+    if not hasattr(type(estimator), "_parameter_constraints"):
+        return None
+    try:
+        from sklearn.utils._param_validation import InvalidParameterError
+    except ImportError:  # pragma: no cover - an old scikit-learn
+        return None
+    try:
+        estimator._validate_params()
+    except InvalidParameterError as exc:
+        return str(exc)
+    except Exception:  # cannot tell before fitting: let fit say
+        return None
+    return None
+
+
+def check_settings(dotted: str, params: dict[str, Any], grid: dict[str, list[Any]]) -> Any:
+    """Refuse, before any work, a ``--param`` or ``--grid`` name that the
+    estimator class ``dotted`` does not take, or a value that it rejects; return
+    the estimator built with ``params`` and the first value of each grid list."""
+    cls = import_estimator(dotted)
+    names, open_ended = constructor_parameters(cls)
+    if not open_ended:
+        for option, given in (("--param", params), ("--grid", grid)):
+            for name in given:
+                if name in names:
+                    continue
+                close = difflib.get_close_matches(name, names, n=1)
+                raise ValueError(
+                    f"{option} {name!r}: {dotted} has no parameter {name!r}"
+                    + (f"; did you mean {close[0]!r}?" if close else ".")
+                    + f" Its parameters are: {', '.join(names) or '(none)'}")
+    base = {**params, **{name: values[0] for name, values in grid.items() if values}}
+    checks = [(None, base)] + [(f"--grid {name}={value!r}", {**base, name: value})
+                               for name, values in grid.items() for value in values]
+    first = None
+    for option, setting in checks:
+        call = f"{dotted}({', '.join(f'{k}={v!r}' for k, v in setting.items())})"
+        try:
+            estimator = cls(**setting)
+        except Exception as exc:  # any constructor error is the user's to fix
+            raise ValueError(f"{option + ': ' if option else ''}{call} cannot be built: "
+                             f"{exc}") from exc
+        problem = _invalid_parameter(estimator)
+        if problem:
+            raise ValueError(f"{option}: {problem}" if option else f"{call}: {problem}")
+        first = estimator if first is None else first
+    return first
+
+
+def _package_version(dotted: str) -> str:
+    from ..identity.codehash import package_version as version_of
+
+    return version_of(dotted) or dotted
+
+
+class GroupModelTask:
+    """The ``fit`` of ``manymodels train``: picklable, and its settings are part
+    of the task identity (a store reuses a model only for the same settings)."""
+
+    def __init__(self, model: str, target: str, features: list[str], params: dict[str, Any],
+                 grid: dict[str, list[Any]], metrics: list[str], test_size: float | None,
+                 cv: int | None, seed: int = 0) -> None:
+        self.model, self.target, self.features = model, target, list(features)
+        self.params, self.grid, self.metrics = dict(params), dict(grid), list(metrics)
+        self.test_size, self.cv, self.seed = test_size, cv, seed
+        self.version = _package_version(model)
+
+    def settings(self) -> list[dict[str, Any]]:
+        names = list(self.grid)
+        return [dict(zip(names, combo)) for combo in itertools.product(*self.grid.values())] \
+            or [{}]
+
+    def build(self, setting: dict[str, Any]) -> Any:
+        return import_estimator(self.model)(**{**self.params, **setting})
+
+    def splitter(self) -> Any:
+        """The evaluation of ``mm.train(evaluate=...)``: a shuffled holdout
+        (``test_size`` 0 scores the fit on its own rows) or ``cv`` folds."""
+        from ..evaluation.splitters import holdout, kfold
+
+        common = {"target": self.target, "features": self.features,
+                  "metrics": self.metrics, "seed": self.seed}
+        return kfold(self.cv, **common) if self.cv else holdout(self.test_size, **common)
+
+    def fit(self, df: pd.DataFrame, **setting: Any) -> Any:
+        return self.build(setting).fit(df[self.features], df[self.target])
+
+    def __call__(self, df: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
+        from ..evaluation.splitters import WINDOWS, evaluate_candidates
+        from ..models.linear.fastpath import precomputed  # fitted in batches by mm.linear
+
+        done = precomputed(self, df)
+        if done is not None:
+            return done
+        first = self.metrics[0]
+        model, scores, setting = evaluate_candidates(
+            self.fit, df, self.settings(), self.splitter(), first, METRICS[first][1])
+        metrics: dict[str, Any] = {k: v for k, v in scores.items() if k != WINDOWS}
+        metrics["rows"] = len(df)
+        metrics.update({f"best_{name}": value for name, value in setting.items()})
+        return model, metrics
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """What :func:`train_table` did: the run, the features and metrics it used,
+    each metric's mean, and why no fallback model was kept (or None)."""
+
+    run: Run
+    features: list[str]
+    metrics: list[str]
+    means: dict[str, float]
+    fallback_error: str | None = None
+    path_note: str | None = None  # whether the batched linear fit (mm.linear) was used
+
+
+def _is_numeric(kind: Any) -> bool:
+    import pyarrow.types as pat
+
+    return (pat.is_integer(kind) or pat.is_floating(kind) or pat.is_boolean(kind)
+            or pat.is_decimal(kind))
+
+
+def _check_metrics(names: list[str], estimator: Any, model: str) -> None:
+    """Refuse an unknown metric, or one that compares class labels for a regressor."""
+    from sklearn.base import is_regressor
+
+    unknown = [m for m in names if m not in METRICS]
+    if unknown:
+        raise ArgumentError(f"unknown metric {unknown[0]!r}; choose from "
+                            f"{', '.join(METRICS)}", "--metrics")
+    labels = [m for m in names if m in CLASSIFICATION_METRICS] if is_regressor(estimator) else []
+    if labels:
+        raise ArgumentError(f"metric {labels[0]!r} compares class labels, but {model} is a "
+                            "regressor; use r2, mae, mse, rmse or mape", "--metrics")
+
+
+def _check_split(test_size: float | None, cv: int | None) -> float | None:
+    """The holdout fraction to use (0.2 unless given, None with ``cv``)."""
+    if test_size is not None and cv is not None:
+        raise ArgumentError("give --test-size or --cv, not both", "--test-size/--cv")
+    if cv is not None and cv < 2:
+        raise ArgumentError(f"--cv needs at least 2 folds, got {cv}", "--cv")
+    if cv is None:
+        test_size = 0.2 if test_size is None else test_size
+        if not 0 <= test_size < 1:  # 0: the training fit's own scores
+            raise ArgumentError(f"--test-size must lie in [0, 1), got {test_size}",
+                                "--test-size")
+    return test_size
+
+
+def _check_columns(table: Any, where: str, by: list[str], target: str,
+                   features: Sequence[str] | None) -> list[str]:
+    """The feature columns (given, or every numeric one but ``by`` and
+    ``target``), refusing a column that is missing or of the wrong kind."""
+    columns = table.column_names
+    types = {f.name: f.type for f in table.schema}
+    if target not in columns:
+        raise ArgumentError(f"target column {target!r} is not in {where}; its columns are "
+                            f"{columns}", "--target")
+    if target in by:
+        raise ArgumentError(f"target column {target!r} is also a --by column", "--target")
+    if features is None:
+        chosen = [c for c in columns if c not in by + [target] and _is_numeric(types[c])]
+        if not chosen:
+            raise ArgumentError("no numeric feature columns besides --by and --target",
+                                "--features")
+        return chosen
+    chosen = list(features)
+    missing = [c for c in chosen if c not in columns]
+    if missing:
+        raise ArgumentError(f"feature column {missing[0]!r} is not in {where}; its columns "
+                            f"are {columns}", "--features")
+    if target in chosen:
+        raise ArgumentError(f"--target {target!r} is also a feature column", "--features")
+    text = [c for c in chosen if not _is_numeric(types[c])]
+    if text:
+        raise ArgumentError(f"feature column {text[0]!r} is not numeric (its type is "
+                            f"{types[text[0]]})", "--features")
+    return chosen
+
+
+def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
+    """One model on every row, with the grid setting most groups chose: the
+    prediction for a group that has no model of its own."""
+    frame = table.select(task.features + [task.target]).to_pandas()
+    best = run.results[[c for c in run.results if c.startswith("best_")]]
+    setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
+    return task.fit(frame, **setting)
+
+
+def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
+                store: str | os.PathLike[str], features: Sequence[str] | None = None,
+                params: Mapping[str, Any] | None = None,
+                grid: Mapping[str, Sequence[Any]] | None = None,
+                metrics: Sequence[str] | None = None, test_size: float | None = None,
+                cv: int | None = None, fallback: bool = True, backend: str = "processes",
+                workers: int | None = None, timeout: float | None = None,
+                track: Any = None) -> TableRun:
+    """Train one ``model`` (an estimator class by dotted name) per ``by`` group
+    of ``data`` (a CSV/Parquet path or a table) to predict ``target``, score it
+    on a holdout (``test_size``, default 0.2) or by ``cv`` folds, keep each
+    group's best ``grid`` setting, and record it all in ``store``.
+
+    This is ``manymodels train`` as a function, so that the command line only
+    parses and prints. Every argument that can be refused is refused before the
+    data is read or the store is opened, as an :class:`ArgumentError` (a
+    ValueError) naming the option at fault: a typo should cost seconds, not a
+    run. ``features`` defaults to every numeric column but ``by`` and
+    ``target``; ``metrics`` to r2, mae for a regressor and accuracy for a
+    classifier, the first one picking the best setting. With ``fallback`` a
+    global model, fitted on all rows, is attached to the run for groups that
+    have none; if that fit fails the run is kept and ``fallback_error`` says why.
+    """
+    from sklearn.base import is_classifier, is_regressor
+
+    import manymodels as mm
+
+    params, grid = dict(params or {}), {k: list(v) for k, v in (grid or {}).items()}
+    both = [name for name in grid if name in params]
+    if both:
+        raise ArgumentError(f"{both[0]!r} is given both as --param and as --grid",
+                            "--model/--param/--grid")
+    try:
+        estimator = check_settings(model, params, grid)
+    except ValueError as exc:
+        raise ArgumentError(str(exc), "--model/--param/--grid") from exc
+    classifier = is_classifier(estimator)
+    metric_names = list(metrics or []) or (["accuracy"] if classifier else ["r2", "mae"])
+    _check_metrics(metric_names, estimator, model)
+    test_size = _check_split(test_size, cv)
+    by_columns = [by] if isinstance(by, str) else list(by)
+    try:
+        table = mm.groups(data, by=by_columns).table
+    except (ValueError, TypeError) as exc:
+        raise ArgumentError(str(exc), "DATA/--by") from exc
+    where = repr(data) if isinstance(data, (str, os.PathLike)) else "the table"
+    feature_columns = _check_columns(table, where, by_columns, target, features)
+    target_type = table.schema.field(target).type
+    if is_regressor(estimator) and not _is_numeric(target_type):
+        raise ArgumentError(f"target column {target!r} is not numeric (its type is "
+                            f"{target_type}) but {model} is a regressor", "--target")
+    if classifier and not _is_numeric(target_type):
+        numbers = [m for m in metric_names if m not in CLASSIFICATION_METRICS]
+        if numbers:
+            raise ArgumentError(f"metric {numbers[0]!r} needs a numeric target, and "
+                                f"{target!r} is not: use {', '.join(CLASSIFICATION_METRICS)}",
+                                "--metrics")
+    task = GroupModelTask(model, target, feature_columns, params, grid, metric_names,
+                          test_size, cv)
+    from ..models.linear.fastpath import try_fast  # LinearRegression/Ridge: batched, same outputs
+
+    path_note = try_fast(task, table, by_columns)
+    try:
+        run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
+                       workers=workers, timeout=timeout, track=track)
+    except (ValueError, TypeError) as exc:
+        if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
+            raise
+        raise ArgumentError(str(exc), "--backend/--workers/--timeout/--store") from exc
+    run.store.attach(run.run_id, "train_config", {
+        "by": by_columns, "target": target, "features": feature_columns, "model": model,
+        "params": params, "grid": grid, "metrics": metric_names})
+    fallback_error = None
+    if fallback:
+        try:
+            global_model = _fit_fallback(task, table, run)
+        except Exception as exc:  # e.g. the rows of a failed group poison the whole table
+            fallback_error = f"fitting it on all rows failed: {exc!r}"
+        else:
+            run.store.attach(run.run_id, "fallback", global_model)
+    means = {m: run.results[m].mean() for m in metric_names if m in run.results}
+    return TableRun(run, feature_columns, metric_names, means, fallback_error, path_note)

@@ -1,0 +1,233 @@
+"""The body of a worker process of the processes backend.
+
+A worker is either spawned, as ``python -m manymodels.engine.backends._spawn_main
+RX TX SLOTS SLOT CONTEXT SPILL`` with BLAS/OpenMP thread limits already in its
+environment (so they hold from the first import of NumPy), or forked from the
+driver (:func:`forked_main`). Either way it reads batches from pipe ``RX``,
+writes outcomes to pipe ``TX``, and records the task it is running in its slot
+of the ``SLOTS`` file, so that the driver knows exactly which task to blame if
+this process dies or overstays, even in the middle of a batch. A worker whose
+CUDA context a task broke (:mod:`manymodels.engine.gpus`) reports that task, says
+``retire`` and exits: the driver hands the rest of its batches back and
+starts a fresh worker.
+
+Messages (pickled tuples)::
+
+    driver -> worker   ("batch", batch_id, [(index, data_ref, params), ...]) | ("stop",)
+    worker -> driver   ("ready", pid) | ("fatal", traceback) | ("retire", why)
+                       ("part" | "done", batch_id, outcomes_pickle, busy_s, spill,
+                        prepare_s)
+
+``spill`` names the file holding the outcomes' large buffers, or is ``None``
+(see :func:`manymodels.engine.dataplane.dumps_spilling`).
+
+A worker leads a session of its own. When it stops, it kills the processes
+its tasks started and left running (:func:`end_own_processes`); the driver
+does the same for a worker it kills. A task that closes or redirects the
+standard streams does so for itself only (:class:`StandardStreams`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ...machine import end_tree
+from ..dataplane import dump_outcomes
+from ..execution import FLUSH_EVERY_S
+from ..messages import OkOutcomes
+from ._protocol import SLOT
+
+
+def die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no orphans if the driver dies
+    except (OSError, AttributeError):
+        pass
+
+
+def end_own_processes() -> None:
+    """SIGKILL what this worker's tasks started and left running (see
+    :func:`end_tree`), and reap those that are its children."""
+    for pid in end_tree(os.getpid(), with_root=False):
+        try:
+            os.waitpid(pid, 0)
+        except OSError:  # not a child of this worker's
+            pass
+
+
+class StandardStreams:
+    """Gives each task the worker's standard output and error, whatever the
+    task before did with them: closed ``sys.stdout`` or ``sys.stderr`` (or
+    set it to ``None``), closed file descriptor 1 or 2, or pointed it
+    elsewhere with ``os.dup2``. The check before each task is quick (a
+    descriptor closed, or taken again by a file that Python opened, which is
+    not inheritable); the one at the end of a batch and before the outcomes
+    are sent compares the descriptors with the worker's own."""
+
+    def __init__(self) -> None:
+        self.descriptors: dict[int, tuple[int, tuple[int, int]]] = {}
+        for fd in (1, 2):
+            try:
+                stat = os.fstat(fd)
+                self.descriptors[fd] = (os.dup(fd), (stat.st_dev, stat.st_ino))
+            except OSError:  # not open in this worker to begin with: left alone
+                continue
+        self.streams = {}
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None:
+                self.streams[name] = (getattr(stream, "encoding", None) or "utf-8",
+                                      getattr(stream, "errors", None) or "strict",
+                                      bool(getattr(stream, "line_buffering", False)))
+
+    def repair(self, *, thorough: bool = True) -> None:
+        for fd, (copy, identity) in self.descriptors.items():
+            try:
+                if (not thorough and os.get_inheritable(fd)) or self._same(fd, identity):
+                    continue
+            except OSError:  # closed
+                pass
+            try:
+                os.dup2(copy, fd)
+            except OSError:
+                pass
+        for name, (encoding, errors, line_buffering) in self.streams.items():
+            stream = getattr(sys, name)
+            if stream is not None and getattr(stream, "closed", False) is not True:
+                continue
+            try:
+                fresh = open(1 if name == "stdout" else 2, "w", encoding=encoding,  # noqa: SIM115
+                             errors=errors, closefd=False)
+                fresh.reconfigure(line_buffering=line_buffering)
+            except Exception:  # an encoding that cannot be had again, say
+                continue
+            setattr(sys, name, fresh)
+            dunder = getattr(sys, f"__{name}__", None)
+            if dunder is None or getattr(dunder, "closed", False) is True:
+                setattr(sys, f"__{name}__", fresh)
+
+    @staticmethod
+    def _same(fd: int, identity: tuple[int, int]) -> bool:
+        stat = os.fstat(fd)
+        return (stat.st_dev, stat.st_ino) == identity
+
+
+def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any],
+           spill_prefix: str) -> int:
+    """Build the executor with ``load()``, report ready, then run batches until
+    told to stop or until the driver goes away; then end what the tasks
+    started and left running."""
+    slot_offset = slot * SLOT.size
+    try:
+        return _loop(rx, tx, slots, slot_offset, load, spill_prefix)
+    finally:
+        end_own_processes()
+
+
+def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[], Any],
+          spill_prefix: str) -> int:
+    try:
+        executor = load()
+    except BaseException:
+        tx.send(("fatal", traceback.format_exc()))
+        return 1
+    streams = StandardStreams()  # as they are once setup= has run
+    executor.retires_when_broken = True  # a broken CUDA context: a fresh worker
+    spilled = [0]
+
+    def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
+             prepare_s: float) -> None:
+        streams.repair()  # before any file is opened: fd 1 or 2 may be free
+        payload, spill = dump_outcomes(OkOutcomes.of(outcomes), spill_prefix, spilled)
+        tx.send((kind, batch_id, payload, busy_s, spill, prepare_s))
+
+    def mark(index: int) -> None:  # as each task starts, and with -1 as a batch ends
+        streams.repair(thorough=index < 0)
+        SLOT.pack_into(slots, slot_offset, index, time.time())
+
+    tx.send(("ready", os.getpid()))
+
+    while True:
+        try:
+            message = rx.recv()
+        except EOFError:
+            return 0
+        if message[0] == "stop":
+            return 0
+        _, batch_id, tasks = message
+        mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
+        for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S):
+            if part.last or executor.broken is not None:
+                mark(-1)
+            send("done" if part.last else "part", batch_id, part.outcomes, part.busy_s,
+                 part.prepare_s)
+        if executor.broken is not None:  # its CUDA context is unusable: a fresh worker
+            tx.send(("retire", executor.broken))
+            return 0
+
+
+def main(argv: list[str]) -> int:
+    """A spawned worker: a fresh interpreter that loads the run from the data plane."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
+    from multiprocessing.connection import Connection
+
+    rx = Connection(int(argv[1]), writable=False)
+    tx = Connection(int(argv[2]), readable=False)
+    with open(argv[3], "r+b") as handle:
+        slots = mmap.mmap(handle.fileno(), 0)
+
+    def load() -> Any:
+        with open(argv[5], "rb") as handle:
+            sys_path, context_bytes = pickle.load(handle)
+        sys.path[:] = sys_path
+        import cloudpickle
+        from threadpoolctl import threadpool_limits
+
+        from .. import dataplane
+        from ..execution import Executor
+        from ..gpus import prepare_worker
+
+        context = cloudpickle.loads(context_bytes)
+        threadpool_limits(limits=context.cpus_per_task)
+        prepare_worker(context.gpu_setup)
+        table = None
+        if isinstance(context.table, str):
+            table = (dataplane.open_table(context.table) if context.table.endswith(".arrow")
+                     else dataplane.open_objects(context.table))
+        shared = dataplane.open_objects(context.shared) if isinstance(context.shared, str) else None
+        return Executor(context, table=table, shared=shared)
+
+    return _serve(rx, tx, slots, int(argv[4]), load, spill_prefix=argv[6])
+
+
+def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
+                environment: dict[str, str], spill_prefix: str) -> int:
+    """A forked worker: it shares the driver's memory (the table and the shared
+    objects, copy-on-write), so it loads nothing. Its thread pools are already
+    limited (the driver forks it under the limits); the environment's limits
+    reach libraries that ``fit`` loads later."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler
+    os.environ.update(environment)
+
+    def load() -> Any:
+        from ..execution import Executor
+        from ..gpus import prepare_worker
+
+        prepare_worker(context.gpu_setup)
+        return Executor(context)
+
+    return _serve(rx, tx, slots, slot, load, spill_prefix)
+

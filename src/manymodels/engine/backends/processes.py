@@ -1,0 +1,345 @@
+"""Run tasks in worker processes that the driver supervises one by one.
+
+Not a ``multiprocessing.Pool``: a pool breaks as a whole when one worker dies
+(``BrokenProcessPool``) and cannot say which task killed it. Here each worker
+is a plain child process with a pipe of its own and a slot in a small shared
+file where it records the task it is running. So the driver can:
+
+* blame exactly one task when a worker dies (segfault, ``os._exit``, the OOM
+  killer, a SIGKILL from outside), re-queue the rest of its batches, and start
+  a fresh worker in its place;
+* kill a worker whose task overstays ``timeout``, or whose memory (with the
+  processes it started: :class:`._process_handles.MemoryWatch`) grows past
+  ``memory_limit``, and record which task it was;
+* end with a worker every process that its tasks started and left running;
+* replace a worker whose CUDA context a task broke (it reports that task and
+  says ``retire``), handing the rest of its batches back unblamed.
+
+Workers are forked from the driver where that is safe (they share its memory
+copy-on-write and inherit its BLAS/OpenMP limits) and otherwise spawned as
+fresh interpreters (``python -m ...``) with the limits in their environment
+that map the data plane (:mod:`manymodels.engine.dataplane`); either way nothing is
+pickled per task. Each runs in a session of its own, so that a Ctrl-C in the
+terminal reaches only the driver and the session holds what its tasks start,
+with a parent-death signal, so that none outlives a killed driver (nor, by
+:mod:`._undertaker`, do the processes its tasks started). The
+driver's handle on a worker is :mod:`._process_handles`, starting one (and
+choosing fork or spawn) is :mod:`._process_start`, and the worker's own loop
+is :mod:`._process_worker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import mmap
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from multiprocessing.connection import wait
+from typing import Any
+
+import cloudpickle
+
+from ...inputs.tables import is_pandas_frame
+from ...machine import end_tree, process_table, thread_limit_environment
+from .. import dataplane
+from ..execution import RunContext, TaskRef
+from ..gpus import GpuSetup
+from ..messages import Status, task_indices
+from ..options import START_METHODS
+from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
+from ._process_start import WorkerStarter
+from ._protocol import SLOT
+from ._undertaker import Undertaker
+from .base import (
+    DEATHS_OUTSIDE_TASKS,
+    Backend,
+    DeathCount,
+    Event,
+    Finished,
+    Requeued,
+    WorkerStartupError,
+    blame_lost_batch,
+    dump_sendable,
+)
+
+_CHECK_EVERY_S = 0.05
+#: How long a worker's process may be gone while its pipe stays open (a
+#: process it started holds it) before the driver replaces it regardless.
+_GONE_GRACE_S = 0.5
+_STOP_GRACE_S = 1.0
+class ProcessesBackend(WorkerStarter, Backend):
+    name = "processes"
+    requires_pickling = True
+    isolates_crashes = True
+    enforces_timeout = True
+    enforces_memory_limit = True
+    isolates_gpus = True
+    caps_gpu_memory = True
+
+    def __init__(self, *args, start_method: str = "auto", **kwargs) -> None:
+        if start_method not in START_METHODS:
+            raise ValueError(f"unknown start_method {start_method!r}; choose one of "
+                             f"{', '.join(START_METHODS)}")
+        super().__init__(*args, **kwargs)
+        self.built_options = replace(self.built_options, start_method=start_method)
+        self.configure(self.built_options)
+
+    def start(self, context: RunContext) -> None:
+        dataplane.sweep_stale_files()
+        self._files = dataplane.RunFiles()
+        self._workers: list[Worker] = []
+        self._driver_limits: Any = None  # the driver's BLAS/OpenMP limits, while it runs
+        self._gomp_releasers: list[Any] = []
+        self._controller: Any = None  # the libraries loaded now: scanned again each run
+        self.start_method = self._choose_start_method()
+        self._start_began, self.worker_start_s = time.perf_counter(), 0.0
+        self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took
+        self._first_pids: list[int] = []
+        try:
+            self._undertaker = Undertaker()
+            if self.gpu_sets:  # PyTorch loaded here: fit uses it, warm CUDA up in the workers
+                context = replace(context, gpu_setup=GpuSetup(
+                    self.options.gpu_memory_fraction, warm="torch" in sys.modules))
+            self._context = context
+            if self.start_method == "spawn":
+                remote = replace(
+                    context,
+                    table=self._write_table(context.table),
+                    shared=self._files.write_objects(context.shared) if context.shared else None,
+                )
+                self._context_path = self._files.write_bytes(
+                    "context.pkl", pickle.dumps((list(sys.path), cloudpickle.dumps(remote)))
+                )
+            self._slots_path = self._files.new_file("slots", SLOT.size * self.workers)
+            with open(self._slots_path, "r+b") as handle:
+                self._slots = mmap.mmap(handle.fileno(), 0)
+            for slot in range(self.workers):
+                SLOT.pack_into(self._slots, slot * SLOT.size, -1, 0.0)
+            self._limits = thread_limit_environment(self.cpus_per_task)
+            self._env = {**os.environ, **self._limits}
+            self._start_gate = os.pipe() if self.start_method == "fork" else None
+            try:
+                self._limit_driver_threads()
+                self._release_openmp()
+                for slot in range(self.workers):
+                    self._workers.append(self._spawn(slot))
+                self._first_pids = [w.process.pid for w in self._workers]
+                if self.start_method == "fork":  # each waits at the gate: what it holds
+                    for worker in self._workers:  # is its share of the driver's pages
+                        if worker.memory is not None:
+                            worker.memory.inherit()
+            finally:
+                self._open_start_gate()
+        except BaseException:
+            self.stop(force=True)
+            raise
+        self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS, "a worker process died outside any task")
+        self._last_check = time.monotonic()
+        self._unsent: list[Event] = []  # tasks that could not be sent, told at the next poll
+
+    def _open_start_gate(self) -> None:
+        """Let the forked workers go. Each waits at the gate until every worker
+        is forked: forking is several times slower while earlier children are
+        already busy (their copy-on-write faults contend with the fork for the
+        kernel's locks on the shared memory), so forking them all first and
+        starting them together gets the last one working sooner."""
+        gate, self._start_gate = self._start_gate, None
+        for fd in reversed(gate or ()):  # the write end first: it is what opens the gate
+            os.close(fd)
+
+    def _write_table(self, table: Any) -> str | None:
+        if table is None:
+            return None
+        if is_pandas_frame(table):  # a frame that map_partitions slices
+            return self._files.write_objects(table, name="table")
+        return self._files.write_table(table)
+
+    def _retire(self, worker: Worker, *, kill: bool) -> None:
+        """End a worker; with ``kill``, SIGKILL it and every process it started."""
+        if kill:
+            end_tree(worker.process.pid, with_root=worker.process.poll() is None)
+            # the processes its tasks started and left behind when it died
+            # (reparented, so no longer in its tree) are still in its session
+            with contextlib.suppress(OSError):
+                os.killpg(worker.process.pid, signal.SIGKILL)
+        worker.outbox.put(None)
+        try:
+            worker.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+            pass
+        self._undertaker.retired(worker.process.pid)
+        worker.rx.close()
+        worker.sender.join(timeout=5)
+        if not worker.sender.is_alive():  # else it is stuck on a pipe that a process
+            worker.tx.close()             # the worker started still holds: left open
+        SLOT.pack_into(self._slots, worker.slot * SLOT.size, -1, 0.0)
+
+    def _replace(self, worker: Worker, status: str | None, message: str | None, *,
+                 retiring: bool = False) -> list[Event]:
+        """Account for the tasks of a worker that is gone, and start another;
+        one ``retiring`` (its CUDA context broken) blames no task."""
+        index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+        self._retire(worker, kill=True)
+        if status is None:
+            status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
+        unreported = [i for batch in worker.batches for i in batch.pending]
+        if retiring:
+            events: list[Event] = [Requeued(unreported)] if unreported else []
+        else:
+            events = blame_lost_batch(index, unreported, status, message, worker.slot,
+                                      self._deaths)
+        self._release_openmp()  # in case the driver ran OpenMP since the last fork
+        self._workers[worker.slot] = self._spawn(worker.slot)
+        return events
+
+    # -- the contract ----------------------------------------------------------
+
+    def free_slots(self, per_worker: int) -> int:
+        return sum(max(0, per_worker - len(w.batches)) for w in self._workers if w.ready)
+
+    def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
+        worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
+        # an item or a setting that cannot travel: its task fails alone
+        tasks, payload, lost = dump_sendable(
+            tasks, lambda some: pickle.dumps(("batch", batch_id, some), protocol=5),
+            functools.partial(pickle.dumps, protocol=5))
+        self._unsent.extend(lost)
+        if payload is None:
+            return
+        worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
+        worker.outbox.put(payload)
+
+    def poll(self, timeout: float) -> list[Event]:
+        events: list[Event] = self._unsent
+        self._unsent = []
+        if events:
+            timeout = 0.0
+        by_conn = {w.rx: w for w in self._workers}
+        for conn in wait(list(by_conn), timeout=min(timeout, _CHECK_EVERY_S)):
+            worker = by_conn[conn]
+            try:
+                message = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                message = None
+            if message is None:  # it died: replaced outside the except block, or
+                # the forked replacement would run inside it, and every error of
+                # its tasks would carry this EOFError as its context
+                events.extend(self._replace(worker, None, None))
+                continue
+            events.extend(self._handle(worker, message))
+        now = time.monotonic()
+        if now - self._last_check >= _CHECK_EVERY_S:
+            self._last_check = now
+            events.extend(self._check_limits())
+        return events
+
+    def _handle(self, worker: Worker, message: tuple) -> list[Event]:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            if worker.slot not in self._ready_after and worker.process.pid in self._first_pids:
+                self._ready_after[worker.slot] = time.perf_counter() - self._start_began
+            return []
+        if kind == "retire":
+            return self._replace(worker, None, None, retiring=True)
+        if kind == "fatal":
+            raise WorkerStartupError(
+                "a worker process could not start: loading fit and the data, or running "
+                "setup=, failed (is fit importable in a fresh interpreter? otherwise try "
+                f"backend='threads'):\n{message[1]}"
+            )
+        _, batch_id, payload, busy, spill, prepare = message
+        outcomes = dataplane.loads_spilled(payload, spill)
+        pending = worker.batches[0].pending
+        for index in task_indices(outcomes):
+            pending.pop(index, None)
+        done = kind == "done"
+        if done:
+            worker.batches.popleft()
+        return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done,
+                         prepare_s=prepare)]
+
+    def _read_what_is_left(self, worker: Worker) -> list[Event]:
+        """The messages a worker that is gone sent before it died and the
+        driver has not read (its pipe still open: a process it started holds it)."""
+        events: list[Event] = []
+        while worker in self._workers and worker.rx.poll(0):
+            try:
+                message = pickle.loads(worker.rx.recv_bytes())
+            except (EOFError, OSError):
+                break  # its end closed after all: replaced by the caller
+            events.extend(self._handle(worker, message))
+        return events
+
+    def _check_limits(self) -> list[Event]:
+        events: list[Event] = []
+        wall_now, now = time.time(), time.monotonic()
+        table = functools.cache(process_table)  # one scan for all workers, if any needs it
+        for worker in list(self._workers):
+            if not worker.ready:
+                continue
+            if worker.process.poll() is not None:
+                # its pipe reports EOF on the next poll, unless a process it
+                # started still holds the pipe's other end: then it is
+                # replaced from here, once what it sent before it died is read
+                if worker.gone_since is None:
+                    worker.gone_since = now
+                elif now - worker.gone_since > _GONE_GRACE_S:
+                    events.extend(self._read_what_is_left(worker))
+                    if worker in self._workers:
+                        events.extend(self._replace(worker, None, None))
+                continue
+            if self.timeout is not None:
+                index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+                if index >= 0 and wall_now - started > self.timeout:
+                    again, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+                    if again == index:
+                        events.extend(self._replace(
+                            worker, Status.TIMEOUT.value,
+                            f"task ran longer than timeout={self.timeout:g}s; its worker "
+                            "was killed"))
+                        continue
+            if worker.memory is not None:
+                held = worker.memory.check(now, table)
+                if held is not None:
+                    events.extend(self._replace(
+                        worker, Status.MEMORY.value,
+                        f"worker reached {format_bytes(held)} with the processes it "
+                        f"started, over memory_limit={format_bytes(self.memory_limit)}; "
+                        "it was killed"))
+        return events
+
+    def stop(self, *, force: bool = False) -> None:
+        if getattr(self, "_first_pids", None):  # the mean start of the first workers
+            now = time.perf_counter() - self._start_began  # (one still starting: until now)
+            self.worker_start_s = sum(self._ready_after.get(slot, now) for slot in range(
+                len(self._first_pids))) / len(self._first_pids)
+        try:
+            workers = getattr(self, "_workers", [])
+            if not force:
+                for worker in workers:
+                    worker.outbox.put(pickle.dumps(("stop",)))
+                deadline = time.monotonic() + _STOP_GRACE_S
+                wait_for_pipes_to_close(workers, deadline)
+                for worker in workers:
+                    try:
+                        worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
+            for worker in workers:  # one that stopped when told ended what its tasks left
+                self._retire(worker, kill=force or worker.process.poll() != 0)
+        finally:
+            limits, self._driver_limits = getattr(self, "_driver_limits", None), None
+            if limits is not None:
+                limits.restore_original_limits()
+            if hasattr(self, "_undertaker"):
+                self._undertaker.close()
+            if hasattr(self, "_files"):
+                self._files.cleanup()

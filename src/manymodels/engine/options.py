@@ -1,0 +1,252 @@
+"""``train``'s keywords, validated once into frozen options objects.
+
+The public face stays flat, one keyword per concern (``workers``,
+``timeout``, ``memory_limit``, ...). Behind it, :meth:`RunOptions.validate`
+checks every keyword before any work starts, with an error that names the
+keyword at fault, and the rest of the package reads only the validated,
+immutable result (as mpire's ``WorkerPoolParams``):
+
+* :class:`BackendOptions` -- what a backend must know (workers and their
+  resources), handed over through ``Backend.configure``, its only way in;
+* :class:`RunOptions` -- the backend's options plus what the scheduler and the
+  store use (retries, the error budget, progress, reuse).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import cloudpickle
+
+from ..machine import parse_bytes, visible_gpus
+from .gpus import check_gpus_per_task, check_memory_fraction, declared_gpus, place_gpus
+
+#: How the processes backend may start its workers.
+START_METHODS = ("auto", "fork", "spawn")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """A run's resources, as a backend receives them in ``configure``.
+
+    ``workers`` None lets the backend size itself (the usable cores divided by
+    ``cpus_per_task``; a Ray cluster's CPUs). ``gpu_sets`` holds, per worker
+    slot, the GPU ids that slot may use (:func:`manymodels.engine.gpus.place_gpus`).
+    """
+
+    workers: int | None = None
+    cpus_per_task: int = 1
+    timeout: float | None = None
+    memory_limit: int | None = None
+    gpu_sets: tuple[tuple[str, ...], ...] | None = None
+    start_method: str = "auto"
+    gpus_per_task: float = 0  # 2, 1, or a share 1/k of one GPU
+    gpu_memory_fraction: float | None = None  # gpu_memory_limit=, per task
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every keyword of one ``train`` call, checked."""
+
+    backend: BackendOptions
+    backend_name: str
+    retries: int = 0
+    retry_on: tuple[type[BaseException], ...] = ()
+    max_failures: int | float | None = None
+    progress: bool = True
+    reuse: bool = True
+    shared: dict[str, Any] | None = None
+    setup: Any = None
+
+    @classmethod
+    def validate(cls, *, fit: Any, source: Any, backend_type: type, backend_name: str,
+                 instance: Any, shared: Any, workers: Any, cpus_per_task: Any,
+                 gpus_per_task: Any, gpus: Any, retries: Any, retry_on: Any, timeout: Any,
+                 memory_limit: Any, max_failures: Any, progress: Any, reuse: Any,
+                 setup: Any, start_method: Any, gpu_memory_limit: Any = None) -> RunOptions:
+        """Check ``train``'s keywords (see its docstring) against the backend
+        that will run them; raise naming the keyword at fault."""
+        if not callable(fit):
+            raise TypeError(f"fit must be callable, got {type(fit).__name__}")
+        if instance is not None and start_method == "auto":
+            start_method = instance.built_options.start_method  # as the user built it
+        if start_method != "auto" and backend_name != "processes":
+            raise ValueError(f"start_method applies to backend='processes', not "
+                             f"{backend_name!r}")
+        if start_method not in START_METHODS:
+            raise ValueError(f"unknown start_method {start_method!r}; choose one of "
+                             f"{', '.join(START_METHODS)}")
+        cpus = positive_int("cpus_per_task", cpus_per_task)
+        if workers is not None:
+            workers = positive_int("workers", workers)
+        elif instance is not None:
+            workers = instance.built_options.workers  # what the user built it with
+        per_task, per_gpu = check_gpus_per_task(gpus_per_task)
+        gpu_sets = _gpu_sets(per_task, gpus, backend_type, backend_name)
+        gpu_fraction = _check_gpu_memory_limit(gpu_memory_limit, per_task, per_gpu,
+                                               backend_type, backend_name)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or \
+                    not timeout > 0:  # NaN too
+                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            if not backend_type.enforces_timeout:
+                raise ValueError(
+                    f"the {backend_name} backend cannot stop a running task, so it cannot "
+                    "enforce timeout=; use backend='processes'")
+        memory_bytes = None
+        if memory_limit is not None:
+            try:
+                memory_bytes = parse_bytes(memory_limit)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"memory_limit: {exc}") from None
+            if not backend_type.enforces_memory_limit:
+                raise ValueError(f"the {backend_name} backend cannot enforce memory_limit=; "
+                                 "use backend='processes'")
+        if shared is not None:
+            if not isinstance(shared, Mapping) or not all(isinstance(k, str) for k in shared):
+                raise TypeError("shared must be a dict of name -> object, passed to fit as "
+                                "keywords")
+            clash = set(shared) & set(source.param_columns)
+            if clash:
+                raise ValueError(f"shared name {sorted(clash)[0]!r} is also a grid parameter")
+            shared = dict(shared)
+        setup_names = _check_setup(setup)
+        clash = set(setup_names) & (set(shared or {}) | set(source.param_columns))
+        if clash:
+            raise ValueError(f"setup name {sorted(clash)[0]!r} is also a shared or grid name")
+        if backend_type.requires_pickling:
+            _check_picklable(fit, shared, backend_name)
+            if setup is not None:
+                _check_picklable(setup, None, backend_name, what="setup")
+        backend = BackendOptions(workers=workers, cpus_per_task=cpus, timeout=timeout,
+                                 memory_limit=memory_bytes, gpu_sets=gpu_sets,
+                                 start_method=start_method, gpus_per_task=per_task,
+                                 gpu_memory_fraction=gpu_fraction)
+        return cls(backend=backend, backend_name=backend_name,
+                   retries=positive_int("retries", retries, minimum=0),
+                   retry_on=_check_retry_on(retry_on),
+                   max_failures=_check_max_failures(max_failures),
+                   progress=bool(progress), reuse=check_switch("reuse", reuse),
+                   shared=shared or None,
+                   setup=setup)
+
+    def sized_for(self, backend_type: type, tasks: int) -> BackendOptions:
+        """The backend's options for a run of ``tasks`` tasks still to do: no
+        more workers than tasks, or than GPU sets; None left for a backend
+        that sizes itself (Ray) unless the user gave a count."""
+        options = self.backend
+        workers = options.workers
+        if workers is None:
+            workers = backend_type.default_workers(options.cpus_per_task)
+        if workers is not None:
+            if options.gpu_sets is not None:
+                workers = min(workers, len(options.gpu_sets))
+            workers = max(1, min(workers, tasks))
+        return replace(options, workers=workers)
+
+
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_max_failures(value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+        raise ValueError(
+            f"max_failures must be a count >= 0 or a fraction in (0, 1), got {value!r}"
+        )
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if not 0 < value < 1:
+        raise ValueError(f"max_failures as a fraction must lie in (0, 1), got {value!r}")
+    return float(value)
+
+
+def check_switch(name: str, value: Any) -> bool:
+    """A switch: True or False (``"false"`` read as True was a full run)."""
+    if not isinstance(value, (bool, int)) or value not in (0, 1):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_retry_on(value: Any) -> tuple[type[BaseException], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, BaseException):
+        raise TypeError(f"retry_on must hold exception classes, got the exception {value!r} "
+                        f"(write retry_on={type(value).__name__})")
+    try:
+        types = (value,) if isinstance(value, type) else tuple(value)
+    except TypeError:
+        raise TypeError(f"retry_on must be an exception class or several, got {value!r}") \
+            from None
+    for item in types:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise TypeError(f"retry_on must hold exception classes, got {item!r}")
+    return types
+
+
+def _gpu_sets(per_task: float, gpus: Any, backend_type: type, backend: str
+              ) -> tuple[tuple[str, ...], ...] | None:
+    """Per worker slot, its GPUs (:func:`place_gpus`): disjoint sets of
+    ``gpus_per_task``, or ``1/gpus_per_task`` slots on each GPU."""
+    declared = declared_gpus(gpus)
+    if per_task == 0:
+        return None
+    if not backend_type.isolates_gpus:
+        raise ValueError(f"the {backend} backend cannot give each task its own GPUs; "
+                         "use backend='processes'")
+    ids = declared if isinstance(declared, list) else visible_gpus(declared)
+    return place_gpus(per_task, ids)
+
+
+def _check_gpu_memory_limit(value: Any, per_task: float, per_gpu: int, backend_type: type,
+                            backend: str) -> float | None:
+    if value is None:
+        return None
+    if per_task == 0:
+        raise ValueError("gpu_memory_limit= caps each task's share of its GPU; it needs "
+                         "gpus_per_task (e.g. gpus_per_task=0.25, gpu_memory_limit=0.25)")
+    if not getattr(backend_type, "caps_gpu_memory", False):
+        raise ValueError(f"the {backend} backend cannot cap a task's GPU memory (it would "
+                         "cap your own process); use backend='processes' or 'ray'")
+    return check_memory_fraction(value, per_gpu)
+
+
+def _check_setup(setup: Any) -> list[str]:
+    if setup is None:
+        return []
+    if isinstance(setup, Mapping):
+        for name, make in setup.items():
+            if not isinstance(name, str) or not callable(make):
+                raise TypeError("setup must be a function, or a dict of name -> function")
+        return list(setup)
+    if not callable(setup):
+        raise TypeError(f"setup must be a function, got {type(setup).__name__}")
+    return ["resource"]
+
+
+def _check_picklable(fit: Callable[..., Any], shared: dict | None, backend: str,
+                     what: str = "fit") -> None:
+    try:
+        cloudpickle.dumps(fit)
+    except Exception as exc:
+        raise TypeError(
+            f"{what} cannot be pickled to send it to the {backend} backend's worker "
+            f"processes: {exc!r}. Define {what} at module level without references to "
+            "open files, locks or connections, or use backend='threads'"
+        ) from exc
+    for name, value in (shared or {}).items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"shared object {name!r} cannot be pickled for the {backend} backend: "
+                f"{exc!r}; use backend='threads' to share it in-process"
+            ) from exc

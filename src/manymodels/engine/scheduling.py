@@ -1,0 +1,370 @@
+"""The scheduler: which task runs when, in batches of what size, and what
+happens when one fails.
+
+Data flow (everything here runs in the driver's main thread)::
+
+    Plan.tasks ──sorted by cost, longest first──► pending
+                                                     │  BatchSizer: enough tasks to keep
+    retry queue (crashed / timed out / retry_on) ──► │  a worker busy ~0.1 s, fewer near
+      ▲            with backoff for exceptions       │  the end so that none idles alone;
+      │                                              │  a worker's next batch queued on it
+      │                                              │  only while tasks are short
+      │                                              ▼
+      │                                  backend.submit(batch) ───► workers run fit
+      │                                                                  │
+      │           backend.poll() ◄─────── Finished / Lost / Requeued ◄───┘
+      │                │
+      └── retryable ◄──┤
+                       ├──► TaskRecords (status, metrics, model, timings)
+                       ├──► progress bar (counts models, not batches)
+                       └──► error budget: past max_failures, stop and raise
+
+The scheduler owns ordering, batching, retries, the error budget and
+progress; backends (:mod:`manymodels.engine.backends`) only run batches. So every
+backend orders, retries and counts the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..observe.progress import ProgressBar
+from ..planning.plan import Plan
+from ..run.results import Run, TaskRecords
+from ..store.database import StoreError
+from .backends.base import Backend
+from .batchsizing import BatchSizer
+from .execution import RunContext
+from .messages import (
+    FAILURE_STATUSES,
+    Finished,
+    Lost,
+    OkOutcomes,
+    Outcome,
+    Requeued,
+    Status,
+    task_indices,
+)
+
+_RETRY_BACKOFF_S = 0.1
+
+
+class TooManyFailures(RuntimeError):
+    """The run stopped early: more tasks failed than ``max_failures`` allows.
+    ``.run`` holds every result finished before the stop."""
+
+    def __init__(self, message: str, run: Run) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C or SIGTERM); ``.run`` holds every result
+    finished before the interrupt, the rest are ``cancelled``."""
+
+    def __init__(self, message: str, run: Run) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """During a run, SIGTERM stops it like Ctrl-C: workers stopped, results kept."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _ended(events: list) -> Iterator[int]:
+    """The task indices a round of events may have ended (a retried one has not:
+    its status is still unset, and the callbacks skip it)."""
+    for event in events:
+        if isinstance(event, Finished):
+            yield from task_indices(event.outcomes)
+        elif isinstance(event, Lost):
+            yield event.index
+
+
+def _failure_budget(max_failures: int | float | None, total: int) -> int | None:
+    if max_failures is None:
+        return None
+    if isinstance(max_failures, float) and 0 < max_failures < 1:
+        return int(max_failures * total)
+    return int(max_failures)
+
+
+class Scheduler:
+    """Runs one plan on one backend; :meth:`run` returns the :class:`Run`."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        backend: Backend,
+        *,
+        retries: int = 0,
+        max_failures: int | float | None = None,
+        progress: bool = True,
+        description: str = "training",
+        recorder: Any = None,
+        callbacks: Any = None,
+    ) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.retries = retries
+        self.budget = _failure_budget(max_failures, len(plan.tasks))
+        self.records = TaskRecords(len(plan.tasks))
+        self._progress_options = (len(plan.tasks), progress, description)
+        self.progress: ProgressBar | None = None
+        self.sizer = BatchSizer(backend.workers)
+        self.recorder = recorder
+        self.callbacks = callbacks  # a callbacks.Callbacks, or None
+        self._done = self._ok = self._failed = self._batches = 0
+        if recorder is not None:  # models the store already holds: done before we start
+            self._done = self._ok = recorder.fill_reused(self.records)
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _finish(self, index: int, status: str, worker: int, error: str | None) -> None:
+        self.records.status[index] = status
+        self.records.worker[index] = worker
+        self.records.error[index] = error
+        self._done += 1
+        if status == Status.OK:
+            self._ok += 1
+        elif status in FAILURE_STATUSES:
+            self._failed += 1
+        if self.recorder is not None:
+            self.recorder.task_finished(index)
+
+    def _record_all(self, outcomes: list[Outcome], worker: int) -> list[int]:
+        """Record a batch's outcomes: each one's attempt and times, its model
+        and metrics when ok, then :meth:`_finish`'s bookkeeping unless it goes
+        back for a retry; all in one loop over local names (a million tasks
+        paid more for a method call each than for the work). Returns the
+        tasks to retry."""
+        if type(outcomes) is OkOutcomes:
+            return self._record_ok(outcomes, worker)
+        rec, ok_status, retries = self.records, Status.OK.value, self.retries
+        attempts, durations, starts = rec.attempts, rec.duration_s, rec.started_at
+        statuses, workers, errors = rec.status, rec.worker, rec.error
+        models, metrics_of = rec.model, rec.metrics
+        retry: list[int] = []
+        finished: list[int] = []
+        ok = failed = 0
+        for index, status, model, metrics, duration, started_at, error, retryable in outcomes:
+            attempts[index] += 1
+            durations[index] = duration
+            starts[index] = started_at
+            if status == ok_status:
+                models[index], metrics_of[index] = model, metrics
+                ok += 1
+            elif retryable and attempts[index] <= retries:
+                retry.append(index)
+                continue
+            elif status in FAILURE_STATUSES:
+                failed += 1
+            statuses[index], workers[index], errors[index] = status, worker, error
+            finished.append(index)
+        self._done += len(finished)
+        self._ok += ok
+        self._failed += failed
+        if self.recorder is not None:
+            self.recorder.tasks_finished(finished)
+        return retry
+
+    def _record_ok(self, outcomes: OkOutcomes, worker: int) -> list[int]:
+        """:meth:`_record_all` of a part every task of which succeeded: the
+        times set as arrays, the rest in one loop with nothing to unpack or
+        compare."""
+        rec = self.records
+        finished = outcomes.indices.tolist()
+        rec.duration_s[outcomes.indices] = outcomes.durations
+        rec.started_at[outcomes.indices] = outcomes.started
+        attempts, statuses, workers, errors = rec.attempts, rec.status, rec.worker, rec.error
+        models, metrics_of = rec.model, rec.metrics
+        ok = Status.OK.value
+        for index, model, metrics in zip(finished, outcomes.models(), outcomes.metrics()):
+            attempts[index] += 1
+            statuses[index], workers[index], errors[index] = ok, worker, None
+            models[index], metrics_of[index] = model, metrics
+        self._done += len(finished)
+        self._ok += len(finished)
+        if self.recorder is not None:
+            self.recorder.tasks_finished(finished)
+        return []
+
+    def _over_budget(self) -> bool:
+        return self.budget is not None and self._failed > self.budget
+
+    def _build_run(self, wall_s: float, started_at: float) -> Run:
+        recorder = self.recorder
+        return Run(self.plan, self.records, wall_s=wall_s, workers=self.backend.workers,
+                   backend=self.backend.name, started_at=started_at,
+                   store=recorder.store if recorder else None,
+                   run_id=recorder.run_id if recorder else None, batches=self._batches,
+                   worker_gpus=self.backend.worker_gpus(),
+                   worker_start_s=self.backend.worker_start_s,
+                   spawn_reason=self.backend.spawn_reason)
+
+    # -- the loop --------------------------------------------------------------
+
+    def run(self, context: RunContext, began: tuple[float, float] | None = None) -> Run:
+        """Run every task not already finished; ``began`` is ``(time.time(),
+        time.perf_counter())`` when the caller's work started (planning, hashing),
+        so that the wall time covers it."""
+        started_at, start = began or (time.time(), time.perf_counter())
+        stopped_by: BaseException | None = None
+        store_error: StoreError | None = None
+        with _sigterm_interrupts():
+            started = False
+            try:
+                if self.callbacks is not None:
+                    self.callbacks.run_start(self._done)
+                if self._done < len(self.plan.tasks):
+                    started = True
+                    self.backend.start(context)
+                    self.progress = ProgressBar(*self._progress_options)
+                    self._loop()
+            except KeyboardInterrupt as exc:
+                stopped_by = exc
+            except StoreError as exc:  # the store cannot take more: stop, keep the results
+                store_error = exc
+            except BaseException:  # the backend cannot go on: keep what finished
+                if self.recorder is not None:
+                    self.recorder.abandon(self.records)
+                raise
+            finally:
+                clean = (stopped_by is None and store_error is None
+                         and not self._over_budget())
+                try:
+                    if started:
+                        self.backend.stop(force=not clean)
+                finally:
+                    if self.progress is not None:
+                        self.progress.close()
+            statuses = self.records.status
+            if None in statuses:  # (a million looked at in C when every task ended)
+                for index, status in enumerate(statuses):
+                    if status is None:
+                        statuses[index] = Status.CANCELLED.value
+            run = self._build_run(time.perf_counter() - start, started_at)
+            if self.recorder is not None and store_error is None:
+                state = ("interrupted" if stopped_by is not None
+                         else "stopped" if self._over_budget() else "finished")
+                try:
+                    self.recorder.finish(self.records, state, run)
+                except StoreError as exc:
+                    store_error = exc
+            if self.callbacks is not None:
+                self.callbacks.run_end(run)
+            if store_error is not None:
+                self.recorder.abandon()
+                store_error.run = run
+                raise store_error
+        if stopped_by is not None:
+            resume = (" Run the same call again with the same store to resume: finished "
+                      "models are reused." if self.recorder is not None else
+                      " Pass store= to keep results across runs and resume.")
+            raise RunInterrupted(
+                f"interrupted after {self._done} of {len(self.plan.tasks)} tasks; the "
+                f"finished results are in the exception's .run.{resume}", run) from stopped_by
+        if self._over_budget():
+            raise TooManyFailures(self._budget_message(run), run)
+        return run
+
+    def _loop(self) -> None:
+        tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
+        todo = np.array([i for i, status in enumerate(self.records.status) if status is None],
+                        dtype=np.int64)
+        # longest first; an array and how far it is taken (a deque of a million
+        # Python ints held 36 MB through the run)
+        pending = todo[np.argsort(-tasks.costs[todo], kind="stable")]
+        taken = 0
+        retry_now: deque[int] = deque()  # crashed or requeued: before anything else
+        retry_later: list[tuple[float, int]] = []  # (due time, index): backoff
+        in_flight: set[int] = set()
+        batch_id = 0
+        callbacks = self.callbacks
+        per_task = callbacks is not None and callbacks.wants_tasks
+        while self._done < len(tasks) and not self._over_budget():
+            now = time.monotonic()
+            while retry_later and retry_later[0][0] <= now:
+                retry_now.append(heapq.heappop(retry_later)[1])
+            free = backend.free_slots(self.sizer.batches_per_worker(backend.shares_one_queue))
+            while free > 0 and (retry_now or taken < len(pending)):
+                size = self.sizer.next_size(len(pending) - taken + len(retry_now))
+                positions = [retry_now.popleft() for _ in range(min(size, len(retry_now)))]
+                if len(positions) < size and taken < len(pending):
+                    more = min(size - len(positions), len(pending) - taken)
+                    positions += pending[taken:taken + more].tolist()
+                    taken += more
+                in_flight.update(positions)
+                backend.submit(batch_id, tasks.batch(positions, fit_keys))
+                batch_id += 1
+                self._batches += 1
+                free -= 1
+            wait = 0.05
+            if retry_later and not in_flight:
+                wait = max(0.0, min(wait, retry_later[0][0] - now))
+            events = backend.poll(wait)
+            if per_task:
+                events = list(events)
+            for event in events:
+                if isinstance(event, Finished):
+                    self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
+                    in_flight.difference_update(task_indices(event.outcomes))
+                    for index in self._record_all(event.outcomes, event.worker):
+                        attempt = self.records.attempts[index]
+                        due = time.monotonic() + _RETRY_BACKOFF_S * 2 ** (attempt - 1)
+                        heapq.heappush(retry_later, (due, index))
+                elif isinstance(event, Lost):
+                    in_flight.discard(event.index)
+                    self.records.attempts[event.index] += 1
+                    if self.records.attempts[event.index] <= self.retries:
+                        retry_now.append(event.index)
+                    else:
+                        self._finish(event.index, event.status, event.worker, event.message)
+                elif isinstance(event, Requeued):
+                    in_flight.difference_update(event.indices)
+                    retry_now.extendleft(reversed(event.indices))
+            self.progress.update(self._done, self._ok, self._failed)
+            if self.recorder is not None:
+                self.recorder.flush(self.records, tail=taken == len(pending) and not (
+                    retry_now or retry_later))
+            if callbacks is not None:
+                if per_task:
+                    callbacks.tasks_finished(_ended(events), self.records)
+                callbacks.batch(self._done, self._ok, self._failed)
+
+    def _budget_message(self, run: Run) -> str:
+        failed = run.failed
+        lines = [
+            f"stopped early: {len(failed)} tasks failed, over max_failures={self.budget} "
+            f"({self._ok} finished ok, {int((run.results['status'] == Status.CANCELLED).sum())} "
+            "cancelled); the finished results are in the exception's .run. First failures:"
+        ]
+        key_columns = self.plan.key_columns
+        for _, row in failed.head(3).iterrows():
+            key = tuple(row[c] for c in key_columns)
+            last_line = (row["error"] or "").strip().splitlines()[-1:] or [""]
+            last = last_line[0] if len(last_line[0]) <= 500 else last_line[0][:500] + " ..."
+            lines.append(f"  {key if len(key) != 1 else key[0]!r}: {row['status']}: {last}")
+        return "\n".join(lines)

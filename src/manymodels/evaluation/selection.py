@@ -1,0 +1,206 @@
+"""Selection: each group's best candidate of ``groups * grid``.
+
+``select="rmse"`` (lower is better for error metrics, higher for ``r2`` and
+``accuracy``) or ``select=("r2", "max")`` picks, per group, the task whose
+metric is best; ties go to the first setting of the grid. A metric whose
+direction manymodels does not know (one a score function or ``fit`` reports,
+such as ``auc`` or ``val_accuracy``) needs it said, ``select=("auc", "max")``:
+it is refused before any work rather than guessed. ``run.best()``
+shows the winners; a store records each group's winner as its model, so that
+``Store.predict`` (and ``manymodels predict``) use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .metrics import direction as _direction
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A checked ``select=``: the metric, and whether higher is better."""
+
+    metric: str
+    higher: bool
+
+    @classmethod
+    def parse(cls, select: Any, evaluate: Any = None, example: str = "select=({!r}, 'max')"
+              ) -> Selection:
+        """Refuse, before work, a malformed ``select``, one naming a metric
+        that ``evaluate`` does not compute, or one whose direction is unknown
+        (see :func:`manymodels.evaluation.metrics.direction`); ``example`` shows how to
+        give one, formatted with the metric's name."""
+        if isinstance(select, str):
+            metric, direction = select, None
+        elif isinstance(select, tuple) and len(select) == 2 and isinstance(select[0], str):
+            metric, direction = select
+            if direction not in ("min", "max"):
+                raise ValueError(f"select=({metric!r}, {direction!r}): the direction must be "
+                                 "'min' or 'max'")
+        else:
+            raise TypeError(f"select must be a metric name or (name, 'min'|'max'), "
+                            f"got {select!r}")
+        if evaluate is not None:
+            named = evaluate.metric_names()
+            scored_by_function = len(named) < len(evaluate.metrics)
+            if metric not in named and not scored_by_function:
+                raise ValueError(f"select={metric!r} names a metric that evaluate= does not "
+                                 f"compute; it computes {', '.join(named)}")
+        return cls(metric, _direction(metric, direction, example.format(metric)))
+
+
+def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Selection
+              ) -> pd.DataFrame:
+    """One row per group (in key order): its best task's row of ``results``. A
+    group none of whose tasks has the metric (too short to evaluate) keeps its
+    first task that trained ok; a group with none ok is left out."""
+    if selection.metric not in results.columns:
+        raise ValueError(f"select={selection.metric!r}: no task reported that metric; the "
+                         f"results' columns are {list(results.columns)}")
+    ok = results[results["status"] == "ok"]
+    if ok.empty:
+        return results.iloc[0:0]
+    scores = pd.to_numeric(ok[selection.metric], errors="coerce")
+    ranked = -scores if selection.higher else scores
+    # unscored tasks rank last, in task order: the first one stands in
+    ranked = ranked.fillna(np.inf)
+    if not group_columns:  # a bare grid: one winner
+        return results.loc[[ranked.idxmin()]]
+    keys = [ok[c] for c in group_columns]
+    winners = ranked.groupby(keys if len(keys) > 1 else keys[0], sort=True,
+                             dropna=False).idxmin()
+    return results.loc[winners.to_numpy()]
+
+
+def record_winners(store: Any, run_id: int, best: pd.DataFrame, key_rows: list[tuple],
+                   group_columns: list[str], selection: Selection) -> int:
+    """Attach to the run each group's winning model artifact (its key encoded as
+    a prediction looks it up); return how many groups have one."""
+    from ..inputs.keys import encode_key
+
+    artifacts = store._run_artifacts(run_id)
+    width = len(group_columns)
+    chosen = {}
+    for index in best.index:
+        digest = artifacts.get(int(index))
+        if digest is not None:
+            chosen[encode_key(key_rows[index][:width])] = digest
+    store.attach(run_id, "selection", {"by": list(group_columns), "metric": selection.metric,
+                                       "higher": selection.higher, "artifacts": chosen})
+    return len(chosen)
+
+
+@dataclass(frozen=True)
+class Halving:
+    """``select=mm.halving("rmse", eta=3)``: successive halving per group."""
+
+    selection: Selection
+    eta: int = 3
+
+
+def halving(metric: str | tuple[str, str], eta: int = 3) -> Halving:
+    """Successive halving of each group's candidates over the evaluation's
+    windows: every candidate is scored on the first window, the best
+    ``1/eta`` (by their mean so far) go on to the next, and so on; the
+    survivor of the last window is refitted on all rows. Needs
+    ``groups * grid`` and an ``evaluate=`` of several windows (a backtest or
+    k folds); it runs one task per group, whose result row names its winning
+    setting in ``best_<name>`` columns and counts its ``window_fits``."""
+    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
+        raise ValueError(f"halving needs eta >= 2, got {eta!r}")
+    return Halving(Selection.parse(metric, example="mm.halving(({!r}, 'max'))"), eta)
+
+
+class HalvingSearch:
+    """The task of one group under :func:`halving` (runs on its worker)."""
+
+    def __init__(self, fit: Any, splitter: Any, settings: list[dict[str, Any]],
+                 halving: Halving) -> None:
+        self.fit, self.splitter, self.settings, self.halving = fit, splitter, settings, halving
+
+    def __call__(self, rows: Any, **shared: Any) -> tuple[Any, dict[str, Any]]:
+        from ..engine.execution import split_result
+        from .splitters import SKIPPED, WINDOWS, TooShort, score_window
+
+        splitter, metric = self.splitter, self.halving.selection.metric
+        sign = -1.0 if self.halving.selection.higher else 1.0
+        alive = list(range(len(self.settings)))
+        records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}
+        fits, skipped = 0, None
+        ordered = splitter.prepare(rows)
+        try:
+            windows = splitter.windows(ordered)
+        except TooShort as exc:
+            windows, skipped = [], str(exc)
+        features = splitter.feature_columns(rows)
+        failed: dict[int, str] = {}  # a candidate that raised: out of the race, not the group
+        for number, (train, test, cutoff) in enumerate(windows):
+            train_rows = ordered.iloc[train].reset_index(drop=True)
+            test_rows = ordered.iloc[test].reset_index(drop=True)
+            for i in alive:
+                fits += 1
+                try:
+                    model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
+                    scores = score_window(splitter, model, test_rows, features,
+                                          train_rows[splitter.target].to_numpy())
+                except Exception as exc:
+                    failed[i] = f"{type(exc).__name__}: {exc}"
+                    continue
+                records[i].append({"window": number, "cutoff": cutoff,
+                                   "n_train": len(train_rows), "n_test": len(test_rows),
+                                   **scores})
+            alive = [i for i in alive if i not in failed]
+            if not alive:
+                first = min(failed)
+                raise RuntimeError(
+                    f"every candidate failed in window {number}, e.g. "
+                    f"{self.settings[first]}: {failed[first]}")
+
+            def mean(i: int) -> float:
+                values = [r.get(metric, np.nan) for r in records[i]]
+                value = float(np.mean(values))
+                return sign * value if value == value else np.inf
+
+            keep = max(1, -(-len(alive) // self.halving.eta))  # ceil
+            if number < len(windows) - 1:
+                alive = sorted(alive, key=mean)[:keep]  # stable: ties keep grid order
+            else:
+                alive = sorted(alive, key=mean)[:1]
+        winner = alive[0]
+        model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
+        metrics: dict[str, Any] = dict(fit_metrics)
+        for name in records[winner][0] if records[winner] else ():
+            if name not in ("window", "cutoff", "n_train", "n_test"):
+                metrics[name] = float(np.mean([r[name] for r in records[winner]]))
+        if skipped is not None:
+            metrics.update({name: float("nan") for name in splitter.metric_names()})
+            metrics[SKIPPED] = skipped
+        metrics.update({f"best_{k}": v for k, v in self.settings[winner].items()})
+        metrics["window_fits"] = fits
+        if failed:  # how many candidates raised, and the first one's error
+            metrics["candidates_failed"] = len(failed)
+            first = min(failed)
+            metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
+        metrics[WINDOWS] = records[winner]
+        return model, metrics
+
+    @staticmethod
+    def prepare(fit: Any, source: Any, splitter: Any, halving: Halving) -> tuple:
+        """``(source, fit)`` to run: one task per group of ``groups * grid``."""
+        from ..inputs.grids import ProductSource
+
+        if splitter is None:
+            raise ValueError("select=mm.halving(...) needs evaluate= (a backtest or k folds)")
+        if not isinstance(source, ProductSource):
+            raise ValueError("select=mm.halving(...) needs groups * grid: candidates to halve")
+        metric = halving.selection.metric
+        named = splitter.metric_names()
+        if metric not in named and len(named) == len(splitter.metrics):
+            raise ValueError(f"select={metric!r} names a metric that evaluate= does not "
+                             f"compute; it computes {', '.join(named)}")
+        return source.base, HalvingSearch(fit, splitter, source.grid.combinations(), halving)

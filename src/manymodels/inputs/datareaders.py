@@ -1,0 +1,183 @@
+"""The workers' side of task data: turning a batch's references into ``fit``'s
+argument.
+
+Each kind of task data (:mod:`manymodels.planning.taskdata`) opens one of these
+readers on a worker (:meth:`~manymodels.planning.taskdata.TaskData.open`): it
+prepares a batch at once (:meth:`DataReader.begin_batch`: reads or converts
+its rows) and gives each task its rows (:meth:`DataReader.rows`).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from .parquetgroups import ParquetGroups
+
+
+class DataReader:
+    """A worker's view of one run's task data: :meth:`begin_batch` prepares a
+    batch (reads or converts its rows at once), :meth:`rows` gives one task's
+    argument for ``fit``."""
+
+    def begin_batch(self, refs: list[Any]) -> None:
+        """Prepare the references of the batch about to run."""
+
+    def rows(self, ref: Any) -> Any:
+        return ref
+
+
+def _range_index(length: int) -> Any:
+    import pandas as pd
+
+    return pd.RangeIndex(length)
+
+
+def _arrow_as(rows: Any, format: str, labels: list | None = None) -> Any:
+    """Arrow rows in the format ``fit`` asked for."""
+    if format == "arrow":
+        return rows
+    if format == "pandas":
+        frame = rows.to_pandas()
+        if labels is not None:
+            frame.columns = labels
+        return frame
+    if format == "polars":
+        import polars as pl
+
+        return pl.from_arrow(rows)
+    if format == "numpy":
+        return {name: column.to_numpy()
+                for name, column in zip(labels or rows.column_names, rows.columns)}
+    raise ValueError(f"unknown format {format!r}")
+
+
+class FrameSlices(DataReader):
+    """``map_partitions`` over a pandas frame: partitions are views of it."""
+
+    def __init__(self, frame: Any) -> None:
+        import pandas as pd
+
+        self.frame = frame
+        # without copy-on-write (pandas < 3), fn could write through a view
+        # into the caller's frame
+        self.copy = int(pd.__version__.split(".")[0]) < 3
+
+    def rows(self, ref: tuple[int, int]) -> Any:
+        part = self.frame.iloc[ref[0]:ref[0] + ref[1]]
+        return part.copy() if self.copy else part
+
+
+def _locked(converted: Any) -> Any:
+    """Rows as ``format="numpy"`` made them (a batch's, or a task's own),
+    with every array made read-only (as those of a zero-copy conversion
+    already are), once: each task's views of them then are too, and ``fit``
+    cannot write through one into the next task's rows (a group repeated by
+    a grid shares them), nor make it writeable again. Other formats are
+    returned as they are."""
+    import numpy as np
+
+    if type(converted) is dict:
+        for array in converted.values():
+            while isinstance(array, np.ndarray):  # and the arrays it views: NumPy asks
+                array.flags.writeable = False      # those when a view is made writeable
+                array = array.base
+    return converted
+
+
+class ArrowSlices(DataReader):
+    """Slices of the sorted Arrow table (mapped from shared memory)."""
+
+    def __init__(self, table: Any, format: str, labels: list | None) -> None:
+        self.table, self.format, self.labels = table, format, labels
+        # this batch's rows converted at once: (first, end, starts, converted);
+        # converted holds the table's rows first..end, or, where ``starts`` is
+        # not None, the batch's groups gathered, each at starts[(offset, length)]
+        self._span: tuple[int, int, dict | None, Any] | None = None
+
+    def begin_batch(self, refs: Sequence[tuple[int, int]]) -> None:
+        """Convert the rows of a batch of groups to pandas (or NumPy) in one go.
+
+        Converting Arrow to pandas costs far more per call than per row, so
+        twenty-row groups one by one spend more time converting than fitting
+        (about 0.4 ms a group). So the batch's rows are converted once: the
+        span of the sorted table they lie in when they are dense in it (groups
+        of equal size keep key order in the longest-first queue), else just
+        their slices, gathered; each task gets a slice of the result. ``refs``
+        may come as columns (:class:`~manymodels.planning.taskdata.SliceRefs`: a batch
+        of a table's groups), read without a tuple a group.
+        """
+        self._span = None
+        if self.format not in ("pandas", "numpy") or len(refs) < 2:
+            return
+        offsets = getattr(refs, "offsets", None)
+        if offsets is not None:
+            first, end = int(offsets.min()), int((offsets + refs.lengths).max())
+            rows, unique = int(refs.lengths.sum()), refs
+        else:
+            unique = dict.fromkeys(refs)  # a product source repeats groups
+            first = min(offset for offset, _ in unique)
+            end = max(offset + length for offset, length in unique)
+            rows = sum(length for _, length in unique)
+        if end - first <= 2 * rows:
+            converted = _arrow_as(self.table.slice(first, end - first), self.format, self.labels)
+            self._span = (first, end, None, _locked(converted))
+            return
+        import pyarrow as pa
+
+        starts, position = {}, 0
+        for ref in dict.fromkeys(unique):  # columns may repeat a group too
+            starts[ref] = position
+            position += ref[1]
+        pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in starts])
+        self._span = (first, end, starts, _locked(_arrow_as(pieces, self.format, self.labels)))
+
+    def rows(self, ref: tuple[int, int]) -> Any:
+        offset, length = ref
+        span = self._span
+        if span is not None:
+            first, end, starts, converted = span
+            if starts is not None:
+                start = starts.get(ref)
+            else:
+                start = offset - first if first <= offset and offset + length <= end else None
+            if start is not None:
+                stop = start + length
+                if self.format == "numpy":  # views of the batch's read-only arrays
+                    return {name: array[start:stop] for name, array in converted.items()}
+                group = converted.iloc[start:stop]
+                group.index = _range_index(length)
+                return group
+        # a batch of one task, or a task not in its batch's span: rows of its own,
+        # read-only too, so a fit sees the same whichever batch it lands in
+        return _locked(_arrow_as(self.table.slice(offset, length), self.format, self.labels))
+
+
+class ParquetBatches(DataReader):
+    """A batch's groups read from the Parquet files in one filtered scan."""
+
+    def __init__(self, reader: ParquetGroups, format: str) -> None:
+        self.reader, self.format = reader, format
+        self._read: dict[tuple, Any] = {}
+        self._error: str | None = None
+
+    def begin_batch(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> None:
+        self._error = None
+        try:
+            self._read = self.reader.read(refs)
+        except Exception:  # each task fails with the reason when it looks for its rows
+            self._read = {}
+            self._error = traceback.format_exc()
+
+    def rows(self, ref: tuple[tuple, tuple[int, ...]]) -> Any:
+        key = ref[0]
+        rows = self._read.get(key)
+        if rows is None:
+            raise LookupError(f"the rows of group {key!r} could not be read"
+                              + (f":\n{self._error}" if self._error
+                                 else " (none match it any more)"))
+        value = _arrow_as(rows, self.format)
+        if self.format == "pandas":
+            value.index = _range_index(len(value))  # as the eager path's groups
+        return value

@@ -1,0 +1,132 @@
+"""Grids: one task per combination of parameter values (:func:`grid`), alone
+or times groups or items (``groups * grid``, :class:`ProductSource`)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+from .sources import GroupSource, ItemSource, Source, require_unique
+
+#: The most settings one grid may make (a billion were built one by one, as
+#: dicts, before anything else ran, until the memory ran out).
+MOST_SETTINGS = 100_000_000
+
+
+class GridSource(Source):
+    """One task per combination of the given parameter values."""
+
+    def __init__(self, values: dict[str, Iterable[Any]]) -> None:
+        if not values:
+            raise ValueError("grid() needs at least one parameter, e.g. grid(alpha=[0.1, 1])")
+        self.values: dict[str, list[Any]] = {}
+        for name, options in values.items():
+            if isinstance(options, (str, bytes)) or not isinstance(options, Iterable):
+                raise TypeError(
+                    f"grid parameter {name!r} must be a list of values, got {options!r}"
+                )
+            options = list(options)
+            if not options:
+                raise ValueError(f"grid parameter {name!r} has no values")
+            require_unique(options, f"value of grid parameter {name!r}", by_equality=True)
+            self.values[name] = options
+        if len(self) > MOST_SETTINGS:  # each one is a dict held while the run is planned
+            raise ValueError(
+                f"grid() makes {len(self):,} combinations of its {len(self.values)} "
+                f"parameters, more than a run plans ({MOST_SETTINGS:,}): narrow the grid, "
+                "or run it in parts")
+
+    @property
+    def key_columns(self) -> list[str]:
+        return list(self.values)
+
+    @property
+    def param_columns(self) -> list[str]:
+        return list(self.values)
+
+    def combinations(self) -> list[dict[str, Any]]:
+        names = list(self.values)
+        return [dict(zip(names, combo)) for combo in itertools.product(*self.values.values())]
+
+    def __len__(self) -> int:
+        n = 1
+        for options in self.values.values():
+            n *= len(options)
+        return n
+
+    def __repr__(self) -> str:
+        return "grid(" + ", ".join(f"{k}={len(v)} values" for k, v in self.values.items()) + ")"
+
+
+class ProductSource(Source):
+    """Every task of ``base`` (groups or items) with every setting of ``grid``."""
+
+    def __init__(self, base: GroupSource | ItemSource, grid: GridSource) -> None:
+        clash = set(base.key_columns) & set(grid.param_columns)
+        if clash:
+            raise ValueError(f"grid parameter {sorted(clash)[0]!r} has the name of a key column")
+        self.base = base
+        self.grid = grid
+
+    @property
+    def key_columns(self) -> list[str]:
+        return self.base.key_columns + self.grid.param_columns
+
+    @property
+    def param_columns(self) -> list[str]:
+        return self.grid.param_columns
+
+    def __repr__(self) -> str:
+        return f"{self.base!r} * {self.grid!r}"
+
+
+def product(left: Source, right: Source) -> Source:
+    """Combine two sources: a grid with a grid, or groups/items with a grid."""
+    if not isinstance(left, Source) or not isinstance(right, Source):
+        return NotImplemented
+    if isinstance(left, GridSource) and isinstance(right, GridSource):
+        clash = set(left.values) & set(right.values)
+        if clash:
+            raise ValueError(f"grid parameter {sorted(clash)[0]!r} appears in both grids")
+        return GridSource({**left.values, **right.values})
+    if isinstance(left, GridSource):
+        left, right = right, left
+    if isinstance(right, GridSource):
+        if isinstance(left, ProductSource):
+            return ProductSource(left.base, product(left.grid, right))
+        if isinstance(left, (GroupSource, ItemSource)):
+            return ProductSource(left, right)
+    raise TypeError(
+        f"cannot combine {left!r} with {right!r}: only a grid can multiply "
+        "groups, items or another grid"
+    )
+
+
+def require_distinct_texts(source: Source) -> None:
+    """Refuse two values of a grid parameter that differ but read the same,
+    for a run with a store: it keys a model by its values' text
+    (:func:`manymodels.inputs.keys.encode_key`, an object's ``str()``), so both
+    would be kept, and found, under one key. scikit-learn shortens a long
+    estimator's repr with "...", so two pipelines that differ in the middle
+    read the same."""
+    from .keys import encode_key
+
+    grid = source.grid if isinstance(source, ProductSource) else source
+    for name, options in (grid.values.items() if isinstance(grid, GridSource) else ()):
+        seen: dict[str, int] = {}
+        for position, value in enumerate(options):
+            text = encode_key((value,))
+            if text in seen:
+                raise ValueError(
+                    f"values {seen[text]} and {position} of grid parameter {name!r} differ "
+                    f"but read the same ({str(value)[:60]!r}...), and a store names each "
+                    "model by that text, so it could not tell them apart: give them texts "
+                    "of their own (a __repr__ that tells them apart), or make the grid's "
+                    "values names and build each one in fit")
+            seen[text] = position
+
+
+def grid(**values: Iterable[Any]) -> GridSource:
+    """One task per combination of values; ``fit`` receives them as keywords."""
+    return GridSource(values)

@@ -1,0 +1,162 @@
+"""Groups read on the workers: ``mm.groups(path, by=..., read_on_workers=True)``.
+
+The driver reads the key columns of the Parquet files only, to plan the
+groups; each batch's worker reads its own groups' rows with one filtered
+scan of the files that hold them (:class:`ParquetGroups`). The files' schemas
+unify as an eager read of the directory unifies them (:mod:`.tables`), and
+Hive-style partition folders are columns here too (:mod:`.partitions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .partitions import partition_table, partitioning
+from .tables import (
+    PARQUET_SUFFIXES,
+    exact_pandas,
+    first_misfit,
+    plain_scalar,
+    present_columns,
+    sort_order,
+    table_files,
+    text_where_any_is_text,
+)
+
+
+def parquet_files(table: Any) -> list[str]:
+    """The Parquet files behind ``table``, a path to a Parquet file or to a
+    directory of them, in the order :func:`read_table` reads them."""
+    if not isinstance(table, (str, Path)):
+        raise TypeError("read_on_workers=True needs the path of a Parquet file or directory, "
+                        f"got {type(table).__name__}")
+    path = Path(table)
+    if not path.exists():
+        raise ValueError(f"table path {str(path)!r} does not exist")
+    files = [path] if path.is_file() else table_files(path)
+    if not files:
+        raise ValueError(f"directory {str(path)!r} holds no .parquet files")
+    for file in files:
+        if file.suffix.lower() not in PARQUET_SUFFIXES:
+            raise ValueError(f"read_on_workers=True reads Parquet only; {str(file)!r} is not "
+                             "a .parquet file")
+    return [str(file.absolute()) for file in files]  # fit may change the directory
+
+
+def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = None,
+              schema: pa.Schema | None = None, use_threads: bool = True,
+              partitions: pa.Table | None = None, root: str | None = None) -> pa.Table:
+    """Read ``columns`` of the rows of ``files`` that match ``filter`` (a
+    ``pyarrow.compute`` expression), in file and row order; ``partitions``:
+    the files' partition columns (:mod:`manymodels.inputs.partitions`), from the
+    names of their folders under ``root``."""
+    import pyarrow.dataset as ds
+
+    try:
+        dataset = ds.dataset(files, format="parquet", schema=schema,
+                             partitioning=partitioning(partitions),
+                             partition_base_dir=root if partitions is not None else None)
+        return dataset.to_table(columns=columns, filter=filter, use_threads=use_threads)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"cannot read the Parquet files {files[:3]}...: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ParquetGroups:
+    """Groups whose rows stay in Parquet files until a worker needs them:
+    ``mm.groups(path, by=..., read_on_workers=True)``. A task's data reference
+    is ``(key, file numbers)``: its ``by`` values and the files that hold its
+    rows; :meth:`read` fetches a batch's groups with one filtered scan of
+    those files only."""
+
+    files: list[str]
+    by: list[str]
+    schema: pa.Schema  # of all files, unified as an eager read unifies them
+    order_by: tuple[str, ...] = ()  # each group's rows sorted by these
+    columns: tuple[str, ...] | None = None  # the columns read (None: all)
+    partitions: pa.Table | None = None  # each file's partition columns (name=value folders)
+    root: str | None = None  # the directory the files are under
+
+    @classmethod
+    def plan(cls, files: list[str], by: list[str], order_by: list[str] | None = None,
+             columns: list[str] | None = None, root: str | None = None
+             ) -> tuple[ParquetGroups, pa.Table]:
+        """Read the key columns only; return the reader and the key table with
+        a ``__file__`` column (the number of the file each row came from).
+        ``root``: the directory the files are under (its ``name=value``
+        folders are columns, :mod:`manymodels.inputs.partitions`)."""
+        import pyarrow.parquet as pq
+
+        partitions = None if root is None else partition_table(Path(root), [
+            Path(f) for f in files])
+
+        try:
+            schemas = [pq.read_schema(f) for f in files]
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"cannot read the schema of the Parquet files under "
+                             f"{files[0]!r}...: {exc}") from exc
+        mixed = text_where_any_is_text([schema.empty_table() for schema in schemas])
+        schemas = [table.schema for table in mixed]  # a column text anywhere: text everywhere
+        try:
+            schema = pa.unify_schemas(schemas, promote_options="permissive")
+        except pa.ArrowException as exc:
+            raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
+                             f"schema: {first_misfit(files, schemas)}{exc}") from exc
+        for field in () if partitions is None else partitions.schema:
+            if field.name in schema.names:
+                raise ValueError(f"column {field.name!r} is both in the Parquet files under "
+                                 f"{root!r} and in the names of their folders: rename one")
+            schema = schema.append(field)
+        for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
+            missing = [c for c in names if c not in schema.names]
+            if missing:
+                raise ValueError(f"{what + ' ' if what else ''}column {missing[0]!r} is not in "
+                                 f"the Parquet files; their columns are {schema.names}")
+        if columns is not None:
+            columns = present_columns(columns, schema.names, files[0])
+        parts = []
+        for number, file in enumerate(files):
+            keys = read_rows([file], columns=by, schema=schema, partitions=partitions,
+                             root=root)
+            parts.append(keys.append_column("__file__", pa.array(
+                [number] * keys.num_rows, type=pa.int32())))
+        return (cls(files, by, schema, tuple(order_by or ()),
+                    None if columns is None else tuple(columns), partitions, root),
+                pa.concat_tables(parts))
+
+    def read(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, pa.Table]:
+        """Key -> that group's rows, in file and row order (as an eager read
+        and its stable sort by key would give them)."""
+        import pyarrow.compute as pc
+
+        keys = dict.fromkeys(key for key, _ in refs)
+        numbers = sorted({number for _, files in refs for number in files})
+        condition = None
+        for position, column in enumerate(self.by):  # a superset: each column's values
+            kind = self.schema.field(column).type
+            if pa.types.is_dictionary(kind):
+                kind = kind.value_type
+            wanted = list(dict.fromkeys(key[position] for key in keys))
+            if pa.types.is_floating(kind) and any(v == 0 for v in wanted if v is not None):
+                wanted += [0.0, -0.0]  # one key to pandas' grouping, two to Arrow's is_in
+            term = pc.field(column).isin(pa.array(wanted, type=kind))
+            condition = term if condition is None else condition & term
+        # one thread: a worker stays within its cpus_per_task
+        rows = read_rows([self.files[n] for n in numbers],
+                         columns=None if self.columns is None else list(self.columns),
+                         filter=condition, schema=self.schema, use_threads=False,
+                         partitions=self.partitions, root=self.root)
+        if self.order_by:  # one stable sort for the batch: each group's rows in order
+            rows = rows.take(sort_order(rows, list(self.order_by)))
+        key_frame = exact_pandas(rows.select(self.by))
+        positions = key_frame.groupby(self.by, sort=False).indices
+        groups = {}
+        for key, where in positions.items():
+            key = tuple(plain_scalar(v) for v in (key if isinstance(key, tuple) else (key,)))
+            if key in keys:
+                groups[key] = rows.take(where)
+        return groups

@@ -1,0 +1,305 @@
+"""Task sources: what to train one model for.
+
+A source is a declaration, cheap to build and checked at once, so that bad
+input fails before any work starts:
+
+* :func:`groups` -- one task per group of a table's rows;
+* :func:`items` -- one task per element of an iterable (files, ids, ...);
+* :func:`grid` -- one task per combination of parameter values;
+* ``source * grid`` -- every task of ``source`` with every setting.
+
+The planner (:mod:`manymodels.planning.plan`) turns a source into tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from pathlib import Path, PurePath
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .parquetgroups import ParquetGroups, parquet_files
+from .tables import is_pandas_frame, named_twice, read_table
+
+#: How ``fit`` may receive a group's rows.
+FORMATS = ("pandas", "arrow", "polars", "numpy")
+
+
+class Source:
+    """Base of all task sources; ``a * b`` combines a source with a grid."""
+
+    def __mul__(self, other: Source) -> Source:
+        from .grids import product
+
+        return product(self, other)
+
+    def __rmul__(self, other: Source) -> Source:
+        from .grids import product
+
+        return product(other, self)
+
+    @property
+    def key_columns(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def param_columns(self) -> list[str]:
+        return []
+
+
+class GroupSource(Source):
+    """One task per distinct value of the ``by`` columns of a table."""
+
+    def __init__(
+        self,
+        table: Any,
+        by: str | Sequence[str],
+        *,
+        format: str = "pandas",
+        cost: Callable[[int], float] | None = None,
+        read_on_workers: bool = False,
+        order_by: str | Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        by_columns = _column_list(by, "by")
+        if not by_columns:
+            raise ValueError("groups() needs at least one column in by=")
+        twice = named_twice(by_columns)
+        if twice is not None:
+            raise ValueError(f"by= names the column {twice!r} twice")
+        order_columns = _column_list(order_by, "order_by") if order_by is not None else []
+        if columns is not None:
+            wanted = _column_list(columns, "columns")
+            if not wanted:
+                raise ValueError("columns= names no column; leave it out to read them all")
+            wanted = list(dict.fromkeys(by_columns + order_columns + wanted))
+            if is_pandas_frame(table):  # select by label, before anything is converted
+                absent = [c for c in wanted if c not in table.columns]
+                if absent:
+                    raise ValueError(f"column {absent[0]!r} is not in the table; "
+                                     f"its columns are {list(table.columns)}")
+                table = table.loc[:, [c for c in table.columns if c in wanted]]
+                wanted = None
+        else:
+            wanted = None
+        #: A pandas frame's column labels when some are not strings (Arrow
+        #: names columns by strings): ``fit`` gets its frame with these labels.
+        self.column_labels: list | None = None
+        if is_pandas_frame(table) and not all(isinstance(c, str) for c in table.columns):
+            self.column_labels = list(table.columns)
+            names = [str(c) for c in self.column_labels]
+            if len(set(names)) < len(names):
+                raise ValueError(f"the frame's column labels {self.column_labels} are not "
+                                 "distinct as strings; rename the columns")
+            by_columns = [str(c) if c in self.column_labels else c for c in by_columns]
+            order_columns = [str(c) if c in self.column_labels else c for c in order_columns]
+            self.key_labels = [self.column_labels[names.index(c)] if c in names else c
+                               for c in by_columns]
+        if not all(isinstance(c, str) for c in by_columns):
+            raise TypeError(f"by= must name columns as strings, got {by!r}")
+        if not all(isinstance(c, str) for c in order_columns):
+            raise TypeError(f"order_by= must name columns as strings, got {order_by!r}")
+        clash = set(by_columns) & set(order_columns)
+        if clash:
+            raise ValueError(f"order_by column {sorted(clash)[0]!r} is also a by column: "
+                             "within a group it has one value, so it orders nothing")
+        #: A pandas frame's row labels (None for other tables): map_groups labels
+        #: the rows of a transform's result with them.
+        self.row_index = table.index if is_pandas_frame(table) else None
+        #: Reads each batch's groups from the Parquet files on the workers, or
+        #: None when the whole table is read here (then ``table`` holds every
+        #: column; with a reader, the key columns and each row's file number).
+        self.reader: ParquetGroups | None = None
+        if read_on_workers:
+            if "__file__" in by_columns:
+                raise ValueError("by column '__file__' has the name read_on_workers gives "
+                                 "each row's file number: rename it, or read on the driver")
+            self.reader, self.table = ParquetGroups.plan(
+                parquet_files(table), by_columns, order_columns, wanted,
+                root=str(Path(table).absolute()) if Path(table).is_dir() else None)
+            for name in by_columns:
+                column = self.table.column(name)
+                nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()
+                if column.null_count or nan:
+                    raise ValueError(f"by column {name!r} has missing values; "
+                                     "read_on_workers needs a value in every key column")
+        else:
+            self.table = read_table(table, wanted)
+        checked = (("by", by_columns),) + (() if self.reader else (("order_by", order_columns),))
+        for what, names in checked:
+            missing = [c for c in names if c not in self.table.column_names]
+            if missing:
+                raise ValueError(
+                    f"{what} column {missing[0]!r} is not in the table; "
+                    f"its columns are {self.table.column_names}"
+                )
+        if self.table.num_rows == 0:
+            raise ValueError("the table is empty: there are no groups to train")
+        self.by = by_columns
+        self.order_by = order_columns
+        self.format = format
+        self.cost = cost
+        self._layout = None  # filled once by planning.group_layout
+
+    @property
+    def key_columns(self) -> list:
+        return list(self.key_labels) if self.column_labels else list(self.by)
+
+    def __repr__(self) -> str:
+        order = f", order_by={self.order_by}" if self.order_by else ""
+        return f"groups({self.table.num_rows} rows, by={self.by}{order})"
+
+
+class PartitionSource(Source):
+    """One task per contiguous run of rows of a table (no grouping, no sort)."""
+
+    def __init__(self, table: Any, partitions: int, *, format: str = "pandas") -> None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
+        if format == "pandas" and is_pandas_frame(table):
+            # Kept as it is: partitions are views of it, and under fork the
+            # workers share it without a copy or a conversion.
+            self.table: Any = table
+        else:
+            self.table = read_table(table)
+        if self.num_rows == 0:
+            raise ValueError("the table is empty: there is nothing to transform")
+        self.partitions = min(partitions, self.num_rows)
+        self.format = format
+        self.cost = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.table) if is_pandas_frame(self.table) else self.table.num_rows
+
+    @property
+    def key_columns(self) -> list[str]:
+        return ["partition"]
+
+    def __repr__(self) -> str:
+        return f"partitions({self.num_rows} rows, {self.partitions})"
+
+
+def _default_item_key(item: Any, position: int) -> Hashable:
+    if isinstance(item, (str, bytes, int, float, PurePath)) or (
+        isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item)
+    ):
+        return item
+    return position
+
+
+class ItemSource(Source):
+    """One task per element of an iterable; ``fit`` receives the element."""
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        *,
+        key: Callable[[Any], Hashable] | None = None,
+        cost: Callable[[Any], float] | None = None,
+    ) -> None:
+        if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
+            raise TypeError(f"items() needs an iterable of items, got {type(iterable).__name__}")
+        self.items = list(iterable)
+        if not self.items:
+            raise ValueError("items() got an empty iterable: there is nothing to train")
+        if key is not None and not callable(key):
+            raise TypeError("items(key=...) must be a function of the item")
+        self.keys = [
+            key(item) if key else _default_item_key(item, i) for i, item in enumerate(self.items)
+        ]
+        require_unique(self.keys, "item key")
+        self.cost = cost
+
+    @property
+    def key_columns(self) -> list[str]:
+        return ["item"]
+
+    def __repr__(self) -> str:
+        return f"items({len(self.items)})"
+
+
+def _column_list(names: Any, what: str) -> list:
+    """A column name or a sequence of them, as a list."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        return [names]
+    return list(names)
+
+
+def require_unique(values: list[Any], what: str, by_equality: bool = False) -> None:
+    """Refuse a value given twice; ``by_equality``: unhashable ones too, each
+    compared with those before (a grid's few values, not a million items'
+    keys, which are positions where they cannot be hashed)."""
+    seen: set[Any] = set()
+    unhashable: list[Any] = []
+    for value in values:
+        try:
+            duplicate = value in seen
+            seen.add(value)
+        except TypeError:
+            if not by_equality:
+                return
+            duplicate = any(_equal(value, other) for other in unhashable)
+            unhashable.append(value)
+        if duplicate:
+            raise ValueError(f"duplicate {what}: {value!r}")
+
+
+def _equal(left: Any, right: Any) -> bool:
+    """``left == right`` as one truth; False where it has none (arrays)."""
+    try:
+        return type(left) is type(right) and bool(left == right)
+    except (TypeError, ValueError):
+        return False
+
+
+def groups(
+    table: Any,
+    by: str | Sequence[str],
+    *,
+    format: str = "pandas",
+    cost: Callable[[int], float] | None = None,
+    read_on_workers: bool = False,
+    order_by: str | Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+) -> GroupSource:
+    """One task per group of ``table``'s rows, keyed by the ``by`` columns.
+
+    ``table`` is a pandas or polars DataFrame, a pyarrow Table, or a path to a
+    Parquet/CSV file or a directory of them. ``fit`` receives each group's rows
+    as ``format``: ``"pandas"`` (default), ``"arrow"``, ``"polars"``, or
+    ``"numpy"`` (a dict of column name to array). ``cost`` maps a group's row
+    count to its expected cost (default: the row count) for longest-first
+    scheduling.
+
+    ``read_on_workers=True`` (a Parquet file or directory only): the driver
+    reads just the ``by`` columns to plan the groups, and each batch of tasks
+    reads its own groups' rows on its worker, so the driver never holds a
+    table larger than its memory (on Ray, every node must see the same path).
+
+    ``order_by`` (a column or a list of them): each group's rows reach ``fit``
+    sorted by it (ascending, stable, missing values last), as a time series
+    needs them, whatever the input's row order; without it they keep the
+    input's order. ``columns``: read only these columns (plus the ``by`` and
+    ``order_by`` ones) -- from a Parquet or CSV file the others are never
+    read; a column the table lacks is named in the error.
+    """
+    return GroupSource(table, by, format=format, cost=cost,
+                       read_on_workers=read_on_workers, order_by=order_by, columns=columns)
+
+
+def items(
+    iterable: Iterable[Any],
+    *,
+    key: Callable[[Any], Hashable] | None = None,
+    cost: Callable[[Any], float] | None = None,
+) -> ItemSource:
+    """One task per element; the key is the element itself when it is a string,
+    number, path or tuple, else its position (or ``key(item)`` when given)."""
+    return ItemSource(iterable, key=key, cost=cost)

@@ -1,0 +1,186 @@
+"""Callbacks: code of the user's that the driver calls while a run goes on.
+
+``mm.train(..., callbacks=[MyTracker()])`` calls, on the driver::
+
+    on_run_start(info)        once, before the first batch is sent
+    on_task_finished(task)    per finished task (only if the callback defines it)
+    on_batch(progress)        after each round of results (every ~50 ms or less)
+    on_run_end(run)           once, with the Run, also when the run stopped early
+
+The driver handles results by batches; building a per-task object costs a
+microsecond or two, so it is done only when some callback overrides
+``on_task_finished``. A callback that raises is warned about and left out of
+the rest of the run: a broken tracker must never cost the models.
+:class:`manymodels.MLflow` and the live dashboard are built on this hook.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.execution import metrics_dict
+
+
+@dataclass
+class RunInfo:
+    """What is known when a run starts."""
+
+    tasks: int  #: tasks in the plan (reused ones included)
+    reused: int  #: of which the store already held a model
+    key_columns: list[str]
+    backend: str
+    workers: int
+    fit: str  #: the fit function's dotted name
+    source: str  #: the task source, as repr
+    options: dict[str, Any] = field(default_factory=dict)  #: train's keywords, plain
+    code: dict[str, Any] = field(default_factory=dict)  #: code identity: hashes, versions
+    store: Any = None  #: the Store, if any
+    run_id: int | None = None  #: the run's id in the store
+
+    @classmethod
+    def describe(cls, plan: Any, fit: Any, source: Any, engine: Any, options: Any,
+                 store: Any, recorder: Any) -> RunInfo:
+        """The info of a run about to start (what ``train`` has checked)."""
+        from dataclasses import asdict
+
+        from ..identity.hashing import code_identity
+
+        if recorder is not None:
+            code = recorder.code_detail
+        else:
+            with warnings.catch_warnings():  # said once already, or said by the store
+                warnings.simplefilter("ignore")
+                code_hash, code = code_identity(fit)
+                code = {**code, "code_hash": code_hash}
+        backend_options = {k: v for k, v in asdict(options.backend).items() if k != "gpu_sets"}
+        plain = {**backend_options, "workers": engine.workers, "retries": options.retries,
+                 "max_failures": options.max_failures, "reuse": options.reuse,
+                 "retry_on": [e.__name__ for e in options.retry_on],
+                 "shared": sorted(options.shared or {})}
+        name = getattr(fit, "__qualname__", None) or type(fit).__qualname__
+        module = getattr(fit, "__module__", None) or type(fit).__module__
+        return cls(tasks=len(plan.tasks), reused=0, key_columns=list(plan.key_columns),
+                   backend=options.backend_name, workers=engine.workers,
+                   fit=f"{module}.{name}", source=repr(source), options=plain, code=code,
+                   store=store, run_id=recorder.run_id if recorder is not None else None)
+
+
+@dataclass
+class FinishedTask:
+    """One task that ended (ok or not), as ``on_task_finished`` receives it."""
+
+    index: int
+    key: Any
+    status: str
+    duration_s: float
+    worker: int
+    attempts: int
+    metrics: dict[str, Any] | None
+    error: str | None
+
+
+@dataclass
+class Progress:
+    """Counts so far, as ``on_batch`` receives them."""
+
+    done: int
+    ok: int
+    failed: int
+    total: int
+    elapsed_s: float
+
+
+class Callback:
+    """Base class: override the methods you need; each default does nothing."""
+
+    def on_run_start(self, info: RunInfo) -> None:
+        """Before the first batch is sent."""
+
+    def on_task_finished(self, task: FinishedTask) -> None:
+        """A task ended; ``task.status`` says how."""
+
+    def on_batch(self, progress: Progress) -> None:
+        """After each round of results from the workers."""
+
+    def on_run_end(self, run: Any) -> None:
+        """The run ended (``run`` is the :class:`manymodels.Run`)."""
+
+
+def _overrides(callback: Any, name: str) -> bool:
+    method = getattr(type(callback), name, None)
+    return method is not None and method is not getattr(Callback, name, None)
+
+
+class Callbacks:
+    """The driver's side: calls each callback, and drops one that raised."""
+
+    def __init__(self, callbacks: Sequence[Any], plan: Any, info: RunInfo) -> None:
+        self._all = list(callbacks)
+        self._plan = plan
+        self.info = info
+        self._start = time.perf_counter()
+
+    @classmethod
+    def validate(cls, callbacks: Any) -> list[Any]:
+        """Check ``train``'s ``callbacks=`` before work starts."""
+        if callbacks is None:
+            return []
+        if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes)):
+            callbacks = [callbacks]
+        callbacks = list(callbacks)
+        names = ("on_run_start", "on_task_finished", "on_batch", "on_run_end")
+        for position, callback in enumerate(callbacks):
+            if not any(callable(getattr(callback, n, None)) for n in names):
+                raise TypeError(
+                    f"callbacks[{position}] ({type(callback).__name__}) has none of the "
+                    f"methods {', '.join(names)}; subclass mm.Callback")
+        return callbacks
+
+    @property
+    def wants_tasks(self) -> bool:
+        return any(_overrides(c, "on_task_finished") or (
+            not isinstance(c, Callback) and hasattr(c, "on_task_finished")) for c in self._all)
+
+    def _call(self, name: str, *args: Any) -> None:
+        for callback in list(self._all):
+            method = getattr(callback, name, None)
+            if method is None:
+                continue
+            try:
+                method(*args)
+            except Exception as exc:  # never the run's problem
+                self._all.remove(callback)
+                warnings.warn(f"callback {type(callback).__name__}.{name} raised {exc!r}; "
+                              "it is not called again in this run", RuntimeWarning,
+                              stacklevel=2)
+
+    def run_start(self, reused: int) -> None:
+        self._start = time.perf_counter()
+        self.info.reused = reused
+        self._call("on_run_start", self.info)
+
+    def batch(self, done: int, ok: int, failed: int) -> None:
+        self._call("on_batch", Progress(done, ok, failed, len(self._plan.tasks),
+                                        time.perf_counter() - self._start))
+
+    def tasks_finished(self, indices: Iterable[int], records: Any) -> None:
+        """The tasks among ``indices`` that have ended (a retried one has not)."""
+        if not self.wants_tasks:
+            return
+        tasks = self._plan.tasks
+        for index in indices:
+            status = records.status[index]
+            if status is None:
+                continue
+            metrics = metrics_dict(records.metrics[index], index)
+            self._call("on_task_finished", FinishedTask(
+                index, tasks[index].key, getattr(status, "value", status),
+                float(records.duration_s[index]), records.worker[index],
+                records.attempts[index], metrics, records.error[index]))
+
+    def run_end(self, run: Any) -> None:
+        self._call("on_run_end", run)

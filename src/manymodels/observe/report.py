@@ -1,0 +1,223 @@
+"""The HTML run report: one self-contained file (inline CSS and SVG, no script
+and nothing fetched), so it opens anywhere, offline, and can be mailed.
+
+Sections: summary, worker timeline (each task a bar on its worker's row),
+duration histogram, metric distributions, slowest tasks, failures with their
+tracebacks.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..engine.messages import FAILURE_STATUSES
+
+_STATUS_COLORS = {"ok": "#4c78a8", "failed": "#e45756", "crashed": "#b279a2",
+                  "timeout": "#f58518", "memory": "#9d755d", "cancelled": "#bab0ac"}
+_MAX_TIMELINE_BARS = 20_000
+_NOT_METRICS = {"status", "attempts", "duration_s", "worker", "started_s", "started_at",
+                "reused", "reused_from", "error", "artifact", "size", "run_id", "rows", "gpu"}
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 0.9em; }
+td, th { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: left; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+svg { background: #fcfcfc; border: 1px solid #e5e5e5; }
+svg text { font-size: 11px; fill: #444; }
+pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 0.8em; }
+.legend span { display: inline-block; margin-right: 1em; }
+.swatch { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cells = []
+        for value in row:
+            if isinstance(value, float):
+                cells.append(f'<td class="num">{value:.4g}</td>')
+            elif isinstance(value, (int, np.integer)):
+                cells.append(f'<td class="num">{value}</td>')
+            else:
+                cells.append(f"<td>{_esc(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _histogram(values: np.ndarray, title: str, color: str = "#4c78a8",
+               width: int = 520, height: int = 220) -> str:
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return f"<p>{_esc(title)}: no values</p>"
+    low, high = float(values.min()), float(values.max())
+    if high == low:
+        high = low + (abs(low) or 1.0) * 1e-6 + 1e-12
+    counts, edges = np.histogram(values, bins=min(30, max(5, int(math.sqrt(len(values))))),
+                                 range=(low, high))
+    left, bottom, plot_w, plot_h = 50, 30, width - 60, height - 60
+    top = counts.max()
+    bars = []
+    bar_w = plot_w / len(counts)
+    for i, count in enumerate(counts):
+        h = plot_h * count / top if top else 0
+        x = left + i * bar_w
+        bars.append(
+            f'<rect x="{x:.1f}" y="{height - bottom - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
+            f'height="{h:.1f}" fill="{color}"><title>{edges[i]:.4g} to {edges[i + 1]:.4g}: '
+            f"{count}</title></rect>")
+    axis = (f'<line x1="{left}" y1="{height - bottom}" x2="{left + plot_w}" '
+            f'y2="{height - bottom}" stroke="#888"/>'
+            f'<text x="{left}" y="{height - 10}">{low:.4g}</text>'
+            f'<text x="{left + plot_w}" y="{height - 10}" text-anchor="end">{high:.4g}</text>'
+            f'<text x="{left - 5}" y="{height - bottom - plot_h + 4}" '
+            f'text-anchor="end">{top}</text>'
+            f'<text x="{width / 2}" y="16" text-anchor="middle">{_esc(title)}</text>')
+    return (f'<svg class="chart" width="{width}" height="{height}" '
+            f'xmlns="http://www.w3.org/2000/svg">{axis}{"".join(bars)}</svg>')
+
+
+def _timeline(results: pd.DataFrame, width: int = 1060) -> str:
+    done = results[results["started_s"].notna() & results["duration_s"].notna()]
+    if done.empty:
+        return "<p>No task ran.</p>"
+    note = ""
+    if len(done) > _MAX_TIMELINE_BARS:
+        done = done.nlargest(_MAX_TIMELINE_BARS, "duration_s")
+        note = f"<p>Showing the {_MAX_TIMELINE_BARS:,} longest tasks.</p>"
+    workers = sorted(int(w) for w in done["worker"].unique())
+    names = {w: f"worker {w}" for w in workers}
+    if "gpu" in done.columns:  # "w3 · GPU 1": the GPU(s) each worker ran on
+        for worker, gpu in done[["worker", "gpu"]].drop_duplicates("worker").itertuples(
+                index=False):
+            if gpu is not None and gpu == gpu:
+                names[int(worker)] = f"w{int(worker)} \u00b7 GPU {gpu}"
+    row_of = {w: i for i, w in enumerate(workers)}
+    longest = max(len(name) for name in names.values())
+    row_h, left, top = max(8, min(28, 400 // max(1, len(workers)))), max(70, 7 * longest), 20
+    height = top + row_h * len(workers) + 30
+    end = float((done["started_s"] + done["duration_s"]).max()) or 1.0
+    scale = (width - left - 10) / end
+    bars = []
+    for started, duration, worker, status in done[
+            ["started_s", "duration_s", "worker", "status"]].itertuples(index=False):
+        x = left + started * scale
+        bars.append(
+            f'<rect x="{x:.2f}" y="{top + row_of[int(worker)] * row_h + 1}" '
+            f'width="{max(duration * scale, 0.6):.2f}" height="{row_h - 2}" '
+            f'fill="{_STATUS_COLORS.get(status, "#888")}"/>')
+    labels = "".join(
+        f'<text x="{left - 6}" y="{top + i * row_h + row_h / 2 + 4}" text-anchor="end">'
+        f"{_esc(names[w])}</text>" for i, w in enumerate(workers))
+    axis = (f'<text x="{left}" y="{height - 8}">0 s</text>'
+            f'<text x="{width - 10}" y="{height - 8}" text-anchor="end">{end:.2f} s</text>')
+    legend = "".join(
+        f'<span><span class="swatch" style="background:{color}"></span>{status}</span>'
+        for status, color in _STATUS_COLORS.items() if status in set(done["status"]))
+    return (f'{note}<svg class="chart" id="timeline" width="{width}" height="{height}" '
+            f'xmlns="http://www.w3.org/2000/svg">{labels}{axis}{"".join(bars)}</svg>'
+            f'<div class="legend">{legend}</div>')
+
+
+def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
+                  key_columns: list[str]) -> str:
+    """The report as an HTML string; ``results`` has one row per task with
+    ``started_s`` (seconds after the run started), ``duration_s``, ``worker``,
+    ``status``, ``error`` and metric columns."""
+    ran = results[results["duration_s"].notna()]
+    parts = [f"<h1>{_esc(title)}</h1>",
+             _table([[k, v] for k, v in summary.items()], ["", ""])]
+    parts += ["<h2>Worker timeline</h2>", _timeline(results)]
+    parts += ["<h2>Task durations</h2>",
+              _histogram(ran["duration_s"].to_numpy(dtype=float), "duration (s)")]
+    metric_columns = [c for c in results.columns if c not in _NOT_METRICS
+                      and c not in key_columns and not c.startswith("best_")
+                      and pd.api.types.is_numeric_dtype(results[c])]
+    if metric_columns:
+        parts.append("<h2>Metrics</h2><div class='charts'>")
+        for column in metric_columns[:8]:
+            parts.append(_histogram(results[column].to_numpy(dtype=float), column,
+                                    color="#54a24b"))
+        parts.append("</div>")
+    slowest = ran.nlargest(20, "duration_s")
+    parts += ["<h2>Slowest tasks</h2>", _table(
+        [[*(row[c] for c in key_columns), row["status"], row["duration_s"], row["worker"]]
+         for _, row in slowest.iterrows()],
+        [*key_columns, "status", "duration s", "worker"])]
+    failures = results[results["status"].isin(FAILURE_STATUSES)]
+    parts.append(f"<h2>Failures ({len(failures)})</h2>")
+    if failures.empty:
+        parts.append("<p>None.</p>")
+    for _, row in failures.head(100).iterrows():
+        key = ", ".join(f"{c}={row[c]}" for c in key_columns)
+        parts.append(f"<details><summary>{_esc(key)}: {_esc(row['status'])}</summary>"
+                     f"<pre>{_esc(row['error'] or '')}</pre></details>")
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+            f"{''.join(parts)}</body></html>")
+
+
+def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, workers: int,
+                  backend: str, batches: int | None = None,
+                  worker_start_s: float = 0.0) -> dict[str, Any]:
+    """The report's summary of a run, from its results table: what ``Run.report``
+    and the store's report both show. ``reused`` marks the tasks whose models
+    came from an earlier run (their fit time is not this run's work)."""
+    task_time = float(results["duration_s"][~reused.to_numpy(dtype=bool)].sum())
+    capacity = wall_s * workers if wall_s == wall_s else float("nan")
+    facts = {
+        "tasks": len(results),
+        **{f"status {k}": int(v) for k, v in results["status"].value_counts().items()},
+        "reused from the store": int(reused.sum()),
+        "backend": f"{backend}, {workers} worker{'' if workers == 1 else 's'}",
+        "wall time (s)": wall_s,
+        "sum of task times (s)": task_time,
+        "utilization": task_time / capacity if capacity and capacity == capacity else 0.0,
+    }
+    if worker_start_s > 0:  # inside the wall time, outside the task times
+        facts["worker start (s)"] = worker_start_s
+        started = (wall_s - worker_start_s) * workers
+        facts["utilization once started"] = task_time / started if started > 0 else 0.0
+    if batches is not None:
+        facts["batches"] = batches
+    return facts
+
+
+def store_report(store: Any, run: int | None, path: str | Path) -> Path:
+    """Write the report of a run kept in a store."""
+    results = store.results(run)
+    run_id = int(results["run_id"].iloc[0])
+    runs = store.runs().set_index("run_id")
+    info = runs.loc[run_id]
+    started = results["started_at"].dropna()
+    origin = float(started.min()) if len(started) else 0.0
+    results["started_s"] = results["started_at"] - origin
+    key_columns = list(results.columns[:results.columns.get_loc("run_id")])
+    summary = {
+        "run": run_id,
+        "started": datetime.fromtimestamp(info["started_at"].timestamp()).strftime(
+            "%Y-%m-%d %H:%M:%S"),  # a UTC timestamp (Store.runs), in local time
+        "status": info["status"], "fit": info["fit"], "source": info["source"],
+        **summary_facts(results, results["reused_from"].notna(),
+                        wall_s=float(info["wall_s"]) if pd.notna(info["wall_s"]) else float("nan"),
+                        workers=int(info["workers"] or 1), backend=str(info["backend"])),
+    }
+    path = Path(path)
+    path.write_text(render_report(results, summary, f"manymodels run {run_id}", key_columns),
+                    encoding="utf-8")
+    return path

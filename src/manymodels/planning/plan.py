@@ -1,0 +1,339 @@
+"""The planner: from a source to a list of tasks.
+
+A task is a key, a cheap reference to its data and a cost estimate. For a
+group source the table is sorted by key once, and each group becomes an
+``(offset, length)`` slice of the sorted table, so that a task carries two
+integers instead of a DataFrame, and the sorted table can be shared with the
+workers once (see :mod:`manymodels.engine.dataplane`).
+
+The tasks are kept as columns (:class:`TaskList`): a million groups are two
+arrays of offsets and lengths and one of costs, not a million objects (they
+took 330 MB of the driver and 0.6 s to build); a :class:`Task` is made only
+when one is asked for by position.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..inputs.grids import GridSource, ProductSource
+from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
+from ..inputs.tables import exact_pandas, sort_order
+from .taskdata import Items, ParquetReads, SettingsOnly, TableSlices, TaskData
+
+
+@dataclass(slots=True)
+class Task:
+    """One unit of work: ``fit(data, **params, **shared)``."""
+
+    index: int
+    key: Hashable
+    data: Any  # (offset, length) into the sorted table, an item, or None
+    params: dict[str, Any] | None
+    cost: float
+
+
+def _take(refs: Sequence, positions: Sequence[int]) -> list:
+    take = getattr(refs, "take", None)
+    return take(positions) if take is not None else [refs[i] for i in positions]
+
+
+class TaskList(Sequence):
+    """A plan's tasks as columns: each task's key parts (``key_rows``), data
+    reference (``refs``), parameters (``params``; None when no task has any)
+    and cost (``costs``, an array). Indexing makes the :class:`Task`; the
+    scheduler and the hashing read the columns."""
+
+    __slots__ = ("key_rows", "refs", "params", "costs")
+
+    def __init__(self, key_rows: list[tuple], refs: Sequence, params: list | None,
+                 costs: np.ndarray) -> None:
+        self.key_rows, self.refs, self.params = key_rows, refs, params
+        self.costs = np.asarray(costs, dtype=np.float64)
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(len(self)))]
+        index = operator.index(position)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"task {position} of {len(self)}")
+        params = self.params[index] if self.params is not None else None
+        return Task(index, _scalar_key(self.key_rows[index]), self.refs[index], params,
+                    float(self.costs[index]))
+
+    def __iter__(self) -> Iterator[Task]:
+        return (self[index] for index in range(len(self)))
+
+    def keys(self) -> list[Hashable]:
+        """Every task's key (a scalar for one key column, else a tuple)."""
+        return [_scalar_key(parts) for parts in self.key_rows]
+
+    def batch(self, positions: list[int], fit_keys: list | None) -> Sequence[tuple]:
+        """The ``(index, data reference, params)`` a worker runs, for ``positions``
+        (a table's groups without parameters: as columns, a
+        :class:`~manymodels.engine.messages.SliceBatch`); with ``fit_keys``, each
+        task's ``key=`` joins its parameters."""
+        if self.params is None and fit_keys is None:
+            as_columns = getattr(self.refs, "batch", None)  # a table's groups: as arrays
+            if as_columns is not None:
+                return as_columns(positions)
+            return list(zip(positions, _take(self.refs, positions), [None] * len(positions)))
+        refs = _take(self.refs, positions)
+        params = ([self.params[i] for i in positions] if self.params is not None
+                  else [None] * len(positions))
+        if fit_keys is not None:  # fit asked for its key (add_fit_keys)
+            params = [{**p, "key": fit_keys[i]} if p else {"key": fit_keys[i]}
+                      for p, i in zip(params, positions)]
+        return list(zip(positions, refs, params))
+
+
+@dataclass
+class Plan:
+    """Everything the scheduler needs to run a source."""
+
+    data: TaskData  # what the tasks' data references are (see manymodels.planning.taskdata)
+    tasks: TaskList
+    key_columns: list[str]
+    param_columns: list[str]
+    #: Per task, the ``key=`` keyword ``fit`` gets (None: fit does not ask for it)
+    fit_keys: list[Hashable] | None = None
+    #: The tasks' keys as Arrow columns, when each task is one group of a table
+    #: (a store encodes a million keys from these at once)
+    key_table: pa.Table | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.data.kind
+
+    @property
+    def key_rows(self) -> list[tuple]:
+        """Each task's key column values (its grid settings included)."""
+        return self.tasks.key_rows
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+class KeyRows(Sequence):
+    """Each group's key as a tuple of Python values, made from the groups'
+    Arrow key columns when first asked for. A million keys as tuples are
+    about 85 MB that a run does not need (a store encodes its keys from the
+    columns, the scheduler names tasks by index): the results table, a
+    failure's message or ``run.models`` make them after."""
+
+    __slots__ = ("_table", "_rows")
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+        self._rows: list[tuple] | None = None
+
+    def _list(self) -> list[tuple]:
+        if self._rows is None:
+            self._rows = list(zip(*(column.to_pylist() for column in self._table.columns)))
+        return self._rows
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def __getitem__(self, position: Any) -> Any:
+        return self._list()[position]
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        return self._list() == (list(other) if isinstance(other, Sequence) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (KeyRows, (self._table,))
+
+
+@dataclass
+class GroupLayout:
+    """A table sorted by its key columns, and where each group lies in it."""
+
+    table: pa.Table
+    offsets: np.ndarray
+    lengths: np.ndarray
+    keys: Sequence[tuple]  # a list, or KeyRows
+    #: Each sorted row's position in the input table; None when the input was
+    #: in key order already (``map_groups`` puts a transform's rows back)
+    input_rows: np.ndarray | None = None
+    #: The groups' keys as Arrow columns (one row per group), when grouped by columns
+    key_table: pa.Table | None = None
+
+
+def group_layout(source: GroupSource) -> GroupLayout:
+    """Sort ``source``'s table by key once (stable, so rows keep their order
+    within a group; with ``order_by``, one sort by key then those columns)
+    and find each group's slice. Cached on the source."""
+    if source._layout is not None:
+        return source._layout
+    for name in source.by:
+        _check_key_type(name, source.table.column(name))
+    order_by = getattr(source, "order_by", None)
+    lengths = None if order_by else _sorted_int_group_lengths(source.table, source.by)
+    order: np.ndarray | None = None  # None: the table is in key order already
+    if lengths is None:
+        keys_frame = exact_pandas(source.table.select(source.by))
+        codes = keys_frame.groupby(source.by, sort=True, dropna=False).ngroup().to_numpy()
+        if order_by and source.reader is None:  # (read on workers: each batch sorts its rows)
+            order = sort_order(source.table, order_by, codes).to_numpy()
+        else:
+            order = np.argsort(codes, kind="stable")
+        lengths = np.bincount(codes)
+        if np.all(order[1:] > order[:-1]):
+            order = None  # already sorted: no copy
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    table = source.table if order is None else source.table.take(pa.array(order))
+    table = table.combine_chunks()
+    key_table = table.select(source.by).take(pa.array(offsets))
+    source._layout = GroupLayout(table, offsets, lengths, KeyRows(key_table), order, key_table)
+    return source._layout
+
+
+def _check_key_type(name: str, column: Any) -> None:
+    """Refuse a ``by`` column whose values cannot be keys as they are."""
+    kind = column.type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) and pa.types.is_nested(
+            kind.value_type):
+        raise ValueError(f"by column {name!r} holds {kind} values: a group key must be "
+                         "a plain value (a number, string, date, ...), not a list or "
+                         "a struct")
+    if isinstance(kind, pa.BaseExtensionType):  # pandas' Period and Interval, say
+        raise ValueError(f"by column {name!r} holds {kind.extension_name} values, which "
+                         f"become their storage ({kind.storage_type}) as keys: convert the "
+                         "column to text or to timestamps first (.astype(str), "
+                         ".dt.to_timestamp())")
+    if pa.types.is_time64(kind) and kind.unit == "ns":
+        try:
+            pc.cast(column, pa.time64("us"))
+        except pa.ArrowInvalid:
+            raise ValueError(f"by column {name!r} holds times of day with nanoseconds, which "
+                             "a Python time (a key's value) cannot hold: cast it to "
+                             "time64('us') or to text first") from None
+
+
+def _sorted_int_group_lengths(table: pa.Table, by: list[str]) -> np.ndarray | None:
+    """Each group's number of rows, in key order, when the table is keyed by
+    one integer column without nulls already in order (a table written group
+    by group): from where the key changes, without hashing ten million keys
+    or numbering each row. None otherwise."""
+    if len(by) != 1:
+        return None
+    column = table.column(by[0])
+    if column.null_count or not pa.types.is_integer(column.type) or not len(column):
+        return None
+    values = column.to_numpy()
+    if not (values[1:] >= values[:-1]).all():
+        return None
+    starts = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return np.diff(starts, prepend=0, append=len(values))
+
+
+def partition_layout(source: PartitionSource) -> GroupLayout:
+    """Split a table into ``source.partitions`` runs of rows of near-equal size."""
+    table = source.table
+    if isinstance(table, pa.Table):
+        table = table.combine_chunks()
+    bounds = np.linspace(0, source.num_rows, source.partitions + 1).astype(np.int64)
+    offsets, lengths = bounds[:-1], np.diff(bounds)
+    return GroupLayout(table, offsets, lengths, [(i,) for i in range(len(offsets))])
+
+
+def _scalar_key(parts: tuple) -> Hashable:
+    return parts[0] if len(parts) == 1 else parts
+
+
+def plan(source: Source) -> Plan:
+    """Turn ``source`` into tasks, numbered in source order."""
+    base, grid_source = source, None
+    if isinstance(source, ProductSource):
+        base, grid_source = source.base, source.grid
+    elif isinstance(source, GridSource):
+        base, grid_source = None, source
+    settings: list[dict[str, Any] | None] = (
+        grid_source.combinations() if grid_source is not None else [None]
+    )
+    param_columns = grid_source.param_columns if grid_source is not None else []
+
+    data: TaskData
+    if isinstance(base, GroupSource) and base.reader is not None:
+        data = ParquetReads(group_layout(base), base.reader, base.cost, base.format)
+    elif isinstance(base, GroupSource):
+        data = TableSlices(group_layout(base), base.cost, base.format, base.column_labels)
+    elif isinstance(base, PartitionSource):
+        data = TableSlices(partition_layout(base), None, base.format)
+    elif isinstance(base, ItemSource):
+        data = Items(base.keys, base.items, base.cost)
+    elif base is None:
+        data = SettingsOnly()
+    else:
+        raise TypeError(
+            "source must be made by mm.groups(), mm.items(), mm.grid() or their "
+            f"product; got {type(source).__name__}"
+        )
+
+    key_rows, refs, costs = data.task_columns()
+    if settings == [None]:  # one task per entry, as columns (a million of them)
+        tasks = TaskList(key_rows, refs, None, costs)
+        layout = getattr(data, "layout", None)
+        return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
+                    param_columns=param_columns,
+                    key_table=getattr(layout, "key_table", None))
+    count = len(settings)
+    rows: list[tuple] = []
+    for key_parts in key_rows:
+        for params in settings:
+            rows.append(key_parts + tuple(params.values()) if params else key_parts)
+    entry_of = np.repeat(np.arange(len(key_rows), dtype=np.int64), count)
+    tasks = TaskList(rows, _take(refs, entry_of.tolist()), settings * len(key_rows),
+                     np.repeat(costs, count))
+    return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
+                param_columns=param_columns)
+
+
+def asks_for_key(fit: Any) -> bool:
+    """Whether ``fit`` names a ``key`` parameter (looked at once, on the driver;
+    a ``**kwargs`` catch-all does not count: ``key=`` would surprise it)."""
+    import inspect
+
+    try:
+        parameter = inspect.signature(fit).parameters.get("key")
+    except (TypeError, ValueError):  # a builtin or an object with no signature
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def add_fit_keys(plan: Plan, fit: Any, passed: set[str]) -> None:
+    """Give each task its ``key=`` keyword when ``fit`` asks for one: the
+    group's key (a scalar for one ``by`` column, a tuple for several; an
+    item's key), without the grid's settings, which ``fit`` gets anyway. Not
+    when a grid setting, a shared object or a setup resource is named ``key`` (that one is
+    passed), nor for a bare grid (its tasks have no key besides the settings).
+    ``passed``: the names of the shared objects and setup resources."""
+    if plan.kind == "grid" or not asks_for_key(fit):
+        return
+    if "key" in plan.param_columns or "key" in passed:
+        return
+    width = len(plan.key_columns) - len(plan.param_columns)
+    if width == 1:
+        plan.fit_keys = [parts[0] for parts in plan.key_rows]
+    else:
+        plan.fit_keys = [parts[:width] for parts in plan.key_rows]

@@ -1,0 +1,273 @@
+"""Task data: what a task's data reference is, one class per kind of source.
+
+A task carries a cheap reference to its data, not the data. Three places must
+agree on what that reference means, and each kind of source answers all
+three in its one class here:
+
+* **plan** (:meth:`TaskData.task_columns`, in the driver): a key, a reference
+  and a cost for each of the source's tasks, as columns (a kind with few tasks
+  lists them in :meth:`TaskData.entries` and the columns are made from those);
+* **hash** (:meth:`TaskData.hashes`, in the driver, with a store): the content
+  hash of each task's data, part of its identity;
+* **read** (:meth:`TaskData.open`, on a worker): a
+  :class:`~manymodels.inputs.datareaders.DataReader` that
+  turns a batch's references into ``fit``'s first argument.
+
+=================  ============================  =================================
+kind               reference                     fit's first argument
+=================  ============================  =================================
+``TableSlices``    ``(offset, length)`` into     the group's rows (pandas, Arrow,
+                   the table sorted by key       polars or NumPy arrays)
+``ParquetReads``   ``(key, file numbers)``       the group's rows, read on the worker
+``Items``          the item itself               the item
+``SettingsOnly``   None                          none: ``fit(**params)``
+=================  ============================  =================================
+
+A new kind of source is one class here (and its source in
+:mod:`manymodels.inputs.sources`); the executor only calls ``fit`` safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..inputs.datareaders import ArrowSlices, DataReader, FrameSlices, ParquetBatches
+from ..inputs.parquetgroups import ParquetGroups
+from ..inputs.tables import is_pandas_frame
+
+#: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
+Entry = tuple[tuple, Any, float]
+
+
+class TaskData:
+    """One kind of task data; see the module's table."""
+
+    #: The kind's name in plans and stores: ``"groups"``, ``"items"`` or ``"grid"``.
+    kind = "groups"
+    #: Whether ``fit`` receives the data as its first argument.
+    passes_data = True
+    #: What the backends ship to every worker once (the sorted table), or None.
+    table: Any = None
+    #: How ``fit`` receives a group's rows.
+    format = "pandas"
+
+    #: Attributes the driver needs and workers do not (the table travels to
+    #: workers once, through the backend's data plane, never inside this object).
+    _driver_only: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._driver_only:
+            state.pop(name, None)
+        return state
+
+    def entries(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
+        """The entries as columns: key parts, data references, costs (an array)."""
+        import numpy as np
+
+        entries = self.entries()
+        return ([parts for parts, _, _ in entries], [ref for _, ref, _ in entries],
+                np.array([cost for _, _, cost in entries], dtype=np.float64))
+
+    def hashes(self, refs: list[Any]) -> list[str]:
+        """The content hash of each reference's data (a :func:`~.hashing.digest`)."""
+        raise NotImplementedError
+
+    def hash_lanes(self, refs: list[Any]) -> Any:
+        """The same hashes as an ``(n, 2)`` uint64 array (see
+        :mod:`manymodels.identity.hashing`); a kind with many tasks computes it at once."""
+        import numpy as np
+
+        from ..identity.rowhash import lanes_of
+
+        return np.array([lanes_of(h) for h in self.hashes(refs)], dtype=np.uint64).reshape(-1, 2)
+
+    def open(self, table: Any) -> DataReader:
+        """The reader a worker uses; ``table`` is :attr:`table` as the worker
+        sees it (mapped from shared memory, or the object itself)."""
+        return DataReader()
+
+
+class SettingsOnly(TaskData):
+    """A bare grid: ``fit`` receives the settings as keywords, no data."""
+
+    kind = "grid"
+    passes_data = False
+
+    def entries(self) -> list[Entry]:
+        return [((), None, 1.0)]
+
+    def hashes(self, refs: list[Any]) -> list[str]:
+        from ..identity.hashing import digest
+
+        return [digest("no data")] * len(refs)
+
+
+class Items(TaskData):
+    """``mm.items``: the reference is the item; a path is hashed by content."""
+
+    kind = "items"
+    _driver_only = ("_keys", "_items")
+
+    def __init__(self, keys: list, items: list, cost: Callable[[Any], float] | None) -> None:
+        self._keys, self._items, self._cost = keys, items, cost
+
+    def entries(self) -> list[Entry]:
+        return [((key,), item, self._cost_of(key, item))
+                for key, item in zip(self._keys, self._items)]
+
+    def _cost_of(self, key: Any, item: Any) -> float:
+        if self._cost is None:
+            return 1.0
+        value = self._cost(item)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"items(cost=...) must return a number; for the item of key "
+                            f"{key!r} it returned {value!r}") from None
+
+    def hashes(self, refs: list[Any]) -> list[str]:
+        from ..identity.hashing import item_hash
+
+        return [item_hash(item) for item in refs]
+
+
+class SliceRefs(Sequence):
+    """The ``(offset, length)`` references of a table's groups, kept as two
+    arrays; ``refs[i]`` is the tuple a worker receives."""
+
+    __slots__ = ("offsets", "lengths")
+
+    def __init__(self, offsets: Any, lengths: Any) -> None:
+        import numpy as np
+
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return SliceRefs(self.offsets[position], self.lengths[position])
+        return int(self.offsets[position]), int(self.lengths[position])
+
+    def take(self, positions: Sequence[int]) -> list[tuple[int, int]]:
+        """The references at ``positions``, at once."""
+        import numpy as np
+
+        chosen = np.asarray(positions, dtype=np.int64)
+        return list(zip(self.offsets[chosen].tolist(), self.lengths[chosen].tolist()))
+
+    def batch(self, positions: Sequence[int]) -> Any:
+        """The tasks at ``positions``, without parameters, as a worker runs
+        them: a :class:`~manymodels.engine.messages.SliceBatch`."""
+        import numpy as np
+
+        from ..engine.messages import SliceBatch
+
+        chosen = np.asarray(positions, dtype=np.int64)
+        return SliceBatch(chosen, self.offsets[chosen], self.lengths[chosen])
+
+
+class TableSlices(TaskData):
+    """Groups (or partitions) of a table sorted by key: ``(offset, length)``."""
+
+    _driver_only = ("layout", "table")
+
+    def __init__(self, layout: Any, cost: Callable[[int], float] | None, format: str,
+                 labels: list | None = None) -> None:
+        self.layout = layout
+        self.table = layout.table
+        self.format = format
+        self.labels = labels  # a pandas frame's column labels, when not all strings
+        self._cost = cost or float
+
+    def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
+        import numpy as np
+
+        layout, cost = self.layout, self._cost
+        if cost is float:  # the default, its length: all at once (a million groups)
+            costs = layout.lengths.astype(np.float64)
+        else:
+            costs = np.array([float(cost(length)) for length in layout.lengths.tolist()],
+                             dtype=np.float64)
+        return layout.keys, SliceRefs(layout.offsets, layout.lengths), costs
+
+    def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
+        from ..identity.rowhash import lanes_hex
+
+        return lanes_hex(self.hash_lanes(refs))
+
+    def hash_lanes(self, refs: list[tuple[int, int]]) -> Any:
+        """Rows hashed once for the whole table (pandas' vectorised row hash),
+        combined per group by NumPy (:func:`~.rowhash.group_lanes`): a million
+        groups without a Python call each."""
+        import numpy as np
+        import pandas as pd
+
+        from ..identity.hashing import digest
+        from ..identity.rowhash import RowHashes, group_lanes, lanes_of
+
+        table, layout = self.table, self.layout
+        if is_pandas_frame(table):  # map_partitions keeps the index
+            rows = pd.util.hash_pandas_object(table, index=True).to_numpy()
+            schema = f"{table.dtypes.to_dict()}|{list(table.columns)}"
+        else:
+            rows = RowHashes(table)  # each block's made as group_lanes comes to it
+            schema = str(table.schema)
+        offsets = np.asarray(layout.offsets, dtype=np.int64)
+        lengths = np.asarray(layout.lengths, dtype=np.int64)
+        per_group = group_lanes(rows, offsets, lengths, lanes_of(digest(schema)))
+        starts = (refs.offsets if hasattr(refs, "offsets") else
+                  np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
+        if len(starts) == len(offsets) and np.array_equal(starts, offsets):
+            return per_group  # a task per group, in the table's order
+        found = np.searchsorted(offsets, starts)
+        return per_group[found]
+
+    def open(self, table: Any) -> DataReader:
+        if is_pandas_frame(table):
+            return FrameSlices(table)
+        return ArrowSlices(table, self.format, self.labels)
+
+
+class ParquetReads(TaskData):
+    """``read_on_workers=True``: ``(key, file numbers)``; each batch reads its
+    own groups' rows from the Parquet files, on its worker."""
+
+    _driver_only = ("_entries",)
+
+    def __init__(self, layout: Any, reader: ParquetGroups, cost: Callable[[int], float] | None,
+                 format: str) -> None:
+        import numpy as np
+
+        self.reader = reader
+        self.format = format
+        cost = cost or float
+        file_numbers = layout.table.column("__file__").to_numpy()
+        self._entries = [
+            (key, (key, tuple(np.unique(file_numbers[off:off + n]).tolist())),
+             float(cost(int(n))))
+            for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)]
+
+    def entries(self) -> list[Entry]:
+        return self._entries
+
+    def hashes(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> list[str]:
+        """A group's data is the content of the files that hold its rows (and,
+        when given, the columns read and the order of its rows)."""
+        from ..identity.hashing import digest, file_hash
+
+        file_hashes = [file_hash(path) for path in self.reader.files]
+        reader = self.reader
+        how = ([f"order_by={list(reader.order_by)}"] if reader.order_by else []) + (
+            [f"columns={list(reader.columns)}"] if reader.columns is not None else [])
+        return [digest(repr(key), *how, *(file_hashes[n] for n in files)) for key, files in refs]
+
+    def open(self, table: Any) -> DataReader:
+        return ParquetBatches(self.reader, self.format)

@@ -1,0 +1,359 @@
+"""What a run produced: :class:`Run`, its results table, and its summary."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..engine.messages import FAILURE_STATUSES, Pickled, Status
+from ..engine.metriccolumns import metric_columns
+from ..engine.partpacks import ModelPack, PackedModel, unpacked
+from ..evaluation.splitters import WINDOWS
+from ..inputs.keys import key_column
+from ..planning.plan import Plan
+from ..store.database import StoreError
+from ..store.lazymodels import IN_STORE, ModelMap, StoredModel, hashable_key
+
+OK, CANCELLED = Status.OK, Status.CANCELLED
+_RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
+#: The columns a run's results add beside its keys (``gpu`` with GPUs;
+#: ``run_id`` in :meth:`Store.results`).
+RESULT_COLUMNS = frozenset({*_RESERVED, "gpu", "run_id"})
+
+
+def check_key_names(names: list[Any]) -> None:
+    """Refuse key columns (``by=``, a grid's parameters) named as a column the
+    results add: the results would show one where the other belongs."""
+    clash = [name for name in names if name in RESULT_COLUMNS]
+    if clash:
+        raise ValueError(
+            f"the key column {clash[0]!r} has the name of a column that run.results adds "
+            f"({', '.join(sorted(RESULT_COLUMNS))}): rename that column of the table, or "
+            "that grid parameter")
+
+
+def _in_store(model: Any) -> bool:
+    """Whether a task's slot stands for a model the store holds: the store's
+    mark, or a pack the store's writer committed and let go of."""
+    return model is IN_STORE or (type(model) is ModelPack and model.stored)
+
+
+def _loaded(model: Any, index: int) -> Any:
+    """Task ``index``'s model itself, where a worker sent it pickled (alone or
+    in a :class:`~manymodels.engine.partpacks.ModelPack`)."""
+    model = unpacked(model, index)
+    return model.load() if isinstance(model, (Pickled, PackedModel)) else model
+
+
+@dataclass(eq=False)
+class TaskRecords:
+    """Per-task columns filled by the scheduler, indexed by task number. Two
+    are equal only when they are the same object (comparing the columns
+    field by field raised on the NumPy ones)."""
+
+    size: int
+    status: list[str | None] = field(init=False)
+    attempts: list[int] = field(init=False)
+    model: list[Any] = field(init=False)
+    metrics: list[dict | None] = field(init=False)
+    #: Arrays (float64, NaN until set): a million Python floats were 48 MB.
+    duration_s: np.ndarray = field(init=False)
+    started_at: np.ndarray = field(init=False)
+    worker: list[int] = field(init=False)
+    error: list[str | None] = field(init=False)
+    reused_from: list[int | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.size
+        self.status, self.attempts = [None] * n, [0] * n
+        self.model, self.metrics = [None] * n, [None] * n
+        self.duration_s, self.started_at = np.full(n, np.nan), np.full(n, np.nan)
+        self.worker, self.error = [-1] * n, [None] * n
+        self.reused_from = [None] * n
+
+
+def _not_none(values: list) -> int:
+    """How many of ``values`` are not None: ``list.count`` in C, which finds
+    equal items by identity first (counting None among a million ints
+    compares each, 8 ms; a re-run's sources are one int object throughout)."""
+    first = values[0] if values else None
+    if first is not None and values.count(first) == len(values):
+        return len(values)
+    return len(values) - values.count(None)
+
+
+#: A backend's workers, as a sentence names them ("2 process workers").
+_WORKER_NOUNS = {"processes": "process", "threads": "thread", "ray": "Ray", "spark": "Spark",
+                 "dask": "Dask"}
+
+
+def _workers_text(workers: int, backend: str) -> str:
+    """``2 process workers``, ``1 thread worker``, ``8 Ray workers``: the
+    summary's words for a run's workers (a backend's name is a plural noun)."""
+    noun = _WORKER_NOUNS.get(backend, backend)
+    return f"{workers} {noun} worker{'' if workers == 1 else 's'}"
+
+
+@dataclass
+class Summary:
+    """Counts and timings of a run; ``utilization`` compares the work done with
+    what the workers could have done in the wall time (1.0 is the physical limit)."""
+
+    tasks: int
+    ok: int
+    failed: int
+    statuses: dict[str, int]
+    wall_s: float
+    task_time_s: float
+    workers: int
+    backend: str
+    utilization: float
+    reused: int = 0
+    batches: int = 0
+    #: Seconds a worker took to start, on average over the first ones (they
+    #: start in parallel: interpreter, imports, loading the run, a CUDA
+    #: context), before its first task: inside ``wall_s``, not ``task_time_s``.
+    worker_start_s: float = 0.0
+    #: Why the workers were spawned, not forked (a module imported that is
+    #: not fork-safe, a memory limit...): see ``start_method`` of ``train``.
+    spawn_reason: str | None = None
+    #: Tasks were given GPUs: a worker's start includes a CUDA context.
+    gpus: bool = False
+
+    @property
+    def utilization_after_start(self) -> float:
+        """Task time / ((wall - worker start) x workers): how busy the workers
+        were once they had started."""
+        capacity = (self.wall_s - self.worker_start_s) * self.workers
+        return self.task_time_s / capacity if capacity > 0 else 0.0
+
+    def __str__(self) -> str:
+        others = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if k != OK)
+        lines = [
+            f"models      {self.ok} ok, {self.failed} failed of {self.tasks}"
+            + (f" ({others})" if others else "")
+            + (f"; {self.reused} reused from the store" if self.reused else ""),
+            f"wall time   {self.wall_s:.2f} s on {_workers_text(self.workers, self.backend)}, "
+            f"{self.batches} {'batch' if self.batches == 1 else 'batches'}",
+            f"task time   {self.task_time_s:.2f} s (sum of fit times)",
+            f"utilization {self.utilization:.2f} (task time / (wall x workers))",
+        ]
+        if self.worker_start_s >= 0.1 or self.spawn_reason:  # a fork takes milliseconds
+            cuda = ", CUDA context" if self.gpus else ""  # none is made without a GPU
+            start = [f"start       {self.worker_start_s:.2f} s to start a worker, in "
+                     f"parallel (interpreter, imports{cuda}); not task time"]
+            if self.spawn_reason:  # a spawn costs about a second: say what caused it
+                start.append(f"            spawned, not forked: {self.spawn_reason}")
+            lines[2:2] = start
+            lines[-1] += f"; {self.utilization_after_start:.2f} once started"
+        return "\n".join(lines)
+
+
+class Run:
+    """The outcome of :func:`manymodels.train`: results, models and failures."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        records: TaskRecords,
+        *,
+        wall_s: float,
+        workers: int,
+        backend: str,
+        started_at: float,
+        store: Any = None,
+        run_id: int | None = None,
+        batches: int = 0,
+        worker_gpus: dict[int, str] | None = None,
+        worker_start_s: float = 0.0,
+        spawn_reason: str | None = None,
+    ) -> None:
+        self._plan = plan
+        self._records = records
+        self.wall_s = wall_s
+        self.workers = workers
+        self.backend = backend
+        self.started_at = started_at
+        self.store = store
+        self.run_id = run_id
+        self.batches = batches
+        #: worker id -> the GPU ids it ran on (processes and serial backends)
+        self.worker_gpus = worker_gpus or {}
+        self.worker_start_s = worker_start_s
+        self.spawn_reason = spawn_reason
+        self._selection: Any = None  # (Selection, group columns) with select=
+
+    @cached_property
+    def results(self) -> pd.DataFrame:
+        """One row per task: key columns, status, attempts, duration_s, worker,
+        started_s (seconds after the run started), one column per metric, error."""
+        plan, rec = self._plan, self._records
+        columns: dict[str, Any] = {}
+        for position, name in enumerate(plan.key_columns):
+            columns[name] = key_column([row[position] for row in plan.key_rows])
+        frame = pd.DataFrame(columns)
+        frame["status"] = rec.status
+        frame["attempts"] = rec.attempts
+        frame["duration_s"] = rec.duration_s
+        frame["worker"] = rec.worker
+        if self.worker_gpus:  # which GPU(s) each task ran on
+            frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
+        frame["started_s"] = rec.started_at - self.started_at
+        frame["reused"] = [r is not None for r in rec.reused_from]
+        for name, values in metric_columns(rec.metrics).items():
+            if name == WINDOWS:  # per-window scores: run.evaluation
+                continue
+            column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
+                      else name)
+            frame[column] = values
+        frame["error"] = rec.error
+        return frame
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        """The rows of tasks that produced a model."""
+        return self.results[self.results["status"] == OK]
+
+    @property
+    def failed(self) -> pd.DataFrame:
+        """The rows of tasks that failed, crashed, timed out or ran out of memory,
+        each with its error (the traceback, or what killed the worker)."""
+        return self.results[self.results["status"].isin(FAILURE_STATUSES)]
+
+    @cached_property
+    def models(self) -> ModelMap:
+        """Key -> model of every task that succeeded and returned a model (a fit
+        that returns a metrics dict alone has metrics but no model). Models
+        reused from a store are loaded when first asked for."""
+        rec = self._records
+        in_store = self._stored_artifacts()
+        return ModelMap({
+            hashable_key(key): (StoredModel(self.store, in_store[index], key) if _in_store(model)
+                  else unpacked(model, index))
+            for index, (key, status, model) in enumerate(zip(
+                self._plan.tasks.keys(), rec.status, rec.model))
+            if status == OK and model is not None
+        })
+
+    def _stored_artifacts(self) -> dict[int, str]:
+        """Task index -> artifact of the models the driver left in the store."""
+        if self.store is None or not any(map(_in_store, self._records.model)):
+            return {}
+        artifacts = self.store._run_artifacts(self.run_id)
+        if not artifacts and self.store._conn.execute(
+                "SELECT 1 FROM runs WHERE run_id = ?", (self.run_id,)).fetchone() is None:
+            raise StoreError(
+                f"run {self.run_id} was deleted from the store {str(self.store.path)!r} "
+                "after it ran, and its models with it: those a later run reused are that "
+                "run's (mm.Store(path).models(run=...)); train again for the others")
+        return artifacts
+
+    def _ok_outputs(self) -> tuple[list[str], list[tuple[tuple, Any]]]:
+        """The key columns, and (key values, what ``fit`` returned) of every task
+        that succeeded, in plan order: what the transforms assemble."""
+        rec = self._records
+        in_store = self._stored_artifacts()
+        return self._plan.key_columns, [
+            (parts, StoredModel(self.store, in_store[index], key).load()
+             if _in_store(model) else _loaded(model, index))
+            for index, (key, parts, status, model) in enumerate(zip(
+                self._plan.tasks.keys(), self._plan.key_rows, rec.status, rec.model))
+            if status == OK
+        ]
+
+    @cached_property
+    def evaluation(self) -> pd.DataFrame:
+        """One row per task and window of ``evaluate=``: key columns, window,
+        cutoff, n_train, n_test and each metric (empty without evaluation)."""
+        from ..evaluation.splitters import window_frame
+
+        return window_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics)
+
+    def select(self, selection: Any, source: Any) -> None:
+        """Mark each group's best task (``train(select=...)`` calls this); with
+        a store, record the winners as the groups' models."""
+        from ..evaluation.selection import record_winners
+
+        params = set(self._plan.param_columns)
+        groups = [c for c in self._plan.key_columns if c not in params]
+        self._selection = (selection, groups)
+        if self.store is not None and self.run_id is not None:
+            record_winners(self.store, self.run_id, self.best(), self._plan.key_rows,
+                           groups, selection)
+
+    def best(self) -> pd.DataFrame:
+        """One row per group: its winning task's key, setting and scores (the
+        rows of ``results``), by the metric of ``train(select=...)``."""
+        from ..evaluation.selection import best_rows
+
+        if self._selection is None:
+            raise ValueError("this run selected nothing: pass select= (a metric) to mm.train")
+        selection, groups = self._selection
+        return best_rows(self.results, groups, selection)
+
+    def predict(self, table: Any, **options: Any) -> pd.Series | pd.DataFrame:
+        """Predict ``table``'s rows with this run's models (each group's
+        winner with ``select=``), on the engine: see :meth:`Store.predict`."""
+        if self.store is None or self.run_id is None:
+            raise ValueError("run.predict needs a run trained with store=; or use "
+                             "run.models[key].predict")
+        return self.store.predict(table, run=self.run_id, **options)
+
+    def report(self, path: str | Path) -> Path:
+        """Write this run's self-contained HTML report (see :mod:`manymodels.observe.report`)."""
+        from ..observe.report import render_report, summary_facts
+
+        results = self.results
+        facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
+                              workers=self.workers, backend=self.backend, batches=self.batches,
+                              worker_start_s=self.worker_start_s)
+        path = Path(path)
+        path.write_text(render_report(results, facts, "manymodels run",
+                                      self._plan.key_columns), encoding="utf-8")
+        return path
+
+    def why_not_reused(self, key: Hashable) -> str:
+        """Why the task ``key`` was trained rather than reused from the store."""
+        if self.store is None:
+            raise ValueError("this run used no store: pass store= to mm.train")
+        return self.store.why_not_reused(key, run=self.run_id)
+
+    def summary(self) -> Summary:
+        rec = self._records
+        # each status counted by list.count in C (a Counter hashed a million;
+        # a run whose every task is ok, the common case, is one count)
+        ok_count = rec.status.count(OK.value)  # the value: found by identity, not ==
+        statuses = {OK.value: ok_count} if ok_count and ok_count == rec.size else {
+            status: rec.status.count(status) for status in dict.fromkeys(rec.status)}
+        unset = statuses.pop(None, 0)
+        durations = rec.duration_s
+        if unset:  # mid-run (a callback's view): only the tasks that have ended
+            durations = durations[[s is not None for s in rec.status]]
+        task_time = float(np.nansum(durations))
+        capacity = self.wall_s * self.workers
+        return Summary(
+            tasks=len(self._plan.tasks),
+            ok=statuses.get(OK, 0),
+            failed=sum(statuses.get(s, 0) for s in FAILURE_STATUSES),
+            statuses=dict(statuses),
+            wall_s=self.wall_s,
+            task_time_s=task_time,
+            workers=self.workers,
+            backend=self.backend,
+            utilization=task_time / capacity if capacity > 0 else 0.0,
+            reused=_not_none(rec.reused_from),
+            batches=self.batches,
+            worker_start_s=self.worker_start_s,
+            spawn_reason=self.spawn_reason,
+            gpus=bool(self.worker_gpus),
+        )
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"<Run {s.ok} ok, {s.failed} failed of {s.tasks} tasks in {s.wall_s:.2f} s>"
