@@ -53,7 +53,8 @@ def _installed_roots() -> tuple[str, ...]:
         if path:
             roots.add(os.path.realpath(path))
     roots.add(os.path.realpath(os.path.dirname(os.__file__)))
-    roots.add(os.path.realpath(os.path.dirname(__file__)))  # manymodels itself
+    # manymodels itself: the package above this subpackage
+    roots.add(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
     return tuple(sorted(roots))
 
 

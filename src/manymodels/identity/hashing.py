@@ -89,13 +89,116 @@ class _NamingPickler(pickle.Pickler):
         return NotImplemented  # pickled as it would be
 
 
+#: manymodels' modules by the names they had when the first stores were
+#: written, before they moved into subpackages. A task's identity hashes the
+#: pickles of its parameters and shared objects (an ``evaluate=`` splitter, a
+#: ``select=`` search), and a pickle names each class's module: identities
+#: hash the old names, so a store written before the move reuses its models
+#: (``tests/test_premove_store.py``). A module that moves again is added here.
+PINNED_MODULES = {
+    "manymodels.cli.app": "manymodels.cli",
+    "manymodels.cli.demo": "manymodels.demo",
+    "manymodels.cli.tables": "manymodels._cli_tables",
+    "manymodels.cli.tabular": "manymodels.tabular",
+    "manymodels.engine.backends": "manymodels.backends",
+    "manymodels.engine.backends._batch_messages": "manymodels.backends._batch_messages",
+    "manymodels.engine.backends._process_handles": "manymodels.backends._process_handles",
+    "manymodels.engine.backends._process_start": "manymodels.backends._process_start",
+    "manymodels.engine.backends._process_worker": "manymodels.backends._process_worker",
+    "manymodels.engine.backends._protocol": "manymodels.backends._protocol",
+    "manymodels.engine.backends._ray_calls": "manymodels.backends._ray_calls",
+    "manymodels.engine.backends._ray_cluster": "manymodels.backends._ray_cluster",
+    "manymodels.engine.backends._ray_worker": "manymodels.backends._ray_worker",
+    "manymodels.engine.backends._remote_slots": "manymodels.backends._remote_slots",
+    "manymodels.engine.backends._remote_worker": "manymodels.backends._remote_worker",
+    "manymodels.engine.backends._spawn_main": "manymodels.backends._spawn_main",
+    "manymodels.engine.backends._undertaker": "manymodels.backends._undertaker",
+    "manymodels.engine.backends.base": "manymodels.backends.base",
+    "manymodels.engine.backends.dask": "manymodels.backends.dask",
+    "manymodels.engine.backends.processes": "manymodels.backends.processes",
+    "manymodels.engine.backends.ray": "manymodels.backends.ray",
+    "manymodels.engine.backends.serial": "manymodels.backends.serial",
+    "manymodels.engine.backends.spark": "manymodels.backends.spark",
+    "manymodels.engine.backends.threads": "manymodels.backends.threads",
+    "manymodels.engine.batchsizing": "manymodels.batchsizing",
+    "manymodels.engine.dataplane": "manymodels.dataplane",
+    "manymodels.engine.execution": "manymodels.execution",
+    "manymodels.engine.gpus": "manymodels.gpus",
+    "manymodels.engine.messages": "manymodels.messages",
+    "manymodels.engine.metriccolumns": "manymodels.metriccolumns",
+    "manymodels.engine.metricpacks": "manymodels.metricpacks",
+    "manymodels.engine.options": "manymodels.options",
+    "manymodels.engine.partpacks": "manymodels.partpacks",
+    "manymodels.engine.scheduling": "manymodels.scheduling",
+    "manymodels.evaluation.fitstats": "manymodels.fitstats",
+    "manymodels.evaluation.metrics": "manymodels.metrics",
+    "manymodels.evaluation.selection": "manymodels.selection",
+    "manymodels.evaluation.splitters": "manymodels.evaluation",
+    "manymodels.identity.codehash": "manymodels.codehash",
+    "manymodels.identity.hashing": "manymodels.hashing",
+    "manymodels.identity.nestedvalues": "manymodels.nestedvalues",
+    "manymodels.identity.rowhash": "manymodels.rowhash",
+    "manymodels.inputs.datareaders": "manymodels.datareaders",
+    "manymodels.inputs.grids": "manymodels.grids",
+    "manymodels.inputs.grouplabels": "manymodels.grouplabels",
+    "manymodels.inputs.keys": "manymodels.keys",
+    "manymodels.inputs.parquetgroups": "manymodels.parquetgroups",
+    "manymodels.inputs.partitions": "manymodels.partitions",
+    "manymodels.inputs.sources": "manymodels.sources",
+    "manymodels.inputs.tables": "manymodels.tables",
+    "manymodels.machine": "manymodels._resources",
+    "manymodels.models.linear": "manymodels.linmodels",
+    "manymodels.models.linear.artifact": "manymodels.linmodels.artifact",
+    "manymodels.models.linear.fastpath": "manymodels.linmodels.fastpath",
+    "manymodels.models.linear.fitting": "manymodels.linmodels.fitting",
+    "manymodels.models.linear.identities": "manymodels.linmodels.identities",
+    "manymodels.models.linear.kernels": "manymodels.linmodels.kernels",
+    "manymodels.models.linear.prepare": "manymodels.linmodels.prepare",
+    "manymodels.models.linear.result": "manymodels.linmodels.result",
+    "manymodels.models.linear.stored": "manymodels.linmodels.stored",
+    "manymodels.models.linear.torch_kernels": "manymodels.linmodels.torch_kernels",
+    "manymodels.observe.callbacks": "manymodels.callbacks",
+    "manymodels.observe.dashboard": "manymodels.dashboard",
+    "manymodels.observe.dashboard.queries": "manymodels.dashboard.queries",
+    "manymodels.observe.dashboard.runtasks": "manymodels.dashboard.runtasks",
+    "manymodels.observe.dashboard.server": "manymodels.dashboard.server",
+    "manymodels.observe.progress": "manymodels.progress",
+    "manymodels.observe.report": "manymodels.report",
+    "manymodels.observe.tracking": "manymodels.tracking",
+    "manymodels.planning.plan": "manymodels.planning",
+    "manymodels.planning.taskdata": "manymodels.taskdata",
+    "manymodels.run.prediction": "manymodels.prediction",
+    "manymodels.run.results": "manymodels.results",
+    "manymodels.sklearn._routing": "manymodels.routing",
+}
+
+
+class _PinnedNamePickler(pickle._Pickler):  # the Python pickler: its save_global can be changed
+    """Pickles as the C pickler does, but names manymodels' classes and
+    functions by their :data:`PINNED_MODULES` names."""
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        pinned = PINNED_MODULES.get(getattr(obj, "__module__", None) or "")
+        if pinned is None:
+            super().save_global(obj, name)
+            return
+        self.save(pinned)
+        self.save(name or getattr(obj, "__qualname__", None) or obj.__name__)
+        self.write(pickle.STACK_GLOBAL)
+        self.memoize(obj)
+
+
 def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:
     import io
 
     buffer = io.BytesIO()
     pickler = _NamingPickler(buffer)
     pickler.dump(value)
-    return buffer.getvalue(), list(pickler.named.values())
+    named = list(pickler.named.values())
+    if any(getattr(obj, "__module__", None) in PINNED_MODULES for obj in named):
+        buffer = io.BytesIO()
+        _PinnedNamePickler(buffer, protocol=5).dump(value)
+    return buffer.getvalue(), named
 
 
 def file_hash(path: PurePath | str) -> str:
