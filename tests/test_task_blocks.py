@@ -524,8 +524,8 @@ def test_keys_encoded_at_once_equal_one_at_a_time(rows):
 def test_metrics_encoded_by_template_equal_json(metrics):
     import json
 
-    from manymodels.engine.execution import metrics_json
     from manymodels.engine.metriccolumns import metrics_texts
+    from manymodels.engine.metrictext import metrics_json
 
     expected = (metrics if isinstance(metrics, str) else
                 json.dumps(metrics, default=repr) if metrics else None)

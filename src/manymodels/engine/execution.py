@@ -31,6 +31,7 @@ from .dataplane import SPILL_MIN_BYTES, pickle_any, small_array_parts
 from .gpus import gpu_failure, release_cached_memory
 from .messages import Outcome, Pickled, Status
 from .metricpacks import MetricsPack, MetricTexts
+from .metrictext import metrics_json
 from .partpacks import PACKED_BELOW, PartPacker
 
 #: How often a worker sends the outcomes of a long batch so far: the driver
@@ -110,62 +111,6 @@ def _read_only(value: Any) -> Any:
     return value
 
 
-def metrics_json(metrics: Mapping | None) -> str | None:
-    """Metrics as JSON text (None when there are none), as the store keeps
-    them: ``json.dumps(metrics, default=repr)``, byte for byte, about five
-    times faster on the common case of a million tasks reporting the same
-    names with finite float values: each such dict is one ``%`` on a
-    template made once per set of names (``float.__repr__`` is what ``json``
-    writes for a finite float). Worker processes encode their tasks' metrics
-    when a store keeps them: the driver then holds a short string per task,
-    not a dict, and its writer has nothing left to encode."""
-    if not metrics:
-        return None
-    text = _floats_json(metrics)
-    if text is not None:
-        return text
-    try:
-        return _encode_json(metrics)
-    except Exception:  # a value that refers to itself, a repr that raises: that one alone
-        return _encode_json({_name_text(name): _value_or_why(value)
-                             for name, value in metrics.items()})
-
-
-def _name_text(name: Any) -> Any:
-    return name if isinstance(name, (str, int, float, bool)) or name is None else repr(name)
-
-
-def _value_or_why(value: Any) -> Any:
-    """``value`` where JSON can hold it (by its repr, as the store does), or
-    a text saying why it could not be kept."""
-    try:
-        _encode_json(value)
-        return value
-    except Exception as exc:
-        return f"<not stored: {type(exc).__name__}: {str(exc)[:200]}>"
-
-
-def _floats_json(metrics: Mapping) -> str | None:
-    """:func:`metrics_json` of a dict of finite floats by its names' template;
-    None for anything else."""
-    if type(metrics) is not dict:
-        return None
-    names = tuple(metrics)
-    template = _TEMPLATES.get(names, "")
-    if template == "":
-        template = _template(names)
-        if len(_TEMPLATES) < 64:  # names that differ per task are not kept
-            _TEMPLATES[names] = template
-    if template is None:
-        return None
-    try:  # float.__repr__ refuses what is not a float (an int, a bool)
-        values = tuple(map(float.__repr__, metrics.values()))
-    except TypeError:
-        return None
-    # only nan and inf have an "n": json writes them its own way
-    return template % values if values and "n" not in "".join(values) else None
-
-
 def metrics_dict(metrics: Mapping | str | MetricsPack | MetricTexts | None, index: int) -> Any:
     """Task ``index``'s metrics as a dict, from what its slot of the results
     holds: a dict, the store's JSON text (a reused task's, or a worker's for
@@ -174,18 +119,6 @@ def metrics_dict(metrics: Mapping | str | MetricsPack | MetricTexts | None, inde
     if type(metrics) is MetricsPack or type(metrics) is MetricTexts:
         return metrics.get(index)
     return json.loads(metrics) if isinstance(metrics, str) else metrics
-
-
-#: ``json.dumps(..., default=repr)`` without building an encoder per call.
-_encode_json = json.JSONEncoder(default=repr).encode
-_TEMPLATES: dict[tuple, str | None] = {}
-
-
-def _template(names: tuple) -> str | None:
-    if not all(type(name) is str for name in names):
-        return None  # json turns non-string names into strings its own way
-    return "{" + ", ".join(f"{json.dumps(name).replace('%', '%%')}: %s"
-                           for name in names) + "}"
 
 
 def run_setup(setup: Any) -> dict[str, Any]:
@@ -286,7 +219,7 @@ class Executor:
 
     def _pickled(self, model: Any, index: int) -> Any:
         """The model's pickled bytes (see ``RunContext.pickle_models``): a
-        small one joins the part's :class:`~manymodels.engine.partpacks.ModelPack` (sealed as the part is
+        small one joins the part's :class:`~.partpacks.ModelPack` (sealed as the part is
         sent: :meth:`_parted`), a large one goes as :class:`Pickled` (for a
         store, with its SHA-256) or, holding large buffers, as it is (the data
         plane's zero-copy way)."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from ..planning.taskdata import SliceBatch
+
 
 class Status(str, Enum):
     """What became of a task. The members are strings (``Status.OK == "ok"``),
@@ -178,53 +180,6 @@ def _restore_ok(indices: bytes, durations: bytes, started: bytes, models: tuple 
                       np.frombuffer(started, dtype=np.float64), models, metrics)
 
 
-class SliceBatch(Sequence):
-    """A batch of tasks that are slices of one table (its groups) with no
-    parameters, as three int64 arrays: each task reads as the
-    ``(index, (offset, length), None)`` a worker runs. It pickles as the
-    arrays' bytes: the driver builds and pickles no tuple a task (at a
-    million tiny tasks, part of what the loop that feeds many workers
-    spends), and the worker reads it as the tuples it stands for."""
-
-    __slots__ = ("indices", "offsets", "lengths")
-
-    def __init__(self, indices: Any, offsets: Any, lengths: Any) -> None:
-        self.indices, self.offsets, self.lengths = indices, offsets, lengths
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __iter__(self) -> Any:
-        for index, offset, length in zip(self.indices.tolist(), self.offsets.tolist(),
-                                         self.lengths.tolist()):
-            yield (index, (offset, length), None)
-
-    def __getitem__(self, position: Any) -> Any:
-        if isinstance(position, slice):
-            return SliceBatch(self.indices[position], self.offsets[position],
-                              self.lengths[position])
-        return (int(self.indices[position]),
-                (int(self.offsets[position]), int(self.lengths[position])), None)
-
-    def refs(self) -> Any:
-        """The tasks' ``(offset, length)`` as columns (a
-        :class:`~manymodels.planning.taskdata.SliceRefs`), for the worker's reader."""
-        from ..planning.taskdata import SliceRefs
-
-        return SliceRefs(self.offsets, self.lengths)
-
-    def __reduce__(self) -> tuple:
-        return (_restore_slices, (self.indices.tobytes(), self.offsets.tobytes(),
-                                  self.lengths.tobytes()))
-
-
-def _restore_slices(indices: bytes, offsets: bytes, lengths: bytes) -> SliceBatch:
-    import numpy as np
-
-    return SliceBatch(*(np.frombuffer(column, dtype=np.int64)
-                        for column in (indices, offsets, lengths)))
-
-
 def task_indices(items: Sequence) -> list[int]:
     """The task index of each of a batch's tasks or a part's outcomes, in
     order: a column's, when they come as columns (:class:`SliceBatch`,
@@ -237,7 +192,7 @@ def task_indices(items: Sequence) -> list[int]:
 class Pickled:
     """One model's pickled bytes, with their SHA-256 when a store will keep
     them: a model of a MiB or more a worker process pickled (smaller ones
-    travel in their part's :class:`~manymodels.engine.partpacks.ModelPack`), or one the driver pickled for
+    travel in their part's :class:`~.partpacks.ModelPack`), or one the driver pickled for
     its store. The driver writes the bytes as they are and unpickles them
     only when someone asks for the model (``run.models[key]``)."""
 

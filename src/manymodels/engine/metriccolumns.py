@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..inputs.tables import one_array
-from .execution import metrics_json
 from .metricpacks import MetricsPack, MetricTexts
+from .metrictext import metrics_json, pack_texts
 from .partpacks import distinct_objects
 
 
@@ -54,41 +54,6 @@ def _by_object(entries: Sequence[Any], kind: type = MetricsPack
     packs = [(entries[int(first[d])], group) for d, group in zip(distinct, groups)]
     packs.sort(key=lambda pack: int(pack[1][0]))
     return packs, rest
-
-
-def float_texts(values: np.ndarray) -> pa.Array:
-    """Each float as JSON text that ``json.loads`` reads back as the same
-    float: Arrow's shortest round-trip decimal, with ``.0`` added to a whole
-    number (JSON would read ``1`` as an int), and ``NaN``, ``Infinity`` and
-    ``-Infinity`` as ``json.dumps`` writes them."""
-    values = np.ascontiguousarray(values, dtype=np.float64)
-    texts = pc.cast(pa.array(values), pa.string())
-    with np.errstate(invalid="ignore"):
-        whole = np.flatnonzero(values == np.trunc(values))  # (NaN and infinities: not)
-    if whole.size:  # only these may be written as digits alone (1e+16 is not)
-        digits = pc.match_substring_regex(texts.take(pa.array(whole)), r"^-?[0-9]+$")
-        bare = np.zeros(len(values), dtype=bool)
-        bare[whole] = digits.to_numpy(zero_copy_only=False)
-        texts = pc.if_else(pa.array(bare), pc.binary_join_element_wise(texts, ".0", ""), texts)
-    if not np.isfinite(values).all():
-        special = np.where(np.isnan(values), "NaN",
-                           np.where(values > 0, "Infinity", "-Infinity"))
-        texts = pc.if_else(pa.array(~np.isfinite(values)), pa.array(special, pa.string()),
-                           texts)
-    return texts
-
-
-def pack_texts(names: tuple[str, ...], rows: np.ndarray) -> pa.Array:
-    """JSON objects ``{"name": value, ...}`` of a pack's rows, made at once
-    (a fresh string array: no nulls, no offset)."""
-    if not names:
-        return pa.array(["{}"] * len(rows), pa.string())
-    pieces: list[Any] = []
-    for position, name in enumerate(names):
-        pieces.append(("{" if position == 0 else ", ") + json.dumps(name) + ": ")
-        pieces.append(float_texts(rows[:, position]))
-    pieces.append("}")
-    return pc.binary_join_element_wise(*pieces, "")
 
 
 def _text(entry: Any, task: int) -> str | None:

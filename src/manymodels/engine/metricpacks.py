@@ -26,7 +26,7 @@ class MetricsPack:
     workers alone (measured); a pack is one array.
 
     For a store, the worker also makes the rows' JSON text (``texts``, see
-    :func:`manymodels.engine.metriccolumns.pack_texts`): the store keeps that text,
+    :func:`manymodels.engine.metrictext.pack_texts`): the store keeps that text,
     and made in the driver it was a quarter of the store writer's time, on
     the one thread that many busy workers wait on. The writer lets go of
     the text once it is committed (:meth:`drop_texts`)."""
@@ -48,7 +48,7 @@ class MetricsPack:
         self.indices = np.array(indices, dtype=np.int64)
         self.values = np.array(values, dtype=np.float64).reshape(len(indices), len(self.names))
         if texts:
-            from .metriccolumns import pack_texts
+            from .metrictext import pack_texts
 
             try:
                 self.texts = pack_texts(self.names, self.values)

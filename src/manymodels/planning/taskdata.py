@@ -165,10 +165,8 @@ class SliceRefs(Sequence):
 
     def batch(self, positions: Sequence[int]) -> Any:
         """The tasks at ``positions``, without parameters, as a worker runs
-        them: a :class:`~manymodels.engine.messages.SliceBatch`."""
+        them: a :class:`SliceBatch`."""
         import numpy as np
-
-        from ..engine.messages import SliceBatch
 
         chosen = np.asarray(positions, dtype=np.int64)
         return SliceBatch(chosen, self.offsets[chosen], self.lengths[chosen])
@@ -271,3 +269,48 @@ class ParquetReads(TaskData):
 
     def open(self, table: Any) -> DataReader:
         return ParquetBatches(self.reader, self.format)
+
+
+class SliceBatch(Sequence):
+    """A batch of tasks that are slices of one table (its groups) with no
+    parameters, as three int64 arrays: each task reads as the
+    ``(index, (offset, length), None)`` a worker runs. It pickles as the
+    arrays' bytes: the driver builds and pickles no tuple a task (at a
+    million tiny tasks, part of what the loop that feeds many workers
+    spends), and the worker reads it as the tuples it stands for."""
+
+    __slots__ = ("indices", "offsets", "lengths")
+
+    def __init__(self, indices: Any, offsets: Any, lengths: Any) -> None:
+        self.indices, self.offsets, self.lengths = indices, offsets, lengths
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Any:
+        for index, offset, length in zip(self.indices.tolist(), self.offsets.tolist(),
+                                         self.lengths.tolist()):
+            yield (index, (offset, length), None)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return SliceBatch(self.indices[position], self.offsets[position],
+                              self.lengths[position])
+        return (int(self.indices[position]),
+                (int(self.offsets[position]), int(self.lengths[position])), None)
+
+    def refs(self) -> Any:
+        """The tasks' ``(offset, length)`` as columns (a :class:`SliceRefs`),
+        for the worker's reader."""
+        return SliceRefs(self.offsets, self.lengths)
+
+    def __reduce__(self) -> tuple:
+        return (_restore_slices, (self.indices.tobytes(), self.offsets.tobytes(),
+                                  self.lengths.tobytes()))
+
+
+def _restore_slices(indices: bytes, offsets: bytes, lengths: bytes) -> SliceBatch:
+    import numpy as np
+
+    return SliceBatch(*(np.frombuffer(column, dtype=np.int64)
+                        for column in (indices, offsets, lengths)))
