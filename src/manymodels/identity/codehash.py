@@ -32,7 +32,7 @@ import threading
 import types
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,8 @@ def package_version(module_name: str) -> str | None:
 class _CodeWalker:
     """Collects the code a function depends on: user sources and package versions."""
 
-    def __init__(self) -> None:
+    def __init__(self, value_hash: Callable[[Any], str]) -> None:
+        self._value_hash = value_hash  # (hashing.value_hash, which calls user_code back)
         self.sources: dict[str, str] = {}  # label -> hash of source text
         self.versions: set[str] = set()
         self._seen: set[int] = set()
@@ -136,10 +137,8 @@ class _CodeWalker:
     def value(self, label: str, value: Any) -> None:
         """Hash a value the code reads; one that cannot be hashed makes the
         identity unique, so that its models are never reused on a guess."""
-        from .hashing import value_hash
-
         try:
-            self.sources[label] = value_hash(value)
+            self.sources[label] = self._value_hash(value)
         except Exception as exc:
             self.sources[label] = f"unhashable:{uuid.uuid4().hex}"
             self.unhashable.append(f"{label} ({type(value).__name__}: {exc!r})")
@@ -311,11 +310,13 @@ _CODE_TYPES = (types.FunctionType, types.MethodType, type, functools.partial,
                staticmethod, classmethod)
 
 
-def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
+def code_identity(fn: Any, setup: Any, value_hash: Callable[[Any], str]
+                  ) -> tuple[str, dict[str, Any]]:
     """The hash of ``fn``'s code and what it depends on, and a description of
     its parts (for saying what changed); with ``setup=`` (what makes each
-    worker's resources, which ``fn`` computes with), its code too."""
-    walker = _CodeWalker()
+    worker's resources, which ``fn`` computes with), its code too. The values
+    the code reads are hashed by ``value_hash``."""
+    walker = _CodeWalker(value_hash)
     walker.visit(fn)
     for name, maker in (setup.items() if isinstance(setup, Mapping) else [("", setup)]):
         if maker is not None:
@@ -333,13 +334,13 @@ def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
     return digest(pickle.dumps(detail["sources"]), "\n".join(versions)), detail
 
 
-def user_code(named: list[Any]) -> str:
+def user_code(named: list[Any], value_hash: Callable[[Any], str]) -> str:
     """The hash of the user's own code among ``named`` (classes and
     functions a pickle names; see :class:`_CodeWalker`), or "" when there is
     none: a pickle names a class or a function, it does not hold its code,
     so an edited method would otherwise leave an instance's hash as it was.
     Installed code is left to its version, as the pickle's names are."""
-    walker = _CodeWalker()
+    walker = _CodeWalker(value_hash)
     visiting = _VISITING.__dict__.setdefault("ids", set())
     for obj in named:
         module = sys.modules.get(getattr(obj, "__module__", None) or "")

@@ -31,7 +31,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .codehash import code_identity, digest, user_code
+from . import codehash
+from .codehash import digest
 from .rowhash import combine_lanes, lanes_bytes, lanes_hex_array, lanes_of
 
 
@@ -69,7 +70,7 @@ def value_hash(value: Any) -> str:
         data, named = _pickled_naming(value)
     except Exception:
         return digest(cloudpickle.dumps(value))
-    code = user_code(named)
+    code = codehash.user_code(named, value_hash)
     return digest(data, code) if code else digest(data)
 
 
@@ -186,6 +187,13 @@ class _PinnedNamePickler(pickle._Pickler):  # the Python pickler: its save_globa
         self.save(name or getattr(obj, "__qualname__", None) or obj.__name__)
         self.write(pickle.STACK_GLOBAL)
         self.memoize(obj)
+
+
+def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
+    """The hash of ``fn``'s code (and ``setup``'s) and its parts: see
+    :func:`.codehash.code_identity`; the values the code reads hash as
+    :func:`value_hash` does."""
+    return codehash.code_identity(fn, setup, value_hash)
 
 
 def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:

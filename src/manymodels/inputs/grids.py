@@ -14,7 +14,19 @@ from .sources import GroupSource, ItemSource, Source, require_unique
 MOST_SETTINGS = 100_000_000
 
 
-class GridSource(Source):
+class _Combining(Source):
+    """A source that ``*`` combines: a grid, or groups/items times a grid."""
+
+    combines = True
+
+    def __mul__(self, other: Any) -> Any:
+        return product(self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return product(other, self)
+
+
+class GridSource(_Combining):
     """One task per combination of the given parameter values."""
 
     def __init__(self, values: dict[str, Iterable[Any]]) -> None:
@@ -59,7 +71,7 @@ class GridSource(Source):
         return "grid(" + ", ".join(f"{k}={len(v)} values" for k, v in self.values.items()) + ")"
 
 
-class ProductSource(Source):
+class ProductSource(_Combining):
     """Every task of ``base`` (groups or items) with every setting of ``grid``."""
 
     def __init__(self, base: GroupSource | ItemSource, grid: GridSource) -> None:

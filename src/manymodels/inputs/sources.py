@@ -28,17 +28,28 @@ FORMATS = ("pandas", "arrow", "polars", "numpy")
 
 
 class Source:
-    """Base of all task sources; ``a * b`` combines a source with a grid."""
+    """Base of all task sources; ``a * b`` combines a source with a grid.
 
-    def __mul__(self, other: Source) -> Source:
-        from .grids import product
+    A grid (:mod:`.grids`) does the combining, as the operand Python asks
+    second: a source leaves ``*`` to it, and refuses two sources neither of
+    which is a grid."""
 
-        return product(self, other)
+    #: True for a source that ``*`` combines with others (a grid).
+    combines = False
 
-    def __rmul__(self, other: Source) -> Source:
-        from .grids import product
+    def __mul__(self, other: Any) -> Any:
+        return self._refuse(self, other)
 
-        return product(other, self)
+    def __rmul__(self, other: Any) -> Any:
+        return self._refuse(other, self)
+
+    @staticmethod
+    def _refuse(left: Any, right: Any) -> Any:
+        if not isinstance(left, Source) or not isinstance(right, Source) or right.combines \
+                or left.combines:
+            return NotImplemented  # the grid's own __mul__/__rmul__ answers
+        raise TypeError(f"cannot combine {left!r} with {right!r}: only a grid can multiply "
+                        "groups, items or another grid")
 
     @property
     def key_columns(self) -> list[str]:
