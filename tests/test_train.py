@@ -290,7 +290,7 @@ def test_the_cycle_collector_is_paused_only_while_fits_run_elsewhere():
 
 
 def test_runs_records_compare_by_identity_without_raising():
-    from manymodels.run.results import TaskRecords
+    from manymodels.engine.records import TaskRecords
 
     first, second = TaskRecords(3), TaskRecords(3)
     assert first == first and first != second  # field by field, the NumPy columns raised

@@ -6,6 +6,7 @@ the error names the argument at fault.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from .inputs.grids import require_distinct_texts
 from .inputs.sources import Source
 from .machine import collector_paused
 from .observe.callbacks import Callbacks, RunInfo
+from .observe.progress import ProgressBar
 from .planning.plan import add_fit_keys
 from .planning.plan import plan as make_plan
 from .run.results import Run, check_key_names
@@ -190,8 +192,10 @@ def train(
             if recorder is not None:
                 recorder.abandon()
             raise
-        scheduler = Scheduler(plan, engine, retries=options.retries,
-                              max_failures=options.max_failures, progress=options.progress,
+        scheduler = Scheduler(plan, engine, make_run=Run, retries=options.retries,
+                              max_failures=options.max_failures,
+                              progress=functools.partial(ProgressBar, len(plan.tasks),
+                                                         options.progress),
                               recorder=recorder, callbacks=Callbacks(
                                   hooks, plan, RunInfo.describe(
                                       plan, fit, source, engine, options, store, recorder))

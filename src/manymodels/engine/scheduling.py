@@ -32,15 +32,12 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from ..observe.progress import ProgressBar
 from ..planning.plan import Plan
-from ..run.results import Run, TaskRecords
-from ..store.database import StoreError
 from .backends.base import Backend
 from .batchsizing import BatchSizer
 from .execution import RunContext
@@ -54,6 +51,7 @@ from .messages import (
     Status,
     task_indices,
 )
+from .records import RecordingError, TaskRecords
 
 _RETRY_BACKOFF_S = 0.1
 
@@ -62,7 +60,7 @@ class TooManyFailures(RuntimeError):
     """The run stopped early: more tasks failed than ``max_failures`` allows.
     ``.run`` holds every result finished before the stop."""
 
-    def __init__(self, message: str, run: Run) -> None:
+    def __init__(self, message: str, run: Any) -> None:
         super().__init__(message)
         self.run = run
 
@@ -71,7 +69,7 @@ class RunInterrupted(KeyboardInterrupt):
     """The run was interrupted (Ctrl-C or SIGTERM); ``.run`` holds every result
     finished before the interrupt, the rest are ``cancelled``."""
 
-    def __init__(self, message: str, run: Run) -> None:
+    def __init__(self, message: str, run: Any) -> None:
         super().__init__(message)
         self.run = run
 
@@ -112,17 +110,24 @@ def _failure_budget(max_failures: int | float | None, total: int) -> int | None:
 
 
 class Scheduler:
-    """Runs one plan on one backend; :meth:`run` returns the :class:`Run`."""
+    """Runs one plan on one backend; :meth:`run` returns what ``make_run``
+    makes of the records (the run layer's ``Run``).
+
+    ``progress`` makes the progress display once the workers are up (an
+    object with ``update(done, ok, failed)`` and ``close()``), or is None;
+    ``recorder`` (a store's) takes finished tasks and may raise
+    :class:`RecordingError`; ``callbacks`` hears of the run's start and end.
+    """
 
     def __init__(
         self,
         plan: Plan,
         backend: Backend,
         *,
+        make_run: Callable[..., Any],
         retries: int = 0,
         max_failures: int | float | None = None,
-        progress: bool = True,
-        description: str = "training",
+        progress: Callable[[], Any] | None = None,
         recorder: Any = None,
         callbacks: Any = None,
     ) -> None:
@@ -131,8 +136,9 @@ class Scheduler:
         self.retries = retries
         self.budget = _failure_budget(max_failures, len(plan.tasks))
         self.records = TaskRecords(len(plan.tasks))
-        self._progress_options = (len(plan.tasks), progress, description)
-        self.progress: ProgressBar | None = None
+        self.make_run = make_run
+        self._make_progress = progress
+        self.progress: Any = None
         self.sizer = BatchSizer(backend.workers)
         self.recorder = recorder
         self.callbacks = callbacks  # a callbacks.Callbacks, or None
@@ -214,9 +220,9 @@ class Scheduler:
     def _over_budget(self) -> bool:
         return self.budget is not None and self._failed > self.budget
 
-    def _build_run(self, wall_s: float, started_at: float) -> Run:
+    def _build_run(self, wall_s: float, started_at: float) -> Any:
         recorder = self.recorder
-        return Run(self.plan, self.records, wall_s=wall_s, workers=self.backend.workers,
+        return self.make_run(self.plan, self.records, wall_s=wall_s, workers=self.backend.workers,
                    backend=self.backend.name, started_at=started_at,
                    store=recorder.store if recorder else None,
                    run_id=recorder.run_id if recorder else None, batches=self._batches,
@@ -226,13 +232,13 @@ class Scheduler:
 
     # -- the loop --------------------------------------------------------------
 
-    def run(self, context: RunContext, began: tuple[float, float] | None = None) -> Run:
+    def run(self, context: RunContext, began: tuple[float, float] | None = None) -> Any:
         """Run every task not already finished; ``began`` is ``(time.time(),
         time.perf_counter())`` when the caller's work started (planning, hashing),
         so that the wall time covers it."""
         started_at, start = began or (time.time(), time.perf_counter())
         stopped_by: BaseException | None = None
-        store_error: StoreError | None = None
+        store_error: RecordingError | None = None
         with _sigterm_interrupts():
             started = False
             try:
@@ -241,11 +247,12 @@ class Scheduler:
                 if self._done < len(self.plan.tasks):
                     started = True
                     self.backend.start(context)
-                    self.progress = ProgressBar(*self._progress_options)
+                    if self._make_progress is not None:
+                        self.progress = self._make_progress()
                     self._loop()
             except KeyboardInterrupt as exc:
                 stopped_by = exc
-            except StoreError as exc:  # the store cannot take more: stop, keep the results
+            except RecordingError as exc:  # the store cannot take more: stop, keep the results
                 store_error = exc
             except BaseException:  # the backend cannot go on: keep what finished
                 if self.recorder is not None:
@@ -271,7 +278,7 @@ class Scheduler:
                          else "stopped" if self._over_budget() else "finished")
                 try:
                     self.recorder.finish(self.records, state, run)
-                except StoreError as exc:
+                except RecordingError as exc:
                     store_error = exc
             if self.callbacks is not None:
                 self.callbacks.run_end(run)
@@ -345,7 +352,8 @@ class Scheduler:
                 elif isinstance(event, Requeued):
                     in_flight.difference_update(event.indices)
                     retry_now.extendleft(reversed(event.indices))
-            self.progress.update(self._done, self._ok, self._failed)
+            if self.progress is not None:
+                self.progress.update(self._done, self._ok, self._failed)
             if self.recorder is not None:
                 self.recorder.flush(self.records, tail=taken == len(pending) and not (
                     retry_now or retry_later))
@@ -354,7 +362,7 @@ class Scheduler:
                     callbacks.tasks_finished(_ended(events), self.records)
                 callbacks.batch(self._done, self._ok, self._failed)
 
-    def _budget_message(self, run: Run) -> str:
+    def _budget_message(self, run: Any) -> str:
         failed = run.failed
         lines = [
             f"stopped early: {len(failed)} tasks failed, over max_failures={self.budget} "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import pandas as pd
 from ..engine.messages import FAILURE_STATUSES, Pickled, Status
 from ..engine.metriccolumns import metric_columns
 from ..engine.partpacks import ModelPack, PackedModel, unpacked
+from ..engine.records import TaskRecords
 from ..evaluation.splitters import WINDOWS
 from ..inputs.keys import key_column
 from ..planning.plan import Plan
@@ -49,33 +50,6 @@ def _loaded(model: Any, index: int) -> Any:
     in a :class:`~manymodels.engine.partpacks.ModelPack`)."""
     model = unpacked(model, index)
     return model.load() if isinstance(model, (Pickled, PackedModel)) else model
-
-
-@dataclass(eq=False)
-class TaskRecords:
-    """Per-task columns filled by the scheduler, indexed by task number. Two
-    are equal only when they are the same object (comparing the columns
-    field by field raised on the NumPy ones)."""
-
-    size: int
-    status: list[str | None] = field(init=False)
-    attempts: list[int] = field(init=False)
-    model: list[Any] = field(init=False)
-    metrics: list[dict | None] = field(init=False)
-    #: Arrays (float64, NaN until set): a million Python floats were 48 MB.
-    duration_s: np.ndarray = field(init=False)
-    started_at: np.ndarray = field(init=False)
-    worker: list[int] = field(init=False)
-    error: list[str | None] = field(init=False)
-    reused_from: list[int | None] = field(init=False)
-
-    def __post_init__(self) -> None:
-        n = self.size
-        self.status, self.attempts = [None] * n, [0] * n
-        self.model, self.metrics = [None] * n, [None] * n
-        self.duration_s, self.started_at = np.full(n, np.nan), np.full(n, np.nan)
-        self.worker, self.error = [-1] * n, [None] * n
-        self.reused_from = [None] * n
 
 
 def _not_none(values: list) -> int:

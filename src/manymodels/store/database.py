@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from ..engine.records import RecordingError
 from .drivers import driver_label, mark_dead_runs_interrupted
 
 INDEX_NAME = "index.sqlite"
@@ -142,7 +143,7 @@ CREATE TABLE IF NOT EXISTS packs (        -- small models, many per BLOB (see lo
 """
 
 
-class StoreError(ValueError):
+class StoreError(RecordingError, ValueError):
     """The store cannot be used: its path is a file or not writable, its index
     is damaged, or a write failed (a full disk). When a write fails during a
     run, ``.run`` holds every result finished before it (the ones recorded
