@@ -41,7 +41,7 @@ _EXPORTS = {
     "items": ".inputs.sources",
     "LinearResult": ".models.linear",
     "linear": ".models.linear",
-    "Store": ".store",
+    "Store": ".run.store",
     "StoreError": ".store",
     "StoreIntegrityError": ".store",
     "map_groups": ".transforms",
@@ -99,7 +99,8 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .observe.callbacks import Callback
     from .observe.tracking import MLflow
     from .run.results import Run, Summary
-    from .store import Store, StoreError, StoreIntegrityError
+    from .run.store import Store
+    from .store import StoreError, StoreIntegrityError
     from .transforms import map_groups, map_partitions
 
 

@@ -58,7 +58,8 @@ def _open_store(path: str):
     program's SQLite file) is told in one line, not a traceback."""
     from pathlib import Path
 
-    from ..store import Store, StoreError
+    from ..run.store import Store
+    from ..store import StoreError
 
     if not Path(path).is_dir():
         raise typer.BadParameter(f"store {path!r} does not exist", param_hint="STORE")

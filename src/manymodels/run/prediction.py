@@ -167,10 +167,10 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
                    fn: Callable[[Any, Any], Any] | None, backend: str | None,
                    workers: int | None, progress: bool) -> Predicted:
     """Predict ``frame``'s rows group by group on the engine (see the module)."""
-    from ..api import train
     from ..inputs.sources import groups
     from ..planning import plan as planning
     from .results import _loaded
+    from .runner import train
 
     source = groups(frame, by=by, format="pandas" if fn is not None else "numpy")
     layout = planning.group_layout(source)

@@ -24,11 +24,6 @@ _IDENTITY_COLUMNS = ["code_hash", "params_hash", "data_hash", "shared_hash", "st
 def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
     """:meth:`manymodels.Store.why_not_reused`."""
     run_id, _, _ = store._run_row(run)
-    linear = store._linear_run(run_id)
-    if linear is not None:
-        from ..models.linear.stored import explain
-
-        return explain(store, linear, key)
     row = store._task_row(key, run_id, ["reused_from", *_IDENTITY_COLUMNS])
     if row["reused_from"] is not None:
         return f"{key!r} was reused from run {row['reused_from']}"

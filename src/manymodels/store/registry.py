@@ -6,7 +6,7 @@ import json
 import pickle
 import sqlite3
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +118,6 @@ class Store:
     def results(self, run: int | None = None) -> pd.DataFrame:
         """The results of a run (default: the latest), like ``Run.results``."""
         run_id, key_columns, _ = self._run_row(run)
-        linear = self._linear_run(run_id)
-        if linear is not None:  # one artifact, no task rows
-            from ..models.linear.stored import results_frame
-
-            return results_frame(self, linear)
         from ..engine.metriccolumns import text_columns
 
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
@@ -213,17 +208,11 @@ class Store:
         return ModelMap(items)
 
     def _linear_run(self, run_id: int) -> Any:
-        from ..models.linear.stored import linear_run
-
-        return linear_run(self, run_id)
-
-    def linear(self, name: str | None = None, run: int | None = None) -> Any:
-        """The result ``mm.linear(..., store=, name=)`` saved (default: the
-        latest of any name; ``run``: that run's), as a ``LinearResult``
-        whose ``.predict`` works; checked against its SHA-256 first."""
-        from ..models.linear.stored import load
-
-        return load(self, name, run)
+        """The record of ``run_id`` when it is a run of another kind than one
+        task per model (``mm.linear``'s single artifact), else None. The store
+        knows no such kind: the public ``mm.Store`` (:mod:`manymodels.run.store`)
+        adds them."""
+        return None
 
     # -- using the models --------------------------------------------------------
 
@@ -276,38 +265,6 @@ class Store:
             named.update(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()))
         return named
 
-    def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
-                features: list[str] | None = None, run: int | None = None,
-                fallback: bool = True, with_source: bool = False, *,
-                fn: Callable[[Any, Any], Any] | None = None, backend: str | None = None,
-                workers: int | None = None, progress: bool = False
-                ) -> pd.Series | pd.DataFrame:
-        """Predict each row of ``table`` with its group's model, on the engine.
-
-        Returns a Series aligned with ``table``'s rows. Each group uses its
-        model in ``run``, or by default its latest model in the store (a
-        re-run where the group failed leaves it its earlier model); a run
-        trained with ``select=`` gives each group its winning candidate. A row
-        whose group has no model gets the run's fallback model when it has one
-        (``manymodels train`` keeps a global one) and ``fallback`` is true,
-        else NaN, with a warning: never another group's model. When no row has
-        a model at all, it raises instead. With ``with_source``, a DataFrame
-        of ``prediction`` and ``source`` ("group", "fallback" or "none").
-        ``by`` and ``features`` default to what ``manymodels train`` recorded,
-        else ``features`` to the model's ``feature_names_in_``, else every
-        column but the ``by`` columns. ``fn(model, rows)`` replaces
-        ``model.predict(rows[features])`` (a forecaster that needs more).
-
-        The groups run through ``backend`` (``"processes"``, ``"threads"``,
-        ``"serial"``, ``"ray"``; default serial below 500 groups, else
-        processes) on ``workers``: each worker loads its groups' models from
-        the store (checked against their SHA-256) and predicts their rows
-        (see :mod:`manymodels.run.prediction`).
-        """
-        from ..run.prediction import predict_from_store
-
-        return predict_from_store(self, table, by, method, features, run, fallback, with_source,
-                                  fn=fn, backend=backend, workers=workers, progress=progress)
 
     def _selection(self, run: int | None) -> dict | None:
         """The winners recorded by ``train(select=...)`` in ``run``, or None;

@@ -1,0 +1,179 @@
+"""What :func:`manymodels.train` wires, for it and for the layers that run
+jobs of their own on the engine (prediction, transforms): validate the
+options, plan the tasks, hash their identities and open the store's run,
+start the backend, hand the plan to the scheduler, and select the winners.
+
+    options ──► plan ──► identities ──► RunRecorder.begin (reuse) ──► backend
+                                                                        │
+    Run ◄── selection ◄── Scheduler.run (batches, retries, budget) ◄────┘
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..engine.backends import Backend, backend_class
+from ..engine.execution import RunContext
+from ..engine.options import RunOptions
+from ..engine.scheduling import Scheduler
+from ..evaluation.selection import Halving, HalvingSearch, Selection
+from ..evaluation.splitters import prepare as prepare_evaluation
+from ..identity.hashing import task_identities
+from ..inputs.grids import require_distinct_texts
+from ..inputs.sources import Source
+from ..machine import collector_paused
+from ..observe.callbacks import Callbacks, RunInfo
+from ..observe.progress import ProgressBar
+from ..planning.plan import add_fit_keys
+from ..planning.plan import plan as make_plan
+from ..store import RunRecorder, Store, StoreError
+from .results import Run, check_key_names
+
+
+def _callable_name(fit: Any) -> str:
+    name = getattr(fit, "__qualname__", None) or type(fit).__qualname__
+    return f"{getattr(fit, '__module__', None) or type(fit).__module__}.{name}"
+
+
+def train(
+    fit: Callable[..., Any],
+    source: Source,
+    *,
+    shared: Mapping[str, Any] | None = None,
+    backend: str | Backend = "processes",
+    workers: int | None = None,
+    cpus_per_task: int = 1,
+    gpus_per_task: float = 0,
+    gpus: int | list[int | str] | None = None,
+    gpu_memory_limit: float | None = None,
+    retries: int = 0,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    timeout: float | None = None,
+    memory_limit: int | str | None = None,
+    max_failures: int | float | None = None,
+    progress: bool = True,
+    store: str | Path | Store | None = None,
+    reuse: bool = True,
+    setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
+    start_method: str = "auto",
+    callbacks: Any = None,
+    track: Any = None,
+    dashboard: bool = False,
+    evaluate: Any = None,
+    select: Any = None,
+    store_type: type[Store] = Store,
+) -> Run:
+    """Train: see :func:`manymodels.train`, whose arguments these are;
+    ``store_type`` is the class a store given as a path opens as (the public
+    ``mm.Store`` for ``train``, which this layer does not import)."""
+    began = (time.time(), time.perf_counter())
+    if not callable(fit):
+        raise TypeError(f"fit must be callable, got {type(fit).__name__}")
+    if not isinstance(source, Source):
+        raise TypeError(
+            "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
+            f"got {type(source).__name__}"
+        )
+    check_key_names(source.key_columns)
+    instance = backend if isinstance(backend, Backend) else None
+    backend_type = type(instance) if instance is not None else backend_class(backend)
+    name = instance.name if instance is not None else backend
+    options = RunOptions.validate(
+        fit=fit, source=source, backend_type=backend_type, backend_name=name,
+        instance=instance, shared=shared, workers=workers, cpus_per_task=cpus_per_task,
+        gpus_per_task=gpus_per_task, gpus=gpus, retries=retries, retry_on=retry_on,
+        timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
+        progress=progress, reuse=reuse, setup=setup, start_method=start_method,
+        gpu_memory_limit=gpu_memory_limit)
+    hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
+    if dashboard and store is None:
+        raise ValueError("dashboard=True needs store=: the dashboard reads the store")
+    run_fit, splitter = prepare_evaluation(fit, source, evaluate)
+    identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
+    if isinstance(select, Halving):  # one task per group, its candidates inside
+        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
+        identity_extra["__halving__"] = (select, run_fit.settings)
+        selection = select.selection
+    else:
+        selection = None if select is None else Selection.parse(select, splitter)
+    # a store that does not exist yet is made once the plan and the task
+    # identities are (a refusal there, of a column that cannot be hashed say,
+    # left an empty store behind); an existing one is checked at once
+    if store is not None:
+        require_distinct_texts(source)
+    new_store = isinstance(store, (str, Path)) and not Path(store).exists()
+    if not new_store:
+        store = _open_store(store, store_type)
+    live = None
+    if dashboard:
+        from .observe.dashboard import LiveDashboard
+
+        hooks.append(live := LiveDashboard())
+
+    # fits run in other processes: the driver's own million tuples and dicts
+    # (acyclic) need no cycle collector, whose full passes over them cost
+    # seconds; with threads or serial, fit runs here and it stays on
+    with collector_paused(backend_type.requires_pickling):
+        plan = make_plan(source)
+        add_fit_keys(plan, fit, {*(options.shared or {}),
+                                 *(options.setup if isinstance(options.setup, Mapping) else ())})
+        context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table,
+                             shared=options.shared, cpus_per_task=options.backend.cpus_per_task,
+                             retry_on=options.retry_on, setup=options.setup,
+                             # with a store, as fit returned it (serial and threads
+                             # too: a model fit goes on changing is stored as it was)
+                             pickle_models=("all" if store is not None else "small"
+                                            if backend_type.requires_pickling else None))
+        recorder, to_do = None, len(plan.tasks)
+        if store is not None:
+            # the splitter is part of each task's identity: its metrics depend on
+            # it; the driver keeps no per-task identity beyond the recorder's columns
+            identities = task_identities(
+                plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
+                else options.shared, options.setup)
+            if new_store:
+                store = _open_store(store, store_type)
+            recorder = RunRecorder(store, plan, *identities, fit_name=_callable_name(fit),
+                                   source=repr(source), backend=name, workers=options.sized_for(
+                                       backend_type, len(plan.tasks)).workers)
+            to_do -= recorder.begin(reuse=options.reuse)
+        try:
+            engine = instance if instance is not None else backend_type()
+            engine.configure(options.sized_for(backend_type, to_do))
+        except BaseException:
+            if recorder is not None:
+                recorder.abandon()
+            raise
+        scheduler = Scheduler(plan, engine, make_run=Run, retries=options.retries,
+                              max_failures=options.max_failures,
+                              progress=functools.partial(ProgressBar, len(plan.tasks),
+                                                         options.progress),
+                              recorder=recorder, callbacks=Callbacks(
+                                  hooks, plan, RunInfo.describe(
+                                      plan, fit, source, engine, options, store, recorder))
+                              if hooks else None)
+        try:
+            run = scheduler.run(context, began)
+        finally:
+            if live is not None:
+                live.close()
+    if selection is not None:
+        run.select(selection, source)
+    return run
+
+
+def _open_store(store: Any, store_type: type[Store]) -> Store | None:
+    if store is None:
+        return None
+    if not isinstance(store, Store):
+        if not isinstance(store, (str, Path)):
+            raise TypeError(f"store must be a directory path or a Store, got {store!r}")
+        store = store_type(store)
+    if store.read_only:
+        raise StoreError(f"store {str(store.path)!r} is open for reading only (its files are "
+                         "not writable here): it can be read, not trained into")
+    return store

@@ -1,0 +1,77 @@
+"""The public ``mm.Store``: the store of :mod:`manymodels.store` and what the
+layers above it add to it, the kinds of run that are not one task per model
+(``mm.linear``'s, :mod:`manymodels.models.linear.stored`) and prediction on
+the engine (:mod:`.prediction`). The store below knows none of them, so that it
+never imports upward."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import pandas as pd
+
+from ..models.linear import stored as linear_runs
+from ..store import Store as _Store
+from .prediction import predict_from_store
+
+
+class Store(_Store):
+    """A directory of runs and models, as ``train(store=...)`` writes it: open
+    one to list its runs, read their results, load and explain their models,
+    and predict with them. Every method of the store below, plus:"""
+
+    def _linear_run(self, run_id: int) -> Any:
+        return linear_runs.linear_run(self, run_id)
+
+    def results(self, run: int | None = None) -> pd.DataFrame:
+        """The results of a run (default: the latest), like ``Run.results``."""
+        linear = self._linear_run(self._run_row(run)[0])
+        if linear is not None:  # one artifact, no task rows
+            return linear_runs.results_frame(self, linear)
+        return super().results(run)
+
+    def why_not_reused(self, key: Hashable, run: int | None = None) -> str:
+        """Say why the task ``key`` of ``run`` (default: latest) was trained
+        rather than reused: which part of its identity changed."""
+        linear = self._linear_run(self._run_row(run)[0])
+        if linear is not None:
+            return linear_runs.explain(self, linear, key)
+        return super().why_not_reused(key, run)
+
+    def linear(self, name: str | None = None, run: int | None = None) -> Any:
+        """The result ``mm.linear(..., store=, name=)`` saved (default: the
+        latest of any name; ``run``: that run's), as a ``LinearResult``
+        whose ``.predict`` works; checked against its SHA-256 first."""
+        return linear_runs.load(self, name, run)
+
+    def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",
+                features: list[str] | None = None, run: int | None = None,
+                fallback: bool = True, with_source: bool = False, *,
+                fn: Callable[[Any, Any], Any] | None = None, backend: str | None = None,
+                workers: int | None = None, progress: bool = False
+                ) -> pd.Series | pd.DataFrame:
+        """Predict each row of ``table`` with its group's model, on the engine.
+
+        Returns a Series aligned with ``table``'s rows. Each group uses its
+        model in ``run``, or by default its latest model in the store (a
+        re-run where the group failed leaves it its earlier model); a run
+        trained with ``select=`` gives each group its winning candidate. A row
+        whose group has no model gets the run's fallback model when it has one
+        (``manymodels train`` keeps a global one) and ``fallback`` is true,
+        else NaN, with a warning: never another group's model. When no row has
+        a model at all, it raises instead. With ``with_source``, a DataFrame
+        of ``prediction`` and ``source`` ("group", "fallback" or "none").
+        ``by`` and ``features`` default to what ``manymodels train`` recorded,
+        else ``features`` to the model's ``feature_names_in_``, else every
+        column but the ``by`` columns. ``fn(model, rows)`` replaces
+        ``model.predict(rows[features])`` (a forecaster that needs more).
+
+        The groups run through ``backend`` (``"processes"``, ``"threads"``,
+        ``"serial"``, ``"ray"``; default serial below 500 groups, else
+        processes) on ``workers``: each worker loads its groups' models from
+        the store (checked against their SHA-256) and predicts their rows
+        (see :mod:`manymodels.run.prediction`).
+        """
+        return predict_from_store(self, table, by, method, features, run, fallback, with_source,
+                                  fn=fn, backend=backend, workers=workers, progress=progress)
