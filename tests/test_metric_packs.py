@@ -16,14 +16,9 @@ import pytest
 
 import manymodels as mm
 from manymodels.engine.execution import metrics_dict
-from manymodels.engine.metriccolumns import (
-    float_texts,
-    metric_columns,
-    metrics_texts,
-    pack_texts,
-    text_columns,
-)
+from manymodels.engine.metriccolumns import metric_columns, metrics_texts, text_columns
 from manymodels.engine.metricpacks import MetricsPack
+from manymodels.engine.metrictext import float_texts, pack_texts
 from manymodels.engine.partpacks import PartPacker, distinct_objects
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -177,12 +172,12 @@ def test_a_packs_text_pickles_whatever_array_holds_it(monkeypatch):
     empty = MetricsPack(()).seal([4, 5], [], texts=True)
     assert pickle.loads(pickle.dumps(empty)).texts.to_pylist() == ["{}", "{}"]
 
-    import manymodels.engine.metriccolumns as metriccolumns
+    import manymodels.engine.metrictext as metrictext
 
     def failing(names, rows):
         raise MemoryError
 
-    monkeypatch.setattr(metriccolumns, "pack_texts", failing)
+    monkeypatch.setattr(metrictext, "pack_texts", failing)
     # a worker that cannot make the text sends the pack without it: the writer makes it
     kept = MetricsPack(("a",)).seal([7], [0.5], texts=True)
     assert kept.texts is None and kept.get(7) == {"a": 0.5}

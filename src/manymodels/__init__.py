@@ -4,11 +4,35 @@
 >>> run = mm.train(fit, mm.groups("sales.parquet", by=["store", "item"]))
 >>> run.results, run.failed, run.models[("s1", "i7")]
 
+The package's folders are its data flow, bottom to top; each imports only the
+ones below it (``lint-imports`` checks it, see ``pyproject.toml``)::
+
+    inputs ──► identity ──► planning ──► engine ──► evaluation ──► store
+    (sources,   (code, data,  (tasks: key,  (scheduler,  (scores inside  (SQLite index,
+     tables,     params        data ref,     data plane,  the task,       model blobs,
+     keys)       hashes)       cost)         backends)    selection)      reuse)
+                                                                             │
+        cli ◄── api, transforms, sklearn ◄── run ◄── models, observe ◄───────┘
+                                          (train's     (mm.linear; progress,
+                                           wiring,      report, dashboard,
+                                           Run, Store)  MLflow)
+
+* ``machine``: what this machine offers (usable cores, memory, processes).
+* ``inputs``: task sources, the tables they read, and group keys.
+* ``identity``: the hashes that make a task the same task again.
+* ``planning``: a source becomes a plan of tasks, as columns.
+* ``engine``: the scheduler, the data plane, execution and the backends.
+* ``evaluation``: holdout, k-fold and backtests, metrics, selection.
+* ``store``: the crash-safe registry of runs and models, and reuse.
+* ``models``: model families fitted by manymodels itself (``mm.linear``).
+* ``observe``: progress, callbacks, MLflow, the report and the dashboard.
+* ``run``: what ``train`` wires, the ``Run``, prediction, ``mm.Store``.
+* ``api``, ``transforms``, ``sklearn``, ``cli``: the faces users call.
+
 The names below load on first use (PEP 562), so that a worker importing one
 module of the package (a Ray worker, a spawned process) does not import all
 of it, pandas and the store included.
 """
-
 from __future__ import annotations
 
 import importlib

@@ -1,1 +1,7 @@
-"""identity."""
+"""Identity, the second step: what makes a task the same task again.
+
+Hashes of a task's code (the user's ``fit`` and what it reads, followed
+through their modules), its parameters, and its data (a group's rows, a
+file's content, the shared objects). The store compares them to reuse a
+finished model; they depend only on :mod:`manymodels.inputs`.
+"""
