@@ -110,7 +110,7 @@ def train(
         store = _open_store(store, store_type)
     live = None
     if dashboard:
-        from .observe.dashboard import LiveDashboard
+        from ..observe.dashboard import LiveDashboard
 
         hooks.append(live := LiveDashboard())
 
