@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser java torch
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 # The HTML report is tested in a real headless browser: Debian's chromium.
@@ -43,6 +44,7 @@ java:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # The documentation site, into build/site: no broken link, no missing reference.
 # (make test builds it too: tests/test_docs.py, with every example of the docs.)
