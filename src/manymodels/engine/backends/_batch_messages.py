@@ -17,6 +17,7 @@ from typing import Any
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S, Executor, TaskRef
 from ..messages import OkOutcomes
+from ._protocol import Msg
 
 _CONTROLLER: list[Any] = [0, None]  # [len(sys.modules) when built, ThreadpoolController]
 
@@ -53,6 +54,6 @@ def batch_messages(executor: Executor, tasks: list[TaskRef], marked: bool,
             blob = (dump_outcomes(OkOutcomes.of(part.outcomes))[0]
                     if part.outcomes or part.last else None)
             if part.running is not None:
-                yield ("run", part.running, blob, part.busy_s, part.prepare_s)
+                yield (Msg.RUN, part.running, blob, part.busy_s, part.prepare_s)
             else:
-                yield ("done" if part.last else "part", blob, part.busy_s, part.prepare_s)
+                yield (Msg.DONE if part.last else Msg.PART, blob, part.busy_s, part.prepare_s)

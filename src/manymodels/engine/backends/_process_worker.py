@@ -44,7 +44,7 @@ from ...machine import end_tree
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S
 from ..messages import OkOutcomes
-from ._protocol import SLOT
+from ._protocol import SLOT, Msg
 
 
 def die_with_parent() -> None:
@@ -139,7 +139,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
     try:
         executor = load()
     except BaseException:
-        tx.send(("fatal", traceback.format_exc()))
+        tx.send((Msg.FATAL, traceback.format_exc()))
         return 1
     streams = StandardStreams()  # as they are once setup= has run
     executor.retires_when_broken = True  # a broken CUDA context: a fresh worker
@@ -155,24 +155,24 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
         streams.repair(thorough=index < 0)
         SLOT.pack_into(slots, slot_offset, index, time.time())
 
-    tx.send(("ready", os.getpid()))
+    tx.send((Msg.READY, os.getpid()))
 
     while True:
         try:
             message = rx.recv()
         except EOFError:
             return 0
-        if message[0] == "stop":
+        if message[0] == Msg.STOP:
             return 0
         _, batch_id, tasks = message
         mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
         for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S):
             if part.last or executor.broken is not None:
                 mark(-1)
-            send("done" if part.last else "part", batch_id, part.outcomes, part.busy_s,
+            send(Msg.DONE if part.last else Msg.PART, batch_id, part.outcomes, part.busy_s,
                  part.prepare_s)
         if executor.broken is not None:  # its CUDA context is unusable: a fresh worker
-            tx.send(("retire", executor.broken))
+            tx.send((Msg.RETIRE, executor.broken))
             return 0
 
 

@@ -1,10 +1,31 @@
-"""What the processes backend's driver and workers share: the slot layout.
+"""What the driver and the workers of every backend share: the kinds of
+message they exchange, and the processes backend's slot layout.
 
-Each worker owns one slot of a small shared file: the index of the task it is
-running (-1 when none) and the wall-clock time it started it. The driver reads
-the slots to blame the right task when a worker dies and to enforce timeouts.
+Messages are tuples whose first item is one of :class:`Msg`'s kinds (plain
+strings on the wire). Each processes worker owns one slot of a small shared
+file: the index of the task it is running (-1 when none) and the wall-clock
+time it started it. The driver reads the slots to blame the right task when a
+worker dies and to enforce timeouts.
 """
 
 import struct
 
 SLOT = struct.Struct("qd")
+
+
+class Msg:
+    """The first item of each message tuple: what the message is."""
+
+    # driver -> worker
+    BATCH = "batch"  # tasks to run
+    ACK = "ack"  # a remote worker's part was received
+    STOP = "stop"  # end cleanly
+    # worker -> driver
+    READY = "ready"  # a process worker is up (its pid)
+    START = "start"  # a Ray or remote worker is up (its node, pid, version)
+    FATAL = "fatal"  # the run cannot be loaded here (a traceback)
+    RETIRE = "retire"  # the worker ends itself (why)
+    RUN = "run"  # about to run one task of a marked batch
+    PART = "part"  # outcomes so far
+    DONE = "done"  # the batch's last outcomes
+    TIMEOUT = "timeout"  # a remote worker ends itself: its task ran past timeout=

@@ -21,6 +21,7 @@ import cloudpickle
 from ..execution import Executor, TaskRef
 from ..gpus import prepare_worker
 from ._batch_messages import batch_messages
+from ._protocol import Msg
 
 #: run id -> the Executor of that run in this worker process. A Ray worker runs
 #: one task at a time and serves one job, so only the latest run is kept: an
@@ -68,12 +69,12 @@ def _run_batch(
 
     from ..._version import __version__
 
-    yield ("start", ray.get_runtime_context().get_node_id(), os.getpid(), __version__)
+    yield (Msg.START, ray.get_runtime_context().get_node_id(), os.getpid(), __version__)
     try:
         executor = _load_executor(run_id, payload)
         tasks: list[TaskRef] = pickle.loads(tasks_blob)
     except BaseException:
-        yield ("fatal", traceback.format_exc())
+        yield (Msg.FATAL, traceback.format_exc())
         return
     yield from batch_messages(executor, tasks, marked, cpus_per_task)
 

@@ -55,6 +55,7 @@ from typing import Any
 
 from ..execution import RunContext, TaskRef
 from ..messages import Status, task_indices
+from ._protocol import Msg
 from ._ray_cluster import first_line
 from ._remote_worker import dump_payload
 from .base import (
@@ -73,7 +74,7 @@ _HELLO_WAIT_S = 30.0
 #: How long a connection to the worker port may take over each step of the
 #: HMAC handshake (a worker answers in milliseconds).
 _HANDSHAKE_S = 10.0
-_ACK = pickle.dumps(("ack",))
+_ACK = pickle.dumps((Msg.ACK,))
 _STOP_GRACE_S = 2.0
 #: How long past ``timeout`` the driver waits for a worker's own watchdog
 #: before it kills the worker itself (a task holding the GIL starves the
@@ -221,7 +222,7 @@ class RemoteSlotsBackend(Backend):
             for worker in list(self._workers.values()):
                 with contextlib.suppress(Exception):
                     if not force:
-                        worker.conn.send_bytes(pickle.dumps(("stop",)))
+                        worker.conn.send_bytes(pickle.dumps((Msg.STOP,)))
             handles = list(self._launches.values())
             if not force:
                 deadline = time.monotonic() + _STOP_GRACE_S
@@ -264,7 +265,7 @@ class RemoteSlotsBackend(Backend):
         worker.batches.append(batch)
         blob = pickle.dumps(list(batch.tasks.values()), protocol=5)
         try:
-            worker.conn.send_bytes(pickle.dumps(("batch", blob, batch.marked), protocol=5))
+            worker.conn.send_bytes(pickle.dumps((Msg.BATCH, blob, batch.marked), protocol=5))
         except OSError:
             pass  # it died: poll finds out, and accounts for the batch
         return True
@@ -304,7 +305,7 @@ class RemoteSlotsBackend(Backend):
                 conn, hello = self._hellos.get_nowait()
             except queue.Empty:
                 return
-            if hello[0] != "start":
+            if hello[0] != Msg.START:
                 conn.close()
                 continue
             _, launch, host, pid, version = hello
@@ -318,7 +319,7 @@ class RemoteSlotsBackend(Backend):
             taken = any(w.launch == launch for w in self._workers.values())
             if taken or launch not in self._launches or len(self._workers) >= self.workers:
                 with contextlib.suppress(OSError):
-                    conn.send_bytes(pickle.dumps(("stop",)))
+                    conn.send_bytes(pickle.dumps((Msg.STOP,)))
                 conn.close()
                 continue
             self._workers[conn] = _Worker(conn, self._numbers, launch, host, pid)
@@ -336,21 +337,21 @@ class RemoteSlotsBackend(Backend):
                 return events + self._died(worker)
             kind = message[0]
             worker.reported = True
-            if kind == "fatal":
+            if kind == Msg.FATAL:
                 raise WorkerStartupError(
                     f"a {self.engine} worker could not load the run: unpickling fit or the "
                     "data, or running setup=, failed (is fit importable on every node?):\n"
                     f"{message[1]}")
-            if kind == "timeout":
+            if kind == Msg.TIMEOUT:
                 worker.timed_out = message[1]
                 continue
             batch = worker.batches[0]
             events.extend(self._outcomes(worker, batch, message))
-            if kind == "run":
+            if kind == Msg.RUN:
                 worker.running, worker.running_since = message[1], time.monotonic()
                 with contextlib.suppress(OSError):  # it waits for this (see _remote_worker)
                     worker.conn.send_bytes(_ACK)
-            elif kind == "done":
+            elif kind == Msg.DONE:
                 worker.batches.popleft()
                 worker.running = None
 
@@ -362,7 +363,7 @@ class RemoteSlotsBackend(Backend):
         for index in task_indices(outcomes):
             batch.tasks.pop(index, None)
         return [Finished(outcomes, worker=worker.number, busy_s=busy,
-                         batch_done=message[0] == "done", prepare_s=prepare_s)]
+                         batch_done=message[0] == Msg.DONE, prepare_s=prepare_s)]
 
     def _died(self, worker: _Worker) -> list[Event]:
         """Account for the batches of a worker whose connection ended."""

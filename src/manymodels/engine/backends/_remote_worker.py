@@ -41,6 +41,7 @@ import cloudpickle
 
 from ..execution import Executor, TaskRef
 from ._batch_messages import batch_messages
+from ._protocol import Msg
 
 #: Exit status of a worker process that ended itself: a task overstayed ``timeout``.
 TIMEOUT_EXIT = 70
@@ -79,7 +80,7 @@ class _Watchdog(threading.Thread):
             running = self.running
             if running is not None and time.monotonic() - running[1] > self.timeout:
                 try:
-                    self.send(("timeout", running[0]))
+                    self.send((Msg.TIMEOUT, running[0]))
                 finally:
                     os._exit(TIMEOUT_EXIT)
 
@@ -105,11 +106,11 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
 
     batches = 0
     try:
-        send(("start", launch, socket.gethostname(), os.getpid(), __version__))
+        send((Msg.START, launch, socket.gethostname(), os.getpid(), __version__))
         try:
             executor = _load_executor(payload)
         except BaseException:
-            send(("fatal", traceback.format_exc()))
+            send((Msg.FATAL, traceback.format_exc()))
             return 0
         watchdog = None
         if timeout is not None:
@@ -121,9 +122,9 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
                 message = inbox.next()
             except (EOFError, OSError):  # the driver hung up: the run is over
                 return batches
-            if message[0] == "stop":
+            if message[0] == Msg.STOP:
                 return batches
-            if message[0] != "batch":
+            if message[0] != Msg.BATCH:
                 continue
             tasks: list[TaskRef] = pickle.loads(message[1])
             _run(executor, tasks, message[2], cpus_per_task, send, watchdog, inbox)
@@ -148,7 +149,7 @@ class _Inbox:
     def wait_ack(self) -> None:
         while True:
             message = pickle.loads(self.conn.recv_bytes())
-            if message[0] == "ack":
+            if message[0] == Msg.ACK:
                 return
             self.waiting.append(message)
 
@@ -158,7 +159,7 @@ def _run(executor: Executor, tasks: list[TaskRef], marked: bool, cpus_per_task: 
     # closed at once, whatever happens here: its thread limits end with it
     with contextlib.closing(batch_messages(executor, tasks, marked, cpus_per_task)) as messages:
         for message in messages:
-            if message[0] == "run":
+            if message[0] == Msg.RUN:
                 send(message)
                 inbox.wait_ack()
                 if watchdog is not None:

@@ -55,7 +55,7 @@ from ..messages import Status, task_indices
 from ..options import START_METHODS
 from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
 from ._process_start import WorkerStarter
-from ._protocol import SLOT
+from ._protocol import SLOT, Msg
 from ._undertaker import Undertaker
 from .base import (
     DEATHS_OUTSIDE_TASKS,
@@ -208,7 +208,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
         # an item or a setting that cannot travel: its task fails alone
         tasks, payload, lost = dump_sendable(
-            tasks, lambda some: pickle.dumps(("batch", batch_id, some), protocol=5),
+            tasks, lambda some: pickle.dumps((Msg.BATCH, batch_id, some), protocol=5),
             functools.partial(pickle.dumps, protocol=5))
         self._unsent.extend(lost)
         if payload is None:
@@ -242,14 +242,14 @@ class ProcessesBackend(WorkerStarter, Backend):
 
     def _handle(self, worker: Worker, message: tuple) -> list[Event]:
         kind = message[0]
-        if kind == "ready":
+        if kind == Msg.READY:
             worker.ready = True
             if worker.slot not in self._ready_after and worker.process.pid in self._first_pids:
                 self._ready_after[worker.slot] = time.perf_counter() - self._start_began
             return []
-        if kind == "retire":
+        if kind == Msg.RETIRE:
             return self._replace(worker, None, None, retiring=True)
-        if kind == "fatal":
+        if kind == Msg.FATAL:
             raise WorkerStartupError(
                 "a worker process could not start: loading fit and the data, or running "
                 "setup=, failed (is fit importable in a fresh interpreter? otherwise try "
@@ -260,7 +260,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         pending = worker.batches[0].pending
         for index in task_indices(outcomes):
             pending.pop(index, None)
-        done = kind == "done"
+        done = kind == Msg.DONE
         if done:
             worker.batches.popleft()
         return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done,
@@ -325,7 +325,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             workers = getattr(self, "_workers", [])
             if not force:
                 for worker in workers:
-                    worker.outbox.put(pickle.dumps(("stop",)))
+                    worker.outbox.put(pickle.dumps((Msg.STOP,)))
                 deadline = time.monotonic() + _STOP_GRACE_S
                 wait_for_pipes_to_close(workers, deadline)
                 for worker in workers:

@@ -66,6 +66,7 @@ from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
 from ..messages import task_indices
 from ..options import BackendOptions
+from ._protocol import Msg
 from ._ray_calls import Call, CallSupervision
 from ._ray_cluster import check_resources, check_version, cluster_workers, connect, import_ray
 from ._ray_worker import remote_function
@@ -288,20 +289,20 @@ class RayBackend(CallSupervision, Backend):
                 events.extend(self._died(gen, call, exc))
                 return events
             kind = message[0]
-            if kind == "start":
+            if kind == Msg.START:
                 check_version(message)
                 call.started = True
                 call.worker = self._worker_id(message[1], message[2])
-            elif kind == "fatal":
+            elif kind == Msg.FATAL:
                 raise WorkerStartupError(
                     "a Ray worker could not load the run: unpickling fit or the data, or "
                     "running setup=, failed (is fit importable on the Ray nodes?):\n"
                     f"{message[1]}")
             else:
                 events.extend(self._outcomes(call, message))
-                if kind == "run":
+                if kind == Msg.RUN:
                     call.running, call.running_since = message[1], time.monotonic()
-                elif kind == "done":
+                elif kind == Msg.DONE:
                     del self._calls[gen]
                     return events
             if not ray.wait([gen], num_returns=1, timeout=0)[0]:
@@ -317,4 +318,4 @@ class RayBackend(CallSupervision, Backend):
             call.tasks.pop(index, None)
         prepare, call.prepare_s = call.prepare_s, 0.0
         return [Finished(outcomes, worker=call.worker, busy_s=busy,
-                         batch_done=message[0] == "done", prepare_s=prepare)]
+                         batch_done=message[0] == Msg.DONE, prepare_s=prepare)]
