@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..engine.messages import Status
 from .metrics import direction as _direction
 
 
@@ -62,7 +63,7 @@ def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Select
     if selection.metric not in results.columns:
         raise ValueError(f"select={selection.metric!r}: no task reported that metric; the "
                          f"results' columns are {list(results.columns)}")
-    ok = results[results["status"] == "ok"]
+    ok = results[results["status"] == Status.OK]
     if ok.empty:
         return results.iloc[0:0]
     scores = pd.to_numeric(ok[selection.metric], errors="coerce")

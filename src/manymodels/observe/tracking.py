@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engine.messages import Status
 from ..evaluation.metrics import direction
 from .callbacks import Callback, Progress, RunInfo
 
@@ -261,7 +262,7 @@ class MLflow(Callback):
             "reused": summary.reused, "wall_s": summary.wall_s,
             "task_time_s": summary.task_time_s, "utilization": summary.utilization,
             **{f"status.{k}": v for k, v in summary.statuses.items()}}
-        durations = results["duration_s"][results["status"] == "ok"].dropna()
+        durations = results["duration_s"][results["status"] == Status.OK].dropna()
         if len(durations):
             values.update(_describe("duration_s", durations))
         for column in self._metric_columns(results):
@@ -293,7 +294,7 @@ class MLflow(Callback):
         if metric not in results.columns:
             raise ValueError(f"MLflow(log_models=...): metric {metric!r} is not in the "
                              f"results; they have {self._metric_columns(results) or 'none'}")
-        ok = results[(results["status"] == "ok") & results[metric].notna()]
+        ok = results[(results["status"] == Status.OK) & results[metric].notna()]
         best = (ok.nlargest if self.greater_is_better else ok.nsmallest)(self.log_models, metric)
         key_columns = self._info.key_columns if self._info else []
         import mlflow.sklearn

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.execution import metrics_dict
+from ..engine.messages import Status
 from ..inputs.keys import TypedKeys, encode_key
 from ..store.database import StoreIntegrityError
 
@@ -181,7 +182,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
                 setup=functools.partial(_open_store, str(store.path)), backend=backend,
                 workers=workers, progress=progress)
     records = run._records
-    corrupt = [i for i, status in enumerate(records.status) if status == "ok" and metrics_dict(
+    corrupt = [i for i, status in enumerate(records.status) if status == Status.OK and metrics_dict(
         records.metrics[i], i)["source"] == CORRUPT]
     if corrupt:
         first = corrupt[0]
@@ -189,7 +190,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
         others = f" (and {len(corrupt) - 1} other group(s))" if len(corrupt) > 1 else ""
         raise StoreIntegrityError(f"predicting group {key!r}{others}: "
                                   + metrics_dict(records.metrics[first], first)["error"])
-    failed = [i for i, status in enumerate(records.status) if status != "ok"]
+    failed = [i for i, status in enumerate(records.status) if status != Status.OK]
     if failed:
         first = failed[0]
         raise RuntimeError(f"predicting group {layout.keys[first]!r} failed "

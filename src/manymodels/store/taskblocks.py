@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..engine.messages import Status
 from ..identity.hashing import TaskIdentities
 from .database import (
     LOCATOR_FORMAT,
@@ -152,7 +153,7 @@ def trained_mask(block: pa.Table, deleted: pa.Array | None = None) -> np.ndarray
     if deleted is not None and len(deleted) and block["reused_from"].null_count < block.num_rows:
         own = pc.or_(own, pc.fill_null(pc.is_in(block["reused_from"], value_set=deleted),
                                        False))
-    return pc.and_(pc.equal(block["status"], "ok"), own).to_numpy(zero_copy_only=False)
+    return pc.and_(pc.equal(block["status"], Status.OK.value), own).to_numpy(zero_copy_only=False)
 
 
 def deleted_sources(conn: sqlite3.Connection, table: pa.Table) -> pa.Array:

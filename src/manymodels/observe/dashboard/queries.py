@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from ...engine.messages import FAILURE_STATUSES
+from ...engine.messages import FAILURE_STATUSES, Status
 from ...store import database, drivers
 from ...store.database import read_snapshot
 from .runtasks import RunTasks, Snapshot
@@ -184,7 +184,7 @@ class Queries:
             if run["status"] == "running":
                 tasks = self._tasks(run, memos.get(run["run_id"]))
                 done = len(tasks)
-                run.update(ok=int(tasks.status_in(("ok",)).sum()),
+                run.update(ok=int(tasks.status_in((Status.OK.value,)).sum()),
                            failed=int(tasks.status_in(_FAILED).sum()))
             elif run["ok"] is not None:  # recorded when it ended
                 done = run["ok"] + (run["failed"] or 0)
@@ -337,7 +337,7 @@ class Queries:
         values: dict[str, list[float]] = {}
         sample = self._sample(run, memo)
         for *_, status, _, _, _, metrics in sample:
-            if status != "ok" or not metrics:
+            if status != Status.OK or not metrics:
                 continue
             for name, value in json.loads(metrics).items():
                 if (_finite(value) is not None and not isinstance(value, bool)
