@@ -34,6 +34,7 @@ def train(
     progress: bool = True,
     store: str | Path | Store | None = None,
     reuse: bool = True,
+    verify: bool = False,
     setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
     start_method: str = "auto",
     callbacks: Any = None,
@@ -82,6 +83,10 @@ def train(
     * ``store``: a directory (or :class:`Store`) that records every task and
       model, crash-safe; with ``reuse`` (default), a re-run reuses each
       finished model whose code, parameters and data are unchanged.
+      ``verify``: read each model a re-run would reuse and check it against
+      its SHA-256 first (reuse otherwise trusts the index: see
+      :meth:`Store.verify`); a corrupt one is trained again, with a warning
+      naming its key.
     * ``callbacks``: :class:`manymodels.Callback` objects called as the run
       goes (see :mod:`manymodels.observe.callbacks`); ``track``: one more, a tracker
       such as ``mm.MLflow(experiment="sales")`` (one MLflow run per call).
@@ -99,7 +104,7 @@ def train(
         cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task, gpus=gpus,
         gpu_memory_limit=gpu_memory_limit, retries=retries, retry_on=retry_on,
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
-        progress=progress, store=store, reuse=reuse, setup=setup,
+        progress=progress, store=store, reuse=reuse, verify=verify, setup=setup,
         start_method=start_method, callbacks=callbacks, track=track, dashboard=dashboard,
         evaluate=evaluate, select=select,
         store_type=Store)

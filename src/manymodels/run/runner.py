@@ -58,6 +58,7 @@ def train(
     progress: bool = True,
     store: str | Path | Store | None = None,
     reuse: bool = True,
+    verify: bool = False,
     setup: Callable[[], Any] | Mapping[str, Callable[[], Any]] | None = None,
     start_method: str = "auto",
     callbacks: Any = None,
@@ -92,6 +93,10 @@ def train(
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
     if dashboard and store is None:
         raise ValueError("dashboard=True needs store=: the dashboard reads the store")
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be True or False, got {verify!r}")
+    if verify and store is None:
+        raise ValueError("verify=True needs store=: it checks the models reused from the store")
     run_fit, splitter = prepare_evaluation(fit, source, evaluate)
     identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
     if isinstance(select, Halving):  # one task per group, its candidates inside
@@ -140,7 +145,7 @@ def train(
             recorder = RunRecorder(store, plan, *identities, fit_name=_callable_name(fit),
                                    source=repr(source), backend=name, workers=options.sized_for(
                                        backend_type, len(plan.tasks)).workers)
-            to_do -= recorder.begin(reuse=options.reuse)
+            to_do -= recorder.begin(reuse=options.reuse, verify=verify)
         try:
             engine = instance if instance is not None else backend_type()
             engine.configure(options.sized_for(backend_type, to_do))

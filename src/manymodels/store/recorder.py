@@ -15,6 +15,7 @@ import itertools
 import operator
 import sqlite3
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,9 @@ from ..engine.messages import Pickled, Status
 from ..engine.metricpacks import MetricTexts
 from ..engine.partpacks import ModelPack
 from ..identity.hashing import TaskIdentities
-from ..inputs.keys import encode_keys
+from ..inputs.keys import decode_key, encode_keys
 from . import database, taskblocks
+from . import verify as verification
 from .lazymodels import IN_STORE
 from .reuse import ReuseSearch
 from .writer import StoreWriter
@@ -74,29 +76,65 @@ class RunRecorder:
         self._writer: StoreWriter | None = None
         self._records: Any = None
 
-    def begin(self, reuse: bool) -> int:
+    def begin(self, reuse: bool, verify: bool = False) -> int:
         """Create the run's row and record the tasks whose models are reused
         (their rows as blocks, or one block naming the run whose trained rows
-        they all are); return how many."""
+        they all are); return how many. ``verify``: each reused model's bytes
+        are checked against its SHA-256 first (see :mod:`.verify`)."""
         self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
         for last_try in (False, True):
-            reused = self._find_reusable(reuse)
+            reused = self._find_reusable(reuse, verify)
             if self._start_run(reused, last_try):
                 break
         self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
                                    self.identities, on_committed=self._forget_models)
         return 0 if reused is None else reused.num_rows
 
-    def _find_reusable(self, reuse: bool) -> pa.Table | None:
+    def _find_reusable(self, reuse: bool, verify: bool = False) -> pa.Table | None:
         self._same_as, self._reused, self._metric_texts = [], None, {}
         if reuse and self.plan.tasks:
             search = ReuseSearch(self.conn, self.store.path, self.identities, self._keys)
             self._reused = search.find()
+            if verify:
+                self._reused = self._verified(search, self._reused)
             self._same_as, self._metric_texts = search.same_as, search.metric_texts
         # what the match read and dropped goes back to the system now: a
         # re-run of a million would otherwise hold it through the run
         pa.default_memory_pool().release_unused()
         return self._reused
+
+    def _verified(self, search: ReuseSearch, reused: pa.Table | None) -> pa.Table | None:
+        """What ``search`` found, each model's bytes checked against its
+        SHA-256: the corrupt ones are recorded so (and named in a warning),
+        and the search is made again without them, until what it finds is
+        whole (another run's intact copy of a model may take its place)."""
+        checked: dict[str, str | None] = {}
+        corrupt_keys: list[Any] = []
+        corrupt_problems: list[str] = []
+        while reused is not None:
+            tasks, names = verification.reused_models(self.conn, reused, search.same_as)
+            new = set(names) - checked.keys()
+            problems = verification.check_artifacts(self.conn, self.store.path, new)
+            checked.update({name: problems.get(name) for name in new})
+            if not problems:
+                break
+            if not verification.record(self.conn, problems):
+                raise database.StoreError(
+                    f"store {str(self.store.path)!r}: models found corrupt could not be "
+                    "recorded so (the index is not writable)")
+            for task, name in zip(tasks.tolist(), names):
+                if name in problems:
+                    parts = decode_key(self._keys[task].as_py())
+                    corrupt_keys.append(parts[0] if len(parts) == 1 else parts)
+                    corrupt_problems.append(problems[name])
+            reused = search.find()
+        if corrupt_keys:
+            warnings.warn(
+                f"train(verify=True): {len(corrupt_keys)} model(s) this run would have "
+                "reused do not match their SHA-256 and are not reused (trained again): "
+                + verification.describe_corrupt(corrupt_keys, corrupt_problems), RuntimeWarning,
+                stacklevel=2)
+        return reused
 
     def _start_run(self, reused: pa.Table | None, last_try: bool) -> bool:
         """Write the run's row and its reused tasks in one transaction; False

@@ -354,6 +354,19 @@ class Store:
         self._require_writable("gc")
         return collect(self._conn, self.path)
 
+    def verify(self) -> pd.DataFrame:
+        """Read every model and run-level object the store's runs name and
+        check it against its SHA-256, like ``git fsck``; record the corrupt
+        ones so the next run trains their tasks again instead of reusing
+        them. Returns one row per task (or attachment) whose artifact is
+        corrupt: ``run_id``, ``key``, ``attachment``, ``artifact`` and
+        ``problem`` (``missing``, ``unreadable``, ``truncated`` or
+        ``modified``); empty when every artifact is whole (see
+        :mod:`.verify`). A store open for reading only is checked, not marked."""
+        from .verify import verify_store
+
+        return verify_store(self._conn, self.path)
+
     def integrity_check(self) -> str:
         """SQLite's own ``PRAGMA integrity_check`` ("ok" when sound)."""
         return self._conn.execute("PRAGMA integrity_check").fetchone()[0]

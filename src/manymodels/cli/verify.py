@@ -1,0 +1,40 @@
+"""``manymodels verify STORE``: read every artifact of a store and check it
+against its SHA-256, like ``git fsck`` (see :meth:`manymodels.Store.verify`)."""
+
+from __future__ import annotations
+
+import typer
+
+from .app import _FORMAT_HELP, _open_store, app
+from .tables import OutputFormat, print_frame
+
+
+@app.command()
+def verify(
+    store: str = typer.Argument(..., help="Store directory."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
+                                     case_sensitive=False, help=_FORMAT_HELP),
+) -> None:
+    """Check every model of a store against its SHA-256; mark the corrupt ones.
+
+    The corrupt models are listed (run, key, artifact, problem) and recorded,
+    so the next run trains them again instead of reusing them. Exit status 1
+    when one is corrupt, 0 when all are whole.
+
+    Example: manymodels verify models/
+    """
+    opened = _open_store(store)
+    report = opened.verify()
+    checked = report.attrs.get("artifacts_checked", 0)
+    if fmt != OutputFormat.table:
+        print_frame(report, "corrupt", fmt)
+    elif report.empty:
+        typer.echo(f"{store}: {checked} artifact(s) checked, each matches its SHA-256")
+    else:
+        typer.echo(f"{store}: {checked} artifact(s) checked, {report['artifact'].nunique()} "
+                   f"corrupt, held by {len(report)} task(s) or attachment(s)"
+                   + ("" if not opened.read_only else " (read-only store: not marked)")
+                   + "; the next run trains them again")
+        print_frame(report, "corrupt artifacts")
+    if not report.empty:
+        raise typer.Exit(1)
