@@ -245,9 +245,19 @@ class Run:
     def evaluation(self) -> pd.DataFrame:
         """One row per task and window of ``evaluate=``: key columns, window,
         cutoff, n_train, n_test and each metric (empty without evaluation)."""
-        from ..evaluation.splitters import window_frame
+        from ..evaluation.tables import window_frame
 
         return window_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics)
+
+    @cached_property
+    def forecasts(self) -> pd.DataFrame:
+        """One row per task, window and test row of a backtest, as
+        statsforecast's ``cross_validation``: key columns, window, cutoff,
+        time, actual and forecast (empty without a backtest, or with
+        ``mm.backtest(..., forecasts=False)``)."""
+        from ..evaluation.tables import forecast_frame
+
+        return forecast_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics)
 
     def select(self, selection: Any, source: Any) -> None:
         """Mark each group's best task (``train(select=...)`` calls this); with
