@@ -47,6 +47,7 @@ _EXPORTS = {
     "kfold": ".evaluation.splitters",
     "backtest": ".evaluation.splitters",
     "halving": ".evaluation.selection",
+    "Checkpoint": ".engine.checkpoints",
     "Backend": ".engine.backends",
     "DaskBackend": ".engine.backends",
     "RayBackend": ".engine.backends",
@@ -70,13 +71,13 @@ _EXPORTS = {
     "StoreIntegrityError": ".store",
     "map_groups": ".transforms",
     "map_partitions": ".transforms",
-    "serve_app": ".serve.app",
 }
 
 __all__ = [
     "Backend",
     "Callback",
     "DaskBackend",
+    "Checkpoint",
     "LinearResult",
     "MLflow",
     "RayBackend",
@@ -101,7 +102,6 @@ __all__ = [
     "map_groups",
     "map_partitions",
     "register_backend",
-    "serve_app",
     "train",
 ]
 
@@ -117,6 +117,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     )
     from .engine.scheduling import RunInterrupted, TooManyFailures
     from .evaluation.fitstats import glance
+    from .engine.checkpoints import Checkpoint
     from .evaluation.selection import halving
     from .evaluation.splitters import backtest, holdout, kfold
     from .inputs.grids import grid
@@ -126,7 +127,6 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .observe.tracking import MLflow
     from .run.results import Run, Summary
     from .run.store import Store
-    from .serve.app import serve_app
     from .store import StoreError, StoreIntegrityError
     from .transforms import map_groups, map_partitions
 

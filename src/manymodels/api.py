@@ -42,6 +42,7 @@ def train(
     dashboard: bool = False,
     evaluate: Any = None,
     select: Any = None,
+    keep_checkpoints: bool = False,
 ) -> Run:
     """Train one model per task of ``source``, in parallel; return the :class:`Run`.
 
@@ -98,6 +99,13 @@ def train(
     * ``select``: a metric (``"rmse"``, ``("r2", "max")``): each group's best
       task of ``groups * grid``, shown by ``run.best()`` and recorded in the
       store as the group's model (see :mod:`manymodels.evaluation.selection`).
+    * A ``fit`` with a ``checkpoint`` parameter gets a :class:`Checkpoint`:
+      it saves its state as it goes, and a retry, or the next run with the
+      same store, resumes the task from its last state (``run.results``'s
+      ``resumed`` and ``resumed_from``). Checkpoints live in the store, keyed
+      by the task's identity (without one, in a temporary directory for the
+      run); a task's go once its model is committed, unless
+      ``keep_checkpoints``. See the guide's checkpoints page.
     """
     return runner.train(
         fit, source, shared=shared, backend=backend, workers=workers,
@@ -106,5 +114,5 @@ def train(
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
         progress=progress, store=store, reuse=reuse, verify=verify, setup=setup,
         start_method=start_method, callbacks=callbacks, track=track, dashboard=dashboard,
-        evaluate=evaluate, select=select,
+        evaluate=evaluate, select=select, keep_checkpoints=keep_checkpoints,
         store_type=Store)

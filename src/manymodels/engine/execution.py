@@ -62,6 +62,9 @@ class RunContext:
     pickle_models: str | None = None
     #: What a GPU worker does once before its first task (:class:`manymodels.engine.gpus.GpuSetup`).
     gpu_setup: Any = None
+    #: Where tasks keep their checkpoints, when ``fit`` takes a ``checkpoint``
+    #: (:class:`manymodels.engine.checkpointspace.CheckpointSpace`).
+    checkpoints: Any = None
 
 
 @dataclass
@@ -142,6 +145,7 @@ class Executor:
         self.driver_pid = context.driver_pid
         self.pickle_models = context.pickle_models
         self.data = context.data.open(table if table is not None else context.table)
+        self.checkpoints = context.checkpoints
         #: Why this worker's CUDA context is unusable, once a task broke it.
         self.broken: str | None = None
         #: Set by a worker that retires once its CUDA context is broken (the
@@ -162,6 +166,8 @@ class Executor:
         start = time.perf_counter()
         try:
             kwargs = {**params, **self.shared} if params else self.shared
+            if self.checkpoints is not None:
+                kwargs = {**kwargs, "checkpoint": self.checkpoints.open(index)}
             if self.passes_data:
                 value = self.fit(self.data.rows(data), **kwargs)
             else:
@@ -173,6 +179,8 @@ class Executor:
             failed = self._failed(index, exc, start, started_at)
         else:
             failed = None
+        if self.checkpoints is not None:
+            self.checkpoints.finished(index, ok=failed is None)
         if failed is not None:
             if failed[1] == _MEMORY:  # the traceback's frames are gone: free their memory
                 release_cached_memory()

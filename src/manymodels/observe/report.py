@@ -23,7 +23,8 @@ _STATUS_COLORS = {"ok": "#4c78a8", "failed": "#e45756", "crashed": "#b279a2",
                   "timeout": "#f58518", "memory": "#9d755d", "cancelled": "#bab0ac"}
 _MAX_TIMELINE_BARS = 20_000
 _NOT_METRICS = {"status", "attempts", "duration_s", "worker", "started_s", "started_at",
-                "reused", "reused_from", "error", "artifact", "size", "run_id", "rows", "gpu"}
+                "reused", "reused_from", "resumed", "resumed_from", "error", "artifact", "size",
+                "run_id", "rows", "gpu"}
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -159,6 +160,7 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
         [[*(row[c] for c in key_columns), row["status"], row["duration_s"], row["worker"]]
          for _, row in slowest.iterrows()],
         [*key_columns, "status", "duration s", "worker"])]
+    parts += _resumed_section(results, key_columns)
     failures = results[results["status"].isin(FAILURE_STATUSES)]
     parts.append(f"<h2>Failures ({len(failures)})</h2>")
     if failures.empty:
@@ -170,6 +172,19 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
             f"{''.join(parts)}</body></html>")
+
+
+def _resumed_section(results: pd.DataFrame, key_columns: list[str]) -> list[str]:
+    """The tasks that resumed from a checkpoint, or refused one, and from what."""
+    if "resumed_from" not in results.columns:
+        return []
+    rows = results[results["resumed_from"].notna()]
+    if rows.empty:
+        return []
+    return [f"<h2>Resumed from checkpoints ({int(results['resumed'].sum())})</h2>", _table(
+        [[*(row[c] for c in key_columns), row["status"], row["attempts"], row["resumed_from"]]
+         for _, row in rows.head(200).iterrows()],
+        [*key_columns, "status", "attempts", "resumed from"])]
 
 
 def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, workers: int,
@@ -184,6 +199,8 @@ def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, wo
         "tasks": len(results),
         **{f"status {k}": int(v) for k, v in results["status"].value_counts().items()},
         "reused from the store": int(reused.sum()),
+        **({"resumed from a checkpoint": int(results["resumed"].sum())}
+           if "resumed" in results.columns and results["resumed"].any() else {}),
         "backend": f"{backend}, {workers} worker{'' if workers == 1 else 's'}",
         "wall time (s)": wall_s,
         "sum of task times (s)": task_time,

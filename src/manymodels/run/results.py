@@ -20,9 +20,11 @@ from ..inputs.keys import key_column
 from ..planning.plan import Plan
 from ..store.database import StoreError
 from ..store.lazymodels import IN_STORE, ModelMap, StoredModel, hashable_key
+from .checkpointing import resumed_column
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
-_RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error"}
+_RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "resumed",
+             "resumed_from", "error"}
 #: The columns a run's results add beside its keys (``gpu`` with GPUs;
 #: ``run_id`` in :meth:`Store.results`).
 RESULT_COLUMNS = frozenset({*_RESERVED, "gpu", "run_id"})
@@ -162,11 +164,16 @@ class Run:
         self.worker_start_s = worker_start_s
         self.spawn_reason = spawn_reason
         self._selection: Any = None  # (Selection, group columns) with select=
+        #: Task index -> what it resumed from (see run.checkpointing); None
+        #: when fit took no checkpoint.
+        self._resumed_from: dict[int, str] | None = None
 
     @cached_property
     def results(self) -> pd.DataFrame:
         """One row per task: key columns, status, attempts, duration_s, worker,
-        started_s (seconds after the run started), one column per metric, error."""
+        started_s (seconds after the run started), reused (from a store),
+        resumed (from a checkpoint; with ``resumed_from`` saying from what,
+        when fit takes a checkpoint), one column per metric, error."""
         plan, rec = self._plan, self._records
         columns: dict[str, Any] = {}
         for position, name in enumerate(plan.key_columns):
@@ -180,6 +187,9 @@ class Run:
             frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
         frame["started_s"] = rec.started_at - self.started_at
         frame["reused"] = [r is not None for r in rec.reused_from]
+        frame["resumed"], resumed_from = resumed_column(self._resumed_from, len(frame))
+        if resumed_from is not None:  # fit took a checkpoint
+            frame["resumed_from"] = resumed_from
         for name, values in metric_columns(rec.metrics).items():
             if name == WINDOWS:  # per-window scores: run.evaluation
                 continue

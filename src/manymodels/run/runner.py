@@ -21,7 +21,7 @@ from ..engine.execution import RunContext
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
 from ..evaluation.selection import Halving, HalvingSearch, Selection
-from ..evaluation.windowed import prepare as prepare_evaluation
+from ..evaluation.splitters import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
 from ..inputs.grids import require_distinct_texts
 from ..inputs.sources import Source
@@ -31,6 +31,7 @@ from ..observe.progress import ProgressBar
 from ..planning.plan import add_fit_keys
 from ..planning.plan import plan as make_plan
 from ..store import RunRecorder, Store, StoreError
+from . import checkpointing
 from .results import Run, check_key_names
 
 
@@ -66,6 +67,7 @@ def train(
     dashboard: bool = False,
     evaluate: Any = None,
     select: Any = None,
+    keep_checkpoints: bool = False,
     store_type: type[Store] = Store,
 ) -> Run:
     """Train: see :func:`manymodels.train`, whose arguments these are;
@@ -105,6 +107,9 @@ def train(
         selection = select.selection
     else:
         selection = None if select is None else Selection.parse(select, splitter)
+    checkpointed = checkpointing.wanted(fit, run_fit, {
+        *(options.shared or {}), *source.key_columns,
+        *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints)
     # a store that does not exist yet is made once the plan and the task
     # identities are (a refusal there, of a column that cannot be hashed say,
     # left an empty store behind); an existing one is checked at once
@@ -153,7 +158,12 @@ def train(
             if recorder is not None:
                 recorder.abandon()
             raise
-        scheduler = Scheduler(plan, engine, make_run=Run, retries=options.retries,
+        if checkpointed:  # held from here: released in the finally below
+            context.checkpoints = checkpointing.open_space(plan, store, recorder,
+                                                           options.reuse, keep_checkpoints)
+        scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
+                              checkpointing.run_maker(Run, context.checkpoints, store),
+                              retries=options.retries,
                               max_failures=options.max_failures,
                               progress=functools.partial(ProgressBar, len(plan.tasks),
                                                          options.progress),
@@ -164,6 +174,7 @@ def train(
         try:
             run = scheduler.run(context, began)
         finally:
+            checkpointing.close(context.checkpoints, store)
             if live is not None:
                 live.close()
     if selection is not None:

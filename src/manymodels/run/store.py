@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..models.linear import stored as linear_runs
 from ..store import Store as _Store
+from .checkpointing import with_resumed
 from .prediction import predict_from_store
 
 
@@ -29,7 +30,7 @@ class Store(_Store):
         linear = self._linear_run(self._run_row(run)[0])
         if linear is not None:  # one artifact, no task rows
             return linear_runs.results_frame(self, linear)
-        return super().results(run)
+        return with_resumed(self, super().results(run))
 
     def why_not_reused(self, key: Hashable, run: int | None = None) -> str:
         """Say why the task ``key`` of ``run`` (default: latest) was trained

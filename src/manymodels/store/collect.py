@@ -14,12 +14,14 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from . import packs, taskblocks
+from .checkpoints import collect_checkpoints
 from .database import INDEX_NAME
 
 
 def collect(conn: sqlite3.Connection, root: Path) -> int:
-    """Remove artifacts and packs no run references, and stray files; return
-    how many models (and files) were removed.
+    """Remove artifacts and packs no run references, stray files, and the
+    checkpoints no unfinished task can use (:mod:`.checkpoints`); return how
+    many models (and files, and checkpoints) were removed.
 
     The blocks are read before the write transaction (a million tasks'
     locators take seconds to decode, and a run training into the store
@@ -57,6 +59,7 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
         if file.is_file() and relative not in known and _older_than(file, began):
             file.unlink(missing_ok=True)
             removed += relative not in {p for _, p in dead if p}
+    removed += collect_checkpoints(conn, root)
     conn.execute("VACUUM")
     return removed
 

@@ -75,6 +75,9 @@ class RunRecorder:
         self._last_commit = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
+        #: The run's CheckpointSpace, when its tasks' checkpoints go once
+        #: their models are committed (set by the run layer).
+        self.checkpoints: Any = None
 
     def begin(self, reuse: bool, verify: bool = False) -> int:
         """Create the run's row and record the tasks whose models are reused
@@ -242,6 +245,10 @@ class RunRecorder:
             pack.release()
         collections.deque(map(self._records.model.__setitem__, indices,
                               itertools.repeat(IN_STORE)), maxlen=0)  # in C
+        if self.checkpoints is not None:  # here, on the writer's thread: off the driver's loop
+            for pack in packs:
+                self.checkpoints.drop(pack.indices)
+            self.checkpoints.drop(indices)
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
@@ -314,6 +321,10 @@ class RunRecorder:
                                  if state == cancelled)
         self.flush(records, force=True)
         self._writer.close()
+        if self.checkpoints is not None:  # those ok without a model too, now committed
+            ok = Status.OK.value
+            self.checkpoints.drop(i for i, state in enumerate(records.status) if state == ok
+                                  and records.reused_from[i] is None)
         summary = run.summary()  # after the flush: an unpicklable model failed its task
         try:
             self.conn.execute(

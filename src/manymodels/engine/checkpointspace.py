@@ -1,0 +1,210 @@
+"""Where a run's checkpoints live, and who may resume which.
+
+The space is a directory: a store's ``checkpoints/`` (kept across runs), or
+a temporary directory of the run without a store (retries still resume).
+It travels to every worker inside the :class:`~.execution.RunContext`, and
+the workers read and write it themselves.
+
+Each task has a directory named by its identity, holding one slot per run
+that worked on it (named by the run's token)::
+
+    checkpoints/ab/ab12...ef/<token>/manifest.json, state-7.pkl, files-6/, work/
+    checkpoints/.owners/<token>.lock      held (flock) by a running driver
+    checkpoints/.journal/<token>/*.json   what the run's tasks resumed or refused
+
+A task opens its own run's slot (a retry) or claims, by renaming it, the
+newest slot of a run that is no longer running (the next run after a
+crash); a slot whose run is still running, another driver's, is never
+touched: two drivers on one store do not resume each other's tasks.
+``reuse=False`` claims nothing of other runs: it starts afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checkpoints import MANIFEST, Checkpoint
+
+OWNERS, JOURNAL = ".owners", ".journal"
+
+
+def asks_for_checkpoint(fit: Any) -> bool:
+    """Whether ``fit`` names a ``checkpoint`` parameter (not a ``**kwargs``)."""
+    import inspect
+
+    try:
+        parameter = inspect.signature(fit).parameters.get("checkpoint")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def owner_alive(root: Path, token: str) -> bool:
+    """Whether the run ``token`` is still running: its driver holds the lock
+    of ``.owners/<token>.lock`` (the lock goes with the driver, killed or not)."""
+    try:
+        descriptor = os.open(root / OWNERS / f"{token}.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(descriptor)  # (releases the shared lock, if taken)
+    return False
+
+
+@dataclass
+class CheckpointSpace:
+    """A run's checkpoints: ``root`` and each task's directory name (its
+    identity; by task index without a store). Made by the driver
+    (:meth:`create`), pickled into every worker."""
+
+    root: str
+    names: list[str] | None  # per task index; None: "task-<index>"
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: int | None = None
+    #: reuse=False: slots of other runs are not resumed.
+    fresh: bool = False
+    #: No store: a task that ends ok drops its slot at once (nothing
+    #: outlives the run); with a store, the driver drops it once committed.
+    drop_when_ok: bool = False
+    _lock: int | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_lock": None}  # the driver's lock stays with it
+
+    # -- the driver ------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Mark this run as running (until :meth:`release` or the driver's end)."""
+        owners = Path(self.root) / OWNERS
+        owners.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(owners / f"{self.token}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self._lock is not None:
+            owners = Path(self.root) / OWNERS
+            (owners / f"{self.token}.lock").unlink(missing_ok=True)
+            os.close(self._lock)
+            self._lock = None
+            with contextlib.suppress(OSError):
+                owners.rmdir()
+
+    def drop(self, indices: Any) -> None:
+        """Remove these tasks' slots of this run (their models are kept)."""
+        for index in indices:
+            base = self._task_dir(int(index))
+            shutil.rmtree(base / self.token, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                base.rmdir()  # when no other run's slot is left in it
+                base.parent.rmdir()
+
+    def journal(self) -> dict[int, list[dict]]:
+        """What each task of this run resumed from, or refused, in order,
+        read from the workers' journal (which is then removed)."""
+        folder = Path(self.root) / JOURNAL / self.token
+        events: dict[int, list[dict]] = {}
+        try:
+            files = sorted((f for f in folder.iterdir() if not f.name.startswith(".")),
+                           key=lambda f: int(f.name.split(".")[1]))
+        except FileNotFoundError:
+            return events
+        for file in files:
+            with contextlib.suppress(OSError, ValueError):
+                event = json.loads(file.read_bytes())
+                events.setdefault(int(event["task"]), []).append(event)
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()
+        return events
+
+    # -- a worker --------------------------------------------------------------
+
+    def open(self, index: int) -> Checkpoint:
+        """Task ``index``'s checkpoint: this run's slot, else the newest slot
+        of a run no longer running, claimed; else a new one."""
+        base = self._task_dir(index)
+        own = base / self.token
+        if not own.is_dir():
+            base.mkdir(parents=True, exist_ok=True)
+            if not self.fresh:
+                self._claim(base, own)
+            own.mkdir(exist_ok=True)
+        attempt = _count_start(own)
+        return Checkpoint(own, attempt=attempt,
+                          owner={"token": self.token, "run_id": self.run_id},
+                          report=_Journal(Path(self.root) / JOURNAL / self.token, index,
+                                          self.token))
+
+    def finished(self, index: int, ok: bool) -> None:
+        if ok and self.drop_when_ok:
+            self.drop([index])
+
+    def _task_dir(self, index: int) -> Path:
+        name = self.names[index] if self.names is not None else f"task-{index}"
+        return Path(self.root) / name[:2] / name
+
+    def _claim(self, base: Path, own: Path) -> None:
+        """Rename the newest slot of a run no longer running to ``own``."""
+        root = Path(self.root)
+        candidates = []
+        for slot in base.iterdir():
+            if slot.name == self.token or not slot.is_dir() or owner_alive(root, slot.name):
+                continue
+            try:
+                saved = (slot / MANIFEST).stat().st_mtime
+            except OSError:
+                saved = 0.0  # nothing committed: worth nothing, unless nothing else
+            candidates.append((saved, slot))
+        for _, slot in sorted(candidates, reverse=True):
+            try:
+                os.rename(slot, own)  # atomic: of two claimants, one wins
+                return
+            except OSError:  # another worker claimed it first
+                continue
+
+
+def _count_start(slot: Path) -> int:
+    """This start's number in the slot (1, 2, ...), kept in its ``attempts`` file."""
+    counter = slot / "attempts"
+    try:
+        count = int(counter.read_text()) + 1
+    except (OSError, ValueError):
+        count = 1
+    temporary = slot / f".tmp-attempts-{os.getpid()}"
+    temporary.write_text(str(count))
+    os.replace(temporary, counter)
+    return count
+
+
+class _Journal:
+    """Writes a task's resume or refusal where the driver reads it at the end
+    of the run (one small file per event: no message to the driver)."""
+
+    def __init__(self, folder: Path, index: int, token: str) -> None:
+        self.folder, self.index, self.token = folder, index, token
+
+    def __call__(self, kind: str, details: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        event = {"task": self.index, "kind": kind, "at": time.time(), **details,
+                 "same_run": details.get("token") == self.token}
+        name = f"{self.index}.{time.time_ns()}.{os.getpid()}.json"
+        temporary = self.folder / f".tmp-{name}"
+        temporary.write_text(json.dumps(event))
+        os.replace(temporary, self.folder / name)
