@@ -1,0 +1,176 @@
+"""The ASGI application: ``mm.serve_app(store)``, which ``manymodels serve``
+runs under uvicorn and a team may mount in its own Starlette or FastAPI
+service.
+
+Routes: ``GET /healthz``, ``POST /v1/predict`` (JSON or Arrow IPC),
+``GET /v1/models/{key}``, ``POST /v1/reload``, ``GET /metrics``. With a
+token, every route but ``/healthz`` asks for ``Authorization: Bearer TOKEN``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from ..store import StoreIntegrityError
+from . import requests as bodies
+from .catalog import key_parts
+from .predictor import RequestError, predict_rows
+from .state import ServedStore, log, parse_size
+
+#: Requests of fewer rows are answered on the event loop (a hop to a thread
+#: costs more than they do); larger ones in a thread, the loop left free.
+_INLINE_BELOW = 64
+MAX_BODY = 64 << 20
+
+
+def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
+              cache_bytes: int | str = "1GiB", token: str | None = None,
+              max_body: int | str = MAX_BODY, poll: float | None = 2.0) -> Starlette:
+    """An ASGI application (Starlette) that serves every group's model of
+    ``store`` (a path or a :class:`manymodels.Store`).
+
+    Each row of ``POST /v1/predict`` gets the prediction ``Store.predict``
+    gives it, from ``run``'s models or by default each group's latest model
+    in the runs that have ended; models load on first use, checked against
+    their SHA-256, and stay in an LRU of at most ``cache_models`` models and
+    ``cache_bytes`` (their stored sizes). Every ``poll`` seconds (None: never;
+    ``POST /v1/reload`` any time) it looks for a run that ended since, and
+    serves its models from then on without failing a request. ``token``:
+    asked as ``Authorization: Bearer`` on every route but ``/healthz``.
+    ``max_body``: a larger request is answered 413. A store that is not
+    one, or an unknown ``run``, is refused here, by name (ValueError).
+    """
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ValueError("token must be a non-empty string, or None for no token")
+    limit = parse_size(max_body, "max_body")
+    served = ServedStore(store, run, cache_models, parse_size(cache_bytes, "cache_bytes"),
+                         poll)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        served.start()
+        try:
+            yield
+        finally:
+            served.stop()
+
+    def timed(route: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            if served.poller is None:  # mounted in another app, whose lifespan is its own
+                served.start()
+            if token is not None and route != "/healthz" and not _authorized(request, token):
+                response: Response = JSONResponse(
+                    {"error": "this server asks for a token: Authorization: Bearer TOKEN"},
+                    401, headers={"WWW-Authenticate": "Bearer"})
+            else:
+                try:
+                    response = await handler(request)
+                except RequestError as exc:
+                    response = JSONResponse({"error": str(exc)}, exc.status)
+                except StoreIntegrityError as exc:  # this model refused; the others serve on
+                    response = JSONResponse({"error": str(exc)}, 500)
+                except Exception as exc:  # a model's own failure: said, counted, served on
+                    log.exception("%s failed", route)
+                    response = JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
+            served.metrics.request(route, response.status_code, time.perf_counter() - started)
+            return response
+
+        return endpoint
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "run_id": served.catalog.run_id})
+
+    async def predict(request: Request) -> Response:
+        body = await _body(request, limit)
+        arrow = request.headers.get("content-type", "").startswith(bodies.ARROW)
+        catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
+
+        def answer() -> Response:
+            columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body)
+            result = predict_rows(catalog, served.cache, served.store, columns, n)
+            if arrow:
+                return Response(bodies.arrow_answer(result), media_type=bodies.ARROW)
+            return Response(bodies.json_answer(result), media_type="application/json")
+
+        if not arrow and len(body) < _INLINE_BELOW * 200:
+            return answer()
+        return await run_in_threadpool(answer)
+
+    async def model(request: Request) -> Response:
+        catalog = served.catalog
+        try:
+            parts = key_parts(catalog, request.path_params["key"])
+        except ValueError as exc:
+            raise RequestError(400, str(exc)) from exc
+        described = await run_in_threadpool(catalog.describe, served.store, parts)
+        if described is None:
+            return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
+                                          f" in run {catalog.run_id}"}, 404)
+        return JSONResponse({"key": list(parts), "by": catalog.by, **described})
+
+    async def reload(request: Request) -> Response:
+        changed = await run_in_threadpool(served.reload)
+        catalog = served.catalog
+        return JSONResponse({"reloaded": changed, "run_id": catalog.run_id,
+                             "models": catalog.models})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(served.metrics.text(served.cache.stats(), served.catalog),
+                                 media_type="text/plain; version=0.0.4")
+
+    routes = [Route("/healthz", timed("/healthz", healthz), methods=["GET"]),
+              Route("/v1/predict", timed("/v1/predict", predict), methods=["POST"]),
+              Route("/v1/models/{key:path}", timed("/v1/models", model), methods=["GET"]),
+              Route("/v1/reload", timed("/v1/reload", reload), methods=["POST"]),
+              Route("/metrics", timed("/metrics", metrics), methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.served = served
+    return app
+
+
+def _authorized(request: Request, token: str) -> bool:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                              token.encode())
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) once it passes ``limit`` bytes, by
+    its Content-Length or as it streams in."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of "
+                                f"{limit} (--max-body)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+#: The environment variable ``manymodels serve --workers`` hands its options in.
+CONFIG_VARIABLE = "MANYMODELS_SERVE_CONFIG"
+
+
+def app_from_environment() -> Starlette:
+    """The app of each uvicorn worker process (``--workers W``), built from the
+    options ``manymodels serve`` put in :data:`CONFIG_VARIABLE`."""
+    import json
+
+    options = json.loads(os.environ[CONFIG_VARIABLE])
+    store = options.pop("store")
+    return serve_app(store, **options)

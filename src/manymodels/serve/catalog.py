@@ -1,0 +1,209 @@
+"""What a server answers with: for each group key, the model of the run it
+serves, as ``Store.predict`` would pick it.
+
+A catalog is read from the store once per run that ends and never changed:
+a reload builds a new one beside it and swaps the reference, so a request
+that started on the old catalog finishes on it. It holds each group's model
+*digest* (SHA-256 or pack locator), not the model: the models are loaded on
+first use by :class:`~manymodels.serve.cache.ModelCache`.
+
+By default the catalog is the store as ``Store.predict`` reads it with no
+``run=`` — each group's latest model, a group that failed in a re-run
+keeping its earlier one, each group's selected candidate for a run trained
+with ``select=``, the latest fallback model — over the runs that have
+ended (a run still being written is served once it ends). With ``run=`` it
+is that run's models alone.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.execution import metrics_dict
+from ..inputs.keys import TypedKeys
+from ..store import taskblocks
+
+#: What ``GET /v1/models/{key}`` reads of a group's task.
+_DESCRIBED = ["key", "status", "artifact", "size", "metrics", "duration_s", "started_at",
+              "code_hash", "params_hash", "data_hash", "shared_hash", "reused_from"]
+
+
+@dataclass
+class Catalog:
+    """The models one state of the store serves (see the module)."""
+
+    run_id: int  # the run served: the latest ended run, or the one asked for
+    by: list[str]
+    features: list[str] | None
+    runs: list[int]  # the runs whose models it serves, earliest first
+    keys: TypedKeys | None = None  # encoded key -> digest (None for an mm.linear run)
+    selected: bool = False  # the run chose each group's best candidate (select=)
+    fallback: str | None = None  # digest of the run's fallback model
+    linear: Any = None  # the LinearResult of an mm.linear run
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _described: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def models(self) -> int:
+        return len(self.linear.keys) if self.linear is not None else len(self.keys or ())
+
+    def find(self, parts: tuple) -> tuple[str | None, str]:
+        """The digest of the model that answers the group ``parts``, and
+        which it is: "group" (or "selected"), "fallback", or "none"."""
+        with self._lock:  # TypedKeys builds its index of loose keys on first miss
+            digest = self.keys.find(parts) if self.keys is not None else None
+        if digest is not None:
+            return digest, "selected" if self.selected else "group"
+        if self.fallback is not None:
+            return self.fallback, "fallback"
+        return None, "none"
+
+    def describe(self, store: Any, parts: tuple) -> dict[str, Any] | None:
+        """The run, metrics, training time and identity of the model that
+        answers ``parts``, or None when no model does."""
+        if self.linear is not None:
+            return self._describe_linear(parts)
+        digest, source = self.find(parts)
+        if digest is None or source == "fallback":
+            return None if digest is None else {"source": source, "artifact": digest,
+                                                "run_id": self.run_id}
+        for run_id in reversed(self.runs):  # the latest run that holds this model
+            tasks = self._tasks(store, run_id)
+            row = _index_of(tasks["artifact"], digest)
+            if row is None:
+                continue
+            task = {name: tasks[name][row].as_py() for name in _DESCRIBED}
+            return {"source": source, "run_id": run_id, "artifact": digest,
+                    "task_key": json.loads(task["key"]), "size": task["size"],
+                    "metrics": metrics_dict(task["metrics"], row) or {},
+                    "duration_s": task["duration_s"], "started_at": task["started_at"],
+                    "reused_from": task["reused_from"],
+                    "identity": {name: task[name] for name in (
+                        "code_hash", "params_hash", "data_hash", "shared_hash")}}
+        return {"source": source, "artifact": digest, "run_id": None}
+
+    def _tasks(self, store: Any, run_id: int) -> Any:
+        with self._lock:
+            tasks = self._described.get(run_id)
+        if tasks is None:
+            tasks = taskblocks.read_run(store._conn, run_id, _DESCRIBED)
+            with self._lock:
+                while len(self._described) >= 2:  # a run of a million tasks is large
+                    self._described.pop(next(iter(self._described)))
+                self._described[run_id] = tasks
+        return tasks
+
+    def _describe_linear(self, parts: tuple) -> dict[str, Any] | None:
+        import pandas as pd
+
+        result = self.linear
+        frame = pd.DataFrame({name: [value] for name, value in zip(self.by, parts)})
+        row = int(result.group_of(frame)[0])
+        if row < 0:
+            return None
+        metrics = {name: _plain(value) for name, value in result.metrics.iloc[row].items()}
+        return {"source": "group", "run_id": self.run_id, "linear": True,
+                "metrics": metrics, "coefficients": _plain(result.coef[row])}
+
+
+def _index_of(column: Any, value: str) -> int | None:
+    import pyarrow.compute as pc
+
+    where = pc.index(column, value).as_py()
+    return None if where is None or where < 0 else int(where)
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy or pandas value as JSON can hold it."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return None if value != value else value
+    import pandas as pd
+
+    return None if pd.isna(value) else str(value)  # pd.NA, NaT; a timestamp as text
+
+
+# -- reading a catalog from the store ----------------------------------------------
+
+
+def ended_runs(store: Any) -> list[tuple[int, list[str]]]:
+    """(run_id, key columns) of the runs that have ended, earliest first."""
+    return [(run_id, json.loads(columns)) for run_id, columns in store._conn.execute(
+        "SELECT run_id, key_columns FROM runs WHERE status != 'running' ORDER BY run_id")]
+
+
+def store_version(store: Any) -> tuple:
+    """What changes when a run ends, is deleted, or gets an attachment
+    (``manymodels train`` attaches its fallback model after its run ends):
+    the poller rebuilds the catalog when this changes."""
+    return tuple(store._conn.execute(
+        "SELECT (SELECT count(*) FROM runs WHERE status != 'running'), "
+        "(SELECT max(run_id) FROM runs WHERE status != 'running'), "
+        "(SELECT count(*) FROM attachments), (SELECT max(rowid) FROM attachments)").fetchone())
+
+
+def build_catalog(store: Any, run: int | None = None) -> Catalog:
+    """The catalog of ``store`` (a :class:`manymodels.Store`): ``run``'s
+    models, or by default the store's as ``Store.predict`` serves them from
+    the runs that have ended. Raises ValueError naming the store or run."""
+    if run is not None:
+        run_id, key_columns, _ = store._run_row(run)  # "has no run N"
+        runs = [run_id]
+    else:
+        ended = ended_runs(store)
+        if not ended:
+            raise ValueError(f"store {str(store.path)!r} holds no run that has ended yet")
+        run_id, key_columns = ended[-1]
+        runs = [r for r, columns in ended if columns == key_columns]
+    found = store._linear_run(run_id)
+    if found is not None:  # coefficient arrays, checked, nothing unpickled
+        from ..models.linear import stored as linear_runs
+
+        result = linear_runs.load(store, None, run_id)
+        return Catalog(run_id, list(result.by), None, [run_id], linear=result)
+    config = store.attached("train_config", run_id, default={}) or {}
+    chosen = store.attached("selection", run_id, default=None)
+    by = config.get("by") or (chosen or {}).get("by") or key_columns
+    by = [by] if isinstance(by, str) else list(by)
+    digests: dict[str, str] = {}
+    if chosen is not None:
+        for earlier in runs:  # each group's latest winner (a re-run may have lost one)
+            picked = chosen if earlier == run_id else store.attached(
+                "selection", earlier, default=None)
+            if picked is not None and picked.get("by") == chosen.get("by"):
+                digests.update(picked["artifacts"])
+    else:
+        for earlier in runs:  # the latest run's last: a failed group keeps its model
+            digests.update(store._model_artifacts(earlier))
+    fallback = None
+    for earlier in reversed(runs):
+        fallback = store._latest_attached_digest("fallback", earlier)
+        if fallback is not None:
+            break
+    return Catalog(run_id, by, config.get("features"), runs, keys=TypedKeys(digests),
+                   selected=chosen is not None, fallback=fallback)
+
+
+def key_parts(catalog: Catalog, text: str) -> tuple:
+    """The key of ``GET /v1/models/{key}``: a JSON list for several key
+    columns (``["s1", 7]``), else the value itself (``s1`` or ``7``)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    if len(catalog.by) > 1:
+        if not isinstance(value, list) or len(value) != len(catalog.by):
+            raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "
+                             f"({', '.join(catalog.by)}), got {text!r}")
+        return tuple(value)
+    return (value,) if not isinstance(value, (list, dict)) else (text,)
