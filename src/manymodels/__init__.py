@@ -102,6 +102,7 @@ __all__ = [
     "map_groups",
     "map_partitions",
     "register_backend",
+    "serve_app",
     "train",
 ]
 
@@ -127,6 +128,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .observe.tracking import MLflow
     from .run.results import Run, Summary
     from .run.store import Store
+    from .serve.app import serve_app
     from .store import StoreError, StoreIntegrityError
     from .transforms import map_groups, map_partitions
 

@@ -1,5 +1,8 @@
 """The command line: `manymodels train|runs|show|why|predict|report|dashboard|demo`."""
 
+# each module registers its commands on the one typer app
+from . import dashboard, inspection, jobs  # noqa: F401
+from . import serve as _serve  # noqa: F401  (registers `manymodels serve`)
 from . import verify as _verify  # noqa: F401  (registers `manymodels verify`)
 from .app import app
 

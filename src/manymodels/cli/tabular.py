@@ -185,7 +185,8 @@ class GroupModelTask:
         return self.build(setting).fit(df[self.features], df[self.target])
 
     def __call__(self, df: pd.DataFrame) -> tuple[Any, dict[str, Any]]:
-        from ..evaluation.splitters import WINDOWS, evaluate_candidates
+        from ..evaluation.splitters import WINDOWS
+        from ..evaluation.windowed import evaluate_candidates
         from ..models.linear.fastpath import precomputed  # fitted in batches by mm.linear
 
         done = precomputed(self, df)

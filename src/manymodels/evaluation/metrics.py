@@ -170,3 +170,68 @@ def score(names: list[str], model: Any, X: Any, y: Any, y_train: Any) -> dict[st
             predicted = np.asarray(model.predict(X))
         scores[name] = fn(y, predicted, y_train)
     return scores
+
+
+#: The metrics :func:`window_scores` computes for all windows at once.
+_SUMS = {"mse", "rmse", "mae", "mape", "smape", "mase", "r2", "accuracy"}
+
+
+def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds: np.ndarray,
+                  train_targets: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Each named metric of every window at once: ``y`` and ``predicted`` are
+    the windows' test rows end to end, window ``w`` at
+    ``bounds[w]:bounds[w + 1]`` (none empty); ``train_targets[w]`` its
+    training target (for ``mase``). Sums over windows are one
+    ``np.add.reduceat`` each; ``f1`` and ``balanced_accuracy`` (scikit-learn's)
+    go window by window. ``log_loss`` is not here: it needs probabilities."""
+    starts, counts = bounds[:-1], np.diff(bounds)
+    out: dict[str, np.ndarray] = {}
+    numeric = any(name in _SUMS and name != "accuracy" for name in names)
+    if numeric:
+        y_float, p_float = _float(y), _float(predicted)
+        error = y_float - p_float
+
+    def mean(values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(values, starts) / counts
+
+    for name in names:
+        if name in ("mse", "rmse"):
+            if "mse" not in out:
+                out["mse"] = mean(error ** 2)
+            if name == "rmse":
+                out["rmse"] = np.sqrt(out["mse"])
+        elif name in ("mae", "mase"):
+            if "mae" not in out:
+                out["mae"] = mean(np.abs(error))
+            if name == "mase":
+                out["mase"] = out["mae"] / _naive_scales(train_targets)
+        elif name == "mape":
+            out[name] = mean(np.abs(error) / np.maximum(np.abs(y_float), np.finfo(float).eps))
+        elif name == "smape":
+            scale = np.abs(y_float) + np.abs(p_float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[name] = mean(np.where(scale == 0, 0.0, 2 * np.abs(error) / scale))
+        elif name == "r2":
+            centred = y_float - np.repeat(mean(y_float), counts)
+            total, residual = mean(centred ** 2), mean(error ** 2)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[name] = np.where(total == 0, np.where(residual == 0, 1.0, 0.0),
+                                     1 - residual / total)
+        elif name == "accuracy":
+            same = np.asarray(y).reshape(-1) == np.asarray(predicted).reshape(-1)
+            out[name] = mean(same.astype(float))
+        else:
+            fn = METRICS[name][0]
+            out[name] = np.array([fn(y[a:b], predicted[a:b]) for a, b in zip(starts, bounds[1:])])
+    return {name: out[name] for name in names}
+
+
+def _naive_scales(train_targets: list[np.ndarray]) -> np.ndarray:
+    """:func:`mase`'s scale per window (NaN where it is 0 or undefined)."""
+    scales = np.full(len(train_targets), np.nan)
+    for w, history in enumerate(train_targets):
+        if len(history) > 1:
+            scale = np.mean(np.abs(np.diff(_float(history))))
+            if scale > 0:
+                scales[w] = scale
+    return scales

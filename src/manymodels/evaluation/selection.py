@@ -126,23 +126,21 @@ class HalvingSearch:
 
     def __call__(self, rows: Any, **shared: Any) -> tuple[Any, dict[str, Any]]:
         from ..engine.execution import split_result
-        from .splitters import SKIPPED, WINDOWS, TooShort, score_window
+        from .splitters import WINDOWS, TooShort
+        from .windowed import GroupWindows, mean_scores, skipped_metrics
 
-        splitter, metric = self.splitter, self.halving.selection.metric
-        sign = -1.0 if self.halving.selection.higher else 1.0
+        splitter = self.splitter
         alive = list(range(len(self.settings)))
         records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}
         fits, skipped = 0, None
-        ordered = splitter.prepare(rows)
         try:
-            windows = splitter.windows(ordered)
+            group = GroupWindows(splitter, rows)
+            windows = len(group.windows)
         except TooShort as exc:
-            windows, skipped = [], str(exc)
-        features = splitter.feature_columns(rows)
+            windows, skipped = 0, str(exc)
         failed: dict[int, str] = {}  # a candidate that raised: out of the race, not the group
-        for number, (train, test, cutoff) in enumerate(windows):
-            train_rows = ordered.iloc[train].reset_index(drop=True)
-            test_rows = ordered.iloc[test].reset_index(drop=True)
+        for number in range(windows):
+            train_rows = group.train_rows(number)
             for i in alive:
                 fits += 1
                 try:
@@ -161,26 +159,13 @@ class HalvingSearch:
                 raise RuntimeError(
                     f"every candidate failed in window {number}, e.g. "
                     f"{self.settings[first]}: {failed[first]}")
-
-            def mean(i: int) -> float:
-                values = [r.get(metric, np.nan) for r in records[i]]
-                value = float(np.mean(values))
-                return sign * value if value == value else np.inf
-
-            keep = max(1, -(-len(alive) // self.halving.eta))  # ceil
-            if number < len(windows) - 1:
-                alive = sorted(alive, key=mean)[:keep]  # stable: ties keep grid order
-            else:
-                alive = sorted(alive, key=mean)[:1]
+            keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
+            alive = sorted(alive, key=lambda i: self._rank(records[i]))[:keep]  # stable
         winner = alive[0]
         model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
-        metrics: dict[str, Any] = dict(fit_metrics)
-        for name in records[winner][0] if records[winner] else ():
-            if name not in ("window", "cutoff", "n_train", "n_test"):
-                metrics[name] = float(np.mean([r[name] for r in records[winner]]))
+        metrics: dict[str, Any] = {**fit_metrics, **mean_scores(records[winner])}
         if skipped is not None:
-            metrics.update({name: float("nan") for name in splitter.metric_names()})
-            metrics[SKIPPED] = skipped
+            metrics.update(skipped_metrics(splitter, skipped))
         metrics.update({f"best_{k}": v for k, v in self.settings[winner].items()})
         metrics["window_fits"] = fits
         if failed:  # how many candidates raised, and the first one's error
@@ -189,6 +174,13 @@ class HalvingSearch:
             metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
         metrics[WINDOWS] = records[winner]
         return model, metrics
+
+    def _rank(self, records: list[dict[str, Any]]) -> float:
+        """A candidate's mean score so far, lower better (NaN last)."""
+        value = float(np.mean([r.get(self.halving.selection.metric, np.nan) for r in records]))
+        if value != value:
+            return np.inf
+        return -value if self.halving.selection.higher else value
 
     @staticmethod
     def prepare(fit: Any, source: Any, splitter: Any, halving: Halving) -> tuple:

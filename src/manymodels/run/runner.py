@@ -21,7 +21,7 @@ from ..engine.execution import RunContext
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
 from ..evaluation.selection import Halving, HalvingSearch, Selection
-from ..evaluation.splitters import prepare as prepare_evaluation
+from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
 from ..inputs.grids import require_distinct_texts
 from ..inputs.sources import Source

@@ -146,12 +146,23 @@ class Store:
     def evaluation(self, run: int | None = None) -> pd.DataFrame:
         """The per-window scores of a run (default: the latest) trained with
         ``evaluate=``, like ``Run.evaluation``."""
-        from ..evaluation.splitters import window_frame
+        from ..evaluation.tables import window_frame
 
         run_id, key_columns, _ = self._run_row(run)
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics"])
         return window_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
                             tasks["metrics"].to_pylist())
+
+    def forecasts(self, run: int | None = None) -> pd.DataFrame:
+        """Each backtest window's forecasts row by row, of a run (default: the
+        latest), like ``Run.forecasts``: key columns, window, cutoff, time,
+        actual and forecast."""
+        from ..evaluation.tables import forecast_frame
+
+        run_id, key_columns, _ = self._run_row(run)
+        tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics"])
+        return forecast_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
+                              tasks["metrics"].to_pylist())
 
     def _task_row(self, key: Hashable, run: int | None, columns: list[str]) -> dict[str, Any]:
         """The task of ``key`` in ``run``: ``columns`` (of :data:`_LOOKUP_COLUMNS`)

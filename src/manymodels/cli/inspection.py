@@ -1,0 +1,126 @@
+"""Commands that read a store: `runs`, `show`, `export`, `why` and `report`."""
+
+from __future__ import annotations
+
+import typer
+
+from .app import _FORMAT_HELP, _check_out, _fail, _open_store, app
+from .tables import OutputFormat, iso_times, local_time, print_frame
+
+
+@app.command()
+def runs(
+    store: str = typer.Argument(..., help="Store directory."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
+                                     case_sensitive=False, help=_FORMAT_HELP),
+) -> None:
+    """List the runs recorded in a store.
+
+    Example: manymodels runs models/ --format csv
+    """
+    frame = _open_store(store).runs()
+    if fmt != OutputFormat.table:
+        print_frame(iso_times(frame, ["started_at", "finished_at"]), "runs", fmt)
+        return
+    frame["started_at"] = [local_time(t).strftime("%Y-%m-%d %H:%M:%S")
+                           for t in frame["started_at"]]
+    print_frame(frame.drop(columns=["finished_at", "source"]), f"runs in {store}")
+
+
+@app.command()
+def show(
+    store: str = typer.Argument(..., help="Store directory."),
+    run: int = typer.Argument(None, help="Run id (default: the latest)."),
+    limit: int = typer.Option(None, min=0, help="Rows to show (default: 20 in a table, "
+                              "all in csv or json)."),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
+                                     case_sensitive=False, help=_FORMAT_HELP),
+) -> None:
+    """Show a run's results: status, metrics and errors per task.
+
+    Example: manymodels show models/ 3 --limit 50
+    """
+    try:
+        frame = _open_store(store).results(run)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="RUN") from exc
+    if fmt != OutputFormat.table:  # every column, the whole traceback
+        frame = iso_times(frame, ["started_at"])
+        print_frame(frame if limit is None else frame.head(limit), "results", fmt)
+        return
+    counts = frame["status"].value_counts().to_dict()
+    typer.echo(f"run {frame['run_id'].iloc[0]}: {len(frame)} tasks, "
+               + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    keys = frame.columns.get_loc("run_id")
+    frame = frame.drop(columns=["artifact", "run_id", "started_at"])
+    frame["error"] = frame["error"].map(
+        lambda e: e.strip().splitlines()[-1][:80] if isinstance(e, str) and e else "")
+    print_frame(frame.head(20 if limit is None else limit), "results", keys=keys)
+
+
+@app.command()
+def export(
+    store: str = typer.Argument(..., help="Store directory."),
+    run: int = typer.Argument(None, help="Run id (default: the latest)."),
+    out: str = typer.Option(..., "--out", "-o", help="Parquet file to write."),
+) -> None:
+    """Write a run's results, metrics as columns, to a Parquet file.
+
+    Example: manymodels export models/ -o results.parquet
+    """
+    _check_out(out)
+    try:
+        path = _open_store(store).export(out, run)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="RUN") from exc
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def why(
+    store: str = typer.Argument(..., help="Store directory."),
+    key: list[str] = typer.Argument(..., help="The task's key (one value per key column)."),
+    run: int = typer.Option(None, help="Run id (default: the latest)."),
+) -> None:
+    """Say why a task was trained rather than reused, and what changed.
+
+    Example: manymodels why models/ s001 i007
+    """
+    opened = _open_store(store)
+    try:
+        results = opened._key_frame(run)
+    except ValueError as exc:  # no runs yet, or no such run
+        _fail(str(exc), "RUN")
+    key_columns = list(results.columns)
+    if len(key) != len(key_columns):
+        raise typer.BadParameter(
+            f"this run's key has {len(key_columns)} column(s) {key_columns}, got {len(key)}",
+            param_hint="KEY")
+    parts = []
+    for column, text in zip(key_columns, key):
+        values = {str(v): v for v in results[column].drop_duplicates()}
+        if text not in values:
+            raise typer.BadParameter(f"no task has {column}={text!r}", param_hint="KEY")
+        parts.append(values[text])
+    typer.echo(opened.why_not_reused(parts[0] if len(parts) == 1 else tuple(parts), run=run))
+
+
+@app.command()
+def report(
+    store: str = typer.Argument(..., help="Store directory."),
+    run: int = typer.Argument(None, help="Run id (default: the latest)."),
+    out: str = typer.Option("report.html", "--out", "-o", help="HTML file to write."),
+) -> None:
+    """Write a self-contained HTML report of a run: summary, worker timeline,
+    durations, metrics, slowest tasks and failures.
+
+    Example: manymodels report models/ -o report.html
+    """
+    from ..observe.report import store_report
+
+    _check_out(out)
+    try:
+        path = store_report(_open_store(store), run, out)
+    except ValueError as exc:
+        _fail(str(exc), "RUN")
+    typer.echo(f"wrote {path}")

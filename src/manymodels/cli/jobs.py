@@ -1,0 +1,163 @@
+"""Commands that run a job on the engine: `train` (one model per group of a
+table, no code) and `predict` (each row with its group's model)."""
+
+from __future__ import annotations
+
+import typer
+
+from .app import _check_out, _fail, _open_store, _split_list, app
+
+
+def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
+    """The ``--param name=value`` and ``--grid name=v1,v2`` texts as dicts,
+    refusing a malformed entry or a name given twice (keeping one of them
+    silently would train something else than was asked)."""
+    from .tabular import parse_assignment, parse_value
+
+    params: dict = {}
+    grid_values: dict = {}
+    for entry in param:
+        name, value = parse_assignment(entry, "--param")
+        if name in params:
+            raise ValueError(f"--param {name!r} is given twice")
+        params[name] = parse_value(value)
+    for entry in grid:
+        name, values = parse_assignment(entry, "--grid")
+        if name in grid_values:
+            raise ValueError(f"--grid {name!r} is given twice")
+        if name in params:
+            raise ValueError(f"{name!r} is given both as --param and as --grid")
+        grid_values[name] = [parse_value(v) for v in values.split(",")]
+    return params, grid_values
+
+
+@app.command()
+def train(
+    data: str = typer.Argument(..., help="CSV or Parquet file (or a directory of them)."),
+    by: str = typer.Option(..., help="Group column(s), comma-separated."),
+    target: str = typer.Option(..., help="The column to predict."),
+    model: str = typer.Option(..., help="Estimator class by dotted name, e.g. "
+                              "sklearn.linear_model.Ridge or lightgbm.LGBMRegressor."),
+    store: str = typer.Option(..., help="Store directory for the runs and models."),
+    features: str = typer.Option(None, help="Feature columns, comma-separated (default: "
+                                 "every numeric column but --by and --target)."),
+    param: list[str] = typer.Option([], help="A fixed estimator parameter, name=value; "
+                                    "repeatable."),
+    grid: list[str] = typer.Option([], help="Values to try per group, name=v1,v2,...; "
+                                   "repeatable. The best per group is kept."),
+    metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape "
+                                "(regression; default r2,mae), accuracy, f1, "
+                                "balanced_accuracy, log_loss (classification; default accuracy). "
+                                "The first one picks the best grid setting."),
+    test_size: float = typer.Option(None, help="Fraction of each group held out "
+                                    "(default 0.2; 0 scores the fit on its own rows)."),
+    cv: int = typer.Option(None, help="Cross-validate with this many folds instead."),
+    fallback: bool = typer.Option(True, help="Also fit a global model for groups that have "
+                                  "none (used by predict)."),
+    backend: str = typer.Option("processes", help="processes, threads or serial."),
+    workers: int = typer.Option(None, min=1, help="Workers (default: usable cores)."),
+    timeout: float = typer.Option(None, help="Seconds per group before it is stopped."),
+    allow_failures: bool = typer.Option(False, help="Exit 0 even if some groups failed."),
+    mlflow: str = typer.Option(None, "--mlflow", metavar="EXPERIMENT", help="Also log the "
+                               "run to this MLflow experiment (at MLFLOW_TRACKING_URI)."),
+) -> None:
+    """Train one model per group of a table, evaluate it, keep it in a store.
+
+    Example: manymodels train sales.parquet --by store --target sales
+    --model sklearn.linear_model.Ridge --grid alpha=0.1,1,10 --store models/
+    """
+    from ..store import StoreError
+    from .tabular import ArgumentError, train_table
+
+    try:
+        params, grid_values = _parse_settings(param, grid)
+    except ValueError as exc:
+        _fail(str(exc), "--model/--param/--grid")
+    try:  # every refusal comes before the data is read, naming the option at fault
+        track = None
+        if mlflow:
+            from ..observe.tracking import MLflow
+
+            track = MLflow(experiment=mlflow)
+        trained = train_table(data, _split_list(by), target, model, store=store,
+                              features=_split_list(features) if features else None,
+                              params=params, grid=grid_values, metrics=_split_list(metrics),
+                              test_size=test_size, cv=cv, fallback=fallback, backend=backend,
+                              workers=workers, timeout=timeout, track=track)
+    except ImportError as exc:
+        _fail(str(exc), "--mlflow")
+    except ArgumentError as exc:
+        _fail(str(exc), exc.option)
+    except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    run = trained.run
+    if trained.path_note:
+        typer.echo(trained.path_note)
+    if trained.fallback_error:
+        typer.echo(f"no fallback model: {trained.fallback_error}", err=True)
+    summary = run.summary()
+    typer.echo(str(summary))
+    typer.echo("mean " + ", ".join(f"{k} {v:.4g}" for k, v in trained.means.items()))
+    typer.echo(f"run {run.run_id} in {store}; see: manymodels show {store} {run.run_id}")
+    if summary.failed and not allow_failures:
+        typer.echo(f"{summary.failed} group(s) failed (use --allow-failures to exit 0)",
+                   err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def predict(
+    store: str = typer.Argument(..., help="Store directory written by manymodels train."),
+    data: str = typer.Argument(..., help="CSV or Parquet file of rows to predict."),
+    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet)."),
+    run: int = typer.Option(None, help="Run id (default: the latest)."),
+    by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
+    workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),
+    backend: str = typer.Option(None, help="processes, threads, serial or ray "
+                                "(default: serial below 500 groups, else processes)."),
+) -> None:
+    """Predict each row with its group's model, groups in parallel; rows of unseen groups get the
+    global fallback (column source = fallback) or none (prediction empty).
+
+    Example: manymodels predict models/ new.csv --out predictions.parquet
+    """
+    from pathlib import Path
+
+    from ..engine.backends import backend_class
+    from ..inputs.tables import exact_pandas, read_table
+    from ..store import StoreIntegrityError
+
+    _check_out(out)
+    if workers is not None and workers < 1:
+        _fail(f"workers must be at least 1, got {workers}", "--workers")
+    if backend is not None:
+        try:
+            backend_class(backend)
+        except ValueError as exc:
+            _fail(str(exc), "--backend")
+    opened = _open_store(store)
+    try:
+        opened._run_row(run)
+    except ValueError as exc:  # no runs yet, or no such run
+        _fail(str(exc), "--run")
+    try:
+        frame = exact_pandas(read_table(data))
+        predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
+                                   with_source=True, workers=workers, backend=backend,
+                                   progress=True)
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc), "DATA")
+    except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    frame["prediction"] = predicted["prediction"].to_numpy()
+    frame["source"] = predicted["source"].to_numpy()
+    target = Path(out)
+    if target.suffix.lower() in (".parquet", ".pq"):
+        frame.to_parquet(target, index=False)
+    else:
+        frame.to_csv(target, index=False)
+    counts = frame["source"].value_counts().to_dict()
+    typer.echo(f"wrote {len(frame)} predictions to {target} ("
+               + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")")

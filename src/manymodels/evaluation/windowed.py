@@ -1,0 +1,272 @@
+"""Evaluation inside the task: all windows of one group and candidate at once.
+
+A task of ``train(..., evaluate=...)`` orders its group's rows once (a
+backtest: by time; left as they are when ``groups(..., order_by=time)``
+sorted them already) and every window is a view of them: slices of the
+arrays for ``format="numpy"``, a slice of the one frame otherwise, never a
+frame copied per window. The feature rows a model predicts from are taken
+out once per group too, and the metrics of all windows are computed at once
+from their predictions end to end
+(:func:`manymodels.evaluation.metrics.window_scores`). A backtest's forecasts
+travel with each window's scores (the rows' times, the actuals and the
+forecasts), which make ``run.forecasts``. Successive halving
+(:mod:`manymodels.evaluation.selection`) runs on the same windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..engine.execution import split_result
+from . import metrics as _metrics
+from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, plain_times, row_count
+
+#: The fields of a window's record that are not its scores.
+RECORD_FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
+
+
+def _length(positions: Any, n: int) -> int:
+    return len(range(n)[positions]) if isinstance(positions, slice) else len(positions)
+
+
+class GroupWindows:
+    """One group's rows, ordered once, and its windows as views of them.
+
+    Raises :class:`~manymodels.evaluation.splitters.TooShort` when the group
+    has too few rows for the splitter."""
+
+    def __init__(self, splitter: Splitter, rows: Any) -> None:
+        self.splitter = splitter
+        self.rows = splitter.prepare(rows)
+        self.windows = splitter.windows(self.rows)
+        self.numpy = isinstance(self.rows, dict)
+        self.n = row_count(self.rows)
+        self.features = splitter.feature_columns(self.rows)
+        self.y = column(self.rows, splitter.target)
+        self.named = [m for m in splitter.metrics if isinstance(m, str)]
+        self.vectorised = [m for m in self.named if m != "log_loss"]
+        self.forecasts = splitter.forecasts and splitter.time is not None
+        self._X: Any = None
+
+    def part(self, positions: Any) -> Any:
+        """The rows at ``positions`` (a slice: a view), numbered from 0."""
+        if self.numpy:
+            return {name: values[positions] for name, values in self.rows.items()}
+        return _renumbered(self.rows.iloc[positions])
+
+    def train_rows(self, number: int) -> Any:
+        return self.part(self.windows[number][0])
+
+    def _features(self, positions: Any) -> Any:
+        """What ``predict`` is given: the test rows' feature columns (a
+        frame, or for ``format="numpy"`` a 2-D array of them), taken out of
+        the group's rows once."""
+        if self._X is None:
+            if self.numpy:
+                columns = [self.rows[name] for name in self.features]
+                self._X = np.column_stack(columns) if columns else np.empty((self.n, 0))
+            else:
+                self._X = self.rows[self.features]
+        if self.numpy:
+            return self._X[positions]
+        return _renumbered(self._X.iloc[positions])
+
+    def predict(self, model: Any, number: int) -> tuple[np.ndarray | None, dict[str, float]]:
+        """``model``'s predictions on window ``number``'s test rows (None when
+        no metric or forecast needs them), and its scores computed per
+        window: ``log_loss`` (on ``predict_proba``) and the callable metrics."""
+        test = self.windows[number][1]
+        scores: dict[str, float] = {}
+        predicted = None
+        if self.vectorised or self.forecasts or "log_loss" in self.named:
+            X = self._features(test)
+            if self.vectorised or self.forecasts:
+                predicted = np.asarray(model.predict(X))
+            if "log_loss" in self.named:
+                scores["log_loss"] = _metrics.log_loss(self.y[test], model.predict_proba(X),
+                                                       model.classes_)
+        callables = [m for m in self.splitter.metrics if callable(m)]
+        if callables:
+            rows = self.part(test)
+            for metric in callables:
+                scores.update({str(k): float(v) for k, v in dict(metric(model, rows)).items()})
+        return predicted, scores
+
+    def records(self, numbers: list[int], predictions: list[Any],
+                scores: list[dict[str, float]]) -> list[dict[str, Any]]:
+        """The records of windows ``numbers``: the named metrics of all of
+        them computed at once, then each window's own scores (and, for a
+        backtest, its forecasts row by row)."""
+        tests = [self.windows[w][1] for w in numbers]
+        sizes = [_length(test, self.n) for test in tests]
+        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        vectorised: dict[str, np.ndarray] = {}
+        y = predicted = None
+        if self.vectorised or self.forecasts:
+            y = np.concatenate([self.y[test] for test in tests])
+        if predictions and all(p is not None for p in predictions):
+            predicted = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
+        if self.vectorised:
+            trains = [self.y[self.windows[w][0]] for w in numbers]
+            vectorised = _metrics.window_scores(self.vectorised, y, predicted, bounds, trains)
+        rows = self._forecast_rows(tests, y, predicted, bounds) if self.forecasts else None
+        out = []
+        for i, number in enumerate(numbers):
+            train, _, cutoff = self.windows[number]
+            record: dict[str, Any] = {"window": number, "cutoff": cutoff,
+                                      "n_train": _length(train, self.n), "n_test": sizes[i]}
+            for name in self.named:
+                record[name] = (float(vectorised[name][i]) if name in vectorised
+                                else scores[i][name])
+            record.update({k: v for k, v in scores[i].items() if k not in record})
+            if rows is not None:
+                record["rows"] = rows[i]
+            out.append(record)
+        return out
+
+    def _forecast_rows(self, tests: list[Any], y: Any, predicted: Any, bounds: np.ndarray
+                       ) -> list[dict[str, list]] | None:
+        """Each window's forecasts row by row: its times, actuals and
+        forecasts (converted for all windows at once)."""
+        if predicted is None or len(predicted) != len(y):  # several outputs a row
+            return None
+        times = column(self.rows, self.splitter.time)
+        times = plain_times(np.concatenate([times[test] for test in tests]))
+        actual, forecast = y.tolist(), predicted.tolist()
+        return [{"time": times[a:b], "actual": actual[a:b], "forecast": forecast[a:b]}
+                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
+def _renumbered(frame: Any) -> Any:
+    import pandas as pd
+
+    frame.index = pd.RangeIndex(len(frame))
+    return frame
+
+
+def mean_scores(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Each score averaged over the windows, as ``run.results`` shows it."""
+    collected: dict[str, list[Any]] = {}
+    for record in records:
+        for name, value in record.items():
+            if name not in RECORD_FIELDS:
+                collected.setdefault(name, []).append(value)
+    return {name: sum(values) / len(values) for name, values in collected.items()}
+
+
+def skipped_metrics(splitter: Splitter, reason: str) -> dict[str, Any]:
+    """What a group too short for the splitter reports."""
+    return {**{name: float("nan") for name in splitter.metric_names()}, SKIPPED: reason,
+            WINDOWS: []}
+
+
+def evaluate_group(fit: Callable[..., Any], group: GroupWindows, kwargs: dict[str, Any]
+                   ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """Fit ``fit`` on each window of ``group`` and score it: ``(the last
+    window's model, its fit metrics, the windows' records)``."""
+    model, fit_metrics = None, {}
+    predictions, scores = [], []
+    for number in range(len(group.windows)):
+        model, fit_metrics = split_result(fit(group.train_rows(number), **kwargs))
+        predicted, own = group.predict(model, number)
+        predictions.append(predicted)
+        scores.append(own)
+    records = group.records(list(range(len(group.windows))), predictions, scores)
+    return model, fit_metrics, records
+
+
+def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
+                  splitter: Splitter) -> tuple[Any, dict[str, Any]]:
+    """Evaluate one candidate on one group's ``rows``; ``(model, metrics)``
+    with the averaged metrics and the per-window ones under :data:`WINDOWS`."""
+    try:
+        group = GroupWindows(splitter, rows)
+    except TooShort as exc:
+        model, fit_metrics = split_result(fit(rows, **kwargs))
+        return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}
+    model, fit_metrics, records = evaluate_group(fit, group, kwargs)
+    if splitter.refit:
+        model, fit_metrics = split_result(fit(rows, **kwargs))
+    return model, {**fit_metrics, **mean_scores(records), WINDOWS: records}
+
+
+class Evaluated:
+    """``fit`` evaluated by a splitter: what the executor calls when
+    ``train`` is given ``evaluate=``. Picklable if ``fit`` is."""
+
+    def __init__(self, fit: Callable[..., Any], splitter: Splitter) -> None:
+        self.fit, self.splitter = fit, splitter
+
+    def __call__(self, rows: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        return evaluate_rows(self.fit, rows, kwargs, self.splitter)
+
+
+def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
+            ) -> tuple[Callable[..., Any], Splitter | None]:
+    """``train``'s ``evaluate=`` checked against ``source`` before any work:
+    the callable the workers run, and the splitter bound to the table."""
+    if evaluate is None:
+        return fit, None
+    if not isinstance(evaluate, Splitter):
+        raise TypeError("evaluate must be made by mm.holdout(), mm.kfold() or mm.backtest(), "
+                        f"got {type(evaluate).__name__}")
+    import pyarrow as pa
+
+    from ..inputs.grids import ProductSource
+    from ..inputs.sources import GroupSource
+
+    base = source.base if isinstance(source, ProductSource) else source
+    if not isinstance(base, GroupSource):
+        raise ValueError("evaluate= needs a source made by mm.groups(...) (optionally times "
+                         "a grid): it splits each group's rows")
+    if base.format not in ("pandas", "numpy"):
+        raise ValueError("evaluate= needs groups(..., format='pandas') or format='numpy', "
+                         f"not {base.format!r}")
+    # read_on_workers: the driver holds the key columns only, but the files'
+    # schema names every column a group will have (what columns= reads)
+    schema = base.table.schema if base.reader is None else base.reader.schema
+    if base.reader is not None and base.reader.columns is not None:
+        schema = pa.schema([schema.field(name) for name in base.reader.columns])
+    evaluate = evaluate.bound(schema.names, base.by)
+    if evaluate.time is not None:
+        _check_sortable(schema.field(evaluate.time))
+    return Evaluated(fit, evaluate), evaluate
+
+
+def _check_sortable(field_: Any) -> None:
+    import pyarrow.types as pat
+
+    kind = field_.type
+    if not (pat.is_temporal(kind) or pat.is_integer(kind) or pat.is_floating(kind)
+            or pat.is_string(kind) or pat.is_large_string(kind) or pat.is_decimal(kind)):
+        raise ValueError(f"evaluate: time column {field_.name!r} cannot be sorted (its type "
+                         f"is {kind}); give a date, time or number column")
+
+
+def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[str, Any]],
+                        splitter: Splitter, metric: str, higher: bool
+                        ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Every setting of one group evaluated in one task on the same windows,
+    the best by ``metric`` refitted on all rows: ``(model, its metrics, its
+    setting)``. ``manymodels train`` tunes each group this way (one row per
+    group); with a group too short to evaluate, the first setting is fitted."""
+    splitter = replace(splitter, refit=False)
+    try:
+        group = GroupWindows(splitter, rows)
+    except TooShort as exc:
+        model, fit_metrics = split_result(fit(rows, **settings[0]))
+        return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}, settings[0]
+    scored = []
+    for setting in settings:
+        _, fit_metrics, records = evaluate_group(fit, group, setting)
+        metrics = {**fit_metrics, **mean_scores(records), WINDOWS: records}
+        scored.append((metrics.get(metric, float("nan")), setting, metrics))
+    ranked = [s for s in scored if s[0] == s[0]]  # not NaN
+    _, setting, metrics = (max if higher else min)(ranked, key=lambda s: s[0]) if ranked \
+        else scored[0]
+    model, _ = split_result(fit(rows, **setting))
+    return model, metrics, setting

@@ -1,0 +1,14 @@
+"""Serving: every group's model of a store behind one HTTP endpoint.
+
+It sits at the top of the flow, beside ``api``, ``transforms`` and
+``sklearn``, above ``run``: it reads the store as ``Store.predict`` does
+(:mod:`manymodels.run.prediction` routes each row and calls each model) and
+answers one request at a time. ``catalog`` says which model answers each
+key, read from the store once per run that ends; ``cache`` holds the models
+in use, loaded on first use and bounded by count and bytes; ``predictor``
+takes a request's rows through them; ``requests`` reads and writes the
+bodies (JSON, Arrow IPC); ``state`` swaps in a new catalog when a run ends;
+``metrics`` is ``/metrics``; ``app`` is the Starlette application
+(``mm.serve_app``) that ``manymodels serve`` runs under uvicorn; ``ray`` is
+a Ray Serve deployment with the same models.
+"""

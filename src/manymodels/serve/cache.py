@@ -1,0 +1,79 @@
+"""The models a server holds: loaded from the store on first use, checked
+against their SHA-256 as every store read is, and kept in an LRU bounded by
+count and by bytes (the models' stored sizes)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..store import artifacts
+
+
+class ModelCache:
+    """Digest -> model, least recently used first out. Keyed by the model's
+    content (its SHA-256 or pack locator): a new run that reuses a model
+    keeps it warm across a swap, and two groups with one model hold one copy.
+
+    A model larger than ``max_bytes`` on its own is still served (loaded for
+    the request), never kept. Loads happen outside the lock: a slow read of
+    one model does not hold up requests for the others."""
+
+    def __init__(self, max_models: int = 1000, max_bytes: int = 1 << 30,
+                 on_load: Callable[[float], None] | None = None) -> None:
+        if not isinstance(max_models, int) or isinstance(max_models, bool) or max_models < 1:
+            raise ValueError(f"cache_models must be a whole number of at least 1, "
+                             f"got {max_models!r}")
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+            raise ValueError(f"cache_bytes must be a whole number of bytes of at least 1, "
+                             f"got {max_bytes!r}")
+        self.max_models, self.max_bytes = max_models, max_bytes
+        self._models: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.bytes_held = 0
+        self.hits = self.misses = self.evictions = 0
+        self._on_load = on_load  # told each cold load's seconds (the metrics' histogram)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def get(self, store: Any, digest: str, what: str) -> Any:
+        """The model ``digest`` names, from the cache or else read from
+        ``store`` (raising :class:`~manymodels.StoreIntegrityError`, naming
+        ``what``, when its bytes do not match their SHA-256)."""
+        with self._lock:
+            held = self._models.get(digest)
+            if held is not None:
+                self._models.move_to_end(digest)
+                self.hits += 1
+                return held[0]
+            self.misses += 1
+        started = time.perf_counter()
+        data = artifacts.read_artifact(store._conn, store.path, digest, what)
+        model = pickle.loads(data)  # checked against its SHA-256 above
+        if self._on_load is not None:
+            self._on_load(time.perf_counter() - started)
+        self._keep(digest, model, len(data))
+        return model
+
+    def _keep(self, digest: str, model: Any, size: int) -> None:
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if digest in self._models:  # another request loaded it meanwhile
+                return
+            self._models[digest] = (model, size)
+            self.bytes_held += size
+            while len(self._models) > self.max_models or self.bytes_held > self.max_bytes:
+                _, (_, freed) = self._models.popitem(last=False)
+                self.bytes_held -= freed
+                self.evictions += 1
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                    "models": len(self._models), "bytes": self.bytes_held}

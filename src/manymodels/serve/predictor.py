@@ -1,0 +1,166 @@
+"""One request's rows through their groups' models, as ``Store.predict``
+predicts them: the same routing (each row to its group's model, else the
+fallback, else none) and the same call of each model
+(:class:`manymodels.run.prediction.GroupPredictor`, whose loads come from the
+server's bounded cache instead of a per-worker dict).
+
+A request is checked whole before any model runs: every group's model is
+found and loaded (a tampered one refused by name), and every column any of
+them reads is there in every row; only then do the models predict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..inputs.keys import encode_key
+from ..run.prediction import CORRUPT, GroupPredictor
+from ..store import StoreIntegrityError
+from .cache import ModelCache
+from .catalog import Catalog
+
+#: Rows grouped in a Python loop below this; pandas' groupby above it.
+_LOOP_BELOW = 256
+
+
+class RequestError(Exception):
+    """A request refused before any model ran: its HTTP status and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Answer:
+    """Per input row, in row order: the prediction and what answered it."""
+
+    predictions: list[Any]
+    source: list[str]
+    run_id: int
+
+
+class _ServedPredictor(GroupPredictor):
+    """``GroupPredictor`` whose models come from the server's cache, pinned
+    for the request: an eviction by another request cannot unload a model
+    this one was checked against."""
+
+    def __init__(self, catalog: Catalog, cache: ModelCache) -> None:
+        super().__init__(catalog.by, catalog.features, "predict", None, catalog.fallback)
+        self.cache, self.pinned = cache, {}
+
+    def _model(self, store: Any, digest: str, what: str) -> Any:
+        model = self.pinned.get(digest)
+        if model is None:
+            model = self.pinned[digest] = self.cache.get(store, digest, what)
+        return model
+
+
+def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
+                 columns: Mapping[str, Any], n: int) -> Answer:
+    """``columns`` (name -> n values, in the request's column order) through
+    ``catalog``'s models. Raises :class:`RequestError` for what the request
+    got wrong, :class:`~manymodels.StoreIntegrityError` for a tampered model."""
+    missing = [c for c in [*catalog.by, *(catalog.features or [])] if c not in columns]
+    if missing:
+        raise RequestError(422, f"the rows have no column {missing[0]!r}"
+                           + (" (a group column)" if missing[0] in catalog.by else ""))
+    if catalog.linear is not None:
+        return _predict_linear(catalog, columns, n)
+    groups = _group_rows([columns[c] for c in catalog.by], n)
+    predictor = _ServedPredictor(catalog, cache)
+    plan = []
+    for parts, rows in groups.items():
+        digest, source = catalog.find(parts)
+        if digest is not None:
+            named = f"key {parts[0] if len(parts) == 1 else parts!r}"
+            what = named if source != "fallback" else f"the fallback model (asked for {named})"
+            model = predictor._model(store, digest, what)
+            _check_features(predictor, model, columns)
+        plan.append((parts, rows, digest, source))
+    return _run_plan(catalog, predictor, store, columns, plan, n)
+
+
+def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
+              columns: Mapping[str, Any], plan: list, n: int) -> Answer:
+    predictions: list[Any] = [None] * n
+    source = ["none"] * n
+    for parts, rows, digest, origin in plan:
+        if digest is None:
+            continue
+        group = {name: _take(values, rows) for name, values in columns.items()}
+        key = parts if len(parts) > 1 else parts[0]
+        try:
+            done = predictor(group, {encode_key(parts): digest} if origin != "fallback" else {},
+                             store, key)
+        except (ValueError, TypeError) as exc:  # the rows' values, refused by the model
+            raise RequestError(400, f"the model of group {key!r} refused its rows: "
+                                    f"{exc}") from exc
+        if isinstance(done, dict) and done.get("source") == CORRUPT:
+            raise StoreIntegrityError(done["error"])
+        values = done[0]
+        listed = values.tolist() if isinstance(values, np.ndarray) else list(values)
+        for position, value in zip(rows, listed):
+            predictions[position] = _json_value(value)
+            source[position] = origin
+    return Answer(predictions, source, catalog.run_id)
+
+
+def _check_features(predictor: GroupPredictor, model: Any, columns: Mapping[str, Any]) -> None:
+    """Every column ``model`` reads is in the request (the names
+    ``GroupPredictor`` would give it)."""
+    names = predictor.features or list(getattr(model, "feature_names_in_", []))
+    missing = [c for c in names if c not in columns]
+    if missing:
+        raise RequestError(422, f"the rows have no column {missing[0]!r}, a feature "
+                                "of their group's model")
+
+
+def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
+    """Each group's key parts -> its rows' positions, groups in order of first row."""
+    if n < _LOOP_BELOW:
+        groups: dict[tuple, list[int]] = {}
+        lists = [c.tolist() if isinstance(c, np.ndarray) else c for c in key_columns]
+        for position, parts in enumerate(zip(*lists)):
+            groups.setdefault(parts, []).append(position)
+        return groups
+    import pandas as pd
+
+    frame = pd.DataFrame({i: c for i, c in enumerate(key_columns)})
+    found = frame.groupby(list(frame.columns), sort=False, dropna=False).indices
+    return {(k if isinstance(k, tuple) else (k,)): v for k, v in found.items()}
+
+
+def _take(values: Any, rows: Any) -> np.ndarray:
+    return values[np.asarray(rows)] if isinstance(values, np.ndarray) else np.asarray(
+        [values[i] for i in rows])
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Answer:
+    """An mm.linear run: its coefficient arrays, all rows at once."""
+    import pandas as pd
+
+    result = catalog.linear
+    missing = [c for c in result.features if c not in columns]
+    if missing:
+        raise RequestError(422, f"the rows have no column {missing[0]!r}")
+    frame = pd.DataFrame({name: columns[name] for name in [*result.by, *result.features]})
+    try:
+        values = result.predict(frame)
+        seen = result.group_of(frame) >= 0
+    except (ValueError, TypeError) as exc:
+        raise RequestError(400, f"the rows' values were refused: {exc}") from exc
+    return Answer([_json_value(v) for v in values.tolist()],
+                  np.where(seen, "group", "none").tolist(), catalog.run_id)

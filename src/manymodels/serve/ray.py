@@ -1,0 +1,89 @@
+"""For teams on Ray Serve: a deployment whose models come from a manymodels
+store through Ray Serve's model multiplexing (``@serve.multiplexed``: an LRU
+of models per replica, and requests routed to a replica that holds theirs).
+
+A request is ``POST`` ``{"rows": [...]}`` with the header
+``serve_multiplexed_model_id`` naming its group's key (as ``GET
+/v1/models/{key}`` names it); its rows are answered as ``POST /v1/predict``
+answers them, by :func:`manymodels.serve.predictor.predict_rows`, the model
+coming from Ray Serve's multiplexed cache. Needs ``pip install "ray[serve]"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import StoreIntegrityError
+from .cache import ModelCache
+from .catalog import key_parts
+from .predictor import RequestError, predict_rows
+from .requests import json_answer, json_columns
+from .state import ServedStore
+
+
+class _Multiplexed:
+    """The cache ``predict_rows`` reads: the multiplexed model for its digest,
+    any other (the fallback, or a group's model swapped in since) from a
+    small cache of the replica's own."""
+
+    def __init__(self, digest: str | None, model: Any, others: ModelCache) -> None:
+        self.digest, self.model, self.others = digest, model, others
+
+    def get(self, store: Any, digest: str, what: str) -> Any:
+        if digest == self.digest:
+            return self.model
+        return self.others.get(store, digest, what)
+
+
+class StoreModels:
+    """The body of the deployment (see :func:`deployment`): one per replica."""
+
+    def __init__(self, store: str, run: int | None = None, poll: float | None = 2.0) -> None:
+        self.served = ServedStore(store, run, cache_models=4, cache_bytes=1 << 30, poll=poll)
+        self.served.start()
+
+    async def load(self, model_id: str) -> tuple[str | None, Any]:
+        """(digest, model) of the group ``model_id`` names (wrapped in
+        ``@serve.multiplexed`` by :func:`deployment`)."""
+        catalog = self.served.catalog
+        digest, source = catalog.find(key_parts(catalog, model_id))
+        if digest is None:
+            return None, None
+        return digest, self.served.cache.get(self.served.store, digest, f"key {model_id}")
+
+    async def answer(self, request: Any, loaded: tuple[str | None, Any]) -> Any:
+        from starlette.responses import JSONResponse, Response
+
+        try:
+            columns, n = json_columns(await request.body())
+            result = predict_rows(self.served.catalog, _Multiplexed(*loaded, self.served.cache),
+                                  self.served.store, columns, n)
+        except RequestError as exc:
+            return JSONResponse({"error": str(exc)}, exc.status)
+        except StoreIntegrityError as exc:
+            return JSONResponse({"error": str(exc)}, 500)
+        return Response(json_answer(result), media_type="application/json")
+
+
+def deployment(store: str, *, run: int | None = None, max_models_per_replica: int = 3,
+               num_replicas: int = 1, poll: float | None = 2.0, **options: Any) -> Any:
+    """A Ray Serve deployment of ``store``'s models: bind it and run it
+    (``serve.run(deployment("models/").bind())``). ``max_models_per_replica``
+    is ``@serve.multiplexed``'s ``max_num_models_per_replica``; ``options``
+    go to ``@serve.deployment``."""
+    from ray import serve
+
+    @serve.deployment(num_replicas=num_replicas, **options)
+    class ManyModels(StoreModels):
+        def __init__(self) -> None:
+            super().__init__(str(store), run, poll)
+
+        @serve.multiplexed(max_num_models_per_replica=max_models_per_replica)
+        async def get_model(self, model_id: str) -> tuple[str | None, Any]:
+            return await self.load(model_id)
+
+        async def __call__(self, request: Any) -> Any:
+            loaded = await self.get_model(serve.get_multiplexed_model_id())
+            return await self.answer(request, loaded)
+
+    return ManyModels

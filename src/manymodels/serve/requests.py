@@ -1,0 +1,113 @@
+"""A predict request's body as columns, and the answer as a body: JSON
+(``{"rows": [{...}, ...]}``) or Arrow IPC (``application/vnd.apache.arrow.stream``)
+for large batches. What a request got wrong is a :class:`RequestError`
+(400 or 422), said before any model runs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from .predictor import Answer, RequestError
+
+ARROW = "application/vnd.apache.arrow.stream"
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def json_columns(body: bytes) -> tuple[dict[str, Any], int]:
+    """The rows of a JSON body as columns (name -> NumPy array, in the order
+    the columns first appear) and their number."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"the body is not JSON: {exc}") from exc
+    if not isinstance(payload, dict) or "rows" not in payload:
+        raise RequestError(400, 'the body must be a JSON object {"rows": [{...}, ...]}')
+    rows = payload["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise RequestError(400, '"rows" must be a non-empty list of objects')
+    if len(rows) == 1 and isinstance(rows[0], dict):  # the common request: one row
+        row = rows[0]
+        for name, value in row.items():
+            if not isinstance(value, _SCALARS):
+                raise RequestError(400, f"column {name!r} of row 0 holds a "
+                                        f"{type(value).__name__}: a value must be a number, "
+                                        "text, true/false or null")
+        return {name: _array([value]) for name, value in row.items()}, 1
+    names: dict[str, None] = {}
+    for position, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise RequestError(400, f"row {position} is a {type(row).__name__}, not an object "
+                                    "of column: value")
+        names.update(dict.fromkeys(row))
+    columns = {}
+    for name in names:
+        values = []
+        for position, row in enumerate(rows):
+            if name not in row:
+                raise RequestError(422, f"row {position} has no column {name!r}")
+            value = row[name]
+            if not isinstance(value, _SCALARS):
+                raise RequestError(400, f"column {name!r} of row {position} holds a "
+                                        f"{type(value).__name__}: a value must be a number, "
+                                        "text, true/false or null")
+            values.append(value)
+        columns[name] = _array(values)
+    return columns, len(rows)
+
+
+def _array(values: list) -> np.ndarray:
+    """A column as pandas types a list of records: whole numbers int64, numbers
+    with a null or a fraction float64, true/false bool, anything else object."""
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            return np.array(values, dtype=object)
+    if kinds <= {int, float, type(None)} and kinds != {type(None)}:
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if kinds == {bool}:
+        return np.array(values, dtype=bool)
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def arrow_columns(body: bytes) -> tuple[dict[str, Any], int]:
+    """The record batches of an Arrow IPC stream as columns."""
+    import pyarrow as pa
+
+    try:
+        table = pa.ipc.open_stream(pa.BufferReader(body)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RequestError(400, f"the body is not an Arrow IPC stream: {exc}") from exc
+    if table.num_rows == 0:
+        raise RequestError(400, "the Arrow stream holds no rows")
+    columns = {name: column.to_numpy(zero_copy_only=False)  # text: an object array
+               for name, column in zip(table.column_names, table.columns)}
+    return columns, table.num_rows
+
+
+def json_answer(answer: Answer) -> bytes:
+    return json.dumps({"predictions": answer.predictions, "source": answer.source,
+                       "run_id": answer.run_id}, allow_nan=False).encode()
+
+
+def arrow_answer(answer: Answer) -> bytes:
+    """The answer as an Arrow IPC stream: columns ``prediction`` and ``source``,
+    the run served in the schema's metadata (``run_id``)."""
+    import pyarrow as pa
+
+    try:
+        prediction = pa.array(answer.predictions)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed kinds: as text
+        prediction = pa.array([None if v is None else str(v) for v in answer.predictions])
+    table = pa.table({"prediction": prediction, "source": pa.array(answer.source)})
+    table = table.replace_schema_metadata({"run_id": str(answer.run_id)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()

@@ -1,0 +1,130 @@
+"""The server's state: the store it reads, the catalog it serves, the cache of
+models, and the poller that swaps in a new catalog when a run ends."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path, PurePath
+from typing import Any
+
+from .cache import ModelCache
+from .catalog import Catalog, build_catalog, store_version
+from .metrics import Metrics
+
+log = logging.getLogger("manymodels.serve")
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(value: int | str, name: str) -> int:
+    """A size in bytes from ``512MiB``, ``2GB``, ``1000`` or an int; refused by
+    ``name`` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match and match.group(2).lower()
+        if not match or unit not in _UNITS:
+            raise ValueError(f"{name} must be a size such as 512MiB, 2GB or 1000000 "
+                             f"(bytes), got {value!r}")
+        number = int(float(match.group(1)) * _UNITS[unit])
+    if number < 1:
+        raise ValueError(f"{name} must be at least 1 byte, got {value!r}")
+    return number
+
+
+def open_served_store(store: Any) -> Any:
+    """``store`` (a path or a :class:`manymodels.Store`) opened for reading;
+    refused by name when it is not a manymodels store."""
+    from ..run.store import Store
+    from ..store import StoreError
+
+    if isinstance(store, Store):
+        return store
+    if not isinstance(store, (str, PurePath)):
+        raise TypeError(f"store must be a path or a manymodels.Store, got {store!r}")
+    path = Path(store).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"store {str(store)!r} does not exist")
+    if not (path / "index.sqlite").is_file():
+        raise ValueError(f"{str(store)!r} is not a manymodels store (it has no index.sqlite)")
+    try:
+        return Store(path, read_only=True)
+    except StoreError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+class ServedStore:
+    """What one server process serves. ``catalog`` is replaced whole, never
+    changed: a request reads it once and finishes on what it read."""
+
+    def __init__(self, store: Any, run: int | None, cache_models: int, cache_bytes: int,
+                 poll: float | None) -> None:
+        if run is not None and (isinstance(run, bool) or not isinstance(run, int)):
+            raise TypeError(f"run must be a run id (an int), got {run!r}")
+        if poll is not None and not (isinstance(poll, (int, float)) and poll > 0):
+            raise ValueError(f"poll must be a positive number of seconds or None, got {poll!r}")
+        self.store = open_served_store(store)
+        self.run, self.poll = run, poll
+        self.metrics = Metrics()
+        self.cache = ModelCache(cache_models, cache_bytes, on_load=self.metrics.load)
+        self._version = store_version(self.store)
+        self.catalog: Catalog = build_catalog(self.store, run)  # refuses an unknown run
+        self._reloading = threading.Lock()
+        self._stop = threading.Event()
+        self.poller: threading.Thread | None = None
+        log.info("serving run %d of %s: %d group model(s)%s", self.catalog.run_id,
+                 self.store.path, self.catalog.models,
+                 " and a fallback" if self.catalog.fallback else "")
+
+    def reload(self, force: bool = False) -> bool:
+        """Serve the store's current state if it changed (or ``force``); True
+        when a new catalog was swapped in. A failed read keeps the old one."""
+        if self.run is not None and not force:
+            return False  # a fixed run never changes
+        with self._reloading:
+            version = store_version(self.store)
+            if version == self._version and not force:
+                return False
+            previous = self.catalog
+            try:
+                catalog = build_catalog(self.store, self.run)
+            except Exception as exc:  # the old catalog keeps serving
+                self.metrics.reload_errors += 1
+                log.error("reload of %s failed, still serving run %d: %s", self.store.path,
+                          previous.run_id, exc)
+                return False
+            self.catalog, self._version = catalog, version
+            self.metrics.reloads += 1
+        log.info("reloaded %s: serving run %d (was run %d), %d group model(s)%s",
+                 self.store.path, catalog.run_id, previous.run_id, catalog.models,
+                 " and a fallback" if catalog.fallback else "")
+        return True
+
+    def start(self) -> None:
+        """Poll the store every ``poll`` seconds (not for a fixed run)."""
+        if self.poll is None or self.run is not None or self.poller is not None:
+            return
+        self.poller = threading.current_thread()  # claimed: started once only
+        self._stop.clear()
+        poller = threading.Thread(target=self._poll_loop, name="manymodels-serve-poll",
+                                  daemon=True)
+        poller.start()
+        self.poller = poller
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self.reload()
+            except Exception as exc:  # a busy index, a deleted store: tried again
+                log.warning("polling %s failed: %s", self.store.path, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        poller = self.poller
+        if poller is not None and poller is not threading.current_thread():
+            poller.join(timeout=10)
