@@ -164,7 +164,7 @@ def test_a_sigkilled_driver_resumes_at_the_last_saved_step(tmp_path, log):
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
     saved = {item: _progress(log, item) for item in (0, 1)}
-    assert 15 <= min(saved.values()) and max(saved.values()) < STEPS
+    assert min(saved.values()) >= 15 and max(saved.values()) < STEPS
     _wait(lambda: _no_run_running(store), "the killed run's workers to end")
 
     run = train(log, shared={"pause": 0.05}, store=store, backend="processes", workers=2)
@@ -200,7 +200,7 @@ def test_the_next_run_resumes_a_failed_task_and_keep_checkpoints(tmp_path, log):
     row = again.results.iloc[0]
     assert row["resumed"] and "of run 1" in row["resumed_from"]
     assert row["final"] == final_value(2)
-    kept = [p for p in (store / "checkpoints").rglob("manifest.json")]
+    kept = list((store / "checkpoints").rglob("manifest.json"))
     assert len(kept) == 1  # keep_checkpoints: still there after the commit
     assert mm.Store(store).gc() >= 1  # its model is in the store: no task can use it
     assert not list((store / "checkpoints").rglob("manifest.json"))

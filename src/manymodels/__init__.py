@@ -76,9 +76,9 @@ _EXPORTS = {
 __all__ = [
     "Backend",
     "Callback",
-    "DaskBackend",
     "Checkpoint",
     "LinearResult",
+    "DaskBackend",
     "MLflow",
     "RayBackend",
     "Run",
@@ -117,8 +117,8 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
         register_backend,
     )
     from .engine.scheduling import RunInterrupted, TooManyFailures
-    from .evaluation.fitstats import glance
     from .engine.checkpoints import Checkpoint
+    from .evaluation.fitstats import glance
     from .evaluation.selection import halving
     from .evaluation.splitters import backtest, holdout, kfold
     from .inputs.grids import grid
