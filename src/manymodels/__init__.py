@@ -116,8 +116,8 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
         WorkerStartupError,
         register_backend,
     )
-    from .engine.scheduling import RunInterrupted, TooManyFailures
     from .engine.checkpoints import Checkpoint
+    from .engine.scheduling import RunInterrupted, TooManyFailures
     from .evaluation.fitstats import glance
     from .evaluation.selection import halving
     from .evaluation.splitters import backtest, holdout, kfold
