@@ -184,42 +184,42 @@ def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds
     training target (for ``mase``). Sums over windows are one
     ``np.add.reduceat`` each; ``f1`` and ``balanced_accuracy`` (scikit-learn's)
     go window by window. ``log_loss`` is not here: it needs probabilities."""
-    starts, counts = bounds[:-1], np.diff(bounds)
+    starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
     out: dict[str, np.ndarray] = {}
-    numeric = any(name in _SUMS and name != "accuracy" for name in names)
-    if numeric:
-        y_float, p_float = _float(y), _float(predicted)
+    if any(name in _SUMS and name != "accuracy" for name in names):
+        y_float = y if y.dtype == np.float64 else _float(y)
+        p_float = predicted if predicted.dtype == np.float64 else _float(predicted)
         error = y_float - p_float
-
-    def mean(values: np.ndarray) -> np.ndarray:
-        return np.add.reduceat(values, starts) / counts
-
+    reduce = np.add.reduceat
     for name in names:
         if name in ("mse", "rmse"):
             if "mse" not in out:
-                out["mse"] = mean(error ** 2)
+                out["mse"] = reduce(error * error, starts) / counts
             if name == "rmse":
                 out["rmse"] = np.sqrt(out["mse"])
         elif name in ("mae", "mase"):
             if "mae" not in out:
-                out["mae"] = mean(np.abs(error))
+                out["mae"] = reduce(np.abs(error), starts) / counts
             if name == "mase":
                 out["mase"] = out["mae"] / _naive_scales(train_targets)
         elif name == "mape":
-            out[name] = mean(np.abs(error) / np.maximum(np.abs(y_float), np.finfo(float).eps))
+            ratio = np.abs(error) / np.maximum(np.abs(y_float), np.finfo(float).eps)
+            out[name] = reduce(ratio, starts) / counts
         elif name == "smape":
             scale = np.abs(y_float) + np.abs(p_float)
             with np.errstate(divide="ignore", invalid="ignore"):
-                out[name] = mean(np.where(scale == 0, 0.0, 2 * np.abs(error) / scale))
+                ratio = np.where(scale == 0, 0.0, 2 * np.abs(error) / scale)
+            out[name] = reduce(ratio, starts) / counts
         elif name == "r2":
-            centred = y_float - np.repeat(mean(y_float), counts)
-            total, residual = mean(centred ** 2), mean(error ** 2)
+            centred = y_float - np.repeat(reduce(y_float, starts) / counts, counts)
+            total = reduce(centred ** 2, starts)
+            residual = reduce(error ** 2, starts)
             with np.errstate(divide="ignore", invalid="ignore"):
                 out[name] = np.where(total == 0, np.where(residual == 0, 1.0, 0.0),
                                      1 - residual / total)
         elif name == "accuracy":
             same = np.asarray(y).reshape(-1) == np.asarray(predicted).reshape(-1)
-            out[name] = mean(same.astype(float))
+            out[name] = reduce(same.astype(float), starts) / counts
         else:
             fn = METRICS[name][0]
             out[name] = np.array([fn(y[a:b], predicted[a:b]) for a, b in zip(starts, bounds[1:])])

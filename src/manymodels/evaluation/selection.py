@@ -145,14 +145,10 @@ class HalvingSearch:
                 fits += 1
                 try:
                     model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
-                    scores = score_window(splitter, model, test_rows, features,
-                                          train_rows[splitter.target].to_numpy())
+                    predicted, scores = group.predict(model, number)
+                    records[i].extend(group.records([number], [predicted], [scores]))
                 except Exception as exc:
                     failed[i] = f"{type(exc).__name__}: {exc}"
-                    continue
-                records[i].append({"window": number, "cutoff": cutoff,
-                                   "n_train": len(train_rows), "n_test": len(test_rows),
-                                   **scores})
             alive = [i for i in alive if i not in failed]
             if not alive:
                 first = min(failed)

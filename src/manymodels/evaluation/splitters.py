@@ -244,20 +244,25 @@ class Backtest(Splitter):
         n, step = row_count(rows), self.step or self.horizon
         needed = self.horizon + (self.n_windows - 1) * step + 1
         values = column(rows, self.time)
-        # the row where each step begins (the rows are sorted by time), and the end
-        begins = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1, [n]))
-        steps = len(begins) - 1
+        distinct = values[1:] != values[:-1]
+        if distinct.all():  # one row per step: steps are rows
+            begins, steps = None, n
+        else:  # the row where each step begins (the rows are sorted by time), and the end
+            begins = np.concatenate(([0], np.flatnonzero(distinct) + 1, [n])).tolist()
+            steps = len(begins) - 1
         if steps < needed:
             have = (f"{needed} rows, has {n}" if steps == n else
                     f"{needed} distinct {self.time!r} values, has {steps} (in {n} rows)")
             raise TooShort(f"a backtest of {self.n_windows} window(s) of horizon "
                            f"{self.horizon} (step {step}) needs at least {have}")
-        out = []
+        bounds = []
         for w in range(self.n_windows):
             first = steps - self.horizon - (self.n_windows - 1 - w) * step
-            start, end = int(begins[first]), int(begins[first + self.horizon])
-            out.append((slice(0, start), slice(start, end), plain_time(values[start - 1])))
-        return out
+            bounds.append((first, first + self.horizon) if begins is None
+                          else (begins[first], begins[first + self.horizon]))
+        cutoffs = plain_times(values[[start - 1 for start, _ in bounds]])
+        return [(slice(0, start), slice(start, end), cutoff)
+                for (start, end), cutoff in zip(bounds, cutoffs)]
 
 
 def _ascending(values: np.ndarray) -> bool:
@@ -279,12 +284,20 @@ def plain_time(value: Any) -> Any:
 
 
 def plain_times(values: np.ndarray) -> list[Any]:
-    """A window's times as JSON keeps them (as :func:`plain_time`, at once)."""
+    """Times as JSON keeps them (as :func:`plain_time`, at once)."""
     if values.dtype.kind == "M":  # ISO text as Timestamp.isoformat writes it, at C speed
         seconds = values.astype("datetime64[s]")
         whole = bool((seconds == values).all())
         return np.datetime_as_string(seconds if whole else values).tolist()
     return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
+
+
+def time_numbers(values: np.ndarray) -> tuple[list[Any], str | None]:
+    """Many times as JSON keeps them cheaply: datetimes as integers of their
+    unit (``"ns"``, ``"us"``...), named second; others as :func:`plain_times`."""
+    if values.dtype.kind == "M":
+        return values.view("i8").tolist(), np.datetime_data(values.dtype)[0]
+    return plain_times(values), None
 
 
 def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | None = None,

@@ -72,6 +72,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
     import pandas as pd
 
     keys, windows, cutoffs, times, actuals, forecasts = [], [], [], [], [], []
+    unit = None
     for parts, records in _task_records(key_rows, metrics):
         for record in records:
             rows = record.get("rows") or {}
@@ -82,6 +83,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
             windows.append(np.full(count, record["window"]))
             cutoffs.extend([record["cutoff"]] * count)
             times.extend(rows["time"])
+            unit = rows.get("time_unit", unit)
             actuals.extend(rows["actual"])
             forecasts.extend(rows["forecast"])
     if not keys:
@@ -95,7 +97,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
         frame[name] = pd.Series(np.repeat(values, counts)).infer_objects()
     frame["window"] = np.concatenate(windows)
     frame["cutoff"] = cutoffs
-    frame["time"] = times
+    frame["time"] = times if unit is None else pd.to_datetime(np.array(times), unit=unit)
     frame["actual"] = actuals
     frame["forecast"] = forecasts
     _as_times(frame, "cutoff")

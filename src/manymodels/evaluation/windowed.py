@@ -23,7 +23,7 @@ import numpy as np
 
 from ..engine.execution import split_result
 from . import metrics as _metrics
-from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, plain_times, row_count
+from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count, time_numbers
 
 #: The fields of a window's record that are not its scores.
 RECORD_FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
@@ -103,7 +103,10 @@ class GroupWindows:
         backtest, its forecasts row by row)."""
         tests = [self.windows[w][1] for w in numbers]
         sizes = [_length(test, self.n) for test in tests]
-        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        ends = [0]
+        for size in sizes:
+            ends.append(ends[-1] + size)
+        bounds = np.array(ends)
         vectorised: dict[str, np.ndarray] = {}
         y = predicted = None
         if self.vectorised or self.forecasts:
@@ -135,10 +138,14 @@ class GroupWindows:
         if predicted is None or len(predicted) != len(y):  # several outputs a row
             return None
         times = column(self.rows, self.splitter.time)
-        times = plain_times(np.concatenate([times[test] for test in tests]))
+        times, unit = time_numbers(np.concatenate([times[test] for test in tests]))
         actual, forecast = y.tolist(), predicted.tolist()
-        return [{"time": times[a:b], "actual": actual[a:b], "forecast": forecast[a:b]}
+        rows = [{"time": times[a:b], "actual": actual[a:b], "forecast": forecast[a:b]}
                 for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+        if unit is not None:  # datetimes travel as integers of this unit
+            for window in rows:
+                window["time_unit"] = unit
+        return rows
 
 
 def _renumbered(frame: Any) -> Any:
