@@ -227,17 +227,18 @@ def case_pool(cols: dict[str, np.ndarray], workers: int, **_: Any) -> dict[str, 
                    x1[lo:hi], x2[lo:hi], y[lo:hi])
 
     begin = time.perf_counter()
-    starts, keys = group_bounds(g)
-    models: dict[int, np.ndarray] = {}
-    rss_sum = 0.0
-    with multiprocessing.Pool(workers) as pool:
-        for part in pool.imap(_pool_chunk, chunks(starts, keys)):
-            for key, coef, metrics in part:
-                models[key] = coef
-                rss_sum += metrics["rss"]
+    with CPUClocks() as clocks:
+        starts, keys = group_bounds(g)
+        models: dict[int, np.ndarray] = {}
+        rss_sum = 0.0
+        with multiprocessing.Pool(workers) as pool:  # terminated and waited for on exit
+            for part in pool.imap(_pool_chunk, chunks(starts, keys)):
+                for key, coef, metrics in part:
+                    models[key] = coef
+                    rss_sum += metrics["rss"]
     wall = time.perf_counter() - begin
     sample = sample_keys(len(keys))
-    return {"wall_s": wall, "models": len(models), "rss_sum": rss_sum,
+    return {"wall_s": wall, "models": len(models), "rss_sum": rss_sum, **clocks.seconds(),
             "sample_coef": np.array([models[int(k)] for k in sample]).tolist(),
             "start_method": multiprocessing.get_start_method()}
 
@@ -259,8 +260,9 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
         kwargs["store"] = store
     profiles = ThreadProfiles() if profile else None
     sampler = DriverRSS()
+    clocks = CPUClocks()
     begin = time.perf_counter()
-    with sampler:
+    with sampler, clocks:
         if profiles is not None:
             with profiles:
                 run = train(fit, groups(frame, by="g", format="numpy"), **kwargs)
@@ -268,7 +270,7 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
             run = train(fit, groups(frame, by="g", format="numpy"), **kwargs)
     wall = time.perf_counter() - begin
     out: dict[str, Any] = {"wall_s": wall, "driver_peak_rss_train_mb": sampler.peak / 2**20,
-                           "driver_rss_after_train_mb": sampler.last / 2**20}
+                           "driver_rss_after_train_mb": sampler.last / 2**20, **clocks.seconds()}
     if profiles is not None:
         out["profile_top"] = profiles.report(Path(profile))
         out["profile_file"] = profile
@@ -299,6 +301,35 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
         out["store"] = {"du_bytes": allocated, "apparent_bytes": apparent, "files": files,
                         "model_pickle_bytes": pickled_size(np.asarray(one))}
     return out
+
+
+class CPUClocks:
+    """CPU seconds spent while the job ran: the driver process's (all its
+    threads: ``RUSAGE_SELF``), its main thread's (``time.thread_time``: the
+    loop that plans, feeds the workers and collects), and its children's
+    (``RUSAGE_CHILDREN``: the workers, counted once they have exited and been
+    waited for, as a run's workers are when ``train`` returns). The samplers'
+    threads (RSS every 0.05 s, PSS every 0.2 s) are in the driver's figure."""
+
+    def __enter__(self) -> CPUClocks:
+        self._self = self._usage(resource.RUSAGE_SELF)
+        self._children = self._usage(resource.RUSAGE_CHILDREN)
+        self._thread = time.thread_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread_s = time.thread_time() - self._thread
+        self.self_s = self._usage(resource.RUSAGE_SELF) - self._self
+        self.children_s = self._usage(resource.RUSAGE_CHILDREN) - self._children
+
+    @staticmethod
+    def _usage(who: int) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    def seconds(self) -> dict[str, float]:
+        return {"driver_cpu_s": self.self_s, "driver_main_thread_cpu_s": self.thread_s,
+                "workers_cpu_s": self.children_s}
 
 
 class DriverRSS(c.Sampler):
@@ -357,6 +388,20 @@ def child_main(args: argparse.Namespace) -> int:
 # -- the driver: run the cases one after another -------------------------------------
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a case's whole process tree (its own session), gently first."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_case(case: str, args: argparse.Namespace, work: Path, store: Path | None,
              profile: Path | None = None) -> dict[str, Any]:
     result_file = work / f"{case.replace(' ', '_').replace('+', '_')}.json"
@@ -375,17 +420,10 @@ def run_case(case: str, args: argparse.Namespace, work: Path, store: Path | None
     proc = subprocess.Popen(command, start_new_session=True, cwd=REPO)
     try:
         code = proc.wait(timeout=args.case_timeout)
-    except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=10)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+    except BaseException as stopped:  # our own time limit, or we are stopped (SIGTERM, ^C)
+        stop_group(proc)  # its own session: it would outlive us
+        if not isinstance(stopped, subprocess.TimeoutExpired):
+            raise
         return {"case": case, "status": f"timeout after {args.case_timeout:.0f} s",
                 "launcher_load_average": load,
                 "elapsed_s": time.perf_counter() - began}
@@ -417,6 +455,25 @@ def check(row: dict[str, Any], reference: dict[str, Any]) -> None:
         row["status"] = "error: wrong result: " + "; ".join(problems)
 
 
+def per_task_cpu(row: dict[str, Any], bare_fit_s: float | None, groups: int) -> None:
+    """The CPU clocks of a case as microseconds per task: the driver's (all its
+    threads), its main loop's, and the workers' beyond the bare fit (their CPU
+    less the serial loop's sum of fit times; less manymodels' own task time
+    too, where it ran: what supervising each task costs around the fit)."""
+    if row.get("driver_cpu_s") is None:
+        return
+    micro = 1e6 / groups
+    row["driver_cpu_us_per_task"] = row["driver_cpu_s"] * micro
+    row["driver_main_thread_cpu_us_per_task"] = row["driver_main_thread_cpu_s"] * micro
+    row["workers_cpu_us_per_task"] = row["workers_cpu_s"] * micro
+    if bare_fit_s is not None and row.get("case") != "mm rerun":
+        row["workers_cpu_beyond_fit_us_per_task"] = (row["workers_cpu_s"] - bare_fit_s) * micro
+    task_time = (row.get("mm_summary") or {}).get("task_time_s")
+    if task_time is not None and row.get("case") != "mm rerun":
+        row["workers_cpu_beyond_task_time_us_per_task"] = (
+            (row["workers_cpu_s"] - task_time) * micro)
+
+
 def summarize(rows: dict[str, dict[str, Any]], workers: int, groups: int) -> None:
     """Add ratios, utilization and store bytes per model to each row."""
     serial = rows.get("serial", {})
@@ -432,6 +489,8 @@ def summarize(rows: dict[str, dict[str, Any]], workers: int, groups: int) -> Non
         if wall and base_wall:
             row["ratio"] = wall / base_wall
             row["ratio_to"] = base
+        per_task_cpu(row, serial.get("fit_sum_s") if serial.get("status") == "ok" else None,
+                     groups)
         store = row.get("store")
         if store:
             per_model = store["du_bytes"] / groups
@@ -450,7 +509,8 @@ def _fmt(value: Any, spec: str) -> str:
 def print_table(result: dict[str, Any]) -> None:
     rows = result["cases"]
     header = ["case", "wall s", "ratio", "x limit", "driver RSS MB", "in train", "tree PSS MB",
-              "store B/model", "(beyond pickle)", "load", "status"]
+              "store B/model", "(beyond pickle)", "driver us/task", "(main)",
+              "workers +us/task", "load", "status"]
     lines = []
     for case in CASES:
         row = rows.get(case)
@@ -468,6 +528,9 @@ def print_table(result: dict[str, Any]) -> None:
             _fmt(row.get("tree_peak_pss_mb"), ".0f"),
             _fmt(store.get("du_bytes_per_model"), ".0f"),
             _fmt(store.get("bytes_per_model_beyond_pickle"), ".0f"),
+            _fmt(row.get("driver_cpu_us_per_task"), ".2f"),
+            _fmt(row.get("driver_main_thread_cpu_us_per_task"), ".2f"),
+            _fmt(row.get("workers_cpu_beyond_fit_us_per_task"), ".2f"),
             "-" if not load else f"{load[0]:.2f}", row.get("status", "-"),
         ])
     widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
@@ -480,7 +543,10 @@ def print_table(result: dict[str, Any]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths)))
     print("serial: its wall s is the sum of fit times (whole loop: "
           f"{_fmt(rows.get('serial', {}).get('wall_s'), '.2f')} s); x limit = limit / wall; "
-          "load = 1-min load average at the case's start")
+          "load = 1-min load average at the case's start;\n"
+          "driver us/task: the driver process's CPU (all threads, getrusage) / tasks; (main): "
+          "its main thread's; workers +us/task: the workers' CPU (RUSAGE_CHILDREN) less the "
+          "serial sum of fit times, / tasks")
     sys.stdout.flush()
 
 
@@ -549,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         args.case = args.child
         return child_main(args)
+    # a SIGTERM (a time limit around this script) unwinds, stopping the running case
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_path = args.out or BENCH_DIR / "results" / f"million-{stamp}.json"
     work = Path(tempfile.mkdtemp(prefix="mm-million-"))
@@ -586,6 +654,12 @@ def main(argv: list[str] | None = None) -> int:
             "it installs a package: a case's first use of a module (mm.train imports its "
             "engine on first call) then reads bytecode, not source, even where "
             "PYTHONDONTWRITEBYTECODE is set",
+            "driver_cpu_s: the case interpreter's CPU (user + system, all threads: "
+            "getrusage RUSAGE_SELF) from just before the job to just after it; "
+            "driver_main_thread_cpu_s: its main thread's (time.thread_time); workers_cpu_s: "
+            "RUSAGE_CHILDREN over the same span (the workers, waited for when the job ends); "
+            "*_us_per_task: those / groups; workers_cpu_beyond_fit_us_per_task: workers_cpu_s "
+            "less the serial case's fit_sum_s, / groups",
             "load_average_at_start: os.getloadavg() when the case's interpreter started; "
             "the CPU is shared with other work",
         ],

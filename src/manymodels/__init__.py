@@ -71,6 +71,7 @@ _EXPORTS = {
     "StoreIntegrityError": ".store",
     "map_groups": ".transforms",
     "map_partitions": ".transforms",
+    "serve_app": ".serve.app",
 }
 
 __all__ = [

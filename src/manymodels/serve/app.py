@@ -26,7 +26,7 @@ from ..store import StoreIntegrityError
 from . import requests as bodies
 from .catalog import key_parts
 from .predictor import RequestError, predict_rows
-from .state import ServedStore, parse_size
+from .state import ServedStore, log, parse_size
 
 #: Requests of fewer rows are answered on the event loop (a hop to a thread
 #: costs more than they do); larger ones in a thread, the loop left free.
@@ -81,6 +81,9 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
                     response = JSONResponse({"error": str(exc)}, exc.status)
                 except StoreIntegrityError as exc:  # this model refused; the others serve on
                     response = JSONResponse({"error": str(exc)}, 500)
+                except Exception as exc:  # a model's own failure: said, counted, served on
+                    log.exception("%s failed", route)
+                    response = JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
             served.metrics.request(route, response.status_code, time.perf_counter() - started)
             return response
 

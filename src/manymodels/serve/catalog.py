@@ -124,9 +124,13 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and value != value:
-        return None
-    return value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return None if value != value else value
+    import pandas as pd
+
+    return None if pd.isna(value) else str(value)  # pd.NA, NaT; a timestamp as text
 
 
 # -- reading a catalog from the store ----------------------------------------------

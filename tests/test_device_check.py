@@ -1,0 +1,89 @@
+"""``bench/device_check.sh --smoke``: the one-call script for a machine with many
+cores and a GPU runs every step here at small sizes, writes the JSON the table
+is made of, prints the table against the targets, and leaves nothing behind
+outside its output folder (issue 43). It runs on a copy of the repository's
+bench, source and GPU tests, so that a file it wrote there would show."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS = ["gpu-tests", "gpu", "linear", "million", "files-sweep"]
+
+
+def _copy_repo(target: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__", "results", "published", "*.pyc")
+    for folder in ("bench", "src"):
+        shutil.copytree(REPO / folder, target / folder, ignore=ignore)
+    (target / "tests").mkdir()
+    for name in ("test_gpu.py", "conftest.py"):
+        shutil.copy2(REPO / "tests" / name, target / "tests" / name)
+    shutil.copy2(REPO / "pyproject.toml", target / "pyproject.toml")
+    return target
+
+
+def _files(root: Path) -> set[str]:
+    return {str(path.relative_to(root)) for path in root.rglob("*")}
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_the_json_and_the_table_and_nothing_else(tmp_path):
+    repo = _copy_repo(tmp_path / "repo")
+    before = _files(repo)
+    out, temporary = tmp_path / "out", tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(temporary)}
+    env.pop("OUT", None)
+    done = subprocess.run(["bash", str(repo / "bench" / "device_check.sh"), "--smoke", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert _files(repo) == before  # no bytecode, results or stores in the repository
+    assert list(temporary.iterdir()) == []  # its work folder removed
+
+    summary = json.loads((out / "device-check.json").read_text())
+    assert summary["smoke"] is True
+    assert list(summary["steps"]) == STEPS
+    statuses = {name: step["status"] for name, step in summary["steps"].items()}
+    for name in ("gpu-tests", "linear", "million", "files-sweep"):
+        assert statuses[name] in ("ok", "skipped: out of time"), statuses
+    assert statuses["gpu"] in ("ok", "skipped: no GPU", "skipped: out of time"), statuses
+    targets = {line["target"]: line for line in summary["targets"]}
+    assert len(targets) >= 11
+    if statuses["million"] == "ok":
+        million = json.loads((out / "million.json").read_text())
+        rows = million["cases"]
+        assert million["groups"] == 5000 and all(r["status"] == "ok" for r in rows.values())
+        assert rows["mm+store"]["driver_cpu_us_per_task"] > 0
+        assert rows["mm+store"]["driver_main_thread_cpu_us_per_task"] > 0
+        assert "workers_cpu_beyond_fit_us_per_task" in rows["mm"]
+        line = targets["million: with a store / without <= 1.15x"]
+        assert line["value"] == pytest.approx(rows["mm+store"]["ratio"])
+        assert line["status"] == ("met" if line["value"] <= 1.15 else "NOT met")
+    if statuses["files-sweep"] == "ok":
+        sweep = json.loads((out / "files-sweep.json").read_text())["sweep"]
+        assert len(sweep["task_times_s"]) == 2 and sweep["longest_first_bound_s"] > 0
+        assert targets["sweep: manymodels wall / longest-first bound <= 1.10"]["value"] > 0
+    if shutil.which("nvidia-smi") is None:  # every GPU line says so, none pretends
+        gpu_lines = [line for name, line in targets.items()
+                     if name.startswith(("GPU", "mm.linear"))]
+        assert len(gpu_lines) == 4
+        assert all(line["status"] == "skipped: no GPU" and line["value"] is None
+                   for line in gpu_lines)
+    if statuses["linear"] == "ok":  # PyTorch on the CPU against NumPy, here
+        linear = json.loads((out / "linear.json").read_text())
+        assert all(row["max_rel_diff"] < 1e-6 for row in linear["rows"])
+
+    printed = done.stdout
+    assert "device check (smoke sizes: not a measurement)" in printed
+    for line in summary["targets"]:  # the table prints every target with its status
+        assert line["target"] in printed and line["status"] in printed
+    log = (out / "device-check.log").read_text().splitlines()
+    assert [line.split()[1] for line in log if line.startswith("== ")] == STEPS

@@ -1,0 +1,143 @@
+"""``manymodels serve`` under change and attack, over real HTTP to a server
+process: a new run swapped in under concurrent requests, a tampered model,
+a store bigger than the cache, the token, and an mm.linear run."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import Ridge
+
+import manymodels as mm
+from manymodels.store import packs
+from serve_helpers import Server, call
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def sales(stores: int, rows: int = 900, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({"store": rng.integers(0, stores, rows), "price": rng.random(rows),
+                          "promo": rng.integers(0, 2, rows)})
+    frame["sales"] = frame.price * (frame.store + 1) + 2 * frame.promo + rng.random(rows)
+    return frame
+
+
+def fit(df):
+    return Ridge(alpha=1.0).fit(df[["price", "promo"]], df["sales"])
+
+
+def fit_again(df):  # the re-run: other models, and store 2 fails
+    if df["store"].iloc[0] == 2:
+        raise ValueError("no good")
+    return Ridge(alpha=30.0).fit(df[["price", "promo"]], df["sales"])
+
+
+ROWS = [{"store": k, "price": 0.5, "promo": 1} for k in range(6)]
+
+
+def test_a_new_run_is_served_live_with_no_failed_request(tmp_path):
+    path = tmp_path / "m"
+    frame = sales(6)
+    mm.train(fit, mm.groups(frame, by="store"), store=path, backend="serial", progress=False)
+    before = mm.Store(path).predict(pd.DataFrame(ROWS), by="store")
+    served = Server(path, "--poll", "0.2")
+    answers: list = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            answer = served.predict(ROWS)
+            answers.append((answer.status, answer.json() if answer.status == 200 else answer.body))
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    try:
+        for thread in clients:
+            thread.start()
+        mm.train(fit_again, mm.groups(frame, by="store"), store=path, backend="serial",
+                 progress=False, max_failures=1)
+        deadline = time.monotonic() + 15
+        while not any(a[0] == 200 and a[1]["run_id"] == 2 for a in answers[-5:]):
+            assert time.monotonic() < deadline, "run 2 was not served within 15 s"
+            time.sleep(0.1)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join()
+        served.close()
+    assert answers and all(status == 200 for status, _ in answers), [
+        a for a in answers if a[0] != 200][:3]
+    runs = [body["run_id"] for _, body in answers]
+    assert runs[0] == 1 and runs[-1] == 2
+    last = answers[-1][1]["predictions"]
+    after = mm.Store(path).predict(pd.DataFrame(ROWS), by="store")
+    assert last == after.tolist()
+    assert last[2] == before.iloc[2]  # the failed group keeps its last good model
+    assert last[1] != before.iloc[1]  # the others are run 2's
+
+
+def _tamper(store_path, key) -> None:
+    locator = mm.Store(store_path)._model_artifacts(None)[f"[{key}]"]
+    _, pack, offset, _ = packs.parse_locator(locator)
+    with sqlite3.connect(store_path / "index.sqlite") as conn:
+        blob = bytearray(conn.execute("SELECT blob FROM packs WHERE pack_id = ?",
+                                      (pack,)).fetchone()[0])
+        blob[offset + 20] ^= 0xFF
+        conn.execute("UPDATE packs SET blob = ? WHERE pack_id = ?", (bytes(blob), pack))
+
+
+def test_a_tampered_model_is_refused_by_name_and_the_cache_stays_bounded(tmp_path):
+    path = tmp_path / "m"
+    frame = sales(30, rows=1500)
+    mm.train(fit, mm.groups(frame, by="store"), store=path, backend="serial", progress=False)
+    store = mm.Store(path)
+    _tamper(path, 7)
+    served = Server(path, "--cache-models", "4", "--poll", "0")
+    try:
+        refused = served.predict([{"store": 7, "price": 0.5, "promo": 1}])
+        assert refused.status == 500
+        assert "key 7" in refused.json()["error"] and "SHA-256" in refused.json()["error"]
+        for key in [k for k in range(30) if k != 7] * 2:
+            rows = [{"store": key, "price": 0.25, "promo": 0}]
+            answer = served.predict(rows)
+            assert answer.status == 200
+            assert answer.json()["predictions"] == store.predict(
+                pd.DataFrame(rows), by="store").tolist()
+            assert served.metric("models_held") <= 4
+        assert served.metric("cache_evictions_total") >= 29 * 2 - 4
+        assert served.predict([{"store": 7, "price": 0.5, "promo": 1}]).status == 500
+    finally:
+        served.close()
+
+
+def test_the_token_guards_every_route_but_healthz_and_a_linear_run_is_served(tmp_path):
+    path = tmp_path / "lin"
+    frame = sales(8, rows=800)
+    mm.linear(frame, by="store", features=["price", "promo"], target="sales", store=path,
+              name="sales")
+    served = Server(path, "--token", "s3cret", "--poll", "0")
+    try:
+        assert call(served.url + "/healthz").status == 200
+        rows = [{"store": k % 10, "price": 0.1 * k, "promo": k % 2} for k in range(12)]
+        assert served.predict(rows).status == 401
+        assert served.predict(rows, headers={"authorization": "Bearer wrong"}).status == 401
+        assert call(served.url + "/metrics").status == 401
+        assert call(served.url + "/v1/models/1").status == 401
+        answer = served.predict(rows, headers={"authorization": "Bearer s3cret"})
+        assert answer.status == 200
+        want = mm.Store(path).predict(pd.DataFrame(rows), with_source=True)
+        body = answer.json()
+        assert body["predictions"][:8] == want["prediction"].tolist()[:8]
+        assert body["predictions"][8:10] == [None, None]
+        assert body["source"] == want["source"].tolist()
+        described = call(served.url + "/v1/models/3",
+                         headers={"authorization": "Bearer s3cret"}).json()
+        assert described["linear"] and len(described["coefficients"]) == 2
+    finally:
+        served.close()
