@@ -53,9 +53,11 @@ def train(
     ``run.failed``. A ``fit`` with a ``key`` parameter also gets its task's key
     as ``key=`` (a scalar for one ``by`` column, a tuple for several).
 
-    * ``backend``: ``"processes"`` (default), ``"threads"``, ``"serial"`` or
-      ``"ray"`` (a Ray cluster at ``RAY_ADDRESS``, or a local Ray instance), or
-      a backend instance such as ``mm.RayBackend(address="ray://head:10001")``.
+    * ``backend``: ``"processes"`` (default), ``"threads"``, ``"serial"``,
+      ``"ray"`` (a Ray cluster at ``RAY_ADDRESS``, or a local Ray instance),
+      ``"spark"`` (the active Spark session, else a local one) or ``"dask"``
+      (the current Dask client, else a local cluster), or a backend instance such as
+      ``mm.RayBackend(address="ray://head:10001")``.
     * ``workers``: default the usable cores (affinity and cgroup aware) divided
       by ``cpus_per_task``, the BLAS/OpenMP threads each task may use; on Ray,
       the cluster's CPUs divided by ``cpus_per_task``.
@@ -70,7 +72,9 @@ def train(
       of memory, or that raised one of ``retry_on``, is tried again.
     * ``timeout`` (seconds per task) and ``memory_limit`` (per worker, bytes or
       ``"2GB"``): the worker is killed and replaced, the task recorded
-      ``timeout`` or ``memory`` (processes backend).
+      ``timeout`` or ``memory``. ``timeout`` is enforced by the processes,
+      Ray, Spark and Dask backends, ``memory_limit`` by the processes
+      backend; the others refuse them before any work.
     * ``max_failures``: an error budget, a count or a fraction of the tasks;
       past it the run stops and raises :class:`TooManyFailures`.
     * ``progress``: a progress bar on a terminal.

@@ -54,7 +54,8 @@ def train(
     cv: int = typer.Option(None, help="Cross-validate with this many folds instead."),
     fallback: bool = typer.Option(True, help="Also fit a global model for groups that have "
                                   "none (used by predict)."),
-    backend: str = typer.Option("processes", help="processes, threads or serial."),
+    backend: str = typer.Option("processes", help="serial, threads, processes, ray, spark "
+                                "or dask."),
     workers: int = typer.Option(None, min=1, help="Workers (default: usable cores)."),
     timeout: float = typer.Option(None, help="Seconds per group before it is stopped."),
     allow_failures: bool = typer.Option(False, help="Exit 0 even if some groups failed."),
@@ -114,7 +115,7 @@ def predict(
     run: int = typer.Option(None, help="Run id (default: the latest)."),
     by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
     workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),
-    backend: str = typer.Option(None, help="processes, threads, serial or ray "
+    backend: str = typer.Option(None, help="serial, threads, processes, ray, spark or dask "
                                 "(default: serial below 500 groups, else processes)."),
 ) -> None:
     """Predict each row with its group's model, groups in parallel; rows of unseen groups get the

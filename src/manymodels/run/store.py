@@ -69,10 +69,10 @@ class Store(_Store):
         ``model.predict(rows[features])`` (a forecaster that needs more).
 
         The groups run through ``backend`` (``"processes"``, ``"threads"``,
-        ``"serial"``, ``"ray"``; default serial below 500 groups, else
-        processes) on ``workers``: each worker loads its groups' models from
-        the store (checked against their SHA-256) and predicts their rows
-        (see :mod:`manymodels.run.prediction`).
+        ``"serial"``, ``"ray"``, ``"spark"`` or ``"dask"``; default serial below 500
+        groups, else processes) on ``workers``: each worker loads its groups' models
+        from the store (checked against their SHA-256) and predicts their rows (see
+        :mod:`manymodels.run.prediction`).
         """
         return predict_from_store(self, table, by, method, features, run, fallback, with_source,
                                   fn=fn, backend=backend, workers=workers, progress=progress)

@@ -190,7 +190,7 @@ class RunRecorder:
             part = reused.slice(start, size)
             taskblocks.insert(self.conn, self.run_id, taskblocks.table({
                 **taskblocks.task_columns(self._keys, self.identities, part["task_index"]),
-                "status": pa.repeat(pa.scalar("ok", pa.string()), part.num_rows),
+                "status": pa.repeat(pa.scalar(Status.OK.value, pa.string()), part.num_rows),
                 "attempts": np.zeros(part.num_rows, dtype=np.int64),
                 "duration_s": part["duration_s"], "metrics": part["metrics"],
                 "artifact": part["artifact"], "size": part["size"],
