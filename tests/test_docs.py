@@ -125,6 +125,28 @@ def test_the_backends_table_names_every_registered_backend():
     assert named == registered_backends()
 
 
+def _backend_help(command: str) -> str:
+    import typer.main
+
+    from manymodels.cli import app
+
+    group = typer.main.get_command(app)
+    option = next(p for p in group.commands[command].params if p.name == "backend")
+    return option.help
+
+
+@pytest.mark.parametrize("where", ["train", "Store.predict", "cli train", "cli predict"])
+def test_every_list_of_backends_names_every_registered_backend(where: str):
+    """The backend lists kept in docstrings and in --backend's help name every
+    backend the registry accepts (they fell behind it once)."""
+    text = {"train": lambda: mm.train.__doc__, "Store.predict": lambda: mm.Store.predict.__doc__,
+            "cli train": lambda: _backend_help("train"),
+            "cli predict": lambda: _backend_help("predict")}[where]()
+    missing = {name for name in registered_backends()
+               if not re.search(rf"\b{name}\b", text)}
+    assert not missing, f"{where} does not name {sorted(missing)}"
+
+
 def cli_reference() -> dict[str, set[str]]:
     """command -> the arguments and options docs/cli.md documents for it (the
     first cell of each row of its table; "" for the top level)."""
