@@ -181,3 +181,42 @@ class ParquetBatches(DataReader):
         if self.format == "pandas":
             value.index = _range_index(len(value))  # as the eager path's groups
         return value
+
+
+class StagedFiles(DataReader):
+    """Groups an engine staged (:mod:`manymodels.planning.staging`): each
+    file is mapped once per worker, and a batch's groups of one file are
+    converted at once (:class:`ArrowSlices`)."""
+
+    def __init__(self, directory: str, files: list[str], format: str) -> None:
+        self.directory, self.files, self.format = directory, files, format
+        self._mapped: dict[int, Any] = {}
+        self._slices: dict[int, ArrowSlices] = {}
+
+    def _table(self, number: int) -> Any:
+        table = self._mapped.get(number)
+        if table is None:
+            import os
+
+            import pyarrow as pa
+
+            path = os.path.join(self.directory, self.files[number])
+            table = pa.ipc.open_file(pa.memory_map(path)).read_all()  # no copy
+            self._mapped[number] = table
+        return table
+
+    def begin_batch(self, refs: Sequence[tuple[int, int, int]]) -> None:
+        by_file: dict[int, list[tuple[int, int]]] = {}
+        for number, offset, length in refs:
+            by_file.setdefault(number, []).append((offset, length))
+        self._slices = {}
+        for number, slices in by_file.items():
+            reader = self._slices[number] = ArrowSlices(self._table(number), self.format, None)
+            reader.begin_batch(slices)
+
+    def rows(self, ref: tuple[int, int, int]) -> Any:
+        number, offset, length = ref
+        reader = self._slices.get(number)
+        if reader is None:
+            reader = ArrowSlices(self._table(number), self.format, None)
+        return reader.rows((offset, length))

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .engineframes import EngineFrame, engine_of
 from .parquetgroups import ParquetGroups, parquet_files
 from .tables import is_pandas_frame, named_twice, read_table
 
@@ -73,6 +74,7 @@ class GroupSource(Source):
         read_on_workers: bool = False,
         order_by: str | Sequence[str] | None = None,
         columns: Sequence[str] | None = None,
+        staging: str | None = None,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
@@ -97,6 +99,17 @@ class GroupSource(Source):
                 wanted = None
         else:
             wanted = None
+        #: The engine's DataFrame (Spark, Dask) that its engine groups, or None
+        self.engine_frame: EngineFrame | None = None
+        engine = engine_of(table)
+        if engine is not None:
+            self._keep_in_engine(table, engine, by_columns, order_columns, wanted,
+                                 read_on_workers, staging)
+            self.format, self.cost = format, cost
+            return
+        if staging is not None:
+            raise ValueError("staging= is where a Spark or Dask DataFrame's grouped rows are "
+                             "written; this table is not one: leave staging out")
         #: A pandas frame's column labels when some are not strings (Arrow
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
@@ -156,12 +169,35 @@ class GroupSource(Source):
         self.cost = cost
         self._layout = None  # filled once by planning.group_layout
 
+    def _keep_in_engine(self, table: Any, engine: str, by: list, order_by: list,
+                        wanted: list | None, read_on_workers: bool, staging: Any) -> None:
+        """An engine's DataFrame: its columns checked, nothing read (see
+        :mod:`.engineframes`)."""
+        if read_on_workers:
+            raise ValueError(f"read_on_workers=True reads Parquet files; a {engine.title()} "
+                             "DataFrame is read by its engine's workers anyway: leave "
+                             "read_on_workers out")
+        for what, names in (("by", by), ("order_by", order_by)):
+            for name in names:
+                if not isinstance(name, str):
+                    raise TypeError(f"{what}= must name columns as strings, got {name!r}")
+        clash = set(by) & set(order_by)
+        if clash:
+            raise ValueError(f"order_by column {sorted(clash)[0]!r} is also a by column: "
+                             "within a group it has one value, so it orders nothing")
+        self.engine_frame = EngineFrame.of(table, engine, wanted, by + order_by, staging)
+        self.column_labels, self.row_index, self.reader, self.table = None, None, None, None
+        self.by, self.order_by = by, order_by
+        self._layout = None  # filled once by planning.staging, on the engine
+
     @property
     def key_columns(self) -> list:
         return list(self.key_labels) if self.column_labels else list(self.by)
 
     def __repr__(self) -> str:
         order = f", order_by={self.order_by}" if self.order_by else ""
+        if self.engine_frame is not None:
+            return f"groups({self.engine_frame.engine} DataFrame, by={self.by}{order})"
         return f"groups({self.table.num_rows} rows, by={self.by}{order})"
 
 
@@ -279,6 +315,7 @@ def groups(
     read_on_workers: bool = False,
     order_by: str | Sequence[str] | None = None,
     columns: Sequence[str] | None = None,
+    staging: str | None = None,
 ) -> GroupSource:
     """One task per group of ``table``'s rows, keyed by the ``by`` columns.
 
@@ -300,9 +337,17 @@ def groups(
     input's order. ``columns``: read only these columns (plus the ``by`` and
     ``order_by`` ones) -- from a Parquet or CSV file the others are never
     read; a column the table lacks is named in the error.
+
+    ``table`` may also be a Spark or a Dask DataFrame: its engine groups it
+    (one shuffle by key), its workers sort and write each partition once, and
+    the driver gets one small row per group, never the rows. ``staging``: the
+    directory the engine's workers write to and the training workers read
+    from -- one every node sees on a cluster of several machines (default: a
+    temporary directory here, removed with the source).
     """
     return GroupSource(table, by, format=format, cost=cost,
-                       read_on_workers=read_on_workers, order_by=order_by, columns=columns)
+                       read_on_workers=read_on_workers, order_by=order_by, columns=columns,
+                       staging=staging)
 
 
 def items(

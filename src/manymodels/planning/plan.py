@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from ..inputs.grids import GridSource, ProductSource
 from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
 from ..inputs.tables import exact_pandas, sort_order
-from .taskdata import Items, ParquetReads, SettingsOnly, TableSlices, TaskData
+from .staging import stage
+from .taskdata import Items, ParquetReads, SettingsOnly, StagedSlices, TableSlices, TaskData
 
 
 @dataclass(slots=True)
@@ -207,6 +208,18 @@ def group_layout(source: GroupSource) -> GroupLayout:
     return source._layout
 
 
+def staged_layout(source: GroupSource) -> tuple[Any, KeyRows]:
+    """A Spark or Dask DataFrame's groups, made by its engine once
+    (:mod:`.staging`), and their keys. Cached on the source, as a table's
+    layout is: the engine's job runs once for the source."""
+    if source._layout is None:
+        staged = stage(source.engine_frame, source.by, source.order_by)
+        for name in source.by:
+            _check_key_type(name, staged.key_table.column(name))
+        source._layout = staged
+    return source._layout, KeyRows(source._layout.key_table)
+
+
 def _check_key_type(name: str, column: Any) -> None:
     """Refuse a ``by`` column whose values cannot be keys as they are."""
     kind = column.type
@@ -273,7 +286,9 @@ def plan(source: Source) -> Plan:
     param_columns = grid_source.param_columns if grid_source is not None else []
 
     data: TaskData
-    if isinstance(base, GroupSource) and base.reader is not None:
+    if isinstance(base, GroupSource) and base.engine_frame is not None:
+        data = StagedSlices(*staged_layout(base), base.cost, base.format)
+    elif isinstance(base, GroupSource) and base.reader is not None:
         data = ParquetReads(group_layout(base), base.reader, base.cost, base.format)
     elif isinstance(base, GroupSource):
         data = TableSlices(group_layout(base), base.cost, base.format, base.column_labels)

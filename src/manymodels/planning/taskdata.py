@@ -19,6 +19,8 @@ kind               reference                     fit's first argument
 ``TableSlices``    ``(offset, length)`` into     the group's rows (pandas, Arrow,
                    the table sorted by key       polars or NumPy arrays)
 ``ParquetReads``   ``(key, file numbers)``       the group's rows, read on the worker
+``StagedSlices``   ``(file, offset, length)``    the group's rows, a slice of a file
+                   in an engine's staged files   an engine wrote (:mod:`.staging`)
 ``Items``          the item itself               the item
 ``SettingsOnly``   None                          none: ``fit(**params)``
 =================  ============================  =================================
@@ -32,7 +34,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..inputs.datareaders import ArrowSlices, DataReader, FrameSlices, ParquetBatches
+from ..inputs.datareaders import (
+    ArrowSlices,
+    DataReader,
+    FrameSlices,
+    ParquetBatches,
+    StagedFiles,
+)
 from ..inputs.parquetgroups import ParquetGroups
 from ..inputs.tables import is_pandas_frame
 
@@ -269,6 +277,72 @@ class ParquetReads(TaskData):
 
     def open(self, table: Any) -> DataReader:
         return ParquetBatches(self.reader, self.format)
+
+
+class StagedRefs(Sequence):
+    """The ``(file, offset, length)`` references of an engine's staged groups, as arrays."""
+
+    __slots__ = ("files", "offsets", "lengths")
+
+    def __init__(self, files: Any, offsets: Any, lengths: Any) -> None:
+        self.files, self.offsets, self.lengths = files, offsets, lengths
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, position: Any) -> Any:
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(len(self)))]
+        return int(self.files[position]), int(self.offsets[position]), int(self.lengths[position])
+
+    def take(self, positions: Sequence[int]) -> list[tuple[int, int, int]]:
+        import numpy as np
+
+        chosen = np.asarray(positions, dtype=np.int64)
+        return list(zip(self.files[chosen].tolist(), self.offsets[chosen].tolist(),
+                        self.lengths[chosen].tolist()))
+
+
+class StagedSlices(TaskData):
+    """A Spark or Dask DataFrame's groups, staged by its engine
+    (:mod:`manymodels.planning.staging`): ``(file, offset, length)``; the
+    workers map the files and slice them. The data hashes were made by the
+    engine's workers, as they wrote the files."""
+
+    _driver_only = ("layout", "_keys")
+
+    def __init__(self, layout: Any, keys: Sequence[tuple], cost: Callable[[int], float] | None,
+                 format: str) -> None:
+        self.layout, self._keys = layout, keys
+        self.directory, self.files = layout.directory, layout.files
+        self.format = format
+        self._cost = cost or float
+
+    def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
+        import numpy as np
+
+        layout, cost = self.layout, self._cost
+        if cost is float:
+            costs = layout.lengths.astype(np.float64)
+        else:
+            costs = np.array([float(cost(n)) for n in layout.lengths.tolist()], dtype=np.float64)
+        return self._keys, StagedRefs(layout.file_numbers, layout.offsets, layout.lengths), costs
+
+    def hash_lanes(self, refs: Sequence[tuple[int, int, int]]) -> Any:
+        layout = self.layout
+        if isinstance(refs, StagedRefs) and refs.offsets is layout.offsets:
+            return layout.lanes  # a task per group, in the plan's order
+        where = {(int(f), int(o)): i for i, (f, o) in enumerate(zip(layout.file_numbers,
+                                                                   layout.offsets))}
+        return layout.lanes[[where[(ref[0], ref[1])] for ref in refs]]
+
+    def hashes(self, refs: Sequence[tuple[int, int, int]]) -> list[str]:
+        from ..identity.rowhash import lanes_hex
+
+        return lanes_hex(self.hash_lanes(refs))
+
+    def open(self, table: Any) -> DataReader:
+        return StagedFiles(self.directory, self.files, self.format)
 
 
 class SliceBatch(Sequence):

@@ -127,6 +127,10 @@ class DaskBackend(RemoteSlotsBackend):
         return distributed.utils.get_ip(host)
 
     def _ship(self, payload: bytes) -> Any:
+        # a worker process killed a moment ago (a crash, a timeout) leaves none
+        # for a while, until its nanny starts another: scatter then finds no one
+        with contextlib.suppress(Exception):
+            self._client.wait_for_workers(1, timeout=60)
         return self._client.scatter(payload, broadcast=True, hash=False)
 
     def _reship(self, shipped: Any, payload: bytes) -> Any:

@@ -1,0 +1,202 @@
+"""Groups made by an engine: a Spark or Dask DataFrame given to ``mm.groups``.
+
+The driver never holds the rows. The engine shuffles them by key once
+(Spark's ``repartition`` by the key columns, Dask's ``shuffle``), and each
+partition, on the engine's worker that holds it, is sorted by key (and
+``order_by``) as the pandas path sorts a table (:func:`stage_rows`), written
+once as an Arrow IPC file under the staging directory, and summed up as one
+small row per group: its key, file, ``(offset, length)`` in that file, and
+the hash of its rows (two 64-bit lanes, :mod:`manymodels.identity.rowhash`).
+Those rows are all that comes back to the driver.
+
+The training workers -- of any backend: Spark, Dask, processes -- then read a
+group as a slice of a memory-mapped file (``TaskData`` ``StagedSlices``): no
+scan, no copy until ``fit``'s format needs one. So every row crosses the
+network once (the shuffle), is written once and read once.
+
+A group's data hash does not depend on the order its rows came out of the
+shuffle (its rows' hashes are sorted before they are combined), so a re-run
+on the same data has the same identities and reuses its models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import uuid
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..inputs.engineframes import EngineFrame
+from ..inputs.tables import exact_pandas, sort_order
+
+FILE, OFFSET, LENGTH, LANE_A, LANE_B = "__file__", "__offset__", "__length__", "__lane_a__", \
+    "__lane_b__"
+#: The columns of a group's row after its key columns (all int64 on the wire).
+INDEX_COLUMNS = (FILE, OFFSET, LENGTH, LANE_A, LANE_B)
+
+
+def file_name(number: int) -> str:
+    """The name of a staged partition's file, from the id its worker drew."""
+    return f"part-{number:016x}.arrow"
+
+
+def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: str
+               ) -> pa.Table | None:
+    """On an engine's worker: sort one partition's rows by key (stable; then
+    by ``order_by``), write them to one Arrow IPC file under ``directory`` and
+    return one row per group (see the module docstring); None for no rows."""
+    from ..identity.hashing import digest
+    from ..identity.rowhash import arrow_row_hashes, group_lanes, lanes_of
+
+    if table.num_rows == 0:
+        return None
+    table = table.replace_schema_metadata(None)
+    codes = exact_pandas(table.select(by)).groupby(by, sort=True, dropna=False).ngroup()
+    codes = codes.to_numpy()
+    if order_by:
+        order = sort_order(table, order_by, codes).to_numpy()
+    else:
+        order = np.argsort(codes, kind="stable")
+    rows = table.take(pa.array(order)).combine_chunks()
+    lengths = np.bincount(codes).astype(np.int64)
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    number = int.from_bytes(os.urandom(8), "little") >> 1  # an id no other worker draws
+    path = os.path.join(directory, file_name(number))
+    with pa.OSFile(path + ".partial", "wb") as sink, pa.ipc.new_file(sink, rows.schema) as out:
+        out.write_table(rows)
+    os.replace(path + ".partial", path)  # a file is whole, or absent
+    hashes = arrow_row_hashes(rows)
+    # each group's row hashes in order of value: the same lanes whatever order
+    # the shuffle delivered its rows in
+    hashes = hashes[np.lexsort((hashes, codes[order]))]
+    lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(str(rows.schema))))
+    index = rows.select(by).take(pa.array(offsets))
+    columns = (np.full(len(offsets), number, dtype=np.int64), offsets, lengths,
+               lanes[:, 0].view(np.int64), lanes[:, 1].view(np.int64))
+    for name, values in zip(INDEX_COLUMNS, columns):
+        index = index.append_column(name, pa.array(values, type=pa.int64()))
+    return index
+
+
+def stage_arrow_partition(batches: Iterator[pa.RecordBatch], by: list[str],
+                          order_by: list[str], directory: str) -> Iterator[pa.RecordBatch]:
+    """Spark's ``mapInArrow`` function: one partition's batches in, its groups' rows out."""
+    rows = list(batches)
+    if not rows:
+        return
+    index = stage_rows(pa.Table.from_batches(rows), by, order_by, directory)
+    if index is not None:
+        yield from index.to_batches()
+
+
+def stage_pandas_partition(frame: Any, by: list[str], order_by: list[str],
+                           directory: str) -> Any:
+    """Dask's ``map_partitions`` function: one partition in, its groups' rows out."""
+    import pandas as pd
+
+    index = None
+    if len(frame):
+        index = stage_rows(pa.Table.from_pandas(frame, preserve_index=False), by, order_by,
+                           directory)
+    if index is None:
+        columns = {name: frame[name].iloc[:0] for name in by}
+        columns.update({name: pd.Series([], dtype="int64") for name in INDEX_COLUMNS})
+        return pd.DataFrame(columns)
+    return index.to_pandas()
+
+
+@dataclass(eq=False)
+class StagedGroups:
+    """The groups an engine staged: each group's key (``key_table``, one row a
+    group, in key order), file number, offset, length and data lanes. The
+    staged files are removed when this object goes (with its source)."""
+
+    directory: str
+    files: list[str]
+    key_table: pa.Table
+    file_numbers: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    lanes: np.ndarray  # (groups, 2) uint64
+    _cleanup: Any = field(default=None, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.lengths.sum())
+
+
+def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> StagedGroups:
+    """Have the engine group ``engine_frame`` (see the module docstring)."""
+    base = engine_frame.staging
+    if base is not None:
+        os.makedirs(base, exist_ok=True)
+        directory = os.path.join(base, f"manymodels-{uuid.uuid4().hex[:12]}")
+        os.makedirs(directory)
+    else:
+        directory = tempfile.mkdtemp(prefix="manymodels-staged-")
+    try:
+        run = _stage_spark if engine_frame.engine == "spark" else _stage_dask
+        index = run(engine_frame.frame, by, order_by, os.path.abspath(directory))
+        staged = _index_to_groups(index, by, directory)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    staged._cleanup = weakref.finalize(staged, shutil.rmtree, directory, True)
+    return staged
+
+
+def _index_to_groups(index: pa.Table, by: list[str], directory: str) -> StagedGroups:
+    """The groups' rows from the workers, in the key order of the pandas path."""
+    if index.num_rows == 0:
+        raise ValueError("the DataFrame is empty: there are no groups to train")
+    index = index.combine_chunks()
+    codes = exact_pandas(index.select(by)).groupby(by, sort=True, dropna=False).ngroup()
+    order = np.argsort(codes.to_numpy(), kind="stable")
+    if len(np.unique(codes)) != index.num_rows:
+        raise RuntimeError("the engine split a group over two partitions")
+    index = index.take(pa.array(order))
+    ids = index.column(FILE).to_numpy()
+    unique_ids, numbers = np.unique(ids, return_inverse=True)
+    lanes = np.stack([index.column(LANE_A).to_numpy().view(np.uint64),
+                      index.column(LANE_B).to_numpy().view(np.uint64)], axis=1)
+    return StagedGroups(directory, [file_name(int(i)) for i in unique_ids],
+                        index.select(by), numbers.astype(np.int64),
+                        index.column(OFFSET).to_numpy(), index.column(LENGTH).to_numpy(),
+                        lanes)
+
+
+def _stage_spark(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:
+    """One shuffle by key (``repartition``), then :func:`stage_rows` in each partition."""
+    from pyspark.sql import types
+
+    session = frame.sparkSession
+    partitions = session.sparkContext.defaultParallelism
+    with contextlib.suppress(Exception):  # a Spark Connect frame has no RDD to ask
+        partitions = max(partitions, frame.rdd.getNumPartitions())
+    fields = [frame.schema[name] for name in by] + [
+        types.StructField(name, types.LongType(), False) for name in INDEX_COLUMNS]
+    job = functools.partial(stage_arrow_partition, by=by, order_by=order_by,
+                            directory=directory)
+    index = frame.repartition(partitions, *by).mapInArrow(job, types.StructType(fields))
+    return index.toArrow()
+
+
+def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:
+    """One shuffle by key (``shuffle(on=by)``), then :func:`stage_rows` in each partition."""
+    import pandas as pd
+
+    meta = {name: frame._meta[name].iloc[:0] for name in by}
+    meta.update({name: pd.Series([], dtype="int64") for name in INDEX_COLUMNS})
+    index = frame.shuffle(on=by).map_partitions(
+        stage_pandas_partition, by, order_by, directory, meta=pd.DataFrame(meta))
+    return pa.Table.from_pandas(index.compute(), preserve_index=False)

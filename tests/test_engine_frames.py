@@ -1,0 +1,163 @@
+"""A Spark or Dask DataFrame given to ``mm.groups``, grouped by its engine
+(planning/staging.py), on real engines: a local Spark session (``local[2]``)
+and a ``distributed`` LocalCluster of two worker processes, each started once
+for the module as a user would (tests/test_engines.py starts them alike).
+
+The results equal the pandas path's; supervision holds on staged groups (a
+crash costs its group, a timeout one group, retries count, the error budget
+stops the run, a store reuses a re-run's models); the driver gets one row per
+group, never the rows; bad arguments fail before any work.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from conftest import fit_linear
+from test_engines import _start_dask, _start_spark
+
+pytestmark = pytest.mark.slow
+
+_TIMING = ["duration_s", "worker", "started_s", "error"]
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("spark", marks=pytest.mark.spark),
+    pytest.param("dask", marks=pytest.mark.dask),
+])
+def engine(request):
+    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
+    yield request.param, handle
+    assert alive(), f"the user's {request.param} was stopped by manymodels"
+    close()
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    rng = np.random.default_rng(7)
+    n = 900
+    frame = pd.DataFrame({"store": rng.integers(0, 10, n), "item": rng.choice(list("abc"), n),
+                          "day": rng.permutation(n), "x": rng.normal(size=n)})
+    frame["y"] = 3 * frame["x"] + rng.normal(size=n)
+    return frame
+
+
+def _engine_frame(engine, frame: pd.DataFrame):
+    name, handle = engine
+    if name == "spark":
+        return handle.createDataFrame(frame)
+    import dask.dataframe as dd
+
+    return dd.from_pandas(frame, npartitions=3)
+
+
+def first_and_last(df):
+    """Depends on the rows' order: order_by must have been applied."""
+    return {"first_x": float(df["x"].iloc[0]), "last_day": int(df["day"].iloc[-1]),
+            "n": len(df)}
+
+
+@pytest.mark.parametrize("backend", ["engine", "processes"])
+def test_the_engine_groups_and_results_equal_the_pandas_path(engine, table, backend):
+    source = mm.groups(_engine_frame(engine, table), by=["store", "item"], order_by="day")
+    assert source.table is None  # nothing was read on the driver
+    run = mm.train(first_and_last, source, backend=engine[0] if backend == "engine" else backend,
+                   workers=2, progress=False)
+    staged = source._layout
+    assert len(staged.key_table) == 30 and staged.num_rows == len(table)  # a row per group
+    local = mm.train(first_and_last, mm.groups(table, by=["store", "item"], order_by="day"),
+                     workers=2, progress=False)
+    pd.testing.assert_frame_equal(run.results.drop(columns=_TIMING),
+                                  local.results.drop(columns=_TIMING))
+    directory = staged.directory
+    assert os.path.isdir(directory)
+    del source, staged, run
+    gc.collect()
+    assert not os.path.exists(directory)  # the staged files go with their source
+
+
+def crash_on_store_3(df):
+    if df["store"].iloc[0] == 3 and df["item"].iloc[0] == "b":
+        os._exit(3)
+    return fit_linear(df)
+
+
+def test_a_crash_costs_exactly_its_group(engine, table, retries=1):
+    source = mm.groups(_engine_frame(engine, table), by=["store", "item"])
+    run = mm.train(crash_on_store_3, source, backend=engine[0], workers=2, retries=retries,
+                   progress=False)
+    results = run.results.set_index(["store", "item"])
+    assert results.loc[(3, "b"), "status"] == "crashed"
+    assert results.loc[(3, "b"), "attempts"] == retries + 1
+    assert run.summary().statuses == {"ok": 29, "crashed": 1}
+
+
+def hang_on_store_5(df):
+    if df["store"].iloc[0] == 5 and df["item"].iloc[0] == "a":
+        time.sleep(3600)
+    return fit_linear(df)
+
+
+def test_a_timeout_costs_one_group(engine, table):
+    source = mm.groups(_engine_frame(engine, table), by=["store", "item"])
+    run = mm.train(hang_on_store_5, source, backend=engine[0], workers=2, timeout=2,
+                   progress=False)
+    assert run.summary().statuses == {"ok": 29, "timeout": 1}
+    assert run.results.set_index(["store", "item"]).loc[(5, "a"), "status"] == "timeout"
+
+
+def fail_odd_stores(df):
+    if df["store"].iloc[0] % 2:
+        raise ValueError("odd store")
+    return fit_linear(df)
+
+
+def test_the_error_budget_stops_the_run(engine, table):
+    source = mm.groups(_engine_frame(engine, table), by=["store", "item"])
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(fail_odd_stores, source, backend=engine[0], workers=2, max_failures=2,
+                 progress=False)
+    statuses = stopped.value.run.results["status"]
+    assert (statuses == "failed").sum() >= 3
+
+
+def test_a_rerun_reuses_through_the_workers_hashes(engine, table, tmp_path):
+    store = tmp_path / "store"
+    first = mm.train(fit_linear, mm.groups(_engine_frame(engine, table), by="store"),
+                     backend=engine[0], workers=2, store=store, progress=False)
+    assert not first.results["reused"].any()
+    shuffled = table.sample(frac=1.0, random_state=3)  # the same rows, in another order
+    again = mm.train(fit_linear, mm.groups(_engine_frame(engine, shuffled), by="store"),
+                     backend=engine[0], workers=2, store=store, progress=False)
+    assert again.results["reused"].all()
+    changed = table.copy()
+    changed.loc[changed["store"] == 4, "y"] += 1.0
+    third = mm.train(fit_linear, mm.groups(_engine_frame(engine, changed), by="store"),
+                     backend=engine[0], workers=2, store=store, progress=False)
+    retrained = third.results.loc[~third.results["reused"], "store"].tolist()
+    assert retrained == [4]
+
+
+def test_bad_arguments_fail_before_any_work(engine, table, tmp_path):
+    frame = _engine_frame(engine, table)
+    with pytest.raises(ValueError, match="column 'shop' is not in the"):
+        mm.groups(frame, by="shop")
+    with pytest.raises(ValueError, match="column 'when'"):
+        mm.groups(frame, by="store", order_by="when")
+    with pytest.raises(ValueError, match="read_on_workers"):
+        mm.groups(frame, by="store", read_on_workers=True)
+    with pytest.raises(ValueError, match="staging="):
+        mm.groups(table, by="store", staging=str(tmp_path))
+    source = mm.groups(frame, by="store", columns=["x"], staging=str(tmp_path / "stage"))
+    run = mm.train(lambda df: {"columns": ",".join(df.columns)}, source, backend="serial",
+                   progress=False)
+    assert set(run.results["columns"]) == {"store,x"}
+    assert Path(source._layout.directory).parent == tmp_path / "stage"
