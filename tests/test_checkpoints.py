@@ -95,6 +95,18 @@ def test_a_worker_sigkilled_resumes_in_its_retry(tmp_path, log, store):
         assert kept["resumed"].all() and kept["resumed_from"].notna().all()
 
 
+def modelled(item, checkpoint):
+    checkpoint.save({"step": 1})
+    return [item] * 3, {"item": item}
+
+
+def test_a_tasks_checkpoint_goes_once_its_model_is_committed(tmp_path):
+    run = mm.train(modelled, mm.items(range(6)), store=tmp_path / "store", backend="serial",
+                   progress=False)
+    assert run.models[5] == [5, 5, 5]
+    assert not list((tmp_path / "store" / "checkpoints").rglob("manifest.json"))
+
+
 def test_a_timeout_with_a_retry_resumes(log):
     run = train(log, items=[3], shared={"fault": "hang:10"}, backend="processes", workers=1,
                 timeout=2, retries=1)

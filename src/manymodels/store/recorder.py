@@ -241,14 +241,14 @@ class RunRecorder:
         A pack whose every task was committed lets go of its bytes, its
         tasks' slots left naming it (one call a pack, not a slot set a
         task); the other tasks' slots are set to :data:`IN_STORE`."""
+        if self.checkpoints is not None:  # here, on the writer's thread: off the driver's loop
+            for pack in packs:  # (before release() lets go of its indices)
+                self.checkpoints.drop(pack.indices)
+            self.checkpoints.drop(indices)
         for pack in packs:
             pack.release()
         collections.deque(map(self._records.model.__setitem__, indices,
                               itertools.repeat(IN_STORE)), maxlen=0)  # in C
-        if self.checkpoints is not None:  # here, on the writer's thread: off the driver's loop
-            for pack in packs:
-                self.checkpoints.drop(pack.indices)
-            self.checkpoints.drop(indices)
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
