@@ -74,7 +74,7 @@ def test_fit_sees_only_training_rows_and_refit_false_keeps_the_last_window():
     frame = daily(groups=1, days=30)
     run = mm.train(fit, mm.groups(frame, by="sku"), backend="serial", progress=False,
                    evaluate=mm.backtest("date", horizon=7, windows=2, target="sales",
-                                        refit=False))
+                                        final_model="last_window"))
     assert seen == [30 - 14, 30 - 7]  # no refit on all 30 rows
     last = frame.sort_values("date").iloc[:23]
     assert run.models["s0"].coef_ == pytest.approx(fit_linear(last).coef_)
@@ -366,3 +366,113 @@ def test_why_names_the_evaluation_not_the_shared_objects_when_evaluate_changed(t
                        backend="serial", progress=False,
                        evaluate=mm.holdout(test_size, target="sales", features=["x"]))
     assert run.why_not_reused("s0").endswith("since run 1, the evaluation (evaluate=) changed")
+
+
+class _LastWeekMean:
+    """A forecaster on arrays or frames: the mean of the last 7 training values
+    plus x's coefficient, fitted by least squares (so features matter)."""
+
+    def __init__(self, y: np.ndarray, x: np.ndarray) -> None:
+        self.level = float(np.mean(y[-7:]))
+        self.slope = float(np.polyfit(x, y, 1)[0]) if len(x) > 1 else 0.0
+
+    def predict(self, X) -> np.ndarray:
+        x = X["x"].to_numpy() if hasattr(X, "columns") else np.asarray(X)[:, 0]
+        return self.level + self.slope * x
+
+
+def fit_frame(df):
+    return _LastWeekMean(df["sales"].to_numpy(), df["x"].to_numpy())
+
+
+def fit_arrays(rows):
+    return _LastWeekMean(rows["sales"], rows["x"])
+
+
+def test_windows_of_views_equal_a_window_by_window_reference_in_both_formats(tmp_path):
+    """Every window is a view of the group's rows sorted once, and the metrics
+    of all windows are computed at once: the windows, cutoffs, scores and
+    forecasts equal a plain loop that copies each window and scores it alone,
+    for pandas and NumPy groups alike, and a store gives them back the same."""
+    frame = daily(groups=3, days=45, seed=4)
+    doubled = frame[frame["sku"] == "s2"].assign(x=lambda d: d["x"] + 1.0)
+    frame = pd.concat([frame, doubled], ignore_index=True)  # s2: two rows a day
+    frame.loc[frame.index % 11 == 0, "sales"] = 0.0  # zeros: mape's and smape's edge
+
+    def spread(model, test):  # a callable metric, scored per window
+        return {"spread": float(np.ptp(test["sales"]))}
+
+    names = ["rmse", "mae", "mse", "mape", "smape", "mase", "r2"]
+    splitter = mm.backtest("date", horizon=4, windows=3, step=5, target="sales",
+                           features=["x"], metrics=[*names, spread])
+    runs = {fmt: mm.train(fit_frame if fmt == "pandas" else fit_arrays,
+                          mm.groups(frame, by="sku", format=fmt), evaluate=splitter,
+                          backend="serial", progress=False, store=tmp_path / fmt)
+            for fmt in ("pandas", "numpy")}
+    expected, rows = [], []
+    for sku, group in frame.groupby("sku"):
+        group = group.sort_values("date", kind="stable").reset_index(drop=True)
+        days = [*np.sort(group["date"].unique()), pd.Timestamp("2100-01-01")]
+        for w in range(3):
+            first = len(days) - 1 - 4 - (2 - w) * 5
+            train = group[group["date"] < days[first]]
+            test = group[(group["date"] >= days[first]) & (group["date"] < days[first + 4])]
+            model = fit_frame(train.copy())
+            y, p = test["sales"].to_numpy(), model.predict(test[["x"]])
+            e = y - p
+            scale = np.mean(np.abs(np.diff(train["sales"].to_numpy())))
+            expected.append({
+                "sku": sku, "window": w, "cutoff": train["date"].iloc[-1],
+                "n_train": len(train), "n_test": len(test),
+                "rmse": np.sqrt(np.mean(e ** 2)), "mae": np.mean(np.abs(e)),
+                "mse": np.mean(e ** 2),
+                "mape": np.mean(np.abs(e) / np.maximum(np.abs(y), np.finfo(float).eps)),
+                "smape": np.mean([0.0 if a == b == 0 else 2 * abs(a - b) / (abs(a) + abs(b))
+                                  for a, b in zip(y, p)]),
+                "mase": np.mean(np.abs(e)) / scale,
+                "r2": 1 - np.sum(e ** 2) / np.sum((y - y.mean()) ** 2),
+                "spread": float(np.ptp(y))})
+            rows.append(pd.DataFrame({"sku": sku, "window": w, "time": test["date"],
+                                      "actual": y, "forecast": p}))
+    expected = pd.DataFrame(expected)
+    reference = pd.concat(rows).sort_values(["sku", "window", "time", "actual"],
+                                            ignore_index=True)
+    for fmt, run in runs.items():
+        for got in (run.evaluation, mm.Store(tmp_path / fmt).evaluation()):
+            assert list(got[["sku", "window", "n_train", "n_test"]].itertuples(index=False)) \
+                == list(expected[["sku", "window", "n_train", "n_test"]].itertuples(index=False))
+            assert (got["cutoff"] == expected["cutoff"]).all()
+            for name in [*names, "spread"]:
+                np.testing.assert_allclose(got[name], expected[name], rtol=1e-12,
+                                           err_msg=f"{fmt}: {name}")
+        for got in (run.forecasts, mm.Store(tmp_path / fmt).forecasts()):
+            got = got.sort_values(["sku", "window", "time", "actual"], ignore_index=True)
+            assert list(got.columns) == ["sku", "window", "cutoff", "time", "actual",
+                                         "forecast"]
+            assert (got["time"] == reference["time"]).all()
+            np.testing.assert_allclose(got["actual"], reference["actual"], rtol=0)
+            np.testing.assert_allclose(got["forecast"], reference["forecast"], rtol=1e-12)
+        means = run.results.set_index("sku")["rmse"]
+        np.testing.assert_allclose(means.to_numpy(),
+                                   expected.groupby("sku")["rmse"].mean().to_numpy(),
+                                   rtol=1e-12)
+
+
+def test_final_model_names_what_is_kept_and_refit_is_its_deprecated_name():
+    frame = daily(groups=1, days=30)
+    kept = {}
+    for final_model in ("all_rows", "last_window"):
+        run = mm.train(fit_linear, mm.groups(frame, by="sku"), backend="serial",
+                       progress=False, evaluate=mm.backtest(
+                           "date", horizon=7, windows=2, target="sales",
+                           final_model=final_model))
+        kept[final_model] = run.models["s0"].coef_
+    rows = frame.sort_values("date")
+    assert kept["all_rows"] == pytest.approx(fit_linear(rows).coef_)
+    assert kept["last_window"] == pytest.approx(fit_linear(rows.iloc[:23]).coef_)
+    with pytest.warns(DeprecationWarning, match="final_model='last_window'"):
+        old = mm.backtest("date", horizon=7, windows=2, target="sales", refit=False)
+    assert old == mm.backtest("date", horizon=7, windows=2, target="sales",
+                              final_model="last_window")
+    with pytest.raises(ValueError, match="final_model must be 'all_rows'"):
+        mm.kfold(3, target="sales", final_model="every_window")
