@@ -98,8 +98,9 @@ def train(
     * ``dashboard``: serve the live dashboard of ``store`` on 127.0.0.1 while
       the run lasts, and print its address.
     * ``evaluate``: ``mm.holdout(...)``, ``mm.kfold(...)`` or ``mm.backtest(...)``:
-      each task scores ``fit``'s model on rows it did not see, then refits on
-      all (see :mod:`manymodels.evaluation.splitters`); ``run.evaluation`` per window.
+      each task scores ``fit``'s model on rows it did not see, then keeps one
+      fitted on all rows (``final_model=``; see :mod:`manymodels.evaluation.splitters`);
+      ``run.evaluation`` per window, ``run.forecasts`` per window and test row.
     * ``select``: a metric (``"rmse"``, ``("r2", "max")``): each group's best
       task of ``groups * grid``, shown by ``run.best()`` and recorded in the
       store as the group's model (see :mod:`manymodels.evaluation.selection`).
