@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/store_bench.py
+	$(BIN)/python bench/backtest_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
