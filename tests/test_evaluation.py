@@ -476,3 +476,40 @@ def test_final_model_names_what_is_kept_and_refit_is_its_deprecated_name():
                               final_model="last_window")
     with pytest.raises(ValueError, match="final_model must be 'all_rows'"):
         mm.kfold(3, target="sales", final_model="every_window")
+
+
+def _slow_pid(model, rows):
+    """A forecaster's expensive predict: 40 ms a group; says which process ran it."""
+    import os
+    import time
+
+    time.sleep(0.04)
+    return np.full(len(rows), os.getpid())
+
+
+def _cheap_pid(model, rows):
+    import os
+
+    return np.full(len(rows), os.getpid())
+
+
+def test_store_predict_chooses_workers_by_the_measured_cost_of_a_prediction(tmp_path):
+    """An expensive predict goes to worker processes with few groups; a cheap
+    one stays in the driver even with many groups (the cost decides, not
+    the count of groups); a backend given is used as given."""
+    import os
+
+    frame = pd.DataFrame({"g": np.repeat(np.arange(600), 2), "x": np.tile([0.0, 1.0], 600)})
+    frame["y"] = 2 * frame["x"]
+    store = mm.Store(tmp_path / "s")
+    mm.train(lambda rows: float(rows["y"].mean()), mm.groups(frame, by="g", format="numpy"),
+             store=store, backend="serial", progress=False)  # models fn reads nothing of
+    few = frame[frame["g"] < 30]
+    slow = store.predict(few, by="g", fn=_slow_pid, workers=2)
+    assert set(slow) and os.getpid() not in set(slow)  # on workers
+    cheap = store.predict(frame, by="g", fn=_cheap_pid, workers=2)
+    assert set(cheap) == {os.getpid()}  # 600 groups, in the driver
+    forced = store.predict(few, by="g", fn=_cheap_pid, workers=2, backend="processes")
+    assert os.getpid() not in set(forced)
+    serial = store.predict(few, by="g", fn=_slow_pid, workers=1)
+    assert set(serial) == {os.getpid()}  # one worker: the driver

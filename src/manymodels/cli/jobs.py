@@ -116,7 +116,8 @@ def predict(
     by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
     workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),
     backend: str = typer.Option(None, help="serial, threads, processes, ray, spark or dask "
-                                "(default: serial below 500 groups, else processes)."),
+                                "(default: serial when a few groups' measured cost says all "
+                                "would take under 0.5 s, else processes)."),
 ) -> None:
     """Predict each row with its group's model, groups in parallel; rows of unseen groups get the
     global fallback (column source = fallback) or none (prediction empty).

@@ -29,9 +29,13 @@ from ..store.database import StoreIntegrityError
 #: driver raises :class:`~manymodels.StoreIntegrityError` (a task's exception
 #: reaches the driver as text, and a tampered model is no ordinary failure).
 CORRUPT = "corrupt"
-#: Fewer groups than this predict in the driver (serial backend): starting
-#: workers would cost more than they save.
-SERIAL_BELOW = 500
+#: Predictions whose measured cost for all groups, in the driver, stays below
+#: this many seconds run there (serial backend): starting workers would cost
+#: more than they save. Above it they run on worker processes.
+PARALLEL_ABOVE_S = 0.5
+#: How many groups are predicted in the driver to measure that cost (the
+#: first one warms imports and caches and is not counted).
+PROBE_GROUPS = 3
 
 
 def _open_store(path: str) -> Any:
@@ -163,6 +167,43 @@ class Predicted:
     unseen: list[Any]
 
 
+def choose_backend(task: GroupPredictor, layout: Any, source: Any, digests: dict[str, str],
+                   store: Any, width: int) -> str:
+    """``"serial"`` or ``"processes"`` from the measured cost of a prediction:
+    a few groups are predicted here, and when all groups at the cost of the
+    slowest measured one would take more than :data:`PARALLEL_ABOVE_S`, they
+    go to worker processes. The number of groups alone misleads both ways:
+    a forecaster whose ``predict`` takes 50 ms a group is worth workers at 20
+    groups, a linear model is not at 5,000. A probe that fails leaves the
+    error to the run itself, which names the group."""
+    import time
+
+    from ..inputs.datareaders import _arrow_as
+
+    groups = len(layout.keys)
+    if groups < 2:
+        return "serial"
+    resource = _open_store(str(store.path))
+    fmt = "pandas" if task.fn is not None else "numpy"
+    seconds = []
+    try:
+        for i in range(min(PROBE_GROUPS, groups)):
+            rows = _arrow_as(layout.table.slice(int(layout.offsets[i]), int(layout.lengths[i])),
+                             fmt, source.column_labels if fmt == "pandas" else None)
+            key = tuple(layout.keys[i])
+            begin = time.perf_counter()
+            task(rows, digests, resource, key if width > 1 else key[0])
+            seconds.append(time.perf_counter() - begin)
+    except Exception:
+        return "processes"  # the run says what failed, and where
+    finally:
+        task._models.clear()  # the workers load their own
+        if hasattr(resource, "close"):
+            resource.close()
+    each = max(seconds[1:] or seconds)
+    return "processes" if each * groups > PARALLEL_ABOVE_S else "serial"
+
+
 def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, str],
                    fallback: str | None, *, features: list[str] | None, method: str,
                    fn: Callable[[Any, Any], Any] | None, backend: str | None,
@@ -175,10 +216,12 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
 
     source = groups(frame, by=by, format="pandas" if fn is not None else "numpy")
     layout = planning.group_layout(source)
-    if backend is None:
-        backend = "serial" if len(layout.keys) < SERIAL_BELOW or workers == 1 else "processes"
     task = GroupPredictor(by, features, method, fn, fallback)
-    run = train(task, source, shared={"artifacts": _group_digests(layout.keys, artifacts)},
+    digests = _group_digests(layout.keys, artifacts)
+    if backend is None:
+        backend = "serial" if workers == 1 else choose_backend(
+            task, layout, source, digests, store, len(by))
+    run = train(task, source, shared={"artifacts": digests},
                 setup=functools.partial(_open_store, str(store.path)), backend=backend,
                 workers=workers, progress=progress)
     records = run._records

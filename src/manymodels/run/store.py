@@ -69,8 +69,10 @@ class Store(_Store):
         ``model.predict(rows[features])`` (a forecaster that needs more).
 
         The groups run through ``backend`` (``"processes"``, ``"threads"``,
-        ``"serial"``, ``"ray"``, ``"spark"`` or ``"dask"``; default serial below 500
-        groups, else processes) on ``workers``: each worker loads its groups' models
+        ``"serial"``, ``"ray"``, ``"spark"`` or ``"dask"``; by default a few groups
+        are predicted first to measure the cost, and all of them run in the
+        driver when that cost stays under half a second, else on worker
+        processes) on ``workers``: each worker loads its groups' models
         from the store (checked against their SHA-256) and predicts their rows (see
         :mod:`manymodels.run.prediction`).
         """
