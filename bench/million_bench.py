@@ -188,18 +188,20 @@ def case_serial(cols: dict[str, np.ndarray], workers: int, **_: Any) -> dict[str
     ends = np.r_[starts[1:], len(g)]
     coefs: list[np.ndarray] = []
     rss_sum = 0.0
-    fit_s = 0.0
-    clock = time.perf_counter
+    fit_s = fit_cpu_s = 0.0
+    clock, cpu = time.perf_counter, time.thread_time
     for a, b in zip(starts.tolist(), ends.tolist()):
         data = {"g": g[a:b], "x1": x1[a:b], "x2": x2[a:b], "y": y[a:b]}
-        t0 = clock()
+        t0, c0 = clock(), cpu()
         coef, metrics = fit(data)
+        fit_cpu_s += cpu() - c0
         fit_s += clock() - t0
         coefs.append(coef)
         rss_sum += metrics["rss"]
     wall = time.perf_counter() - begin
     sample = sample_keys(len(keys))
-    return {"wall_s": wall, "fit_sum_s": fit_s, "models": len(coefs), "rss_sum": rss_sum,
+    return {"wall_s": wall, "fit_sum_s": fit_s, "fit_cpu_sum_s": fit_cpu_s,
+            "models": len(coefs), "rss_sum": rss_sum,
             "sample_coef": np.array([coefs[k] for k in sample]).tolist(),
             "model_pickle_bytes": pickled_size(coefs[0])}
 
@@ -308,10 +310,12 @@ class CPUClocks:
     threads: ``RUSAGE_SELF``), its main thread's (``time.thread_time``: the
     loop that plans, feeds the workers and collects), and its children's
     (``RUSAGE_CHILDREN``: the workers, counted once they have exited and been
-    waited for, as a run's workers are when ``train`` returns). The samplers'
-    threads (RSS every 0.05 s, PSS every 0.2 s) are in the driver's figure."""
+    waited for, as a run's workers are when ``train`` returns). The bench's
+    sampler threads (RSS every 0.05 s, PSS every 0.2 s) are left out of the
+    driver's figure (``driver_samplers_cpu_s``: they are the measuring)."""
 
     def __enter__(self) -> CPUClocks:
+        self._samplers = self._samplers_cpu()
         self._self = self._usage(resource.RUSAGE_SELF)
         self._children = self._usage(resource.RUSAGE_CHILDREN)
         self._thread = time.thread_time()
@@ -321,15 +325,30 @@ class CPUClocks:
         self.thread_s = time.thread_time() - self._thread
         self.self_s = self._usage(resource.RUSAGE_SELF) - self._self
         self.children_s = self._usage(resource.RUSAGE_CHILDREN) - self._children
+        self.samplers_s = self._samplers_cpu() - self._samplers
 
     @staticmethod
     def _usage(who: int) -> float:
         usage = resource.getrusage(who)
         return usage.ru_utime + usage.ru_stime
 
+    @staticmethod
+    def _samplers_cpu() -> float:
+        """CPU seconds of this bench's own sampler threads (RSS, PSS) so far:
+        measuring, not the driver's work, and left out of its figure."""
+        total = 0.0
+        for thread in threading.enumerate():
+            if thread.name == "sampler" and thread.ident is not None:
+                try:
+                    total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+                except (OSError, AttributeError):
+                    pass
+        return total
+
     def seconds(self) -> dict[str, float]:
-        return {"driver_cpu_s": self.self_s, "driver_main_thread_cpu_s": self.thread_s,
-                "workers_cpu_s": self.children_s}
+        return {"driver_cpu_s": self.self_s - self.samplers_s,
+                "driver_samplers_cpu_s": self.samplers_s,
+                "driver_main_thread_cpu_s": self.thread_s, "workers_cpu_s": self.children_s}
 
 
 class DriverRSS(c.Sampler):
@@ -458,8 +477,8 @@ def check(row: dict[str, Any], reference: dict[str, Any]) -> None:
 def per_task_cpu(row: dict[str, Any], bare_fit_s: float | None, groups: int) -> None:
     """The CPU clocks of a case as microseconds per task: the driver's (all its
     threads), its main loop's, and the workers' beyond the bare fit (their CPU
-    less the serial loop's sum of fit times; less manymodels' own task time
-    too, where it ran: what supervising each task costs around the fit)."""
+    less the CPU of the serial loop's fit calls; less manymodels' own task
+    time too, where it ran: what supervising each task costs around the fit)."""
     if row.get("driver_cpu_s") is None:
         return
     micro = 1e6 / groups
@@ -489,7 +508,7 @@ def summarize(rows: dict[str, dict[str, Any]], workers: int, groups: int) -> Non
         if wall and base_wall:
             row["ratio"] = wall / base_wall
             row["ratio_to"] = base
-        per_task_cpu(row, serial.get("fit_sum_s") if serial.get("status") == "ok" else None,
+        per_task_cpu(row, serial.get("fit_cpu_sum_s") if serial.get("status") == "ok" else None,
                      groups)
         store = row.get("store")
         if store:
@@ -546,7 +565,7 @@ def print_table(result: dict[str, Any]) -> None:
           "load = 1-min load average at the case's start;\n"
           "driver us/task: the driver process's CPU (all threads, getrusage) / tasks; (main): "
           "its main thread's; workers +us/task: the workers' CPU (RUSAGE_CHILDREN) less the "
-          "serial sum of fit times, / tasks")
+          "CPU of the serial loop's fit calls, / tasks")
     sys.stdout.flush()
 
 
@@ -659,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
             "driver_main_thread_cpu_s: its main thread's (time.thread_time); workers_cpu_s: "
             "RUSAGE_CHILDREN over the same span (the workers, waited for when the job ends); "
             "*_us_per_task: those / groups; workers_cpu_beyond_fit_us_per_task: workers_cpu_s "
-            "less the serial case's fit_sum_s, / groups",
+            "less the serial case's fit_cpu_sum_s (the fit calls' thread CPU time), / groups; "
+            "the bench's sampler threads' CPU is left out of driver_cpu_s "
+            "(driver_samplers_cpu_s)",
             "load_average_at_start: os.getloadavg() when the case's interpreter started; "
             "the CPU is shared with other work",
         ],

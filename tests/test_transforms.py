@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import manymodels as mm
@@ -166,6 +170,58 @@ def test_map_partitions_of_a_pandas_frame_keep_its_index(start_method, no_leftov
     ours = mm.map_partitions(add_features, table, partitions=6, start_method=start_method)
     pd.testing.assert_frame_equal(ours, add_features(table))  # the outputs came back spilled
     assert table.shape == (50_000, 7)  # the caller's frame is untouched
+
+
+def with_pid(df):
+    return df.assign(out=df["c0"] * 2, pid=os.getpid())
+
+
+def slow_with_pid(df):
+    time.sleep(0.0005 * len(df))  # half a millisecond a row, off the CPU: load-proof
+    return df.assign(out=df["c0"] * 2, pid=os.getpid())
+
+
+def test_map_partitions_runs_a_fast_function_in_process_and_says_why(no_leftovers):
+    rng = np.random.default_rng(7)
+    table = pd.DataFrame(rng.normal(size=(200_000, 4)), columns=["c0", "c1", "c2", "c3"])
+    ours = mm.map_partitions(with_pid, table, workers=2)
+    pd.testing.assert_frame_equal(ours, with_pid(table))
+    assert (ours["pid"] == os.getpid()).all()  # no worker: this process, one call
+    summary = ours.attrs["summary"]
+    assert (summary.tasks, summary.workers, summary.ok) == (1, 1, 1)
+    assert summary.split.startswith("in-process, not split: splitting cannot pay")
+    assert "in-process, not split" in str(summary)
+    same = mm.map_partitions(lambda df: df, table)  # fn's own frame back: attrs on a copy
+    assert "summary" in same.attrs and "summary" not in table.attrs
+    arrow = pa.table({"c0": np.arange(1000.0), "c1": np.ones(1000)})
+    out = mm.map_partitions(arrow_double, arrow, format="arrow")
+    assert out["c0"].to_pylist() == [2.0 * i for i in range(1000)]
+
+
+def test_map_partitions_still_splits_a_slow_function(no_leftovers):
+    table = pd.DataFrame({"c0": np.arange(4000.0)})
+    # forked, as they are unless polars or torch is imported (another test may have):
+    # spawned workers take a second or more to start, which 2 s of work may not repay
+    ours = mm.map_partitions(slow_with_pid, table, workers=2, start_method="fork")
+    assert ours["out"].tolist() == (table["c0"] * 2).tolist()
+    assert os.getpid() not in set(ours["pid"])
+    summary = ours.attrs["summary"]
+    assert summary.tasks == 8 and summary.workers == 2
+    assert summary.split.startswith("split into 8 partitions: the function takes about")
+    asked = mm.map_partitions(with_pid, table, partitions=3, workers=2)  # told how: split
+    assert asked.attrs["summary"].split == "split into 3 partitions, as the call asked"
+    assert os.getpid() not in set(asked["pid"])
+
+
+def test_map_partitions_in_process_failure_raises_as_a_split_one():
+    def fails_on_the_whole(df):
+        if len(df) > 100:
+            raise ValueError("too many rows")
+        return df
+
+    table = pd.DataFrame({"c0": np.arange(10_000.0)})
+    with pytest.raises(RuntimeError, match="(?s)map_partitions: 1 task.*too many rows"):
+        mm.map_partitions(fails_on_the_whole, table, workers=2)
 
 
 def drop_negative(df):

@@ -1,0 +1,196 @@
+"""Whether splitting one table between workers can pay, for ``map_partitions``.
+
+Splitting a table costs what the function alone does not: starting the
+workers (a fork takes about a tenth of a second, a spawn a second or more),
+sending each partition's output back and concatenating the outputs (about a
+second a gigabyte here). A fast function (a vectorised ``assign``) or a small
+table gains less from the workers than that costs, and ran slower than the
+function on the whole frame. So, unless the caller said how to split, the
+function is timed on one row (its cost per call) and on the table's first
+rows (1/400 of them, at most 5,000, doubled while that takes under 20 ms, up
+to 1%), which give its cost per row and its output's bytes per row; the
+table is split only where the estimate says that the workers finish, all
+costs included, in at most :data:`GAIN_NEEDED` of the time one process would
+take. Otherwise the function runs once, in this process, on the whole table,
+as ``fn(table)`` would (the trials cost about 1% of that).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..engine.backends._process_start import FORK_UNSAFE_MODULES
+from ..inputs.datareaders import _arrow_as, _locked
+from ..inputs.sources import PartitionSource
+from .results import OK, Summary
+
+#: Split only where the workers are estimated to take at most this share of
+#: the time of one process: the estimate is rough, and a wrong split is slower.
+GAIN_NEEDED = 0.8
+#: Seconds to start the workers, in parallel: forked, or spawned (an interpreter
+#: and its imports each).
+FORK_START_S, SPAWN_START_S = 0.1, 1.5
+#: Bytes a second of the outputs sent back from the workers and concatenated,
+#: and of a table not shared by a fork put into shared memory.
+RETURN_BYTES_PER_S, SHARE_BYTES_PER_S = 1e9, 2e9
+#: Seconds a partition costs the scheduler and a worker beyond its work.
+PER_PARTITION_S = 0.002
+#: The first trial slice: ``TRIAL_FRACTION`` of the rows, at most ``TRIAL_MAX_ROWS``.
+TRIAL_FRACTION, TRIAL_MAX_ROWS = 1 / 400, 5_000
+
+#: The trial slice is doubled while the function takes less than this on it.
+TRIAL_MIN_S = 0.02
+
+#: The options a caller may give and still leave how to split to the cost model.
+LEFT_TO_US = frozenset({"workers", "shared", "progress", "start_method"})
+
+
+@dataclass
+class PartitionSummary(Summary):
+    """A ``map_partitions`` run's summary, with how the table was split and why."""
+
+    split: str = ""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nsplit       {self.split}"
+
+
+@dataclass
+class SplitDecision:
+    split: bool
+    reason: str
+
+
+def _rows(source: PartitionSource, offset: int, length: int) -> Any:
+    """Rows ``offset`` .. ``offset + length`` as ``fn`` receives them."""
+    table = source.table
+    if source.format == "pandas" and not hasattr(table, "schema"):
+        return table.iloc[offset:offset + length]  # a view, as a worker's partition is
+    return _locked(_arrow_as(table.slice(offset, length), source.format))
+
+
+def _nbytes(output: Any) -> int:
+    """An output's bytes, as its table or column holds them (0 where unknown)."""
+    try:
+        if hasattr(output, "memory_usage"):  # pandas
+            usage = output.memory_usage(index=True, deep=False)
+            return int(usage.sum() if hasattr(usage, "sum") else usage)
+        if hasattr(output, "nbytes"):  # Arrow
+            return int(output.nbytes)
+        if hasattr(output, "estimated_size"):  # polars
+            return int(output.estimated_size())
+        if isinstance(output, dict):  # NumPy columns
+            return int(sum(getattr(value, "nbytes", 0) for value in output.values()))
+    except Exception:  # a size is an estimate: never a reason to fail
+        pass
+    return 0
+
+
+def _start_s(options: dict[str, Any]) -> float:
+    """What starting the workers costs: forked where asked, or where the
+    processes backend would fork them by itself (see its ``_spawn_reasons``)."""
+    method = options.get("start_method", "auto")
+    forks = method == "fork" or (method == "auto" and sys.platform.startswith("linux") and not
+                                 any(name in sys.modules for name in FORK_UNSAFE_MODULES))
+    return FORK_START_S if forks else SPAWN_START_S
+
+
+def _timed(fn: Callable[..., Any], source: PartitionSource, offset: int, length: int,
+           shared: dict[str, Any]) -> tuple[float, int]:
+    data = _rows(source, offset, length)
+    start = time.perf_counter()
+    output = fn(data, **shared)
+    return time.perf_counter() - start, _nbytes(output)
+
+
+def _trials(fn: Callable[..., Any], source: PartitionSource, first: int,
+            shared: dict[str, Any]) -> tuple[float, int, float, int]:
+    """``fn``'s cost per call (its fastest of three calls on one row) and its
+    seconds and output bytes on the table's first rows: ``first``, doubled
+    while it takes under :data:`TRIAL_MIN_S` (a shorter time is mostly noise),
+    up to 1% of the table; a trial still that short is timed three times and
+    the fastest kept. A pause of this process (another program on its core)
+    only ever adds time, so the fastest time is the function's own."""
+    per_call = min(_timed(fn, source, 0, 1, shared)[0] for _ in range(3))
+    seconds, size = _timed(fn, source, 0, first, shared)
+    while seconds < TRIAL_MIN_S and 2 * first <= source.num_rows // 100:
+        first *= 2
+        seconds, size = _timed(fn, source, 0, first, shared)
+    if seconds < TRIAL_MIN_S:
+        seconds = min(seconds, *(_timed(fn, source, 0, first, shared)[0] for _ in range(2)))
+    return per_call, first, seconds, size
+
+
+def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
+           options: dict[str, Any]) -> SplitDecision:
+    """Whether to split ``source`` between ``workers``; see the module's docstring.
+    A function that fails on a trial slice is split, so that the failure is
+    reported by partition, as ever."""
+    rows = source.num_rows
+    if workers < 2 or source.partitions < 2:
+        return SplitDecision(False, "in-process, not split: one worker or one partition")
+    first = max(1, min(TRIAL_MAX_ROWS, int(rows * TRIAL_FRACTION)))
+    if 100 * first > rows:
+        return SplitDecision(False, f"in-process, not split: the table has only {rows} rows")
+    try:
+        per_call, first, seconds, size = _trials(fn, source, first,
+                                                 options.get("shared") or {})
+    except Exception:
+        return SplitDecision(True, "split: the function failed on a trial slice")
+    per_row = max(seconds - per_call, 0.0) / first
+    alone = per_call + per_row * rows
+    costs = (_start_s(options) + size / first * rows / RETURN_BYTES_PER_S
+             + source.partitions * PER_PARTITION_S)
+    if source.format != "pandas" or not hasattr(source.table, "iloc"):
+        costs += _nbytes(source.table) / SHARE_BYTES_PER_S
+    split = alone / workers + per_call * source.partitions / workers + costs
+    estimate = (f"the function takes about {alone:.3g} s on the whole table in one process "
+                f"(timed on {first} rows), about {split:.3g} s split between {workers} "
+                f"workers, {costs:.3g} s of it to start them and send the outputs back")
+    if split <= GAIN_NEEDED * alone:
+        return SplitDecision(True, f"split into {source.partitions} partitions: {estimate}")
+    return SplitDecision(False, f"in-process, not split: splitting cannot pay ({estimate})")
+
+
+def run_in_process(fn: Callable[..., Any], source: PartitionSource,
+                   options: dict[str, Any], decision: SplitDecision,
+                   began: float) -> tuple[Any, PartitionSummary]:
+    """``fn`` on the whole table in this process, and the run's summary.
+    A failure raises as a failed partition of a split run does."""
+    data = _rows(source, 0, source.num_rows)
+    start = time.perf_counter()
+    try:
+        output = fn(data, **(options.get("shared") or {}))
+    except Exception as exc:
+        import traceback
+
+        raise RuntimeError(f"map_partitions: 1 task(s) failed; the first, 0, with:\n"
+                           f"{traceback.format_exc()}") from exc
+    task_s = time.perf_counter() - start
+    wall = time.perf_counter() - began
+    summary = PartitionSummary(tasks=1, ok=1, failed=0, statuses={OK.value: 1}, wall_s=wall,
+                               task_time_s=task_s, workers=1, backend="serial",
+                               utilization=task_s / wall if wall > 0 else 0.0, batches=1,
+                               split=decision.reason)
+    return output, summary
+
+
+def with_split(summary: Summary, reason: str) -> PartitionSummary:
+    """A split run's summary, saying how it was split and why."""
+    return PartitionSummary(**asdict(summary), split=reason)
+
+
+def attach_summary(result: Any, summary: Summary, table: Any) -> Any:
+    """``result`` with the run's summary in a pandas result's ``attrs`` (a
+    shallow copy where ``fn`` returned the caller's own frame)."""
+    import pandas as pd
+
+    if isinstance(result, (pd.DataFrame, pd.Series)):
+        if result is table:
+            result = result.copy(deep=False)
+        result.attrs["summary"] = summary
+    return result
