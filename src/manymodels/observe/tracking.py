@@ -12,18 +12,11 @@ trackers are a few lines alike.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import posixpath
 import queue
-import re
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,13 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.messages import Status
-from ..evaluation.metrics import direction
 from .callbacks import Callback, Progress, RunInfo
+from .mlflow_terms import (
+    check_answers,
+    describe,
+    metric_name,
+    param_text,
+    ranking,
+    writable,
+)
 
 _NOT_METRICS = {"status", "attempts", "duration_s", "worker", "started_s", "reused", "error",
                 "run_id"}
 _PROGRESS_EVERY_S = 10.0
-_PROBE_TIMEOUT_S = 5.0
 
 
 def _mlflow() -> Any:
@@ -46,34 +45,6 @@ def _mlflow() -> Any:
     except ImportError as exc:
         raise ImportError("mm.MLflow needs MLflow: pip install 'manymodels[mlflow]'") from exc
     return mlflow
-
-
-def _name(name: str) -> str:
-    """A name MLflow accepts (letters, digits, ``_ - . / :`` and spaces; 250 at most;
-    a normal relative path): a metric ``r²`` is logged as ``r_`` and a few letters
-    of its hash, not refused with the whole batch (the hash keeps ``r³`` apart from
-    it); one MLflow refuses as a path (``a//b``, ``/abs``, ``x/``, ``./y``, ``..``)
-    has its slashes and dots made ``_``, and the tag too."""
-    text = str(name)
-    accepted = re.sub(r"[^\w\-. /:]|[^\x00-\x7f]", "_", text)
-    if accepted == text and len(text) <= 250 and not _refused_as_path(text):
-        return text
-    if _refused_as_path(accepted):
-        accepted = re.sub(r"[/.]", "_", accepted)
-    tag = hashlib.blake2b(text.encode(), digest_size=3).hexdigest()
-    return f"{accepted[:243]}_{tag}"
-
-
-def _refused_as_path(name: str) -> bool:
-    """MLflow's test (``path_not_unique``): a name must be its own normal
-    relative path, as it may become a file's path in the artifact store."""
-    norm = posixpath.normpath(name)
-    return norm != name or norm == "." or norm.startswith("..") or norm.startswith("/")
-
-
-def _param(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=repr)
-    return text if len(text) <= 6000 else text[:5997] + "..."
 
 
 class MLflow(Callback):
@@ -108,7 +79,7 @@ class MLflow(Callback):
             raise ValueError(f"log_models must be a count >= 0, got {log_models!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-        self.metric, self.greater_is_better = _ranking(log_models, metric, greater_is_better)
+        self.metric, self.greater_is_better = ranking(log_models, metric, greater_is_better)
         _mlflow()  # refuse now, not after an hour of training
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
         self.log_models, self.tags, self.timeout = log_models, dict(tags or {}), timeout
@@ -190,7 +161,7 @@ class MLflow(Callback):
 
     def _start(self, info: RunInfo) -> None:
         mlflow = _mlflow()
-        _check_answers(self.tracking_uri or mlflow.get_tracking_uri())
+        check_answers(self.tracking_uri or mlflow.get_tracking_uri())
         client = self._client = mlflow.MlflowClient(self.tracking_uri)
         experiment_id = "0"
         if self.experiment:
@@ -210,7 +181,7 @@ class MLflow(Callback):
                   "code.versions": info.code.get("versions")}
         params.update({f"code.{name}": digest
                        for name, digest in list(info.code.get("sources", {}).items())[:50]})
-        entries = [mlflow.entities.Param(_name(k), _param(v)) for k, v in params.items()]
+        entries = [mlflow.entities.Param(metric_name(k), param_text(v)) for k, v in params.items()]
         for start in range(0, len(entries), 100):  # MLflow's batch limit for params
             client.log_batch(self.run_id, params=entries[start:start + 100])
         client.log_metric(self.run_id, "reused", info.reused)
@@ -218,7 +189,7 @@ class MLflow(Callback):
     def _log_metrics(self, values: dict[str, float], step: int = 0) -> None:
         Metric = _mlflow().entities.Metric
         stamp = int(time.time() * 1000)
-        metrics = [Metric(_name(k), float(v), stamp, step) for k, v in values.items()
+        metrics = [Metric(metric_name(k), float(v), stamp, step) for k, v in values.items()
                    if v is not None and math.isfinite(float(v))]
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
             self._client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
@@ -230,7 +201,7 @@ class MLflow(Callback):
         if self.run_id is None:
             return
         if self._failure is not None:
-            _check_answers(self.tracking_uri or _mlflow().get_tracking_uri())
+            check_answers(self.tracking_uri or _mlflow().get_tracking_uri())
             self._client.set_terminated(self.run_id, "FAILED")
             return
         status = "FAILED"
@@ -264,15 +235,15 @@ class MLflow(Callback):
             **{f"status.{k}": v for k, v in summary.statuses.items()}}
         durations = results["duration_s"][results["status"] == Status.OK].dropna()
         if len(durations):
-            values.update(_describe("duration_s", durations))
+            values.update(describe("duration_s", durations))
         for column in self._metric_columns(results):
-            values.update(_describe(column, results[column].dropna().astype(float)))
+            values.update(describe(column, results[column].dropna().astype(float)))
         # the last progress, whatever the throttle of on_batch skipped
         done = summary.ok + summary.failed
         progress = {"progress.done": done, "progress.ok": summary.ok,
                     "progress.failed": summary.failed}
         table = folder / "results.parquet"
-        _writable(results).to_parquet(table, index=False)
+        writable(results).to_parquet(table, index=False)
         artifacts = [table, run.report(folder / "report.html")]
         models = self._save_best_models(run, results, folder) if self.log_models else []
         status = "FINISHED" if done == summary.tasks else "KILLED"
@@ -337,72 +308,3 @@ class _Job:
     always: bool = False
 
 
-def _ranking(log_models: int, metric: Any, greater_is_better: bool | None
-             ) -> tuple[str | None, bool | None]:
-    """``(metric, higher is better)`` for ranking the models ``log_models``
-    logs; a metric whose direction is unknown is refused, not guessed."""
-    if metric is None:
-        if log_models:
-            raise ValueError(f"MLflow(log_models={log_models}) needs metric=, the metric that "
-                             "ranks the models: e.g. metric='rmse', or "
-                             "metric=('val_accuracy', 'max')")
-        return None, greater_is_better
-    given = None
-    if isinstance(metric, tuple) and len(metric) == 2 and isinstance(metric[0], str):
-        metric, given = metric
-    elif not isinstance(metric, str):
-        raise TypeError(f"MLflow(metric=) must be a metric name or (name, 'min'|'max'), "
-                        f"got {metric!r}")
-    if greater_is_better is not None:
-        if not isinstance(greater_is_better, bool):
-            raise TypeError(f"greater_is_better must be True or False, got "
-                            f"{greater_is_better!r}")
-        said = "max" if greater_is_better else "min"
-        if given is not None and given != said:
-            raise ValueError(f"MLflow(metric=({metric!r}, {given!r})) contradicts "
-                             f"greater_is_better={greater_is_better}")
-        given = said
-    if not log_models:  # nothing is ranked: no direction needed
-        return metric, None if given is None else given == "max"
-    return metric, direction(metric, given, f"metric=({metric!r}, 'max') or "
-                                            "greater_is_better=True")
-
-
-def _check_answers(uri: str, timeout_s: float = _PROBE_TIMEOUT_S) -> None:
-    """Refuse, within ``timeout_s`` and without retries, an HTTP tracking server
-    that does not answer (any HTTP answer will do, an error status too): MLflow's
-    own client retries each call for minutes (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
-    ``MLFLOW_HTTP_REQUEST_TIMEOUT``). Other stores (files, databases) are local."""
-    if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
-        return
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
-            pass
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (OSError, ValueError) as exc:
-        raise ConnectionError(f"the MLflow tracking server {uri} does not answer "
-                              f"({exc})") from None
-
-
-def _describe(name: str, values: Any) -> dict[str, float]:
-    if not len(values):
-        return {}
-    name = _name(name)  # r² and r³ apart (each with its tag) before the suffixes
-    quantiles = values.quantile([0.05, 0.5, 0.95])
-    return {f"{name}.mean": values.mean(), f"{name}.std": values.std(ddof=0),
-            f"{name}.min": values.min(), f"{name}.p05": quantiles[0.05],
-            f"{name}.p50": quantiles[0.5], f"{name}.p95": quantiles[0.95],
-            f"{name}.max": values.max(), f"{name}.count": len(values)}
-
-
-def _writable(results: Any) -> Any:
-    """The results with mixed object columns (a key of ints and strings, a
-    metric that is a list) as text, so that Parquet takes them."""
-    frame = results.copy()
-    for column in frame.columns:
-        if frame[column].dtype == object:
-            values = frame[column].dropna()
-            if len(values) and not values.map(lambda v: isinstance(v, str)).all():
-                frame[column] = frame[column].map(lambda v: None if v is None else str(v))
-    return frame
