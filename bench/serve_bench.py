@@ -269,11 +269,11 @@ while True:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", type=int, default=100_000, help="tiny models")
-    parser.add_argument("--sklearn", type=int, default=2_000, help="Ridge models")
+    parser.add_argument("--tiny", type=int, default=20_000, help="tiny models")
+    parser.add_argument("--sklearn", type=int, default=1_000, help="Ridge models")
     parser.add_argument("--seconds", type=float, default=5.0, help="per rate")
     parser.add_argument("--cache-models", type=int, default=1000)
-    parser.add_argument("--cold", type=int, default=300, help="cold loads measured")
+    parser.add_argument("--cold", type=int, default=200, help="cold loads measured")
     parser.add_argument("--no-ray", action="store_true")
     args = parser.parse_args()
     rates = [200, 1000, None]
