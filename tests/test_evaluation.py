@@ -513,3 +513,31 @@ def test_store_predict_chooses_workers_by_the_measured_cost_of_a_prediction(tmp_
     assert os.getpid() not in set(forced)
     serial = store.predict(few, by="g", fn=_slow_pid, workers=1)
     assert set(serial) == {os.getpid()}  # one worker: the driver
+
+
+class _NaiveForecaster:
+    """A forecaster: fitted on a history, asked for h steps (no feature rows)."""
+
+    def __init__(self, history: np.ndarray) -> None:
+        self.last = float(history[-1])
+
+    def forecast(self, h: int) -> dict:
+        return {"mean": np.full(h, self.last)}  # statsforecast's shape
+
+
+def test_a_forecaster_is_scored_on_forecast_h_per_time_step():
+    frame = daily(groups=2, days=30)
+    frame = pd.concat([frame, frame[frame["sku"] == "s1"]], ignore_index=True)  # 2 rows a day
+    run = mm.train(lambda rows: _NaiveForecaster(rows["sales"]),
+                   mm.groups(frame, by="sku", format="numpy", order_by="date"),
+                   evaluate=mm.backtest("date", horizon=5, windows=2, target="sales",
+                                        metrics=["mae"]),
+                   backend="serial", progress=False)
+    forecasts = run.forecasts
+    assert len(forecasts) == 2 * 5 + 2 * 5 * 2  # s1 has two rows a day
+    for (sku, window), rows in forecasts.groupby(["sku", "window"]):
+        group = frame[frame["sku"] == sku].sort_values("date", kind="stable")
+        last = group[group["date"] <= rows["cutoff"].iloc[0]]["sales"].iloc[-1]
+        assert (rows["forecast"] == last).all()
+        got = run.evaluation.set_index(["sku", "window"]).loc[(sku, window), "mae"]
+        assert got == pytest.approx(np.mean(np.abs(rows["actual"] - last)), rel=1e-12)

@@ -9,7 +9,10 @@ out once per group too, and the metrics of all windows are computed at once
 from their predictions end to end
 (:func:`manymodels.evaluation.metrics.window_scores`). A backtest's forecasts
 travel with each window's scores (the rows' times, the actuals and the
-forecasts), which make ``run.forecasts``. Successive halving
+forecasts), which make ``run.forecasts``. A model with a ``forecast(h)``
+method (a forecaster: statsforecast's and sktime's style) is scored on
+``forecast(h)`` for the window's ``h`` time steps instead of ``predict`` of
+the test rows' features. Successive halving
 (:mod:`manymodels.evaluation.selection`) runs on the same windows.
 """
 
@@ -82,19 +85,38 @@ class GroupWindows:
         test = self.windows[number][1]
         scores: dict[str, float] = {}
         predicted = None
-        if self.vectorised or self.forecasts or "log_loss" in self.named:
-            X = self._features(test)
-            if self.vectorised or self.forecasts:
-                predicted = np.asarray(model.predict(X))
-            if "log_loss" in self.named:
-                scores["log_loss"] = _metrics.log_loss(self.y[test], model.predict_proba(X),
-                                                       model.classes_)
+        if self.vectorised or self.forecasts:
+            forecast = getattr(model, "forecast", None) if self.splitter.time else None
+            predicted = (self._forecast(forecast, test) if callable(forecast)
+                         else np.asarray(model.predict(self._features(test))))
+        if "log_loss" in self.named:
+            scores["log_loss"] = _metrics.log_loss(
+                self.y[test], model.predict_proba(self._features(test)), model.classes_)
         callables = [m for m in self.splitter.metrics if callable(m)]
         if callables:
             rows = self.part(test)
             for metric in callables:
                 scores.update({str(k): float(v) for k, v in dict(metric(model, rows)).items()})
         return predicted, scores
+
+    def _forecast(self, forecast: Callable[[int], Any], test: Any) -> np.ndarray:
+        """A forecaster's ``forecast(h)`` for a window of ``h`` time steps, one
+        value a step (or statsforecast's ``{"mean": ...}``), given to each of
+        the step's rows: no feature rows are made for it."""
+        times = column(self.rows, self.splitter.time)[test]
+        starts = np.concatenate(([0], np.flatnonzero(times[1:] != times[:-1]) + 1))
+        h = len(starts)
+        values = forecast(h)
+        if isinstance(values, dict) and "mean" in values:
+            values = values["mean"]
+        values = np.asarray(values).reshape(-1)
+        if len(values) != h:
+            owner = type(getattr(forecast, "__self__", forecast)).__name__
+            raise ValueError(f"{owner}.forecast({h}) returned "
+                             f"{len(values)} values, not one per time step")
+        if h == len(times):
+            return values
+        return np.repeat(values, np.diff(np.concatenate((starts, [len(times)]))))
 
     def records(self, numbers: list[int], predictions: list[Any],
                 scores: list[dict[str, float]]) -> list[dict[str, Any]]:
