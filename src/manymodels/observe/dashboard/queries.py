@@ -30,10 +30,10 @@ import pyarrow.compute as pc
 from ...engine.messages import FAILURE_STATUSES, Status
 from ...store import database, drivers
 from ...store.database import read_snapshot
+from .charts import BINS, finite, histogram, key_label, quantile
 from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
-BINS = 30
 SLOWEST = 20
 FAILURES = 50
 METRICS = 8
@@ -57,37 +57,6 @@ RATE_WINDOW_S = 30.0
 #: No rate or ETA is given before this many tasks have trained, nor before
 #: every worker has finished one: the first ones include a worker's start.
 MIN_TASKS_FOR_ETA = 3
-
-
-def key_label(text: str) -> str:
-    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``."""
-    try:
-        parts = json.loads(text)
-    except ValueError:
-        return text
-    return ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
-
-
-def _finite(value: Any) -> float | None:
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def _histogram(values: list[float], bins: int = BINS) -> dict[str, Any]:
-    if not values:
-        return {"low": None, "high": None, "counts": []}
-    low, high = min(values), max(values)
-    width = (high - low) / bins or 1.0
-    counts = [0] * bins
-    for value in values:
-        counts[min(int((value - low) / width), bins - 1)] += 1
-    return {"low": low, "high": high, "counts": counts}
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    position = q * (len(ordered) - 1)
-    below = int(position)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
 def _alive(run: dict[str, Any]) -> dict[str, Any]:
@@ -340,16 +309,16 @@ class Queries:
             if status != Status.OK or not metrics:
                 continue
             for name, value in json.loads(metrics).items():
-                if (_finite(value) is not None and not isinstance(value, bool)
+                if (finite(value) is not None and not isinstance(value, bool)
                         and (name in values or len(values) < METRICS)):
                     values.setdefault(name, []).append(float(value))
         charts = []
         for name, found in values.items():
             ordered = sorted(found)
             charts.append({"name": name, "n": len(found), "mean": sum(found) / len(found),
-                           **{f"p{round(q * 100):02d}": _quantile(ordered, q)
+                           **{f"p{round(q * 100):02d}": quantile(ordered, q)
                               for q in (0.05, 0.5, 0.95)},
-                           **_histogram(found)})
+                           **histogram(found)})
         return {"sampled": len(sample), "charts": charts}
 
     def _slowest_rows(self, run: dict[str, Any], memo: dict) -> list[tuple]:

@@ -1,0 +1,42 @@
+"""The numbers the dashboard's charts are drawn from: histograms and
+quantiles of finite values, and key labels cut to a readable length. Pure
+functions of lists: the queries (:mod:`.queries`) read the store."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+BINS = 30
+
+
+def key_label(text: str) -> str:
+    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``."""
+    try:
+        parts = json.loads(text)
+    except ValueError:
+        return text
+    return ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+
+
+def finite(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def histogram(values: list[float], bins: int = BINS) -> dict[str, Any]:
+    if not values:
+        return {"low": None, "high": None, "counts": []}
+    low, high = min(values), max(values)
+    width = (high - low) / bins or 1.0
+    counts = [0] * bins
+    for value in values:
+        counts[min(int((value - low) / width), bins - 1)] += 1
+    return {"low": low, "high": high, "counts": counts}
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
