@@ -2,21 +2,26 @@
 
 Splitting a table costs what the function alone does not: starting the
 workers (a fork takes about a tenth of a second, a spawn a second or more),
-sending each partition's output back and concatenating the outputs (about a
-second a gigabyte here). A fast function (a vectorised ``assign``) or a small
-table gains less from the workers than that costs, and ran slower than the
-function on the whole frame. So, unless the caller said how to split, the
-function is timed on one row (its cost per call) and on the table's first
-rows (1/400 of them, at most 5,000, doubled while that takes under 20 ms, up
-to 1%), which give its cost per row and its output's bytes per row; the
-table is split only where the estimate says that the workers finish, all
-costs included, in at most :data:`GAIN_NEEDED` of the time one process would
-take. Otherwise the function runs once, in this process, on the whole table,
-as ``fn(table)`` would (the trials cost about 1% of that).
+sending each partition's output back and concatenating the outputs; and the
+workers gain only where they get cores: on a machine already busy (its load
+average), a CPU-bound function split in two ran slower than on the whole
+frame. So, unless the caller said how to split, the function is timed on one
+row (its cost per call) and on the table's first rows (1/400 of them, at most
+5,000, doubled while that takes under 20 ms, up to 1%), which give its cost
+per row and how much of it was on a core (the rest asleep or reading), and
+how long its output takes to pickle and unpickle, all in seconds of its own:
+the time its thread waited for a core, another program's, is left out (the
+kernel's account of the thread, ``/proc/thread-self/schedstat``). The table is split only
+where that estimate says the workers finish, all costs included, in at most
+:data:`GAIN_NEEDED` of the time one process would take. Otherwise the
+function runs once, in this process, on the whole table, as ``fn(table)``
+would (the trials cost about 1% of that).
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from typing import Any
 from ..engine.backends._process_start import FORK_UNSAFE_MODULES
 from ..inputs.datareaders import _arrow_as, _locked
 from ..inputs.sources import PartitionSource
+from ..machine import usable_cores
 from .results import OK, Summary
 
 #: Split only where the workers are estimated to take at most this share of
@@ -34,14 +40,14 @@ GAIN_NEEDED = 0.8
 #: Seconds to start the workers, in parallel: forked, or spawned (an interpreter
 #: and its imports each).
 FORK_START_S, SPAWN_START_S = 0.1, 1.5
-#: Bytes a second of the outputs sent back from the workers and concatenated,
-#: and of a table not shared by a fork put into shared memory.
-RETURN_BYTES_PER_S, SHARE_BYTES_PER_S = 1e9, 2e9
+#: Sending the outputs back and concatenating them, in times what pickling
+#: and unpickling them costs; a table not shared by a fork is put into shared
+#: memory at this many bytes a second.
+RETURN_TIMES_PICKLING, SHARE_BYTES_PER_S = 1.5, 2e9
 #: Seconds a partition costs the scheduler and a worker beyond its work.
 PER_PARTITION_S = 0.002
 #: The first trial slice: ``TRIAL_FRACTION`` of the rows, at most ``TRIAL_MAX_ROWS``.
 TRIAL_FRACTION, TRIAL_MAX_ROWS = 1 / 400, 5_000
-
 #: The trial slice is doubled while the function takes less than this on it.
 TRIAL_MIN_S = 0.02
 
@@ -63,6 +69,19 @@ class PartitionSummary(Summary):
 class SplitDecision:
     split: bool
     reason: str
+
+
+@dataclass
+class Trial:
+    """``fn`` timed on ``rows`` rows, in seconds of its own: the wall time less
+    the time its thread waited for a core (another program's, not its cost),
+    of which ``on_core_s`` on a core (the rest asleep or reading); and the
+    seconds of its output's pickling and unpickling, likewise."""
+
+    rows: int
+    seconds: float
+    on_core_s: float
+    pickling_s: float = 0.0
 
 
 def _rows(source: PartitionSource, offset: int, length: int) -> Any:
@@ -90,6 +109,56 @@ def _nbytes(output: Any) -> int:
     return 0
 
 
+def _thread_clocks() -> tuple[float, float, float]:
+    """This thread's clocks: wall, on a core (its CPU time, exact), waiting for
+    a core (the kernel's schedstat, brought up to date each time the thread
+    gets a core back; where there is none, no wait)."""
+    wall, on_core = time.perf_counter(), time.thread_time()
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            waiting = int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        waiting = 0.0
+    return wall, on_core, waiting
+
+
+def _own_seconds(work: Callable[[], Any]) -> tuple[float, float, Any]:
+    """``work()``'s seconds, less those its thread waited for a core, and of
+    them those on a core; and what it returned."""
+    before = _thread_clocks()
+    value = work()
+    after = _thread_clocks()
+    wall, on_core, waiting = (b - a for a, b in zip(before, after))
+    return max(wall - waiting, on_core), on_core, value
+
+
+def _timed(fn: Callable[..., Any], source: PartitionSource, length: int,
+           shared: dict[str, Any]) -> tuple[Trial, Any]:
+    data = _rows(source, 0, length)
+    seconds, on_core, output = _own_seconds(lambda: fn(data, **shared))
+    return Trial(length, seconds, on_core), output
+
+
+def _trials(fn: Callable[..., Any], source: PartitionSource, first: int,
+            shared: dict[str, Any]) -> tuple[float, Trial]:
+    """``fn``'s cost per call (its fastest of three calls on one row) and its
+    trial on the table's first rows: ``first``, doubled while it takes under
+    :data:`TRIAL_MIN_S` (a shorter time is mostly noise), up to 1% of the
+    table; a trial still that short is run three times and the fastest kept."""
+    per_call = min(_timed(fn, source, 1, shared)[0].seconds for _ in range(3))
+    trial, output = _timed(fn, source, first, shared)
+    while trial.seconds < TRIAL_MIN_S and 2 * first <= source.num_rows // 100:
+        first *= 2
+        trial, output = _timed(fn, source, first, shared)
+    if trial.seconds < TRIAL_MIN_S:
+        for _ in range(2):
+            again, output = _timed(fn, source, first, shared)
+            trial = min(trial, again, key=lambda t: t.seconds)
+    trial.pickling_s = _own_seconds(  # the output's way back, apart from fn's time
+        lambda: pickle.loads(pickle.dumps(output, protocol=5)))[0]
+    return per_call, trial
+
+
 def _start_s(options: dict[str, Any]) -> float:
     """What starting the workers costs: forked where asked, or where the
     processes backend would fork them by itself (see its ``_spawn_reasons``)."""
@@ -99,30 +168,14 @@ def _start_s(options: dict[str, Any]) -> float:
     return FORK_START_S if forks else SPAWN_START_S
 
 
-def _timed(fn: Callable[..., Any], source: PartitionSource, offset: int, length: int,
-           shared: dict[str, Any]) -> tuple[float, int]:
-    data = _rows(source, offset, length)
-    start = time.perf_counter()
-    output = fn(data, **shared)
-    return time.perf_counter() - start, _nbytes(output)
-
-
-def _trials(fn: Callable[..., Any], source: PartitionSource, first: int,
-            shared: dict[str, Any]) -> tuple[float, int, float, int]:
-    """``fn``'s cost per call (its fastest of three calls on one row) and its
-    seconds and output bytes on the table's first rows: ``first``, doubled
-    while it takes under :data:`TRIAL_MIN_S` (a shorter time is mostly noise),
-    up to 1% of the table; a trial still that short is timed three times and
-    the fastest kept. A pause of this process (another program on its core)
-    only ever adds time, so the fastest time is the function's own."""
-    per_call = min(_timed(fn, source, 0, 1, shared)[0] for _ in range(3))
-    seconds, size = _timed(fn, source, 0, first, shared)
-    while seconds < TRIAL_MIN_S and 2 * first <= source.num_rows // 100:
-        first *= 2
-        seconds, size = _timed(fn, source, 0, first, shared)
-    if seconds < TRIAL_MIN_S:
-        seconds = min(seconds, *(_timed(fn, source, 0, first, shared)[0] for _ in range(2)))
-    return per_call, first, seconds, size
+def _free_cores(workers: int) -> float:
+    """Cores the workers may have now: the usable ones less the load average
+    of the others (this process's thread counts one), at least one."""
+    try:
+        others = max(0.0, os.getloadavg()[0] - 1.0)
+    except OSError:
+        others = 0.0
+    return max(1.0, min(float(workers), usable_cores() - others))
 
 
 def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
@@ -137,20 +190,26 @@ def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
     if 100 * first > rows:
         return SplitDecision(False, f"in-process, not split: the table has only {rows} rows")
     try:
-        per_call, first, seconds, size = _trials(fn, source, first,
-                                                 options.get("shared") or {})
+        per_call, trial = _trials(fn, source, first, options.get("shared") or {})
     except Exception:
         return SplitDecision(True, "split: the function failed on a trial slice")
-    per_row = max(seconds - per_call, 0.0) / first
-    alone = per_call + per_row * rows
-    costs = (_start_s(options) + size / first * rows / RETURN_BYTES_PER_S
+    scale = rows / trial.rows
+    work = max(trial.seconds - per_call, 0.0) * scale  # fn's time per row, all rows
+    alone = per_call + work
+    # the share of fn's time on a core gains only from free cores; the rest
+    # (asleep, reading) from every worker
+    busy = min(1.0, trial.on_core_s / trial.seconds) if trial.seconds else 1.0
+    cores = _free_cores(workers)
+    costs = (_start_s(options) + trial.pickling_s * scale * RETURN_TIMES_PICKLING
              + source.partitions * PER_PARTITION_S)
     if source.format != "pandas" or not hasattr(source.table, "iloc"):
         costs += _nbytes(source.table) / SHARE_BYTES_PER_S
-    split = alone / workers + per_call * source.partitions / workers + costs
+    split = (work * busy / cores + work * (1 - busy) / workers
+             + per_call * source.partitions / workers + costs)
     estimate = (f"the function takes about {alone:.3g} s on the whole table in one process "
-                f"(timed on {first} rows), about {split:.3g} s split between {workers} "
-                f"workers, {costs:.3g} s of it to start them and send the outputs back")
+                f"(timed on {trial.rows} rows, {busy:.0%} of it on a core), "
+                f"about {split:.3g} s split between {workers} workers with {cores:.3g} free "
+                f"cores, {costs:.3g} s of it to start them and send the outputs back")
     if split <= GAIN_NEEDED * alone:
         return SplitDecision(True, f"split into {source.partitions} partitions: {estimate}")
     return SplitDecision(False, f"in-process, not split: splitting cannot pay ({estimate})")
