@@ -292,14 +292,6 @@ def plain_times(values: np.ndarray) -> list[Any]:
     return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
 
 
-def time_numbers(values: np.ndarray) -> tuple[list[Any], str | None]:
-    """Many times as JSON keeps them cheaply: datetimes as integers of their
-    unit (``"ns"``, ``"us"``...), named second; others as :func:`plain_times`."""
-    if values.dtype.kind == "M":
-        return values.view("i8").tolist(), np.datetime_data(values.dtype)[0]
-    return plain_times(values), None
-
-
 def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | None = None,
             metrics: Sequence[Any] = ("rmse", "mae"), shuffle: bool = True, seed: int = 0,
             final_model: str | None = None, refit: bool | None = None) -> Holdout:

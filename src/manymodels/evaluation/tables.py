@@ -65,27 +65,37 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
     return frame
 
 
+def unpack_column(packed: Any) -> Any:
+    """A column :func:`~manymodels.evaluation.windowed.pack_column` packed, as an array."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(packed, dict):
+        return np.frombuffer(base64.b64decode(packed["base64"]), dtype=np.dtype(packed["dtype"]))
+    return np.asarray(packed)
+
+
 def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
     """``run.forecasts``: every backtest window's test rows with their time,
     cutoff, actual value and forecast, in the tasks' and windows' order."""
     import numpy as np
     import pandas as pd
 
-    keys, windows, cutoffs, times, actuals, forecasts = [], [], [], [], [], []
-    unit = None
+    keys, windows, cutoffs = [], [], []
+    columns: dict[str, list] = {"time": [], "actual": [], "forecast": []}
     for parts, records in _task_records(key_rows, metrics):
         for record in records:
-            rows = record.get("rows") or {}
-            count = len(rows.get("forecast", ()))
-            if not count:
+            rows = record.get("rows")
+            if not rows:
                 continue
+            unpacked = {name: unpack_column(rows[name]) for name in columns}
+            count = len(unpacked["forecast"])
             keys.append((parts, count))
-            windows.append(np.full(count, record["window"]))
-            cutoffs.extend([record["cutoff"]] * count)
-            times.extend(rows["time"])
-            unit = rows.get("time_unit", unit)
-            actuals.extend(rows["actual"])
-            forecasts.extend(rows["forecast"])
+            windows.append(record["window"])
+            cutoffs.append(record["cutoff"])
+            for name, values in unpacked.items():
+                columns[name].append(values)
     if not keys:
         return pd.DataFrame(columns=[*key_columns, *_FORECAST_COLUMNS])
     counts = np.array([count for _, count in keys])
@@ -95,11 +105,11 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
         for j, (parts, _) in enumerate(keys):
             values[j] = parts[i]  # one by one: a key part may be a tuple
         frame[name] = pd.Series(np.repeat(values, counts)).infer_objects()
-    frame["window"] = np.concatenate(windows)
-    frame["cutoff"] = cutoffs
-    frame["time"] = times if unit is None else pd.to_datetime(np.array(times), unit=unit)
-    frame["actual"] = actuals
-    frame["forecast"] = forecasts
+    frame["window"] = np.repeat(np.array(windows), counts)
+    cutoff = np.empty(len(cutoffs), dtype=object)
+    cutoff[:] = cutoffs
+    frame["cutoff"] = np.repeat(cutoff, counts)
+    for name, pieces in columns.items():
+        frame[name] = np.concatenate(pieces)
     _as_times(frame, "cutoff")
-    _as_times(frame, "time")
     return frame

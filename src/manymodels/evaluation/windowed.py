@@ -18,6 +18,7 @@ the test rows' features. Successive halving
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -26,7 +27,7 @@ import numpy as np
 
 from ..engine.execution import split_result
 from . import metrics as _metrics
-from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count, time_numbers
+from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, plain_time, row_count
 
 #: The fields of a window's record that are not its scores.
 RECORD_FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
@@ -154,20 +155,27 @@ class GroupWindows:
         return out
 
     def _forecast_rows(self, tests: list[Any], y: Any, predicted: Any, bounds: np.ndarray
-                       ) -> list[dict[str, list]] | None:
+                       ) -> list[dict[str, Any]] | None:
         """Each window's forecasts row by row: its times, actuals and
-        forecasts (converted for all windows at once)."""
+        forecasts, each column packed as :func:`pack_column` does."""
         if predicted is None or len(predicted) != len(y):  # several outputs a row
             return None
         times = column(self.rows, self.splitter.time)
-        times, unit = time_numbers(np.concatenate([times[test] for test in tests]))
-        actual, forecast = y.tolist(), predicted.tolist()
-        rows = [{"time": times[a:b], "actual": actual[a:b], "forecast": forecast[a:b]}
+        times = np.concatenate([times[test] for test in tests])
+        return [{"time": pack_column(times[a:b]), "actual": pack_column(y[a:b]),
+                 "forecast": pack_column(predicted[a:b])}
                 for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-        if unit is not None:  # datetimes travel as integers of this unit
-            for window in rows:
-                window["time_unit"] = unit
-        return rows
+
+
+def pack_column(values: np.ndarray) -> Any:
+    """A window's column as JSON keeps it cheaply and exactly: numbers and
+    datetimes as their bytes in base64 with their dtype (one string, where a
+    list costs an object a value to make, send and store), anything else as
+    a list (:func:`~manymodels.evaluation.tables.unpack_column` reads both)."""
+    values = np.ascontiguousarray(values)
+    if values.dtype.kind in "biufcMm":
+        return {"dtype": values.dtype.str, "base64": base64.b64encode(values).decode()}
+    return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
 
 
 def _renumbered(frame: Any) -> Any:
