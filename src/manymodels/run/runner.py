@@ -74,14 +74,7 @@ def train(
     ``store_type`` is the class a store given as a path opens as (the public
     ``mm.Store`` for ``train``, which this layer does not import)."""
     began = (time.time(), time.perf_counter())
-    if not callable(fit):
-        raise TypeError(f"fit must be callable, got {type(fit).__name__}")
-    if not isinstance(source, Source):
-        raise TypeError(
-            "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
-            f"got {type(source).__name__}"
-        )
-    check_key_names(source.key_columns)
+    _check_arguments(fit, source, store, dashboard, verify)
     instance = backend if isinstance(backend, Backend) else None
     backend_type = type(instance) if instance is not None else backend_class(backend)
     name = instance.name if instance is not None else backend
@@ -93,20 +86,7 @@ def train(
         progress=progress, reuse=reuse, setup=setup, start_method=start_method,
         gpu_memory_limit=gpu_memory_limit)
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
-    if dashboard and store is None:
-        raise ValueError("dashboard=True needs store=: the dashboard reads the store")
-    if not isinstance(verify, bool):
-        raise TypeError(f"verify must be True or False, got {verify!r}")
-    if verify and store is None:
-        raise ValueError("verify=True needs store=: it checks the models reused from the store")
-    run_fit, splitter = prepare_evaluation(fit, source, evaluate)
-    identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
-    if isinstance(select, Halving):  # one task per group, its candidates inside
-        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
-        identity_extra["__halving__"] = (select, run_fit.settings)
-        selection = select.selection
-    else:
-        selection = None if select is None else Selection.parse(select, splitter)
+    source, run_fit, identity_extra, selection = _evaluation(fit, source, evaluate, select)
     checkpointed = checkpointing.wanted(fit, run_fit, {
         *(options.shared or {}), *source.key_columns,
         *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints)
@@ -140,24 +120,14 @@ def train(
                                             if backend_type.requires_pickling else None))
         recorder, to_do = None, len(plan.tasks)
         if store is not None:
-            # the splitter is part of each task's identity: its metrics depend on
-            # it; the driver keeps no per-task identity beyond the recorder's columns
-            identities = task_identities(
-                plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
-                else options.shared, options.setup)
-            if new_store:
+            identities = _identities(plan, fit, options, identity_extra)
+            if new_store:  # (only now that the identities could be made)
                 store = _open_store(store, store_type)
             recorder = RunRecorder(store, plan, *identities, fit_name=_callable_name(fit),
                                    source=repr(source), backend=name, workers=options.sized_for(
                                        backend_type, len(plan.tasks)).workers)
             to_do -= recorder.begin(reuse=options.reuse, verify=verify)
-        try:
-            engine = instance if instance is not None else backend_type()
-            engine.configure(options.sized_for(backend_type, to_do))
-        except BaseException:
-            if recorder is not None:
-                recorder.abandon()
-            raise
+        engine = _engine(instance, backend_type, options, to_do, recorder)
         if checkpointed:  # held from here: released in the finally below
             context.checkpoints = checkpointing.open_space(plan, store, recorder,
                                                            options.reuse, keep_checkpoints)
@@ -180,6 +150,62 @@ def train(
     if selection is not None:
         run.select(selection, source)
     return run
+
+
+def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify: Any) -> None:
+    """Refuse, before anything is read, what no later check would name."""
+    if not callable(fit):
+        raise TypeError(f"fit must be callable, got {type(fit).__name__}")
+    if not isinstance(source, Source):
+        raise TypeError(
+            "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
+            f"got {type(source).__name__}"
+        )
+    check_key_names(source.key_columns)
+    if dashboard and store is None:
+        raise ValueError("dashboard=True needs store=: the dashboard reads the store")
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be True or False, got {verify!r}")
+    if verify and store is None:
+        raise ValueError("verify=True needs store=: it checks the models reused from the store")
+
+
+def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any
+                ) -> tuple[Source, Any, dict[str, Any], Selection | None]:
+    """What ``evaluate=`` and ``select=`` make of the job: the source (one task
+    per group under halving), the function the workers call, what the tasks'
+    identities add (the splitter, the halving search), and the selection."""
+    run_fit, splitter = prepare_evaluation(fit, source, evaluate)
+    identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
+    if isinstance(select, Halving):  # one task per group, its candidates inside
+        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
+        identity_extra["__halving__"] = (select, run_fit.settings)
+        return source, run_fit, identity_extra, select.selection
+    selection = None if select is None else Selection.parse(select, splitter)
+    return source, run_fit, identity_extra, selection
+
+
+def _identities(plan: Any, fit: Any, options: RunOptions,
+                identity_extra: dict[str, Any]) -> Any:
+    """Each task's identity: the splitter is part of it (its metrics depend on
+    it); the driver keeps no per-task identity beyond the recorder's columns."""
+    return task_identities(
+        plan, fit, {**(options.shared or {}), **identity_extra} if identity_extra
+        else options.shared, options.setup)
+
+
+def _engine(instance: Backend | None, backend_type: type[Backend], options: RunOptions,
+            to_do: int, recorder: RunRecorder | None) -> Backend:
+    """The backend, sized for the tasks left to do; a failure here abandons
+    the store's run (nothing half-written is left)."""
+    try:
+        engine = instance if instance is not None else backend_type()
+        engine.configure(options.sized_for(backend_type, to_do))
+    except BaseException:
+        if recorder is not None:
+            recorder.abandon()
+        raise
+    return engine
 
 
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:
