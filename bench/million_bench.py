@@ -2,6 +2,7 @@
 
     python bench/million_bench.py [--groups N | --quick] [--workers W]
                                   [--case-timeout S] [--out FILE] [--profile-store FILE]
+    python bench/million_bench.py --sizes 1M,3M,10M [--cases mm+store]   # scaling
 
 Workload: ``--groups`` groups (default 1,000,000; ``--quick``: 100,000) of 10
 seeded rows each, columns ``g`` (group id), ``x1``, ``x2``, ``y``, handed to
@@ -598,6 +599,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON output (default bench/results/million-<timestamp>.json)")
     parser.add_argument("--profile-store", type=Path, default=None,
                         help="cProfile the driver of the mm+store case; pstats file here")
+    parser.add_argument("--sizes", default=None,
+                        help="run --cases (default here: mm+store) at each of these numbers of "
+                        "groups, e.g. 1M,3M,10M, and print how each scales against the first")
     parser.add_argument("--keep-store", action="store_true",
                         help="leave the store directory in place (its path is in the JSON)")
     # internal: one case in a fresh interpreter
@@ -610,11 +614,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.groups = 100_000 if args.quick else 1_000_000
     if args.workers is None:
         args.workers = os.cpu_count() or 1
+    if args.sizes is not None and args.cases == ",".join(CASES):
+        args.cases = "mm+store"
     args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
+    try:
+        args.size_list = [_count(size) for size in (args.sizes or "").split(",") if size.strip()]
+    except ValueError:
+        parser.error(f"--sizes takes numbers of groups such as 1M,3M,10M, got {args.sizes!r}")
     unknown = [c for c in args.case_list if c not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
     return args
+
+
+def _count(text: str) -> int:
+    """``1000000``, ``1M``, ``300k`` as a number of groups."""
+    text = text.strip().lower().replace("_", "")
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
+    number = int(float(text[:-1] if scale > 1 else text) * scale)
+    if number < 1:
+        raise ValueError(text)
+    return number
+
+
+def run_sizes(args: argparse.Namespace) -> int:
+    """The cases at each size of ``--sizes``, each size by this script in its
+    own process (its cases each in their own, as ever), and one table of how
+    each scales: its wall, driver memory and CPU and store against the first
+    size's."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_path = args.out or BENCH_DIR / "results" / f"million-sizes-{stamp}.json"
+    combined: dict[str, Any] = {
+        "benchmark": "million_bench --sizes (issue 43)", "sizes": args.size_list,
+        "cases": args.case_list, "workers": args.workers, "git": git_info(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_at_start": list(os.getloadavg()), "runs": {}}
+    code = 0
+    for size in args.size_list:
+        part = out_path.with_name(f".{out_path.stem}-{size}.json")
+        command = [sys.executable, str(Path(__file__).resolve()), "--groups", str(size),
+                   "--workers", str(args.workers), "--cases", ",".join(args.case_list),
+                   "--case-timeout", str(args.case_timeout), "--out", str(part)]
+        code = subprocess.call(command, cwd=REPO) or code
+        combined["runs"][str(size)] = (json.loads(part.read_text()) if part.exists()
+                                       else {"status": "no result", "cases": {}})
+        part.unlink(missing_ok=True)
+        _write(out_path, combined)
+    print_scaling(combined)
+    print(f"results in {out_path}")
+    return code
+
+
+def print_scaling(combined: dict[str, Any]) -> None:
+    """Each case at each size: its wall against the first size's, beside the
+    sizes' ratio (linear: equal), and what it holds per model."""
+    runs = combined["runs"]
+    first = str(combined["sizes"][0])
+    print(f"\nscaling, {combined['workers']} workers; x first = wall / wall at "
+          f"{int(first):,} groups, against groups / {int(first):,}")
+    header = (f"{'case':<9} {'groups':>11} {'wall s':>8} {'x first':>8} {'x groups':>8} "
+              f"{'driver MB in train':>18} {'driver us/task':>14} {'store B/model':>13}  status")
+    print(header)
+    for case in combined["cases"]:
+        base = runs.get(first, {}).get("cases", {}).get(case, {}).get("wall_s")
+        for size, run in runs.items():
+            row = run.get("cases", {}).get(case, {})
+            wall = row.get("wall_s")
+            ratio = wall / base if wall and base else None
+            print(f"{case:<9} {int(size):>11,} {_fmt(wall, '.2f'):>8} {_fmt(ratio, '.2f'):>8} "
+                  f"{int(size) / int(first):>8.2f} "
+                  f"{_fmt(row.get('driver_peak_rss_train_mb'), '.0f'):>18} "
+                  f"{_fmt(row.get('driver_cpu_us_per_task'), '.2f'):>14} "
+                  f"{_fmt((row.get('store') or {}).get('du_bytes_per_model'), '.0f'):>13}  "
+                  f"{row.get('status', run.get('status', '-'))}")
 
 
 def compile_package() -> None:
@@ -636,6 +708,8 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args)
     # a SIGTERM (a time limit around this script) unwinds, stopping the running case
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.size_list:
+        return run_sizes(args)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_path = args.out or BENCH_DIR / "results" / f"million-{stamp}.json"
     work = Path(tempfile.mkdtemp(prefix="mm-million-"))
