@@ -29,6 +29,12 @@ scores, refit, a store) on ``--cli-groups`` groups, with its batched path and
 with the generic one (forced by ``copy_X=True``, a parameter the batched fit
 does not take and that changes nothing in the model).
 
+Then the cost of broom's glance row (r_squared ... nobs, issue 42) on
+``--glance-groups`` OLS groups: ``mm.linear``'s ``fit_s`` with the glance
+statistics left out (the function that computes them replaced by one that
+returns none, in this process only) against the real one, medians of
+``--repeat`` runs each, alternated (``--glance-only`` measures this alone).
+
 Every tool's coefficients on the subset are checked against ``mm.linear``'s
 (OLS 1e-8 relative; logistic 1e-3, scikit-learn's lbfgs stops at tol=1e-4).
 Wall times are medians of ``--repeat`` runs for ``mm.linear``, one run for the
@@ -127,6 +133,31 @@ def time_linear(table: pa.Table, family: str, repeat: int) -> tuple[Any, float, 
     return result, statistics.median(walls), statistics.median(fits)
 
 
+def time_glance(groups: int, repeat: int) -> dict[str, Any]:
+    """``mm.linear`` OLS fit time without and with the glance statistics."""
+    from manymodels.models.linear import fitting
+
+    table = make_table(groups)
+    real = fitting.glance_arrays
+    times: dict[str, list[float]] = {"fit_alone_s": [], "fit_with_glance_s": []}
+    walls: dict[str, list[float]] = {"fit_alone_s": [], "fit_with_glance_s": []}
+    try:
+        for _ in range(repeat):
+            for name, function in (("fit_alone_s", lambda *a, **k: {}),
+                                   ("fit_with_glance_s", real)):
+                fitting.glance_arrays = function
+                _, wall, fit_s = time_linear(table, "ols", 1)
+                times[name].append(fit_s)
+                walls[name].append(wall)
+    finally:
+        fitting.glance_arrays = real
+    out = {name: statistics.median(values) for name, values in times.items()}
+    out.update({f"wall_{name}": statistics.median(values) for name, values in walls.items()})
+    out.update(groups=groups, repeat=repeat,
+               ratio=out["fit_with_glance_s"] / out["fit_alone_s"])
+    return out
+
+
 def time_generic(table: pa.Table, family: str, workers: int) -> tuple[np.ndarray, float]:
     import manymodels as mm
 
@@ -186,7 +217,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cli-groups", type=int, default=5_000)
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "linear.json")
     parser.add_argument("--publish", type=Path, default=None)
+    parser.add_argument("--glance-groups", type=int, default=1_000_000)
+    parser.add_argument("--glance-only", action="store_true")
     args = parser.parse_args(argv)
+    glance = time_glance(args.glance_groups, args.repeat) if args.glance_groups else None
+    if glance:
+        print(f"glance statistics, OLS, {glance['groups']:,} groups: fit alone "
+              f"{glance['fit_alone_s']:.2f} s, with all statistics "
+              f"{glance['fit_with_glance_s']:.2f} s ({glance['ratio']:.2f}x; whole calls "
+              f"{glance['wall_fit_alone_s']:.2f} s and {glance['wall_fit_with_glance_s']:.2f} s)",
+              flush=True)
+    if args.glance_only:
+        c.write_json(args.out.with_name("linear_glance.json"),
+                     {"benchmark": "linear_glance", "machine": c.machine_info(),
+                      "glance": glance})
+        return {"glance": glance}
     sizes = [int(s) for s in args.groups.split(",")]
     machine = c.machine_info()
     bandwidth = bandwidth_gbs()
@@ -253,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = {"benchmark": "linear", "command": " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
             "machine": machine, "bandwidth_gb_s": bandwidth, "workers": args.workers,
             "rows_per_group": ROWS, "features": len(FEATURES), "results": rows,
-            "train_command": cli}
+            "train_command": cli, "glance": glance}
     c.write_json(args.out, data)
     if args.publish:
         c.write_json(args.publish, data)

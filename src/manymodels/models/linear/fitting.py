@@ -15,11 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from .glance import GLANCE_COLUMNS, glance_arrays
 from .prepare import Block, Prepared, blocks
 
 STATUSES = ["ok", "rank_deficient", "not_converged", "single_class", "no_weight"]
 LOGISTIC_METRICS = ("log_loss", "accuracy", "converged", "iterations")
-LEAST_SQUARES_METRICS = ("r2", "rmse")
+#: ``r2`` and ``rmse`` (``sqrt(RSS / n)``, beside broom's ``sigma``), then broom's glance row
+LEAST_SQUARES_METRICS = ("r2", "rmse", *GLANCE_COLUMNS)
+_INTEGER_METRICS = ("df", "df_residual", "nobs")
 
 
 @dataclass
@@ -38,7 +41,8 @@ def empty(family: str, groups: int, features: int) -> Fitted:
                  "converged": np.empty(groups, dtype=bool),
                  "iterations": np.empty(groups, dtype=np.int64)}
     else:
-        extra = {"r2": np.empty(groups), "rmse": np.empty(groups)}
+        extra = {name: np.empty(groups, dtype=np.int64 if name in _INTEGER_METRICS else None)
+                 for name in LEAST_SQUARES_METRICS}
     return Fitted(np.empty((groups, features)), np.empty(groups),
                   np.full(groups, "ok", dtype=object), extra)
 
@@ -67,6 +71,9 @@ def fit_groups(data: Prepared, features: int, family: str, *, engine: Any, on: d
                 r2 = np.where(sst > 0, 1.0 - sse / sst, np.where(sse == 0, 1.0, 0.0))
                 extra["rmse"][i] = np.sqrt(sse / out["sw"])
             extra["r2"][i] = np.where(n >= 2, r2, np.nan)
+            for name, values in glance_arrays(sse, out["tss"], out["rank"], out["n"], out["log_w"],
+                                              fit_intercept).items():
+                extra[name][i] = values
             status[i[out["rank_deficient"]]] = "rank_deficient"
         no_weight = out["sw"] <= 0
         out["coef"][no_weight], out["intercept"][no_weight] = np.nan, np.nan

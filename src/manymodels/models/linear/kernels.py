@@ -70,15 +70,19 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     A[:, np.arange(p), np.arange(p)] += alpha_g[:, None]
     coef, ok = cholesky_solve(A, b)
     ok &= sw > 0
-    rank_deficient = np.zeros(g, dtype=bool)
+    rank = np.full(g, p, dtype=np.int64)  # of the features' columns (centred, if so fitted)
     redo = np.flatnonzero(~ok)
     if len(redo):
         raw = Z[redo, :, :p]
         raw = raw if w is None else raw * np.sqrt(w[redo])[:, :, None]
         rows = np.full(len(redo), m) if w is None else (w[redo] > 0).sum(axis=1)
-        coef[redo], rank_deficient[redo] = _least_norm(
+        coef[redo], rank[redo] = _least_norm(
             Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], alpha_g[redo],
             np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
+    rank_deficient = rank < p  # the least-norm solution was taken (never for ridge)
+    penalised = np.flatnonzero(alpha_g > 0)
+    if len(penalised):  # ridge is always solvable; glance's rank is its design's, unpenalised
+        rank[penalised] = design_rank(M[penalised, :p, :p])
     xm, ym = means[:, :p], means[:, p]
     intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
     if fit_intercept:
@@ -88,8 +92,34 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
         sst = (spread * spread).sum(axis=1) if w is None else np.einsum("gm,gm,gm->g", w,
                                                                         spread, spread)
     sse = _sse(Zc, w, M, coef)
-    return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient,
-            "sse": sse, "sst": sst, "sw": sw}
+    # glance's TSS: about the mean with an intercept, about 0 without (R's)
+    return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient, "rank": rank,
+            "sse": sse, "sst": sst, "tss": M[:, p, p], "sw": sw, **_row_counts(w, g, m)}
+
+
+def _row_counts(w: np.ndarray | None, g: int, m: int) -> dict[str, np.ndarray]:
+    """Each group's rows that weigh something (``nobs``, as R counts a
+    weighted ``lm``'s) and the sum of their weights' logarithms (the
+    log-likelihood's term for weights; 0 unweighted: a padded block's
+    weights are 0 and 1)."""
+    if w is None:
+        return {"n": np.full(g, m, dtype=np.int64), "log_w": np.zeros(g)}
+    positive = w > 0
+    n = positive.sum(axis=1)
+    if ((w == 0) | (w == 1)).all():  # weights 0 and 1 only (padding): no log needed
+        return {"n": n, "log_w": np.zeros(g)}
+    return {"n": n, "log_w": np.log(np.where(positive, w, 1.0)).sum(axis=1)}
+
+
+def design_rank(gram: np.ndarray) -> np.ndarray:
+    """The rank of each group's design from its ``X'WX`` (g, p, p): the
+    eigenvalues above :data:`PIVOT_TOLERANCE` of the largest (the
+    Cholesky's rule for a pivot)."""
+    if gram.shape[1] == 0:
+        return np.zeros(gram.shape[0], dtype=np.int64)
+    eig = np.linalg.eigvalsh(gram)
+    top = eig[:, -1:]
+    return ((eig > PIVOT_TOLERANCE * top) & (top > 0)).sum(axis=1)
 
 
 def _sse(Zc: np.ndarray, w: np.ndarray | None, M: np.ndarray, coef: np.ndarray
@@ -115,7 +145,7 @@ def _sse(Zc: np.ndarray, w: np.ndarray | None, M: np.ndarray, coef: np.ndarray
 def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray,
                 scale: np.ndarray, most: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The least-norm solution of each group's (weighted, ridge-augmented)
-    least squares by a batched SVD, and whether the group is rank-deficient.
+    least squares by a batched SVD, and its rank (the singular values kept).
 
     A singular value counts when it exceeds the rounding of the *uncentred*
     rows (``scale``, their norm: centring rows far from zero leaves noise of
@@ -139,7 +169,7 @@ def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.
     inverse = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
     projected = np.einsum("gmk,gm->gk", U, yc) * inverse
     coef = np.einsum("gkp,gk->gp", Vt, projected)
-    return coef, keep.sum(axis=1) < p
+    return coef, keep.sum(axis=1)
 
 
 def _log_loss_sum(eta: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> np.ndarray:

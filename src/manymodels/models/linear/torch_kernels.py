@@ -75,14 +75,14 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     A = A + alpha_g[:, None, None] * torch.eye(p, dtype=A.dtype, device=device)
     coef, ok = _solve(torch, A, b)
     ok = ok & (sw > 0)
-    rank_deficient = np.zeros(g, dtype=bool)
+    rank = np.full(g, p, dtype=np.int64)
     redo = np.flatnonzero(~ok.cpu().numpy())
     if len(redo):  # the few hard groups: the NumPy least-norm path, on the CPU
         Zcpu = Zc[redo].cpu().numpy()
         wr = None if w is None else w[redo]
         raw = Z[redo, :, :p] if w is None else Z[redo, :, :p] * np.sqrt(wr)[:, :, None]
         rows = np.full(len(redo), m) if w is None else (wr > 0).sum(axis=1)
-        fixed, rank_deficient[redo] = kernels._least_norm(
+        fixed, rank[redo] = kernels._least_norm(
             Zcpu[:, :, :p], Zcpu[:, :, p], wr, alpha_g.cpu().numpy()[redo],
             np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
         coef[torch.as_tensor(redo, device=device)] = torch.as_tensor(fixed, device=device)
@@ -96,9 +96,16 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
         spread = Zt[:, :, p] - ym[:, None]
         sst = (spread * spread if wt is None else wt * spread * spread).sum(dim=1)
     sse = (residual * residual if wt is None else wt * residual * residual).sum(dim=1)
-    out = {"coef": coef, "intercept": intercept, "sse": sse, "sst": sst, "sw": sw}
+    out = {"coef": coef, "intercept": intercept, "sse": sse, "sst": sst, "tss": M[:, p, p],
+           "sw": sw}
     result = {name: value.cpu().numpy() for name, value in out.items()}
-    result["rank_deficient"] = rank_deficient
+    result["rank_deficient"] = rank < p
+    penalised = np.flatnonzero(alpha_g.cpu().numpy() > 0)
+    if len(penalised):
+        rank[penalised] = kernels.design_rank(M[torch.as_tensor(penalised, device=device),
+                                                :p, :p].cpu().numpy())
+    result["rank"] = rank
+    result.update(kernels._row_counts(w, g, m))
     return result
 
 

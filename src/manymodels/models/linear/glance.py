@@ -1,0 +1,131 @@
+"""broom's ``glance`` row of every least-squares group at once: the fit
+statistics of :func:`manymodels.glance` (and of R's ``summary.lm``,
+``logLik``, ``AIC``, ``BIC``), as arrays from what the kernels return
+(residual and total sums of squares, rank, rows, weights), with no Python
+call per group.
+
+``p`` is the rank of the design, the intercept's column included, as R's
+``lm`` counts it (a collinear feature adds nothing); ``n`` the rows that
+weigh something. Where a statistic has no value (a group without residual
+degrees of freedom, a constant target, a perfect fit's log-likelihood) it is
+NaN, as :func:`manymodels.glance` gives (the log-likelihood of a group
+without residual degrees of freedom too: its RSS is rounding). The F test's upper tail is the
+regularised incomplete beta function, computed here (NumPy only: SciPy is
+not a dependency of ``mm.linear``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: The columns added to a least-squares result's ``metrics``, in order.
+GLANCE_COLUMNS = ("r_squared", "adj_r_squared", "sigma", "statistic", "p_value", "df",
+                  "log_lik", "aic", "bic", "deviance", "df_residual", "nobs")
+
+
+def glance_arrays(rss: np.ndarray, tss: np.ndarray, rank: np.ndarray, n: np.ndarray,
+                  log_w: np.ndarray, fit_intercept: bool) -> dict[str, np.ndarray]:
+    """The :data:`GLANCE_COLUMNS` of each group from its residual (``rss``)
+    and total (``tss``: about the mean with an intercept, else about 0)
+    weighted sums of squares, its features' ``rank``, ``n`` rows that weigh
+    something, and the sum of their weights' logarithms."""
+    i = int(fit_intercept)
+    p = rank + i
+    n = n.astype(np.int64)
+    df_residual = n - p
+    df_model = p - i
+    with np.errstate(divide="ignore", invalid="ignore"):
+        has_residual = df_residual > 0
+        r2 = np.where(tss > 0, 1.0 - rss / tss, np.nan)
+        adj = np.where(has_residual, 1.0 - (1.0 - r2) * (n - i) / df_residual, np.nan)
+        mse = np.where(has_residual, rss / df_residual, np.nan)
+        sigma = np.sqrt(mse)
+        tested = has_residual & (df_model > 0) & (rss > 0)
+        statistic = np.where(tested, (tss - rss) / np.where(tested, df_model, 1) / mse, np.nan)
+        # no residual degrees of freedom: a perfect fit by construction, whose
+        # RSS is rounding (its log-likelihood would be noise): NaN, as for RSS 0
+        log_lik = np.where((rss > 0) & has_residual,
+                           -0.5 * n * (math.log(2 * math.pi) + np.log(rss / n) + 1.0)
+                           + 0.5 * log_w, np.nan)
+        log_n = np.log(np.where(n > 0, n, np.nan))
+    p_value = np.full(len(rss), np.nan)
+    where = np.flatnonzero(tested & np.isfinite(statistic))
+    if len(where):
+        p_value[where] = f_upper_tail(statistic[where], df_model[where], df_residual[where])
+    return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
+            "p_value": p_value, "df": df_model, "log_lik": log_lik,
+            "aic": -2.0 * log_lik + 2.0 * (p + 1), "bic": -2.0 * log_lik + log_n * (p + 1),
+            "deviance": rss, "df_residual": df_residual, "nobs": n}
+
+
+def f_upper_tail(f: np.ndarray, d1: np.ndarray, d2: np.ndarray) -> np.ndarray:
+    """``P(F > f)`` for F(``d1``, ``d2``): ``I_x(d2/2, d1/2)`` at
+    ``x = d2 / (d2 + d1 f)`` (SciPy's ``stats.f.sf``)."""
+    x = d2 / (d2 + d1 * np.maximum(f, 0.0))
+    return regularized_beta(x, d2 / 2.0, d1 / 2.0)
+
+
+def regularized_beta(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The regularised incomplete beta function ``I_x(a, b)``, element-wise:
+    the continued fraction of Numerical Recipes' ``betai``, on whichever
+    side converges (``x < (a + 1) / (a + b + 2)``: the small tail directly,
+    to full relative precision). The log-beta is computed once per distinct
+    ``(a, b)``: a million groups have a handful of degrees of freedom."""
+    x, a, b = (np.asarray(v, dtype=np.float64) for v in np.broadcast_arrays(x, a, b))
+    pairs, inverse = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+    log_beta = np.array([math.lgamma(pa) + math.lgamma(pb) - math.lgamma(pa + pb)
+                         for pa, pb in pairs.tolist()])[inverse.ravel()]
+    out = np.where(x <= 0, 0.0, 1.0)
+    inside = np.flatnonzero((x > 0) & (x < 1))
+    if not len(inside):
+        return out
+    x, a, b, log_beta = x[inside], a[inside], b[inside], log_beta[inside]
+    front = np.exp(a * np.log(x) + b * np.log1p(-x) - log_beta)
+    direct = x < (a + 1.0) / (a + b + 2.0)
+    value = np.empty(len(inside))
+    value[direct] = front[direct] * _beta_fraction(x[direct], a[direct], b[direct]) / a[direct]
+    flip = ~direct
+    value[flip] = 1.0 - front[flip] * _beta_fraction(1.0 - x[flip], b[flip], a[flip]) / b[flip]
+    out[inside] = value
+    return out
+
+
+def _beta_fraction(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The continued fraction of ``I_x(a, b)`` by the modified Lentz method,
+    each element iterated until its factor is 1 to rounding; the elements
+    still going are kept together in short arrays (no masks, no fancy
+    indexing per step)."""
+    tiny, eps = 1e-300, 1e-15
+    result = np.empty(len(x))
+    where = np.arange(len(x))
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c = np.ones(len(x))
+    d = 1.0 / _not_tiny(1.0 - qab * x / qap, tiny)
+    h = d.copy()
+    for m in range(1, 10_000):
+        m2 = 2.0 * m
+        step = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 / _not_tiny(1.0 + step * d, tiny)
+        c = _not_tiny(1.0 + step / c, tiny)
+        h *= d * c
+        step = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 / _not_tiny(1.0 + step * d, tiny)
+        c = _not_tiny(1.0 + step / c, tiny)
+        delta = d * c
+        h *= delta
+        going = np.abs(delta - 1.0) > eps
+        if not going.all():
+            done = ~going
+            result[where[done]] = h[done]
+            where, x, a, b, qab, qap, qam, c, d, h = (
+                v[going] for v in (where, x, a, b, qab, qap, qam, c, d, h))
+            if not len(where):
+                break
+    result[where] = h
+    return result
+
+
+def _not_tiny(values: np.ndarray, tiny: float) -> np.ndarray:
+    return np.where(np.abs(values) < tiny, tiny, values)
