@@ -541,3 +541,26 @@ def test_a_forecaster_is_scored_on_forecast_h_per_time_step():
         assert (rows["forecast"] == last).all()
         got = run.evaluation.set_index(["sku", "window"]).loc[(sku, window), "mae"]
         assert got == pytest.approx(np.mean(np.abs(rows["actual"] - last)), rel=1e-12)
+
+
+def fit_shifted(rows, shift=0.0):
+    model = fit_arrays(rows)
+    model.level += shift
+    return model
+
+
+def test_the_candidates_of_a_group_share_its_windows_and_score_as_if_alone():
+    """A group's windows are made once for its candidates (same arrays on
+    the same worker): each candidate scores as it does in a run of its own."""
+    frame = daily(groups=3, days=40, seed=2)
+    splitter = mm.backtest("date", horizon=5, windows=2, target="sales", features=["x"],
+                           metrics=["rmse", "mae"])
+    together = mm.train(fit_shifted, mm.groups(frame, by="sku", format="numpy")
+                        * mm.grid(shift=[0.0, 5.0, -3.0]), evaluate=splitter,
+                        backend="serial", progress=False).evaluation
+    for shift in (0.0, 5.0, -3.0):
+        alone = mm.train(fit_shifted, mm.groups(frame, by="sku", format="numpy"),
+                         evaluate=splitter, backend="serial", progress=False,
+                         shared={"shift": shift}).evaluation
+        mine = together[together["shift"] == shift].drop(columns="shift")
+        pd.testing.assert_frame_equal(mine.reset_index(drop=True), alone[mine.columns])

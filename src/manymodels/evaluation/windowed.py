@@ -217,29 +217,67 @@ def evaluate_group(fit: Callable[..., Any], group: GroupWindows, kwargs: dict[st
 
 
 def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
-                  splitter: Splitter) -> tuple[Any, dict[str, Any]]:
-    """Evaluate one candidate on one group's ``rows``; ``(model, metrics)``
-    with the averaged metrics and the per-window ones under :data:`WINDOWS`."""
-    try:
-        group = GroupWindows(splitter, rows)
-    except TooShort as exc:
-        model, fit_metrics = split_result(fit(rows, **kwargs))
-        return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}
+                  splitter: Splitter, group: GroupWindows | None = None
+                  ) -> tuple[Any, dict[str, Any]]:
+    """Evaluate one candidate on one group's ``rows`` (``group``: their
+    windows, when already made); ``(model, metrics)`` with the averaged
+    metrics and the per-window ones under :data:`WINDOWS`."""
+    if group is None:
+        try:
+            group = GroupWindows(splitter, rows)
+        except TooShort as exc:
+            model, fit_metrics = split_result(fit(rows, **kwargs))
+            return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}
     model, fit_metrics, records = evaluate_group(fit, group, kwargs)
     if splitter.refit:
         model, fit_metrics = split_result(fit(rows, **kwargs))
     return model, {**fit_metrics, **mean_scores(records), WINDOWS: records}
 
 
+def _same_arrays(rows: Any, other: Any) -> bool:
+    """Whether two ``format="numpy"`` groups are views of the same memory
+    (same columns, addresses, shapes and strides). ``other`` is held alive
+    by the caller, so its memory cannot have been reused for other data."""
+    if type(rows) is not dict or type(other) is not dict or rows.keys() != other.keys():
+        return False
+    for name, values in rows.items():
+        kept = other[name]
+        if (type(values) is not np.ndarray or values.flags.writeable
+                or values.__array_interface__["data"][0] != kept.__array_interface__["data"][0]
+                or values.shape != kept.shape or values.strides != kept.strides
+                or values.dtype != kept.dtype):
+            return False
+    return True
+
+
 class Evaluated:
     """``fit`` evaluated by a splitter: what the executor calls when
-    ``train`` is given ``evaluate=``. Picklable if ``fit`` is."""
+    ``train`` is given ``evaluate=``. Picklable if ``fit`` is.
+
+    The candidates of one group (``groups * grid``) run one after another
+    on a worker: their group's windows are made once, for the first, and
+    kept while the next task's rows are the same read-only arrays."""
 
     def __init__(self, fit: Callable[..., Any], splitter: Splitter) -> None:
         self.fit, self.splitter = fit, splitter
+        self._last: tuple[Any, GroupWindows] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_last": None}
 
     def __call__(self, rows: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        return evaluate_rows(self.fit, rows, kwargs, self.splitter)
+        last = self._last
+        if last is not None and _same_arrays(rows, last[0]):
+            return evaluate_rows(self.fit, rows, kwargs, self.splitter, last[1])
+        self._last = None
+        try:
+            group = GroupWindows(self.splitter, rows)
+        except TooShort as exc:
+            model, fit_metrics = split_result(self.fit(rows, **kwargs))
+            return model, {**fit_metrics, **skipped_metrics(self.splitter, str(exc))}
+        if type(rows) is dict:
+            self._last = (rows, group)
+        return evaluate_rows(self.fit, rows, kwargs, self.splitter, group)
 
 
 def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
