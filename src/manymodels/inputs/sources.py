@@ -78,27 +78,7 @@ class GroupSource(Source):
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-        by_columns = _column_list(by, "by")
-        if not by_columns:
-            raise ValueError("groups() needs at least one column in by=")
-        twice = named_twice(by_columns)
-        if twice is not None:
-            raise ValueError(f"by= names the column {twice!r} twice")
-        order_columns = _column_list(order_by, "order_by") if order_by is not None else []
-        if columns is not None:
-            wanted = _column_list(columns, "columns")
-            if not wanted:
-                raise ValueError("columns= names no column; leave it out to read them all")
-            wanted = list(dict.fromkeys(by_columns + order_columns + wanted))
-            if is_pandas_frame(table):  # select by label, before anything is converted
-                absent = [c for c in wanted if c not in table.columns]
-                if absent:
-                    raise ValueError(f"column {absent[0]!r} is not in the table; "
-                                     f"its columns are {list(table.columns)}")
-                table = table.loc[:, [c for c in table.columns if c in wanted]]
-                wanted = None
-        else:
-            wanted = None
+        by_columns, order_columns, table, wanted = _named_columns(table, by, order_by, columns)
         #: The engine's DataFrame (Spark, Dask) that its engine groups, or None
         self.engine_frame: EngineFrame | None = None
         engine = engine_of(table)
@@ -114,15 +94,7 @@ class GroupSource(Source):
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
         if is_pandas_frame(table) and not all(isinstance(c, str) for c in table.columns):
-            self.column_labels = list(table.columns)
-            names = [str(c) for c in self.column_labels]
-            if len(set(names)) < len(names):
-                raise ValueError(f"the frame's column labels {self.column_labels} are not "
-                                 "distinct as strings; rename the columns")
-            by_columns = [str(c) if c in self.column_labels else c for c in by_columns]
-            order_columns = [str(c) if c in self.column_labels else c for c in order_columns]
-            self.key_labels = [self.column_labels[names.index(c)] if c in names else c
-                               for c in by_columns]
+            by_columns, order_columns = self._label_columns(table, by_columns, order_columns)
         if not all(isinstance(c, str) for c in by_columns):
             raise TypeError(f"by= must name columns as strings, got {by!r}")
         if not all(isinstance(c, str) for c in order_columns):
@@ -139,18 +111,7 @@ class GroupSource(Source):
         #: column; with a reader, the key columns and each row's file number).
         self.reader: ParquetGroups | None = None
         if read_on_workers:
-            if "__file__" in by_columns:
-                raise ValueError("by column '__file__' has the name read_on_workers gives "
-                                 "each row's file number: rename it, or read on the driver")
-            self.reader, self.table = ParquetGroups.plan(
-                parquet_files(table), by_columns, order_columns, wanted,
-                root=str(Path(table).absolute()) if Path(table).is_dir() else None)
-            for name in by_columns:
-                column = self.table.column(name)
-                nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()
-                if column.null_count or nan:
-                    raise ValueError(f"by column {name!r} has missing values; "
-                                     "read_on_workers needs a value in every key column")
+            self._plan_reads_on_workers(table, by_columns, order_columns, wanted)
         else:
             self.table = read_table(table, wanted)
         checked = (("by", by_columns),) + (() if self.reader else (("order_by", order_columns),))
@@ -168,6 +129,38 @@ class GroupSource(Source):
         self.format = format
         self.cost = cost
         self._layout = None  # filled once by planning.group_layout
+
+    def _label_columns(self, table: Any, by_columns: list, order_columns: list
+                       ) -> tuple[list, list]:
+        """A pandas frame whose column labels are not all strings: keep its
+        labels for ``fit``, and name the key and order columns by their text."""
+        self.column_labels = list(table.columns)
+        names = [str(c) for c in self.column_labels]
+        if len(set(names)) < len(names):
+            raise ValueError(f"the frame's column labels {self.column_labels} are not "
+                             "distinct as strings; rename the columns")
+        by_columns = [str(c) if c in self.column_labels else c for c in by_columns]
+        order_columns = [str(c) if c in self.column_labels else c for c in order_columns]
+        self.key_labels = [self.column_labels[names.index(c)] if c in names else c
+                           for c in by_columns]
+        return by_columns, order_columns
+
+    def _plan_reads_on_workers(self, table: Any, by_columns: list, order_columns: list,
+                               wanted: list | None) -> None:
+        """Read only the key columns here; each batch reads its groups' rows
+        from the Parquet files on its worker."""
+        if "__file__" in by_columns:
+            raise ValueError("by column '__file__' has the name read_on_workers gives "
+                             "each row's file number: rename it, or read on the driver")
+        self.reader, self.table = ParquetGroups.plan(
+            parquet_files(table), by_columns, order_columns, wanted,
+            root=str(Path(table).absolute()) if Path(table).is_dir() else None)
+        for name in by_columns:
+            column = self.table.column(name)
+            nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()
+            if column.null_count or nan:
+                raise ValueError(f"by column {name!r} has missing values; "
+                                 "read_on_workers needs a value in every key column")
 
     def _keep_in_engine(self, table: Any, engine: str, by: list, order_by: list,
                         wanted: list | None, read_on_workers: bool, staging: Any) -> None:
@@ -231,6 +224,34 @@ class PartitionSource(Source):
 
     def __repr__(self) -> str:
         return f"partitions({self.num_rows} rows, {self.partitions})"
+
+
+def _named_columns(table: Any, by: Any, order_by: Any, columns: Any
+                   ) -> tuple[list, list, Any, list | None]:
+    """``by``, ``order_by`` and ``columns`` as lists, checked; a pandas frame
+    cut to ``columns`` by label before anything converts it (then no column
+    list is left to read), else the columns to read."""
+    by_columns = _column_list(by, "by")
+    if not by_columns:
+        raise ValueError("groups() needs at least one column in by=")
+    twice = named_twice(by_columns)
+    if twice is not None:
+        raise ValueError(f"by= names the column {twice!r} twice")
+    order_columns = _column_list(order_by, "order_by") if order_by is not None else []
+    if columns is None:
+        return by_columns, order_columns, table, None
+    wanted = _column_list(columns, "columns")
+    if not wanted:
+        raise ValueError("columns= names no column; leave it out to read them all")
+    wanted = list(dict.fromkeys(by_columns + order_columns + wanted))
+    if is_pandas_frame(table):  # select by label, before anything is converted
+        absent = [c for c in wanted if c not in table.columns]
+        if absent:
+            raise ValueError(f"column {absent[0]!r} is not in the table; "
+                             f"its columns are {list(table.columns)}")
+        return by_columns, order_columns, table.loc[:, [c for c in table.columns
+                                                         if c in wanted]], None
+    return by_columns, order_columns, table, wanted
 
 
 def _default_item_key(item: Any, position: int) -> Hashable:
