@@ -18,7 +18,8 @@
 # --smoke runs the same steps at small sizes (at most 2 minutes on 2 cores); without
 # a GPU the GPU tests skip, gpu_bench.py exits saying so, mm.linear runs PyTorch on
 # the CPU (checked against NumPy), and the table says "skipped: no GPU".
-# PYTHON picks the interpreter (default: .venv/bin/python if present, else python3).
+# PYTHON picks the interpreter (default: .venv/bin/python if present, else python3);
+# DEVICE_CHECK_BUDGET_S the time budget of all steps (default 540 s; smoke 120 s).
 set -u
 cd "$(dirname "$0")/.."
 smoke=0
@@ -26,7 +27,7 @@ dest=""
 for arg in "$@"; do
     case "$arg" in
         --smoke) smoke=1 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         -*) echo "device_check.sh: unknown option $arg" >&2; exit 2 ;;
         *) dest="$arg" ;;
     esac
