@@ -73,8 +73,12 @@ class GroupWindows:
             if self.numpy:
                 columns = [self.rows[name] for name in self.features]
                 self._X = np.column_stack(columns) if columns else np.empty((self.n, 0))
-            else:
+            elif self.features:
                 self._X = self.rows[self.features]
+            else:  # no feature columns (a forecaster's): the rows' number alone
+                import pandas as pd
+
+                self._X = pd.DataFrame(index=pd.RangeIndex(self.n))
         if self.numpy:
             return self._X[positions]
         return _renumbered(self._X.iloc[positions])
