@@ -3,19 +3,21 @@
 Splitting a table costs what the function alone does not: starting the
 workers (a fork takes about a tenth of a second, a spawn a second or more),
 sending each partition's output back and concatenating the outputs; and the
-workers gain only where they get cores: on a machine already busy (its load
-average), a CPU-bound function split in two ran slower than on the whole
+workers gain only the cores they get: on a machine already busy (its load
+average) a CPU-bound function split in two ran slower than on the whole
 frame. So, unless the caller said how to split, the function is timed on one
 row (its cost per call) and on the table's first rows (1/400 of them, at most
 5,000, doubled while that takes under 20 ms, up to 1%), which give its cost
 per row and how much of it was on a core (the rest asleep or reading), and
 how long its output takes to pickle and unpickle, all in seconds of its own:
 the time its thread waited for a core, another program's, is left out (the
-kernel's account of the thread, ``/proc/thread-self/schedstat``). The table is split only
-where that estimate says the workers finish, all costs included, in at most
-:data:`GAIN_NEEDED` of the time one process would take. Otherwise the
-function runs once, in this process, on the whole table, as ``fn(table)``
-would (the trials cost about 1% of that).
+kernel's account of the thread, ``/proc/thread-self/schedstat``). Time on a
+core is then shared fairly between the threads that want one (the load
+average), the workers' too. The table is split only where that estimate
+says the workers finish, all costs included, in at most :data:`GAIN_NEEDED`
+of the time one process would take. Otherwise the function runs once, in
+this process, on the whole table, as ``fn(table)`` would (the trials cost
+about 1% of that).
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ GAIN_NEEDED = 0.8
 #: and its imports each).
 FORK_START_S, SPAWN_START_S = 0.1, 1.5
 #: Sending the outputs back and concatenating them, in times what pickling
-#: and unpickling them costs; a table not shared by a fork is put into shared
-#: memory at this many bytes a second.
-RETURN_TIMES_PICKLING, SHARE_BYTES_PER_S = 1.5, 2e9
+#: and unpickling them costs (the bench's workload f, 2,000,000 x 50 floats:
+#: 1.8 s split on 2 cores where the function took 1.9 s); a table not shared
+#: by a fork is put into shared memory at this many bytes a second.
+RETURN_TIMES_PICKLING, SHARE_BYTES_PER_S = 0.75, 2e9
 #: Seconds a partition costs the scheduler and a worker beyond its work.
 PER_PARTITION_S = 0.002
 #: The first trial slice: ``TRIAL_FRACTION`` of the rows, at most ``TRIAL_MAX_ROWS``.
@@ -168,14 +171,18 @@ def _start_s(options: dict[str, Any]) -> float:
     return FORK_START_S if forks else SPAWN_START_S
 
 
-def _free_cores(workers: int) -> float:
-    """Cores the workers may have now: the usable ones less the load average
-    of the others (this process's thread counts one), at least one."""
+def _runnable() -> float:
+    """Threads wanting a core now, this one included: the load average."""
     try:
-        others = max(0.0, os.getloadavg()[0] - 1.0)
+        return max(1.0, os.getloadavg()[0])
     except OSError:
-        others = 0.0
-    return max(1.0, min(float(workers), usable_cores() - others))
+        return 1.0
+
+
+def _slowdown(runnable: float, cores: int) -> float:
+    """How much longer a second of work takes when ``runnable`` threads share
+    ``cores`` cores fairly (1 where each has one)."""
+    return max(1.0, runnable / cores)
 
 
 def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
@@ -195,22 +202,24 @@ def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
         return SplitDecision(True, "split: the function failed on a trial slice")
     scale = rows / trial.rows
     work = max(trial.seconds - per_call, 0.0) * scale  # fn's time per row, all rows
-    alone = per_call + work
-    # the share of fn's time on a core gains only from free cores; the rest
-    # (asleep, reading) from every worker
+    # fn's time on a core is shared fairly with the other threads that want
+    # one (the load average), the workers' as this process's; the rest
+    # (asleep, reading) gains from every worker
     busy = min(1.0, trial.on_core_s / trial.seconds) if trial.seconds else 1.0
-    cores = _free_cores(workers)
+    cores, runnable = usable_cores(), _runnable()
     costs = (_start_s(options) + trial.pickling_s * scale * RETURN_TIMES_PICKLING
              + source.partitions * PER_PARTITION_S)
     if source.format != "pandas" or not hasattr(source.table, "iloc"):
         costs += _nbytes(source.table) / SHARE_BYTES_PER_S
-    split = (work * busy / cores + work * (1 - busy) / workers
-             + per_call * source.partitions / workers + costs)
-    estimate = (f"the function takes about {alone:.3g} s on the whole table in one process "
-                f"(timed on {trial.rows} rows, {busy:.0%} of it on a core), "
-                f"about {split:.3g} s split between {workers} workers with {cores:.3g} free "
-                f"cores, {costs:.3g} s of it to start them and send the outputs back")
-    if split <= GAIN_NEEDED * alone:
+    in_process = (per_call + work * busy) * _slowdown(runnable, cores) + work * (1 - busy)
+    split = (work * busy / workers * _slowdown(runnable + workers - 1, cores)
+             + work * (1 - busy) / workers + per_call * source.partitions / workers
+             + costs * _slowdown(runnable, cores))
+    estimate = (f"the function takes about {in_process:.3g} s on the whole table in one "
+                f"process (timed on {trial.rows} rows, {busy:.0%} of it on a core; load "
+                f"average {runnable:.1f} on {cores} cores), about {split:.3g} s split between "
+                f"{workers} workers, starting them and sending the outputs back included")
+    if split <= GAIN_NEEDED * in_process:
         return SplitDecision(True, f"split into {source.partitions} partitions: {estimate}")
     return SplitDecision(False, f"in-process, not split: splitting cannot pay ({estimate})")
 
