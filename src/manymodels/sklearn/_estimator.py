@@ -39,62 +39,9 @@ from sklearn.utils.validation import (
 from ..inputs.keys import TypedKeys, encode_key, find_typed, key_parts
 from ..inputs.tables import plain_scalar
 from ._inputs import by_list, feature_input, split_X
+from ._levels import GROUP, Blend, aligned, fit_group, stack_levels
 from ._routing import group_positions, route_rows
-from ._shrinkage import ShrinkageWeights, shrinkage_function
-
-_Y = "__manymodels_target__"
-_GROUP = "__manymodels_group__"
-_W = "__manymodels_weight__"
-
-
-def _fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool,
-               weighted: bool = False) -> Any:
-    X = df[features] if as_frame else df[features].to_numpy()
-    if weighted:
-        return clone(estimator).fit(X, df[_Y].to_numpy(), sample_weight=df[_W].to_numpy())
-    return clone(estimator).fit(X, df[_Y].to_numpy())
-
-
-def _level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple]]:
-    """Each row's group number among the prefixes of its key of length
-    ``depth``, and each group's prefix (a tuple of plain values)."""
-    columns = list(keys.columns[:depth])
-    codes = keys.groupby(columns if depth > 1 else columns[0], sort=False,
-                         dropna=False).ngroup().to_numpy()
-    first = np.unique(codes, return_index=True)[1]
-    prefixes = [tuple(plain_scalar(v) for v in row)
-                for row in keys.iloc[first, :depth].itertuples(index=False, name=None)]
-    return codes, prefixes
-
-
-def _aligned(classes: np.ndarray, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
-    """A model's class columns placed among ``classes`` (a group may have seen
-    fewer classes; the others get ``missing``); a binary decision as two
-    columns, -s and s."""
-    if scores.ndim == 1:
-        scores = np.column_stack([-scores, scores])
-    full = np.full((len(scores), len(classes)), missing)
-    full[:, np.searchsorted(classes, model.classes_)] = scores
-    return full
-
-
-class _Blend:
-    """A chain of models whose predictions (a regressor's) or class
-    probabilities (a classifier's, over ``classes``: a model that never saw a
-    class gives it 0) are summed with fixed weights, as scikit-lego's
-    HierarchicalRegressor and HierarchicalClassifier do."""
-
-    def __init__(self, models: list, weights: np.ndarray, classes: np.ndarray | None) -> None:
-        self.models, self.weights, self.classes_ = models, weights, classes
-
-    def predict(self, X: Any) -> np.ndarray:
-        return sum(w * np.asarray(m.predict(X), dtype=float)
-                   for m, w in zip(self.models, self.weights))
-
-    def predict_proba(self, X: Any) -> np.ndarray:
-        return sum(w * _aligned(self.classes_, m, np.asarray(m.predict_proba(X), dtype=float),
-                                0.0)
-                   for m, w in zip(self.models, self.weights))
+from ._shrinkage import check_chains, shrinkage_function, whose_chain
 
 
 def _offers_decision_function(owner: GroupedEstimator) -> bool:
@@ -220,23 +167,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         import manymodels as mm
 
         shrink = self._check_params()
-        if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target "
-                             "y is None")
-        keys, features = split_X(self, X, fitting=True)
-        y = column_or_1d(y, warn=True)
-        if y.dtype.kind in "fc":  # scikit-learn's message for NaN or inf in y
-            check_array(y, ensure_2d=False, dtype=None, input_name="y")
-        if len(y) != len(features):
-            raise ValueError(f"X has {len(features)} rows but y has {len(y)}")
-        if len(y) == 0:
-            raise ValueError("cannot fit on 0 samples")
-        if sample_weight is not None:
-            for estimator in (self.estimator, self.fallback):
-                if hasattr(estimator, "fit") and not has_fit_parameter(estimator,
-                                                                       "sample_weight"):
-                    raise TypeError(f"{type(estimator).__name__}.fit takes no sample_weight")
-            sample_weight = _check_sample_weight(sample_weight, features)
+        keys, features, y, sample_weight = self._checked_data(X, y, sample_weight)
         if is_classifier(self.estimator):
             self.classes_ = np.unique(y)
         X_all = feature_input(features, self._as_frame)
@@ -245,22 +176,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
 
         depth = keys.shape[1]
         hierarchical = bool(self.hierarchical) or shrink is not None
-        table = features.copy()
-        if not self._as_frame:
-            table.columns = list(range(features.shape[1]))
-        feature_columns = list(table.columns)
-        table[_Y] = y
-        if sample_weight is not None:
-            table[_W] = sample_weight
-        parts, key_of, sizes = [], [], []
-        for level in range(1, depth + 1) if hierarchical else [depth]:
-            codes, prefixes = _level_codes(keys, level)
-            counts = np.bincount(codes, minlength=len(prefixes))
-            keep = counts[codes] >= self.min_group_size
-            parts.append(table[keep].assign(**{_GROUP: codes[keep] + len(key_of)}))
-            key_of.extend(prefixes)
-            sizes.extend(int(n) for n in counts)
-        stacked = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        stacked, feature_columns, key_of, sizes = stack_levels(
+            keys, features, y, sample_weight, as_frame=self._as_frame,
+            levels=range(1, depth + 1) if hierarchical else [depth],
+            min_group_size=self.min_group_size)
 
         def public(prefix: tuple) -> Hashable:
             return prefix[0] if depth == 1 else prefix
@@ -270,11 +189,12 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         self.group_sizes_ = {public(k): n for k, n in self.level_sizes_.items()
                              if len(k) == depth}
         if shrink is not None:
-            self._check_chains(shrink, key_of)
+            check_chains(shrink, key_of, self.level_sizes_, self.n_rows_, self.fallback,
+                         self.min_group_size)
         self.models_, self.parent_models_, failures = {}, {}, []
         if len(stacked):
             run = mm.train(
-                _fit_group, mm.groups(stacked, by=_GROUP),
+                fit_group, mm.groups(stacked, by=GROUP),
                 shared={"estimator": self.estimator, "features": feature_columns,
                         "as_frame": self._as_frame, "weighted": sample_weight is not None},
                 backend=self.backend, workers=self.workers, progress=False)
@@ -285,7 +205,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                 else:
                     self.parent_models_[prefix] = model
             for _, row in run.failed.iterrows():
-                prefix = key_of[row[_GROUP]]
+                prefix = key_of[row[GROUP]]
                 failures.append({"group": public(prefix) if len(prefix) == depth else prefix,
                                  "error": row["error"]})
         self.failed_ = pd.DataFrame(failures, columns=["group", "error"])
@@ -308,24 +228,27 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                                        if len(k) == depth}
         return self
 
-    def _check_chains(self, shrink: ShrinkageWeights, prefixes: list[tuple]) -> None:
-        """Weigh, from the row counts and before any model is fitted, every chain
-        that predict may use: each prefix's (rows of its unseen sub-groups use
-        it) and the root's alone (rows of unseen top-level groups). A chain is
-        the root (unless fallback='error') and the prefix's levels that have
-        min_group_size rows or more."""
-        root = [] if self.fallback == "error" else [self.n_rows_]
-        for prefix in [(), *prefixes]:
-            chain = root + [self.level_sizes_[prefix[:level]]
-                            for level in range(1, len(prefix) + 1)
-                            if self.level_sizes_[prefix[:level]] >= self.min_group_size]
-            if chain:
-                shrink.for_chain(chain, self._whose_chain(prefix))
-
-    def _whose_chain(self, prefix: tuple) -> str:
-        if prefix:
-            return repr(prefix)
-        return "the global model" if self.fallback == "global" else "the fallback model"
+    def _checked_data(self, X: Any, y: Any, sample_weight: Any) -> tuple:
+        """The key columns, the features, ``y`` and the weights, each checked
+        as scikit-learn checks them, before any model is fitted."""
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target "
+                             "y is None")
+        keys, features = split_X(self, X, fitting=True)
+        y = column_or_1d(y, warn=True)
+        if y.dtype.kind in "fc":  # scikit-learn's message for NaN or inf in y
+            check_array(y, ensure_2d=False, dtype=None, input_name="y")
+        if len(y) != len(features):
+            raise ValueError(f"X has {len(features)} rows but y has {len(y)}")
+        if len(y) == 0:
+            raise ValueError("cannot fit on 0 samples")
+        if sample_weight is not None:
+            for estimator in (self.estimator, self.fallback):
+                if hasattr(estimator, "fit") and not has_fit_parameter(estimator,
+                                                                       "sample_weight"):
+                    raise TypeError(f"{type(estimator).__name__}.fit takes no sample_weight")
+            sample_weight = _check_sample_weight(sample_weight, features)
+        return keys, features, y, sample_weight
 
     def _check_fits_without_features(self, X_all: Any, y: np.ndarray, depth: int) -> None:
         """With the key columns alone as X, make sure the estimator fits on no
@@ -364,7 +287,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                 sizes.append(self.level_sizes_[prefix])
         if not models:
             return models, np.array([])
-        return models, self.shrinkage_function_.for_chain(sizes, self._whose_chain(key))
+        return models, self.shrinkage_function_.for_chain(sizes, whose_chain(self.fallback, key))
 
     def _route(self, X: Any, method: str) -> np.ndarray:
         check_is_fitted(self, "models_")
@@ -385,7 +308,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             parts = key_parts(key)
             if shrinking:
                 models, weights = self._chain(tuple(plain_scalar(v) for v in parts))
-                return (_Blend(models, weights, classes), "shrunk") if models else None
+                return (Blend(models, weights, classes), "shrunk") if models else None
             for level in range(depth, 0, -1):  # one encoding: NaN finds NaN; 1.0 finds 1
                 model = find_typed(by_code, parts[:level])
                 if model is not None:
@@ -396,9 +319,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             part = X_feat.iloc[rows] if self._as_frame else X_feat[rows]
             values = np.asarray(getattr(model, method)(part))
             if method == "predict_proba":
-                return _aligned(self.classes_, model, values, 0.0)
+                return aligned(self.classes_, model, values, 0.0)
             if method == "decision_function" and len(self.classes_) > 2:
-                return _aligned(self.classes_, model, values, -np.inf)
+                return aligned(self.classes_, model, values, -np.inf)
             return values
 
         routed = route_rows(group_positions(keys), len(keys), model_of, call)

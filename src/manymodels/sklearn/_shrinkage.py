@@ -133,3 +133,25 @@ class ShrinkageWeights:
         except Exception as exc:
             raise ValueError(f"shrinkage: the chain of {whose} (sizes {[int(n) for n in sizes]}, "
                              f"root first) gets no weights: {exc}") from exc
+
+
+def check_chains(shrink: ShrinkageWeights, prefixes: list[tuple], level_sizes: dict,
+                 n_rows: int, fallback: Any, min_group_size: int) -> None:
+    """Weigh, from the row counts and before any model is fitted, every chain
+    that predict may use: each prefix's (rows of its unseen sub-groups use
+    it) and the root's alone (rows of unseen top-level groups). A chain is
+    the root (unless fallback='error') and the prefix's levels that have
+    min_group_size rows or more."""
+    root = [] if fallback == "error" else [n_rows]
+    for prefix in [(), *prefixes]:
+        chain = root + [level_sizes[prefix[:level]] for level in range(1, len(prefix) + 1)
+                        if level_sizes[prefix[:level]] >= min_group_size]
+        if chain:
+            shrink.for_chain(chain, whose_chain(fallback, prefix))
+
+
+def whose_chain(fallback: Any, prefix: tuple) -> str:
+    """A chain's name in a refusal: its group, or the root model."""
+    if prefix:
+        return repr(prefix)
+    return "the global model" if fallback == "global" else "the fallback model"

@@ -1,0 +1,93 @@
+"""The levels of a group hierarchy: each prefix of ``by`` as a group code,
+every level's rows stacked into one table (one ``train`` call fits them all),
+and the blend of a chain of levels' models that shrinkage predicts with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.base import clone
+
+from ..inputs.tables import plain_scalar
+
+Y = "__manymodels_target__"
+GROUP = "__manymodels_group__"
+W = "__manymodels_weight__"
+
+
+def fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool,
+               weighted: bool = False) -> Any:
+    X = df[features] if as_frame else df[features].to_numpy()
+    if weighted:
+        return clone(estimator).fit(X, df[Y].to_numpy(), sample_weight=df[W].to_numpy())
+    return clone(estimator).fit(X, df[Y].to_numpy())
+
+
+def level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple]]:
+    """Each row's group number among the prefixes of its key of length
+    ``depth``, and each group's prefix (a tuple of plain values)."""
+    columns = list(keys.columns[:depth])
+    codes = keys.groupby(columns if depth > 1 else columns[0], sort=False,
+                         dropna=False).ngroup().to_numpy()
+    first = np.unique(codes, return_index=True)[1]
+    prefixes = [tuple(plain_scalar(v) for v in row)
+                for row in keys.iloc[first, :depth].itertuples(index=False, name=None)]
+    return codes, prefixes
+
+
+def aligned(classes: np.ndarray, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
+    """A model's class columns placed among ``classes`` (a group may have seen
+    fewer classes; the others get ``missing``); a binary decision as two
+    columns, -s and s."""
+    if scores.ndim == 1:
+        scores = np.column_stack([-scores, scores])
+    full = np.full((len(scores), len(classes)), missing)
+    full[:, np.searchsorted(classes, model.classes_)] = scores
+    return full
+
+
+class Blend:
+    """A chain of models whose predictions (a regressor's) or class
+    probabilities (a classifier's, over ``classes``: a model that never saw a
+    class gives it 0) are summed with fixed weights, as scikit-lego's
+    HierarchicalRegressor and HierarchicalClassifier do."""
+
+    def __init__(self, models: list, weights: np.ndarray, classes: np.ndarray | None) -> None:
+        self.models, self.weights, self.classes_ = models, weights, classes
+
+    def predict(self, X: Any) -> np.ndarray:
+        return sum(w * np.asarray(m.predict(X), dtype=float)
+                   for m, w in zip(self.models, self.weights))
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        return sum(w * aligned(self.classes_, m, np.asarray(m.predict_proba(X), dtype=float),
+                                0.0)
+                   for m, w in zip(self.models, self.weights))
+
+
+def stack_levels(keys: pd.DataFrame, features: pd.DataFrame, y: np.ndarray,
+                 sample_weight: np.ndarray | None, *, as_frame: bool, levels: Iterable[int],
+                 min_group_size: int) -> tuple[pd.DataFrame, list, list[tuple], list[int]]:
+    """Every level's groups of at least ``min_group_size`` rows in one table,
+    each group numbered in ``GROUP``; the feature columns' names; each group
+    number's prefix; and each prefix's row count."""
+    table = features.copy()
+    if not as_frame:
+        table.columns = list(range(features.shape[1]))
+    feature_columns = list(table.columns)
+    table[Y] = y
+    if sample_weight is not None:
+        table[W] = sample_weight
+    parts, key_of, sizes = [], [], []
+    for level in levels:
+        codes, prefixes = level_codes(keys, level)
+        counts = np.bincount(codes, minlength=len(prefixes))
+        keep = counts[codes] >= min_group_size
+        parts.append(table[keep].assign(**{GROUP: codes[keep] + len(key_of)}))
+        key_of.extend(prefixes)
+        sizes.extend(int(n) for n in counts)
+    stacked = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return stacked, feature_columns, key_of, sizes
