@@ -564,3 +564,28 @@ def test_the_candidates_of_a_group_share_its_windows_and_score_as_if_alone():
                          shared={"shift": shift}).evaluation
         mine = together[together["shift"] == shift].drop(columns="shift")
         pd.testing.assert_frame_equal(mine.reset_index(drop=True), alone[mine.columns])
+
+
+def test_halving_with_eta_1_is_the_full_evaluation_keeping_only_the_winner(tmp_path):
+    frame = daily(groups=3, days=40, seed=6)
+    splitter = mm.backtest("date", horizon=5, windows=3, target="sales", features=["x"])
+    alphas = [0.01, 10.0, 1e4]
+    source = mm.groups(frame, by="sku") * mm.grid(model=[Ridge(alpha=a) for a in alphas])
+    full = mm.train(fit_candidate, source, backend="serial", progress=False,
+                    evaluate=splitter, select="rmse").best().set_index("sku")
+    fits = []
+
+    def counted(df, model=None):
+        fits.append(len(df))
+        return fit_candidate(df, model)
+
+    one = mm.train(counted, source, backend="serial", progress=False, evaluate=splitter,
+                   select=mm.halving("rmse", eta=1), store=tmp_path / "s")
+    best = one.results.set_index("sku")
+    assert (best["window_fits"] == 3 * 3).all()  # every candidate on every window
+    assert fits.count(40) == 3  # one fit on all rows a group: the winner's
+    for sku in best.index:
+        assert best.loc[sku, "best_model"].alpha == full.loc[sku, "model"].alpha
+        assert best.loc[sku, "rmse"] == pytest.approx(full.loc[sku, "rmse"], rel=1e-12)
+    with pytest.raises(ValueError, match="eta >= 1"):
+        mm.halving("rmse", eta=0)

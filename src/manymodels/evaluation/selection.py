@@ -111,9 +111,14 @@ def halving(metric: str | tuple[str, str], eta: int = 3) -> Halving:
     survivor of the last window is refitted on all rows. Needs
     ``groups * grid`` and an ``evaluate=`` of several windows (a backtest or
     k folds); it runs one task per group, whose result row names its winning
-    setting in ``best_<name>`` columns and counts its ``window_fits``."""
-    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
-        raise ValueError(f"halving needs eta >= 2, got {eta!r}")
+    setting in ``best_<name>`` columns and counts its ``window_fits``.
+
+    ``eta=1`` drops no candidate early: every candidate is scored on every
+    window, as ``select="rmse"`` does, but in one task per group on the same
+    windows, and only the winner is fitted on all rows and stored (not one
+    model per candidate)."""
+    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 1:
+        raise ValueError(f"halving needs eta >= 1, got {eta!r}")
     return Halving(Selection.parse(metric, example="mm.halving(({!r}, 'max'))"), eta)
 
 
