@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import manymodels as mm
-from manymodels.engine.backends import _remote_slots
-from manymodels.engine.backends._remote_slots import RemoteSlotsBackend, bind_address
+from manymodels.engine.backends import _worker_port
+from manymodels.engine.backends._remote_slots import RemoteSlotsBackend
 from manymodels.engine.backends._remote_worker import serve
+from manymodels.engine.backends._worker_port import bind_address
 
 # -- item 5: one silent connection must not stall the workers' handshakes --------
 
@@ -35,7 +36,7 @@ class _ThreadEngine(RemoteSlotsBackend):
         return "127.0.0.1"
 
     def _ship(self, payload: bytes) -> Any:
-        self.silent.append(socket.create_connection(self._server.getsockname()[:2]))
+        self.silent.append(socket.create_connection(self._port.address))
         return payload
 
     def _launch(self, launch: int, args: tuple) -> Any:
@@ -52,7 +53,7 @@ def double(item):
 
 
 def test_a_silent_connection_does_not_stall_the_workers_handshake(monkeypatch):
-    monkeypatch.setattr(_remote_slots, "_HANDSHAKE_S", 1.0)
+    monkeypatch.setattr(_worker_port, "_HANDSHAKE_S", 1.0)
     backend = _ThreadEngine(workers=2)
     runs: list[Any] = []
     trainer = threading.Thread(

@@ -44,13 +44,11 @@ import pickle
 import queue
 import signal
 import socket
-import struct
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..execution import RunContext, TaskRef
@@ -58,6 +56,7 @@ from ..messages import Status, task_indices
 from ._protocol import Msg
 from ._ray_cluster import first_line
 from ._remote_worker import dump_payload
+from ._worker_port import WorkerPort
 from .base import (
     DEATHS_OUTSIDE_TASKS,
     Backend,
@@ -70,10 +69,8 @@ from .base import (
     blame_lost_batch,
 )
 
-_HELLO_WAIT_S = 30.0
 #: How long a connection to the worker port may take over each step of the
 #: HMAC handshake (a worker answers in milliseconds).
-_HANDSHAKE_S = 10.0
 _ACK = pickle.dumps((Msg.ACK,))
 _STOP_GRACE_S = 2.0
 #: How long past ``timeout`` the driver waits for a worker's own watchdog
@@ -146,10 +143,8 @@ class RemoteSlotsBackend(Backend):
         self._workers: dict[Connection, _Worker] = {}
         self._launches: dict[int, Any] = {}
         self._connected: set[int] = set()
-        self._hellos: queue.SimpleQueue = queue.SimpleQueue()
         self._rerun: deque[_Batch] = deque()
-        self._closing = threading.Event()
-        self._server: socket.socket | None = None
+        self._port: WorkerPort | None = None
         self._per_worker = 2
         self._numbers = 0
         self._relaunching = False  # a launch started again, after its engine task ended
@@ -157,16 +152,10 @@ class RemoteSlotsBackend(Backend):
         self._payload: bytes | None = None
         try:
             host = self._start_engine()
-            self._authkey = os.urandom(32)
-            self._server = socket.create_server((bind_address(host), 0))
-            self._server.settimeout(0.2)
-            address = (host, self._server.getsockname()[1])
-            self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                              name=f"manymodels-{self.name}-accept")
-            self._acceptor.start()
+            self._port = WorkerPort(host, self.name)
             bare = replace(context, table=None, shared=None)
             self._payload = dump_payload(bare, context.table, context.shared)
-            self._address, self._shipped = address, self._ship(self._payload)
+            self._shipped = self._ship(self._payload)
             for launch in range(self.workers):
                 self._start_launch(launch)
         except BaseException:
@@ -175,49 +164,11 @@ class RemoteSlotsBackend(Backend):
         self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS + self.workers,
                                   f"{self.engine} workers keep dying before running any task")
 
-    def _accept_loop(self) -> None:
-        """Accept workers' connections off the main thread, and shake hands
-        with each on a thread of its own, under a deadline: a peer that
-        connects and says nothing (a port scanner, a stuck process) costs its
-        own thread a few seconds, and holds up no worker behind it."""
-        while not self._closing.is_set():
-            try:
-                sock, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._greet, args=(sock,), daemon=True,
-                             name=f"manymodels-{self.name}-handshake").start()
-
-    def _greet(self, sock: socket.socket) -> None:
-        """The HMAC handshake and the worker's greeting, then hand the
-        connection to :meth:`_admit`; a stranger, a worker that died at once or
-        a peer silent past the deadline is closed."""
-        conn = None
-        try:
-            sock.setblocking(True)  # Connection reads the descriptor as blocking
-            _io_deadline(sock, _HANDSHAKE_S)  # so a blocked read or write gives up
-            conn = Connection(sock.detach())
-            deliver_challenge(conn, self._authkey)
-            answer_challenge(conn, self._authkey)
-            if not conn.poll(_HELLO_WAIT_S):
-                raise TimeoutError("no greeting")
-            hello = pickle.loads(conn.recv_bytes())
-            with socket.socket(fileno=os.dup(conn.fileno())) as same:
-                _io_deadline(same, 0)  # batches may take long to arrive: no deadline now
-            if self._closing.is_set():
-                raise ConnectionAbortedError("the run is over")
-            self._hellos.put((conn, hello))
-        except Exception:
-            with contextlib.suppress(Exception):
-                (conn or sock).close()
-
     def stop(self, *, force: bool = False) -> None:
-        closing = getattr(self, "_closing", None)
-        if closing is None:
-            return
-        closing.set()
+        if not hasattr(self, "_port"):
+            return  # never started
+        if self._port is not None:
+            self._port.closing.set()  # greeted from now on: closed, not queued
         try:
             for worker in list(self._workers.values()):
                 with contextlib.suppress(Exception):
@@ -238,12 +189,9 @@ class RemoteSlotsBackend(Backend):
         finally:
             self._workers, self._launches = {}, {}
             self._shipped = self._payload = None  # the engine frees its copies
-            if self._server is not None:
-                self._server.close()
-                self._server = None
-            while not self._hellos.empty():
-                with contextlib.suppress(Exception):
-                    self._hellos.get_nowait()[0].close()
+            if self._port is not None:
+                self._port.close()
+                self._port = None
             self._stop_engine()
 
     # -- the contract -------------------------------------------------------------
@@ -302,7 +250,7 @@ class RemoteSlotsBackend(Backend):
         """Take workers that connected since the last poll."""
         while True:
             try:
-                conn, hello = self._hellos.get_nowait()
+                conn, hello = self._port.greeted.get_nowait()
             except queue.Empty:
                 return
             if hello[0] != Msg.START:
@@ -405,7 +353,7 @@ class RemoteSlotsBackend(Backend):
 
     def _start_launch(self, launch: int) -> None:
         self._shipped = self._reship(self._shipped, self._payload)
-        args = (self._address, self._authkey, launch, self._shipped, self.cpus_per_task,
+        args = (self._port.address, self._port.authkey, launch, self._shipped, self.cpus_per_task,
                 self.timeout)
         self._launches[launch] = self._launch(launch, args)
         self._connected.discard(launch)
@@ -423,38 +371,6 @@ class RemoteSlotsBackend(Backend):
                 self._deaths.count(f"a {self.engine} task ended: {ended}")
             self._relaunching = True
             self._start_launch(launch)
-
-
-def bind_address(host: str) -> str:
-    """Where the worker port listens, given ``host``, the driver's address as
-    the engine's workers reach it: loopback for a local engine; else the
-    interface that has that address, as Spark binds its own driver port; every
-    interface (``""``) only where none here has it (a driver behind NAT) or
-    where a host name means loopback here (``127.0.1.1`` in ``/etc/hosts``)
-    but, by its name, something else on the workers."""
-    if host == "localhost" or host.startswith("127."):
-        return "127.0.0.1" if host == "localhost" else host
-    try:
-        address = socket.gethostbyname(host)
-    except OSError:
-        return ""
-    if address.startswith("127."):
-        return ""
-    try:
-        with socket.create_server((address, 0)):
-            return address
-    except OSError:
-        return ""
-
-
-def _io_deadline(sock: socket.socket, seconds: float) -> None:
-    """A kernel deadline on each blocking read and write of ``sock`` (0:
-    none). Not ``settimeout``, which makes the descriptor non-blocking: a
-    :class:`~multiprocessing.connection.Connection` reads it as blocking."""
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 def describe(exc: BaseException) -> str:
