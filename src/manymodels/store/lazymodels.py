@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Hashable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..engine.messages import Pickled
 from ..engine.partpacks import PackedModel
 from . import artifacts
-
-if TYPE_CHECKING:
-    from .registry import Store
 
 
 class _InStore:
@@ -36,7 +33,7 @@ class StoredModel:
 
     __slots__ = ("digest", "store", "what")
 
-    def __init__(self, store: Store, digest: str, what: Any) -> None:
+    def __init__(self, store: Any, digest: str, what: Any) -> None:  # a registry.Store
         # what: a description, or the task's key (described only if needed:
         # a re-run makes a million of these)
         self.store, self.digest, self.what = store, digest, what
