@@ -15,6 +15,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import manymodels as mm
@@ -139,9 +140,10 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _progress(log: Path, item: int) -> int:
+def _progress(log: Path, item: int | str) -> int:
     try:
-        return int(Path(log, f"{item}.progress").read_text() or 0)
+        name = item if isinstance(item, str) else f"{item}.progress"
+        return int(Path(log, name).read_text() or 0)
     except (OSError, ValueError):
         return 0
 
@@ -290,6 +292,60 @@ def test_a_save_interrupted_before_its_manifest_leaves_the_previous_state(tmp_pa
     Checkpoint(slot).save({"step": 1})
     (slot / "state-2.pkl").write_bytes(b"half a pickle")  # the crash: no manifest for it
     assert Checkpoint(slot).load() == {"step": 1}
+
+
+SAVER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import numpy as np
+    from manymodels.engine.checkpoints import Checkpoint
+    checkpoint = Checkpoint(Path(sys.argv[1]))
+    step = (checkpoint.load() or {"step": 0})["step"]
+    while True:  # back to back: a kill lands inside a save most of the time
+        step += 1
+        checkpoint.save({"step": step, "values": np.full(1 << 20, float(step))})
+        Path(sys.argv[1], "saved").write_text(str(step))
+""")
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path):
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    rng = np.random.default_rng(0)
+    last, events = 0, []
+    for _ in range(6):
+        saver = subprocess.Popen([sys.executable, "-c", SAVER, str(slot)])
+        _wait(lambda last=last: _progress(slot, "saved") > last, "a save")
+        time.sleep(rng.uniform(0, 0.05))
+        saver.send_signal(signal.SIGKILL)
+        saver.wait(timeout=30)
+        events.clear()
+        state = Checkpoint(slot, report=lambda kind, details: events.append(kind)).load()
+        assert events == ["resumed"]
+        assert state["step"] >= int((slot / "saved").read_text())  # nothing reported is lost
+        assert (state["values"] == state["step"]).all()  # and what is read is whole
+        last = state["step"]
+
+
+def test_a_lost_or_stale_manifest_is_made_up_for_by_the_state_files(tmp_path):
+    """What a power cut may leave of a manifest written without its fsync."""
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    checkpoint = Checkpoint(slot)
+    checkpoint.save({"step": 1})
+    stale = (slot / "manifest.json").read_bytes()
+    checkpoint.save({"step": 2})
+    (slot / "manifest.json").write_bytes(b"")  # empty
+    assert Checkpoint(slot).load() == {"step": 2}
+    (slot / "manifest.json").write_bytes(stale)  # names state-1.pkl, gone
+    assert Checkpoint(slot).load() == {"step": 2}
+    (slot / "manifest.json").unlink()
+    resumed = Checkpoint(slot)
+    assert resumed.load() == {"step": 2} and resumed.resumed
+    resumed.save({"step": 3})
+    (slot / "state-4.pkl").write_bytes((slot / "state-3.pkl").read_bytes()[:-2])  # cut short
+    assert Checkpoint(slot).load() == {"step": 3}
+    assert sorted(p.name for p in slot.glob("state-*")) == ["state-3.pkl"]
 
 
 def test_a_checkpoint_with_evaluate_is_refused_before_work(tmp_path):

@@ -12,15 +12,15 @@ driver.
 A slot holds ``manifest.json`` (what is committed: the state file and the
 files of :attr:`Checkpoint.path`, each with its size and SHA-256), the state
 and file snapshots it names, and ``work/`` (the directory a library writes
-its own files into). Every write goes to a temporary name first and the
-manifest is replaced last, so a crash during a save leaves the previous
-checkpoint whole; a snapshot that does not match its manifest is refused by
-name and the task starts afresh.
+its own files into). A save costs one fsync: the state file describes itself,
+and the manifest replaced after it is a shortcut (see :mod:`.checkpointfiles`),
+so a crash during a save leaves the previous checkpoint whole; a snapshot
+that does not match its manifest is refused by name and the task starts
+afresh.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -30,46 +30,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .checkpointfiles import (
+    MANIFEST,
+    CheckpointRefused,
+    copy_hashing,
+    newest_whole,
+    sha256,
+    sweep_states,
+    write_atomically,
+    write_state,
+)
 from .dataplane import pickle_any
 
-MANIFEST = "manifest.json"
+__all__ = ["MANIFEST", "WORK", "Checkpoint", "CheckpointRefused"]
+
 WORK = "work"
-_CHUNK = 1 << 20
-
-
-def write_atomically(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` through a temporary file renamed over it
-    (fsynced first: a node that loses power keeps the old file or the new
-    one); return its SHA-256."""
-    temporary = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    try:
-        with open(temporary, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return hashlib.sha256(data).hexdigest()
-
-
-def copy_hashing(source: Path, target: Path) -> tuple[str, int]:
-    """Copy a file, hashing it on the way: (SHA-256, size)."""
-    digest, size = hashlib.sha256(), 0
-    with open(source, "rb") as inp, open(target, "wb") as out:
-        while chunk := inp.read(_CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    return digest.hexdigest(), size
-
-
-class CheckpointRefused(Exception):
-    """A slot's committed checkpoint does not match its manifest (tampered
-    with, or truncated): the message names the file."""
 
 
 class Checkpoint:
@@ -134,14 +109,14 @@ class Checkpoint:
         if self._checked:
             return
         self._checked = True
-        manifest_path = self._slot / MANIFEST
-        if not manifest_path.exists():
-            return
         try:
-            manifest, state = _verified(self._slot, manifest_path)
+            manifest, state = newest_whole(self._slot)
         except CheckpointRefused as exc:
             self._refuse(str(exc))
             return
+        if manifest is None:
+            return
+        sweep_states(self._slot, (manifest.get("state") or {}).get("name"))
         self._manifest, self._state_bytes = manifest, state
         self.resumed = True
         if self._report is not None:
@@ -175,10 +150,10 @@ class Checkpoint:
         self._check()
         data = pickle_any(state)
         generation = self._generation() + 1
-        name = f"state-{generation}.pkl"
-        digest = write_atomically(self._slot / name, data)
-        self._publish(generation, state={"name": name, "sha256": digest, "size": len(data)},
-                      files=(self._manifest or {}).get("files"))
+        entry = {"name": f"state-{generation}.pkl", "sha256": sha256(data), "size": len(data)}
+        manifest = self._manifest_for(generation, entry, (self._manifest or {}).get("files"))
+        write_state(self._slot / entry["name"], manifest, data)
+        self._publish(manifest, durable=False)
         self._state_bytes = data
 
     def commit(self, state: Any = None) -> None:
@@ -200,16 +175,18 @@ class Checkpoint:
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
-        previous = self._manifest or {}
-        kept_state = previous.get("state")
+        files = {"dir": target.name, "entries": entries}
+        kept_state = (self._manifest or {}).get("state")
         if state is not None:
             data = pickle_any(state)
-            name = f"state-{generation}.pkl"
-            kept_state = {"name": name, "size": len(data),
-                          "sha256": write_atomically(self._slot / name, data)}
+            kept_state = {"name": f"state-{generation}.pkl", "sha256": sha256(data),
+                          "size": len(data)}
+            write_state(self._slot / kept_state["name"],
+                        self._manifest_for(generation, kept_state, files), data)
             self._state_bytes = data
-        self._publish(generation, state=kept_state,
-                      files={"dir": target.name, "entries": entries})
+        # The manifest is fsynced here: the state file it may name (an older
+        # one) does not describe these files.
+        self._publish(self._manifest_for(generation, kept_state, files), durable=True)
 
     def __enter__(self) -> Path:
         return self.path
@@ -221,14 +198,17 @@ class Checkpoint:
     def _generation(self) -> int:
         return (self._manifest or {}).get("generation", 0)
 
-    def _publish(self, generation: int, state: dict | None, files: dict | None) -> None:
+    def _manifest_for(self, generation: int, state: dict | None, files: dict | None) -> dict:
+        return {"generation": generation, "saved_at": time.time(), "attempt": self.attempt,
+                "state": state, "files": files, **self._owner}
+
+    def _publish(self, manifest: dict, durable: bool) -> None:
         """Replace the manifest, then remove what the previous one named."""
         previous = self._manifest or {}
-        manifest = {"generation": generation, "saved_at": time.time(), "attempt": self.attempt,
-                    "state": state, "files": files, **self._owner}
-        write_atomically(self._slot / MANIFEST, json.dumps(manifest).encode())
+        write_atomically(self._slot / MANIFEST, json.dumps(manifest).encode(), durable=durable)
         self._manifest = manifest
         self._last_save = time.monotonic()
+        state, files = manifest["state"], manifest["files"]
         old_state, old_files = previous.get("state"), previous.get("files")
         if old_state and (state is None or old_state["name"] != state["name"]):
             (self._slot / old_state["name"]).unlink(missing_ok=True)
@@ -237,44 +217,3 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self._slot)!r}, attempt={self.attempt})"
-
-
-def _verified(slot: Path, manifest_path: Path) -> tuple[dict, bytes | None]:
-    """A slot's manifest and its state's bytes, each file checked against
-    the size and SHA-256 the manifest gives it."""
-    try:
-        manifest = json.loads(manifest_path.read_bytes())
-        state, files = manifest.get("state"), manifest.get("files")
-        manifest["saved_at"], manifest["attempt"]  # noqa: B018 (both must be there)
-    except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-        raise CheckpointRefused(f"{manifest_path} is not a checkpoint manifest ({exc!r})") \
-            from exc
-    data = None
-    if state:
-        file = slot / state["name"]
-        try:
-            data = file.read_bytes()
-        except OSError as exc:
-            raise CheckpointRefused(f"{file} cannot be read ({exc.strerror})") from exc
-        if len(data) != state["size"] or hashlib.sha256(data).hexdigest() != state["sha256"]:
-            raise CheckpointRefused(f"{file} does not match its SHA-256 "
-                                    f"({len(data)} bytes, {state['size']} saved)")
-    for name, (digest, size) in ((files or {}).get("entries") or {}).items():
-        file = slot / files["dir"] / name
-        try:
-            found = _file_sha256(file)
-        except OSError as exc:
-            raise CheckpointRefused(f"{file} cannot be read ({exc.strerror})") from exc
-        if found != (digest, size):
-            raise CheckpointRefused(f"{file} does not match its SHA-256 "
-                                    f"({found[1]} bytes, {size} saved)")
-    return manifest, data
-
-
-def _file_sha256(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as inp:
-        while chunk := inp.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
