@@ -177,7 +177,7 @@ def with_pid(df):
 
 
 def slow_with_pid(df):
-    time.sleep(0.0005 * len(df))  # half a millisecond a row, off the CPU: load-proof
+    time.sleep(0.001 * len(df))  # a millisecond a row, off the CPU: load-proof
     return df.assign(out=df["c0"] * 2, pid=os.getpid())
 
 
@@ -202,12 +202,12 @@ def test_map_partitions_still_splits_a_slow_function(no_leftovers):
     table = pd.DataFrame({"c0": np.arange(4000.0)})
     # forked, as they are unless polars or torch is imported (another test may have):
     # spawned workers take a second or more to start, which 2 s of work may not repay
-    ours = mm.map_partitions(slow_with_pid, table, workers=2, start_method="fork")
+    ours = mm.map_partitions(slow_with_pid, table, workers=4, start_method="fork")
     assert ours["out"].tolist() == (table["c0"] * 2).tolist()
     assert os.getpid() not in set(ours["pid"])
     summary = ours.attrs["summary"]
-    assert summary.tasks == 8 and summary.workers == 2
-    assert summary.split.startswith("split into 8 partitions: the function takes about")
+    assert summary.tasks == 16 and summary.workers == 4
+    assert summary.split.startswith("split into 16 partitions: the function takes about")
     asked = mm.map_partitions(with_pid, table, partitions=3, workers=2)  # told how: split
     assert asked.attrs["summary"].split == "split into 3 partitions, as the call asked"
     assert os.getpid() not in set(asked["pid"])

@@ -37,8 +37,10 @@ from ..machine import usable_cores
 from .results import OK, Summary
 
 #: Split only where the workers are estimated to take at most this share of
-#: the time of one process: the estimate is rough, and a wrong split is slower.
-GAIN_NEEDED = 0.8
+#: the time of one process: the estimate is rough, and a wrong split is slower
+#: (on a 2-core machine at a load average of 6.5, one split estimated at 0.8x
+#: took 2.8x the function's time on the whole frame).
+GAIN_NEEDED = 0.7
 #: Seconds to start the workers, in parallel: forked, or spawned (an interpreter
 #: and its imports each).
 FORK_START_S, SPAWN_START_S = 0.1, 1.5
@@ -212,9 +214,10 @@ def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
     if source.format != "pandas" or not hasattr(source.table, "iloc"):
         costs += _nbytes(source.table) / SHARE_BYTES_PER_S
     in_process = (per_call + work * busy) * _slowdown(runnable, cores) + work * (1 - busy)
-    split = (work * busy / workers * _slowdown(runnable + workers - 1, cores)
-             + work * (1 - busy) / workers + per_call * source.partitions / workers
-             + costs * _slowdown(runnable, cores))
+    # the workers, and the driver collecting their outputs, each want a core
+    crowded = _slowdown(runnable + workers - 1, cores)
+    split = (work * busy / workers * crowded + work * (1 - busy) / workers
+             + per_call * source.partitions / workers + costs * crowded)
     estimate = (f"the function takes about {in_process:.3g} s on the whole table in one "
                 f"process (timed on {trial.rows} rows, {busy:.0%} of it on a core; load "
                 f"average {runnable:.1f} on {cores} cores), about {split:.3g} s split between "
