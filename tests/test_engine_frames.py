@@ -161,3 +161,45 @@ def test_bad_arguments_fail_before_any_work(engine, table, tmp_path):
                    progress=False)
     assert set(run.results["columns"]) == {"store,x"}
     assert Path(source._layout.directory).parent == tmp_path / "stage"
+
+
+def test_evaluate_and_select_score_the_staged_groups_as_the_pandas_path(engine, table):
+    """evaluate= binds its splitter to the engine's schema (no job runs for
+    it), and a holdout with select= scores and picks as on a pandas table."""
+    splitter = mm.holdout(0.25, target="y", features=["x"])
+    candidates = mm.grid(alpha=[0.0, 10.0])
+    staged = mm.train(fit_linear, mm.groups(_engine_frame(engine, table), by="store")
+                      * candidates, evaluate=splitter, select="rmse", backend="serial",
+                      progress=False)
+    local = mm.train(fit_linear, mm.groups(table, by="store") * candidates,
+                     evaluate=splitter, select="rmse", backend="serial", progress=False)
+    pd.testing.assert_frame_equal(staged.results.drop(columns=_TIMING),
+                                  local.results.drop(columns=_TIMING))
+    with pytest.raises(ValueError, match="'when'"):
+        mm.train(fit_linear, mm.groups(_engine_frame(engine, table), by="store"),
+                 evaluate=mm.backtest("when", 2, target="y"), progress=False)
+
+
+def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, table, tmp_path):
+    """Each names its argument and says how to collect the rows, before any work."""
+    frame = _engine_frame(engine, table)
+    collect = r"collect it first \((spark_df\.toPandas|dask_df\.compute)\(\)\)"
+    with pytest.raises(TypeError, match=f"map_groups' source is a .* DataFrame.*{collect}"):
+        mm.map_groups(lambda df: df, mm.groups(frame, by="store"))
+    with pytest.raises(TypeError, match=f"map_groups' source is a .*{collect}"):
+        mm.map_groups(lambda df: df, frame)
+    with pytest.raises(TypeError, match=f"map_partitions' table is a .*{collect}"):
+        mm.map_partitions(lambda df: df, frame)
+    with pytest.raises(TypeError, match=f"linear's table is a .*{collect}"):
+        mm.linear(frame, by="store", features="x", target="y", store=tmp_path / "linear")
+    assert not (tmp_path / "linear").exists()
+    fitted = mm.linear(table, by="store", features="x", target="y")
+    with pytest.raises(TypeError, match=f"the table is a .*{collect}.*mm.groups"):
+        fitted.predict(frame)
+    mm.train(fit_linear, mm.groups(table, by="store"), store=tmp_path / "store",
+             backend="serial", progress=False)
+    with pytest.raises(TypeError, match=f"predict's table is a .*{collect}"):
+        mm.Store(tmp_path / "store").predict(frame, by="store", features=["x"])
+    with pytest.raises(ValueError, match="column '__offset__' has a name the engine's staging"):
+        mm.groups(_engine_frame(engine, table.rename(columns={"store": "__offset__"})),
+                  by="__offset__")

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from .api import train
 from .engine.execution import metrics_dict
+from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
 from .inputs.grouplabels import (
     WithLabels,
@@ -302,6 +303,11 @@ def map_groups(
     """
     _check_errors(errors)
     base = source.base if isinstance(source, ProductSource) else source
+    in_engine = getattr(base, "engine_frame", None)
+    refuse_engine_frame(base if in_engine is None else in_engine.frame, "map_groups' source",
+                        "map_groups returns the groups' outputs as one table on the driver",
+                        "then group it with mm.groups(), or use the engine's own grouped "
+                        "apply (Spark's applyInPandas, Dask's groupby().apply)")
     if not isinstance(base, GroupSource):
         raise TypeError("map_groups needs a source made by mm.groups(...)")
     if fallback is not None:
@@ -382,6 +388,9 @@ def map_partitions(
     ``attrs["summary"]`` is the run's summary, which says which and why.
     """
     _check_errors(errors)
+    refuse_engine_frame(table, "map_partitions' table", "map_partitions splits a table "
+                        "that this process holds", "or use the engine's own map over "
+                        "partitions (Spark's mapInPandas, Dask's map_partitions)")
     began = time.perf_counter()
     workers = options.get("workers") or usable_cores()
     left_to_us = partitions is None and errors == "raise" and set(options) <= LEFT_TO_US

@@ -307,7 +307,9 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
                          f"not {base.format!r}")
     # read_on_workers: the driver holds the key columns only, but the files'
     # schema names every column a group will have (what columns= reads)
-    schema = base.table.schema if base.reader is None else base.reader.schema
+    engine_frame = getattr(base, "engine_frame", None)
+    schema = (engine_frame.schema if engine_frame is not None
+              else base.table.schema if base.reader is None else base.reader.schema)
     if base.reader is not None and base.reader.columns is not None:
         schema = pa.schema([schema.field(name) for name in base.reader.columns])
     evaluate = evaluate.bound(schema.names, base.by)

@@ -18,6 +18,11 @@ from typing import Any
 
 #: The engines whose DataFrames ``mm.groups`` takes, by the top of their module.
 _ENGINE_MODULES = {"pyspark": "spark", "dask": "dask"}
+#: The columns the engine's workers add after a group's key columns when they
+#: stage it (planning/staging.py): no key column may have one of these names.
+STAGED_INDEX_COLUMNS = ("__file__", "__offset__", "__length__", "__lane_a__", "__lane_b__")
+#: How a user brings an engine's DataFrame to the driver, where a call needs its rows there.
+_COLLECT = {"spark": "spark_df.toPandas()", "dask": "dask_df.compute()"}
 
 
 def engine_of(table: Any) -> str | None:
@@ -27,6 +32,17 @@ def engine_of(table: Any) -> str | None:
     if engine is None or kind.__name__ != "DataFrame":
         return None
     return engine
+
+
+def refuse_engine_frame(table: Any, argument: str, why: str, instead: str = "") -> None:
+    """Refuse, before any work, an engine's DataFrame given as ``argument`` to
+    a call that needs its rows on the driver (``why``): the error says how to
+    collect it, and ``instead`` what else the user may do."""
+    engine = engine_of(table)
+    if engine is None:
+        return
+    raise TypeError(f"{argument} is a {engine.title()} DataFrame, but {why}: collect it "
+                    f"first ({_COLLECT[engine]}){'; ' + instead if instead else ''}")
 
 
 @dataclass
@@ -44,12 +60,30 @@ class EngineFrame:
     def columns(self) -> list[str]:
         return [str(name) for name in self.frame.columns]
 
+    @property
+    def schema(self) -> Any:
+        """The Arrow schema of the rows ``fit`` will see, from the engine's
+        own schema (Spark's) or its empty sample (Dask's): no job runs."""
+        import pyarrow as pa
+
+        if self.engine == "spark":
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            return to_arrow_schema(self.frame.schema, timezone="UTC")
+        # a sample with values: an empty object column would read as Arrow's null type
+        sample = self.frame._meta_nonempty
+        return pa.Schema.from_pandas(sample, preserve_index=False).remove_metadata()
+
     @classmethod
     def of(cls, table: Any, engine: str, wanted: Sequence[str] | None,
            needed: Sequence[str], staging: str | None) -> EngineFrame:
         """Check that ``needed`` and ``wanted`` columns are in ``table`` (named
         in the error otherwise) and keep ``wanted`` only (all when None)."""
         present = [str(name) for name in table.columns]
+        taken = [name for name in needed if name in STAGED_INDEX_COLUMNS]
+        if taken:
+            raise ValueError(f"column {taken[0]!r} has a name the engine's staging gives its "
+                             "own columns: rename it in the DataFrame")
         for name in list(needed) + list(wanted or []):
             if name not in present:
                 raise ValueError(f"column {name!r} is not in the {engine.title()} DataFrame; "

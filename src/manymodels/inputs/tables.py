@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .engineframes import refuse_engine_frame
 from .partitions import add_partition_columns, partition_table
 
 PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
@@ -254,6 +255,8 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             return pa.Table.from_pandas(table, preserve_index=False)
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ValueError(f"cannot convert the pandas DataFrame to Arrow: {exc}") from exc
+    refuse_engine_frame(table, "the table", "this call reads its rows on the driver",
+                        "mm.groups(df, by=...) is what takes an engine's DataFrame as it is")
     raise TypeError(
         "a table must be a pandas or polars DataFrame, a pyarrow Table, or a path "
         f"to a Parquet/CSV file or directory; got {type(table).__name__}"

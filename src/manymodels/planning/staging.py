@@ -35,13 +35,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..inputs.engineframes import EngineFrame
+from ..inputs.engineframes import STAGED_INDEX_COLUMNS, EngineFrame
 from ..inputs.tables import exact_pandas, sort_order
 
-FILE, OFFSET, LENGTH, LANE_A, LANE_B = "__file__", "__offset__", "__length__", "__lane_a__", \
-    "__lane_b__"
 #: The columns of a group's row after its key columns (all int64 on the wire).
-INDEX_COLUMNS = (FILE, OFFSET, LENGTH, LANE_A, LANE_B)
+INDEX_COLUMNS = STAGED_INDEX_COLUMNS
+FILE, OFFSET, LENGTH, LANE_A, LANE_B = INDEX_COLUMNS
 
 
 def file_name(number: int) -> str:

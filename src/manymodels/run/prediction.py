@@ -284,10 +284,13 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     import pandas as pd
 
     from ..engine.options import check_switch
+    from ..inputs.engineframes import refuse_engine_frame
     from ..inputs.tables import exact_pandas, read_table
 
     check_switch("with_source", with_source)
     check_switch("fallback", fallback)
+    refuse_engine_frame(table, "predict's table", "predict returns a Series aligned with the "
+                        "table's rows, made on the driver")
     if by is not None and not (isinstance(by, str) or (
             isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
         raise TypeError(f"by must be a column name or a list of them, got {by!r}")

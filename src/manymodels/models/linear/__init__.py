@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...inputs.engineframes import refuse_engine_frame
 from . import kernels
 from .fitting import STATUSES, Fitted, fit_groups
 from .prepare import BLOCK_ROWS, Prepared, check, prepare
@@ -61,6 +62,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     it was ``reused_from`` (``<NA>``: fitted now); ``Store(path).linear(name)``
     loads it back.
     """
+    refuse_engine_frame(table, "linear's table", "mm.linear solves every group's least "
+                        "squares from the table's columns on this machine")
     if not isinstance(fit_intercept, bool):
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
     if family == "logistic" and not (isinstance(C, (int, float)) and 0 < C < np.inf):
