@@ -22,8 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "manifest.json"
 MAGIC = b"MMCKPT1\n"
@@ -59,15 +61,49 @@ def write_atomically(path: Path, data: bytes, *, durable: bool = True) -> str:
     return sha256(data)
 
 
-def write_state(path: Path, manifest: dict, payload: bytes) -> None:
-    """Write a self-describing state file (header, then ``payload``) and
-    fsync it: the one fsync of a save. Its name is new to the slot (the next
-    generation), so no rename is needed; a crash leaves a file that fails
-    its own SHA-256."""
+def pickled(state: Any) -> tuple[list[Any], dict]:
+    """``state`` pickled as parts (the pickle, then the large buffers it
+    holds, NumPy arrays' data among them, out of band: written from where
+    they are, never copied into one bytes) and the state's manifest entry
+    but its name: the parts' sizes, their total and SHA-256."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        stream = pickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+    except Exception:  # lambdas, classes defined in __main__
+        import cloudpickle
+
+        buffers = []
+        stream = cloudpickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+    parts = [stream, *(buffer.raw() for buffer in buffers)]
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    sizes = [len(part) if isinstance(part, bytes) else part.nbytes for part in parts]
+    return parts, {"sha256": digest.hexdigest(), "size": sum(sizes), "parts": sizes}
+
+
+def unpickled(payload: memoryview, entry: dict) -> Any:
+    """The state of a payload :func:`pickled` made (or one plain pickle)."""
+    sizes = entry.get("parts")
+    if not sizes:
+        return pickle.loads(payload)
+    views, at = [], 0
+    for size in sizes:
+        views.append(payload[at:at + size])
+        at += size
+    return pickle.loads(views[0], buffers=views[1:])
+
+
+def write_state(path: Path, manifest: dict, parts: list[Any]) -> None:
+    """Write a self-describing state file (header, then the state's
+    ``parts``) and fsync it: the one fsync of a save. Its name is new to
+    the slot (the next generation), so no rename is needed; a crash leaves
+    a file that fails its own SHA-256."""
     header = json.dumps(manifest).encode()
     with open(path, "wb") as out:
         out.write(MAGIC + len(header).to_bytes(_LENGTH, "big") + header)
-        out.write(payload)
+        for part in parts:
+            out.write(part)
         out.flush()
         os.fsync(out.fileno())
 
@@ -157,7 +193,16 @@ def _header(path: Path) -> dict:
     return header
 
 
-def _payload(data: bytes) -> memoryview:
+def _read(path: Path) -> bytearray:
+    """A file's bytes, writable: the arrays of a state loaded from them are
+    views of them, and a training loop changes its arrays in place."""
+    with open(path, "rb") as inp:
+        data = bytearray(os.fstat(inp.fileno()).st_size)
+        inp.readinto(data)
+    return data
+
+
+def _payload(data: bytearray) -> memoryview:
     """A state file's pickled state: after its header (a file with no header
     is all state); a view, not a copy."""
     view = memoryview(data)
@@ -182,7 +227,7 @@ def verified(slot: Path, manifest: dict) -> tuple[dict, memoryview | None]:
     if state:
         file = slot / state["name"]
         try:
-            data = _payload(file.read_bytes())
+            data = _payload(_read(file))
         except OSError as exc:
             raise CheckpointRefused(f"{file} cannot be read ({exc.strerror})") from exc
         if len(data) != state["size"] or sha256(data) != state["sha256"]:

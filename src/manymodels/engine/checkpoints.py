@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import time
 from collections.abc import Callable
@@ -35,12 +34,13 @@ from .checkpointfiles import (
     CheckpointRefused,
     copy_hashing,
     newest_whole,
-    sha256,
+    pickled,
     sweep_states,
+    unpickled,
+    verified,
     write_atomically,
     write_state,
 )
-from .dataplane import pickle_any
 
 __all__ = ["MANIFEST", "WORK", "Checkpoint", "CheckpointRefused"]
 
@@ -66,7 +66,7 @@ class Checkpoint:
         self._owner = owner or {}  # the run that saves: its token and store run id
         self._report = report  # told ("resumed" | "refused", details)
         self._manifest: dict[str, Any] | None = None
-        self._state_bytes: bytes | None = None
+        self._state_bytes: memoryview | None = None  # as read; None after a save
         self._checked = False
         self._work_ready = False
         self._last_save = time.monotonic()
@@ -79,10 +79,15 @@ class Checkpoint:
         """The last state this task saved, or None (nothing saved yet, or what
         was saved was refused: see the run's ``resumed_from``)."""
         self._check()
+        if self._state_bytes is None and (self._manifest or {}).get("state"):
+            try:  # saved by this attempt: read back as saved, not as changed since
+                self._state_bytes = verified(self._slot, self._manifest)[1]
+            except CheckpointRefused as exc:
+                self._refuse(str(exc))
         if self._state_bytes is None:
             return None
         try:
-            return pickle.loads(self._state_bytes)
+            return unpickled(self._state_bytes, self._manifest["state"])
         except Exception as exc:  # the bytes matched: the state's classes changed
             self._refuse(f"its state cannot be unpickled: {exc!r}")
             return None
@@ -148,13 +153,13 @@ class Checkpoint:
         atomically: until it is complete, the previous one stays the one
         :meth:`load` returns."""
         self._check()
-        data = pickle_any(state)
+        parts, entry = pickled(state)
         generation = self._generation() + 1
-        entry = {"name": f"state-{generation}.pkl", "sha256": sha256(data), "size": len(data)}
+        entry["name"] = f"state-{generation}.pkl"
         manifest = self._manifest_for(generation, entry, (self._manifest or {}).get("files"))
-        write_state(self._slot / entry["name"], manifest, data)
+        write_state(self._slot / entry["name"], manifest, parts)
         self._publish(manifest, durable=False)
-        self._state_bytes = data
+        self._state_bytes = None
 
     def commit(self, state: Any = None) -> None:
         """Commit the files in :attr:`path` (and ``state``, when given) as this
@@ -178,12 +183,11 @@ class Checkpoint:
         files = {"dir": target.name, "entries": entries}
         kept_state = (self._manifest or {}).get("state")
         if state is not None:
-            data = pickle_any(state)
-            kept_state = {"name": f"state-{generation}.pkl", "sha256": sha256(data),
-                          "size": len(data)}
+            parts, kept_state = pickled(state)
+            kept_state["name"] = f"state-{generation}.pkl"
             write_state(self._slot / kept_state["name"],
-                        self._manifest_for(generation, kept_state, files), data)
-            self._state_bytes = data
+                        self._manifest_for(generation, kept_state, files), parts)
+            self._state_bytes = None
         # The manifest is fsynced here: the state file it may name (an older
         # one) does not describe these files.
         self._publish(self._manifest_for(generation, kept_state, files), durable=True)
