@@ -257,6 +257,40 @@ def test_two_drivers_on_one_store_do_not_resume_each_others_running_tasks(tmp_pa
         driver.wait(timeout=30)
 
 
+def saves_then_fails_while_flagged(item, checkpoint, flags):
+    resumed = checkpoint.load()
+    checkpoint.save({"step": 1})
+    if Path(flags, str(item)).exists():  # (not part of the task's identity)
+        raise RuntimeError(f"flagged, resumed={resumed is not None}")
+    return {"resumed": resumed is not None}
+
+
+def test_the_dashboard_shows_which_tasks_resumed(tmp_path):
+    from manymodels.observe.dashboard import DashboardServer
+    from test_dashboard import at, get
+
+    store, flags = tmp_path / "store", tmp_path / "flags"
+    flags.mkdir()
+    (flags / "0").touch()
+    (flags / "1").touch()
+    options = {"shared": {"flags": str(flags)}, "store": store, "backend": "serial",
+               "progress": False}
+    mm.train(saves_then_fails_while_flagged, mm.items([0, 1, 2]), **options)
+    (flags / "0").unlink()  # the next run: task 0 resumes and ends, task 1 resumes and fails
+    mm.train(saves_then_fails_while_flagged, mm.items([0, 1, 2]), **options)
+    with DashboardServer(store) as server:
+        _, first = get(at(server, "api/run/1"))
+        _, second = get(at(server, "api/run/2"))
+    assert first["summary"]["resumed"] == 0 and second["summary"]["resumed"] == 2
+    assert all(task["resumed_from"] == "" for task in first["slowest"])
+    slowest = {task["key"]: task["resumed_from"] for task in second["slowest"]}
+    assert slowest.keys() == {"0", "1"}  # task 2's model was reused
+    assert all(text.startswith("attempt 1 of run 1") for text in slowest.values())
+    (failed,) = second["failures"]["items"]
+    assert failed["key"] == "1" and "resumed=True" in failed["error"]
+    assert failed["resumed_from"].startswith("attempt 1 of run 1")
+
+
 # -- the Checkpoint itself ---------------------------------------------------------
 
 
@@ -324,6 +358,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path):
         assert events == ["resumed"]
         assert state["step"] >= int((slot / "saved").read_text())  # nothing reported is lost
         assert (state["values"] == state["step"]).all()  # and what is read is whole
+        state["values"][0] += 1  # (a view of the file's bytes, writable: read out of band)
         last = state["step"]
 
 
@@ -384,3 +419,36 @@ def test_on_dask_a_killed_workers_task_resumes(tmp_path, log):
     row = run.results.iloc[0]
     assert row["status"] == "ok" and row["resumed"], run.results.to_dict("records")
     assert starts(log, 5)[-1] == 21 and row["final"] == final_value(5)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_on_spark_a_killed_workers_task_resumes(tmp_path, log):
+    from test_engines import _start_spark
+
+    _, close, _ = _start_spark()  # a local[2] session, as a user's
+    try:
+        run = train(log, items=[5], shared={"fault": "kill:20"}, backend="spark", retries=1,
+                    store=tmp_path / "store")
+    finally:
+        close()
+    row = run.results.iloc[0]
+    assert row["status"] == "ok" and row["resumed"], run.results.to_dict("records")
+    assert starts(log, 5) == [0, 21] and row["final"] == final_value(5)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_on_ray_a_killed_workers_task_resumes(tmp_path, log):
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        run = train(log, items=[5], shared={"fault": "kill:20"}, backend="ray", retries=1,
+                    store=tmp_path / "store")
+    finally:
+        ray.shutdown()
+    row = run.results.iloc[0]
+    assert row["status"] == "ok" and row["resumed"], run.results.to_dict("records")
+    assert starts(log, 5) == [0, 21] and row["final"] == final_value(5)

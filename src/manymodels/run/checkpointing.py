@@ -21,9 +21,8 @@ from typing import Any
 
 from ..engine.checkpointspace import CheckpointSpace, asks_for_checkpoint
 from ..store import StoreError
+from ..store.checkpoints import RESUMED as ATTACHMENT
 
-#: The store attachment that keeps what each task of a run resumed from.
-ATTACHMENT = "resumed_from"
 #: Where a store keeps checkpoints (see :mod:`manymodels.store.checkpoints`).
 FOLDER = "checkpoints"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pickle
 import shutil
 import sqlite3
 import time
@@ -22,9 +23,24 @@ import pyarrow.compute as pc
 from ..engine.checkpoints import MANIFEST
 from ..engine.checkpointspace import JOURNAL, OWNERS, owner_alive
 from ..engine.messages import Status
-from . import taskblocks
+from . import artifacts, taskblocks
 
 FOLDER = "checkpoints"
+#: The run attachment that keeps what each task of a run resumed from.
+RESUMED = "resumed_from"
+
+
+def read_resumed(conn: sqlite3.Connection, root: Path, run_id: int) -> dict[int, str]:
+    """What each task of run ``run_id`` resumed from, or refused (task index ->
+    text, as ``Run.results["resumed_from"]``): empty for a run that took no
+    checkpoint, resumed nothing, or has not ended (it is kept at the end)."""
+    row = conn.execute("SELECT artifact FROM attachments WHERE run_id = ? AND name = ?",
+                       (run_id, RESUMED)).fetchone()
+    if row is None:
+        return {}
+    kept = pickle.loads(artifacts.read_artifact(conn, root, row[0],
+                                                f"attachment {RESUMED!r} of run {run_id}"))
+    return {int(index): text for index, text in kept["by_index"].items() if text}
 
 
 def collect_checkpoints(conn: sqlite3.Connection, root: Path) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ...engine.messages import FAILURE_STATUSES, Status
-from ...store import database, drivers
+from ...store import checkpoints, database, drivers
 from ...store.database import read_snapshot
 from .charts import BINS, finite, histogram, key_label, quantile
 from .runtasks import RunTasks, Snapshot
@@ -269,8 +269,15 @@ class Queries:
         memo["summary_value"] = {**{k: run[k] for k in shown},
                 "counts": counts, "done": done, "reused": reused, "task_time_s": task_time,
                 "wall_s": wall, "utilization": task_time / (wall * workers) if wall else 0.0,
-                "failed": sum(counts.get(s, 0) for s in _FAILED)}
+                "failed": sum(counts.get(s, 0) for s in _FAILED),
+                "resumed": sum(t.startswith("attempt") for t in self._resumed(run, memo).values())}
         return memo["summary_value"]
+
+    def _resumed(self, run: dict[str, Any], memo: dict) -> dict[int, str]:
+        """Task index -> what it resumed from (or refused); kept with a run at its end."""
+        if "resumed" not in memo:
+            memo["resumed"] = checkpoints.read_resumed(self._conn(), self.root, run["run_id"])
+        return memo["resumed"]
 
     def _durations(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         """Trained tasks' durations in :data:`BINS` buckets over the range the
@@ -337,8 +344,10 @@ class Queries:
         return memo["slowest"]
 
     def _slowest(self, run: dict[str, Any], memo: dict) -> list[dict[str, Any]]:
-        return [{"key": key_label(k), "status": s, "duration_s": d, "worker": w, "attempts": a}
-                for _, k, s, _, d, w, a in self._slowest_rows(run, memo)]
+        resumed = self._resumed(run, memo)
+        return [{"key": key_label(k), "status": s, "duration_s": d, "worker": w, "attempts": a,
+                 "resumed_from": resumed.get(i, "")}
+                for i, k, s, _, d, w, a in self._slowest_rows(run, memo)]
 
     def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
         """Failed tasks in task order; ``search`` matches the key ignoring ASCII
@@ -353,10 +362,13 @@ class Queries:
                 pc.match_substring(pc.ascii_lower(tasks.column("key", failed)), folded),
                 pc.match_substring(tasks.column("error", failed), search))
             failed = failed[pc.fill_null(found, False).to_numpy(zero_copy_only=False)]
-        rows = tasks.records(failed[:FAILURES], ("key", "status", "attempts", "worker", "error"))
+        rows = tasks.records(failed[:FAILURES], ("task_index", "key", "status", "attempts",
+                                                 "worker", "error"))
+        resumed = self._resumed(run, memo)
         return {"total": total, "matching": len(failed), "search": search,
                 "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
-                           "error": e or ""} for k, s, a, w, e in rows]}
+                           "error": e or "", "resumed_from": resumed.get(i, "")}
+                          for i, k, s, a, w, e in rows]}
 
     def _timeline(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
         """Bars ``[start_s, duration_s, worker, status]`` of the sampled tasks and

@@ -163,7 +163,8 @@ function renderFailures(failures) {
     const summary = el("summary");
     summary.appendChild(el("span", item.key, "key"));
     summary.appendChild(el("span", ": " + item.status + " (worker " + item.worker + ", "
-                              + item.attempts + " attempt(s))", "muted"));
+                              + item.attempts + " attempt(s)"
+                              + (item.resumed_from ? "; " + item.resumed_from : "") + ")", "muted"));
     details.appendChild(summary);
     details.appendChild(el("pre", item.error, "traceback"));
     return details;
@@ -188,7 +189,8 @@ function renderRun(data) {
   document.getElementById("progress-fill").style.width =
     (100 * s.done / Math.max(s.tasks || 1, 1)).toFixed(2) + "%";
   setText("run-detail", s.fit + " on " + s.source + " · " + s.backend + ", " + s.workers
-          + " worker(s) · keys " + s.key_columns.join(", ") + " · " + fmt(s.reused) + " reused");
+          + " worker(s) · keys " + s.key_columns.join(", ") + " · " + fmt(s.reused) + " reused"
+          + (s.resumed ? " · " + fmt(s.resumed) + " resumed from a checkpoint" : ""));
   const legend = Object.entries(s.counts).map(([status, count]) => {
     const span = el("span");
     const swatch = el("span", null, "swatch");
@@ -216,6 +218,9 @@ function renderRun(data) {
     const tr = el("tr");
     for (const v of [t.key, t.status, fmt(t.duration_s), t.worker, t.attempts])
       tr.appendChild(el("td", v));
+    const resumed = el("td", t.resumed_from.startsWith("attempt") ? "yes" : "");
+    if (t.resumed_from) resumed.title = t.resumed_from;  // what from: the state's age, the attempt
+    tr.appendChild(resumed);
     return tr;
   }));
   renderFailures(data.failures);
