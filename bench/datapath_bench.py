@@ -1,7 +1,8 @@
 """Data that outgrows the driver: an engine's DataFrame grouped by its engine.
 
     python bench/datapath_bench.py [--rows 1000000] [--groups 10000] [--files 8]
-                                   [--cases spark_own,spark_mm,dask_own,dask_mm,eager_mm]
+                                   [--cases spark_own,spark_mm,dask_own,dask_mm,eager_mm,
+                                            read_on_workers_mm]
                                    [--out bench/results/datapath.json]
 
 ``rows`` rows in ``groups`` groups, unsorted (every file holds rows of every
@@ -19,7 +20,13 @@ other processes), and its bytes read (``/proc/self/io``) are the driver's:
 * ``dask_mm``: ``mm.train(fit, mm.groups(dd.read_parquet(dir), by="g"),
   backend="dask")`` on the same kind of cluster;
 * ``eager_mm``: ``mm.groups(dir, by="g")`` with the processes backend: the
-  driver reads and sorts the whole table (the path the others avoid).
+  driver reads and sorts the whole table (the path the others avoid);
+* ``read_on_workers_mm``: ``mm.groups(dir, by="g", read_on_workers=True)``
+  with the processes backend: the driver reads the key columns only (the
+  rows of unsorted files are sorted once into Arrow files the workers map).
+
+``--cases eager_mm,read_on_workers_mm`` compares the last two alone (no
+engine to start).
 
 The engine's start (session, cluster) is timed apart (``start_s``); ``wall_s``
 is the job alone.
@@ -43,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 SCHEMA = "g long, slope double, intercept double, n long"
-CASES = ("spark_own", "spark_mm", "dask_own", "dask_mm", "eager_mm")
+CASES = ("spark_own", "spark_mm", "dask_own", "dask_mm", "eager_mm", "read_on_workers_mm")
 
 
 def fit(df: pd.DataFrame) -> tuple[dict, dict]:
@@ -137,8 +144,9 @@ def run_case(case: str, data: Path, workers: int, out: Path) -> dict:
             table, backend = dd.read_parquet(str(data)), "dask"
         else:
             table, backend = str(data), "processes"
-        run = mm.train(fit, mm.groups(table, by="g", columns=["x", "y"]), backend=backend,
-                       workers=workers, progress=False)
+        source = mm.groups(table, by="g", columns=["x", "y"],
+                           read_on_workers=case == "read_on_workers_mm")
+        run = mm.train(fit, source, backend=backend, workers=workers, progress=False)
         groups = int((run.results["status"] == "ok").sum())
     wall_s = time.perf_counter() - begin
     read_bytes = None

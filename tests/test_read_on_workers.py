@@ -169,3 +169,52 @@ def test_files_partitioned_differently_are_refused_by_name(tmp_path):
     pq.write_table(pa.table({"x": [2.0]}), tmp_path / "b.parquet")
     with pytest.raises(ValueError, match="are not partitioned alike"):
         mm.train(sorted_x, mm.groups(tmp_path, by="x"), backend="serial", progress=False)
+
+
+def ordered_rows(df):
+    """Order-sensitive: the rows' x in the order fit receives them."""
+    return [round(v, 12) for v in df["x"].tolist()]
+
+
+def test_unsorted_files_are_sorted_once_into_files_the_workers_map(tmp_path, sales, monkeypatch):
+    """Every file holds rows of every store: the rows are sorted once, in
+    several buckets here, into staging=, and fit gets each group's rows in the
+    order an eager read gives them (order_by too); the files go with the source."""
+    import gc
+
+    from manymodels.planning import sortedreads
+
+    monkeypatch.setattr(sortedreads, "BUCKET_BYTES", 3000)  # a few groups a bucket
+    write_parts(sales.assign(day=np.arange(len(sales)) % 7), tmp_path / "parts")
+    eager = mm.train(ordered_rows, mm.groups(tmp_path / "parts", by="store", order_by="day"),
+                     backend="serial", progress=False)
+    source = mm.groups(tmp_path / "parts", by="store", order_by="day", read_on_workers=True,
+                       staging=tmp_path / "stage")
+    lazy = mm.train(ordered_rows, source, backend="processes", workers=2, progress=False)
+    assert dict(lazy.models) == dict(eager.models)
+    (sorted_dir,) = (tmp_path / "stage").iterdir()
+    buckets = sorted(path.name for path in sorted_dir.iterdir())
+    assert len(buckets) > 2 and all(name.endswith(".arrow") for name in buckets)
+    again = mm.train(ordered_rows, source, backend="serial", progress=False)  # sorted once
+    assert dict(again.models) == dict(eager.models)
+    assert sorted(path.name for path in sorted_dir.iterdir()) == buckets
+    del source, lazy, again  # (a run keeps its plan)
+    gc.collect()
+    assert not sorted_dir.exists()
+
+
+def test_files_in_key_order_are_scanned_per_batch_unsorted(tmp_path, sales):
+    """Files written group by group need no sort: nothing is staged."""
+    ordered = sales.sort_values(["store", "item"], kind="stable")
+    (tmp_path / "parts").mkdir()
+    for i, stores in enumerate(np.array_split(ordered["store"].unique(), 3)):
+        chunk = ordered[ordered["store"].isin(stores)]
+        pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
+                       tmp_path / "parts" / f"part-{i}.parquet")
+    lazy = mm.train(ordered_rows, mm.groups(tmp_path / "parts", by="store",
+                                            read_on_workers=True, staging=tmp_path / "stage"),
+                    backend="serial", progress=False)
+    eager = mm.train(ordered_rows, mm.groups(tmp_path / "parts", by="store"),
+                     backend="serial", progress=False)
+    assert dict(lazy.models) == dict(eager.models)
+    assert not (tmp_path / "stage").exists()

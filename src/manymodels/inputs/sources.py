@@ -87,9 +87,12 @@ class GroupSource(Source):
                                  read_on_workers, staging)
             self.format, self.cost = format, cost
             return
-        if staging is not None:
-            raise ValueError("staging= is where a Spark or Dask DataFrame's grouped rows are "
-                             "written; this table is not one: leave staging out")
+        if staging is not None and not read_on_workers:
+            raise ValueError("staging= is where a Spark or Dask DataFrame's grouped rows, or "
+                             "read_on_workers' sorted rows, are written; this table is "
+                             "neither: leave staging out")
+        #: Where read_on_workers sorts files not in key order (None: a temporary directory)
+        self.staging = None if staging is None else str(staging)
         #: A pandas frame's column labels when some are not strings (Arrow
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
@@ -351,6 +354,9 @@ def groups(
     reads just the ``by`` columns to plan the groups, and each batch of tasks
     reads its own groups' rows on its worker, so the driver never holds a
     table larger than its memory (on Ray, every node must see the same path).
+    Files not in key order are sorted once, one file and one bucket of rows
+    at a time, into Arrow files under ``staging`` that the workers map (give
+    a directory every node sees on a cluster of several machines).
 
     ``order_by`` (a column or a list of them): each group's rows reach ``fit``
     sorted by it (ascending, stable, missing values last), as a time series

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..inputs.grids import GridSource, ProductSource
 from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
 from ..inputs.tables import exact_pandas, sort_order
+from .sortedreads import sort_once
 from .staging import stage
 from .taskdata import Items, ParquetReads, SettingsOnly, StagedSlices, TableSlices, TaskData
 
@@ -220,6 +221,26 @@ def staged_layout(source: GroupSource) -> tuple[Any, KeyRows]:
     return source._layout, KeyRows(source._layout.key_table)
 
 
+def _parquet_reads(source: GroupSource) -> TaskData:
+    """``read_on_workers``: each batch scans the files for its groups where
+    the files are in key order; otherwise their rows are sorted once into
+    files the workers map (:mod:`.sortedreads`), cached on the source."""
+    layout = group_layout(source)
+    scans = ParquetReads(layout, source.reader, source.cost, source.format)
+    if layout.input_rows is None:
+        return scans
+    sorted_groups = getattr(source, "_sorted_groups", None)
+    if sorted_groups is None:
+        from ..identity.rowhash import lanes_of
+
+        refs = [ref for _, ref, _ in scans.entries()]
+        lanes = np.array([lanes_of(h) for h in scans.hashes(refs)],
+                         dtype=np.uint64).reshape(-1, 2)
+        sorted_groups = sort_once(layout, source.reader, lanes, source.staging)
+        source._sorted_groups = sorted_groups
+    return StagedSlices(sorted_groups, layout.keys, source.cost, source.format)
+
+
 def _check_key_type(name: str, column: Any) -> None:
     """Refuse a ``by`` column whose values cannot be keys as they are."""
     kind = column.type
@@ -289,7 +310,7 @@ def plan(source: Source) -> Plan:
     if isinstance(base, GroupSource) and base.engine_frame is not None:
         data = StagedSlices(*staged_layout(base), base.cost, base.format)
     elif isinstance(base, GroupSource) and base.reader is not None:
-        data = ParquetReads(group_layout(base), base.reader, base.cost, base.format)
+        data = _parquet_reads(base)
     elif isinstance(base, GroupSource):
         data = TableSlices(group_layout(base), base.cost, base.format, base.column_labels)
     elif isinstance(base, PartitionSource):
