@@ -104,7 +104,10 @@ if "$py" -c "import torch" 2> /dev/null; then
     step linear 90 "$py" bench/device_check.py linear --groups "$linear_groups" \
         --device "$device" --out "$dest/linear.json"
 else
-    printf '%s\t%s\t%s\n' gpu "skipped: no PyTorch" 0 linear "skipped: no PyTorch" 0 >> "$steps"
+    for name in gpu linear; do
+        printf '%s\t%s\t%s\n' "$name" "skipped: no PyTorch" 0 >> "$steps"
+        echo "== $name: skipped, no PyTorch" | tee -a "$log"
+    done
 fi
 step million 240 "$py" bench/million_bench.py --groups "$groups" --workers "$cores" \
     --case-timeout 120 --out "$dest/million.json"

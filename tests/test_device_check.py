@@ -6,6 +6,7 @@ bench, source and GPU tests, so that a file it wrote there would show."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -40,10 +41,13 @@ def test_smoke_run_writes_the_json_and_the_table_and_nothing_else(tmp_path):
     before = _files(repo)
     out, temporary = tmp_path / "out", tmp_path / "tmp"
     temporary.mkdir()
-    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(temporary)}
+    # the script's own smoke budget is 2 minutes; a loaded CI machine gets more,
+    # so that every step finishes and is checked (a step out of time says so)
+    env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(temporary),
+           "DEVICE_CHECK_BUDGET_S": "400"}
     env.pop("OUT", None)
     done = subprocess.run(["bash", str(repo / "bench" / "device_check.sh"), "--smoke", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert _files(repo) == before  # no bytecode, results or stores in the repository
     assert list(temporary.iterdir()) == []  # its work folder removed
@@ -52,32 +56,33 @@ def test_smoke_run_writes_the_json_and_the_table_and_nothing_else(tmp_path):
     assert summary["smoke"] is True
     assert list(summary["steps"]) == STEPS
     statuses = {name: step["status"] for name, step in summary["steps"].items()}
-    for name in ("gpu-tests", "linear", "million", "files-sweep"):
-        assert statuses[name] in ("ok", "skipped: out of time"), statuses
-    assert statuses["gpu"] in ("ok", "skipped: no GPU", "skipped: out of time"), statuses
+    torch = importlib.util.find_spec("torch") is not None  # not in the test extra
+    for name in ("gpu-tests", "million", "files-sweep", *(["linear"] if torch else [])):
+        assert statuses[name] == "ok", statuses
+    assert statuses["gpu"] in (("ok", "skipped: no GPU") if torch else
+                               ("skipped: no PyTorch",)), statuses
+    assert torch or statuses["linear"] == "skipped: no PyTorch"
     targets = {line["target"]: line for line in summary["targets"]}
     assert len(targets) >= 11
-    if statuses["million"] == "ok":
-        million = json.loads((out / "million.json").read_text())
-        rows = million["cases"]
-        assert million["groups"] == 5000 and all(r["status"] == "ok" for r in rows.values())
-        assert rows["mm+store"]["driver_cpu_us_per_task"] > 0
-        assert rows["mm+store"]["driver_main_thread_cpu_us_per_task"] > 0
-        assert "workers_cpu_beyond_fit_us_per_task" in rows["mm"]
-        line = targets["million: with a store / without <= 1.15x"]
-        assert line["value"] == pytest.approx(rows["mm+store"]["ratio"])
-        assert line["status"] == ("met" if line["value"] <= 1.15 else "NOT met")
-    if statuses["files-sweep"] == "ok":
-        sweep = json.loads((out / "files-sweep.json").read_text())["sweep"]
-        assert len(sweep["task_times_s"]) == 2 and sweep["longest_first_bound_s"] > 0
-        assert targets["sweep: manymodels wall / longest-first bound <= 1.10"]["value"] > 0
+    million = json.loads((out / "million.json").read_text())
+    rows = million["cases"]
+    assert million["groups"] == 5000 and all(r["status"] == "ok" for r in rows.values())
+    assert rows["mm+store"]["driver_cpu_us_per_task"] > 0
+    assert rows["mm+store"]["driver_main_thread_cpu_us_per_task"] > 0
+    assert "workers_cpu_beyond_fit_us_per_task" in rows["mm"]
+    line = targets["million: with a store / without <= 1.15x"]
+    assert line["value"] == pytest.approx(rows["mm+store"]["ratio"])
+    assert line["status"] == ("met" if line["value"] <= 1.15 else "NOT met")
+    sweep = json.loads((out / "files-sweep.json").read_text())["sweep"]
+    assert len(sweep["task_times_s"]) == 2 and sweep["longest_first_bound_s"] > 0
+    assert targets["sweep: manymodels wall / longest-first bound <= 1.10"]["value"] > 0
     if shutil.which("nvidia-smi") is None:  # every GPU line says so, none pretends
         gpu_lines = [line for name, line in targets.items()
                      if name.startswith(("GPU", "mm.linear"))]
         assert len(gpu_lines) == 4
         assert all(line["status"] == "skipped: no GPU" and line["value"] is None
                    for line in gpu_lines)
-    if statuses["linear"] == "ok":  # PyTorch on the CPU against NumPy, here
+    if torch:  # PyTorch on the CPU against NumPy, here
         linear = json.loads((out / "linear.json").read_text())
         assert all(row["max_rel_diff"] < 1e-6 for row in linear["rows"])
 
