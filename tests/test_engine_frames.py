@@ -184,10 +184,6 @@ def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, tabl
     """Each names its argument and says how to collect the rows, before any work."""
     frame = _engine_frame(engine, table)
     collect = r"collect it first \((spark_df\.toPandas|dask_df\.compute)\(\)\)"
-    with pytest.raises(TypeError, match=f"map_groups' source is a .* DataFrame.*{collect}"):
-        mm.map_groups(lambda df: df, mm.groups(frame, by="store"))
-    with pytest.raises(TypeError, match=f"map_groups' source is a .*{collect}"):
-        mm.map_groups(lambda df: df, frame)
     with pytest.raises(TypeError, match=f"map_partitions' table is a .*{collect}"):
         mm.map_partitions(lambda df: df, frame)
     with pytest.raises(TypeError, match=f"linear's table is a .*{collect}"):
@@ -203,3 +199,44 @@ def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, tabl
     with pytest.raises(ValueError, match="column '__offset__' has a name the engine's staging"):
         mm.groups(_engine_frame(engine, table.rename(columns={"store": "__offset__"})),
                   by="__offset__")
+
+
+def centred(df):
+    return df.assign(centred=df["x"] - df["x"].mean())[["day", "centred"]]
+
+
+def fail_on_store_2(df):
+    if df["store"].iloc[0] == 2:
+        raise ValueError("store 2 is bad")
+    return df[["x", "y"]].mean()
+
+
+def _collected(engine_name, frame) -> pd.DataFrame:
+    return frame.toPandas() if engine_name == "spark" else frame.compute().reset_index(drop=True)
+
+
+def test_map_groups_of_an_engine_frame_answers_with_the_engines_frame(engine, table):
+    """The engine groups, the backend supervises fn, and the outputs (in key
+    order, with their keys) come back as the engine's DataFrame."""
+    name = engine[0]
+    transformed = mm.map_groups(centred, _engine_frame(engine, table), by="store",
+                                order_by="day", backend="processes", workers=2)
+    assert type(transformed).__module__.split(".")[0] == ("pyspark" if name == "spark"
+                                                          else "dask")
+    local = mm.map_groups(centred, mm.groups(table, by="store", order_by="day"),
+                          backend="serial")
+    expected = local.sort_values(["store", "day"]).reset_index(drop=True)
+    got = _collected(name, transformed)
+    assert list(got.columns) == ["store", "day", "centred"]
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+    with pytest.warns(RuntimeWarning, match="store 2 is bad"):
+        means = mm.map_groups(fail_on_store_2, mm.groups(_engine_frame(engine, table),
+                                                         by="store"), errors="skip",
+                              backend="serial")
+    means = _collected(name, means)
+    assert sorted(means["store"]) == [s for s in range(10) if s != 2]
+    expected_means = table[table["store"] != 2].groupby("store")[["x", "y"]].mean()
+    np.testing.assert_allclose(means.set_index("store")[["x", "y"]], expected_means)
+    with pytest.raises(TypeError, match="needs by="):
+        mm.map_groups(centred, _engine_frame(engine, table))

@@ -28,6 +28,7 @@ from .inputs.grouplabels import (
 from .inputs.sources import GroupSource, PartitionSource
 from .machine import usable_cores
 from .planning.plan import asks_for_key, group_layout
+from .run.engineoutputs import as_engine_frame, engine_source
 from .run.partitioncost import LEFT_TO_US, attach_summary, decide, run_in_process, with_split
 from .run.results import OK, Run
 
@@ -300,14 +301,15 @@ def map_groups(
     (statsforecast's ``fallback_model``); a pandas result's
     ``attrs["fallback"]`` maps those groups' keys to ``fn``'s traceback.
     Other keywords go to :func:`train` (``backend``, ``workers``, ``shared``, ...).
+
+    ``source`` may be a Spark or Dask DataFrame (with ``by=`` and
+    ``mm.groups``' other keywords), or ``mm.groups`` of one: its engine
+    groups the rows, and the result is a DataFrame of that engine, the
+    outputs in key order (:mod:`manymodels.run.engineoutputs`).
     """
     _check_errors(errors)
+    source, in_engine = engine_source(source, options)
     base = source.base if isinstance(source, ProductSource) else source
-    in_engine = getattr(base, "engine_frame", None)
-    refuse_engine_frame(base if in_engine is None else in_engine.frame, "map_groups' source",
-                        "map_groups returns the groups' outputs as one table on the driver",
-                        "then group it with mm.groups(), or use the engine's own grouped "
-                        "apply (Spark's applyInPandas, Dask's groupby().apply)")
     if not isinstance(base, GroupSource):
         raise TypeError("map_groups needs a source made by mm.groups(...)")
     if fallback is not None:
@@ -316,8 +318,8 @@ def map_groups(
                             f"{type(fallback).__name__}")
         fn = _WithFallback(fn, fallback)
     options.setdefault("progress", False)
-    labelled = source is base and base.format == "pandas" and "key" not in (
-        options.get("shared") or {})
+    labelled = in_engine is None and source is base and base.format == "pandas" and (
+        "key" not in (options.get("shared") or {}))
     if labelled:  # each group under its rows' labels
         options["shared"] = {**(options.get("shared") or {}),
                              **shared_labels(group_layout(base), base.row_index)}
@@ -326,8 +328,9 @@ def map_groups(
     key_columns, ok = _ok_outputs(run, errors, "map_groups")
     failed = _failures(run, key_columns) if errors == "skip" else {}
     fell_back = _fallen_back(run) if fallback is not None else None
-    return _report_failures(_assemble(run, base, source, key_columns, ok, labelled),
-                            failed, fell_back)
+    result = _report_failures(_assemble(run, base, source if in_engine is None else None,
+                                        key_columns, ok, labelled), failed, fell_back)
+    return result if in_engine is None else as_engine_frame(result, in_engine)  # key order
 
 
 def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
