@@ -5,8 +5,6 @@ parallel and return one concatenated table."""
 from __future__ import annotations
 
 import time
-import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +13,6 @@ import pandas as pd
 import pyarrow as pa
 
 from .api import train
-from .engine.execution import metrics_dict
 from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
 from .inputs.grouplabels import (
@@ -29,6 +26,7 @@ from .inputs.sources import GroupSource, PartitionSource
 from .machine import usable_cores
 from .planning.plan import asks_for_key, group_layout
 from .run.engineoutputs import as_engine_frame, engine_source
+from .run.groupfailures import WithFallback, failures, fallen_back, report_failures
 from .run.partitioncost import LEFT_TO_US, attach_summary, decide, run_in_process, with_split
 from .run.results import OK, Run
 
@@ -193,72 +191,6 @@ def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
     return frame
 
 
-#: The metric a fallback's output carries: why ``fn`` failed on that group.
-_FALLBACK = "__manymodels_fallback__"
-
-
-class _WithFallback:
-    """``fn``, or ``fallback`` on the same rows where ``fn`` raises (as
-    statsforecast's ``fallback_model``): in the worker, so the fallback's
-    output travels back like any other, marked with the reason."""
-
-    def __init__(self, fn: Callable[..., Any], fallback: Callable[..., Any]) -> None:
-        self.fn, self.fallback = fn, fallback
-
-    def __call__(self, data: Any, **kwargs: Any) -> Any:
-        try:
-            return self.fn(data, **kwargs)
-        except Exception:  # the fallback's own error, if any, carries fn's as its context
-            reason = traceback.format_exc()
-            return self.fallback(data, **kwargs), {_FALLBACK: reason}
-
-
-def _key_of(parts: tuple) -> Any:
-    return parts[0] if len(parts) == 1 else tuple(parts)
-
-
-def _fallen_back(run: Run) -> dict[Any, str]:
-    """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
-    rec = run._records
-    fallen: dict[Any, str] = {}
-    for index, (parts, status, metrics) in enumerate(
-            zip(run._plan.key_rows, rec.status, rec.metrics)):
-        metrics = metrics_dict(metrics, index) if status == OK else None
-        if metrics and _FALLBACK in metrics:
-            fallen[_key_of(parts)] = metrics[_FALLBACK]
-    return fallen
-
-
-def _failures(run: Run, key_columns: list) -> dict[Any, str]:
-    """Key -> error of every task that failed (left out of the result)."""
-    failed = run.failed
-    return {_key_of(tuple(row[c] for c in key_columns)): row["error"]
-            for _, row in failed.iterrows()}
-
-
-def _reason(error: str) -> str:
-    """The last line of a traceback: the exception and its message."""
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "unknown error"
-
-
-def _report_failures(result: Any, failed: dict, fallback: dict | None) -> Any:
-    """Warn about the groups left out; on a pandas result, ``attrs["failed"]``
-    (and ``attrs["fallback"]``) map each such key to its traceback."""
-    if failed:
-        listed = "; ".join(f"{key!r} ({_reason(error)})" for key, error in
-                           list(failed.items())[:5])
-        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
-        warnings.warn(f"map_groups: {len(failed)} group(s) failed and are left out of the "
-                      f"result: {listed}{more} (a pandas result lists them all in "
-                      "result.attrs['failed'])", RuntimeWarning, stacklevel=3)
-    if isinstance(result, (pd.DataFrame, pd.Series)):
-        result.attrs["failed"] = failed
-        if fallback is not None:
-            result.attrs["fallback"] = fallback
-    return result
-
-
 def map_groups(
     fn: Callable[..., Any],
     source: GroupSource | ProductSource,
@@ -316,7 +248,7 @@ def map_groups(
         if not callable(fallback):
             raise TypeError("fallback must be a function of a group's rows, got "
                             f"{type(fallback).__name__}")
-        fn = _WithFallback(fn, fallback)
+        fn = WithFallback(fn, fallback)
     options.setdefault("progress", False)
     labelled = in_engine is None and source is base and base.format == "pandas" and (
         "key" not in (options.get("shared") or {}))
@@ -326,9 +258,9 @@ def map_groups(
         fn = WithLabels(fn, asks_for_key(fn))
     run = train(fn, source, **options)
     key_columns, ok = _ok_outputs(run, errors, "map_groups")
-    failed = _failures(run, key_columns) if errors == "skip" else {}
-    fell_back = _fallen_back(run) if fallback is not None else None
-    result = _report_failures(_assemble(run, base, source if in_engine is None else None,
+    failed = failures(run, key_columns) if errors == "skip" else {}
+    fell_back = fallen_back(run) if fallback is not None else None
+    result = report_failures(_assemble(run, base, source if in_engine is None else None,
                                         key_columns, ok, labelled), failed, fell_back)
     return result if in_engine is None else as_engine_frame(result, in_engine)  # key order
 

@@ -168,6 +168,7 @@ PINNED_MODULES = {
     "manymodels.observe.tracking": "manymodels.tracking",
     "manymodels.planning.plan": "manymodels.planning",
     "manymodels.planning.taskdata": "manymodels.taskdata",
+    "manymodels.run.groupfailures": "manymodels.transforms",
     "manymodels.run.prediction": "manymodels.prediction",
     "manymodels.run.results": "manymodels.results",
     "manymodels.sklearn._routing": "manymodels.routing",

@@ -1,0 +1,85 @@
+"""What ``map_groups`` does with groups that failed: a ``fallback=``
+function run in the worker where ``fn`` raises (its output marked with the
+reason), and, with ``errors="skip"``, the groups left out, warned about and
+listed in a pandas result's ``attrs``."""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from ..engine.execution import metrics_dict
+from .results import OK, Run
+
+#: The metric a fallback's output carries: why ``fn`` failed on that group.
+_FALLBACK = "__manymodels_fallback__"
+
+
+class _WithFallback:
+    """``fn``, or ``fallback`` on the same rows where ``fn`` raises (as
+    statsforecast's ``fallback_model``): in the worker, so the fallback's
+    output travels back like any other, marked with the reason."""
+
+    def __init__(self, fn: Callable[..., Any], fallback: Callable[..., Any]) -> None:
+        self.fn, self.fallback = fn, fallback
+
+    def __call__(self, data: Any, **kwargs: Any) -> Any:
+        try:
+            return self.fn(data, **kwargs)
+        except Exception:  # the fallback's own error, if any, carries fn's as its context
+            reason = traceback.format_exc()
+            return self.fallback(data, **kwargs), {_FALLBACK: reason}
+
+
+def _key_of(parts: tuple) -> Any:
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def fallen_back(run: Run) -> dict[Any, str]:
+    """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
+    rec = run._records
+    fallen: dict[Any, str] = {}
+    for index, (parts, status, metrics) in enumerate(
+            zip(run._plan.key_rows, rec.status, rec.metrics)):
+        metrics = metrics_dict(metrics, index) if status == OK else None
+        if metrics and _FALLBACK in metrics:
+            fallen[_key_of(parts)] = metrics[_FALLBACK]
+    return fallen
+
+
+def failures(run: Run, key_columns: list) -> dict[Any, str]:
+    """Key -> error of every task that failed (left out of the result)."""
+    failed = run.failed
+    return {_key_of(tuple(row[c] for c in key_columns)): row["error"]
+            for _, row in failed.iterrows()}
+
+
+def _reason(error: str) -> str:
+    """The last line of a traceback: the exception and its message."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def report_failures(result: Any, failed: dict, fallback: dict | None) -> Any:
+    """Warn about the groups left out; on a pandas result, ``attrs["failed"]``
+    (and ``attrs["fallback"]``) map each such key to its traceback."""
+    if failed:
+        listed = "; ".join(f"{key!r} ({_reason(error)})" for key, error in
+                           list(failed.items())[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        warnings.warn(f"map_groups: {len(failed)} group(s) failed and are left out of the "
+                      f"result: {listed}{more} (a pandas result lists them all in "
+                      "result.attrs['failed'])", RuntimeWarning, stacklevel=3)
+    if isinstance(result, (pd.DataFrame, pd.Series)):
+        result.attrs["failed"] = failed
+        if fallback is not None:
+            result.attrs["fallback"] = fallback
+    return result
+
+
+#: (pickled, and so hashed, under the name it had in ``manymodels.transforms``)
+WithFallback = _WithFallback
