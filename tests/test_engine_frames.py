@@ -196,6 +196,13 @@ def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, tabl
              backend="serial", progress=False)
     with pytest.raises(TypeError, match=f"predict's table is a .*{collect}"):
         mm.Store(tmp_path / "store").predict(frame, by="store", features=["x"])
+    from sklearn.linear_model import LinearRegression
+
+    from manymodels.sklearn import GroupedEstimator
+
+    grouped = GroupedEstimator(LinearRegression(), by="store")
+    with pytest.raises(TypeError, match=f"X is a .*{collect}"):
+        grouped.fit(frame, table["y"])
     with pytest.raises(ValueError, match="column '__offset__' has a name the engine's staging"):
         mm.groups(_engine_frame(engine, table.rename(columns={"store": "__offset__"})),
                   by="__offset__")

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from sklearn.utils.validation import check_array
 
+from ..inputs.engineframes import refuse_engine_frame
 from ..inputs.tables import plain_scalar
 
 
@@ -46,6 +47,9 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
     columns get scikit-learn's own checks when X is an array. X may hold the
     key columns alone (one baseline per group, e.g. a ``DummyRegressor``)."""
     by = by_list(owner.by)
+    refuse_engine_frame(X, "X", "a grouped estimator fits and predicts on rows in this "
+                        "process, as scikit-learn does", "or train with mm.train(fit, "
+                        "mm.groups(df, by=...)), which takes it as it is")
     X = as_pandas_if_table(X)
     as_frame = isinstance(X, pd.DataFrame)
     nan_ok = allow_nan(owner.estimator)
