@@ -135,7 +135,7 @@ def test_editing_the_wrapper_around_fit_retrains(tmp_path, monkeypatch, kind):
 def test_a_wrapper_keeps_its_own_label_beside_what_it_wraps():
     """functools.wraps copies the wrapped function's name onto the wrapper:
     both must still count, each under its own label."""
-    from manymodels.identity.codehash import code_identity
+    from manymodels.identity.hashing import code_identity
 
     def deco(f):
         @functools.wraps(f)
@@ -165,7 +165,7 @@ def _scaled(factor):
 def test_each_of_two_wrappers_from_one_decorator_counts():
     """Two wrappers made by one decorator share their code and qualified
     name: the values each one's closure holds must both count."""
-    from manymodels.identity.codehash import code_identity
+    from manymodels.identity.hashing import code_identity
 
     def fit(df):
         return df
