@@ -6,6 +6,7 @@ repeated a step would end elsewhere than an uninterrupted one."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -223,8 +224,9 @@ def test_the_next_run_resumes_a_failed_task_and_keep_checkpoints(tmp_path, log):
 def test_a_tampered_checkpoint_is_refused_by_name_and_the_task_starts_afresh(tmp_path, log):
     store = tmp_path / "store"
     train(log, items=[4], shared={"fault": "raise:20"}, store=store, backend="serial")
-    (state,) = (store / "checkpoints").rglob("state-*.pkl")
-    state.write_bytes(state.read_bytes()[:-3])  # truncated
+    (manifest,) = (store / "checkpoints").rglob("manifest.json")
+    state = manifest.parent / json.loads(manifest.read_bytes())["state"]["name"]
+    state.write_bytes(state.read_bytes()[:-3])  # truncated (the other file is an older save)
     with pytest.warns(RuntimeWarning, match=f"refused.*{state.name}.*SHA-256"):
         again = train(log, items=[4], shared={"fault": "raise:20"}, store=store,
                       backend="serial")
@@ -324,7 +326,7 @@ def test_a_save_interrupted_before_its_manifest_leaves_the_previous_state(tmp_pa
     slot = tmp_path / "slot"
     slot.mkdir()
     Checkpoint(slot).save({"step": 1})
-    (slot / "state-2.pkl").write_bytes(b"half a pickle")  # the crash: no manifest for it
+    (slot / "state-b.pkl").write_bytes(b"half a pickle")  # the next save, cut short
     assert Checkpoint(slot).load() == {"step": 1}
 
 
@@ -370,17 +372,26 @@ def test_a_lost_or_stale_manifest_is_made_up_for_by_the_state_files(tmp_path):
     checkpoint.save({"step": 1})
     stale = (slot / "manifest.json").read_bytes()
     checkpoint.save({"step": 2})
+    assert sorted(p.name for p in slot.glob("state-*")) == ["state-a.pkl", "state-b.pkl"]
     (slot / "manifest.json").write_bytes(b"")  # empty
     assert Checkpoint(slot).load() == {"step": 2}
-    (slot / "manifest.json").write_bytes(stale)  # names state-1.pkl, gone
+    (slot / "manifest.json").write_bytes(b'{"generation": 2, "sav')  # torn
+    assert Checkpoint(slot).load() == {"step": 2}
+    (slot / "manifest.json").write_bytes(stale)  # names state-a.pkl, the older save
     assert Checkpoint(slot).load() == {"step": 2}
     (slot / "manifest.json").unlink()
     resumed = Checkpoint(slot)
     assert resumed.load() == {"step": 2} and resumed.resumed
-    resumed.save({"step": 3})
-    (slot / "state-4.pkl").write_bytes((slot / "state-3.pkl").read_bytes()[:-2])  # cut short
-    assert Checkpoint(slot).load() == {"step": 3}
-    assert sorted(p.name for p in slot.glob("state-*")) == ["state-3.pkl"]
+    resumed.save({"step": 3})  # over state-a.pkl
+    whole = (slot / "state-a.pkl").read_bytes()
+    (slot / "state-a.pkl").write_bytes(whole[:-2])  # the next save cut short, no manifest
+    (slot / "manifest.json").write_bytes(b"")
+    assert Checkpoint(slot).load() == {"step": 2}
+    (slot / "state-a.pkl").write_bytes(whole)
+    again = Checkpoint(slot)
+    assert again.load() == {"step": 3}
+    again.save({"step": 4})  # into the other file: step 3 stays whole meanwhile
+    assert Checkpoint(slot).load() == {"step": 4}
 
 
 def test_a_checkpoint_with_evaluate_is_refused_before_work(tmp_path):

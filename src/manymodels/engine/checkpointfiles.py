@@ -1,20 +1,22 @@
 """The files of a checkpoint slot, and how a save stays whole through a crash
-at one ``fsync`` per save.
+at one flush to disk per save.
 
-A save writes ``state-<generation>.pkl``: a header (the manifest of that
-generation, as JSON, with the payload's size and SHA-256) followed by the
-pickled state, and fsyncs it. Only then is ``manifest.json`` replaced (by a
-rename, without an fsync of its own) and the previous state file removed.
-The manifest is a shortcut, not the only record: a state file describes
-itself, so a manifest lost, stale or empty after a crash is made up for by
-the newest state file that matches its own header.
+A slot has two state files, ``state-a.pkl`` and ``state-b.pkl``, used in
+turn: a save overwrites, in place, the one that the manifest does not name,
+with a header (that generation's manifest, as JSON, with the payload's size
+and SHA-256, padded to a whole page) followed by the pickled state, and
+flushes it (``fdatasync``). Only then is ``manifest.json`` overwritten, in
+place and without a flush of its own: it is a shortcut, not the only record.
+A state file describes itself, so a manifest lost, stale or torn by a crash
+is made up for by the newest state file that matches its own SHA-256.
 
-Why a crash during a save leaves the previous checkpoint readable: until the
-new state file is fsynced, nothing of the previous generation is touched; a
-half-written state file fails its SHA-256 and is passed over. The previous
-state file is removed after the new one's fsync, and a file system that
-journals its metadata in order (ext4, XFS, btrfs, APFS) never keeps that
-removal without the new file's creation, issued before it.
+Why a crash during a save leaves the previous checkpoint readable: the save
+writes only into the other state file, so the one the manifest names stays
+as it was flushed by the previous save; a half-written state file fails its
+SHA-256 and is passed over. Writing in place, into a file of the same size
+as the last time (the header is padded), changes no metadata: the flush
+writes the data and nothing else, no block is allocated or freed, no journal
+commit waited for.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import hashlib
 import json
 import os
 import pickle
-import re
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,10 @@ MANIFEST = "manifest.json"
 MAGIC = b"MMCKPT1\n"
 _LENGTH = 8
 _CHUNK = 1 << 20
-_STATE_NAME = re.compile(r"state-(\d+)\.pkl")
+_PAGE = 4096
+#: The two state files of a slot, written in turn.
+STATE_FILES = ("state-a.pkl", "state-b.pkl")
+_flush = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
 
 
 class CheckpointRefused(Exception):
@@ -94,18 +98,43 @@ def unpickled(payload: memoryview, entry: dict) -> Any:
     return pickle.loads(views[0], buffers=views[1:])
 
 
+def next_state_file(manifest: dict | None) -> str:
+    """The state file a save writes: the one the manifest does not name."""
+    named = ((manifest or {}).get("state") or {}).get("name")
+    return STATE_FILES[1] if named == STATE_FILES[0] else STATE_FILES[0]
+
+
 def write_state(path: Path, manifest: dict, parts: list[Any]) -> None:
     """Write a self-describing state file (header, then the state's
-    ``parts``) and fsync it: the one fsync of a save. Its name is new to
-    the slot (the next generation), so no rename is needed; a crash leaves
-    a file that fails its own SHA-256."""
+    ``parts``) over ``path``, in place, and flush it: the one flush of a
+    save. A crash leaves a file that fails its own SHA-256."""
     header = json.dumps(manifest).encode()
-    with open(path, "wb") as out:
-        out.write(MAGIC + len(header).to_bytes(_LENGTH, "big") + header)
+    header += b" " * (-(len(MAGIC) + _LENGTH + len(header)) % _PAGE)
+    _write_in_place(path, [MAGIC + len(header).to_bytes(_LENGTH, "big") + header, *parts],
+                    flush=True)
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Overwrite the manifest in place, padded to a whole page, unflushed: a
+    torn or lost one is made up for by the state files (see the module's
+    docstring)."""
+    data = json.dumps(manifest).encode()
+    _write_in_place(path, [data + b" " * (-len(data) % _PAGE)], flush=False)
+
+
+def _write_in_place(path: Path, parts: list[Any], flush: bool) -> None:
+    """Write ``parts`` from the start of ``path`` (made if missing), cut what
+    is left beyond them, and flush the data when asked."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    with os.fdopen(descriptor, "wb") as out:
         for part in parts:
             out.write(part)
+        end = out.tell()
         out.flush()
-        os.fsync(out.fileno())
+        if os.fstat(descriptor).st_size > end:
+            os.ftruncate(descriptor, end)
+        if flush:
+            _flush(descriptor)
 
 
 def copy_hashing(source: Path, target: Path) -> tuple[str, int]:
@@ -124,70 +153,67 @@ def copy_hashing(source: Path, target: Path) -> tuple[str, int]:
 def newest_whole(slot: Path) -> tuple[dict | None, memoryview | None]:
     """The slot's newest checkpoint that matches its SHA-256s: (manifest,
     state bytes), or (None, None) when nothing was saved. Raises
-    :class:`CheckpointRefused` (naming the file) when a manifest names a
-    checkpoint and nothing in the slot matches."""
-    refusal = None
-    manifest = None
+    :class:`CheckpointRefused` (naming the file) when the manifest names a
+    checkpoint that does not match: it was whole when the manifest named it,
+    so it was tampered with, and the task starts afresh."""
+    manifest, refusal = None, None
     manifest_path = slot / MANIFEST
     if manifest_path.exists():
         try:
-            manifest = json.loads(manifest_path.read_bytes())
-            manifest["generation"], manifest["saved_at"], manifest["attempt"]  # noqa: B018
-        except (ValueError, KeyError, TypeError, OSError) as exc:
+            manifest = _checked(json.loads(manifest_path.read_bytes()))
+        except (ValueError, KeyError, TypeError, OSError) as exc:  # torn by a crash?
             refusal = CheckpointRefused(f"{manifest_path} is not a checkpoint manifest ({exc!r})")
-            manifest = None
     # A state file newer than the manifest is a save whose manifest was lost.
     floor = manifest["generation"] if manifest else 0
-    for generation, path in _state_files(slot):
-        if generation <= floor:
+    for header in _headers(slot):
+        if header["generation"] <= floor:
             break
         try:
-            return verified(slot, _header(path))
+            return verified(slot, header)
         except CheckpointRefused:
-            continue  # half-written by a crash: the manifest's is the last whole one
+            continue  # half-written by a crash: an older one is the last whole one
     if manifest is not None:
-        try:
-            return verified(slot, manifest)
-        except CheckpointRefused as exc:
-            refusal = exc
-    if refusal is None:
-        return None, None
-    for generation, path in _state_files(slot):  # an older state file, whole?
-        if generation < floor:
-            try:
-                return verified(slot, _header(path))
-            except CheckpointRefused:
-                continue
-    raise refusal
+        return verified(slot, manifest)
+    if refusal is not None:
+        raise refusal
+    return None, None
 
 
-def sweep_states(slot: Path, keep: str | None) -> None:
-    """Remove the slot's state files but ``keep`` (saves that a crash left
-    half-written, or a generation that its successor replaced)."""
-    for _, path in _state_files(slot):
-        if path.name != keep:
-            path.unlink(missing_ok=True)
+def slot_manifest(slot: Path) -> dict | None:
+    """The slot's manifest, or (lost or torn) that of its newest state
+    file's header, unverified: who saved it, for :meth:`Store.gc`."""
+    try:
+        return _checked(json.loads((slot / MANIFEST).read_bytes()))
+    except (ValueError, KeyError, TypeError, OSError):
+        return next(iter(_headers(slot)), None)
 
 
-def _state_files(slot: Path) -> list[tuple[int, Path]]:
-    """The slot's state files, newest generation first."""
+def _checked(manifest: Any) -> dict:
+    manifest["generation"], manifest["saved_at"], manifest["attempt"]  # noqa: B018
+    return manifest
+
+
+def _headers(slot: Path) -> list[dict]:
+    """The headers of the slot's state files that can be read, newest first."""
     found = []
-    for entry in os.scandir(slot):
-        match = _STATE_NAME.fullmatch(entry.name)
-        if match:
-            found.append((int(match.group(1)), Path(entry.path)))
-    return sorted(found, reverse=True)
+    for name in STATE_FILES:
+        try:
+            found.append(_header(slot / name))
+        except CheckpointRefused:
+            continue
+    return sorted(found, key=lambda header: header["generation"], reverse=True)
 
 
 def _header(path: Path) -> dict:
     """The manifest a state file carries in its header."""
+    if not path.exists():
+        raise CheckpointRefused(f"{path} is missing")
     try:
         with open(path, "rb") as inp:
             head = inp.read(len(MAGIC) + _LENGTH)
             if not head.startswith(MAGIC):
                 raise CheckpointRefused(f"{path} has no checkpoint header")
-            header = json.loads(inp.read(int.from_bytes(head[len(MAGIC):], "big")))
-        header["generation"], header["saved_at"], header["attempt"]  # noqa: B018
+            header = _checked(json.loads(inp.read(int.from_bytes(head[len(MAGIC):], "big"))))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointRefused(f"{path} has no readable checkpoint header ({exc!r})") from exc
     return header

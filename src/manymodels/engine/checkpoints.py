@@ -10,13 +10,14 @@ resumed. The worker writes the slot itself; nothing of it passes through the
 driver.
 
 A slot holds ``manifest.json`` (what is committed: the state file and the
-files of :attr:`Checkpoint.path`, each with its size and SHA-256), the state
-and file snapshots it names, and ``work/`` (the directory a library writes
-its own files into). A save costs one fsync: the state file describes itself,
-and the manifest replaced after it is a shortcut (see :mod:`.checkpointfiles`),
-so a crash during a save leaves the previous checkpoint whole; a snapshot
-that does not match its manifest is refused by name and the task starts
-afresh.
+files of :attr:`Checkpoint.path`, each with its size and SHA-256), two
+state files written in turn, the file snapshot it names, and ``work/`` (the
+directory a library writes its own files into). A save costs one flush to
+disk: it overwrites the state file the manifest does not name, which
+describes itself, and the manifest written after it is a shortcut (see
+:mod:`.checkpointfiles`), so a crash during a save leaves the previous
+checkpoint whole; a snapshot that does not match its manifest is refused by
+name and the task starts afresh.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from .checkpointfiles import (
     CheckpointRefused,
     copy_hashing,
     newest_whole,
+    next_state_file,
     pickled,
-    sweep_states,
     unpickled,
     verified,
     write_atomically,
+    write_manifest,
     write_state,
 )
 
@@ -121,7 +123,6 @@ class Checkpoint:
             return
         if manifest is None:
             return
-        sweep_states(self._slot, (manifest.get("state") or {}).get("name"))
         self._manifest, self._state_bytes = manifest, state
         self.resumed = True
         if self._report is not None:
@@ -155,7 +156,7 @@ class Checkpoint:
         self._check()
         parts, entry = pickled(state)
         generation = self._generation() + 1
-        entry["name"] = f"state-{generation}.pkl"
+        entry["name"] = next_state_file(self._manifest)
         manifest = self._manifest_for(generation, entry, (self._manifest or {}).get("files"))
         write_state(self._slot / entry["name"], manifest, parts)
         self._publish(manifest, durable=False)
@@ -184,7 +185,7 @@ class Checkpoint:
         kept_state = (self._manifest or {}).get("state")
         if state is not None:
             parts, kept_state = pickled(state)
-            kept_state["name"] = f"state-{generation}.pkl"
+            kept_state["name"] = next_state_file(self._manifest)
             write_state(self._slot / kept_state["name"],
                         self._manifest_for(generation, kept_state, files), parts)
             self._state_bytes = None
@@ -207,15 +208,16 @@ class Checkpoint:
                 "state": state, "files": files, **self._owner}
 
     def _publish(self, manifest: dict, durable: bool) -> None:
-        """Replace the manifest, then remove what the previous one named."""
+        """Replace the manifest (flushed when ``durable``), then remove the
+        files that the previous one named and this one does not."""
         previous = self._manifest or {}
-        write_atomically(self._slot / MANIFEST, json.dumps(manifest).encode(), durable=durable)
+        if durable:
+            write_atomically(self._slot / MANIFEST, json.dumps(manifest).encode())
+        else:
+            write_manifest(self._slot / MANIFEST, manifest)
         self._manifest = manifest
         self._last_save = time.monotonic()
-        state, files = manifest["state"], manifest["files"]
-        old_state, old_files = previous.get("state"), previous.get("files")
-        if old_state and (state is None or old_state["name"] != state["name"]):
-            (self._slot / old_state["name"]).unlink(missing_ok=True)
+        files, old_files = manifest["files"], previous.get("files")
         if old_files and (files is None or old_files["dir"] != files["dir"]):
             shutil.rmtree(self._slot / old_files["dir"], ignore_errors=True)
 

@@ -8,7 +8,7 @@ the workers read and write it themselves.
 Each task has a directory named by its identity, holding one slot per run
 that worked on it (named by the run's token)::
 
-    checkpoints/ab/ab12...ef/<token>/manifest.json, state-7.pkl, files-6/, work/
+    checkpoints/ab/ab12...ef/<token>/manifest.json, state-a.pkl, state-b.pkl, files-6/, work/
     checkpoints/.owners/<token>.lock      held (flock) by a running driver
     checkpoints/.journal/<token>/*.json   what the run's tasks resumed or refused
 

@@ -11,7 +11,6 @@ the run that saved it was deleted, or when it holds no checkpoint at all.
 from __future__ import annotations
 
 import contextlib
-import json
 import pickle
 import shutil
 import sqlite3
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from ..engine.checkpoints import MANIFEST
+from ..engine.checkpointfiles import slot_manifest
 from ..engine.checkpointspace import JOURNAL, OWNERS, owner_alive
 from ..engine.messages import Status
 from . import artifacts, taskblocks
@@ -74,9 +73,8 @@ def collect_checkpoints(conn: sqlite3.Connection, root: Path) -> int:
 def _useless(slot: Path, runs: set[int], began: float) -> bool:
     """A slot with no readable manifest (older than the collection), or
     saved by a run since deleted."""
-    try:
-        manifest = json.loads((slot / MANIFEST).read_bytes())
-    except (OSError, ValueError):
+    manifest = slot_manifest(slot)
+    if manifest is None:
         try:
             return slot.stat().st_mtime < began
         except OSError:
