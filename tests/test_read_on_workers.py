@@ -185,6 +185,7 @@ def test_unsorted_files_are_sorted_once_into_files_the_workers_map(tmp_path, sal
     from manymodels.planning import sortedreads
 
     monkeypatch.setattr(sortedreads, "BUCKET_BYTES", 3000)  # a few groups a bucket
+    monkeypatch.setattr(sortedreads, "WRITE_ROWS", 7)  # a group over two of its writes
     write_parts(sales.assign(day=np.arange(len(sales)) % 7), tmp_path / "parts")
     eager = mm.train(ordered_rows, mm.groups(tmp_path / "parts", by="store", order_by="day"),
                      backend="serial", progress=False)

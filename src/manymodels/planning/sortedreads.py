@@ -40,7 +40,9 @@ from .staging import StagedGroups
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
 #: memory at once, beside one file's rows.
-BUCKET_BYTES = 256 * 2**20
+BUCKET_BYTES = 64 * 2**20
+#: Rows a sorted bucket is written in at a time: its sorted copy is never whole.
+WRITE_ROWS = 2**18
 
 
 def sort_once(layout: Any, reader: ParquetGroups, lanes: np.ndarray,
@@ -148,8 +150,9 @@ def _sort_bucket(path: str, codes: np.ndarray, order_by: list[str]) -> None:
             order = sort_order(rows, order_by, codes)
         else:
             order = pa.array(np.argsort(codes, kind="stable"))
-        rows = rows.take(order)
-    with pa.OSFile(path + ".partial", "wb") as sink, pa.ipc.new_file(sink, rows.schema) as out:
-        out.write_table(rows)
+        with pa.OSFile(path + ".partial", "wb") as sink, \
+                pa.ipc.new_file(sink, rows.schema) as out:
+            for start in range(0, len(order), WRITE_ROWS):
+                out.write_table(rows.take(order.slice(start, WRITE_ROWS)))
     os.replace(path + ".partial", path)
     os.remove(unsorted)
