@@ -221,6 +221,17 @@ def test_the_next_run_resumes_a_failed_task_and_keep_checkpoints(tmp_path, log):
     assert not list((store / "checkpoints").rglob("manifest.json"))
 
 
+def test_gc_keeps_a_checkpoint_whose_manifest_a_crash_tore(tmp_path, log):
+    store = tmp_path / "store"
+    train(log, items=[6], shared={"fault": "raise:20"}, store=store, backend="serial")
+    (manifest,) = (store / "checkpoints").rglob("manifest.json")
+    manifest.write_bytes(b'{"generation": 21, "sav')  # who saved it: read from the state files
+    assert mm.Store(store).gc() == 0
+    again = train(log, items=[6], shared={"fault": "raise:20"}, store=store, backend="serial")
+    assert starts(log, 6) == [0, 21] and again.results.iloc[0]["resumed"]
+    assert again.results.iloc[0]["final"] == final_value(6)
+
+
 def test_a_tampered_checkpoint_is_refused_by_name_and_the_task_starts_afresh(tmp_path, log):
     store = tmp_path / "store"
     train(log, items=[4], shared={"fault": "raise:20"}, store=store, backend="serial")
