@@ -341,6 +341,22 @@ def test_a_save_interrupted_before_its_manifest_leaves_the_previous_state(tmp_pa
     assert Checkpoint(slot).load() == {"step": 1}
 
 
+def test_load_after_save_gives_what_was_saved_and_commit_keeps_a_state_with_files(tmp_path):
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    checkpoint = Checkpoint(slot)
+    weights = np.arange(4.0)
+    checkpoint.save({"weights": weights})
+    weights += 10  # changed after the save (the save wrote the array's buffer as it was)
+    assert checkpoint.load()["weights"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    (checkpoint.path / "booster.txt").write_text("tree 7")
+    checkpoint.commit({"rounds": 7})
+    checkpoint.save({"rounds": 8})  # over the other state file: the files stay committed
+    resumed = Checkpoint(slot, attempt=2)
+    assert resumed.load() == {"rounds": 8}
+    assert (resumed.path / "booster.txt").read_text() == "tree 7"
+
+
 SAVER = textwrap.dedent("""
     import sys
     from pathlib import Path
