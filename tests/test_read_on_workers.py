@@ -219,3 +219,16 @@ def test_files_in_key_order_are_scanned_per_batch_unsorted(tmp_path, sales):
                      backend="serial", progress=False)
     assert dict(lazy.models) == dict(eager.models)
     assert not (tmp_path / "stage").exists()
+
+
+def test_a_file_that_changes_before_the_sort_is_named_and_nothing_is_left(tmp_path, sales):
+    write_parts(sales, tmp_path / "parts")
+    source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
+                       staging=tmp_path / "stage")  # the key columns are read now
+    grown = pd.concat([pq.read_table(tmp_path / "parts" / "part-1.parquet").to_pandas(),
+                       sales.head(2)])
+    pq.write_table(pa.Table.from_pandas(grown, preserve_index=False),
+                   tmp_path / "parts" / "part-1.parquet")
+    with pytest.raises(ValueError, match="part-1.parquet' changed while it was read"):
+        mm.train(count_rows, source, backend="serial", progress=False)
+    assert list((tmp_path / "stage").iterdir()) == []
