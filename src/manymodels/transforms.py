@@ -317,8 +317,9 @@ def map_partitions(
     Never slower than ``fn(table)``: unless the call says how to split
     (``partitions``, ``backend``, ``start_method``... or ``errors="skip"``),
     ``fn`` is first timed on one row and on a slice of about 1% of the rows
-    (doubled while it is too quick to time), and where splitting cannot pay (a fast function, a small table) it
-    runs once, in this process, on the whole table
+    (doubled while it is too quick to time), and where splitting cannot pay
+    (a fast function, a small table) it runs once, in this process, on the
+    whole table
     (:mod:`manymodels.run.partitioncost`). A pandas result's
     ``attrs["summary"]`` is the run's summary, which says which and why.
     """
