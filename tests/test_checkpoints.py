@@ -358,6 +358,7 @@ def test_load_after_save_gives_what_was_saved_and_commit_keeps_a_state_with_file
 
 
 SAVER = textwrap.dedent("""
+    import os
     import sys
     from pathlib import Path
     import numpy as np
@@ -367,7 +368,8 @@ SAVER = textwrap.dedent("""
     while True:  # back to back: a kill lands inside a save most of the time
         step += 1
         checkpoint.save({"step": step, "values": np.full(1 << 20, float(step))})
-        Path(sys.argv[1], "saved").write_text(str(step))
+        Path(sys.argv[1], "saved.tmp").write_text(str(step))  # (a kill never tears it)
+        os.replace(Path(sys.argv[1], "saved.tmp"), Path(sys.argv[1], "saved"))
 """)
 
 
