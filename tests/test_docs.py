@@ -17,6 +17,12 @@ before its fence (invisible on GitHub and in the site)::
     <!-- not-run: long -->      bash only: builds, installs or benchmarks
                                 (make demo, make test, make bench)
 
+A block that needs an optional package the test extra does not install (the
+CPU build of PyTorch, installed by ``make test`` only where the machine keeps
+its wheel on disk) says so, and runs where that package is importable::
+
+    <!-- needs: torch -->
+
 Any other reason, or ``long`` on a python block, fails the suite. The
 README's "## Quick start" runs in tests/test_readme.py, which checks its
 output too, so it is not run a second time here. Blocks of other languages
@@ -26,6 +32,7 @@ output too, so it is not run a second time here. Blocks of other languages
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -42,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 REASONS = {"python": {"cluster", "gpu"}, "bash": {"cluster", "gpu", "long"}}
-FENCE = re.compile(r"(?:^<!-- not-run: (?P<reason>[\w-]+) -->\n)?"
+FENCE = re.compile(r"(?:^<!-- (?:not-run: (?P<reason>[\w-]+)|needs: (?P<needs>[\w.]+)) -->\n)?"
                    r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```[ \t]*$", re.S | re.M)
 
 
@@ -53,6 +60,7 @@ class Block:
     lang: str
     code: str
     not_run: str | None
+    needs: str | None = None
 
 
 def blocks(page: Path) -> list[Block]:
@@ -64,12 +72,13 @@ def blocks(page: Path) -> list[Block]:
             text = text[:section.start()] + "\n" * section.group(0).count("\n") + \
                 text[section.end():]
     return [Block(page, text.count("\n", 0, match.start("code")) + 1, match["lang"],
-                  match["code"], match["reason"])
+                  match["code"], match["reason"], match["needs"])
             for match in FENCE.finditer(text)]
 
 
 def runnable(page: Path, lang: str) -> list[Block]:
-    return [block for block in blocks(page) if block.lang == lang and block.not_run is None]
+    return [block for block in blocks(page) if block.lang == lang and block.not_run is None
+            and (block.needs is None or importlib.util.find_spec(block.needs) is not None)]
 
 
 def page_id(page: Path) -> str:
