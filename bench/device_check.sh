@@ -61,7 +61,7 @@ step() {
     [ "$limit" -gt "$left" ] && limit="$left"
     if [ "$limit" -lt 5 ]; then
         printf '%s\t%s\t%s\n' "$name" "skipped: out of time" 0 >> "$steps"
-        echo "== $name: skipped, out of time" | tee -a "$log"
+        echo "== $name (skipped): out of time" | tee -a "$log"
         return
     fi
     echo "== $name (at most ${limit} s): $*" | tee -a "$log"
@@ -106,7 +106,7 @@ if "$py" -c "import torch" 2> /dev/null; then
 else
     for name in gpu linear; do
         printf '%s\t%s\t%s\n' "$name" "skipped: no PyTorch" 0 >> "$steps"
-        echo "== $name: skipped, no PyTorch" | tee -a "$log"
+        echo "== $name (skipped): no PyTorch" | tee -a "$log"
     done
 fi
 step million 240 "$py" bench/million_bench.py --groups "$groups" --workers "$cores" \
