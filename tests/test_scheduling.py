@@ -121,7 +121,7 @@ def test_tiny_tasks_travel_in_batches():
 
 def test_progress_counts_models_not_batches(monkeypatch):
     seen = []
-    import manymodels.engine.scheduling as scheduling
+    import manymodels.run.runner as runner  # it hands the scheduler its progress bar
 
     class Recorder:
         def __init__(self, total, enabled, description="training"):
@@ -133,7 +133,7 @@ def test_progress_counts_models_not_batches(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(scheduling, "ProgressBar", Recorder)
+    monkeypatch.setattr(runner, "ProgressBar", Recorder)
 
     def maybe_fail(item):
         if item % 10 == 0:

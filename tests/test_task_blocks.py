@@ -819,12 +819,12 @@ def test_may_have_trained_finds_a_prefix_wherever_it_lies(tmp_path, where):
 def test_the_template_cache_keeps_at_most_64_sets_of_names():
     import json
 
-    from manymodels.engine import execution
+    from manymodels.engine import metrictext
 
     for i in range(200):  # names that differ per task
         metrics = {f"coef_{i}": 0.5 + i, "n": 1.0}
-        assert execution.metrics_json(metrics) == json.dumps(metrics, default=repr)
-    assert len(execution._TEMPLATES) <= 64
+        assert metrictext.metrics_json(metrics) == json.dumps(metrics, default=repr)
+    assert len(metrictext._TEMPLATES) <= 64
 
 
 def test_locators_are_told_from_bare_digests_at_any_slice():
