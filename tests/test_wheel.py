@@ -30,6 +30,8 @@ def test_the_demo_ridge_equals_scikit_learns():
     assert np.allclose(ours.coef_, theirs.coef_, atol=1e-12)
     assert ours.intercept_ == pytest.approx(theirs.intercept_, abs=1e-12)
     assert ours.score(X, y) == pytest.approx(theirs.score(X, y), abs=1e-12)
+    constant = np.full(60, 3.0)  # a group whose holdout days all sold the same
+    assert ours.score(X, constant) == theirs.score(X, constant) == 0.0
 
 
 @pytest.mark.slow

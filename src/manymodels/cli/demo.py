@@ -60,7 +60,10 @@ class RidgeModel:
 
     def score(self, X: np.ndarray, y: np.ndarray) -> float:
         residual = ((y - self.predict(X)) ** 2).sum()
-        return float(1 - residual / ((y - y.mean()) ** 2).sum())
+        total = ((y - y.mean()) ** 2).sum()
+        if total == 0:  # a constant target: 1 if predicted exactly, else 0, as scikit-learn says
+            return 1.0 if residual == 0 else 0.0
+        return float(1 - residual / total)
 
 
 def fit_store_item(df: pd.DataFrame) -> tuple[object, dict[str, float]]:
