@@ -16,7 +16,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..engine.partpacks import PACKED_BELOW
 from . import packs
@@ -171,11 +171,50 @@ def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) 
     its SHA-256."""
     if packs.is_locator(digest):
         return _read_packed(conn, digest, what)
+    read = read_unpacked(conn, root, digest)
+    if read.problem is None:
+        return read.data
+    _mark_corrupt(conn, digest)
+    if read.error is not None:
+        raise StoreIntegrityError(
+            f"artifact file {read.relative} of {what} cannot be read: {read.error}"
+        ) from read.error
+    if read.size is None:
+        raise StoreIntegrityError(f"artifact {digest} of {what} is missing from the store")
+    raise StoreIntegrityError(
+        f"artifact {read.relative or digest} of {what} does not match its recorded "
+        f"SHA-256 ({read.length} bytes, {read.size} recorded): it was modified or truncated, "
+        "so it is not loaded"
+    )
+
+
+#: What can be wrong with an artifact (:func:`read_unpacked`, ``Store.verify``).
+MISSING = "missing"        # its index row, pack or file is gone
+UNREADABLE = "unreadable"  # its file is there but cannot be read
+TRUNCATED = "truncated"    # fewer (or more) bytes than recorded
+MODIFIED = "modified"      # its size, but not its SHA-256
+
+
+class UnpackedRead(NamedTuple):
+    """An artifact of its own (a BLOB row or a file) as read: its bytes when
+    whole, else what is wrong with it, and what a message about it names."""
+
+    data: bytes | None
+    problem: str | None  # MISSING, UNREADABLE, TRUNCATED, MODIFIED, or None: whole
+    relative: str | None = None  # its file, when it has one
+    size: int | None = None  # its recorded size (None: no index row)
+    length: int = 0  # the bytes read
+    error: OSError | None = None  # why its file could not be read
+
+
+def read_unpacked(conn: sqlite3.Connection, root: Path, digest: str) -> UnpackedRead:
+    """Read an artifact of its own and check it against its recorded size and
+    SHA-256, marking nothing: loads (:func:`read_artifact`) and
+    ``Store.verify`` each decide what a problem means."""
     row = conn.execute("SELECT size, blob, path FROM artifacts WHERE sha256 = ?",
                        (digest,)).fetchone()
     if row is None:
-        _mark_corrupt(conn, digest)
-        raise StoreIntegrityError(f"artifact {digest} of {what} is missing from the store")
+        return UnpackedRead(None, MISSING)
     size, blob, relative = row
     if blob is not None:
         data = bytes(blob)
@@ -183,14 +222,10 @@ def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) 
         try:
             data = (root / relative).read_bytes()
         except OSError as exc:
-            _mark_corrupt(conn, digest)
-            raise StoreIntegrityError(
-                f"artifact file {relative} of {what} cannot be read: {exc}") from exc
-    if len(data) != size or sha256(data) != digest:
-        _mark_corrupt(conn, digest)
-        raise StoreIntegrityError(
-            f"artifact {relative or digest} of {what} does not match its recorded "
-            f"SHA-256 ({len(data)} bytes, {size} recorded): it was modified or truncated, "
-            "so it is not loaded"
-        )
-    return data
+            problem = MISSING if isinstance(exc, FileNotFoundError) else UNREADABLE
+            return UnpackedRead(None, problem, relative, size, 0, exc)
+    if len(data) != size:
+        return UnpackedRead(None, TRUNCATED, relative, size, len(data))
+    if sha256(data) != digest:
+        return UnpackedRead(None, MODIFIED, relative, size, len(data))
+    return UnpackedRead(data, None, relative, size, len(data))

@@ -33,13 +33,11 @@ import pyarrow.compute as pc
 
 from ..engine.messages import Status
 from ..inputs.keys import decode_key
-from . import database, packs, taskblocks
+from . import artifacts, database, packs, taskblocks
+from .artifacts import MISSING, MODIFIED, TRUNCATED
 
-#: What can be wrong with an artifact, as ``problem`` names it.
-MISSING = "missing"        # its index row, pack or file is gone
-UNREADABLE = "unreadable"  # its file is there but cannot be read
-TRUNCATED = "truncated"    # fewer (or more) bytes than recorded
-MODIFIED = "modified"      # its size, but not its SHA-256
+# What can be wrong with an artifact, as ``problem`` names it: artifacts'
+# MISSING, UNREADABLE, TRUNCATED and MODIFIED.
 
 #: The columns of :func:`verify_store`'s report.
 REPORT_COLUMNS = ["run_id", "key", "attachment", "artifact", "problem"]
@@ -53,7 +51,7 @@ def check_artifacts(conn: sqlite3.Connection, root: Path, names: Iterable[str]
     problems: dict[str, str] = {}
     for name in set(names):
         if not packs.is_locator(name):
-            problem = _check_unpacked(conn, root, name)
+            problem = artifacts.read_unpacked(conn, root, name).problem
             if problem:
                 problems[name] = problem
             continue
@@ -92,27 +90,6 @@ def _check_pack(conn: sqlite3.Connection, pack: int, models: list[tuple[str, str
         if hasher.hexdigest() != digest:
             problems[name] = MODIFIED
     return problems
-
-
-def _check_unpacked(conn: sqlite3.Connection, root: Path, digest: str) -> str | None:
-    """The problem of an artifact of its own (a BLOB row, or a file), or None."""
-    row = conn.execute("SELECT size, blob, path FROM artifacts WHERE sha256 = ?",
-                       (digest,)).fetchone()
-    if row is None:
-        return MISSING
-    size, blob, relative = row
-    if blob is not None:
-        data = bytes(blob)
-    else:
-        try:
-            data = (root / relative).read_bytes()
-        except FileNotFoundError:
-            return MISSING
-        except OSError:
-            return UNREADABLE
-    if len(data) != size:
-        return TRUNCATED
-    return None if hashlib.sha256(data).hexdigest() == digest else MODIFIED
 
 
 def record(conn: sqlite3.Connection, problems: dict[str, str], whole: Iterable[str] = ()
