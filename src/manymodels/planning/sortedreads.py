@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-import uuid
 import weakref
 from typing import Any
 
@@ -36,7 +34,7 @@ import pyarrow as pa
 
 from ..inputs.parquetgroups import ParquetGroups, read_rows
 from ..inputs.tables import sort_order
-from .staging import StagedGroups
+from .staging import StagedGroups, new_directory
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
 #: memory at once, beside one file's rows.
@@ -50,12 +48,7 @@ def sort_once(layout: Any, reader: ParquetGroups, lanes: np.ndarray,
     """The groups of ``layout`` (the key columns' layout, read on the driver)
     sorted into Arrow files under ``staging`` (a directory every worker sees;
     None: a temporary directory here); ``lanes``: each group's data hash."""
-    if staging is not None:
-        os.makedirs(staging, exist_ok=True)
-        directory = os.path.join(staging, f"manymodels-sorted-{uuid.uuid4().hex[:12]}")
-        os.makedirs(directory)
-    else:
-        directory = tempfile.mkdtemp(prefix="manymodels-sorted-")
+    directory = new_directory(staging, "manymodels-sorted-")
     try:
         buckets = _sort_into_buckets(layout, reader, directory)
     except BaseException:

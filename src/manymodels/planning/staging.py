@@ -134,15 +134,20 @@ class StagedGroups:
         return int(self.lengths.sum())
 
 
+def new_directory(base: str | None, prefix: str) -> str:
+    """A fresh directory for staged rows: under ``base`` (one every worker
+    sees), made if need be, or a temporary one on this machine."""
+    if base is None:
+        return tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(base, exist_ok=True)
+    directory = os.path.join(base, f"{prefix}{uuid.uuid4().hex[:12]}")
+    os.makedirs(directory)
+    return directory
+
+
 def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> StagedGroups:
     """Have the engine group ``engine_frame`` (see the module docstring)."""
-    base = engine_frame.staging
-    if base is not None:
-        os.makedirs(base, exist_ok=True)
-        directory = os.path.join(base, f"manymodels-{uuid.uuid4().hex[:12]}")
-        os.makedirs(directory)
-    else:
-        directory = tempfile.mkdtemp(prefix="manymodels-staged-")
+    directory = new_directory(engine_frame.staging, "manymodels-staged-")
     try:
         run = _stage_spark if engine_frame.engine == "spark" else _stage_dask
         index = run(engine_frame.frame, by, order_by, os.path.abspath(directory))
