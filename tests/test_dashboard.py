@@ -218,6 +218,7 @@ def test_the_page_follows_a_live_run_in_chromium(tmp_path):
     assert text_of(after, "run-status") == "finished"
     assert number(after, "done") == 71 > done_during  # the counts advanced
     assert number(after, "count-failed") == 2 and number(after, "count-ok") == 69
+    assert "threads, 2 workers · keys" in text_of(after, "run-detail")
     assert int(re.search(r'data-polls="(\d+)"', after).group(1)) >= 1
     # the failure with its traceback, and the <script> key shown as text, inert
     assert "ValueError: bad item k017" in html.unescape(after)

@@ -189,7 +189,7 @@ function renderRun(data) {
   document.getElementById("progress-fill").style.width =
     (100 * s.done / Math.max(s.tasks || 1, 1)).toFixed(2) + "%";
   setText("run-detail", s.fit + " on " + s.source + " · " + s.backend + ", " + s.workers
-          + " worker(s) · keys " + s.key_columns.join(", ") + " · " + fmt(s.reused) + " reused"
+          + (s.workers === 1 ? " worker" : " workers") + " · keys " + s.key_columns.join(", ") + " · " + fmt(s.reused) + " reused"
           + (s.resumed ? " · " + fmt(s.resumed) + " resumed from a checkpoint" : ""));
   const legend = Object.entries(s.counts).map(([status, count]) => {
     const span = el("span");
