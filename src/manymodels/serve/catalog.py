@@ -4,8 +4,10 @@ serves, as ``Store.predict`` would pick it.
 A catalog is read from the store once per run that ends and never changed:
 a reload builds a new one beside it and swaps the reference, so a request
 that started on the old catalog finishes on it. It holds each group's model
-*digest* (SHA-256 or pack locator), not the model: the models are loaded on
-first use by :class:`~manymodels.serve.cache.ModelCache`.
+*digest* (SHA-256 or pack locator), not the model, in Arrow columns
+(:class:`~manymodels.serve.keytable.KeyTable`: a million keys in about 110
+MB, not a dict's 300): the models are loaded on first use by
+:class:`~manymodels.serve.cache.ModelCache`.
 
 By default the catalog is the store as ``Store.predict`` reads it with no
 ``run=`` — each group's latest model, a group that failed in a re-run
@@ -23,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.execution import metrics_dict
-from ..inputs.keys import TypedKeys
+from ..engine.messages import Status
 from ..store import taskblocks
+from .keytable import KeyTable
 
 #: What ``GET /v1/models/{key}`` reads of a group's task.
 _DESCRIBED = ["key", "status", "artifact", "size", "metrics", "duration_s", "started_at",
@@ -39,7 +42,7 @@ class Catalog:
     by: list[str]
     features: list[str] | None
     runs: list[int]  # the runs whose models it serves, earliest first
-    keys: TypedKeys | None = None  # encoded key -> digest (None for an mm.linear run)
+    keys: KeyTable | None = None  # encoded key -> digest (None for an mm.linear run)
     selected: bool = False  # the run chose each group's best candidate (select=)
     fallback: str | None = None  # digest of the run's fallback model
     linear: Any = None  # the LinearResult of an mm.linear run
@@ -53,8 +56,7 @@ class Catalog:
     def find(self, parts: tuple) -> tuple[str | None, str]:
         """The digest of the model that answers the group ``parts``, and
         which it is: "group" (or "selected"), "fallback", or "none"."""
-        with self._lock:  # TypedKeys builds its index of loose keys on first miss
-            digest = self.keys.find(parts) if self.keys is not None else None
+        digest = self.keys.find(parts) if self.keys is not None else None
         if digest is not None:
             return digest, "selected" if self.selected else "group"
         if self.fallback is not None:
@@ -175,23 +177,35 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
     chosen = store.attached("selection", run_id, default=None)
     by = config.get("by") or (chosen or {}).get("by") or key_columns
     by = [by] if isinstance(by, str) else list(by)
-    digests: dict[str, str] = {}
+    parts: list[tuple[Any, Any]] = []  # (keys, digests) of each run, earliest first
     if chosen is not None:
         for earlier in runs:  # each group's latest winner (a re-run may have lost one)
             picked = chosen if earlier == run_id else store.attached(
                 "selection", earlier, default=None)
             if picked is not None and picked.get("by") == chosen.get("by"):
-                digests.update(picked["artifacts"])
+                parts.append((list(picked["artifacts"]), list(picked["artifacts"].values())))
     else:
         for earlier in runs:  # the latest run's last: a failed group keeps its model
-            digests.update(store._model_artifacts(earlier))
+            parts.append(_models_of(store, earlier))
     fallback = None
     for earlier in reversed(runs):
         fallback = store._latest_attached_digest("fallback", earlier)
         if fallback is not None:
             break
-    return Catalog(run_id, by, config.get("features"), runs, keys=TypedKeys(digests),
+    return Catalog(run_id, by, config.get("features"), runs, keys=KeyTable.joined(parts),
                    selected=chosen is not None, fallback=fallback)
+
+
+def _models_of(store: Any, run_id: int) -> tuple[Any, Any]:
+    """The encoded keys and artifacts of the tasks of ``run_id`` that ended
+    ok with a model, as Arrow columns (no Python string per model)."""
+    import pyarrow.compute as pc
+
+    tasks = taskblocks.read_run(store._conn, run_id, ["key", "status", "artifact"],
+                                trained_only=False, ordered=False)
+    tasks = tasks.filter(pc.and_(pc.equal(tasks["status"], Status.OK.value),
+                                 pc.is_valid(tasks["artifact"])))
+    return tasks["key"], tasks["artifact"]
 
 
 def key_parts(catalog: Catalog, text: str) -> tuple:
