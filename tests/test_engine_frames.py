@@ -247,3 +247,87 @@ def test_map_groups_of_an_engine_frame_answers_with_the_engines_frame(engine, ta
     np.testing.assert_allclose(means.set_index("store")[["x", "y"]], expected_means)
     with pytest.raises(TypeError, match="needs by="):
         mm.map_groups(centred, _engine_frame(engine, table))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of two CPUs, started once for the Ray tests as a user would."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def _ray_dataset(ray, frame: pd.DataFrame):
+    """Three blocks, as a read of three files would give."""
+    return ray.data.from_pandas([frame.iloc[:300], frame.iloc[300:600], frame.iloc[600:]])
+
+
+@pytest.mark.ray
+def test_a_ray_dataset_is_grouped_by_ray_data_and_trained_on_ray(local_ray, table):
+    """Ray Data's default shuffle (a hash shuffle into sorted blocks) groups
+    the rows; the results equal the pandas path's; map_groups answers with a
+    Ray Dataset."""
+    source = mm.groups(_ray_dataset(local_ray, table), by=["store", "item"], order_by="day")
+    assert source.table is None  # nothing was read on the driver
+    run = mm.train(first_and_last, source, backend="ray", workers=2, progress=False)
+    assert len(source._layout.key_table) == 30 and source._layout.num_rows == len(table)
+    local = mm.train(first_and_last, mm.groups(table, by=["store", "item"], order_by="day"),
+                     backend="serial", progress=False)
+    pd.testing.assert_frame_equal(run.results.drop(columns=_TIMING),
+                                  local.results.drop(columns=_TIMING))
+    transformed = mm.map_groups(centred, source, backend="serial")
+    assert type(transformed).__name__ in ("Dataset", "MaterializedDataset")
+    expected = mm.map_groups(centred, mm.groups(table, by=["store", "item"], order_by="day"),
+                             backend="serial")
+    expected = expected.sort_values(["store", "item", "day"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(transformed.to_pandas(), expected, check_dtype=False)
+    with pytest.raises(ValueError, match="column 'shop' is not in the Ray Dataset"):
+        mm.groups(_ray_dataset(local_ray, table), by="shop")
+    with pytest.raises(TypeError, match=r"collect it first \(ray_dataset\.to_pandas\(\)\)"):
+        mm.map_partitions(lambda df: df, _ray_dataset(local_ray, table))
+
+
+@pytest.fixture
+def ray_sorts_to_shuffle(local_ray):
+    """Ray Data's sort-based shuffle (its older strategy), for this test only."""
+    from ray.data.context import DataContext, ShuffleStrategy
+
+    context = DataContext.get_current()
+    before = context.shuffle_strategy
+    context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    yield local_ray
+    context.shuffle_strategy = before
+
+
+def crash_or_hang(df):
+    key = (int(df["store"].iloc[0]), df["item"].iloc[0])
+    if key == (3, "b"):
+        os._exit(3)
+    if key == (5, "a"):
+        time.sleep(3600)
+    return fit_linear(df)
+
+
+@pytest.mark.ray
+def test_ray_supervises_a_ray_datasets_groups(ray_sorts_to_shuffle, table, tmp_path):
+    """Grouped by a sort this time: a crash costs its group (retried), a hang
+    one timeout; a re-run on the same rows in another order reuses every
+    model through the hashes Ray's workers made, and a changed group trains."""
+    ray = ray_sorts_to_shuffle
+    run = mm.train(crash_or_hang, mm.groups(_ray_dataset(ray, table), by=["store", "item"]),
+                   backend="ray", workers=2, retries=1, timeout=2, progress=False)
+    assert run.summary().statuses == {"ok": 28, "crashed": 1, "timeout": 1}
+    results = run.results.set_index(["store", "item"])
+    assert results.loc[(3, "b"), "attempts"] == 2
+    store = tmp_path / "store"
+    first = mm.train(fit_linear, mm.groups(_ray_dataset(ray, table), by="store"),
+                     backend="ray", workers=2, store=store, progress=False)
+    assert not first.results["reused"].any()
+    changed = table.sample(frac=1.0, random_state=3)  # the same rows, in another order
+    changed.loc[changed["store"] == 4, "y"] += 1.0
+    again = mm.train(fit_linear, mm.groups(_ray_dataset(ray, changed), by="store"),
+                     backend="ray", workers=2, store=store, progress=False)
+    assert again.results.loc[~again.results["reused"], "store"].tolist() == [4]

@@ -1,4 +1,5 @@
-"""Tables that live in an engine: a Spark or a Dask DataFrame given to ``mm.groups``.
+"""Tables that live in an engine: a Spark or a Dask DataFrame, or a Ray Dataset,
+given to ``mm.groups``.
 
 Such a table is never read here. The source keeps the engine's DataFrame
 (its columns checked at once, before any work), and the planner has the
@@ -6,7 +7,7 @@ engine group it (:mod:`manymodels.planning.staging`): one shuffle by key on
 the engine's workers, each partition sorted and written once, and only one
 small row per group back to the driver.
 
-Recognised by the class's module, so that neither PySpark nor Dask is
+Recognised by the class's module, so that neither PySpark, Dask nor Ray is
 imported to ask.
 """
 
@@ -16,22 +17,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: The engines whose DataFrames ``mm.groups`` takes, by the top of their module.
-_ENGINE_MODULES = {"pyspark": "spark", "dask": "dask"}
+#: The engines whose tables ``mm.groups`` takes, by the top of their module
+#: and the names of their classes.
+_ENGINE_CLASSES = {"pyspark": ("spark", ("DataFrame",)), "dask": ("dask", ("DataFrame",)),
+                   "ray": ("ray", ("Dataset", "MaterializedDataset"))}
+#: What a user calls each engine's table, in errors.
+TABLE_NAMES = {"spark": "Spark DataFrame", "dask": "Dask DataFrame", "ray": "Ray Dataset"}
 #: The columns the engine's workers add after a group's key columns when they
 #: stage it (planning/staging.py): no key column may have one of these names.
 STAGED_INDEX_COLUMNS = ("__file__", "__offset__", "__length__", "__lane_a__", "__lane_b__")
 #: How a user brings an engine's DataFrame to the driver, where a call needs its rows there.
-_COLLECT = {"spark": "spark_df.toPandas()", "dask": "dask_df.compute()"}
+_COLLECT = {"spark": "spark_df.toPandas()", "dask": "dask_df.compute()",
+            "ray": "ray_dataset.to_pandas()"}
 
 
 def engine_of(table: Any) -> str | None:
-    """``"spark"`` for a Spark DataFrame, ``"dask"`` for a Dask DataFrame, else None."""
+    """``"spark"`` for a Spark DataFrame, ``"dask"`` for a Dask DataFrame,
+    ``"ray"`` for a Ray Dataset, else None."""
     kind = type(table)
-    engine = _ENGINE_MODULES.get(kind.__module__.split(".")[0])
-    if engine is None or kind.__name__ != "DataFrame":
-        return None
-    return engine
+    engine, names = _ENGINE_CLASSES.get(kind.__module__.split(".")[0], (None, ()))
+    return engine if kind.__name__ in names else None
 
 
 def refuse_engine_frame(table: Any, argument: str, why: str, instead: str = "") -> None:
@@ -41,7 +46,7 @@ def refuse_engine_frame(table: Any, argument: str, why: str, instead: str = "") 
     engine = engine_of(table)
     if engine is None:
         return
-    raise TypeError(f"{argument} is a {engine.title()} DataFrame, but {why}: collect it "
+    raise TypeError(f"{argument} is a {TABLE_NAMES[engine]}, but {why}: collect it "
                     f"first ({_COLLECT[engine]}){'; ' + instead if instead else ''}")
 
 
@@ -58,7 +63,7 @@ class EngineFrame:
 
     @property
     def columns(self) -> list[str]:
-        return [str(name) for name in self.frame.columns]
+        return _column_names(self.frame, self.engine)
 
     @property
     def schema(self) -> Any:
@@ -70,6 +75,8 @@ class EngineFrame:
             from pyspark.sql.pandas.types import to_arrow_schema
 
             return to_arrow_schema(self.frame.schema, timezone="UTC")
+        if self.engine == "ray":
+            return _ray_schema(self.frame)
         # a sample with values: an empty object column would read as Arrow's null type
         sample = self.frame._meta_nonempty
         return pa.Schema.from_pandas(sample, preserve_index=False).remove_metadata()
@@ -79,18 +86,38 @@ class EngineFrame:
            needed: Sequence[str], staging: str | None) -> EngineFrame:
         """Check that ``needed`` and ``wanted`` columns are in ``table`` (named
         in the error otherwise) and keep ``wanted`` only (all when None)."""
-        present = [str(name) for name in table.columns]
+        present = _column_names(table, engine)
         taken = [name for name in needed if name in STAGED_INDEX_COLUMNS]
         if taken:
             raise ValueError(f"column {taken[0]!r} has a name the engine's staging gives its "
                              "own columns: rename it in the DataFrame")
         for name in list(needed) + list(wanted or []):
             if name not in present:
-                raise ValueError(f"column {name!r} is not in the {engine.title()} DataFrame; "
+                raise ValueError(f"column {name!r} is not in the {TABLE_NAMES[engine]}; "
                                  f"its columns are {present}")
         if wanted is not None:
             keep = [name for name in present if name in set(wanted)]
-            table = table.select(*keep) if engine == "spark" else table[keep]
+            table = (table.select(*keep) if engine == "spark" else
+                     table.select_columns(keep) if engine == "ray" else table[keep])
         if staging is not None and not isinstance(staging, str):
             staging = str(staging)
         return cls(table, engine, staging)
+
+
+def _column_names(table: Any, engine: str) -> list[str]:
+    """The table's column names, from its schema (no job runs for a Spark or
+    Dask frame; a Ray Dataset may read its first block to know them)."""
+    names = table.columns() if engine == "ray" else table.columns
+    if names is None:
+        raise ValueError("the Ray Dataset has no schema to name its columns (is it empty?)")
+    return [str(name) for name in names]
+
+
+def _ray_schema(dataset: Any) -> Any:
+    """A Ray Dataset's schema in Arrow types (Ray's own conversion of pandas
+    blocks' dtypes); a column Arrow has no type for reads as null."""
+    import pyarrow as pa
+
+    schema = dataset.schema()
+    return pa.schema([(name, kind if isinstance(kind, pa.DataType) else pa.null())
+                      for name, kind in zip(schema.names, schema.types)])

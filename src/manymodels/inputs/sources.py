@@ -365,12 +365,13 @@ def groups(
     ``order_by`` ones) -- from a Parquet or CSV file the others are never
     read; a column the table lacks is named in the error.
 
-    ``table`` may also be a Spark or a Dask DataFrame: its engine groups it
-    (one shuffle by key), its workers sort and write each partition once, and
-    the driver gets one small row per group, never the rows. ``staging``: the
-    directory the engine's workers write to and the training workers read
-    from -- one every node sees on a cluster of several machines (default: a
-    temporary directory here, removed with the source).
+    ``table`` may also be a Spark or a Dask DataFrame, or a Ray Dataset: its
+    engine groups it (one shuffle by key), its workers sort and write each
+    partition once, and the driver gets one small row per group, never the
+    rows. ``staging``: the directory the engine's workers write to and the
+    training workers read from -- one every node sees on a cluster of
+    several machines (default: a temporary directory here, removed with the
+    source).
     """
     return GroupSource(table, by, format=format, cost=cost,
                        read_on_workers=read_on_workers, order_by=order_by, columns=columns,

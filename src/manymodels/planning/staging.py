@@ -1,7 +1,9 @@
-"""Groups made by an engine: a Spark or Dask DataFrame given to ``mm.groups``.
+"""Groups made by an engine: a Spark or Dask DataFrame, or a Ray Dataset, given
+to ``mm.groups``.
 
 The driver never holds the rows. The engine shuffles them by key once
-(Spark's ``repartition`` by the key columns, Dask's ``shuffle``), and each
+(Spark's ``repartition`` by the key columns, Dask's ``shuffle``, Ray Data's
+hash shuffle or sort, as its ``groupby().map_groups`` does), and each
 partition, on the engine's worker that holds it, is sorted by key (and
 ``order_by``) as the pandas path sorts a table (:func:`stage_rows`), written
 once as an Arrow IPC file under the staging directory, and summed up as one
@@ -149,7 +151,7 @@ def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> Stag
     """Have the engine group ``engine_frame`` (see the module docstring)."""
     directory = new_directory(engine_frame.staging, "manymodels-staged-")
     try:
-        run = _stage_spark if engine_frame.engine == "spark" else _stage_dask
+        run = {"spark": _stage_spark, "dask": _stage_dask, "ray": _stage_ray}[engine_frame.engine]
         index = run(engine_frame.frame, by, order_by, os.path.abspath(directory))
         staged = _index_to_groups(index, by, directory)
     except BaseException:
@@ -204,3 +206,37 @@ def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) 
     index = frame.shuffle(on=by).map_partitions(
         stage_pandas_partition, by, order_by, directory, meta=pd.DataFrame(meta))
     return pa.Table.from_pandas(index.compute(), preserve_index=False)
+
+
+def stage_ray_block(block: pa.Table, by: list[str], order_by: list[str],
+                    directory: str) -> pa.Table:
+    """Ray Data's ``map_batches`` function: one whole block in, its groups' rows out
+    (an empty table of the same columns for an empty block: Ray wants a table)."""
+    index = stage_rows(block, by, order_by, directory)
+    if index is not None:
+        return index
+    fields = [block.schema.field(name) for name in by]
+    fields += [pa.field(name, pa.int64()) for name in INDEX_COLUMNS]
+    return pa.schema(fields).empty_table()
+
+
+def _stage_ray(dataset: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:
+    """One shuffle by key as Ray Data's own ``groupby().map_groups`` makes it (a
+    hash shuffle into one sorted block a partition, or a sort by key under the
+    older shuffle strategies: either way a group is in one block), then
+    :func:`stage_rows` on each whole block; only the groups' rows are fetched."""
+    import ray
+
+    hashed = {"hash_shuffle", "shuffle_v2", "gpu_shuffle"}
+    if str(getattr(dataset.context.shuffle_strategy, "value", "")) in hashed:
+        partitions = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        shuffled = dataset.repartition(partitions, keys=by, sort=True)
+    else:
+        shuffled = dataset.sort(by)
+    job = functools.partial(stage_ray_block, by=by, order_by=order_by, directory=directory)
+    index = shuffled.map_batches(job, batch_size=None, batch_format="pyarrow",
+                                 zero_copy_batch=True)
+    tables = [table for table in ray.get(index.to_arrow_refs()) if table.num_rows]
+    if not tables:
+        return pa.schema([(name, pa.int64()) for name in by + list(INDEX_COLUMNS)]).empty_table()
+    return pa.concat_tables(tables)

@@ -1,5 +1,5 @@
 """``mm.map_groups(fn, spark_df, by=...)``: a transform of an engine's
-DataFrame that answers with the engine's DataFrame.
+DataFrame (or a Ray Dataset) that answers with the engine's own table.
 
 The engine groups the rows (:mod:`manymodels.planning.staging`: one shuffle
 by key, each partition sorted and written once by the engine's workers), the
@@ -7,9 +7,10 @@ backend runs ``fn`` on each group with the scheduler's supervision (crash
 attribution, retries, ``timeout``, the error budget), and the groups'
 outputs, in key order and with their key columns, become a Spark DataFrame
 (``createDataFrame``) or a Dask DataFrame (``from_pandas``) of the session
-or client the input came from, so that a job writes them on from the
-engine's executors. The outputs themselves still pass through the driver:
-they must fit in its memory (the input rows never do).
+or client the input came from, or a Ray Dataset (``ray.data.from_pandas``),
+so that a job writes them on from the engine's executors. The outputs
+themselves still pass through the driver: they must fit in its memory (the
+input rows never do).
 
 An engine's DataFrame has no row order to put a transform's rows back in,
 nor row labels: the outputs come in key order, under a fresh index.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..inputs.engineframes import EngineFrame, engine_of
+from ..inputs.engineframes import TABLE_NAMES, EngineFrame, engine_of
 from ..inputs.grids import ProductSource
 from ..inputs.sources import GroupSource, groups
 
@@ -56,10 +57,14 @@ def as_engine_frame(result: Any, engine_frame: EngineFrame) -> Any:
     result = result.reset_index(drop=True)
     result.columns = [str(name) for name in result.columns]
     if not len(result.columns):
-        raise ValueError("map_groups: fn returned no columns for any group, and an "
-                         f"{engine_frame.engine.title()} DataFrame needs some")
+        raise ValueError("map_groups: fn returned no columns for any group, and a "
+                         f"{TABLE_NAMES[engine_frame.engine]} needs some")
     if engine_frame.engine == "spark":
         return engine_frame.frame.sparkSession.createDataFrame(result)
+    if engine_frame.engine == "ray":
+        import ray.data
+
+        return ray.data.from_pandas(result)
     import dask.dataframe as dd
 
     partitions = max(1, min(engine_frame.frame.npartitions, len(result)))
