@@ -299,6 +299,20 @@ class Run:
                              "run.models[key].predict")
         return self.store.predict(table, run=self.run_id, **options)
 
+    def forecast(self, h: int, freq: Any = None, **options: Any) -> pd.DataFrame:
+        """Forecast every group ``h`` steps after its last time with this
+        run's models, the future rows made from the run's own table (when
+        the driver holds it): see :meth:`Store.forecast`."""
+        if self.store is None or self.run_id is None:
+            raise ValueError("run.forecast needs a run trained with store=")
+        import pyarrow as pa
+
+        table = self._plan.data.table  # the table trained on, when the driver holds it
+        if options.get("history") is None and isinstance(table, pa.Table) and (
+                options.get("time") in (None, *table.column_names)):
+            options["history"] = table
+        return self.store.forecast(h, freq=freq, run=self.run_id, **options)
+
     def report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (see :mod:`manymodels.observe.report`)."""
         from ..observe.report import render_report, summary_facts

@@ -78,3 +78,31 @@ class Store(_Store):
         """
         return predict_from_store(self, table, by, method, features, run, fallback, with_source,
                                   fn=fn, backend=backend, workers=workers, progress=progress)
+
+    def forecast(self, h: int, by: str | list[str] | None = None, freq: Any = None,
+                 run: int | None = None, *, time: str | None = None, history: Any = None,
+                 X_future: Any = None, backend: str | None = None, workers: int | None = None,
+                 progress: bool = False) -> pd.DataFrame:
+        """Forecast every group ``h`` steps after its last observed time, with
+        its kept model (its winner with ``select=``), on the engine.
+
+        manymodels makes the future rows: each group's ``h`` time stamps after
+        its last time in ``time`` (default: the run's one ``order_by`` column),
+        ``freq`` apart (a pandas offset alias such as ``"D"`` or ``"MS"``, or a
+        number for a time column of whole numbers; inferred per group from its
+        times when not given). The times come from ``history`` (a table or
+        path with the key and time columns, such as the one trained on), else
+        from the run's backtest forecasts, whose last window ends at each
+        group's last row. A model with ``forecast(h)``, ``predict(h)`` or
+        sktime's ``predict(fh)`` is asked for ``h`` steps; a model with
+        ``predict(X)`` gets the future rows as a DataFrame (key and time
+        columns, plus the features of ``X_future``: a table with a row per
+        group and future time). Returns a DataFrame of the key columns, the
+        time column and ``yhat``, ``h`` rows a group. ``backend`` and
+        ``workers`` are :meth:`predict`'s (see :mod:`manymodels.run.forecasting`).
+        """
+        from .forecasting import forecast_from_store
+
+        return forecast_from_store(self, h, by, freq, run, time=time, history=history,
+                                   X_future=X_future, backend=backend, workers=workers,
+                                   progress=progress)

@@ -1,0 +1,250 @@
+"""Forecasting h steps ahead: every group's kept model, on future rows made here.
+
+``Store.forecast(h)`` (and ``run.forecast(h)``) finds each group's last
+observed time and its frequency, makes the ``h`` time stamps after it (the
+future rows: dates x series, which a statsforecast or sktime user otherwise
+builds by hand) and sends them through :func:`.prediction.predict_groups`,
+the engine ``Store.predict`` runs on: each worker loads its groups' models
+from the store and calls, per group, the first of these the model has:
+
+* ``forecast(h)`` (statsforecast's ``forecast(y, h)``, which needs the
+  history, is not this one);
+* ``predict(h)`` (statsforecast, pmdarima's ``n_periods``) or sktime's
+  ``predict(fh)`` (given the steps ``1..h``);
+* ``predict(X)``: the future rows as a DataFrame (key and time columns, and
+  the feature columns of ``X_future=``).
+
+Where the times come from: ``history=`` (a table with the key and time
+columns, such as the one trained on), else the run's own table when the
+driver holds it (``run.forecast``), else the run's backtest forecasts kept
+in the store, whose last window ends at each group's last row.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+#: A horizon-taking method's first parameter, by the names forecasting
+#: libraries give it (``fh``, sktime's, takes the steps 1..h).
+HORIZON_PARAMETERS = ("h", "horizon", "steps", "n_periods", "fh")
+#: A ``forecast`` whose first parameter is one of these wants the history
+#: first (statsforecast's ``forecast(y, h)``): not a forecaster of h alone.
+_HISTORY_PARAMETERS = ("y", "df", "data", "X", "x")
+
+
+def _first_parameter(function: Any, skip: int = 0) -> str | None:
+    """The name of ``function``'s first positional parameter after ``skip``
+    (1 for ``self`` of a method read from its class)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    positional = [p for p in parameters if p.kind in (
+        p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][skip:]
+    return positional[0].name if positional else None
+
+
+@functools.lru_cache(maxsize=256)
+def horizon_method(kind: type) -> tuple[str, str] | None:
+    """How a model of class ``kind`` forecasts ``h`` steps with no feature
+    rows, as (method, first parameter), or None when it predicts from rows
+    (``predict(X)``). Read from the class, once per class."""
+    forecast = getattr(kind, "forecast", None)
+    if callable(forecast) and _first_parameter(forecast, 1) not in _HISTORY_PARAMETERS:
+        return "forecast", "h"
+    predict = getattr(kind, "predict", None)
+    name = _first_parameter(predict, 1) if callable(predict) else None
+    return ("predict", name) if name in HORIZON_PARAMETERS else None
+
+
+def horizon_call(model: Any) -> Callable[[int], Any] | None:
+    """The model's way to forecast ``h`` steps (see :func:`horizon_method`)."""
+    how = horizon_method(type(model))
+    if how is None:
+        return None
+    method = getattr(model, how[0])
+    if how[1] == "fh":  # sktime: the steps ahead, relative to the end of training
+        return lambda h: method(np.arange(1, h + 1))
+    return method
+
+
+def _as_values(values: Any) -> np.ndarray:
+    """A forecast as one value a step: statsforecast's ``{"mean": ...}``, a
+    pandas Series or one-column frame, or an array."""
+    if isinstance(values, dict) and "mean" in values:
+        values = values["mean"]
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    return values
+
+
+class HorizonForecast:
+    """``fn(model, rows)`` of :func:`.prediction.predict_groups`: one
+    group's future rows (``h`` of them, in time order) to its forecast."""
+
+    def __init__(self, by: list[str], time: str, features: list[str] | None) -> None:
+        self.by, self.time, self.features = by, time, features
+
+    def __call__(self, model: Any, rows: Any) -> np.ndarray:
+        h = len(rows)
+        call = horizon_call(model)  # (horizon_method is cached per class)
+        if call is not None:
+            values = _as_values(call(h))
+            named = getattr(call, "__name__", "forecast")
+        else:
+            values = _as_values(model.predict(self.design(model, rows)))
+            named = "predict"
+        if len(values) != h:
+            raise ValueError(f"{type(model).__name__}.{named} returned {len(values)} values "
+                             f"for {h} future time steps")
+        return values
+
+    def design(self, model: Any, rows: Any) -> Any:
+        """What ``predict(X)`` gets: the columns the model was fitted on when
+        it names them, else ``X_future``'s features, else the key and time."""
+        names = getattr(model, "feature_names_in_", None)
+        if names is not None:
+            missing = [c for c in names if c not in rows.columns]
+            if missing:
+                raise ValueError(f"the model needs feature column {missing[0]!r} for the "
+                                 "future rows: pass X_future= with it")
+            return rows[list(names)]
+        if self.features:
+            X = rows[self.features]
+            return X.to_numpy() if type(model).__module__.startswith("sklearn.") else X
+        return rows[[*self.by, self.time]]
+
+
+def check_model_inputs(model: Any, future: Any, described: str) -> None:
+    """Refuse before any work a ``predict(X)`` model whose fitted feature
+    columns the future rows lack (one model is loaded to ask)."""
+    if horizon_call(model) is not None:
+        return
+    names = getattr(model, "feature_names_in_", None)
+    missing = [c for c in (names if names is not None else []) if c not in future.columns]
+    if missing:
+        raise ValueError(
+            f"the model of {described} predicts from rows and needs feature column "
+            f"{missing[0]!r}, which the future rows lack: pass X_future= (a table of the "
+            "future rows with the key, time and feature columns)")
+    if not callable(getattr(model, "predict", None)):
+        raise TypeError(f"the model of {described} ({type(model).__name__}) has neither "
+                        "forecast(h), predict(h) nor predict(X)")
+
+
+def check_horizon(h: Any) -> int:
+    if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1:
+        raise ValueError(f"h must be a positive whole number of time steps, got {h!r}")
+    return int(h)
+
+
+_ORDER_BY = re.compile(r"order_by=(\[[^\]]*\])")
+
+
+def time_column(source_text: str | None, time: str | None, run_id: int) -> str:
+    """``time=``, else the one ``order_by`` column the run's groups were
+    sorted by (as the store recorded its source)."""
+    if time is not None:
+        if not isinstance(time, str):
+            raise TypeError(f"time must be a column name, got {time!r}")
+        return time
+    found = _ORDER_BY.search(source_text or "")
+    columns = ast.literal_eval(found.group(1)) if found else []
+    if len(columns) == 1:
+        return str(columns[0])
+    raise ValueError(
+        f"pass time= (the time column): run {run_id}'s groups were not sorted by one "
+        f"order_by column ({source_text!r}), which forecast would take as the time")
+
+
+def group_columns(asked: list[str] | None, trained: list[str] | None,
+                  run_keys: list[str], params: list[str]) -> list[str]:
+    """The columns that name a group: ``by=`` (checked against the run's),
+    else the run's group columns (its key columns but a grid's)."""
+    if asked is not None and trained is not None and asked != trained:
+        raise ValueError(f"by={asked!r}, but the run's models are keyed by {trained!r}")
+    by = asked or trained or [c for c in run_keys if c not in params]
+    if not by:
+        raise ValueError("forecast needs by= (the group columns)")
+    return by
+
+
+def group_models(artifacts: dict[str, str], keys: list[tuple]) -> list[str | None]:
+    """Each group of ``keys``'s model (its artifact), or None."""
+    from ..inputs.keys import TypedKeys
+
+    typed = TypedKeys(artifacts)
+    return [typed.find(parts) for parts in keys]
+
+
+def without_models(times: Any, digests: list[str | None], where: str) -> list[int]:
+    """The positions of the groups that have a model; a warning names the others."""
+    kept = [i for i, digest in enumerate(digests) if digest is not None]
+    if len(kept) < len(digests):
+        missing = [i for i, digest in enumerate(digests) if digest is None]
+        shown = [times.named(i) for i in missing[:3]]
+        warnings.warn(f"{len(missing)} group(s) (e.g. {shown!r}) have no model in {where}: "
+                      "they are not forecast", RuntimeWarning, stacklevel=4)
+    return kept
+
+
+def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: Any,
+                        run: int | None, *, time: str | None, history: Any, X_future: Any,
+                        backend: str | None, workers: int | None, progress: bool) -> Any:
+    """:meth:`manymodels.Store.forecast`: see the module."""
+    import pandas as pd
+
+    from ..store.lazymodels import StoredModel
+    from . import futurerows
+    from .prediction import _column_names, predict_groups
+
+    h = check_horizon(h)
+    run_id, run_keys, params = store._run_row(run)
+    if store._linear_run(run_id) is not None:
+        raise ValueError(f"run {run_id} is an mm.linear run: it predicts rows with "
+                         "Store.predict; forecast needs a model per group")
+    runs = store.runs()
+    source_text = runs.loc[runs["run_id"] == run_id, "source"]
+    time = time_column(source_text.iloc[0] if len(source_text) else None, time, run_id)
+    chosen = store._selection(run)
+    config = store.attached("train_config", run, default={}) or {}
+    by = group_columns(_column_names(by), _column_names(
+        config.get("by") or (chosen or {}).get("by")), run_keys, params)
+    artifacts = chosen["artifacts"] if chosen else store._model_artifacts(run)
+    if history is not None:
+        last = futurerows.last_times_of_table(history, by, time, "history")
+    else:
+        last = futurerows.last_times_of_backtest(store.forecasts(run), by, time, run_id)
+    digests = group_models(artifacts, last.keys)
+    kept = without_models(last, digests, f"store {str(store.path)!r}")
+    if not kept:
+        raise ValueError(f"no group of the history has a model in store {str(store.path)!r} "
+                         f"(run {run_id})")
+    last = last.subset(kept)
+    future = futurerows.future_rows(last, *futurerows.steps(last, freq), h)
+    features = None
+    if X_future is not None:
+        future, features = futurerows.with_features(future, X_future, by, time)
+    first = digests[kept[0]]
+    described = f"group {last.named(0)!r}"
+    check_model_inputs(StoredModel(store, first, described).load(), future, described)
+    routed = predict_groups(store, future, by, artifacts, None, features=None,
+                            method="predict", fn=HorizonForecast(by, time, features),
+                            backend=backend, workers=workers, progress=progress)
+    frame = future[[*by, time]].reset_index(drop=True)
+    yhat = pd.Series(list(routed.values) if routed.values.ndim > 1 else routed.values)
+    try:
+        yhat = yhat.astype(float)
+    except (TypeError, ValueError):  # a forecast of labels, say
+        pass
+    frame["yhat"] = yhat
+    return frame

@@ -1,0 +1,287 @@
+"""The future rows of a forecast: each group's ``h`` time stamps after its last.
+
+Times are datetimes (the steps a pandas offset: ``"D"``, ``"MS"``, ``"h"``...)
+or whole numbers (the step a number). A group's step is ``freq=`` when given,
+else inferred from its own times (``pandas.infer_freq`` on its last distinct
+times; for numbers, the one difference between them), and a group whose
+step cannot be inferred is named in the error before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: How many of a group's last distinct times its frequency is inferred from:
+#: enough for ``infer_freq`` to tell business days or month ends, few enough
+#: that a gap early in a long history does not stop the inference.
+INFER_FROM = 64
+
+
+@dataclass
+class GroupTimes:
+    """The groups of a history, in key order: their keys and each one's last
+    :data:`INFER_FROM` distinct times, sorted, as one array cut by ``lengths``
+    (datetimes as wall times, their zone in ``zone``)."""
+
+    by: list[str]
+    time: str
+    key_frame: pd.DataFrame
+    values: np.ndarray
+    lengths: np.ndarray
+    dated: bool  # datetimes, else whole numbers
+    zone: Any = None
+
+    @property
+    def keys(self) -> list[tuple]:
+        return list(self.key_frame.itertuples(index=False, name=None))
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.cumsum(self.lengths) - self.lengths
+
+    def group(self, position: int) -> np.ndarray:
+        start = int(self.starts[position])
+        return self.values[start:start + int(self.lengths[position])]
+
+    def subset(self, positions: list[int]) -> GroupTimes:
+        if len(positions) == len(self.lengths):
+            return self
+        owner = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        kept = np.zeros(len(self.lengths), dtype=bool)
+        kept[positions] = True
+        return GroupTimes(self.by, self.time,
+                          self.key_frame.iloc[positions].reset_index(drop=True),
+                          self.values[kept[owner]], self.lengths[positions], self.dated,
+                          self.zone)
+
+    def named(self, position: int) -> Any:
+        key = tuple(plain(part) for part in self.key_frame.iloc[position])
+        return key[0] if len(self.by) == 1 else key
+
+
+def plain(value: Any) -> Any:
+    """A value as an error message shows it: a NumPy scalar as Python's, a
+    midnight time stamp as its date."""
+    if isinstance(value, np.datetime64):
+        value = pd.Timestamp(value)
+    if isinstance(value, pd.Timestamp) and value == value.normalize():
+        return value.date().isoformat()
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _time_values(frame: pd.DataFrame, time: str, what: str) -> bool:
+    """Make ``frame[time]`` datetimes or whole numbers (text dates are
+    parsed); True for datetimes."""
+    column = frame[time]
+    if pd.api.types.is_datetime64_any_dtype(column):
+        return True
+    if pd.api.types.is_integer_dtype(column) and not pd.api.types.is_bool_dtype(column):
+        return False
+    if pd.api.types.is_object_dtype(column) or pd.api.types.is_string_dtype(column):
+        try:
+            frame[time] = pd.to_datetime(column)
+            return True
+        except (ValueError, TypeError):
+            pass
+    raise ValueError(f"the time column {time!r} of {what} holds {column.dtype} values: "
+                     "forecast needs datetimes or whole numbers")
+
+
+def group_times(frame: pd.DataFrame, by: list[str], time: str, what: str) -> GroupTimes:
+    """Each group's last distinct times, from a frame of key and time columns:
+    one sort, then NumPy (no Python step per group)."""
+    frame = frame[[*by, time]].copy()
+    dated = _time_values(frame, time, what)
+    frame = frame.dropna(subset=[time])
+    if frame.empty:
+        raise ValueError(f"{what} has no rows with a {time!r} time")
+    frame = frame.drop_duplicates().sort_values([*by, time], kind="stable")
+    zone = frame[time].dt.tz if dated else None
+    values = (frame[time].dt.tz_localize(None) if zone is not None else frame[time]).to_numpy()
+    if not dated:
+        values = values.astype(np.int64)
+    changed = np.zeros(len(frame), dtype=bool)
+    changed[0] = True
+    for name in by:
+        keys = frame[name].to_numpy()
+        changed[1:] |= keys[1:] != keys[:-1]
+    starts = np.flatnonzero(changed)
+    ends = np.append(starts[1:], len(frame))
+    owner = np.cumsum(changed) - 1
+    tail = ends[owner] - np.arange(len(frame)) <= INFER_FROM
+    lengths = np.minimum(ends - starts, INFER_FROM)
+    return GroupTimes(by, time, frame.iloc[starts][by].reset_index(drop=True), values[tail],
+                      lengths, dated, zone)
+
+
+def last_times_of_table(table: Any, by: list[str], time: str, what: str) -> GroupTimes:
+    """:func:`group_times` of a table or path (``history=``, the run's own)."""
+    from ..inputs.tables import exact_pandas, read_table
+
+    if isinstance(table, pd.DataFrame):
+        missing = [c for c in [*by, time] if c not in table.columns]
+        if missing:
+            raise ValueError(f"column {missing[0]!r} is not in {what}")
+        return group_times(table, by, time, what)
+    try:
+        frame = exact_pandas(read_table(table, columns=[*by, time]))
+    except KeyError as exc:
+        raise ValueError(f"{what}: {exc.args[0] if exc.args else exc}") from None
+    return group_times(frame, by, time, what)
+
+
+def last_times_of_backtest(forecasts: pd.DataFrame, by: list[str], time: str,
+                           run_id: int) -> GroupTimes:
+    """:func:`group_times` of a run's backtest forecasts (``Store.forecasts``):
+    its last window tests each group's last rows."""
+    if forecasts.empty or any(c not in forecasts.columns for c in by):
+        raise ValueError(
+            f"run {run_id} kept no backtest forecasts to find each group's last time in: "
+            "pass history= (a table with the key columns and the time column, such as the "
+            "one trained on)")
+    return group_times(forecasts.rename(columns={"time": time}), by, time,
+                       f"run {run_id}'s backtest forecasts")
+
+
+def _inferred_step(times: np.ndarray) -> Any:
+    """A group's offset from its distinct sorted datetimes, or None."""
+    if len(times) < 3:
+        return None
+    try:
+        with warnings.catch_warnings():  # pandas 3 warns it will return an offset
+            warnings.filterwarnings("ignore", message=".*infer_freq")
+            alias = pd.infer_freq(pd.DatetimeIndex(times))
+    except (TypeError, ValueError):
+        return None
+    return None if alias is None else pd.tseries.frequencies.to_offset(alias)
+
+
+def _given_step(freq: Any, times: GroupTimes) -> Any:
+    if times.dated:
+        if isinstance(freq, pd.DateOffset):
+            return freq
+        if isinstance(freq, str):
+            try:
+                return pd.tseries.frequencies.to_offset(freq)
+            except ValueError:
+                raise ValueError(f"freq={freq!r} is not a pandas offset alias "
+                                 "('D', 'W', 'MS', 'h', ...)") from None
+        raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds datetimes, "
+                         "so freq= is a pandas offset alias ('D', 'W', 'MS', 'h', ...)")
+    if isinstance(freq, (int, np.integer)) and not isinstance(freq, bool) and freq > 0:
+        return int(freq)
+    raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds whole numbers, "
+                     "so freq= is the positive number between two time steps")
+
+
+def _even_gaps(times: GroupTimes) -> np.ndarray:
+    """Each group's one gap between its times when they are evenly spaced
+    (in the time column's unit), else -1: NumPy over all groups at once."""
+    count = len(times.lengths)
+    ticks = times.values.view(np.int64) if times.dated else times.values
+    owner = np.repeat(np.arange(count), times.lengths)
+    inside = owner[1:] == owner[:-1]
+    gaps, owners = np.diff(ticks)[inside], owner[1:][inside]
+    low = np.full(count, np.iinfo(np.int64).max)
+    high = np.full(count, -1, dtype=np.int64)
+    np.minimum.at(low, owners, gaps)
+    np.maximum.at(high, owners, gaps)
+    enough = times.lengths >= (3 if times.dated else 2)
+    return np.where(enough & (low == high), high, -1)
+
+
+def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
+    """Each group's step, as a code into the distinct steps: ``freq=`` for
+    all, else inferred per group (evenly spaced times at once; the others,
+    such as month starts, by ``pandas.infer_freq``, once per distinct times)."""
+    count = len(times.lengths)
+    if freq is not None:
+        return np.zeros(count, dtype=np.int64), [_given_step(freq, times)]
+    gaps = _even_gaps(times)
+    distinct, codes = np.unique(gaps, return_inverse=True)
+    unit = np.datetime_data(times.values.dtype)[0] if times.dated else None
+    found = [None if gap < 0 else pd.tseries.frequencies.to_offset(pd.Timedelta(
+        int(gap), unit=unit)) if times.dated else int(gap) for gap in distinct.tolist()]
+    uneven = np.flatnonzero(gaps < 0)
+    seen: dict[bytes, int] = {}
+    for position in uneven.tolist():
+        group = times.group(position)
+        signature = group.tobytes()
+        if signature not in seen:
+            step = _inferred_step(group) if times.dated else None
+            if step is None:
+                shown = ", ".join(str(plain(t)) for t in group[-4:])
+                raise ValueError(
+                    f"cannot infer the frequency of group {times.named(position)!r} from "
+                    f"its {len(group)} distinct time(s) in {times.time!r} (the last: "
+                    f"{shown}): pass freq=")
+            seen[signature] = len(found)
+            found.append(step)
+        codes[position] = seen[signature]
+    return codes, found
+
+
+def future_rows(times: GroupTimes, codes: np.ndarray, found: list[Any], h: int
+                ) -> pd.DataFrame:
+    """The key and time columns of the ``h`` steps after each group's last
+    time, group after group, in time order within each."""
+    count = len(times.lengths)
+    last = times.values[np.cumsum(times.lengths) - 1]
+    stamps = np.empty((count, h), dtype=times.values.dtype)
+    ahead = np.arange(1, h + 1)
+    with warnings.catch_warnings():  # a non-fixed offset is added element-wise
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
+        for code, step in enumerate(found):
+            rows = np.flatnonzero(codes == code)
+            if not len(rows) or step is None:
+                continue
+            if not times.dated:
+                stamps[rows] = last[rows][:, None] + step * ahead
+                continue
+            start = pd.DatetimeIndex(last[rows])
+            for k in ahead.tolist():
+                stamps[rows, k - 1] = (start + step * k).to_numpy().astype(stamps.dtype)
+    frame = times.key_frame.iloc[np.repeat(np.arange(count), h)].reset_index(drop=True)
+    column = pd.Series(stamps.reshape(-1))
+    if times.zone is not None:
+        column = column.dt.tz_localize(times.zone, ambiguous="NaT",
+                                       nonexistent="shift_forward")
+    frame[times.time] = column
+    return frame
+
+
+def with_features(future: pd.DataFrame, X_future: Any, by: list[str], time: str
+                  ) -> tuple[pd.DataFrame, list[str]]:
+    """The future rows with ``X_future``'s feature columns; every future row
+    must have one row of ``X_future`` (a missing one is named)."""
+    from ..inputs.tables import exact_pandas, read_table
+
+    table = X_future if isinstance(X_future, pd.DataFrame) else exact_pandas(
+        read_table(X_future))
+    missing = [c for c in [*by, time] if c not in table.columns]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in X_future (it needs the key "
+                         f"columns {by} and the time column {time!r})")
+    table = table.copy()
+    if pd.api.types.is_datetime64_any_dtype(future[time]):
+        table[time] = pd.to_datetime(table[time]).astype(future[time].dtype)
+    doubled = table.duplicated([*by, time])
+    if doubled.any():
+        row = table[doubled].iloc[0]
+        where = {c: plain(row[c]) for c in [*by, time]}
+        raise ValueError(f"X_future has more than one row for {where}")
+    features = [c for c in table.columns if c not in {*by, time}]
+    joined = future.merge(table, on=[*by, time], how="left", indicator="_found",
+                          validate="one_to_one")
+    absent = joined["_found"].to_numpy() == "left_only"
+    if absent.any():
+        row = joined[absent].iloc[0]
+        key = plain(row[by[0]]) if len(by) == 1 else tuple(plain(row[c]) for c in by)
+        raise ValueError(f"X_future has no row for group {key!r} at {time}={plain(row[time])} "
+                         f"({int(absent.sum())} future row(s) missing in all)")
+    return joined.drop(columns="_found"), features

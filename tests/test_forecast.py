@@ -1,0 +1,233 @@
+"""``run.forecast(h)`` and ``Store.forecast(h)``: the future rows made by
+manymodels (each group's h time stamps after its last one), and each
+group's kept model asked for them as its protocol says: ``forecast(h)``,
+``predict(h)``, sktime's ``predict(fh)`` or ``predict(X)`` with ``X_future``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import LinearRegression
+
+import manymodels as mm
+
+
+class SeasonalNaive:
+    """statsforecast's SeasonalNaive, fitted on a history: the last season repeated."""
+
+    def __init__(self, y, season_length: int) -> None:
+        self.last = np.asarray(y, dtype=float)[-season_length:]
+
+    def forecast(self, h: int) -> np.ndarray:
+        return np.resize(self.last, h)
+
+
+class HistoricAverage:
+    """statsforecast's style after fit(y): ``predict(h)`` returns ``{"mean": ...}``."""
+
+    def __init__(self, y) -> None:
+        self.mean = float(np.mean(y))
+
+    def predict(self, h: int, X=None, level=None) -> dict:
+        return {"mean": np.full(h, self.mean)}
+
+
+class Drift:
+    """sktime's style: ``predict(fh)`` with the relative steps 1..h."""
+
+    def __init__(self, y) -> None:
+        y = np.asarray(y, dtype=float)
+        self.last, self.slope = y[-1], (y[-1] - y[0]) / (len(y) - 1)
+
+    def predict(self, fh, X=None) -> pd.Series:
+        return pd.Series(self.last + self.slope * np.asarray(fh, dtype=float))
+
+
+def daily_sales(groups: int = 3, days: int = 35) -> pd.DataFrame:
+    rng = np.random.default_rng(7)
+    dates = pd.date_range("2024-01-01", periods=days, freq="D")
+    return pd.DataFrame({"sku": np.repeat([f"s{i}" for i in range(groups)], days),
+                         "date": np.tile(dates, groups),
+                         "sales": rng.normal(100, 10, groups * days).round(2)})
+
+
+def seasonal_fit(rows, season_length=7):
+    return SeasonalNaive(rows["sales"], season_length)
+
+
+def test_seasonal_naive_daily_inferred_dates_and_values(tmp_path):
+    df = daily_sales()
+    run = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    got = run.forecast(10)
+    assert list(got.columns) == ["sku", "date", "yhat"]
+    expected_dates = pd.date_range("2024-02-05", periods=10, freq="D")  # after Feb 4
+    for sku, rows in df.groupby("sku"):
+        mine = got[got["sku"] == sku]
+        assert list(mine["date"]) == list(expected_dates)
+        last_week = rows["sales"].to_numpy()[-7:]
+        np.testing.assert_array_equal(mine["yhat"].to_numpy(), np.resize(last_week, 10))
+    assert list(got["sku"]) == list(np.repeat(["s0", "s1", "s2"], 10))
+
+
+def test_store_forecast_finds_the_last_times_in_the_backtest(tmp_path):
+    """No table given: the run's backtest forecasts (its last window ends at
+    each group's last row) give the last times; select= keeps the winner."""
+    df = daily_sales(days=42)
+    df.loc[df["sku"] == "s1", "sales"] = np.tile(np.arange(7.0), 6)  # weekly: season 7 wins
+    run = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date")
+                   * mm.grid(season_length=[1, 7]),
+                   evaluate=mm.backtest(time="date", horizon=7, windows=2, target="sales"),
+                   select="mae", store=tmp_path / "s", backend="serial", progress=False)
+    winner = run.best().set_index("sku")["season_length"]
+    got = mm.Store(tmp_path / "s").forecast(3)
+    for sku, rows in df.groupby("sku"):
+        mine = got[got["sku"] == sku]
+        assert list(mine["date"]) == list(pd.date_range("2024-02-12", periods=3, freq="D"))
+        season = int(winner[sku])
+        expected = np.resize(rows["sales"].to_numpy()[-season:], 3)
+        np.testing.assert_array_equal(mine["yhat"].to_numpy(), expected)
+    assert winner["s1"] == 7
+    np.testing.assert_array_equal(got[got["sku"] == "s1"]["yhat"], [0.0, 1.0, 2.0])
+
+
+def monthly_sales() -> pd.DataFrame:
+    months = pd.date_range("2021-01-01", periods=24, freq="MS")
+    return pd.DataFrame({"region": np.repeat(["north", "south"], 24),
+                         "month": np.tile(months, 2),
+                         "sales": np.concatenate([np.arange(24.0), 100 + np.arange(24.0)])})
+
+
+def test_monthly_inferred_and_given_freq_and_other_protocols(tmp_path):
+    df = monthly_sales()
+    run = mm.train(lambda rows: HistoricAverage(rows["sales"]),
+                   mm.groups(df, by="region", order_by="month"),
+                   store=tmp_path / "avg", backend="serial", progress=False)
+    got = run.forecast(4)  # inferred: month starts
+    assert list(got["month"][:4]) == list(pd.date_range("2023-01-01", periods=4, freq="MS"))
+    np.testing.assert_allclose(got["yhat"], np.repeat([11.5, 111.5], 4))
+    quarterly = run.forecast(2, freq="QS")  # given: quarter starts after Dec 2022
+    assert list(quarterly["month"][:2]) == [pd.Timestamp("2023-01-01"),
+                                            pd.Timestamp("2023-04-01")]
+    drift = mm.train(lambda rows: Drift(rows["sales"]),
+                     mm.groups(df, by="region", order_by="month"),
+                     store=tmp_path / "drift", backend="serial", progress=False)
+    np.testing.assert_allclose(drift.forecast(3)["yhat"], [24, 25, 26, 124, 125, 126])
+
+
+def test_integer_time_steps(tmp_path):
+    df = pd.DataFrame({"sku": np.repeat(["a", "b"], 10),
+                       "week": np.concatenate([np.arange(0, 20, 2), np.arange(5, 15)]),
+                       "sales": np.arange(20.0)})
+    run = mm.train(lambda rows: SeasonalNaive(rows["sales"], 1),
+                   mm.groups(df, by="sku", order_by="week"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    got = run.forecast(3)
+    assert list(got["week"]) == [20, 22, 24, 15, 16, 17]  # each group its own step
+    assert list(mm.Store(tmp_path / "s").forecast(2, freq=5, history=df)["week"]) == [
+        23, 28, 19, 24]
+
+
+def fit_promo(rows):
+    X = pd.DataFrame({"promo": rows["promo"], "trend": np.arange(len(rows), dtype=float)})
+    return LinearRegression().fit(X, rows["sales"])
+
+
+def promo_sales() -> tuple[pd.DataFrame, pd.DataFrame]:
+    rng = np.random.default_rng(3)
+    dates = pd.date_range("2024-03-01", periods=20, freq="D")
+    df = pd.DataFrame({"store": np.repeat([1, 2], 20), "date": np.tile(dates, 2),
+                       "promo": rng.integers(0, 2, 40).astype(float)})
+    df["sales"] = 10 + 5 * df["promo"] + np.tile(np.arange(20.0), 2) + rng.normal(0, 1, 40)
+    future_dates = pd.date_range("2024-03-21", periods=4, freq="D")
+    X_future = pd.DataFrame({"store": np.repeat([2, 1], 4),  # any row order
+                             "date": np.tile(future_dates, 2),
+                             "promo": [1.0, 0, 0, 1, 0, 0, 1, 1],
+                             "trend": np.tile(np.arange(20.0, 24.0), 2)})
+    return df, X_future
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_sklearn_predict_x_with_x_future(tmp_path, backend):
+    df, X_future = promo_sales()
+    run = mm.train(fit_promo, mm.groups(df, by="store", order_by="date"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    got = run.forecast(4, X_future=X_future, backend=backend, workers=2)
+    assert list(got.columns) == ["store", "date", "yhat"]
+    for store in (1, 2):
+        model = run.models[store]
+        rows = X_future[X_future["store"] == store]
+        mine = got[got["store"] == store]
+        assert list(mine["date"]) == list(rows["date"])
+        np.testing.assert_allclose(mine["yhat"], model.predict(rows[["promo", "trend"]]))
+
+
+def test_refusals_name_what_is_wrong(tmp_path):
+    df, X_future = promo_sales()
+    run = mm.train(fit_promo, mm.groups(df, by="store", order_by="date"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    with pytest.raises(ValueError, match="feature column 'promo'.*X_future="):
+        run.forecast(4)
+    with pytest.raises(ValueError, match="X_future has no row for group 1 at date=2024-03-24"):
+        run.forecast(4, X_future=X_future[~((X_future["store"] == 1)
+                                            & (X_future["date"] == "2024-03-24"))])
+    with pytest.raises(ValueError, match="column 'date' is not in X_future"):
+        run.forecast(4, X_future=X_future.drop(columns="date"))
+    with pytest.raises(ValueError, match="more than one row"):
+        run.forecast(4, X_future=pd.concat([X_future, X_future.iloc[:1]]))
+    with pytest.raises(ValueError, match="h must be a positive whole number"):
+        run.forecast(0)
+    with pytest.raises(ValueError, match="freq='fortnightly' is not a pandas offset alias"):
+        run.forecast(2, freq="fortnightly", X_future=X_future)
+    with pytest.raises(ValueError, match="freq=3: the time column 'date' holds datetimes"):
+        run.forecast(2, freq=3, X_future=X_future)
+    store = mm.Store(tmp_path / "s")
+    with pytest.raises(ValueError, match="column 'date' is not in history"):
+        store.forecast(2, history=df.drop(columns="date"))
+    with pytest.raises(ValueError, match="run 1 kept no backtest forecasts.*history="):
+        store.forecast(2)  # no table: nothing says where each store's series ends
+
+
+def test_irregular_group_is_named_and_time_is_asked_for(tmp_path):
+    df = daily_sales(groups=2, days=10)
+    gaps = df.index[(df["sku"] == "s1") & (df.index % 3 == 0)]
+    df = df.drop(gaps)
+    run = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    with pytest.raises(ValueError, match="cannot infer the frequency of group 's1'.*freq="):
+        run.forecast(3)
+    assert len(run.forecast(3, freq="D")) == 6  # given, it needs no inference
+    unsorted = mm.train(seasonal_fit, mm.groups(df, by="sku"), store=tmp_path / "u",
+                        backend="serial", progress=False)
+    with pytest.raises(ValueError, match="pass time="):
+        unsorted.forecast(3, freq="D")
+    got = unsorted.forecast(3, freq="D", time="date")
+    assert list(got["date"][:3]) == list(pd.date_range("2024-01-11", periods=3, freq="D"))
+
+
+def test_forecast_needs_a_store():
+    run = mm.train(seasonal_fit, mm.groups(daily_sales(), by="sku", order_by="date"),
+                   backend="serial", progress=False)
+    with pytest.raises(ValueError, match="needs a run trained with store="):
+        run.forecast(3)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("statsforecast") is None,
+                    reason="statsforecast pins pandas<3: not in the project's environment")
+def test_statsforecast_model_predicts_h(tmp_path):  # pragma: no cover - needs statsforecast
+    from statsforecast.models import SeasonalNaive as StatsSeasonalNaive
+
+    df = daily_sales()
+
+    def fit(rows):
+        return StatsSeasonalNaive(season_length=7).fit(rows["sales"].to_numpy())
+
+    run = mm.train(fit, mm.groups(df, by="sku", order_by="date"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    got = run.forecast(10)
+    for sku, rows in df.groupby("sku"):
+        expected = np.resize(rows["sales"].to_numpy()[-7:], 10)
+        np.testing.assert_allclose(got[got["sku"] == sku]["yhat"], expected)
