@@ -66,7 +66,7 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
 
 
 def unpack_column(packed: Any) -> Any:
-    """A column :func:`~manymodels.evaluation.windowed.pack_column` packed, as an array."""
+    """A column :func:`~manymodels.evaluation.windowrows.pack_column` packed, as an array."""
     import base64
 
     import numpy as np

@@ -18,23 +18,18 @@ the test rows' features. Successive halving
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..engine.execution import split_result
 from . import metrics as _metrics
-from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, plain_time, row_count
+from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
+from .windowrows import WindowLayout, model_and_metrics
 
 #: The fields of a window's record that are not its scores.
 RECORD_FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
-
-
-def _length(positions: Any, n: int) -> int:
-    return len(range(n)[positions]) if isinstance(positions, slice) else len(positions)
 
 
 class GroupWindows:
@@ -54,7 +49,10 @@ class GroupWindows:
         self.named = [m for m in splitter.metrics if isinstance(m, str)]
         self.vectorised = [m for m in self.named if m != "log_loss"]
         self.forecasts = splitter.forecasts and splitter.time is not None
+        self.callables = [m for m in splitter.metrics if callable(m)]
+        self.log_loss = "log_loss" in self.named
         self._X: Any = None
+        self._layouts: dict[tuple[int, ...], WindowLayout] = {}
 
     def part(self, positions: Any) -> Any:
         """The rows at ``positions`` (a slice: a view), numbered from 0."""
@@ -94,13 +92,12 @@ class GroupWindows:
             forecast = getattr(model, "forecast", None) if self.splitter.time else None
             predicted = (self._forecast(forecast, test) if callable(forecast)
                          else np.asarray(model.predict(self._features(test))))
-        if "log_loss" in self.named:
+        if self.log_loss:
             scores["log_loss"] = _metrics.log_loss(
                 self.y[test], model.predict_proba(self._features(test)), model.classes_)
-        callables = [m for m in self.splitter.metrics if callable(m)]
-        if callables:
+        if self.callables:
             rows = self.part(test)
-            for metric in callables:
+            for metric in self.callables:
                 scores.update({str(k): float(v) for k, v in dict(metric(model, rows)).items()})
         return predicted, scores
 
@@ -123,63 +120,43 @@ class GroupWindows:
             return values
         return np.repeat(values, np.diff(np.concatenate((starts, [len(times)]))))
 
+    def layout(self, numbers: tuple[int, ...]) -> WindowLayout:
+        """What windows ``numbers`` are for every candidate of the group (made
+        for the first, kept for the next: their test rows, the actuals and
+        times end to end, packed once)."""
+        made = self._layouts.get(numbers)
+        if made is None:
+            made = self._layouts[numbers] = WindowLayout(self, numbers)
+        return made
+
     def records(self, numbers: list[int], predictions: list[Any],
                 scores: list[dict[str, float]]) -> list[dict[str, Any]]:
         """The records of windows ``numbers``: the named metrics of all of
         them computed at once, then each window's own scores (and, for a
         backtest, its forecasts row by row)."""
-        tests = [self.windows[w][1] for w in numbers]
-        sizes = [_length(test, self.n) for test in tests]
-        ends = [0]
-        for size in sizes:
-            ends.append(ends[-1] + size)
-        bounds = np.array(ends)
-        vectorised: dict[str, np.ndarray] = {}
-        y = predicted = None
-        if self.vectorised or self.forecasts:
-            y = np.concatenate([self.y[test] for test in tests])
+        layout = self.layout(tuple(numbers))
+        predicted = None
         if predictions and all(p is not None for p in predictions):
-            predicted = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
+            predicted = (np.asarray(predictions[0]).reshape(-1) if len(predictions) == 1 else
+                         np.concatenate([np.asarray(p).reshape(-1) for p in predictions]))
+        vectorised: dict[str, list[float]] = {}
         if self.vectorised:
-            trains = [self.y[self.windows[w][0]] for w in numbers]
-            vectorised = _metrics.window_scores(self.vectorised, y, predicted, bounds, trains)
-        rows = self._forecast_rows(tests, y, predicted, bounds) if self.forecasts else None
+            vectorised = {name: values.tolist() for name, values in _metrics.window_scores(
+                self.vectorised, layout.y, predicted, layout.bounds, layout.trains).items()}
+        rows = layout.forecast_rows(predicted) if self.forecasts else None
         out = []
         for i, number in enumerate(numbers):
-            train, _, cutoff = self.windows[number]
-            record: dict[str, Any] = {"window": number, "cutoff": cutoff,
-                                      "n_train": _length(train, self.n), "n_test": sizes[i]}
+            record: dict[str, Any] = {"window": number, "cutoff": layout.cutoffs[i],
+                                      "n_train": layout.n_train[i], "n_test": layout.sizes[i]}
+            own = scores[i]
             for name in self.named:
-                record[name] = (float(vectorised[name][i]) if name in vectorised
-                                else scores[i][name])
-            record.update({k: v for k, v in scores[i].items() if k not in record})
+                record[name] = vectorised[name][i] if name in vectorised else own[name]
+            if own:
+                record.update({k: v for k, v in own.items() if k not in record})
             if rows is not None:
                 record["rows"] = rows[i]
             out.append(record)
         return out
-
-    def _forecast_rows(self, tests: list[Any], y: Any, predicted: Any, bounds: np.ndarray
-                       ) -> list[dict[str, Any]] | None:
-        """Each window's forecasts row by row: its times, actuals and
-        forecasts, each column packed as :func:`pack_column` does."""
-        if predicted is None or len(predicted) != len(y):  # several outputs a row
-            return None
-        times = column(self.rows, self.splitter.time)
-        times = np.concatenate([times[test] for test in tests])
-        return [{"time": pack_column(times[a:b]), "actual": pack_column(y[a:b]),
-                 "forecast": pack_column(predicted[a:b])}
-                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-
-
-def pack_column(values: np.ndarray) -> Any:
-    """A window's column as JSON keeps it cheaply and exactly: numbers and
-    datetimes as their bytes in base64 with their dtype (one string, where a
-    list costs an object a value to make, send and store), anything else as
-    a list (:func:`~manymodels.evaluation.tables.unpack_column` reads both)."""
-    values = np.ascontiguousarray(values)
-    if values.dtype.kind in "biufcMm":
-        return {"dtype": values.dtype.str, "base64": base64.b64encode(values).decode()}
-    return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
 
 
 def _renumbered(frame: Any) -> Any:
@@ -191,12 +168,13 @@ def _renumbered(frame: Any) -> Any:
 
 def mean_scores(records: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Each score averaged over the windows, as ``run.results`` shows it."""
-    collected: dict[str, list[Any]] = {}
-    for record in records:
-        for name, value in record.items():
-            if name not in RECORD_FIELDS:
-                collected.setdefault(name, []).append(value)
-    return {name: sum(values) / len(values) for name, values in collected.items()}
+    records = list(records)
+    names = {name: None for record in records for name in record if name not in RECORD_FIELDS}
+    means = {}
+    for name in names:
+        values = [record[name] for record in records if name in record]
+        means[name] = sum(values) / len(values)
+    return means
 
 
 def skipped_metrics(splitter: Splitter, reason: str) -> dict[str, Any]:
@@ -212,7 +190,7 @@ def evaluate_group(fit: Callable[..., Any], group: GroupWindows, kwargs: dict[st
     model, fit_metrics = None, {}
     predictions, scores = [], []
     for number in range(len(group.windows)):
-        model, fit_metrics = split_result(fit(group.train_rows(number), **kwargs))
+        model, fit_metrics = model_and_metrics(fit(group.train_rows(number), **kwargs))
         predicted, own = group.predict(model, number)
         predictions.append(predicted)
         scores.append(own)
@@ -230,28 +208,35 @@ def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
         try:
             group = GroupWindows(splitter, rows)
         except TooShort as exc:
-            model, fit_metrics = split_result(fit(rows, **kwargs))
+            model, fit_metrics = model_and_metrics(fit(rows, **kwargs))
             return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}
     model, fit_metrics, records = evaluate_group(fit, group, kwargs)
     if splitter.refit:
-        model, fit_metrics = split_result(fit(rows, **kwargs))
+        model, fit_metrics = model_and_metrics(fit(rows, **kwargs))
     return model, {**fit_metrics, **mean_scores(records), WINDOWS: records}
 
 
-def _same_arrays(rows: Any, other: Any) -> bool:
+def _address(values: np.ndarray) -> int:
+    return values.__array_interface__["data"][0]
+
+
+def _same_arrays(rows: Any, other: Any, addresses: list[int]) -> bool:
     """Whether two ``format="numpy"`` groups are views of the same memory
-    (same columns, addresses, shapes and strides). ``other`` is held alive
-    by the caller, so its memory cannot have been reused for other data."""
-    if type(rows) is not dict or type(other) is not dict or rows.keys() != other.keys():
+    (same columns, addresses, shapes and strides; ``addresses``: those of
+    ``other``'s columns). ``other`` is held alive by the caller, so its
+    memory cannot have been reused for other data. Views of different
+    batches (different bases) are told apart without asking NumPy for an
+    address; views of another base are never taken for the same rows (at
+    worst, the windows are made again)."""
+    if type(rows) is not dict or list(rows) != list(other):
         return False
-    for name, values in rows.items():
-        kept = other[name]
-        if (type(values) is not np.ndarray or values.flags.writeable
-                or values.__array_interface__["data"][0] != kept.__array_interface__["data"][0]
-                or values.shape != kept.shape or values.strides != kept.strides
-                or values.dtype != kept.dtype):
+    columns = list(rows.values())
+    for values, kept in zip(columns, other.values()):
+        if (type(values) is not np.ndarray or values.base is not kept.base
+                or values.flags.writeable or values.shape != kept.shape
+                or values.strides != kept.strides or values.dtype != kept.dtype):
             return False
-    return True
+    return all(_address(values) == address for values, address in zip(columns, addresses))
 
 
 class Evaluated:
@@ -264,23 +249,23 @@ class Evaluated:
 
     def __init__(self, fit: Callable[..., Any], splitter: Splitter) -> None:
         self.fit, self.splitter = fit, splitter
-        self._last: tuple[Any, GroupWindows] | None = None
+        self._last: tuple[Any, GroupWindows, list[int]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_last": None}
 
     def __call__(self, rows: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         last = self._last
-        if last is not None and _same_arrays(rows, last[0]):
+        if last is not None and _same_arrays(rows, last[0], last[2]):
             return evaluate_rows(self.fit, rows, kwargs, self.splitter, last[1])
         self._last = None
         try:
             group = GroupWindows(self.splitter, rows)
         except TooShort as exc:
-            model, fit_metrics = split_result(self.fit(rows, **kwargs))
+            model, fit_metrics = model_and_metrics(self.fit(rows, **kwargs))
             return model, {**fit_metrics, **skipped_metrics(self.splitter, str(exc))}
-        if type(rows) is dict:
-            self._last = (rows, group)
+        if type(rows) is dict and all(type(v) is np.ndarray for v in rows.values()):
+            self._last = (rows, group, [_address(values) for values in rows.values()])
         return evaluate_rows(self.fit, rows, kwargs, self.splitter, group)
 
 
@@ -339,7 +324,7 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
     try:
         group = GroupWindows(splitter, rows)
     except TooShort as exc:
-        model, fit_metrics = split_result(fit(rows, **settings[0]))
+        model, fit_metrics = model_and_metrics(fit(rows, **settings[0]))
         return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}, settings[0]
     scored = []
     for setting in settings:
@@ -349,5 +334,5 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
     ranked = [s for s in scored if s[0] == s[0]]  # not NaN
     _, setting, metrics = (max if higher else min)(ranked, key=lambda s: s[0]) if ranked \
         else scored[0]
-    model, _ = split_result(fit(rows, **setting))
+    model, _ = model_and_metrics(fit(rows, **setting))
     return model, metrics, setting

@@ -1,0 +1,91 @@
+"""What the windows of one group are, shared by all its candidates.
+
+A backtest's candidates (``groups * grid``) are scored on the same windows
+of the same group: their test rows, actuals and times end to end, and the
+times and actuals packed for ``run.forecasts``, are made once, for the
+first (:class:`WindowLayout`), and each candidate adds its predictions.
+A window's column travels packed (:func:`pack_column`): one base64 string
+of its bytes, where a list would cost an object a value.
+"""
+
+from __future__ import annotations
+
+from binascii import b2a_base64
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..engine.execution import split_result
+from .splitters import column, plain_time
+
+
+def window_length(positions: Any, n: int) -> int:
+    """How many of ``n`` rows ``positions`` (a slice or indices) takes."""
+    return len(range(n)[positions]) if isinstance(positions, slice) else len(positions)
+
+
+#: Types ``fit`` returned that are a model alone (neither a tuple nor a
+#: mapping): their values skip ``split_result``'s abstract-class check.
+_MODEL_TYPES: set[type] = set()
+
+
+def model_and_metrics(value: Any) -> tuple[Any, dict[str, Any]]:
+    """:func:`~manymodels.engine.execution.split_result`, with a model's type
+    checked once, not once a window."""
+    kind = type(value)
+    if kind in _MODEL_TYPES:
+        return value, {}
+    if kind is not tuple and kind is not dict and not isinstance(value, (Mapping, tuple)):
+        _MODEL_TYPES.add(kind)
+    return split_result(value)
+
+
+class WindowLayout:
+    """The test rows of some windows of one group, end to end: window ``i``
+    at ``bounds[i]:bounds[i + 1]`` of ``y`` (the actuals); the same for
+    every candidate, so made once per group."""
+
+    def __init__(self, group: Any, numbers: tuple[int, ...]) -> None:
+        windows = [group.windows[w] for w in numbers]
+        tests = [test for _, test, _ in windows]
+        self.group, self.tests = group, tests
+        self.sizes = [window_length(test, group.n) for test in tests]
+        self.n_train = [window_length(train, group.n) for train, _, _ in windows]
+        self.cutoffs = [cutoff for _, _, cutoff in windows]
+        self.bounds = np.concatenate(([0], np.cumsum(self.sizes)))
+        self.y = (np.concatenate([group.y[test] for test in tests])
+                  if group.vectorised or group.forecasts else None)
+        self._trains = [train for train, _, _ in windows]
+        self._packed: list[tuple[Any, Any]] | None = None
+
+    @property
+    def trains(self) -> list[np.ndarray]:
+        """Each window's training target (``mase`` scales by it)."""
+        return [self.group.y[train] for train in self._trains]
+
+    def forecast_rows(self, predicted: Any) -> list[dict[str, Any]] | None:
+        """Each window's forecasts row by row: its times, actuals and
+        forecasts, each column packed as :func:`pack_column` does (the
+        times and actuals once for all candidates)."""
+        if predicted is None or len(predicted) != len(self.y):  # several outputs a row
+            return None
+        ends = self.bounds.tolist()
+        if self._packed is None:
+            times = column(self.group.rows, self.group.splitter.time)
+            self._packed = [(pack_column(times[test]), pack_column(self.y[a:b]))
+                            for test, a, b in zip(self.tests, ends[:-1], ends[1:])]
+        return [{"time": time, "actual": actual, "forecast": pack_column(predicted[a:b])}
+                for (time, actual), a, b in zip(self._packed, ends[:-1], ends[1:])]
+
+
+def pack_column(values: np.ndarray) -> Any:
+    """A window's column as JSON keeps it cheaply and exactly: numbers and
+    datetimes as their bytes in base64 with their dtype (one string, where a
+    list costs an object a value to make, send and store), anything else as
+    a list (:func:`~manymodels.evaluation.tables.unpack_column` reads both)."""
+    values = np.ascontiguousarray(values)
+    if values.dtype.kind in "biufcMm":
+        return {"dtype": values.dtype.str,
+                "base64": b2a_base64(values, newline=False).decode("ascii")}
+    return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
