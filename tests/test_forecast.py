@@ -231,3 +231,43 @@ def test_statsforecast_model_predicts_h(tmp_path):  # pragma: no cover - needs s
     for sku, rows in df.groupby("sku"):
         expected = np.resize(rows["sales"].to_numpy()[-7:], 10)
         np.testing.assert_allclose(got[got["sku"] == sku]["yhat"], expected)
+
+
+def fit_or_fail(rows):
+    if rows["sku"].iloc[0] == "s1":
+        raise RuntimeError("no model for s1")
+    return SeasonalNaive(rows["sales"], 7)
+
+
+def test_groups_without_a_model_are_named_and_left_out(tmp_path):
+    df = daily_sales()
+    run = mm.train(fit_or_fail, mm.groups(df, by="sku", order_by="date"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    with pytest.warns(RuntimeWarning, match=r"1 group\(s\) \(e.g. \['s1'\]\) have no model"):
+        got = run.forecast(2)
+    assert list(got["sku"]) == ["s0", "s0", "s2", "s2"]
+    grid = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date")
+                    * mm.grid(season_length=[1, 7]), store=tmp_path / "g",
+                    backend="serial", progress=False)
+    with pytest.raises(ValueError, match=r"a model per group and setting of \['season_length'\]"):
+        grid.forecast(2)
+
+
+@pytest.mark.parametrize(("dates", "expected"), [
+    (pd.bdate_range("2024-01-01", periods=20),  # ends on Friday Jan 26
+     pd.DatetimeIndex(["2024-01-29", "2024-01-30", "2024-01-31"])),
+    (pd.date_range("2024-03-30 20:00", periods=30, freq="h", tz="Europe/Paris"),  # over DST
+     pd.date_range("2024-04-01 03:00", periods=3, freq="h", tz="Europe/Paris")),
+    (pd.date_range("2023-03-24", periods=6, freq="D", tz="Europe/Paris"),  # days over DST
+     pd.date_range("2023-03-30", periods=3, freq="D", tz="Europe/Paris")),
+])
+def test_business_days_and_time_zones(tmp_path, dates, expected):
+    df = pd.DataFrame({"g": np.repeat([1, 2], len(dates)), "t": list(dates) * 2,
+                       "sales": np.arange(2.0 * len(dates))})
+    assert df["t"].dt.tz == dates.tz
+    got = mm.Store(tmp_path / "s")
+    mm.train(lambda rows: SeasonalNaive(rows["sales"], 1), mm.groups(df, by="g", order_by="t"),
+             store=got, backend="serial", progress=False)
+    future = got.forecast(3, history=df)
+    assert list(future["t"][:3]) == list(expected)
+    assert list(future["t"][3:]) == list(expected)

@@ -219,6 +219,9 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     config = store.attached("train_config", run, default={}) or {}
     by = group_columns(_column_names(by), _column_names(
         config.get("by") or (chosen or {}).get("by")), run_keys, params)
+    if params and chosen is None:
+        raise ValueError(f"run {run_id} kept a model per group and setting of {params}: "
+                         "forecast needs one model per group (train with select=)")
     artifacts = chosen["artifacts"] if chosen else store._model_artifacts(run)
     if history is not None:
         last = futurerows.last_times_of_table(history, by, time, "history")

@@ -26,7 +26,7 @@ INFER_FROM = 64
 class GroupTimes:
     """The groups of a history, in key order: their keys and each one's last
     :data:`INFER_FROM` distinct times, sorted, as one array cut by ``lengths``
-    (datetimes as wall times, their zone in ``zone``)."""
+    (datetimes with a time zone as UTC instants, the zone in ``zone``)."""
 
     by: list[str]
     time: str
@@ -102,7 +102,8 @@ def group_times(frame: pd.DataFrame, by: list[str], time: str, what: str) -> Gro
         raise ValueError(f"{what} has no rows with a {time!r} time")
     frame = frame.drop_duplicates().sort_values([*by, time], kind="stable")
     zone = frame[time].dt.tz if dated else None
-    values = (frame[time].dt.tz_localize(None) if zone is not None else frame[time]).to_numpy()
+    values = (frame[time].dt.tz_convert("UTC").dt.tz_localize(None) if zone is not None
+              else frame[time]).to_numpy()
     if not dated:
         values = values.astype(np.int64)
     changed = np.zeros(len(frame), dtype=bool)
@@ -148,14 +149,21 @@ def last_times_of_backtest(forecasts: pd.DataFrame, by: list[str], time: str,
                        f"run {run_id}'s backtest forecasts")
 
 
-def _inferred_step(times: np.ndarray) -> Any:
+def _as_index(times: np.ndarray, zone: Any) -> pd.DatetimeIndex:
+    """Datetimes as stored (UTC instants when they have a zone) as an index
+    in their own zone."""
+    index = pd.DatetimeIndex(times)
+    return index.tz_localize("UTC").tz_convert(zone) if zone is not None else index
+
+
+def _inferred_step(times: np.ndarray, zone: Any) -> Any:
     """A group's offset from its distinct sorted datetimes, or None."""
     if len(times) < 3:
         return None
     try:
         with warnings.catch_warnings():  # pandas 3 warns it will return an offset
             warnings.filterwarnings("ignore", message=".*infer_freq")
-            alias = pd.infer_freq(pd.DatetimeIndex(times))
+            alias = pd.infer_freq(_as_index(times, zone))
     except (TypeError, ValueError):
         return None
     return None if alias is None else pd.tseries.frequencies.to_offset(alias)
@@ -195,6 +203,14 @@ def _even_gaps(times: GroupTimes) -> np.ndarray:
     return np.where(enough & (low == high), high, -1)
 
 
+def _offset(gap: pd.Timedelta) -> Any:
+    """An even gap as an offset: whole days as days (calendar days in a time
+    zone), else the fixed length."""
+    if gap % pd.Timedelta(days=1) == pd.Timedelta(0):
+        return pd.offsets.Day(gap.days)
+    return pd.tseries.frequencies.to_offset(gap)
+
+
 def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
     """Each group's step, as a code into the distinct steps: ``freq=`` for
     all, else inferred per group (evenly spaced times at once; the others,
@@ -205,15 +221,15 @@ def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
     gaps = _even_gaps(times)
     distinct, codes = np.unique(gaps, return_inverse=True)
     unit = np.datetime_data(times.values.dtype)[0] if times.dated else None
-    found = [None if gap < 0 else pd.tseries.frequencies.to_offset(pd.Timedelta(
-        int(gap), unit=unit)) if times.dated else int(gap) for gap in distinct.tolist()]
+    found = [None if gap < 0 else _offset(pd.Timedelta(int(gap), unit=unit)) if times.dated
+             else int(gap) for gap in distinct.tolist()]
     uneven = np.flatnonzero(gaps < 0)
     seen: dict[bytes, int] = {}
     for position in uneven.tolist():
         group = times.group(position)
         signature = group.tobytes()
         if signature not in seen:
-            step = _inferred_step(group) if times.dated else None
+            step = _inferred_step(group, times.zone) if times.dated else None
             if step is None:
                 shown = ", ".join(str(plain(t)) for t in group[-4:])
                 raise ValueError(
@@ -243,14 +259,16 @@ def future_rows(times: GroupTimes, codes: np.ndarray, found: list[Any], h: int
             if not times.dated:
                 stamps[rows] = last[rows][:, None] + step * ahead
                 continue
-            start = pd.DatetimeIndex(last[rows])
+            start = _as_index(last[rows], times.zone)  # a day is a calendar day there
             for k in ahead.tolist():
-                stamps[rows, k - 1] = (start + step * k).to_numpy().astype(stamps.dtype)
+                moved = start + step * k
+                if times.zone is not None:
+                    moved = moved.tz_convert("UTC").tz_localize(None)
+                stamps[rows, k - 1] = moved.to_numpy().astype(stamps.dtype)
     frame = times.key_frame.iloc[np.repeat(np.arange(count), h)].reset_index(drop=True)
     column = pd.Series(stamps.reshape(-1))
     if times.zone is not None:
-        column = column.dt.tz_localize(times.zone, ambiguous="NaT",
-                                       nonexistent="shift_forward")
+        column = column.dt.tz_localize("UTC").dt.tz_convert(times.zone)
     frame[times.time] = column
     return frame
 
