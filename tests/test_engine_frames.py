@@ -144,6 +144,20 @@ def test_a_rerun_reuses_through_the_workers_hashes(engine, table, tmp_path):
                      backend=engine[0], workers=2, store=store, progress=False)
     retrained = third.results.loc[~third.results["reused"], "store"].tolist()
     assert retrained == [4]
+    _results_frame_is_the_engines(third, engine[0])
+
+
+def _results_frame_is_the_engines(run, engine_name: str) -> None:
+    """run.results_frame() is the engine's own table of run.results' rows."""
+    frame = run.results_frame()
+    module = {"spark": "pyspark", "dask": "dask", "ray": "ray"}[engine_name]
+    assert type(frame).__module__.split(".")[0] == module
+    got = frame.to_pandas() if engine_name == "ray" else _collected(engine_name, frame)
+    expected = run.results
+    assert list(got.columns) == list(expected.columns)
+    pd.testing.assert_frame_equal(got.drop(columns="error"), expected.drop(columns="error"),
+                                  check_dtype=False)
+    assert got["error"].isna().tolist() == expected["error"].isna().tolist()
 
 
 def test_bad_arguments_fail_before_any_work(engine, table, tmp_path):
@@ -160,6 +174,9 @@ def test_bad_arguments_fail_before_any_work(engine, table, tmp_path):
     run = mm.train(lambda df: {"columns": ",".join(df.columns)}, source, backend="serial",
                    progress=False)
     assert set(run.results["columns"]) == {"store,x"}
+    local_frame = run.results_frame()  # a local backend's engine is this machine
+    pd.testing.assert_frame_equal(local_frame, run.results)
+    assert local_frame is not run.results
     assert Path(source._layout.directory).parent == tmp_path / "stage"
 
 
@@ -331,3 +348,4 @@ def test_ray_supervises_a_ray_datasets_groups(ray_sorts_to_shuffle, table, tmp_p
     again = mm.train(fit_linear, mm.groups(_ray_dataset(ray, changed), by="store"),
                      backend="ray", workers=2, store=store, progress=False)
     assert again.results.loc[~again.results["reused"], "store"].tolist() == [4]
+    _results_frame_is_the_engines(again, "ray")

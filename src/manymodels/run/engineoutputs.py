@@ -69,3 +69,71 @@ def as_engine_frame(result: Any, engine_frame: EngineFrame) -> Any:
 
     partitions = max(1, min(engine_frame.frame.npartitions, len(result)))
     return dd.from_pandas(result, npartitions=partitions, sort=False)
+
+
+#: The backends whose runs' results become their engine's table.
+_CLUSTER_BACKENDS = ("spark", "dask", "ray")
+
+
+def results_as_engine_frame(results: Any, backend: str, session: Any = None) -> Any:
+    """``run.results`` (already on the driver) as a table of the engine the run
+    ran on: a Spark DataFrame in ``session`` (else the active session), a Dask
+    DataFrame (on ``session``, a ``distributed.Client``, else the current
+    client, when there is one), a Ray Dataset in the Ray instance this driver
+    is connected to; on a local backend the engine is this machine, and the
+    answer a pandas DataFrame (a copy of ``results``)."""
+    if backend not in _CLUSTER_BACKENDS:
+        return results.copy()
+    if backend == "spark":
+        return _spark_frame(results, session)
+    if backend == "dask":
+        return _dask_frame(results, session)
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("results_frame: this driver is connected to no Ray instance (the "
+                           "run's own local Ray stopped at its end): call ray.init(...) "
+                           "first, or use run.results")
+    import ray.data
+
+    return ray.data.from_pandas(results)
+
+
+def _spark_frame(results: Any, session: Any) -> Any:
+    """The results as a Spark DataFrame: through Arrow, a column with no value
+    at all (``error`` in a run without failures) typed as a string."""
+    import pyarrow as pa
+
+    if session is None:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+    if session is None:
+        raise RuntimeError("results_frame: no Spark session is active (the run's own "
+                           "local session stopped at its end): pass session=spark, or "
+                           "use run.results")
+    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
+    for position, column in enumerate(table.schema):
+        if pa.types.is_null(column.type):
+            table = table.set_column(position, column.name,
+                                     table.column(position).cast(pa.string()))
+    return session.createDataFrame(table)
+
+
+def _dask_frame(results: Any, client: Any) -> Any:
+    """The results as a Dask DataFrame: its partitions scattered to the
+    cluster's workers when there is a client (so that a job on the frame does
+    not ship them from here again), else a frame of the local scheduler."""
+    import dask.dataframe as dd
+
+    if client is None:
+        try:
+            from distributed import default_client
+
+            client = default_client()
+        except (ImportError, ValueError):
+            client = None
+    partitions = max(1, min(len(results), 8 if client is None else
+                            len(client.scheduler_info().get("workers", {})) or 1))
+    frame = dd.from_pandas(results, npartitions=partitions, sort=False)
+    return frame if client is None else client.persist(frame)

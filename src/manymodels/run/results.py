@@ -210,6 +210,18 @@ class Run:
         each with its error (the traceback, or what killed the worker)."""
         return self.results[self.results["status"].isin(FAILURE_STATUSES)]
 
+    def results_frame(self, session: Any = None) -> Any:
+        """:attr:`results` as the engine's own table, for a job that writes it
+        on from the engine's executors: a Spark DataFrame for a run on
+        ``backend="spark"`` (in ``session``, else the active session), a Dask
+        DataFrame for ``"dask"`` (persisted on ``session``, a client, else the
+        current one), a Ray Dataset for ``"ray"``, and a pandas DataFrame (a
+        copy of ``results``) for the local backends. These are the small
+        per-task rows the driver holds already: nothing more is collected."""
+        from .engineoutputs import results_as_engine_frame
+
+        return results_as_engine_frame(self.results, self.backend, session)
+
     @cached_property
     def models(self) -> ModelMap:
         """Key -> model of every task that succeeded and returned a model (a fit
