@@ -176,6 +176,8 @@ def test_refusals_name_what_is_wrong(tmp_path):
                                             & (X_future["date"] == "2024-03-24"))])
     with pytest.raises(ValueError, match="column 'date' is not in X_future"):
         run.forecast(4, X_future=X_future.drop(columns="date"))
+    with pytest.raises(ValueError, match=r"X_future's key and time columns \['store', 'date'\]"):
+        run.forecast(4, X_future=X_future.astype({"store": str}))
     with pytest.raises(ValueError, match="more than one row"):
         run.forecast(4, X_future=pd.concat([X_future, X_future.iloc[:1]]))
     with pytest.raises(ValueError, match="h must be a positive whole number"):

@@ -294,8 +294,11 @@ def with_features(future: pd.DataFrame, X_future: Any, by: list[str], time: str
         where = {c: plain(row[c]) for c in [*by, time]}
         raise ValueError(f"X_future has more than one row for {where}")
     features = [c for c in table.columns if c not in {*by, time}]
-    joined = future.merge(table, on=[*by, time], how="left", indicator="_found",
-                          validate="one_to_one")
+    try:
+        joined = future.merge(table, on=[*by, time], how="left", indicator="_found")
+    except (TypeError, ValueError) as exc:  # a key typed otherwise: 1 against "1"
+        raise ValueError(f"X_future's key and time columns {[*by, time]} cannot be matched "
+                         f"with the groups' ({exc})") from None
     absent = joined["_found"].to_numpy() == "left_only"
     if absent.any():
         row = joined[absent].iloc[0]
