@@ -71,9 +71,9 @@ def serve(
     typer.echo(f"manymodels serve {store}: http://{host}:{port}/v1/predict "
                f"(run {application.state.served.catalog.run_id}; Ctrl-C stops it)")
     if workers == 1:
-        uvicorn.run(application, host=host, port=port, log_level="warning")
+        uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
         return
     application.state.served.store.close()
     os.environ[CONFIG_VARIABLE] = json.dumps({"store": str(store), **options})
     uvicorn.run("manymodels.serve.app:app_from_environment", factory=True, host=host,
-                port=port, workers=workers, log_level="warning")
+                port=port, workers=workers, log_level="warning", access_log=False)

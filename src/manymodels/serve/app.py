@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -25,12 +26,10 @@ from starlette.routing import Route
 from ..store import StoreIntegrityError
 from . import requests as bodies
 from .catalog import key_parts
+from .fastpath import PredictFirst
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
 
-#: Requests of fewer rows are answered on the event loop (a hop to a thread
-#: costs more than they do); larger ones in a thread, the loop left free.
-_INLINE_BELOW = 64
 MAX_BODY = 64 << 20
 
 
@@ -92,21 +91,13 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "run_id": served.catalog.run_id})
 
-    async def predict(request: Request) -> Response:
-        body = await _body(request, limit)
-        arrow = request.headers.get("content-type", "").startswith(bodies.ARROW)
+    def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
         catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
-
-        def answer() -> Response:
-            columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body)
-            result = predict_rows(catalog, served.cache, served.store, columns, n)
-            if arrow:
-                return Response(bodies.arrow_answer(result), media_type=bodies.ARROW)
-            return Response(bodies.json_answer(result), media_type="application/json")
-
-        if not arrow and len(body) < _INLINE_BELOW * 200:
-            return answer()
-        return await run_in_threadpool(answer)
+        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body)
+        result = predict_rows(catalog, served.cache, served.store, columns, n)
+        if arrow:
+            return bodies.arrow_answer(result), bodies.ARROW
+        return bodies.json_answer(result), "application/json"
 
     async def model(request: Request) -> Response:
         catalog = served.catalog
@@ -131,11 +122,11 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
                                  media_type="text/plain; version=0.0.4")
 
     routes = [Route("/healthz", timed("/healthz", healthz), methods=["GET"]),
-              Route("/v1/predict", timed("/v1/predict", predict), methods=["POST"]),
               Route("/v1/models/{key:path}", timed("/v1/models", model), methods=["GET"]),
               Route("/v1/reload", timed("/v1/reload", reload), methods=["POST"]),
               Route("/metrics", timed("/metrics", metrics), methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    fast = Middleware(PredictFirst, served=served, token=token, limit=limit, answer=answer)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[fast])
     app.state.served = served
     return app
 
@@ -144,22 +135,6 @@ def _authorized(request: Request, token: str) -> bool:
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
                                                               token.encode())
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body, refused (413) once it passes ``limit`` bytes, by
-    its Content-Length or as it streams in."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of "
-                                f"{limit} (--max-body)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body)")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 #: The environment variable ``manymodels serve --workers`` hands its options in.

@@ -54,9 +54,10 @@ class KeyTable(Mapping):
                 keys, artifacts = keys.filter(keep), artifacts.filter(keep)
         self._keys = pa.array(keys, pa.large_string())  # one buffer, 64-bit offsets
         self._artifacts = artifacts
-        offsets = self._keys.buffers()[1]
-        self._starts = np.frombuffer(offsets, dtype=np.int64,
-                                     count=len(self._keys) + 1, offset=self._keys.offset * 8)
+        offsets = np.frombuffer(self._keys.buffers()[1], dtype=np.int64,
+                                count=len(self._keys) + 1, offset=self._keys.offset * 8)
+        # a memoryview's items are Python ints: a tenth of a NumPy scalar's cost to index with
+        self._starts = memoryview(np.ascontiguousarray(offsets)).cast("B").cast("q")
         data = self._keys.buffers()[2]
         self._data = bytes(data) if data is not None else b""
         self._typed: TypedKeys | None = None

@@ -12,20 +12,24 @@ from typing import Any
 
 #: Latency buckets, in seconds (the histogram's ``le``).
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+#: A cold load's buckets: a small packed model loads in tens of microseconds.
+LOAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
+                1.0, 10.0)
 
 
 class _Histogram:
-    def __init__(self) -> None:
-        self.counts = [0] * (len(BUCKETS) + 1)
+    def __init__(self, buckets: tuple[float, ...] = BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
         self.total += seconds
 
     def lines(self, name: str, labels: str) -> list[str]:
         out, running = [], 0
-        for bound, count in zip((*map(str, BUCKETS), "+Inf"), self.counts):
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts):
             running += count
             out.append(f'{name}_bucket{{{labels}{"," if labels else ""}le="{bound}"}} '
                        f"{running}")
@@ -42,7 +46,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.latency: dict[str, _Histogram] = defaultdict(_Histogram)
-        self.loads = _Histogram()
+        self.loads = _Histogram(LOAD_BUCKETS)
         self.reloads = self.reload_errors = 0
 
     def request(self, route: str, status: int, seconds: float) -> None:
@@ -92,6 +96,8 @@ class Metrics:
                      cache["bytes"]),
                     ("models_served", "gauge", "Groups with a model in the run served.",
                      catalog.models),
+                    ("catalog_bytes", "gauge", "Bytes of the catalog of group key -> model.",
+                     catalog.keys.nbytes if catalog.keys is not None else 0),
                     ("run_id", "gauge", "The run served (the latest that has ended, or --run).",
                      catalog.run_id),
                     ("reloads_total", "counter", "Times a new state of the store was served.",

@@ -99,6 +99,7 @@ class ServedStore:
                           previous.run_id, exc)
                 return False
             self.catalog, self._version = catalog, version
+            self.cache.forget_templates()
             self.metrics.reloads += 1
         log.info("reloaded %s: serving run %d (was run %d), %d group model(s)%s",
                  self.store.path, catalog.run_id, previous.run_id, catalog.models,
