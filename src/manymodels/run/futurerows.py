@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 #: How many of a group's last distinct times its frequency is inferred from:
 #: enough for ``infer_freq`` to tell business days or month ends, few enough
@@ -74,66 +76,86 @@ def plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _time_values(frame: pd.DataFrame, time: str, what: str) -> bool:
-    """Make ``frame[time]`` datetimes or whole numbers (text dates are
-    parsed); True for datetimes."""
-    column = frame[time]
-    if pd.api.types.is_datetime64_any_dtype(column):
-        return True
-    if pd.api.types.is_integer_dtype(column) and not pd.api.types.is_bool_dtype(column):
-        return False
-    if pd.api.types.is_object_dtype(column) or pd.api.types.is_string_dtype(column):
+def _arrow_times(table: pa.Table, time: str, what: str) -> tuple[pa.Table, bool]:
+    """``table`` with its time column as Arrow timestamps or whole numbers
+    (dates and text dates converted); True for timestamps."""
+    column = table[time]
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        return table, True
+    if pa.types.is_integer(kind):
+        return table, False
+    if pa.types.is_date(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
         try:
-            frame[time] = pd.to_datetime(column)
-            return True
+            parsed = pd.to_datetime(column.to_pandas())
         except (ValueError, TypeError):
-            pass
-    raise ValueError(f"the time column {time!r} of {what} holds {column.dtype} values: "
+            parsed = None
+        if parsed is not None:
+            index = table.schema.get_field_index(time)
+            return table.set_column(index, time, pa.array(parsed)), True
+    raise ValueError(f"the time column {time!r} of {what} holds {kind} values: "
                      "forecast needs datetimes or whole numbers")
 
 
-def group_times(frame: pd.DataFrame, by: list[str], time: str, what: str) -> GroupTimes:
-    """Each group's last distinct times, from a frame of key and time columns:
-    one sort, then NumPy (no Python step per group)."""
-    frame = frame[[*by, time]].copy()
-    dated = _time_values(frame, time, what)
-    frame = frame.dropna(subset=[time])
-    if frame.empty:
-        raise ValueError(f"{what} has no rows with a {time!r} time")
-    frame = frame.drop_duplicates().sort_values([*by, time], kind="stable")
-    zone = frame[time].dt.tz if dated else None
-    values = (frame[time].dt.tz_convert("UTC").dt.tz_localize(None) if zone is not None
-              else frame[time]).to_numpy()
-    if not dated:
-        values = values.astype(np.int64)
-    changed = np.zeros(len(frame), dtype=bool)
+def _key_changes(table: pa.Table, by: list[str]) -> np.ndarray:
+    """Per row of a table sorted by ``by``: whether its key differs from the
+    row before (True for the first), in Arrow (text keys never become
+    Python strings)."""
+    changed = np.zeros(table.num_rows, dtype=bool)
     changed[0] = True
     for name in by:
-        keys = frame[name].to_numpy()
-        changed[1:] |= keys[1:] != keys[:-1]
+        column = table[name]
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        before, after = column[:-1], column[1:]
+        differs = pc.or_(pc.fill_null(pc.not_equal(after, before), False),
+                         pc.xor(pc.is_null(after), pc.is_null(before)))
+        changed[1:] |= differs.to_numpy(zero_copy_only=False)
+    return changed
+
+
+def group_times(table: pa.Table, by: list[str], time: str, what: str) -> GroupTimes:
+    """Each group's last distinct times, from a table of key and time
+    columns: one sort in Arrow, then NumPy (no Python step per group)."""
+    from ..inputs.tables import exact_pandas
+
+    table, dated = _arrow_times(table.select([*by, time]), time, what)
+    table = table.filter(pc.is_valid(table[time]))
+    if table.num_rows == 0:
+        raise ValueError(f"{what} has no rows with a {time!r} time")
+    table = table.sort_by([(name, "ascending") for name in [*by, time]])
+    zone = table[time].type.tz if dated else None
+    values = table[time].to_numpy()  # a time zone's: UTC instants
+    changed = _key_changes(table, by)
+    repeated = np.zeros(len(values), dtype=bool)  # the same key and time as the row before
+    repeated[1:] = ~changed[1:] & (values[1:] == values[:-1])
+    if repeated.any():
+        kept = ~repeated
+        table, values, changed = table.filter(pa.array(kept)), values[kept], changed[kept]
     starts = np.flatnonzero(changed)
-    ends = np.append(starts[1:], len(frame))
+    ends = np.append(starts[1:], len(values))
     owner = np.cumsum(changed) - 1
-    tail = ends[owner] - np.arange(len(frame)) <= INFER_FROM
+    tail = ends[owner] - np.arange(len(values)) <= INFER_FROM
     lengths = np.minimum(ends - starts, INFER_FROM)
-    return GroupTimes(by, time, frame.iloc[starts][by].reset_index(drop=True), values[tail],
-                      lengths, dated, zone)
+    keys = exact_pandas(table.select(by).take(pa.array(starts)))
+    return GroupTimes(by, time, keys, values[tail], lengths, dated, zone)
 
 
 def last_times_of_table(table: Any, by: list[str], time: str, what: str) -> GroupTimes:
     """:func:`group_times` of a table or path (``history=``, the run's own)."""
-    from ..inputs.tables import exact_pandas, read_table
+    from ..inputs.tables import read_table
 
     if isinstance(table, pd.DataFrame):
         missing = [c for c in [*by, time] if c not in table.columns]
         if missing:
             raise ValueError(f"column {missing[0]!r} is not in {what}")
-        return group_times(table, by, time, what)
-    try:
-        frame = exact_pandas(read_table(table, columns=[*by, time]))
-    except KeyError as exc:
-        raise ValueError(f"{what}: {exc.args[0] if exc.args else exc}") from None
-    return group_times(frame, by, time, what)
+        table = pa.Table.from_pandas(table[[*by, time]], preserve_index=False)
+    else:
+        try:
+            table = read_table(table, columns=[*by, time])
+        except KeyError as exc:
+            raise ValueError(f"{what}: {exc.args[0] if exc.args else exc}") from None
+    return group_times(table, by, time, what)
 
 
 def last_times_of_backtest(forecasts: pd.DataFrame, by: list[str], time: str,
@@ -145,8 +167,8 @@ def last_times_of_backtest(forecasts: pd.DataFrame, by: list[str], time: str,
             f"run {run_id} kept no backtest forecasts to find each group's last time in: "
             "pass history= (a table with the key columns and the time column, such as the "
             "one trained on)")
-    return group_times(forecasts.rename(columns={"time": time}), by, time,
-                       f"run {run_id}'s backtest forecasts")
+    return last_times_of_table(forecasts.rename(columns={"time": time}), by, time,
+                               f"run {run_id}'s backtest forecasts")
 
 
 def _as_index(times: np.ndarray, zone: Any) -> pd.DatetimeIndex:
