@@ -232,3 +232,105 @@ def test_a_file_that_changes_before_the_sort_is_named_and_nothing_is_left(tmp_pa
     with pytest.raises(ValueError, match="part-1.parquet' changed while it was read"):
         mm.train(count_rows, source, backend="serial", progress=False)
     assert list((tmp_path / "stage").iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """An S3 API server on loopback (moto's server mode), found by the
+    driver and by every worker through the AWS SDK's own variables; yields a
+    pyarrow filesystem on it with an empty bucket named "bucket"."""
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from pyarrow import fs
+
+    from manymodels.inputs import objectstores
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
+                            "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+            env.setenv(name, value)
+        objectstores._filesystem.cache_clear()  # one made for another endpoint
+        boto3.client("s3").create_bucket(Bucket="bucket")
+        yield fs.S3FileSystem(endpoint_override=f"http://{host}:{port}", region="us-east-1")
+        objectstores._filesystem.cache_clear()
+    server.stop()
+
+
+def _write_both(s3, tmp_path, prefix: str, parts: dict[str, pd.DataFrame]) -> str:
+    """The same files on the object store and in a local folder (for an eager
+    read to compare with); the location of the first."""
+    for name, chunk in parts.items():
+        table = pa.Table.from_pandas(chunk, preserve_index=False)
+        pq.write_table(table, f"bucket/{prefix}/{name}", filesystem=s3)
+        (tmp_path / prefix / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, tmp_path / prefix / name)
+    return f"s3://bucket/{prefix}"
+
+
+_UNTIMED = ["worker", "duration_s", "started_s", "attempts"]
+
+
+def test_unsorted_parquet_on_an_object_store_is_sorted_once_and_read(s3, tmp_path, sales):
+    """Every object holds rows of every store, under name=value folders: the
+    driver lists the objects and reads their key columns, the rows are sorted
+    once (an object at a time) into staging=, and fit gets what an eager read
+    of the same files gives, folder columns included."""
+    parts = {f"region={'north' if i < 2 else 'south'}/part-{i}.parquet": chunk
+             for i, (_, chunk) in enumerate(sales.groupby(sales.index % 3))}
+    location = _write_both(s3, tmp_path, "unsorted", parts)
+    source = mm.groups(location, by=["store", "item"], read_on_workers=True,
+                       staging=tmp_path / "stage")
+    assert source.reader.files[0] == f"{location}/region=north/part-0.parquet"
+    lazy = mm.train(describe, source, backend="processes", workers=2, progress=False)
+    eager = mm.train(describe, mm.groups(tmp_path / "unsorted", by=["store", "item"]),
+                     backend="serial", progress=False)
+    assert lazy.failed.empty and len(lazy.results) == 60
+    pd.testing.assert_frame_equal(lazy.results.drop(columns=_UNTIMED),
+                                  eager.results.drop(columns=_UNTIMED))
+    assert source._sorted_groups is not None  # sorted once, not scanned per batch
+    regions = mm.train(lambda df: {"regions": ",".join(sorted(set(df["region"])))},
+                       mm.groups(location, by="store", read_on_workers=True),
+                       backend="serial", progress=False)
+    assert set(regions.results["regions"]) == {"north,south"}
+
+
+def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_changes(
+        s3, tmp_path, sales):
+    """Objects written group by group are scanned by the workers (nothing
+    staged); a re-run reuses every model, and rewriting one object retrains
+    its groups only. A location that names nothing is refused by name."""
+    ordered = sales.sort_values(["store", "item"], kind="stable")
+    chunks = np.array_split(ordered["store"].unique(), 3)
+    parts = {f"part-{i}.parquet": ordered[ordered["store"].isin(stores)]
+             for i, stores in enumerate(chunks)}
+    location = _write_both(s3, tmp_path, "ordered", parts)
+    store = tmp_path / "store"
+    first = mm.train(fit_rows, mm.groups(location, by="store", read_on_workers=True,
+                                         staging=tmp_path / "stage"),
+                     backend="processes", workers=2, store=store, progress=False)
+    eager = mm.train(fit_rows, mm.groups(tmp_path / "ordered", by="store"),
+                     backend="serial", progress=False)
+    pd.testing.assert_frame_equal(first.results.drop(columns=[*_UNTIMED, "reused"]),
+                                  eager.results.drop(columns=[*_UNTIMED, "reused"]))
+    assert not (tmp_path / "stage").exists()
+    again = mm.train(fit_rows, mm.groups(location, by="store", read_on_workers=True),
+                     backend="processes", workers=2, store=store, progress=False)
+    assert again.results["reused"].all()
+    grown = pd.concat([parts["part-1.parquet"], parts["part-1.parquet"].head(3)])
+    pq.write_table(pa.Table.from_pandas(grown, preserve_index=False),
+                   "bucket/ordered/part-1.parquet", filesystem=s3)
+    third = mm.train(fit_rows, mm.groups(location, by="store", read_on_workers=True),
+                     backend="processes", workers=2, store=store, progress=False)
+    retrained = third.results.loc[~third.results["reused"], "store"].tolist()
+    assert retrained == sorted(chunks[1])
+    assert third.results.set_index("store").loc[grown["store"].iloc[0], "rows"] > 5 * 30 - 1
+    with pytest.raises(ValueError, match="'s3://bucket/nothing' does not exist"):
+        mm.groups("s3://bucket/nothing", by="store", read_on_workers=True)
+
+
+def fit_rows(df):
+    return {"rows": len(df), "sum_y": float(df["y"].sum())}

@@ -5,16 +5,28 @@ groups; each batch's worker reads its own groups' rows with one filtered
 scan of the files that hold them (:class:`ParquetGroups`). The files' schemas
 unify as an eager read of the directory unifies them (:mod:`.tables`), and
 Hive-style partition folders are columns here too (:mod:`.partitions`).
+The files may be on an object store (``s3://``, ``gs://``, ``abfs://``):
+:mod:`.objectstores` lists and resolves them, on the driver and on the
+workers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from .objectstores import (
+    is_remote,
+    object_versions,
+    parquet_objects,
+    resolve,
+    resolve_all,
+    without_query,
+)
 from .partitions import partition_table, partitioning
 from .tables import (
     PARQUET_SUFFIXES,
@@ -30,10 +42,18 @@ from .tables import (
 
 def parquet_files(table: Any) -> list[str]:
     """The Parquet files behind ``table``, a path to a Parquet file or to a
-    directory of them, in the order :func:`read_table` reads them."""
+    directory of them (or an object store's URI of either), in the order
+    :func:`read_table` reads them."""
     if not isinstance(table, (str, Path)):
         raise TypeError("read_on_workers=True needs the path of a Parquet file or directory, "
                         f"got {type(table).__name__}")
+    if is_remote(table):
+        objects = parquet_objects(table, PARQUET_SUFFIXES)
+        for uri in objects:
+            if Path(without_query(uri)).suffix.lower() not in PARQUET_SUFFIXES:
+                raise ValueError(f"read_on_workers=True reads Parquet only; {uri!r} is not "
+                                 "a .parquet object")
+        return objects
     path = Path(table)
     if not path.exists():
         raise ValueError(f"table path {str(path)!r} does not exist")
@@ -47,6 +67,17 @@ def parquet_files(table: Any) -> list[str]:
     return [str(file.absolute()) for file in files]  # fit may change the directory
 
 
+def parquet_root(table: str | Path) -> str | None:
+    """The directory (or object-store prefix) ``table`` names, whose
+    ``name=value`` folders are columns; None where it names one file."""
+    if is_remote(table):
+        from pyarrow import fs
+
+        filesystem, path = resolve(table)
+        return table if filesystem.get_file_info(path).type == fs.FileType.Directory else None
+    return str(Path(table).absolute()) if Path(table).is_dir() else None
+
+
 def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = None,
               schema: pa.Schema | None = None, use_threads: bool = True,
               partitions: pa.Table | None = None, root: str | None = None) -> pa.Table:
@@ -56,8 +87,12 @@ def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = 
     names of their folders under ``root``."""
     import pyarrow.dataset as ds
 
+    filesystem = None
+    if is_remote(files[0]):
+        filesystem, files = resolve_all(files)
+        root = None if root is None else resolve(root)[1]
     try:
-        dataset = ds.dataset(files, format="parquet", schema=schema,
+        dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem,
                              partitioning=partitioning(partitions),
                              partition_base_dir=root if partitions is not None else None)
         return dataset.to_table(columns=columns, filter=filter, use_threads=use_threads)
@@ -91,11 +126,11 @@ class ParquetGroups:
         folders are columns, :mod:`manymodels.inputs.partitions`)."""
         import pyarrow.parquet as pq
 
-        partitions = None if root is None else partition_table(Path(root), [
-            Path(f) for f in files])
-
+        partitions = None if root is None else partition_table(
+            Path(without_query(root)), [Path(without_query(f)) for f in files])
+        filesystem, paths = resolve_all(files) if is_remote(files[0]) else (None, files)
         try:
-            schemas = [pq.read_schema(f) for f in files]
+            schemas = [pq.read_schema(f, filesystem=filesystem) for f in paths]
         except (OSError, pa.ArrowException) as exc:
             raise ValueError(f"cannot read the schema of the Parquet files under "
                              f"{files[0]!r}...: {exc}") from exc
@@ -127,6 +162,14 @@ class ParquetGroups:
         return (cls(files, by, schema, tuple(order_by or ()),
                     None if columns is None else tuple(columns), partitions, root),
                 pa.concat_tables(parts))
+
+    def file_identities(self, content_hash: Callable[[str], str]) -> list[str]:
+        """Each file's identity: ``content_hash`` of a local file; of an
+        object, its URI, size and modification time (no byte read here, see
+        :mod:`.objectstores`)."""
+        if self.files and is_remote(self.files[0]):
+            return object_versions(self.files)
+        return [content_hash(path) for path in self.files]
 
     def read(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> dict[tuple, pa.Table]:
         """Key -> that group's rows, in file and row order (as an eager read

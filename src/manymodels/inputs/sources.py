@@ -14,14 +14,14 @@ The planner (:mod:`manymodels.planning.plan`) turns a source into tasks.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .engineframes import EngineFrame, engine_of
-from .parquetgroups import ParquetGroups, parquet_files
+from .parquetgroups import ParquetGroups, parquet_files, parquet_root
 from .tables import is_pandas_frame, named_twice, read_table
 
 #: How ``fit`` may receive a group's rows.
@@ -157,7 +157,7 @@ class GroupSource(Source):
                              "each row's file number: rename it, or read on the driver")
         self.reader, self.table = ParquetGroups.plan(
             parquet_files(table), by_columns, order_columns, wanted,
-            root=str(Path(table).absolute()) if Path(table).is_dir() else None)
+            root=parquet_root(table))
         for name in by_columns:
             column = self.table.column(name)
             nan = pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py()

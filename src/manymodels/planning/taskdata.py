@@ -269,7 +269,7 @@ class ParquetReads(TaskData):
         when given, the columns read and the order of its rows)."""
         from ..identity.hashing import digest, file_hash
 
-        file_hashes = [file_hash(path) for path in self.reader.files]
+        file_hashes = self.reader.file_identities(file_hash)
         reader = self.reader
         how = ([f"order_by={list(reader.order_by)}"] if reader.order_by else []) + (
             [f"columns={list(reader.columns)}"] if reader.columns is not None else [])

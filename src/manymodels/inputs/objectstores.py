@@ -1,0 +1,105 @@
+"""Parquet files on an object store (``s3://``, ``gs://``, ``abfs://``, ...)
+that ``read_on_workers=True`` reads on the workers.
+
+A location is a URI that pyarrow's filesystems understand
+(``pyarrow.fs.FileSystem.from_uri``), with its options, if any, in the query
+(``s3://bucket/sales?region=eu-west-1``); credentials and endpoints come
+from where the filesystem's SDK looks for them (``AWS_ACCESS_KEY_ID``,
+``AWS_ENDPOINT_URL``, an instance role, ...), on the driver and on every
+worker alike. Each file is named by its own URI: the location's text, then
+the file's path under it, then the location's query, so that a worker
+resolves it with nothing but the text. A process makes one filesystem per
+bucket (or container) and keeps it: a batch does not pay for the SDK's set-up
+or a region lookup again.
+
+An object's identity is its URI, size and modification time, not a hash of
+its bytes: hashing would read the whole data set on the driver, which is
+what reading on the workers avoids. An object rewritten with the same size
+within the store's clock resolution (a second on S3) is not seen as changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+#: A URI of a filesystem other than this machine's (``file://`` is a local path).
+_REMOTE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` is an object store's (or any non-local filesystem's) URI."""
+    return isinstance(path, str) and _REMOTE.match(path) is not None
+
+
+def without_query(uri: str) -> str:
+    """The URI without its options (``?region=...``)."""
+    return uri.split("?", 1)[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem(scheme: str, netloc: str, query: str) -> tuple[Any, str]:
+    """The filesystem of a bucket (``netloc``) and the bucket's own path in it."""
+    from pyarrow import fs
+
+    return fs.FileSystem.from_uri(f"{scheme}://{netloc}" + (f"?{query}" if query else ""))
+
+
+def resolve(uri: str) -> tuple[Any, str]:
+    """The pyarrow filesystem of ``uri`` and the object's path in it."""
+    parts = urlsplit(uri)
+    filesystem, base = _filesystem(parts.scheme, parts.netloc, parts.query)
+    return filesystem, base.rstrip("/") + parts.path.rstrip("/")
+
+
+def resolve_all(uris: list[str]) -> tuple[Any, list[str]]:
+    """One filesystem for ``uris`` (all under one location) and their paths in it."""
+    filesystem = resolve(uris[0])[0]
+    return filesystem, [resolve(uri)[1] for uri in uris]
+
+
+def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
+    """The URIs of the Parquet objects at ``location``: the object itself, or
+    those under it (in key order, as a local directory's files are read);
+    a location that names nothing is refused by name."""
+    from pyarrow import fs
+
+    filesystem, path = resolve(location)
+    try:
+        info = filesystem.get_file_info(path)
+        if info.type == fs.FileType.File:
+            return [location]
+        if info.type == fs.FileType.NotFound:
+            raise ValueError(f"table path {location!r} does not exist")
+        found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
+    except OSError as exc:
+        raise ValueError(f"cannot list {location!r}: {exc}") from exc
+    base, _, query = location.partition("?")
+    files = []
+    for entry in sorted(found, key=lambda entry: entry.path):
+        relative = entry.path[len(path):].lstrip("/")
+        if entry.type == fs.FileType.File and any(
+                relative.lower().endswith(suffix) for suffix in suffixes):
+            files.append(f"{base.rstrip('/')}/{relative}" + (f"?{query}" if query else ""))
+    if not files:
+        raise ValueError(f"{location!r} holds no .parquet objects")
+    return files
+
+
+def object_versions(uris: list[str]) -> list[str]:
+    """Each object's identity: its URI, size and modification time (see the
+    module docstring); one listing call per object, no byte read."""
+    filesystem, paths = resolve_all(uris)
+    try:
+        infos = filesystem.get_file_info(paths)
+    except OSError as exc:
+        raise ValueError(f"cannot read the Parquet objects {uris[:3]}...: {exc}") from exc
+    versions = []
+    for uri, info in zip(uris, infos):
+        if info.size is None:
+            raise ValueError(f"the Parquet object {uri!r} is gone")
+        modified = info.mtime_ns if info.mtime_ns is not None else -1
+        versions.append(f"object:{without_query(uri)}:{info.size}:{modified}")
+    return versions
