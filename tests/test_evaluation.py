@@ -589,3 +589,37 @@ def test_halving_with_eta_1_is_the_full_evaluation_keeping_only_the_winner(tmp_p
         assert best.loc[sku, "rmse"] == pytest.approx(full.loc[sku, "rmse"], rel=1e-12)
     with pytest.raises(ValueError, match="eta >= 1"):
         mm.halving("rmse", eta=0)
+
+
+def test_halving_keep_all_stores_every_candidates_model_and_predicts_as_the_winner(tmp_path):
+    frame = daily(groups=3, days=40, seed=6)
+    splitter = mm.backtest("date", horizon=5, windows=3, target="sales", features=["x"])
+    alphas = [0.01, 10.0, 1e4]
+    source = mm.groups(frame, by="sku") * mm.grid(model=[Ridge(alpha=a) for a in alphas])
+    full = mm.train(fit_candidate, source, backend="serial", progress=False,
+                    evaluate=splitter, select="rmse")
+    per_candidate = full.results.set_index(["sku", full.results["model"].map(
+        lambda m: m.alpha)])["rmse"]
+    kept = mm.train(fit_candidate, source, workers=2, progress=False, evaluate=splitter,
+                    select=mm.halving("rmse", eta=1, keep="all"), store=tmp_path / "s")
+    store = mm.Store(tmp_path / "s")
+    for sku, rows in frame.groupby("sku"):
+        candidates = store.load((sku,))
+        assert [s["model"].alpha for s in candidates.settings] == alphas
+        for setting, model in zip(candidates.settings, candidates.models):  # on all rows
+            alone = clone(setting["model"]).fit(rows[["x"]], rows["sales"])
+            np.testing.assert_allclose(model.coef_, alone.coef_, rtol=1e-12)
+        assert candidates.model(model=candidates.settings[1]["model"]) is candidates.models[1]
+        scores = [per_candidate[(sku, a)] for a in alphas]
+        np.testing.assert_allclose(candidates.scores, scores, rtol=1e-12)
+        assert candidates.winner == int(np.argmin(scores))
+        assert kept.results.set_index("sku").loc[sku, "best_model"].alpha == \
+            alphas[candidates.winner]
+    new_rows = frame.groupby("sku").tail(3)
+    got = store.predict(new_rows, by="sku", backend="serial")
+    best = mm.Store(tmp_path / "s").load(("s0",)).best
+    mine = new_rows["sku"] == "s0"
+    np.testing.assert_allclose(np.asarray(got)[mine.to_numpy()],
+                               best.predict(new_rows.loc[mine, ["x"]]), rtol=1e-12)
+    with pytest.raises(ValueError, match="keep must be 'best'.*got 'every'"):
+        mm.halving("rmse", keep="every")

@@ -102,9 +102,18 @@ class Halving:
 
     selection: Selection
     eta: int = 3
+    keep: str = "best"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # keep="best" pickles as before the option was added: a task's
+        # identity (which pickles this) stays what earlier runs stored
+        state = dict(self.__dict__)
+        if state.get("keep") == "best":
+            del state["keep"]
+        return state
 
 
-def halving(metric: str | tuple[str, str], eta: int = 3) -> Halving:
+def halving(metric: str | tuple[str, str], eta: int = 3, keep: str = "best") -> Halving:
     """Successive halving of each group's candidates over the evaluation's
     windows: every candidate is scored on the first window, the best
     ``1/eta`` (by their mean so far) go on to the next, and so on; the
@@ -116,10 +125,18 @@ def halving(metric: str | tuple[str, str], eta: int = 3) -> Halving:
     ``eta=1`` drops no candidate early: every candidate is scored on every
     window, as ``select="rmse"`` does, but in one task per group on the same
     windows, and only the winner is fitted on all rows and stored (not one
-    model per candidate)."""
+    model per candidate).
+
+    ``keep="all"`` keeps every candidate's model, each fitted on all rows:
+    the task's model is then a
+    :class:`~manymodels.evaluation.candidates.Candidates`, which predicts as
+    its winner and holds every candidate's model, setting and mean score."""
     if isinstance(eta, bool) or not isinstance(eta, int) or eta < 1:
         raise ValueError(f"halving needs eta >= 1, got {eta!r}")
-    return Halving(Selection.parse(metric, example="mm.halving(({!r}, 'max'))"), eta)
+    if keep not in ("best", "all"):
+        raise ValueError(f"halving's keep must be 'best' (the winner's model) or 'all' "
+                         f"(every candidate's), got {keep!r}")
+    return Halving(Selection.parse(metric, example="mm.halving(({!r}, 'max'))"), eta, keep)
 
 
 class HalvingSearch:
@@ -163,7 +180,10 @@ class HalvingSearch:
             keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
             alive = sorted(alive, key=lambda i: self._rank(records[i]))[:keep]  # stable
         winner = alive[0]
-        model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
+        if self.halving.keep == "all":
+            model, fit_metrics = self._fit_all(rows, shared, records, failed, winner)
+        else:
+            model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
         metrics: dict[str, Any] = {**fit_metrics, **mean_scores(records[winner])}
         if skipped is not None:
             metrics.update(skipped_metrics(splitter, skipped))
@@ -175,6 +195,28 @@ class HalvingSearch:
             metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
         metrics[WINDOWS] = records[winner]
         return model, metrics
+
+    def _fit_all(self, rows: Any, shared: dict[str, Any], records: dict[int, list],
+                 failed: dict[int, str], winner: int) -> tuple[Any, dict[str, Any]]:
+        """``keep="all"``: every candidate that did not raise fitted on all
+        rows, as one :class:`~.candidates.Candidates`; the winner's fit metrics."""
+        from ..engine.execution import split_result
+        from .candidates import Candidates
+
+        models: list[Any] = []
+        fit_metrics: dict[str, Any] = {}
+        for i, setting in enumerate(self.settings):
+            if i in failed:
+                models.append(None)
+                continue
+            model, own = split_result(self.fit(rows, **setting, **shared))
+            models.append(model)
+            if i == winner:
+                fit_metrics = own
+        metric = self.halving.selection.metric
+        scores = [float(np.mean([r.get(metric, np.nan) for r in records[i]]))
+                  if records[i] else float("nan") for i in range(len(self.settings))]
+        return Candidates(self.settings, models, scores, winner, metric), fit_metrics
 
     def _rank(self, records: list[dict[str, Any]]) -> float:
         """A candidate's mean score so far, lower better (NaN last)."""
