@@ -243,6 +243,8 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     routed = predict_groups(store, future, by, artifacts, None, features=None,
                             method="predict", fn=HorizonForecast(by, time, features),
                             backend=backend, workers=workers, progress=progress)
+    if routed.values is None:  # the models were found here, but not by the engine's lookup
+        raise ValueError(f"no group's model could be loaded from store {str(store.path)!r}")
     frame = future[[*by, time]].reset_index(drop=True)
     yhat = pd.Series(list(routed.values) if routed.values.ndim > 1 else routed.values)
     try:
