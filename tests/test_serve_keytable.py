@@ -67,3 +67,12 @@ def test_unicode_keys_sort_and_are_found_by_their_utf8_bytes():
     for word in words:
         assert table.find((word,)) == f"m-{word}"
     assert table.find(("b",)) is None
+
+
+def test_artifacts_are_given_back_exactly_as_written_packed_bare_or_otherwise():
+    digest = "ab" * 32
+    given = [f"{digest}@3/0/151", digest, f"{digest}@12/9000001/40", f"{digest}@1/007/40",
+             f"{digest.upper()}@1/7/40", f"{digest}@1/7", "not-a-digest", f"{digest}@-1/2/3"]
+    table = KeyTable(pa.array([f"[{i}]" for i in range(len(given))]), pa.array(given))
+    assert [table.find((i,)) for i in range(len(given))] == given
+    assert len(table._artifacts.other) == 5  # the last five, kept as their text

@@ -17,6 +17,7 @@ columns) a ``TypedKeys`` is built once, on the first such miss.
 
 from __future__ import annotations
 
+import binascii
 import itertools
 import threading
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..inputs.keys import TypedKeys, _typings, encode_key, typed_otherwise
+from ..inputs.tables import string_offsets
+from ..store import packs
 
 #: Readings of a missed key looked up one by one before a TypedKeys is built.
 READINGS_TRIED = 64
@@ -45,21 +48,23 @@ class KeyTable(Mapping):
         valid = pc.and_(keys.is_valid(), artifacts.is_valid())
         if not pc.all(valid).as_py():
             keys, artifacts = keys.filter(valid), artifacts.filter(valid)
-        order = pc.sort_indices(keys)  # stable: equal keys stay in their given order
-        keys, artifacts = keys.take(order), artifacts.take(order)
+        order = pc.sort_indices(keys).to_numpy()  # stable: equal keys keep their order
+        keys = keys.take(order)
         if len(keys) > 1:  # of equal keys, the last
-            last = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1))
-            keep = pa.concat_arrays([last, pa.array([True])])
-            if not pc.all(keep).as_py():
-                keys, artifacts = keys.filter(keep), artifacts.filter(keep)
-        self._keys = pa.array(keys, pa.large_string())  # one buffer, 64-bit offsets
-        self._artifacts = artifacts
-        offsets = np.frombuffer(self._keys.buffers()[1], dtype=np.int64,
-                                count=len(self._keys) + 1, offset=self._keys.offset * 8)
+            keep = np.ones(len(keys), dtype=bool)
+            keep[:-1] = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1)).to_numpy(
+                zero_copy_only=False)
+            if not keep.all():
+                keys, order = keys.filter(pa.array(keep)), order[keep]
+        keys = keys.cast(pa.large_string())  # one buffer, 64-bit offsets
+        self._count = len(keys)
+        offsets = np.frombuffer(keys.buffers()[1], dtype=np.int64, count=self._count + 1,
+                                offset=keys.offset * 8)
         # a memoryview's items are Python ints: a tenth of a NumPy scalar's cost to index with
-        self._starts = memoryview(np.ascontiguousarray(offsets)).cast("B").cast("q")
-        data = self._keys.buffers()[2]
+        self._starts = memoryview(offsets.copy()).cast("B").cast("q")
+        data = keys.buffers()[2]
         self._data = bytes(data) if data is not None else b""
+        self._artifacts = _Artifacts(artifacts, order)
         self._typed: TypedKeys | None = None
         self._lock = threading.Lock()
 
@@ -87,25 +92,26 @@ class KeyTable(Mapping):
 
     def get(self, text: str, default: Any = None) -> Any:
         position = self._position(text)
-        return default if position is None else self._artifacts[position].as_py()
+        return default if position is None else self._artifacts.text(position)
 
     def __getitem__(self, text: str) -> str:
         position = self._position(text)
         if position is None:
             raise KeyError(text)
-        return self._artifacts[position].as_py()
+        return self._artifacts.text(position)
 
     def __iter__(self) -> Iterator[str]:
-        for chunk in range(0, len(self._keys), 65536):
-            yield from self._keys.slice(chunk, 65536).to_pylist()
+        starts, data = self._starts, self._data
+        for position in range(self._count):
+            yield data[starts[position]:starts[position + 1]].decode()
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return self._count
 
     @property
     def nbytes(self) -> int:
         """The bytes its columns hold."""
-        return self._keys.nbytes + self._artifacts.nbytes + len(self._data)
+        return len(self._data) + self._starts.nbytes + self._artifacts.nbytes
 
     def find(self, parts: tuple) -> str | None:
         """The artifact of ``parts``' encoded key, or else of the first of
@@ -125,8 +131,76 @@ class KeyTable(Mapping):
             return None
         with self._lock:  # keys of many integer columns: indexed once, as TypedKeys does
             if self._typed is None:
-                self._typed = TypedKeys(dict(zip(self, self._artifacts.to_pylist())))
+                self._typed = TypedKeys({text: self._artifacts.text(position)
+                                         for position, text in enumerate(self)})
         return self._typed.find(parts)
+
+
+class _Artifacts:
+    """Artifacts as columns: each SHA-256 as 32 bytes and each packed model's
+    pack, offset and size as three ints (56 bytes a model, where its locator's
+    text is about 100 and a Python string of it 150); the text is made again
+    when a key is found. An artifact that would not be made again exactly as
+    given is kept as its text."""
+
+    def __init__(self, artifacts: pa.Array, order: np.ndarray) -> None:
+        count = len(artifacts)
+        self.digests = np.zeros((count, 32), dtype=np.uint8)
+        self.places = np.full((count, 3), -1, dtype=np.int64)  # pack, offset, size; -1: bare
+        self.other: dict[int, str] = {}  # given position -> text
+        if count:
+            self._fill(artifacts)
+        self.digests, self.places = self.digests[order], self.places[order]
+        if self.other:
+            self.other = {new: self.other[old] for new, old in enumerate(order.tolist())
+                          if old in self.other}
+
+    def _fill(self, artifacts: pa.Array) -> None:
+        starts, _ = string_offsets(artifacts)
+        lengths = np.diff(starts.astype(np.int64))
+        located = packs.locator_mask(artifacts)
+        rows = np.flatnonzero(located | (lengths == 64))
+        made = np.zeros(len(artifacts), dtype=bool)
+        try:
+            if rows.size:
+                digits = pc.utf8_slice_codeunits(artifacts.take(pa.array(rows)), 0, 64)
+                text = np.frombuffer(digits.buffers()[2], dtype=np.uint8)[:64 * rows.size]
+                # lower-case hex digits, as hexdigest writes them
+                lower = ((text - 48 < 10) | (text - 97 < 6)).reshape(-1, 64).all(axis=1)
+                self.digests[rows] = np.frombuffer(binascii.unhexlify(text.data),
+                                                   dtype=np.uint8).reshape(-1, 32)
+                made[rows] = lower
+            where = np.flatnonzero(located)
+            if where.size:
+                tails = pc.utf8_slice_codeunits(artifacts.take(pa.array(where)), 65)
+                parts = pc.split_pattern(tails, "/")
+                three = pc.equal(pc.list_value_length(parts), 3).to_numpy(zero_copy_only=False)
+                made[where[~three]] = False
+                where = where[three]
+                numbers = pc.list_flatten(parts.filter(pa.array(three)))
+                places = np.asarray(pc.cast(numbers, pa.int64())).reshape(-1, 3)
+                self.places[where] = places
+                # made again as written: no sign, no leading zero (then its length differs)
+                widths = np.where(places > 0, np.floor(np.log10(np.maximum(places, 1))) + 1,
+                                  np.where(places == 0, 1, -99)).sum(axis=1)
+                made[where] &= lengths[where] == 64 + 3 + widths
+        except (ValueError, binascii.Error, pa.ArrowInvalid):  # not as packs write them
+            made[:] = False
+        for position in np.flatnonzero(~made).tolist():
+            self.other[position] = artifacts[position].as_py()
+            self.places[position] = -1
+
+    @property
+    def nbytes(self) -> int:
+        return self.digests.nbytes + self.places.nbytes + 150 * len(self.other)
+
+    def text(self, position: int) -> str:
+        given = self.other.get(position) if self.other else None
+        if given is not None:
+            return given
+        pack, offset, size = self.places[position].tolist()
+        digest = self.digests[position].tobytes().hex()
+        return digest if pack < 0 else f"{digest}@{pack}/{offset}/{size}"
 
 
 def _strings(values: Any) -> pa.Array:
