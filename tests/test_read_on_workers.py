@@ -330,6 +330,8 @@ def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_chang
     assert third.results.set_index("store").loc[grown["store"].iloc[0], "rows"] > 5 * 30 - 1
     with pytest.raises(ValueError, match="'s3://bucket/nothing' does not exist"):
         mm.groups("s3://bucket/nothing", by="store", read_on_workers=True)
+    with pytest.raises(ValueError, match="cannot open 'http://host/sales' with pyarrow's"):
+        mm.groups("http://host/sales", by="store", read_on_workers=True)
 
 
 def fit_rows(df):

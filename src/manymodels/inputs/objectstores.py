@@ -64,9 +64,13 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
     """The URIs of the Parquet objects at ``location``: the object itself, or
     those under it (in key order, as a local directory's files are read);
     a location that names nothing is refused by name."""
+    import pyarrow as pa
     from pyarrow import fs
 
-    filesystem, path = resolve(location)
+    try:
+        filesystem, path = resolve(location)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"cannot open {location!r} with pyarrow's filesystems: {exc}") from exc
     try:
         info = filesystem.get_file_info(path)
         if info.type == fs.FileType.File:

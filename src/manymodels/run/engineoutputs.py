@@ -117,7 +117,13 @@ def _spark_frame(results: Any, session: Any) -> Any:
         if pa.types.is_null(column.type):
             table = table.set_column(position, column.name,
                                      table.column(position).cast(pa.string()))
-    return session.createDataFrame(table)
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) >= 4:  # Arrow tables are taken as they are
+        return session.createDataFrame(table)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return session.createDataFrame(table.to_pandas(), schema=from_arrow_schema(table.schema))
 
 
 def _dask_frame(results: Any, client: Any) -> Any:
