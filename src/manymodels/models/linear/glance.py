@@ -53,7 +53,8 @@ def glance_arrays(rss: np.ndarray, tss: np.ndarray, rank: np.ndarray, n: np.ndar
     p_value = np.full(len(rss), np.nan)
     where = np.flatnonzero(tested & np.isfinite(statistic))
     if len(where):
-        p_value[where] = f_upper_tail(statistic[where], df_model[where], df_residual[where])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # unread elements
+            p_value[where] = f_upper_tail(statistic[where], df_model[where], df_residual[where])
     return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
             "p_value": p_value, "df": df_model, "log_lik": log_lik,
             "aic": -2.0 * log_lik + 2.0 * (p + 1), "bic": -2.0 * log_lik + log_n * (p + 1),
@@ -71,12 +72,11 @@ def regularized_beta(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The regularised incomplete beta function ``I_x(a, b)``, element-wise:
     the continued fraction of Numerical Recipes' ``betai``, on whichever
     side converges (``x < (a + 1) / (a + b + 2)``: the small tail directly,
-    to full relative precision). The log-beta is computed once per distinct
-    ``(a, b)``: a million groups have a handful of degrees of freedom."""
+    to full relative precision). The log-beta is computed from ``lgamma``
+    of each distinct ``a``, ``b`` and ``a + b``: a million groups have a
+    handful of degrees of freedom."""
     x, a, b = (np.asarray(v, dtype=np.float64) for v in np.broadcast_arrays(x, a, b))
-    pairs, inverse = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
-    log_beta = np.array([math.lgamma(pa) + math.lgamma(pb) - math.lgamma(pa + pb)
-                         for pa, pb in pairs.tolist()])[inverse.ravel()]
+    log_beta = _log_gamma(a) + _log_gamma(b) - _log_gamma(a + b)
     out = np.where(x <= 0, 0.0, 1.0)
     inside = np.flatnonzero((x > 0) & (x < 1))
     if not len(inside):
@@ -92,14 +92,28 @@ def regularized_beta(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def _log_gamma(values: np.ndarray) -> np.ndarray:
+    """``math.lgamma`` of each element, called once per distinct value (one
+    sort of the values, or none when they are all the same)."""
+    if not len(values):
+        return np.empty(0)
+    first = values.flat[0]
+    if (values == first).all():
+        return np.full(values.shape, math.lgamma(first))
+    distinct, inverse = np.unique(values, return_inverse=True)
+    return np.array([math.lgamma(v) for v in distinct.tolist()])[inverse.reshape(values.shape)]
+
+
 def _beta_fraction(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The continued fraction of ``I_x(a, b)`` by the modified Lentz method,
-    each element iterated until its factor is 1 to rounding; the elements
-    still going are kept together in short arrays (no masks, no fancy
-    indexing per step)."""
+    each element iterated until its factor is 1 to rounding (its value
+    taken then). The elements still going are kept together in short arrays
+    (no fancy indexing per step): an element done goes on being iterated,
+    unread, until a quarter of them are done, when the arrays are cut down."""
     tiny, eps = 1e-300, 1e-15
     result = np.empty(len(x))
     where = np.arange(len(x))
+    pending = np.ones(len(x), dtype=bool)  # not yet taken into result
     qab, qap, qam = a + b, a + 1.0, a - 1.0
     c = np.ones(len(x))
     d = 1.0 / _not_tiny(1.0 - qab * x / qap, tiny)
@@ -115,15 +129,18 @@ def _beta_fraction(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         c = _not_tiny(1.0 + step / c, tiny)
         delta = d * c
         h *= delta
-        going = np.abs(delta - 1.0) > eps
-        if not going.all():
-            done = ~going
+        done = pending & (np.abs(delta - 1.0) <= eps)
+        if done.any():
             result[where[done]] = h[done]
-            where, x, a, b, qab, qap, qam, c, d, h = (
-                v[going] for v in (where, x, a, b, qab, qap, qam, c, d, h))
-            if not len(where):
-                break
-    result[where] = h
+            pending &= ~done
+            left = np.count_nonzero(pending)
+            if not left:
+                return result
+            if left <= 0.75 * len(pending):
+                where, x, a, b, qab, qap, qam, c, d, h = (
+                    v[pending] for v in (where, x, a, b, qab, qap, qam, c, d, h))
+                pending = np.ones(left, dtype=bool)
+    result[where[pending]] = h[pending]
     return result
 
 
