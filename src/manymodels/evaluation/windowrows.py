@@ -53,7 +53,10 @@ class WindowLayout:
         self.sizes = [window_length(test, group.n) for test in tests]
         self.n_train = [window_length(train, group.n) for train, _, _ in windows]
         self.cutoffs = [cutoff for _, _, cutoff in windows]
-        self.bounds = np.concatenate(([0], np.cumsum(self.sizes)))
+        ends = [0]
+        for size in self.sizes:
+            ends.append(ends[-1] + size)
+        self.ends, self.bounds = ends, np.array(ends)
         self.y = (np.concatenate([group.y[test] for test in tests])
                   if group.vectorised or group.forecasts else None)
         self._trains = [train for train, _, _ in windows]
@@ -70,7 +73,7 @@ class WindowLayout:
         times and actuals once for all candidates)."""
         if predicted is None or len(predicted) != len(self.y):  # several outputs a row
             return None
-        ends = self.bounds.tolist()
+        ends = self.ends
         if self._packed is None:
             times = column(self.group.rows, self.group.splitter.time)
             self._packed = [(pack_column(times[test]), pack_column(self.y[a:b]))
