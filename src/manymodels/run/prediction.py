@@ -1,13 +1,13 @@
 """Prediction on the engine: each group's new rows through its stored model.
 
 ``Store.predict`` plans the rows to predict as ``mm.groups(table, by=...)``
-and runs them through :func:`manymodels.train`'s backends, like training:
-the table is sorted by key once and shared with the workers; each task is one
-group, whose worker loads the group's model from the store (SHA-256 checked,
-cached per worker: a fallback model is loaded once per worker, not per
-group) and predicts its rows. The driver only lays the answers back in the
-input's row order, one NumPy scatter for all groups, where the serial loop
-it replaces looked up, loaded and sliced group by group.
+(sorted by key once) and runs them through :func:`manymodels.train`'s
+backends, like training, in chunks of whole groups (:mod:`.predictchunks`:
+a task per group cost more than a small model's prediction): a chunk's
+worker loads each group's model from the store (SHA-256 checked; a
+fallback model is loaded once per worker, not per group) and predicts its
+rows. The driver only lays the answers back in the input's row order, one
+NumPy scatter for all groups.
 """
 
 from __future__ import annotations
@@ -19,11 +19,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from ..engine.execution import metrics_dict
-from ..engine.messages import Status
-from ..inputs.keys import TypedKeys, encode_key
+from ..inputs.keys import TypedKeys, encode_key, encode_keys
 from ..store.database import StoreIntegrityError
+from ..store.lazymodels import StoredModel
+from .predictchunks import (
+    CHUNK,
+    CHUNKS_PER_WORKER,
+    FALLBACK,
+    GROUP,
+    NONE,
+    OWN,
+    GroupFailure,
+    chunk_size,
+    in_row_order,
+    measure,
+    run_chunks,
+    stacked,
+)
 
 #: A group's ``source`` when its stored model failed its SHA-256 check: the
 #: driver raises :class:`~manymodels.StoreIntegrityError` (a task's exception
@@ -33,8 +47,8 @@ CORRUPT = "corrupt"
 #: this many seconds run there (serial backend): starting workers would cost
 #: more than they save. Above it they run on worker processes.
 PARALLEL_ABOVE_S = 0.5
-#: How many groups are predicted in the driver to measure that cost (the
-#: first one warms imports and caches and is not counted).
+#: How many groups are predicted in the driver, as one chunk, to measure that
+#: cost (after a first one, alone, that warms imports and caches).
 PROBE_GROUPS = 3
 
 
@@ -60,8 +74,6 @@ class GroupPredictor:
     def _model(self, store: Any, digest: str, what: str) -> Any:
         model = self._models.get(digest)
         if model is None:
-            from ..store.lazymodels import StoredModel
-
             model = self._models[digest] = StoredModel(store, digest, what).load()
         return model
 
@@ -69,7 +81,6 @@ class GroupPredictor:
         # rows: the group's columns as NumPy arrays, or (with fn) a DataFrame;
         # key: the group's key as the driver planned it (artifacts' keys are
         # those), not as this worker reads it from its rows
-        numpy = isinstance(rows, dict)
         key = key if len(self.by) > 1 else (key,)
         digest = artifacts.get(encode_key(key))
         if digest is not None:
@@ -84,7 +95,12 @@ class GroupPredictor:
                                 else f"the fallback model (asked for {named})")
         except StoreIntegrityError as exc:  # told by its type in the driver, not as text
             return {"source": CORRUPT, "error": str(exc)}
-        n = len(rows[self.by[0]]) if numpy else len(rows)
+        return self.values(model, rows, key), {"source": origin}
+
+    def values(self, model: Any, rows: Any, key: Any) -> np.ndarray:
+        """``model``'s predictions of one group's ``rows`` (``key``: its key
+        parts, for the message when their number is wrong)."""
+        n = len(rows[self.by[0]]) if isinstance(rows, dict) else len(rows)
         if self.fn is not None:
             values = self.fn(model, rows)
         else:
@@ -95,7 +111,7 @@ class GroupPredictor:
         if len(values) != n:
             raise ValueError(f"the prediction of group {key!r} has {len(values)} rows for "
                              f"its {n} rows")
-        return values, {"source": origin}
+        return values
 
 
 def _plain_estimator(model: Any) -> bool:
@@ -132,29 +148,15 @@ def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[s
             not named or list(model.feature_names_in_) == names):
         # scikit-learn's LinearModel.predict, the same product, minus ~50 us
         # of validation per call (a group of 5 rows costs ~5 us)
-        X = np.column_stack([np.asarray(columns[c], dtype=float) for c in names])
+        X = stacked(columns, names, float)
         return X @ model.coef_.T + model.intercept_
     if not named:
-        return getattr(model, method)(np.column_stack([columns[c] for c in names]))
+        return getattr(model, method)(stacked(columns, names))
     if _plain_estimator(model) and list(model.feature_names_in_) == names:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="X does not have valid feature names")
-            return getattr(model, method)(np.column_stack([columns[c] for c in names]))
+            return getattr(model, method)(stacked(columns, names))
     return getattr(model, method)(pd.DataFrame({c: columns[c] for c in names}))
-
-
-def _group_digests(keys: Any, artifacts: dict[str, str]) -> dict[str, str]:
-    """The model of each group of ``keys`` (the plan's) that has one, by its
-    encoded key: the stored key equal to it, or else one that differs only
-    in how a reader typed a whole number (:class:`~manymodels.inputs.keys.TypedKeys`:
-    linear in the key columns, where trying each typing was exponential)."""
-    found: dict[str, str] = {}
-    typed = TypedKeys(artifacts)
-    for parts in keys:
-        digest = typed.find(parts)
-        if digest is not None:
-            found[encode_key(parts)] = digest
-    return found
 
 
 @dataclass
@@ -167,41 +169,94 @@ class Predicted:
     unseen: list[Any]
 
 
-def choose_backend(task: GroupPredictor, layout: Any, source: Any, digests: dict[str, str],
-                   store: Any, width: int) -> str:
-    """``"serial"`` or ``"processes"`` from the measured cost of a prediction:
-    a few groups are predicted here, and when all groups at the cost of the
-    slowest measured one would take more than :data:`PARALLEL_ABOVE_S`, they
-    go to worker processes. The number of groups alone misleads both ways:
-    a forecaster whose ``predict`` takes 50 ms a group is worth workers at 20
-    groups, a linear model is not at 5,000. A probe that fails leaves the
-    error to the run itself, which names the group."""
-    import time
+class StoredGroups:
+    """Each planned group's stored model, for a chunk's worker
+    (:class:`.predictchunks.Groups`): by its number, its model's artifact
+    (``digests``, an Arrow string array: null when it has none) or the
+    fallback's, loaded from the worker's store (``resource``)."""
 
-    from ..inputs.datareaders import _arrow_as
+    def __init__(self, predictor: GroupPredictor, digests: pa.Array, fallback: str | None,
+                 keys: pa.Table) -> None:
+        self.predictor, self.digests, self.fallback, self.keys = (
+            predictor, digests, fallback, keys)
+        self._listed: tuple[list, list] | None = None  # per worker, at its first group
 
-    groups = len(layout.keys)
-    if groups < 2:
-        return "serial"
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_listed": None}
+
+    def _lists(self) -> tuple[list, list]:
+        # Python lists, read once: an Arrow scalar costs microseconds a group
+        if self._listed is None:
+            self._listed = (self.digests.to_pylist(),
+                            list(zip(*(c.to_pylist() for c in self.keys.columns))))
+        return self._listed
+
+    def key(self, group: int) -> tuple:
+        """Group ``group``'s key parts as planned (as the store keys them)."""
+        return self._lists()[1][group]
+
+    def predict(self, group: int, rows: Any, resource: Any) -> Any:
+        digest = self._lists()[0][group]
+        if digest is None and self.fallback is None:
+            return None
+        parts = self.key(group)
+        named = parts[0] if len(parts) == 1 else parts  # "key 'a'": as a task's key is named
+        try:
+            if digest is not None:  # read once: a worker keeps only the fallback
+                model = StoredModel(resource, digest, f"key {named!r}").load()
+            else:
+                model = self.predictor._model(resource, self.fallback,
+                                              f"the fallback model (asked for key {named!r})")
+        except StoreIntegrityError as exc:  # told by its type in the driver, not as text
+            return GroupFailure(group, str(exc), corrupt=True)
+        return self.predictor.values(model, rows, parts)
+
+
+def _digests_by_group(layout: Any, artifacts: dict[str, str]) -> list[str | None]:
+    """The model of each planned group (by number), or None: the stored key
+    equal to its key (encoded at once in Arrow where the keys allow), or else
+    one that differs only in how a reader typed a whole number
+    (:class:`~manymodels.inputs.keys.TypedKeys`: linear in the key columns,
+    where trying each typing was exponential)."""
+    texts = encode_keys(layout.keys, layout.key_table)
+    found = [artifacts.get(text) for text in (
+        texts.to_pylist() if hasattr(texts, "to_pylist") else texts)]
+    if all(digest is not None for digest in found):
+        return found
+    typed = TypedKeys(artifacts)
+    return [digest if digest is not None else typed.find(parts)
+            for digest, parts in zip(found, layout.keys)]
+
+
+def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[[Any], Any], store: Any,
+              backend: str | None, workers: int | None) -> tuple[str, int]:
+    """The backend (``backend``, else ``"serial"`` or ``"processes"`` from
+    the measured cost of a prediction) and the groups a chunk. A few groups
+    are predicted here first: when all groups at the cost of the slowest
+    would take more than :data:`PARALLEL_ABOVE_S`, they go to worker
+    processes. The number of groups alone misleads both ways: a forecaster
+    whose ``predict`` takes 50 ms a group is worth workers at 20 groups, a
+    linear model is not at 5,000. A probe that fails leaves the error to the
+    run itself, which names the group."""
+    import os
+
+    groups = len(layout.lengths)
+    width = workers or os.cpu_count() or 1
+    if backend is not None and backend != "serial":  # asked for: no probe
+        return backend, max(1, -(-groups // (width * CHUNKS_PER_WORKER * 4)))
     resource = _open_store(str(store.path))
-    fmt = "pandas" if task.fn is not None else "numpy"
-    seconds = []
     try:
-        for i in range(min(PROBE_GROUPS, groups)):
-            rows = _arrow_as(layout.table.slice(int(layout.offsets[i]), int(layout.lengths[i])),
-                             fmt, source.column_labels if fmt == "pandas" else None)
-            key = tuple(layout.keys[i])
-            begin = time.perf_counter()
-            task(rows, digests, resource, key if width > 1 else key[0])
-            seconds.append(time.perf_counter() - begin)
+        each = measure(stored, layout.table, layout.offsets, layout.lengths, as_rows,
+                       resource, PROBE_GROUPS)
     except Exception:
-        return "processes"  # the run says what failed, and where
+        return backend or "processes", max(1, -(-groups // (width * CHUNKS_PER_WORKER)))
     finally:
-        task._models.clear()  # the workers load their own
+        stored.predictor._models.clear()  # the workers load their own
         if hasattr(resource, "close"):
             resource.close()
-    each = max(seconds[1:] or seconds)
-    return "processes" if each * groups > PARALLEL_ABOVE_S else "serial"
+    if backend is None:
+        backend = "processes" if groups > 1 and each * groups > PARALLEL_ABOVE_S else "serial"
+    return backend, chunk_size(groups, each, 1 if backend == "serial" else width)
 
 
 def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, str],
@@ -209,67 +264,52 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
                    fn: Callable[[Any, Any], Any] | None, backend: str | None,
                    workers: int | None, progress: bool) -> Predicted:
     """Predict ``frame``'s rows group by group on the engine (see the module)."""
+    from ..inputs.datareaders import _arrow_as
     from ..inputs.sources import groups
     from ..planning import plan as planning
-    from .results import _loaded
-    from .runner import train
 
-    source = groups(frame, by=by, format="pandas" if fn is not None else "numpy")
+    fmt = "pandas" if fn is not None else "numpy"
+    source = groups(frame, by=by, format=fmt)
     layout = planning.group_layout(source)
-    task = GroupPredictor(by, features, method, fn, fallback)
-    digests = _group_digests(layout.keys, artifacts)
-    if backend is None:
-        backend = "serial" if workers == 1 else choose_backend(
-            task, layout, source, digests, store, len(by))
-    run = train(task, source, shared={"artifacts": digests},
-                setup=functools.partial(_open_store, str(store.path)), backend=backend,
-                workers=workers, progress=progress)
-    records = run._records
-    corrupt = [i for i, status in enumerate(records.status) if status == Status.OK and metrics_dict(
-        records.metrics[i], i)["source"] == CORRUPT]
+    digests = _digests_by_group(layout, artifacts)
+    stored = StoredGroups(GroupPredictor(by, features, method, fn, fallback),
+                          pa.array(digests, pa.string()), fallback, layout.key_table)
+    labels = source.column_labels
+
+    def as_rows(table: Any, first: int, last: int) -> Any:  # groups first..last-1
+        numbers = np.repeat(np.arange(first, last, dtype=np.int64), layout.lengths[first:last])
+        table = table.append_column(GROUP, pa.array(numbers)).append_column(
+            CHUNK, pa.array(np.zeros(len(numbers), dtype=np.int64)))
+        return _arrow_as(table, fmt, [*labels, GROUP, CHUNK] if labels is not None else None)
+
+    if workers == 1:
+        backend = "serial"
+    backend, per_chunk = _chunking(stored, layout, as_rows, store, backend, workers)
+
+    def describe(group: int) -> str:
+        parts = stored.key(group)
+        return repr(parts[0] if len(by) == 1 else parts)
+
+    answers = run_chunks(layout.table, layout.lengths, stored, fmt=fmt, per_chunk=per_chunk,
+                         labels=labels, backend=backend, workers=workers,
+                         setup=functools.partial(_open_store, str(store.path)),
+                         progress=progress, describe=describe)
+    failures = [a for a in answers if isinstance(a, GroupFailure)]
+    corrupt = [f for f in failures if f.corrupt]
     if corrupt:
-        first = corrupt[0]
-        key = layout.keys[first][0] if len(by) == 1 else layout.keys[first]
         others = f" (and {len(corrupt) - 1} other group(s))" if len(corrupt) > 1 else ""
-        raise StoreIntegrityError(f"predicting group {key!r}{others}: "
-                                  + metrics_dict(records.metrics[first], first)["error"])
-    failed = [i for i, status in enumerate(records.status) if status != Status.OK]
-    if failed:
-        first = failed[0]
-        raise RuntimeError(f"predicting group {layout.keys[first]!r} failed "
-                           f"({len(failed)} group(s) in all): {records.error[first]}")
-    n = len(frame)
-    sorted_source = np.full(n, "none", dtype=object)
-    pieces, unseen = [], []
-    out: np.ndarray | None = None
-    for index, (offset, length) in enumerate(zip(layout.offsets, layout.lengths)):
-        origin = metrics_dict(records.metrics[index], index)["source"]
-        if origin == "none":
-            unseen.append(layout.keys[index][0] if len(by) == 1 else layout.keys[index])
-            continue
-        values = _loaded(records.model[index], index)
-        pieces.append((int(offset), int(length), values))
-        sorted_source[offset:offset + length] = origin
-    if pieces:
-        first = pieces[0][2]
-        kind = np.result_type(*[p[2].dtype for p in pieces]) if all(
-            p[2].dtype.kind != "O" for p in pieces) else np.dtype(object)
-        if unseen and kind.kind in "iub":
-            kind = np.dtype(float)
-        elif unseen and kind.kind not in "fcO":
-            kind = np.dtype(object)
-        out = np.empty((n, *first.shape[1:]), dtype=kind)
-        if unseen:
-            out[sorted_source == "none"] = np.nan
-        for offset, length, values in pieces:
-            out[offset:offset + length] = values
-    order = layout.input_rows
-    if order is not None:  # back from key order to the input's row order
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        sorted_source = sorted_source[inverse]
-        out = out[inverse] if out is not None else None
-    return Predicted(out, sorted_source, unseen)
+        raise StoreIntegrityError(f"predicting group {describe(corrupt[0].group)}{others}: "
+                                  + corrupt[0].error)
+    if failures:
+        raise RuntimeError(f"predicting group {describe(failures[0].group)} failed: "
+                           f"{failures[0].error}")
+    origin = np.array([NONE if d is None else OWN for d in digests], dtype=np.int8)
+    if fallback is not None:
+        origin[origin == NONE] = FALLBACK
+    unseen = [layout.keys[i][0] if len(by) == 1 else layout.keys[i]
+              for i in np.flatnonzero(origin == NONE).tolist()]
+    values, source = in_row_order(answers, origin, layout.lengths, layout.input_rows)
+    return Predicted(values, source, unseen)
 
 
 def _column_names(names: str | list[str] | None) -> list[str] | None:

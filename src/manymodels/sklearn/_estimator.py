@@ -39,8 +39,15 @@ from sklearn.utils.validation import (
 from ..inputs.keys import TypedKeys, encode_key, find_typed, key_parts
 from ..inputs.tables import plain_scalar
 from ._inputs import by_list, feature_input, split_X
-from ._levels import GROUP, Blend, aligned, fit_group, stack_levels
-from ._routing import group_positions, route_rows
+from ._levels import GROUP, Blend, fit_group, stack_levels
+from ._routing import (
+    EstimatorGroups,
+    answer,
+    group_positions,
+    predict_backend,
+    route_on_engine,
+    route_rows,
+)
 from ._shrinkage import check_chains, shrinkage_function, whose_chain
 
 
@@ -69,7 +76,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         ``min_group_size`` and groups whose fit failed (scikit-lego's
         ``use_global_model=False`` is ``fallback="error"``).
     min_group_size : groups with fewer rows use the fallback (or a parent).
-    backend, workers : passed to :func:`manymodels.train`.
+    backend, workers : where the groups fit and predict (:func:`manymodels.train`'s).
+        ``None``: fit on worker processes; predict as ``Store.predict`` does, in
+        the caller unless the measured cost of a few groups says workers pay.
     hierarchical : with several ``by`` columns, also fit a model per prefix
         (``by=["country", "city"]``: per country, then per (country, city)), and
         send a row whose group has no model to its nearest parent that has
@@ -108,7 +117,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         by: str | int | Sequence[str] | Sequence[int] = 0,
         fallback: Any = "global",
         min_group_size: int = 1,
-        backend: str = "processes",
+        backend: str | None = None,
         workers: int | None = None,
         hierarchical: bool = False,
         shrinkage: Any = None,
@@ -197,7 +206,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                 fit_group, mm.groups(stacked, by=GROUP),
                 shared={"estimator": self.estimator, "features": feature_columns,
                         "as_frame": self._as_frame, "weighted": sample_weight is not None},
-                backend=self.backend, workers=self.workers, progress=False)
+                backend=self.backend or "processes", workers=self.workers, progress=False)
             for code, model in run.models.items():
                 prefix = key_of[code]
                 if len(prefix) == depth:
@@ -316,19 +325,20 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             return None if self.fallback_ is None else (self.fallback_, "fallback")
 
         def call(model: Any, rows: np.ndarray) -> np.ndarray:
-            part = X_feat.iloc[rows] if self._as_frame else X_feat[rows]
-            values = np.asarray(getattr(model, method)(part))
-            if method == "predict_proba":
-                return aligned(self.classes_, model, values, 0.0)
-            if method == "decision_function" and len(self.classes_) > 2:
-                return aligned(self.classes_, model, values, -np.inf)
-            return values
+            return answer(model, method, X_feat.iloc[rows] if self._as_frame else X_feat[rows],
+                          getattr(self, "classes_", None))
 
-        routed = route_rows(group_positions(keys), len(keys), model_of, call)
-        if routed.unseen:
-            raise ValueError(f"no model for group(s) {routed.unseen[:5]!r} and "
-                             "fallback='error'")
-        return routed.values
+        positions = group_positions(keys)
+        found = [model_of(key) for key in positions]
+        unseen = [key for key, model in zip(positions, found) if model is None]
+        if unseen:  # before any prediction
+            raise ValueError(f"no model for group(s) {unseen[:5]!r} and fallback='error'")
+        backend, seconds = predict_backend(self.backend, self.workers, positions, found, call)
+        if backend == "serial":
+            return route_rows(positions, len(keys), model_of, call, found).values
+        groups = EstimatorGroups([], method, getattr(self, "classes_", None), self._as_frame)
+        return route_on_engine(positions, found, X_feat, groups, backend=backend,
+                               workers=self.workers, seconds_per_group=seconds).values
 
     def predict(self, X: Any) -> np.ndarray:
         """Each row predicted by its group's model (or a parent's, or the
