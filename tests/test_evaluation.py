@@ -623,3 +623,19 @@ def test_halving_keep_all_stores_every_candidates_model_and_predicts_as_the_winn
                                best.predict(new_rows.loc[mine, ["x"]]), rtol=1e-12)
     with pytest.raises(ValueError, match="keep must be 'best'.*got 'every'"):
         mm.halving("rmse", keep="every")
+
+
+def test_halving_eta_1_scores_each_candidates_windows_at_once_and_drops_one_that_raises():
+    frame = daily(groups=2, days=60)
+    splitter = mm.backtest("date", horizon=7, windows=3, target="sales", features=["x"])
+    grid = mm.grid(model=[_Unfittable(), Ridge(alpha=0.01), Ridge(alpha=100.0)])
+    race = mm.train(fit_candidate, mm.groups(frame, by="sku") * grid, backend="serial",
+                    progress=False, evaluate=splitter,
+                    select=mm.halving("rmse", eta=1, keep="all")).results
+    assert [m.alpha for m in race["best_model"]] == [0.01, 0.01]
+    assert (race["candidates_failed"] == 1).all()
+    assert (race["window_fits"] == 1 + 2 * 3).all()  # the failed one's first fit counts
+    every = mm.grid(model=[_Unfittable(), _Unfittable(alpha=2.0)])
+    failed = mm.train(fit_candidate, mm.groups(frame, by="sku") * every, backend="serial",
+                      progress=False, evaluate=splitter, select=mm.halving("rmse", eta=1))
+    assert failed.results["error"].str.contains("every candidate failed").all()

@@ -152,15 +152,44 @@ class HalvingSearch:
         from .windowed import GroupWindows, mean_scores, skipped_metrics
 
         splitter = self.splitter
-        alive = list(range(len(self.settings)))
-        records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}
-        fits, skipped = 0, None
+        skipped = None
         try:
             group = GroupWindows(splitter, rows)
-            windows = len(group.windows)
         except TooShort as exc:
-            windows, skipped = 0, str(exc)
+            group, skipped = None, str(exc)
+        if group is None:
+            alive, records, failed, fits = [0], {i: [] for i, _ in enumerate(self.settings)}, {}, 0
+        elif self.halving.eta == 1:
+            alive, records, failed, fits = self._score_all(group, shared)
+        else:
+            alive, records, failed, fits = self._race(group, shared)
+        winner = alive[0]
+        if self.halving.keep == "all":
+            model, fit_metrics = self._fit_all(rows, shared, records, failed, winner)
+        else:
+            model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
+        metrics: dict[str, Any] = {**fit_metrics, **mean_scores(records[winner])}
+        if skipped is not None:
+            metrics.update(skipped_metrics(splitter, skipped))
+        metrics.update({f"best_{k}": v for k, v in self.settings[winner].items()})
+        metrics["window_fits"] = fits
+        if failed:  # how many candidates raised, and the first one's error
+            metrics["candidates_failed"] = len(failed)
+            first = min(failed)
+            metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
+        metrics[WINDOWS] = records[winner]
+        return model, metrics
+
+    def _race(self, group: Any, shared: dict[str, Any]) -> tuple[list[int], dict, dict, int]:
+        """Successive halving over ``group``'s windows: ``(the candidates
+        left, best first; each one's window records; those that raised, with
+        their error; the fits made)``."""
+        from ..engine.execution import split_result
+
+        alive = list(range(len(self.settings)))
+        records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}
         failed: dict[int, str] = {}  # a candidate that raised: out of the race, not the group
+        fits, windows = 0, len(group.windows)
         for number in range(windows):
             train_rows = group.train_rows(number)
             for i in alive:
@@ -179,22 +208,35 @@ class HalvingSearch:
                     f"{self.settings[first]}: {failed[first]}")
             keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
             alive = sorted(alive, key=lambda i: self._rank(records[i]))[:keep]  # stable
-        winner = alive[0]
-        if self.halving.keep == "all":
-            model, fit_metrics = self._fit_all(rows, shared, records, failed, winner)
-        else:
-            model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
-        metrics: dict[str, Any] = {**fit_metrics, **mean_scores(records[winner])}
-        if skipped is not None:
-            metrics.update(skipped_metrics(splitter, skipped))
-        metrics.update({f"best_{k}": v for k, v in self.settings[winner].items()})
-        metrics["window_fits"] = fits
-        if failed:  # how many candidates raised, and the first one's error
-            metrics["candidates_failed"] = len(failed)
+        return alive, records, failed, fits
+
+    def _score_all(self, group: Any, shared: dict[str, Any]
+                   ) -> tuple[list[int], dict, dict, int]:
+        """``eta=1``: every candidate on every window, each candidate's
+        windows scored at once (as ``select=`` scores a task's); the same
+        as :meth:`_race`'s answer, in fewer calls."""
+        from .windowed import evaluate_group
+
+        records: dict[int, list[dict[str, Any]]] = {}
+        failed: dict[int, str] = {}
+        fits = 0
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal fits
+            fits += 1
+            return self.fit(*args, **kwargs)
+
+        for i, setting in enumerate(self.settings):
+            try:
+                records[i] = evaluate_group(counted, group, {**setting, **shared})[2]
+            except Exception as exc:
+                failed[i] = f"{type(exc).__name__}: {exc}"
+        if not records:
             first = min(failed)
-            metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
-        metrics[WINDOWS] = records[winner]
-        return model, metrics
+            raise RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
+                               f"{failed[first]}")
+        alive = sorted(records, key=lambda i: self._rank(records[i]))[:1]
+        return alive, records, failed, fits
 
     def _fit_all(self, rows: Any, shared: dict[str, Any], records: dict[int, list],
                  failed: dict[int, str], winner: int) -> tuple[Any, dict[str, Any]]:
@@ -215,7 +257,8 @@ class HalvingSearch:
                 fit_metrics = own
         metric = self.halving.selection.metric
         scores = [float(np.mean([r.get(metric, np.nan) for r in records[i]]))
-                  if records[i] else float("nan") for i in range(len(self.settings))]
+                  if records.get(i) and i not in failed else float("nan")
+                  for i in range(len(self.settings))]
         return Candidates(self.settings, models, scores, winner, metric), fit_metrics
 
     def _rank(self, records: list[dict[str, Any]]) -> float:
