@@ -145,9 +145,11 @@ def statsforecast_environment() -> Path:
     return python
 
 
-def _child_environment() -> dict[str, str]:
-    # statsforecast's numba functions cached on disk: compiled once, not per run
-    return {**os.environ, "PYTHONPATH": "", "NIXTLA_NUMBA_CACHE": "1"}
+def _child_environment(source: Path | None = None) -> dict[str, str]:
+    """A child's environment: manymodels from ``source`` (a ``src`` folder)
+    where given, else as installed; statsforecast's numba functions cached
+    on disk (compiled once, not per run)."""
+    return {**os.environ, "PYTHONPATH": str(source or ""), "NIXTLA_NUMBA_CACHE": "1"}
 
 
 def warm_up(model: str) -> None:
@@ -210,18 +212,17 @@ def run_manymodels(data: Path, out: Path, cores: int, model: str, format: str) -
     # the modules behind these names load on first use (PEP 562): imported here,
     # as statsforecast's are before its clock starts
     _ = (mm.train, mm.groups, mm.grid, mm.backtest)
-    groups = mm.groups(frame, by="unique_id", order_by="ds", format=format)
-    evaluate = mm.backtest("ds", horizon=HORIZON, windows=WINDOWS, target="y",
-                           metrics=["mae", "rmse"])
-    if model == "autoets":
-        def job() -> Any:
+
+    def job() -> Any:  # the groups made inside the clock: statsforecast groups its frame in it
+        groups = mm.groups(frame, by="unique_id", order_by="ds", format=format)
+        evaluate = mm.backtest("ds", horizon=HORIZON, windows=WINDOWS, target="y",
+                               metrics=["mae", "rmse"])
+        if model == "autoets":
             return mm.train(fit_autoets, groups, evaluate=evaluate, workers=cores,
                             progress=False)
-    else:
-        def job() -> Any:
-            return mm.train(fit_arrays if format == "numpy" else fit,
-                            groups * mm.grid(model=list(MODELS)), evaluate=evaluate,
-                            select="mae", workers=cores, progress=False)
+        return mm.train(fit_arrays if format == "numpy" else fit,
+                        groups * mm.grid(model=list(MODELS)), evaluate=evaluate,
+                        select="mae", workers=cores, progress=False)
 
     run, measured = _measured(job)
     series = frame["unique_id"].nunique()
@@ -239,10 +240,10 @@ def run_manymodels(data: Path, out: Path, cores: int, model: str, format: str) -
 
 
 def _child(python: Path, tool: str, data: Path, out: Path, cores: int, model: str,
-           format: str = "numpy") -> dict[str, float]:
+           format: str = "numpy", source: Path | None = None) -> dict[str, float]:
     done = subprocess.run([str(python), __file__, "--child", tool, str(data), str(out),
                            "--cores", str(cores), "--model", model, "--formats", format],
-                          capture_output=True, text=True, env=_child_environment())
+                          capture_output=True, text=True, env=_child_environment(source))
     if done.returncode != 0:
         raise RuntimeError(f"the {tool} run failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -316,7 +317,7 @@ def compare(args: argparse.Namespace, cores: int) -> dict[str, Any]:
                                                 cores, args.model))
             for format in formats:
                 runs[format].append(_child(mm_python, "manymodels", data, outs[format], cores,
-                                           args.model, format))
+                                           args.model, format, args.manymodels_src))
         load.append(os.getloadavg())
         cv = pd.read_parquet(cv_out)
         checks = {}
@@ -360,6 +361,9 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, metavar=("TOOL", "DATA", "OUT"),
                         help=argparse.SUPPRESS)  # one measured run, in a process of its own
     parser.add_argument("--cores", type=int, default=None)
+    parser.add_argument("--manymodels-src", type=Path, default=None,
+                        help="run manymodels from this src folder (e.g. an older commit's, "
+                             "from git archive) instead of the installed one")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.child:
@@ -372,7 +376,8 @@ def main() -> None:
     import _common
 
     cores = args.cores or _common.cores()
-    data = {"machine": _common.machine_info(), "series": args.series, "days": args.days,
+    data = {"machine": _common.machine_info(), "manymodels_src": args.manymodels_src,
+            "series": args.series, "days": args.days,
             "model": args.model, "horizon": HORIZON, "windows": WINDOWS, "workers": cores,
             "repeat": args.repeat, **compare(args, cores)}
     name = f"backtest_bench-{args.model}-{args.series}.json"
