@@ -86,9 +86,12 @@ def metrics_texts(entries: Sequence[Any], task_index: Sequence[int] | np.ndarray
                                pa.string()))
         positions.append(rest)
     # back into the rows' order: row r's text is at place[r] of the joined pieces
-    place = np.empty(count, dtype=np.int64)
-    place[np.concatenate(positions)] = np.arange(count)
+    order = np.concatenate(positions)
     joined = pa.concat_arrays([p.cast(pa.string()) for p in pieces])
+    if (order == np.arange(count)).all():  # the packs' rows in order (the usual case)
+        return joined
+    place = np.empty(count, dtype=np.int64)
+    place[order] = np.arange(count)
     return joined.take(pa.array(place))
 
 

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import operator
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -99,6 +101,16 @@ def _ended(events: list) -> Iterator[int]:
             yield from task_indices(event.outcomes)
         elif isinstance(event, Lost):
             yield event.index
+
+
+def _consecutive(indices: np.ndarray) -> slice | None:
+    """``indices`` as the slice they fill, when they are consecutive task
+    numbers in order (a part of a table's groups, usually); else None."""
+    count = len(indices)
+    if count < 2 or int(indices[-1]) - int(indices[0]) != count - 1 or not (
+            np.diff(indices) == 1).all():
+        return None
+    return slice(int(indices[0]), int(indices[0]) + count)
 
 
 def _failure_budget(max_failures: int | float | None, total: int) -> int | None:
@@ -207,10 +219,19 @@ class Scheduler:
         attempts, statuses, workers, errors = rec.attempts, rec.status, rec.worker, rec.error
         models, metrics_of = rec.model, rec.metrics
         ok = Status.OK.value
-        for index, model, metrics in zip(finished, outcomes.models(), outcomes.metrics()):
-            attempts[index] += 1
-            statuses[index], workers[index], errors[index] = ok, worker, None
-            models[index], metrics_of[index] = model, metrics
+        span = _consecutive(outcomes.indices)
+        if span is not None:  # a part of consecutive tasks (the usual case): slices at once
+            count = len(finished)
+            tried = attempts[span]
+            attempts[span] = [1] * count if tried.count(0) == count else [a + 1 for a in tried]
+            statuses[span], workers[span], errors[span] = (
+                [ok] * count, [worker] * count, [None] * count)
+            models[span], metrics_of[span] = list(outcomes.models()), list(outcomes.metrics())
+        else:
+            for index, model, metrics in zip(finished, outcomes.models(), outcomes.metrics()):
+                attempts[index] += 1
+                statuses[index], workers[index], errors[index] = ok, worker, None
+                models[index], metrics_of[index] = model, metrics
         self._done += len(finished)
         self._ok += len(finished)
         if self.recorder is not None:
@@ -299,15 +320,21 @@ class Scheduler:
 
     def _loop(self) -> None:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
-        todo = np.array([i for i, status in enumerate(self.records.status) if status is None],
-                        dtype=np.int64)
+        statuses = self.records.status
+        if statuses.count(None) == len(statuses):  # nothing reused: every task
+            todo = np.arange(len(statuses), dtype=np.int64)
+        else:  # (no Python int a task: ten million were 360 MB at once)
+            todo = np.flatnonzero(np.fromiter(map(operator.is_, statuses, repeat(None)),
+                                              dtype=bool, count=len(statuses)))
         # longest first; an array and how far it is taken (a deque of a million
         # Python ints held 36 MB through the run)
         pending = todo[np.argsort(-tasks.costs[todo], kind="stable")]
+        del todo  # (8 bytes a task, held through the run otherwise)
         taken = 0
         retry_now: deque[int] = deque()  # crashed or requeued: before anything else
         retry_later: list[tuple[float, int]] = []  # (due time, index): backoff
-        in_flight: set[int] = set()
+        # how many tasks the workers hold (a count, not a set of a million ints to update)
+        in_flight = 0
         batch_id = 0
         callbacks = self.callbacks
         per_task = callbacks is not None and callbacks.wants_tasks
@@ -323,13 +350,13 @@ class Scheduler:
                     more = min(size - len(positions), len(pending) - taken)
                     positions += pending[taken:taken + more].tolist()
                     taken += more
-                in_flight.update(positions)
+                in_flight += len(positions)
                 backend.submit(batch_id, tasks.batch(positions, fit_keys))
                 batch_id += 1
                 self._batches += 1
                 free -= 1
             wait = 0.05
-            if retry_later and not in_flight:
+            if retry_later and in_flight <= 0:
                 wait = max(0.0, min(wait, retry_later[0][0] - now))
             events = backend.poll(wait)
             if per_task:
@@ -337,20 +364,20 @@ class Scheduler:
             for event in events:
                 if isinstance(event, Finished):
                     self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
-                    in_flight.difference_update(task_indices(event.outcomes))
+                    in_flight -= len(event.outcomes)
                     for index in self._record_all(event.outcomes, event.worker):
                         attempt = self.records.attempts[index]
                         due = time.monotonic() + _RETRY_BACKOFF_S * 2 ** (attempt - 1)
                         heapq.heappush(retry_later, (due, index))
                 elif isinstance(event, Lost):
-                    in_flight.discard(event.index)
+                    in_flight -= 1
                     self.records.attempts[event.index] += 1
                     if self.records.attempts[event.index] <= self.retries:
                         retry_now.append(event.index)
                     else:
                         self._finish(event.index, event.status, event.worker, event.message)
                 elif isinstance(event, Requeued):
-                    in_flight.difference_update(event.indices)
+                    in_flight -= len(event.indices)
                     retry_now.extendleft(reversed(event.indices))
             if self.progress is not None:
                 self.progress.update(self._done, self._ok, self._failed)

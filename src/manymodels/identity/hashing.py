@@ -287,6 +287,17 @@ class TaskIdentities:
             self._data = lanes_hex_array(self._data)
         return self._data
 
+    def texts_of(self, rows: np.ndarray) -> tuple[Any, Any]:
+        """The identity and data hash texts of the tasks ``rows`` (task
+        numbers), made from their lanes alone while the whole columns are
+        not held as text: a store's writer writes each hand-over's, and a
+        run of ten million would otherwise keep 720 MB of hex digits."""
+        identity = lanes_hex_array(self._identity[rows]) if isinstance(
+            self._identity, np.ndarray) else self._identity.take(rows)
+        data = lanes_hex_array(self._data[rows]) if isinstance(
+            self._data, np.ndarray) else self._data.take(rows)
+        return identity, data
+
 
 def _shared_hash(shared: dict) -> tuple[str, dict[str, str]]:
     """The hash of the shared objects (:func:`value_hash` of the dict, made

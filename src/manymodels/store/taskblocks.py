@@ -140,9 +140,9 @@ def task_columns(keys: pa.Array, identities: TaskIdentities, rows: pa.Array) -> 
             rows, pa.array(np.arange(len(rows)), rows.type))).as_py():
         return {"task_index": rows, "key": keys, "identity": identities.identity,
                 "params_hash": identities.params, "data_hash": identities.data}
-    return {"task_index": rows, "key": keys.take(rows),
-            "identity": identities.identity.take(rows),
-            "params_hash": identities.params.take(rows), "data_hash": identities.data.take(rows)}
+    identity, data = identities.texts_of(rows.to_numpy(zero_copy_only=False))
+    return {"task_index": rows, "key": keys.take(rows), "identity": identity,
+            "params_hash": identities.params.take(rows), "data_hash": data}
 
 
 def trained_mask(block: pa.Table, deleted: pa.Array | None = None) -> np.ndarray:
