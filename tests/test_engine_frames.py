@@ -209,10 +209,9 @@ def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, tabl
     fitted = mm.linear(table, by="store", features="x", target="y")
     with pytest.raises(TypeError, match=f"the table is a .*{collect}.*mm.groups"):
         fitted.predict(frame)
-    mm.train(fit_linear, mm.groups(table, by="store"), store=tmp_path / "store",
-             backend="serial", progress=False)
+    mm.linear(table, by="store", features="x", target="y", store=tmp_path / "lin")
     with pytest.raises(TypeError, match=f"predict's table is a .*{collect}"):
-        mm.Store(tmp_path / "store").predict(frame, by="store", features=["x"])
+        mm.Store(tmp_path / "lin").predict(frame)
     from sklearn.linear_model import LinearRegression
 
     from manymodels.sklearn import GroupedEstimator
@@ -223,6 +222,58 @@ def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, tabl
     with pytest.raises(ValueError, match="column '__offset__' has a name the engine's staging"):
         mm.groups(_engine_frame(engine, table.rename(columns={"store": "__offset__"})),
                   by="__offset__")
+
+
+def test_store_predict_of_an_engine_frame_is_the_engines_frame(engine, table, tmp_path):
+    """The engine groups the new rows and its workers predict them from the
+    store: the same numbers as Store.predict of the pandas table, a group
+    with no model gets the fallback (or null and "none"), nothing collected."""
+    from sklearn.linear_model import LinearRegression
+
+    name = engine[0]
+    seen = table[table["store"] != 9]
+    mm.train(fit_sklearn_linear, mm.groups(seen, by="store"), store=tmp_path / "store",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "store")
+    rows = table.assign(row=np.arange(len(table)))
+    with pytest.warns(RuntimeWarning, match="no model"):
+        expected = store.predict(rows, by="store", features=["x"], with_source=True)
+    answer = store.predict(_engine_frame(engine, rows), by="store", features=["x"],
+                           with_source=True)
+    assert type(answer).__module__.split(".")[0] == ("pyspark" if name == "spark" else "dask")
+    got = _collected(name, answer).sort_values("row").reset_index(drop=True)
+    assert list(got.columns) == [*rows.columns, "prediction", "source"]
+    np.testing.assert_allclose(got["prediction"], expected["prediction"])  # NaN for store 9
+    assert list(got["source"]) == list(expected["source"])
+    assert set(got.loc[got["store"] == 9, "source"]) == {"none"}
+
+    store.attach(store.runs()["run_id"].max(), "fallback", LinearRegression().fit(
+        table[["x"]], table["y"]))
+    with_fallback = _collected(name, store.predict(_engine_frame(engine, rows), by="store",
+                                                   features=["x"], with_source=True))
+    assert set(with_fallback.loc[with_fallback["store"] == 9, "source"]) == {"fallback"}
+    assert with_fallback["prediction"].notna().all()
+
+    with pytest.raises(ValueError, match="column 'price' is not in the"):
+        store.predict(_engine_frame(engine, rows), by="store", features=["price"])
+    labelled = table.assign(up=np.where(table["y"] > 0, "up", "down"))
+    mm.train(fit_classifier, mm.groups(labelled, by="store"), store=tmp_path / "labels",
+             backend="serial", progress=False)
+    labels = _collected(name, mm.Store(tmp_path / "labels").predict(
+        _engine_frame(engine, labelled), by="store", features=["x"]))
+    assert set(labels["prediction"]) <= {"up", "down"} and labels["prediction"].notna().all()
+
+
+def fit_sklearn_linear(df):
+    from sklearn.linear_model import LinearRegression
+
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def fit_classifier(df):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression().fit(df[["x"]], df["up"])
 
 
 def centred(df):
@@ -303,6 +354,19 @@ def test_a_ray_dataset_is_grouped_by_ray_data_and_trained_on_ray(local_ray, tabl
     pd.testing.assert_frame_equal(transformed.to_pandas(), expected, check_dtype=False)
     with pytest.raises(ValueError, match="column 'shop' is not in the Ray Dataset"):
         mm.groups(_ray_dataset(local_ray, table), by="shop")
+
+
+@pytest.mark.ray
+def test_store_predict_of_a_ray_dataset_is_a_ray_dataset(local_ray, table, tmp_path):
+    mm.train(fit_sklearn_linear, mm.groups(table, by="store"), store=tmp_path / "store",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "store")
+    rows = table.assign(row=np.arange(len(table)))
+    answer = store.predict(_ray_dataset(local_ray, rows), by="store", features=["x"])
+    assert type(answer).__name__ in ("Dataset", "MaterializedDataset")
+    got = answer.to_pandas().sort_values("row")
+    np.testing.assert_allclose(got["prediction"], store.predict(rows, by="store",
+                                                                features=["x"]))
     with pytest.raises(TypeError, match=r"collect it first \(ray_dataset\.to_pandas\(\)\)"):
         mm.map_partitions(lambda df: df, _ray_dataset(local_ray, table))
 

@@ -324,13 +324,11 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     import pandas as pd
 
     from ..engine.options import check_switch
-    from ..inputs.engineframes import refuse_engine_frame
+    from ..inputs.engineframes import engine_of, refuse_engine_frame
     from ..inputs.tables import exact_pandas, read_table
 
     check_switch("with_source", with_source)
     check_switch("fallback", fallback)
-    refuse_engine_frame(table, "predict's table", "predict returns a Series aligned with the "
-                        "table's rows, made on the driver")
     if by is not None and not (isinstance(by, str) or (
             isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
         raise TypeError(f"by must be a column name or a list of them, got {by!r}")
@@ -338,6 +336,8 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if linear is not None:  # an mm.linear run: its result predicts, vectorised
         from ..models.linear.stored import predict_frame
 
+        refuse_engine_frame(table, "predict's table", "an mm.linear run predicts its rows "
+                            "on the driver, vectorised")
         return predict_frame(store, linear, table, method, with_source)
     config = store.attached("train_config", run, default={}) or {}
     chosen = store._selection(run)
@@ -351,16 +351,21 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if by_columns is None:
         raise ValueError("predict needs by= (the group columns)")
     features = features or config.get("features")
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")
+    artifacts = chosen["artifacts"] if chosen else store._model_artifacts(run)
+    backup = store._latest_attached_digest("fallback", run) if fallback else None
+    if engine_of(table) is not None:  # its engine groups and predicts: nothing collected
+        from .enginepredict import predict_engine_frame
+
+        return predict_engine_frame(store, table, GroupPredictor(
+            by_columns, features, method, fn, backup), artifacts, with_source)
     frame = table if isinstance(table, pd.DataFrame) else exact_pandas(read_table(table))
     if frame.empty:
         raise ValueError("the table to predict has no rows")
     missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
     if missing:
         raise ValueError(f"column {missing[0]!r} is not in the table to predict")
-    if fn is not None and not callable(fn):
-        raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")
-    artifacts = chosen["artifacts"] if chosen else store._model_artifacts(run)
-    backup = store._latest_attached_digest("fallback", run) if fallback else None
     routed = predict_groups(store, frame, by_columns, artifacts, backup, features=features,
                             method=method, fn=fn, backend=backend, workers=workers,
                             progress=progress)

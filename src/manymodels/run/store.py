@@ -68,6 +68,11 @@ class Store(_Store):
         column but the ``by`` columns. ``fn(model, rows)`` replaces
         ``model.predict(rows[features])`` (a forecaster that needs more).
 
+        A Spark or Dask DataFrame, or a Ray Dataset, is grouped and predicted
+        by its engine's workers, and the answer is that engine's lazy table:
+        the input's columns plus ``prediction`` (and ``source``), nothing
+        collected on the driver (:mod:`manymodels.run.enginepredict`).
+
         The groups run through ``backend`` (``"processes"``, ``"threads"``,
         ``"serial"``, ``"ray"``, ``"spark"`` or ``"dask"``; by default a few groups
         are predicted first to measure the cost, and all of them run in the

@@ -1,0 +1,211 @@
+"""``Store.predict(spark_df)``: new rows that live in an engine, predicted by
+its executors, answered as the engine's own table.
+
+::
+
+    driver                         the engine (each executor's Python worker)
+    ──────                         ───────────────────────────────────────────
+    run, by, features, fallback    one shuffle by key (Spark's groupBy, Dask's
+    key -> model digest (text) ──► shuffle, Ray Data's groupby), then per group:
+    output type (one model read)   its key -> digest -> model, loaded from the
+                                   store (SHA-256 checked, cached per process)
+    the engine's DataFrame   ◄──── the group's rows + ``prediction`` (+ ``source``)
+    (lazy: nothing collected)
+
+The driver holds metadata only: the table of which model answers which key,
+never a row. The store must sit on a path every executor sees (a shared
+file system, or the one machine of a local session). An engine's DataFrame
+has no row order or labels to align a Series with, so the answer is the
+input's rows with a ``prediction`` column (and ``source`` with
+``with_source=True``), in the engine's order. A group with no model and no
+fallback gets a null prediction and source ``"none"``; the engine's own job
+is what runs it, so a group whose model fails raises there, with the
+group's key in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..inputs.engineframes import engine_of
+from ..inputs.keys import TypedKeys
+from ..store.database import StoreIntegrityError
+
+#: A Python worker of the engine keeps this many loaded models (a group's
+#: model is used once per shuffle, the fallback model by many groups).
+MODELS_PER_WORKER = 256
+
+_STORES: dict[str, Any] = {}  # per engine worker process: store path -> open store
+
+
+class EngineGroupPredictor:
+    """What each executor calls on one group's rows (a pandas DataFrame)."""
+
+    def __init__(self, store_path: str, predictor: Any, artifacts: dict[str, str],
+                 with_source: bool) -> None:
+        # predictor: prediction.GroupPredictor, whose model cache and call of
+        # the model this shares with Store.predict of a table on the driver
+        self.store_path, self.predictor, self.with_source = store_path, predictor, with_source
+        self.by, self.fallback, self.artifacts = predictor.by, predictor.fallback, artifacts
+        self._typed: TypedKeys | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_typed": None}
+
+    def _store(self) -> Any:
+        store = _STORES.get(self.store_path)
+        if store is None:
+            from ..store import Store
+
+            store = _STORES[self.store_path] = Store(self.store_path, read_only=True)
+        return store
+
+    def _digest(self, parts: tuple) -> tuple[str | None, str]:
+        if self._typed is None:
+            self._typed = TypedKeys(self.artifacts)
+        digest = self._typed.find(parts)
+        if digest is not None:
+            return digest, "group"
+        return (self.fallback, "fallback") if self.fallback is not None else (None, "none")
+
+    def __call__(self, rows: Any) -> Any:
+        if rows.empty:
+            return self._answer(rows, np.empty(0), "none")
+        parts = tuple(_plain(rows[column].iloc[0]) for column in self.by)
+        digest, origin = self._digest(parts)
+        if digest is None:
+            return self._answer(rows, np.full(len(rows), np.nan), origin)
+        named = f"key {parts[0] if len(parts) == 1 else parts!r}"
+        models = self.predictor._models
+        if len(models) >= MODELS_PER_WORKER and digest not in models:
+            models.pop(next(iter(models)))
+        try:
+            model = self.predictor._model(self._store(), digest, named if origin == "group"
+                                          else f"the fallback model (asked for {named})")
+            if self.predictor.fn is None:
+                columns = {name: rows[name].to_numpy() for name in rows.columns}
+                values = self.predictor.values(model, columns, parts)
+            else:
+                values = self.predictor.values(model, rows.reset_index(drop=True), parts)
+        except StoreIntegrityError:
+            raise
+        except Exception as exc:  # the engine's error names the group
+            raise RuntimeError(f"predicting group {named}: {type(exc).__name__}: {exc}") from exc
+        return self._answer(rows, values, origin)
+
+    def _answer(self, rows: Any, values: np.ndarray, origin: str) -> Any:
+        answer = rows.copy()
+        answer["prediction"] = list(values) if values.ndim > 1 else values
+        if self.with_source:
+            answer["source"] = origin
+        return answer
+
+
+def _plain(value: Any) -> Any:
+    """A key part as the driver's keys hold it (a Python scalar, not NumPy's)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def output_kind(store: Any, artifacts: dict[str, str], fallback: str | None,
+                method: str, fn: Callable | None) -> str:
+    """What one prediction is: ``"float"``, ``"int"``, ``"str"`` or
+    ``"vector"`` (a row of class probabilities or scores): an engine needs the
+    answer's type before it runs. A classifier's ``predict`` gives its
+    classes' type (one stored model is read to know), ``predict_proba`` and
+    ``decision_function`` a vector, anything else a number."""
+    if fn is not None:
+        return "float"
+    if method in ("predict_proba", "predict_log_proba", "decision_function"):
+        return "vector"
+    digest = next(iter(artifacts.values()), None) or fallback
+    if digest is None or method != "predict":
+        return "float"
+    from ..store.lazymodels import StoredModel
+
+    classes = getattr(StoredModel(store, digest, "a model of the run").load(), "classes_", None)
+    if classes is None:
+        return "float"
+    kind = np.asarray(classes).dtype.kind
+    return "int" if kind in "iub" else "str" if kind in "USO" else "float"
+
+
+def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict[str, str],
+                         with_source: bool) -> Any:
+    """The engine's DataFrame of ``table``'s rows with their predictions by
+    ``predictor`` (a ``prediction.GroupPredictor``; see the module): checked
+    here, run lazily by the engine."""
+    from ..inputs.engineframes import _column_names
+
+    engine = engine_of(table)
+    by, features, fallback = predictor.by, predictor.features, predictor.fallback
+    method, fn = predictor.method, predictor.fn
+    columns = _column_names(table, engine)
+    taken = [name for name in ("prediction", *(["source"] if with_source else []))
+             if name in columns]
+    missing = [c for c in [*by, *(features or [])] if c not in columns]
+    if missing:
+        raise ValueError(f"column {missing[0]!r} is not in the {engine} table to predict "
+                         f"(its columns: {columns})")
+    if taken:
+        raise ValueError(f"the {engine} table to predict has a column {taken[0]!r}, which "
+                         "the answer adds: rename it")
+    if not artifacts and fallback is None:
+        raise ValueError(f"store {str(store.path)!r} has no model to predict with and no "
+                         "fallback model")
+    task = EngineGroupPredictor(str(store.path), predictor, artifacts, with_source)
+    kind = output_kind(store, artifacts, fallback, method, fn)
+    return {"spark": _on_spark, "dask": _on_dask, "ray": _on_ray}[engine](table, by, task, kind)
+
+
+def _on_spark(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) -> Any:
+    from pyspark.sql import types
+
+    value = {"float": types.DoubleType(), "int": types.LongType(),
+             "str": types.StringType(), "vector": types.ArrayType(types.DoubleType())}[kind]
+    fields = [*frame.schema.fields, types.StructField("prediction", value, True)]
+    if task.with_source:
+        fields.append(types.StructField("source", types.StringType(), False))
+
+    def predict_group(rows: Any) -> Any:  # Spark reads a function's arity: (rows), no key
+        return task(rows)
+
+    return frame.groupBy(*by).applyInPandas(predict_group, schema=types.StructType(fields))
+
+
+def _dask_meta(meta: Any, task: EngineGroupPredictor, kind: str) -> Any:
+    dtype = {"float": "float64", "int": "int64", "str": "object", "vector": "object"}[kind]
+    meta = meta.assign(prediction=np.empty(0, dtype=dtype))
+    return meta.assign(source=np.empty(0, dtype=object)) if task.with_source else meta
+
+
+class _PartitionPredictor:
+    """A Dask partition after the shuffle holds whole groups: each through the task."""
+
+    def __init__(self, by: list[str], task: EngineGroupPredictor, meta: Any) -> None:
+        self.by, self.task, self.meta = by, task, meta
+
+    def __call__(self, part: Any) -> Any:
+        import pandas as pd
+
+        if part.empty:
+            return self.meta
+        answers = [self.task(rows) for _, rows in part.groupby(self.by, sort=False,
+                                                                 dropna=False)]
+        return pd.concat(answers).astype(self.meta.dtypes.to_dict(), errors="ignore")
+
+
+def _on_dask(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) -> Any:
+    meta = _dask_meta(frame._meta, task, kind)
+    shuffled = frame.shuffle(on=by)
+    return shuffled.map_partitions(_PartitionPredictor(by, task, meta), meta=meta)
+
+
+def _on_ray(dataset: Any, by: list[str], task: EngineGroupPredictor, kind: str) -> Any:
+    def predict_group(rows: Any) -> Any:  # Ray Data names its stages by the function
+        return task(rows)
+
+    return dataset.groupby(by if len(by) > 1 else by[0]).map_groups(
+        predict_group, batch_format="pandas")
