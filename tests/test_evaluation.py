@@ -639,3 +639,49 @@ def test_halving_eta_1_scores_each_candidates_windows_at_once_and_drops_one_that
     failed = mm.train(fit_candidate, mm.groups(frame, by="sku") * every, backend="serial",
                       progress=False, evaluate=splitter, select=mm.halving("rmse", eta=1))
     assert failed.results["error"].str.contains("every candidate failed").all()
+
+
+class _StatsforecastStyle:
+    """statsforecast's interface: fit(y), predict(h) -> {"mean": ...}, and a
+    forecast(y, h) that wants the history first (not a forecaster of h)."""
+
+    def fit(self, y):
+        self.last = np.asarray(y, dtype=float)[-7:]
+        return self
+
+    def predict(self, h, X=None, level=None):
+        return {"mean": np.resize(self.last, h)}
+
+    def forecast(self, y, h, X=None):
+        raise AssertionError("a backtest must not call forecast(y, h)")
+
+
+class _SktimeStyle:
+    """sktime's interface: predict(fh) of the steps ahead, 1..h."""
+
+    def __init__(self, history):
+        self.last = float(history[-1])
+
+    def predict(self, fh):
+        return pd.Series(self.last + np.asarray(fh, dtype=float))
+
+
+@pytest.mark.parametrize("style", ["statsforecast", "sktime"])
+def test_a_forecaster_with_predict_h_is_scored_on_its_h_steps(style):
+    frame = daily(groups=2, days=40)
+    if style == "statsforecast":
+        def fit(rows):
+            return _StatsforecastStyle().fit(rows["sales"])
+    else:
+        def fit(rows):
+            return _SktimeStyle(rows["sales"])
+    run = mm.train(fit, mm.groups(frame[["sku", "date", "sales"]], by="sku", format="numpy",
+                                  order_by="date"),
+                   evaluate=mm.backtest("date", horizon=7, windows=2, target="sales"),
+                   backend="serial", progress=False)
+    for (sku, _), rows in run.forecasts.groupby(["sku", "window"]):
+        history = frame[(frame["sku"] == sku) & (frame["date"] <= rows["cutoff"].iloc[0])]
+        history = history.sort_values("date")["sales"].to_numpy()
+        expected = (np.resize(history[-7:], 7) if style == "statsforecast"
+                    else history[-1] + np.arange(1, 8))
+        np.testing.assert_array_equal(rows["forecast"].to_numpy(), expected)

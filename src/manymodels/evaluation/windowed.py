@@ -9,9 +9,10 @@ out once per group too, and the metrics of all windows are computed at once
 from their predictions end to end
 (:func:`manymodels.evaluation.metrics.window_scores`). A backtest's forecasts
 travel with each window's scores (the rows' times, the actuals and the
-forecasts), which make ``run.forecasts``. A model with a ``forecast(h)``
-method (a forecaster: statsforecast's and sktime's style) is scored on
-``forecast(h)`` for the window's ``h`` time steps instead of ``predict`` of
+forecasts), which make ``run.forecasts``. A forecaster (a model with
+``forecast(h)``, or ``predict(h)`` as statsforecast's and sktime's models:
+see :mod:`.horizons`) is scored on its ``h`` steps for the window's ``h``
+time steps instead of ``predict`` of
 the test rows' features. Successive halving
 (:mod:`manymodels.evaluation.selection`) runs on the same windows.
 """
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import metrics as _metrics
+from .horizons import horizon_call
 from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
 from .windowrows import WindowLayout, model_and_metrics
 
@@ -89,8 +91,8 @@ class GroupWindows:
         scores: dict[str, float] = {}
         predicted = None
         if self.vectorised or self.forecasts:
-            forecast = getattr(model, "forecast", None) if self.splitter.time else None
-            predicted = (self._forecast(forecast, test) if callable(forecast)
+            forecast = horizon_call(model) if self.splitter.time else None
+            predicted = (self._forecast(forecast, test) if forecast is not None
                          else np.asarray(model.predict(self._features(test))))
         if self.log_loss:
             scores["log_loss"] = _metrics.log_loss(
@@ -114,7 +116,8 @@ class GroupWindows:
         values = np.asarray(values).reshape(-1)
         if len(values) != h:
             owner = type(getattr(forecast, "__self__", forecast)).__name__
-            raise ValueError(f"{owner}.forecast({h}) returned "
+            method = getattr(forecast, "__name__", "forecast")
+            raise ValueError(f"{owner}.{method}({h}) returned "
                              f"{len(values)} values, not one per time step")
         if h == len(times):
             return values
