@@ -273,3 +273,17 @@ def test_business_days_and_time_zones(tmp_path, dates, expected):
     future = got.forecast(3, history=df)
     assert list(future["t"][:3]) == list(expected)
     assert list(future["t"][3:]) == list(expected)
+
+
+def test_the_backtests_time_column_is_the_forecasts_without_order_by(tmp_path):
+    """A run evaluated by mm.backtest(time=...) keeps its time column in the
+    store: forecast needs no time= where the groups had no order_by."""
+    df = daily_sales(days=42)
+    mm.train(seasonal_fit, mm.groups(df, by="sku"),
+             evaluate=mm.backtest(time="date", horizon=7, windows=2, target="sales"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    got = mm.Store(tmp_path / "s").forecast(3)
+    assert list(got.columns) == ["sku", "date", "yhat"]
+    for sku in df["sku"].unique():
+        assert list(got.loc[got["sku"] == sku, "date"]) == list(
+            pd.date_range("2024-02-12", periods=3, freq="D"))

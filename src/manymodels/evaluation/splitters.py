@@ -318,6 +318,11 @@ def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
                  shuffle=bool(shuffle), seed=int(seed))
 
 
+#: The store attachment under which ``train`` keeps a backtest's time column,
+#: for ``Store.forecast`` of groups that had no ``order_by``.
+EVALUATION_ATTACHMENT = "evaluation"
+
+
 def backtest(time: str, horizon: int, windows: int = 3, step: int | None = None, *,
              target: str, features: Sequence[str] | None = None,
              metrics: Sequence[Any] = ("rmse", "mae"), final_model: str | None = None,

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ..evaluation.splitters import EVALUATION_ATTACHMENT
+
 #: A horizon-taking method's first parameter, by the names forecasting
 #: libraries give it (``fh``, sktime's, takes the steps 1..h).
 HORIZON_PARAMETERS = ("h", "horizon", "steps", "n_periods", "fh")
@@ -214,6 +216,8 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
                          "Store.predict; forecast needs a model per group")
     runs = store.runs()
     source_text = runs.loc[runs["run_id"] == run_id, "source"]
+    if time is None:  # the time column of the run's backtest, where it had one
+        time = (store.attached(EVALUATION_ATTACHMENT, run_id, default=None) or {}).get("time")
     time = time_column(source_text.iloc[0] if len(source_text) else None, time, run_id)
     chosen = store._selection(run)
     config = store.attached("train_config", run, default={}) or {}

@@ -21,6 +21,7 @@ from ..engine.execution import RunContext
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
 from ..evaluation.selection import Halving, HalvingSearch, Selection
+from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
 from ..inputs.grids import require_distinct_texts
@@ -149,6 +150,9 @@ def train(
                 live.close()
     if selection is not None:
         run.select(selection, source)
+    if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
+        # Store.forecast's time column, where the groups had no order_by
+        store.attach(run.run_id, EVALUATION_ATTACHMENT, {"time": evaluate.time})
     return run
 
 

@@ -92,7 +92,8 @@ class Store(_Store):
         its kept model (its winner with ``select=``), on the engine.
 
         manymodels makes the future rows: each group's ``h`` time stamps after
-        its last time in ``time`` (default: the run's one ``order_by`` column),
+        its last time in ``time`` (default: the time column of the run's
+        ``mm.backtest``, else the run's one ``order_by`` column),
         ``freq`` apart (a pandas offset alias such as ``"D"`` or ``"MS"``, or a
         number for a time column of whole numbers; inferred per group from its
         times when not given). The times come from ``history`` (a table or
