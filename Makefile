@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/backtest_bench.py
+	$(BIN)/python bench/forecast_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
