@@ -104,3 +104,15 @@ def test_predict_is_answered_where_the_app_is_mounted_with_its_token(tmp_path):
         metrics = client.get("/models/metrics", headers={"authorization": "Bearer t0k"}).text
         assert 'manymodels_serve_requests_total{route="/v1/predict",code="200"} 1' in metrics
         assert "manymodels_serve_catalog_bytes" in metrics
+
+
+def test_the_servers_startup_objects_are_frozen_out_of_the_collectors_sight():
+    import gc
+
+    from manymodels.serve.app import freeze_startup_objects
+
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 1000  # the imports: no full collection walks them
+    finally:
+        gc.unfreeze()

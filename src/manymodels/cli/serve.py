@@ -53,7 +53,7 @@ def serve(
     """
     import uvicorn
 
-    from ..serve.app import CONFIG_VARIABLE, serve_app
+    from ..serve.app import CONFIG_VARIABLE, freeze_startup_objects, serve_app
 
     if not _loopback(host) and not token:
         raise _refuse(f"{host!r} is not loopback: give --token (or MANYMODELS_SERVE_TOKEN), "
@@ -71,6 +71,7 @@ def serve(
     typer.echo(f"manymodels serve {store}: http://{host}:{port}/v1/predict "
                f"(run {application.state.served.catalog.run_id}; Ctrl-C stops it)")
     if workers == 1:
+        freeze_startup_objects()
         uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
         return
     application.state.served.store.close()
