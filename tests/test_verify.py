@@ -71,9 +71,10 @@ def test_a_flipped_packed_byte_is_reused_unchecked_until_verify_marks_it(tmp_pat
     assert train(fit_small, store).summary().reused == 4
 
     report = mm.Store(store).verify()
-    assert list(report.columns) == ["run_id", "key", "attachment", "artifact", "problem"]
-    assert report[["run_id", "key", "problem"]].values.tolist() == [
-        [1, 2, "modified"], [2, 2, "modified"]]  # run 2 reused run 1's model
+    assert list(report.columns) == ["run_id", "key", "attachment", "artifact", "problem",
+                                    "superseded"]
+    assert report[["run_id", "key", "problem", "superseded"]].values.tolist() == [
+        [1, 2, "modified", False], [2, 2, "modified", False]]  # run 2 reused run 1's model
     assert report["attachment"].isna().all()
     assert report.attrs["artifacts_checked"] == 4
 
@@ -197,3 +198,11 @@ def test_cli_verify_exits_1_naming_the_corrupt_key(tmp_path):
         as_json.output)] == [(1, 3, "modified")]
     missing = runner.invoke(app, ["verify", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+    train(fit_small, store)  # key 3 trained again: run 1's corrupt copy is superseded
+    after = runner.invoke(app, ["verify", str(store), "--format", "json"])
+    assert after.exit_code == 0, after.output
+    assert [(row["run_id"], row["key"], row["superseded"]) for row in json.loads(
+        after.output)] == [(1, 3, True)]
+    told = runner.invoke(app, ["verify", str(store)])
+    assert told.exit_code == 0 and "1 of them trained again by a later run" in told.output

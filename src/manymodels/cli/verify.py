@@ -17,9 +17,10 @@ def verify(
 ) -> None:
     """Check every model of a store against its SHA-256; mark the corrupt ones.
 
-    The corrupt models are listed (run, key, artifact, problem) and recorded,
-    so the next run trains them again instead of reusing them. Exit status 1
-    when one is corrupt, 0 when all are whole.
+    The corrupt models are listed (run, key, artifact, problem, superseded)
+    and recorded, so the next run trains them again instead of reusing them.
+    Exit status 1 when one is corrupt and no later run trained its key
+    again, 0 when all are whole or superseded.
 
     Example: manymodels verify models/
     """
@@ -31,10 +32,14 @@ def verify(
     elif report.empty:
         typer.echo(f"{store}: {checked} artifact(s) checked, each matches its SHA-256")
     else:
+        superseded = int(report["superseded"].sum())
         typer.echo(f"{store}: {checked} artifact(s) checked, {report['artifact'].nunique()} "
                    f"corrupt, held by {len(report)} task(s) or attachment(s)"
                    + ("" if not opened.read_only else " (read-only store: not marked)")
-                   + "; the next run trains them again")
+                   + (f"; {superseded} of them trained again by a later run (superseded: "
+                      "only that run's own models still name them)" if superseded else "")
+                   + ("; the next run trains the others again" if superseded < len(report)
+                      else ""))
         print_frame(report, "corrupt artifacts")
-    if not report.empty:
+    if not report.empty and not report["superseded"].all():
         raise typer.Exit(1)

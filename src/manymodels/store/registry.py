@@ -370,9 +370,10 @@ class Store:
         check it against its SHA-256, like ``git fsck``; record the corrupt
         ones so the next run trains their tasks again instead of reusing
         them. Returns one row per task (or attachment) whose artifact is
-        corrupt: ``run_id``, ``key``, ``attachment``, ``artifact`` and
+        corrupt: ``run_id``, ``key``, ``attachment``, ``artifact``,
         ``problem`` (``missing``, ``unreadable``, ``truncated`` or
-        ``modified``); empty when every artifact is whole (see
+        ``modified``) and ``superseded`` (a later run holds a whole model for
+        the key: trained again already); empty when every artifact is whole (see
         :mod:`.verify`). A store open for reading only is checked, not marked."""
         from .verify import verify_store
 

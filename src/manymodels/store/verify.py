@@ -40,7 +40,7 @@ from .artifacts import MISSING, MODIFIED, TRUNCATED
 # MISSING, UNREADABLE, TRUNCATED and MODIFIED.
 
 #: The columns of :func:`verify_store`'s report.
-REPORT_COLUMNS = ["run_id", "key", "attachment", "artifact", "problem"]
+REPORT_COLUMNS = ["run_id", "key", "attachment", "artifact", "problem", "superseded"]
 
 
 def check_artifacts(conn: sqlite3.Connection, root: Path, names: Iterable[str]
@@ -122,13 +122,24 @@ def _run_models(conn: sqlite3.Connection, run_id: int) -> pa.Table:
                                 pc.is_valid(tasks["artifact"]))).select(["key", "artifact"])
 
 
+def _latest_models(models: dict[int, pa.Table]) -> dict[str, tuple[int, str]]:
+    """Each key's latest run with a model for it, and that model's artifact."""
+    latest: dict[str, tuple[int, str]] = {}
+    for run_id in sorted(models):
+        table = models[run_id]
+        for key, artifact in zip(table["key"].to_pylist(), table["artifact"].to_pylist()):
+            latest[key] = (run_id, artifact)
+    return latest
+
+
 def verify_store(conn: sqlite3.Connection, root: Path) -> pd.DataFrame:
     """Read every artifact the store's runs name, check it against its
     SHA-256, record what does not match (see the module's docstring), and
     return one row per task or attachment whose artifact is corrupt:
     :data:`REPORT_COLUMNS` (``key`` None for an attachment, ``attachment``
-    None for a task's model). ``attrs["artifacts_checked"]``: how many
-    distinct artifacts were read."""
+    None for a task's model; ``superseded`` true where a later run holds a
+    whole model for the key, which ``Store.predict`` uses instead).
+    ``attrs["artifacts_checked"]``: how many distinct artifacts were read."""
     with database.read_snapshot(conn):
         runs = [run_id for (run_id,) in conn.execute("SELECT run_id FROM runs ORDER BY run_id")]
         models = {run_id: _run_models(conn, run_id) for run_id in runs}
@@ -143,13 +154,15 @@ def verify_store(conn: sqlite3.Connection, root: Path) -> pd.DataFrame:
     rows: list[tuple[Any, ...]] = []
     if problems:
         bad = pa.array(list(problems), pa.string())
+        latest = _latest_models(models)
         for run_id, table in models.items():
             hit = table.filter(pc.is_in(table["artifact"], value_set=bad))
             for key, artifact in zip(hit["key"].to_pylist(), hit["artifact"].to_pylist()):
                 parts = decode_key(key)
+                newer = latest[key]
                 rows.append((run_id, parts[0] if len(parts) == 1 else parts, None, artifact,
-                             problems[artifact]))
-        rows += [(run_id, None, name, artifact, problems[artifact])
+                             problems[artifact], newer[0] > run_id and newer[1] not in problems))
+        rows += [(run_id, None, name, artifact, problems[artifact], False)
                  for run_id, name, artifact in attached if artifact in problems]
     frame = pd.DataFrame(rows, columns=REPORT_COLUMNS)
     frame.attrs["artifacts_checked"] = len(names)
