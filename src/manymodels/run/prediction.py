@@ -31,12 +31,13 @@ from .predictchunks import (
     GROUP,
     NONE,
     OWN,
+    SOURCES,
     GroupFailure,
+    call_model,
     chunk_size,
     in_row_order,
     measure,
     run_chunks,
-    stacked,
 )
 
 #: A group's ``source`` when its stored model failed its SHA-256 check: the
@@ -106,7 +107,7 @@ class GroupPredictor:
         else:
             names = self.features or list(getattr(model, "feature_names_in_", [])) or [
                 c for c in rows if c not in self.by]
-            values = _call(model, self.method, rows, names)
+            values = call_model(model, self.method, rows, names)
         values = np.asarray(values)
         if len(values) != n:
             raise ValueError(f"the prediction of group {key!r} has {len(values)} rows for "
@@ -114,59 +115,21 @@ class GroupPredictor:
         return values
 
 
-def _plain_estimator(model: Any) -> bool:
-    """A scikit-learn estimator that reads its features by position (not a
-    pipeline or column transformer, which may select columns by name)."""
-    module = type(model).__module__
-    return module.startswith("sklearn.") and not module.startswith(
-        ("sklearn.pipeline", "sklearn.compose"))
-
-
-#: scikit-learn regressors whose ``predict`` is ``X @ coef_.T + intercept_``
-#: after validation (``LinearModel.predict``; they override it for its docstring).
-_LINEAR = ("LinearRegression", "Ridge", "RidgeCV", "Lasso", "LassoCV", "ElasticNet",
-           "ElasticNetCV")
-
-
-def _linear_predict(model: Any) -> bool:
-    """Whether ``model`` is exactly one of :data:`_LINEAR` (not a subclass,
-    which may predict otherwise), with dense coefficients."""
-    kind = type(model)
-    return (kind.__module__.startswith("sklearn.linear_model.") and kind.__name__ in _LINEAR
-            and isinstance(getattr(model, "coef_", None), np.ndarray))
-
-
-def _call(model: Any, method: str, columns: dict[str, np.ndarray], names: list[str]) -> Any:
-    """``model.<method>`` of a group's feature columns. A model fitted on a
-    DataFrame gets one, except a plain scikit-learn estimator: it gets the
-    same columns, in its ``feature_names_in_`` order, as one NumPy array,
-    which skips its DataFrame validation (most of a small group's cost)."""
-    import pandas as pd
-
-    named = hasattr(model, "feature_names_in_")
-    if method == "predict" and _linear_predict(model) and (
-            not named or list(model.feature_names_in_) == names):
-        # scikit-learn's LinearModel.predict, the same product, minus ~50 us
-        # of validation per call (a group of 5 rows costs ~5 us)
-        X = stacked(columns, names, float)
-        return X @ model.coef_.T + model.intercept_
-    if not named:
-        return getattr(model, method)(stacked(columns, names))
-    if _plain_estimator(model) and list(model.feature_names_in_) == names:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="X does not have valid feature names")
-            return getattr(model, method)(stacked(columns, names))
-    return getattr(model, method)(pd.DataFrame({c: columns[c] for c in names}))
-
-
 @dataclass
 class Predicted:
-    """Per input row: the prediction (None when no row had a model) and its
-    source; the group keys that had no model."""
+    """Per input row: the prediction (None when no row had a model) and
+    where it came from (:data:`.predictchunks.NONE`, ``OWN`` or ``FALLBACK``);
+    the group keys that had no model."""
 
     values: np.ndarray | None
-    source: np.ndarray
+    origin: np.ndarray
     unseen: list[Any]
+
+    @property
+    def source(self) -> np.ndarray:
+        """Each row's source as text: ``"none"``, ``"group"`` or ``"fallback"``
+        (made when asked for: a million rows' strings are not free)."""
+        return SOURCES[self.origin]
 
 
 class StoredGroups:
@@ -175,16 +138,18 @@ class StoredGroups:
     (``digests``, an Arrow string array: null when it has none) or the
     fallback's, loaded from the worker's store (``resource``)."""
 
-    def __init__(self, predictor: GroupPredictor, digests: pa.Array, fallback: str | None,
-                 keys: pa.Table) -> None:
-        self.predictor, self.digests, self.fallback, self.keys = (
-            predictor, digests, fallback, keys)
-        self._listed: tuple[list, list] | None = None  # per worker, at its first group
+    def __init__(self, predictor: GroupPredictor, digests: list[str | None],
+                 fallback: str | None, keys: pa.Table) -> None:
+        self.predictor, self.fallback, self.keys = predictor, fallback, keys
+        self.digests = pa.array(digests, pa.string())  # what a worker gets: a few buffers
+        # in the driver, which probes a few groups: its own list of the digests,
+        # and each key read alone; a worker lists both at its first group
+        self._listed: tuple[list, list | None] | None = (digests, None)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_listed": None}
 
-    def _lists(self) -> tuple[list, list]:
+    def _lists(self) -> tuple[list, list | None]:
         # Python lists, read once: an Arrow scalar costs microseconds a group
         if self._listed is None:
             self._listed = (self.digests.to_pylist(),
@@ -193,7 +158,10 @@ class StoredGroups:
 
     def key(self, group: int) -> tuple:
         """Group ``group``'s key parts as planned (as the store keys them)."""
-        return self._lists()[1][group]
+        keys = self._lists()[1]
+        if keys is None:
+            return tuple(column[group].as_py() for column in self.keys.columns)
+        return keys[group]
 
     def predict(self, group: int, rows: Any, resource: Any) -> Any:
         digest = self._lists()[0][group]
@@ -272,8 +240,8 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     source = groups(frame, by=by, format=fmt)
     layout = planning.group_layout(source)
     digests = _digests_by_group(layout, artifacts)
-    stored = StoredGroups(GroupPredictor(by, features, method, fn, fallback),
-                          pa.array(digests, pa.string()), fallback, layout.key_table)
+    stored = StoredGroups(GroupPredictor(by, features, method, fn, fallback), digests,
+                          fallback, layout.key_table)
     labels = source.column_labels
 
     def as_rows(table: Any, first: int, last: int) -> Any:  # groups first..last-1
@@ -308,8 +276,8 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
         origin[origin == NONE] = FALLBACK
     unseen = [layout.keys[i][0] if len(by) == 1 else layout.keys[i]
               for i in np.flatnonzero(origin == NONE).tolist()]
-    values, source = in_row_order(answers, origin, layout.lengths, layout.input_rows)
-    return Predicted(values, source, unseen)
+    values, rows_origin = in_row_order(answers, origin, layout.lengths, layout.input_rows)
+    return Predicted(values, rows_origin, unseen)
 
 
 def _column_names(names: str | list[str] | None) -> list[str] | None:
@@ -377,7 +345,7 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
             f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model")
     if routed.unseen:
         warnings.warn(
-            f"{int((routed.source == 'none').sum())} row(s) of {len(routed.unseen)} "
+            f"{int((routed.origin == NONE).sum())} row(s) of {len(routed.unseen)} "
             f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
             f"{str(store.path)!r}{where} and no fallback: their prediction is NaN",
             RuntimeWarning, stacklevel=2)
