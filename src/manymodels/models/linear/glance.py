@@ -85,23 +85,48 @@ def regularized_beta(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     front = np.exp(a * np.log(x) + b * np.log1p(-x) - log_beta)
     direct = x < (a + 1.0) / (a + b + 2.0)
     value = np.empty(len(inside))
-    value[direct] = front[direct] * _beta_fraction(x[direct], a[direct], b[direct]) / a[direct]
+    value[direct] = front[direct] * _in_chunks(x[direct], a[direct], b[direct]) / a[direct]
     flip = ~direct
-    value[flip] = 1.0 - front[flip] * _beta_fraction(1.0 - x[flip], b[flip], a[flip]) / b[flip]
+    value[flip] = 1.0 - front[flip] * _in_chunks(1.0 - x[flip], b[flip], a[flip]) / b[flip]
     out[inside] = value
     return out
 
 
 def _log_gamma(values: np.ndarray) -> np.ndarray:
-    """``math.lgamma`` of each element, called once per distinct value (one
-    sort of the values, or none when they are all the same)."""
+    """``math.lgamma`` of each element, called once per distinct value: a
+    table of the half-integers a million groups' degrees of freedom give
+    (no sort), or one sort of the values."""
     if not len(values):
         return np.empty(0)
     first = values.flat[0]
     if (values == first).all():
         return np.full(values.shape, math.lgamma(first))
+    twice = values * 2.0
+    if np.isfinite(twice).all() and twice.min() > 0 and twice.max() < 2e6:
+        steps = twice.astype(np.int64)
+        if (steps == twice).all():  # half-integers: a table from the smallest to the largest
+            low = int(steps.min())
+            present = np.flatnonzero(np.bincount(steps - low))
+            table = np.zeros(int(steps.max()) - low + 1)
+            table[present] = [math.lgamma((low + j) / 2.0) for j in present.tolist()]
+            return table[steps - low]
     distinct, inverse = np.unique(values, return_inverse=True)
     return np.array([math.lgamma(v) for v in distinct.tolist()])[inverse.reshape(values.shape)]
+
+
+#: Elements a continued fraction iterates together: its arrays stay in cache.
+CHUNK = 16_384
+
+
+def _in_chunks(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`_beta_fraction` of ``CHUNK`` elements at a time."""
+    if len(x) <= CHUNK:
+        return _beta_fraction(x, a, b)
+    out = np.empty(len(x))
+    for start in range(0, len(x), CHUNK):
+        part = slice(start, start + CHUNK)
+        out[part] = _beta_fraction(x[part], a[part], b[part])
+    return out
 
 
 def _beta_fraction(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
