@@ -80,8 +80,8 @@ step() {
 }
 
 if [ $smoke = 1 ]; then
-    groups=5000; files=40; sweep=2,4; gpu_args=(--tasks 4 --steps 5 --pool 2)
-    linear_groups=5000
+    groups=2000; files=16; sweep=2,4; gpu_args=(--tasks 4 --steps 5 --pool 2)
+    linear_groups=2000
 else
     groups=1000000; files=2000; sweep=""; gpu_args=(--tasks 32 --steps 300 --pool 8)
     linear_groups=1000000
