@@ -179,3 +179,21 @@ def test_store_predict_in_chunks_equals_one_group_at_a_time(tmp_path, backend):
     with pytest.raises(RuntimeError, match="predicting group 7 failed") as caught:
         store.predict(new, by="g", fn=_fails_for_7, backend=backend, workers=2)
     assert "cannot forecast 7" in str(caught.value)
+
+
+def test_shrinkage_and_missing_keys_on_the_engine_equal_the_serial_path():
+    """Blended chains (pickled to the workers) and keys that are None or NaN
+    route as in the caller."""
+    from manymodels.sklearn import GroupedRegressor
+
+    rng = np.random.default_rng(6)
+    X = pd.DataFrame({"country": rng.choice(["NL", "BE", None], 200),
+                      "city": rng.choice([1.0, 2.0, np.nan], 200), "x": rng.normal(size=200)})
+    y = 2 * X["x"].to_numpy() + rng.normal(size=200)
+    model = GroupedRegressor(Ridge(), by=["country", "city"], shrinkage="relative",
+                             backend="serial").fit(X, y)
+    new = X.copy()
+    new.loc[:9, "country"] = "DE"  # unseen: its chain is the global model alone
+    serial = model.predict(new)
+    np.testing.assert_array_equal(
+        model.set_params(backend="processes", workers=2).predict(new), serial)
