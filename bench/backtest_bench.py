@@ -14,7 +14,10 @@ Two jobs (``--model``):
   installed too (editable, from this checkout).
 
 Both tools run 3 expanding windows of horizon 28 (step 28), with the cores
-as workers (statsforecast's ``n_jobs``), start-up included. Each run is a
+as workers (statsforecast's ``n_jobs``), start-up included, and fit each
+window once: manymodels with ``final_model="last_window"``, as
+statsforecast's ``cross_validation`` makes no fit on all rows after the
+windows (``--final-model all_rows`` adds that fit, a fourth per series). Each run is a
 child process of its own that reads the same series from a Parquet file and
 times its job after its imports; it reports the wall time, the CPU time of
 the job (its process and its workers) and the peak PSS of its process tree
@@ -202,7 +205,8 @@ def run_statsforecast(data: Path, out: Path, cores: int, model: str) -> None:
     print(json.dumps(measured))
 
 
-def run_manymodels(data: Path, out: Path, cores: int, model: str, format: str) -> None:
+def run_manymodels(data: Path, out: Path, cores: int, model: str, format: str,
+                   final_model: str) -> None:
     """manymodels' backtest (and, for the naive job, selection), measured;
     its evaluation (and forecasts, where compared) written to ``out``."""
     import manymodels as mm
@@ -216,7 +220,7 @@ def run_manymodels(data: Path, out: Path, cores: int, model: str, format: str) -
     def job() -> Any:  # the groups made inside the clock: statsforecast groups its frame in it
         groups = mm.groups(frame, by="unique_id", order_by="ds", format=format)
         evaluate = mm.backtest("ds", horizon=HORIZON, windows=WINDOWS, target="y",
-                               metrics=["mae", "rmse"])
+                               metrics=["mae", "rmse"], final_model=final_model)
         if model == "autoets":
             return mm.train(fit_autoets, groups, evaluate=evaluate, workers=cores,
                             progress=False)
@@ -240,9 +244,11 @@ def run_manymodels(data: Path, out: Path, cores: int, model: str, format: str) -
 
 
 def _child(python: Path, tool: str, data: Path, out: Path, cores: int, model: str,
-           format: str = "numpy", source: Path | None = None) -> dict[str, float]:
+           format: str = "numpy", source: Path | None = None,
+           final_model: str = "last_window") -> dict[str, float]:
     done = subprocess.run([str(python), __file__, "--child", tool, str(data), str(out),
-                           "--cores", str(cores), "--model", model, "--formats", format],
+                           "--cores", str(cores), "--model", model, "--formats", format,
+                           "--final-model", final_model],
                           capture_output=True, text=True, env=_child_environment(source))
     if done.returncode != 0:
         raise RuntimeError(f"the {tool} run failed:\n{done.stderr[-4000:]}")
@@ -317,7 +323,8 @@ def compare(args: argparse.Namespace, cores: int) -> dict[str, Any]:
                                                 cores, args.model))
             for format in formats:
                 runs[format].append(_child(mm_python, "manymodels", data, outs[format], cores,
-                                           args.model, format, args.manymodels_src))
+                                           args.model, format, args.manymodels_src,
+                                           args.final_model))
         load.append(os.getloadavg())
         cv = pd.read_parquet(cv_out)
         checks = {}
@@ -335,7 +342,8 @@ def compare(args: argparse.Namespace, cores: int) -> dict[str, Any]:
     sf = _summary(runs["statsforecast"])
     out = {"statsforecast": sf, "manymodels": {}, "load_average": load}
     print(f"{args.series:,} series x {args.days} days, {WINDOWS} windows of {HORIZON}, "
-          f"{' and '.join(names)}, {cores} workers (start-up included), {args.repeat} runs "
+          f"{' and '.join(names)}, final_model={args.final_model!r}, "
+          f"{cores} workers (start-up included), {args.repeat} runs "
           f"alternated; load average {load[0][0]:.2f} -> {load[-1][0]:.2f}")
     print(f"{'':34} {'min':>7} {'median':>7}")
     print(_line("statsforecast cross_validation", sf, None))
@@ -358,6 +366,9 @@ def main() -> None:
                         help="the group formats manymodels runs: numpy, pandas or both")
     parser.add_argument("--model", choices=["naive", "autoets"], default="naive")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--final-model", choices=["last_window", "all_rows"],
+                        default="last_window",
+                        help="manymodels' final_model= (all_rows: one more fit per series)")
     parser.add_argument("--child", nargs=3, metavar=("TOOL", "DATA", "OUT"),
                         help=argparse.SUPPRESS)  # one measured run, in a process of its own
     parser.add_argument("--cores", type=int, default=None)
@@ -371,14 +382,16 @@ def main() -> None:
         if tool == "statsforecast":
             run_statsforecast(Path(data), Path(out), args.cores, args.model)
         else:
-            run_manymodels(Path(data), Path(out), args.cores, args.model, args.formats)
+            run_manymodels(Path(data), Path(out), args.cores, args.model, args.formats,
+                           args.final_model)
         return
     import _common
 
     cores = args.cores or _common.cores()
     data = {"machine": _common.machine_info(), "manymodels_src": args.manymodels_src,
             "series": args.series, "days": args.days,
-            "model": args.model, "horizon": HORIZON, "windows": WINDOWS, "workers": cores,
+            "model": args.model, "final_model": args.final_model, "horizon": HORIZON,
+            "windows": WINDOWS, "workers": cores,
             "repeat": args.repeat, **compare(args, cores)}
     name = f"backtest_bench-{args.model}-{args.series}.json"
     _common.write_json(args.out or BENCH / "results" / name, data)
