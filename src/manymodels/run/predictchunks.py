@@ -200,11 +200,13 @@ def chunk_size(groups: int, seconds_per_group: float, workers: int) -> int:
 
 
 def measure(groups: Groups, table: pa.Table, offsets: np.ndarray, lengths: np.ndarray,
-            as_rows: Callable[[pa.Table], Any], resource: Any, probes: int) -> float:
+            as_rows: Callable[[pa.Table, int, int], Any], resource: Any, probes: int) -> float:
     """Seconds a group takes to predict here: the first group alone warms
     imports and caches (and counts only when alone); the next ``probes``
-    run as one chunk, as the engine runs them. An exception propagates: the
-    caller leaves it to the run, which names the group."""
+    run as one chunk, as the engine runs them (``as_rows(table, first,
+    last)``: the rows of groups ``first`` to ``last - 1`` as the chunk's
+    task gets them). An exception propagates: the caller leaves it to the
+    run, which names the group."""
     task = ChunkPredictor()
     seconds, count = 0.0, 0
     for first, last in ((0, 1), (1, min(len(lengths), 1 + probes))):

@@ -196,7 +196,7 @@ def _digests_by_group(layout: Any, artifacts: dict[str, str]) -> list[str | None
             for digest, parts in zip(found, layout.keys)]
 
 
-def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[[Any], Any], store: Any,
+def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], store: Any,
               backend: str | None, workers: int | None) -> tuple[str, int]:
     """The backend (``backend``, else ``"serial"`` or ``"processes"`` from
     the measured cost of a prediction) and the groups a chunk. A few groups
