@@ -29,7 +29,6 @@ import argparse
 import http.client
 import json
 import os
-import pickle
 import shutil
 import socket
 import subprocess
@@ -43,6 +42,7 @@ import pandas as pd
 import psutil
 
 from serve_client import first_requests, request_bytes, run_load
+from serve_others import FASTAPI, RAY, export_pickles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -307,57 +307,6 @@ def measure(target: Target, groups: int, args, rates) -> list[dict]:
     return out
 
 
-def export_pickles(store_path: Path) -> Path:
-    """Each model of the store as its own pickle file (the plain endpoint's),
-    kept beside the cached stores."""
-    import manymodels as mm
-
-    out = STORES / f"pickles-{store_path.name}"
-    if (out / "done").is_file():
-        return out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    store = mm.Store(store_path)
-    for key, model in store.models().items():
-        (out / f"{key}.pkl").write_bytes(pickle.dumps(model))
-    store.close()
-    (out / "done").write_text("")
-    return out
-
-FASTAPI = """
-import pickle, sys
-import numpy as np, uvicorn
-from fastapi import FastAPI, Request
-app = FastAPI()
-folder = sys.argv[1]
-@app.post("/v1/predict")
-async def predict(request: Request):
-    rows = (await request.json())["rows"]
-    out = []
-    for row in rows:
-        with open(f"{folder}/{row['key']}.pkl", "rb") as f:
-            model = pickle.load(f)  # unverified bytes, every request
-        out.append(float(model.predict(np.array([[row["x"], row["z"]]]))[0]))
-    return {"predictions": out}
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[-1]), log_level="warning")
-"""
-
-RAY = """
-import sys, time
-import ray
-from ray import serve
-from manymodels.serve.ray import deployment
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[-1])})
-serve.run(deployment(sys.argv[1], max_models_per_replica=int(sys.argv[2]), poll=None,
-                     ray_actor_options={"num_cpus": 0}).bind(), route_prefix="/")
-while True:
-    time.sleep(3600)
-"""
-
-
-
 def serve_target(name: str, store: Path, args) -> Target:
     return Target(name, [sys.executable, "-m", "manymodels", "serve", str(store), "--poll", "0",
                          "--cache-models", str(args.cache_models)], "/v1/predict", False)
@@ -404,7 +353,7 @@ def main() -> None:
                 script = Path(tmp) / "plain.py"
                 script.write_text(FASTAPI)
                 rows += measured(Target("fastapi-unpickle/ridge", [
-                    sys.executable, str(script), str(export_pickles(ridge)), "x"],
+                    sys.executable, str(script), str(export_pickles(ridge, STORES)), "x"],
                     "/v1/predict", False), args.sklearn, args, rates)
             if not args.no_ray:
                 script = Path(tmp) / "ray_serve.py"
