@@ -8,19 +8,21 @@ Two jobs (``--model``):
   same weekday of the last training week) and the historic average (the
   mean of the training target); manymodels selects the better per series.
 * ``autoets``: statsforecast's ``AutoETS(season_length=7)`` called inside
-  manymodels' ``fit`` (one series a group, the fitted model asked for
-  ``h`` steps), against statsforecast's own ``cross_validation`` with that
-  model. It runs in statsforecast's environment, where manymodels is
-  installed too (editable, from this checkout).
+  manymodels' ``fit`` (one series a group; the fitted model returned as it
+  is, which a backtest asks for ``predict(h)``), against statsforecast's
+  own ``cross_validation`` with that model. It runs in statsforecast's
+  environment, where manymodels is installed too (editable, from this
+  checkout).
 
 Both tools run 3 expanding windows of horizon 28 (step 28), with the cores
 as workers (statsforecast's ``n_jobs``), start-up included, and fit each
 window once: manymodels with ``final_model="last_window"``, as
 statsforecast's ``cross_validation`` makes no fit on all rows after the
-windows (``--final-model all_rows`` adds that fit, a fourth per series). Each run is a
-child process of its own that reads the same series from a Parquet file and
-times its job after its imports; it reports the wall time, the CPU time of
-the job (its process and its workers) and the peak PSS of its process tree
+windows (``--final-model all_rows`` adds that fit, a fourth per series).
+Each run is a child process of its own that reads the same series from a
+Parquet file and times its job after its imports; it reports the wall
+time, the CPU time of the job (its process and its workers) and the peak
+PSS of its process tree
 (psutil's ``memory_full_info().pss`` summed over the tree, sampled during
 the job: ``_common.PeakRSS``). The runs alternate, ``--repeat`` times, and
 the table gives the minimum and median of each. The per-window MAE and
@@ -98,21 +100,13 @@ def fit_arrays(rows: dict, model: str) -> object:
     return MODELS[model](rows["y"])
 
 
-class ETSForecaster:
-    """statsforecast's AutoETS fitted on a history, asked for ``h`` steps."""
+def fit_autoets(rows: Any) -> Any:
+    """statsforecast's AutoETS fitted on the window's history, returned as it
+    is: a backtest asks it for ``predict(h)``."""
+    from statsforecast.models import AutoETS
 
-    def __init__(self, history: np.ndarray) -> None:
-        from statsforecast.models import AutoETS
-
-        self.model = AutoETS(season_length=SEASON).fit(history)
-
-    def forecast(self, h: int) -> np.ndarray:
-        return self.model.predict(h)["mean"]
-
-
-def fit_autoets(rows: Any) -> ETSForecaster:
     y = rows["y"] if isinstance(rows, dict) else rows.sort_values("ds")["y"].to_numpy()
-    return ETSForecaster(np.asarray(y, dtype=np.float64))
+    return AutoETS(season_length=SEASON).fit(np.asarray(y, dtype=np.float64))
 
 
 def model_names(model: str) -> list[str]:
@@ -160,7 +154,7 @@ def warm_up(model: str) -> None:
     processes: numba compiles its functions at their first call (seconds),
     and the workers, forked after, start with them compiled."""
     if model == "autoets":
-        ETSForecaster(make_series(1, 100)["y"].to_numpy()).forecast(HORIZON)
+        fit_autoets({"y": make_series(1, 100)["y"].to_numpy()}).predict(HORIZON)
 
 
 def _cpu_seconds() -> float:
