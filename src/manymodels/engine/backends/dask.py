@@ -131,7 +131,12 @@ class DaskBackend(RemoteSlotsBackend):
         # for a while, until its nanny starts another: scatter then finds no one
         with contextlib.suppress(Exception):
             self._client.wait_for_workers(1, timeout=60)
-        return self._client.scatter(payload, broadcast=True, hash=False)
+        # To one worker, not broadcast: the workers that run a loop fetch it
+        # from a holder, as Dask moves any task's input. A broadcast waits
+        # until every worker the scheduler lists holds a copy, and it never
+        # ended when one of them was a process killed a moment ago (the
+        # scheduler retried the dead address every 30 s).
+        return self._client.scatter(payload, hash=False)
 
     def _reship(self, shipped: Any, payload: bytes) -> Any:
         # The scheduler forgets scattered data whose last holder died (a
