@@ -5,7 +5,8 @@ observed time and its frequency, makes the ``h`` time stamps after it (the
 future rows: dates x series, which a statsforecast or sktime user otherwise
 builds by hand) and sends them through :func:`.prediction.predict_groups`,
 the engine ``Store.predict`` runs on: each worker loads its groups' models
-from the store and calls, per group, the first of these the model has:
+from the store and calls, per group, the first of these the model has (read
+from its class as a backtest reads it: :mod:`manymodels.evaluation.horizons`):
 
 * ``forecast(h)`` (statsforecast's ``forecast(y, h)``, which needs the
   history, is not this one);
@@ -23,59 +24,14 @@ in the store, whose last window ends at each group's last row.
 from __future__ import annotations
 
 import ast
-import functools
-import inspect
 import re
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..evaluation.horizons import horizon_call
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
-
-#: A horizon-taking method's first parameter, by the names forecasting
-#: libraries give it (``fh``, sktime's, takes the steps 1..h).
-HORIZON_PARAMETERS = ("h", "horizon", "steps", "n_periods", "fh")
-#: A ``forecast`` whose first parameter is one of these wants the history
-#: first (statsforecast's ``forecast(y, h)``): not a forecaster of h alone.
-_HISTORY_PARAMETERS = ("y", "df", "data", "X", "x")
-
-
-def _first_parameter(function: Any, skip: int = 0) -> str | None:
-    """The name of ``function``'s first positional parameter after ``skip``
-    (1 for ``self`` of a method read from its class)."""
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):  # a builtin without a signature
-        return None
-    positional = [p for p in parameters if p.kind in (
-        p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][skip:]
-    return positional[0].name if positional else None
-
-
-@functools.lru_cache(maxsize=256)
-def horizon_method(kind: type) -> tuple[str, str] | None:
-    """How a model of class ``kind`` forecasts ``h`` steps with no feature
-    rows, as (method, first parameter), or None when it predicts from rows
-    (``predict(X)``). Read from the class, once per class."""
-    forecast = getattr(kind, "forecast", None)
-    if callable(forecast) and _first_parameter(forecast, 1) not in _HISTORY_PARAMETERS:
-        return "forecast", "h"
-    predict = getattr(kind, "predict", None)
-    name = _first_parameter(predict, 1) if callable(predict) else None
-    return ("predict", name) if name in HORIZON_PARAMETERS else None
-
-
-def horizon_call(model: Any) -> Callable[[int], Any] | None:
-    """The model's way to forecast ``h`` steps (see :func:`horizon_method`)."""
-    how = horizon_method(type(model))
-    if how is None:
-        return None
-    method = getattr(model, how[0])
-    if how[1] == "fh":  # sktime: the steps ahead, relative to the end of training
-        return lambda h: method(np.arange(1, h + 1))
-    return method
 
 
 def _as_values(values: Any) -> np.ndarray:
