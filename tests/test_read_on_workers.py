@@ -297,6 +297,16 @@ def test_unsorted_parquet_on_an_object_store_is_sorted_once_and_read(s3, tmp_pat
                        backend="serial", progress=False)
     assert set(regions.results["regions"]) == {"north,south"}
 
+    # read here, whole (no read_on_workers), as the local folder is read
+    here = mm.train(describe, mm.groups(location, by=["store", "item"]), backend="serial",
+                    progress=False, store=tmp_path / "here")
+    pd.testing.assert_frame_equal(here.results.drop(columns=_UNTIMED + ["reused"]),
+                                  eager.results.drop(columns=_UNTIMED + ["reused"]))
+    with pytest.raises(ValueError, match="column 'price' is not in 's3://bucket/unsorted'"):
+        mm.groups(location, by="store", columns=["store", "price"])
+    with pytest.raises(ValueError, match="is on an object store, which this call does not"):
+        mm.map_partitions(lambda df: df, location)
+
 
 def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_changes(
         s3, tmp_path, sales):

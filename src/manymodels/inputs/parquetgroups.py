@@ -100,6 +100,28 @@ def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = 
         raise ValueError(f"cannot read the Parquet files {files[:3]}...: {exc}") from exc
 
 
+def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
+    """Parquet on an object store read here, whole, as :func:`read_table`
+    reads a local file or directory: the object, or the objects under the
+    prefix in key order, ``name=value`` folders as columns; with
+    ``columns``, only those (a missing one named)."""
+    import pyarrow.parquet as pq
+
+    files = parquet_files(location)
+    root = parquet_root(location)
+    partitions = None if root is None else partition_table(
+        Path(without_query(root)), [Path(without_query(f)) for f in files])
+    if columns is not None:
+        filesystem, path = resolve(files[0])
+        try:
+            names = pq.read_schema(path, filesystem=filesystem).names
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"cannot read the schema of {files[0]!r}: {exc}") from exc
+        columns = present_columns(columns, names + (partitions.column_names if partitions
+                                                    is not None else []), location)
+    return read_rows(files, columns, partitions=partitions, root=root)
+
+
 @dataclass(frozen=True)
 class ParquetGroups:
     """Groups whose rows stay in Parquet files until a worker needs them:

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .engineframes import EngineFrame, engine_of
-from .parquetgroups import ParquetGroups, parquet_files, parquet_root
+from .objectstores import is_remote
+from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
 from .tables import is_pandas_frame, named_twice, read_table
 
 #: How ``fit`` may receive a group's rows.
@@ -115,6 +116,8 @@ class GroupSource(Source):
         self.reader: ParquetGroups | None = None
         if read_on_workers:
             self._plan_reads_on_workers(table, by_columns, order_columns, wanted)
+        elif is_remote(table):  # an object store's Parquet, read here
+            self.table = read_objects(table, wanted)
         else:
             self.table = read_table(table, wanted)
         checked = (("by", by_columns),) + (() if self.reader else (("order_by", order_columns),))

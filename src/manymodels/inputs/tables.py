@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .engineframes import refuse_engine_frame
+from .objectstores import is_remote
 from .partitions import add_partition_columns, partition_table
 
 PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
@@ -238,6 +239,10 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     if isinstance(table, pa.RecordBatch):
         return pa.Table.from_batches([table])
     if isinstance(table, (str, Path)):
+        if is_remote(table):  # Path() would make s3://b/t "s3:/b/t"
+            raise ValueError(f"{table!r} is on an object store, which this call does not "
+                             "read: read it first (pyarrow.parquet.read_table, "
+                             "pandas.read_parquet), or give it to mm.groups, which does")
         path = Path(table)
         if not path.exists():
             raise ValueError(f"table path {str(path)!r} does not exist")
