@@ -287,3 +287,23 @@ def test_the_backtests_time_column_is_the_forecasts_without_order_by(tmp_path):
     for sku in df["sku"].unique():
         assert list(got.loc[got["sku"] == sku, "date"]) == list(
             pd.date_range("2024-02-12", periods=3, freq="D"))
+
+
+@pytest.mark.parametrize(("history", "expected"), [
+    (["2021-01-01", "2022-01-01", "2023-01-01"], ["2024-01-01", "2025-01-01"]),  # years
+    (["2024-07-01", "2024-08-01", "2024-09-01"], ["2024-10-01", "2024-11-01"]),  # month starts
+    (["2024-06-30", "2024-07-31", "2024-08-31"], ["2024-09-30", "2024-10-31"]),  # month ends
+    (["2024-01-01", "2024-01-31", "2024-03-01"], ["2024-03-31", "2024-04-30"]),  # 30 days apart
+])
+def test_short_histories_evenly_spaced_by_a_month_or_more_keep_their_calendar(history,
+                                                                               expected):
+    """Three month starts 31 days apart are months, not '31 days': a gap of
+    28 days or more is asked of pandas.infer_freq before it counts as days."""
+    import pyarrow as pa
+
+    from manymodels.run.futurerows import future_rows, group_times, steps
+
+    frame = pd.DataFrame({"g": "a", "t": pd.to_datetime(history)})
+    times = group_times(pa.Table.from_pandas(frame, preserve_index=False), ["g"], "t", "x")
+    codes, found = steps(times, None)
+    assert list(future_rows(times, codes, found, 2)["t"]) == list(pd.to_datetime(expected))

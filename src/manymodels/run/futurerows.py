@@ -235,14 +235,18 @@ def _offset(gap: pd.Timedelta) -> Any:
 
 def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
     """Each group's step, as a code into the distinct steps: ``freq=`` for
-    all, else inferred per group (evenly spaced times at once; the others,
-    such as month starts, by ``pandas.infer_freq``, once per distinct times)."""
+    all, else inferred per group (times evenly spaced by less than 28 days at
+    once; the others, such as month starts or years, by
+    ``pandas.infer_freq``, once per distinct times, else by their even gap)."""
     count = len(times.lengths)
     if freq is not None:
         return np.zeros(count, dtype=np.int64), [_given_step(freq, times)]
-    gaps = _even_gaps(times)
-    distinct, codes = np.unique(gaps, return_inverse=True)
+    even = _even_gaps(times)
+    gaps = even.copy()
     unit = np.datetime_data(times.values.dtype)[0] if times.dated else None
+    if times.dated:  # a gap of 28 days or more may be months or years, which days misplace
+        gaps[gaps >= np.timedelta64(28, "D") // np.timedelta64(1, unit)] = -1
+    distinct, codes = np.unique(gaps, return_inverse=True)
     found = [None if gap < 0 else _offset(pd.Timedelta(int(gap), unit=unit)) if times.dated
              else int(gap) for gap in distinct.tolist()]
     uneven = np.flatnonzero(gaps < 0)
@@ -252,6 +256,8 @@ def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
         signature = group.tobytes()
         if signature not in seen:
             step = _inferred_step(group, times.zone) if times.dated else None
+            if step is None and even[position] >= 0:  # evenly spaced, no calendar rule
+                step = _offset(pd.Timedelta(int(even[position]), unit=unit))
             if step is None:
                 shown = ", ".join(str(plain(t)) for t in group[-4:])
                 raise ValueError(
@@ -278,6 +284,8 @@ def future_rows(times: GroupTimes, codes: np.ndarray, found: list[Any], h: int
             rows = np.flatnonzero(codes == code)
             if not len(rows) or step is None:
                 continue
+            if times.zone is not None and isinstance(step, pd.offsets.Day):
+                step = pd.DateOffset(days=step.n)  # a calendar day (pandas 2's Day is 24 h)
             if not times.dated:
                 stamps[rows] = last[rows][:, None] + step * ahead
                 continue
