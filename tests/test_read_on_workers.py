@@ -306,6 +306,12 @@ def test_unsorted_parquet_on_an_object_store_is_sorted_once_and_read(s3, tmp_pat
         mm.groups(location, by="store", columns=["store", "price"])
     with pytest.raises(ValueError, match="is on an object store, which this call does not"):
         mm.map_partitions(lambda df: df, location)
+    for name, table in (("a", pa.table({"store": [1], "y": [1.0]})),
+                        ("b", pa.table({"store": [2], "y": [2.0], "price": [9.0]}))):
+        pq.write_table(table, f"bucket/mixed/{name}.parquet", filesystem=s3)
+    with pytest.raises(ValueError, match=r"do not share their columns: .*b\.parquet' has "
+                                         r"\['price'\] besides"):
+        mm.groups("s3://bucket/mixed", by="store")  # as a local folder is refused
 
 
 def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_changes(

@@ -111,15 +111,43 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
     root = parquet_root(location)
     partitions = None if root is None else partition_table(
         Path(without_query(root)), [Path(without_query(f)) for f in files])
+    filesystem, paths = resolve_all(files)
+    try:
+        schemas = [pq.read_schema(path, filesystem=filesystem) for path in paths]
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"cannot read the schemas of the objects under {location!r}: "
+                         f"{exc}") from exc
+    for file, schema in zip(files[1:], schemas[1:]):  # as a local folder's files are checked
+        if set(schema.names) != set(schemas[0].names):
+            lacks = sorted(set(schemas[0].names) - set(schema.names))
+            extra = sorted(set(schema.names) - set(schemas[0].names))
+            raise ValueError(
+                f"the objects under {location!r} do not share their columns: {file!r} "
+                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
+                + (f"has {extra} besides" if extra else "") + f" those of {files[0]!r}")
     if columns is not None:
-        filesystem, path = resolve(files[0])
-        try:
-            names = pq.read_schema(path, filesystem=filesystem).names
-        except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"cannot read the schema of {files[0]!r}: {exc}") from exc
-        columns = present_columns(columns, names + (partitions.column_names if partitions
-                                                    is not None else []), location)
-    return read_rows(files, columns, partitions=partitions, root=root)
+        columns = present_columns(columns, schemas[0].names + (
+            partitions.column_names if partitions is not None else []), location)
+    mixed = text_where_any_is_text([schema.empty_table() for schema in schemas])
+    try:  # one schema for all, widened as an eager read of a local folder widens it
+        schema = pa.unify_schemas([table.schema for table in mixed],
+                                  promote_options="permissive")
+    except pa.ArrowException as exc:
+        raise ValueError(f"the objects under {location!r} do not share one schema: "
+                         f"{first_misfit(files, schemas)}{exc}") from exc
+    return read_rows(files, columns, partitions=partitions, root=root,
+                     schema=_with_partitions(schema, partitions, root))
+
+
+def _with_partitions(schema: pa.Schema, partitions: pa.Table | None,
+                     root: str | None) -> pa.Schema:
+    """The files' schema and their folders' partition columns after it."""
+    for field in () if partitions is None else partitions.schema:
+        if field.name in schema.names:
+            raise ValueError(f"column {field.name!r} is both in the Parquet files under "
+                             f"{root!r} and in the names of their folders: rename one")
+        schema = schema.append(field)
+    return schema
 
 
 @dataclass(frozen=True)
@@ -163,11 +191,7 @@ class ParquetGroups:
         except pa.ArrowException as exc:
             raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
                              f"schema: {first_misfit(files, schemas)}{exc}") from exc
-        for field in () if partitions is None else partitions.schema:
-            if field.name in schema.names:
-                raise ValueError(f"column {field.name!r} is both in the Parquet files under "
-                                 f"{root!r} and in the names of their folders: rename one")
-            schema = schema.append(field)
+        schema = _with_partitions(schema, partitions, root)
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:
