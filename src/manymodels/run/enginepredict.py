@@ -114,22 +114,26 @@ def output_kind(store: Any, artifacts: dict[str, str], fallback: str | None,
     """What one prediction is: ``"float"``, ``"int"``, ``"str"`` or
     ``"vector"`` (a row of class probabilities or scores): an engine needs the
     answer's type before it runs. A classifier's ``predict`` gives its
-    classes' type (one stored model is read to know), ``predict_proba`` and
-    ``decision_function`` a vector, anything else a number."""
+    classes' type (one group's stored model and the fallback are read to
+    know; where they disagree, text if either is text, else a float),
+    ``predict_proba`` and ``decision_function`` a vector, anything else a
+    number."""
     if fn is not None:
         return "float"
     if method in ("predict_proba", "predict_log_proba", "decision_function"):
         return "vector"
-    digest = next(iter(artifacts.values()), None) or fallback
-    if digest is None or method != "predict":
+    digests = {d for d in (next(iter(artifacts.values()), None), fallback) if d is not None}
+    if not digests or method != "predict":
         return "float"
     from ..store.lazymodels import StoredModel
 
-    classes = getattr(StoredModel(store, digest, "a model of the run").load(), "classes_", None)
-    if classes is None:
-        return "float"
-    kind = np.asarray(classes).dtype.kind
-    return "int" if kind in "iub" else "str" if kind in "USO" else "float"
+    kinds = set()
+    for digest in digests:
+        classes = getattr(StoredModel(store, digest, "a model of the run").load(), "classes_",
+                          None)
+        kind = "float" if classes is None else np.asarray(classes).dtype.kind
+        kinds.add("int" if kind in "iub" else "str" if kind in "USO" else "float")
+    return kinds.pop() if len(kinds) == 1 else "str" if "str" in kinds else "float"
 
 
 def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict[str, str],
