@@ -91,6 +91,9 @@ def test_predict_is_answered_where_the_app_is_mounted_with_its_token(tmp_path):
     rows = [{"store": k, "price": 0.5} for k in (3, 0, 9)]
     with TestClient(service) as client:
         assert client.post("/models/v1/predict", json={"rows": rows}).status_code == 401
+        assert client.get("/models/v1/predict").status_code == 405  # as routing answers
+        assert client.post("/models/v1/predict/", json={"rows": rows},
+                           follow_redirects=False).status_code == 307
         answer = client.post("/models/v1/predict", json={"rows": rows},
                              headers={"authorization": "Bearer t0k"})
         assert answer.status_code == 200

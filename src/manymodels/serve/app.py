@@ -26,7 +26,7 @@ from starlette.routing import Route
 from ..store import StoreIntegrityError
 from . import requests as bodies
 from .catalog import key_parts
-from .fastpath import PredictFirst
+from .fastpath import ROUTE, PredictFirst
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
 
@@ -121,7 +121,14 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         return PlainTextResponse(served.metrics.text(served.cache.stats(), served.catalog),
                                  media_type="text/plain; version=0.0.4")
 
-    routes = [Route("/healthz", timed("/healthz", healthz), methods=["GET"]),
+    async def predict_answered_first(request: Request) -> Response:
+        # POST /v1/predict is answered by PredictFirst before routing; the
+        # route is here for what routing says of it: 405 to another method,
+        # a redirect from /v1/predict/
+        return JSONResponse({"error": "not found"}, status_code=404)
+
+    routes = [Route(ROUTE, predict_answered_first, methods=["POST"]),
+              Route("/healthz", timed("/healthz", healthz), methods=["GET"]),
               Route("/v1/models/{key:path}", timed("/v1/models", model), methods=["GET"]),
               Route("/v1/reload", timed("/v1/reload", reload), methods=["POST"]),
               Route("/metrics", timed("/metrics", metrics), methods=["GET"])]

@@ -97,9 +97,12 @@ class PredictFirst:
 
 
 def _route(scope: Scope) -> str:
-    """The path within the app (a mounted app's path less its mount's)."""
+    """The path within the app (a mounted app's path less its mount's), as
+    Starlette's routing reads it: the root path counts only as whole segments."""
     path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
+    if not root or not path.startswith(root):
+        return path
+    return "" if path == root else path[len(root):] if path[len(root)] == "/" else path
 
 
 def _authorized(header: bytes, token: str) -> bool:
