@@ -164,12 +164,18 @@ class Target:
                 pass
         return total
 
-    def metric(self, name: str) -> float | None:
+    def _metrics_text(self) -> str | None:
+        """The server's /metrics page, or None when it does not answer."""
         try:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
             conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
+            return conn.getresponse().read().decode()
         except OSError:
+            return None
+
+    def metric(self, name: str) -> float | None:
+        text = self._metrics_text()
+        if text is None:
             return None
         for line in text.splitlines():
             if line.startswith(f"manymodels_serve_{name} "):
@@ -178,11 +184,8 @@ class Target:
 
     def histogram(self, name: str) -> tuple[dict[str, float], float] | None:
         """A histogram of /metrics: its cumulative counts by ``le``, and its sum."""
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-        except OSError:
+        text = self._metrics_text()
+        if text is None:
             return None
         prefix = f"manymodels_serve_{name}"
         buckets, total = {}, None
