@@ -312,6 +312,15 @@ def test_unsorted_parquet_on_an_object_store_is_sorted_once_and_read(s3, tmp_pat
     with pytest.raises(ValueError, match=r"do not share their columns: .*b\.parquet' has "
                                          r"\['price'\] besides"):
         mm.groups("s3://bucket/mixed", by="store")  # as a local folder is refused
+    odd = {"part #1.parquet": sales.iloc[:50], "what?100%.parquet": sales.iloc[50:]}
+    for name, chunk in odd.items():  # keys a URI must quote: '#', '?', '%', a space
+        pq.write_table(pa.Table.from_pandas(chunk, preserve_index=False),
+                       f"bucket/odd/{name}", filesystem=s3)
+    counts = [mm.train(lambda df: {"n": len(df)}, mm.groups(
+        "s3://bucket/odd", by="store", read_on_workers=lazy), backend="serial",
+        progress=False).results.set_index("store")["n"] for lazy in (False, True)]
+    pd.testing.assert_series_equal(counts[0], counts[1])
+    assert counts[0].sum() == len(sales)
 
 
 def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_changes(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 #: A URI of a filesystem other than this machine's (``file://`` is a local path).
 _REMOTE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")
@@ -39,6 +39,12 @@ def without_query(uri: str) -> str:
     return uri.split("?", 1)[0]
 
 
+def object_path(uri: str) -> str:
+    """The URI without its options, percent-decoded: the text that names the
+    object (an object's key may hold ``#``, ``?`` or ``%``: its URI quotes them)."""
+    return unquote(without_query(uri))
+
+
 @functools.lru_cache(maxsize=16)
 def _filesystem(scheme: str, netloc: str, query: str) -> tuple[Any, str]:
     """The filesystem of a bucket (``netloc``) and the bucket's own path in it."""
@@ -51,7 +57,7 @@ def resolve(uri: str) -> tuple[Any, str]:
     """The pyarrow filesystem of ``uri`` and the object's path in it."""
     parts = urlsplit(uri)
     filesystem, base = _filesystem(parts.scheme, parts.netloc, parts.query)
-    return filesystem, base.rstrip("/") + parts.path.rstrip("/")
+    return filesystem, base.rstrip("/") + unquote(parts.path).rstrip("/")
 
 
 def resolve_all(uris: list[str]) -> tuple[Any, list[str]]:
@@ -86,7 +92,8 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
         relative = entry.path[len(path):].lstrip("/")
         if entry.type == fs.FileType.File and any(
                 relative.lower().endswith(suffix) for suffix in suffixes):
-            files.append(f"{base.rstrip('/')}/{relative}" + (f"?{query}" if query else ""))
+            files.append(f"{base.rstrip('/')}/{quote(relative, safe='/=')}"
+                         + (f"?{query}" if query else ""))
     if not files:
         raise ValueError(f"{location!r} holds no .parquet objects")
     return files

@@ -21,11 +21,11 @@ import pyarrow as pa
 
 from .objectstores import (
     is_remote,
+    object_path,
     object_versions,
     parquet_objects,
     resolve,
     resolve_all,
-    without_query,
 )
 from .partitions import partition_table, partitioning
 from .tables import (
@@ -50,7 +50,7 @@ def parquet_files(table: Any) -> list[str]:
     if is_remote(table):
         objects = parquet_objects(table, PARQUET_SUFFIXES)
         for uri in objects:
-            if Path(without_query(uri)).suffix.lower() not in PARQUET_SUFFIXES:
+            if Path(object_path(uri)).suffix.lower() not in PARQUET_SUFFIXES:
                 raise ValueError(f"read_on_workers=True reads Parquet only; {uri!r} is not "
                                  "a .parquet object")
         return objects
@@ -110,7 +110,7 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
     files = parquet_files(location)
     root = parquet_root(location)
     partitions = None if root is None else partition_table(
-        Path(without_query(root)), [Path(without_query(f)) for f in files])
+        Path(object_path(root)), [Path(object_path(f)) for f in files])
     filesystem, paths = resolve_all(files)
     try:
         schemas = [pq.read_schema(path, filesystem=filesystem) for path in paths]
@@ -177,7 +177,7 @@ class ParquetGroups:
         import pyarrow.parquet as pq
 
         partitions = None if root is None else partition_table(
-            Path(without_query(root)), [Path(without_query(f)) for f in files])
+            Path(object_path(root)), [Path(object_path(f)) for f in files])
         filesystem, paths = resolve_all(files) if is_remote(files[0]) else (None, files)
         try:
             schemas = [pq.read_schema(f, filesystem=filesystem) for f in paths]
