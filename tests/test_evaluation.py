@@ -4,6 +4,7 @@ and LightGBM models and a real SQLite store."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -566,11 +567,17 @@ def test_the_candidates_of_a_group_share_its_windows_and_score_as_if_alone():
         pd.testing.assert_frame_equal(mine.reset_index(drop=True), alone[mine.columns])
 
 
-def test_halving_with_eta_1_is_the_full_evaluation_keeping_only_the_winner(tmp_path):
+def _ridge_candidates() -> tuple[pd.DataFrame, Any, list[float], Any]:
+    """Three skus, a 3-window backtest and three Ridge settings a group."""
     frame = daily(groups=3, days=40, seed=6)
     splitter = mm.backtest("date", horizon=5, windows=3, target="sales", features=["x"])
     alphas = [0.01, 10.0, 1e4]
     source = mm.groups(frame, by="sku") * mm.grid(model=[Ridge(alpha=a) for a in alphas])
+    return frame, splitter, alphas, source
+
+
+def test_halving_with_eta_1_is_the_full_evaluation_keeping_only_the_winner(tmp_path):
+    _, splitter, _, source = _ridge_candidates()
     full = mm.train(fit_candidate, source, backend="serial", progress=False,
                     evaluate=splitter, select="rmse").best().set_index("sku")
     fits = []
@@ -592,10 +599,7 @@ def test_halving_with_eta_1_is_the_full_evaluation_keeping_only_the_winner(tmp_p
 
 
 def test_halving_keep_all_stores_every_candidates_model_and_predicts_as_the_winner(tmp_path):
-    frame = daily(groups=3, days=40, seed=6)
-    splitter = mm.backtest("date", horizon=5, windows=3, target="sales", features=["x"])
-    alphas = [0.01, 10.0, 1e4]
-    source = mm.groups(frame, by="sku") * mm.grid(model=[Ridge(alpha=a) for a in alphas])
+    frame, splitter, alphas, source = _ridge_candidates()
     full = mm.train(fit_candidate, source, backend="serial", progress=False,
                     evaluate=splitter, select="rmse")
     per_candidate = full.results.set_index(["sku", full.results["model"].map(
