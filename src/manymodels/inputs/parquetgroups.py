@@ -34,6 +34,7 @@ from .tables import (
     first_misfit,
     plain_scalar,
     present_columns,
+    refuse_unlike_columns,
     sort_order,
     table_files,
     text_where_any_is_text,
@@ -105,38 +106,38 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
     reads a local file or directory: the object, or the objects under the
     prefix in key order, ``name=value`` folders as columns; with
     ``columns``, only those (a missing one named)."""
-    import pyarrow.parquet as pq
-
     files = parquet_files(location)
     root = parquet_root(location)
     partitions = None if root is None else partition_table(
         Path(object_path(root)), [Path(object_path(f)) for f in files])
-    filesystem, paths = resolve_all(files)
-    try:
-        schemas = [pq.read_schema(path, filesystem=filesystem) for path in paths]
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read the schemas of the objects under {location!r}: "
-                         f"{exc}") from exc
-    for file, schema in zip(files[1:], schemas[1:]):  # as a local folder's files are checked
-        if set(schema.names) != set(schemas[0].names):
-            lacks = sorted(set(schemas[0].names) - set(schema.names))
-            extra = sorted(set(schema.names) - set(schemas[0].names))
-            raise ValueError(
-                f"the objects under {location!r} do not share their columns: {file!r} "
-                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
-                + (f"has {extra} besides" if extra else "") + f" those of {files[0]!r}")
+    schema, schemas = files_schema(files, partitions, root)
+    refuse_unlike_columns(files, [s.names for s in schemas], f"the objects under {location!r}")
     if columns is not None:
-        columns = present_columns(columns, schemas[0].names + (
-            partitions.column_names if partitions is not None else []), location)
-    mixed = text_where_any_is_text([schema.empty_table() for schema in schemas])
-    try:  # one schema for all, widened as an eager read of a local folder widens it
-        schema = pa.unify_schemas([table.schema for table in mixed],
-                                  promote_options="permissive")
+        columns = present_columns(columns, schema.names, location)
+    return read_rows(files, columns, partitions=partitions, root=root, schema=schema)
+
+
+def files_schema(files: list[str], partitions: pa.Table | None, root: str | None
+                 ) -> tuple[pa.Schema, list[pa.Schema]]:
+    """The Parquet files' one schema, as an eager read of a folder unifies
+    them (a column text in any file is text in all, types widened), with
+    their folders' partition columns after it; and each file's own."""
+    import pyarrow.parquet as pq
+
+    filesystem, paths = resolve_all(files) if is_remote(files[0]) else (None, files)
+    try:
+        schemas = [pq.read_schema(f, filesystem=filesystem) for f in paths]
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"cannot read the schema of the Parquet files under "
+                         f"{files[0]!r}...: {exc}") from exc
+    mixed = [table.schema for table in text_where_any_is_text(
+        [schema.empty_table() for schema in schemas])]  # a column text anywhere: everywhere
+    try:
+        schema = pa.unify_schemas(mixed, promote_options="permissive")
     except pa.ArrowException as exc:
-        raise ValueError(f"the objects under {location!r} do not share one schema: "
-                         f"{first_misfit(files, schemas)}{exc}") from exc
-    return read_rows(files, columns, partitions=partitions, root=root,
-                     schema=_with_partitions(schema, partitions, root))
+        raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
+                         f"schema: {first_misfit(files, mixed)}{exc}") from exc
+    return _with_partitions(schema, partitions, root), schemas
 
 
 def _with_partitions(schema: pa.Schema, partitions: pa.Table | None,
@@ -174,24 +175,10 @@ class ParquetGroups:
         a ``__file__`` column (the number of the file each row came from).
         ``root``: the directory the files are under (its ``name=value``
         folders are columns, :mod:`manymodels.inputs.partitions`)."""
-        import pyarrow.parquet as pq
 
         partitions = None if root is None else partition_table(
             Path(object_path(root)), [Path(object_path(f)) for f in files])
-        filesystem, paths = resolve_all(files) if is_remote(files[0]) else (None, files)
-        try:
-            schemas = [pq.read_schema(f, filesystem=filesystem) for f in paths]
-        except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"cannot read the schema of the Parquet files under "
-                             f"{files[0]!r}...: {exc}") from exc
-        mixed = text_where_any_is_text([schema.empty_table() for schema in schemas])
-        schemas = [table.schema for table in mixed]  # a column text anywhere: text everywhere
-        try:
-            schema = pa.unify_schemas(schemas, promote_options="permissive")
-        except pa.ArrowException as exc:
-            raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
-                             f"schema: {first_misfit(files, schemas)}{exc}") from exc
-        schema = _with_partitions(schema, partitions, root)
+        schema, _ = files_schema(files, partitions, root)
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:

@@ -135,6 +135,19 @@ def present_columns(columns: list[str], names: list[str], where: Any) -> list[st
     return [name for name in names if name in wanted]
 
 
+def refuse_unlike_columns(files: list[str], names: list[list[str]], what: str) -> None:
+    """Refuse files (``what``: where they are) whose columns differ from the
+    first file's: merged, the missing ones would be all null."""
+    first = set(names[0])
+    for file, own in zip(files[1:], names[1:]):
+        if set(own) != first:
+            lacks, extra = sorted(first - set(own)), sorted(set(own) - first)
+            raise ValueError(
+                f"{what} do not share their columns: {file!r} "
+                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
+                + (f"has {extra} besides" if extra else "") + f" those of {files[0]!r}")
+
+
 def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     files = table_files(path)
     if not files:
@@ -147,15 +160,8 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
             c for c in columns if c not in partitions.column_names]
         tables = [add_partition_columns(_read_file(p, in_files), partitions, row, p, columns)
                   for row, p in enumerate(files)]
-    names = set(tables[0].column_names)
-    for file, part in zip(files[1:], tables[1:]):
-        if set(part.column_names) != names:  # else merged, the missing ones all null
-            lacks = sorted(names - set(part.column_names))
-            extra = sorted(set(part.column_names) - names)
-            raise ValueError(
-                f"the files under {str(path)!r} do not share their columns: {str(file)!r} "
-                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
-                + (f"has {extra} besides" if extra else "") + f" those of {str(files[0])!r}")
+    refuse_unlike_columns([str(f) for f in files], [t.column_names for t in tables],
+                          f"the files under {str(path)!r}")
     tables = text_where_any_is_text(tables)
     try:  # widened where one file's type holds another's (int32 and int64, int and float)
         return pa.concat_tables(tables, promote_options="permissive")
