@@ -32,6 +32,7 @@ import numpy as np
 
 from ..inputs.engineframes import engine_of
 from ..inputs.keys import TypedKeys
+from ..inputs.tables import plain_scalar
 from ..store.database import StoreIntegrityError
 
 #: A Python worker of the engine keeps this many loaded models (a group's
@@ -74,7 +75,7 @@ class EngineGroupPredictor:
     def __call__(self, rows: Any) -> Any:
         if rows.empty:
             return self._answer(rows, np.empty(0), "none")
-        parts = tuple(_plain(rows[column].iloc[0]) for column in self.by)
+        parts = tuple(plain_scalar(rows[column].iloc[0]) for column in self.by)  # as keys
         digest, origin = self._digest(parts)
         if digest is None:
             return self._answer(rows, np.full(len(rows), np.nan), origin)
@@ -102,11 +103,6 @@ class EngineGroupPredictor:
         if self.with_source:
             answer["source"] = origin
         return answer
-
-
-def _plain(value: Any) -> Any:
-    """A key part as the driver's keys hold it (a Python scalar, not NumPy's)."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def output_kind(store: Any, artifacts: dict[str, str], fallback: str | None,
