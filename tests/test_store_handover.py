@@ -14,8 +14,8 @@ import pyarrow as pa
 
 import manymodels as mm
 from manymodels.engine.messages import OkOutcomes, Status
-from manymodels.engine.records import TaskRecords
-from manymodels.engine.scheduling import Scheduler, _consecutive
+from manymodels.engine.records import TaskRecords, _consecutive
+from manymodels.engine.scheduling import Scheduler
 from manymodels.identity.hashing import task_identities
 from manymodels.planning.plan import plan
 from manymodels.store import taskblocks

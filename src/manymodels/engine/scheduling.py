@@ -103,16 +103,6 @@ def _ended(events: list) -> Iterator[int]:
             yield event.index
 
 
-def _consecutive(indices: np.ndarray) -> slice | None:
-    """``indices`` as the slice they fill, when they are consecutive task
-    numbers in order (a part of a table's groups, usually); else None."""
-    count = len(indices)
-    if count < 2 or int(indices[-1]) - int(indices[0]) != count - 1 or not (
-            np.diff(indices) == 1).all():
-        return None
-    return slice(int(indices[0]), int(indices[0]) + count)
-
-
 def _failure_budget(max_failures: int | float | None, total: int) -> int | None:
     if max_failures is None:
         return None
@@ -212,26 +202,9 @@ class Scheduler:
         """:meth:`_record_all` of a part every task of which succeeded: the
         times set as arrays, the rest in one loop with nothing to unpack or
         compare."""
-        rec = self.records
-        finished = outcomes.indices.tolist()
-        rec.duration_s[outcomes.indices] = outcomes.durations
-        rec.started_at[outcomes.indices] = outcomes.started
-        attempts, statuses, workers, errors = rec.attempts, rec.status, rec.worker, rec.error
-        models, metrics_of = rec.model, rec.metrics
-        ok = Status.OK.value
-        span = _consecutive(outcomes.indices)
-        if span is not None:  # a part of consecutive tasks (the usual case): slices at once
-            count = len(finished)
-            tried = attempts[span]
-            attempts[span] = [1] * count if tried.count(0) == count else [a + 1 for a in tried]
-            statuses[span], workers[span], errors[span] = (
-                [ok] * count, [worker] * count, [None] * count)
-            models[span], metrics_of[span] = list(outcomes.models()), list(outcomes.metrics())
-        else:
-            for index, model, metrics in zip(finished, outcomes.models(), outcomes.metrics()):
-                attempts[index] += 1
-                statuses[index], workers[index], errors[index] = ok, worker, None
-                models[index], metrics_of[index] = model, metrics
+        finished = self.records.mark_ok(outcomes.indices, worker, outcomes.durations,
+                                        outcomes.started, outcomes.models(),
+                                        outcomes.metrics())
         self._done += len(finished)
         self._ok += len(finished)
         if self.recorder is not None:
