@@ -199,9 +199,9 @@ class Scheduler:
         return retry
 
     def _record_ok(self, outcomes: OkOutcomes, worker: int) -> list[int]:
-        """:meth:`_record_all` of a part every task of which succeeded: the
-        times set as arrays, the rest in one loop with nothing to unpack or
-        compare."""
+        """:meth:`_record_all` of a part every task of which succeeded
+        (:meth:`TaskRecords.mark_ok`), counted and handed to the recorder:
+        nothing to unpack or compare per task."""
         finished = self.records.mark_ok(outcomes.indices, worker, outcomes.durations,
                                         outcomes.started, outcomes.models(),
                                         outcomes.metrics())
