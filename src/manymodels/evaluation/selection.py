@@ -149,7 +149,8 @@ class HalvingSearch:
     def __call__(self, rows: Any, **shared: Any) -> tuple[Any, dict[str, Any]]:
         from ..engine.execution import split_result
         from .splitters import WINDOWS, TooShort
-        from .windowed import GroupWindows, mean_scores, skipped_metrics
+        from .windowed import GroupWindows, skipped_metrics
+        from .windowtable import join, mean_scores
 
         splitter = self.splitter
         skipped = None
@@ -168,7 +169,8 @@ class HalvingSearch:
             model, fit_metrics = self._fit_all(rows, shared, records, failed, winner)
         else:
             model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
-        metrics: dict[str, Any] = {**fit_metrics, **mean_scores(records[winner])}
+        windows = join(records[winner])
+        metrics: dict[str, Any] = {**fit_metrics, **mean_scores(windows)}
         if skipped is not None:
             metrics.update(skipped_metrics(splitter, skipped))
         metrics.update({f"best_{k}": v for k, v in self.settings[winner].items()})
@@ -177,17 +179,17 @@ class HalvingSearch:
             metrics["candidates_failed"] = len(failed)
             first = min(failed)
             metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
-        metrics[WINDOWS] = records[winner]
+        metrics[WINDOWS] = windows
         return model, metrics
 
     def _race(self, group: Any, shared: dict[str, Any]) -> tuple[list[int], dict, dict, int]:
         """Successive halving over ``group``'s windows: ``(the candidates
-        left, best first; each one's window records; those that raised, with
+        left, best first; each one's windows tables; those that raised, with
         their error; the fits made)``."""
         from ..engine.execution import split_result
 
         alive = list(range(len(self.settings)))
-        records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}
+        records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}  # windows tables
         failed: dict[int, str] = {}  # a candidate that raised: out of the race, not the group
         fits, windows = 0, len(group.windows)
         for number in range(windows):
@@ -197,7 +199,7 @@ class HalvingSearch:
                 try:
                     model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
                     predicted, scores = group.predict(model, number)
-                    records[i].extend(group.records([number], [predicted], [scores]))
+                    records[i].append(group.table([number], [predicted], [scores]))
                 except Exception as exc:
                     failed[i] = f"{type(exc).__name__}: {exc}"
             alive = [i for i in alive if i not in failed]
@@ -228,7 +230,7 @@ class HalvingSearch:
 
         for i, setting in enumerate(self.settings):
             try:
-                records[i] = evaluate_group(counted, group, {**setting, **shared})[2]
+                records[i] = [evaluate_group(counted, group, {**setting, **shared})[2]]
             except Exception as exc:
                 failed[i] = f"{type(exc).__name__}: {exc}"
         if not records:
@@ -256,14 +258,18 @@ class HalvingSearch:
             if i == winner:
                 fit_metrics = own
         metric = self.halving.selection.metric
-        scores = [float(np.mean([r.get(metric, np.nan) for r in records[i]]))
+        from .windowtable import score_column
+
+        scores = [float(np.mean(score_column(records[i], metric)))
                   if records.get(i) and i not in failed else float("nan")
                   for i in range(len(self.settings))]
         return Candidates(self.settings, models, scores, winner, metric), fit_metrics
 
     def _rank(self, records: list[dict[str, Any]]) -> float:
         """A candidate's mean score so far, lower better (NaN last)."""
-        value = float(np.mean([r.get(self.halving.selection.metric, np.nan) for r in records]))
+        from .windowtable import score_column
+
+        value = float(np.mean(score_column(records, self.halving.selection.metric)))
         if value != value:
             return np.inf
         return -value if self.halving.selection.higher else value

@@ -14,14 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from .splitters import WINDOWS
+from .windowtable import ROW_COLUMNS, as_table, unpack_column, window_count
 
 _WINDOW_COLUMNS = ["window", "cutoff", "n_train", "n_test"]
 _FORECAST_COLUMNS = ["window", "cutoff", "time", "actual", "forecast"]
 
 
-def _task_records(key_rows: list[tuple], metrics: list[Any]
-                  ) -> Iterator[tuple[tuple, list[dict[str, Any]]]]:
-    """Each task's key and window records, from what its metrics slot holds."""
+def _task_windows(key_rows: list[tuple], metrics: list[Any]
+                  ) -> Iterator[tuple[tuple, dict[str, Any]]]:
+    """Each task's key and windows table, from what its metrics slot holds."""
     from ..engine.metriccolumns import texts_taken_out
     from ..engine.metricpacks import MetricsPack
 
@@ -32,9 +33,9 @@ def _task_records(key_rows: list[tuple], metrics: list[Any]
             if WINDOWS not in stored:
                 continue
             stored = json.loads(stored)
-        records = (stored or {}).get(WINDOWS)
-        if records:
-            yield parts, records
+        table = as_table((stored or {}).get(WINDOWS))
+        if window_count(table):
+            yield parts, table
 
 
 def _as_times(frame: Any, column: str) -> None:
@@ -50,30 +51,50 @@ def _as_times(frame: Any, column: str) -> None:
 
 
 def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
-    """``run.evaluation``: the per-window records of every task, with its key."""
+    """``run.evaluation``: the windows of every task, a row each, with its key."""
     import pandas as pd
 
-    rows = []
-    for parts, records in _task_records(key_rows, metrics):
-        key = dict(zip(key_columns, parts))
-        for record in records:
-            rows.append({**key, **{k: v for k, v in record.items() if k != "rows"}})
-    if not rows:
+    keys: list[tuple] = []
+    counts: list[int] = []
+    columns: dict[str, list] = {}
+    done = 0  # windows so far: a column a task lacks is None there
+    for parts, table in _task_windows(key_rows, metrics):
+        count = window_count(table)
+        keys.append(parts)
+        counts.append(count)
+        for name, values in table.items():
+            if name == "rows":
+                continue
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = [None] * done
+            elif len(column) < done:
+                column.extend([None] * (done - len(column)))
+            column.extend(values)
+        done += count
+    if not keys:
         return pd.DataFrame(columns=[*key_columns, *_WINDOW_COLUMNS])
-    frame = pd.DataFrame(rows)
+    frame = _key_columns(key_columns, keys, counts)
+    for name, column in columns.items():
+        column.extend([None] * (done - len(column)))
+        frame[name] = column
     _as_times(frame, "cutoff")
     return frame
 
 
-def unpack_column(packed: Any) -> Any:
-    """A column :func:`~manymodels.evaluation.windowrows.pack_column` packed, as an array."""
-    import base64
-
+def _key_columns(key_columns: list, keys: list[tuple], counts: Any) -> Any:
+    """A frame of the key columns, task ``i``'s key repeated ``counts[i]`` times."""
     import numpy as np
+    import pandas as pd
 
-    if isinstance(packed, dict):
-        return np.frombuffer(base64.b64decode(packed["base64"]), dtype=np.dtype(packed["dtype"]))
-    return np.asarray(packed)
+    counts = np.asarray(counts)
+    frame = pd.DataFrame(index=pd.RangeIndex(int(counts.sum())))
+    for i, name in enumerate(key_columns):
+        values = np.empty(len(keys), dtype=object)
+        for j, parts in enumerate(keys):
+            values[j] = parts[i]  # one by one: a key part may be a tuple
+        frame[name] = pd.Series(np.repeat(values, counts)).infer_objects()
+    return frame
 
 
 def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
@@ -82,33 +103,26 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
     import numpy as np
     import pandas as pd
 
-    keys, windows, cutoffs = [], [], []
-    columns: dict[str, list] = {"time": [], "actual": [], "forecast": []}
-    for parts, records in _task_records(key_rows, metrics):
-        for record in records:
-            rows = record.get("rows")
-            if not rows:
-                continue
-            unpacked = {name: unpack_column(rows[name]) for name in columns}
-            count = len(unpacked["forecast"])
-            keys.append((parts, count))
-            windows.append(record["window"])
-            cutoffs.append(record["cutoff"])
-            for name, values in unpacked.items():
-                columns[name].append(values)
+    keys, totals, windows, cutoffs, sizes = [], [], [], [], []
+    columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
+    for parts, table in _task_windows(key_rows, metrics):
+        rows = table.get("rows")
+        if not rows:
+            continue
+        for name in ROW_COLUMNS:
+            columns[name].append(unpack_column(rows[name]))
+        keys.append(parts)
+        totals.append(len(columns["forecast"][-1]))
+        windows.extend(table["window"])
+        cutoffs.extend(table["cutoff"])
+        sizes.extend(table["n_test"])
     if not keys:
         return pd.DataFrame(columns=[*key_columns, *_FORECAST_COLUMNS])
-    counts = np.array([count for _, count in keys])
-    frame = pd.DataFrame(index=pd.RangeIndex(int(counts.sum())))
-    for i, name in enumerate(key_columns):
-        values = np.empty(len(keys), dtype=object)
-        for j, (parts, _) in enumerate(keys):
-            values[j] = parts[i]  # one by one: a key part may be a tuple
-        frame[name] = pd.Series(np.repeat(values, counts)).infer_objects()
-    frame["window"] = np.repeat(np.array(windows), counts)
+    frame = _key_columns(key_columns, keys, totals)
+    frame["window"] = np.repeat(np.array(windows), sizes)
     cutoff = np.empty(len(cutoffs), dtype=object)
     cutoff[:] = cutoffs
-    frame["cutoff"] = np.repeat(cutoff, counts)
+    frame["cutoff"] = np.repeat(cutoff, sizes)
     for name, pieces in columns.items():
         frame[name] = np.concatenate(pieces)
     _as_times(frame, "cutoff")

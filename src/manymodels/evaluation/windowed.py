@@ -7,9 +7,10 @@ arrays for ``format="numpy"``, a slice of the one frame otherwise, never a
 frame copied per window. The feature rows a model predicts from are taken
 out once per group too, and the metrics of all windows are computed at once
 from their predictions end to end
-(:func:`manymodels.evaluation.metrics.window_scores`). A backtest's forecasts
-travel with each window's scores (the rows' times, the actuals and the
-forecasts), which make ``run.forecasts``. A forecaster (a model with
+(:func:`manymodels.evaluation.metrics.window_scores`). The task reports its
+windows as one table of columns (:mod:`.windowtable`), a backtest's with the
+times, actuals and forecasts of all its windows, which make
+``run.forecasts``. A forecaster (a model with
 ``forecast(h)``, or ``predict(h)`` as statsforecast's and sktime's models:
 see :mod:`.horizons`) is scored on its ``h`` steps for the window's ``h``
 time steps instead of ``predict`` of
@@ -19,7 +20,7 @@ the test rows' features. Successive halving
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +30,7 @@ from . import metrics as _metrics
 from .horizons import horizon_call
 from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
 from .windowrows import WindowLayout, model_and_metrics
-
-#: The fields of a window's record that are not its scores.
-RECORD_FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
+from .windowtable import mean_scores
 
 
 class GroupWindows:
@@ -132,34 +131,33 @@ class GroupWindows:
             made = self._layouts[numbers] = WindowLayout(self, numbers)
         return made
 
-    def records(self, numbers: list[int], predictions: list[Any],
-                scores: list[dict[str, float]]) -> list[dict[str, Any]]:
-        """The records of windows ``numbers``: the named metrics of all of
-        them computed at once, then each window's own scores (and, for a
-        backtest, its forecasts row by row)."""
+    def table(self, numbers: list[int], predictions: list[Any],
+                scores: list[dict[str, float]]) -> dict[str, Any]:
+        """Windows ``numbers`` as one windows table (:mod:`.windowtable`):
+        the named metrics of all of them computed at once, each window's own
+        scores, and for a backtest the forecasts of all of them end to end."""
         layout = self.layout(tuple(numbers))
         predicted = None
         if predictions and all(p is not None for p in predictions):
             predicted = (np.asarray(predictions[0]).reshape(-1) if len(predictions) == 1 else
                          np.concatenate([np.asarray(p).reshape(-1) for p in predictions]))
-        vectorised: dict[str, list[float]] = {}
+        table: dict[str, Any] = {"window": list(numbers), "cutoff": list(layout.cutoffs),
+                                 "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
         if self.vectorised:
-            vectorised = {name: values.tolist() for name, values in _metrics.window_scores(
-                self.vectorised, layout.y, predicted, layout.bounds, layout.trains).items()}
-        rows = layout.forecast_rows(predicted) if self.forecasts else None
-        out = []
-        for i, number in enumerate(numbers):
-            record: dict[str, Any] = {"window": number, "cutoff": layout.cutoffs[i],
-                                      "n_train": layout.n_train[i], "n_test": layout.sizes[i]}
-            own = scores[i]
-            for name in self.named:
-                record[name] = vectorised[name][i] if name in vectorised else own[name]
-            if own:
-                record.update({k: v for k, v in own.items() if k not in record})
+            table.update((name, values.tolist()) for name, values in _metrics.window_scores(
+                self.vectorised, layout.y, predicted, layout.bounds, layout.trains).items())
+        for name in self.named:
+            if name not in table:
+                table[name] = [own[name] for own in scores]
+        if any(scores):
+            for name in dict.fromkeys(name for own in scores for name in own):
+                if name not in table:
+                    table[name] = [own.get(name) for own in scores]
+        if self.forecasts:
+            rows = layout.forecast_rows(predicted)
             if rows is not None:
-                record["rows"] = rows[i]
-            out.append(record)
-        return out
+                table["rows"] = rows
+        return table
 
 
 def _renumbered(frame: Any) -> Any:
@@ -169,17 +167,6 @@ def _renumbered(frame: Any) -> Any:
     return frame
 
 
-def mean_scores(records: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Each score averaged over the windows, as ``run.results`` shows it."""
-    records = list(records)
-    names = {name: None for record in records for name in record if name not in RECORD_FIELDS}
-    means = {}
-    for name in names:
-        values = [record[name] for record in records if name in record]
-        means[name] = sum(values) / len(values)
-    return means
-
-
 def skipped_metrics(splitter: Splitter, reason: str) -> dict[str, Any]:
     """What a group too short for the splitter reports."""
     return {**{name: float("nan") for name in splitter.metric_names()}, SKIPPED: reason,
@@ -187,9 +174,9 @@ def skipped_metrics(splitter: Splitter, reason: str) -> dict[str, Any]:
 
 
 def evaluate_group(fit: Callable[..., Any], group: GroupWindows, kwargs: dict[str, Any]
-                   ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+                   ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """Fit ``fit`` on each window of ``group`` and score it: ``(the last
-    window's model, its fit metrics, the windows' records)``."""
+    window's model, its fit metrics, the windows table)``."""
     model, fit_metrics = None, {}
     predictions, scores = [], []
     for number in range(len(group.windows)):
@@ -197,8 +184,7 @@ def evaluate_group(fit: Callable[..., Any], group: GroupWindows, kwargs: dict[st
         predicted, own = group.predict(model, number)
         predictions.append(predicted)
         scores.append(own)
-    records = group.records(list(range(len(group.windows))), predictions, scores)
-    return model, fit_metrics, records
+    return model, fit_metrics, group.table(list(range(len(group.windows))), predictions, scores)
 
 
 def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
@@ -213,10 +199,10 @@ def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
         except TooShort as exc:
             model, fit_metrics = model_and_metrics(fit(rows, **kwargs))
             return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}
-    model, fit_metrics, records = evaluate_group(fit, group, kwargs)
+    model, fit_metrics, windows = evaluate_group(fit, group, kwargs)
     if splitter.refit:
         model, fit_metrics = model_and_metrics(fit(rows, **kwargs))
-    return model, {**fit_metrics, **mean_scores(records), WINDOWS: records}
+    return model, {**fit_metrics, **mean_scores(windows), WINDOWS: windows}
 
 
 def _address(values: np.ndarray) -> int:
@@ -331,8 +317,8 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
         return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}, settings[0]
     scored = []
     for setting in settings:
-        _, fit_metrics, records = evaluate_group(fit, group, setting)
-        metrics = {**fit_metrics, **mean_scores(records), WINDOWS: records}
+        _, fit_metrics, windows = evaluate_group(fit, group, setting)
+        metrics = {**fit_metrics, **mean_scores(windows), WINDOWS: windows}
         scored.append((metrics.get(metric, float("nan")), setting, metrics))
     ranked = [s for s in scored if s[0] == s[0]]  # not NaN
     _, setting, metrics = (max if higher else min)(ranked, key=lambda s: s[0]) if ranked \

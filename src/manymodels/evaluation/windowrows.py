@@ -4,8 +4,8 @@ A backtest's candidates (``groups * grid``) are scored on the same windows
 of the same group: their test rows, actuals and times end to end, and the
 times and actuals packed for ``run.forecasts``, are made once, for the
 first (:class:`WindowLayout`), and each candidate adds its predictions.
-A window's column travels packed (:func:`pack_column`): one base64 string
-of its bytes, where a list would cost an object a value.
+The windows' columns travel packed end to end (:func:`pack_column`): one
+base64 string of their bytes, where a list would cost an object a value.
 """
 
 from __future__ import annotations
@@ -60,33 +60,35 @@ class WindowLayout:
         self.y = (np.concatenate([group.y[test] for test in tests])
                   if group.vectorised or group.forecasts else None)
         self._trains = [train for train, _, _ in windows]
-        self._packed: list[tuple[Any, Any]] | None = None
+        self._packed: tuple[Any, Any] | None = None
 
     @property
     def trains(self) -> list[np.ndarray]:
         """Each window's training target (``mase`` scales by it)."""
         return [self.group.y[train] for train in self._trains]
 
-    def forecast_rows(self, predicted: Any) -> list[dict[str, Any]] | None:
-        """Each window's forecasts row by row: its times, actuals and
-        forecasts, each column packed as :func:`pack_column` does (the
-        times and actuals once for all candidates)."""
+    def forecast_rows(self, predicted: Any) -> dict[str, Any] | None:
+        """The windows' forecasts row by row, end to end (window ``i``'s at
+        ``bounds[i]:bounds[i + 1]``): their times, actuals and forecasts,
+        each column packed as :func:`pack_column` does, the times and
+        actuals once for all candidates. None when a row has several
+        outputs."""
         if predicted is None or len(predicted) != len(self.y):  # several outputs a row
             return None
-        ends = self.ends
         if self._packed is None:
             times = column(self.group.rows, self.group.splitter.time)
-            self._packed = [(pack_column(times[test]), pack_column(self.y[a:b]))
-                            for test, a, b in zip(self.tests, ends[:-1], ends[1:])]
-        return [{"time": time, "actual": actual, "forecast": pack_column(predicted[a:b])}
-                for (time, actual), a, b in zip(self._packed, ends[:-1], ends[1:])]
+            times = (times[self.tests[0]] if len(self.tests) == 1
+                     else np.concatenate([times[test] for test in self.tests]))
+            self._packed = (pack_column(times), pack_column(self.y))
+        return {"time": self._packed[0], "actual": self._packed[1],
+                "forecast": pack_column(predicted)}
 
 
 def pack_column(values: np.ndarray) -> Any:
     """A window's column as JSON keeps it cheaply and exactly: numbers and
     datetimes as their bytes in base64 with their dtype (one string, where a
     list costs an object a value to make, send and store), anything else as
-    a list (:func:`~manymodels.evaluation.tables.unpack_column` reads both)."""
+    a list (:func:`~manymodels.evaluation.windowtable.unpack_column` reads both)."""
     values = np.ascontiguousarray(values)
     if values.dtype.kind in "biufcMm":
         return {"dtype": values.dtype.str,

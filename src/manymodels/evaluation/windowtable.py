@@ -1,0 +1,104 @@
+"""A task's evaluated windows as one table of columns.
+
+What a task of ``train(..., evaluate=...)`` reports under
+:data:`~manymodels.evaluation.splitters.WINDOWS` is a dict of equal-length
+lists, one entry a window::
+
+    {"window": [0, 1, 2], "cutoff": [...], "n_train": [...], "n_test": [...],
+     "mae": [...], "rmse": [...],                 # each score (None: not given)
+     "rows": {"time": ..., "actual": ..., "forecast": ...}}   # a backtest's
+
+``rows`` holds every window's test rows end to end (window ``i`` is the
+``n_test[i]`` rows after the windows before it), each column packed once
+(:func:`~manymodels.evaluation.windowrows.pack_column`). One table a task,
+not one dict a window with its columns packed one by one, is what makes
+evaluation cost about what the fits cost: the records of a backtest of
+1,000 series were half of its time. Stores written before kept a list of
+one dict per window, each with its own ``rows``: :func:`as_table` reads both.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from .windowrows import pack_column
+
+#: The columns of a windows table that are not scores.
+FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
+#: A backtest's packed columns under ``rows``.
+ROW_COLUMNS = ("time", "actual", "forecast")
+
+
+def window_count(table: dict[str, Any]) -> int:
+    return len(table.get("window", ()))
+
+
+def mean_scores(table: Any) -> dict[str, float]:
+    """Each score averaged over the windows (those that gave it), as
+    ``run.results`` shows it."""
+    table = as_table(table)
+    means = {}
+    for name, values in table.items():
+        if name in FIELDS:
+            continue
+        given = [v for v in values if v is not None]
+        if given:
+            means[name] = sum(given) / len(given)
+    return means
+
+
+def score_column(tables: list[dict[str, Any]], name: str) -> np.ndarray:
+    """Score ``name`` of every window of ``tables``, NaN where not given."""
+    values = [np.nan if v is None else v for table in tables
+              for v in table.get(name, [None] * window_count(table))]
+    return np.asarray(values, dtype=float)
+
+
+def join(tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """Windows tables one after another, as one (successive halving scores
+    a candidate a window at a time). A score some lack is None there; the
+    forecast rows are kept when every table has them."""
+    tables = [table for table in tables if window_count(table)]
+    if len(tables) == 1:
+        return tables[0]
+    if not tables:
+        return {}
+    names = list(dict.fromkeys(name for table in tables for name in table if name != "rows"))
+    joined: dict[str, Any] = {name: [] for name in names}
+    for table in tables:
+        count = window_count(table)
+        for name in names:
+            joined[name].extend(table.get(name, [None] * count))
+    if all("rows" in table for table in tables):
+        joined["rows"] = {name: pack_column(np.concatenate(
+            [unpack_column(table["rows"][name]) for table in tables])) for name in ROW_COLUMNS}
+    return joined
+
+
+def as_table(windows: Any) -> dict[str, Any]:
+    """``windows`` as a windows table: as it is, or made from the list of
+    one record a window that stores written before this format kept."""
+    if isinstance(windows, dict):
+        return windows
+    if not windows:
+        return {}
+    names = list(dict.fromkeys(name for record in windows for name in record if name != "rows"))
+    table: dict[str, Any] = {name: [record.get(name) for record in windows] for name in names}
+    rows = [record.get("rows") for record in windows]
+    if all(rows):
+        unpacked = {name: [unpack_column(r[name]) for r in rows] for name in ROW_COLUMNS}
+        table["n_test"] = [len(values) for values in unpacked["forecast"]]
+        table["rows"] = {name: np.concatenate(parts) for name, parts in unpacked.items()}
+    return table
+
+
+def unpack_column(packed: Any) -> np.ndarray:
+    """A column :func:`~manymodels.evaluation.windowrows.pack_column` packed,
+    as an array (an array already unpacked, as it is)."""
+    if isinstance(packed, dict):
+        return np.frombuffer(base64.b64decode(packed["base64"]), dtype=np.dtype(packed["dtype"]))
+    return np.asarray(packed)
+
