@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from ...machine import memory_bound, memory_held, process_tree
+from ...machine import memory_bound, memory_held, process_tree, wait_for_exit
 
 
 @dataclass
@@ -46,6 +46,8 @@ class ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.returncode is None and self.poll() is None:
+            wait_for_exit(self.pid, 3600.0 if timeout is None else timeout)
         delay = 0.0005  # short first: a worker that was told to stop is usually gone
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:

@@ -25,6 +25,9 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
+
+from ...machine import wait_for_exit
 
 #: The undertaker's whole program: no imports beyond ``os`` and ``signal``,
 #: so that it starts in milliseconds (``python -I -S``).
@@ -70,10 +73,19 @@ class Undertaker:
             os.write(self.fd, line)
 
     def close(self) -> None:
+        """End-of-file tells it that nothing is left to kill: it exits by
+        itself. A run does not wait for that (a short run's undertaker may
+        still be starting, tens of milliseconds under load); a thread reaps it."""
         with contextlib.suppress(OSError):
             self._process.stdin.close()
-        try:
-            self._process.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - it only reads and exits
-            self._process.kill()
-            self._process.wait()
+        threading.Thread(target=_reap, args=(self._process,), daemon=True,
+                         name="manymodels-undertaker-reaper").start()
+
+
+def _reap(process: subprocess.Popen) -> None:
+    wait_for_exit(process.pid, 5)  # (Popen.wait's poll loop sleeps up to 50 ms)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - it only reads and exits
+        process.kill()
+        process.wait()
