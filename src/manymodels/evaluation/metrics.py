@@ -174,6 +174,8 @@ def score(names: list[str], model: Any, X: Any, y: Any, y_train: Any) -> dict[st
 
 #: The metrics :func:`window_scores` computes for all windows at once.
 _SUMS = {"mse", "rmse", "mae", "mape", "smape", "mase", "r2", "accuracy"}
+#: Those of them computed from the errors (``y - predicted``, as floats).
+_ERRORS = _SUMS - {"accuracy"}
 
 
 def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds: np.ndarray,
@@ -186,7 +188,7 @@ def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds
     go window by window. ``log_loss`` is not here: it needs probabilities."""
     starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
     out: dict[str, np.ndarray] = {}
-    if any(name in _SUMS and name != "accuracy" for name in names):
+    if not _ERRORS.isdisjoint(names):
         y_float = y if y.dtype == np.float64 else _float(y)
         p_float = predicted if predicted.dtype == np.float64 else _float(predicted)
         error = y_float - p_float

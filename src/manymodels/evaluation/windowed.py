@@ -49,6 +49,7 @@ class GroupWindows:
         self.y = column(self.rows, splitter.target)
         self.named = [m for m in splitter.metrics if isinstance(m, str)]
         self.vectorised = [m for m in self.named if m != "log_loss"]
+        self.mase = "mase" in self.vectorised  # (scaled by each window's training target)
         self.forecasts = splitter.forecasts and splitter.time is not None
         self.callables = [m for m in splitter.metrics if callable(m)]
         self.log_loss = "log_loss" in self.named
@@ -145,7 +146,8 @@ class GroupWindows:
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
         if self.vectorised:
             table.update((name, values.tolist()) for name, values in _metrics.window_scores(
-                self.vectorised, layout.y, predicted, layout.bounds, layout.trains).items())
+                self.vectorised, layout.y, predicted, layout.bounds,
+                layout.trains if self.mase else []).items())
         for name in self.named:
             if name not in table:
                 table[name] = [own[name] for own in scores]
