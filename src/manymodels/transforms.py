@@ -4,6 +4,7 @@ parallel and return one concatenated table."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,7 @@ from .inputs.grouplabels import (
 from .inputs.sources import GroupSource, PartitionSource
 from .machine import usable_cores
 from .planning.plan import asks_for_key, group_layout
-from .run.engineoutputs import as_engine_frame, engine_source
+from .run.engineoutputs import EngineOutputs, engine_source
 from .run.groupfailures import WithFallback, failures, fallen_back, report_failures
 from .run.partitioncost import LEFT_TO_US, attach_summary, decide, run_in_process, with_split
 from .run.results import OK, Run
@@ -236,8 +237,9 @@ def map_groups(
 
     ``source`` may be a Spark or Dask DataFrame (with ``by=`` and
     ``mm.groups``' other keywords), or ``mm.groups`` of one: its engine
-    groups the rows, and the result is a DataFrame of that engine, the
-    outputs in key order (:mod:`manymodels.run.engineoutputs`).
+    groups the rows, each group's output is written by the worker that ran
+    it, and the result is a DataFrame of that engine reading those files: the
+    outputs in key order, never on the driver (:mod:`manymodels.run.engineoutputs`).
     """
     _check_errors(errors)
     source, in_engine = engine_source(source, options)
@@ -256,13 +258,17 @@ def map_groups(
         options["shared"] = {**(options.get("shared") or {}),
                              **shared_labels(group_layout(base), base.row_index)}
         fn = WithLabels(fn, asks_for_key(fn))
-    run = train(fn, source, **options)
-    key_columns, ok = _ok_outputs(run, errors, "map_groups")
-    failed = failures(run, key_columns) if errors == "skip" else {}
-    fell_back = fallen_back(run) if fallback is not None else None
-    result = report_failures(_assemble(run, base, source if in_engine is None else None,
-                                        key_columns, ok, labelled), failed, fell_back)
-    return result if in_engine is None else as_engine_frame(result, in_engine)  # key order
+    written = None if in_engine is None else EngineOutputs(in_engine, source, fn,
+                                                           options.get("shared"))
+    with written or contextlib.nullcontext():  # a failed run leaves no outputs behind
+        run = train(fn if written is None else written.fn, source, **options)
+        key_columns, ok = _ok_outputs(run, errors, "map_groups")
+        failed = failures(run, key_columns) if errors == "skip" else {}
+        fell_back = fallen_back(run) if fallback is not None else None
+        if written is not None:  # written by the workers, read by the engine's
+            return report_failures(written.frame([out for _, out in ok]), failed, fell_back)
+    return report_failures(_assemble(run, base, source, key_columns, ok, labelled), failed,
+                           fell_back)
 
 
 def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,

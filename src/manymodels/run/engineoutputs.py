@@ -1,28 +1,67 @@
 """``mm.map_groups(fn, spark_df, by=...)``: a transform of an engine's
-DataFrame (or a Ray Dataset) that answers with the engine's own table.
+DataFrame (or a Ray Dataset) that answers with the engine's own table, its
+rows never on the driver.
 
-The engine groups the rows (:mod:`manymodels.planning.staging`: one shuffle
-by key, each partition sorted and written once by the engine's workers), the
-backend runs ``fn`` on each group with the scheduler's supervision (crash
-attribution, retries, ``timeout``, the error budget), and the groups'
-outputs, in key order and with their key columns, become a Spark DataFrame
-(``createDataFrame``) or a Dask DataFrame (``from_pandas``) of the session
-or client the input came from, or a Ray Dataset (``ray.data.from_pandas``),
-so that a job writes them on from the engine's executors. The outputs
-themselves still pass through the driver: they must fit in its memory (the
-input rows never do).
+The path the rows take:
+
+1. The engine groups the rows (:mod:`manymodels.planning.staging`: one
+   shuffle by key, each partition sorted and written once by the engine's
+   workers).
+2. The backend runs ``fn`` on each group with the scheduler's supervision
+   (crash attribution, retries, ``timeout``, the error budget); the worker
+   that ran a group writes its output, the key columns in front, as one
+   Arrow file under the run's output directory (``manymodels-outputs-*``
+   beside the staged rows: under ``staging=`` where it is given, a directory
+   every node sees), and sends the driver only the file's name, row count
+   and a digest of its schema (:mod:`manymodels.run.outputfiles`).
+3. The driver unifies the few distinct schemas (read from the files' headers:
+   an int column in one group and a float one in another is a float column,
+   a column some groups lack is null there, as pandas' ``concat`` makes them)
+   and hands the engine the list of files, in key order, cut into about as
+   many partitions as the engine has cores: a Spark DataFrame whose
+   ``mapInArrow`` reads them on the executors, a Dask DataFrame of
+   ``from_map`` partitions read on the workers (its index the rows'
+   positions, its divisions known), or a Ray Dataset whose blocks Ray tasks
+   read into the object store (``from_arrow_refs``).
+
+So the result is lazy on Spark and Dask (each action reads the files again)
+and the files stay until the driver process exits; a Ray Dataset's blocks
+are read once, and the files removed then. A run that fails (an error with
+``errors="raise"``, the error budget, Ctrl-C) removes its output directory
+at once: nothing half-written is left. A file of an attempt that crashed or
+timed out is never read (only the files of the outcomes the driver received
+are), and goes with the directory.
 
 An engine's DataFrame has no row order to put a transform's rows back in,
-nor row labels: the outputs come in key order, under a fresh index.
+nor row labels: the outputs come in key order (a group's rows in the order
+``fn`` gave them), a DataFrame's index dropped. A Series ``fn`` returns is
+one row (its labels as columns) where its labels are column-like
+(``df[["x", "y"]].mean()``), a column of values where they are integers.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
+import os
+import shutil
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from ..inputs.engineframes import TABLE_NAMES, EngineFrame, engine_of
 from ..inputs.grids import ProductSource
 from ..inputs.sources import GroupSource, groups
+from ..planning.plan import asks_for_key
+from ..planning.staging import new_directory
+from .outputfiles import (
+    WriteOutputs,
+    WrittenOutput,
+    read_dask_chunk,
+    read_files,
+    read_spark_chunks,
+)
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")
@@ -43,32 +82,160 @@ def engine_source(source: Any, options: dict[str, Any]) -> tuple[Any, EngineFram
     return source, in_engine
 
 
-def as_engine_frame(result: Any, engine_frame: EngineFrame) -> Any:
-    """The outputs gathered on the driver (pandas, a Series, Arrow or polars)
-    as a DataFrame of ``engine_frame``'s engine."""
-    import pandas as pd
+class EngineOutputs:
+    """The output directory of one ``map_groups`` run on an engine's frame:
+    ``fn`` wrapped to write there (:attr:`fn`), the engine's table of what
+    was written (:meth:`frame`), and the directory removed where the run
+    fails (a context manager: an exception inside removes it)."""
 
-    if hasattr(result, "to_pandas") and not isinstance(result, (pd.DataFrame, pd.Series)):
-        result = result.to_pandas()  # Arrow or polars outputs
-    if isinstance(result, pd.Series):
-        result = result.to_frame(name=result.name if result.name is not None else "value")
-    if not isinstance(result.index, pd.RangeIndex):  # labels fn gave: kept as columns
-        result = result.reset_index()
-    result = result.reset_index(drop=True)
-    result.columns = [str(name) for name in result.columns]
-    if not len(result.columns):
+    def __init__(self, engine_frame: EngineFrame, source: Any, fn: Any,
+                 shared: dict | None) -> None:
+        if "key" in (shared or {}):
+            raise ValueError("map_groups of an engine's DataFrame passes each group's key "
+                             "to its writer as key=: rename the shared object 'key'")
+        self.engine_frame = engine_frame
+        self.directory = os.path.abspath(new_directory(engine_frame.staging,
+                                                       "manymodels-outputs-"))
+        params = list(getattr(source, "param_columns", []) or [])
+        self.fn = WriteOutputs(fn, self.directory, [str(c) for c in source.key_columns],
+                               params, asks_for_key(fn))
+
+    def __enter__(self) -> EngineOutputs:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if kind is not None:
+            self.discard()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def frame(self, outputs: list[WrittenOutput]) -> Any:
+        """The outputs (in key order) as the engine's table, read by its workers."""
+        try:
+            schema = _unified_schema(self.directory, outputs, self.engine_frame.engine)
+            files = [(out.name, out.rows) for out in outputs if out.name and out.rows]
+            engine = self.engine_frame.engine
+            if engine == "spark":
+                result = _spark_frame_of(self.engine_frame.frame, self.directory, files, schema)
+            elif engine == "dask":
+                result = _dask_frame_of(self.engine_frame.frame, self.directory, files, schema)
+            else:
+                result = _ray_dataset_of(self.directory, files, schema)
+        except BaseException:
+            self.discard()
+            raise
+        if engine == "ray":  # its blocks are in Ray's object store now
+            self.discard()
+        else:  # read again by each action on the frame
+            atexit.register(shutil.rmtree, self.directory, True)
+        return result
+
+
+def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -> pa.Schema:
+    """One schema for every group's output: each distinct schema read once,
+    from the header of the first file written with it."""
+    schemas: dict[str, pa.Schema] = {}
+    for out in outputs:
+        if out.name is not None and out.schema_digest not in schemas:
+            with pa.OSFile(os.path.join(directory, out.name)) as source:
+                schemas[out.schema_digest] = pa.ipc.open_file(source).schema
+    if not schemas:
+        raise ValueError("map_groups: fn returned None for every group, and a "
+                         f"{TABLE_NAMES[engine]} needs columns")
+    try:
+        schema = pa.unify_schemas(list(schemas.values()), promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise TypeError(f"map_groups: the groups' outputs do not agree on a column's type, "
+                        f"so they make no one table: {exc}") from None
+    if not len(schema):
         raise ValueError("map_groups: fn returned no columns for any group, and a "
-                         f"{TABLE_NAMES[engine_frame.engine]} needs some")
-    if engine_frame.engine == "spark":
-        return engine_frame.frame.sparkSession.createDataFrame(result)
-    if engine_frame.engine == "ray":
-        import ray.data
+                         f"{TABLE_NAMES[engine]} needs some")
+    return schema
 
-        return ray.data.from_pandas(result)
+
+def _chunks(files: list[tuple[str, int]], count: int) -> list[tuple[list[str], int]]:
+    """``files`` (name, rows), in order, cut into at most ``count`` runs of
+    about equal rows: each run's names and the position of its first row."""
+    if not files:
+        return []
+    rows = np.array([r for _, r in files], dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(rows)[:-1]])
+    which = np.minimum(before * max(1, count) // max(1, int(rows.sum())), count - 1)
+    chunks: list[tuple[list[str], int]] = []
+    for position, (name, _) in enumerate(files):
+        if position == 0 or which[position] != which[position - 1]:
+            chunks.append(([], int(before[position])))
+        chunks[-1][0].append(name)
+    return chunks
+
+
+def _spark_schema(schema: pa.Schema) -> Any:
+    """The Spark schema of the outputs: Arrow types Spark lacks as the nearest
+    it has (no type: a string; unsigned: a long; a dictionary: its values)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    fields = []
+    for field in schema:
+        kind = field.type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if pa.types.is_null(kind):
+            kind = pa.string()
+        elif pa.types.is_unsigned_integer(kind):
+            kind = pa.int64()
+        fields.append(pa.field(field.name, kind))
+    try:
+        return from_arrow_schema(pa.schema(fields))
+    except (TypeError, NotImplementedError) as exc:
+        raise TypeError(f"map_groups: an output column has no Spark type: {exc}") from None
+
+
+def _spark_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) -> Any:
+    """A Spark DataFrame whose executors read the files (``mapInArrow`` over
+    one row of file names a partition, in key order)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    session = frame.sparkSession
+    cores = 2
+    try:
+        cores = session.sparkContext.defaultParallelism
+    except Exception:  # a Spark Connect session has no context to ask
+        pass
+    spark_schema = _spark_schema(schema)
+    names = session.createDataFrame([(names,) for names, _ in _chunks(files, cores)],
+                                    "files array<string>")
+    read = functools.partial(read_spark_chunks, directory=directory,
+                             schema=to_arrow_schema(spark_schema))
+    return names.mapInArrow(read, spark_schema)
+
+
+def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) -> Any:
+    """A Dask DataFrame of one partition per run of files, read on the workers."""
     import dask.dataframe as dd
 
-    partitions = max(1, min(engine_frame.frame.npartitions, len(result)))
-    return dd.from_pandas(result, npartitions=partitions, sort=False)
+    chunks = _chunks(files, max(1, frame.npartitions)) or [([], 0)]
+    total = sum(rows for _, rows in files)
+    divisions = None
+    if total:
+        divisions = tuple(start for _, start in chunks) + (total - 1,)
+    return dd.from_map(read_dask_chunk, chunks, meta=schema.empty_table().to_pandas(),
+                       divisions=divisions, label="manymodels-outputs",
+                       directory=directory, schema=schema)
+
+
+def _ray_dataset_of(directory: str, files: list, schema: pa.Schema) -> Any:
+    """A Ray Dataset whose blocks, in key order, Ray tasks read into the object store."""
+    import ray
+    import ray.data
+
+    if not files:
+        return ray.data.from_arrow(schema.empty_table())
+    read = ray.remote(read_files)
+    cores = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    blocks = [read.remote(directory, names, schema) for names, _ in _chunks(files, cores)]
+    ray.wait(blocks, num_returns=len(blocks), fetch_local=False)
+    return ray.data.from_arrow_refs(blocks)
 
 
 #: The backends whose runs' results become their engine's table.

@@ -1,0 +1,158 @@
+"""The groups' outputs of ``mm.map_groups(fn, engine_df, ...)`` written by the
+workers, so that they never pass through the driver
+(:mod:`manymodels.run.engineoutputs` says how the engine reads them back).
+
+On the worker that ran a group, :class:`WriteOutputs` turns ``fn``'s output
+into an Arrow table with the group's key columns in front and writes it as one
+Arrow IPC file under the run's output directory (a file is written under a
+``.partial`` name and renamed: it is whole, or absent). What travels back to
+the driver as the task's "model" is a :class:`WrittenOutput`: the file's
+name, its row count and a digest of its schema. A task that crashed, ran past
+its timeout or was retried may leave a file no outcome names: the driver
+reads only the files of the outcomes it received, and the directory goes as a
+whole.
+
+The engine's workers read the files back with :func:`read_files`, each cast
+to the schema the driver unified from the files' own schemas (an int column
+in one group and a float one in another is a float column, as pandas'
+``concat`` makes it; a column some groups lack is null there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenOutput:
+    """A group's output as a worker wrote it: ``name`` (None where ``fn``
+    returned None), its rows, and a digest of its schema."""
+
+    name: str | None
+    rows: int
+    schema_digest: str | None
+
+
+def schema_digest(schema: pa.Schema) -> str:
+    return hashlib.blake2b(schema.serialize().to_pybytes(), digest_size=12).hexdigest()
+
+
+class WriteOutputs:
+    """``fn``, whose output is written to a file under ``directory`` on the
+    worker that ran it (see the module docstring). ``key_columns``: the
+    group's key columns then the grid's settings (``param_columns``), whose
+    values a table lacking them gets in front."""
+
+    def __init__(self, fn: Callable[..., Any], directory: str, key_columns: list[str],
+                 param_columns: list[str], passes_key: bool) -> None:
+        self.fn, self.directory, self.passes_key = fn, directory, passes_key
+        self.key_columns, self.param_columns = key_columns, param_columns
+
+    def __call__(self, rows: Any, key: Any = None, **kwargs: Any) -> Any:
+        value = self.fn(rows, key=key, **kwargs) if self.passes_key else self.fn(rows, **kwargs)
+        metrics = None
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+            value, metrics = value  # a fallback's output, marked with fn's error
+        width = len(self.key_columns) - len(self.param_columns)
+        parts = tuple(key) if width > 1 else (key,)
+        parts += tuple(kwargs[name] for name in self.param_columns)
+        written = self._write(output_table(value, parts, self.key_columns))
+        return written if metrics is None else (written, metrics)
+
+    def _write(self, table: pa.Table | None) -> WrittenOutput:
+        if table is None:
+            return WrittenOutput(None, 0, None)
+        name = f"out-{os.urandom(8).hex()}.arrow"  # a name no other task or attempt draws
+        path = os.path.join(self.directory, name)
+        with pa.OSFile(path + ".partial", "wb") as sink, \
+                pa.ipc.new_file(sink, table.schema) as out:
+            out.write_table(table)
+        os.replace(path + ".partial", path)
+        return WrittenOutput(name, table.num_rows, schema_digest(table.schema))
+
+
+def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
+    """``fn``'s output for one group as an Arrow table, the key columns it
+    lacks in front: a DataFrame's rows (its index dropped, as the pandas path
+    concatenates them); a Series of column-like labels (``df.mean()``) as one
+    row, of integer labels (a column of values) as a column; an Arrow or
+    polars table as it is. None for None (no rows)."""
+    import pandas as pd
+
+    if value is None:
+        return None
+    if isinstance(value, pd.Series):
+        if value.index.inferred_type == "integer" or len(value.index) == 0:
+            value = value.reset_index(drop=True).to_frame(
+                name=value.name if value.name is not None else "value")
+        else:
+            value = pd.DataFrame([value]).reset_index(drop=True)
+    if isinstance(value, pd.DataFrame):
+        value = value.reset_index(drop=True)
+        value.columns = [str(name) for name in value.columns]
+        table = pa.Table.from_pandas(value, preserve_index=False)
+    elif isinstance(value, pa.RecordBatch):
+        table = pa.Table.from_batches([value])
+    elif isinstance(value, (pa.Array, pa.ChunkedArray)):
+        table = pa.table({"value": value})
+    elif isinstance(value, pa.Table):
+        table = value
+    elif type(value).__module__.startswith("polars") and hasattr(value, "to_arrow"):
+        table = value.to_arrow()
+        if not isinstance(table, pa.Table):  # a polars Series
+            table = pa.table({getattr(value, "name", None) or "value": table})
+    else:
+        raise TypeError(f"map_groups' function must return a table, got {type(value).__name__}")
+    table = table.replace_schema_metadata(None)
+    for position, name in enumerate(key_columns):
+        if str(name) not in table.column_names:
+            values = pa.array([parts[position]] * table.num_rows)
+            table = table.add_column(min(position, table.num_columns), str(name), values)
+    return table
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``'s columns and types: a column it lacks is null."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def read_files(directory: str, names: list[str], schema: pa.Schema) -> pa.Table:
+    """On an engine's worker: the files ``names`` under ``directory``, in
+    order, as one table of ``schema``."""
+    tables = []
+    for name in names:
+        with pa.OSFile(os.path.join(directory, name)) as source:
+            tables.append(conform(pa.ipc.open_file(source).read_all(), schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,
+                      schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Spark's ``mapInArrow`` function: rows of file names (a ``files`` list
+    each) in, the files' rows out, in order."""
+    for batch in batches:
+        for names in batch.column("files").to_pylist():
+            yield from read_files(directory, names, schema).to_batches()
+
+
+def read_dask_chunk(chunk: tuple[list[str], int], directory: str, schema: pa.Schema) -> Any:
+    """Dask's ``from_map`` function: one partition's files as a pandas frame,
+    its index the rows' positions in the whole result."""
+    import pandas as pd
+
+    names, start = chunk
+    frame = read_files(directory, names, schema).to_pandas()
+    frame.index = pd.RangeIndex(start, start + len(frame))
+    return frame

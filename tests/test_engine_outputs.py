@@ -1,0 +1,209 @@
+"""``mm.map_groups(fn, engine_df, by=...)`` on real engines (a local Spark
+session, a Dask ``LocalCluster``, a local Ray): each group's output is written
+by the worker that ran it and read back by the engine's workers
+(run/engineoutputs.py), never gathered on the driver.
+
+The result equals the pandas path's (columns whose types differ between
+groups unified as pandas' ``concat`` makes them, in key order); the driver
+receives only the files' names and row counts; a crash retried costs nothing;
+a run that fails leaves no output files behind.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+import manymodels.transforms as transforms
+from manymodels.run.outputfiles import WrittenOutput
+from test_engines import _start_dask, _start_spark
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("spark", marks=pytest.mark.spark),
+    pytest.param("dask", marks=pytest.mark.dask),
+])
+def engine(request):
+    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
+    yield request.param, handle
+    assert alive(), f"the user's {request.param} was stopped by manymodels"
+    close()
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    rng = np.random.default_rng(11)
+    n = 600
+    return pd.DataFrame({"store": rng.integers(0, 5, n), "item": rng.choice(list("ab"), n),
+                         "day": rng.permutation(n), "x": rng.normal(size=n)})
+
+
+def _engine_frame(engine, frame: pd.DataFrame):
+    name, handle = engine
+    if name == "spark":
+        return handle.createDataFrame(frame)
+    import dask.dataframe as dd
+
+    return dd.from_pandas(frame, npartitions=3)
+
+
+def _collected(name: str, frame) -> pd.DataFrame:
+    if name == "spark":
+        return frame.toPandas()
+    if name == "dask":
+        return frame.compute()
+    return frame.to_pandas()
+
+
+def summarised(df):
+    """Three rows a group, in day order; ``n`` an int in even stores and a
+    float (NaN) in odd ones, ``flag`` only in store 1: the groups' schemas differ."""
+    store = int(df["store"].iloc[0])
+    out = pd.DataFrame({"day": df["day"].to_numpy()[:3],
+                        "centred": (df["x"] - df["x"].mean()).to_numpy()[:3]})
+    out["n"] = len(df) if store % 2 == 0 else np.nan
+    if store == 1:
+        out["flag"] = "one"
+    return out
+
+
+def crash_once(df, marks: str):
+    """Kills its worker the first time it runs group (3, "b"): its retry succeeds."""
+    if (int(df["store"].iloc[0]), df["item"].iloc[0]) == (3, "b"):
+        mark = Path(marks, "crashed")
+        if not mark.exists():
+            mark.touch()
+            os._exit(3)
+    return summarised(df)
+
+
+def fail_on_store_4(df):
+    if df["store"].iloc[0] == 4:
+        raise ValueError("store 4 is bad")
+    return summarised(df)
+
+
+@pytest.fixture(scope="module")
+def expected(table) -> pd.DataFrame:
+    """The pandas path's answer (gathered on the driver: before any test spies on that)."""
+    return mm.map_groups(summarised, mm.groups(table, by=["store", "item"], order_by="day"),
+                         backend="serial")
+
+
+def _same(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    """Equal values, columns and row order (missing text as None on both sides)."""
+    got, expected = got.reset_index(drop=True), expected.reset_index(drop=True)
+    assert list(got.columns) == list(expected.columns)
+    pd.testing.assert_frame_equal(got.astype(object).where(got.notna(), None),
+                                  expected.astype(object).where(expected.notna(), None),
+                                  check_dtype=False)
+
+
+@pytest.fixture
+def driver_never_gathers(monkeypatch):
+    """Fails a test whose outputs are assembled on the driver, and keeps the
+    runs map_groups made, to look at what their workers sent back."""
+    runs = []
+
+    def gathered(*args, **kwargs):
+        raise AssertionError("the groups' outputs were gathered on the driver")
+
+    def train(*args, **kwargs):
+        runs.append(mm.train(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(transforms, "_assemble", gathered)
+    monkeypatch.setattr(transforms, "train", train)
+    return runs
+
+
+def _outputs_directories(staging: Path) -> list[Path]:
+    return sorted(staging.glob("manymodels-outputs-*"))
+
+
+def _only_file_records_came_back(run, staging: Path) -> None:
+    """Every group's "model" on the driver is a file's name and row count, the
+    file whole under the run's output directory."""
+    _, outputs = run._ok_outputs()
+    assert outputs and all(isinstance(out, WrittenOutput) for _, out in outputs)
+    (directory,) = _outputs_directories(staging)
+    files = {path.name for path in directory.iterdir()}
+    assert {out.name for _, out in outputs} <= files
+    assert not [name for name in files if name.endswith(".partial")]
+
+
+def test_map_groups_outputs_never_pass_through_the_driver(engine, table, expected, tmp_path,
+                                                          driver_never_gathers):
+    name = engine[0]
+    staging = tmp_path / "stage"
+    result = mm.map_groups(summarised, _engine_frame(engine, table), by=["store", "item"],
+                           order_by="day", staging=str(staging), backend=name, workers=2)
+    if name == "spark":
+        plan = result._jdf.queryExecution().toString()
+        assert "MapInArrow" in plan and "LocalTableScan [store" not in plan
+    else:
+        assert result.npartitions == 3 and result.known_divisions
+    _only_file_records_came_back(driver_never_gathers[0], staging)
+    got = _collected(name, result)
+    _same(got, expected)
+    assert got["n"].isna().sum() == 3 * 2 * 2  # odd stores' rows
+    if name == "dask":  # the index is the rows' positions in the whole result
+        assert got.index.equals(pd.RangeIndex(5 * 2 * 3))
+
+
+def test_a_crash_is_retried_and_a_failed_run_leaves_no_outputs(engine, table, expected, tmp_path,
+                                                               driver_never_gathers):
+    name = engine[0]
+    staging = tmp_path / "stage"
+    result = mm.map_groups(crash_once, _engine_frame(engine, table), by=["store", "item"],
+                           order_by="day", staging=str(staging), backend=name, workers=2,
+                           retries=1, shared={"marks": str(tmp_path)})
+    run = driver_never_gathers[0]
+    assert run.results.set_index(["store", "item"]).loc[(3, "b"), "attempts"] == 2
+    _same(_collected(name, result), expected)
+
+    with pytest.warns(RuntimeWarning, match="store 4 is bad"):
+        skipped = mm.map_groups(fail_on_store_4, _engine_frame(engine, table),
+                                by=["store", "item"], order_by="day", errors="skip",
+                                staging=str(staging), backend="serial")
+    _same(_collected(name, skipped), expected[expected["store"] != 4])
+
+    before = _outputs_directories(staging)
+    with pytest.raises(RuntimeError, match="store 4 is bad"):
+        mm.map_groups(fail_on_store_4, _engine_frame(engine, table), by=["store", "item"],
+                      staging=str(staging), backend="serial")
+    assert _outputs_directories(staging) == before  # the failed run's went at once
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.ray
+def test_map_groups_of_a_ray_dataset_reads_the_outputs_on_ray(local_ray, table, expected, tmp_path,
+                                                              driver_never_gathers):
+    """Ray tasks read the outputs into the object store, in key order; the
+    files go then. A crash on Ray's workers is retried."""
+    dataset = local_ray.data.from_pandas([table.iloc[:200], table.iloc[200:]])
+    staging = tmp_path / "stage"
+    result = mm.map_groups(crash_once, dataset, by=["store", "item"], order_by="day",
+                           staging=str(staging), backend="ray", workers=2, retries=1,
+                           shared={"marks": str(tmp_path)})
+    assert type(result).__name__ in ("Dataset", "MaterializedDataset")
+    assert all(isinstance(out, WrittenOutput)
+               for _, out in driver_never_gathers[0]._ok_outputs()[1])
+    assert not _outputs_directories(staging)  # read into Ray's object store: removed
+    _same(result.to_pandas(), expected)
