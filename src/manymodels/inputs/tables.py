@@ -290,6 +290,45 @@ def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Arr
     return pc.sort_indices(sortable, sort_keys=keys)  # nulls (and NaN) last
 
 
+def presorted_group_lengths(table: pa.Table, by: list[str], order_by: list[str] | None = None
+                            ) -> np.ndarray | None:
+    """Each group's number of rows, in key order, when ``table`` is already
+    sorted by one integer or text key column (without nulls) and, within a
+    group, by ``order_by`` (one integer, float or time column without
+    nulls or NaN): as tables written series by series come (statsforecast's
+    input, say). From where the key changes, in a few vectorised passes,
+    without numbering or sorting the rows. None otherwise: the caller sorts.
+    The order is the one the sort would give (text compares by code point
+    in both), so the groups and their rows are the same either way."""
+    import pyarrow.compute as pc
+
+    if len(by) != 1 or len(order_by or ()) > 1 or table.num_rows < 2:
+        return None
+    keys = table.column(by[0])
+    if keys.null_count or not (pa.types.is_integer(keys.type) or pa.types.is_string(keys.type)
+                               or pa.types.is_large_string(keys.type)):
+        return None
+    keys = keys.combine_chunks()
+    before, after = keys.slice(0, len(keys) - 1), keys.slice(1)
+    if not pc.all(pc.less_equal(before, after)).as_py():
+        return None
+    same = pc.equal(before, after)
+    if order_by:
+        times = table.column(order_by[0])
+        kind = times.type
+        if times.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                                    or pa.types.is_temporal(kind)):
+            return None
+        times = times.combine_chunks()
+        if pa.types.is_floating(kind) and pc.any(pc.is_nan(times)).as_py():
+            return None
+        ordered = pc.less_equal(times.slice(0, len(times) - 1), times.slice(1))
+        if not pc.all(pc.or_(pc.invert(same), ordered)).as_py():
+            return None
+    changes = np.flatnonzero(~same.to_numpy(zero_copy_only=False)) + 1
+    return np.diff(changes, prepend=0, append=len(keys))
+
+
 def plain_scalar(value: Any) -> Any:
     """A NumPy scalar as its Python value (keys and metrics hold Python values);
     anything else unchanged."""

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from ..inputs.grids import GridSource, ProductSource
 from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
-from ..inputs.tables import exact_pandas, sort_order
+from ..inputs.tables import exact_pandas, presorted_group_lengths, sort_order
 from .sortedreads import sort_once
 from .staging import stage
 from .taskdata import Items, ParquetReads, SettingsOnly, StagedSlices, TableSlices, TaskData
@@ -188,7 +188,9 @@ def group_layout(source: GroupSource) -> GroupLayout:
     for name in source.by:
         _check_key_type(name, source.table.column(name))
     order_by = getattr(source, "order_by", None)
-    lengths = None if order_by else _sorted_int_group_lengths(source.table, source.by)
+    # (read on workers: each batch sorts its rows by order_by, which the driver has not)
+    lengths = presorted_group_lengths(source.table, source.by,
+                                      order_by if source.reader is None else None)
     order: np.ndarray | None = None  # None: the table is in key order already
     if lengths is None:
         keys_frame = exact_pandas(source.table.select(source.by))
@@ -261,23 +263,6 @@ def _check_key_type(name: str, column: Any) -> None:
             raise ValueError(f"by column {name!r} holds times of day with nanoseconds, which "
                              "a Python time (a key's value) cannot hold: cast it to "
                              "time64('us') or to text first") from None
-
-
-def _sorted_int_group_lengths(table: pa.Table, by: list[str]) -> np.ndarray | None:
-    """Each group's number of rows, in key order, when the table is keyed by
-    one integer column without nulls already in order (a table written group
-    by group): from where the key changes, without hashing ten million keys
-    or numbering each row. None otherwise."""
-    if len(by) != 1:
-        return None
-    column = table.column(by[0])
-    if column.null_count or not pa.types.is_integer(column.type) or not len(column):
-        return None
-    values = column.to_numpy()
-    if not (values[1:] >= values[:-1]).all():
-        return None
-    starts = np.flatnonzero(values[1:] != values[:-1]) + 1
-    return np.diff(starts, prepend=0, append=len(values))
 
 
 def partition_layout(source: PartitionSource) -> GroupLayout:
