@@ -18,7 +18,8 @@ The path the rows take:
    an int column in one group and a float one in another is a float column,
    a column some groups lack is null there, as pandas' ``concat`` makes them)
    and hands the engine the list of files, in key order, cut into about as
-   many partitions as the engine has cores: a Spark DataFrame whose
+   many partitions as the engine has cores (more where one would hold over
+   :data:`ROWS_PER_PARTITION` rows): a Spark DataFrame whose
    ``mapInArrow`` reads them on the executors, a Dask DataFrame of
    ``from_map`` partitions read on the workers (its index the rows'
    positions, its divisions known), or a Ray Dataset whose blocks Ray tasks
@@ -154,14 +155,21 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     return schema
 
 
-def _chunks(files: list[tuple[str, int]], count: int) -> list[tuple[list[str], int]]:
-    """``files`` (name, rows), in order, cut into at most ``count`` runs of
-    about equal rows: each run's names and the position of its first row."""
+#: Rows of outputs a partition of the result holds at most, where the engine's
+#: cores would make fewer, larger partitions.
+ROWS_PER_PARTITION = 1_000_000
+
+
+def _chunks(files: list[tuple[str, int]], cores: int) -> list[tuple[list[str], int]]:
+    """``files`` (name, rows), in order, cut into runs of about equal rows, one
+    a core or more (:data:`ROWS_PER_PARTITION`): each run's names and the
+    position of its first row."""
     if not files:
         return []
     rows = np.array([r for _, r in files], dtype=np.int64)
+    count = max(1, cores, -(-int(rows.sum()) // ROWS_PER_PARTITION))
     before = np.concatenate([[0], np.cumsum(rows)[:-1]])
-    which = np.minimum(before * max(1, count) // max(1, int(rows.sum())), count - 1)
+    which = np.minimum(before * count // max(1, int(rows.sum())), count - 1)
     chunks: list[tuple[list[str], int]] = []
     for position, (name, _) in enumerate(files):
         if position == 0 or which[position] != which[position - 1]:

@@ -94,8 +94,8 @@ def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table |
         else:
             value = pd.DataFrame([value]).reset_index(drop=True)
     if isinstance(value, pd.DataFrame):
-        value = value.reset_index(drop=True)
-        value.columns = [str(name) for name in value.columns]
+        if not all(isinstance(name, str) for name in value.columns):
+            value = value.set_axis([str(name) for name in value.columns], axis=1)
         table = pa.Table.from_pandas(value, preserve_index=False)
     elif isinstance(value, pa.RecordBatch):
         table = pa.Table.from_batches([value])
@@ -112,7 +112,7 @@ def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table |
     table = table.replace_schema_metadata(None)
     for position, name in enumerate(key_columns):
         if str(name) not in table.column_names:
-            values = pa.array([parts[position]] * table.num_rows)
+            values = pa.repeat(pa.scalar(parts[position]), table.num_rows)
             table = table.add_column(min(position, table.num_columns), str(name), values)
     return table
 
