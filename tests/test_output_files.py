@@ -1,0 +1,74 @@
+"""How a worker writes a group's output of ``map_groups`` on an engine, and
+how the driver makes one schema and the engine's partitions of the files
+(run/outputfiles.py, run/engineoutputs.py), without an engine: the engines
+themselves are in tests/test_engine_outputs.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from manymodels.run import engineoutputs
+from manymodels.run.outputfiles import WriteOutputs, WrittenOutput, read_files
+
+
+def _writer(tmp_path, fn, key_columns=("store",), params=()):
+    return WriteOutputs(fn, str(tmp_path), list(key_columns), list(params), passes_key=False)
+
+
+def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
+    rows = pd.DataFrame({"x": [1.0, 2.0, 4.0]}, index=[7, 8, 9])
+    cases = {
+        "frame": (lambda df: df.assign(y=df["x"] * 2), ["store", "x", "y"], 3),
+        "mean": (lambda df: df[["x"]].mean(), ["store", "x"], 1),
+        "column": (lambda df: df["x"] - 1, ["store", "x"], 3),  # labels 7, 8, 9: values
+        "arrow": (lambda df: pa.table({"n": [len(df)]}), ["store", "n"], 1),
+    }
+    for name, (fn, columns, length) in cases.items():
+        written = _writer(tmp_path, fn)(rows, key="s1")
+        table = read_files(str(tmp_path), [written.name], pa.ipc.open_file(
+            pa.OSFile(str(tmp_path / written.name))).schema)
+        assert table.column_names == columns and written.rows == table.num_rows == length, name
+        assert table.column("store").to_pylist() == ["s1"] * length
+    assert _writer(tmp_path, lambda df: None)(rows, key="s1") == WrittenOutput(None, 0, None)
+    assert not list(tmp_path.glob("*.partial"))
+    with pytest.raises(TypeError, match="must return a table, got float"):
+        _writer(tmp_path, lambda df: 3.0)(rows, key="s1")
+
+
+def test_a_grid_setting_is_a_key_column_and_a_fallback_keeps_its_mark(tmp_path):
+    rows = pd.DataFrame({"x": [1.0, 2.0]})
+    writer = _writer(tmp_path, lambda df, alpha: (df * alpha, {"why": "fn failed"}),
+                     key_columns=("store", "item", "alpha"), params=("alpha",))
+    written, metrics = writer(rows, key=("s1", 3), alpha=0.5)
+    assert metrics == {"why": "fn failed"}
+    with pa.OSFile(str(tmp_path / written.name)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    assert table.to_pydict() == {"store": ["s1"] * 2, "item": [3, 3], "alpha": [0.5, 0.5],
+                                 "x": [0.5, 1.0]}
+
+
+def test_the_schemas_are_unified_as_pandas_concat_does(tmp_path):
+    writer = _writer(tmp_path, lambda df: df)
+    ints = writer(pd.DataFrame({"n": [1, 2]}), key=1)
+    floats = writer(pd.DataFrame({"n": [np.nan], "flag": ["a"]}), key=2)
+    schema = engineoutputs._unified_schema(str(tmp_path), [ints, floats], "spark")
+    assert schema.names == ["store", "n", "flag"] and schema.field("n").type == pa.float64()
+    table = read_files(str(tmp_path), [ints.name, floats.name], schema)
+    assert table.column("n").to_pylist() == [1.0, 2.0, None]
+    assert table.column("flag").to_pylist() == [None, None, "a"]
+    text = writer(pd.DataFrame({"n": ["x"]}), key=3)
+    with pytest.raises(TypeError, match="Field n has incompatible types"):
+        engineoutputs._unified_schema(str(tmp_path), [ints, text], "dask")
+    with pytest.raises(ValueError, match="fn returned None for every group, and a Dask"):
+        engineoutputs._unified_schema(str(tmp_path), [WrittenOutput(None, 0, None)], "dask")
+
+
+def test_the_files_are_cut_into_runs_of_about_equal_rows(monkeypatch):
+    files = [("a", 5), ("b", 5), ("c", 1), ("d", 9)]
+    assert engineoutputs._chunks(files, 2) == [(["a", "b"], 0), (["c", "d"], 10)]
+    assert engineoutputs._chunks(files[:1], 4) == [(["a"], 0)]
+    monkeypatch.setattr(engineoutputs, "ROWS_PER_PARTITION", 6)  # 20 rows: 4 runs at most
+    assert engineoutputs._chunks(files, 1) == [(["a"], 0), (["b"], 5), (["c", "d"], 10)]
