@@ -216,11 +216,12 @@ def test_grouped_estimator_takes_polars_and_arrow_tables(kind):
     ) for dtype in ("int8", "int64", "uint32")],
 ])
 def test_groups_of_an_int_key_in_order_equal_pandas_groups(keys, dtype):
-    from manymodels.planning.plan import _sorted_int_group_lengths, group_layout
+    from manymodels.inputs.tables import presorted_group_lengths
+    from manymodels.planning.plan import group_layout
 
     frame = pd.DataFrame({"g": np.array(keys, dtype=dtype), "row": range(len(keys))})
     expected = frame.groupby("g", sort=True).ngroup().to_numpy()
-    lengths = _sorted_int_group_lengths(pa.Table.from_pandas(frame), ["g"])
+    lengths = presorted_group_lengths(pa.Table.from_pandas(frame), ["g"])
     in_order = all(a <= b for a, b in zip(keys, keys[1:]))
     assert (lengths is not None) == in_order
     if in_order:  # the groups pandas numbers, in order, each as long
