@@ -91,13 +91,14 @@ class EngineOutputs:
 
     def __init__(self, engine_frame: EngineFrame, source: Any, fn: Any,
                  shared: dict | None) -> None:
-        if "key" in (shared or {}):
+        params = list(getattr(source, "param_columns", []) or [])
+        if "key" in (shared or {}) or "key" in params:
             raise ValueError("map_groups of an engine's DataFrame passes each group's key "
-                             "to its writer as key=: rename the shared object 'key'")
+                             "to the worker that writes its output as key=: rename the "
+                             f"{'grid setting' if 'key' in params else 'shared object'} 'key'")
         self.engine_frame = engine_frame
         self.directory = os.path.abspath(new_directory(engine_frame.staging,
                                                        "manymodels-outputs-"))
-        params = list(getattr(source, "param_columns", []) or [])
         self.fn = WriteOutputs(fn, self.directory, [str(c) for c in source.key_columns],
                                params, asks_for_key(fn))
 
