@@ -48,9 +48,38 @@ def _arrow_as(rows: Any, format: str, labels: list | None = None) -> Any:
 
         return pl.from_arrow(rows)
     if format == "numpy":
-        return {name: column.to_numpy()
+        return {name: _as_numpy(column)
                 for name, column in zip(labels or rows.column_names, rows.columns)}
     raise ValueError(f"unknown format {format!r}")
+
+
+def _as_numpy(column: Any) -> Any:
+    """A column of a batch as ``format="numpy"`` gives it. Text becomes
+    Python strings, one object a row, which costs more than the rest of a
+    small group's conversion; a column that repeats its values in runs (the
+    key of a batch of whole groups, one value a group) makes one string a run
+    and repeats it. Equal values, whichever way they were made."""
+    import pyarrow as pa
+
+    kind, n = column.type, len(column)
+    if n < 16 or column.null_count or not (pa.types.is_string(kind)
+                                           or pa.types.is_large_string(kind)):
+        return column.to_numpy()
+    import numpy as np
+    import pyarrow.compute as pc
+
+    head = column.slice(0, 16).to_pylist()  # a look first: distinct values cost no pass
+    if all(a != b for a, b in zip(head, head[1:])):
+        return column.to_numpy()
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    same = pc.equal(column.slice(0, n - 1), column.slice(1)).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(~same)
+    if len(starts) > n // 4:  # few runs: row by row is as quick
+        return column.to_numpy(zero_copy_only=False)
+    starts = np.concatenate(([0], starts + 1))
+    values = column.take(pa.array(starts)).to_numpy(zero_copy_only=False)
+    return np.repeat(values, np.diff(starts, append=n))
 
 
 class FrameSlices(DataReader):
