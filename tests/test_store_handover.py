@@ -42,12 +42,16 @@ def test_a_part_of_consecutive_tasks_is_recorded_as_one_of_scattered_tasks_is():
     for scheduler, order in ((by_slices, [2, 3, 4, 5]), (one_by_one, [5, 3, 2, 4])):
         scheduler.records.attempts[3] = 1  # tried once before (a retry)
         scheduler._record_ok(_part(order, "pack", "metrics"), worker=1)
-    for name in ("status", "attempts", "model", "metrics", "worker", "error"):
+    for name in ("status_code", "attempts", "worker"):
+        assert (getattr(by_slices.records, name) == getattr(one_by_one.records, name)).all()
+    for name in ("model", "metrics", "errors"):
         assert getattr(by_slices.records, name) == getattr(one_by_one.records, name), name
     records = by_slices.records
-    assert records.attempts[2:6] == [1, 2, 1, 1] and records.attempts[6] == 0
-    assert records.status[2:6] == [Status.OK.value] * 4 and records.status[1] is None
-    assert records.model[2:6] == ["pack"] * 4 and records.worker[2:6] == [1] * 4
+    assert records.attempts[2:6].tolist() == [1, 2, 1, 1] and records.attempts[6] == 0
+    assert records.status_names()[2:6].tolist() == [Status.OK.value] * 4
+    assert records.status_of(1) is None and records.status_of(2) == Status.OK
+    assert records.model[2:6] == ["pack"] * 4 and records.worker[2:6].tolist() == [1] * 4
+    assert records.reused_from is None and not records.reused_mask().any()
     assert by_slices._done == by_slices._ok == 4
 
 

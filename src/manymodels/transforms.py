@@ -29,7 +29,7 @@ from .planning.plan import asks_for_key, group_layout
 from .run.engineoutputs import EngineOutputs, engine_source
 from .run.groupfailures import WithFallback, failures, fallen_back, report_failures
 from .run.partitioncost import LEFT_TO_US, attach_summary, decide, run_in_process, with_split
-from .run.results import OK, Run
+from .run.results import Run
 
 
 def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
@@ -127,7 +127,7 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any],
         return None
     layout = group_layout(base)  # the plan's layout, cached on the source
     rec = run._records
-    done = [index for index, status in enumerate(rec.status) if status == OK]
+    done = np.flatnonzero(rec.ok_mask()).tolist()
     if len(done) != len(outputs) or len(run._plan.tasks) != len(layout.lengths):
         return None
     labels, offsets, lengths = group_labels(layout, base.row_index)

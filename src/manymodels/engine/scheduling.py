@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import operator
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -53,7 +51,7 @@ from .messages import (
     Status,
     task_indices,
 )
-from .records import RecordingError, TaskRecords
+from .records import CANCELLED_CODE, STATUS_CODES, UNSET, RecordingError, TaskRecords
 
 _RETRY_BACKOFF_S = 0.1
 
@@ -137,7 +135,7 @@ class Scheduler:
         self.backend = backend
         self.retries = retries
         self.budget = _failure_budget(max_failures, len(plan.tasks))
-        self.records = TaskRecords(len(plan.tasks))
+        self.records = TaskRecords(len(plan.tasks), retries)
         self.make_run = make_run
         self._make_progress = progress
         self.progress: Any = None
@@ -151,9 +149,9 @@ class Scheduler:
     # -- bookkeeping -----------------------------------------------------------
 
     def _finish(self, index: int, status: str, worker: int, error: str | None) -> None:
-        self.records.status[index] = status
+        self.records.set_status(index, status)
         self.records.worker[index] = worker
-        self.records.error[index] = error
+        self.records.set_error(index, error)
         self._done += 1
         if status == Status.OK:
             self._ok += 1
@@ -163,34 +161,40 @@ class Scheduler:
             self.recorder.task_finished(index)
 
     def _record_all(self, outcomes: list[Outcome], worker: int) -> list[int]:
-        """Record a batch's outcomes: each one's attempt and times, its model
-        and metrics when ok, then :meth:`_finish`'s bookkeeping unless it goes
-        back for a retry; all in one loop over local names (a million tasks
-        paid more for a method call each than for the work). Returns the
-        tasks to retry."""
+        """Record a batch's outcomes: each one's attempt and times (as array
+        operations), its model and metrics when ok, then :meth:`_finish`'s
+        bookkeeping unless it goes back for a retry; the rest in one loop over
+        local names (a million tasks paid more for a method call each than
+        for the work). Returns the tasks to retry."""
         if type(outcomes) is OkOutcomes:
             return self._record_ok(outcomes, worker)
         rec, ok_status, retries = self.records, Status.OK.value, self.retries
-        attempts, durations, starts = rec.attempts, rec.duration_s, rec.started_at
-        statuses, workers, errors = rec.status, rec.worker, rec.error
+        outcomes = list(outcomes)
+        ran = np.fromiter((outcome[0] for outcome in outcomes), dtype=np.int64,
+                          count=len(outcomes))
+        rec.attempts[ran] += 1  # (a batch names a task once)
+        rec.duration_s[ran] = [outcome[4] for outcome in outcomes]
+        rec.started_at[ran] = [outcome[5] for outcome in outcomes]
         models, metrics_of = rec.model, rec.metrics
         retry: list[int] = []
         finished: list[int] = []
+        codes: list[int] = []
         ok = failed = 0
-        for index, status, model, metrics, duration, started_at, error, retryable in outcomes:
-            attempts[index] += 1
-            durations[index] = duration
-            starts[index] = started_at
+        for (index, status, model, metrics, _, _, error, retryable), attempt in zip(
+                outcomes, rec.attempts[ran].tolist()):
             if status == ok_status:
                 models[index], metrics_of[index] = model, metrics
                 ok += 1
-            elif retryable and attempts[index] <= retries:
+            elif retryable and attempt <= retries:
                 retry.append(index)
                 continue
             elif status in FAILURE_STATUSES:
                 failed += 1
-            statuses[index], workers[index], errors[index] = status, worker, error
+            rec.set_error(index, error)
             finished.append(index)
+            codes.append(STATUS_CODES[status])
+        rec.status_code[finished] = codes
+        rec.worker[finished] = worker
         self._done += len(finished)
         self._ok += ok
         self._failed += failed
@@ -261,11 +265,8 @@ class Scheduler:
                 finally:
                     if self.progress is not None:
                         self.progress.close()
-            statuses = self.records.status
-            if None in statuses:  # (a million looked at in C when every task ended)
-                for index, status in enumerate(statuses):
-                    if status is None:
-                        statuses[index] = Status.CANCELLED.value
+            codes = self.records.status_code
+            codes[codes == UNSET] = CANCELLED_CODE
             run = self._build_run(time.perf_counter() - start, started_at)
             if self.recorder is not None and store_error is None:
                 state = ("interrupted" if stopped_by is not None
@@ -293,12 +294,8 @@ class Scheduler:
 
     def _loop(self) -> None:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
-        statuses = self.records.status
-        if statuses.count(None) == len(statuses):  # nothing reused: every task
-            todo = np.arange(len(statuses), dtype=np.int64)
-        else:  # (no Python int a task: ten million were 360 MB at once)
-            todo = np.flatnonzero(np.fromiter(map(operator.is_, statuses, repeat(None)),
-                                              dtype=bool, count=len(statuses)))
+        # the tasks not reused (no Python int a task: ten million were 360 MB at once)
+        todo = np.flatnonzero(self.records.status_code == UNSET)
         # longest first; an array and how far it is taken (a deque of a million
         # Python ints held 36 MB through the run)
         pending = todo[np.argsort(-tasks.costs[todo], kind="stable")]
@@ -339,7 +336,7 @@ class Scheduler:
                     self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
                     in_flight -= len(event.outcomes)
                     for index in self._record_all(event.outcomes, event.worker):
-                        attempt = self.records.attempts[index]
+                        attempt = int(self.records.attempts[index])
                         due = time.monotonic() + _RETRY_BACKOFF_S * 2 ** (attempt - 1)
                         heapq.heappush(retry_later, (due, index))
                 elif isinstance(event, Lost):

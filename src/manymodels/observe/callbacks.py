@@ -173,14 +173,14 @@ class Callbacks:
             return
         tasks = self._plan.tasks
         for index in indices:
-            status = records.status[index]
+            status = records.status_of(index)
             if status is None:
                 continue
             metrics = metrics_dict(records.metrics[index], index)
             self._call("on_task_finished", FinishedTask(
-                index, tasks[index].key, getattr(status, "value", status),
-                float(records.duration_s[index]), records.worker[index],
-                records.attempts[index], metrics, records.error[index]))
+                index, tasks[index].key, status, float(records.duration_s[index]),
+                int(records.worker[index]), int(records.attempts[index]), metrics,
+                records.error_of(index)))
 
     def run_end(self, run: Any) -> None:
         self._call("on_run_end", run)

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..engine.execution import metrics_dict
-from .results import OK, Run
+from .results import Run
 
 #: The metric a fallback's output carries: why ``fn`` failed on that group.
 _FALLBACK = "__manymodels_fallback__"
@@ -43,9 +43,9 @@ def fallen_back(run: Run) -> dict[Any, str]:
     """Key -> why ``fn`` failed, for the groups whose output is the fallback's."""
     rec = run._records
     fallen: dict[Any, str] = {}
-    for index, (parts, status, metrics) in enumerate(
-            zip(run._plan.key_rows, rec.status, rec.metrics)):
-        metrics = metrics_dict(metrics, index) if status == OK else None
+    for index, (parts, ok, metrics) in enumerate(
+            zip(run._plan.key_rows, rec.ok_mask().tolist(), rec.metrics)):
+        metrics = metrics_dict(metrics, index) if ok else None
         if metrics and _FALLBACK in metrics:
             fallen[_key_of(parts)] = metrics[_FALLBACK]
     return fallen

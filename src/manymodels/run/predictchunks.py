@@ -251,16 +251,15 @@ def run_chunks(table: Any, lengths: np.ndarray, groups: Groups, *, fmt: str,
     run = train(ChunkPredictor(), source, shared={"groups": groups}, setup=setup,
                 backend=backend, workers=workers, progress=progress)
     records = run._records
-    from ..engine.messages import Status
-
-    for index, status in enumerate(records.status):
-        if status != Status.OK:
-            first = index * per_chunk
-            last = min(len(lengths), first + per_chunk) - 1
-            named = describe(first) if first == last else \
-                f"{describe(first)} to {describe(last)}"
-            raise RuntimeError(f"predicting group {named} failed: {records.error[index]}")
-    return [_loaded(records.model[i], i) for i in range(len(records.status))]
+    failed = np.flatnonzero(~records.ok_mask())
+    if len(failed):
+        index = int(failed[0])
+        first = index * per_chunk
+        last = min(len(lengths), first + per_chunk) - 1
+        named = describe(first) if first == last else \
+            f"{describe(first)} to {describe(last)}"
+        raise RuntimeError(f"predicting group {named} failed: {records.error_of(index)}")
+    return [_loaded(records.model[i], i) for i in range(records.size)]
 
 
 def in_row_order(answers: list[np.ndarray], origin: np.ndarray, lengths: np.ndarray,

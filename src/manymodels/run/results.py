@@ -14,7 +14,7 @@ import pandas as pd
 from ..engine.messages import FAILURE_STATUSES, Pickled, Status
 from ..engine.metriccolumns import metric_columns
 from ..engine.partpacks import ModelPack, PackedModel, unpacked
-from ..engine.records import TaskRecords
+from ..engine.records import STATUS_NAMES, TaskRecords
 from ..evaluation.splitters import WINDOWS
 from ..inputs.keys import key_column
 from ..planning.plan import Plan
@@ -52,16 +52,6 @@ def _loaded(model: Any, index: int) -> Any:
     in a :class:`~manymodels.engine.partpacks.ModelPack`)."""
     model = unpacked(model, index)
     return model.load() if isinstance(model, (Pickled, PackedModel)) else model
-
-
-def _not_none(values: list) -> int:
-    """How many of ``values`` are not None: ``list.count`` in C, which finds
-    equal items by identity first (counting None among a million ints
-    compares each, 8 ms; a re-run's sources are one int object throughout)."""
-    first = values[0] if values else None
-    if first is not None and values.count(first) == len(values):
-        return len(values)
-    return len(values) - values.count(None)
 
 
 #: A backend's workers, as a sentence names them ("2 process workers").
@@ -179,14 +169,14 @@ class Run:
         for position, name in enumerate(plan.key_columns):
             columns[name] = key_column([row[position] for row in plan.key_rows])
         frame = pd.DataFrame(columns)
-        frame["status"] = rec.status
-        frame["attempts"] = rec.attempts
+        frame["status"] = rec.status_names()  # the codes' text (None: not ended)
+        frame["attempts"] = rec.attempts.astype(np.int64)
         frame["duration_s"] = rec.duration_s
-        frame["worker"] = rec.worker
+        frame["worker"] = rec.worker.astype(np.int64)
         if self.worker_gpus:  # which GPU(s) each task ran on
-            frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker]
+            frame["gpu"] = [self.worker_gpus.get(w) for w in rec.worker.tolist()]
         frame["started_s"] = rec.started_at - self.started_at
-        frame["reused"] = [r is not None for r in rec.reused_from]
+        frame["reused"] = rec.reused_mask()
         frame["resumed"], resumed_from = resumed_column(self._resumed_from, len(frame))
         if resumed_from is not None:  # fit took a checkpoint
             frame["resumed_from"] = resumed_from
@@ -196,7 +186,7 @@ class Run:
             column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
                       else name)
             frame[column] = values
-        frame["error"] = rec.error
+        frame["error"] = rec.error_column() or [None] * len(frame)
         return frame
 
     @property
@@ -232,9 +222,9 @@ class Run:
         return ModelMap({
             hashable_key(key): (StoredModel(self.store, in_store[index], key) if _in_store(model)
                   else unpacked(model, index))
-            for index, (key, status, model) in enumerate(zip(
-                self._plan.tasks.keys(), rec.status, rec.model))
-            if status == OK and model is not None
+            for index, (key, ok, model) in enumerate(zip(
+                self._plan.tasks.keys(), rec.ok_mask().tolist(), rec.model))
+            if ok and model is not None
         })
 
     def _stored_artifacts(self) -> dict[int, str]:
@@ -258,9 +248,10 @@ class Run:
         return self._plan.key_columns, [
             (parts, StoredModel(self.store, in_store[index], key).load()
              if _in_store(model) else _loaded(model, index))
-            for index, (key, parts, status, model) in enumerate(zip(
-                self._plan.tasks.keys(), self._plan.key_rows, rec.status, rec.model))
-            if status == OK
+            for index, (key, parts, ok, model) in enumerate(zip(
+                self._plan.tasks.keys(), self._plan.key_rows, rec.ok_mask().tolist(),
+                rec.model))
+            if ok
         ]
 
     @cached_property
@@ -346,15 +337,12 @@ class Run:
 
     def summary(self) -> Summary:
         rec = self._records
-        # each status counted by list.count in C (a Counter hashed a million;
-        # a run whose every task is ok, the common case, is one count)
-        ok_count = rec.status.count(OK.value)  # the value: found by identity, not ==
-        statuses = {OK.value: ok_count} if ok_count and ok_count == rec.size else {
-            status: rec.status.count(status) for status in dict.fromkeys(rec.status)}
-        unset = statuses.pop(None, 0)
+        # each status code counted at once; the first count: tasks not ended
+        counts = np.bincount(rec.status_code + 1, minlength=len(STATUS_NAMES) + 1).tolist()
+        statuses = {name: count for name, count in zip(STATUS_NAMES, counts[1:]) if count}
         durations = rec.duration_s
-        if unset:  # mid-run (a callback's view): only the tasks that have ended
-            durations = durations[[s is not None for s in rec.status]]
+        if counts[0]:  # mid-run (a callback's view): only the tasks that have ended
+            durations = durations[rec.ended_mask()]
         task_time = float(np.nansum(durations))
         capacity = self.wall_s * self.workers
         return Summary(
@@ -367,7 +355,7 @@ class Run:
             workers=self.workers,
             backend=self.backend,
             utilization=task_time / capacity if capacity > 0 else 0.0,
-            reused=_not_none(rec.reused_from),
+            reused=int(np.count_nonzero(rec.reused_mask())),
             batches=self.batches,
             worker_start_s=self.worker_start_s,
             spawn_reason=self.spawn_reason,

@@ -26,6 +26,7 @@ from ..engine.dataplane import pickle_any
 from ..engine.messages import Pickled, Status
 from ..engine.metricpacks import MetricTexts
 from ..engine.partpacks import ModelPack
+from ..engine.records import CANCELLED_CODE, FAILED_CODE, OK_CODE, STATUS_NAMES
 from ..identity.hashing import TaskIdentities
 from ..inputs.keys import decode_key, encode_keys
 from . import database, taskblocks
@@ -42,12 +43,14 @@ TAIL_COMMIT_EVERY_S = 0.2
 _SENT = (Pickled, ModelPack)
 #: What a hand-over's models may all be for none to need pickling here.
 _READY = {*_SENT, type(None)}
+#: Status code -> its text, as Arrow takes it (the store keeps statuses as text).
+_STATUS_TEXT = pa.array(STATUS_NAMES, pa.string())
 
 
 def _taken(column: list, indices: list[int], runs: list[tuple[int, int]] | None = None
            ) -> list:
     """``column``'s items at ``indices``, as a list (gathered in C: a
-    hand-over of a million tasks takes six columns); by slices where
+    hand-over of a million tasks takes its models and metrics); by slices where
     ``runs`` (see :func:`_runs`) says the indices are a few runs of
     consecutive tasks."""
     if runs is not None:
@@ -226,30 +229,23 @@ class RunRecorder:
         self._reused, self._metric_texts = None, {}
         if reused is None:
             return 0
-        ok = Status.OK.value
         indices = reused["task_index"].to_numpy()
+        records.mark_reused(indices, pc.fill_null(reused["reused_from"], -1).to_numpy())
         if len(indices) == records.size and (indices == np.arange(records.size)).all() and (
                 len(texts_of) == 0 or len(texts_of) == 1 and reused["by_reference"]
                 .to_numpy(zero_copy_only=False).all()):
             # every task, in order (an unchanged re-run): whole columns at once
-            records.status = [ok] * records.size
-            source, sources = reused["reused_from"], pc.min_max(reused["reused_from"])
-            records.reused_from = [sources["min"].as_py()] * records.size \
-                if not source.null_count and sources["min"] == sources["max"] \
-                else source.to_pylist()
             records.metrics = [*texts_of.values()] * records.size if texts_of else \
                 reused["metrics"].to_pylist()
             in_store = reused["has_model"].to_numpy(zero_copy_only=False)
             records.model = [IN_STORE] * records.size if in_store.all() else \
                 np.where(in_store, IN_STORE, None).tolist()
             return reused.num_rows
-        status, reused_from, metrics, model = (records.status, records.reused_from,
-                                               records.metrics, records.model)
+        metrics, model = records.metrics, records.model
         for index, run, metric, artifact, by_reference in zip(
-                reused["task_index"].to_pylist(), reused["reused_from"].to_pylist(),
+                indices.tolist(), reused["reused_from"].to_pylist(),
                 reused["metrics"].to_pylist(), reused["has_model"].to_pylist(),
                 reused["by_reference"].to_pylist()):
-            status[index], reused_from[index] = ok, run
             metrics[index] = texts_of[run] if by_reference else metric
             if artifact:  # this run's row names it: loaded from there
                 model[index] = IN_STORE
@@ -297,18 +293,18 @@ class RunRecorder:
             pending, self._pending = self._pending, []
             order = np.array(pending, dtype=np.int64)
             runs = _runs(order)
-            status_of, model_of = records.status, records.model
-            statuses, models = _taken(status_of, pending, runs), _taken(model_of, pending, runs)
-            ok = Status.OK.value
-            if statuses.count(ok) == len(statuses) and set(map(type, models)) <= _READY:
+            model_of = records.model
+            codes, models = records.status_code[order], _taken(model_of, pending, runs)
+            if (codes == OK_CODE).all() and set(map(type, models)) <= _READY:
                 rows: Any = ()  # every model as a worker sent it (a million tasks' case)
             else:
                 rows = range(len(models))
             for row in rows:
                 model = models[row]
-                if model is None or type(model) in _SENT and statuses[row] == ok:
+                ok = codes[row] == OK_CODE
+                if model is None or type(model) in _SENT and ok:
                     continue
-                if statuses[row] != ok:
+                if not ok:
                     models[row] = None
                     continue
                 index = pending[row]
@@ -317,17 +313,18 @@ class RunRecorder:
                 except KeyboardInterrupt:
                     raise
                 except BaseException as exc:  # the task fails: its model could never be loaded
-                    statuses[row] = status_of[index] = Status.FAILED.value
+                    codes[row] = records.status_code[index] = FAILED_CODE
                     models[row] = model_of[index] = None
-                    records.error[index] = (
-                        f"the model could not be pickled into the store: {exc!r}")
+                    records.set_error(
+                        index, f"the model could not be pickled into the store: {exc!r}")
             self._writer.put({
-                "task_index": order, "status": statuses, "model": models,
+                "task_index": order, "model": models,
+                "status": _STATUS_TEXT.take(pa.array(codes)),
                 "duration_s": records.duration_s[order],
                 "started_at": records.started_at[order],
-                **{name: _taken(column, pending, runs) for name, column in (
-                    ("attempts", records.attempts), ("worker", records.worker),
-                    ("metrics", records.metrics), ("error", records.error))}})
+                "attempts": records.attempts[order], "worker": records.worker[order],
+                "metrics": _taken(records.metrics, pending, runs),
+                "error": records.error_column(pending)})
             self._last_commit = now
         if force:
             self._writer.wait()
@@ -339,16 +336,12 @@ class RunRecorder:
 
     def finish(self, records: Any, status: str, run: Any) -> None:
         """Record unfinished tasks as cancelled and close the run's row."""
-        cancelled = Status.CANCELLED.value
-        if cancelled in records.status:
-            self._pending.extend(index for index, state in enumerate(records.status)
-                                 if state == cancelled)
+        self._pending.extend(np.flatnonzero(records.status_code == CANCELLED_CODE).tolist())
         self.flush(records, force=True)
         self._writer.close()
         if self.checkpoints is not None:  # those ok without a model too, now committed
-            ok = Status.OK.value
-            self.checkpoints.drop(i for i, state in enumerate(records.status) if state == ok
-                                  and records.reused_from[i] is None)
+            self.checkpoints.drop(np.flatnonzero(records.ok_mask()
+                                                 & ~records.reused_mask()).tolist())
         summary = run.summary()  # after the flush: an unpicklable model failed its task
         try:
             self.conn.execute(

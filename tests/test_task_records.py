@@ -1,0 +1,96 @@
+"""The scheduler's per-task records are typed columns (issue 43: at ten
+million tasks, seven Python lists of a slot a task were most of what the
+driver held beyond the table): statuses as codes, decoded where a table is
+made, errors kept only for the tasks that have one, and nothing reused kept
+when nothing was. Each must read as the lists did."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.engine.messages import Outcome, Status
+from manymodels.engine.records import TaskRecords
+from manymodels.engine.scheduling import Scheduler
+
+
+def _scheduler(tasks: int, retries: int = 0) -> Scheduler:
+    scheduler = Scheduler.__new__(Scheduler)  # the bookkeeping alone, no backend
+    scheduler.records, scheduler.recorder = TaskRecords(tasks, retries), None
+    scheduler.retries = retries
+    scheduler._done = scheduler._ok = scheduler._failed = 0
+    return scheduler
+
+
+def test_the_columns_are_typed_arrays_and_only_model_and_metrics_are_lists():
+    records = TaskRecords(5)
+    assert (records.status_code.dtype, records.attempts.dtype, records.worker.dtype) == (
+        np.int8, np.int16, np.int32)
+    assert records.reused_from is None and records.errors == {}
+    assert isinstance(records.model, list) and isinstance(records.metrics, list)
+    assert records.status_names().tolist() == [None] * 5 and records.error_column() is None
+    # retries past what int16 counts widen the attempts column (never wrap)
+    assert TaskRecords(2, retries=40_000).attempts.dtype == np.int64
+
+
+def test_a_batch_of_tuples_records_ok_failed_and_retried_tasks():
+    scheduler = _scheduler(4, retries=1)
+    retry = scheduler._record_all([
+        Outcome(0, Status.OK.value, "model", {"m": 1.0}, 0.5, 10.0, None, False),
+        Outcome(1, Status.FAILED.value, None, None, 0.25, 11.0, "Traceback: boom", False),
+        Outcome(2, Status.FAILED.value, None, None, 0.125, 12.0, "flaky", True),
+    ], worker=3)
+    records = scheduler.records
+    assert retry == [2]  # retryable, first attempt: not recorded as ended
+    assert records.status_names().tolist() == ["ok", "failed", None, None]
+    assert records.attempts.tolist() == [1, 1, 1, 0]
+    assert records.worker.tolist() == [3, 3, -1, -1]
+    assert records.duration_s[:3].tolist() == [0.5, 0.25, 0.125]
+    assert records.errors == {1: "Traceback: boom"}
+    assert records.error_column([0, 1]) == [None, "Traceback: boom"]
+    assert records.model[0] == "model" and records.metrics[0] == {"m": 1.0}
+    assert (scheduler._done, scheduler._ok, scheduler._failed) == (2, 1, 1)
+    # the retry succeeds: its second attempt, no error left
+    assert scheduler._record_all([Outcome(2, Status.OK.value, "again", {}, 0.1, 13.0, None,
+                                          False)], worker=0) == []
+    assert records.status_of(2) == Status.OK and records.attempts[2] == 2
+    assert 2 not in records.errors
+
+
+def _boom_on_odd(data):
+    if int(data["g"].iloc[0]) % 2:
+        raise ValueError("odd group")
+    return float(data["y"].mean()), {"mean": float(data["y"].mean())}
+
+
+def test_results_summary_and_store_read_the_codes_as_text(tmp_path):
+    frame = pd.DataFrame({"g": np.repeat(np.arange(6), 2), "y": np.arange(12.0)})
+    run = mm.train(_boom_on_odd, mm.groups(frame, by="g"), backend="serial", progress=False,
+                   store=tmp_path / "store")
+    results = run.results
+    assert results["status"].tolist() == ["ok", "failed"] * 3
+    assert results["attempts"].dtype == np.int64
+    assert results["worker"].dtype == np.int64 and results["reused"].dtype == bool
+    assert results["error"].isna().tolist() == [True, False] * 3
+    assert "odd group" in results["error"].iloc[1]
+    summary = run.summary()
+    assert (summary.ok, summary.failed, summary.reused) == (3, 3, 0)
+    assert summary.statuses == {"ok": 3, "failed": 3}
+    stored = mm.Store(tmp_path / "store").results(run=run.run_id)
+    assert stored["status"].tolist() == ["ok", "failed"] * 3
+    assert stored["error"].isna().tolist() == [True, False] * 3
+    again = mm.train(_boom_on_odd, mm.groups(frame, by="g"), backend="serial",
+                     progress=False, store=tmp_path / "store")
+    assert again.results["reused"].tolist() == [True, False] * 3
+    assert again._records.reused_from.tolist() == [run.run_id, -1] * 3
+    assert again.summary().reused == 3 and again.results["attempts"].tolist() == [0, 1] * 3
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_a_status_is_set_from_a_member_or_its_text(index):
+    records = TaskRecords(4)
+    records.set_status(index, Status.CRASHED)  # a Status member or its text
+    assert records.status_of(index) == "crashed"
+    assert records.ended_mask().sum() == 1
