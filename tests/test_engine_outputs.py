@@ -144,7 +144,8 @@ def test_map_groups_outputs_never_pass_through_the_driver(engine, table, expecte
     name = engine[0]
     staging = tmp_path / "stage"
     result = mm.map_groups(summarised, _engine_frame(engine, table), by=["store", "item"],
-                           order_by="day", staging=str(staging), backend=name, workers=2)
+                           order_by="day", staging=str(staging), backend="processes",
+                           workers=2)
     if name == "spark":
         plan = result._jdf.queryExecution().toString()
         assert "MapInArrow" in plan and "LocalTableScan [store" not in plan
