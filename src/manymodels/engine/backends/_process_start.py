@@ -64,6 +64,44 @@ def gomp_pool_releasers(controller: Any) -> list[Any] | None:
     return releasers
 
 
+#: (how many shared libraries were loaded, threadpoolctl's controller of them)
+_THREADPOOLS: tuple[int, Any] | None = None
+
+
+def loaded_threadpools() -> Any:
+    """threadpoolctl's controller of the BLAS/OpenMP libraries loaded now.
+    Finding them costs milliseconds a run (it inspects each library), so the
+    controller is kept while no shared library has been loaded since; the
+    thread counts it reports and limits are read from the libraries live."""
+    global _THREADPOOLS
+    count = _loaded_library_count()
+    if _THREADPOOLS is None or count is None or _THREADPOOLS[0] != count:
+        from threadpoolctl import ThreadpoolController
+
+        _THREADPOOLS = (count if count is not None else -1, ThreadpoolController())
+    return _THREADPOOLS[1]
+
+
+def _loaded_library_count() -> int | None:
+    """How many shared objects the process has loaded (``dl_iterate_phdr``),
+    or None where that cannot be asked (not glibc, say)."""
+    try:
+        libc = ctypes.CDLL(None)
+        iterate = libc.dl_iterate_phdr
+    except (OSError, AttributeError):
+        return None
+    count = 0
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    def counted(info: Any, size: int, data: Any) -> int:
+        nonlocal count
+        count += 1
+        return 0
+
+    iterate(counted, None)
+    return count
+
+
 class WorkerStarter:
     """Starts one worker of the processes backend in a given slot: chooses
     how (forked or spawned), and readies the driver's thread pools for a
@@ -121,9 +159,7 @@ class WorkerStarter:
     def _threadpools(self) -> Any:
         """threadpoolctl's controller of the BLAS/OpenMP libraries loaded, found once a run."""
         if self._controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            self._controller = ThreadpoolController()
+            self._controller = loaded_threadpools()
         return self._controller
 
     def _release_openmp(self) -> None:

@@ -97,7 +97,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         self._workers: list[Worker] = []
         self._driver_limits: Any = None  # the driver's BLAS/OpenMP limits, while it runs
         self._gomp_releasers: list[Any] = []
-        self._controller: Any = None  # the libraries loaded now: scanned again each run
+        self._controller: Any = None  # the libraries loaded now (see loaded_threadpools)
         self.start_method = self._choose_start_method()
         self._start_began, self.worker_start_s = time.perf_counter(), 0.0
         self._ready_after: dict[int, float] = {}  # slot -> seconds its first worker took
