@@ -180,7 +180,10 @@ def test_a_crash_is_retried_and_a_failed_run_leaves_no_outputs(engine, table, ex
     with pytest.raises(RuntimeError, match="store 4 is bad"):
         mm.map_groups(fail_on_store_4, _engine_frame(engine, table), by=["store", "item"],
                       staging=str(staging), backend="serial")
-    assert _outputs_directories(staging) == before  # the failed run's went at once
+    with pytest.raises(mm.TooManyFailures):  # the error budget stops the run
+        mm.map_groups(fail_on_store_4, _engine_frame(engine, table), by=["store", "item"],
+                      errors="skip", max_failures=0, staging=str(staging), backend="serial")
+    assert _outputs_directories(staging) == before  # the failed runs' went at once
 
 
 @pytest.fixture(scope="module")
