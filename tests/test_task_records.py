@@ -94,3 +94,47 @@ def test_a_status_is_set_from_a_member_or_its_text(index):
     records.set_status(index, Status.CRASHED)  # a Status member or its text
     assert records.status_of(index) == "crashed"
     assert records.ended_mask().sum() == 1
+
+
+def test_a_metrics_pack_of_consecutive_tasks_keeps_its_first_task_not_each():
+    import pickle
+
+    from manymodels.engine.metricpacks import MetricsPack
+
+    values = [float(v) for v in range(8)]
+    consecutive = pickle.loads(pickle.dumps(MetricsPack(("a", "b")).seal(
+        [10, 11, 12, 13], values, texts=True)))
+    scattered = pickle.loads(pickle.dumps(MetricsPack(("a", "b")).seal(
+        [13, 10, 12, 11], values, texts=True)))
+    assert consecutive._indices is None and consecutive._first == 10
+    assert consecutive.indices.tolist() == [10, 11, 12, 13] and len(consecutive) == 4
+    assert consecutive.get(12) == {"a": 4.0, "b": 5.0} == scattered.get(12)
+    wanted = np.array([12, 10])
+    assert consecutive.rows_of(wanted).tolist() == [[4.0, 5.0], [0.0, 1.0]]
+    assert scattered.rows_of(wanted).tolist() == [[4.0, 5.0], [2.0, 3.0]]
+    assert consecutive.texts_of(wanted).to_pylist() == [consecutive.texts[2].as_py(),
+                                                         consecutive.texts[0].as_py()]
+    assert consecutive.texts_of(consecutive.indices) is consecutive.texts  # whole, as it came
+    with pytest.raises(KeyError):
+        consecutive.get(14)
+
+
+def test_the_tasks_to_run_are_a_range_when_already_longest_first():
+    from manymodels.engine.scheduling import _longest_first
+
+    everything = np.ones(4, dtype=bool)
+    assert _longest_first(everything, np.array([5.0, 5.0, 3.0, 1.0])) == range(4)
+    rising = _longest_first(everything, np.array([1.0, 5.0, 5.0, 3.0]))
+    assert rising.dtype == np.int32 and rising.tolist() == [1, 2, 3, 0]
+    some = _longest_first(np.array([True, False, True, True]), np.array([5.0, 9.0, 3.0, 4.0]))
+    assert some.tolist() == [0, 3, 2]
+
+
+def test_the_identity_prefixes_are_a_view_of_the_identities():
+    frame = pd.DataFrame({"g": np.repeat(np.arange(5), 2), "y": np.arange(10.0)})
+    from manymodels.identity.hashing import task_identities
+    from manymodels.planning.plan import plan
+
+    identities, _ = task_identities(plan(mm.groups(frame, by="g")), _boom_on_odd, None)
+    assert np.shares_memory(identities.prefixes, identities._identity)
+    assert identities.prefixes.tolist() == identities._identity[:, 0].tolist()

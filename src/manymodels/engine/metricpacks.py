@@ -29,13 +29,18 @@ class MetricsPack:
     :func:`manymodels.engine.metrictext.pack_texts`): the store keeps that text,
     and made in the driver it was a quarter of the store writer's time, on
     the one thread that many busy workers wait on. The writer lets go of
-    the text once it is committed (:meth:`drop_texts`)."""
+    the text once it is committed (:meth:`drop_texts`).
 
-    __slots__ = ("names", "indices", "values", "texts", "_positions")
+    A pack of consecutive tasks (a part of a table's groups, the usual case)
+    keeps its first task, not their indices (8 bytes a task the driver held
+    through a run); :attr:`indices` makes them when asked."""
+
+    __slots__ = ("names", "_indices", "_first", "values", "texts", "_positions")
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.indices: Any = None  # np.ndarray of int64, set by seal()
+        self._indices: Any = None  # np.ndarray of int64, set by seal()
+        self._first: int | None = None  # instead, when the tasks are consecutive
         self.values: Any = None  # np.ndarray of float64, (tasks, names)
         #: each row's JSON object as a pyarrow string Array, or None (not made)
         self.texts: Any = None
@@ -56,8 +61,28 @@ class MetricsPack:
                 self.texts = None
         return self
 
+    @property
+    def indices(self) -> Any:
+        """The tasks, in the pack's order (an int64 array; None before seal())."""
+        if self._first is not None:
+            return np.arange(self._first, self._first + len(self.values), dtype=np.int64)
+        return self._indices
+
+    @indices.setter
+    def indices(self, indices: Any) -> None:
+        self._indices, self._first = indices, None
+
     def __len__(self) -> int:
-        return 0 if self.indices is None else len(self.indices)
+        return 0 if self.values is None else len(self.values)
+
+    def _rows(self, indices: np.ndarray) -> np.ndarray:
+        """The rows of tasks ``indices`` (each in the pack)."""
+        if self._first is not None:
+            rows = np.asarray(indices, dtype=np.int64) - self._first
+            if len(rows) and (rows.min() < 0 or rows.max() >= len(self.values)):
+                raise KeyError("a task that is not one of this pack's")
+            return rows
+        return first_positions(self._indices, indices)
 
     def __reduce__(self) -> tuple:
         texts = self.texts
@@ -69,6 +94,11 @@ class MetricsPack:
 
     def get(self, index: int) -> dict[str, float]:
         """Task ``index``'s metrics as the dict ``fit`` returned (a new one)."""
+        if self._first is not None:
+            row = index - self._first
+            if not 0 <= row < len(self.values):
+                raise KeyError(index)
+            return dict(zip(self.names, self.values[row].tolist()))
         if self._positions is None:
             self._positions = {}
             for at, task in enumerate(self.indices.tolist()):
@@ -77,7 +107,7 @@ class MetricsPack:
 
     def rows_of(self, indices: np.ndarray) -> np.ndarray:
         """The values of tasks ``indices`` (each in the pack), a row each."""
-        return self.values[first_positions(self.indices, indices)]
+        return self.values[self._rows(indices)]
 
     def texts_of(self, indices: np.ndarray) -> Any:
         """The JSON text of tasks ``indices`` (each in the pack), or None
@@ -85,11 +115,12 @@ class MetricsPack:
         texts = self.texts
         if texts is None:
             return None
-        if len(indices) == len(self.indices) and (indices == self.indices).all():
+        rows = self._rows(indices)
+        if len(rows) == len(self) and (rows == np.arange(len(rows))).all():
             return texts  # the whole pack, in order: as it came
         import pyarrow as pa
 
-        return texts.take(pa.array(first_positions(self.indices, indices)))
+        return texts.take(pa.array(rows))
 
     def drop_texts(self) -> None:
         """Let go of the text (committed to the store: not needed again)."""
@@ -99,12 +130,18 @@ class MetricsPack:
 def _restore_metrics(names: tuple[str, ...], indices: bytes, values: bytes,
                      texts: Any = None) -> MetricsPack:
     pack = MetricsPack(names)
-    pack.indices = np.frombuffer(indices, dtype=np.int64)
-    pack.values = np.frombuffer(values, dtype=np.float64).reshape(len(pack.indices), len(names))
+    tasks = np.frombuffer(indices, dtype=np.int64)
+    count = len(tasks)
+    if count and int(tasks[-1]) - int(tasks[0]) == count - 1 and (
+            count == 1 or (np.diff(tasks) == 1).all()):
+        pack._first = int(tasks[0])  # consecutive: the bytes go
+    else:
+        pack._indices = tasks
+    pack.values = np.frombuffer(values, dtype=np.float64).reshape(count, len(names))
     if type(texts) is tuple:  # (offsets, data) of a string array of one per task
         import pyarrow as pa
 
-        texts = pa.StringArray.from_buffers(len(pack.indices), pa.py_buffer(texts[0]),
+        texts = pa.StringArray.from_buffers(count, pa.py_buffer(texts[0]),
                                             pa.py_buffer(texts[1]))
     pack.texts = texts
     return pack
