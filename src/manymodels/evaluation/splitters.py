@@ -286,10 +286,21 @@ def plain_time(value: Any) -> Any:
 def plain_times(values: np.ndarray) -> list[Any]:
     """Times as JSON keeps them (as :func:`plain_time`, at once)."""
     if values.dtype.kind == "M":  # ISO text as Timestamp.isoformat writes it, at C speed
-        seconds = values.astype("datetime64[s]")
-        whole = bool((seconds == values).all())
-        return np.datetime_as_string(seconds if whole else values).tolist()
+        key = (values.dtype.str, values.tobytes())  # series share calendars: their
+        made = _TIME_TEXTS.get(key)                  # cutoffs are written once
+        if made is None:
+            seconds = values.astype("datetime64[s]")
+            whole = bool((seconds == values).all())
+            made = np.datetime_as_string(seconds if whole else values).tolist()
+            if len(_TIME_TEXTS) >= 4096:
+                _TIME_TEXTS.clear()
+            _TIME_TEXTS[key] = made
+        return list(made)
     return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
+
+
+#: Times written as text by :func:`plain_times`, by their dtype and bytes.
+_TIME_TEXTS: dict[tuple[str, bytes], list[str]] = {}
 
 
 def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | None = None,
