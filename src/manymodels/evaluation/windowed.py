@@ -140,8 +140,11 @@ class GroupWindows:
         layout = self.layout(tuple(numbers))
         predicted = None
         if predictions and all(p is not None for p in predictions):
-            predicted = (np.asarray(predictions[0]).reshape(-1) if len(predictions) == 1 else
-                         np.concatenate([np.asarray(p).reshape(-1) for p in predictions]))
+            if all(type(p) is np.ndarray and p.ndim == 1 for p in predictions):
+                predicted = predictions[0] if len(predictions) == 1 else np.concatenate(
+                    predictions)
+            else:
+                predicted = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
         table: dict[str, Any] = {"window": list(numbers), "cutoff": list(layout.cutoffs),
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
         if self.vectorised:
