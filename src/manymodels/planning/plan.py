@@ -50,15 +50,18 @@ def _take(refs: Sequence, positions: Sequence[int]) -> list:
 class TaskList(Sequence):
     """A plan's tasks as columns: each task's key parts (``key_rows``), data
     reference (``refs``), parameters (``params``; None when no task has any)
-    and cost (``costs``, an array). Indexing makes the :class:`Task`; the
-    scheduler and the hashing read the columns."""
+    and cost (``costs``, an array: the groups' lengths themselves when the
+    cost is the length, not a float copy of them, 8 bytes a task held
+    through a run). Indexing makes the :class:`Task`; the scheduler and the
+    hashing read the columns."""
 
     __slots__ = ("key_rows", "refs", "params", "costs")
 
     def __init__(self, key_rows: list[tuple], refs: Sequence, params: list | None,
                  costs: np.ndarray) -> None:
         self.key_rows, self.refs, self.params = key_rows, refs, params
-        self.costs = np.asarray(costs, dtype=np.float64)
+        self.costs = costs if isinstance(costs, np.ndarray) and costs.dtype.kind in "iuf" \
+            else np.asarray(costs, dtype=np.float64)
 
     def __len__(self) -> int:
         return len(self.costs)

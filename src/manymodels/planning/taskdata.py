@@ -197,8 +197,8 @@ class TableSlices(TaskData):
         import numpy as np
 
         layout, cost = self.layout, self._cost
-        if cost is float:  # the default, its length: all at once (a million groups)
-            costs = layout.lengths.astype(np.float64)
+        if cost is float:  # the default, its length: the lengths themselves (a million groups)
+            costs = layout.lengths
         else:
             costs = np.array([float(cost(length)) for length in layout.lengths.tolist()],
                              dtype=np.float64)
@@ -322,8 +322,8 @@ class StagedSlices(TaskData):
         import numpy as np
 
         layout, cost = self.layout, self._cost
-        if cost is float:
-            costs = layout.lengths.astype(np.float64)
+        if cost is float:  # the lengths themselves
+            costs = layout.lengths
         else:
             costs = np.array([float(cost(n)) for n in layout.lengths.tolist()], dtype=np.float64)
         return self._keys, StagedRefs(layout.file_numbers, layout.offsets, layout.lengths), costs
