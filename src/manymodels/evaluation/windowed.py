@@ -214,23 +214,28 @@ def _address(values: np.ndarray) -> int:
     return values.ctypes.data  # (a third cheaper than __array_interface__'s dict)
 
 
-def _same_arrays(rows: Any, other: Any, addresses: list[int]) -> bool:
-    """Whether two ``format="numpy"`` groups are views of the same memory
-    (same columns, addresses, shapes and strides; ``addresses``: those of
-    ``other``'s columns). ``other`` is held alive by the caller, so its
-    memory cannot have been reused for other data. Views of different
-    batches (different bases) are told apart without asking NumPy for an
-    address; views of another base are never taken for the same rows (at
-    worst, the windows are made again)."""
-    if type(rows) is not dict or list(rows) != list(other):
+def _same_arrays(rows: Any, other: Any, address: int) -> bool:
+    """Whether two ``format="numpy"`` groups are views of the same memory:
+    the same columns, each a read-only view of the same base array with the
+    same shape, strides and dtype, the first at ``address`` (``other``'s
+    first column's). ``other`` is held alive by the caller, so its memory
+    cannot have been reused for other data. One address is asked for, not
+    one a column (a microsecond or two each, a task's largest cost after
+    its fits): the reader cuts every column of a group at the same rows of
+    its batch (:class:`~manymodels.inputs.datareaders.ArrowSlices`), so the
+    first column's place is the group's. Views of another base are never
+    taken for the same rows (at worst, the windows are made again)."""
+    if type(rows) is not dict or rows.keys() != other.keys():
         return False
-    columns = list(rows.values())
-    for values, kept in zip(columns, other.values()):
+    first = None
+    for values, kept in zip(rows.values(), other.values()):
         if (type(values) is not np.ndarray or values.base is not kept.base
                 or values.flags.writeable or values.shape != kept.shape
                 or values.strides != kept.strides or values.dtype != kept.dtype):
             return False
-    return all(_address(values) == address for values, address in zip(columns, addresses))
+        if first is None:
+            first = values
+    return first is not None and _address(first) == address
 
 
 class Evaluated:
@@ -243,7 +248,7 @@ class Evaluated:
 
     def __init__(self, fit: Callable[..., Any], splitter: Splitter) -> None:
         self.fit, self.splitter = fit, splitter
-        self._last: tuple[Any, GroupWindows, list[int]] | None = None
+        self._last: tuple[Any, GroupWindows, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_last": None}
@@ -258,8 +263,8 @@ class Evaluated:
         except TooShort as exc:
             model, fit_metrics = model_and_metrics(self.fit(rows, **kwargs))
             return model, {**fit_metrics, **skipped_metrics(self.splitter, str(exc))}
-        if type(rows) is dict and all(type(v) is np.ndarray for v in rows.values()):
-            self._last = (rows, group, [_address(values) for values in rows.values()])
+        if type(rows) is dict and rows and all(type(v) is np.ndarray for v in rows.values()):
+            self._last = (rows, group, _address(next(iter(rows.values()))))
         return evaluate_rows(self.fit, rows, kwargs, self.splitter, group)
 
 
