@@ -105,3 +105,19 @@ def test_halving_joins_the_winners_windows_and_forecasts_one_window_at_a_time():
         assert np.allclose(ours["forecast"], theirs["forecast"])
         assert np.array_equal(ours["time"].to_numpy(), theirs["time"].to_numpy())
         assert np.isclose(best.loc[sku, "rmse"], won["rmse"].iloc[0])
+
+
+def test_the_scores_come_in_the_order_the_metrics_were_asked_for():
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"g": np.repeat(["a", "b"], 40), "x": rng.normal(size=80)})
+    frame["label"] = (frame["x"] + rng.normal(scale=0.5, size=80) > 0).astype(int)
+    run = mm.train(lambda df: LogisticRegression().fit(df[["x"]], df["label"]),
+                   mm.groups(frame, by="g"), backend="serial", progress=False,
+                   evaluate=mm.kfold(3, target="label", features=["x"],
+                                     metrics=["log_loss", "accuracy"]))
+    columns = list(run.evaluation.columns)
+    assert columns.index("log_loss") < columns.index("accuracy")
+    results = list(run.results.columns)
+    assert results.index("log_loss") < results.index("accuracy")

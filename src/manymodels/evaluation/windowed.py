@@ -147,13 +147,13 @@ class GroupWindows:
                 predicted = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
         table: dict[str, Any] = {"window": list(numbers), "cutoff": list(layout.cutoffs),
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
-        if self.vectorised:
-            table.update((name, values.tolist()) for name, values in _metrics.window_scores(
-                self.vectorised, layout.y, predicted, layout.bounds,
-                layout.trains if self.mase else []).items())
-        for name in self.named:
-            if name not in table:
-                table[name] = [own[name] for own in scores]
+        vectorised = _metrics.window_scores(
+            self.vectorised, layout.y, predicted, layout.bounds,
+            layout.trains if self.mase else []) if self.vectorised else {}
+        for name in self.named:  # in the order they were asked for
+            values = vectorised.get(name)
+            table[name] = (values.tolist() if values is not None
+                           else [own[name] for own in scores])
         if any(scores):
             for name in dict.fromkeys(name for own in scores for name in own):
                 if name not in table:

@@ -64,42 +64,53 @@ def gomp_pool_releasers(controller: Any) -> list[Any] | None:
     return releasers
 
 
-#: (how many shared libraries were loaded, threadpoolctl's controller of them)
-_THREADPOOLS: tuple[int, Any] | None = None
+#: (the loader's counts of libraries loaded and unloaded, threadpoolctl's controller)
+_THREADPOOLS: tuple[tuple[int, int], Any] | None = None
 
 
 def loaded_threadpools() -> Any:
     """threadpoolctl's controller of the BLAS/OpenMP libraries loaded now.
     Finding them costs milliseconds a run (it inspects each library), so the
-    controller is kept while no shared library has been loaded since; the
-    thread counts it reports and limits are read from the libraries live."""
+    controller is kept while the dynamic loader has loaded and unloaded no
+    library since (its own counters, :func:`_loader_changes`); the thread
+    counts it reports and limits are read from the libraries live."""
     global _THREADPOOLS
-    count = _loaded_library_count()
-    if _THREADPOOLS is None or count is None or _THREADPOOLS[0] != count:
+    changes = _loader_changes()
+    if _THREADPOOLS is None or changes is None or _THREADPOOLS[0] != changes:
         from threadpoolctl import ThreadpoolController
 
-        _THREADPOOLS = (count if count is not None else -1, ThreadpoolController())
+        _THREADPOOLS = (changes or (-1, -1), ThreadpoolController())
     return _THREADPOOLS[1]
 
 
-def _loaded_library_count() -> int | None:
-    """How many shared objects the process has loaded (``dl_iterate_phdr``),
-    or None where that cannot be asked (not glibc, say)."""
+class _LoadedObject(ctypes.Structure):
+    """The head of glibc's ``struct dl_phdr_info``, up to its counters."""
+
+    _fields_ = [("addr", ctypes.c_void_p), ("name", ctypes.c_char_p),
+                ("phdr", ctypes.c_void_p), ("phnum", ctypes.c_uint16),
+                ("adds", ctypes.c_ulonglong), ("subs", ctypes.c_ulonglong)]
+
+
+def _loader_changes() -> tuple[int, int] | None:
+    """How many shared objects the dynamic loader has loaded and unloaded so
+    far (``dl_iterate_phdr``'s ``dlpi_adds`` and ``dlpi_subs``: one library
+    unloaded and another loaded changes them, where the number loaded would
+    not), or None where that cannot be asked (not glibc, say)."""
     try:
-        libc = ctypes.CDLL(None)
-        iterate = libc.dl_iterate_phdr
+        iterate = ctypes.CDLL(None).dl_iterate_phdr
     except (OSError, AttributeError):
         return None
-    count = 0
+    seen: list[tuple[int, int]] = []
 
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    def counted(info: Any, size: int, data: Any) -> int:
-        nonlocal count
-        count += 1
-        return 0
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LoadedObject), ctypes.c_size_t,
+                      ctypes.c_void_p)
+    def first(info: Any, size: int, data: Any) -> int:
+        if size >= ctypes.sizeof(_LoadedObject):
+            seen.append((info.contents.adds, info.contents.subs))
+        return 1  # the counters are the same in every entry: one is enough
 
-    iterate(counted, None)
-    return count
+    iterate(first, None)
+    return seen[0] if seen else None
 
 
 class WorkerStarter:

@@ -78,8 +78,11 @@ class Undertaker:
         still be starting, tens of milliseconds under load); a thread reaps it."""
         with contextlib.suppress(OSError):
             self._process.stdin.close()
-        threading.Thread(target=_reap, args=(self._process,), daemon=True,
-                         name="manymodels-undertaker-reaper").start()
+        try:
+            threading.Thread(target=_reap, args=(self._process,), daemon=True,
+                             name="manymodels-undertaker-reaper").start()
+        except RuntimeError:  # no thread to be had (a limit, the interpreter ending)
+            _reap(self._process)
 
 
 def _reap(process: subprocess.Popen) -> None:

@@ -1,0 +1,31 @@
+"""How a processes run ends: its workers and undertaker are gone (the
+undertaker reaped by a thread, or right away when no thread can be had),
+and nothing of the run's files is left."""
+
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+
+import manymodels as mm
+from conftest import shm_files
+
+
+def _mean(df: pd.DataFrame) -> float:
+    return float(df["y"].mean())
+
+
+def test_a_run_ends_cleanly_when_no_thread_can_reap_its_undertaker(monkeypatch, no_leftovers):
+    start = threading.Thread.start
+
+    def refused(self):
+        if self.name == "manymodels-undertaker-reaper":
+            raise RuntimeError("can't start new thread")
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    frame = pd.DataFrame({"g": ["a", "a", "b", "b"], "y": [1.0, 2.0, 3.0, 5.0]})
+    run = mm.train(_mean, mm.groups(frame, by="g"), workers=2, progress=False)
+    assert run.models == {"a": 1.5, "b": 4.0}
+    assert not shm_files()
