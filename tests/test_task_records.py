@@ -138,3 +138,32 @@ def test_the_identity_prefixes_are_a_view_of_the_identities():
     identities, _ = task_identities(plan(mm.groups(frame, by="g")), _boom_on_odd, None)
     assert np.shares_memory(identities.prefixes, identities._identity)
     assert identities.prefixes.tolist() == identities._identity[:, 0].tolist()
+
+
+def test_planning_holds_no_copy_of_the_key_column_nor_of_the_lengths_as_costs():
+    import pyarrow as pa
+
+    from manymodels.inputs.tables import _one_chunk
+    from manymodels.planning.plan import plan
+
+    chunk = pa.array(np.arange(1_000))
+    assert _one_chunk(pa.chunked_array([chunk])).buffers()[1].address == \
+        chunk.buffers()[1].address  # combine_chunks copied even one chunk
+    assert _one_chunk(pa.chunked_array([chunk[:10], chunk[10:]])).equals(chunk)
+    frame = pd.DataFrame({"g": np.repeat(np.arange(5), 3), "y": np.arange(15.0)})
+    tasks = plan(mm.groups(frame, by="g")).tasks
+    assert tasks.costs is tasks.refs.lengths and tasks[0].cost == 3.0
+
+
+def test_the_freed_memory_goes_back_while_a_store_records(monkeypatch, tmp_path):
+    from manymodels.store import recorder
+
+    calls = []
+    monkeypatch.setattr(recorder, "RETURN_FREED_EVERY_S", 0.0)
+    monkeypatch.setattr(recorder, "return_freed_memory", lambda: calls.append(1))
+    frame = pd.DataFrame({"g": np.repeat(np.arange(6), 2), "y": np.arange(12.0)})
+    run = mm.train(_boom_on_odd, mm.groups(frame, by="g"), backend="serial", progress=False,
+                   store=tmp_path / "store")
+    assert run.summary().ok == 3 and calls  # after the writer's commits
+    monkeypatch.undo()
+    recorder.return_freed_memory()  # the real one: on any platform, it does not raise

@@ -11,6 +11,7 @@ same transaction or earlier).
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
 import operator
 import sqlite3
@@ -43,6 +44,10 @@ TAIL_COMMIT_EVERY_S = 0.2
 _SENT = (Pickled, ModelPack)
 #: What a hand-over's models may all be for none to need pickling here.
 _READY = {*_SENT, type(None)}
+#: How often, at most, the writer hands the memory freed since back to the
+#: system (Arrow's pool and the C heap keep freed pages for reuse: ~80 MB of
+#: a run of a million, more at ten).
+RETURN_FREED_EVERY_S = 2.0
 #: Status code -> its text, as Arrow takes it (the store keeps statuses as text).
 _STATUS_TEXT = pa.array(STATUS_NAMES, pa.string())
 
@@ -77,6 +82,21 @@ def _runs(indices: np.ndarray) -> list[tuple[int, int]] | None:
     return list(zip(starts.tolist(), stops.tolist()))
 
 
+try:  # glibc's malloc_trim: hands the heap's free pages back (none elsewhere)
+    _TRIM: Any = ctypes.CDLL(None).malloc_trim
+except (AttributeError, OSError):
+    _TRIM = None
+
+
+def return_freed_memory() -> None:
+    """Hand the memory the driver freed back to the system: Arrow's pool and
+    (on glibc) the C heap keep it otherwise, and the driver's size is what
+    a run of ten million must keep down."""
+    pa.default_memory_pool().release_unused()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 class RunRecorder:
     """Records one run: its row in ``runs``, then its tasks as they finish."""
 
@@ -97,7 +117,7 @@ class RunRecorder:
         self._same_as: list[tuple[int, int, int]] = []
         self._metric_texts: dict[int, MetricTexts] = {}
         self._keys: pa.Array | None = None
-        self._last_commit = time.monotonic()
+        self._last_commit = self._last_returned = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
         #: The run's CheckpointSpace, when its tasks' checkpoints go once
@@ -267,6 +287,10 @@ class RunRecorder:
             pack.release()
         collections.deque(map(self._records.model.__setitem__, indices,
                               itertools.repeat(IN_STORE)), maxlen=0)  # in C
+        now = time.monotonic()
+        if now - self._last_returned >= RETURN_FREED_EVERY_S:  # (off the driver's loop too)
+            self._last_returned = now
+            return_freed_memory()
 
     def task_finished(self, index: int) -> None:
         self._pending.append(index)
