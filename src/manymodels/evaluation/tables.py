@@ -83,18 +83,37 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
 
 
 def _key_columns(key_columns: list, keys: list[tuple], counts: Any) -> Any:
-    """A frame of the key columns, task ``i``'s key repeated ``counts[i]`` times."""
+    """A frame of the key columns, task ``i``'s key repeated ``counts[i]`` times
+    (each column typed from the tasks' keys, then repeated: not a Python
+    object a row to type)."""
     import numpy as np
     import pandas as pd
 
     counts = np.asarray(counts)
-    frame = pd.DataFrame(index=pd.RangeIndex(int(counts.sum())))
+    if not counts.all():  # a task with no rows: its key types nothing
+        keys = [parts for parts, count in zip(keys, counts) if count]
+        counts = counts[counts > 0]
+    rows = np.repeat(np.arange(len(keys)), counts)
+    frame = pd.DataFrame(index=pd.RangeIndex(len(rows)))
     for i, name in enumerate(key_columns):
         values = np.empty(len(keys), dtype=object)
         for j, parts in enumerate(keys):
             values[j] = parts[i]  # one by one: a key part may be a tuple
-        frame[name] = pd.Series(np.repeat(values, counts)).infer_objects()
+        frame[name] = pd.Series(values).infer_objects().array.take(rows)
     return frame
+
+
+def _repeated_times(values: list, counts: list[int]) -> Any:
+    """Per-window times (a cutoff each, ISO text when they are datetimes),
+    each repeated for its window's rows, converted once a window."""
+    import numpy as np
+    import pandas as pd
+
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    frame = pd.DataFrame({"time": column})
+    _as_times(frame, "time")
+    return frame["time"].array.take(np.repeat(np.arange(len(values)), counts))
 
 
 def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
@@ -105,12 +124,17 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
 
     keys, totals, windows, cutoffs, sizes = [], [], [], [], []
     columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
+    unpacked: dict[int, Any] = {}  # a group's times and actuals, shared by its candidates
     for parts, table in _task_windows(key_rows, metrics):
         rows = table.get("rows")
         if not rows:
             continue
         for name in ROW_COLUMNS:
-            columns[name].append(unpack_column(rows[name]))
+            packed = rows[name]
+            values = unpacked.get(id(packed))
+            if values is None or values[0] is not packed:
+                values = unpacked[id(packed)] = (packed, unpack_column(packed))
+            columns[name].append(values[1])
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
         windows.extend(table["window"])
@@ -120,10 +144,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
         return pd.DataFrame(columns=[*key_columns, *_FORECAST_COLUMNS])
     frame = _key_columns(key_columns, keys, totals)
     frame["window"] = np.repeat(np.array(windows), sizes)
-    cutoff = np.empty(len(cutoffs), dtype=object)
-    cutoff[:] = cutoffs
-    frame["cutoff"] = np.repeat(cutoff, sizes)
+    frame["cutoff"] = _repeated_times(cutoffs, sizes)
     for name, pieces in columns.items():
         frame[name] = np.concatenate(pieces)
-    _as_times(frame, "cutoff")
     return frame
