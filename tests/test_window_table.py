@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pandas as pd
-from sklearn.base import clone
 from sklearn.linear_model import Ridge
 
 import manymodels as mm
@@ -17,21 +16,7 @@ from manymodels.evaluation.splitters import WINDOWS
 from manymodels.evaluation.tables import forecast_frame, window_frame
 from manymodels.evaluation.windowrows import pack_column
 from manymodels.evaluation.windowtable import as_table, mean_scores, unpack_column
-
-
-def daily(groups: int = 3, days: int = 50) -> pd.DataFrame:
-    rng = np.random.default_rng(3)
-    frames = []
-    for g in range(groups):
-        x = rng.normal(size=days)
-        frames.append(pd.DataFrame({
-            "sku": f"s{g}", "date": pd.date_range("2024-01-01", periods=days), "x": x,
-            "sales": (g + 1) * x + rng.normal(scale=0.1, size=days) + 10}))
-    return pd.concat(frames, ignore_index=True)
-
-
-def fit_candidate(df: pd.DataFrame, model=None) -> object:
-    return clone(model).fit(df[["x"]], df["sales"])
+from test_evaluation import daily, fit_candidate
 
 
 def _as_earlier_format(table: dict) -> list[dict]:
