@@ -186,6 +186,30 @@ def test_a_crash_is_retried_and_a_failed_run_leaves_no_outputs(engine, table, ex
     assert _outputs_directories(staging) == before  # the failed runs' went at once
 
 
+def stamped(df):
+    return df.assign(z=df["x"] * 2)
+
+
+def test_timestamps_come_back_as_fn_saw_them_and_a_setup_named_key_is_refused(engine,
+                                                                               tmp_path):
+    name = engine[0]
+    frame = pd.DataFrame({
+        "store": [1, 1, 2, 2, 2],
+        "ts": pd.to_datetime(["2024-03-01 10:00", "2024-03-02 11:30", "2024-03-01 09:00",
+                              "2024-03-05 00:00", "2024-03-09 23:59"]).tz_localize("UTC"),
+        "x": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    source = _engine_frame(engine, frame)
+    result = mm.map_groups(stamped, source, by="store", staging=str(tmp_path / "stage"),
+                           backend="serial")
+    got = _collected(name, result).sort_values(["store", "x"]).reset_index(drop=True)
+    mine = _collected(name, source).sort_values(["store", "x"]).reset_index(drop=True)
+    assert got["ts"].tolist() == mine["ts"].tolist()  # read back as the input reads back
+    assert got["z"].tolist() == [2.0, 4.0, 6.0, 8.0, 10.0]
+    with pytest.raises(ValueError, match="rename the setup resource 'key'"):
+        mm.map_groups(stamped, source, by="store", setup={"key": lambda: "resource"},
+                      backend="serial")
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")

@@ -19,11 +19,13 @@ def _writer(tmp_path, fn, key_columns=("store",), params=()):
 
 
 def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
-    rows = pd.DataFrame({"x": [1.0, 2.0, 4.0]}, index=[7, 8, 9])
+    rows = pd.DataFrame({"x": [1.0, 2.0, 4.0], "day": [7, 8, 9]})  # as a worker has them
     cases = {
-        "frame": (lambda df: df.assign(y=df["x"] * 2), ["store", "x", "y"], 3),
+        "frame": (lambda df: df.assign(y=df["x"] * 2), ["store", "x", "day", "y"], 3),
         "mean": (lambda df: df[["x"]].mean(), ["store", "x"], 1),
-        "column": (lambda df: df["x"] - 1, ["store", "x"], 3),  # labels 7, 8, 9: values
+        "column": (lambda df: df["x"] - 1, ["store", "x"], 3),  # labels 0, 1, 2: values
+        "labelled": (lambda df: df.set_index("day")["x"], ["store", "day", "x"], 3),
+        "counts": (lambda df: df["x"].value_counts(), ["store", "x", "count"], 3),
         "arrow": (lambda df: pa.table({"n": [len(df)]}), ["store", "n"], 1),
     }
     for name, (fn, columns, length) in cases.items():
@@ -32,6 +34,10 @@ def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
             pa.OSFile(str(tmp_path / written.name))).schema)
         assert table.column_names == columns and written.rows == table.num_rows == length, name
         assert table.column("store").to_pylist() == ["s1"] * length
+    labelled = _writer(tmp_path, lambda df: df.set_index("day")["x"])(rows, key="s1")
+    table = read_files(str(tmp_path), [labelled.name], pa.ipc.open_file(
+        pa.OSFile(str(tmp_path / labelled.name))).schema)
+    assert table.column("day").to_pylist() == [7, 8, 9]  # the labels are kept, as values
     assert _writer(tmp_path, lambda df: None)(rows, key="s1") == WrittenOutput(None, 0, None)
     assert not list(tmp_path.glob("*.partial"))
     with pytest.raises(TypeError, match="must return a table, got float"):

@@ -258,8 +258,8 @@ def map_groups(
         options["shared"] = {**(options.get("shared") or {}),
                              **shared_labels(group_layout(base), base.row_index)}
         fn = WithLabels(fn, asks_for_key(fn))
-    written = None if in_engine is None else EngineOutputs(in_engine, source, fn,
-                                                           options.get("shared"))
+    written = None if in_engine is None else EngineOutputs(
+        in_engine, source, fn, options.get("shared"), options.get("setup"))
     with written or contextlib.nullcontext():  # a failed run leaves no outputs behind
         run = train(fn if written is None else written.fn, source, **options)
         key_columns, ok = _ok_outputs(run, errors, "map_groups")

@@ -46,6 +46,7 @@ import atexit
 import functools
 import os
 import shutil
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -90,12 +91,15 @@ class EngineOutputs:
     fails (a context manager: an exception inside removes it)."""
 
     def __init__(self, engine_frame: EngineFrame, source: Any, fn: Any,
-                 shared: dict | None) -> None:
+                 shared: dict | None, setup: Any = None) -> None:
         params = list(getattr(source, "param_columns", []) or [])
-        if "key" in (shared or {}) or "key" in params:
+        resources = setup if isinstance(setup, Mapping) else {}
+        named = ("grid setting" if "key" in params else "shared object" if "key" in (
+            shared or {}) else "setup resource" if "key" in resources else None)
+        if named is not None:
             raise ValueError("map_groups of an engine's DataFrame passes each group's key "
                              "to the worker that writes its output as key=: rename the "
-                             f"{'grid setting' if 'key' in params else 'shared object'} 'key'")
+                             f"{named} 'key'")
         self.engine_frame = engine_frame
         self.directory = os.path.abspath(new_directory(engine_frame.staging,
                                                        "manymodels-outputs-"))
@@ -214,8 +218,11 @@ def _spark_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) 
     spark_schema = _spark_schema(schema)
     names = session.createDataFrame([(names,) for names, _ in _chunks(files, cores)],
                                     "files array<string>")
-    read = functools.partial(read_spark_chunks, directory=directory,
-                             schema=to_arrow_schema(spark_schema))
+    try:  # Spark's timestamps are UTC instants (as fit saw them: engineframes.py)
+        arrow_schema = to_arrow_schema(spark_schema, timezone="UTC")
+    except TypeError:  # pyspark 3.5 has no timezone=: its timestamps are UTC already
+        arrow_schema = to_arrow_schema(spark_schema)
+    read = functools.partial(read_spark_chunks, directory=directory, schema=arrow_schema)
     return names.mapInArrow(read, spark_schema)
 
 

@@ -80,19 +80,24 @@ class WriteOutputs:
 def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
     """``fn``'s output for one group as an Arrow table, the key columns it
     lacks in front: a DataFrame's rows (its index dropped, as the pandas path
-    concatenates them); a Series of column-like labels (``df.mean()``) as one
-    row, of integer labels (a column of values) as a column; an Arrow or
-    polars table as it is. None for None (no rows)."""
+    concatenates them); a Series of column-like text labels (``df.mean()``)
+    as one row, under 0, 1, ... (a column of values) as a column, of other
+    labels (``value_counts()``, dates) as two columns, its labels and its
+    values; an Arrow or polars table as it is. None for None (no rows)."""
     import pandas as pd
 
     if value is None:
         return None
     if isinstance(value, pd.Series):
-        if value.index.inferred_type == "integer" or len(value.index) == 0:
-            value = value.reset_index(drop=True).to_frame(
-                name=value.name if value.name is not None else "value")
-        else:
+        name = value.name if value.name is not None else "value"
+        index = value.index
+        if len(index) == 0 or (isinstance(index, pd.RangeIndex) and index.start == 0
+                               and index.step == 1):
+            value = value.reset_index(drop=True).to_frame(name=name)  # a column of values
+        elif index.inferred_type == "string":  # column-like labels (df.mean()): one row
             value = pd.DataFrame([value]).reset_index(drop=True)
+        else:  # labels that are values (value_counts, a date index): kept as a column
+            value = value.to_frame(name=name).reset_index()
     if isinstance(value, pd.DataFrame):
         if not all(isinstance(name, str) for name in value.columns):
             value = value.set_axis([str(name) for name in value.columns], axis=1)
