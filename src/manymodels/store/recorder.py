@@ -84,7 +84,7 @@ def _runs(indices: np.ndarray) -> list[tuple[int, int]] | None:
 
 try:  # glibc's malloc_trim: hands the heap's free pages back (none elsewhere)
     _TRIM: Any = ctypes.CDLL(None).malloc_trim
-except (AttributeError, OSError):
+except (AttributeError, OSError, TypeError):  # (TypeError: Windows has no CDLL(None))
     _TRIM = None
 
 

@@ -98,7 +98,7 @@ def _loader_changes() -> tuple[int, int] | None:
     not), or None where that cannot be asked (not glibc, say)."""
     try:
         iterate = ctypes.CDLL(None).dl_iterate_phdr
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # (TypeError: Windows has no CDLL(None))
         return None
     seen: list[tuple[int, int]] = []
 
