@@ -228,3 +228,23 @@ def test_fit_with_key_on_lightgbm_per_group(series):
     linear = mm.train(lambda df, key: LinearRegression().fit(df[["promo"]], df["y"]),
                       mm.groups(series, by="sku"), backend="serial", progress=False)
     assert set(linear.models) == {"a", "b", "c"}
+
+
+def _named_unless_b(df, key):
+    if key == "b":
+        raise ValueError("b has no model")
+    return pd.DataFrame({"n": [len(df)], "who": [key]})
+
+
+def _fallback_naming(df, key):
+    return pd.DataFrame({"n": [-1], "who": [f"fallback for {key}"]})
+
+
+@pytest.mark.parametrize("fmt", ["pandas", "numpy"])
+def test_a_fn_that_takes_its_key_gets_it_with_a_fallback_and_so_does_the_fallback(series, fmt):
+    """fallback= hid fn's key parameter: fn always raised (no key given) and
+    every group took the fallback."""
+    result = mm.map_groups(_named_unless_b, mm.groups(series, by="sku", format=fmt),
+                           fallback=_fallback_naming, backend="serial")
+    assert result["who"].tolist() == ["a", "fallback for b", "c"]
+    assert list(result.attrs["fallback"]) == ["b"]

@@ -5,6 +5,7 @@ listed in a pandas result's ``attrs``."""
 
 from __future__ import annotations
 
+import inspect
 import traceback
 import warnings
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from ..engine.execution import metrics_dict
+from ..planning.plan import asks_for_key
 from .results import Run
 
 #: The metric a fallback's output carries: why ``fn`` failed on that group.
@@ -26,13 +28,35 @@ class _WithFallback:
 
     def __init__(self, fn: Callable[..., Any], fallback: Callable[..., Any]) -> None:
         self.fn, self.fallback = fn, fallback
+        # which of the two takes the group's key=: the wrapper asks for it (its
+        # signature says so) when either does, and hands it to those that do
+        self.keyed = (asks_for_key(fn), asks_for_key(fallback))
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        parameters = [inspect.Parameter("data", kind)]
+        if any(self.keyed):
+            parameters.append(inspect.Parameter("key", inspect.Parameter.KEYWORD_ONLY))
+        return inspect.Signature([*parameters, inspect.Parameter(
+            "kwargs", inspect.Parameter.VAR_KEYWORD)])
 
     def __call__(self, data: Any, **kwargs: Any) -> Any:
+        keyed = getattr(self, "keyed", (False, False))  # (pickled before it was kept)
+        key = kwargs.pop("key", _NO_KEY) if any(keyed) else _NO_KEY
         try:
-            return self.fn(data, **kwargs)
+            return self.fn(data, **_with_key(kwargs, key, keyed[0]))
         except Exception:  # the fallback's own error, if any, carries fn's as its context
             reason = traceback.format_exc()
-            return self.fallback(data, **kwargs), {_FALLBACK: reason}
+            return self.fallback(data, **_with_key(kwargs, key, keyed[1])), {_FALLBACK: reason}
+
+
+_NO_KEY = object()
+
+
+def _with_key(kwargs: dict[str, Any], key: Any, asks: bool) -> dict[str, Any]:
+    """``kwargs``, with the group's key for a function that asks for it."""
+    return {**kwargs, "key": key} if asks and key is not _NO_KEY else kwargs
 
 
 def _key_of(parts: tuple) -> Any:
