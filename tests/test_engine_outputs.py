@@ -210,6 +210,20 @@ def test_timestamps_come_back_as_fn_saw_them_and_a_setup_named_key_is_refused(en
                       backend="serial")
 
 
+def always_fails(df):
+    raise ValueError("no output for this store")
+
+
+def test_every_group_failing_with_errors_skip_names_them_before_the_error(engine, table,
+                                                                          tmp_path):
+    source = _engine_frame(engine, table)
+    with pytest.warns(RuntimeWarning, match="10 group.*no output for this store"), \
+            pytest.raises(ValueError, match="for every group"):
+        mm.map_groups(always_fails, source, by=["store", "item"], errors="skip",
+                      staging=str(tmp_path / "stage"), backend="serial")
+    assert not _outputs_directories(tmp_path / "stage")
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")

@@ -266,7 +266,12 @@ def map_groups(
         failed = failures(run, key_columns) if errors == "skip" else {}
         fell_back = fallen_back(run) if fallback is not None else None
         if written is not None:  # written by the workers, read by the engine's
-            return report_failures(written.frame([out for _, out in ok]), failed, fell_back)
+            try:
+                frame = written.frame([out for _, out in ok])
+            except ValueError:  # no output at all: say first which groups failed
+                report_failures(None, failed, fell_back)
+                raise
+            return report_failures(frame, failed, fell_back)
     return report_failures(_assemble(run, base, source, key_columns, ok, labelled), failed,
                            fell_back)
 
