@@ -65,6 +65,13 @@ def test_the_schemas_are_unified_as_pandas_concat_does(tmp_path):
     table = read_files(str(tmp_path), [ints.name, floats.name], schema)
     assert table.column("n").to_pylist() == [1.0, 2.0, None]
     assert table.column("flag").to_pylist() == [None, None, "a"]
+    # an int column some groups lack is float, as concat makes it: every partition alike
+    counted = writer(pd.DataFrame({"n": [1.5], "i": [7]}), key=4)
+    schema = engineoutputs._unified_schema(str(tmp_path), [ints, counted], "dask")
+    assert schema.field("i").type == pa.float64()
+    expected = pd.concat([pd.DataFrame({"n": [1, 2]}), pd.DataFrame({"n": [1.5], "i": [7]})])
+    assert read_files(str(tmp_path), [counted.name], schema).to_pandas()["i"].dtype == \
+        expected["i"].dtype
     text = writer(pd.DataFrame({"n": ["x"]}), key=3)
     with pytest.raises(TypeError, match="Field n has incompatible types"):
         engineoutputs._unified_schema(str(tmp_path), [ints, text], "dask")

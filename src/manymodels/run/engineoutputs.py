@@ -140,7 +140,8 @@ class EngineOutputs:
 
 def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -> pa.Schema:
     """One schema for every group's output: each distinct schema read once,
-    from the header of the first file written with it."""
+    from the header of the first file written with it, unified as pandas'
+    ``concat`` would (an integer column that some groups lack: floats)."""
     schemas: dict[str, pa.Schema] = {}
     for out in outputs:
         if out.name is not None and out.schema_digest not in schemas:
@@ -157,6 +158,12 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     if not len(schema):
         raise ValueError("map_groups: fn returned no columns for any group, and a "
                          f"{TABLE_NAMES[engine]} needs some")
+    # an integer column some groups lack is missing values there: floats, as
+    # pandas' concat makes it (and every partition of a Dask result the same)
+    for position, field in enumerate(schema):
+        if pa.types.is_integer(field.type) and any(
+                field.name not in one.names for one in schemas.values()):
+            schema = schema.set(position, pa.field(field.name, pa.float64()))
     return schema
 
 
