@@ -59,6 +59,10 @@ def test_a_new_run_is_served_live_with_no_failed_request(tmp_path):
     try:
         for thread in clients:
             thread.start()
+        deadline = time.monotonic() + 15  # run 1 answered before run 2 starts
+        while not answers:
+            assert time.monotonic() < deadline, "no answer from the server within 15 s"
+            time.sleep(0.01)
         mm.train(fit_again, mm.groups(frame, by="store"), store=path, backend="serial",
                  progress=False, max_failures=1)
         deadline = time.monotonic() + 15
