@@ -188,8 +188,12 @@ def test_retry_on_transient_errors(backend, tmp_path):
 def blas_threads(item):
     from threadpoolctl import threadpool_info
 
+    import joblib
+
     blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
-    return {"blas": max(blas), "omp_env": int(os.environ["OMP_NUM_THREADS"])}
+    # joblib's cpu_count sizes LightGBM's default threads and n_jobs=-1 pools
+    return {"blas": max(blas), "omp_env": int(os.environ["OMP_NUM_THREADS"]),
+            "joblib_cpus": joblib.cpu_count(only_physical_cores=True)}
 
 
 def _driver_blas_threads() -> list[int]:
@@ -211,6 +215,7 @@ def test_workers_limit_blas_threads(cpus, start_method):
     assert before == [4] * len(before)
     assert (run.results["blas"] == cpus).all()
     assert (run.results["omp_env"] == cpus).all()
+    assert (run.results["joblib_cpus"] <= cpus).all()
 
 
 def blas_threads_or_crash(item):

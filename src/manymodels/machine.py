@@ -32,6 +32,10 @@ THREAD_LIMIT_VARIABLES = (
     "BLIS_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
+    # joblib's (loky's) cpu_count: what LightGBM's n_jobs=None and scikit-learn's
+    # n_jobs=-1 size their threads by; else each worker took every core, and a
+    # few workers' OpenMP threads spinning at their barriers took 70x as long
+    "LOKY_MAX_CPU_COUNT",
 )
 
 
