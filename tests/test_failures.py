@@ -186,9 +186,8 @@ def test_retry_on_transient_errors(backend, tmp_path):
 
 
 def blas_threads(item):
-    from threadpoolctl import threadpool_info
-
     import joblib
+    from threadpoolctl import threadpool_info
 
     blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
     # joblib's cpu_count sizes LightGBM's default threads and n_jobs=-1 pools
