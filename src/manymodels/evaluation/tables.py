@@ -124,16 +124,19 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
 
     keys, totals, windows, cutoffs, sizes = [], [], [], [], []
     columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
-    unpacked: dict[int, Any] = {}  # a group's times and actuals, shared by its candidates
+    shared: dict[int, Any] = {}  # a group's times and actuals, the same for its candidates
     for parts, table in _task_windows(key_rows, metrics):
         rows = table.get("rows")
         if not rows:
             continue
         for name in ROW_COLUMNS:
             packed = rows[name]
-            values = unpacked.get(id(packed))
-            if values is None or values[0] is not packed:
-                values = unpacked[id(packed)] = (packed, unpack_column(packed))
+            if name == "forecast":  # each task's own
+                columns[name].append(unpack_column(packed))
+                continue
+            values = shared.get(id(packed))
+            if values is None or values[0] is not packed:  # (kept: its id is not reused)
+                values = shared[id(packed)] = (packed, unpack_column(packed))
             columns[name].append(values[1])
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))

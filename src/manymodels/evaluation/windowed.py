@@ -133,7 +133,7 @@ class GroupWindows:
         return made
 
     def table(self, numbers: list[int], predictions: list[Any],
-                scores: list[dict[str, float]]) -> dict[str, Any]:
+              scores: list[dict[str, float]]) -> dict[str, Any]:
         """Windows ``numbers`` as one windows table (:mod:`.windowtable`):
         the named metrics of all of them computed at once, each window's own
         scores, and for a backtest the forecasts of all of them end to end."""
