@@ -104,3 +104,18 @@ def assert_only_timed_out(run, item, timeout) -> None:
     assert results.loc[item, "status"] == "timeout"
     assert f"timeout={timeout}s" in results.loc[item, "error"]
     assert (results.drop(index=item)["status"] == "ok").all()
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("spark", marks=pytest.mark.spark),
+    pytest.param("dask", marks=pytest.mark.dask),
+])
+def engine(request):
+    """``(name, the user's session or client)``, up for the module's tests
+    (tests/test_engines.py has its own, of the name alone)."""
+    from test_engines import _start_dask, _start_spark
+
+    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
+    yield request.param, handle
+    assert alive(), f"the user's {request.param} was stopped by manymodels"
+    close()

@@ -22,22 +22,10 @@ import pytest
 
 import manymodels as mm
 from conftest import fit_linear
-from test_engines import _start_dask, _start_spark
 
 pytestmark = pytest.mark.slow
 
 _TIMING = ["duration_s", "worker", "started_s", "error"]
-
-
-@pytest.fixture(scope="module", params=[
-    pytest.param("spark", marks=pytest.mark.spark),
-    pytest.param("dask", marks=pytest.mark.dask),
-])
-def engine(request):
-    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
-    yield request.param, handle
-    assert alive(), f"the user's {request.param} was stopped by manymodels"
-    close()
 
 
 @pytest.fixture(scope="module")

@@ -21,20 +21,8 @@ import pytest
 import manymodels as mm
 import manymodels.transforms as transforms
 from manymodels.run.outputfiles import WrittenOutput
-from test_engines import _start_dask, _start_spark
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", params=[
-    pytest.param("spark", marks=pytest.mark.spark),
-    pytest.param("dask", marks=pytest.mark.dask),
-])
-def engine(request):
-    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
-    yield request.param, handle
-    assert alive(), f"the user's {request.param} was stopped by manymodels"
-    close()
 
 
 @pytest.fixture(scope="module")
