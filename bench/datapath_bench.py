@@ -1,8 +1,8 @@
 """Data that outgrows the driver: an engine's DataFrame grouped by its engine.
 
     python bench/datapath_bench.py [--rows 1000000] [--groups 10000] [--files 8]
-                                   [--cases spark_own,spark_mm,dask_own,dask_mm,eager_mm,
-                                            read_on_workers_mm]
+                                   [--cases spark_own,spark_mm,dask_own,dask_mm,ray_own,
+                                            ray_mm,eager_mm,read_on_workers_mm]
                                    [--out bench/results/datapath.json]
 
 ``rows`` rows in ``groups`` groups, unsorted (every file holds rows of every
@@ -19,6 +19,10 @@ other processes), and its bytes read (``/proc/self/io``) are the driver's:
   Parquet by the workers, on a ``LocalCluster`` of N one-thread processes;
 * ``dask_mm``: ``mm.train(fit, mm.groups(dd.read_parquet(dir), by="g"),
   backend="dask")`` on the same kind of cluster;
+* ``ray_own``: ``ray.data.read_parquet(dir).groupby("g").map_groups(fit)``,
+  written to Parquet by Ray's workers, on a local Ray of N CPUs;
+* ``ray_mm``: ``mm.train(fit, mm.groups(ray.data.read_parquet(dir), by="g"),
+  backend="ray")`` on the same kind of Ray;
 * ``eager_mm``: ``mm.groups(dir, by="g")`` with the processes backend: the
   driver reads and sorts the whole table (the path the others avoid);
 * ``read_on_workers_mm``: ``mm.groups(dir, by="g", read_on_workers=True)``
@@ -50,7 +54,8 @@ import numpy as np
 import pandas as pd
 
 SCHEMA = "g long, slope double, intercept double, n long"
-CASES = ("spark_own", "spark_mm", "dask_own", "dask_mm", "eager_mm", "read_on_workers_mm")
+CASES = ("spark_own", "spark_mm", "dask_own", "dask_mm", "ray_own", "ray_mm", "eager_mm",
+         "read_on_workers_mm")
 
 
 def fit(df: pd.DataFrame) -> tuple[dict, dict]:
@@ -113,13 +118,33 @@ def _dask(workers: int) -> Any:
     return client
 
 
+def _ray(workers: int) -> Any:
+    import ray
+
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    for name in ("ray", "ray.data"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return ray
+
+
+def fit_batch(df: pd.DataFrame) -> pd.DataFrame:
+    """The same model for Ray Data's ``map_groups`` (pandas batches): one row."""
+    return fit_frame(df)
+
+
 def run_case(case: str, data: Path, workers: int, out: Path) -> dict:
     """One case, in this process: returns its figures."""
     import manymodels as mm
 
     start = time.perf_counter()
     engine = _spark(workers) if case.startswith("spark") else (
-        _dask(workers) if case.startswith("dask") else None)
+        _dask(workers) if case.startswith("dask") else (
+            _ray(workers) if case.startswith("ray") else None))
     start_s = time.perf_counter() - start
     begin = time.perf_counter()
     if case == "spark_own":
@@ -135,8 +160,15 @@ def run_case(case: str, data: Path, workers: int, out: Path) -> dict:
         applied = dd.read_parquet(str(data)).groupby("g").apply(fit_series, meta=meta)
         applied.to_parquet(str(out))
         groups = len(dd.read_parquet(str(out)))
+    elif case == "ray_own":
+        dataset = engine.data.read_parquet(str(data))
+        dataset.groupby("g").map_groups(fit_batch, batch_format="pandas").write_parquet(
+            str(out))
+        groups = engine.data.read_parquet(str(out)).count()
     else:
-        if case == "spark_mm":
+        if case == "ray_mm":
+            table, backend = engine.data.read_parquet(str(data)), "ray"
+        elif case == "spark_mm":
             table, backend = engine.read.parquet(str(data)), "spark"
         elif case == "dask_mm":
             import dask.dataframe as dd
@@ -170,6 +202,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--out", default="bench/results/datapath.json")
+    parser.add_argument("--case-timeout", type=float, default=1800,
+                        help="seconds a case may take, engine start included (default 1800)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # a child: run one case
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,20 +212,33 @@ def main() -> None:
             figures = run_case(args.case, Path(args.data), args.workers, Path(scratch) / "out")
         print("RESULT " + json.dumps(figures), flush=True)
         os._exit(0)  # engines' threads do not hold the exit up
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _common
+
+    machine = _common.machine_info()
     rows = []
     with tempfile.TemporaryDirectory(prefix="datapath-bench-") as scratch:
         data = Path(scratch) / "data"
         data.mkdir()
         write_data(data, args.rows, args.groups, args.files)
         for case in args.cases.split(","):
-            child = subprocess.run(
-                [sys.executable, __file__, "--case", case, "--data", str(data),
-                 "--workers", str(args.workers)], capture_output=True, text=True)
+            load = list(os.getloadavg())
+            try:
+                child = subprocess.run(
+                    [sys.executable, __file__, "--case", case, "--data", str(data),
+                     "--workers", str(args.workers)], capture_output=True, text=True,
+                    timeout=args.case_timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{case}: over its {args.case_timeout:.0f} s", file=sys.stderr)
+                rows.append({"case": case, "status": f"over {args.case_timeout:.0f} s",
+                             "load_average_at_start": load})
+                continue
             found = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
             if not found:
                 print(f"{case} failed:\n{child.stderr[-3000:]}", file=sys.stderr)
                 continue
-            rows.append(json.loads(found[-1][len("RESULT "):]))
+            rows.append({**json.loads(found[-1][len("RESULT "):]), "status": "ok",
+                         "load_average_at_start": load})
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     print(f"\n{args.rows:,} rows, {args.groups:,} groups, {args.files} files, "
@@ -200,7 +247,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"rows": args.rows, "groups": args.groups,
                                           "files": args.files, "workers": args.workers,
-                                          "results": rows}, indent=2))
+                                          "machine": machine, "results": rows}, indent=2))
 
 
 if __name__ == "__main__":
