@@ -102,7 +102,9 @@ def _sweep_case(values: list[int], workers: int) -> dict[str, Any]:
     def with_manymodels() -> Any:
         import manymodels as mm
 
-        return mm.train(sweep.fit_rf, mm.grid(n_estimators=values), shared={"X": X, "y": y},
+        # the settings' cost, so that the largest start first (the Pool's come as given)
+        settings = mm.grid(n_estimators=values, cost=lambda setting: setting["n_estimators"])
+        return mm.train(sweep.fit_rf, settings, shared={"X": X, "y": y},
                         workers=workers, progress=False)
 
     predict = functools.partial(sweep._predictions, X=X)

@@ -4,7 +4,8 @@ or times groups or items (``groups * grid``, :class:`ProductSource`)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .sources import GroupSource, ItemSource, Source, require_unique
@@ -29,7 +30,14 @@ class _Combining(Source):
 class GridSource(_Combining):
     """One task per combination of the given parameter values."""
 
-    def __init__(self, values: dict[str, Iterable[Any]]) -> None:
+    def __init__(self, values: dict[str, Iterable[Any]],
+                 cost: Callable[[dict[str, Any]], float] | None = None) -> None:
+        if cost is not None and not callable(cost):
+            raise TypeError(
+                f"grid(cost=...) is each setting's expected cost, a function of its dict of "
+                f"values; got {cost!r}. To sweep a parameter named 'cost', give the values "
+                "as a mapping: mm.grid({'cost': [...]})")
+        self.cost = cost
         if not values:
             raise ValueError("grid() needs at least one parameter, e.g. grid(alpha=[0.1, 1])")
         self.values: dict[str, list[Any]] = {}
@@ -60,6 +68,24 @@ class GridSource(_Combining):
     def combinations(self) -> list[dict[str, Any]]:
         names = list(self.values)
         return [dict(zip(names, combo)) for combo in itertools.product(*self.values.values())]
+
+    def costs(self, settings: list[dict[str, Any]]) -> list[float] | None:
+        """Each setting's expected cost by ``cost=`` (None without one), checked
+        here, on the driver, before any task runs."""
+        if self.cost is None:
+            return None
+        out = []
+        for setting in settings:
+            value = self.cost(dict(setting))
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+                raise ValueError(f"grid(cost=...) must return a number of at least 0; for the "
+                                 f"setting {setting!r} it returned {value!r}")
+            out.append(number)
+        return out
 
     def __len__(self) -> int:
         n = 1
@@ -101,7 +127,8 @@ def product(left: Source, right: Source) -> Source:
         clash = set(left.values) & set(right.values)
         if clash:
             raise ValueError(f"grid parameter {sorted(clash)[0]!r} appears in both grids")
-        return GridSource({**left.values, **right.values})
+        return GridSource({**left.values, **right.values},
+                          cost=_product_cost(left.cost, right.cost, list(left.values)))
     if isinstance(left, GridSource):
         left, right = right, left
     if isinstance(right, GridSource):
@@ -139,6 +166,31 @@ def require_distinct_texts(source: Source) -> None:
             seen[text] = position
 
 
-def grid(**values: Iterable[Any]) -> GridSource:
-    """One task per combination of values; ``fit`` receives them as keywords."""
-    return GridSource(values)
+def _product_cost(left: Callable | None, right: Callable | None,
+                  left_names: list[str]) -> Callable | None:
+    """The cost of a setting of two grids multiplied: the product of each one's."""
+    if left is None or right is None:
+        return left or right
+    return lambda setting: (
+        float(left({name: setting[name] for name in left_names}))
+        * float(right({name: value for name, value in setting.items()
+                       if name not in left_names})))
+
+
+def grid(values: Mapping[str, Iterable[Any]] | None = None, /, *,
+         cost: Callable[[dict[str, Any]], float] | None = None,
+         **more: Iterable[Any]) -> GridSource:
+    """One task per combination of values; ``fit`` receives them as keywords.
+
+    ``cost`` maps a setting (the dict of its values) to its expected cost, so
+    that the most costly settings start first and the last to finish is not
+    the largest (``cost=lambda s: s["n_estimators"]``); without it, settings
+    start in the grid's order. Times groups, a task's cost is its group's
+    (its rows) times its setting's. Values may also come as a mapping first,
+    for a parameter named ``cost``: ``grid({"cost": [1, 2]})``.
+    """
+    merged = dict(values or {})
+    clash = set(merged) & set(more)
+    if clash:
+        raise ValueError(f"grid parameter {sorted(clash)[0]!r} is given twice")
+    return GridSource({**merged, **more}, cost=cost)

@@ -321,13 +321,18 @@ def plan(source: Source) -> Plan:
                     param_columns=param_columns,
                     key_table=getattr(layout, "key_table", None))
     count = len(settings)
+    task_costs = np.repeat(costs, count)
+    setting_costs = grid_source.costs(settings) if grid_source is not None else None
+    if setting_costs is not None:  # a group's (or item's) cost times its setting's
+        task_costs = task_costs * np.tile(np.asarray(setting_costs, dtype=float),
+                                          len(key_rows))
     rows: list[tuple] = []
     for key_parts in key_rows:
         for params in settings:
             rows.append(key_parts + tuple(params.values()) if params else key_parts)
     entry_of = np.repeat(np.arange(len(key_rows), dtype=np.int64), count)
     tasks = TaskList(rows, _take(refs, entry_of.tolist()), settings * len(key_rows),
-                     np.repeat(costs, count))
+                     task_costs)
     return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
                 param_columns=param_columns)
 
