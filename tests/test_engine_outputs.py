@@ -237,3 +237,24 @@ def test_map_groups_of_a_ray_dataset_reads_the_outputs_on_ray(local_ray, table, 
                for _, out in driver_never_gathers[0]._ok_outputs()[1])
     assert not _outputs_directories(staging)  # read into Ray's object store: removed
     _same(result.to_pandas(), expected)
+
+
+def _one_row(df):
+    return pd.DataFrame({"n": [len(df)]})
+
+
+def test_many_small_groups_make_a_few_files_not_one_a_group(engine, tmp_path,
+                                                            driver_never_gathers):
+    """200,000 groups made 200,000 files; a part of a batch writes one."""
+    name = engine[0]
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"g": rng.permutation(np.repeat(np.arange(2000), 3)),
+                          "x": rng.normal(size=6000)})
+    staging = tmp_path / "stage"
+    result = mm.map_groups(_one_row, _engine_frame(engine, frame), by="g",
+                           staging=str(staging), backend="processes", workers=2)
+    (directory,) = _outputs_directories(staging)
+    files = list(directory.iterdir())
+    assert 1 <= len(files) <= 500  # 66 here: a part of ~30 groups a file
+    got = _collected(name, result).sort_values("g")
+    assert got["g"].tolist() == list(range(2000)) and (got["n"] == 3).all()

@@ -29,12 +29,16 @@ def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
         "arrow": (lambda df: pa.table({"n": [len(df)]}), ["store", "n"], 1),
     }
     for name, (fn, columns, length) in cases.items():
-        written = _writer(tmp_path, fn)(rows, key="s1")
+        writer = _writer(tmp_path, fn)
+        written = writer(rows, key="s1")
+        writer.seal_part()
         table = read_files(str(tmp_path), [written.name], pa.ipc.open_file(
             pa.OSFile(str(tmp_path / written.name))).schema)
         assert table.column_names == columns and written.rows == table.num_rows == length, name
         assert table.column("store").to_pylist() == ["s1"] * length
-    labelled = _writer(tmp_path, lambda df: df.set_index("day")["x"])(rows, key="s1")
+    writer = _writer(tmp_path, lambda df: df.set_index("day")["x"])
+    labelled = writer(rows, key="s1")
+    writer.seal_part()
     table = read_files(str(tmp_path), [labelled.name], pa.ipc.open_file(
         pa.OSFile(str(tmp_path / labelled.name))).schema)
     assert table.column("day").to_pylist() == [7, 8, 9]  # the labels are kept, as values
@@ -50,6 +54,7 @@ def test_a_grid_setting_is_a_key_column_and_a_fallback_keeps_its_mark(tmp_path):
                      key_columns=("store", "item", "alpha"), params=("alpha",))
     written, metrics = writer(rows, key=("s1", 3), alpha=0.5)
     assert metrics == {"why": "fn failed"}
+    writer.seal_part()
     with pa.OSFile(str(tmp_path / written.name)) as source:
         table = pa.ipc.open_file(source).read_all()
     assert table.to_pydict() == {"store": ["s1"] * 2, "item": [3, 3], "alpha": [0.5, 0.5],
@@ -60,19 +65,22 @@ def test_the_schemas_are_unified_as_pandas_concat_does(tmp_path):
     writer = _writer(tmp_path, lambda df: df)
     ints = writer(pd.DataFrame({"n": [1, 2]}), key=1)
     floats = writer(pd.DataFrame({"n": [np.nan], "flag": ["a"]}), key=2)
+    writer.seal_part()
     schema = engineoutputs._unified_schema(str(tmp_path), [ints, floats], "spark")
     assert schema.names == ["store", "n", "flag"] and schema.field("n").type == pa.float64()
-    table = read_files(str(tmp_path), [ints.name, floats.name], schema)
+    table = read_files(str(tmp_path), [ints.ref, floats.ref], schema)
     assert table.column("n").to_pylist() == [1.0, 2.0, None]
     assert table.column("flag").to_pylist() == [None, None, "a"]
     # an int column some groups lack is float, as concat makes it: every partition alike
     counted = writer(pd.DataFrame({"n": [1.5], "i": [7]}), key=4)
+    writer.seal_part()
     schema = engineoutputs._unified_schema(str(tmp_path), [ints, counted], "dask")
     assert schema.field("i").type == pa.float64()
     expected = pd.concat([pd.DataFrame({"n": [1, 2]}), pd.DataFrame({"n": [1.5], "i": [7]})])
-    assert read_files(str(tmp_path), [counted.name], schema).to_pandas()["i"].dtype == \
+    assert read_files(str(tmp_path), [counted.ref], schema).to_pandas()["i"].dtype == \
         expected["i"].dtype
     text = writer(pd.DataFrame({"n": ["x"]}), key=3)
+    writer.seal_part()
     with pytest.raises(TypeError, match="Field n has incompatible types"):
         engineoutputs._unified_schema(str(tmp_path), [ints, text], "dask")
     with pytest.raises(ValueError, match="fn returned None for every group, and a Dask"):
@@ -85,3 +93,59 @@ def test_the_files_are_cut_into_runs_of_about_equal_rows(monkeypatch):
     assert engineoutputs._chunks(files[:1], 4) == [(["a"], 0)]
     monkeypatch.setattr(engineoutputs, "ROWS_PER_PARTITION", 6)  # 20 rows: 4 runs at most
     assert engineoutputs._chunks(files, 1) == [(["a"], 0), (["b"], 5), (["c", "d"], 10)]
+
+
+def test_a_parts_outputs_make_one_file_a_schema_read_back_by_their_rows(tmp_path):
+    """200,000 small groups made 200,000 files: a part's outputs are held
+    until the part leaves the worker, then written as one file per schema;
+    each group's rows are found by their place in it."""
+    import cloudpickle
+
+    writer = cloudpickle.loads(cloudpickle.dumps(_writer(tmp_path, lambda df: df)))  # a worker's
+    outs = [writer(pd.DataFrame({"n": [key] * (key % 3 + 1)}), key=key) for key in range(50)]
+    texts = [writer(pd.DataFrame({"n": ["t"]}), key=50), writer(pd.DataFrame({"n": [7]}), key=51)]
+    assert not list(tmp_path.iterdir())  # nothing written before the part leaves
+    writer.seal_part()
+    assert len(list(tmp_path.iterdir())) == 2  # one file for the int schema, one for text
+    assert len({out.name for out in outs}) == 1 and texts[1].name == outs[0].name
+    assert cloudpickle.loads(cloudpickle.dumps(writer))._pending == {}  # nothing held travels
+    schema = pa.schema([("store", pa.int64()), ("n", pa.int64())])
+    order = [outs[3], outs[1], outs[2], texts[1], outs[40]]  # key order, not the file's
+    table = read_files(str(tmp_path), [out.ref for out in order], schema).to_pandas()
+    assert table["store"].tolist() == [3] + [1, 1] + [2, 2, 2] + [51] + [40, 40]
+    assert table["n"].tolist() == [3] + [1, 1] + [2, 2, 2] + [7] + [40, 40]
+
+
+def test_outputs_past_the_held_bytes_are_written_before_the_part_ends(tmp_path, monkeypatch):
+    writer = _writer(tmp_path, lambda df: df)
+    monkeypatch.setattr(writer, "HOLD_BYTES", 100)
+    first = writer(pd.DataFrame({"n": np.arange(20)}), key=1)  # 160 bytes: written now
+    assert [path.name for path in tmp_path.iterdir()] == [first.name]
+    second = writer(pd.DataFrame({"n": [1]}), key=2)
+    assert second.name != first.name and second.offset == 0
+
+
+def test_a_part_whose_outputs_cannot_be_written_fails_its_tasks_not_the_run(tmp_path):
+    """A disk that refuses the part's file (here: the output directory gone)
+    fails the groups of that part, each with the reason, as a write inside
+    ``fn`` did; the run goes on, and no outcome names a file that is not there."""
+    import shutil
+
+    import manymodels as mm
+    from manymodels.run.outputfiles import WriteOutputs
+
+    directory = tmp_path / "out"
+    directory.mkdir()
+
+    def fn(df, key):
+        if key == 3:
+            shutil.rmtree(directory)  # the disk fails under this group's part
+        return df
+
+    writer = WriteOutputs(fn, str(directory), ["g"], [], passes_key=True)
+    frame = pd.DataFrame({"g": [1, 2, 3], "x": [1.0, 2.0, 3.0]})
+    run = mm.train(writer, mm.groups(frame, by="g"), backend="serial", progress=False)
+    failed = run.results.set_index("g")
+    assert failed.loc[3, "status"] == "failed"
+    assert "could not be written" in failed.loc[3, "error"]
+    assert "FileNotFoundError" in failed.loc[3, "error"]

@@ -154,6 +154,9 @@ class Executor:
         #: The part being run's small pickled models and float metrics (see
         #: :mod:`manymodels.engine.partpacks`): in workers that pickle models only.
         self._packer = PartPacker(hashed=self.pickle_models == "all")
+        #: A fit that holds what its tasks made until their part leaves the
+        #: worker (map_groups' outputs on an engine) writes it then.
+        self._seal_fit_part = getattr(self.fit, "seal_part", None)
 
     def begin_batch(self, tasks: list[TaskRef]) -> None:
         """Let the data reader prepare the batch (read or convert its rows at once)."""
@@ -261,8 +264,22 @@ class Executor:
                 running: int | None = None) -> BatchPart:
         """A part of the batch, with what was packed since the last one sealed
         (the outcomes name the packs: they are complete before they travel)."""
+        if self._seal_fit_part is not None:
+            try:
+                self._seal_fit_part()
+            except Exception as exc:  # e.g. a full disk: the part's tasks failed, not the worker
+                outcomes = self._failed_part(outcomes, exc)
         self._packer.seal()
         return BatchPart(outcomes, busy_s, prepare_s, last, running)
+
+    def _failed_part(self, outcomes: list[Outcome], exc: Exception) -> list[Outcome]:
+        """The part's outcomes where the fit could not write what its tasks
+        made: each task that succeeded failed (what was packed for them dropped)."""
+        self._packer.reset()
+        error = ("the outputs of this part of the batch could not be written: "
+                 + "".join(traceback.format_exception(exc)))
+        return [(o[0], _FAILED, None, {}, o[4], o[5], error, False) if o[1] == _OK else o
+                for o in outcomes]
 
     def _in_drivers_main_thread(self) -> bool:
         """Ctrl-C reaches only the driver's main thread: a KeyboardInterrupt

@@ -9,11 +9,12 @@ The path the rows take:
    workers).
 2. The backend runs ``fn`` on each group with the scheduler's supervision
    (crash attribution, retries, ``timeout``, the error budget); the worker
-   that ran a group writes its output, the key columns in front, as one
-   Arrow file under the run's output directory (``manymodels-outputs-*``
-   beside the staged rows: under ``staging=`` where it is given, a directory
-   every node sees), and sends the driver only the file's name, row count
-   and a digest of its schema (:mod:`manymodels.run.outputfiles`).
+   that ran a group writes its output, the key columns in front, into one
+   Arrow file per part of its batch under the run's output directory
+   (``manymodels-outputs-*`` beside the staged rows: under ``staging=``
+   where it is given, a directory every node sees), and sends the driver
+   only the file's name, where the group's rows lie in it and a digest of
+   their schema (:mod:`manymodels.run.outputfiles`).
 3. The driver unifies the few distinct schemas (read from the files' headers:
    an int column in one group and a float one in another is a float column,
    a column some groups lack is null there, as pandas' ``concat`` makes them)
@@ -120,7 +121,7 @@ class EngineOutputs:
         """The outputs (in key order) as the engine's table, read by its workers."""
         try:
             schema = _unified_schema(self.directory, outputs, self.engine_frame.engine)
-            files = [(out.name, out.rows) for out in outputs if out.name and out.rows]
+            files = [(out.ref, out.rows) for out in outputs if out.name and out.rows]
             engine = self.engine_frame.engine
             if engine == "spark":
                 result = _spark_frame_of(self.engine_frame.frame, self.directory, files, schema)

@@ -3,14 +3,19 @@ workers, so that they never pass through the driver
 (:mod:`manymodels.run.engineoutputs` says how the engine reads them back).
 
 On the worker that ran a group, :class:`WriteOutputs` turns ``fn``'s output
-into an Arrow table with the group's key columns in front and writes it as one
-Arrow IPC file under the run's output directory (a file is written under a
-``.partial`` name and renamed: it is whole, or absent). What travels back to
-the driver as the task's "model" is a :class:`WrittenOutput`: the file's
-name, its row count and a digest of its schema. A task that crashed, ran past
-its timeout or was retried may leave a file no outcome names: the driver
-reads only the files of the outcomes it received, and the directory goes as a
-whole.
+into an Arrow table with the group's key columns in front and holds it until
+the part of the batch it belongs to leaves the worker
+(:meth:`WriteOutputs.seal_part`, called by the executor just before it sends
+a part): the part's outputs are then written as one Arrow IPC file per
+schema under the run's output directory (a file is written under a
+``.partial`` name and renamed: it is whole, or absent), so 200,000 small
+groups make a few hundred files, not 200,000. An output is written before
+the driver can learn of it. What travels back to the driver as the task's
+"model" is a :class:`WrittenOutput`: the file's name, where the group's rows
+start in it, their count and a digest of the schema. A task that crashed,
+ran past its timeout or was retried may leave a file no outcome names (or
+rows no outcome names in a file): the driver reads only the rows of the
+outcomes it received, and the directory goes as a whole.
 
 The engine's workers read the files back with :func:`read_files`, each cast
 to the schema the driver unified from the files' own schemas (an int column
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +37,19 @@ import pyarrow as pa
 
 @dataclass(frozen=True, slots=True)
 class WrittenOutput:
-    """A group's output as a worker wrote it: ``name`` (None where ``fn``
-    returned None), its rows, and a digest of its schema."""
+    """A group's output as a worker wrote it: the file's ``name`` (None where
+    ``fn`` returned None), its ``rows`` there from row ``offset``, and a
+    digest of its schema."""
 
     name: str | None
     rows: int
     schema_digest: str | None
+    offset: int = 0
+
+    @property
+    def ref(self) -> str:
+        """The rows as :func:`read_files` takes them: ``name:offset:rows``."""
+        return f"{self.name}:{self.offset}:{self.rows}"
 
 
 def schema_digest(schema: pa.Schema) -> str:
@@ -49,10 +62,31 @@ class WriteOutputs:
     group's key columns then the grid's settings (``param_columns``), whose
     values a table lacking them gets in front."""
 
+    #: Bytes of outputs a worker holds at most: past them, it writes them
+    #: before its part ends (a file written early is whole all the same).
+    HOLD_BYTES = 64 << 20
+
     def __init__(self, fn: Callable[..., Any], directory: str, key_columns: list[str],
                  param_columns: list[str], passes_key: bool) -> None:
         self.fn, self.directory, self.passes_key = fn, directory, passes_key
         self.key_columns, self.param_columns = key_columns, param_columns
+        self._start_part()
+
+    def _start_part(self) -> None:
+        # per schema digest: the part's file name, its tables and their rows
+        self._pending: dict[str, tuple[str, list[pa.Table], list[int]]] = {}
+        self._held = 0
+        self._lock = threading.Lock()  # the threads backend's workers share this object
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_pending", "_held", "_lock"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start_part()
 
     def __call__(self, rows: Any, key: Any = None, **kwargs: Any) -> Any:
         value = self.fn(rows, key=key, **kwargs) if self.passes_key else self.fn(rows, **kwargs)
@@ -66,15 +100,33 @@ class WriteOutputs:
         return written if metrics is None else (written, metrics)
 
     def _write(self, table: pa.Table | None) -> WrittenOutput:
+        """Hold ``table`` for the part's file of its schema."""
         if table is None:
             return WrittenOutput(None, 0, None)
-        name = f"out-{os.urandom(8).hex()}.arrow"  # a name no other task or attempt draws
-        path = os.path.join(self.directory, name)
-        with pa.OSFile(path + ".partial", "wb") as sink, \
-                pa.ipc.new_file(sink, table.schema) as out:
-            out.write_table(table)
-        os.replace(path + ".partial", path)
-        return WrittenOutput(name, table.num_rows, schema_digest(table.schema))
+        digest = schema_digest(table.schema)
+        with self._lock:
+            name, tables, rows = self._pending.setdefault(
+                digest, (f"out-{os.urandom(8).hex()}.arrow", [], [0]))  # no other draws it
+            written = WrittenOutput(name, table.num_rows, digest, rows[0])
+            tables.append(table)
+            rows[0] += table.num_rows
+            self._held += table.nbytes
+            full = self._held > self.HOLD_BYTES
+        if full:
+            self.seal_part()
+        return written
+
+    def seal_part(self) -> None:
+        """Write the outputs held: one file per schema, each whole or absent."""
+        with self._lock:
+            pending, self._pending, self._held = self._pending, {}, 0
+            for name, tables, _ in pending.values():
+                path = os.path.join(self.directory, name)
+                with pa.OSFile(path + ".partial", "wb") as sink, \
+                        pa.ipc.new_file(sink, tables[0].schema) as out:
+                    for table in tables:
+                        out.write_table(table)
+                os.replace(path + ".partial", path)
 
 
 def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
@@ -133,20 +185,35 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def read_files(directory: str, names: list[str], schema: pa.Schema) -> pa.Table:
-    """On an engine's worker: the files ``names`` under ``directory``, in
-    order, as one table of ``schema``."""
-    tables = []
-    for name in names:
-        with pa.OSFile(os.path.join(directory, name)) as source:
-            tables.append(conform(pa.ipc.open_file(source).read_all(), schema))
+def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
+    """On an engine's worker: the rows ``refs`` name (:attr:`WrittenOutput.ref`,
+    or a file's name for all of it) under ``directory``, in order, as one
+    table of ``schema``. Each file is mapped once; the refs that follow on in
+    one file are read as one slice."""
+    files: dict[str, pa.Table] = {}
+    spans: list[list] = []  # [name, offset, rows], adjoining refs merged
+    for ref in refs:
+        name, _, span = ref.partition(":")
+        if name not in files:
+            with pa.memory_map(os.path.join(directory, name)) as source:
+                files[name] = pa.ipc.open_file(source).read_all()
+        if span:
+            offset, rows = (int(part) for part in span.split(":"))
+        else:
+            offset, rows = 0, files[name].num_rows
+        last = spans[-1] if spans else None
+        if last is not None and last[0] == name and last[1] + last[2] == offset:
+            last[2] += rows
+        else:
+            spans.append([name, offset, rows])
+    tables = [conform(files[name].slice(offset, rows), schema) for name, offset, rows in spans]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,
                       schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Spark's ``mapInArrow`` function: rows of file names (a ``files`` list
-    each) in, the files' rows out, in order."""
+    """Spark's ``mapInArrow`` function: rows of refs (a ``files`` list each)
+    in, their rows out, in order."""
     for batch in batches:
         for names in batch.column("files").to_pylist():
             yield from read_files(directory, names, schema).to_batches()
