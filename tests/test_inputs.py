@@ -402,3 +402,17 @@ def test_a_grid_cost_that_cannot_be_used_is_named_before_any_task_runs():
     assert both.costs(both.combinations()) == [10.0, 20.0, 20.0, 40.0]
     assert (mm.grid(a=[1, 2]) * mm.grid(b=[3], cost=lambda s: 2)).costs(
         [{"a": 1, "b": 3}]) == [2.0]
+
+
+def test_each_grid_of_a_product_gets_its_own_values_and_its_cost_is_checked():
+    seen = []
+    left = mm.grid(a=[1, 2], cost=lambda s: seen.append(dict(s)) or s["a"])
+    both = left * mm.grid(b=[3])
+    assert both.costs(both.combinations()) == [1.0, 2.0]
+    assert seen == [{"a": 1}, {"a": 2}]  # its own values, not the merged setting
+    negative = mm.grid(a=[1], cost=lambda s: -1) * mm.grid(b=[3], cost=lambda s: -2)
+    with pytest.raises(ValueError, match=r"for the setting \{'a': 1\} it returned -1"):
+        negative.costs(negative.combinations())
+    flagged = mm.grid(a=[1]) * mm.grid(b=[3], cost=lambda s: True)
+    with pytest.raises(ValueError, match=r"for the setting \{'b': 3\} it returned True"):
+        flagged.costs(flagged.combinations())

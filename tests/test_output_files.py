@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from manymodels.run import engineoutputs
+from manymodels.run import engineoutputs, outputfiles
 from manymodels.run.outputfiles import WriteOutputs, WrittenOutput, read_files
 
 
@@ -149,3 +149,42 @@ def test_a_part_whose_outputs_cannot_be_written_fails_its_tasks_not_the_run(tmp_
     assert failed.loc[3, "status"] == "failed"
     assert "could not be written" in failed.loc[3, "error"]
     assert "FileNotFoundError" in failed.loc[3, "error"]
+
+
+def test_categories_made_per_group_share_one_file(tmp_path):
+    """An IPC file holds one dictionary a column: groups whose outputs are
+    categoricals of their own values made the part's write fail."""
+    writer = _writer(tmp_path, lambda df: pd.DataFrame({"c": pd.Categorical(df["c"])}))
+    outs = [writer(pd.DataFrame({"c": [value, value]}), key=key)
+            for key, value in enumerate(["x", "y", "z"])]
+    writer.seal_part()
+    schema = engineoutputs._unified_schema(str(tmp_path), outs, "dask")
+    table = read_files(str(tmp_path), [outs[2].ref, outs[0].ref], schema)
+    assert table.column("c").to_pylist() == ["z", "z", "x", "x"]
+    assert table.column("store").to_pylist() == [2, 2, 0, 0]
+
+
+def test_a_failed_write_fails_every_part_whose_outputs_it_dropped(tmp_path, monkeypatch):
+    """A write past the held bytes that fails inside a task drops the part's
+    earlier outputs too: the part's end must fail, so that no outcome names
+    rows that are not on disk; the next part is whole again."""
+    writer = _writer(tmp_path, lambda df: df)
+    first = writer(pd.DataFrame({"n": [1]}), key=1)  # held
+    real_write = outputfiles._write_file
+
+    def full_disk(path, tables):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(outputfiles, "_write_file", full_disk)
+    monkeypatch.setattr(writer, "HOLD_BYTES", 0)
+    with pytest.raises(OSError, match="No space left"):
+        writer(pd.DataFrame({"n": [2]}), key=2)  # this task fails
+    monkeypatch.setattr(outputfiles, "_write_file", real_write)
+    with pytest.raises(OSError, match="could not be written"):
+        writer.seal_part()  # and the part with it: first's rows are gone
+    assert not (tmp_path / first.name).exists()
+    monkeypatch.setattr(writer, "HOLD_BYTES", 1 << 20)
+    again = writer(pd.DataFrame({"n": [3]}), key=3)
+    writer.seal_part()  # the next part is written
+    assert (tmp_path / again.name).exists()
+    assert not list(tmp_path.glob("*.partial"))

@@ -74,18 +74,7 @@ class GridSource(_Combining):
         here, on the driver, before any task runs."""
         if self.cost is None:
             return None
-        out = []
-        for setting in settings:
-            value = self.cost(dict(setting))
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                number = math.nan
-            if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-                raise ValueError(f"grid(cost=...) must return a number of at least 0; for the "
-                                 f"setting {setting!r} it returned {value!r}")
-            out.append(number)
-        return out
+        return [_checked_cost(self.cost(dict(setting)), setting) for setting in settings]
 
     def __len__(self) -> int:
         n = 1
@@ -166,15 +155,30 @@ def require_distinct_texts(source: Source) -> None:
             seen[text] = position
 
 
+def _checked_cost(value: Any, setting: dict[str, Any]) -> float:
+    """``value`` as a cost, or the error naming the setting that returned it."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise ValueError(f"grid(cost=...) must return a number of at least 0; for the "
+                         f"setting {setting!r} it returned {value!r}")
+    return number
+
+
 def _product_cost(left: Callable | None, right: Callable | None,
                   left_names: list[str]) -> Callable | None:
-    """The cost of a setting of two grids multiplied: the product of each one's."""
-    if left is None or right is None:
-        return left or right
-    return lambda setting: (
-        float(left({name: setting[name] for name in left_names}))
-        * float(right({name: value for name, value in setting.items()
-                       if name not in left_names})))
+    """The cost of a setting of two grids multiplied: the product of each
+    one's, each given its own grid's values and checked."""
+    def own(cost: Callable | None, setting: dict[str, Any], mine: bool) -> float:
+        part = {name: value for name, value in setting.items()
+                if (name in left_names) == mine}
+        return 1.0 if cost is None else _checked_cost(cost(part), part)
+
+    if left is None and right is None:
+        return None
+    return lambda setting: own(left, setting, True) * own(right, setting, False)
 
 
 def grid(values: Mapping[str, Iterable[Any]] | None = None, /, *,

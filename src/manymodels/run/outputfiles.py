@@ -25,6 +25,7 @@ in one group and a float one in another is a float column, as pandas'
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -77,10 +78,14 @@ class WriteOutputs:
         self._pending: dict[str, tuple[str, list[pa.Table], list[int]]] = {}
         self._held = 0
         self._lock = threading.Lock()  # the threads backend's workers share this object
+        # writes that failed, and how many of them each thread has been told of:
+        # a failed write drops every output held, other threads' too
+        self._failures = 0
+        self._told = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_pending", "_held", "_lock"):
+        for name in ("_pending", "_held", "_lock", "_failures", "_told"):
             state.pop(name)
         return state
 
@@ -112,21 +117,53 @@ class WriteOutputs:
             rows[0] += table.num_rows
             self._held += table.nbytes
             full = self._held > self.HOLD_BYTES
-        if full:
-            self.seal_part()
+        if full:  # a failure fails this task, and the part as it ends
+            self._seal(part_ends=False)
         return written
 
     def seal_part(self) -> None:
-        """Write the outputs held: one file per schema, each whole or absent."""
+        """Write the outputs held: one file per schema, each whole or absent.
+
+        Raises where this write fails, or where one failed since this
+        thread's last part (a write past :attr:`HOLD_BYTES` inside a task,
+        or another thread's): the outputs held then, this part's among
+        them, are lost, and the executor fails the part's tasks."""
+        self._seal(part_ends=True)
+
+    def _seal(self, part_ends: bool) -> None:
         with self._lock:
+            if getattr(self._told, "failures", 0) != self._failures:
+                if part_ends:  # this raise fails the part: its thread is told
+                    self._told.failures = self._failures
+                raise OSError("outputs of this part could not be written, with those "
+                              "of every part then held")
             pending, self._pending, self._held = self._pending, {}, 0
-            for name, tables, _ in pending.values():
-                path = os.path.join(self.directory, name)
-                with pa.OSFile(path + ".partial", "wb") as sink, \
-                        pa.ipc.new_file(sink, tables[0].schema) as out:
-                    for table in tables:
-                        out.write_table(table)
-                os.replace(path + ".partial", path)
+            try:
+                for name, tables, _ in pending.values():
+                    _write_file(os.path.join(self.directory, name), tables)
+            except BaseException:
+                self._failures += 1
+                if part_ends:
+                    self._told.failures = self._failures
+                raise
+
+
+def _write_file(path: str, tables: list[pa.Table]) -> None:
+    """``tables`` (of one schema) as one Arrow IPC file, their rows in order;
+    categories made per group become one dictionary (a file holds one a
+    column), the rows where they were."""
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if any(pa.types.is_dictionary(field.type) for field in table.schema):
+        table = table.unify_dictionaries()
+    try:
+        with pa.OSFile(path + ".partial", "wb") as sink, \
+                pa.ipc.new_file(sink, table.schema) as out:
+            out.write_table(table)
+        os.replace(path + ".partial", path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".partial")
+        raise
 
 
 def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
