@@ -130,6 +130,25 @@ def test_the_tasks_to_run_are_a_range_when_already_longest_first():
     assert some.tolist() == [0, 3, 2]
 
 
+def test_tasks_of_equal_cost_go_out_in_the_order_their_data_lies():
+    """An engine's staged groups lie one a partition's file in key order: a
+    batch of equal-cost groups in key order took a slice of every file. Among
+    equal costs the tasks go out by their place in the files."""
+    from manymodels.engine.scheduling import _longest_first
+    from manymodels.planning.taskdata import StagedRefs
+
+    everything = np.ones(5, dtype=bool)
+    refs = StagedRefs(np.array([1, 0, 1, 0, 0]), np.array([0, 0, 7, 3, 9]),
+                      np.array([3, 3, 3, 3, 2]))
+    locality = refs.locality()
+    costs = refs.lengths
+    assert _longest_first(everything, costs, locality).tolist() == [1, 3, 0, 2, 4]
+    in_place = _longest_first(everything, np.array([3, 3, 2, 2, 2]), np.arange(5))
+    assert in_place == range(5)
+    some = _longest_first(np.array([True, True, False, True, True]), costs, locality)
+    assert some.tolist() == [1, 3, 0, 4]
+
+
 def test_the_identity_prefixes_are_a_view_of_the_identities():
     frame = pd.DataFrame({"g": np.repeat(np.arange(5), 2), "y": np.arange(10.0)})
     from manymodels.identity.hashing import task_identities

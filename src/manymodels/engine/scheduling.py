@@ -101,16 +101,24 @@ def _ended(events: list) -> Iterator[int]:
             yield event.index
 
 
-def _longest_first(todo: np.ndarray, costs: np.ndarray) -> range | np.ndarray:
+def _longest_first(todo: np.ndarray, costs: np.ndarray,
+                   locality: np.ndarray | None = None) -> range | np.ndarray:
     """The task numbers ``todo`` marks (a bool a task), costliest first
-    (stably): a ``range`` when that is every task in order (no task
-    reused, costs not rising: groups of one size), else an array, int32
-    where that holds them. Held through the run, it was 8 bytes a task."""
+    (stably; among equal costs by ``locality``, where the data has one: see
+    :meth:`~manymodels.planning.taskdata.StagedRefs.locality`): a ``range``
+    when that is every task in order (no task reused, costs not rising:
+    groups of one size), else an array, int32 where that holds them. Held
+    through the run, it was 8 bytes a task."""
     count = len(todo)
-    if todo.all() and (count < 2 or bool((costs[1:] <= costs[:-1]).all())):
+    if todo.all() and (count < 2 or bool((costs[1:] <= costs[:-1]).all())) and (
+            locality is None or count < 2
+            or bool(((costs[1:] < costs[:-1]) | (locality[1:] >= locality[:-1])).all())):
         return range(count)
     tasks = np.flatnonzero(todo)  # (no Python int a task: ten million were 360 MB at once)
-    order = tasks[np.argsort(-costs[tasks], kind="stable")]
+    if locality is None:
+        order = tasks[np.argsort(-costs[tasks], kind="stable")]
+    else:
+        order = tasks[np.lexsort((locality[tasks], -costs[tasks]))]
     return order.astype(np.int32) if count < 2**31 else order
 
 
@@ -309,7 +317,9 @@ class Scheduler:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
         # longest first, and how far it is taken (a deque of a million Python
         # ints held 36 MB through the run)
-        pending = _longest_first(self.records.status_code == UNSET, tasks.costs)
+        locality = getattr(tasks.refs, "locality", None)
+        pending = _longest_first(self.records.status_code == UNSET, tasks.costs,
+                                 None if locality is None else locality())
         taken = 0
         retry_now: deque[int] = deque()  # crashed or requeued: before anything else
         retry_later: list[tuple[float, int]] = []  # (due time, index): backoff

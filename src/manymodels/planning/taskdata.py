@@ -302,6 +302,16 @@ class StagedRefs(Sequence):
         return list(zip(self.files[chosen].tolist(), self.offsets[chosen].tolist(),
                         self.lengths[chosen].tolist()))
 
+    def locality(self) -> Any:
+        """Each group's place in the staged files, file by file: among tasks
+        of equal cost, the scheduler hands them out in this order, so that a
+        batch's groups lie together in one file (in key order they lie in
+        every file, one group in each partition's turn)."""
+        import numpy as np
+
+        span = int(self.offsets.max()) + 1 if len(self.offsets) else 1
+        return np.asarray(self.files, dtype=np.int64) * span + self.offsets
+
 
 class StagedSlices(TaskData):
     """A Spark or Dask DataFrame's groups, staged by its engine
