@@ -4,6 +4,7 @@ happens when one fails.
 Data flow (everything here runs in the driver's main thread)::
 
     Plan.tasks ──sorted by cost, longest first──► pending
+               (equal costs: by where the data lies)
                                                      │  BatchSizer: enough tasks to keep
     retry queue (crashed / timed out / retry_on) ──► │  a worker busy ~0.1 s, fewer near
       ▲            with backoff for exceptions       │  the end so that none idles alone;
