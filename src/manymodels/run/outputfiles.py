@@ -9,10 +9,11 @@ the part of the batch it belongs to leaves the worker
 a part): the part's outputs are then written as one Arrow IPC file per
 schema under the run's output directory (a file is written under a
 ``.partial`` name and renamed: it is whole, or absent), so 200,000 small
-groups make a few hundred files, not 200,000. An output is written before
-the driver can learn of it. What travels back to the driver as the task's
-"model" is a :class:`WrittenOutput`: the file's name, where the group's rows
-start in it, their count and a digest of the schema. A task that crashed,
+groups make some thousands of files (a part holds tens of groups), not
+200,000. An output is written before the driver can learn of it. What
+travels back to the driver as the task's "model" is a
+:class:`WrittenOutput`: the file's name, where the group's rows start in it,
+their count and a digest of the schema. A task that crashed,
 ran past its timeout or was retried may leave a file no outcome names (or
 rows no outcome names in a file): the driver reads only the rows of the
 outcomes it received, and the directory goes as a whole.
@@ -110,8 +111,10 @@ class WriteOutputs:
             return WrittenOutput(None, 0, None)
         digest = schema_digest(table.schema)
         with self._lock:
-            name, tables, rows = self._pending.setdefault(
-                digest, (f"out-{os.urandom(8).hex()}.arrow", [], [0]))  # no other draws it
+            entry = self._pending.get(digest)
+            if entry is None:  # a name no other part, task or attempt draws
+                entry = self._pending[digest] = (f"out-{os.urandom(8).hex()}.arrow", [], [0])
+            name, tables, rows = entry
             written = WrittenOutput(name, table.num_rows, digest, rows[0])
             tables.append(table)
             rows[0] += table.num_rows
