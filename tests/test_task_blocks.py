@@ -149,6 +149,30 @@ def test_blocks_out_of_task_order_read_in_order_or_as_they_are(tmp_path):
     assert as_written["task_index"].to_pylist() == [3, 4, 5, 0, 2, 1]
 
 
+@pytest.mark.parametrize("ahead", [1, 2, 4])
+def test_blocks_decoded_ahead_on_threads_come_in_order(tmp_path, monkeypatch, ahead):
+    """A re-run's search decodes the earlier run's blocks on threads, a few
+    ahead of the one it takes: they come in the order written, each whole,
+    and a damaged one is refused by name, as one at a time."""
+    store = mm.Store(tmp_path / "store")
+    monkeypatch.setattr(taskblocks, "DECODE_AHEAD", ahead)
+    written = [("ok", [3, 4]), ("failed", [0]), ("ok", [5, 1]), ("ok", [2]), ("ok", [1])]
+    run_id = _run_of_blocks(store, written)
+    blocks = list(taskblocks.run_blocks(store._conn, run_id, ["task_index", "status"]))
+    assert [rows["task_index"].to_pylist() for _, rows in blocks] == [i for _, i in written]
+    assert [set(rows["status"].to_pylist()) for _, rows in blocks] == [{s} for s, _ in written]
+    block_ids = [block_id for block_id, _ in blocks]
+    assert block_ids == sorted(block_ids) and len(block_ids) == len(written)
+    tasks = taskblocks.read_run(store._conn, run_id, ["status"])
+    assert tasks["status"].to_pylist() == ["failed", "ok", "ok", "ok", "ok", "ok"]
+    conn = store._conn
+    damaged = block_ids[2]
+    conn.execute("UPDATE task_blocks SET data = substr(data, 1, 60) WHERE block_id = ?",
+                 (damaged,))
+    with pytest.raises(StoreIntegrityError, match=f"task block {damaged} of run {run_id}"):
+        taskblocks.read_run(conn, run_id, ["status"])
+
+
 def _as_legacy_store(store) -> None:
     """Turn a store's blocks into the rows a store written before blocks held."""
     with sqlite3.connect(store / "index.sqlite") as conn:
