@@ -303,13 +303,21 @@ class Executor:
         ``flush_every_s`` seconds of running (the driver sees progress and
         frees memory within a long batch), or with ``part_before_each`` just
         before each task, naming it (the Ray backend's marked mode); the last
-        part ends the batch. ``on_start(index)`` is called as each task starts.
+        part ends the batch. ``on_start(index)`` is called as each task starts
+        (and with -1 before a part whose fit writes what its tasks made:
+        :meth:`~manymodels.run.outputfiles.WriteOutputs.seal_part`).
         In a worker that :attr:`retires_when_broken`, a task that breaks its
         CUDA context (:attr:`broken`) ends the batch early: the part with its
         outcome is the last yielded, not marked ``last``, and the tasks after
         it are left to the caller (the worker retires; the driver hands them
         back).
         """
+        if self._seal_fit_part is not None and on_start is not None:
+            def parted(*args: Any, **kwargs: Any) -> BatchPart:
+                on_start(-1)  # the part's write is no task's time (nor its timeout's)
+                return self._parted(*args, **kwargs)
+        else:
+            parted = self._parted
         start = time.perf_counter()
         # a batch left unfinished before (its worker retired) sent nothing packed since
         self._packer.reset()
@@ -320,20 +328,20 @@ class Executor:
         for position, task in enumerate(tasks):
             if part_before_each:
                 now = time.perf_counter()
-                yield self._parted(outcomes, now - begin, prepare, False, running=task[0])
+                yield parted(outcomes, now - begin, prepare, False, running=task[0])
                 outcomes, begin, prepare = [], now, 0.0
             if on_start is not None:
                 on_start(task[0])
             outcomes.append(self.run_one(task))
             if self.retires_when_broken and self.broken is not None:
-                yield self._parted(outcomes, time.perf_counter() - begin, prepare, False)
+                yield parted(outcomes, time.perf_counter() - begin, prepare, False)
                 return
             if flush_every_s is not None and position + 1 < len(tasks):
                 now = time.perf_counter()
                 if now - last_flush > flush_every_s:
-                    yield self._parted(outcomes, now - begin, prepare, False)
+                    yield parted(outcomes, now - begin, prepare, False)
                     outcomes, begin, last_flush, prepare = [], now, now, 0.0
-        yield self._parted(outcomes, time.perf_counter() - begin, prepare, True)
+        yield parted(outcomes, time.perf_counter() - begin, prepare, True)
 
     def run_batch(self, tasks: list[TaskRef]) -> BatchPart:
         """Run ``tasks`` in order; all their outcomes in one part."""
