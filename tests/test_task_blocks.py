@@ -173,6 +173,23 @@ def test_blocks_decoded_ahead_on_threads_come_in_order(tmp_path, monkeypatch, ah
         taskblocks.read_run(conn, run_id, ["status"])
 
 
+def test_the_blocks_before_one_that_cannot_be_read_still_come(tmp_path, monkeypatch):
+    """Decoding ahead must not hide the blocks before one refused on the
+    reading thread (the dashboard shows what it read before the error)."""
+    store = mm.Store(tmp_path / "store")
+    monkeypatch.setattr(taskblocks, "DECODE_AHEAD", 4)
+    run_id = _run_of_blocks(store, [("ok", [i]) for i in range(6)])
+    conn = store._conn
+    block_ids = [b for (b,) in conn.execute(
+        "SELECT block_id FROM task_blocks WHERE run_id = ? ORDER BY block_id", (run_id,))]
+    conn.execute("UPDATE task_blocks SET same_as = 9999 WHERE block_id = ?", (block_ids[3],))
+    seen = []
+    with pytest.raises(StoreIntegrityError, match="names run 9999"):
+        for _, rows in taskblocks.run_blocks(conn, run_id, ["task_index"]):
+            seen.append(rows["task_index"].to_pylist())
+    assert seen == [[0], [1], [2]]
+
+
 def _as_legacy_store(store) -> None:
     """Turn a store's blocks into the rows a store written before blocks held."""
     with sqlite3.connect(store / "index.sqlite") as conn:

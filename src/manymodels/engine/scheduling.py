@@ -116,10 +116,9 @@ def _longest_first(todo: np.ndarray, costs: np.ndarray,
             or bool(((costs[1:] < costs[:-1]) | (locality[1:] >= locality[:-1])).all())):
         return range(count)
     tasks = np.flatnonzero(todo)  # (no Python int a task: ten million were 360 MB at once)
-    if locality is None:
-        order = tasks[np.argsort(-costs[tasks], kind="stable")]
-    else:
-        order = tasks[np.lexsort((locality[tasks], -costs[tasks]))]
+    if locality is not None:  # by where the data lies, then (stably) by cost
+        tasks = tasks[np.argsort(locality[tasks], kind="stable")]
+    order = tasks[np.argsort(-costs[tasks], kind="stable")]
     return order.astype(np.int32) if count < 2**31 else order
 
 

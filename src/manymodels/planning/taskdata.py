@@ -303,14 +303,15 @@ class StagedRefs(Sequence):
                         self.lengths[chosen].tolist()))
 
     def locality(self) -> Any:
-        """Each group's place in the staged files, file by file: among tasks
-        of equal cost, the scheduler hands them out in this order, so that a
-        batch's groups lie together in one file (in key order they lie in
-        every file, one group in each partition's turn)."""
+        """Each group's staged file: among tasks of equal cost, the scheduler
+        hands them out file by file (within a file, task order is its offset
+        order: both are key order), so that a batch's groups lie together in
+        one file (in key order they lie in every file, one group in each
+        partition's turn). Small ints, which NumPy sorts by radix."""
         import numpy as np
 
-        span = int(self.offsets.max()) + 1 if len(self.offsets) else 1
-        return np.asarray(self.files, dtype=np.int64) * span + self.offsets
+        files = np.asarray(self.files)
+        return files.astype(np.int16 if len(files) == 0 or files.max() < 2**15 else np.int32)
 
 
 class StagedSlices(TaskData):

@@ -228,26 +228,52 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
     """On an engine's worker: the rows ``refs`` name (:attr:`WrittenOutput.ref`,
     or a file's name for all of it) under ``directory``, in order, as one
-    table of ``schema``. Each file is mapped once; the refs that follow on in
-    one file are read as one slice."""
+    table of ``schema``. Each file is mapped once and its rows taken at once
+    (a batch's groups went out by where their data lay, so groups next to
+    each other in key order may lie in different files)."""
+    import numpy as np
+
+    if not refs:
+        return schema.empty_table()
     files: dict[str, pa.Table] = {}
-    spans: list[list] = []  # [name, offset, rows], adjoining refs merged
+    number: dict[str, int] = {}
+    which, offsets, counts = [], [], []
     for ref in refs:
         name, _, span = ref.partition(":")
         if name not in files:
             with pa.memory_map(os.path.join(directory, name)) as source:
                 files[name] = pa.ipc.open_file(source).read_all()
+            number[name] = len(number)
+        which.append(number[name])
         if span:
             offset, rows = (int(part) for part in span.split(":"))
         else:
             offset, rows = 0, files[name].num_rows
-        last = spans[-1] if spans else None
-        if last is not None and last[0] == name and last[1] + last[2] == offset:
-            last[2] += rows
+        offsets.append(offset)
+        counts.append(rows)
+    names = list(files)
+    file_of = np.repeat(np.asarray(which, dtype=np.int64), counts)
+    starts = np.cumsum(counts) - np.asarray(counts)
+    row_of = np.arange(len(file_of)) - np.repeat(starts - np.asarray(offsets), counts)
+    # each file's rows that are wanted, in the order wanted, conformed once
+    by_file = np.argsort(file_of, kind="stable")
+    bounds = np.searchsorted(file_of[by_file], np.arange(len(names) + 1))
+    parts = []
+    for position, name in enumerate(names):
+        rows = row_of[by_file[bounds[position]:bounds[position + 1]]]
+        table = files[name]
+        if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and bool(
+                (np.diff(rows) == 1).all()):
+            table = table.slice(int(rows[0]), len(rows))
         else:
-            spans.append([name, offset, rows])
-    tables = [conform(files[name].slice(offset, rows), schema) for name, offset, rows in spans]
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+            table = table.take(pa.array(rows))
+        parts.append(conform(table, schema))
+    whole = pa.concat_tables(parts)
+    if bool((by_file == np.arange(len(by_file))).all()):
+        return whole  # already in the order wanted
+    position = np.empty(len(by_file), dtype=np.int64)
+    position[by_file] = np.arange(len(by_file))
+    return whole.take(pa.array(position))
 
 
 def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,

@@ -260,7 +260,7 @@ def _run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], a
     blocks = conn.execute(f"SELECT block_id, {same_as_of} FROM task_blocks "
                           f"WHERE run_id = ? AND block_id > ?{condition} ORDER BY block_id",
                           (run_id, after)).fetchall()
-    if len(blocks) < 2:
+    if len(blocks) < 4:  # a pool's start would cost more than it saves
         yield from _blocks_in_order(conn, run_id, columns, blocks, same_as_of, None)
         return
     from concurrent.futures import ThreadPoolExecutor
@@ -278,34 +278,41 @@ def _blocks_in_order(conn: sqlite3.Connection, run_id: int, columns: Sequence[st
     from collections import deque
 
     ahead: deque = deque()
+
+    def decoded() -> Iterator[tuple[int, pa.Table]]:
+        while ahead:
+            done_id, decoding = ahead.popleft()
+            yield done_id, decoding.result()
+
     for block_id, same_as in blocks:
-        if same_as is not None and conn.execute(
-                "SELECT 1 FROM runs WHERE run_id = ?", (same_as,)).fetchone() is not None:
-            while ahead:
-                done_id, decoding = ahead.popleft()
-                yield done_id, decoding.result()
-            yield block_id, rows_reused_from(conn, same_as, columns)
-            continue
-        # a block whose named run was deleted meanwhile has its rows copied in by now
-        row = conn.execute(f"SELECT {same_as_of} FROM task_blocks WHERE block_id = ?",
-                           (block_id,)).fetchone()
-        if row is None:
-            continue  # deleted meanwhile, with its run
-        if row[0] is not None:
-            raise StoreIntegrityError(
-                f"task block {block_id} of run {run_id} names run {row[0]}, whose models "
-                "it reuses, but that run is missing from the store's index")
-        what = f"task block {block_id} of run {run_id}"
+        try:
+            if same_as is not None and conn.execute(
+                    "SELECT 1 FROM runs WHERE run_id = ?", (same_as,)).fetchone() is not None:
+                yield from decoded()
+                yield block_id, rows_reused_from(conn, same_as, columns)
+                continue
+            # a block whose named run was deleted meanwhile has its rows copied in by now
+            row = conn.execute(f"SELECT {same_as_of} FROM task_blocks WHERE block_id = ?",
+                               (block_id,)).fetchone()
+            if row is None:
+                continue  # deleted meanwhile, with its run
+            if row[0] is not None:
+                raise StoreIntegrityError(
+                    f"task block {block_id} of run {run_id} names run {row[0]}, whose "
+                    "models it reuses, but that run is missing from the store's index")
+            what = f"task block {block_id} of run {run_id}"
+            data = block_data(conn, block_id)
+        except Exception:
+            yield from decoded()  # the blocks before this one first, as one at a time
+            raise
         if pool is None:
-            yield block_id, decode(block_data(conn, block_id), what, columns)
+            yield block_id, decode(data, what, columns)
             continue
-        ahead.append((block_id, pool.submit(decode, block_data(conn, block_id), what, columns)))
+        ahead.append((block_id, pool.submit(decode, data, what, columns)))
         if len(ahead) >= DECODE_AHEAD:
             done_id, decoding = ahead.popleft()
             yield done_id, decoding.result()
-    while ahead:
-        done_id, decoding = ahead.popleft()
-        yield done_id, decoding.result()
+    yield from decoded()
 
 
 def block_data(conn: sqlite3.Connection, block_id: int) -> bytes:
