@@ -317,7 +317,7 @@ class Scheduler:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
         # longest first, and how far it is taken (a deque of a million Python
         # ints held 36 MB through the run)
-        locality = getattr(tasks.refs, "locality", None)
+        locality = None if self.plan.in_key_order else getattr(tasks.refs, "locality", None)
         pending = _longest_first(self.records.status_code == UNSET, tasks.costs,
                                  None if locality is None else locality())
         taken = 0

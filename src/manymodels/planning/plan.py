@@ -117,6 +117,10 @@ class Plan:
     #: The tasks' keys as Arrow columns, when each task is one group of a table
     #: (a store encodes a million keys from these at once)
     key_table: pa.Table | None = None
+    #: Hand out tasks of equal cost in key order even where the data lies
+    #: otherwise (``map_groups`` of an engine's DataFrame: its outputs, read
+    #: back in key order, then lie in few files, not in every one)
+    in_key_order: bool = False
 
     @property
     def kind(self) -> str:

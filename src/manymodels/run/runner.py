@@ -110,6 +110,7 @@ def train(
     # seconds; with threads or serial, fit runs here and it stays on
     with collector_paused(backend_type.requires_pickling):
         plan = make_plan(source)
+        plan.in_key_order = getattr(run_fit, "seal_part", None) is not None
         add_fit_keys(plan, fit, {*(options.shared or {}),
                                  *(options.setup if isinstance(options.setup, Mapping) else ())})
         context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table,
