@@ -225,12 +225,12 @@ def test_plain_frames_become_the_table_from_pandas_makes(tmp_path):
               pd.DataFrame({"e": []}, dtype="float64")]
     for frame in frames:
         expected = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
-        assert _plain_frame_table(frame).equals(expected)
-    assert _plain_frame_table(frames[1])["a"].null_count == 1
+        assert _plain_frame_table(frame, frame.columns.tolist()).equals(expected)
+    assert _plain_frame_table(frames[1], ["a", "b", "c"])["a"].null_count == 1
     for other in (pd.DataFrame({"s": ["x"]}), pd.DataFrame({"n": pd.array([1, None], "Int64")}),
                   pd.DataFrame({"t": pd.to_datetime(["2026-01-01"])}),
                   pd.DataFrame([[1, 2]], columns=["d", "d"])):
-        assert _plain_frame_table(other) is None
+        assert _plain_frame_table(other, other.columns.tolist()) is None
     # schemas equal but for a field's metadata keep digests of their own
     plain = pa.schema([pa.field("n", pa.int64())])
     marked = pa.schema([pa.field("n", pa.int64(), metadata={b"k": b"v"})])
