@@ -83,9 +83,9 @@ class WriteOutputs:
                  param_columns: list[str], passes_key: bool) -> None:
         self.fn, self.directory, self.passes_key = fn, directory, passes_key
         self.key_columns, self.param_columns = key_columns, param_columns
-        self._start_part()
+        self._fresh_state()
 
-    def _start_part(self) -> None:
+    def _fresh_state(self) -> None:
         # per schema digest: the part's file name, its tables and their rows
         self._pending: dict[str, tuple[str, list[pa.Table], list[int]]] = {}
         self._held = 0
@@ -103,7 +103,7 @@ class WriteOutputs:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._start_part()
+        self._fresh_state()
 
     def __call__(self, rows: Any, key: Any = None, **kwargs: Any) -> Any:
         value = self.fn(rows, key=key, **kwargs) if self.passes_key else self.fn(rows, **kwargs)
@@ -263,41 +263,39 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
     """On an engine's worker: the rows ``refs`` name (:attr:`WrittenOutput.ref`,
     or a file's name for all of it) under ``directory``, in order, as one
     table of ``schema``. Each file is mapped once and its rows taken at once
-    (a batch's groups went out by where their data lay, so groups next to
-    each other in key order may lie in different files)."""
+    (neighbours in key order may lie in different files: the workers ran
+    batches side by side, and a retried group's rows lie in a later part's
+    file)."""
     import numpy as np
 
     if not refs:
         return schema.empty_table()
-    files: dict[str, pa.Table] = {}
-    number: dict[str, int] = {}
+    number: dict[str, int] = {}  # each file's place in ``tables``
+    tables: list[pa.Table] = []
     which, offsets, counts = [], [], []
     for ref in refs:
         name, _, span = ref.partition(":")
-        if name not in files:
+        if name not in number:
+            number[name] = len(tables)
             with pa.memory_map(os.path.join(directory, name)) as source:
-                files[name] = pa.ipc.open_file(source).read_all()
-            number[name] = len(number)
+                tables.append(pa.ipc.open_file(source).read_all())
         which.append(number[name])
         if span:
             offset, rows = (int(part) for part in span.split(":"))
         else:
-            offset, rows = 0, files[name].num_rows
+            offset, rows = 0, tables[number[name]].num_rows
         offsets.append(offset)
         counts.append(rows)
-    names = list(files)
     file_of = np.repeat(np.asarray(which, dtype=np.int64), counts)
     starts = np.cumsum(counts) - np.asarray(counts)
     row_of = np.arange(len(file_of)) - np.repeat(starts - np.asarray(offsets), counts)
     # each file's rows that are wanted, in the order wanted, conformed once
     by_file = np.argsort(file_of, kind="stable")
-    bounds = np.searchsorted(file_of[by_file], np.arange(len(names) + 1))
+    bounds = np.searchsorted(file_of[by_file], np.arange(len(tables) + 1))
     parts = []
-    for position, name in enumerate(names):
+    for position, table in enumerate(tables):
         rows = row_of[by_file[bounds[position]:bounds[position + 1]]]
-        table = files[name]
-        if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and bool(
-                (np.diff(rows) == 1).all()):
+        if len(rows) and bool((np.diff(rows) == 1).all()):  # one run: a slice, no copy
             table = table.slice(int(rows[0]), len(rows))
         else:
             table = table.take(pa.array(rows))

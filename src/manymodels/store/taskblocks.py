@@ -251,6 +251,9 @@ def run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], *,
 #: decode without the GIL, so a re-run of a million tasks reads its earlier
 #: run's blocks on every core, holding a few decoded blocks at a time.
 DECODE_AHEAD = 4
+#: Blocks a run has from which they are decoded on threads: below, starting
+#: the pool costs more than it saves (a small read took twice as long).
+POOLED_FROM_BLOCKS = 4
 
 
 def _run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], after: int,
@@ -260,7 +263,7 @@ def _run_blocks(conn: sqlite3.Connection, run_id: int, columns: Sequence[str], a
     blocks = conn.execute(f"SELECT block_id, {same_as_of} FROM task_blocks "
                           f"WHERE run_id = ? AND block_id > ?{condition} ORDER BY block_id",
                           (run_id, after)).fetchall()
-    if len(blocks) < 4:  # a pool's start would cost more than it saves
+    if len(blocks) < POOLED_FROM_BLOCKS:
         yield from _blocks_in_order(conn, run_id, columns, blocks, same_as_of, None)
         return
     from concurrent.futures import ThreadPoolExecutor
