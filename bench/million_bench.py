@@ -39,6 +39,7 @@ coefficients of a seeded sample of 1,000 groups against the serial ones.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -299,6 +300,14 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
     out["sample_coef"] = np.array([np.asarray(models[int(k)]) for k in sample]).tolist()
     out["check_s"] = time.perf_counter() - check_begin
     if store is not None:
+        # the store at rest: what SQLite's write-ahead log still holds copied
+        # into the index, as the last connection to close does (the log's size
+        # at this moment depends on when its last checkpoint ran)
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(Path(store) / "index.sqlite")) as conn:
+            out["wal_checkpoint"] = list(conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                                         .fetchone())
         allocated, apparent, files = disk_usage(Path(store))
         one = out["sample_coef"][0]
         out["store"] = {"du_bytes": allocated, "apparent_bytes": apparent, "files": files,
