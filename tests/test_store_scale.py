@@ -209,6 +209,27 @@ def test_group_identities_follow_each_groups_content_and_order():
     assert len(set(grid.identity.to_pylist())) == 100
 
 
+def test_a_hand_over_holds_at_most_handover_tasks(tmp_path, monkeypatch):
+    """Many tasks finishing within a second go to the writer in hand-overs of
+    at most HANDOVER_TASKS (the driver holds up to three, with their
+    models): one task block each, every task recorded once."""
+    from manymodels.store import recorder
+
+    monkeypatch.setattr(recorder, "HANDOVER_TASKS", 16)
+    table = pd.DataFrame({"g": np.repeat(np.arange(200), 2), "x": np.tile([0.0, 1.0], 200)})
+    table["y"] = table["x"] * table["g"]
+    run = mm.train(fit_small, mm.groups(table, by="g", format="numpy"),
+                   workers=2, progress=False, store=tmp_path / "s")
+    assert len(run.ok) == 200
+    with sqlite3.connect(tmp_path / "s" / "index.sqlite") as conn:
+        blocks = [taskblocks.decode(data)["task_index"].to_pylist()
+                  for (data,) in conn.execute("SELECT data FROM task_blocks ORDER BY rowid")]
+    assert len(blocks) >= 200 // 16 and max(map(len, blocks)) <= 16
+    assert sorted(sum(blocks, [])) == list(range(200))
+    models = mm.Store(tmp_path / "s").models()
+    assert all(np.allclose(models[g], [g, 0.0]) for g in range(200))
+
+
 def test_the_store_is_written_off_the_drivers_thread(tmp_path):
     writers = []
 

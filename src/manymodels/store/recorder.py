@@ -37,6 +37,10 @@ from .reuse import ReuseSearch
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
+#: A hand-over holds at most about this many tasks: on many cores a second's
+#: worth is hundreds of thousands, and the driver holds up to three of them
+#: (two waiting, one being committed) with their models.
+HANDOVER_TASKS = 20_000
 #: Once every task has been handed to the workers: what finishes is handed
 #: over this often, so the commit left after the last result is small.
 TAIL_COMMIT_EVERY_S = 0.2
@@ -300,7 +304,8 @@ class RunRecorder:
 
     def flush(self, records: Any, force: bool = False, tail: bool = False) -> None:
         """Hand the finished tasks to the writer thread, at most once a second
-        unless ``force`` (then wait until they are committed).
+        (sooner when :data:`HANDOVER_TASKS` wait) unless ``force`` (then wait
+        until they are committed).
 
         Workers pickle each model for a store themselves, on every backend
         (as ``fit`` returned it); one a backend hands over unpickled is
@@ -313,46 +318,52 @@ class RunRecorder:
         self._raise_write_error()
         now = time.monotonic()
         every = TAIL_COMMIT_EVERY_S if tail else COMMIT_EVERY_S
-        if self._pending and (force or now - self._last_commit >= every):
+        if self._pending and (force or now - self._last_commit >= every
+                              or len(self._pending) >= HANDOVER_TASKS):
             pending, self._pending = self._pending, []
-            order = np.array(pending, dtype=np.int64)
-            runs = _runs(order)
-            model_of = records.model
-            codes, models = records.status_code[order], _taken(model_of, pending, runs)
-            if (codes == OK_CODE).all() and set(map(type, models)) <= _READY:
-                rows: Any = ()  # every model as a worker sent it (a million tasks' case)
-            else:
-                rows = range(len(models))
-            for row in rows:
-                model = models[row]
-                ok = codes[row] == OK_CODE
-                if model is None or type(model) in _SENT and ok:
-                    continue
-                if not ok:
-                    models[row] = None
-                    continue
-                index = pending[row]
-                try:
-                    models[row] = Pickled(pickle_any(model))
-                except KeyboardInterrupt:
-                    raise
-                except BaseException as exc:  # the task fails: its model could never be loaded
-                    codes[row] = records.status_code[index] = FAILED_CODE
-                    models[row] = model_of[index] = None
-                    records.set_error(
-                        index, f"the model could not be pickled into the store: {exc!r}")
-            self._writer.put({
-                "task_index": order, "model": models,
-                "status": _STATUS_TEXT.take(pa.array(codes)),
-                "duration_s": records.duration_s[order],
-                "started_at": records.started_at[order],
-                "attempts": records.attempts[order], "worker": records.worker[order],
-                "metrics": _taken(records.metrics, pending, runs),
-                "error": records.error_column(pending)})
+            for start in range(0, len(pending), HANDOVER_TASKS):
+                self._hand_over(records, pending[start:start + HANDOVER_TASKS])
             self._last_commit = now
         if force:
             self._writer.wait()
             self._raise_write_error()
+
+    def _hand_over(self, records: Any, pending: list[int]) -> None:
+        """Hand the tasks ``pending`` to the writer, as one hand-over."""
+        order = np.array(pending, dtype=np.int64)
+        runs = _runs(order)
+        model_of = records.model
+        codes, models = records.status_code[order], _taken(model_of, pending, runs)
+        if (codes == OK_CODE).all() and set(map(type, models)) <= _READY:
+            rows: Any = ()  # every model as a worker sent it (a million tasks' case)
+        else:
+            rows = range(len(models))
+        for row in rows:
+            model = models[row]
+            ok = codes[row] == OK_CODE
+            if model is None or type(model) in _SENT and ok:
+                continue
+            if not ok:
+                models[row] = None
+                continue
+            index = pending[row]
+            try:
+                models[row] = Pickled(pickle_any(model))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # the task fails: its model could never be loaded
+                codes[row] = records.status_code[index] = FAILED_CODE
+                models[row] = model_of[index] = None
+                records.set_error(
+                    index, f"the model could not be pickled into the store: {exc!r}")
+        self._writer.put({
+            "task_index": order, "model": models,
+            "status": _STATUS_TEXT.take(pa.array(codes)),
+            "duration_s": records.duration_s[order],
+            "started_at": records.started_at[order],
+            "attempts": records.attempts[order], "worker": records.worker[order],
+            "metrics": _taken(records.metrics, pending, runs),
+            "error": records.error_column(pending)})
 
     def _raise_write_error(self) -> None:
         if self._writer is not None and self._writer.error is not None:
