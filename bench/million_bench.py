@@ -265,8 +265,9 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
     profiles = ThreadProfiles() if profile else None
     sampler = DriverRSS()
     clocks = CPUClocks()
+    writer = WriterClock() if store is not None else contextlib.nullcontext()
     begin = time.perf_counter()
-    with sampler, clocks:
+    with sampler, clocks, writer:
         if profiles is not None:
             with profiles:
                 run = train(fit, groups(frame, by="g", format="numpy"), **kwargs)
@@ -274,7 +275,8 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
             run = train(fit, groups(frame, by="g", format="numpy"), **kwargs)
     wall = time.perf_counter() - begin
     out: dict[str, Any] = {"wall_s": wall, "driver_peak_rss_train_mb": sampler.peak / 2**20,
-                           "driver_rss_after_train_mb": sampler.last / 2**20, **clocks.seconds()}
+                           "driver_rss_after_train_mb": sampler.last / 2**20, **clocks.seconds(),
+                           **(writer.seconds() if store is not None else {})}
     if profiles is not None:
         out["profile_top"] = profiles.report(Path(profile))
         out["profile_file"] = profile
@@ -313,6 +315,49 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
         out["store"] = {"du_bytes": allocated, "apparent_bytes": apparent, "files": files,
                         "model_pickle_bytes": pickled_size(np.asarray(one))}
     return out
+
+
+class WriterClock:
+    """Whether the store's writer keeps up: the seconds its thread spent
+    committing hand-overs (``writer_busy_s``, wall time inside each
+    transaction) and the seconds the driver's loop waited to hand one over
+    because two were waiting already (``driver_waited_on_writer_s``). A
+    writer busy for most of the run, with the loop waiting on it, is what
+    bounds a run with a store."""
+
+    def __init__(self) -> None:
+        self.busy_s = self.waited_s = 0.0
+        self.commits = 0
+
+    def __enter__(self) -> WriterClock:
+        from manymodels.store import writer
+
+        self._writer = writer
+        self._commit, self._put = writer.StoreWriter._commit, writer.StoreWriter.put
+        clock, commit, put = self, self._commit, self._put
+
+        def timed_commit(self: Any, *args: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return commit(self, *args)
+            finally:
+                clock.busy_s += time.perf_counter() - begin
+                clock.commits += 1
+
+        def timed_put(self: Any, handover: Any) -> None:
+            begin = time.perf_counter()
+            put(self, handover)
+            clock.waited_s += time.perf_counter() - begin
+
+        writer.StoreWriter._commit, writer.StoreWriter.put = timed_commit, timed_put
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._writer.StoreWriter._commit, self._writer.StoreWriter.put = self._commit, self._put
+
+    def seconds(self) -> dict[str, float]:
+        return {"writer_busy_s": self.busy_s, "writer_commits": self.commits,
+                "driver_waited_on_writer_s": self.waited_s}
 
 
 class CPUClocks:
@@ -539,7 +584,7 @@ def print_table(result: dict[str, Any]) -> None:
     rows = result["cases"]
     header = ["case", "wall s", "ratio", "x limit", "driver RSS MB", "in train", "tree PSS MB",
               "store B/model", "(beyond pickle)", "driver us/task", "(main)",
-              "workers +us/task", "load", "status"]
+              "workers +us/task", "writer busy", "load", "status"]
     lines = []
     for case in CASES:
         row = rows.get(case)
@@ -560,6 +605,9 @@ def print_table(result: dict[str, Any]) -> None:
             _fmt(row.get("driver_cpu_us_per_task"), ".2f"),
             _fmt(row.get("driver_main_thread_cpu_us_per_task"), ".2f"),
             _fmt(row.get("workers_cpu_beyond_fit_us_per_task"), ".2f"),
+            "-" if row.get("writer_busy_s") is None else
+            f"{row['writer_busy_s'] / row['wall_s']:.0%} "
+            f"({row['driver_waited_on_writer_s']:.2f} s)",
             "-" if not load else f"{load[0]:.2f}", row.get("status", "-"),
         ])
     widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
@@ -575,7 +623,9 @@ def print_table(result: dict[str, Any]) -> None:
           "load = 1-min load average at the case's start;\n"
           "driver us/task: the driver process's CPU (all threads, getrusage) / tasks; (main): "
           "its main thread's; workers +us/task: the workers' CPU (RUSAGE_CHILDREN) less the "
-          "CPU of the serial loop's fit calls, / tasks")
+          "CPU of the serial loop's fit calls, / tasks;\n"
+          "writer busy: the share of the wall time the store's writer thread spent "
+          "committing (in brackets: the seconds the driver's loop waited to hand it tasks)")
     sys.stdout.flush()
 
 
