@@ -380,3 +380,21 @@ def test_workers_forked_after_the_driver_ran_openmp_do_not_hang(start_method):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == str(["ok"] * 4)
+
+
+def _niceness(item):
+    return os.nice(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no process niceness here")
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_workers_run_nicer_than_the_driver(start_method):
+    """The driver's loop and its store writer must not wait for a core the
+    workers hold: every worker is WORKER_NICENESS nicer
+    than the driver (capped at 19), whatever the driver's own niceness."""
+    from manymodels.engine.backends._process_worker import WORKER_NICENESS
+
+    driver = os.nice(0)
+    run = mm.train(_niceness, mm.items(range(6)), workers=2, start_method=start_method,
+                   progress=False)
+    assert set(run.models.values()) == {min(19, driver + WORKER_NICENESS)}

@@ -25,6 +25,10 @@ A worker leads a session of its own. When it stops, it kills the processes
 its tasks started and left running (:func:`end_own_processes`); the driver
 does the same for a worker it kills. A task that closes or redirects the
 standard streams does so for itself only (:class:`StandardStreams`).
+
+A worker runs :data:`WORKER_NICENESS` steps nicer than the driver: the driver's
+one loop feeds every worker and its thread writes the store, so when the
+workers fill every core, a driver that waits for a core makes them all wait.
 """
 
 from __future__ import annotations
@@ -45,6 +49,22 @@ from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S
 from ..messages import OkOutcomes
 from ._protocol import SLOT, Msg
+
+#: How much nicer (lower in priority) than the driver a worker runs. On 16
+#: cores with 16 workers, a million models with a store took 4.20-4.48 s at
+#: +5 against 5.18-5.65 s at the driver's own priority (the driver's loop
+#: waited 0.67-0.81 s on its store writer, against 1.56-1.60 s); without a
+#: store, the same.
+WORKER_NICENESS = 5
+
+
+def lower_priority() -> None:
+    """Make this worker :data:`WORKER_NICENESS` nicer than the driver (the
+    processes its tasks start inherit it)."""
+    try:
+        os.nice(WORKER_NICENESS)
+    except (OSError, AttributeError):  # no niceness here (Windows), or refused
+        pass
 
 
 def die_with_parent() -> None:
@@ -197,6 +217,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
 def main(argv: list[str]) -> int:
     """A spawned worker: a fresh interpreter that loads the run from the data plane."""
     die_with_parent()
+    lower_priority()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when to stop
     from multiprocessing.connection import Connection
 
@@ -236,6 +257,7 @@ def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
     limited (the driver forks it under the limits); the environment's limits
     reach libraries that ``fit`` loads later."""
     die_with_parent()
+    lower_priority()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler
     os.environ.update(environment)
