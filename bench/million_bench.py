@@ -320,7 +320,8 @@ def case_mm(cols: dict[str, np.ndarray], workers: int, store: str | None = None,
 class WriterClock:
     """Whether the store's writer keeps up: the seconds its thread spent
     committing hand-overs (``writer_busy_s``, wall time inside each
-    transaction) and the seconds the driver's loop waited to hand one over
+    transaction; what it does after a commit, letting the committed models
+    go, is not counted) and the seconds the driver's loop waited to hand one over
     because two were waiting already (``driver_waited_on_writer_s``). A
     writer busy for most of the run, with the loop waiting on it, is what
     bounds a run with a store."""

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -209,25 +210,35 @@ def test_group_identities_follow_each_groups_content_and_order():
     assert len(set(grid.identity.to_pylist())) == 100
 
 
-def test_a_hand_over_holds_at_most_handover_tasks(tmp_path, monkeypatch):
+def test_a_hand_over_holds_about_handover_tasks_and_each_pack_once(tmp_path, monkeypatch):
     """Many tasks finishing within a second go to the writer in hand-overs of
-    at most HANDOVER_TASKS (the driver holds up to three, with their
-    models): one task block each, every task recorded once."""
+    about HANDOVER_TASKS (the driver holds up to three, with their models):
+    one task block each, every task recorded once, and a worker's pack never
+    cut in two (its bytes would be written by both hand-overs)."""
     from manymodels.store import recorder
 
-    monkeypatch.setattr(recorder, "HANDOVER_TASKS", 16)
-    table = pd.DataFrame({"g": np.repeat(np.arange(200), 2), "x": np.tile([0.0, 1.0], 200)})
+    table = pd.DataFrame({"g": np.repeat(np.arange(400), 2), "x": np.tile([0.0, 1.0], 400)})
     table["y"] = table["x"] * table["g"]
-    run = mm.train(fit_small, mm.groups(table, by="g", format="numpy"),
-                   workers=2, progress=False, store=tmp_path / "s")
-    assert len(run.ok) == 200
-    with sqlite3.connect(tmp_path / "s" / "index.sqlite") as conn:
-        blocks = [taskblocks.decode(data)["task_index"].to_pylist()
-                  for (data,) in conn.execute("SELECT data FROM task_blocks ORDER BY rowid")]
-    assert len(blocks) >= 200 // 16 and max(map(len, blocks)) <= 16
-    assert sorted(sum(blocks, [])) == list(range(200))
-    models = mm.Store(tmp_path / "s").models()
-    assert all(np.allclose(models[g], [g, 0.0]) for g in range(200))
+
+    def stored(limit: int, path: Path) -> tuple[list[list[int]], int]:
+        monkeypatch.setattr(recorder, "HANDOVER_TASKS", limit)
+        run = mm.train(fit_small, mm.groups(table, by="g", format="numpy"), workers=2,
+                       progress=False, store=path)
+        assert len(run.ok) == 400
+        with sqlite3.connect(path / "index.sqlite") as conn:
+            blocks = [taskblocks.decode(data)["task_index"].to_pylist() for (data,) in
+                      conn.execute("SELECT data FROM task_blocks ORDER BY rowid")]
+            pack_bytes = conn.execute("SELECT sum(length(blob)) FROM packs").fetchone()[0]
+        models = mm.Store(path).models()
+        assert all(np.allclose(models[g], [g, 0.0]) for g in range(400))
+        return blocks, pack_bytes
+
+    blocks, pack_bytes = stored(16, tmp_path / "small")
+    assert len(blocks) >= 400 // 64
+    assert sorted(sum(blocks, [])) == list(range(400))
+    whole_blocks, whole_pack_bytes = stored(10**9, tmp_path / "whole")
+    assert len(whole_blocks) < len(blocks)
+    assert pack_bytes == whole_pack_bytes  # no pack written twice
 
 
 def test_the_store_is_written_off_the_drivers_thread(tmp_path):

@@ -86,6 +86,20 @@ def _runs(indices: np.ndarray) -> list[tuple[int, int]] | None:
     return list(zip(starts.tolist(), stops.tolist()))
 
 
+def _handover_end(pending: list[int], start: int, models: list) -> int:
+    """Where the hand-over of ``pending[start:]`` ends: after
+    :data:`HANDOVER_TASKS` tasks, and then after the last task whose model
+    is in the same pack as the one before (a worker's pack is written whole,
+    by one hand-over, or twice)."""
+    end = min(start + HANDOVER_TASKS, len(pending))
+    if end < len(pending):
+        last = models[pending[end - 1]]
+        if type(last) is ModelPack:
+            while end < len(pending) and models[pending[end]] is last:
+                end += 1
+    return end
+
+
 try:  # glibc's malloc_trim: hands the heap's free pages back (none elsewhere)
     _TRIM: Any = ctypes.CDLL(None).malloc_trim
 except (AttributeError, OSError, TypeError):  # (TypeError: Windows has no CDLL(None))
@@ -318,11 +332,19 @@ class RunRecorder:
         self._raise_write_error()
         now = time.monotonic()
         every = TAIL_COMMIT_EVERY_S if tail else COMMIT_EVERY_S
-        if self._pending and (force or now - self._last_commit >= every
-                              or len(self._pending) >= HANDOVER_TASKS):
+        whole = force or now - self._last_commit >= every
+        if self._pending and (whole or len(self._pending) >= HANDOVER_TASKS):
             pending, self._pending = self._pending, []
-            for start in range(0, len(pending), HANDOVER_TASKS):
-                self._hand_over(records, pending[start:start + HANDOVER_TASKS])
+            start = 0
+            try:
+                while start < len(pending):
+                    end = _handover_end(pending, start, records.model)
+                    if end - start < HANDOVER_TASKS and not whole:
+                        break  # the rest waits for its second, or for more
+                    self._hand_over(records, pending[start:end])
+                    start = end
+            finally:  # (a Ctrl-C meanwhile: what was not handed over stays pending)
+                self._pending = pending[start:] + self._pending
             self._last_commit = now
         if force:
             self._writer.wait()

@@ -60,10 +60,19 @@ WORKER_NICENESS = 5
 
 def lower_priority() -> None:
     """Make this worker :data:`WORKER_NICENESS` nicer than the driver (the
-    processes its tasks start inherit it)."""
+    processes its tasks start inherit it). Where Linux groups each session's
+    processes for the scheduler (autogroup, in the root CPU cgroup), a
+    worker, which leads a session of its own, is weighed as its group: that
+    group is made as much nicer."""
     try:
         os.nice(WORKER_NICENESS)
     except (OSError, AttributeError):  # no niceness here (Windows), or refused
+        pass
+    try:
+        if os.getsid(0) == os.getpid():  # its own session's group, never the driver's
+            with open("/proc/self/autogroup", "w") as group:
+                group.write(str(WORKER_NICENESS))
+    except (OSError, AttributeError):  # not Linux, autogroup off, or refused
         pass
 
 
@@ -123,7 +132,7 @@ class StandardStreams:
                 pass
         for name, (encoding, errors, line_buffering) in self.streams.items():
             stream = getattr(sys, name)
-            if stream is not None and getattr(stream, "closed", False) is not True:
+            if stream is not None and not _unusable(stream):
                 continue
             try:
                 fresh = open(1 if name == "stdout" else 2, "w", encoding=encoding,  # noqa: SIM115
@@ -133,7 +142,7 @@ class StandardStreams:
                 continue
             setattr(sys, name, fresh)
             dunder = getattr(sys, f"__{name}__", None)
-            if dunder is None or getattr(dunder, "closed", False) is True:
+            if dunder is None or _unusable(dunder):
                 setattr(sys, f"__{name}__", fresh)
 
     def check(self, _inheritable: Callable[[int], bool] = os.get_inheritable) -> None:
@@ -145,7 +154,7 @@ class StandardStreams:
             if _inheritable(1) and _inheritable(2) and sys.stdout.closed is False \
                     and sys.stderr.closed is False:
                 return
-        except (OSError, AttributeError):  # closed, or a stream of another kind (or None)
+        except Exception:  # closed; a stream of another kind, None or detached
             pass
         self.repair(thorough=False)
 
@@ -153,6 +162,14 @@ class StandardStreams:
     def _same(fd: int, identity: tuple[int, int]) -> bool:
         stat = os.fstat(fd)
         return (stat.st_dev, stat.st_ino) == identity
+
+
+def _unusable(stream: Any) -> bool:
+    """A stream closed, or detached from its buffer (whose ``closed`` raises)."""
+    try:
+        return getattr(stream, "closed", False) is True
+    except Exception:
+        return True
 
 
 def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any],
