@@ -89,8 +89,9 @@ def _runs(indices: np.ndarray) -> list[tuple[int, int]] | None:
 def _handover_end(pending: list[int], start: int, models: list) -> int:
     """Where the hand-over of ``pending[start:]`` ends: after
     :data:`HANDOVER_TASKS` tasks, and then after the last task whose model
-    is in the same pack as the one before (a worker's pack is written whole,
-    by one hand-over, or twice)."""
+    is in the same pack as the one before (the writer writes a worker's pack
+    whole with the hand-over that names it: one cut in two would be written
+    twice)."""
     end = min(start + HANDOVER_TASKS, len(pending))
     if end < len(pending):
         last = models[pending[end - 1]]
