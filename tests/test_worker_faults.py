@@ -399,7 +399,7 @@ def test_workers_run_nicer_than_the_driver(start_method):
     """The driver's loop and its store writer must not wait for a core the
     workers hold: every worker is WORKER_NICENESS nicer
     than the driver (capped at 19), whatever the driver's own niceness."""
-    from manymodels.engine.backends._process_worker import WORKER_NICENESS
+    from manymodels.machine import WORKER_NICENESS
 
     driver, driver_group = _niceness(None)
     run = mm.train(_niceness, mm.items(range(6)), workers=2, start_method=start_method,
@@ -411,3 +411,26 @@ def test_workers_run_nicer_than_the_driver(start_method):
     autogroups = {group for _, group in run.models.values()}
     if driver_group is not None:
         assert autogroups == {WORKER_NICENESS} and _niceness(None)[1] == driver_group
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no process niceness here")
+def test_the_workers_niceness_is_set_by_its_environment_variable(monkeypatch, tmp_path):
+    """MANYMODELS_WORKER_NICENESS=0 keeps the workers at the driver's
+    priority; a value that is not a whole number from 0 to 19 is refused by
+    name before any work (no store is made)."""
+    driver, driver_group = _niceness(None)
+    monkeypatch.setenv("MANYMODELS_WORKER_NICENESS", "0")
+    run = mm.train(_niceness, mm.items(range(4)), workers=2, progress=False)
+    assert {nice for nice, _ in run.models.values()} == {driver}
+    if driver_group is not None:  # a new session's group, left at its default
+        assert {group for _, group in run.models.values()} == {0}
+    monkeypatch.setenv("MANYMODELS_WORKER_NICENESS", "2")
+    run = mm.train(_niceness, mm.items(range(4)), workers=2, progress=False,
+                   start_method="spawn")
+    assert {nice for nice, _ in run.models.values()} == {min(19, driver + 2)}
+    for wrong in ("-1", "20", "low"):
+        monkeypatch.setenv("MANYMODELS_WORKER_NICENESS", wrong)
+        with pytest.raises(ValueError, match=f"MANYMODELS_WORKER_NICENESS='{wrong}'"):
+            mm.train(_niceness, mm.items(range(4)), workers=2, progress=False,
+                     store=tmp_path / "s")
+        assert not (tmp_path / "s").exists()

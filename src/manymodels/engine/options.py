@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..machine import parse_bytes, visible_gpus
+from ..machine import parse_bytes, visible_gpus, worker_niceness
 from .gpus import check_gpus_per_task, check_memory_fraction, declared_gpus, place_gpus
 
 #: How the processes backend may start its workers.
@@ -76,6 +76,8 @@ class RunOptions:
         if start_method != "auto" and backend_name != "processes":
             raise ValueError(f"start_method applies to backend='processes', not "
                              f"{backend_name!r}")
+        if backend_name == "processes":
+            worker_niceness()  # MANYMODELS_WORKER_NICENESS, refused by name when wrong
         if start_method not in START_METHODS:
             raise ValueError(f"unknown start_method {start_method!r}; choose one of "
                              f"{', '.join(START_METHODS)}")

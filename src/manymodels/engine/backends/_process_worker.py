@@ -26,9 +26,10 @@ its tasks started and left running (:func:`end_own_processes`); the driver
 does the same for a worker it kills. A task that closes or redirects the
 standard streams does so for itself only (:class:`StandardStreams`).
 
-A worker runs :data:`WORKER_NICENESS` steps nicer than the driver: the driver's
-one loop feeds every worker and its thread writes the store, so when the
-workers fill every core, a driver that waits for a core makes them all wait.
+A worker runs :data:`~manymodels.machine.WORKER_NICENESS` steps nicer than the driver (see
+:func:`~manymodels.machine.worker_niceness`): the driver's one loop feeds every worker and its
+thread writes the store, so when the workers fill every core, a driver that
+waits for a core makes them all wait.
 """
 
 from __future__ import annotations
@@ -44,34 +45,33 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ...machine import end_tree
+from ...machine import end_tree, worker_niceness
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S
 from ..messages import OkOutcomes
 from ._protocol import SLOT, Msg
 
-#: How much nicer (lower in priority) than the driver a worker runs. On 16
-#: cores with 16 workers, a million models with a store took 4.20-4.48 s at
-#: +5 against 5.18-5.65 s at the driver's own priority (the driver's loop
-#: waited 0.67-0.81 s on its store writer, against 1.56-1.60 s); without a
-#: store, the same.
-WORKER_NICENESS = 5
-
 
 def lower_priority() -> None:
-    """Make this worker :data:`WORKER_NICENESS` nicer than the driver (the
+    """Make this worker :func:`~manymodels.machine.worker_niceness` nicer than the driver (the
     processes its tasks start inherit it). Where Linux groups each session's
     processes for the scheduler (autogroup, in the root CPU cgroup), a
     worker, which leads a session of its own, is weighed as its group: that
     group is made as much nicer."""
     try:
-        os.nice(WORKER_NICENESS)
+        niceness = worker_niceness()
+    except ValueError:  # the driver refused it before starting any worker
+        return
+    if niceness == 0:
+        return
+    try:
+        os.nice(niceness)
     except (OSError, AttributeError):  # no niceness here (Windows), or refused
         pass
     try:
         if os.getsid(0) == os.getpid():  # its own session's group, never the driver's
             with open("/proc/self/autogroup", "w") as group:
-                group.write(str(WORKER_NICENESS))
+                group.write(str(niceness))
     except (OSError, AttributeError):  # not Linux, autogroup off, or refused
         pass
 
