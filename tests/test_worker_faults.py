@@ -386,8 +386,11 @@ def test_workers_forked_after_the_driver_ran_openmp_do_not_hang(start_method):
 
 def _niceness(item):
     try:
-        with open("/proc/self/autogroup") as group:  # Linux: "/autogroup-N nice K"
-            autogroup = int(group.read().split()[-1])
+        # Linux: "/autogroup-N nice K"; empty where the process sits in a CPU
+        # cgroup of its own (a container), whose scheduler ignores autogroups
+        with open("/proc/self/autogroup") as group:
+            fields = group.read().split()
+        autogroup = int(fields[-1]) if fields else None
     except OSError:
         autogroup = None
     return os.nice(0), autogroup
