@@ -176,3 +176,25 @@ def test_each_of_two_wrappers_from_one_decorator_counts():
     assert identity(3) == identity(3)
     assert identity(3) != identity(4)
 
+
+
+def _make_closure_fit(offset):
+    def closure_fit(df):  # reads ``offset`` from its closure
+        return [len(df) + offset]
+    return closure_fit
+
+
+@pytest.mark.parametrize("fit", [_make_closure_fit(3), lambda df: [len(df)]],
+                         ids=["closure", "lambda"])
+def test_a_functions_source_is_its_own_lines_closure_or_not(fit):
+    """The code identity hashes the lines of ``fit`` itself (found through its
+    module, not by scanning every module), with closures and lambdas alike:
+    the same text ``inspect`` reads from its code object."""
+    import inspect
+
+    from manymodels.identity.codehash import code_identity, digest
+
+    _, detail = code_identity(fit, None, lambda value: repr(value))
+    own = [value for label, value in detail["sources"].items()
+           if label.endswith(fit.__code__.co_qualname)]
+    assert own == [digest(inspect.getsource(fit.__code__))]
