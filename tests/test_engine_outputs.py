@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import manymodels as mm
@@ -245,7 +246,7 @@ def _one_row(df):
 
 def test_many_small_groups_make_a_few_files_not_one_a_group(engine, tmp_path,
                                                             driver_never_gathers):
-    """200,000 groups made 200,000 files; a part of a batch writes one."""
+    """200,000 groups made 200,000 files: a worker appends its parts to its file."""
     name = engine[0]
     rng = np.random.default_rng(5)
     frame = pd.DataFrame({"g": rng.permutation(np.repeat(np.arange(2000), 3)),
@@ -255,11 +256,34 @@ def test_many_small_groups_make_a_few_files_not_one_a_group(engine, tmp_path,
                            staging=str(staging), backend="processes", workers=2)
     (directory,) = _outputs_directories(staging)
     files = list(directory.iterdir())
-    assert 1 <= len(files) <= 500  # 66 here: a part of ~30 groups a file
+    assert 1 <= len(files) <= 4  # a file a worker (a replaced worker's is its own)
+    batches = 0
+    for path in files:
+        with pa.OSFile(str(path)) as source:
+            batches += sum(1 for _ in pa.ipc.open_stream(source))
+    assert batches >= 2  # a part a batch
     # the groups went out in key order (not by where the engine staged them),
-    # so that reading them back in key order runs through each file once
+    # so that reading them back in key order runs through each part once
     _, outputs = driver_never_gathers[0]._ok_outputs()
-    changes = sum(a.name != b.name for (_, a), (_, b) in zip(outputs, outputs[1:]))
-    assert changes < 2 * len(files)
+    changes = sum((a.name, a.offset + a.rows) != (b.name, b.offset)
+                  for (_, a), (_, b) in zip(outputs, outputs[1:]))
+    assert changes < 2 * batches
     got = _collected(name, result).sort_values("g")
     assert got["g"].tolist() == list(range(2000)) and (got["n"] == 3).all()
+
+
+@pytest.mark.ray
+def test_a_part_a_group_on_ray_appends_to_a_few_files(local_ray, tmp_path,
+                                                       driver_never_gathers):
+    """With ``timeout=``, Ray's batches send each group's outcome as it ends,
+    a part a group: each made a file of its own, now appended to its worker's."""
+    rng = np.random.default_rng(6)
+    frame = pd.DataFrame({"g": rng.permutation(np.repeat(np.arange(300), 2)),
+                          "x": rng.normal(size=600)})
+    result = mm.map_groups(_one_row, local_ray.data.from_pandas(frame), by="g",
+                           staging=str(tmp_path / "stage"), backend="ray", workers=2,
+                           timeout=60)
+    _, outputs = driver_never_gathers[0]._ok_outputs()
+    assert len(outputs) == 300 and len({out.name for _, out in outputs}) <= 4
+    got = result.to_pandas().sort_values("g")
+    assert got["g"].tolist() == list(range(300)) and (got["n"] == 2).all()

@@ -18,6 +18,17 @@ def _writer(tmp_path, fn, key_columns=("store",), params=()):
     return WriteOutputs(fn, str(tmp_path), list(key_columns), list(params), passes_key=False)
 
 
+def _read_batches(path):
+    """The row counts of a worker's file's record batches, as they lie there."""
+    with pa.OSFile(str(path)) as source:
+        return [batch.num_rows for batch in pa.ipc.open_stream(source)]
+
+
+def _schema_of(path):
+    with pa.OSFile(str(path)) as source:
+        return pa.ipc.open_stream(source).schema
+
+
 def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
     rows = pd.DataFrame({"x": [1.0, 2.0, 4.0], "day": [7, 8, 9]})  # as a worker has them
     cases = {
@@ -32,15 +43,13 @@ def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
         writer = _writer(tmp_path, fn)
         written = writer(rows, key="s1")
         writer.seal_part()
-        table = read_files(str(tmp_path), [written.name], pa.ipc.open_file(
-            pa.OSFile(str(tmp_path / written.name))).schema)
+        table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
         assert table.column_names == columns and written.rows == table.num_rows == length, name
         assert table.column("store").to_pylist() == ["s1"] * length
     writer = _writer(tmp_path, lambda df: df.set_index("day")["x"])
     labelled = writer(rows, key="s1")
     writer.seal_part()
-    table = read_files(str(tmp_path), [labelled.name], pa.ipc.open_file(
-        pa.OSFile(str(tmp_path / labelled.name))).schema)
+    table = read_files(str(tmp_path), [labelled.name], _schema_of(tmp_path / labelled.name))
     assert table.column("day").to_pylist() == [7, 8, 9]  # the labels are kept, as values
     assert _writer(tmp_path, lambda df: None)(rows, key="s1") == WrittenOutput(None, 0, None)
     assert not list(tmp_path.glob("*.partial"))
@@ -56,7 +65,7 @@ def test_a_grid_setting_is_a_key_column_and_a_fallback_keeps_its_mark(tmp_path):
     assert metrics == {"why": "fn failed"}
     writer.seal_part()
     with pa.OSFile(str(tmp_path / written.name)) as source:
-        table = pa.ipc.open_file(source).read_all()
+        table = pa.ipc.open_stream(source).read_all()
     assert table.to_pydict() == {"store": ["s1"] * 2, "item": [3, 3], "alpha": [0.5, 0.5],
                                  "x": [0.5, 1.0]}
 
@@ -121,8 +130,9 @@ def test_outputs_past_the_held_bytes_are_written_before_the_part_ends(tmp_path, 
     monkeypatch.setattr(writer, "HOLD_BYTES", 100)
     first = writer(pd.DataFrame({"n": np.arange(20)}), key=1)  # 160 bytes: written now
     assert [path.name for path in tmp_path.iterdir()] == [first.name]
-    second = writer(pd.DataFrame({"n": [1]}), key=2)
-    assert second.name != first.name and second.offset == 0
+    assert _read_batches(tmp_path / first.name) == [20]
+    second = writer(pd.DataFrame({"n": [1]}), key=2)  # the same file, after the first
+    assert second.name == first.name and second.offset == 20
 
 
 def test_a_part_whose_outputs_cannot_be_written_fails_its_tasks_not_the_run(tmp_path):
@@ -170,24 +180,25 @@ def test_a_failed_write_fails_every_part_whose_outputs_it_dropped(tmp_path, monk
     rows that are not on disk; the next part is whole again."""
     writer = _writer(tmp_path, lambda df: df)
     first = writer(pd.DataFrame({"n": [1]}), key=1)  # held
-    real_write = outputfiles._write_file
+    real_write = outputfiles._append
 
-    def full_disk(path, tables):
+    def full_disk(file, tables):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(outputfiles, "_write_file", full_disk)
+    monkeypatch.setattr(outputfiles, "_append", full_disk)
     monkeypatch.setattr(writer, "HOLD_BYTES", 0)
     with pytest.raises(OSError, match="No space left"):
         writer(pd.DataFrame({"n": [2]}), key=2)  # this task fails
-    monkeypatch.setattr(outputfiles, "_write_file", real_write)
+    monkeypatch.setattr(outputfiles, "_append", real_write)
     with pytest.raises(OSError, match="could not be written"):
         writer.seal_part()  # and the part with it: first's rows are gone
     assert not (tmp_path / first.name).exists()
     monkeypatch.setattr(writer, "HOLD_BYTES", 1 << 20)
     again = writer(pd.DataFrame({"n": [3]}), key=3)
-    writer.seal_part()  # the next part is written
-    assert (tmp_path / again.name).exists()
-    assert not list(tmp_path.glob("*.partial"))
+    writer.seal_part()  # the next part is written, to a file of its own
+    assert again.name != first.name and again.offset == 0
+    assert read_files(str(tmp_path), [again.ref], _schema_of(tmp_path / again.name)
+                      ).column("n").to_pylist() == [3]
 
 
 def test_groups_in_key_order_read_back_from_files_written_out_of_it(tmp_path):
@@ -205,7 +216,7 @@ def test_groups_in_key_order_read_back_from_files_written_out_of_it(tmp_path):
             part.seal_part()
     for part in parts:
         part.seal_part()
-    assert len({out.name for out in outs.values()}) > 3
+    assert len({out.name for out in outs.values()}) == 3  # a file a worker, its parts appended
     schema = pa.schema([("store", pa.int64()), ("n", pa.int64())])
     table = read_files(str(tmp_path), [outs[key].ref for key in range(30)], schema)
     expected = [key for key in range(30) for _ in range(1 + key % 2)]
@@ -236,3 +247,85 @@ def test_plain_frames_become_the_table_from_pandas_makes(tmp_path):
     marked = pa.schema([pa.field("n", pa.int64(), metadata={b"k": b"v"})])
     assert schema_digest(plain) == schema_digest(pa.schema([pa.field("n", pa.int64())]))
     assert schema_digest(plain) != schema_digest(marked)
+
+
+def test_a_workers_parts_are_appended_to_one_file_until_it_is_full(tmp_path, monkeypatch):
+    """A part of one group (a ``timeout=`` sends each group's outcome as it
+    ends) made a file of its own: a worker's parts are appended to its file
+    of their schema, a record batch each, until it holds BATCHES_PER_FILE."""
+    monkeypatch.setattr(outputfiles, "BATCHES_PER_FILE", 3)
+    writer = _writer(tmp_path, lambda df: df)
+    outs = []
+    for key in range(7):  # a part a group
+        outs.append(writer(pd.DataFrame({"n": [key] * (key + 1)}), key=key))
+        writer.seal_part()
+    names = [out.name for out in outs]
+    assert names[0] == names[1] == names[2] != names[3] == names[4] == names[5] != names[6]
+    assert [out.offset for out in outs] == [0, 1, 3, 0, 4, 9, 0]
+    assert _read_batches(tmp_path / names[0]) == [1, 2, 3]
+    assert len(list(tmp_path.iterdir())) == 3
+    schema = _schema_of(tmp_path / names[0])
+    table = read_files(str(tmp_path), [out.ref for out in reversed(outs)], schema)
+    assert table.column("n").to_pylist() == [key for key in reversed(range(7))
+                                             for _ in range(key + 1)]
+
+
+def test_rows_sent_before_a_worker_was_killed_mid_write_are_read(tmp_path):
+    """A worker killed while it appended leaves a torn message at its file's
+    end: the rows of the parts it sent before are read all the same."""
+    writer = _writer(tmp_path, lambda df: df)
+    sent = [writer(pd.DataFrame({"n": [key, key]}), key=key) for key in range(2)]
+    writer.seal_part()
+    torn = writer(pd.DataFrame({"n": np.arange(1000)}), key=9)
+    writer.seal_part()
+    path = tmp_path / torn.name
+    with open(path, "r+b") as file:  # the last batch cut short, as a kill leaves it
+        file.truncate(path.stat().st_size - 900)
+    schema = _schema_of(path)
+    table = read_files(str(tmp_path), [sent[1].ref, sent[0].ref], schema)
+    assert table.column("store").to_pylist() == [1, 1, 0, 0]
+    with pytest.raises(OSError):  # the torn rows themselves are not there
+        read_files(str(tmp_path), [torn.ref], schema)
+
+
+def test_many_schemas_keep_a_few_files_open_and_categories_change_by_part(tmp_path,
+                                                                          monkeypatch):
+    """Groups that return a schema each keep at most OPEN_FILES files open (a
+    closed one is not appended to again); a categorical column whose
+    categories differ from part to part reads back in one file."""
+    monkeypatch.setattr(outputfiles, "OPEN_FILES", 2)
+    writer = _writer(tmp_path, lambda df: df)
+    outs = []
+    for key in range(6):
+        outs.append(writer(pd.DataFrame({f"c{key % 3}": [float(key)]}), key=key))
+        writer.seal_part()
+        assert len(writer._files) <= 2
+    assert len({out.name for out in outs}) > 3
+    for key, out in enumerate(outs):
+        table = read_files(str(tmp_path), [out.ref], _schema_of(tmp_path / out.name))
+        assert table.column(f"c{key % 3}").to_pylist() == [float(key)]
+    writer = _writer(tmp_path, lambda df: pd.DataFrame({"c": pd.Categorical(df["c"])}))
+    cats = []
+    for key, value in enumerate(["x", "y", "x"]):
+        cats.append(writer(pd.DataFrame({"c": [value]}), key=key))
+        writer.seal_part()
+    assert len({out.name for out in cats}) == 1
+    schema = engineoutputs._unified_schema(str(tmp_path), cats, "dask")
+    table = read_files(str(tmp_path), [out.ref for out in cats], schema)
+    assert table.column("c").to_pylist() == ["x", "y", "x"]
+
+
+def test_closing_a_writer_keeps_its_rows_and_the_next_part_starts_a_file(tmp_path):
+    """The driver closes the files a run on threads wrote from its own
+    process: what they hold stays readable, and a part after starts anew."""
+    writer = _writer(tmp_path, lambda df: df)
+    first = writer(pd.DataFrame({"n": [1, 2]}), key=1)
+    writer.seal_part()
+    writer.close()
+    assert writer._files == {}
+    second = writer(pd.DataFrame({"n": [3]}), key=2)
+    writer.seal_part()
+    assert second.name != first.name
+    schema = _schema_of(tmp_path / first.name)
+    table = read_files(str(tmp_path), [second.ref, first.ref], schema)
+    assert table.column("n").to_pylist() == [3, 1, 2]

@@ -9,8 +9,9 @@ The path the rows take:
    workers).
 2. The backend runs ``fn`` on each group with the scheduler's supervision
    (crash attribution, retries, ``timeout``, the error budget); the worker
-   that ran a group writes its output, the key columns in front, into one
-   Arrow file per part of its batch under the run's output directory
+   that ran a group writes its output, the key columns in front, as it
+   sends the group's part of the batch: appended to the Arrow stream file
+   it keeps for that schema under the run's output directory
    (``manymodels-outputs-*`` beside the staged rows: under ``staging=``
    where it is given, a directory every node sees), and sends the driver
    only the file's name, where the group's rows lie in it and a digest of
@@ -115,10 +116,12 @@ class EngineOutputs:
             self.discard()
 
     def discard(self) -> None:
+        self.fn.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def frame(self, outputs: list[WrittenOutput]) -> Any:
         """The outputs (in key order) as the engine's table, read by its workers."""
+        self.fn.close()  # the files a run on threads wrote from here
         try:
             schema = _unified_schema(self.directory, outputs, self.engine_frame.engine)
             files = [(out.ref, out.rows) for out in outputs if out.name and out.rows]
@@ -147,7 +150,7 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     for out in outputs:
         if out.name is not None and out.schema_digest not in schemas:
             with pa.OSFile(os.path.join(directory, out.name)) as source:
-                schemas[out.schema_digest] = pa.ipc.open_file(source).schema
+                schemas[out.schema_digest] = pa.ipc.open_stream(source).schema
     if not schemas:
         raise ValueError("map_groups: fn returned None for every group, and a "
                          f"{TABLE_NAMES[engine]} needs columns")

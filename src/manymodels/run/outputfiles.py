@@ -6,17 +6,20 @@ On the worker that ran a group, :class:`WriteOutputs` turns ``fn``'s output
 into an Arrow table with the group's key columns in front and holds it until
 the part of the batch it belongs to leaves the worker
 (:meth:`WriteOutputs.seal_part`, called by the executor just before it sends
-a part): the part's outputs are then written as one Arrow IPC file per
-schema under the run's output directory (a file is written under a
-``.partial`` name and renamed: it is whole, or absent), so 200,000 small
-groups make some thousands of files (a part holds tens of groups), not
-200,000. An output is written before the driver can learn of it. What
+a part): the part's outputs are then appended, one record batch per schema,
+to the Arrow IPC stream file that this worker keeps open for that schema
+under the run's output directory, and flushed. A worker's file takes its
+parts until it holds :data:`BATCHES_PER_FILE` of them, so 200,000 small
+groups make a few hundred files at most, not 200,000, even where each
+group is a part of its own (Ray's batches under a ``timeout=`` send each
+group's outcome as it ends). An output is on disk before the driver can learn of it. What
 travels back to the driver as the task's "model" is a
 :class:`WrittenOutput`: the file's name, where the group's rows start in it,
-their count and a digest of the schema. A task that crashed,
-ran past its timeout or was retried may leave a file no outcome names (or
-rows no outcome names in a file): the driver reads only the rows of the
-outcomes it received, and the directory goes as a whole.
+their count and a digest of the schema. A worker killed mid-write leaves a
+torn message at its file's end, after the rows of every outcome it sent; a
+task that crashed, ran past its timeout or was retried may leave rows no
+outcome names: the driver reads only the rows of the outcomes it received,
+and the directory goes as a whole.
 
 The engine's workers read the files back with :func:`read_files`, each cast
 to the schema the driver unified from the files' own schemas (an int column
@@ -76,7 +79,7 @@ class WriteOutputs:
     values a table lacking them gets in front."""
 
     #: Bytes of outputs a worker holds at most: past them, it writes them
-    #: before its part ends (a file written early is whole all the same).
+    #: before its part ends (rows written early are on disk all the same).
     HOLD_BYTES = 64 << 20
 
     def __init__(self, fn: Callable[..., Any], directory: str, key_columns: list[str],
@@ -86,8 +89,9 @@ class WriteOutputs:
         self._fresh_state()
 
     def _fresh_state(self) -> None:
-        # per schema digest: the part's file name, its tables and their rows
-        self._pending: dict[str, tuple[str, list[pa.Table], list[int]]] = {}
+        # per schema digest: the file it appends to, and the tables held for it
+        self._files: dict[str, _OutputFile] = {}
+        self._pending: dict[str, list[pa.Table]] = {}
         self._held = 0
         self._lock = threading.Lock()  # the threads backend's workers share this object
         # writes that failed, and how many of them each thread has been told of:
@@ -97,7 +101,7 @@ class WriteOutputs:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_pending", "_held", "_lock", "_failures", "_told"):
+        for name in ("_files", "_pending", "_held", "_lock", "_failures", "_told"):
             state.pop(name)
         return state
 
@@ -117,18 +121,18 @@ class WriteOutputs:
         return written if metrics is None else (written, metrics)
 
     def _write(self, table: pa.Table | None) -> WrittenOutput:
-        """Hold ``table`` for the part's file of its schema."""
+        """Hold ``table`` for the file of its schema, at the rows it will take there."""
         if table is None:
             return WrittenOutput(None, 0, None)
         digest = schema_digest(table.schema)
         with self._lock:
-            entry = self._pending.get(digest)
-            if entry is None:  # a name no other part, task or attempt draws
-                entry = self._pending[digest] = (f"out-{os.urandom(8).hex()}.arrow", [], [0])
-            name, tables, rows = entry
-            written = WrittenOutput(name, table.num_rows, digest, rows[0])
-            tables.append(table)
-            rows[0] += table.num_rows
+            file = self._files.get(digest)
+            if file is None:  # a name no other worker, task or attempt draws
+                file = self._files[digest] = _OutputFile(
+                    os.path.join(self.directory, f"out-{os.urandom(8).hex()}.arrow"))
+            written = WrittenOutput(file.name, table.num_rows, digest, file.assigned)
+            file.assigned += table.num_rows
+            self._pending.setdefault(digest, []).append(table)
             self._held += table.nbytes
             full = self._held > self.HOLD_BYTES
         if full:  # a failure fails this task, and the part as it ends
@@ -136,13 +140,21 @@ class WriteOutputs:
         return written
 
     def seal_part(self) -> None:
-        """Write the outputs held: one file per schema, each whole or absent.
+        """Write the outputs held, appended to the files of their schemas.
 
         Raises where this write fails, or where one failed since this
         thread's last part (a write past :attr:`HOLD_BYTES` inside a task,
         or another thread's): the outputs held then, this part's among
         them, are lost, and the executor fails the part's tasks."""
         self._seal(part_ends=True)
+
+    def close(self) -> None:
+        """Close the files this copy holds open (the driver's, after a run on
+        threads; a worker process's close as it ends)."""
+        with self._lock:
+            files, self._files = self._files, {}
+        for file in files.values():
+            file.close()
 
     def _seal(self, part_ends: bool) -> None:
         with self._lock:
@@ -153,31 +165,75 @@ class WriteOutputs:
                               "of every part then held")
             pending, self._pending, self._held = self._pending, {}, 0
             try:
-                for name, tables, _ in pending.values():
-                    _write_file(os.path.join(self.directory, name), tables)
+                for digest, tables in pending.items():
+                    file = self._files[digest]
+                    _append(file, tables)
+                    if file.batches >= BATCHES_PER_FILE:
+                        self._files.pop(digest).close()
             except BaseException:
                 self._failures += 1
+                # a file written to may end in a torn message: none is written to
+                # again (the rows before it, of outcomes already sent, stay readable)
+                for digest in pending:
+                    file = self._files.pop(digest, None)
+                    if file is not None:
+                        file.close()
                 if part_ends:
                     self._told.failures = self._failures
                 raise
+            if len(self._files) > OPEN_FILES:  # many schemas: the idle files closed
+                for digest in [d for d in self._files if d not in pending]:
+                    self._files.pop(digest).close()
 
 
-def _write_file(path: str, tables: list[pa.Table]) -> None:
-    """``tables`` (of one schema) as one Arrow IPC file, their rows in order;
-    categories made per group become one dictionary (a file holds one a
-    column), the rows where they were."""
+#: Parts a worker's file takes before the next part of its schema starts a
+#: new one: a reader parses every batch before the rows it wants.
+BATCHES_PER_FILE = 1024
+#: Files a worker keeps open at once (one per schema its groups returned).
+OPEN_FILES = 16
+
+
+class _OutputFile:
+    """A worker's Arrow IPC stream file of one schema: rows handed out
+    (``assigned``), batches written, and the stream once opened."""
+
+    __slots__ = ("path", "assigned", "batches", "_sink", "_stream")
+
+    def __init__(self, path: str) -> None:
+        self.path, self.assigned, self.batches = path, 0, 0
+        self._sink: Any = None
+        self._stream: Any = None
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def close(self) -> None:
+        """End the stream (its end marker written where it can be)."""
+        stream, sink, self._stream, self._sink = self._stream, self._sink, None, None
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.close()
+        with contextlib.suppress(Exception):
+            if sink is not None:
+                sink.close()
+
+
+def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
+    """``tables`` (of the file's schema) appended to ``file`` as one record
+    batch, in order, and flushed; categories made per group become the
+    batch's one dictionary (a batch holds one a column), the rows where they were."""
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if any(pa.types.is_dictionary(field.type) for field in table.schema):
         table = table.unify_dictionaries()
-    try:
-        with pa.OSFile(path + ".partial", "wb") as sink, \
-                pa.ipc.new_file(sink, table.schema) as out:
-            out.write_table(table)
-        os.replace(path + ".partial", path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(path + ".partial")
-        raise
+    table = table.combine_chunks()
+    if file._stream is None:
+        file._sink = pa.OSFile(file.path, "wb")
+        file._stream = pa.ipc.new_stream(file._sink, table.schema)
+    file._stream.write_table(table)
+    file._sink.flush()
+    os.stat(file.path)  # a file removed under the worker took the rows, and lost them
+    file.batches += 1
 
 
 def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
@@ -264,28 +320,28 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
     or a file's name for all of it) under ``directory``, in order, as one
     table of ``schema``. Each file is mapped once and its rows taken at once
     (neighbours in key order may lie in different files: the workers ran
-    batches side by side, and a retried group's rows lie in a later part's
-    file)."""
+    batches side by side, and a retried group's rows lie in another
+    worker's file), read up to the last row wanted."""
     import numpy as np
 
     if not refs:
         return schema.empty_table()
-    number: dict[str, int] = {}  # each file's place in ``tables``
-    tables: list[pa.Table] = []
-    which, offsets, counts = [], [], []
+    spans = []
     for ref in refs:
         name, _, span = ref.partition(":")
-        if name not in number:
-            number[name] = len(tables)
-            with pa.memory_map(os.path.join(directory, name)) as source:
-                tables.append(pa.ipc.open_file(source).read_all())
-        which.append(number[name])
-        if span:
-            offset, rows = (int(part) for part in span.split(":"))
-        else:
-            offset, rows = 0, tables[number[name]].num_rows
-        offsets.append(offset)
-        counts.append(rows)
+        offset, rows = (int(part) for part in span.split(":")) if span else (0, -1)
+        spans.append((name, offset, rows))
+    needed: dict[str, int] = {}  # the rows of each file read: up to the last one wanted
+    for name, offset, rows in spans:
+        needed[name] = -1 if rows < 0 or needed.get(name) == -1 else max(
+            needed.get(name, 0), offset + rows)
+    number = {name: position for position, name in enumerate(needed)}
+    tables = [_read_stream(os.path.join(directory, name), rows)
+              for name, rows in needed.items()]
+    which = [number[name] for name, _, _ in spans]
+    offsets = [offset for _, offset, _ in spans]
+    counts = [rows if rows >= 0 else tables[number[name]].num_rows
+              for name, _, rows in spans]
     file_of = np.repeat(np.asarray(which, dtype=np.int64), counts)
     starts = np.cumsum(counts) - np.asarray(counts)
     row_of = np.arange(len(file_of)) - np.repeat(starts - np.asarray(offsets), counts)
@@ -306,6 +362,26 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
     position = np.empty(len(by_file), dtype=np.int64)
     position[by_file] = np.arange(len(by_file))
     return whole.take(pa.array(position))
+
+
+def _read_stream(path: str, rows: int) -> pa.Table:
+    """A worker's output file's first ``rows`` rows at least (all, for -1),
+    mapped, not copied: the batches after them, and a torn one a killed
+    worker left at the end, are not read."""
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_stream(source)
+        batches, have = [], 0
+        while rows < 0 or have < rows:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            batches.append(batch)
+            have += batch.num_rows
+        table = pa.Table.from_batches(batches, schema=reader.schema)
+    if any(pa.types.is_dictionary(field.type) for field in table.schema):
+        table = table.unify_dictionaries()  # a dictionary a batch: one, for take
+    return table
 
 
 def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,
