@@ -196,5 +196,23 @@ def test_a_functions_source_is_its_own_lines_closure_or_not(fit):
 
     _, detail = code_identity(fit, None, lambda value: repr(value))
     own = [value for label, value in detail["sources"].items()
-           if label.endswith(fit.__code__.co_qualname)]
+           if label.endswith(getattr(fit.__code__, "co_qualname", fit.__qualname__))]
     assert own == [digest(inspect.getsource(fit.__code__))]
+
+
+def test_code_whose_file_is_gone_is_not_read_from_its_modules_loader():
+    """A function compiled under a path that is not on disk, into a module's
+    namespace (a by-value pickle, code exec'd there), has no source: its
+    module's loader must not lend it the module's own lines at its line numbers."""
+    import inspect
+    import json  # noqa: F401  (loaded: its loader is the one asked)
+
+    from manymodels.identity.codehash import _function_source
+
+    namespace = {"__name__": "json"}  # a module whose loader has its own lines
+    exec(compile("\n" * 12 + "def fit(df):\n    return df\n", "/nonexistent/cell_17.py",
+                 "exec"), namespace)
+    with pytest.raises(OSError):
+        inspect.getsource(namespace["fit"].__code__)
+    with pytest.raises(OSError):
+        _function_source(namespace["fit"])

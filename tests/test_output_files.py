@@ -252,8 +252,8 @@ def test_plain_frames_become_the_table_from_pandas_makes(tmp_path):
 def test_a_workers_parts_are_appended_to_one_file_until_it_is_full(tmp_path, monkeypatch):
     """A part of one group (a ``timeout=`` sends each group's outcome as it
     ends) made a file of its own: a worker's parts are appended to its file
-    of their schema, a record batch each, until it holds BATCHES_PER_FILE."""
-    monkeypatch.setattr(outputfiles, "BATCHES_PER_FILE", 3)
+    of their schema, until it holds PARTS_PER_FILE."""
+    monkeypatch.setattr(outputfiles, "PARTS_PER_FILE", 3)
     writer = _writer(tmp_path, lambda df: df)
     outs = []
     for key in range(7):  # a part a group
@@ -329,3 +329,36 @@ def test_closing_a_writer_keeps_its_rows_and_the_next_part_starts_a_file(tmp_pat
     schema = _schema_of(tmp_path / first.name)
     table = read_files(str(tmp_path), [second.ref, first.ref], schema)
     assert table.column("n").to_pylist() == [3, 1, 2]
+
+
+def test_an_empty_output_is_a_file_with_its_schema_and_a_changed_file_fails_its_part(
+        tmp_path):
+    """A schema whose outputs are all empty still makes a readable file (the
+    driver reads each schema from a file's head); a file another process
+    removed or cut short fails the next part, never takes rows elsewhere,
+    and a read of rows it no longer holds says so."""
+    writer = _writer(tmp_path, lambda df: df)
+    empty = writer(pd.DataFrame({"x": pd.Series([], dtype=float)}), key=1)
+    writer.seal_part()
+    assert empty.rows == 0
+    schema = engineoutputs._unified_schema(str(tmp_path), [empty], "dask")
+    assert schema.names == ["store", "x"]
+    assert read_files(str(tmp_path), [empty.ref], schema).num_rows == 0
+    first = writer(pd.DataFrame({"x": [1.0, 2.0]}), key=2)
+    writer.seal_part()
+    path = tmp_path / first.name
+    size = path.stat().st_size
+    with open(path, "r+b") as file:
+        file.truncate(size - 10)
+    writer(pd.DataFrame({"x": [3.0]}), key=3)
+    with pytest.raises(OSError, match="changed by another process"):
+        writer.seal_part()
+    assert path.stat().st_size == size - 10
+    with pytest.raises(OSError):
+        read_files(str(tmp_path), [first.ref], schema)
+    again = writer(pd.DataFrame({"x": [4.0]}), key=4)
+    writer.seal_part()  # a file of its own
+    assert again.name != first.name
+    assert read_files(str(tmp_path), [again.ref], schema).column("x").to_pylist() == [4.0]
+    with pytest.raises(OSError, match="holds 1 rows, not the 5"):
+        read_files(str(tmp_path), [f"{again.name}:0:5"], schema)

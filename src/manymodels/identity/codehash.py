@@ -24,6 +24,7 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
+import linecache
 import os
 import pickle
 import sys
@@ -198,7 +199,9 @@ class _CodeWalker:
             text = _function_source(fn)
         except (OSError, TypeError):
             text = _code_text(fn.__code__)
-        label = self._label(f"function:{module_name}.{fn.__code__.co_qualname}", fn)
+        # (Python 3.10's code has no qualified name: the function's, there)
+        qualname = getattr(fn.__code__, "co_qualname", fn.__qualname__)
+        label = self._label(f"function:{module_name}.{qualname}", fn)
         self.sources[label] = digest(text)
         self.value(f"{label}:defaults", (fn.__defaults__, fn.__kwdefaults__))
         for position, cell in enumerate(fn.__closure__ or ()):
@@ -302,8 +305,13 @@ def _function_source(fn: types.FunctionType) -> str:
     object, it finds the module by scanning every loaded one for its file
     (50 ms in a process that imported pandas, once: a tenth of an unchanged
     re-run of a million). A bare function of the same code and globals
-    names its module: the same lines, found at once."""
-    bare = types.FunctionType(fn.__code__, fn.__globals__, None, None, fn.__closure__)
+    names its module: the same lines, found at once, where they are read
+    from the code's file (or lines Python keeps for it: a notebook's cell).
+    Elsewhere the module's loader would give its own lines: found as before."""
+    code = fn.__code__
+    if not (code.co_filename in linecache.cache or os.path.isfile(code.co_filename)):
+        return inspect.getsource(code)
+    bare = types.FunctionType(code, fn.__globals__, None, None, fn.__closure__)
     return inspect.getsource(bare)
 
 

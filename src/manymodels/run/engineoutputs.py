@@ -31,9 +31,9 @@ So the result is lazy on Spark and Dask (each action reads the files again)
 and the files stay until the driver process exits; a Ray Dataset's blocks
 are read once, and the files removed then. A run that fails (an error with
 ``errors="raise"``, the error budget, Ctrl-C) removes its output directory
-at once: nothing half-written is left. A file of an attempt that crashed or
-timed out is never read (only the files of the outcomes the driver received
-are), and goes with the directory.
+at once: nothing half-written is left. The rows of an attempt that crashed
+or timed out are never read (only the rows of the outcomes the driver
+received are), and go with the directory.
 
 An engine's DataFrame has no row order to put a transform's rows back in,
 nor row labels: the outputs come in key order (a group's rows in the order

@@ -6,17 +6,18 @@ On the worker that ran a group, :class:`WriteOutputs` turns ``fn``'s output
 into an Arrow table with the group's key columns in front and holds it until
 the part of the batch it belongs to leaves the worker
 (:meth:`WriteOutputs.seal_part`, called by the executor just before it sends
-a part): the part's outputs are then appended, one record batch per schema,
-to the Arrow IPC stream file that this worker keeps open for that schema
-under the run's output directory, and flushed. A worker's file takes its
-parts until it holds :data:`BATCHES_PER_FILE` of them, so 200,000 small
+a part): the part's outputs are then appended, per schema, to the Arrow
+IPC stream file this worker keeps for that schema under the run's output
+directory (opened, appended to and closed: on a shared file system, what
+another machine then sees). A worker's file takes its
+parts until it holds :data:`PARTS_PER_FILE` of them, so 200,000 small
 groups make a few hundred files at most, not 200,000, even where each
 group is a part of its own (Ray's batches under a ``timeout=`` send each
 group's outcome as it ends). An output is on disk before the driver can learn of it. What
 travels back to the driver as the task's "model" is a
 :class:`WrittenOutput`: the file's name, where the group's rows start in it,
 their count and a digest of the schema. A worker killed mid-write leaves a
-torn message at its file's end, after the rows of every outcome it sent; a
+torn part at its file's end, after the rows of every outcome it sent; a
 task that crashed, ran past its timeout or was retried may leave rows no
 outcome names: the driver reads only the rows of the outcomes it received,
 and the directory goes as a whole.
@@ -29,7 +30,6 @@ in one group and a float one in another is a float column, as pandas'
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import threading
@@ -149,8 +149,8 @@ class WriteOutputs:
         self._seal(part_ends=True)
 
     def close(self) -> None:
-        """Close the files this copy holds open (the driver's, after a run on
-        threads; a worker process's close as it ends)."""
+        """Leave the files this copy appends to (their writers' memory): a
+        part after starts new ones."""
         with self._lock:
             files, self._files = self._files, {}
         for file in files.values():
@@ -168,11 +168,11 @@ class WriteOutputs:
                 for digest, tables in pending.items():
                     file = self._files[digest]
                     _append(file, tables)
-                    if file.batches >= BATCHES_PER_FILE:
+                    if file.parts >= PARTS_PER_FILE:
                         self._files.pop(digest).close()
             except BaseException:
                 self._failures += 1
-                # a file written to may end in a torn message: none is written to
+                # a file written to may end in a torn part: none is written to
                 # again (the rows before it, of outcomes already sent, stay readable)
                 for digest in pending:
                     file = self._files.pop(digest, None)
@@ -181,59 +181,93 @@ class WriteOutputs:
                 if part_ends:
                     self._told.failures = self._failures
                 raise
-            if len(self._files) > OPEN_FILES:  # many schemas: the idle files closed
+            if len(self._files) > OPEN_FILES:  # many schemas: the idle files left
                 for digest in [d for d in self._files if d not in pending]:
                     self._files.pop(digest).close()
 
 
 #: Parts a worker's file takes before the next part of its schema starts a
 #: new one: a reader parses every batch before the rows it wants.
-BATCHES_PER_FILE = 1024
-#: Files a worker keeps open at once (one per schema its groups returned).
+PARTS_PER_FILE = 1024
+#: Files of a worker's schemas it goes on appending to (one per schema its
+#: groups returned); past them, the idle ones are left as they are.
 OPEN_FILES = 16
 
 
 class _OutputFile:
     """A worker's Arrow IPC stream file of one schema: rows handed out
-    (``assigned``), batches written, and the stream once opened."""
+    (``assigned``), parts and bytes appended, and the stream's writer, which
+    writes into memory: each part's bytes are then appended to the file,
+    which is opened and closed again (on a shared file system, closing is
+    what shows the rows to other machines; no descriptor is held between
+    parts)."""
 
-    __slots__ = ("path", "assigned", "batches", "_sink", "_stream")
+    __slots__ = ("path", "assigned", "parts", "size", "_stream", "_written")
 
     def __init__(self, path: str) -> None:
-        self.path, self.assigned, self.batches = path, 0, 0
-        self._sink: Any = None
+        self.path, self.assigned, self.parts, self.size = path, 0, 0, 0
         self._stream: Any = None
+        self._written = _Written()
 
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
 
     def close(self) -> None:
-        """End the stream (its end marker written where it can be)."""
-        stream, sink, self._stream, self._sink = self._stream, self._sink, None, None
-        with contextlib.suppress(Exception):
-            if stream is not None:
-                stream.close()
-        with contextlib.suppress(Exception):
-            if sink is not None:
-                sink.close()
+        """Let go of the stream's writer (the file stays as it is: whole up
+        to its last part; a reader stops at its end)."""
+        self._stream = None
+
+
+class _Written:
+    """Where an IPC stream writer writes: the bytes since they were taken."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+
+    def write(self, data: Any) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        data, self._chunks = b"".join(self._chunks), []
+        return data
 
 
 def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
-    """``tables`` (of the file's schema) appended to ``file`` as one record
-    batch, in order, and flushed; categories made per group become the
-    batch's one dictionary (a batch holds one a column), the rows where they were."""
+    """``tables`` (of the file's schema) appended to ``file`` as its next
+    part, their rows in order, before the part is sent (an empty output
+    too: a file always begins with its schema); categories made per group
+    become the part's one dictionary (a batch holds one a column), the rows
+    where they were. A file that is not as this worker left it (removed,
+    cut short) fails the part instead of taking rows at other places."""
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if any(pa.types.is_dictionary(field.type) for field in table.schema):
         table = table.unify_dictionaries()
-    table = table.combine_chunks()
     if file._stream is None:
-        file._sink = pa.OSFile(file.path, "wb")
-        file._stream = pa.ipc.new_stream(file._sink, table.schema)
-    file._stream.write_table(table)
-    file._sink.flush()
-    os.stat(file.path)  # a file removed under the worker took the rows, and lost them
-    file.batches += 1
+        file._stream = pa.ipc.new_stream(file._written, table.schema)
+    batches = table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
+    for batch in batches:
+        file._stream.write_batch(batch)
+    data = file._written.take()
+    flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if file.size == 0 else 0)
+    descriptor = os.open(file.path, flags, 0o666)
+    try:
+        if os.fstat(descriptor).st_size != file.size:
+            raise OSError(f"the output file {file.name} was changed by another process: "
+                          "its part is not appended")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view):]
+    finally:
+        os.close(descriptor)
+    file.size += len(data)
+    file.parts += 1
 
 
 def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
@@ -379,6 +413,9 @@ def _read_stream(path: str, rows: int) -> pa.Table:
             batches.append(batch)
             have += batch.num_rows
         table = pa.Table.from_batches(batches, schema=reader.schema)
+    if have < rows:
+        raise OSError(f"the output file {os.path.basename(path)} holds {have} rows, not the "
+                      f"{rows} its groups were written to: it was changed since")
     if any(pa.types.is_dictionary(field.type) for field in table.schema):
         table = table.unify_dictionaries()  # a dictionary a batch: one, for take
     return table
