@@ -26,10 +26,11 @@ its tasks started and left running (:func:`end_own_processes`); the driver
 does the same for a worker it kills. A task that closes or redirects the
 standard streams does so for itself only (:class:`StandardStreams`).
 
-A worker runs :data:`~manymodels.machine.WORKER_NICENESS` steps nicer than the driver (see
-:func:`~manymodels.machine.worker_niceness`): the driver's one loop feeds every worker and its
-thread writes the store, so when the workers fill every core, a driver that
-waits for a core makes them all wait.
+A worker runs :func:`~manymodels.machine.worker_niceness` steps nicer than
+the driver (none unless ``MANYMODELS_WORKER_NICENESS`` asks): the driver's
+one loop feeds every worker and its thread writes the store, so when the
+workers fill every core of a machine left to the run, a driver that waits
+for a core makes them all wait.
 """
 
 from __future__ import annotations
