@@ -74,8 +74,9 @@ def usable_cores() -> int:
 #: :data:`NICENESS_VARIABLE` says otherwise: none, as with every other pool.
 #: A nicer worker yields to the driver, and to every other process on the
 #: machine too: on 2 cores beside one busy process, 2,000 models of a file
-#: each took 5.4-6.4 s at +5 against 3.3-4.7 s at 0 (three runs each). On a machine left to the run,
-#: +5 pays where the driver is the bottleneck: on 16 cores with 16 workers,
+#: each took 5.4-6.4 s at +5 against 3.3-4.7 s at 0 (three runs each). On a
+#: machine left to the run, +5 pays where the driver is the bottleneck: on
+#: 16 cores with 16 workers,
 #: a million models with a store took 4.20-4.48 s against 5.18-5.65 s (the
 #: driver's loop waited 0.67-0.81 s on its store writer, against 1.56-1.60 s).
 WORKER_NICENESS = 0
