@@ -223,6 +223,17 @@ def _million_targets(data: dict | None, why: str) -> list[dict[str, Any]]:
     return out
 
 
+def _nice_target(data: dict | None, default: dict | None, why: str) -> dict[str, Any]:
+    """The store's cost with the workers 5 steps nicer (opt-in), beside the default's."""
+    rows = (data or {}).get("cases", {})
+    ratio, wall = rows.get("mm+store", {}).get("ratio"), rows.get("mm+store", {}).get("wall_s")
+    plain = (default or {}).get("cases", {}).get("mm+store", {}).get("wall_s")
+    shown = (f"{ratio:.2f}x ({wall:.2f} s; at the default {plain:.2f} s)" if ratio and wall
+             and plain else f"{ratio:.2f}x" if ratio else "")
+    return _target("million, workers nice +5: with a store / without", ratio, 1.15, "info",
+                   shown, why)
+
+
 def _wall(case: dict | None, prefix: str) -> float | None:
     for row in (case or {}).get("rows", []):
         if row["tool"].startswith(prefix) and str(row["status"]).startswith("ok"):
@@ -314,6 +325,8 @@ def table(args: argparse.Namespace) -> int:
         return "not run" if record is None else f"step {step}: {record['status']}"
 
     targets = (_million_targets(_load(folder, "million.json"), why("million"))
+               + [_nice_target(_load(folder, "million-nice.json"),
+                               _load(folder, "million.json"), why("million-nice"))]
                + _files_sweep_targets(_load(folder, "files-sweep.json"), why("files-sweep"))
                + _gpu_targets(_load(folder, "gpu.json") if gpu else None,
                               _junit_counts(folder / "gpu-tests.xml") if gpu else None,

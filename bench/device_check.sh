@@ -14,6 +14,8 @@
 #   gpu          bench/gpu_bench.py: serial, an 8-process Pool, gpus_per_task 1..0.125
 #   linear       mm.linear(device="cuda") against the CPU at 1,000,000 groups
 #   million      bench/million_bench.py at 1,000,000 groups, one worker per core
+#   million-nice the same without and with a store, the workers 5 steps nicer
+#                (MANYMODELS_WORKER_NICENESS=5, not the default)
 #   files-sweep  one model per file and the RandomForest sweep against a Pool
 # --smoke runs the same steps at small sizes (at most 2 minutes on 2 cores); without
 # a GPU the GPU tests skip, gpu_bench.py exits saying so, mm.linear runs PyTorch on
@@ -111,6 +113,9 @@ else
 fi
 step million 240 "$py" bench/million_bench.py --groups "$groups" --workers "$cores" \
     --case-timeout 120 --out "$dest/million.json"
+step million-nice 120 env MANYMODELS_WORKER_NICENESS=5 "$py" bench/million_bench.py \
+    --groups "$groups" --workers "$cores" --cases "mm,mm+store" --case-timeout 60 \
+    --out "$dest/million-nice.json"
 step files-sweep 150 "$py" bench/device_check.py files-sweep --files "$files" \
     ${sweep:+--sweep "$sweep"} --workers "$cores" --out "$dest/files-sweep.json"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS = ["gpu-tests", "gpu", "linear", "million", "files-sweep"]
+STEPS = ["gpu-tests", "gpu", "linear", "million", "million-nice", "files-sweep"]
 
 
 def _copy_repo(target: Path) -> Path:
@@ -57,7 +57,8 @@ def test_smoke_run_writes_the_json_and_the_table_and_nothing_else(tmp_path):
     assert list(summary["steps"]) == STEPS
     statuses = {name: step["status"] for name, step in summary["steps"].items()}
     torch = importlib.util.find_spec("torch") is not None  # not in the test extra
-    for name in ("gpu-tests", "million", "files-sweep", *(["linear"] if torch else [])):
+    for name in ("gpu-tests", "million", "million-nice", "files-sweep",
+                 *(["linear"] if torch else [])):
         assert statuses[name] == "ok", statuses
     assert statuses["gpu"] in (("ok", "skipped: no GPU") if torch else
                                ("skipped: no PyTorch",)), statuses
@@ -73,6 +74,11 @@ def test_smoke_run_writes_the_json_and_the_table_and_nothing_else(tmp_path):
     line = targets["million: with a store / without <= 1.15x"]
     assert line["value"] == pytest.approx(rows["mm+store"]["ratio"])
     assert line["status"] == ("met" if line["value"] <= 1.15 else "NOT met")
+    nice = json.loads((out / "million-nice.json").read_text())["cases"]
+    assert set(nice) == {"mm", "mm+store"}
+    line = targets["million, workers nice +5: with a store / without"]
+    assert line["value"] == pytest.approx(nice["mm+store"]["ratio"])
+    assert line["status"] == "information"
     sweep = json.loads((out / "files-sweep.json").read_text())["sweep"]
     assert len(sweep["task_times_s"]) == 2 and sweep["longest_first_bound_s"] > 0
     assert targets["sweep: manymodels wall / longest-first bound <= 1.10"]["value"] > 0
