@@ -249,6 +249,10 @@ def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if any(pa.types.is_dictionary(field.type) for field in table.schema):
         table = table.unify_dictionaries()
+    try:  # one batch a part: a reader parses each batch it passes
+        table = table.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # a text column past 2 GiB: as it came
+        pass
     if file._stream is None:
         file._stream = pa.ipc.new_stream(file._written, table.schema)
     batches = table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
