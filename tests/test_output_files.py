@@ -365,3 +365,22 @@ def test_an_empty_output_is_a_file_with_its_schema_and_a_changed_file_fails_its_
     assert read_files(str(tmp_path), [again.ref], schema).column("x").to_pylist() == [4.0]
     with pytest.raises(OSError, match="holds 1 rows, not the 5"):
         read_files(str(tmp_path), [f"{again.name}:0:5"], schema)
+
+
+def test_categories_past_127_in_a_part_or_across_a_files_parts_read_back(tmp_path):
+    """pandas codes a few categories in 8 bits: a part whose groups, or a
+    file whose parts, hold more than 127 between them could be neither
+    written nor read back as one dictionary."""
+    writer = _writer(tmp_path, lambda df: pd.DataFrame(
+        {"c": pd.Categorical([f"{df['k'].iloc[0]}-{i}" for i in range(5)])}))
+    outs = []
+    for key in range(60):  # 300 categories: 30 groups a part, then a part a group
+        outs.append(writer(pd.DataFrame({"k": [key]}), key=key))
+        if key < 30 and key % 30 == 29 or key >= 30:
+            writer.seal_part()
+    assert len({out.name for out in outs}) == 1
+    schema = engineoutputs._unified_schema(str(tmp_path), outs, "dask")
+    table = read_files(str(tmp_path), [out.ref for out in reversed(outs)], schema)
+    assert table.column("c").to_pylist() == [f"{key}-{i}" for key in reversed(range(60))
+                                             for i in range(5)]
+    assert table.column("store").to_pylist()[:5] == [59] * 5

@@ -248,7 +248,7 @@ def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
     cut short) fails the part instead of taking rows at other places."""
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if any(pa.types.is_dictionary(field.type) for field in table.schema):
-        table = table.unify_dictionaries()
+        table = _wide_dictionaries(table).unify_dictionaries()
     try:  # one batch a part: a reader parses each batch it passes
         table = table.combine_chunks()
     except (pa.ArrowInvalid, pa.ArrowCapacityError):  # a text column past 2 GiB: as it came
@@ -272,6 +272,19 @@ def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
         os.close(descriptor)
     file.size += len(data)
     file.parts += 1
+
+
+def _wide_dictionaries(table: pa.Table) -> pa.Table:
+    """``table`` with each categorical column's codes 32 bits wide: pandas
+    makes them 8 bits for a few categories, and the groups of a part, or
+    the parts of a file a reader unifies, may hold more than 127 between them."""
+    schema = table.schema
+    for position, field in enumerate(schema):
+        kind = field.type
+        if pa.types.is_dictionary(kind) and kind.index_type.bit_width < 32:
+            schema = schema.set(position, field.with_type(
+                pa.dictionary(pa.int32(), kind.value_type, kind.ordered)))
+    return table if schema is table.schema else table.cast(schema)
 
 
 def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
