@@ -149,12 +149,10 @@ class WriteOutputs:
         self._seal(part_ends=True)
 
     def close(self) -> None:
-        """Leave the files this copy appends to (their writers' memory): a
-        part after starts new ones."""
+        """Let go of the files this copy appends to (their stream writers'
+        memory; no descriptor is held): a part after starts new ones."""
         with self._lock:
-            files, self._files = self._files, {}
-        for file in files.values():
-            file.close()
+            self._files = {}
 
     def _seal(self, part_ends: bool) -> None:
         with self._lock:
@@ -169,21 +167,19 @@ class WriteOutputs:
                     file = self._files[digest]
                     _append(file, tables)
                     if file.parts >= PARTS_PER_FILE:
-                        self._files.pop(digest).close()
+                        del self._files[digest]
             except BaseException:
                 self._failures += 1
                 # a file written to may end in a torn part: none is written to
                 # again (the rows before it, of outcomes already sent, stay readable)
                 for digest in pending:
-                    file = self._files.pop(digest, None)
-                    if file is not None:
-                        file.close()
+                    self._files.pop(digest, None)
                 if part_ends:
                     self._told.failures = self._failures
                 raise
             if len(self._files) > OPEN_FILES:  # many schemas: the idle files left
                 for digest in [d for d in self._files if d not in pending]:
-                    self._files.pop(digest).close()
+                    del self._files[digest]
 
 
 #: Parts a worker's file takes before the next part of its schema starts a
@@ -212,11 +208,6 @@ class _OutputFile:
     @property
     def name(self) -> str:
         return os.path.basename(self.path)
-
-    def close(self) -> None:
-        """Let go of the stream's writer (the file stays as it is: whole up
-        to its last part; a reader stops at its end)."""
-        self._stream = None
 
 
 class _Written:
