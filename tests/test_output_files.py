@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from manymodels.run import engineoutputs, outputfiles
-from manymodels.run.outputfiles import WriteOutputs, WrittenOutput, read_files
+from manymodels.run.outputfiles import WriteOutputs, WrittenOutput
+from manymodels.run.outputreads import read_files
 
 
 def _writer(tmp_path, fn, key_columns=("store",), params=()):

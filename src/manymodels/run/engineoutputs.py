@@ -59,13 +59,8 @@ from ..inputs.grids import ProductSource
 from ..inputs.sources import GroupSource, groups
 from ..planning.plan import asks_for_key
 from ..planning.staging import new_directory
-from .outputfiles import (
-    WriteOutputs,
-    WrittenOutput,
-    read_dask_chunk,
-    read_files,
-    read_spark_chunks,
-)
+from .outputfiles import WriteOutputs, WrittenOutput
+from .outputreads import read_dask_chunk, read_files, read_spark_chunks
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")

@@ -1,0 +1,120 @@
+"""The groups' outputs of ``mm.map_groups(fn, engine_df, ...)`` read back by
+the engine's workers, from the files the workers that ran the groups wrote
+(:mod:`manymodels.run.outputfiles`): each worker's stream file read up to the
+last row wanted, the rows named by the outcomes the driver received taken
+in the order asked, each cast to the schema the driver unified from the
+files' own schemas (an int column in one group and a float one in another
+is a float column, as pandas' ``concat`` makes it; a column some groups lack
+is null there).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``'s columns and types: a column it lacks is null."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
+    """On an engine's worker: the rows ``refs`` name (:attr:`WrittenOutput.ref`,
+    or a file's name for all of it) under ``directory``, in order, as one
+    table of ``schema``. Each file is mapped once and its rows taken at once
+    (neighbours in key order may lie in different files: the workers ran
+    batches side by side, and a retried group's rows lie in another
+    worker's file), read up to the last row wanted."""
+    import numpy as np
+
+    if not refs:
+        return schema.empty_table()
+    spans = []
+    for ref in refs:
+        name, _, span = ref.partition(":")
+        offset, rows = (int(part) for part in span.split(":")) if span else (0, -1)
+        spans.append((name, offset, rows))
+    needed: dict[str, int] = {}  # the rows of each file read: up to the last one wanted
+    for name, offset, rows in spans:
+        needed[name] = -1 if rows < 0 or needed.get(name) == -1 else max(
+            needed.get(name, 0), offset + rows)
+    number = {name: position for position, name in enumerate(needed)}
+    tables = [_read_stream(os.path.join(directory, name), rows)
+              for name, rows in needed.items()]
+    which = [number[name] for name, _, _ in spans]
+    offsets = [offset for _, offset, _ in spans]
+    counts = [rows if rows >= 0 else tables[number[name]].num_rows
+              for name, _, rows in spans]
+    file_of = np.repeat(np.asarray(which, dtype=np.int64), counts)
+    starts = np.cumsum(counts) - np.asarray(counts)
+    row_of = np.arange(len(file_of)) - np.repeat(starts - np.asarray(offsets), counts)
+    # each file's rows that are wanted, in the order wanted, conformed once
+    by_file = np.argsort(file_of, kind="stable")
+    bounds = np.searchsorted(file_of[by_file], np.arange(len(tables) + 1))
+    parts = []
+    for position, table in enumerate(tables):
+        rows = row_of[by_file[bounds[position]:bounds[position + 1]]]
+        if len(rows) and bool((np.diff(rows) == 1).all()):  # one run: a slice, no copy
+            table = table.slice(int(rows[0]), len(rows))
+        else:
+            table = table.take(pa.array(rows))
+        parts.append(conform(table, schema))
+    whole = pa.concat_tables(parts)
+    if bool((by_file == np.arange(len(by_file))).all()):
+        return whole  # already in the order wanted
+    position = np.empty(len(by_file), dtype=np.int64)
+    position[by_file] = np.arange(len(by_file))
+    return whole.take(pa.array(position))
+
+
+def _read_stream(path: str, rows: int) -> pa.Table:
+    """A worker's output file's first ``rows`` rows at least (all, for -1),
+    mapped, not copied: the batches after them, and a torn one a killed
+    worker left at the end, are not read."""
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_stream(source)
+        batches, have = [], 0
+        while rows < 0 or have < rows:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            batches.append(batch)
+            have += batch.num_rows
+        table = pa.Table.from_batches(batches, schema=reader.schema)
+    if have < rows:
+        raise OSError(f"the output file {os.path.basename(path)} holds {have} rows, not the "
+                      f"{rows} its groups were written to: it was changed since")
+    if any(pa.types.is_dictionary(field.type) for field in table.schema):
+        table = table.unify_dictionaries()  # a dictionary a batch: one, for take
+    return table
+
+
+def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,
+                      schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Spark's ``mapInArrow`` function: rows of refs (a ``files`` list each)
+    in, their rows out, in order."""
+    for batch in batches:
+        for names in batch.column("files").to_pylist():
+            yield from read_files(directory, names, schema).to_batches()
+
+
+def read_dask_chunk(chunk: tuple[list[str], int], directory: str, schema: pa.Schema) -> Any:
+    """Dask's ``from_map`` function: one partition's files as a pandas frame,
+    its index the rows' positions in the whole result."""
+    import pandas as pd
+
+    names, start = chunk
+    frame = read_files(directory, names, schema).to_pandas()
+    frame.index = pd.RangeIndex(start, start + len(frame))
+    return frame
