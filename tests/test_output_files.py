@@ -319,20 +319,81 @@ def test_many_schemas_keep_a_few_files_open_and_categories_change_by_part(tmp_pa
     assert table.column("c").to_pylist() == ["x", "y", "x"]
 
 
-def test_closing_a_writer_keeps_its_rows_and_the_next_part_starts_a_file(tmp_path):
-    """The driver closes the files a run on threads wrote from its own
-    process: what they hold stays readable, and a part after starts anew."""
-    writer = _writer(tmp_path, lambda df: df)
-    first = writer(pd.DataFrame({"n": [1, 2]}), key=1)
-    writer.seal_part()
-    writer.close()
-    assert writer._files == {}
-    second = writer(pd.DataFrame({"n": [3]}), key=2)
-    writer.seal_part()
-    assert second.name != first.name
-    schema = _schema_of(tmp_path / first.name)
-    table = read_files(str(tmp_path), [second.ref, first.ref], schema)
-    assert table.column("n").to_pylist() == [3, 1, 2]
+def test_each_worker_copy_writes_alone_so_one_failed_write_fails_no_other_part(
+        tmp_path, monkeypatch):
+    """On the threads backend the workers share the run's writer; each
+    executor takes its own copy: a write that fails on one worker fails that
+    worker's part only, and the other's outputs are written and read back."""
+    shared = _writer(tmp_path, lambda df: df)
+    ones, twos = shared.worker_copy(), shared.worker_copy()
+    assert ones is not shared and ones._files is not twos._files
+    one = ones(pd.DataFrame({"n": [1]}), key=1)
+    two = twos(pd.DataFrame({"n": [2, 2]}), key=2)
+    assert one.name != two.name  # a file a worker
+
+    real_append = outputfiles._append
+
+    def full_disk_for_ones(file, tables):
+        if file.name == one.name:
+            raise OSError(28, "No space left on device")
+        return real_append(file, tables)
+
+    monkeypatch.setattr(outputfiles, "_append", full_disk_for_ones)
+    with pytest.raises(OSError, match="No space left"):
+        ones.seal_part()
+    twos.seal_part()  # not failed by the other worker's write
+    schema = _schema_of(tmp_path / two.name)
+    assert read_files(str(tmp_path), [two.ref], schema).column("n").to_pylist() == [2, 2]
+    again = twos(pd.DataFrame({"n": [3]}), key=3)
+    twos.seal_part()
+    assert read_files(str(tmp_path), [again.ref], schema).column("n").to_pylist() == [3]
+
+
+class _NoRows:
+    """A run's data for an executor built here: its tasks take no rows."""
+
+    passes_data = False
+
+    def open(self, table):
+        return self
+
+
+def test_each_executor_takes_its_own_copy_of_the_writer(tmp_path):
+    from manymodels.engine.execution import Executor, RunContext
+
+    shared = _writer(tmp_path, lambda df: df)
+    first, second = (Executor(RunContext(fit=shared, data=_NoRows())) for _ in range(2))
+    assert isinstance(first.fit, WriteOutputs) and first.fit is not shared
+    assert first.fit is not second.fit and first._seal_fit_part.__self__ is first.fit
+
+
+def test_a_large_part_goes_to_its_file_without_being_copied_whole(tmp_path):
+    """A part's columns are written from the table's own memory: appending
+    a 200 MB part raises the worker's peak memory by far less than the part
+    (gathering its bytes first raised it by three times the part)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import resource, numpy as np, pandas as pd
+from manymodels.run.outputfiles import WriteOutputs
+from manymodels.run.outputreads import read_files
+writer = WriteOutputs(lambda df: df, {str(tmp_path)!r}, ["store"], [], passes_key=False)
+frame = pd.DataFrame({{"x": np.arange(25_000_000, dtype=np.float64)}})  # 200 MB
+writer.HOLD_BYTES = 1 << 40
+out = writer(frame, key=1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+writer.seal_part()
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) // 1024, out.rows)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    grown_mb, rows = map(int, done.stdout.split())
+    assert rows == 25_000_000
+    assert grown_mb < 50, f"appending a 200 MB part raised the peak by {grown_mb} MB"
+    files = list(tmp_path.glob("out-*.arrow"))
+    assert len(files) == 1 and files[0].stat().st_size > 400_000_000  # key and x columns
 
 
 def test_an_empty_output_is_a_file_with_its_schema_and_a_changed_file_fails_its_part(

@@ -136,7 +136,9 @@ class Executor:
     """Runs batches of tasks for one worker of one run."""
 
     def __init__(self, context: RunContext, table: Any = None, shared: dict | None = None):
-        self.fit = context.fit
+        # a fit with state of its own per worker (map_groups' output writer) gives each its copy
+        worker_copy = getattr(context.fit, "worker_copy", None)
+        self.fit = worker_copy() if worker_copy is not None else context.fit
         self.passes_data = context.data.passes_data
         self.retry_on = tuple(context.retry_on)
         self.shared = _arrays_read_only(shared if shared is not None else (context.shared or {}))

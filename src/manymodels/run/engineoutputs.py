@@ -111,12 +111,10 @@ class EngineOutputs:
             self.discard()
 
     def discard(self) -> None:
-        self.fn.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def frame(self, outputs: list[WrittenOutput]) -> Any:
         """The outputs (in key order) as the engine's table, read by its workers."""
-        self.fn.close()  # the stream writers a run on threads left here
         try:
             schema = _unified_schema(self.directory, outputs, self.engine_frame.engine)
             files = [(out.ref, out.rows) for out in outputs if out.name and out.rows]
