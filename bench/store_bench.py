@@ -6,8 +6,13 @@ Two measurements, each with its own ratio (issue targets in brackets):
   without ``store=``: wall(store) / wall(no store)  [<= 1.10]
 * rerun: an unchanged re-run with the same store, hashing included:
   wall(rerun) / wall(first run)  [<= 0.05]
+* large models: models of 4 MB each (above the 1 MiB a model is a file of
+  the store's), with and without ``store=``: the wall ratio, and the
+  driver's own CPU (all its threads) per model, which the workers' writing
+  of their model files keeps off the driver.
 
-Usage: python bench/store_bench.py [--groups 100000] [--rerun-groups 10000] [--out FILE]
+Usage: python bench/store_bench.py [--groups 100000] [--rerun-groups 10000]
+       [--large 200] [--out FILE]
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -46,16 +52,30 @@ def make_table(groups: int, rows: int, path: Path) -> Path:
     return path
 
 
-def timed(**kwargs) -> tuple[float, mm.Run]:
+def fit_large(item):
+    """40 ms of work, then a model of 4 MB (its values do not compress)."""
+    deadline = time.process_time() + 0.04
+    while time.process_time() < deadline:
+        pass
+    return np.random.default_rng(item).random(500_000)
+
+
+def timed(fit_fn=fit, **kwargs) -> tuple[float, mm.Run]:
     begin = time.perf_counter()
-    run = mm.train(fit, progress=False, **kwargs)
+    run = mm.train(fit_fn, progress=False, **kwargs)
     return time.perf_counter() - begin, run
+
+
+def driver_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--groups", type=int, default=100_000)
     parser.add_argument("--rerun-groups", type=int, default=10_000)
+    parser.add_argument("--large", type=int, default=200)
     parser.add_argument("--out", default="bench/results/store.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mm-store-bench-"))
@@ -77,6 +97,22 @@ def main() -> None:
         rows_out.append({"measure": f"unchanged re-run of {args.rerun_groups:,} models",
                          "first_run_s": first, "rerun_s": again, "ratio": again / first,
                          "target": "<= 0.05"})
+
+        if args.large:
+            times, cpus = {}, {}
+            for case, store in (("without", None), ("with", work / "store-c")):
+                cpu = driver_cpu_s()
+                times[case], run = timed(fit_large, source=mm.items(range(args.large)),
+                                         store=store, workers=2)
+                cpus[case] = (driver_cpu_s() - cpu) / args.large * 1e3
+                assert len(run.models) == args.large
+            rows_out.append({"measure": f"record {args.large:,} models of 4 MB",
+                             "without_store_s": times["without"],
+                             "with_store_s": times["with"],
+                             "ratio": times["with"] / times["without"],
+                             "driver_cpu_ms_a_model_without": cpus["without"],
+                             "driver_cpu_ms_a_model_with": cpus["with"],
+                             "target": "as the first"})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -85,6 +121,9 @@ def main() -> None:
         base = row.get("without_store_s", row.get("first_run_s"))
         other = row.get("with_store_s", row.get("rerun_s"))
         print(f"{row['measure']:40} {base:9.2f} {other:9.2f} {row['ratio']:7.3f}  {row['target']}")
+        if "driver_cpu_ms_a_model_with" in row:
+            print(f"{'  driver CPU a model, ms':40} {row['driver_cpu_ms_a_model_without']:9.2f} "
+                  f"{row['driver_cpu_ms_a_model_with']:9.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

@@ -135,6 +135,38 @@ def test_a_rerun_reuses_through_the_workers_hashes(engine, table, tmp_path):
     _results_frame_is_the_engines(third, engine[0])
 
 
+def fit_large(df):
+    """A model of 1.1 MB pickled: a file of the store's, not a pack."""
+    return np.full(140_000, float(df["y"].sum()))
+
+
+def _workers_wrote_the_model_files(run, store: Path, groups: int) -> None:
+    registry = mm.Store(store)
+    rows = {path for (path,) in registry._conn.execute(
+        "SELECT path FROM artifacts WHERE path IS NOT NULL")}
+    files = {p.relative_to(store).as_posix() for p in (store / "artifacts").rglob("*")
+             if p.is_file()}
+    assert len(rows) == groups and files == rows  # no marker, no temporary left
+    for key, model in zip(run.results["store"], run.models.values(), strict=True):
+        np.testing.assert_array_equal(registry.load(key), model)
+
+
+def test_the_engines_workers_write_large_models_into_the_store(engine, table, tmp_path,
+                                                              monkeypatch):
+    """The driver receives each large model's name and writes its row only."""
+    from manymodels.store import artifacts
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the driver wrote a model's bytes")
+
+    monkeypatch.setattr(artifacts, "write_artifact", refused)
+    store = tmp_path / "store"
+    run = mm.train(fit_large, mm.groups(_engine_frame(engine, table), by="store"),
+                   backend=engine[0], workers=2, store=store, progress=False)
+    assert run.summary().statuses == {"ok": 10}
+    _workers_wrote_the_model_files(run, store, 10)
+
+
 def _results_frame_is_the_engines(run, engine_name: str) -> None:
     """run.results_frame() is the engine's own table of run.results' rows."""
     frame = run.results_frame()
@@ -342,6 +374,22 @@ def test_a_ray_dataset_is_grouped_by_ray_data_and_trained_on_ray(local_ray, tabl
     pd.testing.assert_frame_equal(transformed.to_pandas(), expected, check_dtype=False)
     with pytest.raises(ValueError, match="column 'shop' is not in the Ray Dataset"):
         mm.groups(_ray_dataset(local_ray, table), by="shop")
+
+
+@pytest.mark.ray
+def test_rays_workers_write_large_models_into_the_store(local_ray, table, tmp_path,
+                                                      monkeypatch):
+    from manymodels.store import artifacts
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the driver wrote a model's bytes")
+
+    monkeypatch.setattr(artifacts, "write_artifact", refused)
+    store = tmp_path / "store"
+    run = mm.train(fit_large, mm.groups(_ray_dataset(local_ray, table), by="store"),
+                   backend="ray", workers=2, store=store, progress=False)
+    assert run.summary().statuses == {"ok": 10}
+    _workers_wrote_the_model_files(run, store, 10)
 
 
 @pytest.mark.ray

@@ -298,8 +298,9 @@ def test_store_on_a_read_only_file_system_opens_for_reading(tmp_path):
 def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_path):
     """``Store.gc`` decodes the blocks before its write transaction and, inside
     it, only the blocks written since (a run committing meanwhile is kept
-    whole); a stray file is removed, but not one newer than the collection (a
-    writer puts a large model's file in place before the row naming it)."""
+    whole); a stray file is removed, but not one under an hour old (a worker
+    or a writer puts a large model's file in place before the row naming it);
+    a deleted run's model file goes at once."""
     import os
     import time
 
@@ -337,10 +338,14 @@ def test_gc_reads_blocks_before_it_locks_and_leaves_a_file_placed_meanwhile(tmp_
     for file in (stray, placed):
         file.parent.mkdir(exist_ok=True)
         file.write_bytes(b"x" * 10)
-    os.utime(stray, (time.time() - 60, time.time() - 60))
-    os.utime(placed, (time.time() + 60, time.time() + 60))  # as if written during the gc
+    os.utime(stray, (time.time() - 7200, time.time() - 7200))
+    os.utime(placed, (time.time() - 60, time.time() - 60))  # its row is on its way
     assert registry.gc() == 2  # the stray file and the deleted run's model
     assert not stray.exists() and placed.exists()
+    files = {p.relative_to(store).as_posix() for p in (store / "artifacts").rglob("*")
+             if p.is_file()}  # the deleted run's model file went with its row
+    assert files == {path for (path,) in conn.execute(
+        "SELECT path FROM artifacts WHERE path IS NOT NULL")} | {"artifacts/cd/" + placed.name}
     np.testing.assert_array_equal(registry.load(5, fourth.run_id), fit_large(5))
     for item in range(4):  # every model any run names is kept
         np.testing.assert_array_equal(registry.load(item, later.run_id if item >= 2 else 1),

@@ -65,6 +65,9 @@ class RunContext:
     #: Where tasks keep their checkpoints, when ``fit`` takes a ``checkpoint``
     #: (:class:`manymodels.engine.checkpointspace.CheckpointSpace`).
     checkpoints: Any = None
+    #: Where a worker writes its large models itself, for a store
+    #: (:class:`manymodels.engine.modelfiles.ModelFiles`).
+    model_files: Any = None
 
 
 @dataclass
@@ -148,6 +151,7 @@ class Executor:
         self.pickle_models = context.pickle_models
         self.data = context.data.open(table if table is not None else context.table)
         self.checkpoints = context.checkpoints
+        self.model_files = context.model_files
         #: Why this worker's CUDA context is unusable, once a task broke it.
         self.broken: str | None = None
         #: Set by a worker that retires once its CUDA context is broken (the
@@ -234,8 +238,9 @@ class Executor:
         """The model's pickled bytes (see ``RunContext.pickle_models``): a
         small one joins the part's :class:`~.partpacks.ModelPack` (sealed as the part is
         sent: :meth:`_parted`), a large one goes as :class:`Pickled` (for a
-        store, with its SHA-256) or, holding large buffers, as it is (the data
-        plane's zero-copy way)."""
+        store, with its SHA-256, or written into the store where this worker
+        sees it: :mod:`.modelfiles`) or, holding large buffers, as it is (the
+        data plane's zero-copy way)."""
         parts = small_array_parts(model)
         if parts is not None:  # small: its pack keeps its kind's head and tail once
             return self._packer.model(index, parts[1], (parts[0], parts[2]))
@@ -243,7 +248,13 @@ class Executor:
             data = pickle_any(model)
             if len(data) < PACKED_BELOW:
                 return self._packer.model(index, data)
-            return Pickled(data, hashlib.sha256(data).hexdigest())
+            digest = hashlib.sha256(data).hexdigest()
+            if self.model_files is not None and self.model_files.visible():
+                try:
+                    return self.model_files.write(data, digest)  # its bytes stay here
+                except OSError:  # (a full or read-only disk here) the driver writes them
+                    pass
+            return Pickled(data, digest)
         large: list[int] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..engine.messages import FAILURE_STATUSES, Pickled, Status
 from ..engine.metriccolumns import metric_columns
+from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack, PackedModel, unpacked
 from ..engine.records import STATUS_NAMES, TaskRecords
 from ..evaluation.splitters import WINDOWS
@@ -51,7 +52,7 @@ def _loaded(model: Any, index: int) -> Any:
     """Task ``index``'s model itself, where a worker sent it pickled (alone or
     in a :class:`~manymodels.engine.partpacks.ModelPack`)."""
     model = unpacked(model, index)
-    return model.load() if isinstance(model, (Pickled, PackedModel)) else model
+    return model.load() if isinstance(model, (Pickled, PackedModel, ModelFile)) else model
 
 
 #: A backend's workers, as a sentence names them ("2 process workers").

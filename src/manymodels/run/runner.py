@@ -10,6 +10,7 @@ start the backend, hand the plan to the scheduler, and select the winners.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from typing import Any
 
 from ..engine.backends import Backend, backend_class
 from ..engine.execution import RunContext
+from ..engine.modelfiles import ModelFiles
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
 from ..evaluation.selection import Halving, HalvingSearch, Selection
@@ -143,10 +145,15 @@ def train(
                                   hooks, plan, RunInfo.describe(
                                       plan, fit, source, engine, options, store, recorder))
                               if hooks else None)
+        if store is not None:  # workers that see the store write their large models there
+            with contextlib.suppress(OSError):  # (else they send them, as they would)
+                context.model_files = ModelFiles.open(store.path)
         try:
             run = scheduler.run(context, began)
         finally:
             checkpointing.close(context.checkpoints, store)
+            if context.model_files is not None:
+                context.model_files.close()
             if live is not None:
                 live.close()
     if selection is not None:

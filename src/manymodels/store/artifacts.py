@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..engine.modelfiles import ModelFile, relative_path, write_model_file
 from ..engine.partpacks import PACKED_BELOW
 from . import packs
 from .database import StoreIntegrityError
@@ -46,27 +46,36 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
         conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, blob) VALUES (?, ?, ?)",
                      (digest, len(data), data))
         return digest, len(data)
-    relative = f"artifacts/{digest[:2]}/{digest}"
-    target = root / relative
-    if corrupt or not _intact_file(target, len(data)):
-        target.parent.mkdir(mode=0o700, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.chmod(temporary, 0o600)
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+    relative = relative_path(digest)
+    if corrupt or not _intact_file(root / relative, len(data)):
+        write_model_file(root, data, digest)
     else:  # the same bytes are there: made new again, so a gc running now leaves them
         try:
-            os.utime(target)
+            os.utime(root / relative)
         except OSError:
             pass
     conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, path) VALUES (?, ?, ?)",
                  (digest, len(data), relative))
     return digest, len(data)
+
+
+def record_model_file(conn: sqlite3.Connection, root: Path, model: ModelFile) -> str:
+    """The row of a large model a worker wrote into the store itself (see
+    :mod:`manymodels.engine.modelfiles`; inside the caller's transaction);
+    return its SHA-256. Its file must be there, whole: a worker that saw
+    the store wrote it before sending its outcome."""
+    if not _intact_file(root / model.path, model.size):
+        raise StoreIntegrityError(
+            f"the model file {model.path} a worker wrote into store {str(root)!r} is not "
+            f"there with its {model.size} bytes: is the store on a path every worker sees "
+            "as the driver does?")
+    if conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
+                    (model.sha256,)).fetchone() is not None:  # the worker wrote it afresh
+        conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (model.sha256,))
+        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (model.sha256,))
+    conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, path) VALUES (?, ?, ?)",
+                 (model.sha256, model.size, model.path))
+    return model.sha256
 
 
 def _intact_file(path: Path, size: int) -> bool:

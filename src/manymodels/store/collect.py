@@ -2,7 +2,7 @@
 
 Safe beside a run that writes the store (another driver's): the blocks are
 decoded before the write transaction, and inside it only the blocks not yet
-read; a file newer than the collection is left.
+read; a file no row names is left until it is an hour old.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
 from .database import INDEX_NAME
 
+#: How old a file no row names must be before it is collected: a run's
+#: worker may have written it, its row on its way (a second, usually; longer
+#: while another driver holds the store's lock). A crashed run's files wait.
+STRAY_AGE_S = 3600.0
+
 
 def collect(conn: sqlite3.Connection, root: Path) -> int:
     """Remove artifacts and packs no run references, stray files, and the
@@ -27,8 +32,10 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
     locators take seconds to decode, and a run training into the store
     meanwhile would wait for its commits); inside it, only the blocks
     written since (a block id reused after a run was deleted included).
-    A stray file newer than the collection is left: a run's writer puts
-    a large model's file in place before the row that names it."""
+    A file no row names is left until it is :data:`STRAY_AGE_S` old: a
+    worker, or a run's writer, puts a large model's file in place before
+    the row that names it (:mod:`manymodels.engine.modelfiles`); one whose
+    row goes now is left only if written since the collection began."""
     began = time.time()
     named, read = referenced_artifacts(conn)
     conn.execute("BEGIN IMMEDIATE")
@@ -51,14 +58,18 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
         conn.execute("ROLLBACK")
         raise
     removed = len(dead) + sum(models for _, models in dead_packs)
+    dead_paths = {path for _, path in dead if path}
     nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
     for file in (root / "artifacts").rglob("*"):
         relative = file.relative_to(root).as_posix()
         if any(folder in file.parents for folder in nested):  # another store: not ours
             continue
-        if file.is_file() and relative not in known and _older_than(file, began):
+        # a row deleted here: its file goes, unless written again meanwhile
+        # (the same model, trained again); no row: only an old one goes
+        if file.is_file() and relative not in known and _older_than(
+                file, began if relative in dead_paths else began - STRAY_AGE_S):
             file.unlink(missing_ok=True)
-            removed += relative not in {p for _, p in dead if p}
+            removed += relative not in dead_paths
     removed += collect_checkpoints(conn, root)
     conn.execute("VACUUM")
     return removed

@@ -10,6 +10,7 @@ from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 from ..engine.messages import Pickled
+from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import PackedModel
 from . import artifacts
 
@@ -93,7 +94,7 @@ class ModelMap(Mapping):
         except TypeError:  # unhashable: as the map holds it
             key = KeyByText(key)
             value = self._items[key]
-        if isinstance(value, (StoredModel, Pickled, PackedModel)):  # loaded when asked for
+        if isinstance(value, (StoredModel, Pickled, PackedModel, ModelFile)):  # loaded if asked
             value = self._items[key] = value.load()
         return value
 

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..engine.dataplane import pickle_any
 from ..engine.messages import Pickled, Status
 from ..engine.metricpacks import MetricTexts
+from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack
 from ..engine.records import CANCELLED_CODE, FAILED_CODE, OK_CODE, STATUS_NAMES
 from ..identity.hashing import TaskIdentities
@@ -45,7 +46,7 @@ HANDOVER_TASKS = 20_000
 #: over this often, so the commit left after the last result is small.
 TAIL_COMMIT_EVERY_S = 0.2
 #: How a worker process sends a model it pickled: ready for the writer as it is.
-_SENT = (Pickled, ModelPack)
+_SENT = (Pickled, ModelPack, ModelFile)
 #: What a hand-over's models may all be for none to need pickling here.
 _READY = {*_SENT, type(None)}
 #: How often, at most, the writer hands the memory freed since back to the

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from ..engine.metriccolumns import metrics_texts
 from ..engine.metricpacks import MetricsPack
+from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack, distinct_objects
 from ..identity.hashing import TaskIdentities
 from . import artifacts, database, packs, taskblocks
@@ -36,7 +37,8 @@ from . import artifacts, database, packs, taskblocks
 #: list in the same order (``task_index``, ``status``, ``attempts``,
 #: ``duration_s``, ``started_at``, ``worker``, ``metrics``, ``error``) and
 #: ``model``: each task's model as :class:`manymodels.engine.messages.Pickled` bytes,
-#: the :class:`~manymodels.engine.partpacks.ModelPack` a worker sent it in, or None.
+#: the :class:`~manymodels.engine.partpacks.ModelPack` a worker sent it in, the
+#: :class:`~manymodels.engine.modelfiles.ModelFile` a worker wrote, or None.
 Handover = dict
 
 
@@ -168,7 +170,8 @@ class StoreWriter:
 
         The packs workers sent (:class:`ModelPack`) are written whole, their
         bytes as they came; a small model pickled in the driver joins one more
-        pack; a large one is an artifact of its own (see :mod:`.artifacts`)."""
+        pack; a large one is an artifact of its own (see :mod:`.artifacts`),
+        whose file its worker may have written (only its row is written here)."""
         # one pass in C over the rows: the few distinct objects they name (the
         # packs, shared by all the tasks of a part; None), each classified once
         count = len(models)
@@ -187,6 +190,10 @@ class StoreWriter:
                 continue
             if type(model) is ModelPack:
                 sent.append((model, by_object[bounds[number]:bounds[number + 1]]))
+            elif type(model) is ModelFile:  # its worker wrote it: its row alone
+                large_objects.append(number)
+                large.append(artifacts.record_model_file(conn, self.root, model))
+                large_sizes.append(model.size)
             elif len(model.data) < artifacts.SMALL_ARTIFACT:
                 small_objects.append(number)
                 small.append(model.data)

@@ -1,0 +1,112 @@
+"""Large models written by the worker that trained them, straight into the
+store's folder, so that their bytes never pass through the driver.
+
+A model that pickles to :data:`~.partpacks.PACKED_BELOW` (1 MiB) or more is
+a file of a store's, ``artifacts/<2 hex>/<sha256>`` (content-addressed: the
+same bytes make the same name, whoever writes them, two drivers included).
+With a store, the worker that pickled it writes that file itself (to a
+temporary name, then renamed: a reader never sees part of one) and sends
+the driver a :class:`ModelFile`, its name, size and SHA-256; the driver's
+writer only records the row that names it. On a cluster this needs the
+store on a path every node sees: a worker first looks for the run's
+marker file there (:class:`ModelFiles`), and where it does not see it (a
+node with a disk of its own) it sends the bytes to the driver as before.
+
+The store collects a file no row names only once it is an hour old
+(:mod:`manymodels.store.collect`): a worker's file waits for its row for
+about a second, the writer's hand-over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: A store's folder of model files, under its root.
+FOLDER = "artifacts"
+
+
+def relative_path(digest: str) -> str:
+    """Where the model of SHA-256 ``digest`` lies, under a store's root."""
+    return f"{FOLDER}/{digest[:2]}/{digest}"
+
+
+def write_model_file(root: Path, data: bytes | memoryview, digest: str) -> str:
+    """Put ``data`` (of SHA-256 ``digest``) in place under ``root``, whole or
+    not at all; return its relative path. Owner-only, as the store is."""
+    relative = relative_path(digest)
+    target = root / relative
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return relative
+
+
+class ModelFile:
+    """A large model a worker wrote into the store (see the module
+    docstring): what the driver receives instead of its bytes. ``load()``
+    reads it back, checked against its SHA-256 before it is unpickled."""
+
+    __slots__ = ("sha256", "size", "path", "root")
+
+    def __init__(self, sha256: str, size: int, path: str, root: str) -> None:
+        self.sha256, self.size, self.path, self.root = sha256, size, path, root
+
+    def __reduce__(self) -> tuple:
+        return (ModelFile, (self.sha256, self.size, self.path, self.root))
+
+    def load(self) -> Any:
+        data = Path(self.root, self.path).read_bytes()
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise OSError(f"the model file {self.path} in store {self.root!r} does not "
+                          "hold the bytes its worker wrote (changed or cut short since)")
+        return pickle.loads(data)
+
+
+@dataclass
+class ModelFiles:
+    """Where a run's workers write their large models: the store's ``root``,
+    and the ``marker`` file the driver put there for the run (see
+    :meth:`open`), which a worker must see to write there."""
+
+    root: str
+    marker: str
+    _visible: bool | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def open(cls, root: Path) -> ModelFiles:
+        """Mark ``root`` as the run's (the marker is removed by :meth:`close`;
+        one a crash leaves is collected with the store's strays)."""
+        folder = root / FOLDER
+        folder.mkdir(mode=0o700, exist_ok=True)
+        descriptor, marker = tempfile.mkstemp(dir=folder, prefix=".run-")
+        os.close(descriptor)
+        return cls(str(root), os.path.relpath(marker, root))
+
+    def close(self) -> None:
+        Path(self.root, self.marker).unlink(missing_ok=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "marker": self.marker, "_visible": None}
+
+    def visible(self) -> bool:
+        """Whether this worker sees the store (asked once a worker)."""
+        if self._visible is None:
+            self._visible = os.path.exists(os.path.join(self.root, self.marker))
+        return self._visible
+
+    def write(self, data: bytes, digest: str) -> ModelFile:
+        return ModelFile(digest, len(data), write_model_file(Path(self.root), data, digest),
+                         self.root)

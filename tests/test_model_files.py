@@ -1,0 +1,129 @@
+"""Large models written into the store by the workers that trained them
+(engine/modelfiles.py): the driver receives only their names and writes only
+their rows; a worker that does not see the store sends the bytes as before.
+The engines' workers do the same: tests/test_engine_frames.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import manymodels as mm
+from manymodels.engine.modelfiles import ModelFile
+from manymodels.store import artifacts
+
+
+def fit_large(item):
+    """A model of 1.1 MB pickled, so a file of the store's, not a pack."""
+    return np.full(140_000, float(item))
+
+
+def _model_files(store: Path) -> set[str]:
+    return {p.relative_to(store).as_posix() for p in (store / "artifacts").rglob("*")
+            if p.is_file()}
+
+
+@pytest.fixture
+def driver_never_writes_model_bytes(monkeypatch):
+    """The driver's own write of a model's bytes fails the test."""
+    def refused(*args, **kwargs):
+        raise AssertionError("the driver wrote a model's bytes")
+
+    monkeypatch.setattr(artifacts, "write_artifact", refused)
+
+
+@pytest.mark.parametrize("backend", ["processes", "threads", "serial"])
+def test_workers_write_their_large_models_and_the_driver_only_their_rows(
+        backend, tmp_path, driver_never_writes_model_bytes):
+    store = tmp_path / "store"
+    run = mm.train(fit_large, mm.items(range(6)), backend=backend, workers=2, store=store,
+                   progress=False)
+    assert run.summary().statuses == {"ok": 6}
+    registry = mm.Store(store)
+    rows = {path for (path,) in registry._conn.execute(
+        "SELECT path FROM artifacts WHERE path IS NOT NULL")}
+    assert len(rows) == 6 and _model_files(store) == rows  # no marker, no temporary left
+    for item in range(6):
+        np.testing.assert_array_equal(registry.load(item), fit_large(item))
+        np.testing.assert_array_equal(run.models[item], fit_large(item))
+    for path in rows:
+        assert (store / path).stat().st_mode & 0o077 == 0  # owner-only, as the store
+    again = mm.train(fit_large, mm.items(range(7)), backend=backend, workers=2, store=store,
+                     progress=False)
+    assert again.results["reused"].tolist() == [True] * 6 + [False]
+    np.testing.assert_array_equal(mm.Store(store).load(6), fit_large(6))
+
+
+def fit_large_unseen(item, store):
+    """As a worker on a node of its own disk: the run's marker is not there."""
+    for marker in Path(store, "artifacts").glob(".run-*"):
+        marker.unlink(missing_ok=True)
+    return fit_large(item)
+
+
+def test_a_worker_that_does_not_see_the_store_sends_the_bytes(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    written = []
+    real = artifacts.write_artifact
+
+    def counted(conn, root, data, digest=None):
+        written.append(digest)
+        return real(conn, root, data, digest)
+
+    artifacts.write_artifact, saved = counted, artifacts.write_artifact
+    try:
+        run = mm.train(fit_large_unseen, mm.items(range(4)), backend="processes", workers=2,
+                       store=store / "models", shared={"store": str(store / "models")},
+                       progress=False)
+    finally:
+        artifacts.write_artifact = saved
+    assert run.summary().statuses == {"ok": 4}
+    assert len(written) == 4  # the driver wrote each one's bytes
+    for item in range(4):
+        np.testing.assert_array_equal(mm.Store(store / "models").load(item), fit_large(item))
+
+
+def test_a_model_file_not_there_is_refused_by_name_not_recorded(tmp_path):
+    """The store's writer checks that the file a worker named is there,
+    whole: a store that the workers see at another place than the driver
+    is an error naming the file, not a row that names nothing."""
+    from manymodels.store.database import StoreIntegrityError
+
+    store = tmp_path / "store"
+    mm.train(fit_large, mm.items(range(1)), backend="serial", store=store, progress=False)
+    conn = mm.Store(store)._conn
+    digest = "ab" * 32
+    missing = ModelFile(digest, 1 << 20, f"artifacts/ab/{digest}", str(store))
+    with pytest.raises(StoreIntegrityError, match=f"model file artifacts/ab/{digest} .* "
+                                                  "is not there with its 1048576 bytes"):
+        artifacts.record_model_file(conn, store, missing)
+    (store / missing.path).parent.mkdir(exist_ok=True)
+    (store / missing.path).write_bytes(b"x" * 100)  # cut short
+    with pytest.raises(StoreIntegrityError, match="is not there with its"):
+        artifacts.record_model_file(conn, store, missing)
+    assert conn.execute("SELECT count(*) FROM artifacts WHERE sha256 = ?",
+                        (digest,)).fetchone()[0] == 0
+
+
+def test_a_model_file_loads_checked_against_its_sha256(tmp_path):
+    import hashlib
+    import pickle
+
+    from manymodels.engine.modelfiles import write_model_file
+
+    data = pickle.dumps(fit_large(3))
+    digest = hashlib.sha256(data).hexdigest()
+    path = write_model_file(tmp_path, data, digest)
+    model = ModelFile(digest, len(data), path, str(tmp_path))
+    np.testing.assert_array_equal(model.load(), fit_large(3))
+    with open(tmp_path / path, "r+b") as file:
+        file.seek(len(data) // 2)
+        file.write(b"\x00\x01")
+    with pytest.raises(OSError, match="does not hold the bytes"):
+        model.load()
+    assert not [name for name in os.listdir(tmp_path / os.path.dirname(path))
+                if name.startswith(".tmp-")]
