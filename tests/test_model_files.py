@@ -127,3 +127,84 @@ def test_a_model_file_loads_checked_against_its_sha256(tmp_path):
         model.load()
     assert not [name for name in os.listdir(tmp_path / os.path.dirname(path))
                 if name.startswith(".tmp-")]
+
+
+def test_a_file_the_driver_cannot_see_fails_its_task_alone(tmp_path, monkeypatch):
+    """A worker that wrote its model where the driver does not look (a disk
+    of its own under the same path): its task fails, saying so, and the
+    others are stored; a re-run trains it again."""
+    import hashlib
+
+    from manymodels.engine import modelfiles
+    from manymodels.engine.dataplane import pickle_any
+
+    lost = hashlib.sha256(pickle_any(fit_large(2))).hexdigest()
+    elsewhere = tmp_path / "the worker's own disk"
+    real_write = modelfiles.ModelFiles.write
+
+    def write(self, data, digest):
+        if digest != lost:
+            return real_write(self, data, digest)
+        path = modelfiles.write_model_file(elsewhere, data, digest)
+        return ModelFile(digest, len(data), path, self.root)
+
+    monkeypatch.setattr(modelfiles.ModelFiles, "write", write)
+    store = tmp_path / "store"
+    run = mm.train(fit_large, mm.items(range(4)), backend="threads", workers=2, store=store,
+                   progress=False)
+    assert run.summary().statuses == {"ok": 3, "failed": 1}
+    results = run.results.set_index("item")
+    assert results.loc[2, "status"] == "failed"
+    assert "is the store on a path every worker sees" in results.loc[2, "error"]
+    registry = mm.Store(store)
+    np.testing.assert_array_equal(registry.load(3), fit_large(3))
+    with pytest.raises(KeyError):
+        registry.load(2)
+    monkeypatch.setattr(modelfiles.ModelFiles, "write", real_write)
+    again = mm.train(fit_large, mm.items(range(4)), backend="threads", workers=2, store=store,
+                     progress=False)
+    assert again.results["reused"].tolist() == [True, True, False, True]
+    np.testing.assert_array_equal(mm.Store(store).load(2), fit_large(2))
+
+
+def test_recording_a_model_file_makes_it_new_so_a_gc_then_leaves_it(tmp_path):
+    """A worker's file written before a gc began, its row committed after the
+    gc deleted the old row of the same model: the row's write makes the file
+    new, so the gc's removal of the deleted row's file leaves it."""
+    import time
+
+    store = tmp_path / "store"
+    mm.train(fit_large, mm.items(range(1)), backend="serial", store=store, progress=False)
+    conn = mm.Store(store)._conn
+    ((digest, size, path),) = conn.execute("SELECT sha256, size, path FROM artifacts")
+    old = time.time() - 600
+    os.utime(store / path, (old, old))
+    conn.execute("BEGIN IMMEDIATE")
+    artifacts.record_model_file(conn, store, ModelFile(digest, size, path, str(store)))
+    conn.execute("COMMIT")
+    assert (store / path).stat().st_mtime > old + 500
+
+
+def keeps_its_marker_through_a_gc(item, store):
+    """gc from inside a running run, its marker an hour and more old."""
+    from manymodels.engine.modelfiles import marker_run
+
+    folder = Path(store, "artifacts")
+    crashed = folder / ".run-999999-left"  # a marker a crashed run left
+    crashed.touch()
+    old = os.path.getmtime(crashed) - 7200
+    markers = [m for m in folder.glob(".run-*") if marker_run(m.name) != 999999]
+    for marker in [*markers, crashed]:
+        os.utime(marker, (old, old))
+    mm.Store(store).gc()
+    return {"kept": all(m.exists() for m in markers) and len(markers) == 1,
+            "crashed_gone": not crashed.exists()}
+
+
+def test_gc_leaves_a_running_runs_marker_and_collects_a_crashed_ones(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fit_large, mm.items(range(1)), backend="serial", store=store, progress=False)
+    run = mm.train(keeps_its_marker_through_a_gc, mm.items(range(1)), backend="serial",
+                   store=store, shared={"store": str(store)}, progress=False)
+    assert run.results[["kept", "crashed_gone"]].values.tolist() == [[True, True]]
+    assert not list((store / "artifacts").glob(".run-*"))

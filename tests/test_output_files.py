@@ -368,9 +368,11 @@ def test_each_executor_takes_its_own_copy_of_the_writer(tmp_path):
 
 
 def test_a_large_part_goes_to_its_file_without_being_copied_whole(tmp_path):
-    """A part's columns are written from the table's own memory: appending
-    a 200 MB part raises the worker's peak memory by far less than the part
-    (gathering its bytes first raised it by three times the part)."""
+    """A large output is written from its own memory, beside small ones of
+    the same part (combined apart): appending a 200 MB part raises the
+    worker's peak memory by far less than the part (gathering its bytes
+    first raised it by three times the part; combining it with a 10-row
+    output, by the part)."""
     import subprocess
     import sys
 
@@ -381,11 +383,18 @@ from manymodels.run.outputreads import read_files
 writer = WriteOutputs(lambda df: df, {str(tmp_path)!r}, ["store"], [], passes_key=False)
 frame = pd.DataFrame({{"x": np.arange(25_000_000, dtype=np.float64)}})  # 200 MB
 writer.HOLD_BYTES = 1 << 40
+small = writer(pd.DataFrame({{"x": np.arange(10.0)}}), key=0)
 out = writer(frame, key=1)
+last = writer(pd.DataFrame({{"x": [7.0]}}), key=2)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 writer.seal_part()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print((after - before) // 1024, out.rows)
+import pyarrow as pa
+with pa.OSFile({str(tmp_path)!r} + "/" + out.name) as source:
+    schema = pa.ipc.open_stream(source).schema
+back = read_files({str(tmp_path)!r}, [small.ref, last.ref], schema).column("x").to_pylist()
+assert back == [*range(10), 7.0], back
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True)
@@ -446,3 +455,20 @@ def test_categories_past_127_in_a_part_or_across_a_files_parts_read_back(tmp_pat
     assert table.column("c").to_pylist() == [f"{key}-{i}" for key in reversed(range(60))
                                              for i in range(5)]
     assert table.column("store").to_pylist()[:5] == [59] * 5
+
+
+def test_a_part_of_small_and_large_categorical_outputs_reads_back(tmp_path, monkeypatch):
+    """A large output is a batch of its own between the combined small ones:
+    each batch has its own dictionary, and every row reads back as it was."""
+    monkeypatch.setattr(outputfiles, "COMBINE_BYTES", 1000)
+    writer = _writer(tmp_path, lambda df: pd.DataFrame(
+        {"c": pd.Categorical([f"{df['k'].iloc[0]}-{i % 7}" for i in range(df['n'].iloc[0])])}))
+    sizes = [3, 2, 500, 4, 900, 1, 2]  # 500 and 900 rows: past 1,000 bytes each
+    outs = [writer(pd.DataFrame({"k": [key], "n": [n]}), key=key)
+            for key, n in enumerate(sizes)]
+    writer.seal_part()
+    assert _read_batches(tmp_path / outs[0].name) == [5, 500, 4, 900, 3]
+    schema = engineoutputs._unified_schema(str(tmp_path), outs, "dask")
+    table = read_files(str(tmp_path), [out.ref for out in reversed(outs)], schema)
+    assert table.column("c").to_pylist() == [f"{key}-{i % 7}" for key in reversed(range(7))
+                                             for i in range(sizes[key])]

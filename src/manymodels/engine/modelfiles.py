@@ -12,9 +12,15 @@ store on a path every node sees: a worker first looks for the run's
 marker file there (:class:`ModelFiles`), and where it does not see it (a
 node with a disk of its own) it sends the bytes to the driver as before.
 
-The store collects a file no row names only once it is an hour old
-(:mod:`manymodels.store.collect`): a worker's file waits for its row for
-about a second, the writer's hand-over.
+The driver checks that the file is there with its size before it hands the
+task to the store's writer (a task whose file is not there fails, with the
+reason), and the writer makes the file new again as it writes the row, as it
+does a file it wrote itself: the store's collection
+(:mod:`manymodels.store.collect`) removes a file no row names only once it
+is an hour old, and one whose row it deletes only if not made new since it
+began. A worker's file waits for its row about a second on the process and
+cluster backends (a part of a batch is sent every quarter of a second), up
+to its batch's end on threads.
 """
 
 from __future__ import annotations
@@ -29,6 +35,16 @@ from typing import Any
 
 #: A store's folder of model files, under its root.
 FOLDER = "artifacts"
+#: A run's marker there: this, the run's id, "-" and a random part.
+MARKER_PREFIX = ".run-"
+
+
+def marker_run(name: str) -> int | None:
+    """The run a marker file of ``name`` stands for; None for another file."""
+    if not name.startswith(MARKER_PREFIX):
+        return None
+    run_id = name[len(MARKER_PREFIX):].split("-", 1)[0]
+    return int(run_id) if run_id.isdigit() else None
 
 
 def relative_path(digest: str) -> str:
@@ -67,6 +83,14 @@ class ModelFile:
     def __reduce__(self) -> tuple:
         return (ModelFile, (self.sha256, self.size, self.path, self.root))
 
+    def intact(self) -> bool:
+        """Whether the file is there with its size (what the driver can see
+        cheaply: a stat, not a read)."""
+        try:
+            return os.stat(os.path.join(self.root, self.path)).st_size == self.size
+        except OSError:
+            return False
+
     def load(self) -> Any:
         data = Path(self.root, self.path).read_bytes()
         if hashlib.sha256(data).hexdigest() != self.sha256:
@@ -86,12 +110,13 @@ class ModelFiles:
     _visible: bool | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def open(cls, root: Path) -> ModelFiles:
-        """Mark ``root`` as the run's (the marker is removed by :meth:`close`;
-        one a crash leaves is collected with the store's strays)."""
+    def open(cls, root: Path, run_id: int) -> ModelFiles:
+        """Mark ``root`` as run ``run_id``'s (the marker is removed by
+        :meth:`close`; the store's collection leaves it while the run is
+        running, and collects one a crash left as a stray)."""
         folder = root / FOLDER
         folder.mkdir(mode=0o700, exist_ok=True)
-        descriptor, marker = tempfile.mkstemp(dir=folder, prefix=".run-")
+        descriptor, marker = tempfile.mkstemp(dir=folder, prefix=f"{MARKER_PREFIX}{run_id}-")
         os.close(descriptor)
         return cls(str(root), os.path.relpath(marker, root))
 
@@ -102,9 +127,16 @@ class ModelFiles:
         return {"root": self.root, "marker": self.marker, "_visible": None}
 
     def visible(self) -> bool:
-        """Whether this worker sees the store (asked once a worker)."""
+        """Whether this worker sees the store, as the driver's user (asked
+        once a worker): a worker running as another user (root, in a
+        container) would leave files the driver cannot read."""
         if self._visible is None:
-            self._visible = os.path.exists(os.path.join(self.root, self.marker))
+            try:
+                owner = os.stat(os.path.join(self.root, self.marker)).st_uid
+            except OSError:
+                self._visible = False
+            else:
+                self._visible = owner == os.geteuid()
         return self._visible
 
     def write(self, data: bytes, digest: str) -> ModelFile:

@@ -249,18 +249,16 @@ def _write_all(descriptor: int, data: Any) -> None:
 def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
     """``tables`` (of the file's schema) appended to ``file`` as its next
     part, their rows in order, before the part is sent (an empty output
-    too: a file always begins with its schema); categories made per group
-    become the part's one dictionary (a batch holds one a column), the rows
-    where they were. A file that is not as this worker left it (removed,
-    cut short) fails the part instead of taking rows at other places."""
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if any(pa.types.is_dictionary(field.type) for field in table.schema):
-        table = _wide_dictionaries(table).unify_dictionaries()
-    try:  # one batch a part: a reader parses each batch it passes
-        table = table.combine_chunks()
-    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # a text column past 2 GiB: as it came
-        pass
-    batches = table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
+    too: a file always begins with its schema): small outputs combined into
+    one batch, a large one as it is (:func:`_runs`). A file that is not as
+    this worker left it (removed, cut short) fails the part instead of
+    taking rows at other places."""
+    batches: list[pa.RecordBatch] = []
+    for run in _runs(tables):
+        table = _combined(run)
+        batches += table.to_batches()
+    if not batches:
+        batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
     flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if file.size == 0 else 0)
     descriptor = os.open(file.path, flags, 0o666)
     sink = file._sink
@@ -279,6 +277,49 @@ def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
         os.close(descriptor)
     file.size += sink.written
     file.parts += 1
+
+
+#: A part's outputs are combined into one record batch up to this size (a
+#: reader parses each batch it passes); an output this large is a batch of
+#: its own, written from its own memory (combining copies).
+COMBINE_BYTES = 8 << 20
+
+
+def _runs(tables: list[pa.Table]) -> list[list[pa.Table]]:
+    """``tables`` in order, cut into runs to combine: small ones together up
+    to :data:`COMBINE_BYTES`, each large one alone."""
+    runs: list[list[pa.Table]] = []
+    run: list[pa.Table] = []
+    held = 0
+    for table in tables:
+        size = table.nbytes
+        if size >= COMBINE_BYTES:
+            if run:
+                runs.append(run)
+                run, held = [], 0
+            runs.append([table])
+            continue
+        run.append(table)
+        held += size
+        if held >= COMBINE_BYTES:
+            runs.append(run)
+            run, held = [], 0
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _combined(tables: list[pa.Table]) -> pa.Table:
+    """A run of outputs as one table of one chunk a column where it can be:
+    categories made per group become one dictionary (a batch holds one a
+    column), the rows where they were."""
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if any(pa.types.is_dictionary(field.type) for field in table.schema):
+        table = _wide_dictionaries(table).unify_dictionaries()
+    try:
+        return table.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # a text column past 2 GiB: as it came
+        return table
 
 
 def _wide_dictionaries(table: pa.Table) -> pa.Table:

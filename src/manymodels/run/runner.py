@@ -147,7 +147,7 @@ def train(
                               if hooks else None)
         if store is not None:  # workers that see the store write their large models there
             with contextlib.suppress(OSError):  # (else they send them, as they would)
-                context.model_files = ModelFiles.open(store.path)
+                context.model_files = ModelFiles.open(store.path, recorder.run_id)
         try:
             run = scheduler.run(context, began)
         finally:

@@ -69,6 +69,10 @@ def record_model_file(conn: sqlite3.Connection, root: Path, model: ModelFile) ->
             f"the model file {model.path} a worker wrote into store {str(root)!r} is not "
             f"there with its {model.size} bytes: is the store on a path every worker sees "
             "as the driver does?")
+    try:  # made new inside the transaction: a gc running now leaves it (see write_artifact)
+        os.utime(root / model.path)
+    except OSError:
+        pass
     if conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
                     (model.sha256,)).fetchone() is not None:  # the worker wrote it afresh
         conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (model.sha256,))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from ..engine.modelfiles import marker_run
 from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
 from .database import INDEX_NAME
@@ -59,10 +60,14 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
         raise
     removed = len(dead) + sum(models for _, models in dead_packs)
     dead_paths = {path for _, path in dead if path}
+    running = {run_id for (run_id,) in conn.execute(
+        "SELECT run_id FROM runs WHERE status = 'running'")}
     nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
     for file in (root / "artifacts").rglob("*"):
         relative = file.relative_to(root).as_posix()
         if any(folder in file.parents for folder in nested):  # another store: not ours
+            continue
+        if marker_run(file.name) in running:  # its workers look for it while it runs
             continue
         # a row deleted here: its file goes, unless written again meanwhile
         # (the same model, trained again); no row: only an old one goes

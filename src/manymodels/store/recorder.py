@@ -358,19 +358,29 @@ class RunRecorder:
         runs = _runs(order)
         model_of = records.model
         codes, models = records.status_code[order], _taken(model_of, pending, runs)
-        if (codes == OK_CODE).all() and set(map(type, models)) <= _READY:
+        kinds = set(map(type, models))
+        if (codes == OK_CODE).all() and kinds <= _READY and ModelFile not in kinds:
             rows: Any = ()  # every model as a worker sent it (a million tasks' case)
         else:
             rows = range(len(models))
         for row in rows:
             model = models[row]
             ok = codes[row] == OK_CODE
-            if model is None or type(model) in _SENT and ok:
+            if model is None:
                 continue
             if not ok:
                 models[row] = None
                 continue
             index = pending[row]
+            if type(model) is ModelFile and not model.intact():  # its task alone fails
+                codes[row] = records.status_code[index] = FAILED_CODE
+                models[row] = model_of[index] = None
+                records.set_error(index, f"the model file {model.path} its worker wrote is not "
+                                  f"in store {model.root!r} with its {model.size} bytes: is "
+                                  "the store on a path every worker sees as the driver does?")
+                continue
+            if type(model) in _SENT:
+                continue
             try:
                 models[row] = Pickled(pickle_any(model))
             except KeyboardInterrupt:
