@@ -155,7 +155,7 @@ def test_a_file_the_driver_cannot_see_fails_its_task_alone(tmp_path, monkeypatch
     assert run.summary().statuses == {"ok": 3, "failed": 1}
     results = run.results.set_index("item")
     assert results.loc[2, "status"] == "failed"
-    assert "is the store on a path every worker sees" in results.loc[2, "error"]
+    assert "the store is not on a path every worker sees" in results.loc[2, "error"]
     registry = mm.Store(store)
     np.testing.assert_array_equal(registry.load(3), fit_large(3))
     with pytest.raises(KeyError):
@@ -208,3 +208,90 @@ def test_gc_leaves_a_running_runs_marker_and_collects_a_crashed_ones(tmp_path):
                    store=store, shared={"store": str(store)}, progress=False)
     assert run.results[["kept", "crashed_gone"]].values.tolist() == [[True, True]]
     assert not list((store / "artifacts").glob(".run-*"))
+
+
+def fit_then_gc_elsewhere(item, store):
+    """Item 1 runs a gc from another process while item 0's file waits for its row."""
+    import subprocess
+    import sys
+
+    if item == 1:
+        subprocess.run([sys.executable, "-c", "import manymodels as mm, sys; "
+                        "mm.Store(sys.argv[1]).gc()", store], check=True)
+    return fit_large(item)
+
+
+def test_a_gc_while_a_run_runs_leaves_a_deleted_models_file_written_again(tmp_path):
+    """A run deleted, then the same model trained again: its worker rewrites
+    the file, and a gc from another process before the row is written must
+    leave it (the deleted row's file goes at once only where no run runs)."""
+    store = tmp_path / "store"
+    first = mm.train(fit_large, mm.items([0]), backend="serial", store=store, progress=False)
+    mm.Store(store).delete(first.run_id)
+    run = mm.train(fit_then_gc_elsewhere, mm.items([0, 1]), backend="serial", store=store,
+                   shared={"store": str(store)}, progress=False)
+    assert run.summary().statuses == {"ok": 2}
+    for item in (0, 1):
+        np.testing.assert_array_equal(mm.Store(store).load(item), fit_large(item))
+
+
+def leaves_a_torn_temporary(item, store):
+    """As a worker killed while writing its model file leaves one."""
+    from manymodels.engine.modelfiles import marker_run
+
+    folder = Path(store, "artifacts")
+    (marker,) = folder.glob(".run-*")
+    (folder / "ab").mkdir(exist_ok=True)
+    (folder / "ab" / f".tmp-{marker_run(marker.name)}-torn").write_bytes(b"x" * 100)
+    return fit_large(item)
+
+
+def test_a_runs_torn_temporary_files_go_when_it_ends(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fit_large, mm.items([0]), backend="serial", store=store, progress=False)
+    others = store / "artifacts" / "ab" / ".tmp-999999-another-runs"
+    others.parent.mkdir(exist_ok=True)
+    others.write_bytes(b"y")
+    mm.train(leaves_a_torn_temporary, mm.items([1]), backend="processes", workers=1,
+             store=store, shared={"store": str(store)}, progress=False)
+    assert [p.name for p in (store / "artifacts").rglob(".tmp-*")] == [others.name]
+
+
+def fit_opening_the_store_elsewhere(item, data):
+    """Item 0 has another process open the store, as `manymodels show` would."""
+    import subprocess
+    import sys
+
+    if item == 0:
+        subprocess.run([sys.executable, "-c", "import manymodels as mm, sys; "
+                        "mm.Store(sys.argv[1]).runs()", str(data / "models")], check=True)
+    return np.zeros(3) + item
+
+
+def test_a_folder_holding_the_store_is_hashed_without_reading_the_store(tmp_path):
+    """A Path among the shared objects whose folder holds the store: hashing
+    read the store's index and so dropped the driver's SQLite locks on it
+    (another process opening the store then removed its write-ahead log,
+    and the run's rows with it); the store's files also made the identity
+    change with every run."""
+    from manymodels.identity.hashing import file_hash
+
+    project = tmp_path / "project"
+    (project / "inputs").mkdir(parents=True)
+    (project / "inputs" / "a.csv").write_text("x\n1\n")
+    store = project / "models"
+    before = file_hash(project)
+    for count in (1, 30):
+        run = mm.train(fit_opening_the_store_elsewhere, mm.items(range(count)),
+                       shared={"data": project}, backend="serial", store=store,
+                       progress=False)
+        assert run.summary().statuses == {"ok": count}
+    runs = mm.Store(store).runs()
+    assert runs["status"].tolist() == ["finished", "finished"]
+    assert runs["ok"].tolist() == [1, 30]
+    assert file_hash(project) == before  # the store in it does not count
+    assert run.results["reused"].tolist() == [True] + [False] * 29  # as its identity held
+    (project / "inputs" / "a.csv").write_text("x\n2\n")
+    assert mm.train(fit_opening_the_store_elsewhere, mm.items(range(2)),
+                    shared={"data": project}, backend="serial", store=store,
+                    progress=False).results["reused"].tolist() == [False, False]

@@ -17,10 +17,12 @@ task to the store's writer (a task whose file is not there fails, with the
 reason), and the writer makes the file new again as it writes the row, as it
 does a file it wrote itself: the store's collection
 (:mod:`manymodels.store.collect`) removes a file no row names only once it
-is an hour old, and one whose row it deletes only if not made new since it
-began. A worker's file waits for its row about a second on the process and
-cluster backends (a part of a batch is sent every quarter of a second), up
-to its batch's end on threads.
+is an hour old, and one whose row it deletes likewise while a run runs
+(its worker may have just written the same model again). A worker's file
+waits for its row about a second on the process and cluster backends (a
+part of a batch is sent every quarter of a second), up to its batch's end
+on threads. A worker's temporary file is named after its run, and what a
+worker killed mid-write leaves goes when the run ends (:meth:`ModelFiles.close`).
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ def relative_path(digest: str) -> str:
     return f"{FOLDER}/{digest[:2]}/{digest}"
 
 
-def write_model_file(root: Path, data: bytes | memoryview, digest: str) -> str:
+def write_model_file(root: Path, data: bytes | memoryview, digest: str,
+                     temporary_prefix: str = ".tmp-") -> str:
     """Put ``data`` (of SHA-256 ``digest``) in place under ``root``, whole or
     not at all; return its relative path. Owner-only, as the store is."""
     relative = relative_path(digest)
     target = root / relative
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix)
     try:
         with os.fdopen(descriptor, "wb") as out:
             out.write(data)
@@ -121,7 +124,18 @@ class ModelFiles:
         return cls(str(root), os.path.relpath(marker, root))
 
     def close(self) -> None:
+        """The run's end: its marker goes, with what a worker killed while
+        writing a model file left (a timeout's, a crash's)."""
+        folder = Path(self.root, FOLDER)
+        for left in folder.glob(f"*/{self._temporary_prefix}*"):
+            left.unlink(missing_ok=True)
         Path(self.root, self.marker).unlink(missing_ok=True)
+
+    @property
+    def _temporary_prefix(self) -> str:
+        """The run's workers' temporary files: ``.tmp-<run id>-``."""
+        run_id = marker_run(os.path.basename(self.marker))
+        return f".tmp-{run_id}-"
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root, "marker": self.marker, "_visible": None}
@@ -140,5 +154,5 @@ class ModelFiles:
         return self._visible
 
     def write(self, data: bytes, digest: str) -> ModelFile:
-        return ModelFile(digest, len(data), write_model_file(Path(self.root), data, digest),
-                         self.root)
+        path = write_model_file(Path(self.root), data, digest, self._temporary_prefix)
+        return ModelFile(digest, len(data), path, self.root)

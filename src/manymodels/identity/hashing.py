@@ -210,16 +210,31 @@ def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:
     return buffer.getvalue(), named
 
 
+#: The index file of a manymodels store (``store.database.INDEX_NAME``). A
+#: store's folder is hashed by its path, not its files: they change with
+#: every run, and reading the index here would drop the driver's own SQLite
+#: locks on it (closing any descriptor of a file does, on POSIX), so that
+#: another process opening the store could remove its write-ahead log.
+STORE_INDEX = "index.sqlite"
+
+
 def file_hash(path: PurePath | str) -> str:
     """The content hash of a file; of a folder, the names and contents of
-    the files under it; else of the path itself (nothing there)."""
+    the files under it, a manymodels store's left out (a store's own folder
+    is hashed by its path); else of the path itself (nothing there)."""
     path = Path(path)
     if path.is_dir():
-        parts = [f"{file.relative_to(path).as_posix()}={file_hash(file)}"
-                 for file in sorted(path.rglob("*")) if file.is_file()]
+        if (path / STORE_INDEX).is_file():
+            return digest("store", str(path.resolve()))
+        files = [file for file in sorted(path.rglob("*")) if file.is_file()]
+        stores = {file.parent for file in files if file.name == STORE_INDEX}
+        parts = [f"{file.relative_to(path).as_posix()}={file_hash(file)}" for file in files
+                 if not stores or not stores.intersection(file.parents)]
         return digest("folder", *parts)
     if not path.is_file():
         return digest("path", str(path))
+    if path.name.startswith(STORE_INDEX) and (path.parent / STORE_INDEX).is_file():
+        return digest("store", str(path.resolve()))  # a store's own file: see above
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

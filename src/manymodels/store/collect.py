@@ -35,8 +35,10 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
     written since (a block id reused after a run was deleted included).
     A file no row names is left until it is :data:`STRAY_AGE_S` old: a
     worker, or a run's writer, puts a large model's file in place before
-    the row that names it (:mod:`manymodels.engine.modelfiles`); one whose
-    row goes now is left only if written since the collection began."""
+    the row that names it (:mod:`manymodels.engine.modelfiles`). One whose
+    row goes now goes at once where no run is running (unless written
+    since the collection began); while one runs, it waits as a stray does:
+    that run's worker may have just written it again."""
     began = time.time()
     named, read = referenced_artifacts(conn)
     conn.execute("BEGIN IMMEDIATE")
@@ -54,14 +56,18 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
         dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
                       if p not in referenced]
         conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
+        running = {run_id for (run_id,) in conn.execute(
+            "SELECT run_id FROM runs WHERE status = 'running'")}
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     removed = len(dead) + sum(models for _, models in dead_packs)
     dead_paths = {path for _, path in dead if path}
-    running = {run_id for (run_id,) in conn.execute(
-        "SELECT run_id FROM runs WHERE status = 'running'")}
+    # a run running now may have rewritten a deleted row's file (the same
+    # model, trained again), its own row on its way: such a file waits as a
+    # stray does; with no run running, none is on its way
+    dead_before = began - STRAY_AGE_S if running else began
     nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
     for file in (root / "artifacts").rglob("*"):
         relative = file.relative_to(root).as_posix()
@@ -69,10 +75,8 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
             continue
         if marker_run(file.name) in running:  # its workers look for it while it runs
             continue
-        # a row deleted here: its file goes, unless written again meanwhile
-        # (the same model, trained again); no row: only an old one goes
         if file.is_file() and relative not in known and _older_than(
-                file, began if relative in dead_paths else began - STRAY_AGE_S):
+                file, dead_before if relative in dead_paths else began - STRAY_AGE_S):
             file.unlink(missing_ok=True)
             removed += relative not in dead_paths
     removed += collect_checkpoints(conn, root)

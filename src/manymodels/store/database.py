@@ -34,9 +34,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..engine.records import RecordingError
+from ..identity.hashing import STORE_INDEX
 from .drivers import driver_label, mark_dead_runs_interrupted
 
-INDEX_NAME = "index.sqlite"
+INDEX_NAME = STORE_INDEX  # (identity hashes a store's folder by its path: it knows the name)
 #: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
 #: blocks; 3 once a run's block names another run's rows instead of copying
 #: them (``same_as``); 4 once a block keeps its packed models' locators as

@@ -376,8 +376,9 @@ class RunRecorder:
                 codes[row] = records.status_code[index] = FAILED_CODE
                 models[row] = model_of[index] = None
                 records.set_error(index, f"the model file {model.path} its worker wrote is not "
-                                  f"in store {model.root!r} with its {model.size} bytes: is "
-                                  "the store on a path every worker sees as the driver does?")
+                                  f"in store {model.root!r} with its {model.size} bytes "
+                                  "(removed since, or the store is not on a path every "
+                                  "worker sees as the driver does)")
                 continue
             if type(model) in _SENT:
                 continue
