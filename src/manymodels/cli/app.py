@@ -60,7 +60,9 @@ def _open_store(path: str):
     from ..store import StoreError
 
     if not Path(path).is_dir():
-        raise typer.BadParameter(f"store {path!r} does not exist", param_hint="STORE")
+        raise typer.BadParameter(f"store {path!r} " + ("is a file, not a store's directory"
+                                                       if Path(path).exists() else
+                                                       "does not exist"), param_hint="STORE")
     if not (Path(path) / "index.sqlite").is_file():  # nothing made where only reading
         raise typer.BadParameter(f"{path!r} is not a manymodels store (it has no "
                                  "index.sqlite)", param_hint="STORE")

@@ -187,8 +187,8 @@ def _typings(value: Any) -> tuple:
     if type(value) is int:
         return ((value, str(value)) + ((float(value),) if abs(value) <= 2**53 else ())
                 + ((bool(value),) if value in (0, 1) else ()))
-    if type(value) is str and _WHOLE_NUMBER.fullmatch(value):
-        whole = int(value)
+    if type(value) is str and len(value) <= 40 and _WHOLE_NUMBER.fullmatch(value):
+        whole = int(value)  # (longer text is no key's number: int() refuses past 4,300 digits)
         return (value, whole) + ((float(whole),) if abs(whole) <= 2**53 else ())
     return (value,)
 

@@ -10,7 +10,6 @@ token, every route but ``/healthz`` asks for ``Authorization: Bearer TOKEN``.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,7 +25,7 @@ from starlette.routing import Route
 from ..store import StoreIntegrityError
 from . import requests as bodies
 from .catalog import key_parts
-from .fastpath import ROUTE, PredictFirst
+from .fastpath import ROUTE, PredictFirst, authorized
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
 
@@ -50,8 +49,10 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     ``max_body``: a larger request is answered 413. A store that is not
     one, or an unknown ``run``, is refused here, by name (ValueError).
     """
-    if token is not None and (not isinstance(token, str) or not token):
-        raise ValueError("token must be a non-empty string, or None for no token")
+    if token is not None and (not isinstance(token, str) or not token
+                              or token != token.strip()):
+        raise ValueError("token must be a non-empty string without surrounding spaces "
+                         "(a header's value is read without them), or None for no token")
     limit = parse_size(max_body, "max_body")
     served = ServedStore(store, run, cache_models, parse_size(cache_bytes, "cache_bytes"),
                          poll)
@@ -94,7 +95,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
         catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
         columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body)
-        result = predict_rows(catalog, served.cache, served.store, columns, n)
+        result = predict_rows(catalog, served.cache, served.store, columns, n, ordered=arrow)
         if arrow:
             return bodies.arrow_answer(result), bodies.ARROW
         return bodies.json_answer(result), "application/json"
@@ -139,9 +140,9 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
 
 
 def _authorized(request: Request, token: str) -> bool:
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
-                                                              token.encode())
+    """As the predict route checks it (:func:`.fastpath.authorized`): the
+    header's bytes as they came (Starlette reads them as Latin-1)."""
+    return authorized(request.headers.get("authorization", "").encode("latin-1"), token)
 
 
 #: The environment variable ``manymodels serve --workers`` hands its options in.

@@ -20,6 +20,7 @@ is that run's models alone.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,8 +214,10 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
     columns (``["s1", 7]``), else the value itself (``s1`` or ``7``)."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
         value = text
+    if isinstance(value, float) and not math.isfinite(value):
+        value = text  # NaN, Infinity: the text, as no key is a number JSON cannot say
     if len(catalog.by) > 1:
         if not isinstance(value, list) or len(value) != len(catalog.by):
             raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "

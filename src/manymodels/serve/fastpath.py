@@ -74,14 +74,14 @@ class PredictFirst:
                 declared = value
             elif name == b"content-type":
                 content_type = value
-        if self.token is not None and not _authorized(authorization, self.token):
+        if self.token is not None and not authorized(authorization, self.token):
             return (401, _error("this server asks for a token: Authorization: Bearer TOKEN"),
                     b"application/json", [(b"www-authenticate", b"Bearer")])
         try:
             body = await _body(receive, declared, self.limit)
             if body is None:
                 return 0, b"", b"", []
-            arrow = content_type.startswith(ARROW)
+            arrow = content_type.lower().startswith(ARROW)  # (media types: any case)
             if not arrow and len(body) < INLINE_BELOW:
                 content, media = self.answer(body, arrow)
             else:
@@ -105,7 +105,8 @@ def _route(scope: Scope) -> str:
     return "" if path == root else path[len(root):] if path[len(root)] == "/" else path
 
 
-def _authorized(header: bytes, token: str) -> bool:
+def authorized(header: bytes, token: str) -> bool:
+    """Whether an ``Authorization`` header's bytes carry ``token`` (UTF-8)."""
     scheme, _, given = header.partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token.encode())
 

@@ -61,14 +61,16 @@ class _ServedPredictor(GroupPredictor):
 
 
 def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
-                 columns: Mapping[str, Any], n: int) -> Answer:
+                 columns: Mapping[str, Any], n: int, ordered: bool = True) -> Answer:
     """``columns`` (name -> n values, in the request's column order) through
-    ``catalog``'s models. Raises :class:`RequestError` for what the request
-    got wrong, :class:`~manymodels.StoreIntegrityError` for a tampered model."""
+    ``catalog``'s models. ``ordered``: whether the columns' order is the
+    client's (an Arrow stream's; a JSON object's keys have none). Raises
+    :class:`RequestError` for what the request got wrong,
+    :class:`~manymodels.StoreIntegrityError` for a tampered model."""
     missing = [c for c in [*catalog.by, *(catalog.features or [])] if c not in columns]
     if missing:
-        raise RequestError(422, f"the rows have no column {missing[0]!r}"
-                           + (" (a group column)" if missing[0] in catalog.by else ""))
+        raise _missing(columns, missing[0], " (a group column)" if missing[0] in catalog.by
+                       else "")
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
     groups = _group_rows([columns[c] for c in catalog.by], n)
@@ -80,7 +82,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
             named = f"key {parts[0] if len(parts) == 1 else parts!r}"
             what = named if source != "fallback" else f"the fallback model (asked for {named})"
             model = predictor._model(store, digest, what)
-            _check_features(predictor, model, columns)
+            _check_features(predictor, model, columns, ordered)
         plan.append((parts, rows, digest, source))
     return _run_plan(catalog, predictor, store, columns, plan, n)
 
@@ -97,7 +99,7 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
         try:
             done = predictor(group, {encode_key(parts): digest} if origin != "fallback" else {},
                              store, key)
-        except (ValueError, TypeError) as exc:  # the rows' values, refused by the model
+        except (ValueError, TypeError, OverflowError) as exc:  # the rows' values, refused
             raise RequestError(400, f"the model of group {key!r} refused its rows: "
                                     f"{exc}") from exc
         if isinstance(done, dict) and done.get("source") == CORRUPT:
@@ -110,14 +112,36 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
     return Answer(predictions, source, catalog.run_id)
 
 
-def _check_features(predictor: GroupPredictor, model: Any, columns: Mapping[str, Any]) -> None:
+def _check_features(predictor: GroupPredictor, model: Any, columns: Mapping[str, Any],
+                    ordered: bool) -> None:
     """Every column ``model`` reads is in the request (the names
-    ``GroupPredictor`` would give it)."""
+    ``GroupPredictor`` would give it). A model that names no features, of a
+    run that recorded none, reads every column but the group's in the
+    request's order: JSON rows have none, so more than one such column is
+    refused (the answer would depend on the order of the keys)."""
     names = predictor.features or list(getattr(model, "feature_names_in_", []))
     missing = [c for c in names if c not in columns]
     if missing:
-        raise RequestError(422, f"the rows have no column {missing[0]!r}, a feature "
-                                "of their group's model")
+        raise _missing(columns, missing[0], ", a feature of their group's model")
+    if not names and getattr(columns, "partial", None):  # every column but by is read
+        raise _missing(columns, next(iter(columns.partial)), ", a feature of their "
+                       "group's model")
+    if not names and not ordered:
+        others = [c for c in columns if c not in predictor.by]
+        if len(others) > 1:
+            raise RequestError(422, f"the rows' columns {others} are fed to a model that "
+                                    "names no features in their order, and a JSON object's "
+                                    "keys have none: send an Arrow IPC stream (its columns "
+                                    "keep their order), or train from a DataFrame or with "
+                                    "features named")
+
+
+def _missing(columns: Mapping[str, Any], name: str, what: str) -> RequestError:
+    """Column ``name`` missing from the rows, or from some of them (JSON rows)."""
+    row = getattr(columns, "partial", {}).get(name)
+    if row is not None:
+        return RequestError(422, f"row {row} has no column {name!r}{what}")
+    return RequestError(422, f"the rows have no column {name!r}{what}")
 
 
 def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
@@ -155,7 +179,7 @@ def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Ans
     result = catalog.linear
     missing = [c for c in result.features if c not in columns]
     if missing:
-        raise RequestError(422, f"the rows have no column {missing[0]!r}")
+        raise _missing(columns, missing[0], "")
     frame = pd.DataFrame({name: columns[name] for name in [*result.by, *result.features]})
     try:
         values = result.predict(frame)

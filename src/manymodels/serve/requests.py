@@ -6,6 +6,7 @@ for large batches. What a request got wrong is a :class:`RequestError`
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ def json_columns(body: bytes) -> tuple[dict[str, Any], int]:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"the body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise RequestError(400, "the body is JSON nested too deeply") from exc
     if not isinstance(payload, dict) or "rows" not in payload:
         raise RequestError(400, 'the body must be a JSON object {"rows": [{...}, ...]}')
     rows = payload["rows"]
@@ -42,20 +45,31 @@ def json_columns(body: bytes) -> tuple[dict[str, Any], int]:
             raise RequestError(400, f"row {position} is a {type(row).__name__}, not an object "
                                     "of column: value")
         names.update(dict.fromkeys(row))
-    columns = {}
+    columns = JsonColumns()
     for name in names:
         values = []
         for position, row in enumerate(rows):
-            if name not in row:
-                raise RequestError(422, f"row {position} has no column {name!r}")
+            if name not in row:  # refused only if a model reads it (predict_rows)
+                columns.partial[name] = position
+                break
             value = row[name]
             if not isinstance(value, _SCALARS):
                 raise RequestError(400, f"column {name!r} of row {position} holds a "
                                         f"{type(value).__name__}: a value must be a number, "
                                         "text, true/false or null")
             values.append(value)
-        columns[name] = _array(values)
+        else:
+            columns[name] = _array(values)
     return columns, len(rows)
+
+
+class JsonColumns(dict):
+    """A JSON body's columns; ``partial``: a column some rows lack -> the first
+    such row (left out of the columns: a column no model reads is ignored)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partial: dict[str, int] = {}
 
 
 def _array(values: list) -> np.ndarray:
@@ -68,7 +82,10 @@ def _array(values: list) -> np.ndarray:
         except OverflowError:
             return np.array(values, dtype=object)
     if kinds <= {int, float, type(None)} and kinds != {type(None)}:
-        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        try:
+            return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        except OverflowError:  # a whole number past a float's range: as it came
+            pass
     if kinds == {bool}:
         return np.array(values, dtype=bool)
     column = np.empty(len(values), dtype=object)
@@ -86,14 +103,36 @@ def arrow_columns(body: bytes) -> tuple[dict[str, Any], int]:
         raise RequestError(400, f"the body is not an Arrow IPC stream: {exc}") from exc
     if table.num_rows == 0:
         raise RequestError(400, "the Arrow stream holds no rows")
-    columns = {name: column.to_numpy(zero_copy_only=False)  # text: an object array
-               for name, column in zip(table.column_names, table.columns)}
+    columns = {}
+    for name, column in zip(table.column_names, table.columns):
+        if name in columns:
+            raise RequestError(400, f"the Arrow stream has two columns named {name!r}")
+        try:
+            columns[name] = column.to_numpy(zero_copy_only=False)  # text: an object array
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise RequestError(400, f"column {name!r} of the Arrow stream, of type "
+                                    f"{column.type}, cannot be read: {exc}") from exc
     return columns, table.num_rows
 
 
 def json_answer(answer: Answer) -> bytes:
-    return json.dumps({"predictions": answer.predictions, "source": answer.source,
-                       "run_id": answer.run_id}, allow_nan=False).encode()
+    """The answer as JSON: an infinite prediction is null there, as NaN is
+    (JSON has neither; an Arrow answer keeps them)."""
+    try:
+        return json.dumps({"predictions": answer.predictions, "source": answer.source,
+                           "run_id": answer.run_id}, allow_nan=False).encode()
+    except ValueError:
+        return json.dumps({"predictions": [_finite(v) for v in answer.predictions],
+                           "source": answer.source, "run_id": answer.run_id},
+                          allow_nan=False).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def arrow_answer(answer: Answer) -> bytes:

@@ -52,7 +52,8 @@ def open_served_store(store: Any) -> Any:
         raise TypeError(f"store must be a path or a manymodels.Store, got {store!r}")
     path = Path(store).expanduser()
     if not path.is_dir():
-        raise ValueError(f"store {str(store)!r} does not exist")
+        raise ValueError(f"store {str(store)!r} " + ("is a file, not a store's directory"
+                                                     if path.exists() else "does not exist"))
     if not (path / "index.sqlite").is_file():
         raise ValueError(f"{str(store)!r} is not a manymodels store (it has no index.sqlite)")
     try:

@@ -1,0 +1,164 @@
+"""``manymodels serve`` given hostile or unusual requests: each is refused
+with a 4xx naming what is at fault, or answered as ``Store.predict`` would,
+never a 500; the server serves on (real HTTP against a real server)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from sklearn.linear_model import Ridge
+from typer.testing import CliRunner
+
+import manymodels as mm
+from manymodels.cli import app
+from serve_helpers import Server, call
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def fit_frame(df):
+    return Ridge(alpha=0.5).fit(df[["price", "promo"]], df["sales"])
+
+
+def fit_numpy(df):
+    """A model that names no features (fitted on an array): it reads every
+    column but the group's, in the request's order."""
+    return Ridge(alpha=0.5).fit(df[["price", "promo"]].to_numpy(), df["sales"].to_numpy())
+
+
+def _sales(stores: int = 4, rows: int = 400) -> pd.DataFrame:
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"store": rng.integers(0, stores, rows), "price": rng.random(rows),
+                          "promo": rng.integers(0, 2, rows)})
+    frame["sales"] = frame.price * (frame.store + 1) + 3 * frame.promo + rng.random(rows)
+    return frame
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hostile") / "models"
+    mm.train(fit_frame, mm.groups(_sales(), by="store"), store=path, backend="serial",
+             progress=False)
+    running = Server(path)
+    yield running, mm.Store(path)
+    running.close()
+
+
+def _raw(server, path, body, content_type="application/json", headers=None):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.putrequest("POST" if body is not None else "GET", path)
+        connection.putheader("content-type", content_type)
+        for name, value in (headers or {}).items():
+            connection.putheader(name, value)
+        connection.putheader("content-length", str(len(body or b"")))
+        connection.endheaders(body or b"")
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+def _arrow(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_json_edge_cases_are_answered_or_refused_by_name(served):
+    server, store = served
+    # a prediction past a float's range: null in JSON (which has no infinity), the
+    # other rows answered
+    rows = [{"store": 1, "price": 1.7e308, "promo": 1.7e308},
+            {"store": 2, "price": 0.4, "promo": 1}]
+    body = server.predict(rows).json()
+    want = store.predict(pd.DataFrame(rows), by="store")
+    assert np.isinf(want.iloc[0]) and body["predictions"][0] is None
+    assert body["predictions"][1] == want.iloc[1]
+    status, text = _raw(server, "/v1/predict", b"[" * 5000)  # nested past the parser
+    assert status == 400 and b"nested too deeply" in text
+    big = "1" + "0" * 400  # a whole number past a float, beside a float
+    body = '{"rows": [{"store": 1, "price": BIG, "promo": 1}, ' \
+           '{"store": 1, "price": 0.5, "promo": 1}]}'
+    status, text = _raw(server, "/v1/predict", body.replace("BIG", big).encode())
+    assert status == 400 and b"group 1" in text
+    # a column that no model reads, in some rows only: ignored
+    extra = [{"store": 1, "price": 0.5, "promo": 1, "note": "x"},
+             {"store": 2, "price": 0.5, "promo": 0}]
+    assert server.predict(extra).json()["predictions"] == store.predict(
+        pd.DataFrame(extra).drop(columns="note"), by="store").tolist()
+    ragged = server.predict([{"store": 1, "price": 0.5, "promo": 1}, {"store": 2, "price": 1}])
+    assert ragged.status == 422 and "row 1 has no column 'promo'" in ragged.json()["error"]
+    for key in ("NaN", "Infinity", "1e999", "9" * 5000):  # no 500 for any key text
+        assert call(f"{server.url}/v1/models/{key}").status in (200, 404)
+    assert server.predict([{"store": 1, "price": 0.5, "promo": 1}]).status == 200
+
+
+def test_arrow_edge_cases_are_answered_or_refused_by_name(served):
+    server, store = served
+    frame = pd.DataFrame({"store": [1, 2], "price": [0.3, 0.6], "promo": [1, 0]})
+    good = _arrow(pa.Table.from_pandas(frame, preserve_index=False))
+    status, answer = _raw(server, "/v1/predict", good,
+                          "Application/Vnd.Apache.Arrow.Stream")  # media types: any case
+    assert status == 200
+    got = pa.ipc.open_stream(answer).read_all().column("prediction").to_pylist()
+    assert got == store.predict(frame, by="store").tolist()
+    twice = pa.Table.from_arrays([pa.array([1]), pa.array([3]), pa.array([0.5]),
+                                  pa.array([1])], names=["store", "store", "price", "promo"])
+    status, text = _raw(server, "/v1/predict", _arrow(twice),
+                        "application/vnd.apache.arrow.stream")
+    assert status == 400 and b"two columns named 'store'" in text
+    union = pa.UnionArray.from_sparse(pa.array([0], pa.int8()), [pa.array([0.5])])
+    odd = pa.table({"store": [1], "price": union, "promo": [1]})
+    status, text = _raw(server, "/v1/predict", _arrow(odd),
+                        "application/vnd.apache.arrow.stream")
+    assert status == 400 and b"column 'price'" in text
+
+
+def test_a_model_naming_no_features_refuses_json_rows_and_a_token_is_utf8(tmp_path):
+    """JSON rows carry no column order: a model fitted on an array, of a run
+    that recorded no features, would be fed them in the keys' order (the
+    same row answered two ways); it asks for Arrow, which keeps the order.
+    A token outside ASCII is the same on every route."""
+    path = tmp_path / "models"
+    mm.train(fit_numpy, mm.groups(_sales(), by="store"), store=path, backend="serial",
+             progress=False)
+    server = Server(path, "--token", "sécret")
+    try:
+        auth = {"Authorization": "Bearer sécret".encode()}
+        for row in ({"store": 1, "price": 0.9, "promo": 0},
+                    {"store": 1, "promo": 0, "price": 0.9}):
+            status, text = _raw(server, "/v1/predict", json.dumps({"rows": [row]}).encode(),
+                                headers=auth)
+            assert status == 422 and b"send an Arrow IPC stream" in text
+        frame = pd.DataFrame({"store": [1], "price": [0.9], "promo": [0]})
+        status, answer = _raw(server, "/v1/predict",
+                              _arrow(pa.Table.from_pandas(frame, preserve_index=False)),
+                              "application/vnd.apache.arrow.stream", auth)
+        assert status == 200
+        got = pa.ipc.open_stream(answer).read_all().column("prediction").to_pylist()
+        assert got == mm.Store(path).predict(frame, by="store").tolist()
+        for route in ("/v1/models/1", "/metrics"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            connection.putrequest("GET", route)
+            connection.putheader("Authorization", auth["Authorization"])
+            connection.endheaders()
+            assert connection.getresponse().status == 200, route
+            connection.close()
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="without surrounding spaces"):
+        mm.serve_app(path, token=" spaced ")
+
+
+def test_a_store_path_that_is_a_file_is_said_to_be_one(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    done = CliRunner().invoke(app, ["serve", str(a_file)])
+    assert done.exit_code == 2 and "is a file" in done.output
