@@ -57,7 +57,7 @@ class StoreModels:
         try:
             columns, n = json_columns(await request.body())
             result = predict_rows(self.served.catalog, _Multiplexed(*loaded, self.served.cache),
-                                  self.served.store, columns, n)
+                                  self.served.store, columns, n, ordered=False)  # JSON rows
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
         except StoreIntegrityError as exc:
