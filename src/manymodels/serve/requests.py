@@ -118,13 +118,13 @@ def arrow_columns(body: bytes) -> tuple[dict[str, Any], int]:
 def json_answer(answer: Answer) -> bytes:
     """The answer as JSON: an infinite prediction is null there, as NaN is
     (JSON has neither; an Arrow answer keeps them)."""
+    payload = {"predictions": answer.predictions, "source": answer.source,
+               "run_id": answer.run_id}
     try:
-        return json.dumps({"predictions": answer.predictions, "source": answer.source,
-                           "run_id": answer.run_id}, allow_nan=False).encode()
-    except ValueError:
-        return json.dumps({"predictions": [_finite(v) for v in answer.predictions],
-                           "source": answer.source, "run_id": answer.run_id},
-                          allow_nan=False).encode()
+        return json.dumps(payload, allow_nan=False).encode()
+    except ValueError:  # rare: checked per value only then
+        payload["predictions"] = [_finite(v) for v in answer.predictions]
+        return json.dumps(payload, allow_nan=False).encode()
 
 
 def _finite(value: Any) -> Any:

@@ -37,11 +37,7 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
     ``digest``: its SHA-256 when the caller has it already (a worker hashed
     it). An artifact found corrupt earlier is written afresh."""
     digest = digest or sha256(data)
-    corrupt = conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
-                           (digest,)).fetchone() is not None
-    if corrupt:
-        conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (digest,))
-        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (digest,))
+    corrupt = _forget_if_corrupt(conn, digest)
     if len(data) < SMALL_ARTIFACT:
         conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, blob) VALUES (?, ?, ?)",
                      (digest, len(data), data))
@@ -49,13 +45,9 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
     relative = relative_path(digest)
     if corrupt or not _intact_file(root / relative, len(data)):
         write_model_file(root, data, digest)
-    else:  # the same bytes are there: made new again, so a gc running now leaves them
-        try:
-            os.utime(root / relative)
-        except OSError:
-            pass
-    conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, path) VALUES (?, ?, ?)",
-                 (digest, len(data), relative))
+    else:  # the same bytes are there
+        _made_new(root / relative)
+    _insert_file_row(conn, digest, len(data), relative)
     return digest, len(data)
 
 
@@ -69,17 +61,35 @@ def record_model_file(conn: sqlite3.Connection, root: Path, model: ModelFile) ->
             f"the model file {model.path} a worker wrote into store {str(root)!r} is not "
             f"there with its {model.size} bytes: is the store on a path every worker sees "
             "as the driver does?")
-    try:  # made new inside the transaction: a gc running now leaves it (see write_artifact)
-        os.utime(root / model.path)
+    _made_new(root / model.path)
+    _forget_if_corrupt(conn, model.sha256)  # the worker wrote it afresh
+    _insert_file_row(conn, model.sha256, model.size, model.path)
+    return model.sha256
+
+
+def _forget_if_corrupt(conn: sqlite3.Connection, digest: str) -> bool:
+    """Whether ``digest`` was found corrupt earlier: its mark and its row then
+    go, for the bytes written afresh."""
+    corrupt = conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
+                           (digest,)).fetchone() is not None
+    if corrupt:
+        conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (digest,))
+        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (digest,))
+    return corrupt
+
+
+def _made_new(path: Path) -> None:
+    """A model file about to be named again, made new inside the transaction
+    that names it: a gc running now leaves it (:mod:`.collect`)."""
+    try:
+        os.utime(path)
     except OSError:
         pass
-    if conn.execute("SELECT 1 FROM corrupt_artifacts WHERE sha256 = ?",
-                    (model.sha256,)).fetchone() is not None:  # the worker wrote it afresh
-        conn.execute("DELETE FROM corrupt_artifacts WHERE sha256 = ?", (model.sha256,))
-        conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (model.sha256,))
+
+
+def _insert_file_row(conn: sqlite3.Connection, digest: str, size: int, relative: str) -> None:
     conn.execute("INSERT OR IGNORE INTO artifacts(sha256, size, path) VALUES (?, ?, ?)",
-                 (model.sha256, model.size, model.path))
-    return model.sha256
+                 (digest, size, relative))
 
 
 def _intact_file(path: Path, size: int) -> bool:
