@@ -54,6 +54,14 @@ def relative_path(digest: str) -> str:
     return f"{FOLDER}/{digest[:2]}/{digest}"
 
 
+def intact_file(path: Path, size: int) -> bool:
+    """Whether a model file is at ``path`` with its ``size`` bytes."""
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
 def write_model_file(root: Path, data: bytes | memoryview, digest: str,
                      temporary_prefix: str = ".tmp-") -> str:
     """Put ``data`` (of SHA-256 ``digest``) in place under ``root``, whole or
@@ -89,10 +97,7 @@ class ModelFile:
     def intact(self) -> bool:
         """Whether the file is there with its size (what the driver can see
         cheaply: a stat, not a read)."""
-        try:
-            return os.stat(os.path.join(self.root, self.path)).st_size == self.size
-        except OSError:
-            return False
+        return intact_file(Path(self.root, self.path), self.size)
 
     def load(self) -> Any:
         data = Path(self.root, self.path).read_bytes()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..engine.modelfiles import ModelFile, relative_path, write_model_file
+from ..engine.modelfiles import ModelFile, intact_file, relative_path, write_model_file
 from ..engine.partpacks import PACKED_BELOW
 from . import packs
 from .database import StoreIntegrityError
@@ -43,7 +43,7 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
                      (digest, len(data), data))
         return digest, len(data)
     relative = relative_path(digest)
-    if corrupt or not _intact_file(root / relative, len(data)):
+    if corrupt or not intact_file(root / relative, len(data)):
         write_model_file(root, data, digest)
     else:  # the same bytes are there
         _made_new(root / relative)
@@ -56,7 +56,7 @@ def record_model_file(conn: sqlite3.Connection, root: Path, model: ModelFile) ->
     :mod:`manymodels.engine.modelfiles`; inside the caller's transaction);
     return its SHA-256. Its file must be there, whole: a worker that saw
     the store wrote it before sending its outcome."""
-    if not _intact_file(root / model.path, model.size):
+    if not intact_file(root / model.path, model.size):
         raise StoreIntegrityError(
             f"the model file {model.path} a worker wrote into store {str(root)!r} is not "
             f"there with its {model.size} bytes: is the store on a path every worker sees "
@@ -92,13 +92,6 @@ def _insert_file_row(conn: sqlite3.Connection, digest: str, size: int, relative:
                  (digest, size, relative))
 
 
-def _intact_file(path: Path, size: int) -> bool:
-    try:
-        return path.stat().st_size == size
-    except OSError:
-        return False
-
-
 def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) -> set[str]:
     """Those of ``digests`` (SHA-256s or pack locators) that can still be
     loaded, as far as a cheap check tells: in the index (or their pack is),
@@ -122,7 +115,7 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
                 chunk))
     for sha, path, size in conn.execute(
             "SELECT sha256, path, size FROM artifacts WHERE path IS NOT NULL"):
-        if sha in present and not _intact_file(root / path, size):
+        if sha in present and not intact_file(root / path, size):
             present.discard(sha)
     present |= packed
     present.difference_update(sha for (sha,) in conn.execute(
