@@ -339,6 +339,64 @@ def test_map_groups_of_an_engine_frame_answers_with_the_engines_frame(engine, ta
 
 
 @pytest.fixture(scope="module")
+def object_store():
+    """An S3 API server on loopback (moto's server mode) with an empty bucket:
+    the staging URI names its endpoint and keys itself, so that the engines'
+    workers, started before it, need nothing in their environment; and a
+    pyarrow filesystem on it, to list what is there."""
+    moto_server = pytest.importorskip("moto.server")
+    from pyarrow import fs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    filesystem = fs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
+                                 endpoint_override=f"{host}:{port}", region="us-east-1",
+                                 allow_bucket_creation=True)
+    filesystem.create_dir("bucket")
+    options = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+    yield f"s3://testing:testing@bucket/stage?{options}", filesystem
+    server.stop()
+
+
+def test_staging_on_an_object_store(engine, table, object_store, tmp_path):
+    """staging= may be an object store's URI: the engine's workers upload each
+    partition's sorted rows, the training workers (the engine's, or this
+    machine's processes) fetch the record batches their groups lie in, and
+    the objects go with their source. map_groups, which appends its outputs
+    under staging=, refuses one before any work."""
+    from pyarrow import fs
+
+    location, filesystem = object_store
+
+    def objects() -> list[str]:
+        found = filesystem.get_file_info(fs.FileSelector("bucket/stage", recursive=True,
+                                                         allow_not_found=True))
+        return [entry.path for entry in found if entry.type == fs.FileType.File]
+
+    source = mm.groups(_engine_frame(engine, table), by=["store", "item"], order_by="day",
+                       staging=location)
+    local = mm.train(first_and_last, mm.groups(table, by=["store", "item"], order_by="day"),
+                     workers=2, progress=False)
+    for backend in (engine[0], "processes"):
+        run = mm.train(first_and_last, source, backend=backend, workers=2, progress=False)
+        pd.testing.assert_frame_equal(run.results.drop(columns=_TIMING),
+                                      local.results.drop(columns=_TIMING))
+    staged = objects()
+    assert staged and all(path.endswith(".arrow") for path in staged)
+    assert source._layout.directory.startswith("s3://testing:testing@bucket/stage/")
+    del source, run
+    gc.collect()
+    assert objects() == []
+    with pytest.raises(ValueError, match="is an object store's: map_groups"):
+        mm.map_groups(first_and_last, _engine_frame(engine, table), by="store",
+                      staging=location)
+    assert objects() == []
+    with pytest.raises(ValueError, match="staging='nosuch://x/y' cannot be opened"):
+        mm.groups(_engine_frame(engine, table), by="store", staging="nosuch://x/y")
+
+
+@pytest.fixture(scope="module")
 def local_ray():
     """A local Ray of two CPUs, started once for the Ray tests as a user would."""
     ray = pytest.importorskip("ray")
@@ -415,11 +473,12 @@ def crash_or_hang(df):
 
 @pytest.mark.ray
 def test_ray_supervises_a_ray_datasets_groups(ray_sorts_to_shuffle, table, tmp_path,
-                                              monkeypatch):
+                                              monkeypatch, object_store):
     """Grouped by a sort this time (once for the first two runs: the source
     keeps its staged rows): a crash costs its group (retried), a hang one
     timeout; a re-run on the same rows in another order, one group changed,
-    reuses every other model through the hashes Ray's workers made."""
+    staged on an object store, reuses every other model through the hashes
+    Ray's workers made."""
     ray = ray_sorts_to_shuffle
     source = mm.groups(_ray_dataset(ray, table), by=["store", "item"])
     run = mm.train(crash_or_hang, source, backend="ray", workers=2, retries=1, timeout=2,
@@ -432,8 +491,11 @@ def test_ray_supervises_a_ray_datasets_groups(ray_sorts_to_shuffle, table, tmp_p
     assert not first.results["reused"].any()
     changed = table.sample(frac=1.0, random_state=3)  # the same rows, in another order
     changed.loc[(changed["store"] == 4) & (changed["item"] == "c"), "y"] += 1.0
-    again = mm.train(fit_linear, mm.groups(_ray_dataset(ray, changed), by=["store", "item"]),
-                     backend="ray", workers=2, store=store, progress=False)
+    elsewhere = mm.groups(_ray_dataset(ray, changed), by=["store", "item"],
+                          staging=object_store[0])
+    again = mm.train(fit_linear, elsewhere, backend="ray", workers=2, store=store,
+                     progress=False)
+    assert elsewhere._layout.directory.startswith("s3://")
     retrained = again.results.loc[~again.results["reused"], ["store", "item"]]
     assert retrained.values.tolist() == [[4, "c"]]
     _results_frame_is_the_engines(again, "ray")

@@ -3,6 +3,8 @@ batch reads its own groups' rows from the Parquet files."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -361,3 +363,61 @@ def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_chang
 
 def fit_rows(df):
     return {"rows": len(df), "sum_y": float(df["y"].sum())}
+
+
+def _staged_objects(s3) -> list[str]:
+    from pyarrow import fs
+
+    found = s3.get_file_info(fs.FileSelector("bucket/stage", recursive=True,
+                                             allow_not_found=True))
+    return [entry.path for entry in found if entry.type == fs.FileType.File]
+
+
+def test_unsorted_files_are_sorted_once_into_an_object_store(s3, tmp_path, sales):
+    """staging= may be an object store's: the sorted buckets are uploaded (the
+    sort itself works in a temporary directory here, left empty), the workers
+    fetch their groups' rows from them, and the objects go with the source."""
+    import gc
+    import tempfile
+
+    write_parts(sales, tmp_path / "parts")
+    before = set(os.listdir(tempfile.gettempdir()))
+    source = mm.groups(tmp_path / "parts", by=["store", "item"], read_on_workers=True,
+                       staging="s3://bucket/stage")
+    lazy = mm.train(describe, source, backend="processes", workers=2, progress=False)
+    eager = mm.train(describe, mm.groups(tmp_path / "parts", by=["store", "item"]),
+                     backend="serial", progress=False)
+    pd.testing.assert_frame_equal(lazy.results.drop(columns=_UNTIMED),
+                                  eager.results.drop(columns=_UNTIMED))
+    staged = _staged_objects(s3)
+    assert staged and all(path.endswith(".arrow") for path in staged)
+    assert {name for name in set(os.listdir(tempfile.gettempdir())) - before
+            if name.startswith("manymodels-sorting-")} == set()
+    del source, lazy
+    gc.collect()
+    assert _staged_objects(s3) == []
+    with pytest.raises(ValueError, match="staging='nosuch://x/y' cannot be opened"):
+        mm.groups(tmp_path / "parts", by="store", read_on_workers=True, staging="nosuch://x/y")
+    elsewhere = mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
+                          staging="s3://no-such-bucket/stage")
+    with pytest.raises(ValueError, match="staging='s3://no-such-bucket/stage': cannot write"):
+        mm.train(describe, elsewhere, backend="serial", progress=False)
+
+
+def test_a_staged_object_is_read_a_record_batch_at_a_time(s3, monkeypatch):
+    """A worker fetches the record batches its groups lie in, and holds only
+    those of its current batch."""
+    from manymodels.inputs import objectstores
+
+    monkeypatch.setattr(objectstores, "STAGED_BATCH_BYTES", 800)  # 100 rows of int64
+    table = pa.table({"v": np.arange(1_050, dtype=np.int64)})
+    uri = objectstores.child("s3://bucket/stage", "one file.arrow")
+    objectstores.write_arrow_file(uri, table)
+    remote = objectstores.RemoteArrowFile(uri)
+    assert remote._reader.num_record_batches == 11
+    for offset, length in [(0, 1), (95, 10), (100, 100), (199, 2), (1_000, 50), (0, 1_050)]:
+        assert remote.slice(offset, length).equals(table.slice(offset, length))
+    remote.keep_only([(250, 10), (420, 90)])
+    assert sorted(remote._batches) == [2, 4, 5]
+    objectstores.remove_tree("s3://bucket/stage")
+    assert _staged_objects(s3) == []

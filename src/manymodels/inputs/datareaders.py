@@ -215,22 +215,32 @@ class ParquetBatches(DataReader):
 class StagedFiles(DataReader):
     """Groups an engine staged (:mod:`manymodels.planning.staging`): each
     file is mapped once per worker, and a batch's groups of one file are
-    converted at once (:class:`ArrowSlices`)."""
+    converted at once (:class:`ArrowSlices`). Files on an object store are
+    not mapped: a batch fetches the record batches its groups lie in
+    (:class:`~manymodels.inputs.objectstores.RemoteArrowFile`)."""
 
     def __init__(self, directory: str, files: list[str], format: str) -> None:
+        from .objectstores import is_remote
+
         self.directory, self.files, self.format = directory, files, format
+        self.remote = is_remote(directory)
         self._mapped: dict[int, Any] = {}
         self._slices: dict[int, ArrowSlices] = {}
 
     def _table(self, number: int) -> Any:
         table = self._mapped.get(number)
         if table is None:
-            import os
+            if self.remote:
+                from .objectstores import RemoteArrowFile, child
 
-            import pyarrow as pa
+                table = RemoteArrowFile(child(self.directory, self.files[number]))
+            else:
+                import os
 
-            path = os.path.join(self.directory, self.files[number])
-            table = pa.ipc.open_file(pa.memory_map(path)).read_all()  # no copy
+                import pyarrow as pa
+
+                path = os.path.join(self.directory, self.files[number])
+                table = pa.ipc.open_file(pa.memory_map(path)).read_all()  # no copy
             self._mapped[number] = table
         return table
 
@@ -239,8 +249,14 @@ class StagedFiles(DataReader):
         for number, offset, length in refs:
             by_file.setdefault(number, []).append((offset, length))
         self._slices = {}
+        if self.remote:  # hold this batch's rows only
+            for number, table in self._mapped.items():
+                table.keep_only(by_file.get(number, ()))
         for number, slices in by_file.items():
-            reader = self._slices[number] = ArrowSlices(self._table(number), self.format, None)
+            table = self._table(number)
+            if self.remote:
+                table.keep_only(slices)
+            reader = self._slices[number] = ArrowSlices(table, self.format, None)
             reader.begin_batch(slices)
 
     def rows(self, ref: tuple[int, int, int]) -> Any:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .objectstores import check_location, is_remote
+
 #: The engines whose tables ``mm.groups`` takes, by the top of their module
 #: and the names of their classes.
 _ENGINE_CLASSES = {"pyspark": ("spark", ("DataFrame",)), "dask": ("dask", ("DataFrame",)),
@@ -101,6 +103,8 @@ class EngineFrame:
                      table.select_columns(keep) if engine == "ray" else table[keep])
         if staging is not None and not isinstance(staging, str):
             staging = str(staging)
+        if is_remote(staging):
+            check_location(staging, "staging")
         return cls(table, engine, staging)
 
 

@@ -114,3 +114,104 @@ def object_versions(uris: list[str]) -> list[str]:
         modified = info.mtime_ns if info.mtime_ns is not None else -1
         versions.append(f"object:{without_query(uri)}:{info.size}:{modified}")
     return versions
+
+
+# -- staged rows on an object store (``staging="s3://..."``) -----------------
+
+#: A staged file on an object store is written in record batches of about
+#: this many bytes: a worker fetches the batches that hold its groups (a ranged
+#: read each), never the whole file.
+STAGED_BATCH_BYTES = 4 * 2**20
+#: The footer's key for the rows of every record batch but the last.
+_ROWS_PER_BATCH = b"manymodels.rows_per_batch"
+
+
+def child(location: str, name: str) -> str:
+    """The URI of ``name`` under ``location`` (its options kept at the end)."""
+    base, _, query = location.partition("?")
+    return f"{base.rstrip('/')}/{quote(name)}" + (f"?{query}" if query else "")
+
+
+def check_location(location: str, argument: str) -> None:
+    """Refuse, naming ``argument``, a location pyarrow's filesystems cannot open."""
+    import pyarrow as pa
+
+    try:
+        resolve(location)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise ValueError(f"{argument}={location!r} cannot be opened with pyarrow's "
+                         f"filesystems: {exc}") from exc
+
+
+def make_directory(location: str) -> None:
+    """Make the folder ``location`` (a no-op on stores that have no folders)."""
+    filesystem, path = resolve(location)
+    filesystem.create_dir(path, recursive=True)
+
+
+def remove_tree(location: str) -> None:
+    """Remove everything under ``location``; errors are ignored (a clean-up)."""
+    import contextlib
+
+    with contextlib.suppress(Exception):  # gone already, or the SDK shut down at exit
+        filesystem, path = resolve(location)
+        filesystem.delete_dir(path)
+
+
+def write_arrow_file(uri: str, table: Any) -> None:
+    """Write ``table`` as an Arrow IPC file at ``uri``, in record batches of
+    about :data:`STAGED_BATCH_BYTES`. The file is made whole in memory and
+    sent in one upload: an object store shows an object once its upload
+    completes, so a worker that dies here leaves nothing."""
+    import pyarrow as pa
+
+    per_row = max(1, table.nbytes // max(1, table.num_rows))
+    rows = max(1, STAGED_BATCH_BYTES // per_row)
+    buffer = pa.BufferOutputStream()
+    with pa.ipc.new_file(buffer, table.schema, metadata={_ROWS_PER_BATCH: str(rows)}) as out:
+        out.write_table(table, max_chunksize=rows)
+    filesystem, path = resolve(uri)
+    with filesystem.open_output_stream(path) as sink:
+        sink.write(buffer.getvalue())
+
+
+class RemoteArrowFile:
+    """A staged Arrow IPC file on an object store, read a record batch at a
+    time: :meth:`slice` is a ``pyarrow.Table.slice`` of the whole file that
+    fetches only the batches the rows lie in (one ranged read each).
+    :meth:`keep_only` drops the batches a worker's next task batch does not
+    need, so a worker holds about one task batch's rows, not the file."""
+
+    def __init__(self, uri: str) -> None:
+        import pyarrow as pa
+
+        filesystem, path = resolve(uri)
+        self._reader = pa.ipc.open_file(filesystem.open_input_file(path))
+        self.schema = self._reader.schema
+        rows = (self._reader.metadata or {}).get(_ROWS_PER_BATCH)
+        self._rows_per_batch = (int(rows) if rows is not None
+                                else self._reader.get_batch(0).num_rows)
+        self._batches: dict[int, Any] = {}
+
+    def _numbers(self, offset: int, length: int) -> range:
+        per = self._rows_per_batch
+        return range(offset // per, (offset + max(length, 1) - 1) // per + 1)
+
+    def _batch(self, number: int) -> Any:
+        batch = self._batches.get(number)
+        if batch is None:
+            batch = self._batches[number] = self._reader.get_batch(number)
+        return batch
+
+    def keep_only(self, spans: Any) -> None:
+        """Hold the batches that the ``(offset, length)`` spans lie in, and no other."""
+        wanted = sorted({number for offset, length in spans
+                         for number in self._numbers(offset, length)})
+        self._batches = {number: self._batch(number) for number in wanted}
+
+    def slice(self, offset: int, length: int) -> Any:
+        import pyarrow as pa
+
+        numbers = self._numbers(offset, length)
+        table = pa.Table.from_batches([self._batch(n) for n in numbers], self.schema)
+        return table.slice(offset - numbers.start * self._rows_per_batch, length)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .engineframes import EngineFrame, engine_of
-from .objectstores import is_remote
+from .objectstores import check_location, is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
 from .tables import is_pandas_frame, named_twice, read_table
 
@@ -94,6 +94,8 @@ class GroupSource(Source):
                              "neither: leave staging out")
         #: Where read_on_workers sorts files not in key order (None: a temporary directory)
         self.staging = None if staging is None else str(staging)
+        if is_remote(self.staging):
+            check_location(self.staging, "staging")
         #: A pandas frame's column labels when some are not strings (Arrow
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
@@ -359,7 +361,9 @@ def groups(
     table larger than its memory (on Ray, every node must see the same path).
     Files not in key order are sorted once, one file and one bucket of rows
     at a time, into Arrow files under ``staging`` that the workers map (give
-    a directory every node sees on a cluster of several machines).
+    a directory every node sees on a cluster of several machines, or an
+    object store's URI, ``"s3://bucket/staging"``, whose objects the workers
+    read a record batch at a time).
 
     ``order_by`` (a column or a list of them): each group's rows reach ``fit``
     sorted by it (ascending, stable, missing values last), as a time series
@@ -373,8 +377,8 @@ def groups(
     partition once, and the driver gets one small row per group, never the
     rows. ``staging``: the directory the engine's workers write to and the
     training workers read from -- one every node sees on a cluster of
-    several machines (default: a temporary directory here, removed with the
-    source).
+    several machines, or an object store's URI (default: a temporary
+    directory here, removed with the source).
     """
     return GroupSource(table, by, format=format, cost=cost,
                        read_on_workers=read_on_workers, order_by=order_by, columns=columns,

@@ -13,7 +13,9 @@ never holds more than one file and one bucket of rows:
    IPC files, in file and row order.
 3. Each bucket is mapped, sorted by group (then ``order_by``; a stable sort,
    as an eager read sorts the whole table) and written as the bucket's final
-   Arrow IPC file.
+   Arrow IPC file. Where ``staging`` is an object store's, steps 2 and 3 work
+   in a temporary directory here and each sorted bucket is uploaded as it is
+   made.
 
 The workers then read a group as a slice of a memory-mapped file
 (:class:`~manymodels.planning.taskdata.StagedSlices`, as for an engine's
@@ -26,15 +28,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import weakref
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from ..inputs.objectstores import child, is_remote, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
 from ..inputs.tables import sort_order
-from .staging import StagedGroups, new_directory
+from .staging import StagedGroups, new_directory, remove_directory
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
 #: memory at once, beside one file's rows.
@@ -49,16 +53,20 @@ def sort_once(layout: Any, reader: ParquetGroups, lanes: np.ndarray,
     sorted into Arrow files under ``staging`` (a directory every worker sees;
     None: a temporary directory here); ``lanes``: each group's data hash."""
     directory = new_directory(staging, "manymodels-sorted-")
+    work = tempfile.mkdtemp(prefix="manymodels-sorting-") if is_remote(directory) else directory
     try:
-        buckets = _sort_into_buckets(layout, reader, directory)
+        buckets = _sort_into_buckets(layout, reader, work, directory)
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_directory(directory)
         raise
+    finally:
+        if work != directory:
+            shutil.rmtree(work, ignore_errors=True)
     first_offset = layout.offsets[np.searchsorted(buckets, np.arange(buckets.max() + 1))]
     staged = StagedGroups(directory, [_bucket_name(b) for b in range(int(buckets.max()) + 1)],
                           layout.key_table, buckets,
                           layout.offsets - first_offset[buckets], layout.lengths, lanes)
-    staged._cleanup = weakref.finalize(staged, shutil.rmtree, directory, True)
+    staged._cleanup = weakref.finalize(staged, remove_directory, directory)
     return staged
 
 
@@ -76,8 +84,11 @@ def _input_codes(layout: Any) -> np.ndarray:
     return codes
 
 
-def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str) -> np.ndarray:
-    """Steps 2 and 3 of the module docstring; returns each group's bucket."""
+def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
+                       target: str) -> np.ndarray:
+    """Steps 2 and 3 of the module docstring, in ``directory``, the sorted
+    buckets into ``target`` (the same, or an object store's); returns each
+    group's bucket."""
     codes = _input_codes(layout)
     rows_per_file = np.bincount(layout.table.column("__file__").to_numpy(),
                                 minlength=len(reader.files))
@@ -122,8 +133,9 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str) -> np
             sink.close()
     assert buckets is not None
     for bucket, parts in enumerate(bucket_codes):
-        _sort_bucket(os.path.join(directory, _bucket_name(bucket)), np.concatenate(parts),
-                     list(reader.order_by))
+        name = _bucket_name(bucket)
+        _sort_bucket(os.path.join(directory, name), np.concatenate(parts),
+                     list(reader.order_by), child(target, name) if is_remote(target) else None)
     return buckets
 
 
@@ -134,8 +146,11 @@ def _buckets(layout: Any, bytes_per_row: float) -> np.ndarray:
     return np.unique(layout.offsets // rows_per_bucket, return_inverse=True)[1].astype(np.int64)
 
 
-def _sort_bucket(path: str, codes: np.ndarray, order_by: list[str]) -> None:
-    """Sort a bucket's rows by group (then ``order_by``), stably, into ``path``."""
+def _sort_bucket(path: str, codes: np.ndarray, order_by: list[str],
+                 upload: str | None = None) -> None:
+    """Sort a bucket's rows by group (then ``order_by``), stably, into ``path``
+    (or, given ``upload``, an object store's URI, sent whole: a bucket is
+    about :data:`BUCKET_BYTES`)."""
     unsorted = path + ".unsorted"
     with pa.memory_map(unsorted) as source:
         rows = pa.ipc.open_file(source).read_all()
@@ -143,9 +158,12 @@ def _sort_bucket(path: str, codes: np.ndarray, order_by: list[str]) -> None:
             order = sort_order(rows, order_by, codes)
         else:
             order = pa.array(np.argsort(codes, kind="stable"))
-        with pa.OSFile(path + ".partial", "wb") as sink, \
-                pa.ipc.new_file(sink, rows.schema) as out:
-            for start in range(0, len(order), WRITE_ROWS):
-                out.write_table(rows.take(order.slice(start, WRITE_ROWS)))
-    os.replace(path + ".partial", path)
+        if upload is not None:
+            write_arrow_file(upload, rows.take(order))
+        else:
+            with pa.OSFile(path + ".partial", "wb") as sink, \
+                    pa.ipc.new_file(sink, rows.schema) as out:
+                for start in range(0, len(order), WRITE_ROWS):
+                    out.write_table(rows.take(order.slice(start, WRITE_ROWS)))
+            os.replace(path + ".partial", path)
     os.remove(unsorted)

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..inputs.engineframes import STAGED_INDEX_COLUMNS, EngineFrame
+from ..inputs.objectstores import child, is_remote, make_directory, remove_tree, write_arrow_file
 from ..inputs.tables import exact_pandas, sort_order
 
 #: The columns of a group's row after its key columns (all int64 on the wire).
@@ -72,10 +73,14 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     offsets = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
     number = int.from_bytes(os.urandom(8), "little") >> 1  # an id no other worker draws
-    path = os.path.join(directory, file_name(number))
-    with pa.OSFile(path + ".partial", "wb") as sink, pa.ipc.new_file(sink, rows.schema) as out:
-        out.write_table(rows)
-    os.replace(path + ".partial", path)  # a file is whole, or absent
+    if is_remote(directory):
+        write_arrow_file(child(directory, file_name(number)), rows)
+    else:
+        path = os.path.join(directory, file_name(number))
+        with pa.OSFile(path + ".partial", "wb") as sink, \
+                pa.ipc.new_file(sink, rows.schema) as out:
+            out.write_table(rows)
+        os.replace(path + ".partial", path)  # a file is whole, or absent
     hashes = arrow_row_hashes(rows)
     # each group's row hashes in order of value: the same lanes whatever order
     # the shuffle delivered its rows in
@@ -138,26 +143,44 @@ class StagedGroups:
 
 def new_directory(base: str | None, prefix: str) -> str:
     """A fresh directory for staged rows: under ``base`` (one every worker
-    sees), made if need be, or a temporary one on this machine."""
+    sees: a path, or an object store's URI), made if need be, or a temporary
+    one on this machine."""
     if base is None:
         return tempfile.mkdtemp(prefix=prefix)
+    if is_remote(base):
+        directory = child(base, f"{prefix}{uuid.uuid4().hex[:12]}")
+        try:
+            make_directory(directory)
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"staging={base!r}: cannot write there: {exc}") from exc
+        return directory
     os.makedirs(base, exist_ok=True)
     directory = os.path.join(base, f"{prefix}{uuid.uuid4().hex[:12]}")
     os.makedirs(directory)
     return directory
 
 
+def remove_directory(directory: str) -> None:
+    """Remove a staging directory and what is in it (errors ignored: a clean-up)."""
+    if is_remote(directory):
+        remove_tree(directory)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> StagedGroups:
     """Have the engine group ``engine_frame`` (see the module docstring)."""
     directory = new_directory(engine_frame.staging, "manymodels-staged-")
+    if not is_remote(directory):
+        directory = os.path.abspath(directory)
     try:
         run = {"spark": _stage_spark, "dask": _stage_dask, "ray": _stage_ray}[engine_frame.engine]
-        index = run(engine_frame.frame, by, order_by, os.path.abspath(directory))
+        index = run(engine_frame.frame, by, order_by, directory)
         staged = _index_to_groups(index, by, directory)
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_directory(directory)
         raise
-    staged._cleanup = weakref.finalize(staged, shutil.rmtree, directory, True)
+    staged._cleanup = weakref.finalize(staged, remove_directory, directory)
     return staged
 
 

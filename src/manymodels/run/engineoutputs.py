@@ -56,6 +56,7 @@ import pyarrow as pa
 
 from ..inputs.engineframes import TABLE_NAMES, EngineFrame, engine_of
 from ..inputs.grids import ProductSource
+from ..inputs.objectstores import is_remote
 from ..inputs.sources import GroupSource, groups
 from ..planning.plan import asks_for_key
 from ..planning.staging import new_directory
@@ -97,6 +98,11 @@ class EngineOutputs:
             raise ValueError("map_groups of an engine's DataFrame passes each group's key "
                              "to the worker that writes its output as key=: rename the "
                              f"{named} 'key'")
+        if is_remote(engine_frame.staging):
+            raise ValueError(f"staging={engine_frame.staging!r} is an object store's: map_groups "
+                             "of an engine's DataFrame appends its outputs to files under "
+                             "staging=, which must be a path every worker sees (a shared "
+                             "file system); training (mm.train) stages rows there")
         self.engine_frame = engine_frame
         self.directory = os.path.abspath(new_directory(engine_frame.staging,
                                                        "manymodels-outputs-"))
