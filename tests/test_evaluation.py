@@ -594,7 +594,7 @@ def test_halving_with_eta_1_is_the_full_evaluation_keeping_only_the_winner(tmp_p
     for sku in best.index:
         assert best.loc[sku, "best_model"].alpha == full.loc[sku, "model"].alpha
         assert best.loc[sku, "rmse"] == pytest.approx(full.loc[sku, "rmse"], rel=1e-12)
-    with pytest.raises(ValueError, match="eta >= 1"):
+    with pytest.raises(ValueError, match="eta must be an integer >= 1"):
         mm.halving("rmse", eta=0)
 
 

@@ -4,8 +4,10 @@ Successive halving runs a group's candidates in one task, whose one model
 is, by default, the winner's. With ``keep="all"`` that model is a
 :class:`Candidates`: each candidate fitted on all the group's rows (for an
 ensemble, a second opinion, or a look at the losers), its setting and its
-mean score, and which one won. It predicts as its winner does, so the
-store, ``Store.predict`` and ``run.predict`` use it unchanged.
+mean score, and which one won. It predicts (and a forecaster forecasts:
+:func:`~manymodels.evaluation.horizons.horizon_call`) as its winner does,
+so the store, ``Store.predict``, ``run.predict`` and ``run.forecast`` use
+it unchanged.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ them by hand::
 
 The names are broom's, in snake case, and so are the formulas (those of R's
 ``summary.lm``, ``logLik.lm``, ``AIC`` and ``BIC``): ``p`` coefficients
-(the intercept included, zero coefficients left out: the model's rank for
-least squares, the usual degrees of freedom for the lasso), ``n`` rows,
-``RSS`` the residual sum of squares. ``p`` is the rank of the design matrix
-(the intercept's column of ones and the columns of ``X`` whose coefficient is
+(the intercept included; a penalised model's zero coefficients left out:
+the model's rank for least squares, the usual degrees of freedom for the
+lasso), ``n`` rows, ``RSS`` the residual sum of squares. ``p`` is the rank of
+the design matrix (the intercept's column of ones and the columns of ``X``;
+for a penalised model, one with an ``alpha``, those whose coefficient is
 not zero), as R's ``lm`` counts it: a duplicated or otherwise collinear feature,
 which ``LinearRegression`` splits into a least-norm pair of coefficients and R
 reports as ``NA``, adds no degree of freedom.
@@ -60,10 +61,13 @@ def _coefficients(model: Any) -> tuple[np.ndarray, bool]:
     return coef.ravel(), intercept
 
 
-def _rank(X: Any, coef: np.ndarray, intercept: bool) -> int:
-    """The rank of the design matrix: the columns of ``X`` whose coefficient is
-    not zero, and a column of ones for the intercept. Counting coefficients
-    instead would count a collinear feature's share of a split coefficient."""
+def _rank(X: Any, coef: np.ndarray, intercept: bool, penalised: bool) -> int:
+    """The rank of the design matrix: the columns of ``X`` (of a penalised
+    model, those whose coefficient is not zero: the lasso's degrees of
+    freedom), and a column of ones for the intercept. Counting coefficients
+    instead would count a collinear feature's share of a split coefficient;
+    an unpenalised fit counts every column, as R's ``lm`` does, even where
+    its coefficients are all zero (a target of zeros)."""
     import scipy.sparse
 
     if not scipy.sparse.issparse(X):
@@ -73,7 +77,7 @@ def _rank(X: Any, coef: np.ndarray, intercept: bool) -> int:
     if X.ndim != 2 or X.shape[1] != len(coef):
         raise ValueError(f"X has {X.shape[1] if X.ndim == 2 else 'no'} columns but the model "
                          f"has {len(coef)} coefficients: pass the X it was fitted on")
-    active = X[:, np.flatnonzero(coef)]
+    active = X[:, np.flatnonzero(coef)] if penalised else X
     active = active.toarray() if scipy.sparse.issparse(active) else active
     if intercept:
         active = np.column_stack([np.ones(X.shape[0]), active])
@@ -94,7 +98,8 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     fitted = np.asarray(model.predict(X), dtype=float).ravel()
     if len(fitted) != n:
         raise ValueError(f"X has {len(fitted)} rows but y has {n}")
-    p = _rank(X, coef, intercept)
+    penalised = any(hasattr(model, name) for name in ("alpha", "alpha_", "C", "l1_ratio"))
+    p = _rank(X, coef, intercept, penalised)
     i = int(intercept)
     rss = float(np.sum((y - fitted) ** 2))
     tss = float(np.sum((y - y.mean()) ** 2) if intercept else np.sum(y ** 2))

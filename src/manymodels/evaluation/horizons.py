@@ -51,7 +51,12 @@ def horizon_method(kind: type) -> tuple[str, str] | None:
 
 
 def horizon_call(model: Any) -> Callable[[int], Any] | None:
-    """``model``'s way to forecast ``h`` steps (see :func:`horizon_method`)."""
+    """``model``'s way to forecast ``h`` steps (see :func:`horizon_method`);
+    ``mm.halving(keep="all")``'s candidates forecast as their winner."""
+    from .candidates import Candidates
+
+    if isinstance(model, Candidates):
+        model = model.best
     try:
         how = horizon_method(type(model))
     except TypeError:  # an unhashable class: asked as it is

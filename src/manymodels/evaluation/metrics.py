@@ -64,6 +64,8 @@ def mase(y: Any, p: Any, train: Any = None) -> float:
 
 def r2(y: Any, p: Any, train: Any = None) -> float:
     y, p = _float(y), _float(p)
+    if len(y) < 2:  # undefined on one row (scikit-learn's NaN, with a warning)
+        return float("nan")
     total = np.sum((y - y.mean()) ** 2)
     residual = np.sum((y - p) ** 2)
     if total == 0:
@@ -217,8 +219,8 @@ def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds
             total = reduce(centred ** 2, starts)
             residual = reduce(error ** 2, starts)
             with np.errstate(divide="ignore", invalid="ignore"):
-                out[name] = np.where(total == 0, np.where(residual == 0, 1.0, 0.0),
-                                     1 - residual / total)
+                out[name] = np.where(counts < 2, np.nan, np.where(
+                    total == 0, np.where(residual == 0, 1.0, 0.0), 1 - residual / total))
         elif name == "accuracy":
             same = np.asarray(y).reshape(-1) == np.asarray(predicted).reshape(-1)
             out[name] = reduce(same.astype(float), starts) / counts

@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..engine.messages import Status
 from .metrics import direction as _direction
+from .splitters import whole_number
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,7 @@ def halving(metric: str | tuple[str, str], eta: int = 3, keep: str = "best") -> 
     the task's model is then a
     :class:`~manymodels.evaluation.candidates.Candidates`, which predicts as
     its winner and holds every candidate's model, setting and mean score."""
-    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 1:
-        raise ValueError(f"halving needs eta >= 1, got {eta!r}")
+    eta = whole_number("halving's eta", eta, 1)
     if keep not in ("best", "all"):
         raise ValueError(f"halving's keep must be 'best' (the winner's model) or 'all' "
                          f"(every candidate's), got {keep!r}")
@@ -164,10 +164,14 @@ class HalvingSearch:
             alive, records, failed, fits = self._score_all(group, shared)
         else:
             alive, records, failed, fits = self._race(group, shared)
-        winner = alive[0]
+        # the final fits see the rows as the windows did (a backtest's: sorted by time)
+        rows = splitter.prepare(rows) if group is None else group.rows
         if self.halving.keep == "all":
-            model, fit_metrics = self._fit_all(rows, shared, records, failed, winner)
+            model, fit_metrics, winner = self._fit_all(rows, shared, records, failed, alive[0])
+        elif group is None:  # too short to race: the first candidate that fits
+            model, fit_metrics, winner = self._first_that_fits(rows, shared, failed)
         else:
+            winner = alive[0]
             model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
         windows = join(records[winner])
         metrics: dict[str, Any] = {**fit_metrics, **mean_scores(windows)}
@@ -240,30 +244,58 @@ class HalvingSearch:
         alive = sorted(records, key=lambda i: self._rank(records[i]))[:1]
         return alive, records, failed, fits
 
+    def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str]
+                         ) -> tuple[Any, dict[str, Any], int]:
+        """A group too short to race: the first candidate whose fit on all
+        rows does not raise (one that does leaves, as in a race; the group
+        fails only when every candidate has)."""
+        from ..engine.execution import split_result
+
+        for i, setting in enumerate(self.settings):
+            try:
+                return (*split_result(self.fit(rows, **setting, **shared)), i)
+            except Exception as exc:
+                failed[i] = f"{type(exc).__name__}: {exc}"
+        first = min(failed)
+        raise RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
+                           f"{failed[first]}")
+
     def _fit_all(self, rows: Any, shared: dict[str, Any], records: dict[int, list],
-                 failed: dict[int, str], winner: int) -> tuple[Any, dict[str, Any]]:
+                 failed: dict[int, str], winner: int) -> tuple[Any, dict[str, Any], int]:
         """``keep="all"``: every candidate that did not raise fitted on all
-        rows, as one :class:`~.candidates.Candidates`; the winner's fit metrics."""
+        rows, as one :class:`~.candidates.Candidates`; the winner's fit
+        metrics, and the winner: a candidate whose fit on all rows raises
+        leaves (None in its place), and where that is the winner, or the
+        group was too short to race, the best one left wins."""
         from ..engine.execution import split_result
         from .candidates import Candidates
 
         models: list[Any] = []
-        fit_metrics: dict[str, Any] = {}
+        own_metrics: dict[int, dict[str, Any]] = {}
         for i, setting in enumerate(self.settings):
-            if i in failed:
-                models.append(None)
-                continue
-            model, own = split_result(self.fit(rows, **setting, **shared))
+            model = None
+            if i not in failed:
+                try:
+                    model, own_metrics[i] = split_result(self.fit(rows, **setting, **shared))
+                except Exception as exc:
+                    failed[i] = f"{type(exc).__name__}: {exc}"
             models.append(model)
-            if i == winner:
-                fit_metrics = own
+        if len(failed) == len(self.settings):
+            first = min(failed)
+            raise RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
+                               f"{failed[first]}")
+        if winner in failed:
+            left = [i for i in range(len(self.settings)) if i not in failed]
+            winner = min(left, key=lambda i: self._rank(records[i]) if records.get(i)
+                         else np.inf)
+        fit_metrics = own_metrics[winner]
         metric = self.halving.selection.metric
         from .windowtable import score_column
 
         scores = [float(np.mean(score_column(records[i], metric)))
                   if records.get(i) and i not in failed else float("nan")
                   for i in range(len(self.settings))]
-        return Candidates(self.settings, models, scores, winner, metric), fit_metrics
+        return Candidates(self.settings, models, scores, winner, metric), fit_metrics, winner
 
     def _rank(self, records: list[dict[str, Any]]) -> float:
         """A candidate's mean score so far, lower better (NaN last)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -160,13 +160,28 @@ def _final_model(final_model: str | None, refit: bool | None) -> bool:
     return final_model == "all_rows"
 
 
+def whole_number(name: str, value: Any, least: int) -> int:
+    """``value`` as an int (a NumPy integer too; never a bool or a float),
+    at least ``least``; else a ValueError naming ``name``."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    return int(value)
+
+
 def _check_common(target: Any, features: Any, metrics: Any) -> tuple:
     if not isinstance(target, str) or not target:
         raise TypeError(f"target must name the column to predict, got {target!r}")
     if features is not None:
-        if isinstance(features, str) or not all(isinstance(f, str) for f in features):
-            raise TypeError(f"features must be a list of column names, got {features!r}")
-        features = tuple(features)
+        given = features
+        if isinstance(features, str) or not isinstance(features, Iterable):
+            raise TypeError(f"features must be a list of column names, got {given!r}")
+        features = tuple(features)  # (a generator is read once)
+        if not all(isinstance(f, str) for f in features):
+            raise TypeError(f"features must be a list of column names, got {given!r}")
+    if metrics is None:
+        raise TypeError("metrics must name the metrics to compute (or be functions), got None")
     if isinstance(metrics, str) or callable(metrics):
         metrics = [metrics]
     metrics = tuple(metrics)
@@ -220,11 +235,23 @@ class Backtest(Splitter):
     n_windows: int = 3
     step: int | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """As :meth:`Splitter.__getstate__`, and a mark that the kept model is
+        fitted on the rows in time order (before, on the input's order): a
+        store written before retrains its backtested models once, rather
+        than reuse a model fitted on unsorted rows."""
+        return {**super().__getstate__(), "final_fit": "in time order"}
+
     def prepare(self, rows: Any) -> Any:
         """The rows sorted by time once (stable; not copied when already in
         order, as ``groups(..., order_by=time)`` leaves them), so that every
         window is a slice of them."""
         times = column(rows, self.time)
+        missing = _missing_count(times)
+        if missing:
+            raise ValueError(f"evaluate: time column {self.time!r} has {missing} missing "
+                             "value(s) in this group: a backtest cannot place them in time "
+                             "(drop or fill them first)")
         if len(times) < 2 or _ascending(times):
             return rows
         order = np.argsort(times, kind="stable")
@@ -263,6 +290,19 @@ class Backtest(Splitter):
         cutoffs = plain_times(values[[start - 1 for start, _ in bounds]])
         return [(slice(0, start), slice(start, end), cutoff)
                 for (start, end), cutoff in zip(bounds, cutoffs)]
+
+
+def _missing_count(values: np.ndarray) -> int:
+    """How many of a time column's values are missing (NaT, NaN, None, NA)."""
+    if values.dtype.kind in "mM":
+        return int(np.isnat(values).sum())
+    if values.dtype.kind == "f":
+        return int(np.isnan(values).sum())
+    if values.dtype.kind == "O":
+        import pandas as pd
+
+        return int(pd.isna(values).sum())
+    return 0
 
 
 def _ascending(values: np.ndarray) -> bool:
@@ -314,7 +354,8 @@ def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | No
         raise ValueError(f"test_size must lie in [0, 1), got {test_size!r}")
     return Holdout(target=target, features=features, metrics=metrics,
                    refit=_final_model(final_model, refit),
-                   test_size=float(test_size), shuffle=bool(shuffle), seed=int(seed))
+                   test_size=float(test_size), shuffle=bool(shuffle),
+                   seed=whole_number("seed", seed, 0))
 
 
 def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
@@ -322,11 +363,10 @@ def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
           final_model: str | None = None, refit: bool | None = None) -> KFold:
     """``k``-fold cross-validation within each group (shuffled by ``seed``)."""
     features, metrics = _check_common(target, features, metrics)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ValueError(f"kfold needs k >= 2 folds, got {k!r}")
+    k = whole_number("kfold's k (folds)", k, 2)
     return KFold(target=target, features=features, metrics=metrics,
                  refit=_final_model(final_model, refit), k=k,
-                 shuffle=bool(shuffle), seed=int(seed))
+                 shuffle=bool(shuffle), seed=whole_number("seed", seed, 0))
 
 
 #: The store attachment under which ``train`` keeps a backtest's time column,
@@ -360,11 +400,12 @@ def backtest(time: str, horizon: int, windows: int = 3, step: int | None = None,
     features, metrics = _check_common(target, features, metrics)
     if not isinstance(time, str) or not time:
         raise TypeError(f"time must name the column to sort by, got {time!r}")
-    for name, value in (("horizon", horizon), ("windows", windows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
-        raise ValueError(f"step must be an integer >= 1, got {step!r}")
+    if time == target:
+        raise ValueError(f"backtest: the time column {time!r} is also the target")
+    horizon = whole_number("horizon", horizon, 1)
+    windows = whole_number("windows", windows, 1)
+    if step is not None:
+        step = whole_number("step", step, 1)
     if not isinstance(forecasts, bool):
         raise TypeError(f"forecasts must be True or False, got {forecasts!r}")
     return Backtest(target=target, features=features, metrics=metrics,

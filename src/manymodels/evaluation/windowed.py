@@ -92,16 +92,41 @@ class GroupWindows:
         predicted = None
         if self.vectorised or self.forecasts:
             forecast = horizon_call(model) if self.splitter.time else None
-            predicted = (self._forecast(forecast, test) if forecast is not None
-                         else np.asarray(model.predict(self._features(test))))
+            if forecast is not None:
+                predicted = self._forecast(forecast, test)
+            else:
+                predicted = _one_per_row(model.predict(self._features(test)), model,
+                                         self.y[test].shape[0], number)
         if self.log_loss:
             scores["log_loss"] = _metrics.log_loss(
                 self.y[test], model.predict_proba(self._features(test)), model.classes_)
         if self.callables:
             rows = self.part(test)
             for metric in self.callables:
-                scores.update({str(k): float(v) for k, v in dict(metric(model, rows)).items()})
+                scores.update(self._own_scores(metric, metric(model, rows)))
         return predicted, scores
+
+    def _own_scores(self, metric: Callable[..., Any], answer: Any) -> dict[str, float]:
+        """A metric function's answer as ``{name: float}`` (None is NaN);
+        anything else is refused naming the function."""
+        from collections.abc import Mapping
+
+        name = getattr(metric, "__name__", type(metric).__name__)
+        if not isinstance(answer, Mapping):
+            raise TypeError(f"metric function {name} returned {type(answer).__name__}: give "
+                            "a dict of score name -> number")
+        scores = {}
+        for key, value in answer.items():
+            key = str(key)
+            if key in self.named:
+                raise ValueError(f"metric function {name} returned a score named {key!r}, "
+                                 "which metrics= computes itself: name it otherwise")
+            try:
+                scores[key] = float("nan") if value is None else float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"metric function {name} returned {key!r}: "
+                                f"{type(value).__name__}, not a number") from None
+        return scores
 
     def _forecast(self, forecast: Callable[[int], Any], test: Any) -> np.ndarray:
         """A forecaster's ``forecast(h)`` for a window of ``h`` time steps, one
@@ -165,6 +190,21 @@ class GroupWindows:
         return table
 
 
+def _one_per_row(predicted: Any, model: Any, rows: int, number: int) -> np.ndarray:
+    """``predict``'s answer for a window's ``rows`` test rows as one value a
+    row (an ``(n, 1)`` array or a frame of one column is a column); any
+    other length or shape is refused by name: it would be scored against
+    another window's rows, or fail deep in the metrics."""
+    values = np.asarray(predicted)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values.reshape(-1)
+    if values.ndim != 1 or values.shape[0] != rows:
+        got = "a scalar" if values.ndim == 0 else f"an array of shape {values.shape}"
+        raise ValueError(f"{type(model).__name__}.predict returned {got} for window "
+                         f"{number}'s {rows} test rows: give one prediction a row")
+    return values
+
+
 def _renumbered(frame: Any) -> Any:
     import pandas as pd
 
@@ -202,11 +242,11 @@ def evaluate_rows(fit: Callable[..., Any], rows: Any, kwargs: dict[str, Any],
         try:
             group = GroupWindows(splitter, rows)
         except TooShort as exc:
-            model, fit_metrics = model_and_metrics(fit(rows, **kwargs))
+            model, fit_metrics = model_and_metrics(fit(splitter.prepare(rows), **kwargs))
             return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}
     model, fit_metrics, windows = evaluate_group(fit, group, kwargs)
-    if splitter.refit:
-        model, fit_metrics = model_and_metrics(fit(rows, **kwargs))
+    if splitter.refit:  # on the rows as the windows saw them: a backtest's sorted by time
+        model, fit_metrics = model_and_metrics(fit(group.rows, **kwargs))
     return model, {**fit_metrics, **mean_scores(windows), WINDOWS: windows}
 
 
@@ -261,7 +301,8 @@ class Evaluated:
         try:
             group = GroupWindows(self.splitter, rows)
         except TooShort as exc:
-            model, fit_metrics = model_and_metrics(self.fit(rows, **kwargs))
+            model, fit_metrics = model_and_metrics(self.fit(self.splitter.prepare(rows),
+                                                            **kwargs))
             return model, {**fit_metrics, **skipped_metrics(self.splitter, str(exc))}
         if type(rows) is dict and rows and all(type(v) is np.ndarray for v in rows.values()):
             self._last = (rows, group, _address(next(iter(rows.values()))))
@@ -299,6 +340,8 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
     evaluate = evaluate.bound(schema.names, base.by)
     if evaluate.time is not None:
         _check_sortable(schema.field(evaluate.time))
+        if engine_frame is None and base.reader is None:  # the rows are here: look now
+            _check_no_missing(base.table.column(evaluate.time), evaluate.time)
     return Evaluated(fit, evaluate), evaluate
 
 
@@ -312,6 +355,21 @@ def _check_sortable(field_: Any) -> None:
                          f"is {kind}); give a date, time or number column")
 
 
+def _check_no_missing(times: Any, name: str) -> None:
+    """Refuse, before any work, a time column with missing values (null, or
+    NaN): a backtest cannot place their rows in time. (Rows read on the
+    workers are checked by each task, which fails naming the column.)"""
+    import pyarrow.compute as pc
+    import pyarrow.types as pat
+
+    missing = times.null_count
+    if pat.is_floating(times.type):
+        missing += pc.sum(pc.is_nan(times)).as_py() or 0
+    if missing:
+        raise ValueError(f"evaluate: time column {name!r} has {missing} missing value(s): "
+                         "a backtest cannot place them in time (drop or fill them first)")
+
+
 def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[str, Any]],
                         splitter: Splitter, metric: str, higher: bool
                         ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
@@ -323,7 +381,7 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
     try:
         group = GroupWindows(splitter, rows)
     except TooShort as exc:
-        model, fit_metrics = model_and_metrics(fit(rows, **settings[0]))
+        model, fit_metrics = model_and_metrics(fit(splitter.prepare(rows), **settings[0]))
         return model, {**fit_metrics, **skipped_metrics(splitter, str(exc))}, settings[0]
     scored = []
     for setting in settings:
@@ -333,5 +391,5 @@ def evaluate_candidates(fit: Callable[..., Any], rows: Any, settings: list[dict[
     ranked = [s for s in scored if s[0] == s[0]]  # not NaN
     _, setting, metrics = (max if higher else min)(ranked, key=lambda s: s[0]) if ranked \
         else scored[0]
-    model, _ = model_and_metrics(fit(rows, **setting))
+    model, _ = model_and_metrics(fit(group.rows, **setting))
     return model, metrics, setting

@@ -157,7 +157,16 @@ def train(
             if live is not None:
                 live.close()
     if selection is not None:
-        run.select(selection, source)
+        if selection.metric in run.results.columns:
+            run.select(selection, source)
+        elif (run.results["status"] == "ok").any():  # a metric function's name is known
+            # only now: keep the work, and say so
+            import warnings
+
+            warnings.warn(f"select={selection.metric!r}: no task reported that metric, so "
+                          "no winner was chosen (the run is returned, and kept in its store, "
+                          f"unselected); the results' columns are {list(run.results.columns)}",
+                          stacklevel=3)
     if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
         # Store.forecast's time column, where the groups had no order_by
         store.attach(run.run_id, EVALUATION_ATTACHMENT, {"time": evaluate.time})

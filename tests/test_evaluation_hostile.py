@@ -1,0 +1,254 @@
+"""Evaluation under hostile but plausible input: unsorted series, models
+that answer with the wrong length, missing times, candidates that fail on
+all rows, odd metric functions and splitter arguments. Each test fails
+before its fix."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import Lasso, LinearRegression
+
+import manymodels as mm
+
+
+class LastValue:
+    """A forecaster that depends on the rows' order: the last value seen."""
+
+    def __init__(self, history) -> None:
+        self.last = float(np.asarray(history)[-1])
+
+    def forecast(self, h: int) -> np.ndarray:
+        return np.full(h, self.last)
+
+
+class Const:
+    def __init__(self, c: float) -> None:
+        self.c = c
+
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), self.c)
+
+
+def _series(days: int = 10) -> pd.DataFrame:
+    return pd.DataFrame({"sku": "a", "day": np.arange(days), "sales": np.arange(float(days))})
+
+
+@pytest.mark.parametrize("select", [None, "mae", mm.halving("mae", eta=1),
+                                    mm.halving("mae", eta=2, keep="all")])
+def test_the_kept_model_is_fitted_on_the_rows_sorted_by_time(tmp_path, select):
+    """The final fit (all rows, a halving winner's, keep="all"'s, a group too
+    short to evaluate) sees the rows in time order, as the windows do."""
+    shuffled = _series(10).sample(frac=1.0, random_state=0)
+    short = pd.DataFrame({"sku": "b", "day": [2, 0, 1], "sales": [2.0, 0.0, 1.0]})
+    table = pd.concat([shuffled, short])
+    source = mm.groups(table, by="sku")
+    if select is not None:
+        source = source * mm.grid(k=[1, 2])
+    run = mm.train(lambda rows, k=1: LastValue(rows["sales"]), source, select=select,
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="sales"),
+                   store=tmp_path / "store", backend="serial", progress=False)
+    forecast = run.forecast(1).set_index("sku")["yhat"]
+    assert forecast.to_dict() == {"a": 9.0, "b": 2.0}
+
+
+def test_candidates_kept_forecast_as_their_winner(tmp_path):
+    """mm.halving(keep="all")'s Candidates forecast with the winner's forecast(h)."""
+    table = _series(28)
+
+    def fit(rows, step):
+        return LastValue(rows["sales"].to_numpy()[:len(rows) - step + 1])
+
+    run = mm.train(fit, mm.groups(table, by="sku") * mm.grid(step=[1, 3]),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="sales"),
+                   select=mm.halving("mae", eta=1, keep="all"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    assert run.forecast(2)["yhat"].tolist() == [27.0, 27.0]
+
+
+def test_predict_of_the_wrong_length_fails_its_task_naming_it():
+    """Lengths that add up across windows were scored against other windows' rows."""
+    table = pd.DataFrame({"sku": "a", "day": np.arange(12), "x": np.arange(12.0),
+                          "sales": np.arange(12.0)})
+
+    class Echo:
+        def __init__(self, extra: int) -> None:
+            self.extra = extra
+
+        def predict(self, X):
+            x = X["x"].to_numpy()
+            return x[:-1] if self.extra < 0 else np.r_[x, x[:1]] if self.extra > 0 else x
+
+    fits = iter([-1, +1, 0])
+    evaluate = mm.backtest(time="day", horizon=3, windows=2, target="sales", features=["x"],
+                           metrics=["mae"])
+    run = mm.train(lambda rows: Echo(next(fits)), mm.groups(table, by="sku"),
+                   evaluate=evaluate, backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["failed"]
+    assert ("Echo.predict returned an array of shape (2,) for window 0's 3 test rows"
+            in run.results["error"].iloc[0])
+    wide = mm.train(lambda rows: type("Wide", (), {"predict": lambda s, X: np.ones((len(X), 2))})(),
+                    mm.groups(table, by="sku"), evaluate=evaluate, backend="serial",
+                    progress=False)
+    assert "shape (3, 2) for window 0's 3 test rows" in wide.results["error"].iloc[0]
+    column = mm.train(lambda rows: type("Column", (), {
+        "predict": lambda s, X: X[["x"]].to_numpy()})(), mm.groups(table, by="sku"),
+        evaluate=evaluate, backend="serial", progress=False)
+    assert column.results["mae"].tolist() == [0.0]  # an (n, 1) array is a column
+
+
+def test_missing_times_are_refused_before_any_work_or_fail_their_task():
+    table = pd.DataFrame({"sku": "a", "sales": np.arange(8.0),
+                          "day": pd.date_range("2024-01-01", periods=8)})
+    table.loc[2, "day"] = pd.NaT
+    evaluate = mm.backtest(time="day", horizon=2, windows=2, target="sales")
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return LastValue(rows["sales"])
+
+    with pytest.raises(ValueError, match="time column 'day' has 1 missing value"):
+        mm.train(fit, mm.groups(table, by="sku"), evaluate=evaluate, backend="serial",
+                 progress=False)
+    text = table.assign(day=table["day"].dt.strftime("%Y-%m-%d"))
+    with pytest.raises(ValueError, match="time column 'day' has 1 missing value"):
+        mm.train(fit, mm.groups(text, by="sku"), evaluate=evaluate, backend="serial",
+                 progress=False)
+    assert calls == []
+    # a group read on its worker is checked there: its task fails, naming the column
+    rows = {"day": np.array([0.0, np.nan, 2.0]), "sales": np.arange(3.0)}
+    with pytest.raises(ValueError, match="time column 'day' has 1 missing value"):
+        evaluate.prepare(rows)
+
+
+def test_halving_drops_a_candidate_that_fails_on_all_rows_not_the_group():
+    table = pd.DataFrame({"g": ["long"] * 12 + ["short"] * 3,
+                          "t": list(range(12)) + list(range(3)), "y": np.arange(15.0)})
+    evaluate = mm.backtest(time="t", horizon=2, windows=2, target="y", metrics=["mae"])
+
+    def first_fails(rows, c):
+        if c == 0:
+            raise ValueError("candidate 0 always fails")
+        return Const(c)
+
+    run = mm.train(first_fails, mm.groups(table, by="g") * mm.grid(c=[0, 5, 9]),
+                   evaluate=evaluate, select=mm.halving("mae", eta=2), backend="serial",
+                   progress=False)
+    results = run.results.set_index("g")
+    assert results["status"].tolist() == ["ok", "ok"]
+    assert results.loc["short", "best_c"] == 5  # the first candidate that fits
+
+    def winner_fails_on_all_rows(rows, c):
+        if c == 9 and len(rows) == 12:
+            raise ValueError("fails on all rows")
+        return Const(c)
+
+    for keep in ("best", "all"):
+        long = table[table["g"] == "long"]
+        run = mm.train(winner_fails_on_all_rows, mm.groups(long, by="g") * mm.grid(c=[100, 9]),
+                       evaluate=evaluate, select=mm.halving("mae", eta=2, keep=keep),
+                       backend="serial", progress=False)
+        if keep == "best":  # the winner's own refit failing fails the group, as any fit
+            assert run.results["status"].tolist() == ["failed"]
+        else:  # a candidate failing on all rows leaves; the best one left wins
+            assert run.results["status"].tolist() == ["ok"]
+            model = run.models["long"]
+            assert model.models[1] is None and model.best.c == 100
+            assert run.results["candidates_failed"].tolist() == [1]
+
+
+def test_r2_of_one_row_is_undefined():
+    table = pd.DataFrame({"g": "a", "t": np.arange(10), "x": np.arange(10.0),
+                          "y": np.arange(10.0) ** 2})
+    run = mm.train(lambda r: LinearRegression().fit(r[["x"]], r["y"]), mm.groups(table, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=1, windows=3, target="y",
+                                        features=["x"], metrics=["r2", "mae"]),
+                   backend="serial", progress=False)
+    assert run.evaluation["r2"].isna().all()
+    assert run.evaluation["mae"].notna().all()
+    assert mm.evaluation.metrics.r2([81.0], [70.0]) != mm.evaluation.metrics.r2([81.0], [70.0])
+
+
+def test_metric_functions_answer_numbers_named_apart_or_are_named():
+    table = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
+
+    class Zero:
+        def predict(self, X):
+            return np.zeros(len(X))
+
+    def run_with(metric, metrics=()):
+        evaluate = mm.backtest(time="t", horizon=2, windows=2, target="y",
+                               metrics=[*metrics, metric])
+        return mm.train(lambda r: Zero(), mm.groups(table, by="g"), evaluate=evaluate,
+                        backend="serial", progress=False)
+
+    def none_score(model, rows):
+        return {"wmape": None}
+
+    assert run_with(none_score).evaluation["wmape"].isna().all()
+
+    def a_float(model, rows):
+        return 0.5
+
+    assert "metric function a_float returned float" in run_with(a_float).results["error"][0]
+
+    def an_array(model, rows):
+        return {"wmape": np.array([1.0, 2.0])}
+
+    error = run_with(an_array).results["error"][0]
+    assert "metric function an_array returned 'wmape': ndarray, not a number" in error
+
+    def named_mae(model, rows):
+        return {"mae": 999.0}
+
+    error = run_with(named_mae, ["mae"]).results["error"][0]
+    assert "returned a score named 'mae', which metrics= computes itself" in error
+
+
+def test_splitter_arguments_are_read_as_given():
+    assert mm.holdout(0.2, target="y", features=(c for c in ["x"])).features == ("x",)
+    assert mm.backtest(time="t", horizon=np.int64(7), windows=np.int32(2), step=np.int8(1),
+                       target="y").horizon == 7
+    assert mm.kfold(np.int64(3), target="y").k == 3
+    assert mm.halving("mae", eta=np.int64(2)).eta == 2
+    with pytest.raises(ValueError, match="the time column 'y' is also the target"):
+        mm.backtest(time="y", horizon=2, target="y")
+    with pytest.raises(ValueError, match="seed must be an integer >= 0, got None"):
+        mm.kfold(3, target="y", seed=None)
+    with pytest.raises(TypeError, match="metrics must name the metrics"):
+        mm.holdout(target="y", metrics=None)
+    with pytest.raises(ValueError, match="horizon must be an integer >= 1, got 2.0"):
+        mm.backtest(time="t", horizon=2.0, target="y")
+
+
+def test_a_select_metric_no_task_reported_keeps_the_run(tmp_path):
+    """A metric function's names are known only once tasks ran: a typo in
+    select= warns and returns the run unselected, its work kept."""
+    table = pd.DataFrame({"g": np.repeat(["a", "b"], 10), "t": np.tile(np.arange(10), 2),
+                          "y": np.arange(20.0)})
+
+    def score(model, rows):
+        return {"wmape": float(np.abs(rows["y"] - model.c).sum() / rows["y"].abs().sum())}
+
+    with pytest.warns(UserWarning, match="select='wmap': no task reported that metric"):
+        run = mm.train(lambda rows, c: Const(c), mm.groups(table, by="g") * mm.grid(c=[1.0, 2.0]),
+                       select=("wmap", "min"), store=tmp_path / "s", backend="serial",
+                       evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                            metrics=[score]), progress=False)
+    assert run.summary().statuses == {"ok": 4}
+    assert len(mm.Store(tmp_path / "s").runs()) == 1
+
+
+def test_glance_counts_every_column_of_an_unpenalised_fit_of_zeros():
+    X = pd.DataFrame(np.random.default_rng(0).normal(size=(30, 2)), columns=["a", "b"])
+    stats = mm.glance(LinearRegression().fit(X, np.zeros(30)), X, np.zeros(30))
+    assert (stats["df"], stats["df_residual"]) == (2, 27)  # as R's lm
+    y = X["a"].to_numpy() + np.random.default_rng(1).normal(scale=0.1, size=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lasso = Lasso(alpha=10.0).fit(X, y)  # every coefficient zero: the lasso's df is 0
+    assert mm.glance(lasso, X, y)["df"] == 0
