@@ -252,3 +252,28 @@ def test_glance_counts_every_column_of_an_unpenalised_fit_of_zeros():
         warnings.simplefilter("ignore")
         lasso = Lasso(alpha=10.0).fit(X, y)  # every coefficient zero: the lasso's df is 0
     assert mm.glance(lasso, X, y)["df"] == 0
+
+
+def test_times_of_a_zone_keep_their_zone_across_summer_time(tmp_path):
+    """run.forecasts' times and cutoffs, and run.evaluation's cutoffs, are
+    datetimes of the column's zone (they were text, or a fixed offset), also
+    as a store reads them back and where halving joins windows."""
+    table = pd.DataFrame({"sku": "a", "sales": np.arange(20.0),
+                          "day": pd.date_range("2024-03-20", periods=20, tz="Europe/Amsterdam")})
+    for select in (None, mm.halving("mae", eta=2)):
+        source = mm.groups(table, by="sku")
+        if select is not None:
+            source = source * mm.grid(k=[1, 2])
+        run = mm.train(lambda rows, k=1: LastValue(rows["sales"]), source, select=select,
+                       evaluate=mm.backtest(time="day", horizon=3, windows=4, target="sales"),
+                       store=tmp_path / f"s{select is None}", backend="serial", progress=False)
+        store = mm.Store(tmp_path / f"s{select is None}")
+        for forecasts in (run.forecasts, store.forecasts()):
+            assert str(forecasts["time"].dtype.tz) == "Europe/Amsterdam"
+            assert str(forecasts["cutoff"].dtype.tz) == "Europe/Amsterdam"
+            expected = table["day"].iloc[8:].reset_index(drop=True)
+            assert forecasts["time"].drop_duplicates().reset_index(drop=True).equals(
+                expected.astype(forecasts["time"].dtype))
+        cutoffs = run.evaluation["cutoff"]
+        assert str(cutoffs.dtype.tz) == "Europe/Amsterdam"
+        assert cutoffs.iloc[-1] == pd.Timestamp("2024-04-05", tz="Europe/Amsterdam")

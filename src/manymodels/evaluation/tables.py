@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .splitters import WINDOWS
-from .windowtable import ROW_COLUMNS, as_table, unpack_column, window_count
+from .windowtable import ROW_COLUMNS, as_table, time_zone, unpack_column, window_count
 
 _WINDOW_COLUMNS = ["window", "cutoff", "n_train", "n_test"]
 _FORECAST_COLUMNS = ["window", "cutoff", "time", "actual", "forecast"]
@@ -38,16 +38,27 @@ def _task_windows(key_rows: list[tuple], metrics: list[Any]
             yield parts, table
 
 
-def _as_times(frame: Any, column: str) -> None:
-    """A datetime time column's values travel as ISO text: back to datetimes."""
+def _as_times(frame: Any, column: str, zone: str | None = None) -> None:
+    """A datetime time column's values travel as ISO text: back to datetimes;
+    text with UTC offsets (times of a zone: offsets differ across a change
+    to or from summer time) as the instants they are, in ``zone`` where the
+    forecasts' times named it, else in UTC."""
     import pandas as pd
 
     values = frame[column].dropna()
     if len(values) and all(isinstance(c, str) and "T" in c for c in values.iloc[:100]):
+        offsets = values.iloc[:100].str.contains(r"(?:[+-]\d\d:\d\d|Z)$", regex=True).all()
         try:
-            frame[column] = pd.to_datetime(frame[column])
+            times = pd.to_datetime(frame[column], utc=bool(offsets or zone))
         except (ValueError, TypeError):
-            pass
+            return
+        frame[column] = times.dt.tz_convert(zone) if zone else times
+
+
+def _zone_of(table: dict[str, Any]) -> str | None:
+    """The zone of a windows table's forecast times (None: naive, or none kept)."""
+    rows = table.get("rows")
+    return time_zone(rows.get("time")) if isinstance(rows, dict) else None
 
 
 def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
@@ -58,8 +69,10 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
     counts: list[int] = []
     columns: dict[str, list] = {}
     done = 0  # windows so far: a column a task lacks is None there
+    zone = None
     for parts, table in _task_windows(key_rows, metrics):
         count = window_count(table)
+        zone = zone or _zone_of(table)
         keys.append(parts)
         counts.append(count)
         for name, values in table.items():
@@ -78,7 +91,7 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
     for name, column in columns.items():
         column.extend([None] * (done - len(column)))
         frame[name] = column
-    _as_times(frame, "cutoff")
+    _as_times(frame, "cutoff", zone)
     return frame
 
 
@@ -103,7 +116,7 @@ def _key_columns(key_columns: list, keys: list[tuple], counts: Any) -> Any:
     return frame
 
 
-def _repeated_times(values: list, counts: list[int]) -> Any:
+def _repeated_times(values: list, counts: list[int], zone: str | None) -> Any:
     """Per-window times (a cutoff each, ISO text when they are datetimes),
     each repeated for its window's rows, converted once a window."""
     import numpy as np
@@ -112,7 +125,7 @@ def _repeated_times(values: list, counts: list[int]) -> Any:
     column = np.empty(len(values), dtype=object)
     column[:] = values
     frame = pd.DataFrame({"time": column})
-    _as_times(frame, "time")
+    _as_times(frame, "time", zone)
     return frame["time"].array.take(np.repeat(np.arange(len(values)), counts))
 
 
@@ -123,6 +136,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
     import pandas as pd
 
     keys, totals, windows, cutoffs, sizes = [], [], [], [], []
+    zone = None
     columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
     shared: dict[int, Any] = {}  # a group's times and actuals, the same for its candidates
     for parts, table in _task_windows(key_rows, metrics):
@@ -138,6 +152,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
             if values is None or values[0] is not packed:  # (kept: its id is not reused)
                 values = shared[id(packed)] = (packed, unpack_column(packed))
             columns[name].append(values[1])
+        zone = zone or time_zone(rows["time"])
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
         windows.extend(table["window"])
@@ -147,7 +162,9 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
         return pd.DataFrame(columns=[*key_columns, *_FORECAST_COLUMNS])
     frame = _key_columns(key_columns, keys, totals)
     frame["window"] = np.repeat(np.array(windows), sizes)
-    frame["cutoff"] = _repeated_times(cutoffs, sizes)
+    frame["cutoff"] = _repeated_times(cutoffs, sizes, zone)
     for name, pieces in columns.items():
         frame[name] = np.concatenate(pieces)
+    if zone is not None:  # the times of a zone travelled as UTC
+        frame["time"] = frame["time"].dt.tz_localize("UTC").dt.tz_convert(zone)
     return frame

@@ -93,4 +93,27 @@ def pack_column(values: np.ndarray) -> Any:
     if values.dtype.kind in "biufcMm":
         return {"dtype": values.dtype.str,
                 "base64": b2a_base64(values, newline=False).decode("ascii")}
-    return [plain_time(v) for v in values] if values.dtype.kind == "O" else values.tolist()
+    if values.dtype.kind == "O":
+        zoned = _zoned_times(values)
+        if zoned is not None:  # times of one zone: as UTC datetimes, and the zone's name
+            return {**pack_column(zoned.tz_convert("UTC").tz_localize(None).to_numpy()),
+                    "tz": str(zoned.tz)}
+        return [plain_time(v) for v in values]
+    return values.tolist()
+
+
+def _zoned_times(values: np.ndarray) -> Any:
+    """A column of timestamps of one zone (a pandas frame's datetime column
+    with a zone) as a ``DatetimeIndex``; None for any other column."""
+    import datetime
+
+    first = values[0] if len(values) else None
+    if not isinstance(first, datetime.datetime) or first.tzinfo is None:
+        return None
+    import pandas as pd
+
+    try:
+        zoned = pd.DatetimeIndex(values)
+    except (ValueError, TypeError):  # zones mixed, or not all times
+        return None
+    return zoned if zoned.tz is not None else None

@@ -74,9 +74,23 @@ def join(tables: list[dict[str, Any]]) -> dict[str, Any]:
         for name in names:
             joined[name].extend(table.get(name, [None] * count))
     if all("rows" in table for table in tables):
-        joined["rows"] = {name: pack_column(np.concatenate(
-            [unpack_column(table["rows"][name]) for table in tables])) for name in ROW_COLUMNS}
+        joined["rows"] = {name: _joined_column([table["rows"][name] for table in tables])
+                          for name in ROW_COLUMNS}
     return joined
+
+
+def _joined_column(packed: list[Any]) -> Any:
+    """Packed columns one after another, packed as one (a zone kept)."""
+    joined = pack_column(np.concatenate([unpack_column(column) for column in packed]))
+    zone = time_zone(packed[0])
+    if zone is not None:
+        joined["tz"] = zone
+    return joined
+
+
+def time_zone(packed: Any) -> str | None:
+    """The zone of a packed column of zone-aware times (its values are UTC)."""
+    return packed.get("tz") if isinstance(packed, dict) else None
 
 
 def as_table(windows: Any) -> dict[str, Any]:
@@ -98,7 +112,8 @@ def as_table(windows: Any) -> dict[str, Any]:
 
 def unpack_column(packed: Any) -> np.ndarray:
     """A column :func:`~manymodels.evaluation.windowrows.pack_column` packed,
-    as an array (an array already unpacked, as it is)."""
+    as an array (an array already unpacked, as it is); zone-aware times as
+    their UTC datetimes (:func:`time_zone` says which zone)."""
     if isinstance(packed, dict):
         return np.frombuffer(base64.b64decode(packed["base64"]), dtype=np.dtype(packed["dtype"]))
     return np.asarray(packed)
