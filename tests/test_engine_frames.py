@@ -363,8 +363,9 @@ def test_staging_on_an_object_store(engine, table, object_store, tmp_path):
     """staging= may be an object store's URI: the engine's workers upload each
     partition's sorted rows, the training workers (the engine's, or this
     machine's processes) fetch the record batches their groups lie in, and
-    the objects go with their source. map_groups, which appends its outputs
-    under staging=, refuses one before any work."""
+    the objects go with their source. map_groups writes its outputs there
+    too, an object a part, read back by the engine's workers; a map_groups
+    that fails removes its objects."""
     from pyarrow import fs
 
     location, filesystem = object_store
@@ -388,9 +389,21 @@ def test_staging_on_an_object_store(engine, table, object_store, tmp_path):
     del source, run
     gc.collect()
     assert objects() == []
-    with pytest.raises(ValueError, match="is an object store's: map_groups"):
-        mm.map_groups(first_and_last, _engine_frame(engine, table), by="store",
-                      staging=location)
+    transformed = mm.map_groups(centred, _engine_frame(engine, table), by="store",
+                                order_by="day", staging=location, backend="processes",
+                                workers=2)
+    expected = mm.map_groups(centred, mm.groups(table, by="store", order_by="day"),
+                             backend="serial")
+    expected = expected.sort_values(["store", "day"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(_collected(engine[0], transformed), expected,
+                                  check_dtype=False)
+    outputs = [path for path in objects() if "/manymodels-outputs-" in path]
+    assert outputs and all(path.endswith(".arrow") for path in outputs)
+    for path in outputs:
+        filesystem.delete_file(path)  # (they live until this process exits)
+    with pytest.raises(RuntimeError, match="store 2 is bad"):
+        mm.map_groups(fail_on_store_2, _engine_frame(engine, table), by="store",
+                      staging=location, backend="serial")
     assert objects() == []
     with pytest.raises(ValueError, match="staging='nosuch://x/y' cannot be opened"):
         mm.groups(_engine_frame(engine, table), by="store", staging="nosuch://x/y")
@@ -496,6 +509,13 @@ def test_ray_supervises_a_ray_datasets_groups(ray_sorts_to_shuffle, table, tmp_p
     again = mm.train(fit_linear, elsewhere, backend="ray", workers=2, store=store,
                      progress=False)
     assert elsewhere._layout.directory.startswith("s3://")
+    transformed = mm.map_groups(centred, elsewhere, backend="serial")  # outputs there too
+    expected = mm.map_groups(centred, mm.groups(changed, by=["store", "item"]),
+                             backend="serial")
+    pd.testing.assert_frame_equal(
+        transformed.to_pandas().sort_values(["store", "item", "day"]).reset_index(drop=True),
+        expected.sort_values(["store", "item", "day"]).reset_index(drop=True),
+        check_dtype=False)
     retrained = again.results.loc[~again.results["reused"], ["store", "item"]]
     assert retrained.values.tolist() == [[4, "c"]]
     _results_frame_is_the_engines(again, "ray")

@@ -47,7 +47,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,9 +58,9 @@ from ..inputs.grids import ProductSource
 from ..inputs.objectstores import is_remote
 from ..inputs.sources import GroupSource, groups
 from ..planning.plan import asks_for_key
-from ..planning.staging import new_directory
+from ..planning.staging import new_directory, remove_directory
 from .outputfiles import WriteOutputs, WrittenOutput
-from .outputreads import read_dask_chunk, read_files, read_spark_chunks
+from .outputreads import open_output, output_path, read_dask_chunk, read_files, read_spark_chunks
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")
@@ -98,14 +97,10 @@ class EngineOutputs:
             raise ValueError("map_groups of an engine's DataFrame passes each group's key "
                              "to the worker that writes its output as key=: rename the "
                              f"{named} 'key'")
-        if is_remote(engine_frame.staging):
-            raise ValueError(f"staging={engine_frame.staging!r} is an object store's: map_groups "
-                             "of an engine's DataFrame appends its outputs to files under "
-                             "staging=, which must be a path every worker sees (a shared "
-                             "file system); training (mm.train) stages rows there")
         self.engine_frame = engine_frame
-        self.directory = os.path.abspath(new_directory(engine_frame.staging,
-                                                       "manymodels-outputs-"))
+        self.directory = new_directory(engine_frame.staging, "manymodels-outputs-")
+        if not is_remote(self.directory):
+            self.directory = os.path.abspath(self.directory)
         self.fn = WriteOutputs(fn, self.directory, [str(c) for c in source.key_columns],
                                params, asks_for_key(fn))
 
@@ -117,7 +112,7 @@ class EngineOutputs:
             self.discard()
 
     def discard(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_directory(self.directory)
 
     def frame(self, outputs: list[WrittenOutput]) -> Any:
         """The outputs (in key order) as the engine's table, read by its workers."""
@@ -137,7 +132,7 @@ class EngineOutputs:
         if engine == "ray":  # its blocks are in Ray's object store now
             self.discard()
         else:  # read again by each action on the frame
-            atexit.register(shutil.rmtree, self.directory, True)
+            atexit.register(remove_directory, self.directory)
         return result
 
 
@@ -148,7 +143,7 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     schemas: dict[str, pa.Schema] = {}
     for out in outputs:
         if out.name is not None and out.schema_digest not in schemas:
-            with pa.OSFile(os.path.join(directory, out.name)) as source:
+            with open_output(output_path(directory, out.name)) as source:
                 schemas[out.schema_digest] = pa.ipc.open_stream(source).schema
     if not schemas:
         raise ValueError("map_groups: fn returned None for every group, and a "

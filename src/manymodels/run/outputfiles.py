@@ -22,6 +22,12 @@ task that crashed, ran past its timeout or was retried may leave rows no
 outcome names: the driver reads only the rows of the outcomes it received,
 and the directory goes as a whole.
 
+Under an object store's directory (``staging="s3://..."``), where an
+object cannot be appended to, each part is an object of its own per schema,
+its stream made in memory and uploaded whole before the part is sent (an
+object store shows an object once its upload completes: a worker killed
+mid-upload leaves nothing).
+
 The engine's workers read the files back with
 :func:`manymodels.run.outputreads.read_files`.
 """
@@ -35,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
+from ..inputs.objectstores import child, is_remote, resolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,7 @@ class WriteOutputs:
     def __init__(self, fn: Callable[..., Any], directory: str, key_columns: list[str],
                  param_columns: list[str], passes_key: bool) -> None:
         self.fn, self.directory, self.passes_key = fn, directory, passes_key
+        self.remote = is_remote(directory)
         self.key_columns, self.param_columns = key_columns, param_columns
         self._fresh_state()
 
@@ -129,8 +138,8 @@ class WriteOutputs:
         digest = schema_digest(table.schema)
         file = self._files.get(digest)
         if file is None:  # a name no other worker, task or attempt draws
-            file = self._files[digest] = _OutputFile(
-                os.path.join(self.directory, f"out-{os.urandom(8).hex()}.arrow"))
+            file = self._files[digest] = _OutputFile(self.directory,
+                                                     f"out-{os.urandom(8).hex()}.arrow")
         written = WrittenOutput(file.name, table.num_rows, digest, file.assigned)
         file.assigned += table.num_rows
         self._pending.setdefault(digest, []).append(table)
@@ -159,6 +168,10 @@ class WriteOutputs:
         try:
             for digest, tables in pending.items():
                 file = self._files[digest]
+                if self.remote:  # an object a part: the next part starts another
+                    _upload(file, tables)
+                    del self._files[digest]
+                    continue
                 _append(file, tables)
                 if file.parts >= PARTS_PER_FILE:
                     del self._files[digest]
@@ -190,16 +203,15 @@ class _OutputFile:
     is what shows the rows to other machines; no descriptor is held between
     parts)."""
 
-    __slots__ = ("path", "assigned", "parts", "size", "_stream", "_sink")
+    __slots__ = ("name", "path", "assigned", "parts", "size", "_stream", "_sink")
 
-    def __init__(self, path: str) -> None:
-        self.path, self.assigned, self.parts, self.size = path, 0, 0, 0
+    def __init__(self, directory: str, name: str) -> None:
+        self.name = name
+        self.path = child(directory, name) if is_remote(directory) else os.path.join(
+            directory, name)
+        self.assigned, self.parts, self.size = 0, 0, 0
         self._stream: Any = None
         self._sink = _Sink()
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
 
 
 class _Sink:
@@ -246,6 +258,32 @@ def _write_all(descriptor: int, data: Any) -> None:
         view = view[os.write(descriptor, view):]
 
 
+def _part_batches(tables: list[pa.Table]) -> list[pa.RecordBatch]:
+    """A part's outputs as record batches (see :func:`_runs`); one empty batch
+    for none (a file always begins with its schema)."""
+    batches: list[pa.RecordBatch] = []
+    for run in _runs(tables):
+        table = _combined(run)
+        batches += table.to_batches()
+    if not batches:
+        batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
+    return batches
+
+
+def _upload(file: _OutputFile, tables: list[pa.Table]) -> None:
+    """``tables`` as the one part of an object store's object, uploaded whole."""
+    batches = _part_batches(tables)
+    buffer = pa.BufferOutputStream()
+    with pa.ipc.new_stream(buffer, batches[0].schema) as stream:
+        for batch in batches:
+            stream.write_batch(batch)
+    data = buffer.getvalue()
+    filesystem, path = resolve(file.path)
+    with filesystem.open_output_stream(path) as sink:
+        sink.write(data)
+    file.size, file.parts = data.size, 1
+
+
 def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
     """``tables`` (of the file's schema) appended to ``file`` as its next
     part, their rows in order, before the part is sent (an empty output
@@ -253,12 +291,7 @@ def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
     one batch, a large one as it is (:func:`_runs`). A file that is not as
     this worker left it (removed, cut short) fails the part instead of
     taking rows at other places."""
-    batches: list[pa.RecordBatch] = []
-    for run in _runs(tables):
-        table = _combined(run)
-        batches += table.to_batches()
-    if not batches:
-        batches = [pa.RecordBatch.from_pylist([], schema=table.schema)]
+    batches = _part_batches(tables)
     flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if file.size == 0 else 0)
     descriptor = os.open(file.path, flags, 0o666)
     sink = file._sink
@@ -268,7 +301,7 @@ def _append(file: _OutputFile, tables: list[pa.Table]) -> None:
                           "its part is not appended")
         sink.descriptor, sink.written = descriptor, 0
         if file._stream is None:
-            file._stream = pa.ipc.new_stream(sink, table.schema)
+            file._stream = pa.ipc.new_stream(sink, batches[0].schema)
         for batch in batches:
             file._stream.write_batch(batch)
         sink.drain()

@@ -16,6 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..inputs.objectstores import child, is_remote, resolve
+
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` in ``schema``'s columns and types: a column it lacks is null."""
@@ -49,7 +51,7 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
         needed[name] = -1 if rows < 0 or needed.get(name) == -1 else max(
             needed.get(name, 0), offset + rows)
     number = {name: position for position, name in enumerate(needed)}
-    tables = [_read_stream(os.path.join(directory, name), rows)
+    tables = [_read_stream(output_path(directory, name), rows)
               for name, rows in needed.items()]
     which = [number[name] for name, _, _ in spans]
     offsets = [offset for _, offset, _ in spans]
@@ -77,11 +79,25 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
     return whole.take(pa.array(position))
 
 
+def output_path(directory: str, name: str) -> str:
+    """The path (or an object store's URI) of the output file ``name``."""
+    return child(directory, name) if is_remote(directory) else os.path.join(directory, name)
+
+
+def open_output(path: str) -> Any:
+    """An output file to read from start to end: mapped, or an object
+    store's object read as a stream."""
+    if is_remote(path):
+        filesystem, where = resolve(path)
+        return filesystem.open_input_stream(where)
+    return pa.memory_map(path)
+
+
 def _read_stream(path: str, rows: int) -> pa.Table:
     """A worker's output file's first ``rows`` rows at least (all, for -1),
     mapped, not copied: the batches after them, and a torn one a killed
     worker left at the end, are not read."""
-    with pa.memory_map(path) as source:
+    with open_output(path) as source:
         reader = pa.ipc.open_stream(source)
         batches, have = [], 0
         while rows < 0 or have < rows:
@@ -93,7 +109,8 @@ def _read_stream(path: str, rows: int) -> pa.Table:
             have += batch.num_rows
         table = pa.Table.from_batches(batches, schema=reader.schema)
     if have < rows:
-        raise OSError(f"the output file {os.path.basename(path)} holds {have} rows, not the "
+        raise OSError(f"the output file {os.path.basename(path.split('?')[0])} holds {have} "
+                      f"rows, not the "
                       f"{rows} its groups were written to: it was changed since")
     if any(pa.types.is_dictionary(field.type) for field in table.schema):
         table = table.unify_dictionaries()  # a dictionary a batch: one, for take
