@@ -27,7 +27,13 @@ from .inputs.sources import GroupSource, PartitionSource
 from .machine import usable_cores
 from .planning.plan import asks_for_key, group_layout
 from .run.engineoutputs import EngineOutputs, engine_source
-from .run.groupfailures import WithFallback, failures, fallen_back, report_failures
+from .run.groupfailures import (
+    WithFallback,
+    failures,
+    fallen_back,
+    refuse_dict_outputs,
+    report_failures,
+)
 from .run.partitioncost import LEFT_TO_US, attach_summary, decide, run_in_process, with_split
 from .run.results import Run
 
@@ -37,6 +43,10 @@ def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
     (a Series stays a Series) and, with ``keep_index``, pandas' row labels."""
     if not parts:
         return pd.DataFrame()
+    kinds = dict.fromkeys(_kind(part) for part in parts)
+    if len(kinds) > 1:
+        raise TypeError(f"{what}'s function returned {' and '.join(kinds)} for different "
+                        "groups or partitions: return one kind of table")
     first = parts[0]
     module = type(first).__module__
     if module.startswith("pyarrow"):
@@ -64,6 +74,28 @@ def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
             part = part.to_pandas()
         frames.append(part)
     return pd.concat(frames, ignore_index=not keep_index)
+
+
+def _kind(output: Any) -> str:
+    """What kind of table an output is, as an error names it."""
+    module = type(output).__module__.split(".")[0]
+    if module in ("pyarrow", "polars"):
+        return f"{'an Arrow' if module == 'pyarrow' else 'a polars'} {type(output).__name__}"
+    if isinstance(output, (pd.DataFrame, pd.Series)):
+        return "pandas"
+    return f"a {type(output).__name__}"
+
+
+def _check_table(output: Any, what: str) -> Any:
+    """``output`` if it is a table (or a column) of pandas, Arrow or polars,
+    else a TypeError naming what it is, as a split run's outputs are checked."""
+    module = type(output).__module__.split(".")[0]
+    if isinstance(output, (pd.DataFrame, pd.Series)) or module in ("pyarrow", "polars") or (
+            hasattr(output, "to_pandas")):
+        return output
+    got = "a dict (read as a task's metrics, not as a table)" if isinstance(
+        output, dict) else type(output).__name__
+    raise TypeError(f"{what}'s function must return a table, got {got}")
 
 
 def _ok_outputs(run: Run, errors: str, what: str) -> tuple[list[str], list[tuple[tuple, Any]]]:
@@ -262,6 +294,7 @@ def map_groups(
         in_engine, source, fn, options.get("shared"), options.get("setup"))
     with written or contextlib.nullcontext():  # a failed run leaves no outputs behind
         run = train(fn if written is None else written.fn, source, **options)
+        refuse_dict_outputs(run, "map_groups")
         key_columns, ok = _ok_outputs(run, errors, "map_groups")
         failed = failures(run, key_columns) if errors == "skip" else {}
         fell_back = fallen_back(run) if fallback is not None else None
@@ -347,8 +380,9 @@ def map_partitions(
     decision = decide(fn, source, workers, options) if left_to_us else None
     if decision is not None and not decision.split:
         output, summary = run_in_process(fn, source, options, decision, began)
-        return attach_summary(output, summary, table)
+        return attach_summary(_check_table(output, "map_partitions"), summary, table)
     run = train(fn, source, **options)
+    refuse_dict_outputs(run, "map_partitions")
     result = _concat([output for _, output in _ok_outputs(run, errors, "map_partitions")[1]],
                      "map_partitions", keep_index=isinstance(source.table, pd.DataFrame))
     reason = decision.reason if decision is not None else (

@@ -217,7 +217,26 @@ def _loose(value: Any) -> Any:
         return int(value)
     if type(value) is str and _WHOLE_NUMBER.fullmatch(value):
         return int(value)
-    return value
+    instant = _utc_instant(value)
+    return value if instant is None else instant
+
+
+def _utc_instant(value: Any) -> Any:
+    """A canonical zone-aware datetime as the same instant in UTC (the same
+    instant in any zone is one key, as pandas holds them equal); None for
+    any other value."""
+    if type(value) is not dict or len(value) != 1:
+        return None
+    text = value.get("$datetime")
+    if not isinstance(text, str) or not _OFFSET.search(text):
+        return None
+    import pandas as pd
+
+    return {"$datetime": pd.Timestamp(text).tz_convert("UTC").isoformat()}
+
+
+#: The UTC offset that ends the ISO text of a zone-aware datetime.
+_OFFSET = re.compile(r"(?:[+-]\d\d:\d\d|Z)$")
 
 
 def _loose_text(canonical_parts: list) -> str:
@@ -270,16 +289,20 @@ class TypedKeys(Mapping):
         if not candidates:
             return None
         readings = [[json.dumps(canonical(t)) for t in _typings(v)] for v in parts]
+        instants = [_utc_instant(v) for v in canonical_parts]
         best, best_rank = None, None
         for text, stored in candidates:
             if len(stored) != len(readings):
                 continue
             rank = []
-            for value, accepted in zip(stored, readings):
+            for value, accepted, instant in zip(stored, readings, instants):
                 encoded = json.dumps(value)
-                if encoded not in accepted:
+                if encoded in accepted:
+                    rank.append(accepted.index(encoded))
+                elif instant is not None and _utc_instant(value) == instant:
+                    rank.append(len(accepted))  # the same instant, in another zone
+                else:
                     break
-                rank.append(accepted.index(encoded))
             else:
                 value = self._by_text[text]
                 if value is not None and (best_rank is None or rank < best_rank):

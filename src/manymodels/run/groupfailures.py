@@ -75,6 +75,22 @@ def fallen_back(run: Run) -> dict[Any, str]:
     return fallen
 
 
+def refuse_dict_outputs(run: Run, what: str) -> None:
+    """Refuse, naming the group, a run whose function returned a dict: ``train``
+    reads a dict as a task's metrics with no model, so the group would have
+    no rows, silently (``map_groups``) or be called no table (``map_partitions``)."""
+    rec = run._records
+    for index, (parts, ok, model, metrics) in enumerate(zip(
+            run._plan.key_rows, rec.ok_mask().tolist(), rec.model, rec.metrics)):
+        if not ok or model is not None:
+            continue
+        named = metrics_dict(metrics, index)
+        if named and set(named) - {_FALLBACK}:
+            raise TypeError(f"{what}'s function returned a dict for {_key_of(tuple(parts))!r}, "
+                            "not a table: return a DataFrame (pd.DataFrame([row]) for one "
+                            "row), a Series, or an Arrow or polars table")
+
+
 def failures(run: Run, key_columns: list) -> dict[Any, str]:
     """Key -> error of every task that failed (left out of the result)."""
     failed = run.failed

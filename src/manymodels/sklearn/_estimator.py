@@ -146,8 +146,11 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         if not isinstance(self.min_group_size, (int, np.integer)) or self.min_group_size < 1:
             raise ValueError(f"min_group_size must be an integer >= 1, "
                              f"got {self.min_group_size!r}")
-        if not (self.fallback in ("global", "error") or hasattr(self.fallback, "fit")):
-            raise ValueError(f"fallback must be 'global', 'error' or an estimator, "
+        if not (self.fallback in ("global", "error") or (
+                hasattr(self.fallback, "fit") and not isinstance(self.fallback, type))):
+            hint = (f" (an instance: {self.fallback.__name__}())"
+                    if isinstance(self.fallback, type) else "")
+            raise ValueError(f"fallback must be 'global', 'error' or an estimator{hint}, "
                              f"got {self.fallback!r}")
         if self.shrinkage is None:
             return None
@@ -178,6 +181,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         shrink = self._check_params()
         keys, features, y, sample_weight = self._checked_data(X, y, sample_weight)
         if is_classifier(self.estimator):
+            from sklearn.utils.multiclass import check_classification_targets
+
+            check_classification_targets(y)  # scikit-learn's message, before any group's fit
             self.classes_ = np.unique(y)
         X_all = feature_input(features, self._as_frame)
         if X_all.shape[1] == 0:

@@ -12,6 +12,7 @@ from sklearn.utils.validation import check_array
 
 from ..inputs.engineframes import refuse_engine_frame
 from ..inputs.tables import plain_scalar
+from ._levels import GROUP, W, Y
 
 
 def plain_key(key: Any) -> Hashable:
@@ -47,6 +48,12 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
     columns get scikit-learn's own checks when X is an array. X may hold the
     key columns alone (one baseline per group, e.g. a ``DummyRegressor``)."""
     by = by_list(owner.by)
+    if not by:
+        raise ValueError("by= names no column: give the column (or columns) whose values "
+                         "key the groups")
+    twice = [b for i, b in enumerate(by) if b in by[:i]]
+    if twice:
+        raise ValueError(f"by= names column {twice[0]!r} twice")
     refuse_engine_frame(X, "X", "a grouped estimator fits and predicts on rows in this "
                         "process, as scikit-learn does", "or train with mm.train(fit, "
                         "mm.groups(df, by=...)), which takes it as it is")
@@ -93,6 +100,8 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
     if missing:
         where = "columns" if as_frame else f"{frame.shape[1]} column positions"
         raise ValueError(f"by column {missing[0]!r} is not among X's {where}")
+    if as_frame:
+        _check_frame_columns(frame, by)
     features = [c for c in frame.columns if c not in by]
     if fitting:
         owner._as_frame = as_frame
@@ -100,6 +109,36 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
         if as_frame:
             owner.feature_names_in_ = np.asarray(frame.columns, dtype=object)
     return frame[by], frame[features]
+
+
+def _check_frame_columns(frame: pd.DataFrame, by: list) -> None:
+    """Refuse, by name, what would group or fit X's rows wrong: a by column
+    X has twice, a key that cannot be a group's (a list, a dict), a column
+    named like one this package adds to fit the groups."""
+    doubled = [b for b in by if (frame.columns == b).sum() > 1]
+    if doubled:
+        raise ValueError(f"X has two columns named {doubled[0]!r}, a by column")
+    for name in by:
+        column = frame[name]
+        if column.dtype == object:
+            try:
+                pd.unique(column)  # (hashes each key once, in C)
+            except TypeError:
+                bad = next(v for v in column if not _hashable(v))
+                raise TypeError(f"by column {name!r}: a group key must be a string or a "
+                                f"number, got {type(bad).__name__}") from None
+    reserved = [c for c in frame.columns if c in (Y, GROUP, W)]
+    if reserved:
+        raise ValueError(f"X has a column named {reserved[0]!r}, a name the grouped "
+                         "estimator gives its own columns while it fits: rename it")
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def feature_input(features: pd.DataFrame, as_frame: bool) -> Any:

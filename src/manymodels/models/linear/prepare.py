@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ...inputs.tables import read_table
+from .glance import GLANCE_COLUMNS
 
 FAMILIES = ("ols", "ridge", "wls", "logistic")
 #: Padded rows in one block: small enough that a block's arrays stay in the
@@ -75,6 +76,13 @@ class Prepared:
         return len(self.counts)
 
 
+#: The columns a result adds beside the key columns (``.metrics``: the row
+#: count, the fit statistics of every family, the status and the run reused
+#: from; ``.coefficients``: the intercept): no key column may take one's name.
+RESULT_COLUMNS = frozenset({"n", "status", "reused_from", "intercept", "r2", "rmse",
+                            "log_loss", "accuracy", "converged", "iterations", *GLANCE_COLUMNS})
+
+
 def check(table: Any, by: Any, features: Any, target: str, family: str,
           weights: str | None, alpha: Any) -> tuple[pa.Table, list[str], list[str]]:
     """Refuse bad arguments before reading anything large; return the table,
@@ -96,6 +104,11 @@ def check(table: Any, by: Any, features: Any, target: str, family: str,
     if "intercept" in feature_columns:
         raise ValueError("a feature column is named 'intercept', the name of the intercept "
                          "in .coefficients; rename it")
+    taken = [name for name in by_columns if name in RESULT_COLUMNS]
+    if taken:
+        raise ValueError(f"by column {taken[0]!r} has the name of a column of the result "
+                         f"(.metrics or .coefficients), which would hide the groups' keys; "
+                         "rename it")
     if len(set(feature_columns)) < len(feature_columns):
         raise ValueError(f"features= names a column twice: {feature_columns}")
     table = read_table(table)
