@@ -421,3 +421,84 @@ def test_a_staged_object_is_read_a_record_batch_at_a_time(s3, monkeypatch):
     assert sorted(remote._batches) == [2, 4, 5]
     objectstores.remove_tree("s3://bucket/stage")
     assert _staged_objects(s3) == []
+
+
+def test_object_store_locations_are_checked_and_their_keys_never_shown(s3, tmp_path, sales):
+    """A '#' the URI does not quote would make every object under it one
+    (and a clean-up remove the user's own prefix); a key in the URI is
+    shown as ***; a staged object that cannot be read fails its groups'
+    tasks, with the reason, not the run."""
+    import gc
+
+    from manymodels.inputs import objectstores
+
+    write_parts(sales, tmp_path / "parts")
+    with s3.open_output_stream("bucket/data/keep-me.csv") as out:
+        out.write(b"the user's own object")
+    with pytest.raises(ValueError, match="has a '#', which ends a URI's path: write it as %23"):
+        mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
+                  staging="s3://bucket/data#run1")
+    with pytest.raises(ValueError, match="has a '#'"):
+        mm.groups("s3://bucket/data#run1", by="store", read_on_workers=True)
+    assert objectstores.shown("s3://AKIA:wJalr%2FK@bucket/s?secret_key=abc&region=x") == (
+        "s3://AKIA:***@bucket/s?secret_key=***&region=x")
+    with pytest.raises(ValueError) as refused:
+        mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
+                  staging="s3://AKIA:wJalr@bucket/s?no_such_option=1")
+    assert "wJalr" not in str(refused.value) and "AKIA:***@bucket" in str(refused.value)
+    assert [entry.path for entry in s3.get_file_info(
+        fs_selector("bucket/data"))] == ["bucket/data/keep-me.csv"]
+
+    source = mm.groups(tmp_path / "parts", by=["store", "item"], read_on_workers=True,
+                       staging="s3://bucket/stage")
+    mm.train(describe, source, backend="serial", progress=False)  # sorted and staged
+    staged = _staged_objects(s3)
+    s3.delete_file(staged[0])  # (an object store's read error, as a worker meets it)
+    for backend in ("serial", "threads"):
+        run = mm.train(describe, source, backend=backend, workers=2, progress=False)
+        assert set(run.results["status"]) == {"failed"}
+        assert "the staged rows of this group" in run.results["error"].iloc[0]
+    del source, run
+    gc.collect()
+
+
+def fs_selector(path: str):
+    from pyarrow import fs
+
+    return fs.FileSelector(path, recursive=True, allow_not_found=True)
+
+
+def test_a_table_of_several_chunks_is_staged_in_even_batches(s3, monkeypatch):
+    from manymodels.inputs import objectstores
+
+    monkeypatch.setattr(objectstores, "STAGED_BATCH_BYTES", 800)
+    table = pa.concat_tables([pa.table({"v": np.arange(150, dtype=np.int64)}),
+                              pa.table({"v": np.arange(150, 300, dtype=np.int64)})])
+    uri = "s3://bucket/stage/chunks.arrow"
+    objectstores.write_arrow_file(uri, table)
+    assert objectstores.RemoteArrowFile(uri).slice(200, 3).column("v").to_pylist() == [
+        200, 201, 202]
+    objectstores.remove_tree("s3://bucket/stage")
+
+
+def test_staged_objects_go_at_exit_whatever_was_imported_first(s3, tmp_path, sales):
+    """weakref's exit hook may run after pyarrow's has shut S3 down (when a
+    finalizer was made before pyarrow.fs was imported): the objects are
+    removed by an exit hook of their own."""
+    import subprocess
+    import sys
+
+    write_parts(sales, tmp_path / "parts")
+    script = (
+        "import tempfile, weakref\n"
+        "class Early: pass\n"
+        "early = Early(); weakref.finalize(early, print)  # weakref's hook comes first\n"
+        "import manymodels as mm\n"
+        f"source = mm.groups({str(tmp_path / 'parts')!r}, by=['store', 'item'],\n"
+        "                   read_on_workers=True, staging='s3://bucket/stage')\n"
+        "run = mm.train(lambda df: {'n': len(df)}, source, backend='serial', progress=False)\n"
+        "print(len(run.results))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "60", done.stderr[-2000:]
+    assert _staged_objects(s3) == []

@@ -226,6 +226,7 @@ class StagedFiles(DataReader):
         self.remote = is_remote(directory)
         self._mapped: dict[int, Any] = {}
         self._slices: dict[int, ArrowSlices] = {}
+        self._errors: dict[int, str] = {}  # this batch's files that could not be read
 
     def _table(self, number: int) -> Any:
         table = self._mapped.get(number)
@@ -248,19 +249,28 @@ class StagedFiles(DataReader):
         by_file: dict[int, list[tuple[int, int]]] = {}
         for number, offset, length in refs:
             by_file.setdefault(number, []).append((offset, length))
-        self._slices = {}
+        self._slices, self._errors = {}, {}
         if self.remote:  # hold this batch's rows only
             for number, table in self._mapped.items():
-                table.keep_only(by_file.get(number, ()))
+                if number not in by_file:
+                    table.keep_only(())
         for number, slices in by_file.items():
-            table = self._table(number)
-            if self.remote:
-                table.keep_only(slices)
-            reader = self._slices[number] = ArrowSlices(table, self.format, None)
-            reader.begin_batch(slices)
+            try:  # (a file gone, an object store's error: its tasks fail with the reason)
+                table = self._table(number)
+                if self.remote:
+                    table.keep_only(slices)
+                reader = self._slices[number] = ArrowSlices(table, self.format, None)
+                reader.begin_batch(slices)
+            except Exception:
+                self._slices.pop(number, None)
+                self._errors[number] = traceback.format_exc()
 
     def rows(self, ref: tuple[int, int, int]) -> Any:
         number, offset, length = ref
+        error = self._errors.get(number)
+        if error is not None:
+            raise OSError(f"the staged rows of this group, in {self.files[number]}, could "
+                          f"not be read:\n{error}")
         reader = self._slices.get(number)
         if reader is None:
             reader = ArrowSlices(self._table(number), self.format, None)

@@ -34,6 +34,25 @@ def is_remote(path: Any) -> bool:
     return isinstance(path, str) and _REMOTE.match(path) is not None
 
 
+#: Query options that hold a secret (pyarrow's names for S3's keys and token).
+_SECRET_OPTIONS = re.compile(r"((?:^|&)(?:access_key|secret_key|session_token)=)[^&]*")
+
+
+def shown(uri: Any) -> str:
+    """``uri`` as an error or a log may print it: a password in it (the S3
+    secret key of ``s3://key:secret@bucket``) and secret query options
+    replaced by ``***``."""
+    if not is_remote(uri):
+        return str(uri)
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = (user.split(":", 1)[0] + ":***" if ":" in user else user) + "@" + host
+    query = _SECRET_OPTIONS.sub(r"\1***", parts.query)
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
 def without_query(uri: str) -> str:
     """The URI without its options (``?region=...``)."""
     return uri.split("?", 1)[0]
@@ -56,6 +75,8 @@ def _filesystem(scheme: str, netloc: str, query: str) -> tuple[Any, str]:
 def resolve(uri: str) -> tuple[Any, str]:
     """The pyarrow filesystem of ``uri`` and the object's path in it."""
     parts = urlsplit(uri)
+    if parts.fragment or uri.endswith("#"):
+        raise ValueError(f"{shown(uri)!r} has a '#', which ends a URI's path: write it as %23")
     filesystem, base = _filesystem(parts.scheme, parts.netloc, parts.query)
     return filesystem, base.rstrip("/") + unquote(parts.path).rstrip("/")
 
@@ -76,16 +97,17 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
     try:
         filesystem, path = resolve(location)
     except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot open {location!r} with pyarrow's filesystems: {exc}") from exc
+        raise ValueError(f"cannot open {shown(location)!r} with pyarrow's filesystems: "
+                         f"{exc}") from exc
     try:
         info = filesystem.get_file_info(path)
         if info.type == fs.FileType.File:
             return [location]
         if info.type == fs.FileType.NotFound:
-            raise ValueError(f"table path {location!r} does not exist")
+            raise ValueError(f"table path {shown(location)!r} does not exist")
         found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
     except OSError as exc:
-        raise ValueError(f"cannot list {location!r}: {exc}") from exc
+        raise ValueError(f"cannot list {shown(location)!r}: {exc}") from exc
     base, _, query = location.partition("?")
     files = []
     for entry in sorted(found, key=lambda entry: entry.path):
@@ -95,7 +117,7 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
             files.append(f"{base.rstrip('/')}/{quote(relative, safe='/=')}"
                          + (f"?{query}" if query else ""))
     if not files:
-        raise ValueError(f"{location!r} holds no .parquet objects")
+        raise ValueError(f"{shown(location)!r} holds no .parquet objects")
     return files
 
 
@@ -106,11 +128,12 @@ def object_versions(uris: list[str]) -> list[str]:
     try:
         infos = filesystem.get_file_info(paths)
     except OSError as exc:
-        raise ValueError(f"cannot read the Parquet objects {uris[:3]}...: {exc}") from exc
+        raise ValueError(f"cannot read the Parquet objects {[shown(u) for u in uris[:3]]}...: "
+                         f"{exc}") from exc
     versions = []
     for uri, info in zip(uris, infos):
         if info.size is None:
-            raise ValueError(f"the Parquet object {uri!r} is gone")
+            raise ValueError(f"the Parquet object {shown(uri)!r} is gone")
         modified = info.mtime_ns if info.mtime_ns is not None else -1
         versions.append(f"object:{without_query(uri)}:{info.size}:{modified}")
     return versions
@@ -128,18 +151,20 @@ _ROWS_PER_BATCH = b"manymodels.rows_per_batch"
 
 def child(location: str, name: str) -> str:
     """The URI of ``name`` under ``location`` (its options kept at the end)."""
-    base, _, query = location.partition("?")
-    return f"{base.rstrip('/')}/{quote(name)}" + (f"?{query}" if query else "")
+    parts = urlsplit(location)
+    return parts._replace(path=f"{parts.path.rstrip('/')}/{quote(name)}").geturl()
 
 
 def check_location(location: str, argument: str) -> None:
-    """Refuse, naming ``argument``, a location pyarrow's filesystems cannot open."""
+    """Refuse, naming ``argument``, a location pyarrow's filesystems cannot
+    open, or one with a fragment (a ``#`` its URI does not quote: every
+    object under it would be one, :func:`resolve`)."""
     import pyarrow as pa
 
     try:
         resolve(location)
     except (OSError, pa.ArrowException, ValueError) as exc:
-        raise ValueError(f"{argument}={location!r} cannot be opened with pyarrow's "
+        raise ValueError(f"{argument}={shown(location)!r} cannot be opened with pyarrow's "
                          f"filesystems: {exc}") from exc
 
 
@@ -165,6 +190,7 @@ def write_arrow_file(uri: str, table: Any) -> None:
     completes, so a worker that dies here leaves nothing."""
     import pyarrow as pa
 
+    table = table.combine_chunks()  # (batches are cut at chunks too: every one of ``rows``)
     per_row = max(1, table.nbytes // max(1, table.num_rows))
     rows = max(1, STAGED_BATCH_BYTES // per_row)
     buffer = pa.BufferOutputStream()

@@ -26,6 +26,7 @@ from .objectstores import (
     parquet_objects,
     resolve,
     resolve_all,
+    shown,
 )
 from .partitions import partition_table, partitioning
 from .tables import (
@@ -52,7 +53,7 @@ def parquet_files(table: Any) -> list[str]:
         objects = parquet_objects(table, PARQUET_SUFFIXES)
         for uri in objects:
             if Path(object_path(uri)).suffix.lower() not in PARQUET_SUFFIXES:
-                raise ValueError(f"read_on_workers=True reads Parquet only; {uri!r} is not "
+                raise ValueError(f"read_on_workers=True reads Parquet only; {shown(uri)!r} is not "
                                  "a .parquet object")
         return objects
     path = Path(table)
@@ -111,7 +112,8 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
     partitions = None if root is None else partition_table(
         Path(object_path(root)), [Path(object_path(f)) for f in files])
     schema, schemas = files_schema(files, partitions, root)
-    refuse_unlike_columns(files, [s.names for s in schemas], f"the objects under {location!r}")
+    refuse_unlike_columns(files, [s.names for s in schemas],
+                          f"the objects under {shown(location)!r}")
     if columns is not None:
         columns = present_columns(columns, schema.names, location)
     return read_rows(files, columns, partitions=partitions, root=root, schema=schema)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import weakref
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ import pyarrow as pa
 from ..inputs.objectstores import child, is_remote, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
 from ..inputs.tables import sort_order
-from .staging import StagedGroups, new_directory, remove_directory
+from .staging import StagedGroups, cleanup_with, new_directory, remove_directory
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
 #: memory at once, beside one file's rows.
@@ -66,7 +65,7 @@ def sort_once(layout: Any, reader: ParquetGroups, lanes: np.ndarray,
     staged = StagedGroups(directory, [_bucket_name(b) for b in range(int(buckets.max()) + 1)],
                           layout.key_table, buckets,
                           layout.offsets - first_offset[buckets], layout.lengths, lanes)
-    staged._cleanup = weakref.finalize(staged, remove_directory, directory)
+    staged._cleanup = cleanup_with(staged, directory)
     return staged
 
 

@@ -23,6 +23,7 @@ on the same data has the same identities and reuses its models.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -38,7 +39,14 @@ import numpy as np
 import pyarrow as pa
 
 from ..inputs.engineframes import STAGED_INDEX_COLUMNS, EngineFrame
-from ..inputs.objectstores import child, is_remote, make_directory, remove_tree, write_arrow_file
+from ..inputs.objectstores import (
+    child,
+    is_remote,
+    make_directory,
+    remove_tree,
+    shown,
+    write_arrow_file,
+)
 from ..inputs.tables import exact_pandas, sort_order
 
 #: The columns of a group's row after its key columns (all int64 on the wire).
@@ -152,7 +160,7 @@ def new_directory(base: str | None, prefix: str) -> str:
         try:
             make_directory(directory)
         except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"staging={base!r}: cannot write there: {exc}") from exc
+            raise ValueError(f"staging={shown(base)!r}: cannot write there: {exc}") from exc
         return directory
     os.makedirs(base, exist_ok=True)
     directory = os.path.join(base, f"{prefix}{uuid.uuid4().hex[:12]}")
@@ -180,8 +188,20 @@ def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> Stag
     except BaseException:
         remove_directory(directory)
         raise
-    staged._cleanup = weakref.finalize(staged, remove_directory, directory)
+    staged._cleanup = cleanup_with(staged, directory)
     return staged
+
+
+def cleanup_with(owner: Any, directory: str) -> weakref.finalize:
+    """Remove ``directory`` when ``owner`` goes, or when the interpreter exits.
+    An object store's directory is also removed by an exit hook of its own,
+    registered now, after pyarrow's filesystems: exit hooks run last first,
+    and weakref's, registered by whichever finalizer came first in the
+    process, may come after pyarrow's, which shuts the S3 client down."""
+    finalizer = weakref.finalize(owner, remove_directory, directory)
+    if is_remote(directory):
+        atexit.register(finalizer)  # (a finalizer runs once: a no-op if it ran)
+    return finalizer
 
 
 def _index_to_groups(index: pa.Table, by: list[str], directory: str) -> StagedGroups:
