@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -28,6 +31,12 @@ def _main(
                                  help="Print the version and exit."),
 ) -> None:
     """manymodels: train many models at once."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):  # keys a narrow encoding lacks: escaped, not a crash
+        if (getattr(stream, "encoding", "utf-8") or "").lower().replace("-", "") != "utf8":
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(errors="backslashreplace")
 
 
 @app.command()
@@ -44,10 +53,12 @@ def demo(
     """
     from .demo import run_demo
 
+    if json_out:
+        _check_out(json_out, (".json",), "--json")
     numbers = run_demo(stores, items, workers=workers, compare_serial=serial)
     if json_out:
-        with open(json_out, "w") as out:
-            json.dump(numbers, out, indent=2)
+        with _written(json_out, "--json") as path:
+            path.write_text(json.dumps(numbers, indent=2))
 
 
 def _open_store(path: str):
@@ -72,16 +83,49 @@ def _open_store(path: str):
         _fail(str(exc), "STORE")
 
 
-def _check_out(out: str) -> None:
+def _check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") -> None:
     """An output file's place, checked before any work (the work was lost to a
-    traceback when its directory was missing)."""
+    traceback when its directory was missing): a file, in a directory that
+    exists and may be written, of one of ``suffixes`` (what it is written
+    as) unless it is a device (``/dev/stdout``)."""
+    import os
     from pathlib import Path
 
     target = Path(out)
     if target.is_dir():
-        _fail(f"{out!r} is a directory: name a file", "--out")
+        _fail(f"{out!r} is a directory: name a file", option)
     if not target.parent.is_dir():
-        _fail(f"the directory of {out!r} does not exist", "--out")
+        _fail(f"the directory of {out!r} does not exist", option)
+    if target.exists() and not target.is_file():
+        return  # a device or a pipe: written in place, as it is
+    if suffixes and target.suffix.lower() not in suffixes:
+        _fail(f"{out!r} would be written as {suffixes[0].lstrip('.')}: name a "
+              f"{' or '.join(suffixes)} file", option)
+    if not os.access(target if target.exists() else target.parent, os.W_OK):
+        _fail(f"{out!r} cannot be written here (permissions)", option)
+
+
+@contextlib.contextmanager
+def _written(out: str, option: str = "--out") -> Iterator[Path]:
+    """The path to write ``out``'s content to: a temporary file beside it,
+    moved into place once written whole (a failed or cut-short write leaves
+    no half file, and an earlier one as it was); a device is written in
+    place. A write that fails is said in one line, exit code 1."""
+    import os
+
+    target = Path(out)
+    in_place = target.exists() and not target.is_file()
+    temporary = target if in_place else target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        yield temporary
+        if not in_place:
+            os.replace(temporary, target)
+    except OSError as exc:
+        typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        if not in_place:
+            temporary.unlink(missing_ok=True)
 
 
 _FORMAT_HELP = ("table (aligned; plain text when piped), csv or json (every column, "

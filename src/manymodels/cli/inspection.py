@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .app import _FORMAT_HELP, _check_out, _fail, _open_store, app
+from .app import _FORMAT_HELP, _check_out, _fail, _open_store, _written, app
 from .tables import OutputFormat, iso_times, local_time, print_frame
 
 
@@ -68,12 +68,15 @@ def export(
 
     Example: manymodels export models/ -o results.parquet
     """
-    _check_out(out)
+    _check_out(out, (".parquet", ".pq"))
+    opened = _open_store(store)
     try:
-        path = _open_store(store).export(out, run)
+        opened._run_row(run)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
-    typer.echo(f"wrote {path}")
+    with _written(out) as path:
+        opened.export(path, run)
+    typer.echo(f"wrote {out}")
 
 
 @app.command()
@@ -102,7 +105,11 @@ def why(
         if text not in values:
             raise typer.BadParameter(f"no task has {column}={text!r}", param_hint="KEY")
         parts.append(values[text])
-    typer.echo(opened.why_not_reused(parts[0] if len(parts) == 1 else tuple(parts), run=run))
+    try:
+        answer = opened.why_not_reused(parts[0] if len(parts) == 1 else tuple(parts), run=run)
+    except KeyError as exc:  # each value is some task's, but not this combination
+        _fail(str(exc.args[0]) if exc.args else str(exc), "KEY")
+    typer.echo(answer)
 
 
 @app.command()
@@ -118,9 +125,12 @@ def report(
     """
     from ..observe.report import store_report
 
-    _check_out(out)
+    _check_out(out, (".html", ".htm"))
+    opened = _open_store(store)
     try:
-        path = store_report(_open_store(store), run, out)
+        opened._run_row(run)
     except ValueError as exc:
         _fail(str(exc), "RUN")
-    typer.echo(f"wrote {path}")
+    with _written(out) as path:
+        store_report(opened, run, path)
+    typer.echo(f"wrote {out}")

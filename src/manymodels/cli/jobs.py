@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from .app import _check_out, _fail, _open_store, _split_list, app
+from .app import _check_out, _fail, _open_store, _split_list, _written, app
 
 
 def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
@@ -28,6 +28,10 @@ def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
         if name in params:
             raise ValueError(f"{name!r} is given both as --param and as --grid")
         grid_values[name] = [parse_value(v) for v in values.split(",")]
+        texts = [v.strip() for v in values.split(",")]
+        twice = [v for i, v in enumerate(texts) if v in texts[:i]]
+        if twice:
+            raise ValueError(f"--grid {name!r} lists the value {twice[0]!r} twice")
     return params, grid_values
 
 
@@ -74,6 +78,14 @@ def train(
         params, grid_values = _parse_settings(param, grid)
     except ValueError as exc:
         _fail(str(exc), "--model/--param/--grid")
+    for option, text in (("--by", by), ("--features", features), ("--metrics", metrics)):
+        names = _split_list(text)
+        if text is not None and not names:
+            _fail(f"{text!r} names no column" if option != "--metrics" else
+                  f"{text!r} names no metric", option)
+        twice = [name for i, name in enumerate(names) if name in names[:i]]
+        if twice:
+            _fail(f"{twice[0]!r} is named twice", option)
     try:  # every refusal comes before the data is read, naming the option at fault
         track = None
         if mlflow:
@@ -100,6 +112,11 @@ def train(
     summary = run.summary()
     typer.echo(str(summary))
     typer.echo("mean " + ", ".join(f"{k} {v:.4g}" for k, v in trained.means.items()))
+    results = run.results
+    if "eval_skipped" in results.columns and results["eval_skipped"].notna().any():
+        skipped = results["eval_skipped"].dropna()
+        typer.echo(f"{len(skipped)} group(s) too short to score, fitted on all rows unscored: "
+                   f"{skipped.iloc[0]}", err=True)
     typer.echo(f"run {run.run_id} in {store}; see: manymodels show {store} {run.run_id}")
     if summary.failed and not allow_failures:
         typer.echo(f"{summary.failed} group(s) failed (use --allow-failures to exit 0)",
@@ -130,7 +147,7 @@ def predict(
     from ..inputs.tables import exact_pandas, read_table
     from ..store import StoreIntegrityError
 
-    _check_out(out)
+    _check_out(out, (".csv", ".parquet", ".pq"))
     if workers is not None and workers < 1:
         _fail(f"workers must be at least 1, got {workers}", "--workers")
     if backend is not None:
@@ -153,13 +170,20 @@ def predict(
     except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
+    except RuntimeError as exc:  # a group's model could not predict its rows: the cause
+        text = str(exc)
+        lines = [line for line in text.splitlines() if line.strip()]
+        head = text.split(" failed:", 1)[0] if text.startswith("predicting group") else "predicting"
+        _fail(f"{head} failed: {lines[-1].strip() if lines else text} (are the DATA's "
+              "feature columns those the models were trained on, of the same types?)", "DATA")
     frame["prediction"] = predicted["prediction"].to_numpy()
     frame["source"] = predicted["source"].to_numpy()
     target = Path(out)
-    if target.suffix.lower() in (".parquet", ".pq"):
-        frame.to_parquet(target, index=False)
-    else:
-        frame.to_csv(target, index=False)
+    with _written(out) as path:
+        if target.suffix.lower() in (".parquet", ".pq"):
+            frame.to_parquet(path, index=False)
+        else:
+            frame.to_csv(path, index=False)
     counts = frame["source"].value_counts().to_dict()
     typer.echo(f"wrote {len(frame)} predictions to {target} ("
                + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")")

@@ -77,6 +77,10 @@ def table_chunks(widths: list[int], keys: int, room: int) -> list[list[int]]:
     return chunks
 
 
+#: Columns a terminal needs for a bordered table; narrower, a table is plain text.
+MIN_TABLE_WIDTH = 20
+
+
 def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, keys: int = 1,
                 console: Any = None) -> None:
     """Print ``frame`` as csv, json, or a table. A table is never squeezed (no
@@ -104,7 +108,7 @@ def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, 
     right = [pd.api.types.is_numeric_dtype(kind) and not pd.api.types.is_bool_dtype(kind)
              for kind in frame.dtypes]
     widths = [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    if not console.is_terminal:
+    if not console.is_terminal or console.width < MIN_TABLE_WIDTH:  # no room for borders
         def line(cells: list[str]) -> str:
             padded = [" " * (w - cell_len(c)) + c if r else c + " " * (w - cell_len(c))
                       for c, w, r in zip(cells, widths, right)]

@@ -239,6 +239,17 @@ def _utc_instant(value: Any) -> Any:
 _OFFSET = re.compile(r"(?:[+-]\d\d:\d\d|Z)$")
 
 
+def instant_text(parts: list) -> str | None:
+    """An encoded key's values (canonical, as ``json.loads`` of it gives them)
+    with each zone-aware datetime as its UTC instant, as text; None where no
+    value is one (such a key is found as it is)."""
+    instants = [_utc_instant(value) for value in parts]
+    if all(instant is None for instant in instants):
+        return None
+    return json.dumps([value if instant is None else instant
+                       for value, instant in zip(parts, instants)])
+
+
 def _loose_text(canonical_parts: list) -> str:
     return json.dumps([_loose(v) for v in canonical_parts])
 

@@ -7,6 +7,7 @@ read; a file no row names is left until it is an hour old.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -75,6 +76,8 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
             continue
         if marker_run(file.name) in running:  # its workers look for it while it runs
             continue
+        if relative not in dead_paths and not _STORE_NAMES.fullmatch(relative):
+            continue  # not a name the store gives its files: someone else's, kept
         if file.is_file() and relative not in known and _older_than(
                 file, dead_before if relative in dead_paths else began - STRAY_AGE_S):
             file.unlink(missing_ok=True)
@@ -82,6 +85,13 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
     removed += collect_checkpoints(conn, root)
     conn.execute("VACUUM")
     return removed
+
+
+#: The names the store gives the files it writes under ``artifacts/``: a
+#: model's (its SHA-256 under its first two digits), a temporary one beside
+#: it, a run's marker. A stray of another name is not the store's, and gc
+#: leaves it (a store made in a folder that had an ``artifacts/`` of its own).
+_STORE_NAMES = re.compile(r"artifacts/(?:[0-9a-f]{2}/(?:[0-9a-f]{64}|\.tmp-[^/]*)|\.run-[^/]*)")
 
 
 def _older_than(file: Path, moment: float) -> bool:

@@ -177,6 +177,8 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
         return False
     if not index.exists():
         _refuse_inside_artifacts(path)
+    else:  # read only, before this process writes anything here
+        _check_existing_index(index)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         (path / "artifacts").mkdir(mode=0o700, exist_ok=True)
@@ -267,6 +269,7 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
                                isolation_level=None)
         conn.execute("SELECT count(*) FROM runs").fetchone()
+    _check_is_store(conn, index)
     _check_format(conn, index)
     if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'task_blocks'").fetchone() is None:
         # a store written before blocks, that this connection may not change:
@@ -279,15 +282,55 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
 
 def _check_is_store(conn: sqlite3.Connection, index: Path) -> None:
     """Refuse an existing SQLite file that is not a store's index (tables, but
-    no ``runs``) before anything is written to it: its tables were someone
-    else's, and a store's would have been added beside them."""
+    not a ``runs`` table of a store's columns) before anything is written to
+    it: its tables were someone else's, and a store's would have been added
+    beside them."""
     tables = {name for (name,) in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if tables and "runs" not in tables:
+    if not tables:
+        return
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if not columns >= _RUNS_COLUMNS:
         conn.close()
         raise StoreError(f"store index {str(index)!r} is a SQLite file of something else "
                          f"(its tables: {', '.join(sorted(tables)[:5])}): not a manymodels "
                          "store index; give the store a directory of its own")
+
+
+#: Columns every store's ``runs`` table has had, in every layout.
+_RUNS_COLUMNS = frozenset({"run_id", "started_at", "status"})
+
+
+def _check_existing_index(index: Path) -> None:
+    """An existing index checked by a read-only connection before this
+    process writes anything to it or beside it (``artifacts/``, the
+    write-ahead log, a migration): another program's SQLite file, a layout
+    newer than this manymodels, or an index left empty (a truncated one),
+    each refused by name."""
+    try:
+        size = index.stat().st_size
+    except OSError:
+        return
+    if size == 0:
+        import time
+
+        if time.time() - index.stat().st_mtime > 10:  # (not one being created now)
+            raise StoreError(f"store index {str(index)!r} is empty (0 bytes): it was "
+                             "truncated, or is not a store's; restore it, or give the store "
+                             "a directory of its own")
+        return
+    uri = f"file:{quote(str(index.resolve()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=60, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise _index_error(index, exc) from exc
+    try:
+        _check_is_store(conn, index)
+        _check_format(conn, index)
+    except sqlite3.DatabaseError as exc:
+        raise _index_error(index, exc) from exc
+    finally:
+        conn.close()
 
 
 def _check_format(conn: sqlite3.Connection, index: Path) -> None:
@@ -300,6 +343,9 @@ def _check_format(conn: sqlite3.Connection, index: Path) -> None:
 def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
     if is_disk_full(exc):
         return write_error(index.parent, exc, "the index could not be opened")
+    if "locked" in str(exc) or "busy" in str(exc):
+        return StoreError(f"store index {str(index)!r} is busy: another process has held "
+                          f"its write lock for a minute ({exc}); try again when it is done")
     return StoreError(f"store index {str(index)!r} cannot be read: {exc}. It is not a "
                       "manymodels store index, or it is damaged (truncated or overwritten)")
 

@@ -16,9 +16,11 @@ import pyarrow.compute as pc
 
 from ..engine.messages import Status
 from ..inputs.keys import (
+    canonical,
     decode_key,
     decode_keys,
     encode_key,
+    instant_text,
     key_column,
     key_parts,
     stored_object_texts,
@@ -34,6 +36,18 @@ _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "re
 _LOOKUP_COLUMNS = ["key", "status", "artifact", "reused_from", "code_hash", "params_hash",
                    "data_hash", "shared_hash"]
 
+
+
+def run_number(run: Any) -> int:
+    """A run id as given: a whole number (a NumPy one too), never a bool, a
+    float or text, which ``int()`` would have read as another run."""
+    import numbers
+
+    if isinstance(run, bool) or not isinstance(run, numbers.Integral):
+        raise TypeError(f"run must be a run id (a whole number, see Store.runs()), got {run!r}")
+    if not -2**63 <= run < 2**63:
+        raise ValueError(f"store has no run {run!r}")
+    return int(run)
 
 class Store:
     """A crash-safe registry of runs and models in one directory.
@@ -101,6 +115,8 @@ class Store:
         return frame
 
     def _run_row(self, run: int | None) -> tuple:
+        if run is not None:
+            run = run_number(run)
         if run is None:
             row = self._conn.execute(
                 "SELECT run_id, key_columns, param_columns FROM runs "
@@ -110,7 +126,7 @@ class Store:
         else:
             row = self._conn.execute(
                 "SELECT run_id, key_columns, param_columns FROM runs WHERE run_id = ?",
-                (int(run),)).fetchone()
+                (run,)).fetchone()
             if row is None:
                 raise ValueError(f"store {str(self.path)!r} has no run {run!r}")
         return row[0], json.loads(row[1]), json.loads(row[2])
@@ -189,6 +205,9 @@ class Store:
             row = lookup.find(text)
             if row is not None:
                 break
+        instant = None if row is not None else instant_text([canonical(v) for v in parts])
+        if instant is not None:  # a time of a zone, given in another
+            row = lookup.find_instant(instant)
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return {name: lookup.tasks[name][row].as_py() for name in columns}
@@ -339,6 +358,9 @@ class Store:
         machine cannot tell it from a live one; one on this machine that is
         gone reads ``interrupted`` once the store is opened again)."""
         self._require_writable("delete")
+        if run is None:
+            raise TypeError("delete needs the run to forget (a run id, see Store.runs()); "
+                            "None would be the latest run")
         run_id, _, _ = self._run_row(run)
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")

@@ -426,6 +426,7 @@ class KeyLookup:
         self.version, self.tasks = version, tasks
         self._order = pc.sort_indices(tasks["key"]).to_numpy()
         self._sorted = tasks["key"].take(pa.array(self._order))
+        self._instants: dict[str, int] | None = None
 
     def find(self, key: str) -> int | None:
         """The row of the task with ``key`` (the last in task order if two
@@ -442,5 +443,25 @@ class KeyLookup:
             rows.append(int(self._order[low]))
             low += 1
         return max(rows) if rows else None
+
+    def find_instant(self, instant: str) -> int | None:
+        """The row of the task whose key, its zone-aware times as UTC
+        instants, is ``instant`` (:func:`~manymodels.inputs.keys.instant_text`):
+        a time of a zone given in another. Indexed at the first such lookup."""
+        import json
+
+        from ..inputs.keys import instant_text
+
+        if self._instants is None:
+            self._instants = {}
+            for row, text in enumerate(self.tasks["key"].to_pylist()):
+                if "$datetime" in text:
+                    try:
+                        found = instant_text(json.loads(text))
+                    except ValueError:
+                        continue
+                    if found is not None:
+                        self._instants[found] = row  # (the last in task order)
+        return self._instants.get(instant)
 
 

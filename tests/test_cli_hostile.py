@@ -1,0 +1,156 @@
+"""The command line and the store under hostile but plausible input: another
+program's SQLite file, a folder with an ``artifacts/`` of its own, run ids
+that are not run ids, outputs that cannot be written, features of the wrong
+type, empty or repeated lists. Each test fails before its fix."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import LinearRegression
+from typer.testing import CliRunner
+
+import manymodels as mm
+from manymodels.cli import app
+
+
+def _invoke(*args: str):
+    """The command's exit code and output, one line a message (a wide terminal)."""
+    return CliRunner(env={"COLUMNS": "400"}).invoke(app, [str(a) for a in args])
+
+
+def fit(rows):
+    return LinearRegression().fit(rows[["price"]], rows["sales"])
+
+
+@pytest.fixture
+def trained(tmp_path):
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"store": np.repeat(["s0", "s1"], 30), "price": rng.uniform(1, 9, 60)})
+    table["sales"] = 3 * table["price"] + rng.normal(size=60)
+    mm.train(fit, mm.groups(table, by="store"), store=tmp_path / "models", backend="serial",
+             progress=False)
+    rows = tmp_path / "rows.csv"
+    table.drop(columns="sales").to_csv(rows, index=False)
+    return tmp_path / "models", rows, table
+
+
+def test_another_programs_sqlite_file_is_refused_untouched(tmp_path):
+    folder = tmp_path / "other"
+    folder.mkdir()
+    with sqlite3.connect(folder / "index.sqlite") as conn:
+        conn.execute("CREATE TABLE runs (run_uuid TEXT, name TEXT)")
+    result = _invoke("runs", folder)
+    assert result.exit_code == 2 and "SQLite file of something else" in result.output
+    with sqlite3.connect(folder / "index.sqlite") as conn:
+        tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_master")]
+        assert tables == ["runs"]
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert [row[1] for row in conn.execute("PRAGMA table_info(runs)")] == ["run_uuid",
+                                                                               "name"]
+    assert sorted(os.listdir(folder)) == ["index.sqlite"]  # no artifacts/ made
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "index.sqlite").touch()
+    old = time.time() - 3600
+    os.utime(empty / "index.sqlite", (old, old))  # (a truncated index, not one being made)
+    with pytest.raises(mm.StoreError, match="is empty"):
+        mm.Store(empty)
+
+
+def test_gc_leaves_files_the_store_did_not_write(tmp_path, trained):
+    models, _, _ = trained
+    theirs = models / "artifacts" / "plots" / "fig.png"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("the user's own")
+    ours = models / "artifacts" / "ab" / ("ab" + "0" * 62)  # a stray model file's name
+    ours.parent.mkdir()
+    ours.write_bytes(b"x")
+    old = time.time() - 3 * 3600
+    for path in (theirs, ours):
+        os.utime(path, (old, old))
+    mm.Store(models).gc()
+    assert theirs.exists() and not ours.exists()
+
+
+def test_run_ids_are_run_ids(trained):
+    models, _, _ = trained
+    store = mm.Store(models)
+    with pytest.raises(TypeError, match="delete needs the run to forget"):
+        store.delete(None)
+    for run in (1.9, True, "abc"):
+        with pytest.raises(TypeError, match="run must be a run id"):
+            store.results(run)
+    with pytest.raises(ValueError, match="has no run"):
+        store.results(2**70)
+    assert len(store.results(np.int64(1))) == 2
+    assert len(store.runs()) == 1  # nothing was deleted
+
+
+def test_a_key_of_a_zone_is_found_given_in_another(tmp_path):
+    moment = pd.Timestamp("2024-01-01", tz="UTC")
+    table = pd.DataFrame({"day": [moment] * 3 + [moment + pd.Timedelta(days=1)] * 3,
+                          "x": np.arange(6.0)})
+    mm.train(lambda rows: float(rows["x"].sum()), mm.groups(table, by="day"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    in_berlin = moment.tz_convert("Europe/Berlin")
+    assert store.load(in_berlin) == store.load(moment) == 3.0
+    assert "was" in store.why_not_reused(in_berlin)
+    with pytest.raises(KeyError):  # a naive time is no instant
+        store.load(pd.Timestamp("2024-01-01"))
+
+
+def test_outputs_are_checked_before_work_and_written_whole(tmp_path, trained):
+    models, rows, _ = trained
+    result = _invoke("predict", models, rows, "--by", "store", "-o", tmp_path / "out.json")
+    assert result.exit_code == 2 and "name a .csv or .parquet or .pq file" in result.output
+    result = _invoke("export", models, "-o", tmp_path / "out.csv")
+    assert result.exit_code == 2 and ".parquet" in result.output
+    result = _invoke("demo", "--stores", "1", "--items", "2", "--no-serial", "--json",
+                     tmp_path / "missing" / "demo.json")
+    assert result.exit_code == 2 and "does not exist" in result.output
+    if os.path.exists("/dev/full"):
+        result = _invoke("predict", models, rows, "--by", "store", "-o", "/dev/full")
+        assert result.exit_code == 1 and "cannot write --out '/dev/full'" in result.output
+    kept = tmp_path / "kept.csv"
+    kept.write_text("an earlier file\n")
+    text_price = tmp_path / "text.csv"
+    pd.read_csv(rows).assign(price="abc").to_csv(text_price, index=False)
+    result = _invoke("predict", models, text_price, "--by", "store", "-o", kept)
+    assert result.exit_code == 2 and "could not convert string to float" in result.output
+    assert "Traceback" not in result.output
+    assert kept.read_text() == "an earlier file\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    result = _invoke("predict", models, rows, "--by", "store", "-o", kept)
+    assert result.exit_code == 0 and len(pd.read_csv(kept)) == 60
+
+
+def test_train_refuses_empty_and_repeated_lists(tmp_path, trained):
+    _, _, table = trained
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    base = ["train", data, "--by", "store", "--target", "sales", "--model",
+            "sklearn.linear_model.Ridge", "--store", tmp_path / "st", "--workers", "1"]
+    for option, value, said in (("--features", ",,", "names no column"),
+                                ("--features", "price,price", "'price' is named twice"),
+                                ("--metrics", "r2,r2", "'r2' is named twice")):
+        result = _invoke(*base, option, value)
+        assert result.exit_code == 2 and said in result.output, result.output
+    result = _invoke(*base, "--grid", "alpha=1,1")
+    assert result.exit_code == 2 and "lists the value '1' twice" in result.output
+    assert not (tmp_path / "st").exists()
+
+
+def test_why_names_a_key_whose_combination_no_task_has(tmp_path):
+    table = pd.DataFrame({"a": ["x", "x", "y"], "b": ["p", "q", "p"], "v": [1.0, 2.0, 3.0]})
+    mm.train(lambda rows: float(rows["v"].sum()), mm.groups(table, by=["a", "b"]),
+             store=tmp_path / "s", backend="serial", progress=False)
+    result = _invoke("why", tmp_path / "s", "y", "q")
+    assert result.exit_code == 2 and "has no task with key" in result.output
+    assert "Traceback" not in result.output
