@@ -112,6 +112,14 @@ class Store:
         for column in ("started_at", "finished_at"):  # kept as epoch seconds
             frame[column] = pd.to_datetime(frame[column].astype(float), unit="s",
                                            utc=True).dt.round("us")
+        unfinished = frame.index[frame["ok"].isna()]  # running, or its driver died: the
+        for row in unfinished:                        # tasks committed so far, counted
+            tasks = taskblocks.read_run(self._conn, int(frame.at[row, "run_id"]),
+                                        ["status", "reused_from"], ordered=False)
+            status = tasks["status"].to_numpy(zero_copy_only=False)
+            frame.loc[row, ["ok", "failed", "reused"]] = [
+                int((status == "ok").sum()), int(((status != "ok")).sum()),
+                int(tasks["reused_from"].is_valid().to_numpy(zero_copy_only=False).sum())]
         return frame
 
     def _run_row(self, run: int | None) -> tuple:
