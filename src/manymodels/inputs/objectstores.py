@@ -190,7 +190,9 @@ def write_arrow_file(uri: str, table: Any) -> None:
     completes, so a worker that dies here leaves nothing."""
     import pyarrow as pa
 
-    table = table.combine_chunks()  # (batches are cut at chunks too: every one of ``rows``)
+    # one chunk: write_table also cuts a batch where a chunk ends, and every
+    # batch but the last must hold ``rows`` rows (what a reader counts on)
+    table = table.combine_chunks()
     per_row = max(1, table.nbytes // max(1, table.num_rows))
     rows = max(1, STAGED_BATCH_BYTES // per_row)
     buffer = pa.BufferOutputStream()
