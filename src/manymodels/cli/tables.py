@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from enum import Enum
 from typing import Any
 
@@ -21,10 +22,22 @@ class OutputFormat(str, Enum):
 
 
 def cell(value: Any) -> str:
-    """``value`` as one short line: 4 significant digits, empty for missing."""
+    """``value`` as one short line: 4 significant digits, empty for missing;
+    a control character (a terminal's escape sequence in a key or an error)
+    shown as its escape, never sent to the terminal."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    return f"{value:.4g}" if isinstance(value, float) else " ".join(str(value).splitlines())
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return _CONTROL.sub(_escaped, " ".join(str(value).splitlines()))
+
+
+#: Control characters (C0, DEL, C1): what a terminal reads as commands.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
 
 
 def json_value(value: Any) -> Any:

@@ -21,7 +21,7 @@ from ..evaluation.metrics import direction
 PROBE_TIMEOUT_S = 5.0
 
 
-def metric_name(name: str) -> str:
+def metric_name(name: str, limit: int = 250) -> str:
     """A name MLflow accepts (letters, digits, ``_ - . / :`` and spaces; 250 at most;
     a normal relative path): a metric ``r²`` is logged as ``r_`` and a few letters
     of its hash, not refused with the whole batch (the hash keeps ``r³`` apart from
@@ -29,12 +29,12 @@ def metric_name(name: str) -> str:
     has its slashes and dots made ``_``, and the tag too."""
     text = str(name)
     accepted = re.sub(r"[^\w\-. /:]|[^\x00-\x7f]", "_", text)
-    if accepted == text and len(text) <= 250 and not refused_as_path(text):
+    if accepted == text and len(text) <= limit and not refused_as_path(text):
         return text
     if refused_as_path(accepted):
         accepted = re.sub(r"[/.]", "_", accepted)
     tag = hashlib.blake2b(text.encode(), digest_size=3).hexdigest()
-    return f"{accepted[:243]}_{tag}"
+    return f"{accepted[:limit - 7]}_{tag}"
 
 
 def refused_as_path(name: str) -> bool:
@@ -100,7 +100,8 @@ def check_answers(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 def describe(name: str, values: Any) -> dict[str, float]:
     if not len(values):
         return {}
-    name = metric_name(name)  # r² and r³ apart (each with its tag) before the suffixes
+    # r² and r³ apart (each with its tag) before the suffixes, with room for them
+    name = metric_name(name, limit=250 - len(".count"))
     quantiles = values.quantile([0.05, 0.5, 0.95])
     return {f"{name}.mean": values.mean(), f"{name}.std": values.std(ddof=0),
             f"{name}.min": values.min(), f"{name}.p05": quantiles[0.05],

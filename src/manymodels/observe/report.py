@@ -69,8 +69,11 @@ def _histogram(values: np.ndarray, title: str, color: str = "#4c78a8",
     low, high = float(values.min()), float(values.max())
     if high == low:
         high = low + (abs(low) or 1.0) * 1e-6 + 1e-12
-    counts, edges = np.histogram(values, bins=min(30, max(5, int(math.sqrt(len(values))))),
-                                 range=(low, high))
+    try:
+        counts, edges = np.histogram(values, bins=min(30, max(5, int(math.sqrt(len(values))))),
+                                     range=(low, high))
+    except ValueError:  # a range too narrow (a rounding apart) or too wide for finite bins
+        counts, edges = np.array([len(values)]), np.array([low, high])
     left, bottom, plot_w, plot_h = 50, 30, width - 60, height - 60
     top = counts.max()
     bars = []
@@ -189,14 +192,17 @@ def _resumed_section(results: pd.DataFrame, key_columns: list[str]) -> list[str]
 
 def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, workers: int,
                   backend: str, batches: int | None = None,
-                  worker_start_s: float = 0.0) -> dict[str, Any]:
+                  worker_start_s: float = 0.0, planned: int | None = None) -> dict[str, Any]:
     """The report's summary of a run, from its results table: what ``Run.report``
     and the store's report both show. ``reused`` marks the tasks whose models
-    came from an earlier run (their fit time is not this run's work)."""
+    came from an earlier run (their fit time is not this run's work);
+    ``planned``: the tasks the run was to run, where some have no row yet
+    (a run going on, or one whose driver died)."""
     task_time = float(results["duration_s"][~reused.to_numpy(dtype=bool)].sum())
     capacity = wall_s * workers if wall_s == wall_s else float("nan")
     facts = {
-        "tasks": len(results),
+        "tasks": len(results) if planned is None or planned == len(results) else
+        f"{planned} ({len(results)} done)",
         **{f"status {k}": int(v) for k, v in results["status"].value_counts().items()},
         "reused from the store": int(reused.sum()),
         **({"resumed from a checkpoint": int(results["resumed"].sum())}
@@ -204,7 +210,8 @@ def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, wo
         "backend": f"{backend}, {workers} worker{'' if workers == 1 else 's'}",
         "wall time (s)": wall_s,
         "sum of task times (s)": task_time,
-        "utilization": task_time / capacity if capacity and capacity == capacity else 0.0,
+        "utilization": (task_time / capacity if capacity and capacity == capacity
+                        else float("nan")),
     }
     if worker_start_s > 0:  # inside the wall time, outside the task times
         facts["worker start (s)"] = worker_start_s
@@ -215,12 +222,27 @@ def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, wo
     return facts
 
 
+def _wall_s(info: Any, results: pd.DataFrame) -> float:
+    """A stored run's wall time; for one whose driver died (none recorded),
+    from its start to its last task's end."""
+    if pd.notna(info["wall_s"]):
+        return float(info["wall_s"])
+    ends = (results["started_at"] + results["duration_s"]).dropna()
+    if not len(ends):
+        return float("nan")
+    return float(ends.max()) - info["started_at"].timestamp()
+
+
 def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     """Write the report of a run kept in a store."""
     results = store.results(run)
     run_id = int(results["run_id"].iloc[0])
     runs = store.runs().set_index("run_id")
     info = runs.loc[run_id]
+    reused = results["reused_from"].notna()
+    # a reused task ran in an earlier run: its time and worker are not this run's
+    results.loc[reused, ["duration_s", "started_at"]] = np.nan
+    results.loc[reused, "worker"] = None
     started = results["started_at"].dropna()
     origin = float(started.min()) if len(started) else 0.0
     results["started_s"] = results["started_at"] - origin
@@ -230,9 +252,9 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
         "started": datetime.fromtimestamp(info["started_at"].timestamp()).strftime(
             "%Y-%m-%d %H:%M:%S"),  # a UTC timestamp (Store.runs), in local time
         "status": info["status"], "fit": info["fit"], "source": info["source"],
-        **summary_facts(results, results["reused_from"].notna(),
-                        wall_s=float(info["wall_s"]) if pd.notna(info["wall_s"]) else float("nan"),
-                        workers=int(info["workers"] or 1), backend=str(info["backend"])),
+        **summary_facts(results, reused, wall_s=_wall_s(info, results),
+                        workers=int(info["workers"] or 1), backend=str(info["backend"]),
+                        planned=int(info["tasks"]) if pd.notna(info["tasks"]) else None),
     }
     path = Path(path)
     path.write_text(render_report(results, summary, f"manymodels run {run_id}", key_columns),

@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +83,18 @@ class MLflow(Callback):
         _mlflow()  # refuse now, not after an hour of training
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
         self.log_models, self.tags, self.timeout = log_models, dict(tags or {}), timeout
-        #: The MLflow run id of the last manymodels run logged (set once MLflow
-        #: has made the run, on the background thread).
-        self.run_id: str | None = None
-        self._client: Any = None
         self._info: RunInfo | None = None
         self._last_progress = 0.0
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._warned = False
+        #: The latest run's MLflow state: each run has its own, so that a
+        #: tracker used for a second run while the first one's logging goes on
+        #: in the background keeps the two apart.
+        self._session: _Session | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run id of the last manymodels run logged (set once MLflow
+        has made the run, on the background thread)."""
+        return None if self._session is None else self._session.run_id
 
     def __repr__(self) -> str:
         return f"MLflow(experiment={self.experiment!r}, tracking_uri={self.tracking_uri!r})"
@@ -100,26 +102,30 @@ class MLflow(Callback):
     # -- the driver's side: quick, never waits on MLflow (but at the very end) --
 
     def on_run_start(self, info: RunInfo) -> None:
-        self.run_id, self._info, self._failure, self._warned = None, info, None, False
+        self._info = info
         self._last_progress = 0.0  # the first round is logged at once
-        self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, args=(self._jobs,),
-                                        name="manymodels-mlflow", daemon=True)
-        self._thread.start()
-        self._jobs.put(_Job(lambda: self._start(info)))
+        session = self._session = _Session()
+        session.thread = threading.Thread(target=self._work, args=(session,),
+                                          name="manymodels-mlflow", daemon=True)
+        session.thread.start()
+        session.jobs.put(_Job(lambda: self._start(session, info)))
 
     def on_batch(self, progress: Progress) -> None:
-        self._warn_once()
+        session = self._session
+        if session is None:
+            return
+        self._warn_once(session)
         now = time.monotonic()
         if now - self._last_progress < _PROGRESS_EVERY_S:
             return
         self._last_progress = now
         values = {"progress.done": progress.done, "progress.ok": progress.ok,
                   "progress.failed": progress.failed}
-        self._jobs.put(_Job(lambda: self._log_metrics(values, step=progress.done)))
+        session.jobs.put(_Job(lambda: self._log_metrics(session, values, step=progress.done)))
 
     def on_run_end(self, run: Any) -> None:
-        if self._thread is None:
+        session = self._session
+        if session is None or session.thread is None:
             return
         try:
             work = tempfile.TemporaryDirectory(prefix="manymodels-mlflow-")
@@ -128,41 +134,42 @@ class MLflow(Callback):
                 end = self._prepare_end(run, Path(work.name))
             except Exception as exc:  # the MLflow run is marked FAILED, and this warned
                 end = exc
-            self._jobs.put(_Job(lambda: self._end(end), always=True))
-            self._jobs.put(_Job(work.cleanup, always=True))
+            session.jobs.put(_Job(lambda: self._end(session, end), always=True))
+            session.jobs.put(_Job(work.cleanup, always=True))
         finally:
-            self._jobs.put(None)
-        self._thread.join(self.timeout)
-        if self._thread.is_alive():
+            session.jobs.put(None)
+        session.thread.join(self.timeout)
+        if session.thread.is_alive():
             warnings.warn(f"mm.MLflow: MLflow has not taken the run's summary in "
                           f"{self.timeout:g} s; it goes on in the background (lost if Python "
                           "exits first)", RuntimeWarning, stacklevel=2)
             return
-        self._warn_once()
+        self._warn_once(session)
 
-    def _warn_once(self) -> None:
-        if self._failure is not None and not self._warned:
-            self._warned = True
+    def _warn_once(self, session: _Session) -> None:
+        if session.failure is not None and not session.warned:
+            session.warned = True
             where = self.tracking_uri or _mlflow().get_tracking_uri()
-            warnings.warn(f"mm.MLflow: logging to MLflow at {where} failed: {self._failure!r}; "
-                          "the run goes on without it", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"mm.MLflow: logging to MLflow at {where} failed: "
+                          f"{session.failure!r}; the run goes on without it", RuntimeWarning,
+                          stacklevel=3)
 
     # -- the background thread: every MLflow call, in order ----------------------
 
-    def _work(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
-        while (job := jobs.get()) is not None:
-            if self._failure is not None and not job.always:
+    def _work(self, session: _Session) -> None:
+        while (job := session.jobs.get()) is not None:
+            if session.failure is not None and not job.always:
                 continue  # MLflow refused or did not answer: the rest is skipped, not retried
             try:
                 job.call()
             except Exception as exc:
-                if self._failure is None:
-                    self._failure = exc
+                if session.failure is None:
+                    session.failure = exc
 
-    def _start(self, info: RunInfo) -> None:
+    def _start(self, session: _Session, info: RunInfo) -> None:
         mlflow = _mlflow()
         check_answers(self.tracking_uri or mlflow.get_tracking_uri())
-        client = self._client = mlflow.MlflowClient(self.tracking_uri)
+        client = session.client = mlflow.MlflowClient(self.tracking_uri)
         experiment_id = "0"
         if self.experiment:
             found = client.get_experiment_by_name(self.experiment)
@@ -173,7 +180,7 @@ class MLflow(Callback):
             tags["manymodels.store"] = str(Path(info.store.path).resolve())
             tags["manymodels.run_id"] = str(info.run_id)
         run = client.create_run(experiment_id, run_name=self.run_name, tags=tags)
-        self.run_id = run.info.run_id
+        session.run_id = run.info.run_id
         params = {"fit": info.fit, "source": info.source, "backend": info.backend,
                   "tasks": info.tasks, "key_columns": info.key_columns,
                   **{f"option.{k}": v for k, v in info.options.items()},
@@ -183,43 +190,45 @@ class MLflow(Callback):
                        for name, digest in list(info.code.get("sources", {}).items())[:50]})
         entries = [mlflow.entities.Param(metric_name(k), param_text(v)) for k, v in params.items()]
         for start in range(0, len(entries), 100):  # MLflow's batch limit for params
-            client.log_batch(self.run_id, params=entries[start:start + 100])
-        client.log_metric(self.run_id, "reused", info.reused)
+            client.log_batch(session.run_id, params=entries[start:start + 100])
+        client.log_metric(session.run_id, "reused", info.reused)
 
-    def _log_metrics(self, values: dict[str, float], step: int = 0) -> None:
+    def _log_metrics(self, session: _Session, values: dict[str, float], step: int = 0) -> None:
         Metric = _mlflow().entities.Metric
         stamp = int(time.time() * 1000)
         metrics = [Metric(metric_name(k), float(v), stamp, step) for k, v in values.items()
                    if v is not None and math.isfinite(float(v))]
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
-            self._client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+            session.client.log_batch(session.run_id, metrics=metrics[start:start + 1000])
 
-    def _end(self, end: _End | Exception) -> None:
+    def _end(self, session: _Session, end: _End | Exception) -> None:
         """End the MLflow run: FAILED, never left RUNNING, if its end could not
         be read or logged, or if MLflow refused something earlier (but not
         knocked on again when its server no longer answers)."""
-        if self.run_id is None:
+        if session.run_id is None:
             return
-        if self._failure is not None:
+        client = session.client
+        if session.failure is not None:
             check_answers(self.tracking_uri or _mlflow().get_tracking_uri())
-            self._client.set_terminated(self.run_id, "FAILED")
+            client.set_terminated(session.run_id, "FAILED")
             return
         status = "FAILED"
         try:
             if isinstance(end, Exception):
                 raise end
-            status = self._log_end(end)
+            status = self._log_end(session, end)
         finally:
-            self._client.set_terminated(self.run_id, status)
+            client.set_terminated(session.run_id, status)
 
-    def _log_end(self, end: _End) -> str:
-        self._log_metrics(end.progress, step=int(end.progress["progress.done"]))
-        self._log_metrics(end.values)
+    def _log_end(self, session: _Session, end: _End) -> str:
+        self._log_metrics(session, end.progress, step=int(end.progress["progress.done"]))
+        self._log_metrics(session, end.values)
+        client, run_id = session.client, session.run_id
         for path in end.artifacts:
-            self._client.log_artifact(self.run_id, str(path))
+            client.log_artifact(run_id, str(path))
         for rank, (folder, tag) in enumerate(end.models, 1):
-            self._client.log_artifacts(self.run_id, str(folder), f"models/model-{rank}")
-            self._client.set_tag(self.run_id, f"manymodels.model-{rank}", tag)
+            client.log_artifacts(run_id, str(folder), f"models/model-{rank}")
+            client.set_tag(run_id, f"manymodels.model-{rank}", tag)
         return end.status
 
     # -- what the end logs, read from the run on the driver ----------------------
@@ -244,7 +253,12 @@ class MLflow(Callback):
                     "progress.failed": summary.failed}
         table = folder / "results.parquet"
         writable(results).to_parquet(table, index=False)
-        artifacts = [table, run.report(folder / "report.html")]
+        artifacts = [table]
+        try:  # the report is a view: a run logs its numbers without it
+            artifacts.append(run.report(folder / "report.html"))
+        except Exception as exc:
+            warnings.warn(f"mm.MLflow: the run's HTML report could not be made ({exc!r}); "
+                          "it is logged without it", RuntimeWarning, stacklevel=3)
         models = self._save_best_models(run, results, folder) if self.log_models else []
         status = "FINISHED" if done == summary.tasks else "KILLED"
         return _End(progress, values, artifacts, models, status)
@@ -298,6 +312,20 @@ class _End:
     artifacts: list[Path]
     models: list[tuple[Path, str]]
     status: str
+
+
+@dataclass
+class _Session:
+    """One manymodels run's MLflow state: its jobs' queue and the thread that
+    runs them, the client and the MLflow run id (set on that thread), and the
+    first failure (after which only the ``always`` jobs run)."""
+
+    jobs: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    thread: threading.Thread | None = None
+    client: Any = None
+    run_id: str | None = None
+    failure: BaseException | None = None
+    warned: bool = False
 
 
 @dataclass

@@ -21,7 +21,14 @@ def key_label(text: str) -> str:
 
 
 def finite(value: Any) -> float | None:
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+    """``value`` where it is a finite number; None otherwise (NaN, infinity,
+    text, or a whole number past a float's range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an int of 2**1024 or more
+        return None
 
 
 def histogram(values: list[float], bins: int = BINS) -> dict[str, Any]:

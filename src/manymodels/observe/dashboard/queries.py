@@ -68,6 +68,21 @@ def _alive(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+
+def _ended_at(run: dict[str, Any], tasks: Any) -> float:
+    """When a run ended: its recorded end; now, while it runs; for a run
+    whose driver died (no end recorded), its last task's end, so that its
+    rate and wall time stay what they were, not drift with the clock."""
+    if run["finished_at"]:
+        return run["finished_at"]
+    if run.get("ended_at"):
+        return run["ended_at"]
+    if run["status"] == "running" or tasks is None or not len(tasks):
+        return time.time()
+    ends = tasks.started + tasks.duration
+    ends = ends[~np.isnan(ends)]
+    return float(ends.max()) if ends.size else run["started_at"]
+
 class Queries:
     """The dashboard's questions to one store, safe to ask from many threads."""
 
@@ -163,6 +178,8 @@ class Queries:
                     tasks = self._tasks(run, memos.get(run["run_id"]))
                     done = self._finished[(run["run_id"], "done")] = int(
                         (~tasks.status_in(("cancelled",))).sum())
+                    self._finished[(run["run_id"], "ended")] = _ended_at(run, tasks)
+                run["ended_at"] = self._finished.get((run["run_id"], "ended"))
             run["done"] = done
             run.update(self._pace(run, tasks if run["status"] == "running" else None))
         return runs
@@ -178,9 +195,7 @@ class Queries:
         hashing, starting the workers) train nothing: a 7-second run's first
         ETA was 111 s. Neither is given before :data:`MIN_TASKS_FOR_ETA`
         tasks, and one per worker, have trained."""
-        now = time.time()
-        end = run["finished_at"] or now
-        elapsed = max(end - run["started_at"], 1e-9)
+        elapsed = max(_ended_at(run, tasks) - run["started_at"], 1e-9)
         if tasks is None:
             rate = (run["done"] - (run["reused"] or 0)) / elapsed
             return {"rate": rate, "eta_s": None, "elapsed_s": elapsed}
@@ -262,7 +277,7 @@ class Queries:
         memo["range"] = ((float(durations.min()), float(durations.max())) if durations.size
                          else None)
         done = len(tasks)
-        wall = run["wall_s"] or (time.time() - run["started_at"])
+        wall = run["wall_s"] or (_ended_at(run, tasks) - run["started_at"])
         workers = run["workers"] or 1
         shown = ("run_id", "status", "tasks", "workers", "fit", "source", "backend",
                  "key_columns", "started_at")

@@ -84,6 +84,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
+
+def _run_id(text: str) -> bool:
+    """Whether ``text`` is a run id: ASCII digits (``isdigit`` takes ``²``), at
+    most 18 of them (SQLite's integers; a 5,000-digit one is no run's)."""
+    return re.fullmatch(r"[0-9]{1,18}", text) is not None
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    """The dashboard's server on an IPv6 address (``::1``)."""
+
+    address_family = socket.AF_INET6
+
 class DashboardServer:
     """Serves one store's dashboard from a thread; :attr:`url` is its address,
     with the token.
@@ -125,7 +137,8 @@ class DashboardServer:
         self.timeout = float(timeout)
         self.queries = Queries(store)
         self.host, self.loopback = host, loopback
-        self.httpd = ThreadingHTTPServer((host, port), _Handler)
+        server = _IPv6Server if ":" in host else ThreadingHTTPServer
+        self.httpd = server((host, port), _Handler)
         self.httpd.daemon_threads = True
         self.httpd.dashboard = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
@@ -250,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/":
             return self._send(200, (STATIC / "index.html").read_bytes(), _TYPES[".html"])
         try:
-            if path.startswith("/report/") and path.removeprefix("/report/").isdigit():
+            if path.startswith("/report/") and _run_id(path.removeprefix("/report/")):
                 return self._report(int(path.removeprefix("/report/")))
             return self._api(path, query)
         except KeyError as exc:
@@ -282,10 +295,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"runs": queries.runs()})
         if parts == ["api", "page"]:  # what the page polls: runs and one run, together
             chosen = (query.get("run") or [""])[0]
-            if chosen and not chosen.isdigit():
+            if chosen and not _run_id(chosen):
                 raise KeyError(f"run must be a run id, got {chosen[:20]!r}")
             return self._json(queries.page(int(chosen) if chosen else None, search))
-        if len(parts) in (3, 4) and parts[:2] == ["api", "run"] and parts[2].isdigit():
+        if len(parts) in (3, 4) and parts[:2] == ["api", "run"] and _run_id(parts[2]):
             run_id = int(parts[2])
             if len(parts) == 3:
                 return self._json(queries.run(run_id, search))

@@ -20,7 +20,11 @@ function api(path, extra) {
   if (search) params.set("q", search);
   const query = params.toString();
   return fetch(path + (query ? "?" + query : ""), {cache: "no-store"}).then(r => {
-    if (!r.ok) return r.json().then(body => { throw new Error(body.error || r.statusText); });
+    if (!r.ok) return r.json().then(body => {
+      const error = new Error(body.error || r.statusText);
+      error.status = r.status;
+      throw error;
+    });
     return r.json();
   });
 }
@@ -246,6 +250,10 @@ async function poll() {
     setText("state", "updated " + new Date().toLocaleTimeString());
   } catch (error) {
     setText("state", "cannot read the store: " + error.message);
+    if (error.status === 404 && selected !== null) {  // a run deleted, or another store's
+      selected = null;                                // link: show the latest instead
+      if (/run=\d+/.test(location.hash)) history.replaceState(null, "", location.pathname + location.search);
+    }
   } finally {
     busy = false;
     timer = setTimeout(poll, 2000);

@@ -1,0 +1,173 @@
+"""Reports, the dashboard and MLflow tracking under hostile but plausible
+input: metrics a rounding apart or past a float, a tracker used for two
+runs at once, runs whose driver died or that reused models, odd run ids in
+URLs, an IPv6 host, terminal escapes in keys. Each test fails before its fix."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.observe.dashboard.queries import Queries
+from manymodels.observe.dashboard.server import DashboardServer
+
+
+def _three_groups() -> pd.DataFrame:
+    return pd.DataFrame({"k": np.repeat(["a", "b", "c"], 2), "y": np.arange(6.0)})
+
+
+def near_equal(rows):
+    return {"score": {"a": 0.1 + 0.2, "b": 0.3, "c": 0.3}[rows["k"].iloc[0]]}
+
+
+def test_a_report_of_metrics_a_rounding_apart_is_made_and_logged(tmp_path):
+    pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = mm.MLflow(experiment="near", tracking_uri=uri)
+    run = mm.train(near_equal, mm.groups(_three_groups(), by="k"), store=tmp_path / "s",
+                   backend="serial", progress=False, track=tracker)
+    assert "score" in run.report(tmp_path / "r.html").read_text()
+    import mlflow
+
+    logged = mlflow.MlflowClient(uri).get_run(tracker.run_id)
+    assert logged.info.status == "FINISHED" and logged.data.metrics["progress.done"] == 3
+    huge = mm.train(lambda rows: {"m": 1e308 if rows["k"].iloc[0] == "a" else -1e308},
+                    mm.groups(_three_groups(), by="k"), backend="serial", progress=False)
+    assert huge.report(tmp_path / "huge.html").exists()
+
+
+def test_one_tracker_for_two_runs_keeps_them_apart(tmp_path, monkeypatch):
+    """The first run's logging outlives its timeout: the second run's must
+    not take its place, nor leave it RUNNING."""
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    slow = mlflow.MlflowClient.log_batch
+
+    def slow_batch(self, *args, **kwargs):
+        time.sleep(1.0)
+        return slow(self, *args, **kwargs)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "log_batch", slow_batch)
+    tracker = mm.MLflow(experiment="twice", tracking_uri=uri, timeout=0.2)
+    ids = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for groups in (3, 5):
+            table = pd.DataFrame({"k": range(groups), "y": 1.0})
+            mm.train(lambda rows: {"n": len(rows)}, mm.groups(table, by="k"),
+                     backend="serial", progress=False, track=tracker)
+            deadline = time.time() + 30
+            while tracker.run_id is None and time.time() < deadline:
+                time.sleep(0.1)
+            ids.append(tracker.run_id)
+    client = mlflow.MlflowClient(uri)
+    deadline = time.time() + 60
+    while time.time() < deadline and any(
+            client.get_run(i).info.status == "RUNNING" for i in ids):
+        time.sleep(0.5)
+    runs = [client.get_run(i) for i in ids]
+    assert ids[0] != ids[1]
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
+    assert [r.data.metrics["tasks"] for r in runs] == [3, 5]
+
+
+def _killed_run(store) -> None:
+    """A run of 400 tasks whose driver is killed once some are committed."""
+    script = textwrap.dedent(f"""
+        import time, pandas as pd, manymodels as mm
+        def fit(rows):
+            time.sleep(0.02)
+            return float(rows["x"].sum())
+        mm.train(fit, mm.groups(pd.DataFrame({{"g": range(400), "x": 1.0}}), by="g"),
+                 store={str(store)!r}, backend="serial", progress=False)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script])
+    index = store / "index.sqlite"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if index.exists():
+            with sqlite3.connect(index) as conn:
+                if conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
+                                "'task_blocks'").fetchone()[0] and conn.execute(
+                        "SELECT count(*) FROM task_blocks").fetchone()[0]:
+                    break
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+
+
+def test_a_run_whose_driver_died_keeps_its_pace_and_counts(tmp_path):
+    store = tmp_path / "s"
+    _killed_run(store)
+    first = Queries(store).page()["runs"][0]
+    time.sleep(1.5)
+    again = Queries(store).page()["runs"][0]  # a new dashboard, later
+    assert first["status"] == "interrupted"
+    assert again["rate"] == pytest.approx(first["rate"], rel=1e-6)
+    assert again["elapsed_s"] == pytest.approx(first["elapsed_s"], rel=1e-6)
+    from manymodels.observe.report import store_report
+
+    text = store_report(mm.Store(store), None, tmp_path / "r.html").read_text()
+    assert "400 (" in text and " done)" in text  # planned, and how many have a row
+
+
+def test_a_stored_reports_times_are_its_own_run(tmp_path):
+    from manymodels.observe.report import store_report
+
+    for _ in range(2):
+        mm.train(lambda rows: float(rows["y"].sum()), mm.groups(_three_groups(), by="k"),
+                 store=tmp_path / "s", backend="serial", progress=False)
+    text = store_report(mm.Store(tmp_path / "s"), 2, tmp_path / "r.html").read_text()
+    assert "duration (s): no values" in text  # every model was reused: nothing ran
+
+
+def test_the_dashboard_takes_huge_metrics_odd_run_ids_and_ipv6(tmp_path):
+    mm.train(lambda rows: {"combos": 10**400}, mm.groups(_three_groups(), by="k"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    assert Queries(tmp_path / "s").page()["runs"][0]["run_id"] == 1
+    for host in ("127.0.0.1", "::1"):
+        try:
+            board = DashboardServer(tmp_path / "s", host=host, token="abcdefgh123").start()
+        except OSError as exc:  # no IPv6 on this machine
+            assert host == "::1", exc
+            continue
+        try:
+            base = f"http://{'[::1]' if ':' in host else host}:{board.port}"
+            with urllib.request.urlopen(f"{base}/api/page?token=abcdefgh123", timeout=10) as r:
+                assert r.status == 200
+            for path in ("/api/page?run=%C2%B2&", "/api/run/99999999999999999999999?",
+                         f"/api/run/{'9' * 5000}?"):
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(f"{base}{path}token=abcdefgh123", timeout=10)
+                assert refused.value.code == 404
+        finally:
+            board.close()
+
+
+def test_long_metric_names_keep_their_statistics_apart():
+    from manymodels.observe.mlflow_terms import describe
+
+    named = describe("L" * 248, pd.Series([1.0, 2.0]))
+    assert len(named) == 8 and max(map(len, named)) <= 250
+    assert {name.rsplit(".", 1)[1] for name in named} == {
+        "mean", "std", "min", "p05", "p50", "p95", "max", "count"}
+
+
+def test_terminal_escapes_in_keys_are_shown_not_run():
+    from manymodels.cli.tables import cell
+
+    assert cell("\x1b[31mred\x1b[0m") == "\\x1b[31mred\\x1b[0m"
+    assert cell("\x1b]0;title\x07") == "\\x1b]0;title\\x07"
+    assert cell("a\tb") == "a\tb"
