@@ -119,9 +119,11 @@ _UNITS = {
 
 def parse_bytes(value: int | float | str) -> int:
     """``2_000_000_000``, ``"2GB"``, ``"1.5 GiB"`` or ``"512M"`` as a byte count."""
+    import numbers
+
     if isinstance(value, bool):
         raise TypeError("a memory size must be a number of bytes or a string like '2GB'")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):  # (NumPy's numbers too)
         size = float(value)
     elif isinstance(value, str):
         text = value.strip().upper().replace(" ", "")

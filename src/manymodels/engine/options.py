@@ -131,7 +131,8 @@ class RunOptions:
                    retries=positive_int("retries", retries, minimum=0),
                    retry_on=_check_retry_on(retry_on),
                    max_failures=_check_max_failures(max_failures),
-                   progress=bool(progress), reuse=check_switch("reuse", reuse),
+                   progress=check_switch("progress", progress),
+                   reuse=check_switch("reuse", reuse),
                    shared=shared or None,
                    setup=setup)
 

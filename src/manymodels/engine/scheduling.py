@@ -55,6 +55,9 @@ from .messages import (
 from .records import CANCELLED_CODE, STATUS_CODES, UNSET, RecordingError, TaskRecords
 
 _RETRY_BACKOFF_S = 0.1
+#: The longest wait before a retry: doubling from 0.1 s reaches a minute by
+#: the tenth retry, and would wait 29 hours before the twentieth.
+_RETRY_BACKOFF_MAX_S = 30.0
 
 
 class TooManyFailures(RuntimeError):
@@ -358,7 +361,8 @@ class Scheduler:
                     in_flight -= len(event.outcomes)
                     for index in self._record_all(event.outcomes, event.worker):
                         attempt = int(self.records.attempts[index])
-                        due = time.monotonic() + _RETRY_BACKOFF_S * 2 ** (attempt - 1)
+                        due = time.monotonic() + min(
+                            _RETRY_BACKOFF_S * 2 ** min(attempt - 1, 30), _RETRY_BACKOFF_MAX_S)
                         heapq.heappush(retry_later, (due, index))
                 elif isinstance(event, Lost):
                     in_flight -= 1

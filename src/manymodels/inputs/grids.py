@@ -42,6 +42,9 @@ class GridSource(_Combining):
             raise ValueError("grid() needs at least one parameter, e.g. grid(alpha=[0.1, 1])")
         self.values: dict[str, list[Any]] = {}
         for name, options in values.items():
+            if not isinstance(name, str):
+                raise TypeError(f"grid parameter names are fit's keyword names, text; got "
+                                f"{name!r}")
             if isinstance(options, (str, bytes)) or not isinstance(options, Iterable):
                 raise TypeError(
                     f"grid parameter {name!r} must be a list of values, got {options!r}"

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import PurePath
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -79,6 +80,7 @@ class GroupSource(Source):
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        check_cost(cost, "groups", "its row count")
         by_columns, order_columns, table, wanted = _named_columns(table, by, order_by, columns)
         #: The engine's DataFrame (Spark, Dask) that its engine groups, or None
         self.engine_frame: EngineFrame | None = None
@@ -246,6 +248,9 @@ def _named_columns(table: Any, by: Any, order_by: Any, columns: Any
     if twice is not None:
         raise ValueError(f"by= names the column {twice!r} twice")
     order_columns = _column_list(order_by, "order_by") if order_by is not None else []
+    twice = named_twice(order_columns)
+    if twice is not None:
+        raise ValueError(f"order_by= names the column {twice!r} twice")
     if columns is None:
         return by_columns, order_columns, table, None
     wanted = _column_list(columns, "columns")
@@ -267,6 +272,8 @@ def _default_item_key(item: Any, position: int) -> Hashable:
         isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item)
     ):
         return item
+    if isinstance(item, (np.number, np.bool_)):  # a NumPy number is a number too
+        return item.item()
     return position
 
 
@@ -287,6 +294,7 @@ class ItemSource(Source):
             raise ValueError("items() got an empty iterable: there is nothing to train")
         if key is not None and not callable(key):
             raise TypeError("items(key=...) must be a function of the item")
+        check_cost(cost, "items", "the item")
         self.keys = [
             key(item) if key else _default_item_key(item, i) for i, item in enumerate(self.items)
         ]
@@ -302,10 +310,21 @@ class ItemSource(Source):
 
 
 def _column_list(names: Any, what: str) -> list:
-    """A column name or a sequence of them, as a list."""
+    """A column name or a sequence of them, as a list (a set has no order to
+    read the columns in: refused, naming ``what``)."""
+    if isinstance(names, (set, frozenset)):
+        raise TypeError(f"{what}= must be a column name or a list of them, not a set "
+                        "(which has no order)")
     if isinstance(names, str) or not isinstance(names, Sequence):
         return [names]
     return list(names)
+
+
+def check_cost(cost: Any, source: str, argument: str) -> None:
+    """Refuse a ``cost=`` that is no function, naming the source it was given to."""
+    if cost is not None and not callable(cost):
+        raise TypeError(f"{source}(cost=...) is each task's expected cost, a function of "
+                        f"{argument}; got {cost!r}")
 
 
 def require_unique(values: list[Any], what: str, by_equality: bool = False) -> None:
@@ -316,21 +335,32 @@ def require_unique(values: list[Any], what: str, by_equality: bool = False) -> N
     unhashable: list[Any] = []
     for value in values:
         try:
-            duplicate = value in seen
-            seen.add(value)
+            # NaN is not equal to itself, but two are one value given twice
+            as_seen = _NAN if isinstance(value, float) and value != value else value
+            duplicate = as_seen in seen
+            seen.add(as_seen)
         except TypeError:
             if not by_equality:
-                return
+                continue  # (found where it is: its position)
             duplicate = any(_equal(value, other) for other in unhashable)
             unhashable.append(value)
         if duplicate:
             raise ValueError(f"duplicate {what}: {value!r}")
 
 
+#: What a NaN is counted as among the values seen.
+_NAN = object()
+
+
 def _equal(left: Any, right: Any) -> bool:
     """``left == right`` as one truth; False where it has none (arrays)."""
+    if type(left) is not type(right):
+        return False
+    if isinstance(left, np.ndarray):
+        return left.shape == right.shape and bool(np.array_equal(left, right, equal_nan=(
+            left.dtype.kind in "fc")))
     try:
-        return type(left) is type(right) and bool(left == right)
+        return bool(left == right)
     except (TypeError, ValueError):
         return False
 

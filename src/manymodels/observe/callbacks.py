@@ -134,6 +134,9 @@ class Callbacks:
         callbacks = list(callbacks)
         names = ("on_run_start", "on_task_finished", "on_batch", "on_run_end")
         for position, callback in enumerate(callbacks):
+            if isinstance(callback, type):
+                raise TypeError(f"callbacks[{position}] is the class {callback.__name__}: give "
+                                f"an instance of it, {callback.__name__}()")
             if not any(callable(getattr(callback, n, None)) for n in names):
                 raise TypeError(
                     f"callbacks[{position}] ({type(callback).__name__}) has none of the "

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..inputs.grids import GridSource, ProductSource
+from ..inputs.grids import MOST_SETTINGS, GridSource, ProductSource
 from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
 from ..inputs.tables import exact_pandas, presorted_group_lengths, sort_order
 from .sortedreads import sort_once
@@ -286,6 +286,17 @@ def _scalar_key(parts: tuple) -> Hashable:
     return parts[0] if len(parts) == 1 else parts
 
 
+def _check_costs(costs: Any) -> None:
+    """Refuse, naming ``cost=``, a cost that is no finite number (NaN, or
+    infinite): no order runs the longest first among them. (A negative one
+    orders as any number: the largest first.)"""
+    values = np.asarray(costs, dtype=float)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise ValueError(f"cost= gave {float(values[bad][0])!r} for a task: each task's "
+                         "expected cost must be a finite number")
+
+
 def plan(source: Source) -> Plan:
     """Turn ``source`` into tasks, numbered in source order."""
     base, grid_source = source, None
@@ -317,7 +328,20 @@ def plan(source: Source) -> Plan:
             f"product; got {type(source).__name__}"
         )
 
-    key_rows, refs, costs = data.task_columns()
+    cost = getattr(base, "cost", None)
+    try:
+        key_rows, refs, costs = data.task_columns()
+    except (TypeError, ValueError) as exc:
+        if cost is None or "cost=" in str(exc):  # (not a cost's error, or named already)
+            raise
+        raise ValueError(f"cost= (each task's expected cost, a number) failed: "
+                         f"{exc}") from exc
+    if cost is not None:
+        _check_costs(costs)
+    if len(key_rows) * len(settings) > MOST_SETTINGS:  # (each a row held while planned)
+        raise ValueError(f"{len(key_rows):,} groups or items times {len(settings):,} grid "
+                         f"settings make more tasks than a run plans ({MOST_SETTINGS:,}): "
+                         "narrow the grid, or run it in parts")
     if settings == [None]:  # one task per entry, as columns (a million of them)
         tasks = TaskList(key_rows, refs, None, costs)
         layout = getattr(data, "layout", None)

@@ -183,6 +183,8 @@ def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify:
             f"got {type(source).__name__}"
         )
     check_key_names(source.key_columns)
+    if not isinstance(dashboard, bool):
+        raise TypeError(f"dashboard must be True or False, got {dashboard!r}")
     if dashboard and store is None:
         raise ValueError("dashboard=True needs store=: the dashboard reads the store")
     if not isinstance(verify, bool):

@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_limits
 
 from ..execution import Executor, RunContext, TaskRef
 from ..options import BackendOptions
-from .base import Backend, Event, Finished
+from .base import Backend, Event, Finished, WorkerStartupError
 
 
 class SerialBackend(Backend):
@@ -28,11 +28,19 @@ class SerialBackend(Backend):
 
     def start(self, context: RunContext) -> None:
         self._saved_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self._queue: deque[list[TaskRef]] = deque()
         if self.gpu_sets:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[0])
-        self._executor = Executor(context)
-        self._queue: deque[list[TaskRef]] = deque()
         self._limits = threadpool_limits(limits=self.cpus_per_task)
+        try:
+            self._executor = Executor(context)  # (runs setup=, as a worker's start does)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        except BaseException as exc:  # as the other backends say a worker's start failed
+            self.stop()
+            raise WorkerStartupError(f"the driver could not start as the serial backend's "
+                                     f"worker: {exc!r}") from exc
 
     def free_slots(self, per_worker: int) -> int:
         return 0 if self._queue else 1

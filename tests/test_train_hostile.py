@@ -1,0 +1,111 @@
+"""``mm.train`` and its sources under hostile but plausible input: a setup=
+that fails on the serial backend, item keys that cannot be hashed or are
+NumPy numbers, a product of more tasks than a run plans, costs that are no
+numbers, switches that are no switches. Each test fails before its fix."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+from manymodels.engine import scheduling
+
+
+def _table() -> pd.DataFrame:
+    return pd.DataFrame({"g": ["a", "b"], "y": [1.0, 2.0]})
+
+
+def test_a_failing_setup_on_serial_is_a_worker_start_error_that_leaves_nothing(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def fit(rows, resource):
+        return {"m": 1.0}
+
+    def setup():
+        raise RuntimeError("cannot load the resource")
+
+    with pytest.raises(mm.WorkerStartupError, match="cannot load the resource"):
+        mm.train(fit, mm.groups(_table(), by="g"), backend="serial", setup=setup,
+                 progress=False, gpus=[0], gpus_per_task=1)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_item_keys_are_checked_and_numpy_numbers_are_their_own_keys():
+    keys = {1: [0], 2: "dup", 3: "dup"}
+    with pytest.raises(ValueError, match="duplicate item key: 'dup'"):
+        mm.items([1, 2, 3], key=lambda x: keys[x])
+    run = mm.train(lambda x: int(x) * 2, mm.items(np.array([10, 20, 30])), backend="serial",
+                   progress=False)
+    assert run.results["item"].tolist() == [10, 20, 30]
+    assert run.models[20] == 40
+
+
+def test_grid_values_and_names_are_checked():
+    with pytest.raises(ValueError, match="duplicate value of grid parameter 'a': nan"):
+        mm.grid(a=[float("nan"), float("nan")])
+    with pytest.raises(ValueError, match="duplicate value of grid parameter 'a'"):
+        mm.grid(a=[np.array([1, 2]), np.array([1, 2])])
+    assert len(mm.grid(a=[np.array([1, 2]), np.array([3, 4])]).combinations()) == 2
+    with pytest.raises(TypeError, match="grid parameter names are fit's keyword names"):
+        mm.grid({1: [1]})
+
+
+def test_a_product_of_too_many_tasks_is_refused_before_it_is_made():
+    source = mm.items(range(2000)) * mm.grid(a=range(60_000))
+    with pytest.raises(ValueError, match="2,000 groups or items times 60,000 grid settings"):
+        mm.train(lambda n, a: None, source, backend="serial", progress=False)
+
+
+def test_costs_are_functions_of_finite_numbers():
+    with pytest.raises(TypeError, match=r"groups\(cost=...\) is each task's expected cost"):
+        mm.groups(_table(), by="g", cost=5)
+    with pytest.raises(TypeError, match=r"items\(cost=...\)"):
+        mm.items([1, 2], cost="big")
+    for cost, said in ((lambda n: "x", "cost= .* failed: could not convert"),
+                       (lambda n: float("nan"), "cost= gave nan"),
+                       (lambda n: float("inf"), "cost= gave inf")):
+        with pytest.raises(ValueError, match=said):
+            mm.train(lambda rows: None, mm.groups(_table(), by="g", cost=cost),
+                     backend="serial", progress=False)
+
+
+def test_the_retry_wait_is_bounded(monkeypatch):
+    import time
+
+    monkeypatch.setattr(scheduling, "_RETRY_BACKOFF_S", 1.0)
+    monkeypatch.setattr(scheduling, "_RETRY_BACKOFF_MAX_S", 0.05)
+
+    def flaky(n):
+        raise ConnectionError("down")
+
+    began = time.perf_counter()
+    run = mm.train(flaky, mm.items([1]), backend="threads", retries=6, retry_on=ConnectionError,
+                   progress=False)
+    assert run.results["attempts"].tolist() == [7]
+    assert time.perf_counter() - began < 5  # 1+2+...+32 s unbounded: 63 s
+
+
+def test_switches_sizes_and_callbacks_are_what_they_say():
+    source = mm.groups(_table(), by="g")
+    for name in ("progress", "dashboard"):
+        with pytest.raises(TypeError, match=f"{name} must be True or False, got 'no'"):
+            mm.train(lambda rows: None, source, backend="serial", **{name: "no"})
+    run = mm.train(lambda rows: None, source, backend="processes", workers=1, progress=False,
+                   memory_limit=np.int64(10**10))
+    assert run.summary().statuses == {"ok": 2}
+
+    class Counting(mm.Callback):
+        pass
+
+    with pytest.raises(TypeError, match=r"callbacks\[0\] is the class Counting: give an "
+                                        r"instance of it, Counting\(\)"):
+        mm.train(lambda rows: None, source, backend="serial", progress=False,
+                 callbacks=[Counting])
+    with pytest.raises(ValueError, match="order_by= names the column 'y' twice"):
+        mm.groups(_table(), by="g", order_by=["y", "y"])
+    with pytest.raises(TypeError, match="columns= must be a column name or a list"):
+        mm.groups(_table(), by="g", columns={"y"})
