@@ -55,7 +55,8 @@ def test_another_programs_sqlite_file_is_refused_untouched(tmp_path):
                                                                                "name"]
     assert sorted(os.listdir(folder)) == ["index.sqlite"]  # no artifacts/ made
     empty = tmp_path / "empty"
-    empty.mkdir()
+    (empty / "artifacts" / "ab").mkdir(parents=True)
+    (empty / "artifacts" / "ab" / ("ab" + "0" * 62)).write_bytes(b"a model")
     (empty / "index.sqlite").touch()
     old = time.time() - 3600
     os.utime(empty / "index.sqlite", (old, old))  # (a truncated index, not one being made)
@@ -109,7 +110,9 @@ def test_a_key_of_a_zone_is_found_given_in_another(tmp_path):
 def test_outputs_are_checked_before_work_and_written_whole(tmp_path, trained):
     models, rows, _ = trained
     result = _invoke("predict", models, rows, "--by", "store", "-o", tmp_path / "out.json")
-    assert result.exit_code == 2 and "name a .csv or .parquet or .pq file" in result.output
+    assert result.exit_code == 2 and "not .json: name a .csv" in result.output
+    result = _invoke("predict", models, rows, "--by", "store", "-o", tmp_path / "plain")
+    assert result.exit_code == 0 and len(pd.read_csv(tmp_path / "plain")) == 60  # as CSV
     result = _invoke("export", models, "-o", tmp_path / "out.csv")
     assert result.exit_code == 2 and ".parquet" in result.output
     result = _invoke("demo", "--stores", "1", "--items", "2", "--no-serial", "--json",

@@ -98,23 +98,3 @@ def test_map_partitions_checks_its_outputs_on_either_path():
         mm.map_partitions(lambda part: part if part.index[0] == 0 else pl.from_pandas(part),
                           labelled, partitions=3, backend="serial")
 
-
-def test_a_missing_feature_is_refused_before_any_group_is_fitted():
-    """A DataFrame's NaN feature was found by every group's fit, then the
-    fallback's (after the work), as an array's is found before it."""
-    calls = []
-
-    class Spy(LinearRegression):
-        def fit(self, X, y, sample_weight=None):
-            calls.append(len(X))
-            return super().fit(X, y, sample_weight)
-
-    X = pd.DataFrame({"g": np.repeat(["a", "b", "c"], 20), "x": np.arange(60.0)})
-    X.loc[3, "x"] = np.nan
-    with pytest.raises(ValueError, match="feature column 'x' holds NaN"):
-        GroupedRegressor(Spy(), by="g", backend="serial").fit(X, np.arange(60.0))
-    assert calls == []
-    from sklearn.ensemble import HistGradientBoostingRegressor
-
-    GroupedRegressor(HistGradientBoostingRegressor(max_iter=3), by="g",  # takes NaN
-                     backend="serial").fit(X, np.arange(60.0))

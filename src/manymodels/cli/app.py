@@ -83,11 +83,18 @@ def _open_store(path: str):
         _fail(str(exc), "STORE")
 
 
+#: Suffixes that name a file format: an output named with another format's
+#: (``-o out.json`` for CSV) is refused; any other name is written as asked.
+_FORMAT_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".parquet", ".pq", ".xlsx",
+                              ".xls", ".html", ".htm", ".feather", ".arrow", ".orc", ".avro"})
+
+
 def _check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") -> None:
     """An output file's place, checked before any work (the work was lost to a
     traceback when its directory was missing): a file, in a directory that
-    exists and may be written, of one of ``suffixes`` (what it is written
-    as) unless it is a device (``/dev/stdout``)."""
+    exists and may be written, not named as a format other than
+    ``suffixes``' (what it is written as), unless it is a device
+    (``/dev/stdout``)."""
     import os
     from pathlib import Path
 
@@ -98,8 +105,9 @@ def _check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") 
         _fail(f"the directory of {out!r} does not exist", option)
     if target.exists() and not target.is_file():
         return  # a device or a pipe: written in place, as it is
-    if suffixes and target.suffix.lower() not in suffixes:
-        _fail(f"{out!r} would be written as {suffixes[0].lstrip('.')}: name a "
+    suffix = target.suffix.lower()
+    if suffixes and suffix in _FORMAT_SUFFIXES and suffix not in suffixes:
+        _fail(f"{out!r} would be written as {suffixes[0].lstrip('.')}, not {suffix}: name a "
               f"{' or '.join(suffixes)} file", option)
     if not os.access(target if target.exists() else target.parent, os.W_OK):
         _fail(f"{out!r} cannot be written here (permissions)", option)
@@ -113,12 +121,14 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
     place. A write that fails is said in one line, exit code 1."""
     import os
 
-    target = Path(out)
+    target = Path(out).resolve()  # (a link: the file it names is replaced, not the link)
     in_place = target.exists() and not target.is_file()
     temporary = target if in_place else target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         yield temporary
         if not in_place:
+            if target.exists():  # the new file keeps the old one's permissions
+                os.chmod(temporary, target.stat().st_mode & 0o7777)
             os.replace(temporary, target)
     except OSError as exc:
         typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}", err=True)

@@ -147,7 +147,7 @@ def predict(
     from ..inputs.tables import exact_pandas, read_table
     from ..store import StoreIntegrityError
 
-    _check_out(out, (".csv", ".parquet", ".pq"))
+    _check_out(out, (".csv", ".txt", ".parquet", ".pq"))
     if workers is not None and workers < 1:
         _fail(f"workers must be at least 1, got {workers}", "--workers")
     if backend is not None:
@@ -170,11 +170,14 @@ def predict(
     except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    except RuntimeError as exc:  # a group's model could not predict its rows: the cause
+    except RuntimeError as exc:
         text = str(exc)
+        if not text.startswith("predicting group"):  # (a worker that could not start...)
+            typer.echo(f"Error: {text}", err=True)
+            raise typer.Exit(1) from exc
+        # a group's model could not predict its rows: the cause, in one line
         lines = [line for line in text.splitlines() if line.strip()]
-        head = text.split(" failed:", 1)[0] if text.startswith("predicting group") else "predicting"
-        _fail(f"{head} failed: {lines[-1].strip() if lines else text} (are the DATA's "
+        _fail(f"{text.split(' failed:', 1)[0]} failed: {lines[-1].strip()} (are the DATA's "
               "feature columns those the models were trained on, of the same types?)", "DATA")
     frame["prediction"] = predicted["prediction"].to_numpy()
     frame["source"] = predicted["source"].to_numpy()

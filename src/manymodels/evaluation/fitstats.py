@@ -98,7 +98,8 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     fitted = np.asarray(model.predict(X), dtype=float).ravel()
     if len(fitted) != n:
         raise ValueError(f"X has {len(fitted)} rows but y has {n}")
-    penalised = any(hasattr(model, name) for name in ("alpha", "alpha_", "C", "l1_ratio"))
+    penalised = any(hasattr(model, name) for name in ("alpha", "alpha_", "C", "l1_ratio",
+                                                      "n_nonzero_coefs"))
     p = _rank(X, coef, intercept, penalised)
     i = int(intercept)
     rss = float(np.sum((y - fitted) ** 2))

@@ -238,9 +238,7 @@ class HalvingSearch:
             except Exception as exc:
                 failed[i] = f"{type(exc).__name__}: {exc}"
         if not records:
-            first = min(failed)
-            raise RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
-                               f"{failed[first]}")
+            raise self._all_failed(failed)
         alive = sorted(records, key=lambda i: self._rank(records[i]))[:1]
         return alive, records, failed, fits
 
@@ -256,9 +254,13 @@ class HalvingSearch:
                 return (*split_result(self.fit(rows, **setting, **shared)), i)
             except Exception as exc:
                 failed[i] = f"{type(exc).__name__}: {exc}"
+        raise self._all_failed(failed)
+
+    def _all_failed(self, failed: dict[int, str]) -> RuntimeError:
+        """The error of a group every candidate of which raised: the first one's."""
         first = min(failed)
-        raise RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
-                           f"{failed[first]}")
+        return RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
+                            f"{failed[first]}")
 
     def _fit_all(self, rows: Any, shared: dict[str, Any], records: dict[int, list],
                  failed: dict[int, str], winner: int) -> tuple[Any, dict[str, Any], int]:
@@ -281,9 +283,7 @@ class HalvingSearch:
                     failed[i] = f"{type(exc).__name__}: {exc}"
             models.append(model)
         if len(failed) == len(self.settings):
-            first = min(failed)
-            raise RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
-                               f"{failed[first]}")
+            raise self._all_failed(failed)
         if winner in failed:
             left = [i for i in range(len(self.settings)) if i not in failed]
             winner = min(left, key=lambda i: self._rank(records[i]) if records.get(i)

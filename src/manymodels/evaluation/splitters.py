@@ -236,11 +236,16 @@ class Backtest(Splitter):
     step: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """As :meth:`Splitter.__getstate__`, and a mark that the kept model is
-        fitted on the rows in time order (before, on the input's order): a
-        store written before retrains its backtested models once, rather
-        than reuse a model fitted on unsorted rows."""
-        return {**super().__getstate__(), "final_fit": "in time order"}
+        """As :meth:`Splitter.__getstate__`, and, where the kept model is
+        fitted on all rows (``final_model="all_rows"``), a mark that it is
+        fitted on them in time order (before, in the input's order): a store
+        written before retrains those models once, rather than reuse a model
+        fitted on unsorted rows. (The last window's model was always fitted
+        on sorted rows: its identity stays.)"""
+        state = super().__getstate__()
+        if self.refit:
+            state["final_fit"] = "in time order"
+        return state
 
     def prepare(self, rows: Any) -> Any:
         """The rows sorted by time once (stable; not copied when already in

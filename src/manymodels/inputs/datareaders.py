@@ -227,6 +227,7 @@ class StagedFiles(DataReader):
         self._mapped: dict[int, Any] = {}
         self._slices: dict[int, ArrowSlices] = {}
         self._errors: dict[int, str] = {}  # this batch's files that could not be read
+        self._holding: set[int] = set()  # the files whose record batches are held
 
     def _table(self, number: int) -> Any:
         table = self._mapped.get(number)
@@ -250,10 +251,9 @@ class StagedFiles(DataReader):
         for number, offset, length in refs:
             by_file.setdefault(number, []).append((offset, length))
         self._slices, self._errors = {}, {}
-        if self.remote:  # hold this batch's rows only
-            for number, table in self._mapped.items():
-                if number not in by_file:
-                    table.keep_only(())
+        if self.remote:  # hold this batch's rows only: the last batch's files let go
+            for number in self._holding - by_file.keys():
+                self._mapped[number].keep_only(())
         for number, slices in by_file.items():
             try:  # (a file gone, an object store's error: its tasks fail with the reason)
                 table = self._table(number)
@@ -264,6 +264,8 @@ class StagedFiles(DataReader):
             except Exception:
                 self._slices.pop(number, None)
                 self._errors[number] = traceback.format_exc()
+        if self.remote:
+            self._holding = {number for number in by_file if number in self._mapped}
 
     def rows(self, ref: tuple[int, int, int]) -> Any:
         number, offset, length = ref

@@ -53,6 +53,23 @@ def shown(uri: Any) -> str:
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
+def redacted(text: Any, uri: str) -> str:
+    """``text`` (an SDK's error about ``uri``) with ``uri``'s secrets as
+    ``***``: its password, as given and unquoted, and secret query options."""
+    text = _SECRET_OPTIONS.sub(r"\1***", str(text)) if "=" in str(text) else str(text)
+    try:
+        password = urlsplit(uri).password
+    except ValueError:
+        password = None
+    netloc = urlsplit(uri).netloc
+    if "@" in netloc and ":" in netloc.rpartition("@")[0]:
+        given = netloc.rpartition("@")[0].split(":", 1)[1]
+        for secret in {given, unquote(given), password or given}:
+            if secret:
+                text = text.replace(secret, "***")
+    return text
+
+
 def without_query(uri: str) -> str:
     """The URI without its options (``?region=...``)."""
     return uri.split("?", 1)[0]
@@ -98,7 +115,7 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
         filesystem, path = resolve(location)
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot open {shown(location)!r} with pyarrow's filesystems: "
-                         f"{exc}") from exc
+                         f"{redacted(exc, location)}") from None
     try:
         info = filesystem.get_file_info(path)
         if info.type == fs.FileType.File:
@@ -107,7 +124,8 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
             raise ValueError(f"table path {shown(location)!r} does not exist")
         found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
     except OSError as exc:
-        raise ValueError(f"cannot list {shown(location)!r}: {exc}") from exc
+        raise ValueError(f"cannot list {shown(location)!r}: {redacted(exc, location)}"
+                         ) from None
     base, _, query = location.partition("?")
     files = []
     for entry in sorted(found, key=lambda entry: entry.path):
@@ -129,7 +147,7 @@ def object_versions(uris: list[str]) -> list[str]:
         infos = filesystem.get_file_info(paths)
     except OSError as exc:
         raise ValueError(f"cannot read the Parquet objects {[shown(u) for u in uris[:3]]}...: "
-                         f"{exc}") from exc
+                         f"{redacted(exc, uris[0])}") from None
     versions = []
     for uri, info in zip(uris, infos):
         if info.size is None:
@@ -165,7 +183,7 @@ def check_location(location: str, argument: str) -> None:
         resolve(location)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise ValueError(f"{argument}={shown(location)!r} cannot be opened with pyarrow's "
-                         f"filesystems: {exc}") from exc
+                         f"filesystems: {redacted(exc, location)}") from None
 
 
 def make_directory(location: str) -> None:

@@ -43,6 +43,7 @@ from ..inputs.objectstores import (
     child,
     is_remote,
     make_directory,
+    redacted,
     remove_tree,
     shown,
     write_arrow_file,
@@ -160,7 +161,8 @@ def new_directory(base: str | None, prefix: str) -> str:
         try:
             make_directory(directory)
         except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"staging={shown(base)!r}: cannot write there: {exc}") from exc
+            raise ValueError(f"staging={shown(base)!r}: cannot write there: "
+                             f"{redacted(exc, base)}") from None
         return directory
     os.makedirs(base, exist_ok=True)
     directory = os.path.join(base, f"{prefix}{uuid.uuid4().hex[:12]}")
@@ -172,8 +174,19 @@ def remove_directory(directory: str) -> None:
     """Remove a staging directory and what is in it (errors ignored: a clean-up)."""
     if is_remote(directory):
         remove_tree(directory)
+        _REMOTE_LEFT.pop(directory, None)
     else:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+#: Object stores' staging directories not removed yet: the exit hook's list.
+_REMOTE_LEFT: dict[str, None] = {}
+_exit_hook: list[bool] = []  # registered once (a flag a function can set)
+
+
+def _remove_remote_left() -> None:
+    for directory in list(_REMOTE_LEFT):
+        remove_directory(directory)
 
 
 def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> StagedGroups:
@@ -194,13 +207,16 @@ def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> Stag
 
 def cleanup_with(owner: Any, directory: str) -> weakref.finalize:
     """Remove ``directory`` when ``owner`` goes, or when the interpreter exits.
-    An object store's directory is also removed by an exit hook of its own,
-    registered now, after pyarrow's filesystems: exit hooks run last first,
-    and weakref's, registered by whichever finalizer came first in the
-    process, may come after pyarrow's, which shuts the S3 client down."""
+    An object store's directory is also removed by an exit hook of this
+    module's, registered once, after pyarrow's filesystems: exit hooks run
+    last first, and weakref's, registered by whichever finalizer came first
+    in the process, may come after pyarrow's, which shuts the S3 client down."""
     finalizer = weakref.finalize(owner, remove_directory, directory)
     if is_remote(directory):
-        atexit.register(finalizer)  # (a finalizer runs once: a no-op if it ran)
+        _REMOTE_LEFT[directory] = None
+        if not _exit_hook:  # one hook for all, registered after pyarrow.fs was imported
+            atexit.register(_remove_remote_left)
+            _exit_hook.append(True)
     return finalizer
 
 

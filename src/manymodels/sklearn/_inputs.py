@@ -103,8 +103,6 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
     if as_frame:
         _check_frame_columns(frame, by)
     features = [c for c in frame.columns if c not in by]
-    if as_frame and fitting and not nan_ok:
-        _refuse_missing_features(frame, features)
     if fitting:
         owner._as_frame = as_frame
         owner.n_features_in_ = frame.shape[1]
@@ -133,21 +131,6 @@ def _check_frame_columns(frame: pd.DataFrame, by: list) -> None:
     if reserved:
         raise ValueError(f"X has a column named {reserved[0]!r}, a name the grouped "
                          "estimator gives its own columns while it fits: rename it")
-
-
-def _refuse_missing_features(frame: pd.DataFrame, features: list) -> None:
-    """A float feature with NaN or infinity, refused by name before any group
-    is fitted (an estimator that takes no NaN would fail in every group that
-    has one, and then in the fallback), as an array's features are."""
-    for name in features:
-        column = frame[name]
-        if column.dtype.kind == "f":
-            values = column.to_numpy()
-            if not np.isfinite(values).all():
-                what = "NaN" if np.isnan(values).any() else "infinity"
-                raise ValueError(f"feature column {name!r} holds {what}, which the estimator "
-                                 "does not take: fill or drop those rows, or use an estimator "
-                                 "that takes NaN")
 
 
 def _hashable(value: Any) -> bool:

@@ -312,12 +312,14 @@ def _check_existing_index(index: Path) -> None:
     except OSError:
         return
     if size == 0:
-        import time
-
-        if time.time() - index.stat().st_mtime > 10:  # (not one being created now)
-            raise StoreError(f"store index {str(index)!r} is empty (0 bytes): it was "
-                             "truncated, or is not a store's; restore it, or give the store "
-                             "a directory of its own")
+        folder = index.parent / "artifacts"
+        held = folder.is_dir() and any(folder.iterdir())
+        if held and time.time() - index.stat().st_mtime > 10:  # (not one being made now)
+            # a store whose index was cut to nothing: made anew, it would name
+            # none of its models, and gc would remove them as strays
+            raise StoreError(f"store index {str(index)!r} is empty (0 bytes) beside the "
+                             "models of its artifacts/: it was truncated; restore it, or "
+                             "give the store a directory of its own")
         return
     uri = f"file:{quote(str(index.resolve()))}?mode=ro"
     try:

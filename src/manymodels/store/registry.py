@@ -10,11 +10,12 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..engine.messages import Status
+from ..engine.messages import FAILURE_STATUSES, Status
 from ..inputs.keys import (
     canonical,
     decode_key,
@@ -37,7 +38,6 @@ _LOOKUP_COLUMNS = ["key", "status", "artifact", "reused_from", "code_hash", "par
                    "data_hash", "shared_hash"]
 
 
-
 def run_number(run: Any) -> int:
     """A run id as given: a whole number (a NumPy one too), never a bool, a
     float or text, which ``int()`` would have read as another run."""
@@ -48,6 +48,7 @@ def run_number(run: Any) -> int:
     if not -2**63 <= run < 2**63:
         raise ValueError(f"store has no run {run!r}")
     return int(run)
+
 
 class Store:
     """A crash-safe registry of runs and models in one directory.
@@ -74,6 +75,8 @@ class Store:
         self._local.conn = self._connections[0]
         self._connecting = threading.Lock()
         self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
+        #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
+        self._counts: dict[int, tuple[tuple, list[int]]] = {}
 
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -112,15 +115,27 @@ class Store:
         for column in ("started_at", "finished_at"):  # kept as epoch seconds
             frame[column] = pd.to_datetime(frame[column].astype(float), unit="s",
                                            utc=True).dt.round("us")
-        unfinished = frame.index[frame["ok"].isna()]  # running, or its driver died: the
-        for row in unfinished:                        # tasks committed so far, counted
-            tasks = taskblocks.read_run(self._conn, int(frame.at[row, "run_id"]),
-                                        ["status", "reused_from"], ordered=False)
-            status = tasks["status"].to_numpy(zero_copy_only=False)
-            frame.loc[row, ["ok", "failed", "reused"]] = [
-                int((status == "ok").sum()), int(((status != "ok")).sum()),
-                int(tasks["reused_from"].is_valid().to_numpy(zero_copy_only=False).sum())]
+        for row in frame.index[frame["ok"].isna()]:  # running, or its driver died
+            frame.loc[row, ["ok", "failed", "reused"]] = self._committed_counts(
+                int(frame.at[row, "run_id"]))
         return frame
+
+    def _committed_counts(self, run_id: int) -> list[int]:
+        """A run's tasks committed so far: ok, failed, reused (read again only
+        once it has new blocks)."""
+        version = (run_id, *self._conn.execute(
+            "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
+            (run_id,)).fetchone())
+        counts = self._counts.get(run_id)
+        if counts is None or counts[0] != version:
+            tasks = taskblocks.read_run(self._conn, run_id, ["status", "reused_from"],
+                                        ordered=False)
+            status = tasks["status"].to_numpy(zero_copy_only=False)
+            failed = np.isin(status, [s.value for s in FAILURE_STATUSES])
+            counts = self._counts[run_id] = (version, [
+                int((status == "ok").sum()), int(failed.sum()),
+                int(tasks["reused_from"].is_valid().to_numpy(zero_copy_only=False).sum())])
+        return counts[1]
 
     def _run_row(self, run: int | None) -> tuple:
         if run is not None:
@@ -302,7 +317,6 @@ class Store:
                                                      ["key", "status", "artifact"]))
             named.update(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()))
         return named
-
 
     def _selection(self, run: int | None) -> dict | None:
         """The winners recorded by ``train(select=...)`` in ``run``, or None;

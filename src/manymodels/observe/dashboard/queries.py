@@ -68,7 +68,6 @@ def _alive(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
-
 def _ended_at(run: dict[str, Any], tasks: Any) -> float:
     """When a run ended: its recorded end; now, while it runs; for a run
     whose driver died (no end recorded), its last task's end, so that its
@@ -82,6 +81,7 @@ def _ended_at(run: dict[str, Any], tasks: Any) -> float:
     ends = tasks.started + tasks.duration
     ends = ends[~np.isnan(ends)]
     return float(ends.max()) if ends.size else run["started_at"]
+
 
 class Queries:
     """The dashboard's questions to one store, safe to ask from many threads."""

@@ -84,7 +84,6 @@ def _clean(value: Any) -> Any:
     return value
 
 
-
 def _run_id(text: str) -> bool:
     """Whether ``text`` is a run id: ASCII digits (``isdigit`` takes ``²``), at
     most 18 of them (SQLite's integers; a 5,000-digit one is no run's)."""
@@ -95,6 +94,7 @@ class _IPv6Server(ThreadingHTTPServer):
     """The dashboard's server on an IPv6 address (``::1``)."""
 
     address_family = socket.AF_INET6
+
 
 class DashboardServer:
     """Serves one store's dashboard from a thread; :attr:`url` is its address,
