@@ -32,8 +32,9 @@ def near_equal(rows):
     return {"score": {"a": 0.1 + 0.2, "b": 0.3, "c": 0.3}[rows["k"].iloc[0]]}
 
 
-def test_a_report_of_metrics_a_rounding_apart_is_made_and_logged(tmp_path):
+def test_a_report_of_metrics_a_rounding_apart_is_made_and_logged(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = mm.MLflow(experiment="near", tracking_uri=uri)
     run = mm.train(near_equal, mm.groups(_three_groups(), by="k"), store=tmp_path / "s",
@@ -52,6 +53,7 @@ def test_one_tracker_for_two_runs_keeps_them_apart(tmp_path, monkeypatch):
     """The first run's logging outlives its timeout: the second run's must
     not take its place, nor leave it RUNNING."""
     mlflow = pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     slow = mlflow.MlflowClient.log_batch
 
