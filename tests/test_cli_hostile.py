@@ -161,33 +161,9 @@ def test_why_names_a_key_whose_combination_no_task_has(tmp_path):
 
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     """runs() (and `manymodels runs`) showed no counts for a run whose driver died."""
-    import signal
-    import subprocess
-    import sys
-    import textwrap
+    from test_observe_hostile import killed_run
 
-    script = textwrap.dedent(f"""
-        import time, pandas as pd, manymodels as mm
-        table = pd.DataFrame({{"g": range(400), "x": 1.0}})
-        def fit(rows):
-            time.sleep(0.02)
-            return float(rows["x"].sum())
-        mm.train(fit, mm.groups(table, by="g"), store={str(tmp_path / "s")!r},
-                 backend="serial", progress=False)
-    """)
-    driver = subprocess.Popen([sys.executable, "-c", script])
-    index = tmp_path / "s" / "index.sqlite"
-    deadline = time.time() + 60
-    while time.time() < deadline:  # until a second's tasks are committed
-        time.sleep(0.5)
-        if index.exists():
-            with sqlite3.connect(index) as conn:
-                if conn.execute("SELECT count(*) FROM sqlite_master WHERE name = "
-                                "'task_blocks'").fetchone()[0] and conn.execute(
-                        "SELECT count(*) FROM task_blocks").fetchone()[0]:
-                    break
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
+    killed_run(tmp_path / "s")
     runs = mm.Store(tmp_path / "s").runs()
     assert runs["status"].tolist() == ["interrupted"]
     assert 0 < runs["ok"].iloc[0] < 400 and runs["failed"].iloc[0] == 0

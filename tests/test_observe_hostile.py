@@ -85,7 +85,7 @@ def test_one_tracker_for_two_runs_keeps_them_apart(tmp_path, monkeypatch):
     assert [r.data.metrics["tasks"] for r in runs] == [3, 5]
 
 
-def _killed_run(store) -> None:
+def killed_run(store) -> None:
     """A run of 400 tasks whose driver is killed once some are committed."""
     script = textwrap.dedent(f"""
         import time, pandas as pd, manymodels as mm
@@ -112,7 +112,7 @@ def _killed_run(store) -> None:
 
 def test_a_run_whose_driver_died_keeps_its_pace_and_counts(tmp_path):
     store = tmp_path / "s"
-    _killed_run(store)
+    killed_run(store)
     first = Queries(store).page()["runs"][0]
     time.sleep(1.5)
     again = Queries(store).page()["runs"][0]  # a new dashboard, later
