@@ -119,3 +119,20 @@ def engine(request):
     yield request.param, handle
     assert alive(), f"the user's {request.param} was stopped by manymodels"
     close()
+
+
+def collected_until(condition, limit_s: float = 15.0) -> bool:
+    """Whether ``condition()`` holds once garbage is collected, within
+    ``limit_s``: a worker's thread may let go of a run's objects a moment
+    after ``train`` returned (on a loaded machine, later)."""
+    import gc
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        gc.collect()
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)

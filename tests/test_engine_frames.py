@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from conftest import fit_linear
+from conftest import collected_until, fit_linear
 
 pytestmark = pytest.mark.slow
 
@@ -387,8 +387,7 @@ def test_staging_on_an_object_store(engine, table, object_store, tmp_path):
     assert staged and all(path.endswith(".arrow") for path in staged)
     assert source._layout.directory.startswith("s3://testing:testing@bucket/stage/")
     del source, run
-    gc.collect()
-    assert objects() == []
+    assert collected_until(lambda: objects() == []), objects()
     transformed = mm.map_groups(centred, _engine_frame(engine, table), by="store",
                                 order_by="day", staging=location, backend="processes",
                                 workers=2)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import manymodels as mm
-from conftest import BACKENDS
+from conftest import BACKENDS, collected_until
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -377,7 +377,6 @@ def test_unsorted_files_are_sorted_once_into_an_object_store(s3, tmp_path, sales
     """staging= may be an object store's: the sorted buckets are uploaded (the
     sort itself works in a temporary directory here, left empty), the workers
     fetch their groups' rows from them, and the objects go with the source."""
-    import gc
     import tempfile
 
     write_parts(sales, tmp_path / "parts")
@@ -394,8 +393,7 @@ def test_unsorted_files_are_sorted_once_into_an_object_store(s3, tmp_path, sales
     assert {name for name in set(os.listdir(tempfile.gettempdir())) - before
             if name.startswith("manymodels-sorting-")} == set()
     del source, lazy
-    gc.collect()
-    assert _staged_objects(s3) == []
+    assert collected_until(lambda: _staged_objects(s3) == []), _staged_objects(s3)
     with pytest.raises(ValueError, match="staging='nosuch://x/y' cannot be opened"):
         mm.groups(tmp_path / "parts", by="store", read_on_workers=True, staging="nosuch://x/y")
     elsewhere = mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
