@@ -440,6 +440,8 @@ def test_object_store_locations_are_checked_and_their_keys_never_shown(s3, tmp_p
         mm.groups("s3://bucket/data#run1", by="store", read_on_workers=True)
     assert objectstores.shown("s3://AKIA:wJalr%2FK@bucket/s?secret_key=abc&region=x") == (
         "s3://AKIA:***@bucket/s?secret_key=***&region=x")
+    assert objectstores.redacted("cannot open 's3://b/s?secret_key=abc'", "s3://b/s") == (
+        "cannot open 's3://b/s?secret_key=***'")  # an option first in the query too
     with pytest.raises(ValueError) as refused:
         mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
                   staging="s3://AKIA:wJalr@bucket/s?no_such_option=1")

@@ -34,8 +34,10 @@ def is_remote(path: Any) -> bool:
     return isinstance(path, str) and _REMOTE.match(path) is not None
 
 
-#: Query options that hold a secret (pyarrow's names for S3's keys and token).
-_SECRET_OPTIONS = re.compile(r"((?:^|&)(?:access_key|secret_key|session_token)=)[^&]*")
+#: Query options that hold a secret (pyarrow's names for S3's keys and token),
+#: in a query or in an error's text that quotes the URI (to its end).
+_SECRET_OPTIONS = re.compile(
+    r"((?:^|[?&])(?:access_key|secret_key|session_token)=)[^&\s'\"]*")
 
 
 def shown(uri: Any) -> str:
@@ -56,17 +58,12 @@ def shown(uri: Any) -> str:
 def redacted(text: Any, uri: str) -> str:
     """``text`` (an SDK's error about ``uri``) with ``uri``'s secrets as
     ``***``: its password, as given and unquoted, and secret query options."""
-    text = _SECRET_OPTIONS.sub(r"\1***", str(text)) if "=" in str(text) else str(text)
-    try:
-        password = urlsplit(uri).password
-    except ValueError:
-        password = None
-    netloc = urlsplit(uri).netloc
-    if "@" in netloc and ":" in netloc.rpartition("@")[0]:
-        given = netloc.rpartition("@")[0].split(":", 1)[1]
-        for secret in {given, unquote(given), password or given}:
-            if secret:
-                text = text.replace(secret, "***")
+    text = _SECRET_OPTIONS.sub(r"\1***", str(text))
+    user = urlsplit(uri).netloc.rpartition("@")[0]
+    if ":" in user:
+        given = user.split(":", 1)[1]
+        for secret in {given, unquote(given)} - {""}:
+            text = text.replace(secret, "***")
     return text
 
 
