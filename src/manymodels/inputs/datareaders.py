@@ -232,16 +232,14 @@ class StagedFiles(DataReader):
     def _table(self, number: int) -> Any:
         table = self._mapped.get(number)
         if table is None:
+            from .objectstores import RemoteArrowFile, path_in
+
+            path = path_in(self.directory, self.files[number])
             if self.remote:
-                from .objectstores import RemoteArrowFile, child
-
-                table = RemoteArrowFile(child(self.directory, self.files[number]))
+                table = RemoteArrowFile(path)
             else:
-                import os
-
                 import pyarrow as pa
 
-                path = os.path.join(self.directory, self.files[number])
                 table = pa.ipc.open_file(pa.memory_map(path)).read_all()  # no copy
             self._mapped[number] = table
         return table

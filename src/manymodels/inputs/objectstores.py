@@ -170,6 +170,25 @@ def child(location: str, name: str) -> str:
     return parts._replace(path=f"{parts.path.rstrip('/')}/{quote(name)}").geturl()
 
 
+def path_in(directory: str, name: str) -> str:
+    """The path of ``name`` in ``directory``: a local path's, or an object
+    store's URI (:func:`child`)."""
+    if is_remote(directory):
+        return child(directory, name)
+    import os
+
+    return os.path.join(directory, name)
+
+
+def upload(uri: str, data: Any) -> None:
+    """``data`` (bytes, or a pyarrow buffer) as the object at ``uri``, sent in
+    one upload: an object store shows it once the upload completes, so a
+    process that dies here leaves nothing."""
+    filesystem, path = resolve(uri)
+    with filesystem.open_output_stream(path) as sink:
+        sink.write(data)
+
+
 def check_location(location: str, argument: str) -> None:
     """Refuse, naming ``argument``, a location pyarrow's filesystems cannot
     open, or one with a fragment (a ``#`` its URI does not quote: every
@@ -200,9 +219,8 @@ def remove_tree(location: str) -> None:
 
 def write_arrow_file(uri: str, table: Any) -> None:
     """Write ``table`` as an Arrow IPC file at ``uri``, in record batches of
-    about :data:`STAGED_BATCH_BYTES`. The file is made whole in memory and
-    sent in one upload: an object store shows an object once its upload
-    completes, so a worker that dies here leaves nothing."""
+    about :data:`STAGED_BATCH_BYTES`, made whole in memory and sent in one
+    :func:`upload`."""
     import pyarrow as pa
 
     # one chunk: write_table also cuts a batch where a chunk ends, and every
@@ -213,9 +231,7 @@ def write_arrow_file(uri: str, table: Any) -> None:
     buffer = pa.BufferOutputStream()
     with pa.ipc.new_file(buffer, table.schema, metadata={_ROWS_PER_BATCH: str(rows)}) as out:
         out.write_table(table, max_chunksize=rows)
-    filesystem, path = resolve(uri)
-    with filesystem.open_output_stream(path) as sink:
-        sink.write(buffer.getvalue())
+    upload(uri, buffer.getvalue())
 
 
 class RemoteArrowFile:

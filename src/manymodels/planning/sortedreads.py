@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..inputs.objectstores import child, is_remote, write_arrow_file
+from ..inputs.objectstores import is_remote, path_in, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
 from ..inputs.tables import sort_order
 from .staging import StagedGroups, cleanup_with, new_directory, remove_directory
@@ -134,7 +134,7 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
     for bucket, parts in enumerate(bucket_codes):
         name = _bucket_name(bucket)
         _sort_bucket(os.path.join(directory, name), np.concatenate(parts),
-                     list(reader.order_by), child(target, name) if is_remote(target) else None)
+                     list(reader.order_by), path_in(target, name) if is_remote(target) else None)
     return buckets
 
 

@@ -43,6 +43,7 @@ from ..inputs.objectstores import (
     child,
     is_remote,
     make_directory,
+    path_in,
     redacted,
     remove_tree,
     shown,
@@ -82,10 +83,10 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     offsets = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
     number = int.from_bytes(os.urandom(8), "little") >> 1  # an id no other worker draws
+    path = path_in(directory, file_name(number))
     if is_remote(directory):
-        write_arrow_file(child(directory, file_name(number)), rows)
+        write_arrow_file(path, rows)
     else:
-        path = os.path.join(directory, file_name(number))
         with pa.OSFile(path + ".partial", "wb") as sink, \
                 pa.ipc.new_file(sink, rows.schema) as out:
             out.write_table(rows)

@@ -55,12 +55,12 @@ import pyarrow as pa
 
 from ..inputs.engineframes import TABLE_NAMES, EngineFrame, engine_of
 from ..inputs.grids import ProductSource
-from ..inputs.objectstores import is_remote
+from ..inputs.objectstores import is_remote, path_in
 from ..inputs.sources import GroupSource, groups
 from ..planning.plan import asks_for_key
 from ..planning.staging import new_directory, remove_directory
 from .outputfiles import WriteOutputs, WrittenOutput
-from .outputreads import open_output, output_path, read_dask_chunk, read_files, read_spark_chunks
+from .outputreads import open_output, read_dask_chunk, read_files, read_spark_chunks
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")
@@ -143,7 +143,7 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     schemas: dict[str, pa.Schema] = {}
     for out in outputs:
         if out.name is not None and out.schema_digest not in schemas:
-            with open_output(output_path(directory, out.name)) as source:
+            with open_output(path_in(directory, out.name)) as source:
                 schemas[out.schema_digest] = pa.ipc.open_stream(source).schema
     if not schemas:
         raise ValueError("map_groups: fn returned None for every group, and a "

@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..inputs.objectstores import child, is_remote, resolve
+from ..inputs.objectstores import is_remote, path_in, upload
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,8 +207,7 @@ class _OutputFile:
 
     def __init__(self, directory: str, name: str) -> None:
         self.name = name
-        self.path = child(directory, name) if is_remote(directory) else os.path.join(
-            directory, name)
+        self.path = path_in(directory, name)
         self.assigned, self.parts, self.size = 0, 0, 0
         self._stream: Any = None
         self._sink = _Sink()
@@ -278,9 +277,7 @@ def _upload(file: _OutputFile, tables: list[pa.Table]) -> None:
         for batch in batches:
             stream.write_batch(batch)
     data = buffer.getvalue()
-    filesystem, path = resolve(file.path)
-    with filesystem.open_output_stream(path) as sink:
-        sink.write(data)
+    upload(file.path, data)
     file.size, file.parts = data.size, 1
 
 

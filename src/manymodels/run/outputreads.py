@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..inputs.objectstores import child, is_remote, resolve
+from ..inputs.objectstores import is_remote, path_in, resolve
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -51,7 +51,7 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
         needed[name] = -1 if rows < 0 or needed.get(name) == -1 else max(
             needed.get(name, 0), offset + rows)
     number = {name: position for position, name in enumerate(needed)}
-    tables = [_read_stream(output_path(directory, name), rows)
+    tables = [_read_stream(path_in(directory, name), rows)
               for name, rows in needed.items()]
     which = [number[name] for name, _, _ in spans]
     offsets = [offset for _, offset, _ in spans]
@@ -77,11 +77,6 @@ def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
     position = np.empty(len(by_file), dtype=np.int64)
     position[by_file] = np.arange(len(by_file))
     return whole.take(pa.array(position))
-
-
-def output_path(directory: str, name: str) -> str:
-    """The path (or an object store's URI) of the output file ``name``."""
-    return child(directory, name) if is_remote(directory) else os.path.join(directory, name)
 
 
 def open_output(path: str) -> Any:
