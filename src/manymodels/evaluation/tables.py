@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from ..inputs.keys import UTC_OFFSET
 from .splitters import WINDOWS
 from .windowtable import ROW_COLUMNS, as_table, time_zone, unpack_column, window_count
 
@@ -47,7 +48,7 @@ def _as_times(frame: Any, column: str, zone: str | None = None) -> None:
 
     values = frame[column].dropna()
     if len(values) and all(isinstance(c, str) and "T" in c for c in values.iloc[:100]):
-        offsets = values.iloc[:100].str.contains(r"(?:[+-]\d\d:\d\d|Z)$", regex=True).all()
+        offsets = values.iloc[:100].str.contains(UTC_OFFSET.pattern, regex=True).all()
         try:
             times = pd.to_datetime(frame[column], utc=bool(offsets or zone))
         except (ValueError, TypeError):

@@ -228,7 +228,7 @@ def _utc_instant(value: Any) -> Any:
     if type(value) is not dict or len(value) != 1:
         return None
     text = value.get("$datetime")
-    if not isinstance(text, str) or not _OFFSET.search(text):
+    if not isinstance(text, str) or not UTC_OFFSET.search(text):
         return None
     import pandas as pd
 
@@ -236,7 +236,7 @@ def _utc_instant(value: Any) -> Any:
 
 
 #: The UTC offset that ends the ISO text of a zone-aware datetime.
-_OFFSET = re.compile(r"(?:[+-]\d\d:\d\d|Z)$")
+UTC_OFFSET = re.compile(r"(?:[+-]\d\d:\d\d|Z)$")
 
 
 def instant_text(parts: list) -> str | None:
