@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from ..inputs.tables import named_twice
 from .app import _check_out, _fail, _open_store, _split_list, _written, app
 
 
@@ -28,10 +29,9 @@ def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
         if name in params:
             raise ValueError(f"{name!r} is given both as --param and as --grid")
         grid_values[name] = [parse_value(v) for v in values.split(",")]
-        texts = [v.strip() for v in values.split(",")]
-        twice = [v for i, v in enumerate(texts) if v in texts[:i]]
-        if twice:
-            raise ValueError(f"--grid {name!r} lists the value {twice[0]!r} twice")
+        twice = named_twice([v.strip() for v in values.split(",")])
+        if twice is not None:
+            raise ValueError(f"--grid {name!r} lists the value {twice!r} twice")
     return params, grid_values
 
 
@@ -83,9 +83,9 @@ def train(
         if text is not None and not names:
             _fail(f"{text!r} names no column" if option != "--metrics" else
                   f"{text!r} names no metric", option)
-        twice = [name for i, name in enumerate(names) if name in names[:i]]
-        if twice:
-            _fail(f"{twice[0]!r} is named twice", option)
+        twice = named_twice(names)
+        if twice is not None:
+            _fail(f"{twice!r} is named twice", option)
     try:  # every refusal comes before the data is read, naming the option at fault
         track = None
         if mlflow:

@@ -11,7 +11,7 @@ import pandas as pd
 from sklearn.utils.validation import check_array
 
 from ..inputs.engineframes import refuse_engine_frame
-from ..inputs.tables import plain_scalar
+from ..inputs.tables import named_twice, plain_scalar
 from ._levels import GROUP, W, Y
 
 
@@ -51,9 +51,9 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
     if not by:
         raise ValueError("by= names no column: give the column (or columns) whose values "
                          "key the groups")
-    twice = [b for i, b in enumerate(by) if b in by[:i]]
-    if twice:
-        raise ValueError(f"by= names column {twice[0]!r} twice")
+    twice = named_twice(by)
+    if twice is not None:
+        raise ValueError(f"by= names column {twice!r} twice")
     refuse_engine_frame(X, "X", "a grouped estimator fits and predicts on rows in this "
                         "process, as scikit-learn does", "or train with mm.train(fit, "
                         "mm.groups(df, by=...)), which takes it as it is")
