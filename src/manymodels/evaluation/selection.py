@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from ..engine.messages import Status
+from ..engine.options import positive_int
 from .metrics import direction as _direction
-from .splitters import whole_number
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def halving(metric: str | tuple[str, str], eta: int = 3, keep: str = "best") -> 
     the task's model is then a
     :class:`~manymodels.evaluation.candidates.Candidates`, which predicts as
     its winner and holds every candidate's model, setting and mean score."""
-    eta = whole_number("halving's eta", eta, 1)
+    eta = positive_int("halving's eta", eta, 1)
     if keep not in ("best", "all"):
         raise ValueError(f"halving's keep must be 'best' (the winner's model) or 'all' "
                          f"(every candidate's), got {keep!r}")

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.options import positive_int
 from . import metrics as _metrics
 
 #: The metrics key under which a task's per-window scores travel and are stored.
@@ -158,16 +159,6 @@ def _final_model(final_model: str | None, refit: bool | None) -> bool:
         raise ValueError(f"final_model must be 'all_rows' (the kept model is fitted on all "
                          f"rows after the windows) or 'last_window', got {final_model!r}")
     return final_model == "all_rows"
-
-
-def whole_number(name: str, value: Any, least: int) -> int:
-    """``value`` as an int (a NumPy integer too; never a bool or a float),
-    at least ``least``; else a ValueError naming ``name``."""
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    return int(value)
 
 
 def _check_common(target: Any, features: Any, metrics: Any) -> tuple:
@@ -360,7 +351,7 @@ def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | No
     return Holdout(target=target, features=features, metrics=metrics,
                    refit=_final_model(final_model, refit),
                    test_size=float(test_size), shuffle=bool(shuffle),
-                   seed=whole_number("seed", seed, 0))
+                   seed=positive_int("seed", seed, 0))
 
 
 def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
@@ -368,10 +359,10 @@ def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
           final_model: str | None = None, refit: bool | None = None) -> KFold:
     """``k``-fold cross-validation within each group (shuffled by ``seed``)."""
     features, metrics = _check_common(target, features, metrics)
-    k = whole_number("kfold's k (folds)", k, 2)
+    k = positive_int("kfold's k (folds)", k, 2)
     return KFold(target=target, features=features, metrics=metrics,
                  refit=_final_model(final_model, refit), k=k,
-                 shuffle=bool(shuffle), seed=whole_number("seed", seed, 0))
+                 shuffle=bool(shuffle), seed=positive_int("seed", seed, 0))
 
 
 #: The store attachment under which ``train`` keeps a backtest's time column,
@@ -407,10 +398,10 @@ def backtest(time: str, horizon: int, windows: int = 3, step: int | None = None,
         raise TypeError(f"time must name the column to sort by, got {time!r}")
     if time == target:
         raise ValueError(f"backtest: the time column {time!r} is also the target")
-    horizon = whole_number("horizon", horizon, 1)
-    windows = whole_number("windows", windows, 1)
+    horizon = positive_int("horizon", horizon, 1)
+    windows = positive_int("windows", windows, 1)
     if step is not None:
-        step = whole_number("step", step, 1)
+        step = positive_int("step", step, 1)
     if not isinstance(forecasts, bool):
         raise TypeError(f"forecasts must be True or False, got {forecasts!r}")
     return Backtest(target=target, features=features, metrics=metrics,
