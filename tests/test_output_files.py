@@ -231,7 +231,8 @@ def test_groups_in_key_order_read_back_from_files_written_out_of_it(tmp_path):
 def test_plain_frames_become_the_table_from_pandas_makes(tmp_path):
     """Numbers and booleans skip ``from_pandas`` (a group's one-row output
     took 0.35 ms there): the same table, NaN as null; anything else takes it."""
-    from manymodels.run.outputfiles import _plain_frame_table, schema_digest
+    from manymodels.run.outputfiles import schema_digest
+    from manymodels.run.outputtables import _plain_frame_table
 
     frames = [pd.DataFrame({"n": [3], "slope": [0.5]}),
               pd.DataFrame({"a": [1.0, np.nan], "b": [True, False],

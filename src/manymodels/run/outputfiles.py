@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..inputs.objectstores import is_remote, path_in, upload
+from .outputtables import output_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,71 +364,3 @@ def _wide_dictionaries(table: pa.Table) -> pa.Table:
             schema = schema.set(position, field.with_type(
                 pa.dictionary(pa.int32(), kind.value_type, kind.ordered)))
     return table if schema is table.schema else table.cast(schema)
-
-
-def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
-    """``fn``'s output for one group as an Arrow table, the key columns it
-    lacks in front: a DataFrame's rows (its index dropped, as the pandas path
-    concatenates them); a Series of column-like text labels (``df.mean()``)
-    as one row, under 0, 1, ... (a column of values) as a column, of other
-    labels (``value_counts()``, dates) as two columns, its labels and its
-    values; an Arrow or polars table as it is. None for None (no rows)."""
-    import pandas as pd
-
-    if value is None:
-        return None
-    if isinstance(value, pd.Series):
-        name = value.name if value.name is not None else "value"
-        index = value.index
-        if len(index) == 0 or (isinstance(index, pd.RangeIndex) and index.start == 0
-                               and index.step == 1):
-            value = value.reset_index(drop=True).to_frame(name=name)  # a column of values
-        elif index.inferred_type == "string":  # column-like labels (df.mean()): one row
-            value = pd.DataFrame([value]).reset_index(drop=True)
-        else:  # labels that are values (value_counts, a date index): kept as a column
-            value = value.to_frame(name=name).reset_index()
-    if isinstance(value, pd.DataFrame):
-        names = value.columns.tolist()  # (iterating pandas 3's text index costs more)
-        if not all(isinstance(name, str) for name in names):
-            names = [str(name) for name in names]
-            value = value.set_axis(names, axis=1)
-        table = _plain_frame_table(value, names)
-        if table is None:
-            table = pa.Table.from_pandas(value, preserve_index=False)
-    elif isinstance(value, pa.RecordBatch):
-        table = pa.Table.from_batches([value])
-    elif isinstance(value, (pa.Array, pa.ChunkedArray)):
-        table = pa.table({"value": value})
-    elif isinstance(value, pa.Table):
-        table = value
-    elif type(value).__module__.startswith("polars") and hasattr(value, "to_arrow"):
-        table = value.to_arrow()
-        if not isinstance(table, pa.Table):  # a polars Series
-            table = pa.table({getattr(value, "name", None) or "value": table})
-    else:
-        raise TypeError(f"map_groups' function must return a table, got {type(value).__name__}")
-    table = table.replace_schema_metadata(None)
-    for position, name in enumerate(key_columns):
-        if str(name) not in table.column_names:
-            values = pa.repeat(pa.scalar(parts[position]), table.num_rows)
-            table = table.add_column(min(position, table.num_columns), str(name), values)
-    return table
-
-
-def _plain_frame_table(frame: Any, names: list[str]) -> pa.Table | None:
-    """A frame of NumPy numbers and booleans as Arrow, column by column, as
-    ``Table.from_pandas`` makes it (NaN as null), without the pandas metadata
-    it builds and this module drops: a group's one-row output took 0.35 ms
-    that way. None for any other frame (text, dates, categories, extension
-    types, repeated names), which takes ``from_pandas``."""
-    import numpy as np
-
-    if len(set(names)) != len(names):
-        return None
-    columns = []
-    for name in names:
-        column = frame[name]
-        if not isinstance(column.dtype, np.dtype) or column.dtype.kind not in "iufb":
-            return None
-        columns.append(pa.array(column.to_numpy(), from_pandas=True))
-    return pa.Table.from_arrays(columns, names=names)
