@@ -109,7 +109,7 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     conn.execute("BEGIN IMMEDIATE")
     tasks = [1, 1, 2, 2, 7, 8, 8, 9]
     artifact, sizes, written, located, whole = StoreWriter._write_models(
-        types.SimpleNamespace(root=store.path), conn, tasks,
+        types.SimpleNamespace(files=store.root), conn, tasks,
         [small, small, large, large, pack, pack, pack, None])
     conn.execute("COMMIT")
     assert whole == []  # task 8 named twice: the pack's slots are set one by one
@@ -132,7 +132,7 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     # a pack every task of which is in the hand-over, once each: committed whole
     other = ModelPack().seal([3, 4], [b"three", b"four"])
     conn.execute("BEGIN IMMEDIATE")
-    *_, whole = StoreWriter._write_models(types.SimpleNamespace(root=store.path), conn,
+    *_, whole = StoreWriter._write_models(types.SimpleNamespace(files=store.root), conn,
                                           [4, 5, 3], [other, None, other])
     conn.execute("COMMIT")
     assert [(pack, rows.tolist()) for pack, rows in whole] == [(other, [0, 2])]

@@ -67,9 +67,18 @@ def _open_store(path: str):
     program's SQLite file) is told in one line, not a traceback."""
     from pathlib import Path
 
+    from ..inputs.objectstores import is_remote, shown
     from ..run.store import Store
-    from ..store import StoreError
+    from ..store import StoreError, remote_store_exists
 
+    if is_remote(path):  # a store on an object store, as published
+        try:
+            if not remote_store_exists(path):
+                raise typer.BadParameter(f"store {shown(path)!r} does not exist (nothing "
+                                         "was published there)", param_hint="STORE")
+            return Store(path)
+        except StoreError as exc:
+            _fail(str(exc), "STORE")
     if not Path(path).is_dir():
         raise typer.BadParameter(f"store {path!r} " + ("is a file, not a store's directory"
                                                        if Path(path).exists() else

@@ -23,6 +23,12 @@ waits for its row about a second on the process and cluster backends (a
 part of a batch is sent every quarter of a second), up to its batch's end
 on threads. A worker's temporary file is named after its run, and what a
 worker killed mid-write leaves goes when the run ends (:meth:`ModelFiles.close`).
+
+A store on an object store (:mod:`manymodels.store.remote`) has its model
+files there, under the same names: its "root" is then the store's URI, not
+a path, and a worker that can reach the object store (it finds the run's
+marker object) uploads each model whole, in one request, so that nothing
+of a killed worker's is ever seen; no temporary name is needed.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..inputs.objectstores import child, is_remote, redacted, resolve, shown, upload
 
 #: A store's folder of model files, under its root.
 FOLDER = "artifacts"
@@ -62,12 +70,82 @@ def intact_file(path: Path, size: int) -> bool:
         return False
 
 
-def write_model_file(root: Path, data: bytes | memoryview, digest: str,
+def file_in(root: Path | str, relative: str) -> Path | str:
+    """A store's file: a path under a local ``root``, or an object's URI
+    under an object store's."""
+    return child(root, relative) if is_remote(root) else Path(root, relative)
+
+
+def intact_model(root: Path | str, relative: str, size: int) -> bool:
+    """Whether the model file ``relative`` is under ``root`` with ``size``
+    bytes (a stat, or one request to an object store)."""
+    if not is_remote(root):
+        return intact_file(Path(root, relative), size)
+    return object_size(child(root, relative)) == size
+
+
+def object_size(uri: str) -> int | None:
+    """The size of the object at ``uri``; None where there is none (or the
+    store cannot be reached)."""
+    try:
+        filesystem, path = resolve(uri)
+        return filesystem.get_file_info(path).size
+    except (OSError, ValueError):
+        return None
+
+
+def listed_models(root: str) -> dict[str, int]:
+    """The model files under an object store's ``root``: relative name ->
+    size, in one listing (a request a thousand objects)."""
+    from pyarrow import fs
+
+    filesystem, base = resolve(child(root, FOLDER))
+    found = filesystem.get_file_info(fs.FileSelector(base, recursive=True,
+                                                     allow_not_found=True))
+    start = len(base) - len(FOLDER)
+    return {entry.path[start:]: entry.size for entry in found
+            if entry.type == fs.FileType.File}
+
+
+def read_model_bytes(root: Path | str, relative: str) -> bytes:
+    """The bytes of the model file ``relative`` under ``root``; an
+    ``OSError`` (a ``FileNotFoundError`` where it is not there) otherwise."""
+    if not is_remote(root):
+        return Path(root, relative).read_bytes()
+    uri = child(root, relative)
+    try:
+        filesystem, path = resolve(uri)
+        with filesystem.open_input_file(path) as source:
+            return source.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no object {shown(uri)}") from None
+    except (OSError, ValueError) as exc:
+        raise OSError(redacted(exc, uri)) from None
+
+
+def remove_object(uri: str) -> None:
+    """Remove the object at ``uri``, if it is there (errors ignored: a clean-up)."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        filesystem, path = resolve(uri)
+        filesystem.delete_file(path)
+
+
+def write_model_file(root: Path | str, data: bytes | memoryview, digest: str,
                      temporary_prefix: str = ".tmp-") -> str:
     """Put ``data`` (of SHA-256 ``digest``) in place under ``root``, whole or
-    not at all; return its relative path. Owner-only, as the store is."""
+    not at all; return its relative path. Owner-only, as the store is (on an
+    object store: one upload, seen once complete)."""
     relative = relative_path(digest)
-    target = root / relative
+    if is_remote(root):
+        try:
+            upload(child(root, relative), data)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot upload {shown(child(root, relative))}: "
+                          f"{redacted(exc, root)}") from None
+        return relative
+    target = Path(root, relative)
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix)
     try:
@@ -97,12 +175,12 @@ class ModelFile:
     def intact(self) -> bool:
         """Whether the file is there with its size (what the driver can see
         cheaply: a stat, not a read)."""
-        return intact_file(Path(self.root, self.path), self.size)
+        return intact_model(self.root, self.path, self.size)
 
     def load(self) -> Any:
-        data = Path(self.root, self.path).read_bytes()
+        data = read_model_bytes(self.root, self.path)
         if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise OSError(f"the model file {self.path} in store {self.root!r} does not "
+            raise OSError(f"the model file {self.path} in store {shown(self.root)!r} does not "
                           "hold the bytes its worker wrote (changed or cut short since)")
         return pickle.loads(data)
 
@@ -118,11 +196,20 @@ class ModelFiles:
     _visible: bool | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def open(cls, root: Path, run_id: int) -> ModelFiles:
+    def open(cls, root: Path | str, run_id: int) -> ModelFiles:
         """Mark ``root`` as run ``run_id``'s (the marker is removed by
         :meth:`close`; the store's collection leaves it while the run is
         running, and collects one a crash left as a stray)."""
-        folder = root / FOLDER
+        if is_remote(root):
+            import uuid
+
+            marker = f"{FOLDER}/{MARKER_PREFIX}{run_id}-{uuid.uuid4().hex[:8]}"
+            try:
+                upload(child(root, marker), b"")
+            except (OSError, ValueError) as exc:
+                raise OSError(redacted(exc, root)) from None
+            return cls(root, marker)
+        folder = Path(root, FOLDER)
         folder.mkdir(mode=0o700, exist_ok=True)
         descriptor, marker = tempfile.mkstemp(dir=folder, prefix=f"{MARKER_PREFIX}{run_id}-")
         os.close(descriptor)
@@ -131,6 +218,9 @@ class ModelFiles:
     def close(self) -> None:
         """The run's end: its marker goes, with what a worker killed while
         writing a model file left (a timeout's, a crash's)."""
+        if is_remote(self.root):  # (an upload a worker did not finish is never seen)
+            remove_object(child(self.root, self.marker))
+            return
         folder = Path(self.root, FOLDER)
         for left in folder.glob(f"*/{self._temporary_prefix}*"):
             left.unlink(missing_ok=True)
@@ -149,7 +239,9 @@ class ModelFiles:
         """Whether this worker sees the store, as the driver's user (asked
         once a worker): a worker running as another user (root, in a
         container) would leave files the driver cannot read."""
-        if self._visible is None:
+        if self._visible is None and is_remote(self.root):
+            self._visible = object_size(child(self.root, self.marker)) is not None
+        elif self._visible is None:
             try:
                 owner = os.stat(os.path.join(self.root, self.marker)).st_uid
             except OSError:
@@ -159,5 +251,5 @@ class ModelFiles:
         return self._visible
 
     def write(self, data: bytes, digest: str) -> ModelFile:
-        path = write_model_file(Path(self.root), data, digest, self._temporary_prefix)
+        path = write_model_file(self.root, data, digest, self._temporary_prefix)
         return ModelFile(digest, len(data), path, self.root)

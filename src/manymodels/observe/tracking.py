@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.messages import Status
+from ..inputs.objectstores import is_remote
 from .callbacks import Callback, Progress, RunInfo
 from .mlflow_terms import (
     check_answers,
@@ -177,7 +178,8 @@ class MLflow(Callback):
                              else client.create_experiment(self.experiment))
         tags = {"manymodels.fit": info.fit, "manymodels.backend": info.backend, **self.tags}
         if info.store is not None:
-            tags["manymodels.store"] = str(Path(info.store.path).resolve())
+            tags["manymodels.store"] = (str(info.store) if is_remote(info.store.location)
+                                        else str(Path(info.store.path).resolve()))
             tags["manymodels.run_id"] = str(info.run_id)
         run = client.create_run(experiment_id, run_name=self.run_name, tags=tags)
         session.run_id = run.info.run_id

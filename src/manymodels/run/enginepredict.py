@@ -153,9 +153,9 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
         raise ValueError(f"the {engine} table to predict has a column {taken[0]!r}, which "
                          "the answer adds: rename it")
     if not artifacts and fallback is None:
-        raise ValueError(f"store {str(store.path)!r} has no model to predict with and no "
+        raise ValueError(f"store {str(store)!r} has no model to predict with and no "
                          "fallback model")
-    task = EngineGroupPredictor(str(store.path), predictor, artifacts, with_source)
+    task = EngineGroupPredictor(store.location, predictor, artifacts, with_source)
     kind = output_kind(store, artifacts, fallback, method, fn)
     return {"spark": _on_spark, "dask": _on_dask, "ray": _on_ray}[engine](table, by, task, kind)
 

@@ -188,9 +188,9 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     else:
         last = futurerows.last_times_of_backtest(store.forecasts(run), by, time, run_id)
     digests = group_models(artifacts, last.keys)
-    kept = without_models(last, digests, f"store {str(store.path)!r}")
+    kept = without_models(last, digests, f"store {str(store)!r}")
     if not kept:
-        raise ValueError(f"no group of the history has a model in store {str(store.path)!r} "
+        raise ValueError(f"no group of the history has a model in store {str(store)!r} "
                          f"(run {run_id})")
     last = last.subset(kept)
     future = futurerows.future_rows(last, *futurerows.steps(last, freq), h)
@@ -204,7 +204,7 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
                             method="predict", fn=HorizonForecast(by, time, features),
                             backend=backend, workers=workers, progress=progress)
     if routed.values is None:  # the models were found here, but not by the engine's lookup
-        raise ValueError(f"no group's model could be loaded from store {str(store.path)!r}")
+        raise ValueError(f"no group's model could be loaded from store {str(store)!r}")
     frame = future[[*by, time]].reset_index(drop=True)
     yhat = pd.Series(list(routed.values) if routed.values.ndim > 1 else routed.values)
     try:

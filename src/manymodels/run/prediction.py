@@ -212,7 +212,7 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     width = workers or os.cpu_count() or 1
     if backend is not None and backend != "serial":  # asked for: no probe
         return backend, max(1, -(-groups // (width * CHUNKS_PER_WORKER * 4)))
-    resource = _open_store(str(store.path))
+    resource = _open_store(store.location)
     try:
         each = measure(stored, layout.table, layout.offsets, layout.lengths, as_rows,
                        resource, PROBE_GROUPS)
@@ -260,7 +260,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
 
     answers = run_chunks(layout.table, layout.lengths, stored, fmt=fmt, per_chunk=per_chunk,
                          labels=labels, backend=backend, workers=workers,
-                         setup=functools.partial(_open_store, str(store.path)),
+                         setup=functools.partial(_open_store, store.location),
                          progress=progress, describe=describe)
     failures = [a for a in answers if isinstance(a, GroupFailure)]
     corrupt = [f for f in failures if f.corrupt]
@@ -340,14 +340,14 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     where = "" if run is None else f" of run {run}"
     if routed.values is None:
         raise ValueError(
-            f"no row of the table has a model in store {str(store.path)!r}{where}: none "
+            f"no row of the table has a model in store {str(store)!r}{where}: none "
             f"of its {len(routed.unseen)} group(s) by {by_columns} (e.g. "
             f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model")
     if routed.unseen:
         warnings.warn(
             f"{int((routed.origin == NONE).sum())} row(s) of {len(routed.unseen)} "
             f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
-            f"{str(store.path)!r}{where} and no fallback: their prediction is NaN",
+            f"{str(store)!r}{where} and no fallback: their prediction is NaN",
             RuntimeWarning, stacklevel=2)
     values = routed.values
     prediction = pd.Series(list(values) if values.ndim > 1 else values, index=frame.index)

@@ -236,7 +236,7 @@ class Run:
         if not artifacts and self.store._conn.execute(
                 "SELECT 1 FROM runs WHERE run_id = ?", (self.run_id,)).fetchone() is None:
             raise StoreError(
-                f"run {self.run_id} was deleted from the store {str(self.store.path)!r} "
+                f"run {self.run_id} was deleted from the store {str(self.store)!r} "
                 "after it ran, and its models with it: those a later run reused are that "
                 "run's (mm.Store(path).models(run=...)); train again for the others")
         return artifacts

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
 from ..inputs.grids import require_distinct_texts
+from ..inputs.objectstores import is_remote
 from ..inputs.sources import Source
 from ..machine import collector_paused
 from ..observe.callbacks import Callbacks, RunInfo
@@ -98,7 +100,8 @@ def train(
     # left an empty store behind); an existing one is checked at once
     if store is not None:
         require_distinct_texts(source)
-    new_store = isinstance(store, (str, Path)) and not Path(store).exists()
+    new_store = isinstance(store, (str, Path)) and not is_remote(store) and not Path(
+        store).exists()
     if not new_store:
         store = _open_store(store, store_type)
     live = None
@@ -147,7 +150,7 @@ def train(
                               if hooks else None)
         if store is not None:  # workers that see the store write their large models there
             with contextlib.suppress(OSError):  # (else they send them, as they would)
-                context.model_files = ModelFiles.open(store.path, recorder.run_id)
+                context.model_files = ModelFiles.open(store.root, recorder.run_id)
         try:
             run = scheduler.run(context, began)
         finally:
@@ -156,6 +159,8 @@ def train(
                 context.model_files.close()
             if live is not None:
                 live.close()
+            if store is not None:
+                _publish(store, failing=sys.exc_info()[0] is not None)
     if selection is not None:
         if selection.metric in run.results.columns:
             run.select(selection, source)
@@ -231,6 +236,20 @@ def _engine(instance: Backend | None, backend_type: type[Backend], options: RunO
     return engine
 
 
+def _publish(store: Store, failing: bool) -> None:
+    """Publish a store on an object store at the run's end (:mod:`manymodels.
+    store.remote`); where the run is failing already, a failure to publish
+    is a warning, not an error that would hide the run's own."""
+    try:
+        store._publish()
+    except StoreError as exc:
+        if not failing:
+            raise
+        import warnings
+
+        warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
+
+
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:
     if store is None:
         return None
@@ -239,6 +258,6 @@ def _open_store(store: Any, store_type: type[Store]) -> Store | None:
             raise TypeError(f"store must be a directory path or a Store, got {store!r}")
         store = store_type(store)
     if store.read_only:
-        raise StoreError(f"store {str(store.path)!r} is open for reading only (its files are "
+        raise StoreError(f"store {str(store)!r} is open for reading only (its files are "
                          "not writable here): it can be read, not trained into")
     return store

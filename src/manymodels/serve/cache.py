@@ -69,7 +69,7 @@ class ModelCache:
         started = time.perf_counter()
         data = self._read_packed(store._conn, digest) if packs.is_locator(digest) else None
         if data is None:
-            data = artifacts.read_artifact(store._conn, store.path, digest, what)
+            data = artifacts.read_artifact(store._conn, store.root, digest, what)
         model = pickle.loads(data)  # checked against its SHA-256 above
         if self._on_load is not None:
             self._on_load(time.perf_counter() - started)

@@ -165,7 +165,7 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
     else:
         ended = ended_runs(store)
         if not ended:
-            raise ValueError(f"store {str(store.path)!r} holds no run that has ended yet")
+            raise ValueError(f"store {str(store)!r} holds no run that has ended yet")
         run_id, key_columns = ended[-1]
         runs = [r for r, columns in ended if columns == key_columns]
     found = store._linear_run(run_id)

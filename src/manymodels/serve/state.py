@@ -43,6 +43,7 @@ def parse_size(value: int | str, name: str) -> int:
 def open_served_store(store: Any) -> Any:
     """``store`` (a path or a :class:`manymodels.Store`) opened for reading;
     refused by name when it is not a manymodels store."""
+    from ..inputs.objectstores import is_remote
     from ..run.store import Store
     from ..store import StoreError
 
@@ -50,6 +51,11 @@ def open_served_store(store: Any) -> Any:
         return store
     if not isinstance(store, (str, PurePath)):
         raise TypeError(f"store must be a path or a manymodels.Store, got {store!r}")
+    if is_remote(store):  # a store on an object store, as published
+        try:
+            return Store(str(store), read_only=True)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from exc
     path = Path(store).expanduser()
     if not path.is_dir():
         raise ValueError(f"store {str(store)!r} " + ("is a file, not a store's directory"
@@ -115,6 +121,7 @@ class ServedStore:
         if self.run is not None and not force:
             return False  # a fixed run never changes
         with self._reloading:
+            self.store._refresh()  # a store on an object store: its published index
             version = store_version(self.store)
             if version == self._version and not force:
                 return False

@@ -4,6 +4,7 @@ from .database import StoreError, StoreIntegrityError
 from .lazymodels import ModelMap, StoredModel
 from .recorder import RunRecorder
 from .registry import Store
+from .remote import remote_store_exists
 
 __all__ = ["ModelMap", "RunRecorder", "Store", "StoreError", "StoreIntegrityError",
-           "StoredModel"]
+           "StoredModel", "remote_store_exists"]

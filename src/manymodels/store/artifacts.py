@@ -17,8 +17,16 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..engine.modelfiles import ModelFile, intact_file, relative_path, write_model_file
+from ..engine.modelfiles import (
+    ModelFile,
+    intact_model,
+    listed_models,
+    read_model_bytes,
+    relative_path,
+    write_model_file,
+)
 from ..engine.partpacks import PACKED_BELOW
+from ..inputs.objectstores import is_remote, shown
 from . import packs
 from .database import StoreIntegrityError
 
@@ -31,11 +39,14 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
+def write_artifact(conn: sqlite3.Connection, root: Path | str, data: bytes,
                    digest: str | None = None) -> tuple[str, int]:
     """Store ``data`` (inside the caller's transaction); return (sha256, size).
     ``digest``: its SHA-256 when the caller has it already (a worker hashed
-    it). An artifact found corrupt earlier is written afresh."""
+    it). An artifact found corrupt earlier is written afresh. ``root``: the
+    store's folder, or its object store's URI (where a file is uploaded
+    again even when there: an object's age cannot be made new otherwise,
+    and gc goes by age)."""
     digest = digest or sha256(data)
     corrupt = _forget_if_corrupt(conn, digest)
     if len(data) < SMALL_ARTIFACT:
@@ -43,25 +54,26 @@ def write_artifact(conn: sqlite3.Connection, root: Path, data: bytes,
                      (digest, len(data), data))
         return digest, len(data)
     relative = relative_path(digest)
-    if corrupt or not intact_file(root / relative, len(data)):
+    if corrupt or is_remote(root) or not intact_model(root, relative, len(data)):
         write_model_file(root, data, digest)
     else:  # the same bytes are there
-        _made_new(root / relative)
+        _made_new(Path(root, relative))
     _insert_file_row(conn, digest, len(data), relative)
     return digest, len(data)
 
 
-def record_model_file(conn: sqlite3.Connection, root: Path, model: ModelFile) -> str:
+def record_model_file(conn: sqlite3.Connection, root: Path | str, model: ModelFile) -> str:
     """The row of a large model a worker wrote into the store itself (see
     :mod:`manymodels.engine.modelfiles`; inside the caller's transaction);
     return its SHA-256. Its file must be there, whole: a worker that saw
     the store wrote it before sending its outcome."""
-    if not intact_file(root / model.path, model.size):
+    if not intact_model(root, model.path, model.size):
         raise StoreIntegrityError(
-            f"the model file {model.path} a worker wrote into store {str(root)!r} is not "
+            f"the model file {model.path} a worker wrote into store {shown(str(root))!r} is not "
             f"there with its {model.size} bytes: is the store on a path every worker sees "
             "as the driver does?")
-    _made_new(root / model.path)
+    if not is_remote(root):
+        _made_new(Path(root, model.path))
     _forget_if_corrupt(conn, model.sha256)  # the worker wrote it afresh
     _insert_file_row(conn, model.sha256, model.size, model.path)
     return model.sha256
@@ -92,7 +104,8 @@ def _insert_file_row(conn: sqlite3.Connection, digest: str, size: int, relative:
                  (digest, size, relative))
 
 
-def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) -> set[str]:
+def loadable_artifacts(conn: sqlite3.Connection, root: Path | str, digests: set[str]
+                       ) -> set[str]:
     """Those of ``digests`` (SHA-256s or pack locators) that can still be
     loaded, as far as a cheap check tells: in the index (or their pack is),
     not found corrupt, and a file artifact's file there with its size. All at
@@ -113,17 +126,21 @@ def loadable_artifacts(conn: sqlite3.Connection, root: Path, digests: set[str]) 
             present.update(sha for (sha,) in conn.execute(
                 f"SELECT sha256 FROM artifacts WHERE sha256 IN ({','.join('?' * len(chunk))})",
                 chunk))
-    for sha, path, size in conn.execute(
-            "SELECT sha256, path, size FROM artifacts WHERE path IS NOT NULL"):
-        if sha in present and not intact_file(root / path, size):
-            present.discard(sha)
+    files = [(sha, path, size) for sha, path, size in conn.execute(
+        "SELECT sha256, path, size FROM artifacts WHERE path IS NOT NULL") if sha in present]
+    if files and is_remote(root):  # one listing, not a request a file
+        sizes = listed_models(root)
+        present.difference_update(sha for sha, path, size in files if sizes.get(path) != size)
+    else:
+        present.difference_update(sha for sha, path, size in files
+                                  if not intact_model(root, path, size))
     present |= packed
     present.difference_update(sha for (sha,) in conn.execute(
         "SELECT sha256 FROM corrupt_artifacts"))
     return present
 
 
-def loadable_mask(conn: sqlite3.Connection, root: Path, artifacts: Any,
+def loadable_mask(conn: sqlite3.Connection, root: Path | str, artifacts: Any,
                   packs_whole: bool = False) -> Any:
     """:func:`loadable_artifacts` as a mask over ``artifacts`` (a string
     array, nulls allowed: never loadable), the pack locators among them
@@ -182,7 +199,8 @@ def _mark_corrupt(conn: sqlite3.Connection, digest: str) -> None:
         pass
 
 
-def read_artifact(conn: sqlite3.Connection, root: Path, digest: str, what: str) -> bytes:
+def read_artifact(conn: sqlite3.Connection, root: Path | str, digest: str, what: str
+                  ) -> bytes:
     """The bytes of an artifact (a SHA-256 or a pack locator), checked against
     its SHA-256."""
     if packs.is_locator(digest):
@@ -223,7 +241,7 @@ class UnpackedRead(NamedTuple):
     error: OSError | None = None  # why its file could not be read
 
 
-def read_unpacked(conn: sqlite3.Connection, root: Path, digest: str) -> UnpackedRead:
+def read_unpacked(conn: sqlite3.Connection, root: Path | str, digest: str) -> UnpackedRead:
     """Read an artifact of its own and check it against its recorded size and
     SHA-256, marking nothing: loads (:func:`read_artifact`) and
     ``Store.verify`` each decide what a problem means."""
@@ -236,7 +254,7 @@ def read_unpacked(conn: sqlite3.Connection, root: Path, digest: str) -> Unpacked
         data = bytes(blob)
     else:
         try:
-            data = (root / relative).read_bytes()
+            data = read_model_bytes(root, relative)
         except OSError as exc:
             problem = MISSING if isinstance(exc, FileNotFoundError) else UNREADABLE
             return UnpackedRead(None, problem, relative, size, 0, exc)

@@ -7,14 +7,17 @@ read; a file no row names is left until it is an hour old.
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.compute as pc
 
-from ..engine.modelfiles import marker_run
+from ..engine.modelfiles import marker_run, remove_object
+from ..inputs.objectstores import child, is_remote, resolve
 from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
 from .database import INDEX_NAME
@@ -25,10 +28,12 @@ from .database import INDEX_NAME
 STRAY_AGE_S = 3600.0
 
 
-def collect(conn: sqlite3.Connection, root: Path) -> int:
+def collect(conn: sqlite3.Connection, root: Path | str, folder: Path) -> int:
     """Remove artifacts and packs no run references, stray files, and the
     checkpoints no unfinished task can use (:mod:`.checkpoints`); return how
-    many models (and files, and checkpoints) were removed.
+    many models (and files, and checkpoints) were removed. ``root``: where
+    the model files are (the store's ``folder``, or an object store's URI);
+    ``folder``: where the index and the checkpoints are.
 
     The blocks are read before the write transaction (a million tasks'
     locators take seconds to decode, and a run training into the store
@@ -69,20 +74,16 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
     # model, trained again), its own row on its way: such a file waits as a
     # stray does; with no run running, none is on its way
     dead_before = began - STRAY_AGE_S if running else began
-    nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
-    for file in (root / "artifacts").rglob("*"):
-        relative = file.relative_to(root).as_posix()
-        if any(folder in file.parents for folder in nested):  # another store: not ours
-            continue
-        if marker_run(file.name) in running:  # its workers look for it while it runs
+    for relative, modified, remove in _files(root):
+        if marker_run(relative.rpartition("/")[2]) in running:  # its workers look for it
             continue
         if relative not in dead_paths and not _STORE_NAMES.fullmatch(relative):
             continue  # not a name the store gives its files: someone else's, kept
-        if file.is_file() and relative not in known and _older_than(
-                file, dead_before if relative in dead_paths else began - STRAY_AGE_S):
-            file.unlink(missing_ok=True)
+        if relative not in known and modified is not None and modified < (
+                dead_before if relative in dead_paths else began - STRAY_AGE_S):
+            remove()
             removed += relative not in dead_paths
-    removed += collect_checkpoints(conn, root)
+    removed += collect_checkpoints(conn, folder)
     conn.execute("VACUUM")
     return removed
 
@@ -94,11 +95,33 @@ def collect(conn: sqlite3.Connection, root: Path) -> int:
 _STORE_NAMES = re.compile(r"artifacts/(?:[0-9a-f]{2}/(?:[0-9a-f]{64}|\.tmp-[^/]*)|\.run-[^/]*)")
 
 
-def _older_than(file: Path, moment: float) -> bool:
-    try:
-        return file.stat().st_mtime < moment
-    except OSError:  # gone meanwhile
-        return False
+def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], None]]]:
+    """The files under the store's ``artifacts/``: each one's name under
+    ``root``, its modification time (None: gone meanwhile), and what removes
+    it. A local store's files of another store nested in its folder are not
+    its own, and are left out."""
+    if is_remote(root):
+        from pyarrow import fs
+
+        filesystem, base = resolve(child(str(root), "artifacts"))
+        start = len(base) - len("artifacts")
+        for entry in filesystem.get_file_info(fs.FileSelector(base, recursive=True,
+                                                              allow_not_found=True)):
+            if entry.type == fs.FileType.File:
+                yield (entry.path[start:], entry.mtime.timestamp() if entry.mtime else None,
+                       functools.partial(remove_object, child(str(root), entry.path[start:])))
+        return
+    root = Path(root)
+    nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
+    for file in (root / "artifacts").rglob("*"):
+        if any(folder in file.parents for folder in nested) or not file.is_file():
+            continue
+        try:
+            modified: float | None = file.stat().st_mtime
+        except OSError:  # gone meanwhile
+            modified = None
+        yield (file.relative_to(root).as_posix(), modified,
+               functools.partial(file.unlink, missing_ok=True))
 
 
 def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | None = None

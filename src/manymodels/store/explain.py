@@ -46,7 +46,7 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
     if then["status"] != Status.OK:
         return f"{key!r} was trained: in run {then_run} it ended {then['status']!r}"
     if then["artifact"] is not None and not artifacts.loadable_mask(
-            store._conn, store.path, [then["artifact"]])[0]:
+            store._conn, store.root, [then["artifact"]])[0]:
         return (f"{key!r} was trained: its model from run {then_run} could no longer be "
                 "loaded (missing from the store, or found corrupt)")
     return f"{key!r} was trained: reuse was turned off (reuse=False)"

@@ -41,7 +41,7 @@ class StoredModel:
 
     def load(self) -> Any:
         what = self.what if isinstance(self.what, str) else f"key {self.what!r}"
-        data = artifacts.read_artifact(self.store._conn, self.store.path, self.digest, what)
+        data = artifacts.read_artifact(self.store._conn, self.store.root, self.digest, what)
         return pickle.loads(data)
 
 

@@ -154,14 +154,14 @@ class RunRecorder:
             reused = self._find_reusable(reuse, verify)
             if self._start_run(reused, last_try):
                 break
-        self._writer = StoreWriter(self.store.path, self.run_id, self._keys,
+        self._writer = StoreWriter(self.store.path, self.store.root, self.run_id, self._keys,
                                    self.identities, on_committed=self._forget_models)
         return 0 if reused is None else reused.num_rows
 
     def _find_reusable(self, reuse: bool, verify: bool = False) -> pa.Table | None:
         self._same_as, self._reused, self._metric_texts = [], None, {}
         if reuse and self.plan.tasks:
-            search = ReuseSearch(self.conn, self.store.path, self.identities, self._keys)
+            search = ReuseSearch(self.conn, self.store.root, self.identities, self._keys)
             self._reused = search.find()
             if verify:
                 self._reused = self._verified(search, self._reused)
@@ -182,13 +182,13 @@ class RunRecorder:
         while reused is not None:
             tasks, names = verification.reused_models(self.conn, reused, search.same_as)
             new = set(names) - checked.keys()
-            problems = verification.check_artifacts(self.conn, self.store.path, new)
+            problems = verification.check_artifacts(self.conn, self.store.root, new)
             checked.update({name: problems.get(name) for name in new})
             if not problems:
                 break
             if not verification.record(self.conn, problems):
                 raise database.StoreError(
-                    f"store {str(self.store.path)!r}: models found corrupt could not be "
+                    f"store {str(self.store)!r}: models found corrupt could not be "
                     "recorded so (the index is not writable)")
             for task, name in zip(tasks.tolist(), names):
                 if name in problems:

@@ -26,9 +26,11 @@ from ..inputs.keys import (
     key_parts,
     stored_object_texts,
 )
+from ..inputs.objectstores import is_remote, shown
 from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
 from .lazymodels import ModelMap, StoredModel
+from .remote import RemoteIndex, copied_from
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -51,19 +53,43 @@ def run_number(run: Any) -> int:
 
 
 class Store:
-    """A crash-safe registry of runs and models in one directory.
+    """A crash-safe registry of runs and models in one directory, or on an
+    object store.
 
     ``mm.train(..., store="models/")`` records every task there; a re-run with
     the same store reuses each finished model whose identity (code, parameters,
     data) is unchanged and trains only what changed. A store this user may
     only read (or ``read_only=True``) opens for reading.
+
+    ``store="s3://bucket/models"`` (any location pyarrow's filesystems open)
+    keeps the model files there, uploaded by the workers, and the index in a
+    local copy that is published there whole (:mod:`.remote`).
     """
 
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
         if isinstance(path, str) and not path.strip():
             raise database.StoreError("the store path is empty: name a directory (an empty "
                                       "path would make the current directory a store)")
-        self.path = Path(path).expanduser().absolute()  # fit may change the directory
+        self._remote: RemoteIndex | None = None
+        if is_remote(path):
+            self._remote = RemoteIndex(str(path))
+            self._remote.pull(read_only)
+            #: where its index is: for a store on an object store, this
+            #: machine's copy of it
+            self.path = self._remote.copy
+            #: where its model files are: its folder, or its object store's URI
+            self.root: Path | str = str(path)
+        else:
+            self.path = Path(path).expanduser().absolute()  # fit may change the directory
+            self.root = self.path
+            copied = copied_from(self.path)
+            if copied is not None:  # read as it is now, a run here writing it included
+                if read_only is False:
+                    raise database.StoreError(
+                        f"{str(self.path)!r} is this machine's copy of the index of the store "
+                        f"{copied!r}: it opens for reading only; open that store by its URI "
+                        "to write to it")
+                read_only, self.root = True, copied
         #: True when the store was opened for reading only (asked for, or the
         #: files are not writable by this user): it can be read, not trained into.
         self.read_only = not database.prepare_directory(self.path, read_only)
@@ -77,6 +103,24 @@ class Store:
         self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
         #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
         self._counts: dict[int, tuple[tuple, list[int]]] = {}
+        self._publish()  # the runs of a driver here that stopped before publishing
+
+    @property
+    def location(self) -> str:
+        """What names the store, as it was opened: its folder, or its URI."""
+        return str(self.root)
+
+    def _refresh(self) -> None:
+        """A store on an object store: bring its index's copy to what was
+        published since it was opened; nothing otherwise."""
+        if self._remote is not None:
+            self._remote.pull()
+
+    def _publish(self) -> None:
+        """A store on an object store: publish its index's copy, where it
+        holds writes not published yet (:mod:`.remote`); nothing otherwise."""
+        if self._remote is not None and not self.read_only:
+            self._remote.publish()
 
     @property
     def _conn(self) -> sqlite3.Connection:
@@ -90,13 +134,17 @@ class Store:
         return conn
 
     def close(self) -> None:
+        self._publish()
         with self._connecting:
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
 
+    def __str__(self) -> str:
+        return shown(self.location)
+
     def __repr__(self) -> str:
-        return f"Store({str(self.path)!r})"
+        return f"Store({shown(self.location)!r})"
 
     # -- runs ------------------------------------------------------------------
 
@@ -145,13 +193,13 @@ class Store:
                 "SELECT run_id, key_columns, param_columns FROM runs "
                 "ORDER BY run_id DESC LIMIT 1").fetchone()
             if row is None:
-                raise ValueError(f"store {str(self.path)!r} holds no runs yet")
+                raise ValueError(f"store {shown(self.location)!r} holds no runs yet")
         else:
             row = self._conn.execute(
                 "SELECT run_id, key_columns, param_columns FROM runs WHERE run_id = ?",
                 (run,)).fetchone()
             if row is None:
-                raise ValueError(f"store {str(self.path)!r} has no run {run!r}")
+                raise ValueError(f"store {shown(self.location)!r} has no run {run!r}")
         return row[0], json.loads(row[1]), json.loads(row[2])
 
     def results(self, run: int | None = None) -> pd.DataFrame:
@@ -272,7 +320,7 @@ class Store:
     def _require_writable(self, what: str) -> None:
         if self.read_only:
             raise database.StoreError(
-                f"store {str(self.path)!r} is open for reading only (asked for, or its "
+                f"store {shown(self.location)!r} is open for reading only (asked for, or its "
                 f"files are not writable here): {what} writes to it")
 
     def attach(self, run: int, name: str, obj: Any) -> None:
@@ -281,7 +329,7 @@ class Store:
         run_id, _, _ = self._run_row(run)
         self._conn.execute("BEGIN IMMEDIATE")
         try:
-            digest, _ = artifacts.write_artifact(self._conn, self.path,
+            digest, _ = artifacts.write_artifact(self._conn, self.root,
                                                 pickle.dumps(obj, protocol=5))
             self._conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
                                (run_id, name, digest))
@@ -289,6 +337,7 @@ class Store:
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
+        self._publish()
 
     def attached(self, name: str, run: int | None = None, default: Any = None) -> Any:
         """An object kept with :meth:`attach`, or ``default``."""
@@ -391,7 +440,7 @@ class Store:
                                           (run_id,)).fetchone()
             if status == "running" and not force and drivers.driver_alive(driver):
                 raise database.StoreError(
-                    f"run {run_id} of the store {str(self.path)!r} is still being written by "
+                    f"run {run_id} of the store {shown(self.location)!r} is still being written by "
                     f"its driver ({driver}): delete it once it has ended, or stop that "
                     "driver first (Store.delete(run, force=True) for a driver on another "
                     "machine that is gone)")
@@ -400,6 +449,7 @@ class Store:
         except BaseException:
             database.rollback_quietly(conn)
             raise
+        self._publish()
 
     def gc(self) -> int:
         """Remove artifacts and packs no run references, and stray files; return
@@ -407,7 +457,9 @@ class Store:
         from .collect import collect
 
         self._require_writable("gc")
-        return collect(self._conn, self.path)
+        removed = collect(self._conn, self.root, self.path)
+        self._publish()
+        return removed
 
     def verify(self) -> pd.DataFrame:
         """Read every model and run-level object the store's runs name and
@@ -421,7 +473,7 @@ class Store:
         :mod:`.verify`). A store open for reading only is checked, not marked."""
         from .verify import verify_store
 
-        return verify_store(self._conn, self.path)
+        return verify_store(self._conn, self.root)
 
     def integrity_check(self) -> str:
         """SQLite's own ``PRAGMA integrity_check`` ("ok" when sound)."""

@@ -66,10 +66,13 @@ class StoreWriter:
     columns, made once for the run; a hand-over's rows take theirs by task
     index (see :func:`.taskblocks.task_columns`)."""
 
-    def __init__(self, root: Path, run_id: int, keys: pa.Array, identities: TaskIdentities,
+    def __init__(self, root: Path, files: Path | str, run_id: int, keys: pa.Array,
+                 identities: TaskIdentities,
                  on_committed: Callable[[list[ModelPack], list[int]], None] | None = None
                  ) -> None:
-        self.root, self.run_id = root, run_id
+        #: the index's folder, and where the model files go (the same folder,
+        #: or an object store's URI: :mod:`.remote`)
+        self.root, self.files, self.run_id = root, files, run_id
         #: Told what a transaction committed: the packs whose every task it
         #: holds, and the task indices of its other rows with a model.
         self.on_committed = on_committed
@@ -192,14 +195,14 @@ class StoreWriter:
                 sent.append((model, by_object[bounds[number]:bounds[number + 1]]))
             elif type(model) is ModelFile:  # its worker wrote it: its row alone
                 large_objects.append(number)
-                large.append(artifacts.record_model_file(conn, self.root, model))
+                large.append(artifacts.record_model_file(conn, self.files, model))
                 large_sizes.append(model.size)
             elif len(model.data) < artifacts.SMALL_ARTIFACT:
                 small_objects.append(number)
                 small.append(model.data)
             else:
                 large_objects.append(number)
-                large.append(artifacts.write_artifact(conn, self.root, model.data,
+                large.append(artifacts.write_artifact(conn, self.files, model.data,
                                                       model.sha256)[0])
                 large_sizes.append(len(model.data))
         at = np.full(count, -1, dtype=np.int64)  # each row's place in the locators

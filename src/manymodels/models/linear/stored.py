@@ -63,7 +63,7 @@ def open_store(store: Any, name: str) -> Opened:
     if opened.store.read_only:
         if opened.owned:
             opened.store.close()
-        raise StoreError(f"store {str(opened.store.path)!r} is open for reading only: "
+        raise StoreError(f"store {str(opened.store)!r} is open for reading only: "
                          "mm.linear cannot save its result there")
     return opened
 
@@ -96,7 +96,7 @@ def load(store: Store, name: str | None = None, run: int | None = None) -> Linea
         names = sorted({d.get("linear") for _, d, _ in _linear_runs(store)})
         which = f"named {name!r}" if name is not None else "at all"
         where = f" in run {run}" if run is not None else ""
-        raise ValueError(f"store {str(store.path)!r} holds no mm.linear result {which}{where}"
+        raise ValueError(f"store {str(store)!r} holds no mm.linear result {which}{where}"
                          f"; the names it holds: {names}")
     return _read(store, found[0]).result
 
@@ -148,7 +148,7 @@ def linear_run(store: Store, run_id: int) -> tuple[int, dict, str] | None:
 def _read(store: Store, found: tuple[int, dict, str]) -> Saved:
     run_id, detail, artifact = found
     what = f"the mm.linear result {detail.get('linear')!r} of run {run_id}"
-    saved = from_artifact(artifacts.read_artifact(store._conn, store.path, artifact, what),
+    saved = from_artifact(artifacts.read_artifact(store._conn, store.root, artifact, what),
                           run_id)
     saved.digest = artifact
     return saved
@@ -186,11 +186,11 @@ def predict_frame(store: Store, found: tuple[int, dict, str], table: Any, method
     values = getattr(result, method)(frame)
     seen = result.group_of(frame) >= 0
     if not seen.any():
-        raise ValueError(f"no row of the table has a model in store {str(store.path)!r}: "
+        raise ValueError(f"no row of the table has a model in store {str(store)!r}: "
                          f"none of its groups by {result.by} is in run {found[0]}")
     if not seen.all():
         warnings.warn(f"{int((~seen).sum())} row(s) have no model in run {found[0]} of store "
-                      f"{str(store.path)!r}: their prediction is NaN", RuntimeWarning,
+                      f"{str(store)!r}: their prediction is NaN", RuntimeWarning,
                       stacklevel=3)
     prediction = pd.Series(values, index=frame.index)
     if with_source:
@@ -253,7 +253,7 @@ def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
     try:
         conn.execute("BEGIN IMMEDIATE")
         digest_ = artifact if isinstance(artifact, str) else artifacts.write_artifact(
-            conn, store.path, artifact)[0]
+            conn, store.root, artifact)[0]
         conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
                      (run_id, PREFIX + name, digest_))
         conn.execute("UPDATE runs SET finished_at=?, status='finished', ok=?, failed=?, "
@@ -264,6 +264,7 @@ def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
         database.rollback_quietly(conn)
         raise database.write_error(store.path, exc, "the mm.linear result was not saved") \
             from exc
+    store._publish()  # a store on an object store: its index, published
 
 
 def _abandon(store: Store, run_id: int) -> None:

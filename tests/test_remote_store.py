@@ -1,0 +1,348 @@
+"""A store on an object store (``store="s3://..."``), against an S3 API server
+on loopback (moto's server mode): model files uploaded by the workers, the
+index published whole from a local copy, read back from another machine
+(another cache folder), a killed driver's runs kept, and what is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import manymodels as mm
+from manymodels.cli import app
+from manymodels.store import StoreError, StoreIntegrityError
+from serve_helpers import Server, call
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """An S3 API server on loopback with a bucket "bucket"; yields a function
+    that makes a store's URI there (the endpoint and keys in its query, so
+    that workers need nothing in their environment) and a pyarrow filesystem
+    on it, to look at the objects."""
+    moto_server = pytest.importorskip("moto.server")
+    from pyarrow import fs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    filesystem = fs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
+                                 endpoint_override=f"{host}:{port}", region="us-east-1",
+                                 allow_bucket_creation=True)
+    filesystem.create_dir("bucket")
+    options = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+
+    def uri(name: str, bucket: str = "bucket") -> str:
+        return f"s3://testing:testing@{bucket}/{name}?{options}"
+
+    yield uri, filesystem
+    server.stop()
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    """Switch to "another machine": a cache folder of its own for the copies
+    of remote stores' indexes (workers started after the switch inherit it)."""
+    def switch(name: str) -> str:
+        folder = tmp_path / f"cache-{name}"
+        monkeypatch.setenv("MANYMODELS_CACHE_DIR", str(folder))
+        return str(folder)
+
+    switch("a")
+    return switch
+
+
+def objects(filesystem, prefix: str) -> dict[str, int]:
+    from pyarrow import fs
+
+    found = filesystem.get_file_info(fs.FileSelector(f"bucket/{prefix}", recursive=True,
+                                                     allow_not_found=True))
+    return {entry.path[len(f"bucket/{prefix}/"):]: entry.size for entry in found
+            if entry.type == fs.FileType.File}
+
+
+class Scaled:
+    """A model whose size the test picks: large ones (1 MiB or more) are
+    files of the store, uploaded by the worker; small ones are packed in the
+    index."""
+
+    def __init__(self, factor: float, size: int) -> None:
+        self.factor, self.padding = factor, np.zeros(size)
+
+    def predict(self, X):
+        return np.asarray(X, dtype=float)[:, 0] * self.factor
+
+
+def fit_scaled(df):
+    group = int(df["g"].iloc[0])
+    return Scaled(float(df["x"].sum()), 200_000 if group % 2 else 4), {"rows": len(df)}
+
+
+def table(groups: int = 6, shift: float = 0.0) -> pd.DataFrame:
+    return pd.DataFrame({"g": np.repeat(np.arange(groups), 4),
+                         "x": np.arange(groups * 4, dtype=float) + shift})
+
+
+def test_a_store_on_an_object_store_trains_reuses_and_serves_from_another_machine(
+        s3, machine, tmp_path, monkeypatch):
+    """The workers upload the large models, the driver publishes the index;
+    another machine's re-run reuses every model, reads them back checked, and
+    predicts with them; its models are served by `manymodels serve`."""
+    uri, filesystem = s3
+    location = uri("models")
+    run = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
+                   backend="processes", workers=2, progress=False)
+    assert (run.results["status"] == "ok").all()
+    files = objects(filesystem, "models")
+    large = {name for name in files if name.startswith("artifacts/")}
+    assert len(large) == 3 and all(files[name] > 2**20 for name in large)
+    assert not any("/.run-" in name or "/.tmp-" in name for name in files)  # markers gone
+    published = [name for name in files if name.startswith("indexes/")]
+    assert len(published) == 1 and "index.current" in files
+
+    machine("b")
+    again = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
+                     backend="processes", workers=2, progress=False)
+    assert again.results["reused"].all()
+    store = mm.Store(location)
+    assert list(store.runs()["reused"]) == [0, 6]
+    assert "testing:***@" in repr(store) and ":testing@" not in repr(store)
+    for group in range(6):
+        model = store.load(group)
+        assert model.factor == table()[table().g == group].x.sum()
+    # one published index is kept: the one it replaced is gone
+    assert len([n for n in objects(filesystem, "models") if n.startswith("indexes/")]) == 1
+
+    rows = pd.DataFrame({"g": [0, 1, 5, 9], "x": [1.0, 2.0, 3.0, 4.0]})
+    predicted = store.predict(rows, by="g", workers=2)
+    assert predicted[:3].tolist() == [1.0 * store.load(0).factor, 2.0 * store.load(1).factor,
+                                      3.0 * store.load(5).factor]
+    assert np.isnan(predicted[3])
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(  # the server unpickles Scaled
+        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    with open(tmp_path / "serve.log", "w") as log:
+        server = Server(location, "--poll", "0.5", log=log)
+        try:
+            answer = call(f"{server.url}/v1/predict", "POST",
+                          {"rows": [{"g": 1, "x": 2.0}]})
+            assert answer.status == 200, answer.body
+            assert answer.json()["predictions"] == [2.0 * store.load(1).factor]
+            # a run published from a third machine is served once polled
+            machine("c")
+            mm.train(fit_scaled, mm.groups(table(shift=1.0), by="g"), store=location,
+                     backend="serial", progress=False)
+            expected = 2.0 * mm.Store(location).load(1).factor
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                answer = call(f"{server.url}/v1/predict", "POST",
+                              {"rows": [{"g": 1, "x": 2.0}]})
+                if answer.json()["predictions"] == [expected]:
+                    break
+                time.sleep(0.5)
+            assert answer.json()["predictions"] == [expected]
+        finally:
+            server.close()
+
+
+_KILLED_DRIVER = textwrap.dedent("""
+    import os, signal, sys, time
+    import numpy as np, pandas as pd
+    import manymodels as mm
+
+    def fit(df):
+        if int(df["g"].iloc[0]) == 5 and sys.argv[2] == "kill":  # after 5 tasks committed
+            time.sleep(3)
+            os.kill(int(os.environ["DRIVER_PID"]), signal.SIGKILL)
+            time.sleep(30)
+        return np.zeros(4) + len(df)
+
+    os.environ["DRIVER_PID"] = str(os.getpid())
+    frame = pd.DataFrame({"g": np.repeat(np.arange(8), 3), "x": np.arange(24.0)})
+    mm.train(fit, mm.groups(frame, by="g"), store=sys.argv[1], backend="processes",
+             workers=1, progress=False)
+""")
+
+
+def _killed_driver(location: str, kill: bool = True) -> None:
+    """A driver killed (SIGKILL, by its worker) after 5 of its 8 tasks; with
+    ``kill=False``, the same job run to its end."""
+    done = subprocess.run([sys.executable, "-c", _KILLED_DRIVER, location,
+                           "kill" if kill else "run"],
+                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    assert done.returncode == (-9 if kill else 0), done.stderr
+
+
+def test_a_killed_drivers_finished_tasks_are_published_by_the_next_open(s3, machine):
+    """A driver killed mid-run published nothing; its finished tasks are in
+    its machine's copy, published by the next open there: another machine
+    then sees them, and its re-run reuses them."""
+    uri, _ = s3
+    location = uri("killed")
+    _killed_driver(location)
+    machine("b")
+    with pytest.raises(StoreError, match="does not exist"):
+        mm.Store(location, read_only=True)
+    machine("a")
+    mm.Store(location).close()  # the next open on machine a publishes
+    machine("b")
+    runs = mm.Store(location, read_only=True).runs()
+    assert list(runs["status"]) == ["interrupted"] and runs["ok"].iloc[0] == 5
+    _killed_driver(location, kill=False)
+    runs = mm.Store(location, read_only=True).runs()
+    assert list(runs["status"]) == ["interrupted", "finished"]
+    assert list(runs["reused"]) == [0, 5] and runs["ok"].iloc[1] == 8
+
+
+def test_two_machines_that_both_wrote_are_refused_not_merged(s3, machine):
+    """Machine a's copy holds a killed run, not published; machine b has
+    published since: a's open is refused, naming a's copy, and nothing is
+    overwritten on the object store."""
+    uri, _ = s3
+    location = uri("conflict")
+    mm.train(lambda df: len(df), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    _killed_driver(location)  # on machine a, after the run above
+    copy = machine("a")
+    machine("b")
+    mm.train(lambda df: len(df) + 1, mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    machine("a")
+    with pytest.raises(StoreError, match="written from another machine") as error:
+        mm.Store(location)
+    assert copy in str(error.value)
+    machine("c")
+    assert len(mm.Store(location, read_only=True).runs()) == 2  # b's, not a's
+
+
+def test_delete_and_gc_remove_the_objects_no_run_names(s3, machine):
+    """gc on an object store: the objects of a deleted run's models go (those
+    a kept run names stay), and another machine sees the published result."""
+    uri, filesystem = s3
+    location = uri("collected")
+    first = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
+                     backend="serial", progress=False)
+    mm.train(fit_scaled, mm.groups(table(shift=100.0), by="g"), store=location,
+             backend="serial", progress=False)
+    assert len([n for n in objects(filesystem, "collected") if n.startswith("artifacts/")]) == 6
+    store = mm.Store(location)
+    store.delete(first.run_id)
+    assert store.gc() == 6  # 3 large (objects) and 3 packed models
+    left = {n for n in objects(filesystem, "collected") if n.startswith("artifacts/")}
+    assert len(left) == 3
+    machine("b")
+    other = mm.Store(location, read_only=True)
+    assert list(other.runs()["run_id"]) == [2]
+    assert {f"artifacts/{a[:2]}/{a}" for a in other.results()["artifact"]
+            if isinstance(a, str) and len(a) == 64} == left
+
+
+def test_a_changed_object_is_refused_and_trained_again(s3, machine):
+    """A model object changed on the object store is never unpickled: its
+    load is refused, and the next run trains its group again."""
+    uri, filesystem = s3
+    location = uri("changed")
+    mm.train(fit_scaled, mm.groups(table(), by="g"), store=location, backend="serial",
+             progress=False)
+    name = sorted(n for n in objects(filesystem, "changed") if n.startswith("artifacts/"))[0]
+    with filesystem.open_output_stream(f"bucket/changed/{name}") as out:
+        out.write(b"x" * (2**20 + 5))
+    store = mm.Store(location)
+    broken = [g for g in range(6) if store.results().set_index("g").loc[g, "artifact"]
+              == name.rsplit("/", 1)[1]]
+    with pytest.raises(StoreIntegrityError, match="does not match"):
+        store.load(broken[0])
+    again = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
+                     backend="serial", progress=False, verify=True)
+    assert set(again.results.loc[~again.results["reused"], "g"]) == set(broken)
+    assert mm.Store(location).load(broken[0]).factor == table()[
+        table().g == broken[0]].x.sum()
+
+
+def test_bad_locations_are_refused_before_any_work(s3, machine, tmp_path):
+    uri, _ = s3
+    called = []
+
+    def fit(df):
+        called.append(1)
+        return len(df)
+
+    with pytest.raises(StoreError, match="bucket 'nobucket' does not exist"):
+        mm.train(fit, mm.groups(table(), by="g"), store=uri("models", bucket="nobucket"),
+                 backend="serial", progress=False)
+    with pytest.raises(StoreError, match="'#'"):
+        mm.Store("s3://bucket/a#b")
+    assert called == []
+    # the CLI names the store that is not there, in one line
+    result = CliRunner().invoke(app, ["runs", uri("nothing-here")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert "testing:testing" not in result.output
+    # this machine's copy of an index opens for reading only
+    location = uri("copied")
+    mm.train(lambda df: len(df), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    copy = mm.Store(location).path
+    assert mm.Store(copy).read_only and len(mm.Store(copy).runs()) == 1
+    with pytest.raises(StoreError, match="opens for reading only"):
+        mm.Store(copy, read_only=False)
+
+
+def test_mm_linear_saves_into_and_reuses_from_an_object_store(s3, machine):
+    """mm.linear(store=URI): its result is published; another machine's
+    unchanged re-run fits nothing and equals it."""
+    from test_linear import FEATURES, sales
+
+    uri, _ = s3
+    location, frame = uri("linear"), sales(40)
+    first = mm.linear(frame, by=["store", "item"], features=FEATURES, target="y",
+                      store=location)
+    assert first.fitted == len(first)
+    machine("b")
+    again = mm.linear(frame, by=["store", "item"], features=FEATURES, target="y",
+                      store=location)
+    assert (again.fitted, again.reused) == (0, len(first))
+    pd.testing.assert_frame_equal(first.coefficients, again.coefficients)
+    assert list(mm.Store(location, read_only=True).runs()["reused"]) == [0, len(first)]
+
+
+def fit_neighbours(df):
+    """A model any worker can unpickle (scikit-learn's): large (its training
+    rows repeated past 1 MiB) for the odd groups."""
+    from sklearn.neighbors import KNeighborsRegressor
+
+    times = 20_000 if int(df["g"].iloc[0]) % 2 else 1
+    return KNeighborsRegressor(n_neighbors=1).fit(np.tile(df[["x"]].to_numpy(), (times, 1)),
+                                                  np.tile(df["x"].to_numpy() * 2, times))
+
+
+def test_an_engine_trains_into_and_predicts_from_an_object_store(s3, machine, engine):
+    """On Spark and Dask: the engine's workers upload the large models
+    themselves, and Store.predict of the engine's DataFrame has each
+    executor open the store by its URI (its own copy of the index)."""
+    from test_engine_frames import _engine_frame
+
+    uri, filesystem = s3
+    name, _ = engine
+    location = uri(f"engine-{name}")
+    run = mm.train(fit_neighbours, mm.groups(table(), by="g"), store=location, backend=name,
+                   progress=False)
+    assert (run.results["status"] == "ok").all()
+    assert len([n for n in objects(filesystem, f"engine-{name}")
+                if n.startswith("artifacts/")]) == 3
+    machine("b")
+    rows = pd.DataFrame({"g": [0, 1, 5], "x": [1.0, 6.0, 21.0]})
+    answer = mm.Store(location).predict(_engine_frame(engine, rows), by="g")
+    answer = (answer.toPandas() if name == "spark" else answer.compute()).sort_values("g")
+    store = mm.Store(location, read_only=True)
+    assert answer["prediction"].tolist() == [
+        float(store.load(g).predict([[x]])[0]) for g, x in zip(rows["g"], rows["x"])]
