@@ -18,9 +18,10 @@ from .prediction import predict_from_store
 
 
 class Store(_Store):
-    """A directory of runs and models, as ``train(store=...)`` writes it: open
-    one to list its runs, read their results, load and explain their models,
-    and predict with them. Every method of the store below, plus:"""
+    """A directory of runs and models, as ``train(store=...)`` writes it, or
+    an object store's location (``"s3://bucket/models"``): open one to list
+    its runs, read their results, load and explain their models, and predict
+    with them. Every method of the store below, plus:"""
 
     def _linear_run(self, run_id: int) -> Any:
         return linear_runs.linear_run(self, run_id)

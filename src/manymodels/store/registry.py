@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import sqlite3
-import threading
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -26,11 +24,10 @@ from ..inputs.keys import (
     key_parts,
     stored_object_texts,
 )
-from ..inputs.objectstores import is_remote, shown
 from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
 from .lazymodels import ModelMap, StoredModel
-from .remote import RemoteIndex, copied_from
+from .opening import OpenedIndex
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -52,7 +49,7 @@ def run_number(run: Any) -> int:
     return int(run)
 
 
-class Store:
+class Store(OpenedIndex):
     """A crash-safe registry of runs and models in one directory, or on an
     object store.
 
@@ -67,84 +64,10 @@ class Store:
     """
 
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
-        if isinstance(path, str) and not path.strip():
-            raise database.StoreError("the store path is empty: name a directory (an empty "
-                                      "path would make the current directory a store)")
-        self._remote: RemoteIndex | None = None
-        if is_remote(path):
-            self._remote = RemoteIndex(str(path))
-            self._remote.pull(read_only)
-            #: where its index is: for a store on an object store, this
-            #: machine's copy of it
-            self.path = self._remote.copy
-            #: where its model files are: its folder, or its object store's URI
-            self.root: Path | str = str(path)
-        else:
-            self.path = Path(path).expanduser().absolute()  # fit may change the directory
-            self.root = self.path
-            copied = copied_from(self.path)
-            if copied is not None:  # read as it is now, a run here writing it included
-                if read_only is False:
-                    raise database.StoreError(
-                        f"{str(self.path)!r} is this machine's copy of the index of the store "
-                        f"{copied!r}: it opens for reading only; open that store by its URI "
-                        "to write to it")
-                read_only, self.root = True, copied
-        #: True when the store was opened for reading only (asked for, or the
-        #: files are not writable by this user): it can be read, not trained into.
-        self.read_only = not database.prepare_directory(self.path, read_only)
-        # a connection per thread: SQLite's transactions are a connection's,
-        # and threads sharing one broke each other's (a delete's BEGIN inside
-        # another thread's read, a reader's COMMIT of a half-done write)
-        self._local = threading.local()
-        self._connections = [database.connect(self.path, read_only=self.read_only)]
-        self._local.conn = self._connections[0]
-        self._connecting = threading.Lock()
+        super().__init__(path, read_only)
         self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
         #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
         self._counts: dict[int, tuple[tuple, list[int]]] = {}
-        self._publish()  # the runs of a driver here that stopped before publishing
-
-    @property
-    def location(self) -> str:
-        """What names the store, as it was opened: its folder, or its URI."""
-        return str(self.root)
-
-    def _refresh(self) -> None:
-        """A store on an object store: bring its index's copy to what was
-        published since it was opened; nothing otherwise."""
-        if self._remote is not None:
-            self._remote.pull()
-
-    def _publish(self) -> None:
-        """A store on an object store: publish its index's copy, where it
-        holds writes not published yet (:mod:`.remote`); nothing otherwise."""
-        if self._remote is not None and not self.read_only:
-            self._remote.publish()
-
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        """This thread's connection to the index (opened on first use)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = database.connect(self.path, read_only=self.read_only, opened=True)
-            with self._connecting:
-                self._connections.append(conn)
-            self._local.conn = conn
-        return conn
-
-    def close(self) -> None:
-        self._publish()
-        with self._connecting:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
-
-    def __str__(self) -> str:
-        return shown(self.location)
-
-    def __repr__(self) -> str:
-        return f"Store({shown(self.location)!r})"
 
     # -- runs ------------------------------------------------------------------
 
@@ -193,13 +116,13 @@ class Store:
                 "SELECT run_id, key_columns, param_columns FROM runs "
                 "ORDER BY run_id DESC LIMIT 1").fetchone()
             if row is None:
-                raise ValueError(f"store {shown(self.location)!r} holds no runs yet")
+                raise ValueError(f"store {str(self)!r} holds no runs yet")
         else:
             row = self._conn.execute(
                 "SELECT run_id, key_columns, param_columns FROM runs WHERE run_id = ?",
                 (run,)).fetchone()
             if row is None:
-                raise ValueError(f"store {shown(self.location)!r} has no run {run!r}")
+                raise ValueError(f"store {str(self)!r} has no run {run!r}")
         return row[0], json.loads(row[1]), json.loads(row[2])
 
     def results(self, run: int | None = None) -> pd.DataFrame:
@@ -316,12 +239,6 @@ class Store:
         return None
 
     # -- using the models --------------------------------------------------------
-
-    def _require_writable(self, what: str) -> None:
-        if self.read_only:
-            raise database.StoreError(
-                f"store {shown(self.location)!r} is open for reading only (asked for, or its "
-                f"files are not writable here): {what} writes to it")
 
     def attach(self, run: int, name: str, obj: Any) -> None:
         """Keep a run-level object (a fallback model, a configuration) with a run."""
@@ -440,7 +357,7 @@ class Store:
                                           (run_id,)).fetchone()
             if status == "running" and not force and drivers.driver_alive(driver):
                 raise database.StoreError(
-                    f"run {run_id} of the store {shown(self.location)!r} is still being written by "
+                    f"run {run_id} of the store {str(self)!r} is still being written by "
                     f"its driver ({driver}): delete it once it has ended, or stop that "
                     "driver first (Store.delete(run, force=True) for a driver on another "
                     "machine that is gone)")

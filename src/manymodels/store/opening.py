@@ -1,0 +1,110 @@
+"""A store opened: where its index and its model files are, and one SQLite
+connection to the index per thread.
+
+A store is a folder (its index, ``index.sqlite``, and its model files
+under ``artifacts/``), or an object store's location, whose model files are
+objects there and whose index is this machine's copy, pulled when opened
+and published after each write (:mod:`.remote`). What the rest of the
+package needs to tell the two apart is here: ``path`` is always the
+index's folder on this machine, ``root`` where the model files are (that
+folder, or the URI), ``location`` what the user named.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+from ..inputs.objectstores import is_remote, shown
+from . import database
+from .remote import RemoteIndex, copied_from
+
+
+class OpenedIndex:
+    """A store's index, opened (see the module docstring); the base of
+    :class:`manymodels.Store`, which reads and writes what it holds."""
+
+    def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
+        if isinstance(path, str) and not path.strip():
+            raise database.StoreError("the store path is empty: name a directory (an empty "
+                                      "path would make the current directory a store)")
+        self._remote: RemoteIndex | None = None
+        if is_remote(path):
+            self._remote = RemoteIndex(str(path))
+            self._remote.pull(read_only)
+            #: where its index is: for a store on an object store, this
+            #: machine's copy of it
+            self.path = self._remote.copy
+            #: where its model files are: its folder, or its object store's URI
+            self.root: Path | str = str(path)
+        else:
+            self.path = Path(path).expanduser().absolute()  # fit may change the directory
+            self.root = self.path
+            copied = copied_from(self.path)
+            if copied is not None:  # read as it is now, a run here writing it included
+                if read_only is False:
+                    raise database.StoreError(
+                        f"{str(self.path)!r} is this machine's copy of the index of the store "
+                        f"{copied!r}: it opens for reading only; open that store by its URI "
+                        "to write to it")
+                read_only, self.root = True, copied
+        #: True when the store was opened for reading only (asked for, or the
+        #: files are not writable by this user): it can be read, not trained into.
+        self.read_only = not database.prepare_directory(self.path, read_only)
+        # a connection per thread: SQLite's transactions are a connection's,
+        # and threads sharing one broke each other's (a delete's BEGIN inside
+        # another thread's read, a reader's COMMIT of a half-done write)
+        self._local = threading.local()
+        self._connections = [database.connect(self.path, read_only=self.read_only)]
+        self._local.conn = self._connections[0]
+        self._connecting = threading.Lock()
+        self._publish()  # the runs of a driver here that stopped before publishing
+
+    @property
+    def location(self) -> str:
+        """What names the store, as it was opened: its folder, or its URI."""
+        return str(self.root)
+
+    def _refresh(self) -> None:
+        """A store on an object store: bring its index's copy to what was
+        published since it was opened; nothing otherwise."""
+        if self._remote is not None:
+            self._remote.pull()
+
+    def _publish(self) -> None:
+        """A store on an object store: publish its index's copy, where it
+        holds writes not published yet (:mod:`.remote`); nothing otherwise."""
+        if self._remote is not None and not self.read_only:
+            self._remote.publish()
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection to the index (opened on first use)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = database.connect(self.path, read_only=self.read_only, opened=True)
+            with self._connecting:
+                self._connections.append(conn)
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        self._publish()
+        with self._connecting:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+
+    def __str__(self) -> str:
+        return shown(self.location)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self)!r})"
+
+    def _require_writable(self, what: str) -> None:
+        if self.read_only:
+            raise database.StoreError(
+                f"store {str(self)!r} is open for reading only (asked for, or its "
+                f"files are not writable here): {what} writes to it")
+
