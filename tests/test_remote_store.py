@@ -346,3 +346,30 @@ def test_an_engine_trains_into_and_predicts_from_an_object_store(s3, machine, en
     store = mm.Store(location, read_only=True)
     assert answer["prediction"].tolist() == [
         float(store.load(g).predict([[x]])[0]) for g, x in zip(rows["g"], rows["x"])]
+
+
+def fit_and_look(df, location, cache):
+    """Sleeps, then (the last group) reads the store as another machine
+    would, while the run goes on: how many tasks it sees finished."""
+    time.sleep(0.4)
+    seen = -1
+    if int(df["g"].iloc[0]) == 5:
+        time.sleep(1.5)  # a commit and a publication after the others ended
+        os.environ["MANYMODELS_CACHE_DIR"] = cache  # (this worker's own environment)
+        runs = mm.Store(location, read_only=True).runs()
+        seen = int(runs["ok"].iloc[-1]) if runs["status"].iloc[-1] == "running" else -2
+    return len(df), {"seen_ok": seen}
+
+
+def test_a_long_run_is_published_while_it_runs(s3, machine, monkeypatch, tmp_path):
+    """A run publishes the index every PUBLISH_EVERY_S while it runs: another
+    machine sees its finished tasks before it ends."""
+    from manymodels.store import remote
+
+    monkeypatch.setattr(remote, "PUBLISH_EVERY_S", 0.3)
+    uri, _ = s3
+    location = uri("long")
+    run = mm.train(fit_and_look, mm.groups(table(), by="g") * mm.grid(
+        location=[location], cache=[str(tmp_path / "cache-other")]),
+        store=location, backend="threads", workers=1, progress=False)
+    assert run.results.set_index("g").loc[5, "seen_ok"] >= 3

@@ -152,7 +152,8 @@ def train(
             with contextlib.suppress(OSError):  # (else they send them, as they would)
                 context.model_files = ModelFiles.open(store.root, recorder.run_id)
         try:
-            run = scheduler.run(context, began)
+            with store._publishing() if store is not None else contextlib.nullcontext():
+                run = scheduler.run(context, began)
         finally:
             checkpointing.close(context.checkpoints, store)
             if context.model_files is not None:

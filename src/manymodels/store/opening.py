@@ -12,13 +12,18 @@ folder, or the URI), ``location`` what the user named.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..inputs.objectstores import is_remote, shown
-from . import database
+from . import database, remote
 from .remote import RemoteIndex, copied_from
+
+log = logging.getLogger("manymodels.store")
 
 
 class OpenedIndex:
@@ -77,6 +82,33 @@ class OpenedIndex:
         holds writes not published yet (:mod:`.remote`); nothing otherwise."""
         if self._remote is not None and not self.read_only:
             self._remote.publish()
+
+    @contextlib.contextmanager
+    def _publishing(self) -> Iterator[None]:
+        """A store on an object store: publish its index's copy every
+        :data:`.remote.PUBLISH_EVERY_S` while the block runs (a run), so that
+        a machine lost mid-run loses only what it did since; the caller
+        publishes at the end. A publication that fails is logged, and the
+        next is tried at the next tick."""
+        if self._remote is None or self.read_only:
+            yield
+            return
+        stop = threading.Event()
+
+        def publish() -> None:
+            while not stop.wait(remote.PUBLISH_EVERY_S):
+                try:
+                    self._remote.publish()
+                except database.StoreError as exc:
+                    log.warning("publishing %s while its run runs failed: %s", self, exc)
+
+        thread = threading.Thread(target=publish, name="manymodels-publish", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     @property
     def _conn(self) -> sqlite3.Connection:

@@ -26,8 +26,9 @@ works on a local copy of the index and publishes it whole::
   reader on another machine sees the old index or the new one, whole.
 - **What is not lost.** Every task's row is committed to the local copy as
   it is for a local store (at most the last second); it reaches the object
-  store when the run ends. A driver killed mid-run leaves its rows in this
-  machine's copy, published by the next writable open of the store here.
+  store within :data:`PUBLISH_EVERY_S` while the run runs, and when it ends.
+  A driver killed mid-run leaves its rows in this machine's copy, published
+  by the next writable open of the store here.
 - **One machine writes at a time.** Before publishing, ``index.current`` is
   read again: where another machine published since this copy was synced,
   publishing is refused, the copy kept (the error names it). That check and
@@ -57,6 +58,8 @@ from .database import INDEX_NAME, StoreError
 POINTER, INDEXES = "index.current", "indexes"
 #: In the local copy's folder: what it was last synced with.
 SYNCED = "remote.json"
+#: How often a run publishes the index while it runs (its end publishes too).
+PUBLISH_EVERY_S = 300.0
 
 
 def cache_folder() -> Path:
