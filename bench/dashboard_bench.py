@@ -47,7 +47,7 @@ def write_store(path: Path, tasks: int, status: str = "finished") -> None:
     keys = encode_keys([(f"s{i // 1000:04d}", f"i{i % 1000:03d}") for i in range(tasks)])
     hashes = pa.array([f"{i:032x}" for i in range(tasks)], pa.string())
     nothing = pa.nulls(tasks, pa.string())
-    writer = StoreWriter(path, run_id, keys, TaskIdentities(hashes, nothing, hashes, None))
+    writer = StoreWriter(path, path, run_id, keys, TaskIdentities(hashes, nothing, hashes, None))
     for first in range(0, tasks, 200_000):
         rows = range(first, min(first + 200_000, tasks))
         writer.put({

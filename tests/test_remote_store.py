@@ -340,12 +340,25 @@ def test_an_engine_trains_into_and_predicts_from_an_object_store(s3, machine, en
     assert len([n for n in objects(filesystem, f"engine-{name}")
                 if n.startswith("artifacts/")]) == 3
     machine("b")
-    rows = pd.DataFrame({"g": [0, 1, 5], "x": [1.0, 6.0, 21.0]})
+    rows = pd.DataFrame({"g": [0, 1, 5], "x": [1.1, 6.1, 21.1]})
+    answer = mm.Store(location).predict(_engine_frame(engine, rows), by="g")
+    answer = (answer.toPandas() if name == "spark" else answer.compute()).sort_values("g")
+    store = mm.Store(location, read_only=True)
+    first = answer["prediction"].tolist()
+    assert first == [
+        float(store.load(g).predict([[x]])[0]) for g, x in zip(rows["g"], rows["x"])]
+    # a run published since: the executors' copies of the index (kept between
+    # predictions) are brought to it, not left at the first
+    machine("c")
+    mm.train(fit_neighbours, mm.groups(table(shift=0.5), by="g"), store=location,
+             backend="serial", progress=False)
+    machine("b")
     answer = mm.Store(location).predict(_engine_frame(engine, rows), by="g")
     answer = (answer.toPandas() if name == "spark" else answer.compute()).sort_values("g")
     store = mm.Store(location, read_only=True)
     assert answer["prediction"].tolist() == [
         float(store.load(g).predict([[x]])[0]) for g, x in zip(rows["g"], rows["x"])]
+    assert answer["prediction"].tolist() != first  # (new models: shifted rows)
 
 
 def fit_and_look(df, location, cache):
@@ -373,3 +386,102 @@ def test_a_long_run_is_published_while_it_runs(s3, machine, monkeypatch, tmp_pat
         location=[location], cache=[str(tmp_path / "cache-other")]),
         store=location, backend="threads", workers=1, progress=False)
     assert run.results.set_index("g").loc[5, "seen_ok"] >= 3
+
+
+def test_a_write_made_while_another_publishes_is_published_next(s3, machine, monkeypatch):
+    """Two writers of one machine share its copy: a commit that lands while
+    the other uploads is not in that upload, and the next publication
+    carries it."""
+    import sqlite3
+
+    from manymodels.store import remote
+
+    uri, _ = s3
+    location = uri("during")
+    mm.train(lambda df: len(df), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    store = mm.Store(location)
+    store.attach(1, "before", 1)  # (published: the copy is synced)
+    real_upload = remote.upload
+
+    def upload_while_another_writes(where, data):
+        with sqlite3.connect(store.path / "index.sqlite") as other:
+            other.execute("UPDATE runs SET fit = 'written meanwhile'")
+        real_upload(where, data)
+
+    monkeypatch.setattr(remote, "upload", upload_while_another_writes)
+    store.attach(1, "during", 2)  # its publication's upload meets the other's commit
+    monkeypatch.setattr(remote, "upload", real_upload)
+    machine("b")
+    assert mm.Store(location, read_only=True).runs()["fit"].iloc[0] != "written meanwhile"
+    machine("a")
+    store.close()  # publishes what it had not
+    machine("c")
+    assert mm.Store(location, read_only=True).runs()["fit"].iloc[0] == "written meanwhile"
+
+
+def test_writes_on_a_store_opened_before_another_machine_published(s3, machine):
+    """A Store opened a while ago writes onto what was published since (its
+    copy is brought up to date first): train, delete and gc on it keep the
+    other machine's runs, and gc removes no object those runs name."""
+    uri, filesystem = s3
+    location = uri("stale")
+    mm.train(fit_scaled, mm.groups(table(), by="g"), store=location, backend="serial",
+             progress=False)
+    opened = mm.Store(location)  # machine a, before b's run
+    machine("b")
+    mm.train(fit_scaled, mm.groups(table(), by="g"), store=location, backend="serial",
+             progress=False)  # reuses run 1's models: its index names their objects
+    machine("a")
+    opened.delete(1)  # the models run 2 reused stay run 2's
+    assert opened.gc() == 0
+    mm.train(fit_scaled, mm.groups(table(), by="g"), store=opened, backend="serial",
+             progress=False)
+    machine("c")
+    other = mm.Store(location)
+    assert list(other.runs()["run_id"]) == [2, 3]
+    assert other.verify().empty and other.load(1).factor == table()[table().g == 1].x.sum()
+    assert len([n for n in objects(filesystem, "stale") if n.startswith("artifacts/")]) == 3
+
+
+def test_a_broken_publication_is_refused_and_the_copy_kept(s3, machine, tmp_path):
+    """An index object that is not a store's (its SHA-256 right), a pointer
+    naming an index that is not there, and a copy whose record of its last
+    publication was lost (a driver killed between the two): refused by
+    name, or taken as what it is; the copy is never left broken."""
+    import hashlib
+    import json
+
+    uri, filesystem = s3
+    location = uri("broken")
+    mm.train(lambda df: len(df), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    good = objects(filesystem, "broken")
+    with filesystem.open_input_stream("bucket/broken/index.current") as pointer:
+        current = pointer.read().decode()
+    garbage = b"not an index" * 100
+    digest = hashlib.sha256(garbage).hexdigest()
+    with filesystem.open_output_stream(f"bucket/broken/indexes/{digest}.sqlite") as out:
+        out.write(garbage)
+    for name, text in [(digest, "not a manymodels store's index"), ("0" * 64, "is gone")]:
+        with filesystem.open_output_stream("bucket/broken/index.current") as out:
+            out.write(name.encode())
+        machine("b")
+        with pytest.raises(StoreError, match=text):
+            mm.Store(location)
+    with filesystem.open_output_stream("bucket/broken/index.current") as out:
+        out.write(current.encode())
+    assert len(mm.Store(location).runs()) == 1  # machine b's copy was kept whole
+    assert "indexes/" + current + ".sqlite" in good
+
+    machine("a")
+    store = mm.Store(location)
+    record = store.path / "remote.json"
+    synced_before = record.read_text()
+    assert "testing:testing" not in synced_before and "secret" not in synced_before
+    store.attach(1, "x", 1)  # published; then its record is lost
+    record.write_text(synced_before)
+    assert json.loads(record.read_text())["published"] == current
+    assert mm.Store(location).attached("x", 1) == 1  # not a conflict with itself
+    copy = mm.Store(store.path)  # its copy, by path: read-only, models through the SDK
+    assert copy.read_only and copy.attached("x", 1) == 1

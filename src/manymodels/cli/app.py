@@ -61,10 +61,11 @@ def demo(
             path.write_text(json.dumps(numbers, indent=2))
 
 
-def _open_store(path: str):
+def _open_store(path: str, writes: bool = False):
     """The store at ``path``, or a refusal naming STORE: a missing directory, or
     an index that is not a manymodels store's (random bytes, text, another
-    program's SQLite file) is told in one line, not a traceback."""
+    program's SQLite file) is told in one line, not a traceback. A store on
+    an object store opens for reading unless the command ``writes``."""
     from pathlib import Path
 
     from ..inputs.objectstores import is_remote, shown
@@ -76,7 +77,7 @@ def _open_store(path: str):
             if not remote_store_exists(path):
                 raise typer.BadParameter(f"store {shown(path)!r} does not exist (nothing "
                                          "was published there)", param_hint="STORE")
-            return Store(path)
+            return Store(path, read_only=None if writes else True)
         except StoreError as exc:
             _fail(str(exc), "STORE")
     if not Path(path).is_dir():

@@ -24,7 +24,7 @@ def verify(
 
     Example: manymodels verify models/
     """
-    opened = _open_store(store)
+    opened = _open_store(store, writes=True)
     report = opened.verify()
     checked = report.attrs.get("artifacts_checked", 0)
     if fmt != OutputFormat.table:

@@ -70,12 +70,6 @@ def intact_file(path: Path, size: int) -> bool:
         return False
 
 
-def file_in(root: Path | str, relative: str) -> Path | str:
-    """A store's file: a path under a local ``root``, or an object's URI
-    under an object store's."""
-    return child(root, relative) if is_remote(root) else Path(root, relative)
-
-
 def intact_model(root: Path | str, relative: str, size: int) -> bool:
     """Whether the model file ``relative`` is under ``root`` with ``size``
     bytes (a stat, or one request to an object store)."""

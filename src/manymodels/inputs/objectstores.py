@@ -55,6 +55,19 @@ def shown(uri: Any) -> str:
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
+def without_secrets(uri: str) -> str:
+    """``uri`` without its password and secret query options (not ``***``
+    in their place: what is left still opens, with the SDK's own
+    credentials)."""
+    if not is_remote(uri):
+        return str(uri)
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2] if "@" in parts.netloc else parts.netloc
+    query = "&".join(option for option in parts.query.split("&")
+                     if option and not _SECRET_OPTIONS.match("&" + option))
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
 def redacted(text: Any, uri: str) -> str:
     """``text`` (an SDK's error about ``uri``) with ``uri``'s secrets as
     ``***``: its password, as given and unquoted, and secret query options."""

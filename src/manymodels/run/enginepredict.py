@@ -39,17 +39,21 @@ from ..store.database import StoreIntegrityError
 #: model is used once per shuffle, the fallback model by many groups).
 MODELS_PER_WORKER = 256
 
-_STORES: dict[str, Any] = {}  # per engine worker process: store path -> open store
+#: per engine worker process: store path -> (the version it was read at, the open store)
+_STORES: dict[str, tuple[str | None, Any]] = {}
 
 
 class EngineGroupPredictor:
     """What each executor calls on one group's rows (a pandas DataFrame)."""
 
     def __init__(self, store_path: str, predictor: Any, artifacts: dict[str, str],
-                 with_source: bool) -> None:
+                 with_source: bool, version: str | None = None) -> None:
         # predictor: prediction.GroupPredictor, whose model cache and call of
-        # the model this shares with Store.predict of a table on the driver
+        # the model this shares with Store.predict of a table on the driver;
+        # version: a store on an object store's published index the driver
+        # read (an executor's copy of an older one is brought to it)
         self.store_path, self.predictor, self.with_source = store_path, predictor, with_source
+        self.version = version
         self.by, self.fallback, self.artifacts = predictor.by, predictor.fallback, artifacts
         self._typed: TypedKeys | None = None
 
@@ -57,11 +61,14 @@ class EngineGroupPredictor:
         return {**self.__dict__, "_typed": None}
 
     def _store(self) -> Any:
-        store = _STORES.get(self.store_path)
+        version, store = _STORES.get(self.store_path, (None, None))
         if store is None:
             from ..store import Store
 
-            store = _STORES[self.store_path] = Store(self.store_path, read_only=True)
+            store = Store(self.store_path, read_only=True)
+        elif version != self.version:
+            store._refresh()
+        _STORES[self.store_path] = (self.version, store)
         return store
 
     def _digest(self, parts: tuple) -> tuple[str | None, str]:
@@ -155,7 +162,8 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
     if not artifacts and fallback is None:
         raise ValueError(f"store {str(store)!r} has no model to predict with and no "
                          "fallback model")
-    task = EngineGroupPredictor(store.location, predictor, artifacts, with_source)
+    task = EngineGroupPredictor(store.location, predictor, artifacts, with_source,
+                                store._version)
     kind = output_kind(store, artifacts, fallback, method, fn)
     return {"spark": _on_spark, "dask": _on_dask, "ray": _on_ray}[engine](table, by, task, kind)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -151,9 +150,11 @@ def train(
         if store is not None:  # workers that see the store write their large models there
             with contextlib.suppress(OSError):  # (else they send them, as they would)
                 context.model_files = ModelFiles.open(store.root, recorder.run_id)
+        failing = True  # (sys.exc_info() would see a caller's own exception, handled)
         try:
             with store._publishing() if store is not None else contextlib.nullcontext():
                 run = scheduler.run(context, began)
+            failing = False
         finally:
             checkpointing.close(context.checkpoints, store)
             if context.model_files is not None:
@@ -161,7 +162,7 @@ def train(
             if live is not None:
                 live.close()
             if store is not None:
-                _publish(store, failing=sys.exc_info()[0] is not None)
+                _publish(store, failing)
     if selection is not None:
         if selection.metric in run.results.columns:
             run.select(selection, source)
@@ -254,11 +255,14 @@ def _publish(store: Store, failing: bool) -> None:
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:
     if store is None:
         return None
-    if not isinstance(store, Store):
+    given = isinstance(store, Store)
+    if not given:
         if not isinstance(store, (str, Path)):
             raise TypeError(f"store must be a directory path or a Store, got {store!r}")
         store = store_type(store)
     if store.read_only:
         raise StoreError(f"store {str(store)!r} is open for reading only (its files are "
                          "not writable here): it can be read, not trained into")
+    if given:  # opened a while ago, on an object store: what was published since
+        store._refresh()
     return store

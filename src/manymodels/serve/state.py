@@ -112,7 +112,7 @@ class ServedStore:
         self._stop = threading.Event()
         self.poller: threading.Thread | None = None
         log.info("serving run %d of %s: %d group model(s)%s", self.catalog.run_id,
-                 self.store.path, self.catalog.models,
+                 self.store, self.catalog.models,
                  " and a fallback" if self.catalog.fallback else "")
 
     def reload(self, force: bool = False) -> bool:
@@ -131,14 +131,14 @@ class ServedStore:
                     catalog = build_catalog(self.store, self.run)
             except Exception as exc:  # the old catalog keeps serving
                 self.metrics.reload_errors += 1
-                log.error("reload of %s failed, still serving run %d: %s", self.store.path,
+                log.error("reload of %s failed, still serving run %d: %s", self.store,
                           previous.run_id, exc)
                 return False
             self.catalog, self._version = catalog, version
             self.cache.forget_templates()
             self.metrics.reloads += 1
         log.info("reloaded %s: serving run %d (was run %d), %d group model(s)%s",
-                 self.store.path, catalog.run_id, previous.run_id, catalog.models,
+                 self.store, catalog.run_id, previous.run_id, catalog.models,
                  " and a fallback" if catalog.fallback else "")
         return True
 
@@ -158,7 +158,7 @@ class ServedStore:
             try:
                 self.reload()
             except Exception as exc:  # a busy index, a deleted store: tried again
-                log.warning("polling %s failed: %s", self.store.path, exc)
+                log.warning("polling %s failed: %s", self.store, exc)
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,12 +28,16 @@ from .database import INDEX_NAME
 STRAY_AGE_S = 3600.0
 
 
-def collect(conn: sqlite3.Connection, root: Path | str, folder: Path) -> int:
+def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
+            before_removing: Callable[[], None] | None = None) -> int:
     """Remove artifacts and packs no run references, stray files, and the
     checkpoints no unfinished task can use (:mod:`.checkpoints`); return how
     many models (and files, and checkpoints) were removed. ``root``: where
     the model files are (the store's ``folder``, or an object store's URI);
-    ``folder``: where the index and the checkpoints are.
+    ``folder``: where the index and the checkpoints are; ``before_removing``:
+    called once the index no longer names what goes, before any file goes
+    (a store on an object store publishes its index then: where it cannot,
+    another machine may name the files, and none is removed).
 
     The blocks are read before the write transaction (a million tasks'
     locators take seconds to decode, and a run training into the store
@@ -69,6 +73,9 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path) -> int:
         conn.execute("ROLLBACK")
         raise
     removed = len(dead) + sum(models for _, models in dead_packs)
+    conn.execute("VACUUM")
+    if before_removing is not None:
+        before_removing()
     dead_paths = {path for _, path in dead if path}
     # a run running now may have rewritten a deleted row's file (the same
     # model, trained again), its own row on its way: such a file waits as a
@@ -83,9 +90,7 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path) -> int:
                 dead_before if relative in dead_paths else began - STRAY_AGE_S):
             remove()
             removed += relative not in dead_paths
-    removed += collect_checkpoints(conn, folder)
-    conn.execute("VACUUM")
-    return removed
+    return removed + collect_checkpoints(conn, folder)
 
 
 #: The names the store gives the files it writes under ``artifacts/``: a

@@ -48,6 +48,7 @@ class OpenedIndex:
             self.root = self.path
             copied = copied_from(self.path)
             if copied is not None:  # read as it is now, a run here writing it included
+                # (its model files with the SDK's credentials: keys never written down)
                 if read_only is False:
                     raise database.StoreError(
                         f"{str(self.path)!r} is this machine's copy of the index of the store "
@@ -71,11 +72,20 @@ class OpenedIndex:
         """What names the store, as it was opened: its folder, or its URI."""
         return str(self.root)
 
+    @property
+    def _version(self) -> str | None:
+        """A store on an object store: the published index its copy was
+        last synced with; None otherwise."""
+        return None if self._remote is None else self._remote.synced_with()
+
     def _refresh(self) -> None:
         """A store on an object store: bring its index's copy to what was
-        published since it was opened; nothing otherwise."""
+        published since it was opened (refused where the copy holds writes
+        of its own not published yet, and another machine published since);
+        nothing otherwise. Each write to the store starts with it, so that it
+        writes onto what was published, never an older copy."""
         if self._remote is not None:
-            self._remote.pull()
+            self._remote.pull(self.read_only)
 
     def _publish(self) -> None:
         """A store on an object store: publish its index's copy, where it
@@ -135,8 +145,11 @@ class OpenedIndex:
         return f"Store({str(self)!r})"
 
     def _require_writable(self, what: str) -> None:
+        """Refuse ``what`` on a store open for reading only; on an object
+        store, bring the copy to what was published first (:meth:`_refresh`)."""
         if self.read_only:
             raise database.StoreError(
                 f"store {str(self)!r} is open for reading only (asked for, or its "
                 f"files are not writable here): {what} writes to it")
+        self._refresh()
 

@@ -31,6 +31,7 @@ from ..engine.partpacks import ModelPack
 from ..engine.records import CANCELLED_CODE, FAILED_CODE, OK_CODE, STATUS_NAMES
 from ..identity.hashing import TaskIdentities
 from ..inputs.keys import decode_key, encode_keys
+from ..inputs.objectstores import shown
 from . import database, taskblocks
 from . import verify as verification
 from .lazymodels import IN_STORE
@@ -376,7 +377,7 @@ class RunRecorder:
                 codes[row] = records.status_code[index] = FAILED_CODE
                 models[row] = model_of[index] = None
                 records.set_error(index, f"the model file {model.path} its worker wrote is not "
-                                  f"in store {model.root!r} with its {model.size} bytes "
+                                  f"in store {shown(model.root)!r} with its {model.size} bytes "
                                   "(removed since, or the store is not on a path every "
                                   "worker sees as the driver does)")
                 continue

@@ -374,8 +374,9 @@ class Store(OpenedIndex):
         from .collect import collect
 
         self._require_writable("gc")
-        removed = collect(self._conn, self.root, self.path)
-        self._publish()
+        removed = collect(self._conn, self.root, self.path, before_removing=self._publish)
+        if self._remote is not None:  # indexes a failed publication left
+            self._remote.collect_indexes()
         return removed
 
     def verify(self) -> pd.DataFrame:
@@ -390,7 +391,11 @@ class Store(OpenedIndex):
         :mod:`.verify`). A store open for reading only is checked, not marked."""
         from .verify import verify_store
 
-        return verify_store(self._conn, self.root)
+        if not self.read_only:
+            self._refresh()
+        found = verify_store(self._conn, self.root)
+        self._publish()  # the marks, on an object store
+        return found
 
     def integrity_check(self) -> str:
         """SQLite's own ``PRAGMA integrity_check`` ("ok" when sound)."""

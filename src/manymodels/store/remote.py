@@ -51,13 +51,24 @@ from pathlib import Path
 
 from pyarrow.fs import FileType
 
-from ..inputs.objectstores import check_location, child, redacted, resolve, shown, upload
+from ..engine.modelfiles import remove_object
+from ..inputs.objectstores import (
+    check_location,
+    child,
+    redacted,
+    resolve,
+    shown,
+    upload,
+    without_secrets,
+)
 from .database import INDEX_NAME, StoreError
 
 #: The object that names the published index, and the folder of indexes.
 POINTER, INDEXES = "index.current", "indexes"
 #: In the local copy's folder: what it was last synced with.
 SYNCED = "remote.json"
+#: How old an index no pointer names must be before gc removes it.
+STRAY_AGE_S = 3600.0
 #: How often a run publishes the index while it runs (its end publishes too).
 PUBLISH_EVERY_S = 300.0
 
@@ -75,8 +86,8 @@ def cache_folder() -> Path:
 
 def copied_from(path: Path) -> str | None:
     """Where ``path`` is this machine's copy of a remote store's index, that
-    store's location as shown (without its secrets: the SDK's own
-    credentials then reach it); else None."""
+    store's location without its secrets (the SDK's own credentials then
+    reach it: keys given in the URI are never written down); else None."""
     try:
         return json.loads((path / SYNCED).read_text())["location"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -98,7 +109,7 @@ class RemoteIndex:
         except ValueError as exc:
             raise StoreError(str(exc)) from None
         self.location = location
-        key = hashlib.sha256(shown(location).rstrip("/").encode()).hexdigest()[:32]
+        key = hashlib.sha256(without_secrets(location).rstrip("/").encode()).hexdigest()[:32]
         self.copy = cache_folder() / "stores" / key
         try:
             self.copy.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -107,6 +118,10 @@ class RemoteIndex:
                              f"{str(self.copy)!r}: {exc}") from exc
 
     # -- what the object store holds -----------------------------------------
+
+    def synced_with(self) -> str | None:
+        """The published index the copy was last synced with."""
+        return self._synced().get("published")
 
     def _uri(self, name: str) -> str:
         return child(self.location, name)
@@ -148,22 +163,33 @@ class RemoteIndex:
         except (OSError, ValueError):
             return {}
 
-    def _save(self, published: str | None, snapshot: str | None) -> None:
-        state = {"location": shown(self.location), "published": published,
-                 "snapshot": snapshot, "fingerprint": self._fingerprint()}
+    def _save(self, published: str | None, snapshot: str | None, fingerprint: list) -> None:
+        """Record what the copy was synced with: the published index, the
+        copy's snapshot digest then, and its files' ``fingerprint`` taken
+        *before* that snapshot (a write that lands after it changes them)."""
+        state = {"location": without_secrets(self.location), "published": published,
+                 "snapshot": snapshot, "fingerprint": fingerprint}
         temporary = self.copy / f".{SYNCED}.tmp"
         temporary.write_text(json.dumps(state))
         os.replace(temporary, self.copy / SYNCED)
 
     def _fingerprint(self) -> list:
-        """The copy's files' sizes and times: unchanged, nothing was written."""
-        marks = []
+        """What changes whenever the copy is written: its files' sizes and
+        times, and the head of SQLite's shared-memory index of the log,
+        whose change counter and last frame move with every commit (a time
+        alone is as coarse as the file system's clock)."""
+        marks: list = []
         for name in (INDEX_NAME, INDEX_NAME + "-wal"):
             try:
                 info = os.stat(self.copy / name)
                 marks.append([info.st_size, info.st_mtime_ns])
             except OSError:
                 marks.append(None)
+        try:
+            with open(self.copy / (INDEX_NAME + "-shm"), "rb") as shared:
+                marks.append(shared.read(48).hex())
+        except OSError:
+            marks.append(None)
         return marks
 
     def _snapshot(self, into: Path) -> str:
@@ -175,67 +201,89 @@ class RemoteIndex:
         finally:
             target.close()
             source.close()
-        digest = hashlib.sha256()
-        with open(into, "rb") as file:
-            while chunk := file.read(1 << 20):
-                digest.update(chunk)
-        return digest.hexdigest()
+        return _file_digest(into)
 
-    def _unpublished(self, synced: dict) -> bool:
-        """Whether the copy holds writes its last sync did not see."""
-        if not (self.copy / INDEX_NAME).exists():
-            return False
-        if synced.get("fingerprint") == self._fingerprint():
-            return False
-        with tempfile.TemporaryDirectory(dir=self.copy) as scratch:
-            changed = self._snapshot(Path(scratch, "index")) != synced.get("snapshot")
-        if not changed:  # only checkpointed: remember the files as they are now
-            self._save(synced.get("published"), synced.get("snapshot"))
-        return changed
+    def _current(self, synced: dict, scratch: Path) -> tuple[str | None, list]:
+        """The copy's digest now (a snapshot in ``scratch``, taken only where
+        its files changed since the sync), and its fingerprint before it;
+        None where the copy has no runs (nothing worth keeping)."""
+        fingerprint = self._fingerprint()
+        if synced.get("fingerprint") == fingerprint and synced.get("snapshot"):
+            return synced["snapshot"], fingerprint
+        index = self.copy / INDEX_NAME
+        if not index.exists() or not _has_runs(index):
+            return None, fingerprint
+        return self._snapshot(scratch / "index"), fingerprint
 
     # -- syncing -------------------------------------------------------------
 
     def pull(self, read_only: bool | None = None) -> None:
         """Bring the copy to the published index (see the module docstring).
-        ``read_only``: nothing is published there yet is an error."""
-        with self._locked():
-            published, synced = self.published(), self._synced()
-            if published is None and read_only:
-                raise StoreError(f"store {shown(self.location)!r} does not exist: nothing "
-                                 "was published there")
-            if published is None:
-                self._check_bucket()
-            index = self.copy / INDEX_NAME
-            if published == synced.get("published") and (published is None or index.exists()):
-                return  # current (it may hold work not published yet: published next)
-            if index.exists() and self._unpublished(synced):
-                raise StoreError(
-                    f"store {shown(self.location)!r} was written from another machine since "
-                    f"this machine's copy of its index ({str(self.copy)!r}) was synced, and "
-                    "that copy holds runs not published yet (a driver here stopped before "
-                    "its run ended): the two cannot be merged. Move the copy away to use "
-                    "the store as published (the copy is a store: mm.Store cannot open it "
-                    "as it is, but its runs can be read with sqlite3)")
-            if published is None:  # a new store (or one removed from the object store)
-                for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm"):
-                    (self.copy / name).unlink(missing_ok=True)
-                self._save(None, None)
+        ``read_only``: nothing published there yet is an error."""
+        with self._locked(), tempfile.TemporaryDirectory(dir=self.copy) as scratch:
+            for attempt in range(3):
+                published, synced = self.published(), self._synced()
+                if published is None and read_only:
+                    raise StoreError(f"store {shown(self.location)!r} does not exist: "
+                                     "nothing was published there")
+                index = self.copy / INDEX_NAME
+                if published == synced.get("published") and (published is None
+                                                              or index.exists()):
+                    if published is None:
+                        self._check_bucket()
+                    return  # current (it may hold work not published yet: published next)
+                current, fingerprint = self._current(synced, Path(scratch))
+                if current == published:  # published from here (its record was lost)
+                    self._save(published, current, fingerprint)
+                    return
+                if current is not None and current != synced.get("snapshot"):
+                    raise StoreError(
+                        f"store {shown(self.location)!r} was written from another machine "
+                        f"since this machine's copy of its index ({str(self.copy)!r}) was "
+                        "synced, and that copy holds runs not published yet (a driver here "
+                        "stopped before its run ended): the two cannot be merged. Move the "
+                        "copy away to use the store as published (mm.Store opens the "
+                        "moved copy by its path, for reading)")
+                if published is None:  # a new store (or one removed from the object store)
+                    self._check_bucket()
+                    for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm"):
+                        (self.copy / name).unlink(missing_ok=True)
+                    self._save(None, None, self._fingerprint())
+                    return
+                downloaded = Path(scratch, "downloaded", INDEX_NAME)
+                downloaded.parent.mkdir(exist_ok=True)
+                try:
+                    self._download(published, downloaded)
+                except FileNotFoundError:  # replaced meanwhile: read its name again
+                    if attempt == 2:
+                        raise self._fail(f"its index {published} is gone", OSError(
+                            "index.current names an index that is not there")) from None
+                    continue
+                self._install(downloaded, index)
+                fingerprint = self._fingerprint()
+                self._save(published, self._snapshot(Path(scratch, "installed")), fingerprint)
                 return
-            with tempfile.TemporaryDirectory(dir=self.copy) as scratch:
-                downloaded = Path(scratch, "index")
-                self._download(published, downloaded)
-                if index.exists():  # readers here see the old index or the new, whole
-                    source, target = sqlite3.connect(downloaded), sqlite3.connect(index)
-                    try:
-                        source.backup(target)
-                    finally:
-                        target.close()
-                        source.close()
-                else:
-                    os.chmod(downloaded, 0o600)
-                    os.replace(downloaded, index)
-            with tempfile.TemporaryDirectory(dir=self.copy) as scratch:
-                self._save(published, self._snapshot(Path(scratch, "index")))
+
+    def _install(self, downloaded: Path, index: Path) -> None:
+        """Put a downloaded index in place of the copy's, once it opens as a
+        store's index (a file that does not is refused, the copy kept)."""
+        from .database import connect
+
+        try:
+            connect(downloaded.parent, read_only=True).close()
+        except (StoreError, sqlite3.Error) as exc:
+            raise StoreError(f"store {shown(self.location)!r}: its published index is not "
+                             f"a manymodels store's index ({exc}): it is not used") from None
+        if index.exists():  # readers here see the old index or the new, whole
+            source, target = sqlite3.connect(downloaded), sqlite3.connect(index)
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+                source.close()
+        else:
+            os.chmod(downloaded, 0o600)
+            os.replace(downloaded, index)
 
     def _check_bucket(self) -> None:
         """Refuse a new store in a bucket (a container) that is not there,
@@ -251,6 +299,8 @@ class RemoteIndex:
                              "not exist")
 
     def _download(self, published: str, into: Path) -> None:
+        """The published index ``published`` at ``into``, checked against its
+        SHA-256; a ``FileNotFoundError`` where it is not there."""
         digest = hashlib.sha256()
         try:
             filesystem, path = resolve(self._uri(f"{INDEXES}/{published}.sqlite"))
@@ -258,6 +308,8 @@ class RemoteIndex:
                 while chunk := source.read(1 << 22):
                     digest.update(chunk)
                     out.write(chunk)
+        except FileNotFoundError:
+            raise
         except (OSError, ValueError) as exc:
             raise self._fail(f"cannot download its index {published}", exc) from None
         if digest.hexdigest() != published:
@@ -266,41 +318,63 @@ class RemoteIndex:
 
     def publish(self) -> None:
         """Upload the copy's index where it holds writes not published yet."""
-        with self._locked():
+        with self._locked(), tempfile.TemporaryDirectory(dir=self.copy) as scratch:
             synced = self._synced()
-            index = self.copy / INDEX_NAME
-            if not index.exists() or (synced.get("published") is not None
-                                      and not self._unpublished(synced)):
-                return
-            if synced.get("published") is None and not _has_runs(index):
-                return  # a new store nothing was written to: nothing to publish
-            with tempfile.TemporaryDirectory(dir=self.copy) as scratch:
-                snapshot = Path(scratch, "index")
-                digest = self._snapshot(snapshot)
-                before = synced.get("published")
-                if digest == before:
-                    self._save(before, digest)
-                    return
-                if self.published() != before:
-                    raise StoreError(
-                        f"store {shown(self.location)!r} was written from another machine "
-                        "since this machine's copy of its index was synced: this copy's "
-                        f"runs are not published, and stay in {str(self.copy)!r}")
-                try:
-                    filesystem, path = resolve(self._uri(f"{INDEXES}/{digest}.sqlite"))
-                    with filesystem.open_output_stream(path) as out, open(snapshot, "rb") as f:
-                        while chunk := f.read(1 << 22):
-                            out.write(chunk)
-                    upload(self._uri(POINTER), digest.encode())
-                except (OSError, ValueError) as exc:
-                    raise self._fail("cannot publish its index (the runs are kept in "
-                                     f"{str(self.copy)!r}, published by the next writable "
-                                     "open)", exc) from None
-            self._save(digest, digest)
+            before = synced.get("published")
+            current, fingerprint = self._current(synced, Path(scratch))
+            if current is None or current == before:
+                if current is not None:
+                    self._save(before, current, fingerprint)
+                return  # nothing new (or nothing at all) to publish
+            if self.published() != before:
+                raise StoreError(
+                    f"store {shown(self.location)!r} was written from another machine since "
+                    "this machine's copy of its index was synced: this copy's runs are not "
+                    f"published, and stay in {str(self.copy)!r}")
+            snapshot = Path(scratch, "index")
+            if not snapshot.exists():  # (current came from the record: take it now)
+                current = self._snapshot(snapshot)
+            try:
+                filesystem, path = resolve(self._uri(f"{INDEXES}/{current}.sqlite"))
+                with filesystem.open_output_stream(path) as out, open(snapshot, "rb") as file:
+                    while chunk := file.read(1 << 22):
+                        out.write(chunk)
+                upload(self._uri(POINTER), current.encode())
+            except (OSError, ValueError) as exc:
+                raise self._fail("cannot publish its index (the runs are kept in "
+                                 f"{str(self.copy)!r}, published by the next writable "
+                                 "open here)", exc) from None
+            self._save(current, current, fingerprint)
             if before is not None:
-                with contextlib.suppress(Exception):
-                    filesystem, path = resolve(self._uri(f"{INDEXES}/{before}.sqlite"))
-                    filesystem.delete_file(path)
+                remove_object(self._uri(f"{INDEXES}/{before}.sqlite"))
+
+    def collect_indexes(self) -> int:
+        """Remove the published indexes ``index.current`` does not name that
+        are an hour old (a publication that failed or was cut short left
+        them; a younger one may be another machine's, on its way)."""
+        import time
+
+        from pyarrow import fs
+
+        current = self.published()
+        filesystem, base = resolve(self._uri(INDEXES))
+        removed = 0
+        for entry in filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True)):
+            name = entry.path.rsplit("/", 1)[-1]
+            if (entry.type == fs.FileType.File and name != f"{current}.sqlite"
+                    and entry.mtime is not None
+                    and entry.mtime.timestamp() < time.time() - STRAY_AGE_S):
+                remove_object(self._uri(f"{INDEXES}/{name}"))
+                removed += 1
+        return removed
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _has_runs(index: Path) -> bool:

@@ -66,13 +66,13 @@ class StoreWriter:
     columns, made once for the run; a hand-over's rows take theirs by task
     index (see :func:`.taskblocks.task_columns`)."""
 
-    def __init__(self, root: Path, files: Path | str, run_id: int, keys: pa.Array,
+    def __init__(self, folder: Path, files: Path | str, run_id: int, keys: pa.Array,
                  identities: TaskIdentities,
                  on_committed: Callable[[list[ModelPack], list[int]], None] | None = None
                  ) -> None:
         #: the index's folder, and where the model files go (the same folder,
         #: or an object store's URI: :mod:`.remote`)
-        self.root, self.files, self.run_id = root, files, run_id
+        self.folder, self.files, self.run_id = folder, files, run_id
         #: Told what a transaction committed: the packs whose every task it
         #: holds, and the task indices of its other rows with a model.
         self.on_committed = on_committed
@@ -103,10 +103,10 @@ class StoreWriter:
         conn = None
         try:
             with WRITING:
-                conn = database.connect(self.root)
+                conn = database.connect(self.folder)
         except Exception as exc:  # the store cannot even be opened again
             self.error = exc if isinstance(exc, database.StoreError) else database.write_error(
-                self.root, exc, "the store's writer could not open it")
+                self.folder, exc, "the store's writer could not open it")
         while True:
             handover = self._queue.get()
             try:
@@ -122,7 +122,7 @@ class StoreWriter:
                     with WRITING:
                         database.rollback_quietly(conn)
                 error = database.write_error(
-                    self.root, exc,
+                    self.folder, exc,
                     f"{len(handover['task_index'])} finished task(s) could not be recorded")
                 error.__cause__ = exc
                 self.error = error
