@@ -98,11 +98,20 @@ def test_a_store_on_an_object_store_trains_reuses_and_serves_from_another_machin
     """The workers upload the large models, the driver publishes the index;
     another machine's re-run reuses every model, reads them back checked, and
     predicts with them; its models are served by `manymodels serve`."""
+    from manymodels.engine import modelfiles
+
     uri, filesystem = s3
     location = uri("models")
+    uploaded_here = []  # by the driver (the workers are other processes)
+    real_upload = modelfiles.upload
+    monkeypatch.setattr(modelfiles, "upload", lambda where, data: (
+        uploaded_here.append(where), real_upload(where, data)))
     run = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
                    backend="processes", workers=2, progress=False)
+    monkeypatch.setattr(modelfiles, "upload", real_upload)
     assert (run.results["status"] == "ok").all()
+    # the driver put only the run's marker there: the models are the workers'
+    assert len(uploaded_here) == 1 and "/.run-1-" in uploaded_here[0]
     files = objects(filesystem, "models")
     large = {name for name in files if name.startswith("artifacts/")}
     assert len(large) == 3 and all(files[name] > 2**20 for name in large)
