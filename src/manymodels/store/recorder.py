@@ -5,7 +5,8 @@ to the store's writer thread (:mod:`.writer`), committed at least once a
 second and at the end, so a driver killed at any moment loses at
 most the last second of results, and never leaves a row that points at a
 missing artifact (artifacts are written before the rows that name them, in the
-same transaction or earlier).
+same transaction or earlier). Its start, the models it reuses and its row,
+is :mod:`.runstart`'s.
 """
 
 from __future__ import annotations
@@ -16,26 +17,21 @@ import itertools
 import operator
 import sqlite3
 import time
-import warnings
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..engine.dataplane import pickle_any
-from ..engine.messages import Pickled, Status
-from ..engine.metricpacks import MetricTexts
+from ..engine.messages import Pickled
 from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack
 from ..engine.records import CANCELLED_CODE, FAILED_CODE, OK_CODE, STATUS_NAMES
 from ..identity.hashing import TaskIdentities
-from ..inputs.keys import decode_key, encode_keys
 from ..inputs.objectstores import shown
-from . import database, taskblocks
-from . import verify as verification
+from . import database
 from .lazymodels import IN_STORE
-from .reuse import ReuseSearch
+from .runstart import RunStart
 from .writer import StoreWriter
 
 COMMIT_EVERY_S = 1.0
@@ -132,12 +128,7 @@ class RunRecorder:
         self.backend, self.workers = backend, workers
         self.run_id: int | None = None
         self._pending: list[int] = []
-        self._reused: pa.Table | None = None
-        #: (run, tasks, held) of each run every trained row of which is reused
-        #: here (see ReuseSearch.same_as), and the metrics of those tasks by run
-        self._same_as: list[tuple[int, int, int]] = []
-        self._metric_texts: dict[int, MetricTexts] = {}
-        self._keys: pa.Array | None = None
+        self._start: RunStart | None = None
         self._last_commit = self._last_returned = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
@@ -147,150 +138,20 @@ class RunRecorder:
 
     def begin(self, reuse: bool, verify: bool = False) -> int:
         """Create the run's row and record the tasks whose models are reused
-        (their rows as blocks, or one block naming the run whose trained rows
-        they all are); return how many. ``verify``: each reused model's bytes
-        are checked against its SHA-256 first (see :mod:`.verify`)."""
-        self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
-        for last_try in (False, True):
-            reused = self._find_reusable(reuse, verify)
-            if self._start_run(reused, last_try):
-                break
-        self._writer = StoreWriter(self.store.path, self.store.root, self.run_id, self._keys,
-                                   self.identities, on_committed=self._forget_models)
-        return 0 if reused is None else reused.num_rows
-
-    def _find_reusable(self, reuse: bool, verify: bool = False) -> pa.Table | None:
-        self._same_as, self._reused, self._metric_texts = [], None, {}
-        if reuse and self.plan.tasks:
-            search = ReuseSearch(self.conn, self.store.root, self.identities, self._keys)
-            self._reused = search.find()
-            if verify:
-                self._reused = self._verified(search, self._reused)
-            self._same_as, self._metric_texts = search.same_as, search.metric_texts
-        # what the match read and dropped goes back to the system now: a
-        # re-run of a million would otherwise hold it through the run
-        pa.default_memory_pool().release_unused()
-        return self._reused
-
-    def _verified(self, search: ReuseSearch, reused: pa.Table | None) -> pa.Table | None:
-        """What ``search`` found, each model's bytes checked against its
-        SHA-256: the corrupt ones are recorded so (and named in a warning),
-        and the search is made again without them, until what it finds is
-        whole (another run's intact copy of a model may take its place)."""
-        checked: dict[str, str | None] = {}
-        corrupt_keys: list[Any] = []
-        corrupt_problems: list[str] = []
-        while reused is not None:
-            tasks, names = verification.reused_models(self.conn, reused, search.same_as)
-            new = set(names) - checked.keys()
-            problems = verification.check_artifacts(self.conn, self.store.root, new)
-            checked.update({name: problems.get(name) for name in new})
-            if not problems:
-                break
-            if not verification.record(self.conn, problems):
-                raise database.StoreError(
-                    f"store {str(self.store)!r}: models found corrupt could not be "
-                    "recorded so (the index is not writable)")
-            for task, name in zip(tasks.tolist(), names):
-                if name in problems:
-                    parts = decode_key(self._keys[task].as_py())
-                    corrupt_keys.append(parts[0] if len(parts) == 1 else parts)
-                    corrupt_problems.append(problems[name])
-            reused = search.find()
-        if corrupt_keys:
-            warnings.warn(
-                f"train(verify=True): {len(corrupt_keys)} model(s) this run would have "
-                "reused do not match their SHA-256 and are not reused (trained again): "
-                + verification.describe_corrupt(corrupt_keys, corrupt_problems), RuntimeWarning,
-                stacklevel=2)
+        (:class:`.runstart.RunStart`); return how many."""
+        self._start = RunStart(self.store, self.plan, self.identities, self.code_detail,
+                               fit_name=self.fit_name, source=self.source,
+                               backend=self.backend, workers=self.workers)
+        reused = self._start.begin(reuse, verify)
+        self.run_id = self._start.run_id
+        self._writer = StoreWriter(self.store.path, self.store.root, self.run_id,
+                                   self._start.keys, self.identities,
+                                   on_committed=self._forget_models)
         return reused
 
-    def _start_run(self, reused: pa.Table | None, last_try: bool) -> bool:
-        """Write the run's row and its reused tasks in one transaction; False
-        (nothing written) when the run to be named was deleted since it was
-        found, to search again (on the last try, it is an error)."""
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # checked again where no other driver can delete those runs meanwhile:
-            # a run named must be as it was found (a delete adds to what a run
-            # holds), a run whose rows are copied must still be there (else its
-            # models would be held by no run, or removed by a gc meanwhile)
-            copied = [] if reused is None else pc.unique(reused.filter(pc.invert(
-                reused["by_reference"]))["reused_from"]).drop_null().to_pylist()
-            gone = [run for run, _, held in self._same_as
-                    if not taskblocks.run_has_ended(conn, run)
-                    or taskblocks.held_count(conn, run) != held]
-            gone += [run for run in copied if conn.execute(
-                "SELECT 1 FROM runs WHERE run_id = ?", (run,)).fetchone() is None]
-            if gone:
-                conn.execute("ROLLBACK")
-                if last_try:
-                    raise database.StoreError(
-                        f"run {gone[0]}, whose models this run reuses, was deleted or changed "
-                        "twice while the run started: start it again")
-                return False
-            self.run_id = database.insert_run(
-                conn, backend=self.backend, workers=self.workers, source=self.source,
-                fit=self.fit_name, tasks=len(self.plan.tasks),
-                key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
-                code_detail=self.code_detail)
-            for source, tasks, _ in self._same_as:
-                taskblocks.insert_same_as(conn, self.run_id, source, tasks)
-            if reused is not None and reused.num_rows:
-                self._insert_reused(reused.filter(pc.invert(reused["by_reference"])))
-            conn.execute("COMMIT")
-            return True
-        except BaseException as exc:
-            database.rollback_quietly(conn)
-            if isinstance(exc, sqlite3.Error):
-                raise database.write_error(self.store.path, exc, "the run could not start") \
-                    from exc
-            raise
-
-    def _insert_reused(self, reused: pa.Table) -> None:
-        """The reused tasks' rows, in blocks of
-        :data:`~.taskblocks.REUSED_ROWS_PER_BLOCK`."""
-        size = taskblocks.REUSED_ROWS_PER_BLOCK
-        for start in range(0, reused.num_rows, size):
-            part = reused.slice(start, size)
-            taskblocks.insert(self.conn, self.run_id, taskblocks.table({
-                **taskblocks.task_columns(self._keys, self.identities, part["task_index"]),
-                "status": pa.repeat(pa.scalar(Status.OK.value, pa.string()), part.num_rows),
-                "attempts": np.zeros(part.num_rows, dtype=np.int64),
-                "duration_s": part["duration_s"], "metrics": part["metrics"],
-                "artifact": part["artifact"], "size": part["size"],
-                "reused_from": part["reused_from"]}))
-            pa.default_memory_pool().release_unused()
-
     def fill_reused(self, records: Any) -> int:
-        """Fill in the results of the reused tasks (their models stay in the
-        store, loaded when asked for); return how many."""
-        reused, texts_of = self._reused, self._metric_texts
-        self._reused, self._metric_texts = None, {}
-        if reused is None:
-            return 0
-        indices = reused["task_index"].to_numpy()
-        records.mark_reused(indices, pc.fill_null(reused["reused_from"], -1).to_numpy())
-        if len(indices) == records.size and (indices == np.arange(records.size)).all() and (
-                len(texts_of) == 0 or len(texts_of) == 1 and reused["by_reference"]
-                .to_numpy(zero_copy_only=False).all()):
-            # every task, in order (an unchanged re-run): whole columns at once
-            records.metrics = [*texts_of.values()] * records.size if texts_of else \
-                reused["metrics"].to_pylist()
-            in_store = reused["has_model"].to_numpy(zero_copy_only=False)
-            records.model = [IN_STORE] * records.size if in_store.all() else \
-                np.where(in_store, IN_STORE, None).tolist()
-            return reused.num_rows
-        metrics, model = records.metrics, records.model
-        for index, run, metric, artifact, by_reference in zip(
-                indices.tolist(), reused["reused_from"].to_pylist(),
-                reused["metrics"].to_pylist(), reused["has_model"].to_pylist(),
-                reused["by_reference"].to_pylist()):
-            metrics[index] = texts_of[run] if by_reference else metric
-            if artifact:  # this run's row names it: loaded from there
-                model[index] = IN_STORE
-        return reused.num_rows
+        """Fill in the results of the reused tasks; return how many."""
+        return self._start.fill_reused(records) if self._start is not None else 0
 
     def _forget_models(self, packs: list[ModelPack], indices: list[int]) -> None:
         """Called by the writer thread once these models are committed: the
