@@ -109,3 +109,15 @@ def test_switches_sizes_and_callbacks_are_what_they_say():
         mm.groups(_table(), by="g", order_by=["y", "y"])
     with pytest.raises(TypeError, match="columns= must be a column name or a list"):
         mm.groups(_table(), by="g", columns={"y"})
+
+
+def test_metric_names_that_would_be_one_column_fail_their_task():
+    """{1: ..., "1": ...} are one column: the second value would silently
+    replace the first. The task fails, naming both; other names still work."""
+    frame = pd.DataFrame({"g": [1, 1, 2], "x": [1.0, 2.0, 3.0]})
+    run = mm.train(lambda df: (1, {1: 1.0, "1": 2.0} if df.g.iloc[0] == 1 else {2: 3.0}),
+                   mm.groups(frame, by="g"), backend="serial", progress=False)
+    results = run.results.set_index("g")
+    assert results.loc[1, "status"] == "failed"
+    assert "metrics name 1 and '1', which are one column" in results.loc[1, "error"]
+    assert results.loc[2, "status"] == "ok" and results.loc[2, "2"] == 3.0

@@ -99,7 +99,15 @@ _PLAIN = (float, int, str, bool, type(None))
 def _plain_metrics(metrics: Mapping) -> dict[str, Any]:
     for name, value in metrics.items():
         if type(name) is not str or type(value) not in _PLAIN:
-            return {str(name): plain_scalar(value) for name, value in metrics.items()}
+            plain = {str(name): plain_scalar(value) for name, value in metrics.items()}
+            if len(plain) < len(metrics):  # 1 and "1": one column, one value lost
+                seen: dict[str, Any] = {}
+                for name in metrics:
+                    if str(name) in seen:
+                        raise ValueError(f"fit's metrics name {seen[str(name)]!r} and "
+                                         f"{name!r}, which are one column, {str(name)!r}")
+                    seen[str(name)] = name
+            return plain
     return dict(metrics)  # already plain: a million tasks skip the conversion
 
 
