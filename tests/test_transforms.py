@@ -355,11 +355,32 @@ def add_shared_key(df, key):
     return df.assign(k=key)
 
 
-def test_map_groups_with_a_shared_object_named_key_keeps_transforms_in_input_order():
-    """A shared object named key takes the place of the group's key, so the
-    group's labels cannot be looked up: fn gets a fresh index, and a
-    transform is still told by it."""
-    frame = pd.DataFrame({"g": ["b", "a", "b"], "x": [1.0, 2, 3]}, index=[10, 11, 12])
-    ours = mm.map_groups(add_shared_key, mm.groups(frame, by="g"), backend="serial",
-                         shared={"key": 5})
-    pd.testing.assert_frame_equal(ours, frame.assign(k=5))
+def sorted_and_ranked(rows, **shared):
+    """Sorts its group and numbers it under a fresh index: what a transform of
+    rows without labels looks like, rows in another order."""
+    rows = rows.to_pandas() if hasattr(rows, "to_pandas") and not isinstance(
+        rows, pd.DataFrame) else rows
+    return rows.sort_values("x").reset_index(drop=True).assign(rank=lambda d: range(len(d)))
+
+
+@pytest.mark.parametrize("how", ["shared key", "arrow"])
+def test_groups_without_their_labels_come_back_in_key_order_never_under_other_rows(how):
+    """fn gets a group under a fresh index where its labels cannot reach it
+    (a shared object named key takes the group key's place; an Arrow group
+    has none): a sorted group under a fresh index looks like a transform, so
+    no output of such groups is put back under the input's labels. The
+    outputs come in key order under a fresh index, each row with its own
+    values."""
+    frame = pd.DataFrame({"g": ["b", "a", "b", "a"], "x": [3.0, 2, 1, 0]},
+                         index=[10, 11, 12, 13])
+    if how == "shared key":
+        ours = mm.map_groups(add_shared_key, mm.groups(frame, by="g"), backend="serial",
+                             shared={"key": 5})
+        expected = frame.assign(k=5).sort_values("g", kind="stable").reset_index(drop=True)
+        pd.testing.assert_frame_equal(ours, expected)
+    ours = mm.map_groups(sorted_and_ranked, mm.groups(
+        frame, by="g", **({"format": "arrow"} if how == "arrow" else {})), backend="serial",
+        **({"shared": {"key": 5}} if how == "shared key" else {}))
+    assert ours.index.equals(pd.RangeIndex(4))
+    assert list(zip(ours["g"], ours["x"], ours["rank"])) == [
+        ("a", 0.0, 0), ("a", 2.0, 1), ("b", 1.0, 0), ("b", 3.0, 1)]

@@ -150,11 +150,14 @@ def _with_keys(output: Any, parts: tuple, key_columns: list) -> Any:
     return output
 
 
-def _as_transform(base: GroupSource, run: Run, outputs: list[Any],
-                  labelled: bool = True) -> tuple | None:
+def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | None:
     """When every non-empty pandas output holds exactly its group's rows,
     labelled as ``fn`` received them (a transform): the input position of each
-    row of their concatenation, and which outputs they are; else None."""
+    row of their concatenation, and which outputs they are; else None. Only
+    for groups ``fn`` received under their rows' labels: one it got under a
+    fresh index (an Arrow or polars group, a ``shared`` of its own named
+    ``key``) may come back sorted under a fresh index too, which no label
+    tells from its rows in order."""
     if not all(isinstance(out, (pd.DataFrame, pd.Series)) for out in outputs):
         return None
     layout = group_layout(base)  # the plan's layout, cached on the source
@@ -163,9 +166,6 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any],
     if len(done) != len(outputs) or len(run._plan.tasks) != len(layout.lengths):
         return None
     labels, offsets, lengths = group_labels(layout, base.row_index)
-    if not labelled:  # fn got each group under a fresh index 0, 1, ...
-        labels = pd.RangeIndex(len(labels))
-        offsets = np.zeros_like(offsets)
     kept = [i for i, out in enumerate(outputs) if len(out)]
     if not kept or not all(is_transform(outputs[i], labels[offsets[done[i]]:offsets[done[i]]
                                                           + lengths[done[i]]]) for i in kept):
@@ -241,7 +241,9 @@ def map_groups(
     return a DataFrame, a Series or an Arrow or polars table. What comes back:
 
     * a **transform** -- every output (DataFrame or Series) holds its group's
-      rows, in order, under the labels ``fn`` received (``df.assign(...)``,
+      rows, in order, under the labels ``fn`` received (a pandas group under
+      its rows' labels: not one of another ``format=``, nor one under a
+      ``shared`` object named ``key``, which come in key order; ``df.assign(...)``,
       ``df["x"] - df["x"].mean()``; groups whose output is empty are left
       out): the rows come back in the input's row order, under the input
       frame's row labels (an Arrow or polars table, or a file, has none: its
@@ -318,7 +320,7 @@ def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
     if not series:
         outputs = [out.to_frame() if isinstance(out, pd.Series) else out for out in outputs]
-    transform = _as_transform(base, run, outputs, labelled) if source is base else None
+    transform = _as_transform(base, run, outputs) if source is base and labelled else None
     if transform is not None:
         positions, kept = transform
         outputs, parts = [outputs[i] for i in kept], [parts[i] for i in kept]
