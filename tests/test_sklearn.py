@@ -170,3 +170,22 @@ def test_sample_weight_reaches_each_groups_fit_and_the_fallback():
         GroupedEstimator(NoWeights(), by="g").fit(frame, y, sample_weight=weight)
     with pytest.raises(ValueError, match="by column 'g' is a name, and X is an array"):
         model.predict(frame.to_numpy(dtype=object))
+
+
+@pytest.mark.parametrize("fitted, asked", [("2", 2), (2, 2.0), (np.nan, float("nan"))])
+def test_shrinkage_finds_each_level_however_its_key_is_typed(fitted, asked):
+    """A key typed otherwise than in fit finds its group's model with
+    shrinkage as without: the blend is the same as for the key as fitted."""
+    from sklearn.linear_model import LinearRegression
+
+    from manymodels.sklearn import GroupedRegressor
+
+    X = pd.DataFrame({"c": ["N"] * 8, "city": pd.Series([1] * 4 + [fitted] * 4, dtype=object),
+                      "p": [1.0, 2, 1, 2, 1, 2, 1, 2]})
+    y = np.array([1.0, 2, 1, 2, 100, 200, 100, 200])
+    model = GroupedRegressor(LinearRegression(), by=["c", "city"], shrinkage="equal",
+                             backend="serial").fit(X, y)
+    as_fitted = model.predict(X.iloc[[4]].reset_index(drop=True))
+    other = pd.DataFrame({"c": ["N"], "city": pd.Series([asked], dtype=object), "p": [1.0]})
+    np.testing.assert_allclose(model.predict(other), as_fitted)
+    assert as_fitted[0] > 60  # the city's own model is in the blend (its slope 100)

@@ -316,13 +316,23 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         by_code = TypedKeys(by_code)  # indexed once: each lookup linear in the columns
         shrinking = (self.shrinkage_function_ is not None
                      and method in ("predict", "predict_proba"))
+        # the chain's levels are found as fitted, however the key is typed
+        # (2 finds "2"'s models, as without shrinkage)
+        fitted = TypedKeys({encode_key(k): k for k in self.level_sizes_}) if shrinking else None
+
+        def as_fitted(parts: tuple) -> tuple:
+            for level in range(len(parts), 0, -1):
+                prefix = fitted.find(parts[:level])
+                if prefix is not None:
+                    return tuple(prefix) + parts[level:]
+            return parts
         classes = self.classes_ if is_classifier(self.estimator) else None
         depth = keys.shape[1]
 
         def model_of(key: Hashable) -> tuple[Any, str] | None:
             parts = key_parts(key)
             if shrinking:
-                models, weights = self._chain(tuple(plain_scalar(v) for v in parts))
+                models, weights = self._chain(as_fitted(tuple(plain_scalar(v) for v in parts)))
                 return (Blend(models, weights, classes), "shrunk") if models else None
             for level in range(depth, 0, -1):  # one encoding: NaN finds NaN; 1.0 finds 1
                 model = find_typed(by_code, parts[:level])
