@@ -384,3 +384,35 @@ def test_groups_without_their_labels_come_back_in_key_order_never_under_other_ro
     assert ours.index.equals(pd.RangeIndex(4))
     assert list(zip(ours["g"], ours["x"], ours["rank"])) == [
         ("a", 0.0, 0), ("a", 2.0, 1), ("b", 1.0, 0), ("b", 3.0, 1)]
+
+
+def test_map_partitions_skip_warns_and_lists_the_partitions_left_out():
+    """errors="skip" leaves failing partitions out as map_groups leaves
+    groups: with a warning naming them, and attrs["failed"] on pandas."""
+    frame = pd.DataFrame({"x": np.arange(100.0)})
+
+    def fragile(part):
+        if part["x"].iloc[0] == 0:
+            raise ZeroDivisionError("the first partition")
+        return part
+
+    with pytest.warns(RuntimeWarning, match=r"map_partitions: 1 partition\(s\) failed"):
+        kept = mm.map_partitions(fragile, frame, partitions=4, backend="serial",
+                                 errors="skip")
+    assert len(kept) == 75 and list(kept.attrs["failed"]) == [0]
+
+
+def test_arrow_and_polars_outputs_are_unified_as_pandas_outputs_are():
+    """Different types or columns per group, and a group whose key is null
+    (its key column a null column), concatenate as pandas' concat would."""
+    import polars as pl
+
+    frame = pd.DataFrame({"k": ["a", "b", None], "x": [1.0, 2.0, 3.0]})
+    source = mm.groups(frame, by="k")  # (a null key is a group of its own)
+    arrow = mm.map_groups(lambda rows: pa.table({"s": [1] if rows.x.iloc[0] == 1 else [1.5]}),
+                          source, backend="serial")
+    assert arrow.schema.field("s").type == pa.float64() and arrow.num_rows == 3
+    assert arrow.column("k").to_pylist() == ["a", "b", None]
+    polars = mm.map_groups(lambda rows: pl.DataFrame({str(rows.k.iloc[0]): [1.0]}), source,
+                           backend="serial")
+    assert polars.shape == (3, 4) and polars["k"].to_list() == ["a", "b", None]

@@ -56,11 +56,14 @@ def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
                                       else [part])], type=first.type)
         if isinstance(first, pa.RecordBatch):
             return pa.Table.from_batches(parts)
-        return pa.concat_tables(parts)
+        # as pandas' concat would: an int column in one group and a float one in
+        # another is a float column, a null key column a typed one, a column
+        # some lack null there
+        return _unified(lambda: pa.concat_tables(parts, promote_options="permissive"), what)
     if module.startswith("polars"):
         import polars as pl
 
-        return pl.concat(parts)
+        return _unified(lambda: pl.concat(parts, how="diagonal_relaxed"), what)
     if all(isinstance(part, pd.Series) for part in parts):
         return pd.concat(parts, ignore_index=not keep_index)
     frames = []
@@ -74,6 +77,20 @@ def _concat(parts: list[Any], what: str, keep_index: bool = False) -> Any:
             part = part.to_pandas()
         frames.append(part)
     return pd.concat(frames, ignore_index=not keep_index)
+
+
+def _unified(concatenate: Callable[[], Any], what: str) -> Any:
+    """``concatenate()``, or an error saying which outputs' columns could not
+    be unified (types that have no common one: a text and a number)."""
+    try:
+        return concatenate()
+    except Exception as exc:
+        if "schema" not in type(exc).__name__.lower() and not isinstance(
+                exc, (pa.ArrowInvalid, pa.ArrowTypeError)) and "Shape" not in type(exc).__name__:
+            raise
+        raise TypeError(f"{what}: the outputs' columns cannot be concatenated (a column "
+                        f"whose types have no common one in different groups or partitions): "
+                        f"{exc}") from exc
 
 
 def _kind(output: Any) -> str:
@@ -385,9 +402,12 @@ def map_partitions(
         return attach_summary(_check_table(output, "map_partitions"), summary, table)
     run = train(fn, source, **options)
     refuse_dict_outputs(run, "map_partitions")
-    result = _concat([output for _, output in _ok_outputs(run, errors, "map_partitions")[1]],
-                     "map_partitions", keep_index=isinstance(source.table, pd.DataFrame))
+    key_columns, ok = _ok_outputs(run, errors, "map_partitions")
+    result = _concat([output for _, output in ok], "map_partitions",
+                     keep_index=isinstance(source.table, pd.DataFrame))
     reason = decision.reason if decision is not None else (
         f"split into {source.partitions} partitions, as the call asked")
-    return attach_summary(result, with_split(run.summary(), reason), table)
+    result = attach_summary(result, with_split(run.summary(), reason), table)
+    failed = failures(run, key_columns) if errors == "skip" else {}
+    return report_failures(result, failed, None, "map_partitions", "partition")
 

@@ -107,14 +107,16 @@ def _reason(error: str) -> str:
     return lines[-1].strip() if lines else "unknown error"
 
 
-def report_failures(result: Any, failed: dict, fallback: dict | None) -> Any:
-    """Warn about the groups left out; on a pandas result, ``attrs["failed"]``
-    (and ``attrs["fallback"]``) map each such key to its traceback."""
+def report_failures(result: Any, failed: dict, fallback: dict | None,
+                    what: str = "map_groups", unit: str = "group") -> Any:
+    """Warn about the groups (or partitions) left out; on a pandas result,
+    ``attrs["failed"]`` (and ``attrs["fallback"]``) map each such key to its
+    traceback."""
     if failed:
         listed = "; ".join(f"{key!r} ({_reason(error)})" for key, error in
                            list(failed.items())[:5])
         more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
-        warnings.warn(f"map_groups: {len(failed)} group(s) failed and are left out of the "
+        warnings.warn(f"{what}: {len(failed)} {unit}(s) failed and are left out of the "
                       f"result: {listed}{more} (a pandas result lists them all in "
                       "result.attrs['failed'])", RuntimeWarning, stacklevel=3)
     if isinstance(result, (pd.DataFrame, pd.Series)):
