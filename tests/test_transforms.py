@@ -416,3 +416,11 @@ def test_arrow_and_polars_outputs_are_unified_as_pandas_outputs_are():
     polars = mm.map_groups(lambda rows: pl.DataFrame({str(rows.k.iloc[0]): [1.0]}), source,
                            backend="serial")
     assert polars.shape == (3, 4) and polars["k"].to_list() == ["a", "b", None]
+
+
+def test_a_function_that_cannot_be_called_is_refused_before_any_work():
+    frame = pd.DataFrame({"g": [1, 2], "x": [1.0, 2.0]})
+    with pytest.raises(TypeError, match="fn must be a function"):
+        mm.map_groups(3, mm.groups(frame, by="g"), backend="serial")
+    with pytest.raises(TypeError, match="fn must be a function"):
+        mm.map_partitions("not a function", frame)

@@ -128,7 +128,13 @@ def _ok_outputs(run: Run, errors: str, what: str) -> tuple[list[str], list[tuple
     return key_columns, outputs
 
 
-def _check_errors(errors: str) -> None:
+def _check_arguments(fn: Any, errors: str) -> None:
+    """Refuse, before any work, a ``fn`` that cannot be called (wrapped, it
+    would have been called on every group, each failing) and an unknown
+    ``errors``."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of a group's (or partition's) rows, got "
+                        f"{type(fn).__name__}")
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
 
@@ -292,7 +298,7 @@ def map_groups(
     it, and the result is a DataFrame of that engine reading those files: the
     outputs in key order, never on the driver (:mod:`manymodels.run.engineoutputs`).
     """
-    _check_errors(errors)
+    _check_arguments(fn, errors)
     source, in_engine = engine_source(source, options)
     base = source.base if isinstance(source, ProductSource) else source
     if not isinstance(base, GroupSource):
@@ -386,7 +392,7 @@ def map_partitions(
     (:mod:`manymodels.run.partitioncost`). A pandas result's
     ``attrs["summary"]`` is the run's summary, which says which and why.
     """
-    _check_errors(errors)
+    _check_arguments(fn, errors)
     refuse_engine_frame(table, "map_partitions' table", "map_partitions splits a table "
                         "that this process holds", "or use the engine's own map over "
                         "partitions (Spark's mapInPandas, Dask's map_partitions)")
