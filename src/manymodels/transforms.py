@@ -383,10 +383,11 @@ def map_partitions(
     ``fn`` may return a pandas, polars or Arrow table (or a Series); the
     result is of the same kind. Other keywords go to :func:`train`.
 
-    Never slower than ``fn(table)``: unless the call says how to split
-    (``partitions``, ``backend``, ``start_method``... or ``errors="skip"``),
-    ``fn`` is first timed on one row and on a slice of about 1% of the rows
-    (doubled while it is too quick to time), and where splitting cannot pay
+    Never slower than ``fn(table)`` by more than its trials: unless the call
+    says how to split (``partitions``, ``backend``, ``start_method``... or
+    ``errors="skip"``), ``fn`` is first timed on one row and on a slice of
+    about 1% of the rows (each repeated, or the slice doubled, only while it
+    is too quick to time), and where splitting cannot pay
     (a fast function, a small table) it runs once, in this process, on the
     whole table
     (:mod:`manymodels.run.partitioncost`). A pandas result's

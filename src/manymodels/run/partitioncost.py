@@ -146,11 +146,16 @@ def _timed(fn: Callable[..., Any], source: PartitionSource, length: int,
 
 def _trials(fn: Callable[..., Any], source: PartitionSource, first: int,
             shared: dict[str, Any]) -> tuple[float, Trial]:
-    """``fn``'s cost per call (its fastest of three calls on one row) and its
-    trial on the table's first rows: ``first``, doubled while it takes under
+    """``fn``'s cost per call (its fastest of three calls on one row, or its
+    one call there where that takes :data:`TRIAL_MIN_S` or more: a fixed cost,
+    such as loading a model, is paid again by every trial) and its trial on
+    the table's first rows: ``first``, doubled while it takes under
     :data:`TRIAL_MIN_S` (a shorter time is mostly noise), up to 1% of the
     table; a trial still that short is run three times and the fastest kept."""
-    per_call = min(_timed(fn, source, 1, shared)[0].seconds for _ in range(3))
+    per_call = _timed(fn, source, 1, shared)[0].seconds
+    if per_call < TRIAL_MIN_S:
+        per_call = min(per_call, *(_timed(fn, source, 1, shared)[0].seconds
+                                   for _ in range(2)))
     trial, output = _timed(fn, source, first, shared)
     while trial.seconds < TRIAL_MIN_S and 2 * first <= source.num_rows // 100:
         first *= 2
