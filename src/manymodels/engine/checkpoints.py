@@ -89,10 +89,14 @@ class Checkpoint:
         if self._state_bytes is None:
             return None
         try:
-            return unpickled(self._state_bytes, self._manifest["state"])
+            state = unpickled(self._state_bytes, self._manifest["state"])
         except Exception as exc:  # the bytes matched: the state's classes changed
             self._refuse(f"its state cannot be unpickled: {exc!r}")
             return None
+        # the state's arrays are views of these bytes: a second load reads the
+        # file again, not the first one's arrays as the fit changed them since
+        self._state_bytes = None
+        return state
 
     @property
     def path(self) -> Path:
@@ -132,11 +136,14 @@ class Checkpoint:
                                         "token": manifest.get("token")})
 
     def _refuse(self, reason: str) -> None:
-        """Forget a checkpoint that cannot be resumed: the task starts afresh."""
+        """Forget a checkpoint that cannot be resumed: the task starts afresh
+        (its :attr:`path`, where the fit has it already, empty)."""
         self._manifest, self._state_bytes, self.resumed = None, None, False
         for entry in list(self._slot.iterdir()):
             if entry.name != "attempts":
                 (shutil.rmtree if entry.is_dir() else os.unlink)(entry)
+        if self._work_ready:
+            (self._slot / WORK).mkdir()
         if self._report is not None:
             self._report("refused", {"reason": reason})
 
@@ -145,6 +152,9 @@ class Checkpoint:
     def every(self, seconds: float) -> bool:
         """Whether ``seconds`` have passed since the last save (or since the
         task started): ``if checkpoint.every(60): checkpoint.save(state)``."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"checkpoint.every(seconds): seconds must be a number, got "
+                            f"{seconds!r}")
         if not seconds >= 0:
             raise ValueError(f"checkpoint.every(seconds): seconds must be >= 0, got {seconds!r}")
         return time.monotonic() - self._last_save >= seconds
@@ -166,10 +176,11 @@ class Checkpoint:
         """Commit the files in :attr:`path` (and ``state``, when given) as this
         task's checkpoint, atomically."""
         work = self.path
+        parts = None if state is None else pickled(state)  # (refused before any file moves)
         generation = self._generation() + 1
         target = self._slot / f"files-{generation}"
         temporary = self._slot / f".tmp-files-{generation}-{os.getpid()}"
-        shutil.rmtree(temporary, ignore_errors=True)
+        self._clear_leftovers()
         entries: dict[str, list] = {}
         try:
             for file in sorted(p for p in work.rglob("*") if p.is_file()):
@@ -183,8 +194,8 @@ class Checkpoint:
             raise
         files = {"dir": target.name, "entries": entries}
         kept_state = (self._manifest or {}).get("state")
-        if state is not None:
-            parts, kept_state = pickled(state)
+        if parts is not None:
+            parts, kept_state = parts
             kept_state["name"] = next_state_file(self._manifest)
             write_state(self._slot / kept_state["name"],
                         self._manifest_for(generation, kept_state, files), parts)
@@ -192,6 +203,18 @@ class Checkpoint:
         # The manifest is fsynced here: the state file it may name (an older
         # one) does not describe these files.
         self._publish(self._manifest_for(generation, kept_state, files), durable=True)
+
+    def _clear_leftovers(self) -> None:
+        """Remove the committed-files folders no manifest names: an attempt
+        killed (or timed out, or failing) between putting its files in place
+        and naming them left its ``files-<n>``, which the next commit of the
+        same generation would have been refused to replace; and the
+        temporary folders of attempts killed while copying."""
+        named = ((self._manifest or {}).get("files") or {}).get("dir")
+        for entry in list(self._slot.iterdir()):
+            if entry.is_dir() and entry.name != named and (
+                    entry.name.startswith(".tmp-files-") or entry.name.startswith("files-")):
+                shutil.rmtree(entry, ignore_errors=True)
 
     def __enter__(self) -> Path:
         return self.path

@@ -135,8 +135,13 @@ def train(
             to_do -= recorder.begin(reuse=options.reuse, verify=verify)
         engine = _engine(instance, backend_type, options, to_do, recorder)
         if checkpointed:  # held from here: released in the finally below
-            context.checkpoints = checkpointing.open_space(plan, store, recorder,
-                                                           options.reuse, keep_checkpoints)
+            try:
+                context.checkpoints = checkpointing.open_space(plan, store, recorder,
+                                                               options.reuse, keep_checkpoints)
+            except BaseException:  # (a checkpoints folder that cannot be written)
+                if recorder is not None:
+                    recorder.abandon()  # the run does not stay "running"
+                raise
         scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
                               checkpointing.run_maker(Run, context.checkpoints, store),
                               retries=options.retries,

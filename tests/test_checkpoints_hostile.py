@@ -1,0 +1,106 @@
+"""A checkpoint under hostile use: what a killed commit leaves, a refused
+state, a state loaded twice, arguments of the wrong type (each found by a
+review that killed and fuzzed real checkpoints)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from manymodels.engine.checkpoints import Checkpoint
+
+
+def test_a_commit_cut_short_leaves_nothing_that_stops_the_next(tmp_path):
+    """An attempt killed after putting its files in place but before naming
+    them left files-<n>; the next attempt's commit of that generation was
+    refused (directory not empty), on every retry and run. A state that
+    cannot be pickled is refused before any file moves."""
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    (first.path / "model.txt").write_text("20 rounds")
+    with pytest.raises(TypeError):
+        first.commit({"lock": threading.Lock()})
+    assert sorted(p.name for p in slot.iterdir()) == ["work"]
+    (slot / "files-1").mkdir()  # what a kill between the rename and the manifest leaves
+    (slot / "files-1" / "model.txt").write_text("torn")
+    (slot / ".tmp-files-1-99999").mkdir()  # a kill while copying
+    first.commit({"rounds": 20})
+    retry = Checkpoint(slot, attempt=2)
+    assert retry.load() == {"rounds": 20}
+    assert (retry.path / "model.txt").read_text() == "20 rounds"
+    (retry.path / "model.txt").write_text("40 rounds")
+    retry.commit({"rounds": 40})
+    assert sorted(p.name for p in slot.iterdir() if p.name.startswith(("files-", ".tmp"))) \
+        == ["files-2"]
+
+
+def test_a_refused_state_leaves_the_path_the_fit_holds(tmp_path, monkeypatch):
+    """A state whose class was renamed since is refused by load(); the folder
+    checkpoint.path handed out before stays, empty, for the fit to write."""
+    module = tmp_path / "renamed_state.py"
+    module.write_text("class State:\n    step = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import renamed_state
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    (first.path / "model.txt").write_text("3 rounds")
+    first.commit(renamed_state.State())
+    module.write_text("class TrainingState:\n    step = 3\n")
+    del sys.modules["renamed_state"]
+    importlib.invalidate_caches()
+    second = Checkpoint(slot, attempt=2)
+    directory = second.path
+    assert second.load() is None
+    assert directory.is_dir() and list(directory.iterdir()) == []
+    (directory / "model.txt").write_text("0 rounds")
+    second.commit({"step": 0})
+    assert Checkpoint(slot, attempt=3).load() == {"step": 0}
+
+
+def test_each_load_is_the_state_as_saved(tmp_path):
+    """A second load() gave the first one's arrays as the fit had changed
+    them (views of one buffer)."""
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    Checkpoint(slot).save({"w": np.zeros(4)})
+    resumed = Checkpoint(slot, attempt=2)
+    first = resumed.load()
+    first["w"] += 7
+    again = resumed.load()
+    assert again["w"].tolist() == [0.0] * 4 and not np.shares_memory(first["w"], again["w"])
+
+
+@pytest.mark.parametrize("seconds", ["5", None, True])
+def test_every_names_a_seconds_that_is_not_a_number(tmp_path, seconds):
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    with pytest.raises(TypeError, match=r"checkpoint.every\(seconds\): seconds must be a number"):
+        Checkpoint(slot).every(seconds)
+
+
+def test_a_checkpoints_folder_that_cannot_be_made_leaves_no_run_open(tmp_path):
+    """The run's row was written before its checkpoints' folder was opened:
+    where that fails, the run is marked failed, not left running."""
+    import pandas as pd
+
+    import manymodels as mm
+
+    store = tmp_path / "models"
+    mm.train(lambda df: len(df), mm.groups(pd.DataFrame({"g": [1, 2]}), by="g"), store=store,
+             backend="serial", progress=False)
+    (store / "checkpoints").write_text("a file where the folder goes")
+
+    def fit(df, checkpoint):
+        return len(df)
+
+    with pytest.raises(OSError):
+        mm.train(fit, mm.groups(pd.DataFrame({"g": [1, 2]}), by="g"), store=store,
+                 backend="serial", progress=False)
+    assert list(mm.Store(store).runs()["status"]) == ["finished", "failed"]
