@@ -424,3 +424,19 @@ def test_a_function_that_cannot_be_called_is_refused_before_any_work():
         mm.map_groups(3, mm.groups(frame, by="g"), backend="serial")
     with pytest.raises(TypeError, match="fn must be a function"):
         mm.map_partitions("not a function", frame)
+
+
+@pytest.mark.parametrize("keys", [
+    np.array([1, 2, 1], dtype=np.uint8), pd.array([1, None, 1], dtype="Int64"),
+    pd.array([True, None, True], dtype="boolean"), pd.Categorical(["b", "a", "b"]),
+    np.array([1.5, 2, 1.5], dtype=np.float32)], ids=str)
+def test_an_aggregations_key_column_keeps_the_inputs_type(keys):
+    """As pandas' groupby().apply keeps it: the key values came back as
+    Python values in int64, float64 or object columns."""
+    frame = pd.DataFrame({"k": keys, "x": [1.0, 2.0, 3.0]})
+    ours = mm.map_groups(lambda rows: pd.DataFrame({"n": [len(rows)]}),
+                         mm.groups(frame, by="k"), backend="serial")
+    assert ours["k"].dtype == frame["k"].dtype
+    series = mm.map_groups(lambda rows: rows[["x"]].sum(), mm.groups(frame, by="k"),
+                           backend="serial")
+    assert series["k"].dtype == frame["k"].dtype

@@ -216,7 +216,7 @@ def _in_input_order(result: Any, positions: np.ndarray, base: GroupSource) -> An
 
 
 def _frames_with_keys(frames: list[pd.DataFrame], parts: list[tuple],
-                      key_columns: list) -> pd.DataFrame:
+                      key_columns: list, base: GroupSource) -> pd.DataFrame:
     """The frames concatenated, with the key columns they lack added in front.
     When all lack the same ones (the usual case) they are added once, to the
     concatenation, rather than to each frame."""
@@ -233,18 +233,44 @@ def _frames_with_keys(frames: list[pd.DataFrame], parts: list[tuple],
         for position in lacking[0]:  # each group's key value, once per row of its output
             values = pd.Series([key[position] for key in parts]).repeat(lengths)
             result.insert(position, key_columns[position], values.array)
+        result = _key_dtypes(base, result, [key_columns[i] for i in lacking[0]])
     return result
 
 
+def _key_dtypes(base: GroupSource, frame: pd.DataFrame, key_columns: list) -> pd.DataFrame:
+    """``frame`` with the key columns it was given from the groups' keys (Python
+    values) in the input's pandas types, as pandas' ``groupby().apply`` keeps
+    them (``uint8``, ``Int64``, ``category``...: from the types the input
+    frame's Arrow copy recorded); a type the values do not fit is left."""
+    metadata = getattr(base.table, "schema", None)
+    metadata = metadata.pandas_metadata if metadata is not None else None
+    if not metadata:
+        return frame
+    kinds = {column.get("name"): ("category" if column.get("pandas_type") == "categorical"
+                                  else column.get("numpy_type"))
+             for column in metadata.get("columns", [])}
+    for name in key_columns:
+        kind = kinds.get(str(name))
+        if name in frame.columns and kind and str(frame[name].dtype) != kind and not str(
+                kind).startswith("datetime"):
+            try:
+                frame[name] = frame[name].astype(kind)
+            except (TypeError, ValueError):
+                pass
+    return frame
+
+
 def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
-                    key_columns: list) -> pd.DataFrame:
+                    key_columns: list, base: GroupSource) -> pd.DataFrame:
     """Series of the same labels, one per group, as rows of one frame with the
     key columns in front (pandas' ``groupby(..., as_index=False).apply``)."""
     frame = pd.DataFrame(outputs).reset_index(drop=True)
+    added = []
     for position, name in enumerate(key_columns):
         if name not in frame.columns:
             frame.insert(position, name, [p[position] for p in parts])
-    return frame
+            added.append(name)
+    return _key_dtypes(base, frame, added)
 
 
 def map_groups(
@@ -352,10 +378,10 @@ def _assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
             return _in_input_order(pd.concat(outputs, ignore_index=True), positions, base)
         first = outputs[0].index
         if all(out.index.equals(first) for out in outputs[1:]):
-            return _rows_per_group(outputs, parts, key_columns)
+            return _rows_per_group(outputs, parts, key_columns, base)
         return pd.concat(outputs)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
-        result = _frames_with_keys(outputs, parts, key_columns)
+        result = _frames_with_keys(outputs, parts, key_columns, base)
     else:
         result = _concat([_with_keys(out, key, key_columns) for key, out in zip(parts, outputs)],
                          "map_groups")
