@@ -104,3 +104,13 @@ def test_a_checkpoints_folder_that_cannot_be_made_leaves_no_run_open(tmp_path):
         mm.train(fit, mm.groups(pd.DataFrame({"g": [1, 2]}), by="g"), store=store,
                  backend="serial", progress=False)
     assert list(mm.Store(store).runs()["status"]) == ["finished", "failed"]
+
+
+def test_every_takes_any_real_number(tmp_path):
+    from fractions import Fraction
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    checkpoint = Checkpoint(slot)
+    assert checkpoint.every(np.int64(0)) and checkpoint.every(Fraction(0))
+    assert not checkpoint.every(np.float32(3600))

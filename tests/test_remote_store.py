@@ -494,3 +494,85 @@ def test_a_broken_publication_is_refused_and_the_copy_kept(s3, machine, tmp_path
     assert mm.Store(location).attached("x", 1) == 1  # not a conflict with itself
     copy = mm.Store(store.path)  # its copy, by path: read-only, models through the SDK
     assert copy.read_only and copy.attached("x", 1) == 1
+
+
+def _pointer(filesystem, prefix: str) -> str:
+    with filesystem.open_input_stream(f"bucket/{prefix}/index.current") as pointer:
+        return pointer.read().decode()
+
+
+def test_an_index_another_sqlite_wrote_is_not_published_again_by_a_reader(s3, machine):
+    """Another machine's SQLite writes its version into the index's header:
+    this machine's copy of it has other bytes, and merely opening the store
+    must not publish it again (which would move the pointer under a run of
+    the other machine's)."""
+    import hashlib
+
+    uri, filesystem = s3
+    location = uri("versions")
+    mm.train(lambda df: len(df), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    with filesystem.open_input_stream(f"bucket/versions/indexes/"
+                                      f"{_pointer(filesystem, 'versions')}.sqlite") as source:
+        data = bytearray(source.read())
+    data[96:100] = (3037002).to_bytes(4, "big")  # "written by SQLite 3.37.2"
+    other = hashlib.sha256(data).hexdigest()
+    with filesystem.open_output_stream(f"bucket/versions/indexes/{other}.sqlite") as out:
+        out.write(bytes(data))
+    with filesystem.open_output_stream("bucket/versions/index.current") as out:
+        out.write(other.encode())
+    machine("b")
+    store = mm.Store(location)
+    store.close()
+    assert _pointer(filesystem, "versions") == other and len(
+        mm.Store(location, read_only=True).runs()) == 1
+
+
+def test_deleting_the_last_run_is_published_before_gc_removes_its_models(s3, machine):
+    """A store left with no run is published too: gc then removes the
+    models, and no machine reads a run whose models are gone."""
+    uri, filesystem = s3
+    location = uri("emptied")
+    mm.train(fit_scaled, mm.groups(table(), by="g"), store=location, backend="serial",
+             progress=False)
+    store = mm.Store(location)
+    store.delete(1)
+    assert store.gc() == 6
+    assert not [n for n in objects(filesystem, "emptied") if n.startswith("artifacts/")]
+    machine("b")
+    assert mm.Store(location, read_only=True).runs().empty
+
+
+def test_azure_containers_are_not_one_store(tmp_path):
+    """The user part of an abfs:// URI is the container: two containers'
+    stores are two local copies, and a copy's location keeps its container
+    (an S3 URI's user part is its access key, dropped with its secret)."""
+    from manymodels.inputs.objectstores import without_secrets
+    from manymodels.store.remote import RemoteIndex
+
+    assert without_secrets("abfs://prod:key@acct.dfs.core.windows.net/models") == \
+        "abfs://prod@acct.dfs.core.windows.net/models"
+    assert without_secrets("s3://key:secret@bucket/m?region=x&secret_key=y") == \
+        "s3://bucket/m?region=x"
+    copies = set()
+    for container in ("prod", "dev"):
+        index = RemoteIndex.__new__(RemoteIndex)  # (no account to reach: the copy's name)
+        index.location = f"abfs://{container}@acct.dfs.core.windows.net/models"
+        copies.add(RemoteIndex._copy_folder(index.location))
+    assert len(copies) == 2
+
+
+def test_mm_linear_into_a_store_opened_before_another_machine_published(s3, machine):
+    from test_linear import FEATURES, sales
+
+    uri, _ = s3
+    location, frame = uri("linear-stale"), sales(20)
+    mm.linear(frame, by=["store", "item"], features=FEATURES, target="y", store=location)
+    opened = mm.Store(location)
+    machine("b")
+    mm.linear(frame.assign(y=frame.y + 1), by=["store", "item"], features=FEATURES,
+              target="y", store=location)
+    machine("a")
+    mm.linear(frame, by=["store", "item"], features=FEATURES, target="y", store=opened)
+    machine("c")
+    assert len(mm.Store(location, read_only=True).runs()) == 3

@@ -23,6 +23,7 @@ name and the task starts afresh.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import shutil
 import time
@@ -152,7 +153,7 @@ class Checkpoint:
     def every(self, seconds: float) -> bool:
         """Whether ``seconds`` have passed since the last save (or since the
         task started): ``if checkpoint.every(60): checkpoint.save(state)``."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
             raise TypeError(f"checkpoint.every(seconds): seconds must be a number, got "
                             f"{seconds!r}")
         if not seconds >= 0:

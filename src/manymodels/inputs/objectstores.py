@@ -58,11 +58,19 @@ def shown(uri: Any) -> str:
 def without_secrets(uri: str) -> str:
     """``uri`` without its password and secret query options (not ``***``
     in their place: what is left still opens, with the SDK's own
-    credentials)."""
+    credentials). The user part stays where it names a place (Azure's
+    container: ``abfs://container@account...``); S3's is the access key,
+    which goes with its secret."""
     if not is_remote(uri):
         return str(uri)
     parts = urlsplit(uri)
-    netloc = parts.netloc.rpartition("@")[2] if "@" in parts.netloc else parts.netloc
+    user, at, host = parts.netloc.rpartition("@")
+    if not at:
+        netloc = parts.netloc
+    elif parts.scheme == "s3":
+        netloc = host
+    else:
+        netloc = user.split(":", 1)[0] + "@" + host
     query = "&".join(option for option in parts.query.split("&")
                      if option and not _SECRET_OPTIONS.match("&" + option))
     return parts._replace(netloc=netloc, query=query).geturl()

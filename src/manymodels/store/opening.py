@@ -109,7 +109,7 @@ class OpenedIndex:
             while not stop.wait(remote.PUBLISH_EVERY_S):
                 try:
                     self._remote.publish()
-                except database.StoreError as exc:
+                except Exception as exc:  # (a full disk, the network): tried at the next tick
                     log.warning("publishing %s while its run runs failed: %s", self, exc)
 
         thread = threading.Thread(target=publish, name="manymodels-publish", daemon=True)

@@ -109,13 +109,19 @@ class RemoteIndex:
         except ValueError as exc:
             raise StoreError(str(exc)) from None
         self.location = location
-        key = hashlib.sha256(without_secrets(location).rstrip("/").encode()).hexdigest()[:32]
-        self.copy = cache_folder() / "stores" / key
+        self.copy = self._copy_folder(location)
         try:
             self.copy.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot make the local copy of store {shown(location)!r} in "
                              f"{str(self.copy)!r}: {exc}") from exc
+
+    @staticmethod
+    def _copy_folder(location: str) -> Path:
+        """This machine's copy of the store at ``location``: one per store,
+        whatever keys its URI carries (its text as shown, the password out)."""
+        key = hashlib.sha256(shown(location).rstrip("/").encode()).hexdigest()[:32]
+        return cache_folder() / "stores" / key
 
     # -- what the object store holds -----------------------------------------
 
@@ -192,28 +198,38 @@ class RemoteIndex:
             marks.append(None)
         return marks
 
-    def _snapshot(self, into: Path) -> str:
-        """A consistent copy of the copy's index at ``into``; its SHA-256."""
-        source = sqlite3.connect(f"file:{self.copy / INDEX_NAME}?mode=ro", uri=True)
+    def _snapshot(self, into: Path, source: Path | None = None) -> str:
+        """A consistent copy of the copy's index (or of ``source``) at
+        ``into``, made by this machine's SQLite; its SHA-256."""
+        source_conn = sqlite3.connect(f"file:{source or self.copy / INDEX_NAME}?mode=ro",
+                                      uri=True)
         target = sqlite3.connect(into)
         try:
-            source.backup(target)
+            source_conn.backup(target)
         finally:
             target.close()
-            source.close()
+            source_conn.close()
         return _file_digest(into)
 
-    def _current(self, synced: dict, scratch: Path) -> tuple[str | None, list]:
+    def _current(self, synced: dict, scratch: Path) -> tuple[str | None, list, bool]:
         """The copy's digest now (a snapshot in ``scratch``, taken only where
-        its files changed since the sync), and its fingerprint before it;
-        None where the copy has no runs (nothing worth keeping)."""
+        its files changed since the sync; None where there is no index), its
+        fingerprint before it, and whether it holds no run."""
         fingerprint = self._fingerprint()
-        if synced.get("fingerprint") == fingerprint and synced.get("snapshot"):
-            return synced["snapshot"], fingerprint
         index = self.copy / INDEX_NAME
-        if not index.exists() or not _has_runs(index):
-            return None, fingerprint
-        return self._snapshot(scratch / "index"), fingerprint
+        if not index.exists():
+            return None, fingerprint, True
+        if synced.get("fingerprint") == fingerprint and synced.get("snapshot"):
+            return synced["snapshot"], fingerprint, False
+        return self._snapshot(scratch / "index"), fingerprint, not _has_runs(index)
+
+    @staticmethod
+    def _unchanged(current: str | None, synced: dict) -> bool:
+        """Whether the copy holds nothing the published index does not: its
+        digest is the published one, or its own when it was last synced (a
+        snapshot by another machine's SQLite differs in its header)."""
+        return current is not None and current in (synced.get("published"),
+                                                   synced.get("snapshot"))
 
     # -- syncing -------------------------------------------------------------
 
@@ -232,11 +248,11 @@ class RemoteIndex:
                     if published is None:
                         self._check_bucket()
                     return  # current (it may hold work not published yet: published next)
-                current, fingerprint = self._current(synced, Path(scratch))
+                current, fingerprint, empty = self._current(synced, Path(scratch))
                 if current == published:  # published from here (its record was lost)
                     self._save(published, current, fingerprint)
                     return
-                if current is not None and current != synced.get("snapshot"):
+                if not empty and not self._unchanged(current, synced):
                     raise StoreError(
                         f"store {shown(self.location)!r} was written from another machine "
                         f"since this machine's copy of its index ({str(self.copy)!r}) was "
@@ -259,14 +275,18 @@ class RemoteIndex:
                         raise self._fail(f"its index {published} is gone", OSError(
                             "index.current names an index that is not there")) from None
                     continue
+                # its digest as this machine's SQLite copies it (made from the
+                # download, which nothing here writes); no fingerprint: the next
+                # check takes a snapshot, and sees a write that landed meanwhile
+                self._check_index(downloaded)
+                mine = self._snapshot(Path(scratch, "mine"), source=downloaded)
                 self._install(downloaded, index)
-                fingerprint = self._fingerprint()
-                self._save(published, self._snapshot(Path(scratch, "installed")), fingerprint)
+                self._save(published, mine, None)
                 return
 
-    def _install(self, downloaded: Path, index: Path) -> None:
-        """Put a downloaded index in place of the copy's, once it opens as a
-        store's index (a file that does not is refused, the copy kept)."""
+    def _check_index(self, downloaded: Path) -> None:
+        """Refuse a downloaded index that does not open as a store's (the
+        copy is kept as it is)."""
         from .database import connect
 
         try:
@@ -274,6 +294,9 @@ class RemoteIndex:
         except (StoreError, sqlite3.Error) as exc:
             raise StoreError(f"store {shown(self.location)!r}: its published index is not "
                              f"a manymodels store's index ({exc}): it is not used") from None
+
+    def _install(self, downloaded: Path, index: Path) -> None:
+        """Put a downloaded index (checked) in place of the copy's."""
         if index.exists():  # readers here see the old index or the new, whole
             source, target = sqlite3.connect(downloaded), sqlite3.connect(index)
             try:
@@ -321,11 +344,12 @@ class RemoteIndex:
         with self._locked(), tempfile.TemporaryDirectory(dir=self.copy) as scratch:
             synced = self._synced()
             before = synced.get("published")
-            current, fingerprint = self._current(synced, Path(scratch))
-            if current is None or current == before:
-                if current is not None:
-                    self._save(before, current, fingerprint)
-                return  # nothing new (or nothing at all) to publish
+            current, fingerprint, empty = self._current(synced, Path(scratch))
+            if current is None or (empty and before is None):
+                return  # nothing at all (a new store nothing was written to)
+            if self._unchanged(current, synced):
+                self._save(before, synced.get("snapshot") or current, fingerprint)
+                return  # nothing new to publish
             if self.published() != before:
                 raise StoreError(
                     f"store {shown(self.location)!r} was written from another machine since "

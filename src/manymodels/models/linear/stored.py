@@ -65,6 +65,8 @@ def open_store(store: Any, name: str) -> Opened:
             opened.store.close()
         raise StoreError(f"store {str(opened.store)!r} is open for reading only: "
                          "mm.linear cannot save its result there")
+    if not opened.owned:  # opened a while ago, on an object store: what was published since
+        opened.store._refresh()
     return opened
 
 
