@@ -576,3 +576,28 @@ def test_mm_linear_into_a_store_opened_before_another_machine_published(s3, mach
     mm.linear(frame, by=["store", "item"], features=FEATURES, target="y", store=opened)
     machine("c")
     assert len(mm.Store(location, read_only=True).runs()) == 3
+
+
+def test_gc_that_cannot_publish_removes_no_object(s3, machine, monkeypatch):
+    """gc publishes the index without the dropped rows before it removes any
+    object: where that fails (the network), every object stays, and so does
+    the published index that names them."""
+    from manymodels.store import remote
+
+    uri, filesystem = s3
+    location = uri("gc-offline")
+    first = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
+                     backend="serial", progress=False)
+    mm.train(fit_scaled, mm.groups(table(shift=9.0), by="g"), store=location,
+             backend="serial", progress=False)
+    store = mm.Store(location)
+    store.delete(first.run_id)  # (published)
+    before = objects(filesystem, "gc-offline")
+
+    def unreachable(self):
+        raise StoreError("the object store cannot be reached")
+
+    monkeypatch.setattr(remote.RemoteIndex, "publish", unreachable)
+    with pytest.raises(StoreError, match="cannot be reached"):
+        store.gc()
+    assert objects(filesystem, "gc-offline") == before
