@@ -141,11 +141,17 @@ class CheckpointSpace:
         of a run no longer running, claimed; else a new one."""
         base = self._task_dir(index)
         own = base / self.token
-        if not own.is_dir():
-            base.mkdir(parents=True, exist_ok=True)
-            if not self.fresh:
-                self._claim(base, own)
-            own.mkdir(exist_ok=True)
+        for last_try in (False, False, True):
+            try:
+                if not own.is_dir():
+                    base.mkdir(parents=True, exist_ok=True)
+                    if not self.fresh:
+                        self._claim(base, own)
+                    own.mkdir(exist_ok=True)
+                break
+            except FileNotFoundError:  # another task's drop removed the folder they share
+                if last_try:
+                    raise
         attempt = _count_start(own)
         return Checkpoint(own, attempt=attempt,
                           owner={"token": self.token, "run_id": self.run_id},
