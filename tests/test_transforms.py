@@ -440,3 +440,10 @@ def test_an_aggregations_key_column_keeps_the_inputs_type(keys):
     series = mm.map_groups(lambda rows: rows[["x"]].sum(), mm.groups(frame, by="k"),
                            backend="serial")
     assert series["k"].dtype == frame["k"].dtype
+
+
+@pytest.mark.parametrize("workers", [-1, 1.5, 0])
+def test_map_partitions_names_a_bad_workers(workers):
+    """It was reported as partitions (four per worker: "got -4")."""
+    with pytest.raises(ValueError, match=r"workers must be an integer >= 1, got"):
+        mm.map_partitions(lambda part: part, pd.DataFrame({"x": range(10)}), workers=workers)

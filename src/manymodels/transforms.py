@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .api import train
+from .engine.options import positive_int
 from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
 from .inputs.grouplabels import (
@@ -424,7 +425,8 @@ def map_partitions(
                         "that this process holds", "or use the engine's own map over "
                         "partitions (Spark's mapInPandas, Dask's map_partitions)")
     began = time.perf_counter()
-    workers = options.get("workers") or usable_cores()
+    workers = usable_cores() if options.get("workers") is None else positive_int(
+        "workers", options["workers"])
     left_to_us = partitions is None and errors == "raise" and set(options) <= LEFT_TO_US
     source = PartitionSource(table, 4 * workers if partitions is None else partitions,
                              format=format)
