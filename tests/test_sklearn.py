@@ -189,3 +189,16 @@ def test_shrinkage_finds_each_level_however_its_key_is_typed(fitted, asked):
     other = pd.DataFrame({"c": ["N"], "city": pd.Series([asked], dtype=object), "p": [1.0]})
     np.testing.assert_allclose(model.predict(other), as_fitted)
     assert as_fitted[0] > 60  # the city's own model is in the blend (its slope 100)
+
+
+def test_a_refit_keeps_no_attribute_of_the_fit_before():
+    """Refitted on an array without shrinkage, the estimator no longer has
+    the frame's feature names or the shrinkage factors of its first fit."""
+    from manymodels.sklearn import GroupedRegressor
+
+    frame = pd.DataFrame({"g": [0, 0, 0, 1, 1, 1], "p": [1.0, 2, 3, 1, 2, 3]})
+    y = np.array([1.0, 2, 3, 2, 4, 6])
+    model = GroupedRegressor(Ridge(), by="g", shrinkage="equal", backend="serial").fit(frame, y)
+    assert hasattr(model, "feature_names_in_") and hasattr(model, "shrinkage_factors_")
+    model.set_params(shrinkage=None, by=0).fit(frame.to_numpy(), y)
+    assert not hasattr(model, "feature_names_in_") and not hasattr(model, "shrinkage_factors_")

@@ -179,6 +179,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         import manymodels as mm
 
         shrink = self._check_params()
+        for stale in ("feature_names_in_", "shrinkage_factors_"):  # a refit's, where
+            self.__dict__.pop(stale, None)  # this fit has none (scikit-learn's convention)
         keys, features, y, sample_weight = self._checked_data(X, y, sample_weight)
         if is_classifier(self.estimator):
             from sklearn.utils.multiclass import check_classification_targets
