@@ -108,7 +108,7 @@ def driver_never_gathers(monkeypatch):
         runs.append(mm.train(*args, **kwargs))
         return runs[-1]
 
-    monkeypatch.setattr(transforms, "_assemble", gathered)
+    monkeypatch.setattr(transforms, "assemble", gathered)
     monkeypatch.setattr(transforms, "train", train)
     return runs
 
