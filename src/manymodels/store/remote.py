@@ -256,8 +256,9 @@ class RemoteIndex:
                     raise StoreError(
                         f"store {shown(self.location)!r} was written from another machine "
                         f"since this machine's copy of its index ({str(self.copy)!r}) was "
-                        "synced, and that copy holds runs not published yet (a driver here "
-                        "stopped before its run ended): the two cannot be merged. Move the "
+                        "synced, and that copy holds writes not published yet (a run here "
+                        "still running, or a driver here that stopped before its run ended): "
+                        "the two cannot be merged. Move the "
                         "copy away to use the store as published (mm.Store opens the "
                         "moved copy by its path, for reading)")
                 if published is None:  # a new store (or one removed from the object store)
