@@ -114,3 +114,19 @@ def test_every_takes_any_real_number(tmp_path):
     checkpoint = Checkpoint(slot)
     assert checkpoint.every(np.int64(0)) and checkpoint.every(Fraction(0))
     assert not checkpoint.every(np.float32(3600))
+
+
+def test_a_state_resumed_then_refused_is_not_reported_resumed():
+    """The journal says a task found a checkpoint, then refused its state
+    (it no longer unpickles): the task started afresh, so resumed is False,
+    and resumed_from says why."""
+    from manymodels.run.checkpointing import describe, resumed_column
+
+    events = [{"kind": "resumed", "attempt": 1, "run_id": 1, "at": 10.0, "saved_at": 9.0},
+              {"kind": "refused", "reason": "its state cannot be unpickled"}]
+    text = describe(events)
+    assert resumed_column({0: text}, 1)[0] == [False]
+    assert text.startswith("refused: its state cannot be unpickled")
+    again = describe([*events, {"kind": "resumed", "attempt": 2, "run_id": 2, "at": 20.0,
+                                "saved_at": 19.0, "same_run": True}])
+    assert resumed_column({0: again}, 1)[0] == [True]

@@ -101,9 +101,10 @@ def describe(events: list[dict]) -> str:
     """A task's journal as the ``resumed_from`` text: the last state it
     resumed from (its age and the attempt that saved it), and any refusal."""
     parts = []
-    resumed = [e for e in events if e["kind"] == "resumed"]
-    if resumed:
-        last = resumed[-1]
+    resumed = [i for i, e in enumerate(events) if e["kind"] == "resumed"]
+    refused = [i for i, e in enumerate(events) if e["kind"] == "refused"]
+    if resumed and (not refused or resumed[-1] > refused[-1]):  # (refused since: afresh)
+        last = events[resumed[-1]]
         where = ("this run" if last.get("same_run") else
                  f"run {last['run_id']}" if last.get("run_id") is not None else "an earlier run")
         parts.append(f"attempt {last['attempt']} of {where}, saved "
