@@ -136,3 +136,25 @@ def collected_until(condition, limit_s: float = 15.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
+
+
+def s3_server():
+    """An S3 API server on loopback (moto's server mode) with an empty bucket
+    named "bucket": yields the query options that reach it (endpoint, scheme,
+    region: a URI with the keys ``testing:testing@`` and them needs nothing
+    in a worker's environment) and a pyarrow filesystem on it, to look at
+    the objects. A generator for module fixtures to yield from."""
+    moto_server = pytest.importorskip("moto.server")
+    from pyarrow import fs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        filesystem = fs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
+                                     endpoint_override=f"{host}:{port}", region="us-east-1",
+                                     allow_bucket_creation=True)
+        filesystem.create_dir("bucket")
+        yield f"endpoint_override={host}:{port}&scheme=http&region=us-east-1", filesystem
+    finally:
+        server.stop()

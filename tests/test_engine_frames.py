@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from conftest import collected_until, fit_linear
+from conftest import collected_until, fit_linear, s3_server
 
 pytestmark = pytest.mark.slow
 
@@ -344,19 +344,8 @@ def object_store():
     the staging URI names its endpoint and keys itself, so that the engines'
     workers, started before it, need nothing in their environment; and a
     pyarrow filesystem on it, to list what is there."""
-    moto_server = pytest.importorskip("moto.server")
-    from pyarrow import fs
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    filesystem = fs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
-                                 endpoint_override=f"{host}:{port}", region="us-east-1",
-                                 allow_bucket_creation=True)
-    filesystem.create_dir("bucket")
-    options = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
-    yield f"s3://testing:testing@bucket/stage?{options}", filesystem
-    server.stop()
+    for options, filesystem in s3_server():
+        yield f"s3://testing:testing@bucket/stage?{options}", filesystem
 
 
 def test_staging_on_an_object_store(engine, table, object_store, tmp_path):

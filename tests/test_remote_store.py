@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import manymodels as mm
+from conftest import s3_server
 from manymodels.cli import app
 from manymodels.store import StoreError, StoreIntegrityError
 from serve_helpers import Server, call
@@ -30,23 +31,12 @@ def s3():
     that makes a store's URI there (the endpoint and keys in its query, so
     that workers need nothing in their environment) and a pyarrow filesystem
     on it, to look at the objects."""
-    moto_server = pytest.importorskip("moto.server")
-    from pyarrow import fs
+    for options, filesystem in s3_server():
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    filesystem = fs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
-                                 endpoint_override=f"{host}:{port}", region="us-east-1",
-                                 allow_bucket_creation=True)
-    filesystem.create_dir("bucket")
-    options = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+        def uri(name: str, bucket: str = "bucket", options: str = options) -> str:
+            return f"s3://testing:testing@{bucket}/{name}?{options}"
 
-    def uri(name: str, bucket: str = "bucket") -> str:
-        return f"s3://testing:testing@{bucket}/{name}?{options}"
-
-    yield uri, filesystem
-    server.stop()
+        yield uri, filesystem
 
 
 @pytest.fixture
@@ -234,18 +224,24 @@ def test_two_machines_that_both_wrote_are_refused_not_merged(s3, machine):
     assert len(mm.Store(location, read_only=True).runs()) == 2  # b's, not a's
 
 
+def _two_runs_the_first_deleted(location: str) -> mm.Store:
+    """Two runs of 3 large and 3 small models each, none shared; the first
+    deleted (and published): the store, open."""
+    first = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
+                     backend="serial", progress=False)
+    mm.train(fit_scaled, mm.groups(table(shift=100.0), by="g"), store=location,
+             backend="serial", progress=False)
+    store = mm.Store(location)
+    store.delete(first.run_id)
+    return store
+
+
 def test_delete_and_gc_remove_the_objects_no_run_names(s3, machine):
     """gc on an object store: the objects of a deleted run's models go (those
     a kept run names stay), and another machine sees the published result."""
     uri, filesystem = s3
     location = uri("collected")
-    first = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
-                     backend="serial", progress=False)
-    mm.train(fit_scaled, mm.groups(table(shift=100.0), by="g"), store=location,
-             backend="serial", progress=False)
-    assert len([n for n in objects(filesystem, "collected") if n.startswith("artifacts/")]) == 6
-    store = mm.Store(location)
-    store.delete(first.run_id)
+    store = _two_runs_the_first_deleted(location)
     assert store.gc() == 6  # 3 large (objects) and 3 packed models
     left = {n for n in objects(filesystem, "collected") if n.startswith("artifacts/")}
     assert len(left) == 3
@@ -586,12 +582,7 @@ def test_gc_that_cannot_publish_removes_no_object(s3, machine, monkeypatch):
 
     uri, filesystem = s3
     location = uri("gc-offline")
-    first = mm.train(fit_scaled, mm.groups(table(), by="g"), store=location,
-                     backend="serial", progress=False)
-    mm.train(fit_scaled, mm.groups(table(shift=9.0), by="g"), store=location,
-             backend="serial", progress=False)
-    store = mm.Store(location)
-    store.delete(first.run_id)  # (published)
+    store = _two_runs_the_first_deleted(location)  # (published)
     before = objects(filesystem, "gc-offline")
 
     def unreachable(self):
