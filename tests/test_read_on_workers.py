@@ -381,6 +381,9 @@ def test_unsorted_files_are_sorted_once_into_an_object_store(s3, tmp_path, sales
 
     write_parts(sales, tmp_path / "parts")
     before = set(os.listdir(tempfile.gettempdir()))
+    # (moto's servers share one in-memory store: another module's objects may
+    # be there still, going with their own sources)
+    others = set(_staged_objects(s3))
     source = mm.groups(tmp_path / "parts", by=["store", "item"], read_on_workers=True,
                        staging="s3://bucket/stage")
     lazy = mm.train(describe, source, backend="processes", workers=2, progress=False)
@@ -388,12 +391,12 @@ def test_unsorted_files_are_sorted_once_into_an_object_store(s3, tmp_path, sales
                      backend="serial", progress=False)
     pd.testing.assert_frame_equal(lazy.results.drop(columns=_UNTIMED),
                                   eager.results.drop(columns=_UNTIMED))
-    staged = _staged_objects(s3)
+    staged = set(_staged_objects(s3)) - others
     assert staged and all(path.endswith(".arrow") for path in staged)
     assert {name for name in set(os.listdir(tempfile.gettempdir())) - before
             if name.startswith("manymodels-sorting-")} == set()
     del source, lazy
-    assert collected_until(lambda: _staged_objects(s3) == []), _staged_objects(s3)
+    assert collected_until(lambda: not staged & set(_staged_objects(s3))), _staged_objects(s3)
     with pytest.raises(ValueError, match="staging='nosuch://x/y' cannot be opened"):
         mm.groups(tmp_path / "parts", by="store", read_on_workers=True, staging="nosuch://x/y")
     elsewhere = mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
@@ -489,6 +492,7 @@ def test_staged_objects_go_at_exit_whatever_was_imported_first(s3, tmp_path, sal
     import sys
 
     write_parts(sales, tmp_path / "parts")
+    others = set(_staged_objects(s3))  # (another module's, in moto's shared store)
     script = (
         "import tempfile, weakref\n"
         "class Early: pass\n"
@@ -501,4 +505,4 @@ def test_staged_objects_go_at_exit_whatever_was_imported_first(s3, tmp_path, sal
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.split()[-1] == "60", done.stderr[-2000:]
-    assert _staged_objects(s3) == []
+    assert set(_staged_objects(s3)) <= others
