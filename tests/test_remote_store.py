@@ -592,3 +592,18 @@ def test_gc_that_cannot_publish_removes_no_object(s3, machine, monkeypatch):
     with pytest.raises(StoreError, match="cannot be reached"):
         store.gc()
     assert objects(filesystem, "gc-offline") == before
+
+
+def test_the_remote_store_bench_runs(tmp_path):
+    """bench/remote_store_bench.py at a small size, so that it cannot rot."""
+    import json
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "remote_store_bench.py"
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(bench), "--groups", "300", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MANYMODELS_CACHE_DIR": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    numbers = json.loads(out.read_text())
+    assert numbers["groups"] == 300 and numbers["object store: unchanged re-run (s)"] > 0
