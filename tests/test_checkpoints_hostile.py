@@ -130,3 +130,29 @@ def test_a_state_resumed_then_refused_is_not_reported_resumed():
     again = describe([*events, {"kind": "resumed", "attempt": 2, "run_id": 2, "at": 20.0,
                                 "saved_at": 19.0, "same_run": True}])
     assert resumed_column({0: again}, 1)[0] == [True]
+
+
+def test_a_checkpoint_the_rows_or_a_partial_would_take_is_refused_before_work():
+    """def fit(checkpoint, df) failed every task ("got multiple values"); a
+    partial binding checkpoint= had its value silently replaced."""
+    import functools
+
+    import pandas as pd
+
+    import manymodels as mm
+
+    calls = []
+
+    def first(checkpoint, df):
+        calls.append(1)
+
+    def second(df, checkpoint):
+        calls.append(1)
+
+    source = mm.groups(pd.DataFrame({"g": [1, 2]}), by="g")
+    with pytest.raises(TypeError, match="first parameter is checkpoint"):
+        mm.train(first, source, backend="serial", progress=False)
+    with pytest.raises(TypeError, match="binds checkpoint="):
+        mm.train(functools.partial(second, checkpoint="mine"), source, backend="serial",
+                 progress=False)
+    assert calls == []

@@ -34,12 +34,34 @@ def wanted(fit: Any, run_fit: Any, passed: set[str], keep_checkpoints: Any) -> b
         raise TypeError(f"keep_checkpoints must be True or False, got {keep_checkpoints!r}")
     if not asks_for_checkpoint(fit) or "checkpoint" in passed:
         return False
+    _check_checkpoint_parameter(fit)
     if run_fit is not fit:
         raise ValueError(
             "fit takes a checkpoint, which evaluate= and select=mm.halving() cannot give: "
             "they call fit several times per task (each window, each rung), and a "
             "checkpoint saved by one call would be resumed by the next")
     return True
+
+
+def _check_checkpoint_parameter(fit: Any) -> None:
+    """Refuse, before any work, a ``checkpoint`` that the task's rows would
+    take the place of (fit's first parameter: every task failed with "got
+    multiple values"), or one a ``functools.partial`` already binds (the
+    run's checkpoint replaced it, silently)."""
+    import functools
+    import inspect
+
+    if isinstance(fit, functools.partial) and "checkpoint" in fit.keywords:
+        raise TypeError("fit is a functools.partial that binds checkpoint=: the run gives "
+                        "each task its own checkpoint there; bind another name")
+    try:
+        parameters = list(inspect.signature(fit).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if parameters and parameters[0].name == "checkpoint" and parameters[0].kind in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise TypeError("fit's first parameter is checkpoint, where each task's rows go: "
+                        "name it after them (def fit(df, checkpoint))")
 
 
 def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool
