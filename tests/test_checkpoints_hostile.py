@@ -156,3 +156,41 @@ def test_a_checkpoint_the_rows_or_a_partial_would_take_is_refused_before_work():
         mm.train(functools.partial(second, checkpoint="mine"), source, backend="serial",
                  progress=False)
     assert calls == []
+
+
+def test_a_killed_drivers_temporary_checkpoints_go_with_the_next_run(tmp_path, monkeypatch):
+    """Without a store, a run's checkpoints live in a temporary folder its
+    end removes; a SIGKILLed driver left it for good. The next run without a
+    store removes such folders once their driver is gone."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import pandas as pd
+
+    import manymodels as mm
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # (read TMPDIR again, here and in the child)
+    try:
+        script = ("import os, signal, pandas as pd, manymodels as mm\n"
+                  "def fit(df, checkpoint):\n"
+                  "    checkpoint.save({'step': 1})\n"
+                  "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                  "mm.train(fit, mm.groups(pd.DataFrame({'g': [1]}), by='g'),\n"
+                  "         backend='serial', progress=False)\n")
+        done = subprocess.run([sys.executable, "-c", script], timeout=120, env=os.environ.copy())
+        assert done.returncode == -9
+        left = list(tmp_path.glob("manymodels-checkpoints-*"))
+        assert len(left) == 1
+        os.utime(left[0], (0, 0))  # (a minute old at least)
+
+        def fit(df, checkpoint):
+            return len(df)
+
+        mm.train(fit, mm.groups(pd.DataFrame({"g": [1]}), by="g"), backend="serial",
+                 progress=False)
+        assert list(tmp_path.glob("manymodels-checkpoints-*")) == []
+    finally:
+        tempfile.tempdir = None

@@ -64,10 +64,32 @@ def _check_checkpoint_parameter(fit: Any) -> None:
                         "name it after them (def fit(df, checkpoint))")
 
 
+def _remove_dead_temporary_spaces(min_age_s: float = 60.0) -> None:
+    """Remove the temporary checkpoint folders of runs without a store whose
+    driver is gone (killed: its own clean-up never ran), so that they do not
+    pile up: one whose owner lock no process holds, a minute old at least
+    (a driver that has just made its folder takes the lock at once)."""
+    import shutil
+    import time
+
+    from ..engine.checkpointspace import OWNERS, owner_alive
+
+    for folder in Path(tempfile.gettempdir()).glob("manymodels-checkpoints-*"):
+        try:
+            if time.time() - folder.stat().st_mtime < min_age_s:
+                continue
+            tokens = [lock.stem for lock in (folder / OWNERS).glob("*.lock")]
+            if tokens and not any(owner_alive(folder, token) for token in tokens):
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # another user's, or gone meanwhile
+            continue
+
+
 def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool
                ) -> CheckpointSpace:
     """The run's checkpoint space, held (marked running) until :func:`close`."""
     if store is None:
+        _remove_dead_temporary_spaces()
         root = tempfile.mkdtemp(prefix="manymodels-checkpoints-")
         space = CheckpointSpace(root, None, fresh=True, drop_when_ok=True)
     else:
