@@ -202,3 +202,12 @@ def test_a_refit_keeps_no_attribute_of_the_fit_before():
     assert hasattr(model, "feature_names_in_") and hasattr(model, "shrinkage_factors_")
     model.set_params(shrinkage=None, by=0).fit(frame.to_numpy(), y)
     assert not hasattr(model, "feature_names_in_") and not hasattr(model, "shrinkage_factors_")
+
+
+@pytest.mark.parametrize("estimator", [Ridge, 3], ids=["a class", "a number"])
+def test_an_estimator_that_is_not_one_is_refused_by_name(estimator):
+    from manymodels.sklearn import GroupedRegressor
+
+    frame = pd.DataFrame({"g": [0, 0, 1, 1], "p": [1.0, 2, 3, 4]})
+    with pytest.raises(TypeError, match="estimator must be a scikit-learn estimator"):
+        GroupedRegressor(estimator, by="g", backend="serial").fit(frame, np.arange(4.0))

@@ -142,6 +142,11 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         if self.estimator is None:
             raise ValueError(f"{type(self).__name__} needs an estimator, e.g. "
                              f"{type(self).__name__}(Ridge(), by='store')")
+        if isinstance(self.estimator, type) or not hasattr(self.estimator, "fit"):
+            hint = (f" (an instance: {self.estimator.__name__}())"
+                    if isinstance(self.estimator, type) else "")
+            raise TypeError(f"estimator must be a scikit-learn estimator{hint}, "
+                            f"got {self.estimator!r}")
         self._check_kind()
         if not isinstance(self.min_group_size, (int, np.integer)) or self.min_group_size < 1:
             raise ValueError(f"min_group_size must be an integer >= 1, "
