@@ -447,3 +447,15 @@ def test_map_partitions_names_a_bad_workers(workers):
     """It was reported as partitions (four per worker: "got -4")."""
     with pytest.raises(ValueError, match=r"workers must be an integer >= 1, got"):
         mm.map_partitions(lambda part: part, pd.DataFrame({"x": range(10)}), workers=workers)
+
+
+def test_a_table_and_a_dict_are_refused_not_the_dict_dropped():
+    """train reads (table, dict) as a model and its metrics: map_groups and a
+    split map_partitions kept the table and dropped the dict, silently."""
+    frame = pd.DataFrame({"g": [1, 1, 2], "x": [1.0, 2.0, 3.0]})
+    with pytest.raises(TypeError, match="returned a table and a dict for 1"):
+        mm.map_groups(lambda rows: (rows, {"n": len(rows)}), mm.groups(frame, by="g"),
+                      backend="serial")
+    with pytest.raises(TypeError, match="returned a table and a dict"):
+        mm.map_partitions(lambda part: (part, {"n": len(part)}), frame, partitions=2,
+                          backend="serial")

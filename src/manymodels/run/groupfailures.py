@@ -78,7 +78,8 @@ def fallen_back(run: Run) -> dict[Any, str]:
 def refuse_dict_outputs(run: Run, what: str) -> None:
     """Refuse, naming the group, a run whose function returned a dict: ``train``
     reads a dict as a task's metrics with no model, so the group would have
-    no rows, silently (``map_groups``) or be called no table (``map_partitions``)."""
+    no rows, silently (``map_groups``) or be called no table (``map_partitions``);
+    and one that returned a table and a dict, whose dict would be dropped."""
     rec = run._records
     ok = rec.ok_mask()
     key_rows = run._plan.key_rows
@@ -92,6 +93,14 @@ def refuse_dict_outputs(run: Run, what: str) -> None:
             raise TypeError(f"{what}'s function returned a dict for {_key_of(tuple(parts))!r}, "
                             "not a table: return a DataFrame (pd.DataFrame([row]) for one "
                             "row), a Series, or an Arrow or polars table")
+    if any(rec.metrics):  # (table, dict): train reads it as a model and its metrics
+        for index, metrics in enumerate(rec.metrics):
+            if metrics and ok[index] and rec.model[index] is not None and (
+                    set(metrics_dict(metrics, index) or ()) - {_FALLBACK}):
+                raise TypeError(
+                    f"{what}'s function returned a table and a dict for "
+                    f"{_key_of(tuple(key_rows[index]))!r}: return the table alone (the dict "
+                    "would be dropped)")
 
 
 def failures(run: Run, key_columns: list) -> dict[Any, str]:
