@@ -88,17 +88,24 @@ def object_size(uri: str) -> int | None:
         return None
 
 
-def listed_models(root: str) -> dict[str, int]:
-    """The model files under an object store's ``root``: relative name ->
-    size, in one listing (a request a thousand objects)."""
+def model_objects(root: str) -> list[tuple[str, int, float | None]]:
+    """The objects under an object store's ``root``'s model folder, in one
+    listing (a request a thousand objects): each one's name under ``root``
+    (``artifacts/...``), its size and its modification time."""
     from pyarrow import fs
 
     filesystem, base = resolve(child(root, FOLDER))
     found = filesystem.get_file_info(fs.FileSelector(base, recursive=True,
                                                      allow_not_found=True))
     start = len(base) - len(FOLDER)
-    return {entry.path[start:]: entry.size for entry in found
-            if entry.type == fs.FileType.File}
+    return [(entry.path[start:], entry.size,
+             entry.mtime.timestamp() if entry.mtime is not None else None)
+            for entry in found if entry.type == fs.FileType.File]
+
+
+def listed_models(root: str) -> dict[str, int]:
+    """The model files under an object store's ``root``: relative name -> size."""
+    return {name: size for name, size, _ in model_objects(root)}
 
 
 def read_model_bytes(root: Path | str, relative: str) -> bytes:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from ..engine.modelfiles import marker_run, remove_object
-from ..inputs.objectstores import child, is_remote, resolve
+from ..engine.modelfiles import FOLDER, marker_run, model_objects, remove_object
+from ..inputs.objectstores import child, is_remote
 from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
 from .database import INDEX_NAME
@@ -106,19 +106,12 @@ def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], N
     it. A local store's files of another store nested in its folder are not
     its own, and are left out."""
     if is_remote(root):
-        from pyarrow import fs
-
-        filesystem, base = resolve(child(str(root), "artifacts"))
-        start = len(base) - len("artifacts")
-        for entry in filesystem.get_file_info(fs.FileSelector(base, recursive=True,
-                                                              allow_not_found=True)):
-            if entry.type == fs.FileType.File:
-                yield (entry.path[start:], entry.mtime.timestamp() if entry.mtime else None,
-                       functools.partial(remove_object, child(str(root), entry.path[start:])))
+        for name, _, modified in model_objects(str(root)):
+            yield name, modified, functools.partial(remove_object, child(str(root), name))
         return
     root = Path(root)
-    nested = [index.parent for index in (root / "artifacts").rglob(INDEX_NAME)]
-    for file in (root / "artifacts").rglob("*"):
+    nested = [index.parent for index in (root / FOLDER).rglob(INDEX_NAME)]
+    for file in (root / FOLDER).rglob("*"):
         if any(folder in file.parents for folder in nested) or not file.is_file():
             continue
         try:
