@@ -594,6 +594,61 @@ def test_gc_that_cannot_publish_removes_no_object(s3, machine, monkeypatch):
     assert objects(filesystem, "gc-offline") == before
 
 
+def test_a_train_with_select_and_evaluate_publishes_the_index_once(s3, machine, monkeypatch):
+    """The run, its selection and its evaluation's record are written one
+    after the other: the index is uploaded once, at the end, with all three."""
+    from sklearn.linear_model import LinearRegression, Ridge
+
+    from manymodels.store import remote
+
+    uri, _ = s3
+    location = uri("once")
+    pointers = []
+    real_upload = remote.upload
+    monkeypatch.setattr(remote, "upload", lambda where, data: (
+        pointers.append(where), real_upload(where, data)))
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"sku": np.repeat(["a", "b"], 30), "x": rng.normal(size=60),
+                          "day": np.tile(np.arange(30), 2)})
+    frame["sales"] = 2 * frame["x"] + 1
+
+    def fit(df, model=None):
+        from sklearn.base import clone
+
+        return clone(model).fit(df[["x"]], df["sales"])
+
+    run = mm.train(fit, mm.groups(frame, by="sku") * mm.grid(
+        model=[LinearRegression(), Ridge(alpha=100.0)]), backend="threads", workers=2,
+        progress=False, store=location, select="rmse",
+        evaluate=mm.backtest("day", horizon=5, windows=2, target="sales"))
+    assert len(pointers) == 1 and pointers[0].split("?")[0].endswith("/index.current")
+    machine("b")  # all three are in what was published
+    store = mm.Store(location)
+    assert store.attached("selection", run.run_id)["metric"] == "rmse"
+    assert store.attached("evaluation", run.run_id) == {"time": "day"}
+
+
+def test_a_sync_that_waits_too_long_for_another_process_is_refused(s3, machine, monkeypatch):
+    """Another process of this machine syncing the same copy (an upload that
+    hung): the wait ends, naming the lock, instead of lasting for ever."""
+    import fcntl
+
+    from manymodels.store import remote
+
+    uri, _ = s3
+    store = mm.Store(uri("locked"))
+    mm.train(fit_scaled, mm.groups(table(2), by="g"), store=store, backend="serial",
+             progress=False)
+    monkeypatch.setattr(remote, "SYNC_WAIT_S", 0.3)
+    with open(store.path / ".sync.lock", "a") as other:  # (another open: flock conflicts)
+        fcntl.flock(other, fcntl.LOCK_EX)
+        began = time.monotonic()
+        with pytest.raises(StoreError, match=r"another process of this machine.*\.sync\.lock"):
+            mm.Store(uri("locked"))
+        assert time.monotonic() - began < 5
+    assert len(mm.Store(uri("locked")).runs()) == 1  # once it is free
+
+
 def test_the_remote_store_bench_runs(tmp_path):
     """bench/remote_store_bench.py at a small size, so that it cannot rot."""
     import json

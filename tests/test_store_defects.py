@@ -865,3 +865,34 @@ def test_serial_and_threads_store_a_model_as_fit_returned_it(tmp_path):
     run = mm.train(_count_and_return, mm.items(range(4)), shared={"counter": _Counter()},
                    store=tmp_path / "s", backend="serial", progress=False)
     assert [run.models[i].calls for i in range(4)] == [1, 2, 3, 4]
+
+
+def _small_model(item):
+    return item
+
+
+def test_gc_counts_only_the_files_it_removed(tmp_path, monkeypatch):
+    """A stray gc could not remove (not removable by this user) is not
+    counted as removed; it is left for the next gc, which counts it."""
+    import time
+
+    store = tmp_path / "store"
+    mm.train(_small_model, mm.items(range(2)), store=store, backend="serial", progress=False)
+    strays = [store / "artifacts" / "ab" / (c * 2 + "0" * 62) for c in "ab"]
+    for stray in strays:
+        stray.parent.mkdir(exist_ok=True)
+        stray.write_bytes(b"x" * 10)
+        os.utime(stray, (time.time() - 7200, time.time() - 7200))
+    real_unlink = Path.unlink
+
+    def unlink(self, *args, **kwargs):
+        if self == strays[0]:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    registry = mm.Store(store)
+    assert registry.gc() == 1
+    assert strays[0].exists() and not strays[1].exists()
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    assert registry.gc() == 1 and not strays[0].exists()

@@ -73,8 +73,8 @@ def _open_store(path: str, writes: bool = False):
     from ..store import StoreError, remote_store_exists
 
     if is_remote(path):  # a store on an object store, as published
-        try:
-            if not remote_store_exists(path):
+        try:  # (opened for reading, a store nothing was published to is refused by Store)
+            if writes and not remote_store_exists(path):
                 raise typer.BadParameter(f"store {shown(path)!r} does not exist (nothing "
                                          "was published there)", param_hint="STORE")
             return Store(path, read_only=None if writes else True)

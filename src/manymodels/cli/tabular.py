@@ -358,16 +358,17 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
             raise
         raise ArgumentError(str(exc), "--backend/--workers/--timeout/--store") from exc
-    run.store.attach(run.run_id, "train_config", {
-        "by": by_columns, "target": target, "features": feature_columns, "model": model,
-        "params": params, "grid": grid, "metrics": metric_names})
-    fallback_error = None
-    if fallback:
-        try:
-            global_model = _fit_fallback(task, table, run)
-        except Exception as exc:  # e.g. the rows of a failed group poison the whole table
-            fallback_error = f"fitting it on all rows failed: {exc!r}"
-        else:
-            run.store.attach(run.run_id, "fallback", global_model)
+    with run.store._one_publication():  # an object store's index: uploaded once for both
+        run.store.attach(run.run_id, "train_config", {
+            "by": by_columns, "target": target, "features": feature_columns, "model": model,
+            "params": params, "grid": grid, "metrics": metric_names})
+        fallback_error = None
+        if fallback:
+            try:
+                global_model = _fit_fallback(task, table, run)
+            except Exception as exc:  # e.g. the rows of a failed group poison the whole table
+                fallback_error = f"fitting it on all rows failed: {exc!r}"
+            else:
+                run.store.attach(run.run_id, "fallback", global_model)
     means = {m: run.results[m].mean() for m in metric_names if m in run.results}
     return TableRun(run, feature_columns, metric_names, means, fallback_error, path_note)

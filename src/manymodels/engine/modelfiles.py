@@ -124,13 +124,15 @@ def read_model_bytes(root: Path | str, relative: str) -> bytes:
         raise OSError(redacted(exc, uri)) from None
 
 
-def remove_object(uri: str) -> None:
-    """Remove the object at ``uri``, if it is there (errors ignored: a clean-up)."""
-    import contextlib
-
-    with contextlib.suppress(Exception):
+def remove_object(uri: str) -> bool:
+    """Remove the object at ``uri``; whether it was removed (a clean-up:
+    errors are not raised, and an object that is not there was not removed)."""
+    try:
         filesystem, path = resolve(uri)
         filesystem.delete_file(path)
+    except Exception:  # (gone meanwhile, no permission, the network)
+        return False
+    return True
 
 
 def write_model_file(root: Path | str, data: bytes | memoryview, digest: str,

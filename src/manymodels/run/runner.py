@@ -103,86 +103,87 @@ def train(
         store).exists()
     if not new_store:
         store = _open_store(store, store_type)
-    live = None
-    if dashboard:
-        from ..observe.dashboard import LiveDashboard
+    # a store on an object store is published once, at the end: the run,
+    # its selection and its evaluation's record (or what the run kept, where it fails)
+    with store._one_publication() if isinstance(store, Store) else contextlib.nullcontext():
+        live = None
+        if dashboard:
+            from ..observe.dashboard import LiveDashboard
 
-        hooks.append(live := LiveDashboard())
+            hooks.append(live := LiveDashboard())
 
-    # fits run in other processes: the driver's own million tuples and dicts
-    # (acyclic) need no cycle collector, whose full passes over them cost
-    # seconds; with threads or serial, fit runs here and it stays on
-    with collector_paused(backend_type.requires_pickling):
-        plan = make_plan(source)
-        plan.in_key_order = getattr(run_fit, "seal_part", None) is not None
-        add_fit_keys(plan, fit, {*(options.shared or {}),
-                                 *(options.setup if isinstance(options.setup, Mapping) else ())})
-        context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table,
-                             shared=options.shared, cpus_per_task=options.backend.cpus_per_task,
-                             retry_on=options.retry_on, setup=options.setup,
-                             # with a store, as fit returned it (serial and threads
-                             # too: a model fit goes on changing is stored as it was)
-                             pickle_models=("all" if store is not None else "small"
-                                            if backend_type.requires_pickling else None))
-        recorder, to_do = None, len(plan.tasks)
-        if store is not None:
-            identities = _identities(plan, fit, options, identity_extra)
-            if new_store:  # (only now that the identities could be made)
-                store = _open_store(store, store_type)
-            recorder = RunRecorder(store, plan, *identities, fit_name=_callable_name(fit),
-                                   source=repr(source), backend=name, workers=options.sized_for(
-                                       backend_type, len(plan.tasks)).workers)
-            to_do -= recorder.begin(reuse=options.reuse, verify=verify)
-        engine = _engine(instance, backend_type, options, to_do, recorder)
-        if checkpointed:  # held from here: released in the finally below
-            try:
-                context.checkpoints = checkpointing.open_space(plan, store, recorder,
-                                                               options.reuse, keep_checkpoints)
-            except BaseException:  # (a checkpoints folder that cannot be written)
-                if recorder is not None:
-                    recorder.abandon()  # the run does not stay "running"
-                raise
-        scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
-                              checkpointing.run_maker(Run, context.checkpoints, store),
-                              retries=options.retries,
-                              max_failures=options.max_failures,
-                              progress=functools.partial(ProgressBar, len(plan.tasks),
-                                                         options.progress),
-                              recorder=recorder, callbacks=Callbacks(
-                                  hooks, plan, RunInfo.describe(
-                                      plan, fit, source, engine, options, store, recorder))
-                              if hooks else None)
-        if store is not None:  # workers that see the store write their large models there
-            with contextlib.suppress(OSError):  # (else they send them, as they would)
-                context.model_files = ModelFiles.open(store.root, recorder.run_id)
-        failing = True  # (sys.exc_info() would see a caller's own exception, handled)
-        try:
-            with store._publishing() if store is not None else contextlib.nullcontext():
-                run = scheduler.run(context, began)
-            failing = False
-        finally:
-            checkpointing.close(context.checkpoints, store)
-            if context.model_files is not None:
-                context.model_files.close()
-            if live is not None:
-                live.close()
+        # fits run in other processes: the driver's own million tuples and dicts
+        # (acyclic) need no cycle collector, whose full passes over them cost
+        # seconds; with threads or serial, fit runs here and it stays on
+        with collector_paused(backend_type.requires_pickling):
+            plan = make_plan(source)
+            plan.in_key_order = getattr(run_fit, "seal_part", None) is not None
+            named_setup = options.setup if isinstance(options.setup, Mapping) else ()
+            add_fit_keys(plan, fit, {*(options.shared or {}), *named_setup})
+            context = RunContext(fit=run_fit, data=plan.data, table=plan.data.table,
+                                 shared=options.shared,
+                                 cpus_per_task=options.backend.cpus_per_task,
+                                 retry_on=options.retry_on, setup=options.setup,
+                                 # with a store, as fit returned it (serial and threads
+                                 # too: a model fit goes on changing is stored as it was)
+                                 pickle_models=("all" if store is not None else "small"
+                                                if backend_type.requires_pickling else None))
+            recorder, to_do = None, len(plan.tasks)
             if store is not None:
-                _publish(store, failing)
-    if selection is not None:
-        if selection.metric in run.results.columns:
-            run.select(selection, source)
-        elif (run.results["status"] == "ok").any():  # a metric function's name is known
-            # only now: keep the work, and say so
-            import warnings
+                identities = _identities(plan, fit, options, identity_extra)
+                if new_store:  # (only now that the identities could be made)
+                    store = _open_store(store, store_type)
+                recorder = RunRecorder(
+                    store, plan, *identities, fit_name=_callable_name(fit), source=repr(source),
+                    backend=name,
+                    workers=options.sized_for(backend_type, len(plan.tasks)).workers)
+                to_do -= recorder.begin(reuse=options.reuse, verify=verify)
+            engine = _engine(instance, backend_type, options, to_do, recorder)
+            if checkpointed:  # held from here: released in the finally below
+                try:
+                    context.checkpoints = checkpointing.open_space(
+                        plan, store, recorder, options.reuse, keep_checkpoints)
+                except BaseException:  # (a checkpoints folder that cannot be written)
+                    if recorder is not None:
+                        recorder.abandon()  # the run does not stay "running"
+                    raise
+            scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
+                                  checkpointing.run_maker(Run, context.checkpoints, store),
+                                  retries=options.retries,
+                                  max_failures=options.max_failures,
+                                  progress=functools.partial(ProgressBar, len(plan.tasks),
+                                                             options.progress),
+                                  recorder=recorder, callbacks=Callbacks(
+                                      hooks, plan, RunInfo.describe(
+                                          plan, fit, source, engine, options, store, recorder))
+                                  if hooks else None)
+            if store is not None:  # workers that see the store write their large models there
+                with contextlib.suppress(OSError):  # (else they send them, as they would)
+                    context.model_files = ModelFiles.open(store.root, recorder.run_id)
+            try:
+                with store._publishing() if store is not None else contextlib.nullcontext():
+                    run = scheduler.run(context, began)
+            finally:
+                checkpointing.close(context.checkpoints, store)
+                if context.model_files is not None:
+                    context.model_files.close()
+                if live is not None:
+                    live.close()
+        if selection is not None:
+            if selection.metric in run.results.columns:
+                run.select(selection, source)
+            elif (run.results["status"] == "ok").any():  # a metric function's name is known
+                # only now: keep the work, and say so
+                import warnings
 
-            warnings.warn(f"select={selection.metric!r}: no task reported that metric, so "
-                          "no winner was chosen (the run is returned, and kept in its store, "
-                          f"unselected); the results' columns are {list(run.results.columns)}",
-                          stacklevel=3)
-    if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
-        # Store.forecast's time column, where the groups had no order_by
-        store.attach(run.run_id, EVALUATION_ATTACHMENT, {"time": evaluate.time})
-    return run
+                warnings.warn(f"select={selection.metric!r}: no task reported that metric, so "
+                              "no winner was chosen (the run is returned, and kept in its store, "
+                              f"unselected); the results' columns are {list(run.results.columns)}",
+                              stacklevel=3)
+        if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
+            # Store.forecast's time column, where the groups had no order_by
+            store.attach(run.run_id, EVALUATION_ATTACHMENT, {"time": evaluate.time})
+        return run
 
 
 def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify: Any) -> None:
@@ -241,20 +242,6 @@ def _engine(instance: Backend | None, backend_type: type[Backend], options: RunO
             recorder.abandon()
         raise
     return engine
-
-
-def _publish(store: Store, failing: bool) -> None:
-    """Publish a store on an object store at the run's end (:mod:`manymodels.
-    store.remote`); where the run is failing already, a failure to publish
-    is a warning, not an error that would hide the run's own."""
-    try:
-        store._publish()
-    except StoreError as exc:
-        if not failing:
-            raise
-        import warnings
-
-        warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
 
 
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:

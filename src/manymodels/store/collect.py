@@ -86,9 +86,10 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
             continue
         if relative not in dead_paths and not _STORE_NAMES.fullmatch(relative):
             continue  # not a name the store gives its files: someone else's, kept
-        if relative not in known and modified is not None and modified < (
-                dead_before if relative in dead_paths else began - STRAY_AGE_S):
-            remove()
+        old_enough = modified is not None and modified < (
+            dead_before if relative in dead_paths else began - STRAY_AGE_S)
+        # (one it could not remove is tried by the next gc)
+        if relative not in known and old_enough and remove():
             removed += relative not in dead_paths
     return removed + collect_checkpoints(conn, folder)
 
@@ -100,7 +101,7 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
 _STORE_NAMES = re.compile(r"artifacts/(?:[0-9a-f]{2}/(?:[0-9a-f]{64}|\.tmp-[^/]*)|\.run-[^/]*)")
 
 
-def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], None]]]:
+def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], bool]]]:
     """The files under the store's ``artifacts/``: each one's name under
     ``root``, its modification time (None: gone meanwhile), and what removes
     it. A local store's files of another store nested in its folder are not
@@ -118,8 +119,17 @@ def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], N
             modified: float | None = file.stat().st_mtime
         except OSError:  # gone meanwhile
             modified = None
-        yield (file.relative_to(root).as_posix(), modified,
-               functools.partial(file.unlink, missing_ok=True))
+        yield file.relative_to(root).as_posix(), modified, functools.partial(_unlink, file)
+
+
+def _unlink(file: Path) -> bool:
+    """Remove ``file``; whether it was removed (not: gone meanwhile, or not
+    removable by this user)."""
+    try:
+        file.unlink()
+    except OSError:
+        return False
+    return True
 
 
 def referenced_artifacts(conn: sqlite3.Connection, seen: set[tuple[int, int]] | None = None

@@ -65,6 +65,7 @@ class OpenedIndex:
         self._connections = [database.connect(self.path, read_only=self.read_only)]
         self._local.conn = self._connections[0]
         self._connecting = threading.Lock()
+        self._held = 0  # publications held (:meth:`_one_publication`)
         self._publish()  # the runs of a driver here that stopped before publishing
 
     @property
@@ -89,9 +90,33 @@ class OpenedIndex:
 
     def _publish(self) -> None:
         """A store on an object store: publish its index's copy, where it
-        holds writes not published yet (:mod:`.remote`); nothing otherwise."""
-        if self._remote is not None and not self.read_only:
+        holds writes not published yet (:mod:`.remote`); nothing otherwise,
+        nor inside :meth:`_one_publication`, which publishes at its end."""
+        if self._remote is not None and not self.read_only and not self._held:
             self._remote.publish()
+
+    @contextlib.contextmanager
+    def _one_publication(self) -> Iterator[None]:
+        """A store on an object store: hold the publications of the writes
+        the block makes, and publish once at its end (a ``train`` with its
+        selection and its evaluation's record: one upload of the index, not
+        three). Where the block raises, a failure to publish is a warning,
+        not an error that would hide the block's own."""
+        self._held += 1
+        failing = True  # (sys.exc_info() would see a caller's own exception, handled)
+        try:
+            yield
+            failing = False
+        finally:
+            self._held -= 1
+            try:
+                self._publish()
+            except database.StoreError as exc:
+                if not failing:
+                    raise
+                import warnings
+
+                warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
 
     @contextlib.contextmanager
     def _publishing(self) -> Iterator[None]:

@@ -46,6 +46,7 @@ import json
 import os
 import sqlite3
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +72,9 @@ SYNCED = "remote.json"
 STRAY_AGE_S = 3600.0
 #: How often a run publishes the index while it runs (its end publishes too).
 PUBLISH_EVERY_S = 300.0
+#: How long a process waits for another process of this machine syncing the
+#: same copy (an upload of a large index takes a while; one that hung does not end)
+SYNC_WAIT_S = 900.0
 
 
 def cache_folder() -> Path:
@@ -155,9 +159,22 @@ class RemoteIndex:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """One process of this machine syncs the copy at a time."""
+        """One process of this machine syncs the copy at a time; one that
+        waited :data:`SYNC_WAIT_S` for another is refused, naming the lock."""
         with open(self.copy / ".sync.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            deadline = time.monotonic() + SYNC_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(
+                            f"store {shown(self.location)!r}: another process of this machine "
+                            f"has been syncing its index's copy for {SYNC_WAIT_S:g} s (it "
+                            f"holds {str(self.copy / '.sync.lock')!r}): stop it, or wait "
+                            "for it to end") from None
+                    time.sleep(0.05)
             try:
                 yield
             finally:
@@ -377,8 +394,6 @@ class RemoteIndex:
         """Remove the published indexes ``index.current`` does not name that
         are an hour old (a publication that failed or was cut short left
         them; a younger one may be another machine's, on its way)."""
-        import time
-
         from pyarrow import fs
 
         current = self.published()
@@ -389,8 +404,7 @@ class RemoteIndex:
             if (entry.type == fs.FileType.File and name != f"{current}.sqlite"
                     and entry.mtime is not None
                     and entry.mtime.timestamp() < time.time() - STRAY_AGE_S):
-                remove_object(self._uri(f"{INDEXES}/{name}"))
-                removed += 1
+                removed += remove_object(self._uri(f"{INDEXES}/{name}"))
         return removed
 
 
