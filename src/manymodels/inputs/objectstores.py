@@ -240,19 +240,29 @@ def remove_tree(location: str) -> None:
 
 def write_arrow_file(uri: str, table: Any) -> None:
     """Write ``table`` as an Arrow IPC file at ``uri``, in record batches of
-    about :data:`STAGED_BATCH_BYTES`, made whole in memory and sent in one
-    :func:`upload`."""
+    about :data:`STAGED_BATCH_BYTES` rows' worth, streamed to the object
+    store as they are made (the object is shown once the upload completes):
+    beside the table, only one batch is held. A write that fails midway
+    removes what it sent (the stream's close would complete it)."""
     import pyarrow as pa
 
-    # one chunk: write_table also cuts a batch where a chunk ends, and every
-    # batch but the last must hold ``rows`` rows (what a reader counts on)
-    table = table.combine_chunks()
+    # every batch but the last holds ``rows`` rows (what a reader counts on):
+    # each is a slice of the table made one chunk, so that no chunk boundary
+    # of the table cuts a batch short
     per_row = max(1, table.nbytes // max(1, table.num_rows))
     rows = max(1, STAGED_BATCH_BYTES // per_row)
-    buffer = pa.BufferOutputStream()
-    with pa.ipc.new_file(buffer, table.schema, metadata={_ROWS_PER_BATCH: str(rows)}) as out:
-        out.write_table(table, max_chunksize=rows)
-    upload(uri, buffer.getvalue())
+    filesystem, path = resolve(uri)
+    try:
+        with filesystem.open_output_stream(path) as sink, pa.ipc.new_file(
+                sink, table.schema, metadata={_ROWS_PER_BATCH: str(rows)}) as out:
+            for start in range(0, table.num_rows, rows):
+                out.write_table(table.slice(start, rows).combine_chunks(), max_chunksize=rows)
+    except BaseException:
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            filesystem.delete_file(path)
+        raise
 
 
 class RemoteArrowFile:
