@@ -237,3 +237,50 @@ def test_an_mlflow_run_whose_end_fails_is_marked_failed_not_left_running(
     assert run.summary().ok == 3
     got = mlflow.MlflowClient(uri).get_run(tracker.run_id)
     assert got.info.status == "FAILED"
+
+
+def _slow_item(x):
+    import time
+
+    time.sleep(0.05)
+    return None, {"rmse": float(x)}
+
+
+def test_one_tracker_shared_by_two_threads_logs_each_run_to_its_own_mlflow_run(
+        tracking, tmp_path, monkeypatch):
+    """Two threads of one program train at once with one mm.MLflow: each
+    manymodels run's progress and end go to its own MLflow run, and both end
+    FINISHED (the second run's start took over the first's before)."""
+    import threading
+
+    import mlflow
+
+    root, uri = tracking
+    monkeypatch.chdir(root)
+    tracker = mm.MLflow(experiment="shared-by-threads", tracking_uri=uri, timeout=20)
+    started, runs, errors = threading.Barrier(2), {}, []
+
+    def train(count: int) -> None:
+        try:
+            started.wait()
+            runs[count] = mm.train(_slow_item, mm.items(range(count)), backend="serial",
+                                   progress=False, track=tracker)
+        except BaseException as exc:  # (reported below: a thread's exception is lost)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=train, args=(count,)) for count in (6, 9)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and sorted(runs) == [6, 9]
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("shared-by-threads")
+    logged = client.search_runs([experiment.experiment_id])
+    assert len(logged) == 2 and {r.info.status for r in logged} == {"FINISHED"}
+    tasks = sorted(r.data.metrics["tasks"] for r in logged)
+    assert tasks == [6, 9]
+    for r in logged:  # each run's own progress, to its own end
+        assert r.data.metrics["progress.done"] == r.data.metrics["tasks"]
+        assert r.data.metrics["rmse.mean"] == pytest.approx(
+            np.mean(range(int(r.data.metrics["tasks"]))))

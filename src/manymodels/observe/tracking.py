@@ -84,12 +84,14 @@ class MLflow(Callback):
         _mlflow()  # refuse now, not after an hour of training
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
         self.log_models, self.tags, self.timeout = log_models, dict(tags or {}), timeout
-        self._info: RunInfo | None = None
-        self._last_progress = 0.0
         #: The latest run's MLflow state: each run has its own, so that a
         #: tracker used for a second run while the first one's logging goes on
-        #: in the background keeps the two apart.
+        #: in the background keeps the two apart; and each thread's (runs that
+        #: threads of one program make at once, with one tracker, each log to
+        #: their own MLflow run: a run's callbacks come on the thread that
+        #: called ``train``)
         self._session: _Session | None = None
+        self._sessions = threading.local()
 
     @property
     def run_id(self) -> str | None:
@@ -102,37 +104,41 @@ class MLflow(Callback):
 
     # -- the driver's side: quick, never waits on MLflow (but at the very end) --
 
+    def _current(self) -> _Session | None:
+        """This thread's run's MLflow state (the latest run's, where this
+        thread started none)."""
+        return getattr(self._sessions, "session", None) or self._session
+
     def on_run_start(self, info: RunInfo) -> None:
-        self._info = info
-        self._last_progress = 0.0  # the first round is logged at once
-        session = self._session = _Session()
+        # (its first round is logged at once)
+        session = self._session = self._sessions.session = _Session(info=info)
         session.thread = threading.Thread(target=self._work, args=(session,),
                                           name="manymodels-mlflow", daemon=True)
         session.thread.start()
         session.jobs.put(_Job(lambda: self._start(session, info)))
 
     def on_batch(self, progress: Progress) -> None:
-        session = self._session
+        session = self._current()
         if session is None:
             return
         self._warn_once(session)
         now = time.monotonic()
-        if now - self._last_progress < _PROGRESS_EVERY_S:
+        if now - session.last_progress < _PROGRESS_EVERY_S:
             return
-        self._last_progress = now
+        session.last_progress = now
         values = {"progress.done": progress.done, "progress.ok": progress.ok,
                   "progress.failed": progress.failed}
         session.jobs.put(_Job(lambda: self._log_metrics(session, values, step=progress.done)))
 
     def on_run_end(self, run: Any) -> None:
-        session = self._session
+        session = self._current()
         if session is None or session.thread is None:
             return
         try:
             work = tempfile.TemporaryDirectory(prefix="manymodels-mlflow-")
             end: _End | Exception
             try:  # the run is read here, on the driver (its store is the driver's)
-                end = self._prepare_end(run, Path(work.name))
+                end = self._prepare_end(run, Path(work.name), session.info)
             except Exception as exc:  # the MLflow run is marked FAILED, and this warned
                 end = exc
             session.jobs.put(_Job(lambda: self._end(session, end), always=True))
@@ -235,9 +241,10 @@ class MLflow(Callback):
 
     # -- what the end logs, read from the run on the driver ----------------------
 
-    def _prepare_end(self, run: Any, folder: Path) -> _End:
+    def _prepare_end(self, run: Any, folder: Path, info: RunInfo | None) -> _End:
         """The run's summary, final progress, results table, report and best
         models, written under ``folder`` for the background thread to send."""
+        key_columns = list(info.key_columns) if info is not None else []
         summary, results = run.summary(), run.results
         values: dict[str, float] = {
             "tasks": summary.tasks, "ok": summary.ok, "failed": summary.failed,
@@ -247,7 +254,7 @@ class MLflow(Callback):
         durations = results["duration_s"][results["status"] == Status.OK].dropna()
         if len(durations):
             values.update(describe("duration_s", durations))
-        for column in self._metric_columns(results):
+        for column in self._metric_columns(results, key_columns):
             values.update(describe(column, results[column].dropna().astype(float)))
         # the last progress, whatever the throttle of on_batch skipped
         done = summary.ok + summary.failed
@@ -261,29 +268,29 @@ class MLflow(Callback):
         except Exception as exc:
             warnings.warn(f"mm.MLflow: the run's HTML report could not be made ({exc!r}); "
                           "it is logged without it", RuntimeWarning, stacklevel=3)
-        models = self._save_best_models(run, results, folder) if self.log_models else []
+        models = (self._save_best_models(run, results, folder, key_columns)
+                  if self.log_models else [])
         status = "FINISHED" if done == summary.tasks else "KILLED"
         return _End(progress, values, artifacts, models, status)
 
-    def _metric_columns(self, results: Any) -> list[str]:
+    def _metric_columns(self, results: Any, key_columns: list[str]) -> list[str]:
         import pandas as pd
 
-        key_columns = set(self._info.key_columns if self._info else [])
         return [c for c in results.columns if c not in _NOT_METRICS and c not in key_columns
                 and pd.api.types.is_numeric_dtype(results[c])
                 and not pd.api.types.is_bool_dtype(results[c])]
 
-    def _save_best_models(self, run: Any, results: Any, folder: Path
+    def _save_best_models(self, run: Any, results: Any, folder: Path, key_columns: list[str]
                           ) -> list[tuple[Path, str]]:
         """The best ``log_models`` models by ``metric``, each saved as an MLflow
         model, with the tag naming its key: ``(folder, tag)`` by rank."""
         metric = self.metric
         if metric not in results.columns:
             raise ValueError(f"MLflow(log_models=...): metric {metric!r} is not in the "
-                             f"results; they have {self._metric_columns(results) or 'none'}")
+                             "results; they have "
+                             f"{self._metric_columns(results, key_columns) or 'none'}")
         ok = results[(results["status"] == Status.OK) & results[metric].notna()]
         best = (ok.nlargest if self.greater_is_better else ok.nsmallest)(self.log_models, metric)
-        key_columns = self._info.key_columns if self._info else []
         import mlflow.sklearn
 
         saved = []
@@ -328,6 +335,8 @@ class _Session:
     run_id: str | None = None
     failure: BaseException | None = None
     warned: bool = False
+    info: RunInfo | None = None  # the manymodels run's
+    last_progress: float = 0.0  # when its progress was last logged (monotonic)
 
 
 @dataclass
