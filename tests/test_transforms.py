@@ -426,6 +426,32 @@ def test_a_function_that_cannot_be_called_is_refused_before_any_work():
         mm.map_partitions("not a function", frame)
 
 
+def test_a_function_that_needs_a_checkpoint_is_refused_before_any_work():
+    """A transform gives no checkpoint: a fn that needs one failed on every
+    group; one with a default, or given checkpoint= as a shared object, runs."""
+    frame = pd.DataFrame({"g": [1, 2, 2], "x": [1.0, 2.0, 3.0]})
+    calls = []
+
+    def needs(rows, checkpoint):
+        calls.append(1)
+        return rows
+
+    for call in (lambda: mm.map_groups(needs, mm.groups(frame, by="g"), backend="serial"),
+                 lambda: mm.map_partitions(needs, frame, backend="serial")):
+        with pytest.raises(TypeError, match="fn takes a checkpoint, which map_groups"):
+            call()
+    assert not calls
+
+    def optional(rows, checkpoint=None):
+        return rows.assign(y=rows.x * 2)
+
+    assert mm.map_groups(optional, mm.groups(frame, by="g"), backend="serial")["y"].tolist() \
+        == [2.0, 4.0, 6.0]
+    shared = mm.map_groups(needs, mm.groups(frame, by="g"), backend="serial",
+                           shared={"checkpoint": 1})
+    assert len(shared) == 3
+
+
 @pytest.mark.parametrize("keys", [
     np.array([1, 2, 1], dtype=np.uint8), pd.array([1, None, 1], dtype="Int64"),
     pd.array([True, None, True], dtype="boolean"), pd.Categorical(["b", "a", "b"]),

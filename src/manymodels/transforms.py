@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from .api import train
+from .engine.checkpointspace import asks_for_checkpoint
 from .engine.options import positive_int
 from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
@@ -48,15 +49,31 @@ def _ok_outputs(run: Run, errors: str, what: str) -> tuple[list[str], list[tuple
     return key_columns, outputs
 
 
-def _check_arguments(fn: Any, errors: str) -> None:
-    """Refuse, before any work, a ``fn`` that cannot be called (wrapped, it
-    would have been called on every group, each failing) and an unknown
-    ``errors``."""
+def _check_arguments(fn: Any, errors: str, options: dict[str, Any]) -> None:
+    """Refuse, before any work, a ``fn`` that cannot be called, or one that
+    needs a ``checkpoint`` (wrapped, it would have been called on every
+    group, each failing), and an unknown ``errors``."""
     if not callable(fn):
         raise TypeError(f"fn must be a function of a group's (or partition's) rows, got "
                         f"{type(fn).__name__}")
+    setup = options.get("setup")
+    given = {*(options.get("shared") or {}), *(setup if isinstance(setup, dict) else ())}
+    if _needs_checkpoint(fn) and "checkpoint" not in given:
+        raise TypeError("fn takes a checkpoint, which map_groups and map_partitions do not "
+                        "give (a transform's groups are run afresh, not resumed): give the "
+                        "parameter a default, or train with mm.train, which gives one")
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
+
+
+def _needs_checkpoint(fn: Any) -> bool:
+    """Whether ``fn`` has a ``checkpoint`` parameter without a default."""
+    import inspect
+
+    if not asks_for_checkpoint(fn):
+        return False
+    parameter = inspect.signature(fn).parameters["checkpoint"]
+    return parameter.default is inspect.Parameter.empty
 
 
 def map_groups(
@@ -110,7 +127,7 @@ def map_groups(
     it, and the result is a DataFrame of that engine reading those files: the
     outputs in key order, never on the driver (:mod:`manymodels.run.engineoutputs`).
     """
-    _check_arguments(fn, errors)
+    _check_arguments(fn, errors, options)
     source, in_engine = engine_source(source, options)
     base = source.base if isinstance(source, ProductSource) else source
     if not isinstance(base, GroupSource):
@@ -177,7 +194,7 @@ def map_partitions(
     (:mod:`manymodels.run.partitioncost`). A pandas result's
     ``attrs["summary"]`` is the run's summary, which says which and why.
     """
-    _check_arguments(fn, errors)
+    _check_arguments(fn, errors, options)
     refuse_engine_frame(table, "map_partitions' table", "map_partitions splits a table "
                         "that this process holds", "or use the engine's own map over "
                         "partitions (Spark's mapInPandas, Dask's map_partitions)")
