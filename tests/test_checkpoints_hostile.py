@@ -194,3 +194,56 @@ def test_a_killed_drivers_temporary_checkpoints_go_with_the_next_run(tmp_path, m
         assert list(tmp_path.glob("manymodels-checkpoints-*")) == []
     finally:
         tempfile.tempdir = None
+
+
+def _escape(manifest: dict, victim) -> None:
+    """A files folder outside the slot, naming no file (so nothing fails its check)."""
+    manifest["files"].update(dir="../../victim", entries={})
+
+
+def _escaping_entry(manifest: dict, victim) -> None:
+    import hashlib
+
+    data = (victim / "kept.txt").read_bytes()
+    manifest["files"]["entries"] = {"../../../victim/kept.txt": [
+        hashlib.sha256(data).hexdigest(), len(data)]}
+
+
+@pytest.mark.parametrize("tamper", [
+    _escape, _escaping_entry,
+    lambda m, _: m.update(generation="2"),
+    lambda m, _: m.update(attempt=True),
+    lambda m, _: m["state"].update(name="../../victim/kept.txt"),
+    lambda m, _: m["state"].update(sha256=7),
+    lambda m, _: m.update(files=["files-1"]),
+], ids=["files-dir", "entry-name", "generation", "attempt", "state-name", "sha256", "files"])
+def test_a_manifest_with_fields_of_another_shape_is_refused_not_followed(tmp_path, tamper):
+    """A manifest edited by hand or written by another version: its names
+    are paths the slot's later commits remove, so a files folder outside the
+    slot (``../../victim``) was removed by the next commit. Such a manifest
+    is refused: the task resumes from the last state file whose own copy of
+    the manifest is whole, or starts afresh; nothing outside the slot is
+    read or removed, and no field of another type fails the task."""
+    import json
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "kept.txt").write_text("the user's")
+    slot = tmp_path / "checkpoints" / "slot"
+    slot.mkdir(parents=True)
+    first = Checkpoint(slot)
+    (first.path / "model.txt").write_text("3 rounds")
+    first.commit({"rounds": 3})
+    manifest = json.loads((slot / "manifest.json").read_text())
+    tamper(manifest, victim)
+    (slot / "manifest.json").write_text(json.dumps(manifest))
+    second = Checkpoint(slot, attempt=2)
+    assert second.load() in (None, {"rounds": 3})
+    assert not (second.path / "kept.txt").exists()
+    (second.path / "model.txt").write_text("6 rounds")
+    second.commit({"rounds": 6})
+    assert (victim / "kept.txt").read_text() == "the user's"
+    third = Checkpoint(slot, attempt=3)
+    assert third.load() == {"rounds": 6}
+    assert sorted(p.relative_to(third.path).as_posix() for p in third.path.rglob("*")) == [
+        "model.txt"]

@@ -25,7 +25,8 @@ import hashlib
 import json
 import os
 import pickle
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST = "manifest.json"
@@ -188,9 +189,58 @@ def slot_manifest(slot: Path) -> dict | None:
         return next(iter(_headers(slot)), None)
 
 
+_FILES_DIR = re.compile(r"files-[0-9]+")
+
+
 def _checked(manifest: Any) -> dict:
-    manifest["generation"], manifest["saved_at"], manifest["attempt"]  # noqa: B018
+    """``manifest`` where it is one this module writes, field by field;
+    else a ``TypeError`` or ``ValueError`` naming the field (a manifest of
+    another version, or one edited by hand, is refused, not followed: its
+    names are paths inside the slot, removed when a later commit replaces
+    them, and one such as ``../..`` would lead out of it)."""
+    def integer(value: Any, field: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"{field} is not a count: {value!r}")
+        return value
+
+    if not isinstance(manifest, dict):
+        raise TypeError(f"a manifest is a JSON object, not {type(manifest).__name__}")
+    integer(manifest["generation"], "generation")
+    integer(manifest["attempt"], "attempt")
+    if isinstance(manifest["saved_at"], bool) or not isinstance(manifest["saved_at"],
+                                                                 (int, float)):
+        raise TypeError(f"saved_at is not a time: {manifest['saved_at']!r}")
+    state, files = manifest.get("state"), manifest.get("files")
+    if state is not None:
+        if not isinstance(state, dict) or state.get("name") not in STATE_FILES:
+            raise ValueError(f"state does not name a state file: {state!r:.200}")
+        integer(state["size"], "state.size")
+        _digest(state["sha256"], "state.sha256")
+        parts = state.get("parts")
+        if parts is not None and (not isinstance(parts, list) or sum(
+                integer(size, "state.parts") for size in parts) != state["size"]):
+            raise ValueError(f"state.parts do not add up to state.size: {parts!r:.200}")
+    if files is not None:
+        if not isinstance(files, dict) or not isinstance(files.get("dir"), str) or (
+                not _FILES_DIR.fullmatch(files["dir"])):
+            raise ValueError(f"files does not name a files folder: {files!r:.200}")
+        entries = files.get("entries")
+        if not isinstance(entries, dict):
+            raise TypeError(f"files.entries is not a mapping: {entries!r:.200}")
+        for name, entry in entries.items():
+            parts = PurePosixPath(name).parts
+            if not name or name.startswith("/") or ".." in parts or "\\" in name:
+                raise ValueError(f"files.entries names a path outside its folder: {name!r}")
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise TypeError(f"files.entries[{name!r}] is not [sha256, size]: {entry!r}")
+            _digest(entry[0], f"files.entries[{name!r}]")
+            integer(entry[1], f"files.entries[{name!r}] size")
     return manifest
+
+
+def _digest(value: Any, field: str) -> None:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"{field} is not a SHA-256: {value!r:.80}")
 
 
 def _headers(slot: Path) -> list[dict]:
