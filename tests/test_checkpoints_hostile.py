@@ -25,7 +25,7 @@ def test_a_commit_cut_short_leaves_nothing_that_stops_the_next(tmp_path):
     (first.path / "model.txt").write_text("20 rounds")
     with pytest.raises(TypeError):
         first.commit({"lock": threading.Lock()})
-    assert sorted(p.name for p in slot.iterdir()) == ["work"]
+    assert sorted(p.name for p in slot.iterdir()) == ["work-1"]
     (slot / "files-1").mkdir()  # what a kill between the rename and the manifest leaves
     (slot / "files-1" / "model.txt").write_text("torn")
     (slot / ".tmp-files-1-99999").mkdir()  # a kill while copying
@@ -247,3 +247,33 @@ def test_a_manifest_with_fields_of_another_shape_is_refused_not_followed(tmp_pat
     assert third.load() == {"rounds": 6}
     assert sorted(p.relative_to(third.path).as_posix() for p in third.path.rglob("*")) == [
         "model.txt"]
+
+
+def test_an_attempt_the_run_gave_up_on_cannot_write_over_the_next_one(tmp_path):
+    """On an engine that cannot stop a running task (a timeout on Spark or
+    Dask), the attempt given up on runs on beside its retry, in one slot:
+    its saves, commits and first use of ``path`` are refused once the retry
+    has started, and they leave the retry's files and checkpoint alone."""
+    from manymodels.engine.checkpoints import CheckpointSuperseded
+    from manymodels.engine.checkpointspace import _count_start
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot, attempt=_count_start(slot))
+    late = Checkpoint(slot, attempt=first.attempt)  # (its path not used yet)
+    (first.path / "model.txt").write_text("1 round")
+    first.commit({"rounds": 1})
+    retry = Checkpoint(slot, attempt=_count_start(slot))  # the driver gave up on the first
+    assert retry.attempt == 2 and retry.load() == {"rounds": 1}
+    (retry.path / "model.txt").write_text("2 rounds")
+    for write in (lambda: first.save({"rounds": 99}), lambda: first.commit({"rounds": 99}),
+                  lambda: late.path):
+        with pytest.raises(CheckpointSuperseded, match="attempt 2 of this task has started"):
+            write()
+    with pytest.raises(FileNotFoundError):  # its own folder, which the retry removed
+        (first.path / "model.txt").write_text("99 rounds")
+    assert (retry.path / "model.txt").read_text() == "2 rounds"
+    retry.commit({"rounds": 2})
+    after = Checkpoint(slot, attempt=_count_start(slot))
+    assert after.load() == {"rounds": 2}
+    assert (after.path / "model.txt").read_text() == "2 rounds"

@@ -45,9 +45,19 @@ from .checkpointfiles import (
     write_state,
 )
 
-__all__ = ["MANIFEST", "WORK", "Checkpoint", "CheckpointRefused"]
+__all__ = ["ATTEMPTS", "MANIFEST", "WORK", "Checkpoint", "CheckpointRefused",
+           "CheckpointSuperseded"]
 
 WORK = "work"
+#: In a slot: the number of the latest attempt started with it.
+ATTEMPTS = "attempts"
+
+
+class CheckpointSuperseded(RuntimeError):
+    """A later attempt of the task has started with the slot (the driver
+    gave up on this one: a timeout on an engine that cannot stop a running
+    task): this one may no longer write there, or the two would remove each
+    other's files."""
 
 
 class Checkpoint:
@@ -100,12 +110,21 @@ class Checkpoint:
         return state
 
     @property
+    def _work(self) -> Path:
+        """This attempt's folder of files (one per attempt: an attempt the
+        run gave up on, still running, writes into its own, not the next's)."""
+        return self._slot / f"{WORK}-{self.attempt}"
+
+    @property
     def path(self) -> Path:
         """A private directory holding the last committed files (or nothing)."""
         self._check()
-        work = self._slot / WORK
+        work = self._work
         if not self._work_ready:
-            shutil.rmtree(work, ignore_errors=True)  # an attempt's uncommitted writes
+            self._require_latest()
+            for entry in list(self._slot.iterdir()):  # attempts' uncommitted writes
+                if entry.name == WORK or entry.name.startswith(f"{WORK}-"):
+                    shutil.rmtree(entry, ignore_errors=True)
             work.mkdir(parents=True)
             files = (self._manifest or {}).get("files")
             if files:
@@ -141,10 +160,10 @@ class Checkpoint:
         (its :attr:`path`, where the fit has it already, empty)."""
         self._manifest, self._state_bytes, self.resumed = None, None, False
         for entry in list(self._slot.iterdir()):
-            if entry.name != "attempts":
+            if entry.name != ATTEMPTS:
                 (shutil.rmtree if entry.is_dir() else os.unlink)(entry)
         if self._work_ready:
-            (self._slot / WORK).mkdir()
+            self._work.mkdir()
         if self._report is not None:
             self._report("refused", {"reason": reason})
 
@@ -165,6 +184,7 @@ class Checkpoint:
         atomically: until it is complete, the previous one stays the one
         :meth:`load` returns."""
         self._check()
+        self._require_latest()
         parts, entry = pickled(state)
         generation = self._generation() + 1
         entry["name"] = next_state_file(self._manifest)
@@ -177,6 +197,7 @@ class Checkpoint:
         """Commit the files in :attr:`path` (and ``state``, when given) as this
         task's checkpoint, atomically."""
         work = self.path
+        self._require_latest()
         parts = None if state is None else pickled(state)  # (refused before any file moves)
         generation = self._generation() + 1
         target = self._slot / f"files-{generation}"
@@ -204,6 +225,20 @@ class Checkpoint:
         # The manifest is fsynced here: the state file it may name (an older
         # one) does not describe these files.
         self._publish(self._manifest_for(generation, kept_state, files), durable=True)
+
+    def _require_latest(self) -> None:
+        """Refuse to write where a later attempt of the task has started
+        (:class:`CheckpointSuperseded`). A slot without an attempts counter
+        (made by hand) has no later attempt."""
+        try:
+            latest = int((self._slot / ATTEMPTS).read_text())
+        except (OSError, ValueError):
+            return
+        if latest > self.attempt:
+            raise CheckpointSuperseded(
+                f"checkpoint {str(self._slot)!r}: attempt {latest} of this task has started "
+                f"since this one (attempt {self.attempt}) did, and writes there now: this "
+                "attempt's save is refused (its run gave up on it)")
 
     def _clear_leftovers(self) -> None:
         """Remove the committed-files folders no manifest names: an attempt

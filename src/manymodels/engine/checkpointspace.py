@@ -8,7 +8,8 @@ the workers read and write it themselves.
 Each task has a directory named by its identity, holding one slot per run
 that worked on it (named by the run's token)::
 
-    checkpoints/ab/ab12...ef/<token>/manifest.json, state-a.pkl, state-b.pkl, files-6/, work/
+    checkpoints/ab/ab12...ef/<token>/manifest.json, state-a.pkl, state-b.pkl, files-6/,
+                                     attempts, work-<attempt>/
     checkpoints/.owners/<token>.lock      held (flock) by a running driver
     checkpoints/.journal/<token>/*.json   what the run's tasks resumed or refused
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import MANIFEST, Checkpoint
+from .checkpoints import ATTEMPTS, MANIFEST, Checkpoint
 
 OWNERS, JOURNAL = ".owners", ".journal"
 
@@ -188,7 +189,7 @@ class CheckpointSpace:
 
 def _count_start(slot: Path) -> int:
     """This start's number in the slot (1, 2, ...), kept in its ``attempts`` file."""
-    counter = slot / "attempts"
+    counter = slot / ATTEMPTS
     try:
         count = int(counter.read_text()) + 1
     except (OSError, ValueError):
