@@ -240,11 +240,12 @@ def test_a_tampered_checkpoint_is_refused_by_name_and_the_task_starts_afresh(tmp
     state.write_bytes(state.read_bytes()[:-3])  # truncated (the other file is an older save)
     with pytest.warns(RuntimeWarning, match=f"refused.*{state.name}.*SHA-256"):
         again = train(log, items=[4], shared={"fault": "raise:20"}, store=store,
-                      backend="serial")
-    assert starts(log, 4) == [0, 0]
+                      backend="serial", retries=1, retry_on=RuntimeError)
+    # afresh in this run's first attempt (whose fault strikes again), resumed in its retry
+    assert starts(log, 4) == [0, 0, 21]
     row = again.results.iloc[0]
-    assert row["status"] == "ok" and not row["resumed"]
-    assert row["resumed_from"].startswith("refused:") and state.name in row["resumed_from"]
+    assert row["status"] == "ok" and row["resumed_from"].startswith("attempt 1 of this run")
+    assert "refused:" in row["resumed_from"] and state.name in row["resumed_from"]
     assert row["final"] == final_value(4)
     report = again.report(tmp_path / "report.html").read_text()
     assert "Resumed from checkpoints" in report and state.name in report

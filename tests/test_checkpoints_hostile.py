@@ -277,3 +277,41 @@ def test_an_attempt_the_run_gave_up_on_cannot_write_over_the_next_one(tmp_path):
     after = Checkpoint(slot, attempt=_count_start(slot))
     assert after.load() == {"rounds": 2}
     assert (after.path / "model.txt").read_text() == "2 rounds"
+
+
+def _fails_where_told(item, checkpoint):
+    """Saves each of 10 steps; fails after step MM_CK_FAIL_AT (the
+    environment is not part of the task's identity: a re-run resumes)."""
+    import os
+
+    state = checkpoint.load()
+    for step in range(0 if state is None else state, 10):
+        checkpoint.save(step + 1)
+        if str(step) == os.environ.get("MM_CK_FAIL_AT"):
+            raise RuntimeError(f"failed after step {step}")
+    return None, {"attempt": checkpoint.attempt}
+
+
+def test_each_run_counts_its_own_attempts_in_resumed_from(tmp_path, monkeypatch):
+    """A run that resumes another's checkpoint starts at attempt 1: what a
+    third run resumed from is "attempt 1 of run 2", not the attempts of
+    every run added up."""
+    import manymodels as mm
+
+    store = tmp_path / "store"
+
+    def run(fail_at: str | None):
+        if fail_at is None:
+            monkeypatch.delenv("MM_CK_FAIL_AT", raising=False)
+        else:
+            monkeypatch.setenv("MM_CK_FAIL_AT", fail_at)
+        return mm.train(_fails_where_told, mm.items([7]), store=store, backend="serial",
+                        progress=False).results.iloc[0]
+
+    assert run("3")["status"] == "failed"
+    second = run("6")
+    assert second["status"] == "failed" and second["resumed_from"].startswith(
+        "attempt 1 of run 1")
+    third = run(None)
+    assert third["status"] == "ok" and third["attempt"] == 1
+    assert third["resumed_from"].startswith("attempt 1 of run 2")

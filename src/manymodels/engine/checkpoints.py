@@ -74,7 +74,8 @@ class Checkpoint:
     def __init__(self, slot: Path, *, attempt: int = 1, owner: dict | None = None,
                  report: Callable[[str, dict], None] | None = None) -> None:
         self._slot = slot
-        #: How many times this task has started with this slot (1 the first time).
+        #: How many times this run has started this task (1 the first time; a
+        #: run that resumes an earlier run's checkpoint starts at 1 again).
         self.attempt = attempt
         self._owner = owner or {}  # the run that saves: its token and store run id
         self._report = report  # told ("resumed" | "refused", details)

@@ -182,9 +182,11 @@ class CheckpointSpace:
         for _, slot in sorted(candidates, reverse=True):
             try:
                 os.rename(slot, own)  # atomic: of two claimants, one wins
-                return
             except OSError:  # another worker claimed it first
                 continue
+            # this run's attempts count from 1 (resumed_from names "attempt 1 of run 2")
+            (own / ATTEMPTS).unlink(missing_ok=True)
+            return
 
 
 def _count_start(slot: Path) -> int:
