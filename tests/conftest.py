@@ -12,6 +12,12 @@ import pytest
 
 BACKENDS = ["serial", "threads", "processes"]
 
+# The command line's errors (rich boxes) wrap at the terminal's width, 80
+# columns where none is known: a message naming a temporary path was split
+# across two lines, where the tests look for it, or not, by the path's
+# length. Tests of the layout at a width set their own.
+os.environ["COLUMNS"] = "400"
+
 
 def shm_files() -> set[str]:
     """Run files of this test process under /dev/shm (or the temporary

@@ -80,6 +80,8 @@ def _scores(y: np.ndarray, predicted: np.ndarray) -> dict[str, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         r2 = np.where(denominator != 0, 1.0 - numerator / denominator,
                       np.where(numerator == 0, 1.0, 0.0))
+    if y.shape[1] < 2:  # scikit-learn's r2_score: not defined on one row
+        r2 = np.full(len(y), np.nan)
     eps = np.finfo(np.float64).eps
     return {"r2": r2, "mae": np.abs(error).mean(axis=1), "mse": mse, "rmse": np.sqrt(mse),
             "mape": (np.abs(error) / np.maximum(np.abs(y), eps)).mean(axis=1)}
