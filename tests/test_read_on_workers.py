@@ -484,6 +484,64 @@ def test_a_table_of_several_chunks_is_staged_in_even_batches(s3, monkeypatch):
     objectstores.remove_tree("s3://bucket/stage")
 
 
+def test_a_staged_table_streams_whole_or_leaves_no_arrow_file(s3, monkeypatch):
+    """Chunks with dictionaries of their own are written as one dictionary a
+    column; a write that fails midway, whose clean-up fails too (the network
+    gone), leaves no Arrow file a reader could take part of the rows from."""
+    from pyarrow import ipc
+
+    from manymodels.inputs import objectstores
+
+    monkeypatch.setattr(objectstores, "STAGED_BATCH_BYTES", 800)
+    words = pa.concat_tables([
+        pa.table({"c": pa.array(["u", "v"] * 60).dictionary_encode()}),
+        pa.table({"c": pa.array(["w", "u"] * 60).dictionary_encode()})])
+    objectstores.write_arrow_file("s3://bucket/stage/words.arrow", words)
+    back = objectstores.RemoteArrowFile("s3://bucket/stage/words.arrow")
+    assert back.slice(0, 240).column("c").to_pylist() == words.column("c").to_pylist()
+
+    table = pa.table({"v": np.arange(1_000, dtype=np.int64)})
+    real_slice, sliced = pa.Table.slice, []
+
+    class Midway(Exception):
+        pass
+
+    class Failing:  # the table, whose third batch cannot be made
+        nbytes, num_rows, schema = table.nbytes, table.num_rows, table.schema
+
+        def unify_dictionaries(self):
+            return self
+
+        def slice(self, *where):
+            sliced.append(where)
+            if len(sliced) == 3:
+                raise Midway("the third batch")
+            return real_slice(table, *where)
+
+    real_resolve = objectstores.resolve
+
+    class Unreachable:  # deletes fail, as they would with the network gone
+        def __init__(self, filesystem):
+            self.filesystem = filesystem
+
+        def open_output_stream(self, path):
+            return self.filesystem.open_output_stream(path)
+
+        def delete_file(self, path):
+            raise OSError("the object store cannot be reached")
+
+    monkeypatch.setattr(objectstores, "resolve", lambda uri: (
+        Unreachable(real_resolve(uri)[0]), real_resolve(uri)[1]))
+    with pytest.raises(Midway):
+        objectstores.write_arrow_file("s3://bucket/stage/cut.arrow", Failing())
+    monkeypatch.setattr(objectstores, "resolve", real_resolve)
+    left = s3.get_file_info("bucket/stage/cut.arrow")
+    if left.size is not None:  # (sent, and not removed) but no Arrow file
+        with pytest.raises(pa.ArrowInvalid):
+            ipc.open_file(s3.open_input_file("bucket/stage/cut.arrow"))
+    objectstores.remove_tree("s3://bucket/stage")
+
+
 def test_staged_objects_go_at_exit_whatever_was_imported_first(s3, tmp_path, sales):
     """weakref's exit hook may run after pyarrow's has shut S3 down (when a
     finalizer was made before pyarrow.fs was imported): the objects are

@@ -628,6 +628,45 @@ def test_a_train_with_select_and_evaluate_publishes_the_index_once(s3, machine, 
     assert store.attached("evaluation", run.run_id) == {"time": "day"}
 
 
+def test_gc_beside_a_train_in_another_thread_publishes_before_it_removes(
+        s3, machine, monkeypatch):
+    """One Store, two threads: a train holds its publications till its end;
+    another thread's delete and gc do not wait for it. gc publishes the
+    index without the deleted run before it removes that run's objects, so
+    another machine never opens an index naming objects that are gone."""
+    import threading
+
+    from manymodels.store import collect
+
+    uri, _ = s3
+    location = uri("beside")
+    store = mm.Store(location)
+    first = mm.train(fit_scaled, mm.groups(table(4), by="g"), store=store, backend="serial",
+                     progress=False)
+    monkeypatch.setattr(collect, "STRAY_AGE_S", 0.0)  # (as if run 1 were an hour old)
+    inside, release = threading.Event(), threading.Event()
+
+    def held(df):
+        inside.set()
+        release.wait(30)
+        return float(df["x"].sum())
+
+    training = threading.Thread(target=lambda: mm.train(
+        held, mm.groups(table(1, shift=100), by="g"), store=store, backend="serial",
+        progress=False))
+    training.start()
+    try:
+        assert inside.wait(30)
+        store.delete(first.run_id)
+        assert store.gc() >= 3  # the deleted run's large models' objects went
+        machine("b")
+        elsewhere = mm.Store(location)
+        assert first.run_id not in set(elsewhere.runs()["run_id"])
+    finally:
+        release.set()
+        training.join()
+
+
 def test_a_sync_that_waits_too_long_for_another_process_is_refused(s3, machine, monkeypatch):
     """Another process of this machine syncing the same copy (an upload that
     hung): the wait ends, naming the lock, instead of lasting for ever."""

@@ -896,3 +896,36 @@ def test_gc_counts_only_the_files_it_removed(tmp_path, monkeypatch):
     assert strays[0].exists() and not strays[1].exists()
     monkeypatch.setattr(Path, "unlink", real_unlink)
     assert registry.gc() == 1 and not strays[0].exists()
+
+
+def _large_or_small(item):
+    return np.zeros(200_000 if item else 4)  # item 1: a model file of its own
+
+
+def test_gc_counts_a_deleted_model_once_whatever_became_of_its_file(tmp_path, monkeypatch):
+    """A deleted run's model in a file counts when its file is removed: one
+    that could not be is counted by the gc that removes it, not twice."""
+    import time
+
+    from manymodels.store import collect
+
+    store = tmp_path / "store"
+    run = mm.train(_large_or_small, mm.items(range(2)), store=store, backend="serial",
+                   progress=False)
+    (model_file,) = [f for f in (store / "artifacts").rglob("*")
+                     if f.is_file() and len(f.name) == 64]
+    registry = mm.Store(store)
+    registry.delete(run.run_id)
+    real_unlink = Path.unlink
+
+    def unlink(self, *args, **kwargs):
+        if self == model_file:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    assert registry.gc() == 1 and model_file.exists()  # the packed model
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    old = time.time() - 2 * collect.STRAY_AGE_S  # (an hour later: a stray now)
+    os.utime(model_file, (old, old))
+    assert registry.gc() == 1 and not model_file.exists()

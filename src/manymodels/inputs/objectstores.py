@@ -243,26 +243,34 @@ def write_arrow_file(uri: str, table: Any) -> None:
     about :data:`STAGED_BATCH_BYTES` rows' worth, streamed to the object
     store as they are made (the object is shown once the upload completes):
     beside the table, only one batch is held. A write that fails midway
-    removes what it sent (the stream's close would complete it)."""
+    sends no footer, so what the stream's close completes is no Arrow file,
+    and removes it."""
     import pyarrow as pa
 
     # every batch but the last holds ``rows`` rows (what a reader counts on):
     # each is a slice of the table made one chunk, so that no chunk boundary
     # of the table cuts a batch short
+    table = table.unify_dictionaries()  # (one dictionary a column, as the IPC file holds)
     per_row = max(1, table.nbytes // max(1, table.num_rows))
     rows = max(1, STAGED_BATCH_BYTES // per_row)
     filesystem, path = resolve(uri)
+    sink = filesystem.open_output_stream(path)
     try:
-        with filesystem.open_output_stream(path) as sink, pa.ipc.new_file(
-                sink, table.schema, metadata={_ROWS_PER_BATCH: str(rows)}) as out:
-            for start in range(0, table.num_rows, rows):
-                out.write_table(table.slice(start, rows).combine_chunks(), max_chunksize=rows)
+        out = pa.ipc.new_file(sink, table.schema, metadata={_ROWS_PER_BATCH: str(rows)})
+        for start in range(0, table.num_rows, rows):
+            out.write_table(table.slice(start, rows).combine_chunks(), max_chunksize=rows)
+        out.close()  # the footer: what makes the file readable
     except BaseException:
+        # no footer: what the stream's close sends is no Arrow file, and a
+        # reader fails on it rather than reading part of the rows
         import contextlib
 
         with contextlib.suppress(Exception):
+            sink.close()
+        with contextlib.suppress(Exception):
             filesystem.delete_file(path)
         raise
+    sink.close()
 
 
 class RemoteArrowFile:

@@ -148,8 +148,8 @@ def _buckets(layout: Any, bytes_per_row: float) -> np.ndarray:
 def _sort_bucket(path: str, codes: np.ndarray, order_by: list[str],
                  upload: str | None = None) -> None:
     """Sort a bucket's rows by group (then ``order_by``), stably, into ``path``
-    (or, given ``upload``, an object store's URI, sent whole: a bucket is
-    about :data:`BUCKET_BYTES`)."""
+    (or, given ``upload``, an object store's URI, its record batches
+    streamed as they are made: a bucket is about :data:`BUCKET_BYTES`)."""
     unsorted = path + ".unsorted"
     with pa.memory_map(unsorted) as source:
         rows = pa.ipc.open_file(source).read_all()

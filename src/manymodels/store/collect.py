@@ -72,7 +72,9 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    removed = len(dead) + sum(models for _, models in dead_packs)
+    # a model in a file counts once its file is removed (one that could not
+    # be, or must wait, is a stray the next gc removes, and counts then)
+    removed = sum(1 for _, path in dead if not path) + sum(models for _, models in dead_packs)
     conn.execute("VACUUM")
     if before_removing is not None:
         before_removing()
@@ -81,16 +83,18 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
     # model, trained again), its own row on its way: such a file waits as a
     # stray does; with no run running, none is on its way
     dead_before = began - STRAY_AGE_S if running else began
+    listed = set()
     for relative, modified, remove in _files(root):
+        listed.add(relative)
         if marker_run(relative.rpartition("/")[2]) in running:  # its workers look for it
             continue
         if relative not in dead_paths and not _STORE_NAMES.fullmatch(relative):
             continue  # not a name the store gives its files: someone else's, kept
         old_enough = modified is not None and modified < (
             dead_before if relative in dead_paths else began - STRAY_AGE_S)
-        # (one it could not remove is tried by the next gc)
         if relative not in known and old_enough and remove():
-            removed += relative not in dead_paths
+            removed += 1
+    removed += len(dead_paths - listed)  # their files gone already: they went with their rows
     return removed + collect_checkpoints(conn, folder)
 
 

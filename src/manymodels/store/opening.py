@@ -65,7 +65,6 @@ class OpenedIndex:
         self._connections = [database.connect(self.path, read_only=self.read_only)]
         self._local.conn = self._connections[0]
         self._connecting = threading.Lock()
-        self._held = 0  # publications held (:meth:`_one_publication`)
         self._publish()  # the runs of a driver here that stopped before publishing
 
     @property
@@ -88,30 +87,35 @@ class OpenedIndex:
         if self._remote is not None:
             self._remote.pull(self.read_only)
 
-    def _publish(self) -> None:
+    def _publish(self, held: bool = True) -> None:
         """A store on an object store: publish its index's copy, where it
         holds writes not published yet (:mod:`.remote`); nothing otherwise,
-        nor inside :meth:`_one_publication`, which publishes at its end."""
-        if self._remote is not None and not self.read_only and not self._held:
+        nor (``held``) inside this thread's :meth:`_one_publication`, which
+        publishes at its end. ``held=False``: publish now all the same (gc,
+        before it removes objects the published index may name)."""
+        if self._remote is not None and not self.read_only and not (
+                held and getattr(self._local, "held", 0)):
             self._remote.publish()
 
     @contextlib.contextmanager
     def _one_publication(self) -> Iterator[None]:
         """A store on an object store: hold the publications of the writes
-        the block makes, and publish once at its end (a ``train`` with its
-        selection and its evaluation's record: one upload of the index, not
-        three). Where the block raises, a failure to publish is a warning,
-        not an error that would hide the block's own."""
-        self._held += 1
+        this thread makes in the block, and publish once at its end (a
+        ``train`` with its selection and its evaluation's record: one upload
+        of the index, not three). Other threads' writes, and gc's publication
+        before it removes objects, are not held. Where the block raises, a
+        failure to publish is a warning, not an error that would hide the
+        block's own."""
+        self._local.held = getattr(self._local, "held", 0) + 1  # (this thread's writes)
         failing = True  # (sys.exc_info() would see a caller's own exception, handled)
         try:
             yield
             failing = False
         finally:
-            self._held -= 1
+            self._local.held -= 1
             try:
                 self._publish()
-            except database.StoreError as exc:
+            except Exception as exc:  # (a full disk's sqlite3 error, an OSError, too)
                 if not failing:
                     raise
                 import warnings
@@ -157,7 +161,7 @@ class OpenedIndex:
         return conn
 
     def close(self) -> None:
-        self._publish()
+        self._publish(held=False)
         with self._connecting:
             connections, self._connections = self._connections, []
         for conn in connections:

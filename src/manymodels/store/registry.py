@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from collections.abc import Hashable
@@ -374,7 +375,8 @@ class Store(OpenedIndex):
         from .collect import collect
 
         self._require_writable("gc")
-        removed = collect(self._conn, self.root, self.path, before_removing=self._publish)
+        removed = collect(self._conn, self.root, self.path,
+                          before_removing=functools.partial(self._publish, held=False))
         if self._remote is not None:  # indexes a failed publication left
             self._remote.collect_indexes()
         return removed
