@@ -362,7 +362,68 @@ def test_predict_by_columns_the_run_was_not_keyed_by_is_refused(tmp_path):
                            "sklearn.linear_model.LinearRegression", "--store",
                            str(tmp_path / "s")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    with pytest.raises(ValueError, match=r"by='x', but the run's models are keyed by \['k'\]"):
+    with pytest.raises(ValueError, match=r"by='x', but the models of run 1 are keyed by \['k'\]"):
         mm.Store(tmp_path / "s").predict(frame, by="x")
     np.testing.assert_allclose(mm.Store(tmp_path / "s").predict(frame, by="k"), frame["y"],
                                atol=1e-6)
+
+
+class _Offset:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def predict(self, rows):
+        return np.full(len(rows), self.value)
+
+
+def _fit_offset(rows, key=None):
+    parts = key if isinstance(key, tuple) else (key,)
+    return _Offset(float(sum(hash(str(p)) % 1000 for p in parts)))
+
+
+def test_predict_by_is_checked_against_the_runs_own_key_columns(tmp_path):
+    """A store written by mm.train (no train_config): by= in another order
+    than the run's key columns took each row to another group's model, and
+    by= naming an earlier run's key column to the latest run's models."""
+    store = tmp_path / "s"
+    frame = pd.DataFrame({"a": [1, 2], "b": [2, 1], "x": [0.0, 0.0]})
+    first = mm.train(_fit_offset, mm.groups(frame, by=["a", "b"]), store=store,
+                     backend="serial", progress=False)
+    registry = mm.Store(store)
+    by_hand = [registry.load((1, 2)).value, registry.load((2, 1)).value]
+    assert list(registry.predict(frame, by=["b", "a"])) == by_hand  # (the run's order)
+    assert list(registry.predict(frame)) == by_hand  # by= left out: the run's key columns
+    assert list(first.predict(frame)) == by_hand
+    regions = pd.DataFrame({"region": [1, 2], "x": [0.0, 0.0]})
+    mm.train(_fit_offset, mm.groups(regions, by="region"), store=store, backend="serial",
+             progress=False)
+    with pytest.raises(ValueError, match=r"by=\['a', 'b'\], but the models of run 2 are keyed "
+                                         r"by \['region'\].*run="):
+        registry.predict(frame, by=["a", "b"])
+    assert list(registry.predict(frame, by=["a", "b"], run=1)) == by_hand
+
+
+def _fit_level(rows):
+    return _Offset(float(rows["x"].iloc[0]))
+
+
+@pytest.mark.parametrize("first, later", [
+    ([1, 2], ["1", "2"]),
+    ([1.0, 2.0], [1, 2]),
+    (pd.to_datetime(["2024-01-01 10:00", "2024-01-02 10:00"]).tz_localize("Europe/Amsterdam"),
+     pd.to_datetime(["2024-01-01 09:00", "2024-01-02 09:00"]).tz_localize("UTC")),
+], ids=["int-then-text", "float-then-int", "zone-then-utc"])
+def test_the_latest_run_replaces_a_group_typed_otherwise_in_an_earlier_run(
+        tmp_path, first, later):
+    """One group, its key typed otherwise in the re-run (a CSV read as text,
+    another zone): predict used the earlier run's model for rows typed as
+    it was."""
+    store = tmp_path / "s"
+    for keys, level in ((first, 0.0), (later, 1000.0)):
+        frame = pd.DataFrame({"k": keys, "x": [level + 10, level + 20]})
+        mm.train(_fit_level, mm.groups(frame, by="k"), store=store, backend="serial",
+                 progress=False)
+    registry = mm.Store(store)
+    for keys in (first, later):
+        rows = pd.DataFrame({"k": keys, "x": [0.0, 0.0]})
+        assert list(registry.predict(rows, by="k")) == [1010.0, 1020.0]

@@ -321,6 +321,42 @@ class TypedKeys(Mapping):
         return best
 
 
+#: Encoded keys whose loose form may differ from their text: a float, a
+#: boolean, a whole number as text, a zone-aware datetime (and some others,
+#: which cost a parse for nothing).
+_MAYBE_LOOSE = re.compile(r'\.0|true|false|"-?[0-9]+"|\$datetime')
+
+
+def _loose_key(text: str) -> str:
+    """An encoded key's loose form (:func:`_loose`), as text; the text
+    itself where it is no encoded key."""
+    try:
+        parts = json.loads(text)
+    except ValueError:
+        return text
+    return _loose_text(parts) if isinstance(parts, list) else text
+
+
+def latest_per_group(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Merge ``layers`` (encoded key -> value, the earliest first, as runs
+    follow each other): each group's value from the latest layer that holds
+    it, a group typed otherwise there included (a key ``1`` of an earlier
+    run and ``"1"`` of a later one, the same instant in two zones: one
+    group, the later run's). Keys that are in each later layer as they are
+    (a re-run's) cost no parse."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        stale = [text for text in merged if text not in layer] if layer else []
+        if stale:
+            loose_later = {_loose_key(text) for text in layer if _MAYBE_LOOSE.search(text)}
+            for text in stale:
+                loose = _loose_key(text)
+                if loose in layer or loose in loose_later:
+                    del merged[text]
+        merged.update(layer)
+    return merged
+
+
 def find_typed(by_text: Mapping[str, Any], parts: tuple) -> Any:
     """What ``by_text`` (encoded key -> value) holds for ``parts``, or else
     for the first of :func:`typed_otherwise`'s readings of it; None if none.

@@ -300,7 +300,8 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if by is not None and not (isinstance(by, str) or (
             isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
         raise TypeError(f"by must be a column name or a list of them, got {by!r}")
-    linear = store._linear_run(store._run_row(run)[0])
+    run_id, run_keys, _ = store._run_row(run)
+    linear = store._linear_run(run_id)
     if linear is not None:  # an mm.linear run: its result predicts, vectorised
         from ..models.linear.stored import predict_frame
 
@@ -310,14 +311,17 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     config = store.attached("train_config", run, default={}) or {}
     chosen = store._selection(run)
     asked = _column_names(by)
-    trained = _column_names(config.get("by") or (chosen or {}).get("by"))
-    if asked is not None and trained is not None and asked != trained:
-        raise ValueError(f"by={by!r}, but the run's models are keyed by {trained!r}: "
-                         "no row could find its group's model (rename the columns of the "
-                         "table to predict, or leave by= out)")
+    # the columns the run's models are keyed by: a selection's groups, else the
+    # run's own key columns (a grid's settings among them)
+    trained = _column_names(config.get("by") or (chosen or {}).get("by")) or list(run_keys)
+    if asked is not None and asked != trained:
+        if sorted(asked) != sorted(trained):  # (other columns: other groups' models)
+            raise ValueError(f"by={by!r}, but the models of run {run_id} are keyed by "
+                             f"{trained!r}: no row could find its group's model (rename the "
+                             "columns of the table to predict, leave by= out, or name "
+                             "another run with run=)")
+        asked = trained  # the same columns in another order: the keys are made in the run's
     by_columns = asked or trained
-    if by_columns is None:
-        raise ValueError("predict needs by= (the group columns)")
     features = features or config.get("features")
     if fn is not None and not callable(fn):
         raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")

@@ -23,6 +23,7 @@ from ..inputs.keys import (
     instant_text,
     key_column,
     key_parts,
+    latest_per_group,
     stored_object_texts,
 )
 from . import artifacts, database, drivers, taskblocks
@@ -268,9 +269,10 @@ class Store(OpenedIndex):
 
     def _model_artifacts(self, run: int | None) -> dict[str, str]:
         """Encoded key -> artifact of the models that ``predict`` may use: those
-        of ``run``, or (``run`` None) each key's latest model in any run with the
-        latest run's key columns: a re-run in which a group failed leaves that
-        group its earlier model."""
+        of ``run``, or (``run`` None) each group's latest model in any run with
+        the latest run's key columns (its key typed otherwise in a later run
+        included): a re-run in which a group failed leaves that group its
+        earlier model."""
         if run is not None:
             run_ids = [self._run_row(run)[0]]
         else:
@@ -278,12 +280,12 @@ class Store(OpenedIndex):
             run_ids = [run_id for (run_id,) in self._conn.execute(
                 "SELECT run_id FROM runs WHERE key_columns = ? ORDER BY run_id",
                 (json.dumps(key_columns),))]
-        named: dict[str, str] = {}
+        layers = []
         for run_id in run_ids:  # the latest run's last
             tasks = _with_models(taskblocks.read_run(self._conn, run_id,
                                                      ["key", "status", "artifact"]))
-            named.update(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist()))
-        return named
+            layers.append(dict(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist())))
+        return layers[0] if len(layers) == 1 else latest_per_group(layers)
 
     def _selection(self, run: int | None) -> dict | None:
         """The winners recorded by ``train(select=...)`` in ``run``, or None;
@@ -295,15 +297,14 @@ class Store(OpenedIndex):
         latest = self.attached("selection", run_id, default=None)
         if run is not None or latest is None:
             return latest
-        winners: dict[str, str] = {}
+        layers = []
         for (earlier,) in self._conn.execute(
                 "SELECT run_id FROM attachments WHERE name = 'selection' AND run_id < ? "
                 "ORDER BY run_id", (run_id,)).fetchall():
             chosen = self.attached("selection", earlier, default=None)
             if chosen is not None and chosen.get("by") == latest.get("by"):
-                winners.update(chosen["artifacts"])
-        winners.update(latest["artifacts"])
-        return {**latest, "artifacts": winners}
+                layers.append(chosen["artifacts"])
+        return {**latest, "artifacts": latest_per_group([*layers, latest["artifacts"]])}
 
     def _latest_attached_digest(self, name: str, run: int | None) -> str | None:
         """The artifact of the attachment ``name`` of ``run``, or (``run`` None)
