@@ -427,3 +427,32 @@ def test_the_latest_run_replaces_a_group_typed_otherwise_in_an_earlier_run(
     for keys in (first, later):
         rows = pd.DataFrame({"k": keys, "x": [0.0, 0.0]})
         assert list(registry.predict(rows, by="k")) == [1010.0, 1020.0]
+
+
+def _fit_line_y(rows):
+    from sklearn.linear_model import LinearRegression
+
+    return LinearRegression().fit(rows[["x"]], rows[["y"]])  # (a one-column y: (n, 1) out)
+
+
+def test_predictions_in_other_shapes_are_one_value_a_row_in_the_rows_order(tmp_path):
+    """A Series under the rows' labels in another order is aligned by label;
+    a model fitted on a one-column y answers (n, 1): a column; a scalar is
+    refused naming the group."""
+    frame = pd.DataFrame({"g": ["a"] * 3 + ["b"] * 3, "x": [1.0, 2.0, 3.0] * 2,
+                          "y": [2.0, 4.0, 6.0, 3.0, 6.0, 9.0]})
+    mm.train(_fit_line_y, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    rows = pd.DataFrame({"g": ["b", "a", "a"], "x": [1.0, 3.0, 2.0]}, index=[7, 7, 3])
+    plain = store.predict(rows, by="g")
+    assert plain.dtype == float and plain.round(9).tolist() == [3.0, 6.0, 4.0]
+    assert list(plain.index) == [7, 7, 3]
+
+    def sorted_first(model, part):  # a forecaster that sorts its rows by time
+        ordered = part.sort_values("x", ascending=False)
+        return pd.Series(model.predict(ordered[["x"]])[:, 0], index=ordered.index)
+
+    assert store.predict(rows, by="g", fn=sorted_first).round(9).tolist() == [3.0, 6.0, 4.0]
+    with pytest.raises(RuntimeError, match=r"group 'a' failed(.|\n)*is one value \(array\(1\.0\)\)"):
+        store.predict(rows, by="g", fn=lambda model, part: 1.0)

@@ -108,11 +108,32 @@ class GroupPredictor:
             names = self.features or list(getattr(model, "feature_names_in_", [])) or [
                 c for c in rows if c not in self.by]
             values = call_model(model, self.method, rows, names)
-        values = np.asarray(values)
+        values = _row_values(values, rows)
+        if values.ndim == 0:
+            raise ValueError(f"the prediction of group {key!r} is one value ({values!r}), "
+                             f"not one for each of its {n} rows")
         if len(values) != n:
             raise ValueError(f"the prediction of group {key!r} has {len(values)} rows for "
                              f"its {n} rows")
+        if values.ndim == 2 and values.shape[1] == 1 and self.method == "predict":
+            values = values[:, 0]  # a column (a model fitted on a one-column frame's y)
         return values
+
+
+def _row_values(values: Any, rows: Any) -> np.ndarray:
+    """A prediction as an array in the order of ``rows``: a pandas Series
+    (or a one-column frame) whose labels are the rows' own, in another order
+    (a forecaster that sorted them by time), is put back in the rows'
+    order, as pandas would align it; any other, by position."""
+    import pandas as pd
+
+    if isinstance(values, pd.DataFrame) and values.shape[1] == 1:
+        values = values.iloc[:, 0]
+    if isinstance(values, pd.Series) and isinstance(rows, pd.DataFrame) and not (
+            values.index.equals(rows.index)) and values.index.is_unique and len(
+            values) == len(rows) and values.index.isin(rows.index).all():
+        values = values.reindex(rows.index)
+    return np.asarray(values)
 
 
 @dataclass
