@@ -179,9 +179,7 @@ class MLflow(Callback):
         client = session.client = mlflow.MlflowClient(self.tracking_uri)
         experiment_id = "0"
         if self.experiment:
-            found = client.get_experiment_by_name(self.experiment)
-            experiment_id = (found.experiment_id if found is not None
-                             else client.create_experiment(self.experiment))
+            experiment_id = _experiment_id(client, self.experiment)
         tags = {"manymodels.fit": info.fit, "manymodels.backend": info.backend, **self.tags}
         if info.store is not None:
             tags["manymodels.store"] = (str(info.store) if is_remote(info.store.location)
@@ -321,6 +319,22 @@ class _End:
     artifacts: list[Path]
     models: list[tuple[Path, str]]
     status: str
+
+
+def _experiment_id(client: Any, name: str) -> str:
+    """The id of the MLflow experiment ``name``, made where there is none
+    (two runs starting at once may both find none: the second to make it is
+    refused, and reads the first's)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 @dataclass
