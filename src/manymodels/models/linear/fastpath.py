@@ -108,8 +108,9 @@ def fast_task(task: Any, table: Any, by: list[str]) -> Any:
         except TooShort:
             continue
         groups = np.flatnonzero(data.counts == n)
-        for start in range(0, len(groups), max(1, (1 << 16) // int(n))):
-            block = _gather(data, groups[start:start + (1 << 16) // int(n) or 1])
+        per_block = max(1, (1 << 16) // int(n))  # groups a block: about 65,536 rows
+        for start in range(0, len(groups), per_block):
+            block = _gather(data, groups[start:start + per_block])
             held = kernels.least_squares(block.Z[:, train], None, alpha, intercept_on)
             Zt = block.Z[:, test]
             predicted = (Zt[:, :, :p] @ held["coef"][:, :, None])[:, :, 0] + held[

@@ -26,7 +26,7 @@ from ...identity.rowhash import lanes_of, mix64, mix64_inplace
 from .prepare import Prepared
 
 #: the code whose edit changes a fitted model: a new version refits every group
-MODEL_FILES = ("fitting.py", "kernels.py", "prepare.py")
+MODEL_FILES = ("fitting.py", "glance.py", "kernels.py", "prepare.py", "torch_kernels.py")
 CHUNK = 1 << 18     # rows hashed at a time: the passes stay in the CPU's cache
 _K = [np.uint64(k) for k in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
                              0xD6E8FEB86659FD93, 0xCA5A826395121157, 0xA0761D6478BD642F)]

@@ -201,8 +201,13 @@ def logistic(Z: np.ndarray, w: np.ndarray | None, C: float, fit_intercept: bool,
     p = q - 1
     sw, means = _weighted_means(Z, w)
     X, y, xm = Z[:, :, :p], Z[:, :, p], means[:, :p]
-    positives = y.sum(axis=1) if w is None else np.einsum("gm,gm->g", w, y)
-    single = (positives <= 0) | (positives >= sw)
+    if w is None:
+        positives = y.sum(axis=1)
+        single = (positives <= 0) | (positives >= sw)
+    else:  # which rows weigh, not sums: a weighted count and the weights' sum differ by
+        # an ulp on padded blocks, and a one-class group went on as two-class
+        weighted = w > 0
+        single = ~((weighted & (y > 0.5)).any(axis=1) & (weighted & (y < 0.5)).any(axis=1))
     if fit_intercept:  # centred features: the same optimum, better conditioned
         design = np.concatenate([X - xm[:, None, :], np.ones((g, m, 1))], axis=2)
     else:

@@ -38,13 +38,22 @@ def check_device(device: str) -> Any:
 
 
 def _solve(torch: Any, A: Any, b: Any) -> tuple[Any, Any]:
-    """Cholesky solve of each ``A x = b``; also whether each pivot was safe."""
-    L, info = torch.linalg.cholesky_ex(A)
-    pivots = torch.diagonal(L, dim1=1, dim2=2) ** 2
-    diagonal = torch.diagonal(A, dim1=1, dim2=2).abs()
-    ok = (info == 0) & (pivots > kernels.PIVOT_TOLERANCE * diagonal).all(dim=1)
-    eye = torch.eye(A.shape[1], dtype=A.dtype, device=A.device)
-    L = torch.where(ok[:, None, None], L, eye)  # failed groups: any finite answer
+    """Solve each ``A x = b`` as :func:`.kernels.cholesky_solve` does, column
+    by column, a pivot too small taken as 1 (so a group whose Hessian is
+    nearly singular gets the same direction on either engine, not a plain
+    gradient step); also whether each was safely positive definite."""
+    g, q, _ = A.shape
+    L = torch.zeros_like(A)
+    ok = torch.ones(g, dtype=torch.bool, device=A.device)
+    for j in range(q):
+        pivot = A[:, j, j] - (L[:, j, :j] * L[:, j, :j]).sum(dim=1)
+        good = pivot > kernels.PIVOT_TOLERANCE * A[:, j, j].abs()
+        ok &= good
+        d = torch.sqrt(torch.where(good, pivot, torch.ones_like(pivot)))
+        L[:, j, j] = d
+        if j + 1 < q:
+            L[:, j + 1:, j] = (A[:, j + 1:, j] - torch.einsum(
+                "gik,gk->gi", L[:, j + 1:, :j], L[:, j, :j])) / d[:, None]
     return torch.cholesky_solve(b[:, :, None], L)[:, :, 0], ok
 
 
@@ -120,8 +129,12 @@ def logistic(Z: np.ndarray, w: np.ndarray | None, C: float, fit_intercept: bool,
     wt = None if w is None else torch.as_tensor(w, device=device)
     sw, means = _means(torch, Zt, wt)
     X, y, xm = Zt[:, :, :p], Zt[:, :, p], means[:, :p]
-    positives = y.sum(dim=1) if wt is None else (wt * y).sum(dim=1)
-    single = (positives <= 0) | (positives >= sw)
+    if wt is None:
+        positives = y.sum(dim=1)
+        single = (positives <= 0) | (positives >= sw)
+    else:  # (a sum of weights against a weighted count: an ulp apart, on padded blocks)
+        weighted = wt > 0
+        single = ~((weighted & (y > 0.5)).any(dim=1) & (weighted & (y < 0.5)).any(dim=1))
     if fit_intercept:
         ones = torch.ones((g, m, 1), dtype=Zt.dtype, device=device)
         design = torch.cat([X - xm[:, None, :], ones], dim=2)
@@ -164,6 +177,7 @@ def logistic(Z: np.ndarray, w: np.ndarray | None, C: float, fit_intercept: bool,
             if not bool(pending.any()):
                 break
             t = torch.where(pending, t * 0.5, t)
+        t = torch.where(pending, torch.zeros_like(t), t)  # no decrease left: the optimum
         new = theta - t[:, None] * step
         theta = torch.where(active[:, None], new, theta)
         iterations += active.to(torch.int64)

@@ -1,0 +1,72 @@
+"""mm.linear under hostile but plausible input (each case found by a review
+that compared the engines, scikit-learn and the CLI's paths by hand)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import manymodels as mm
+
+
+def _logistic_objective(frame: pd.DataFrame, coefficients: pd.Series) -> float:
+    X, y = frame[["a", "b", "c"]].to_numpy(), frame["yb"].to_numpy(float)
+    beta = coefficients[["a", "b", "c"]].to_numpy(float)
+    eta = X @ beta + coefficients["intercept"]
+    return float(np.sum(np.logaddexp(0, eta) - y * eta) + 0.5 * beta @ beta)
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_pytorch_logistic_on_a_nearly_singular_hessian_agrees_with_numpy(seed):
+    """Features about 1e6 with a duplicated column, classes separable: the
+    PyTorch engine took a plain gradient step where the Hessian's pivot was
+    refused, and then a step that raised the objective, to 1e86-1e156, and
+    said ok. Both engines now reach the same optimum."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(0, 5e5, 25), rng.normal(0, 5e5, 25)
+    frame = pd.DataFrame({"g": 0, "a": a, "b": b, "c": a, "yb": a - 0.3 * b > 0})
+    objectives = []
+    for device in (None, "cpu"):
+        result = mm.linear(frame, "g", ["a", "b", "c"], "yb", family="logistic", device=device)
+        assert result.metrics["status"].iloc[0] == "ok"
+        objectives.append(_logistic_objective(frame, result.coefficients.iloc[0]))
+    assert objectives[0] < 1e-5 and objectives[1] == pytest.approx(objectives[0], abs=1e-7)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_weighted_logistic_groups_of_one_class_are_single_class(device):
+    """Groups of unequal sizes (padded blocks), every row class 1, random
+    weights: the weighted count of positives and the weights' sum differed
+    by an ulp, and a fifth of the groups were fitted as two-class ones."""
+    if device is not None:
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(5, 15, size=400)
+    frame = pd.DataFrame({"g": np.repeat(np.arange(400), sizes), "x": rng.normal(
+        size=sizes.sum()), "w": rng.uniform(0.1, 3.0, sizes.sum()), "y": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = mm.linear(frame, "g", ["x"], "y", family="logistic", weights="w",
+                           device=device)
+    assert (result.metrics["status"] == "single_class").all()
+    assert result.coefficients["x"].isna().all()
+
+
+def test_the_clis_batched_path_takes_equal_groups_over_65536_rows(tmp_path):
+    """Two groups of 70,000 rows: a block's slice was empty (operator
+    precedence), and the run fell back to scikit-learn, with a confusing
+    note."""
+    from manymodels.cli.tabular import train_table
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": np.repeat([0, 1], 70_000), "x": rng.normal(size=140_000)})
+    frame["y"] = 2 * frame["x"] + frame["g"] + rng.normal(size=140_000)
+    done = train_table(frame, by="g", target="y", features=["x"],
+                       model="sklearn.linear_model.LinearRegression", store=tmp_path / "s",
+                       backend="serial")
+    assert done.path_note.startswith("fast path: mm.linear fitted and scored 2 of 2 groups")
+    assert done.run.results["r2"].notna().all()
