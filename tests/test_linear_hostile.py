@@ -70,3 +70,43 @@ def test_the_clis_batched_path_takes_equal_groups_over_65536_rows(tmp_path):
                        backend="serial")
     assert done.path_note.startswith("fast path: mm.linear fitted and scored 2 of 2 groups")
     assert done.run.results["r2"].notna().all()
+
+
+def test_nullable_integer_keys_past_2_53_come_back_from_the_store_as_they_were(tmp_path):
+    """Int64 ids above 2**53 with a missing one: read back from the store
+    they were floats, two ids one value, and the store's result could not
+    predict nor be re-run into again."""
+    rng = np.random.default_rng(0)
+    ids = pd.array(np.repeat([2**60, 2**60 + 1, None, 7], 10), dtype="Int64")
+    frame = pd.DataFrame({"cust": ids, "x": rng.normal(size=40)})
+    frame["y"] = np.repeat([1.0, -1.0, 0.0, 5.0], 10) * frame["x"]
+    fitted = mm.linear(frame, "cust", ["x"], "y", store=tmp_path / "s", name="m")
+    loaded = mm.Store(tmp_path / "s").linear("m")
+    assert loaded.keys["cust"].tolist()[:3] == [7, 2**60, 2**60 + 1]
+    assert pd.isna(loaded.keys["cust"].iloc[3])
+    np.testing.assert_allclose(loaded.predict(frame.iloc[[0, 10, 35]]),
+                               fitted.predict(frame.iloc[[0, 10, 35]]))
+    again = mm.linear(frame, "cust", ["x"], "y", store=tmp_path / "s", name="m")
+    assert again.reused == 4
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("level", [0.1, 7.7])
+def test_a_constant_target_has_no_r_squared_and_scikit_learns_r2(device, level):
+    """Its spread about its mean was the mean's rounding, a tiny positive
+    TSS: r_squared 0 with a p-value of 1 (the docs: NaN), r2 0 where
+    scikit-learn's is 1."""
+    from sklearn.linear_model import LinearRegression
+    from sklearn.metrics import r2_score
+
+    if device is not None:
+        pytest.importorskip("torch")
+    x = np.random.default_rng(0).normal(size=10)
+    frame = pd.DataFrame({"g": "a", "x": x, "y": level})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = mm.linear(frame, "g", ["x"], "y", device=device).metrics.iloc[0]
+    expected = r2_score(frame["y"], LinearRegression().fit(frame[["x"]], frame["y"]).predict(
+        frame[["x"]]))
+    assert metrics["r2"] == expected == 1.0
+    assert np.isnan(metrics["r_squared"]) and np.isnan(metrics["p_value"])

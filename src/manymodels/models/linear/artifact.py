@@ -61,11 +61,28 @@ class Saved:
     digest: str = ""  # the artifact's SHA-256
 
 
+#: Arrow's integer and boolean types as pandas' nullable ones.
+_NULLABLE = {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(),
+             pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(),
+             pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+             pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(),
+             pa.bool_(): pd.BooleanDtype()}
+
+
+def _key_values(column: pa.ChunkedArray) -> pd.Series:
+    """A key column as pandas holds it: integers or booleans with a missing
+    key in pandas' nullable types (as floats, ids above 2**53 became one
+    another, and no group's key found its row again)."""
+    if column.null_count and column.type in _NULLABLE:
+        return column.to_pandas(types_mapper=_NULLABLE.get)
+    return column.to_pandas()
+
+
 def from_artifact(data: bytes, run_id: int) -> Saved:
     table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
     meta = json.loads(table.schema.metadata[META])
     by, features = meta["by"], meta["features"]
-    keys = table.select([f"key:{c}" for c in by]).rename_columns(by).to_pandas()
+    keys = pd.DataFrame({column: _key_values(table.column(f"key:{column}")) for column in by})
     G = table.num_rows
     coef = np.empty((G, len(features)))
     for position, feature in enumerate(features):

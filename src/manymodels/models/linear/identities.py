@@ -119,5 +119,6 @@ def match_keys(new: pd.DataFrame, old: pd.DataFrame) -> np.ndarray:
         if new.shape[1] == 1:
             return pd.Index(old.iloc[:, 0]).get_indexer(new.iloc[:, 0])
         return pd.MultiIndex.from_frame(old).get_indexer(pd.MultiIndex.from_frame(new))
-    except (TypeError, ValueError):  # keys of other types: nothing matches
+    except (TypeError, ValueError, pd.errors.InvalidIndexError):  # keys of other types
+        # (or not unique, in a result saved before its keys were read back exactly)
         return np.full(len(new), -1)

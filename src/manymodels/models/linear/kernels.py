@@ -15,6 +15,8 @@ rows by a batched SVD, which gives the least-norm solution as
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 #: A Cholesky pivot below this fraction of its diagonal sends the group to the SVD.
@@ -93,8 +95,24 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
                                                                         spread, spread)
     sse = _sse(Zc, w, M, coef)
     # glance's TSS: about the mean with an intercept, about 0 without (R's)
+    sst, tss, sse = flat_target(sst, M[:, p, p], sse, sw, ym, fit_intercept, np.where)
     return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient, "rank": rank,
-            "sse": sse, "sst": sst, "tss": M[:, p, p], "sw": sw, **_row_counts(w, g, m)}
+            "sse": sse, "sst": sst, "tss": tss, "sw": sw, **_row_counts(w, g, m)}
+
+
+def flat_target(sst: Any, tss: Any, sse: Any, sw: Any, ym: Any, fit_intercept: bool,
+                where: Any) -> tuple[Any, Any, Any]:
+    """A constant target's sums of squares as the zeros they are: its spread
+    about its mean is the mean's rounding (a tiny positive SST made r2 0
+    where scikit-learn's is 1, and ``r_squared`` 0 with a p-value of 1 where
+    it is undefined). ``where``: ``np.where`` or ``torch.where``."""
+    rounding = sw * (64 * np.finfo(np.float64).eps * ym) ** 2
+    flat = sst <= rounding
+    sst = where(flat, 0.0 * sst, sst)
+    if fit_intercept:  # (about 0, without an intercept, it is no rounding)
+        tss = where(flat, 0.0 * tss, tss)
+    sse = where(flat & (sse <= rounding), 0.0 * sse, sse)
+    return sst, tss, sse
 
 
 def _row_counts(w: np.ndarray | None, g: int, m: int) -> dict[str, np.ndarray]:

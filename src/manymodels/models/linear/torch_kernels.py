@@ -105,8 +105,9 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
         spread = Zt[:, :, p] - ym[:, None]
         sst = (spread * spread if wt is None else wt * spread * spread).sum(dim=1)
     sse = (residual * residual if wt is None else wt * residual * residual).sum(dim=1)
-    out = {"coef": coef, "intercept": intercept, "sse": sse, "sst": sst, "tss": M[:, p, p],
-           "sw": sw}
+    sst, tss, sse = kernels.flat_target(sst, M[:, p, p], sse, sw, ym, fit_intercept,
+                                        torch.where)
+    out = {"coef": coef, "intercept": intercept, "sse": sse, "sst": sst, "tss": tss, "sw": sw}
     result = {name: value.cpu().numpy() for name, value in out.items()}
     result["rank_deficient"] = rank < p
     penalised = np.flatnonzero(alpha_g.cpu().numpy() > 0)
