@@ -110,3 +110,13 @@ def test_a_constant_target_has_no_r_squared_and_scikit_learns_r2(device, level):
         frame[["x"]]))
     assert metrics["r2"] == expected == 1.0
     assert np.isnan(metrics["r_squared"]) and np.isnan(metrics["p_value"])
+
+
+def test_an_arrow_table_naming_a_column_twice_is_refused_by_name():
+    import pyarrow as pa
+
+    x = np.arange(12.0)
+    table = pa.Table.from_arrays([pa.array(["a"] * 6 + ["b"] * 6), pa.array(x),
+                                  pa.array(x * 0), pa.array(x + 1)], names=["g", "x", "x", "y"])
+    with pytest.raises(ValueError, match="feature column 'x' is in the table twice"):
+        mm.linear(table, "g", ["x"], "y")
