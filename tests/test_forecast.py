@@ -307,3 +307,26 @@ def test_short_histories_evenly_spaced_by_a_month_or_more_keep_their_calendar(hi
     times = group_times(pa.Table.from_pandas(frame, preserve_index=False), ["g"], "t", "x")
     codes, found = steps(times, None)
     assert list(future_rows(times, codes, found, 2)["t"]) == list(pd.to_datetime(expected))
+
+
+class _SeasonalNaive:
+    def __init__(self, y, season: int = 7) -> None:
+        self.last = np.asarray(y, dtype=float)[-season:]
+
+    def forecast(self, h: int):
+        return np.resize(self.last, h)
+
+
+def test_a_categorical_key_forecasts_as_a_text_one(tmp_path):
+    """Arrow sorts no dictionary column: run.forecast and Store.forecast of
+    groups keyed by a pandas Categorical raised ArrowTypeError."""
+    daily = pd.DataFrame({"sku": pd.Categorical(np.repeat(["b", "a"], 28)),
+                          "date": np.tile(pd.date_range("2024-01-01", periods=28), 2),
+                          "sales": np.arange(56.0)})
+    run = mm.train(lambda rows: _SeasonalNaive(rows["sales"]),
+                   mm.groups(daily, by="sku", order_by="date"), store=tmp_path / "s",
+                   progress=False, backend="serial")
+    for forecast in (run.forecast(3), mm.Store(tmp_path / "s").forecast(3, history=daily)):
+        by_sku = forecast.groupby("sku", observed=True)["yhat"].apply(list).to_dict()
+        assert by_sku == {"a": [49.0, 50.0, 51.0], "b": [21.0, 22.0, 23.0]}
+        assert forecast["date"].min() == pd.Timestamp("2024-01-29")

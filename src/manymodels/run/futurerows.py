@@ -123,7 +123,13 @@ def group_times(table: pa.Table, by: list[str], time: str, what: str) -> GroupTi
     table = table.filter(pc.is_valid(table[time]))
     if table.num_rows == 0:
         raise ValueError(f"{what} has no rows with a {time!r} time")
-    table = table.sort_by([(name, "ascending") for name in [*by, time]])
+    # (Arrow sorts no dictionary column: a categorical key is sorted by its values)
+    plain = table.select([*by, time])
+    for position, name in enumerate(by):
+        if pa.types.is_dictionary(plain.schema.field(name).type):
+            plain = plain.set_column(position, name, plain[name].cast(
+                plain.schema.field(name).type.value_type))
+    table = table.take(pc.sort_indices(plain, [(name, "ascending") for name in [*by, time]]))
     zone = table[time].type.tz if dated else None
     values = table[time].to_numpy()  # a time zone's: UTC instants
     changed = _key_changes(table, by)
