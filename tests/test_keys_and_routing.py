@@ -454,5 +454,25 @@ def test_predictions_in_other_shapes_are_one_value_a_row_in_the_rows_order(tmp_p
         return pd.Series(model.predict(ordered[["x"]])[:, 0], index=ordered.index)
 
     assert store.predict(rows, by="g", fn=sorted_first).round(9).tolist() == [3.0, 6.0, 4.0]
-    with pytest.raises(RuntimeError, match=r"group 'a' failed(.|\n)*is one value \(array\(1\.0\)\)"):
+    with pytest.raises(RuntimeError, match=r"group 'a' failed(.|\n)*is one value .*not one for "
+                                           r"each of its 2 rows"):
         store.predict(rows, by="g", fn=lambda model, part: 1.0)
+
+
+def _fit_key_number(rows, key=None):
+    return _Offset(float(key))
+
+
+def test_load_and_models_find_a_whole_number_key_however_it_is_typed(tmp_path):
+    """predict found 2.0 and "2" for the key 2; Store.load, store.models()
+    and run.models did not."""
+    frame = pd.DataFrame({"k": [1, 2, 2], "x": [0.0, 0.0, 0.0]})
+    run = mm.train(_fit_key_number, mm.groups(frame, by="k"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    for key in (2, 2.0, np.float64(2.0), "2", np.int32(2)):
+        assert store.load(key).value == 2.0
+        assert store.models()[key].value == 2.0 and run.models[key].value == 2.0
+    with pytest.raises(KeyError):
+        store.load("2.5")
+    assert "3" not in run.models

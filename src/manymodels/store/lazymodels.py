@@ -12,6 +12,7 @@ from typing import Any
 from ..engine.messages import Pickled
 from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import PackedModel
+from ..inputs.keys import typed_otherwise
 from . import artifacts
 
 
@@ -94,9 +95,22 @@ class ModelMap(Mapping):
         except TypeError:  # unhashable: as the map holds it
             key = KeyByText(key)
             value = self._items[key]
+        except KeyError:  # a whole number typed otherwise ("2" for 2), as the store finds it
+            key = self._typed_otherwise(key)
+            value = self._items[key]
         if isinstance(value, (StoredModel, Pickled, PackedModel, ModelFile)):  # loaded if asked
             value = self._items[key] = value.load()
         return value
+
+    def _typed_otherwise(self, key: Any) -> Any:
+        """The key the map holds for ``key`` typed otherwise; ``key`` where none."""
+        parts = key if isinstance(key, tuple) else (key,)
+        if len(parts) <= 8:
+            for variant in typed_otherwise(parts):
+                held = variant if isinstance(key, tuple) else variant[0]
+                if held in self._items:
+                    return held
+        return key
 
     def __iter__(self) -> Iterator[Hashable]:
         return iter(self._items)

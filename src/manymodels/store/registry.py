@@ -25,6 +25,7 @@ from ..inputs.keys import (
     key_parts,
     latest_per_group,
     stored_object_texts,
+    typed_otherwise,
 )
 from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
@@ -204,6 +205,11 @@ class Store(OpenedIndex):
         instant = None if row is not None else instant_text([canonical(v) for v in parts])
         if instant is not None:  # a time of a zone, given in another
             row = lookup.find_instant(instant)
+        if row is None and len(parts) <= 8:  # a whole number typed otherwise (2.0, "2")
+            for variant in typed_otherwise(parts):
+                row = lookup.find(encode_key(variant))
+                if row is not None:
+                    break
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return {name: lookup.tasks[name][row].as_py() for name in columns}
