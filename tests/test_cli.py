@@ -89,6 +89,11 @@ def test_cli_trains_and_predicts(tmp_path, sales_files, kind):
     model = opened.load((first["store"], first["item"]))
     expected = model.predict(rows[features].iloc[:1])[0]  # fitted on a DataFrame
     assert predicted["prediction"].iloc[0] == pytest.approx(expected)
+    if kind == "csv":  # a column the output adds is refused, not overwritten
+        rows.assign(source="web").to_csv(rows_path, index=False)
+        result = _cli("predict", store, rows_path, "--out", tmp_path / "again.csv")
+        assert result.returncode == 2 and "column named 'source'" in result.stderr
+        assert not (tmp_path / "again.csv").exists()
 
 
 def test_cli_bad_column_exits_non_zero_naming_it(tmp_path, sales_files):

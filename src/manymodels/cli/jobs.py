@@ -162,6 +162,10 @@ def predict(
         _fail(str(exc), "--run")
     try:
         frame = exact_pandas(read_table(data))
+        taken = [name for name in ("prediction", "source") if name in frame.columns]
+        if taken:  # (the output would replace it)
+            _fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
+                  "rename it", "DATA")
         predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)
