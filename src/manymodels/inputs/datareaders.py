@@ -53,6 +53,23 @@ def _arrow_as(rows: Any, format: str, labels: list | None = None) -> Any:
     raise ValueError(f"unknown format {format!r}")
 
 
+def _integers_made_floats(table: Any, converted: Any) -> bool:
+    """Whether converting ``table`` made floats of an integer column that
+    misses a value: converted in one go, every group of a batch got floats,
+    those without a missing value too (which, alone, keep their integers,
+    exact past 2**53), so such a batch is converted a group at a time. (A
+    pandas frame's nullable integers come back as they were: no floats.)"""
+    import pyarrow as pa
+
+    for position, column in enumerate(table.columns):
+        if pa.types.is_integer(column.type) and column.null_count:
+            values = (converted.iloc[:, position] if hasattr(converted, "iloc")
+                      else list(converted.values())[position])
+            if values.dtype.kind == "f":
+                return True
+    return False
+
+
 def _as_numpy(column: Any) -> Any:
     """A column of a batch as ``format="numpy"`` gives it. Text becomes
     Python strings, one object a row, which costs more than the rest of a
@@ -150,7 +167,10 @@ class ArrowSlices(DataReader):
             end = max(offset + length for offset, length in unique)
             rows = sum(length for _, length in unique)
         if end - first <= 2 * rows:
-            converted = _arrow_as(self.table.slice(first, end - first), self.format, self.labels)
+            span = self.table.slice(first, end - first)
+            converted = _arrow_as(span, self.format, self.labels)
+            if _integers_made_floats(span, converted):
+                return  # (each group converted alone: see _integers_made_floats)
             self._span = (first, end, None, _locked(converted))
             return
         import pyarrow as pa
@@ -160,7 +180,9 @@ class ArrowSlices(DataReader):
             starts[ref] = position
             position += ref[1]
         pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in starts])
-        self._span = (first, end, starts, _locked(_arrow_as(pieces, self.format, self.labels)))
+        converted = _arrow_as(pieces, self.format, self.labels)
+        if not _integers_made_floats(pieces, converted):
+            self._span = (first, end, starts, _locked(converted))
 
     def rows(self, ref: tuple[int, int]) -> Any:
         offset, length = ref

@@ -69,6 +69,16 @@ def parquet_files(table: Any) -> list[str]:
     return [str(file.absolute()) for file in files]  # fit may change the directory
 
 
+def file_versions(files: list[str]) -> tuple:
+    """Each file's (size, modification time in ns): what a rewrite changes."""
+    if is_remote(files[0]):
+        filesystem, paths = resolve_all(files)
+        return tuple((info.size, info.mtime_ns) for info in filesystem.get_file_info(paths))
+    import os
+
+    return tuple((info.st_size, info.st_mtime_ns) for info in map(os.stat, files))
+
+
 def parquet_root(table: str | Path) -> str | None:
     """The directory (or object-store prefix) ``table`` names, whose
     ``name=value`` folders are columns; None where it names one file."""
@@ -168,6 +178,16 @@ class ParquetGroups:
     columns: tuple[str, ...] | None = None  # the columns read (None: all)
     partitions: pa.Table | None = None  # each file's partition columns (name=value folders)
     root: str | None = None  # the directory the files are under
+    versions: tuple | None = None  # each file's (size, modification time) when planned
+
+    def check_unchanged(self, number: int) -> None:
+        """Refuse file ``number`` where it changed since the plan read its
+        keys: its rows' groups were decided from the keys read then."""
+        if self.versions is not None and file_versions(
+                [self.files[number]])[0] != self.versions[number]:
+            raise ValueError(f"the Parquet file {shown(self.files[number])!r} changed since "
+                             "mm.groups read its keys (its size or modification time "
+                             "differ): make the source again with mm.groups")
 
     @classmethod
     def plan(cls, files: list[str], by: list[str], order_by: list[str] | None = None,
@@ -189,13 +209,15 @@ class ParquetGroups:
         if columns is not None:
             columns = present_columns(columns, schema.names, files[0])
         parts = []
+        versions = file_versions(files)  # (before the keys are read: a change after shows)
         for number, file in enumerate(files):
             keys = read_rows([file], columns=by, schema=schema, partitions=partitions,
                              root=root)
             parts.append(keys.append_column("__file__", pa.array(
                 [number] * keys.num_rows, type=pa.int32())))
         return (cls(files, by, schema, tuple(order_by or ()),
-                    None if columns is None else tuple(columns), partitions, root),
+                    None if columns is None else tuple(columns), partitions, root,
+                    versions),
                 pa.concat_tables(parts))
 
     def file_identities(self, content_hash: Callable[[str], str]) -> list[str]:

@@ -99,6 +99,7 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
     start = 0
     try:
         for number, file in enumerate(reader.files):
+            reader.check_unchanged(number)
             rows = read_rows([file], columns=columns, schema=reader.schema,
                              partitions=reader.partitions, root=reader.root)
             if rows.num_rows != rows_per_file[number]:
