@@ -55,3 +55,24 @@ def test_a_file_rewritten_after_mm_groups_read_its_keys_is_refused_by_name(tmp_p
                      backend="serial", progress=False, store=tmp_path / "s")
     assert again.models["a"] == {"g": ["a", "a"], "x": [3, 1]}
     assert not again.results["reused"].any()
+
+
+def _first_x(rows):
+    return None, {"x": int(rows["x"].iloc[0])}
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+@pytest.mark.parametrize("folders", [["7", "007"], ["99999999999999999999", "1"]])
+def test_partition_folders_are_integers_only_where_each_reads_back_as_one(
+        tmp_path, folders, read_on_workers):
+    """region=7 and region=007 were one group 7; a value past int64 raised
+    OverflowError. Such a column is text, each folder a group."""
+    for position, value in enumerate(folders):
+        folder = tmp_path / "data" / f"region={value}"
+        folder.mkdir(parents=True)
+        pd.DataFrame({"x": [position]}).to_parquet(folder / "part.parquet", index=False)
+    run = mm.train(_first_x, mm.groups(tmp_path / "data", by="region",
+                                       read_on_workers=read_on_workers),
+                   backend="serial", progress=False)
+    assert dict(zip(run.results["region"], run.results["x"])) == {
+        value: position for position, value in enumerate(folders)}

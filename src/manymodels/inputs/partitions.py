@@ -45,7 +45,10 @@ def partition_table(root: Path, files: list[Path]) -> pa.Table | None:
     for position, name in enumerate(names):
         values = [None if row[position][1] == NULL_FOLDER else unquote(row[position][1])
                   for row in rows]
-        whole = all(v is None or _INTEGER.fullmatch(v) for v in values)
+        # integers where every folder writes one as Python does, in int64's range: "007"
+        # beside "7" stays text (two folders, two groups), as a CSV's codes do
+        whole = all(v is None or (_INTEGER.fullmatch(v) and str(int(v)) == v
+                                  and -2**63 <= int(v) < 2**63) for v in values)
         columns[name] = pa.array([None if v is None else int(v) for v in values], pa.int64()
                                  ) if whole else pa.array(values, pa.string())
     return pa.table(columns)
