@@ -76,3 +76,23 @@ def test_partition_folders_are_integers_only_where_each_reads_back_as_one(
                    backend="serial", progress=False)
     assert dict(zip(run.results["region"], run.results["x"])) == {
         value: position for position, value in enumerate(folders)}
+
+
+def test_rows_added_for_a_new_group_leave_the_others_reused(tmp_path):
+    """pandas writes the table's row count into the Parquet file's schema
+    metadata, which the groups' data hashes took in: a group added to the
+    file retrained every unchanged one. (With read_on_workers, a group's
+    data is the content of its files, as the store guide says.)"""
+    read_on_workers = False
+    frame = pd.DataFrame({"g": list("aaabbbccc"), "x": np.arange(9)})
+    path = tmp_path / "data.parquet"
+    frame.to_parquet(path, index=False)
+    store = tmp_path / "s"
+    mm.train(_first_x, mm.groups(path, by="g", read_on_workers=read_on_workers),
+             backend="serial", progress=False, store=store)
+    pd.concat([frame, pd.DataFrame({"g": ["d"] * 2, "x": [9, 10]})]).to_parquet(
+        path, index=False)
+    again = mm.train(_first_x, mm.groups(path, by="g", read_on_workers=read_on_workers),
+                     backend="serial", progress=False, store=store)
+    assert dict(zip(again.results["g"], again.results["reused"])) == {
+        "a": True, "b": True, "c": True, "d": False}

@@ -92,6 +92,14 @@ def hex_array(raw: np.ndarray) -> Any:
                                  [None, pa.py_buffer(offsets), pa.py_buffer(digits)])
 
 
+def schema_text(schema: Any) -> str:
+    """An Arrow schema as a group's data hash takes it: its columns' names
+    and types, not its metadata (a pandas writer's notes, which hold the
+    table's row count: a group whose rows did not change read as changed
+    because another group's had)."""
+    return str(schema.remove_metadata())
+
+
 def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths: np.ndarray,
                 salt: tuple[int, int]) -> np.ndarray:
     """The ``(groups, 2)`` lanes of consecutive runs of rows: each row's hash

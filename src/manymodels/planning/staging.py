@@ -67,7 +67,7 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     by ``order_by``), write them to one Arrow IPC file under ``directory`` and
     return one row per group (see the module docstring); None for no rows."""
     from ..identity.hashing import digest
-    from ..identity.rowhash import arrow_row_hashes, group_lanes, lanes_of
+    from ..identity.rowhash import arrow_row_hashes, group_lanes, lanes_of, schema_text
 
     if table.num_rows == 0:
         return None
@@ -95,7 +95,7 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     # each group's row hashes in order of value: the same lanes whatever order
     # the shuffle delivered its rows in
     hashes = hashes[np.lexsort((hashes, codes[order]))]
-    lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(str(rows.schema))))
+    lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(schema_text(rows.schema))))
     index = rows.select(by).take(pa.array(offsets))
     columns = (np.full(len(offsets), number, dtype=np.int64), offsets, lengths,
                lanes[:, 0].view(np.int64), lanes[:, 1].view(np.int64))

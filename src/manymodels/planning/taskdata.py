@@ -217,7 +217,7 @@ class TableSlices(TaskData):
         import pandas as pd
 
         from ..identity.hashing import digest
-        from ..identity.rowhash import RowHashes, group_lanes, lanes_of
+        from ..identity.rowhash import RowHashes, group_lanes, lanes_of, schema_text
 
         table, layout = self.table, self.layout
         if is_pandas_frame(table):  # map_partitions keeps the index
@@ -225,7 +225,7 @@ class TableSlices(TaskData):
             schema = f"{table.dtypes.to_dict()}|{list(table.columns)}"
         else:
             rows = RowHashes(table)  # each block's made as group_lanes comes to it
-            schema = str(table.schema)
+            schema = schema_text(table.schema)
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)
         per_group = group_lanes(rows, offsets, lengths, lanes_of(digest(schema)))
