@@ -96,3 +96,19 @@ def test_rows_added_for_a_new_group_leave_the_others_reused(tmp_path):
                      backend="serial", progress=False, store=store)
     assert dict(zip(again.results["g"], again.results["reused"])) == {
         "a": True, "b": True, "c": True, "d": False}
+
+
+def _x_in_order(rows):
+    return None, {"x": "".join(map(str, rows["x"]))}
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_order_by_a_categorical_sorts_by_its_categories_as_pandas_does(ordered):
+    """Accepted by mm.groups, then ArrowTypeError in train (Arrow sorts no
+    dictionary column)."""
+    frame = pd.DataFrame({"g": ["a"] * 4, "x": [1, 2, 3, 4], "size": pd.Categorical(
+        ["L", "S", None, "M"], categories=["S", "M", "L"], ordered=ordered)})
+    run = mm.train(_x_in_order, mm.groups(frame, by="g", order_by="size"), backend="serial",
+                   progress=False)
+    expected = "".join(map(str, frame.sort_values("size", kind="stable")["x"]))
+    assert run.results["x"].iloc[0] == expected == "2413"

@@ -281,6 +281,15 @@ def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Arr
 
     keys = [(c, "ascending") for c in columns]
     sortable = table.select(columns)
+    if any(pa.types.is_dictionary(kind) for kind in sortable.schema.types):
+        # Arrow sorts no dictionary column: a categorical sorts by its
+        # categories' order, as pandas sorts it (one dictionary for all chunks)
+        sortable = sortable.unify_dictionaries()
+        for position, name in enumerate(columns):
+            column = sortable.column(position)
+            if pa.types.is_dictionary(column.type):
+                sortable = sortable.set_column(position, name, pa.chunked_array(
+                    [chunk.indices for chunk in column.chunks], column.type.index_type))
     if codes is not None:
         name = "__group__"
         while name in sortable.column_names:  # a column of the user's own has that name
