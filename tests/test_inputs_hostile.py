@@ -112,3 +112,17 @@ def test_order_by_a_categorical_sorts_by_its_categories_as_pandas_does(ordered):
                    progress=False)
     expected = "".join(map(str, frame.sort_values("size", kind="stable")["x"]))
     assert run.results["x"].iloc[0] == expected == "2413"
+
+
+def _columns_of(rows):
+    return None, {"columns": ",".join(rows)}
+
+
+def test_an_arrow_table_naming_a_column_twice_is_refused_as_a_frame_is():
+    """Refused for files and pandas frames; an Arrow table was taken, and
+    format="numpy" dropped one of the two columns silently."""
+    table = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array([1, 2]), pa.array([0.5, 1.5])],
+                                 names=["g", "x", "x"])
+    with pytest.raises(ValueError, match="has two columns named 'x'"):
+        mm.train(_columns_of, mm.groups(table, by="g", format="numpy"), backend="serial",
+                 progress=False)

@@ -118,5 +118,5 @@ def test_an_arrow_table_naming_a_column_twice_is_refused_by_name():
     x = np.arange(12.0)
     table = pa.Table.from_arrays([pa.array(["a"] * 6 + ["b"] * 6), pa.array(x),
                                   pa.array(x * 0), pa.array(x + 1)], names=["g", "x", "x", "y"])
-    with pytest.raises(ValueError, match="feature column 'x' is in the table twice"):
+    with pytest.raises(ValueError, match="has two columns named 'x'"):
         mm.linear(table, "g", ["x"], "y")

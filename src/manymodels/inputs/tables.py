@@ -240,10 +240,9 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             table = table.iloc[:, [names.index(c) for c in columns]]
         else:
             table = table.select(columns)
-    if isinstance(table, pa.Table):
-        return table
-    if isinstance(table, pa.RecordBatch):
-        return pa.Table.from_batches([table])
+    if isinstance(table, (pa.Table, pa.RecordBatch)):
+        _refuse_a_name_twice(table.column_names, "given")  # (Arrow allows two)
+        return table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
     if isinstance(table, (str, Path)):
         if is_remote(table):  # Path() would make s3://b/t "s3:/b/t"
             raise ValueError(f"{table!r} is on an object store, which this call does not "

@@ -119,8 +119,6 @@ def check(table: Any, by: Any, features: Any, target: str, family: str,
         if name not in table.column_names:
             raise ValueError(f"{role} column {name!r} is not in the table; its columns are "
                              f"{table.column_names}")
-        if table.column_names.count(name) > 1:  # (an Arrow table may hold two)
-            raise ValueError(f"{role} column {name!r} is in the table twice: rename one")
     for role, name in roles[len(by_columns):]:
         if name in by_columns:
             raise ValueError(f"{role} column {name!r} is also a by column")
