@@ -126,3 +126,16 @@ def test_an_arrow_table_naming_a_column_twice_is_refused_as_a_frame_is():
     with pytest.raises(ValueError, match="has two columns named 'x'"):
         mm.train(_columns_of, mm.groups(table, by="g", format="numpy"), backend="serial",
                  progress=False)
+
+
+def _rows_x(rows):
+    return rows["x"].tolist(), {}
+
+
+def test_a_missing_key_of_the_results_finds_its_model():
+    """run.results shows a missing key as NaN, run.models held it as None:
+    looking a model up by the results' key raised KeyError."""
+    frame = pd.DataFrame({"g": [1.0, np.nan, 1.0, np.nan], "x": range(4)})
+    run = mm.train(_rows_x, mm.groups(frame, by="g"), backend="serial", progress=False)
+    assert [run.models[key] for key in run.results["g"]] == [[0, 2], [1, 3]]
+    assert run.models[pd.NA] == run.models[None] == [1, 3]

@@ -73,6 +73,15 @@ class KeyByText:
         return repr(self.key)
 
 
+def _missing(value: Any) -> bool:
+    """Whether ``value`` is a missing value (NaN, NaT, ``pd.NA``), as a
+    group's key holds ``None``."""
+    try:
+        return value is not None and bool(value != value)
+    except (TypeError, ValueError):  # pd.NA's comparison raises
+        return type(value).__name__ == "NAType"
+
+
 def hashable_key(key: Any) -> Hashable:
     """``key`` itself, or a :class:`KeyByText` where Python cannot hash it."""
     try:
@@ -105,6 +114,11 @@ class ModelMap(Mapping):
     def _typed_otherwise(self, key: Any) -> Any:
         """The key the map holds for ``key`` typed otherwise; ``key`` where none."""
         parts = key if isinstance(key, tuple) else (key,)
+        if any(_missing(part) for part in parts):  # NaN, NaT, pd.NA: a missing key is None
+            held = tuple(None if _missing(part) else part for part in parts)
+            held = held if isinstance(key, tuple) else held[0]
+            if held in self._items:
+                return held
         if len(parts) <= 8:
             for variant in typed_otherwise(parts):
                 held = variant if isinstance(key, tuple) else variant[0]
