@@ -93,11 +93,25 @@ def hex_array(raw: np.ndarray) -> Any:
 
 
 def schema_text(schema: Any) -> str:
-    """An Arrow schema as a group's data hash takes it: its columns' names
-    and types, not its metadata (a pandas writer's notes, which hold the
-    table's row count: a group whose rows did not change read as changed
-    because another group's had)."""
-    return str(schema.remove_metadata())
+    """An Arrow schema as a group's data hash takes it: as it prints, but a
+    pandas writer's note of a range index without its bounds (its stop is
+    the table's row count: a group whose rows did not change read as changed
+    because another group's rows were added). Any other schema prints as it
+    did, so the identities of the groups of such tables stay what they were."""
+    metadata = schema.metadata or {}
+    noted = metadata.get(b"pandas")
+    if noted and b'"range"' in noted:
+        import json
+
+        try:
+            info = json.loads(noted)
+            info["index_columns"] = [
+                {"kind": "range"} if isinstance(column, dict) and column.get("kind") == "range"
+                else column for column in info.get("index_columns", [])]
+        except (ValueError, AttributeError, TypeError):  # not pandas' own note: as it is
+            return str(schema)
+        schema = schema.with_metadata({**metadata, b"pandas": json.dumps(info).encode()})
+    return str(schema)
 
 
 def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths: np.ndarray,
