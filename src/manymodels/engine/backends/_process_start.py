@@ -265,8 +265,10 @@ class WorkerStarter:
             memory = MemoryWatch(process.pid, self.memory_limit, self._files.tag)
         if own_gate is not None:
             memory.inherit()  # before it runs setup= or any task
+            with contextlib.suppress(OSError):
+                os.write(own_gate[1], b"\0")  # the gate opens (see _open_start_gate)
             os.close(own_gate[0])
-            os.close(own_gate[1])  # the gate opens
+            os.close(own_gate[1])
         return Worker(slot, process, Connection(from_worker_r, writable=False), outbox,
                       sender, tx, memory=memory)
 
@@ -307,7 +309,7 @@ class WorkerStarter:
                 return
             if gate is not None:  # wait until the driver has forked every worker
                 os.close(gate[1])
-                os.read(gate[0], 1)  # end-of-file once the driver closes its end
+                os.read(gate[0], 1)  # a byte (or end-of-file) once the driver opens it
                 os.close(gate[0])
             code = forked_main(Connection(rx_fd, writable=False),
                                Connection(tx_fd, readable=False),

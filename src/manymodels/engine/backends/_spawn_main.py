@@ -5,4 +5,8 @@ import sys
 
 from ._process_worker import main
 
-sys.exit(main(sys.argv))
+# (guarded: a fit's multiprocessing pool started with "spawn" or "forkserver"
+# runs this module again as its children's __main__, which must not start a
+# second worker loop)
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -151,7 +151,14 @@ class ProcessesBackend(WorkerStarter, Backend):
         kernel's locks on the shared memory), so forking them all first and
         starting them together gets the last one working sooner."""
         gate, self._start_gate = self._start_gate, None
-        for fd in reversed(gate or ()):  # the write end first: it is what opens the gate
+        if gate is None:
+            return
+        # a byte a worker, not end-of-file alone: a worker another run of this
+        # program forked meanwhile (a train in another thread) holds this
+        # pipe's write end too, and end-of-file would never come
+        with contextlib.suppress(OSError):
+            os.write(gate[1], b"\0" * len(self._workers))
+        for fd in reversed(gate):
             os.close(fd)
 
     def _write_table(self, table: Any) -> str | None:
