@@ -59,3 +59,16 @@ def test_a_fit_with_a_spawned_pool_of_its_own_returns_on_spawned_workers(method)
                    progress=False)
     assert (run.results["status"] == "ok").all(), run.results["error"].tolist()
     assert run.results["total"].tolist() == [5, 14]
+
+
+def _fails(item):
+    raise RuntimeError(f"item {item} is refused")
+
+
+def test_the_error_budgets_message_says_the_fraction_given():
+    """max_failures=0.3 of 3 tasks said "over max_failures=0", a value the
+    user never wrote."""
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(_fails, mm.items(range(3)), max_failures=0.3, backend="serial",
+                 progress=False)
+    assert "over max_failures=0.3 (at most 0 of 3 tasks)" in str(stopped.value)

@@ -159,6 +159,7 @@ class Scheduler:
         self.backend = backend
         self.retries = retries
         self.budget = _failure_budget(max_failures, len(plan.tasks))
+        self._budget_given = max_failures  # (a fraction: said as given, with its count)
         self.records = TaskRecords(len(plan.tasks), retries)
         self.make_run = make_run
         self._make_progress = progress
@@ -386,10 +387,14 @@ class Scheduler:
 
     def _budget_message(self, run: Any) -> str:
         failed = run.failed
+        given = f"{self._budget_given!r}" + (
+            f" (at most {self.budget} of {len(run.results)} tasks)"
+            if self._budget_given != self.budget else "")
+        cancelled = int((run.results["status"] == Status.CANCELLED).sum())
         lines = [
-            f"stopped early: {len(failed)} tasks failed, over max_failures={self.budget} "
-            f"({self._ok} finished ok, {int((run.results['status'] == Status.CANCELLED).sum())} "
-            "cancelled); the finished results are in the exception's .run. First failures:"
+            f"stopped early: {len(failed)} tasks failed, over max_failures={given} "
+            f"({self._ok} finished ok, {cancelled} cancelled); the finished results are in "
+            "the exception's .run. First failures:"
         ]
         key_columns = self.plan.key_columns
         for _, row in failed.head(3).iterrows():
