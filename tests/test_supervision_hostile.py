@@ -72,3 +72,47 @@ def test_the_error_budgets_message_says_the_fraction_given():
         mm.train(_fails, mm.items(range(3)), max_failures=0.3, backend="serial",
                  progress=False)
     assert "over max_failures=0.3 (at most 0 of 3 tasks)" in str(stopped.value)
+
+
+def _setup_fails_third(counter):
+    import fcntl
+
+    with open(counter, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        starts = len(handle.read())
+        handle.write("x")
+    if starts == 2:  # the replacement of the worker that crashed
+        raise OSError("the licence server is busy")
+    return starts
+
+
+def _crash_on_5(n, resource):
+    import os
+
+    time.sleep(0.05)
+    if n == 5:
+        os._exit(1)
+    return {"n": n}
+
+
+def test_a_replacement_worker_whose_setup_fails_keeps_what_finished(tmp_path):
+    """A worker's setup= that failed only in the replacement of a crashed
+    worker raised WorkerStartupError with no .run: every finished result was
+    lost, where an error budget's stop or Ctrl-C keep them."""
+    import functools
+
+    counter = tmp_path / "starts"
+    with pytest.raises(mm.WorkerStartupError) as stopped:
+        mm.train(_crash_on_5, mm.items(range(10)), backend="processes", workers=2,
+                 setup=functools.partial(_setup_fails_third, str(counter)), retries=1,
+                 start_method="fork", store=tmp_path / "s", progress=False)
+    run = stopped.value.run
+    finished = run.results[run.results["status"] == "ok"]
+    assert len(finished) >= 1 and set(run.results["status"]) <= {"ok", "cancelled", "crashed"}
+    assert mm.Store(tmp_path / "s").runs()["status"].iloc[-1] == "stopped"
+    again = mm.train(_crash_on_5, mm.items([n for n in range(10) if n != 5]),
+                     backend="serial", setup=functools.partial(_setup_fails_third,
+                                                               str(counter)),
+                     store=tmp_path / "s", progress=False)  # (its setup now starts)
+    assert again.results["reused"].sum() >= len(finished)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..planning.plan import Plan
-from .backends.base import Backend
+from .backends.base import Backend, WorkerStartupError
 from .batchsizing import BatchSizer
 from .execution import RunContext
 from .messages import (
@@ -262,6 +262,7 @@ class Scheduler:
         started_at, start = began or (time.time(), time.perf_counter())
         stopped_by: BaseException | None = None
         store_error: RecordingError | None = None
+        workers_gone: WorkerStartupError | None = None  # (mid-run, after tasks finished)
         with _sigterm_interrupts():
             started = False
             try:
@@ -277,12 +278,18 @@ class Scheduler:
                 stopped_by = exc
             except RecordingError as exc:  # the store cannot take more: stop, keep the results
                 store_error = exc
+            except WorkerStartupError as exc:
+                if not self._done:
+                    if self.recorder is not None:
+                        self.recorder.abandon(self.records)
+                    raise
+                workers_gone = exc  # a replacement could not start: stop, keep the results
             except BaseException:  # the backend cannot go on: keep what finished
                 if self.recorder is not None:
                     self.recorder.abandon(self.records)
                 raise
             finally:
-                clean = (stopped_by is None and store_error is None
+                clean = (stopped_by is None and store_error is None and workers_gone is None
                          and not self._over_budget())
                 try:
                     if started:
@@ -295,7 +302,8 @@ class Scheduler:
             run = self._build_run(time.perf_counter() - start, started_at)
             if self.recorder is not None and store_error is None:
                 state = ("interrupted" if stopped_by is not None
-                         else "stopped" if self._over_budget() else "finished")
+                         else "stopped" if self._over_budget() or workers_gone is not None
+                         else "finished")
                 try:
                     self.recorder.finish(self.records, state, run)
                 except RecordingError as exc:
@@ -306,6 +314,9 @@ class Scheduler:
                 self.recorder.abandon()
                 store_error.run = run
                 raise store_error
+            if workers_gone is not None:
+                workers_gone.run = run  # (the rest are cancelled: a re-run resumes them)
+                raise workers_gone
         if stopped_by is not None:
             resume = (" Run the same call again with the same store to resume: finished "
                       "models are reused." if self.recorder is not None else
