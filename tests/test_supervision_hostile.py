@@ -116,3 +116,21 @@ def test_a_replacement_worker_whose_setup_fails_keeps_what_finished(tmp_path):
                                                                str(counter)),
                      store=tmp_path / "s", progress=False)  # (its setup now starts)
     assert again.results["reused"].sum() >= len(finished)
+
+
+def _use(item):
+    return {"ok": 1}
+
+
+@pytest.mark.parametrize("backend", ["processes", "threads"])
+def test_an_item_that_cannot_be_sent_is_not_retried(backend):
+    """It fails the same way each time: retries=3 sent it four times."""
+    import threading as threads_module
+
+    items = [("a", 1), ("b", threads_module.Lock()), ("c", 3)]
+    run = mm.train(_use, mm.items(items, key=lambda item: item[0]), backend=backend,
+                   workers=2, retries=3, progress=False)
+    failed = run.results[run.results["status"] == "failed"]
+    if backend == "processes":  # (threads share the lock: nothing to send)
+        assert len(failed) == 1 and failed["attempts"].iloc[0] == 1
+    assert (run.results["status"] != "failed").sum() == 3 - len(failed)

@@ -74,7 +74,7 @@ class Lost:
     """A task whose worker died, timed out or outgrew its memory limit."""
 
     index: int
-    status: Status  # CRASHED, TIMEOUT or MEMORY
+    status: Status  # CRASHED, TIMEOUT or MEMORY (retried); FAILED: it cannot be sent
     message: str
     worker: int
 

@@ -379,7 +379,9 @@ class Scheduler:
                 elif isinstance(event, Lost):
                     in_flight -= 1
                     self.records.attempts[event.index] += 1
-                    if self.records.attempts[event.index] <= self.retries:
+                    # (a task that could not be sent, "failed", fails the same way again)
+                    if (self.records.attempts[event.index] <= self.retries
+                            and event.status != Status.FAILED):
                         retry_now.append(event.index)
                     else:
                         self._finish(event.index, event.status, event.worker, event.message)
