@@ -134,3 +134,41 @@ def test_an_item_that_cannot_be_sent_is_not_retried(backend):
     if backend == "processes":  # (threads share the lock: nothing to send)
         assert len(failed) == 1 and failed["attempts"].iloc[0] == 1
     assert (run.results["status"] != "failed").sum() == 3 - len(failed)
+
+
+def _model_of_a_module_only_the_worker_has(item, folder):
+    import sys
+
+    import numpy as np
+
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import worker_only_models
+
+    size = 2_000_000 if item == 1 else 4  # item 1: an array the data plane sends apart
+    return worker_only_models.Box(np.full(size, float(item)))
+
+
+def test_a_model_the_driver_cannot_unpickle_fails_where_it_is_asked_for(tmp_path):
+    """A large model (its buffers sent apart) of a class the driver cannot
+    import raised ModuleNotFoundError out of train, and every result was
+    lost; it is now unpickled when asked for, as a small one is."""
+    folder = tmp_path / "only-here"
+    folder.mkdir()
+    (folder / "worker_only_models.py").write_text(
+        "class Box:\n    def __init__(self, values):\n        self.values = values\n")
+    run = mm.train(_model_of_a_module_only_the_worker_has, mm.items([0, 1, 2]),
+                   shared={"folder": str(folder)}, backend="processes", workers=2,
+                   progress=False)
+    assert (run.results["status"] == "ok").all()
+    for item in (0, 1):
+        with pytest.raises(ModuleNotFoundError, match="worker_only_models"):
+            run.models[item]
+    import sys
+
+    sys.path.insert(0, str(folder))
+    try:
+        assert run.models[1].values.shape == (2_000_000,) and run.models[1].values[0] == 1.0
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("worker_only_models", None)

@@ -29,7 +29,7 @@ from ..inputs.tables import plain_scalar
 from ..planning.taskdata import TaskData
 from .dataplane import SPILL_MIN_BYTES, pickle_any, small_array_parts
 from .gpus import gpu_failure, release_cached_memory
-from .messages import Outcome, Pickled, Status
+from .messages import Outcome, Pickled, PickledWithBuffers, Status
 from .metricpacks import MetricsPack, MetricTexts
 from .metrictext import metrics_json
 from .partpacks import PACKED_BELOW, PartPacker
@@ -247,8 +247,9 @@ class Executor:
         small one joins the part's :class:`~.partpacks.ModelPack` (sealed as the part is
         sent: :meth:`_parted`), a large one goes as :class:`Pickled` (for a
         store, with its SHA-256, or written into the store where this worker
-        sees it: :mod:`.modelfiles`) or, holding large buffers, as it is (the
-        data plane's zero-copy way)."""
+        sees it: :mod:`.modelfiles`) or, holding large buffers, as
+        :class:`PickledWithBuffers` (its buffers the data plane's zero-copy
+        way)."""
         parts = small_array_parts(model)
         if parts is not None:  # small: its pack keeps its kind's head and tail once
             return self._packer.model(index, parts[1], (parts[0], parts[2]))
@@ -263,12 +264,12 @@ class Executor:
                 except OSError:  # (a full or read-only disk here) the driver writes them
                     pass
             return Pickled(data, digest)
-        large: list[int] = []
+        large: list[pickle.PickleBuffer] = []
 
         def in_band(buffer: pickle.PickleBuffer) -> bool:
             if buffer.raw().nbytes >= SPILL_MIN_BYTES:
-                large.append(1)
-                return False  # out of band: not copied, and the model goes as it is
+                large.append(buffer)
+                return False  # out of band: not copied (the data plane sends it)
             return True
 
         try:
@@ -278,7 +279,7 @@ class Executor:
 
             data = cloudpickle.dumps(model, protocol=5, buffer_callback=in_band)
         if large:
-            return model
+            return PickledWithBuffers(data, large)
         return self._packer.model(index, data) if len(data) < PACKED_BELOW else Pickled(data)
 
     def _parted(self, outcomes: list[Outcome], busy_s: float, prepare_s: float, last: bool,

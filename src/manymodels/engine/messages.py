@@ -208,3 +208,25 @@ class Pickled:
         import pickle
 
         return pickle.loads(self.data)
+
+
+class PickledWithBuffers(Pickled):
+    """A model holding large buffers (arrays), pickled in the worker with
+    its buffers apart: they travel out of band (the data plane's zero-copy
+    way), and the driver unpickles the model only when someone asks for it.
+    So a model whose class the driver cannot import fails where it is asked
+    for, not the whole part's hand-over with every model in it."""
+
+    __slots__ = ("buffers",)
+
+    def __init__(self, data: bytes, buffers: list) -> None:
+        super().__init__(data)
+        self.buffers = buffers
+
+    def __reduce__(self) -> tuple:
+        return (PickledWithBuffers, (self.data, self.buffers))
+
+    def load(self) -> Any:
+        import pickle
+
+        return pickle.loads(self.data, buffers=self.buffers)
