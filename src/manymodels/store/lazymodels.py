@@ -120,10 +120,13 @@ class ModelMap(Mapping):
             if held in self._items:
                 return held
         if len(parts) <= 8:
-            for variant in typed_otherwise(parts):
-                held = variant if isinstance(key, tuple) else variant[0]
-                if held in self._items:
-                    return held
+            try:
+                for variant in typed_otherwise(parts):
+                    held = variant if isinstance(key, tuple) else variant[0]
+                    if held in self._items:
+                        return held
+            except (TypeError, ValueError):  # a value no key holds (an array): not found
+                pass
         return key
 
     def __iter__(self) -> Iterator[Hashable]:
