@@ -110,7 +110,7 @@ def test_a_replacement_worker_whose_setup_fails_keeps_what_finished(tmp_path):
     run = stopped.value.run
     finished = run.results[run.results["status"] == "ok"]
     assert len(finished) >= 1 and set(run.results["status"]) <= {"ok", "cancelled", "crashed"}
-    assert mm.Store(tmp_path / "s").runs()["status"].iloc[-1] == "stopped"
+    assert mm.Store(tmp_path / "s").runs()["status"].iloc[-1] == "failed"
     again = mm.train(_crash_on_5, mm.items([n for n in range(10) if n != 5]),
                      backend="serial", setup=functools.partial(_setup_fails_third,
                                                                str(counter)),

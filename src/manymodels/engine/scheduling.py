@@ -302,8 +302,8 @@ class Scheduler:
             run = self._build_run(time.perf_counter() - start, started_at)
             if self.recorder is not None and store_error is None:
                 state = ("interrupted" if stopped_by is not None
-                         else "stopped" if self._over_budget() or workers_gone is not None
-                         else "finished")
+                         else "failed" if workers_gone is not None  # (the backend broke down)
+                         else "stopped" if self._over_budget() else "finished")
                 try:
                     self.recorder.finish(self.records, state, run)
                 except RecordingError as exc:
