@@ -12,7 +12,7 @@ from typing import Any
 from ..engine.messages import Pickled
 from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import PackedModel
-from ..inputs.keys import typed_otherwise
+from ..inputs.keys import canonical, typed_otherwise
 from . import artifacts
 
 
@@ -73,15 +73,6 @@ class KeyByText:
         return repr(self.key)
 
 
-def _missing(value: Any) -> bool:
-    """Whether ``value`` is a missing value (NaN, NaT, ``pd.NA``), as a
-    group's key holds ``None``."""
-    try:
-        return value is not None and bool(value != value)
-    except (TypeError, ValueError):  # pd.NA's comparison raises
-        return type(value).__name__ == "NAType"
-
-
 def hashable_key(key: Any) -> Hashable:
     """``key`` itself, or a :class:`KeyByText` where Python cannot hash it."""
     try:
@@ -114,8 +105,10 @@ class ModelMap(Mapping):
     def _typed_otherwise(self, key: Any) -> Any:
         """The key the map holds for ``key`` typed otherwise; ``key`` where none."""
         parts = key if isinstance(key, tuple) else (key,)
-        if any(_missing(part) for part in parts):  # NaN, NaT, pd.NA: a missing key is None
-            held = tuple(None if _missing(part) else part for part in parts)
+        # NaN, NaT, pd.NA: a missing key, which the map holds as None
+        missing = [part is not None and canonical(part) is None for part in parts]
+        if any(missing):
+            held = tuple(None if gone else part for part, gone in zip(parts, missing))
             held = held if isinstance(key, tuple) else held[0]
             if held in self._items:
                 return held
