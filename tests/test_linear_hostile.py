@@ -120,3 +120,45 @@ def test_an_arrow_table_naming_a_column_twice_is_refused_by_name():
                                   pa.array(x * 0), pa.array(x + 1)], names=["g", "x", "x", "y"])
     with pytest.raises(ValueError, match="has two columns named 'x'"):
         mm.linear(table, "g", ["x"], "y")
+
+
+_SCALES = [(1e160, 1.0), (1.0, 1e160), (1e160, 1e160), (1e-170, 1.0), (1.0, 1e-170)]
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("family", ["ols", "ridge"])
+def test_values_whose_squares_leave_float64s_range_fit_as_scikit_learn(device, family):
+    """Features or a target about 1e160 overflowed X'WX (a 0 coefficient
+    marked rank_deficient, or infinite metrics with status ok), and 1e-170
+    vanished in it. Such groups are solved again with their columns scaled by
+    powers of two: each equals scikit-learn's fit, ridge's penalty still on
+    the coefficients as given, and r2 and sigma are those of the same data
+    at ordinary scale."""
+    if device:
+        pytest.importorskip("torch")
+    from sklearn.linear_model import LinearRegression, Ridge
+
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(size=20), rng.normal(size=20)
+    y = 2 * x1 - 3 * x2 + 0.5 + rng.normal(scale=0.1, size=20)
+    frame = pd.concat([pd.DataFrame({"g": g, "x1": x1 * sx, "x2": x2 * sx, "y": y * sy})
+                       for g, (sx, sy) in enumerate([(1.0, 1.0), *_SCALES])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = mm.linear(frame, "g", ["x1", "x2"], "y", family=family, device=device)
+    assert (result.metrics["status"] == "ok").all()
+    assert np.isfinite(result.metrics[["r2", "rmse", "sigma", "log_lik"]].to_numpy(float)).all()
+    plain = result.metrics.iloc[0]
+    for g, (sx, sy) in enumerate(_SCALES, start=1):
+        part = frame[frame["g"] == g]
+        got = result.coefficients.iloc[g][["x1", "x2", "intercept"]].to_numpy(float)
+        if family == "ols" or sx <= 1:  # scikit-learn's Ridge overflows at 1e160 itself
+            reference = (Ridge(alpha=1.0) if family == "ridge" else LinearRegression()).fit(
+                part[["x1", "x2"]].to_numpy(), part["y"].to_numpy())
+            np.testing.assert_allclose(got, np.r_[reference.coef_, reference.intercept_],
+                                       rtol=1e-7)
+        metrics = result.metrics.iloc[g]
+        if family == "ols":  # the same fit at another scale: the same r2, sigma scaled
+            assert metrics["r2"] == pytest.approx(plain["r2"], rel=1e-9)
+            assert metrics["sigma"] == pytest.approx(plain["sigma"] * sy, rel=1e-9)
+            assert np.isfinite(metrics["log_lik"])

@@ -111,14 +111,16 @@ def fast_task(task: Any, table: Any, by: list[str]) -> Any:
         per_block = max(1, (1 << 16) // int(n))  # groups a block: about 65,536 rows
         for start in range(0, len(groups), per_block):
             block = _gather(data, groups[start:start + per_block])
-            held = kernels.least_squares(block.Z[:, train], None, alpha, intercept_on)
+            held = kernels.least_squares_in_range(kernels.least_squares, block.Z[:, train],
+                                                  None, alpha, intercept_on)
             Zt = block.Z[:, test]
             predicted = (Zt[:, :, :p] @ held["coef"][:, :, None])[:, :, 0] + held[
                 "intercept"][:, None]
             for name, values in _scores(Zt[:, :, p], predicted).items():
                 if name in scores:
                     scores[name][block.index] = values
-            full = kernels.least_squares(block.Z, None, alpha, intercept_on)
+            full = kernels.least_squares_in_range(kernels.least_squares, block.Z, None, alpha,
+                                                  intercept_on)
             coef[block.index], intercept[block.index] = full["coef"], full["intercept"]
             good[block.index] = ~held["rank_deficient"] & ~full["rank_deficient"]
     index = {encode_key(tuple(row)): i for i, row in enumerate(

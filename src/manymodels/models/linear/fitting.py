@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .glance import GLANCE_COLUMNS, glance_arrays
+from .kernels import least_squares_in_range
 from .prepare import Block, Prepared, blocks
 
 STATUSES = ["ok", "rank_deficient", "not_converged", "single_class", "no_weight"]
@@ -61,7 +62,8 @@ def fit_groups(data: Prepared, features: int, family: str, *, engine: Any, on: d
     sums = None if family == "logistic" else {
         "sse": np.empty(data.groups), "tss": np.empty(data.groups),
         "rank": np.empty(data.groups, dtype=np.int64), "n": np.empty(data.groups, dtype=np.int64),
-        "log_w": np.empty(data.groups), "no_weight": np.empty(data.groups, dtype=bool)}
+        "log_w": np.empty(data.groups), "y_scale": np.empty(data.groups),
+        "no_weight": np.empty(data.groups, dtype=bool)}
 
     def fit(block: Block) -> None:
         i = block.index
@@ -73,13 +75,14 @@ def fit_groups(data: Prepared, features: int, family: str, *, engine: Any, on: d
             status[i[~out["converged"]]] = "not_converged"
             status[i[out["single_class"]]] = "single_class"
         else:
-            out = engine.least_squares(block.Z, block.w, block.alpha, fit_intercept, **on)
+            out = least_squares_in_range(engine.least_squares, block.Z, block.w, block.alpha,
+                                         fit_intercept, **on)
             sse, sst, n = out["sse"], out["sst"], data.counts[i]
-            with np.errstate(divide="ignore", invalid="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 r2 = np.where(sst > 0, 1.0 - sse / sst, np.where(sse == 0, 1.0, 0.0))
-                extra["rmse"][i] = np.sqrt(sse / out["sw"])
+                extra["rmse"][i] = np.sqrt(sse / out["sw"]) * out["y_scale"]
             extra["r2"][i] = np.where(n >= 2, r2, np.nan)
-            for name in ("sse", "tss", "rank", "n", "log_w"):
+            for name in ("sse", "tss", "rank", "n", "log_w", "y_scale"):
                 sums[name][i] = out[name]
             sums["no_weight"][i] = out["sw"] <= 0
             status[i[out["rank_deficient"]]] = "rank_deficient"
@@ -101,7 +104,7 @@ def fit_groups(data: Prepared, features: int, family: str, *, engine: Any, on: d
             list(pool.map(fit, blocks(data, int(block_rows))))
     if sums is not None:
         glanced = glance_arrays(sums["sse"], sums["tss"], sums["rank"], sums["n"],
-                                sums["log_w"], fit_intercept)
+                                sums["log_w"], fit_intercept, sums["y_scale"])
         for name, values in glanced.items():
             extra[name][:] = values
             if values.dtype.kind == "f":  # no rows weigh anything: nothing was scored

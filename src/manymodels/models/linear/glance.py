@@ -26,28 +26,35 @@ GLANCE_COLUMNS = ("r_squared", "adj_r_squared", "sigma", "statistic", "p_value",
 
 
 def glance_arrays(rss: np.ndarray, tss: np.ndarray, rank: np.ndarray, n: np.ndarray,
-                  log_w: np.ndarray, fit_intercept: bool) -> dict[str, np.ndarray]:
+                  log_w: np.ndarray, fit_intercept: bool,
+                  y_scale: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The :data:`GLANCE_COLUMNS` of each group from its residual (``rss``)
     and total (``tss``: about the mean with an intercept, else about 0)
     weighted sums of squares, its features' ``rank``, ``n`` rows that weigh
-    something, and the sum of their weights' logarithms."""
+    something, and the sum of their weights' logarithms. ``y_scale``: the
+    target's scale where the sums are those of a rescaled target (see
+    :func:`.kernels.least_squares_in_range`): ``sigma`` and the
+    log-likelihood are then taken from them without squaring the scale."""
+    if y_scale is None:
+        y_scale = np.ones(len(rss))
     i = int(fit_intercept)
     p = rank + i
     n = n.astype(np.int64)
     df_residual = n - p
     df_model = p - i
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         has_residual = df_residual > 0
         r2 = np.where(tss > 0, 1.0 - rss / tss, np.nan)
         adj = np.where(has_residual, 1.0 - (1.0 - r2) * (n - i) / df_residual, np.nan)
         mse = np.where(has_residual, rss / df_residual, np.nan)
-        sigma = np.sqrt(mse)
+        sigma = np.sqrt(mse) * y_scale
         tested = has_residual & (df_model > 0) & (rss > 0)
         statistic = np.where(tested, (tss - rss) / np.where(tested, df_model, 1) / mse, np.nan)
         # no residual degrees of freedom: a perfect fit by construction, whose
         # RSS is rounding (its log-likelihood would be noise): NaN, as for RSS 0
         log_lik = np.where((rss > 0) & has_residual,
-                           -0.5 * n * (math.log(2 * math.pi) + np.log(rss / n) + 1.0)
+                           -0.5 * n * (math.log(2 * math.pi) + np.log(rss / n)
+                                       + 2.0 * np.log(y_scale) + 1.0)
                            + 0.5 * log_w, np.nan)
         log_n = np.log(np.where(n > 0, n, np.nan))
     p_value = np.full(len(rss), np.nan)
@@ -58,7 +65,7 @@ def glance_arrays(rss: np.ndarray, tss: np.ndarray, rank: np.ndarray, n: np.ndar
     return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
             "p_value": p_value, "df": df_model, "log_lik": log_lik,
             "aic": -2.0 * log_lik + 2.0 * (p + 1), "bic": -2.0 * log_lik + log_n * (p + 1),
-            "deviance": rss, "df_residual": df_residual, "nobs": n}
+            "deviance": rss * y_scale * y_scale, "df_residual": df_residual, "nobs": n}
 
 
 def f_upper_tail(f: np.ndarray, d1: np.ndarray, d2: np.ndarray) -> np.ndarray:

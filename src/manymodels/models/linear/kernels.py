@@ -68,8 +68,8 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     Zw = Zc if w is None else Zc * w[:, :, None]
     M = Zw.transpose(0, 2, 1) @ Zc  # X'WX, X'Wy and y'Wy of every group at once
     A, b = M[:, :p, :p].copy(), M[:, :p, p].copy()
-    alpha_g = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (g,))
-    A[:, np.arange(p), np.arange(p)] += alpha_g[:, None]
+    penalty = ridge_penalty(alpha, g, p)
+    A[:, np.arange(p), np.arange(p)] += penalty
     coef, ok = cholesky_solve(A, b)
     ok &= sw > 0
     rank = np.full(g, p, dtype=np.int64)  # of the features' columns (centred, if so fitted)
@@ -79,10 +79,10 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
         raw = raw if w is None else raw * np.sqrt(w[redo])[:, :, None]
         rows = np.full(len(redo), m) if w is None else (w[redo] > 0).sum(axis=1)
         coef[redo], rank[redo] = _least_norm(
-            Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], alpha_g[redo],
+            Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], penalty[redo],
             np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
     rank_deficient = rank < p  # the least-norm solution was taken (never for ridge)
-    penalised = np.flatnonzero(alpha_g > 0)
+    penalised = np.flatnonzero((penalty > 0).any(axis=1))
     if len(penalised):  # ridge is always solvable; glance's rank is its design's, unpenalised
         rank[penalised] = design_rank(M[penalised, :p, :p])
     xm, ym = means[:, :p], means[:, p]
@@ -98,6 +98,68 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     sst, tss, sse = flat_target(sst, M[:, p, p], sse, sw, ym, fit_intercept, np.where)
     return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient, "rank": rank,
             "sse": sse, "sst": sst, "tss": tss, "sw": sw, **_row_counts(w, g, m)}
+
+
+def ridge_penalty(alpha: np.ndarray | float, g: int, p: int) -> np.ndarray:
+    """What ridge adds to each group's diagonal, ``(g, p)``: ``alpha`` is one
+    value, one per group, or one per group and feature (a rescaled group's,
+    see :func:`least_squares_in_range`)."""
+    alpha = np.asarray(alpha, dtype=np.float64)
+    return np.broadcast_to(alpha[:, None] if alpha.ndim == 1 else alpha, (g, p))
+
+
+#: A column whose largest magnitude lies beyond ``2 ** ±SAFE_EXPONENT`` is
+#: rescaled: its squares would overflow float64 (1e160 squared) or vanish
+#: (1e-170 squared).
+SAFE_EXPONENT = 250
+
+
+def least_squares_in_range(solve: Any, Z: np.ndarray, w: np.ndarray | None,
+                           alpha: np.ndarray | float, fit_intercept: bool,
+                           **on: Any) -> dict[str, np.ndarray]:
+    """``solve`` (an engine's ``least_squares``) on a block, with every group
+    whose sums of squares overflowed or vanished solved again with its
+    columns scaled by powers of two (exact: the same answer to rounding, where
+    unscaled it was a 0 coefficient marked ``rank_deficient``, or infinite
+    sums of squares with status ``ok``).
+
+    Only the groups the first solve could not answer are looked at (those it
+    marked rank-deficient, whose sums are not finite, or whose target's
+    spread is 0): the others pay nothing. A rescaled group's ridge penalty
+    is rescaled with its columns, so that it is still ``alpha`` on the
+    coefficients as given. Its sums of
+    squares stay in the scaled target's units: ``y_scale`` (1 elsewhere) is
+    the factor that gives them back (``sse * y_scale ** 2``), which can
+    overflow where a ratio of them (``r2``) does not."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # solved again below
+        out = solve(Z, w, alpha, fit_intercept, **on)
+    g, _, q = Z.shape
+    p = q - 1
+    out["y_scale"] = np.ones(g)
+    suspect = np.flatnonzero(out["rank_deficient"] | ~np.isfinite(out["sse"])
+                             | ~(out["sst"] > 0))
+    if not len(suspect):
+        return out
+    peaks = np.abs(Z[suspect]).max(axis=1)  # (groups, columns)
+    with np.errstate(divide="ignore"):
+        exponents = np.where(peaks > 0, np.round(np.log2(np.where(peaks > 0, peaks, 1.0))), 0.0)
+    redo = (np.abs(exponents) > SAFE_EXPONENT).any(axis=1) & np.isfinite(peaks).all(axis=1)
+    if not redo.any():
+        return out
+    at, exponents = suspect[redo], exponents[redo]
+    scales = np.exp2(exponents)
+    penalty = ridge_penalty(alpha, g, p)[at]
+    scaled_alpha: np.ndarray | float = (penalty / (scales[:, :p] ** 2) if penalty.any()
+                                        else 0.0)
+    again = solve(Z[at] / scales[:, None, :], None if w is None else w[at], scaled_alpha,
+                  fit_intercept, **on)
+    y_scale = scales[:, p]
+    again["coef"] = again["coef"] * (y_scale[:, None] / scales[:, :p])
+    again["intercept"] = again["intercept"] * y_scale
+    for name, values in again.items():
+        out[name][at] = values
+    out["y_scale"][at] = y_scale
+    return out
 
 
 def flat_target(sst: Any, tss: Any, sse: Any, sw: Any, ym: Any, fit_intercept: bool,
@@ -162,8 +224,9 @@ def _sse(Zc: np.ndarray, w: np.ndarray | None, M: np.ndarray, coef: np.ndarray
 
 def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.ndarray,
                 scale: np.ndarray, most: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The least-norm solution of each group's (weighted, ridge-augmented)
-    least squares by a batched SVD, and its rank (the singular values kept).
+    """The least-norm solution of each group's (weighted, ridge-augmented by
+    ``alpha``, ``(g, p)``) least squares by a batched SVD, and its rank (the
+    singular values kept).
 
     A singular value counts when it exceeds the rounding of the *uncentred*
     rows (``scale``, their norm: centring rows far from zero leaves noise of
@@ -174,15 +237,15 @@ def _least_norm(Xc: np.ndarray, yc: np.ndarray, w: np.ndarray | None, alpha: np.
     if w is not None:
         root = np.sqrt(w)
         Xc, yc = Xc * root[:, :, None], yc * root
-    if np.any(alpha > 0):  # ridge as least squares on rows sqrt(alpha) * I
-        eye = np.sqrt(alpha)[:, None, None] * np.eye(p)[None]
+    ridge = (alpha > 0).any(axis=1)  # the sqrt(alpha) rows give full rank
+    if ridge.any():  # ridge as least squares on rows sqrt(alpha) * I
+        eye = np.sqrt(alpha)[:, :, None] * np.eye(p)[None]
         Xc = np.concatenate([Xc, eye], axis=1)
         yc = np.concatenate([yc, np.zeros((g, p))], axis=1)
     U, s, Vt = np.linalg.svd(Xc, full_matrices=False)
     eps = np.finfo(np.float64).eps * max(Xc.shape[1], p)
-    cutoff = eps * np.maximum(s[:, 0], np.where(alpha > 0, 0.0, scale))
+    cutoff = eps * np.maximum(s[:, 0], np.where(ridge, 0.0, scale))
     keep = s > cutoff[:, None]
-    ridge = alpha > 0  # the sqrt(alpha) rows give full rank
     keep &= ridge[:, None] | (np.arange(s.shape[1])[None, :] < most[:, None])
     inverse = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
     projected = np.einsum("gmk,gm->gk", U, yc) * inverse

@@ -79,9 +79,8 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     Zw = Zc if wt is None else Zc * wt[:, :, None]
     M = torch.bmm(Zw.transpose(1, 2), Zc)
     A, b = M[:, :p, :p].clone(), M[:, :p, p].clone()
-    alpha_g = torch.as_tensor(np.broadcast_to(np.asarray(alpha, dtype=np.float64), (g,)).copy(),
-                              device=device)
-    A = A + alpha_g[:, None, None] * torch.eye(p, dtype=A.dtype, device=device)
+    penalty = kernels.ridge_penalty(alpha, g, p)
+    A = A + torch.diag_embed(torch.as_tensor(np.ascontiguousarray(penalty), device=device))
     coef, ok = _solve(torch, A, b)
     ok = ok & (sw > 0)
     rank = np.full(g, p, dtype=np.int64)
@@ -92,7 +91,7 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
         raw = Z[redo, :, :p] if w is None else Z[redo, :, :p] * np.sqrt(wr)[:, :, None]
         rows = np.full(len(redo), m) if w is None else (wr > 0).sum(axis=1)
         fixed, rank[redo] = kernels._least_norm(
-            Zcpu[:, :, :p], Zcpu[:, :, p], wr, alpha_g.cpu().numpy()[redo],
+            Zcpu[:, :, :p], Zcpu[:, :, p], wr, penalty[redo],
             np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
         coef[torch.as_tensor(redo, device=device)] = torch.as_tensor(fixed, device=device)
     xm, ym = means[:, :p], means[:, p]
@@ -110,7 +109,7 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     out = {"coef": coef, "intercept": intercept, "sse": sse, "sst": sst, "tss": tss, "sw": sw}
     result = {name: value.cpu().numpy() for name, value in out.items()}
     result["rank_deficient"] = rank < p
-    penalised = np.flatnonzero(alpha_g.cpu().numpy() > 0)
+    penalised = np.flatnonzero((penalty > 0).any(axis=1))
     if len(penalised):
         rank[penalised] = kernels.design_rank(M[torch.as_tensor(penalised, device=device),
                                                 :p, :p].cpu().numpy())
