@@ -18,6 +18,13 @@ BACKENDS = ["serial", "threads", "processes"]
 # length. Tests of the layout at a width set their own.
 os.environ["COLUMNS"] = "400"
 
+# A store on an object store keeps its index's copy in this machine's cache
+# folder, and so do the engines' executors that open one (they inherit this
+# environment): the suite's copies go to a folder of its own, not the home
+# folder of the machine that runs it. Tests of the cache's place set their own.
+_CACHE = tempfile.TemporaryDirectory(prefix="manymodels-test-cache-")
+os.environ["MANYMODELS_CACHE_DIR"] = _CACHE.name
+
 
 def shm_files() -> set[str]:
     """Run files of this test process under /dev/shm (or the temporary
