@@ -139,3 +139,32 @@ def test_a_missing_key_of_the_results_finds_its_model():
     run = mm.train(_rows_x, mm.groups(frame, by="g"), backend="serial", progress=False)
     assert [run.models[key] for key in run.results["g"]] == [[0, 2], [1, 3]]
     assert run.models[pd.NA] == run.models[None] == [1, 3]
+
+
+def _key_type_and_rows(rows):
+    return None, {"type": type(rows["g"].iloc[0]).__name__, "x": ",".join(map(str, rows["x"]))}
+
+
+@pytest.mark.parametrize("in_key_order", [True, False])
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_a_key_of_numbers_in_one_file_and_text_in_another_is_text_on_every_path(
+        tmp_path, read_on_workers, in_key_order):
+    """A key column of integers (or floats) in one file and text in
+    another is text in all, as an eager read makes it. Read on the workers,
+    the groups of the files of numbers failed: a batch's filter on the
+    key's text was checked against those files' statistics of numbers."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pq.write_table(pa.table({"g": pa.array([1, 1, 2], pa.int64()), "x": [1, 2, 3]}),
+                   folder / "a.parquet")
+    pq.write_table(pa.table({"g": pa.array([2.5, 3.0]), "x": [4, 5]}), folder / "b.parquet")
+    last = ["x", "x", "y"] if in_key_order else ["x", "1", "3"]  # else: sorted once
+    pq.write_table(pa.table({"g": last, "x": [6, 7, 8]}), folder / "c.parquet")
+    run = mm.train(_key_type_and_rows, mm.groups(folder, by="g",
+                                                 read_on_workers=read_on_workers),
+                   backend="serial", progress=False)
+    assert run.failed.empty
+    assert dict(zip(run.results["g"], run.results["x"])) == (
+        {"1": "1,2", "2": "3", "2.5": "4", "3": "5", "x": "6,7", "y": "8"} if in_key_order
+        else {"1": "1,2,7", "2": "3", "2.5": "4", "3": "5,8", "x": "6"})
+    assert set(run.results["type"]) == {"str"}

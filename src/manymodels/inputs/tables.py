@@ -170,7 +170,8 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
 
 
-def _is_text(kind: pa.DataType) -> bool:
+def is_text(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is text (a string type, or a dictionary of one)."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
@@ -185,7 +186,7 @@ def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
         for field in table.schema:
             kinds.setdefault(field.name, set()).add(field.type)
     mixed = [name for name, types in kinds.items()
-             if len(types) > 1 and any(_is_text(kind) for kind in types)]
+             if len(types) > 1 and any(is_text(kind) for kind in types)]
     if not mixed:
         return tables
     retyped = []
