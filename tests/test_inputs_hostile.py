@@ -168,3 +168,38 @@ def test_a_key_of_numbers_in_one_file_and_text_in_another_is_text_on_every_path(
         {"1": "1,2", "2": "3", "2.5": "4", "3": "5", "x": "6,7", "y": "8"} if in_key_order
         else {"1": "1,2,7", "2": "3", "2.5": "4", "3": "5,8", "x": "6"})
     assert set(run.results["type"]) == {"str"}
+
+
+def _categories_and_rows(rows):
+    return None, {"size": ",".join(map(str, rows["size"])), "x": ",".join(map(str, rows["x"])),
+                  "categories": ",".join(rows["size"].cat.categories)}
+
+
+@pytest.mark.parametrize("order_by", [None, "size"])
+def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
+        tmp_path, order_by):
+    """Files not in key order are sorted once into Arrow files, which hold
+    one dictionary a column: a categorical whose categories differ between
+    files raised ArrowInvalid before any task ran. Each group gets the
+    categories of all files, in the order an eager read gives them."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pd.DataFrame({"g": ["b", "a", "b", "a"], "x": [0, 1, 2, 3], "size": pd.Categorical(
+        ["S", "L", None, "S"], categories=["L", "S", "XS"])}).to_parquet(
+        folder / "part-0.parquet", index=False)
+    pd.DataFrame({"g": ["a", "b", "a"], "x": [4, 5, 6], "size": pd.Categorical(
+        ["M", "S", "L"], categories=["S", "M", "L"])}).to_parquet(
+        folder / "part-1.parquet", index=False)
+    eager, staged = (
+        mm.train(_categories_and_rows, mm.groups(
+            folder, by="g", order_by=order_by, read_on_workers=read_on_workers,
+            staging=tmp_path / "stage" if read_on_workers else None),
+                 backend="serial", progress=False)
+        for read_on_workers in (False, True))
+    assert staged.failed.empty
+    assert any((tmp_path / "stage").iterdir())  # sorted once, not scanned per batch
+    columns = ["g", "size", "x", "categories"]
+    pd.testing.assert_frame_equal(staged.results[columns], eager.results[columns])
+    assert set(staged.results["categories"]) == {"L,S,XS,M"}
+    assert staged.results["x"].tolist() == (["1,3,4,6", "0,2,5"] if order_by is None
+                                            else ["1,6,3,4", "0,5,2"])
