@@ -105,24 +105,39 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
 
 
 def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
-    """``table`` (a CSV file's) with each column that CSV's inference read as
-    integers but whose text says otherwise (codes such as 007 beside 7, or
-    +1) as the text it is: as integers, 007, 07 and 7 were one group key."""
+    """``table`` (a CSV file's) with each column of integers whose text says
+    otherwise (codes such as 007 beside 7, or +1 beside 1) as the text it
+    is: as numbers, 007, 07 and 7 were one group key. CSV's inference reads
+    +1 as a float (an integer takes no sign there), so a float column whose
+    every value is written as an integer is such a column too."""
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
-    integers = [field.name for field in table.schema if pa.types.is_integer(field.type)]
-    if not integers or named_twice(table.column_names):  # (refused by read_table)
+    numbers = [field.name for field in table.schema if pa.types.is_integer(field.type)
+               or pa.types.is_floating(field.type) and _whole(table.column(field.name))]
+    if not numbers or named_twice(table.column_names):  # (refused by read_table)
         return table
     texts = pcsv.read_csv(path, parse_options=parse, convert_options=pcsv.ConvertOptions(
-        include_columns=integers, column_types=dict.fromkeys(integers, pa.string()),
+        include_columns=numbers, column_types=dict.fromkeys(numbers, pa.string()),
         strings_can_be_null=True))
-    for name in integers:
+    for name in numbers:
         text = texts.column(name)
-        same = pc.equal(text, pc.cast(table.column(name), pa.string())).fill_null(True)
-        if not pc.all(same).as_py():
+        if pa.types.is_integer(table.schema.field(name).type):
+            same = pc.equal(text, pc.cast(table.column(name), pa.string()))
+        elif pc.all(pc.match_substring_regex(text, r"^[+-]?[0-9]+$")).as_py() is False:
+            continue  # numbers with a fraction or an exponent: numbers
+        else:  # integers each written as Python writes it (past int64: floats as before)
+            same = pc.match_substring_regex(text, r"^(0|-?[1-9][0-9]*)$")
+        if not pc.all(same.fill_null(True)).as_py():
             table = table.set_column(table.schema.get_field_index(name), name, text)
     return table
+
+
+def _whole(column: pa.ChunkedArray) -> bool:
+    """Whether a float column's values are all whole numbers (or missing)."""
+    import pyarrow.compute as pc
+
+    return pc.all(pc.equal(pc.floor(column), column)).as_py() is not False
 
 
 def present_columns(columns: list[str], names: list[str], where: Any) -> list[str]:
