@@ -203,3 +203,23 @@ def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
     assert set(staged.results["categories"]) == {"L,S,XS,M"}
     assert staged.results["x"].tolist() == (["1,3,4,6", "0,2,5"] if order_by is None
                                             else ["1,6,3,4", "0,5,2"])
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+@pytest.mark.parametrize("order_by", [["t"], ["t", "u"]])
+def test_order_by_sorts_nan_and_null_together_last_as_pandas_does(tmp_path, order_by,
+                                                                    read_on_workers):
+    """Arrow sorts NaN before null: a column with both put every NaN
+    before every null, where pandas (to which both are missing) keeps them
+    together, last, in the order of the rows (or of order_by's next column)."""
+    in_a = [np.nan, None, 1.0, np.nan, None, 0.5]
+    in_b = [None, np.nan, np.nan, 2.0, None, np.nan]
+    table = pa.table({"g": ["a", "b"] * 6, "x": range(12), "u": [5, 1, 4, 2, 3, 0] * 2,
+                      "t": pa.array([t for pair in zip(in_a, in_b) for t in pair])})
+    pq.write_table(table, tmp_path / "rows.parquet")  # not in key order: sorted once
+    source = mm.groups(tmp_path / "rows.parquet" if read_on_workers else table, by="g",
+                       order_by=order_by, read_on_workers=read_on_workers)
+    run = mm.train(_x_in_order, source, backend="serial", progress=False)
+    frame = table.to_pandas().sort_values(["g", *order_by], kind="stable")
+    expected = {g: "".join(map(str, rows["x"])) for g, rows in frame.groupby("g")}
+    assert dict(zip(run.results["g"], run.results["x"])) == expected

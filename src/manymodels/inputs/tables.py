@@ -305,13 +305,20 @@ def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Arr
             if pa.types.is_dictionary(column.type):
                 sortable = sortable.set_column(position, name, pa.chunked_array(
                     [chunk.indices for chunk in column.chunks], column.type.index_type))
+    for position, name in enumerate(columns):
+        column = sortable.column(position)
+        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            # Arrow sorts NaN before null; to pandas both are missing, sorted
+            # together (last, in row order)
+            sortable = sortable.set_column(position, name, pc.if_else(
+                pc.is_nan(column), pa.scalar(None, column.type), column))
     if codes is not None:
         name = "__group__"
         while name in sortable.column_names:  # a column of the user's own has that name
             name += "_"
         sortable = sortable.append_column(name, pa.array(codes))
         keys = [(name, "ascending"), *keys]
-    return pc.sort_indices(sortable, sort_keys=keys)  # nulls (and NaN) last
+    return pc.sort_indices(sortable, sort_keys=keys)  # nulls last
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
