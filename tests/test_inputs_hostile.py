@@ -223,3 +223,36 @@ def test_order_by_sorts_nan_and_null_together_last_as_pandas_does(tmp_path, orde
     frame = table.to_pandas().sort_values(["g", *order_by], kind="stable")
     expected = {g: "".join(map(str, rows["x"])) for g, rows in frame.groupby("g")}
     assert dict(zip(run.results["g"], run.results["x"])) == expected
+
+
+def _writeable_columns(rows, alpha):
+    unlocked = []
+    for name, array in rows.items():
+        try:
+            array.flags.writeable = True
+            unlocked.append(name)
+        except ValueError:
+            pass
+    return None, {"writeable": ",".join(name for name, array in rows.items()
+                                        if array.flags.writeable),
+                  "unlocked": ",".join(unlocked)}
+
+
+@pytest.mark.parametrize("in_key_order", [True, False])
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_numpy_rows_are_read_only_on_every_path_text_too(tmp_path, read_on_workers,
+                                                         in_key_order):
+    """format="numpy" gives read-only arrays, so that a fit cannot change the
+    rows the next task (the same group's next setting) sees; read on the
+    workers from files in key order, a text column came writeable."""
+    frame = pd.DataFrame({"g": ["a", "a", "b", "b"], "s": ["p", "q", "r", "s"],
+                          "x": [1.0, 2.0, 3.0, 4.0]})
+    (frame if in_key_order else frame.iloc[[0, 2, 1, 3]]).to_parquet(
+        tmp_path / "rows.parquet", index=False)
+    run = mm.train(_writeable_columns, mm.groups(tmp_path / "rows.parquet", by="g",
+                                                 format="numpy",
+                                                 read_on_workers=read_on_workers)
+                   * mm.grid(alpha=[1, 2]), backend="serial", progress=False)
+    assert run.failed.empty and len(run.results) == 4
+    assert run.results["writeable"].tolist() == [""] * 4
+    assert run.results["unlocked"].tolist() == [""] * 4
