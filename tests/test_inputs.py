@@ -355,6 +355,22 @@ def test_csv_codes_with_leading_zeros_stay_apart_and_plain_integers_stay_integer
         1: [0, 2], -2: [1], None: [3]}
 
 
+def test_csv_codes_with_a_plus_sign_stay_apart_and_numbers_stay_numbers(tmp_path):
+    """CSV's inference reads +1 as the float 1.0 (it takes no sign in an
+    integer): +1 and 1 were one group (as they are to pandas' read_csv, as
+    007 and 7 are). Integers written otherwise stay text, as 007 does; a
+    column of numbers with a fraction stays numbers, +1 in it too."""
+    (tmp_path / "codes.csv").write_text("k,rid\n+1,0\n1,1\n+1,2\n-1,3\n")
+    run = mm.train(_row_ids, mm.groups(tmp_path / "codes.csv", by="k"), backend="serial",
+                   progress=False)
+    assert dict(run.models) == {"+1": [0, 2], "1": [1], "-1": [3]}
+    (tmp_path / "numbers.csv").write_text("k,rid\n+1,0\n1.0,1\n2.5,2\n,3\n")
+    numbers = mm.train(_row_ids, mm.groups(tmp_path / "numbers.csv", by="k"),
+                       backend="serial", progress=False)
+    assert {(None if pd.isna(k) else k): v for k, v in numbers.models.items()} == {
+        1.0: [0, 1], 2.5: [2], None: [3]}
+
+
 def _setting_value(n):
     return {"n": n}
 

@@ -139,3 +139,120 @@ def test_a_missing_key_of_the_results_finds_its_model():
     run = mm.train(_rows_x, mm.groups(frame, by="g"), backend="serial", progress=False)
     assert [run.models[key] for key in run.results["g"]] == [[0, 2], [1, 3]]
     assert run.models[pd.NA] == run.models[None] == [1, 3]
+
+
+def _key_type_and_rows(rows):
+    return None, {"type": type(rows["g"].iloc[0]).__name__, "x": ",".join(map(str, rows["x"]))}
+
+
+@pytest.mark.parametrize("in_key_order", [True, False])
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_a_key_of_numbers_in_one_file_and_text_in_another_is_text_on_every_path(
+        tmp_path, read_on_workers, in_key_order):
+    """A key column of integers (or floats) in one file and text in
+    another is text in all, as an eager read makes it. Read on the workers,
+    the groups of the files of numbers failed: a batch's filter on the
+    key's text was checked against those files' statistics of numbers."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pq.write_table(pa.table({"g": pa.array([1, 1, 2], pa.int64()), "x": [1, 2, 3]}),
+                   folder / "a.parquet")
+    pq.write_table(pa.table({"g": pa.array([2.5, 3.0]), "x": [4, 5]}), folder / "b.parquet")
+    last = ["x", "x", "y"] if in_key_order else ["x", "1", "3"]  # else: sorted once
+    pq.write_table(pa.table({"g": last, "x": [6, 7, 8]}), folder / "c.parquet")
+    run = mm.train(_key_type_and_rows, mm.groups(folder, by="g",
+                                                 read_on_workers=read_on_workers),
+                   backend="serial", progress=False)
+    assert run.failed.empty
+    assert dict(zip(run.results["g"], run.results["x"])) == (
+        {"1": "1,2", "2": "3", "2.5": "4", "3": "5", "x": "6,7", "y": "8"} if in_key_order
+        else {"1": "1,2,7", "2": "3", "2.5": "4", "3": "5,8", "x": "6"})
+    assert set(run.results["type"]) == {"str"}
+
+
+def _categories_and_rows(rows):
+    return None, {"size": ",".join(map(str, rows["size"])), "x": ",".join(map(str, rows["x"])),
+                  "categories": ",".join(rows["size"].cat.categories)}
+
+
+@pytest.mark.parametrize("order_by", [None, "size"])
+def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
+        tmp_path, order_by):
+    """Files not in key order are sorted once into Arrow files, which hold
+    one dictionary a column: a categorical whose categories differ between
+    files raised ArrowInvalid before any task ran. Each group gets the
+    categories of all files, in the order an eager read gives them."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pd.DataFrame({"g": ["b", "a", "b", "a"], "x": [0, 1, 2, 3], "size": pd.Categorical(
+        ["S", "L", None, "S"], categories=["L", "S", "XS"])}).to_parquet(
+        folder / "part-0.parquet", index=False)
+    pd.DataFrame({"g": ["a", "b", "a"], "x": [4, 5, 6], "size": pd.Categorical(
+        ["M", "S", "L"], categories=["S", "M", "L"])}).to_parquet(
+        folder / "part-1.parquet", index=False)
+    eager, staged = (
+        mm.train(_categories_and_rows, mm.groups(
+            folder, by="g", order_by=order_by, read_on_workers=read_on_workers,
+            staging=tmp_path / "stage" if read_on_workers else None),
+                 backend="serial", progress=False)
+        for read_on_workers in (False, True))
+    assert staged.failed.empty
+    assert any((tmp_path / "stage").iterdir())  # sorted once, not scanned per batch
+    columns = ["g", "size", "x", "categories"]
+    pd.testing.assert_frame_equal(staged.results[columns], eager.results[columns])
+    assert set(staged.results["categories"]) == {"L,S,XS,M"}
+    assert staged.results["x"].tolist() == (["1,3,4,6", "0,2,5"] if order_by is None
+                                            else ["1,6,3,4", "0,5,2"])
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+@pytest.mark.parametrize("order_by", [["t"], ["t", "u"]])
+def test_order_by_sorts_nan_and_null_together_last_as_pandas_does(tmp_path, order_by,
+                                                                    read_on_workers):
+    """Arrow sorts NaN before null: a column with both put every NaN
+    before every null, where pandas (to which both are missing) keeps them
+    together, last, in the order of the rows (or of order_by's next column)."""
+    in_a = [np.nan, None, 1.0, np.nan, None, 0.5]
+    in_b = [None, np.nan, np.nan, 2.0, None, np.nan]
+    table = pa.table({"g": ["a", "b"] * 6, "x": range(12), "u": [5, 1, 4, 2, 3, 0] * 2,
+                      "t": pa.array([t for pair in zip(in_a, in_b) for t in pair])})
+    pq.write_table(table, tmp_path / "rows.parquet")  # not in key order: sorted once
+    source = mm.groups(tmp_path / "rows.parquet" if read_on_workers else table, by="g",
+                       order_by=order_by, read_on_workers=read_on_workers)
+    run = mm.train(_x_in_order, source, backend="serial", progress=False)
+    frame = table.to_pandas().sort_values(["g", *order_by], kind="stable")
+    expected = {g: "".join(map(str, rows["x"])) for g, rows in frame.groupby("g")}
+    assert dict(zip(run.results["g"], run.results["x"])) == expected
+
+
+def _writeable_columns(rows, alpha):
+    unlocked = []
+    for name, array in rows.items():
+        try:
+            array.flags.writeable = True
+            unlocked.append(name)
+        except ValueError:
+            pass
+    return None, {"writeable": ",".join(name for name, array in rows.items()
+                                        if array.flags.writeable),
+                  "unlocked": ",".join(unlocked)}
+
+
+@pytest.mark.parametrize("in_key_order", [True, False])
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_numpy_rows_are_read_only_on_every_path_text_too(tmp_path, read_on_workers,
+                                                         in_key_order):
+    """format="numpy" gives read-only arrays, so that a fit cannot change the
+    rows the next task (the same group's next setting) sees; read on the
+    workers from files in key order, a text column came writeable."""
+    frame = pd.DataFrame({"g": ["a", "a", "b", "b"], "s": ["p", "q", "r", "s"],
+                          "x": [1.0, 2.0, 3.0, 4.0]})
+    (frame if in_key_order else frame.iloc[[0, 2, 1, 3]]).to_parquet(
+        tmp_path / "rows.parquet", index=False)
+    run = mm.train(_writeable_columns, mm.groups(tmp_path / "rows.parquet", by="g",
+                                                 format="numpy",
+                                                 read_on_workers=read_on_workers)
+                   * mm.grid(alpha=[1, 2]), backend="serial", progress=False)
+    assert run.failed.empty and len(run.results) == 4
+    assert run.results["writeable"].tolist() == [""] * 4
+    assert run.results["unlocked"].tolist() == [""] * 4

@@ -228,7 +228,7 @@ class ParquetBatches(DataReader):
             raise LookupError(f"the rows of group {key!r} could not be read"
                               + (f":\n{self._error}" if self._error
                                  else " (none match it any more)"))
-        value = _arrow_as(rows, self.format)
+        value = _locked(_arrow_as(rows, self.format))  # read-only, as the other paths give it
         if self.format == "pandas":
             value.index = _range_index(len(value))  # as the eager path's groups
         return value

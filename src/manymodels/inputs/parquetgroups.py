@@ -33,6 +33,7 @@ from .tables import (
     PARQUET_SUFFIXES,
     exact_pandas,
     first_misfit,
+    is_text,
     plain_scalar,
     present_columns,
     refuse_unlike_columns,
@@ -179,6 +180,9 @@ class ParquetGroups:
     partitions: pa.Table | None = None  # each file's partition columns (name=value folders)
     root: str | None = None  # the directory the files are under
     versions: tuple | None = None  # each file's (size, modification time) when planned
+    #: The ``by`` columns that are text in ``schema`` but not in some file (a
+    #: file of numbers beside one of text): filtered on their text, see :meth:`read`
+    retyped_keys: tuple[str, ...] = ()
 
     def check_unchanged(self, number: int) -> None:
         """Refuse file ``number`` where it changed since the plan read its
@@ -200,7 +204,7 @@ class ParquetGroups:
 
         partitions = None if root is None else partition_table(
             Path(object_path(root)), [Path(object_path(f)) for f in files])
-        schema, _ = files_schema(files, partitions, root)
+        schema, own_schemas = files_schema(files, partitions, root)
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:
@@ -215,9 +219,11 @@ class ParquetGroups:
                              root=root)
             parts.append(keys.append_column("__file__", pa.array(
                 [number] * keys.num_rows, type=pa.int32())))
+        retyped = tuple(name for name in by if is_text(schema.field(name).type) and any(
+            name in own.names and not is_text(own.field(name).type) for own in own_schemas))
         return (cls(files, by, schema, tuple(order_by or ()),
                     None if columns is None else tuple(columns), partitions, root,
-                    versions),
+                    versions, retyped),
                 pa.concat_tables(parts))
 
     def file_identities(self, content_hash: Callable[[str], str]) -> list[str]:
@@ -243,7 +249,13 @@ class ParquetGroups:
             wanted = list(dict.fromkeys(key[position] for key in keys))
             if pa.types.is_floating(kind) and any(v == 0 for v in wanted if v is not None):
                 wanted += [0.0, -0.0]  # one key to pandas' grouping, two to Arrow's is_in
-            term = pc.field(column).isin(pa.array(wanted, type=kind))
+            field = pc.field(column)
+            if column in self.retyped_keys:
+                # Arrow checks a filter on the column itself against each row
+                # group's statistics in the file's own type, and cannot compare
+                # text with numbers: a filter on its text is not checked so
+                field = field.cast(kind)
+            term = field.isin(pa.array(wanted, type=kind))
             condition = term if condition is None else condition & term
         # one thread: a worker stays within its cpus_per_task
         rows = read_rows([self.files[n] for n in numbers],

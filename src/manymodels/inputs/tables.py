@@ -105,24 +105,39 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
 
 
 def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
-    """``table`` (a CSV file's) with each column that CSV's inference read as
-    integers but whose text says otherwise (codes such as 007 beside 7, or
-    +1) as the text it is: as integers, 007, 07 and 7 were one group key."""
+    """``table`` (a CSV file's) with each column of integers whose text says
+    otherwise (codes such as 007 beside 7, or +1 beside 1) as the text it
+    is: as numbers, 007, 07 and 7 were one group key. CSV's inference reads
+    +1 as a float (an integer takes no sign there), so a float column whose
+    every value is written as an integer is such a column too."""
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
-    integers = [field.name for field in table.schema if pa.types.is_integer(field.type)]
-    if not integers or named_twice(table.column_names):  # (refused by read_table)
+    numbers = [field.name for field in table.schema if pa.types.is_integer(field.type)
+               or pa.types.is_floating(field.type) and _whole(table.column(field.name))]
+    if not numbers or named_twice(table.column_names):  # (refused by read_table)
         return table
     texts = pcsv.read_csv(path, parse_options=parse, convert_options=pcsv.ConvertOptions(
-        include_columns=integers, column_types=dict.fromkeys(integers, pa.string()),
+        include_columns=numbers, column_types=dict.fromkeys(numbers, pa.string()),
         strings_can_be_null=True))
-    for name in integers:
+    for name in numbers:
         text = texts.column(name)
-        same = pc.equal(text, pc.cast(table.column(name), pa.string())).fill_null(True)
-        if not pc.all(same).as_py():
+        if pa.types.is_integer(table.schema.field(name).type):
+            same = pc.equal(text, pc.cast(table.column(name), pa.string()))
+        elif pc.all(pc.match_substring_regex(text, r"^[+-]?[0-9]+$")).as_py() is False:
+            continue  # numbers with a fraction or an exponent: numbers
+        else:  # integers each written as Python writes it (past int64: floats as before)
+            same = pc.match_substring_regex(text, r"^(0|-?[1-9][0-9]*)$")
+        if not pc.all(same.fill_null(True)).as_py():
             table = table.set_column(table.schema.get_field_index(name), name, text)
     return table
+
+
+def _whole(column: pa.ChunkedArray) -> bool:
+    """Whether a float column's values are all whole numbers (or missing)."""
+    import pyarrow.compute as pc
+
+    return pc.all(pc.equal(pc.floor(column), column)).as_py() is not False
 
 
 def present_columns(columns: list[str], names: list[str], where: Any) -> list[str]:
@@ -170,7 +185,8 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
 
 
-def _is_text(kind: pa.DataType) -> bool:
+def is_text(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is text (a string type, or a dictionary of one)."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
@@ -185,7 +201,7 @@ def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
         for field in table.schema:
             kinds.setdefault(field.name, set()).add(field.type)
     mixed = [name for name, types in kinds.items()
-             if len(types) > 1 and any(_is_text(kind) for kind in types)]
+             if len(types) > 1 and any(is_text(kind) for kind in types)]
     if not mixed:
         return tables
     retyped = []
@@ -289,13 +305,20 @@ def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Arr
             if pa.types.is_dictionary(column.type):
                 sortable = sortable.set_column(position, name, pa.chunked_array(
                     [chunk.indices for chunk in column.chunks], column.type.index_type))
+    for position, name in enumerate(columns):
+        column = sortable.column(position)
+        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            # Arrow sorts NaN before null; to pandas both are missing, sorted
+            # together (last, in row order)
+            sortable = sortable.set_column(position, name, pc.if_else(
+                pc.is_nan(column), pa.scalar(None, column.type), column))
     if codes is not None:
         name = "__group__"
         while name in sortable.column_names:  # a column of the user's own has that name
             name += "_"
         sortable = sortable.append_column(name, pa.array(codes))
         keys = [(name, "ascending"), *keys]
-    return pc.sort_indices(sortable, sort_keys=keys)  # nulls (and NaN) last
+    return pc.sort_indices(sortable, sort_keys=keys)  # nulls last
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:

@@ -69,6 +69,60 @@ def sort_once(layout: Any, reader: ParquetGroups, lanes: np.ndarray,
     return staged
 
 
+class _Dictionaries:
+    """The dictionary (categorical) columns of the files' rows as codes into
+    one dictionary a column while they are sorted: an Arrow IPC file holds
+    one dictionary a column, and each file (each row group) may have its
+    own. A column's dictionary is the values of the files' dictionaries in
+    the order first met, as an eager read's conversion to pandas unifies
+    them (its categories); it only grows, so the codes written stay valid,
+    and the sorted buckets all take the final one."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.types = {field.name: field.type for field in schema
+                      if pa.types.is_dictionary(field.type)}
+        self.values = {name: pa.array([], kind.value_type) for name, kind in self.types.items()}
+
+    def as_codes(self, rows: pa.Table) -> pa.Table:
+        """``rows`` with each dictionary column as int32 codes into its
+        dictionary, which takes the values it did not have yet."""
+        import pyarrow.compute as pc
+
+        for name in self.types:
+            position = rows.schema.get_field_index(name)
+            if position < 0:  # (not among columns=)
+                continue
+            codes = []
+            for chunk in rows.column(position).chunks:
+                own = chunk.dictionary
+                new = own.filter(pc.invert(pc.is_in(own, value_set=self.values[name])))
+                if len(new):
+                    self.values[name] = pa.concat_arrays([self.values[name], new])
+                codes.append(pc.index_in(own, value_set=self.values[name]).take(chunk.indices))
+            rows = rows.set_column(position, name, pa.chunked_array(codes, pa.int32()))
+        return rows
+
+    def decoded(self, rows: pa.Table) -> pa.Table:
+        """``rows`` (of :meth:`as_codes`) with their dictionary columns back,
+        each of the final dictionary (its type's index type where that holds
+        its codes, else int32)."""
+        for name, kind in self.types.items():
+            position = rows.schema.get_field_index(name)
+            if position < 0:
+                continue
+            values = self.values[name]
+            index_type = kind.index_type
+            if len(values) > np.iinfo(index_type.to_pandas_dtype()).max + 1:
+                index_type = pa.int32()
+            column = pa.chunked_array(
+                [pa.DictionaryArray.from_arrays(chunk.cast(index_type), values,
+                                                ordered=kind.ordered)
+                 for chunk in rows.column(position).chunks],
+                pa.dictionary(index_type, kind.value_type, kind.ordered))
+            rows = rows.set_column(position, name, column)
+        return rows
+
+
 def _bucket_name(number: int) -> str:
     return f"bucket-{number:06d}.arrow"
 
@@ -96,6 +150,7 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
     writers: list[Any] = []
     sinks: list[Any] = []
     bucket_codes: list[list[np.ndarray]] = []
+    dictionaries = _Dictionaries(reader.schema)
     start = 0
     try:
         for number, file in enumerate(reader.files):
@@ -105,6 +160,7 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
             if rows.num_rows != rows_per_file[number]:
                 raise ValueError(f"the Parquet file {file!r} changed while it was read: "
                                  f"{rows.num_rows} rows, {rows_per_file[number]} before")
+            rows = dictionaries.as_codes(rows)
             if buckets is None:  # sized by the first file's bytes a row
                 buckets = _buckets(layout, rows.nbytes / max(rows.num_rows, 1))
                 writers = [None] * (int(buckets.max()) + 1)
@@ -135,7 +191,8 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
     for bucket, parts in enumerate(bucket_codes):
         name = _bucket_name(bucket)
         _sort_bucket(os.path.join(directory, name), np.concatenate(parts),
-                     list(reader.order_by), path_in(target, name) if is_remote(target) else None)
+                     list(reader.order_by), dictionaries,
+                     path_in(target, name) if is_remote(target) else None)
     return buckets
 
 
@@ -147,13 +204,14 @@ def _buckets(layout: Any, bytes_per_row: float) -> np.ndarray:
 
 
 def _sort_bucket(path: str, codes: np.ndarray, order_by: list[str],
-                 upload: str | None = None) -> None:
+                 dictionaries: _Dictionaries, upload: str | None = None) -> None:
     """Sort a bucket's rows by group (then ``order_by``), stably, into ``path``
     (or, given ``upload``, an object store's URI, its record batches
-    streamed as they are made: a bucket is about :data:`BUCKET_BYTES`)."""
+    streamed as they are made: a bucket is about :data:`BUCKET_BYTES`),
+    its dictionary columns of their final dictionaries."""
     unsorted = path + ".unsorted"
     with pa.memory_map(unsorted) as source:
-        rows = pa.ipc.open_file(source).read_all()
+        rows = dictionaries.decoded(pa.ipc.open_file(source).read_all())
         if order_by:
             order = sort_order(rows, order_by, codes)
         else:
