@@ -205,6 +205,35 @@ def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
                                             else ["1,6,3,4", "0,5,2"])
 
 
+def _categories_in_use(rows: pd.DataFrame) -> tuple[None, dict]:
+    return None, {"seen": ",".join(sorted(rows["c"].astype(str).unique())),
+                  "count": len(rows["c"].cat.categories)}
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+@pytest.mark.parametrize("in_key_order", [False, True])
+def test_categoricals_whose_files_together_outnumber_their_index_type(
+        tmp_path, read_on_workers, in_key_order):
+    """Two files of 100 categories each, which pandas writes with int8
+    indices: their 200 categories together overflowed the index type, and
+    reading the folder raised ArrowInvalid ("requires a larger index type")
+    before any task ran. The column is read with int32 indices instead."""
+    for number in range(2):
+        names = [f"f{number}-{i:03d}" for i in range(100)]
+        keys = np.repeat(np.arange(4), 50) + (4 * number if in_key_order else 0)
+        pd.DataFrame({"g": keys, "c": pd.Categorical([names[i % 100] for i in range(200)]),
+                      "x": np.arange(200.0)}).to_parquet(tmp_path / f"part-{number}.parquet")
+    run = mm.train(_categories_in_use, mm.groups(
+        tmp_path, by="g", read_on_workers=read_on_workers,
+        staging=tmp_path / "stage" if read_on_workers else None),
+        backend="serial", progress=False)
+    assert run.failed.empty
+    frame = pd.concat([pd.read_parquet(tmp_path / f"part-{n}.parquet") for n in range(2)])
+    frame["c"] = frame["c"].astype(str)
+    expected = {g: ",".join(sorted(rows["c"].unique())) for g, rows in frame.groupby("g")}
+    assert dict(zip(run.results["g"], run.results["seen"])) == expected
+
+
 @pytest.mark.parametrize("read_on_workers", [False, True])
 @pytest.mark.parametrize("order_by", [["t"], ["t", "u"]])
 def test_order_by_sorts_nan_and_null_together_last_as_pandas_does(tmp_path, order_by,

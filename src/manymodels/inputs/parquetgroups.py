@@ -31,6 +31,7 @@ from .objectstores import (
 from .partitions import partition_table, partitioning
 from .tables import (
     PARQUET_SUFFIXES,
+    dictionaries_that_hold_all,
     exact_pandas,
     first_misfit,
     is_text,
@@ -127,7 +128,8 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
                           f"the objects under {shown(location)!r}")
     if columns is not None:
         columns = present_columns(columns, schema.names, location)
-    return read_rows(files, columns, partitions=partitions, root=root, schema=schema)
+    rows = read_rows(files, columns, partitions=partitions, root=root, schema=schema)
+    return dictionaries_that_hold_all([rows])[0]
 
 
 def files_schema(files: list[str], partitions: pa.Table | None, root: str | None

@@ -177,12 +177,45 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                   for row, p in enumerate(files)]
     refuse_unlike_columns([str(f) for f in files], [t.column_names for t in tables],
                           f"the files under {str(path)!r}")
-    tables = text_where_any_is_text(tables)
+    tables = dictionaries_that_hold_all(text_where_any_is_text(tables))
     try:  # widened where one file's type holds another's (int32 and int64, int and float)
         return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as exc:
         raise ValueError(f"the files under {str(path)!r} do not share one schema: "
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
+
+
+def dictionaries_that_hold_all(tables: list[pa.Table]) -> list[pa.Table]:
+    """``tables`` (one a file, or one of a chunk a file) with each dictionary
+    (categorical) column whose files' categories together outnumber its index
+    type (100 in each of two
+    files, an int8 index) as a dictionary of int32 indices in every table:
+    the unified categories of a ``take`` or of pandas' conversion otherwise
+    fail ("requires a larger index type"). Columns that fit are left as they
+    are (their type is part of a group's data hash)."""
+    import pyarrow.compute as pc
+
+    if not tables:
+        return tables
+    names = [field.name for field in tables[0].schema if pa.types.is_dictionary(field.type)]
+    for name in names:
+        kinds = [t.schema.field(name).type for t in tables if name in t.column_names]
+        if not all(pa.types.is_dictionary(kind) for kind in kinds):
+            continue
+        index = min((kind.index_type for kind in kinds), key=lambda k: k.bit_width)
+        if index.bit_width >= 32:
+            continue
+        values = [chunk.dictionary for t in tables for chunk in t.column(name).chunks]
+        try:
+            distinct = len(pc.unique(pa.concat_arrays(values))) if values else 0
+        except pa.ArrowException:  # of unlike values: the concatenation says so, by file
+            continue
+        if distinct <= np.iinfo(index.to_pandas_dtype()).max + 1:
+            continue
+        wider = pa.dictionary(pa.int32(), kinds[0].value_type, kinds[0].ordered)
+        tables = [t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(wider))
+                  if name in t.column_names else t for t in tables]
+    return tables
 
 
 def is_text(kind: pa.DataType) -> bool:
