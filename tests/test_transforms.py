@@ -485,3 +485,30 @@ def test_a_table_and_a_dict_are_refused_not_the_dict_dropped():
     with pytest.raises(TypeError, match="returned a table and a dict"):
         mm.map_partitions(lambda part: (part, {"n": len(part)}), frame, partitions=2,
                           backend="serial")
+
+
+@pytest.mark.parametrize("how", [{}, {"partitions": 3, "backend": "processes"},
+                                 {"partitions": 2, "backend": "threads", "format": "arrow"},
+                                 {"format": "polars"}])
+def test_map_partitions_of_an_empty_table_is_the_functions_output_on_it(how):
+    """An empty table was refused ("nothing to transform"); it is one empty
+    partition, and the result is what fn makes of it (its columns, its
+    types), as fn(table) would be: a pipeline's quiet day is not an error."""
+    frame = pd.DataFrame({"g": pd.Series([], dtype="int64"), "x": pd.Series([], dtype=float)})
+    fmt = how.get("format", "pandas")
+
+    def double(part):
+        if fmt == "pandas":
+            return part.assign(z=part["x"] * 2)
+        if fmt == "arrow":
+            return part.append_column("z", pc.multiply(part["x"], 2))
+        return part.with_columns(z=part["x"] * 2)
+
+    import pyarrow.compute as pc
+
+    table = {"pandas": frame, "arrow": pa.Table.from_pandas(frame, preserve_index=False),
+             "polars": pytest.importorskip("polars").from_pandas(frame)}[fmt]
+    result = mm.map_partitions(double, table, **how)
+    shown = result if fmt == "pandas" else result.to_pandas()
+    assert list(shown.columns) == ["g", "x", "z"] and len(shown) == 0
+    assert str(shown["z"].dtype) == "float64"

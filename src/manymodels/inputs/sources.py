@@ -218,9 +218,9 @@ class PartitionSource(Source):
             self.table: Any = table
         else:
             self.table = read_table(table)
-        if self.num_rows == 0:
-            raise ValueError("the table is empty: there is nothing to transform")
-        self.partitions = min(partitions, self.num_rows)
+        # an empty table is one empty partition: fn says what its output is
+        # (its columns), as fn(table) would
+        self.partitions = max(1, min(partitions, self.num_rows))
         self.format = format
         self.cost = None
 
