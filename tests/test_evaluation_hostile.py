@@ -277,3 +277,63 @@ def test_times_of_a_zone_keep_their_zone_across_summer_time(tmp_path):
         cutoffs = run.evaluation["cutoff"]
         assert str(cutoffs.dtype.tz) == "Europe/Amsterdam"
         assert cutoffs.iloc[-1] == pd.Timestamp("2024-04-05", tz="Europe/Amsterdam")
+
+
+class _Seen:
+    """A model that remembers the times it was fitted on."""
+
+    def __init__(self, times) -> None:
+        self.times = list(times)
+
+    def predict(self, X) -> np.ndarray:
+        return np.zeros(len(X))
+
+
+def _where_it_was_tested(model, rows) -> dict:
+    return {"first_test_t": float(rows["t"].min()), "last_train_t": float(max(model.times))}
+
+
+def test_an_unshuffled_holdout_tests_the_last_rows_as_scikit_learn_does():
+    """holdout(shuffle=False) tested the first rows and trained on the later
+    ones (on time-ordered rows: trained on the future), where scikit-learn's
+    train_test_split(shuffle=False) holds out the last."""
+    from sklearn.model_selection import train_test_split
+
+    frame = pd.DataFrame({"g": "a", "t": np.arange(10), "y": np.arange(10.0)})
+    splitter = mm.holdout(0.3, target="y", features=["t"], shuffle=False,
+                          metrics=[_where_it_was_tested])
+    run = mm.train(lambda rows: _Seen(rows["t"]), mm.groups(frame, by="g"),
+                   evaluate=splitter, backend="serial", progress=False)
+    train, test = train_test_split(frame["t"].to_numpy(), test_size=0.3, shuffle=False)
+    row = run.evaluation.iloc[0]
+    assert (row["first_test_t"], row["last_train_t"]) == (test.min(), train.max()) == (7, 6)
+
+
+def test_a_score_named_like_a_key_or_a_window_column_is_kept_apart_or_refused():
+    """A metric function's score named like the key column was written over
+    it in run.evaluation (which window was whose was lost); one named
+    n_test, window, cutoff or n_train vanished; a text score was read as a
+    number. The first is renamed as run.results renames it, the others fail
+    their task naming the function."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": ["a"] * 10 + ["c"] * 10, "x": rng.normal(size=20),
+                          "y": rng.normal(size=20)})
+
+    def named_g(model, rows):
+        return {"g": float(rows["x"].mean())}
+
+    def fit(rows):
+        return LinearRegression().fit(rows[["x"]], rows["y"])
+
+    run = mm.train(fit, mm.groups(frame, by="g"), backend="serial", progress=False,
+                   evaluate=mm.kfold(2, target="y", features=["x"], metrics=["rmse", named_g]))
+    assert run.evaluation["g"].tolist() == ["a", "a", "c", "c"]
+    assert run.evaluation["metric_g"].notna().all() and "metric_g" in run.results
+    for answer in ({"n_test": 99.0}, {"window": 1.0}, {"share": "0.5"}):
+        def odd(model, rows, answer=answer):
+            return answer
+
+        run = mm.train(fit, mm.groups(frame, by="g"), backend="serial", progress=False,
+                       evaluate=mm.kfold(2, target="y", features=["x"], metrics=[odd]))
+        assert len(run.failed) == 2
+        assert "metric function odd returned" in run.failed["error"].iloc[0]

@@ -198,8 +198,23 @@ class Holdout(Splitter):
         n_test = math.ceil(self.test_size * n)
         if n_test < 1 or n - n_test < 1:
             raise TooShort(f"a holdout of {self.test_size} needs at least 2 rows, has {n}")
-        order = np.random.default_rng(self.seed).permutation(n) if self.shuffle else everything
+        if not self.shuffle:  # the last rows, as scikit-learn's train_test_split holds out
+            return [(everything[:n - n_test], everything[n - n_test:], None)]
+        order = np.random.default_rng(self.seed).permutation(n)
         return [(np.sort(order[n_test:]), np.sort(order[:n_test]), None)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """As :meth:`Splitter.__getstate__`, and, unshuffled, a mark that the
+        last rows are held out (they were the first): a store's unshuffled
+        holdout models are evaluated again, rather than reused with scores of
+        the first rows."""
+        state = super().__getstate__()
+        if not self.shuffle and self.test_size:
+            state["held_out"] = "last rows"
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__({k: v for k, v in state.items() if k != "held_out"})
 
 
 @dataclass(frozen=True)
@@ -342,8 +357,10 @@ _TIME_TEXTS: dict[tuple[str, bytes], list[str]] = {}
 def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | None = None,
             metrics: Sequence[Any] = ("rmse", "mae"), shuffle: bool = True, seed: int = 0,
             final_model: str | None = None, refit: bool | None = None) -> Holdout:
-    """Hold out ``test_size`` of each group's rows (shuffled by ``seed``) to
-    score its model; ``test_size=0`` scores the fit on its own training rows."""
+    """Hold out ``test_size`` of each group's rows (shuffled by ``seed``; with
+    ``shuffle=False`` its last rows, as scikit-learn's ``train_test_split``)
+    to score its model; ``test_size=0`` scores the fit on its own training
+    rows."""
     features, metrics = _check_common(target, features, metrics)
     if isinstance(test_size, bool) or not isinstance(test_size, (int, float)) or not (
             0 <= test_size < 1):

@@ -91,7 +91,8 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
     frame = _key_columns(key_columns, keys, counts)
     for name, column in columns.items():
         column.extend([None] * (done - len(column)))
-        frame[name] = column
+        # a metric function's score named like a key column: as run.results names it
+        frame[f"metric_{name}" if name in key_columns else name] = column
     _as_times(frame, "cutoff", zone)
     return frame
 

@@ -32,6 +32,10 @@ from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
 from .windowrows import WindowLayout, model_and_metrics
 from .windowtable import mean_scores
 
+#: What each window's row (and a task's averaged scores) holds beside the
+#: metrics: a metric function's score of one of these names is refused.
+WINDOW_FIELDS = frozenset({"window", "cutoff", "n_train", "n_test", "rows", SKIPPED, WINDOWS})
+
 
 class GroupWindows:
     """One group's rows, ordered once, and its windows as views of them.
@@ -121,7 +125,12 @@ class GroupWindows:
             if key in self.named:
                 raise ValueError(f"metric function {name} returned a score named {key!r}, "
                                  "which metrics= computes itself: name it otherwise")
+            if key in WINDOW_FIELDS:
+                raise ValueError(f"metric function {name} returned a score named {key!r}, "
+                                 "a column each window has already: name it otherwise")
             try:
+                if isinstance(value, (str, bytes)):  # float() would read "0.5"
+                    raise TypeError
                 scores[key] = float("nan") if value is None else float(value)
             except (TypeError, ValueError):
                 raise TypeError(f"metric function {name} returned {key!r}: "
