@@ -337,3 +337,26 @@ def test_a_score_named_like_a_key_or_a_window_column_is_kept_apart_or_refused():
                        evaluate=mm.kfold(2, target="y", features=["x"], metrics=[odd]))
         assert len(run.failed) == 2
         assert "metric function odd returned" in run.failed["error"].iloc[0]
+
+
+def _breaks_on_long_history(rows, c):
+    if c == 0 and 15 <= len(rows["y"]) < 20:  # c=0 leads after window 0, then raises
+        raise ValueError("c=0 breaks on long history")
+    return Const(c)
+
+
+@pytest.mark.parametrize("eta", [1, 2, 3])
+def test_halving_brings_back_the_candidates_it_cut_when_every_survivor_raises(eta):
+    """The docs say a candidate that raises leaves the race, not the group,
+    which fails only when every candidate has. With eta > 1, a group whose
+    one survivor raised in a later window failed, though the candidates cut
+    earlier never raised. They come back, catch up on the windows they
+    missed, and the race goes on: every eta picks the same winner."""
+    frame = pd.DataFrame({"g": "a", "t": np.arange(20),
+                          "y": np.random.default_rng(0).normal(size=20)})
+    run = mm.train(_breaks_on_long_history, mm.groups(frame, by="g") * mm.grid(c=[0, 5, 10]),
+                   evaluate=mm.backtest(time="t", horizon=3, windows=3, target="y",
+                                        metrics=["mae"]),
+                   select=mm.halving("mae", eta=eta), backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok"]
+    assert run.results["best_c"].tolist() == [5]

@@ -195,25 +195,43 @@ class HalvingSearch:
         alive = list(range(len(self.settings)))
         records: dict[int, list[dict[str, Any]]] = {i: [] for i in alive}  # windows tables
         failed: dict[int, str] = {}  # a candidate that raised: out of the race, not the group
+        benched: list[list[int]] = []  # each halving's cut, best first: never raised
         fits, windows = 0, len(group.windows)
+
+        def run(i: int, number: int) -> None:
+            nonlocal fits
+            fits += 1
+            try:
+                model, _ = split_result(self.fit(group.train_rows(number), **self.settings[i],
+                                                 **shared))
+                predicted, scores = group.predict(model, number)
+                records[i].append(group.table([number], [predicted], [scores]))
+            except Exception as exc:
+                failed[i] = f"{type(exc).__name__}: {exc}"
+
         for number in range(windows):
-            train_rows = group.train_rows(number)
             for i in alive:
-                fits += 1
-                try:
-                    model, _ = split_result(self.fit(train_rows, **self.settings[i], **shared))
-                    predicted, scores = group.predict(model, number)
-                    records[i].append(group.table([number], [predicted], [scores]))
-                except Exception as exc:
-                    failed[i] = f"{type(exc).__name__}: {exc}"
+                run(i, number)
             alive = [i for i in alive if i not in failed]
+            while not alive and benched:
+                # every survivor raised: those cut last come back (they never
+                # raised), each catching up on the windows it missed
+                for i in benched.pop():
+                    for missed in range(len(records[i]), number + 1):
+                        if i not in failed:
+                            run(i, missed)
+                alive = [i for i in range(len(self.settings))
+                         if i not in failed and len(records[i]) == number + 1]
             if not alive:
                 first = min(failed)
                 raise RuntimeError(
-                    f"every candidate failed in window {number}, e.g. "
+                    f"every candidate failed by window {number}, e.g. "
                     f"{self.settings[first]}: {failed[first]}")
             keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
-            alive = sorted(alive, key=lambda i: self._rank(records[i]))[:keep]  # stable
+            ranked = sorted(alive, key=lambda i: self._rank(records[i]))  # stable
+            alive = ranked[:keep]
+            if ranked[keep:]:
+                benched.append(ranked[keep:])
         return alive, records, failed, fits
 
     def _score_all(self, group: Any, shared: dict[str, Any]
