@@ -360,3 +360,21 @@ def test_halving_brings_back_the_candidates_it_cut_when_every_survivor_raises(et
                    select=mm.halving("mae", eta=eta), backend="serial", progress=False)
     assert run.results["status"].tolist() == ["ok"]
     assert run.results["best_c"].tolist() == [5]
+
+
+def test_a_decimal_time_columns_cutoffs_and_forecast_times_are_numbers(tmp_path):
+    """A backtest on an Arrow decimal time column kept Decimal objects in
+    run.evaluation and gave the store's forecasts their repr as text
+    ("Decimal('8.00')"); both are the numbers now."""
+    import decimal
+
+    import pyarrow as pa
+
+    table = pa.table({"g": ["a"] * 12, "y": np.arange(12.0), "t": pa.array(
+        [decimal.Decimal(i) for i in range(12)], pa.decimal128(10, 2))})
+    run = mm.train(lambda rows: LastValue(rows["y"]), mm.groups(table, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        metrics=["mae"]),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    assert run.evaluation["cutoff"].tolist() == [7.0, 9.0]
+    assert mm.Store(tmp_path / "s").forecasts()["time"].tolist() == [8.0, 9.0, 10.0, 11.0]

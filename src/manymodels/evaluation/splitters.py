@@ -22,6 +22,7 @@ model is fitted on all rows and its ``eval_skipped`` column says why.
 
 from __future__ import annotations
 
+import decimal
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -331,6 +332,9 @@ def plain_time(value: Any) -> Any:
         value = pd.Timestamp(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
+    if isinstance(value, decimal.Decimal):  # (an Arrow decimal column's) as a number
+        number = float(value)              # where it is one exactly, else its text
+        return number if decimal.Decimal(number) == value else str(value)
     return value.item() if isinstance(value, np.generic) else value
 
 
