@@ -378,3 +378,12 @@ def test_a_decimal_time_columns_cutoffs_and_forecast_times_are_numbers(tmp_path)
                    store=tmp_path / "s", backend="serial", progress=False)
     assert run.evaluation["cutoff"].tolist() == [7.0, 9.0]
     assert mm.Store(tmp_path / "s").forecasts()["time"].tolist() == [8.0, 9.0, 10.0, 11.0]
+
+
+def test_a_fit_that_returns_no_model_under_evaluate_says_so():
+    """A fit returning None under evaluate= failed its task with a bare
+    AttributeError ('NoneType' object has no attribute 'predict')."""
+    frame = pd.DataFrame({"g": "a", "x": np.arange(10.0), "y": np.arange(10.0)})
+    run = mm.train(lambda rows: None, mm.groups(frame, by="g"), backend="serial",
+                   evaluate=mm.kfold(2, target="y", features=["x"]), progress=False)
+    assert "fit returned no model for window 0" in run.failed["error"].iloc[0]

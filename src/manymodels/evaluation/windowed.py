@@ -94,6 +94,9 @@ class GroupWindows:
         test = self.windows[number][1]
         scores: dict[str, float] = {}
         predicted = None
+        if model is None:  # (a bare AttributeError on None said nothing of fit)
+            raise TypeError(f"fit returned no model for window {number} (None, or a "
+                            "metrics dict alone): evaluate= scores a model's predictions")
         if self.vectorised or self.forecasts:
             forecast = horizon_call(model) if self.splitter.time else None
             if forecast is not None:
