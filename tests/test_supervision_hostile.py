@@ -172,3 +172,60 @@ def test_a_model_the_driver_cannot_unpickle_fails_where_it_is_asked_for(tmp_path
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("worker_only_models", None)
+
+
+#: A script whose items and grid values are of a class defined in it, run as
+#: ``__main__``: a spawned worker, whose ``__main__`` is another module, cannot
+#: unpickle them. It prints each run's outcome as JSON.
+MAIN_CLASS_SCRIPT = """
+import json, sys
+import manymodels as mm
+
+class Setting:
+    def __init__(self, value):
+        self.value = value
+
+def fit(item, scale=1):
+    return {"value": getattr(item, "value", item) * getattr(scale, "value", scale)}
+
+options = dict(backend="processes", workers=2, start_method="spawn", progress=False)
+items = [1, Setting(2), 3, Setting(4), 5]
+run = mm.train(fit, mm.items(items, key=lambda item: getattr(item, "value", item)),
+               retries=2, **options)
+results = run.results.sort_values("item")
+outcome = {"status": results["status"].tolist(), "attempts": results["attempts"].tolist(),
+           "error": results["error"].tolist(), "value": results["value"].tolist()}
+try:
+    mm.train(fit, mm.items([1, 2, 3]) * mm.grid(scale=[2, Setting(3)]), max_failures=2,
+             **options)
+except mm.TooManyFailures as stopped:
+    outcome["stopped"] = str(stopped)
+print(json.dumps(outcome))
+"""
+
+
+def test_an_item_of_a_class_in_main_fails_its_task_alone_on_spawned_workers(tmp_path):
+    """A spawned worker died unpickling a batch that held an item of a class
+    defined in the user's script: WorkerStartupError, and no task named.
+    Each such task now fails alone, saying why, once (retries do not send it
+    again), against max_failures; the others finish."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(MAIN_CLASS_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["status"] == ["ok", "failed", "ok", "failed", "ok"], outcome
+    assert outcome["attempts"] == [1, 1, 1, 1, 1]
+    assert [outcome["value"][i] for i in (0, 2, 4)] == [1, 3, 5]
+    for error in (outcome["error"][1], outcome["error"][3]):
+        assert "cannot be unpickled" in error and "Setting" in error, error
+        assert "__main__" in error and "module" in error, error
+    assert "3 tasks failed, over max_failures=2" in outcome["stopped"], outcome["stopped"]
+    assert "cannot be unpickled" in outcome["stopped"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import mmap
 import os
 import pickle
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
@@ -63,6 +65,7 @@ from .base import (
     DeathCount,
     Event,
     Finished,
+    Lost,
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
@@ -220,7 +223,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         self._unsent.extend(lost)
         if payload is None:
             return
-        worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
+        worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks)), tasks))
         worker.outbox.put(payload)
 
     def poll(self, timeout: float) -> list[Event]:
@@ -256,6 +259,8 @@ class ProcessesBackend(WorkerStarter, Backend):
             return []
         if kind == Msg.RETIRE:
             return self._replace(worker, None, None, retiring=True)
+        if kind == Msg.UNREADABLE:
+            return self._unreadable(worker, message[1])
         if kind == Msg.FATAL:
             raise WorkerStartupError(
                 "a worker process could not start: loading fit and the data, or running "
@@ -272,6 +277,22 @@ class ProcessesBackend(WorkerStarter, Backend):
             worker.batches.popleft()
         return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done,
                          prepare_s=prepare)]
+
+    def _unreadable(self, worker: Worker, error: str) -> list[Event]:
+        """The worker could not unpickle its next batch (the first it holds:
+        it reads them in order, and ran none of this one). A batch of one task
+        fails that task, not retried (it fails the same way each time); a
+        larger one is sent again a task a batch, behind what the worker holds
+        already, so that only the tasks that cannot be read fail."""
+        batch = worker.batches.popleft()
+        tasks = list(batch.tasks)
+        if len(tasks) == 1:
+            return [Lost(tasks[0][0], Status.FAILED.value,
+                         unreadable_message(tasks[0], error, self.start_method), worker.slot)]
+        for task in tasks:
+            worker.batches.append(Batch(batch.batch_id, {task[0]: None}, [task]))
+            worker.outbox.put(pickle.dumps((Msg.BATCH, batch.batch_id, [task]), protocol=5))
+        return []
 
     def _read_what_is_left(self, worker: Worker) -> list[Event]:
         """The messages a worker that is gone sent before it died and the
@@ -350,3 +371,36 @@ class ProcessesBackend(WorkerStarter, Backend):
                 self._undertaker.close()
             if hasattr(self, "_files"):
                 self._files.cleanup()
+
+
+def unreadable_message(task: TaskRef, error: str, start_method: str) -> str:
+    """Why a task's item or settings cannot be unpickled in its worker
+    (``error``, the worker's exception), with what to do where it holds
+    classes or functions of the script run as ``__main__``: pickled by
+    name, they are found in a forked worker but not in a spawned one, whose
+    ``__main__`` is its own entry module."""
+    message = f"this task's item or settings cannot be unpickled in its worker process ({error})"
+    names = main_module_names(task)
+    if names and start_method == "spawn":
+        one = len(names) == 1
+        message += (f": {', '.join(names)} {'is' if one else 'are'} defined in the script run "
+                    "as __main__, which a spawned worker cannot import; define "
+                    f"{'it' if one else 'them'} in a module that the script imports")
+    return message
+
+
+def main_module_names(value: Any) -> list[str]:
+    """The classes and functions of ``__main__`` that ``value`` holds (itself,
+    or the class of an object it holds), found by pickling it, by name."""
+    names: dict[str, None] = {}
+
+    class Finder(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
+            if getattr(owner, "__module__", None) == "__main__":
+                names[getattr(owner, "__qualname__", repr(owner))] = None
+            return NotImplemented
+
+    with contextlib.suppress(Exception):  # what it found until then is still the answer
+        Finder(io.BytesIO(), protocol=5).dump(value)
+    return list(names)
