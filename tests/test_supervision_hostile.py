@@ -229,3 +229,80 @@ def test_an_item_of_a_class_in_main_fails_its_task_alone_on_spawned_workers(tmp_
         assert "__main__" in error and "module" in error, error
     assert "3 tasks failed, over max_failures=2" in outcome["stopped"], outcome["stopped"]
     assert "cannot be unpickled" in outcome["stopped"]
+
+
+#: A driver that trains into a store until interrupted, then prints as JSON
+#: what it caught, what it kept and what of the run is still alive in it.
+INTERRUPTED_DRIVER = """
+import json, signal, sys, threading, time
+from pathlib import Path
+import psutil
+import manymodels as mm
+
+marks = Path(sys.argv[1])
+
+def fit(n):
+    time.sleep(0.05)
+    (marks / str(n)).touch()
+    return {"n": n}
+
+out = {"caught": None}
+try:
+    mm.train(fit, mm.items(range(400)), backend="processes", workers=2, progress=False,
+             start_method="fork", store=sys.argv[2])
+except mm.RunInterrupted as stopped:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a second one later is not train's)
+    out["caught"] = "RunInterrupted"
+    out["ok"] = int((stopped.run.results["status"] == "ok").sum())
+    out["stored"] = mm.Store(sys.argv[2]).runs()["status"].iloc[-1]
+except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out["caught"] = "KeyboardInterrupt"
+_, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=5)
+out["children"] = [process.pid for process in alive]
+out["senders"] = [t.name for t in threading.enumerate() if t.name.startswith("manymodels-send")]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("gap_s", [0.0, 0.005])
+def test_a_second_ctrl_c_during_the_stop_keeps_the_results_and_ends_the_workers(tmp_path,
+                                                                                gap_s):
+    """A second SIGINT within milliseconds of the first landed in the stop
+    (killing the workers, building the run): a bare KeyboardInterrupt came
+    out of train, the finished results were lost and workers and their
+    sender threads were left running. The stop is now not cut short: the
+    run raises RunInterrupted with the results, committed to the store."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script, marks = tmp_path / "driver.py", tmp_path / "marks"
+    script.write_text(INTERRUPTED_DRIVER)
+    marks.mkdir()
+    driver = subprocess.Popen([sys.executable, str(script), str(marks), str(tmp_path / "s")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(marks)) < 4:
+            assert time.monotonic() < deadline and driver.poll() is None, "no task finished"
+            time.sleep(0.01)
+        children = psutil.Process(driver.pid).children(recursive=True)
+        os.kill(driver.pid, signal.SIGINT)
+        time.sleep(gap_s)
+        os.kill(driver.pid, signal.SIGINT)
+        stdout, stderr = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, stderr[-3000:]
+    outcome = json.loads(stdout.strip().splitlines()[-1])
+    assert outcome["caught"] == "RunInterrupted", stderr[-3000:]
+    assert outcome["ok"] >= 3 and outcome["stored"] == "interrupted"
+    assert outcome["children"] == [] and outcome["senders"] == []
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive

@@ -351,18 +351,22 @@ class ProcessesBackend(WorkerStarter, Backend):
                 len(self._first_pids))) / len(self._first_pids)
         try:
             workers = getattr(self, "_workers", [])
-            if not force:
-                for worker in workers:
-                    worker.outbox.put(pickle.dumps((Msg.STOP,)))
-                deadline = time.monotonic() + _STOP_GRACE_S
-                wait_for_pipes_to_close(workers, deadline)
-                for worker in workers:
-                    try:
-                        worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        pass
-            for worker in workers:  # one that stopped when told ended what its tasks left
-                self._retire(worker, kill=force or worker.process.poll() != 0)
+            try:
+                if not force:
+                    for worker in workers:
+                        worker.outbox.put(pickle.dumps((Msg.STOP,)))
+                    deadline = time.monotonic() + _STOP_GRACE_S
+                    wait_for_pipes_to_close(workers, deadline)
+                    for worker in workers:
+                        try:
+                            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                        except subprocess.TimeoutExpired:
+                            pass
+            finally:  # (interrupted too: every worker still running is killed)
+                for worker in list(workers):
+                    # one that stopped when told ended what its tasks left
+                    self._retire(worker, kill=force or worker.process.poll() != 0)
+                    workers.remove(worker)  # (stopped again after a failed start: none left)
         finally:
             limits, self._driver_limits = getattr(self, "_driver_limits", None), None
             if limits is not None:
