@@ -405,6 +405,8 @@ class Scheduler:
                 elif isinstance(event, Lost):
                     in_flight -= 1
                     self.records.attempts[event.index] += 1
+                    self.records.duration_s[event.index] = event.duration_s
+                    self.records.started_at[event.index] = event.started_at
                     # (a task that could not be sent, "failed", fails the same way again)
                     if (self.records.attempts[event.index] <= self.retries
                             and event.status != Status.FAILED):

@@ -195,7 +195,7 @@ class ProcessesBackend(WorkerStarter, Backend):
                  retiring: bool = False) -> list[Event]:
         """Account for the tasks of a worker that is gone, and start another;
         one ``retiring`` (its CUDA context broken) blames no task."""
-        index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+        index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
             status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
@@ -204,7 +204,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             events: list[Event] = [Requeued(unreported)] if unreported else []
         else:
             events = blame_lost_batch(index, unreported, status, message, worker.slot,
-                                      self._deaths)
+                                      self._deaths, started)
         self._release_openmp()  # in case the driver ran OpenMP since the last fork
         self._workers[worker.slot] = self._spawn(worker.slot)
         return events
