@@ -207,6 +207,8 @@ def test_timeout_ends_the_worker_process_and_costs_one_task(engine):
                    progress=False)
     assert_only_timed_out(run, 2, timeout=2)
     assert run.summary().statuses == {"ok": 19, "timeout": 1}
+    # (from when the driver heard it start: a little after it did)
+    assert 1 < run.results.set_index("item").loc[2, "duration_s"] < 60
 
 
 def hold_the_gil_on_3(item):

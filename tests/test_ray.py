@@ -257,6 +257,7 @@ def test_timeout_kills_the_ray_worker_and_costs_one_task():
     assert time.monotonic() - start < 240  # item 2 hangs for an hour unless killed
     assert_only_timed_out(run, 2, timeout=2)
     assert run.summary().statuses == {"ok": 19, "timeout": 1}
+    assert 2 <= run.results.set_index("item").loc[2, "duration_s"] < 60  # until killed
 
 
 def slow_item(item):

@@ -172,3 +172,137 @@ def test_a_model_the_driver_cannot_unpickle_fails_where_it_is_asked_for(tmp_path
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("worker_only_models", None)
+
+
+#: A script whose items and grid values are of a class defined in it, run as
+#: ``__main__``: a spawned worker, whose ``__main__`` is another module, cannot
+#: unpickle them. It prints each run's outcome as JSON.
+MAIN_CLASS_SCRIPT = """
+import json, sys
+import manymodels as mm
+
+class Setting:
+    def __init__(self, value):
+        self.value = value
+
+def fit(item, scale=1):
+    return {"value": getattr(item, "value", item) * getattr(scale, "value", scale)}
+
+options = dict(backend="processes", workers=2, start_method="spawn", progress=False)
+items = [1, Setting(2), 3, Setting(4), 5]
+run = mm.train(fit, mm.items(items, key=lambda item: getattr(item, "value", item)),
+               retries=2, **options)
+results = run.results.sort_values("item")
+outcome = {"status": results["status"].tolist(), "attempts": results["attempts"].tolist(),
+           "error": results["error"].tolist(), "value": results["value"].tolist()}
+try:
+    mm.train(fit, mm.items([1, 2, 3]) * mm.grid(scale=[2, Setting(3)]), max_failures=2,
+             **options)
+except mm.TooManyFailures as stopped:
+    outcome["stopped"] = str(stopped)
+print(json.dumps(outcome))
+"""
+
+
+def test_an_item_of_a_class_in_main_fails_its_task_alone_on_spawned_workers(tmp_path):
+    """A spawned worker died unpickling a batch that held an item of a class
+    defined in the user's script: WorkerStartupError, and no task named.
+    Each such task now fails alone, saying why, once (retries do not send it
+    again), against max_failures; the others finish."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(MAIN_CLASS_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["status"] == ["ok", "failed", "ok", "failed", "ok"], outcome
+    assert outcome["attempts"] == [1, 1, 1, 1, 1]
+    assert [outcome["value"][i] for i in (0, 2, 4)] == [1, 3, 5]
+    for error in (outcome["error"][1], outcome["error"][3]):
+        assert "cannot be unpickled" in error and "Setting" in error, error
+        assert "__main__" in error and "module" in error, error
+    assert "3 tasks failed, over max_failures=2" in outcome["stopped"], outcome["stopped"]
+    assert "cannot be unpickled" in outcome["stopped"]
+
+
+#: A driver that trains into a store until interrupted, then prints as JSON
+#: what it caught, what it kept and what of the run is still alive in it.
+INTERRUPTED_DRIVER = """
+import json, signal, sys, threading, time
+from pathlib import Path
+import psutil
+import manymodels as mm
+
+marks = Path(sys.argv[1])
+
+def fit(n):
+    time.sleep(0.05)
+    (marks / str(n)).touch()
+    return {"n": n}
+
+out = {"caught": None}
+try:
+    mm.train(fit, mm.items(range(400)), backend="processes", workers=2, progress=False,
+             start_method="fork", store=sys.argv[2])
+except mm.RunInterrupted as stopped:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a second one later is not train's)
+    out["caught"] = "RunInterrupted"
+    out["ok"] = int((stopped.run.results["status"] == "ok").sum())
+    out["stored"] = mm.Store(sys.argv[2]).runs()["status"].iloc[-1]
+except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out["caught"] = "KeyboardInterrupt"
+_, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=5)
+out["children"] = [process.pid for process in alive]
+out["senders"] = [t.name for t in threading.enumerate() if t.name.startswith("manymodels-send")]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("gap_s", [0.0, 0.005])
+def test_a_second_ctrl_c_during_the_stop_keeps_the_results_and_ends_the_workers(tmp_path,
+                                                                                gap_s):
+    """A second SIGINT within milliseconds of the first landed in the stop
+    (killing the workers, building the run): a bare KeyboardInterrupt came
+    out of train, the finished results were lost and workers and their
+    sender threads were left running. The stop is now not cut short: the
+    run raises RunInterrupted with the results, committed to the store."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script, marks = tmp_path / "driver.py", tmp_path / "marks"
+    script.write_text(INTERRUPTED_DRIVER)
+    marks.mkdir()
+    driver = subprocess.Popen([sys.executable, str(script), str(marks), str(tmp_path / "s")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(marks)) < 4:
+            assert time.monotonic() < deadline and driver.poll() is None, "no task finished"
+            time.sleep(0.01)
+        children = psutil.Process(driver.pid).children(recursive=True)
+        os.kill(driver.pid, signal.SIGINT)
+        time.sleep(gap_s)
+        os.kill(driver.pid, signal.SIGINT)
+        stdout, stderr = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, stderr[-3000:]
+    outcome = json.loads(stdout.strip().splitlines()[-1])
+    assert outcome["caught"] == "RunInterrupted", stderr[-3000:]
+    assert outcome["ok"] >= 3 and outcome["stored"] == "interrupted"
+    assert outcome["children"] == [] and outcome["senders"] == []
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive

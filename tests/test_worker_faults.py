@@ -304,6 +304,34 @@ def test_processes_a_task_starts_end_with_a_killed_driver(rendezvous, start_meth
     assert not survivors(workers_and_undertaker), "a worker outlived the killed driver"
 
 
+# -- the times of a task whose worker was killed --------------------------------------
+
+
+def crash_on_1_hang_on_2(item):
+    if item == 1:
+        time.sleep(0.3)
+        os._exit(3)
+    if item == 2:
+        time.sleep(3600)  # only the timeout ends this
+    return item
+
+
+def test_a_crashed_or_timed_out_task_has_its_times(rendezvous):
+    """They had no duration_s and no started_s, where a task that raised has
+    both: each now runs from its start until the driver found its worker
+    dead or past the timeout."""
+    before = time.time()
+    run = mm.train(crash_on_1_hang_on_2, mm.items(range(4)), timeout=1.5, workers=2,
+                   progress=False, start_method="fork")
+    results = run.results.set_index("item")
+    assert results["status"].tolist() == ["ok", "crashed", "timeout", "ok"]
+    assert 0.3 <= results.loc[1, "duration_s"] < 1.3
+    assert 1.5 <= results.loc[2, "duration_s"] < 4.0
+    assert results["started_s"].notna().all()
+    started = run.started_at + results["started_s"]
+    assert (started >= before - 1).all() and (started <= time.time()).all()
+
+
 # -- a task that closes the standard streams ------------------------------------------
 
 

@@ -16,6 +16,8 @@ events for the scheduler: :class:`Finished` (outcomes of tasks that ran),
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -77,6 +79,15 @@ class Lost:
     status: Status  # CRASHED, TIMEOUT or MEMORY (retried); FAILED: it cannot be sent
     message: str
     worker: int
+    #: When the task started (``time.time()``), where known (NaN: it never ran).
+    started_at: float = math.nan
+    #: From its start until now, when the driver found its worker dead, past
+    #: ``timeout`` or over ``memory_limit``: a task that ran has a time, as
+    #: one that raised has.
+    duration_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.duration_s = time.time() - self.started_at
 
 
 @dataclass

@@ -27,7 +27,6 @@ backend orders, retries and counts the same way.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import signal
 import threading
@@ -78,21 +77,40 @@ class RunInterrupted(KeyboardInterrupt):
         self.run = run
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """During a run, SIGTERM stops it like Ctrl-C: workers stopped, results kept."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _Interrupts:
+    """During a run, Ctrl-C and SIGTERM stop it: workers stopped, results kept.
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+    Both raise ``KeyboardInterrupt`` (Ctrl-C where its handler is Python's
+    own) until the run is :attr:`stopping`; from then on they do not cut
+    the stop short, which would leave workers running and lose the results
+    (a second Ctrl-C a few milliseconds after the first did). The first to
+    come then is kept as :attr:`late`: it ends a run that was stopping for
+    no interrupt with one. Handlers are set in the main thread only (the
+    only one a signal interrupts)."""
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __init__(self) -> None:
+        self.stopping = False
+        self.late: KeyboardInterrupt | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._interrupt)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        interrupt = (KeyboardInterrupt() if signum == signal.SIGINT
+                     else KeyboardInterrupt(f"received {signal.Signals(signum).name}"))
+        if not self.stopping:
+            raise interrupt
+        if self.late is None:
+            self.late = interrupt
 
 
 def _ended(events: list) -> Iterator[int]:
@@ -263,7 +281,7 @@ class Scheduler:
         stopped_by: BaseException | None = None
         store_error: RecordingError | None = None
         workers_gone: WorkerStartupError | None = None  # (mid-run, after tasks finished)
-        with _sigterm_interrupts():
+        with _Interrupts() as interrupts:
             started = False
             try:
                 if self.callbacks is not None:
@@ -289,6 +307,7 @@ class Scheduler:
                     self.recorder.abandon(self.records)
                 raise
             finally:
+                interrupts.stopping = True
                 clean = (stopped_by is None and store_error is None and workers_gone is None
                          and not self._over_budget())
                 try:
@@ -309,7 +328,12 @@ class Scheduler:
                 except RecordingError as exc:
                     store_error = exc
             if self.callbacks is not None:
-                self.callbacks.run_end(run)
+                interrupts.stopping = False  # (the callbacks' code can be interrupted)
+                try:
+                    self.callbacks.run_end(run)
+                except KeyboardInterrupt as exc:  # raised below, with the run
+                    interrupts.late = interrupts.late or exc
+                interrupts.stopping = True
             if store_error is not None:
                 self.recorder.abandon()
                 store_error.run = run
@@ -317,6 +341,8 @@ class Scheduler:
             if workers_gone is not None:
                 workers_gone.run = run  # (the rest are cancelled: a re-run resumes them)
                 raise workers_gone
+        if stopped_by is None and interrupts.late is not None and not self._over_budget():
+            stopped_by = interrupts.late  # (while a run that had ended stopped its workers)
         if stopped_by is not None:
             resume = (" Run the same call again with the same store to resume: finished "
                       "models are reused." if self.recorder is not None else
@@ -379,6 +405,8 @@ class Scheduler:
                 elif isinstance(event, Lost):
                     in_flight -= 1
                     self.records.attempts[event.index] += 1
+                    self.records.duration_s[event.index] = event.duration_s
+                    self.records.started_at[event.index] = event.started_at
                     # (a task that could not be sent, "failed", fails the same way again)
                     if (self.records.attempts[event.index] <= self.retries
                             and event.status != Status.FAILED):

@@ -13,9 +13,10 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 from ...machine import memory_bound, memory_held, process_tree, wait_for_exit
 
@@ -24,6 +25,9 @@ from ...machine import memory_bound, memory_held, process_tree, wait_for_exit
 class Batch:
     batch_id: int
     pending: dict[int, None]  # task indices not yet reported, in run order
+    #: The batch as submitted: sent again a task a batch if the worker cannot
+    #: unpickle it (see ``ProcessesBackend._unreadable``).
+    tasks: Sequence[Any] = ()
 
 
 class ForkedProcess:

@@ -15,11 +15,15 @@ Messages (pickled tuples)::
 
     driver -> worker   ("batch", batch_id, [(index, data_ref, params), ...]) | ("stop",)
     worker -> driver   ("ready", pid) | ("fatal", traceback) | ("retire", why)
+                       ("unreadable", why)
                        ("part" | "done", batch_id, outcomes_pickle, busy_s, spill,
                         prepare_s)
 
 ``spill`` names the file holding the outcomes' large buffers, or is ``None``
-(see :func:`manymodels.engine.dataplane.dumps_spilling`).
+(see :func:`manymodels.engine.dataplane.dumps_spilling`). A batch the worker
+cannot unpickle (an item of a class defined in the driver's ``__main__``,
+which a spawned worker cannot import) is answered ``unreadable``: the driver
+sends its tasks again one a batch, and fails those that still cannot be read.
 
 A worker leads a session of its own. When it stops, it kills the processes
 its tasks started and left running (:func:`end_own_processes`); the driver
@@ -215,9 +219,14 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
 
     while True:
         try:
-            message = rx.recv()
+            data = rx.recv_bytes()
         except EOFError:
             return 0
+        try:
+            message = pickle.loads(data)
+        except BaseException as exc:  # an item of a class this process cannot import, say
+            tx.send((Msg.UNREADABLE, f"{type(exc).__name__}: {exc}"))
+            continue
         if message[0] == Msg.STOP:
             return 0
         _, batch_id, tasks = message

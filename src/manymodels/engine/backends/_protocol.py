@@ -25,6 +25,7 @@ class Msg:
     START = "start"  # a Ray or remote worker is up (its node, pid, version)
     FATAL = "fatal"  # the run cannot be loaded here (a traceback)
     RETIRE = "retire"  # the worker ends itself (why)
+    UNREADABLE = "unreadable"  # a process worker cannot unpickle its next batch (why)
     RUN = "run"  # about to run one task of a marked batch
     PART = "part"  # outcomes so far
     DONE = "done"  # the batch's last outcomes

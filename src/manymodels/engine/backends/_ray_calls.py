@@ -47,7 +47,7 @@ from typing import Any
 from ..execution import TaskRef
 from ..messages import Status
 from ._ray_cluster import first_line
-from .base import Event, Lost, Requeued, WorkerStartupError, blame_lost_batch
+from .base import Event, Lost, Requeued, WorkerStartupError, blame_lost_batch, wall_time
 
 
 @dataclass
@@ -107,7 +107,7 @@ class CallSupervision:
             return []
         # a death before its first task (loading the run) counts towards giving up
         return blame_lost_batch(call.running, unreported, status, message, call.worker,
-                                self._deaths)
+                                self._deaths, wall_time(call.running_since))
 
     def _check_timeouts(self) -> list[Event]:
         import ray
@@ -125,7 +125,7 @@ class CallSupervision:
             events.append(Lost(
                 call.running, Status.TIMEOUT.value,
                 f"task ran longer than timeout={self.timeout:g}s; its Ray worker was killed",
-                call.worker))
+                call.worker, wall_time(call.running_since)))
             rest = [index for index in call.tasks if index != call.running]
             if rest:
                 events.append(Requeued(rest))

@@ -67,6 +67,7 @@ from .base import (
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
+    wall_time,
 )
 
 #: How long a connection to the worker port may take over each step of the
@@ -336,7 +337,8 @@ class RemoteSlotsBackend(Backend):
         if worker.timed_out is not None and worker.timed_out in first.tasks:
             events.append(Lost(worker.timed_out, Status.TIMEOUT.value,
                                f"task ran longer than timeout={self.timeout:g}s; its "
-                               f"{self.engine} worker process was ended", worker.number))
+                               f"{self.engine} worker process was ended", worker.number,
+                               wall_time(worker.running_since)))
             rest = [index for index in first.tasks if index != worker.timed_out]
             return events + ([Requeued(rest)] if rest else [])
         message = f"{where} died while running the task"
@@ -349,7 +351,7 @@ class RemoteSlotsBackend(Backend):
             return events
         return events + blame_lost_batch(worker.running, list(first.tasks),
                                          Status.CRASHED.value, message, worker.number,
-                                         self._deaths)
+                                         self._deaths, wall_time(worker.running_since))
 
     def _start_launch(self, launch: int) -> None:
         self._shipped = self._reship(self._shipped, self._payload)

@@ -75,7 +75,10 @@ class Undertaker:
     def close(self) -> None:
         """End-of-file tells it that nothing is left to kill: it exits by
         itself. A run does not wait for that (a short run's undertaker may
-        still be starting, tens of milliseconds under load); a thread reaps it."""
+        still be starting, tens of milliseconds under load); a thread reaps it.
+        Closed already (a backend stopped twice), it does nothing."""
+        if self._process.stdin.closed:
+            return
         with contextlib.suppress(OSError):
             self._process.stdin.close()
         try:

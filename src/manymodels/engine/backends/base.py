@@ -63,6 +63,8 @@ task it was running and hand the rest back (:func:`blame_lost_batch`).
 
 from __future__ import annotations
 
+import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -73,7 +75,7 @@ from ..messages import Event, Finished, Lost, Outcome, Requeued, Status
 from ..options import BackendOptions
 
 __all__ = ["Backend", "DeathCount", "Event", "Finished", "Lost", "Outcome", "Requeued",
-           "WorkerStartupError", "blame_lost_batch"]
+           "WorkerStartupError", "blame_lost_batch", "wall_time"]
 
 
 class WorkerStartupError(RuntimeError):
@@ -135,21 +137,28 @@ def dump_sendable(tasks: Sequence[TaskRef], dump_batch: Callable[[Sequence[TaskR
 
 
 def blame_lost_batch(running: int | None, unreported: list[int], status: str, message: str,
-                     worker: int, deaths: DeathCount) -> list[Event]:
+                     worker: int, deaths: DeathCount, started_at: float = math.nan
+                     ) -> list[Event]:
     """The rule for a worker that died with tasks of its batches unreported:
-    the task it was running (``running``) is :class:`Lost` with ``status``;
-    the rest never ran and go back to the scheduler (:class:`Requeued`); a
-    death with no task running counts towards giving up (``deaths``)."""
+    the task it was running (``running``, since ``started_at``) is
+    :class:`Lost` with ``status``; the rest never ran and go back to the
+    scheduler (:class:`Requeued`); a death with no task running counts
+    towards giving up (``deaths``)."""
     unreported = list(unreported)
     events: list[Event] = []
     if running is not None and running in unreported:
-        events.append(Lost(running, status, message, worker))
+        events.append(Lost(running, status, message, worker, started_at))
         unreported.remove(running)
     else:
         deaths.count(message)
     if unreported:
         events.append(Requeued(unreported))
     return events
+
+
+def wall_time(monotonic: float) -> float:
+    """The ``time.time()`` of a moment the driver noted on its monotonic clock."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 class Backend(ABC):

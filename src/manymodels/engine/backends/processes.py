@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import mmap
 import os
 import pickle
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import wait
@@ -63,6 +65,7 @@ from .base import (
     DeathCount,
     Event,
     Finished,
+    Lost,
     Requeued,
     WorkerStartupError,
     blame_lost_batch,
@@ -192,7 +195,7 @@ class ProcessesBackend(WorkerStarter, Backend):
                  retiring: bool = False) -> list[Event]:
         """Account for the tasks of a worker that is gone, and start another;
         one ``retiring`` (its CUDA context broken) blames no task."""
-        index, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+        index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
             status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
@@ -201,7 +204,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             events: list[Event] = [Requeued(unreported)] if unreported else []
         else:
             events = blame_lost_batch(index, unreported, status, message, worker.slot,
-                                      self._deaths)
+                                      self._deaths, started)
         self._release_openmp()  # in case the driver ran OpenMP since the last fork
         self._workers[worker.slot] = self._spawn(worker.slot)
         return events
@@ -220,7 +223,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         self._unsent.extend(lost)
         if payload is None:
             return
-        worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks))))
+        worker.batches.append(Batch(batch_id, dict.fromkeys(task_indices(tasks)), tasks))
         worker.outbox.put(payload)
 
     def poll(self, timeout: float) -> list[Event]:
@@ -256,6 +259,8 @@ class ProcessesBackend(WorkerStarter, Backend):
             return []
         if kind == Msg.RETIRE:
             return self._replace(worker, None, None, retiring=True)
+        if kind == Msg.UNREADABLE:
+            return self._unreadable(worker, message[1])
         if kind == Msg.FATAL:
             raise WorkerStartupError(
                 "a worker process could not start: loading fit and the data, or running "
@@ -272,6 +277,22 @@ class ProcessesBackend(WorkerStarter, Backend):
             worker.batches.popleft()
         return [Finished(outcomes, worker=worker.slot, busy_s=busy, batch_done=done,
                          prepare_s=prepare)]
+
+    def _unreadable(self, worker: Worker, error: str) -> list[Event]:
+        """The worker could not unpickle its next batch (the first it holds:
+        it reads them in order, and ran none of this one). A batch of one task
+        fails that task, not retried (it fails the same way each time); a
+        larger one is sent again a task a batch, behind what the worker holds
+        already, so that only the tasks that cannot be read fail."""
+        batch = worker.batches.popleft()
+        tasks = list(batch.tasks)
+        if len(tasks) == 1:
+            return [Lost(tasks[0][0], Status.FAILED.value,
+                         unreadable_message(tasks[0], error, self.start_method), worker.slot)]
+        for task in tasks:
+            worker.batches.append(Batch(batch.batch_id, {task[0]: None}, [task]))
+            worker.outbox.put(pickle.dumps((Msg.BATCH, batch.batch_id, [task]), protocol=5))
+        return []
 
     def _read_what_is_left(self, worker: Worker) -> list[Event]:
         """The messages a worker that is gone sent before it died and the
@@ -330,18 +351,22 @@ class ProcessesBackend(WorkerStarter, Backend):
                 len(self._first_pids))) / len(self._first_pids)
         try:
             workers = getattr(self, "_workers", [])
-            if not force:
-                for worker in workers:
-                    worker.outbox.put(pickle.dumps((Msg.STOP,)))
-                deadline = time.monotonic() + _STOP_GRACE_S
-                wait_for_pipes_to_close(workers, deadline)
-                for worker in workers:
-                    try:
-                        worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        pass
-            for worker in workers:  # one that stopped when told ended what its tasks left
-                self._retire(worker, kill=force or worker.process.poll() != 0)
+            try:
+                if not force:
+                    for worker in workers:
+                        worker.outbox.put(pickle.dumps((Msg.STOP,)))
+                    deadline = time.monotonic() + _STOP_GRACE_S
+                    wait_for_pipes_to_close(workers, deadline)
+                    for worker in workers:
+                        try:
+                            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                        except subprocess.TimeoutExpired:
+                            pass
+            finally:  # (interrupted too: every worker still running is killed)
+                for worker in list(workers):
+                    # one that stopped when told ended what its tasks left
+                    self._retire(worker, kill=force or worker.process.poll() != 0)
+                    workers.remove(worker)  # (stopped again after a failed start: none left)
         finally:
             limits, self._driver_limits = getattr(self, "_driver_limits", None), None
             if limits is not None:
@@ -350,3 +375,36 @@ class ProcessesBackend(WorkerStarter, Backend):
                 self._undertaker.close()
             if hasattr(self, "_files"):
                 self._files.cleanup()
+
+
+def unreadable_message(task: TaskRef, error: str, start_method: str) -> str:
+    """Why a task's item or settings cannot be unpickled in its worker
+    (``error``, the worker's exception), with what to do where it holds
+    classes or functions of the script run as ``__main__``: pickled by
+    name, they are found in a forked worker but not in a spawned one, whose
+    ``__main__`` is its own entry module."""
+    message = f"this task's item or settings cannot be unpickled in its worker process ({error})"
+    names = main_module_names(task)
+    if names and start_method == "spawn":
+        one = len(names) == 1
+        message += (f": {', '.join(names)} {'is' if one else 'are'} defined in the script run "
+                    "as __main__, which a spawned worker cannot import; define "
+                    f"{'it' if one else 'them'} in a module that the script imports")
+    return message
+
+
+def main_module_names(value: Any) -> list[str]:
+    """The classes and functions of ``__main__`` that ``value`` holds (itself,
+    or the class of an object it holds), found by pickling it, by name."""
+    names: dict[str, None] = {}
+
+    class Finder(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
+            if getattr(owner, "__module__", None) == "__main__":
+                names[getattr(owner, "__qualname__", repr(owner))] = None
+            return NotImplemented
+
+    with contextlib.suppress(Exception):  # what it found until then is still the answer
+        Finder(io.BytesIO(), protocol=5).dump(value)
+    return list(names)
