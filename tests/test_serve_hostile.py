@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from sklearn.linear_model import Ridge
+from sklearn.linear_model import LinearRegression, Ridge
 from typer.testing import CliRunner
 
 import manymodels as mm
@@ -162,3 +162,45 @@ def test_a_store_path_that_is_a_file_is_said_to_be_one(tmp_path):
     a_file.write_text("x")
     done = CliRunner().invoke(app, ["serve", str(a_file)])
     assert done.exit_code == 2 and "is a file" in done.output
+
+
+# -- the keys of a request, read as they were stored -------------------------------
+
+
+def _app(path):
+    from starlette.testclient import TestClient
+
+    return TestClient(mm.serve_app(path, poll=None))
+
+
+def fit_x(df):
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def _keyed(path, keys, values):
+    """A store of one LinearRegression per key, each predicting its own value."""
+    frame = pd.DataFrame({"k": np.repeat(keys, 5), "x": np.random.default_rng(0).normal(
+        size=5 * len(keys)), "y": np.repeat(values, 5)})
+    mm.train(fit_x, mm.groups(frame, by="k"), store=path, backend="serial", progress=False)
+    return _app(path)
+
+
+def test_integer_keys_past_2_53_stay_exact_whatever_the_other_rows_hold(tmp_path):
+    ids = [10**17 + 1, 2**53, 2**53 + 1]
+    client = _keyed(tmp_path / "big", np.array(ids, dtype=np.int64), [1.0, 3.0, 4.0])
+    rows = [{"k": k, "x": 0.0} for k in ids]
+    for extra in ([], [{"k": None, "x": 0.0}], [{"k": 0.5, "x": 0.0}]):
+        body = client.post("/v1/predict", json={"rows": rows + extra}).json()
+        assert body["predictions"] == pytest.approx([1.0, 3.0, 4.0] + [None] * len(extra))
+        assert body["source"] == ["group"] * 3 + ["none"] * len(extra)
+    # past the rows grouped in a loop (pandas groups them): the same
+    body = client.post("/v1/predict", json={"rows": (rows + [{"k": None, "x": 0.0}]) * 100})
+    assert body.json()["predictions"][:4] == pytest.approx([1.0, 3.0, 4.0, None])
+    assert body.json()["source"][:8] == ["group"] * 3 + ["none"] + ["group"] * 3 + ["none"]
+    # an Arrow int64 column with a null
+    table = pa.table({"k": pa.array(ids + [None], pa.int64()), "x": [0.0] * 4})
+    answer = client.post("/v1/predict", content=_arrow(table),
+                         headers={"content-type": "application/vnd.apache.arrow.stream"})
+    got = pa.ipc.open_stream(answer.content).read_all().to_pydict()
+    assert got["prediction"][:3] == pytest.approx([1.0, 3.0, 4.0])
+    assert got["source"] == ["group"] * 3 + ["none"]

@@ -94,7 +94,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
 
     def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
         catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
-        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body)
+        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body, catalog.by)
         result = predict_rows(catalog, served.cache, served.store, columns, n, ordered=arrow)
         if arrow:
             return bodies.arrow_answer(result), bodies.ARROW

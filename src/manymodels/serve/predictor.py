@@ -154,9 +154,12 @@ def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
         return groups
     import pandas as pd
 
-    frame = pd.DataFrame({i: c for i, c in enumerate(key_columns)})
-    found = frame.groupby(list(frame.columns), sort=False, dropna=False).indices
-    return {(k if isinstance(k, tuple) else (k,)): v for k, v in found.items()}
+    # grouped by codes: pandas would make an object column of ints and a null floats
+    codes, uniques = zip(*(pd.factorize(c, use_na_sentinel=False) for c in key_columns))
+    found = pd.DataFrame(dict(enumerate(codes))).groupby(list(range(len(codes))),
+                                                          sort=False).indices
+    return {tuple(values[code] for values, code in zip(
+        uniques, k if isinstance(k, tuple) else (k,))): v for k, v in found.items()}
 
 
 def _take(values: Any, rows: Any) -> np.ndarray:
