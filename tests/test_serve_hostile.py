@@ -204,3 +204,27 @@ def test_integer_keys_past_2_53_stay_exact_whatever_the_other_rows_hold(tmp_path
     got = pa.ipc.open_stream(answer.content).read_all().to_pydict()
     assert got["prediction"][:3] == pytest.approx([1.0, 3.0, 4.0])
     assert got["source"] == ["group"] * 3 + ["none"]
+
+
+def test_a_model_path_reads_the_key_as_its_column_holds_keys(tmp_path):
+    texts = ["1", "1.0", "true", "null", "1e3", "[1]"]
+    client = _keyed(tmp_path / "text", texts, [100.0 * (i + 1) for i in range(len(texts))])
+    for text in texts:
+        answer = client.get("/v1/models/" + text)
+        assert answer.status_code == 200, (text, answer.json())
+        assert answer.json()["task_key"] == [text] and answer.json()["key"] == [text]
+    assert client.get("/v1/models/2").status_code == 404
+    # a column of numbers: the text read as one
+    client = _keyed(tmp_path / "ints", [1, 2, 2**53 + 1], [1.0, 2.0, 3.0])
+    for text, key in [("2", 2), ("2.0", 2), (str(2**53 + 1), 2**53 + 1)]:
+        assert client.get("/v1/models/" + text).json()["task_key"] == [key]
+    assert client.get("/v1/models/true").status_code == 404
+    # keys of several columns: a JSON list, a text column's value quoted
+    frame = pd.DataFrame({"s": np.repeat(["1", "a"], 5), "n": np.repeat([7, 8], 5),
+                          "x": np.arange(10.0), "y": np.repeat([1.0, 2.0], 5)})
+    mm.train(fit_x, mm.groups(frame, by=["s", "n"]), store=tmp_path / "two",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "two")
+    assert client.get('/v1/models/["1",7]').json()["task_key"] == ["1", 7]
+    assert client.get('/v1/models/["a",8]').json()["task_key"] == ["a", 8]
+    assert client.get("/v1/models/a").status_code == 400

@@ -27,8 +27,9 @@ from typing import Any
 
 from ..engine.execution import metrics_dict
 from ..engine.messages import Status
+from ..inputs.keys import canonical
 from ..store import taskblocks
-from .keytable import KeyTable
+from .keytable import KeyTable, value_kind
 
 #: What ``GET /v1/models/{key}`` reads of a group's task.
 _DESCRIBED = ["key", "status", "artifact", "size", "metrics", "duration_s", "started_at",
@@ -49,6 +50,22 @@ class Catalog:
     linear: Any = None  # the LinearResult of an mm.linear run
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _described: dict[int, Any] = field(default_factory=dict, repr=False)
+    _kinds: tuple[frozenset[str], ...] | None = field(default=None, repr=False)
+
+    @property
+    def key_kinds(self) -> tuple[frozenset[str], ...]:
+        """What each key column holds (:meth:`KeyTable.kinds`), read once:
+        how a key given as text is read (:func:`key_parts`)."""
+        if self._kinds is None:
+            if self.linear is not None:
+                kinds = tuple(frozenset(value_kind(canonical(value)) for value in
+                                        self.linear.keys[name].unique())
+                              for name in self.by)
+            else:
+                kinds = self.keys.kinds(len(self.by)) if self.keys is not None else (
+                    (frozenset(),) * len(self.by))
+            self._kinds = kinds
+        return self._kinds
 
     @property
     def models(self) -> int:
@@ -210,17 +227,31 @@ def _models_of(store: Any, run_id: int) -> tuple[Any, Any]:
 
 
 def key_parts(catalog: Catalog, text: str) -> tuple:
-    """The key of ``GET /v1/models/{key}``: a JSON list for several key
-    columns (``["s1", 7]``), else the value itself (``s1`` or ``7``)."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
-        value = text
-    if isinstance(value, float) and not math.isfinite(value):
-        value = text  # NaN, Infinity: the text, as no key is a number JSON cannot say
+    """The key of ``GET /v1/models/{key}``, read as its column holds keys
+    (:attr:`Catalog.key_kinds`): a column of text takes the text as it is
+    (``1.0``, ``true``, ``null`` are text there); any other reads it as
+    JSON where that gives a value of a kind the column holds (``7`` where
+    it holds numbers, ``true`` where bools), else as the text. Several key
+    columns: a JSON list of their values, ``["s1", 7]``."""
+    kinds = catalog.key_kinds
     if len(catalog.by) > 1:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            value = None
         if not isinstance(value, list) or len(value) != len(catalog.by):
             raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "
                              f"({', '.join(catalog.by)}), got {text!r}")
         return tuple(value)
-    return (value,) if not isinstance(value, (list, dict)) else (text,)
+    if "text" in kinds[0]:
+        return (text,)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
+        return (text,)
+    if isinstance(value, float) and not math.isfinite(value):
+        return (text,)  # NaN, Infinity: no key is a number JSON cannot say
+    kind = value_kind(value)
+    if kind in ("number", "bool", "null") and (kind in kinds[0] or not kinds[0]):
+        return (value,)
+    return (text,)
