@@ -228,3 +228,51 @@ def test_a_model_path_reads_the_key_as_its_column_holds_keys(tmp_path):
     assert client.get('/v1/models/["1",7]').json()["task_key"] == ["1", 7]
     assert client.get('/v1/models/["a",8]').json()["task_key"] == ["a", 8]
     assert client.get("/v1/models/a").status_code == 400
+
+
+def test_iso_text_reaches_a_store_keyed_by_datetimes_or_dates(tmp_path):
+    import datetime as dt
+
+    days = pd.to_datetime(["2024-01-01", "2024-07-01"])
+    client = _keyed(tmp_path / "naive", days, [100.0, 200.0])
+    mm.Store(tmp_path / "naive").attach(1, "fallback", LinearRegression().fit(
+        np.zeros((3, 1)), [-1.0] * 3))
+    client = _app(tmp_path / "naive")
+    rows = [{"k": "2024-01-01", "x": 0.0}, {"k": "2024-07-01T00:00:00", "x": 0.0},
+            {"k": "2024-03-01", "x": 0.0}, {"k": None, "x": 0.0}]
+    body = client.post("/v1/predict", json={"rows": rows}).json()
+    assert body["predictions"] == pytest.approx([100.0, 200.0, -1.0, -1.0])
+    assert body["source"] == ["group", "group", "fallback", "fallback"]
+    answer = client.get("/v1/models/2024-07-01T00:00:00")
+    assert answer.json()["source"] == "group" and answer.json()["task_key"] == [{"$datetime":
+        "2024-07-01T00:00:00"}]
+    assert answer.json()["key"] == ["2024-07-01T00:00:00"]
+    for text, why in [("yesterday", "ISO"), ("2024-01-01T00:00:00Z", "time zone")]:
+        answer = client.post("/v1/predict", json={"rows": [{"k": text, "x": 0.0}]})
+        assert answer.status_code == 422 and "'k'" in answer.json()["error"], answer.json()
+        assert why in answer.json()["error"]
+        assert client.get("/v1/models/" + text).status_code == 422
+    # keys with a time zone: any offset names the same instant; text without one is refused
+    client = _keyed(tmp_path / "paris", days.tz_localize("Europe/Paris"), [1.0, 2.0])
+    rows = [{"k": "2024-06-30T22:00:00Z", "x": 0.0}, {"k": "2024-01-01T00:00:00+01:00",
+                                                      "x": 0.0}]
+    assert client.post("/v1/predict", json={"rows": rows}).json()["predictions"] == (
+        pytest.approx([2.0, 1.0]))
+    assert client.get("/v1/models/2023-12-31T23:00:00Z").json()["source"] == "group"
+    answer = client.post("/v1/predict", json={"rows": [{"k": "2024-01-01", "x": 0.0}]})
+    assert answer.status_code == 422 and "time zone" in answer.json()["error"]
+    # dates, and a key of several columns
+    frame = pd.DataFrame({"s": ["a"] * 10, "d": [dt.date(2024, 1, 1)] * 5 + [
+        dt.date(2024, 1, 2)] * 5, "x": np.arange(10.0), "y": np.repeat([5.0, 6.0], 5)})
+    mm.train(fit_x, mm.groups(frame, by=["s", "d"]), store=tmp_path / "dates",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "dates")
+    rows = [{"s": "a", "d": "2024-01-02", "x": 0.0}, {"s": "a", "d": "2024-01-01", "x": 0.0}]
+    assert client.post("/v1/predict", json={"rows": rows}).json()["predictions"] == (
+        pytest.approx([6.0, 5.0]))
+    described = client.get('/v1/models/["a","2024-01-02"]').json()
+    assert described["key"] == ["a", "2024-01-02"]
+    assert described["task_key"] == ["a", {"$date": "2024-01-02"}]
+    answer = client.post("/v1/predict", json={"rows": [{"s": "a", "d": "2024-01-02T01:00",
+                                                         "x": 0.0}]})
+    assert answer.status_code == 422 and "'d'" in answer.json()["error"]

@@ -18,6 +18,7 @@ columns) a ``TypedKeys`` is built once, on the first such miss.
 from __future__ import annotations
 
 import binascii
+import datetime
 import itertools
 import json
 import threading
@@ -147,13 +148,16 @@ class KeyTable(Mapping):
         readings = 1
         for value in parts:
             readings *= len(_typings(value))
-        if readings <= READINGS_TRIED:
+        # a zone-aware datetime stored in another zone is found by its instant (TypedKeys)
+        zoned = any(isinstance(value, datetime.datetime) and value.tzinfo is not None
+                    for value in parts)
+        if readings <= READINGS_TRIED and not zoned:
             for variant in itertools.islice(typed_otherwise(parts), READINGS_TRIED):
                 found = self.get(encode_key(variant))
                 if found is not None:
                     return found
             return None
-        with self._lock:  # keys of many integer columns: indexed once, as TypedKeys does
+        with self._lock:  # keys of many integer columns, or zoned: indexed once, as TypedKeys does
             if self._typed is None:
                 self._typed = TypedKeys({text: self._artifacts.text(position)
                                          for position, text in enumerate(self)})

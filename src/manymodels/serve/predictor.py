@@ -21,7 +21,7 @@ from ..inputs.keys import encode_key
 from ..run.prediction import CORRUPT, GroupPredictor
 from ..store import StoreIntegrityError
 from .cache import ModelCache
-from .catalog import Catalog
+from .catalog import Catalog, KeyTextError, temporal, temporal_key
 
 #: Rows grouped in a Python loop below this; pandas' groupby above it.
 _LOOP_BELOW = 256
@@ -73,7 +73,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
                        else "")
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
-    groups = _group_rows([columns[c] for c in catalog.by], n)
+    groups = _group_rows(_key_values(catalog, columns), n)
     predictor = _ServedPredictor(catalog, cache)
     plan = []
     for parts, rows in groups.items():
@@ -142,6 +142,37 @@ def _missing(columns: Mapping[str, Any], name: str, what: str) -> RequestError:
     if row is not None:
         return RequestError(422, f"row {row} has no column {name!r}{what}")
     return RequestError(422, f"the rows have no column {name!r}{what}")
+
+
+def _key_values(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+    """The rows' group columns, as their models' keys are read: text in a
+    column of datetimes or dates as ISO-8601 (JSON has neither), refused by
+    column and row where it is not one."""
+    found = []
+    for name, kinds in zip(catalog.by, _kinds_if_text(catalog, columns)):
+        values = columns[name]
+        if kinds is not None and temporal(kinds):
+            read = np.empty(len(values), dtype=object)
+            for row, value in enumerate(values):
+                try:
+                    read[row] = temporal_key(value, kinds, name) if isinstance(
+                        value, str) else value
+                except KeyTextError as exc:
+                    raise RequestError(422, f"row {row}: {exc}") from exc
+            values = read
+        found.append(values)
+    return found
+
+
+def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+    """Each group column's kinds (:attr:`Catalog.key_kinds`) where the rows
+    give it text, else None: the kinds are read once a catalog, and only
+    then."""
+    texts = [isinstance(values, np.ndarray) and values.dtype == object and any(
+        type(value) is str for value in values) for values in map(columns.get, catalog.by)]
+    if not any(texts):
+        return [None] * len(texts)
+    return [kinds if text else None for kinds, text in zip(catalog.key_kinds, texts)]
 
 
 def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
