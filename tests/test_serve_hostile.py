@@ -276,3 +276,32 @@ def test_iso_text_reaches_a_store_keyed_by_datetimes_or_dates(tmp_path):
     answer = client.post("/v1/predict", json={"rows": [{"s": "a", "d": "2024-01-02T01:00",
                                                          "x": 0.0}]})
     assert answer.status_code == 422 and "'d'" in answer.json()["error"]
+
+
+def test_a_row_needs_only_the_features_of_its_own_model(tmp_path):
+    client = _keyed(tmp_path / "few", [1, 2], [10.0, 20.0])
+    # a row whose group has no model needs no features, beside rows that have one
+    rows = [{"k": 99}, {"k": 2, "x": 0.0}, {"k": 98, "other": 1}, {"k": 1, "x": 0.0}]
+    body = client.post("/v1/predict", json={"rows": rows}).json()
+    assert body["predictions"] == pytest.approx([None, 20.0, None, 10.0])
+    assert body["source"] == ["none", "group", "none", "group"]
+    # a row without a feature its own model reads is refused by its number
+    rows = [{"k": 99}, {"k": 2, "x": 0.0}, {"k": 2}]
+    answer = client.post("/v1/predict", json={"rows": rows})
+    assert answer.status_code == 422 and "row 2 has no column 'x'" in answer.json()["error"]
+    # a model naming no features reads every column of its rows: its rows need them all
+    frame = _sales()
+    mm.train(fit_price_numpy, mm.groups(frame[frame.store < 2], by="store"),
+             store=tmp_path / "numpy", backend="serial", progress=False)
+    client = _app(tmp_path / "numpy")
+    body = client.post("/v1/predict", json={"rows": [{"store": 1, "price": 0.5},
+                                                     {"store": 7}]}).json()
+    assert body["source"] == ["group", "none"]
+    answer = client.post("/v1/predict", json={"rows": [{"store": 7}, {"store": 1, "price": 0.5},
+                                                       {"store": 1}]})
+    assert answer.status_code == 422 and "row 2 has no column 'price'" in answer.json()[
+        "error"]
+
+
+def fit_price_numpy(df):
+    return Ridge(alpha=0.5).fit(df[["price"]].to_numpy(), df["sales"].to_numpy())

@@ -50,29 +50,37 @@ def json_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, Any
         names.update(dict.fromkeys(row))
     columns = JsonColumns()
     for name in names:
-        values = []
+        values, lacking = [], []
         for position, row in enumerate(rows):
-            if name not in row:  # refused only if a model reads it (predict_rows)
-                columns.partial[name] = position
-                break
+            if name not in row:  # refused only where the row's model reads it (predict_rows)
+                lacking.append(position)
+                continue
             value = row[name]
             if not isinstance(value, _SCALARS):
                 raise RequestError(400, f"column {name!r} of row {position} holds a "
                                         f"{type(value).__name__}: a value must be a number, "
                                         "text, true/false or null")
             values.append(value)
-        else:
-            columns[name] = (_key_array if name in keys else _array)(values)
+        typed = (_key_array if name in keys else _array)(values)
+        if lacking:
+            columns.partial[name] = mask = np.zeros(len(rows), dtype=bool)
+            mask[lacking] = True
+            full = np.zeros(len(rows), dtype=typed.dtype) if typed.dtype != object else (
+                np.full(len(rows), None, dtype=object))
+            full[~mask] = typed
+            typed = full
+        columns[name] = typed
     return columns, len(rows)
 
 
 class JsonColumns(dict):
-    """A JSON body's columns; ``partial``: a column some rows lack -> the first
-    such row (left out of the columns: a column no model reads is ignored)."""
+    """A JSON body's columns; ``partial``: a column some rows lack -> which
+    (True where lacking; their cells hold a filler, never given to a model:
+    a row is refused only where its own model reads the column)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.partial: dict[str, int] = {}
+        self.partial: dict[str, np.ndarray] = {}
 
 
 def _array(values: list) -> np.ndarray:
