@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from sklearn.linear_model import Ridge
+from sklearn.linear_model import LinearRegression, Ridge
 from typer.testing import CliRunner
 
 import manymodels as mm
@@ -162,3 +162,146 @@ def test_a_store_path_that_is_a_file_is_said_to_be_one(tmp_path):
     a_file.write_text("x")
     done = CliRunner().invoke(app, ["serve", str(a_file)])
     assert done.exit_code == 2 and "is a file" in done.output
+
+
+# -- the keys of a request, read as they were stored -------------------------------
+
+
+def _app(path):
+    from starlette.testclient import TestClient
+
+    return TestClient(mm.serve_app(path, poll=None))
+
+
+def fit_x(df):
+    return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def _keyed(path, keys, values):
+    """A store of one LinearRegression per key, each predicting its own value."""
+    frame = pd.DataFrame({"k": np.repeat(keys, 5), "x": np.random.default_rng(0).normal(
+        size=5 * len(keys)), "y": np.repeat(values, 5)})
+    mm.train(fit_x, mm.groups(frame, by="k"), store=path, backend="serial", progress=False)
+    return _app(path)
+
+
+def test_integer_keys_past_2_53_stay_exact_whatever_the_other_rows_hold(tmp_path):
+    ids = [10**17 + 1, 2**53, 2**53 + 1]
+    client = _keyed(tmp_path / "big", np.array(ids, dtype=np.int64), [1.0, 3.0, 4.0])
+    rows = [{"k": k, "x": 0.0} for k in ids]
+    for extra in ([], [{"k": None, "x": 0.0}], [{"k": 0.5, "x": 0.0}]):
+        body = client.post("/v1/predict", json={"rows": rows + extra}).json()
+        assert body["predictions"] == pytest.approx([1.0, 3.0, 4.0] + [None] * len(extra))
+        assert body["source"] == ["group"] * 3 + ["none"] * len(extra)
+    # past the rows grouped in a loop (pandas groups them): the same
+    body = client.post("/v1/predict", json={"rows": (rows + [{"k": None, "x": 0.0}]) * 100})
+    assert body.json()["predictions"][:4] == pytest.approx([1.0, 3.0, 4.0, None])
+    assert body.json()["source"][:8] == ["group"] * 3 + ["none"] + ["group"] * 3 + ["none"]
+    # an Arrow int64 column with a null
+    table = pa.table({"k": pa.array(ids + [None], pa.int64()), "x": [0.0] * 4})
+    answer = client.post("/v1/predict", content=_arrow(table),
+                         headers={"content-type": "application/vnd.apache.arrow.stream"})
+    got = pa.ipc.open_stream(answer.content).read_all().to_pydict()
+    assert got["prediction"][:3] == pytest.approx([1.0, 3.0, 4.0])
+    assert got["source"] == ["group"] * 3 + ["none"]
+
+
+def test_a_model_path_reads_the_key_as_its_column_holds_keys(tmp_path):
+    texts = ["1", "1.0", "true", "null", "1e3", "[1]"]
+    client = _keyed(tmp_path / "text", texts, [100.0 * (i + 1) for i in range(len(texts))])
+    for text in texts:
+        answer = client.get("/v1/models/" + text)
+        assert answer.status_code == 200, (text, answer.json())
+        assert answer.json()["task_key"] == [text] and answer.json()["key"] == [text]
+    assert client.get("/v1/models/2").status_code == 404
+    # a column of numbers: the text read as one
+    client = _keyed(tmp_path / "ints", [1, 2, 2**53 + 1], [1.0, 2.0, 3.0])
+    for text, key in [("2", 2), ("2.0", 2), (str(2**53 + 1), 2**53 + 1)]:
+        assert client.get("/v1/models/" + text).json()["task_key"] == [key]
+    assert client.get("/v1/models/true").status_code == 404
+    # keys of several columns: a JSON list, a text column's value quoted
+    frame = pd.DataFrame({"s": np.repeat(["1", "a"], 5), "n": np.repeat([7, 8], 5),
+                          "x": np.arange(10.0), "y": np.repeat([1.0, 2.0], 5)})
+    mm.train(fit_x, mm.groups(frame, by=["s", "n"]), store=tmp_path / "two",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "two")
+    assert client.get('/v1/models/["1",7]').json()["task_key"] == ["1", 7]
+    assert client.get('/v1/models/["a",8]').json()["task_key"] == ["a", 8]
+    assert client.get("/v1/models/a").status_code == 400
+
+
+def test_iso_text_reaches_a_store_keyed_by_datetimes_or_dates(tmp_path):
+    import datetime as dt
+
+    days = pd.to_datetime(["2024-01-01", "2024-07-01"])
+    client = _keyed(tmp_path / "naive", days, [100.0, 200.0])
+    mm.Store(tmp_path / "naive").attach(1, "fallback", LinearRegression().fit(
+        np.zeros((3, 1)), [-1.0] * 3))
+    client = _app(tmp_path / "naive")
+    rows = [{"k": "2024-01-01", "x": 0.0}, {"k": "2024-07-01T00:00:00", "x": 0.0},
+            {"k": "2024-03-01", "x": 0.0}, {"k": None, "x": 0.0}]
+    body = client.post("/v1/predict", json={"rows": rows}).json()
+    assert body["predictions"] == pytest.approx([100.0, 200.0, -1.0, -1.0])
+    assert body["source"] == ["group", "group", "fallback", "fallback"]
+    answer = client.get("/v1/models/2024-07-01T00:00:00")
+    assert answer.json()["source"] == "group" and answer.json()["task_key"] == [{"$datetime":
+        "2024-07-01T00:00:00"}]
+    assert answer.json()["key"] == ["2024-07-01T00:00:00"]
+    for text, why in [("yesterday", "ISO"), ("2024-01-01T00:00:00Z", "time zone")]:
+        answer = client.post("/v1/predict", json={"rows": [{"k": text, "x": 0.0}]})
+        assert answer.status_code == 422 and "'k'" in answer.json()["error"], answer.json()
+        assert why in answer.json()["error"]
+        assert client.get("/v1/models/" + text).status_code == 422
+    # keys with a time zone: any offset names the same instant; text without one is refused
+    client = _keyed(tmp_path / "paris", days.tz_localize("Europe/Paris"), [1.0, 2.0])
+    rows = [{"k": "2024-06-30T22:00:00Z", "x": 0.0}, {"k": "2024-01-01T00:00:00+01:00",
+                                                      "x": 0.0}]
+    assert client.post("/v1/predict", json={"rows": rows}).json()["predictions"] == (
+        pytest.approx([2.0, 1.0]))
+    assert client.get("/v1/models/2023-12-31T23:00:00Z").json()["source"] == "group"
+    answer = client.post("/v1/predict", json={"rows": [{"k": "2024-01-01", "x": 0.0}]})
+    assert answer.status_code == 422 and "time zone" in answer.json()["error"]
+    # dates, and a key of several columns
+    frame = pd.DataFrame({"s": ["a"] * 10, "d": [dt.date(2024, 1, 1)] * 5 + [
+        dt.date(2024, 1, 2)] * 5, "x": np.arange(10.0), "y": np.repeat([5.0, 6.0], 5)})
+    mm.train(fit_x, mm.groups(frame, by=["s", "d"]), store=tmp_path / "dates",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "dates")
+    rows = [{"s": "a", "d": "2024-01-02", "x": 0.0}, {"s": "a", "d": "2024-01-01", "x": 0.0}]
+    assert client.post("/v1/predict", json={"rows": rows}).json()["predictions"] == (
+        pytest.approx([6.0, 5.0]))
+    described = client.get('/v1/models/["a","2024-01-02"]').json()
+    assert described["key"] == ["a", "2024-01-02"]
+    assert described["task_key"] == ["a", {"$date": "2024-01-02"}]
+    answer = client.post("/v1/predict", json={"rows": [{"s": "a", "d": "2024-01-02T01:00",
+                                                         "x": 0.0}]})
+    assert answer.status_code == 422 and "'d'" in answer.json()["error"]
+
+
+def test_a_row_needs_only_the_features_of_its_own_model(tmp_path):
+    client = _keyed(tmp_path / "few", [1, 2], [10.0, 20.0])
+    # a row whose group has no model needs no features, beside rows that have one
+    rows = [{"k": 99}, {"k": 2, "x": 0.0}, {"k": 98, "other": 1}, {"k": 1, "x": 0.0}]
+    body = client.post("/v1/predict", json={"rows": rows}).json()
+    assert body["predictions"] == pytest.approx([None, 20.0, None, 10.0])
+    assert body["source"] == ["none", "group", "none", "group"]
+    # a row without a feature its own model reads is refused by its number
+    rows = [{"k": 99}, {"k": 2, "x": 0.0}, {"k": 2}]
+    answer = client.post("/v1/predict", json={"rows": rows})
+    assert answer.status_code == 422 and "row 2 has no column 'x'" in answer.json()["error"]
+    # a model naming no features reads every column of its rows: its rows need them all
+    frame = _sales()
+    mm.train(fit_price_numpy, mm.groups(frame[frame.store < 2], by="store"),
+             store=tmp_path / "numpy", backend="serial", progress=False)
+    client = _app(tmp_path / "numpy")
+    body = client.post("/v1/predict", json={"rows": [{"store": 1, "price": 0.5},
+                                                     {"store": 7}]}).json()
+    assert body["source"] == ["group", "none"]
+    answer = client.post("/v1/predict", json={"rows": [{"store": 7}, {"store": 1, "price": 0.5},
+                                                       {"store": 1}]})
+    assert answer.status_code == 422 and "row 2 has no column 'price'" in answer.json()[
+        "error"]
+
+
+def fit_price_numpy(df):
+    return Ridge(alpha=0.5).fit(df[["price"]].to_numpy(), df["sales"].to_numpy())

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from ..store import StoreIntegrityError
 from . import requests as bodies
-from .catalog import key_parts
+from .catalog import KeyTextError, key_parts, plain
 from .fastpath import ROUTE, PredictFirst, authorized
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
@@ -94,7 +94,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
 
     def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
         catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
-        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body)
+        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body, catalog.by)
         result = predict_rows(catalog, served.cache, served.store, columns, n, ordered=arrow)
         if arrow:
             return bodies.arrow_answer(result), bodies.ARROW
@@ -104,13 +104,16 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         catalog = served.catalog
         try:
             parts = key_parts(catalog, request.path_params["key"])
+        except KeyTextError as exc:
+            raise RequestError(422, str(exc)) from exc
         except ValueError as exc:
             raise RequestError(400, str(exc)) from exc
         described = await run_in_threadpool(catalog.describe, served.store, parts)
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)
-        return JSONResponse({"key": list(parts), "by": catalog.by, **described})
+        return JSONResponse({"key": [plain(part) for part in parts], "by": catalog.by,
+                             **described})
 
     async def reload(request: Request) -> Response:
         changed = await run_in_threadpool(served.reload)

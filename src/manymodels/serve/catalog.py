@@ -19,16 +19,19 @@ is that run's models alone.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.execution import metrics_dict
 from ..engine.messages import Status
+from ..inputs.keys import canonical
 from ..store import taskblocks
-from .keytable import KeyTable
+from .keytable import TEMPORAL, KeyTable, value_kind
 
 #: What ``GET /v1/models/{key}`` reads of a group's task.
 _DESCRIBED = ["key", "status", "artifact", "size", "metrics", "duration_s", "started_at",
@@ -49,6 +52,22 @@ class Catalog:
     linear: Any = None  # the LinearResult of an mm.linear run
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _described: dict[int, Any] = field(default_factory=dict, repr=False)
+    _kinds: tuple[frozenset[str], ...] | None = field(default=None, repr=False)
+
+    @property
+    def key_kinds(self) -> tuple[frozenset[str], ...]:
+        """What each key column holds (:meth:`KeyTable.kinds`), read once:
+        how a key given as text is read (:func:`key_parts`)."""
+        if self._kinds is None:
+            if self.linear is not None:
+                kinds = tuple(frozenset(value_kind(canonical(value)) for value in
+                                        self.linear.keys[name].unique())
+                              for name in self.by)
+            else:
+                kinds = self.keys.kinds(len(self.by)) if self.keys is not None else (
+                    (frozenset(),) * len(self.by))
+            self._kinds = kinds
+        return self._kinds
 
     @property
     def models(self) -> int:
@@ -107,9 +126,9 @@ class Catalog:
         row = int(result.group_of(frame)[0])
         if row < 0:
             return None
-        metrics = {name: _plain(value) for name, value in result.metrics.iloc[row].items()}
+        metrics = {name: plain(value) for name, value in result.metrics.iloc[row].items()}
         return {"source": "group", "run_id": self.run_id, "linear": True,
-                "metrics": metrics, "coefficients": _plain(result.coef[row])}
+                "metrics": metrics, "coefficients": plain(result.coef[row])}
 
 
 def _index_of(column: Any, value: str) -> int | None:
@@ -119,12 +138,12 @@ def _index_of(column: Any, value: str) -> int | None:
     return None if where is None or where < 0 else int(where)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A NumPy or pandas value as JSON can hold it."""
     import numpy as np
 
     if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
+        return [plain(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         value = value.item()
     if value is None or isinstance(value, (bool, int, str)):
@@ -133,7 +152,9 @@ def _plain(value: Any) -> Any:
         return None if value != value else value
     import pandas as pd
 
-    return None if pd.isna(value) else str(value)  # pd.NA, NaT; a timestamp as text
+    if pd.isna(value):  # pd.NA, NaT
+        return None
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 # -- reading a catalog from the store ----------------------------------------------
@@ -210,17 +231,84 @@ def _models_of(store: Any, run_id: int) -> tuple[Any, Any]:
 
 
 def key_parts(catalog: Catalog, text: str) -> tuple:
-    """The key of ``GET /v1/models/{key}``: a JSON list for several key
-    columns (``["s1", 7]``), else the value itself (``s1`` or ``7``)."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
-        value = text
-    if isinstance(value, float) and not math.isfinite(value):
-        value = text  # NaN, Infinity: the text, as no key is a number JSON cannot say
+    """The key of ``GET /v1/models/{key}``, read as its column holds keys
+    (:attr:`Catalog.key_kinds`): a column of text takes the text as it is
+    (``1.0``, ``true``, ``null`` are text there); any other reads it as
+    JSON where that gives a value of a kind the column holds (``7`` where
+    it holds numbers, ``true`` where bools), else as the text. Several key
+    columns: a JSON list of their values, ``["s1", 7]``. A column of
+    datetimes or dates reads ISO-8601 text (:func:`temporal_key`)."""
+    kinds = catalog.key_kinds
     if len(catalog.by) > 1:
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            value = None
         if not isinstance(value, list) or len(value) != len(catalog.by):
             raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "
                              f"({', '.join(catalog.by)}), got {text!r}")
-        return tuple(value)
-    return (value,) if not isinstance(value, (list, dict)) else (text,)
+        return tuple(temporal_key(v, column, name) if isinstance(v, str) and temporal(column)
+                     else v for v, column, name in zip(value, kinds, catalog.by))
+    if temporal(kinds[0]):
+        return (temporal_key(text, kinds[0], catalog.by[0]),)
+    if "text" in kinds[0]:
+        return (text,)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
+        return (text,)
+    if isinstance(value, float) and not math.isfinite(value):
+        return (text,)  # NaN, Infinity: no key is a number JSON cannot say
+    kind = value_kind(value)
+    if kind in ("number", "bool", "null") and (kind in kinds[0] or not kinds[0]):
+        return (value,)
+    return (text,)
+
+
+class KeyTextError(ValueError):
+    """Text given for a column of datetimes or dates that is not one (422)."""
+
+
+def temporal(kinds: frozenset[str]) -> bool:
+    """Whether a key column of these kinds holds datetimes or dates (and
+    perhaps nulls) only: text given for it is read as ISO-8601."""
+    return bool(kinds & TEMPORAL) and kinds <= TEMPORAL | {"null"}
+
+
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_ISO_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}(?::[0-9]{2}(?::[0-9]{2}"
+                           r"(?:[.,][0-9]{1,9})?)?)?)?(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
+
+
+def temporal_key(text: str, kinds: frozenset[str], column: str) -> Any:
+    """ISO-8601 ``text`` as the key value of ``column``, which holds
+    ``kinds`` (:func:`temporal`): a date, or a ``pandas.Timestamp`` with a
+    time zone (as UTC: the same instant in any zone is one key) where the
+    column's keys have one, and without where they have none, as
+    ``Store.predict`` matches them. Raises :class:`KeyTextError` naming
+    ``column`` otherwise."""
+    if "date" in kinds and _ISO_DATE.fullmatch(text):
+        try:
+            return _dt.date.fromisoformat(text)
+        except ValueError as exc:
+            raise KeyTextError(f"column {column!r} holds dates: {text!r} is not one "
+                               f"({exc})") from exc
+    timed = kinds & {"datetime", "zoned"}
+    if not timed or not _ISO_DATETIME.fullmatch(text):
+        raise KeyTextError(f"column {column!r} holds {'datetimes' if timed else 'dates'}: "
+                           f"{text!r} is not an ISO-8601 "
+                           f"{'datetime (2024-01-31T08:00:00)' if timed else 'date (2024-01-31)'}")
+    import pandas as pd
+
+    try:
+        stamp = pd.Timestamp(text)
+    except ValueError as exc:
+        raise KeyTextError(f"column {column!r} holds datetimes: {text!r} is not an ISO-8601 "
+                           f"datetime ({exc})") from exc
+    if stamp.tzinfo is None and "datetime" not in timed:
+        raise KeyTextError(f"column {column!r} holds datetimes with a time zone: {text!r} has "
+                           "none; give its offset (2024-01-31T08:00:00Z, ...+01:00)")
+    if stamp.tzinfo is not None and "zoned" not in timed:
+        raise KeyTextError(f"column {column!r} holds datetimes without a time zone: {text!r} "
+                           "has one; give the datetime without its offset")
+    return stamp if stamp.tzinfo is None else stamp.tz_convert("UTC")

@@ -18,7 +18,9 @@ columns) a ``TypedKeys`` is built once, on the first such miss.
 from __future__ import annotations
 
 import binascii
+import datetime
 import itertools
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..inputs.keys import TypedKeys, _typings, encode_key, typed_otherwise
+from ..inputs.keys import UTC_OFFSET, TypedKeys, _typings, encode_key, typed_otherwise
 from ..inputs.tables import string_offsets
 from ..store import packs
 
@@ -113,6 +115,29 @@ class KeyTable(Mapping):
         """The bytes its columns hold."""
         return len(self._data) + self._starts.nbytes + self._artifacts.nbytes
 
+    def kinds(self, width: int) -> tuple[frozenset[str], ...]:
+        """What each of the ``width`` key columns holds, as :func:`value_kind`
+        names it: read from the keys' text at once in Arrow for one column;
+        for several, only their dates are told (a JSON list says its other
+        values' types, and decoding a million keys costs seconds), the other
+        columns' sets left empty."""
+        if width == 1:
+            keys = pa.Array.from_buffers(pa.large_string(), self._count, [
+                None, pa.py_buffer(self._starts), pa.py_buffer(self._data)])
+            told = {kind: pc.match_substring_regex(keys, pattern)
+                    for kind, pattern in _KIND_PATTERNS.items()}
+            kinds = {kind for kind, found in told.items() if pc.any(found).as_py()}
+            if self._count and not pc.all(_any_of(list(told.values()))).as_py():
+                kinds.add("other")
+            return (frozenset(kinds),)
+        if b'"$date' not in self._data:
+            return (frozenset(),) * width
+        found: list[set[str]] = [set() for _ in range(width)]
+        for text in self:
+            for column, value in zip(found, json.loads(text)):
+                column.add(value_kind(value))
+        return tuple(frozenset(column & TEMPORAL) for column in found)
+
     def find(self, parts: tuple) -> str | None:
         """The artifact of ``parts``' encoded key, or else of the first of
         :func:`~manymodels.inputs.keys.typed_otherwise`'s readings of it that
@@ -123,13 +148,16 @@ class KeyTable(Mapping):
         readings = 1
         for value in parts:
             readings *= len(_typings(value))
-        if readings <= READINGS_TRIED:
+        # a zone-aware datetime stored in another zone is found by its instant (TypedKeys)
+        zoned = any(isinstance(value, datetime.datetime) and value.tzinfo is not None
+                    for value in parts)
+        if readings <= READINGS_TRIED and not zoned:
             for variant in itertools.islice(typed_otherwise(parts), READINGS_TRIED):
                 found = self.get(encode_key(variant))
                 if found is not None:
                     return found
             return None
-        with self._lock:  # keys of many integer columns: indexed once, as TypedKeys does
+        with self._lock:  # keys of many integer columns, or zoned: indexed once, as TypedKeys does
             if self._typed is None:
                 self._typed = TypedKeys({text: self._artifacts.text(position)
                                          for position, text in enumerate(self)})
@@ -201,6 +229,44 @@ class _Artifacts:
         pack, offset, size = self.places[position].tolist()
         digest = self.digests[position].tobytes().hex()
         return digest if pack < 0 else f"{digest}@{pack}/{offset}/{size}"
+
+
+#: The kinds of key value a lookup tells apart when it reads a key's text.
+TEMPORAL = frozenset({"datetime", "zoned", "date"})
+
+#: Each kind of one-column key, by the text :func:`encode_key` gives it.
+_KIND_PATTERNS = {"text": r'^\["', "number": r"^\[-?[0-9]", "bool": r"^\[(true|false)\]$",
+                  "null": r"^\[null\]$", "date": r'^\[\{"\$date": ',
+                  "datetime": r'^\[\{"\$datetime": "[0-9-]+T[0-9:.]+"\}\]$',
+                  "zoned": r'^\[\{"\$datetime": "[^"]*(Z|[+-][0-9][0-9]:[0-9][0-9])"\}\]$'}
+
+
+def value_kind(value: Any) -> str:
+    """The kind of one canonical (JSON) key value: ``text``, ``number``,
+    ``bool``, ``null``, ``datetime`` (without a time zone), ``zoned`` (with
+    one), ``date``, or ``other``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, text), = value.items()
+        if tag == "$date":
+            return "date"
+        if tag == "$datetime" and isinstance(text, str):
+            return "zoned" if UTC_OFFSET.search(text) else "datetime"
+    return "other"
+
+
+def _any_of(masks: list) -> Any:
+    found = masks[0]
+    for mask in masks[1:]:
+        found = pc.or_(found, mask)
+    return found
 
 
 def _strings(values: Any) -> pa.Array:

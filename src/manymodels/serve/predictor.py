@@ -5,8 +5,9 @@ fallback, else none) and the same call of each model
 server's bounded cache instead of a per-worker dict).
 
 A request is checked whole before any model runs: every group's model is
-found and loaded (a tampered one refused by name), and every column any of
-them reads is there in every row; only then do the models predict.
+found and loaded (a tampered one refused by name), and every column each
+reads is there in each of its rows (a row without a model needs none); only
+then do the models predict.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..inputs.keys import encode_key
 from ..run.prediction import CORRUPT, GroupPredictor
 from ..store import StoreIntegrityError
 from .cache import ModelCache
-from .catalog import Catalog
+from .catalog import Catalog, KeyTextError, temporal, temporal_key
 
 #: Rows grouped in a Python loop below this; pandas' groupby above it.
 _LOOP_BELOW = 256
@@ -67,34 +68,49 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
     client's (an Arrow stream's; a JSON object's keys have none). Raises
     :class:`RequestError` for what the request got wrong,
     :class:`~manymodels.StoreIntegrityError` for a tampered model."""
-    missing = [c for c in [*catalog.by, *(catalog.features or [])] if c not in columns]
+    partial = getattr(columns, "partial", {})
+    missing = [c for c in catalog.by if c not in columns or c in partial]
     if missing:
-        raise _missing(columns, missing[0], " (a group column)" if missing[0] in catalog.by
-                       else "")
+        raise _missing(columns, missing[0], " (a group column)")
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
-    groups = _group_rows([columns[c] for c in catalog.by], n)
+    groups = _group_rows(_key_values(catalog, columns), n)
     predictor = _ServedPredictor(catalog, cache)
     plan = []
     for parts, rows in groups.items():
         digest, source = catalog.find(parts)
+        lacking = _lacking(partial, rows)
         if digest is not None:
             named = f"key {parts[0] if len(parts) == 1 else parts!r}"
             what = named if source != "fallback" else f"the fallback model (asked for {named})"
             model = predictor._model(store, digest, what)
-            _check_features(predictor, model, columns, ordered)
-        plan.append((parts, rows, digest, source))
+            _check_features(predictor, model, columns, ordered, rows, lacking)
+        plan.append((parts, rows, digest, source, lacking))
     return _run_plan(catalog, predictor, store, columns, plan, n)
+
+
+def _lacking(partial: Mapping[str, np.ndarray], rows: Any) -> dict[str, bool]:
+    """The columns some of ``rows`` lack (JSON rows), each -> whether all do."""
+    if not partial:
+        return {}
+    rows = np.asarray(rows)
+    found = {}
+    for name, mask in partial.items():
+        lacks = mask[rows]
+        if lacks.any():
+            found[name] = bool(lacks.all())
+    return found
 
 
 def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
               columns: Mapping[str, Any], plan: list, n: int) -> Answer:
     predictions: list[Any] = [None] * n
     source = ["none"] * n
-    for parts, rows, digest, origin in plan:
+    for parts, rows, digest, origin, lacking in plan:
         if digest is None:
             continue
-        group = {name: _take(values, rows) for name, values in columns.items()}
+        group = {name: _take(values, rows) for name, values in columns.items()
+                 if name not in lacking}
         key = parts if len(parts) > 1 else parts[0]
         try:
             done = predictor(group, {encode_key(parts): digest} if origin != "fallback" else {},
@@ -113,21 +129,23 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
 
 
 def _check_features(predictor: GroupPredictor, model: Any, columns: Mapping[str, Any],
-                    ordered: bool) -> None:
-    """Every column ``model`` reads is in the request (the names
-    ``GroupPredictor`` would give it). A model that names no features, of a
-    run that recorded none, reads every column but the group's in the
-    request's order: JSON rows have none, so more than one such column is
-    refused (the answer would depend on the order of the keys)."""
+                    ordered: bool, rows: Any, lacking: Mapping[str, bool]) -> None:
+    """Every column ``model`` reads is in each of its ``rows`` (the names
+    ``GroupPredictor`` would give it; ``lacking``: the columns some of them
+    lack -> whether all do). A model that names no features, of a run that
+    recorded none, reads every column of its rows but the group's, in the
+    request's order: a column only some of them have is refused, and so,
+    for JSON rows, is more than one such column (the answer would depend on
+    the order of the keys)."""
     names = predictor.features or list(getattr(model, "feature_names_in_", []))
-    missing = [c for c in names if c not in columns]
+    missing = [c for c in names if c not in columns or c in lacking]
     if missing:
-        raise _missing(columns, missing[0], ", a feature of their group's model")
-    if not names and getattr(columns, "partial", None):  # every column but by is read
-        raise _missing(columns, next(iter(columns.partial)), ", a feature of their "
-                       "group's model")
+        raise _missing(columns, missing[0], ", a feature of their group's model", rows)
+    partly = [c for c, every in lacking.items() if not every]
+    if not names and partly:
+        raise _missing(columns, partly[0], ", a feature of their group's model", rows)
     if not names and not ordered:
-        others = [c for c in columns if c not in predictor.by]
+        others = [c for c in columns if c not in predictor.by and c not in lacking]
         if len(others) > 1:
             raise RequestError(422, f"the rows' columns {others} are fed to a model that "
                                     "names no features in their order, and a JSON object's "
@@ -136,12 +154,47 @@ def _check_features(predictor: GroupPredictor, model: Any, columns: Mapping[str,
                                     "features named")
 
 
-def _missing(columns: Mapping[str, Any], name: str, what: str) -> RequestError:
-    """Column ``name`` missing from the rows, or from some of them (JSON rows)."""
-    row = getattr(columns, "partial", {}).get(name)
-    if row is not None:
+def _missing(columns: Mapping[str, Any], name: str, what: str,
+             rows: Any = None) -> RequestError:
+    """Column ``name`` missing from the rows, or from some of them (JSON
+    rows): the first of ``rows`` (default: all) that lacks it is named."""
+    mask = getattr(columns, "partial", {}).get(name)
+    if mask is not None:
+        among = np.arange(len(mask)) if rows is None else np.asarray(rows)
+        row = int(among[mask[among]][0])
         return RequestError(422, f"row {row} has no column {name!r}{what}")
     return RequestError(422, f"the rows have no column {name!r}{what}")
+
+
+def _key_values(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+    """The rows' group columns, as their models' keys are read: text in a
+    column of datetimes or dates as ISO-8601 (JSON has neither), refused by
+    column and row where it is not one."""
+    found = []
+    for name, kinds in zip(catalog.by, _kinds_if_text(catalog, columns)):
+        values = columns[name]
+        if kinds is not None and temporal(kinds):
+            read = np.empty(len(values), dtype=object)
+            for row, value in enumerate(values):
+                try:
+                    read[row] = temporal_key(value, kinds, name) if isinstance(
+                        value, str) else value
+                except KeyTextError as exc:
+                    raise RequestError(422, f"row {row}: {exc}") from exc
+            values = read
+        found.append(values)
+    return found
+
+
+def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+    """Each group column's kinds (:attr:`Catalog.key_kinds`) where the rows
+    give it text, else None: the kinds are read once a catalog, and only
+    then."""
+    texts = [isinstance(values, np.ndarray) and values.dtype == object and any(
+        type(value) is str for value in values) for values in map(columns.get, catalog.by)]
+    if not any(texts):
+        return [None] * len(texts)
+    return [kinds if text else None for kinds, text in zip(catalog.key_kinds, texts)]
 
 
 def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
@@ -154,9 +207,12 @@ def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
         return groups
     import pandas as pd
 
-    frame = pd.DataFrame({i: c for i, c in enumerate(key_columns)})
-    found = frame.groupby(list(frame.columns), sort=False, dropna=False).indices
-    return {(k if isinstance(k, tuple) else (k,)): v for k, v in found.items()}
+    # grouped by codes: pandas would make an object column of ints and a null floats
+    codes, uniques = zip(*(pd.factorize(c, use_na_sentinel=False) for c in key_columns))
+    found = pd.DataFrame(dict(enumerate(codes))).groupby(list(range(len(codes))),
+                                                          sort=False).indices
+    return {tuple(values[code] for values, code in zip(
+        uniques, k if isinstance(k, tuple) else (k,))): v for k, v in found.items()}
 
 
 def _take(values: Any, rows: Any) -> np.ndarray:
@@ -177,7 +233,8 @@ def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Ans
     import pandas as pd
 
     result = catalog.linear
-    missing = [c for c in result.features if c not in columns]
+    missing = [c for c in result.features if c not in columns
+               or c in getattr(columns, "partial", {})]
     if missing:
         raise _missing(columns, missing[0], "")
     frame = pd.DataFrame({name: columns[name] for name in [*result.by, *result.features]})

@@ -55,7 +55,7 @@ class StoreModels:
         from starlette.responses import JSONResponse, Response
 
         try:
-            columns, n = json_columns(await request.body())
+            columns, n = json_columns(await request.body(), self.served.catalog.by)
             result = predict_rows(self.served.catalog, _Multiplexed(*loaded, self.served.cache),
                                   self.served.store, columns, n, ordered=False)  # JSON rows
         except RequestError as exc:

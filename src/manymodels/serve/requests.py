@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,10 @@ ARROW = "application/vnd.apache.arrow.stream"
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def json_columns(body: bytes) -> tuple[dict[str, Any], int]:
+def json_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, Any], int]:
     """The rows of a JSON body as columns (name -> NumPy array, in the order
-    the columns first appear) and their number."""
+    the columns first appear) and their number. ``keys``: the group columns,
+    whose values are kept as they came (:func:`_key_array`)."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -38,7 +40,8 @@ def json_columns(body: bytes) -> tuple[dict[str, Any], int]:
                 raise RequestError(400, f"column {name!r} of row 0 holds a "
                                         f"{type(value).__name__}: a value must be a number, "
                                         "text, true/false or null")
-        return {name: _array([value]) for name, value in row.items()}, 1
+        return {name: (_key_array if name in keys else _array)([value])
+                for name, value in row.items()}, 1
     names: dict[str, None] = {}
     for position, row in enumerate(rows):
         if not isinstance(row, dict):
@@ -47,29 +50,37 @@ def json_columns(body: bytes) -> tuple[dict[str, Any], int]:
         names.update(dict.fromkeys(row))
     columns = JsonColumns()
     for name in names:
-        values = []
+        values, lacking = [], []
         for position, row in enumerate(rows):
-            if name not in row:  # refused only if a model reads it (predict_rows)
-                columns.partial[name] = position
-                break
+            if name not in row:  # refused only where the row's model reads it (predict_rows)
+                lacking.append(position)
+                continue
             value = row[name]
             if not isinstance(value, _SCALARS):
                 raise RequestError(400, f"column {name!r} of row {position} holds a "
                                         f"{type(value).__name__}: a value must be a number, "
                                         "text, true/false or null")
             values.append(value)
-        else:
-            columns[name] = _array(values)
+        typed = (_key_array if name in keys else _array)(values)
+        if lacking:
+            columns.partial[name] = mask = np.zeros(len(rows), dtype=bool)
+            mask[lacking] = True
+            full = np.zeros(len(rows), dtype=typed.dtype) if typed.dtype != object else (
+                np.full(len(rows), None, dtype=object))
+            full[~mask] = typed
+            typed = full
+        columns[name] = typed
     return columns, len(rows)
 
 
 class JsonColumns(dict):
-    """A JSON body's columns; ``partial``: a column some rows lack -> the first
-    such row (left out of the columns: a column no model reads is ignored)."""
+    """A JSON body's columns; ``partial``: a column some rows lack -> which
+    (True where lacking; their cells hold a filler, never given to a model:
+    a row is refused only where its own model reads the column)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.partial: dict[str, int] = {}
+        self.partial: dict[str, np.ndarray] = {}
 
 
 def _array(values: list) -> np.ndarray:
@@ -93,8 +104,22 @@ def _array(values: list) -> np.ndarray:
     return column
 
 
-def arrow_columns(body: bytes) -> tuple[dict[str, Any], int]:
-    """The record batches of an Arrow IPC stream as columns."""
+def _key_array(values: list) -> np.ndarray:
+    """A group column: whole numbers int64 as :func:`_array` makes them, any
+    other mix as the values came (an object array). A whole number made a
+    float beside a null or a fraction would route to another group past 2**53
+    (``2**53 + 1`` read as ``2**53``)."""
+    if set(map(type, values)) == {int}:
+        return _array(values)
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def arrow_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, Any], int]:
+    """The record batches of an Arrow IPC stream as columns. ``keys``: the
+    group columns, an integer one with nulls kept as exact ints (objects),
+    where NumPy would make it float64."""
     import pyarrow as pa
 
     try:
@@ -108,6 +133,9 @@ def arrow_columns(body: bytes) -> tuple[dict[str, Any], int]:
         if name in columns:
             raise RequestError(400, f"the Arrow stream has two columns named {name!r}")
         try:
+            if name in keys and pa.types.is_integer(column.type) and column.null_count:
+                columns[name] = np.array(column.to_pylist(), dtype=object)
+                continue
             columns[name] = column.to_numpy(zero_copy_only=False)  # text: an object array
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise RequestError(400, f"column {name!r} of the Arrow stream, of type "
