@@ -219,43 +219,17 @@ def combine_lanes(data: np.ndarray, prefix: np.ndarray) -> np.ndarray:
     return np.stack([a, b], axis=1)
 
 
-
-
 def arrow_row_hashes(table: Any) -> np.ndarray:
     """``pd.util.hash_pandas_object(table.to_pandas(), index=False)`` of an
     Arrow table: the same uint64 per row, so that the identities of stores
-    written before stay the same (see :class:`RowHashes`)."""
+    written before stay the same, but for the rows pandas hashes by their
+    neighbours too (see :class:`RowHashes`)."""
     hashes = RowHashes(table)
     combined = np.empty(hashes.count, dtype=np.uint64)
     for start in range(0, hashes.count, _BLOCK):
         stop = min(start + _BLOCK, hashes.count)
         combined[start:stop] = hashes.rows(start, stop)
     return combined
-
-
-def _exact_large_integers(column: Any, hashes: np.ndarray) -> np.ndarray:
-    """``hashes`` of a 64-bit integer column with a missing value (which
-    pandas hashes as float64), with each value past 2**53 hashed as the
-    integer it is: as a float, 2**53 + 1 hashes like 2**53. Other values
-    keep the hash their stores recorded."""
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kind = column.type
-    if not (pa.types.is_integer(kind) and kind.bit_width == 64 and column.null_count):
-        return hashes
-    large = pc.greater(column, pa.scalar(2**53, kind))
-    if pa.types.is_signed_integer(kind):
-        large = pc.or_(large, pc.less(column, pa.scalar(-(2**53), kind)))
-    large = large.fill_null(False)
-    if not pc.any(large).as_py():
-        return hashes
-    exact = pd.Series(column.filter(large).to_numpy())
-    hashes = hashes.copy()
-    hashes[large.to_numpy(zero_copy_only=False)] = pd.util.hash_pandas_object(
-        exact, index=False).to_numpy()
-    return hashes
 
 
 class RowHashes:
@@ -266,13 +240,20 @@ class RowHashes:
     rows' hashes are never held at once (80 MB of fresh pages, a fifth of an
     unchanged re-run's page faults).
 
-    Columns of numbers or booleans without nulls are hashed here as pandas
-    hashes them (each value's bits as uint64, then splitmix64's finalizer),
-    all columns of a block of rows at once and in place: a fifth of pandas'
-    time for ten million rows of four columns, without its temporaries. Any
-    other column (text, dates, nulls) is converted and hashed by pandas,
-    whole, on a thread of its own. The columns are combined as pandas
-    combines them."""
+    Columns of numbers or booleans are hashed here as pandas hashes them
+    (each value's bits as uint64, then splitmix64's finalizer), all columns
+    of a block of rows at once and in place: a fifth of pandas' time for ten
+    million rows of four columns, without its temporaries. Any other column
+    (text, dates) is converted and hashed by pandas, whole, on a thread of
+    its own. The columns are combined as pandas combines them.
+
+    Where pandas would not hash a row by its own value alone, a row is
+    hashed as it would be without the others: a missing value in an
+    integer or boolean column is hashed as pandas hashes a float NaN, each
+    other value by its own bits. (pandas converts such a column whole, to
+    floats or to objects, because of any one missing value: a group's data
+    hash, hashed per table or per staged partition, then changed with its
+    neighbours' values, and an unchanged group was trained again.)"""
 
     def __init__(self, table: Any) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -282,15 +263,15 @@ class RowHashes:
 
         columns = table.num_columns
         self.count = table.num_rows
-        self._own = [_plain_numbers(table.column(position)) for position in range(columns)]
+        own = [_plain_numbers(table.column(position)) for position in range(columns)]
+        self._own = [None if found is None else found[0] for found in own]
+        self._missing = [None if found is None else found[1] for found in own]
         by_pandas = [position for position in range(columns) if self._own[position] is None]
 
         def pandas_hashes(position: int) -> np.ndarray:
             try:
-                column = table.column(position)
-                series = hashable_series(column)
-                hashes = pd.util.hash_pandas_object(series, index=False).to_numpy()
-                return _exact_large_integers(column, hashes)
+                series = hashable_series(table.column(position))
+                return pd.util.hash_pandas_object(series, index=False).to_numpy()
             except (TypeError, ValueError, pa.ArrowException) as exc:
                 raise TypeError(
                     f"column {table.column_names[position]!r} holds values that cannot be "
@@ -333,6 +314,9 @@ class RowHashes:
                         if piece.dtype.kind == "f":
                             _as_pandas_floats(piece, word)
                     mix64_inplace(word, spare)
+                    missing = self._missing[position]
+                    if missing is not None:
+                        word[missing[start:stop]] = _missing_value_hash()
                     np.bitwise_xor(out, word, out=out)
                 np.multiply(out, self._multipliers[position], out=out)
             out += np.uint64(97531)
@@ -372,16 +356,35 @@ def _pandas_float_patterns(dtype: str) -> tuple[np.uint64 | None, np.uint64 | No
     return nan_bits, zero_bits
 
 
-def _plain_numbers(column: Any) -> np.ndarray | None:
-    """A column of integers, floats or booleans without nulls as one NumPy
-    array (what pandas would hash by its bits); None for any other column."""
+def _plain_numbers(column: Any) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A column of integers, floats or booleans as one NumPy array (what
+    pandas would hash by its bits), and which of its values are missing (an
+    integer or boolean column's, there 0: None where none is); None for a
+    float column with nulls (pandas hashes it by its bits already) and for
+    any other column."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     kind = column.type
-    if column.null_count or not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)
-                                 or (pa.types.is_floating(kind) and kind.bit_width > 16)):
+    exact = pa.types.is_integer(kind) or pa.types.is_boolean(kind)
+    if not exact and not (pa.types.is_floating(kind) and kind.bit_width > 16
+                          and not column.null_count):
         return None
+    missing = None
+    if column.null_count:
+        missing = np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False))
+        column = pc.fill_null(column, pa.scalar(0 if not pa.types.is_boolean(kind) else False,
+                                                kind))
     chunks = [chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks]
     if not chunks:
-        return np.empty(0, dtype=kind.to_pandas_dtype())
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return np.empty(0, dtype=kind.to_pandas_dtype()), missing
+    return (chunks[0] if len(chunks) == 1 else np.concatenate(chunks)), missing
+
+
+@functools.lru_cache(maxsize=1)
+def _missing_value_hash() -> np.uint64:
+    """What pandas hashes a float NaN to: a missing value of an integer or
+    boolean column (whose rows pandas hashed as floats, where it hashed them)."""
+    import pandas as pd
+
+    return np.uint64(pd.util.hash_array(np.array([np.nan]))[0])
