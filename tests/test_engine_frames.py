@@ -338,6 +338,40 @@ def test_map_groups_of_an_engine_frame_answers_with_the_engines_frame(engine, ta
         mm.map_groups(centred, _engine_frame(engine, table))
 
 
+def _spark_only(engine) -> None:
+    if engine[0] != "spark":
+        pytest.skip("a Spark DataFrame's own types and settings")
+
+
+def mean_x(df):
+    return df[["x"]].mean()
+
+
+@pytest.mark.parametrize("name", ["store.id", "the `store`"])
+def test_key_columns_named_with_dots_or_backticks(engine, table, tmp_path, name):
+    """A column's name is a name, not an expression of the engine's: training,
+    map_groups and Store.predict group by it (and order by one, and carry
+    one) as the pandas path does."""
+    renamed = table.rename(columns={"store": name, "day": "the.day"})
+    renamed["row"] = np.arange(len(table))
+    frame = _engine_frame(engine, renamed)
+    run = mm.train(fit_linear, mm.groups(frame, by=name, order_by="the.day"),
+                   backend="serial", progress=False)
+    local = mm.train(fit_linear, mm.groups(renamed, by=name, order_by="the.day"),
+                     backend="serial", progress=False)
+    pd.testing.assert_frame_equal(run.results.drop(columns=_TIMING),
+                                  local.results.drop(columns=_TIMING))
+    means = _collected(engine[0], mm.map_groups(mean_x, frame, by=name, backend="serial"))
+    pd.testing.assert_frame_equal(means, mm.map_groups(mean_x, mm.groups(renamed, by=name),
+                                                       backend="serial"), check_dtype=False)
+    mm.train(fit_sklearn_linear, mm.groups(frame, by=name), store=tmp_path / "store",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "store")
+    got = _collected(engine[0], store.predict(frame, by=name, features=["x"]))
+    np.testing.assert_allclose(got.sort_values("row")["prediction"],
+                               store.predict(renamed, by=name, features=["x"]))
+
+
 @pytest.fixture(scope="module")
 def object_store():
     """An S3 API server on loopback (moto's server mode) with an empty bucket:

@@ -99,13 +99,29 @@ class EngineFrame:
                                  f"its columns are {present}")
         if wanted is not None:
             keep = [name for name in present if name in set(wanted)]
-            table = (table.select(*keep) if engine == "spark" else
+            table = (table.select(*spark_columns(table, keep)) if engine == "spark" else
                      table.select_columns(keep) if engine == "ray" else table[keep])
         if staging is not None and not isinstance(staging, str):
             staging = str(staging)
         if is_remote(staging):
             check_location(staging, "staging")
         return cls(table, engine, staging)
+
+
+def stand_ins(count: int) -> list[str]:
+    """Names a Spark DataFrame's columns go by, position for position, through
+    a Python function of Spark's (``mapInArrow``, ``applyInPandas``): PySpark
+    resolves each column there by its name as a path, so a name with a dot
+    or a backtick in it would not be found. The function gives the rows
+    their own names back."""
+    return [f"_mm{position}" for position in range(count)]
+
+
+def spark_columns(frame: Any, names: Sequence[str]) -> list[Any]:
+    """``frame``'s columns of these names, as Spark's columns: Spark reads a
+    string given for a column as a path (``store.id``: the field ``id`` of a
+    column ``store``), so each name is quoted whole, its backticks doubled."""
+    return [frame["`" + name.replace("`", "``") + "`"] for name in names]
 
 
 def _column_names(table: Any, engine: str) -> list[str]:

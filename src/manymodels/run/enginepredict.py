@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs.engineframes import engine_of
+from ..inputs.engineframes import engine_of, stand_ins
 from ..inputs.keys import TypedKeys
 from ..inputs.tables import plain_scalar
 from ..store.database import StoreIntegrityError
@@ -173,14 +173,25 @@ def _on_spark(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) 
 
     value = {"float": types.DoubleType(), "int": types.LongType(),
              "str": types.StringType(), "vector": types.ArrayType(types.DoubleType())}[kind]
-    fields = [*frame.schema.fields, types.StructField("prediction", value, True)]
+    names = list(frame.columns)
+    stand = stand_ins(len(names))
+    fields = [types.StructField(name, field.dataType, field.nullable)
+              for name, field in zip(stand, frame.schema.fields)]
+    fields.append(types.StructField("prediction", value, True))
+    answered = [*names, "prediction"]
     if task.with_source:
         fields.append(types.StructField("source", types.StringType(), False))
+        answered.append("source")
 
     def predict_group(rows: Any) -> Any:  # Spark reads a function's arity: (rows), no key
-        return task(rows)
+        rows.columns = names
+        answer = task(rows)
+        answer.columns = [*stand, *answered[len(names):]]
+        return answer
 
-    return frame.groupBy(*by).applyInPandas(predict_group, schema=types.StructType(fields))
+    keys = [stand[names.index(name)] for name in by]
+    grouped = frame.toDF(*stand).groupBy(*keys)
+    return grouped.applyInPandas(predict_group, schema=types.StructType(fields)).toDF(*answered)
 
 
 def _dask_meta(meta: Any, task: EngineGroupPredictor, kind: str) -> Any:
