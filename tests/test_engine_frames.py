@@ -347,6 +347,55 @@ def mean_x(df):
     return df[["x"]].mean()
 
 
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_spark_timestamp_keys_find_their_models_in_any_session_time_zone(engine, tmp_path,
+                                                                         zone):
+    """Spark hands a group's timestamps to Python as wall-clock times of the
+    session's zone, the store holds its keys as UTC instants: each group
+    finds its own model all the same, the two instants that a clock turned
+    back shows alike (01:30 twice in New York) each their own, and the
+    answer's timestamps are the input's. map_groups' keys are the pandas
+    path's; a timestamp_ntz key stays a wall-clock time, found as it is."""
+    _spark_only(engine)
+    from pyspark.sql import functions as F
+
+    spark = engine[1]
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        instants = pd.to_datetime(["2020-01-01 00:00", "2020-06-01 12:00", "2024-11-03 05:30",
+                                   "2024-11-03 06:30"], utc=True)
+        rows = pd.DataFrame({"t": np.repeat(instants, 6), "x": np.tile(np.arange(6.0), 4),
+                             "row": np.arange(24)})
+        rows["y"] = rows["x"] * np.repeat(np.arange(1.0, 5.0), 6)
+        frame = spark.createDataFrame(rows)
+        mm.train(fit_sklearn_linear, mm.groups(frame, by="t"), store=tmp_path / "store",
+                 backend="serial", progress=False)
+        store = mm.Store(tmp_path / "store")
+        expected = store.predict(rows, by="t", features=["x"], with_source=True)
+        answer = store.predict(frame, by="t", features=["x"], with_source=True)
+        got = answer.orderBy("row").select("source", "prediction",
+                                           F.unix_micros("t").alias("t")).toPandas()
+        assert list(got["source"]) == ["group"] * len(rows)
+        np.testing.assert_allclose(got["prediction"], expected["prediction"])
+        np.testing.assert_array_equal(got["t"], rows["t"].dt.as_unit("us").astype("int64"))
+
+        means = mm.map_groups(mean_x, frame, by="t", backend="serial")
+        local = mm.map_groups(mean_x, mm.groups(rows, by="t"), backend="serial")
+        means = means.orderBy("t").select(F.unix_micros("t").alias("t"), "x").toPandas()
+        np.testing.assert_array_equal(means["t"], local["t"].dt.as_unit("us").astype("int64"))
+        np.testing.assert_allclose(means["x"], local["x"])
+
+        wall = frame.withColumn("t", F.col("t").cast("timestamp_ntz"))
+        mm.train(fit_sklearn_linear, mm.groups(wall, by="t"), store=tmp_path / "wall",
+                 backend="serial", progress=False)
+        found = mm.Store(tmp_path / "wall").predict(wall, by="t", features=["x"],
+                                                    with_source=True).toPandas()
+        assert set(found["source"]) == {"group"} and found["prediction"].notna().all()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
 @pytest.mark.parametrize("name", ["store.id", "the `store`"])
 def test_key_columns_named_with_dots_or_backticks(engine, table, tmp_path, name):
     """A column's name is a name, not an expression of the engine's: training,

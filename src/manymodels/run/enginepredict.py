@@ -169,7 +169,12 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
 
 
 def _on_spark(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) -> Any:
-    from pyspark.sql import types
+    """``applyInPandas`` by key. A timestamp column travels as its instant in
+    microseconds: Spark would hand the group its session time zone's wall
+    clock, naive, which is no stored key (training stores UTC instants) and
+    shows two instants of the hour a clock turns back alike; the group gets
+    the UTC instants training's ``fit`` saw, and the answer the input's."""
+    from pyspark.sql import functions, types
 
     value = {"float": types.DoubleType(), "int": types.LongType(),
              "str": types.StringType(), "vector": types.ArrayType(types.DoubleType())}[kind]
@@ -183,14 +188,25 @@ def _on_spark(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) 
         fields.append(types.StructField("source", types.StringType(), False))
         answered.append("source")
 
+    instants = [name for name, field in zip(names, frame.schema.fields)
+                if isinstance(field.dataType, types.TimestampType)]  # (not timestamp_ntz)
+
     def predict_group(rows: Any) -> Any:  # Spark reads a function's arity: (rows), no key
+        import pandas as pd
+
         rows.columns = names
+        for name in instants:
+            rows[name] = pd.to_datetime(rows[name], unit="us", utc=True)
         answer = task(rows)
         answer.columns = [*stand, *answered[len(names):]]
         return answer
 
     keys = [stand[names.index(name)] for name in by]
-    grouped = frame.toDF(*stand).groupBy(*keys)
+    carried = frame.toDF(*stand)
+    carried = carried.select(*[functions.unix_micros(carried[alias]).alias(alias)
+                               if name in instants else carried[alias]
+                               for alias, name in zip(stand, names)])
+    grouped = carried.groupBy(*keys)
     return grouped.applyInPandas(predict_group, schema=types.StructType(fields)).toDF(*answered)
 
 
