@@ -396,6 +396,31 @@ def test_spark_timestamp_keys_find_their_models_in_any_session_time_zone(engine,
         spark.conf.set("spark.sql.session.timeZone", before)
 
 
+def test_store_predict_on_the_engine_reads_a_store_made_afresh_at_its_path(engine, table,
+                                                                           tmp_path):
+    """An engine's workers keep the stores they opened: one removed and made
+    again at the same path (other models) is read as it is now, not as the
+    worker first saw it."""
+    import shutil
+
+    path = tmp_path / "store"
+    rows = table.assign(row=np.arange(len(table)))
+    mm.train(fit_sklearn_linear, mm.groups(table, by="store"), store=path, backend="serial",
+             progress=False)
+    first = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, rows),
+                                                         by="store", features=["x"]))
+    np.testing.assert_allclose(first.sort_values("row")["prediction"],
+                               mm.Store(path).predict(rows, by="store", features=["x"]))
+    shutil.rmtree(path)
+    scaled = rows.assign(y=rows["y"] * 100)
+    mm.train(fit_sklearn_linear, mm.groups(scaled, by="store"), store=path, backend="serial",
+             progress=False)
+    again = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, scaled),
+                                                         by="store", features=["x"]))
+    np.testing.assert_allclose(again.sort_values("row")["prediction"],
+                               mm.Store(path).predict(scaled, by="store", features=["x"]))
+
+
 @pytest.mark.parametrize("name", ["store.id", "the `store`"])
 def test_key_columns_named_with_dots_or_backticks(engine, table, tmp_path, name):
     """A column's name is a name, not an expression of the engine's: training,
