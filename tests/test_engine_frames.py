@@ -446,6 +446,52 @@ def test_key_columns_named_with_dots_or_backticks(engine, table, tmp_path, name)
                                store.predict(renamed, by=name, features=["x"]))
 
 
+def _nested_keys(engine):
+    """An engine's DataFrame with a list, a map and a struct column (Dask's of
+    pandas' Arrow types: a column of Python lists is an object column, whose
+    type Dask's schema does not know), and each one's type as it is named."""
+    if engine[0] == "spark":
+        frame = engine[1].createDataFrame(
+            [(1, [1.0], {"a": 1}, (1, "x"), 1.0), (2, [2.0], {"b": 2}, (2, "y"), 2.0)],
+            "k int, arr array<double>, m map<string,int>, st struct<i:int,s:string>, "
+            "x double")
+        return frame, {"arr": "array<double>", "m": "map<string,int>",
+                       "st": "struct<i:int,s:string>"}
+    import dask.dataframe as dd
+    import pyarrow as pa
+
+    kinds = {"arr": pa.list_(pa.float64()), "m": pa.map_(pa.string(), pa.int32()),
+             "st": pa.struct([("i", pa.int32()), ("s", pa.string())])}
+    values = {"arr": [[1.0], [2.0]], "m": [[("a", 1)], [("b", 2)]],
+              "st": [{"i": 1, "s": "x"}, {"i": 2, "s": "y"}]}
+    rows = pd.DataFrame({"k": [1, 2], **{name: pd.Series(values[name],
+                                                          dtype=pd.ArrowDtype(kind))
+                                         for name, kind in kinds.items()}, "x": [1.0, 2.0]})
+    return dd.from_pandas(rows, npartitions=1), {name: str(kind) for name, kind in kinds.items()}
+
+
+def test_a_list_map_or_struct_key_column_is_refused_before_any_work(engine, tmp_path):
+    """As the pandas path refuses it, from the DataFrame's schema: no job runs."""
+    import re
+
+    frame, kinds = _nested_keys(engine)
+    for name, kind in kinds.items():
+        refused = re.escape(f"by column '{name}' holds {kind} values: a group key must be "
+                            "a plain value")
+        with pytest.raises(ValueError, match=refused):
+            mm.groups(frame, by=["k", name])
+        with pytest.raises(ValueError, match=refused):
+            mm.map_groups(mean_x, frame, by=name)
+    keyed = frame[["k", "x"]].assign(y=frame["x"]) if engine[0] == "dask" else frame.select(
+        "k", "x", frame["x"].alias("y"))
+    mm.train(fit_linear, mm.groups(keyed, by="k"), store=tmp_path / "store",
+             backend="serial", progress=False)
+    lists = frame[["arr", "x"]].rename(columns={"arr": "k"}) if engine[0] == "dask" else (
+        frame.select(frame["arr"].alias("k"), "x"))
+    with pytest.raises(ValueError, match=re.escape(f"by column 'k' holds {kinds['arr']}")):
+        mm.Store(tmp_path / "store").predict(lists, by="k", features=["x"])
+
+
 @pytest.fixture(scope="module")
 def object_store():
     """An S3 API server on loopback (moto's server mode) with an empty bucket:
