@@ -338,6 +338,160 @@ def test_map_groups_of_an_engine_frame_answers_with_the_engines_frame(engine, ta
         mm.map_groups(centred, _engine_frame(engine, table))
 
 
+def _spark_only(engine) -> None:
+    if engine[0] != "spark":
+        pytest.skip("a Spark DataFrame's own types and settings")
+
+
+def mean_x(df):
+    return df[["x"]].mean()
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_spark_timestamp_keys_find_their_models_in_any_session_time_zone(engine, tmp_path,
+                                                                         zone):
+    """Spark hands a group's timestamps to Python as wall-clock times of the
+    session's zone, the store holds its keys as UTC instants: each group
+    finds its own model all the same, the two instants that a clock turned
+    back shows alike (01:30 twice in New York) each their own, and the
+    answer's timestamps are the input's. map_groups' keys are the pandas
+    path's; a timestamp_ntz key stays a wall-clock time, found as it is."""
+    _spark_only(engine)
+    from pyspark.sql import functions as F
+
+    spark = engine[1]
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        instants = pd.to_datetime(["2020-01-01 00:00", "2020-06-01 12:00", "2024-11-03 05:30",
+                                   "2024-11-03 06:30"], utc=True)
+        rows = pd.DataFrame({"t": np.repeat(instants, 6), "x": np.tile(np.arange(6.0), 4),
+                             "row": np.arange(24)})
+        rows["y"] = rows["x"] * np.repeat(np.arange(1.0, 5.0), 6)
+        frame = spark.createDataFrame(rows)
+        mm.train(fit_sklearn_linear, mm.groups(frame, by="t"), store=tmp_path / "store",
+                 backend="serial", progress=False)
+        store = mm.Store(tmp_path / "store")
+        expected = store.predict(rows, by="t", features=["x"], with_source=True)
+        answer = store.predict(frame, by="t", features=["x"], with_source=True)
+        got = answer.orderBy("row").select("source", "prediction",
+                                           F.unix_micros("t").alias("t")).toPandas()
+        assert list(got["source"]) == ["group"] * len(rows)
+        np.testing.assert_allclose(got["prediction"], expected["prediction"])
+        np.testing.assert_array_equal(got["t"], rows["t"].dt.as_unit("us").astype("int64"))
+
+        means = mm.map_groups(mean_x, frame, by="t", backend="serial")
+        local = mm.map_groups(mean_x, mm.groups(rows, by="t"), backend="serial")
+        means = means.orderBy("t").select(F.unix_micros("t").alias("t"), "x").toPandas()
+        np.testing.assert_array_equal(means["t"], local["t"].dt.as_unit("us").astype("int64"))
+        np.testing.assert_allclose(means["x"], local["x"])
+
+        wall = frame.withColumn("t", F.col("t").cast("timestamp_ntz"))
+        mm.train(fit_sklearn_linear, mm.groups(wall, by="t"), store=tmp_path / "wall",
+                 backend="serial", progress=False)
+        found = mm.Store(tmp_path / "wall").predict(wall, by="t", features=["x"],
+                                                    with_source=True).toPandas()
+        assert set(found["source"]) == {"group"} and found["prediction"].notna().all()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+
+
+def test_store_predict_on_the_engine_reads_a_store_made_afresh_at_its_path(engine, table,
+                                                                           tmp_path):
+    """An engine's workers keep the stores they opened: one removed and made
+    again at the same path (other models) is read as it is now, not as the
+    worker first saw it."""
+    import shutil
+
+    path = tmp_path / "store"
+    rows = table.assign(row=np.arange(len(table)))
+    mm.train(fit_sklearn_linear, mm.groups(table, by="store"), store=path, backend="serial",
+             progress=False)
+    first = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, rows),
+                                                         by="store", features=["x"]))
+    np.testing.assert_allclose(first.sort_values("row")["prediction"],
+                               mm.Store(path).predict(rows, by="store", features=["x"]))
+    shutil.rmtree(path)
+    scaled = rows.assign(y=rows["y"] * 100)
+    mm.train(fit_sklearn_linear, mm.groups(scaled, by="store"), store=path, backend="serial",
+             progress=False)
+    again = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, scaled),
+                                                         by="store", features=["x"]))
+    np.testing.assert_allclose(again.sort_values("row")["prediction"],
+                               mm.Store(path).predict(scaled, by="store", features=["x"]))
+
+
+@pytest.mark.parametrize("name", ["store.id", "the `store`"])
+def test_key_columns_named_with_dots_or_backticks(engine, table, tmp_path, name):
+    """A column's name is a name, not an expression of the engine's: training,
+    map_groups and Store.predict group by it (and order by one, and carry
+    one) as the pandas path does."""
+    renamed = table.rename(columns={"store": name, "day": "the.day"})
+    renamed["row"] = np.arange(len(table))
+    frame = _engine_frame(engine, renamed)
+    run = mm.train(fit_linear, mm.groups(frame, by=name, order_by="the.day"),
+                   backend="serial", progress=False)
+    local = mm.train(fit_linear, mm.groups(renamed, by=name, order_by="the.day"),
+                     backend="serial", progress=False)
+    pd.testing.assert_frame_equal(run.results.drop(columns=_TIMING),
+                                  local.results.drop(columns=_TIMING))
+    means = _collected(engine[0], mm.map_groups(mean_x, frame, by=name, backend="serial"))
+    pd.testing.assert_frame_equal(means, mm.map_groups(mean_x, mm.groups(renamed, by=name),
+                                                       backend="serial"), check_dtype=False)
+    mm.train(fit_sklearn_linear, mm.groups(frame, by=name), store=tmp_path / "store",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "store")
+    got = _collected(engine[0], store.predict(frame, by=name, features=["x"]))
+    np.testing.assert_allclose(got.sort_values("row")["prediction"],
+                               store.predict(renamed, by=name, features=["x"]))
+
+
+def _nested_keys(engine):
+    """An engine's DataFrame with a list, a map and a struct column (Dask's of
+    pandas' Arrow types: a column of Python lists is an object column, whose
+    type Dask's schema does not know), and each one's type as it is named."""
+    if engine[0] == "spark":
+        frame = engine[1].createDataFrame(
+            [(1, [1.0], {"a": 1}, (1, "x"), 1.0), (2, [2.0], {"b": 2}, (2, "y"), 2.0)],
+            "k int, arr array<double>, m map<string,int>, st struct<i:int,s:string>, "
+            "x double")
+        return frame, {"arr": "array<double>", "m": "map<string,int>",
+                       "st": "struct<i:int,s:string>"}
+    import dask.dataframe as dd
+    import pyarrow as pa
+
+    kinds = {"arr": pa.list_(pa.float64()), "m": pa.map_(pa.string(), pa.int32()),
+             "st": pa.struct([("i", pa.int32()), ("s", pa.string())])}
+    values = {"arr": [[1.0], [2.0]], "m": [[("a", 1)], [("b", 2)]],
+              "st": [{"i": 1, "s": "x"}, {"i": 2, "s": "y"}]}
+    rows = pd.DataFrame({"k": [1, 2], **{name: pd.Series(values[name],
+                                                          dtype=pd.ArrowDtype(kind))
+                                         for name, kind in kinds.items()}, "x": [1.0, 2.0]})
+    return dd.from_pandas(rows, npartitions=1), {name: str(kind) for name, kind in kinds.items()}
+
+
+def test_a_list_map_or_struct_key_column_is_refused_before_any_work(engine, tmp_path):
+    """As the pandas path refuses it, from the DataFrame's schema: no job runs."""
+    import re
+
+    frame, kinds = _nested_keys(engine)
+    for name, kind in kinds.items():
+        refused = re.escape(f"by column '{name}' holds {kind} values: a group key must be "
+                            "a plain value")
+        with pytest.raises(ValueError, match=refused):
+            mm.groups(frame, by=["k", name])
+        with pytest.raises(ValueError, match=refused):
+            mm.map_groups(mean_x, frame, by=name)
+    keyed = frame[["k", "x"]].assign(y=frame["x"]) if engine[0] == "dask" else frame.select(
+        "k", "x", frame["x"].alias("y"))
+    mm.train(fit_linear, mm.groups(keyed, by="k"), store=tmp_path / "store",
+             backend="serial", progress=False)
+    lists = frame[["arr", "x"]].rename(columns={"arr": "k"}) if engine[0] == "dask" else (
+        frame.select(frame["arr"].alias("k"), "x"))
+    with pytest.raises(ValueError, match=re.escape(f"by column 'k' holds {kinds['arr']}")):
+        mm.Store(tmp_path / "store").predict(lists, by="k", features=["x"])
+
+
 @pytest.fixture(scope="module")
 def object_store():
     """An S3 API server on loopback (moto's server mode) with an empty bucket:

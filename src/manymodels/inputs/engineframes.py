@@ -85,9 +85,12 @@ class EngineFrame:
 
     @classmethod
     def of(cls, table: Any, engine: str, wanted: Sequence[str] | None,
-           needed: Sequence[str], staging: str | None) -> EngineFrame:
+           needed: Sequence[str], staging: str | None, keys: Sequence[str] = ()
+           ) -> EngineFrame:
         """Check that ``needed`` and ``wanted`` columns are in ``table`` (named
-        in the error otherwise) and keep ``wanted`` only (all when None)."""
+        in the error otherwise), and that the ``keys`` columns' values can be
+        keys (:func:`refuse_nested_keys`), and keep ``wanted`` only (all when
+        None)."""
         present = _column_names(table, engine)
         taken = [name for name in needed if name in STAGED_INDEX_COLUMNS]
         if taken:
@@ -97,15 +100,63 @@ class EngineFrame:
             if name not in present:
                 raise ValueError(f"column {name!r} is not in the {TABLE_NAMES[engine]}; "
                                  f"its columns are {present}")
+        refuse_nested_keys(table, engine, keys)
         if wanted is not None:
             keep = [name for name in present if name in set(wanted)]
-            table = (table.select(*keep) if engine == "spark" else
+            table = (table.select(*spark_columns(table, keep)) if engine == "spark" else
                      table.select_columns(keep) if engine == "ray" else table[keep])
         if staging is not None and not isinstance(staging, str):
             staging = str(staging)
         if is_remote(staging):
             check_location(staging, "staging")
         return cls(table, engine, staging)
+
+
+def nested_key_error(name: str, kind: Any) -> ValueError:
+    """The error for a ``by`` column of ``kind`` values (lists, maps, structs),
+    which no group key can be: the pandas path's and an engine's."""
+    return ValueError(f"by column {name!r} holds {kind} values: a group key must be a plain "
+                      "value (a number, string, date, ...), not a list, a map or a struct")
+
+
+def refuse_nested_keys(table: Any, engine: str, keys: Sequence[str]) -> None:
+    """Refuse a key column of lists, maps or structs from the engine's schema,
+    before any job runs, as the pandas path refuses it: the engine would
+    group by it and fail inside its job. A Dask column of Python objects
+    cannot tell (only one of pandas' Arrow types can); a Ray Dataset may read
+    its first block to know its schema."""
+    import pyarrow as pa
+
+    for name in keys:
+        if engine == "spark":
+            from pyspark.sql import types
+
+            kind = table.schema[name].dataType
+            if isinstance(kind, (types.ArrayType, types.MapType, types.StructType)):
+                raise nested_key_error(name, kind.simpleString())
+            continue
+        if engine == "ray":
+            kind = _ray_schema(table).field(name).type
+        else:
+            kind = getattr(table._meta[name].dtype, "pyarrow_dtype", None)
+        if kind is not None and pa.types.is_nested(kind):
+            raise nested_key_error(name, kind)
+
+
+def stand_ins(count: int) -> list[str]:
+    """Names a Spark DataFrame's columns go by, position for position, through
+    a Python function of Spark's (``mapInArrow``, ``applyInPandas``): PySpark
+    resolves each column there by its name as a path, so a name with a dot
+    or a backtick in it would not be found. The function gives the rows
+    their own names back."""
+    return [f"_mm{position}" for position in range(count)]
+
+
+def spark_columns(frame: Any, names: Sequence[str]) -> list[Any]:
+    """``frame``'s columns of these names, as Spark's columns: Spark reads a
+    string given for a column as a path (``store.id``: the field ``id`` of a
+    column ``store``), so each name is quoted whole, its backticks doubled."""
+    return [frame["`" + name.replace("`", "``") + "`"] for name in names]
 
 
 def _column_names(table: Any, engine: str) -> list[str]:

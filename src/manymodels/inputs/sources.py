@@ -188,7 +188,8 @@ class GroupSource(Source):
         if clash:
             raise ValueError(f"order_by column {sorted(clash)[0]!r} is also a by column: "
                              "within a group it has one value, so it orders nothing")
-        self.engine_frame = EngineFrame.of(table, engine, wanted, by + order_by, staging)
+        self.engine_frame = EngineFrame.of(table, engine, wanted, by + order_by, staging,
+                                            keys=by)
         self.column_labels, self.row_index, self.reader, self.table = None, None, None, None
         self.by, self.order_by = by, order_by
         self._layout = None  # filled once by planning.staging, on the engine

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..inputs.engineframes import nested_key_error
 from ..inputs.grids import MOST_SETTINGS, GridSource, ProductSource
 from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
 from ..inputs.tables import exact_pandas, presorted_group_lengths, sort_order
@@ -255,9 +256,7 @@ def _check_key_type(name: str, column: Any) -> None:
     kind = column.type
     if pa.types.is_nested(kind) or pa.types.is_dictionary(kind) and pa.types.is_nested(
             kind.value_type):
-        raise ValueError(f"by column {name!r} holds {kind} values: a group key must be "
-                         "a plain value (a number, string, date, ...), not a list or "
-                         "a struct")
+        raise nested_key_error(name, kind)
     if isinstance(kind, pa.BaseExtensionType):  # pandas' Period and Interval, say
         raise ValueError(f"by column {name!r} holds {kind.extension_name} values, which "
                          f"become their storage ({kind.storage_type}) as keys: convert the "

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..inputs.engineframes import STAGED_INDEX_COLUMNS, EngineFrame
+from ..inputs.engineframes import STAGED_INDEX_COLUMNS, EngineFrame, stand_ins
 from ..inputs.objectstores import (
     child,
     is_remote,
@@ -105,13 +105,21 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
 
 
 def stage_arrow_partition(batches: Iterator[pa.RecordBatch], by: list[str],
-                          order_by: list[str], directory: str) -> Iterator[pa.RecordBatch]:
-    """Spark's ``mapInArrow`` function: one partition's batches in, its groups' rows out."""
+                          order_by: list[str], directory: str, names: list[str] | None = None,
+                          keys: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Spark's ``mapInArrow`` function: one partition's batches in, its groups'
+    rows out. ``names``: the columns' own names, where the batches come with
+    stand-ins' (:func:`~manymodels.inputs.engineframes.stand_ins`), and
+    ``keys`` the stand-ins the groups' rows give their key columns."""
     rows = list(batches)
     if not rows:
         return
-    index = stage_rows(pa.Table.from_batches(rows), by, order_by, directory)
+    table = pa.Table.from_batches(rows)
+    index = stage_rows(table if names is None else table.rename_columns(names), by, order_by,
+                       directory)
     if index is not None:
+        if keys is not None:
+            index = index.rename_columns([*keys, *INDEX_COLUMNS])
         yield from index.to_batches()
 
 
@@ -249,12 +257,17 @@ def _stage_spark(frame: Any, by: list[str], order_by: list[str], directory: str)
     partitions = session.sparkContext.defaultParallelism
     with contextlib.suppress(Exception):  # a Spark Connect frame has no RDD to ask
         partitions = max(partitions, frame.rdd.getNumPartitions())
-    fields = [frame.schema[name] for name in by] + [
-        types.StructField(name, types.LongType(), False) for name in INDEX_COLUMNS]
+    names = list(frame.columns)
+    stand = stand_ins(len(names))
+    keys = [stand[names.index(name)] for name in by]
+    fields = [types.StructField(key, frame.schema[name].dataType, frame.schema[name].nullable)
+              for key, name in zip(keys, by)]
+    fields += [types.StructField(name, types.LongType(), False) for name in INDEX_COLUMNS]
     job = functools.partial(stage_arrow_partition, by=by, order_by=order_by,
-                            directory=directory)
-    index = frame.repartition(partitions, *by).mapInArrow(job, types.StructType(fields))
-    return index.toArrow()
+                            directory=directory, names=names, keys=keys)
+    index = frame.toDF(*stand).repartition(partitions, *keys).mapInArrow(
+        job, types.StructType(fields))
+    return index.toArrow().rename_columns([*by, *INDEX_COLUMNS])
 
 
 def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:

@@ -25,15 +25,17 @@ group's key in the message.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..inputs.engineframes import engine_of
+from ..inputs.engineframes import engine_of, refuse_nested_keys, stand_ins
 from ..inputs.keys import TypedKeys
 from ..inputs.tables import plain_scalar
-from ..store.database import StoreIntegrityError
+from ..store.database import INDEX_NAME, StoreIntegrityError
 
 #: A Python worker of the engine keeps this many loaded models (a group's
 #: model is used once per shuffle, the fallback model by many groups).
@@ -43,6 +45,21 @@ MODELS_PER_WORKER = 256
 _STORES: dict[str, tuple[str | None, Any]] = {}
 
 
+def store_version(store: Any) -> str | None:
+    """What the driver read of ``store``, for the engine's workers to tell it
+    from another at the same path: a store on an object store's published
+    index; a local store's index file (its device, inode, times, size) and
+    its first run's start. A worker's open store keeps reading the index file
+    it opened, even once that was removed and a new store made at the path
+    (whose file may even have the same inode)."""
+    if store._remote is not None:
+        return store._version
+    info = os.stat(Path(store.path) / INDEX_NAME)
+    first = store._conn.execute("SELECT min(run_id), min(started_at) FROM runs").fetchone()
+    return (f"{info.st_dev}:{info.st_ino}:{info.st_mtime_ns}:{info.st_ctime_ns}:"
+            f"{info.st_size}:{first[0]}:{first[1]!r}")
+
+
 class EngineGroupPredictor:
     """What each executor calls on one group's rows (a pandas DataFrame)."""
 
@@ -50,8 +67,9 @@ class EngineGroupPredictor:
                  with_source: bool, version: str | None = None) -> None:
         # predictor: prediction.GroupPredictor, whose model cache and call of
         # the model this shares with Store.predict of a table on the driver;
-        # version: a store on an object store's published index the driver
-        # read (an executor's copy of an older one is brought to it)
+        # version: store_version of the store the driver read (an executor's
+        # copy of an older published index is brought to it; a local store
+        # is opened again)
         self.store_path, self.predictor, self.with_source = store_path, predictor, with_source
         self.version = version
         self.by, self.fallback, self.artifacts = predictor.by, predictor.fallback, artifacts
@@ -62,12 +80,15 @@ class EngineGroupPredictor:
 
     def _store(self) -> Any:
         version, store = _STORES.get(self.store_path, (None, None))
+        if store is not None and version != self.version:
+            if store._remote is not None:
+                store._refresh()
+            else:  # let go, not closed: another thread of a Dask worker may be reading it
+                store = None
         if store is None:
             from ..store import Store
 
             store = Store(self.store_path, read_only=True)
-        elif version != self.version:
-            store._refresh()
         _STORES[self.store_path] = (self.version, store)
         return store
 
@@ -159,28 +180,56 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
     if taken:
         raise ValueError(f"the {engine} table to predict has a column {taken[0]!r}, which "
                          "the answer adds: rename it")
+    refuse_nested_keys(table, engine, by)
     if not artifacts and fallback is None:
         raise ValueError(f"store {str(store)!r} has no model to predict with and no "
                          "fallback model")
     task = EngineGroupPredictor(store.location, predictor, artifacts, with_source,
-                                store._version)
+                                store_version(store))
     kind = output_kind(store, artifacts, fallback, method, fn)
     return {"spark": _on_spark, "dask": _on_dask, "ray": _on_ray}[engine](table, by, task, kind)
 
 
 def _on_spark(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) -> Any:
-    from pyspark.sql import types
+    """``applyInPandas`` by key. A timestamp column travels as its instant in
+    microseconds: Spark would hand the group its session time zone's wall
+    clock, naive, which is no stored key (training stores UTC instants) and
+    shows two instants of the hour a clock turns back alike; the group gets
+    the UTC instants training's ``fit`` saw, and the answer the input's."""
+    from pyspark.sql import functions, types
 
     value = {"float": types.DoubleType(), "int": types.LongType(),
              "str": types.StringType(), "vector": types.ArrayType(types.DoubleType())}[kind]
-    fields = [*frame.schema.fields, types.StructField("prediction", value, True)]
+    names = list(frame.columns)
+    stand = stand_ins(len(names))
+    fields = [types.StructField(name, field.dataType, field.nullable)
+              for name, field in zip(stand, frame.schema.fields)]
+    fields.append(types.StructField("prediction", value, True))
+    answered = [*names, "prediction"]
     if task.with_source:
         fields.append(types.StructField("source", types.StringType(), False))
+        answered.append("source")
+
+    instants = [name for name, field in zip(names, frame.schema.fields)
+                if isinstance(field.dataType, types.TimestampType)]  # (not timestamp_ntz)
 
     def predict_group(rows: Any) -> Any:  # Spark reads a function's arity: (rows), no key
-        return task(rows)
+        import pandas as pd
 
-    return frame.groupBy(*by).applyInPandas(predict_group, schema=types.StructType(fields))
+        rows.columns = names
+        for name in instants:
+            rows[name] = pd.to_datetime(rows[name], unit="us", utc=True)
+        answer = task(rows)
+        answer.columns = [*stand, *answered[len(names):]]
+        return answer
+
+    keys = [stand[names.index(name)] for name in by]
+    carried = frame.toDF(*stand)
+    carried = carried.select(*[functions.unix_micros(carried[alias]).alias(alias)
+                               if name in instants else carried[alias]
+                               for alias, name in zip(stand, names)])
+    grouped = carried.groupBy(*keys)
+    return grouped.applyInPandas(predict_group, schema=types.StructType(fields)).toDF(*answered)
 
 
 def _dask_meta(meta: Any, task: EngineGroupPredictor, kind: str) -> Any:
