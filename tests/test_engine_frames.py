@@ -673,3 +673,56 @@ def test_ray_supervises_a_ray_datasets_groups(ray_sorts_to_shuffle, table, tmp_p
                      progress=False)
     assert large.summary().statuses == {"ok": 30}
     _workers_wrote_the_model_files(large, tmp_path / "large", 30, by=["store", "item"])
+
+
+class _ClassOf:
+    """A classifier of integer classes: each row's class is its group's key."""
+
+    def __init__(self, key: int) -> None:
+        self.classes_ = np.array([key])
+
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), self.classes_[0])
+
+
+def _types_seen(df):
+    return None, {"c": str(df["c"].dtype), "n": len(df)}
+
+
+def test_dask_keeps_its_columns_types_through_the_shuffle(engine, tmp_path):
+    """Dask's shuffle gave a nullable Int64 key back as floats (run.results
+    and map_groups' keys), a categorical of unknown categories as text in
+    most groups (fit got str where the pandas path gives a category, and a
+    re-run on another partitioning retrained them), and Store.predict's meta
+    said int64 where its partitions held floats (a group without a model).
+    Each keeps the pandas path's type."""
+    if engine[0] != "dask":
+        pytest.skip("Dask's shuffle and meta")
+    import dask.dataframe as dd
+
+    frame = pd.DataFrame({"k": pd.array([1, 2, None, 4] * 50, dtype="Int64"),
+                          "x": np.arange(200.0)})
+    frame["c"] = frame["k"].astype(str)
+    local = mm.train(_types_seen, mm.groups(frame.astype({"c": "category"}), by="k"),
+                     backend="serial", progress=False).results
+    store = tmp_path / "store"
+    runs = []
+    for partitions in (4, 1):
+        lazy = dd.from_pandas(frame, npartitions=partitions, sort=False)
+        lazy["c"] = lazy["c"].astype("category")  # categories unknown to Dask
+        runs.append(mm.train(_types_seen, mm.groups(lazy, by="k"), store=store,
+                             backend="serial", progress=False).results)
+    assert str(runs[0]["k"].dtype) == "Int64"
+    pd.testing.assert_frame_equal(runs[0][["k", "c", "n"]], local[["k", "c", "n"]])
+    assert runs[1]["reused"].all()  # another partitioning, the same data hashes
+    classes = tmp_path / "classes"
+    mm.train(lambda df: _ClassOf(int(df["k"].iloc[0])),
+             mm.groups(frame.dropna(subset=["k"]).iloc[:100], by="k"), store=classes,
+             backend="serial", progress=False)
+    answer = mm.Store(classes).predict(
+        dd.from_pandas(pd.DataFrame({"k": [1, 2, 7], "x": [0.0, 1.0, 2.0]}), npartitions=2),
+        by="k")
+    assert str(answer.dtypes["prediction"]) == "Int64"
+    computed = answer.compute().sort_values("k")
+    assert str(computed["prediction"].dtype) == "Int64"
+    assert computed["prediction"].tolist()[:2] == [1, 2] and computed["prediction"].isna().iloc[2]

@@ -124,10 +124,18 @@ def stage_arrow_partition(batches: Iterator[pa.RecordBatch], by: list[str],
 
 
 def stage_pandas_partition(frame: Any, by: list[str], order_by: list[str],
-                           directory: str) -> Any:
-    """Dask's ``map_partitions`` function: one partition in, its groups' rows out."""
+                           directory: str, categoricals: dict[str, Any] | None = None) -> Any:
+    """Dask's ``map_partitions`` function: one partition in, its groups' rows
+    out (the key columns of the partition's own types: an ``Int64`` key with
+    a null stays integers). ``categoricals``: the frame's categorical columns
+    (name -> dtype, or None where its categories are unknown), which a
+    shuffle delivers as text where its pieces' categories differ: each is a
+    categorical again, as ``fit`` would get it from the pandas path."""
     import pandas as pd
 
+    for name, dtype in (categoricals or {}).items():
+        if name in frame.columns and not isinstance(frame[name].dtype, pd.CategoricalDtype):
+            frame = frame.assign(**{name: frame[name].astype(dtype or "category")})
     index = None
     if len(frame):
         index = stage_rows(pa.Table.from_pandas(frame, preserve_index=False), by, order_by,
@@ -136,7 +144,12 @@ def stage_pandas_partition(frame: Any, by: list[str], order_by: list[str],
         columns = {name: frame[name].iloc[:0] for name in by}
         columns.update({name: pd.Series([], dtype="int64") for name in INDEX_COLUMNS})
         return pd.DataFrame(columns)
-    return index.to_pandas()
+    out = index.to_pandas()
+    for name in by:
+        from_arrow = getattr(frame[name].dtype, "__from_arrow__", None)
+        if from_arrow is not None and not isinstance(frame[name].dtype, pd.CategoricalDtype):
+            out[name] = pd.Series(from_arrow(index.column(name)), index=out.index)
+    return out
 
 
 @dataclass(eq=False)
@@ -273,11 +286,16 @@ def _stage_spark(frame: Any, by: list[str], order_by: list[str], directory: str)
 def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:
     """One shuffle by key (``shuffle(on=by)``), then :func:`stage_rows` in each partition."""
     import pandas as pd
+    from dask.dataframe.utils import has_known_categories
 
     meta = {name: frame._meta[name].iloc[:0] for name in by}
     meta.update({name: pd.Series([], dtype="int64") for name in INDEX_COLUMNS})
+    categoricals = {name: (dtype if has_known_categories(frame._meta[name]) else None)
+                    for name, dtype in frame._meta.dtypes.items()
+                    if isinstance(dtype, pd.CategoricalDtype)}
     index = frame.shuffle(on=by).map_partitions(
-        stage_pandas_partition, by, order_by, directory, meta=pd.DataFrame(meta))
+        stage_pandas_partition, by, order_by, directory, categoricals,
+        meta=pd.DataFrame(meta))
     return pa.Table.from_pandas(index.compute(), preserve_index=False)
 
 

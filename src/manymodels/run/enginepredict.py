@@ -233,8 +233,13 @@ def _on_spark(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) 
 
 
 def _dask_meta(meta: Any, task: EngineGroupPredictor, kind: str) -> Any:
-    dtype = {"float": "float64", "int": "int64", "str": "object", "vector": "object"}[kind]
-    meta = meta.assign(prediction=np.empty(0, dtype=dtype))
+    """The answer's empty frame: integer classes as pandas' nullable ``Int64``,
+    which holds the missing prediction of a row whose group has no model
+    (int64 cannot: the partitions held floats where the meta said integers)."""
+    import pandas as pd
+
+    dtype = {"float": "float64", "int": "Int64", "str": "object", "vector": "object"}[kind]
+    meta = meta.assign(prediction=pd.array([], dtype=dtype))
     return meta.assign(source=np.empty(0, dtype=object)) if task.with_source else meta
 
 
