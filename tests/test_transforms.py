@@ -252,8 +252,6 @@ def test_map_partitions_keeps_the_kind_of_table():
 def test_map_partitions_bad_input():
     with pytest.raises(ValueError, match="partitions must be an integer >= 1"):
         mm.map_partitions(add_features, pd.DataFrame({"c0": [1.0]}), partitions=0)
-    with pytest.raises(ValueError, match="empty"):
-        mm.map_partitions(add_features, pd.DataFrame({"c0": []}))
 
 
 def doubled_c0(df):
