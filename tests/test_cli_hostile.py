@@ -168,3 +168,57 @@ def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     assert runs["status"].tolist() == ["interrupted"]
     assert 0 < runs["ok"].iloc[0] < 400 and runs["failed"].iloc[0] == 0
     assert runs["reused"].iloc[0] == 0
+
+
+def test_a_device_out_is_written_through_a_pipe_and_a_redirect(tmp_path, trained):
+    """--out /dev/stdout resolved to /proc/PID/fd/pipe:[N] under a pipe (no
+    such file: nothing written, exit 1); under a redirect its file was
+    replaced, and the summary line went over the CSV's first bytes; export's
+    Parquet could not be written to a pipe at all. A device is written
+    through its name, the summary goes to standard error."""
+    import io
+    import subprocess
+    import sys
+
+    store, rows, table = trained
+    command = [sys.executable, "-m", "manymodels", "predict", str(store), str(rows), "--out",
+               "/dev/stdout"]
+    piped = subprocess.run(command, capture_output=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    answer = pd.read_csv(io.BytesIO(piped.stdout))
+    assert len(answer) == len(table) and (answer["source"] == "group").all()
+    assert b"wrote 60 predictions" in piped.stderr
+    redirected = tmp_path / "answer.csv"
+    with open(redirected, "wb") as sink:
+        done = subprocess.run(command, stdout=sink, stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert pd.read_csv(redirected).equals(answer)
+    exported = subprocess.run([sys.executable, "-m", "manymodels", "export", str(store), "-o",
+                               "/dev/stdout"], capture_output=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    assert pd.read_parquet(io.BytesIO(exported.stdout))["store"].tolist() == ["s0", "s1"]
+
+
+@pytest.mark.parametrize("index", ["empty", "foreign"])
+def test_every_command_refuses_an_index_that_is_not_a_stores(tmp_path, index):
+    """`manymodels dashboard` served a folder whose index.sqlite was another
+    program's (503s for every page), and an empty index.sqlite was taken by
+    `runs` and `verify` (exit 0), which wrote a new store's tables and
+    artifacts/ into the folder. Both are refused naming STORE, exit 2, and
+    the folder is left as it was."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    path = folder / "index.sqlite"
+    if index == "empty":
+        path.touch()
+    else:
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE notes (text TEXT)")
+    before = path.read_bytes()
+    for command in (["runs"], ["verify"], ["show"], ["dashboard", "--port", "0",
+                                                      "--token", "abcdefgh"]):
+        result = _invoke(command[0], folder, *command[1:])
+        assert result.exit_code == 2, (command, result.output)
+        assert "STORE" in result.output
+    assert sorted(p.name for p in folder.iterdir()) == ["index.sqlite"]
+    assert path.read_bytes() == before

@@ -41,7 +41,7 @@ def test_store_runs_gives_utc_timestamps_and_the_command_line_the_same_instants(
                            capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     local = runs["started_at"].iloc[0].to_pydatetime().astimezone()
-    assert local.strftime("%Y-%m-%d %H:%M:%S") in table.stdout
+    assert local.strftime("%Y-%m-%d %H:%M:%S %z") in table.stdout  # with its offset
 
     report = subprocess.run([sys.executable, "-m", "manymodels.cli", "report", str(store),
                              "--out", str(tmp_path / "r.html")],

@@ -491,3 +491,26 @@ def test_one_store_used_from_several_threads(tmp_path):
     assert trained[0].summary().reused == 2000
     assert store.runs()["run_id"].tolist() == [1, trained[0].run_id]
     store.close()
+
+
+def test_why_not_reused_names_a_model_found_corrupt_that_training_made_whole_again(tmp_path):
+    """A model found corrupt is trained again; when the fit is deterministic
+    its bytes are the same, the artifact whole once more, and why_not_reused
+    said "reuse was turned off (reuse=False)", which it never was. It says
+    the model could not be loaded when the run began; reuse=False is named
+    only where the run was started so."""
+    store = tmp_path / "store"
+    mm.train(big_model, mm.items(range(3)), store=store, backend="serial", progress=False)
+    opened = mm.Store(store)
+    artifact = opened.results().set_index("item").loc[1, "artifact"][:64]
+    (path,) = (store / "artifacts").glob(f"*/{artifact}")
+    with open(path, "r+b") as handle:
+        handle.seek(1000)
+        handle.write(b"XXXX")
+    assert len(opened.verify()) == 1
+    again = mm.train(big_model, mm.items(range(3)), store=store, backend="serial",
+                     progress=False)
+    assert again.results["reused"].tolist() == [True, False, True]
+    assert again.why_not_reused(1) == (
+        "1 was trained: its model from run 1 could not be loaded when run 2 began (missing "
+        "from the store, or found corrupt)")

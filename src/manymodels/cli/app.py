@@ -84,11 +84,30 @@ def _open_store(path: str, writes: bool = False):
         raise typer.BadParameter(f"store {path!r} " + ("is a file, not a store's directory"
                                                        if Path(path).exists() else
                                                        "does not exist"), param_hint="STORE")
-    if not (Path(path) / "index.sqlite").is_file():  # nothing made where only reading
-        raise typer.BadParameter(f"{path!r} is not a manymodels store (it has no "
-                                 "index.sqlite)", param_hint="STORE")
+    check_store_index(path)
     try:
         return Store(path)
+    except StoreError as exc:
+        _fail(str(exc), "STORE")
+
+
+def check_store_index(path: str) -> None:
+    """A local store's index, refused naming STORE unless it is a manymodels
+    store's: checked read-only, so that a command that only reads makes
+    nothing where there is no store (an empty ``index.sqlite`` included)."""
+    from pathlib import Path
+
+    from ..store import StoreError, check_existing_index
+
+    index = Path(path) / "index.sqlite"
+    if not index.is_file():  # nothing made where only reading
+        raise typer.BadParameter(f"{path!r} is not a manymodels store (it has no "
+                                 "index.sqlite)", param_hint="STORE")
+    if index.stat().st_size == 0:
+        _fail(f"store index {str(index)!r} is empty (0 bytes): not a manymodels store "
+              "index, or one cut to nothing", "STORE")
+    try:
+        check_existing_index(index)
     except StoreError as exc:
         _fail(str(exc), "STORE")
 
@@ -130,7 +149,21 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
     no half file, and an earlier one as it was); a device is written in
     place. A write that fails is said in one line, exit code 1."""
     import os
+    import shutil
+    import tempfile
 
+    if is_device(out):  # made whole in a temporary file, then its bytes sent on
+        with tempfile.TemporaryDirectory(prefix="manymodels-out-") as folder:
+            temporary = Path(folder, Path(out).name or "out")
+            try:
+                yield temporary
+                with open(temporary, "rb") as made, open(out, "wb") as device:
+                    shutil.copyfileobj(made, device)
+            except OSError as exc:
+                typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}",
+                           err=True)
+                raise typer.Exit(1) from exc
+        return
     target = Path(out).resolve()  # (a link: the file it names is replaced, not the link)
     in_place = target.exists() and not target.is_file()
     temporary = target if in_place else target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -146,6 +179,18 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
     finally:
         if not in_place:
             temporary.unlink(missing_ok=True)
+
+
+def is_device(out: str) -> bool:
+    """Whether ``out`` names a device (``/dev/stdout``: the shell's pipe, which
+    resolves to no path, or the file it redirected to): written through that
+    name, in place, and what a command says of it goes to standard error."""
+    return out.startswith(("/dev/", "/proc/"))
+
+
+def said(message: str, out: str) -> None:
+    """A command's one line about what it wrote, kept out of ``out``'s way."""
+    typer.echo(message, err=is_device(out))
 
 
 _FORMAT_HELP = ("table (aligned; plain text when piped), csv or json (every column, "

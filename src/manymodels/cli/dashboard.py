@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
 
-from .app import _fail, app
+from .app import _fail, app, check_store_index
 
 
 @app.command()
@@ -39,6 +40,8 @@ def dashboard(
 
     if no_token and token is not None:
         _fail("give --token or --no-token, not both", "--token/--no-token")
+    if Path(store).is_dir():  # another program's index, or an empty one: refused as by all
+        check_store_index(store)
     try:  # read-only: opening it as a Store would write (migrations)
         with warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .app import _FORMAT_HELP, _check_out, _fail, _open_store, _written, app
+from .app import _FORMAT_HELP, _check_out, _fail, _open_store, _written, app, said
 from .tables import OutputFormat, iso_times, local_time, print_frame
 
 
@@ -22,7 +22,7 @@ def runs(
     if fmt != OutputFormat.table:
         print_frame(iso_times(frame, ["started_at", "finished_at"]), "runs", fmt)
         return
-    frame["started_at"] = [local_time(t).strftime("%Y-%m-%d %H:%M:%S")
+    frame["started_at"] = [local_time(t).strftime("%Y-%m-%d %H:%M:%S %z")
                            for t in frame["started_at"]]
     print_frame(frame.drop(columns=["finished_at", "source"]), f"runs in {store}")
 
@@ -76,7 +76,7 @@ def export(
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     with _written(out) as path:
         opened.export(path, run)
-    typer.echo(f"wrote {out}")
+    said(f"wrote {out}", out)
 
 
 @app.command()
@@ -133,4 +133,4 @@ def report(
         _fail(str(exc), "RUN")
     with _written(out) as path:
         store_report(opened, run, path)
-    typer.echo(f"wrote {out}")
+    said(f"wrote {out}", out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from ..inputs.tables import named_twice
-from .app import _check_out, _fail, _open_store, _split_list, _written, app
+from .app import _check_out, _fail, _open_store, _split_list, _written, app, said
 
 
 def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
@@ -192,5 +192,5 @@ def predict(
         else:
             frame.to_csv(path, index=False)
     counts = frame["source"].value_counts().to_dict()
-    typer.echo(f"wrote {len(frame)} predictions to {target} ("
-               + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")")
+    said(f"wrote {len(frame)} predictions to {target} ("
+         + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")", out)

@@ -178,7 +178,7 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
     if not index.exists():
         _refuse_inside_artifacts(path)
     else:  # read only, before this process writes anything here
-        _check_existing_index(index)
+        check_existing_index(index)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         (path / "artifacts").mkdir(mode=0o700, exist_ok=True)
@@ -301,7 +301,7 @@ def _check_is_store(conn: sqlite3.Connection, index: Path) -> None:
 _RUNS_COLUMNS = frozenset({"run_id", "started_at", "status"})
 
 
-def _check_existing_index(index: Path) -> None:
+def check_existing_index(index: Path) -> None:
     """An existing index checked by a read-only connection before this
     process writes anything to it or beside it (``artifacts/``, the
     write-ahead log, a migration): another program's SQLite file, a layout

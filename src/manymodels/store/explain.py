@@ -49,7 +49,11 @@ def why_not_reused(store: Any, key: Hashable, run: int | None = None) -> str:
             store._conn, store.root, [then["artifact"]])[0]:
         return (f"{key!r} was trained: its model from run {then_run} could no longer be "
                 "loaded (missing from the store, or found corrupt)")
-    return f"{key!r} was trained: reuse was turned off (reuse=False)"
+    if _code_detail(store, run_id).get("reuse") is False:
+        return f"{key!r} was trained: reuse was turned off (reuse=False)"
+    # (the same bytes trained again make a model found corrupt whole once more)
+    return (f"{key!r} was trained: its model from run {then_run} could not be loaded when "
+            f"run {run_id} began (missing from the store, or found corrupt)")
 
 
 #: What the runs' own entries among the shared objects' hashes stand for.

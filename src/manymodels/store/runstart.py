@@ -47,6 +47,8 @@ class RunStart:
         (their rows as blocks, or one block naming the run whose trained rows
         they all are); return how many. ``verify``: each reused model's bytes
         are checked against its SHA-256 first (see :mod:`.verify`)."""
+        if not reuse:  # kept with the run: why_not_reused says so, not a guess
+            self.code_detail = {**self.code_detail, "reuse": False}
         for last_try in (False, True):
             reused = self._find_reusable(reuse, verify)
             if self._start_run(reused, last_try):
