@@ -407,3 +407,16 @@ def test_after_ctrl_c_a_fit_still_running_on_a_thread_does_not_keep_python_alive
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=60)
     assert out.strip() == "interrupted 2"
+
+
+def test_more_cpus_a_task_than_the_machine_has_is_said():
+    """cpus_per_task above the usable cores was taken without a word (one
+    worker, thread pools sized for a bigger machine). It is warned of."""
+    from manymodels.machine import usable_cores
+
+    cores = usable_cores()
+    with pytest.warns(RuntimeWarning, match=f"cpus_per_task={cores + 1} is more than the "
+                                            f"{cores} cores"):
+        run = mm.train(lambda item: item, mm.items(range(2)), backend="threads",
+                       cpus_per_task=cores + 1, progress=False)
+    assert run.results["status"].eq("ok").all()

@@ -207,8 +207,18 @@ class Backend(ABC):
     def default_workers(cls, cpus_per_task: int) -> int | None:
         """How many workers when the user names no count: the usable cores
         (affinity and cgroup aware) divided by ``cpus_per_task``; None for a
-        backend that sizes itself when it starts (a cluster's CPUs)."""
-        return max(1, usable_cores() // cpus_per_task)
+        backend that sizes itself when it starts (a cluster's CPUs). More
+        CPUs a task than this machine has is said (one worker then runs,
+        its thread pools sized as asked: a task of a bigger machine's size)."""
+        cores = usable_cores()
+        if cpus_per_task > cores:
+            import warnings
+
+            warnings.warn(f"cpus_per_task={cpus_per_task} is more than the {cores} cores "
+                          "this process may use here: one worker runs, its tasks' thread "
+                          f"pools (BLAS, OpenMP) sized for {cpus_per_task}",
+                          RuntimeWarning, stacklevel=2)
+        return max(1, cores // cpus_per_task)
 
     def configure(self, options: BackendOptions) -> None:
         """Take a run's validated options: the only way settings reach a backend
