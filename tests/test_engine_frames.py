@@ -404,21 +404,19 @@ def test_store_predict_on_the_engine_reads_a_store_made_afresh_at_its_path(engin
     import shutil
 
     path = tmp_path / "store"
+
+    def train_and_predict_on_the_engine(rows: pd.DataFrame) -> None:
+        mm.train(fit_sklearn_linear, mm.groups(rows, by="store"), store=path,
+                 backend="serial", progress=False)
+        answer = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, rows),
+                                                              by="store", features=["x"]))
+        np.testing.assert_allclose(answer.sort_values("row")["prediction"],
+                                   mm.Store(path).predict(rows, by="store", features=["x"]))
+
     rows = table.assign(row=np.arange(len(table)))
-    mm.train(fit_sklearn_linear, mm.groups(table, by="store"), store=path, backend="serial",
-             progress=False)
-    first = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, rows),
-                                                         by="store", features=["x"]))
-    np.testing.assert_allclose(first.sort_values("row")["prediction"],
-                               mm.Store(path).predict(rows, by="store", features=["x"]))
+    train_and_predict_on_the_engine(rows)
     shutil.rmtree(path)
-    scaled = rows.assign(y=rows["y"] * 100)
-    mm.train(fit_sklearn_linear, mm.groups(scaled, by="store"), store=path, backend="serial",
-             progress=False)
-    again = _collected(engine[0], mm.Store(path).predict(_engine_frame(engine, scaled),
-                                                         by="store", features=["x"]))
-    np.testing.assert_allclose(again.sort_values("row")["prediction"],
-                               mm.Store(path).predict(scaled, by="store", features=["x"]))
+    train_and_predict_on_the_engine(rows.assign(y=rows["y"] * 100))  # other models, same path
 
 
 @pytest.mark.parametrize("name", ["store.id", "the `store`"])
