@@ -34,6 +34,27 @@ def test_a_groups_integers_stay_integers_whatever_its_batch_holds(tmp_path, read
     assert clean["last"].tolist() == [2**53 + 2 * g + 1 for g in clean["g"]]
 
 
+def _flag_column(rows):
+    return None, {"dtype": str(rows["flag"].dtype), "not_flag": int((~rows["flag"]).sum())}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_groups_booleans_stay_booleans_whatever_its_batch_holds(workers):
+    """The same for a boolean column: where one group of a batch missed a
+    value, every group got an object column, and ~flag gave -1 and -2 (the
+    answer changed with workers=, which sizes the batches)."""
+    n = 800
+    flags = pa.array([None if i % 37 == 0 else bool(i % 2) for i in range(5 * n)])
+    table = pa.table({"g": np.repeat(np.arange(n), 5), "flag": flags})
+    run = mm.train(_flag_column, mm.groups(table, by="g"), backend="processes",
+                   workers=workers, progress=False)
+    whole = ~np.isin(np.arange(n), np.arange(0, 5 * n, 37) // 5)
+    clean = run.results[whole]
+    assert set(clean["dtype"]) == {"bool"}
+    expected = [sum(not flags[i].as_py() for i in range(5 * g, 5 * g + 5)) for g in clean["g"]]
+    assert clean["not_flag"].tolist() == expected
+
+
 def _rows_as_lists(rows):
     return rows.to_dict("list"), {}
 
@@ -313,3 +334,36 @@ def test_a_missing_value_in_one_group_retrains_that_group_alone(tmp_path, kind):
     again = mm.train(_mean_x, mm.groups(holed.iloc[5:], by="g"), store=store, backend="serial",
                      progress=False)
     assert again.results["reused"].all()  # the null's group gone: the others still reused
+
+
+def _row_count(rows):
+    return None, {"n": len(rows)}
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_a_folders_hidden_and_underscored_copies_are_not_read(tmp_path, read_on_workers):
+    """Every .parquet under a folder was read, a Spark job's _temporary/
+    and a notebook's .ipynb_checkpoints/ included: each group's rows came
+    two and three times. Names and folders that start with . or _ are left
+    out, as pyarrow's datasets and pandas leave them."""
+    table = pd.DataFrame({"k": ["a", "b"], "v": [1.0, 2.0]})
+    folder = tmp_path / "sales"
+    for where in ("", "_temporary/0", ".ipynb_checkpoints"):
+        (folder / where).mkdir(parents=True, exist_ok=True)
+        table.to_parquet(folder / where / "part-0.parquet", index=False)
+    table.to_parquet(folder / "_part-copy.parquet", index=False)
+    run = mm.train(_row_count, mm.groups(folder, by="k", read_on_workers=read_on_workers),
+                   backend="serial", progress=False)
+    assert run.results["n"].tolist() == [1, 1] == [
+        len(rows) for _, rows in pd.read_parquet(folder).groupby("k")]
+
+
+def test_an_items_key_function_that_returns_a_list_is_refused():
+    """A key= function returning a list skipped the check for duplicates
+    (keys that cannot be hashed were taken for positions): two items keyed
+    [s1, 1] both trained, and one model was lost from run.models."""
+    records = [{"store": "s1", "sku": 1}, {"store": "s1", "sku": 2}, {"store": "s1", "sku": 1}]
+    with pytest.raises(TypeError, match=r"gave item 0 the key \['s1', 1\], a list"):
+        mm.items(records, key=lambda r: [r["store"], r["sku"]])
+    with pytest.raises(ValueError, match="duplicate item key"):
+        mm.items(records, key=lambda r: (r["store"], r["sku"]))

@@ -54,18 +54,22 @@ def _arrow_as(rows: Any, format: str, labels: list | None = None) -> Any:
 
 
 def _integers_made_floats(table: Any, converted: Any) -> bool:
-    """Whether converting ``table`` made floats of an integer column that
-    misses a value: converted in one go, every group of a batch got floats,
-    those without a missing value too (which, alone, keep their integers,
-    exact past 2**53), so such a batch is converted a group at a time. (A
-    pandas frame's nullable integers come back as they were: no floats.)"""
+    """Whether converting ``table`` made floats of an integer column, or
+    objects of a boolean column, that misses a value: converted in one go,
+    every group of a batch got them, those without a missing value too
+    (which, alone, keep their integers, exact past 2**53, or their booleans,
+    whose ``~`` is not -1 and -2), so such a batch is converted a group at a
+    time: what a group gets does not depend on the batch it lands in. (A
+    pandas frame's nullable integers and booleans come back as they were.)"""
     import pyarrow as pa
 
     for position, column in enumerate(table.columns):
-        if pa.types.is_integer(column.type) and column.null_count:
+        made = ("f" if pa.types.is_integer(column.type)
+                else "O" if pa.types.is_boolean(column.type) else None)
+        if made is not None and column.null_count:
             values = (converted.iloc[:, position] if hasattr(converted, "iloc")
                       else list(converted.values())[position])
-            if values.dtype.kind == "f":
+            if values.dtype.kind == made:
                 return True
     return False
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -122,6 +123,14 @@ def resolve_all(uris: list[str]) -> tuple[Any, list[str]]:
     return filesystem, [resolve(uri)[1] for uri in uris]
 
 
+def hidden(parts: Sequence[str]) -> bool:
+    """Whether a file under a table's directory (its path's ``parts`` there)
+    is one that readers of a directory leave out, as pyarrow's datasets and
+    pandas do: a name or folder that starts with ``.`` or ``_`` (a Spark
+    job's ``_temporary/``, ``.ipynb_checkpoints/``: copies of the rows)."""
+    return any(part.startswith((".", "_")) for part in parts)
+
+
 def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
     """The URIs of the Parquet objects at ``location``: the object itself, or
     those under it (in key order, as a local directory's files are read);
@@ -149,7 +158,8 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
     for entry in sorted(found, key=lambda entry: entry.path):
         relative = entry.path[len(path):].lstrip("/")
         if entry.type == fs.FileType.File and any(
-                relative.lower().endswith(suffix) for suffix in suffixes):
+                relative.lower().endswith(suffix) for suffix in suffixes) and not hidden(
+                relative.split("/")):
             files.append(f"{base.rstrip('/')}/{quote(relative, safe='/=')}"
                          + (f"?{query}" if query else ""))
     if not files:

@@ -299,6 +299,15 @@ class ItemSource(Source):
         self.keys = [
             key(item) if key else _default_item_key(item, i) for i, item in enumerate(self.items)
         ]
+        if key is not None:  # (a default key that cannot be hashed is its position)
+            for position, made in enumerate(self.keys):
+                try:
+                    hash(made)
+                except TypeError:
+                    raise TypeError(
+                        f"items(key=...) gave item {position} the key {made!r}, a "
+                        f"{type(made).__name__}, which cannot be a key (it cannot be "
+                        "hashed): return a tuple for a key of several values") from None
         require_unique(self.keys, "item key")
         self.cost = cost
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .engineframes import refuse_engine_frame
-from .objectstores import is_remote
+from .objectstores import hidden, is_remote
 from .partitions import add_partition_columns, partition_table
 
 PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
@@ -69,9 +69,12 @@ def is_pandas_frame(obj: Any) -> bool:
 
 
 def table_files(path: Path) -> list[Path]:
-    """The table files under a directory, in the order they are read."""
+    """The table files under a directory, in the order they are read, but
+    those :func:`~.objectstores.hidden` there."""
     return sorted(p for p in path.rglob("*")
-                  if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES)
+                  if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES
+                  and not hidden(p.relative_to(path).parts))
+
 
 
 def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
