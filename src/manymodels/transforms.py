@@ -104,9 +104,13 @@ def map_groups(
       are the same);
     * any other DataFrame (an aggregation, a filter): the outputs in key
       order, under a fresh index 0, 1, ...;
-    * a Series of the same labels from every group (``df[["x", "y"]].mean()``):
-      one row per group, in key order;
-    * other Series: concatenated in key order, under the labels ``fn`` gave;
+    * a Series of the same labels from every group (``df[["x", "y"]].mean()``;
+      in any order, as a dict built by group may order them): one row per
+      group, in key order, each value in its label's column;
+    * other Series (``df["c"].value_counts()``, whose labels differ by
+      group): concatenated in key order, under a MultiIndex of the key
+      columns and the labels ``fn`` gave, as pandas' ``groupby().apply``
+      makes it (the labels alone would not say which group a row is of);
     * Arrow or polars tables: concatenated in key order.
 
     Key columns missing from a table ``fn`` returns are added in front. With

@@ -230,6 +230,33 @@ def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
     return _key_dtypes(base, frame, added)
 
 
+def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
+    """The first index when every index has its labels, in any order (a dict
+    built by group may order its keys by group), so that each output's values
+    line up by label; else None. Labels repeated within an index align with no
+    one order, so those must come in the same order."""
+    first = indexes[0]
+    if all(index.equals(first) for index in indexes[1:]):
+        return first
+    if not first.is_unique or not all(len(index) == len(first) and index.is_unique
+                                      for index in indexes[1:]):
+        return None
+    if all((first.get_indexer(index) >= 0).all() for index in indexes[1:]):
+        return first
+    return None
+
+
+def _series_under_keys(outputs: list[pd.Series], parts: list[tuple],
+                       key_columns: list) -> pd.Series:
+    """Series whose labels differ by group (``value_counts``) concatenated
+    under a MultiIndex of the key columns and their labels, as pandas'
+    ``groupby().apply`` makes it: bare, their labels would not say which group
+    a row is of (x, y, x, z)."""
+    keys = [key if len(key) > 1 else key[0] for key in parts]
+    names = [*key_columns, *outputs[0].index.names]
+    return pd.concat(outputs, keys=keys, names=names)
+
+
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
               ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
@@ -246,10 +273,11 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     if series:
         if transform is not None:
             return _in_input_order(pd.concat(outputs, ignore_index=True), positions, base)
-        first = outputs[0].index
-        if all(out.index.equals(first) for out in outputs[1:]):
-            return _rows_per_group(outputs, parts, key_columns, base)
-        return pd.concat(outputs)
+        labels = _same_labels([out.index for out in outputs])
+        if labels is not None:
+            return _rows_per_group([out.reindex(labels) for out in outputs], parts,
+                                   key_columns, base)
+        return _series_under_keys(outputs, parts, key_columns)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
         result = _frames_with_keys(outputs, parts, key_columns, base)
     else:
