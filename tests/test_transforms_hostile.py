@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import manymodels as mm
 
@@ -49,3 +50,38 @@ def test_series_of_the_same_labels_in_another_order_are_aligned_by_label():
     ours = mm.map_groups(stats, mm.groups(frame.assign(v=np.arange(6.0)), by="g"), **SERIAL)
     assert list(ours.columns) == ["g", "n", "sum"]
     assert ours["sum"].tolist() == [3.0, 12.0] and ours["n"].tolist() == [3, 3]
+
+
+def test_polars_outputs_of_a_number_and_a_text_are_refused_as_arrow_ones_are():
+    """polars' relaxed concat would make the number text: refused, naming the column."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b"], "y": [1, 2]})
+
+    def number_or_text(rows):
+        return pl.DataFrame({"p": [1]}) if rows["g"][0] == "a" else pl.DataFrame({"p": ["x"]})
+
+    with pytest.raises(TypeError, match=r"cannot be concatenated.*Field p"):
+        mm.map_groups(number_or_text, mm.groups(frame, by="g", format="polars"), **SERIAL)
+
+    def by_partition(part):
+        return part.select(p=pl.lit(1) if part["y"][0] == 1 else pl.lit("x"))
+
+    with pytest.raises(TypeError, match=r"map_partitions.*cannot be concatenated.*Field p"):
+        mm.map_partitions(by_partition, frame, partitions=2, format="polars", **SERIAL)
+
+
+def test_polars_outputs_still_widen_numbers_and_fill_missing_columns():
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b", "c"], "y": [1, 2, 3]})
+
+    def varied(rows):
+        key = rows["g"][0]
+        if key == "a":
+            return pl.DataFrame({"p": [1], "q": ["s"]})
+        if key == "b":
+            return pl.DataFrame({"p": [2.5], "q": pl.Series(["t"], dtype=pl.Categorical)})
+        return pl.DataFrame({"p": [None], "q": [None]})
+
+    out = mm.map_groups(varied, mm.groups(frame, by="g", format="polars"), **SERIAL)
+    assert out.schema["p"] == pl.Float64 and out.schema["q"] == pl.String
+    assert out["p"].to_list() == [1.0, 2.5, None] and out["q"].to_list() == ["s", "t", None]

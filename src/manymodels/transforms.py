@@ -111,7 +111,11 @@ def map_groups(
       group): concatenated in key order, under a MultiIndex of the key
       columns and the labels ``fn`` gave, as pandas' ``groupby().apply``
       makes it (the labels alone would not say which group a row is of);
-    * Arrow or polars tables: concatenated in key order.
+    * Arrow or polars tables: concatenated in key order, their columns'
+      types unified as Arrow's permissive concat unifies them (int and
+      float: float; a column some lack: null there); a column whose types
+      have none in common (a number and a text) raises a TypeError naming
+      it, for polars too, whose own relaxed concat would make it text.
 
     Key columns missing from a table ``fn`` returns are added in front. With
     a grid (``groups * grid``) the outputs come in key order, a group's rows

@@ -44,7 +44,11 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False) -> Any
     if module.startswith("polars"):
         import polars as pl
 
-        return _unified(lambda: pl.concat(parts, how="diagonal_relaxed"), what)
+        def concatenate() -> Any:
+            _check_polars_types(parts)
+            return pl.concat(parts, how="diagonal_relaxed")
+
+        return _unified(concatenate, what)
     if all(isinstance(part, pd.Series) for part in parts):
         return pd.concat(parts, ignore_index=not keep_index)
     frames = []
@@ -72,6 +76,29 @@ def _unified(concatenate: Callable[[], Any], what: str) -> Any:
         raise TypeError(f"{what}: the outputs' columns cannot be concatenated (a column "
                         f"whose types have no common one in different groups or partitions): "
                         f"{exc}") from exc
+
+
+def _check_polars_types(parts: list[Any]) -> None:
+    """Raise Arrow's error where the polars tables' columns have types that
+    Arrow's permissive concatenation would refuse (a number and a text):
+    polars' relaxed concat would make them text, silently. Numbers still
+    widen (int and float: float) and a column some lack is null there, as
+    for Arrow outputs. A categorical is read as its values (text and a
+    categorical make text, as polars makes them); types with no Arrow form
+    (``pl.Object``) are left to polars."""
+    import polars as pl
+
+    frames = [part for part in parts if isinstance(part, pl.DataFrame)]
+    if len(frames) < 2:
+        return
+    try:
+        schemas = [frame.head(0).to_arrow().schema for frame in frames]
+    except Exception:  # noqa: BLE001 - no Arrow form to judge by: polars decides
+        return
+    pa.unify_schemas([pa.schema([field.with_type(field.type.value_type)
+                                 if pa.types.is_dictionary(field.type) else field
+                                 for field in schema]) for schema in schemas],
+                     promote_options="permissive")
 
 
 def _kind(output: Any) -> str:
