@@ -4,8 +4,11 @@ and runs in which every group or partition failed."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import manymodels as mm
@@ -85,3 +88,35 @@ def test_polars_outputs_still_widen_numbers_and_fill_missing_columns():
     out = mm.map_groups(varied, mm.groups(frame, by="g", format="polars"), **SERIAL)
     assert out.schema["p"] == pl.Float64 and out.schema["q"] == pl.String
     assert out["p"].to_list() == [1.0, 2.5, None] and out["q"].to_list() == ["s", "t", None]
+
+
+def fail(rows):
+    raise ValueError("every one fails")
+
+
+@pytest.mark.parametrize("how", ["polars", "arrow", "pandas"])
+def test_a_run_whose_every_group_failed_is_an_empty_table_of_the_sources_kind(how):
+    """Not a pandas DataFrame() whatever the kind: code written for the
+    polars (or Arrow) tables fn returns keeps working on an empty result."""
+    pl = pytest.importorskip("polars")
+    kinds = {"polars": pl.DataFrame, "arrow": pa.Table, "pandas": pd.DataFrame}
+    frame = pd.DataFrame({"g": ["a", "b"], "y": [1.0, 2.0]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        grouped = mm.map_groups(fail, mm.groups(frame, by="g", format=how), errors="skip",
+                                **SERIAL)
+        parted = mm.map_partitions(fail, frame, partitions=2, format=how, errors="skip",
+                                   **SERIAL)
+    for result in (grouped, parted):
+        assert isinstance(result, kinds[how]) and len(result) == 0
+
+
+def test_polars_outputs_and_none_from_some_groups_are_one_polars_table():
+    """None is a group without rows, not a pandas frame beside polars ones."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b"], "y": [1, 2]})
+    source = mm.groups(frame, by="g", format="polars")
+    out = mm.map_groups(lambda rows: None if rows["g"][0] == "a" else rows, source, **SERIAL)
+    assert isinstance(out, pl.DataFrame) and out["g"].to_list() == ["b"]
+    none = mm.map_groups(lambda rows: None, source, **SERIAL)
+    assert isinstance(none, pl.DataFrame) and none.height == 0

@@ -19,11 +19,26 @@ from ..planning.plan import group_layout
 from .results import Run
 
 
-def concat_outputs(parts: list[Any], what: str, keep_index: bool = False) -> Any:
+def empty_table(format: str) -> Any:
+    """An empty table of the kind a function handed ``format`` returns, for a
+    run with no output to tell (every group failed): a polars or Arrow
+    caller's code keeps working on it, as it would not on pandas'."""
+    if format == "polars":
+        import polars as pl
+
+        return pl.DataFrame()
+    if format == "arrow":
+        return pa.table({})
+    return pd.DataFrame()
+
+
+def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
+                   format: str = "pandas") -> Any:
     """Concatenate the outputs in order, keeping their kind of table or column
-    (a Series stays a Series) and, with ``keep_index``, pandas' row labels."""
+    (a Series stays a Series) and, with ``keep_index``, pandas' row labels;
+    no outputs at all is an empty table of the kind ``format`` suggests."""
     if not parts:
-        return pd.DataFrame()
+        return empty_table(format)
     kinds = dict.fromkeys(_kind(part) for part in parts)
     if len(kinds) > 1:
         raise TypeError(f"{what}'s function returned {' and '.join(kinds)} for different "
@@ -287,6 +302,11 @@ def _series_under_keys(outputs: list[pd.Series], parts: list[tuple],
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
               ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
+    present = [(key, output) for key, output in ok if output is not None]
+    if not present and (not ok or base.format in ("arrow", "polars")):
+        return empty_table(base.format)
+    if not all(isinstance(output, (pd.DataFrame, pd.Series)) for _, output in present):
+        ok = present  # a pandas stand-in for None would be a second kind of table
     parts = [key for key, _ in ok]
     # a group whose fn returned None has no rows, as in pandas' apply
     outputs = [pd.DataFrame() if output is None else output for _, output in ok]
