@@ -104,17 +104,27 @@ def map_groups(
       are the same);
     * any other DataFrame (an aggregation, a filter): the outputs in key
       order, under a fresh index 0, 1, ...;
-    * a Series of the same labels from every group (``df[["x", "y"]].mean()``):
-      one row per group, in key order;
-    * other Series: concatenated in key order, under the labels ``fn`` gave;
-    * Arrow or polars tables: concatenated in key order.
+    * a Series of the same labels from every group (``df[["x", "y"]].mean()``;
+      in any order, as a dict built by group may order them): one row per
+      group, in key order, each value in its label's column;
+    * other Series (``df["c"].value_counts()``, whose labels differ by
+      group): concatenated in key order, under a MultiIndex of the key
+      columns and the labels ``fn`` gave, as pandas' ``groupby().apply``
+      makes it (the labels alone would not say which group a row is of);
+    * Arrow or polars tables: concatenated in key order, their columns'
+      types unified as Arrow's permissive concat unifies them (int and
+      float: float; a column some lack: null there); a column whose types
+      have none in common (a number and a text) raises a TypeError naming
+      it, for polars too, whose own relaxed concat would make it text.
 
     Key columns missing from a table ``fn`` returns are added in front. With
     a grid (``groups * grid``) the outputs come in key order, a group's rows
     once per setting, under a fresh index. With ``errors="raise"`` (default) a
     failing group raises an error naming it; with ``errors="skip"`` its rows
     are left out, a ``RuntimeWarning`` names them with the reason, and a
-    pandas result's ``attrs["failed"]`` maps each one's key to its traceback.
+    pandas result's ``attrs["failed"]`` maps each one's key to its traceback
+    (every group failed: an empty table of the source's ``format``, polars,
+    Arrow or else pandas, the kind ``fn``'s outputs would have been).
     ``fallback``: a function called on a group's rows (with the same
     keywords) where ``fn`` raises, whose output takes the place of ``fn``'s
     (statsforecast's ``fallback_model``); a pandas result's
@@ -182,7 +192,9 @@ def map_partitions(
     included; ``fn`` must not modify it in place), and the result keeps the
     row labels ``fn`` returns. ``partitions`` defaults to four per worker.
     ``fn`` may return a pandas, polars or Arrow table (or a Series); the
-    result is of the same kind. Other keywords go to :func:`train`.
+    result is of the same kind (with ``errors="skip"``, every partition
+    failed: an empty table of ``format``'s kind). Other keywords go to
+    :func:`train`.
 
     Never slower than ``fn(table)`` by more than its trials: unless the call
     says how to split (``partitions``, ``backend``, ``start_method``... or
@@ -213,7 +225,8 @@ def map_partitions(
     refuse_dict_outputs(run, "map_partitions")
     key_columns, ok = _ok_outputs(run, errors, "map_partitions")
     result = concat_outputs([output for _, output in ok], "map_partitions",
-                     keep_index=isinstance(source.table, pd.DataFrame))
+                            keep_index=isinstance(source.table, pd.DataFrame),
+                            format=source.format)
     reason = decision.reason if decision is not None else (
         f"split into {source.partitions} partitions, as the call asked")
     result = attach_summary(result, with_split(run.summary(), reason), table)

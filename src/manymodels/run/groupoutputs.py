@@ -19,11 +19,26 @@ from ..planning.plan import group_layout
 from .results import Run
 
 
-def concat_outputs(parts: list[Any], what: str, keep_index: bool = False) -> Any:
+def empty_table(format: str) -> Any:
+    """An empty table of the kind a function handed ``format`` returns, for a
+    run with no output to tell (every group failed): a polars or Arrow
+    caller's code keeps working on it, as it would not on pandas'."""
+    if format == "polars":
+        import polars as pl
+
+        return pl.DataFrame()
+    if format == "arrow":
+        return pa.table({})
+    return pd.DataFrame()
+
+
+def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
+                   format: str = "pandas") -> Any:
     """Concatenate the outputs in order, keeping their kind of table or column
-    (a Series stays a Series) and, with ``keep_index``, pandas' row labels."""
+    (a Series stays a Series) and, with ``keep_index``, pandas' row labels;
+    no outputs at all is an empty table of the kind ``format`` suggests."""
     if not parts:
-        return pd.DataFrame()
+        return empty_table(format)
     kinds = dict.fromkeys(_kind(part) for part in parts)
     if len(kinds) > 1:
         raise TypeError(f"{what}'s function returned {' and '.join(kinds)} for different "
@@ -44,7 +59,11 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False) -> Any
     if module.startswith("polars"):
         import polars as pl
 
-        return _unified(lambda: pl.concat(parts, how="diagonal_relaxed"), what)
+        def concatenate() -> Any:
+            _check_polars_types(parts)
+            return pl.concat(parts, how="diagonal_relaxed")
+
+        return _unified(concatenate, what)
     if all(isinstance(part, pd.Series) for part in parts):
         return pd.concat(parts, ignore_index=not keep_index)
     frames = []
@@ -72,6 +91,29 @@ def _unified(concatenate: Callable[[], Any], what: str) -> Any:
         raise TypeError(f"{what}: the outputs' columns cannot be concatenated (a column "
                         f"whose types have no common one in different groups or partitions): "
                         f"{exc}") from exc
+
+
+def _check_polars_types(parts: list[Any]) -> None:
+    """Raise Arrow's error where the polars tables' columns have types that
+    Arrow's permissive concatenation would refuse (a number and a text):
+    polars' relaxed concat would make them text, silently. Numbers still
+    widen (int and float: float) and a column some lack is null there, as
+    for Arrow outputs. A categorical is read as its values (text and a
+    categorical make text, as polars makes them); types with no Arrow form
+    (``pl.Object``) are left to polars."""
+    import polars as pl
+
+    frames = [part for part in parts if isinstance(part, pl.DataFrame)]
+    if len(frames) < 2:
+        return
+    try:
+        schemas = [frame.head(0).to_arrow().schema for frame in frames]
+    except Exception:  # noqa: BLE001 - no Arrow form to judge by: polars decides
+        return
+    pa.unify_schemas([pa.schema([field.with_type(field.type.value_type)
+                                 if pa.types.is_dictionary(field.type) else field
+                                 for field in schema]) for schema in schemas],
+                     promote_options="permissive")
 
 
 def _kind(output: Any) -> str:
@@ -230,9 +272,41 @@ def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
     return _key_dtypes(base, frame, added)
 
 
+def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
+    """The first index when every index has its labels, in any order (a dict
+    built by group may order its keys by group), so that each output's values
+    line up by label; else None. Labels repeated within an index align with no
+    one order, so those must come in the same order."""
+    first = indexes[0]
+    if all(index.equals(first) for index in indexes[1:]):
+        return first
+    if not first.is_unique or not all(len(index) == len(first) and index.is_unique
+                                      for index in indexes[1:]):
+        return None
+    if all((first.get_indexer(index) >= 0).all() for index in indexes[1:]):
+        return first
+    return None
+
+
+def _series_under_keys(outputs: list[pd.Series], parts: list[tuple],
+                       key_columns: list) -> pd.Series:
+    """Series whose labels differ by group (``value_counts``) concatenated
+    under a MultiIndex of the key columns and their labels, as pandas'
+    ``groupby().apply`` makes it: bare, their labels would not say which group
+    a row is of (x, y, x, z)."""
+    keys = [key if len(key) > 1 else key[0] for key in parts]
+    names = [*key_columns, *outputs[0].index.names]
+    return pd.concat(outputs, keys=keys, names=names)
+
+
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
               ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
+    present = [(key, output) for key, output in ok if output is not None]
+    if not present and (not ok or base.format in ("arrow", "polars")):
+        return empty_table(base.format)
+    if not all(isinstance(output, (pd.DataFrame, pd.Series)) for _, output in present):
+        ok = present  # a pandas stand-in for None would be a second kind of table
     parts = [key for key, _ in ok]
     # a group whose fn returned None has no rows, as in pandas' apply
     outputs = [pd.DataFrame() if output is None else output for _, output in ok]
@@ -246,10 +320,11 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     if series:
         if transform is not None:
             return _in_input_order(pd.concat(outputs, ignore_index=True), positions, base)
-        first = outputs[0].index
-        if all(out.index.equals(first) for out in outputs[1:]):
-            return _rows_per_group(outputs, parts, key_columns, base)
-        return pd.concat(outputs)
+        labels = _same_labels([out.index for out in outputs])
+        if labels is not None:
+            return _rows_per_group([out.reindex(labels) for out in outputs], parts,
+                                   key_columns, base)
+        return _series_under_keys(outputs, parts, key_columns)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
         result = _frames_with_keys(outputs, parts, key_columns, base)
     else:

@@ -1,0 +1,122 @@
+"""map_groups and map_partitions under outputs a hostile tester chose: Series
+whose labels differ by group, polars columns whose types have no common one,
+and runs in which every group or partition failed."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import manymodels as mm
+
+SERIAL = {"backend": "serial", "progress": False}
+
+
+def counts(rows: pd.DataFrame) -> pd.Series:
+    return rows["c"].value_counts()
+
+
+def test_series_whose_labels_differ_by_group_keep_their_groups_key():
+    """Concatenated bare, x, y, x, z would not say which group a row is of:
+    the key comes first in a MultiIndex, as pandas' groupby().apply puts it."""
+    frame = pd.DataFrame({"g": ["a", "a", "b", "b", "b"], "c": ["x", "y", "x", "x", "z"]})
+    ours = mm.map_groups(counts, mm.groups(frame, by="g"), **SERIAL)
+    pd.testing.assert_series_equal(ours, frame.groupby("g")[["c"]].apply(counts))
+    assert ours.loc[("b", "x")] == 2
+
+    two = frame.assign(h=[1, 1, 1, 2, 2])  # several key columns: one level each
+    ours = mm.map_groups(counts, mm.groups(two, by=["g", "h"]), **SERIAL)
+    theirs = two.groupby(["g", "h"])[["c"]].apply(counts)
+    pd.testing.assert_series_equal(ours, theirs, check_index_type=False)
+    assert list(ours.index.names) == ["g", "h", "c"]
+
+
+def test_series_of_the_same_labels_in_another_order_are_aligned_by_label():
+    """The same labels in another order are the same labels: one row per
+    group, each value under its own label, not a Series of labels repeated."""
+    frame = pd.DataFrame({"g": ["a", "a", "a", "b", "b", "b"],
+                          "c": ["x", "x", "y", "x", "y", "y"]})
+    ours = mm.map_groups(counts, mm.groups(frame, by="g"), **SERIAL)
+    expected = pd.DataFrame({"g": ["a", "b"], "x": [2, 1], "y": [1, 2]})
+    expected.columns.name = "c"  # the labels' name, as pandas names them
+    pd.testing.assert_frame_equal(ours, expected, check_dtype=False)
+
+    def stats(rows: pd.DataFrame) -> pd.Series:  # a dict's order, by group
+        n, total = len(rows), float(rows["v"].sum())
+        return pd.Series({"n": n, "sum": total} if rows["g"].iloc[0] == "a"
+                         else {"sum": total, "n": n})
+
+    ours = mm.map_groups(stats, mm.groups(frame.assign(v=np.arange(6.0)), by="g"), **SERIAL)
+    assert list(ours.columns) == ["g", "n", "sum"]
+    assert ours["sum"].tolist() == [3.0, 12.0] and ours["n"].tolist() == [3, 3]
+
+
+def test_polars_outputs_of_a_number_and_a_text_are_refused_as_arrow_ones_are():
+    """polars' relaxed concat would make the number text: refused, naming the column."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b"], "y": [1, 2]})
+
+    def number_or_text(rows):
+        return pl.DataFrame({"p": [1]}) if rows["g"][0] == "a" else pl.DataFrame({"p": ["x"]})
+
+    with pytest.raises(TypeError, match=r"cannot be concatenated.*Field p"):
+        mm.map_groups(number_or_text, mm.groups(frame, by="g", format="polars"), **SERIAL)
+
+    def by_partition(part):
+        return part.select(p=pl.lit(1) if part["y"][0] == 1 else pl.lit("x"))
+
+    with pytest.raises(TypeError, match=r"map_partitions.*cannot be concatenated.*Field p"):
+        mm.map_partitions(by_partition, frame, partitions=2, format="polars", **SERIAL)
+
+
+def test_polars_outputs_still_widen_numbers_and_fill_missing_columns():
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b", "c"], "y": [1, 2, 3]})
+
+    def varied(rows):
+        key = rows["g"][0]
+        if key == "a":
+            return pl.DataFrame({"p": [1], "q": ["s"]})
+        if key == "b":
+            return pl.DataFrame({"p": [2.5], "q": pl.Series(["t"], dtype=pl.Categorical)})
+        return pl.DataFrame({"p": [None], "q": [None]})
+
+    out = mm.map_groups(varied, mm.groups(frame, by="g", format="polars"), **SERIAL)
+    assert out.schema["p"] == pl.Float64 and out.schema["q"] == pl.String
+    assert out["p"].to_list() == [1.0, 2.5, None] and out["q"].to_list() == ["s", "t", None]
+
+
+def fail(rows):
+    raise ValueError("every one fails")
+
+
+@pytest.mark.parametrize("how", ["polars", "arrow", "pandas"])
+def test_a_run_whose_every_group_failed_is_an_empty_table_of_the_sources_kind(how):
+    """Not a pandas DataFrame() whatever the kind: code written for the
+    polars (or Arrow) tables fn returns keeps working on an empty result."""
+    pl = pytest.importorskip("polars")
+    kinds = {"polars": pl.DataFrame, "arrow": pa.Table, "pandas": pd.DataFrame}
+    frame = pd.DataFrame({"g": ["a", "b"], "y": [1.0, 2.0]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        grouped = mm.map_groups(fail, mm.groups(frame, by="g", format=how), errors="skip",
+                                **SERIAL)
+        parted = mm.map_partitions(fail, frame, partitions=2, format=how, errors="skip",
+                                   **SERIAL)
+    for result in (grouped, parted):
+        assert isinstance(result, kinds[how]) and len(result) == 0
+
+
+def test_polars_outputs_and_none_from_some_groups_are_one_polars_table():
+    """None is a group without rows, not a pandas frame beside polars ones."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b"], "y": [1, 2]})
+    source = mm.groups(frame, by="g", format="polars")
+    out = mm.map_groups(lambda rows: None if rows["g"][0] == "a" else rows, source, **SERIAL)
+    assert isinstance(out, pl.DataFrame) and out["g"].to_list() == ["b"]
+    none = mm.map_groups(lambda rows: None, source, **SERIAL)
+    assert isinstance(none, pl.DataFrame) and none.height == 0
