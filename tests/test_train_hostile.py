@@ -35,7 +35,7 @@ def test_a_failing_setup_on_serial_is_a_worker_start_error_that_leaves_nothing(m
 
 
 def test_item_keys_are_checked_and_numpy_numbers_are_their_own_keys():
-    keys = {1: [0], 2: "dup", 3: "dup"}
+    keys = {1: (0,), 2: "dup", 3: "dup"}
     with pytest.raises(ValueError, match="duplicate item key: 'dup'"):
         mm.items([1, 2, 3], key=lambda x: keys[x])
     run = mm.train(lambda x: int(x) * 2, mm.items(np.array([10, 20, 30])), backend="serial",
@@ -121,3 +121,29 @@ def test_metric_names_that_would_be_one_column_fail_their_task():
     assert results.loc[1, "status"] == "failed"
     assert "metrics name 1 and '1', which are one column" in results.loc[1, "error"]
     assert results.loc[2, "status"] == "ok" and results.loc[2, "2"] == 3.0
+
+
+def test_keywords_fit_cannot_take_are_refused_before_any_work():
+    """A grid parameter named like fit's first parameter (which gets the
+    task's data), or a grid, shared or setup name fit has no parameter for,
+    failed every task ("got multiple values", "unexpected keyword argument");
+    each is refused by name before any work. A bare grid gives fit keywords
+    only; **kwargs takes any."""
+    def by_data(data, **options):
+        return {}
+
+    with pytest.raises(ValueError, match="grid parameter 'data' is also the name of fit's "
+                                         "first parameter"):
+        mm.train(by_data, mm.items([1, 2]) * mm.grid(data=[1]), backend="serial",
+                 progress=False)
+    with pytest.raises(TypeError, match="fit has no parameter 'resource' for the setup name"):
+        mm.train(lambda data: {}, mm.items([1, 2]), setup=lambda: 1, backend="serial",
+                 progress=False)
+    with pytest.raises(TypeError, match="fit has no parameter 'X' for the shared name"):
+        mm.train(lambda data, alpha: {}, mm.items([1]) * mm.grid(alpha=[1]),
+                 shared={"X": 1}, backend="serial", progress=False)
+    run = mm.train(lambda a, X: {"a": a}, mm.grid(a=[1, 2]), shared={"X": 0},
+                   backend="serial", progress=False)
+    assert run.results["metric_a"].tolist() == [1, 2]
+    assert mm.train(by_data, mm.items([1]) * mm.grid(alpha=[1]), backend="serial",
+                    progress=False).results["status"].tolist() == ["ok"]

@@ -119,6 +119,9 @@ class RunOptions:
         clash = set(setup_names) & (set(shared or {}) | set(source.param_columns))
         if clash:
             raise ValueError(f"setup name {sorted(clash)[0]!r} is also a shared or grid name")
+        _check_fit_takes(fit, source, {**dict.fromkeys(source.param_columns, "grid parameter"),
+                                       **dict.fromkeys(shared or {}, "shared name"),
+                                       **dict.fromkeys(setup_names, "setup name")})
         if backend_type.requires_pickling:
             _check_picklable(fit, shared, backend_name)
             if setup is not None:
@@ -220,6 +223,38 @@ def _check_gpu_memory_limit(value: Any, per_task: float, per_gpu: int, backend_t
         raise ValueError(f"the {backend} backend cannot cap a task's GPU memory (it would "
                          "cap your own process); use backend='processes' or 'ray'")
     return check_memory_fraction(value, per_gpu)
+
+
+def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]) -> None:
+    """Refuse, before any work, keywords ``fit`` cannot take (``names``:
+    each -> what gave it): one named like its first parameter, which gets a
+    task's data (every task failed, "got multiple values"), or one it has no
+    parameter for and no ``**kwargs`` (every task failed, "unexpected
+    keyword"). A bare grid hands ``fit`` keywords only; a ``fit`` whose
+    signature cannot be read is not checked."""
+    import inspect
+
+    from ..inputs.grids import GridSource
+
+    try:
+        parameters = list(inspect.signature(fit).parameters.values())
+    except (TypeError, ValueError):
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not isinstance(source, GridSource) and parameters and parameters[0].kind in positional:
+        first = parameters[0].name
+        if first in names:
+            raise ValueError(f"{names[first]} {first!r} is also the name of fit's first "
+                             "parameter, which gets each task's data: rename one")
+        parameters = parameters[1:]
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    takes = {p.name for p in parameters if p.kind != inspect.Parameter.VAR_POSITIONAL
+             and p.kind != inspect.Parameter.POSITIONAL_ONLY}
+    for name, what in names.items():
+        if name not in takes:
+            raise TypeError(f"fit has no parameter {name!r} for the {what} {name!r} (nor "
+                            "**kwargs): every task would fail; add it to fit's parameters")
 
 
 def _check_setup(setup: Any) -> list[str]:
