@@ -514,3 +514,47 @@ def test_why_not_reused_names_a_model_found_corrupt_that_training_made_whole_aga
     assert again.why_not_reused(1) == (
         "1 was trained: its model from run 1 could not be loaded when run 2 began (missing "
         "from the store, or found corrupt)")
+
+
+class _Constant:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), self.value)
+
+
+def test_the_readers_of_models_leave_out_a_run_still_being_written(tmp_path):
+    """Store.predict, load and models with no run= read the latest run,
+    though it was still being written: predictions mixed its groups with
+    an earlier run's, load(key) of a group it had not reached raised
+    KeyError. They read the latest run that has ended, as serve does."""
+    import threading
+
+    store = tmp_path / "store"
+    frame = pd.DataFrame({"g": np.repeat(np.arange(4), 2), "x": np.arange(8.0)})
+    mm.train(lambda rows: _Constant(1.0), mm.groups(frame, by="g"), store=store,
+             backend="serial", progress=False)
+    release, reached = threading.Event(), threading.Event()
+
+    def slow(rows):
+        if rows["g"].iloc[0] == 1:
+            reached.set()
+            release.wait(30)
+        return _Constant(2.0)
+
+    second = threading.Thread(target=mm.train, args=(slow, mm.groups(frame, by="g")),
+                              kwargs={"store": store, "backend": "serial",
+                                      "progress": False})
+    second.start()
+    try:
+        assert reached.wait(30)
+        opened = mm.Store(store)
+        assert opened.runs()["status"].tolist() == ["finished", "running"]
+        rows = pd.DataFrame({"g": [0, 3], "x": [0.0, 0.0]})
+        assert opened.predict(rows, by="g").tolist() == [1.0, 1.0]
+        assert opened.load(3).value == 1.0 and opened.models()[0].value == 1.0
+    finally:
+        release.set()
+        second.join(60)
+    assert mm.Store(store).predict(rows, by="g").tolist() == [2.0, 2.0]

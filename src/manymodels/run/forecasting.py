@@ -166,7 +166,7 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     from .prediction import _column_names, predict_groups
 
     h = check_horizon(h)
-    run_id, run_keys, params = store._run_row(run)
+    run_id, run_keys, params = store._run_row(run, ended=True)
     if store._linear_run(run_id) is not None:
         raise ValueError(f"run {run_id} is an mm.linear run: it predicts rows with "
                          "Store.predict; forecast needs a model per group")

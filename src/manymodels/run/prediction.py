@@ -321,7 +321,7 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if by is not None and not (isinstance(by, str) or (
             isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
         raise TypeError(f"by must be a column name or a list of them, got {by!r}")
-    run_id, run_keys, _ = store._run_row(run)
+    run_id, run_keys, _ = store._run_row(run, ended=True)
     linear = store._linear_run(run_id)
     if linear is not None:  # an mm.linear run: its result predicts, vectorised
         from ..models.linear.stored import predict_frame

@@ -56,8 +56,9 @@ class Store(_Store):
         """Predict each row of ``table`` with its group's model, on the engine.
 
         Returns a Series aligned with ``table``'s rows. Each group uses its
-        model in ``run``, or by default its latest model in the store (a
-        re-run where the group failed leaves it its earlier model); a run
+        model in ``run``, or by default its latest model in the runs that
+        have ended (a re-run where the group failed leaves it its earlier
+        model; a run still being written is left out); a run
         trained with ``select=`` gives each group its winning candidate. A row
         whose group has no model gets the run's fallback model when it has one
         (``manymodels train`` keeps a global one) and ``fallback`` is true,

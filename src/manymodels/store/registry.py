@@ -111,13 +111,22 @@ class Store(OpenedIndex):
                 int(tasks["reused_from"].is_valid().to_numpy(zero_copy_only=False).sum())])
         return counts[1]
 
-    def _run_row(self, run: int | None) -> tuple:
+    def _run_row(self, run: int | None, ended: bool = False) -> tuple:
+        """``run``'s id, key columns and grid columns; ``run`` None: the latest
+        run's, or with ``ended`` the latest that has ended (what the readers
+        of models take: a run still being written holds some groups' models
+        and not yet others', as ``serve`` leaves it out)."""
         if run is not None:
             run = run_number(run)
         if run is None:
             row = self._conn.execute(
                 "SELECT run_id, key_columns, param_columns FROM runs "
-                "ORDER BY run_id DESC LIMIT 1").fetchone()
+                + ("WHERE status != 'running' " if ended else "")
+                + "ORDER BY run_id DESC LIMIT 1").fetchone()
+            if row is None and ended and self._conn.execute(
+                    "SELECT 1 FROM runs LIMIT 1").fetchone() is not None:
+                raise ValueError(f"store {str(self)!r} holds no run that has ended yet: "
+                                 "its runs are still being written (give run= to read one)")
             if row is None:
                 raise ValueError(f"store {str(self)!r} holds no runs yet")
         else:
@@ -177,12 +186,14 @@ class Store(OpenedIndex):
         return forecast_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
                               tasks["metrics"].to_pylist())
 
-    def _task_row(self, key: Hashable, run: int | None, columns: list[str]) -> dict[str, Any]:
-        """The task of ``key`` in ``run``: ``columns`` (of :data:`_LOOKUP_COLUMNS`)
-        by name. The run's keys are read and sorted once, kept for the two
-        runs last asked about until they gain a block: a loop over a
-        million keys is a binary search each, not a read of the run each."""
-        run_id, key_columns, _ = self._run_row(run)
+    def _task_row(self, key: Hashable, run: int | None, columns: list[str],
+                  ended: bool = False) -> dict[str, Any]:
+        """The task of ``key`` in ``run`` (``ended``: as :meth:`_run_row`):
+        ``columns`` (of :data:`_LOOKUP_COLUMNS`) by name. The run's keys are
+        read and sorted once, kept for the two runs last asked about until
+        they gain a block: a loop over a million keys is a binary search
+        each, not a read of the run each."""
+        run_id, key_columns, _ = self._run_row(run, ended)
         version = (run_id, *self._conn.execute(
             "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
             (run_id,)).fetchone())
@@ -220,16 +231,16 @@ class Store(OpenedIndex):
         return dict(zip(tasks["task_index"].to_pylist(), tasks["artifact"].to_pylist()))
 
     def load(self, key: Hashable, run: int | None = None) -> Any:
-        """The model of ``key`` in ``run`` (default: the latest run)."""
-        row = self._task_row(key, run, ["status", "artifact"])
+        """The model of ``key`` in ``run`` (default: the latest run that has ended)."""
+        row = self._task_row(key, run, ["status", "artifact"], ended=True)
         status, artifact = row["status"], row["artifact"]
         if status != Status.OK or artifact is None:
             raise KeyError(f"the task with key {key!r} has no model (status {status})")
         return StoredModel(self, artifact, f"key {key!r}").load()
 
     def models(self, run: int | None = None) -> ModelMap:
-        """A lazy mapping key -> model of a run (default: the latest)."""
-        run_id, key_columns, _ = self._run_row(run)
+        """A lazy mapping key -> model of a run (default: the latest that has ended)."""
+        run_id, key_columns, _ = self._run_row(run, ended=True)
         items: dict[Hashable, Any] = {}
         tasks = _with_models(taskblocks.read_run(self._conn, run_id,
                                                  ["key", "status", "artifact"]))
@@ -282,10 +293,10 @@ class Store(OpenedIndex):
         if run is not None:
             run_ids = [self._run_row(run)[0]]
         else:
-            _, key_columns, _ = self._run_row(None)
+            _, key_columns, _ = self._run_row(None, ended=True)
             run_ids = [run_id for (run_id,) in self._conn.execute(
-                "SELECT run_id FROM runs WHERE key_columns = ? ORDER BY run_id",
-                (json.dumps(key_columns),))]
+                "SELECT run_id FROM runs WHERE key_columns = ? AND status != 'running' "
+                "ORDER BY run_id", (json.dumps(key_columns),))]
         layers = []
         for run_id in run_ids:  # the latest run's last
             tasks = _with_models(taskblocks.read_run(self._conn, run_id,
@@ -299,7 +310,7 @@ class Store(OpenedIndex):
         the earlier runs that selected by the same columns (a re-run in
         which all of a group's candidates failed leaves it its winner, as
         :meth:`_model_artifacts` leaves a group its model)."""
-        run_id, _, _ = self._run_row(run)
+        run_id, _, _ = self._run_row(run, ended=True)
         latest = self.attached("selection", run_id, default=None)
         if run is not None or latest is None:
             return latest
@@ -316,10 +327,11 @@ class Store(OpenedIndex):
         """The artifact of the attachment ``name`` of ``run``, or (``run`` None)
         of the latest run with the latest run's key columns that has one."""
         if run is None:
-            _, key_columns, _ = self._run_row(None)
+            _, key_columns, _ = self._run_row(None, ended=True)
             row = self._conn.execute(
                 "SELECT a.artifact FROM attachments a JOIN runs r ON r.run_id = a.run_id "
-                "WHERE a.name = ? AND r.key_columns = ? ORDER BY a.run_id DESC LIMIT 1",
+                "WHERE a.name = ? AND r.key_columns = ? AND r.status != 'running' "
+                "ORDER BY a.run_id DESC LIMIT 1",
                 (name, json.dumps(key_columns))).fetchone()
         else:
             run_id, _, _ = self._run_row(run)
