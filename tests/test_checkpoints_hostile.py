@@ -315,3 +315,29 @@ def test_each_run_counts_its_own_attempts_in_resumed_from(tmp_path, monkeypatch)
     third = run(None)
     assert third["status"] == "ok" and third["attempt"] == 1
     assert third["resumed_from"].startswith("attempt 1 of run 2")
+
+
+def _hold_and_release(root: str, times: int) -> int:
+    from manymodels.engine.checkpointspace import CheckpointSpace
+
+    failed = 0
+    for _ in range(times):
+        space = CheckpointSpace(root, ["ab" * 32])
+        try:
+            space.hold()
+        except OSError:
+            failed += 1
+        space.release()
+    return failed
+
+
+def test_a_run_that_starts_as_another_ends_holds_its_checkpoints(tmp_path):
+    """A run ending removed the owners' folder when it held no other lock:
+    a run starting in another process at that moment failed between making
+    the folder and opening its lock in it (FileNotFoundError, a run in ten
+    when two processes start and end runs on one store). The folder stays."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        failed = pool.starmap(_hold_and_release, [(str(tmp_path), 3000)] * 2)
+    assert failed == [0, 0]

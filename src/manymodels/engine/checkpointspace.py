@@ -99,13 +99,14 @@ class CheckpointSpace:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
 
     def release(self) -> None:
+        """End :meth:`hold`. The owners' folder stays, empty or not: removed, it
+        went from under another driver's :meth:`hold` between its ``mkdir``
+        and its ``open`` (a run starting as another ended failed with
+        FileNotFoundError)."""
         if self._lock is not None:
-            owners = Path(self.root) / OWNERS
-            (owners / f"{self.token}.lock").unlink(missing_ok=True)
+            (Path(self.root) / OWNERS / f"{self.token}.lock").unlink(missing_ok=True)
             os.close(self._lock)
             self._lock = None
-            with contextlib.suppress(OSError):
-                owners.rmdir()
 
     def drop(self, indices: Any) -> None:
         """Remove these tasks' slots of this run (their models are kept)."""
@@ -130,9 +131,7 @@ class CheckpointSpace:
             with contextlib.suppress(OSError, ValueError):
                 event = json.loads(file.read_bytes())
                 events.setdefault(int(event["task"]), []).append(event)
-        shutil.rmtree(folder, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            folder.parent.rmdir()
+        shutil.rmtree(folder, ignore_errors=True)  # (its parent stays: as in release)
         return events
 
     # -- a worker --------------------------------------------------------------
