@@ -558,3 +558,41 @@ def test_the_readers_of_models_leave_out_a_run_still_being_written(tmp_path):
         release.set()
         second.join(60)
     assert mm.Store(store).predict(rows, by="g").tolist() == [2.0, 2.0]
+
+
+def test_a_run_deleted_while_it_runs_says_so(tmp_path):
+    """Store.delete(run, force=True) of a run that is still running made its
+    driver fail with "FOREIGN KEY constraint failed ... What was committed
+    before stays usable, and a re-run with the same store reuses it", of a
+    run of which nothing is left. It says the run was deleted."""
+    import threading
+
+    store = tmp_path / "store"
+    frame = pd.DataFrame({"g": np.repeat(np.arange(3), 2), "x": np.arange(6.0)})
+    release, reached = threading.Event(), threading.Event()
+    raised: list[BaseException] = []
+
+    def slow(rows):
+        if rows["g"].iloc[0] == 1:
+            reached.set()
+            release.wait(30)
+        return _Constant(1.0)
+
+    def train() -> None:
+        try:
+            mm.train(slow, mm.groups(frame, by="g"), store=store, backend="serial",
+                     progress=False)
+        except BaseException as exc:  # what the run raised, looked at below
+            raised.append(exc)
+
+    running = threading.Thread(target=train)
+    running.start()
+    try:
+        assert reached.wait(30)
+        mm.Store(store).delete(1, force=True)
+    finally:
+        release.set()
+        running.join(60)
+    assert len(raised) == 1 and isinstance(raised[0], mm.StoreError)
+    assert "run 1 was deleted from the store" in str(raised[0])
+    assert "reuses it" not in str(raised[0])

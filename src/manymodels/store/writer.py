@@ -124,6 +124,11 @@ class StoreWriter:
                 error = database.write_error(
                     self.folder, exc,
                     f"{len(handover['task_index'])} finished task(s) could not be recorded")
+                if conn is not None and self._run_deleted(conn):
+                    error = database.StoreError(
+                        f"run {self.run_id} was deleted from the store {str(self.folder)!r} "
+                        "while it ran (Store.delete(..., force=True)): its finished tasks "
+                        "cannot be recorded, and nothing of it is kept")
                 error.__cause__ = exc
                 self.error = error
             finally:
@@ -131,6 +136,15 @@ class StoreWriter:
                 if handover is None and conn is not None:
                     with WRITING:
                         conn.close()
+
+    def _run_deleted(self, conn: sqlite3.Connection) -> bool:
+        """Whether the run's row is gone (a failed commit's cause, then)."""
+        try:
+            with WRITING:
+                return conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
+                                    (self.run_id,)).fetchone() is None
+        except sqlite3.Error:
+            return False
 
     def _commit(self, conn: sqlite3.Connection, handover: Handover
                 ) -> tuple[list[ModelPack], list[int]]:
