@@ -174,9 +174,13 @@ def failing_setup():
     raise RuntimeError("no resource today")
 
 
+def with_resource(item, resource):
+    return item
+
+
 def test_failing_setup_stops_the_run():
     with pytest.raises(WorkerStartupError, match="no resource today"):
-        mm.train(fail_on_37, mm.items(range(10)), setup=failing_setup, backend="ray",
+        mm.train(with_resource, mm.items(range(10)), setup=failing_setup, backend="ray",
                  workers=2, progress=False)
 
 
