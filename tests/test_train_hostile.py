@@ -126,9 +126,10 @@ def test_metric_names_that_would_be_one_column_fail_their_task():
 def test_keywords_fit_cannot_take_are_refused_before_any_work():
     """A grid parameter named like fit's first parameter (which gets the
     task's data), or a grid, shared or setup name fit has no parameter for,
-    failed every task ("got multiple values", "unexpected keyword argument");
-    each is refused by name before any work. A bare grid gives fit keywords
-    only; **kwargs takes any."""
+    failed every task ("got multiple values", "unexpected keyword argument"),
+    and so did a bare grid's fit that asks for key= (a grid's tasks have
+    none); each is refused by name before any work. A bare grid gives fit
+    keywords only; **kwargs takes any."""
     def by_data(data, **options):
         return {}
 
@@ -142,6 +143,9 @@ def test_keywords_fit_cannot_take_are_refused_before_any_work():
     with pytest.raises(TypeError, match="fit has no parameter 'X' for the shared name"):
         mm.train(lambda data, alpha: {}, mm.items([1]) * mm.grid(alpha=[1]),
                  shared={"X": 1}, backend="serial", progress=False)
+    with pytest.raises(TypeError, match="fit asks for key=, which a bare grid's tasks do "
+                                        "not have"):
+        mm.train(lambda a, key: {}, mm.grid(a=[1, 2]), backend="serial", progress=False)
     run = mm.train(lambda a, X: {"a": a}, mm.grid(a=[1, 2]), shared={"X": 0},
                    backend="serial", progress=False)
     assert run.results["metric_a"].tolist() == [1, 2]

@@ -241,6 +241,12 @@ def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]
     except (TypeError, ValueError):
         return
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if isinstance(source, GridSource) and "key" not in names and any(
+            p.name == "key" and p.default is inspect.Parameter.empty
+            and p.kind != inspect.Parameter.POSITIONAL_ONLY for p in parameters):
+        raise TypeError("fit asks for key=, which a bare grid's tasks do not have (a task "
+                        "is its settings, which fit gets as keywords): drop key, or give "
+                        "it a default")
     if not isinstance(source, GridSource) and parameters and parameters[0].kind in positional:
         first = parameters[0].name
         if first in names:
