@@ -132,8 +132,8 @@ def _check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") 
         _fail(f"{out!r} is a directory: name a file", option)
     if not target.parent.is_dir():
         _fail(f"the directory of {out!r} does not exist", option)
-    if target.exists() and not target.is_file():
-        return  # a device or a pipe: written in place, as it is
+    if is_device(out) or (target.exists() and not target.is_file()):
+        return  # a device or a pipe: written as it is
     suffix = target.suffix.lower()
     if suffixes and suffix in _FORMAT_SUFFIXES and suffix not in suffixes:
         _fail(f"{out!r} would be written as {suffixes[0].lstrip('.')}, not {suffix}: name a "
@@ -160,9 +160,7 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
                 with open(temporary, "rb") as made, open(out, "wb") as device:
                     shutil.copyfileobj(made, device)
             except OSError as exc:
-                typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}",
-                           err=True)
-                raise typer.Exit(1) from exc
+                _write_failed(out, option, exc)
         return
     target = Path(out).resolve()  # (a link: the file it names is replaced, not the link)
     in_place = target.exists() and not target.is_file()
@@ -174,11 +172,16 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
                 os.chmod(temporary, target.stat().st_mode & 0o7777)
             os.replace(temporary, target)
     except OSError as exc:
-        typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}", err=True)
-        raise typer.Exit(1) from exc
+        _write_failed(out, option, exc)
     finally:
         if not in_place:
             temporary.unlink(missing_ok=True)
+
+
+def _write_failed(out: str, option: str, exc: OSError) -> NoReturn:
+    """A write of ``out`` that failed, said in one line: exit code 1."""
+    typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}", err=True)
+    raise typer.Exit(1) from exc
 
 
 def is_device(out: str) -> bool:

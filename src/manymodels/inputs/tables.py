@@ -188,6 +188,11 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
 
 
+def index_type_for(categories: int, index: pa.DataType) -> pa.DataType:
+    """``index`` where its codes reach ``categories`` categories, else int32."""
+    return index if categories <= np.iinfo(index.to_pandas_dtype()).max + 1 else pa.int32()
+
+
 def dictionaries_that_hold_all(tables: list[pa.Table]) -> list[pa.Table]:
     """``tables`` (one a file, or one of a chunk a file) with each dictionary
     (categorical) column whose files' categories together outnumber its index
@@ -213,7 +218,7 @@ def dictionaries_that_hold_all(tables: list[pa.Table]) -> list[pa.Table]:
             distinct = len(pc.unique(pa.concat_arrays(values))) if values else 0
         except pa.ArrowException:  # of unlike values: the concatenation says so, by file
             continue
-        if distinct <= np.iinfo(index.to_pandas_dtype()).max + 1:
+        if index_type_for(distinct, index) == index:
             continue
         wider = pa.dictionary(pa.int32(), kinds[0].value_type, kinds[0].ordered)
         tables = [t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(wider))

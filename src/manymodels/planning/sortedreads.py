@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from ..inputs.objectstores import is_remote, path_in, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
-from ..inputs.tables import sort_order
+from ..inputs.tables import index_type_for, sort_order
 from .staging import StagedGroups, cleanup_with, new_directory, remove_directory
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
@@ -111,9 +111,7 @@ class _Dictionaries:
             if position < 0:
                 continue
             values = self.values[name]
-            index_type = kind.index_type
-            if len(values) > np.iinfo(index_type.to_pandas_dtype()).max + 1:
-                index_type = pa.int32()
+            index_type = index_type_for(len(values), kind.index_type)
             column = pa.chunked_array(
                 [pa.DictionaryArray.from_arrays(chunk.cast(index_type), values,
                                                 ordered=kind.ordered)
