@@ -240,6 +240,32 @@ def test_map_groups_of_a_ray_dataset_reads_the_outputs_on_ray(local_ray, table, 
     _same(result.to_pandas(), expected)
 
 
+def _nullable_ints(df):
+    """Store 2's group holds a missing count and flag (pandas' ``Int64`` and
+    ``boolean``), the others none."""
+    missing = int(df["store"].iloc[0]) == 2
+    return pd.DataFrame({"n": pd.array([len(df), None if missing else 1], dtype="Int64"),
+                         "ok": pd.array([True, None if missing else False], dtype="boolean")})
+
+
+def test_nullable_integers_keep_one_type_in_every_partition(engine, table, tmp_path):
+    """An ``Int64`` column with a missing value in one group: the pandas path
+    gives ``Int64``; a Dask result gave int64 in its meta and floats in the
+    partition that held the null (Arrow's ``to_pandas``)."""
+    name = engine[0]
+    source = mm.groups(table, by=["store", "item"])
+    expected = mm.map_groups(_nullable_ints, source, backend="serial")
+    result = mm.map_groups(_nullable_ints, _engine_frame(engine, table), by=["store", "item"],
+                           staging=str(tmp_path / "stage"), backend="serial")
+    got = _collected(name, result).reset_index(drop=True)
+    _same(got, expected)
+    assert got["n"].isna().sum() == 2 and got["ok"].isna().sum() == 2
+    if name == "dask":
+        assert (str(result.dtypes["n"]), str(result.dtypes["ok"])) == ("Int64", "boolean")
+        assert got.dtypes.equals(result.dtypes)
+        assert got.dtypes[["n", "ok"]].equals(expected.dtypes[["n", "ok"]])
+
+
 def _one_row(df):
     return pd.DataFrame({"n": [len(df)]})
 

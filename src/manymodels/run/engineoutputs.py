@@ -60,7 +60,14 @@ from ..inputs.sources import GroupSource, groups
 from ..planning.plan import asks_for_key
 from ..planning.staging import new_directory, remove_directory
 from .outputfiles import WriteOutputs, WrittenOutput
-from .outputreads import open_output, read_dask_chunk, read_files, read_spark_chunks
+from .outputreads import (
+    open_output,
+    pandas_frame_of,
+    read_dask_chunk,
+    read_files,
+    read_spark_chunks,
+)
+from .outputtables import NULLABLE, nullable_columns
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")
@@ -158,10 +165,14 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
                          f"{TABLE_NAMES[engine]} needs some")
     # an integer column some groups lack is missing values there: floats, as
     # pandas' concat makes it (and every partition of a Dask result the same)
+    nullable = {name for one in schemas.values() for name in nullable_columns(one)}
     for position, field in enumerate(schema):
         if pa.types.is_integer(field.type) and any(
                 field.name not in one.names for one in schemas.values()):
             schema = schema.set(position, pa.field(field.name, pa.float64()))
+        else:  # pandas' nullable type in every partition of a Dask result alike
+            mark = NULLABLE if engine == "dask" and field.name in nullable else None
+            schema = schema.set(position, field.with_metadata(mark))
     return schema
 
 
@@ -240,7 +251,8 @@ def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) -
     divisions = None
     if total:
         divisions = tuple(start for _, start in chunks) + (total - 1,)
-    return dd.from_map(read_dask_chunk, chunks, meta=schema.empty_table().to_pandas(),
+    meta = pandas_frame_of(schema.empty_table(), schema)
+    return dd.from_map(read_dask_chunk, chunks, meta=meta,
                        divisions=divisions, label="manymodels-outputs",
                        directory=directory, schema=schema)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..inputs.objectstores import is_remote, path_in, resolve
+from .outputtables import nullable_columns
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -121,12 +122,29 @@ def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,
             yield from read_files(directory, names, schema).to_batches()
 
 
+#: pandas' nullable type of an Arrow integer or boolean type
+_NULLABLE_TYPES = {"int8": "Int8", "int16": "Int16", "int32": "Int32", "int64": "Int64",
+                   "uint8": "UInt8", "uint16": "UInt16", "uint32": "UInt32",
+                   "uint64": "UInt64", "bool": "boolean"}
+
+
+def pandas_frame_of(table: pa.Table, schema: pa.Schema) -> Any:
+    """``table`` as pandas, the integer and boolean columns ``schema`` marks
+    nullable in pandas' nullable types: a partition with a missing value and
+    one without (and the Dask result's meta) get the same type."""
+    frame = table.to_pandas()
+    for name in nullable_columns(schema):
+        field = schema.field(name)
+        frame[name] = table.column(name).to_pandas().astype(_NULLABLE_TYPES[str(field.type)])
+    return frame
+
+
 def read_dask_chunk(chunk: tuple[list[str], int], directory: str, schema: pa.Schema) -> Any:
     """Dask's ``from_map`` function: one partition's files as a pandas frame,
     its index the rows' positions in the whole result."""
     import pandas as pd
 
     names, start = chunk
-    frame = read_files(directory, names, schema).to_pandas()
+    frame = pandas_frame_of(read_files(directory, names, schema), schema)
     frame.index = pd.RangeIndex(start, start + len(frame))
     return frame

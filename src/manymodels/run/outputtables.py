@@ -38,7 +38,8 @@ def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table |
             value = value.set_axis(names, axis=1)
         table = _plain_frame_table(value, names)
         if table is None:
-            table = pa.Table.from_pandas(value, preserve_index=False)
+            table = _marked_nullable(pa.Table.from_pandas(value, preserve_index=False),
+                                     value)
     elif isinstance(value, pa.RecordBatch):
         table = pa.Table.from_batches([value])
     elif isinstance(value, (pa.Array, pa.ChunkedArray)):
@@ -51,12 +52,45 @@ def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table |
             table = pa.table({getattr(value, "name", None) or "value": table})
     else:
         raise TypeError(f"map_groups' function must return a table, got {type(value).__name__}")
+    if not isinstance(value, pd.DataFrame):
+        table = _marked_nullable(table)
     table = table.replace_schema_metadata(None)
     for position, name in enumerate(key_columns):
         if str(name) not in table.column_names:
             values = pa.repeat(pa.scalar(parts[position]), table.num_rows)
             table = table.add_column(min(position, table.num_columns), str(name), values)
     return table
+
+
+#: Field metadata of an integer or boolean column that holds missing values
+#: (or came from pandas' ``Int64``/``boolean``): a pandas frame of the outputs
+#: gives it pandas' nullable type, as ``concat`` of the groups' frames would,
+#: where Arrow's ``to_pandas`` would make it floats (or objects) in the
+#: partitions that hold a null and integers in the others.
+NULLABLE = {b"manymodels.nullable": b"1"}
+
+
+def nullable_columns(schema: pa.Schema) -> list[str]:
+    """The columns of an integer or boolean type marked :data:`NULLABLE`."""
+    return [field.name for field in schema
+            if field.metadata and field.metadata.get(b"manymodels.nullable")]
+
+
+def _marked_nullable(table: pa.Table, frame: Any = None) -> pa.Table:
+    """``table`` with its integer and boolean columns that hold a null, or
+    that ``frame`` holds as pandas' nullable types, marked :data:`NULLABLE`
+    (a mark a part's schema, and so its file, carries)."""
+    import pandas as pd
+
+    schema = table.schema
+    for position, field in enumerate(schema):
+        if not (pa.types.is_integer(field.type) or pa.types.is_boolean(field.type)):
+            continue
+        extension = (frame is not None and position < frame.shape[1]
+                     and isinstance(frame.dtypes.iloc[position], pd.api.extensions.ExtensionDtype))
+        if extension or table.column(position).null_count:
+            schema = schema.set(position, field.with_metadata(NULLABLE))
+    return table if schema is table.schema else table.cast(schema)
 
 
 def _plain_frame_table(frame: Any, names: list[str]) -> pa.Table | None:
