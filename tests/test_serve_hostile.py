@@ -305,3 +305,27 @@ def test_a_row_needs_only_the_features_of_its_own_model(tmp_path):
 
 def fit_price_numpy(df):
     return Ridge(alpha=0.5).fit(df[["price"]].to_numpy(), df["sales"].to_numpy())
+
+
+def test_an_mm_linear_row_needs_only_the_features_of_its_own_model(tmp_path):
+    """An mm.linear run refused the whole batch for one row of a group with
+    no model that lacked a feature, as other runs no longer do."""
+    frame = _sales()
+    mm.linear(frame[frame.store < 2], by="store", features=["price"], target="sales",
+              store=tmp_path / "lin")
+    client = _app(tmp_path / "lin")
+    want = mm.Store(tmp_path / "lin").predict(pd.DataFrame({"store": [1, 0], "price": [0.5, 1.0]}))
+    rows = [{"store": 7}, {"store": 1, "price": 0.5}, {"store": 9, "other": 2},
+            {"store": 0, "price": 1.0}]
+    body = client.post("/v1/predict", json={"rows": rows}).json()
+    assert body["source"] == ["none", "group", "none", "group"]
+    assert body["predictions"][0] is None and body["predictions"][2] is None
+    assert body["predictions"][1::2] == pytest.approx(want.tolist())
+    answer = client.post("/v1/predict", json={"rows": [{"store": 7}, {"store": 1}]})
+    assert answer.status_code == 422 and "no column 'price'" in answer.json()["error"]
+    answer = client.post("/v1/predict", json={"rows": [{"store": 7}, {"store": 1, "price": 1},
+                                                       {"store": 0}]})
+    assert answer.status_code == 422 and "row 2 has no column 'price'" in answer.json()["error"]
+    answer = client.post("/v1/predict", json={"rows": [{"store": 7}, {"store": 8}]})
+    assert answer.json() == {**answer.json(), "predictions": [None, None],
+                             "source": ["none", "none"]}

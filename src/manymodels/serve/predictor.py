@@ -229,19 +229,30 @@ def _json_value(value: Any) -> Any:
 
 
 def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Answer:
-    """An mm.linear run: its coefficient arrays, all rows at once."""
+    """An mm.linear run: its coefficient arrays, all rows at once. Only the
+    rows of a group with a model need its features: the others are answered
+    ``"none"``, as for any run."""
     import pandas as pd
 
     result = catalog.linear
-    missing = [c for c in result.features if c not in columns
-               or c in getattr(columns, "partial", {})]
-    if missing:
-        raise _missing(columns, missing[0], "")
-    frame = pd.DataFrame({name: columns[name] for name in [*result.by, *result.features]})
     try:
-        values = result.predict(frame)
-        seen = result.group_of(frame) >= 0
+        seen = result.group_of(pd.DataFrame({name: columns[name] for name in result.by})) >= 0
     except (ValueError, TypeError) as exc:
         raise RequestError(400, f"the rows' values were refused: {exc}") from exc
-    return Answer([_json_value(v) for v in values.tolist()],
-                  np.where(seen, "group", "none").tolist(), catalog.run_id)
+    modelled = np.flatnonzero(seen)
+    partial = getattr(columns, "partial", {})
+    for name in result.features:
+        lacking = name not in columns or (name in partial and partial[name][modelled].any())
+        if lacking and len(modelled):
+            raise _missing(columns, name, ", a feature of their group's model", modelled)
+    predictions: list[Any] = [None] * n
+    if len(modelled):
+        frame = pd.DataFrame({name: _take(columns[name], modelled)
+                              for name in [*result.by, *result.features]})
+        try:
+            values = result.predict(frame)
+        except (ValueError, TypeError) as exc:
+            raise RequestError(400, f"the rows' values were refused: {exc}") from exc
+        for position, value in zip(modelled.tolist(), values.tolist()):
+            predictions[position] = _json_value(value)
+    return Answer(predictions, np.where(seen, "group", "none").tolist(), catalog.run_id)
