@@ -226,6 +226,33 @@ def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
                                             else ["1,6,3,4", "0,5,2"])
 
 
+@pytest.mark.parametrize("order_by", [None, "size"])
+def test_categoricals_of_files_in_key_order_get_the_categories_of_all_files(tmp_path,
+                                                                            order_by):
+    """Files in key order are scanned per batch: each group got the
+    categories of the files its batch read (``L,S,XS`` in one group, ``S,M,L``
+    in another), not those of all files as an eager read gives them."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pd.DataFrame({"g": ["a", "a", "b"], "x": [0, 1, 2], "size": pd.Categorical(
+        ["S", "L", None], categories=["L", "S", "XS"])}).to_parquet(
+        folder / "part-0.parquet", index=False)
+    pd.DataFrame({"g": ["c", "d", "d"], "x": [3, 4, 5], "size": pd.Categorical(
+        ["M", "S", "L"], categories=["S", "M", "L"])}).to_parquet(
+        folder / "part-1.parquet", index=False)
+    eager, scanned = (
+        mm.train(_categories_and_rows, mm.groups(
+            folder, by="g", order_by=order_by, read_on_workers=read_on_workers,
+            staging=tmp_path / "stage" if read_on_workers else None),
+                 backend="serial", progress=False)
+        for read_on_workers in (False, True))
+    assert scanned.failed.empty
+    assert not (tmp_path / "stage").exists() or not any((tmp_path / "stage").iterdir())
+    columns = ["g", "size", "x", "categories"]
+    pd.testing.assert_frame_equal(scanned.results[columns], eager.results[columns])
+    assert set(scanned.results["categories"]) == {"L,S,XS,M"}
+
+
 def _categories_in_use(rows: pd.DataFrame) -> tuple[None, dict]:
     return None, {"seen": ",".join(sorted(rows["c"].astype(str).unique())),
                   "count": len(rows["c"].cat.categories)}

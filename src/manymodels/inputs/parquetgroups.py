@@ -34,6 +34,7 @@ from .tables import (
     dictionaries_that_hold_all,
     exact_pandas,
     first_misfit,
+    index_type_for,
     is_text,
     plain_scalar,
     present_columns,
@@ -185,6 +186,10 @@ class ParquetGroups:
     #: The ``by`` columns that are text in ``schema`` but not in some file (a
     #: file of numbers beside one of text): filtered on their text, see :meth:`read`
     retyped_keys: tuple[str, ...] = ()
+    #: Each dictionary (categorical) column read -> its categories in all
+    #: files, in the order first met, as an eager read's conversion to pandas
+    #: unifies them: a batch's rows take them, whichever files it scans
+    dictionaries: dict[str, pa.Array] | None = None
 
     def check_unchanged(self, number: int) -> None:
         """Refuse file ``number`` where it changed since the plan read its
@@ -215,17 +220,26 @@ class ParquetGroups:
         if columns is not None:
             columns = present_columns(columns, schema.names, files[0])
         parts = []
+        categorical = [field.name for field in schema if pa.types.is_dictionary(field.type)
+                       and field.name not in by and (columns is None or field.name in columns)
+                       and (partitions is None or field.name not in partitions.column_names)]
+        categories: dict[str, list[pa.Array]] = {name: [] for name in categorical}
         versions = file_versions(files)  # (before the keys are read: a change after shows)
         for number, file in enumerate(files):
-            keys = read_rows([file], columns=by, schema=schema, partitions=partitions,
-                             root=root)
+            keys = read_rows([file], columns=[*by, *categorical], schema=schema,
+                             partitions=partitions, root=root)
+            for name in categorical:  # (a few dictionaries a file; the codes are dropped)
+                categories[name] += [chunk.dictionary for chunk in keys.column(name).chunks]
+            keys = keys.select(by)
             parts.append(keys.append_column("__file__", pa.array(
                 [number] * keys.num_rows, type=pa.int32())))
+        dictionaries = {name: _first_met(values, schema.field(name).type.value_type)
+                        for name, values in categories.items()}
         retyped = tuple(name for name in by if is_text(schema.field(name).type) and any(
             name in own.names and not is_text(own.field(name).type) for own in own_schemas))
         return (cls(files, by, schema, tuple(order_by or ()),
                     None if columns is None else tuple(columns), partitions, root,
-                    versions, retyped),
+                    versions, retyped, dictionaries or None),
                 pa.concat_tables(parts))
 
     def file_identities(self, content_hash: Callable[[str], str]) -> list[str]:
@@ -264,6 +278,8 @@ class ParquetGroups:
                          columns=None if self.columns is None else list(self.columns),
                          filter=condition, schema=self.schema, use_threads=False,
                          partitions=self.partitions, root=self.root)
+        if self.dictionaries:
+            rows = self._with_all_categories(rows)
         if self.order_by:  # one stable sort for the batch: each group's rows in order
             rows = rows.take(sort_order(rows, list(self.order_by)))
         key_frame = exact_pandas(rows.select(self.by))
@@ -274,3 +290,30 @@ class ParquetGroups:
             if key in keys:
                 groups[key] = rows.take(where)
         return groups
+
+    def _with_all_categories(self, rows: pa.Table) -> pa.Table:
+        """``rows`` with each dictionary column's codes into the categories of
+        all files (:attr:`dictionaries`), not only those of the files read."""
+        import pyarrow.compute as pc
+
+        for name, values in (self.dictionaries or {}).items():
+            position = rows.schema.get_field_index(name)
+            if position < 0:
+                continue
+            kind = self.schema.field(name).type
+            wanted = pa.dictionary(index_type_for(len(values), kind.index_type),
+                                   kind.value_type, kind.ordered)
+            chunks = [pa.DictionaryArray.from_arrays(
+                pc.index_in(chunk.dictionary, value_set=values).take(chunk.indices).cast(
+                    wanted.index_type), values, ordered=kind.ordered)
+                for chunk in rows.column(position).chunks]
+            rows = rows.set_column(position, name, pa.chunked_array(chunks, wanted))
+        return rows
+
+
+def _first_met(dictionaries: list[pa.Array], kind: pa.DataType) -> pa.Array:
+    """The values of ``dictionaries`` once each, in the order first met."""
+    import pyarrow.compute as pc
+
+    values = [d.cast(kind) for d in dictionaries]
+    return pc.unique(pa.concat_arrays(values)) if values else pa.array([], kind)
