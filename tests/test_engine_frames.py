@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import time
 from pathlib import Path
 
@@ -470,8 +471,6 @@ def _nested_keys(engine):
 
 def test_a_list_map_or_struct_key_column_is_refused_before_any_work(engine, tmp_path):
     """As the pandas path refuses it, from the DataFrame's schema: no job runs."""
-    import re
-
     frame, kinds = _nested_keys(engine)
     for name, kind in kinds.items():
         refused = re.escape(f"by column '{name}' holds {kind} values: a group key must be "
@@ -586,6 +585,18 @@ def test_a_ray_dataset_is_grouped_by_ray_data_and_trained_on_ray(local_ray, tabl
     pd.testing.assert_frame_equal(transformed.to_pandas(), expected, check_dtype=False)
     with pytest.raises(ValueError, match="column 'shop' is not in the Ray Dataset"):
         mm.groups(_ray_dataset(local_ray, table), by="shop")
+    # a list, map or struct key is refused from the Dataset's schema, as on Spark and Dask
+    import pyarrow as pa
+
+    nested = local_ray.data.from_arrow(pa.table({
+        "k": [1, 2], "arr": pa.array([[1.0], [2.0]]),
+        "st": pa.array([{"i": 1}, {"i": 2}]), "x": [1.0, 2.0]}))
+    for name, kind in (("arr", "list<item: double>"), ("st", "struct<i: int64>")):
+        refused = f"by column '{name}' holds {kind} values: a group key must be a plain value"
+        with pytest.raises(ValueError, match=re.escape(refused)):
+            mm.groups(nested, by=["k", name])
+        with pytest.raises(ValueError, match=re.escape(refused)):
+            mm.map_groups(centred, nested, by=name)
 
 
 @pytest.mark.ray
