@@ -120,8 +120,10 @@ def old_sql(conn: sqlite3.Connection, run_id: int, tasks: int, search: str) -> d
         buckets[bucket] = n
     where, args = f"run_id = ? AND status IN ({marks})", [run_id, *failed]
     total = conn.execute(f"SELECT count(*) FROM tasks WHERE {where}", args).fetchone()[0]
-    if search:
-        where += " AND (instr(lower(key), lower(?)) > 0 OR instr(error, ?) > 0)"
+    if search:  # the key as the page shows it, in any case (Ï and ï alike)
+        conn.create_function("shown_key_has", 2, lambda key, text: text.casefold() in (
+            dashboard.key_label(key).casefold()), deterministic=True)
+        where += " AND (shown_key_has(key, ?) OR instr(error, ?) > 0)"
         args += [search, search]
     return {
         "counts": {g[0]: g[1] for g in groups}, "task_time_s": sum(g[2] or 0.0 for g in groups),
@@ -280,3 +282,28 @@ def test_an_empty_run_answers(tmp_path):
     assert everything["summary"]["done"] == 0 and everything["summary"]["counts"] == {}
     assert everything["durations"]["counts"] == [] and everything["slowest"] == []
     assert everything["failures"]["total"] == 0 and everything["timeline"]["bars"] == []
+
+
+def _always_fails(rows):
+    raise ValueError("no model")
+
+
+def test_failures_are_found_by_the_key_the_page_shows(tmp_path):
+    """The store keeps keys as JSON (``Z\\u00fcrich``, ``a\\"b``): a search
+    for ``Zürich``, ``a"b`` or the label ``plain, i3`` found nothing."""
+    import pandas as pd
+
+    import manymodels as mm
+
+    frame = pd.DataFrame({"store": ["Zürich", "KÖLN", 'a"b', "plain"],
+                          "item": ["i0", "i1", "i2", "i3"], "y": [1.0, 2.0, 3.0, 4.0]})
+    run = mm.train(_always_fails, mm.groups(frame, by=["store", "item"]), backend="serial",
+                   progress=False, store=tmp_path / "store")
+    queries = Queries(tmp_path / "store")
+    for search, keys in (("Zürich", ["Zürich, i0"]), ("zürich", ["Zürich, i0"]),
+                         ("köln", ["KÖLN, i1"]), ('a"b', ['a"b, i2']),
+                         ("plain, i3", ["plain, i3"]), ("no model", None), ("\\u00fc", [])):
+        found = queries.section(run.run_id, "failures", search)
+        want = keys if keys is not None else ["KÖLN, i1", "Zürich, i0", 'a"b, i2', "plain, i3"]
+        assert [item["key"] for item in found["items"]] == want, search
+        assert found["matching"] == len(want) and found["total"] == 4

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from ...engine.messages import FAILURE_STATUSES, Status
 from ...store import checkpoints, database, drivers
@@ -365,18 +364,19 @@ class Queries:
                 for i, k, s, _, d, w, a in self._slowest_rows(run, memo)]
 
     def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
-        """Failed tasks in task order; ``search`` matches the key ignoring ASCII
-        case or the error as written (SQL's ``instr(lower(key), lower(?))``,
-        ``instr(error, ?)``: SQLite's ``lower`` folds ASCII letters only)."""
+        """Failed tasks in task order; ``search`` matches the key as the page
+        shows it (``s1, i7``: its text as written, not JSON's escapes of
+        ``Zürich`` or a quote), ignoring case, or the error as written."""
         tasks = self._tasks(run, memo)
         failed = np.flatnonzero(tasks.status_in(_FAILED))
         total = len(failed)
         if search and total:
-            folded = search.encode().lower().decode()  # bytes.lower: ASCII only
-            found = pc.or_kleene(
-                pc.match_substring(pc.ascii_lower(tasks.column("key", failed)), folded),
-                pc.match_substring(tasks.column("error", failed), search))
-            failed = failed[pc.fill_null(found, False).to_numpy(zero_copy_only=False)]
+            folded = search.casefold()
+            keys = tasks.column("key", failed).to_pylist()
+            errors = tasks.column("error", failed).to_pylist()
+            failed = failed[np.fromiter(
+                (folded in key_label(key).casefold() or (error is not None and search in error)
+                 for key, error in zip(keys, errors)), dtype=bool, count=len(failed))]
         rows = tasks.records(failed[:FAILURES], ("task_index", "key", "status", "attempts",
                                                  "worker", "error"))
         resumed = self._resumed(run, memo)
