@@ -246,7 +246,7 @@ def test_tables_keys_and_costs_that_cannot_be_used_are_named(tmp_path):
         table = pa.table({"k": key, "x": [1.0, 2.0]})
         with pytest.raises(ValueError, match="by column 'k' holds .* a group key must be"):
             mm.train(len, mm.groups(table, by="k"), progress=False)
-    with pytest.raises(TypeError, match=r"cost=\.\.\.\) must return a number; .* 'x'"):
+    with pytest.raises(TypeError, match=r"cost= must return a number; .* 'x'"):
         mm.train(len, mm.items([1, 2], cost=lambda item: "x"), progress=False)
 
 
@@ -405,7 +405,7 @@ def test_a_grid_with_a_cost_starts_its_most_costly_settings_first(backend):
 def test_a_grid_cost_that_cannot_be_used_is_named_before_any_task_runs():
     with pytest.raises(TypeError, match=r"give the values as a mapping: mm.grid\(\{'cost'"):
         mm.grid(cost=[1, 2])
-    with pytest.raises(ValueError, match=r"for the setting \{'n': 1\} it returned 'x'"):
+    with pytest.raises(TypeError, match=r"for the setting \{'n': 1\} it returned 'x'"):
         mm.train(_setting_value, mm.grid(n=[1, 2], cost=lambda s: "x"), backend="serial",
                  progress=False)
     with pytest.raises(ValueError, match="at least 0; for the setting"):
@@ -430,5 +430,5 @@ def test_each_grid_of_a_product_gets_its_own_values_and_its_cost_is_checked():
     with pytest.raises(ValueError, match=r"for the setting \{'a': 1\} it returned -1"):
         negative.costs(negative.combinations())
     flagged = mm.grid(a=[1]) * mm.grid(b=[3], cost=lambda s: True)
-    with pytest.raises(ValueError, match=r"for the setting \{'b': 3\} it returned True"):
+    with pytest.raises(TypeError, match=r"for the setting \{'b': 3\} it returned True"):
         flagged.costs(flagged.combinations())

@@ -6,6 +6,7 @@ numbers, switches that are no switches. Each test fails before its fix."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -65,12 +66,23 @@ def test_costs_are_functions_of_finite_numbers():
         mm.groups(_table(), by="g", cost=5)
     with pytest.raises(TypeError, match=r"items\(cost=...\)"):
         mm.items([1, 2], cost="big")
-    for cost, said in ((lambda n: "x", "cost= .* failed: could not convert"),
-                       (lambda n: float("nan"), "cost= gave nan"),
-                       (lambda n: float("inf"), "cost= gave inf")):
-        with pytest.raises(ValueError, match=said):
-            mm.train(lambda rows: None, mm.groups(_table(), by="g", cost=cost),
-                     backend="serial", progress=False)
+    # text, a bool or None is no number, though float() reads "5" and True
+    for source in (lambda cost: mm.groups(_table(), by="g", cost=cost),
+                   lambda cost: mm.items([1, 2], cost=cost),
+                   lambda cost: mm.grid(a=[1, 2], cost=cost)):
+        for returned in ("x", "5", True, None, np.bool_(True)):
+            with pytest.raises(TypeError, match=f"cost= must return a number; for .* it "
+                                                f"returned {re.escape(repr(returned))}"):
+                mm.train(lambda *args, **kwargs: None, source(lambda _, v=returned: v),
+                         backend="serial", progress=False)
+        for returned, said in ((float("nan"), "nan"), (float("inf"), "inf"),
+                               (10**400, "1000")):
+            with pytest.raises(ValueError, match=f"cost= gave {said}"):
+                mm.train(lambda *args, **kwargs: None, source(lambda _, v=returned: v),
+                         backend="serial", progress=False)
+        run = mm.train(lambda *args, **kwargs: None, source(lambda _: np.int64(3)),
+                       backend="serial", progress=False)
+        assert run.failed.empty
 
 
 def test_the_retry_wait_is_bounded(monkeypatch):

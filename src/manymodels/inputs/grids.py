@@ -4,11 +4,10 @@ or times groups or items (``groups * grid``, :class:`ProductSource`)."""
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .sources import GroupSource, ItemSource, Source, require_unique
+from .sources import GroupSource, ItemSource, Source, require_unique, task_cost
 
 #: The most settings one grid may make (a billion were built one by one, as
 #: dicts, before anything else ran, until the memory ran out).
@@ -159,12 +158,10 @@ def require_distinct_texts(source: Source) -> None:
 
 
 def _checked_cost(value: Any, setting: dict[str, Any]) -> float:
-    """``value`` as a cost, or the error naming the setting that returned it."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+    """``value`` as a cost, or the error naming the setting that returned it
+    (a setting's cost is at least 0: two grids' costs are multiplied)."""
+    number = task_cost(value, f"the setting {setting!r}")
+    if number < 0:
         raise ValueError(f"grid(cost=...) must return a number of at least 0; for the "
                          f"setting {setting!r} it returned {value!r}")
     return number

@@ -13,6 +13,8 @@ The planner (:mod:`manymodels.planning.plan`) turns a source into tasks.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -328,6 +330,22 @@ def _column_list(names: Any, what: str) -> list:
     if isinstance(names, str) or not isinstance(names, Sequence):
         return [names]
     return list(names)
+
+
+def task_cost(value: Any, whose: str) -> float:
+    """A ``cost=`` function's answer for ``whose`` task as a float: a finite
+    number (a NumPy one too). Text, a bool or None is refused, though
+    ``float()`` would read ``"5"`` and ``True``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"cost= must return a number; for {whose} it returned {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"cost= gave {value!r} for {whose}: each task's expected cost "
+                         "must be a finite number")
+    return number
 
 
 def check_cost(cost: Any, source: str, argument: str) -> None:

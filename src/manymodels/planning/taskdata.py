@@ -42,6 +42,7 @@ from ..inputs.datareaders import (
     StagedFiles,
 )
 from ..inputs.parquetgroups import ParquetGroups
+from ..inputs.sources import task_cost
 from ..inputs.tables import is_pandas_frame
 
 #: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
@@ -131,12 +132,7 @@ class Items(TaskData):
     def _cost_of(self, key: Any, item: Any) -> float:
         if self._cost is None:
             return 1.0
-        value = self._cost(item)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"items(cost=...) must return a number; for the item of key "
-                            f"{key!r} it returned {value!r}") from None
+        return task_cost(self._cost(item), f"the item of key {key!r}")
 
     def hashes(self, refs: list[Any]) -> list[str]:
         from ..identity.hashing import item_hash
@@ -200,8 +196,8 @@ class TableSlices(TaskData):
         if cost is float:  # the default, its length: the lengths themselves (a million groups)
             costs = layout.lengths
         else:
-            costs = np.array([float(cost(length)) for length in layout.lengths.tolist()],
-                             dtype=np.float64)
+            costs = np.array([task_cost(cost(length), f"a group of {length} rows")
+                              for length in layout.lengths.tolist()], dtype=np.float64)
         return layout.keys, SliceRefs(layout.offsets, layout.lengths), costs
 
     def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
@@ -258,7 +254,7 @@ class ParquetReads(TaskData):
         file_numbers = layout.table.column("__file__").to_numpy()
         self._entries = [
             (key, (key, tuple(np.unique(file_numbers[off:off + n]).tolist())),
-             float(cost(int(n))))
+             float(n) if cost is float else task_cost(cost(int(n)), f"a group of {n} rows"))
             for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)]
 
     def entries(self) -> list[Entry]:
@@ -336,7 +332,8 @@ class StagedSlices(TaskData):
         if cost is float:  # the lengths themselves
             costs = layout.lengths
         else:
-            costs = np.array([float(cost(n)) for n in layout.lengths.tolist()], dtype=np.float64)
+            costs = np.array([task_cost(cost(n), f"a group of {n} rows")
+                              for n in layout.lengths.tolist()], dtype=np.float64)
         return self._keys, StagedRefs(layout.file_numbers, layout.offsets, layout.lengths), costs
 
     def hash_lanes(self, refs: Sequence[tuple[int, int, int]]) -> Any:
