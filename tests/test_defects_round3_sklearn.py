@@ -198,3 +198,32 @@ def test_negative_shrinkage_weights_are_refused(labelled):
                              if len(sizes) > 1 else np.ones(1))
     with pytest.raises(ValueError, match=r"array\(\[-1\..*non-negative"):
         model.fit(X, (y == "low").astype(float))
+
+
+def test_shrinkage_with_a_missing_float_key_part_predicts_as_any_other_key():
+    """A float key column holding NaN: each level's prefix held its own NaN
+    object, and the chains' lookups (NaN != NaN) raised KeyError: (nan,)."""
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame({"country": np.r_[np.ones(20), np.full(20, np.nan)],
+                      "city": np.tile(np.repeat(["a", "b"], 10), 2), "x": rng.normal(size=40)})
+    y = X["x"] * np.r_[np.full(20, 1.0), np.full(20, 3.0)] + rng.normal(size=40)
+    stand_in = X.assign(country=X["country"].fillna(2.0))
+    unseen = pd.DataFrame({"country": [np.nan, 1.0], "city": ["zz", "a"], "x": [1.0, 0.5]})
+    for shrinkage in ("relative", "equal"):
+        model = GroupedRegressor(Ridge(), by=["country", "city"], shrinkage=shrinkage,
+                                 backend="serial").fit(X, y)
+        twin = GroupedRegressor(Ridge(), by=["country", "city"], shrinkage=shrinkage,
+                                backend="serial").fit(stand_in, y)
+        np.testing.assert_allclose(model.predict(X), twin.predict(stand_in))
+        np.testing.assert_allclose(model.predict(unseen),
+                                   twin.predict(unseen.fillna({"country": 2.0})))
+
+
+@pytest.mark.parametrize("by", [-2, 3])
+def test_a_key_position_outside_the_array_is_named(by):
+    """by=-2 on an array of text keys said "could not convert string to
+    float: 'a'" (its key column was checked as a feature first)."""
+    X = np.array([["a", 1.0, 2.0], ["b", 2.0, 3.0], ["a", 3.0, 1.0]], dtype=object)
+    with pytest.raises(ValueError, match=rf"by column {by} is not among X's 3 column "
+                                         r"positions \(0 to 2; a negative one"):
+        GroupedRegressor(Ridge(), by=by, backend="serial").fit(X, [1.0, 2.0, 3.0])

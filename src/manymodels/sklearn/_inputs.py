@@ -71,8 +71,14 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
         if array is None or array.ndim != 2:
             # scikit-learn's own message for 1-D, 0-D and sparse input
             check_array(X, dtype="numeric", ensure_all_finite=not nan_ok)
+        outside = [b for b in by if isinstance(b, (int, np.integer)) and not isinstance(
+            b, bool) and not 0 <= b < array.shape[1]]
+        if outside and array.shape[1]:  # before its key column is checked as a feature
+            raise ValueError(f"by column {outside[0]!r} is not among X's {array.shape[1]} "
+                             f"column positions (0 to {array.shape[1] - 1}; a negative one "
+                             "does not count from the end)")
         keys_at = [b for b in by if isinstance(b, (int, np.integer))
-                   and not isinstance(b, bool) and 0 <= b < array.shape[1]]
+                   and not isinstance(b, bool)]
         if array.dtype.kind != "O":  # numeric: keys are checked as features are
             keys_at = []
         rest = [i for i in range(array.shape[1]) if i not in keys_at]

@@ -33,9 +33,19 @@ def level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple]
     codes = keys.groupby(columns if depth > 1 else columns[0], sort=False,
                          dropna=False).ngroup().to_numpy()
     first = np.unique(codes, return_index=True)[1]
-    prefixes = [tuple(plain_scalar(v) for v in row)
+    prefixes = [tuple(_one_nan(plain_scalar(v)) for v in row)
                 for row in keys.iloc[first, :depth].itertuples(index=False, name=None)]
     return codes, prefixes
+
+
+#: The one NaN a missing float key part is: a prefix of a deeper key must
+#: find its own level's sizes and models in dicts, and two NaN objects are
+#: neither equal nor (since Python 3.10) hashed alike.
+_NAN = float("nan")
+
+
+def _one_nan(value: Any) -> Any:
+    return _NAN if isinstance(value, float) and value != value else value
 
 
 def aligned(classes: np.ndarray, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
