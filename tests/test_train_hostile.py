@@ -158,6 +158,17 @@ def test_keywords_fit_cannot_take_are_refused_before_any_work():
     with pytest.raises(TypeError, match="fit asks for key=, which a bare grid's tasks do "
                                         "not have"):
         mm.train(lambda a, key: {}, mm.grid(a=[1, 2]), backend="serial", progress=False)
+    # a grid parameter or shared name "key" took the place of the task's key, silently
+    def keyed(data, key, **options):
+        return {"key_seen": str(key)}
+
+    for source, shared, what in ((mm.items([1, 2]) * mm.grid(key=["G"]), None, "grid parameter"),
+                                 (mm.items([1, 2]), {"key": 5}, "shared name")):
+        with pytest.raises(ValueError, match=f"{what} 'key' is also the keyword that fit's "
+                                             "key= gets each task's key by"):
+            mm.train(keyed, source, shared=shared, backend="serial", progress=False)
+    assert mm.train(lambda key: {}, mm.grid(key=[1, 2]), backend="serial",
+                    progress=False).results["key"].tolist() == [1, 2]
     run = mm.train(lambda a, X: {"a": a}, mm.grid(a=[1, 2]), shared={"X": 0},
                    backend="serial", progress=False)
     assert run.results["metric_a"].tolist() == [1, 2]

@@ -247,6 +247,11 @@ def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]
         raise TypeError("fit asks for key=, which a bare grid's tasks do not have (a task "
                         "is its settings, which fit gets as keywords): drop key, or give "
                         "it a default")
+    if not isinstance(source, GridSource) and "key" in names and any(
+            p.name == "key" and p.kind != inspect.Parameter.POSITIONAL_ONLY
+            for p in parameters[1:]):
+        raise ValueError(f"{names['key']} 'key' is also the keyword that fit's key= gets each "
+                         "task's key by: fit would get one in place of the other; rename it")
     if not isinstance(source, GridSource) and parameters and parameters[0].kind in positional:
         first = parameters[0].name
         if first in names:
