@@ -349,8 +349,8 @@ def test_map_groups_leaves_out_a_group_whose_fn_returned_none():
     assert ours.to_dict("list") == {"g": ["a", "c"], "m": [1.5, 4.0]}
 
 
-def add_shared_key(df, key):
-    return df.assign(k=key)
+def add_shared_key(df, **shared):
+    return df.assign(k=shared["key"])
 
 
 def sorted_and_ranked(rows, **shared):
@@ -364,7 +364,7 @@ def sorted_and_ranked(rows, **shared):
 @pytest.mark.parametrize("how", ["shared key", "arrow"])
 def test_groups_without_their_labels_come_back_in_key_order_never_under_other_rows(how):
     """fn gets a group under a fresh index where its labels cannot reach it
-    (a shared object named key takes the group key's place; an Arrow group
+    (a shared object named key reaches its **shared; an Arrow group
     has none): a sorted group under a fresh index looks like a transform, so
     no output of such groups is put back under the input's labels. The
     outputs come in key order under a fresh index, each row with its own
@@ -376,6 +376,9 @@ def test_groups_without_their_labels_come_back_in_key_order_never_under_other_ro
                              shared={"key": 5})
         expected = frame.assign(k=5).sort_values("g", kind="stable").reset_index(drop=True)
         pd.testing.assert_frame_equal(ours, expected)
+        with pytest.raises(ValueError, match="shared name 'key' is also the keyword"):
+            mm.map_groups(lambda df, key: df, mm.groups(frame, by="g"), backend="serial",
+                          shared={"key": 5})
     ours = mm.map_groups(sorted_and_ranked, mm.groups(
         frame, by="g", **({"format": "arrow"} if how == "arrow" else {})), backend="serial",
         **({"shared": {"key": 5}} if how == "shared key" else {}))
