@@ -153,12 +153,17 @@ def test_fit_may_ask_for_its_group_key(series, backend):
     assert run.results["seen"].tolist() == ["(False, 'a')", "(True, 'b')", "(True, 'c')"]
 
 
-def test_a_key_named_by_a_grid_or_shared_is_theirs_and_fit_without_key_gets_none(series):
+def test_a_key_named_by_a_grid_or_shared_is_refused_and_fit_without_key_gets_none(series):
+    """A grid parameter or shared object named key beside fit's key= would
+    take the task key's place: refused, by name, before any work."""
     source = mm.groups(series, by="sku")
-    run = mm.train(keyed_fit, source, shared={"key": "mine"}, backend="serial", progress=False)
-    assert (run.results["seen"] == "'mine'").all()
-    run = mm.train(keyed_fit, source * mm.grid(key=[7]), backend="serial", progress=False)
-    assert (run.results["seen"] == "7").all()
+    with pytest.raises(ValueError, match="shared name 'key' is also the keyword"):
+        mm.train(keyed_fit, source, shared={"key": "mine"}, backend="serial", progress=False)
+    with pytest.raises(ValueError, match="grid parameter 'key' is also the keyword"):
+        mm.train(keyed_fit, source * mm.grid(key=[7]), backend="serial", progress=False)
+    run = mm.train(lambda df, **kwargs: {"n": kwargs["key"]}, source * mm.grid(key=[7]),
+                   backend="serial", progress=False)
+    assert (run.results["n"] == 7).all()  # a **kwargs fit asks for no task key
     run = mm.train(lambda df, **kwargs: {"n": len(kwargs)}, source, backend="serial",
                    progress=False)
     assert (run.results["n"] == 0).all()  # a catch-all **kwargs is not asked for key=
