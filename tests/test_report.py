@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -74,3 +75,24 @@ def test_run_report_without_a_store(tmp_path):
     png, _ = _screenshot(path, tmp_path)
     _, colors = _colors(png)
     assert (76, 120, 168) in colors
+
+
+def fail_long(item):
+    raise ValueError(f"bad item {item}: " + "x" * (50_000 if item == 3 else 10) + " END")
+
+
+def test_a_report_of_many_failures_says_how_many_it_shows(tmp_path):
+    """150 failures: the heading said 150 and 100 were shown, silently; an
+    error of 50,000 characters was written whole."""
+    from manymodels.observe import report
+
+    run = mm.train(fail_long, mm.items(range(150)), backend="serial", progress=False)
+    text = run.report(tmp_path / "run.html").read_text()
+    assert "Failures (150)" in text
+    assert f"The first {report.FAILURES_SHOWN} of 150, in task order" in text
+    assert text.count("<details>") == report.FAILURES_SHOWN
+    assert "bad item 99:" in text and "bad item 100:" not in text
+    assert "x" * report.ERROR_CHARACTERS not in text and " END" in text
+    assert len(re.findall(r"\[the first [\d,]+ of [\d,]+ characters are left out", text)) == 1
+    short = mm.train(fail_long, mm.items(range(4)), backend="serial", progress=False)
+    assert "The first" not in short.report(tmp_path / "short.html").read_text()

@@ -168,13 +168,30 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
     parts.append(f"<h2>Failures ({len(failures)})</h2>")
     if failures.empty:
         parts.append("<p>None.</p>")
-    for _, row in failures.head(100).iterrows():
+    elif len(failures) > FAILURES_SHOWN:
+        parts.append(f"<p>The first {FAILURES_SHOWN} of {len(failures)}, in task order; "
+                     "<code>run.failed</code> holds them all.</p>")
+    for _, row in failures.head(FAILURES_SHOWN).iterrows():
         key = ", ".join(f"{c}={row[c]}" for c in key_columns)
         parts.append(f"<details><summary>{_esc(key)}: {_esc(row['status'])}</summary>"
-                     f"<pre>{_esc(row['error'] or '')}</pre></details>")
+                     f"<pre>{_esc(_clipped(row['error'] or ''))}</pre></details>")
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
             f"{''.join(parts)}</body></html>")
+
+
+#: Failures the report shows, and the characters of each one's error (its
+#: last ones, where a traceback ends with the exception): a report of 10,000
+#: failed tasks, each with a 1 MB message, stays a page a browser opens.
+FAILURES_SHOWN = 100
+ERROR_CHARACTERS = 20_000
+
+
+def _clipped(error: str) -> str:
+    if len(error) <= ERROR_CHARACTERS:
+        return error
+    return (f"[the first {len(error) - ERROR_CHARACTERS:,} of {len(error):,} characters are "
+            f"left out; run.failed holds them]\n" + error[-ERROR_CHARACTERS:])
 
 
 def _resumed_section(results: pd.DataFrame, key_columns: list[str]) -> list[str]:
