@@ -261,6 +261,9 @@ def test_the_summary_says_an_imported_polars_made_the_workers_spawn():
     assert "spawned, not forked: polars is imported (it is not fork-safe)" in summary, summary
     assert "to start a worker, in parallel (interpreter, imports); not task time" in summary
     assert "CUDA" not in summary
+    pytest.importorskip("mlflow")
+    summary = _summary_after("import mlflow")  # which imports polars for its datasets
+    assert "polars is imported (it is not fork-safe; mlflow imports it)" in summary, summary
 
 
 def test_the_summary_of_forked_workers_gives_no_spawn_reason():

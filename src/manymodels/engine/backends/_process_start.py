@@ -34,6 +34,17 @@ from ._process_worker import die_with_parent, forked_main
 #: child (polars' thread pool, CUDA in torch/jax/tensorflow/cupy). An
 #: initialised Ray is caught by its threads.
 FORK_UNSAFE_MODULES = ("polars", "torch", "tensorflow", "jax", "cupy")
+#: Libraries that import one of :data:`FORK_UNSAFE_MODULES` themselves
+#: (``import mlflow`` imports polars, where it is installed, for its datasets):
+#: a reason to spawn names them, for a user who never imported it.
+_IMPORTED_BY = {"polars": ("mlflow",)}
+
+
+def _imported_by(name: str) -> str:
+    loaded = [other for other in _IMPORTED_BY.get(name, ()) if other in sys.modules]
+    return f"; {', '.join(loaded)} imports it" if loaded else ""
+
+
 #: ``omp_pause_hard``: ``omp_pause_resource_all`` ends the calling thread's pool.
 _OMP_PAUSE_HARD = 2
 
@@ -177,7 +188,7 @@ class WorkerStarter:
         if self.memory_limit is not None:
             reasons.append("memory_limit is set (a forked worker's memory is not its own "
                            "alone)")
-        reasons += [f"{name} is imported (it is not fork-safe)"
+        reasons += [f"{name} is imported (it is not fork-safe{_imported_by(name)})"
                     for name in FORK_UNSAFE_MODULES if name in sys.modules]
         ray = sys.modules.get("ray")
         if ray is not None and getattr(ray, "is_initialized", lambda: False)():
