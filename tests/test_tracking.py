@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -284,3 +285,29 @@ def test_one_tracker_shared_by_two_threads_logs_each_run_to_its_own_mlflow_run(
         assert r.data.metrics["progress.done"] == r.data.metrics["tasks"]
         assert r.data.metrics["rmse.mean"] == pytest.approx(
             np.mean(range(int(r.data.metrics["tasks"]))))
+
+
+def fit_with_an_infinite_score(x):
+    return {"score": math.inf if x == 2 else float(x)}
+
+
+def test_an_infinite_metric_value_leaves_the_others_summary_whole(tracking):
+    """One task's score of inf: its mean, std, p95 and max were infinite or
+    NaN and dropped, silently, with NumPy's warning."""
+    import warnings
+
+    import mlflow
+
+    _, uri = tracking
+    tracker = mm.MLflow(experiment="scores", tracking_uri=uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        mm.train(fit_with_an_infinite_score, mm.items(range(8)), backend="serial",
+                 progress=False, track=tracker)
+    metrics = mlflow.MlflowClient(uri).get_run(tracker.run_id).data.metrics
+    finite = np.array([0.0, 1, 3, 4, 5, 6, 7])
+    assert metrics["score.mean"] == pytest.approx(finite.mean())
+    assert metrics["score.std"] == pytest.approx(finite.std())
+    assert metrics["score.p95"] == pytest.approx(np.quantile(finite, 0.95))
+    assert metrics["score.max"] == 7 and metrics["score.count"] == 7
+    assert metrics["score.nonfinite"] == 1

@@ -98,15 +98,27 @@ def check_answers(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 
 def describe(name: str, values: Any) -> dict[str, float]:
+    """A metric's summary over its finite values (one infinite value made
+    the mean, std, p95 and max infinite or NaN, which MLflow cannot take),
+    with ``.nonfinite``, the count of the others, where there are any."""
+    import numpy as np
+
     if not len(values):
         return {}
     # r² and r³ apart (each with its tag) before the suffixes, with room for them
-    name = metric_name(name, limit=250 - len(".count"))
-    quantiles = values.quantile([0.05, 0.5, 0.95])
-    return {f"{name}.mean": values.mean(), f"{name}.std": values.std(ddof=0),
-            f"{name}.min": values.min(), f"{name}.p05": quantiles[0.05],
-            f"{name}.p50": quantiles[0.5], f"{name}.p95": quantiles[0.95],
-            f"{name}.max": values.max(), f"{name}.count": len(values)}
+    name = metric_name(name, limit=250 - len(".nonfinite"))
+    finite = values[np.isfinite(values.to_numpy(dtype=float))]
+    described: dict[str, float] = {}
+    if len(finite):
+        quantiles = finite.quantile([0.05, 0.5, 0.95])
+        described = {f"{name}.mean": finite.mean(), f"{name}.std": finite.std(ddof=0),
+                     f"{name}.min": finite.min(), f"{name}.p05": quantiles[0.05],
+                     f"{name}.p50": quantiles[0.5], f"{name}.p95": quantiles[0.95],
+                     f"{name}.max": finite.max()}
+    described[f"{name}.count"] = len(finite)
+    if len(finite) < len(values):
+        described[f"{name}.nonfinite"] = len(values) - len(finite)
+    return described
 
 
 def writable(results: Any) -> Any:
