@@ -109,6 +109,10 @@ def test_switches_sizes_and_callbacks_are_what_they_say():
     run = mm.train(lambda rows: None, source, backend="processes", workers=1, progress=False,
                    memory_limit=np.int64(10**10))
     assert run.summary().statuses == {"ok": 2}
+    for limit, bytes_ in ((0.5, 0), (2, 2), ("100KB", 100_000)):  # (0.5 killed every task)
+        with pytest.raises(ValueError, match=rf"memory_limit={limit!r} is {bytes_} bytes, less "
+                                             "than any worker process needs"):
+            mm.train(lambda rows: None, source, backend="processes", memory_limit=limit)
 
     class Counting(mm.Callback):
         pass

@@ -104,6 +104,10 @@ class RunOptions:
                 memory_bytes = parse_bytes(memory_limit)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"memory_limit: {exc}") from None
+            if memory_bytes < 2**20:  # (0.5, read as a fraction, was 0 bytes: every task killed)
+                raise ValueError(f"memory_limit={memory_limit!r} is {memory_bytes} bytes, less "
+                                 "than any worker process needs: give bytes or text like "
+                                 "'2GB' (it is no fraction of memory, as gpu_memory_limit is)")
             if not backend_type.enforces_memory_limit:
                 raise ValueError(f"the {backend_name} backend cannot enforce memory_limit=; "
                                  "use backend='processes'")
