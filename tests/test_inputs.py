@@ -113,6 +113,13 @@ def test_bad_arguments_name_the_argument(sales):
         mm.groups(sales, by="store") * mm.items([1, 2])
     with pytest.raises(ValueError, match="duplicate item key: 1"):
         mm.items([1, 2, 1])
+    # an item that cannot be a key is keyed by its position: one that another
+    # item is said so (it was "duplicate item key: 0", a key never given)
+    for items in ([None, 0], [{"cfg": 1}, 0.0, 1]):
+        with pytest.raises(ValueError, match=r"item 0 \(a [a-zA-Z]+, which cannot be a key\) is "
+                                             r"keyed by its position, 0, which item 1 is keyed"):
+            mm.items(items)
+    assert mm.items([None, 5]).keys == [0, 5]
 
 
 def test_unpicklable_fit_says_why_and_suggests_threads(sales):

@@ -271,13 +271,32 @@ def _named_columns(table: Any, by: Any, order_by: Any, columns: Any
 
 
 def _default_item_key(item: Any, position: int) -> Hashable:
-    if isinstance(item, (str, bytes, int, float, PurePath)) or (
-        isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item)
-    ):
-        return item
     if isinstance(item, (np.number, np.bool_)):  # a NumPy number is a number too
         return item.item()
-    return position
+    return item if _is_own_key(item) else position
+
+
+def _is_own_key(item: Any) -> bool:
+    """Whether an item is its own default key (else its position is)."""
+    return isinstance(item, (str, bytes, int, float, PurePath, np.number, np.bool_)) or (
+        isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item))
+
+
+def _refuse_positions_taken(items: list[Any], keys: list[Hashable]) -> None:
+    """Refuse an item keyed by its position (it cannot be a key: None, a
+    dict, a date) where another item is that number: ``items([None, 0])``
+    said "duplicate item key: 0", a key the user never gave."""
+    positional = [i for i, item in enumerate(items) if not _is_own_key(item)]
+    if not positional:
+        return
+    own = {made: i for i, (item, made) in enumerate(zip(items, keys)) if _is_own_key(item)
+           and isinstance(made, (int, float))}
+    for position in positional:
+        if position in own:
+            raise ValueError(
+                f"item {position} (a {type(items[position]).__name__}, which cannot be a "
+                f"key) is keyed by its position, {position}, which item {own[position]} is "
+                "keyed by too: give items(key=...) a function that keys every item")
 
 
 class ItemSource(Source):
@@ -310,7 +329,12 @@ class ItemSource(Source):
                         f"items(key=...) gave item {position} the key {made!r}, a "
                         f"{type(made).__name__}, which cannot be a key (it cannot be "
                         "hashed): return a tuple for a key of several values") from None
-        require_unique(self.keys, "item key")
+        try:
+            require_unique(self.keys, "item key")
+        except ValueError:
+            if key is None:  # said better where a position made the duplicate
+                _refuse_positions_taken(self.items, self.keys)
+            raise
         self.cost = cost
 
     @property
