@@ -4,6 +4,7 @@ review that killed and fuzzed real checkpoints)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import threading
@@ -341,3 +342,152 @@ def test_a_run_that_starts_as_another_ends_holds_its_checkpoints(tmp_path):
     with multiprocessing.get_context("fork").Pool(2) as pool:
         failed = pool.starmap(_hold_and_release, [(str(tmp_path), 3000)] * 2)
     assert failed == [0, 0]
+
+
+def test_a_superseded_attempt_that_reads_again_leaves_the_retrys_checkpoint(tmp_path):
+    """The attempt given up on read its slot again after the retry had saved
+    over the state file its manifest named: its check failed, and it emptied
+    the slot, the retry's progress with it."""
+    from manymodels.engine.checkpoints import CheckpointSuperseded
+    from manymodels.engine.checkpointspace import CheckpointSpace
+
+    space = CheckpointSpace(str(tmp_path / "space"), ["ab" + "0" * 30])
+    space.hold()
+    try:
+        first = space.open(0)
+        first.save({"step": 1})
+        first.save({"step": 2})
+        retry = space.open(0)
+        assert retry.load() == {"step": 2}
+        retry.save({"step": 3})
+        retry.save({"step": 4})
+        with pytest.raises(CheckpointSuperseded, match="attempt 2 of this task has started"):
+            first.load()
+        assert space.open(0).load() == {"step": 4}
+    finally:
+        space.release()
+
+
+def test_a_file_name_with_a_backslash_is_committed_and_resumed(tmp_path):
+    """A backslash is a character of a POSIX file name: the commit took it and
+    every resume refused it as "a path outside its folder"."""
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    (first.path / "a\\b.txt").write_text("kept")
+    first.commit({"n": 1})
+    again = Checkpoint(slot, attempt=2)
+    assert again.load() == {"n": 1} and again.resumed
+    assert (again.path / "a\\b.txt").read_text() == "kept"
+
+
+_FORKING_FIT = """
+import os, signal, sys, time
+import pandas as pd
+import manymodels as mm
+
+def fit(rows, checkpoint):
+    state = checkpoint.load() or {"step": 0}
+    if state["step"] == 0 and os.fork() == 0:  # a helper outliving the fit and the driver
+        time.sleep(60)
+        os._exit(0)
+    for step in range(state["step"], 100):
+        state["step"] = step + 1
+        checkpoint.save(state)
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)  # the driver: fit runs in it
+    return {"step": state["step"]}
+
+mm.train(fit, mm.groups(pd.DataFrame({"g": ["a"]}), by="g"), store=sys.argv[1],
+         backend=sys.argv[2], progress=False)
+"""
+
+
+@pytest.mark.parametrize("backend", ["serial", "threads"])
+def test_a_process_the_fit_forked_does_not_keep_a_killed_run_running(tmp_path, backend):
+    """A process forked from the driver inherited its owner lock: after a
+    SIGKILL of the driver, the orphan kept the dead run "running", and the
+    next run of the same task started afresh instead of resuming it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import manymodels as mm
+
+    script = tmp_path / "driver.py"
+    script.write_text(_FORKING_FIT)
+    store = tmp_path / "store"
+    first = subprocess.Popen([sys.executable, str(script), str(store), backend],
+                             env=os.environ.copy(), start_new_session=True)
+    try:
+        assert first.wait(timeout=120) == -signal.SIGKILL
+        again = subprocess.run([sys.executable, str(script), str(store), backend],
+                               timeout=120, env=os.environ.copy())
+        assert again.returncode == 0
+        results = mm.Store(store).results(2)
+        assert results["resumed"].tolist() == [True] and results["step"].tolist() == [100]
+        assert results["resumed_from"].str.startswith("attempt 1 of run 1").all()
+    finally:  # the orphan (in a session of its own, with the driver it outlived)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+
+
+def saves_then_dies(rows, checkpoint):
+    """Saves every MM_EVERY seconds; the driver dies at step 5 (and 40) while
+    MM_DIE is set."""
+    import os
+    import signal
+
+    state = checkpoint.load() or {"step": 0}
+    for step in range(state["step"], 50):
+        state["step"] = step + 1
+        if checkpoint.every(float(os.environ["MM_EVERY"])):
+            checkpoint.save(state)
+        if step in (5, 40) and os.environ.get("MM_DIE"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    return {"step": state["step"]}
+
+
+_RUN_TILL_KILLED = """
+import sys
+import pandas as pd
+import manymodels as mm
+sys.path.insert(0, sys.argv[2])
+from test_checkpoints_hostile import saves_then_dies
+
+mm.train(saves_then_dies, mm.groups(pd.DataFrame({"g": ["a"]}), by="g"), store=sys.argv[1],
+         backend="serial", progress=False)
+"""
+
+
+def test_gc_keeps_a_checkpoint_a_later_run_took_over_when_the_first_is_deleted(tmp_path,
+                                                                               monkeypatch):
+    """Run 2 resumed run 1's checkpoint and was killed before it saved again:
+    deleting run 1 made gc remove the checkpoint (judged by the run that saved
+    it, not by the run that holds it), and run 3 started from nothing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    import manymodels as mm
+
+    store = tmp_path / "store"
+    tests = str(Path(__file__).parent)
+    for every in ("0", "3600"):  # run 1 saves each step; run 2 resumes and saves nothing
+        done = subprocess.run([sys.executable, "-c", _RUN_TILL_KILLED, str(store), tests],
+                              timeout=120, env={**os.environ, "MM_EVERY": every, "MM_DIE": "1"})
+        assert done.returncode == -9
+    kept = mm.Store(store)
+    assert kept.runs()["status"].tolist() == ["interrupted", "interrupted"]
+    kept.delete(1)
+    assert kept.gc() == 0
+    monkeypatch.setenv("MM_EVERY", "3600")
+    monkeypatch.delenv("MM_DIE", raising=False)
+    run = mm.train(saves_then_dies, mm.groups(pd.DataFrame({"g": ["a"]}), by="g"),
+                   store=store, backend="serial", progress=False)
+    assert run.results["resumed_from"].str.startswith("attempt 1 of run 1,").all()
+    assert run.results["step"].tolist() == [50]

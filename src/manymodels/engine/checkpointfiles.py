@@ -229,7 +229,9 @@ def _checked(manifest: Any) -> dict:
             raise TypeError(f"files.entries is not a mapping: {entries!r:.200}")
         for name, entry in entries.items():
             parts = PurePosixPath(name).parts
-            if not name or name.startswith("/") or ".." in parts or "\\" in name:
+            # (a backslash is a name's own character on POSIX, a separator on Windows)
+            if not name or name.startswith("/") or ".." in parts or (
+                    os.sep == "\\" and "\\" in name):
                 raise ValueError(f"files.entries names a path outside its folder: {name!r}")
             if not isinstance(entry, list) or len(entry) != 2:
                 raise TypeError(f"files.entries[{name!r}] is not [sha256, size]: {entry!r}")

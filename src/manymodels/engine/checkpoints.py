@@ -158,7 +158,10 @@ class Checkpoint:
 
     def _refuse(self, reason: str) -> None:
         """Forget a checkpoint that cannot be resumed: the task starts afresh
-        (its :attr:`path`, where the fit has it already, empty)."""
+        (its :attr:`path`, where the fit has it already, empty). An attempt
+        given up on is refused first: what it cannot read is what its retry
+        wrote since, which is not its to remove."""
+        self._require_latest()
         self._manifest, self._state_bytes, self.resumed = None, None, False
         for entry in list(self._slot.iterdir()):
             if entry.name != ATTEMPTS:
@@ -239,7 +242,7 @@ class Checkpoint:
             raise CheckpointSuperseded(
                 f"checkpoint {str(self._slot)!r}: attempt {latest} of this task has started "
                 f"since this one (attempt {self.attempt}) did, and writes there now: this "
-                "attempt's save is refused (its run gave up on it)")
+                "attempt may no longer use it (its run gave up on it)")
 
     def _clear_leftovers(self) -> None:
         """Remove the committed-files folders no manifest names: an attempt

@@ -37,6 +37,25 @@ from typing import Any
 from .checkpoints import ATTEMPTS, MANIFEST, Checkpoint
 
 OWNERS, JOURNAL = ".owners", ".journal"
+#: In a slot claimed from a run no longer running: the claiming run's id.
+CLAIMED = "claimed"
+
+#: The owner locks this process holds (:meth:`CheckpointSpace.hold`): a
+#: process forked from it (a ``fit`` that forks a helper outliving it) closes
+#: them, or it would hold a dead run's lock, and the next run would take that
+#: run for running and not resume its tasks.
+_HELD_LOCKS: set[int] = set()
+
+
+def _close_held_locks() -> None:
+    for descriptor in list(_HELD_LOCKS):
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_locks)
 
 
 def asks_for_checkpoint(fit: Any) -> bool:
@@ -97,6 +116,7 @@ class CheckpointSpace:
         owners.mkdir(parents=True, exist_ok=True)
         self._lock = os.open(owners / f"{self.token}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        _HELD_LOCKS.add(self._lock)
 
     def release(self) -> None:
         """End :meth:`hold`. The owners' folder stays, empty or not: removed, it
@@ -105,6 +125,7 @@ class CheckpointSpace:
         FileNotFoundError)."""
         if self._lock is not None:
             (Path(self.root) / OWNERS / f"{self.token}.lock").unlink(missing_ok=True)
+            _HELD_LOCKS.discard(self._lock)
             os.close(self._lock)
             self._lock = None
 
@@ -185,6 +206,12 @@ class CheckpointSpace:
                 continue
             # this run's attempts count from 1 (resumed_from names "attempt 1 of run 2")
             (own / ATTEMPTS).unlink(missing_ok=True)
+            # the slot is this run's now (gc keeps it while this run is in the
+            # store, whichever run saved what it holds)
+            if self.run_id is not None:
+                temporary = own / f".tmp-{CLAIMED}-{os.getpid()}"
+                temporary.write_text(json.dumps({"run_id": self.run_id, "token": self.token}))
+                os.replace(temporary, own / CLAIMED)
             return
 
 

@@ -11,6 +11,7 @@ the run that saved it was deleted, or when it holds no checkpoint at all.
 from __future__ import annotations
 
 import contextlib
+import json
 import pickle
 import shutil
 import sqlite3
@@ -20,7 +21,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from ..engine.checkpointfiles import slot_manifest
-from ..engine.checkpointspace import JOURNAL, OWNERS, owner_alive
+from ..engine.checkpointspace import CLAIMED, JOURNAL, OWNERS, owner_alive
 from ..engine.messages import Status
 from . import artifacts, taskblocks
 
@@ -72,7 +73,8 @@ def collect_checkpoints(conn: sqlite3.Connection, root: Path) -> int:
 
 def _useless(slot: Path, runs: set[int], began: float) -> bool:
     """A slot with no readable manifest (older than the collection), or
-    saved by a run since deleted."""
+    whose run was deleted: the run that claimed it last (a run that resumed
+    a dead run's slot and saved nothing new yet), else the run that saved it."""
     manifest = slot_manifest(slot)
     if manifest is None:
         try:
@@ -80,6 +82,10 @@ def _useless(slot: Path, runs: set[int], began: float) -> bool:
         except OSError:
             return False
     run_id = manifest.get("run_id") if isinstance(manifest, dict) else None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        claimed = json.loads((slot / CLAIMED).read_text()).get("run_id")
+        if isinstance(claimed, int):
+            run_id = claimed
     return run_id is not None and run_id not in runs
 
 
