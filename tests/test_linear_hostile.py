@@ -162,3 +162,49 @@ def test_values_whose_squares_leave_float64s_range_fit_as_scikit_learn(device, f
             assert metrics["r2"] == pytest.approx(plain["r2"], rel=1e-9)
             assert metrics["sigma"] == pytest.approx(plain["sigma"] * sy, rel=1e-9)
             assert np.isfinite(metrics["log_lik"])
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_feature_constant_in_its_group_is_rank_deficient_as_scikit_learn(device, weighted):
+    """A feature constant in a group (a price of 2.99 in every row; promo 1.0
+    under weights) whose mean is not exact in float64: centred, its diagonal
+    of X'WX was rounding noise (about 1e-30), which the Cholesky's pivot test,
+    relative to that same diagonal, passed. The column got a coefficient of
+    noise over noise (-84.8 where scikit-learn's least-norm fit gives 0), the
+    intercept made up for it, status ok, and df counted it; a prediction at
+    another value of that feature was far off."""
+    from sklearn.linear_model import LinearRegression
+
+    statsmodels = pytest.importorskip("statsmodels.api")
+    if device is not None:
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    frames = []
+    for g, level in enumerate([2.99, 0.1, 1.0]):
+        part = pd.DataFrame({"g": g, "price": rng.uniform(1, 10, 20), "promo": level,
+                             "w": rng.uniform(0.5, 2, 20) if weighted else 1.0})
+        part["sales"] = 50 - 3 * part["price"] + 8 * part["promo"] + rng.normal(0, 1, 20)
+        frames.append(part)
+    frame = pd.concat(frames, ignore_index=True)
+    result = mm.linear(frame, "g", ["price", "promo"], "sales", device=device,
+                       **({"family": "wls", "weights": "w"} if weighted else {}))
+    for g, part in enumerate(frames):
+        X, y, w = part[["price", "promo"]].to_numpy(), part["sales"].to_numpy(), part["w"]
+        reference = LinearRegression().fit(X, y, sample_weight=w)
+        got = result.coefficients.iloc[g][["price", "promo", "intercept"]].to_numpy(float)
+        np.testing.assert_allclose(got, np.r_[reference.coef_, reference.intercept_],
+                                   rtol=1e-8, atol=1e-12)
+        elsewhere = part.iloc[:3].assign(promo=0.0)
+        np.testing.assert_allclose(result.predict(elsewhere),
+                                   reference.predict(elsewhere[["price", "promo"]].to_numpy()),
+                                   rtol=1e-8)
+        with warnings.catch_warnings():  # (statsmodels says the design is rank-deficient)
+            warnings.simplefilter("ignore")
+            fit = statsmodels.WLS(y, statsmodels.add_constant(X, has_constant="add"),
+                                  weights=w).fit()
+        metrics = result.metrics.iloc[g]
+        assert metrics["status"] == "rank_deficient"
+        assert (metrics["df"], metrics["df_residual"]) == (fit.df_model, fit.df_resid)
+        assert metrics["sigma"] == pytest.approx(np.sqrt(fit.scale), rel=1e-9)
+        assert metrics["p_value"] == pytest.approx(fit.f_pvalue, rel=1e-7)
