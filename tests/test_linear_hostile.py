@@ -237,3 +237,30 @@ def test_a_near_collinear_groups_fit_statistics_equal_statsmodels():
         assert metrics["log_lik"] == pytest.approx(fit.llf, rel=1e-9)
         residual = frames[g]["y"] - result.predict(frames[g])
         assert metrics["deviance"] == pytest.approx(float((residual ** 2).sum()), rel=1e-9)
+
+
+def test_a_group_without_weight_has_no_degrees_of_freedom_fresh_or_from_the_store(tmp_path):
+    """Every weight of group b 0: its float metrics were NaN, but ``df`` was 0
+    and ``df_residual`` -1 (0 rows less 1 coefficient), made-up numbers the
+    docs say are blank. They are <NA> now, fresh, loaded from the store and
+    copied into a re-run; the other group's still equal statsmodels'."""
+    statsmodels = pytest.importorskip("statsmodels.api")
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": np.repeat(["a", "b"], 10), "x": rng.normal(size=20),
+                          "w": np.r_[rng.uniform(0.5, 2, 10), np.zeros(10)]})
+    frame["y"] = 2 * frame["x"] + rng.normal(size=20)
+    a = frame[frame["g"] == "a"]
+    fit = statsmodels.WLS(a["y"], statsmodels.add_constant(a[["x"]]), weights=a["w"]).fit()
+    fresh = mm.linear(frame, "g", ["x"], "y", family="wls", weights="w",
+                      store=tmp_path / "s", name="m")
+    loaded = mm.Store(tmp_path / "s").linear("m")
+    again = mm.linear(frame, "g", ["x"], "y", family="wls", weights="w",
+                      store=tmp_path / "s", name="m")
+    assert again.reused == 2
+    for result in (fresh, loaded, again):
+        metrics = result.metrics.set_index("g")
+        assert metrics.loc["b", "status"] == "no_weight" and metrics.loc["b", "nobs"] == 0
+        assert pd.isna(metrics.loc["b", "df"]) and pd.isna(metrics.loc["b", "df_residual"])
+        assert (metrics.loc["a", "df"], metrics.loc["a", "df_residual"]) == (
+            fit.df_model, fit.df_resid)
+        assert metrics.loc["a", "sigma"] == pytest.approx(np.sqrt(fit.scale), rel=1e-9)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ...inputs.engineframes import refuse_engine_frame
 from . import kernels
-from .fitting import STATUSES, Fitted, fit_groups
+from .fitting import STATUSES, Fitted, blank_integers, fit_groups
 from .prepare import BLOCK_ROWS, Prepared, check, prepare
 from .result import LinearResult
 
@@ -123,6 +123,7 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
         metrics[name] = values
     metrics["status"] = (fitted.status if isinstance(fitted.status, pd.Categorical)
                          else pd.Categorical(fitted.status, categories=STATUSES))
+    blank_integers(metrics)
     if reused_from is not None:  # as in Run.results: the run that fitted it, or <NA>
         metrics["reused_from"] = reused_from
     return LinearResult(family, by, features, target, fit_intercept, data.keys, fitted.coef,
