@@ -264,3 +264,35 @@ def test_a_group_without_weight_has_no_degrees_of_freedom_fresh_or_from_the_stor
         assert (metrics.loc["a", "df"], metrics.loc["a", "df_residual"]) == (
             fit.df_model, fit.df_resid)
         assert metrics.loc["a", "sigma"] == pytest.approx(np.sqrt(fit.scale), rel=1e-9)
+
+
+_GLANCE = ["r_squared", "adj_r_squared", "sigma", "statistic", "p_value", "df", "log_lik",
+           "aic", "bic", "deviance", "df_residual", "nobs"]
+
+
+@pytest.mark.parametrize("family", ["ols", "ridge"])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_mm_glance_and_mm_linear_agree_on_a_fit_without_residual_degrees_of_freedom(
+        family, fit_intercept):
+    """Two rows, two features: an interpolating fit whose RSS is rounding.
+    mm.linear's log-likelihood was NaN (as its docs say), mm.glance's a
+    number made of that rounding (+67 for OLS), and AIC and BIC with it."""
+    from sklearn.linear_model import LinearRegression, Ridge
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(2, 2)), rng.normal(size=2)
+    model = (LinearRegression(fit_intercept=fit_intercept) if family == "ols"
+             else Ridge(alpha=1.0, fit_intercept=fit_intercept)).fit(X, y)
+    single = mm.glance(model, X, y)
+    frame = pd.DataFrame({"g": "a", "x1": X[:, 0], "x2": X[:, 1], "y": y})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batched = mm.linear(frame, "g", ["x1", "x2"], "y", family=family,
+                            fit_intercept=fit_intercept).metrics.iloc[0]
+    assert single["df_residual"] == batched["df_residual"] == 0
+    for name in _GLANCE:
+        if np.isnan(batched[name]):
+            assert np.isnan(single[name]), name
+        else:
+            assert single[name] == pytest.approx(batched[name], rel=1e-8, abs=1e-12), name
+    assert np.isnan(single["log_lik"]) and np.isnan(single["aic"]) and np.isnan(single["bic"])
