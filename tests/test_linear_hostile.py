@@ -296,3 +296,26 @@ def test_mm_glance_and_mm_linear_agree_on_a_fit_without_residual_degrees_of_free
         else:
             assert single[name] == pytest.approx(batched[name], rel=1e-8, abs=1e-12), name
     assert np.isnan(single["log_lik"]) and np.isnan(single["aic"]) and np.isnan(single["bic"])
+
+
+@pytest.mark.parametrize("C", [np.float32(0.5), np.int64(2), np.float64(1.5), 3])
+def test_c_may_be_a_numpy_number_as_alpha_may(C):
+    """``C=np.float32(1)`` and ``np.int64`` were refused ("C must be a positive
+    number") while ``alpha`` took them and ``C=True`` passed as 1."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": "a", "x": rng.normal(size=60)})
+    frame["y"] = (frame["x"] + rng.normal(size=60) > 0).astype(int)
+    result = mm.linear(frame, "g", ["x"], "y", family="logistic", C=C)
+    reference = LogisticRegression(C=float(C), tol=1e-10, max_iter=1000).fit(
+        frame[["x"]], frame["y"])
+    got = result.coefficients.iloc[0][["x", "intercept"]].to_numpy(float)
+    np.testing.assert_allclose(got, np.r_[reference.coef_[0], reference.intercept_], rtol=1e-5)
+
+
+@pytest.mark.parametrize("C", [True, np.bool_(True), 0, np.float32(-1), np.inf, "1"])
+def test_c_that_is_a_bool_or_not_a_positive_number_is_refused(C):
+    frame = pd.DataFrame({"g": "a", "x": np.arange(6.0), "y": [0, 1] * 3})
+    with pytest.raises(ValueError, match="C must be a positive number"):
+        mm.linear(frame, "g", ["x"], "y", family="logistic", C=C)

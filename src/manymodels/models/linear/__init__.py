@@ -39,7 +39,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     (the same with row ``weights``, a column name), ``"ridge"`` (``Ridge``:
     ``alpha`` a number, or the name of a column constant within each group;
     the intercept is not penalised) or ``"logistic"`` (``LogisticRegression``
-    with its L2 penalty ``C``, the intercept not penalised; the target holds
+    with its L2 penalty ``C``, a positive number, Python's or NumPy's, not a
+    bool; the intercept not penalised; the target holds
     0 and 1; Newton's method, at most ``max_iter`` iterations, converged when
     a step is below ``tol`` relative to the coefficients). ``weights`` also
     applies to ridge and logistic (``sample_weight``).
@@ -66,7 +67,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
                         "squares from the table's columns on this machine")
     if not isinstance(fit_intercept, bool):
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
-    if family == "logistic" and not (isinstance(C, (int, float)) and 0 < C < np.inf):
+    # (NumPy's numbers too, as for alpha; a bool is no penalty: True was read as 1)
+    if family == "logistic" and not (_is_number(C) and 0 < C < np.inf):
         raise ValueError(f"C must be a positive number, got {C!r}")
     if not isinstance(alpha, str) and not (_is_number(alpha) and alpha < np.inf):
         raise ValueError(f"alpha must be a finite number >= 0 or a column name, got {alpha!r}")
@@ -131,5 +133,7 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
 
 
 def _is_number(value: Any) -> bool:
+    """A real number, Python's or NumPy's (``np.float32(1)`` from a grid),
+    not a bool (``True`` is an int, but no penalty nor tolerance)."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, bool)
