@@ -162,3 +162,160 @@ def test_values_whose_squares_leave_float64s_range_fit_as_scikit_learn(device, f
             assert metrics["r2"] == pytest.approx(plain["r2"], rel=1e-9)
             assert metrics["sigma"] == pytest.approx(plain["sigma"] * sy, rel=1e-9)
             assert np.isfinite(metrics["log_lik"])
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_feature_constant_in_its_group_is_rank_deficient_as_scikit_learn(device, weighted):
+    """A feature constant in a group (a price of 2.99 in every row; promo 1.0
+    under weights) whose mean is not exact in float64: centred, its diagonal
+    of X'WX was rounding noise (about 1e-30), which the Cholesky's pivot test,
+    relative to that same diagonal, passed. The column got a coefficient of
+    noise over noise (-84.8 where scikit-learn's least-norm fit gives 0), the
+    intercept made up for it, status ok, and df counted it; a prediction at
+    another value of that feature was far off."""
+    from sklearn.linear_model import LinearRegression
+
+    statsmodels = pytest.importorskip("statsmodels.api")
+    if device is not None:
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    frames = []
+    for g, level in enumerate([2.99, 0.1, 1.0]):
+        part = pd.DataFrame({"g": g, "price": rng.uniform(1, 10, 20), "promo": level,
+                             "w": rng.uniform(0.5, 2, 20) if weighted else 1.0})
+        part["sales"] = 50 - 3 * part["price"] + 8 * part["promo"] + rng.normal(0, 1, 20)
+        frames.append(part)
+    frame = pd.concat(frames, ignore_index=True)
+    result = mm.linear(frame, "g", ["price", "promo"], "sales", device=device,
+                       **({"family": "wls", "weights": "w"} if weighted else {}))
+    for g, part in enumerate(frames):
+        X, y, w = part[["price", "promo"]].to_numpy(), part["sales"].to_numpy(), part["w"]
+        reference = LinearRegression().fit(X, y, sample_weight=w)
+        got = result.coefficients.iloc[g][["price", "promo", "intercept"]].to_numpy(float)
+        np.testing.assert_allclose(got, np.r_[reference.coef_, reference.intercept_],
+                                   rtol=1e-8, atol=1e-12)
+        elsewhere = part.iloc[:3].assign(promo=0.0)
+        np.testing.assert_allclose(result.predict(elsewhere),
+                                   reference.predict(elsewhere[["price", "promo"]].to_numpy()),
+                                   rtol=1e-8)
+        with warnings.catch_warnings():  # (statsmodels says the design is rank-deficient)
+            warnings.simplefilter("ignore")
+            fit = statsmodels.WLS(y, statsmodels.add_constant(X, has_constant="add"),
+                                  weights=w).fit()
+        metrics = result.metrics.iloc[g]
+        assert metrics["status"] == "rank_deficient"
+        assert (metrics["df"], metrics["df_residual"]) == (fit.df_model, fit.df_resid)
+        assert metrics["sigma"] == pytest.approx(np.sqrt(fit.scale), rel=1e-9)
+        assert metrics["p_value"] == pytest.approx(fit.f_pvalue, rel=1e-7)
+
+
+def test_a_near_collinear_groups_fit_statistics_equal_statsmodels():
+    """Two features 1e-7 apart: the coefficients are about 1e6 of opposite
+    signs, and the SSE from the normal equations, ``y'y - 2b'X'y + b'X'Xb``,
+    cancelled terms of about 1e13 to 7.5: deviance 7.5515 where statsmodels'
+    is 7.5460 (1.5% off for another draw), and r_squared, sigma, F, AIC and
+    BIC with it, status ok. Such a group's SSE now comes from its residuals."""
+    statsmodels = pytest.importorskip("statsmodels.api")
+    rng = np.random.default_rng(0)
+    frames, fits = [], []
+    for g in range(4):
+        X = rng.normal(size=(15, 3))
+        X[:, 2] = X[:, 0] + 1e-7 * rng.normal(size=15)
+        y = X @ [1.0, 2.0, 3.0] + rng.normal(size=15)
+        frames.append(pd.DataFrame({"g": g, "x1": X[:, 0], "x2": X[:, 1], "x3": X[:, 2],
+                                    "y": y}))
+        fits.append(statsmodels.OLS(y, statsmodels.add_constant(X)).fit())
+    frame = pd.concat(frames, ignore_index=True)
+    result = mm.linear(frame, "g", ["x1", "x2", "x3"], "y")
+    for g, fit in enumerate(fits):
+        metrics = result.metrics.iloc[g]
+        assert metrics["deviance"] == pytest.approx(fit.ssr, rel=1e-9)
+        assert metrics["r_squared"] == pytest.approx(fit.rsquared, rel=1e-9)
+        assert metrics["sigma"] == pytest.approx(np.sqrt(fit.scale), rel=1e-9)
+        assert metrics["statistic"] == pytest.approx(fit.fvalue, rel=1e-9)
+        assert metrics["log_lik"] == pytest.approx(fit.llf, rel=1e-9)
+        residual = frames[g]["y"] - result.predict(frames[g])
+        assert metrics["deviance"] == pytest.approx(float((residual ** 2).sum()), rel=1e-9)
+
+
+def test_a_group_without_weight_has_no_degrees_of_freedom_fresh_or_from_the_store(tmp_path):
+    """Every weight of group b 0: its float metrics were NaN, but ``df`` was 0
+    and ``df_residual`` -1 (0 rows less 1 coefficient), made-up numbers the
+    docs say are blank. They are <NA> now, fresh, loaded from the store and
+    copied into a re-run; the other group's still equal statsmodels'."""
+    statsmodels = pytest.importorskip("statsmodels.api")
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": np.repeat(["a", "b"], 10), "x": rng.normal(size=20),
+                          "w": np.r_[rng.uniform(0.5, 2, 10), np.zeros(10)]})
+    frame["y"] = 2 * frame["x"] + rng.normal(size=20)
+    a = frame[frame["g"] == "a"]
+    fit = statsmodels.WLS(a["y"], statsmodels.add_constant(a[["x"]]), weights=a["w"]).fit()
+    fresh = mm.linear(frame, "g", ["x"], "y", family="wls", weights="w",
+                      store=tmp_path / "s", name="m")
+    loaded = mm.Store(tmp_path / "s").linear("m")
+    again = mm.linear(frame, "g", ["x"], "y", family="wls", weights="w",
+                      store=tmp_path / "s", name="m")
+    assert again.reused == 2
+    for result in (fresh, loaded, again):
+        metrics = result.metrics.set_index("g")
+        assert metrics.loc["b", "status"] == "no_weight" and metrics.loc["b", "nobs"] == 0
+        assert pd.isna(metrics.loc["b", "df"]) and pd.isna(metrics.loc["b", "df_residual"])
+        assert (metrics.loc["a", "df"], metrics.loc["a", "df_residual"]) == (
+            fit.df_model, fit.df_resid)
+        assert metrics.loc["a", "sigma"] == pytest.approx(np.sqrt(fit.scale), rel=1e-9)
+
+
+_GLANCE = ["r_squared", "adj_r_squared", "sigma", "statistic", "p_value", "df", "log_lik",
+           "aic", "bic", "deviance", "df_residual", "nobs"]
+
+
+@pytest.mark.parametrize("family", ["ols", "ridge"])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_mm_glance_and_mm_linear_agree_on_a_fit_without_residual_degrees_of_freedom(
+        family, fit_intercept):
+    """Two rows, two features: an interpolating fit whose RSS is rounding.
+    mm.linear's log-likelihood was NaN (as its docs say), mm.glance's a
+    number made of that rounding (+67 for OLS), and AIC and BIC with it."""
+    from sklearn.linear_model import LinearRegression, Ridge
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(2, 2)), rng.normal(size=2)
+    model = (LinearRegression(fit_intercept=fit_intercept) if family == "ols"
+             else Ridge(alpha=1.0, fit_intercept=fit_intercept)).fit(X, y)
+    single = mm.glance(model, X, y)
+    frame = pd.DataFrame({"g": "a", "x1": X[:, 0], "x2": X[:, 1], "y": y})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batched = mm.linear(frame, "g", ["x1", "x2"], "y", family=family,
+                            fit_intercept=fit_intercept).metrics.iloc[0]
+    assert single["df_residual"] == batched["df_residual"] == 0
+    for name in _GLANCE:
+        if np.isnan(batched[name]):
+            assert np.isnan(single[name]), name
+        else:
+            assert single[name] == pytest.approx(batched[name], rel=1e-8, abs=1e-12), name
+    assert np.isnan(single["log_lik"]) and np.isnan(single["aic"]) and np.isnan(single["bic"])
+
+
+@pytest.mark.parametrize("C", [np.float32(0.5), np.int64(2), np.float64(1.5), 3])
+def test_c_may_be_a_numpy_number_as_alpha_may(C):
+    """``C=np.float32(1)`` and ``np.int64`` were refused ("C must be a positive
+    number") while ``alpha`` took them and ``C=True`` passed as 1."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": "a", "x": rng.normal(size=60)})
+    frame["y"] = (frame["x"] + rng.normal(size=60) > 0).astype(int)
+    result = mm.linear(frame, "g", ["x"], "y", family="logistic", C=C)
+    reference = LogisticRegression(C=float(C), tol=1e-10, max_iter=1000).fit(
+        frame[["x"]], frame["y"])
+    got = result.coefficients.iloc[0][["x", "intercept"]].to_numpy(float)
+    np.testing.assert_allclose(got, np.r_[reference.coef_[0], reference.intercept_], rtol=1e-5)
+
+
+@pytest.mark.parametrize("C", [True, np.bool_(True), 0, np.float32(-1), np.inf, "1"])
+def test_c_that_is_a_bool_or_not_a_positive_number_is_refused(C):
+    frame = pd.DataFrame({"g": "a", "x": np.arange(6.0), "y": [0, 1] * 3})
+    with pytest.raises(ValueError, match="C must be a positive number"):
+        mm.linear(frame, "g", ["x"], "y", family="logistic", C=C)

@@ -33,6 +33,13 @@ reports as ``NA``, adds no degree of freedom.
 ``nobs``            ``n``
 ==================  ===============================================================
 
+A statistic without a value is NaN: ``r_squared`` of a constant target,
+``adj_r_squared``, ``sigma``, F and its p-value without residual degrees of
+freedom (``n <= p``), and ``log_lik``, AIC and BIC where RSS is 0 or there are
+no residual degrees of freedom, penalised or not (unpenalised, an
+interpolating fit, whose RSS is rounding: its log-likelihood would be
+noise), as :func:`manymodels.linear` gives them.
+
 For a penalised model (ridge, lasso) they are the same formulas at its
 coefficients, as ``glance`` of a ``glmnet`` fit would not give: read them as
 descriptive. (statsmodels' ``OLS`` AIC and BIC leave sigma out of the count:
@@ -115,7 +122,10 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
         p_value = float(stats.f.sf(statistic, df_model, df_residual))
     else:
         statistic = p_value = nan
-    log_lik = -0.5 * n * (math.log(2 * math.pi) + math.log(rss / n) + 1) if rss > 0 else nan
+    # no residual degrees of freedom: a perfect fit by construction whose RSS is
+    # rounding (1e-31: a log-likelihood of +67 from noise), as mm.linear has it
+    log_lik = (-0.5 * n * (math.log(2 * math.pi) + math.log(rss / n) + 1)
+               if rss > 0 and df_residual > 0 else nan)
     return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
             "p_value": p_value, "df": df_model, "log_lik": log_lik,
             "aic": -2 * log_lik + 2 * (p + 1), "bic": -2 * log_lik + math.log(n) * (p + 1),

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ...inputs.engineframes import refuse_engine_frame
 from . import kernels
-from .fitting import STATUSES, Fitted, fit_groups
+from .fitting import STATUSES, Fitted, blank_integers, fit_groups
 from .prepare import BLOCK_ROWS, Prepared, check, prepare
 from .result import LinearResult
 
@@ -39,7 +39,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     (the same with row ``weights``, a column name), ``"ridge"`` (``Ridge``:
     ``alpha`` a number, or the name of a column constant within each group;
     the intercept is not penalised) or ``"logistic"`` (``LogisticRegression``
-    with its L2 penalty ``C``, the intercept not penalised; the target holds
+    with its L2 penalty ``C``, a positive number, Python's or NumPy's, not a
+    bool; the intercept not penalised; the target holds
     0 and 1; Newton's method, at most ``max_iter`` iterations, converged when
     a step is below ``tol`` relative to the coefficients). ``weights`` also
     applies to ridge and logistic (``sample_weight``).
@@ -66,7 +67,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
                         "squares from the table's columns on this machine")
     if not isinstance(fit_intercept, bool):
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
-    if family == "logistic" and not (isinstance(C, (int, float)) and 0 < C < np.inf):
+    # (NumPy's numbers too, as for alpha; a bool is no penalty: True was read as 1)
+    if family == "logistic" and not (_is_number(C) and 0 < C < np.inf):
         raise ValueError(f"C must be a positive number, got {C!r}")
     if not isinstance(alpha, str) and not (_is_number(alpha) and alpha < np.inf):
         raise ValueError(f"alpha must be a finite number >= 0 or a column name, got {alpha!r}")
@@ -123,6 +125,7 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
         metrics[name] = values
     metrics["status"] = (fitted.status if isinstance(fitted.status, pd.Categorical)
                          else pd.Categorical(fitted.status, categories=STATUSES))
+    blank_integers(metrics)
     if reused_from is not None:  # as in Run.results: the run that fitted it, or <NA>
         metrics["reused_from"] = reused_from
     return LinearResult(family, by, features, target, fit_intercept, data.keys, fitted.coef,
@@ -130,5 +133,7 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
 
 
 def _is_number(value: Any) -> bool:
+    """A real number, Python's or NumPy's (``np.float32(1)`` from a grid),
+    not a bool (``True`` is an int, but no penalty nor tolerance)."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, bool)

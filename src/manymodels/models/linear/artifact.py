@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .fitting import STATUSES
+from .fitting import STATUSES, blank_integers, plain_values
 from .result import LinearResult
 
 FORMAT = 1
@@ -35,7 +35,12 @@ def to_artifact(result: LinearResult, identity: np.ndarray, fitted_in: np.ndarra
     metric_names = [c for c in result.metrics.columns
                     if c not in result.by and c not in ("status", "reused_from")]
     for metric in metric_names:
-        arrays[f"metric:{metric}"] = pa.array(result.metrics[metric].to_numpy())
+        column = result.metrics[metric]
+        if isinstance(column.dtype, np.dtype):
+            arrays[f"metric:{metric}"] = pa.array(column.to_numpy())
+        else:  # a nullable integer (a no_weight group's df): its blanks as Arrow nulls
+            arrays[f"metric:{metric}"] = pa.array(
+                plain_values(column, np.dtype(np.int64)), mask=column.isna().to_numpy())
     arrays["status"] = pa.array(np.asarray(result.metrics["status"].cat.codes, np.int8))
     arrays["identity"], arrays["fitted_in"] = pa.array(identity), pa.array(fitted_in)
     meta = {"format": FORMAT, "family": result.family, "by": result.by,
@@ -89,9 +94,12 @@ def from_artifact(data: bytes, run_id: int) -> Saved:
         coef[:, position] = table.column(f"coef:{feature}").to_numpy()
     metrics = keys.copy()
     for metric in meta["metrics"]:
-        metrics[metric] = table.column(f"metric:{metric}").to_numpy()
+        column = table.column(f"metric:{metric}")
+        metrics[metric] = (column.to_numpy() if not column.null_count or column.type
+                           not in _NULLABLE else column.to_pandas(types_mapper=_NULLABLE.get))
     codes = table.column("status").to_numpy().astype(np.int64)
     metrics["status"] = pd.Categorical.from_codes(codes, categories=meta["statuses"])
+    blank_integers(metrics)  # (as a fresh result has them, from its statuses)
     fitted_in = table.column("fitted_in").to_numpy()
     metrics["reused_from"] = pd.arrays.IntegerArray(fitted_in.astype(np.int64),
                                                     fitted_in == run_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .glance import GLANCE_COLUMNS, glance_arrays
 from .kernels import least_squares_in_range
@@ -24,6 +25,33 @@ LOGISTIC_METRICS = ("log_loss", "accuracy", "converged", "iterations")
 #: ``r2`` and ``rmse`` (``sqrt(RSS / n)``, beside broom's ``sigma``), then broom's glance row
 LEAST_SQUARES_METRICS = ("r2", "rmse", *GLANCE_COLUMNS)
 _INTEGER_METRICS = ("df", "df_residual", "nobs")
+#: Integer metrics with no meaning for a ``no_weight`` group (no rows: no
+#: model, so no degrees of freedom; ``nobs`` is its count of rows, 0).
+BLANK_WITHOUT_WEIGHT = ("df", "df_residual")
+
+
+def blank_integers(metrics: pd.DataFrame) -> None:
+    """Blank, in place, the integer metrics without meaning for a
+    ``no_weight`` group as pandas' ``<NA>`` (the columns become nullable
+    ``Int64``; they stay ``int64`` where every group has its value). The
+    float metrics are NaN there already; these were ``df`` 0 and
+    ``df_residual`` -1, made-up numbers that a sum or a filter would read."""
+    if "status" not in metrics:
+        return
+    missing = np.asarray(metrics["status"] == "no_weight")
+    for name in BLANK_WITHOUT_WEIGHT:
+        if name in metrics and missing.any():
+            values = plain_values(metrics[name], np.dtype(np.int64))
+            metrics[name] = pd.arrays.IntegerArray(values, missing.copy())
+
+
+def plain_values(column: pd.Series, dtype: np.dtype) -> np.ndarray:
+    """A metric column as a NumPy array of ``dtype``: a blank (``<NA>``) as 0
+    for integers (its value is read from the status again), NaN for floats."""
+    if isinstance(column.dtype, np.dtype):
+        return column.to_numpy().astype(dtype, copy=False)
+    fill = 0 if dtype.kind in "iu" else np.nan
+    return column.to_numpy(dtype=dtype, na_value=fill)
 
 
 @dataclass

@@ -23,15 +23,23 @@ import numpy as np
 PIVOT_TOLERANCE = 1e-8
 
 
-def cholesky_solve(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cholesky_solve(A: np.ndarray, b: np.ndarray, floor: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """Solve ``A x = b`` for a stack ``A`` (g, q, q) of symmetric matrices;
-    also return which were safely positive definite (the others' x is junk)."""
+    also return which were safely positive definite (the others' x is junk).
+
+    A pivot must exceed :data:`PIVOT_TOLERANCE` of its diagonal and, where
+    given, each group's absolute ``floor`` (see :func:`pivot_floor`): the
+    relative test alone passes a column that centring reduced to rounding
+    noise, whose diagonal is that noise too."""
     g, q, _ = A.shape
     L = np.zeros_like(A)
     ok = np.ones(g, dtype=bool)
     for j in range(q):
         pivot = A[:, j, j] - np.einsum("gk,gk->g", L[:, j, :j], L[:, j, :j])
         good = pivot > PIVOT_TOLERANCE * np.abs(A[:, j, j])
+        if floor is not None:
+            good &= pivot > floor
         ok &= good
         d = np.sqrt(np.where(good, pivot, 1.0))
         L[:, j, j] = d
@@ -45,6 +53,22 @@ def cholesky_solve(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     for i in range(q - 1, -1, -1):
         x[:, i] = (z[:, i] - np.einsum("gk,gk->g", L[:, i + 1:, i], x[:, i + 1:])) / L[:, i, i]
     return x, ok
+
+
+def pivot_floor(gram_trace: np.ndarray, rows: int, features: int) -> np.ndarray:
+    """Each group's absolute floor for a Cholesky pivot of its (centred)
+    ``X'WX``: the square of :func:`_least_norm`'s singular-value cutoff,
+    ``eps * max(rows, features)`` times the norm of the *uncentred* weighted
+    features (``gram_trace``: their sum of squares). A column constant in its
+    group (2.99 in every row, or 1.0 under weights) is centred to rounding
+    noise of about ``eps`` times its value; its diagonal is that noise
+    squared, which the relative test compares with itself and passes, and
+    its coefficient came out as noise over noise. Below the floor the group
+    goes to the SVD, which drops the same column by the same cutoff (a pivot
+    is at least the smallest singular value squared), as scikit-learn's
+    least-norm ``lstsq`` gives it 0."""
+    eps = np.finfo(np.float64).eps * max(rows, features)
+    return eps * eps * gram_trace
 
 
 def _weighted_means(Z: np.ndarray, w: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -69,18 +93,17 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     M = Zw.transpose(0, 2, 1) @ Zc  # X'WX, X'Wy and y'Wy of every group at once
     A, b = M[:, :p, :p].copy(), M[:, :p, p].copy()
     penalty = ridge_penalty(alpha, g, p)
+    gram_trace = uncentred_trace(M[:, :p, :p], sw, means[:, :p], fit_intercept)
     A[:, np.arange(p), np.arange(p)] += penalty
-    coef, ok = cholesky_solve(A, b)
+    coef, ok = cholesky_solve(A, b, pivot_floor(gram_trace, m, p))
     ok &= sw > 0
     rank = np.full(g, p, dtype=np.int64)  # of the features' columns (centred, if so fitted)
     redo = np.flatnonzero(~ok)
     if len(redo):
-        raw = Z[redo, :, :p]
-        raw = raw if w is None else raw * np.sqrt(w[redo])[:, :, None]
         rows = np.full(len(redo), m) if w is None else (w[redo] > 0).sum(axis=1)
         coef[redo], rank[redo] = _least_norm(
             Zc[redo, :, :p], Zc[redo, :, p], None if w is None else w[redo], penalty[redo],
-            np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
+            np.sqrt(gram_trace[redo]), rows - int(fit_intercept))
     rank_deficient = rank < p  # the least-norm solution was taken (never for ridge)
     penalised = np.flatnonzero((penalty > 0).any(axis=1))
     if len(penalised):  # ridge is always solvable; glance's rank is its design's, unpenalised
@@ -98,6 +121,17 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     sst, tss, sse = flat_target(sst, M[:, p, p], sse, sw, ym, fit_intercept, np.where)
     return {"coef": coef, "intercept": intercept, "rank_deficient": rank_deficient, "rank": rank,
             "sse": sse, "sst": sst, "tss": tss, "sw": sw, **_row_counts(w, g, m)}
+
+
+def uncentred_trace(gram: Any, sw: Any, feature_means: Any, fit_intercept: bool) -> Any:
+    """Each group's weighted sum of squares of its *uncentred* features, from
+    its ``X'WX`` (centred if ``fit_intercept``: ``sum w x^2`` is the centred
+    sum plus ``sw * mean^2``), with no pass over the rows. NumPy arrays or
+    PyTorch tensors."""
+    trace = gram.diagonal(0, 1, 2).sum(-1)
+    if fit_intercept:
+        trace = trace + sw * (feature_means * feature_means).sum(-1)
+    return trace
 
 
 def ridge_penalty(alpha: np.ndarray | float, g: int, p: int) -> np.ndarray:
@@ -202,17 +236,33 @@ def design_rank(gram: np.ndarray) -> np.ndarray:
     return ((eig > PIVOT_TOLERANCE * top) & (top > 0)).sum(axis=1)
 
 
+#: The normal equations' SSE is kept where it is above this fraction of the
+#: square of its terms' size: its rounding (``eps`` of that size) is then
+#: below ``2e-11`` of it, well inside the 1e-9 the glance statistics promise.
+SSE_CANCELLATION = 1e-5
+
+
 def _sse(Zc: np.ndarray, w: np.ndarray | None, M: np.ndarray, coef: np.ndarray
          ) -> np.ndarray:
     """Each group's weighted sum of squared residuals. From the normal
-    equations, ``y'y - 2 b'X'y + b'X'X b``, with no pass over the rows; where
-    that sum cancels to less than 1e-6 of ``y'y`` (a near-perfect fit, whose
-    small SSE it would give to few digits), from the residuals themselves."""
+    equations, ``y'y - 2 b'X'y + b'X'X b``, with no pass over the rows (a
+    pass costs about as much as the whole solve). Its rounding is about
+    ``eps`` times the size of its terms, at most ``(|y| + sum_j |b_j| |x_j|)^2``
+    (Cauchy-Schwarz on each); where the sum cancels to less than
+    :data:`SSE_CANCELLATION` of that, it would have few correct digits, and
+    it is taken from the residuals themselves: a near-perfect fit (a small
+    SSE), and a near-collinear group, whose large coefficients of opposite
+    signs made terms of 1e13 for an SSE of 7.5 (its deviance 7.5515 where
+    statsmodels' is 7.5460). A well-conditioned group's terms are a few times
+    ``y'y``: it keeps the normal equations' value."""
     p = coef.shape[1]
     yy = M[:, p, p]
+    gram = M[:, :p, :p]
     sse = yy - 2.0 * np.einsum("gp,gp->g", M[:, :p, p], coef) + np.einsum(
-        "gi,gij,gj->g", coef, M[:, :p, :p], coef)
-    near = np.flatnonzero(~(sse > 1e-6 * yy))
+        "gi,gij,gj->g", coef, gram, coef)
+    norms = np.sqrt(np.maximum(gram.diagonal(0, 1, 2), 0.0))
+    terms = np.sqrt(np.maximum(yy, 0.0)) + np.einsum("gp,gp->g", np.abs(coef), norms)
+    near = np.flatnonzero(~(sse > SSE_CANCELLATION * terms * terms))
     if len(near):
         Zn = Zc[near]
         direction = np.concatenate([-coef[near], np.ones((len(near), 1))], axis=1)

@@ -33,7 +33,7 @@ import pandas as pd
 from ...identity.hashing import digest
 from ...store import Store, StoreError, StoreIntegrityError, artifacts, database
 from .artifact import Saved, from_artifact, to_artifact
-from .fitting import STATUSES, empty, fit_groups
+from .fitting import STATUSES, empty, fit_groups, plain_values
 from .identities import describe_options, group_identities, match_keys
 from .prepare import Prepared
 from .result import LinearResult
@@ -335,8 +335,8 @@ def _linear_in_store(opened: Opened, table: Any, data: Prepared, family: str, by
             saved = old.result
             fitted.coef[hit], fitted.intercept[hit] = saved.coef[source], saved.intercept[source]
             codes[hit] = saved.metrics["status"].cat.codes.to_numpy()[source]
-            for metric in fitted.extra:
-                fitted.extra[metric][hit] = saved.metrics[metric].to_numpy()[source]
+            for metric, values in fitted.extra.items():
+                values[hit] = plain_values(saved.metrics[metric], values.dtype)[source]
             fitted_in[hit] = old.fitted_in[source]
         fitted.status = pd.Categorical.from_codes(codes, categories=STATUSES)
         done = time.perf_counter()

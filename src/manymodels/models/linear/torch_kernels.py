@@ -37,17 +37,21 @@ def check_device(device: str) -> Any:
     return chosen
 
 
-def _solve(torch: Any, A: Any, b: Any) -> tuple[Any, Any]:
+def _solve(torch: Any, A: Any, b: Any, floor: Any = None) -> tuple[Any, Any]:
     """Solve each ``A x = b`` as :func:`.kernels.cholesky_solve` does, column
     by column, a pivot too small taken as 1 (so a group whose Hessian is
     nearly singular gets the same direction on either engine, not a plain
-    gradient step); also whether each was safely positive definite."""
+    gradient step); also whether each was safely positive definite. A pivot
+    must also exceed ``floor`` where given (:func:`.kernels.pivot_floor`: a
+    column that centring reduced to rounding noise passes the relative test)."""
     g, q, _ = A.shape
     L = torch.zeros_like(A)
     ok = torch.ones(g, dtype=torch.bool, device=A.device)
     for j in range(q):
         pivot = A[:, j, j] - (L[:, j, :j] * L[:, j, :j]).sum(dim=1)
         good = pivot > kernels.PIVOT_TOLERANCE * A[:, j, j].abs()
+        if floor is not None:
+            good &= pivot > floor
         ok &= good
         d = torch.sqrt(torch.where(good, pivot, torch.ones_like(pivot)))
         L[:, j, j] = d
@@ -81,18 +85,19 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     A, b = M[:, :p, :p].clone(), M[:, :p, p].clone()
     penalty = kernels.ridge_penalty(alpha, g, p)
     A = A + torch.diag_embed(torch.as_tensor(np.ascontiguousarray(penalty), device=device))
-    coef, ok = _solve(torch, A, b)
+    gram_trace = kernels.uncentred_trace(M[:, :p, :p], sw, means[:, :p], fit_intercept)
+    coef, ok = _solve(torch, A, b, kernels.pivot_floor(gram_trace, m, p))
     ok = ok & (sw > 0)
     rank = np.full(g, p, dtype=np.int64)
     redo = np.flatnonzero(~ok.cpu().numpy())
     if len(redo):  # the few hard groups: the NumPy least-norm path, on the CPU
         Zcpu = Zc[redo].cpu().numpy()
         wr = None if w is None else w[redo]
-        raw = Z[redo, :, :p] if w is None else Z[redo, :, :p] * np.sqrt(wr)[:, :, None]
         rows = np.full(len(redo), m) if w is None else (wr > 0).sum(axis=1)
         fixed, rank[redo] = kernels._least_norm(
             Zcpu[:, :, :p], Zcpu[:, :, p], wr, penalty[redo],
-            np.sqrt(np.einsum("gmp,gmp->g", raw, raw)), rows - int(fit_intercept))
+            np.sqrt(gram_trace[torch.as_tensor(redo, device=device)].cpu().numpy()),
+            rows - int(fit_intercept))
         coef[torch.as_tensor(redo, device=device)] = torch.as_tensor(fixed, device=device)
     xm, ym = means[:, :p], means[:, p]
     intercept = ym - (xm * coef).sum(dim=1) if fit_intercept else torch.zeros_like(ym)
