@@ -330,3 +330,34 @@ def test_a_categorical_key_forecasts_as_a_text_one(tmp_path):
         by_sku = forecast.groupby("sku", observed=True)["yhat"].apply(list).to_dict()
         assert by_sku == {"a": [49.0, 50.0, 51.0], "b": [21.0, 22.0, 23.0]}
         assert forecast["date"].min() == pd.Timestamp("2024-01-29")
+
+
+class LastValue:
+    def __init__(self, y):
+        self.last = float(np.asarray(y)[-1])
+
+    def forecast(self, h):
+        return np.full(h, self.last)
+
+
+def last_value(rows):
+    return LastValue(rows["y"])
+
+
+def test_a_group_with_a_model_but_no_backtest_rows_is_named_not_dropped_silently(tmp_path):
+    """Group b trained ok but was too short to backtest: Store.forecast
+    without history= left it out with no word (its last time is unknown)."""
+    df = pd.DataFrame({"sku": ["a"] * 30 + ["b"] * 5,
+                       "day": list(range(30)) + list(range(5)), "y": np.arange(35.0)})
+    run = mm.train(last_value, mm.groups(df, by="sku", format="numpy", order_by="day"),
+                   evaluate=mm.backtest(time="day", horizon=3, windows=2, target="y"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok", "ok"]
+    store = mm.Store(tmp_path / "s")
+    with pytest.warns(RuntimeWarning, match=r"1 group\(s\) with a model \(e.g. \['b'\]\) have "
+                                            r"no rows in run 1's backtest forecasts"):
+        got = store.forecast(2)
+    assert got["sku"].tolist() == ["a", "a"]
+    whole = store.forecast(2, history=df)
+    assert whole["sku"].tolist() == ["a", "a", "b", "b"]
+    assert whole["yhat"].tolist() == [29.0, 29.0, 34.0, 34.0]

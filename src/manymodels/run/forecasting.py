@@ -155,6 +155,26 @@ def without_models(times: Any, digests: list[str | None], where: str) -> list[in
     return kept
 
 
+def without_times(artifacts: dict[str, str], keys: list[tuple], run_id: int) -> None:
+    """Warn, naming them, of the groups with a model that the run's backtest
+    forecasts hold no rows of (a group too short to backtest, or a model of
+    an earlier run): their last time is unknown, and they are not forecast."""
+    from ..inputs.keys import TypedKeys, decode_key, encode_key
+
+    codes = {encode_key(parts): True for parts in keys}
+    missing = [code for code in artifacts if code not in codes]  # (most are, as written)
+    if missing:  # found however the backtest typed them (1 and 1.0)
+        timed = TypedKeys(codes)
+        missing = [code for code in missing if timed.find(decode_key(code)) is None]
+    if missing:
+        shown = [decode_key(code) for code in missing[:3]]
+        shown = [parts[0] if len(parts) == 1 else parts for parts in shown]
+        warnings.warn(f"{len(missing)} group(s) with a model (e.g. {shown!r}) have no rows in "
+                      f"run {run_id}'s backtest forecasts to find their last time in: they "
+                      "are not forecast; pass history= (a table with their key and time "
+                      "columns) to forecast them", RuntimeWarning, stacklevel=4)
+
+
 def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: Any,
                         run: int | None, *, time: str | None, history: Any, X_future: Any,
                         backend: str | None, workers: int | None, progress: bool) -> Any:
@@ -188,6 +208,8 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     else:
         last = futurerows.last_times_of_backtest(store.forecasts(run), by, time, run_id)
     digests = group_models(artifacts, last.keys)
+    if history is None:
+        without_times(artifacts, last.keys, run_id)
     kept = without_models(last, digests, f"store {str(store)!r}")
     if not kept:
         raise ValueError(f"no group of the history has a model in store {str(store)!r} "
