@@ -929,3 +929,29 @@ def test_gc_counts_a_deleted_model_once_whatever_became_of_its_file(tmp_path, mo
     old = time.time() - 2 * collect.STRAY_AGE_S  # (an hour later: a stray now)
     os.utime(model_file, (old, old))
     assert registry.gc() == 1 and not model_file.exists()
+
+
+class _Constant:
+    def __init__(self, value):
+        self.value = value
+
+    def predict(self, X):
+        return np.full(len(X), self.value)
+
+
+def _constant_of_group(rows):
+    return _Constant({"a": 1, "b": "bbbbb", "c": True, "d": 7}[rows["g"].iloc[0]])
+
+
+def test_predictions_of_several_kinds_across_groups_keep_their_own(tmp_path):
+    """With NumPy 2, the predictions of a group of numbers and one of text
+    were joined as text (1 became "1"), and True beside 7 became 1."""
+    frame = pd.DataFrame({"g": list("abcd"), "x": [0.0, 1.0, 2.0, 3.0]})
+    mm.train(_constant_of_group, mm.groups(frame, by="g"), store=tmp_path / "s",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    got = store.predict(frame, by="g")
+    assert got.tolist() == [1, "bbbbb", True, 7]
+    assert [type(v) for v in got] == [int, str, bool, int]
+    numbers = store.predict(frame[frame["g"].isin(["a", "d"])], by="g")
+    assert numbers.dtype == np.int64 and numbers.tolist() == [1, 7]

@@ -64,13 +64,21 @@ class GroupFailure:
         self.group, self.error, self.corrupt = state
 
 
+#: NumPy kinds of one family: groups whose predictions are all of one join
+#: in its widest type; of several, they are objects, each value as it was.
+_FAMILIES = {"i": "number", "u": "number", "f": "number", "c": "number", "U": "text",
+             "S": "text"}
+
+
 def joined(pieces: Sequence[np.ndarray]) -> np.ndarray:
     """Predictions of several groups as one array, of the type all of them
     fit in (object when they do not share one, as labels and numbers)."""
     if len(pieces) == 1:
         return pieces[0]
-    try:
-        kind = np.result_type(*[p.dtype for p in pieces])
+    families = {_FAMILIES.get(p.dtype.kind, p.dtype.kind) for p in pieces}
+    try:  # (NumPy 2 makes numbers and text text, and True and 7 numbers: not one type)
+        kind = np.result_type(*[p.dtype for p in pieces]) if len(families) == 1 else (
+            np.dtype(object))
     except TypeError:
         kind = np.dtype(object)
     if any(p.dtype.kind == "O" for p in pieces):
