@@ -361,3 +361,23 @@ def test_a_group_with_a_model_but_no_backtest_rows_is_named_not_dropped_silently
     whole = store.forecast(2, history=df)
     assert whole["sku"].tolist() == ["a", "a", "b", "b"]
     assert whole["yhat"].tolist() == [29.0, 29.0, 34.0, 34.0]
+
+
+def fit_x(rows):
+    return LinearRegression().fit(rows[["x"]], rows["y"])
+
+
+def test_x_future_of_naive_times_for_zoned_groups_is_named(tmp_path):
+    """A raw pandas TypeError ("Cannot use .astype to convert from
+    timezone-naive ...") named neither X_future nor its time column."""
+    times = pd.date_range("2024-01-01", periods=20, freq="D", tz="UTC")
+    df = pd.DataFrame({"g": "a", "t": times, "x": np.arange(20.0), "y": 2 * np.arange(20.0)})
+    run = mm.train(fit_x, mm.groups(df, by="g", order_by="t"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    future = pd.DataFrame({"g": "a", "t": pd.date_range("2024-01-21", periods=2, tz="UTC"),
+                           "x": [20.0, 21.0]})
+    assert run.forecast(2, X_future=future)["yhat"].tolist() == pytest.approx([40.0, 42.0])
+    with pytest.raises(ValueError, match=r"X_future's time column 't' cannot be read as the "
+                                         r"groups' times \(datetime64\[.*, UTC\]: give it "
+                                         "that zone"):
+        run.forecast(2, X_future=future.assign(t=future["t"].dt.tz_localize(None)))

@@ -323,7 +323,15 @@ def with_features(future: pd.DataFrame, X_future: Any, by: list[str], time: str
                          f"columns {by} and the time column {time!r})")
     table = table.copy()
     if pd.api.types.is_datetime64_any_dtype(future[time]):
-        table[time] = pd.to_datetime(table[time]).astype(future[time].dtype)
+        wanted = future[time].dtype
+        try:
+            table[time] = pd.to_datetime(table[time]).astype(wanted)
+        except (TypeError, ValueError) as exc:  # naive against zoned times, text that is none
+            zone = getattr(wanted, "tz", None)
+            raise ValueError(
+                f"X_future's time column {time!r} cannot be read as the groups' times "
+                f"({wanted}{': give it that zone, tz_localize or tz_convert' if zone else ''}"
+                f"): {exc}") from None
     doubled = table.duplicated([*by, time])
     if doubled.any():
         row = table[doubled].iloc[0]
