@@ -88,7 +88,10 @@ def test_every_names_a_seconds_that_is_not_a_number(tmp_path, seconds):
 
 def test_a_checkpoints_folder_that_cannot_be_made_leaves_no_run_open(tmp_path):
     """The run's row was written before its checkpoints' folder was opened:
-    where that fails, the run is marked failed, not left running."""
+    a file in its place is refused before the row is written; a folder that
+    cannot be written fails the run, marked failed, not left running."""
+    import os
+
     import pandas as pd
 
     import manymodels as mm
@@ -101,10 +104,21 @@ def test_a_checkpoints_folder_that_cannot_be_made_leaves_no_run_open(tmp_path):
     def fit(df, checkpoint):
         return len(df)
 
-    with pytest.raises(OSError):
+    with pytest.raises(mm.StoreError, match="checkpoints' is not a directory: the store "
+                                            "keeps its checkpoints there"):
         mm.train(fit, mm.groups(pd.DataFrame({"g": [1, 2]}), by="g"), store=store,
                  backend="serial", progress=False)
-    assert list(mm.Store(store).runs()["status"]) == ["finished", "failed"]
+    assert list(mm.Store(store).runs()["status"]) == ["finished"]  # refused before its row
+    (store / "checkpoints").unlink()
+    (store / "checkpoints").mkdir(mode=0o500)  # a folder, in which no owner lock can be made
+    try:
+        if not os.access(store / "checkpoints", os.W_OK):  # (root writes anyway)
+            with pytest.raises(OSError):
+                mm.train(fit, mm.groups(pd.DataFrame({"g": [1, 2]}), by="g"), store=store,
+                         backend="serial", progress=False)
+            assert list(mm.Store(store).runs()["status"]) == ["finished", "failed"]
+    finally:
+        (store / "checkpoints").chmod(0o700)
 
 
 def test_every_takes_any_real_number(tmp_path):
@@ -491,3 +505,22 @@ def test_gc_keeps_a_checkpoint_a_later_run_took_over_when_the_first_is_deleted(t
                    store=store, backend="serial", progress=False)
     assert run.results["resumed_from"].str.startswith("attempt 1 of run 1,").all()
     assert run.results["step"].tolist() == [50]
+
+
+def _checkpoint_first(checkpoint, alpha):
+    step = (checkpoint.load() or 0) + 1
+    checkpoint.save(step)
+    return {"step": step, "alpha": alpha}
+
+
+def test_a_bare_grids_fit_may_take_its_checkpoint_first():
+    """A bare grid gives fit keywords only: no rows take a first parameter's
+    place, yet def fit(checkpoint, alpha) was refused as if they did."""
+    import manymodels as mm
+
+    run = mm.train(_checkpoint_first, mm.grid(alpha=[1, 2]), backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok", "ok"]
+    assert run.results["metric_alpha"].tolist() == [1, 2]
+    with pytest.raises(TypeError, match="fit's first parameter is checkpoint"):
+        mm.train(_checkpoint_first, mm.items([1]) * mm.grid(alpha=[1]), backend="serial",
+                 progress=False)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..engine.checkpointspace import CheckpointSpace, asks_for_checkpoint
+from ..engine.checkpointspace import OWNERS, CheckpointSpace, asks_for_checkpoint
 from ..store import StoreError
 from ..store.checkpoints import RESUMED as ATTACHMENT
 
@@ -27,14 +27,16 @@ from ..store.checkpoints import RESUMED as ATTACHMENT
 FOLDER = "checkpoints"
 
 
-def wanted(fit: Any, run_fit: Any, passed: set[str], keep_checkpoints: Any) -> bool:
+def wanted(fit: Any, run_fit: Any, passed: set[str], keep_checkpoints: Any,
+           takes_data: bool = True) -> bool:
     """Whether the run's tasks get a ``checkpoint``; refuses what cannot be,
-    before any work starts."""
+    before any work starts. ``takes_data``: whether fit's first parameter
+    gets each task's data (not for a bare grid's fit, which gets keywords)."""
     if not isinstance(keep_checkpoints, bool):
         raise TypeError(f"keep_checkpoints must be True or False, got {keep_checkpoints!r}")
     if not asks_for_checkpoint(fit) or "checkpoint" in passed:
         return False
-    _check_checkpoint_parameter(fit)
+    _check_checkpoint_parameter(fit, takes_data)
     if run_fit is not fit:
         raise ValueError(
             "fit takes a checkpoint, which evaluate= and select=mm.halving() cannot give: "
@@ -43,7 +45,7 @@ def wanted(fit: Any, run_fit: Any, passed: set[str], keep_checkpoints: Any) -> b
     return True
 
 
-def _check_checkpoint_parameter(fit: Any) -> None:
+def _check_checkpoint_parameter(fit: Any, takes_data: bool = True) -> None:
     """Refuse, before any work, a ``checkpoint`` that the task's rows would
     take the place of (fit's first parameter: every task failed with "got
     multiple values"), or one a ``functools.partial`` already binds (the
@@ -58,8 +60,8 @@ def _check_checkpoint_parameter(fit: Any) -> None:
         parameters = list(inspect.signature(fit).parameters.values())
     except (TypeError, ValueError):
         return
-    if parameters and parameters[0].name == "checkpoint" and parameters[0].kind in (
-            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+    if takes_data and parameters and parameters[0].name == "checkpoint" and parameters[
+            0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
         raise TypeError("fit's first parameter is checkpoint, where each task's rows go: "
                         "name it after them (def fit(df, checkpoint))")
 
@@ -83,6 +85,16 @@ def _remove_dead_temporary_spaces(min_age_s: float = 60.0) -> None:
                 shutil.rmtree(folder, ignore_errors=True)
         except OSError:  # another user's, or gone meanwhile
             continue
+
+
+def check_folder(store: Any) -> None:
+    """Refuse a store whose checkpoints' folder is no folder (a file of that
+    name), naming it, before the run is recorded."""
+    folder = Path(store.path) / FOLDER
+    for path in (folder, folder / OWNERS):
+        if path.exists() and not path.is_dir():
+            raise StoreError(f"{str(path)!r} is not a directory: the store keeps its "
+                             "checkpoints there; move it out of the way")
 
 
 def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool

@@ -26,7 +26,7 @@ from ..evaluation.selection import Halving, HalvingSearch, Selection
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
-from ..inputs.grids import require_distinct_texts
+from ..inputs.grids import GridSource, require_distinct_texts
 from ..inputs.objectstores import is_remote
 from ..inputs.sources import Source
 from ..machine import collector_paused
@@ -93,7 +93,8 @@ def train(
     source, run_fit, identity_extra, selection = _evaluation(fit, source, evaluate, select)
     checkpointed = checkpointing.wanted(fit, run_fit, {
         *(options.shared or {}), *source.key_columns,
-        *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints)
+        *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints,
+        takes_data=not isinstance(source, GridSource))
     # a store that does not exist yet is made once the plan and the task
     # identities are (a refusal there, of a column that cannot be hashed say,
     # left an empty store behind); an existing one is checked at once
@@ -133,6 +134,8 @@ def train(
                 identities = _identities(plan, fit, options, identity_extra)
                 if new_store:  # (only now that the identities could be made)
                     store = _open_store(store, store_type)
+                if checkpointed:  # before the run's row: a refusal leaves no run behind
+                    checkpointing.check_folder(store)
                 recorder = RunRecorder(
                     store, plan, *identities, fit_name=_callable_name(fit), source=repr(source),
                     backend=name,
