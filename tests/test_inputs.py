@@ -439,3 +439,19 @@ def test_each_grid_of_a_product_gets_its_own_values_and_its_cost_is_checked():
     flagged = mm.grid(a=[1]) * mm.grid(b=[3], cost=lambda s: True)
     with pytest.raises(TypeError, match=r"for the setting \{'b': 3\} it returned True"):
         flagged.costs(flagged.combinations())
+
+
+def _setting_text(a):
+    return {"seen": repr(a)}
+
+
+def test_a_grids_none_and_nan_stay_two_values_in_the_results():
+    """Two settings, None and NaN, read alike (NaN, NaN) in run.results."""
+    run = mm.train(_setting_text, mm.grid(a=[None, float("nan"), 1.0]), backend="serial",
+                   progress=False)
+    values = run.results["a"].tolist()
+    assert values[0] is None and values[1] != values[1] and values[2] == 1.0
+    assert run.results["seen"].tolist() == ["None", "nan", "1.0"]
+    plain = mm.train(_setting_text, mm.grid(a=[float("nan"), 1.0]), backend="serial",
+                     progress=False)
+    assert plain.results["a"].dtype == "float64"

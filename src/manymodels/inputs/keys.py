@@ -154,7 +154,8 @@ def decode_keys(texts: Any, width: int) -> list[list]:
 def key_column(values: list) -> Any:
     """A key column's values as pandas should hold them: integers with a
     missing one as nullable ``Int64`` (pandas made them floats, and two keys
-    past 2**53 read the same), anything else as it is."""
+    past 2**53 read the same), None beside NaN as objects (pandas made both
+    NaN), anything else as it is."""
     import pandas as pd
 
     kinds = set(map(type, values))
@@ -163,6 +164,9 @@ def key_column(values: list) -> Any:
             return pd.array(values, dtype="Int64")
         except (OverflowError, TypeError, ValueError):  # past 64 bits: as objects
             return pd.Series(values, dtype=object)
+    if type(None) in kinds and float in kinds and any(
+            value != value for value in values if type(value) is float):
+        return pd.Series(values, dtype=object)  # None and NaN told apart (two keys)
     return values
 
 
