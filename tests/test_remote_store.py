@@ -356,6 +356,32 @@ def test_delete_and_gc_remove_the_objects_no_run_names(s3, machine):
             if isinstance(a, str) and len(a) == 64} == left
 
 
+def test_gc_removes_only_the_stores_own_stray_indexes(s3, machine, monkeypatch):
+    """Under ``indexes/`` gc removes an old published index no pointer names
+    (``<sha256>.sqlite``), not another program's files beside them."""
+    import hashlib
+
+    from manymodels.store import remote
+
+    uri, filesystem = s3
+    location = uri("foreign")
+    mm.train(fit_scaled, mm.groups(table(2), by="g"), store=location, backend="serial",
+             progress=False)
+    stray = f"indexes/{hashlib.sha256(b'cut short').hexdigest()}.sqlite"
+    foreign = ["indexes/notes.txt", "indexes/other-app.idx", "indexes/index.sqlite",
+               f"indexes/{'A' * 64}.sqlite", "artifacts/README.md"]
+    for name in [stray, *foreign]:
+        with filesystem.open_output_stream(f"bucket/foreign/{name}") as out:
+            out.write(b"not the store's")
+    monkeypatch.setattr(remote, "STRAY_AGE_S", 0.0)  # (as if they were an hour old)
+    time.sleep(1.1)  # (the object store's clock counts seconds)
+    mm.Store(location).gc()
+    left = objects(filesystem, "foreign")
+    current = f"indexes/{_pointer(filesystem, 'foreign')}.sqlite"
+    assert stray not in left
+    assert current in left and all(name in left for name in foreign)
+
+
 def test_a_changed_object_is_refused_and_trained_again(s3, machine):
     """A model object changed on the object store is never unpickled: its
     load is refused, and the next run trains its group again."""

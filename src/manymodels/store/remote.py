@@ -48,6 +48,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import tempfile
 import time
@@ -73,6 +74,9 @@ from .database import INDEX_NAME, StoreError
 POINTER, INDEXES = "index.current", "indexes"
 #: In the local copy's folder: what it was last synced with.
 SYNCED = "remote.json"
+#: The names the store gives its published indexes (their SHA-256): gc
+#: removes no other object under ``indexes/``.
+_INDEX_NAMES = re.compile(r"[0-9a-f]{64}\.sqlite")
 #: How old an index no pointer names must be before gc removes it.
 STRAY_AGE_S = 3600.0
 #: How often a run publishes the index while it runs (its end publishes too).
@@ -405,7 +409,9 @@ class RemoteIndex:
     def collect_indexes(self) -> int:
         """Remove the published indexes ``index.current`` does not name that
         are an hour old (a publication that failed or was cut short left
-        them; a younger one may be another machine's, on its way)."""
+        them; a younger one may be another machine's, on its way). Only
+        names the store gives its indexes (:data:`_INDEX_NAMES`): another
+        program's files under ``indexes/`` are kept, as ``artifacts/``'s are."""
         from pyarrow import fs
 
         current = self.published()
@@ -414,6 +420,7 @@ class RemoteIndex:
         for entry in filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True)):
             name = entry.path.rsplit("/", 1)[-1]
             if (entry.type == fs.FileType.File and name != f"{current}.sqlite"
+                    and _INDEX_NAMES.fullmatch(name)
                     and entry.mtime is not None
                     and entry.mtime.timestamp() < time.time() - STRAY_AGE_S):
                 removed += remove_object(self._uri(f"{INDEXES}/{name}"))
