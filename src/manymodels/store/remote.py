@@ -428,9 +428,9 @@ class RemoteIndex:
 
 
 def _older_copy_folder(location: str) -> Path:
-    """Where earlier versions of manymodels kept the copy of the store at ``location``:
-    named by its text as shown (the access key and the options' order in it),
-    one copy per spelling."""
+    """Where earlier versions of manymodels kept the copy of the store at
+    ``location``: named by its text as shown (the access key and the options'
+    order in it), one copy per spelling."""
     key = hashlib.sha256(shown(location).rstrip("/").encode()).hexdigest()[:32]
     return cache_folder() / "stores" / key
 
@@ -465,9 +465,10 @@ def _adopt_older_copy(copy: Path, location: str) -> None:
             if folder == copy or not (folder / INDEX_NAME).exists():
                 continue
             recorded = copied_from(folder)
-            if folder == _older_copy_folder(location) or (
-                    recorded is not None and store_identity(recorded) == identity):
-                candidates.append(folder)
+            with contextlib.suppress(ValueError):  # (a record that is no URI: not this store)
+                if folder == _older_copy_folder(location) or (
+                        isinstance(recorded, str) and store_identity(recorded) == identity):
+                    candidates.append(folder)
     if not candidates:
         return
     with contextlib.suppress(OSError):  # (another process moved it, or made the copy)
