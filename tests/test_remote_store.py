@@ -203,6 +203,110 @@ def test_a_killed_drivers_finished_tasks_are_published_by_the_next_open(s3, mach
     assert list(runs["reused"]) == [0, 5] and runs["ok"].iloc[1] == 8
 
 
+def _respelled(location: str) -> str:
+    """The store at ``location`` spelled otherwise: no keys in the URI (the
+    SDK's own, from the environment), its options in reverse order, a
+    trailing slash."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(location)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2], path=parts.path + "/",
+                          query="&".join(reversed(parts.query.split("&")))).geturl()
+
+
+def test_one_store_spelled_two_ways_shares_this_machines_copy(s3, machine, monkeypatch):
+    """A driver killed on one spelling of the store's URI; the re-run with
+    another (options reordered, the keys from the environment, not the URI)
+    finds its finished tasks in the same copy: it publishes and reuses them,
+    and the first spelling then opens, not refused as another machine's."""
+    from manymodels.store.remote import RemoteIndex
+
+    uri, _ = s3
+    location = uri("respelled")
+    other = _respelled(location)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "someone-else")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "other-secret")
+    _killed_driver(location)
+    _killed_driver(other, kill=False)
+    for spelling in (location, other):
+        runs = mm.Store(spelling).runs()
+        assert list(runs["status"]) == ["interrupted", "finished"]
+        assert list(runs["reused"]) == [0, 5] and runs["ok"].iloc[1] == 8
+    assert RemoteIndex(location).copy == RemoteIndex(other).copy
+
+
+def test_a_stores_copy_is_named_by_the_store_not_by_its_uris_text():
+    """What names the copy: the bucket, the path and the endpoint (another
+    server); not the keys, the region, the protocol or the options' order."""
+    from manymodels.store.remote import RemoteIndex
+
+    def copy(location: str):
+        return RemoteIndex._copy_folder(location)  # (no server reached)
+
+    base = "s3://K1:S1@bucket/models?endpoint_override=127.0.0.1:9000&scheme=http&region=x"
+    same = ["s3://bucket/models/?region=y&endpoint_override=127.0.0.1:9000",
+            "s3://K2:S2@bucket/models?scheme=https&endpoint_override=http://127.0.0.1:9000/"
+            "&access_key=K3&secret_key=S3&allow_bucket_creation=true",
+            "S3://bucket/%6Dodels?endpoint_override=127.0.0.1%3A9000"]
+    assert {copy(location) for location in same} == {copy(base)}
+    others = ["s3://bucket/models?endpoint_override=127.0.0.1:9001",
+              "s3://bucket/models", "s3://bucket/models2?endpoint_override=127.0.0.1:9000",
+              "s3://bucket2/models?endpoint_override=127.0.0.1:9000"]
+    assert len({copy(location) for location in [base, *others]}) == 5
+
+
+def _as_an_earlier_version_left_it(location: str, record: bool = True):
+    """Move this machine's copy of ``location`` to the folder an earlier
+    version named by the URI's text (without its record of what it was
+    synced with where ``record`` is false: a store never published then);
+    that folder."""
+    import hashlib
+    import shutil
+
+    from manymodels.inputs.objectstores import shown
+    from manymodels.store.remote import RemoteIndex, cache_folder
+
+    copy = RemoteIndex(location).copy
+    older = cache_folder() / "stores" / hashlib.sha256(
+        shown(location).rstrip("/").encode()).hexdigest()[:32]
+    assert older != copy
+    shutil.move(copy, older)
+    if not record:
+        (older / "remote.json").unlink()
+    return older
+
+
+def test_a_copy_made_by_an_earlier_version_is_taken_over(s3, machine):
+    """A killed run's copy in the folder an earlier version named by the
+    URI's text: the next open, spelled that way or (where the copy says
+    which store's it is) another, moves it to the store's folder and
+    publishes its run, not refused; a re-run reuses its tasks."""
+    from manymodels.store.remote import RemoteIndex
+
+    uri, _ = s3
+    location = uri("earlier")
+    mm.train(lambda df: len(df), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    _killed_driver(location)
+    older = _as_an_earlier_version_left_it(location)
+    mm.Store(_respelled(location).replace("s3://", "s3://testing:testing@")).close()
+    assert not older.exists() and RemoteIndex(location).copy.exists()
+    machine("b")
+    assert list(mm.Store(location, read_only=True).runs()["status"]) == [
+        "finished", "interrupted"]
+    _killed_driver(location, kill=False)
+    assert list(mm.Store(location, read_only=True).runs()["reused"]) == [0, 0, 5]
+
+    machine("a")  # a store never published: its copy has no record, found by its text
+    location = uri("earlier-unpublished")
+    _killed_driver(location)
+    older = _as_an_earlier_version_left_it(location, record=False)
+    mm.Store(location).close()
+    assert not older.exists()
+    machine("b")
+    assert list(mm.Store(location, read_only=True).runs()["status"]) == ["interrupted"]
+
+
 def test_two_machines_that_both_wrote_are_refused_not_merged(s3, machine):
     """Machine a's copy holds a killed run, not published; machine b has
     published since: a's open is refused, naming a's copy, and nothing is
@@ -250,6 +354,32 @@ def test_delete_and_gc_remove_the_objects_no_run_names(s3, machine):
     assert list(other.runs()["run_id"]) == [2]
     assert {f"artifacts/{a[:2]}/{a}" for a in other.results()["artifact"]
             if isinstance(a, str) and len(a) == 64} == left
+
+
+def test_gc_removes_only_the_stores_own_stray_indexes(s3, machine, monkeypatch):
+    """Under ``indexes/`` gc removes an old published index no pointer names
+    (``<sha256>.sqlite``), not another program's files beside them."""
+    import hashlib
+
+    from manymodels.store import remote
+
+    uri, filesystem = s3
+    location = uri("foreign")
+    mm.train(fit_scaled, mm.groups(table(2), by="g"), store=location, backend="serial",
+             progress=False)
+    stray = f"indexes/{hashlib.sha256(b'cut short').hexdigest()}.sqlite"
+    foreign = ["indexes/notes.txt", "indexes/other-app.idx", "indexes/index.sqlite",
+               f"indexes/{'A' * 64}.sqlite", "artifacts/README.md"]
+    for name in [stray, *foreign]:
+        with filesystem.open_output_stream(f"bucket/foreign/{name}") as out:
+            out.write(b"not the store's")
+    monkeypatch.setattr(remote, "STRAY_AGE_S", 0.0)  # (as if they were an hour old)
+    time.sleep(1.1)  # (the object store's clock counts seconds)
+    mm.Store(location).gc()
+    left = objects(filesystem, "foreign")
+    current = f"indexes/{_pointer(filesystem, 'foreign')}.sqlite"
+    assert stray not in left
+    assert current in left and all(name in left for name in foreign)
 
 
 def test_a_changed_object_is_refused_and_trained_again(s3, machine):

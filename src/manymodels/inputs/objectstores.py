@@ -77,6 +77,49 @@ def without_secrets(uri: str) -> str:
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
+#: Query options that say only how a store is reached, not which store it is:
+#: credentials (pyarrow's S3 keys, Azure's), the region (an S3 bucket's name is
+#: global: any region's request finds it), the protocol, time-outs, TLS
+#: settings, whether a bucket may be made. An option not named here (an
+#: endpoint: ``endpoint_override``, Azure's ``*_storage_authority``, another
+#: server; one pyarrow adds later) is kept: two stores are better two local
+#: copies than one.
+_REACH_OPTIONS = frozenset({
+    "access_key", "secret_key", "session_token", "region", "scheme",
+    "allow_bucket_creation", "allow_bucket_deletion", "tls_ca_file_path",
+    "tls_verify_certificates", "retry_limit_seconds", "enable_tls",
+    "blob_storage_scheme", "dfs_storage_scheme", "credential_kind", "tenant_id",
+    "client_id", "client_secret", "account_key", "sas_token", "background_writes"})
+
+
+def store_identity(uri: str) -> str:
+    """What names the store at ``uri``, whatever its spelling: its scheme,
+    bucket (an Azure URI's ``container@account``), path, and the options that
+    choose another server (an endpoint), sorted, their values decoded; not the
+    credentials (S3's access key in the user part, keys in the query) nor the
+    options that only say how to reach it (:data:`_REACH_OPTIONS`). The same
+    store opened with its options in another order, with other keys or with
+    the SDK's own has the same identity (one local copy of its index, not one
+    per spelling)."""
+    from urllib.parse import parse_qsl
+
+    parts = urlsplit(uri)
+    user, at, host = parts.netloc.rpartition("@")
+    bucket = (user.split(":", 1)[0] + "@" + host if at and parts.scheme.lower() != "s3"
+              else host)
+    options = []
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in _REACH_OPTIONS:
+            continue
+        if name == "endpoint_override":  # the server; http:// or not, one trailing /
+            value = re.sub(r"^https?://", "", value.strip(), flags=re.IGNORECASE)
+            value = value.rstrip("/").lower()
+        options.append((name, value))
+    path = unquote(parts.path).rstrip("/")
+    return (f"{parts.scheme.lower()}://{bucket}{path}"
+            + ("?" + "&".join(f"{n}={v}" for n, v in sorted(options)) if options else ""))
+
+
 def redacted(text: Any, uri: str) -> str:
     """``text`` (an SDK's error about ``uri``) with ``uri``'s secrets as
     ``***``: its password, as given and unquoted, and secret query options."""

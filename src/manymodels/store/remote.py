@@ -10,8 +10,12 @@ works on a local copy of the index and publishes it whole::
     s3://bucket/models/indexes/<sha256>.sqlite    the published index
     s3://bucket/models/artifacts/<2 hex>/<sha256> the model files
 
-    ~/.cache/manymodels/stores/<digest of the location>/   this machine's copy:
+    ~/.cache/manymodels/stores/<digest of the store>/   this machine's copy:
         index.sqlite, remote.json (what it was last synced with), checkpoints/
+
+(the store's digest is of what names it, not of the URI's text: its options'
+order, its credentials and the options that only say how to reach it leave
+it as it is; see :func:`~manymodels.inputs.objectstores.store_identity`)
 
 - **Opening** reads ``index.current`` (one small request). Where it names
   what the copy was last synced with, the copy is used as it is; else the
@@ -44,6 +48,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import tempfile
 import time
@@ -59,6 +64,7 @@ from ..inputs.objectstores import (
     redacted,
     resolve,
     shown,
+    store_identity,
     upload,
     without_secrets,
 )
@@ -68,6 +74,9 @@ from .database import INDEX_NAME, StoreError
 POINTER, INDEXES = "index.current", "indexes"
 #: In the local copy's folder: what it was last synced with.
 SYNCED = "remote.json"
+#: The names the store gives its published indexes (their SHA-256): gc
+#: removes no other object under ``indexes/``.
+_INDEX_NAMES = re.compile(r"[0-9a-f]{64}\.sqlite")
 #: How old an index no pointer names must be before gc removes it.
 STRAY_AGE_S = 3600.0
 #: How often a run publishes the index while it runs (its end publishes too).
@@ -114,6 +123,7 @@ class RemoteIndex:
             raise StoreError(str(exc)) from None
         self.location = location
         self.copy = self._copy_folder(location)
+        _adopt_older_copy(self.copy, location)
         try:
             self.copy.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -123,8 +133,10 @@ class RemoteIndex:
     @staticmethod
     def _copy_folder(location: str) -> Path:
         """This machine's copy of the store at ``location``: one per store,
-        whatever keys its URI carries (its text as shown, the password out)."""
-        key = hashlib.sha256(shown(location).rstrip("/").encode()).hexdigest()[:32]
+        whatever keys its URI carries and in whatever order its options come
+        (:func:`store_identity`), so that a re-run spelled otherwise finds a
+        killed run's work, and two drivers of this machine share one copy."""
+        key = hashlib.sha256(store_identity(location).encode()).hexdigest()[:32]
         return cache_folder() / "stores" / key
 
     # -- what the object store holds -----------------------------------------
@@ -264,6 +276,10 @@ class RemoteIndex:
                                                               or index.exists()):
                     if published is None:
                         self._check_bucket()
+                        if not synced:  # (the same as no record: the location written down,
+                            # so that a run killed before the store's first publication
+                            # leaves a copy that says which store's it is)
+                            self._save(None, None, None)
                     return  # current (it may hold work not published yet: published next)
                 current, fingerprint, empty = self._current(synced, Path(scratch))
                 if current == published:  # published from here (its record was lost)
@@ -393,7 +409,9 @@ class RemoteIndex:
     def collect_indexes(self) -> int:
         """Remove the published indexes ``index.current`` does not name that
         are an hour old (a publication that failed or was cut short left
-        them; a younger one may be another machine's, on its way)."""
+        them; a younger one may be another machine's, on its way). Only
+        names the store gives its indexes (:data:`_INDEX_NAMES`): another
+        program's files under ``indexes/`` are kept, as ``artifacts/``'s are."""
         from pyarrow import fs
 
         current = self.published()
@@ -402,10 +420,61 @@ class RemoteIndex:
         for entry in filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True)):
             name = entry.path.rsplit("/", 1)[-1]
             if (entry.type == fs.FileType.File and name != f"{current}.sqlite"
+                    and _INDEX_NAMES.fullmatch(name)
                     and entry.mtime is not None
                     and entry.mtime.timestamp() < time.time() - STRAY_AGE_S):
                 removed += remove_object(self._uri(f"{INDEXES}/{name}"))
         return removed
+
+
+def _older_copy_folder(location: str) -> Path:
+    """Where earlier versions of manymodels kept the copy of the store at
+    ``location``: named by its text as shown (the access key and the options'
+    order in it), one copy per spelling."""
+    key = hashlib.sha256(shown(location).rstrip("/").encode()).hexdigest()[:32]
+    return cache_folder() / "stores" / key
+
+
+def _last_written(folder: Path) -> int:
+    """When the copy in ``folder`` was last written (its index or its log)."""
+    times = [0]
+    for name in (INDEX_NAME, INDEX_NAME + "-wal", SYNCED):
+        with contextlib.suppress(OSError):
+            times.append(os.stat(folder / name).st_mtime_ns)
+    return max(times)
+
+
+def _adopt_older_copy(copy: Path, location: str) -> None:
+    """Where this machine has no copy at ``copy`` yet, move there the one an
+    earlier version made for the same store under another name (see
+    :func:`_older_copy_folder`): a killed run's rows in it are then
+    published by this open, where a fresh copy would have been refused as
+    "written from another machine". Candidates: the folder this spelling
+    named before, and any copy whose recorded location is the same store
+    (:func:`store_identity`); of several (the store opened spelled two ways
+    before), the one written last, the others left where they are. A
+    process of this machine that moved it first wins; nothing here fails an
+    open."""
+    if (copy / SYNCED).exists() or (copy / INDEX_NAME).exists():
+        return
+    stores = copy.parent
+    identity = store_identity(location)
+    candidates = []
+    with contextlib.suppress(OSError):
+        for folder in stores.iterdir():
+            if folder == copy or not (folder / INDEX_NAME).exists():
+                continue
+            recorded = copied_from(folder)
+            with contextlib.suppress(ValueError):  # (a record that is no URI: not this store)
+                if folder == _older_copy_folder(location) or (
+                        isinstance(recorded, str) and store_identity(recorded) == identity):
+                    candidates.append(folder)
+    if not candidates:
+        return
+    with contextlib.suppress(OSError):  # (another process moved it, or made the copy)
+        if copy.exists():
+            copy.rmdir()  # an empty folder an earlier open made; one not empty is kept
+        os.rename(max(candidates, key=_last_written), copy)
 
 
 def _file_digest(path: Path) -> str:
