@@ -955,3 +955,35 @@ def test_predictions_of_several_kinds_across_groups_keep_their_own(tmp_path):
     assert [type(v) for v in got] == [int, str, bool, int]
     numbers = store.predict(frame[frame["g"].isin(["a", "d"])], by="g")
     assert numbers.dtype == np.int64 and numbers.tolist() == [1, 7]
+
+
+def test_a_flipped_bit_in_a_task_block_is_refused_never_read_as_other_values(tmp_path):
+    """A bit flipped in a block was read back silently changed (status "ok"
+    as "okok", a model's size or SHA-256 as another's), or crashed the
+    process inside Arrow; each block now carries a CRC-32."""
+    frame = pd.DataFrame({"g": np.repeat(np.arange(100), 3), "x": np.arange(300.0)})
+    mm.train(lambda rows: float(rows["x"].sum()), mm.groups(frame, by="g"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    index = tmp_path / "s" / "index.sqlite"
+    with sqlite3.connect(index) as conn:
+        block_id, data = conn.execute("SELECT block_id, data FROM task_blocks").fetchone()
+    assert bytes(data[-8:-4]) == b"MMc1"
+    expected = mm.Store(tmp_path / "s").results()
+    positions = np.unique(np.linspace(0, len(data) - 1, 60).astype(int))
+    for position in positions.tolist():
+        damaged = bytearray(data)
+        damaged[position] ^= 0x10
+        with sqlite3.connect(index) as conn:
+            conn.execute("UPDATE task_blocks SET data = ? WHERE block_id = ?",
+                         (bytes(damaged), block_id))
+        with pytest.raises(mm.StoreIntegrityError, match=f"task block {block_id} of run 1 .* "
+                                                         "is damaged"):
+            mm.Store(tmp_path / "s", read_only=True).results()
+    with sqlite3.connect(index) as conn:
+        conn.execute("UPDATE task_blocks SET data = ? WHERE block_id = ?", (data, block_id))
+    pd.testing.assert_frame_equal(mm.Store(tmp_path / "s").results(), expected)
+    # a block written before checksums (the stream alone) is read as it is
+    with sqlite3.connect(index) as conn:
+        conn.execute("UPDATE task_blocks SET data = ? WHERE block_id = ?",
+                     (bytes(data[:-8]), block_id))
+    pd.testing.assert_frame_equal(mm.Store(tmp_path / "s").results(), expected)

@@ -94,13 +94,47 @@ def table(columns: dict[str, Sequence | np.ndarray | pa.Array]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=_FULL_SCHEMA if located else SCHEMA)
 
 
-def encode(block: pa.Table) -> pa.Buffer:
-    """The block as an Arrow IPC stream (zstd), as a buffer SQLite binds as a
-    BLOB without a copy (a million reused rows are 100 MB)."""
+#: A block's data ends with this mark and the CRC-32 of the Arrow IPC stream
+#: before it (a reader of the stream alone stops at its end-of-stream marker):
+#: a flipped bit read a status "ok" as "okok", a model's size or SHA-256 as
+#: another's, or crashed the process inside Arrow (a damaged offset).
+_CHECKED = b"MMc1"
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def encode(block: pa.Table) -> bytearray:
+    """The block as an Arrow IPC stream (zstd) and its checksum, as one
+    buffer SQLite binds as a BLOB without a further copy."""
+    import zlib
+
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, block.schema, options=_WRITE_OPTIONS) as writer:
         writer.write_table(block)
-    return sink.getvalue()
+    stream = sink.getvalue()
+    data = bytearray(stream.size + 8)
+    data[:stream.size] = memoryview(stream)
+    data[stream.size:] = _CHECKED + zlib.crc32(memoryview(stream)).to_bytes(4, "little")
+    return data
+
+
+def _checked_stream(data: bytes, what: str) -> memoryview:
+    """``data``'s Arrow IPC stream, its checksum checked (a block written
+    before checksums, which ends with the stream's own end marker, as it is)."""
+    import zlib
+
+    view = memoryview(data)
+    tail = bytes(view[-8:])
+    if tail[:4] == _CHECKED:
+        stream = view[:-8]
+        if zlib.crc32(stream) != int.from_bytes(tail[4:], "little"):
+            raise StoreIntegrityError(f"{what} of the store's index is damaged (its checksum "
+                                      "does not match its bytes): its tasks cannot be read")
+        return stream
+    if tail != _END_OF_STREAM:
+        raise StoreIntegrityError(f"{what} of the store's index is damaged (it ends with "
+                                  "neither a checksum nor a stream's end): its tasks cannot "
+                                  "be read")
+    return view
 
 
 def decode(data: bytes, what: str = "a task block",
@@ -109,7 +143,7 @@ def decode(data: bytes, what: str = "a task block",
     one is refused by name (never half read). A packed model's ``artifact``
     is its locator's text, however the block keeps it."""
     names = list(columns) if columns is not None else list(COLUMNS)
-    buffer = pa.py_buffer(data)
+    buffer = pa.py_buffer(_checked_stream(data, what))
     try:
         located = pa.ipc.open_stream(buffer).schema.names[len(COLUMNS):] == list(
             LOCATOR_COLUMNS)
