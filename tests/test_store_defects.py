@@ -987,3 +987,23 @@ def test_a_flipped_bit_in_a_task_block_is_refused_never_read_as_other_values(tmp
         conn.execute("UPDATE task_blocks SET data = ? WHERE block_id = ?",
                      (bytes(data[:-8]), block_id))
     pd.testing.assert_frame_equal(mm.Store(tmp_path / "s").results(), expected)
+
+
+def test_a_store_whose_making_was_killed_opens_after_its_journal_is_rolled_back(tmp_path):
+    """A driver killed while it made a new store's index left a hot rollback
+    journal: the index's read-only check could not roll it back, and every
+    later open called the store damaged ("attempt to write a readonly
+    database"), for good."""
+    import struct
+
+    store = tmp_path / "new"
+    (store / "artifacts").mkdir(parents=True)
+    with sqlite3.connect(store / "index.sqlite") as conn:  # as the killed driver left it
+        conn.execute("PRAGMA page_size=65536")
+        conn.execute("PRAGMA journal_mode=WAL")
+    header = bytes.fromhex("d9d505f920a163d7") + struct.pack(">IIIII", 0, 0x1234, 0, 512, 65536)
+    (store / "index.sqlite-journal").write_bytes(header + bytes(512 - len(header)))
+    run = mm.train(lambda rows: len(rows), mm.groups(pd.DataFrame({"g": [1, 2]}), by="g"),
+                   store=store, backend="serial", progress=False)
+    assert run.failed.empty and not (store / "index.sqlite-journal").exists()
+    assert mm.Store(store).runs()["status"].tolist() == ["finished"]

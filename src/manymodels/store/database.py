@@ -322,17 +322,39 @@ def check_existing_index(index: Path) -> None:
                              "give the store a directory of its own")
         return
     uri = f"file:{quote(str(index.resolve()))}?mode=ro"
+    for last_try in (False, True):
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=60, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _index_error(index, exc) from exc
+        try:
+            _check_is_store(conn, index)
+            _check_format(conn, index)
+            return
+        except sqlite3.DatabaseError as exc:
+            if last_try or not _rolled_back(index, exc):
+                raise _index_error(index, exc) from exc
+        finally:
+            conn.close()
+
+
+def _rolled_back(index: Path, exc: sqlite3.DatabaseError) -> bool:
+    """Roll back the hot journal a driver killed mid-write left (creating
+    the index, say), which a read-only connection cannot ("attempt to write
+    a readonly database"): SQLite does it on a writable connection's first
+    read, as any program opening the file would. Whether it did."""
+    journal = index.with_name(index.name + "-journal")
+    if "readonly" not in str(exc).replace(" ", "").lower() or not journal.exists():
+        return False
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=60, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise _index_error(index, exc) from exc
-    try:
-        _check_is_store(conn, index)
-        _check_format(conn, index)
-    except sqlite3.DatabaseError as exc:
-        raise _index_error(index, exc) from exc
-    finally:
-        conn.close()
+        conn = sqlite3.connect(index, timeout=60, isolation_level=None)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return True
 
 
 def _check_format(conn: sqlite3.Connection, index: Path) -> None:
