@@ -1007,3 +1007,25 @@ def test_a_store_whose_making_was_killed_opens_after_its_journal_is_rolled_back(
                    store=store, backend="serial", progress=False)
     assert run.failed.empty and not (store / "index.sqlite-journal").exists()
     assert mm.Store(store).runs()["status"].tolist() == ["finished"]
+
+
+def test_a_packed_model_gone_with_its_run_or_cut_short_is_said_to_be(tmp_path):
+    """Models listed before their run was deleted and collected were each
+    called "missing" (and recorded corrupt); a pack cut short was "missing"
+    too, where verify says truncated."""
+    frame = pd.DataFrame({"g": [1, 2, 3], "x": [1.0, 2.0, 3.0]})
+    for changed in (0.0, 1.0):  # run 2 retrains every group: run 1's models are its own
+        mm.train(lambda rows: [float(rows["x"].sum())], mm.groups(frame.assign(
+            x=frame["x"] + changed), by="g"), store=tmp_path / "s", backend="serial",
+            progress=False)
+    held = mm.Store(tmp_path / "s").models(run=1)
+    other = mm.Store(tmp_path / "s")
+    other.delete(1)
+    other.gc()
+    with pytest.raises(mm.StoreIntegrityError, match="its pack is gone .its run was deleted"):
+        held[1]
+    with sqlite3.connect(tmp_path / "s" / "index.sqlite") as conn:
+        assert conn.execute("SELECT count(*) FROM corrupt_artifacts").fetchone()[0] == 0
+        conn.execute("UPDATE packs SET blob = substr(blob, 1, 10)")
+    with pytest.raises(mm.StoreIntegrityError, match="its pack holds 10 bytes, cut short"):
+        mm.Store(tmp_path / "s").load(3)

@@ -184,8 +184,15 @@ def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
     digest, pack, offset, size = packs.parse_locator(locator)
     place = f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size})"
     if data is None:
+        row = conn.execute("SELECT length(blob) FROM packs WHERE pack_id = ?",
+                           (pack,)).fetchone()
+        if row is None:  # (not marked corrupt: there is nothing left to be)
+            raise StoreIntegrityError(
+                f"{place} is missing from the store: its pack is gone (its run was deleted "
+                "and collected since the model was listed, or the index was damaged)")
         _mark_corrupt(conn, locator)
-        raise StoreIntegrityError(f"{place} is missing from the store")
+        raise StoreIntegrityError(f"{place} is missing from the store: its pack holds "
+                                  f"{row[0]} bytes, cut short of the model's end")
     _mark_corrupt(conn, locator)
     raise StoreIntegrityError(
         f"{place} does not match its recorded SHA-256: the pack was modified or "
