@@ -253,6 +253,35 @@ def fail_odd(item):
     return item
 
 
+def long_item(item, flag_dir):
+    Path(flag_dir, f"started-{item}").touch()
+    time.sleep(60)
+    Path(flag_dir, f"ended-{item}").touch()
+    return item
+
+
+def test_ctrl_c_ends_the_fits_that_are_running(engine, tmp_path):
+    """Dask cannot stop a running task: after Ctrl-C its fits ran on to their
+    end, holding the user's workers (the next run waited for them)."""
+    def interrupt():  # Ctrl-C, once both workers are in a long fit
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    try:
+        with pytest.raises(mm.RunInterrupted):
+            mm.train(long_item, mm.items(range(4)), shared={"flag_dir": str(tmp_path)},
+                     backend=engine, workers=2, progress=False)
+    finally:
+        thread.join()
+    run = mm.train(fail_on_7, mm.items(range(10)), backend=engine, workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 9, "failed": 1}  # the engine serves again
+    assert list(tmp_path.glob("ended-*")) == []  # the long fits were ended, not waited for
+
+
 def test_the_error_budget_stops_the_run_and_keeps_what_finished(engine):
     with pytest.raises(mm.TooManyFailures) as stopped:
         mm.train(fail_odd, mm.items(range(400)), backend=engine, workers=2, max_failures=3,

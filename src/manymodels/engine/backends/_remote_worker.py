@@ -45,6 +45,9 @@ from ._protocol import Msg
 
 #: Exit status of a worker process that ended itself: a task overstayed ``timeout``.
 TIMEOUT_EXIT = 70
+#: Exit status of a worker process that ended itself mid-batch: the driver
+#: stopped the run (Ctrl-C, SIGTERM, an error), or is gone.
+STOPPED_EXIT = 71
 
 
 def dump_payload(context: Any, table: Any, shared: Any) -> bytes:
@@ -127,7 +130,11 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
             if message[0] != Msg.BATCH:
                 continue
             tasks: list[TaskRef] = pickle.loads(message[1])
-            _run(executor, tasks, message[2], cpus_per_task, send, watchdog, inbox)
+            inbox.busy = True
+            try:
+                _run(executor, tasks, message[2], cpus_per_task, send, watchdog, inbox)
+            finally:
+                inbox.busy = False
             batches += 1
     except (EOFError, OSError, BrokenPipeError):
         return batches
@@ -136,19 +143,54 @@ def serve(address: tuple[str, int], authkey: bytes, launch: int, payload: Any,
 
 
 class _Inbox:
-    """The driver's messages in order; an ack awaited sets aside what comes first."""
+    """The driver's messages in order, read by a thread of their own; an ack
+    awaited sets aside what comes first.
+
+    While a batch runs (:attr:`busy`), a ``STOP`` or the driver hanging up
+    (Ctrl-C, SIGTERM, a spent error budget, a killed driver) ends this
+    process at once, as the processes backend's driver ends its workers: an
+    engine cannot stop a running task (Dask's ``cancel`` leaves its thread
+    running; the fit went on for minutes, holding the user's worker). A
+    batch is no longer busy once its last outcomes are sent: the ``STOP``
+    that ends a finished run finds it idle."""
 
     def __init__(self, conn: Any) -> None:
+        import queue
+
         self.conn, self.waiting = conn, deque()
+        self.arrived: queue.SimpleQueue = queue.SimpleQueue()
+        self.busy = False
+        threading.Thread(target=self._read, daemon=True, name="manymodels-inbox").start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError) as exc:
+                if self.busy:
+                    os._exit(STOPPED_EXIT)
+                self.arrived.put(exc)
+                return
+            if message[0] == Msg.STOP and self.busy:
+                os._exit(STOPPED_EXIT)
+            self.arrived.put(message)
+            if message[0] == Msg.STOP:
+                return
+
+    def _take(self) -> tuple:
+        item = self.arrived.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def next(self) -> tuple:
         if self.waiting:
             return self.waiting.popleft()
-        return pickle.loads(self.conn.recv_bytes())
+        return self._take()
 
     def wait_ack(self) -> None:
         while True:
-            message = pickle.loads(self.conn.recv_bytes())
+            message = self._take()
             if message[0] == Msg.ACK:
                 return
             self.waiting.append(message)
@@ -167,4 +209,6 @@ def _run(executor: Executor, tasks: list[TaskRef], marked: bool, cpus_per_task: 
             else:
                 if watchdog is not None:
                     watchdog.running = None
+                if message[0] == Msg.DONE:  # (a STOP after it ends a finished run)
+                    inbox.busy = False
                 send(message)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
@@ -135,8 +136,20 @@ class DaskBackend(RemoteSlotsBackend):
         # from a holder, as Dask moves any task's input. A broadcast waits
         # until every worker the scheduler lists holds a copy, and it never
         # ended when one of them was a process killed a moment ago (the
-        # scheduler retried the dead address every 30 s).
-        return self._client.scatter(payload, hash=False)
+        # scheduler retried the dead address every 30 s). A worker still
+        # listed as it goes (ended a moment ago by a stopped run: its loops
+        # end their own process) closes the connection: scatter again, to
+        # those that are up.
+        for attempt in range(_SCATTER_TRIES):
+            try:
+                return self._client.scatter(payload, hash=False)
+            except OSError:  # (CommClosedError is one)
+                if attempt == _SCATTER_TRIES - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+                with contextlib.suppress(Exception):
+                    self._client.wait_for_workers(1, timeout=60)
+        raise AssertionError("unreachable")  # (the last try raises)
 
     def _reship(self, shipped: Any, payload: bytes) -> Any:
         # The scheduler forgets scattered data whose last holder died (a
@@ -180,6 +193,10 @@ class DaskBackend(RemoteSlotsBackend):
             cluster.close()
             if not self._tracker_was_running:
                 _stop_tracker()
+
+
+#: Scatters tried while worker processes go and their nannies start others.
+_SCATTER_TRIES = 6
 
 
 def _tracker_running() -> bool:
