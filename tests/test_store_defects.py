@@ -1029,3 +1029,23 @@ def test_a_packed_model_gone_with_its_run_or_cut_short_is_said_to_be(tmp_path):
         conn.execute("UPDATE packs SET blob = substr(blob, 1, 10)")
     with pytest.raises(mm.StoreIntegrityError, match="its pack holds 10 bytes, cut short"):
         mm.Store(tmp_path / "s").load(3)
+
+
+def _none_for_c(rows):
+    return None if rows["g"].iloc[0] == "c" else {"m": 1.0}
+
+
+@pytest.mark.parametrize("backend", ["serial", "processes"])
+def test_a_fit_that_returned_none_is_reused_not_retrained(tmp_path, backend):
+    """A task whose fit returned None (ok, no model, no metrics) was trained
+    again on every run, and why_not_reused blamed a model that "could not be
+    loaded (missing from the store, or found corrupt)"."""
+    frame = pd.DataFrame({"g": np.repeat(["a", "c"], 5), "y": np.arange(10.0)})
+    runs = [mm.train(_none_for_c, mm.groups(frame, by="g"), store=tmp_path / "s",
+                     backend=backend, workers=1, progress=False) for _ in range(2)]
+    assert runs[0].results["reused"].tolist() == [False, False]
+    assert runs[1].results["reused"].tolist() == [True, True]
+    assert runs[1].results["status"].tolist() == ["ok", "ok"]
+    changed = mm.train(_none_for_c, mm.groups(frame.assign(y=frame["y"] + 1), by="g"),
+                       store=tmp_path / "s", backend=backend, workers=1, progress=False)
+    assert changed.results["reused"].tolist() == [False, False]

@@ -293,9 +293,8 @@ class ReuseSearch:
         numbers = trained["task_index"].to_numpy()[positions]
         if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), rows["key"])).as_py():
             return False
-        if sure:  # a model, or metrics without one
-            return bool(pc.all(pc.or_(rows["size"].is_valid(),
-                                      rows["metrics"].is_valid())).as_py())
+        if sure:  # a model in a whole pack, or none (fit returned metrics alone, or None)
+            return True
         return bool(self._loadable_mask(rows, packs_whole).all())
 
     def _reused_by_reference(self, run_id: int, trained: pa.Table, positions: np.ndarray,
@@ -324,7 +323,7 @@ class ReuseSearch:
 
     def _loadable_mask(self, rows: pa.Table, packs_whole: bool) -> np.ndarray:
         """Which of ``rows`` (a run's trained rows) left a model that can
-        still be loaded, or metrics without a model; ``packs_whole``: every
+        still be loaded, or none (metrics alone, or nothing); ``packs_whole``: every
         pack that run wrote is whole (see :func:`_trained_packs_whole`)."""
         artifact = rows["artifact"]
         if isinstance(artifact, pa.ChunkedArray) and artifact.num_chunks > 1:
@@ -334,9 +333,8 @@ class ReuseSearch:
         else:
             loadable = artifacts.loadable_mask(self.conn, self.root, one_array(artifact),
                                                packs_whole)
-        no_model = ~artifact.is_valid().to_numpy(zero_copy_only=False)
-        if no_model.any():
-            loadable |= no_model & rows["metrics"].is_valid().to_numpy(zero_copy_only=False)
+        # an ok row without a model: fit returned metrics alone, or None
+        loadable |= ~artifact.is_valid().to_numpy(zero_copy_only=False)
         return loadable
 
     def _legacy_reusable(self, left: np.ndarray) -> pa.Table:
