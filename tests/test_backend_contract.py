@@ -64,7 +64,9 @@ CONTRACT_BACKENDS = [
 def contract_fit(item):
     if item % 5 == 3:
         raise ValueError(f"item {item} is bad")
-    return {"pid": os.getpid(), "item": item}
+    return {"pid": os.getpid(), "item": item,
+            "threads": (os.environ.get("OMP_NUM_THREADS"),
+                        os.environ.get("LOKY_MAX_CPU_COUNT"))}
 
 
 def _drive(backend: Backend, tasks: list[int], per_worker: int = 2, limit_s: float = 120):
@@ -153,11 +155,21 @@ def test_configure_is_how_settings_reach_a_backend(name):
 
 @pytest.mark.parametrize("name", CONTRACT_BACKENDS)
 def test_train_runs_on_it_like_on_serial(name):
+    before, loky_before = os.environ.get("OMP_NUM_THREADS"), os.environ.get("LOKY_MAX_CPU_COUNT")
     kwargs = {} if name == "serial" else {"workers": 2}
     run = mm.train(contract_fit, mm.items(range(12)), backend=name, progress=False, **kwargs)
     reference = mm.train(contract_fit, mm.items(range(12)), backend="serial", progress=False)
     assert run.results["status"].tolist() == reference.results["status"].tolist()
     assert run.results["item"].tolist() == reference.results["item"].tolist()
+    if name != "inline":  # (a backend of this test's own, which sets nothing)
+        # each task's thread limits, in its environment too (joblib's cpu_count,
+        # the processes a fit starts): only the processes backend set them
+        assert set(run.ok["threads"].map(tuple)) == {("1", "1")}
+        # and this process's as they were (but for a LocalCluster of Dask's own,
+        # whose nannies set OMP_NUM_THREADS=1 here for the workers they spawn)
+        assert os.environ.get("LOKY_MAX_CPU_COUNT") == loky_before
+        if name != "dask":
+            assert os.environ.get("OMP_NUM_THREADS") == before
 
 
 def test_register_backend_refuses_what_is_not_a_backend():

@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,6 +107,38 @@ def worker_niceness() -> int:
 def thread_limit_environment(threads: int) -> dict[str, str]:
     """Environment entries that cap BLAS/OpenMP pools at ``threads`` threads."""
     return {name: str(threads) for name in THREAD_LIMIT_VARIABLES}
+
+
+@contextlib.contextmanager
+def thread_limits_in_environment(threads: int) -> Iterator[None]:
+    """This process's :func:`thread_limit_environment` for the block, then
+    as it was: tasks run in a process that is not theirs alone (the driver,
+    an engine's worker) read ``LOKY_MAX_CPU_COUNT`` (joblib's ``cpu_count``,
+    scikit-learn's ``n_jobs=-1``) and pass the limits on to the processes
+    they start."""
+    with _ENVIRONMENT_LOCK:  # (batches side by side in one process: threads)
+        if not _ENVIRONMENT_HOLDERS:
+            _ENVIRONMENT_BEFORE.clear()
+            _ENVIRONMENT_BEFORE.update(
+                {name: os.environ.get(name) for name in THREAD_LIMIT_VARIABLES})
+        _ENVIRONMENT_HOLDERS.append(threads)
+        os.environ.update(thread_limit_environment(threads))
+    try:
+        yield
+    finally:
+        with _ENVIRONMENT_LOCK:  # the last one out puts back what was there first
+            _ENVIRONMENT_HOLDERS.remove(threads)
+            if not _ENVIRONMENT_HOLDERS:
+                for name, value in _ENVIRONMENT_BEFORE.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+
+
+_ENVIRONMENT_LOCK = threading.Lock()
+_ENVIRONMENT_HOLDERS: list[int] = []
+_ENVIRONMENT_BEFORE: dict[str, str | None] = {}
 
 
 _UNITS = {

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ...machine import thread_limits_in_environment
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S, Executor, TaskRef
 from ..messages import OkOutcomes
@@ -45,9 +46,11 @@ def batch_messages(executor: Executor, tasks: list[TaskRef], marked: bool,
     rows, is in the first only.
 
     The BLAS/OpenMP pools are limited to ``cpus_per_task`` threads for the
-    batch only: an engine's worker process also runs other work, which the
-    limit must not reach."""
-    with _thread_limiter().limit(limits=cpus_per_task):
+    batch only, and so are the environment's limits (``LOKY_MAX_CPU_COUNT``
+    among them): an engine's worker process also runs other work, which the
+    limits must not reach."""
+    with _thread_limiter().limit(limits=cpus_per_task), thread_limits_in_environment(
+            cpus_per_task):
         parts = executor.run_in_parts(
             tasks, flush_every_s=None if marked else FLUSH_EVERY_S, part_before_each=marked)
         for part in parts:

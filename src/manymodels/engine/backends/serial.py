@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from threadpoolctl import threadpool_limits
 
+from ...machine import thread_limits_in_environment
 from ..execution import Executor, RunContext, TaskRef
 from ..options import BackendOptions
 from .base import Backend, Event, Finished, WorkerStartupError
@@ -32,6 +33,8 @@ class SerialBackend(Backend):
         if self.gpu_sets:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[0])
         self._limits = threadpool_limits(limits=self.cpus_per_task)
+        self._environment = thread_limits_in_environment(self.cpus_per_task)
+        self._environment.__enter__()
         try:
             self._executor = Executor(context)  # (runs setup=, as a worker's start does)
         except KeyboardInterrupt:
@@ -58,6 +61,7 @@ class SerialBackend(Backend):
     def stop(self, *, force: bool = False) -> None:
         self._queue.clear()
         self._limits.restore_original_limits()
+        self._environment.__exit__(None, None, None)
         if self.gpu_sets:
             if self._saved_cuda is None:
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)

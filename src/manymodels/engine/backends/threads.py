@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from threadpoolctl import threadpool_limits
 
+from ...machine import thread_limits_in_environment
 from ..execution import Executor, RunContext, TaskRef
 from .base import Backend, Event, Finished, WorkerStartupError
 
@@ -26,6 +27,8 @@ class ThreadsBackend(Backend):
         self._worker_lock = threading.Lock()
         # BLAS pools are process-wide: cap them at cpus_per_task for the run.
         self._limits = threadpool_limits(limits=self.cpus_per_task)
+        self._environment = thread_limits_in_environment(self.cpus_per_task)
+        self._environment.__enter__()
         # Daemon threads, not a ThreadPoolExecutor, whose threads the interpreter
         # joins at exit: after a Ctrl-C a fit still running (a thread cannot be
         # stopped) kept the interpreter from exiting until it ended.
@@ -89,3 +92,4 @@ class ThreadsBackend(Backend):
             for thread in self._threads:
                 thread.join()
         self._limits.restore_original_limits()
+        self._environment.__exit__(None, None, None)
