@@ -430,7 +430,9 @@ def test_windows_of_views_equal_a_window_by_window_reference_in_both_formats(tmp
                 "mape": np.mean(np.abs(e) / np.maximum(np.abs(y), np.finfo(float).eps)),
                 "smape": np.mean([0.0 if a == b == 0 else 2 * abs(a - b) / (abs(a) + abs(b))
                                   for a, b in zip(y, p)]),
-                "mase": np.mean(np.abs(e)) / scale,
+                # two rows a day (s2) are no one series to take a naive forecast of
+                "mase": (np.nan if train["date"].duplicated().any()
+                         else np.mean(np.abs(e)) / scale),
                 "r2": 1 - np.sum(e ** 2) / np.sum((y - y.mean()) ** 2),
                 "spread": float(np.ptp(y))})
             rows.append(pd.DataFrame({"sku": sku, "window": w, "time": test["date"],

@@ -387,3 +387,81 @@ def test_a_fit_that_returns_no_model_under_evaluate_says_so():
     run = mm.train(lambda rows: None, mm.groups(frame, by="g"), backend="serial",
                    evaluate=mm.kfold(2, target="y", features=["x"]), progress=False)
     assert "fit returned no model for window 0" in run.failed["error"].iloc[0]
+
+
+class _Level:
+    def __init__(self, c):
+        self.c = c
+
+    def forecast(self, h):
+        return np.full(h, self.c)
+
+
+def test_a_window_with_no_score_leaves_the_others_to_choose_by():
+    """Intermittent demand with ten leading zeros: the first windows' mase is
+    undefined (a constant history), and one NaN window made every
+    candidate's mean NaN: select= kept the first candidate (c=100, mae 97)
+    over c=3 (mae 1.8)."""
+    y = np.r_[np.zeros(10), [5, 0, 3, 4, 0, 6, 2, 5, 1, 4]]
+    frame = pd.DataFrame({"g": "a", "t": np.arange(20), "y": y})
+    backtest = mm.backtest(time="t", horizon=1, windows=10, target="y", metrics=["mase", "mae"])
+    chosen = mm.train(lambda rows, c: _Level(c), mm.groups(frame, by="g")
+                      * mm.grid(c=[100.0, 3.0]), evaluate=backtest, select="mase",
+                      backend="serial", progress=False)
+    assert chosen.best()["c"].tolist() == [3.0]
+    halved = mm.train(lambda rows, c: _Level(c), mm.groups(frame, by="g")
+                      * mm.grid(c=[100.0, 3.0]), evaluate=backtest,
+                      select=mm.halving("mase", eta=2), backend="serial", progress=False)
+    assert halved.results["best_c"].tolist() == [3.0]
+    run = mm.train(lambda rows, c: _Level(c), mm.groups(frame, by="g") * mm.grid(c=[100.0, 3.0]),
+                   evaluate=backtest, backend="serial", progress=False)
+    windows = run.evaluation[run.evaluation["c"] == 3.0]
+    assert windows["mase"].isna().sum() == 1  # the window whose history is all zeros
+    assert run.results.loc[run.results["c"] == 3.0, "mase"].item() == pytest.approx(
+        windows["mase"].mean())  # (pandas' mean skips NaN, as the run's does now)
+
+
+class _Scaled:
+    def __init__(self, c):
+        self.c = c
+
+    def predict(self, X):
+        return self.c * np.asarray(X["x"])
+
+
+def test_select_by_a_score_no_window_has_says_it_chose_nothing():
+    """r2 of one-row windows is undefined everywhere: select="r2" kept the
+    first candidate (rmse 3.4 over 0), silently."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": "a", "t": np.arange(30), "x": rng.normal(size=30)})
+    frame["y"] = 2 * frame["x"]
+    run = mm.train(lambda rows, c: _Scaled(c), mm.groups(frame, by="g")
+                   * mm.grid(c=[-5.0, 2.0]),
+                   evaluate=mm.backtest(time="t", horizon=1, windows=5, target="y",
+                                        features=["x"], metrics=["r2", "rmse"]),
+                   select="r2", backend="serial", progress=False)
+    with pytest.warns(RuntimeWarning, match=r"select='r2': no candidate of 1 group\(s\) "
+                                            r"\(e.g. 'a'\) has a r2 score"):
+        assert len(run.best()) == 1
+
+
+def test_mase_of_a_group_with_several_rows_a_step_is_undefined_not_order_dependent():
+    """Two stores' rows a day in one group: the naive differences ran from one
+    store to the other (a scale of 100 where each store's is 1), and the
+    score changed with the rows' order within a day."""
+    days = np.repeat(np.arange(10), 2)
+    frame = pd.DataFrame({"g": "a", "day": days, "store": np.tile([0, 1], 10),
+                          "y": np.tile([100.0, 0.0], 10) + days})
+    backtest = mm.backtest(time="day", horizon=2, windows=2, target="y",
+                           metrics=["mase", "mae"])
+    scores = []
+    for frame_in_order in (frame, frame.sort_values(["day", "store"], ascending=[True, False])):
+        run = mm.train(lambda rows: _Level(rows["y"].mean()), mm.groups(frame_in_order, by="g"),
+                       evaluate=backtest, backend="serial", progress=False)
+        scores.append((run.results["mase"].item(), run.results["mae"].item()))
+    assert np.isnan(scores[0][0]) and np.isnan(scores[1][0])
+    assert scores[0][1] == pytest.approx(scores[1][1])
+    one_row_a_day = frame[frame["store"] == 0]
+    run = mm.train(lambda rows: _Level(rows["y"].mean()), mm.groups(one_row_a_day, by="g"),
+                   evaluate=backtest, backend="serial", progress=False)
+    assert run.results["mase"].notna().all()

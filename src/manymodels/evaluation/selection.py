@@ -72,11 +72,30 @@ def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Select
     # unscored tasks rank last, in task order: the first one stands in
     ranked = ranked.fillna(np.inf)
     if not group_columns:  # a bare grid: one winner
+        if scores.isna().all():
+            _warn_unscored(selection.metric, None, 1)
         return results.loc[[ranked.idxmin()]]
     keys = [ok[c] for c in group_columns]
+    unscored = scores.notna().groupby(keys if len(keys) > 1 else keys[0], sort=True,
+                                      dropna=False).any()
+    if not unscored.all():
+        _warn_unscored(selection.metric, unscored.index[~unscored.to_numpy()][0],
+                       int((~unscored).sum()))
     winners = ranked.groupby(keys if len(keys) > 1 else keys[0], sort=True,
                              dropna=False).idxmin()
     return results.loc[winners.to_numpy()]
+
+
+def _warn_unscored(metric: str, example: Any, count: int) -> None:
+    """Say that ``count`` groups (``example`` one of them; None: a bare grid)
+    have no candidate with a score, and keep their first: the choice is no
+    choice (a metric undefined in every window, r2 of one row a window)."""
+    import warnings
+
+    which = "the grid" if example is None else f"{count} group(s) (e.g. {example!r})"
+    warnings.warn(f"select={metric!r}: no candidate of {which} has a {metric} score (it is "
+                  "undefined in every window, or no window was tested): the first candidate "
+                  "that trained is kept, unchosen", RuntimeWarning, stacklevel=3)
 
 
 def record_winners(store: Any, run_id: int, best: pd.DataFrame, key_rows: list[tuple],
@@ -227,8 +246,11 @@ class HalvingSearch:
                 raise RuntimeError(
                     f"every candidate failed by window {number}, e.g. "
                     f"{self.settings[first]}: {failed[first]}")
+            ranks = {i: self._rank(records[i]) for i in alive}
+            if number < windows - 1 and all(rank == np.inf for rank in ranks.values()):
+                continue  # no candidate has a score yet (mase of a flat start): none is cut
             keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
-            ranked = sorted(alive, key=lambda i: self._rank(records[i]))  # stable
+            ranked = sorted(alive, key=ranks.__getitem__)  # stable
             alive = ranked[:keep]
             if ranked[keep:]:
                 benched.append(ranked[keep:])
@@ -319,7 +341,9 @@ class HalvingSearch:
         """A candidate's mean score so far, lower better (NaN last)."""
         from .windowtable import score_column
 
-        value = float(np.mean(score_column(records, self.halving.selection.metric)))
+        scores = score_column(records, self.halving.selection.metric)
+        scores = scores[~np.isnan(scores)]  # (windows whose score is undefined: as mean_scores)
+        value = float(np.mean(scores)) if len(scores) else float("nan")
         if value != value:
             return np.inf
         return -value if self.halving.selection.higher else value

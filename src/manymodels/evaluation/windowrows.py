@@ -64,8 +64,22 @@ class WindowLayout:
 
     @property
     def trains(self) -> list[np.ndarray]:
-        """Each window's training target (``mase`` scales by it)."""
-        return [self.group.y[train] for train in self._trains]
+        """Each window's training target (``mase`` scales by it), in time
+        order; none (``mase`` NaN) where a time holds several of its rows: the
+        rows of a step are no one series, and the naive one-step differences
+        ran across them (one store's sales from another's), in whichever
+        order the step's rows came."""
+        time = getattr(self.group.splitter, "time", None)
+        times = None if time is None else column(self.group.rows, time)
+        trains = []
+        for train in self._trains:
+            target = self.group.y[train]
+            if times is not None and len(target) > 1:
+                steps = times[train]
+                if not bool((steps[1:] != steps[:-1]).all()):
+                    target = target[:0]
+            trains.append(target)
+        return trains
 
     def forecast_rows(self, predicted: Any) -> dict[str, Any] | None:
         """The windows' forecasts row by row, end to end (window ``i``'s at

@@ -38,8 +38,11 @@ def window_count(table: dict[str, Any]) -> int:
 
 
 def mean_scores(table: Any) -> dict[str, float]:
-    """Each score averaged over the windows (those that gave it), as
-    ``run.results`` shows it."""
+    """Each score averaged over the windows that gave it one (not None, not
+    NaN: a window whose score is undefined, mase of a constant history or r2
+    of one row, left every window's mean NaN, and select= then took the
+    first candidate for the best), as ``run.results`` shows it; NaN where
+    no window did."""
     table = as_table(table)
     means = {}
     for name, values in table.items():
@@ -47,7 +50,8 @@ def mean_scores(table: Any) -> dict[str, float]:
             continue
         given = [v for v in values if v is not None]
         if given:
-            means[name] = sum(given) / len(given)
+            scored = [v for v in given if not (isinstance(v, float) and v != v)]
+            means[name] = sum(scored) / len(scored) if scored else float("nan")
     return means
 
 
