@@ -465,3 +465,28 @@ def test_mase_of_a_group_with_several_rows_a_step_is_undefined_not_order_depende
     run = mm.train(lambda rows: _Level(rows["y"].mean()), mm.groups(one_row_a_day, by="g"),
                    evaluate=backtest, backend="serial", progress=False)
     assert run.results["mase"].notna().all()
+
+
+def test_whole_numbers_as_text_are_no_time_column():
+    """Weeks "1" to "12" sorted as text: a backtest tested weeks 6 to 9 and
+    trained on weeks 10 to 12. ISO dates as text sort as their times."""
+    weeks = pd.DataFrame({"g": "a", "week": [str(i) for i in range(1, 13)],
+                          "y": np.arange(12.0)})
+    with pytest.raises(ValueError, match=r"time column 'week' holds whole numbers as text"):
+        mm.train(lambda rows: _Level(1.0), mm.groups(weeks, by="g"),
+                 evaluate=mm.backtest(time="week", horizon=2, windows=2, target="y"),
+                 backend="serial", progress=False)
+    days = weeks.assign(week=pd.date_range("2024-01-01", periods=12).strftime("%Y-%m-%d"))
+    run = mm.train(lambda rows: _Level(1.0), mm.groups(days, by="g"),
+                   evaluate=mm.backtest(time="week", horizon=2, windows=2, target="y"),
+                   backend="serial", progress=False)
+    assert run.evaluation["cutoff"].tolist() == ["2024-01-08", "2024-01-10"]
+
+
+def test_a_holdout_that_leaves_no_training_row_says_so():
+    """holdout(0.9) of 9 rows said it "needs at least 2 rows, has 9"."""
+    run = mm.train(lambda rows: _Level(1.0), mm.groups(pd.DataFrame(
+        {"g": "a", "y": np.arange(9.0), "x": 1.0}), by="g"),
+        evaluate=mm.holdout(0.9, target="y"), backend="serial", progress=False)
+    assert run.results["eval_skipped"].tolist() == [
+        "a holdout of 0.9 of 9 rows tests 9 (rounded up) and leaves 0 to train on"]

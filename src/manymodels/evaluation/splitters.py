@@ -198,6 +198,9 @@ class Holdout(Splitter):
             return [(everything, everything, None)]
         n_test = math.ceil(self.test_size * n)
         if n_test < 1 or n - n_test < 1:
+            if n >= 2:  # (the test rows, rounded up, leave none to train on)
+                raise TooShort(f"a holdout of {self.test_size} of {n} rows tests {n_test} "
+                               f"(rounded up) and leaves {n - n_test} to train on")
             raise TooShort(f"a holdout of {self.test_size} needs at least 2 rows, has {n}")
         if not self.shuffle:  # the last rows, as scikit-learn's train_test_split holds out
             return [(everything[:n - n_test], everything[n - n_test:], None)]
