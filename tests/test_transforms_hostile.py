@@ -120,3 +120,55 @@ def test_polars_outputs_and_none_from_some_groups_are_one_polars_table():
     assert isinstance(out, pl.DataFrame) and out["g"].to_list() == ["b"]
     none = mm.map_groups(lambda rows: None, source, **SERIAL)
     assert isinstance(none, pl.DataFrame) and none.height == 0
+
+
+def _aggregates_but_none_for_c(rows):
+    return None if rows["k"].iloc[0] == "c" else rows["x"].agg(["mean", "max"])
+
+
+def _counts_but_none_for_c(rows):
+    return None if rows["k"].iloc[0] == "c" else rows["x"].value_counts()
+
+
+def test_series_outputs_beside_groups_that_returned_none_keep_their_labels():
+    """Series from some groups and None from another: each Series became a
+    frame of one column, concatenated without its labels (rows of a and b
+    repeated, aggregates' names lost)."""
+    frame = pd.DataFrame({"k": ["a", "a", "b", "c"], "x": [1.0, 2.0, 3.0, 4.0]})
+    rows = mm.map_groups(_aggregates_but_none_for_c, mm.groups(frame, by="k"),
+                         backend="serial")
+    assert rows.to_dict("list") == {"k": ["a", "b"], "mean": [1.5, 3.0], "max": [2.0, 3.0]}
+    counts = mm.map_groups(_counts_but_none_for_c, mm.groups(frame, by="k"), backend="serial")
+    expected = frame[frame["k"] != "c"].groupby("k").apply(lambda r: r["x"].value_counts())
+    pd.testing.assert_series_equal(counts, expected, check_names=False)
+
+
+def test_counts_under_several_keys_one_of_them_missing():
+    """concat(keys=) could not make a level of tuple keys holding a NaN."""
+    frame = pd.DataFrame({"a": ["p", "p", "q"], "b": [1.0, np.nan, 1.0], "i": [1, 2, 3]})
+    got = mm.map_groups(lambda rows: rows["i"].value_counts(), mm.groups(frame, by=["a", "b"]),
+                        backend="serial")
+    expected = frame.groupby(["a", "b"], dropna=False).apply(lambda r: r["i"].value_counts())
+    pd.testing.assert_series_equal(got, expected)
+
+
+def test_a_categorical_key_keeps_its_categories_and_their_order():
+    """The key column came back categorical of the observed values, sorted
+    and unordered: sorting by it afterwards gave x, y, z, not z, y, x."""
+    frame = pd.DataFrame({"k": pd.Categorical(["x", "z", "y"], categories=["z", "y", "w", "x"],
+                                              ordered=True), "v": [1, 2, 3]})
+    got = mm.map_groups(lambda rows: pd.DataFrame({"s": [rows["v"].sum()]}),
+                        mm.groups(frame, by="k"), backend="serial")
+    assert got["k"].dtype == frame["k"].dtype
+    assert got.sort_values("k")["k"].tolist() == ["z", "y", "x"]
+
+
+def test_a_transform_lacking_the_key_columns_is_not_given_them():
+    """pandas' groupby(group_keys=False).apply gives a transform's columns
+    alone; the key columns were added in front."""
+    frame = pd.DataFrame({"k": ["a", "a", "b", "c"], "x": [1.0, 2.0, 3.0, 4.0]},
+                         index=[10, 11, 12, 13])
+    got = mm.map_groups(lambda rows: rows[["x"]].cumsum(), mm.groups(frame, by="k"),
+                        backend="serial")
+    expected = frame.groupby("k", group_keys=False).apply(lambda r: r[["x"]].cumsum())
+    pd.testing.assert_frame_equal(got, expected.loc[frame.index])

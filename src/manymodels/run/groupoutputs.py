@@ -250,13 +250,29 @@ def _key_dtypes(base: GroupSource, frame: pd.DataFrame, key_columns: list) -> pd
              for column in metadata.get("columns", [])}
     for name in key_columns:
         kind = kinds.get(str(name))
-        if name in frame.columns and kind and str(frame[name].dtype) != kind and not str(
+        if kind == "category":  # its categories and their order, as the input's
+            kind = _categories_of(base.table, str(name)) or kind
+        if name in frame.columns and kind and str(frame[name].dtype) != str(kind) and not str(
                 kind).startswith("datetime"):
             try:
                 frame[name] = frame[name].astype(kind)
             except (TypeError, ValueError):
                 pass
     return frame
+
+
+def _categories_of(table: pa.Table, name: str) -> Any:
+    """The pandas ``CategoricalDtype`` of a dictionary column ``name`` of
+    ``table``: its categories in order, ordered or not (``astype("category")``
+    made them the observed values, sorted, unordered)."""
+    if name not in table.column_names or not pa.types.is_dictionary(table.schema.field(
+            name).type):
+        return None
+    column = table.select([name]).unify_dictionaries().column(0)
+    if not column.num_chunks:
+        return None
+    return pd.CategoricalDtype(column.chunk(0).dictionary.to_pandas(),
+                               ordered=table.schema.field(name).type.ordered)
 
 
 def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
@@ -294,9 +310,19 @@ def _series_under_keys(outputs: list[pd.Series], parts: list[tuple],
     under a MultiIndex of the key columns and their labels, as pandas'
     ``groupby().apply`` makes it: bare, their labels would not say which group
     a row is of (x, y, x, z)."""
-    keys = [key if len(key) > 1 else key[0] for key in parts]
-    names = [*key_columns, *outputs[0].index.names]
-    return pd.concat(outputs, keys=keys, names=names)
+    from ..inputs.keys import key_column
+
+    values = pd.concat(outputs, ignore_index=True)
+    lengths = [len(out) for out in outputs]
+    # the levels built from arrays: concat(keys=) cannot make a level of
+    # tuple keys that hold a NaN ("Key nan not in level")
+    levels = [pd.Index(key_column([key[position] for key in parts])).repeat(lengths)
+              for position in range(len(key_columns))]
+    inner = outputs[0].index.append([out.index for out in outputs[1:]])
+    levels += [inner.get_level_values(level) for level in range(inner.nlevels)]
+    values.index = pd.MultiIndex.from_arrays(levels, names=[*key_columns,
+                                                            *outputs[0].index.names])
+    return values
 
 
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
@@ -305,8 +331,11 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     present = [(key, output) for key, output in ok if output is not None]
     if not present and (not ok or base.format in ("arrow", "polars")):
         return empty_table(base.format)
-    if not all(isinstance(output, (pd.DataFrame, pd.Series)) for _, output in present):
-        ok = present  # a pandas stand-in for None would be a second kind of table
+    if not all(isinstance(output, (pd.DataFrame, pd.Series)) for _, output in present) or (
+            present and all(isinstance(output, pd.Series) for _, output in present)):
+        # a pandas stand-in for None would be a second kind of table, or make
+        # Series (value_counts, a row of aggregates) frames that lose their labels
+        ok = present
     parts = [key for key, _ in ok]
     # a group whose fn returned None has no rows, as in pandas' apply
     outputs = [pd.DataFrame() if output is None else output for _, output in ok]
@@ -325,7 +354,11 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
             return _rows_per_group([out.reindex(labels) for out in outputs], parts,
                                    key_columns, base)
         return _series_under_keys(outputs, parts, key_columns)
-    if all(isinstance(out, pd.DataFrame) for out in outputs):
+    if transform is not None and all(isinstance(out, pd.DataFrame) for out in outputs):
+        # a transform's rows go back under the input's labels, as pandas'
+        # groupby(group_keys=False).apply: the key columns are not added
+        result = pd.concat(outputs, ignore_index=True)
+    elif all(isinstance(out, pd.DataFrame) for out in outputs):
         result = _frames_with_keys(outputs, parts, key_columns, base)
     else:
         result = concat_outputs([_with_keys(out, key, key_columns)
