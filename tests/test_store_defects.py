@@ -1049,3 +1049,25 @@ def test_a_fit_that_returned_none_is_reused_not_retrained(tmp_path, backend):
     changed = mm.train(_none_for_c, mm.groups(frame.assign(y=frame["y"] + 1), by="g"),
                        store=tmp_path / "s", backend=backend, workers=1, progress=False)
     assert changed.results["reused"].tolist() == [False, False]
+
+
+def _ridge_of_group(rows):
+    from sklearn.linear_model import Ridge
+
+    return Ridge().fit(rows[["x"]], rows["y"])
+
+
+def test_a_linear_models_row_with_a_missing_feature_is_refused_as_scikit_learn_does(tmp_path):
+    """The linear fast path (X @ coef_) answered NaN or -inf for a row with a
+    NaN or infinite feature, source "group", where scikit-learn's predict
+    (and every other model) refuses it."""
+    frame = pd.DataFrame({"g": ["a"] * 5 + ["b"] * 5, "x": np.arange(10.0), "y": np.arange(10.0)})
+    mm.train(_ridge_of_group, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    fine = store.predict(pd.DataFrame({"g": ["a", "b"], "x": [1.0, 2.0]}), by="g")
+    assert np.isfinite(fine).all()
+    for bad in (np.nan, np.inf):
+        with pytest.raises(RuntimeError, match=r"(?s)predicting group 'a' failed.*Input X "
+                                               "contains (NaN|infinity)"):
+            store.predict(pd.DataFrame({"g": ["a", "b"], "x": [bad, 2.0]}), by="g")

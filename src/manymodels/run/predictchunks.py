@@ -153,7 +153,8 @@ def call_model(model: Any, method: str, columns: dict[str, np.ndarray], names: l
         # scikit-learn's LinearModel.predict, the same product, minus ~50 us
         # of validation per call (a group of 5 rows costs ~5 us)
         X = stacked(columns, names, float)
-        return X @ model.coef_.T + model.intercept_
+        if np.isfinite(X).all():  # else scikit-learn's own check names the NaN or inf
+            return X @ model.coef_.T + model.intercept_
     if not named:
         return getattr(model, method)(stacked(columns, names))
     if _plain_estimator(model) and list(model.feature_names_in_) == names:
