@@ -222,3 +222,69 @@ def test_every_command_refuses_an_index_that_is_not_a_stores(tmp_path, index):
         assert "STORE" in result.output
     assert sorted(p.name for p in folder.iterdir()) == ["index.sqlite"]
     assert path.read_bytes() == before
+
+
+def _manymodels(*args: object, **kwargs):
+    """``python -m manymodels ARGS`` in a process of its own (its file
+    descriptors are what the test is about)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "manymodels", *map(str, args)], timeout=120,
+                          **kwargs)
+
+
+def test_a_device_out_keeps_what_its_redirect_held(tmp_path, trained):
+    """--out /dev/stdout reopened the redirected file by its name, which
+    truncated it: `>> file` lost the earlier lines, and `{ echo HEADER;
+    manymodels export ... -o /dev/stdout; } > f` lost HEADER. The inherited
+    descriptor is written at its own offset (/dev/fd/N and /proc/self/fd/N
+    too)."""
+    import shlex
+    import subprocess
+    import sys
+
+    store, rows, table = trained
+    appended = tmp_path / "app.csv"
+    appended.write_bytes(b"EXISTING LINE\n")
+    with open(appended, "ab") as sink:
+        done = _manymodels("predict", store, rows, "-o", "/dev/stdout", stdout=sink,
+                           stderr=subprocess.PIPE)
+    assert done.returncode == 0, done.stderr
+    lines = appended.read_text().splitlines()
+    assert lines[0] == "EXISTING LINE" and lines[1].startswith("store,price")
+    assert len(lines) == 2 + len(table)
+    grouped = tmp_path / "grp.out"
+    command = (f"{{ echo HEADER; {shlex.quote(sys.executable)} -m manymodels export "
+               f"{shlex.quote(str(store))} -o /dev/stdout; }} > {shlex.quote(str(grouped))}")
+    done = subprocess.run(command, shell=True, stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert grouped.read_bytes().startswith(b"HEADER\nPAR1")
+    for name in ("/dev/fd/{}", "/proc/self/fd/{}"):
+        other = tmp_path / "fd.csv"
+        other.write_bytes(b"EARLIER\n")
+        with open(other, "ab") as sink:
+            out = name.format(sink.fileno())
+            done = _manymodels("predict", store, rows, "-o", out, pass_fds=(sink.fileno(),),
+                               capture_output=True)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"" and b"wrote 60 predictions" in done.stderr
+        assert other.read_text().splitlines()[:2] == ["EARLIER", lines[1]]
+
+
+def test_a_dash_out_is_standard_output(tmp_path, trained):
+    """`-o -` wrote a file named `-`, and nothing to standard output."""
+    import io
+
+    store, rows, table = trained
+    done = _manymodels("predict", store, rows, "-o", "-", cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert len(pd.read_csv(io.BytesIO(done.stdout))) == len(table)
+    assert b"wrote 60 predictions to standard output" in done.stderr
+    done = _manymodels("export", store, "-o", "-", cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert pd.read_parquet(io.BytesIO(done.stdout))["store"].tolist() == ["s0", "s1"]
+    result = _invoke("report", store, "-o", "-")  # (in this process: sys.stdout)
+    assert result.exit_code == 0 and "<html" in result.stdout.lower()
+    assert "wrote standard output" in result.stderr
+    assert not (tmp_path / "-").exists() and not os.path.exists("-")

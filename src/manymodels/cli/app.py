@@ -6,7 +6,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 import typer
 
@@ -45,7 +45,8 @@ def demo(
     items: int = typer.Option(50, min=1, help="Items per store."),
     workers: int = typer.Option(None, min=1, help="Worker processes (default: usable cores)."),
     serial: bool = typer.Option(True, help="Also run the same tasks serially to compare."),
-    json_out: str = typer.Option(None, "--json", help="Also write the numbers to this file."),
+    json_out: str = typer.Option(None, "--json", help="Also write the numbers to this "
+                                  "file (- for standard output)."),
 ) -> None:
     """Train a tuned Ridge per store x item of a generated sales table.
 
@@ -58,7 +59,7 @@ def demo(
     numbers = run_demo(stores, items, workers=workers, compare_serial=serial)
     if json_out:
         with _written(json_out, "--json") as path:
-            path.write_text(json.dumps(numbers, indent=2))
+            path.write_text(json.dumps(numbers, indent=2) + "\n")
 
 
 def _open_store(path: str, writes: bool = False):
@@ -154,11 +155,16 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
 
     if is_device(out):  # made whole in a temporary file, then its bytes sent on
         with tempfile.TemporaryDirectory(prefix="manymodels-out-") as folder:
-            temporary = Path(folder, Path(out).name or "out")
+            temporary = Path(folder, "out")
             try:
                 yield temporary
-                with open(temporary, "rb") as made, open(out, "wb") as device:
-                    shutil.copyfileobj(made, device)
+                descriptor = inherited_descriptor(out)
+                with open(temporary, "rb") as made:
+                    if descriptor is None:  # /dev/null, /dev/full, a named pipe
+                        with open(out, "wb") as device:
+                            shutil.copyfileobj(made, device)
+                    else:
+                        _send(made, descriptor)
             except OSError as exc:
                 _write_failed(out, option, exc)
         return
@@ -178,6 +184,51 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
             temporary.unlink(missing_ok=True)
 
 
+def inherited_descriptor(out: str) -> int | None:
+    """The file descriptor this process inherited that ``out`` names (``-``
+    and ``/dev/stdout``: 1, ``/dev/stderr``: 2, ``/dev/fd/N`` and
+    ``/proc/self/fd/N``: N), or None. Such an output is written to that
+    descriptor, never reopened by its name: on Linux opening
+    ``/dev/stdout`` opens the redirected file anew and truncates it, which
+    lost what ``>>`` appended to, or what the shell wrote before the
+    command in ``{ echo HEADER; manymodels ...; } > file``."""
+    import os
+
+    if out in ("-", "/dev/stdout"):
+        return 1
+    if out == "/dev/stderr":
+        return 2
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        number = out[len(prefix):] if out.startswith(prefix) else ""
+        if number.isascii() and number.isdigit():
+            return int(number)
+    return None
+
+
+def _send(made: BinaryIO, descriptor: int) -> None:
+    """``made``'s bytes written to ``descriptor`` at its own offset (an
+    appending one appends), after whatever the command printed before;
+    standard output and error through Python's streams, so that what they
+    hold is flushed first and what is written stays in order."""
+    import os
+    import shutil
+    import sys
+
+    stream = {1: sys.stdout, 2: sys.stderr}.get(descriptor)
+    for each in (sys.stdout, sys.stderr):
+        if each is not None:
+            each.flush()
+    binary = getattr(stream, "buffer", None)
+    if binary is not None:
+        shutil.copyfileobj(made, binary)
+        binary.flush()
+        return
+    while chunk := made.read(1 << 20):
+        view = memoryview(chunk)
+        while view:  # (a pipe may take part of it)
+            view = view[os.write(descriptor, view):]
+
+
 def _write_failed(out: str, option: str, exc: OSError) -> NoReturn:
     """A write of ``out`` that failed, said in one line: exit code 1."""
     typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}", err=True)
@@ -185,10 +236,16 @@ def _write_failed(out: str, option: str, exc: OSError) -> NoReturn:
 
 
 def is_device(out: str) -> bool:
-    """Whether ``out`` names a device (``/dev/stdout``: the shell's pipe, which
-    resolves to no path, or the file it redirected to): written through that
-    name, in place, and what a command says of it goes to standard error."""
-    return out.startswith(("/dev/", "/proc/"))
+    """Whether ``out`` names a device (``-`` or ``/dev/stdout``: the shell's
+    pipe, or the file it redirected to): written in place (see
+    :func:`inherited_descriptor`), and what a command says of it goes to
+    standard error."""
+    return out == "-" or out.startswith(("/dev/", "/proc/"))
+
+
+def out_name(out: str) -> str:
+    """``out`` as a command's summary names it (``-``: standard output)."""
+    return "standard output" if out == "-" else out
 
 
 def said(message: str, out: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from ..inputs.tables import named_twice
-from .app import _check_out, _fail, _open_store, _split_list, _written, app, said
+from .app import _check_out, _fail, _open_store, _split_list, _written, app, out_name, said
 
 
 def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
@@ -128,7 +128,8 @@ def train(
 def predict(
     store: str = typer.Argument(..., help="Store directory written by manymodels train."),
     data: str = typer.Argument(..., help="CSV or Parquet file of rows to predict."),
-    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet)."),
+    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet; - "
+                            "for standard output, as CSV)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
     by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
     workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),
@@ -192,5 +193,5 @@ def predict(
         else:
             frame.to_csv(path, index=False)
     counts = frame["source"].value_counts().to_dict()
-    said(f"wrote {len(frame)} predictions to {target} ("
+    said(f"wrote {len(frame)} predictions to {out_name(out)} ("
          + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")", out)
