@@ -288,3 +288,25 @@ def test_a_dash_out_is_standard_output(tmp_path, trained):
     assert result.exit_code == 0 and "<html" in result.stdout.lower()
     assert "wrote standard output" in result.stderr
     assert not (tmp_path / "-").exists() and not os.path.exists("-")
+
+
+@pytest.mark.parametrize("code, raised", [("raise RuntimeError('boom on import')\n",
+                                            "RuntimeError: boom on import"),
+                                           ("def (\n", "SyntaxError")])
+def test_a_model_module_that_raises_on_import_is_one_line(tmp_path, trained, code, raised,
+                                                          monkeypatch):
+    """A --model module raising anything but ImportError on import printed a
+    75-line traceback, exit 1: now one line naming it, exit 2, as a missing
+    module."""
+    _, _, table = trained
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "badmod_under_test.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "badmod_under_test.Model", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "cannot import module 'badmod_under_test' for --model" in result.output
+    assert raised in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "st").exists()
