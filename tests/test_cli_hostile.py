@@ -310,3 +310,37 @@ def test_a_model_module_that_raises_on_import_is_one_line(tmp_path, trained, cod
     assert "cannot import module 'badmod_under_test' for --model" in result.output
     assert raised in result.output and "Traceback" not in result.output
     assert not (tmp_path / "st").exists()
+
+
+def test_an_option_given_twice_is_refused(tmp_path, trained):
+    """The last of an option given twice was kept silently: `--by store --by
+    item` trained by item alone. One that takes one value is refused, naming
+    it, before any work; --param and --grid still repeat."""
+    models, rows, table = trained
+    data = tmp_path / "sales.csv"
+    table.assign(item=np.tile(["i0", "i1"], 30)).to_csv(data, index=False)
+    base = ["train", data, "--target", "sales", "--model", "sklearn.linear_model.Ridge",
+            "--store", tmp_path / "st", "--backend", "serial"]
+    for args, option, said in (
+            (["--by", "store", "--by", "item"], "--by", "'--by store', then '--by item'"),
+            (["--by", "store", "--target", "price"], "--target",
+             "'--target sales', then '--target price'"),
+            (["--by", "store", "--backend", "threads"], "--backend", "'--backend threads'"),
+            (["--by=store", "--metrics", "r2", "--metrics=mae"], "--metrics", "'--metrics mae'")):
+        result = _invoke(*base, *args)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}" in result.output and said in result.output
+        assert "given twice" in result.output
+    assert not (tmp_path / "st").exists()
+    out = tmp_path / "a.csv"
+    result = _invoke("predict", models, rows, "-o", out, "--out", tmp_path / "b.csv")
+    assert result.exit_code == 2 and "--out/-o: given twice" in result.output
+    assert not out.exists() and not (tmp_path / "b.csv").exists()
+    result = _invoke("show", models, "-f", "csv", "--format=json")
+    assert result.exit_code == 2 and "'-f csv', then '--format json'" in result.output
+    result = _invoke(*base, "--by", "store", "--param", "alpha=2", "--param",
+                     "fit_intercept=false", "--grid", "tol=0.001,0.01", "--no-fallback")
+    assert result.exit_code == 0, result.output
+    config = mm.Store(tmp_path / "st").attached("train_config", 1)
+    assert config["by"] == ["store"] and config["params"] == {"alpha": 2,
+                                                              "fit_intercept": False}

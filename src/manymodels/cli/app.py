@@ -4,15 +4,80 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from .._version import __version__
 
+
+def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | None:
+    """The first option of ``command`` that ``args`` give twice though it
+    takes one value, with the two as given (``['--by store', '--by
+    item']``), or None. Click keeps the last one silently: ``--by store --by
+    item`` trained by item alone, ``-o a.csv -o b.csv`` wrote b.csv.
+    Options meant to repeat (``multiple``, as ``--param`` and ``--grid``) and
+    flags are not counted; what follows ``--`` is not an option."""
+    options: dict[str, Any] = {}
+    for param in getattr(command, "params", []):
+        for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if name.startswith("-"):
+                options[name] = param
+    seen: dict[str, list[str]] = {}
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if token == "--":
+            break
+        if token.startswith("--"):
+            name, attached, value = token.partition("=")
+        elif token.startswith("-") and len(token) > 1:  # -o x, or -ox
+            name, attached, value = token[:2], token[2:], token[2:]
+        else:
+            continue
+        param = options.get(name)
+        if param is None:  # an argument (a run id -1), or an unknown option: click says so
+            continue
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        if not attached:  # its value follows (and may start with '-')
+            value = " ".join(args[index:index + param.nargs])
+            index += param.nargs
+        if getattr(param, "multiple", False):
+            continue
+        seen.setdefault(param.name, []).append(f"{name} {value}".strip())
+        if len(seen[param.name]) > 1:
+            return param, seen[param.name]
+    return None
+
+
+class _OneValueGroup(TyperGroup):
+    """The app's group: a command whose option taking one value is given
+    twice is refused before any work, naming the option (see
+    :func:`given_twice`), exit status 2."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        twice = given_twice(command, rest) if command is not None else None
+        if twice is not None:
+            param, given = twice
+            raise typer.BadParameter(
+                f"given twice ({given[0]!r}, then {given[1]!r}); it takes one value: give it "
+                "once" + (" (a list is comma-separated)" if param.name in _LISTS else ""),
+                ctx=command.context_class(command, info_name=name, parent=ctx),
+                param_hint="/".join(param.opts))
+        return name, command, rest
+
+
+#: The options that take a comma-separated list in one value.
+_LISTS = frozenset({"by", "features", "metrics"})
+
 app = typer.Typer(
+    cls=_OneValueGroup,
     help="Train many ML models at once: one per group, per file or per setting.",
     no_args_is_help=True,
     add_completion=False,
