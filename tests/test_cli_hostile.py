@@ -344,3 +344,33 @@ def test_an_option_given_twice_is_refused(tmp_path, trained):
     config = mm.Store(tmp_path / "st").attached("train_config", 1)
     assert config["by"] == ["store"] and config["params"] == {"alpha": 2,
                                                               "fit_intercept": False}
+
+
+def _fails_on_zero(item):
+    if item == 0:
+        raise ValueError("zero is refused")
+    return item
+
+
+def test_why_says_a_task_that_did_not_end_ok_was_not_trained(tmp_path):
+    """`why` (and Store.why_not_reused) said "was trained" of a task that was
+    cancelled (it never ran) or failed: each says what became of it."""
+    with pytest.raises(mm.TooManyFailures):
+        mm.train(_fails_on_zero, mm.items(range(4)), store=tmp_path / "s", backend="serial",
+                 max_failures=0, progress=False)
+    store = mm.Store(tmp_path / "s")
+    assert store.results()["status"].tolist() == ["failed"] + ["cancelled"] * 3
+    failed, cancelled = store.why_not_reused(0), store.why_not_reused(2)
+    assert "was trained" not in failed and "was trained" not in cancelled
+    assert failed.startswith("0 was not trained in run 1: its fit ended 'failed' "
+                             "(ValueError: zero is refused)")
+    assert cancelled.startswith("2 never ran in run 1: cancelled")
+    assert "no earlier run in this store has this key" in cancelled
+    mm.train(_fails_on_zero, mm.items(range(1, 4)), store=tmp_path / "s", backend="serial",
+             progress=False)
+    assert store.why_not_reused(2) == ("2 was trained: in run 1 it ended 'cancelled'")
+    for key, said in (("0", "its fit ended 'failed' (ValueError: zero is refused)"),
+                      ("3", "3 never ran in run 1: cancelled")):
+        result = _invoke("why", tmp_path / "s", key, "--run", "1")
+        assert result.exit_code == 0 and said in result.output, result.output
+        assert "was trained" not in result.output
