@@ -374,3 +374,18 @@ def test_why_says_a_task_that_did_not_end_ok_was_not_trained(tmp_path):
         result = _invoke("why", tmp_path / "s", key, "--run", "1")
         assert result.exit_code == 0 and said in result.output, result.output
         assert "was trained" not in result.output
+
+
+def test_the_metrics_help_and_error_list_every_regression_metric(tmp_path, trained):
+    """`train --help` and the error for a classification metric with a
+    regressor left out smape and mase, which work."""
+    _, _, table = trained
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    helped = " ".join(_invoke("train", "--help").output.split())
+    assert "r2, mae, mse, rmse, mape, smape, mase (regression" in helped
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st", "--metrics",
+                     "accuracy")
+    assert result.exit_code == 2
+    assert "use rmse, mse, mae, mape, smape, mase or r2" in " ".join(result.output.split())

@@ -49,8 +49,8 @@ def train(
                                     "repeatable."),
     grid: list[str] = typer.Option([], help="Values to try per group, name=v1,v2,...; "
                                    "repeatable. The best per group is kept."),
-    metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape "
-                                "(regression; default r2,mae), accuracy, f1, "
+    metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape, "
+                                "smape, mase (regression; default r2,mae), accuracy, f1, "
                                 "balanced_accuracy, log_loss (classification; default accuracy). "
                                 "The first one picks the best grid setting."),
     test_size: float = typer.Option(None, help="Fraction of each group held out "

@@ -239,8 +239,10 @@ def _check_metrics(names: list[str], estimator: Any, model: str) -> None:
                             f"{', '.join(METRICS)}", "--metrics")
     labels = [m for m in names if m in CLASSIFICATION_METRICS] if is_regressor(estimator) else []
     if labels:
+        numbers = [m for m in METRICS if m not in CLASSIFICATION_METRICS]  # (all of them)
         raise ArgumentError(f"metric {labels[0]!r} compares class labels, but {model} is a "
-                            "regressor; use r2, mae, mse, rmse or mape", "--metrics")
+                            f"regressor; use {', '.join(numbers[:-1])} or {numbers[-1]}",
+                            "--metrics")
 
 
 def _check_split(test_size: float | None, cv: int | None) -> float | None:
