@@ -222,3 +222,170 @@ def test_every_command_refuses_an_index_that_is_not_a_stores(tmp_path, index):
         assert "STORE" in result.output
     assert sorted(p.name for p in folder.iterdir()) == ["index.sqlite"]
     assert path.read_bytes() == before
+
+
+def _manymodels(*args: object, **kwargs):
+    """``python -m manymodels ARGS`` in a process of its own (its file
+    descriptors are what the test is about)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "manymodels", *map(str, args)], timeout=120,
+                          **kwargs)
+
+
+def test_a_device_out_keeps_what_its_redirect_held(tmp_path, trained):
+    """--out /dev/stdout reopened the redirected file by its name, which
+    truncated it: `>> file` lost the earlier lines, and `{ echo HEADER;
+    manymodels export ... -o /dev/stdout; } > f` lost HEADER. The inherited
+    descriptor is written at its own offset (/dev/fd/N and /proc/self/fd/N
+    too)."""
+    import shlex
+    import subprocess
+    import sys
+
+    store, rows, table = trained
+    appended = tmp_path / "app.csv"
+    appended.write_bytes(b"EXISTING LINE\n")
+    with open(appended, "ab") as sink:
+        done = _manymodels("predict", store, rows, "-o", "/dev/stdout", stdout=sink,
+                           stderr=subprocess.PIPE)
+    assert done.returncode == 0, done.stderr
+    lines = appended.read_text().splitlines()
+    assert lines[0] == "EXISTING LINE" and lines[1].startswith("store,price")
+    assert len(lines) == 2 + len(table)
+    grouped = tmp_path / "grp.out"
+    command = (f"{{ echo HEADER; {shlex.quote(sys.executable)} -m manymodels export "
+               f"{shlex.quote(str(store))} -o /dev/stdout; }} > {shlex.quote(str(grouped))}")
+    done = subprocess.run(command, shell=True, stderr=subprocess.PIPE, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert grouped.read_bytes().startswith(b"HEADER\nPAR1")
+    for name in ("/dev/fd/{}", "/proc/self/fd/{}"):
+        other = tmp_path / "fd.csv"
+        other.write_bytes(b"EARLIER\n")
+        with open(other, "ab") as sink:
+            out = name.format(sink.fileno())
+            done = _manymodels("predict", store, rows, "-o", out, pass_fds=(sink.fileno(),),
+                               capture_output=True)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"" and b"wrote 60 predictions" in done.stderr
+        assert other.read_text().splitlines()[:2] == ["EARLIER", lines[1]]
+
+
+def test_a_dash_out_is_standard_output(tmp_path, trained):
+    """`-o -` wrote a file named `-`, and nothing to standard output."""
+    import io
+
+    store, rows, table = trained
+    done = _manymodels("predict", store, rows, "-o", "-", cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert len(pd.read_csv(io.BytesIO(done.stdout))) == len(table)
+    assert b"wrote 60 predictions to standard output" in done.stderr
+    done = _manymodels("export", store, "-o", "-", cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert pd.read_parquet(io.BytesIO(done.stdout))["store"].tolist() == ["s0", "s1"]
+    result = _invoke("report", store, "-o", "-")  # (in this process: sys.stdout)
+    assert result.exit_code == 0 and "<html" in result.stdout.lower()
+    assert "wrote standard output" in result.stderr
+    assert not (tmp_path / "-").exists() and not os.path.exists("-")
+
+
+@pytest.mark.parametrize("code, raised", [("raise RuntimeError('boom on import')\n",
+                                            "RuntimeError: boom on import"),
+                                           ("def (\n", "SyntaxError")])
+def test_a_model_module_that_raises_on_import_is_one_line(tmp_path, trained, code, raised,
+                                                          monkeypatch):
+    """A --model module raising anything but ImportError on import printed a
+    75-line traceback, exit 1: now one line naming it, exit 2, as a missing
+    module."""
+    _, _, table = trained
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "badmod_under_test.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "badmod_under_test.Model", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "cannot import module 'badmod_under_test' for --model" in result.output
+    assert raised in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "st").exists()
+
+
+def test_an_option_given_twice_is_refused(tmp_path, trained):
+    """The last of an option given twice was kept silently: `--by store --by
+    item` trained by item alone. One that takes one value is refused, naming
+    it, before any work; --param and --grid still repeat."""
+    models, rows, table = trained
+    data = tmp_path / "sales.csv"
+    table.assign(item=np.tile(["i0", "i1"], 30)).to_csv(data, index=False)
+    base = ["train", data, "--target", "sales", "--model", "sklearn.linear_model.Ridge",
+            "--store", tmp_path / "st", "--backend", "serial"]
+    for args, option, said in (
+            (["--by", "store", "--by", "item"], "--by", "'--by store', then '--by item'"),
+            (["--by", "store", "--target", "price"], "--target",
+             "'--target sales', then '--target price'"),
+            (["--by", "store", "--backend", "threads"], "--backend", "'--backend threads'"),
+            (["--by=store", "--metrics", "r2", "--metrics=mae"], "--metrics", "'--metrics mae'")):
+        result = _invoke(*base, *args)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}" in result.output and said in result.output
+        assert "given twice" in result.output
+    assert not (tmp_path / "st").exists()
+    out = tmp_path / "a.csv"
+    result = _invoke("predict", models, rows, "-o", out, "--out", tmp_path / "b.csv")
+    assert result.exit_code == 2 and "--out/-o: given twice" in result.output
+    assert not out.exists() and not (tmp_path / "b.csv").exists()
+    result = _invoke("show", models, "-f", "csv", "--format=json")
+    assert result.exit_code == 2 and "'-f csv', then '--format json'" in result.output
+    result = _invoke(*base, "--by", "store", "--param", "alpha=2", "--param",
+                     "fit_intercept=false", "--grid", "tol=0.001,0.01", "--no-fallback")
+    assert result.exit_code == 0, result.output
+    config = mm.Store(tmp_path / "st").attached("train_config", 1)
+    assert config["by"] == ["store"] and config["params"] == {"alpha": 2,
+                                                              "fit_intercept": False}
+
+
+def _fails_on_zero(item):
+    if item == 0:
+        raise ValueError("zero is refused")
+    return item
+
+
+def test_why_says_a_task_that_did_not_end_ok_was_not_trained(tmp_path):
+    """`why` (and Store.why_not_reused) said "was trained" of a task that was
+    cancelled (it never ran) or failed: each says what became of it."""
+    with pytest.raises(mm.TooManyFailures):
+        mm.train(_fails_on_zero, mm.items(range(4)), store=tmp_path / "s", backend="serial",
+                 max_failures=0, progress=False)
+    store = mm.Store(tmp_path / "s")
+    assert store.results()["status"].tolist() == ["failed"] + ["cancelled"] * 3
+    failed, cancelled = store.why_not_reused(0), store.why_not_reused(2)
+    assert "was trained" not in failed and "was trained" not in cancelled
+    assert failed.startswith("0 was not trained in run 1: its fit ended 'failed' "
+                             "(ValueError: zero is refused)")
+    assert cancelled.startswith("2 never ran in run 1: cancelled")
+    assert "no earlier run in this store has this key" in cancelled
+    mm.train(_fails_on_zero, mm.items(range(1, 4)), store=tmp_path / "s", backend="serial",
+             progress=False)
+    assert store.why_not_reused(2) == ("2 was trained: in run 1 it ended 'cancelled'")
+    for key, said in (("0", "its fit ended 'failed' (ValueError: zero is refused)"),
+                      ("3", "3 never ran in run 1: cancelled")):
+        result = _invoke("why", tmp_path / "s", key, "--run", "1")
+        assert result.exit_code == 0 and said in result.output, result.output
+        assert "was trained" not in result.output
+
+
+def test_the_metrics_help_and_error_list_every_regression_metric(tmp_path, trained):
+    """`train --help` and the error for a classification metric with a
+    regressor left out smape and mase, which work."""
+    _, _, table = trained
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    helped = " ".join(_invoke("train", "--help").output.split())
+    assert "r2, mae, mse, rmse, mape, smape, mase (regression" in helped
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st", "--metrics",
+                     "accuracy")
+    assert result.exit_code == 2
+    assert "use rmse, mse, mae, mape, smape, mase or r2" in " ".join(result.output.split())

@@ -948,7 +948,9 @@ def test_why_not_reused_looks_past_runs_without_the_key(tmp_path):
     registry = mm.Store(store)
     assert registry.why_not_reused(3, third.run_id) == \
         "3 was trained: since run 1, its data changed"
-    assert registry.why_not_reused(7, third.run_id) == "7 was trained: in run 1 it ended 'failed'"
+    assert registry.why_not_reused(7, third.run_id) == (  # (it failed again)
+        "7 was not trained in run 3: its fit ended 'failed' (ValueError: a negative first "
+        "x); it was not reused: in run 1 it ended 'failed'")
     wider = table(groups=25)
     fourth = mm.train(fit_mean, mm.groups(wider[wider["g"] >= 20], by="g"), **kwargs)
     assert registry.why_not_reused(22, fourth.run_id) == \

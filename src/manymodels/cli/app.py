@@ -4,15 +4,80 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from .._version import __version__
 
+
+def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | None:
+    """The first option of ``command`` that ``args`` give twice though it
+    takes one value, with the two as given (``['--by store', '--by
+    item']``), or None. Click keeps the last one silently: ``--by store --by
+    item`` trained by item alone, ``-o a.csv -o b.csv`` wrote b.csv.
+    Options meant to repeat (``multiple``, as ``--param`` and ``--grid``) and
+    flags are not counted; what follows ``--`` is not an option."""
+    options: dict[str, Any] = {}
+    for param in getattr(command, "params", []):
+        for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if name.startswith("-"):
+                options[name] = param
+    seen: dict[str, list[str]] = {}
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if token == "--":
+            break
+        if token.startswith("--"):
+            name, attached, value = token.partition("=")
+        elif token.startswith("-") and len(token) > 1:  # -o x, or -ox
+            name, attached, value = token[:2], token[2:], token[2:]
+        else:
+            continue
+        param = options.get(name)
+        if param is None:  # an argument (a run id -1), or an unknown option: click says so
+            continue
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        if not attached:  # its value follows (and may start with '-')
+            value = " ".join(args[index:index + param.nargs])
+            index += param.nargs
+        if getattr(param, "multiple", False):
+            continue
+        seen.setdefault(param.name, []).append(f"{name} {value}".strip())
+        if len(seen[param.name]) > 1:
+            return param, seen[param.name]
+    return None
+
+
+class _OneValueGroup(TyperGroup):
+    """The app's group: a command whose option taking one value is given
+    twice is refused before any work, naming the option (see
+    :func:`given_twice`), exit status 2."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        twice = given_twice(command, rest) if command is not None else None
+        if twice is not None:
+            param, given = twice
+            raise typer.BadParameter(
+                f"given twice ({given[0]!r}, then {given[1]!r}); it takes one value: give it "
+                "once" + (" (a list is comma-separated)" if param.name in _LISTS else ""),
+                ctx=command.context_class(command, info_name=name, parent=ctx),
+                param_hint="/".join(param.opts))
+        return name, command, rest
+
+
+#: The options that take a comma-separated list in one value.
+_LISTS = frozenset({"by", "features", "metrics"})
+
 app = typer.Typer(
+    cls=_OneValueGroup,
     help="Train many ML models at once: one per group, per file or per setting.",
     no_args_is_help=True,
     add_completion=False,
@@ -45,7 +110,8 @@ def demo(
     items: int = typer.Option(50, min=1, help="Items per store."),
     workers: int = typer.Option(None, min=1, help="Worker processes (default: usable cores)."),
     serial: bool = typer.Option(True, help="Also run the same tasks serially to compare."),
-    json_out: str = typer.Option(None, "--json", help="Also write the numbers to this file."),
+    json_out: str = typer.Option(None, "--json", help="Also write the numbers to this "
+                                  "file (- for standard output)."),
 ) -> None:
     """Train a tuned Ridge per store x item of a generated sales table.
 
@@ -58,7 +124,7 @@ def demo(
     numbers = run_demo(stores, items, workers=workers, compare_serial=serial)
     if json_out:
         with _written(json_out, "--json") as path:
-            path.write_text(json.dumps(numbers, indent=2))
+            path.write_text(json.dumps(numbers, indent=2) + "\n")
 
 
 def _open_store(path: str, writes: bool = False):
@@ -154,11 +220,16 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
 
     if is_device(out):  # made whole in a temporary file, then its bytes sent on
         with tempfile.TemporaryDirectory(prefix="manymodels-out-") as folder:
-            temporary = Path(folder, Path(out).name or "out")
+            temporary = Path(folder, "out")
             try:
                 yield temporary
-                with open(temporary, "rb") as made, open(out, "wb") as device:
-                    shutil.copyfileobj(made, device)
+                descriptor = inherited_descriptor(out)
+                with open(temporary, "rb") as made:
+                    if descriptor is None:  # /dev/null, /dev/full, a named pipe
+                        with open(out, "wb") as device:
+                            shutil.copyfileobj(made, device)
+                    else:
+                        _send(made, descriptor)
             except OSError as exc:
                 _write_failed(out, option, exc)
         return
@@ -178,6 +249,51 @@ def _written(out: str, option: str = "--out") -> Iterator[Path]:
             temporary.unlink(missing_ok=True)
 
 
+def inherited_descriptor(out: str) -> int | None:
+    """The file descriptor this process inherited that ``out`` names (``-``
+    and ``/dev/stdout``: 1, ``/dev/stderr``: 2, ``/dev/fd/N`` and
+    ``/proc/self/fd/N``: N), or None. Such an output is written to that
+    descriptor, never reopened by its name: on Linux opening
+    ``/dev/stdout`` opens the redirected file anew and truncates it, which
+    lost what ``>>`` appended to, or what the shell wrote before the
+    command in ``{ echo HEADER; manymodels ...; } > file``."""
+    import os
+
+    if out in ("-", "/dev/stdout"):
+        return 1
+    if out == "/dev/stderr":
+        return 2
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        number = out[len(prefix):] if out.startswith(prefix) else ""
+        if number.isascii() and number.isdigit():
+            return int(number)
+    return None
+
+
+def _send(made: BinaryIO, descriptor: int) -> None:
+    """``made``'s bytes written to ``descriptor`` at its own offset (an
+    appending one appends), after whatever the command printed before;
+    standard output and error through Python's streams, so that what they
+    hold is flushed first and what is written stays in order."""
+    import os
+    import shutil
+    import sys
+
+    stream = {1: sys.stdout, 2: sys.stderr}.get(descriptor)
+    for each in (sys.stdout, sys.stderr):
+        if each is not None:
+            each.flush()
+    binary = getattr(stream, "buffer", None)
+    if binary is not None:
+        shutil.copyfileobj(made, binary)
+        binary.flush()
+        return
+    while chunk := made.read(1 << 20):
+        view = memoryview(chunk)
+        while view:  # (a pipe may take part of it)
+            view = view[os.write(descriptor, view):]
+
+
 def _write_failed(out: str, option: str, exc: OSError) -> NoReturn:
     """A write of ``out`` that failed, said in one line: exit code 1."""
     typer.echo(f"Error: cannot write {option} {out!r}: {exc.strerror or exc}", err=True)
@@ -185,10 +301,16 @@ def _write_failed(out: str, option: str, exc: OSError) -> NoReturn:
 
 
 def is_device(out: str) -> bool:
-    """Whether ``out`` names a device (``/dev/stdout``: the shell's pipe, which
-    resolves to no path, or the file it redirected to): written through that
-    name, in place, and what a command says of it goes to standard error."""
-    return out.startswith(("/dev/", "/proc/"))
+    """Whether ``out`` names a device (``-`` or ``/dev/stdout``: the shell's
+    pipe, or the file it redirected to): written in place (see
+    :func:`inherited_descriptor`), and what a command says of it goes to
+    standard error."""
+    return out == "-" or out.startswith(("/dev/", "/proc/"))
+
+
+def out_name(out: str) -> str:
+    """``out`` as a command's summary names it (``-``: standard output)."""
+    return "standard output" if out == "-" else out
 
 
 def said(message: str, out: str) -> None:

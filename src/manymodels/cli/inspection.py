@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .app import _FORMAT_HELP, _check_out, _fail, _open_store, _written, app, said
+from .app import _FORMAT_HELP, _check_out, _fail, _open_store, _written, app, out_name, said
 from .tables import OutputFormat, iso_times, local_time, print_frame
 
 
@@ -62,7 +62,8 @@ def show(
 def export(
     store: str = typer.Argument(..., help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
-    out: str = typer.Option(..., "--out", "-o", help="Parquet file to write."),
+    out: str = typer.Option(..., "--out", "-o", help="Parquet file to write (- for "
+                            "standard output)."),
 ) -> None:
     """Write a run's results, metrics as columns, to a Parquet file.
 
@@ -76,7 +77,7 @@ def export(
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     with _written(out) as path:
         opened.export(path, run)
-    said(f"wrote {out}", out)
+    said(f"wrote {out_name(out)}", out)
 
 
 @app.command()
@@ -116,7 +117,8 @@ def why(
 def report(
     store: str = typer.Argument(..., help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
-    out: str = typer.Option("report.html", "--out", "-o", help="HTML file to write."),
+    out: str = typer.Option("report.html", "--out", "-o", help="HTML file to write (- for "
+                            "standard output)."),
 ) -> None:
     """Write a self-contained HTML report of a run: summary, worker timeline,
     durations, metrics, slowest tasks and failures.
@@ -133,4 +135,4 @@ def report(
         _fail(str(exc), "RUN")
     with _written(out) as path:
         store_report(opened, run, path)
-    said(f"wrote {out}", out)
+    said(f"wrote {out_name(out)}", out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from ..inputs.tables import named_twice
-from .app import _check_out, _fail, _open_store, _split_list, _written, app, said
+from .app import _check_out, _fail, _open_store, _split_list, _written, app, out_name, said
 
 
 def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
@@ -49,8 +49,8 @@ def train(
                                     "repeatable."),
     grid: list[str] = typer.Option([], help="Values to try per group, name=v1,v2,...; "
                                    "repeatable. The best per group is kept."),
-    metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape "
-                                "(regression; default r2,mae), accuracy, f1, "
+    metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape, "
+                                "smape, mase (regression; default r2,mae), accuracy, f1, "
                                 "balanced_accuracy, log_loss (classification; default accuracy). "
                                 "The first one picks the best grid setting."),
     test_size: float = typer.Option(None, help="Fraction of each group held out "
@@ -128,7 +128,8 @@ def train(
 def predict(
     store: str = typer.Argument(..., help="Store directory written by manymodels train."),
     data: str = typer.Argument(..., help="CSV or Parquet file of rows to predict."),
-    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet)."),
+    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet; - "
+                            "for standard output, as CSV)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
     by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
     workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),
@@ -192,5 +193,5 @@ def predict(
         else:
             frame.to_csv(path, index=False)
     counts = frame["source"].value_counts().to_dict()
-    said(f"wrote {len(frame)} predictions to {target} ("
+    said(f"wrote {len(frame)} predictions to {out_name(out)} ("
          + ", ".join(f"{v} by {k}" for k, v in counts.items()) + ")", out)

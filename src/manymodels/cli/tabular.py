@@ -33,7 +33,10 @@ class ArgumentError(ValueError):
 
 
 def import_estimator(dotted: str) -> type:
-    """The estimator class named ``package.module.Class``."""
+    """The estimator class named ``package.module.Class``. A module that
+    cannot be imported, whatever it raises (a RuntimeError or a SyntaxError
+    in its code, not only an ImportError), is a ValueError of one line that
+    names it: the command line says that, not a page of traceback."""
     module_name, _, class_name = dotted.rpartition(".")
     if not module_name:
         raise ValueError(f"--model must be a dotted name like sklearn.linear_model.Ridge, "
@@ -42,6 +45,11 @@ def import_estimator(dotted: str) -> type:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import module {module_name!r} for --model: {exc}") from exc
+    except Exception as exc:  # its code raised (or does not parse): its first line
+        said = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot import module {module_name!r} for --model: importing it "
+                         f"raised {type(exc).__name__}" + (f": {said}" if said else "")) \
+            from exc
     cls = getattr(module, class_name, None)
     if cls is None:
         raise ValueError(f"module {module_name!r} has no {class_name!r} (--model)")
@@ -231,8 +239,10 @@ def _check_metrics(names: list[str], estimator: Any, model: str) -> None:
                             f"{', '.join(METRICS)}", "--metrics")
     labels = [m for m in names if m in CLASSIFICATION_METRICS] if is_regressor(estimator) else []
     if labels:
+        numbers = [m for m in METRICS if m not in CLASSIFICATION_METRICS]  # (all of them)
         raise ArgumentError(f"metric {labels[0]!r} compares class labels, but {model} is a "
-                            "regressor; use r2, mae, mse, rmse or mape", "--metrics")
+                            f"regressor; use {', '.join(numbers[:-1])} or {numbers[-1]}",
+                            "--metrics")
 
 
 def _check_split(test_size: float | None, cv: int | None) -> float | None:

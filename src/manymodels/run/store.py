@@ -35,7 +35,9 @@ class Store(_Store):
 
     def why_not_reused(self, key: Hashable, run: int | None = None) -> str:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
-        rather than reused: which part of its identity changed."""
+        rather than reused: which part of its identity changed (of a task
+        that did not end ok, first what became of it: cancelled, or its
+        error)."""
         linear = self._linear_run(self._run_row(run)[0])
         if linear is not None:
             return linear_runs.explain(self, linear, key)

@@ -426,7 +426,10 @@ class Store(OpenedIndex):
 
     def why_not_reused(self, key: Hashable, run: int | None = None) -> str:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
-        rather than reused: which part of its identity changed."""
+        rather than reused: which part of its identity changed. Of a task
+        that did not end ok it says what became of it first (cancelled: it
+        never ran; failed, timed out...: the first line of its error), not
+        that it "was trained"."""
         from .explain import why_not_reused
 
         return why_not_reused(self, key, run)
