@@ -389,3 +389,24 @@ def test_the_metrics_help_and_error_list_every_regression_metric(tmp_path, train
                      "accuracy")
     assert result.exit_code == 2
     assert "use rmse, mse, mae, mape, smape, mase or r2" in " ".join(result.output.split())
+
+
+def test_train_says_which_features_it_chose_and_which_it_left_out(tmp_path):
+    """One '?' in a price column read it as text: the price was dropped from
+    every model, silently (the r2 fell from 0.96 to -0.45)."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"store": rng.choice(["a", "b"], 40), "price": rng.random(40),
+                          "promo": rng.integers(0, 2, 40), "note": "x"})
+    frame["sales"] = 3 * frame["price"] + frame["promo"]
+    dirty = frame.astype({"price": str})
+    dirty.loc[3, "price"] = "?"
+    dirty.to_csv(tmp_path / "dirty.csv", index=False)
+    result = _invoke("train", tmp_path / "dirty.csv", "--by", "store", "--target", "sales",
+                  "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 0, result.output
+    assert ("features: promo (every numeric column but --by and --target; not numeric, "
+            "left out: price, note)") in result.output
+    given = _invoke("train", tmp_path / "dirty.csv", "--by", "store", "--target", "sales",
+                 "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st2",
+                 "--features", "promo")
+    assert given.exit_code == 0 and "features:" not in given.output

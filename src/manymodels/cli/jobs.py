@@ -105,6 +105,11 @@ def train(
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
     run = trained.run
+    if not features:  # chosen here: said, so that a column read as text is seen missing
+        typer.echo(f"features: {', '.join(trained.features)} (every numeric column but "
+                   "--by and --target" + (f"; not numeric, left out: "
+                                          f"{', '.join(trained.left_out)}"
+                                          if trained.left_out else "") + ")")
     if trained.path_note:
         typer.echo(trained.path_note)
     if trained.fallback_error:

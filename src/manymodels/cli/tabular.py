@@ -220,6 +220,9 @@ class TableRun:
     means: dict[str, float]
     fallback_error: str | None = None
     path_note: str | None = None  # whether the batched linear fit (mm.linear) was used
+    #: The columns that are neither keys, target nor features: with the
+    #: features chosen (every numeric column), what was left out as not numeric
+    left_out: tuple[str, ...] = ()
 
 
 def _is_numeric(kind: Any) -> bool:
@@ -381,4 +384,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
             else:
                 run.store.attach(run.run_id, "fallback", global_model)
     means = {m: run.results[m].mean() for m in metric_names if m in run.results}
-    return TableRun(run, feature_columns, metric_names, means, fallback_error, path_note)
+    left_out = tuple(c for c in table.column_names
+                     if c not in {*by_columns, target, *feature_columns})
+    return TableRun(run, feature_columns, metric_names, means, fallback_error, path_note,
+                    left_out)
