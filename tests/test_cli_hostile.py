@@ -410,3 +410,45 @@ def test_train_says_which_features_it_chose_and_which_it_left_out(tmp_path):
                  "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st2",
                  "--features", "promo")
     assert given.exit_code == 0 and "features:" not in given.output
+
+
+_SLOW_MODEL = '''
+import time
+from pathlib import Path
+from sklearn.linear_model import LinearRegression
+
+class Slow(LinearRegression):
+    def fit(self, X, y, sample_weight=None):
+        Path(__file__).with_name("started").touch()
+        time.sleep(0.3)
+        return super().fit(X, y, sample_weight)
+'''
+
+
+def test_ctrl_c_of_train_says_what_is_kept_and_exits_130(tmp_path):
+    """Ctrl-C of train exited 130 with no word of what was kept."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "slowmodel.py").write_text(_SLOW_MODEL)
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame({"store": np.repeat(np.arange(60), 5), "price": rng.random(300)})
+    frame["sales"] = 2 * frame["price"]
+    frame.to_csv(tmp_path / "sales.csv", index=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "manymodels", "train", str(tmp_path / "sales.csv"), "--by",
+         "store", "--target", "sales", "--model", "slowmodel.Slow", "--store",
+         str(tmp_path / "st"), "--workers", "2", "--no-fallback", "--metrics", "rmse"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "interrupted: " in err and f"kept in {tmp_path / 'st'}" in err
+    assert mm.Store(tmp_path / "st").runs()["status"].tolist() == ["interrupted"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from ..engine.scheduling import RunInterrupted
 from ..inputs.tables import named_twice
 from .app import _check_out, _fail, _open_store, _split_list, _written, app, out_name, said
 
@@ -104,6 +105,12 @@ def train(
     except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
+    except RunInterrupted as exc:  # Ctrl-C, SIGTERM: what finished is in the store
+        counts = exc.run.summary().statuses if exc.run is not None else {}
+        typer.echo(f"interrupted: {counts.get('ok', 0)} model(s) kept in {store}, "
+                   f"{counts.get('cancelled', 0)} group(s) not trained; the same command "
+                   "trains them and reuses the rest", err=True)
+        raise typer.Exit(130) from exc
     run = trained.run
     if not features:  # chosen here: said, so that a column read as text is seen missing
         typer.echo(f"features: {', '.join(trained.features)} (every numeric column but "
