@@ -196,6 +196,28 @@ def _categories_and_rows(rows):
                   "categories": ",".join(rows["size"].cat.categories)}
 
 
+def _read_both_ways(tmp_path, order_by, first_keys: list, second_keys: list) -> tuple:
+    """Two files whose categorical ``size`` has categories of its own in each
+    (``L,S,XS`` then ``S,M,L``), keyed as given, trained on as an eager read
+    and read on the workers: the two runs."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    sizes = ((["S", "L", None, "S"][:len(first_keys)], ["L", "S", "XS"]),
+             (["M", "S", "L"][:len(second_keys)], ["S", "M", "L"]))
+    start = 0
+    for number, (keys, (values, categories)) in enumerate(zip((first_keys, second_keys), sizes)):
+        pd.DataFrame({"g": keys, "x": range(start, start + len(keys)), "size": pd.Categorical(
+            values, categories=categories)}).to_parquet(folder / f"part-{number}.parquet",
+                                                        index=False)
+        start += len(keys)
+    return tuple(
+        mm.train(_categories_and_rows, mm.groups(
+            folder, by="g", order_by=order_by, read_on_workers=read_on_workers,
+            staging=tmp_path / "stage" if read_on_workers else None),
+                 backend="serial", progress=False)
+        for read_on_workers in (False, True))
+
+
 @pytest.mark.parametrize("order_by", [None, "size"])
 def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
         tmp_path, order_by):
@@ -203,20 +225,7 @@ def test_categoricals_whose_categories_differ_between_files_are_sorted_once(
     one dictionary a column: a categorical whose categories differ between
     files raised ArrowInvalid before any task ran. Each group gets the
     categories of all files, in the order an eager read gives them."""
-    folder = tmp_path / "data"
-    folder.mkdir()
-    pd.DataFrame({"g": ["b", "a", "b", "a"], "x": [0, 1, 2, 3], "size": pd.Categorical(
-        ["S", "L", None, "S"], categories=["L", "S", "XS"])}).to_parquet(
-        folder / "part-0.parquet", index=False)
-    pd.DataFrame({"g": ["a", "b", "a"], "x": [4, 5, 6], "size": pd.Categorical(
-        ["M", "S", "L"], categories=["S", "M", "L"])}).to_parquet(
-        folder / "part-1.parquet", index=False)
-    eager, staged = (
-        mm.train(_categories_and_rows, mm.groups(
-            folder, by="g", order_by=order_by, read_on_workers=read_on_workers,
-            staging=tmp_path / "stage" if read_on_workers else None),
-                 backend="serial", progress=False)
-        for read_on_workers in (False, True))
+    eager, staged = _read_both_ways(tmp_path, order_by, ["b", "a", "b", "a"], ["a", "b", "a"])
     assert staged.failed.empty
     assert any((tmp_path / "stage").iterdir())  # sorted once, not scanned per batch
     columns = ["g", "size", "x", "categories"]
@@ -232,20 +241,7 @@ def test_categoricals_of_files_in_key_order_get_the_categories_of_all_files(tmp_
     """Files in key order are scanned per batch: each group got the
     categories of the files its batch read (``L,S,XS`` in one group, ``S,M,L``
     in another), not those of all files as an eager read gives them."""
-    folder = tmp_path / "data"
-    folder.mkdir()
-    pd.DataFrame({"g": ["a", "a", "b"], "x": [0, 1, 2], "size": pd.Categorical(
-        ["S", "L", None], categories=["L", "S", "XS"])}).to_parquet(
-        folder / "part-0.parquet", index=False)
-    pd.DataFrame({"g": ["c", "d", "d"], "x": [3, 4, 5], "size": pd.Categorical(
-        ["M", "S", "L"], categories=["S", "M", "L"])}).to_parquet(
-        folder / "part-1.parquet", index=False)
-    eager, scanned = (
-        mm.train(_categories_and_rows, mm.groups(
-            folder, by="g", order_by=order_by, read_on_workers=read_on_workers,
-            staging=tmp_path / "stage" if read_on_workers else None),
-                 backend="serial", progress=False)
-        for read_on_workers in (False, True))
+    eager, scanned = _read_both_ways(tmp_path, order_by, ["a", "a", "b"], ["c", "d", "d"])
     assert scanned.failed.empty
     assert not (tmp_path / "stage").exists() or not any((tmp_path / "stage").iterdir())
     columns = ["g", "size", "x", "categories"]
