@@ -163,12 +163,14 @@ def test_a_categorical_key_keeps_its_categories_and_their_order():
     assert got.sort_values("k")["k"].tolist() == ["z", "y", "x"]
 
 
-def test_a_transform_lacking_the_key_columns_is_not_given_them():
-    """pandas' groupby(group_keys=False).apply gives a transform's columns
-    alone; the key columns were added in front."""
+def test_a_transform_lacking_the_key_columns_is_given_them_under_the_input_labels():
+    """A transform's rows come back under the input's labels with the key
+    columns in front, as every other output (and as an engine's DataFrame
+    gives them, which has no labels to put rows back under): pandas'
+    group_keys=False gives fn's columns alone."""
     frame = pd.DataFrame({"k": ["a", "a", "b", "c"], "x": [1.0, 2.0, 3.0, 4.0]},
                          index=[10, 11, 12, 13])
     got = mm.map_groups(lambda rows: rows[["x"]].cumsum(), mm.groups(frame, by="k"),
                         backend="serial")
     expected = frame.groupby("k", group_keys=False).apply(lambda r: r[["x"]].cumsum())
-    pd.testing.assert_frame_equal(got, expected.loc[frame.index])
+    pd.testing.assert_frame_equal(got, frame[["k"]].join(expected))

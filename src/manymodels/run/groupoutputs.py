@@ -354,11 +354,7 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
             return _rows_per_group([out.reindex(labels) for out in outputs], parts,
                                    key_columns, base)
         return _series_under_keys(outputs, parts, key_columns)
-    if transform is not None and all(isinstance(out, pd.DataFrame) for out in outputs):
-        # a transform's rows go back under the input's labels, as pandas'
-        # groupby(group_keys=False).apply: the key columns are not added
-        result = pd.concat(outputs, ignore_index=True)
-    elif all(isinstance(out, pd.DataFrame) for out in outputs):
+    if all(isinstance(out, pd.DataFrame) for out in outputs):
         result = _frames_with_keys(outputs, parts, key_columns, base)
     else:
         result = concat_outputs([_with_keys(out, key, key_columns)
