@@ -417,7 +417,7 @@ mm.train(fit, mm.groups(pd.DataFrame({"g": ["a"]}), by="g"), store=sys.argv[1],
 """
 
 
-@pytest.mark.parametrize("backend", ["serial", "threads"])
+@pytest.mark.parametrize("backend", ["threads"])  # (fit runs in the driver: serial alike)
 def test_a_process_the_fit_forked_does_not_keep_a_killed_run_running(tmp_path, backend):
     """A process forked from the driver inherited its owner lock: after a
     SIGKILL of the driver, the orphan kept the dead run "running", and the

@@ -251,8 +251,11 @@ def _nullable_ints(df):
 def test_nullable_integers_keep_one_type_in_every_partition(engine, table, tmp_path):
     """An ``Int64`` column with a missing value in one group: the pandas path
     gives ``Int64``; a Dask result gave int64 in its meta and floats in the
-    partition that held the null (Arrow's ``to_pandas``)."""
+    partition that held the null (Arrow's ``to_pandas``). (Spark keeps its
+    own types: the Dask result's pandas types are at stake.)"""
     name = engine[0]
+    if name != "dask":
+        pytest.skip("a Dask result's pandas types")
     source = mm.groups(table, by=["store", "item"])
     expected = mm.map_groups(_nullable_ints, source, backend="serial")
     result = mm.map_groups(_nullable_ints, _engine_frame(engine, table), by=["store", "item"],
