@@ -1065,9 +1065,11 @@ def test_a_linear_models_row_with_a_missing_feature_is_refused_as_scikit_learn_d
     mm.train(_ridge_of_group, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
              progress=False)
     store = mm.Store(tmp_path / "s")
-    fine = store.predict(pd.DataFrame({"g": ["a", "b"], "x": [1.0, 2.0]}), by="g")
+    fine = store.predict(pd.DataFrame({"g": ["a", "b"], "x": [1.0, 2.0]}), by="g",
+                         backend="serial")
     assert np.isfinite(fine).all()
     for bad in (np.nan, np.inf):
         with pytest.raises(RuntimeError, match=r"(?s)predicting group 'a' failed.*Input X "
                                                "contains (NaN|infinity)"):
-            store.predict(pd.DataFrame({"g": ["a", "b"], "x": [bad, 2.0]}), by="g")
+            store.predict(pd.DataFrame({"g": ["a", "b"], "x": [bad, 2.0]}), by="g",
+                          backend="serial")
