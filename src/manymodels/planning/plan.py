@@ -285,17 +285,6 @@ def _scalar_key(parts: tuple) -> Hashable:
     return parts[0] if len(parts) == 1 else parts
 
 
-def _check_costs(costs: Any) -> None:
-    """Refuse, naming ``cost=``, a cost that is no finite number (NaN, or
-    infinite): no order runs the longest first among them. (A negative one
-    orders as any number: the largest first.)"""
-    values = np.asarray(costs, dtype=float)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        raise ValueError(f"cost= gave {float(values[bad][0])!r} for a task: each task's "
-                         "expected cost must be a finite number")
-
-
 def plan(source: Source) -> Plan:
     """Turn ``source`` into tasks, numbered in source order."""
     base, grid_source = source, None
@@ -335,8 +324,6 @@ def plan(source: Source) -> Plan:
             raise
         raise ValueError(f"cost= (each task's expected cost, a number) failed: "
                          f"{exc}") from exc
-    if cost is not None:
-        _check_costs(costs)
     if len(key_rows) * len(settings) > MOST_SETTINGS:  # (each a row held while planned)
         raise ValueError(f"{len(key_rows):,} groups or items times {len(settings):,} grid "
                          f"settings make more tasks than a run plans ({MOST_SETTINGS:,}): "

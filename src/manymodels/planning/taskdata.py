@@ -116,6 +116,18 @@ class SettingsOnly(TaskData):
         return [digest("no data")] * len(refs)
 
 
+def group_costs(cost: Any, lengths: Any) -> Any:
+    """Each group's cost: its row count (``cost`` is ``float``, the default:
+    the lengths themselves, a million groups), else ``cost`` of it, checked
+    (:func:`~manymodels.inputs.sources.task_cost`)."""
+    import numpy as np
+
+    if cost is float:
+        return lengths
+    return np.array([task_cost(cost(n), f"a group of {n} rows") for n in lengths.tolist()],
+                    dtype=np.float64)
+
+
 class Items(TaskData):
     """``mm.items``: the reference is the item; a path is hashed by content."""
 
@@ -190,14 +202,8 @@ class TableSlices(TaskData):
         self._cost = cost or float
 
     def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
-        import numpy as np
-
         layout, cost = self.layout, self._cost
-        if cost is float:  # the default, its length: the lengths themselves (a million groups)
-            costs = layout.lengths
-        else:
-            costs = np.array([task_cost(cost(length), f"a group of {length} rows")
-                              for length in layout.lengths.tolist()], dtype=np.float64)
+        costs = group_costs(cost, layout.lengths)
         return layout.keys, SliceRefs(layout.offsets, layout.lengths), costs
 
     def hashes(self, refs: list[tuple[int, int]]) -> list[str]:
@@ -326,14 +332,8 @@ class StagedSlices(TaskData):
         self._cost = cost or float
 
     def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
-        import numpy as np
-
         layout, cost = self.layout, self._cost
-        if cost is float:  # the lengths themselves
-            costs = layout.lengths
-        else:
-            costs = np.array([task_cost(cost(n), f"a group of {n} rows")
-                              for n in layout.lengths.tolist()], dtype=np.float64)
+        costs = group_costs(cost, layout.lengths)
         return self._keys, StagedRefs(layout.file_numbers, layout.offsets, layout.lengths), costs
 
     def hash_lanes(self, refs: Sequence[tuple[int, int, int]]) -> Any:
