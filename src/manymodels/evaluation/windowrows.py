@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from binascii import b2a_base64
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -62,13 +63,13 @@ class WindowLayout:
         self._trains = [train for train, _, _ in windows]
         self._packed: tuple[Any, Any] | None = None
 
-    @property
+    @cached_property
     def trains(self) -> list[np.ndarray]:
         """Each window's training target (``mase`` scales by it), in time
         order; none (``mase`` NaN) where a time holds several of its rows: the
         rows of a step are no one series, and the naive one-step differences
         ran across them (one store's sales from another's), in whichever
-        order the step's rows came."""
+        order the step's rows came. Made once, for every candidate."""
         time = getattr(self.group.splitter, "time", None)
         times = None if time is None else column(self.group.rows, time)
         trains = []
