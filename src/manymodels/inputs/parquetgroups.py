@@ -31,6 +31,7 @@ from .objectstores import (
 from .partitions import partition_table, partitioning
 from .tables import (
     PARQUET_SUFFIXES,
+    codes_into,
     dictionaries_that_hold_all,
     exact_pandas,
     first_misfit,
@@ -294,8 +295,6 @@ class ParquetGroups:
     def _with_all_categories(self, rows: pa.Table) -> pa.Table:
         """``rows`` with each dictionary column's codes into the categories of
         all files (:attr:`dictionaries`), not only those of the files read."""
-        import pyarrow.compute as pc
-
         for name, values in (self.dictionaries or {}).items():
             position = rows.schema.get_field_index(name)
             if position < 0:
@@ -303,9 +302,8 @@ class ParquetGroups:
             kind = self.schema.field(name).type
             wanted = pa.dictionary(index_type_for(len(values), kind.index_type),
                                    kind.value_type, kind.ordered)
-            chunks = [pa.DictionaryArray.from_arrays(
-                pc.index_in(chunk.dictionary, value_set=values).take(chunk.indices).cast(
-                    wanted.index_type), values, ordered=kind.ordered)
+            chunks = [pa.DictionaryArray.from_arrays(codes_into(chunk, values).cast(
+                wanted.index_type), values, ordered=kind.ordered)
                 for chunk in rows.column(position).chunks]
             rows = rows.set_column(position, name, pa.chunked_array(chunks, wanted))
         return rows

@@ -193,6 +193,14 @@ def index_type_for(categories: int, index: pa.DataType) -> pa.DataType:
     return index if categories <= np.iinfo(index.to_pandas_dtype()).max + 1 else pa.int32()
 
 
+def codes_into(chunk: pa.DictionaryArray, values: pa.Array) -> pa.Array:
+    """``chunk``'s rows as int32 codes into ``values``, a dictionary that
+    holds every value of its own (files' dictionaries unified into one)."""
+    import pyarrow.compute as pc
+
+    return pc.index_in(chunk.dictionary, value_set=values).take(chunk.indices)
+
+
 def dictionaries_that_hold_all(tables: list[pa.Table]) -> list[pa.Table]:
     """``tables`` (one a file, or one of a chunk a file) with each dictionary
     (categorical) column whose files' categories together outnumber its index

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from ..inputs.objectstores import is_remote, path_in, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
-from ..inputs.tables import index_type_for, sort_order
+from ..inputs.tables import codes_into, index_type_for, sort_order
 from .staging import StagedGroups, cleanup_with, new_directory, remove_directory
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
@@ -98,7 +98,7 @@ class _Dictionaries:
                 new = own.filter(pc.invert(pc.is_in(own, value_set=self.values[name])))
                 if len(new):
                     self.values[name] = pa.concat_arrays([self.values[name], new])
-                codes.append(pc.index_in(own, value_set=self.values[name]).take(chunk.indices))
+                codes.append(codes_into(chunk, self.values[name]))
             rows = rows.set_column(position, name, pa.chunked_array(codes, pa.int32()))
         return rows
 
