@@ -82,15 +82,16 @@ def _marked_nullable(table: pa.Table, frame: Any = None) -> pa.Table:
     (a mark a part's schema, and so its file, carries)."""
     import pandas as pd
 
-    schema = table.schema
+    schema = marked = table.schema
     for position, field in enumerate(schema):
         if not (pa.types.is_integer(field.type) or pa.types.is_boolean(field.type)):
             continue
         extension = (frame is not None and position < frame.shape[1]
                      and isinstance(frame.dtypes.iloc[position], pd.api.extensions.ExtensionDtype))
         if extension or table.column(position).null_count:
-            schema = schema.set(position, field.with_metadata(NULLABLE))
-    return table if schema is table.schema else table.cast(schema)
+            marked = marked.set(position, field.with_metadata(NULLABLE))
+    # (compared with the schema read once: table.schema is a new object each read)
+    return table if marked is schema else table.cast(marked)
 
 
 def _plain_frame_table(frame: Any, names: list[str]) -> pa.Table | None:
