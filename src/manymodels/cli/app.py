@@ -288,10 +288,8 @@ def _send(made: BinaryIO, descriptor: int) -> None:
         shutil.copyfileobj(made, binary)
         binary.flush()
         return
-    while chunk := made.read(1 << 20):
-        view = memoryview(chunk)
-        while view:  # (a pipe may take part of it)
-            view = view[os.write(descriptor, view):]
+    with os.fdopen(descriptor, "wb", closefd=False) as target:  # (it writes what a pipe
+        shutil.copyfileobj(made, target)                       # takes in parts whole)
 
 
 def _write_failed(out: str, option: str, exc: OSError) -> NoReturn:
