@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from .app import _fail, app, check_store_index
+from .app import app
+from .arguments import check_store_index, fail
 
 
 @app.command()
@@ -39,7 +40,7 @@ def dashboard(
     from ..observe.dashboard import WATCH_DRIVER, DashboardServer
 
     if no_token and token is not None:
-        _fail("give --token or --no-token, not both", "--token/--no-token")
+        fail("give --token or --no-token, not both", "--token/--no-token")
     if Path(store).is_dir():  # another program's index, or an empty one: refused as by all
         check_store_index(store)
     try:  # read-only: opening it as a Store would write (migrations)
@@ -48,9 +49,9 @@ def dashboard(
             server = DashboardServer(store, host, port, token="" if no_token else token,
                                      allow_remote=allow_remote)
     except FileNotFoundError as exc:
-        _fail(str(exc), "STORE")
+        fail(str(exc), "STORE")
     except (ValueError, OSError) as exc:
-        _fail(str(exc), "--host/--port/--token")
+        fail(str(exc), "--host/--port/--token")
     for warning in warned:
         typer.echo(f"warning: {warning.message}", err=True)
     typer.echo(f"manymodels dashboard of {store}: {server.url}  (Ctrl-C stops it)")

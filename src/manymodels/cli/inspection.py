@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from .app import _FORMAT_HELP, _check_out, _fail, _open_store, _written, app, out_name, said
+from .app import app
+from .arguments import FORMAT_HELP, fail, open_store
+from .outputs import check_out, out_name, said, written
 from .tables import OutputFormat, iso_times, local_time, print_frame
 
 
@@ -12,13 +14,13 @@ from .tables import OutputFormat, iso_times, local_time, print_frame
 def runs(
     store: str = typer.Argument(..., help="Store directory."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
-                                     case_sensitive=False, help=_FORMAT_HELP),
+                                     case_sensitive=False, help=FORMAT_HELP),
 ) -> None:
     """List the runs recorded in a store.
 
     Example: manymodels runs models/ --format csv
     """
-    frame = _open_store(store).runs()
+    frame = open_store(store).runs()
     if fmt != OutputFormat.table:
         print_frame(iso_times(frame, ["started_at", "finished_at"]), "runs", fmt)
         return
@@ -34,14 +36,14 @@ def show(
     limit: int = typer.Option(None, min=0, help="Rows to show (default: 20 in a table, "
                               "all in csv or json)."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
-                                     case_sensitive=False, help=_FORMAT_HELP),
+                                     case_sensitive=False, help=FORMAT_HELP),
 ) -> None:
     """Show a run's results: status, metrics and errors per task.
 
     Example: manymodels show models/ 3 --limit 50
     """
     try:
-        frame = _open_store(store).results(run)
+        frame = open_store(store).results(run)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     if fmt != OutputFormat.table:  # every column, the whole traceback
@@ -69,13 +71,13 @@ def export(
 
     Example: manymodels export models/ -o results.parquet
     """
-    _check_out(out, (".parquet", ".pq"))
-    opened = _open_store(store)
+    check_out(out, (".parquet", ".pq"))
+    opened = open_store(store)
     try:
         opened._run_row(run)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
-    with _written(out) as path:
+    with written(out) as path:
         opened.export(path, run)
     said(f"wrote {out_name(out)}", out)
 
@@ -90,11 +92,11 @@ def why(
 
     Example: manymodels why models/ s001 i007
     """
-    opened = _open_store(store)
+    opened = open_store(store)
     try:
         results = opened._key_frame(run)
     except ValueError as exc:  # no runs yet, or no such run
-        _fail(str(exc), "RUN")
+        fail(str(exc), "RUN")
     key_columns = list(results.columns)
     if len(key) != len(key_columns):
         raise typer.BadParameter(
@@ -109,7 +111,7 @@ def why(
     try:
         answer = opened.why_not_reused(parts[0] if len(parts) == 1 else tuple(parts), run=run)
     except KeyError as exc:  # each value is some task's, but not this combination
-        _fail(str(exc.args[0]) if exc.args else str(exc), "KEY")
+        fail(str(exc.args[0]) if exc.args else str(exc), "KEY")
     typer.echo(answer)
 
 
@@ -127,12 +129,12 @@ def report(
     """
     from ..observe.report import store_report
 
-    _check_out(out, (".html", ".htm"))
-    opened = _open_store(store)
+    check_out(out, (".html", ".htm"))
+    opened = open_store(store)
     try:
         opened._run_row(run)
     except ValueError as exc:
-        _fail(str(exc), "RUN")
-    with _written(out) as path:
+        fail(str(exc), "RUN")
+    with written(out) as path:
         store_report(opened, run, path)
     said(f"wrote {out_name(out)}", out)

@@ -7,7 +7,9 @@ import typer
 
 from ..engine.scheduling import RunInterrupted
 from ..inputs.tables import named_twice
-from .app import _check_out, _fail, _open_store, _split_list, _written, app, out_name, said
+from .app import app
+from .arguments import fail, open_store, split_list
+from .outputs import check_out, out_name, said, written
 
 
 def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
@@ -78,30 +80,30 @@ def train(
     try:
         params, grid_values = _parse_settings(param, grid)
     except ValueError as exc:
-        _fail(str(exc), "--model/--param/--grid")
+        fail(str(exc), "--model/--param/--grid")
     for option, text in (("--by", by), ("--features", features), ("--metrics", metrics)):
-        names = _split_list(text)
+        names = split_list(text)
         if text is not None and not names:
-            _fail(f"{text!r} names no column" if option != "--metrics" else
+            fail(f"{text!r} names no column" if option != "--metrics" else
                   f"{text!r} names no metric", option)
         twice = named_twice(names)
         if twice is not None:
-            _fail(f"{twice!r} is named twice", option)
+            fail(f"{twice!r} is named twice", option)
     try:  # every refusal comes before the data is read, naming the option at fault
         track = None
         if mlflow:
             from ..observe.tracking import MLflow
 
             track = MLflow(experiment=mlflow)
-        trained = train_table(data, _split_list(by), target, model, store=store,
-                              features=_split_list(features) if features else None,
-                              params=params, grid=grid_values, metrics=_split_list(metrics),
+        trained = train_table(data, split_list(by), target, model, store=store,
+                              features=split_list(features) if features else None,
+                              params=params, grid=grid_values, metrics=split_list(metrics),
                               test_size=test_size, cv=cv, fallback=fallback, backend=backend,
                               workers=workers, timeout=timeout, track=track)
     except ImportError as exc:
-        _fail(str(exc), "--mlflow")
+        fail(str(exc), "--mlflow")
     except ArgumentError as exc:
-        _fail(str(exc), exc.option)
+        fail(str(exc), exc.option)
     except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -160,30 +162,30 @@ def predict(
     from ..inputs.tables import exact_pandas, read_table
     from ..store import StoreIntegrityError
 
-    _check_out(out, (".csv", ".txt", ".parquet", ".pq"))
+    check_out(out, (".csv", ".txt", ".parquet", ".pq"))
     if workers is not None and workers < 1:
-        _fail(f"workers must be at least 1, got {workers}", "--workers")
+        fail(f"workers must be at least 1, got {workers}", "--workers")
     if backend is not None:
         try:
             backend_class(backend)
         except ValueError as exc:
-            _fail(str(exc), "--backend")
-    opened = _open_store(store)
+            fail(str(exc), "--backend")
+    opened = open_store(store)
     try:
         opened._run_row(run)
     except ValueError as exc:  # no runs yet, or no such run
-        _fail(str(exc), "--run")
+        fail(str(exc), "--run")
     try:
         frame = exact_pandas(read_table(data))
         taken = [name for name in ("prediction", "source") if name in frame.columns]
         if taken:  # (the output would replace it)
-            _fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
+            fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
                   "rename it", "DATA")
-        predicted = opened.predict(frame, by=_split_list(by) or None, run=run,
+        predicted = opened.predict(frame, by=split_list(by) or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)
     except (ValueError, TypeError) as exc:
-        _fail(str(exc), "DATA")
+        fail(str(exc), "DATA")
     except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -194,12 +196,12 @@ def predict(
             raise typer.Exit(1) from exc
         # a group's model could not predict its rows: the cause, in one line
         lines = [line for line in text.splitlines() if line.strip()]
-        _fail(f"{text.split(' failed:', 1)[0]} failed: {lines[-1].strip()} (are the DATA's "
+        fail(f"{text.split(' failed:', 1)[0]} failed: {lines[-1].strip()} (are the DATA's "
               "feature columns those the models were trained on, of the same types?)", "DATA")
     frame["prediction"] = predicted["prediction"].to_numpy()
     frame["source"] = predicted["source"].to_numpy()
     target = Path(out)
-    with _written(out) as path:
+    with written(out) as path:
         if target.suffix.lower() in (".parquet", ".pq"):
             frame.to_parquet(path, index=False)
         else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from .app import _FORMAT_HELP, _open_store, app
+from .app import app
+from .arguments import FORMAT_HELP, open_store
 from .tables import OutputFormat, print_frame
 
 
@@ -13,7 +14,7 @@ from .tables import OutputFormat, print_frame
 def verify(
     store: str = typer.Argument(..., help="Store directory."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
-                                     case_sensitive=False, help=_FORMAT_HELP),
+                                     case_sensitive=False, help=FORMAT_HELP),
 ) -> None:
     """Check every model of a store against its SHA-256; mark the corrupt ones.
 
@@ -24,7 +25,7 @@ def verify(
 
     Example: manymodels verify models/
     """
-    opened = _open_store(store, writes=True)
+    opened = open_store(store, writes=True)
     report = opened.verify()
     checked = report.attrs.get("artifacts_checked", 0)
     if fmt != OutputFormat.table:

@@ -1,0 +1,137 @@
+"""Checking the command line's arguments before any work: an option given
+twice, a list option, a STORE that is no store. Each refusal is one line
+naming the option at fault, exit status 2 (click's usage error)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+
+def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | None:
+    """The first option of ``command`` that ``args`` give twice though it
+    takes one value, with the two as given (``['--by store', '--by
+    item']``), or None. Click keeps the last one silently: ``--by store --by
+    item`` trained by item alone, ``-o a.csv -o b.csv`` wrote b.csv.
+    Options meant to repeat (``multiple``, as ``--param`` and ``--grid``) and
+    flags are not counted; what follows ``--`` is not an option."""
+    options: dict[str, Any] = {}
+    for param in getattr(command, "params", []):
+        for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if name.startswith("-"):
+                options[name] = param
+    seen: dict[str, list[str]] = {}
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if token == "--":
+            break
+        if token.startswith("--"):
+            name, attached, value = token.partition("=")
+        elif token.startswith("-") and len(token) > 1:  # -o x, or -ox
+            name, attached, value = token[:2], token[2:], token[2:]
+        else:
+            continue
+        param = options.get(name)
+        if param is None:  # an argument (a run id -1), or an unknown option: click says so
+            continue
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        if not attached:  # its value follows (and may start with '-')
+            value = " ".join(args[index:index + param.nargs])
+            index += param.nargs
+        if getattr(param, "multiple", False):
+            continue
+        seen.setdefault(param.name, []).append(f"{name} {value}".strip())
+        if len(seen[param.name]) > 1:
+            return param, seen[param.name]
+    return None
+
+
+class OneValueGroup(TyperGroup):
+    """The app's group: a command whose option taking one value is given
+    twice is refused before any work, naming the option (see
+    :func:`given_twice`), exit status 2."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        twice = given_twice(command, rest) if command is not None else None
+        if twice is not None:
+            param, given = twice
+            raise typer.BadParameter(
+                f"given twice ({given[0]!r}, then {given[1]!r}); it takes one value: give it "
+                "once" + (" (a list is comma-separated)" if param.name in _LISTS else ""),
+                ctx=command.context_class(command, info_name=name, parent=ctx),
+                param_hint="/".join(param.opts))
+        return name, command, rest
+
+
+#: The options that take a comma-separated list in one value.
+_LISTS = frozenset({"by", "features", "metrics"})
+
+
+FORMAT_HELP = ("table (aligned; plain text when piped), csv or json (every column, "
+               "full precision).")
+
+
+def split_list(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def fail(message: str, hint: str) -> NoReturn:
+    raise typer.BadParameter(message, param_hint=hint)
+
+
+def open_store(path: str, writes: bool = False):
+    """The store at ``path``, or a refusal naming STORE: a missing directory, or
+    an index that is not a manymodels store's (random bytes, text, another
+    program's SQLite file) is told in one line, not a traceback. A store on
+    an object store opens for reading unless the command ``writes``."""
+    from pathlib import Path
+
+    from ..inputs.objectstores import is_remote, shown
+    from ..run.store import Store
+    from ..store import StoreError, remote_store_exists
+
+    if is_remote(path):  # a store on an object store, as published
+        try:  # (opened for reading, a store nothing was published to is refused by Store)
+            if writes and not remote_store_exists(path):
+                raise typer.BadParameter(f"store {shown(path)!r} does not exist (nothing "
+                                         "was published there)", param_hint="STORE")
+            return Store(path, read_only=None if writes else True)
+        except StoreError as exc:
+            fail(str(exc), "STORE")
+    if not Path(path).is_dir():
+        raise typer.BadParameter(f"store {path!r} " + ("is a file, not a store's directory"
+                                                       if Path(path).exists() else
+                                                       "does not exist"), param_hint="STORE")
+    check_store_index(path)
+    try:
+        return Store(path)
+    except StoreError as exc:
+        fail(str(exc), "STORE")
+
+
+def check_store_index(path: str) -> None:
+    """A local store's index, refused naming STORE unless it is a manymodels
+    store's: checked read-only, so that a command that only reads makes
+    nothing where there is no store (an empty ``index.sqlite`` included)."""
+    from pathlib import Path
+
+    from ..store import StoreError, check_existing_index
+
+    index = Path(path) / "index.sqlite"
+    if not index.is_file():  # nothing made where only reading
+        raise typer.BadParameter(f"{path!r} is not a manymodels store (it has no "
+                                 "index.sqlite)", param_hint="STORE")
+    if index.stat().st_size == 0:
+        fail(f"store index {str(index)!r} is empty (0 bytes): not a manymodels store "
+              "index, or one cut to nothing", "STORE")
+    try:
+        check_existing_index(index)
+    except StoreError as exc:
+        fail(str(exc), "STORE")
