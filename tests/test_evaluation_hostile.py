@@ -435,14 +435,31 @@ def test_select_by_a_score_no_window_has_says_it_chose_nothing():
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"g": "a", "t": np.arange(30), "x": rng.normal(size=30)})
     frame["y"] = 2 * frame["x"]
-    run = mm.train(lambda rows, c: _Scaled(c), mm.groups(frame, by="g")
-                   * mm.grid(c=[-5.0, 2.0]),
-                   evaluate=mm.backtest(time="t", horizon=1, windows=5, target="y",
-                                        features=["x"], metrics=["r2", "rmse"]),
-                   select="r2", backend="serial", progress=False)
-    with pytest.warns(RuntimeWarning, match=r"select='r2': no candidate of 1 group\(s\) "
-                                            r"\(e.g. 'a'\) has a r2 score"):
+    said = r"select='r2': no candidate of 1 group\(s\) \(e.g. 'a'\) has a r2 score"
+    with pytest.warns(RuntimeWarning, match=said):  # said by train, store or none
+        run = mm.train(lambda rows, c: _Scaled(c), mm.groups(frame, by="g")
+                       * mm.grid(c=[-5.0, 2.0]),
+                       evaluate=mm.backtest(time="t", horizon=1, windows=5, target="y",
+                                            features=["x"], metrics=["r2", "rmse"]),
+                       select="r2", backend="serial", progress=False)
+    with pytest.warns(RuntimeWarning, match=said):
         assert len(run.best()) == 1
+
+
+def test_halving_by_a_score_no_window_has_says_it_chose_nothing():
+    """The same under successive halving (one task a group, its candidates
+    raced inside): the race kept the first candidate, and train said
+    nothing (select= said it only when asked for run.best())."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": "a", "t": np.arange(30), "x": rng.normal(size=30)})
+    frame["y"] = 2 * frame["x"]
+    with pytest.warns(RuntimeWarning, match=r"select='r2': no candidate of 1 group\(s\) "):
+        run = mm.train(lambda rows, c: _Scaled(c), mm.groups(frame, by="g")
+                       * mm.grid(c=[-5.0, 2.0]),
+                       evaluate=mm.backtest(time="t", horizon=1, windows=5, target="y",
+                                            features=["x"], metrics=["r2", "rmse"]),
+                       select=mm.halving("r2", eta=2), backend="serial", progress=False)
+    assert run.results["best_c"].tolist() == [-5.0]  # the first: nothing chose it
 
 
 def test_mase_of_a_group_with_several_rows_a_step_is_undefined_not_order_dependent():

@@ -281,9 +281,10 @@ class Run:
         params = set(self._plan.param_columns)
         groups = [c for c in self._plan.key_columns if c not in params]
         self._selection = (selection, groups)
-        if self.store is not None and self.run_id is not None:
-            record_winners(self.store, self.run_id, self.best(), self._plan.key_rows,
-                           groups, selection)
+        best = self.best()  # (made now, with or without a store: a group with no scored
+        if self.store is not None and self.run_id is not None:  # candidate is warned of)
+            record_winners(self.store, self.run_id, best, self._plan.key_rows, groups,
+                           selection)
 
     def best(self) -> pd.DataFrame:
         """One row per group: its winning task's key, setting and scores (the
