@@ -346,6 +346,33 @@ def test_an_option_given_twice_is_refused(tmp_path, trained):
                                                               "fit_intercept": False}
 
 
+def test_a_flag_given_both_ways_is_refused(tmp_path, trained):
+    """`--fallback --no-fallback` kept the last one silently (trained with no
+    fallback). A flag given both ways is refused, naming it, exit status 2,
+    before any work; given twice the same way it is still taken."""
+    _, _, table = trained
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    base = ["train", data, "--by", "store", "--target", "sales", "--model",
+            "sklearn.linear_model.Ridge", "--store", tmp_path / "st", "--backend", "serial"]
+    for flags, said in ((["--fallback", "--no-fallback"], "'--fallback', then '--no-fallback'"),
+                        (["--no-fallback", "--timeout", "9", "--fallback"],
+                         "'--no-fallback', then '--fallback'")):
+        result = _invoke(*base, *flags)
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for --fallback/--no-fallback: given both ways" in result.output
+        assert said in result.output and "Traceback" not in result.output
+    result = _invoke(*base, "--allow-failures", "--no-allow-failures")
+    assert result.exit_code == 2 and "--allow-failures/--no-allow-failures" in result.output
+    assert not (tmp_path / "st").exists()
+    result = _invoke("demo", "--stores", "1", "--items", "1", "--no-serial", "--serial")
+    assert result.exit_code == 2 and "--serial/--no-serial: given both ways" in result.output
+    result = _invoke("dashboard", tmp_path / "none", "--allow-remote", "--no-allow-remote")
+    assert result.exit_code == 2 and "--allow-remote/--no-allow-remote" in result.output
+    result = _invoke(*base, "--no-fallback", "--no-fallback")  # the same way twice: taken
+    assert result.exit_code == 0, result.output
+
+
 def _fails_on_zero(item):
     if item == 0:
         raise ValueError("zero is refused")
