@@ -346,6 +346,28 @@ def test_an_option_given_twice_is_refused(tmp_path, trained):
                                                               "fit_intercept": False}
 
 
+def test_a_reader_closing_the_pipe_early_ends_the_command_quietly(tmp_path, trained):
+    """`predict ... -o - | head -c 10` ended with "Error: cannot write --out
+    '-': Broken pipe". A reader that closes the pipe early (a real pipe,
+    read a few bytes then closed) ends the command quietly: no error line,
+    no traceback, exit status 1 (as typer ends any command so)."""
+    import subprocess
+    import sys
+
+    store, _, table = trained
+    rows = tmp_path / "many_rows.csv"  # megabytes of CSV: far more than a pipe holds
+    pd.concat([table.drop(columns="sales")] * 500).to_csv(rows, index=False)
+    for out in ("-", "/dev/stdout"):
+        process = subprocess.Popen([sys.executable, "-m", "manymodels", "predict", str(store),
+                                    str(rows), "-o", out], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        assert process.stdout.read(10) == b"store,pric"
+        process.stdout.close()
+        error = process.stderr.read()
+        assert process.wait(timeout=120) == 1, error
+        assert error == b"", error
+
+
 def test_a_flag_given_both_ways_is_refused(tmp_path, trained):
     """`--fallback --no-fallback` kept the last one silently (trained with no
     fallback). A flag given both ways is refused, naming it, exit status 2,
