@@ -368,6 +368,46 @@ def test_a_reader_closing_the_pipe_early_ends_the_command_quietly(tmp_path, trai
         assert error == b"", error
 
 
+def test_a_directory_data_reads_csv_tsv_and_parquet_and_refuses_other_tables(tmp_path,
+                                                                             trained):
+    """A directory DATA read a README.txt in it as CSV (a parse error of the
+    note) and a .txt of rows as more rows, though the docs say CSV or
+    Parquet. It reads .csv, .tsv (tab-separated) and Parquet files; one
+    named as another table format (.txt, .json, .csv.gz) is refused by
+    name, before any work; hidden ones and other files are left out."""
+    store, _, table = trained
+    rows = table.drop(columns="sales")
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    rows.to_csv(folder / "a.csv", index=False)
+    rows.to_csv(folder / "b.tsv", sep="\t", index=False)
+    rows.to_parquet(folder / "c.parquet")
+    (folder / "README.md").write_text("Rows of March.\n")
+    (folder / "_notes.txt").write_text("hidden, left out\n")
+    out = tmp_path / "answer.csv"
+    result = _invoke("predict", store, folder, "-o", out)
+    assert result.exit_code == 0, result.output
+    answer = pd.read_csv(out)
+    assert len(answer) == 3 * len(rows) and (answer["source"] == "group").all()
+    for name, write in (("README.txt", lambda p: p.write_text("Rows of March.\nSee wiki.\n")),
+                        ("more.txt", lambda p: rows.to_csv(p, index=False)),
+                        ("more.json", lambda p: rows.to_json(p)),
+                        ("more.csv.gz", lambda p: rows.to_csv(p, index=False))):
+        write(folder / name)
+        result = _invoke("predict", store, folder, "-o", tmp_path / "no.csv")
+        assert result.exit_code == 2, result.output
+        assert f"holds '{name}', a file it does not read" in result.output
+        assert "Traceback" not in result.output and not (tmp_path / "no.csv").exists()
+        result = _invoke("train", folder, "--by", "store", "--target", "price", "--model",
+                         "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+        assert result.exit_code == 2 and f"holds '{name}'" in result.output, result.output
+        assert not (tmp_path / "st").exists()
+        (folder / name).unlink()
+    rows.to_csv(tmp_path / "rows.txt", index=False)
+    result = _invoke("predict", store, tmp_path / "rows.txt", "-o", tmp_path / "no.csv")
+    assert result.exit_code == 2 and "unknown file type '.txt'" in result.output
+
+
 def test_a_flag_given_both_ways_is_refused(tmp_path, trained):
     """`--fallback --no-fallback` kept the last one silently (trained with no
     fallback). A flag given both ways is refused, naming it, exit status 2,

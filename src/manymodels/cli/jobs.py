@@ -40,7 +40,7 @@ def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
 
 @app.command()
 def train(
-    data: str = typer.Argument(..., help="CSV or Parquet file (or a directory of them)."),
+    data: str = typer.Argument(..., help="CSV, TSV or Parquet file (or a directory of them)."),
     by: str = typer.Option(..., help="Group column(s), comma-separated."),
     target: str = typer.Option(..., help="The column to predict."),
     model: str = typer.Option(..., help="Estimator class by dotted name, e.g. "
@@ -141,7 +141,8 @@ def train(
 @app.command()
 def predict(
     store: str = typer.Argument(..., help="Store directory written by manymodels train."),
-    data: str = typer.Argument(..., help="CSV or Parquet file of rows to predict."),
+    data: str = typer.Argument(..., help="CSV, TSV or Parquet file of rows to predict "
+                              "(or a directory of them)."),
     out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet; - "
                             "for standard output, as CSV)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
