@@ -408,6 +408,43 @@ def test_a_directory_data_reads_csv_tsv_and_parquet_and_refuses_other_tables(tmp
     assert result.exit_code == 2 and "unknown file type '.txt'" in result.output
 
 
+def test_a_column_missing_from_the_data_is_the_fault_of_the_option_naming_it(tmp_path,
+                                                                             trained):
+    """`predict --by <a column not in DATA>`, and a --by other than the
+    columns the run was keyed by, were said to be DATA's fault; `train
+    --by <missing>` named 'DATA/--by'. Each names the option that named the
+    column; a column the run needs that DATA lacks is still DATA's."""
+    store, rows, table = trained
+    data = tmp_path / "sales.csv"
+    table.assign(item=np.tile(["i0", "i1"], 30)).to_csv(data, index=False)
+    base = ["train", data, "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st",
+            "--backend", "serial"]
+    for args, option, said in (
+            (["--by", "shop", "--target", "sales"], "--by",
+             "by column 'shop' is not in the table"),
+            (["--by", "store", "--target", "profit"], "--target", "'profit' is not in"),
+            (["--by", "store", "--target", "sales", "--features", "price,cost"], "--features",
+             "'cost' is not in")):
+        result = _invoke(*base, *args)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}:" in result.output and said in result.output
+    assert not (tmp_path / "st").exists()
+    out = tmp_path / "answer.csv"
+    for by, said in (("shop", "column 'shop' is not in DATA"),
+                     ("item", "the models of run 1 are keyed by ['store']")):
+        result = _invoke("predict", store, data, "--by", by, "-o", out)
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for --by:" in result.output and said in result.output
+    no_key = tmp_path / "no_key.csv"
+    table.drop(columns=["sales", "store"]).to_csv(no_key, index=False)
+    result = _invoke("predict", store, no_key, "--by", "store", "-o", out)
+    assert result.exit_code == 2 and "Invalid value for --by:" in result.output
+    result = _invoke("predict", store, no_key, "-o", out)  # the run's key: DATA lacks it
+    assert result.exit_code == 2 and "Invalid value for DATA:" in result.output
+    assert "'store' is not in the table to predict" in result.output
+    assert not out.exists()
+
+
 def test_a_flag_given_both_ways_is_refused(tmp_path, trained):
     """`--fallback --no-fallback` kept the last one silently (trained with no
     fallback). A flag given both ways is refused, naming it, exit status 2,

@@ -182,11 +182,15 @@ def predict(
         if taken:  # (the output would replace it)
             fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
                   "rename it", "DATA")
+        absent = [name for name in split_list(by) if name not in frame.columns]
+        if absent:
+            fail(f"column {absent[0]!r} is not in DATA; its columns are "
+                  f"{[str(c) for c in frame.columns]}", "--by")
         predicted = opened.predict(frame, by=split_list(by) or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)
-    except (ValueError, TypeError) as exc:
-        fail(str(exc), "DATA")
+    except (ValueError, TypeError) as exc:  # --by other than the run's keys: its fault
+        fail(str(exc), "--by" if by and str(exc).startswith("by=") else "DATA")
     except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc
