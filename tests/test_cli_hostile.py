@@ -445,6 +445,30 @@ def test_a_column_missing_from_the_data_is_the_fault_of_the_option_naming_it(tmp
     assert not out.exists()
 
 
+def test_serve_writes_an_ipv6_host_in_brackets_in_its_url(trained):
+    """`serve --host ::1` printed http://::1:8000/v1/predict, a URL no
+    client parses: an IPv6 address in a URL is written [::1]."""
+    import select
+    import socket
+    import subprocess
+    import sys
+
+    store, _, _ = trained
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "manymodels", "serve", str(store),
+                                "--host", "::1", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        line = process.stdout.readline().decode() if ready else ""
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert f": http://[::1]:{port}/v1/predict (run 1;" in line, line
+
+
 def test_a_flag_given_both_ways_is_refused(tmp_path, trained):
     """`--fallback --no-fallback` kept the last one silently (trained with no
     fallback). A flag given both ways is refused, naming it, exit status 2,
