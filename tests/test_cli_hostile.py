@@ -346,6 +346,156 @@ def test_an_option_given_twice_is_refused(tmp_path, trained):
                                                               "fit_intercept": False}
 
 
+def test_a_reader_closing_the_pipe_early_ends_the_command_quietly(tmp_path, trained):
+    """`predict ... -o - | head -c 10` ended with "Error: cannot write --out
+    '-': Broken pipe". A reader that closes the pipe early (a real pipe,
+    read a few bytes then closed) ends the command quietly: no error line,
+    no traceback, exit status 1 (as typer ends any command so)."""
+    import subprocess
+    import sys
+
+    store, _, table = trained
+    rows = tmp_path / "many_rows.csv"  # megabytes of CSV: far more than a pipe holds
+    pd.concat([table.drop(columns="sales")] * 500).to_csv(rows, index=False)
+    for out in ("-", "/dev/stdout"):
+        process = subprocess.Popen([sys.executable, "-m", "manymodels", "predict", str(store),
+                                    str(rows), "-o", out], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        assert process.stdout.read(10) == b"store,pric"
+        process.stdout.close()
+        error = process.stderr.read()
+        assert process.wait(timeout=120) == 1, error
+        assert error == b"", error
+
+
+def test_a_directory_data_reads_csv_tsv_and_parquet_and_refuses_other_tables(tmp_path,
+                                                                             trained):
+    """A directory DATA read a README.txt in it as CSV (a parse error of the
+    note) and a .txt of rows as more rows, though the docs say CSV or
+    Parquet. It reads .csv, .tsv (tab-separated) and Parquet files; one
+    named as another table format (.txt, .json, .csv.gz) is refused by
+    name, before any work; hidden ones and other files are left out."""
+    store, _, table = trained
+    rows = table.drop(columns="sales")
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    rows.to_csv(folder / "a.csv", index=False)
+    rows.to_csv(folder / "b.tsv", sep="\t", index=False)
+    rows.to_parquet(folder / "c.parquet")
+    (folder / "README.md").write_text("Rows of March.\n")
+    (folder / "_notes.txt").write_text("hidden, left out\n")
+    out = tmp_path / "answer.csv"
+    result = _invoke("predict", store, folder, "-o", out)
+    assert result.exit_code == 0, result.output
+    answer = pd.read_csv(out)
+    assert len(answer) == 3 * len(rows) and (answer["source"] == "group").all()
+    for name, write in (("README.txt", lambda p: p.write_text("Rows of March.\nSee wiki.\n")),
+                        ("more.txt", lambda p: rows.to_csv(p, index=False)),
+                        ("more.json", lambda p: rows.to_json(p)),
+                        ("more.csv.gz", lambda p: rows.to_csv(p, index=False))):
+        write(folder / name)
+        result = _invoke("predict", store, folder, "-o", tmp_path / "no.csv")
+        assert result.exit_code == 2, result.output
+        assert f"holds '{name}', a file it does not read" in result.output
+        assert "Traceback" not in result.output and not (tmp_path / "no.csv").exists()
+        result = _invoke("train", folder, "--by", "store", "--target", "price", "--model",
+                         "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+        assert result.exit_code == 2 and f"holds '{name}'" in result.output, result.output
+        assert not (tmp_path / "st").exists()
+        (folder / name).unlink()
+    rows.to_csv(tmp_path / "rows.txt", index=False)
+    result = _invoke("predict", store, tmp_path / "rows.txt", "-o", tmp_path / "no.csv")
+    assert result.exit_code == 2 and "unknown file type '.txt'" in result.output
+
+
+def test_a_column_missing_from_the_data_is_the_fault_of_the_option_naming_it(tmp_path,
+                                                                             trained):
+    """`predict --by <a column not in DATA>`, and a --by other than the
+    columns the run was keyed by, were said to be DATA's fault; `train
+    --by <missing>` named 'DATA/--by'. Each names the option that named the
+    column; a column the run needs that DATA lacks is still DATA's."""
+    store, rows, table = trained
+    data = tmp_path / "sales.csv"
+    table.assign(item=np.tile(["i0", "i1"], 30)).to_csv(data, index=False)
+    base = ["train", data, "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st",
+            "--backend", "serial"]
+    for args, option, said in (
+            (["--by", "shop", "--target", "sales"], "--by",
+             "by column 'shop' is not in the table"),
+            (["--by", "store", "--target", "profit"], "--target", "'profit' is not in"),
+            (["--by", "store", "--target", "sales", "--features", "price,cost"], "--features",
+             "'cost' is not in")):
+        result = _invoke(*base, *args)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}:" in result.output and said in result.output
+    assert not (tmp_path / "st").exists()
+    out = tmp_path / "answer.csv"
+    for by, said in (("shop", "column 'shop' is not in DATA"),
+                     ("item", "the models of run 1 are keyed by ['store']")):
+        result = _invoke("predict", store, data, "--by", by, "-o", out)
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for --by:" in result.output and said in result.output
+    no_key = tmp_path / "no_key.csv"
+    table.drop(columns=["sales", "store"]).to_csv(no_key, index=False)
+    result = _invoke("predict", store, no_key, "--by", "store", "-o", out)
+    assert result.exit_code == 2 and "Invalid value for --by:" in result.output
+    result = _invoke("predict", store, no_key, "-o", out)  # the run's key: DATA lacks it
+    assert result.exit_code == 2 and "Invalid value for DATA:" in result.output
+    assert "'store' is not in the table to predict" in result.output
+    assert not out.exists()
+
+
+def test_serve_writes_an_ipv6_host_in_brackets_in_its_url(trained):
+    """`serve --host ::1` printed http://::1:8000/v1/predict, a URL no
+    client parses: an IPv6 address in a URL is written [::1]."""
+    import select
+    import socket
+    import subprocess
+    import sys
+
+    store, _, _ = trained
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "manymodels", "serve", str(store),
+                                "--host", "::1", "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        line = process.stdout.readline().decode() if ready else ""
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert f": http://[::1]:{port}/v1/predict (run 1;" in line, line
+
+
+def test_a_flag_given_both_ways_is_refused(tmp_path, trained):
+    """`--fallback --no-fallback` kept the last one silently (trained with no
+    fallback). A flag given both ways is refused, naming it, exit status 2,
+    before any work; given twice the same way it is still taken."""
+    _, _, table = trained
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    base = ["train", data, "--by", "store", "--target", "sales", "--model",
+            "sklearn.linear_model.Ridge", "--store", tmp_path / "st", "--backend", "serial"]
+    for flags, said in ((["--fallback", "--no-fallback"], "'--fallback', then '--no-fallback'"),
+                        (["--no-fallback", "--timeout", "9", "--fallback"],
+                         "'--no-fallback', then '--fallback'")):
+        result = _invoke(*base, *flags)
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for --fallback/--no-fallback: given both ways" in result.output
+        assert said in result.output and "Traceback" not in result.output
+    result = _invoke(*base, "--allow-failures", "--no-allow-failures")
+    assert result.exit_code == 2 and "--allow-failures/--no-allow-failures" in result.output
+    assert not (tmp_path / "st").exists()
+    result = _invoke("demo", "--stores", "1", "--items", "1", "--no-serial", "--serial")
+    assert result.exit_code == 2 and "--serial/--no-serial: given both ways" in result.output
+    result = _invoke("dashboard", tmp_path / "none", "--allow-remote", "--no-allow-remote")
+    assert result.exit_code == 2 and "--allow-remote/--no-allow-remote" in result.output
+    result = _invoke(*base, "--no-fallback", "--no-fallback")  # the same way twice: taken
+    assert result.exit_code == 0, result.output
+
+
 def _fails_on_zero(item):
     if item == 0:
         raise ValueError("zero is refused")

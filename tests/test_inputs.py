@@ -50,7 +50,7 @@ def test_unreadable_and_missing_files(tmp_path):
     odd.write_bytes(b"x")
     with pytest.raises(ValueError, match="unknown file type '.xlsx'"):
         mm.groups(odd, by="store")
-    with pytest.raises(ValueError, match="no .parquet or .csv"):
+    with pytest.raises(ValueError, match=r"holds no \.csv, \.tsv \(tab-separated\) or Parquet"):
         mm.groups(tmp_path / "empty_dir" if (tmp_path / "empty_dir").mkdir() is None
                   else None, by="store")
 

@@ -14,16 +14,20 @@ from typer.core import TyperGroup
 def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | None:
     """The first option of ``command`` that ``args`` give twice though it
     takes one value, with the two as given (``['--by store', '--by
-    item']``), or None. Click keeps the last one silently: ``--by store --by
-    item`` trained by item alone, ``-o a.csv -o b.csv`` wrote b.csv.
-    Options meant to repeat (``multiple``, as ``--param`` and ``--grid``) and
-    flags are not counted; what follows ``--`` is not an option."""
+    item']``), or a flag given both ways (``['--fallback',
+    '--no-fallback']``), or None. Click keeps the last one silently: ``--by
+    store --by item`` trained by item alone, ``-o a.csv -o b.csv`` wrote
+    b.csv, ``--fallback --no-fallback`` trained without a fallback. Options
+    meant to repeat (``multiple``, as ``--param`` and ``--grid``) are not
+    counted, nor a flag given twice the same way; what follows ``--`` is not
+    an option."""
     options: dict[str, Any] = {}
     for param in getattr(command, "params", []):
         for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
             if name.startswith("-"):
                 options[name] = param
     seen: dict[str, list[str]] = {}
+    flags: dict[str, dict[bool, str]] = {}  # a flag's forms given: primary (True) or --no-
     index = 0
     while index < len(args):
         token = args[index]
@@ -40,6 +44,10 @@ def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | No
         if param is None:  # an argument (a run id -1), or an unknown option: click says so
             continue
         if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            forms = flags.setdefault(param.name, {})
+            forms.setdefault(name in getattr(param, "opts", []), name)
+            if len(forms) > 1:  # --x ... --no-x: both ways
+                return param, [forms[name not in param.opts], name]
             continue
         if not attached:  # its value follows (and may start with '-')
             value = " ".join(args[index:index + param.nargs])
@@ -54,19 +62,23 @@ def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | No
 
 class OneValueGroup(TyperGroup):
     """The app's group: a command whose option taking one value is given
-    twice is refused before any work, naming the option (see
-    :func:`given_twice`), exit status 2."""
+    twice, or whose flag is given both ways (``--x ... --no-x``), is refused
+    before any work, naming the option (see :func:`given_twice`), exit
+    status 2."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
         twice = given_twice(command, rest) if command is not None else None
         if twice is not None:
             param, given = twice
+            flag = bool(getattr(param, "is_flag", False))
             raise typer.BadParameter(
-                f"given twice ({given[0]!r}, then {given[1]!r}); it takes one value: give it "
-                "once" + (" (a list is comma-separated)" if param.name in _LISTS else ""),
+                f"given both ways ({given[0]!r}, then {given[1]!r}): give one of them" if flag
+                else f"given twice ({given[0]!r}, then {given[1]!r}); it takes one value: "
+                "give it once" + (" (a list is comma-separated)" if param.name in _LISTS
+                                  else ""),
                 ctx=command.context_class(command, info_name=name, parent=ctx),
-                param_hint="/".join(param.opts))
+                param_hint="/".join([*param.opts, *(param.secondary_opts if flag else [])]))
         return name, command, rest
 
 

@@ -40,7 +40,7 @@ def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
 
 @app.command()
 def train(
-    data: str = typer.Argument(..., help="CSV or Parquet file (or a directory of them)."),
+    data: str = typer.Argument(..., help="CSV, TSV or Parquet file (or a directory of them)."),
     by: str = typer.Option(..., help="Group column(s), comma-separated."),
     target: str = typer.Option(..., help="The column to predict."),
     model: str = typer.Option(..., help="Estimator class by dotted name, e.g. "
@@ -141,7 +141,8 @@ def train(
 @app.command()
 def predict(
     store: str = typer.Argument(..., help="Store directory written by manymodels train."),
-    data: str = typer.Argument(..., help="CSV or Parquet file of rows to predict."),
+    data: str = typer.Argument(..., help="CSV, TSV or Parquet file of rows to predict "
+                              "(or a directory of them)."),
     out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet; - "
                             "for standard output, as CSV)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
@@ -181,11 +182,15 @@ def predict(
         if taken:  # (the output would replace it)
             fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
                   "rename it", "DATA")
+        absent = [name for name in split_list(by) if name not in frame.columns]
+        if absent:
+            fail(f"column {absent[0]!r} is not in DATA; its columns are "
+                  f"{[str(c) for c in frame.columns]}", "--by")
         predicted = opened.predict(frame, by=split_list(by) or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)
-    except (ValueError, TypeError) as exc:
-        fail(str(exc), "DATA")
+    except (ValueError, TypeError) as exc:  # --by other than the run's keys: its fault
+        fail(str(exc), "--by" if by and str(exc).startswith("by=") else "DATA")
     except StoreIntegrityError as exc:  # a tampered model: refused, said in one line
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from exc

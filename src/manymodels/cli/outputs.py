@@ -109,22 +109,43 @@ def send(made: BinaryIO, descriptor: int) -> None:
     """``made``'s bytes written to ``descriptor`` at its own offset (an
     appending one appends), after whatever the command printed before;
     standard output and error through Python's streams, so that what they
-    hold is flushed first and what is written stays in order."""
+    hold is flushed first and what is written stays in order. A pipe whose
+    reader closed it early (``| head -1``) ends the command quietly, see
+    :func:`pipe_closed`."""
     import os
     import shutil
     import sys
 
     stream = {1: sys.stdout, 2: sys.stderr}.get(descriptor)
-    for each in (sys.stdout, sys.stderr):
-        if each is not None:
-            each.flush()
-    binary = getattr(stream, "buffer", None)
-    if binary is not None:
-        shutil.copyfileobj(made, binary)
-        binary.flush()
-        return
-    with os.fdopen(descriptor, "wb", closefd=False) as target:  # (it writes what a pipe
-        shutil.copyfileobj(made, target)                       # takes in parts whole)
+    try:
+        for each in (sys.stdout, sys.stderr):
+            if each is not None:
+                each.flush()
+        binary = getattr(stream, "buffer", None)
+        if binary is not None:
+            shutil.copyfileobj(made, binary)
+            binary.flush()
+            return
+        with os.fdopen(descriptor, "wb", closefd=False) as target:  # (it writes what a
+            shutil.copyfileobj(made, target)                       # pipe takes in parts)
+    except BrokenPipeError as exc:
+        pipe_closed(descriptor, exc)
+
+
+def pipe_closed(descriptor: int, exc: BrokenPipeError) -> NoReturn:
+    """A reader that closed the pipe before the end (``manymodels predict
+    STORE DATA -o - | head -1``), as a shell does all the time: the command
+    ends quietly, no error line, exit status 1, as typer ends any command
+    whose printing meets a closed pipe (and Python's documentation advises).
+    The descriptor is pointed at ``/dev/null`` first, so that what Python's
+    streams still hold is flushed there at exit, not failed on again."""
+    import os
+
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, descriptor)
+        os.close(devnull)
+    raise typer.Exit(1) from exc
 
 
 def write_failed(out: str, option: str, exc: OSError) -> NoReturn:

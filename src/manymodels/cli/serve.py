@@ -68,7 +68,8 @@ def serve(
         hint = ("--run" if "has no run" in text else "--cache-bytes" if "cache_bytes" in text
                 else "--max-body" if "max_body" in text else "STORE")
         raise _refuse(text, hint) from exc
-    typer.echo(f"manymodels serve {store}: http://{host}:{port}/v1/predict "
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address, in a URL: [::1]
+    typer.echo(f"manymodels serve {store}: http://{shown}:{port}/v1/predict "
                f"(run {application.state.served.catalog.run_id}; Ctrl-C stops it)")
     if workers == 1:
         freeze_startup_objects()

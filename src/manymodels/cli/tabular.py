@@ -345,8 +345,9 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     by_columns = [by] if isinstance(by, str) else list(by)
     try:
         table = mm.groups(data, by=by_columns).table
-    except (ValueError, TypeError) as exc:
-        raise ArgumentError(str(exc), "DATA/--by") from exc
+    except (ValueError, TypeError) as exc:  # a --by column's fault, or the data's
+        raise ArgumentError(str(exc), "--by" if str(exc).startswith("by column")
+                            else "DATA") from exc
     where = repr(data) if isinstance(data, (str, os.PathLike)) else "the table"
     feature_columns = _check_columns(table, where, by_columns, target, features)
     target_type = table.schema.field(target).type

@@ -19,7 +19,14 @@ from .objectstores import hidden, is_remote
 from .partitions import add_partition_columns, partition_table
 
 PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
-_CSV_SUFFIXES = {".csv", ".tsv", ".txt"}
+_CSV_SUFFIXES = {".csv", ".tsv"}  # (.tsv: tab-separated)
+#: Suffixes of tables in formats not read (a ``.txt`` may hold prose or any
+#: separator): a file so named is refused, not read as CSV nor left out.
+_UNREAD_TABLE_SUFFIXES = frozenset({
+    ".txt", ".dat", ".json", ".jsonl", ".ndjson", ".xlsx", ".xls", ".ods", ".feather",
+    ".arrow", ".ipc", ".orc", ".avro", ".gz", ".bz2", ".xz", ".zst", ".zip"})
+#: The formats read, as said when a file is refused.
+READ_FORMATS = ".csv, .tsv (tab-separated) or Parquet (.parquet, .pq, .parq)"
 
 
 def _is_polars_frame(obj: Any) -> bool:
@@ -70,10 +77,23 @@ def is_pandas_frame(obj: Any) -> bool:
 
 def table_files(path: Path) -> list[Path]:
     """The table files under a directory, in the order they are read, but
-    those :func:`~.objectstores.hidden` there."""
-    return sorted(p for p in path.rglob("*")
-                  if p.is_file() and p.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES
-                  and not hidden(p.relative_to(path).parts))
+    those :func:`~.objectstores.hidden` there. A file named as a table in
+    a format not read (``notes.txt``, ``more.tsv.gz``, ``rows.json``) is
+    refused, naming it: read as CSV it was read wrongly, left out its rows
+    would be missing unsaid. Other files (``README.md``) are left out."""
+    files = []
+    for file in sorted(path.rglob("*")):
+        if not file.is_file() or hidden(file.relative_to(path).parts):
+            continue
+        if file.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES:
+            files.append(file)
+        elif any(suffix.lower() in _UNREAD_TABLE_SUFFIXES | PARQUET_SUFFIXES | _CSV_SUFFIXES
+                 for suffix in file.suffixes):
+            raise ValueError(f"directory {str(path)!r} holds {str(file.relative_to(path))!r}, "
+                             f"a file it does not read: a directory is read as {READ_FORMATS} "
+                             "files; move it out, or start its name with '_' or '.' to have "
+                             "it left out")
+    return files
 
 
 
@@ -101,10 +121,8 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
                 path, parse_options=parse, convert_options=convert))
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read table file {str(path)!r}: {exc}") from exc
-    raise ValueError(
-        f"cannot read {str(path)!r}: unknown file type {suffix!r} "
-        "(expected .parquet or .csv)"
-    )
+    raise ValueError(f"cannot read {str(path)!r}: unknown file type {suffix!r} "
+                     f"(expected {READ_FORMATS})")
 
 
 def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
@@ -169,7 +187,7 @@ def refuse_unlike_columns(files: list[str], names: list[list[str]], what: str) -
 def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     files = table_files(path)
     if not files:
-        raise ValueError(f"directory {str(path)!r} holds no .parquet or .csv files")
+        raise ValueError(f"directory {str(path)!r} holds no {READ_FORMATS} files")
     partitions = partition_table(path, files)  # name=value folders: columns of their own
     if partitions is None:
         tables = [_read_file(p, columns) for p in files]
