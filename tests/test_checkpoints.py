@@ -493,3 +493,34 @@ def test_on_ray_a_killed_workers_task_resumes(tmp_path, log):
     row = run.results.iloc[0]
     assert row["status"] == "ok" and row["resumed"], run.results.to_dict("records")
     assert starts(log, 5) == [0, 21] and row["final"] == final_value(5)
+
+
+def test_resumed_from_is_nan_where_a_task_resumed_nothing_in_every_run(tmp_path, log):
+    """A run whose tasks took checkpoints but resumed none, a run where one
+    task resumed, and a run that took none: concatenated, every task that
+    resumed nothing has NaN (what pandas fills a run without the column
+    with), never None beside NaN."""
+    import pandas as pd
+
+    store = tmp_path / "store"
+    quiet = train(log, items=[0, 1], store=store, backend="serial")
+    one = train(log, items=[2, 3], shared={"fault": "raise:20"}, store=store, backend="serial",
+                retries=1, retry_on=RuntimeError)
+    plain = mm.train(modelled_plain, mm.items([4]), store=store, backend="serial",
+                     progress=False)
+    frames = [quiet.results, one.results, plain.results]
+    opened = mm.Store(store)
+    frames += [opened.results(run) for run in (quiet.run_id, one.run_id, plain.run_id)]
+    opened.close()
+    for frame in frames:
+        if "resumed_from" in frame.columns:
+            missing = frame.loc[~frame["resumed"], "resumed_from"].tolist()
+            assert all(isinstance(v, float) and np.isnan(v) for v in missing), missing
+    together = pd.concat(frames[:3], ignore_index=True)
+    missing = together.loc[~together["resumed"], "resumed_from"].tolist()
+    assert len(missing) == 3 and all(isinstance(v, float) and np.isnan(v) for v in missing)
+    assert together.loc[together["resumed"], "resumed_from"].str.startswith("attempt 1").all()
+
+
+def modelled_plain(item):
+    return item

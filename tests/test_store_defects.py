@@ -1073,3 +1073,43 @@ def test_a_linear_models_row_with_a_missing_feature_is_refused_as_scikit_learn_d
                                                "contains (NaN|infinity)"):
             store.predict(pd.DataFrame({"g": ["a", "b"], "x": [bad, 2.0]}), by="g",
                           backend="serial")
+
+
+@pytest.mark.parametrize("where", ["new folder", "new folders", "empty folder"])
+def test_a_new_store_refused_by_a_full_disk_leaves_nothing_and_is_made_once_there_is_room(
+        small_disk, where):
+    """A real full disk (a tmpfs filled up) while a store's index is made: the
+    refusal removes what that call made (the index, artifacts/, the folders
+    it created; a folder that was there stays, empty), so that a second try
+    while the disk is still full is refused the same way (not called a
+    damaged store), and a try once there is room makes the store."""
+    mount, _ = small_disk
+    filler = mount / "filler"
+    fill(filler)  # the disk full, to the last block
+    store = {"new folder": mount / "store", "new folders": mount / "a" / "b" / "store",
+             "empty folder": mount / "store"}[where]
+    if where == "empty folder":
+        filler.write_bytes(b"")  # (room for the folder itself)
+        store.mkdir()
+        fill(filler)
+    for _ in range(2):
+        with pytest.raises(mm.StoreError, match="disk is full") as caught:
+            mm.train(fit_big, mm.items(range(2)), store=store, backend="serial",
+                     progress=False)
+        left = sorted(p.name for p in mount.iterdir())
+        assert left == (["filler", "store"] if where == "empty folder" else ["filler"])
+        if where == "empty folder":
+            assert list(store.iterdir()) == []
+        assert "could not be made, and nothing of it is left" in str(caught.value)
+    filler.unlink()
+    run = mm.train(fit_big, mm.items(range(2)), store=store, backend="serial", progress=False)
+    assert (run.results["status"] == "ok").all()
+    assert mm.Store(store).runs()["status"].tolist() == ["finished"]
+
+
+def fill(file: Path) -> None:
+    """Write ``file`` until its file system is full (a real ENOSPC)."""
+    with open(file, "wb") as out, pytest.raises(OSError):
+        while True:
+            out.write(b"x" * 65536)
+            out.flush()

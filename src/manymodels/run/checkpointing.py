@@ -11,6 +11,7 @@ results and kept with the run in the store.
 
 from __future__ import annotations
 
+import math
 import shutil
 import sqlite3
 import tempfile
@@ -18,6 +19,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..engine.checkpointspace import OWNERS, CheckpointSpace, asks_for_checkpoint
 from ..store import StoreError
@@ -170,13 +173,17 @@ def describe(events: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def resumed_column(resumed_from: dict[int, str] | None, size: int) -> tuple[list, list | None]:
-    """``resumed`` (bool per task) and ``resumed_from`` (text or None; None
-    for the whole column when the run took no checkpoints)."""
+def resumed_column(resumed_from: dict[int, str] | None, size: int
+                   ) -> tuple[list, np.ndarray | None]:
+    """``resumed`` (bool per task) and ``resumed_from`` (text, or NaN for a
+    task that neither resumed nor refused a checkpoint: the missing value
+    pandas gives the rows of a run without the column, where the results of
+    several runs are concatenated; None for the whole column when the run
+    took no checkpoints)."""
     if resumed_from is None:
         return [False] * size, None
-    texts = [resumed_from.get(index) for index in range(size)]
-    return [bool(t) and t.startswith("attempt") for t in texts], texts
+    texts = np.array([resumed_from.get(index) or math.nan for index in range(size)], dtype=object)
+    return [isinstance(t, str) and t.startswith("attempt") for t in texts], texts
 
 
 def with_resumed(store: Any, frame: Any) -> Any:

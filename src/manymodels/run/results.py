@@ -164,7 +164,7 @@ class Run:
         """One row per task: key columns, status, attempts, duration_s, worker,
         started_s (seconds after the run started), reused (from a store),
         resumed (from a checkpoint; with ``resumed_from`` saying from what,
-        when fit takes a checkpoint), one column per metric, error."""
+        NaN where nothing, when fit takes a checkpoint), one column per metric, error."""
         plan, rec = self._plan, self._records
         columns: dict[str, Any] = {}
         for position, name in enumerate(plan.key_columns):

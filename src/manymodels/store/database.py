@@ -189,6 +189,46 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
     return True
 
 
+class NewStore:
+    """What opening a store at ``path`` will make where there is no store yet
+    (its folder and the folders above it that do not exist, or its index in
+    an existing folder): :meth:`remove` takes away what was made, where
+    making it was refused (a full disk), so that nothing half-made is left
+    to be taken for a damaged store. A store that existed is never touched."""
+
+    def __init__(self, path: Path, folders: list[Path]) -> None:
+        self.path, self.folders = path, folders
+        self.index = path / INDEX_NAME
+        #: the store's artifacts/ folder, where this call makes it
+        self.artifacts = None if (path / "artifacts").exists() else path / "artifacts"
+
+    @classmethod
+    def before(cls, path: Path) -> NewStore | None:
+        """What is there before the store at ``path`` is opened; None where
+        its index exists already (a store, or a file this call did not make)."""
+        path = Path(path)
+        index = path / INDEX_NAME
+        if index.exists() or (path.exists() and not path.is_dir()):
+            return None
+        folders = []  # made by this call: the store's folder and missing parents
+        for folder in (path, *path.parents):
+            if folder.exists():
+                break
+            folders.append(folder)
+        return cls(path, folders)
+
+    def remove(self) -> None:
+        """Remove the index this call made (with SQLite's files beside it)
+        and the folders it made, each only where it holds nothing else."""
+        for name in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(OSError):
+                self.index.with_name(INDEX_NAME + name).unlink()
+        for folder in [self.artifacts, *self.folders]:  # (the innermost first)
+            if folder is not None:
+                with contextlib.suppress(OSError):  # (not empty: another process's now)
+                    folder.rmdir()
+
+
 def _refuse_inside_artifacts(path: Path) -> None:
     """Refuse a new store inside another store's ``artifacts`` folder, whose
     :meth:`~manymodels.Store.gc` would remove its files as strays."""

@@ -55,14 +55,27 @@ class OpenedIndex:
                         f"{copied!r}: it opens for reading only; open that store by its URI "
                         "to write to it")
                 read_only, self.root = True, copied
-        #: True when the store was opened for reading only (asked for, or the
-        #: files are not writable by this user): it can be read, not trained into.
-        self.read_only = not database.prepare_directory(self.path, read_only)
-        # a connection per thread: SQLite's transactions are a connection's,
-        # and threads sharing one broke each other's (a delete's BEGIN inside
-        # another thread's read, a reader's COMMIT of a half-done write)
+        # what this call makes, where it makes a new store: removed again
+        # if it is refused (a full disk), so that nothing half-made is left
+        made = None if self._remote is not None else database.NewStore.before(self.path)
+        try:
+            #: True when the store was opened for reading only (asked for, or the
+            #: files are not writable by this user): it can be read, not trained into.
+            self.read_only = not database.prepare_directory(self.path, read_only)
+            # a connection per thread: SQLite's transactions are a connection's,
+            # and threads sharing one broke each other's (a delete's BEGIN inside
+            # another thread's read, a reader's COMMIT of a half-done write)
+            first = database.connect(self.path, read_only=self.read_only)
+        except BaseException as exc:
+            if made is None:
+                raise
+            made.remove()
+            if isinstance(exc, database.StoreError):
+                raise database.StoreError(f"the store {str(self.path)!r} could not be made, "
+                                          f"and nothing of it is left: {exc}") from exc
+            raise
         self._local = threading.local()
-        self._connections = [database.connect(self.path, read_only=self.read_only)]
+        self._connections = [first]
         self._local.conn = self._connections[0]
         self._connecting = threading.Lock()
         self._publish()  # the runs of a driver here that stopped before publishing
