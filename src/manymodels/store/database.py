@@ -217,6 +217,17 @@ class NewStore:
             folders.append(folder)
         return cls(path, folders)
 
+    @staticmethod
+    def held_elsewhere(exc: BaseException) -> bool:
+        """Whether ``exc`` (or what caused it) says another process holds
+        the index (SQLite's "locked" or "busy"): two drivers making one new
+        store at once, whose index is then the other's, not to be removed."""
+        while exc is not None:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return True
+            exc = exc.__cause__ or exc.__context__
+        return False
+
     def remove(self) -> None:
         """Remove the index this call made (with SQLite's files beside it)
         and the folders it made, each only where it holds nothing else."""

@@ -67,8 +67,8 @@ class OpenedIndex:
             # another thread's read, a reader's COMMIT of a half-done write)
             first = database.connect(self.path, read_only=self.read_only)
         except BaseException as exc:
-            if made is None:
-                raise
+            if made is None or database.NewStore.held_elsewhere(exc):
+                raise  # (another driver making the same store: its files are its own)
             made.remove()
             if isinstance(exc, database.StoreError):
                 raise database.StoreError(f"the store {str(self.path)!r} could not be made, "
