@@ -319,3 +319,61 @@ def test_ctrl_c_stops_the_run_keeps_results_and_leaves_the_engine_up(engine, tmp
     assert 0 < done < 1000
     run = mm.train(fail_on_7, mm.items(range(10)), backend=engine, workers=2, progress=False)
     assert run.summary().statuses == {"ok": 9, "failed": 1}  # the engine still serves
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(180)
+def test_a_run_brings_back_the_workers_a_local_cluster_closed():
+    """A LocalCluster closes the nanny of a worker it finds missing
+    ``lost-worker-timeout`` after a worker process ended; a worker process
+    that manymodels ended (a timeout, a stopped run) and that was restarting
+    just then left the cluster with no worker for good, and the next run
+    waited on it for minutes before failing with "No valid workers found".
+    Here the timeout is 0, so that the cluster closes the nanny every time."""
+    distributed = pytest.importorskip("distributed")
+    import logging
+
+    import dask
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "0s"}):
+        cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0", silence_logs=logging.CRITICAL)
+        client = distributed.Client(cluster)
+        try:
+            pid = next(iter(client.run(os.getpid).values()))
+            os.kill(pid, signal.SIGKILL)  # as a run's timeout ends it
+            deadline = time.monotonic() + 30
+            while cluster.workers and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not cluster.workers  # the cluster closed its nanny: no worker will come
+            run = mm.train(fail_on_7, mm.items(range(10)),
+                           backend=mm.DaskBackend(client=client), progress=False)
+            assert run.summary().statuses == {"ok": 9, "failed": 1}
+            assert len(client.scheduler_info()["workers"]) == 1  # the cluster as it was made
+        finally:
+            client.close()
+            cluster.close()
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(120)
+def test_a_cluster_with_no_worker_is_refused_saying_so(monkeypatch):
+    """A cluster none of whose workers is up: the run waited minutes on
+    scatter's retries, then failed with Dask's "No valid workers found"."""
+    distributed = pytest.importorskip("distributed")
+    import logging
+
+    from manymodels.engine.backends import dask as dask_backend
+
+    monkeypatch.setattr(dask_backend, "_NO_WORKER_S", 3)  # (60 s in use)
+    cluster = distributed.LocalCluster(n_workers=0, processes=True, dashboard_address=":0",
+                                       silence_logs=logging.CRITICAL)
+    client = distributed.Client(cluster)
+    try:
+        with pytest.raises(RuntimeError, match=r"the Dask cluster at tcp://\S+ has had no "
+                                               r"worker for 3 s"):
+            mm.train(fail_on_7, mm.items(range(10)), backend=mm.DaskBackend(client=client),
+                     progress=False)
+    finally:
+        client.close()
+        cluster.close()

@@ -12,7 +12,8 @@ How it runs
     cluster has enough, each running :func:`._remote_worker.serve`: the
     driver feeds them batches over a socket (:mod:`._remote_slots` says
     why, and how a crash or a timeout costs one task). The run's payload is
-    scattered once with ``broadcast=True``. A worker process that dies (the
+    scattered once, to one worker, and fetched from it by the others as Dask
+    moves any task's input. A worker process that dies (the
     nanny starts another) costs the task it was running; Dask may run the
     future again elsewhere (``allowed_failures``): that only starts a fresh
     worker loop, never a batch. Workers' threads run the loops, so fit code
@@ -130,8 +131,7 @@ class DaskBackend(RemoteSlotsBackend):
     def _ship(self, payload: bytes) -> Any:
         # a worker process killed a moment ago (a crash, a timeout) leaves none
         # for a while, until its nanny starts another: scatter then finds no one
-        with contextlib.suppress(Exception):
-            self._client.wait_for_workers(1, timeout=60)
+        self._wait_for_a_worker()
         # To one worker, not broadcast: the workers that run a loop fetch it
         # from a holder, as Dask moves any task's input. A broadcast waits
         # until every worker the scheduler lists holds a copy, and it never
@@ -147,9 +147,30 @@ class DaskBackend(RemoteSlotsBackend):
                 if attempt == _SCATTER_TRIES - 1:
                     raise
                 time.sleep(0.5 * (attempt + 1))
-                with contextlib.suppress(Exception):
-                    self._client.wait_for_workers(1, timeout=60)
+                self._wait_for_a_worker()
         raise AssertionError("unreachable")  # (the last try raises)
+
+    def _wait_for_a_worker(self) -> None:
+        """Return once the cluster has a worker; refuse to go on, saying why,
+        where none comes within :data:`_NO_WORKER_S`. A cluster of this
+        process (a ``LocalCluster``) that closed a nanny is first brought back
+        to its own spec: Dask closes the nanny of a worker found missing
+        ``distributed.deploy.lost-worker-timeout`` (15 s) after one of its
+        processes ended, and a worker process this run's loops ended (a
+        timeout, a stopped run) may be restarting just then; the nanny is
+        then gone for good, and its cluster one worker short."""
+        client = self._client
+        cluster = getattr(client, "cluster", None)
+        spec = getattr(cluster, "worker_spec", None)
+        if spec and len(getattr(cluster, "workers", spec)) < len(spec):
+            with contextlib.suppress(Exception):  # (the cluster starts what it lacks)
+                cluster.scale(len(spec))
+        with contextlib.suppress(Exception):
+            client.wait_for_workers(1, timeout=_NO_WORKER_S)
+            return
+        raise RuntimeError(f"the Dask cluster at {client.scheduler.address} has had no worker "
+                           f"for {_NO_WORKER_S} s: its worker processes ended and none joined "
+                           "again; start workers (dask worker ...) and run again")
 
     def _reship(self, shipped: Any, payload: bytes) -> Any:
         # The scheduler forgets scattered data whose last holder died (a
@@ -197,6 +218,8 @@ class DaskBackend(RemoteSlotsBackend):
 
 #: Scatters tried while worker processes go and their nannies start others.
 _SCATTER_TRIES = 6
+#: Seconds a run waits for a cluster with no worker to have one again.
+_NO_WORKER_S = 60
 
 
 def _tracker_running() -> bool:
