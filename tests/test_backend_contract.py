@@ -165,11 +165,10 @@ def test_train_runs_on_it_like_on_serial(name):
         # each task's thread limits, in its environment too (joblib's cpu_count,
         # the processes a fit starts): only the processes backend set them
         assert set(run.ok["threads"].map(tuple)) == {("1", "1")}
-        # and this process's as they were (but for a LocalCluster of Dask's own,
-        # whose nannies set OMP_NUM_THREADS=1 here for the workers they spawn)
+        # and this process's as they were (a LocalCluster's nannies set
+        # OMP_NUM_THREADS=1 here for the workers they spawn: put back)
         assert os.environ.get("LOKY_MAX_CPU_COUNT") == loky_before
-        if name != "dask":
-            assert os.environ.get("OMP_NUM_THREADS") == before
+        assert os.environ.get("OMP_NUM_THREADS") == before
 
 
 def test_register_backend_refuses_what_is_not_a_backend():

@@ -85,6 +85,7 @@ class DaskBackend(RemoteSlotsBackend):
         self._own_client: Any = None
         self._own_cluster: Any = None
         self._tracker_was_running = True
+        self._environ_before: dict[str, str | None] = {}
         self._relaunching = False
         super().__init__(workers, cpus_per_task, timeout=timeout, memory_limit=memory_limit,
                          gpu_sets=gpu_sets)
@@ -115,6 +116,7 @@ class DaskBackend(RemoteSlotsBackend):
                        "processes": True, "dashboard_address": ":0",
                        "memory_limit": 0, "silence_logs": logging.ERROR,
                        **self.cluster_options}
+            self._environ_before = _nanny_environ()
             self._own_cluster = distributed.LocalCluster(**options)
             client = self._own_client = distributed.Client(self._own_cluster)
         self._client = client
@@ -214,12 +216,34 @@ class DaskBackend(RemoteSlotsBackend):
             cluster.close()
             if not self._tracker_was_running:
                 _stop_tracker()
+            _restore_environ(self._environ_before)
 
 
 #: Scatters tried while worker processes go and their nannies start others.
 _SCATTER_TRIES = 6
 #: Seconds a run waits for a cluster with no worker to have one again.
 _NO_WORKER_S = 60
+
+
+def _nanny_environ() -> dict[str, str | None]:
+    """This process's values of the variables a nanny of a ``LocalCluster``
+    started here sets in it before each worker process it spawns
+    (``distributed.nanny.pre-spawn-environ``: ``OMP_NUM_THREADS=1`` and
+    others), to be put back once the cluster is closed: the driver's own,
+    and what the processes it starts later inherit, stay the user's."""
+    import dask
+
+    names = {*(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}),
+             "PYTHONHASHSEED"}
+    return {name: os.environ.get(name) for name in names}
+
+
+def _restore_environ(before: dict[str, str | None]) -> None:
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _tracker_running() -> bool:
