@@ -431,6 +431,11 @@ def test_a_new_index_has_large_pages_and_an_old_one_keeps_its_own(tmp_path):
     assert page_size(old) == 4096
     assert again.summary().reused == 30 and mm.Store(old).integrity_check() == "ok"
     assert first.results["status"].eq("ok").all()
+    empty = tmp_path / "empty"  # a folder with an index of 0 bytes (touched, or cut short
+    empty.mkdir()               # while being made): a store not made yet, made as new
+    (empty / "index.sqlite").touch()
+    made = mm.train(fit_linear, mm.groups(df, by="g"), store=empty, progress=False, workers=1)
+    assert page_size(empty) == 1 << 16 and made.results["status"].eq("ok").all()
 
 
 def _coefficients(item):

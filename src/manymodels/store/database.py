@@ -262,7 +262,11 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
     try:
         if read_only:
             return _connect_read_only(index)
-        fresh = not index.exists()
+        existed = index.exists()
+        # an index of 0 bytes with no write-ahead log is a store not made yet
+        # (check_existing_index refused one beside models): made as a new one
+        fresh = not existed or (index.stat().st_size == 0 and not _has_content(
+            index.with_name(INDEX_NAME + "-wal")))
         conn = sqlite3.connect(index, timeout=60, isolation_level=None,
                                check_same_thread=False)
         if opened:
@@ -270,7 +274,8 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
             _check_format(conn, index)
             return conn
         if fresh:
-            os.chmod(index, 0o600)
+            if not existed:
+                os.chmod(index, 0o600)
             # pages of 64 KiB (not 4): a run's packs and blocks are large BLOBs,
             # written twice (the WAL, then the checkpoint) page by page, and a
             # packed model is read by walking its pack's chain of pages
@@ -329,6 +334,13 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
                      "INTEGER, tasks INTEGER, trained INTEGER, data BLOB, "
                      "trained_identities BLOB, same_as INTEGER, written_packs BLOB)")
     return conn
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _check_is_store(conn: sqlite3.Connection, index: Path) -> None:
