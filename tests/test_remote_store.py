@@ -238,10 +238,10 @@ def test_one_store_spelled_two_ways_shares_this_machines_copy(s3, machine, monke
 def test_a_stores_copy_is_named_by_the_store_not_by_its_uris_text():
     """What names the copy: the bucket, the path and the endpoint (another
     server); not the keys, the region, the protocol or the options' order."""
-    from manymodels.store.remote import RemoteIndex
+    from manymodels.store.localcopy import copy_folder
 
     def copy(location: str):
-        return RemoteIndex._copy_folder(location)  # (no server reached)
+        return copy_folder(location)  # (no server reached)
 
     base = "s3://K1:S1@bucket/models?endpoint_override=127.0.0.1:9000&scheme=http&region=x"
     same = ["s3://bucket/models/?region=y&endpoint_override=127.0.0.1:9000",
@@ -264,7 +264,8 @@ def _as_an_earlier_version_left_it(location: str, record: bool = True):
     import shutil
 
     from manymodels.inputs.objectstores import shown
-    from manymodels.store.remote import RemoteIndex, cache_folder
+    from manymodels.store.localcopy import cache_folder
+    from manymodels.store.remote import RemoteIndex
 
     copy = RemoteIndex(location).copy
     older = cache_folder() / "stores" / hashlib.sha256(
@@ -674,17 +675,15 @@ def test_azure_containers_are_not_one_store(tmp_path):
     stores are two local copies, and a copy's location keeps its container
     (an S3 URI's user part is its access key, dropped with its secret)."""
     from manymodels.inputs.objectstores import without_secrets
-    from manymodels.store.remote import RemoteIndex
+    from manymodels.store.localcopy import copy_folder
 
     assert without_secrets("abfs://prod:key@acct.dfs.core.windows.net/models") == \
         "abfs://prod@acct.dfs.core.windows.net/models"
     assert without_secrets("s3://key:secret@bucket/m?region=x&secret_key=y") == \
         "s3://bucket/m?region=x"
     copies = set()
-    for container in ("prod", "dev"):
-        index = RemoteIndex.__new__(RemoteIndex)  # (no account to reach: the copy's name)
-        index.location = f"abfs://{container}@acct.dfs.core.windows.net/models"
-        copies.add(RemoteIndex._copy_folder(index.location))
+    for container in ("prod", "dev"):  # (no account to reach: the copy's name)
+        copies.add(copy_folder(f"abfs://{container}@acct.dfs.core.windows.net/models"))
     assert len(copies) == 2
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..inputs.objectstores import is_remote, shown
 from . import database, remote
-from .remote import RemoteIndex, copied_from
+from .localcopy import copied_from
+from .remote import RemoteIndex
 
 log = logging.getLogger("manymodels.store")
 
