@@ -329,3 +329,66 @@ def test_an_mm_linear_row_needs_only_the_features_of_its_own_model(tmp_path):
     answer = client.post("/v1/predict", json={"rows": [{"store": 7}, {"store": 8}]})
     assert answer.json() == {**answer.json(), "predictions": [None, None],
                              "source": ["none", "none"]}
+
+
+# -- Arrow group columns of datetimes ---------------------------------------------
+
+_ARROW = {"content-type": "application/vnd.apache.arrow.stream"}
+
+
+def _arrow_predict(client, table: pa.Table) -> dict:
+    answer = client.post("/v1/predict", content=_arrow(table), headers=_ARROW)
+    assert answer.status_code == 200, answer.content
+    return pa.ipc.open_stream(answer.content).read_all().to_pydict()
+
+
+@pytest.mark.parametrize("zone", [None, "Europe/Paris"])
+def test_an_arrow_datetime_key_routes_as_store_predict_in_every_unit_and_batch(tmp_path, zone):
+    """Timestamps reached no model below 256 rows in nanoseconds (NumPy's
+    ``tolist()`` made them ints) and never with a time zone (``to_numpy()``
+    dropped it); every unit and batch size now routes as Store.predict."""
+    days = pd.date_range("2024-01-01", periods=3, freq="D", tz=zone)
+    client = _keyed(tmp_path / "days", days, [10.0, 20.0, 30.0])
+    store = mm.Store(tmp_path / "days")
+    for unit in ("s", "ms", "us", "ns"):
+        for rows in (2, 300):
+            asked = pd.Series(np.resize(days[1:].append(pd.DatetimeIndex(
+                ["2030-01-01"]).tz_localize(zone)), rows))
+            frame = pd.DataFrame({"k": asked.astype(f"datetime64[{unit}]" if zone is None
+                                                    else f"datetime64[{unit}, {zone}]"),
+                                  "x": np.zeros(rows)})
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            assert table.schema.field("k").type == pa.timestamp(unit, zone)
+            got = _arrow_predict(client, table)
+            want = store.predict(frame, with_source=True, backend="serial")
+            assert got["source"] == want.source.tolist(), (unit, rows)
+            assert got["source"][:3] == ["group", "group", "none"][:rows]
+            assert got["prediction"][:2] == pytest.approx([20.0, 30.0][:rows])
+            assert [p for p, s in zip(got["prediction"], got["source"]) if s != "none"] == (
+                want.prediction[want.source != "none"].tolist())
+    if zone is not None:  # the same instants in another zone: the same groups
+        table = pa.table({"k": pa.array(days[1:].tz_convert("UTC")), "x": [0.0, 0.0]})
+        assert _arrow_predict(client, table)["prediction"] == pytest.approx([20.0, 30.0])
+
+
+def test_an_arrow_datetime_key_never_reaches_an_integer_or_date_key(tmp_path):
+    """A timestamp of 3 ns was read as the integer 3: another group's model."""
+    client = _keyed(tmp_path / "ints", [3, 4], [3.0, 4.0])
+    for rows in (2, 300):
+        for kind in (pa.timestamp("ns"), pa.duration("ns")):
+            table = pa.table({"k": pa.array(np.resize([3, 4], rows), pa.int64()).cast(kind),
+                              "x": np.zeros(rows)})
+            assert set(_arrow_predict(client, table)["source"]) == {"none"}, (kind, rows)
+        table = pa.table({"k": pa.array(np.resize([3, 4], rows), pa.int64()),
+                          "x": np.zeros(rows)})
+        assert _arrow_predict(client, table)["prediction"][:2] == pytest.approx([3.0, 4.0])
+    import datetime as dt
+
+    dates = [dt.date(2024, 1, 1), dt.date(2024, 1, 2)]
+    client = _keyed(tmp_path / "dates", dates, [1.0, 2.0])
+    for rows in (2, 300):
+        table = pa.table({"k": pa.array(np.resize(np.array(dates, dtype=object), rows),
+                                        pa.date32()), "x": np.zeros(rows)})
+        got = _arrow_predict(client, table)
+        assert got["source"] == ["group"] * rows and got["prediction"][:2] == pytest.approx(
+            [1.0, 2.0])

@@ -136,11 +136,30 @@ def arrow_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, An
             if name in keys and pa.types.is_integer(column.type) and column.null_count:
                 columns[name] = np.array(column.to_pylist(), dtype=object)
                 continue
+            if name in keys and pa.types.is_temporal(column.type):
+                columns[name] = _temporal_keys(column)
+                continue
             columns[name] = column.to_numpy(zero_copy_only=False)  # text: an object array
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError,
+                ValueError) as exc:
             raise RequestError(400, f"column {name!r} of the Arrow stream, of type "
                                     f"{column.type}, cannot be read: {exc}") from exc
     return columns, table.num_rows
+
+
+def _temporal_keys(column: Any) -> np.ndarray:
+    """A group column of datetimes, dates, times or durations as the values
+    its keys were stored from (Arrow's, ``as_py``): a time zone kept, and
+    nanoseconds a ``pandas.Timestamp``, never NumPy's ``datetime64`` (whose
+    ``tolist()`` of nanoseconds gives ints, matching integer keys, and which
+    has no time zone). Each distinct value is made once."""
+    import pyarrow as pa
+
+    encoded = (column.combine_chunks() if isinstance(column, pa.ChunkedArray)
+               else column).dictionary_encode()
+    distinct = np.empty(len(encoded.dictionary) + 1, dtype=object)  # the last: null
+    distinct[:-1] = encoded.dictionary.to_pylist()
+    return distinct[encoded.indices.fill_null(len(encoded.dictionary)).to_numpy()]
 
 
 def json_answer(answer: Answer) -> bytes:
