@@ -392,3 +392,50 @@ def test_an_arrow_datetime_key_never_reaches_an_integer_or_date_key(tmp_path):
         got = _arrow_predict(client, table)
         assert got["source"] == ["group"] * rows and got["prediction"][:2] == pytest.approx(
             [1.0, 2.0])
+
+
+# -- true beside 1 in one request ---------------------------------------------------
+
+
+def _alone(client, store, value):
+    """One row keyed ``value``: the server's answer, checked against Store.predict's."""
+    body = client.post("/v1/predict", json={"rows": [{"k": value, "x": 0.0}]}).json()
+    frame = pd.DataFrame({"k": pd.Series([value], dtype=object), "x": [0.0]})
+    try:
+        want = store.predict(frame, with_source=True, backend="serial")
+    except ValueError as exc:
+        assert "no row of the table has a model" in str(exc)
+        want = pd.DataFrame({"prediction": [None], "source": ["none"]})
+    assert body["source"] == want.source.tolist(), value
+    assert body["predictions"] == pytest.approx(
+        [None if s == "none" else p for p, s in zip(want.prediction, want.source)])
+    return body["predictions"][0], body["source"][0]
+
+
+@pytest.mark.parametrize("linear", [False, True])
+@pytest.mark.parametrize("keys", [["1", "2", "0"], [1, 2, 0]])
+def test_true_and_1_in_one_request_do_not_change_each_others_answer(tmp_path, keys, linear):
+    """True == 1 == 1.0 in Python and pandas: rows keyed true and 1 were one
+    group, answered by whichever came first (one lost its model, or took
+    another's); an mm.linear store refused the request whole."""
+    if linear:
+        frame = pd.DataFrame({"k": np.repeat(keys, 5), "x": np.tile(np.arange(5.0), 3),
+                              "y": np.repeat([1.0, 2.0, 3.0], 5)})
+        mm.linear(frame, by="k", features=["x"], target="y", store=tmp_path / "k")
+        client = _app(tmp_path / "k")
+    else:
+        client = _keyed(tmp_path / "k", keys, [1.0, 2.0, 3.0])
+    store = mm.Store(tmp_path / "k")
+    values = [True, 1, 1.0, "1", False, 0, 0.0, "0", None]
+    alone = {repr(v): _alone(client, store, v) for v in values}
+    if keys[0] == "1":  # a text key: a boolean is not it
+        assert alone["True"] == (None, "none") and alone["'1'"] == (pytest.approx(1.0), "group")
+        assert alone["1"] == ((None, "none") if linear else (pytest.approx(1.0), "group"))
+    for order in (values, values[::-1]):
+        for repeat in (1, 40):  # under and over the rows grouped in a loop
+            rows = [{"k": v, "x": 0.0} for v in order] * repeat
+            body = client.post("/v1/predict", json={"rows": rows}).json()
+            got = list(zip(body["predictions"], body["source"]))
+            want = [alone[repr(v)] for v in order] * repeat
+            assert [s for _, s in got] == [s for _, s in want], (order, repeat)
+            assert [p for p, _ in got] == pytest.approx([p for p, _ in want])

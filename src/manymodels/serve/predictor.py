@@ -77,7 +77,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
     groups = _group_rows(_key_values(catalog, columns), n)
     predictor = _ServedPredictor(catalog, cache)
     plan = []
-    for parts, rows in groups.items():
+    for parts, rows in groups:
         digest, source = catalog.find(parts)
         lacking = _lacking(partial, rows)
         if digest is not None:
@@ -197,22 +197,33 @@ def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
     return [kinds if text else None for kinds, text in zip(catalog.key_kinds, texts)]
 
 
-def _group_rows(key_columns: list[Any], n: int) -> dict[tuple, Any]:
-    """Each group's key parts -> its rows' positions, groups in order of first row."""
+def _group_rows(key_columns: list[Any], n: int) -> list[tuple[tuple, Any]]:
+    """Each group's key parts and its rows' positions, groups in order of
+    first row. Values of different types are different groups (``True``,
+    ``1`` and ``1.0`` are equal in Python and in pandas): each row is looked
+    up by its own value, as it would be alone."""
     if n < _LOOP_BELOW:
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple, tuple[tuple, list[int]]] = {}
         lists = [c.tolist() if isinstance(c, np.ndarray) else c for c in key_columns]
         for position, parts in enumerate(zip(*lists)):
-            groups.setdefault(parts, []).append(position)
-        return groups
+            groups.setdefault((parts, tuple(map(type, parts))), (parts, []))[1].append(position)
+        return list(groups.values())
     import pandas as pd
 
-    # grouped by codes: pandas would make an object column of ints and a null floats
-    codes, uniques = zip(*(pd.factorize(c, use_na_sentinel=False) for c in key_columns))
+    # grouped by codes: pandas would make an object column of ints and a null floats;
+    # an object column's values also by their types (pandas holds True == 1 == 1.0)
+    codes = [pd.factorize(c, use_na_sentinel=False)[0] for c in key_columns]
+    codes += [pd.factorize(pd.Series(c).map(type), use_na_sentinel=False)[0]
+              for c in key_columns if isinstance(c, np.ndarray) and c.dtype == object]
     found = pd.DataFrame(dict(enumerate(codes))).groupby(list(range(len(codes))),
                                                           sort=False).indices
-    return {tuple(values[code] for values, code in zip(
-        uniques, k if isinstance(k, tuple) else (k,))): v for k, v in found.items()}
+    return [(tuple(_item(values[rows[0]]) for values in key_columns), rows)
+            for rows in found.values()]
+
+
+def _item(value: Any) -> Any:
+    """A NumPy scalar as Python's (as ``tolist()`` gives it)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _take(values: Any, rows: Any) -> np.ndarray:
@@ -235,10 +246,7 @@ def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Ans
     import pandas as pd
 
     result = catalog.linear
-    try:
-        seen = result.group_of(pd.DataFrame({name: columns[name] for name in result.by})) >= 0
-    except (ValueError, TypeError) as exc:
-        raise RequestError(400, f"the rows' values were refused: {exc}") from exc
+    seen = _linear_groups(result, columns, n) >= 0
     modelled = np.flatnonzero(seen)
     partial = getattr(columns, "partial", {})
     for name in result.features:
@@ -256,3 +264,28 @@ def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Ans
         for position, value in zip(modelled.tolist(), values.tolist()):
             predictions[position] = _json_value(value)
     return Answer(predictions, np.where(seen, "group", "none").tolist(), catalog.run_id)
+
+
+def _linear_groups(result: Any, columns: Mapping[str, Any], n: int) -> np.ndarray:
+    """Each row's group number in an mm.linear ``result`` (-1: none). Rows
+    whose group columns hold values of different types (true beside 1, text
+    beside a number) are looked up apart: such a column is not one Arrow
+    type, and pandas holds True == 1. Each row as it would be alone."""
+    import pandas as pd
+
+    keys = {name: columns[name] for name in result.by}
+    kinds = [pd.factorize(pd.Series(values).map(type))[0] for values in keys.values()
+             if isinstance(values, np.ndarray) and values.dtype == object]
+    pattern = (pd.DataFrame(dict(enumerate(kinds))).groupby(list(range(len(kinds))),
+                                                            sort=False).ngroup().to_numpy()
+               if kinds else np.zeros(n, dtype=np.int64))
+    found = np.full(n, -1, dtype=np.int64)
+    for kind in np.unique(pattern).tolist():
+        rows = np.flatnonzero(pattern == kind)
+        whole = len(rows) == n
+        try:
+            found[rows] = result.group_of(pd.DataFrame(
+                {name: values if whole else _take(values, rows) for name, values in keys.items()}))
+        except (ValueError, TypeError) as exc:
+            raise RequestError(400, f"the rows' values were refused: {exc}") from exc
+    return found
