@@ -439,3 +439,22 @@ def test_true_and_1_in_one_request_do_not_change_each_others_answer(tmp_path, ke
             want = [alone[repr(v)] for v in order] * repeat
             assert [s for _, s in got] == [s for _, s in want], (order, repeat)
             assert [p for p, _ in got] == pytest.approx([p for p, _ in want])
+
+
+def test_a_list_key_over_arrow_and_a_huge_key_on_a_linear_store_are_400s(served, tmp_path):
+    """Both were 500s with a traceback: a list<int64> group column reached the
+    grouping (unhashable), and 2**70 overflowed mm.linear's lookup."""
+    server, _ = served
+    table = pa.table({"store": pa.array([[3], [4]], pa.list_(pa.int64())),
+                      "price": [0.5, 0.5], "promo": [1, 1]})
+    status, text = _raw(server, "/v1/predict", _arrow(table),
+                        "application/vnd.apache.arrow.stream")
+    assert status == 400 and b"column 'store'" in text, text
+    assert server.predict([{"store": 1, "price": 0.5, "promo": 1}]).status == 200
+    frame = _sales()
+    mm.linear(frame, by="store", features=["price"], target="sales", store=tmp_path / "lin")
+    client = _app(tmp_path / "lin")
+    for rows in ([{"store": 2**70, "price": 0.5}],
+                 [{"store": 1, "price": 0.5}, {"store": 2**70, "price": 0.5}]):
+        answer = client.post("/v1/predict", json={"rows": rows})
+        assert answer.status_code == 400 and "'store'" in answer.json()["error"], answer.json()

@@ -286,6 +286,23 @@ def _linear_groups(result: Any, columns: Mapping[str, Any], n: int) -> np.ndarra
         try:
             found[rows] = result.group_of(pd.DataFrame(
                 {name: values if whole else _take(values, rows) for name, values in keys.items()}))
-        except (ValueError, TypeError) as exc:
-            raise RequestError(400, f"the rows' values were refused: {exc}") from exc
+        except (ValueError, TypeError, OverflowError) as exc:
+            named = _unreadable(keys)
+            raise RequestError(400, f"group column {named!r} holds a value that cannot be read "
+                                    f"as a key: {exc}" if named else
+                                    f"the rows' group columns {list(keys)} were refused: "
+                                    f"{exc}") from exc
     return found
+
+
+def _unreadable(keys: Mapping[str, Any]) -> str | None:
+    """The first group column Arrow cannot read (a whole number past 64 bits,
+    values of several types), if one."""
+    import pyarrow as pa
+
+    for name, values in keys.items():
+        try:
+            pa.array(list(values), from_pandas=True)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            return name
+    return None

@@ -132,6 +132,10 @@ def arrow_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, An
     for name, column in zip(table.column_names, table.columns):
         if name in columns:
             raise RequestError(400, f"the Arrow stream has two columns named {name!r}")
+        if name in keys and pa.types.is_nested(column.type):
+            raise RequestError(400, f"column {name!r} of the Arrow stream, a group column, is of "
+                                    f"type {column.type}: a key value must be a number, text, "
+                                    "true/false, a date or a datetime, or null")
         try:
             if name in keys and pa.types.is_integer(column.type) and column.null_count:
                 columns[name] = np.array(column.to_pylist(), dtype=object)
