@@ -165,3 +165,50 @@ def test_bad_starts_are_refused_by_name(trained, tmp_path):
     assert done.exit_code == 2 and "--token" in done.output
     with pytest.raises(ValueError, match="has no run 7"):
         mm.serve_app(trained[0], run=7)
+
+
+def _start(store, *args):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "manymodels", "serve", str(store), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_port_0_prints_the_port_it_listens_on(trained, workers):
+    """`--port 0` printed http://127.0.0.1:0/..., never the port the OS gave."""
+    import re
+    import select
+
+    process = _start(trained[0], "--port", "0", "--workers", workers, "--poll", "0")
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        line = process.stdout.readline().decode() if ready else ""
+        found = re.search(r": http://127\.0\.0\.1:([0-9]+)/v1/predict \(run 1;", line)
+        assert found and found.group(1) != "0", line
+        url = f"http://127.0.0.1:{found.group(1)}"
+        assert call(url + "/healthz").status == 200  # answered once said (a request waits)
+        answer = call(url + "/v1/predict", "POST", {"rows": rows_for([3])})
+        assert answer.status == 200 and answer.json()["source"] == ["group"]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_any_url(trained):
+    """A port in use printed the URL and "Ctrl-C stops it", then uvicorn's
+    error (exit 3): now one line naming --port, and no URL."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        process = _start(trained[0], "--port", str(port))
+        out, err = process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert b"http://" not in out and b"Ctrl-C" not in out, out
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and f"--port {port}" in lines[0], lines
+    assert "in use" in lines[0] and "Traceback" not in lines[0]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import logging.handlers
 import os
+import socket
 
 import typer
 
@@ -60,22 +62,90 @@ def serve(
                       "which every request must then carry", "--host")
     options = {"run": run, "cache_models": cache_models, "cache_bytes": cache_bytes,
                "max_body": max_body, "token": token or None, "poll": poll or None}
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s manymodels serve: %(message)s")
+    held = _hold_logs()  # written once the port is had: a port in use is then one line
     try:  # refused here, by name, before anything listens
         application = serve_app(store, **options)
     except ValueError as exc:
         text = str(exc)
         hint = ("--run" if "has no run" in text else "--cache-bytes" if "cache_bytes" in text
                 else "--max-body" if "max_body" in text else "STORE")
+        _release_logs(held)
         raise _refuse(text, hint) from exc
+    listening = _listen(host, port, held)  # the URL is said once its port is ours (--port 0)
+    _release_logs(held)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, in a URL: [::1]
-    typer.echo(f"manymodels serve {store}: http://{shown}:{port}/v1/predict "
-               f"(run {application.state.served.catalog.run_id}; Ctrl-C stops it)")
+    typer.echo(f"manymodels serve {store}: http://{shown}:{listening.getsockname()[1]}"
+               f"/v1/predict (run {application.state.served.catalog.run_id}; Ctrl-C stops it)")
     if workers == 1:
         freeze_startup_objects()
-        uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+        server = uvicorn.Server(uvicorn.Config(application, log_level="warning",
+                                               access_log=False))
+        try:
+            server.run(sockets=[listening])
+        except KeyboardInterrupt:
+            pass
+        if not server.started:
+            raise typer.Exit(3)
         return
+    from uvicorn.supervisors import Multiprocess
+
     application.state.served.store.close()
     os.environ[CONFIG_VARIABLE] = json.dumps({"store": str(store), **options})
-    uvicorn.run("manymodels.serve.app:app_from_environment", factory=True, host=host,
-                port=port, workers=workers, log_level="warning", access_log=False)
+    config = uvicorn.Config("manymodels.serve.app:app_from_environment", factory=True,
+                            workers=workers, log_level="warning", access_log=False)
+    try:
+        Multiprocess(config, sockets=[listening]).run()
+    except KeyboardInterrupt:
+        pass
+
+
+LOG_FORMAT = "%(asctime)s manymodels serve: %(message)s"
+
+
+def _hold_logs() -> logging.handlers.MemoryHandler | None:
+    """Log lines to stderr (as ``logging.basicConfig``, where nothing has set
+    logging up), held back until :func:`_release_logs`; None where logging
+    was set up already."""
+    import logging.handlers
+
+    root = logging.getLogger()
+    if root.handlers:
+        return None
+    console = logging.StreamHandler()
+    console.setFormatter(logging.Formatter(LOG_FORMAT))
+    held = logging.handlers.MemoryHandler(1000, flushLevel=logging.CRITICAL + 1, target=console)
+    root.addHandler(held)
+    root.setLevel(logging.INFO)
+    return held
+
+
+def _release_logs(held: logging.handlers.MemoryHandler | None, drop: bool = False) -> None:
+    """Write the lines ``held`` (none if ``drop``) and log straight to stderr from now."""
+    if held is None:
+        return
+    root = logging.getLogger()
+    root.removeHandler(held)
+    if drop:
+        held.buffer.clear()
+    root.addHandler(held.target)
+    held.close()  # (flushes what it holds)
+
+
+def _listen(host: str, port: int, held: logging.handlers.MemoryHandler | None
+            ) -> socket.socket:
+    """A socket listening on ``host``:``port``, handed to uvicorn (and its
+    workers); a port that cannot be had is refused in one line, exit status 1
+    (the log lines ``held`` dropped)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's backlog: a request sent once the URL is said waits
+    except OSError as exc:
+        sock.close()
+        _release_logs(held, drop=True)
+        typer.echo(f"manymodels serve: cannot listen on {host} --port {port}: "
+                   f"{exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from exc
+    sock.set_inheritable(True)
+    return sock
