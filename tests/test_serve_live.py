@@ -145,3 +145,21 @@ def test_the_token_guards_every_route_but_healthz_and_a_linear_run_is_served(tmp
         assert described["linear"] and len(described["coefficients"]) == 2
     finally:
         served.close()
+
+
+def test_each_worker_logs_its_reloads(tmp_path):
+    """With --workers 2 the workers logged nothing (logging was set up in the
+    parent only): a reload's line never appeared."""
+    path = tmp_path / "m"
+    mm.train(fit, mm.groups(sales(3), by="store"), store=path, backend="serial", progress=False)
+    with open(tmp_path / "serve.log", "w") as log:
+        served = Server(path, "--workers", "2", "--poll", "0.2", log=log)
+        try:
+            mm.train(fit, mm.groups(sales(3, seed=1), by="store"), store=path,
+                     backend="serial", progress=False)
+            deadline = time.monotonic() + 30
+            while (tmp_path / "serve.log").read_text().count("serving run 2 (was run 1)") < 2:
+                assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                time.sleep(0.2)
+        finally:
+            served.close()

@@ -99,9 +99,6 @@ def serve(
         pass
 
 
-LOG_FORMAT = "%(asctime)s manymodels serve: %(message)s"
-
-
 def _hold_logs() -> logging.handlers.MemoryHandler | None:
     """Log lines to stderr (as ``logging.basicConfig``, where nothing has set
     logging up), held back until :func:`_release_logs`; None where logging
@@ -112,6 +109,8 @@ def _hold_logs() -> logging.handlers.MemoryHandler | None:
     if root.handlers:
         return None
     console = logging.StreamHandler()
+    from ..serve.state import LOG_FORMAT
+
     console.setFormatter(logging.Formatter(LOG_FORMAT))
     held = logging.handlers.MemoryHandler(1000, flushLevel=logging.CRITICAL + 1, target=console)
     root.addHandler(held)

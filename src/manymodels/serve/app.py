@@ -156,7 +156,12 @@ def app_from_environment() -> Starlette:
     """The app of each uvicorn worker process (``--workers W``), built from the
     options ``manymodels serve`` put in :data:`CONFIG_VARIABLE`."""
     import json
+    import logging
 
+    from .state import LOG_FORMAT
+
+    if not logging.getLogger().handlers:  # a spawned worker: its reloads and errors said too
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     options = json.loads(os.environ[CONFIG_VARIABLE])
     store = options.pop("store")
     application = serve_app(store, **options)

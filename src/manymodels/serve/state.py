@@ -18,6 +18,9 @@ from .metrics import Metrics
 
 log = logging.getLogger("manymodels.serve")
 
+#: The format of the server's log lines (``manymodels serve`` and its workers).
+LOG_FORMAT = "%(asctime)s manymodels serve: %(message)s"
+
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
           "tb": 1000**4, "tib": 1024**4}
