@@ -214,11 +214,21 @@ def _group_rows(key_columns: list[Any], n: int) -> list[tuple[tuple, Any]]:
     # an object column's values also by their types (pandas holds True == 1 == 1.0)
     codes = [pd.factorize(c, use_na_sentinel=False)[0] for c in key_columns]
     codes += [pd.factorize(pd.Series(c).map(type), use_na_sentinel=False)[0]
-              for c in key_columns if isinstance(c, np.ndarray) and c.dtype == object]
+              for c in key_columns if _of_several_types(c)]
     found = pd.DataFrame(dict(enumerate(codes))).groupby(list(range(len(codes))),
                                                           sort=False).indices
     return [(tuple(_item(values[rows[0]]) for values in key_columns), rows)
             for rows in found.values()]
+
+
+def _of_several_types(values: Any) -> bool:
+    """Whether an object column holds values of several types (``True``
+    beside ``1``): one pass in C, so that a column of text keys, the usual
+    case, is not typed value by value."""
+    import pandas as pd
+
+    return (isinstance(values, np.ndarray) and values.dtype == object
+            and pd.api.types.infer_dtype(values, skipna=True).startswith("mixed"))
 
 
 def _item(value: Any) -> Any:
@@ -275,7 +285,7 @@ def _linear_groups(result: Any, columns: Mapping[str, Any], n: int) -> np.ndarra
 
     keys = {name: columns[name] for name in result.by}
     kinds = [pd.factorize(pd.Series(values).map(type))[0] for values in keys.values()
-             if isinstance(values, np.ndarray) and values.dtype == object]
+             if _of_several_types(values)]
     pattern = (pd.DataFrame(dict(enumerate(kinds))).groupby(list(range(len(kinds))),
                                                             sort=False).ngroup().to_numpy()
                if kinds else np.zeros(n, dtype=np.int64))
