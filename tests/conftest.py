@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -171,3 +172,29 @@ def s3_server():
         yield f"endpoint_override={host}:{port}&scheme=http&region=us-east-1", filesystem
     finally:
         server.stop()
+
+
+def run_cli(*args: object, cwd: object = None) -> subprocess.CompletedProcess:
+    """The command line run in this process (the same typer app the
+    ``manymodels`` command runs, without an interpreter's start-up a call):
+    its exit status, standard output and standard error, as a process's.
+    Tests of the installed command, of piped output and of terminals start
+    real processes."""
+    import os
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    before = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = CliRunner().invoke(app, [str(arg) for arg in args])
+    finally:
+        os.chdir(before)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))  # as Python prints it
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import manymodels as mm
+from conftest import run_cli
 
 
 def test_demo_runs_and_reports(tmp_path):
@@ -30,9 +31,7 @@ def test_help_lists_demo():
     assert result.returncode == 0 and "demo" in result.stdout
 
 
-def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "manymodels.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
+_cli = run_cli
 
 
 @pytest.fixture

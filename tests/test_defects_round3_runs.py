@@ -5,14 +5,13 @@ its workers in words."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
 
 import pandas as pd
 import pytest
 
 import manymodels as mm
+from conftest import run_cli
 
 
 def fit(item):
@@ -31,21 +30,17 @@ def test_store_runs_gives_utc_timestamps_and_the_command_line_the_same_instants(
         assert before <= runs[column].iloc[0] <= after
     assert runs["started_at"].iloc[0] <= runs["finished_at"].iloc[0]
 
-    listed = subprocess.run([sys.executable, "-m", "manymodels.cli", "runs", str(store),
-                             "--format", "json"], capture_output=True, text=True, timeout=120)
+    listed = run_cli("runs", store, "--format", "json")
     assert listed.returncode == 0, listed.stderr
     shown = datetime.fromisoformat(json.loads(listed.stdout)[0]["started_at"])
     assert shown.utcoffset() is not None  # local time with its offset
     assert abs(pd.Timestamp(shown) - runs["started_at"].iloc[0]) < pd.Timedelta("1ms")
-    table = subprocess.run([sys.executable, "-m", "manymodels.cli", "runs", str(store)],
-                           capture_output=True, text=True, timeout=120)
+    table = run_cli("runs", store)
     assert table.returncode == 0, table.stderr
     local = runs["started_at"].iloc[0].to_pydatetime().astimezone()
     assert local.strftime("%Y-%m-%d %H:%M:%S %z") in table.stdout  # with its offset
 
-    report = subprocess.run([sys.executable, "-m", "manymodels.cli", "report", str(store),
-                             "--out", str(tmp_path / "r.html")],
-                            capture_output=True, text=True, timeout=120)
+    report = run_cli("report", store, "--out", tmp_path / "r.html")
     assert report.returncode == 0, report.stderr
     assert local.strftime("%Y-%m-%d %H:%M:%S") in (tmp_path / "r.html").read_text()
 

@@ -13,6 +13,7 @@ from sklearn.base import clone
 from sklearn.linear_model import LinearRegression, Ridge
 
 import manymodels as mm
+from conftest import run_cli
 
 
 def daily(groups: int = 3, days: int = 60, seed: int = 0) -> pd.DataFrame:
@@ -293,8 +294,6 @@ def test_halving_drops_a_candidate_that_raises_not_the_group():
 
 
 def test_cli_predict_runs_groups_on_worker_processes(tmp_path):
-    import subprocess
-    import sys
 
     frame = daily(groups=3, days=30).drop(columns="date")
     data, rows = tmp_path / "train.parquet", tmp_path / "new.parquet"
@@ -302,9 +301,7 @@ def test_cli_predict_runs_groups_on_worker_processes(tmp_path):
     frame.iloc[:20].to_parquet(rows)
     store, out = tmp_path / "store", tmp_path / "out.csv"
 
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "manymodels.cli", *map(str, args)],
-                              capture_output=True, text=True, timeout=300)
+    cli = run_cli
 
     trained = cli("train", data, "--by", "sku", "--target", "sales", "--model",
                   "sklearn.linear_model.LinearRegression", "--store", store, "--test-size", "0",

@@ -4,8 +4,6 @@ GroupedEstimator works on arrays, object keys, polars and Arrow."""
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 import warnings
 from decimal import Decimal
 
@@ -17,6 +15,7 @@ import pytest
 from sklearn.linear_model import LinearRegression, Ridge
 
 import manymodels as mm
+from conftest import run_cli
 from manymodels.inputs.keys import decode_key, encode_key
 from manymodels.sklearn import GroupedEstimator
 
@@ -127,9 +126,7 @@ def test_cli_predict_after_a_failed_rerun_uses_the_earlier_models(tmp_path):
     base = ["--by", "k", "--target", "y", "--features", "x", "--model",
             "sklearn.linear_model.LinearRegression", "--store", tmp_path / "s"]
 
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "manymodels.cli", *map(str, args)],
-                              capture_output=True, text=True, timeout=300)
+    cli = run_cli
 
     assert cli("train", good, *base).returncode == 0
     assert cli("train", bad, *base, "--allow-failures").returncode == 0
@@ -347,8 +344,7 @@ def test_the_store_finds_a_tuple_item_key_and_a_key_with_a_grid_dict(tmp_path):
     store = mm.Store(tmp_path / "dicts")
     (key,) = store.models()  # as the store gives it back: the dict as text
     assert store.load(key) == 1 and store.load((1, {"a": 10})) == 1
-    done = subprocess.run([sys.executable, "-m", "manymodels.cli", "why", str(tmp_path / "dicts"),
-                           "1", "{'a': 10}"], capture_output=True, text=True, timeout=120)
+    done = run_cli("why", tmp_path / "dicts", "1", "{'a': 10}")
     assert done.returncode == 0 and "was trained" in done.stdout, done.stderr
 
 
@@ -357,10 +353,8 @@ def test_predict_by_columns_the_run_was_not_keyed_by_is_refused(tmp_path):
     frame = _table(["a", "b"])
     good = tmp_path / "rows.csv"
     frame.to_csv(good, index=False)
-    done = subprocess.run([sys.executable, "-m", "manymodels.cli", "train", str(good), "--by",
-                           "k", "--target", "y", "--features", "x", "--model",
-                           "sklearn.linear_model.LinearRegression", "--store",
-                           str(tmp_path / "s")], capture_output=True, text=True, timeout=300)
+    done = run_cli("train", good, "--by", "k", "--target", "y", "--features", "x", "--model",
+                   "sklearn.linear_model.LinearRegression", "--store", tmp_path / "s")
     assert done.returncode == 0, done.stderr
     with pytest.raises(ValueError, match=r"by='x', but the models of run 1 are keyed by \['k'\]"):
         mm.Store(tmp_path / "s").predict(frame, by="x")

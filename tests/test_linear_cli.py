@@ -4,14 +4,13 @@ the same store contents as the generic path, and the command says which path it 
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import manymodels as mm
+from conftest import run_cli
 from manymodels.cli.tabular import GroupModelTask, train_table
 from manymodels.models.linear.fastpath import fast_task
 
@@ -87,9 +86,7 @@ def test_the_command_says_which_path_it_took(tmp_path):
     common = ["--by", "shop,sku", "--workers", "1"]
 
     def train(*extra, target="sales"):  # (an option given twice is refused)
-        return subprocess.run([sys.executable, "-m", "manymodels.cli", "train", str(path),
-                               *common, "--target", target, *extra], capture_output=True,
-                              text=True, timeout=300)
+        return run_cli("train", path, *common, "--target", target, *extra)
 
     fast = train("--model", "sklearn.linear_model.LinearRegression", "--store", tmp_path / "a")
     assert fast.returncode == 0, fast.stderr

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 import manymodels as mm
-from conftest import fit_linear
+from conftest import fit_linear, run_cli
 from manymodels.store import taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -140,9 +140,7 @@ def test_reuse_retrains_exactly_what_changed(tmp_path):
     script.write_text(IDENTITY_DRIVER.replace("# VERSION 1", "# VERSION 2 (same logic)")
                       .replace("* alpha}", "* alpha * 1.0}"))
     assert trained("[1, 5]") == [[g, a] for g in "abcd" for a in (1, 5)]  # fit's code
-    why = subprocess.run(
-        [sys.executable, "-m", "manymodels.cli", "why", store, "c", "5"],
-        capture_output=True, text=True, timeout=60)
+    why = run_cli("why", store, "c", "5")
     assert why.returncode == 0 and "code of fit" in why.stdout, why.stdout + why.stderr
 
 
