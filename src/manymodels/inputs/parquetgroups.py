@@ -213,6 +213,8 @@ class ParquetGroups:
         partitions = None if root is None else partition_table(
             Path(object_path(root)), [Path(object_path(f)) for f in files])
         schema, own_schemas = files_schema(files, partitions, root)
+        refuse_unlike_columns([shown(f) for f in files], [own.names for own in own_schemas],
+                              f"the files under {shown(root or files[0])!r}")
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:

@@ -178,10 +178,12 @@ def refuse_unlike_columns(files: list[str], names: list[list[str]], what: str) -
     for file, own in zip(files[1:], names[1:]):
         if set(own) != first:
             lacks, extra = sorted(first - set(own)), sorted(set(own) - first)
-            raise ValueError(
-                f"{what} do not share their columns: {file!r} "
-                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
-                + (f"has {extra} besides" if extra else "") + f" those of {files[0]!r}")
+            differences = ([f"lacks the columns {lacks}, which {files[0]!r} has"] if lacks
+                           else []) + ([f"has the columns {extra}, which {files[0]!r} lacks"]
+                                       if extra else [])
+            raise ValueError(f"{what} do not share their columns: {file!r} "
+                             + ", and ".join(differences)
+                             + "; every file must hold the same columns")
 
 
 def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
