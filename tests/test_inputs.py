@@ -12,6 +12,7 @@ import pytest
 
 import manymodels as mm
 from conftest import fit_linear, shm_files
+from manymodels.inputs.tables import read_table
 
 
 def test_table_files_and_directories(tmp_path, sales):
@@ -378,6 +379,30 @@ def test_csv_codes_with_a_plus_sign_stay_apart_and_numbers_stay_numbers(tmp_path
                        backend="serial", progress=False)
     assert {(None if pd.isna(k) else k): v for k, v in numbers.models.items()} == {
         1.0: [0, 1], 2.5: [2], None: [3]}
+
+
+def test_csv_integers_past_int64_stay_distinct_keys(tmp_path):
+    """CSV's inference reads integers past int64's range as floats: ids
+    18446744073709551614 and ...615 (or 2**63 and 2**63 + 1) were one float
+    key, two customers' rows one model's. They are uint64 where they fit
+    (as pandas' read_csv reads them), else text; other numbers stay floats."""
+    (tmp_path / "big.csv").write_text(
+        "id,v,rid\n18446744073709551614,1.5,0\n18446744073709551615,2.5,1\n"
+        "9223372036854775808,3.5,2\n9223372036854775809,4.5,3\n18446744073709551615,5.5,4\n")
+    run = mm.train(_row_ids, mm.groups(tmp_path / "big.csv", by="id"), backend="serial",
+                   progress=False)
+    assert dict(run.models) == {18446744073709551614: [0], 18446744073709551615: [1, 4],
+                                9223372036854775808: [2], 9223372036854775809: [3]}
+    assert run.results["id"].dtype == "uint64"
+    (tmp_path / "longer.csv").write_text(
+        "id,rid\n123456789012345678901234,0\n123456789012345678901235,1\n-1,2\n")
+    (tmp_path / "signed.csv").write_text("id,rid\n18446744073709551615,0\n-1,1\n-1,2\n")
+    for name, expected in (("longer.csv", {"123456789012345678901234": [0],
+                                           "123456789012345678901235": [1], "-1": [2]}),
+                           ("signed.csv", {"18446744073709551615": [0], "-1": [1, 2]})):
+        assert dict(mm.train(_row_ids, mm.groups(tmp_path / name, by="id"), backend="serial",
+                             progress=False).models) == expected
+    assert read_table(tmp_path / "big.csv").schema.field("v").type == pa.float64()
 
 
 def _setting_value(n):

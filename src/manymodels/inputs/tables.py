@@ -130,7 +130,11 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
     otherwise (codes such as 007 beside 7, or +1 beside 1) as the text it
     is: as numbers, 007, 07 and 7 were one group key. CSV's inference reads
     +1 as a float (an integer takes no sign there), so a float column whose
-    every value is written as an integer is such a column too."""
+    every value is written as an integer is such a column too. So, too, is
+    one of integers past int64's range, which CSV's inference reads as
+    floats (where 18446744073709551614 and ...615 were one group key): it
+    is ``uint64`` where each value fits one (as pandas' ``read_csv`` reads
+    it), else text (longer ids, or negative ones beside them)."""
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
@@ -147,8 +151,16 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
             same = pc.equal(text, pc.cast(table.column(name), pa.string()))
         elif pc.all(pc.match_substring_regex(text, r"^[+-]?[0-9]+$")).as_py() is False:
             continue  # numbers with a fraction or an exponent: numbers
-        else:  # integers each written as Python writes it (past int64: floats as before)
-            same = pc.match_substring_regex(text, r"^(0|-?[1-9][0-9]*)$")
+        else:  # integers, past int64's range (else read as int64): exact, never floats
+            exact = text
+            if pc.all(pc.match_substring_regex(text, r"^(0|[1-9][0-9]*)$")
+                      .fill_null(True)).as_py():
+                try:
+                    exact = pc.cast(text, pa.uint64())
+                except pa.ArrowInvalid:  # past uint64's range too: text
+                    pass
+            table = table.set_column(table.schema.get_field_index(name), name, exact)
+            continue
         if not pc.all(same.fill_null(True)).as_py():
             table = table.set_column(table.schema.get_field_index(name), name, text)
     return table
