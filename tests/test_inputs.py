@@ -405,6 +405,39 @@ def test_csv_integers_past_int64_stay_distinct_keys(tmp_path):
     assert read_table(tmp_path / "big.csv").schema.field("v").type == pa.float64()
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_files_under_a_linked_folder_are_read_and_bad_links_are_named(tmp_path, lazy):
+    """Path.rglob does not follow links to folders (before Python 3.13): the
+    files under one were left out, their groups missing unsaid, where
+    pyarrow's dataset reads them. A link to a folder above (followed, it
+    never ends), one to a folder read already, and a link named as a table
+    whose target is gone are each refused, naming it, before any work."""
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    (data / "region=north").mkdir(parents=True)
+    (elsewhere / "region=south").mkdir(parents=True)
+    pq.write_table(pa.table({"k": [1, 1], "rid": [0, 1]}), data / "region=north" / "a.parquet")
+    pq.write_table(pa.table({"k": [2, 1], "rid": [2, 3]}),
+                   elsewhere / "region=south" / "b.parquet")
+    (data / "more").symlink_to(elsewhere, target_is_directory=True)
+    (data / "_skipped").symlink_to(tmp_path, target_is_directory=True)  # hidden: not entered
+
+    def ids(by):
+        return dict(mm.train(_row_ids, mm.groups(data, by=by, read_on_workers=lazy),
+                             backend="serial", progress=False).models)
+
+    assert ids("k") == {1: [0, 1, 3], 2: [2]}
+    assert ids(["k", "region"]) == {(1, "north"): [0, 1], (1, "south"): [3], (2, "south"): [2]}
+    (elsewhere / "up").symlink_to(data, target_is_directory=True)  # data/more/up -> data
+    with pytest.raises(ValueError, match=r"reaches the folder .*data' twice.* the link "
+                                         r".*more/up'"):
+        mm.groups(data, by="k", read_on_workers=lazy)
+    (elsewhere / "up").unlink()
+    (data / "gone.parquet").symlink_to(tmp_path / "nothing.parquet")
+    with pytest.raises(ValueError, match=r"holds 'gone\.parquet', a link to .*nothing\.parquet'"
+                                         r", which does not exist"):
+        mm.groups(data, by="k", read_on_workers=lazy)
+
+
 def _setting_value(n):
     return {"n": n}
 

@@ -80,10 +80,12 @@ def table_files(path: Path) -> list[Path]:
     those :func:`~.objectstores.hidden` there. A file named as a table in
     a format not read (``notes.txt``, ``more.tsv.gz``, ``rows.json``) is
     refused, naming it: read as CSV it was read wrongly, left out its rows
-    would be missing unsaid. Other files (``README.md``) are left out."""
+    would be missing unsaid. Other files (``README.md``) are left out.
+    Links to folders are followed, as pyarrow's datasets follow them; see
+    :func:`_files_under` for the links that are refused."""
     files = []
-    for file in sorted(path.rglob("*")):
-        if not file.is_file() or hidden(file.relative_to(path).parts):
+    for file in _files_under(path):
+        if hidden(file.relative_to(path).parts):
             continue
         if file.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES:
             files.append(file)
@@ -95,6 +97,42 @@ def table_files(path: Path) -> list[Path]:
                              "it left out")
     return files
 
+
+
+def _files_under(path: Path) -> list[Path]:
+    """The files under ``path`` (through links to folders too: ``Path.rglob``
+    does not follow them before Python 3.13, and their rows were left out),
+    sorted, hidden folders not entered. A link whose target is missing,
+    named as a table file, is refused, naming it; a link to a folder read
+    already (one above it: without end) too, its rows read twice."""
+    import os
+
+    files: list[Path] = []
+    seen = {os.path.realpath(path): path}
+    folders = [path]
+    while folders:
+        folder = folders.pop()
+        for entry in sorted(folder.iterdir()):
+            if hidden(entry.relative_to(path).parts):
+                continue
+            if entry.is_dir():
+                real = os.path.realpath(entry)
+                if real in seen:
+                    raise ValueError(
+                        f"directory {str(path)!r} reaches the folder {real!r} twice, as "
+                        f"{str(seen[real])!r} and through the link {str(entry)!r}: its rows "
+                        "would be read twice (or without end); remove the link, or start its "
+                        "name with '_' or '.' to have it left out")
+                seen[real] = entry
+                folders.append(entry)
+            elif entry.is_file():
+                files.append(entry)
+            elif entry.is_symlink() and not entry.exists() and any(
+                    suffix.lower() in _UNREAD_TABLE_SUFFIXES | PARQUET_SUFFIXES
+                    | _CSV_SUFFIXES for suffix in entry.suffixes):
+                raise ValueError(f"directory {str(path)!r} holds {str(entry.relative_to(path))!r}"
+                                 f", a link to {os.readlink(entry)!r}, which does not exist")
+    return sorted(files)
 
 
 def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
