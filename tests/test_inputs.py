@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -436,6 +437,31 @@ def test_files_under_a_linked_folder_are_read_and_bad_links_are_named(tmp_path, 
     with pytest.raises(ValueError, match=r"holds 'gone\.parquet', a link to .*nothing\.parquet'"
                                          r", which does not exist"):
         mm.groups(data, by="k", read_on_workers=lazy)
+
+
+def _first_x(rows):
+    return (list(rows.columns), float(rows["x"].iloc[0]))
+
+
+def test_column_names_given_as_an_array_or_an_index_are_a_list_of_names(sales):
+    """by=np.array([...]) or by=df.columns[:1] failed with "unhashable type"
+    naming no argument: any list-like of names is a list of names now, and
+    what cannot be a name is refused naming the argument."""
+    assert list(sales.columns[[0, 1]]) == ["store", "item"]
+    expected = dict(mm.train(_first_x, mm.groups(sales, by=["store", "item"], order_by="x"),
+                             backend="serial", progress=False).models)
+    for by in (np.array(["store", "item"]), sales.columns[[0, 1]], pd.Series(["store", "item"]),
+               ("store", "item")):
+        run = mm.train(_first_x, mm.groups(sales, by=by, order_by=np.array(["x"]),
+                                           columns=pd.Index(["y"])), backend="serial",
+                       progress=False)
+        assert dict(run.models) == expected and list(run.results.columns[:2]) == ["store", "item"]
+    for by, what in ((["store", ["item"]], "holds \\['item'\\], a list"),
+                     ({"store": 1}, "not a dict")):
+        with pytest.raises(TypeError, match=f"by= must be a column name or a list of them.*{what}"):
+            mm.groups(sales, by=by)
+    with pytest.raises(TypeError, match="order_by= must be .* holds array"):
+        mm.groups(sales, by="store", order_by=[np.array(["x"])])
 
 
 def _setting_value(n):
