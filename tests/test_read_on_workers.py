@@ -96,6 +96,17 @@ def test_a_file_that_lacks_a_column_is_refused_as_an_eager_read_refuses_it(tmp_p
         mm.groups(tmp_path, by="k", read_on_workers=True)
 
 
+def test_a_file_that_cannot_be_read_is_the_one_named(tmp_path):
+    """The workers' read named the folder's first file (a good one) when
+    another could not be read; the eager read names the bad one, and so
+    does the workers' read now."""
+    pq.write_table(pa.table({"k": [1], "y": [1.0]}), tmp_path / "a_good.parquet")
+    (tmp_path / "b_bad.parquet").write_bytes(b"garbage")
+    for lazy in (False, True):
+        with pytest.raises(ValueError, match=r"cannot read table file '[^']*b_bad\.parquet'"):
+            mm.groups(tmp_path, by="k", read_on_workers=lazy)
+
+
 def count_rows(df):
     return len(df)
 
