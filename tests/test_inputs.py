@@ -84,6 +84,23 @@ def test_a_grid_too_large_to_plan_or_with_a_value_twice_is_refused():
     assert len(mm.grid(a=[[1, 2], [2, 1]], b=[{"x": 1}, {"x": 2}])) == 4
 
 
+@pytest.mark.parametrize("values, shown", [
+    ([1, 1.0, "sqrt"], "1 and 1.0"), ([True, 1], "True and 1"), ([0, False], "0 and False"),
+    ([(1, "a"), (1.0, "a")], r"\(1, 'a'\) and \(1\.0, 'a'\)")])
+def test_grid_values_python_holds_equal_are_refused_saying_why_and_how_to_get_both(
+        values, shown):
+    """max_features=[1, 1.0] (one feature, all of them) was refused as a
+    "duplicate value", which neither is: the refusal says they are one key
+    to Python, and how to train both."""
+    with pytest.raises(ValueError, match=f"{shown} are one value of grid parameter 'm': Python "
+                                         r"holds them equal .*give them distinct names"):
+        mm.grid(m=values)
+    with pytest.raises(ValueError, match="1 and 1.0 are one item key: .* with key="):
+        mm.items([1, 1.0])
+    with pytest.raises(ValueError, match="duplicate value of grid parameter 'm': 1$"):
+        mm.grid(m=[1, 2, 1])
+
+
 def test_a_by_column_named_twice_is_refused(sales):
     with pytest.raises(ValueError, match="by= names the column 'store' twice"):
         mm.groups(sales, by=["store", "store"])

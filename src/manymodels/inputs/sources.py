@@ -395,26 +395,39 @@ def check_cost(cost: Any, source: str, argument: str) -> None:
 def require_unique(values: list[Any], what: str, by_equality: bool = False) -> None:
     """Refuse a value given twice; ``by_equality``: unhashable ones too, each
     compared with those before (a grid's few values, not a million items'
-    keys, which are positions where they cannot be hashed)."""
-    seen: set[Any] = set()
+    keys, which are positions where they cannot be hashed). Two values that
+    look unlike but compare equal (1 and 1.0, True and 1) are refused saying
+    why: as keys (a results column, ``run.models``, a store's) they are one."""
+    seen: dict[Any, Any] = {}
     unhashable: list[Any] = []
     for value in values:
         try:
             # NaN is not equal to itself, but two are one value given twice
             as_seen = _NAN if isinstance(value, float) and value != value else value
-            duplicate = as_seen in seen
-            seen.add(as_seen)
+            earlier = seen.get(as_seen, _ABSENT)
+            seen.setdefault(as_seen, value)
         except TypeError:
             if not by_equality:
                 continue  # (found where it is: its position)
-            duplicate = any(_equal(value, other) for other in unhashable)
+            earlier = next((other for other in unhashable if _equal(value, other)), _ABSENT)
             unhashable.append(value)
-        if duplicate:
-            raise ValueError(f"duplicate {what}: {value!r}")
+        if earlier is _ABSENT:
+            continue
+        if repr(earlier) != repr(value):
+            way_out = ("give each a key of its own with key=" if what == "item key" else
+                       "give them distinct names (say 'one' and 'all') and map each name "
+                       "to its value inside fit")
+            raise ValueError(
+                f"{earlier!r} and {value!r} are one {what}: Python holds them equal "
+                "(1 == 1.0 == True), and a results column, run.models or a store could not "
+                f"tell them apart; to train both, {way_out}")
+        raise ValueError(f"duplicate {what}: {value!r}")
 
 
 #: What a NaN is counted as among the values seen.
 _NAN = object()
+#: No value seen (None may be one).
+_ABSENT = object()
 
 
 def _equal(left: Any, right: Any) -> bool:
