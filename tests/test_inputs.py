@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +13,7 @@ import pytest
 
 import manymodels as mm
 from conftest import fit_linear, shm_files
+from manymodels.inputs.tables import read_table
 
 
 def test_table_files_and_directories(tmp_path, sales):
@@ -80,6 +82,23 @@ def test_a_grid_too_large_to_plan_or_with_a_value_twice_is_refused():
     with pytest.raises(ValueError, match=r"duplicate value of grid parameter 'a': \[1, 2\]"):
         mm.grid(a=[[1, 2], [3], [1, 2]])
     assert len(mm.grid(a=[[1, 2], [2, 1]], b=[{"x": 1}, {"x": 2}])) == 4
+
+
+@pytest.mark.parametrize("values, shown", [
+    ([1, 1.0, "sqrt"], "1 and 1.0"), ([True, 1], "True and 1"), ([0, False], "0 and False"),
+    ([(1, "a"), (1.0, "a")], r"\(1, 'a'\) and \(1\.0, 'a'\)")])
+def test_grid_values_python_holds_equal_are_refused_saying_why_and_how_to_get_both(
+        values, shown):
+    """max_features=[1, 1.0] (one feature, all of them) was refused as a
+    "duplicate value", which neither is: the refusal says they are one key
+    to Python, and how to train both."""
+    with pytest.raises(ValueError, match=f"{shown} are one value of grid parameter 'm': Python "
+                                         r"holds them equal .*give them distinct names"):
+        mm.grid(m=values)
+    with pytest.raises(ValueError, match="1 and 1.0 are one item key: .* with key="):
+        mm.items([1, 1.0])
+    with pytest.raises(ValueError, match="duplicate value of grid parameter 'm': 1$"):
+        mm.grid(m=[1, 2, 1])
 
 
 def test_a_by_column_named_twice_is_refused(sales):
@@ -238,7 +257,9 @@ def test_a_directory_of_files_with_other_columns_is_refused_naming_the_file(tmp_
     assert len(mm.train(len, mm.groups(tmp_path, by="g"), backend="serial",
                         progress=False).ok) == 2
     pd.DataFrame({"g": ["c"], "x": [1.0], "z": [2.0]}).to_csv(tmp_path / "c.csv", index=False)
-    with pytest.raises(ValueError, match=r"c\.csv' lacks \['y'\] and has \['z'\] besides"):
+    with pytest.raises(ValueError, match=r"c\.csv' lacks the columns \['y'\], which .*a\.csv' "
+                                         r"has, and has the columns \['z'\], which .*a\.csv' "
+                                         r"lacks"):
         mm.groups(tmp_path, by="g")
 
 
@@ -376,6 +397,88 @@ def test_csv_codes_with_a_plus_sign_stay_apart_and_numbers_stay_numbers(tmp_path
                        backend="serial", progress=False)
     assert {(None if pd.isna(k) else k): v for k, v in numbers.models.items()} == {
         1.0: [0, 1], 2.5: [2], None: [3]}
+
+
+def test_csv_integers_past_int64_stay_distinct_keys(tmp_path):
+    """CSV's inference reads integers past int64's range as floats: ids
+    18446744073709551614 and ...615 (or 2**63 and 2**63 + 1) were one float
+    key, two customers' rows one model's. They are uint64 where they fit
+    (as pandas' read_csv reads them), else text; other numbers stay floats."""
+    (tmp_path / "big.csv").write_text(
+        "id,v,rid\n18446744073709551614,1.5,0\n18446744073709551615,2.5,1\n"
+        "9223372036854775808,3.5,2\n9223372036854775809,4.5,3\n18446744073709551615,5.5,4\n")
+    run = mm.train(_row_ids, mm.groups(tmp_path / "big.csv", by="id"), backend="serial",
+                   progress=False)
+    assert dict(run.models) == {18446744073709551614: [0], 18446744073709551615: [1, 4],
+                                9223372036854775808: [2], 9223372036854775809: [3]}
+    assert run.results["id"].dtype == "uint64"
+    (tmp_path / "longer.csv").write_text(
+        "id,rid\n123456789012345678901234,0\n123456789012345678901235,1\n-1,2\n")
+    (tmp_path / "signed.csv").write_text("id,rid\n18446744073709551615,0\n-1,1\n-1,2\n")
+    for name, expected in (("longer.csv", {"123456789012345678901234": [0],
+                                           "123456789012345678901235": [1], "-1": [2]}),
+                           ("signed.csv", {"18446744073709551615": [0], "-1": [1, 2]})):
+        assert dict(mm.train(_row_ids, mm.groups(tmp_path / name, by="id"), backend="serial",
+                             progress=False).models) == expected
+    assert read_table(tmp_path / "big.csv").schema.field("v").type == pa.float64()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_files_under_a_linked_folder_are_read_and_bad_links_are_named(tmp_path, lazy):
+    """Path.rglob does not follow links to folders (before Python 3.13): the
+    files under one were left out, their groups missing unsaid, where
+    pyarrow's dataset reads them. A link to a folder above (followed, it
+    never ends), one to a folder read already, and a link named as a table
+    whose target is gone are each refused, naming it, before any work."""
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    (data / "region=north").mkdir(parents=True)
+    (elsewhere / "region=south").mkdir(parents=True)
+    pq.write_table(pa.table({"k": [1, 1], "rid": [0, 1]}), data / "region=north" / "a.parquet")
+    pq.write_table(pa.table({"k": [2, 1], "rid": [2, 3]}),
+                   elsewhere / "region=south" / "b.parquet")
+    (data / "more").symlink_to(elsewhere, target_is_directory=True)
+    (data / "_skipped").symlink_to(tmp_path, target_is_directory=True)  # hidden: not entered
+
+    def ids(by):
+        return dict(mm.train(_row_ids, mm.groups(data, by=by, read_on_workers=lazy),
+                             backend="serial", progress=False).models)
+
+    assert ids("k") == {1: [0, 1, 3], 2: [2]}
+    assert ids(["k", "region"]) == {(1, "north"): [0, 1], (1, "south"): [3], (2, "south"): [2]}
+    (elsewhere / "up").symlink_to(data, target_is_directory=True)  # data/more/up -> data
+    with pytest.raises(ValueError, match=r"reaches the folder .*data' twice.* the link "
+                                         r".*more/up'"):
+        mm.groups(data, by="k", read_on_workers=lazy)
+    (elsewhere / "up").unlink()
+    (data / "gone.parquet").symlink_to(tmp_path / "nothing.parquet")
+    with pytest.raises(ValueError, match=r"holds 'gone\.parquet', a link to .*nothing\.parquet'"
+                                         r", which does not exist"):
+        mm.groups(data, by="k", read_on_workers=lazy)
+
+
+def _first_x(rows):
+    return (list(rows.columns), float(rows["x"].iloc[0]))
+
+
+def test_column_names_given_as_an_array_or_an_index_are_a_list_of_names(sales):
+    """by=np.array([...]) or by=df.columns[:1] failed with "unhashable type"
+    naming no argument: any list-like of names is a list of names now, and
+    what cannot be a name is refused naming the argument."""
+    assert list(sales.columns[[0, 1]]) == ["store", "item"]
+    expected = dict(mm.train(_first_x, mm.groups(sales, by=["store", "item"], order_by="x"),
+                             backend="serial", progress=False).models)
+    for by in (np.array(["store", "item"]), sales.columns[[0, 1]], pd.Series(["store", "item"]),
+               ("store", "item")):
+        run = mm.train(_first_x, mm.groups(sales, by=by, order_by=np.array(["x"]),
+                                           columns=pd.Index(["y"])), backend="serial",
+                       progress=False)
+        assert dict(run.models) == expected and list(run.results.columns[:2]) == ["store", "item"]
+    for by, what in ((["store", ["item"]], "holds \\['item'\\], a list"),
+                     ({"store": 1}, "not a dict")):
+        with pytest.raises(TypeError, match=f"by= must be a column name or a list of them.*{what}"):
+            mm.groups(sales, by=by)
+    with pytest.raises(TypeError, match="order_by= must be .* holds array"):
+        mm.groups(sales, by="store", order_by=[np.array(["x"])])
 
 
 def _setting_value(n):

@@ -79,6 +79,34 @@ def test_read_on_workers_refuses_what_it_cannot_read(tmp_path, sales):
         mm.groups(tmp_path / "n.parquet", by="store", read_on_workers=True)
 
 
+def test_a_file_that_lacks_a_column_is_refused_as_an_eager_read_refuses_it(tmp_path):
+    """The workers' read filled the column one file lacks with NaN, and every
+    model trained on it, where an eager read of the folder refuses it: both
+    refuse it now, naming both files and the column, before any task runs."""
+    pq.write_table(pa.table({"k": [1, 2], "x": [10.0, 20.0], "y": [1.0, 2.0]}),
+                   tmp_path / "a.parquet")
+    pq.write_table(pa.table({"k": [2, 1], "y": [3.0, 4.0]}), tmp_path / "b.parquet")
+    for lazy in (False, True):
+        with pytest.raises(ValueError, match=r"do not share their columns: .*b\.parquet' lacks "
+                                             r"the columns \['x'\], which .*a\.parquet' has"):
+            mm.groups(tmp_path, by="k", read_on_workers=lazy)
+    pq.write_table(pa.table({"k": [3], "x": [1.0], "y": [1.0], "z": [0]}), tmp_path / "c.parquet")
+    (tmp_path / "b.parquet").unlink()
+    with pytest.raises(ValueError, match=r"c\.parquet' has the columns \['z'\], which"):
+        mm.groups(tmp_path, by="k", read_on_workers=True)
+
+
+def test_a_file_that_cannot_be_read_is_the_one_named(tmp_path):
+    """The workers' read named the folder's first file (a good one) when
+    another could not be read; the eager read names the bad one, and so
+    does the workers' read now."""
+    pq.write_table(pa.table({"k": [1], "y": [1.0]}), tmp_path / "a_good.parquet")
+    (tmp_path / "b_bad.parquet").write_bytes(b"garbage")
+    for lazy in (False, True):
+        with pytest.raises(ValueError, match=r"cannot read table file '[^']*b_bad\.parquet'"):
+            mm.groups(tmp_path, by="k", read_on_workers=lazy)
+
+
 def count_rows(df):
     return len(df)
 
@@ -312,7 +340,7 @@ def test_unsorted_parquet_on_an_object_store_is_sorted_once_and_read(s3, tmp_pat
                         ("b", pa.table({"store": [2], "y": [2.0], "price": [9.0]}))):
         pq.write_table(table, f"bucket/mixed/{name}.parquet", filesystem=s3)
     with pytest.raises(ValueError, match=r"do not share their columns: .*b\.parquet' has "
-                                         r"\['price'\] besides"):
+                                         r"the columns \['price'\], which .*a\.parquet' lacks"):
         mm.groups("s3://bucket/mixed", by="store")  # as a local folder is refused
     odd = {"part #1.parquet": sales.iloc[:50], "what?100%.parquet": sales.iloc[50:]}
     for name, chunk in odd.items():  # keys a URI must quote: '#', '?', '%', a space

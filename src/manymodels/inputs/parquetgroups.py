@@ -142,11 +142,12 @@ def files_schema(files: list[str], partitions: pa.Table | None, root: str | None
     import pyarrow.parquet as pq
 
     filesystem, paths = resolve_all(files) if is_remote(files[0]) else (None, files)
-    try:
-        schemas = [pq.read_schema(f, filesystem=filesystem) for f in paths]
-    except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read the schema of the Parquet files under "
-                         f"{files[0]!r}...: {exc}") from exc
+    schemas = []
+    for file, path in zip(files, paths):
+        try:
+            schemas.append(pq.read_schema(path, filesystem=filesystem))
+        except (OSError, pa.ArrowException) as exc:
+            raise ValueError(f"cannot read table file {shown(file)!r}: {exc}") from exc
     mixed = [table.schema for table in text_where_any_is_text(
         [schema.empty_table() for schema in schemas])]  # a column text anywhere: everywhere
     try:
@@ -213,6 +214,8 @@ class ParquetGroups:
         partitions = None if root is None else partition_table(
             Path(object_path(root)), [Path(object_path(f)) for f in files])
         schema, own_schemas = files_schema(files, partitions, root)
+        refuse_unlike_columns([shown(f) for f in files], [own.names for own in own_schemas],
+                              f"the files under {shown(root or files[0])!r}")
         for what, names in (("by", by), ("order_by", order_by or []), ("", columns or [])):
             missing = [c for c in names if c not in schema.names]
             if missing:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from .engineframes import EngineFrame, engine_of
 from .objectstores import check_location, is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
-from .tables import is_pandas_frame, named_twice, read_table
+from .tables import is_pandas_frame, named_twice, plain_scalar, read_table
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")
@@ -346,14 +346,27 @@ class ItemSource(Source):
 
 
 def _column_list(names: Any, what: str) -> list:
-    """A column name or a sequence of them, as a list (a set has no order to
-    read the columns in: refused, naming ``what``)."""
-    if isinstance(names, (set, frozenset)):
-        raise TypeError(f"{what}= must be a column name or a list of them, not a set "
-                        "(which has no order)")
-    if isinstance(names, str) or not isinstance(names, Sequence):
-        return [names]
-    return list(names)
+    """A column name or a sequence of them (a list, a tuple, a NumPy array,
+    a pandas Index such as ``df.columns[:2]``), as a list of Python values
+    (a set has no order to read the columns in, a dict is no list of names,
+    and a name must be hashable: each refused, naming ``what``)."""
+    if isinstance(names, (set, frozenset, Mapping)):
+        raise TypeError(f"{what}= must be a column name or a list of them, not a "
+                        f"{type(names).__name__}" + (" (which has no order)"
+                                                     if not isinstance(names, Mapping) else ""))
+    if isinstance(names, str) or getattr(names, "ndim", None) == 0:  # (a 0-d array: its value)
+        values = [names]
+    elif isinstance(names, Sequence) or isinstance(names, Iterable) and hasattr(names, "ndim"):
+        values = list(names)  # (an array, an Index, a Series: their values)
+    else:
+        values = [names]
+    values = [plain_scalar(value) for value in values]
+    for value in values:
+        if not isinstance(value, Hashable) or isinstance(value, tuple) and not all(
+                isinstance(part, Hashable) for part in value):
+            raise TypeError(f"{what}= must be a column name or a list of them; it holds "
+                            f"{value!r}, a {type(value).__name__}")
+    return values
 
 
 def task_cost(value: Any, whose: str) -> float:
@@ -382,26 +395,39 @@ def check_cost(cost: Any, source: str, argument: str) -> None:
 def require_unique(values: list[Any], what: str, by_equality: bool = False) -> None:
     """Refuse a value given twice; ``by_equality``: unhashable ones too, each
     compared with those before (a grid's few values, not a million items'
-    keys, which are positions where they cannot be hashed)."""
-    seen: set[Any] = set()
+    keys, which are positions where they cannot be hashed). Two values that
+    look unlike but compare equal (1 and 1.0, True and 1) are refused saying
+    why: as keys (a results column, ``run.models``, a store's) they are one."""
+    seen: dict[Any, Any] = {}
     unhashable: list[Any] = []
     for value in values:
         try:
             # NaN is not equal to itself, but two are one value given twice
             as_seen = _NAN if isinstance(value, float) and value != value else value
-            duplicate = as_seen in seen
-            seen.add(as_seen)
+            earlier = seen.get(as_seen, _ABSENT)
+            seen.setdefault(as_seen, value)
         except TypeError:
             if not by_equality:
                 continue  # (found where it is: its position)
-            duplicate = any(_equal(value, other) for other in unhashable)
+            earlier = next((other for other in unhashable if _equal(value, other)), _ABSENT)
             unhashable.append(value)
-        if duplicate:
-            raise ValueError(f"duplicate {what}: {value!r}")
+        if earlier is _ABSENT:
+            continue
+        if repr(earlier) != repr(value):
+            way_out = ("give each a key of its own with key=" if what == "item key" else
+                       "give them distinct names (say 'one' and 'all') and map each name "
+                       "to its value inside fit")
+            raise ValueError(
+                f"{earlier!r} and {value!r} are one {what}: Python holds them equal "
+                "(1 == 1.0 == True), and a results column, run.models or a store could not "
+                f"tell them apart; to train both, {way_out}")
+        raise ValueError(f"duplicate {what}: {value!r}")
 
 
 #: What a NaN is counted as among the values seen.
 _NAN = object()
+#: No value seen (None may be one).
+_ABSENT = object()
 
 
 def _equal(left: Any, right: Any) -> bool:

@@ -80,10 +80,12 @@ def table_files(path: Path) -> list[Path]:
     those :func:`~.objectstores.hidden` there. A file named as a table in
     a format not read (``notes.txt``, ``more.tsv.gz``, ``rows.json``) is
     refused, naming it: read as CSV it was read wrongly, left out its rows
-    would be missing unsaid. Other files (``README.md``) are left out."""
+    would be missing unsaid. Other files (``README.md``) are left out.
+    Links to folders are followed, as pyarrow's datasets follow them; see
+    :func:`_files_under` for the links that are refused."""
     files = []
-    for file in sorted(path.rglob("*")):
-        if not file.is_file() or hidden(file.relative_to(path).parts):
+    for file in _files_under(path):
+        if hidden(file.relative_to(path).parts):
             continue
         if file.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES:
             files.append(file)
@@ -95,6 +97,42 @@ def table_files(path: Path) -> list[Path]:
                              "it left out")
     return files
 
+
+
+def _files_under(path: Path) -> list[Path]:
+    """The files under ``path`` (through links to folders too: ``Path.rglob``
+    does not follow them before Python 3.13, and their rows were left out),
+    sorted, hidden folders not entered. A link whose target is missing,
+    named as a table file, is refused, naming it; a link to a folder read
+    already (one above it: without end) too, its rows read twice."""
+    import os
+
+    files: list[Path] = []
+    seen = {os.path.realpath(path): path}
+    folders = [path]
+    while folders:
+        folder = folders.pop()
+        for entry in sorted(folder.iterdir()):
+            if hidden(entry.relative_to(path).parts):
+                continue
+            if entry.is_dir():
+                real = os.path.realpath(entry)
+                if real in seen:
+                    raise ValueError(
+                        f"directory {str(path)!r} reaches the folder {real!r} twice, as "
+                        f"{str(seen[real])!r} and through the link {str(entry)!r}: its rows "
+                        "would be read twice (or without end); remove the link, or start its "
+                        "name with '_' or '.' to have it left out")
+                seen[real] = entry
+                folders.append(entry)
+            elif entry.is_file():
+                files.append(entry)
+            elif entry.is_symlink() and not entry.exists() and any(
+                    suffix.lower() in _UNREAD_TABLE_SUFFIXES | PARQUET_SUFFIXES
+                    | _CSV_SUFFIXES for suffix in entry.suffixes):
+                raise ValueError(f"directory {str(path)!r} holds {str(entry.relative_to(path))!r}"
+                                 f", a link to {os.readlink(entry)!r}, which does not exist")
+    return sorted(files)
 
 
 def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -130,7 +168,11 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
     otherwise (codes such as 007 beside 7, or +1 beside 1) as the text it
     is: as numbers, 007, 07 and 7 were one group key. CSV's inference reads
     +1 as a float (an integer takes no sign there), so a float column whose
-    every value is written as an integer is such a column too."""
+    every value is written as an integer is such a column too. So, too, is
+    one of integers past int64's range, which CSV's inference reads as
+    floats (where 18446744073709551614 and ...615 were one group key): it
+    is ``uint64`` where each value fits one (as pandas' ``read_csv`` reads
+    it), else text (longer ids, or negative ones beside them)."""
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
@@ -147,8 +189,16 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
             same = pc.equal(text, pc.cast(table.column(name), pa.string()))
         elif pc.all(pc.match_substring_regex(text, r"^[+-]?[0-9]+$")).as_py() is False:
             continue  # numbers with a fraction or an exponent: numbers
-        else:  # integers each written as Python writes it (past int64: floats as before)
-            same = pc.match_substring_regex(text, r"^(0|-?[1-9][0-9]*)$")
+        else:  # integers, past int64's range (else read as int64): exact, never floats
+            exact = text
+            if pc.all(pc.match_substring_regex(text, r"^(0|[1-9][0-9]*)$")
+                      .fill_null(True)).as_py():
+                try:
+                    exact = pc.cast(text, pa.uint64())
+                except pa.ArrowInvalid:  # past uint64's range too: text
+                    pass
+            table = table.set_column(table.schema.get_field_index(name), name, exact)
+            continue
         if not pc.all(same.fill_null(True)).as_py():
             table = table.set_column(table.schema.get_field_index(name), name, text)
     return table
@@ -178,10 +228,12 @@ def refuse_unlike_columns(files: list[str], names: list[list[str]], what: str) -
     for file, own in zip(files[1:], names[1:]):
         if set(own) != first:
             lacks, extra = sorted(first - set(own)), sorted(set(own) - first)
-            raise ValueError(
-                f"{what} do not share their columns: {file!r} "
-                + (f"lacks {lacks}" if lacks else "") + (" and " if lacks and extra else "")
-                + (f"has {extra} besides" if extra else "") + f" those of {files[0]!r}")
+            differences = ([f"lacks the columns {lacks}, which {files[0]!r} has"] if lacks
+                           else []) + ([f"has the columns {extra}, which {files[0]!r} lacks"]
+                                       if extra else [])
+            raise ValueError(f"{what} do not share their columns: {file!r} "
+                             + ", and ".join(differences)
+                             + "; every file must hold the same columns")
 
 
 def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
