@@ -77,12 +77,12 @@ def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Select
         return results.loc[[ranked.idxmin()]]
     keys = [ok[c] for c in group_columns]
     unscored = scores.notna().groupby(keys if len(keys) > 1 else keys[0], sort=True,
-                                      dropna=False).any()
+                                      dropna=False, observed=True).any()
     if not unscored.all():
         _warn_unscored(selection.metric, unscored.index[~unscored.to_numpy()][0],
                        int((~unscored).sum()))
     winners = ranked.groupby(keys if len(keys) > 1 else keys[0], sort=True,
-                             dropna=False).idxmin()
+                             dropna=False, observed=True).idxmin()
     return results.loc[winners.to_numpy()]
 
 

@@ -202,7 +202,8 @@ def group_layout(source: GroupSource) -> GroupLayout:
     order: np.ndarray | None = None  # None: the table is in key order already
     if lengths is None:
         keys_frame = exact_pandas(source.table.select(source.by))
-        codes = keys_frame.groupby(source.by, sort=True, dropna=False).ngroup().to_numpy()
+        codes = keys_frame.groupby(source.by, sort=True, dropna=False,
+                                   observed=True).ngroup().to_numpy()
         if order_by and source.reader is None:  # (read on workers: each batch sorts its rows)
             order = sort_order(source.table, order_by, codes).to_numpy()
         else:

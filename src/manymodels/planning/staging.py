@@ -72,7 +72,8 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     if table.num_rows == 0:
         return None
     table = table.replace_schema_metadata(None)
-    codes = exact_pandas(table.select(by)).groupby(by, sort=True, dropna=False).ngroup()
+    codes = exact_pandas(table.select(by)).groupby(by, sort=True, dropna=False,
+                                                   observed=True).ngroup()
     codes = codes.to_numpy()
     if order_by:
         order = sort_order(table, order_by, codes).to_numpy()
@@ -247,7 +248,8 @@ def _index_to_groups(index: pa.Table, by: list[str], directory: str) -> StagedGr
     if index.num_rows == 0:
         raise ValueError("the DataFrame is empty: there are no groups to train")
     index = index.combine_chunks()
-    codes = exact_pandas(index.select(by)).groupby(by, sort=True, dropna=False).ngroup()
+    codes = exact_pandas(index.select(by)).groupby(by, sort=True, dropna=False,
+                                                   observed=True).ngroup()
     order = np.argsort(codes.to_numpy(), kind="stable")
     if len(np.unique(codes)) != index.num_rows:
         raise RuntimeError("the engine split a group over two partitions")

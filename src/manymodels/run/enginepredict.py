@@ -255,7 +255,7 @@ class _PartitionPredictor:
         if part.empty:
             return self.meta
         answers = [self.task(rows) for _, rows in part.groupby(self.by, sort=False,
-                                                                 dropna=False)]
+                                                                 dropna=False, observed=True)]
         return pd.concat(answers).astype(self.meta.dtypes.to_dict(), errors="ignore")
 
 

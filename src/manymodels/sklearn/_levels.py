@@ -31,7 +31,7 @@ def level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple]
     ``depth``, and each group's prefix (a tuple of plain values)."""
     columns = list(keys.columns[:depth])
     codes = keys.groupby(columns if depth > 1 else columns[0], sort=False,
-                         dropna=False).ngroup().to_numpy()
+                         dropna=False, observed=True).ngroup().to_numpy()
     first = np.unique(codes, return_index=True)[1]
     prefixes = [tuple(_one_nan(plain_scalar(v)) for v in row)
                 for row in keys.iloc[first, :depth].itertuples(index=False, name=None)]

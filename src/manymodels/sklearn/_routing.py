@@ -26,7 +26,7 @@ def group_positions(keys: pd.DataFrame) -> dict[Hashable, np.ndarray]:
     column, a tuple for several; missing values are keys too)."""
     columns = list(keys.columns)
     grouper = columns[0] if len(columns) == 1 else columns
-    return keys.groupby(grouper, sort=False, dropna=False).indices
+    return keys.groupby(grouper, sort=False, dropna=False, observed=True).indices
 
 
 @dataclass
