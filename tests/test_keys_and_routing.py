@@ -470,3 +470,15 @@ def test_load_and_models_find_a_whole_number_key_however_it_is_typed(tmp_path):
     with pytest.raises(KeyError):
         store.load("2.5")
     assert "3" not in run.models
+
+
+def test_a_grid_of_none_and_nan_finds_each_ones_model():
+    """Two settings, None and NaN: run.models[nan] gave None's model (a new
+    NaN equals no key, and a missing key was then looked up as None)."""
+    run = mm.train(lambda a: f"model of {a!r}", mm.grid(a=[None, float("nan")]),
+                   backend="serial", progress=False)
+    assert run.models[None] == "model of None"
+    assert run.models[float("nan")] == run.models[np.float64("nan")] == "model of nan"
+    grouped = mm.train(lambda rows: len(rows), mm.groups(pd.DataFrame(
+        {"g": [1.0, np.nan, np.nan]}), by="g"), backend="serial", progress=False)
+    assert grouped.models[float("nan")] == 2  # a missing group key, held as None: found

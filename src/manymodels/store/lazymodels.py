@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Hashable, Iterator, Mapping
+from functools import cached_property
 from typing import Any
 
 from ..engine.messages import Pickled
@@ -73,6 +74,15 @@ class KeyByText:
         return repr(self.key)
 
 
+#: What a float NaN in a key is marked as, to find a key holding one.
+_NAN_MARK = object()
+
+
+def _nan_marked(parts: tuple) -> tuple:
+    return tuple(_NAN_MARK if isinstance(part, float) and part != part else part
+                 for part in parts)
+
+
 def hashable_key(key: Any) -> Hashable:
     """``key`` itself, or a :class:`KeyByText` where Python cannot hash it."""
     try:
@@ -105,9 +115,13 @@ class ModelMap(Mapping):
     def _typed_otherwise(self, key: Any) -> Any:
         """The key the map holds for ``key`` typed otherwise; ``key`` where none."""
         parts = key if isinstance(key, tuple) else (key,)
-        # NaN, NaT, pd.NA: a missing key, which the map holds as None
+        # NaN, NaT, pd.NA: a missing key, which the map holds as None; where it
+        # holds a NaN of its own (a grid of None and NaN: two settings), that one
         missing = [part is not None and canonical(part) is None for part in parts]
         if any(missing):
+            held = self._nan_keys.get(_nan_marked(parts))
+            if held is not None:
+                return held
             held = tuple(None if gone else part for part, gone in zip(parts, missing))
             held = held if isinstance(key, tuple) else held[0]
             if held in self._items:
@@ -121,6 +135,17 @@ class ModelMap(Mapping):
             except (TypeError, ValueError):  # a value no key holds (an array): not found
                 pass
         return key
+
+    @cached_property
+    def _nan_keys(self) -> dict[tuple, Hashable]:
+        """The keys the map holds with a float NaN in them, by their parts
+        with each NaN marked (a NaN equals no other: a new one finds none)."""
+        found = {}
+        for held in self._items:
+            parts = held if isinstance(held, tuple) else (held,)
+            if any(isinstance(part, float) and part != part for part in parts):
+                found[_nan_marked(parts)] = held
+        return found
 
     def __iter__(self) -> Iterator[Hashable]:
         return iter(self._items)
