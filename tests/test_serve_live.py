@@ -163,3 +163,25 @@ def test_each_worker_logs_its_reloads(tmp_path):
                 time.sleep(0.2)
         finally:
             served.close()
+
+
+def test_a_model_removed_under_the_catalog_is_answered_from_the_store_as_it_is_now(tmp_path):
+    """The run that trained store 5's model deleted and its pack collected
+    while serving: its requests were 500s until the next poll (here never:
+    poll=None). The store changed, so it is read again at once."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    frame = sales(6)
+    mm.train(fit, mm.groups(frame, by="store"), store=path, backend="serial", progress=False)
+    mm.train(fit_again, mm.groups(frame[frame["store"] != 5], by="store"), store=path,
+             backend="serial", progress=False)
+    with TestClient(mm.serve_app(path, poll=None)) as client:
+        first = client.post("/v1/predict", json={"rows": ROWS[:2]})
+        assert first.status_code == 200 and first.json()["source"] == ["group", "group"]
+        store = mm.Store(path)
+        store.delete(1)
+        assert store.gc() > 0
+        answer = client.post("/v1/predict", json={"rows": [ROWS[5], ROWS[0]]})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["source"] == ["none", "group"]  # store 5: no model left

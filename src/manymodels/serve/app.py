@@ -93,7 +93,18 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         return JSONResponse({"status": "ok", "run_id": served.catalog.run_id})
 
     def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
-        catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
+        try:
+            return answer_from(served.catalog, body, arrow)
+        except StoreIntegrityError:
+            # a model gone from under the catalog (its run deleted, then gc):
+            # the store changed, so its current state is read now, not at the
+            # next poll, and the request answered once more from that
+            if served.reload():
+                return answer_from(served.catalog, body, arrow)
+            raise
+
+    def answer_from(catalog: Any, body: bytes, arrow: bool) -> tuple[bytes, str]:
+        # (this request's catalog, whatever a reload swaps in meanwhile)
         columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body, catalog.by)
         result = predict_rows(catalog, served.cache, served.store, columns, n, ordered=arrow)
         if arrow:
