@@ -390,3 +390,27 @@ def test_an_items_key_function_that_returns_a_list_is_refused():
         mm.items(records, key=lambda r: [r["store"], r["sku"]])
     with pytest.raises(ValueError, match="duplicate item key"):
         mm.items(records, key=lambda r: (r["store"], r["sku"]))
+
+
+def test_tables_that_are_no_table_or_keys_that_cannot_be_grouped_are_named(tmp_path):
+    """Each was a bare AttributeError, NotImplementedError or ArrowInvalid
+    from deep inside, or a path said not to exist."""
+    pl = pytest.importorskip("polars")
+    with pytest.raises(TypeError, match="not a Series .*to_frame"):
+        mm.groups(pl.Series("k", [1, 2]), by="k")
+    with pytest.raises(TypeError, match="not a Series .*to_frame"):
+        mm.groups(pd.Series([1, 2], name="k"), by="k")
+    with pytest.raises(ValueError, match="by column 'k' holds half-precision floats"):
+        mm.train(lambda rows: len(rows), mm.groups(pa.table(
+            {"k": pa.array(np.array([1, 2], np.float16)), "v": [1, 2]}), by="k"),
+            backend="serial", progress=False)
+    with pytest.raises(ValueError, match=r"cannot convert the polars DataFrame.*'k': 'Int128'"):
+        mm.groups(pl.DataFrame({"k": pl.Series([1, 2], dtype=pl.Int128), "v": [1, 2]}), by="k")
+    with pytest.raises(ValueError, match="columns have several levels .*flatten"):
+        mm.groups(pd.DataFrame([[1, 2]], columns=pd.MultiIndex.from_tuples(
+            [("a", "k"), ("a", "v")])), by="k")
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": [1, 1, 2], "v": [1.0, 2.0, 3.0]}), path)
+    run = mm.train(lambda rows: len(rows), mm.groups(path.as_uri(), by="k"),
+                   backend="serial", progress=False)  # file:///...: a local file's URI
+    assert run.results["status"].eq("ok").all() and len(run.results) == 2

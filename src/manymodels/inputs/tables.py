@@ -30,7 +30,8 @@ READ_FORMATS = ".csv, .tsv (tab-separated) or Parquet (.parquet, .pq, .parq)"
 
 
 def _is_polars_frame(obj: Any) -> bool:
-    return type(obj).__module__.startswith("polars") and hasattr(obj, "to_arrow")
+    return (type(obj).__module__.startswith("polars") and hasattr(obj, "to_arrow")
+            and hasattr(obj, "columns"))  # (a Series has to_arrow, and no columns)
 
 
 def one_array(column: Any) -> Any:
@@ -379,21 +380,38 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         _refuse_a_name_twice(table.column_names, "given")  # (Arrow allows two)
         return table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
     if isinstance(table, (str, Path)):
+        if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
+            from urllib.parse import unquote, urlparse
+
+            table = unquote(urlparse(table).path)
         if is_remote(table):  # Path() would make s3://b/t "s3:/b/t"
             raise ValueError(f"{table!r} is on an object store, which this call does not "
                              "read: read it first (pyarrow.parquet.read_table, "
                              "pandas.read_parquet), or give it to mm.groups, which does")
-        path = Path(table)
+        path = Path(table).expanduser()
         if not path.exists():
             raise ValueError(f"table path {str(path)!r} does not exist")
         read = _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
         _refuse_a_name_twice(read.column_names, repr(str(path)))
         return read
     if _is_polars_frame(table):
-        return table.to_arrow()
+        try:
+            return table.to_arrow()
+        except (pa.ArrowException, TypeError, ValueError) as exc:  # (Int128: no Arrow type)
+            kinds = dict(zip(table.columns, map(str, table.dtypes)))
+            raise ValueError(f"cannot convert the polars DataFrame to Arrow: {exc}; its "
+                             f"columns' types are {kinds}") from exc
     import pandas as pd
 
+    if isinstance(table, (pd.Series, pd.Index)) or type(table).__module__.startswith(
+            "polars") and hasattr(table, "to_frame"):
+        raise TypeError(f"a table must be a DataFrame, not a {type(table).__name__} (one "
+                        "column): give it as one, series.to_frame()")
     if isinstance(table, pd.DataFrame):
+        if isinstance(table.columns, pd.MultiIndex):
+            raise ValueError("the pandas DataFrame's columns have several levels "
+                             f"(e.g. {table.columns[0]!r}): flatten them to names first "
+                             "(df.columns = ['_'.join(map(str, c)) for c in df.columns])")
         try:
             if not all(isinstance(c, str) for c in table.columns):  # labels 0, 1, ...
                 table = table.set_axis([str(c) for c in table.columns], axis=1)

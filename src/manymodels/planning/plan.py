@@ -263,6 +263,10 @@ def _check_key_type(name: str, column: Any) -> None:
                          f"become their storage ({kind.storage_type}) as keys: convert the "
                          "column to text or to timestamps first (.astype(str), "
                          ".dt.to_timestamp())")
+    if pa.types.is_float16(kind) or pa.types.is_dictionary(kind) and pa.types.is_float16(
+            kind.value_type):
+        raise ValueError(f"by column {name!r} holds half-precision floats (float16), which "
+                         "cannot be grouped: cast it to float32 or float64 first")
     if pa.types.is_time64(kind) and kind.unit == "ns":
         try:
             pc.cast(column, pa.time64("us"))
