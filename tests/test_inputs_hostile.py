@@ -414,3 +414,16 @@ def test_tables_that_are_no_table_or_keys_that_cannot_be_grouped_are_named(tmp_p
     run = mm.train(lambda rows: len(rows), mm.groups(path.as_uri(), by="k"),
                    backend="serial", progress=False)  # file:///...: a local file's URI
     assert run.results["status"].eq("ok").all() and len(run.results) == 2
+
+
+def test_a_blank_or_na_text_cell_of_a_csv_is_a_missing_key_as_in_pandas(tmp_path):
+    """A blank cell and "NA" were keys of their own ('' and 'NA') in a text
+    column, where pandas' read_csv and a number column read them missing."""
+    path = tmp_path / "t.csv"
+    path.write_text("k,v\na,1\n,2\nNA,3\nb,4\n")
+    run = mm.train(lambda rows: sorted(rows["v"]), mm.groups(path, by="k"),
+                   backend="serial", progress=False)
+    expected = pd.read_csv(path).groupby("k", dropna=False)["v"].apply(sorted)
+    assert len(run.results) == len(expected) == 3
+    assert run.models[None] == expected[expected.index.isna()].item() == [2, 3]
+    assert run.models["a"] == [1] and run.models["b"] == [4]

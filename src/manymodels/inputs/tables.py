@@ -151,11 +151,13 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
             import pyarrow.csv as pcsv
 
             parse = pcsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ",")
-            convert = None
+            # a blank text cell, "NA", "null", ... is a missing value, as in a
+            # number column and in pandas' read_csv (a key of its own, "", before)
+            convert = pcsv.ConvertOptions(strings_can_be_null=True)
             if columns is not None:
                 with pcsv.open_csv(path, parse_options=parse) as reader:  # the header only
                     names = reader.schema.names
-                convert = pcsv.ConvertOptions(include_columns=present_columns(columns, names, path))
+                convert.include_columns = present_columns(columns, names, path)
             return _codes_kept_as_text(path, parse, pcsv.read_csv(
                 path, parse_options=parse, convert_options=convert))
     except (OSError, pa.ArrowException) as exc:
