@@ -255,6 +255,25 @@ def test_a_stores_copy_is_named_by_the_store_not_by_its_uris_text():
     assert len({copy(location) for location in [base, *others]}) == 5
 
 
+def test_an_endpoint_given_by_the_environment_names_the_copy_too(monkeypatch):
+    """AWS_ENDPOINT_URL (the SDK's own way to name another server) was left
+    out of the copy's name: two servers' stores at one bucket and path
+    shared one copy of their indexes."""
+    from manymodels.store.localcopy import copy_folder
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    plain = copy_folder("s3://bucket/models")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    by_environment = copy_folder("s3://bucket/models")
+    assert by_environment != plain
+    assert by_environment == copy_folder("s3://bucket/models?endpoint_override=127.0.0.1:9000")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "https://127.0.0.1:9001/")  # the S3 one first
+    assert copy_folder("s3://bucket/models") == copy_folder(
+        "s3://bucket/models?endpoint_override=127.0.0.1:9001")
+    assert copy_folder("s3://bucket/models?endpoint_override=127.0.0.1:9000") == by_environment
+
+
 def _as_an_earlier_version_left_it(location: str, record: bool = True):
     """Move this machine's copy of ``location`` to the folder an earlier
     version named by the URI's text (without its record of what it was

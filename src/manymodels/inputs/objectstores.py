@@ -21,6 +21,7 @@ within the store's clock resolution (a second on S3) is not seen as changed.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -111,13 +112,24 @@ def store_identity(uri: str) -> str:
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name in _REACH_OPTIONS:
             continue
-        if name == "endpoint_override":  # the server; http:// or not, one trailing /
-            value = re.sub(r"^https?://", "", value.strip(), flags=re.IGNORECASE)
-            value = value.rstrip("/").lower()
+        if name == "endpoint_override":  # the server
+            value = _endpoint(value)
         options.append((name, value))
+    if parts.scheme.lower() == "s3" and not any(n == "endpoint_override" for n, _ in options):
+        # the server the SDK reaches where the URI names none: the environment's
+        given = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if given:
+            options.append(("endpoint_override", _endpoint(given)))
     path = unquote(parts.path).rstrip("/")
     return (f"{parts.scheme.lower()}://{bucket}{path}"
             + ("?" + "&".join(f"{n}={v}" for n, v in sorted(options)) if options else ""))
+
+
+def _endpoint(value: str) -> str:
+    """A server's endpoint as an identity holds it: http:// or not, one
+    trailing slash or not, in any case."""
+    value = re.sub(r"^https?://", "", value.strip(), flags=re.IGNORECASE)
+    return value.rstrip("/").lower()
 
 
 def redacted(text: Any, uri: str) -> str:
