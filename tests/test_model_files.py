@@ -295,3 +295,20 @@ def test_a_folder_holding_the_store_is_hashed_without_reading_the_store(tmp_path
     assert mm.train(fit_opening_the_store_elsewhere, mm.items(range(2)),
                     shared={"data": project}, backend="serial", store=store,
                     progress=False).results["reused"].tolist() == [False, False]
+
+
+def test_an_edit_under_a_linked_folder_changes_the_folders_hash(tmp_path):
+    """A folder item whose data sits under a link to another folder: an edit
+    there left its hash, and its model was reused, stale."""
+    from manymodels.identity.hashing import file_hash
+
+    data = tmp_path / "shared-data"
+    data.mkdir()
+    (data / "a.csv").write_text("x\n1\n")
+    item = tmp_path / "item"
+    item.mkdir()
+    (item / "data").symlink_to(data, target_is_directory=True)
+    (item / "loop").symlink_to(item, target_is_directory=True)  # walked once, not for ever
+    before = file_hash(item)
+    (data / "a.csv").write_text("x\n2\n")
+    assert file_hash(item) != before

@@ -226,7 +226,7 @@ def file_hash(path: PurePath | str) -> str:
     if path.is_dir():
         if (path / STORE_INDEX).is_file():
             return digest("store", str(path.resolve()))
-        files = [file for file in sorted(path.rglob("*")) if file.is_file()]
+        files = _files_under(path)
         stores = {file.parent for file in files if file.name == STORE_INDEX}
         parts = [f"{file.relative_to(path).as_posix()}={file_hash(file)}" for file in files
                  if not stores or not stores.intersection(file.parents)]
@@ -240,6 +240,23 @@ def file_hash(path: PurePath | str) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _files_under(path: Path) -> list[Path]:
+    """The files under ``path``, sorted, through links to folders too (an
+    edit under a linked folder changes the folder's hash: ``Path.rglob``
+    does not follow them before Python 3.13); a folder reached twice (a link
+    to one above it) is walked once."""
+    files: list[Path] = []
+    walked: set[str] = set()
+    for root, folders, names in os.walk(path, followlinks=True):
+        real = os.path.realpath(root)
+        if real in walked:
+            folders[:] = []
+            continue
+        walked.add(real)
+        files.extend(file for file in map(Path(root).joinpath, names) if file.is_file())
+    return sorted(files)
 
 
 def item_hash(item: Any) -> str:
