@@ -201,6 +201,19 @@ class NewStore:
         self.index = path / INDEX_NAME
         #: the store's artifacts/ folder, where this call makes it
         self.artifacts = None if (path / "artifacts").exists() else path / "artifacts"
+        #: whether this call made the index file (see :meth:`claim_index`)
+        self.made_index = False
+
+    def claim_index(self) -> None:
+        """Make the index file, empty, where no process has made it yet: only
+        an index this call made is removed again (another driver making the
+        same store at once, or a reader's open racing a writer's, leaves the
+        other's index alone)."""
+        try:
+            os.close(os.open(self.index, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        self.made_index = True
 
     @classmethod
     def before(cls, path: Path) -> NewStore | None:
@@ -217,23 +230,13 @@ class NewStore:
             folders.append(folder)
         return cls(path, folders)
 
-    @staticmethod
-    def held_elsewhere(exc: BaseException) -> bool:
-        """Whether ``exc`` (or what caused it) says another process holds
-        the index (SQLite's "locked" or "busy"): two drivers making one new
-        store at once, whose index is then the other's, not to be removed."""
-        while exc is not None:
-            if "locked" in str(exc) or "busy" in str(exc):
-                return True
-            exc = exc.__cause__ or exc.__context__
-        return False
-
     def remove(self) -> None:
         """Remove the index this call made (with SQLite's files beside it)
         and the folders it made, each only where it holds nothing else."""
-        for name in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(OSError):
-                self.index.with_name(INDEX_NAME + name).unlink()
+        if self.made_index:
+            for name in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    self.index.with_name(INDEX_NAME + name).unlink()
         for folder in [self.artifacts, *self.folders]:  # (the innermost first)
             if folder is not None:
                 with contextlib.suppress(OSError):  # (not empty: another process's now)

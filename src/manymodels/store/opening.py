@@ -58,19 +58,22 @@ class OpenedIndex:
                 read_only, self.root = True, copied
         # what this call makes, where it makes a new store: removed again
         # if it is refused (a full disk), so that nothing half-made is left
-        made = None if self._remote is not None else database.NewStore.before(self.path)
+        made = (None if self._remote is not None or read_only is True
+                else database.NewStore.before(self.path))
         try:
             #: True when the store was opened for reading only (asked for, or the
             #: files are not writable by this user): it can be read, not trained into.
             self.read_only = not database.prepare_directory(self.path, read_only)
+            if made is not None and not self.read_only:
+                made.claim_index()
             # a connection per thread: SQLite's transactions are a connection's,
             # and threads sharing one broke each other's (a delete's BEGIN inside
             # another thread's read, a reader's COMMIT of a half-done write)
             first = database.connect(self.path, read_only=self.read_only)
         except BaseException as exc:
-            if made is None or database.NewStore.held_elsewhere(exc):
-                raise  # (another driver making the same store: its files are its own)
-            made.remove()
+            if made is None:
+                raise
+            made.remove()  # (only what this call made: see NewStore)
             if isinstance(exc, database.StoreError):
                 raise database.StoreError(f"the store {str(self.path)!r} could not be made, "
                                           f"and nothing of it is left: {exc}") from exc
