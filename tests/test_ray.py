@@ -332,8 +332,21 @@ def blas_threads(item):
     return {"threads": max(blas)}
 
 
+def _wait_for_free_cpus(limit_s: float = 60.0) -> None:
+    """Wait until the instance's CPUs are all free again: a Ray worker that
+    an earlier test's run cancelled (force=True) gives its CPU back only once
+    Ray has seen its process end, and on a loaded machine that is a while;
+    a task asking for both CPUs meanwhile waits, as Ray makes it."""
+    deadline = time.monotonic() + limit_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        assert time.monotonic() < deadline, (
+            f"Ray's CPUs not freed in {limit_s} s: {ray.available_resources()}")
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("cpus_per_task", [1, 2])
 def test_cpus_per_task_limits_blas_threads_and_concurrency(cpus_per_task):
+    _wait_for_free_cpus()
     run = mm.train(blas_threads, mm.items(range(8)), backend=mm.RayBackend(),
                    cpus_per_task=cpus_per_task, progress=False)
     assert run.summary().statuses == {"ok": 8}
