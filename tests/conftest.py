@@ -127,35 +127,11 @@ def assert_only_timed_out(run, item, timeout) -> None:
 def engine(request):
     """``(name, the user's session or client)``, up for the module's tests
     (tests/test_engines.py has its own, of the name alone)."""
-    handle, close, alive = user_engine(request)
+    from test_engines import _start_dask, _start_spark
+
+    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
     yield request.param, handle
     assert alive(), f"the user's {request.param} was stopped by manymodels"
-    close()
-
-
-def user_engine(request):
-    """A user's engine for a module's tests: ``(handle, close, alive)``. A
-    Dask LocalCluster is the module's own; the Spark session is the
-    session's (:func:`user_spark`: a JVM's start-up is a few seconds, and
-    every module that runs on a user's Spark would start one), so its
-    ``close`` leaves it up."""
-    from test_engines import _start_dask
-
-    if request.param == "spark":
-        spark, alive = request.getfixturevalue("user_spark")
-        return spark, lambda: None, alive
-    return _start_dask()
-
-
-@pytest.fixture(scope="session")
-def user_spark():
-    """A local Spark session as a user's (``local[2]``), started once for
-    the test session and stopped at its end, its JVM too: the tests on a
-    user's Spark check that manymodels leaves it up."""
-    from test_engines import _start_spark
-
-    spark, close, alive = _start_spark()
-    yield spark, alive
     close()
 
 

@@ -464,9 +464,15 @@ def test_on_dask_a_killed_workers_task_resumes(tmp_path, log):
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_on_spark_a_killed_workers_task_resumes(tmp_path, log, user_spark):
-    run = train(log, items=[5], shared={"fault": "kill:20"}, backend="spark", retries=1,
-                store=tmp_path / "store")  # on a local[2] session, as a user's
+def test_on_spark_a_killed_workers_task_resumes(tmp_path, log):
+    from test_engines import _start_spark
+
+    _, close, _ = _start_spark()  # a local[2] session, as a user's
+    try:
+        run = train(log, items=[5], shared={"fault": "kill:20"}, backend="spark", retries=1,
+                    store=tmp_path / "store")
+    finally:
+        close()
     row = run.results.iloc[0]
     assert row["status"] == "ok" and row["resumed"], run.results.to_dict("records")
     assert starts(log, 5) == [0, 21] and row["final"] == final_value(5)

@@ -1,8 +1,7 @@
 """The Spark and Dask backends on real engines (no mocks): a local Spark session
 (``local[2]``, a real JVM and Python workers) and a real ``distributed``
-LocalCluster of two worker processes. Each engine is started by the user's
-way (an active session, a current client: the cluster once for the module,
-the Spark session once for the test session), so the
+LocalCluster of two worker processes. Each engine is started once for the
+module by the user's way (an active session, a current client), so the
 backends connect to it and must leave it running; the contract tests
 (tests/test_backend_contract.py) cover a backend that starts and stops its own.
 
@@ -25,7 +24,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from conftest import assert_only_timed_out, count_parts_as_columns, fit_linear, user_engine
+from conftest import assert_only_timed_out, count_parts_as_columns, fit_linear
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +80,7 @@ def _start_dask():
 ])
 def engine(request):
     """The engine's name; the user's session or client is up meanwhile."""
-    handle, close, alive = user_engine(request)
+    handle, close, alive = (_start_spark if request.param == "spark" else _start_dask)()
     yield request.param
     assert alive(), f"the user's {request.param} was stopped by manymodels"
     close()
