@@ -29,8 +29,8 @@ from .objectstores import (
     shown,
 )
 from .partitions import partition_table, partitioning
+from .tablefiles import PARQUET_SUFFIXES, table_files
 from .tables import (
-    PARQUET_SUFFIXES,
     codes_into,
     dictionaries_that_hold_all,
     exact_pandas,
@@ -41,7 +41,6 @@ from .tables import (
     present_columns,
     refuse_unlike_columns,
     sort_order,
-    table_files,
     text_where_any_is_text,
 )
 

@@ -1,8 +1,9 @@
 """Turning whatever table a user has into one ``pyarrow.Table``.
 
 Accepted: pandas and polars DataFrames, pyarrow Tables, and paths to a Parquet
-or CSV file or to a directory of them. Arrow is the common form because it can
-be sorted once, sliced without copying and memory-mapped by every worker.
+or CSV file or to a directory of them (which of its files are read:
+:mod:`.tablefiles`). Arrow is the common form because it can be sorted once,
+sliced without copying and memory-mapped by every worker.
 """
 
 from __future__ import annotations
@@ -15,18 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from .engineframes import refuse_engine_frame
-from .objectstores import hidden, is_remote
+from .objectstores import is_remote
 from .partitions import add_partition_columns, partition_table
-
-PARQUET_SUFFIXES = {".parquet", ".pq", ".parq"}
-_CSV_SUFFIXES = {".csv", ".tsv"}  # (.tsv: tab-separated)
-#: Suffixes of tables in formats not read (a ``.txt`` may hold prose or any
-#: separator): a file so named is refused, not read as CSV nor left out.
-_UNREAD_TABLE_SUFFIXES = frozenset({
-    ".txt", ".dat", ".json", ".jsonl", ".ndjson", ".xlsx", ".xls", ".ods", ".feather",
-    ".arrow", ".ipc", ".orc", ".avro", ".gz", ".bz2", ".xz", ".zst", ".zip"})
-#: The formats read, as said when a file is refused.
-READ_FORMATS = ".csv, .tsv (tab-separated) or Parquet (.parquet, .pq, .parq)"
+from .tablefiles import CSV_SUFFIXES, PARQUET_SUFFIXES, READ_FORMATS, table_files
 
 
 def _is_polars_frame(obj: Any) -> bool:
@@ -76,66 +68,6 @@ def is_pandas_frame(obj: Any) -> bool:
     return pandas is not None and isinstance(obj, pandas.DataFrame)
 
 
-def table_files(path: Path) -> list[Path]:
-    """The table files under a directory, in the order they are read, but
-    those :func:`~.objectstores.hidden` there. A file named as a table in
-    a format not read (``notes.txt``, ``more.tsv.gz``, ``rows.json``) is
-    refused, naming it: read as CSV it was read wrongly, left out its rows
-    would be missing unsaid. Other files (``README.md``) are left out.
-    Links to folders are followed, as pyarrow's datasets follow them; see
-    :func:`_files_under` for the links that are refused."""
-    files = []
-    for file in _files_under(path):
-        if hidden(file.relative_to(path).parts):
-            continue
-        if file.suffix.lower() in PARQUET_SUFFIXES | _CSV_SUFFIXES:
-            files.append(file)
-        elif any(suffix.lower() in _UNREAD_TABLE_SUFFIXES | PARQUET_SUFFIXES | _CSV_SUFFIXES
-                 for suffix in file.suffixes):
-            raise ValueError(f"directory {str(path)!r} holds {str(file.relative_to(path))!r}, "
-                             f"a file it does not read: a directory is read as {READ_FORMATS} "
-                             "files; move it out, or start its name with '_' or '.' to have "
-                             "it left out")
-    return files
-
-
-
-def _files_under(path: Path) -> list[Path]:
-    """The files under ``path`` (through links to folders too: ``Path.rglob``
-    does not follow them before Python 3.13, and their rows were left out),
-    sorted, hidden folders not entered. A link whose target is missing,
-    named as a table file, is refused, naming it; a link to a folder read
-    already (one above it: without end) too, its rows read twice."""
-    import os
-
-    files: list[Path] = []
-    seen = {os.path.realpath(path): path}
-    folders = [path]
-    while folders:
-        folder = folders.pop()
-        for entry in sorted(folder.iterdir()):
-            if hidden(entry.relative_to(path).parts):
-                continue
-            if entry.is_dir():
-                real = os.path.realpath(entry)
-                if real in seen:
-                    raise ValueError(
-                        f"directory {str(path)!r} reaches the folder {real!r} twice, as "
-                        f"{str(seen[real])!r} and through the link {str(entry)!r}: its rows "
-                        "would be read twice (or without end); remove the link, or start its "
-                        "name with '_' or '.' to have it left out")
-                seen[real] = entry
-                folders.append(entry)
-            elif entry.is_file():
-                files.append(entry)
-            elif entry.is_symlink() and not entry.exists() and any(
-                    suffix.lower() in _UNREAD_TABLE_SUFFIXES | PARQUET_SUFFIXES
-                    | _CSV_SUFFIXES for suffix in entry.suffixes):
-                raise ValueError(f"directory {str(path)!r} holds {str(entry.relative_to(path))!r}"
-                                 f", a link to {os.readlink(entry)!r}, which does not exist")
-    return sorted(files)
-
-
 def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
     """The file's table; with ``columns``, only those (each checked against the
     file's own column names first, so that a missing one is named)."""
@@ -147,7 +79,7 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
             if columns is not None:
                 columns = present_columns(columns, pq.read_schema(path).names, path)
             return pq.read_table(path, columns=columns)
-        if suffix in _CSV_SUFFIXES:
+        if suffix in CSV_SUFFIXES:
             import pyarrow.csv as pcsv
 
             parse = pcsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ",")
