@@ -251,6 +251,54 @@ def test_integer_keys_with_a_missing_one_keep_every_digit(tmp_path):
     assert run.models[big + 1] == ("model", big + 1)
 
 
+KEY_DTYPES = {
+    "int32": np.array([3, 1, 3, 1], dtype="int32"),
+    "uint8": np.array([200, 1, 200, 1], dtype="uint8"),
+    "float32": np.array([0.5, 1.5, 0.5, 1.5], dtype="float32"),
+    "category": pd.Categorical(["x", "y", "x", "y"], categories=["z", "y", "x"]),
+    "seconds": pd.to_datetime(["2024-01-01", "2024-02-01"] * 2).astype("datetime64[s]"),
+    "nullable": pd.array([7, None, 7, None], dtype="Int32"),
+    "boolean": pd.array([True, None, True, None], dtype="boolean"),
+}
+
+
+def _windows_fit(rows):
+    return LinearRegression().fit(rows[["x"]], rows["y"])
+
+
+@pytest.mark.parametrize("kind", list(KEY_DTYPES))
+def test_results_keep_the_dtypes_of_the_tables_key_columns(kind):
+    """run.results, run.evaluation and run.forecasts type the key columns
+    as the table did, as the rows fit got them: an int32 key came back
+    int64, a categorical one as text, a datetime64[s] one in microseconds."""
+    frame = pd.DataFrame({"k": pd.Series(KEY_DTYPES[kind]).repeat(6).reset_index(drop=True),
+                          "t": np.tile(np.arange(6), 4), "x": np.arange(24.0)})
+    frame["y"] = 2 * frame["x"]
+    expected = frame["k"].dtype
+    run = mm.train(_windows_fit, mm.groups(frame, by="k"), backend="serial", progress=False,
+                   evaluate=mm.backtest(time="t", horizon=1, windows=2, target="y"))
+    assert run.results["k"].dtype == expected
+    assert run.evaluation["k"].dtype == expected and len(run.evaluation) == 4
+    assert run.forecasts["k"].dtype == expected
+    # each group's own model, under its own key
+    assert run.results["k"].tolist() == frame.groupby("k", sort=True, dropna=False,
+                                                       observed=True).size().index.tolist()
+    grid = mm.train(lambda rows, a: float(a), mm.groups(frame, by="k") * mm.grid(a=[1, 2]),
+                    backend="serial", progress=False)
+    assert grid.results["k"].dtype == expected
+    assert grid.results["a"].tolist() == [1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("kind", ["arrow", "polars"])
+def test_results_give_integer_keys_with_a_missing_one_of_a_table_their_width(kind):
+    table = pa.table({"k": pa.array([1, None, 1, 300], pa.int16()), "x": [1.0, 2.0, 3.0, 4.0]})
+    source = table if kind == "arrow" else pl.from_arrow(table)
+    run = mm.train(lambda rows: len(rows), mm.groups(source, by="k"), backend="serial",
+                   progress=False)
+    assert str(run.results["k"].dtype) == "Int16"
+    assert run.results["k"].tolist()[:2] == [1, 300] and run.results["k"].isna().tolist()[2]
+
+
 # -- integers that a missing value made floats ------------------------------------------
 
 BIG = 2**53  # past it, a float64 cannot tell n from n + 1

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ..inputs.keys import UTC_OFFSET
+from ..inputs.keys import UTC_OFFSET, key_frame
 from .splitters import WINDOWS
 from .windowtable import ROW_COLUMNS, as_table, time_zone, unpack_column, window_count
 
@@ -22,12 +22,13 @@ _FORECAST_COLUMNS = ["window", "cutoff", "time", "actual", "forecast"]
 
 
 def _task_windows(key_rows: list[tuple], metrics: list[Any]
-                  ) -> Iterator[tuple[tuple, dict[str, Any]]]:
-    """Each task's key and windows table, from what its metrics slot holds."""
+                  ) -> Iterator[tuple[int, tuple, dict[str, Any]]]:
+    """Each task's index, key and windows table, from what its metrics slot
+    holds (tasks with no windows left out)."""
     from ..engine.metriccolumns import texts_taken_out
     from ..engine.metricpacks import MetricsPack
 
-    for parts, stored in zip(key_rows, texts_taken_out(metrics)):
+    for index, (parts, stored) in enumerate(zip(key_rows, texts_taken_out(metrics))):
         if type(stored) is MetricsPack:  # floats only: no windows
             continue
         if isinstance(stored, str):  # a reused task's: the store's JSON
@@ -36,7 +37,7 @@ def _task_windows(key_rows: list[tuple], metrics: list[Any]
             stored = json.loads(stored)
         table = as_table((stored or {}).get(WINDOWS))
         if window_count(table):
-            yield parts, table
+            yield index, parts, table
 
 
 def _as_times(frame: Any, column: str, zone: str | None = None) -> None:
@@ -62,18 +63,22 @@ def _zone_of(table: dict[str, Any]) -> str | None:
     return time_zone(rows.get("time")) if isinstance(rows, dict) else None
 
 
-def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
-    """``run.evaluation``: the windows of every task, a row each, with its key."""
+def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
+                 key_table: Any = None) -> Any:
+    """``run.evaluation``: the windows of every task, a row each, with its key
+    (typed as the table's key columns where ``key_table`` has them)."""
     import pandas as pd
 
+    tasks: list[int] = []
     keys: list[tuple] = []
     counts: list[int] = []
     columns: dict[str, list] = {}
     done = 0  # windows so far: a column a task lacks is None there
     zone = None
-    for parts, table in _task_windows(key_rows, metrics):
+    for task, parts, table in _task_windows(key_rows, metrics):
         count = window_count(table)
         zone = zone or _zone_of(table)
+        tasks.append(task)
         keys.append(parts)
         counts.append(count)
         for name, values in table.items():
@@ -88,7 +93,8 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
         done += count
     if not keys:
         return pd.DataFrame(columns=[*key_columns, *_WINDOW_COLUMNS])
-    frame = _key_columns(key_columns, keys, counts)
+    frame = _key_columns(key_columns, keys, counts,
+                         _typed_keys(key_columns, key_rows, key_table, tasks))
     for name, column in columns.items():
         column.extend([None] * (done - len(column)))
         # a metric function's score named like a key column: as run.results names it
@@ -97,14 +103,25 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -
     return frame
 
 
-def _key_columns(key_columns: list, keys: list[tuple], counts: Any) -> Any:
-    """A frame of the key columns, task ``i``'s key repeated ``counts[i]`` times
-    (each column typed from the tasks' keys, then repeated: not a Python
-    object a row to type)."""
+def _typed_keys(key_columns: list, key_rows: list[tuple], key_table: Any,
+                tasks: list[int]) -> Any:
+    """The keys of ``tasks`` typed as the table's key columns, or None where
+    the tasks are not a table's groups."""
+    if key_table is None:
+        return None
+    return key_frame(key_columns, key_rows, key_table).take(tasks)
+
+
+def _key_columns(key_columns: list, keys: list[tuple], counts: Any, typed: Any = None) -> Any:
+    """A frame of the key columns, task ``i``'s key repeated ``counts[i]`` times:
+    ``typed``'s rows where given, else each column typed from the tasks'
+    keys, then repeated (not a Python object a row to type)."""
     import numpy as np
     import pandas as pd
 
     counts = np.asarray(counts)
+    if typed is not None:
+        return typed.take(np.repeat(np.arange(len(counts)), counts)).reset_index(drop=True)
     if not counts.all():  # a task with no rows: its key types nothing
         keys = [parts for parts, count in zip(keys, counts) if count]
         counts = counts[counts > 0]
@@ -131,17 +148,19 @@ def _repeated_times(values: list, counts: list[int], zone: str | None) -> Any:
     return frame["time"].array.take(np.repeat(np.arange(len(values)), counts))
 
 
-def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any]) -> Any:
+def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
+                   key_table: Any = None) -> Any:
     """``run.forecasts``: every backtest window's test rows with their time,
-    cutoff, actual value and forecast, in the tasks' and windows' order."""
+    cutoff, actual value and forecast, in the tasks' and windows' order (the
+    keys typed as the table's key columns where ``key_table`` has them)."""
     import numpy as np
     import pandas as pd
 
-    keys, totals, windows, cutoffs, sizes = [], [], [], [], []
+    tasks, keys, totals, windows, cutoffs, sizes = [], [], [], [], [], []
     zone = None
     columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
     shared: dict[int, Any] = {}  # a group's times and actuals, the same for its candidates
-    for parts, table in _task_windows(key_rows, metrics):
+    for task, parts, table in _task_windows(key_rows, metrics):
         rows = table.get("rows")
         if not rows:
             continue
@@ -155,6 +174,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
                 values = shared[id(packed)] = (packed, unpack_column(packed))
             columns[name].append(values[1])
         zone = zone or time_zone(rows["time"])
+        tasks.append(task)
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
         windows.extend(table["window"])
@@ -162,7 +182,8 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any])
         sizes.extend(table["n_test"])
     if not keys:
         return pd.DataFrame(columns=[*key_columns, *_FORECAST_COLUMNS])
-    frame = _key_columns(key_columns, keys, totals)
+    frame = _key_columns(key_columns, keys, totals,
+                         _typed_keys(key_columns, key_rows, key_table, tasks))
     frame["window"] = np.repeat(np.array(windows), sizes)
     frame["cutoff"] = _repeated_times(cutoffs, sizes, zone)
     for name, pieces in columns.items():

@@ -170,6 +170,43 @@ def key_column(values: list) -> Any:
     return values
 
 
+def key_frame(names: Sequence[str], rows: Sequence[tuple], table: Any = None) -> Any:
+    """The keys as a pandas frame, one row per key, a column per name.
+
+    ``table`` is the keys' first columns as Arrow columns, when a run's tasks are the
+    groups of a table: the columns then keep the table's own types (an
+    ``int32`` key stays ``int32``, a categorical one categorical, a
+    ``datetime64[s]`` one in seconds: the table's pandas metadata, where it
+    has any, gives back pandas' own dtypes), as the rows ``fit`` was given
+    had them. The other columns (a grid's settings; all of them for items'
+    keys or a bare grid) are made from the Python values of ``rows``, typed
+    as :func:`key_column` says."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = list(names)
+    if table is None or table.column_names != names[:table.num_columns] or (
+            table.num_rows != len(rows)):
+        return pd.DataFrame({name: key_column([row[i] for row in rows])
+                             for i, name in enumerate(names)})
+    frame = table.to_pandas()
+    frame.index = pd.RangeIndex(len(frame))  # not the input table's row labels
+    for i, name in enumerate(names[table.num_columns:], start=table.num_columns):
+        frame[name] = key_column([row[i] for row in rows])  # a grid's settings
+    for name, column in zip(names, table.columns):
+        if not column.null_count or frame[name].dtype.kind != "f":
+            continue
+        if pa.types.is_integer(column.type):  # a missing key: pandas' nullable ints
+            nullable = pd.api.types.pandas_dtype(
+                f"{'U' if pa.types.is_unsigned_integer(column.type) else ''}"
+                f"Int{column.type.bit_width}")
+            frame[name] = column.to_pandas(types_mapper={column.type: nullable}.get)
+        elif pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            frame[name] = key_column(column.to_pylist())  # None and NaN: two keys
+    return frame
+
+
 def decode_key(text: str) -> tuple:
     """The parts of a key stored by :func:`encode_key`."""
     return tuple(_restore(v) for v in json.loads(text))

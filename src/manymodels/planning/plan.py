@@ -118,6 +118,9 @@ class Plan:
     #: The tasks' keys as Arrow columns, when each task is one group of a table
     #: (a store encodes a million keys from these at once)
     key_table: pa.Table | None = None
+    #: A table's groups' keys as Arrow columns, a row per group, when each
+    #: task is one group and one grid setting (the tasks group by group)
+    group_key_table: pa.Table | None = None
     #: Hand out tasks of equal cost in key order even where the data lies
     #: otherwise (``map_groups`` of an engine's DataFrame: its outputs, read
     #: back in key order, then lie in few files, not in every one)
@@ -131,6 +134,18 @@ class Plan:
     def key_rows(self) -> list[tuple]:
         """Each task's key column values (its grid settings included)."""
         return self.tasks.key_rows
+
+    def typed_keys(self) -> pa.Table | None:
+        """The first columns of each task's key as the table's own Arrow
+        columns, a row per task (a group's repeated for each of its grid
+        settings), or None where the tasks are not a table's groups."""
+        if self.key_table is not None:
+            return self.key_table
+        groups = self.group_key_table
+        if groups is None or not groups.num_rows or len(self) % groups.num_rows:
+            return None
+        settings = len(self) // groups.num_rows
+        return groups.take(pa.array(np.repeat(np.arange(groups.num_rows), settings)))
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -353,7 +368,8 @@ def plan(source: Source) -> Plan:
     tasks = TaskList(rows, _take(refs, entry_of.tolist()), settings * len(key_rows),
                      task_costs)
     return Plan(data=data, tasks=tasks, key_columns=source.key_columns,
-                param_columns=param_columns)
+                param_columns=param_columns,
+                group_key_table=getattr(getattr(data, "layout", None), "key_table", None))
 
 
 def asks_for_key(fit: Any) -> bool:

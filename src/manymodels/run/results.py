@@ -17,7 +17,7 @@ from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack, PackedModel, unpacked
 from ..engine.records import STATUS_NAMES, TaskRecords
 from ..evaluation.splitters import WINDOWS
-from ..inputs.keys import key_column
+from ..inputs.keys import key_frame
 from ..planning.plan import Plan
 from ..store.database import StoreError
 from ..store.lazymodels import IN_STORE, ModelMap, StoredModel, hashable_key
@@ -166,10 +166,7 @@ class Run:
         resumed (from a checkpoint; with ``resumed_from`` saying from what,
         NaN where nothing, when fit takes a checkpoint), one column per metric, error."""
         plan, rec = self._plan, self._records
-        columns: dict[str, Any] = {}
-        for position, name in enumerate(plan.key_columns):
-            columns[name] = key_column([row[position] for row in plan.key_rows])
-        frame = pd.DataFrame(columns)
+        frame = key_frame(plan.key_columns, plan.key_rows, plan.typed_keys())
         frame["status"] = rec.status_names()  # the codes' text (None: not ended)
         frame["attempts"] = rec.attempts.astype(np.int64)
         frame["duration_s"] = rec.duration_s
@@ -261,7 +258,8 @@ class Run:
         cutoff, n_train, n_test and each metric (empty without evaluation)."""
         from ..evaluation.tables import window_frame
 
-        return window_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics)
+        return window_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics,
+                            self._plan.typed_keys())
 
     @cached_property
     def forecasts(self) -> pd.DataFrame:
@@ -271,7 +269,8 @@ class Run:
         ``mm.backtest(..., forecasts=False)``)."""
         from ..evaluation.tables import forecast_frame
 
-        return forecast_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics)
+        return forecast_frame(self._plan.key_columns, self._plan.key_rows, self._records.metrics,
+                              self._plan.typed_keys())
 
     def select(self, selection: Any, source: Any) -> None:
         """Mark each group's best task (``train(select=...)`` calls this); with
