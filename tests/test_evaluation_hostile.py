@@ -507,3 +507,49 @@ def test_a_holdout_that_leaves_no_training_row_says_so():
         evaluate=mm.holdout(0.9, target="y"), backend="serial", progress=False)
     assert run.results["eval_skipped"].tolist() == [
         "a holdout of 0.9 of 9 rows tests 9 (rounded up) and leaves 0 to train on"]
+
+
+class FailsLast:
+    """Perfect on every window but the last, where it forecasts NaN and then 1e6."""
+
+    def __init__(self, history) -> None:
+        self.last, self.seen = float(np.asarray(history)[-1]), len(history)
+
+    def forecast(self, h: int) -> np.ndarray:
+        if self.seen == 10:
+            return np.array([np.nan, 1e6])
+        return self.last + np.arange(1.0, h + 1)
+
+
+@pytest.mark.parametrize("select", ["rmse", ("r2", "max")])
+def test_a_candidate_that_forecasts_nan_on_a_window_ranks_last(select):
+    """A NaN forecast left that window out of the candidate's mean, which
+    then scored 0 and won over the one that forecast every window."""
+    frame = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
+    run = mm.train(lambda rows, model: model(rows["y"].to_numpy()),
+                   mm.groups(frame, by="g") * mm.grid(model=[LastValue, FailsLast]),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=3, target="y",
+                                        metrics=["rmse", "r2"]),
+                   select=select, backend="serial", progress=False)
+    assert run.best()["model"].tolist() == [LastValue]
+    failed = run.results[run.results["model"] == FailsLast].iloc[0]
+    assert np.isnan(failed["rmse"]) and np.isnan(failed["r2"])
+    windows = run.evaluation[run.evaluation["model"] == FailsLast]
+    assert windows["rmse"].tolist()[:2] == [0.0, 0.0] and np.isnan(windows["rmse"].iloc[2])
+
+
+def test_a_test_row_whose_actual_is_missing_is_not_scored():
+    """One missing actual made its whole window's scores NaN, left out of the
+    mean: the window's other rows counted for nothing."""
+    frame = _series(12)
+    frame.loc[10, "sales"] = np.nan
+    run = mm.train(lambda rows: LastValue(rows["sales"]), mm.groups(frame, by="sku"),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=3, target="sales",
+                                        metrics=["mae", "r2"]),
+                   backend="serial", progress=False)
+    # windows test days 6-7, 8-9, 10-11 after last values 5, 7 and 9; day 10 has no actual
+    assert run.evaluation["mae"].tolist() == [1.5, 1.5, 2.0]
+    assert run.evaluation["r2"].iloc[:2].tolist() == [-9.0, -9.0]
+    assert np.isnan(run.evaluation["r2"].iloc[2])  # r2 of one row: undefined, left out
+    assert run.results["mae"].iloc[0] == pytest.approx(5 / 3)
+    assert run.results["r2"].iloc[0] == -9.0

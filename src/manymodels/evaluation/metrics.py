@@ -230,6 +230,57 @@ def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds
     return {name: out[name] for name in names}
 
 
+def window_score_lists(names: list[str], y: np.ndarray, predicted: np.ndarray,
+                       bounds: np.ndarray, train_targets: list[np.ndarray]
+                       ) -> dict[str, list[float | None]]:
+    """:func:`window_scores` as lists, a window's score None where it is
+    undefined whatever the forecast: ``r2`` of fewer than two rows, ``mase``
+    of a flat history, any score of a window with no actual. A test row
+    whose actual is missing is not scored (as statsforecast's evaluation
+    skips it). So NaN is left to a forecast that failed (a NaN prediction
+    of a known actual), which :func:`.windowtable.mean_scores` does not
+    average away: a candidate that forecast NaN on its worst window would
+    otherwise have it left out and win."""
+    windows = len(bounds) - 1
+    known = _known(y)
+    if known is not None:
+        kept = np.add.reduceat(known.astype(np.int64), bounds[:-1]) if len(y) else np.zeros(0)
+        kept = np.where(np.diff(bounds) > 0, kept, 0)
+    else:
+        kept = np.diff(bounds)
+    scored = np.flatnonzero(kept > 0)
+    lists: dict[str, list[float | None]] = {name: [None] * windows for name in names}
+    if not len(scored):
+        return lists
+    if known is not None:
+        y, predicted = y[known], predicted[known]
+        bounds = np.concatenate(([0], np.cumsum(kept[scored])))
+        train_targets = [train_targets[w] for w in scored] if train_targets else []
+    scores = window_scores(names, y, predicted, bounds, train_targets)
+    undefined = {"r2": kept[scored] < 2,
+                 "mase": np.isnan(_naive_scales(train_targets)) if "mase" in names else None}
+    for name, values in scores.items():
+        target = lists[name]
+        flags = undefined.get(name)
+        for position, window in enumerate(scored.tolist()):
+            if flags is None or not flags[position]:
+                target[window] = float(values[position])
+    return lists
+
+
+def _known(y: np.ndarray) -> np.ndarray | None:
+    """Which test rows have an actual (None: all of them, the usual case)."""
+    if y.dtype.kind == "f":
+        missing = np.isnan(y)
+    elif y.dtype == object:
+        import pandas as pd
+
+        missing = np.asarray(pd.isna(y), dtype=bool)
+    else:
+        return None
+    return ~missing if missing.any() else None
+
+
 def _naive_scales(train_targets: list[np.ndarray]) -> np.ndarray:
     """:func:`mase`'s scale per window (NaN where it is 0 or undefined)."""
     scales = np.full(len(train_targets), np.nan)

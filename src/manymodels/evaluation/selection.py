@@ -98,6 +98,11 @@ def _warn_unscored(metric: str, example: Any, count: int) -> None:
                   "that trained is kept, unchosen", RuntimeWarning, stacklevel=3)
 
 
+def _mean(scores: np.ndarray) -> float:
+    """A candidate's mean over its scored windows (NaN where none was)."""
+    return float(np.mean(scores)) if len(scores) else float("nan")
+
+
 def record_winners(store: Any, run_id: int, best: pd.DataFrame, key_rows: list[tuple],
                    group_columns: list[str], selection: Selection) -> int:
     """Attach to the run each group's winning model artifact (its key encoded as
@@ -332,7 +337,7 @@ class HalvingSearch:
         metric = self.halving.selection.metric
         from .windowtable import score_column
 
-        scores = [float(np.mean(score_column(records[i], metric)))
+        scores = [_mean(score_column(records[i], metric))
                   if records.get(i) and i not in failed else float("nan")
                   for i in range(len(self.settings))]
         return Candidates(self.settings, models, scores, winner, metric), fit_metrics, winner
@@ -341,8 +346,7 @@ class HalvingSearch:
         """A candidate's mean score so far, lower better (NaN last)."""
         from .windowtable import score_column
 
-        scores = score_column(records, self.halving.selection.metric)
-        scores = scores[~np.isnan(scores)]  # (windows whose score is undefined: as mean_scores)
+        scores = score_column(records, self.halving.selection.metric)  # as mean_scores
         value = float(np.mean(scores)) if len(scores) else float("nan")
         if value != value:
             return np.inf

@@ -114,7 +114,7 @@ class GroupWindows:
         return predicted, scores
 
     def _own_scores(self, metric: Callable[..., Any], answer: Any) -> dict[str, float]:
-        """A metric function's answer as ``{name: float}`` (None is NaN);
+        """A metric function's answer as ``{name: float}`` (None: undefined there);
         anything else is refused naming the function."""
         from collections.abc import Mapping
 
@@ -134,7 +134,7 @@ class GroupWindows:
             try:
                 if isinstance(value, (str, bytes)):  # float() would read "0.5"
                     raise TypeError
-                scores[key] = float("nan") if value is None else float(value)
+                scores[key] = None if value is None else float(value)  # None: undefined
             except (TypeError, ValueError):
                 raise TypeError(f"metric function {name} returned {key!r}: "
                                 f"{type(value).__name__}, not a number") from None
@@ -184,13 +184,12 @@ class GroupWindows:
                 predicted = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
         table: dict[str, Any] = {"window": list(numbers), "cutoff": list(layout.cutoffs),
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
-        vectorised = _metrics.window_scores(
+        vectorised = _metrics.window_score_lists(
             self.vectorised, layout.y, predicted, layout.bounds,
             layout.trains if self.mase else []) if self.vectorised else {}
         for name in self.named:  # in the order they were asked for
             values = vectorised.get(name)
-            table[name] = (values.tolist() if values is not None
-                           else [own[name] for own in scores])
+            table[name] = values if values is not None else [own[name] for own in scores]
         if any(scores):
             for name in dict.fromkeys(name for own in scores for name in own):
                 if name not in table:

@@ -38,27 +38,26 @@ def window_count(table: dict[str, Any]) -> int:
 
 
 def mean_scores(table: Any) -> dict[str, float]:
-    """Each score averaged over the windows that gave it one (not None, not
-    NaN: a window whose score is undefined, mase of a constant history or r2
-    of one row, left every window's mean NaN, and select= then took the
-    first candidate for the best), as ``run.results`` shows it; NaN where
-    no window did."""
+    """Each score averaged over the windows that gave it one, as
+    ``run.results`` shows it. A window whose score is undefined whatever the
+    forecast (None: mase of a constant history, r2 of one row, a window with
+    no actual) is left out: it would make every candidate's mean NaN, and
+    select= then took the first. A NaN score (a forecast of NaN) makes the
+    mean NaN: that candidate ranks last. NaN where no window gave a score."""
     table = as_table(table)
     means = {}
     for name, values in table.items():
         if name in FIELDS:
             continue
-        given = [v for v in values if v is not None]
-        if given:
-            scored = [v for v in given if not (isinstance(v, float) and v != v)]
-            means[name] = sum(scored) / len(scored) if scored else float("nan")
+        scored = [v for v in values if v is not None]
+        means[name] = sum(scored) / len(scored) if scored else float("nan")
     return means
 
 
 def score_column(tables: list[dict[str, Any]], name: str) -> np.ndarray:
-    """Score ``name`` of every window of ``tables``, NaN where not given."""
-    values = [np.nan if v is None else v for table in tables
-              for v in table.get(name, [None] * window_count(table))]
+    """Score ``name`` of every window of ``tables`` that gave it one (None,
+    undefined, left out; NaN, a failed forecast, kept)."""
+    values = [v for table in tables for v in table.get(name, ()) if v is not None]
     return np.asarray(values, dtype=float)
 
 
