@@ -364,3 +364,25 @@ def test_an_item_that_cannot_be_sent_fails_only_its_task():
     run = mm.train(_one, mm.items([1, lock, 3], key=lambda item: "lock" if item is lock
                                   else item), backend="ray", workers=2, progress=False)
     assert_only_failed(run, "lock", "cannot be pickled to send them to a worker")
+
+
+def test_a_run_whose_tasks_cannot_start_says_what_ray_lacks(monkeypatch):
+    """Another job holding the instance's CPUs kept every Ray task of a run
+    waiting, and the run said nothing: it looked hung."""
+    from manymodels.engine.backends import ray as ray_backend
+
+    monkeypatch.setattr(ray_backend, "_NO_START_WARN_S", 0.5)
+    _wait_for_free_cpus()
+
+    @ray.remote(num_cpus=2)
+    def hold_both_cpus():
+        time.sleep(4)
+
+    holder = hold_both_cpus.remote()
+    while ray.available_resources().get("CPU", 0) > 0:  # until it holds them
+        time.sleep(0.05)
+    with pytest.warns(RuntimeWarning, match=r"no Ray task of this run has started after \d+ s: "
+                      r"each asks for 1 CPU\(s\); the Ray cluster has 0 of 2 CPU\(s\)"):
+        run = mm.train(_one, mm.items(range(4)), backend="ray", workers=2, progress=False)
+    assert run.summary().statuses == {"ok": 4}  # it ran once the CPUs were free
+    ray.get(holder)

@@ -54,6 +54,7 @@ import pickle
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -83,6 +84,11 @@ from .base import (
 
 _BATCHES_PER_WORKER = 2
 _STOP_GRACE_S = 1.0
+#: A run none of whose Ray tasks has started this long after its first was
+#: sent says so once: Ray waits for resources as long as it takes (right on
+#: a cluster that an autoscaler grows, or whose CPUs another job holds), and
+#: the run would otherwise look hung.
+_NO_START_WARN_S = 60.0
 
 # -- in the driver ---------------------------------------------------------------
 
@@ -207,6 +213,8 @@ class RayBackend(CallSupervision, Backend):
         self._calls = {}
         self._worker_ids: dict[tuple[str, int], int] = {}
         self.worker_nodes, self.worker_pids = {}, {}
+        self._first_sent_at: float | None = None  # until a Ray task starts
+        self._any_started = False
         # Tolerates one generation of Ray tasks in flight dying at once (a
         # lost node), not workers that die whatever they are given.
         self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS + _BATCHES_PER_WORKER * self.workers,
@@ -250,6 +258,8 @@ class RayBackend(CallSupervision, Backend):
                             _dump_tasks(tasks) if dumped is None else dumped,
                             self.cpus_per_task, marked)
         self._calls[gen] = Call(batch_id, {task[0]: task for task in tasks}, marked)
+        if self._first_sent_at is None:
+            self._first_sent_at = time.monotonic()
 
     def poll(self, timeout: float) -> list[Event]:
         import ray
@@ -268,7 +278,32 @@ class RayBackend(CallSupervision, Backend):
             events.extend(self._drain(gen))
         if self.timeout is not None:
             events.extend(self._check_timeouts())
+        if not self._any_started:
+            self._warn_if_none_started()
         return events
+
+    def _warn_if_none_started(self) -> None:
+        """Say once what Ray lacks when no Ray task of the run has started
+        :data:`_NO_START_WARN_S` after the first was sent."""
+        import ray
+
+        if self._first_sent_at is None or any(c.started for c in self._calls.values()):
+            self._any_started = self._first_sent_at is not None
+            return
+        waited = time.monotonic() - self._first_sent_at
+        if waited < _NO_START_WARN_S:
+            return
+        self._any_started = True  # (said once)
+        free = ray.available_resources()
+        total = ray.cluster_resources()
+        asks = f"{self.cpus_per_task} CPU(s)" + (
+            f" and {self.gpus_per_task:g} GPU(s)" if self.gpus_per_task else "")
+        warnings.warn(
+            f"no Ray task of this run has started after {waited:.0f} s: each asks for "
+            f"{asks}; the Ray cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} "
+            f"CPU(s) and {free.get('GPU', 0):g} of {total.get('GPU', 0):g} GPU(s) free "
+            "(another job, or an earlier run's tasks, may hold them); the run waits for "
+            "them", RuntimeWarning, stacklevel=2)
 
     def _drain(self, gen: Any) -> list[Event]:
         """Every message of one Ray task available now."""
