@@ -63,7 +63,7 @@ _EXPORTS = {
     "glance": ".evaluation.fitstats",
     "grid": ".inputs.grids",
     "groups": ".inputs.sources",
-    "items": ".inputs.sources",
+    "items": ".inputs.itemsource",
     "LinearResult": ".models.linear",
     "linear": ".models.linear",
     "Store": ".run.store",
@@ -123,7 +123,8 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .evaluation.selection import halving
     from .evaluation.splitters import backtest, holdout, kfold
     from .inputs.grids import grid
-    from .inputs.sources import groups, items
+    from .inputs.itemsource import items
+    from .inputs.sources import groups
     from .models.linear import LinearResult, linear
     from .observe.callbacks import Callback
     from .observe.tracking import MLflow

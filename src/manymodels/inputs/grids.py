@@ -7,7 +7,9 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .sources import GroupSource, ItemSource, Source, require_unique, task_cost
+from .itemsource import ItemSource
+from .sourcechecks import require_unique, task_cost
+from .sources import GroupSource, Source
 
 #: The most settings one grid may make (a billion were built one by one, as
 #: dicts, before anything else ran, until the memory ran out).

@@ -13,19 +13,16 @@ The planner (:mod:`manymodels.planning.plan`) turns a source into tasks.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from pathlib import PurePath
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .engineframes import EngineFrame, engine_of
 from .objectstores import check_location, is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
+from .sourcechecks import check_cost
 from .tables import is_pandas_frame, named_twice, plain_scalar, read_table
 
 #: How ``fit`` may receive a group's rows.
@@ -270,81 +267,6 @@ def _named_columns(table: Any, by: Any, order_by: Any, columns: Any
     return by_columns, order_columns, table, wanted
 
 
-def _default_item_key(item: Any, position: int) -> Hashable:
-    if isinstance(item, (np.number, np.bool_)):  # a NumPy number is a number too
-        return item.item()
-    return item if _is_own_key(item) else position
-
-
-def _is_own_key(item: Any) -> bool:
-    """Whether an item is its own default key (else its position is)."""
-    return isinstance(item, (str, bytes, int, float, PurePath, np.number, np.bool_)) or (
-        isinstance(item, tuple) and all(isinstance(v, Hashable) for v in item))
-
-
-def _refuse_positions_taken(items: list[Any], keys: list[Hashable]) -> None:
-    """Refuse an item keyed by its position (it cannot be a key: None, a
-    dict, a date) where another item is that number: ``items([None, 0])``
-    said "duplicate item key: 0", a key the user never gave."""
-    positional = [i for i, item in enumerate(items) if not _is_own_key(item)]
-    if not positional:
-        return
-    own = {made: i for i, (item, made) in enumerate(zip(items, keys)) if _is_own_key(item)
-           and isinstance(made, (int, float))}
-    for position in positional:
-        if position in own:
-            raise ValueError(
-                f"item {position} (a {type(items[position]).__name__}, which cannot be a "
-                f"key) is keyed by its position, {position}, which item {own[position]} is "
-                "keyed by too: give items(key=...) a function that keys every item")
-
-
-class ItemSource(Source):
-    """One task per element of an iterable; ``fit`` receives the element."""
-
-    def __init__(
-        self,
-        iterable: Iterable[Any],
-        *,
-        key: Callable[[Any], Hashable] | None = None,
-        cost: Callable[[Any], float] | None = None,
-    ) -> None:
-        if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
-            raise TypeError(f"items() needs an iterable of items, got {type(iterable).__name__}")
-        self.items = list(iterable)
-        if not self.items:
-            raise ValueError("items() got an empty iterable: there is nothing to train")
-        if key is not None and not callable(key):
-            raise TypeError("items(key=...) must be a function of the item")
-        check_cost(cost, "items", "the item")
-        self.keys = [
-            key(item) if key else _default_item_key(item, i) for i, item in enumerate(self.items)
-        ]
-        if key is not None:  # (a default key that cannot be hashed is its position)
-            for position, made in enumerate(self.keys):
-                try:
-                    hash(made)
-                except TypeError:
-                    raise TypeError(
-                        f"items(key=...) gave item {position} the key {made!r}, a "
-                        f"{type(made).__name__}, which cannot be a key (it cannot be "
-                        "hashed): return a tuple for a key of several values") from None
-        try:
-            require_unique(self.keys, "item key")
-        except ValueError:
-            if key is None:  # said better where a position made the duplicate
-                _refuse_positions_taken(self.items, self.keys)
-            raise
-        self.cost = cost
-
-    @property
-    def key_columns(self) -> list[str]:
-        return ["item"]
-
-    def __repr__(self) -> str:
-        return f"items({len(self.items)})"
-
-
 def _column_list(names: Any, what: str) -> list:
     """A column name or a sequence of them (a list, a tuple, a NumPy array,
     a pandas Index such as ``df.columns[:2]``), as a list of Python values
@@ -367,80 +289,6 @@ def _column_list(names: Any, what: str) -> list:
             raise TypeError(f"{what}= must be a column name or a list of them; it holds "
                             f"{value!r}, a {type(value).__name__}")
     return values
-
-
-def task_cost(value: Any, whose: str) -> float:
-    """A ``cost=`` function's answer for ``whose`` task as a float: a finite
-    number (a NumPy one too). Text, a bool or None is refused, though
-    ``float()`` would read ``"5"`` and ``True``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"cost= must return a number; for {whose} it returned {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise ValueError(f"cost= gave {value!r} for {whose}: each task's expected cost "
-                         "must be a finite number")
-    return number
-
-
-def check_cost(cost: Any, source: str, argument: str) -> None:
-    """Refuse a ``cost=`` that is no function, naming the source it was given to."""
-    if cost is not None and not callable(cost):
-        raise TypeError(f"{source}(cost=...) is each task's expected cost, a function of "
-                        f"{argument}; got {cost!r}")
-
-
-def require_unique(values: list[Any], what: str, by_equality: bool = False) -> None:
-    """Refuse a value given twice; ``by_equality``: unhashable ones too, each
-    compared with those before (a grid's few values, not a million items'
-    keys, which are positions where they cannot be hashed). Two values that
-    look unlike but compare equal (1 and 1.0, True and 1) are refused saying
-    why: as keys (a results column, ``run.models``, a store's) they are one."""
-    seen: dict[Any, Any] = {}
-    unhashable: list[Any] = []
-    for value in values:
-        try:
-            # NaN is not equal to itself, but two are one value given twice
-            as_seen = _NAN if isinstance(value, float) and value != value else value
-            earlier = seen.get(as_seen, _ABSENT)
-            seen.setdefault(as_seen, value)
-        except TypeError:
-            if not by_equality:
-                continue  # (found where it is: its position)
-            earlier = next((other for other in unhashable if _equal(value, other)), _ABSENT)
-            unhashable.append(value)
-        if earlier is _ABSENT:
-            continue
-        if repr(earlier) != repr(value):
-            way_out = ("give each a key of its own with key=" if what == "item key" else
-                       "give them distinct names (say 'one' and 'all') and map each name "
-                       "to its value inside fit")
-            raise ValueError(
-                f"{earlier!r} and {value!r} are one {what}: Python holds them equal "
-                "(1 == 1.0 == True), and a results column, run.models or a store could not "
-                f"tell them apart; to train both, {way_out}")
-        raise ValueError(f"duplicate {what}: {value!r}")
-
-
-#: What a NaN is counted as among the values seen.
-_NAN = object()
-#: No value seen (None may be one).
-_ABSENT = object()
-
-
-def _equal(left: Any, right: Any) -> bool:
-    """``left == right`` as one truth; False where it has none (arrays)."""
-    if type(left) is not type(right):
-        return False
-    if isinstance(left, np.ndarray):
-        return left.shape == right.shape and bool(np.array_equal(left, right, equal_nan=(
-            left.dtype.kind in "fc")))
-    try:
-        return bool(left == right)
-    except (TypeError, ValueError):
-        return False
 
 
 def groups(
@@ -491,14 +339,3 @@ def groups(
     return GroupSource(table, by, format=format, cost=cost,
                        read_on_workers=read_on_workers, order_by=order_by, columns=columns,
                        staging=staging)
-
-
-def items(
-    iterable: Iterable[Any],
-    *,
-    key: Callable[[Any], Hashable] | None = None,
-    cost: Callable[[Any], float] | None = None,
-) -> ItemSource:
-    """One task per element; the key is the element itself when it is a string,
-    number, path or tuple, else its position (or ``key(item)`` when given)."""
-    return ItemSource(iterable, key=key, cost=cost)

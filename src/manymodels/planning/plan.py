@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from ..inputs.engineframes import nested_key_error
 from ..inputs.grids import MOST_SETTINGS, GridSource, ProductSource
-from ..inputs.sources import GroupSource, ItemSource, PartitionSource, Source
+from ..inputs.itemsource import ItemSource
+from ..inputs.sources import GroupSource, PartitionSource, Source
 from ..inputs.tables import exact_pandas, presorted_group_lengths, sort_order
 from .sortedreads import sort_once
 from .staging import stage

@@ -42,7 +42,7 @@ from ..inputs.datareaders import (
     StagedFiles,
 )
 from ..inputs.parquetgroups import ParquetGroups
-from ..inputs.sources import task_cost
+from ..inputs.sourcechecks import task_cost
 from ..inputs.tables import is_pandas_frame
 
 #: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
@@ -119,7 +119,7 @@ class SettingsOnly(TaskData):
 def group_costs(cost: Any, lengths: Any) -> Any:
     """Each group's cost: its row count (``cost`` is ``float``, the default:
     the lengths themselves, a million groups), else ``cost`` of it, checked
-    (:func:`~manymodels.inputs.sources.task_cost`)."""
+    (:func:`~manymodels.inputs.sourcechecks.task_cost`)."""
     import numpy as np
 
     if cost is float:
