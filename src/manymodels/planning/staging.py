@@ -258,8 +258,11 @@ def _index_to_groups(index: pa.Table, by: list[str], directory: str) -> StagedGr
     unique_ids, numbers = np.unique(ids, return_inverse=True)
     lanes = np.stack([index.column(LANE_A).to_numpy().view(np.uint64),
                       index.column(LANE_B).to_numpy().view(np.uint64)], axis=1)
+    # the keys as Arrow types them, as fit's rows get them: not as the pandas
+    # metadata of an engine's partitions would (Dask's strings: string[pyarrow])
+    keys = index.select(by).replace_schema_metadata(None)
     return StagedGroups(directory, [file_name(int(i)) for i in unique_ids],
-                        index.select(by), numbers.astype(np.int64),
+                        keys, numbers.astype(np.int64),
                         index.column(OFFSET).to_numpy(), index.column(LENGTH).to_numpy(),
                         lanes)
 
