@@ -484,20 +484,50 @@ def test_mase_of_a_group_with_several_rows_a_step_is_undefined_not_order_depende
     assert run.results["mase"].notna().all()
 
 
-def test_whole_numbers_as_text_are_no_time_column():
-    """Weeks "1" to "12" sorted as text: a backtest tested weeks 6 to 9 and
-    trained on weeks 10 to 12. ISO dates as text sort as their times."""
-    weeks = pd.DataFrame({"g": "a", "week": [str(i) for i in range(1, 13)],
-                          "y": np.arange(12.0)})
-    with pytest.raises(ValueError, match=r"time column 'week' holds whole numbers as text"):
-        mm.train(lambda rows: _Level(1.0), mm.groups(weeks, by="g"),
-                 evaluate=mm.backtest(time="week", horizon=2, windows=2, target="y"),
-                 backend="serial", progress=False)
-    days = weeks.assign(week=pd.date_range("2024-01-01", periods=12).strftime("%Y-%m-%d"))
-    run = mm.train(lambda rows: _Level(1.0), mm.groups(days, by="g"),
-                   evaluate=mm.backtest(time="week", horizon=2, windows=2, target="y"),
+@pytest.mark.parametrize("times, refusal", [
+    ([str(i) for i in range(1, 13)], r"whole numbers as text of different lengths \('1' to '12'"),
+    (pd.date_range("2023-11-01", periods=12, freq="MS").strftime("%m/%d/%Y").tolist(),
+     r"not ISO 8601 dates or times \(such as '11/01/2023'\)"),
+    (pd.date_range("2023-11-01", periods=12, freq="MS").strftime("%b %Y").tolist(),
+     r"not ISO 8601 dates or times \(such as 'Nov 2023'\)"),
+    ([str(i) for i in range(-12, 0)], r"not ISO 8601 dates or times \(such as '-12'\)"),
+    (["2024-01-05 10:00"] * 6 + ["2024-01-05T11:00"] * 6, r"different layouts"),
+    (["2024-01-05T10:00+01:00"] * 6 + ["2024-01-05T10:30+02:00"] * 6, r"different UTC offsets"),
+])
+def test_text_times_that_sort_out_of_time_order_are_refused_before_any_work(times, refusal):
+    """Text sorted as text: US dates, month names, negative numbers or weeks
+    "1" to "12" trained on rows later than those they tested. Text is taken
+    only where its text order is its time order (ISO 8601, one layout)."""
+    table = pd.DataFrame({"g": "a", "when": times, "y": np.arange(12.0)})
+    evaluate = mm.backtest(time="when", horizon=2, windows=2, target="y")
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return _Level(1.0)
+
+    with pytest.raises(ValueError, match=rf"time column 'when' holds .*{refusal}.*to_datetime"):
+        mm.train(fit, mm.groups(table, by="g"), evaluate=evaluate, backend="serial",
+                 progress=False)
+    assert calls == []
+    # a group read on its worker is checked there: its task fails, naming the column
+    with pytest.raises(ValueError, match=rf"time column 'when' holds .*{refusal}"):
+        evaluate.prepare({"when": np.array(times, dtype=object), "y": np.arange(12.0)})
+
+
+@pytest.mark.parametrize("times", [
+    pd.date_range("2024-01-01", periods=12).strftime("%Y-%m-%d").tolist(),
+    pd.date_range("2024-01-01", periods=12, freq="h").strftime("%Y-%m-%dT%H:%M:%S").tolist(),
+    pd.date_range("2024-01", periods=12, freq="MS").strftime("%Y-%m").tolist(),
+    [f"{i:03d}" for i in range(1, 13)],
+])
+def test_text_times_whose_text_order_is_time_order_are_taken(times):
+    frame = pd.DataFrame({"g": "a", "when": times, "y": np.arange(12.0)})
+    run = mm.train(lambda rows: _Level(1.0), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="when", horizon=2, windows=2, target="y"),
                    backend="serial", progress=False)
-    assert run.evaluation["cutoff"].tolist() == ["2024-01-08", "2024-01-10"]
+    cutoffs = [str(cutoff).replace(" ", "T") for cutoff in run.evaluation["cutoff"]]
+    assert cutoffs == [times[7], times[9]]
 
 
 def test_a_holdout_that_leaves_no_training_row_says_so():

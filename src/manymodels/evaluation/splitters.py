@@ -33,6 +33,7 @@ import numpy as np
 
 from ..engine.options import positive_int
 from . import metrics as _metrics
+from .timetext import check_text_time_values
 
 #: The metrics key under which a task's per-window scores travel and are stored.
 WINDOWS = "__windows__"
@@ -267,6 +268,7 @@ class Backtest(Splitter):
             raise ValueError(f"evaluate: time column {self.time!r} has {missing} missing "
                              "value(s) in this group: a backtest cannot place them in time "
                              "(drop or fill them first)")
+        check_text_time_values(times, self.time)
         if len(times) < 2 or _ascending(times):
             return rows
         order = np.argsort(times, kind="stable")
