@@ -215,7 +215,14 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
         raise ValueError(f"no group of the history has a model in store {str(store)!r} "
                          f"(run {run_id})")
     last = last.subset(kept)
-    future = futurerows.future_rows(last, *futurerows.steps(last, freq), h)
+    try:
+        steps = futurerows.steps(last, freq)
+    except ValueError as exc:
+        if history is not None:
+            raise
+        raise ValueError(f"{exc} or history= (the backtest's forecasts hold only its "
+                         "windows' times, too few, or too far apart, to tell it)") from None
+    future = futurerows.future_rows(last, *steps, h)
     features = None
     if X_future is not None:
         future, features = futurerows.with_features(future, X_future, by, time)
