@@ -339,6 +339,45 @@ def test_a_score_named_like_a_key_or_a_window_column_is_kept_apart_or_refused():
         assert "metric function odd returned" in run.failed["error"].iloc[0]
 
 
+class _MovingAverage:
+    def __init__(self, history, window: int) -> None:
+        self.level = float(np.asarray(history, dtype=float)[-window:].mean())
+
+    def forecast(self, h: int) -> np.ndarray:
+        return np.full(h, self.level)
+
+
+@pytest.mark.parametrize("parameter", ["window", "cutoff", "time", "actual", "forecast"])
+def test_a_grid_parameter_named_like_a_forecasts_column_is_kept_apart(tmp_path, parameter):
+    """A grid parameter named window (a moving average's) was written over
+    by the window number in run.forecasts, so its candidates could not be
+    told apart, where run.evaluation named the window metric_window. Both
+    keep the key column and name their own clashing column metric_<name>."""
+    def fit(rows, **setting):
+        return _MovingAverage(rows["y"], setting[parameter])
+
+    run = mm.train(fit, mm.groups(_series(20).rename(columns={"sku": "g", "sales": "y"}),
+                                  by="g", order_by="day") * mm.grid(**{parameter: [2, 8]}),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y"),
+                   select="mae", store=tmp_path / "s", backend="serial", progress=False)
+    forecasts, evaluation = run.forecasts, run.evaluation
+    assert forecasts[parameter].tolist() == [2] * 4 + [8] * 4
+    own = {name: f"metric_{name}" if name == parameter else name
+           for name in ("window", "cutoff", "time", "actual", "forecast")}
+    assert forecasts[own["window"]].tolist() == [0, 0, 1, 1] * 2
+    assert forecasts[own["time"]].tolist() == [16, 17, 18, 19] * 2
+    assert forecasts[own["actual"]].tolist() == [16.0, 17.0, 18.0, 19.0] * 2
+    assert forecasts[own["forecast"]].tolist() == [14.5, 14.5, 16.5, 16.5,
+                                                   11.5, 11.5, 13.5, 13.5]
+    assert forecasts[own["cutoff"]].tolist() == [15, 15, 17, 17] * 2
+    if parameter in ("window", "cutoff"):
+        assert evaluation[parameter].tolist() == [2, 2, 8, 8]
+        assert evaluation[own[parameter]].tolist() == ([0, 1] if parameter == "window"
+                                                       else [15, 17]) * 2
+    assert mm.Store(tmp_path / "s").forecasts().equals(forecasts)
+    assert mm.Store(tmp_path / "s").forecast(2)["day"].tolist() == [20, 21]
+
+
 def _breaks_on_long_history(rows, c):
     if c == 0 and 15 <= len(rows["y"]) < 20:  # c=0 leads after window 0, then raises
         raise ValueError("c=0 breaks on long history")

@@ -184,16 +184,19 @@ def _consecutive_times(forecasts: pd.DataFrame, by: list[str], time: str) -> pd.
     ``horizon``). Windows further apart (``step > horizon``) leave gaps
     between them, which would read as the frequency: only the last window's
     times are taken."""
-    windows = forecasts[[*by, "window", "cutoff", "time"]].groupby(
-        [*by, "window"], sort=True, dropna=False, observed=True).agg(
-        cutoff=("cutoff", "first"), reached=("time", "max")).reset_index()
+    # the frame's own columns (a key column named "window" left it "metric_window")
+    own = {f"metric_{name}" if f"metric_{name}" in forecasts.columns else name: f"__{name}"
+           for name in ("window", "cutoff", "time")}
+    forecasts = pd.concat([forecasts[by], forecasts[list(own)].rename(columns=own)], axis=1)
+    windows = forecasts.groupby([*by, "__window"], sort=True, dropna=False, observed=True).agg(
+        cutoff=("__cutoff", "first"), reached=("__time", "max")).reset_index()
     reached_before = windows.groupby(by, dropna=False, observed=True)["reached"].shift()
     chained = bool((reached_before.isna() | (windows["cutoff"] <= reached_before)).all())
     if not chained:
-        last = windows.groupby(by, dropna=False, observed=True)["window"].transform("max")
-        windows = windows[windows["window"] == last]
-        forecasts = forecasts.merge(windows[[*by, "window"]], on=[*by, "window"])
-    return pd.concat([forecasts[[*by, "time"]].rename(columns={"time": time}),
+        last = windows.groupby(by, dropna=False, observed=True)["__window"].transform("max")
+        windows = windows[windows["__window"] == last]
+        forecasts = forecasts.merge(windows[[*by, "__window"]], on=[*by, "__window"])
+    return pd.concat([forecasts[[*by, "__time"]].rename(columns={"__time": time}),
                       windows[[*by, "cutoff"]].rename(columns={"cutoff": time})],
                      ignore_index=True)
 
