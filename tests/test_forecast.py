@@ -116,6 +116,27 @@ def test_store_forecast_reads_the_frequency_within_a_window_not_across_windows(
     assert list(got["date"]) == list(pd.date_range("2024-03-01", periods=3, freq="D"))
 
 
+def test_models_of_the_last_window_are_not_forecast_from_the_last_time(tmp_path):
+    """final_model="last_window" keeps models fitted up to each group's last
+    cutoff: their forecasts were labelled as starting after its last time,
+    horizon steps late. Refused, naming final_model, before any model is
+    loaded; the models of all rows forecast."""
+    df = daily_sales(groups=1, days=20)
+    for final_model in ("last_window", "all_rows"):
+        run = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"),
+                       evaluate=mm.backtest(time="date", horizon=5, windows=2, target="sales",
+                                            final_model=final_model),
+                       store=tmp_path / final_model, backend="serial", progress=False)
+        if final_model == "last_window":
+            for forecaster in (run, mm.Store(tmp_path / final_model)):
+                with pytest.raises(ValueError, match=r"final_model='last_window'.*last cutoff"
+                                                     r".*final_model='all_rows'"):
+                    forecaster.forecast(3)
+        else:
+            assert run.forecast(3)["date"].tolist() == list(
+                pd.date_range("2024-01-21", periods=3))
+
+
 def monthly_sales() -> pd.DataFrame:
     months = pd.date_range("2021-01-01", periods=24, freq="MS")
     return pd.DataFrame({"region": np.repeat(["north", "south"], 24),

@@ -184,8 +184,10 @@ def train(
                               f"unselected); the results' columns are {list(run.results.columns)}",
                               stacklevel=3)
         if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
-            # Store.forecast's time column, where the groups had no order_by
-            store.attach(run.run_id, EVALUATION_ATTACHMENT, {"time": evaluate.time})
+            # Store.forecast's time column, where the groups had no order_by, and
+            # whether the kept models saw each group's last rows
+            store.attach(run.run_id, EVALUATION_ATTACHMENT,
+                         {"time": evaluate.time, "final_model": evaluate.final_model})
         return run
 
 
