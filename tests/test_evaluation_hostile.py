@@ -241,6 +241,29 @@ def test_a_select_metric_no_task_reported_keeps_the_run(tmp_path):
                                             metrics=[score]), progress=False)
     assert run.summary().statuses == {"ok": 4}
     assert len(mm.Store(tmp_path / "s").runs()) == 1
+    # run.best() said to pass select=, which was passed
+    with pytest.raises(ValueError, match=r"no task reported select='wmap'; the results' "
+                                         r"columns are \[.*'wmape'"):
+        run.best()
+
+
+@pytest.mark.parametrize("argument", ["time", "target"])
+def test_a_key_column_as_time_or_target_is_refused_before_any_work(argument):
+    """time= the key column was taken, and every group skipped as needing
+    more distinct times than its one; target= the key, scored a constant."""
+    table = pd.DataFrame({"g": "a", "t": np.arange(10), "y": np.arange(10.0)})
+    names = {"time": "t", "target": "y", argument: "g"}
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return _Level(1.0)
+
+    with pytest.raises(ValueError, match=rf"evaluate: {argument}='g' is a key column"):
+        mm.train(fit, mm.groups(table, by="g"), evaluate=mm.backtest(
+            time=names["time"], horizon=2, windows=2, target=names["target"]),
+            backend="serial", progress=False)
+    assert calls == []
 
 
 def test_glance_counts_every_column_of_an_unpenalised_fit_of_zeros():

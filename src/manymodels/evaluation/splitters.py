@@ -113,6 +113,12 @@ class Splitter:
                                  + where)
         if self.target in (self.features or ()):
             raise ValueError(f"evaluate: the target {self.target!r} is also a feature")
+        for argument, name, wanted in (("target", self.target, "the column to predict"),
+                                       ("time", self.time, "the time column")):
+            if name in key_columns:  # one value a group: nothing to predict, or to order by
+                raise ValueError(f"evaluate: {argument}={name!r} is a key column of the "
+                                 f"groups (by={list(key_columns)}), one value a group: name "
+                                 f"{wanted}")
         return replace(self, exclude=tuple(key_columns))
 
     def feature_columns(self, rows: Any) -> list[str]:

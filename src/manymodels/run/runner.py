@@ -179,6 +179,7 @@ def train(
                 # only now: keep the work, and say so
                 import warnings
 
+                run._selection = (selection, None)  # asked for, and nothing to choose by
                 warnings.warn(f"select={selection.metric!r}: no task reported that metric, so "
                               "no winner was chosen (the run is returned, and kept in its store, "
                               f"unselected); the results' columns are {list(run.results.columns)}",
