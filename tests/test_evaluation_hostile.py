@@ -592,6 +592,26 @@ def test_text_times_whose_text_order_is_time_order_are_taken(times):
     assert cutoffs == [times[7], times[9]]
 
 
+def test_a_time_column_of_dates_comes_back_as_dates(tmp_path):
+    """datetime.date times came back as ISO text in run.forecasts (time and
+    cutoff) and run.evaluation (cutoff): merging back on the input matched
+    no row."""
+    import datetime
+
+    days = [datetime.date(2024, 1, day) for day in range(1, 11)]
+    frame = pd.DataFrame({"g": "a", "d": days, "y": np.arange(10.0)})
+    run = mm.train(lambda rows: LastValue(rows["y"]), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="d", horizon=2, windows=2, target="y"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    for forecasts in (run.forecasts, mm.Store(tmp_path / "s").forecasts()):
+        assert forecasts["time"].tolist() == days[6:]
+        assert forecasts["cutoff"].tolist() == [days[5]] * 2 + [days[7]] * 2
+        assert len(forecasts.merge(frame, left_on=["g", "time"], right_on=["g", "d"])) == 4
+    assert run.evaluation["cutoff"].tolist() == [days[5], days[7]]
+    assert mm.Store(tmp_path / "s").forecast(2)["d"].dt.date.tolist() == [
+        datetime.date(2024, 1, 11), datetime.date(2024, 1, 12)]
+
+
 def test_a_holdout_that_leaves_no_training_row_says_so():
     """holdout(0.9) of 9 rows said it "needs at least 2 rows, has 9"."""
     run = mm.train(lambda rows: _Level(1.0), mm.groups(pd.DataFrame(

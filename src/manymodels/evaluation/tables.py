@@ -15,7 +15,7 @@ from typing import Any
 
 from ..inputs.keys import UTC_OFFSET, key_frame
 from .splitters import WINDOWS
-from .windowtable import ROW_COLUMNS, as_table, time_zone, unpack_column, window_count
+from .windowtable import ROW_COLUMNS, as_table, holds_dates, time_zone, unpack_column, window_count
 
 _WINDOW_COLUMNS = ["window", "cutoff", "n_train", "n_test"]
 _FORECAST_COLUMNS = ["window", "cutoff", "time", "actual", "forecast"]
@@ -65,6 +65,19 @@ def _as_times(frame: Any, column: str, zone: str | None = None) -> None:
         frame[column] = times.dt.tz_convert(zone) if zone else times
 
 
+def _as_dates(values: list) -> list:
+    """Cutoffs of a ``datetime.date`` time column (ISO text as they travel) as dates."""
+    import datetime
+
+    return [datetime.date.fromisoformat(v) if isinstance(v, str) else v for v in values]
+
+
+def _dated(table: dict[str, Any]) -> bool:
+    """Whether a windows table's forecast times are ``datetime.date`` values."""
+    rows = table.get("rows")
+    return isinstance(rows, dict) and holds_dates(rows.get("time"))
+
+
 def _zone_of(table: dict[str, Any]) -> str | None:
     """The zone of a windows table's forecast times (None: naive, or none kept)."""
     rows = table.get("rows")
@@ -92,6 +105,8 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
         for name, values in table.items():
             if name == "rows":
                 continue
+            if name == "cutoff" and _dated(table):
+                values = _as_dates(values)
             column = columns.get(name)
             if column is None:
                 column = columns[name] = [None] * done
@@ -186,7 +201,8 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
         windows.extend(table["window"])
-        cutoffs.extend(table["cutoff"])
+        cutoffs.extend(_as_dates(table["cutoff"]) if holds_dates(rows["time"])
+                       else table["cutoff"])
         sizes.extend(table["n_test"])
     named = {name: column_name(name, key_columns) for name in _FORECAST_COLUMNS}
     if not keys:
