@@ -241,6 +241,29 @@ def test_a_select_metric_no_task_reported_keeps_the_run(tmp_path):
                                             metrics=[score]), progress=False)
     assert run.summary().statuses == {"ok": 4}
     assert len(mm.Store(tmp_path / "s").runs()) == 1
+    # run.best() said to pass select=, which was passed
+    with pytest.raises(ValueError, match=r"no task reported select='wmap'; the results' "
+                                         r"columns are \[.*'wmape'"):
+        run.best()
+
+
+@pytest.mark.parametrize("argument", ["time", "target"])
+def test_a_key_column_as_time_or_target_is_refused_before_any_work(argument):
+    """time= the key column was taken, and every group skipped as needing
+    more distinct times than its one; target= the key, scored a constant."""
+    table = pd.DataFrame({"g": "a", "t": np.arange(10), "y": np.arange(10.0)})
+    names = {"time": "t", "target": "y", argument: "g"}
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return _Level(1.0)
+
+    with pytest.raises(ValueError, match=rf"evaluate: {argument}='g' is a key column"):
+        mm.train(fit, mm.groups(table, by="g"), evaluate=mm.backtest(
+            time=names["time"], horizon=2, windows=2, target=names["target"]),
+            backend="serial", progress=False)
+    assert calls == []
 
 
 def test_glance_counts_every_column_of_an_unpenalised_fit_of_zeros():
@@ -337,6 +360,45 @@ def test_a_score_named_like_a_key_or_a_window_column_is_kept_apart_or_refused():
                        evaluate=mm.kfold(2, target="y", features=["x"], metrics=[odd]))
         assert len(run.failed) == 2
         assert "metric function odd returned" in run.failed["error"].iloc[0]
+
+
+class _MovingAverage:
+    def __init__(self, history, window: int) -> None:
+        self.level = float(np.asarray(history, dtype=float)[-window:].mean())
+
+    def forecast(self, h: int) -> np.ndarray:
+        return np.full(h, self.level)
+
+
+@pytest.mark.parametrize("parameter", ["window", "cutoff", "time", "actual", "forecast"])
+def test_a_grid_parameter_named_like_a_forecasts_column_is_kept_apart(tmp_path, parameter):
+    """A grid parameter named window (a moving average's) was written over
+    by the window number in run.forecasts, so its candidates could not be
+    told apart, where run.evaluation named the window metric_window. Both
+    keep the key column and name their own clashing column metric_<name>."""
+    def fit(rows, **setting):
+        return _MovingAverage(rows["y"], setting[parameter])
+
+    run = mm.train(fit, mm.groups(_series(20).rename(columns={"sku": "g", "sales": "y"}),
+                                  by="g", order_by="day") * mm.grid(**{parameter: [2, 8]}),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y"),
+                   select="mae", store=tmp_path / "s", backend="serial", progress=False)
+    forecasts, evaluation = run.forecasts, run.evaluation
+    assert forecasts[parameter].tolist() == [2] * 4 + [8] * 4
+    own = {name: f"metric_{name}" if name == parameter else name
+           for name in ("window", "cutoff", "time", "actual", "forecast")}
+    assert forecasts[own["window"]].tolist() == [0, 0, 1, 1] * 2
+    assert forecasts[own["time"]].tolist() == [16, 17, 18, 19] * 2
+    assert forecasts[own["actual"]].tolist() == [16.0, 17.0, 18.0, 19.0] * 2
+    assert forecasts[own["forecast"]].tolist() == [14.5, 14.5, 16.5, 16.5,
+                                                   11.5, 11.5, 13.5, 13.5]
+    assert forecasts[own["cutoff"]].tolist() == [15, 15, 17, 17] * 2
+    if parameter in ("window", "cutoff"):
+        assert evaluation[parameter].tolist() == [2, 2, 8, 8]
+        assert evaluation[own[parameter]].tolist() == ([0, 1] if parameter == "window"
+                                                       else [15, 17]) * 2
+    assert mm.Store(tmp_path / "s").forecasts().equals(forecasts)
+    assert mm.Store(tmp_path / "s").forecast(2)["day"].tolist() == [20, 21]
 
 
 def _breaks_on_long_history(rows, c):
@@ -484,20 +546,70 @@ def test_mase_of_a_group_with_several_rows_a_step_is_undefined_not_order_depende
     assert run.results["mase"].notna().all()
 
 
-def test_whole_numbers_as_text_are_no_time_column():
-    """Weeks "1" to "12" sorted as text: a backtest tested weeks 6 to 9 and
-    trained on weeks 10 to 12. ISO dates as text sort as their times."""
-    weeks = pd.DataFrame({"g": "a", "week": [str(i) for i in range(1, 13)],
-                          "y": np.arange(12.0)})
-    with pytest.raises(ValueError, match=r"time column 'week' holds whole numbers as text"):
-        mm.train(lambda rows: _Level(1.0), mm.groups(weeks, by="g"),
-                 evaluate=mm.backtest(time="week", horizon=2, windows=2, target="y"),
-                 backend="serial", progress=False)
-    days = weeks.assign(week=pd.date_range("2024-01-01", periods=12).strftime("%Y-%m-%d"))
-    run = mm.train(lambda rows: _Level(1.0), mm.groups(days, by="g"),
-                   evaluate=mm.backtest(time="week", horizon=2, windows=2, target="y"),
+@pytest.mark.parametrize("times, refusal", [
+    ([str(i) for i in range(1, 13)], r"whole numbers as text of different lengths \('1' to '12'"),
+    (pd.date_range("2023-11-01", periods=12, freq="MS").strftime("%m/%d/%Y").tolist(),
+     r"not ISO 8601 dates or times \(such as '11/01/2023'\)"),
+    (pd.date_range("2023-11-01", periods=12, freq="MS").strftime("%b %Y").tolist(),
+     r"not ISO 8601 dates or times \(such as 'Nov 2023'\)"),
+    ([str(i) for i in range(-12, 0)], r"not ISO 8601 dates or times \(such as '-12'\)"),
+    (["2024-01-05 10:00"] * 6 + ["2024-01-05T11:00"] * 6, r"different layouts"),
+    (["2024-01-05T10:00+01:00"] * 6 + ["2024-01-05T10:30+02:00"] * 6, r"different UTC offsets"),
+])
+def test_text_times_that_sort_out_of_time_order_are_refused_before_any_work(times, refusal):
+    """Text sorted as text: US dates, month names, negative numbers or weeks
+    "1" to "12" trained on rows later than those they tested. Text is taken
+    only where its text order is its time order (ISO 8601, one layout)."""
+    table = pd.DataFrame({"g": "a", "when": times, "y": np.arange(12.0)})
+    evaluate = mm.backtest(time="when", horizon=2, windows=2, target="y")
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return _Level(1.0)
+
+    with pytest.raises(ValueError, match=rf"time column 'when' holds .*{refusal}.*to_datetime"):
+        mm.train(fit, mm.groups(table, by="g"), evaluate=evaluate, backend="serial",
+                 progress=False)
+    assert calls == []
+    # a group read on its worker is checked there: its task fails, naming the column
+    with pytest.raises(ValueError, match=rf"time column 'when' holds .*{refusal}"):
+        evaluate.prepare({"when": np.array(times, dtype=object), "y": np.arange(12.0)})
+
+
+@pytest.mark.parametrize("times", [
+    pd.date_range("2024-01-01", periods=12).strftime("%Y-%m-%d").tolist(),
+    pd.date_range("2024-01-01", periods=12, freq="h").strftime("%Y-%m-%dT%H:%M:%S").tolist(),
+    pd.date_range("2024-01", periods=12, freq="MS").strftime("%Y-%m").tolist(),
+    [f"{i:03d}" for i in range(1, 13)],
+])
+def test_text_times_whose_text_order_is_time_order_are_taken(times):
+    frame = pd.DataFrame({"g": "a", "when": times, "y": np.arange(12.0)})
+    run = mm.train(lambda rows: _Level(1.0), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="when", horizon=2, windows=2, target="y"),
                    backend="serial", progress=False)
-    assert run.evaluation["cutoff"].tolist() == ["2024-01-08", "2024-01-10"]
+    cutoffs = [str(cutoff).replace(" ", "T") for cutoff in run.evaluation["cutoff"]]
+    assert cutoffs == [times[7], times[9]]
+
+
+def test_a_time_column_of_dates_comes_back_as_dates(tmp_path):
+    """datetime.date times came back as ISO text in run.forecasts (time and
+    cutoff) and run.evaluation (cutoff): merging back on the input matched
+    no row."""
+    import datetime
+
+    days = [datetime.date(2024, 1, day) for day in range(1, 11)]
+    frame = pd.DataFrame({"g": "a", "d": days, "y": np.arange(10.0)})
+    run = mm.train(lambda rows: LastValue(rows["y"]), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="d", horizon=2, windows=2, target="y"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    for forecasts in (run.forecasts, mm.Store(tmp_path / "s").forecasts()):
+        assert forecasts["time"].tolist() == days[6:]
+        assert forecasts["cutoff"].tolist() == [days[5]] * 2 + [days[7]] * 2
+        assert len(forecasts.merge(frame, left_on=["g", "time"], right_on=["g", "d"])) == 4
+    assert run.evaluation["cutoff"].tolist() == [days[5], days[7]]
+    assert mm.Store(tmp_path / "s").forecast(2)["d"].dt.date.tolist() == [
+        datetime.date(2024, 1, 11), datetime.date(2024, 1, 12)]
 
 
 def test_a_holdout_that_leaves_no_training_row_says_so():

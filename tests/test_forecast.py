@@ -94,6 +94,49 @@ def test_store_forecast_finds_the_last_times_in_the_backtest(tmp_path):
     np.testing.assert_array_equal(got[got["sku"] == "s1"]["yhat"], [0.0, 1.0, 2.0])
 
 
+@pytest.mark.parametrize("horizon, step", [(3, 7), (1, 7), (2, 1)])
+def test_store_forecast_reads_the_frequency_within_a_window_not_across_windows(
+        tmp_path, horizon, step):
+    """Windows step days apart: their test days, 7 apart, read as weekly
+    (March 7, 14 and 21 for daily sales). The spacing is read only where the
+    backtest's times follow one another; where none do (one day a window,
+    the windows apart), freq= or history= is asked for."""
+    df = daily_sales(groups=1, days=60)
+    store = tmp_path / "s"
+    mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"),
+             evaluate=mm.backtest(time="date", horizon=horizon, windows=4, step=step,
+                                  target="sales"),
+             store=store, backend="serial", progress=False)
+    if horizon == 1 and step > 1:
+        with pytest.raises(ValueError, match=r"pass freq= or history="):
+            mm.Store(store).forecast(3)
+        got = mm.Store(store).forecast(3, freq="D")
+    else:
+        got = mm.Store(store).forecast(3)
+    assert list(got["date"]) == list(pd.date_range("2024-03-01", periods=3, freq="D"))
+
+
+def test_models_of_the_last_window_are_not_forecast_from_the_last_time(tmp_path):
+    """final_model="last_window" keeps models fitted up to each group's last
+    cutoff: their forecasts were labelled as starting after its last time,
+    horizon steps late. Refused, naming final_model, before any model is
+    loaded; the models of all rows forecast."""
+    df = daily_sales(groups=1, days=20)
+    for final_model in ("last_window", "all_rows"):
+        run = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"),
+                       evaluate=mm.backtest(time="date", horizon=5, windows=2, target="sales",
+                                            final_model=final_model),
+                       store=tmp_path / final_model, backend="serial", progress=False)
+        if final_model == "last_window":
+            for forecaster in (run, mm.Store(tmp_path / final_model)):
+                with pytest.raises(ValueError, match=r"final_model='last_window'.*last cutoff"
+                                                     r".*final_model='all_rows'"):
+                    forecaster.forecast(3)
+        else:
+            assert run.forecast(3)["date"].tolist() == list(
+                pd.date_range("2024-01-21", periods=3))
+
+
 def monthly_sales() -> pd.DataFrame:
     months = pd.date_range("2021-01-01", periods=24, freq="MS")
     return pd.DataFrame({"region": np.repeat(["north", "south"], 24),

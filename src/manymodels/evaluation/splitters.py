@@ -33,6 +33,7 @@ import numpy as np
 
 from ..engine.options import positive_int
 from . import metrics as _metrics
+from .timetext import check_text_time_values
 
 #: The metrics key under which a task's per-window scores travel and are stored.
 WINDOWS = "__windows__"
@@ -112,6 +113,12 @@ class Splitter:
                                  + where)
         if self.target in (self.features or ()):
             raise ValueError(f"evaluate: the target {self.target!r} is also a feature")
+        for argument, name, wanted in (("target", self.target, "the column to predict"),
+                                       ("time", self.time, "the time column")):
+            if name in key_columns:  # one value a group: nothing to predict, or to order by
+                raise ValueError(f"evaluate: {argument}={name!r} is a key column of the "
+                                 f"groups (by={list(key_columns)}), one value a group: name "
+                                 f"{wanted}")
         return replace(self, exclude=tuple(key_columns))
 
     def feature_columns(self, rows: Any) -> list[str]:
@@ -267,6 +274,7 @@ class Backtest(Splitter):
             raise ValueError(f"evaluate: time column {self.time!r} has {missing} missing "
                              "value(s) in this group: a backtest cannot place them in time "
                              "(drop or fill them first)")
+        check_text_time_values(times, self.time)
         if len(times) < 2 or _ascending(times):
             return rows
         order = np.argsort(times, kind="stable")

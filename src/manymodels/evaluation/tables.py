@@ -15,10 +15,18 @@ from typing import Any
 
 from ..inputs.keys import UTC_OFFSET, key_frame
 from .splitters import WINDOWS
-from .windowtable import ROW_COLUMNS, as_table, time_zone, unpack_column, window_count
+from .windowtable import ROW_COLUMNS, as_table, holds_dates, time_zone, unpack_column, window_count
 
 _WINDOW_COLUMNS = ["window", "cutoff", "n_train", "n_test"]
 _FORECAST_COLUMNS = ["window", "cutoff", "time", "actual", "forecast"]
+
+
+def column_name(name: str, key_columns: list) -> str:
+    """The name of an evaluation table's own column ``name`` (a score, the
+    window, the cutoff, a forecast's time...): ``metric_<name>`` where a key
+    column (a grid parameter ``window``, say) has that name, as
+    ``run.results`` names a score so: the key column is kept as it is."""
+    return f"metric_{name}" if name in key_columns else name
 
 
 def _task_windows(key_rows: list[tuple], metrics: list[Any]
@@ -57,6 +65,19 @@ def _as_times(frame: Any, column: str, zone: str | None = None) -> None:
         frame[column] = times.dt.tz_convert(zone) if zone else times
 
 
+def _as_dates(values: list) -> list:
+    """Cutoffs of a ``datetime.date`` time column (ISO text as they travel) as dates."""
+    import datetime
+
+    return [datetime.date.fromisoformat(v) if isinstance(v, str) else v for v in values]
+
+
+def _dated(table: dict[str, Any]) -> bool:
+    """Whether a windows table's forecast times are ``datetime.date`` values."""
+    rows = table.get("rows")
+    return isinstance(rows, dict) and holds_dates(rows.get("time"))
+
+
 def _zone_of(table: dict[str, Any]) -> str | None:
     """The zone of a windows table's forecast times (None: naive, or none kept)."""
     rows = table.get("rows")
@@ -84,6 +105,8 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
         for name, values in table.items():
             if name == "rows":
                 continue
+            if name == "cutoff" and _dated(table):
+                values = _as_dates(values)
             column = columns.get(name)
             if column is None:
                 column = columns[name] = [None] * done
@@ -92,14 +115,14 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
             column.extend(values)
         done += count
     if not keys:
-        return pd.DataFrame(columns=[*key_columns, *_WINDOW_COLUMNS])
+        return pd.DataFrame(columns=[*key_columns,
+                                     *(column_name(c, key_columns) for c in _WINDOW_COLUMNS)])
     frame = _key_columns(key_columns, keys, counts,
                          _typed_keys(key_columns, key_rows, key_table, tasks))
     for name, column in columns.items():
         column.extend([None] * (done - len(column)))
-        # a metric function's score named like a key column: as run.results names it
-        frame[f"metric_{name}" if name in key_columns else name] = column
-    _as_times(frame, "cutoff", zone)
+        frame[column_name(name, key_columns)] = column
+    _as_times(frame, column_name("cutoff", key_columns), zone)
     return frame
 
 
@@ -178,16 +201,19 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
         windows.extend(table["window"])
-        cutoffs.extend(table["cutoff"])
+        cutoffs.extend(_as_dates(table["cutoff"]) if holds_dates(rows["time"])
+                       else table["cutoff"])
         sizes.extend(table["n_test"])
+    named = {name: column_name(name, key_columns) for name in _FORECAST_COLUMNS}
     if not keys:
-        return pd.DataFrame(columns=[*key_columns, *_FORECAST_COLUMNS])
+        return pd.DataFrame(columns=[*key_columns, *named.values()])
     frame = _key_columns(key_columns, keys, totals,
                          _typed_keys(key_columns, key_rows, key_table, tasks))
-    frame["window"] = np.repeat(np.array(windows), sizes)
-    frame["cutoff"] = _repeated_times(cutoffs, sizes, zone)
+    frame[named["window"]] = np.repeat(np.array(windows), sizes)
+    frame[named["cutoff"]] = _repeated_times(cutoffs, sizes, zone)
     for name, pieces in columns.items():
-        frame[name] = np.concatenate(pieces)
+        frame[named[name]] = np.concatenate(pieces)
     if zone is not None:  # the times of a zone travelled as UTC
-        frame["time"] = frame["time"].dt.tz_localize("UTC").dt.tz_convert(zone)
+        time = named["time"]
+        frame[time] = frame[time].dt.tz_localize("UTC").dt.tz_convert(zone)
     return frame

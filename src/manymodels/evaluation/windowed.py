@@ -29,6 +29,7 @@ import numpy as np
 from . import metrics as _metrics
 from .horizons import horizon_call
 from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
+from .timetext import check_text_times
 from .windowrows import WindowLayout, model_and_metrics
 from .windowtable import mean_scores
 
@@ -353,27 +354,8 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
         _check_sortable(schema.field(evaluate.time))
         if engine_frame is None and base.reader is None:  # the rows are here: look now
             _check_no_missing(base.table.column(evaluate.time), evaluate.time)
-            _check_not_numbers_as_text(base.table.column(evaluate.time), evaluate.time)
+            check_text_times(base.table.column(evaluate.time), evaluate.time)
     return Evaluated(fit, evaluate), evaluate
-
-
-def _check_not_numbers_as_text(times: Any, name: str) -> None:
-    """Refuse a text time column of whole numbers of several lengths
-    (weeks "1" to "12"): sorted as text, "10" comes before "2", and a
-    backtest trained on later weeks than it tested. (ISO dates as text sort
-    as their times, and are taken.)"""
-    import pyarrow.compute as pc
-    import pyarrow.types as pat
-
-    kind = times.type
-    if not (pat.is_string(kind) or pat.is_large_string(kind)) or times.null_count == len(times):
-        return
-    if pc.all(pc.utf8_is_digit(times)).as_py() and pc.count_distinct(
-            pc.utf8_length(times)).as_py() > 1:
-        raise ValueError(f"evaluate: time column {name!r} holds whole numbers as text "
-                         f"({pc.min(times).as_py()!r} to {pc.max(times).as_py()!r} as text), "
-                         "which sort as text (\"10\" before \"2\"): convert it to numbers or "
-                         "dates first")
 
 
 def _check_sortable(field_: Any) -> None:

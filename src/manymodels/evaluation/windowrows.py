@@ -109,12 +109,22 @@ def pack_column(values: np.ndarray) -> Any:
         return {"dtype": values.dtype.str,
                 "base64": b2a_base64(values, newline=False).decode("ascii")}
     if values.dtype.kind == "O":
+        if _all_dates(values):  # datetime.date values: days, and a mark to give dates back
+            return {**pack_column(values.astype("datetime64[D]")), "dates": True}
         zoned = _zoned_times(values)
         if zoned is not None:  # times of one zone: as UTC datetimes, and the zone's name
             return {**pack_column(zoned.tz_convert("UTC").tz_localize(None).to_numpy()),
                     "tz": str(zoned.tz)}
         return [plain_time(v) for v in values]
     return values.tolist()
+
+
+def _all_dates(values: np.ndarray) -> bool:
+    """Whether a column holds ``datetime.date`` values alone (not datetimes)."""
+    import datetime
+
+    return bool(len(values)) and type(values[0]) is datetime.date and all(
+        type(value) is datetime.date for value in values)
 
 
 def _zoned_times(values: np.ndarray) -> Any:

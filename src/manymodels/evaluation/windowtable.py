@@ -118,6 +118,14 @@ def unpack_column(packed: Any) -> np.ndarray:
     as an array (an array already unpacked, as it is); zone-aware times as
     their UTC datetimes (:func:`time_zone` says which zone)."""
     if isinstance(packed, dict):
-        return np.frombuffer(base64.b64decode(packed["base64"]), dtype=np.dtype(packed["dtype"]))
+        values = np.frombuffer(base64.b64decode(packed["base64"]),
+                               dtype=np.dtype(packed["dtype"]))
+        return values.astype(object) if packed.get("dates") else values  # datetime.date
     return np.asarray(packed)
+
+
+def holds_dates(packed: Any) -> bool:
+    """Whether a packed column is of ``datetime.date`` values (whose cutoffs
+    travel as ISO text, to be read back as dates too)."""
+    return isinstance(packed, dict) and bool(packed.get("dates"))
 

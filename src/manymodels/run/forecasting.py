@@ -192,8 +192,15 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
                          "Store.predict; forecast needs a model per group")
     runs = store.runs()
     source_text = runs.loc[runs["run_id"] == run_id, "source"]
+    backtest = store.attached(EVALUATION_ATTACHMENT, run_id, default=None) or {}
+    if backtest.get("final_model") == "last_window":
+        raise ValueError(
+            f"run {run_id} kept each group's last backtest window's model "
+            "(final_model='last_window'): fitted only up to the group's last cutoff, it "
+            "forecasts from there, not from the group's last time; train with "
+            "final_model='all_rows' (the default) to forecast")
     if time is None:  # the time column of the run's backtest, where it had one
-        time = (store.attached(EVALUATION_ATTACHMENT, run_id, default=None) or {}).get("time")
+        time = backtest.get("time")
     time = time_column(source_text.iloc[0] if len(source_text) else None, time, run_id)
     chosen = store._selection(run)
     config = store.attached("train_config", run, default={}) or {}
@@ -215,7 +222,14 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
         raise ValueError(f"no group of the history has a model in store {str(store)!r} "
                          f"(run {run_id})")
     last = last.subset(kept)
-    future = futurerows.future_rows(last, *futurerows.steps(last, freq), h)
+    try:
+        steps = futurerows.steps(last, freq)
+    except ValueError as exc:
+        if history is not None:
+            raise
+        raise ValueError(f"{exc} or history= (the backtest's forecasts hold only its "
+                         "windows' times, too few, or too far apart, to tell it)") from None
+    future = futurerows.future_rows(last, *steps, h)
     features = None
     if X_future is not None:
         future, features = futurerows.with_features(future, X_future, by, time)

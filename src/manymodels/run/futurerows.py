@@ -173,8 +173,32 @@ def last_times_of_backtest(forecasts: pd.DataFrame, by: list[str], time: str,
             f"run {run_id} kept no backtest forecasts to find each group's last time in: "
             "pass history= (a table with the key columns and the time column, such as the "
             "one trained on)")
-    return last_times_of_table(forecasts.rename(columns={"time": time}), by, time,
+    return last_times_of_table(_consecutive_times(forecasts, by, time), by, time,
                                f"run {run_id}'s backtest forecasts")
+
+
+def _consecutive_times(forecasts: pd.DataFrame, by: list[str], time: str) -> pd.DataFrame:
+    """The key and time of the backtest's times that follow one another in
+    each group: a window's cutoff and its test times, and the windows
+    before it while each reaches the next one's cutoff (``step`` at most
+    ``horizon``). Windows further apart (``step > horizon``) leave gaps
+    between them, which would read as the frequency: only the last window's
+    times are taken."""
+    # the frame's own columns (a key column named "window" left it "metric_window")
+    own = {f"metric_{name}" if f"metric_{name}" in forecasts.columns else name: f"__{name}"
+           for name in ("window", "cutoff", "time")}
+    forecasts = pd.concat([forecasts[by], forecasts[list(own)].rename(columns=own)], axis=1)
+    windows = forecasts.groupby([*by, "__window"], sort=True, dropna=False, observed=True).agg(
+        cutoff=("__cutoff", "first"), reached=("__time", "max")).reset_index()
+    reached_before = windows.groupby(by, dropna=False, observed=True)["reached"].shift()
+    chained = bool((reached_before.isna() | (windows["cutoff"] <= reached_before)).all())
+    if not chained:
+        last = windows.groupby(by, dropna=False, observed=True)["__window"].transform("max")
+        windows = windows[windows["__window"] == last]
+        forecasts = forecasts.merge(windows[[*by, "__window"]], on=[*by, "__window"])
+    return pd.concat([forecasts[[*by, "__time"]].rename(columns={"__time": time}),
+                      windows[[*by, "cutoff"]].rename(columns={"cutoff": time})],
+                     ignore_index=True)
 
 
 def _as_index(times: np.ndarray, zone: Any) -> pd.DatetimeIndex:

@@ -293,6 +293,10 @@ class Run:
         if self._selection is None:
             raise ValueError("this run selected nothing: pass select= (a metric) to mm.train")
         selection, groups = self._selection
+        if groups is None:  # select= named a metric no task reported
+            raise ValueError(f"this run selected nothing: no task reported select="
+                             f"{selection.metric!r}; the results' columns are "
+                             f"{list(self.results.columns)}")
         return best_rows(self.results, groups, selection)
 
     def predict(self, table: Any, **options: Any) -> pd.Series | pd.DataFrame:

@@ -179,13 +179,16 @@ def train(
                 # only now: keep the work, and say so
                 import warnings
 
+                run._selection = (selection, None)  # asked for, and nothing to choose by
                 warnings.warn(f"select={selection.metric!r}: no task reported that metric, so "
                               "no winner was chosen (the run is returned, and kept in its store, "
                               f"unselected); the results' columns are {list(run.results.columns)}",
                               stacklevel=3)
         if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
-            # Store.forecast's time column, where the groups had no order_by
-            store.attach(run.run_id, EVALUATION_ATTACHMENT, {"time": evaluate.time})
+            # Store.forecast's time column, where the groups had no order_by, and
+            # whether the kept models saw each group's last rows
+            store.attach(run.run_id, EVALUATION_ATTACHMENT,
+                         {"time": evaluate.time, "final_model": evaluate.final_model})
         return run
 
 
