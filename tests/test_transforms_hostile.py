@@ -216,3 +216,42 @@ def test_keys_added_to_arrow_outputs_of_a_pandas_input_keep_its_categories():
                         **SERIAL)
     assert got.column("k").to_pandas().dtype == frame["k"].dtype
 
+
+@pytest.mark.parametrize("key", [
+    pd.Categorical(["a", "b", "a", "c"], categories=["c", "b", "a"]),
+    pd.array([1, 2, 1, 3], dtype="Int64"),
+    np.array([1, 2, 1, 3], dtype="uint8"),
+])
+def test_a_key_only_some_outputs_include_keeps_its_type_and_place(key):
+    """Where some groups' outputs had the key column and others not, it came
+    back as text or object, behind fn's columns: it now has the input's
+    type, in front as when no output has it, each output's own values kept."""
+    frame = pd.DataFrame({"g": key, "v": [1.0, 2.0, 3.0, 4.0]})
+
+    def total(rows: pd.DataFrame) -> pd.DataFrame:
+        out = pd.DataFrame({"s": [rows["v"].sum()]})
+        if rows["v"].iloc[0] == 2.0:  # one group names its key, as a Python value
+            out["g"] = rows["g"].iloc[0]
+            out["g"] = out["g"].astype(object)
+        return out
+
+    got = mm.map_groups(total, mm.groups(frame, by="g"), **SERIAL)
+    expected = frame.groupby("g", sort=True, observed=True)["v"].sum().rename("s").reset_index()
+    assert list(got.columns) == ["g", "s"]
+    assert got["g"].dtype == frame["g"].dtype
+    pd.testing.assert_frame_equal(got, expected, check_categorical=False)
+
+
+def test_a_key_value_an_output_gives_that_does_not_fit_the_keys_type_is_kept():
+    """An output's own key value outside the key's type (300 for a uint8 key)
+    keeps the column in a type that holds it rather than wrapping to 44."""
+    frame = pd.DataFrame({"g": np.array([1, 2, 1, 3], dtype="uint8"), "v": [1.0, 2.0, 3.0, 4.0]})
+
+    def total(rows: pd.DataFrame) -> pd.DataFrame:
+        out = pd.DataFrame({"s": [rows["v"].sum()]})
+        if rows["v"].iloc[0] == 2.0:
+            out["g"] = 300
+        return out
+
+    got = mm.map_groups(total, mm.groups(frame, by="g"), **SERIAL)
+    assert got["g"].tolist() == [1, 300, 3]

@@ -267,24 +267,51 @@ def _in_input_order(result: Any, positions: np.ndarray, base: GroupSource) -> An
 
 def _frames_with_keys(frames: list[pd.DataFrame], keys: GroupKeys) -> pd.DataFrame:
     """The frames concatenated, with the key columns they lack added in front,
-    of the input's types. When all lack the same ones (the usual case) they
-    are added once, to the concatenation, rather than to each frame."""
+    of the input's types. A key column only some frames have is put where it
+    would be had none had it, their values and the others' keys in the key's
+    type where they fit it."""
     if not frames:
         return pd.DataFrame()
-    lacking = [tuple(i for i, c in enumerate(keys.columns) if c not in names)
-               for names in (set(frame.columns) for frame in frames)]
-    if len(set(lacking)) > 1:
-        frames = [frame.copy(deep=False) for frame in frames]
-        for frame, row, missing in zip(frames, keys.rows, lacking):
-            for position in missing:
-                frame.insert(position, keys.columns[position], row[position])
-        return pd.concat(frames, ignore_index=True)
     result = pd.concat(frames, ignore_index=True)
-    if lacking[0]:
-        typed = keys.frame([len(frame) for frame in frames])
-        for position in lacking[0]:
-            result.insert(position, keys.columns[position], typed[keys.columns[position]].array)
+    has = [set(frame.columns) for frame in frames]
+    added = [i for i, name in enumerate(keys.columns) if not all(name in names for names in has)]
+    if not added:
+        return result
+    lengths = [len(frame) for frame in frames]
+    typed = keys.frame(lengths)
+    for position in added:
+        name = keys.columns[position]
+        column = typed[name]
+        if any(name in names for names in has):
+            column = _partly_given(frames, name, column, lengths)
+            result.pop(name)
+        result.insert(position, name, column.array)
     return result
+
+
+def _partly_given(frames: list[pd.DataFrame], name: Any, keys: pd.Series,
+                  lengths: list[int]) -> pd.Series:
+    """Key column ``name`` of the frames' concatenation: a frame's own values
+    where it has the column, its group's key (``keys``, a row per row) where
+    it lacks it; in the key's type unless a frame's values do not fit it."""
+    ends = np.cumsum(lengths)
+    pieces = [frame[name] if name in frame.columns else keys.iloc[end - length:end]
+              for frame, end, length in zip(frames, ends, lengths)]
+    column = pd.concat(pieces, ignore_index=True)
+    if column.dtype == keys.dtype:
+        return column
+    try:
+        typed = column.astype(keys.dtype)
+    except (TypeError, ValueError, OverflowError):
+        return column
+    # a cast can change values silently: 300 to uint8 is 44, a value outside
+    # a categorical's categories NaN
+    missing = column.isna().to_numpy()
+    if (typed.isna().to_numpy() != missing).any() or (
+            typed.to_numpy(dtype=object)[~missing] != column.to_numpy(dtype=object)[~missing]
+    ).any():
+        return column
+    return typed
 
 
 def _rows_per_group(outputs: list[pd.Series], keys: GroupKeys) -> pd.DataFrame:
