@@ -204,6 +204,28 @@ def test_a_refit_keeps_no_attribute_of_the_fit_before():
     assert not hasattr(model, "feature_names_in_") and not hasattr(model, "shrinkage_factors_")
 
 
+
+def test_feature_names_are_kept_only_when_every_column_name_is_text():
+    """A frame with int column names gave ``feature_names_in_`` [0, 1];
+    scikit-learn keeps names only when all are text (and refuses text and
+    numbers mixed), and so does a grouped estimator now, as the model it
+    wraps would."""
+    from manymodels.sklearn import GroupedRegressor
+
+    y = np.array([1.0, 2, 3, 2, 4, 6])
+    numbered = pd.DataFrame({0: [0, 0, 0, 1, 1, 1], 1: [1.0, 2, 3, 1, 2, 3]})
+    model = GroupedRegressor(LinearRegression(), by=0, backend="serial").fit(numbered, y)
+    assert not hasattr(model, "feature_names_in_")
+    assert not hasattr(LinearRegression().fit(numbered, y), "feature_names_in_")
+    assert model.n_features_in_ == 2
+    np.testing.assert_allclose(model.predict(numbered), y)
+
+    named = numbered.rename(columns={0: "g", 1: "p"})
+    model.set_params(by="g").fit(named, y)
+    assert model.feature_names_in_.tolist() == ["g", "p"]
+    with pytest.raises(TypeError, match="only supported if all input features have string"):
+        model.fit(named.rename(columns={"p": 1}), y)
+
 @pytest.mark.parametrize("estimator", [Ridge, 3], ids=["a class", "a number"])
 def test_an_estimator_that_is_not_one_is_refused_by_name(estimator):
     from manymodels.sklearn import GroupedRegressor

@@ -174,3 +174,84 @@ def test_a_transform_lacking_the_key_columns_is_given_them_under_the_input_label
                         backend="serial")
     expected = frame.groupby("k", group_keys=False).apply(lambda r: r[["x"]].cumsum())
     pd.testing.assert_frame_equal(got, frame[["k"]].join(expected))
+
+
+def _polars_keys() -> tuple:
+    import polars as pl
+
+    return pl, pl.DataFrame({"k": pl.Series([1, 2, 1, 2], dtype=pl.UInt8),
+                             "c": pl.Series(["x", "y", "x", "y"], dtype=pl.Categorical),
+                             "v": [1.0, 2.0, 3.0, 4.0]})
+
+
+@pytest.mark.parametrize("by", ["k", "c"])
+def test_keys_added_to_outputs_of_a_polars_input_keep_its_types(by):
+    """A UInt8 key came back Int64 and a categorical one as text, whatever
+    kind of table fn returned: each output kind now has the input's type in
+    its own form, as fn's rows had it."""
+    pl, frame = _polars_keys()
+    pandas_out = mm.map_groups(lambda rows: pd.DataFrame({"s": [rows["v"].sum()]}),
+                               mm.groups(frame, by=by), **SERIAL)
+    assert pandas_out[by].dtype == frame.to_pandas()[by].dtype
+    assert pandas_out[by].tolist() == (["x", "y"] if by == "c" else [1, 2])
+
+    polars_out = mm.map_groups(lambda rows: rows.select(pl.col("v").sum()),
+                               mm.groups(frame, by=by, format="polars"), **SERIAL)
+    assert polars_out.schema[by] == frame.schema[by]
+    assert polars_out.columns == [by, "v"]
+
+    table = frame.to_arrow()
+    arrow_out = mm.map_groups(lambda rows: pa.table({"s": [len(rows)]}),
+                              mm.groups(table, by=by, format="arrow"), **SERIAL)
+    assert arrow_out.schema.field(by).type == table.schema.field(by).type
+    assert arrow_out.column(by).to_pylist() == (["x", "y"] if by == "c" else [1, 2])
+
+
+def test_keys_added_to_arrow_outputs_of_a_pandas_input_keep_its_categories():
+    """An Arrow output of a pandas input's groups got its categorical key as
+    text; it is now Arrow's dictionary of the input's categories, in order."""
+    frame = pd.DataFrame({"k": pd.Categorical(["x", "z", "y"], categories=["z", "y", "w", "x"],
+                                              ordered=True), "v": [1, 2, 3]})
+    got = mm.map_groups(lambda rows: pa.table({"s": [len(rows)]}), mm.groups(frame, by="k"),
+                        **SERIAL)
+    assert got.column("k").to_pandas().dtype == frame["k"].dtype
+
+
+@pytest.mark.parametrize("key", [
+    pd.Categorical(["a", "b", "a", "c"], categories=["c", "b", "a"]),
+    pd.array([1, 2, 1, 3], dtype="Int64"),
+    np.array([1, 2, 1, 3], dtype="uint8"),
+])
+def test_a_key_only_some_outputs_include_keeps_its_type_and_place(key):
+    """Where some groups' outputs had the key column and others not, it came
+    back as text or object, behind fn's columns: it now has the input's
+    type, in front as when no output has it, each output's own values kept."""
+    frame = pd.DataFrame({"g": key, "v": [1.0, 2.0, 3.0, 4.0]})
+
+    def total(rows: pd.DataFrame) -> pd.DataFrame:
+        out = pd.DataFrame({"s": [rows["v"].sum()]})
+        if rows["v"].iloc[0] == 2.0:  # one group names its key, as a Python value
+            out["g"] = rows["g"].iloc[0]
+            out["g"] = out["g"].astype(object)
+        return out
+
+    got = mm.map_groups(total, mm.groups(frame, by="g"), **SERIAL)
+    expected = frame.groupby("g", sort=True, observed=True)["v"].sum().rename("s").reset_index()
+    assert list(got.columns) == ["g", "s"]
+    assert got["g"].dtype == frame["g"].dtype
+    pd.testing.assert_frame_equal(got, expected, check_categorical=False)
+
+
+def test_a_key_value_an_output_gives_that_does_not_fit_the_keys_type_is_kept():
+    """An output's own key value outside the key's type (300 for a uint8 key)
+    keeps the column in a type that holds it rather than wrapping to 44."""
+    frame = pd.DataFrame({"g": np.array([1, 2, 1, 3], dtype="uint8"), "v": [1.0, 2.0, 3.0, 4.0]})
+
+    def total(rows: pd.DataFrame) -> pd.DataFrame:
+        out = pd.DataFrame({"s": [rows["v"].sum()]})
+        if rows["v"].iloc[0] == 2.0:
+            out["g"] = 300
+        return out
+
+    got = mm.map_groups(total, mm.groups(frame, by="g"), **SERIAL)
+    assert got["g"].tolist() == [1, 300, 3]

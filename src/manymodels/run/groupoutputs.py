@@ -6,7 +6,8 @@ under their rows' labels, back in the input's row order under its labels
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..inputs.grouplabels import group_labels, input_positions, is_transform
+from ..inputs.keys import key_frame
 from ..inputs.sources import GroupSource
 from ..planning.plan import group_layout
 from .results import Run
@@ -138,37 +140,86 @@ def check_table(output: Any, what: str) -> Any:
     raise TypeError(f"{what}'s function must return a table, got {got}")
 
 
-def _with_keys(output: Any, parts: tuple, key_columns: list) -> Any:
-    """``output`` with the key columns it lacks added in front, as the values
-    of its group's key (an Arrow or polars table's columns by their names)."""
+@dataclass(frozen=True)
+class GroupKeys:
+    """The key of each output's group: its Python values (``rows``) and,
+    where the plan has them, the input table's own Arrow key columns
+    (``table``, a row per output). The key columns added to the outputs are
+    made from ``table`` so that they keep the input's types (``uint8``, a
+    categorical's categories and their order, ``datetime64[s]``), whatever
+    kind of table ``fn`` returns; Python values would make them ``int64``
+    and text."""
+
+    columns: list
+    rows: list[tuple]
+    table: pa.Table | None
+
+    @classmethod
+    def of_run(cls, run: Run, columns: list, rows: list[tuple]) -> GroupKeys:
+        """The keys of the tasks that succeeded (``rows``, in plan order)."""
+        typed = run._plan.typed_keys()
+        tasks = np.flatnonzero(run._records.ok_mask())
+        if typed is None or len(tasks) != len(rows) or typed.num_rows != len(run._plan):
+            return cls(list(columns), list(rows), None)
+        return cls(list(columns), list(rows), typed.take(pa.array(tasks)))
+
+    def subset(self, groups: Sequence[int]) -> GroupKeys:
+        """The keys of outputs ``groups`` only (the ones kept), in that order."""
+        table = None if self.table is None else self.table.take(pa.array(groups, pa.int64()))
+        return GroupKeys(self.columns, [self.rows[i] for i in groups], table)
+
+    def frame(self, lengths: Sequence[int] | None = None) -> pd.DataFrame:
+        """The keys as a pandas frame, a column per key column, each group's
+        row repeated ``lengths[group]`` times (once without ``lengths``)."""
+        # the Arrow columns are named as text: an int column name 0 is "0" there
+        frame = key_frame([str(name) for name in self.columns], self.rows, self.table)
+        frame.columns = pd.Index(self.columns, dtype=object)
+        if lengths is not None:
+            frame = frame.take(np.repeat(np.arange(len(frame)), lengths))
+            frame.index = pd.RangeIndex(len(frame))
+        return frame
+
+    def arrow_column(self, position: int, group: int, length: int) -> Any:
+        """Key column ``position`` of output ``group``, ``length`` rows of its value."""
+        if self.table is not None and position < self.table.num_columns:
+            return self.table.column(position).take(pa.array(np.full(length, group)))
+        return pa.array([self.rows[group][position]] * length)
+
+    def polars_column(self, position: int, group: int, length: int) -> Any:
+        """As :meth:`arrow_column`, a polars Series named as the key column."""
+        import polars as pl
+
+        name = str(self.columns[position])
+        if self.table is not None and position < self.table.num_columns:
+            try:
+                return pl.Series(name, pl.from_arrow(self.arrow_column(position, group, length)))
+            except Exception:  # noqa: BLE001 - an Arrow type polars cannot hold: its values
+                pass
+        return pl.Series(name, [self.rows[group][position]] * length)
+
+
+def _with_keys(output: Any, keys: GroupKeys, group: int) -> Any:
+    """An Arrow or polars table ``output`` of group ``group`` with the key
+    columns it lacks (by their names) added in front, its group's key value
+    in every row; any other output as it is."""
+    names = [str(name) for name in keys.columns]
     module = type(output).__module__
     if module.startswith("pyarrow"):
         if not isinstance(output, pa.Table):
             return output
-        missing = [i for i, c in enumerate(key_columns) if str(c) not in output.column_names]
-        for position in missing:
-            output = output.add_column(position, str(key_columns[position]),
-                                       pa.array([parts[position]] * output.num_rows))
+        for position in [i for i, name in enumerate(names) if name not in output.column_names]:
+            output = output.add_column(position, names[position],
+                                       keys.arrow_column(position, group, output.num_rows))
         return output
     if module.startswith("polars"):
         import polars as pl
 
         if not isinstance(output, pl.DataFrame):
             return output
-        missing = [i for i, c in enumerate(key_columns) if str(c) not in output.columns]
-        for position in missing:
-            output = output.insert_column(
-                position, pl.Series(str(key_columns[position]),
-                                    [parts[position]] * output.height))
+        for position in [i for i, name in enumerate(names) if name not in output.columns]:
+            output = output.insert_column(position,
+                                          keys.polars_column(position, group, output.height))
         return output
-    if not isinstance(output, pd.DataFrame):
-        return output
-    names = set(output.columns)
-    missing = [i for i, c in enumerate(key_columns) if c not in names]
-    if missing:
-        output = output.copy(deep=False)  # the caller's frame keeps its columns
-        for position in missing:
-            output.insert(position, key_columns[position], parts[position])
     return output
 
 
@@ -214,78 +265,64 @@ def _in_input_order(result: Any, positions: np.ndarray, base: GroupSource) -> An
     return result
 
 
-def _frames_with_keys(frames: list[pd.DataFrame], parts: list[tuple],
-                      key_columns: list, base: GroupSource) -> pd.DataFrame:
-    """The frames concatenated, with the key columns they lack added in front.
-    When all lack the same ones (the usual case) they are added once, to the
-    concatenation, rather than to each frame."""
+def _frames_with_keys(frames: list[pd.DataFrame], keys: GroupKeys) -> pd.DataFrame:
+    """The frames concatenated, with the key columns they lack added in front,
+    of the input's types. A key column only some frames have is put where it
+    would be had none had it, their values and the others' keys in the key's
+    type where they fit it."""
     if not frames:
         return pd.DataFrame()
-    lacking = [tuple(i for i, c in enumerate(key_columns) if c not in names)
-               for names in (set(frame.columns) for frame in frames)]
-    if len(set(lacking)) > 1:
-        frames = [_with_keys(frame, key, key_columns) for frame, key in zip(frames, parts)]
-        return pd.concat(frames, ignore_index=True)
     result = pd.concat(frames, ignore_index=True)
-    if lacking[0]:
-        lengths = np.array([len(frame) for frame in frames])
-        for position in lacking[0]:  # each group's key value, once per row of its output
-            values = pd.Series([key[position] for key in parts]).repeat(lengths)
-            result.insert(position, key_columns[position], values.array)
-        result = _key_dtypes(base, result, [key_columns[i] for i in lacking[0]])
+    has = [set(frame.columns) for frame in frames]
+    added = [i for i, name in enumerate(keys.columns) if not all(name in names for names in has)]
+    if not added:
+        return result
+    lengths = [len(frame) for frame in frames]
+    typed = keys.frame(lengths)
+    for position in added:
+        name = keys.columns[position]
+        column = typed[name]
+        if any(name in names for names in has):
+            column = _partly_given(frames, name, column, lengths)
+            result.pop(name)
+        result.insert(position, name, column.array)
     return result
 
 
-def _key_dtypes(base: GroupSource, frame: pd.DataFrame, key_columns: list) -> pd.DataFrame:
-    """``frame`` with the key columns it was given from the groups' keys (Python
-    values) in the input's pandas types, as pandas' ``groupby().apply`` keeps
-    them (``uint8``, ``Int64``, ``category``...: from the types the input
-    frame's Arrow copy recorded); a type the values do not fit is left."""
-    metadata = getattr(base.table, "schema", None)
-    metadata = metadata.pandas_metadata if metadata is not None else None
-    if not metadata:
-        return frame
-    kinds = {column.get("name"): ("category" if column.get("pandas_type") == "categorical"
-                                  else column.get("numpy_type"))
-             for column in metadata.get("columns", [])}
-    for name in key_columns:
-        kind = kinds.get(str(name))
-        if kind == "category":  # its categories and their order, as the input's
-            kind = _categories_of(base.table, str(name)) or kind
-        if name in frame.columns and kind and str(frame[name].dtype) != str(kind) and not str(
-                kind).startswith("datetime"):
-            try:
-                frame[name] = frame[name].astype(kind)
-            except (TypeError, ValueError):
-                pass
-    return frame
+def _partly_given(frames: list[pd.DataFrame], name: Any, keys: pd.Series,
+                  lengths: list[int]) -> pd.Series:
+    """Key column ``name`` of the frames' concatenation: a frame's own values
+    where it has the column, its group's key (``keys``, a row per row) where
+    it lacks it; in the key's type unless a frame's values do not fit it."""
+    ends = np.cumsum(lengths)
+    pieces = [frame[name] if name in frame.columns else keys.iloc[end - length:end]
+              for frame, end, length in zip(frames, ends, lengths)]
+    column = pd.concat(pieces, ignore_index=True)
+    if column.dtype == keys.dtype:
+        return column
+    try:
+        typed = column.astype(keys.dtype)
+    except (TypeError, ValueError, OverflowError):
+        return column
+    # a cast can change values silently: 300 to uint8 is 44, a value outside
+    # a categorical's categories NaN
+    missing = column.isna().to_numpy()
+    if (typed.isna().to_numpy() != missing).any() or (
+            typed.to_numpy(dtype=object)[~missing] != column.to_numpy(dtype=object)[~missing]
+    ).any():
+        return column
+    return typed
 
 
-def _categories_of(table: pa.Table, name: str) -> Any:
-    """The pandas ``CategoricalDtype`` of a dictionary column ``name`` of
-    ``table``: its categories in order, ordered or not (``astype("category")``
-    made them the observed values, sorted, unordered)."""
-    if name not in table.column_names or not pa.types.is_dictionary(table.schema.field(
-            name).type):
-        return None
-    column = table.select([name]).unify_dictionaries().column(0)
-    if not column.num_chunks:
-        return None
-    return pd.CategoricalDtype(column.chunk(0).dictionary.to_pandas(),
-                               ordered=table.schema.field(name).type.ordered)
-
-
-def _rows_per_group(outputs: list[pd.Series], parts: list[tuple],
-                    key_columns: list, base: GroupSource) -> pd.DataFrame:
+def _rows_per_group(outputs: list[pd.Series], keys: GroupKeys) -> pd.DataFrame:
     """Series of the same labels, one per group, as rows of one frame with the
     key columns in front (pandas' ``groupby(..., as_index=False).apply``)."""
     frame = pd.DataFrame(outputs).reset_index(drop=True)
-    added = []
-    for position, name in enumerate(key_columns):
+    typed = keys.frame()
+    for position, name in enumerate(keys.columns):
         if name not in frame.columns:
-            frame.insert(position, name, [p[position] for p in parts])
-            added.append(name)
-    return _key_dtypes(base, frame, added)
+            frame.insert(position, name, typed[name].array)
+    return frame
 
 
 def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
@@ -304,39 +341,35 @@ def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
     return None
 
 
-def _series_under_keys(outputs: list[pd.Series], parts: list[tuple],
-                       key_columns: list) -> pd.Series:
+def _series_under_keys(outputs: list[pd.Series], keys: GroupKeys) -> pd.Series:
     """Series whose labels differ by group (``value_counts``) concatenated
     under a MultiIndex of the key columns and their labels, as pandas'
     ``groupby().apply`` makes it: bare, their labels would not say which group
     a row is of (x, y, x, z)."""
-    from ..inputs.keys import key_column
-
     values = pd.concat(outputs, ignore_index=True)
-    lengths = [len(out) for out in outputs]
+    typed = keys.frame([len(out) for out in outputs])
     # the levels built from arrays: concat(keys=) cannot make a level of
     # tuple keys that hold a NaN ("Key nan not in level")
-    levels = [pd.Index(key_column([key[position] for key in parts])).repeat(lengths)
-              for position in range(len(key_columns))]
+    levels = [pd.Index(typed[name]) for name in keys.columns]
     inner = outputs[0].index.append([out.index for out in outputs[1:]])
     levels += [inner.get_level_values(level) for level in range(inner.nlevels)]
-    values.index = pd.MultiIndex.from_arrays(levels, names=[*key_columns,
+    values.index = pd.MultiIndex.from_arrays(levels, names=[*keys.columns,
                                                             *outputs[0].index.names])
     return values
 
 
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
-              ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
+             ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
-    present = [(key, output) for key, output in ok if output is not None]
+    keys = GroupKeys.of_run(run, key_columns, [key for key, _ in ok])
+    present = [i for i, (_, output) in enumerate(ok) if output is not None]
     if not present and (not ok or base.format in ("arrow", "polars")):
         return empty_table(base.format)
-    if not all(isinstance(output, (pd.DataFrame, pd.Series)) for _, output in present) or (
-            present and all(isinstance(output, pd.Series) for _, output in present)):
+    if not all(isinstance(ok[i][1], (pd.DataFrame, pd.Series)) for i in present) or (
+            present and all(isinstance(ok[i][1], pd.Series) for i in present)):
         # a pandas stand-in for None would be a second kind of table, or make
         # Series (value_counts, a row of aggregates) frames that lose their labels
-        ok = present
-    parts = [key for key, _ in ok]
+        ok, keys = [ok[i] for i in present], keys.subset(present)
     # a group whose fn returned None has no rows, as in pandas' apply
     outputs = [pd.DataFrame() if output is None else output for _, output in ok]
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
@@ -345,18 +378,17 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     transform = _as_transform(base, run, outputs) if source is base and labelled else None
     if transform is not None:
         positions, kept = transform
-        outputs, parts = [outputs[i] for i in kept], [parts[i] for i in kept]
+        outputs, keys = [outputs[i] for i in kept], keys.subset(kept)
     if series:
         if transform is not None:
             return _in_input_order(pd.concat(outputs, ignore_index=True), positions, base)
         labels = _same_labels([out.index for out in outputs])
         if labels is not None:
-            return _rows_per_group([out.reindex(labels) for out in outputs], parts,
-                                   key_columns, base)
-        return _series_under_keys(outputs, parts, key_columns)
+            return _rows_per_group([out.reindex(labels) for out in outputs], keys)
+        return _series_under_keys(outputs, keys)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
-        result = _frames_with_keys(outputs, parts, key_columns, base)
+        result = _frames_with_keys(outputs, keys)
     else:
-        result = concat_outputs([_with_keys(out, key, key_columns)
-                                 for key, out in zip(parts, outputs)], "map_groups")
+        result = concat_outputs([_with_keys(out, keys, group)
+                                 for group, out in enumerate(outputs)], "map_groups")
     return _in_input_order(result, positions, base) if transform is not None else result

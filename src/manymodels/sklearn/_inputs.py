@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.utils.validation import check_array
+from sklearn.utils.validation import _get_feature_names, check_array
 
 from ..inputs.engineframes import refuse_engine_frame
 from ..inputs.tables import named_twice, plain_scalar
@@ -108,12 +108,15 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
         raise ValueError(f"by column {missing[0]!r} is not among X's {where}")
     if as_frame:
         _check_frame_columns(frame, by)
+    # scikit-learn's rule, and its TypeError for names of text and numbers
+    # mixed: a frame's names are feature names only when all are text
+    names = _get_feature_names(frame) if as_frame and fitting else None
     features = [c for c in frame.columns if c not in by]
     if fitting:
         owner._as_frame = as_frame
         owner.n_features_in_ = frame.shape[1]
-        if as_frame:
-            owner.feature_names_in_ = np.asarray(frame.columns, dtype=object)
+        if names is not None:
+            owner.feature_names_in_ = names
     return frame[by], frame[features]
 
 
