@@ -319,3 +319,24 @@ def test_c_that_is_a_bool_or_not_a_positive_number_is_refused(C):
     frame = pd.DataFrame({"g": "a", "x": np.arange(6.0), "y": [0, 1] * 3})
     with pytest.raises(ValueError, match="C must be a positive number"):
         mm.linear(frame, "g", ["x"], "y", family="logistic", C=C)
+
+
+@pytest.mark.parametrize("by", [["k"], ["k", "j"]])
+def test_integer_keys_past_2_53_beside_a_missing_one_stay_apart(by):
+    """An Arrow (polars, Parquet) int64 key column with a null and no pandas
+    metadata was read as float64: the keys 2**53 and 2**53 + 1 read the
+    same and their groups were fitted as one. They are Int64 now, every
+    digit kept, as mm.train keys them."""
+    import pyarrow as pa
+
+    big = 2**53
+    table = pa.table({"k": pa.array([big] * 3 + [big + 1] * 3 + [None] * 3, pa.int64()),
+                      "j": ["a"] * 9, "x": [0.0, 1, 2] * 3,
+                      "y": [0.0, 1, 2, 0, 5, 10, 0, 9, 18]})
+    result = mm.linear(table, by=by, features=["x"], target="y")
+    assert str(result.metrics["k"].dtype) == "Int64"
+    assert result.metrics["k"].tolist()[:2] == [big, big + 1]
+    assert result.metrics["k"].isna().tolist() == [False, False, True]
+    assert result.coefficients["x"].tolist() == pytest.approx([1.0, 5.0, 9.0])
+    assert result.predict(table).tolist() == pytest.approx([0, 1, 2, 0, 5, 10, 0, 9, 18],
+                                                           abs=1e-9)

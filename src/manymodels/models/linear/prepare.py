@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ...inputs.tables import read_table
+from ...inputs.tables import exact_pandas, read_table
 from .glance import GLANCE_COLUMNS
 
 FAMILIES = ("ols", "ridge", "wls", "logistic")
@@ -139,7 +139,9 @@ def group_layout(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray, np.ndarray 
             starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
             counts = np.diff(np.append(starts, len(values)))
             return pd.DataFrame({table.column_names[0]: values[starts]}), counts, None
-    frame = table.to_pandas()
+    # integer keys beside a missing one as Int64, not float64: as floats, two
+    # keys past 2**53 would read the same and their groups be fitted as one
+    frame = exact_pandas(table)
     codes = None
     uniques = []
     for name in frame.columns:  # missing keys form a group of their own, as in mm.groups
