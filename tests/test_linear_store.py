@@ -265,6 +265,23 @@ def test_store_predict_uses_the_saved_linear_result(tmp_path):
     assert sourced["prediction"].iloc[2:].isna().all()
 
 
+def test_store_predict_finds_integer_keys_past_2_53_beside_a_missing_one(tmp_path):
+    """An Arrow (polars) table to predict, int keys with a null: Store.predict
+    read them as floats, and the row of key 2**53 + 1 was predicted by the
+    model of 2**53. It reads them as Int64, as the mm.train path does."""
+    import pyarrow as pa
+
+    big = 2**53
+    frame = pd.DataFrame({"k": pd.array([big] * 3 + [big + 1] * 3, dtype="Int64"),
+                          "x": [0.0, 1, 2] * 2, "y": [0.0, 1, 2, 0, 5, 10]})
+    mm.linear(frame, by="k", features=["x"], target="y", store=tmp_path)
+    new = pa.table({"k": pa.array([big + 1, big, None], pa.int64()), "x": [1.0, 1.0, 1.0]})
+    with pytest.warns(RuntimeWarning, match="1 row"):
+        predicted = mm.Store(tmp_path).predict(new)
+    assert predicted.iloc[:2].tolist() == pytest.approx([5.0, 1.0])
+    assert np.isnan(predicted.iloc[2])
+
+
 def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
     frame = sales(30)
     frame["store"] = frame["store"].where(frame["item"] != 2, None)  # a missing key part

@@ -177,14 +177,16 @@ def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
 def predict_frame(store: Store, found: tuple[int, dict, str], table: Any, method: str,
                   with_source: bool) -> pd.Series | pd.DataFrame:
     """``Store.predict`` for an mm.linear run: each row by its group's model."""
-    from ...inputs.tables import read_table
+    from ...inputs.tables import exact_pandas, read_table
 
     methods = ("predict", "predict_proba", "decision_function")
     if method not in methods:
         raise ValueError(f"method must be one of {methods} for an mm.linear run, "
                          f"got {method!r}")
     result = _read(store, found).result
-    frame = table if isinstance(table, pd.DataFrame) else read_table(table).to_pandas()
+    # (integer keys beside a missing one as Int64, as the mm.train path reads
+    # them: as floats, 2**53 + 1 would find the model of 2**53)
+    frame = table if isinstance(table, pd.DataFrame) else exact_pandas(read_table(table))
     values = getattr(result, method)(frame)
     seen = result.group_of(frame) >= 0
     if not seen.any():
