@@ -282,6 +282,21 @@ def test_store_predict_finds_integer_keys_past_2_53_beside_a_missing_one(tmp_pat
     assert np.isnan(predicted.iloc[2])
 
 
+@pytest.mark.parametrize("keys, asked", [([1, 2], ["1", "2"]), ([1, 2], [1.0, 2.0]),
+                                         ([1, 2], [True, True]), (["1", "2"], [1, 2])])
+def test_a_whole_number_key_finds_its_linear_model_however_it_is_typed(tmp_path, keys, asked):
+    """As the store finds an mm.train model: "1" found the model of 1 there,
+    but an mm.linear run said no row had a model (and LinearResult.predict
+    gave NaN). The linear result looks keys up the same way now."""
+    frame = pd.DataFrame({"k": np.repeat(keys, 3), "x": [0.0, 1, 2] * 2,
+                          "y": [0.0, 1, 2, 0, 5, 10]})
+    fitted = mm.linear(frame, by="k", features=["x"], target="y", store=tmp_path)
+    new = pd.DataFrame({"k": asked, "x": [1.0, 1.0]})
+    want = [1.0, 1.0] if asked[1] is True else [1.0, 5.0]
+    assert fitted.predict(new).tolist() == pytest.approx(want)
+    assert mm.Store(tmp_path).predict(new).tolist() == pytest.approx(want)
+
+
 def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
     frame = sales(30)
     frame["store"] = frame["store"].where(frame["item"] != 2, None)  # a missing key part

@@ -256,7 +256,8 @@ def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Ans
     import pandas as pd
 
     result = catalog.linear
-    seen = _linear_groups(result, columns, n) >= 0
+    groups = _linear_groups(result, columns, n)
+    seen = groups >= 0
     modelled = np.flatnonzero(seen)
     partial = getattr(columns, "partial", {})
     for name in result.features:
@@ -265,10 +266,12 @@ def _predict_linear(catalog: Catalog, columns: Mapping[str, Any], n: int) -> Ans
             raise _missing(columns, name, ", a feature of their group's model", modelled)
     predictions: list[Any] = [None] * n
     if len(modelled):
+        # the groups found above (keys of several types looked up apart:
+        # one table cannot hold true beside 1, which both find 1's model)
         frame = pd.DataFrame({name: _take(columns[name], modelled)
-                              for name in [*result.by, *result.features]})
+                              for name in result.features})
         try:
-            values = result.predict(frame)
+            values = result.predict_groups(groups[modelled], frame)
         except (ValueError, TypeError) as exc:
             raise RequestError(400, f"the rows' values were refused: {exc}") from exc
         for position, value in zip(modelled.tolist(), values.tolist()):

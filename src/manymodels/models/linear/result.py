@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...inputs.keys import TypedKeys, encode_key, key_parts
 from ...inputs.tables import exact_pandas, read_table
 from .prepare import _column
 
@@ -46,6 +47,7 @@ class LinearResult:
     run_id: int | None = None
     _index: Any = field(default=None, repr=False)
     _why: Any = field(default=None, repr=False)  # (reason per group, text, source run)
+    _typed: Any = field(default=None, repr=False)  # TypedKeys: encoded key -> group number
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -107,14 +109,44 @@ class LinearResult:
 
     def group_of(self, table: Any) -> np.ndarray:
         """Each row's group number in this result, -1 for a group it has no
-        model for."""
+        model for. A key is found as it is, or else (as ``Store.predict``
+        finds an mm.train model) typed otherwise: a whole number as ``1``,
+        ``1.0`` or ``"1"``, ``True`` as ``1``; a reader of a CSV or of a
+        column with a missing value types them differently from the fit."""
         frame = exact_pandas(read_table(table).select(self.by))
         index = self._key_index()
         if len(self.by) == 1:
-            return index.get_indexer(_as_integers_where(frame[self.by[0]], index.dtype))
-        frame = pd.DataFrame({name: _as_integers_where(frame[name], level.dtype)
-                              for name, level in zip(self.by, index.levels)})
-        return index.get_indexer(pd.MultiIndex.from_frame(frame))
+            group = index.get_indexer(_as_integers_where(frame[self.by[0]], index.dtype))
+        else:
+            exact = pd.DataFrame({name: _as_integers_where(frame[name], level.dtype)
+                                  for name, level in zip(self.by, index.levels)})
+            group = index.get_indexer(pd.MultiIndex.from_frame(exact))
+        missed = group < 0
+        if missed.any() and not self._typed_as_keys(frame):
+            group[missed] = self._typed_groups(frame[missed])
+        return group
+
+    def _typed_as_keys(self, frame: pd.DataFrame) -> bool:
+        """Whether every column of ``frame`` has its key column's own dtype
+        (not objects): a key not found as it is then has no other typing that
+        a stored key could have, and a million unseen keys cost no lookup."""
+        kinds = [self.keys[name].dtype for name in self.by]
+        return all(frame[name].dtype == kind and kind.kind != "O"
+                   for name, kind in zip(self.by, kinds))
+
+    def _typed_groups(self, frame: pd.DataFrame) -> np.ndarray:
+        """The group of each row of ``frame`` (keys not found as they are)
+        by the stored keys' typed lookup, each distinct key looked up once."""
+        if self._typed is None:  # the keys indexed once, at the first miss
+            self._typed = TypedKeys({encode_key(key_parts(key)): position
+                                     for position, key in enumerate(self._key_index())})
+        rows = (pd.Index(frame[self.by[0]]) if len(self.by) == 1
+                else pd.MultiIndex.from_frame(frame))
+        distinct = rows.unique()
+        found = [self._typed.find(key_parts(key)) for key in distinct]
+        groups = np.array([-1 if position is None else position for position in found],
+                          dtype=np.intp)
+        return groups[distinct.get_indexer(rows)]
 
     def decision_function(self, table: Any, unseen: str = "nan") -> np.ndarray:
         """``X @ coef + intercept`` of each row with its group's model (the
@@ -134,11 +166,36 @@ class LinearResult:
             key = arrow.select(self.by).slice(row, 1).to_pylist()[0]
             raise KeyError(f"{int(missing.sum())} rows belong to groups with no model, the "
                            f"first (row {row}) to {key}")
+        return self._linear_predictor(group, arrow)
+
+    def _linear_predictor(self, group: np.ndarray, arrow: Any) -> np.ndarray:
+        """``X @ coef + intercept`` of each row of ``arrow`` (its features)
+        with the model of its group number in ``group`` (-1: NaN)."""
+        missing = group < 0
         safe = np.where(missing, 0, group)
         out = self.intercept[safe]
         for position, name in enumerate(self.features):
             out = out + _column(arrow, name, "feature") * self.coef[safe, position]
         out[missing] = np.nan
+        return out
+
+    def predict_groups(self, group: np.ndarray, table: Any) -> np.ndarray:
+        """As :meth:`predict`, but each row by the model of its group number
+        in ``group`` (:meth:`group_of`'s; -1: NaN), ``table`` holding only
+        the features: for a caller that looked the keys up itself, rows of
+        several key types apart (one table cannot hold ``True`` beside
+        ``1``, which both find the model of 1)."""
+        arrow = read_table(table)
+        for name in self.features:
+            if name not in arrow.column_names:
+                raise ValueError(f"feature column {name!r} is not in the table to predict; "
+                                 f"its columns are {arrow.column_names}")
+        return self._as_predicted(self._linear_predictor(np.asarray(group), arrow))
+
+    def _as_predicted(self, out: np.ndarray) -> np.ndarray:
+        """The linear predictor as a prediction: the class for logistic."""
+        if self.family == "logistic":
+            return np.where(np.isnan(out), np.nan, (out > 0).astype(np.float64))
         return out
 
     def predict(self, table: Any, unseen: str = "nan") -> np.ndarray:
@@ -147,10 +204,7 @@ class LinearResult:
         logistic. A row of a group with no model is NaN (``unseen="nan"``),
         or a ``KeyError`` naming the first such group (``unseen="raise"``);
         a row of a group whose status gave NaN coefficients is NaN too."""
-        out = self.decision_function(table, unseen)
-        if self.family == "logistic":
-            return np.where(np.isnan(out), np.nan, (out > 0).astype(np.float64))
-        return out
+        return self._as_predicted(self.decision_function(table, unseen))
 
     def predict_proba(self, table: Any, unseen: str = "nan") -> np.ndarray:
         """Logistic only: each row's probability of class 1."""
