@@ -297,6 +297,29 @@ def test_a_whole_number_key_finds_its_linear_model_however_it_is_typed(tmp_path,
     assert mm.Store(tmp_path).predict(new).tolist() == pytest.approx(want)
 
 
+def test_store_predict_checks_by_features_and_fn_on_a_linear_run(tmp_path):
+    """by=, features= and fn= were ignored for an mm.linear run: rows were
+    keyed by the run's by whatever by= said (another column, or one that is
+    not there). They are checked as for an mm.train run now; an empty table
+    is refused by the same words."""
+    frame = pd.DataFrame({"store": ["s0"] * 3 + ["s1"] * 3, "item": ["s1", "s0", "s1"] * 2,
+                          "x": [0.0, 1, 2] * 2, "y": [0.0, 1, 2, 0, 10, 20]})
+    mm.linear(frame, by="store", features=["x"], target="y", store=tmp_path)
+    store = mm.Store(tmp_path)
+    new = pd.DataFrame({"store": ["s0"], "item": ["s1"], "x": [1.0]})
+    for by in ("item", "no_such_column", ["store", "item"]):
+        with pytest.raises(ValueError, match="keyed by \\['store'\\]"):
+            store.predict(new, by=by)
+    with pytest.raises(ValueError, match="take \\['x'\\]"):
+        store.predict(new, features=["item"])
+    with pytest.raises(ValueError, match="fn= calls each group's model"):
+        store.predict(new, fn=lambda model, rows: model.predict(rows))
+    with pytest.raises(ValueError, match="the table to predict has no rows"):
+        store.predict(new.iloc[:0])
+    for asked in ({"by": "store", "features": ["x"]}, {"by": ["store"], "fallback": False}):
+        assert store.predict(new, **asked).tolist() == pytest.approx([1.0])
+
+
 def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
     frame = sales(30)
     frame["store"] = frame["store"].where(frame["item"] != 2, None)  # a missing key part

@@ -323,14 +323,13 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
         raise TypeError(f"by must be a column name or a list of them, got {by!r}")
     run_id, run_keys, _ = store._run_row(run, ended=True)
     linear = store._linear_run(run_id)
-    if linear is not None:  # an mm.linear run: its result predicts, vectorised
-        from ..models.linear.stored import predict_frame
-
+    if linear is not None:  # (refused before any work, as the engine's table is)
         refuse_engine_frame(table, "predict's table", "an mm.linear run predicts its rows "
                             "on the driver, vectorised")
-        return predict_frame(store, linear, table, method, with_source)
-    config = store.attached("train_config", run, default={}) or {}
-    chosen = store._selection(run)
+    # an mm.linear run records no train_config nor selection: its by is its key columns
+    config = {} if linear is not None else store.attached("train_config", run,
+                                                          default={}) or {}
+    chosen = None if linear is not None else store._selection(run)
     asked = _column_names(by)
     # the columns the run's models are keyed by: a selection's groups, else the
     # run's own key columns (a grid's settings among them)
@@ -343,6 +342,11 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
                              "another run with run=)")
         asked = trained  # the same columns in another order: the keys are made in the run's
     by_columns = asked or trained
+    if linear is not None:  # an mm.linear run: its result predicts, vectorised
+        from ..models.linear.stored import predict_frame
+
+        return predict_frame(store, linear, table, method, with_source,
+                             features=_column_names(features), fn=fn)
     features = features or config.get("features")
     if fn is not None and not callable(fn):
         raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")

@@ -175,18 +175,34 @@ def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
 
 
 def predict_frame(store: Store, found: tuple[int, dict, str], table: Any, method: str,
-                  with_source: bool) -> pd.Series | pd.DataFrame:
-    """``Store.predict`` for an mm.linear run: each row by its group's model."""
+                  with_source: bool, *, features: list[str] | None = None,
+                  fn: Any = None) -> pd.Series | pd.DataFrame:
+    """``Store.predict`` for an mm.linear run: each row by its group's model.
+
+    ``by=`` is checked by the caller against the run's key columns, as for
+    any run. An mm.linear run has no fallback model (``fallback=`` changes
+    nothing: a row of a group with no model is NaN) nor model objects for
+    ``fn=`` (refused); ``features=`` may only name the run's own features,
+    which its coefficients multiply."""
     from ...inputs.tables import exact_pandas, read_table
 
     methods = ("predict", "predict_proba", "decision_function")
     if method not in methods:
         raise ValueError(f"method must be one of {methods} for an mm.linear run, "
                          f"got {method!r}")
+    if fn is not None:
+        raise ValueError(f"fn= calls each group's model object, but run {found[0]} is an "
+                         "mm.linear run, whose models are arrays of coefficients: leave "
+                         "fn= out, or load the result with Store.linear()")
     result = _read(store, found).result
+    if features is not None and sorted(features) != sorted(result.features):
+        raise ValueError(f"features={features!r}, but the models of run {found[0]} "
+                         f"(mm.linear) take {result.features!r}: leave features= out")
     # (integer keys beside a missing one as Int64, as the mm.train path reads
     # them: as floats, 2**53 + 1 would find the model of 2**53)
     frame = table if isinstance(table, pd.DataFrame) else exact_pandas(read_table(table))
+    if frame.empty:
+        raise ValueError("the table to predict has no rows")
     values = getattr(result, method)(frame)
     seen = result.group_of(frame) >= 0
     if not seen.any():
