@@ -202,6 +202,26 @@ def test_a_bad_store_is_refused_before_any_work(tmp_path):
     assert mm.Store(tmp_path).runs()["status"].tolist() == ["finished"]  # no half-run
 
 
+@pytest.mark.parametrize("refused", [{"features": ["nope"]}, {"family": "bogus"},
+                                     {"features": ["bad"]}])
+@pytest.mark.parametrize("folder_there", [False, True])
+def test_a_refused_input_leaves_no_new_store_behind(tmp_path, refused, folder_there):
+    """A new store was made (index.sqlite, artifacts/) before the input was
+    checked, and stayed, empty, when it was refused. It is made only once
+    the input passes; a folder that was there stays, with nothing added."""
+    frame = pd.DataFrame({"k": ["a", "a"], "x": [1.0, 2.0], "bad": [1.0, np.nan],
+                          "y": [1.0, 2.0]})
+    where = tmp_path / "new" / "store"
+    if folder_there:
+        where.mkdir(parents=True)
+    asked = {"features": ["x"], **refused}
+    with pytest.raises(ValueError):
+        mm.linear(frame, by="k", target="y", store=where, **asked)
+    assert (list(where.iterdir()) == []) if folder_there else not (tmp_path / "new").exists()
+    mm.linear(frame, by="k", features=["x"], target="y", store=where)
+    assert mm.Store(where).runs()["status"].tolist() == ["finished"]
+
+
 def test_identities_do_not_depend_on_chunks_or_where_the_rows_sit(monkeypatch):
     from manymodels.models.linear import identities
     from manymodels.models.linear.prepare import check, prepare

@@ -79,10 +79,17 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{argument} must be a whole number of at least 1, got {value!r}")
     opened = None
+    result_name = name if name is not None else target
+    to_make = False
     if store is not None:  # refused before any work: a file, a read-only store
-        from .stored import open_store
+        from .stored import check_name, open_store, store_to_make
 
-        opened = open_store(store, name if name is not None else target)
+        check_name(result_name)
+        # a store not made yet is made once the input is checked: a refused
+        # input leaves none behind
+        to_make = store_to_make(store)
+        if not to_make:
+            opened = open_store(store, result_name)
     engine: Any = kernels
     torch_device = None
     if device is not None:
@@ -100,6 +107,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
         if opened is not None and opened.owned:  # refused input: no run was started
             opened.store.close()
         raise
+    if to_make:
+        opened = open_store(store, result_name)
     prepared = time.perf_counter()
     options = {"fit_intercept": fit_intercept, "C": C, "max_iter": max_iter, "tol": tol,
                "workers": workers, "block_rows": block_rows}
