@@ -222,6 +222,20 @@ def test_a_refused_input_leaves_no_new_store_behind(tmp_path, refused, folder_th
     assert mm.Store(where).runs()["status"].tolist() == ["finished"]
 
 
+def test_load_and_models_of_a_linear_run_point_to_its_result(tmp_path):
+    """results() listed the group ok, but load said the run had no task with
+    its key and models() was empty: the run keeps one result, no model per
+    group. Both now say so and name Store.linear, which loads it."""
+    frame = pd.DataFrame({"k": ["s1"] * 3, "x": [0.0, 1, 2], "y": [0.0, 1, 2]})
+    mm.linear(frame, by="k", features=["x"], target="y", store=tmp_path, name="sales")
+    store = mm.Store(tmp_path)
+    assert store.results()["status"].tolist() == ["ok"]
+    for asked in (lambda: store.load("s1"), lambda: store.models(run=1)):
+        with pytest.raises(ValueError, match=r"mm.linear run.*Store.linear\('sales', run=1\)"):
+            asked()
+    assert store.linear("sales", run=1).predict(frame) == pytest.approx([0.0, 1, 2])
+
+
 def test_identities_do_not_depend_on_chunks_or_where_the_rows_sit(monkeypatch):
     from manymodels.models.linear import identities
     from manymodels.models.linear.prepare import check, prepare

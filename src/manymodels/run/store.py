@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..models.linear import stored as linear_runs
 from ..store import Store as _Store
+from ..store.lazymodels import ModelMap
 from .checkpointing import with_resumed
 from .prediction import predict_from_store
 
@@ -32,6 +33,32 @@ class Store(_Store):
         if linear is not None:  # one artifact, no task rows
             return linear_runs.results_frame(self, linear)
         return with_resumed(self, super().results(run))
+
+    def load(self, key: Hashable, run: int | None = None) -> Any:
+        """The model of ``key`` in ``run`` (default: the latest run that has
+        ended). An mm.linear run keeps no model per group, but one result
+        for all of them: refused, naming :meth:`linear`, which loads it."""
+        self._refuse_linear(run, f"load({key!r})")
+        return super().load(key, run)
+
+    def models(self, run: int | None = None) -> ModelMap:
+        """A lazy mapping key -> model of a run (default: the latest that
+        has ended); refused for an mm.linear run, as :meth:`load` is."""
+        self._refuse_linear(run, "models()")
+        return super().models(run)
+
+    def _refuse_linear(self, run: int | None, asked: str) -> None:
+        """Refuse ``asked`` of an mm.linear run: it has no model objects (its
+        ``results`` list every group, but ``load`` said it had no task with
+        the key, and ``models`` was empty)."""
+        linear = self._linear_run(self._run_row(run, ended=True)[0])
+        if linear is not None:
+            run_id, detail, _ = linear
+            raise ValueError(
+                f"run {run_id} is an mm.linear run: its groups' models are one result, not "
+                f"a model each, so {asked} has none to give; load it with "
+                f"Store.linear({detail.get('linear')!r}, run={run_id}), a LinearResult "
+                "(.coefficients, .predict), or predict with Store.predict")
 
     def why_not_reused(self, key: Hashable, run: int | None = None) -> str:
         """Say why the task ``key`` of ``run`` (default: latest) was trained
