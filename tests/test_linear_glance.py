@@ -6,6 +6,7 @@ groups."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -143,3 +144,16 @@ def test_glance_survives_the_store(tmp_path):
     first = mm.linear(frame, by="g", features=["x1", "x2"], target="y", store=tmp_path)
     loaded = mm.Store(tmp_path).linear()
     pd.testing.assert_frame_equal(first.metrics[COLUMNS], loaded.metrics[COLUMNS])
+
+
+def test_a_deviance_past_float64_s_range_is_infinite_without_a_warning():
+    """A target about 1e160: its deviance (RSS at the target's scale) is
+    infinite, as documented, but numpy also warned "overflow encountered in
+    multiply" from inside mm.linear. The value says it; no warning leaks."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=12)
+    frame = pd.DataFrame({"g": "a", "x": x, "y": (1 + 2 * x + rng.normal(size=12)) * 1e160})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        row = mm.linear(frame, by="g", features=["x"], target="y").metrics.iloc[0]
+    assert np.isinf(row["deviance"]) and np.isfinite(row["sigma"]) and row["status"] == "ok"

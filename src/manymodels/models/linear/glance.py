@@ -57,6 +57,9 @@ def glance_arrays(rss: np.ndarray, tss: np.ndarray, rank: np.ndarray, n: np.ndar
                                        + 2.0 * np.log(y_scale) + 1.0)
                            + 0.5 * log_w, np.nan)
         log_n = np.log(np.where(n > 0, n, np.nan))
+        # a sum of squares past float64's range (a target about 1e160) is
+        # infinite, as documented: said by its value, not by a warning
+        deviance = rss * y_scale * y_scale
     p_value = np.full(len(rss), np.nan)
     where = np.flatnonzero(tested & np.isfinite(statistic))
     if len(where):
@@ -65,7 +68,7 @@ def glance_arrays(rss: np.ndarray, tss: np.ndarray, rank: np.ndarray, n: np.ndar
     return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
             "p_value": p_value, "df": df_model, "log_lik": log_lik,
             "aic": -2.0 * log_lik + 2.0 * (p + 1), "bic": -2.0 * log_lik + log_n * (p + 1),
-            "deviance": rss * y_scale * y_scale, "df_residual": df_residual, "nobs": n}
+            "deviance": deviance, "df_residual": df_residual, "nobs": n}
 
 
 def f_upper_tail(f: np.ndarray, d1: np.ndarray, d2: np.ndarray) -> np.ndarray:
