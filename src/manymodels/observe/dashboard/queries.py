@@ -166,7 +166,7 @@ class Queries:
             tasks = None
             if run["status"] == "running":
                 tasks = self._tasks(run, memos.get(run["run_id"]))
-                done = len(tasks)
+                done = tasks.done
                 run.update(ok=int(tasks.status_in((Status.OK.value,)).sum()),
                            failed=int(tasks.status_in(_FAILED).sum()))
             elif run["ok"] is not None:  # recorded when it ended
@@ -175,8 +175,7 @@ class Queries:
                 done = self._finished.get((run["run_id"], "done"))
                 if done is None:
                     tasks = self._tasks(run, memos.get(run["run_id"]))
-                    done = self._finished[(run["run_id"], "done")] = int(
-                        (~tasks.status_in(("cancelled",))).sum())
+                    done = self._finished[(run["run_id"], "done")] = tasks.done
                     self._finished[(run["run_id"], "ended")] = _ended_at(run, tasks)
                 run["ended_at"] = self._finished.get((run["run_id"], "ended"))
             run["done"] = done
@@ -275,7 +274,7 @@ class Queries:
         reused = int(tasks.reused.sum())
         memo["range"] = ((float(durations.min()), float(durations.max())) if durations.size
                          else None)
-        done = len(tasks)
+        done = tasks.done  # as the runs table counts it: cancelled tasks never ran
         wall = run["wall_s"] or (_ended_at(run, tasks) - run["started_at"])
         workers = run["workers"] or 1
         shown = ("run_id", "status", "tasks", "workers", "fit", "source", "backend",
@@ -398,7 +397,6 @@ class Queries:
             bars.append([round(started - origin, 6), round(duration, 6), worker, status])
             keys.append(key_label(key))
         summary = memo.get("summary_value")
-        total = len(bars) if summary is None else summary["done"] - summary["reused"] - (
-            summary["counts"].get("cancelled", 0))
+        total = len(bars) if summary is None else summary["done"] - summary["reused"]
         return {"bars": bars, "keys": keys, "total": max(total, len(bars)),
                 "workers": sorted({bar[2] for bar in bars})}
