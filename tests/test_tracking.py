@@ -311,3 +311,23 @@ def test_an_infinite_metric_value_leaves_the_others_summary_whole(tracking):
     assert metrics["score.p95"] == pytest.approx(np.quantile(finite, 0.95))
     assert metrics["score.max"] == 7 and metrics["score.count"] == 7
     assert metrics["score.nonfinite"] == 1
+
+
+def fit_with_a_nan_an_infinite_score_and_a_failure(x):
+    if x == 5:
+        raise ValueError("no score for 5")
+    return {"score": math.nan if x == 2 else math.inf if x == 3 else float(x)}
+
+
+def test_a_nan_metric_value_is_counted_as_nonfinite_but_a_failed_task_is_not(tracking):
+    """A NaN a fit returned was dropped with the failed tasks' empty cells,
+    so ``.nonfinite`` counted the infinite values only."""
+    import mlflow
+
+    _, uri = tracking
+    tracker = mm.MLflow(experiment="nan-scores", tracking_uri=uri)
+    mm.train(fit_with_a_nan_an_infinite_score_and_a_failure, mm.items(range(8)),
+             backend="serial", progress=False, track=tracker)
+    metrics = mlflow.MlflowClient(uri).get_run(tracker.run_id).data.metrics
+    assert metrics["score.count"] == 5 and metrics["score.max"] == 7  # 0, 1, 4, 6, 7
+    assert metrics["score.nonfinite"] == 2  # the NaN and the inf; not the failed task
