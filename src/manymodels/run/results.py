@@ -329,9 +329,14 @@ class Run:
         facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
                               workers=self.workers, backend=self.backend, batches=self.batches,
                               worker_start_s=self.worker_start_s)
+        # the run's own columns, by what it added (a metric named like one of
+        # them is metric_<name> in results): the rest are metrics, whatever
+        # their names (rows, size, gpu on a run without GPUs)
+        own = {*self._plan.key_columns, *_RESERVED, *(["gpu"] if self.worker_gpus else [])}
+        metrics = [c for c in results.columns if c not in own]
         path = Path(path)
-        path.write_text(render_report(results, facts, "manymodels run",
-                                      self._plan.key_columns), encoding="utf-8")
+        path.write_text(render_report(results, facts, "manymodels run", self._plan.key_columns,
+                                      metrics, gpus=bool(self.worker_gpus)), encoding="utf-8")
         return path
 
     def why_not_reused(self, key: Hashable) -> str:

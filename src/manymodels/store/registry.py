@@ -34,6 +34,11 @@ from .opening import OpenedIndex
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
+#: The columns a store's results add beside a run's keys and metrics: these,
+#: and ``resumed`` and ``resumed_from``, which the public ``mm.Store`` adds
+#: from the run's checkpoint record. What a reader tells the store's own
+#: columns from the metrics by, not a metric's name.
+STORE_RESULT_COLUMNS = frozenset({"run_id", *_TASK_COLUMNS, "resumed", "resumed_from"})
 
 #: What a lookup by key reads: the model, and why it was or was not reused.
 _LOOKUP_COLUMNS = ["key", "status", "artifact", "reused_from", "code_hash", "params_hash",
