@@ -173,3 +173,24 @@ def test_terminal_escapes_in_keys_are_shown_not_run():
     assert cell("\x1b[31mred\x1b[0m") == "\\x1b[31mred\\x1b[0m"
     assert cell("\x1b]0;title\x07") == "\\x1b]0;title\\x07"
     assert cell("a\tb") == "a\tb"
+
+
+def metrics_named_like_their_renames(item):
+    """``status`` is a results column: as a metric it becomes ``metric_status``,
+    which this fit returns too; ``resumed`` is a column the public store adds."""
+    return {"metric_status": 1.0, "status": 2.0, "resumed": 3.0, "score": float(item)}
+
+
+def test_a_metric_named_as_anothers_rename_is_kept(tmp_path):
+    """``status`` renamed ``metric_status`` wrote over the fit's own
+    ``metric_status`` (2.0 where it returned 1.0), in ``run.results`` and in
+    ``Store.results``; and a metric named ``resumed`` made ``Store.results``
+    raise (the public store's column could not be inserted)."""
+    run = mm.train(metrics_named_like_their_renames, mm.items([1, 2]), backend="serial",
+                   progress=False, store=tmp_path / "store")
+    expected = {"metric_status": [1.0, 1.0], "metric_metric_status": [2.0, 2.0],
+                "metric_resumed": [3.0, 3.0], "score": [1.0, 2.0]}
+    for results in (run.results, mm.Store(tmp_path / "store").results()):
+        assert {name: results[name].tolist() for name in expected} == expected
+        assert results["status"].tolist() == ["ok", "ok"]
+        assert results["resumed"].tolist() == [False, False]

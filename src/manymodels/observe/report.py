@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine.messages import FAILURE_STATUSES
+from ..engine.metriccolumns import metric_column_names
 from ..store.registry import STORE_RESULT_COLUMNS
 
 _STATUS_COLORS = {"ok": "#4c78a8", "failed": "#e45756", "crashed": "#b279a2",
@@ -243,13 +244,6 @@ def summary_facts(results: pd.DataFrame, reused: pd.Series, *, wall_s: float, wo
     return facts
 
 
-def _free_name(taken: Any, name: str) -> str:
-    """``metric_<name>``, prefixed again until no column has it."""
-    while name in taken:
-        name = f"metric_{name}"
-    return name
-
-
 def _wall_s(info: Any, results: pd.DataFrame) -> float:
     """A stored run's wall time; for one whose driver died (none recorded),
     from its start to its last task's end."""
@@ -275,7 +269,7 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     metric_columns = [c for c in results.columns
                       if c not in STORE_RESULT_COLUMNS and c not in key_columns]
     if "started_s" in metric_columns:  # a metric of that name: the timeline's column is added
-        free = _free_name(results.columns, "started_s")
+        free = metric_column_names(["started_s"], set(results.columns))["started_s"]
         results = results.rename(columns={"started_s": free})
         metric_columns[metric_columns.index("started_s")] = free
     started = results["started_at"].dropna()

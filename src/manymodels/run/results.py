@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine.messages import FAILURE_STATUSES, Pickled, Status
-from ..engine.metriccolumns import metric_columns
+from ..engine.metriccolumns import metric_column_names, metric_columns
 from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack, PackedModel, unpacked
 from ..engine.records import STATUS_NAMES, TaskRecords
@@ -178,12 +178,11 @@ class Run:
         frame["resumed"], resumed_from = resumed_column(self._resumed_from, len(frame))
         if resumed_from is not None:  # fit took a checkpoint
             frame["resumed_from"] = resumed_from
-        for name, values in metric_columns(rec.metrics).items():
-            if name == WINDOWS:  # per-window scores: run.evaluation
-                continue
-            column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
-                      else name)
-            frame[column] = values
+        metrics = {name: values for name, values in metric_columns(rec.metrics).items()
+                   if name != WINDOWS}  # per-window scores: run.evaluation
+        names = metric_column_names(metrics, {*_RESERVED, *frame.columns})
+        for name, values in metrics.items():
+            frame[names[name]] = values
         frame["error"] = rec.error_column() or [None] * len(frame)
         return frame
 
