@@ -194,3 +194,17 @@ def test_a_metric_named_as_anothers_rename_is_kept(tmp_path):
         assert {name: results[name].tolist() for name in expected} == expected
         assert results["status"].tolist() == ["ok", "ok"]
         assert results["resumed"].tolist() == [False, False]
+
+
+def test_show_of_a_run_whose_driver_died_says_what_it_planned(tmp_path):
+    """``manymodels show`` counted only the tasks that have a row ("20 tasks,
+    20 ok" of a run that planned 400), where the report says both."""
+    from conftest import run_cli
+
+    store = tmp_path / "s"
+    killed_run(store)
+    done = len(mm.Store(store).results())
+    assert 0 < done < 400
+    shown = run_cli("show", store)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == f"run 1: 400 tasks ({done} done), {done} ok"
