@@ -208,3 +208,24 @@ def test_show_of_a_run_whose_driver_died_says_what_it_planned(tmp_path):
     shown = run_cli("show", store)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == f"run 1: 400 tasks ({done} done), {done} ok"
+
+
+def fail_every_tenth(item):
+    if item % 10 == 3:
+        raise ValueError(f"bad item {item}")
+    return {"score": float(item)}
+
+
+def test_the_summary_does_not_repeat_the_failure_count():
+    """``36 ok, 4 failed of 40 (failed 4)``: the parenthesis, which breaks
+    the failures down by kind and counts the tasks never run, repeated the
+    count where every failure was fit's error."""
+    run = mm.train(fail_every_tenth, mm.items(range(40)), backend="serial", progress=False)
+    assert str(run.summary()).splitlines()[0] == "models      36 ok, 4 failed of 40"
+    with pytest.raises(mm.TooManyFailures) as raised:
+        mm.train(fail_every_tenth, mm.items(range(40)), backend="serial", progress=False,
+                 max_failures=1)
+    stopped = raised.value.run.summary()
+    cancelled = stopped.statuses["cancelled"]
+    assert str(stopped).splitlines()[0] == (
+        f"models      {stopped.ok} ok, 2 failed of 40 (cancelled {cancelled})")

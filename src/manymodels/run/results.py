@@ -101,7 +101,12 @@ class Summary:
         return self.task_time_s / capacity if capacity > 0 else 0.0
 
     def __str__(self) -> str:
-        others = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if k != OK)
+        # the statuses besides ok, in parentheses: the failures by kind, and
+        # those never run; not "failed N" where that is every failure, which
+        # "N failed" has said already ("4 failed of 40 (failed 4)")
+        only_fit_errors = self.statuses.get(Status.FAILED.value, 0) == self.failed
+        others = ", ".join(f"{k} {v}" for k, v in self.statuses.items()
+                           if k != OK and not (k == Status.FAILED and only_fit_errors))
         lines = [
             f"models      {self.ok} ok, {self.failed} failed of {self.tasks}"
             + (f" ({others})" if others else "")
