@@ -363,9 +363,12 @@ class Queries:
                 for i, k, s, _, d, w, a in self._slowest_rows(run, memo)]
 
     def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
-        """Failed tasks in task order; ``search`` matches the key as the page
-        shows it (``s1, i7``: its text as written, not JSON's escapes of
-        ``Zürich`` or a quote), ignoring case, or the error as written."""
+        """The first :data:`FAILURES` failed tasks in task order; ``search``
+        matches the key as the page shows it (``s1, i7``: its text as
+        written, not JSON's escapes of ``Zürich`` or a quote), ignoring case,
+        or the error as written. ``note`` says when more match than are
+        listed, as the HTML report does: under "Failures (310)" a list of 50
+        read as if it were all of them."""
         tasks = self._tasks(run, memo)
         failed = np.flatnonzero(tasks.status_in(_FAILED))
         total = len(failed)
@@ -379,7 +382,12 @@ class Queries:
         rows = tasks.records(failed[:FAILURES], ("task_index", "key", "status", "attempts",
                                                  "worker", "error"))
         resumed = self._resumed(run, memo)
-        return {"total": total, "matching": len(failed), "search": search,
+        note = ""
+        if len(failed) > len(rows):
+            note = (f"The first {len(rows)} of {len(failed)}{' matching' if search else ''}, "
+                    "in task order; search keys and errors to find others, or read them all "
+                    "with mm.Store(path).results(run).")
+        return {"total": total, "matching": len(failed), "search": search, "note": note,
                 "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
                            "error": e or "", "resumed_from": resumed.get(i, "")}
                           for i, k, s, a, w, e in rows]}
