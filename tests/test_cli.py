@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -359,3 +360,27 @@ def test_store_predict_refuses_switches_and_by_of_the_wrong_kind(tmp_path, sales
     with pytest.raises(ValueError, match="the table to predict has no rows"):
         opened.predict(table.iloc[:0], by="store")  # not "no groups to train"
     opened.close()
+
+
+def fit_with_infinite_scores_and_a_two_line_error(item):
+    if item == 3:
+        raise ValueError("no model for item 3\nsee the second line")
+    return {"score": {0: math.nan, 1: math.inf, 2: -math.inf}.get(item, 1.5)}
+
+
+def test_show_tells_infinite_metrics_from_missing_and_names_the_exception(tmp_path):
+    """``show -f json`` wrote inf and -inf as null, like NaN (a missing
+    value); the table's error column showed the traceback's last line, for a
+    message of two lines only its second, without the exception's type."""
+    store = tmp_path / "store"
+    mm.train(fit_with_infinite_scores_and_a_two_line_error, mm.items(range(5)),
+             backend="serial", progress=False, store=store)
+    shown = run_cli("show", store, "-f", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert [row["score"] for row in json.loads(shown.stdout)] == [
+        None, "Infinity", "-Infinity", None, 1.5]
+    assert [float(v) for v in ("Infinity", "-Infinity")] == [math.inf, -math.inf]
+    table = run_cli("show", store)
+    assert table.returncode == 0, table.stderr
+    assert "ValueError: no model for item 3" in table.stdout
+    assert "see the second line" not in table.stdout

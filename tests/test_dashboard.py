@@ -360,3 +360,31 @@ def test_a_runs_dashboard_ends_with_a_killed_driver(tmp_path):
         driver.stderr.close()
     gone, alive = psutil.wait_procs(boards, timeout=30)
     assert not alive, "the dashboard outlived its killed driver"
+
+
+def fail_all_but_every_tenth(item):
+    if item % 10:
+        raise ValueError(f"bad item {item}")
+    return {"score": float(item)}
+
+
+def test_a_page_of_many_failures_says_it_lists_the_first(tmp_path):
+    """Under "Failures (72)" the page listed 50 as if they were all: the
+    answer and the page now say that they are the first 50, as the HTML
+    report does; a search that matches fewer says nothing."""
+    from manymodels.observe.dashboard import queries
+
+    store = tmp_path / "store"
+    mm.train(fail_all_but_every_tenth, mm.items(range(80)), backend="serial", progress=False,
+             store=store)
+    with DashboardServer(store) as server:
+        _, failures = get(at(server, "api/run/1/failures"))
+        assert (failures["total"], len(failures["items"])) == (72, queries.FAILURES)
+        note = (f"The first {queries.FAILURES} of 72, in task order; search keys and errors "
+                "to find others, or read them all with mm.Store(path).results(run).")
+        assert failures["note"] == note
+        _, found = get(at(server, "api/run/1/failures?q=bad%20item%207"))  # 7, 71 to 79
+        assert found["matching"] == len(found["items"]) == 10 and found["note"] == ""
+        dom = dump_dom(server.url, tmp_path)  # its only run
+    assert text_of(dom, "failures-count") == "(72)"
+    assert text_of(dom, "failures-note") == note

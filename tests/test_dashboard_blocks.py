@@ -94,6 +94,12 @@ def answer(queries: Queries, run_id: int, search: str = "") -> dict:
     return {name: queries.section(run_id, name, search, memo) for name in SECTIONS}
 
 
+def ran(conn: sqlite3.Connection, run_id: int) -> int:
+    """A run's done tasks in the old ``tasks`` table: those not cancelled."""
+    return conn.execute("SELECT count(*) FROM tasks WHERE run_id = ? AND status != 'cancelled'",
+                        (run_id,)).fetchone()[0]
+
+
 def without_clock(answer: dict) -> dict:
     """A running run's answer less what depends on the time it is asked."""
     summary = {k: v for k, v in answer["summary"].items() if k not in ("wall_s", "utilization")}
@@ -129,7 +135,8 @@ def old_sql(conn: sqlite3.Connection, run_id: int, tasks: int, search: str) -> d
         "counts": {g[0]: g[1] for g in groups}, "task_time_s": sum(g[2] or 0.0 for g in groups),
         "reused": sum(g[3] for g in groups), "range": (low, high), "buckets": buckets,
         "running": conn.execute(
-            "SELECT count(*), coalesce(sum(status = 'ok'), 0), coalesce(sum(status IN "
+            "SELECT coalesce(sum(status != 'cancelled'), 0), coalesce(sum(status = 'ok'), 0), "
+            "coalesce(sum(status IN "
             f"({marks})), 0) FROM tasks WHERE run_id = ?", (*failed, run_id)).fetchone(),
         "sample": conn.execute(
             "SELECT task_index, key, status, started_at, duration_s, worker, metrics "
@@ -156,7 +163,8 @@ def assert_as_old_sql(queries: Queries, run_id: int, conn: sqlite3.Connection,
         run = memo["run"] = queries.run_row(run_id)
         summary = queries._summary(run, memo)
         assert summary["counts"] == old["counts"] and summary["reused"] == old["reused"]
-        assert summary["done"] == sum(old["counts"].values())
+        # done: the tasks that ran, not those cancelled (never started)
+        assert summary["done"] == sum(old["counts"].values()) - old["counts"].get("cancelled", 0)
         assert summary["task_time_s"] == pytest.approx(old["task_time_s"], rel=1e-12)
         assert memo["range"] == old["range"]
         assert queries._durations(run, memo)["counts"] == old["buckets"]
@@ -197,7 +205,9 @@ def test_answers_from_blocks_are_the_old_sqls(twin_stores):
     for search in SEARCHES:
         assert answer(from_blocks, run_id, search) == answer(from_old, run_id, search)
     everything = answer(from_blocks, run_id, "s3")
-    assert everything["summary"]["done"] == 3000 and len(everything["slowest"]) == 20
+    counts = everything["summary"]["counts"]
+    assert everything["summary"]["done"] == 3000 - counts["cancelled"] < 3000
+    assert len(everything["slowest"]) == 20
     assert 0 < everything["metrics"]["sampled"] <= 150
     assert [c["name"] for c in everything["metrics"]["charts"]] == ["rmse", "r2"]
     assert everything["failures"]["matching"] < everything["failures"]["total"]
@@ -226,14 +236,15 @@ def test_a_live_run_polled_picks_up_the_new_blocks(tmp_path):
         polls.append((run["done"], live._cache[run_id].blocks_read))
         write_blocks(conn, run_id, *more)
         write_old_rows(old, old_run, *more)
-    assert polls == [(1700, 2), (2600, 3), (3100, 5)]  # only the new blocks decoded
+    assert [blocks for _, blocks in polls] == [2, 3, 5]  # only the new blocks decoded
+    assert polls[0][0] < polls[1][0] < polls[2][0]  # each the old SQL's count, as checked
     conn.execute("UPDATE runs SET status = 'finished', finished_at = ?, wall_s = 9 "
                  "WHERE run_id = ?", (time.time(), run_id))
     old.execute("UPDATE runs SET status = 'finished', finished_at = ?, wall_s = 9 "
                 "WHERE run_id = ?", (time.time(), old_run))
     assert answer(live, run_id) == answer(Queries(tmp_path / "old"), old_run)
     write_blocks(conn, run_id, task_rows(range(3100, 3200), 6))  # (a finished run's
-    assert answer(live, run_id)["summary"]["done"] == 3100        # answers are kept)
+    assert answer(live, run_id)["summary"]["done"] == polls[-1][0]  # answers are kept)
 
 
 def test_an_old_style_run_is_followed_by_rowid(tmp_path):
@@ -243,13 +254,14 @@ def test_an_old_style_run_is_followed_by_rowid(tmp_path):
     other, _ = make_store(tmp_path / "old", 50, status="running")  # a second run beside it
     write_old_rows(conn, run_id, task_rows(range(0, 800), 1))
     live = Queries(tmp_path / "old")
-    assert live._runs(10)[1]["done"] == 800
+    assert live._runs(10)[1]["done"] == ran(conn, run_id) < 800
     write_old_rows(conn, run_id + 1, task_rows(range(50), 9))
     write_old_rows(conn, run_id, task_rows(np.r_[10:20, 800:1500], 2))  # 10-19 replaced
     assert without_clock(answer(live, run_id, "s3")) == without_clock(
         answer(Queries(tmp_path / "old"), run_id, "s3"))
     assert_as_old_sql(live, run_id, conn, 2000)
-    assert live._runs(10)[1]["done"] == 1500 and live._runs(10)[0]["done"] == 50
+    assert live._runs(10)[1]["done"] == ran(conn, run_id) > 800
+    assert live._runs(10)[0]["done"] == ran(conn, run_id + 1) < 50
 
 
 def test_a_run_with_old_rows_and_blocks_reads_both(tmp_path):
@@ -262,7 +274,8 @@ def test_a_run_with_old_rows_and_blocks_reads_both(tmp_path):
     tasks = taskblocks.read_run(conn, run_id)
     summary = queries.section(run_id, "summary")
     expected = {v["values"]: v["counts"] for v in pc.value_counts(tasks["status"]).to_pylist()}
-    assert summary["done"] == 1500 and summary["counts"] == dict(sorted(expected.items()))
+    assert summary["counts"] == dict(sorted(expected.items()))
+    assert summary["done"] == 1500 - expected["cancelled"]
     failures = queries.section(run_id, "failures")
     failed = tasks.filter(pc.is_in(tasks["status"], pa.array(["failed", "timeout",
                                                               "crashed"])))

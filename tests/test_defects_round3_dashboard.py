@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import manymodels as mm
@@ -232,3 +233,26 @@ def test_one_poll_of_the_page_counts_its_run_once(tmp_path):
         assert row["ok"] == summary["counts"].get("ok", 0)
         assert row["failed"] == summary["failed"]
     assert len({page["runs"][0]["done"] for page in seen}) > 1  # it was polled as it ran
+
+
+def test_a_run_stopped_by_max_failures_counts_its_cancelled_tasks_nowhere_as_done(tmp_path):
+    """A run stopped by ``max_failures=`` leaves the tasks it never started
+    ``cancelled``: the runs table, the run's summary (its progress bar) and
+    its timeline count as done only the tasks that ran, the same number."""
+    frame = pd.DataFrame({"store": np.repeat([f"s{i:02d}" for i in range(20)], 3),
+                          "y": np.arange(60.0)})
+
+    def fit_failing_three(rows):
+        if rows["store"].iloc[0] in ("s03", "s04", "s05"):
+            raise ValueError("no model for this store")
+        return {"rmse": 1.0}
+
+    with pytest.raises(mm.TooManyFailures):
+        mm.train(fit_failing_three, mm.groups(frame, by="store"), backend="serial",
+                 progress=False, store=tmp_path / "store", max_failures=1)
+    page = Queries(tmp_path / "store").page(None)
+    row, summary = page["runs"][0], page["run"]["summary"]
+    ran = summary["counts"]["ok"] + summary["failed"]
+    assert summary["counts"]["cancelled"] == 20 - ran > 0
+    assert row["done"] == summary["done"] == ran
+    assert page["run"]["timeline"]["total"] == ran

@@ -173,3 +173,59 @@ def test_terminal_escapes_in_keys_are_shown_not_run():
     assert cell("\x1b[31mred\x1b[0m") == "\\x1b[31mred\\x1b[0m"
     assert cell("\x1b]0;title\x07") == "\\x1b]0;title\\x07"
     assert cell("a\tb") == "a\tb"
+
+
+def metrics_named_like_their_renames(item):
+    """``status`` is a results column: as a metric it becomes ``metric_status``,
+    which this fit returns too; ``resumed`` is a column the public store adds."""
+    return {"metric_status": 1.0, "status": 2.0, "resumed": 3.0, "score": float(item)}
+
+
+def test_a_metric_named_as_anothers_rename_is_kept(tmp_path):
+    """``status`` renamed ``metric_status`` wrote over the fit's own
+    ``metric_status`` (2.0 where it returned 1.0), in ``run.results`` and in
+    ``Store.results``; and a metric named ``resumed`` made ``Store.results``
+    raise (the public store's column could not be inserted)."""
+    run = mm.train(metrics_named_like_their_renames, mm.items([1, 2]), backend="serial",
+                   progress=False, store=tmp_path / "store")
+    expected = {"metric_status": [1.0, 1.0], "metric_metric_status": [2.0, 2.0],
+                "metric_resumed": [3.0, 3.0], "score": [1.0, 2.0]}
+    for results in (run.results, mm.Store(tmp_path / "store").results()):
+        assert {name: results[name].tolist() for name in expected} == expected
+        assert results["status"].tolist() == ["ok", "ok"]
+        assert results["resumed"].tolist() == [False, False]
+
+
+def test_show_of_a_run_whose_driver_died_says_what_it_planned(tmp_path):
+    """``manymodels show`` counted only the tasks that have a row ("20 tasks,
+    20 ok" of a run that planned 400), where the report says both."""
+    from conftest import run_cli
+
+    store = tmp_path / "s"
+    killed_run(store)
+    done = len(mm.Store(store).results())
+    assert 0 < done < 400
+    shown = run_cli("show", store)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == f"run 1: 400 tasks ({done} done), {done} ok"
+
+
+def fail_every_tenth(item):
+    if item % 10 == 3:
+        raise ValueError(f"bad item {item}")
+    return {"score": float(item)}
+
+
+def test_the_summary_does_not_repeat_the_failure_count():
+    """``36 ok, 4 failed of 40 (failed 4)``: the parenthesis, which breaks
+    the failures down by kind and counts the tasks never run, repeated the
+    count where every failure was fit's error."""
+    run = mm.train(fail_every_tenth, mm.items(range(40)), backend="serial", progress=False)
+    assert str(run.summary()).splitlines()[0] == "models      36 ok, 4 failed of 40"
+    with pytest.raises(mm.TooManyFailures) as raised:
+        mm.train(fail_every_tenth, mm.items(range(40)), backend="serial", progress=False,
+                 max_failures=1)
+    stopped = raised.value.run.summary()
+    cancelled = stopped.statuses["cancelled"]
+    assert str(stopped).splitlines()[0] == (
+        f"models      {stopped.ok} ok, 2 failed of 40 (cancelled {cancelled})")

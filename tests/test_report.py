@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import manymodels as mm
@@ -96,3 +97,52 @@ def test_a_report_of_many_failures_says_how_many_it_shows(tmp_path):
     assert len(re.findall(r"\[the first [\d,]+ of [\d,]+ characters are left out", text)) == 1
     short = mm.train(fail_long, mm.items(range(4)), backend="serial", progress=False)
     assert "The first" not in short.report(tmp_path / "short.html").read_text()
+
+
+def chart_titles(text: str) -> list[str]:
+    """The titles of a report's charts, the duration histogram first."""
+    return re.findall(r'text-anchor="middle">([^<]*)<', text)
+
+
+def fit_with_metrics_named_like_columns(rows):
+    """Metrics named as columns some results table adds (a store's ``size``,
+    ``run_id``, ``artifact``; a GPU run's ``gpu``) or that a rule by name
+    once took for one (``rows``, ``best_*``)."""
+    return {"rows": float(len(rows)), "size": 2.5, "gpu": 1.5, "artifact": 3.5,
+            "run_id": 4.5, "best_x": 5.5, "rmse": 6.5}
+
+
+def test_metrics_of_any_name_get_their_charts_and_no_gpu_is_made_up(tmp_path):
+    """A metric named ``rows``, ``size``, ``gpu``... had no chart (the report
+    went by names), and one named ``gpu`` labelled the timeline's rows
+    "w0 · GPU 1.5" on a machine without GPUs: in ``run.report`` and in the
+    store's report that ``manymodels report`` writes."""
+    from conftest import run_cli
+
+    frame = pd.DataFrame({"store": np.repeat(["a", "b"], 5), "y": np.arange(10.0)})
+    run = mm.train(fit_with_metrics_named_like_columns, mm.groups(frame, by="store"),
+                   backend="serial", progress=False, store=tmp_path / "store")
+    text = run.report(tmp_path / "run.html").read_text()
+    assert chart_titles(text)[1:] == ["rows", "size", "gpu", "artifact", "run_id", "best_x",
+                                      "rmse"]
+    assert "GPU" not in text and "worker 0" in text
+    done = run_cli("report", tmp_path / "store", "-o", tmp_path / "store.html")
+    assert done.returncode == 0, done.stderr
+    stored = (tmp_path / "store.html").read_text()
+    # the store's own size, artifact and run_id columns leave these metrics metric_<name>
+    assert chart_titles(stored)[1:] == ["rows", "metric_size", "gpu", "metric_artifact",
+                                        "metric_run_id", "best_x", "rmse"]
+    assert "GPU" not in stored
+
+
+def test_a_run_given_gpus_names_them_on_its_timeline_beside_a_gpu_metric(tmp_path):
+    """The timeline names each worker's GPU where the run gave its workers
+    GPUs (``run.worker_gpus``; set here, on a machine that may have none),
+    and the metric ``gpu`` is then ``metric_gpu``, charted."""
+    frame = pd.DataFrame({"store": ["a", "b"], "y": [1.0, 2.0]})
+    run = mm.train(fit_with_metrics_named_like_columns, mm.groups(frame, by="store"),
+                   backend="serial", progress=False)
+    run.worker_gpus = {0: "0"}
+    text = run.report(tmp_path / "run.html").read_text()
+    assert "w0 \u00b7 GPU 0" in text
+    assert "metric_gpu" in chart_titles(text)

@@ -109,7 +109,7 @@ def test_a_callback_that_raises_is_warned_about_and_the_run_goes_on():
         run = mm.train(fit_line, mm.items(range(30)), backend="threads", workers=2,
                        progress=False, callbacks=[Broken()])
     assert len(run.ok) == 29 and Broken.calls == 1
-    assert any("Broken.on_batch raised RuntimeError('tracker is down')" in str(w.message)
+    assert any("Broken.on_batch raised RuntimeError: tracker is down" in str(w.message)
                for w in caught)
 
 
@@ -311,3 +311,84 @@ def test_an_infinite_metric_value_leaves_the_others_summary_whole(tracking):
     assert metrics["score.p95"] == pytest.approx(np.quantile(finite, 0.95))
     assert metrics["score.max"] == 7 and metrics["score.count"] == 7
     assert metrics["score.nonfinite"] == 1
+
+
+def fit_with_a_nan_an_infinite_score_and_a_failure(x):
+    if x == 5:
+        raise ValueError("no score for 5")
+    return {"score": math.nan if x == 2 else math.inf if x == 3 else float(x)}
+
+
+def test_a_nan_metric_value_is_counted_as_nonfinite_but_a_failed_task_is_not(tracking):
+    """A NaN a fit returned was dropped with the failed tasks' empty cells,
+    so ``.nonfinite`` counted the infinite values only."""
+    import mlflow
+
+    _, uri = tracking
+    tracker = mm.MLflow(experiment="nan-scores", tracking_uri=uri)
+    mm.train(fit_with_a_nan_an_infinite_score_and_a_failure, mm.items(range(8)),
+             backend="serial", progress=False, track=tracker)
+    metrics = mlflow.MlflowClient(uri).get_run(tracker.run_id).data.metrics
+    assert metrics["score.count"] == 5 and metrics["score.max"] == 7  # 0, 1, 4, 6, 7
+    assert metrics["score.nonfinite"] == 2  # the NaN and the inf; not the failed task
+
+
+class RaisesBelowItsHook(mm.Callback):
+    def on_batch(self, progress):
+        self.send(progress)
+
+    def send(self, progress):
+        raise ConnectionError("tracker is down\nretry later")  # the line the warning names
+
+
+def test_a_raising_callbacks_warning_names_the_exception_and_the_line_that_raised():
+    """The warning gave only ``repr(exc)`` and pointed at observe/callbacks.py:
+    now the exception's line (type and message) and the file:line, in the
+    callback's own code, that raised; the warning is shown at that line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mm.train(fit_line, mm.items(range(3)), backend="serial", progress=False,
+                 callbacks=[RaisesBelowItsHook()])
+    raised = [w for w in caught if "RaisesBelowItsHook.on_batch raised" in str(w.message)]
+    assert len(raised) == 1
+    line = next(number for number, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if "the line the warning names" in text)
+    message = str(raised[0].message)
+    assert "raised ConnectionError: tracker is down\nretry later" in message
+    assert f"(at {__file__}:{line}, in send)" in message
+    assert (raised[0].filename, raised[0].lineno) == (__file__, line)
+
+
+class MisspelledHooks(mm.Callback):
+    def __init__(self):
+        self.calls = 0
+
+    def on_start(self, info):
+        self.calls += 1
+
+    def on_task(self, task):
+        self.calls += 1
+
+    def on_end(self, run):
+        self.calls += 1
+
+
+def test_misspelled_hooks_are_warned_about_when_the_run_starts():
+    """``on_start``, ``on_task``, ``on_end``: accepted and never called, in
+    silence. Each is now named in a warning, with the hook it resembles and
+    the hooks that exist."""
+    callback = MisspelledHooks()
+    with pytest.warns(UserWarning) as caught:
+        mm.train(fit_line, mm.items(range(3)), backend="serial", progress=False,
+                 callbacks=[callback])
+    messages = sorted(str(w.message) for w in caught if "which no run calls" in str(w.message))
+    hooks = "the hooks are on_run_start, on_task_finished, on_batch, on_run_end"
+    assert messages == [
+        f"callbacks[0] (MisspelledHooks) has a method {name}, which no run calls (did you "
+        f"mean {hook}?): {hooks}" for name, hook in (("on_end", "on_run_end"),
+                                                      ("on_start", "on_run_start"),
+                                                      ("on_task", "on_task_finished"))]
+    assert callback.calls == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the real hooks, mm.MLflow's too: no warning
+        Callbacks.validate([Recorder(), Broken()])

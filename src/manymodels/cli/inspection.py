@@ -7,7 +7,7 @@ import typer
 from .app import app
 from .arguments import FORMAT_HELP, fail, open_store
 from .outputs import check_out, out_name, said, written
-from .tables import OutputFormat, iso_times, local_time, print_frame
+from .tables import OutputFormat, error_line, iso_times, local_time, print_frame
 
 
 @app.command()
@@ -42,8 +42,9 @@ def show(
 
     Example: manymodels show models/ 3 --limit 50
     """
+    opened = open_store(store)
     try:
-        frame = open_store(store).results(run)
+        frame = opened.results(run)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     if fmt != OutputFormat.table:  # every column, the whole traceback
@@ -51,12 +52,16 @@ def show(
         print_frame(frame if limit is None else frame.head(limit), "results", fmt)
         return
     counts = frame["status"].value_counts().to_dict()
-    typer.echo(f"run {frame['run_id'].iloc[0]}: {len(frame)} tasks, "
-               + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    run_id = int(frame["run_id"].iloc[0]) if len(frame) else opened._run_row(run)[0]
+    planned = opened.runs().set_index("run_id")["tasks"].get(run_id)
+    # a run whose driver died (or one going on) has rows for the tasks done
+    # only: say what it planned too, as the report does
+    tasks = (f"{len(frame)} tasks" if planned is None or planned != planned
+             or int(planned) == len(frame) else f"{int(planned)} tasks ({len(frame)} done)")
+    typer.echo(f"run {run_id}: {tasks}, " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     keys = frame.columns.get_loc("run_id")
     frame = frame.drop(columns=["artifact", "run_id", "started_at"])
-    frame["error"] = frame["error"].map(
-        lambda e: e.strip().splitlines()[-1][:80] if isinstance(e, str) and e else "")
+    frame["error"] = frame["error"].map(lambda e: error_line(e)[:80])
     print_frame(frame.head(20 if limit is None else limit), "results", keys=keys)
 
 

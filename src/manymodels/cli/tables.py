@@ -41,12 +41,35 @@ def _escaped(match: re.Match) -> str:
 
 
 def json_value(value: Any) -> Any:
-    """``value`` as JSON can hold it: a plain Python scalar, None for NaN or inf."""
+    """``value`` as JSON can hold it: a plain Python scalar; None for NaN (a
+    missing value); the strings ``"Infinity"`` and ``"-Infinity"`` for an
+    infinite float, which JSON has no number for: written as None too, a
+    metric of inf would read back as missing. (``float("Infinity")`` in
+    Python and ``Number("Infinity")`` in JavaScript read them back.)"""
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a NumPy scalar
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float) and math.isnan(value):
         return None
+    if isinstance(value, float) and math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
     return value
+
+
+def error_line(error: Any) -> str:
+    """The line that says what went wrong in a task's ``error``: of a Python
+    traceback, its exception's line (type and the message's first line), not
+    the traceback's last line, which for a message of several lines is only
+    the message's last one, without the exception's type; of another error
+    (what became of a worker), its first line. Empty for none."""
+    if not isinstance(error, str) or not error.strip():
+        return ""
+    lines = error.strip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if frames:  # past the last frame's indented lines (its code, the ^^^ under it)
+        rest = [line for line in lines[frames[-1] + 1:] if line and not line[0].isspace()]
+        if rest:
+            return rest[0]
+    return next(line for line in lines if line.strip())
 
 
 def local_time(t: Any) -> Any:

@@ -20,7 +20,7 @@ reader give back the very same floats.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -199,3 +199,27 @@ def _in_order_of(columns: dict[str, Any], first_seen: dict[str, int]) -> dict[st
     names = sorted(first_seen, key=first_seen.__getitem__)  # (stable: ties keep order)
     return {name: columns[name] for name in names if name in columns} | {
         name: column for name, column in columns.items() if name not in first_seen}
+
+
+def metric_column_names(names: Iterable[str], taken: Collection[str]) -> dict[str, str]:
+    """Metric name -> the column it gets in a results table whose own columns
+    are ``taken`` (keys, ``status``...): its name, or, where the table has a
+    column of that name, ``metric_<name>``, prefixed again while that too is
+    a column or another metric's name. A metric is never written over: a fit
+    returning ``status`` and ``metric_status`` keeps both, its own
+    ``metric_status`` under that name (the names kept as they are are
+    placed first) and ``status`` as ``metric_metric_status``. What
+    ``Run.results`` and ``Store.results`` both name their columns by."""
+    names = list(names)
+    kept = [name for name in names if name not in taken]
+    used = {*taken, *kept}
+    columns: dict[str, str] = {}
+    for name in names:
+        column = name
+        if name in taken:
+            column = f"metric_{name}"
+            while column in used:
+                column = f"metric_{column}"
+            used.add(column)
+        columns[name] = column
+    return columns

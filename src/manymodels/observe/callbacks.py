@@ -9,14 +9,20 @@
 
 The driver handles results by batches; building a per-task object costs a
 microsecond or two, so it is done only when some callback overrides
-``on_task_finished``. A callback that raises is warned about and left out of
-the rest of the run: a broken tracker must never cost the models.
+``on_task_finished``. A callback that raises is warned about (its exception
+and the line of the callback's code it came from) and left out of the rest
+of the run: a broken tracker must never cost the models. A method named
+``on_*`` that is none of these hooks (``on_start`` for ``on_run_start``) is
+warned about when the run starts: it would never be called.
 :class:`manymodels.MLflow` and the live dashboard are built on this hook.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import time
+import traceback
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +116,49 @@ class Callback:
         """The run ended (``run`` is the :class:`manymodels.Run`)."""
 
 
+#: The hooks the driver calls, in the order a run calls them.
+HOOKS = ("on_run_start", "on_task_finished", "on_batch", "on_run_end")
+
+
+def _warn_unknown_hooks(position: int, callback: Any) -> None:
+    """Warn of each public ``on_*`` method of ``callback`` that is no hook: a
+    misspelled hook (``on_start``, ``on_task``, ``on_end``) is accepted by
+    Python and silently never called, so the user would see nothing happen.
+    The warning points at the method's definition where it can be found."""
+    cls = type(callback)
+    for name in sorted(n for n in dir(callback) if n.startswith("on_") and n not in HOOKS):
+        method = getattr(callback, name, None)
+        if not callable(method):
+            continue
+        close = difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.5)
+        message = (f"callbacks[{position}] ({cls.__name__}) has a method {name}, which no "
+                   f"run calls{f' (did you mean {close[0]}?)' if close else ''}: the hooks "
+                   f"are {', '.join(HOOKS)}")
+        code = getattr(inspect.unwrap(method), "__code__", None)
+        if code is None:  # a builtin or a callable object: no line to point at
+            warnings.warn(message, UserWarning, stacklevel=5)  # at the user's mm.train(...)
+        else:
+            warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno)
+
+
+def _raised_at(callback: Any, exc: BaseException) -> tuple[str, int, str] | None:
+    """Where in the callback's code ``exc`` was raised: the deepest frame of
+    its traceback in the file that defines the callback's class (a tracker's
+    own code, not the HTTP library below it), else the deepest frame
+    outside this module; ``(file, line, function)``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    try:
+        own_file = inspect.getsourcefile(type(callback))
+    except TypeError:  # a class defined in C, or at the prompt
+        own_file = None
+    chosen = [f for f in frames if own_file is not None and f.filename == own_file] or [
+        f for f in frames if f.filename != __file__]
+    if not chosen:
+        return None
+    frame = chosen[-1]
+    return frame.filename, frame.lineno or 0, frame.name
+
+
 def _overrides(callback: Any, name: str) -> bool:
     method = getattr(type(callback), name, None)
     return method is not None and method is not getattr(Callback, name, None)
@@ -132,7 +181,7 @@ class Callbacks:
         if not isinstance(callbacks, Iterable) or isinstance(callbacks, (str, bytes)):
             callbacks = [callbacks]
         callbacks = list(callbacks)
-        names = ("on_run_start", "on_task_finished", "on_batch", "on_run_end")
+        names = HOOKS
         for position, callback in enumerate(callbacks):
             if isinstance(callback, type):
                 raise TypeError(f"callbacks[{position}] is the class {callback.__name__}: give "
@@ -141,6 +190,7 @@ class Callbacks:
                 raise TypeError(
                     f"callbacks[{position}] ({type(callback).__name__}) has none of the "
                     f"methods {', '.join(names)}; subclass mm.Callback")
+            _warn_unknown_hooks(position, callback)
         return callbacks
 
     @property
@@ -157,9 +207,15 @@ class Callbacks:
                 method(*args)
             except Exception as exc:  # never the run's problem
                 self._all.remove(callback)
-                warnings.warn(f"callback {type(callback).__name__}.{name} raised {exc!r}; "
-                              "it is not called again in this run", RuntimeWarning,
-                              stacklevel=2)
+                raised = traceback.format_exception_only(type(exc), exc)[-1].strip()
+                where = _raised_at(callback, exc)
+                message = (f"callback {type(callback).__name__}.{name} raised {raised}"
+                           + (f" (at {where[0]}:{where[1]}, in {where[2]})" if where else "")
+                           + "; it is not called again in this run")
+                if where is None:
+                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                else:  # shown at the line that raised, not at this module
+                    warnings.warn_explicit(message, RuntimeWarning, where[0], where[1])
 
     def run_start(self, reused: int) -> None:
         self._start = time.perf_counter()

@@ -18,13 +18,12 @@ import numpy as np
 import pandas as pd
 
 from ..engine.messages import FAILURE_STATUSES
+from ..engine.metriccolumns import metric_column_names
+from ..store.registry import STORE_RESULT_COLUMNS
 
 _STATUS_COLORS = {"ok": "#4c78a8", "failed": "#e45756", "crashed": "#b279a2",
                   "timeout": "#f58518", "memory": "#9d755d", "cancelled": "#bab0ac"}
 _MAX_TIMELINE_BARS = 20_000
-_NOT_METRICS = {"status", "attempts", "duration_s", "worker", "started_s", "started_at",
-                "reused", "reused_from", "resumed", "resumed_from", "error", "artifact", "size",
-                "run_id", "rows", "gpu"}
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -96,7 +95,11 @@ def _histogram(values: np.ndarray, title: str, color: str = "#4c78a8",
             f'xmlns="http://www.w3.org/2000/svg">{axis}{"".join(bars)}</svg>')
 
 
-def _timeline(results: pd.DataFrame, width: int = 1060) -> str:
+def _timeline(results: pd.DataFrame, gpus: bool = False, width: int = 1060) -> str:
+    """Each task a bar on its worker's row; with ``gpus`` (the run gave its
+    workers GPUs, and ``results`` has its ``gpu`` column) a row is named by
+    its GPU too. Not from the column's name alone: a metric may be called
+    ``gpu`` in a run without GPUs."""
     done = results[results["started_s"].notna() & results["duration_s"].notna()]
     if done.empty:
         return "<p>No task ran.</p>"
@@ -106,7 +109,7 @@ def _timeline(results: pd.DataFrame, width: int = 1060) -> str:
         note = f"<p>Showing the {_MAX_TIMELINE_BARS:,} longest tasks.</p>"
     workers = sorted(int(w) for w in done["worker"].unique())
     names = {w: f"worker {w}" for w in workers}
-    if "gpu" in done.columns:  # "w3 · GPU 1": the GPU(s) each worker ran on
+    if gpus and "gpu" in done.columns:  # "w3 · GPU 1": the GPU(s) each worker ran on
         for worker, gpu in done[["worker", "gpu"]].drop_duplicates("worker").itertuples(
                 index=False):
             if gpu is not None and gpu == gpu:
@@ -139,19 +142,21 @@ def _timeline(results: pd.DataFrame, width: int = 1060) -> str:
 
 
 def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
-                  key_columns: list[str]) -> str:
+                  key_columns: list[str], metric_columns: list[str],
+                  gpus: bool = False) -> str:
     """The report as an HTML string; ``results`` has one row per task with
     ``started_s`` (seconds after the run started), ``duration_s``, ``worker``,
-    ``status``, ``error`` and metric columns."""
+    ``status``, ``error`` and metric columns. ``metric_columns`` are named by
+    the caller, who knows which columns its run added (a metric may have any
+    name: ``rows``, ``size``, ``gpu``); the numeric ones get a chart.
+    ``gpus``: the run gave its workers GPUs (its ``gpu`` column names them)."""
     ran = results[results["duration_s"].notna()]
     parts = [f"<h1>{_esc(title)}</h1>",
              _table([[k, v] for k, v in summary.items()], ["", ""])]
-    parts += ["<h2>Worker timeline</h2>", _timeline(results)]
+    parts += ["<h2>Worker timeline</h2>", _timeline(results, gpus)]
     parts += ["<h2>Task durations</h2>",
               _histogram(ran["duration_s"].to_numpy(dtype=float), "duration (s)")]
-    metric_columns = [c for c in results.columns if c not in _NOT_METRICS
-                      and c not in key_columns and not c.startswith("best_")
-                      and pd.api.types.is_numeric_dtype(results[c])]
+    metric_columns = [c for c in metric_columns if pd.api.types.is_numeric_dtype(results[c])]
     if metric_columns:
         parts.append("<h2>Metrics</h2><div class='charts'>")
         for column in metric_columns[:8]:
@@ -260,10 +265,16 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     # a reused task ran in an earlier run: its time and worker are not this run's
     results.loc[reused, ["duration_s", "started_at"]] = np.nan
     results.loc[reused, "worker"] = None
+    key_columns = list(results.columns[:results.columns.get_loc("run_id")])
+    metric_columns = [c for c in results.columns
+                      if c not in STORE_RESULT_COLUMNS and c not in key_columns]
+    if "started_s" in metric_columns:  # a metric of that name: the timeline's column is added
+        free = metric_column_names(["started_s"], set(results.columns))["started_s"]
+        results = results.rename(columns={"started_s": free})
+        metric_columns[metric_columns.index("started_s")] = free
     started = results["started_at"].dropna()
     origin = float(started.min()) if len(started) else 0.0
     results["started_s"] = results["started_at"] - origin
-    key_columns = list(results.columns[:results.columns.get_loc("run_id")])
     summary = {
         "run": run_id,
         "started": datetime.fromtimestamp(info["started_at"].timestamp()).strftime(
@@ -274,6 +285,6 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
                         planned=int(info["tasks"]) if pd.notna(info["tasks"]) else None),
     }
     path = Path(path)
-    path.write_text(render_report(results, summary, f"manymodels run {run_id}", key_columns),
-                    encoding="utf-8")
+    path.write_text(render_report(results, summary, f"manymodels run {run_id}", key_columns,
+                                  metric_columns), encoding="utf-8")  # a store keeps no GPUs
     return path

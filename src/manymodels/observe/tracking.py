@@ -252,8 +252,13 @@ class MLflow(Callback):
         durations = results["duration_s"][results["status"] == Status.OK].dropna()
         if len(durations):
             values.update(describe("duration_s", durations))
+        # Over the tasks that ended ok, NaN kept: a NaN a fit returned is
+        # counted in ``.nonfinite`` (a failed or cancelled task has no metrics
+        # and is left out, as is a task the results table shows no value for
+        # only because it did not end ok).
+        ended_ok = results["status"] == Status.OK
         for column in self._metric_columns(results, key_columns):
-            values.update(describe(column, results[column].dropna().astype(float)))
+            values.update(describe(column, results.loc[ended_ok, column].astype(float)))
         # the last progress, whatever the throttle of on_batch skipped
         done = summary.ok + summary.failed
         progress = {"progress.done": done, "progress.ok": summary.ok,

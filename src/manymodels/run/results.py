@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine.messages import FAILURE_STATUSES, Pickled, Status
-from ..engine.metriccolumns import metric_columns
+from ..engine.metriccolumns import metric_column_names, metric_columns
 from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack, PackedModel, unpacked
 from ..engine.records import STATUS_NAMES, TaskRecords
@@ -101,7 +101,12 @@ class Summary:
         return self.task_time_s / capacity if capacity > 0 else 0.0
 
     def __str__(self) -> str:
-        others = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if k != OK)
+        # the statuses besides ok, in parentheses: the failures by kind, and
+        # those never run; not "failed N" where that is every failure, which
+        # "N failed" has said already ("4 failed of 40 (failed 4)")
+        only_fit_errors = self.statuses.get(Status.FAILED.value, 0) == self.failed
+        others = ", ".join(f"{k} {v}" for k, v in self.statuses.items()
+                           if k != OK and not (k == Status.FAILED and only_fit_errors))
         lines = [
             f"models      {self.ok} ok, {self.failed} failed of {self.tasks}"
             + (f" ({others})" if others else "")
@@ -178,12 +183,11 @@ class Run:
         frame["resumed"], resumed_from = resumed_column(self._resumed_from, len(frame))
         if resumed_from is not None:  # fit took a checkpoint
             frame["resumed_from"] = resumed_from
-        for name, values in metric_columns(rec.metrics).items():
-            if name == WINDOWS:  # per-window scores: run.evaluation
-                continue
-            column = (f"metric_{name}" if name in _RESERVED or name in frame.columns
-                      else name)
-            frame[column] = values
+        metrics = {name: values for name, values in metric_columns(rec.metrics).items()
+                   if name != WINDOWS}  # per-window scores: run.evaluation
+        names = metric_column_names(metrics, {*_RESERVED, *frame.columns})
+        for name, values in metrics.items():
+            frame[names[name]] = values
         frame["error"] = rec.error_column() or [None] * len(frame)
         return frame
 
@@ -329,9 +333,14 @@ class Run:
         facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
                               workers=self.workers, backend=self.backend, batches=self.batches,
                               worker_start_s=self.worker_start_s)
+        # the run's own columns, by what it added (a metric named like one of
+        # them is metric_<name> in results): the rest are metrics, whatever
+        # their names (rows, size, gpu on a run without GPUs)
+        own = {*self._plan.key_columns, *_RESERVED, *(["gpu"] if self.worker_gpus else [])}
+        metrics = [c for c in results.columns if c not in own]
         path = Path(path)
-        path.write_text(render_report(results, facts, "manymodels run",
-                                      self._plan.key_columns), encoding="utf-8")
+        path.write_text(render_report(results, facts, "manymodels run", self._plan.key_columns,
+                                      metrics, gpus=bool(self.worker_gpus)), encoding="utf-8")
         return path
 
     def why_not_reused(self, key: Hashable) -> str:

@@ -34,6 +34,11 @@ from .opening import OpenedIndex
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
+#: The columns a store's results add beside a run's keys and metrics: these,
+#: and ``resumed`` and ``resumed_from``, which the public ``mm.Store`` adds
+#: from the run's checkpoint record. What a reader tells the store's own
+#: columns from the metrics by, not a metric's name.
+STORE_RESULT_COLUMNS = frozenset({"run_id", *_TASK_COLUMNS, "resumed", "resumed_from"})
 
 #: What a lookup by key reads: the model, and why it was or was not reused.
 _LOOKUP_COLUMNS = ["key", "status", "artifact", "reused_from", "code_hash", "params_hash",
@@ -140,18 +145,19 @@ class Store(OpenedIndex):
     def results(self, run: int | None = None) -> pd.DataFrame:
         """The results of a run (default: the latest), like ``Run.results``."""
         run_id, key_columns, _ = self._run_row(run)
-        from ..engine.metriccolumns import text_columns
+        from ..engine.metriccolumns import metric_column_names, text_columns
 
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
         keys = decode_keys(tasks["key"], len(key_columns))
         frame = pd.DataFrame(dict(zip(key_columns, map(key_column, keys))))
         for column in _TASK_COLUMNS:
             frame[column] = tasks[column].to_pylist()
-        for name, values in text_columns(tasks["metrics"]).items():
-            if name == "__windows__":  # per-window scores: Store.evaluation
-                continue
-            taken = name in frame.columns or name == "run_id"  # (inserted below)
-            frame[f"metric_{name}" if taken else name] = values
+        metrics = {name: values for name, values in text_columns(tasks["metrics"]).items()
+                   if name != "__windows__"}  # per-window scores: Store.evaluation
+        # run_id is inserted below, resumed and resumed_from by the public mm.Store
+        names = metric_column_names(metrics, {*STORE_RESULT_COLUMNS, *frame.columns})
+        for name, values in metrics.items():
+            frame[names[name]] = values
         frame.insert(len(key_columns), "run_id", run_id)
         return frame
 

@@ -166,7 +166,7 @@ class Queries:
             tasks = None
             if run["status"] == "running":
                 tasks = self._tasks(run, memos.get(run["run_id"]))
-                done = len(tasks)
+                done = tasks.done
                 run.update(ok=int(tasks.status_in((Status.OK.value,)).sum()),
                            failed=int(tasks.status_in(_FAILED).sum()))
             elif run["ok"] is not None:  # recorded when it ended
@@ -175,8 +175,7 @@ class Queries:
                 done = self._finished.get((run["run_id"], "done"))
                 if done is None:
                     tasks = self._tasks(run, memos.get(run["run_id"]))
-                    done = self._finished[(run["run_id"], "done")] = int(
-                        (~tasks.status_in(("cancelled",))).sum())
+                    done = self._finished[(run["run_id"], "done")] = tasks.done
                     self._finished[(run["run_id"], "ended")] = _ended_at(run, tasks)
                 run["ended_at"] = self._finished.get((run["run_id"], "ended"))
             run["done"] = done
@@ -275,7 +274,7 @@ class Queries:
         reused = int(tasks.reused.sum())
         memo["range"] = ((float(durations.min()), float(durations.max())) if durations.size
                          else None)
-        done = len(tasks)
+        done = tasks.done  # as the runs table counts it: cancelled tasks never ran
         wall = run["wall_s"] or (_ended_at(run, tasks) - run["started_at"])
         workers = run["workers"] or 1
         shown = ("run_id", "status", "tasks", "workers", "fit", "source", "backend",
@@ -364,9 +363,12 @@ class Queries:
                 for i, k, s, _, d, w, a in self._slowest_rows(run, memo)]
 
     def _failures(self, run: dict[str, Any], memo: dict, search: str = "") -> dict[str, Any]:
-        """Failed tasks in task order; ``search`` matches the key as the page
-        shows it (``s1, i7``: its text as written, not JSON's escapes of
-        ``Zürich`` or a quote), ignoring case, or the error as written."""
+        """The first :data:`FAILURES` failed tasks in task order; ``search``
+        matches the key as the page shows it (``s1, i7``: its text as
+        written, not JSON's escapes of ``Zürich`` or a quote), ignoring case,
+        or the error as written. ``note`` says when more match than are
+        listed, as the HTML report does: under "Failures (310)" a list of 50
+        read as if it were all of them."""
         tasks = self._tasks(run, memo)
         failed = np.flatnonzero(tasks.status_in(_FAILED))
         total = len(failed)
@@ -380,7 +382,12 @@ class Queries:
         rows = tasks.records(failed[:FAILURES], ("task_index", "key", "status", "attempts",
                                                  "worker", "error"))
         resumed = self._resumed(run, memo)
-        return {"total": total, "matching": len(failed), "search": search,
+        note = ""
+        if len(failed) > len(rows):
+            note = (f"The first {len(rows)} of {len(failed)}{' matching' if search else ''}, "
+                    "in task order; search keys and errors to find others, or read them all "
+                    "with mm.Store(path).results(run).")
+        return {"total": total, "matching": len(failed), "search": search, "note": note,
                 "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
                            "error": e or "", "resumed_from": resumed.get(i, "")}
                           for i, k, s, a, w, e in rows]}
@@ -398,7 +405,6 @@ class Queries:
             bars.append([round(started - origin, 6), round(duration, 6), worker, status])
             keys.append(key_label(key))
         summary = memo.get("summary_value")
-        total = len(bars) if summary is None else summary["done"] - summary["reused"] - (
-            summary["counts"].get("cancelled", 0))
+        total = len(bars) if summary is None else summary["done"] - summary["reused"]
         return {"bars": bars, "keys": keys, "total": max(total, len(bars)),
                 "workers": sorted({bar[2] for bar in bars})}

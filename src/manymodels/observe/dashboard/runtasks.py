@@ -74,6 +74,13 @@ class Snapshot:
     def trained_durations(self) -> np.ndarray:
         return self.duration[self.trained]
 
+    @cached_property
+    def done(self) -> int:
+        """Tasks that ran or were reused: every status but ``cancelled`` (a
+        task a stopped run never started). The one count of done tasks the
+        runs table, the run's summary and its timeline all show."""
+        return len(self) - int(self.status_in(("cancelled",)).sum())
+
     def counts(self) -> dict[str | None, int]:
         """Tasks per status, by status name (as SQL's ``GROUP BY status``)."""
         found = np.bincount(self.status, minlength=len(self.statuses))

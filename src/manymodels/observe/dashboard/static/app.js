@@ -152,6 +152,8 @@ function renderTimeline(timeline, summary) {
 function renderFailures(failures) {
   setText("failures-count", "(" + fmt(failures.total) + (failures.search
     ? ", " + fmt(failures.matching) + " matching" : "") + ")");
+  setText("failures-note", failures.note);  // more than are listed: say so
+  document.getElementById("failures-note").hidden = !failures.note;
   const target = document.getElementById("failures");
   if (!failures.items.length) {
     target.replaceChildren(el("p", failures.total ? "No failure matches." : "None.", "muted"));
