@@ -773,7 +773,7 @@ def test_a_train_with_select_and_evaluate_publishes_the_index_once(s3, machine, 
     machine("b")  # all three are in what was published
     store = mm.Store(location)
     assert store.attached("selection", run.run_id)["metric"] == "rmse"
-    assert store.attached("evaluation", run.run_id) == {"time": "day"}
+    assert store.attached("evaluation", run.run_id) == {"time": "day", "final_model": "all_rows"}
 
 
 def test_gc_beside_a_train_in_another_thread_publishes_before_it_removes(
