@@ -423,6 +423,23 @@ def test_csv_integers_past_int64_stay_distinct_keys(tmp_path):
     assert read_table(tmp_path / "big.csv").schema.field("v").type == pa.float64()
 
 
+def test_a_csv_folder_whose_ids_need_uint64_in_one_file_reads_them_all(tmp_path):
+    """One file's ids fit int64, another's need uint64: Arrow refused to
+    put them together ("not in range"), naming no file. They are uint64 in
+    every file where none is negative, else text in every file."""
+    folder = tmp_path / "ids"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,rid\n1,0\n2,1\n")
+    (folder / "b.csv").write_text("id,rid\n18446744073709551615,2\n1,3\n")
+    run = mm.train(_row_ids, mm.groups(folder, by="id"), backend="serial", progress=False)
+    assert run.results["id"].dtype == "uint64"
+    assert dict(run.models) == {1: [0, 3], 2: [1], 18446744073709551615: [2]}
+    (folder / "c.csv").write_text("id,rid\n-1,4\n")
+    run = mm.train(_row_ids, mm.groups(folder, by="id"), backend="serial", progress=False)
+    assert dict(run.models) == {"1": [0, 3], "2": [1], "18446744073709551615": [2],
+                                "-1": [4]}
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_files_under_a_linked_folder_are_read_and_bad_links_are_named(tmp_path, lazy):
     """Path.rglob does not follow links to folders (before Python 3.13): the

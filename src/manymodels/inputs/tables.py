@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .engineframes import refuse_engine_frame
 from .objectstores import is_remote
@@ -185,7 +186,7 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
                   for row, p in enumerate(files)]
     refuse_unlike_columns([str(f) for f in files], [t.column_names for t in tables],
                           f"the files under {str(path)!r}")
-    tables = dictionaries_that_hold_all(text_where_any_is_text(tables))
+    tables = dictionaries_that_hold_all(text_where_any_is_text(unsigned_where_any_is(tables)))
     try:  # widened where one file's type holds another's (int32 and int64, int and float)
         return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as exc:
@@ -264,6 +265,38 @@ def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
             position = table.schema.get_field_index(name)
             if position >= 0 and table.schema.field(position).type != pa.string():
                 table = table.set_column(position, name, table.column(position).cast(pa.string()))
+        retyped.append(table)
+    return retyped
+
+
+def unsigned_where_any_is(tables: list[pa.Table]) -> list[pa.Table]:
+    """The files' tables with an integer column that is ``uint64`` in one
+    file (CSV's reading of ids past int64) and signed in another as
+    ``uint64`` in all where no value is negative, else as text in all (no
+    integer type holds both): Arrow's concatenation refused them, naming no
+    file."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for table in tables:
+        for field in table.schema:
+            kinds.setdefault(field.name, set()).add(field.type)
+    mixed = {name: types for name, types in kinds.items()
+             if pa.uint64() in types and any(pa.types.is_signed_integer(kind) for kind in types)
+             and all(pa.types.is_integer(kind) for kind in types)}
+    if not mixed:
+        return tables
+    target = {}
+    for name in mixed:
+        lowest = [pc.min(table.column(name)).as_py() for table in tables
+                  if name in table.column_names
+                  and pa.types.is_signed_integer(table.schema.field(name).type)]
+        target[name] = pa.string() if any(v is not None and v < 0 for v in lowest) \
+            else pa.uint64()
+    retyped = []
+    for table in tables:
+        for name, kind in target.items():
+            position = table.schema.get_field_index(name)
+            if position >= 0 and table.schema.field(position).type != kind:
+                table = table.set_column(position, name, table.column(position).cast(kind))
         retyped.append(table)
     return retyped
 
