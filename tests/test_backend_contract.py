@@ -171,6 +171,38 @@ def test_train_runs_on_it_like_on_serial(name):
         assert os.environ.get("OMP_NUM_THREADS") == before
 
 
+class TwoArgumentWarning(Exception):
+    """Pickles (as its class and ``args``) but does not unpickle: its
+    ``__init__`` needs an argument that ``args`` does not hold."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def fit_with_an_unpicklable_metric(item):
+    if item == 4:
+        return None, {"r2": 0.5, "warning": TwoArgumentWarning("slow convergence", 3)}
+    return None, {"r2": 0.5, "item": item}
+
+
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+def test_a_metric_the_driver_cannot_unpickle_fails_its_own_task_only(name):
+    # a backend that pickles outcomes fails that task, with the reason; one that
+    # does not (fit runs in the driver) keeps the value; the others are ok either way
+    kwargs = {} if name == "serial" else {"workers": 2}
+    run = mm.train(fit_with_an_unpicklable_metric, mm.items(range(12)), backend=name,
+                   progress=False, **kwargs)
+    results = run.results.set_index("item")
+    assert (results.drop(index=4)["status"] == "ok").all()
+    if backend_class(name).requires_pickling:
+        assert results.loc[4, "status"] == "failed"
+        assert "cannot be unpickled in the driver" in results.loc[4, "error"]
+        assert "TwoArgumentWarning" in results.loc[4, "error"]
+    else:
+        assert results.loc[4, "status"] == "ok"
+
+
 def test_register_backend_refuses_what_is_not_a_backend():
     with pytest.raises(TypeError, match="subclass of manymodels.Backend"):
         mm.register_backend("bad", object)

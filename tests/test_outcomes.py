@@ -98,3 +98,41 @@ def test_columns_record_the_same_results_as_tuples(tmp_path, monkeypatch, store)
     if store:
         again = mm.train(fit, source, workers=2, progress=False, store=tmp_path / "s")
         assert again.summary().reused == 3000
+
+
+class _RefusesItsState:
+    """Pickles, but its ``__setstate__`` raises where it is unpickled."""
+
+    def __init__(self):
+        self.kept = 1
+
+    def __setstate__(self, state):
+        raise RuntimeError("no state here")
+
+
+class _Vanishing:
+    """Stands for a class the driver cannot import (removed once pickled)."""
+
+
+def test_a_part_whose_values_do_not_unpickle_fails_only_their_tasks(monkeypatch):
+    import sys
+
+    from manymodels.engine.dataplane import dumps_spilling, loads_spilled
+    from manymodels.engine.outcomeloads import load_outcomes
+
+    big = np.arange(1 << 17, dtype=np.float64)  # spilled: loaded from its file's buffers
+    outcomes = [
+        (0, "ok", None, {"array": big}, 0.1, 1e9, None, False),
+        (1, "ok", None, {"state": [_RefusesItsState()]}, 0.1, 1e9, None, False),
+        (2, "ok", None, {"gone": _Vanishing()}, 0.1, 1e9, None, False),
+        (3, "failed", None, {}, 0.1, 1e9, "Traceback ...", True),
+    ]
+    body, spill = dumps_spilling(outcomes, pickle.dumps, "mm-test-unpickle", [0])
+    assert spill is not None
+    monkeypatch.delattr(sys.modules[__name__], "_Vanishing")
+    loaded = loads_spilled(body, spill, loads=load_outcomes)
+    assert [o[1] for o in loaded] == ["ok", "failed", "failed", "failed"]
+    assert np.array_equal(loaded[0][3]["array"], big)
+    assert "rebuilding test_outcomes._RefusesItsState raised RuntimeError: no state" in loaded[1][6]
+    assert "rebuilding test_outcomes._Vanishing raised AttributeError" in loaded[2][6]
+    assert loaded[3] == outcomes[3]  # a failure of its own, kept as it was

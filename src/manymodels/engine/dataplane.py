@@ -218,12 +218,13 @@ def dumps_spilling(obj: Any, dumps: Any, spill_prefix: str | None,
     return body, (str(path), index)
 
 
-def loads_spilled(body: bytes, spill: Spill | None) -> Any:
-    """Unpickle what :func:`dumps_spilling` made and remove its file. The
-    arrays become views of a private copy-on-write mapping of the file: no
-    copy, and writable like any unpickled array."""
+def loads_spilled(body: bytes, spill: Spill | None, loads: Any = pickle.loads) -> Any:
+    """Unpickle what :func:`dumps_spilling` made with ``loads`` (``pickle.loads``,
+    or a part's outcomes' :func:`~.outcomeloads.load_outcomes`) and remove its
+    file. The arrays become views of a private copy-on-write mapping of the
+    file: no copy, and writable like any unpickled array."""
     if spill is None:
-        return pickle.loads(body)
+        return loads(body)
     path, index = spill
     try:
         with open(path, "rb") as handle:
@@ -238,7 +239,7 @@ def loads_spilled(body: bytes, spill: Spill | None) -> Any:
     finally:
         os.unlink(path)
     view = memoryview(mapping)
-    return pickle.loads(body, buffers=[view[offset:offset + length] for offset, length in index])
+    return loads(body, buffers=[view[offset:offset + length] for offset, length in index])
 
 
 def open_table(path: str) -> pa.Table:

@@ -53,6 +53,7 @@ from typing import Any
 
 from ..execution import RunContext, TaskRef
 from ..messages import Status, task_indices
+from ..outcomeloads import load_outcomes
 from ._protocol import Msg
 from ._ray_cluster import first_line
 from ._remote_worker import dump_payload
@@ -308,7 +309,7 @@ class RemoteSlotsBackend(Backend):
         blob, busy, prepare_s = message[-3:]
         if blob is None:
             return []
-        outcomes = pickle.loads(blob)
+        outcomes = load_outcomes(blob)  # (a value that cannot be unpickled: its task fails)
         for index in task_indices(outcomes):
             batch.tasks.pop(index, None)
         return [Finished(outcomes, worker=worker.number, busy_s=busy,

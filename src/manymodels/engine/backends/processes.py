@@ -55,6 +55,7 @@ from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
 from ..messages import Status, task_indices
 from ..options import START_METHODS
+from ..outcomeloads import load_outcomes
 from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
 from ._process_start import WorkerStarter
 from ._protocol import SLOT, Msg
@@ -268,7 +269,8 @@ class ProcessesBackend(WorkerStarter, Backend):
                 f"backend='threads'):\n{message[1]}"
             )
         _, batch_id, payload, busy, spill, prepare = message
-        outcomes = dataplane.loads_spilled(payload, spill)
+        # (a value the driver cannot unpickle fails its own task: load_outcomes)
+        outcomes = dataplane.loads_spilled(payload, spill, loads=load_outcomes)
         pending = worker.batches[0].pending
         for index in task_indices(outcomes):
             pending.pop(index, None)

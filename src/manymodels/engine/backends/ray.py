@@ -50,7 +50,6 @@ What it does not do
 from __future__ import annotations
 
 import contextlib
-import pickle
 import sys
 import time
 import uuid
@@ -67,6 +66,7 @@ from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
 from ..messages import task_indices
 from ..options import BackendOptions
+from ..outcomeloads import load_outcomes
 from ._protocol import Msg
 from ._ray_calls import Call, CallSupervision
 from ._ray_cluster import check_resources, check_version, cluster_workers, connect, import_ray
@@ -348,7 +348,7 @@ class RayBackend(CallSupervision, Backend):
         call.prepare_s += prepare_s
         if blob is None:  # the marker of a batch's first task: no outcome yet
             return []
-        outcomes = pickle.loads(blob)
+        outcomes = load_outcomes(blob)  # (a value that cannot be unpickled: its task fails)
         for index in task_indices(outcomes):
             call.tasks.pop(index, None)
         prepare, call.prepare_s = call.prepare_s, 0.0
