@@ -185,6 +185,30 @@ def test_retry_on_transient_errors(backend, tmp_path):
     assert (run.results["attempts"] == 1).all()
 
 
+def flaky_0_bad_1(item):
+    if item == 0:
+        raise Flaky("still down")
+    if item == 1:
+        raise ValueError("bad item")
+    return item
+
+
+def test_a_task_waiting_for_its_retry_when_the_run_stops_keeps_its_failure(tmp_path):
+    # item 0 failed (retryable) and waits for its retry when item 1's failure
+    # stops the run: it ran and failed, so it ends failed with its error, not
+    # "cancelled" (which says it never ran), in the run and in the store
+    with pytest.raises(mm.TooManyFailures) as stopped:
+        mm.train(flaky_0_bad_1, mm.items(range(3)), retries=5, retry_on=ConnectionError,
+                 max_failures=0, backend="serial", store=tmp_path, progress=False)
+    results = stopped.value.run.results.set_index("item")
+    assert results.loc[0, "status"] == "failed" and results.loc[0, "attempts"] == 1
+    assert "Flaky: still down" in results.loc[0, "error"]
+    assert 0 in stopped.value.run.failed["item"].tolist()
+    assert "2 tasks failed" in str(stopped.value)
+    why = mm.Store(tmp_path).why_not_reused(0, run=1)
+    assert "its fit ended 'failed' (test_failures.Flaky: still down)" in why
+
+
 def blas_threads(item):
     import joblib
     from threadpoolctl import threadpool_info

@@ -70,7 +70,8 @@ class TooManyFailures(RuntimeError):
 
 class RunInterrupted(KeyboardInterrupt):
     """The run was interrupted (Ctrl-C or SIGTERM); ``.run`` holds every result
-    finished before the interrupt, the rest are ``cancelled``."""
+    finished before the interrupt; a task waiting for a retry ends as its last
+    attempt did, the rest are ``cancelled``."""
 
     def __init__(self, message: str, run: Any) -> None:
         super().__init__(message)
@@ -186,12 +187,18 @@ class Scheduler:
         self.recorder = recorder
         self.callbacks = callbacks  # a callbacks.Callbacks, or None
         self._done = self._ok = self._failed = self._batches = 0
+        #: Task -> (status, error, worker) of its last attempt, while it waits
+        #: for a retry or runs it: what it ended with if the run stops first
+        #: (it ran and failed; "cancelled" would say it never ran).
+        self._last_attempt: dict[int, tuple[str, str | None, int]] = {}
         if recorder is not None:  # models the store already holds: done before we start
             self._done = self._ok = recorder.fill_reused(self.records)
 
     # -- bookkeeping -----------------------------------------------------------
 
     def _finish(self, index: int, status: str, worker: int, error: str | None) -> None:
+        if self._last_attempt:
+            self._last_attempt.pop(index, None)
         self.records.set_status(index, status)
         self.records.worker[index] = worker
         self.records.set_error(index, error)
@@ -230,6 +237,7 @@ class Scheduler:
                 ok += 1
             elif retryable and attempt <= retries:
                 retry.append(index)
+                self._last_attempt[index] = (status, error, worker)
                 continue
             elif status in FAILURE_STATUSES:
                 failed += 1
@@ -238,6 +246,8 @@ class Scheduler:
             codes.append(STATUS_CODES[status])
         rec.status_code[finished] = codes
         rec.worker[finished] = worker
+        if self._last_attempt:
+            self._forget_last_attempts(finished)
         self._done += len(finished)
         self._ok += ok
         self._failed += failed
@@ -252,11 +262,28 @@ class Scheduler:
         finished = self.records.mark_ok(outcomes.indices, worker, outcomes.durations,
                                         outcomes.started, outcomes.models(),
                                         outcomes.metrics())
+        if self._last_attempt:
+            self._forget_last_attempts(finished)
         self._done += len(finished)
         self._ok += len(finished)
         if self.recorder is not None:
             self.recorder.tasks_finished(finished)
         return []
+
+    def _forget_last_attempts(self, finished: list[int]) -> None:
+        pop = self._last_attempt.pop
+        for index in finished:
+            pop(index, None)
+
+    def _keep_last_attempts(self) -> None:
+        """As the run stops: each task that was waiting for a retry (or
+        running one) ends as its last attempt did, with its error (a
+        ``retry_on`` exception, a crash), not ``cancelled``."""
+        codes = self.records.status_code
+        for index, (status, error, worker) in list(self._last_attempt.items()):
+            if codes[index] == UNSET:
+                self._finish(index, status, worker, error)
+        self._last_attempt.clear()
 
     def _over_budget(self) -> bool:
         return self.budget is not None and self._failed > self.budget
@@ -316,6 +343,7 @@ class Scheduler:
                 finally:
                     if self.progress is not None:
                         self.progress.close()
+            self._keep_last_attempts()
             codes = self.records.status_code
             codes[codes == UNSET] = CANCELLED_CODE
             run = self._build_run(time.perf_counter() - start, started_at)
@@ -411,6 +439,8 @@ class Scheduler:
                     if (self.records.attempts[event.index] <= self.retries
                             and event.status != Status.FAILED):
                         retry_now.append(event.index)
+                        self._last_attempt[event.index] = (event.status, event.message,
+                                                           event.worker)
                     else:
                         self._finish(event.index, event.status, event.worker, event.message)
                 elif isinstance(event, Requeued):
