@@ -306,3 +306,47 @@ def test_a_second_ctrl_c_during_the_stop_keeps_the_results_and_ends_the_workers(
     assert outcome["children"] == [] and outcome["senders"] == []
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive
+
+
+POISON_MODULE = """
+import os
+
+DRIVER = os.getpid()  # (a forked worker inherits the driver's: it is not the driver)
+
+
+def _load(value):
+    if os.getpid() != DRIVER:
+        os._exit(5)  # stands for a C extension's object that crashes on load
+    return Poison(value)
+
+
+class Poison:
+    def __init__(self, value):
+        self.value = value
+
+    def __reduce__(self):
+        return (_load, (self.value,))
+"""
+
+
+def _key_of(item):
+    return getattr(item, "value", item)
+
+
+def test_an_item_whose_unpickling_kills_the_worker_is_charged_alone(tmp_path, monkeypatch):
+    """A worker died unpickling a batch before marking any task: a death
+    outside any task, an innocent task cancelled, and past five the run
+    stopped with WorkerStartupError. The batch now goes again a task a
+    batch, and the death charges the task whose item it was."""
+    (tmp_path / "poison_items.py").write_text(POISON_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import poison_items
+
+    items = [*range(20), poison_items.Poison(99), *range(100, 120)]
+    run = mm.train(lambda item: {"ok": 1}, mm.items(items, key=_key_of), backend="processes",
+                   workers=2, start_method="fork", progress=False)
+    results = run.results.set_index("item")
+    assert (results.drop(index=99)["status"] == "ok").all(), results["status"].value_counts()
+    assert results.loc[99, "status"] == "crashed"
+    assert "died unpickling this task's item" in results.loc[99, "error"]
+    assert "exited with code 5" in results.loc[99, "error"]

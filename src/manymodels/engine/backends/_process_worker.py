@@ -24,6 +24,9 @@ Messages (pickled tuples)::
 cannot unpickle (an item of a class defined in the driver's ``__main__``,
 which a spawned worker cannot import) is answered ``unreadable``: the driver
 sends its tasks again one a batch, and fails those that still cannot be read.
+While it unpickles a batch its slot says :data:`~._protocol.LOADING`, so that
+a death then (an item whose loading crashes the process) is the batch's: the
+driver sends it again a task a batch, and the next death names its task.
 
 A worker leads a session of its own. When it stops, it kills the processes
 its tasks started and left running (:func:`end_own_processes`); the driver
@@ -54,7 +57,7 @@ from ...machine import end_tree, worker_niceness
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S
 from ..messages import OkOutcomes
-from ._protocol import SLOT, Msg
+from ._protocol import LOADING, SLOT, Msg
 
 
 def lower_priority() -> None:
@@ -222,9 +225,13 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
             data = rx.recv_bytes()
         except EOFError:
             return 0
+        # a death while unpickling is the batch's (an item whose loading kills
+        # the process): the driver finds which task's by sending them one a batch
+        pack_into(slots, slot_offset, LOADING, now())
         try:
             message = pickle.loads(data)
         except BaseException as exc:  # an item of a class this process cannot import, say
+            pack_into(slots, slot_offset, -1, now())
             tx.send((Msg.UNREADABLE, f"{type(exc).__name__}: {exc}"))
             continue
         if message[0] == Msg.STOP:

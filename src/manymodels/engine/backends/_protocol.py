@@ -3,14 +3,18 @@ message they exchange, and the processes backend's slot layout.
 
 Messages are tuples whose first item is one of :class:`Msg`'s kinds (plain
 strings on the wire). Each processes worker owns one slot of a small shared
-file: the index of the task it is running (-1 when none) and the wall-clock
-time it started it. The driver reads the slots to blame the right task when a
+file: the index of the task it is running (-1 when none, :data:`LOADING`
+while it unpickles its next batch) and the wall-clock time it started it.
+The driver reads the slots to blame the right task when a
 worker dies and to enforce timeouts.
 """
 
 import struct
 
 SLOT = struct.Struct("qd")
+#: A slot's index while its worker unpickles its next batch: a death then is
+#: that batch's doing (an item whose unpickling kills the process).
+LOADING = -2
 
 
 class Msg:

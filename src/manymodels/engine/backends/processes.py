@@ -12,6 +12,8 @@ file where it records the task it is running. So the driver can:
   processes it started: :class:`._process_handles.MemoryWatch`) grows past
   ``memory_limit``, and record which task it was;
 * end with a worker every process that its tasks started and left running;
+* charge a task whose item kills the worker as it is unpickled alone (see
+  :mod:`._process_worker`);
 * replace a worker whose CUDA context a task broke (it reports that task and
   says ``retire``), handing the rest of its batches back unblamed.
 
@@ -58,7 +60,7 @@ from ..options import START_METHODS
 from ..outcomeloads import load_outcomes
 from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
 from ._process_start import WorkerStarter
-from ._protocol import SLOT, Msg
+from ._protocol import LOADING, SLOT, Msg
 from ._undertaker import Undertaker
 from .base import (
     DEATHS_OUTSIDE_TASKS,
@@ -201,14 +203,37 @@ class ProcessesBackend(WorkerStarter, Backend):
         if status is None:
             status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
         unreported = [i for batch in worker.batches for i in batch.pending]
+        loading = None
         if retiring:
             events: list[Event] = [Requeued(unreported)] if unreported else []
+        elif index == LOADING and status == Status.CRASHED and worker.batches:
+            loading, events = self._died_loading(worker, message, started)
         else:
             events = blame_lost_batch(index, unreported, status, message, worker.slot,
                                       self._deaths, started)
         self._release_openmp()  # in case the driver ran OpenMP since the last fork
-        self._workers[worker.slot] = self._spawn(worker.slot)
+        self._workers[worker.slot] = fresh = self._spawn(worker.slot)
+        if loading is not None:  # its tasks one a batch, first on the fresh worker
+            self._send_one_by_one(fresh, loading)
         return events
+
+    def _died_loading(self, worker: Worker, message: str, started: float
+                      ) -> tuple[Batch | None, list[Event]]:
+        """A worker died unpickling its next batch, the first it holds (it
+        reads them in order, every one before was reported, and it ran none
+        of this one): an item whose loading kills the process (a C
+        extension's object that crashes on load). A batch of one task charges
+        that task; a larger one goes again a task a batch (returned, for the
+        fresh worker), so that the next death names its task. The worker's
+        other batches go back to the scheduler."""
+        batch = worker.batches.popleft()
+        later = [i for other in worker.batches for i in other.pending]
+        events: list[Event] = [Requeued(later)] if later else []
+        if len(batch.pending) > 1:
+            return batch, events
+        return None, [Lost(next(iter(batch.pending)), Status.CRASHED.value,
+                           f"its worker died unpickling this task's item or settings ({message})",
+                           worker.slot, started), *events]
 
     # -- the contract ----------------------------------------------------------
 
@@ -291,10 +316,15 @@ class ProcessesBackend(WorkerStarter, Backend):
         if len(tasks) == 1:
             return [Lost(tasks[0][0], Status.FAILED.value,
                          unreadable_message(tasks[0], error, self.start_method), worker.slot)]
-        for task in tasks:
+        self._send_one_by_one(worker, batch)
+        return []
+
+    @staticmethod
+    def _send_one_by_one(worker: Worker, batch: Batch) -> None:
+        """Queue ``batch``'s tasks on ``worker`` a task a batch, behind what it holds."""
+        for task in batch.tasks:
             worker.batches.append(Batch(batch.batch_id, {task[0]: None}, [task]))
             worker.outbox.put(pickle.dumps((Msg.BATCH, batch.batch_id, [task]), protocol=5))
-        return []
 
     def _read_what_is_left(self, worker: Worker) -> list[Event]:
         """The messages a worker that is gone sent before it died and the
