@@ -308,6 +308,34 @@ def test_a_second_ctrl_c_during_the_stop_keeps_the_results_and_ends_the_workers(
     assert not alive
 
 
+def _closes_inherited_descriptors(n, linger_s):
+    time.sleep(0.01)
+    if n == 7:
+        import os
+
+        os.closerange(3, 65536)  # as daemonizing helpers do
+        time.sleep(linger_s)
+    return {"n": n}
+
+
+@pytest.mark.parametrize(("start_method", "linger_s"),
+                         [("fork", 0.0), ("fork", 0.6), ("spawn", 0.0)])
+def test_a_task_that_closes_its_workers_pipes_is_charged_alone(start_method, linger_s):
+    """The pipe's end-of-file was taken for the worker's death while it
+    went on to its next tasks: the driver blamed whichever ran then (two
+    or three innocent tasks a run) and said it was killed by SIGKILL (its
+    own kill). The worker now ends before it marks another task, and only
+    the task that closed the pipes is charged, saying so; one still running
+    after closing them (``linger_s``) is charged too."""
+    run = mm.train(_closes_inherited_descriptors, mm.items(range(24)),
+                   shared={"linger_s": linger_s}, backend="processes", workers=2,
+                   start_method=start_method, progress=False)
+    failed = run.results[run.results["status"] != "ok"]
+    assert failed["item"].tolist() == [7], failed[["item", "error"]].to_string()
+    assert failed["status"].tolist() == ["crashed"]
+    assert "pipes to the driver were closed while this task ran" in failed["error"].iloc[0]
+
+
 POISON_MODULE = """
 import os
 

@@ -31,7 +31,10 @@ driver sends it again a task a batch, and the next death names its task.
 A worker leads a session of its own. When it stops, it kills the processes
 its tasks started and left running (:func:`end_own_processes`); the driver
 does the same for a worker it kills. A task that closes or redirects the
-standard streams does so for itself only (:class:`StandardStreams`).
+standard streams does so for itself only (:class:`StandardStreams`); one
+that closes the worker's pipes to the driver (:class:`DriverPipes`) ends
+the worker before it marks another task, its slot marked, so that the driver
+charges that task and no other.
 
 A worker runs :func:`~manymodels.machine.worker_niceness` steps nicer than
 the driver (none unless ``MANYMODELS_WORKER_NICENESS`` asks): the driver's
@@ -57,7 +60,7 @@ from ...machine import end_tree, worker_niceness
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S
 from ..messages import OkOutcomes
-from ._protocol import LOADING, SLOT, Msg
+from ._protocol import LOADING, SLOT, Msg, mark_pipes_closed
 
 
 def lower_priority() -> None:
@@ -172,6 +175,45 @@ class StandardStreams:
         return (stat.st_dev, stat.st_ino) == identity
 
 
+class PipesClosed(Exception):
+    """A task closed this worker's pipes to the driver (``os.closerange``, as
+    daemonizing helpers do): the worker can neither report nor be told, and ends."""
+
+
+class DriverPipes:
+    """Watches the worker's two pipes to the driver, so that a task that
+    closes them is found before the worker runs another: the slot still
+    names that task when the worker marks it (:func:`mark_pipes_closed`) and
+    ends, and the driver charges it, not the task after it. The check before
+    each task is quick (each descriptor's close-on-exec flag as it was: a
+    system call each, raising once it is closed); the one before outcomes
+    are sent compares the descriptors with the pipes (a descriptor closed
+    and taken again by a file that the task opened)."""
+
+    def __init__(self, rx: Any, tx: Any) -> None:
+        self.fds = (rx.fileno(), tx.fileno())
+        self.inheritable = [os.get_inheritable(fd) for fd in self.fds]
+        self.identities = [self._identity(fd) for fd in self.fds]
+
+    def check(self, _inheritable: Callable[[int], bool] = os.get_inheritable) -> bool:
+        rx, tx = self.fds
+        try:
+            return [_inheritable(rx), _inheritable(tx)] == self.inheritable
+        except OSError:  # closed
+            return False
+
+    def intact(self) -> bool:
+        try:
+            return [self._identity(fd) for fd in self.fds] == self.identities
+        except OSError:
+            return False
+
+    @staticmethod
+    def _identity(fd: int) -> tuple[int, int]:
+        stat = os.fstat(fd)
+        return (stat.st_dev, stat.st_ino)
+
+
 def _unusable(stream: Any) -> bool:
     """A stream closed, or detached from its buffer (whose ``closed`` raises)."""
     try:
@@ -188,6 +230,16 @@ def _serve(rx: Any, tx: Any, slots: mmap.mmap, slot: int, load: Callable[[], Any
     slot_offset = slot * SLOT.size
     try:
         return _loop(rx, tx, slots, slot_offset, load, spill_prefix)
+    except PipesClosed:  # (its slot says so, and names the task that closed them)
+        end_own_processes()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        # not a return: the pipes' descriptors are closed, or another file's
+        # now, and the connections would close them again as they are collected
+        os._exit(1)
     finally:
         end_own_processes()
 
@@ -200,22 +252,34 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
         tx.send((Msg.FATAL, traceback.format_exc()))
         return 1
     streams = StandardStreams()  # as they are once setup= has run
+    pipes = DriverPipes(rx, tx)
     executor.retires_when_broken = True  # a broken CUDA context: a fresh worker
     spilled = [0]
 
+    def closed() -> PipesClosed:
+        mark_pipes_closed(slots, slot_offset)
+        return PipesClosed()
+
     def send(kind: str, batch_id: int, outcomes: list, busy_s: float,
              prepare_s: float) -> None:
+        if not pipes.intact():  # (before a spill file takes a descriptor a task freed)
+            raise closed()
         streams.repair()  # before any file is opened: fd 1 or 2 may be free
         payload, spill = dump_outcomes(OkOutcomes.of(outcomes), spill_prefix, spilled)
         tx.send((kind, batch_id, payload, busy_s, spill, prepare_s))
 
     check, repair, pack_into, now = streams.check, streams.repair, SLOT.pack_into, time.time
+    pipes_open, pipes_intact = pipes.check, pipes.intact
 
     def mark(index: int) -> None:  # as each task starts, and with -1 as a batch ends
         if index < 0:
             repair()
+            if not pipes_intact():
+                raise closed()
         else:
             check()
+            if not pipes_open():  # the task before closed them: the slot names it still
+                raise closed()
         pack_into(slots, slot_offset, index, now())
 
     tx.send((Msg.READY, os.getpid()))

@@ -12,7 +12,8 @@ file where it records the task it is running. So the driver can:
   processes it started: :class:`._process_handles.MemoryWatch`) grows past
   ``memory_limit``, and record which task it was;
 * end with a worker every process that its tasks started and left running;
-* charge a task whose item kills the worker as it is unpickled alone (see
+* charge a task that closed its worker's pipes to the driver, and a task
+  whose item kills the worker as it is unpickled, alone (see
   :mod:`._process_worker`);
 * replace a worker whose CUDA context a task broke (it reports that task and
   says ``retire``), handing the rest of its batches back unblamed.
@@ -60,7 +61,7 @@ from ..options import START_METHODS
 from ..outcomeloads import load_outcomes
 from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
 from ._process_start import WorkerStarter
-from ._protocol import LOADING, SLOT, Msg
+from ._protocol import LOADING, SLOT, Msg, read_slot
 from ._undertaker import Undertaker
 from .base import (
     DEATHS_OUTSIDE_TASKS,
@@ -80,6 +81,14 @@ _CHECK_EVERY_S = 0.05
 #: process it started holds it) before the driver replaces it regardless.
 _GONE_GRACE_S = 0.5
 _STOP_GRACE_S = 1.0
+#: How long a worker whose pipe reported end-of-file while its process still
+#: ran is given to end on its own (a crash not yet reaped, or a worker that
+#: found its pipes closed) before the driver kills it.
+_EXIT_GRACE_S = 0.25
+#: What a task that closed its worker's pipes to the driver is charged with.
+PIPES_CLOSED = ("its worker's pipes to the driver were closed while this task ran (did fit "
+                "close inherited file descriptors, as os.closerange or a daemonizing helper "
+                "does?); the worker could not report and was replaced")
 class ProcessesBackend(WorkerStarter, Backend):
     name = "processes"
     requires_pickling = True
@@ -197,11 +206,30 @@ class ProcessesBackend(WorkerStarter, Backend):
     def _replace(self, worker: Worker, status: str | None, message: str | None, *,
                  retiring: bool = False) -> list[Event]:
         """Account for the tasks of a worker that is gone, and start another;
-        one ``retiring`` (its CUDA context broken) blames no task."""
-        index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
+        one ``retiring`` (its CUDA context broken) blames no task.
+
+        A worker whose pipe ended (``status`` None) while its process still
+        runs is given :data:`_EXIT_GRACE_S` to end first: a crash is not
+        always reaped yet, and a worker whose task closed its pipes ends
+        itself once that task returns, its slot naming that task (it checks
+        before marking another). One still running then is running the task
+        that closed them, and is killed: either way the slot, read once the
+        worker can no longer change it, names the task to charge."""
+        still_running = False
+        if status is None and not retiring and worker.process.poll() is None:
+            try:
+                worker.process.wait(timeout=_EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                still_running = True
+                worker.process.kill()  # (then its slot cannot change: read below)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.process.wait(timeout=5)
+        index, started, pipes_closed = read_slot(self._slots, worker.slot * SLOT.size)
         self._retire(worker, kill=True)
         if status is None:
-            status, message = Status.CRASHED.value, describe_exit(worker.process.returncode)
+            status = Status.CRASHED.value
+            message = (PIPES_CLOSED if pipes_closed or still_running
+                       else describe_exit(worker.process.returncode))
         unreported = [i for batch in worker.batches for i in batch.pending]
         loading = None
         if retiring:
@@ -357,8 +385,9 @@ class ProcessesBackend(WorkerStarter, Backend):
                         events.extend(self._replace(worker, None, None))
                 continue
             if self.timeout is not None:
-                index, started = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
-                if index >= 0 and wall_now - started > self.timeout:
+                index, started, pipes_closed = read_slot(self._slots,
+                                                         worker.slot * SLOT.size)
+                if index >= 0 and not pipes_closed and wall_now - started > self.timeout:
                     again, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
                     if again == index:
                         events.extend(self._replace(
