@@ -30,7 +30,8 @@ driver sends it again a task a batch, and the next death names its task.
 
 A worker leads a session of its own. When it stops, it kills the processes
 its tasks started and left running (:func:`end_own_processes`); the driver
-does the same for a worker it kills. A task that closes or redirects the
+does the same for a worker it kills. A process a task started in a session
+of its own (``setsid``) is beyond both. A task that closes or redirects the
 standard streams does so for itself only (:class:`StandardStreams`); one
 that closes the worker's pipes to the driver (:class:`DriverPipes`) ends
 the worker before it marks another task, its slot marked, so that the driver

@@ -11,7 +11,9 @@ file where it records the task it is running. So the driver can:
 * kill a worker whose task overstays ``timeout``, or whose memory (with the
   processes it started: :class:`._process_handles.MemoryWatch`) grows past
   ``memory_limit``, and record which task it was;
-* end with a worker every process that its tasks started and left running;
+* end with a worker every process that its tasks started and left running
+  (save one a task detached into a session of its own, ``setsid``: it is
+  beyond reach, as :mod:`._undertaker` says);
 * charge a task that closed its worker's pipes to the driver, and a task
   whose item kills the worker as it is unpickled, alone (see
   :mod:`._process_worker`);
