@@ -376,7 +376,7 @@ def test_a_run_whose_tasks_cannot_start_says_what_ray_lacks(monkeypatch):
 
     @ray.remote(num_cpus=2)
     def hold_both_cpus():
-        time.sleep(4)
+        time.sleep(2)
 
     holder = hold_both_cpus.remote()
     while ray.available_resources().get("CPU", 0) > 0:  # until it holds them

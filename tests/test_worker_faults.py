@@ -218,7 +218,7 @@ def start_processes_and_hang_on_1(item):
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_processes_a_task_starts_end_with_its_timed_out_worker(rendezvous, start_method):
     # the timeout leaves time for four interpreters to start on a loaded machine
-    run = mm.train(start_processes_and_hang_on_1, mm.items(range(6)), timeout=8,
+    run = mm.train(start_processes_and_hang_on_1, mm.items(range(6)), timeout=5,
                    workers=2, progress=False, start_method=start_method)
     assert_only(run, 1, "timeout")
     pids = marked_pids(rendezvous)
