@@ -61,6 +61,33 @@ CONTRACT_BACKENDS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def name(request: pytest.FixtureRequest):
+    """A backend's name, for the tests that run it (``indirect``): Ray's and
+    Spark's engines are started once for the module, before each test's
+    count of its processes, and the backends join them as they join a
+    user's (one started for each test cost 4-6 s); what a backend does when
+    it starts its engine itself is tests/test_ray_cluster.py's and
+    test_engines.py's."""
+    close = None
+    if request.param == "ray":
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     logging_level="ERROR")
+            close = ray.shutdown
+    elif request.param == "spark":
+        from test_engines import _start_spark
+
+        session, close, _ = _start_spark()
+        # Spark's Python workers start with its first job and live with it
+        session.sparkContext.parallelize(range(2), 2).map(abs).collect()
+    yield request.param
+    if close is not None:
+        close()
+
+
 def contract_fit(item):
     if item % 5 == 3:
         raise ValueError(f"item {item} is bad")
@@ -110,7 +137,7 @@ def _configured(name: str, workers: int = 2) -> Backend:
     return backend
 
 
-@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS, indirect=True)
 def test_every_task_is_reported_exactly_once_and_exceptions_are_outcomes(name):
     backend = _configured(name)
     reports = _drive(backend, list(range(20)))
@@ -125,7 +152,7 @@ def test_every_task_is_reported_exactly_once_and_exceptions_are_outcomes(name):
             assert outcome[2] is None and outcome[3]["item"] == index  # metrics alone
 
 
-@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS, indirect=True)
 def test_free_slots_are_bounded_by_workers_and_refill(name):
     backend = _configured(name, workers=1)
     backend.start(RunContext(fit=contract_fit, data=Items([], [], None)))
@@ -153,7 +180,7 @@ def test_configure_is_how_settings_reach_a_backend(name):
     assert backend.workers == (1 if name == "serial" else 3)
 
 
-@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS, indirect=True)
 def test_train_runs_on_it_like_on_serial(name):
     before, loky_before = os.environ.get("OMP_NUM_THREADS"), os.environ.get("LOKY_MAX_CPU_COUNT")
     kwargs = {} if name == "serial" else {"workers": 2}
@@ -186,7 +213,7 @@ def fit_with_an_unpicklable_metric(item):
     return None, {"r2": 0.5, "item": item}
 
 
-@pytest.mark.parametrize("name", CONTRACT_BACKENDS)
+@pytest.mark.parametrize("name", CONTRACT_BACKENDS, indirect=True)
 def test_a_metric_the_driver_cannot_unpickle_fails_its_own_task_only(name):
     # a backend that pickles outcomes fails that task, with the reason; one that
     # does not (fit runs in the driver) keeps the value; the others are ok either way
