@@ -37,6 +37,10 @@ _cli = run_cli
 
 @pytest.fixture
 def sales_files(tmp_path):
+    return _write_sales(tmp_path)
+
+
+def _write_sales(folder):
     import numpy as np
     import pandas as pd
 
@@ -49,7 +53,7 @@ def sales_files(tmp_path):
             parts.append(pd.DataFrame({"store": store, "item": item, "price": price,
                                        "promo": promo, "sales": sales}))
     table = pd.concat(parts, ignore_index=True)
-    csv, parquet = tmp_path / "sales.csv", tmp_path / "sales.parquet"
+    csv, parquet = folder / "sales.csv", folder / "sales.parquet"
     table.to_csv(csv, index=False)
     table.to_parquet(parquet)
     return table, csv, parquet
@@ -171,10 +175,12 @@ def test_version_prints_the_version_from_a_leaf_module():
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
-@pytest.fixture
-def trained_store(tmp_path, sales_files):
-    _, _, parquet = sales_files
-    store = tmp_path / "store"
+@pytest.fixture(scope="module")
+def trained_store(tmp_path_factory):
+    """One store for the tests that only read it (trained once: 1.4 s each)."""
+    folder = tmp_path_factory.mktemp("trained")
+    _, _, parquet = _write_sales(folder)
+    store = folder / "store"
     result = _cli("train", parquet, "--by", "store,item", "--target", "sales", "--model",
                   "sklearn.linear_model.Ridge", "--grid", "alpha=0.01,1", "--store", store,
                   "--workers", "2")
