@@ -19,6 +19,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from .filetables import (
+    codes_into,
+    dictionaries_that_hold_all,
+    first_misfit,
+    index_type_for,
+    is_text,
+    refuse_unlike_columns,
+    text_where_any_is_text,
+)
 from .objectstores import (
     is_remote,
     object_path,
@@ -30,19 +39,7 @@ from .objectstores import (
 )
 from .partitions import partition_table, partitioning
 from .tablefiles import PARQUET_SUFFIXES, table_files
-from .tables import (
-    codes_into,
-    dictionaries_that_hold_all,
-    exact_pandas,
-    first_misfit,
-    index_type_for,
-    is_text,
-    plain_scalar,
-    present_columns,
-    refuse_unlike_columns,
-    sort_order,
-    text_where_any_is_text,
-)
+from .tables import exact_pandas, plain_scalar, present_columns, sort_order
 
 
 def parquet_files(table: Any) -> list[str]:

@@ -17,6 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .engineframes import refuse_engine_frame
+from .filetables import (
+    dictionaries_that_hold_all,
+    first_misfit,
+    refuse_unlike_columns,
+    text_where_any_is_text,
+    unsigned_where_any_is,
+)
 from .objectstores import is_remote
 from .partitions import add_partition_columns, partition_table
 from .tablefiles import CSV_SUFFIXES, PARQUET_SUFFIXES, READ_FORMATS, table_files
@@ -109,7 +116,6 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
     floats (where 18446744073709551614 and ...615 were one group key): it
     is ``uint64`` where each value fits one (as pandas' ``read_csv`` reads
     it), else text (longer ids, or negative ones beside them)."""
-    import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
     numbers = [field.name for field in table.schema if pa.types.is_integer(field.type)
@@ -142,7 +148,6 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
 
 def _whole(column: pa.ChunkedArray) -> bool:
     """Whether a float column's values are all whole numbers (or missing)."""
-    import pyarrow.compute as pc
 
     return pc.all(pc.equal(pc.floor(column), column)).as_py() is not False
 
@@ -155,21 +160,6 @@ def present_columns(columns: list[str], names: list[str], where: Any) -> list[st
                          f"its columns are {names}")
     wanted = set(columns)
     return [name for name in names if name in wanted]
-
-
-def refuse_unlike_columns(files: list[str], names: list[list[str]], what: str) -> None:
-    """Refuse files (``what``: where they are) whose columns differ from the
-    first file's: merged, the missing ones would be all null."""
-    first = set(names[0])
-    for file, own in zip(files[1:], names[1:]):
-        if set(own) != first:
-            lacks, extra = sorted(first - set(own)), sorted(set(own) - first)
-            differences = ([f"lacks the columns {lacks}, which {files[0]!r} has"] if lacks
-                           else []) + ([f"has the columns {extra}, which {files[0]!r} lacks"]
-                                       if extra else [])
-            raise ValueError(f"{what} do not share their columns: {file!r} "
-                             + ", and ".join(differences)
-                             + "; every file must hold the same columns")
 
 
 def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -192,125 +182,6 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     except pa.ArrowException as exc:
         raise ValueError(f"the files under {str(path)!r} do not share one schema: "
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
-
-
-def index_type_for(categories: int, index: pa.DataType) -> pa.DataType:
-    """``index`` where its codes reach ``categories`` categories, else int32."""
-    return index if categories <= np.iinfo(index.to_pandas_dtype()).max + 1 else pa.int32()
-
-
-def codes_into(chunk: pa.DictionaryArray, values: pa.Array) -> pa.Array:
-    """``chunk``'s rows as int32 codes into ``values``, a dictionary that
-    holds every value of its own (files' dictionaries unified into one)."""
-    import pyarrow.compute as pc
-
-    return pc.index_in(chunk.dictionary, value_set=values).take(chunk.indices)
-
-
-def dictionaries_that_hold_all(tables: list[pa.Table]) -> list[pa.Table]:
-    """``tables`` (one a file, or one of a chunk a file) with each dictionary
-    (categorical) column whose files' categories together outnumber its index
-    type (100 in each of two
-    files, an int8 index) as a dictionary of int32 indices in every table:
-    the unified categories of a ``take`` or of pandas' conversion otherwise
-    fail ("requires a larger index type"). Columns that fit are left as they
-    are (their type is part of a group's data hash)."""
-    import pyarrow.compute as pc
-
-    if not tables:
-        return tables
-    names = [field.name for field in tables[0].schema if pa.types.is_dictionary(field.type)]
-    for name in names:
-        kinds = [t.schema.field(name).type for t in tables if name in t.column_names]
-        if not all(pa.types.is_dictionary(kind) for kind in kinds):
-            continue
-        index = min((kind.index_type for kind in kinds), key=lambda k: k.bit_width)
-        if index.bit_width >= 32:
-            continue
-        values = [chunk.dictionary for t in tables for chunk in t.column(name).chunks]
-        try:
-            distinct = len(pc.unique(pa.concat_arrays(values))) if values else 0
-        except pa.ArrowException:  # of unlike values: the concatenation says so, by file
-            continue
-        if index_type_for(distinct, index) == index:
-            continue
-        wider = pa.dictionary(pa.int32(), kinds[0].value_type, kinds[0].ordered)
-        tables = [t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(wider))
-                  if name in t.column_names else t for t in tables]
-    return tables
-
-
-def is_text(kind: pa.DataType) -> bool:
-    """Whether ``kind`` is text (a string type, or a dictionary of one)."""
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
-
-
-def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
-    """The files' tables with a column that is text in one file and of
-    another type in another (CSV's inference reads "7" as a number in a file
-    that has no "A", a writer dictionary-encodes some files) as text in all."""
-    kinds: dict[str, set[pa.DataType]] = {}
-    for table in tables:
-        for field in table.schema:
-            kinds.setdefault(field.name, set()).add(field.type)
-    mixed = [name for name, types in kinds.items()
-             if len(types) > 1 and any(is_text(kind) for kind in types)]
-    if not mixed:
-        return tables
-    retyped = []
-    for table in tables:
-        for name in mixed:
-            position = table.schema.get_field_index(name)
-            if position >= 0 and table.schema.field(position).type != pa.string():
-                table = table.set_column(position, name, table.column(position).cast(pa.string()))
-        retyped.append(table)
-    return retyped
-
-
-def unsigned_where_any_is(tables: list[pa.Table]) -> list[pa.Table]:
-    """The files' tables with an integer column that is ``uint64`` in one
-    file (CSV's reading of ids past int64) and signed in another as
-    ``uint64`` in all where no value is negative, else as text in all (no
-    integer type holds both): Arrow's concatenation refused them, naming no
-    file."""
-    kinds: dict[str, set[pa.DataType]] = {}
-    for table in tables:
-        for field in table.schema:
-            kinds.setdefault(field.name, set()).add(field.type)
-    mixed = {name: types for name, types in kinds.items()
-             if pa.uint64() in types and any(pa.types.is_signed_integer(kind) for kind in types)
-             and all(pa.types.is_integer(kind) for kind in types)}
-    if not mixed:
-        return tables
-    target = {}
-    for name in mixed:
-        lowest = [pc.min(table.column(name)).as_py() for table in tables
-                  if name in table.column_names
-                  and pa.types.is_signed_integer(table.schema.field(name).type)]
-        target[name] = pa.string() if any(v is not None and v < 0 for v in lowest) \
-            else pa.uint64()
-    retyped = []
-    for table in tables:
-        for name, kind in target.items():
-            position = table.schema.get_field_index(name)
-            if position >= 0 and table.schema.field(position).type != kind:
-                table = table.set_column(position, name, table.column(position).cast(kind))
-        retyped.append(table)
-    return retyped
-
-
-def first_misfit(files: list[Any], schemas: list[pa.Schema]) -> str:
-    """"FILE does not fit those before it: " for the first file whose schema
-    does not unify with the files' before it, or "" (none alone)."""
-    unified = schemas[0]
-    for file, schema in zip(files[1:], schemas[1:]):
-        try:
-            unified = pa.unify_schemas([unified, schema], promote_options="permissive")
-        except pa.ArrowException:
-            return f"{str(file)!r} does not fit the files before it: "
-    return ""
 
 
 def named_twice(names: list[Any]) -> Any:
@@ -396,7 +267,6 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
 def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:
     """The stable sort of ``table``'s rows by ``columns`` (ascending, missing
     values last), after ``codes`` (a group number per row) when given."""
-    import pyarrow.compute as pc
 
     keys = [(c, "ascending") for c in columns]
     sortable = table.select(columns)
@@ -442,7 +312,6 @@ def presorted_group_lengths(table: pa.Table, by: list[str], order_by: list[str] 
     without numbering or sorting the rows. None otherwise: the caller sorts.
     The order is the one the sort would give (text compares by code point
     in both), so the groups and their rows are the same either way."""
-    import pyarrow.compute as pc
 
     if len(by) != 1 or len(order_by or ()) > 1 or table.num_rows < 2:
         return None

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..inputs.filetables import codes_into, index_type_for
 from ..inputs.objectstores import is_remote, path_in, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
-from ..inputs.tables import codes_into, index_type_for, sort_order
+from ..inputs.tables import sort_order
 from .staging import StagedGroups, cleanup_with, new_directory, remove_directory
 
 #: About how many bytes of rows one bucket holds: the most this sort keeps in
