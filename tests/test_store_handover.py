@@ -26,6 +26,7 @@ def _scheduler(tasks: int) -> Scheduler:
     scheduler = Scheduler.__new__(Scheduler)  # the bookkeeping alone, no backend
     scheduler.records, scheduler.recorder = TaskRecords(tasks), None
     scheduler._done = scheduler._ok = scheduler._failed = 0
+    scheduler._last_attempt = {}
     return scheduler
 
 

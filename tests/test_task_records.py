@@ -21,6 +21,7 @@ def _scheduler(tasks: int, retries: int = 0) -> Scheduler:
     scheduler.records, scheduler.recorder = TaskRecords(tasks, retries), None
     scheduler.retries = retries
     scheduler._done = scheduler._ok = scheduler._failed = 0
+    scheduler._last_attempt = {}
     return scheduler
 
 
