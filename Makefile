@@ -15,9 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/manymodels demo
 
+# Bytecode compiled once, even where PYTHONDONTWRITEBYTECODE is set: the
+# suite starts hundreds of interpreters (spawned workers, engine workers, the
+# command line, the docs' pages) that would each compile the package again.
 test: $(STAMP) browser java torch
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q src tests bench > /dev/null
 	$(BIN)/python -m pytest -q
 
 # The HTML report is tested in a real headless browser: Debian's chromium.
