@@ -346,8 +346,7 @@ class HalvingSearch:
         """A candidate's mean score so far, lower better (NaN last)."""
         from .windowtable import score_column
 
-        scores = score_column(records, self.halving.selection.metric)  # as mean_scores
-        value = float(np.mean(scores)) if len(scores) else float("nan")
+        value = _mean(score_column(records, self.halving.selection.metric))  # as mean_scores
         if value != value:
             return np.inf
         return -value if self.halving.selection.higher else value

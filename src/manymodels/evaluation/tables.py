@@ -201,8 +201,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
         windows.extend(table["window"])
-        cutoffs.extend(_as_dates(table["cutoff"]) if holds_dates(rows["time"])
-                       else table["cutoff"])
+        cutoffs.extend(_as_dates(table["cutoff"]) if _dated(table) else table["cutoff"])
         sizes.extend(table["n_test"])
     named = {name: column_name(name, key_columns) for name in _FORECAST_COLUMNS}
     if not keys:

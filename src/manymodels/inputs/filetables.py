@@ -85,22 +85,9 @@ def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
     """The files' tables with a column that is text in one file and of
     another type in another (CSV's inference reads "7" as a number in a file
     that has no "A", a writer dictionary-encodes some files) as text in all."""
-    kinds: dict[str, set[pa.DataType]] = {}
-    for table in tables:
-        for field in table.schema:
-            kinds.setdefault(field.name, set()).add(field.type)
-    mixed = [name for name, types in kinds.items()
+    mixed = [name for name, types in _types_by_column(tables).items()
              if len(types) > 1 and any(is_text(kind) for kind in types)]
-    if not mixed:
-        return tables
-    retyped = []
-    for table in tables:
-        for name in mixed:
-            position = table.schema.get_field_index(name)
-            if position >= 0 and table.schema.field(position).type != pa.string():
-                table = table.set_column(position, name, table.column(position).cast(pa.string()))
-        retyped.append(table)
-    return retyped
+    return _cast_columns(tables, dict.fromkeys(mixed, pa.string()))
 
 
 def unsigned_where_any_is(tables: list[pa.Table]) -> list[pa.Table]:
@@ -109,25 +96,36 @@ def unsigned_where_any_is(tables: list[pa.Table]) -> list[pa.Table]:
     ``uint64`` in all where no value is negative, else as text in all (no
     integer type holds both): Arrow's concatenation refused them, naming no
     file."""
-    kinds: dict[str, set[pa.DataType]] = {}
-    for table in tables:
-        for field in table.schema:
-            kinds.setdefault(field.name, set()).add(field.type)
-    mixed = {name: types for name, types in kinds.items()
+    mixed = [name for name, types in _types_by_column(tables).items()
              if pa.uint64() in types and any(pa.types.is_signed_integer(kind) for kind in types)
-             and all(pa.types.is_integer(kind) for kind in types)}
-    if not mixed:
-        return tables
-    target = {}
+             and all(pa.types.is_integer(kind) for kind in types)]
+    targets = {}
     for name in mixed:
         lowest = [pc.min(table.column(name)).as_py() for table in tables
                   if name in table.column_names
                   and pa.types.is_signed_integer(table.schema.field(name).type)]
-        target[name] = pa.string() if any(v is not None and v < 0 for v in lowest) \
+        targets[name] = pa.string() if any(v is not None and v < 0 for v in lowest) \
             else pa.uint64()
+    return _cast_columns(tables, targets)
+
+
+def _types_by_column(tables: list[pa.Table]) -> dict[str, set[pa.DataType]]:
+    """Each column's types across the files' tables."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for table in tables:
+        for field in table.schema:
+            kinds.setdefault(field.name, set()).add(field.type)
+    return kinds
+
+
+def _cast_columns(tables: list[pa.Table], targets: dict[str, pa.DataType]) -> list[pa.Table]:
+    """``tables`` with each column named in ``targets`` cast to its type
+    where a table has it of another."""
+    if not targets:
+        return tables
     retyped = []
     for table in tables:
-        for name, kind in target.items():
+        for name, kind in targets.items():
             position = table.schema.get_field_index(name)
             if position >= 0 and table.schema.field(position).type != kind:
                 table = table.set_column(position, name, table.column(position).cast(kind))

@@ -146,6 +146,7 @@ class Store(OpenedIndex):
         """The results of a run (default: the latest), like ``Run.results``."""
         run_id, key_columns, _ = self._run_row(run)
         from ..engine.metriccolumns import metric_column_names, text_columns
+        from ..evaluation.splitters import WINDOWS
 
         tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics", *_TASK_COLUMNS])
         keys = decode_keys(tasks["key"], len(key_columns))
@@ -153,7 +154,7 @@ class Store(OpenedIndex):
         for column in _TASK_COLUMNS:
             frame[column] = tasks[column].to_pylist()
         metrics = {name: values for name, values in text_columns(tasks["metrics"]).items()
-                   if name != "__windows__"}  # per-window scores: Store.evaluation
+                   if name != WINDOWS}  # per-window scores: Store.evaluation
         # run_id is inserted below, resumed and resumed_from by the public mm.Store
         names = metric_column_names(metrics, {*STORE_RESULT_COLUMNS, *frame.columns})
         for name, values in metrics.items():

@@ -213,8 +213,9 @@ class RayBackend(CallSupervision, Backend):
         self._calls = {}
         self._worker_ids: dict[tuple[str, int], int] = {}
         self.worker_nodes, self.worker_pids = {}, {}
-        self._first_sent_at: float | None = None  # until a Ray task starts
-        self._any_started = False
+        self._first_sent_at: float | None = None
+        #: no more to watch for: a Ray task has started, or the warning was given
+        self._start_watched = False
         # Tolerates one generation of Ray tasks in flight dying at once (a
         # lost node), not workers that die whatever they are given.
         self._deaths = DeathCount(DEATHS_OUTSIDE_TASKS + _BATCHES_PER_WORKER * self.workers,
@@ -278,7 +279,7 @@ class RayBackend(CallSupervision, Backend):
             events.extend(self._drain(gen))
         if self.timeout is not None:
             events.extend(self._check_timeouts())
-        if not self._any_started:
+        if not self._start_watched:
             self._warn_if_none_started()
         return events
 
@@ -287,13 +288,15 @@ class RayBackend(CallSupervision, Backend):
         :data:`_NO_START_WARN_S` after the first was sent."""
         import ray
 
-        if self._first_sent_at is None or any(c.started for c in self._calls.values()):
-            self._any_started = self._first_sent_at is not None
+        if self._first_sent_at is None:
+            return
+        if any(call.started for call in self._calls.values()):
+            self._start_watched = True
             return
         waited = time.monotonic() - self._first_sent_at
         if waited < _NO_START_WARN_S:
             return
-        self._any_started = True  # (said once)
+        self._start_watched = True  # (said once)
         free = ray.available_resources()
         total = ray.cluster_resources()
         asks = f"{self.cpus_per_task} CPU(s)" + (
