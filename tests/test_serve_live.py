@@ -155,6 +155,13 @@ def test_each_worker_logs_its_reloads(tmp_path):
     with open(tmp_path / "serve.log", "w") as log:
         served = Server(path, "--workers", "2", "--poll", "0.2", log=log)
         try:
+            # both workers serving run 1 first (the command's own line, then
+            # each worker's): one that starts after run 2 is trained serves
+            # run 2 from the start, and has no reload to log
+            deadline = time.monotonic() + 30
+            while (tmp_path / "serve.log").read_text().count("serving run 1 of") < 3:
+                assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                time.sleep(0.05)
             mm.train(fit, mm.groups(sales(3, seed=1), by="store"), store=path,
                      backend="serial", progress=False)
             deadline = time.monotonic() + 30
