@@ -612,6 +612,26 @@ def test_a_time_column_of_dates_comes_back_as_dates(tmp_path):
         datetime.date(2024, 1, 11), datetime.date(2024, 1, 12)]
 
 
+def test_date_cutoffs_are_dates_without_the_forecasts_too(tmp_path):
+    """With forecasts=False (no forecast rows to tell the times' type by), a
+    date column's cutoffs came back as ISO text in run.evaluation and
+    Store.evaluation; a text time column's stay text."""
+    import datetime
+
+    days = [datetime.date(2024, 1, day) for day in range(1, 11)]
+    for times, cutoffs in ((days, [days[5], days[7]]),
+                           ([day.isoformat() for day in days], ["2024-01-06", "2024-01-08"])):
+        frame = pd.DataFrame({"g": "a", "d": times, "y": np.arange(10.0)})
+        store = tmp_path / str(type(times[0]).__name__)
+        run = mm.train(lambda rows: LastValue(rows["y"]), mm.groups(frame, by="g"),
+                       evaluate=mm.backtest(time="d", horizon=2, windows=2, target="y",
+                                            forecasts=False),
+                       store=store, backend="serial", progress=False)
+        for evaluation in (run.evaluation, mm.Store(store).evaluation()):
+            assert evaluation["cutoff"].tolist() == cutoffs
+            assert "cutoff_dates" not in evaluation.columns
+
+
 def test_a_holdout_that_leaves_no_training_row_says_so():
     """holdout(0.9) of 9 rows said it "needs at least 2 rows, has 9"."""
     run = mm.train(lambda rows: _Level(1.0), mm.groups(pd.DataFrame(

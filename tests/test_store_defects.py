@@ -544,6 +544,26 @@ def message_words(output: str) -> str:
     return " ".join(without_box.split())
 
 
+def test_a_refused_run_leaves_an_existing_empty_folder_empty(tmp_path):
+    """A store folder made beforehand (``mkdir models``) held an index once
+    a run on it was refused at its plan (a Parquet key column of lists):
+    only a path that did not exist was left alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "lists.parquet"
+    pq.write_table(pa.table({"g": [[1], [2]], "x": [1.0, 2.0]}), table)
+    store = tmp_path / "models"
+    store.mkdir()
+    with pytest.raises(ValueError, match="by column 'g' holds list"):
+        mm.train(lambda rows: 1, mm.groups(str(table), by="g"), store=store,
+                 backend="serial", progress=False)
+    assert list(store.iterdir()) == []
+    run = mm.train(lambda n: 1, mm.grid(n=[1]), store=store, backend="serial",
+                   progress=False)
+    assert mm.Store(store).runs()["run_id"].tolist() == [run.run_id]
+
+
 def _with_lock(n, lock):
     return {"n": n}
 

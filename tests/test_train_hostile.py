@@ -178,3 +178,25 @@ def test_keywords_fit_cannot_take_are_refused_before_any_work():
     assert run.results["metric_a"].tolist() == [1, 2]
     assert mm.train(by_data, mm.items([1]) * mm.grid(alpha=[1]), backend="serial",
                     progress=False).results["status"].tolist() == ["ok"]
+
+
+def test_a_fit_parameter_no_task_gives_is_refused_before_any_work():
+    """fit(df, alpha) with nothing named alpha failed every task ("missing a
+    required positional argument") after the run had started them all."""
+    frame = pd.DataFrame({"g": [1, 1, 2], "x": [1.0, 2.0, 3.0]})
+    serial = {"backend": "serial", "progress": False}
+    with pytest.raises(TypeError, match="fit's parameter 'alpha' has no default, and no task "
+                                        "gives it one"):
+        mm.train(lambda rows, alpha: {}, mm.groups(frame, by="g"), backend="serial",
+                 progress=False)
+    with pytest.raises(TypeError, match="fit's parameter 'b' has no default"):
+        mm.train(lambda a, b: {}, mm.grid(a=[1, 2]), backend="serial", progress=False)
+    given = [mm.train(lambda rows, alpha: {}, mm.groups(frame, by="g") * mm.grid(alpha=[1]),
+                      **serial),
+             mm.train(lambda rows, alpha, key, checkpoint: {}, mm.groups(frame, by="g"),
+                      shared={"alpha": 1}, **serial),
+             mm.train(lambda rows, resource: {}, mm.groups(frame, by="g"), setup=lambda: 1,
+                      **serial),
+             mm.train(lambda rows, alpha=1: {}, mm.groups(frame, by="g"), **serial)]
+    for run in given:
+        assert run.results["status"].tolist() == ["ok"] * len(run.results)

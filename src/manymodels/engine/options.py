@@ -262,6 +262,7 @@ def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]
             raise ValueError(f"{names[first]} {first!r} is also the name of fit's first "
                              "parameter, which gets each task's data: rename one")
         parameters = parameters[1:]
+    _check_fit_is_given(parameters, names, gets_key=not isinstance(source, GridSource))
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters):
         return
     takes = {p.name for p in parameters if p.kind != inspect.Parameter.VAR_POSITIONAL
@@ -270,6 +271,27 @@ def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]
         if name not in takes:
             raise TypeError(f"fit has no parameter {name!r} for the {what} {name!r} (nor "
                             "**kwargs): every task would fail; add it to fit's parameters")
+
+
+def _check_fit_is_given(parameters: list[Any], names: dict[str, str], gets_key: bool) -> None:
+    """Refuse a parameter of ``fit`` (past the data's) that has no default and
+    that no task would give it: every task failed with "missing a required
+    argument", after the run had started them all. A task gives ``fit`` the
+    ``names`` (grid settings, shared objects, setup resources), its
+    ``checkpoint`` when ``fit`` names one, and its ``key`` unless the source
+    is a bare grid."""
+    import inspect
+
+    given = set(names) | {"checkpoint"} | ({"key"} if gets_key else set())
+    for parameter in parameters:
+        if parameter.default is not inspect.Parameter.empty or parameter.kind in (
+                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if parameter.kind == inspect.Parameter.POSITIONAL_ONLY or parameter.name not in given:
+            raise TypeError(f"fit's parameter {parameter.name!r} has no default, and no task "
+                            "gives it one (no grid parameter, shared object or setup resource "
+                            "has its name): every task would fail; give it a default, or pass "
+                            f"shared={{{parameter.name!r}: ...}}")
 
 
 def _check_setup(setup: Any) -> list[str]:

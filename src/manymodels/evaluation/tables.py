@@ -15,7 +15,15 @@ from typing import Any
 
 from ..inputs.keys import UTC_OFFSET, key_frame
 from .splitters import WINDOWS
-from .windowtable import ROW_COLUMNS, as_table, holds_dates, time_zone, unpack_column, window_count
+from .windowtable import (
+    DATED,
+    ROW_COLUMNS,
+    as_table,
+    holds_dates,
+    time_zone,
+    unpack_column,
+    window_count,
+)
 
 _WINDOW_COLUMNS = ["window", "cutoff", "n_train", "n_test"]
 _FORECAST_COLUMNS = ["window", "cutoff", "time", "actual", "forecast"]
@@ -73,7 +81,11 @@ def _as_dates(values: list) -> list:
 
 
 def _dated(table: dict[str, Any]) -> bool:
-    """Whether a windows table's forecast times are ``datetime.date`` values."""
+    """Whether a windows table's cutoffs are of ``datetime.date`` values: it
+    says so (:data:`DATED`), or, as stores written before the mark show it,
+    its forecast times are dates."""
+    if any(table.get(DATED) or ()):
+        return True
     rows = table.get("rows")
     return isinstance(rows, dict) and holds_dates(rows.get("time"))
 
@@ -103,7 +115,7 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
         keys.append(parts)
         counts.append(count)
         for name, values in table.items():
-            if name == "rows":
+            if name in ("rows", DATED):
                 continue
             if name == "cutoff" and _dated(table):
                 values = _as_dates(values)

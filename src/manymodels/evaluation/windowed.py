@@ -31,11 +31,11 @@ from .horizons import horizon_call
 from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
 from .timetext import check_text_times
 from .windowrows import WindowLayout, model_and_metrics
-from .windowtable import mean_scores
+from .windowtable import DATED, FIELDS, mean_scores
 
 #: What each window's row (and a task's averaged scores) holds beside the
 #: metrics: a metric function's score of one of these names is refused.
-WINDOW_FIELDS = frozenset({"window", "cutoff", "n_train", "n_test", "rows", SKIPPED, WINDOWS})
+WINDOW_FIELDS = frozenset({*FIELDS, SKIPPED, WINDOWS})
 
 
 class GroupWindows:
@@ -185,6 +185,8 @@ class GroupWindows:
                 predicted = np.concatenate([np.asarray(p).reshape(-1) for p in predictions])
         table: dict[str, Any] = {"window": list(numbers), "cutoff": list(layout.cutoffs),
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
+        if layout.dated_cutoffs:
+            table[DATED] = [True] * len(numbers)
         vectorised = _metrics.window_score_lists(
             self.vectorised, layout.y, predicted, layout.bounds,
             layout.trains if self.mase else []) if self.vectorised else {}

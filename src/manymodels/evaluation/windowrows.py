@@ -82,6 +82,22 @@ class WindowLayout:
             trains.append(target)
         return trains
 
+    @cached_property
+    def dated_cutoffs(self) -> bool:
+        """Whether the windows' cutoffs are ``datetime.date`` values (sent as
+        ISO text, which a text time column's cutoffs are too: the windows
+        table marks them, :data:`~manymodels.evaluation.windowtable.DATED`,
+        so that they come back as dates with or without the forecast rows)."""
+        time = getattr(self.group.splitter, "time", None)
+        if time is None:
+            return False
+        times = column(self.group.rows, time)
+        if getattr(times, "dtype", None) is None or times.dtype.kind != "O":
+            return False
+        last_trained = [train.stop - 1 for train in self._trains
+                        if isinstance(train, slice) and train.stop]
+        return len(last_trained) == len(self._trains) and _all_dates(times[last_trained])
+
     def forecast_rows(self, predicted: Any) -> dict[str, Any] | None:
         """The windows' forecasts row by row, end to end (window ``i``'s at
         ``bounds[i]:bounds[i + 1]``): their times, actuals and forecasts,

@@ -27,8 +27,11 @@ import numpy as np
 
 from .windowrows import pack_column
 
+#: A windows table's mark (True a window) that its cutoffs, ISO text as they
+#: travel, are of a ``datetime.date`` time column, to be read back as dates.
+DATED = "cutoff_dates"
 #: The columns of a windows table that are not scores.
-FIELDS = ("window", "cutoff", "n_train", "n_test", "rows")
+FIELDS = ("window", "cutoff", "n_train", "n_test", "rows", DATED)
 #: A backtest's packed columns under ``rows``.
 ROW_COLUMNS = ("time", "actual", "forecast")
 

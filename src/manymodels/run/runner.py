@@ -95,13 +95,14 @@ def train(
         *(options.shared or {}), *source.key_columns,
         *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints,
         takes_data=not isinstance(source, GridSource))
-    # a store that does not exist yet is made once the plan and the task
-    # identities are (a refusal there, of a column that cannot be hashed say,
-    # left an empty store behind); an existing one is checked at once
+    # a store that does not exist yet (nor an empty folder) is made once the
+    # plan and the task identities are (a refusal there, of a column that
+    # cannot be hashed say, left an empty store behind); an existing one is
+    # checked at once
     if store is not None:
         require_distinct_texts(source)
-    new_store = isinstance(store, (str, Path)) and not is_remote(store) and not Path(
-        store).exists()
+    new_store = isinstance(store, (str, Path)) and not is_remote(store) and _no_store_yet(
+        Path(store))
     if not new_store:
         store = _open_store(store, store_type)
     # a store on an object store is published once, at the end: the run,
@@ -248,6 +249,14 @@ def _engine(instance: Backend | None, backend_type: type[Backend], options: RunO
             recorder.abandon()
         raise
     return engine
+
+
+def _no_store_yet(path: Path) -> bool:
+    """Whether ``path`` holds nothing yet: no such path, or an empty folder."""
+    try:
+        return not path.exists() or (path.is_dir() and next(path.iterdir(), None) is None)
+    except OSError:  # unreadable: opening it says why
+        return False
 
 
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:
