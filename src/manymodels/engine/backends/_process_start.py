@@ -26,7 +26,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ... import machine as _resources
+from ...machine import collector as _collector
 from ._process_handles import ForkedProcess, MemoryWatch, Worker, send_loop
 from ._process_worker import die_with_parent, forked_main
 
@@ -305,7 +305,7 @@ class WorkerStarter:
             # worker's collector: a full pass would write to each one's header
             # and copy every page of the driver's heap into the worker.
             gc.freeze()
-            if _resources.COLLECTOR_PAUSED:  # the driver's pause: fits run here
+            if _collector.COLLECTOR_PAUSED:  # the driver's pause: fits run here
                 gc.enable()
             os.setsid()
             stdin = os.open(os.devnull, os.O_RDONLY)  # as a spawned worker's: a fit that
