@@ -524,3 +524,42 @@ def test_a_bare_grids_fit_may_take_its_checkpoint_first():
     with pytest.raises(TypeError, match="fit's first parameter is checkpoint"):
         mm.train(_checkpoint_first, mm.items([1]) * mm.grid(alpha=[1]), backend="serial",
                  progress=False)
+
+
+def _numbered_replica(item, checkpoint, counter, fail):
+    """Takes the next number from ``counter`` when it starts afresh; fails
+    after saving it while ``fail`` exists (neither is in the identity)."""
+    from pathlib import Path
+
+    number = checkpoint.load()
+    if number is None:
+        number = int(Path(counter).read_text() or 0) + 1
+        Path(counter).write_text(str(number))
+        checkpoint.save(number)
+    if Path(fail).exists():
+        raise RuntimeError("flagged")
+    return {"number": number}
+
+
+def test_replicas_of_one_setting_keep_checkpoints_of_their_own(tmp_path):
+    """Items equal but for their position have one identity: their tasks
+    shared one checkpoint, and each replica resumed the first one's state
+    (every seed the same), or, at once, failed as a superseded attempt."""
+    import manymodels as mm
+
+    counter, fail, store = tmp_path / "counter", tmp_path / "fail", tmp_path / "store"
+    counter.write_text("")
+    fail.touch()
+    shared = {"counter": str(counter), "fail": str(fail)}
+    replicas = mm.items([{"seed": "random"}] * 3)
+    failed = mm.train(_numbered_replica, replicas, shared=shared, store=store,
+                      backend="serial", progress=False)
+    assert failed.results["status"].tolist() == ["failed"] * 3
+    assert counter.read_text() == "3"  # each started afresh, none resumed another's
+    fail.unlink()
+    run = mm.train(_numbered_replica, replicas, shared=shared, store=store,
+                   backend="serial", progress=False, keep_checkpoints=True)
+    assert run.results["number"].tolist() == [1, 2, 3]  # each its own, resumed
+    assert run.results["resumed"].all()
+    assert mm.Store(store).gc() == 3  # their models are in the store: none can be used
+    assert not list((store / "checkpoints").rglob("manifest.json"))
