@@ -581,3 +581,17 @@ def test_a_resumed_states_arrays_are_aligned(tmp_path, name_length):
         assert np.array_equal(array, state[key]) and array.dtype == state[key].dtype
     resumed["w"] += 1  # in place, as a training loop does
     assert np.array_equal(resumed["w"], state["w"] + 1)
+
+
+def test_a_task_that_saves_without_loading_is_not_reported_resumed(tmp_path):
+    """save() read the slot to know where to write, and took what it found
+    for a resume: a fit that always starts afresh was reported resumed."""
+    Checkpoint(tmp_path).save({"step": 5})
+    events = []
+    fresh = Checkpoint(tmp_path, attempt=2, report=lambda kind, _: events.append(kind))
+    fresh.save({"step": 1})
+    assert fresh.load() == {"step": 1} and not fresh.resumed and events == []
+    resuming = Checkpoint(tmp_path, attempt=3, report=lambda kind, _: events.append(kind))
+    assert resuming.load() == {"step": 1} and resuming.resumed and events == ["resumed"]
+    resuming.save({"step": 2})  # after its load: it resumed, once
+    assert resuming.resumed and events == ["resumed"]
