@@ -595,3 +595,11 @@ def test_a_task_that_saves_without_loading_is_not_reported_resumed(tmp_path):
     assert resuming.load() == {"step": 1} and resuming.resumed and events == ["resumed"]
     resuming.save({"step": 2})  # after its load: it resumed, once
     assert resuming.resumed and events == ["resumed"]
+
+
+def test_an_unpicklable_state_is_refused_saying_so_and_the_last_save_stays(tmp_path):
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.save({"step": 1})
+    with pytest.raises(TypeError, match=r"checkpoint's state \(dict\) cannot be pickled.*lock"):
+        checkpoint.save({"step": 2, "lock": threading.Lock()})
+    assert Checkpoint(tmp_path, attempt=2).load() == {"step": 1}

@@ -81,7 +81,11 @@ def pickled(state: Any) -> tuple[list[Any], dict]:
         import cloudpickle
 
         buffers = []
-        stream = cloudpickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+        try:
+            stream = cloudpickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+        except Exception as exc:  # (a lock, an open file: the fit's error says what)
+            raise TypeError(f"the checkpoint's state ({type(state).__name__}) cannot be "
+                            f"pickled, so it is not saved: {exc}") from exc
     parts = [stream, *(buffer.raw() for buffer in buffers)]
     digest = hashlib.sha256()
     for part in parts:
