@@ -524,3 +524,82 @@ def test_a_bare_grids_fit_may_take_its_checkpoint_first():
     with pytest.raises(TypeError, match="fit's first parameter is checkpoint"):
         mm.train(_checkpoint_first, mm.items([1]) * mm.grid(alpha=[1]), backend="serial",
                  progress=False)
+
+
+def _numbered_replica(item, checkpoint, counter, fail):
+    """Takes the next number from ``counter`` when it starts afresh; fails
+    after saving it while ``fail`` exists (neither is in the identity)."""
+    from pathlib import Path
+
+    number = checkpoint.load()
+    if number is None:
+        number = int(Path(counter).read_text() or 0) + 1
+        Path(counter).write_text(str(number))
+        checkpoint.save(number)
+    if Path(fail).exists():
+        raise RuntimeError("flagged")
+    return {"number": number}
+
+
+def test_replicas_of_one_setting_keep_checkpoints_of_their_own(tmp_path):
+    """Items equal but for their position have one identity: their tasks
+    shared one checkpoint, and each replica resumed the first one's state
+    (every seed the same), or, at once, failed as a superseded attempt."""
+    import manymodels as mm
+
+    counter, fail, store = tmp_path / "counter", tmp_path / "fail", tmp_path / "store"
+    counter.write_text("")
+    fail.touch()
+    shared = {"counter": str(counter), "fail": str(fail)}
+    replicas = mm.items([{"seed": "random"}] * 3)
+    failed = mm.train(_numbered_replica, replicas, shared=shared, store=store,
+                      backend="serial", progress=False)
+    assert failed.results["status"].tolist() == ["failed"] * 3
+    assert counter.read_text() == "3"  # each started afresh, none resumed another's
+    fail.unlink()
+    run = mm.train(_numbered_replica, replicas, shared=shared, store=store,
+                   backend="serial", progress=False, keep_checkpoints=True)
+    assert run.results["number"].tolist() == [1, 2, 3]  # each its own, resumed
+    assert run.results["resumed"].all()
+    assert mm.Store(store).gc() == 3  # their models are in the store: none can be used
+    assert not list((store / "checkpoints").rglob("manifest.json"))
+
+
+@pytest.mark.parametrize("name_length", range(8))
+def test_a_resumed_states_arrays_are_aligned(tmp_path, name_length):
+    """The arrays came back at the offsets their bytes had in the state file,
+    after a pickle of any length: unaligned for their dtype, each in-place
+    operation of the resumed training loop several times slower."""
+    state = {"name": "x" * name_length, "odd": np.arange(3, dtype=np.float32),
+             "w": np.linspace(0, 1, 1000), "i": np.arange(5, dtype=np.int8),
+             "z": np.full(7, 1 + 2j)}
+    Checkpoint(tmp_path).save(state)
+    resumed = Checkpoint(tmp_path, attempt=2).load()
+    for key in ("odd", "w", "i", "z"):
+        array = resumed[key]
+        assert array.flags.aligned and array.flags.writeable, key
+        assert np.array_equal(array, state[key]) and array.dtype == state[key].dtype
+    resumed["w"] += 1  # in place, as a training loop does
+    assert np.array_equal(resumed["w"], state["w"] + 1)
+
+
+def test_a_task_that_saves_without_loading_is_not_reported_resumed(tmp_path):
+    """save() read the slot to know where to write, and took what it found
+    for a resume: a fit that always starts afresh was reported resumed."""
+    Checkpoint(tmp_path).save({"step": 5})
+    events = []
+    fresh = Checkpoint(tmp_path, attempt=2, report=lambda kind, _: events.append(kind))
+    fresh.save({"step": 1})
+    assert fresh.load() == {"step": 1} and not fresh.resumed and events == []
+    resuming = Checkpoint(tmp_path, attempt=3, report=lambda kind, _: events.append(kind))
+    assert resuming.load() == {"step": 1} and resuming.resumed and events == ["resumed"]
+    resuming.save({"step": 2})  # after its load: it resumed, once
+    assert resuming.resumed and events == ["resumed"]
+
+
+def test_an_unpicklable_state_is_refused_saying_so_and_the_last_save_stays(tmp_path):
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.save({"step": 1})
+    with pytest.raises(TypeError, match=r"checkpoint's state \(dict\) cannot be pickled.*lock"):
+        checkpoint.save({"step": 2, "lock": threading.Lock()})
+    assert Checkpoint(tmp_path, attempt=2).load() == {"step": 1}

@@ -34,6 +34,9 @@ MAGIC = b"MMCKPT1\n"
 _LENGTH = 8
 _CHUNK = 1 << 20
 _PAGE = 4096
+#: Where a resumed state's large buffers start in memory: a multiple of any
+#: dtype's alignment, and of a cache line.
+_BUFFER_ALIGNMENT = 64
 #: The two state files of a slot, written in turn.
 STATE_FILES = ("state-a.pkl", "state-b.pkl")
 _flush = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
@@ -78,7 +81,11 @@ def pickled(state: Any) -> tuple[list[Any], dict]:
         import cloudpickle
 
         buffers = []
-        stream = cloudpickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+        try:
+            stream = cloudpickle.dumps(state, protocol=5, buffer_callback=buffers.append)
+        except Exception as exc:  # (a lock, an open file: the fit's error says what)
+            raise TypeError(f"the checkpoint's state ({type(state).__name__}) cannot be "
+                            f"pickled, so it is not saved: {exc}") from exc
     parts = [stream, *(buffer.raw() for buffer in buffers)]
     digest = hashlib.sha256()
     for part in parts:
@@ -96,7 +103,27 @@ def unpickled(payload: memoryview, entry: dict) -> Any:
     for size in sizes:
         views.append(payload[at:at + size])
         at += size
-    return pickle.loads(views[0], buffers=views[1:])
+    # the first buffer is aligned where the file was read (see _read); a later
+    # one that is not (after an odd-sized one) is copied to memory that is
+    return pickle.loads(views[0], buffers=[views[1], *map(_aligned, views[2:])]
+                        if len(views) > 1 else [])
+
+
+def _address(buffer: Any) -> int:
+    import numpy as np
+
+    return np.frombuffer(buffer, np.uint8).ctypes.data if len(buffer) else 0
+
+
+def _aligned(view: memoryview) -> memoryview:
+    """``view``, or a writable copy of it at an address aligned for any dtype."""
+    if _address(view) % _BUFFER_ALIGNMENT == 0:
+        return view
+    copy = bytearray(len(view) + _BUFFER_ALIGNMENT)
+    shift = -_address(copy) % _BUFFER_ALIGNMENT
+    aligned = memoryview(copy)[shift:shift + len(view)]
+    aligned[:] = view
+    return aligned
 
 
 def next_state_file(manifest: dict | None) -> str:
@@ -271,23 +298,35 @@ def _header(path: Path) -> dict:
     return header
 
 
-def _read(path: Path) -> bytearray:
-    """A file's bytes, writable: the arrays of a state loaded from them are
-    views of them, and a training loop changes its arrays in place."""
+def _read(path: Path, pickle_size: int) -> memoryview:
+    """A state file's bytes, writable (the arrays of a state loaded from them
+    are views of them, and a training loop changes its arrays in place), in
+    memory placed so that the state's first large buffer, ``pickle_size``
+    bytes after its header, starts on a 64-byte boundary: an array at an
+    address its dtype does not divide is flagged unaligned, and each
+    in-place operation on it is several times slower."""
     with open(path, "rb") as inp:
-        data = bytearray(os.fstat(inp.fileno()).st_size)
-        inp.readinto(data)
-    return data
+        size = os.fstat(inp.fileno()).st_size
+        head = os.pread(inp.fileno(), len(MAGIC) + _LENGTH, 0)
+        start = _payload_start(head)
+        data = bytearray(size + _BUFFER_ALIGNMENT)
+        shift = -(_address(data) + start + pickle_size) % _BUFFER_ALIGNMENT
+        view = memoryview(data)[shift:shift + size]
+        inp.readinto(view)
+    return view
 
 
-def _payload(data: bytearray) -> memoryview:
-    """A state file's pickled state: after its header (a file with no header
-    is all state); a view, not a copy."""
-    view = memoryview(data)
-    if not data.startswith(MAGIC):
-        return view
-    length = int.from_bytes(data[len(MAGIC):len(MAGIC) + _LENGTH], "big")
-    return view[len(MAGIC) + _LENGTH + length:]
+def _payload_start(head: bytes) -> int:
+    """Where a state file's pickled state starts, from its first bytes: after
+    its header (a file with no header is all state)."""
+    if not head.startswith(MAGIC) or len(head) < len(MAGIC) + _LENGTH:
+        return 0
+    return len(MAGIC) + _LENGTH + int.from_bytes(head[len(MAGIC):], "big")
+
+
+def _payload(data: memoryview) -> memoryview:
+    """A state file's pickled state: a view, not a copy."""
+    return data[min(_payload_start(bytes(data[:len(MAGIC) + _LENGTH])), len(data)):]
 
 
 def verified(slot: Path, manifest: dict) -> tuple[dict, memoryview | None]:
@@ -305,7 +344,7 @@ def verified(slot: Path, manifest: dict) -> tuple[dict, memoryview | None]:
     if state:
         file = slot / state["name"]
         try:
-            data = _payload(_read(file))
+            data = _payload(_read(file, (state.get("parts") or [0])[0]))
         except OSError as exc:
             raise CheckpointRefused(f"{file} cannot be read ({exc.strerror})") from exc
         if len(data) != state["size"] or sha256(data) != state["sha256"]:

@@ -80,6 +80,7 @@ class Checkpoint:
         self._owner = owner or {}  # the run that saves: its token and store run id
         self._report = report  # told ("resumed" | "refused", details)
         self._manifest: dict[str, Any] | None = None
+        self._found: dict[str, Any] | None = None  # found, not yet resumed (nor saved over)
         self._state_bytes: memoryview | None = None  # as read; None after a save
         self._checked = False
         self._work_ready = False
@@ -136,25 +137,29 @@ class Checkpoint:
             self._work_ready = True
         return work
 
-    def _check(self) -> None:
-        """Read and verify the slot's manifest and everything it names, once."""
-        if self._checked:
-            return
-        self._checked = True
-        try:
-            manifest, state = newest_whole(self._slot)
-        except CheckpointRefused as exc:
-            self._refuse(str(exc))
-            return
-        if manifest is None:
-            return
-        self._manifest, self._state_bytes = manifest, state
-        self.resumed = True
-        if self._report is not None:
-            self._report("resumed", {"saved_at": manifest["saved_at"],
-                                        "attempt": manifest["attempt"],
-                                        "run_id": manifest.get("run_id"),
-                                        "token": manifest.get("token")})
+    def _check(self, resuming: bool = True) -> None:
+        """Read and verify the slot's manifest and everything it names, once;
+        when ``resuming`` (a load, a first use of :attr:`path`), the task
+        resumes what was found, if it has not saved over it first: a fit
+        that only saves resumes nothing, and is not reported resumed."""
+        if not self._checked:
+            self._checked = True
+            try:
+                manifest, state = newest_whole(self._slot)
+            except CheckpointRefused as exc:
+                self._refuse(str(exc))
+                return
+            if manifest is None:
+                return
+            self._manifest, self._state_bytes, self._found = manifest, state, manifest
+        if resuming and self._found is not None:
+            found, self._found = self._found, None
+            self.resumed = True
+            if self._report is not None:
+                self._report("resumed", {"saved_at": found["saved_at"],
+                                            "attempt": found["attempt"],
+                                            "run_id": found.get("run_id"),
+                                            "token": found.get("token")})
 
     def _refuse(self, reason: str) -> None:
         """Forget a checkpoint that cannot be resumed: the task starts afresh
@@ -163,6 +168,7 @@ class Checkpoint:
         wrote since, which is not its to remove."""
         self._require_latest()
         self._manifest, self._state_bytes, self.resumed = None, None, False
+        self._found = None
         for entry in list(self._slot.iterdir()):
             if entry.name != ATTEMPTS:
                 (shutil.rmtree if entry.is_dir() else os.unlink)(entry)
@@ -187,7 +193,7 @@ class Checkpoint:
         """Save ``state`` (anything picklable) as this task's checkpoint,
         atomically: until it is complete, the previous one stays the one
         :meth:`load` returns."""
-        self._check()
+        self._check(resuming=False)
         self._require_latest()
         parts, entry = pickled(state)
         generation = self._generation() + 1
@@ -195,7 +201,7 @@ class Checkpoint:
         manifest = self._manifest_for(generation, entry, (self._manifest or {}).get("files"))
         write_state(self._slot / entry["name"], manifest, parts)
         self._publish(manifest, durable=False)
-        self._state_bytes = None
+        self._state_bytes, self._found = None, None  # (saved over: nothing to resume)
 
     def commit(self, state: Any = None) -> None:
         """Commit the files in :attr:`path` (and ``state``, when given) as this

@@ -5,8 +5,9 @@ a temporary directory of the run without a store (retries still resume).
 It travels to every worker inside the :class:`~.execution.RunContext`, and
 the workers read and write it themselves.
 
-Each task has a directory named by its identity, holding one slot per run
-that worked on it (named by the run's token)::
+Each task has a directory named by its identity (``<identity>-<n>`` for the
+n-th task of a run with the same identity: :func:`slot_names`), holding one
+slot per run that worked on it (named by the run's token)::
 
     checkpoints/ab/ab12...ef/<token>/manifest.json, state-a.pkl, state-b.pkl, files-6/,
                                      attempts, work-<attempt>/
@@ -68,6 +69,27 @@ def asks_for_checkpoint(fit: Any) -> bool:
         return False
     return parameter is not None and parameter.kind in (
         inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def slot_names(identities: list[str]) -> list[str]:
+    """Each task's directory name: its identity, with ``-<n>`` after the
+    n-th (n >= 2) task of the run with the same identity (items equal but
+    for their position: replicas of one setting). Two such tasks sharing a
+    directory resumed each other's state (every replica ended with the
+    first one's random start) or, running at once, took each other for a
+    later attempt and failed; numbered in task order, each replica resumes
+    its own in the next run."""
+    seen: dict[str, int] = {}
+    names = []
+    for identity in identities:
+        count = seen[identity] = seen.get(identity, 0) + 1
+        names.append(identity if count == 1 else f"{identity}-{count}")
+    return names
+
+
+def identity_of(name: str) -> str:
+    """The task identity a directory of :func:`slot_names` is named by."""
+    return name.partition("-")[0]
 
 
 def owner_alive(root: Path, token: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.checkpointspace import OWNERS, CheckpointSpace, asks_for_checkpoint
+from ..engine.checkpointspace import OWNERS, CheckpointSpace, asks_for_checkpoint, slot_names
 from ..store import StoreError
 from ..store.checkpoints import RESUMED as ATTACHMENT
 
@@ -110,7 +110,8 @@ def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool
     else:
         names = recorder.identities.identity
         names = names.to_pylist() if hasattr(names, "to_pylist") else list(names)
-        space = CheckpointSpace(str(Path(store.path) / FOLDER), names, run_id=recorder.run_id,
+        space = CheckpointSpace(str(Path(store.path) / FOLDER), slot_names(names),
+                                run_id=recorder.run_id,
                                 fresh=not reuse)
         if not keep:  # each task's slot goes once its model is committed
             recorder.checkpoints = space

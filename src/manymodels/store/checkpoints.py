@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from ..engine.checkpointfiles import slot_manifest
-from ..engine.checkpointspace import CLAIMED, JOURNAL, OWNERS, owner_alive
+from ..engine.checkpointspace import CLAIMED, JOURNAL, OWNERS, identity_of, owner_alive
 from ..engine.messages import Status
 from . import artifacts, taskblocks
 
@@ -57,11 +57,11 @@ def collect_checkpoints(conn: sqlite3.Connection, root: Path) -> int:
     if not slots:
         _collect_leftovers(space, began)
         return 0
-    finished = _finished_identities(conn, {slot.parent.name for slot in slots})
+    finished = _finished_identities(conn, {identity_of(slot.parent.name) for slot in slots})
     runs = {run for (run,) in conn.execute("SELECT run_id FROM runs")}
     removed = 0
     for slot in slots:
-        if slot.parent.name in finished or _useless(slot, runs, began):
+        if identity_of(slot.parent.name) in finished or _useless(slot, runs, began):
             shutil.rmtree(slot, ignore_errors=True)
             removed += 1
             with contextlib.suppress(OSError):
