@@ -50,6 +50,7 @@ class Catalog:
     selected: bool = False  # the run chose each group's best candidate (select=)
     fallback: str | None = None  # digest of the run's fallback model
     linear: Any = None  # the LinearResult of an mm.linear run
+    store: Any = field(default=None, repr=False)  # the Store it was read from
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _described: dict[int, Any] = field(default_factory=dict, repr=False)
     _kinds: tuple[frozenset[str], ...] | None = field(default=None, repr=False)
@@ -194,7 +195,7 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
         from ..models.linear import stored as linear_runs
 
         result = linear_runs.load(store, None, run_id)
-        return Catalog(run_id, list(result.by), None, [run_id], linear=result)
+        return Catalog(run_id, list(result.by), None, [run_id], linear=result, store=store)
     config = store.attached("train_config", run_id, default={}) or {}
     chosen = store.attached("selection", run_id, default=None)
     by = config.get("by") or (chosen or {}).get("by") or key_columns
@@ -215,7 +216,7 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
         if fallback is not None:
             break
     return Catalog(run_id, by, config.get("features"), runs, keys=KeyTable.joined(parts),
-                   selected=chosen is not None, fallback=fallback)
+                   selected=chosen is not None, fallback=fallback, store=store)
 
 
 def _models_of(store: Any, run_id: int) -> tuple[Any, Any]:
