@@ -458,3 +458,25 @@ def test_a_list_key_over_arrow_and_a_huge_key_on_a_linear_store_are_400s(served,
                  [{"store": 1, "price": 0.5}, {"store": 2**70, "price": 0.5}]):
         answer = client.post("/v1/predict", json={"rows": rows})
         assert answer.status_code == 400 and "'store'" in answer.json()["error"], answer.json()
+
+
+class OneShort:
+    """A model with a bug: one prediction fewer than its rows."""
+
+    feature_names_in_ = np.array(["price"], dtype=object)
+
+    def predict(self, rows):
+        return np.zeros(len(rows) - 1)
+
+
+def test_a_model_giving_too_few_predictions_is_a_500_not_the_requests_fault(tmp_path):
+    """It was a 400, "the model of group 1 refused its rows": a client told
+    to mend a request that was right."""
+    frame = _sales()
+    mm.train(lambda df: OneShort(), mm.groups(frame, by="store"), store=tmp_path / "m",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "m")
+    rows = [{"store": 1, "price": 0.5, "promo": 1}] * 2
+    answer = client.post("/v1/predict", json={"rows": rows})
+    assert answer.status_code == 500, answer.json()
+    assert "has 1 rows for its 2 rows" in answer.json()["error"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..inputs.keys import encode_key
-from ..run.prediction import CORRUPT, GroupPredictor
+from ..run.prediction import CORRUPT, GroupPredictor, PredictionShapeError
 from ..store import StoreIntegrityError
 from .cache import ModelCache
 from .catalog import Catalog, KeyTextError, temporal, temporal_key
@@ -115,6 +115,8 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
         try:
             done = predictor(group, {encode_key(parts): digest} if origin != "fallback" else {},
                              store, key)
+        except PredictionShapeError:  # the model's fault: a 500, said and counted
+            raise
         except (ValueError, TypeError, OverflowError) as exc:  # the rows' values, refused
             raise RequestError(400, f"the model of group {key!r} refused its rows: "
                                     f"{exc}") from exc
