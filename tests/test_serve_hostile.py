@@ -480,3 +480,36 @@ def test_a_model_giving_too_few_predictions_is_a_500_not_the_requests_fault(tmp_
     answer = client.post("/v1/predict", json={"rows": rows})
     assert answer.status_code == 500, answer.json()
     assert "has 1 rows for its 2 rows" in answer.json()["error"]
+
+
+LOADED_ON_THE_EVENT_LOOP: list[bool] = []
+
+
+class LoadWatched(Ridge):
+    """A Ridge that notes, as it is unpickled, whether on an event loop."""
+
+    def __setstate__(self, state):
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+            LOADED_ON_THE_EVENT_LOOP.append(True)
+        except RuntimeError:
+            LOADED_ON_THE_EVENT_LOOP.append(False)
+        super().__setstate__(state)
+
+
+def test_a_cold_model_is_loaded_off_the_event_loop(tmp_path):
+    """A small JSON request was answered on the event loop, its model's load
+    too: a large model's unpickling (seconds) held up every request, /healthz
+    too. A request whose models are held is answered there still."""
+    mm.train(lambda df: LoadWatched().fit(df[["price", "promo"]], df["sales"]),
+             mm.groups(_sales(), by="store"), store=tmp_path / "m", backend="serial",
+             progress=False)
+    LOADED_ON_THE_EVENT_LOOP.clear()
+    with _app(tmp_path / "m") as client:
+        for _ in range(2):  # cold, then held
+            answer = client.post("/v1/predict", json={"rows": [
+                {"store": 1, "price": 0.5, "promo": 1}]})
+            assert answer.status_code == 200 and answer.json()["source"] == ["group"]
+    assert LOADED_ON_THE_EVENT_LOOP == [False]

@@ -92,7 +92,9 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "run_id": served.catalog.run_id})
 
-    def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
+    def answer(body: bytes, arrow: bool, held_only: bool = False) -> tuple[bytes, str]:
+        if held_only:  # on the event loop: no load, no reload (NotHeld: in a thread)
+            return answer_from(served.catalog, body, arrow, held_only)
         try:
             return answer_from(served.catalog, body, arrow)
         except StoreIntegrityError:
@@ -103,10 +105,12 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
                 return answer_from(served.catalog, body, arrow)
             raise
 
-    def answer_from(catalog: Any, body: bytes, arrow: bool) -> tuple[bytes, str]:
+    def answer_from(catalog: Any, body: bytes, arrow: bool,
+                    held_only: bool = False) -> tuple[bytes, str]:
         # (this request's catalog, whatever a reload swaps in meanwhile)
         columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body, catalog.by)
-        result = predict_rows(catalog, served.cache, catalog.store, columns, n, ordered=arrow)
+        result = predict_rows(catalog, served.cache, catalog.store, columns, n, ordered=arrow,
+                              held_only=held_only)
         if arrow:
             return bodies.arrow_answer(result), bodies.ARROW
         return bodies.json_answer(result), "application/json"

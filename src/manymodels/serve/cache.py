@@ -27,6 +27,12 @@ from ..store import artifacts, packs
 _TEMPLATES_HELD = 100_000
 
 
+class NotHeld(LookupError):
+    """A model asked for without loading (``load=False``) that the cache does
+    not hold: the request is answered again where a load may take its time
+    (a thread, not the event loop)."""
+
+
 class ModelCache:
     """Digest -> model, least recently used first out. Keyed by the model's
     content (its SHA-256 or pack locator): a new run that reuses a model
@@ -55,16 +61,19 @@ class ModelCache:
     def __len__(self) -> int:
         return len(self._models)
 
-    def get(self, store: Any, digest: str, what: str) -> Any:
+    def get(self, store: Any, digest: str, what: str, load: bool = True) -> Any:
         """The model ``digest`` names, from the cache or else read from
         ``store`` (raising :class:`~manymodels.StoreIntegrityError`, naming
-        ``what``, when its bytes do not match their SHA-256)."""
+        ``what``, when its bytes do not match their SHA-256); with
+        ``load=False``, :class:`NotHeld` where the cache does not hold it."""
         with self._lock:
             held = self._models.get(digest)
             if held is not None:
                 self._models.move_to_end(digest)
                 self.hits += 1
                 return held[0]
+            if not load:
+                raise NotHeld(digest)
             self.misses += 1
         started = time.perf_counter()
         data = self._read_packed(store._conn, digest) if packs.is_locator(digest) else None

@@ -50,23 +50,28 @@ class _ServedPredictor(GroupPredictor):
     for the request: an eviction by another request cannot unload a model
     this one was checked against."""
 
-    def __init__(self, catalog: Catalog, cache: ModelCache) -> None:
+    def __init__(self, catalog: Catalog, cache: ModelCache, held_only: bool = False) -> None:
         super().__init__(catalog.by, catalog.features, "predict", None, catalog.fallback)
-        self.cache, self.pinned = cache, {}
+        self.cache, self.pinned, self.held_only = cache, {}, held_only
 
     def _model(self, store: Any, digest: str, what: str) -> Any:
         model = self.pinned.get(digest)
         if model is None:
-            model = self.pinned[digest] = self.cache.get(store, digest, what)
+            model = self.pinned[digest] = (self.cache.get(store, digest, what, load=False)
+                                           if self.held_only else
+                                           self.cache.get(store, digest, what))
         return model
 
 
 def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
-                 columns: Mapping[str, Any], n: int, ordered: bool = True) -> Answer:
+                 columns: Mapping[str, Any], n: int, ordered: bool = True,
+                 held_only: bool = False) -> Answer:
     """``columns`` (name -> n values, in the request's column order) through
     ``catalog``'s models. ``ordered``: whether the columns' order is the
-    client's (an Arrow stream's; a JSON object's keys have none). Raises
-    :class:`RequestError` for what the request got wrong,
+    client's (an Arrow stream's; a JSON object's keys have none).
+    ``held_only``: use only the models the cache holds, raising
+    :class:`~.cache.NotHeld` (before any model runs) where one is not.
+    Raises :class:`RequestError` for what the request got wrong,
     :class:`~manymodels.StoreIntegrityError` for a tampered model."""
     partial = getattr(columns, "partial", {})
     missing = [c for c in catalog.by if c not in columns or c in partial]
@@ -75,7 +80,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
     groups = _group_rows(_key_values(catalog, columns), n)
-    predictor = _ServedPredictor(catalog, cache)
+    predictor = _ServedPredictor(catalog, cache, held_only)
     plan = []
     for parts, rows in groups:
         digest, source = catalog.find(parts)
