@@ -458,6 +458,7 @@ def test_a_list_key_over_arrow_and_a_huge_key_on_a_linear_store_are_400s(served,
                  [{"store": 1, "price": 0.5}, {"store": 2**70, "price": 0.5}]):
         answer = client.post("/v1/predict", json={"rows": rows})
         assert answer.status_code == 400 and "'store'" in answer.json()["error"], answer.json()
+    assert client.get(f"/v1/models/{2**70}").status_code == 404  # was a 500 (OverflowError)
 
 
 class OneShort:

@@ -124,7 +124,10 @@ class Catalog:
 
         result = self.linear
         frame = pd.DataFrame({name: [value] for name, value in zip(self.by, parts)})
-        row = int(result.group_of(frame)[0])
+        try:
+            row = int(result.group_of(frame)[0])
+        except (ValueError, TypeError, OverflowError):  # no key of its columns' types
+            return None  # (a whole number past 64 bits)
         if row < 0:
             return None
         metrics = {name: plain(value) for name, value in result.metrics.iloc[row].items()}
