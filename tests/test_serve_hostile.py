@@ -509,8 +509,11 @@ def test_a_cold_model_is_loaded_off_the_event_loop(tmp_path):
              progress=False)
     LOADED_ON_THE_EVENT_LOOP.clear()
     with _app(tmp_path / "m") as client:
-        for _ in range(2):  # cold, then held
+        for stores in ([1], [1, 2], [1, 2]):  # cold; one held, one cold; both held
             answer = client.post("/v1/predict", json={"rows": [
-                {"store": 1, "price": 0.5, "promo": 1}]})
-            assert answer.status_code == 200 and answer.json()["source"] == ["group"]
-    assert LOADED_ON_THE_EVENT_LOOP == [False]
+                {"store": store, "price": 0.5, "promo": 1} for store in stores]})
+            assert answer.status_code == 200 and set(answer.json()["source"]) == {"group"}
+        metrics = client.get("/metrics").text  # each model asked for once a request
+        assert "manymodels_serve_cache_hits_total 3\n" in metrics
+        assert "manymodels_serve_cache_misses_total 2\n" in metrics
+    assert LOADED_ON_THE_EVENT_LOOP == [False, False]

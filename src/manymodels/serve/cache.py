@@ -28,9 +28,9 @@ _TEMPLATES_HELD = 100_000
 
 
 class NotHeld(LookupError):
-    """A model asked for without loading (``load=False``) that the cache does
-    not hold: the request is answered again where a load may take its time
-    (a thread, not the event loop)."""
+    """A request to be answered by held models only (on the event loop) needs
+    one the cache does not hold: it is answered again where a load may take
+    its time (a thread)."""
 
 
 class ModelCache:
@@ -61,19 +61,22 @@ class ModelCache:
     def __len__(self) -> int:
         return len(self._models)
 
-    def get(self, store: Any, digest: str, what: str, load: bool = True) -> Any:
+    def holds(self, digests: list[str]) -> bool:
+        """Whether the cache holds each of ``digests`` now (counted neither
+        a hit nor a miss)."""
+        with self._lock:
+            return all(digest in self._models for digest in digests)
+
+    def get(self, store: Any, digest: str, what: str) -> Any:
         """The model ``digest`` names, from the cache or else read from
         ``store`` (raising :class:`~manymodels.StoreIntegrityError`, naming
-        ``what``, when its bytes do not match their SHA-256); with
-        ``load=False``, :class:`NotHeld` where the cache does not hold it."""
+        ``what``, when its bytes do not match their SHA-256)."""
         with self._lock:
             held = self._models.get(digest)
             if held is not None:
                 self._models.move_to_end(digest)
                 self.hits += 1
                 return held[0]
-            if not load:
-                raise NotHeld(digest)
             self.misses += 1
         started = time.perf_counter()
         data = self._read_packed(store._conn, digest) if packs.is_locator(digest) else None

@@ -21,7 +21,7 @@ import numpy as np
 from ..inputs.keys import encode_key
 from ..run.prediction import CORRUPT, GroupPredictor, PredictionShapeError
 from ..store import StoreIntegrityError
-from .cache import ModelCache
+from .cache import ModelCache, NotHeld
 from .catalog import Catalog, KeyTextError, temporal, temporal_key
 
 #: Rows grouped in a Python loop below this; pandas' groupby above it.
@@ -50,16 +50,14 @@ class _ServedPredictor(GroupPredictor):
     for the request: an eviction by another request cannot unload a model
     this one was checked against."""
 
-    def __init__(self, catalog: Catalog, cache: ModelCache, held_only: bool = False) -> None:
+    def __init__(self, catalog: Catalog, cache: ModelCache) -> None:
         super().__init__(catalog.by, catalog.features, "predict", None, catalog.fallback)
-        self.cache, self.pinned, self.held_only = cache, {}, held_only
+        self.cache, self.pinned = cache, {}
 
     def _model(self, store: Any, digest: str, what: str) -> Any:
         model = self.pinned.get(digest)
         if model is None:
-            model = self.pinned[digest] = (self.cache.get(store, digest, what, load=False)
-                                           if self.held_only else
-                                           self.cache.get(store, digest, what))
+            model = self.pinned[digest] = self.cache.get(store, digest, what)
         return model
 
 
@@ -79,11 +77,13 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
         raise _missing(columns, missing[0], " (a group column)")
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
-    groups = _group_rows(_key_values(catalog, columns), n)
-    predictor = _ServedPredictor(catalog, cache, held_only)
+    groups = [(parts, rows, *catalog.find(parts))
+              for parts, rows in _group_rows(_key_values(catalog, columns), n)]
+    if held_only and not cache.holds([digest for *_, digest, _ in groups if digest]):
+        raise NotHeld("a model of the request is not loaded yet")
+    predictor = _ServedPredictor(catalog, cache)
     plan = []
-    for parts, rows in groups:
-        digest, source = catalog.find(parts)
+    for parts, rows, digest, source in groups:
         lacking = _lacking(partial, rows)
         if digest is not None:
             named = f"key {parts[0] if len(parts) == 1 else parts!r}"
