@@ -517,3 +517,29 @@ def test_a_cold_model_is_loaded_off_the_event_loop(tmp_path):
         assert "manymodels_serve_cache_hits_total 3\n" in metrics
         assert "manymodels_serve_cache_misses_total 2\n" in metrics
     assert LOADED_ON_THE_EVENT_LOOP == [False, False]
+
+
+def test_an_arrow_stream_large_once_decoded_is_a_413(tmp_path):
+    """A column of type null holds any number of rows in no bytes, and a
+    dictionary's long text is copied into each row it names: a body of a few
+    KB under --max-body grew to any size in the server's memory."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    mm.train(fit_frame, mm.groups(_sales(), by="store"), store=path, backend="serial",
+             progress=False)
+    client = TestClient(mm.serve_app(path, poll=None, max_body=8000))
+    arrow = {"content-type": "application/vnd.apache.arrow.stream"}
+    rows = 10_000
+    nulls = pa.table({"store": pa.nulls(rows), "price": pa.nulls(rows), "promo": pa.nulls(rows)})
+    answer = client.post("/v1/predict", content=_arrow(nulls), headers=arrow)
+    assert answer.status_code == 413 and "30000 cells" in answer.json()["error"]
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * 200, pa.int32()), pa.array(["x" * 2000]))
+    copied = pa.table({"store": [1] * 200, "price": text, "promo": [1] * 200})
+    body = _arrow(copied)
+    assert len(body) < 8000
+    answer = client.post("/v1/predict", content=body, headers=arrow)
+    assert answer.status_code == 413 and "column 'price'" in answer.json()["error"]
+    fine = pa.table({"store": [1, 2], "price": pa.array(["0.5", "0.2"]).dictionary_encode(),
+                     "promo": [1, 0]})
+    assert client.post("/v1/predict", content=_arrow(fine), headers=arrow).status_code == 200

@@ -108,7 +108,8 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     def answer_from(catalog: Any, body: bytes, arrow: bool,
                     held_only: bool = False) -> tuple[bytes, str]:
         # (this request's catalog, whatever a reload swaps in meanwhile)
-        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body, catalog.by)
+        columns, n = (bodies.arrow_columns(body, catalog.by, limit) if arrow
+                      else bodies.json_columns(body, catalog.by))
         result = predict_rows(catalog, served.cache, catalog.store, columns, n, ordered=arrow,
                               held_only=held_only)
         if arrow:
