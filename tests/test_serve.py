@@ -163,6 +163,8 @@ def test_bad_starts_are_refused_by_name(trained, tmp_path):
     assert done.exit_code == 2 and "not a manymodels store" in done.output
     done = runner.invoke(app, ["serve", str(trained[0]), "--host", "0.0.0.0"])
     assert done.exit_code == 2 and "--token" in done.output
+    done = runner.invoke(app, ["serve", str(trained[0]), "--token", " x "])
+    assert done.exit_code == 2 and "Invalid value for --token" in done.output
     with pytest.raises(ValueError, match="has no run 7"):
         mm.serve_app(trained[0], run=7)
 

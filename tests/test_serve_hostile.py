@@ -458,3 +458,88 @@ def test_a_list_key_over_arrow_and_a_huge_key_on_a_linear_store_are_400s(served,
                  [{"store": 1, "price": 0.5}, {"store": 2**70, "price": 0.5}]):
         answer = client.post("/v1/predict", json={"rows": rows})
         assert answer.status_code == 400 and "'store'" in answer.json()["error"], answer.json()
+    assert client.get(f"/v1/models/{2**70}").status_code == 404  # was a 500 (OverflowError)
+
+
+class OneShort:
+    """A model with a bug: one prediction fewer than its rows."""
+
+    feature_names_in_ = np.array(["price"], dtype=object)
+
+    def predict(self, rows):
+        return np.zeros(len(rows) - 1)
+
+
+def test_a_model_giving_too_few_predictions_is_a_500_not_the_requests_fault(tmp_path):
+    """It was a 400, "the model of group 1 refused its rows": a client told
+    to mend a request that was right."""
+    frame = _sales()
+    mm.train(lambda df: OneShort(), mm.groups(frame, by="store"), store=tmp_path / "m",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "m")
+    rows = [{"store": 1, "price": 0.5, "promo": 1}] * 2
+    answer = client.post("/v1/predict", json={"rows": rows})
+    assert answer.status_code == 500, answer.json()
+    assert "has 1 rows for its 2 rows" in answer.json()["error"]
+
+
+LOADED_ON_THE_EVENT_LOOP: list[bool] = []
+
+
+class LoadWatched(Ridge):
+    """A Ridge that notes, as it is unpickled, whether on an event loop."""
+
+    def __setstate__(self, state):
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+            LOADED_ON_THE_EVENT_LOOP.append(True)
+        except RuntimeError:
+            LOADED_ON_THE_EVENT_LOOP.append(False)
+        super().__setstate__(state)
+
+
+def test_a_cold_model_is_loaded_off_the_event_loop(tmp_path):
+    """A small JSON request was answered on the event loop, its model's load
+    too: a large model's unpickling (seconds) held up every request, /healthz
+    too. A request whose models are held is answered there still."""
+    mm.train(lambda df: LoadWatched().fit(df[["price", "promo"]], df["sales"]),
+             mm.groups(_sales(), by="store"), store=tmp_path / "m", backend="serial",
+             progress=False)
+    LOADED_ON_THE_EVENT_LOOP.clear()
+    with _app(tmp_path / "m") as client:
+        for stores in ([1], [1, 2], [1, 2]):  # cold; one held, one cold; both held
+            answer = client.post("/v1/predict", json={"rows": [
+                {"store": store, "price": 0.5, "promo": 1} for store in stores]})
+            assert answer.status_code == 200 and set(answer.json()["source"]) == {"group"}
+        metrics = client.get("/metrics").text  # each model asked for once a request
+        assert "manymodels_serve_cache_hits_total 3\n" in metrics
+        assert "manymodels_serve_cache_misses_total 2\n" in metrics
+    assert LOADED_ON_THE_EVENT_LOOP == [False, False]
+
+
+def test_an_arrow_stream_large_once_decoded_is_a_413(tmp_path):
+    """A column of type null holds any number of rows in no bytes, and a
+    dictionary's long text is copied into each row it names: a body of a few
+    KB under --max-body grew to any size in the server's memory."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    mm.train(fit_frame, mm.groups(_sales(), by="store"), store=path, backend="serial",
+             progress=False)
+    client = TestClient(mm.serve_app(path, poll=None, max_body=8000))
+    arrow = {"content-type": "application/vnd.apache.arrow.stream"}
+    rows = 10_000
+    nulls = pa.table({"store": pa.nulls(rows), "price": pa.nulls(rows), "promo": pa.nulls(rows)})
+    answer = client.post("/v1/predict", content=_arrow(nulls), headers=arrow)
+    assert answer.status_code == 413 and "30000 cells" in answer.json()["error"]
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * 200, pa.int32()), pa.array(["x" * 2000]))
+    copied = pa.table({"store": [1] * 200, "price": text, "promo": [1] * 200})
+    body = _arrow(copied)
+    assert len(body) < 8000
+    answer = client.post("/v1/predict", content=body, headers=arrow)
+    assert answer.status_code == 413 and "column 'price'" in answer.json()["error"]
+    fine = pa.table({"store": [1, 2], "price": pa.array(["0.5", "0.2"]).dictionary_encode(),
+                     "promo": [1, 0]})
+    assert client.post("/v1/predict", content=_arrow(fine), headers=arrow).status_code == 200

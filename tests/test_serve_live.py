@@ -192,3 +192,30 @@ def test_a_model_removed_under_the_catalog_is_answered_from_the_store_as_it_is_n
         answer = client.post("/v1/predict", json={"rows": [ROWS[5], ROWS[0]]})
         assert answer.status_code == 200, answer.text
         assert answer.json()["source"] == ["none", "group"]  # store 5: no model left
+
+
+def test_a_store_removed_then_trained_again_at_its_path_is_served_from_the_new_one(tmp_path):
+    """The server's connection held the removed index open: its polls read
+    that file, unchanged, and served its models forever. Removed, the store
+    is a counted reload error and the old models serve on; trained again,
+    the new store is served."""
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    mm.train(fit, mm.groups(sales(3), by="store"), store=path, backend="serial", progress=False)
+    body = {"rows": ROWS[:3]}
+    with TestClient(mm.serve_app(path, poll=None)) as client:
+        before = client.post("/v1/predict", json=body).json()["predictions"]
+        shutil.rmtree(path)
+        answer = client.post("/v1/reload")
+        assert answer.status_code == 200 and answer.json()["reloaded"] is False
+        assert client.post("/v1/predict", json=body).json()["predictions"] == before
+        assert "manymodels_serve_reload_errors_total 1" in client.get("/metrics").text
+        mm.train(fit, mm.groups(sales(3, seed=1), by="store"), store=path,
+                 backend="serial", progress=False)
+        assert client.post("/v1/reload").json()["reloaded"] is True
+        after = client.post("/v1/predict", json=body).json()["predictions"]
+        assert after == mm.Store(path).predict(pd.DataFrame(ROWS[:3]), by="store").tolist()
+        assert after != before

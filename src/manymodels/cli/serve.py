@@ -68,7 +68,8 @@ def serve(
     except ValueError as exc:
         text = str(exc)
         hint = ("--run" if "has no run" in text else "--cache-bytes" if "cache_bytes" in text
-                else "--max-body" if "max_body" in text else "STORE")
+                else "--max-body" if "max_body" in text
+                else "--token" if text.startswith("token ") else "STORE")
         _release_logs(held)
         raise _refuse(text, hint) from exc
     listening = _listen(host, port, held)  # the URL is said once its port is ours (--port 0)

@@ -53,6 +53,12 @@ PARALLEL_ABOVE_S = 0.5
 PROBE_GROUPS = 3
 
 
+class PredictionShapeError(ValueError):
+    """A model gave not one prediction per row: the model's fault, not its
+    rows' (a server answers it 500, where a value its rows hold that the
+    model refuses is the request's fault, 400)."""
+
+
 def _open_store(path: str) -> Any:
     from ..store import Store
 
@@ -110,11 +116,11 @@ class GroupPredictor:
             values = call_model(model, self.method, rows, names)
         values = _row_values(values, rows)
         if values.ndim == 0:
-            raise ValueError(f"the prediction of group {key!r} is one value ({values!r}), "
-                             f"not one for each of its {n} rows")
+            raise PredictionShapeError(f"the prediction of group {key!r} is one value "
+                                       f"({values!r}), not one for each of its {n} rows")
         if len(values) != n:
-            raise ValueError(f"the prediction of group {key!r} has {len(values)} rows for "
-                             f"its {n} rows")
+            raise PredictionShapeError(f"the prediction of group {key!r} has {len(values)} "
+                                       f"rows for its {n} rows")
         if values.ndim == 2 and values.shape[1] == 1 and self.method == "predict":
             values = values[:, 0]  # a column (a model fitted on a one-column frame's y)
         return values

@@ -92,7 +92,9 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "run_id": served.catalog.run_id})
 
-    def answer(body: bytes, arrow: bool) -> tuple[bytes, str]:
+    def answer(body: bytes, arrow: bool, held_only: bool = False) -> tuple[bytes, str]:
+        if held_only:  # on the event loop: no load, no reload (NotHeld: in a thread)
+            return answer_from(served.catalog, body, arrow, held_only)
         try:
             return answer_from(served.catalog, body, arrow)
         except StoreIntegrityError:
@@ -103,10 +105,13 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
                 return answer_from(served.catalog, body, arrow)
             raise
 
-    def answer_from(catalog: Any, body: bytes, arrow: bool) -> tuple[bytes, str]:
+    def answer_from(catalog: Any, body: bytes, arrow: bool,
+                    held_only: bool = False) -> tuple[bytes, str]:
         # (this request's catalog, whatever a reload swaps in meanwhile)
-        columns, n = (bodies.arrow_columns if arrow else bodies.json_columns)(body, catalog.by)
-        result = predict_rows(catalog, served.cache, served.store, columns, n, ordered=arrow)
+        columns, n = (bodies.arrow_columns(body, catalog.by, limit) if arrow
+                      else bodies.json_columns(body, catalog.by))
+        result = predict_rows(catalog, served.cache, catalog.store, columns, n, ordered=arrow,
+                              held_only=held_only)
         if arrow:
             return bodies.arrow_answer(result), bodies.ARROW
         return bodies.json_answer(result), "application/json"
@@ -119,7 +124,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
             raise RequestError(422, str(exc)) from exc
         except ValueError as exc:
             raise RequestError(400, str(exc)) from exc
-        described = await run_in_threadpool(catalog.describe, served.store, parts)
+        described = await run_in_threadpool(catalog.describe, catalog.store, parts)
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)

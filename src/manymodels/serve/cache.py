@@ -27,6 +27,12 @@ from ..store import artifacts, packs
 _TEMPLATES_HELD = 100_000
 
 
+class NotHeld(LookupError):
+    """A request to be answered by held models only (on the event loop) needs
+    one the cache does not hold: it is answered again where a load may take
+    its time (a thread)."""
+
+
 class ModelCache:
     """Digest -> model, least recently used first out. Keyed by the model's
     content (its SHA-256 or pack locator): a new run that reuses a model
@@ -54,6 +60,12 @@ class ModelCache:
 
     def __len__(self) -> int:
         return len(self._models)
+
+    def holds(self, digests: list[str]) -> bool:
+        """Whether the cache holds each of ``digests`` now (counted neither
+        a hit nor a miss)."""
+        with self._lock:
+            return all(digest in self._models for digest in digests)
 
     def get(self, store: Any, digest: str, what: str) -> Any:
         """The model ``digest`` names, from the cache or else read from

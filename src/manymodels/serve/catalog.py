@@ -50,6 +50,7 @@ class Catalog:
     selected: bool = False  # the run chose each group's best candidate (select=)
     fallback: str | None = None  # digest of the run's fallback model
     linear: Any = None  # the LinearResult of an mm.linear run
+    store: Any = field(default=None, repr=False)  # the Store it was read from
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _described: dict[int, Any] = field(default_factory=dict, repr=False)
     _kinds: tuple[frozenset[str], ...] | None = field(default=None, repr=False)
@@ -123,7 +124,10 @@ class Catalog:
 
         result = self.linear
         frame = pd.DataFrame({name: [value] for name, value in zip(self.by, parts)})
-        row = int(result.group_of(frame)[0])
+        try:
+            row = int(result.group_of(frame)[0])
+        except (ValueError, TypeError, OverflowError):  # no key of its columns' types
+            return None  # (a whole number past 64 bits)
         if row < 0:
             return None
         metrics = {name: plain(value) for name, value in result.metrics.iloc[row].items()}
@@ -194,7 +198,7 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
         from ..models.linear import stored as linear_runs
 
         result = linear_runs.load(store, None, run_id)
-        return Catalog(run_id, list(result.by), None, [run_id], linear=result)
+        return Catalog(run_id, list(result.by), None, [run_id], linear=result, store=store)
     config = store.attached("train_config", run_id, default={}) or {}
     chosen = store.attached("selection", run_id, default=None)
     by = config.get("by") or (chosen or {}).get("by") or key_columns
@@ -215,7 +219,7 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
         if fallback is not None:
             break
     return Catalog(run_id, by, config.get("features"), runs, keys=KeyTable.joined(parts),
-                   selected=chosen is not None, fallback=fallback)
+                   selected=chosen is not None, fallback=fallback, store=store)
 
 
 def _models_of(store: Any, run_id: int) -> tuple[Any, Any]:

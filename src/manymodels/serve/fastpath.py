@@ -11,6 +11,7 @@ Starlette.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from ..store import StoreIntegrityError
+from .cache import NotHeld
 from .predictor import RequestError
 from .state import log
 
@@ -30,19 +32,22 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ROUTE = "/v1/predict"
 ARROW = b"application/vnd.apache.arrow.stream"
 
-#: JSON bodies shorter than this (a few rows) are answered on the event loop:
-#: a hop to a thread costs more than they do. Longer ones, and Arrow, in a
+#: JSON bodies shorter than this (a few rows) are answered on the event loop
+#: where the cache holds their models: a hop to a thread costs more than they
+#: do. Longer ones, Arrow, and any whose model must be loaded first (a large
+#: one's unpickling, seconds, held up every request, /healthz too), in a
 #: thread, the loop left free.
 INLINE_BELOW = 64 * 200
 
 
 class PredictFirst:
     """ASGI middleware: ``POST /v1/predict`` here, the rest to ``app``.
-    ``answer(body, arrow)`` gives the answer's bytes and media type, or
-    raises :class:`RequestError` (or a model's own error)."""
+    ``answer(body, arrow, held_only)`` gives the answer's bytes and media
+    type, or raises :class:`RequestError` (or a model's own error), or with
+    ``held_only`` :class:`~.cache.NotHeld` where a model is not loaded yet."""
 
     def __init__(self, app: Any, *, served: Any, token: str | None, limit: int,
-                 answer: Callable[[bytes, bool], tuple[bytes, str]]) -> None:
+                 answer: Callable[[bytes, bool, bool], tuple[bytes, str]]) -> None:
         self.app, self.served, self.token, self.limit = app, served, token, limit
         self.answer = answer
 
@@ -82,10 +87,13 @@ class PredictFirst:
             if body is None:
                 return 0, b"", b"", []
             arrow = content_type.lower().startswith(ARROW)  # (media types: any case)
+            answered = None
             if not arrow and len(body) < INLINE_BELOW:
-                content, media = self.answer(body, arrow)
-            else:
-                content, media = await run_in_threadpool(self.answer, body, arrow)
+                with contextlib.suppress(NotHeld):
+                    answered = self.answer(body, arrow, True)
+            if answered is None:
+                answered = await run_in_threadpool(self.answer, body, arrow, False)
+            content, media = answered
             return 200, content, media.encode(), []
         except RequestError as exc:
             return exc.status, _error(str(exc)), b"application/json", []

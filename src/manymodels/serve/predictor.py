@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..inputs.keys import encode_key
-from ..run.prediction import CORRUPT, GroupPredictor
+from ..run.prediction import CORRUPT, GroupPredictor, PredictionShapeError
 from ..store import StoreIntegrityError
-from .cache import ModelCache
+from .cache import ModelCache, NotHeld
 from .catalog import Catalog, KeyTextError, temporal, temporal_key
 
 #: Rows grouped in a Python loop below this; pandas' groupby above it.
@@ -62,11 +62,14 @@ class _ServedPredictor(GroupPredictor):
 
 
 def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
-                 columns: Mapping[str, Any], n: int, ordered: bool = True) -> Answer:
+                 columns: Mapping[str, Any], n: int, ordered: bool = True,
+                 held_only: bool = False) -> Answer:
     """``columns`` (name -> n values, in the request's column order) through
     ``catalog``'s models. ``ordered``: whether the columns' order is the
-    client's (an Arrow stream's; a JSON object's keys have none). Raises
-    :class:`RequestError` for what the request got wrong,
+    client's (an Arrow stream's; a JSON object's keys have none).
+    ``held_only``: use only the models the cache holds, raising
+    :class:`~.cache.NotHeld` (before any model runs) where one is not.
+    Raises :class:`RequestError` for what the request got wrong,
     :class:`~manymodels.StoreIntegrityError` for a tampered model."""
     partial = getattr(columns, "partial", {})
     missing = [c for c in catalog.by if c not in columns or c in partial]
@@ -74,11 +77,13 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
         raise _missing(columns, missing[0], " (a group column)")
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
-    groups = _group_rows(_key_values(catalog, columns), n)
+    groups = [(parts, rows, *catalog.find(parts))
+              for parts, rows in _group_rows(_key_values(catalog, columns), n)]
+    if held_only and not cache.holds([digest for *_, digest, _ in groups if digest]):
+        raise NotHeld("a model of the request is not loaded yet")
     predictor = _ServedPredictor(catalog, cache)
     plan = []
-    for parts, rows in groups:
-        digest, source = catalog.find(parts)
+    for parts, rows, digest, source in groups:
         lacking = _lacking(partial, rows)
         if digest is not None:
             named = f"key {parts[0] if len(parts) == 1 else parts!r}"
@@ -115,6 +120,8 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
         try:
             done = predictor(group, {encode_key(parts): digest} if origin != "fallback" else {},
                              store, key)
+        except PredictionShapeError:  # the model's fault: a 500, said and counted
+            raise
         except (ValueError, TypeError, OverflowError) as exc:  # the rows' values, refused
             raise RequestError(400, f"the model of group {key!r} refused its rows: "
                                     f"{exc}") from exc

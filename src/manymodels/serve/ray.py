@@ -49,15 +49,16 @@ class StoreModels:
         digest, source = catalog.find(key_parts(catalog, model_id))
         if digest is None:
             return None, None
-        return digest, self.served.cache.get(self.served.store, digest, f"key {model_id}")
+        return digest, self.served.cache.get(catalog.store, digest, f"key {model_id}")
 
     async def answer(self, request: Any, loaded: tuple[str | None, Any]) -> Any:
         from starlette.responses import JSONResponse, Response
 
         try:
-            columns, n = json_columns(await request.body(), self.served.catalog.by)
-            result = predict_rows(self.served.catalog, _Multiplexed(*loaded, self.served.cache),
-                                  self.served.store, columns, n, ordered=False)  # JSON rows
+            catalog = self.served.catalog  # (and its store: one state of the store)
+            columns, n = json_columns(await request.body(), catalog.by)
+            result = predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
+                                  catalog.store, columns, n, ordered=False)  # JSON rows
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
         except StoreIntegrityError as exc:

@@ -116,10 +116,12 @@ def _key_array(values: list) -> np.ndarray:
     return column
 
 
-def arrow_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, Any], int]:
+def arrow_columns(body: bytes, keys: Collection[str] = (),
+                  limit: int | None = None) -> tuple[dict[str, Any], int]:
     """The record batches of an Arrow IPC stream as columns. ``keys``: the
     group columns, an integer one with nulls kept as exact ints (objects),
-    where NumPy would make it float64."""
+    where NumPy would make it float64. ``limit``: the body's (--max-body),
+    which its columns decoded may not pass either (:func:`_check_decoded`)."""
     import pyarrow as pa
 
     try:
@@ -128,6 +130,8 @@ def arrow_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, An
         raise RequestError(400, f"the body is not an Arrow IPC stream: {exc}") from exc
     if table.num_rows == 0:
         raise RequestError(400, "the Arrow stream holds no rows")
+    if limit is not None:
+        _check_decoded(table, limit)
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         if name in columns:
@@ -149,6 +153,36 @@ def arrow_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, An
             raise RequestError(400, f"column {name!r} of the Arrow stream, of type "
                                     f"{column.type}, cannot be read: {exc}") from exc
     return columns, table.num_rows
+
+
+def _check_decoded(table: Any, limit: int) -> None:
+    """Refuse (413) a stream that a small body makes large once decoded: a
+    column of type null, or run-end encoded, holds any number of rows in no
+    bytes, and a dictionary's long text is copied into each of its rows
+    (a few MB of body made a server's memory run out). Up to ``limit``
+    cells (rows times columns: a cell of 8 bytes, or of 1, on the wire), and
+    ``limit`` bytes of a dictionary's text once decoded, pass."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cells = table.num_rows * max(table.num_columns, 1)
+    if cells > limit:
+        raise RequestError(413, f"the Arrow stream's {table.num_rows} rows of "
+                                f"{table.num_columns} columns are {cells} cells, over the limit "
+                                f"of {limit} (--max-body: a cell a byte at least)")
+    for name, column in zip(table.column_names, table.columns):
+        kind = column.type
+        if not (pa.types.is_dictionary(kind) and (
+                pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
+                or pa.types.is_binary(kind.value_type)
+                or pa.types.is_large_binary(kind.value_type))):
+            continue
+        decoded = sum(pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py()
+                      or 0 for chunk in column.chunks)
+        if decoded > limit:
+            raise RequestError(413, f"column {name!r} of the Arrow stream, dictionary-encoded, "
+                                    f"is {decoded} bytes decoded, over the limit of {limit} "
+                                    "(--max-body)")
 
 
 def _temporal_keys(column: Any) -> np.ndarray:

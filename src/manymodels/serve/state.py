@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -71,6 +72,22 @@ def open_served_store(store: Any) -> Any:
         raise ValueError(str(exc)) from exc
 
 
+def index_identity(store: Any) -> tuple[int, int] | None:
+    """(device, inode) of the index file of a store in a local folder (None
+    for one on an object store, or a copy of one, whose index is pulled in
+    place). While the served store's connection holds its index open, no
+    other file at its path can have the same."""
+    from ..store.database import INDEX_NAME
+
+    if store.root != store.path:
+        return None
+    try:
+        found = os.stat(store.path / INDEX_NAME)
+    except FileNotFoundError as exc:
+        raise ValueError(f"store {str(store)!r} has no index now (removed?)") from exc
+    return found.st_dev, found.st_ino
+
+
 @contextlib.contextmanager
 def _catalog_memory() -> Iterator[None]:
     """Read a catalog with Arrow on the system allocator, and hand back what
@@ -96,7 +113,9 @@ def _catalog_memory() -> Iterator[None]:
 
 class ServedStore:
     """What one server process serves. ``catalog`` is replaced whole, never
-    changed: a request reads it once and finishes on what it read."""
+    changed: a request reads it once and finishes on what it read (the
+    catalog holds the store it was read from: a store replaced at its path
+    is served from the new one once its catalog is swapped in)."""
 
     def __init__(self, store: Any, run: int | None, cache_models: int, cache_bytes: int,
                  poll: float | None) -> None:
@@ -104,13 +123,14 @@ class ServedStore:
             raise TypeError(f"run must be a run id (an int), got {run!r}")
         if poll is not None and not (isinstance(poll, (int, float)) and poll > 0):
             raise ValueError(f"poll must be a positive number of seconds or None, got {poll!r}")
-        self.store = open_served_store(store)
+        opened = open_served_store(store)
         self.run, self.poll = run, poll
         self.metrics = Metrics()
         self.cache = ModelCache(cache_models, cache_bytes, on_load=self.metrics.load)
-        self._version = store_version(self.store)
+        self._identity = index_identity(opened)
+        self._version = store_version(opened)
         with _catalog_memory():
-            self.catalog: Catalog = build_catalog(self.store, run)  # refuses an unknown run
+            self.catalog: Catalog = build_catalog(opened, run)  # refuses an unknown run
         self._reloading = threading.Lock()
         self._stop = threading.Event()
         self.poller: threading.Thread | None = None
@@ -120,30 +140,50 @@ class ServedStore:
 
     def reload(self, force: bool = False) -> bool:
         """Serve the store's current state if it changed (or ``force``); True
-        when a new catalog was swapped in. A failed read keeps the old one."""
+        when a new catalog was swapped in. A failed read (the store removed,
+        or replaced by a store not written yet) keeps the old one."""
         if self.run is not None and not force:
             return False  # a fixed run never changes
         with self._reloading:
-            self.store._refresh()  # a store on an object store: its published index
-            version = store_version(self.store)
-            if version == self._version and not force:
-                return False
             previous = self.catalog
             try:
+                store, identity = self._current_store()
+                store._refresh()  # a store on an object store: its published index
+                version = store_version(store)
+                if version == self._version and store is previous.store and not force:
+                    return False
                 with _catalog_memory():
-                    catalog = build_catalog(self.store, self.run)
+                    catalog = build_catalog(store, self.run)
             except Exception as exc:  # the old catalog keeps serving
                 self.metrics.reload_errors += 1
-                log.error("reload of %s failed, still serving run %d: %s", self.store,
+                log.error("reload of %s failed, still serving run %d: %s", previous.store,
                           previous.run_id, exc)
                 return False
-            self.catalog, self._version = catalog, version
+            self.catalog, self._version, self._identity = catalog, version, identity
             self.cache.forget_templates()
             self.metrics.reloads += 1
-        log.info("reloaded %s: serving run %d (was run %d), %d group model(s)%s",
-                 self.store, catalog.run_id, previous.run_id, catalog.models,
+        log.info("reloaded %s%s: serving run %d (was run %d), %d group model(s)%s",
+                 store, "" if store is previous.store else " (a new store at its path)",
+                 catalog.run_id, previous.run_id, catalog.models,
                  " and a fallback" if catalog.fallback else "")
         return True
+
+    @property
+    def store(self) -> Any:
+        """The store the served catalog was read from."""
+        return self.catalog.store
+
+    def _current_store(self) -> tuple[Any, tuple[int, int] | None]:
+        """The store at the served store's path, and its index's identity: the
+        one served, or a new one opened where another index took its place
+        (a store removed and trained again, or moved there). Its connections
+        hold the old index open, which would be read, unchanged, forever."""
+        served = self.store
+        identity = index_identity(served)
+        if identity == self._identity:
+            return served, identity
+        replaced = open_served_store(served.path)
+        return replaced, index_identity(replaced)
 
     def start(self) -> None:
         """Poll the store every ``poll`` seconds (not for a fixed run)."""
@@ -158,10 +198,7 @@ class ServedStore:
 
     def _poll_loop(self) -> None:
         while not self._stop.wait(self.poll):
-            try:
-                self.reload()
-            except Exception as exc:  # a busy index, a deleted store: tried again
-                log.warning("polling %s failed: %s", self.store, exc)
+            self.reload()  # (a failed read is said, counted and tried again)
 
     def stop(self) -> None:
         self._stop.set()
