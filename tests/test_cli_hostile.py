@@ -602,3 +602,31 @@ def test_ctrl_c_of_train_says_what_is_kept_and_exits_130(tmp_path):
     assert process.returncode == 130, err
     assert "interrupted: " in err and f"kept in {tmp_path / 'st'}" in err
     assert mm.Store(tmp_path / "st").runs()["status"].tolist() == ["interrupted"]
+
+
+def fit_with_nested_scores(rows):
+    return float(rows["x"].sum()), {"scores": [1.0, float("nan"), float("inf")],
+                                    "by_fold": {"a": float("-inf")}}
+
+
+def test_json_outputs_hold_no_nan_or_nat_inside_keys_lists_and_times(tmp_path):
+    import json
+
+    table = pd.DataFrame({"name": ["a", "b", "c"], "limit": [1.5, float("inf"), 2.0],
+                          "day": pd.to_datetime(["2024-01-01", None, "2024-01-03"]),
+                          "x": [1.0, 2.0, 3.0]})
+    store = tmp_path / "s"
+    mm.train(fit_with_nested_scores, mm.groups(table, by=["name", "limit", "day"]),
+             store=store, backend="serial", progress=False)
+    shown = _invoke("show", store, "-f", "json")
+    assert shown.exit_code == 0, shown.output
+    records = {r["name"]: r for r in json.loads(shown.output)}  # strict JSON: no NaN
+    assert records["a"]["scores"] == [1.0, None, "Infinity"]
+    assert records["a"]["by_fold"] == {"a": "-Infinity"}
+    assert records["a"]["day"] == "2024-01-01T00:00:00" and records["b"]["day"] is None
+    with sqlite3.connect(store / "index.sqlite") as conn:  # every model's pack gone
+        conn.execute("DELETE FROM packs")
+    checked = _invoke("verify", store, "-f", "json")
+    assert checked.exit_code == 1, checked.output
+    keys = [r["key"] for r in json.loads(checked.output)]
+    assert ["b", "Infinity", None] in keys and len(keys) == 3
