@@ -630,3 +630,23 @@ def test_json_outputs_hold_no_nan_or_nat_inside_keys_lists_and_times(tmp_path):
     assert checked.exit_code == 1, checked.output
     keys = [r["key"] for r in json.loads(checked.output)]
     assert ["b", "Infinity", None] in keys and len(keys) == 3
+
+
+def test_train_refuses_a_bad_backend_timeout_or_store_before_reading_data(tmp_path):
+    """Each is refused naming its own option, before DATA is read (a DATA that
+    does not exist is not what is said) or a linear model fitted in batches."""
+    (tmp_path / "a-file").write_text("not a folder")
+    base = ["train", tmp_path / "no-such.csv", "--by", "store", "--target", "sales",
+            "--model", "sklearn.linear_model.Ridge"]
+    for extra, option, said in (
+            (["--store", tmp_path / "a-file"], "--store", "is a file"),
+            (["--store", tmp_path / "st", "--timeout", "-5"], "--timeout", "positive"),
+            (["--store", tmp_path / "st", "--backend", "bogus"], "--backend",
+             "unknown backend"),
+            (["--store", tmp_path / "st", "--backend", "threads", "--timeout", "3"],
+             "--backend/--timeout", "cannot stop")):
+        result = _invoke(*base, *extra)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}:" in result.output and said in result.output, \
+            result.output
+    assert not (tmp_path / "st").exists()
