@@ -159,6 +159,22 @@ def test_why_names_a_key_whose_combination_no_task_has(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_why_finds_a_key_as_show_prints_it(tmp_path):
+    """A time key printed by `show -f csv` (2024-01-01) or `-f json`
+    (2024-01-01T00:00:00), a whole-number float typed 2, a missing value
+    typed nan: each names its task, as Python's own spelling does."""
+    table = pd.DataFrame({"day": pd.to_datetime(["2024-01-01", "2024-01-02", None]),
+                          "size": [1.5, 2.0, float("nan")], "v": [1.0, 2.0, 3.0]})
+    mm.train(lambda rows: float(rows["v"].sum()), mm.groups(table, by=["day", "size"]),
+             store=tmp_path / "s", backend="serial", progress=False)
+    for day, size in (("2024-01-01", "1.5"), ("2024-01-02T00:00:00", "2"),
+                      ("2024-01-02 00:00:00", "2.0"), ("", "nan")):
+        result = _invoke("why", tmp_path / "s", day, size)
+        assert result.exit_code == 0 and "was trained" in result.output, (day, result.output)
+    result = _invoke("why", tmp_path / "s", "2024-01-05", "1.5")
+    assert result.exit_code == 2 and "its values include" in result.output, result.output
+
+
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     """runs() (and `manymodels runs`) showed no counts for a run whose driver died."""
     from test_observe_hostile import killed_run
