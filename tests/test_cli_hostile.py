@@ -115,6 +115,10 @@ def test_outputs_are_checked_before_work_and_written_whole(tmp_path, trained):
     assert result.exit_code == 0 and len(pd.read_csv(tmp_path / "plain")) == 60  # as CSV
     result = _invoke("export", models, "-o", tmp_path / "out.csv")
     assert result.exit_code == 2 and ".parquet" in result.output
+    for command in (["predict", models, rows, "--by", "store"], ["export", models]):
+        result = _invoke(*command, "-o", tmp_path / "out.csv.gz")  # it would not be gzip
+        assert result.exit_code == 2 and "not .gz" in result.output, result.output
+    assert not (tmp_path / "out.csv.gz").exists()
     result = _invoke("demo", "--stores", "1", "--items", "2", "--no-serial", "--json",
                      tmp_path / "missing" / "demo.json")
     assert result.exit_code == 2 and "does not exist" in result.output
