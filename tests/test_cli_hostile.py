@@ -179,6 +179,19 @@ def test_why_finds_a_key_as_show_prints_it(tmp_path):
     assert result.exit_code == 2 and "its values include" in result.output, result.output
 
 
+def test_predict_with_no_ended_run_names_run_before_reading_data(tmp_path, trained):
+    """A store whose only run is still being written (by a driver elsewhere):
+    predict said DATA was at fault, after reading it, and told of run=."""
+    models, rows, _ = trained
+    with sqlite3.connect(models / "index.sqlite") as conn:
+        conn.execute("UPDATE runs SET status = 'running', driver = 'elsewhere:1:1.0'")
+    result = _invoke("predict", models, tmp_path / "no-such.csv", "-o", tmp_path / "p.csv")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --run" in result.output and "give --run" in result.output
+    result = _invoke("predict", models, rows, "-o", tmp_path / "p.csv", "--run", "1")
+    assert result.exit_code == 0 and len(pd.read_csv(tmp_path / "p.csv")) == 60
+
+
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     """runs() (and `manymodels runs`) showed no counts for a run whose driver died."""
     from test_observe_hostile import killed_run
