@@ -192,6 +192,21 @@ def test_predict_with_no_ended_run_names_run_before_reading_data(tmp_path, train
     assert result.exit_code == 0 and len(pd.read_csv(tmp_path / "p.csv")) == 60
 
 
+def test_runs_counts_a_running_run_in_whole_numbers(tmp_path, trained):
+    import json
+
+    models, _, table = trained
+    mm.train(fit, mm.groups(table.assign(store="s9"), by="store"), store=models,
+             backend="serial", progress=False)
+    with sqlite3.connect(models / "index.sqlite") as conn:  # run 2 still being written
+        conn.execute("UPDATE runs SET status = 'running', ok = NULL, failed = NULL, "
+                     "reused = NULL, driver = 'elsewhere:1:1.0' WHERE run_id = 2")
+    records = json.loads(_invoke("runs", models, "-f", "json").output)
+    assert [(r["ok"], r["failed"], r["reused"]) for r in records] == [(2, 0, 0), (1, 0, 0)]
+    assert all(isinstance(r["ok"], int) for r in records)
+    assert _invoke("runs", models, "-f", "csv").output.splitlines()[2].count(",1,0,0,") == 1
+
+
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     """runs() (and `manymodels runs`) showed no counts for a run whose driver died."""
     from test_observe_hostile import killed_run
