@@ -207,6 +207,13 @@ def test_runs_counts_a_running_run_in_whole_numbers(tmp_path, trained):
     assert _invoke("runs", models, "-f", "csv").output.splitlines()[2].count(",1,0,0,") == 1
 
 
+def test_show_says_a_table_leaves_tasks_out(trained):
+    models, _, _ = trained
+    cut = _invoke("show", models, "--limit", "1")
+    assert cut.exit_code == 0 and "1 more task(s) not shown" in cut.output, cut.output
+    assert "not shown" not in _invoke("show", models).output  # (2 tasks: all shown)
+
+
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     """runs() (and `manymodels runs`) showed no counts for a run whose driver died."""
     from test_observe_hostile import killed_run

@@ -64,7 +64,11 @@ def show(
     keys = frame.columns.get_loc("run_id")
     frame = frame.drop(columns=["artifact", "run_id", "started_at"])
     frame["error"] = frame["error"].map(lambda e: error_line(e)[:80])
-    print_frame(frame.head(20 if limit is None else limit), "results", keys=keys)
+    shown = 20 if limit is None else limit
+    print_frame(frame.head(shown), "results", keys=keys)
+    if len(frame) > shown:  # (the first line counts every task: say these are not all)
+        typer.echo(f"... {len(frame) - shown} more task(s) not shown (--limit N shows N; "
+                   "-f csv or -f json, all)")
 
 
 @app.command()
