@@ -214,6 +214,12 @@ def test_show_says_a_table_leaves_tasks_out(trained):
     assert "not shown" not in _invoke("show", models).output  # (2 tasks: all shown)
 
 
+def test_dashboard_of_a_file_says_it_is_a_file(tmp_path):
+    (tmp_path / "sales.csv").write_text("a,b\n1,2\n")
+    result = _invoke("dashboard", tmp_path / "sales.csv")
+    assert result.exit_code == 2 and "is a file, not a store's directory" in result.output
+
+
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
     """runs() (and `manymodels runs`) showed no counts for a run whose driver died."""
     from test_observe_hostile import killed_run
