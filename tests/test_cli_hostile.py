@@ -115,6 +115,10 @@ def test_outputs_are_checked_before_work_and_written_whole(tmp_path, trained):
     assert result.exit_code == 0 and len(pd.read_csv(tmp_path / "plain")) == 60  # as CSV
     result = _invoke("export", models, "-o", tmp_path / "out.csv")
     assert result.exit_code == 2 and ".parquet" in result.output
+    for command in (["predict", models, rows, "--by", "store"], ["export", models]):
+        result = _invoke(*command, "-o", tmp_path / "out.csv.gz")  # it would not be gzip
+        assert result.exit_code == 2 and "not .gz" in result.output, result.output
+    assert not (tmp_path / "out.csv.gz").exists()
     result = _invoke("demo", "--stores", "1", "--items", "2", "--no-serial", "--json",
                      tmp_path / "missing" / "demo.json")
     assert result.exit_code == 2 and "does not exist" in result.output
@@ -157,6 +161,63 @@ def test_why_names_a_key_whose_combination_no_task_has(tmp_path):
     result = _invoke("why", tmp_path / "s", "y", "q")
     assert result.exit_code == 2 and "has no task with key" in result.output
     assert "Traceback" not in result.output
+
+
+def test_why_finds_a_key_as_show_prints_it(tmp_path):
+    """A time key printed by `show -f csv` (2024-01-01) or `-f json`
+    (2024-01-01T00:00:00), a whole-number float typed 2, a missing value
+    typed nan: each names its task, as Python's own spelling does."""
+    table = pd.DataFrame({"day": pd.to_datetime(["2024-01-01", "2024-01-02", None]),
+                          "size": [1.5, 2.0, float("nan")], "v": [1.0, 2.0, 3.0]})
+    mm.train(lambda rows: float(rows["v"].sum()), mm.groups(table, by=["day", "size"]),
+             store=tmp_path / "s", backend="serial", progress=False)
+    for day, size in (("2024-01-01", "1.5"), ("2024-01-02T00:00:00", "2"),
+                      ("2024-01-02 00:00:00", "2.0"), ("", "nan")):
+        result = _invoke("why", tmp_path / "s", day, size)
+        assert result.exit_code == 0 and "was trained" in result.output, (day, result.output)
+    result = _invoke("why", tmp_path / "s", "2024-01-05", "1.5")
+    assert result.exit_code == 2 and "its values include" in result.output, result.output
+
+
+def test_predict_with_no_ended_run_names_run_before_reading_data(tmp_path, trained):
+    """A store whose only run is still being written (by a driver elsewhere):
+    predict said DATA was at fault, after reading it, and told of run=."""
+    models, rows, _ = trained
+    with sqlite3.connect(models / "index.sqlite") as conn:
+        conn.execute("UPDATE runs SET status = 'running', driver = 'elsewhere:1:1.0'")
+    result = _invoke("predict", models, tmp_path / "no-such.csv", "-o", tmp_path / "p.csv")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --run" in result.output and "give --run" in result.output
+    result = _invoke("predict", models, rows, "-o", tmp_path / "p.csv", "--run", "1")
+    assert result.exit_code == 0 and len(pd.read_csv(tmp_path / "p.csv")) == 60
+
+
+def test_runs_counts_a_running_run_in_whole_numbers(tmp_path, trained):
+    import json
+
+    models, _, table = trained
+    mm.train(fit, mm.groups(table.assign(store="s9"), by="store"), store=models,
+             backend="serial", progress=False)
+    with sqlite3.connect(models / "index.sqlite") as conn:  # run 2 still being written
+        conn.execute("UPDATE runs SET status = 'running', ok = NULL, failed = NULL, "
+                     "reused = NULL, driver = 'elsewhere:1:1.0' WHERE run_id = 2")
+    records = json.loads(_invoke("runs", models, "-f", "json").output)
+    assert [(r["ok"], r["failed"], r["reused"]) for r in records] == [(2, 0, 0), (1, 0, 0)]
+    assert all(isinstance(r["ok"], int) for r in records)
+    assert _invoke("runs", models, "-f", "csv").output.splitlines()[2].count(",1,0,0,") == 1
+
+
+def test_show_says_a_table_leaves_tasks_out(trained):
+    models, _, _ = trained
+    cut = _invoke("show", models, "--limit", "1")
+    assert cut.exit_code == 0 and "1 more task(s) not shown" in cut.output, cut.output
+    assert "not shown" not in _invoke("show", models).output  # (2 tasks: all shown)
+
+
+def test_dashboard_of_a_file_says_it_is_a_file(tmp_path):
+    (tmp_path / "sales.csv").write_text("a,b\n1,2\n")
+    result = _invoke("dashboard", tmp_path / "sales.csv")
+    assert result.exit_code == 2 and "is a file, not a store's directory" in result.output
 
 
 def test_an_interrupted_run_counts_the_tasks_it_committed(tmp_path):
@@ -602,3 +663,51 @@ def test_ctrl_c_of_train_says_what_is_kept_and_exits_130(tmp_path):
     assert process.returncode == 130, err
     assert "interrupted: " in err and f"kept in {tmp_path / 'st'}" in err
     assert mm.Store(tmp_path / "st").runs()["status"].tolist() == ["interrupted"]
+
+
+def fit_with_nested_scores(rows):
+    return float(rows["x"].sum()), {"scores": [1.0, float("nan"), float("inf")],
+                                    "by_fold": {"a": float("-inf")}}
+
+
+def test_json_outputs_hold_no_nan_or_nat_inside_keys_lists_and_times(tmp_path):
+    import json
+
+    table = pd.DataFrame({"name": ["a", "b", "c"], "limit": [1.5, float("inf"), 2.0],
+                          "day": pd.to_datetime(["2024-01-01", None, "2024-01-03"]),
+                          "x": [1.0, 2.0, 3.0]})
+    store = tmp_path / "s"
+    mm.train(fit_with_nested_scores, mm.groups(table, by=["name", "limit", "day"]),
+             store=store, backend="serial", progress=False)
+    shown = _invoke("show", store, "-f", "json")
+    assert shown.exit_code == 0, shown.output
+    records = {r["name"]: r for r in json.loads(shown.output)}  # strict JSON: no NaN
+    assert records["a"]["scores"] == [1.0, None, "Infinity"]
+    assert records["a"]["by_fold"] == {"a": "-Infinity"}
+    assert records["a"]["day"] == "2024-01-01T00:00:00" and records["b"]["day"] is None
+    with sqlite3.connect(store / "index.sqlite") as conn:  # every model's pack gone
+        conn.execute("DELETE FROM packs")
+    checked = _invoke("verify", store, "-f", "json")
+    assert checked.exit_code == 1, checked.output
+    keys = [r["key"] for r in json.loads(checked.output)]
+    assert ["b", "Infinity", None] in keys and len(keys) == 3
+
+
+def test_train_refuses_a_bad_backend_timeout_or_store_before_reading_data(tmp_path):
+    """Each is refused naming its own option, before DATA is read (a DATA that
+    does not exist is not what is said) or a linear model fitted in batches."""
+    (tmp_path / "a-file").write_text("not a folder")
+    base = ["train", tmp_path / "no-such.csv", "--by", "store", "--target", "sales",
+            "--model", "sklearn.linear_model.Ridge"]
+    for extra, option, said in (
+            (["--store", tmp_path / "a-file"], "--store", "is a file"),
+            (["--store", tmp_path / "st", "--timeout", "-5"], "--timeout", "positive"),
+            (["--store", tmp_path / "st", "--backend", "bogus"], "--backend",
+             "unknown backend"),
+            (["--store", tmp_path / "st", "--backend", "threads", "--timeout", "3"],
+             "--backend/--timeout", "cannot stop")):
+        result = _invoke(*base, *extra)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for {option}:" in result.output and said in result.output, \
+            result.output
+    assert not (tmp_path / "st").exists()

@@ -43,6 +43,8 @@ def dashboard(
         fail("give --token or --no-token, not both", "--token/--no-token")
     if Path(store).is_dir():  # another program's index, or an empty one: refused as by all
         check_store_index(store)
+    elif Path(store).exists():  # (told, as by the other commands, not "has no index")
+        fail(f"store {store!r} is a file, not a store's directory", "STORE")
     try:  # read-only: opening it as a Store would write (migrations)
         with warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from .app import app
@@ -62,7 +64,11 @@ def show(
     keys = frame.columns.get_loc("run_id")
     frame = frame.drop(columns=["artifact", "run_id", "started_at"])
     frame["error"] = frame["error"].map(lambda e: error_line(e)[:80])
-    print_frame(frame.head(20 if limit is None else limit), "results", keys=keys)
+    shown = 20 if limit is None else limit
+    print_frame(frame.head(shown), "results", keys=keys)
+    if len(frame) > shown:  # (the first line counts every task: say these are not all)
+        typer.echo(f"... {len(frame) - shown} more task(s) not shown (--limit N shows N; "
+                   "-f csv or -f json, all)")
 
 
 @app.command()
@@ -107,12 +113,8 @@ def why(
         raise typer.BadParameter(
             f"this run's key has {len(key_columns)} column(s) {key_columns}, got {len(key)}",
             param_hint="KEY")
-    parts = []
-    for column, text in zip(key_columns, key):
-        values = {str(v): v for v in results[column].drop_duplicates()}
-        if text not in values:
-            raise typer.BadParameter(f"no task has {column}={text!r}", param_hint="KEY")
-        parts.append(values[text])
+    parts = [key_value(column, list(results[column].drop_duplicates()), text)
+             for column, text in zip(key_columns, key)]
     try:
         answer = opened.why_not_reused(parts[0] if len(parts) == 1 else tuple(parts), run=run)
     except KeyError as exc:  # each value is some task's, but not this combination
@@ -143,3 +145,45 @@ def report(
     with written(out) as path:
         store_report(opened, run, path)
     said(f"wrote {out_name(out)}", out)
+
+
+def key_value(column: str, values: list, text: str) -> Any:
+    """The value of the key column ``column`` (of ``values``) that ``text``
+    gives: the one it spells as Python prints it, else the one it reads as
+    (a time as ``show -f csv`` and ``-f json`` print it, ``2024-01-01`` or
+    ``2024-01-01T00:00:00``; a whole number ``1`` for ``1.0``; ``nan`` or
+    nothing for a missing value), so that a key copied from the command
+    line's own outputs is found. Refused naming KEY when none is, or when
+    it reads as several."""
+    spelled = [v for v in values if str(v) == text]
+    found = spelled or [v for v in values if _reads_as(v, text)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise typer.BadParameter(f"{column}={text!r} could be any of "
+                                 f"{', '.join(map(str, found[:5]))}: give it as shown "
+                                 "there", param_hint="KEY")
+    shown = ", ".join(repr(str(v)) for v in values[:5]) + (" ..." if len(values) > 5 else "")
+    raise typer.BadParameter(f"no task has {column}={text!r} (its values include {shown})",
+                             param_hint="KEY")
+
+
+def _reads_as(value: Any, text: str) -> bool:
+    """Whether ``text`` reads as ``value``, a key column's value, in its own type."""
+    import datetime
+    import numbers
+
+    import pandas as pd
+
+    if value is None or value is pd.NaT or (isinstance(value, float) and value != value):
+        return text.strip().lower() in ("", "nan", "nat", "none", "null")
+    try:
+        if isinstance(value, (datetime.datetime, datetime.date)):
+            return bool(pd.Timestamp(text) == pd.Timestamp(value))
+        if isinstance(value, (datetime.timedelta, pd.Timedelta)):
+            return bool(pd.Timedelta(text) == value)
+        if isinstance(value, numbers.Number) and not isinstance(value, bool):
+            return float(text) == value
+    except (ValueError, TypeError, OverflowError):  # not a time, or of another zone
+        return False
+    return False

@@ -172,10 +172,10 @@ def predict(
         except ValueError as exc:
             fail(str(exc), "--backend")
     opened = open_store(store)
-    try:
-        opened._run_row(run)
-    except ValueError as exc:  # no runs yet, or no such run
-        fail(str(exc), "--run")
+    try:  # (without --run, the latest run that has ended: what predict reads)
+        opened._run_row(run, ended=run is None)
+    except ValueError as exc:  # no runs yet, none ended yet, or no such run
+        fail(str(exc).replace("give run=", "give --run"), "--run")
     try:
         frame = exact_pandas(read_table(data))
         taken = [name for name in ("prediction", "source") if name in frame.columns]

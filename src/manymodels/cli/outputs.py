@@ -15,8 +15,11 @@ from .arguments import fail
 
 #: Suffixes that name a file format: an output named with another format's
 #: (``-o out.json`` for CSV) is refused; any other name is written as asked.
+#: A compression's (``-o out.csv.gz``) too: the output is not compressed, and
+#: a reader that goes by the name (pandas, ``zcat``) would fail on it.
 FORMAT_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".json", ".parquet", ".pq", ".xlsx",
-                              ".xls", ".html", ".htm", ".feather", ".arrow", ".orc", ".avro"})
+                              ".xls", ".html", ".htm", ".feather", ".arrow", ".orc", ".avro",
+                              ".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".7z", ".lz4"})
 
 
 def check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") -> None:

@@ -4,6 +4,7 @@ stays a thin layer of options."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -45,7 +46,21 @@ def json_value(value: Any) -> Any:
     missing value); the strings ``"Infinity"`` and ``"-Infinity"`` for an
     infinite float, which JSON has no number for: written as None too, a
     metric of inf would read back as missing. (``float("Infinity")`` in
-    Python and ``Number("Infinity")`` in JavaScript read them back.)"""
+    Python and ``Number("Infinity")`` in JavaScript read them back.) A time
+    is its ISO 8601 text, as the command line's other times. A list,
+    tuple or dict (a key of several columns, a metric that is a list) has
+    each of its values so (``json.dumps(allow_nan=False)`` refuses a NaN
+    anywhere, and the whole output would be lost to it)."""
+    import pandas as pd
+
+    if isinstance(value, (list, tuple)):
+        return [json_value(each) for each in value]
+    if isinstance(value, dict):
+        return {str(name): json_value(each) for name, each in value.items()}
+    if isinstance(value, (datetime.date, datetime.time)):  # (a pandas Timestamp too)
+        return None if pd.isna(value) else value.isoformat()
+    if value is pd.NaT:  # a missing time or duration: missing, not the text "NaT"
+        return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a NumPy scalar
         value = value.item()
     if isinstance(value, float) and math.isnan(value):

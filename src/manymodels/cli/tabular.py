@@ -12,6 +12,7 @@ import itertools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -302,6 +303,47 @@ def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     return task.fit(frame, **setting)
 
 
+def _check_run_options(backend: str, timeout: float | None,
+                       store: str | os.PathLike[str]) -> None:
+    """Refuse, before the data is read (and, for a linear model, fitted in
+    batches), a backend, timeout or store that ``mm.train`` would refuse
+    only then: an unknown backend, a timeout that is not a positive number
+    of seconds or that the backend cannot enforce, a store path that is a
+    file."""
+    from ..engine.backends import backend_class
+    from ..inputs.objectstores import is_remote
+
+    try:
+        kind = backend_class(backend)
+    except (ValueError, ImportError) as exc:
+        raise ArgumentError(str(exc), "--backend") from exc
+    if timeout is not None and not timeout > 0:  # NaN too
+        raise ArgumentError(f"--timeout must be a positive number of seconds, got {timeout}",
+                            "--timeout")
+    if timeout is not None and not kind.enforces_timeout:
+        raise ArgumentError(f"the {backend} backend cannot stop a running task, so it cannot "
+                            "enforce --timeout; use --backend processes", "--backend/--timeout")
+    if not is_remote(str(store)) and Path(store).is_file():
+        raise ArgumentError(f"store path {str(store)!r} is a file, not a directory", "--store")
+
+
+def _run_option(exc: Exception) -> str:
+    """The option of ``manymodels train`` that ``mm.train`` refused, by what
+    its message names first (a store path that is a file is ``--store``'s
+    fault, not that of four options named together)."""
+    from ..store import StoreError
+
+    text = str(exc)
+    if isinstance(exc, StoreError) or text.startswith("store"):
+        return "--store"
+    for word, option in (("timeout", "--timeout"), ("workers", "--workers")):
+        if text.startswith(word):
+            return option
+    if "backend" in text.split(":")[0]:  # unknown backend 'x'; the threads backend cannot...
+        return "--backend" + ("/--timeout" if "timeout" in text else "")
+    return "--backend/--workers/--timeout/--store"
+
+
 def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                 store: str | os.PathLike[str], features: Sequence[str] | None = None,
                 params: Mapping[str, Any] | None = None,
@@ -342,6 +384,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     metric_names = list(metrics or []) or (["accuracy"] if classifier else ["r2", "mae"])
     _check_metrics(metric_names, estimator, model)
     test_size = _check_split(test_size, cv)
+    _check_run_options(backend, timeout, store)
     by_columns = [by] if isinstance(by, str) else list(by)
     try:
         table = mm.groups(data, by=by_columns).table
@@ -371,7 +414,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     except (ValueError, TypeError) as exc:
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
             raise
-        raise ArgumentError(str(exc), "--backend/--workers/--timeout/--store") from exc
+        raise ArgumentError(str(exc), _run_option(exc)) from exc
     with run.store._one_publication():  # an object store's index: uploaded once for both
         run.store.attach(run.run_id, "train_config", {
             "by": by_columns, "target": target, "features": feature_columns, "model": model,

@@ -94,9 +94,13 @@ class Store(OpenedIndex):
         for column in ("started_at", "finished_at"):  # kept as epoch seconds
             frame[column] = pd.to_datetime(frame[column].astype(float), unit="s",
                                            utc=True).dt.round("us")
+        counts = ["ok", "failed", "reused"]
         for row in frame.index[frame["ok"].isna()]:  # running, or its driver died
-            frame.loc[row, ["ok", "failed", "reused"]] = self._committed_counts(
-                int(frame.at[row, "run_id"]))
+            frame.loc[row, counts] = self._committed_counts(int(frame.at[row, "run_id"]))
+        # whole numbers, whatever a running run's NULLs made of the columns
+        # (floats beside ended runs, objects alone: 58.0 in csv, text in a table)
+        if frame[counts].notna().all().all():
+            frame[counts] = frame[counts].astype("int64")
         return frame
 
     def _committed_counts(self, run_id: int) -> list[int]:
