@@ -167,6 +167,9 @@ def test_bad_starts_are_refused_by_name(trained, tmp_path):
     assert done.exit_code == 2 and "Invalid value for --token" in done.output
     with pytest.raises(ValueError, match="has no run 7"):
         mm.serve_app(trained[0], run=7)
+    for size in ("lots", "0.5", "-1MB", True):
+        with pytest.raises(ValueError, match=f"max_body must be a size .* got {size!r}"):
+            mm.serve_app(trained[0], max_body=size)
 
 
 def _start(store, *args):

@@ -7,12 +7,12 @@ import contextlib
 import ctypes
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
 
+from ..machine import parse_bytes
 from .cache import ModelCache
 from .catalog import Catalog, build_catalog, store_version
 from .metrics import Metrics
@@ -22,25 +22,16 @@ log = logging.getLogger("manymodels.serve")
 #: The format of the server's log lines (``manymodels serve`` and its workers).
 LOG_FORMAT = "%(asctime)s manymodels serve: %(message)s"
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-          "tb": 1000**4, "tib": 1024**4}
-
-
 def parse_size(value: int | str, name: str) -> int:
-    """A size in bytes from ``512MiB``, ``2GB``, ``1000`` or an int; refused by
-    ``name`` otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-        unit = match and match.group(2).lower()
-        if not match or unit not in _UNITS:
-            raise ValueError(f"{name} must be a size such as 512MiB, 2GB or 1000000 "
-                             f"(bytes), got {value!r}")
-        number = int(float(match.group(1)) * _UNITS[unit])
+    """A size in bytes from ``512MiB``, ``2GB``, ``1000`` or an int
+    (:func:`manymodels.machine.parse_bytes`); refused by ``name`` otherwise."""
+    try:
+        number = parse_bytes(value)
+    except (TypeError, ValueError):
+        number = 0
     if number < 1:
-        raise ValueError(f"{name} must be at least 1 byte, got {value!r}")
+        raise ValueError(f"{name} must be a size such as 512MiB, 2GB or 1000000 "
+                         f"(bytes), at least 1 byte, got {value!r}")
     return number
 
 
