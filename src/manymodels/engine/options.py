@@ -258,6 +258,8 @@ def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]
                          "task's key by: fit would get one in place of the other; rename it")
     if not isinstance(source, GridSource) and parameters and parameters[0].kind in positional:
         first = parameters[0].name
+        if first == "checkpoint":  # (the checkpoint check says what is wrong)
+            return
         if first in names:
             raise ValueError(f"{names[first]} {first!r} is also the name of fit's first "
                              "parameter, which gets each task's data: rename one")
