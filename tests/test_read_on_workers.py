@@ -251,6 +251,21 @@ def test_files_in_key_order_are_scanned_per_batch_unsorted(tmp_path, sales):
     assert not (tmp_path / "stage").exists()
 
 
+def test_keys_of_files_in_key_order_keep_their_types_in_the_results(tmp_path):
+    """Files scanned per batch (in key order): the results' key columns have
+    the files' types, as an eager read's have (an int8 key was int64, a
+    float32 one float64, a categorical one objects)."""
+    pq.write_table(pa.table({"small": pa.array([-1, -1, 3], pa.int8()),
+                             "ratio": pa.array([0.5, 0.5, 0.25], pa.float32()),
+                             "shop": pa.array(["b", "b", "a"]).dictionary_encode(),
+                             "v": [1.0, 2.0, 3.0]}), tmp_path / "a.parquet")
+    for by in ("small", "ratio", "shop"):
+        eager, lazy = (mm.train(len, mm.groups(tmp_path, by=by, read_on_workers=lazy),
+                                backend="serial", progress=False) for lazy in (False, True))
+        assert lazy.results[by].dtype == eager.results[by].dtype != object, by
+        assert lazy.results[by].tolist() == eager.results[by].tolist()
+
+
 def test_a_file_that_changes_before_the_sort_is_named_and_nothing_is_left(tmp_path, sales):
     write_parts(sales, tmp_path / "parts")
     source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True,
