@@ -427,3 +427,23 @@ def test_a_blank_or_na_text_cell_of_a_csv_is_a_missing_key_as_in_pandas(tmp_path
     assert len(run.results) == len(expected) == 3
     assert run.models[None] == expected[expected.index.isna()].item() == [2, 3]
     assert run.models["a"] == [1] and run.models["b"] == [4]
+
+
+def test_a_csv_that_is_not_utf8_is_refused_naming_the_file_and_column(tmp_path):
+    """A Latin-1 file's accents were read as bytes (keys such as b'caf\\xe9');
+    beside a UTF-8 file the folder failed with "Invalid UTF8 payload", and
+    a header that was not UTF-8 with a bare UnicodeDecodeError."""
+    (tmp_path / "a.csv").write_bytes("k,v\ncafé,1\n".encode("latin-1"))
+    (tmp_path / "b.csv").write_bytes("k,v\ncafé,2\n".encode("utf-8"))
+    with pytest.raises(ValueError, match=r"column 'k' of '.*a\.csv' is not UTF-8 text"):
+        mm.groups(tmp_path / "a.csv", by="k")
+    with pytest.raises(ValueError, match=r"column 'k' of '.*a\.csv' is not UTF-8 text"):
+        mm.groups(tmp_path, by="k")
+    header = tmp_path / "header" / "h.csv"
+    header.parent.mkdir()
+    header.write_bytes("ké,v\nx,1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"'.*h\.csv': its header is not UTF-8"):
+        mm.groups(header, by="v")
+    run = mm.train(len, mm.groups(tmp_path / "b.csv", by="k"), backend="serial",
+                   progress=False)
+    assert run.models["café"] == 1

@@ -98,12 +98,31 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
                 with pcsv.open_csv(path, parse_options=parse) as reader:  # the header only
                     names = reader.schema.names
                 convert.include_columns = present_columns(columns, names, path)
-            return _codes_kept_as_text(path, parse, pcsv.read_csv(
-                path, parse_options=parse, convert_options=convert))
+            return _codes_kept_as_text(path, parse, _utf8_only(path, pcsv.read_csv(
+                path, parse_options=parse, convert_options=convert)))
+    except UnicodeDecodeError as exc:  # (a header that is not UTF-8)
+        raise ValueError(f"cannot read table file {str(path)!r}: its header is not UTF-8 "
+                         f"text ({exc}); {_REENCODE}") from exc
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read table file {str(path)!r}: {exc}") from exc
     raise ValueError(f"cannot read {str(path)!r}: unknown file type {suffix!r} "
                      f"(expected {READ_FORMATS})")
+
+
+_REENCODE = ("save it as UTF-8 (iconv -f latin1 -t utf-8), or read it with "
+             "pandas.read_csv(path, encoding=...) and give the frame")
+
+
+def _utf8_only(path: Path, table: pa.Table) -> pa.Table:
+    """``table`` (a CSV file's), refused where a column is not UTF-8 text:
+    CSV's inference reads such a column (a Latin-1 file's accents) as
+    bytes, so its keys were ``b'caf\\xe9'`` alone, and beside a UTF-8 file
+    the folder failed with "Invalid UTF8 payload", naming no file."""
+    for field in table.schema:
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            raise ValueError(f"column {field.name!r} of {str(path)!r} is not UTF-8 text "
+                             f"(a CSV is read as UTF-8): {_REENCODE}")
+    return table
 
 
 def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
