@@ -447,3 +447,25 @@ def test_a_csv_that_is_not_utf8_is_refused_naming_the_file_and_column(tmp_path):
     run = mm.train(len, mm.groups(tmp_path / "b.csv", by="k"), backend="serial",
                    progress=False)
     assert run.models["café"] == 1
+
+
+def test_a_polars_column_of_python_objects_is_refused_by_name():
+    """pl.Object becomes each object's memory address in Arrow: its values
+    were keys of pointer bytes, a group per object."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"k": [1, 1], "o": pl.Series([{1}, {1}], dtype=pl.Object),
+                          "v": [1.0, 2.0]})
+    with pytest.raises(ValueError, match=r"column 'o' of the polars DataFrame holds Python "
+                                         r"objects .*columns="):
+        mm.groups(frame, by="o")
+    run = mm.train(len, mm.groups(frame, by="k", columns=["v"]), backend="serial",
+                   progress=False)
+    assert run.models[1] == 2
+
+
+def test_a_by_column_that_names_the_frames_index_says_so():
+    frame = pd.DataFrame({"v": [1.0, 2.0]}, index=pd.Index([1, 1], name="shop"))
+    with pytest.raises(ValueError, match=r"by column 'shop' is not in the table.*a level of "
+                                         r"the frame's index.*reset_index"):
+        mm.groups(frame, by="shop")
+    assert len(mm.groups(frame.reset_index(), by="shop").table) == 2

@@ -130,7 +130,7 @@ class GroupSource(Source):
                 raise ValueError(
                     f"{what} column {missing[0]!r} is not in the table; "
                     f"its columns are {self.table.column_names}"
-                )
+                    + _index_hint(self.row_index, missing[0]))
         if self.table.num_rows == 0:
             raise ValueError("the table is empty: there are no groups to train")
         self.by = by_columns
@@ -234,6 +234,16 @@ class PartitionSource(Source):
 
     def __repr__(self) -> str:
         return f"partitions({self.num_rows} rows, {self.partitions})"
+
+
+def _index_hint(row_index: Any, name: Any) -> str:
+    """Where a pandas frame's row index is named ``name``: say so (pandas'
+    groupby takes an index level's name; here the rows' labels are not read)."""
+    names = [] if row_index is None else [str(n) for n in row_index.names if n is not None]
+    if str(name) not in names:
+        return ""
+    return (f" ({name!r} names a level of the frame's index, which is not read as a "
+            "column: give df.reset_index())")
 
 
 def _named_columns(table: Any, by: Any, order_by: Any, columns: Any

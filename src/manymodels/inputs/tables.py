@@ -221,6 +221,20 @@ def _refuse_a_name_twice(names: list[str], what: str) -> None:
         raise ValueError(f"the table {what} has two columns named {twice!r}: rename one")
 
 
+def _refuse_polars_objects(frame: Any) -> None:
+    """Refuse a polars frame's column of Python objects (``pl.Object``):
+    its Arrow form is each object's memory address as 8 bytes, so its
+    values became keys (and rows) of pointers, a group per object."""
+    import polars as pl
+
+    for name, kind in zip(frame.columns, frame.dtypes):
+        if kind == pl.Object:
+            raise ValueError(f"column {name!r} of the polars DataFrame holds Python objects "
+                             "(pl.Object), which Arrow cannot hold (it gets their memory "
+                             "addresses): convert it to a polars type first (text, a number, "
+                             "a struct), or leave it out with columns=")
+
+
 def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
     with ``columns``, only those columns (a file's others are never read), in
@@ -252,6 +266,7 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         _refuse_a_name_twice(read.column_names, repr(str(path)))
         return read
     if _is_polars_frame(table):
+        _refuse_polars_objects(table)
         try:
             return table.to_arrow()
         except (pa.ArrowException, TypeError, ValueError) as exc:  # (Int128: no Arrow type)
