@@ -469,3 +469,16 @@ def test_a_by_column_that_names_the_frames_index_says_so():
                                          r"the frame's index.*reset_index"):
         mm.groups(frame, by="shop")
     assert len(mm.groups(frame.reset_index(), by="shop").table) == 2
+
+
+def test_item_keys_that_a_store_would_hold_as_one_are_refused(tmp_path):
+    """(1, None) and (1, nan) differ in Python but are one key to a store:
+    it kept one model for both, the first one's lost."""
+    for keys in ([(1, None), (1, float("nan"))], [(1, float("nan")), (1, float("nan"))]):
+        with pytest.raises(ValueError, match=r"item keys \(1, \w+\) and \(1, nan\) differ but "
+                                             r"are stored as one key"):
+            mm.items(keys)
+    run = mm.train(repr, mm.items([(1, None), (2, float("nan"))]), backend="serial",
+                   progress=False, store=str(tmp_path / "store"))
+    assert sorted(mm.Store(tmp_path / "store").models().values()) == ["(1, None)", "(2, nan)"]
+    assert run.failed.empty

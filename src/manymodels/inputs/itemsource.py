@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .keys import encode_key
 from .sourcechecks import check_cost, require_unique
 from .sources import Source
 
@@ -41,6 +42,25 @@ def _refuse_positions_taken(items: list[Any], keys: list[Hashable]) -> None:
                 f"item {position} (a {type(items[position]).__name__}, which cannot be a "
                 f"key) is keyed by its position, {position}, which item {own[position]} is "
                 "keyed by too: give items(key=...) a function that keys every item")
+
+
+def _refuse_keys_stored_alike(keys: list[Hashable]) -> None:
+    """Refuse two keys that differ in Python but whose stored text is one
+    (:func:`~.keys.encode_key`: a missing value, None or NaN, inside a
+    tuple; two objects whose ``str`` is one): a store kept one model for
+    both, the other's lost, and ``(1, nan)`` was not found again. Only keys
+    other than a plain number or text are encoded (those differ as text
+    where they differ as values)."""
+    seen: dict[str, Hashable] = {}
+    for made in keys:
+        if type(made) in (int, str, float, bool, bytes):
+            continue
+        text = encode_key((made,))
+        earlier = seen.setdefault(text, made)
+        if earlier is not made:
+            raise ValueError(f"item keys {earlier!r} and {made!r} differ but are stored as one "
+                             f"key ({text}): a store would keep one model for both; give "
+                             "items(key=...) a function that keys each item apart")
 
 
 class ItemSource(Source):
@@ -79,6 +99,7 @@ class ItemSource(Source):
             if key is None:  # said better where a position made the duplicate
                 _refuse_positions_taken(self.items, self.keys)
             raise
+        _refuse_keys_stored_alike(self.keys)
         self.cost = cost
 
     @property
