@@ -482,3 +482,18 @@ def test_item_keys_that_a_store_would_hold_as_one_are_refused(tmp_path):
                    progress=False, store=str(tmp_path / "store"))
     assert sorted(mm.Store(tmp_path / "store").models().values()) == ["(1, None)", "(2, nan)"]
     assert run.failed.empty
+
+
+def test_an_object_column_of_aware_and_naive_datetimes_is_refused_by_name():
+    """Arrow read them all in the first one's zone: a naive and a UTC
+    midnight were one group, where pandas cannot compare them."""
+    stamps = [pd.Timestamp("2024-01-01", tz="UTC"), pd.Timestamp("2024-01-01")]
+    for order in (stamps, stamps[::-1]):
+        frame = pd.DataFrame({"day": pd.Series(order, dtype=object), "v": [1.0, 2.0]})
+        with pytest.raises(ValueError, match="column 'day' holds datetimes with a time zone "
+                                             "beside datetimes without one"):
+            mm.groups(frame, by="day")
+    zones = pd.Series([pd.Timestamp("2024-01-01 01:00", tz="Europe/Paris"),
+                       pd.Timestamp("2024-01-01", tz="UTC")], dtype=object)
+    source = mm.groups(pd.DataFrame({"day": zones, "v": [1.0, 2.0]}), by="day")
+    assert len(mm.train(len, source, backend="serial", progress=False).results) == 1

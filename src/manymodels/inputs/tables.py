@@ -221,6 +221,24 @@ def _refuse_a_name_twice(names: list[str], what: str) -> None:
         raise ValueError(f"the table {what} has two columns named {twice!r}: rename one")
 
 
+def _refuse_naive_beside_aware(frame: Any, converted: pa.Table) -> None:
+    """Refuse a pandas column of objects that holds datetimes with a time
+    zone and without one: Arrow gives them all the first one's (a naive
+    ``2024-01-01`` read as UTC midnight, one group with ``2024-01-01Z``),
+    where pandas cannot compare them. Only object columns read as
+    timestamps are looked at."""
+    for position, field in enumerate(converted.schema):
+        column = frame.iloc[:, position]
+        if not pa.types.is_timestamp(field.type) or column.dtype != object:
+            continue
+        zones = {getattr(value, "tzinfo", None) is None for value in column.dropna()}
+        if len(zones) > 1:
+            raise ValueError(f"column {field.name!r} holds datetimes with a time zone beside "
+                             "datetimes without one, which are not comparable (Arrow would "
+                             "read them all in one zone): give them all one (Series.dt."
+                             "tz_localize, or pd.to_datetime(..., utc=True))")
+
+
 def _refuse_polars_objects(frame: Any) -> None:
     """Refuse a polars frame's column of Python objects (``pl.Object``):
     its Arrow form is each object's memory address as 8 bytes, so its
@@ -287,9 +305,11 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         try:
             if not all(isinstance(c, str) for c in table.columns):  # labels 0, 1, ...
                 table = table.set_axis([str(c) for c in table.columns], axis=1)
-            return pa.Table.from_pandas(table, preserve_index=False)
+            converted = pa.Table.from_pandas(table, preserve_index=False)
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ValueError(f"cannot convert the pandas DataFrame to Arrow: {exc}") from exc
+        _refuse_naive_beside_aware(table, converted)
+        return converted
     refuse_engine_frame(table, "the table", "this call reads its rows on the driver",
                         "mm.groups(df, by=...) is what takes an engine's DataFrame as it is")
     raise TypeError(
