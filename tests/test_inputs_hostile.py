@@ -497,3 +497,17 @@ def test_an_object_column_of_aware_and_naive_datetimes_is_refused_by_name():
                        pd.Timestamp("2024-01-01", tz="UTC")], dtype=object)
     source = mm.groups(pd.DataFrame({"day": zones, "v": [1.0, 2.0]}), by="day")
     assert len(mm.train(len, source, backend="serial", progress=False).results) == 1
+
+
+def test_a_frame_column_of_integers_past_64_bits_is_refused_by_name():
+    """Arrow's OverflowError named no column and escaped as it was."""
+    frame = pd.DataFrame({"v": [1.0, 2.0], "id": pd.Series([2**70, 1], dtype=object)})
+    with pytest.raises(ValueError, match="column 'id' holds Python integers outside "
+                                         "int64's range"):
+        mm.groups(frame, by="id")
+    frame["id"] = pd.Series([2**63, 1], dtype=object)
+    with pytest.raises(ValueError, match=r"column 'id' .*\.astype\('uint64'\)"):
+        mm.groups(frame, by="id")
+    run = mm.train(len, mm.groups(frame.astype({"id": "uint64"}), by="id"),
+                   backend="serial", progress=False)
+    assert run.models[2**63] == 1

@@ -221,6 +221,19 @@ def _refuse_a_name_twice(names: list[str], what: str) -> None:
         raise ValueError(f"the table {what} has two columns named {twice!r}: rename one")
 
 
+def _overflowing_column(frame: Any) -> Any:
+    """The first column of ``frame`` that Arrow cannot convert for an
+    integer too large (objects holding Python ints past 64 bits)."""
+    for name, column in frame.items():
+        try:
+            pa.array(column, from_pandas=True)
+        except OverflowError:
+            return name
+        except (pa.ArrowException, TypeError, ValueError):
+            continue
+    return None
+
+
 def _refuse_naive_beside_aware(frame: Any, converted: pa.Table) -> None:
     """Refuse a pandas column of objects that holds datetimes with a time
     zone and without one: Arrow gives them all the first one's (a naive
@@ -306,6 +319,12 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             if not all(isinstance(c, str) for c in table.columns):  # labels 0, 1, ...
                 table = table.set_axis([str(c) for c in table.columns], axis=1)
             converted = pa.Table.from_pandas(table, preserve_index=False)
+        except OverflowError as exc:  # (Arrow's error names no column)
+            raise ValueError(f"cannot convert the pandas DataFrame to Arrow: column "
+                             f"{_overflowing_column(table)!r} holds Python integers outside int64's "
+                             "range: convert the column first, to uint64 where every "
+                             "value fits one (.astype('uint64')), else to text "
+                             "(.astype(str))") from exc
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ValueError(f"cannot convert the pandas DataFrame to Arrow: {exc}") from exc
         _refuse_naive_beside_aware(table, converted)
