@@ -434,7 +434,7 @@ def test_a_csv_that_is_not_utf8_is_refused_naming_the_file_and_column(tmp_path):
     beside a UTF-8 file the folder failed with "Invalid UTF8 payload", and
     a header that was not UTF-8 with a bare UnicodeDecodeError."""
     (tmp_path / "a.csv").write_bytes("k,v\ncafé,1\n".encode("latin-1"))
-    (tmp_path / "b.csv").write_bytes("k,v\ncafé,2\n".encode("utf-8"))
+    (tmp_path / "b.csv").write_bytes("k,v\ncafé,2\n".encode())
     with pytest.raises(ValueError, match=r"column 'k' of '.*a\.csv' is not UTF-8 text"):
         mm.groups(tmp_path / "a.csv", by="k")
     with pytest.raises(ValueError, match=r"column 'k' of '.*a\.csv' is not UTF-8 text"):

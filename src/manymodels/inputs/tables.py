@@ -321,8 +321,8 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             converted = pa.Table.from_pandas(table, preserve_index=False)
         except OverflowError as exc:  # (Arrow's error names no column)
             raise ValueError(f"cannot convert the pandas DataFrame to Arrow: column "
-                             f"{_overflowing_column(table)!r} holds Python integers outside int64's "
-                             "range: convert the column first, to uint64 where every "
+                             f"{_overflowing_column(table)!r} holds Python integers outside "
+                             "int64's range: convert the column first, to uint64 where every "
                              "value fits one (.astype('uint64')), else to text "
                              "(.astype(str))") from exc
         except (pa.ArrowException, TypeError, ValueError) as exc:
