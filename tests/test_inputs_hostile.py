@@ -78,6 +78,17 @@ def test_a_file_rewritten_after_mm_groups_read_its_keys_is_refused_by_name(tmp_p
     assert not again.results["reused"].any()
 
 
+def test_a_file_removed_after_mm_groups_read_its_keys_is_named(tmp_path):
+    """A bare FileNotFoundError escaped from the sort of files not in key order."""
+    frame = pd.DataFrame({"g": ["a", "b", "a", "b"], "x": [1, 2, 3, 4]})
+    for part in range(2):
+        frame.to_parquet(tmp_path / f"part-{part}.parquet", index=False)
+    source = mm.groups(tmp_path, by="g", read_on_workers=True)
+    (tmp_path / "part-1.parquet").unlink()
+    with pytest.raises(ValueError, match=r"part-1\.parquet' was removed since mm\.groups read"):
+        mm.train(_rows_as_lists, source, backend="serial", progress=False)
+
+
 def _first_x(rows):
     return None, {"x": int(rows["x"].iloc[0])}
 
