@@ -14,6 +14,7 @@ The planner (:mod:`manymodels.planning.plan`) turns a source into tasks.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -97,6 +98,9 @@ class GroupSource(Source):
         self.staging = None if staging is None else str(staging)
         if is_remote(self.staging):
             check_location(self.staging, "staging")
+        elif self.staging is not None and Path(self.staging).expanduser().is_file():
+            raise ValueError(f"staging={self.staging!r} is a file; it names the directory "
+                             "read_on_workers writes its sorted rows under")
         #: A pandas frame's column labels when some are not strings (Arrow
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
