@@ -49,11 +49,11 @@ def _refuse_keys_stored_alike(keys: list[Hashable]) -> None:
     (:func:`~.keys.encode_key`: a missing value, None or NaN, inside a
     tuple; two objects whose ``str`` is one): a store kept one model for
     both, the other's lost, and ``(1, nan)`` was not found again. Only keys
-    other than a plain number or text are encoded (those differ as text
-    where they differ as values)."""
+    that are not plain (:func:`_plain`) are encoded: plain ones differ as
+    text where they differ as values (equal ones are refused before)."""
     seen: dict[str, Hashable] = {}
     for made in keys:
-        if type(made) in (int, str, float, bool, bytes):
+        if _plain(made):
             continue
         text = encode_key((made,))
         earlier = seen.setdefault(text, made)
@@ -61,6 +61,18 @@ def _refuse_keys_stored_alike(keys: list[Hashable]) -> None:
             raise ValueError(f"item keys {earlier!r} and {made!r} differ but are stored as one "
                              f"key ({text}): a store would keep one model for both; give "
                              "items(key=...) a function that keys each item apart")
+
+
+def _plain(value: Any, inside: bool = False) -> bool:
+    """A number, text, bytes, or a tuple of them: a key whose stored text is
+    its own. A NaN is plain alone (two are refused as one key before), not
+    ``inside`` a tuple (there two NaNs are not equal, and read as None)."""
+    kind = type(value)
+    if kind is float:
+        return not inside or value == value
+    if kind in (int, str, bool, bytes):
+        return True
+    return kind is tuple and all(_plain(part, inside=True) for part in value)
 
 
 class ItemSource(Source):
