@@ -78,6 +78,17 @@ def test_a_file_rewritten_after_mm_groups_read_its_keys_is_refused_by_name(tmp_p
     assert not again.results["reused"].any()
 
 
+def test_a_file_removed_after_mm_groups_read_its_keys_is_named(tmp_path):
+    """A bare FileNotFoundError escaped from the sort of files not in key order."""
+    frame = pd.DataFrame({"g": ["a", "b", "a", "b"], "x": [1, 2, 3, 4]})
+    for part in range(2):
+        frame.to_parquet(tmp_path / f"part-{part}.parquet", index=False)
+    source = mm.groups(tmp_path, by="g", read_on_workers=True)
+    (tmp_path / "part-1.parquet").unlink()
+    with pytest.raises(ValueError, match=r"part-1\.parquet' was removed since mm\.groups read"):
+        mm.train(_rows_as_lists, source, backend="serial", progress=False)
+
+
 def _first_x(rows):
     return None, {"x": int(rows["x"].iloc[0])}
 
@@ -427,3 +438,87 @@ def test_a_blank_or_na_text_cell_of_a_csv_is_a_missing_key_as_in_pandas(tmp_path
     assert len(run.results) == len(expected) == 3
     assert run.models[None] == expected[expected.index.isna()].item() == [2, 3]
     assert run.models["a"] == [1] and run.models["b"] == [4]
+
+
+def test_a_csv_that_is_not_utf8_is_refused_naming_the_file_and_column(tmp_path):
+    """A Latin-1 file's accents were read as bytes (keys such as b'caf\\xe9');
+    beside a UTF-8 file the folder failed with "Invalid UTF8 payload", and
+    a header that was not UTF-8 with a bare UnicodeDecodeError."""
+    (tmp_path / "a.csv").write_bytes("k,v\ncafé,1\n".encode("latin-1"))
+    (tmp_path / "b.csv").write_bytes("k,v\ncafé,2\n".encode())
+    with pytest.raises(ValueError, match=r"column 'k' of '.*a\.csv' is not UTF-8 text"):
+        mm.groups(tmp_path / "a.csv", by="k")
+    with pytest.raises(ValueError, match=r"column 'k' of '.*a\.csv' is not UTF-8 text"):
+        mm.groups(tmp_path, by="k")
+    header = tmp_path / "header" / "h.csv"
+    header.parent.mkdir()
+    header.write_bytes("ké,v\nx,1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"'.*h\.csv': its header is not UTF-8"):
+        mm.groups(header, by="v")
+    run = mm.train(len, mm.groups(tmp_path / "b.csv", by="k"), backend="serial",
+                   progress=False)
+    assert run.models["café"] == 1
+
+
+def test_a_polars_column_of_python_objects_is_refused_by_name():
+    """pl.Object becomes each object's memory address in Arrow: its values
+    were keys of pointer bytes, a group per object."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"k": [1, 1], "o": pl.Series([{1}, {1}], dtype=pl.Object),
+                          "v": [1.0, 2.0]})
+    with pytest.raises(ValueError, match=r"column 'o' of the polars DataFrame holds Python "
+                                         r"objects .*columns="):
+        mm.groups(frame, by="o")
+    run = mm.train(len, mm.groups(frame, by="k", columns=["v"]), backend="serial",
+                   progress=False)
+    assert run.models[1] == 2
+
+
+def test_a_by_column_that_names_the_frames_index_says_so():
+    frame = pd.DataFrame({"v": [1.0, 2.0]}, index=pd.Index([1, 1], name="shop"))
+    with pytest.raises(ValueError, match=r"by column 'shop' is not in the table.*a level of "
+                                         r"the frame's index.*reset_index"):
+        mm.groups(frame, by="shop")
+    assert len(mm.groups(frame.reset_index(), by="shop").table) == 2
+
+
+def test_item_keys_that_a_store_would_hold_as_one_are_refused(tmp_path):
+    """(1, None) and (1, nan) differ in Python but are one key to a store:
+    it kept one model for both, the first one's lost."""
+    for keys in ([(1, None), (1, float("nan"))], [(1, float("nan")), (1, float("nan"))]):
+        with pytest.raises(ValueError, match=r"item keys \(1, \w+\) and \(1, nan\) differ but "
+                                             r"are stored as one key"):
+            mm.items(keys)
+    run = mm.train(repr, mm.items([(1, None), (2, float("nan"))]), backend="serial",
+                   progress=False, store=str(tmp_path / "store"))
+    assert sorted(mm.Store(tmp_path / "store").models().values()) == ["(1, None)", "(2, nan)"]
+    assert run.failed.empty
+
+
+def test_an_object_column_of_aware_and_naive_datetimes_is_refused_by_name():
+    """Arrow read them all in the first one's zone: a naive and a UTC
+    midnight were one group, where pandas cannot compare them."""
+    stamps = [pd.Timestamp("2024-01-01", tz="UTC"), pd.Timestamp("2024-01-01")]
+    for order in (stamps, stamps[::-1]):
+        frame = pd.DataFrame({"day": pd.Series(order, dtype=object), "v": [1.0, 2.0]})
+        with pytest.raises(ValueError, match="column 'day' holds datetimes with a time zone "
+                                             "beside datetimes without one"):
+            mm.groups(frame, by="day")
+    zones = pd.Series([pd.Timestamp("2024-01-01 01:00", tz="Europe/Paris"),
+                       pd.Timestamp("2024-01-01", tz="UTC")], dtype=object)
+    source = mm.groups(pd.DataFrame({"day": zones, "v": [1.0, 2.0]}), by="day")
+    assert len(mm.train(len, source, backend="serial", progress=False).results) == 1
+
+
+def test_a_frame_column_of_integers_past_64_bits_is_refused_by_name():
+    """Arrow's OverflowError named no column and escaped as it was."""
+    frame = pd.DataFrame({"v": [1.0, 2.0], "id": pd.Series([2**70, 1], dtype=object)})
+    with pytest.raises(ValueError, match="column 'id' holds Python integers outside "
+                                         "int64's range"):
+        mm.groups(frame, by="id")
+    frame["id"] = pd.Series([2**63, 1], dtype=object)
+    with pytest.raises(ValueError, match=r"column 'id' .*\.astype\('uint64'\)"):
+        mm.groups(frame, by="id")
+    run = mm.train(len, mm.groups(frame.astype({"id": "uint64"}), by="id"),
+                   backend="serial", progress=False)
+    assert run.models[2**63] == 1

@@ -251,6 +251,45 @@ def test_files_in_key_order_are_scanned_per_batch_unsorted(tmp_path, sales):
     assert not (tmp_path / "stage").exists()
 
 
+def test_keys_of_files_in_key_order_keep_their_types_in_the_results(tmp_path):
+    """Files scanned per batch (in key order): the results' key columns have
+    the files' types, as an eager read's have (an int8 key was int64, a
+    float32 one float64, a categorical one objects)."""
+    pq.write_table(pa.table({"small": pa.array([-1, -1, 3], pa.int8()),
+                             "ratio": pa.array([0.5, 0.5, 0.25], pa.float32()),
+                             "shop": pa.array(["b", "b", "a"]).dictionary_encode(),
+                             "v": [1.0, 2.0, 3.0]}), tmp_path / "a.parquet")
+    for by in ("small", "ratio", "shop"):
+        eager, lazy = (mm.train(len, mm.groups(tmp_path, by=by, read_on_workers=lazy),
+                                backend="serial", progress=False) for lazy in (False, True))
+        assert lazy.results[by].dtype == eager.results[by].dtype != object, by
+        assert lazy.results[by].tolist() == eager.results[by].tolist()
+
+
+def test_a_staging_that_is_a_file_unwritable_or_under_home_is_taken_as_meant(
+        tmp_path, monkeypatch):
+    """staging= a file was a bare FileExistsError at train time, and
+    staging='~/stage' made a folder named '~' in the working directory."""
+    frame = pd.DataFrame({"g": ["a", "b", "a", "b"], "x": [1, 2, 3, 4]})
+    for part in range(2):
+        frame.to_parquet(tmp_path / f"part-{part}.parquet", index=False)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match=r"staging='.*a-file' is a file"):
+        mm.groups(tmp_path, by="g", read_on_workers=True, staging=tmp_path / "a-file")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    source = mm.groups(tmp_path, by="g", read_on_workers=True,
+                       staging=tmp_path / "locked" / "stage")
+    if os.geteuid() != 0:  # (root writes anywhere)
+        with pytest.raises(ValueError, match=r"staging='.*locked/stage': cannot make a "
+                                             "directory there"):
+            mm.train(len, source, backend="serial", progress=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    source = mm.groups(tmp_path, by="g", read_on_workers=True, staging="~/stage")
+    assert mm.train(len, source, backend="serial", progress=False).models == {"a": 4, "b": 4}
+    assert (tmp_path / "home" / "stage").is_dir() and not (tmp_path / "~").exists()
+
+
 def test_a_file_that_changes_before_the_sort_is_named_and_nothing_is_left(tmp_path, sales):
     write_parts(sales, tmp_path / "parts")
     source = mm.groups(tmp_path / "parts", by="store", read_on_workers=True,

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .keys import encode_key
 from .sourcechecks import check_cost, require_unique
 from .sources import Source
 
@@ -41,6 +42,37 @@ def _refuse_positions_taken(items: list[Any], keys: list[Hashable]) -> None:
                 f"item {position} (a {type(items[position]).__name__}, which cannot be a "
                 f"key) is keyed by its position, {position}, which item {own[position]} is "
                 "keyed by too: give items(key=...) a function that keys every item")
+
+
+def _refuse_keys_stored_alike(keys: list[Hashable]) -> None:
+    """Refuse two keys that differ in Python but whose stored text is one
+    (:func:`~.keys.encode_key`: a missing value, None or NaN, inside a
+    tuple; two objects whose ``str`` is one): a store kept one model for
+    both, the other's lost, and ``(1, nan)`` was not found again. Only keys
+    that are not plain (:func:`_plain`) are encoded: plain ones differ as
+    text where they differ as values (equal ones are refused before)."""
+    seen: dict[str, Hashable] = {}
+    for made in keys:
+        if _plain(made):
+            continue
+        text = encode_key((made,))
+        earlier = seen.setdefault(text, made)
+        if earlier is not made:
+            raise ValueError(f"item keys {earlier!r} and {made!r} differ but are stored as one "
+                             f"key ({text}): a store would keep one model for both; give "
+                             "items(key=...) a function that keys each item apart")
+
+
+def _plain(value: Any, inside: bool = False) -> bool:
+    """A number, text, bytes, or a tuple of them: a key whose stored text is
+    its own. A NaN is plain alone (two are refused as one key before), not
+    ``inside`` a tuple (there two NaNs are not equal, and read as None)."""
+    kind = type(value)
+    if kind is float:
+        return not inside or value == value
+    if kind in (int, str, bool, bytes):
+        return True
+    return kind is tuple and all(_plain(part, inside=True) for part in value)
 
 
 class ItemSource(Source):
@@ -79,6 +111,7 @@ class ItemSource(Source):
             if key is None:  # said better where a position made the duplicate
                 _refuse_positions_taken(self.items, self.keys)
             raise
+        _refuse_keys_stored_alike(self.keys)
         self.cost = cost
 
     @property

@@ -192,8 +192,15 @@ class ParquetGroups:
     def check_unchanged(self, number: int) -> None:
         """Refuse file ``number`` where it changed since the plan read its
         keys: its rows' groups were decided from the keys read then."""
-        if self.versions is not None and file_versions(
-                [self.files[number]])[0] != self.versions[number]:
+        if self.versions is None:
+            return
+        try:
+            now = file_versions([self.files[number]])[0]
+        except FileNotFoundError:
+            raise ValueError(f"the Parquet file {shown(self.files[number])!r} was removed "
+                             "since mm.groups read its keys: make the source again with "
+                             "mm.groups") from None
+        if now != self.versions[number]:
             raise ValueError(f"the Parquet file {shown(self.files[number])!r} changed since "
                              "mm.groups read its keys (its size or modification time "
                              "differ): make the source again with mm.groups")

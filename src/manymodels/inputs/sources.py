@@ -14,6 +14,7 @@ The planner (:mod:`manymodels.planning.plan`) turns a source into tasks.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -97,6 +98,9 @@ class GroupSource(Source):
         self.staging = None if staging is None else str(staging)
         if is_remote(self.staging):
             check_location(self.staging, "staging")
+        elif self.staging is not None and Path(self.staging).expanduser().is_file():
+            raise ValueError(f"staging={self.staging!r} is a file; it names the directory "
+                             "read_on_workers writes its sorted rows under")
         #: A pandas frame's column labels when some are not strings (Arrow
         #: names columns by strings): ``fit`` gets its frame with these labels.
         self.column_labels: list | None = None
@@ -130,7 +134,7 @@ class GroupSource(Source):
                 raise ValueError(
                     f"{what} column {missing[0]!r} is not in the table; "
                     f"its columns are {self.table.column_names}"
-                )
+                    + _index_hint(self.row_index, missing[0]))
         if self.table.num_rows == 0:
             raise ValueError("the table is empty: there are no groups to train")
         self.by = by_columns
@@ -234,6 +238,16 @@ class PartitionSource(Source):
 
     def __repr__(self) -> str:
         return f"partitions({self.num_rows} rows, {self.partitions})"
+
+
+def _index_hint(row_index: Any, name: Any) -> str:
+    """Where a pandas frame's row index is named ``name``: say so (pandas'
+    groupby takes an index level's name; here the rows' labels are not read)."""
+    names = [] if row_index is None else [str(n) for n in row_index.names if n is not None]
+    if str(name) not in names:
+        return ""
+    return (f" ({name!r} names a level of the frame's index, which is not read as a "
+            "column: give df.reset_index())")
 
 
 def _named_columns(table: Any, by: Any, order_by: Any, columns: Any

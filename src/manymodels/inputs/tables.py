@@ -98,12 +98,31 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
                 with pcsv.open_csv(path, parse_options=parse) as reader:  # the header only
                     names = reader.schema.names
                 convert.include_columns = present_columns(columns, names, path)
-            return _codes_kept_as_text(path, parse, pcsv.read_csv(
-                path, parse_options=parse, convert_options=convert))
+            return _codes_kept_as_text(path, parse, _utf8_only(path, pcsv.read_csv(
+                path, parse_options=parse, convert_options=convert)))
+    except UnicodeDecodeError as exc:  # (a header that is not UTF-8)
+        raise ValueError(f"cannot read table file {str(path)!r}: its header is not UTF-8 "
+                         f"text ({exc}); {_REENCODE}") from exc
     except (OSError, pa.ArrowException) as exc:
         raise ValueError(f"cannot read table file {str(path)!r}: {exc}") from exc
     raise ValueError(f"cannot read {str(path)!r}: unknown file type {suffix!r} "
                      f"(expected {READ_FORMATS})")
+
+
+_REENCODE = ("save it as UTF-8 (iconv -f latin1 -t utf-8), or read it with "
+             "pandas.read_csv(path, encoding=...) and give the frame")
+
+
+def _utf8_only(path: Path, table: pa.Table) -> pa.Table:
+    """``table`` (a CSV file's), refused where a column is not UTF-8 text:
+    CSV's inference reads such a column (a Latin-1 file's accents) as
+    bytes, so its keys were ``b'caf\\xe9'`` alone, and beside a UTF-8 file
+    the folder failed with "Invalid UTF8 payload", naming no file."""
+    for field in table.schema:
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            raise ValueError(f"column {field.name!r} of {str(path)!r} is not UTF-8 text "
+                             f"(a CSV is read as UTF-8): {_REENCODE}")
+    return table
 
 
 def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
@@ -202,6 +221,51 @@ def _refuse_a_name_twice(names: list[str], what: str) -> None:
         raise ValueError(f"the table {what} has two columns named {twice!r}: rename one")
 
 
+def _overflowing_column(frame: Any) -> Any:
+    """The first column of ``frame`` that Arrow cannot convert for an
+    integer too large (objects holding Python ints past 64 bits)."""
+    for name, column in frame.items():
+        try:
+            pa.array(column, from_pandas=True)
+        except OverflowError:
+            return name
+        except (pa.ArrowException, TypeError, ValueError):
+            continue
+    return None
+
+
+def _refuse_naive_beside_aware(frame: Any, converted: pa.Table) -> None:
+    """Refuse a pandas column of objects that holds datetimes with a time
+    zone and without one: Arrow gives them all the first one's (a naive
+    ``2024-01-01`` read as UTC midnight, one group with ``2024-01-01Z``),
+    where pandas cannot compare them. Only object columns read as
+    timestamps are looked at."""
+    for position, field in enumerate(converted.schema):
+        column = frame.iloc[:, position]
+        if not pa.types.is_timestamp(field.type) or column.dtype != object:
+            continue
+        zones = {getattr(value, "tzinfo", None) is None for value in column.dropna()}
+        if len(zones) > 1:
+            raise ValueError(f"column {field.name!r} holds datetimes with a time zone beside "
+                             "datetimes without one, which are not comparable (Arrow would "
+                             "read them all in one zone): give them all one (Series.dt."
+                             "tz_localize, or pd.to_datetime(..., utc=True))")
+
+
+def _refuse_polars_objects(frame: Any) -> None:
+    """Refuse a polars frame's column of Python objects (``pl.Object``):
+    its Arrow form is each object's memory address as 8 bytes, so its
+    values became keys (and rows) of pointers, a group per object."""
+    import polars as pl
+
+    for name, kind in zip(frame.columns, frame.dtypes):
+        if kind == pl.Object:
+            raise ValueError(f"column {name!r} of the polars DataFrame holds Python objects "
+                             "(pl.Object), which Arrow cannot hold (it gets their memory "
+                             "addresses): convert it to a polars type first (text, a number, "
+                             "a struct), or leave it out with columns=")
+
+
 def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
     with ``columns``, only those columns (a file's others are never read), in
@@ -233,6 +297,7 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         _refuse_a_name_twice(read.column_names, repr(str(path)))
         return read
     if _is_polars_frame(table):
+        _refuse_polars_objects(table)
         try:
             return table.to_arrow()
         except (pa.ArrowException, TypeError, ValueError) as exc:  # (Int128: no Arrow type)
@@ -253,9 +318,17 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         try:
             if not all(isinstance(c, str) for c in table.columns):  # labels 0, 1, ...
                 table = table.set_axis([str(c) for c in table.columns], axis=1)
-            return pa.Table.from_pandas(table, preserve_index=False)
+            converted = pa.Table.from_pandas(table, preserve_index=False)
+        except OverflowError as exc:  # (Arrow's error names no column)
+            raise ValueError(f"cannot convert the pandas DataFrame to Arrow: column "
+                             f"{_overflowing_column(table)!r} holds Python integers outside "
+                             "int64's range: convert the column first, to uint64 where every "
+                             "value fits one (.astype('uint64')), else to text "
+                             "(.astype(str))") from exc
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ValueError(f"cannot convert the pandas DataFrame to Arrow: {exc}") from exc
+        _refuse_naive_beside_aware(table, converted)
+        return converted
     refuse_engine_frame(table, "the table", "this call reads its rows on the driver",
                         "mm.groups(df, by=...) is what takes an engine's DataFrame as it is")
     raise TypeError(

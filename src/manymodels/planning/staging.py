@@ -187,9 +187,14 @@ def new_directory(base: str | None, prefix: str) -> str:
             raise ValueError(f"staging={shown(base)!r}: cannot write there: "
                              f"{redacted(exc, base)}") from None
         return directory
-    os.makedirs(base, exist_ok=True)
+    base = os.path.expanduser(base)  # (~/stage: not a folder named "~" here)
     directory = os.path.join(base, f"{prefix}{uuid.uuid4().hex[:12]}")
-    os.makedirs(directory)
+    try:
+        os.makedirs(base, exist_ok=True)
+        os.makedirs(directory)
+    except OSError as exc:  # (a file there, a folder not writable: named as the argument)
+        raise ValueError(f"staging={str(base)!r}: cannot make a directory there: "
+                         f"{exc}") from None
     return directory
 
 

@@ -248,7 +248,7 @@ class ParquetReads(TaskData):
     """``read_on_workers=True``: ``(key, file numbers)``; each batch reads its
     own groups' rows from the Parquet files, on its worker."""
 
-    _driver_only = ("_entries",)
+    _driver_only = ("_entries", "layout")
 
     def __init__(self, layout: Any, reader: ParquetGroups, cost: Callable[[int], float] | None,
                  format: str) -> None:
@@ -256,6 +256,9 @@ class ParquetReads(TaskData):
 
         self.reader = reader
         self.format = format
+        # (its key_table: the results' key columns keep the files' types, an
+        # int8 key int8, as an eager read's do)
+        self.layout = layout
         cost = cost or float
         file_numbers = layout.table.column("__file__").to_numpy()
         self._entries = [
