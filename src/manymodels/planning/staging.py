@@ -283,9 +283,27 @@ def _stage_spark(frame: Any, by: list[str], order_by: list[str], directory: str)
     fields += [types.StructField(name, types.LongType(), False) for name in INDEX_COLUMNS]
     job = functools.partial(stage_arrow_partition, by=by, order_by=order_by,
                             directory=directory, names=names, keys=keys)
-    index = frame.toDF(*stand).repartition(partitions, *keys).mapInArrow(
+    carried = frame.toDF(*stand)
+    index = carried.repartition(partitions, *_spark_partition_keys(carried, keys)).mapInArrow(
         job, types.StructType(fields))
     return index.toArrow().rename_columns([*by, *INDEX_COLUMNS])
+
+
+def _spark_partition_keys(frame: Any, keys: list[str]) -> list[Any]:
+    """The key columns as the shuffle hashes them: a float key's -0.0 as 0.0
+    and its NaN as null, which the workers group as one key each, as the
+    pandas path does (Spark's hash of the values as they are would send
+    each of the two to its own partition: one group split over two)."""
+    from pyspark.sql import functions, types
+
+    columns = []
+    for key in keys:
+        column = frame[key]
+        if isinstance(frame.schema[key].dataType, (types.FloatType, types.DoubleType)):
+            column = (functions.when(functions.isnan(column), functions.lit(None))
+                      .when(column == 0, functions.lit(0.0)).otherwise(column))
+        columns.append(column)
+    return columns
 
 
 def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:
