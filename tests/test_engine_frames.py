@@ -136,6 +136,28 @@ def test_a_rerun_reuses_through_the_workers_hashes(engine, table, tmp_path):
     _results_frame_is_the_engines(third, engine[0])
 
 
+
+def test_a_rerun_reuses_the_same_rows_of_a_query_spark_says_are_not_nullable(engine, table,
+                                                                           tmp_path):
+    """Spark's nullability comes from a query's plan (``coalesce`` with a
+    literal, ``spark.range``), not from its values: the same rows read as
+    changed, and every group retrained."""
+    if engine[0] != "spark":
+        pytest.skip("Spark's nullability")
+    from pyspark.sql import functions
+
+    frame = _engine_frame(engine, table)
+    store = tmp_path / "store"
+    mm.train(fit_linear, mm.groups(frame, by="store"), backend="serial", store=store,
+             progress=False)
+    not_null = frame.select(*[functions.coalesce(name, functions.lit(0.0)).alias(name)
+                              if name in ("x", "y") else name for name in frame.columns])
+    assert not not_null.schema["x"].nullable
+    again = mm.train(fit_linear, mm.groups(not_null, by="store"), backend="serial",
+                     store=store, progress=False)
+    assert again.results["reused"].all()
+
+
 def fit_large(df):
     """A model of 1.1 MB pickled: a file of the store's, not a pack."""
     return np.full(140_000, float(df["y"].sum()))

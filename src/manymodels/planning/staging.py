@@ -96,13 +96,22 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     # each group's row hashes in order of value: the same lanes whatever order
     # the shuffle delivered its rows in
     hashes = hashes[np.lexsort((hashes, codes[order]))]
-    lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(schema_text(rows.schema))))
+    lanes = group_lanes(hashes, offsets, lengths,
+                        lanes_of(digest(schema_text(_nullable(rows.schema)))))
     index = rows.select(by).take(pa.array(offsets))
     columns = (np.full(len(offsets), number, dtype=np.int64), offsets, lengths,
                lanes[:, 0].view(np.int64), lanes[:, 1].view(np.int64))
     for name, values in zip(INDEX_COLUMNS, columns):
         index = index.append_column(name, pa.array(values, type=pa.int64()))
     return index
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column nullable, as a group's data hash takes it:
+    Spark says a column is not nullable from its query's plan (``spark.range``,
+    a filter on ``isNotNull``, a literal), not from its values, so the same
+    rows from another query would read as changed and retrain."""
+    return pa.schema([field.with_nullable(True) for field in schema], schema.metadata)
 
 
 def stage_arrow_partition(batches: Iterator[pa.RecordBatch], by: list[str],
