@@ -136,6 +136,28 @@ def test_a_rerun_reuses_through_the_workers_hashes(engine, table, tmp_path):
     _results_frame_is_the_engines(third, engine[0])
 
 
+
+def test_a_rerun_reuses_the_same_rows_of_a_query_spark_says_are_not_nullable(engine, table,
+                                                                           tmp_path):
+    """Spark's nullability comes from a query's plan (``coalesce`` with a
+    literal, ``spark.range``), not from its values: the same rows read as
+    changed, and every group retrained."""
+    if engine[0] != "spark":
+        pytest.skip("Spark's nullability")
+    from pyspark.sql import functions
+
+    frame = _engine_frame(engine, table)
+    store = tmp_path / "store"
+    mm.train(fit_linear, mm.groups(frame, by="store"), backend="serial", store=store,
+             progress=False)
+    not_null = frame.select(*[functions.coalesce(name, functions.lit(0.0)).alias(name)
+                              if name in ("x", "y") else name for name in frame.columns])
+    assert not not_null.schema["x"].nullable
+    again = mm.train(fit_linear, mm.groups(not_null, by="store"), backend="serial",
+                     store=store, progress=False)
+    assert again.results["reused"].all()
+
+
 def fit_large(df):
     """A model of 1.1 MB pickled: a file of the store's, not a pack."""
     return np.full(140_000, float(df["y"].sum()))
@@ -487,6 +509,38 @@ def test_a_list_map_or_struct_key_column_is_refused_before_any_work(engine, tmp_
         frame.select(frame["arr"].alias("k"), "x"))
     with pytest.raises(ValueError, match=re.escape(f"by column 'k' holds {kinds['arr']}")):
         mm.Store(tmp_path / "store").predict(lists, by="k", features=["x"])
+
+
+
+def _count_rows(df):
+    return pd.DataFrame({"n": [len(df)]})
+
+
+def test_a_float_key_of_zero_and_minus_zero_or_nan_and_null_is_one_group(engine, tmp_path):
+    """pandas groups 0.0 with -0.0, and NaN with a missing value; Spark's
+    shuffle hashed each apart, to two partitions: "the engine split a group
+    over two partitions" (a RuntimeError after the engine's job)."""
+    values = [0.0, -0.0, float("nan"), None, 1.0] * 8
+    if engine[0] == "spark":
+        frame = engine[1].createDataFrame([(v, float(i)) for i, v in enumerate(values)],
+                                          "k double, x double")
+    else:
+        import dask.dataframe as dd
+
+        frame = dd.from_pandas(pd.DataFrame({"k": values, "x": np.arange(40.0)}),
+                               npartitions=3)
+    counts = _collected_frame(engine[0], mm.map_groups(_count_rows, frame, by="k",
+                                                       backend="serial"))
+    assert sorted(counts["n"].tolist()) == [8, 16, 16]
+    run = mm.train(fit_linear, mm.groups(frame.select("k", "x", frame["x"].alias("y"))
+                                         if engine[0] == "spark" else frame.assign(y=frame["x"]),
+                                         by="k"),
+                   backend="serial", store=tmp_path / "store", progress=False)
+    assert run.summary().statuses == {"ok": 3}
+
+
+def _collected_frame(name: str, frame) -> pd.DataFrame:
+    return frame.toPandas() if name == "spark" else frame.compute()
 
 
 @pytest.fixture(scope="module")

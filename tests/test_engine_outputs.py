@@ -269,6 +269,30 @@ def test_nullable_integers_keep_one_type_in_every_partition(engine, table, tmp_p
         assert got.dtypes[["n", "ok"]].equals(expected.dtypes[["n", "ok"]])
 
 
+def _int_float_or_missing(df):
+    """``n`` is an int in store 0, a float in store 1, pandas' ``Int64`` with a
+    missing value elsewhere: pandas' concat makes it a ``Float64`` column."""
+    store = int(df["store"].iloc[0])
+    n = ([len(df)] if store == 0 else [len(df) + 0.5] if store == 1
+         else pd.array([None], dtype="Int64"))
+    return pd.DataFrame({"n": n})
+
+
+def test_a_column_int_in_some_groups_and_float_in_others_is_float64(engine, table, tmp_path):
+    """The nullable mark of the groups whose ``n`` is ``Int64`` was kept on the
+    unified float column: the Dask result's meta failed with KeyError 'double'."""
+    name = engine[0]
+    if name != "dask":
+        pytest.skip("a Dask result's pandas types")
+    expected = mm.map_groups(_int_float_or_missing, mm.groups(table, by="store"),
+                             backend="serial")
+    result = mm.map_groups(_int_float_or_missing, _engine_frame(engine, table), by="store",
+                           staging=str(tmp_path / "stage"), backend="serial")
+    got = _collected(name, result)
+    assert str(result.dtypes["n"]) == str(got.dtypes["n"]) == str(expected.dtypes["n"])
+    assert got["n"].isna().sum() == 3
+
+
 def _one_row(df):
     return pd.DataFrame({"n": [len(df)]})
 

@@ -96,13 +96,22 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     # each group's row hashes in order of value: the same lanes whatever order
     # the shuffle delivered its rows in
     hashes = hashes[np.lexsort((hashes, codes[order]))]
-    lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(schema_text(rows.schema))))
+    lanes = group_lanes(hashes, offsets, lengths,
+                        lanes_of(digest(schema_text(_nullable(rows.schema)))))
     index = rows.select(by).take(pa.array(offsets))
     columns = (np.full(len(offsets), number, dtype=np.int64), offsets, lengths,
                lanes[:, 0].view(np.int64), lanes[:, 1].view(np.int64))
     for name, values in zip(INDEX_COLUMNS, columns):
         index = index.append_column(name, pa.array(values, type=pa.int64()))
     return index
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column nullable, as a group's data hash takes it:
+    Spark says a column is not nullable from its query's plan (``spark.range``,
+    a filter on ``isNotNull``, a literal), not from its values, so the same
+    rows from another query would read as changed and retrain."""
+    return pa.schema([field.with_nullable(True) for field in schema], schema.metadata)
 
 
 def stage_arrow_partition(batches: Iterator[pa.RecordBatch], by: list[str],
@@ -288,9 +297,27 @@ def _stage_spark(frame: Any, by: list[str], order_by: list[str], directory: str)
     fields += [types.StructField(name, types.LongType(), False) for name in INDEX_COLUMNS]
     job = functools.partial(stage_arrow_partition, by=by, order_by=order_by,
                             directory=directory, names=names, keys=keys)
-    index = frame.toDF(*stand).repartition(partitions, *keys).mapInArrow(
+    carried = frame.toDF(*stand)
+    index = carried.repartition(partitions, *_spark_partition_keys(carried, keys)).mapInArrow(
         job, types.StructType(fields))
     return index.toArrow().rename_columns([*by, *INDEX_COLUMNS])
+
+
+def _spark_partition_keys(frame: Any, keys: list[str]) -> list[Any]:
+    """The key columns as the shuffle hashes them: a float key's -0.0 as 0.0
+    and its NaN as null, which the workers group as one key each, as the
+    pandas path does (Spark's hash of the values as they are would send
+    each of the two to its own partition: one group split over two)."""
+    from pyspark.sql import functions, types
+
+    columns = []
+    for key in keys:
+        column = frame[key]
+        if isinstance(frame.schema[key].dataType, (types.FloatType, types.DoubleType)):
+            column = (functions.when(functions.isnan(column), functions.lit(None))
+                      .when(column == 0, functions.lit(0.0)).otherwise(column))
+        columns.append(column)
+    return columns
 
 
 def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:

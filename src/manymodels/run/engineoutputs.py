@@ -61,6 +61,7 @@ from ..planning.plan import asks_for_key
 from ..planning.staging import new_directory, remove_directory
 from .outputfiles import WriteOutputs, WrittenOutput
 from .outputreads import (
+    NULLABLE_TYPES,
     open_output,
     pandas_frame_of,
     read_dask_chunk,
@@ -170,8 +171,10 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
         if pa.types.is_integer(field.type) and any(
                 field.name not in one.names for one in schemas.values()):
             schema = schema.set(position, pa.field(field.name, pa.float64()))
-        else:  # pandas' nullable type in every partition of a Dask result alike
-            mark = NULLABLE if engine == "dask" and field.name in nullable else None
+        else:  # pandas' nullable type in every partition of a Dask result alike (an
+            # Int64 column that is floats in another group: Float64, as concat makes it)
+            mark = NULLABLE if engine == "dask" and field.name in nullable and (
+                str(field.type) in NULLABLE_TYPES) else None
             schema = schema.set(position, field.with_metadata(mark))
     return schema
 

@@ -122,10 +122,12 @@ def read_spark_chunks(batches: Iterator[pa.RecordBatch], directory: str,
             yield from read_files(directory, names, schema).to_batches()
 
 
-#: pandas' nullable type of an Arrow integer or boolean type
-_NULLABLE_TYPES = {"int8": "Int8", "int16": "Int16", "int32": "Int32", "int64": "Int64",
-                   "uint8": "UInt8", "uint16": "UInt16", "uint32": "UInt32",
-                   "uint64": "UInt64", "bool": "boolean"}
+#: pandas' nullable type of an Arrow integer or boolean type (and of a float
+#: type, which a nullable integer column unified with floats becomes)
+NULLABLE_TYPES = {"int8": "Int8", "int16": "Int16", "int32": "Int32", "int64": "Int64",
+                  "uint8": "UInt8", "uint16": "UInt16", "uint32": "UInt32",
+                  "uint64": "UInt64", "bool": "boolean", "float": "Float32",
+                  "double": "Float64"}
 
 
 def pandas_frame_of(table: pa.Table, schema: pa.Schema) -> Any:
@@ -135,7 +137,7 @@ def pandas_frame_of(table: pa.Table, schema: pa.Schema) -> Any:
     frame = table.to_pandas()
     for name in nullable_columns(schema):
         field = schema.field(name)
-        frame[name] = table.column(name).to_pandas().astype(_NULLABLE_TYPES[str(field.type)])
+        frame[name] = table.column(name).to_pandas().astype(NULLABLE_TYPES[str(field.type)])
     return frame
 
 
