@@ -318,7 +318,12 @@ def _function_source(fn: types.FunctionType) -> str:
 def _code_text(code: types.CodeType) -> str:
     parts = [code.co_code.hex(), repr(code.co_names)]
     for const in code.co_consts:
-        parts.append(_code_text(const) if isinstance(const, types.CodeType) else repr(const))
+        if isinstance(const, types.CodeType):
+            parts.append(_code_text(const))
+        elif isinstance(const, frozenset):  # (`x in {"a", "b"}`): its repr's order is the
+            parts.append(repr(sorted(map(repr, const))))  # hash seed's
+        else:
+            parts.append(repr(const))
     return "|".join(parts)
 
 
