@@ -269,3 +269,23 @@ def test_a_set_constant_of_code_without_source_hashes_alike_whatever_its_order()
         second if isinstance(c, frozenset) else c for c in fit_code.co_consts))
     assert any(isinstance(c, frozenset) for c in fit_code.co_consts)
     assert _code_text(with_first) == _code_text(with_second)
+
+
+#: Two lambdas on one line: their source, as ``inspect`` reads it, is that line for both
+_ONE_LINE = {"x1": lambda df: [len(df) * 1], "x10": lambda df: [len(df) * 10]}
+
+
+def test_two_lambdas_written_on_one_line_have_identities_of_their_own(tmp_path):
+    """A lambda's source is its whole line: two lambdas on one line hashed
+    alike, and a run of the second reused the models of the first (its
+    results were the first's). Each one's code counts too."""
+    from manymodels.identity.hashing import code_identity
+
+    assert code_identity(_ONE_LINE["x1"])[0] == code_identity(_ONE_LINE["x1"])[0]
+    assert code_identity(_ONE_LINE["x1"])[0] != code_identity(_ONE_LINE["x10"])[0]
+    frame = pd.DataFrame({"g": ["a", "b", "b"]})
+    for name, factor in (("x1", 1), ("x10", 10)):
+        run = mm.train(_ONE_LINE[name], mm.groups(frame, by="g"), store=tmp_path / "s",
+                       backend="serial", progress=False)
+        assert run.summary().reused == 0
+        assert [run.models[key] for key in ("a", "b")] == [[factor], [2 * factor]]
