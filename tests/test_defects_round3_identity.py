@@ -216,3 +216,76 @@ def test_code_whose_file_is_gone_is_not_read_from_its_modules_loader():
         inspect.getsource(namespace["fit"].__code__)
     with pytest.raises(OSError):
         _function_source(namespace["fit"])
+
+
+class _Columns:
+    """A config object holding a set of texts (pickled in its iteration
+    order, which for texts is the hash seed's)."""
+
+    def __init__(self, names):
+        self.names = names
+
+
+class _Names(frozenset):
+    pass
+
+
+def _two_orders(make):
+    """Two equal sets of texts that iterate in different orders (a set's
+    order follows the order its elements went in, where they collide)."""
+    words = [f"column_{i}" for i in range(40)]
+    first, second = make(words), make(reversed(words))
+    assert first == second and list(first) != list(second)
+    return first, second
+
+
+@pytest.mark.parametrize("make", [set, frozenset, _Names], ids=["set", "frozenset", "subclass"])
+def test_an_objects_set_of_texts_hashes_alike_whatever_its_order(make):
+    """A set of texts inside an object (a shared object, a global fit reads)
+    was hashed in its iteration order: that order changes with the hash
+    seed, so each process gave it another identity and its models were
+    never reused. Equal sets hash alike; another set, otherwise."""
+    from manymodels.identity.hashing import value_hash
+
+    first, second = _two_orders(make)
+    assert value_hash(_Columns(first)) == value_hash(_Columns(second))
+    assert value_hash({"nested": [_Columns(first)]}) == value_hash({"nested": [_Columns(second)]})
+    assert value_hash(_Columns(first)) != value_hash(_Columns(make(["column_0"])))
+    numbers = {3, 1, 2}  # (a set of numbers pickles as it did: its order is the same everywhere)
+    assert value_hash(_Columns(numbers)) == value_hash(_Columns({1, 2, 3}))
+
+
+def test_a_set_constant_of_code_without_source_hashes_alike_whatever_its_order():
+    """Code without source is hashed by its bytecode and constants: a
+    frozenset constant (``x in {"a", "b"}``) by its elements, not its repr's order."""
+    from manymodels.identity.codehash import _code_text
+
+    code = compile("def fit(df):\n    return df.name in {'a', 'b'}\n", "<cell>", "exec")
+    fit_code = next(c for c in code.co_consts if isinstance(c, type(code)))
+    first, second = _two_orders(frozenset)
+    constants = [first if isinstance(c, frozenset) else c for c in fit_code.co_consts]
+    with_first = fit_code.replace(co_consts=tuple(constants))
+    with_second = fit_code.replace(co_consts=tuple(
+        second if isinstance(c, frozenset) else c for c in fit_code.co_consts))
+    assert any(isinstance(c, frozenset) for c in fit_code.co_consts)
+    assert _code_text(with_first) == _code_text(with_second)
+
+
+#: Two lambdas on one line: their source, as ``inspect`` reads it, is that line for both
+_ONE_LINE = {"x1": lambda df: [len(df) * 1], "x10": lambda df: [len(df) * 10]}
+
+
+def test_two_lambdas_written_on_one_line_have_identities_of_their_own(tmp_path):
+    """A lambda's source is its whole line: two lambdas on one line hashed
+    alike, and a run of the second reused the models of the first (its
+    results were the first's). Each one's code counts too."""
+    from manymodels.identity.hashing import code_identity
+
+    assert code_identity(_ONE_LINE["x1"])[0] == code_identity(_ONE_LINE["x1"])[0]
+    assert code_identity(_ONE_LINE["x1"])[0] != code_identity(_ONE_LINE["x10"])[0]
+    frame = pd.DataFrame({"g": ["a", "b", "b"]})
+    for name, factor in (("x1", 1), ("x10", 10)):
+        run = mm.train(_ONE_LINE[name], mm.groups(frame, by="g"), store=tmp_path / "s",
+                       backend="serial", progress=False)
+        assert run.summary().reused == 0
+        assert [run.models[key] for key in ("a", "b")] == [[factor], [2 * factor]]

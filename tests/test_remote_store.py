@@ -849,3 +849,42 @@ def test_the_remote_store_bench_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     numbers = json.loads(out.read_text())
     assert numbers["groups"] == 300 and numbers["object store: unchanged re-run (s)"] > 0
+
+
+def _others_may_lock(shared_memory) -> bool:
+    """Whether another process may take the write lock of SQLite's "dead man
+    switch" byte of ``shared_memory`` (an index's ``-shm``): it may where no
+    process holds its connections' shared lock there, and it then takes
+    the shared memory for unused and truncates it."""
+    probe = ("import fcntl, sys\n"
+             "with open(sys.argv[1], 'r+b') as f:\n"
+             "    try:\n"
+             "        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)\n"
+             "    except OSError:\n"
+             "        sys.exit(1)\n")
+    return subprocess.run([sys.executable, "-c", probe, str(shared_memory)]).returncode == 0
+
+
+def test_reading_the_copys_fingerprint_keeps_this_processs_sqlite_locks(tmp_path):
+    """The copy's fingerprint read the head of the index's ``-shm`` file with
+    open() and closed it, and closing any descriptor of a file drops every
+    POSIX lock the process holds on it, its SQLite connections' too: the
+    next driver of this machine to open the index took its shared memory
+    for unused and truncated it under the first driver (a bus error killed
+    it mid-run, its run left 'running' with no task)."""
+    import sqlite3
+
+    from manymodels.store.remote import _fingerprint_of
+
+    conn = sqlite3.connect(tmp_path / "index.sqlite")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.commit()
+    assert not _others_may_lock(tmp_path / "index.sqlite-shm")  # the connection's lock
+    first = _fingerprint_of(tmp_path)
+    assert not _others_may_lock(tmp_path / "index.sqlite-shm")  # kept
+    conn.execute("INSERT INTO t VALUES (2)")
+    conn.commit()
+    assert _fingerprint_of(tmp_path) != first  # each commit still changes it
+    conn.close()

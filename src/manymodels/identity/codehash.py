@@ -197,6 +197,8 @@ class _CodeWalker:
         # unrelated line of the same file does not.
         try:
             text = _function_source(fn)
+            if _shares_its_lines(fn.__code__, text):
+                text += "\n" + _code_text(fn.__code__)
         except (OSError, TypeError):
             text = _code_text(fn.__code__)
         # (Python 3.10's code has no qualified name: the function's, there)
@@ -315,10 +317,45 @@ def _function_source(fn: types.FunctionType) -> str:
     return inspect.getsource(bare)
 
 
+def _shares_its_lines(code: types.CodeType, text: str) -> bool:
+    """Whether ``text``, the source of a lambda, is another lambda's too:
+    the source of a lambda is its whole lines from the one it starts on, and
+    two lambdas that start on one line (``{"x1": lambda df: f(df) * 1,
+    "x10": lambda df: f(df) * 10}``) read alike, so that a run of the
+    second reused the first's models. Its code then counts too (a lambda
+    alone on its first line hashes as it did)."""
+    if code.co_name != "<lambda>" or text.count("lambda") < 2:
+        return False
+    return _lambdas_on_first_line(text) > 1
+
+
+def _lambdas_on_first_line(text: str) -> int:
+    """How many ``lambda`` keywords start on ``text``'s first line (not
+    words in its strings or comments); lines that do not tokenize whole are
+    read as far as they do."""
+    import io
+    import tokenize
+
+    count = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.start[0] > 1:
+                break
+            count += token.type == tokenize.NAME and token.string == "lambda"
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return count
+
+
 def _code_text(code: types.CodeType) -> str:
     parts = [code.co_code.hex(), repr(code.co_names)]
     for const in code.co_consts:
-        parts.append(_code_text(const) if isinstance(const, types.CodeType) else repr(const))
+        if isinstance(const, types.CodeType):
+            parts.append(_code_text(const))
+        elif isinstance(const, frozenset):  # (`x in {"a", "b"}`): its repr's order is the
+            parts.append(repr(sorted(map(repr, const))))  # hash seed's
+        else:
+            parts.append(repr(const))
     return "|".join(parts)
 
 

@@ -180,7 +180,23 @@ PINNED_MODULES = {
 
 class _PinnedNamePickler(pickle._Pickler):  # the Python pickler: its save_global can be changed
     """Pickles as the C pickler does, but names manymodels' classes and
-    functions by their :data:`PINNED_MODULES` names."""
+    functions by their :data:`PINNED_MODULES` names, and writes each set
+    whose order changes with the hash seed in one order (see
+    :func:`_canonical_set`): a frozenset of texts inside a config object
+    pickles in a new order in each process, and its ``fit`` was never reused.
+    (The C pickler does not ask ``reducer_override`` about a set.)"""
+
+    def __init__(self, file: Any, protocol: int = 5) -> None:
+        super().__init__(file, protocol=protocol)
+        #: whether a set was written in another order than it iterates in
+        self.reordered = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (set, frozenset)) and len(obj) > 1 and not all(
+                map(_seed_free, obj)):
+            self.reordered = True
+            return _canonical_set(obj)
+        return NotImplemented
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
         pinned = PINNED_MODULES.get(getattr(obj, "__module__", None) or "")
@@ -207,10 +223,42 @@ def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:
     pickler = _NamingPickler(buffer)
     pickler.dump(value)
     named = list(pickler.named.values())
-    if any(getattr(obj, "__module__", None) in PINNED_MODULES for obj in named):
-        buffer = io.BytesIO()
-        _PinnedNamePickler(buffer, protocol=5).dump(value)
-    return buffer.getvalue(), named
+    data = buffer.getvalue()
+    pinned = any(getattr(obj, "__module__", None) in PINNED_MODULES for obj in named)
+    if pinned or _may_hold_a_set(data, named):
+        canonical = io.BytesIO()
+        rewritten = _PinnedNamePickler(canonical, protocol=5)
+        rewritten.dump(value)
+        if pinned or rewritten.reordered:  # (else the C pickler's bytes: the same hash as ever)
+            return canonical.getvalue(), named
+    return data, named
+
+
+def _may_hold_a_set(data: bytes, named: list[Any]) -> bool:
+    """Whether a pickle may hold a set: its opcodes' bytes are in it (or in
+    some other bytes of it: then it is pickled again for nothing), or it
+    names a class made from set or frozenset."""
+    return (pickle.EMPTY_SET in data or pickle.FROZENSET in data
+            or any(isinstance(obj, type) and issubclass(obj, (set, frozenset))
+                   for obj in named))
+
+
+def _seed_free(value: Any) -> bool:
+    """Whether ``value``'s hash, so its place in a set, is the same in every
+    process: numbers, None, and tuples of them (a text's, bytes', a date's
+    change with ``PYTHONHASHSEED``). A set of those keeps the order it
+    pickled in before, so that the identities of its tasks stay what they were."""
+    if type(value) is tuple:
+        return all(map(_seed_free, value))
+    return type(value) in (int, float, bool, complex, type(None))
+
+
+def _canonical_set(value: set | frozenset) -> tuple:
+    """What a set is pickled as, for its hash: its class and its elements
+    ordered by their own hashes (the state of a subclass too). Never unpickled."""
+    elements = sorted(value, key=value_hash)
+    state = getattr(value, "__dict__", None) or None
+    return type(value), (elements,), state
 
 
 #: The index file of a manymodels store (``store.database.INDEX_NAME``). A

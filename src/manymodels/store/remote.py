@@ -51,6 +51,7 @@ import os
 import re
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,23 +178,8 @@ class RemoteIndex:
         os.replace(temporary, self.copy / SYNCED)
 
     def _fingerprint(self) -> list:
-        """What changes whenever the copy is written: its files' sizes and
-        times, and the head of SQLite's shared-memory index of the log,
-        whose change counter and last frame move with every commit (a time
-        alone is as coarse as the file system's clock)."""
-        marks: list = []
-        for name in (INDEX_NAME, INDEX_NAME + "-wal"):
-            try:
-                info = os.stat(self.copy / name)
-                marks.append([info.st_size, info.st_mtime_ns])
-            except OSError:
-                marks.append(None)
-        try:
-            with open(self.copy / (INDEX_NAME + "-shm"), "rb") as shared:
-                marks.append(shared.read(48).hex())
-        except OSError:
-            marks.append(None)
-        return marks
+        """What changes whenever the copy is written (:func:`_fingerprint_of`)."""
+        return _fingerprint_of(self.copy)
 
     def _snapshot(self, into: Path, source: Path | None = None) -> str:
         """A consistent copy of the copy's index (or of ``source``) at
@@ -393,6 +379,58 @@ class RemoteIndex:
                     and entry.mtime.timestamp() < time.time() - STRAY_AGE_S):
                 removed += remove_object(self._uri(f"{INDEXES}/{name}"))
         return removed
+
+
+def _fingerprint_of(copy: Path) -> list:
+    """What changes whenever the index in ``copy`` is written: its files'
+    sizes and times, and the head of SQLite's shared-memory index of the
+    log, whose change counter and last frame move with every commit (a time
+    alone is as coarse as the file system's clock)."""
+    marks: list = []
+    for name in (INDEX_NAME, INDEX_NAME + "-wal"):
+        try:
+            info = os.stat(copy / name)
+            marks.append([info.st_size, info.st_mtime_ns])
+        except OSError:
+            marks.append(None)
+    head = _shared_memory_head(copy / (INDEX_NAME + "-shm"))
+    marks.append(None if head is None else head.hex())
+    return marks
+
+
+#: Per ``-shm`` file: the descriptor this process reads its head through,
+#: and the file's inode then.
+_SHARED_MEMORY_READERS: dict[str, tuple[int, int]] = {}
+_SHARED_MEMORY_LOCK = threading.Lock()
+
+
+def _shared_memory_head(path: Path) -> bytes | None:
+    """The first 48 bytes of SQLite's shared-memory file ``path`` (None
+    where there is none), read through a descriptor this process keeps
+    open: closing a descriptor of a file (any one) drops every POSIX lock
+    the process holds on it, its SQLite connections' too, and the next
+    process to open the index then takes the shared memory for unused and
+    truncates it under them (a bus error killed a driver of this machine).
+    A descriptor is closed only once the file is another (SQLite removed
+    it and made it again): no connection of this process uses the old one."""
+    try:
+        inode = os.stat(path).st_ino
+    except OSError:
+        return None
+    with _SHARED_MEMORY_LOCK:
+        held = _SHARED_MEMORY_READERS.get(str(path))
+        if held is None or held[1] != inode:
+            try:
+                descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            if held is not None:
+                os.close(held[0])
+            held = _SHARED_MEMORY_READERS[str(path)] = (descriptor, os.fstat(descriptor).st_ino)
+        try:
+            return os.pread(held[0], 48, 0)
+        except OSError:
+            return None
 
 
 def _file_digest(path: Path) -> str:
