@@ -395,6 +395,39 @@ def test_a_file_name_with_a_backslash_is_committed_and_resumed(tmp_path):
     assert (again.path / "a\\b.txt").read_text() == "kept"
 
 
+def test_a_commit_killed_writing_its_manifest_leaves_no_temporary_file_for_good(tmp_path):
+    """An attempt killed between writing its manifest's temporary file and
+    renaming it left ``.tmp-manifest.json-<pid>`` in the slot, one a kill,
+    for as long as the task's checkpoints lived."""
+    import os
+    import signal
+    import time
+
+    from manymodels.engine import checkpointfiles
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    Checkpoint(slot).commit({"n": 1})
+    pid = os.fork()
+    if pid == 0:  # written, then held before the rename until the kill
+        try:
+            os.fsync = lambda descriptor: time.sleep(3600)
+            checkpointfiles.write_atomically(slot / "manifest.json", b"{}")
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while not list(slot.glob(".tmp-manifest.json-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert [p.name for p in slot.glob(".tmp-*")] == [f".tmp-manifest.json-{pid}"]
+    again = Checkpoint(slot, attempt=2)
+    assert again.load() == {"n": 1}
+    again.commit({"n": 2})
+    assert not list(slot.glob(".tmp-*"))
+    assert Checkpoint(slot, attempt=3).load() == {"n": 2}
+
+
 _FORKING_FIT = """
 import os, signal, sys, time
 import pandas as pd

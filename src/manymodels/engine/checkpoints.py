@@ -254,13 +254,19 @@ class Checkpoint:
         """Remove the committed-files folders no manifest names: an attempt
         killed (or timed out, or failing) between putting its files in place
         and naming them left its ``files-<n>``, which the next commit of the
-        same generation would have been refused to replace; and the
-        temporary folders of attempts killed while copying."""
+        same generation would have been refused to replace; the temporary
+        folders of attempts killed while copying; and the temporary files
+        of other processes' manifests (``.tmp-manifest.json-<pid>``): only
+        this attempt writes here now (:meth:`_require_latest`), so another
+        process's was left by an attempt killed mid-write, one a kill."""
         named = ((self._manifest or {}).get("files") or {}).get("dir")
+        own = f"-{os.getpid()}"
         for entry in list(self._slot.iterdir()):
             if entry.is_dir() and entry.name != named and (
                     entry.name.startswith(".tmp-files-") or entry.name.startswith("files-")):
                 shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith(f".tmp-{MANIFEST}-") and not entry.name.endswith(own):
+                entry.unlink(missing_ok=True)
 
     def __enter__(self) -> Path:
         return self.path
