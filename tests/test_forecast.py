@@ -208,6 +208,31 @@ def test_sklearn_predict_x_with_x_future(tmp_path, backend):
         np.testing.assert_allclose(mine["yhat"], model.predict(rows[["promo", "trend"]]))
 
 
+def fit_promo_arrays(rows):  # format="numpy": fitted on arrays, so no feature names
+    return LinearRegression().fit(np.column_stack([rows["promo"],
+                                                   np.arange(len(rows["promo"]), dtype=float)]),
+                                  rows["sales"])
+
+
+def test_a_model_fitted_on_unnamed_columns_is_refused_the_key_and_time_columns(tmp_path):
+    # its two features by position: the store number and the day would have
+    # been predicted from, silently, where no X_future gives them
+    df, X_future = promo_sales()
+    run = mm.train(fit_promo_arrays, mm.groups(df, by="store", order_by="date",
+                                               format="numpy"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    with pytest.raises(ValueError, match=r"group 1 \(LinearRegression\) was fitted on 2 "
+                                         r"unnamed feature column.*pass X_future="):
+        run.forecast(4)
+    with pytest.raises(ValueError, match=r"X_future gives 1: \['promo'\]"):
+        run.forecast(4, X_future=X_future.drop(columns="trend"))
+    got = run.forecast(4, X_future=X_future)
+    for store in (1, 2):
+        rows = X_future[X_future["store"] == store]
+        np.testing.assert_allclose(got.loc[got["store"] == store, "yhat"],
+                                   run.models[store].predict(rows[["promo", "trend"]].to_numpy()))
+
+
 def test_refusals_name_what_is_wrong(tmp_path):
     df, X_future = promo_sales()
     run = mm.train(fit_promo, mm.groups(df, by="store", order_by="date"),

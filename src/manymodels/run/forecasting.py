@@ -76,15 +76,42 @@ class HorizonForecast:
                 raise ValueError(f"the model needs feature column {missing[0]!r} for the "
                                  "future rows: pass X_future= with it")
             return rows[list(names)]
+        problem = unnamed_features_problem(model, self.features)
+        if problem:
+            raise ValueError(f"the model {problem}")
         if self.features:
             X = rows[self.features]
             return X.to_numpy() if type(model).__module__.startswith("sklearn.") else X
         return rows[[*self.by, self.time]]
 
 
-def check_model_inputs(model: Any, future: Any, described: str) -> None:
+def unnamed_features_problem(model: Any, features: list[str] | None) -> str | None:
+    """What is wrong with giving ``features`` (X_future's columns; None: no
+    X_future, so the key and time columns) to a model fitted on arrays:
+    one with ``n_features_in_`` but no ``feature_names_in_`` takes columns
+    by position, and the key and time columns in place of its features
+    predict numbers from a store number and a day, silently; None when
+    the count fits (or the model counts no features)."""
+    count = getattr(model, "n_features_in_", None)
+    if count is None or getattr(model, "feature_names_in_", None) is not None:
+        return None
+    fitted = f"was fitted on {count} unnamed feature column(s) (arrays, no feature_names_in_)"
+    if not features:
+        return (f"{fitted}: it cannot predict from the future rows' key and time columns; "
+                "pass X_future= (a table of the future rows with the key, time and its "
+                "feature columns, in the order it was fitted on)")
+    if len(features) != count:
+        return (f"{fitted}, but X_future gives {len(features)}: {list(features)}; give "
+                "X_future exactly its feature columns, in the order it was fitted on")
+    return None
+
+
+def check_model_inputs(model: Any, future: Any, described: str,
+                       features: list[str] | None = None) -> None:
     """Refuse before any work a ``predict(X)`` model whose fitted feature
-    columns the future rows lack (one model is loaded to ask)."""
+    columns the future rows lack, or that was fitted on another number of
+    unnamed columns than ``features`` (X_future's) give (one model is
+    loaded to ask)."""
     if horizon_call(model) is not None:
         return
     names = getattr(model, "feature_names_in_", None)
@@ -94,6 +121,9 @@ def check_model_inputs(model: Any, future: Any, described: str) -> None:
             f"the model of {described} predicts from rows and needs feature column "
             f"{missing[0]!r}, which the future rows lack: pass X_future= (a table of the "
             "future rows with the key, time and feature columns)")
+    problem = unnamed_features_problem(model, features)
+    if problem:
+        raise ValueError(f"the model of {described} ({type(model).__name__}) {problem}")
     if not callable(getattr(model, "predict", None)):
         raise TypeError(f"the model of {described} ({type(model).__name__}) has neither "
                         "forecast(h), predict(h) nor predict(X)")
@@ -235,7 +265,8 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
         future, features = futurerows.with_features(future, X_future, by, time)
     first = digests[kept[0]]
     described = f"group {last.named(0)!r}"
-    check_model_inputs(StoredModel(store, first, described).load(), future, described)
+    check_model_inputs(StoredModel(store, first, described).load(), future, described,
+                       features)
     routed = predict_groups(store, future, by, artifacts, None, features=None,
                             method="predict", fn=HorizonForecast(by, time, features),
                             backend=backend, workers=workers, progress=progress)
