@@ -13,6 +13,7 @@ import pytest
 from sklearn.linear_model import Lasso, LinearRegression
 
 import manymodels as mm
+from manymodels.evaluation.metrics import mase
 
 
 class LastValue:
@@ -685,3 +686,22 @@ def test_a_test_row_whose_actual_is_missing_is_not_scored():
     assert np.isnan(run.evaluation["r2"].iloc[2])  # r2 of one row: undefined, left out
     assert run.results["mae"].iloc[0] == pytest.approx(5 / 3)
     assert run.results["r2"].iloc[0] == -9.0
+
+
+def test_a_gap_in_the_training_target_leaves_mase_its_other_steps():
+    """One missing value in a history made its naive scale NaN, so every
+    later window's mase was undefined and select='mase' chose nothing."""
+    frame = _series(12)
+    frame["sales"] = [1.0, 3, 4, np.nan, 8, 9, 11, 12, 14, 15, 17, 18]
+    history = frame["sales"]
+    run = mm.train(lambda rows: Const(10.0), mm.groups(frame, by="sku"),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="sales",
+                                        metrics=["mae", "mase"]),
+                   backend="serial", progress=False)
+    for window, cutoff in enumerate((7, 9)):  # pandas' mean skips the gap's differences
+        scale = history[:cutoff + 1].diff().abs().mean()
+        test = history[cutoff + 1:cutoff + 3]
+        expected = (test - 10.0).abs().mean() / scale
+        assert run.evaluation["mase"].iloc[window] == pytest.approx(expected)
+    assert np.isnan(mase([1.0], [2.0], [np.nan, 1.0, np.nan]))  # no pair of neighbours known
+    assert mase([1.0], [2.0], [1.0, np.nan, 2.0, 4.0]) == 0.5

@@ -57,9 +57,20 @@ def mase(y: Any, p: Any, train: Any = None) -> float:
     Koehler (2006). NaN when the training target is too short or constant."""
     if train is None:
         return float("nan")
-    history = _float(train)
-    scale = np.mean(np.abs(np.diff(history))) if len(history) > 1 else 0.0
-    return float(mae(y, p) / scale) if scale > 0 else float("nan")
+    scale = naive_scale(train)
+    return float(mae(y, p) / scale) if scale == scale else float("nan")
+
+
+def naive_scale(history: Any) -> float:
+    """The MAE of the naive one-step forecast of ``history``: the mean
+    absolute difference of its neighbours both known (a missing value, a gap
+    in the series, leaves out its two differences, as pandas' mean skips
+    them, rather than making every window's ``mase`` undefined); NaN where
+    no such pair is, or all are equal (a flat history)."""
+    differences = np.abs(np.diff(_float(history)))
+    known = differences[~np.isnan(differences)]
+    scale = float(np.mean(known)) if len(known) else 0.0
+    return scale if scale > 0 else float("nan")
 
 
 def r2(y: Any, p: Any, train: Any = None) -> float:
@@ -283,10 +294,4 @@ def _known(y: np.ndarray) -> np.ndarray | None:
 
 def _naive_scales(train_targets: list[np.ndarray]) -> np.ndarray:
     """:func:`mase`'s scale per window (NaN where it is 0 or undefined)."""
-    scales = np.full(len(train_targets), np.nan)
-    for w, history in enumerate(train_targets):
-        if len(history) > 1:
-            scale = np.mean(np.abs(np.diff(_float(history))))
-            if scale > 0:
-                scales[w] = scale
-    return scales
+    return np.array([naive_scale(history) for history in train_targets], dtype=float)
