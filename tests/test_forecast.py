@@ -94,6 +94,27 @@ def test_store_forecast_finds_the_last_times_in_the_backtest(tmp_path):
     np.testing.assert_array_equal(got[got["sku"] == "s1"]["yhat"], [0.0, 1.0, 2.0])
 
 
+def test_store_forecast_reads_the_last_times_of_the_run_whose_models_it_uses(tmp_path):
+    """A run still being written (another driver's, a week later) gave the
+    last times, while the models were the last ended run's: its forecast
+    started a week late."""
+    import sqlite3
+
+    df = daily_sales(days=21)
+    backtest = mm.backtest(time="date", horizon=7, windows=2, target="sales")
+    mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"), evaluate=backtest,
+             store=tmp_path / "s", backend="serial", progress=False)
+    later = daily_sales(days=28)
+    mm.train(seasonal_fit, mm.groups(later, by="sku", order_by="date"), evaluate=backtest,
+             store=tmp_path / "s", backend="serial", progress=False)
+    with sqlite3.connect(tmp_path / "s" / "index.sqlite") as conn:  # run 2 still running
+        conn.execute("UPDATE runs SET status = 'running', ok = NULL, failed = NULL, "
+                     "reused = NULL, driver = 'elsewhere:1:1.0' WHERE run_id = 2")
+    got = mm.Store(tmp_path / "s").forecast(2)
+    assert list(got["date"].iloc[:2]) == list(pd.date_range("2024-01-22", periods=2))
+    np.testing.assert_array_equal(got["yhat"].iloc[:2], df["sales"].iloc[14:16])
+
+
 @pytest.mark.parametrize("horizon, step", [(3, 7), (1, 7), (2, 1)])
 def test_store_forecast_reads_the_frequency_within_a_window_not_across_windows(
         tmp_path, horizon, step):

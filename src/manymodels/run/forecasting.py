@@ -233,7 +233,8 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
         time = backtest.get("time")
     time = time_column(source_text.iloc[0] if len(source_text) else None, time, run_id)
     chosen = store._selection(run)
-    config = store.attached("train_config", run, default={}) or {}
+    # (run_id: with run None, the latest run that has ended, not one being written)
+    config = store.attached("train_config", run_id, default={}) or {}
     by = group_columns(_column_names(by), _column_names(
         config.get("by") or (chosen or {}).get("by")), run_keys, params)
     if params and chosen is None:
@@ -243,7 +244,7 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     if history is not None:
         last = futurerows.last_times_of_table(history, by, time, "history")
     else:
-        last = futurerows.last_times_of_backtest(store.forecasts(run), by, time, run_id)
+        last = futurerows.last_times_of_backtest(store.forecasts(run_id), by, time, run_id)
     digests = group_models(artifacts, last.keys)
     if history is None:
         without_times(artifacts, last.keys, run_id)
