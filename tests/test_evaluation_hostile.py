@@ -705,3 +705,20 @@ def test_a_gap_in_the_training_target_leaves_mase_its_other_steps():
         assert run.evaluation["mase"].iloc[window] == pytest.approx(expected)
     assert np.isnan(mase([1.0], [2.0], [np.nan, 1.0, np.nan]))  # no pair of neighbours known
     assert mase([1.0], [2.0], [1.0, np.nan, 2.0, 4.0]) == 0.5
+
+
+def test_halving_breaks_a_tie_by_the_grids_order_as_select_does():
+    """The last window's tie went to the candidate ranked first at the cut
+    before (B, better on the first window), not to the grid's first (A)."""
+    errors = {"A": (2.0, 0.0), "B": (1.0, 1.0), "C": (3.0, 3.0)}  # A and B: a mean of 1
+
+    def fit(rows, v):
+        return Const(10.0 + errors[v][0 if len(rows) == 8 else 1])
+
+    frame = _series(12).assign(sales=10.0)
+    run = mm.train(fit, mm.groups(frame, by="sku") * mm.grid(v=["A", "B", "C"]),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="sales",
+                                        metrics=["mae"]),
+                   select=mm.halving("mae", eta=2), backend="serial", progress=False)
+    assert run.results["best_v"].tolist() == ["A"]
+    assert run.results["mae"].tolist() == [1.0]

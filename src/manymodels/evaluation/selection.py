@@ -255,7 +255,9 @@ class HalvingSearch:
             if number < windows - 1 and all(rank == np.inf for rank in ranks.values()):
                 continue  # no candidate has a score yet (mase of a flat start): none is cut
             keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
-            ranked = sorted(alive, key=ranks.__getitem__)  # stable
+            # ties go to the first setting of the grid, as select= breaks them (alive
+            # is in the order of the last cut, best first, not the grid's)
+            ranked = sorted(alive, key=lambda i: (ranks[i], i))
             alive = ranked[:keep]
             if ranked[keep:]:
                 benched.append(ranked[keep:])
