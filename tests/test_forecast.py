@@ -158,6 +158,40 @@ def test_models_of_the_last_window_are_not_forecast_from_the_last_time(tmp_path)
                 pd.date_range("2024-01-21", periods=3))
 
 
+class LastSeen:
+    """The last value it was fitted on, for test rows (predict) or steps (forecast)."""
+
+    def __init__(self, y) -> None:
+        self.last = float(np.asarray(y, dtype=float)[-1])
+
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), self.last)
+
+    def forecast(self, h: int) -> np.ndarray:
+        return np.full(h, self.last)
+
+
+@pytest.mark.parametrize("evaluate", [
+    mm.holdout(0.25, shuffle=False, target="sales", final_model="last_window"),
+    mm.kfold(3, target="sales", final_model="last_window")])
+def test_a_holdouts_or_k_folds_last_window_model_is_not_forecast_either(tmp_path, evaluate):
+    """An unshuffled holdout's last window's model has not seen the group's
+    last quarter: it forecast its day 15's value, labelled as after day 20.
+    Refused, as a backtest's is; a holdout of nothing (its model saw all
+    rows) forecasts."""
+    df = daily_sales(groups=1, days=20)
+    run = mm.train(lambda rows: LastSeen(rows["sales"]),
+                   mm.groups(df, by="sku", order_by="date"), evaluate=evaluate,
+                   store=tmp_path / "s", backend="serial", progress=False)
+    with pytest.raises(ValueError, match=r"final_model='last_window'.*final_model='all_rows'"):
+        run.forecast(3)
+    in_sample = mm.holdout(0, target="sales", final_model="last_window")
+    run = mm.train(lambda rows: LastSeen(rows["sales"]),
+                   mm.groups(df, by="sku", order_by="date"), evaluate=in_sample,
+                   store=tmp_path / "in-sample", backend="serial", progress=False)
+    assert run.forecast(3)["yhat"].tolist() == [df["sales"].iloc[-1]] * 3
+
+
 def monthly_sales() -> pd.DataFrame:
     months = pd.date_range("2021-01-01", periods=24, freq="MS")
     return pd.DataFrame({"region": np.repeat(["north", "south"], 24),

@@ -198,6 +198,12 @@ class Holdout(Splitter):
     shuffle: bool = True
     seed: int = 0
 
+    @property
+    def final_model(self) -> str:
+        """As :attr:`Splitter.final_model`; a holdout of nothing (``test_size=0``)
+        trains its one window on all rows, which is what its model saw."""
+        return "all_rows" if self.refit or not self.test_size else "last_window"
+
     def windows(self, rows: Any) -> list[tuple[np.ndarray, np.ndarray, Any]]:
         n = row_count(rows)
         everything = np.arange(n)

@@ -225,10 +225,11 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     backtest = store.attached(EVALUATION_ATTACHMENT, run_id, default=None) or {}
     if backtest.get("final_model") == "last_window":
         raise ValueError(
-            f"run {run_id} kept each group's last backtest window's model "
-            "(final_model='last_window'): fitted only up to the group's last cutoff, it "
-            "forecasts from there, not from the group's last time; train with "
-            "final_model='all_rows' (the default) to forecast")
+            f"run {run_id} kept each group's last evaluation window's model "
+            "(final_model='last_window'): fitted without that window's test rows (a "
+            "backtest's: up to the group's last cutoff), it forecasts from what it saw, "
+            "not from the group's last time; train with final_model='all_rows' (the "
+            "default) to forecast")
     if time is None:  # the time column of the run's backtest, where it had one
         time = backtest.get("time")
     time = time_column(source_text.iloc[0] if len(source_text) else None, time, run_id)

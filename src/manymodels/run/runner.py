@@ -185,9 +185,10 @@ def train(
                               "no winner was chosen (the run is returned, and kept in its store, "
                               f"unselected); the results' columns are {list(run.results.columns)}",
                               stacklevel=3)
-        if recorder is not None and isinstance(getattr(evaluate, "time", None), str):
+        if recorder is not None and evaluate is not None:
             # Store.forecast's time column, where the groups had no order_by, and
-            # whether the kept models saw each group's last rows
+            # whether the kept models saw all of each group's rows (a holdout's or
+            # k folds' last window's model did not either)
             store.attach(run.run_id, EVALUATION_ATTACHMENT,
                          {"time": evaluate.time, "final_model": evaluate.final_model})
         return run
