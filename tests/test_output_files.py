@@ -54,8 +54,8 @@ def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
     assert table.column("day").to_pylist() == [7, 8, 9]  # the labels are kept, as values
     assert _writer(tmp_path, lambda df: None)(rows, key="s1") == WrittenOutput(None, 0, None)
     assert not list(tmp_path.glob("*.partial"))
-    with pytest.raises(TypeError, match="must return a table, got float"):
-        _writer(tmp_path, lambda df: 3.0)(rows, key="s1")
+    with pytest.raises(TypeError, match="must return a table, got list"):
+        _writer(tmp_path, lambda df: [3.0])(rows, key="s1")
 
 
 def test_a_grid_setting_is_a_key_column_and_a_fallback_keeps_its_mark(tmp_path):
@@ -486,3 +486,11 @@ def test_a_frames_index_that_holds_values_is_written_as_columns(tmp_path):
         table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
         assert table.column_names == columns
     assert table.column("x").to_pylist() == [2.0, 4.0]
+
+
+def test_one_value_is_a_row_of_its_groups_key(tmp_path):
+    writer = _writer(tmp_path, lambda df: float(df["x"].sum()))
+    written = writer(pd.DataFrame({"x": [1.0, 2.0]}), key="s1")
+    writer.seal_part()
+    table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
+    assert table.to_pylist() == [{"store": "s1", "value": 3.0}]

@@ -302,3 +302,15 @@ def test_columns_of_polars_or_arrow_and_series_of_repeated_labels_are_concatenat
     ours = mm.map_groups(lambda rows: pd.Series([1, 2], index=["u", "u"]),
                          mm.groups(frame, by="g"), **SERIAL)
     assert ours.columns.tolist() == ["g", "u", "u"] and ours.iloc[:, 2].tolist() == [2, 2]
+
+
+def test_one_value_per_group_is_a_series_under_the_keys_as_pandas_makes_it():
+    """rows["x"].sum() is pandas' commonest apply: it was refused once every
+    group had run ('must return a table, got float64')."""
+    frame = pd.DataFrame({"g": ["b", "a", "b", "a"], "h": [1, 1, 2, 1], "x": [1.0, 2, 3, 4]})
+    for by in ("g", ["g", "h"]):
+        ours = mm.map_groups(lambda rows: rows["x"].sum(), mm.groups(frame, by=by), **SERIAL)
+        pd.testing.assert_series_equal(ours, frame.groupby(by).apply(lambda rows: rows["x"].sum()))
+    counted = mm.map_groups(lambda rows: None if rows["g"].iloc[0] == "a" else len(rows),
+                            mm.groups(frame, by="g"), **SERIAL)
+    assert counted.to_dict() == {"b": 2}

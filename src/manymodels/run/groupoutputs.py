@@ -361,6 +361,20 @@ def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
     return None
 
 
+def is_value(output: Any) -> bool:
+    """Whether an output is one value (a number, a text, a time), no table."""
+    return pd.api.types.is_scalar(output) and not isinstance(output, pa.Scalar)
+
+
+def _values_under_keys(values: list, keys: GroupKeys) -> pd.Series:
+    """One value per group as a Series under the key columns, as pandas'
+    ``df.groupby(by).apply(lambda rows: rows["x"].sum())`` makes it."""
+    typed = keys.frame()
+    levels = [pd.Index(typed[name], name=name) for name in keys.columns]
+    index = levels[0] if len(levels) == 1 else pd.MultiIndex.from_arrays(levels)
+    return pd.Series(values, index=index)
+
+
 def _series_under_keys(outputs: list[pd.Series], keys: GroupKeys) -> pd.Series:
     """Series whose labels differ by group (``value_counts``) concatenated
     under a MultiIndex of the key columns and their labels, as pandas'
@@ -398,6 +412,8 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
     present = [i for i, (_, output) in enumerate(ok) if output is not None]
     if not present and (not ok or base.format in ("arrow", "polars")):
         return empty_table(base.format)
+    if present and all(is_value(ok[i][1]) for i in present):
+        return _values_under_keys([ok[i][1] for i in present], keys.subset(present))
     if not all(isinstance(ok[i][1], (pd.DataFrame, pd.Series)) for i in present) or (
             present and all(isinstance(ok[i][1], pd.Series) for i in present)):
         # a pandas stand-in for None would be a second kind of table, or make

@@ -21,11 +21,14 @@ def output_table(value: Any, parts: tuple, key_columns: list[str],
     column-like text labels (``df.mean()``) as one row, under 0, 1, ... (a
     column of values) as a column, of other labels (``value_counts()``,
     dates) as two columns, its labels and its values; an Arrow or polars
-    table as it is. None for None (no rows)."""
+    table as it is; one value (a number, a text) as a row, in column
+    ``value``. None for None (no rows)."""
     import pandas as pd
 
     if value is None:
         return None
+    if pd.api.types.is_scalar(value) and not isinstance(value, pa.Scalar):
+        value = pd.DataFrame({"value": [value]})  # one value: a row of its group's key
     if isinstance(value, pd.Series):
         name = value.name if value.name is not None else "value"
         index = value.index
