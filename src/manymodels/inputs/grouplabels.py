@@ -96,8 +96,7 @@ def index_as_columns(output: pd.DataFrame, received: Any = None) -> pd.DataFrame
 def _row_labels(index: pd.Index, received: Any) -> bool:
     """Whether ``index`` labels rows rather than holding values (see
     :func:`index_as_columns`)."""
-    if isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1 and (
-            index.name is None):
+    if is_fresh_index(index):
         return True
     if received is None:  # positions 0, 1, ... of a group handed under a fresh index
         return (index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(
@@ -108,3 +107,9 @@ def _row_labels(index: pd.Index, received: Any) -> bool:
         return bool(index.isin(received).all())
     except (TypeError, ValueError):  # labels that cannot be compared with the rows'
         return False
+
+
+def is_fresh_index(index: pd.Index) -> bool:
+    """Whether ``index`` is pandas' default: an unnamed ``0, 1, ...``."""
+    return isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1 and (
+        index.name is None)

@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..inputs.grouplabels import group_labels, index_as_columns, input_positions, is_transform
+from ..inputs.grouplabels import (
+    group_labels,
+    index_as_columns,
+    input_positions,
+    is_fresh_index,
+    is_transform,
+)
 from ..inputs.keys import key_frame
 from ..inputs.sources import GroupSource
 from ..planning.plan import group_layout
@@ -392,23 +398,41 @@ def _series_under_keys(outputs: list[pd.Series], keys: GroupKeys) -> pd.Series:
     return values
 
 
-def _received_labels(run: Run, base: GroupSource, outputs: int) -> list | None:
+class _ReceivedLabels:
     """The labels each output's group was handed under (its rows' in the
-    input frame), an output per task that succeeded; None where they are not
-    known (the plan's tasks are not the layout's groups)."""
-    layout = group_layout(base)
-    done = np.flatnonzero(run._records.ok_mask())
-    if len(done) != outputs or len(run._plan.tasks) != len(layout.lengths):
-        return None
-    labels, offsets, lengths = group_labels(layout, base.row_index)
-    return [labels[offsets[task]:offsets[task] + lengths[task]] for task in done]
+    input frame), an output per task that succeeded, sliced only for the
+    outputs asked about (most have a fresh index, and need none)."""
+
+    def __init__(self, run: Run, base: GroupSource) -> None:
+        self.labels, self.offsets, self.lengths = group_labels(group_layout(base),
+                                                               base.row_index)
+        self.tasks = np.flatnonzero(run._records.ok_mask())
+
+    @classmethod
+    def of_run(cls, run: Run, base: GroupSource, outputs: int) -> _ReceivedLabels | None:
+        """None where the labels are not known (the plan's tasks are not the
+        layout's groups)."""
+        if len(run._plan.tasks) != len(group_layout(base).lengths) or (
+                int(run._records.ok_mask().sum()) != outputs):
+            return None
+        return cls(run, base)
+
+    def subset(self, outputs: Sequence[int]) -> _ReceivedLabels:
+        """The labels of outputs ``outputs`` only, in that order."""
+        self.tasks = self.tasks[np.asarray(outputs, dtype=np.int64)]
+        return self
+
+    def __getitem__(self, output: int) -> Any:
+        task = self.tasks[output]
+        return self.labels[self.offsets[task]:self.offsets[task] + self.lengths[task]]
 
 
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
              ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
     keys = GroupKeys.of_run(run, key_columns, [key for key, _ in ok])
-    received = _received_labels(run, base, len(ok)) if source is base and labelled else None
+    received = (_ReceivedLabels.of_run(run, base, len(ok)) if source is base and labelled
+                else None)
     present = [i for i, (_, output) in enumerate(ok) if output is not None]
     if not present and (not ok or base.format in ("arrow", "polars")):
         return empty_table(base.format)
@@ -419,7 +443,7 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
         # a pandas stand-in for None would be a second kind of table, or make
         # Series (value_counts, a row of aggregates) frames that lose their labels
         ok, keys = [ok[i] for i in present], keys.subset(present)
-        received = None if received is None else [received[i] for i in present]
+        received = None if received is None else received.subset(present)
     # a group whose fn returned None has no rows, as in pandas' apply
     outputs = [pd.DataFrame() if output is None else output for _, output in ok]
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
@@ -439,8 +463,8 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
         return _series_under_keys(outputs, keys)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
         if transform is None:  # under a fresh index: the values an index holds as columns
-            outputs = [index_as_columns(out, None if received is None else received[i])
-                       for i, out in enumerate(outputs)]
+            outputs = [out if is_fresh_index(out.index) else index_as_columns(
+                out, None if received is None else received[i]) for i, out in enumerate(outputs)]
         result = _frames_with_keys(outputs, keys)
     else:
         result = concat_outputs([_with_keys(out, keys, group)
