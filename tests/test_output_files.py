@@ -54,8 +54,8 @@ def test_each_kind_of_output_becomes_a_table_with_its_key_in_front(tmp_path):
     assert table.column("day").to_pylist() == [7, 8, 9]  # the labels are kept, as values
     assert _writer(tmp_path, lambda df: None)(rows, key="s1") == WrittenOutput(None, 0, None)
     assert not list(tmp_path.glob("*.partial"))
-    with pytest.raises(TypeError, match="must return a table, got float"):
-        _writer(tmp_path, lambda df: 3.0)(rows, key="s1")
+    with pytest.raises(TypeError, match="must return a table, got list"):
+        _writer(tmp_path, lambda df: [3.0])(rows, key="s1")
 
 
 def test_a_grid_setting_is_a_key_column_and_a_fallback_keeps_its_mark(tmp_path):
@@ -473,3 +473,24 @@ def test_a_part_of_small_and_large_categorical_outputs_reads_back(tmp_path, monk
     table = read_files(str(tmp_path), [out.ref for out in reversed(outs)], schema)
     assert table.column("c").to_pylist() == [f"{key}-{i % 7}" for key in reversed(range(7))
                                              for i in range(sizes[key])]
+
+
+def test_a_frames_index_that_holds_values_is_written_as_columns(tmp_path):
+    """As the pandas path makes it: an aggregation's days kept, a filter's row labels not."""
+    rows = pd.DataFrame({"x": [1.0, 2.0, 4.0], "day": [7, 7, 9]})  # as a worker has them
+    for fn, columns in ((lambda df: df.groupby("day")[["x"]].sum(), ["store", "day", "x"]),
+                        (lambda df: df[df["x"] > 1], ["store", "x", "day"])):
+        writer = _writer(tmp_path, fn)
+        written = writer(rows, key="s1")
+        writer.seal_part()
+        table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
+        assert table.column_names == columns
+    assert table.column("x").to_pylist() == [2.0, 4.0]
+
+
+def test_one_value_is_a_row_of_its_groups_key(tmp_path):
+    writer = _writer(tmp_path, lambda df: float(df["x"].sum()))
+    written = writer(pd.DataFrame({"x": [1.0, 2.0]}), key="s1")
+    writer.seal_part()
+    table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
+    assert table.to_pylist() == [{"store": "s1", "value": 3.0}]

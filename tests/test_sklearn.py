@@ -202,6 +202,9 @@ def test_a_refit_keeps_no_attribute_of_the_fit_before():
     assert hasattr(model, "feature_names_in_") and hasattr(model, "shrinkage_factors_")
     model.set_params(shrinkage=None, by=0).fit(frame.to_numpy(), y)
     assert not hasattr(model, "feature_names_in_") and not hasattr(model, "shrinkage_factors_")
+    classifier = GroupedEstimator(LogisticRegression(), by="g", backend="serial")
+    classifier.fit(frame, y > 2).set_params(estimator=Ridge()).fit(frame, y)
+    assert not hasattr(classifier, "classes_")  # a regressor's fit has no classes
 
 
 

@@ -255,3 +255,62 @@ def test_a_key_value_an_output_gives_that_does_not_fit_the_keys_type_is_kept():
 
     got = mm.map_groups(total, mm.groups(frame, by="g"), **SERIAL)
     assert got["g"].tolist() == [1, 300, 3]
+
+
+def test_a_frames_index_that_holds_values_comes_back_as_columns():
+    """An aggregation by day, a set_index, a describe(): the index holds the
+    values that say what each row is; under the fresh index it was dropped
+    (the days gone). Row labels (a filter's) are still dropped."""
+    frame = pd.DataFrame({"g": ["b", "a", "b", "a"], "day": [1, 1, 2, 2], "x": [1.0, 2, 3, 4]},
+                         index=pd.Index(list("pqrs"), name="i"))
+    daily = mm.map_groups(lambda rows: rows.groupby("day")[["x"]].sum(),
+                          mm.groups(frame, by="g"), **SERIAL)
+    expected = frame.groupby(["g", "day"])[["x"]].sum().reset_index()
+    pd.testing.assert_frame_equal(daily, expected, check_dtype=False)
+
+    stats = mm.map_groups(lambda rows: rows[["x"]].describe().iloc[:2],
+                          mm.groups(frame, by="g"), **SERIAL)
+    assert stats.columns.tolist() == ["g", "index", "x"]
+    assert stats["index"].tolist() == ["count", "mean"] * 2
+
+    kept = mm.map_groups(lambda rows: rows[rows["x"] > 2], mm.groups(frame, by="g"), **SERIAL)
+    assert kept.columns.tolist() == ["g", "day", "x"] and kept.index.tolist() == [0, 1]
+    graded = mm.map_groups(lambda rows, a: rows.set_index("day")[["x"]] * a,
+                           mm.groups(frame, by="g") * mm.grid(a=[1, 2]), **SERIAL)
+    assert graded.columns.tolist() == ["g", "a", "day", "x"]
+    assert graded["day"].tolist() == [1, 2] * 4
+
+
+def test_columns_of_polars_or_arrow_and_series_of_repeated_labels_are_concatenated():
+    """A polars Series failed in polars' diagonal concat, Arrow columns of an
+    int and a float in chunked_array, Series of a label repeated in reindex:
+    each is one column (the types unified) or one row per group."""
+    pl = pytest.importorskip("polars")
+    table = pa.table({"g": ["b", "a"], "x": [1, 2]})
+    ours = mm.map_groups(lambda rows: rows["x"] * (1.5 if rows["g"][0] == "b" else 1),
+                         mm.groups(pl.from_arrow(table), by="g", format="polars"), **SERIAL)
+    assert isinstance(ours, pl.Series) and ours.name == "x" and ours.to_list() == [2.0, 1.5]
+
+    def column(rows: pa.Table) -> pa.ChunkedArray:
+        x = rows["x"]
+        return x if rows["g"][0].as_py() == "a" else x.cast(pa.float64())
+
+    ours = mm.map_groups(column, mm.groups(table, by="g", format="arrow"), **SERIAL)
+    assert ours.type == pa.float64() and ours.to_pylist() == [2.0, 1.0]
+
+    frame = table.to_pandas()
+    ours = mm.map_groups(lambda rows: pd.Series([1, 2], index=["u", "u"]),
+                         mm.groups(frame, by="g"), **SERIAL)
+    assert ours.columns.tolist() == ["g", "u", "u"] and ours.iloc[:, 2].tolist() == [2, 2]
+
+
+def test_one_value_per_group_is_a_series_under_the_keys_as_pandas_makes_it():
+    """rows["x"].sum() is pandas' commonest apply: it was refused once every
+    group had run ('must return a table, got float64')."""
+    frame = pd.DataFrame({"g": ["b", "a", "b", "a"], "h": [1, 1, 2, 1], "x": [1.0, 2, 3, 4]})
+    for by in ("g", ["g", "h"]):
+        ours = mm.map_groups(lambda rows: rows["x"].sum(), mm.groups(frame, by=by), **SERIAL)
+        pd.testing.assert_series_equal(ours, frame.groupby(by).apply(lambda rows: rows["x"].sum()))
+    counted = mm.map_groups(lambda rows: None if rows["g"].iloc[0] == "a" else len(rows),
+                            mm.groups(frame, by="g"), **SERIAL)
+    assert counted.to_dict() == {"b": 2}

@@ -90,7 +90,7 @@ def map_groups(
     ``fn`` receives each group's rows as ``mm.train`` hands them, a pandas
     group under its rows' labels in the input frame (their positions for an
     Arrow or polars table or a file; :mod:`manymodels.inputs.grouplabels`), and may
-    return a DataFrame, a Series or an Arrow or polars table. What comes back:
+    return a DataFrame, a Series, an Arrow or polars table or one value. What comes back:
 
     * a **transform** -- every output (DataFrame or Series) holds its group's
       rows, in order, under the labels ``fn`` received (a pandas group under
@@ -103,7 +103,9 @@ def map_groups(
       aligns, as with pandas (which keeps a Series in group order; its labels
       are the same);
     * any other DataFrame (an aggregation, a filter): the outputs in key
-      order, under a fresh index 0, 1, ...;
+      order, under a fresh index 0, 1, ...; an output's index that holds
+      values (``groupby("day").sum()``, ``set_index``, ``describe()``) as
+      columns after the keys, one of row labels (a filter's) dropped;
     * a Series of the same labels from every group (``df[["x", "y"]].mean()``;
       in any order, as a dict built by group may order them): one row per
       group, in key order, each value in its label's column;
@@ -111,6 +113,8 @@ def map_groups(
       group): concatenated in key order, under a MultiIndex of the key
       columns and the labels ``fn`` gave, as pandas' ``groupby().apply``
       makes it (the labels alone would not say which group a row is of);
+    * one value (a number, a text) from every group: a Series of them under
+      the key columns, as pandas' ``groupby().apply`` makes it;
     * Arrow or polars tables: concatenated in key order, their columns'
       types unified as Arrow's permissive concat unifies them (int and
       float: float; a column some lack: null there); a column whose types

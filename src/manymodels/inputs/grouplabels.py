@@ -68,3 +68,48 @@ def is_transform(output: Any, labels: Any) -> bool:
     """Whether a pandas output holds its group's rows, in order, under the
     labels its group had (pandas' test of a transform)."""
     return len(output) == len(labels) and output.index.equals(labels)
+
+
+def index_as_columns(output: pd.DataFrame, received: Any = None) -> pd.DataFrame:
+    """A DataFrame output that is no transform, with the index levels that
+    hold values (``groupby("day").sum()``, ``set_index("x")``,
+    ``resample(...)``, ``describe()``) as columns in front of its own, as
+    ``reset_index()`` makes them: the outputs are concatenated under a fresh
+    index, which would drop them. An index of row labels is dropped: the
+    default ``0, 1, ...`` or, under the names of the labels ``fn`` received
+    (``received``; None: positions, unnamed), labels among those (a filter).
+    A level named like one of the output's columns is dropped too
+    (``set_index("x", drop=False)``: the column holds it)."""
+    index = output.index
+    if _row_labels(index, received):
+        return output
+    names = [name if name is not None else ("index" if index.nlevels == 1 else f"level_{i}")
+             for i, name in enumerate(index.names)]
+    columns = set(output.columns)
+    kept = [level for level, name in enumerate(names) if name not in columns]
+    if not kept:
+        return output
+    frame = output.set_axis(index.set_names(names), axis=0)
+    return frame.reset_index(level=kept, drop=False)
+
+
+def _row_labels(index: pd.Index, received: Any) -> bool:
+    """Whether ``index`` labels rows rather than holding values (see
+    :func:`index_as_columns`)."""
+    if is_fresh_index(index):
+        return True
+    if received is None:  # positions 0, 1, ... of a group handed under a fresh index
+        return (index.nlevels == 1 and index.name is None and pd.api.types.is_integer_dtype(
+            index.dtype) and (len(index) == 0 or index.min() >= 0))
+    if list(index.names) != list(received.names):
+        return False
+    try:
+        return bool(index.isin(received).all())
+    except (TypeError, ValueError):  # labels that cannot be compared with the rows'
+        return False
+
+
+def is_fresh_index(index: pd.Index) -> bool:
+    """Whether ``index`` is pandas' default: an unnamed ``0, 1, ...``."""
+    return isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1 and (
+        index.name is None)

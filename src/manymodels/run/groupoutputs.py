@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..inputs.grouplabels import group_labels, input_positions, is_transform
+from ..inputs.grouplabels import (
+    group_labels,
+    index_as_columns,
+    input_positions,
+    is_fresh_index,
+    is_transform,
+)
 from ..inputs.keys import key_frame
 from ..inputs.sources import GroupSource
 from ..planning.plan import group_layout
@@ -49,9 +55,7 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
     module = type(first).__module__
     if module.startswith("pyarrow"):
         if isinstance(first, (pa.Array, pa.ChunkedArray)):  # a column stays a column
-            return pa.chunked_array([chunk for part in parts for chunk in
-                                     (part.chunks if isinstance(part, pa.ChunkedArray)
-                                      else [part])], type=first.type)
+            return _unified(lambda: _arrow_column(parts), what)
         if isinstance(first, pa.RecordBatch):
             return pa.Table.from_batches(parts)
         # as pandas' concat would: an int column in one group and a float one in
@@ -62,6 +66,10 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
         import polars as pl
 
         def concatenate() -> Any:
+            if isinstance(first, pl.Series):  # a column stays a column, named as the first
+                frames = [part.rename(first.name).to_frame() for part in parts]
+                _check_polars_types(frames)
+                return pl.concat(frames, how="diagonal_relaxed").to_series()
             _check_polars_types(parts)
             return pl.concat(parts, how="diagonal_relaxed")
 
@@ -79,6 +87,19 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
             part = part.to_pandas()
         frames.append(part)
     return pd.concat(frames, ignore_index=not keep_index)
+
+
+def _arrow_column(parts: list[Any]) -> pa.ChunkedArray:
+    """Arrow columns as one, of the type their types unify to as a table's
+    columns do (int and float: float; a null column: the others' type)."""
+    types = [part.type for part in parts]
+    if any(kind != types[0] for kind in types[1:]):
+        unified = pa.unify_schemas([pa.schema([pa.field("column", kind)]) for kind in types],
+                                   promote_options="permissive")
+        parts = [part.cast(unified.field(0).type) for part in parts]
+    return pa.chunked_array([chunk for part in parts for chunk in
+                             (part.chunks if isinstance(part, pa.ChunkedArray) else [part])],
+                            type=parts[0].type)
 
 
 def _unified(concatenate: Callable[[], Any], what: str) -> Any:
@@ -317,7 +338,12 @@ def _partly_given(frames: list[pd.DataFrame], name: Any, keys: pd.Series,
 def _rows_per_group(outputs: list[pd.Series], keys: GroupKeys) -> pd.DataFrame:
     """Series of the same labels, one per group, as rows of one frame with the
     key columns in front (pandas' ``groupby(..., as_index=False).apply``)."""
-    frame = pd.DataFrame(outputs).reset_index(drop=True)
+    labels = outputs[0].index
+    if labels.is_unique:
+        frame = pd.DataFrame(outputs).reset_index(drop=True)
+    else:  # a label repeated (in every output, in one order) is a column per place
+        frame = pd.DataFrame([out.set_axis(pd.RangeIndex(len(out))) for out in outputs])
+        frame = frame.reset_index(drop=True).set_axis(labels, axis=1)
     typed = keys.frame()
     for position, name in enumerate(keys.columns):
         if name not in frame.columns:
@@ -341,6 +367,20 @@ def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
     return None
 
 
+def is_value(output: Any) -> bool:
+    """Whether an output is one value (a number, a text, a time), no table."""
+    return pd.api.types.is_scalar(output) and not isinstance(output, pa.Scalar)
+
+
+def _values_under_keys(values: list, keys: GroupKeys) -> pd.Series:
+    """One value per group as a Series under the key columns, as pandas'
+    ``df.groupby(by).apply(lambda rows: rows["x"].sum())`` makes it."""
+    typed = keys.frame()
+    levels = [pd.Index(typed[name], name=name) for name in keys.columns]
+    index = levels[0] if len(levels) == 1 else pd.MultiIndex.from_arrays(levels)
+    return pd.Series(values, index=index)
+
+
 def _series_under_keys(outputs: list[pd.Series], keys: GroupKeys) -> pd.Series:
     """Series whose labels differ by group (``value_counts``) concatenated
     under a MultiIndex of the key columns and their labels, as pandas'
@@ -358,18 +398,52 @@ def _series_under_keys(outputs: list[pd.Series], keys: GroupKeys) -> pd.Series:
     return values
 
 
+class _ReceivedLabels:
+    """The labels each output's group was handed under (its rows' in the
+    input frame), an output per task that succeeded, sliced only for the
+    outputs asked about (most have a fresh index, and need none)."""
+
+    def __init__(self, run: Run, base: GroupSource) -> None:
+        self.labels, self.offsets, self.lengths = group_labels(group_layout(base),
+                                                               base.row_index)
+        self.tasks = np.flatnonzero(run._records.ok_mask())
+
+    @classmethod
+    def of_run(cls, run: Run, base: GroupSource, outputs: int) -> _ReceivedLabels | None:
+        """None where the labels are not known (the plan's tasks are not the
+        layout's groups)."""
+        if len(run._plan.tasks) != len(group_layout(base).lengths) or (
+                int(run._records.ok_mask().sum()) != outputs):
+            return None
+        return cls(run, base)
+
+    def subset(self, outputs: Sequence[int]) -> _ReceivedLabels:
+        """The labels of outputs ``outputs`` only, in that order."""
+        self.tasks = self.tasks[np.asarray(outputs, dtype=np.int64)]
+        return self
+
+    def __getitem__(self, output: int) -> Any:
+        task = self.tasks[output]
+        return self.labels[self.offsets[task]:self.offsets[task] + self.lengths[task]]
+
+
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
              ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
     keys = GroupKeys.of_run(run, key_columns, [key for key, _ in ok])
+    received = (_ReceivedLabels.of_run(run, base, len(ok)) if source is base and labelled
+                else None)
     present = [i for i, (_, output) in enumerate(ok) if output is not None]
     if not present and (not ok or base.format in ("arrow", "polars")):
         return empty_table(base.format)
+    if present and all(is_value(ok[i][1]) for i in present):
+        return _values_under_keys([ok[i][1] for i in present], keys.subset(present))
     if not all(isinstance(ok[i][1], (pd.DataFrame, pd.Series)) for i in present) or (
             present and all(isinstance(ok[i][1], pd.Series) for i in present)):
         # a pandas stand-in for None would be a second kind of table, or make
         # Series (value_counts, a row of aggregates) frames that lose their labels
         ok, keys = [ok[i] for i in present], keys.subset(present)
+        received = None if received is None else received.subset(present)
     # a group whose fn returned None has no rows, as in pandas' apply
     outputs = [pd.DataFrame() if output is None else output for _, output in ok]
     series = bool(outputs) and all(isinstance(out, pd.Series) for out in outputs)
@@ -383,10 +457,14 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
         if transform is not None:
             return _in_input_order(pd.concat(outputs, ignore_index=True), positions, base)
         labels = _same_labels([out.index for out in outputs])
-        if labels is not None:
-            return _rows_per_group([out.reindex(labels) for out in outputs], keys)
+        if labels is not None:  # (labels repeated come in one order: nothing to align)
+            return _rows_per_group([out if out.index.equals(labels) else out.reindex(labels)
+                                    for out in outputs], keys)
         return _series_under_keys(outputs, keys)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
+        if transform is None:  # under a fresh index: the values an index holds as columns
+            outputs = [out if is_fresh_index(out.index) else index_as_columns(
+                out, None if received is None else received[i]) for i, out in enumerate(outputs)]
         result = _frames_with_keys(outputs, keys)
     else:
         result = concat_outputs([_with_keys(out, keys, group)

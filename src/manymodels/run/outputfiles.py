@@ -129,7 +129,8 @@ class WriteOutputs:
         width = len(self.key_columns) - len(self.param_columns)
         parts = tuple(key) if width > 1 else (key,)
         parts += tuple(kwargs[name] for name in self.param_columns)
-        written = self._write(output_table(value, parts, self.key_columns))
+        received = getattr(rows, "index", None) if hasattr(rows, "iloc") else None
+        written = self._write(output_table(value, parts, self.key_columns, received))
         return written if metrics is None else (written, metrics)
 
     def _write(self, table: pa.Table | None) -> WrittenOutput:

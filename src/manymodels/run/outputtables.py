@@ -9,18 +9,26 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..inputs.grouplabels import index_as_columns
 
-def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table | None:
+
+def output_table(value: Any, parts: tuple, key_columns: list[str],
+                 received: Any = None) -> pa.Table | None:
     """``fn``'s output for one group as an Arrow table, the key columns it
-    lacks in front: a DataFrame's rows (its index dropped, as the pandas path
-    concatenates them); a Series of column-like text labels (``df.mean()``)
-    as one row, under 0, 1, ... (a column of values) as a column, of other
-    labels (``value_counts()``, dates) as two columns, its labels and its
-    values; an Arrow or polars table as it is. None for None (no rows)."""
+    lacks in front: a DataFrame's rows, an index that holds values as
+    columns, one of row labels (``received``: the rows' index ``fn`` was
+    handed) dropped, as the pandas path concatenates them; a Series of
+    column-like text labels (``df.mean()``) as one row, under 0, 1, ... (a
+    column of values) as a column, of other labels (``value_counts()``,
+    dates) as two columns, its labels and its values; an Arrow or polars
+    table as it is; one value (a number, a text) as a row, in column
+    ``value``. None for None (no rows)."""
     import pandas as pd
 
     if value is None:
         return None
+    if pd.api.types.is_scalar(value) and not isinstance(value, pa.Scalar):
+        value = pd.DataFrame({"value": [value]})  # one value: a row of its group's key
     if isinstance(value, pd.Series):
         name = value.name if value.name is not None else "value"
         index = value.index
@@ -31,6 +39,8 @@ def output_table(value: Any, parts: tuple, key_columns: list[str]) -> pa.Table |
             value = pd.DataFrame([value]).reset_index(drop=True)
         else:  # labels that are values (value_counts, a date index): kept as a column
             value = value.to_frame(name=name).reset_index()
+    elif isinstance(value, pd.DataFrame):
+        value = index_as_columns(value, received)
     if isinstance(value, pd.DataFrame):
         names = value.columns.tolist()  # (iterating pandas 3's text index costs more)
         if not all(isinstance(name, str) for name in names):

@@ -184,7 +184,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         import manymodels as mm
 
         shrink = self._check_params()
-        for stale in ("feature_names_in_", "shrinkage_factors_"):  # a refit's, where
+        for stale in ("feature_names_in_", "shrinkage_factors_", "classes_"):  # a refit's, where
             self.__dict__.pop(stale, None)  # this fit has none (scikit-learn's convention)
         keys, features, y, sample_weight = self._checked_data(X, y, sample_weight)
         if is_classifier(self.estimator):
