@@ -276,11 +276,6 @@ def test_tables_keys_and_costs_that_cannot_be_used_are_named(tmp_path):
             mm.train(len, mm.groups(table, by="k"), progress=False)
     with pytest.raises(TypeError, match=r"cost= must return a number; .* 'x'"):
         mm.train(len, mm.items([1, 2], cost=lambda item: "x"), progress=False)
-    frame = pd.DataFrame({"g": [1, 1, 2], "x": [1.0, 2.0, 3.0]})
-    for source in (mm.items([1, 2], cost=lambda item: -item),
-                   mm.groups(frame, by="g", cost=lambda n: -n)):
-        with pytest.raises(ValueError, match=r"cost= gave -[12] for .* at least 0"):
-            mm.train(len, source, backend="serial", progress=False)
 
 
 def _row_count(rows):
@@ -540,7 +535,7 @@ def test_a_grid_cost_that_cannot_be_used_is_named_before_any_task_runs():
     with pytest.raises(TypeError, match=r"for the setting \{'n': 1\} it returned 'x'"):
         mm.train(_setting_value, mm.grid(n=[1, 2], cost=lambda s: "x"), backend="serial",
                  progress=False)
-    with pytest.raises(ValueError, match="for the setting .* at least 0"):
+    with pytest.raises(ValueError, match="at least 0; for the setting"):
         mm.train(_setting_value, mm.grid(n=[1, 2], cost=lambda s: -1.0), backend="serial",
                  progress=False)
     with pytest.raises(ValueError, match="grid parameter 'a' is given twice"):
@@ -559,7 +554,7 @@ def test_each_grid_of_a_product_gets_its_own_values_and_its_cost_is_checked():
     assert both.costs(both.combinations()) == [1.0, 2.0]
     assert seen == [{"a": 1}, {"a": 2}]  # its own values, not the merged setting
     negative = mm.grid(a=[1], cost=lambda s: -1) * mm.grid(b=[3], cost=lambda s: -2)
-    with pytest.raises(ValueError, match=r"cost= gave -1 for the setting \{'a': 1\}"):
+    with pytest.raises(ValueError, match=r"for the setting \{'a': 1\} it returned -1"):
         negative.costs(negative.combinations())
     flagged = mm.grid(a=[1]) * mm.grid(b=[3], cost=lambda s: True)
     with pytest.raises(TypeError, match=r"for the setting \{'b': 3\} it returned True"):

@@ -162,7 +162,11 @@ def require_distinct_texts(source: Source) -> None:
 def _checked_cost(value: Any, setting: dict[str, Any]) -> float:
     """``value`` as a cost, or the error naming the setting that returned it
     (a setting's cost is at least 0: two grids' costs are multiplied)."""
-    return task_cost(value, f"the setting {setting!r}")
+    number = task_cost(value, f"the setting {setting!r}")
+    if number < 0:
+        raise ValueError(f"grid(cost=...) must return a number of at least 0; for the "
+                         f"setting {setting!r} it returned {value!r}")
+    return number
 
 
 def _product_cost(left: Callable | None, right: Callable | None,

@@ -13,19 +13,17 @@ import numpy as np
 
 def task_cost(value: Any, whose: str) -> float:
     """A ``cost=`` function's answer for ``whose`` task as a float: a finite
-    number of at least 0 (a NumPy one too; a negative cost reversed the
-    longest-first order of the tasks it was multiplied with, a grid's
-    settings'). Text, a bool or None is refused, though ``float()`` would
-    read ``"5"`` and ``True``."""
+    number (a NumPy one too). Text, a bool or None is refused, though
+    ``float()`` would read ``"5"`` and ``True``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"cost= must return a number; for {whose} it returned {value!r}")
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
-    if not math.isfinite(number) or number < 0:
+    if not math.isfinite(number):
         raise ValueError(f"cost= gave {value!r} for {whose}: each task's expected cost "
-                         "must be a finite number of at least 0")
+                         "must be a finite number")
     return number
 
 
