@@ -102,3 +102,27 @@ def test_the_command_says_which_path_it_took(tmp_path):
     other = train("--model", "sklearn.tree.DecisionTreeRegressor", "--store", tmp_path / "c")
     assert other.returncode == 0 and "path:" not in other.stdout
     assert len(mm.Store(tmp_path / "a").results()) == 32
+
+
+@pytest.mark.parametrize("second", ["near_copy", "tiny_scale"])
+def test_an_ill_conditioned_group_is_left_to_scikit_learn(tmp_path, second):
+    """LinearRegression drops singular values below tol=1e-6 of the largest:
+    near-collinear features, or one 1e9 times smaller than the other, give
+    its truncated answer, which the batched exact one (coefficients of 1e8)
+    is not; such a group is fitted by scikit-learn, the others in batches."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"g": np.repeat([0, 1], 20), "a": rng.normal(size=40),
+                          "noise": rng.normal(size=40)})
+    frame["b"] = (frame["a"] + 1e-7 * frame["noise"] if second == "near_copy"
+                  else 1e-9 * frame["noise"])
+    frame.loc[frame["g"] == 1, "b"] = rng.normal(size=20)  # group 1: well-conditioned
+    frame["y"] = frame["a"] + rng.normal(size=40)
+    kwargs = {"by": ["g"], "target": "y", "features": ["a", "b"], "metrics": ["r2"],
+              "model": "sklearn.linear_model.LinearRegression"}
+    fast = train_table(frame, store=tmp_path / "fast", params={}, **kwargs)
+    generic = train_table(frame, store=tmp_path / "generic", params={"copy_X": True}, **kwargs)
+    assert fast.path_note.startswith("fast path: mm.linear fitted and scored 1 of 2 groups")
+    for key in (0, 1):
+        np.testing.assert_allclose(fast.run.models[key].coef_, generic.run.models[key].coef_,
+                                   rtol=1e-9)
+    np.testing.assert_allclose(fast.run.results["r2"], generic.run.results["r2"], rtol=1e-9)

@@ -13,7 +13,8 @@ the same metrics, instead of fitting it twice.
 Nothing else changes: the run goes through ``mm.train`` and its store as
 before, with the same task (the results wait in :data:`PRECOMPUTED`, outside
 it, so its identity in a store is unchanged), and a group that the batched fit
-flags (rank-deficient or too small, where LAPACK's answer is rounding noise)
+flags (rank-deficient or too small, where LAPACK's answer is rounding noise;
+for ``LinearRegression``, ill-conditioned, see :data:`CONDITION_FLOOR`)
 is fitted by scikit-learn as before. A worker that did not inherit the
 precomputed models (one started by ``spawn``) fits them itself, as before.
 """
@@ -87,6 +88,26 @@ def _scores(y: np.ndarray, predicted: np.ndarray) -> dict[str, np.ndarray]:
             "mape": (np.abs(error) / np.maximum(np.abs(y), eps)).mean(axis=1)}
 
 
+#: The smallest ratio of a batched group's singular values (of its design as
+#: scikit-learn's ``lstsq`` sees it) to its largest. ``LinearRegression``
+#: (1.9 on) drops singular values below ``tol=1e-6`` of the largest, and the
+#: normal equations lose ``cond ** 2 * eps`` of their digits: a group below
+#: this (near-collinear features, or features of scales 1e12 apart) is left
+#: to scikit-learn, whose answer the generic path would give.
+CONDITION_FLOOR = 1e-4
+
+
+def well_conditioned(X: np.ndarray, centred: bool) -> np.ndarray:
+    """Which groups of ``X`` (groups, rows, features) have a design whose
+    singular values all lie within :data:`CONDITION_FLOOR` of the largest
+    (centred on the group's means when the model fits an intercept)."""
+    if centred:
+        X = X - X.mean(axis=1, keepdims=True)
+    eig = np.linalg.eigvalsh(X.transpose(0, 2, 1) @ X)  # the singular values squared
+    top = eig[:, -1]
+    return (top > 0) & (eig[:, 0] > CONDITION_FLOOR ** 2 * top)
+
+
 def fast_task(task: Any, table: Any, by: list[str]) -> Any:
     """The batched stand-in for ``task`` on ``table`` (see the module's doc)."""
     from ...evaluation.splitters import TooShort
@@ -123,6 +144,9 @@ def fast_task(task: Any, table: Any, by: list[str]) -> Any:
                                                   intercept_on)
             coef[block.index], intercept[block.index] = full["coef"], full["intercept"]
             good[block.index] = ~held["rank_deficient"] & ~full["rank_deficient"]
+            if family == "ols":  # (Ridge solves its penalised equations, no cutoff)
+                good[block.index] &= (well_conditioned(block.Z[:, train, :p], intercept_on)
+                                      & well_conditioned(block.Z[:, :, :p], intercept_on))
     index = {encode_key(tuple(row)): i for i, row in enumerate(
         data.keys.itertuples(index=False, name=None)) if good[i]}
     batched = Batched(by, index, coef, intercept, scores)
