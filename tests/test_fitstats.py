@@ -118,3 +118,16 @@ def test_glance_as_the_metrics_of_many_models():
     results = run.results.set_index("country")
     assert results.loc["A", "r_squared"] > 0.9 > results.loc["B", "r_squared"]
     assert (results["nobs"] == len(years)).all() and (results["df"] == 1).all()
+
+
+def test_a_constant_target_has_no_r_squared_as_in_mm_linear():
+    """0.1 seven times spreads about its mean by rounding (1e-33): no
+    r_squared, p-value nor log-likelihood, as mm.linear's metrics say."""
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(7, 1)), np.full(7, 0.1)
+    row = mm.glance(LinearRegression().fit(X, y), X, y)
+    frame = pd.DataFrame({"g": 0, "x": X[:, 0], "y": y})
+    batched = mm.linear(frame, by="g", features="x", target="y").metrics.iloc[0]
+    for name in ("r_squared", "adj_r_squared", "statistic", "p_value", "log_lik", "aic"):
+        assert np.isnan(row[name]) and np.isnan(batched[name]), name
+    assert row["deviance"] == batched["deviance"] == 0.0

@@ -91,6 +91,18 @@ def _rank(X: Any, coef: np.ndarray, intercept: bool, penalised: bool) -> int:
     return int(np.linalg.matrix_rank(active)) if active.size else 0
 
 
+def _flat_target(rss: float, tss: float, spread: float, n: int, mean: float,
+                 intercept: bool) -> tuple[float, float]:
+    """A constant target's sums of squares as the zeros they are, by
+    :func:`manymodels.linear`'s rule: its spread about its mean is the mean's
+    rounding (0.1 seven times: 1e-33), which made ``r_squared`` 0, the
+    p-value 1 and the log-likelihood +262 where they have no value."""
+    rounding = n * (64 * np.finfo(np.float64).eps * mean) ** 2
+    if spread > rounding:
+        return rss, tss
+    return (0.0 if rss <= rounding else rss), (0.0 if intercept else tss)
+
+
 def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     """broom's ``glance`` of a fitted linear regression on the rows ``X, y`` it
     was fitted on: a dict of plain floats (``nobs``, ``df``, ``df_residual``
@@ -110,7 +122,9 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     p = _rank(X, coef, intercept, penalised)
     i = int(intercept)
     rss = float(np.sum((y - fitted) ** 2))
-    tss = float(np.sum((y - y.mean()) ** 2) if intercept else np.sum(y ** 2))
+    spread = float(np.sum((y - y.mean()) ** 2))
+    tss = spread if intercept else float(np.sum(y ** 2))
+    rss, tss = _flat_target(rss, tss, spread, n, float(y.mean()), intercept)
     df_residual = n - p
     r2 = 1.0 - rss / tss if tss > 0 else math.nan
     nan = math.nan
