@@ -256,3 +256,35 @@ def test_a_run_stopped_by_max_failures_counts_its_cancelled_tasks_nowhere_as_don
     assert summary["counts"]["cancelled"] == 20 - ran > 0
     assert row["done"] == summary["done"] == ran
     assert page["run"]["timeline"]["total"] == ran
+
+
+# -- second hostile pass --------------------------------------------------------------------
+
+
+def test_a_report_of_a_run_with_no_task_written_yet_is_made(tmp_path):
+    """The report (``manymodels report``, the dashboard's report link) of a
+    run just started, no task committed yet, raised ``IndexError``."""
+    from manymodels.observe.report import store_report
+
+    run_id = running_run(tmp_path / "s", tasks=10, workers=2, started_at=time.time())
+    text = store_report(mm.Store(tmp_path / "s", read_only=True), run_id,
+                        tmp_path / "r.html").read_text()
+    assert "10 (0 done)" in text and "No task ran." in text
+
+
+def fail_long(item):
+    raise ValueError("x" * 100_000 + f" END {item}")
+
+
+def test_a_polls_failures_ship_the_end_of_each_error_only(tmp_path):
+    """50 failures of a 100 kB message each made every poll of the page 5 MB."""
+    from manymodels.observe.dashboard import queries
+
+    mm.train(fail_long, mm.items(range(60)), store=tmp_path / "s", backend="serial",
+             progress=False)
+    page = Queries(tmp_path / "s").page()
+    assert len(json.dumps(page)) < 60 * (queries.ERROR_CHARACTERS + 1000)
+    items = page["run"]["failures"]["items"]
+    assert items[0]["error"].rstrip().endswith(" END 0")
+    assert "characters are left out; mm.Store(path).results(run) holds them" in items[0]["error"]
+    assert len(mm.Store(tmp_path / "s").results()["error"].iloc[0]) > 100_000  # kept whole

@@ -229,3 +229,18 @@ def test_the_summary_does_not_repeat_the_failure_count():
     cancelled = stopped.statuses["cancelled"]
     assert str(stopped).splitlines()[0] == (
         f"models      {stopped.ok} ok, 2 failed of 40 (cancelled {cancelled})")
+
+
+def test_the_bar_shows_a_rate_below_one_model_a_second():
+    """Models of 4 s each read ``0 models/s`` on the progress bar."""
+    from rich.progress import Progress
+
+    from manymodels.observe.progress import _RateColumn
+
+    bar = Progress(disable=True)
+    bar.add_task("training", total=10)
+    task = bar.tasks[0]
+    task.finished_speed = 0.25
+    assert _RateColumn().render(task).plain == "0.25 models/s"
+    task.finished_speed = 1234.4
+    assert _RateColumn().render(task).plain == "1,234 models/s"

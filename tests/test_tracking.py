@@ -392,3 +392,32 @@ def test_misspelled_hooks_are_warned_about_when_the_run_starts():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the real hooks, mm.MLflow's too: no warning
         Callbacks.validate([Recorder(), Broken()])
+
+
+def _refuse_all(x):
+    raise ValueError(f"no model for {x}")
+
+
+def test_a_run_whose_every_task_failed_is_logged_whole(tracking, tmp_path, monkeypatch):
+    """With ``log_models=``, a run whose every task failed (no metric to rank
+    by) was logged as FAILED with no counts, results or report: the run an
+    MLflow user most needs to see. Where ranked models cannot be saved the
+    numbers are logged all the same, the MLflow run marked FAILED."""
+    import mlflow
+
+    root, uri = tracking
+    monkeypatch.chdir(root)
+    tracker = mm.MLflow(experiment="all-failed", tracking_uri=uri, log_models=2, metric="rmse")
+    mm.train(_refuse_all, mm.items(range(4)), backend="serial", progress=False, track=tracker)
+    client = mlflow.MlflowClient(uri)
+    got = client.get_run(tracker.run_id)
+    assert got.info.status == "FINISHED"
+    assert got.data.metrics["failed"] == 4 and got.data.metrics["ok"] == 0
+    assert {a.path for a in client.list_artifacts(tracker.run_id)} == {
+        "results.parquet", "report.html"}
+    tracker = mm.MLflow(experiment="all-failed", tracking_uri=uri, log_models=1, metric="rmse")
+    with pytest.warns(RuntimeWarning, match="best models could not be logged"):
+        mm.train(_no_metrics, mm.items(range(3)), backend="serial", progress=False,
+                 track=tracker)
+    got = client.get_run(tracker.run_id)
+    assert got.info.status == "FAILED" and got.data.metrics["ok"] == 3

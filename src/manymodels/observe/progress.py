@@ -20,10 +20,17 @@ from rich.progress import (
 from rich.text import Text
 
 
+def rate_text(speed: float | None) -> str:
+    """Models per second as the bar shows it: two significant digits below
+    10, so that models of seconds each read ``0.25 models/s``, not ``0``."""
+    if speed is None:
+        return ""
+    return f"{speed:,.0f} models/s" if speed >= 10 else f"{speed:.2g} models/s"
+
+
 class _RateColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:,.0f} models/s", style="cyan")
+        return Text(rate_text(task.finished_speed or task.speed), style="cyan")
 
 
 class ProgressBar:

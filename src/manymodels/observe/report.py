@@ -179,7 +179,7 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
     for _, row in failures.head(FAILURES_SHOWN).iterrows():
         key = ", ".join(f"{c}={row[c]}" for c in key_columns)
         parts.append(f"<details><summary>{_esc(key)}: {_esc(row['status'])}</summary>"
-                     f"<pre>{_esc(_clipped(row['error'] or ''))}</pre></details>")
+                     f"<pre>{_esc(clipped_error(row['error']))}</pre></details>")
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
             f"{''.join(parts)}</body></html>")
@@ -192,11 +192,17 @@ FAILURES_SHOWN = 100
 ERROR_CHARACTERS = 20_000
 
 
-def _clipped(error: str) -> str:
-    if len(error) <= ERROR_CHARACTERS:
+def clipped_error(error: Any, whole_in: str = "run.failed",
+                  keep: int = ERROR_CHARACTERS) -> str:
+    """``error``'s last ``keep`` characters (a missing one: ``""``), saying
+    how many are left out and where they are kept whole (``whole_in``): the
+    report and the dashboard's failures both show it."""
+    if not isinstance(error, str):  # None, or NaN in a results table
+        return ""
+    if len(error) <= keep:
         return error
-    return (f"[the first {len(error) - ERROR_CHARACTERS:,} of {len(error):,} characters are "
-            f"left out; run.failed holds them]\n" + error[-ERROR_CHARACTERS:])
+    return (f"[the first {len(error) - keep:,} of {len(error):,} characters are "
+            f"left out; {whole_in} holds them]\n" + error[-keep:])
 
 
 def _resumed_section(results: pd.DataFrame, key_columns: list[str]) -> list[str]:
@@ -258,7 +264,7 @@ def _wall_s(info: Any, results: pd.DataFrame) -> float:
 def store_report(store: Any, run: int | None, path: str | Path) -> Path:
     """Write the report of a run kept in a store."""
     results = store.results(run)
-    run_id = int(results["run_id"].iloc[0])
+    run_id = store._run_row(run)[0]  # not from results: a run just started has no row yet
     runs = store.runs().set_index("run_id")
     info = runs.loc[run_id]
     reused = results["reused_from"].notna()

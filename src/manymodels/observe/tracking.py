@@ -271,9 +271,10 @@ class MLflow(Callback):
         except Exception as exc:
             warnings.warn(f"mm.MLflow: the run's HTML report could not be made ({exc!r}); "
                           "it is logged without it", RuntimeWarning, stacklevel=3)
-        models = (self._save_best_models(run, results, folder, key_columns)
-                  if self.log_models else [])
+        models = self._best_models_if_any(run, results, folder, key_columns)
         status = "FINISHED" if done == summary.tasks else "KILLED"
+        if models is None:  # asked for and not logged: the MLflow run says it failed
+            models, status = [], "FAILED"
         return _End(progress, values, artifacts, models, status)
 
     def _metric_columns(self, results: Any, key_columns: list[str]) -> list[str]:
@@ -282,6 +283,23 @@ class MLflow(Callback):
         return [c for c in results.columns if c not in _NOT_METRICS and c not in key_columns
                 and pd.api.types.is_numeric_dtype(results[c])
                 and not pd.api.types.is_bool_dtype(results[c])]
+
+    def _best_models_if_any(self, run: Any, results: Any, folder: Path,
+                            key_columns: list[str]) -> list[tuple[Path, str]] | None:
+        """The best models, saved (see :meth:`_save_best_models`); none where no
+        task ended ok (a run whose every task failed reports no metric, and
+        its counts and report are what MLflow must show of it); ``None``,
+        with a warning, where they could not be saved: the run's numbers,
+        results and report are logged without them, and the MLflow run is
+        marked FAILED."""
+        if not self.log_models or not (results["status"] == Status.OK).any():
+            return []
+        try:
+            return self._save_best_models(run, results, folder, key_columns)
+        except Exception as exc:
+            warnings.warn(f"mm.MLflow: the best models could not be logged ({exc}); the run "
+                          "is logged without them", RuntimeWarning, stacklevel=4)
+            return None
 
     def _save_best_models(self, run: Any, results: Any, folder: Path, key_columns: list[str]
                           ) -> list[tuple[Path, str]]:

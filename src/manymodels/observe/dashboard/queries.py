@@ -29,12 +29,16 @@ import numpy as np
 from ...engine.messages import FAILURE_STATUSES, Status
 from ...store import checkpoints, database, drivers
 from ...store.database import read_snapshot
+from ..report import clipped_error
 from .charts import BINS, finite, histogram, key_label, quantile
 from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
 SLOWEST = 20
 FAILURES = 50
+#: The last characters of each failure's error that a poll ships: 50
+#: failures of a 1 MB message each made every poll 50 MB.
+ERROR_CHARACTERS = 5000
 METRICS = 8
 _FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
 #: Runs whose decoded tasks are kept (the most recently asked about): a run
@@ -389,7 +393,9 @@ class Queries:
                     "with mm.Store(path).results(run).")
         return {"total": total, "matching": len(failed), "search": search, "note": note,
                 "items": [{"key": key_label(k), "status": s, "attempts": a, "worker": w,
-                           "error": e or "", "resumed_from": resumed.get(i, "")}
+                           "error": clipped_error(
+                               e, "mm.Store(path).results(run)", ERROR_CHARACTERS),
+                           "resumed_from": resumed.get(i, "")}
                           for i, k, s, a, w, e in rows]}
 
     def _timeline(self, run: dict[str, Any], memo: dict) -> dict[str, Any]:
