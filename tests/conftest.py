@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -25,6 +26,15 @@ os.environ["COLUMNS"] = "400"
 # folder of the machine that runs it. Tests of the cache's place set their own.
 _CACHE = tempfile.TemporaryDirectory(prefix="manymodels-test-cache-")
 os.environ["MANYMODELS_CACHE_DIR"] = _CACHE.name
+
+# The tests of Ctrl-C send SIGINT to a run in this process or to a driver
+# they start, and expect a KeyboardInterrupt. A suite started in the
+# background by a non-interactive shell (``pytest &``, as a script or a
+# tool runs it) has SIGINT ignored, and so has every process it starts: the
+# SIGINT did nothing, and the interrupted train ran to its end (exit 0, not
+# 130). Handled here, it is the default again in the processes started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def shm_files() -> set[str]:
