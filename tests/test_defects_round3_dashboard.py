@@ -288,3 +288,21 @@ def test_a_polls_failures_ship_the_end_of_each_error_only(tmp_path):
     assert items[0]["error"].rstrip().endswith(" END 0")
     assert "characters are left out; mm.Store(path).results(run) holds them" in items[0]["error"]
     assert len(mm.Store(tmp_path / "s").results()["error"].iloc[0]) > 100_000  # kept whole
+
+
+def fail_with_its_item(item):
+    raise ValueError(f"failed {item[-3:]}")
+
+
+def test_a_long_key_is_cut_in_a_poll_and_found_by_a_search_whole(tmp_path):
+    """A key of a long text item shipped whole in every poll (its slowest
+    tasks, failures and timeline), the charts' docstring said cut."""
+    items = [("k" * 50_000) + str(i) for i in range(3)]
+    mm.train(fail_with_its_item, mm.items(items), store=tmp_path / "s", backend="serial",
+             progress=False)
+    page = Queries(tmp_path / "s").page()
+    assert len(json.dumps(page)) < 50_000
+    shown = page["run"]["failures"]["items"][0]["key"]
+    assert shown.startswith("k" * 200) and shown.endswith("(50,001 characters)")
+    found = Queries(tmp_path / "s").page(search="k" * 1000 + "2")["run"]["failures"]
+    assert found["matching"] == 1

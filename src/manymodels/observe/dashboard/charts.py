@@ -11,13 +11,24 @@ from typing import Any
 BINS = 30
 
 
-def key_label(text: str) -> str:
-    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``."""
+#: The characters of a key the dashboard shows: a key of megabytes (a long
+#: text item) shipped whole in every poll's slowest tasks, failures and timeline.
+KEY_CHARACTERS = 200
+
+
+def key_label(text: str, whole: bool = False) -> str:
+    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``, cut to
+    :data:`KEY_CHARACTERS` with its length said, unless ``whole`` (what a
+    search matches)."""
     try:
         parts = json.loads(text)
     except ValueError:
-        return text
-    return ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+        label = text
+    else:
+        label = ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+    if whole or len(label) <= KEY_CHARACTERS:
+        return label
+    return f"{label[:KEY_CHARACTERS]}... ({len(label):,} characters)"
 
 
 def finite(value: Any) -> float | None:

@@ -381,7 +381,8 @@ class Queries:
             keys = tasks.column("key", failed).to_pylist()
             errors = tasks.column("error", failed).to_pylist()
             failed = failed[np.fromiter(
-                (folded in key_label(key).casefold() or (error is not None and search in error)
+                (folded in key_label(key, whole=True).casefold()
+                 or (error is not None and search in error)
                  for key, error in zip(keys, errors)), dtype=bool, count=len(failed))]
         rows = tasks.records(failed[:FAILURES], ("task_index", "key", "status", "attempts",
                                                  "worker", "error"))
