@@ -340,3 +340,23 @@ def test_integer_keys_past_2_53_beside_a_missing_one_stay_apart(by):
     assert result.coefficients["x"].tolist() == pytest.approx([1.0, 5.0, 9.0])
     assert result.predict(table).tolist() == pytest.approx([0, 1, 2, 0, 5, 10, 0, 9, 18],
                                                            abs=1e-9)
+
+
+def _index_descriptors(store) -> int:
+    import os
+
+    index = os.path.realpath(store / "index.sqlite")
+    names = (os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd"))
+    return sum(name == index for name in names)
+
+
+def test_an_unknown_device_is_refused_before_the_store_is_opened(tmp_path):
+    """A store given to mm.linear was opened (an index connection held for
+    good) before device= was refused."""
+    pytest.importorskip("torch")
+    frame = pd.DataFrame({"g": [1, 1, 1], "x": [1.0, 2.0, 3.0], "y": [2.0, 4.0, 6.5]})
+    mm.linear(frame, "g", ["x"], "y", store=tmp_path / "s", name="m")
+    before = _index_descriptors(tmp_path / "s")
+    with pytest.raises(ValueError, match="unknown device 'nowhere'"):
+        mm.linear(frame, "g", ["x"], "y", store=tmp_path / "s", name="m", device="nowhere")
+    assert _index_descriptors(tmp_path / "s") == before

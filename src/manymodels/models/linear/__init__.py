@@ -78,6 +78,12 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
                         ("block_rows", block_rows)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{argument} must be a whole number of at least 1, got {value!r}")
+    engine: Any = kernels  # (the device checked before a store is opened)
+    torch_device = None
+    if device is not None:
+        from . import torch_kernels
+
+        torch_device, engine = torch_kernels.check_device(device), torch_kernels
     opened = None
     result_name = name if name is not None else target
     to_make = False
@@ -90,12 +96,6 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
         to_make = store_to_make(store)
         if not to_make:
             opened = open_store(store, result_name)
-    engine: Any = kernels
-    torch_device = None
-    if device is not None:
-        from . import torch_kernels
-
-        torch_device, engine = torch_kernels.check_device(device), torch_kernels
     on = {} if torch_device is None else {"device": torch_device}
     started = time.perf_counter()
     ridge = alpha if family == "ridge" else 0.0
