@@ -307,6 +307,24 @@ def test_a_run_whose_driver_died_shows_interrupted(finished_store):
         assert get(at(server, "api/run/1/summary"))[1]["status"] == "interrupted"
 
 
+def test_a_running_runs_reused_count_is_its_tasks_so_far(finished_store):
+    """/api/runs gave reused null for a running run (its row says it at the
+    end), where its summary counted them."""
+    import sqlite3
+
+    from manymodels.observe.dashboard.queries import Queries
+    from manymodels.store.drivers import driver_label
+
+    mm.train(fit_small, mm.items([f"k{i:03d}" for i in range(60)] + [SCRIPT_KEY]),
+             backend="threads", workers=2, progress=False, store=finished_store)
+    with sqlite3.connect(finished_store / "index.sqlite") as conn:  # still being written
+        conn.execute("UPDATE runs SET status = 'running', finished_at = NULL, ok = NULL, "
+                     "failed = NULL, reused = NULL, driver = ? WHERE run_id = 2",
+                     (driver_label(),))
+    run = Queries(finished_store).runs()[0]
+    assert (run["run_id"], run["status"], run["reused"]) == (2, "running", 59)
+
+
 def test_a_host_name_that_resolves_to_loopback_is_refused_all_the_same(finished_store,
                                                                         monkeypatch):
     """DNS rebinding: a page elsewhere makes its own name resolve to

@@ -172,7 +172,8 @@ class Queries:
                 tasks = self._tasks(run, memos.get(run["run_id"]))
                 done = tasks.done
                 run.update(ok=int(tasks.status_in((Status.OK.value,)).sum()),
-                           failed=int(tasks.status_in(_FAILED).sum()))
+                           failed=int(tasks.status_in(_FAILED).sum()),
+                           reused=int(tasks.reused.sum()))  # (its row says so at its end)
             elif run["ok"] is not None:  # recorded when it ended
                 done = run["ok"] + (run["failed"] or 0)
             else:  # its driver died: count what it committed (once: it cannot change)
