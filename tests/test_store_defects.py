@@ -559,6 +559,11 @@ def test_a_refused_run_leaves_an_existing_empty_folder_empty(tmp_path):
         mm.train(lambda rows: 1, mm.groups(str(table), by="g"), store=store,
                  backend="serial", progress=False)
     assert list(store.iterdir()) == []
+    (store / "notes.txt").write_text("kept")  # a folder of other files: as it was too
+    with pytest.raises(ValueError, match="by column 'g' holds list"):
+        mm.train(lambda rows: 1, mm.groups(str(table), by="g"), store=store,
+                 backend="serial", progress=False)
+    assert [path.name for path in store.iterdir()] == ["notes.txt"]
     run = mm.train(lambda n: 1, mm.grid(n=[1]), store=store, backend="serial",
                    progress=False)
     assert mm.Store(store).runs()["run_id"].tolist() == [run.run_id]

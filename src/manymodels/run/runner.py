@@ -27,7 +27,6 @@ from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
 from ..inputs.grids import GridSource, require_distinct_texts
-from ..inputs.objectstores import is_remote
 from ..inputs.sources import Source
 from ..machine import collector_paused
 from ..observe.callbacks import Callbacks, RunInfo
@@ -35,6 +34,7 @@ from ..observe.progress import ProgressBar
 from ..planning.plan import add_fit_keys
 from ..planning.plan import plan as make_plan
 from ..store import RunRecorder, Store, StoreError
+from ..store.opening import store_to_make
 from . import checkpointing
 from .results import Run, check_key_names
 
@@ -95,14 +95,13 @@ def train(
         *(options.shared or {}), *source.key_columns,
         *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints,
         takes_data=not isinstance(source, GridSource))
-    # a store that does not exist yet (nor an empty folder) is made once the
-    # plan and the task identities are (a refusal there, of a column that
-    # cannot be hashed say, left an empty store behind); an existing one is
-    # checked at once
+    # a store not made yet (a path without an index) is made once the plan
+    # and the task identities are (a refusal there, of a column that cannot
+    # be hashed say, left an empty store behind); an existing one is checked
+    # at once
     if store is not None:
         require_distinct_texts(source)
-    new_store = isinstance(store, (str, Path)) and not is_remote(store) and _no_store_yet(
-        Path(store))
+    new_store = store_to_make(store)
     if not new_store:
         store = _open_store(store, store_type)
     # a store on an object store is published once, at the end: the run,
@@ -250,14 +249,6 @@ def _engine(instance: Backend | None, backend_type: type[Backend], options: RunO
             recorder.abandon()
         raise
     return engine
-
-
-def _no_store_yet(path: Path) -> bool:
-    """Whether ``path`` holds nothing yet: no such path, or an empty folder."""
-    try:
-        return not path.exists() or (path.is_dir() and next(path.iterdir(), None) is None)
-    except OSError:  # unreadable: opening it says why
-        return False
 
 
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:

@@ -17,7 +17,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from ..inputs.objectstores import is_remote, shown
 from . import database, remote
@@ -25,6 +25,16 @@ from .localcopy import copied_from
 from .remote import RemoteIndex
 
 log = logging.getLogger("manymodels.store")
+
+
+def store_to_make(store: object) -> bool:
+    """Whether ``store`` is a local path where no store is yet (no index:
+    missing, an empty folder or one of other files). A run makes it only
+    once its input is checked, so that a refused input leaves the path as it
+    was, not an empty store."""
+    if not isinstance(store, (str, PurePath)) or is_remote(str(store)):
+        return False
+    return database.NewStore.before(Path(store).expanduser()) is not None
 
 
 class OpenedIndex:

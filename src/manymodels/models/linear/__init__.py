@@ -88,7 +88,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
     result_name = name if name is not None else target
     to_make = False
     if store is not None:  # refused before any work: a file, a read-only store
-        from .stored import check_name, open_store, store_to_make
+        from ...store.opening import store_to_make
+        from .stored import check_name, open_store
 
         check_name(result_name)
         # a store not made yet is made once the input is checked: a refused

@@ -24,7 +24,7 @@ import sqlite3
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
 import numpy as np
@@ -54,17 +54,6 @@ def check_name(name: Any) -> None:
     """Refuse a result's name that is no non-empty string."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name= must be a non-empty string, got {name!r}")
-
-
-def store_to_make(store: Any) -> bool:
-    """Whether ``store`` is a local path where no store is yet: made only
-    once the input is checked, so that a refused input leaves no empty store
-    behind (as ``mm.train`` makes one once its plan is made)."""
-    from ...inputs.objectstores import is_remote
-
-    if not isinstance(store, (str, PurePath)) or is_remote(str(store)):
-        return False
-    return database.NewStore.before(Path(store).expanduser()) is not None
 
 
 def open_store(store: Any, name: str) -> Opened:
