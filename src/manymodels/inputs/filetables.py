@@ -36,8 +36,6 @@ def index_type_for(categories: int, index: pa.DataType) -> pa.DataType:
 def codes_into(chunk: pa.DictionaryArray, values: pa.Array) -> pa.Array:
     """``chunk``'s rows as int32 codes into ``values``, a dictionary that
     holds every value of its own (files' dictionaries unified into one)."""
-    import pyarrow.compute as pc
-
     return pc.index_in(chunk.dictionary, value_set=values).take(chunk.indices)
 
 
@@ -49,8 +47,6 @@ def dictionaries_that_hold_all(tables: list[pa.Table]) -> list[pa.Table]:
     the unified categories of a ``take`` or of pandas' conversion otherwise
     fail ("requires a larger index type"). Columns that fit are left as they
     are (their type is part of a group's data hash)."""
-    import pyarrow.compute as pc
-
     if not tables:
         return tables
     names = [field.name for field in tables[0].schema if pa.types.is_dictionary(field.type)]

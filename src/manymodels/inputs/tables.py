@@ -167,7 +167,6 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
 
 def _whole(column: pa.ChunkedArray) -> bool:
     """Whether a float column's values are all whole numbers (or missing)."""
-
     return pc.all(pc.equal(pc.floor(column), column)).as_py() is not False
 
 
@@ -340,7 +339,6 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
 def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:
     """The stable sort of ``table``'s rows by ``columns`` (ascending, missing
     values last), after ``codes`` (a group number per row) when given."""
-
     keys = [(c, "ascending") for c in columns]
     sortable = table.select(columns)
     if any(pa.types.is_dictionary(kind) for kind in sortable.schema.types):
@@ -385,7 +383,6 @@ def presorted_group_lengths(table: pa.Table, by: list[str], order_by: list[str] 
     without numbering or sorting the rows. None otherwise: the caller sorts.
     The order is the one the sort would give (text compares by code point
     in both), so the groups and their rows are the same either way."""
-
     if len(by) != 1 or len(order_by or ()) > 1 or table.num_rows < 2:
         return None
     keys = table.column(by[0])

@@ -24,6 +24,7 @@ from ..inputs.grouplabels import (
 from ..inputs.keys import key_frame
 from ..inputs.sources import GroupSource
 from ..planning.plan import group_layout
+from .outputtables import is_value
 from .results import Run
 
 
@@ -365,11 +366,6 @@ def _same_labels(indexes: list[pd.Index]) -> pd.Index | None:
     if all((first.get_indexer(index) >= 0).all() for index in indexes[1:]):
         return first
     return None
-
-
-def is_value(output: Any) -> bool:
-    """Whether an output is one value (a number, a text, a time), no table."""
-    return pd.api.types.is_scalar(output) and not isinstance(output, pa.Scalar)
 
 
 def _values_under_keys(values: list, keys: GroupKeys) -> pd.Series:

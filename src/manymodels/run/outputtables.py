@@ -12,6 +12,13 @@ import pyarrow as pa
 from ..inputs.grouplabels import index_as_columns
 
 
+def is_value(output: Any) -> bool:
+    """Whether an output is one value (a number, a text, a time), no table."""
+    import pandas as pd
+
+    return pd.api.types.is_scalar(output) and not isinstance(output, pa.Scalar)
+
+
 def output_table(value: Any, parts: tuple, key_columns: list[str],
                  received: Any = None) -> pa.Table | None:
     """``fn``'s output for one group as an Arrow table, the key columns it
@@ -27,7 +34,7 @@ def output_table(value: Any, parts: tuple, key_columns: list[str],
 
     if value is None:
         return None
-    if pd.api.types.is_scalar(value) and not isinstance(value, pa.Scalar):
+    if is_value(value):
         value = pd.DataFrame({"value": [value]})  # one value: a row of its group's key
     if isinstance(value, pd.Series):
         name = value.name if value.name is not None else "value"
