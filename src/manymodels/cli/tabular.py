@@ -311,18 +311,19 @@ def _check_run_options(backend: str, timeout: float | None,
     of seconds or that the backend cannot enforce, a store path that is a
     file."""
     from ..engine.backends import backend_class
+    from ..engine.options import check_timeout
     from ..inputs.objectstores import is_remote
 
     try:
         kind = backend_class(backend)
     except (ValueError, ImportError) as exc:
         raise ArgumentError(str(exc), "--backend") from exc
-    if timeout is not None and not timeout > 0:  # NaN too
-        raise ArgumentError(f"--timeout must be a positive number of seconds, got {timeout}",
-                            "--timeout")
-    if timeout is not None and not kind.enforces_timeout:
-        raise ArgumentError(f"the {backend} backend cannot stop a running task, so it cannot "
-                            "enforce --timeout; use --backend processes", "--backend/--timeout")
+    try:  # (mm.train's own check, said in the command's words)
+        check_timeout(timeout, kind, backend)
+    except ValueError as exc:
+        text = str(exc).replace("timeout=", "--timeout").replace(
+            "backend='processes'", "--backend processes")
+        raise ArgumentError(text, _run_option(exc)) from exc
     if not is_remote(str(store)) and Path(store).is_file():
         raise ArgumentError(f"store path {str(store)!r} is a file, not a directory", "--store")
 

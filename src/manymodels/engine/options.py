@@ -90,14 +90,7 @@ class RunOptions:
         gpu_sets = _gpu_sets(per_task, gpus, backend_type, backend_name)
         gpu_fraction = _check_gpu_memory_limit(gpu_memory_limit, per_task, per_gpu,
                                                backend_type, backend_name)
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or \
-                    not timeout > 0:  # NaN too
-                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-            if not backend_type.enforces_timeout:
-                raise ValueError(
-                    f"the {backend_name} backend cannot stop a running task, so it cannot "
-                    "enforce timeout=; use backend='processes'")
+        check_timeout(timeout, backend_type, backend_name)
         memory_bytes = None
         if memory_limit is not None:
             try:
@@ -227,6 +220,19 @@ def _check_gpu_memory_limit(value: Any, per_task: float, per_gpu: int, backend_t
         raise ValueError(f"the {backend} backend cannot cap a task's GPU memory (it would "
                          "cap your own process); use backend='processes' or 'ray'")
     return check_memory_fraction(value, per_gpu)
+
+
+def check_timeout(timeout: Any, backend_type: type, backend_name: str) -> None:
+    """Refuse a ``timeout=`` that is not a positive number of seconds, or that
+    the backend cannot enforce (it cannot stop a running task)."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or \
+            not timeout > 0:  # NaN too
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not backend_type.enforces_timeout:
+        raise ValueError(f"the {backend_name} backend cannot stop a running task, so it cannot "
+                         "enforce timeout=; use backend='processes'")
 
 
 def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]) -> None:
