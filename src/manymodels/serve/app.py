@@ -110,7 +110,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         # (this request's catalog, whatever a reload swaps in meanwhile)
         columns, n = (bodies.arrow_columns(body, catalog.by, limit) if arrow
                       else bodies.json_columns(body, catalog.by))
-        result = predict_rows(catalog, served.cache, catalog.store, columns, n, ordered=arrow,
+        result = predict_rows(catalog, served.cache, columns, n, ordered=arrow,
                               held_only=held_only)
         if arrow:
             return bodies.arrow_answer(result), bodies.ARROW

@@ -61,12 +61,12 @@ class _ServedPredictor(GroupPredictor):
         return model
 
 
-def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
-                 columns: Mapping[str, Any], n: int, ordered: bool = True,
-                 held_only: bool = False) -> Answer:
+def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any], n: int,
+                 ordered: bool = True, held_only: bool = False) -> Answer:
     """``columns`` (name -> n values, in the request's column order) through
-    ``catalog``'s models. ``ordered``: whether the columns' order is the
-    client's (an Arrow stream's; a JSON object's keys have none).
+    ``catalog``'s models, read from the store it was read from.
+    ``ordered``: whether the columns' order is the client's (an Arrow
+    stream's; a JSON object's keys have none).
     ``held_only``: use only the models the cache holds, raising
     :class:`~.cache.NotHeld` (before any model runs) where one is not.
     Raises :class:`RequestError` for what the request got wrong,
@@ -82,6 +82,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, store: Any,
     if held_only and not cache.holds([digest for *_, digest, _ in groups if digest]):
         raise NotHeld("a model of the request is not loaded yet")
     predictor = _ServedPredictor(catalog, cache)
+    store = catalog.store
     plan = []
     for parts, rows, digest, source in groups:
         lacking = _lacking(partial, rows)

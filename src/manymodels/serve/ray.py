@@ -58,7 +58,7 @@ class StoreModels:
             catalog = self.served.catalog  # (and its store: one state of the store)
             columns, n = json_columns(await request.body(), catalog.by)
             result = predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
-                                  catalog.store, columns, n, ordered=False)  # JSON rows
+                                  columns, n, ordered=False)  # JSON rows
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
         except StoreIntegrityError as exc:
