@@ -31,7 +31,8 @@ from .run.groupfailures import (
     refuse_dict_outputs,
     report_failures,
 )
-from .run.groupoutputs import assemble, check_table, concat_outputs
+from .run.groupoutputs import assemble
+from .run.outputconcat import check_table, concat_outputs
 from .run.partitioncost import LEFT_TO_US, attach_summary, decide, run_in_process, with_split
 from .run.results import Run
 
