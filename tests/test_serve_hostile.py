@@ -543,3 +543,44 @@ def test_an_arrow_stream_large_once_decoded_is_a_413(tmp_path):
     fine = pa.table({"store": [1, 2], "price": pa.array(["0.5", "0.2"]).dictionary_encode(),
                      "promo": [1, 0]})
     assert client.post("/v1/predict", content=_arrow(fine), headers=arrow).status_code == 200
+
+
+def _compressed(table: pa.Table, codec: str) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_a_compressed_arrow_stream_is_held_to_the_limit_decoded_before_decoding(tmp_path,
+                                                                                 codec):
+    """A zstd or lz4 batch was decompressed whole before any size check: a
+    body of a few KB under --max-body decoded to any size (here one that
+    claims a terabyte, which the server tried to allocate). The decoded
+    size is read from the batches' metadata first."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    mm.train(fit_frame, mm.groups(_sales(), by="store"), store=path, backend="serial",
+             progress=False)
+    client = TestClient(mm.serve_app(path, poll=None, max_body=60_000))
+    arrow = {"content-type": "application/vnd.apache.arrow.stream"}
+    rows = 10_000  # 30,000 cells, under the limit; 240,000 bytes decoded, over it
+    table = pa.table({"store": pa.array([1] * rows, pa.int64()), "price": [0.5] * rows,
+                      "promo": pa.array([1] * rows, pa.int64())})
+    body = _compressed(table, codec)
+    assert len(body) < 60_000
+    answer = client.post("/v1/predict", content=body, headers=arrow)
+    assert answer.status_code == 413 and "240000 bytes decoded" in answer.json()["error"]
+    claimed = bytearray(body)  # each buffer's decoded length, as its first 8 bytes say
+    marker = (rows * 8).to_bytes(8, "little")
+    assert claimed.count(marker) == 3
+    claimed = bytes(claimed).replace(marker, (1 << 40).to_bytes(8, "little"))
+    answer = client.post("/v1/predict", content=claimed, headers=arrow)
+    assert answer.status_code == 413 and "bytes decoded" in answer.json()["error"]
+    small = _compressed(table.slice(0, 2), codec)
+    answer = client.post("/v1/predict", content=small, headers=arrow)
+    assert answer.status_code == 200
+    assert pa.ipc.open_stream(answer.content).read_all().num_rows == 2
