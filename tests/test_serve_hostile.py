@@ -584,3 +584,58 @@ def test_a_compressed_arrow_stream_is_held_to_the_limit_decoded_before_decoding(
     answer = client.post("/v1/predict", content=small, headers=arrow)
     assert answer.status_code == 200
     assert pa.ipc.open_stream(answer.content).read_all().num_rows == 2
+
+
+PREDICTED_ON_THE_EVENT_LOOP: list[bool] = []
+
+
+class SlowToPredict(Ridge):
+    """A Ridge whose predictions take 20 ms (a large forest's take seconds),
+    noting whether each was made on an event loop."""
+
+    def predict(self, X):
+        import asyncio
+        import time
+
+        try:
+            asyncio.get_running_loop()
+            PREDICTED_ON_THE_EVENT_LOOP.append(True)
+        except RuntimeError:
+            PREDICTED_ON_THE_EVENT_LOOP.append(False)
+        time.sleep(0.02)
+        return super().predict(X)
+
+
+def test_a_warm_model_slow_to_predict_is_answered_off_the_event_loop(tmp_path):
+    """A held model's small JSON request was answered on the event loop,
+    however long its model took: a slow one held up every request there,
+    /healthz too. A model's last prediction's time says where it is run."""
+    mm.train(lambda df: SlowToPredict().fit(df[["price", "promo"]], df["sales"]),
+             mm.groups(_sales(), by="store"), store=tmp_path / "m", backend="serial",
+             progress=False)
+    PREDICTED_ON_THE_EVENT_LOOP.clear()
+    with _app(tmp_path / "m") as client:
+        for _ in range(3):  # cold, then warm twice
+            answer = client.post("/v1/predict", json={"rows": [
+                {"store": 1, "price": 0.5, "promo": 1}]})
+            assert answer.status_code == 200 and answer.json()["source"] == ["group"]
+    assert PREDICTED_ON_THE_EVENT_LOOP == [False, False, False]
+
+
+def test_a_small_json_body_is_read_once_whether_its_model_is_held_or_cold(tmp_path,
+                                                                          monkeypatch):
+    """A small JSON request whose model was not loaded was read on the event
+    loop, found cold, and read again in a thread."""
+    from manymodels.serve import requests as bodies
+
+    mm.train(fit_frame, mm.groups(_sales(), by="store"), store=tmp_path / "m",
+             backend="serial", progress=False)
+    reads = []
+    read = bodies.json_columns
+    monkeypatch.setattr(bodies, "json_columns", lambda *a: reads.append(1) or read(*a))
+    with _app(tmp_path / "m") as client:
+        for _ in range(2):  # cold, then warm
+            answer = client.post("/v1/predict", json={"rows": [
+                {"store": 1, "price": 0.5, "promo": 1}]})
+            assert answer.status_code == 200 and answer.json()["source"] == ["group"]
+    assert len(reads) == 2
