@@ -122,15 +122,21 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
             return bodies.arrow_answer(result), bodies.ARROW
         return bodies.json_answer(result), "application/json"
 
-    async def model(request: Request) -> Response:
-        catalog = served.catalog
+    def describe(catalog: Catalog, text: str) -> tuple[tuple, dict[str, Any] | None]:
+        # in a thread: the key's kinds are read once a catalog (seconds for a
+        # million keys of dates), and its run's tasks once a run
         try:
-            parts = key_parts(catalog, request.path_params["key"])
+            parts = key_parts(catalog, text)
         except KeyTextError as exc:
             raise RequestError(422, str(exc)) from exc
         except ValueError as exc:
             raise RequestError(400, str(exc)) from exc
-        described = await run_in_threadpool(catalog.describe, catalog.store, parts)
+        return parts, catalog.describe(catalog.store, parts)
+
+    async def model(request: Request) -> Response:
+        catalog = served.catalog
+        parts, described = await run_in_threadpool(describe, catalog,
+                                                   request.path_params["key"])
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)

@@ -80,7 +80,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any]
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
     groups = [(parts, rows, *catalog.find(parts))
-              for parts, rows in _group_rows(_key_values(catalog, columns), n)]
+              for parts, rows in _group_rows(_key_values(catalog, columns, held_only), n)]
     if held_only and not cache.quick([digest for *_, digest, _ in groups if digest]):
         raise NotHeld("a model of the request is not loaded yet, or is slow to predict")
     predictor = _ServedPredictor(catalog, cache)
@@ -185,12 +185,15 @@ def _missing(columns: Mapping[str, Any], name: str, what: str,
     return RequestError(422, f"the rows have no column {name!r}{what}")
 
 
-def _key_values(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+def _key_values(catalog: Catalog, columns: Mapping[str, Any],
+                held_only: bool = False) -> list[Any]:
     """The rows' group columns, as their models' keys are read: text in a
     column of datetimes or dates as ISO-8601 (JSON has neither), refused by
-    column and row where it is not one."""
+    column and row where it is not one. ``held_only``: raise
+    :class:`~.cache.NotHeld` where the catalog's key kinds are to be read
+    first (on the event loop, that read would hold up every request)."""
     found = []
-    for name, kinds in zip(catalog.by, _kinds_if_text(catalog, columns)):
+    for name, kinds in zip(catalog.by, _kinds_if_text(catalog, columns, held_only)):
         values = columns[name]
         if kinds is not None and temporal(kinds):
             read = np.empty(len(values), dtype=object)
@@ -205,14 +208,17 @@ def _key_values(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
     return found
 
 
-def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any],
+                   held_only: bool = False) -> list[Any]:
     """Each group column's kinds (:attr:`Catalog.key_kinds`) where the rows
     give it text, else None: the kinds are read once a catalog, and only
-    then."""
+    then (with ``held_only``, not here: :class:`~.cache.NotHeld`)."""
     texts = [isinstance(values, np.ndarray) and values.dtype == object and any(
         type(value) is str for value in values) for values in map(columns.get, catalog.by)]
     if not any(texts):
         return [None] * len(texts)
+    if held_only and not catalog.kinds_known:
+        raise NotHeld("the catalog's key kinds are not read yet")
     return [kinds if text else None for kinds, text in zip(catalog.key_kinds, texts)]
 
 
