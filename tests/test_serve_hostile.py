@@ -670,3 +670,34 @@ def test_the_catalogs_key_kinds_are_read_off_the_event_loop(tmp_path, monkeypatc
         assert answer.status_code == 200 and answer.json()["source"] == ["group"]
         assert answer.json()["predictions"] == pytest.approx([1.0])
     assert read_on_the_loop == [False, False]
+
+
+class _Body:
+    """A request as the Ray deployment reads it: its body."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    async def body(self) -> bytes:
+        return json.dumps({"rows": self.rows}).encode()
+
+
+def test_the_ray_deployments_body_answers_its_groups_rows(served):
+    """The Ray Serve deployment's own code (Ray Serve itself left out: its
+    test is slow): the model Ray Serve's multiplexing hands it answers its
+    group's rows, the others come from the replica's cache."""
+    import asyncio
+
+    from manymodels.serve.ray import StoreModels
+
+    server, store = served
+    models = StoreModels(str(store.path), poll=None)
+    rows = [{"store": 1, "price": 0.5, "promo": 1}, {"store": 2, "price": 0.2, "promo": 0}]
+
+    async def answered() -> dict:
+        loaded = await models.load("1")
+        return json.loads((await models.answer(_Body(rows), loaded)).body)
+
+    body = asyncio.run(answered())
+    want = store.predict(pd.DataFrame(rows), by="store")
+    assert body["source"] == ["group", "group"] and body["predictions"] == want.tolist()
