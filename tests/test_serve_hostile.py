@@ -701,3 +701,24 @@ def test_the_ray_deployments_body_answers_its_groups_rows(served):
     body = asyncio.run(answered())
     want = store.predict(pd.DataFrame(rows), by="store")
     assert body["source"] == ["group", "group"] and body["predictions"] == want.tolist()
+
+
+class PredictsDates:
+    """A model whose predictions are datetimes (a forecast of when)."""
+
+    feature_names_in_ = np.array(["price"], dtype=object)
+
+    def predict(self, rows):
+        return np.array(["2024-01-31T08:00"] * len(rows), dtype="datetime64[us]")
+
+
+def test_a_prediction_json_has_no_type_for_is_its_text_not_a_500(tmp_path):
+    """Store.predict gives a model's datetimes; the JSON answer was a 500
+    ("Object of type datetime is not JSON serializable"), logged as the
+    model's failure."""
+    mm.train(lambda df: PredictsDates(), mm.groups(_sales(), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    answer = _app(tmp_path / "m").post("/v1/predict", json={"rows": [
+        {"store": 1, "price": 0.5}]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["predictions"] == ["2024-01-31T08:00:00"]

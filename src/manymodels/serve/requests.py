@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .catalog import plain
 from .ipcsize import batch_sizes
 from .predictor import Answer, RequestError
 
@@ -222,14 +223,17 @@ def _temporal_keys(column: Any) -> np.ndarray:
 
 def json_answer(answer: Answer) -> bytes:
     """The answer as JSON: an infinite prediction is null there, as NaN is
-    (JSON has neither; an Arrow answer keeps them)."""
+    (JSON has neither; an Arrow answer keeps them), and a prediction of a
+    type JSON has not (a datetime, a date, a Decimal) is its text
+    (:func:`~.catalog.plain`: ISO-8601 for the first two), as Store.predict
+    gives it, not a failed request."""
     payload = {"predictions": answer.predictions, "source": answer.source,
                "run_id": answer.run_id}
     try:
-        return json.dumps(payload, allow_nan=False).encode()
+        return json.dumps(payload, allow_nan=False, default=plain).encode()
     except ValueError:  # rare: checked per value only then
         payload["predictions"] = [_finite(v) for v in answer.predictions]
-        return json.dumps(payload, allow_nan=False).encode()
+        return json.dumps(payload, allow_nan=False, default=plain).encode()
 
 
 def _finite(value: Any) -> Any:
