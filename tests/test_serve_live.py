@@ -194,11 +194,14 @@ def test_a_model_removed_under_the_catalog_is_answered_from_the_store_as_it_is_n
         assert answer.json()["source"] == ["none", "group"]  # store 5: no model left
 
 
-def test_a_store_removed_then_trained_again_at_its_path_is_served_from_the_new_one(tmp_path):
+def test_a_store_removed_then_trained_again_at_its_path_is_served_from_the_new_one(tmp_path,
+                                                                                   caplog):
     """The server's connection held the removed index open: its polls read
     that file, unchanged, and served its models forever. Removed, the store
     is a counted reload error and the old models serve on; trained again,
-    the new store is served."""
+    the new store is served. Each failed reload counts, and the failure is
+    logged once, not at every poll."""
+    import logging
     import shutil
 
     from starlette.testclient import TestClient
@@ -206,16 +209,21 @@ def test_a_store_removed_then_trained_again_at_its_path_is_served_from_the_new_o
     path = tmp_path / "m"
     mm.train(fit, mm.groups(sales(3), by="store"), store=path, backend="serial", progress=False)
     body = {"rows": ROWS[:3]}
+    caplog.set_level(logging.INFO, logger="manymodels.serve")
     with TestClient(mm.serve_app(path, poll=None)) as client:
         before = client.post("/v1/predict", json=body).json()["predictions"]
         shutil.rmtree(path)
-        answer = client.post("/v1/reload")
-        assert answer.status_code == 200 and answer.json()["reloaded"] is False
+        for _ in range(3):
+            answer = client.post("/v1/reload")
+            assert answer.status_code == 200 and answer.json()["reloaded"] is False
         assert client.post("/v1/predict", json=body).json()["predictions"] == before
-        assert "manymodels_serve_reload_errors_total 1" in client.get("/metrics").text
+        assert "manymodels_serve_reload_errors_total 3" in client.get("/metrics").text
+        failed = [r for r in caplog.records if "failed, still serving" in r.getMessage()]
+        assert len(failed) == 1 and "has no index now" in failed[0].getMessage()
         mm.train(fit, mm.groups(sales(3, seed=1), by="store"), store=path,
                  backend="serial", progress=False)
         assert client.post("/v1/reload").json()["reloaded"] is True
+        assert sum("works again" in r.getMessage() for r in caplog.records) == 1
         after = client.post("/v1/predict", json=body).json()["predictions"]
         assert after == mm.Store(path).predict(pd.DataFrame(ROWS[:3]), by="store").tolist()
         assert after != before

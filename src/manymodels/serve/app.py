@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -24,7 +25,7 @@ from starlette.routing import Route
 
 from ..store import StoreIntegrityError
 from . import requests as bodies
-from .catalog import KeyTextError, key_parts, plain
+from .catalog import Catalog, KeyTextError, key_parts, plain
 from .fastpath import ROUTE, PredictFirst, authorized
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
@@ -92,39 +93,50 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "run_id": served.catalog.run_id})
 
-    def answer(body: bytes, arrow: bool, held_only: bool = False) -> tuple[bytes, str]:
+    def read(body: bytes, arrow: bool) -> Read:
+        catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
+        columns, n = (bodies.arrow_columns(body, catalog.by, limit) if arrow
+                      else bodies.json_columns(body, catalog.by))
+        return Read(catalog, columns, n, arrow)
+
+    def answer(body: bytes, arrow: bool, done: Read | None = None,
+               held_only: bool = False) -> tuple[bytes, str]:
+        # ``done``: the body read already (on the event loop), not read again
+        done = done or read(body, arrow)
         if held_only:  # on the event loop: no load, no reload (NotHeld: in a thread)
-            return answer_from(served.catalog, body, arrow, held_only)
+            return answer_from(done, held_only)
         try:
-            return answer_from(served.catalog, body, arrow)
+            return answer_from(done)
         except StoreIntegrityError:
             # a model gone from under the catalog (its run deleted, then gc):
             # the store changed, so its current state is read now, not at the
             # next poll, and the request answered once more from that
             if served.reload():
-                return answer_from(served.catalog, body, arrow)
+                return answer_from(read(body, arrow))
             raise
 
-    def answer_from(catalog: Any, body: bytes, arrow: bool,
-                    held_only: bool = False) -> tuple[bytes, str]:
-        # (this request's catalog, whatever a reload swaps in meanwhile)
-        columns, n = (bodies.arrow_columns(body, catalog.by, limit) if arrow
-                      else bodies.json_columns(body, catalog.by))
-        result = predict_rows(catalog, served.cache, columns, n, ordered=arrow,
-                              held_only=held_only)
-        if arrow:
+    def answer_from(done: Read, held_only: bool = False) -> tuple[bytes, str]:
+        result = predict_rows(done.catalog, served.cache, done.columns, done.n,
+                              ordered=done.arrow, held_only=held_only)
+        if done.arrow:
             return bodies.arrow_answer(result), bodies.ARROW
         return bodies.json_answer(result), "application/json"
 
-    async def model(request: Request) -> Response:
-        catalog = served.catalog
+    def describe(catalog: Catalog, text: str) -> tuple[tuple, dict[str, Any] | None]:
+        # in a thread: the key's kinds are read once a catalog (seconds for a
+        # million keys of dates), and its run's tasks once a run
         try:
-            parts = key_parts(catalog, request.path_params["key"])
+            parts = key_parts(catalog, text)
         except KeyTextError as exc:
             raise RequestError(422, str(exc)) from exc
         except ValueError as exc:
             raise RequestError(400, str(exc)) from exc
-        described = await run_in_threadpool(catalog.describe, catalog.store, parts)
+        return parts, catalog.describe(catalog.store, parts)
+
+    async def model(request: Request) -> Response:
+        catalog = served.catalog
+        parts, described = await run_in_threadpool(describe, catalog,
+                                                   request.path_params["key"])
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)
@@ -152,10 +164,21 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
               Route("/v1/models/{key:path}", timed("/v1/models", model), methods=["GET"]),
               Route("/v1/reload", timed("/v1/reload", reload), methods=["POST"]),
               Route("/metrics", timed("/metrics", metrics), methods=["GET"])]
-    fast = Middleware(PredictFirst, served=served, token=token, limit=limit, answer=answer)
+    fast = Middleware(PredictFirst, served=served, token=token, limit=limit, read=read,
+                      answer=answer)
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[fast])
     app.state.served = served
     return app
+
+
+@dataclass
+class Read:
+    """A predict request's body read against the catalog it is answered from."""
+
+    catalog: Catalog
+    columns: Mapping[str, Any]
+    n: int
+    arrow: bool
 
 
 def _authorized(request: Request, token: str) -> bool:

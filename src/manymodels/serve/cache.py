@@ -26,11 +26,17 @@ from ..store import artifacts, packs
 #: Pack templates held (a few hundred bytes each; a pack holds up to 32 MiB).
 _TEMPLATES_HELD = 100_000
 
+#: A request is answered on the event loop only where its models' last
+#: predictions took less than this, together: a slow model (a large forest,
+#: seconds a call) would hold up every other request there, /healthz too.
+INLINE_SECONDS = 0.001
+
 
 class NotHeld(LookupError):
-    """A request to be answered by held models only (on the event loop) needs
-    one the cache does not hold: it is answered again where a load may take
-    its time (a thread)."""
+    """A request to be answered by held, quick models only (on the event
+    loop) needs one the cache does not hold, or one whose predictions take
+    their time: it is answered again where a load or a slow prediction holds
+    up no other request (a thread)."""
 
 
 class ModelCache:
@@ -52,6 +58,7 @@ class ModelCache:
                              f"got {max_bytes!r}")
         self.max_models, self.max_bytes = max_models, max_bytes
         self._models: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._seconds: dict[str, float] = {}  # a held model's last prediction's time
         self._lock = threading.Lock()
         self.bytes_held = 0
         self.hits = self.misses = self.evictions = 0
@@ -61,11 +68,23 @@ class ModelCache:
     def __len__(self) -> int:
         return len(self._models)
 
-    def holds(self, digests: list[str]) -> bool:
-        """Whether the cache holds each of ``digests`` now (counted neither
-        a hit nor a miss)."""
+    def quick(self, digests: list[str]) -> bool:
+        """Whether the cache holds each of ``digests`` now and their last
+        predictions (:meth:`timed`) took under :data:`INLINE_SECONDS`
+        together (counted neither a hit nor a miss). A model never timed is
+        not quick: its first prediction may take any time."""
         with self._lock:
-            return all(digest in self._models for digest in digests)
+            if not all(digest in self._models for digest in digests):
+                return False
+            seconds = self._seconds
+            return sum(seconds.get(digest, INLINE_SECONDS)
+                       for digest in set(digests)) < INLINE_SECONDS
+
+    def timed(self, digest: str, seconds: float) -> None:
+        """Note how long a held model's prediction took."""
+        with self._lock:
+            if digest in self._models:
+                self._seconds[digest] = seconds
 
     def get(self, store: Any, digest: str, what: str) -> Any:
         """The model ``digest`` names, from the cache or else read from
@@ -131,7 +150,8 @@ class ModelCache:
             self._models[digest] = (model, size)
             self.bytes_held += size
             while len(self._models) > self.max_models or self.bytes_held > self.max_bytes:
-                _, (_, freed) = self._models.popitem(last=False)
+                evicted, (_, freed) = self._models.popitem(last=False)
+                self._seconds.pop(evicted, None)
                 self.bytes_held -= freed
                 self.evictions += 1
 

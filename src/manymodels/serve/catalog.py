@@ -71,6 +71,12 @@ class Catalog:
         return self._kinds
 
     @property
+    def kinds_known(self) -> bool:
+        """Whether :attr:`key_kinds` has been read (reading it walks every key:
+        seconds for a million keys of dates, never on the event loop)."""
+        return self._kinds is not None
+
+    @property
     def models(self) -> int:
         return len(self.linear.keys) if self.linear is not None else len(self.keys or ())
 

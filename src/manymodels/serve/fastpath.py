@@ -32,24 +32,28 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ROUTE = "/v1/predict"
 ARROW = b"application/vnd.apache.arrow.stream"
 
-#: JSON bodies shorter than this (a few rows) are answered on the event loop
-#: where the cache holds their models: a hop to a thread costs more than they
-#: do. Longer ones, Arrow, and any whose model must be loaded first (a large
-#: one's unpickling, seconds, held up every request, /healthz too), in a
-#: thread, the loop left free.
+#: JSON bodies shorter than this (a few rows) are read on the event loop, and
+#: answered there where the cache holds their models and they predict
+#: quickly: a hop to a thread costs more than they do. Longer ones, Arrow,
+#: and any whose model must be loaded first (a large one's unpickling,
+#: seconds, held up every request, /healthz too) or is slow to predict, in a
+#: thread, the loop left free (a body read on the loop is not read again).
 INLINE_BELOW = 64 * 200
 
 
 class PredictFirst:
     """ASGI middleware: ``POST /v1/predict`` here, the rest to ``app``.
-    ``answer(body, arrow, held_only)`` gives the answer's bytes and media
-    type, or raises :class:`RequestError` (or a model's own error), or with
-    ``held_only`` :class:`~.cache.NotHeld` where a model is not loaded yet."""
+    ``read(body, arrow)`` reads a body (raising :class:`RequestError`);
+    ``answer(body, arrow, read, held_only)`` gives the answer's bytes and
+    media type (reading the body where ``read`` is None), or raises
+    :class:`RequestError` (or a model's own error), or with ``held_only``
+    :class:`~.cache.NotHeld` where a model is not loaded yet or is slow."""
 
     def __init__(self, app: Any, *, served: Any, token: str | None, limit: int,
-                 answer: Callable[[bytes, bool, bool], tuple[bytes, str]]) -> None:
+                 read: Callable[[bytes, bool], Any],
+                 answer: Callable[[bytes, bool, Any, bool], tuple[bytes, str]]) -> None:
         self.app, self.served, self.token, self.limit = app, served, token, limit
-        self.answer = answer
+        self.read, self.answer = read, answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or _route(scope) != ROUTE:
@@ -87,12 +91,13 @@ class PredictFirst:
             if body is None:
                 return 0, b"", b"", []
             arrow = content_type.lower().startswith(ARROW)  # (media types: any case)
-            answered = None
+            answered = done = None
             if not arrow and len(body) < INLINE_BELOW:
+                done = self.read(body, arrow)
                 with contextlib.suppress(NotHeld):
-                    answered = self.answer(body, arrow, True)
+                    answered = self.answer(body, arrow, done, True)
             if answered is None:
-                answered = await run_in_threadpool(self.answer, body, arrow, False)
+                answered = await run_in_threadpool(self.answer, body, arrow, done, False)
             content, media = answered
             return 200, content, media.encode(), []
         except RequestError as exc:

@@ -12,6 +12,7 @@ then do the models predict.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,8 @@ def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any]
     ``catalog``'s models, read from the store it was read from.
     ``ordered``: whether the columns' order is the client's (an Arrow
     stream's; a JSON object's keys have none).
-    ``held_only``: use only the models the cache holds, raising
+    ``held_only``: use only the models the cache holds and that predict
+    quickly (:meth:`~.cache.ModelCache.quick`), raising
     :class:`~.cache.NotHeld` (before any model runs) where one is not.
     Raises :class:`RequestError` for what the request got wrong,
     :class:`~manymodels.StoreIntegrityError` for a tampered model."""
@@ -78,9 +80,9 @@ def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any]
     if catalog.linear is not None:
         return _predict_linear(catalog, columns, n)
     groups = [(parts, rows, *catalog.find(parts))
-              for parts, rows in _group_rows(_key_values(catalog, columns), n)]
-    if held_only and not cache.holds([digest for *_, digest, _ in groups if digest]):
-        raise NotHeld("a model of the request is not loaded yet")
+              for parts, rows in _group_rows(_key_values(catalog, columns, held_only), n)]
+    if held_only and not cache.quick([digest for *_, digest, _ in groups if digest]):
+        raise NotHeld("a model of the request is not loaded yet, or is slow to predict")
     predictor = _ServedPredictor(catalog, cache)
     store = catalog.store
     plan = []
@@ -93,6 +95,15 @@ def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any]
             _check_features(predictor, model, columns, ordered, rows, lacking)
         plan.append((parts, rows, digest, source, lacking))
     return _run_plan(catalog, predictor, store, columns, plan, n)
+
+
+def _timed_call(predictor: _ServedPredictor, digest: str, *args: Any) -> Any:
+    """``predictor(*args)``, its time noted against the model ``digest``
+    (whether a later request may be answered on the event loop)."""
+    started = time.perf_counter()
+    done = predictor(*args)
+    predictor.cache.timed(digest, time.perf_counter() - started)
+    return done
 
 
 def _lacking(partial: Mapping[str, np.ndarray], rows: Any) -> dict[str, bool]:
@@ -119,8 +130,8 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
                  if name not in lacking}
         key = parts if len(parts) > 1 else parts[0]
         try:
-            done = predictor(group, {encode_key(parts): digest} if origin != "fallback" else {},
-                             store, key)
+            done = _timed_call(predictor, digest, group, {encode_key(parts): digest}
+                               if origin != "fallback" else {}, store, key)
         except PredictionShapeError:  # the model's fault: a 500, said and counted
             raise
         except (ValueError, TypeError, OverflowError) as exc:  # the rows' values, refused
@@ -174,12 +185,15 @@ def _missing(columns: Mapping[str, Any], name: str, what: str,
     return RequestError(422, f"the rows have no column {name!r}{what}")
 
 
-def _key_values(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+def _key_values(catalog: Catalog, columns: Mapping[str, Any],
+                held_only: bool = False) -> list[Any]:
     """The rows' group columns, as their models' keys are read: text in a
     column of datetimes or dates as ISO-8601 (JSON has neither), refused by
-    column and row where it is not one."""
+    column and row where it is not one. ``held_only``: raise
+    :class:`~.cache.NotHeld` where the catalog's key kinds are to be read
+    first (on the event loop, that read would hold up every request)."""
     found = []
-    for name, kinds in zip(catalog.by, _kinds_if_text(catalog, columns)):
+    for name, kinds in zip(catalog.by, _kinds_if_text(catalog, columns, held_only)):
         values = columns[name]
         if kinds is not None and temporal(kinds):
             read = np.empty(len(values), dtype=object)
@@ -194,14 +208,17 @@ def _key_values(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
     return found
 
 
-def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any]) -> list[Any]:
+def _kinds_if_text(catalog: Catalog, columns: Mapping[str, Any],
+                   held_only: bool = False) -> list[Any]:
     """Each group column's kinds (:attr:`Catalog.key_kinds`) where the rows
     give it text, else None: the kinds are read once a catalog, and only
-    then."""
+    then (with ``held_only``, not here: :class:`~.cache.NotHeld`)."""
     texts = [isinstance(values, np.ndarray) and values.dtype == object and any(
         type(value) is str for value in values) for values in map(columns.get, catalog.by)]
     if not any(texts):
         return [None] * len(texts)
+    if held_only and not catalog.kinds_known:
+        raise NotHeld("the catalog's key kinds are not read yet")
     return [kinds if text else None for kinds, text in zip(catalog.key_kinds, texts)]
 
 

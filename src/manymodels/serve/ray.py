@@ -34,6 +34,11 @@ class _Multiplexed:
             return self.model
         return self.others.get(store, digest, what)
 
+    def timed(self, digest: str, seconds: float) -> None:
+        """A prediction's time (:meth:`ModelCache.timed`): noted where the
+        replica's own cache holds the model; Ray Serve's holds the rest."""
+        self.others.timed(digest, seconds)
+
 
 class StoreModels:
     """The body of the deployment (see :func:`deployment`): one per replica."""

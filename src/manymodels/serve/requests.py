@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .catalog import plain
+from .ipcsize import batch_sizes
 from .predictor import Answer, RequestError
 
 ARROW = "application/vnd.apache.arrow.stream"
@@ -121,17 +123,20 @@ def arrow_columns(body: bytes, keys: Collection[str] = (),
     """The record batches of an Arrow IPC stream as columns. ``keys``: the
     group columns, an integer one with nulls kept as exact ints (objects),
     where NumPy would make it float64. ``limit``: the body's (--max-body),
-    which its columns decoded may not pass either (:func:`_check_decoded`)."""
+    which its columns decoded may not pass either (:func:`_check_sizes`,
+    :func:`_check_dictionaries`)."""
     import pyarrow as pa
 
     try:
+        if limit is not None:
+            _check_sizes(body, limit)  # before any batch is decoded
         table = pa.ipc.open_stream(pa.BufferReader(body)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowInvalid, OSError, ValueError, StopIteration) as exc:
         raise RequestError(400, f"the body is not an Arrow IPC stream: {exc}") from exc
     if table.num_rows == 0:
         raise RequestError(400, "the Arrow stream holds no rows")
     if limit is not None:
-        _check_decoded(table, limit)
+        _check_dictionaries(table, limit)
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         if name in columns:
@@ -155,21 +160,37 @@ def arrow_columns(body: bytes, keys: Collection[str] = (),
     return columns, table.num_rows
 
 
-def _check_decoded(table: Any, limit: int) -> None:
-    """Refuse (413) a stream that a small body makes large once decoded: a
-    column of type null, or run-end encoded, holds any number of rows in no
-    bytes, and a dictionary's long text is copied into each of its rows
-    (a few MB of body made a server's memory run out). Up to ``limit``
-    cells (rows times columns: a cell of 8 bytes, or of 1, on the wire), and
-    ``limit`` bytes of a dictionary's text once decoded, pass."""
+def _check_sizes(body: bytes, limit: int) -> None:
+    """Refuse (413) a stream that a small body makes large once decoded,
+    from its messages' metadata (:mod:`.ipcsize`), before any batch is
+    decoded: a compressed batch (zstd, lz4) decompresses whole as it is
+    read, and a column of type null, or run-end encoded, holds any number
+    of rows in no bytes. Up to ``limit`` bytes decoded, and ``limit`` cells
+    (rows times columns: a cell of 8 bytes, or of 1, on the wire), pass."""
+    import pyarrow as pa
+
+    messages = pa.ipc.MessageReader.open_stream(pa.BufferReader(body))
+    columns = len(pa.ipc.read_schema(messages.read_next_message()))
+    rows = decoded = 0
+    for size in batch_sizes(messages):
+        rows, decoded = rows + size.rows, decoded + size.decoded
+        cells = rows * max(columns, 1)
+        if cells > limit:
+            raise RequestError(413, f"the Arrow stream's {rows} rows of {columns} columns "
+                                    f"are {cells} cells, over the limit of {limit} "
+                                    "(--max-body: a cell a byte at least)")
+        if decoded > limit:
+            raise RequestError(413, f"the Arrow stream is {decoded} bytes decoded (or more), "
+                                    f"over the limit of {limit} (--max-body)")
+
+
+def _check_dictionaries(table: Any, limit: int) -> None:
+    """Refuse (413) a dictionary-encoded column of text whose rows hold more
+    than ``limit`` bytes: a dictionary's long text is copied into each of
+    its rows (a few MB of body made a server's memory run out)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    cells = table.num_rows * max(table.num_columns, 1)
-    if cells > limit:
-        raise RequestError(413, f"the Arrow stream's {table.num_rows} rows of "
-                                f"{table.num_columns} columns are {cells} cells, over the limit "
-                                f"of {limit} (--max-body: a cell a byte at least)")
     for name, column in zip(table.column_names, table.columns):
         kind = column.type
         if not (pa.types.is_dictionary(kind) and (
@@ -202,14 +223,17 @@ def _temporal_keys(column: Any) -> np.ndarray:
 
 def json_answer(answer: Answer) -> bytes:
     """The answer as JSON: an infinite prediction is null there, as NaN is
-    (JSON has neither; an Arrow answer keeps them)."""
+    (JSON has neither; an Arrow answer keeps them), and a prediction of a
+    type JSON has not (a datetime, a date, a Decimal) is its text
+    (:func:`~.catalog.plain`: ISO-8601 for the first two), as Store.predict
+    gives it, not a failed request."""
     payload = {"predictions": answer.predictions, "source": answer.source,
                "run_id": answer.run_id}
     try:
-        return json.dumps(payload, allow_nan=False).encode()
+        return json.dumps(payload, allow_nan=False, default=plain).encode()
     except ValueError:  # rare: checked per value only then
         payload["predictions"] = [_finite(v) for v in answer.predictions]
-        return json.dumps(payload, allow_nan=False).encode()
+        return json.dumps(payload, allow_nan=False, default=plain).encode()
 
 
 def _finite(value: Any) -> Any:

@@ -123,6 +123,7 @@ class ServedStore:
         with _catalog_memory():
             self.catalog: Catalog = build_catalog(opened, run)  # refuses an unknown run
         self._reloading = threading.Lock()
+        self._failing: str | None = None  # the last reload's failure, while it lasts
         self._stop = threading.Event()
         self.poller: threading.Thread | None = None
         log.info("serving run %d of %s: %d group model(s)%s", self.catalog.run_id,
@@ -142,14 +143,14 @@ class ServedStore:
                 store._refresh()  # a store on an object store: its published index
                 version = store_version(store)
                 if version == self._version and store is previous.store and not force:
+                    self._read_again()
                     return False
                 with _catalog_memory():
                     catalog = build_catalog(store, self.run)
             except Exception as exc:  # the old catalog keeps serving
-                self.metrics.reload_errors += 1
-                log.error("reload of %s failed, still serving run %d: %s", previous.store,
-                          previous.run_id, exc)
+                self._failed(exc)
                 return False
+            self._read_again()
             self.catalog, self._version, self._identity = catalog, version, identity
             self.cache.forget_templates()
             self.metrics.reloads += 1
@@ -158,6 +159,22 @@ class ServedStore:
                  catalog.run_id, previous.run_id, catalog.models,
                  " and a fallback" if catalog.fallback else "")
         return True
+
+    def _failed(self, exc: Exception) -> None:
+        """A reload that failed: counted each time, said once until the
+        failure changes (a store removed fails every poll the same way)."""
+        self.metrics.reload_errors += 1
+        said = str(exc)
+        if said != self._failing:
+            self._failing = said
+            log.error("reload of %s failed, still serving run %d: %s", self.store,
+                      self.catalog.run_id, said)
+
+    def _read_again(self) -> None:
+        """The store read after failed reloads: said once."""
+        if self._failing is not None:
+            self._failing = None
+            log.info("reload of %s works again", self.store)
 
     @property
     def store(self) -> Any:
