@@ -633,6 +633,30 @@ def test_date_cutoffs_are_dates_without_the_forecasts_too(tmp_path):
             assert "cutoff_dates" not in evaluation.columns
 
 
+@pytest.mark.parametrize("times", [
+    pd.date_range("2024-01-01", periods=10, freq="h").strftime("%Y-%m-%dT%H:%M:%S").tolist(),
+    list(range(10)), [float(i) for i in range(10)]])
+@pytest.mark.parametrize("forecasts", [True, False])
+def test_cutoffs_are_of_the_time_columns_type(tmp_path, times, forecasts):
+    """ISO date-and-time text cutoffs came back as Timestamps while the time
+    column stayed text (a merge on time = cutoff matched nothing); whole
+    number cutoffs were of object dtype in run.forecasts."""
+    frame = pd.DataFrame({"g": "a", "t": times, "y": np.arange(10.0)})
+    store = tmp_path / "s"
+    run = mm.train(lambda rows: LastValue(rows["y"]), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        forecasts=forecasts),
+                   store=store, backend="serial", progress=False)
+    kind = pd.Series(times).dtype
+    for evaluation in (run.evaluation, mm.Store(store).evaluation()):
+        assert evaluation["cutoff"].tolist() == [times[5], times[7]]
+        assert evaluation["cutoff"].dtype == kind
+    for table in (run.forecasts, mm.Store(store).forecasts()) if forecasts else ():
+        assert table["cutoff"].tolist() == [times[5]] * 2 + [times[7]] * 2
+        assert table["cutoff"].dtype == table["time"].dtype == kind
+        assert len(table.merge(frame, left_on="cutoff", right_on="t")) == 4
+
+
 def test_a_holdout_that_leaves_no_training_row_says_so():
     """holdout(0.9) of 9 rows said it "needs at least 2 rows, has 9"."""
     run = mm.train(lambda rows: _Level(1.0), mm.groups(pd.DataFrame(

@@ -31,7 +31,7 @@ from .horizons import horizon_call
 from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
 from .timetext import check_text_times
 from .windowrows import WindowLayout, model_and_metrics
-from .windowtable import DATED, FIELDS, mean_scores
+from .windowtable import DATED, FIELDS, TEXT, mean_scores
 
 #: What each window's row (and a task's averaged scores) holds beside the
 #: metrics: a metric function's score of one of these names is refused.
@@ -187,6 +187,8 @@ class GroupWindows:
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
         if layout.dated_cutoffs:
             table[DATED] = [True] * len(numbers)
+        elif layout.text_cutoffs:
+            table[TEXT] = [True] * len(numbers)
         vectorised = _metrics.window_score_lists(
             self.vectorised, layout.y, predicted, layout.bounds,
             layout.trains if self.mase else []) if self.vectorised else {}
