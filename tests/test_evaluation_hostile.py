@@ -162,15 +162,21 @@ def test_halving_drops_a_candidate_that_fails_on_all_rows_not_the_group():
             assert run.results["candidates_failed"].tolist() == [1]
 
 
-def test_r2_of_one_row_is_undefined():
+def test_r2_of_one_row_is_undefined(tmp_path):
+    """A score undefined in every window (r2 of one row, a metric function's
+    None) is a float column of NaN in run.evaluation, as in run.results, not
+    one of None objects (whose mean or plot fails)."""
     table = pd.DataFrame({"g": "a", "t": np.arange(10), "x": np.arange(10.0),
                           "y": np.arange(10.0) ** 2})
     run = mm.train(lambda r: LinearRegression().fit(r[["x"]], r["y"]), mm.groups(table, by="g"),
                    evaluate=mm.backtest(time="t", horizon=1, windows=3, target="y",
-                                        features=["x"], metrics=["r2", "mae"]),
-                   backend="serial", progress=False)
-    assert run.evaluation["r2"].isna().all()
-    assert run.evaluation["mae"].notna().all()
+                                        features=["x"],
+                                        metrics=["r2", "mae", lambda m, rows: {"own": None}]),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    for evaluation in (run.evaluation, mm.Store(tmp_path / "s").evaluation()):
+        assert evaluation["r2"].isna().all() and evaluation["own"].isna().all()
+        assert evaluation["r2"].dtype == evaluation["own"].dtype == np.float64
+        assert evaluation["mae"].notna().all()
     assert mm.evaluation.metrics.r2([81.0], [70.0]) != mm.evaluation.metrics.r2([81.0], [70.0])
 
 

@@ -148,10 +148,23 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
                          _typed_keys(key_columns, key_rows, key_table, tasks))
     for name, column in columns.items():
         column.extend([None] * (done - len(column)))
-        frame[column_name(name, key_columns)] = column
+        frame[column_name(name, key_columns)] = (
+            column if name in _WINDOW_COLUMNS else _score_values(column))
     if not text:
         _as_times(frame, column_name("cutoff", key_columns), zone)
     return frame
+
+
+def _score_values(values: list) -> Any:
+    """A score's values as floats, None (undefined there) as NaN: a score
+    undefined in every window (r2 of one test row) is a float column of
+    NaN, as ``run.results`` has it, not one of None objects."""
+    import numpy as np
+
+    try:
+        return np.asarray(values, dtype=float)
+    except (TypeError, ValueError):  # (a store's score of another kind): as it is
+        return values
 
 
 def _typed_keys(key_columns: list, key_rows: list[tuple], key_table: Any,
