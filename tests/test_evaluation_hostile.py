@@ -180,6 +180,28 @@ def test_r2_of_one_row_is_undefined(tmp_path):
     assert mm.evaluation.metrics.r2([81.0], [70.0]) != mm.evaluation.metrics.r2([81.0], [70.0])
 
 
+@pytest.mark.parametrize("eta", [1, 2])
+@pytest.mark.parametrize("reporter", ["fit", "metric"])
+@pytest.mark.parametrize("name", ["window_fits", "best_k", "candidate_error"])
+def test_a_metric_named_as_a_halving_column_is_refused_by_name(eta, reporter, name):
+    """Under select=mm.halving(...) a metric named window_fits or best_<param>
+    (reported by fit or a metric function) was silently overwritten by the
+    halving's own column: the group fails, naming it."""
+    table = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
+
+    def fit(rows, k=1):
+        model = LastValue(rows["y"])
+        return (model, {name: 99.0}) if reporter == "fit" else model
+
+    metrics = ["mae"] if reporter == "fit" else ["mae", lambda model, rows: {name: 1.0}]
+    run = mm.train(fit, mm.groups(table, by="g") * mm.grid(k=[1, 2]),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        metrics=metrics),
+                   select=mm.halving("mae", eta=eta), backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["failed"]
+    assert f"a metric named {name!r}, a column select=mm.halving" in run.results["error"][0]
+
+
 def test_metric_functions_answer_numbers_named_apart_or_are_named():
     table = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
 
