@@ -202,6 +202,38 @@ def test_a_metric_named_as_a_halving_column_is_refused_by_name(eta, reporter, na
     assert f"a metric named {name!r}, a column select=mm.halving" in run.results["error"][0]
 
 
+def test_a_text_target_scored_by_numbers_is_refused_before_any_work(tmp_path):
+    """A text target with the default metrics (rmse, mae) failed every task
+    on "could not convert string to float", naming neither the column nor
+    the metric; labels scored by accuracy are taken."""
+    from sklearn.dummy import DummyClassifier
+
+    table = pd.DataFrame({"g": "a", "t": np.arange(12), "x": np.arange(12.0),
+                          "label": np.tile(["u", "v"], 6)})
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return DummyClassifier().fit(rows[["x"]], rows["label"])
+
+    with pytest.raises(ValueError, match=r"target 'label' holds text .* metric 'rmse'"):
+        mm.train(fit, mm.groups(table, by="g"),
+                 evaluate=mm.backtest(time="t", horizon=2, target="label", features=["x"]),
+                 backend="serial", progress=False)
+    path = tmp_path / "t.parquet"
+    table.astype({"label": "category"}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"target 'label' holds text .* metric 'mae'"):
+        mm.train(fit, mm.groups(path, by="g"),
+                 evaluate=mm.holdout(target="label", metrics=["accuracy", "mae"]),
+                 backend="serial", progress=False)
+    assert calls == []
+    run = mm.train(fit, mm.groups(table, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, target="label", features=["x"],
+                                        metrics=["accuracy"]),
+                   backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok"]
+
+
 def test_metric_functions_answer_numbers_named_apart_or_are_named():
     table = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
 
