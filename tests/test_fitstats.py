@@ -114,6 +114,11 @@ def test_glance_refuses_what_it_cannot_describe():
         mm.glance(LinearRegression().fit(X, np.column_stack([X[:, 0], -X[:, 0]])), X, X)
     with pytest.raises(ValueError, match="X has 2"):
         mm.glance(LinearRegression().fit(X, X[:, 0]), np.column_stack([X, X]), X[:, 0])
+    # a y with missing values (not what the model was fitted on) made every
+    # statistic NaN, with nobs and df_residual counting those rows
+    missing = np.where(X[:, 0] > 2, X[:, 0], np.nan)
+    with pytest.raises(ValueError, match=r"y has 3 missing or infinite value\(s\)"):
+        mm.glance(LinearRegression().fit(X, X[:, 0]), X, missing)
 
 
 def gapminder_like_fit(df):

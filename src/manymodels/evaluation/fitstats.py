@@ -119,6 +119,10 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     n = len(y)
     if n == 0:
         raise ValueError("glance needs at least one row")
+    unusable = int(np.count_nonzero(~np.isfinite(y)))
+    if unusable:  # (every statistic came back NaN, beside nobs and df counting those rows)
+        raise ValueError(f"glance: y has {unusable} missing or infinite value(s): pass the "
+                         "rows the model was fitted on")
     fitted = np.asarray(model.predict(X), dtype=float).ravel()
     if len(fitted) != n:
         raise ValueError(f"X has {len(fitted)} rows but y has {n}")
