@@ -162,16 +162,76 @@ def test_halving_drops_a_candidate_that_fails_on_all_rows_not_the_group():
             assert run.results["candidates_failed"].tolist() == [1]
 
 
-def test_r2_of_one_row_is_undefined():
+def test_r2_of_one_row_is_undefined(tmp_path):
+    """A score undefined in every window (r2 of one row, a metric function's
+    None) is a float column of NaN in run.evaluation, as in run.results, not
+    one of None objects (whose mean or plot fails)."""
     table = pd.DataFrame({"g": "a", "t": np.arange(10), "x": np.arange(10.0),
                           "y": np.arange(10.0) ** 2})
     run = mm.train(lambda r: LinearRegression().fit(r[["x"]], r["y"]), mm.groups(table, by="g"),
                    evaluate=mm.backtest(time="t", horizon=1, windows=3, target="y",
-                                        features=["x"], metrics=["r2", "mae"]),
-                   backend="serial", progress=False)
-    assert run.evaluation["r2"].isna().all()
-    assert run.evaluation["mae"].notna().all()
+                                        features=["x"],
+                                        metrics=["r2", "mae", lambda m, rows: {"own": None}]),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    for evaluation in (run.evaluation, mm.Store(tmp_path / "s").evaluation()):
+        assert evaluation["r2"].isna().all() and evaluation["own"].isna().all()
+        assert evaluation["r2"].dtype == evaluation["own"].dtype == np.float64
+        assert evaluation["mae"].notna().all()
     assert mm.evaluation.metrics.r2([81.0], [70.0]) != mm.evaluation.metrics.r2([81.0], [70.0])
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+@pytest.mark.parametrize("reporter", ["fit", "metric"])
+@pytest.mark.parametrize("name", ["window_fits", "best_k", "candidate_error"])
+def test_a_metric_named_as_a_halving_column_is_refused_by_name(eta, reporter, name):
+    """Under select=mm.halving(...) a metric named window_fits or best_<param>
+    (reported by fit or a metric function) was silently overwritten by the
+    halving's own column: the group fails, naming it."""
+    table = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
+
+    def fit(rows, k=1):
+        model = LastValue(rows["y"])
+        return (model, {name: 99.0}) if reporter == "fit" else model
+
+    metrics = ["mae"] if reporter == "fit" else ["mae", lambda model, rows: {name: 1.0}]
+    run = mm.train(fit, mm.groups(table, by="g") * mm.grid(k=[1, 2]),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        metrics=metrics),
+                   select=mm.halving("mae", eta=eta), backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["failed"]
+    assert f"a metric named {name!r}, a column select=mm.halving" in run.results["error"][0]
+
+
+def test_a_text_target_scored_by_numbers_is_refused_before_any_work(tmp_path):
+    """A text target with the default metrics (rmse, mae) failed every task
+    on "could not convert string to float", naming neither the column nor
+    the metric; labels scored by accuracy are taken."""
+    from sklearn.dummy import DummyClassifier
+
+    table = pd.DataFrame({"g": "a", "t": np.arange(12), "x": np.arange(12.0),
+                          "label": np.tile(["u", "v"], 6)})
+    calls = []
+
+    def fit(rows):
+        calls.append(1)
+        return DummyClassifier().fit(rows[["x"]], rows["label"])
+
+    with pytest.raises(ValueError, match=r"target 'label' holds text .* metric 'rmse'"):
+        mm.train(fit, mm.groups(table, by="g"),
+                 evaluate=mm.backtest(time="t", horizon=2, target="label", features=["x"]),
+                 backend="serial", progress=False)
+    path = tmp_path / "t.parquet"
+    table.astype({"label": "category"}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"target 'label' holds text .* metric 'mae'"):
+        mm.train(fit, mm.groups(path, by="g"),
+                 evaluate=mm.holdout(target="label", metrics=["accuracy", "mae"]),
+                 backend="serial", progress=False)
+    assert calls == []
+    run = mm.train(fit, mm.groups(table, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, target="label", features=["x"],
+                                        metrics=["accuracy"]),
+                   backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok"]
 
 
 def test_metric_functions_answer_numbers_named_apart_or_are_named():
@@ -631,6 +691,30 @@ def test_date_cutoffs_are_dates_without_the_forecasts_too(tmp_path):
         for evaluation in (run.evaluation, mm.Store(store).evaluation()):
             assert evaluation["cutoff"].tolist() == cutoffs
             assert "cutoff_dates" not in evaluation.columns
+
+
+@pytest.mark.parametrize("times", [
+    pd.date_range("2024-01-01", periods=10, freq="h").strftime("%Y-%m-%dT%H:%M:%S").tolist(),
+    list(range(10)), [float(i) for i in range(10)]])
+@pytest.mark.parametrize("forecasts", [True, False])
+def test_cutoffs_are_of_the_time_columns_type(tmp_path, times, forecasts):
+    """ISO date-and-time text cutoffs came back as Timestamps while the time
+    column stayed text (a merge on time = cutoff matched nothing); whole
+    number cutoffs were of object dtype in run.forecasts."""
+    frame = pd.DataFrame({"g": "a", "t": times, "y": np.arange(10.0)})
+    store = tmp_path / "s"
+    run = mm.train(lambda rows: LastValue(rows["y"]), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        forecasts=forecasts),
+                   store=store, backend="serial", progress=False)
+    kind = pd.Series(times).dtype
+    for evaluation in (run.evaluation, mm.Store(store).evaluation()):
+        assert evaluation["cutoff"].tolist() == [times[5], times[7]]
+        assert evaluation["cutoff"].dtype == kind
+    for table in (run.forecasts, mm.Store(store).forecasts()) if forecasts else ():
+        assert table["cutoff"].tolist() == [times[5]] * 2 + [times[7]] * 2
+        assert table["cutoff"].dtype == table["time"].dtype == kind
+        assert len(table.merge(frame, left_on="cutoff", right_on="t")) == 4
 
 
 def test_a_holdout_that_leaves_no_training_row_says_so():

@@ -91,6 +91,21 @@ def test_glance_counts_the_rank_not_collinear_coefficients():
     assert mm.glance(LinearRegression().fit(constant, y), constant, y)["df"] == 1
 
 
+def test_glance_counts_the_rank_of_a_far_from_zero_feature_as_mm_linear():
+    """A feature of 1e12 + noise: its uncentred column and the intercept's
+    ones are parallel to rounding, so glance counted rank 1 (df 0, no F)
+    for a slope LinearRegression fitted (r2 0.93); mm.linear counts df 1."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(size=20)
+    table = pd.DataFrame({"g": "a", "x": 1e12 + noise, "y": 3 * noise + rng.normal(size=20)})
+    model = LinearRegression().fit(table[["x"]], table["y"])
+    got = mm.glance(model, table[["x"]], table["y"])
+    linear = mm.linear(table, by="g", features=["x"], target="y").metrics.iloc[0]
+    assert got["df"] == linear["df"] == 1 and got["df_residual"] == 18
+    for name in ("r_squared", "adj_r_squared", "sigma", "statistic", "aic"):
+        assert got[name] == pytest.approx(linear[name], rel=1e-4), name  # (x to 1e-4)
+
+
 def test_glance_refuses_what_it_cannot_describe():
     X = np.arange(10.0).reshape(-1, 1)
     with pytest.raises(TypeError, match="linear regression.*LogisticRegression"):
@@ -99,6 +114,11 @@ def test_glance_refuses_what_it_cannot_describe():
         mm.glance(LinearRegression().fit(X, np.column_stack([X[:, 0], -X[:, 0]])), X, X)
     with pytest.raises(ValueError, match="X has 2"):
         mm.glance(LinearRegression().fit(X, X[:, 0]), np.column_stack([X, X]), X[:, 0])
+    # a y with missing values (not what the model was fitted on) made every
+    # statistic NaN, with nobs and df_residual counting those rows
+    missing = np.where(X[:, 0] > 2, X[:, 0], np.nan)
+    with pytest.raises(ValueError, match=r"y has 3 missing or infinite value\(s\)"):
+        mm.glance(LinearRegression().fit(X, X[:, 0]), X, missing)
 
 
 def gapminder_like_fit(df):

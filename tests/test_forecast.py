@@ -119,22 +119,38 @@ def test_store_forecast_reads_the_last_times_of_the_run_whose_models_it_uses(tmp
 def test_store_forecast_reads_the_frequency_within_a_window_not_across_windows(
         tmp_path, horizon, step):
     """Windows step days apart: their test days, 7 apart, read as weekly
-    (March 7, 14 and 21 for daily sales). The spacing is read only where the
-    backtest's times follow one another; where none do (one day a window,
-    the windows apart), freq= or history= is asked for."""
+    (March 7, 14 and 21 for daily sales). The step each task read from all
+    its group's days is kept with its forecasts, so even one day a window,
+    the windows apart, forecasts the next days; freq= overrides it."""
     df = daily_sales(groups=1, days=60)
     store = tmp_path / "s"
     mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date"),
              evaluate=mm.backtest(time="date", horizon=horizon, windows=4, step=step,
                                   target="sales"),
              store=store, backend="serial", progress=False)
-    if horizon == 1 and step > 1:
-        with pytest.raises(ValueError, match=r"pass freq= or history="):
-            mm.Store(store).forecast(3)
-        got = mm.Store(store).forecast(3, freq="D")
-    else:
-        got = mm.Store(store).forecast(3)
+    got = mm.Store(store).forecast(3)
     assert list(got["date"]) == list(pd.date_range("2024-03-01", periods=3, freq="D"))
+    weekly = mm.Store(store).forecast(2, freq="W-THU")
+    assert list(weekly["date"]) == list(pd.date_range("2024-03-07", periods=2, freq="W-THU"))
+
+
+@pytest.mark.parametrize("how", ["datetime64", "date", "text", "zone"])
+def test_store_forecast_keeps_business_days_that_a_short_backtest_reads_as_days(
+        tmp_path, how):
+    """Business days backtested one day a window: the store's window times
+    (Wednesday to Friday) read as days, and the forecast went on Saturday.
+    The backtest keeps the step it read from all the group's days."""
+    dates = pd.bdate_range("2024-01-01", periods=30)  # ends on Friday Feb 9
+    times = {"datetime64": dates, "date": [d.date() for d in dates],
+             "text": list(dates.strftime("%Y-%m-%d")),
+             "zone": dates.tz_localize("Europe/Paris")}[how]
+    df = pd.DataFrame({"sku": "a", "date": times, "sales": np.arange(30.0)})
+    mm.train(seasonal_fit, mm.groups(df, by="sku"), store=tmp_path / "s",
+             evaluate=mm.backtest(time="date", horizon=1, windows=2, target="sales"),
+             backend="serial", progress=False)
+    got = mm.Store(tmp_path / "s").forecast(3)
+    assert [pd.Timestamp(t).strftime("%a %d") for t in got["date"]] == [
+        "Mon 12", "Tue 13", "Wed 14"]
 
 
 def test_models_of_the_last_window_are_not_forecast_from_the_last_time(tmp_path):

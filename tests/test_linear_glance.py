@@ -79,6 +79,22 @@ def test_glance_equals_statsmodels_per_group(weighted, intercept):
     assert metrics["df"].dtype == np.int64 and metrics["nobs"].dtype == np.int64
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_rows_of_weight_zero_are_not_observations_as_r_counts_them():
+    """As docs/guide/linear.md says: nobs counts the rows that weigh
+    something (R's lm), so the row equals statsmodels' WLS of those rows
+    (statsmodels' WLS of every row counts the zeros, its llf -inf)."""
+    pytest.importorskip("statsmodels")
+    rows = random_groups(groups=1)
+    rows.loc[:2, "w"] = 0.0
+    got = mm.linear(rows, by="g", features=["x1", "x2"], target="y", family="wls",
+                    weights="w").metrics.iloc[0]
+    expected = statsmodels_glance(rows[rows["w"] > 0], ["x1", "x2"], True, True)
+    assert got["nobs"] == expected["nobs"] == len(rows) - 3
+    for name in COLUMNS:
+        assert got[name] == pytest.approx(expected[name], rel=1e-9), name
+
+
 def test_one_row_constant_and_perfect_groups_get_nan_where_r_has_no_value():
     frame = pd.DataFrame({
         "g": ["one", "const", "const", "const", "perfect", "perfect", "perfect", "two", "two"],

@@ -13,7 +13,8 @@ The names are broom's, in snake case, and so are the formulas (those of R's
 (the intercept included; a penalised model's zero coefficients left out:
 the model's rank for least squares, the usual degrees of freedom for the
 lasso), ``n`` rows, ``RSS`` the residual sum of squares. ``p`` is the rank of
-the design matrix (the intercept's column of ones and the columns of ``X``;
+the design matrix (the intercept's column of ones and the columns of ``X``,
+centred where there is an intercept, as the model fitted them;
 for a penalised model, one with an ``alpha``, those whose coefficient is
 not zero), as R's ``lm`` counts it: a duplicated or otherwise collinear feature,
 which ``LinearRegression`` splits into a least-norm pair of coefficients and R
@@ -74,7 +75,11 @@ def _rank(X: Any, coef: np.ndarray, intercept: bool, penalised: bool) -> int:
     freedom), and a column of ones for the intercept. Counting coefficients
     instead would count a collinear feature's share of a split coefficient;
     an unpenalised fit counts every column, as R's ``lm`` does, even where
-    its coefficients are all zero (a target of zeros)."""
+    its coefficients are all zero (a target of zeros). With an intercept the
+    rank is 1 and that of the centred columns, as the model fitted them (and
+    :func:`manymodels.linear` counts): the column of ones beside a feature
+    of ``1e12 + noise``, uncentred, are parallel to rounding, and the slope
+    the model fitted counted for nothing."""
     import scipy.sparse
 
     if not scipy.sparse.issparse(X):
@@ -87,8 +92,8 @@ def _rank(X: Any, coef: np.ndarray, intercept: bool, penalised: bool) -> int:
     active = X[:, np.flatnonzero(coef)] if penalised else X
     active = active.toarray() if scipy.sparse.issparse(active) else active
     if intercept:
-        active = np.column_stack([np.ones(X.shape[0]), active])
-    return int(np.linalg.matrix_rank(active)) if active.size else 0
+        active = active - active.mean(axis=0)
+    return int(intercept) + (int(np.linalg.matrix_rank(active)) if active.size else 0)
 
 
 def _flat_target(rss: float, tss: float, spread: float, n: int, mean: float,
@@ -114,6 +119,10 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
     n = len(y)
     if n == 0:
         raise ValueError("glance needs at least one row")
+    unusable = int(np.count_nonzero(~np.isfinite(y)))
+    if unusable:  # (every statistic came back NaN, beside nobs and df counting those rows)
+        raise ValueError(f"glance: y has {unusable} missing or infinite value(s): pass the "
+                         "rows the model was fitted on")
     fitted = np.asarray(model.predict(X), dtype=float).ravel()
     if len(fitted) != n:
         raise ValueError(f"X has {len(fitted)} rows but y has {n}")

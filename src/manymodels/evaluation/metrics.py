@@ -189,6 +189,8 @@ def score(names: list[str], model: Any, X: Any, y: Any, y_train: Any) -> dict[st
 _SUMS = {"mse", "rmse", "mae", "mape", "smape", "mase", "r2", "accuracy"}
 #: Those of them computed from the errors (``y - predicted``, as floats).
 _ERRORS = _SUMS - {"accuracy"}
+#: The named metrics that compare numbers: a target of text has none to give.
+NUMERIC_METRICS = frozenset(_ERRORS)
 
 
 def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds: np.ndarray,

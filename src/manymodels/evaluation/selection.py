@@ -197,6 +197,7 @@ class HalvingSearch:
         else:
             winner = alive[0]
             model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
+        self._refuse_own_columns(fit_metrics, "fit")
         windows = join(records[winner])
         metrics: dict[str, Any] = {**fit_metrics, **mean_scores(windows)}
         if skipped is not None:
@@ -226,12 +227,15 @@ class HalvingSearch:
             nonlocal fits
             fits += 1
             try:
-                model, _ = split_result(self.fit(group.train_rows(number), **self.settings[i],
-                                                 **shared))
+                model, fit_metrics = split_result(self.fit(
+                    group.train_rows(number), **self.settings[i], **shared))
                 predicted, scores = group.predict(model, number)
-                records[i].append(group.table([number], [predicted], [scores]))
             except Exception as exc:
                 failed[i] = f"{type(exc).__name__}: {exc}"
+                return
+            self._refuse_own_columns(fit_metrics, "fit")  # (the group's error, at once)
+            self._refuse_own_columns(scores, "a metric function")
+            records[i].append(group.table([number], [predicted], [scores]))
 
         for number in range(windows):
             for i in alive:
@@ -281,13 +285,34 @@ class HalvingSearch:
 
         for i, setting in enumerate(self.settings):
             try:
-                records[i] = [evaluate_group(counted, group, {**setting, **shared})[2]]
+                _, fit_metrics, table = evaluate_group(counted, group, {**setting, **shared})
             except Exception as exc:
                 failed[i] = f"{type(exc).__name__}: {exc}"
+                continue
+            self._refuse_own_columns(fit_metrics, "fit")
+            self._refuse_own_columns(table, "a metric function")
+            records[i] = [table]
         if not records:
             raise self._all_failed(failed)
         alive = sorted(records, key=lambda i: self._rank(records[i]))[:1]
         return alive, records, failed, fits
+
+    def own_columns(self) -> set[str]:
+        """The result columns a halving task writes itself: a metric of
+        one of these names would be overwritten in its row. (A grid's
+        settings all name the same parameters.)"""
+        return {"window_fits", "candidates_failed", "candidate_error",
+                *(f"best_{name}" for name in (self.settings[0] if self.settings else ()))}
+
+    def _refuse_own_columns(self, named: Any, reporter: str) -> None:
+        """Refuse, naming it, a metric that ``reporter`` gave one of
+        :meth:`own_columns`' names (it would be overwritten, silently)."""
+        taken = self.own_columns().intersection(named)
+        if taken:
+            raise ValueError(f"{reporter} reported a metric named {min(taken)!r}, a column "
+                             "select=mm.halving(...) writes in each group's row (the "
+                             "winner's setting, best_<name>; window_fits; "
+                             "candidates_failed; candidate_error): name it otherwise")
 
     def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str]
                          ) -> tuple[Any, dict[str, Any], int]:

@@ -15,9 +15,11 @@ from typing import Any
 
 from ..inputs.keys import UTC_OFFSET, key_frame
 from .splitters import WINDOWS
+from .windowrows import STEP
 from .windowtable import (
     DATED,
     ROW_COLUMNS,
+    TEXT,
     as_table,
     holds_dates,
     time_zone,
@@ -90,6 +92,18 @@ def _dated(table: dict[str, Any]) -> bool:
     return isinstance(rows, dict) and holds_dates(rows.get("time"))
 
 
+def _text(table: dict[str, Any]) -> bool:
+    """Whether a windows table's cutoffs are a text time column's values (to
+    stay text): it says so (:data:`TEXT`), or, as stores written before the
+    mark show it, its forecast times are text."""
+    if any(table.get(TEXT) or ()):
+        return True
+    rows = table.get("rows")
+    times = rows.get("time") if isinstance(rows, dict) else None
+    return times is not None and not isinstance(times, dict) and len(times) > 0 and \
+        isinstance(times[0], str)
+
+
 def _zone_of(table: dict[str, Any]) -> str | None:
     """The zone of a windows table's forecast times (None: naive, or none kept)."""
     rows = table.get("rows")
@@ -107,15 +121,16 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
     counts: list[int] = []
     columns: dict[str, list] = {}
     done = 0  # windows so far: a column a task lacks is None there
-    zone = None
+    zone, text = None, False
     for task, parts, table in _task_windows(key_rows, metrics):
         count = window_count(table)
         zone = zone or _zone_of(table)
+        text = text or _text(table)
         tasks.append(task)
         keys.append(parts)
         counts.append(count)
         for name, values in table.items():
-            if name in ("rows", DATED):
+            if name in ("rows", DATED, TEXT):
                 continue
             if name == "cutoff" and _dated(table):
                 values = _as_dates(values)
@@ -133,9 +148,23 @@ def window_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
                          _typed_keys(key_columns, key_rows, key_table, tasks))
     for name, column in columns.items():
         column.extend([None] * (done - len(column)))
-        frame[column_name(name, key_columns)] = column
-    _as_times(frame, column_name("cutoff", key_columns), zone)
+        frame[column_name(name, key_columns)] = (
+            column if name in _WINDOW_COLUMNS else _score_values(column))
+    if not text:
+        _as_times(frame, column_name("cutoff", key_columns), zone)
     return frame
+
+
+def _score_values(values: list) -> Any:
+    """A score's values as floats, None (undefined there) as NaN: a score
+    undefined in every window (r2 of one test row) is a float column of
+    NaN, as ``run.results`` has it, not one of None objects."""
+    import numpy as np
+
+    try:
+        return np.asarray(values, dtype=float)
+    except (TypeError, ValueError):  # (a store's score of another kind): as it is
+        return values
 
 
 def _typed_keys(key_columns: list, key_rows: list[tuple], key_table: Any,
@@ -170,17 +199,22 @@ def _key_columns(key_columns: list, keys: list[tuple], counts: Any, typed: Any =
     return frame
 
 
-def _repeated_times(values: list, counts: list[int], zone: str | None) -> Any:
-    """Per-window times (a cutoff each, ISO text when they are datetimes),
-    each repeated for its window's rows, converted once a window."""
+def _repeated_times(values: list, counts: list[int], zone: str | None, text: bool) -> Any:
+    """Per-window times (a cutoff each, ISO text when they are datetimes,
+    unless ``text``: a text time column's own), each repeated for its
+    window's rows, converted once a window; numbers typed as numbers."""
     import numpy as np
     import pandas as pd
 
     column = np.empty(len(values), dtype=object)
     column[:] = values
     frame = pd.DataFrame({"time": column})
-    _as_times(frame, "time", zone)
-    return frame["time"].array.take(np.repeat(np.arange(len(values)), counts))
+    if not text:
+        _as_times(frame, "time", zone)
+    times = frame["time"]
+    if times.dtype == object:  # whole numbers or floats: int64 or float64, as the times
+        times = times.infer_objects()
+    return times.array.take(np.repeat(np.arange(len(values)), counts))
 
 
 def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
@@ -192,7 +226,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
     import pandas as pd
 
     tasks, keys, totals, windows, cutoffs, sizes = [], [], [], [], [], []
-    zone = None
+    zone, text = None, False
     columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
     shared: dict[int, Any] = {}  # a group's times and actuals, the same for its candidates
     for task, parts, table in _task_windows(key_rows, metrics):
@@ -209,6 +243,7 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
                 values = shared[id(packed)] = (packed, unpack_column(packed))
             columns[name].append(values[1])
         zone = zone or time_zone(rows["time"])
+        text = text or _text(table)
         tasks.append(task)
         keys.append(parts)
         totals.append(len(columns["forecast"][-1]))
@@ -221,10 +256,30 @@ def forecast_frame(key_columns: list, key_rows: list[tuple], metrics: list[Any],
     frame = _key_columns(key_columns, keys, totals,
                          _typed_keys(key_columns, key_rows, key_table, tasks))
     frame[named["window"]] = np.repeat(np.array(windows), sizes)
-    frame[named["cutoff"]] = _repeated_times(cutoffs, sizes, zone)
+    frame[named["cutoff"]] = _repeated_times(cutoffs, sizes, zone, text)
     for name, pieces in columns.items():
         frame[named[name]] = np.concatenate(pieces)
     if zone is not None:  # the times of a zone travelled as UTC
         time = named["time"]
         frame[time] = frame[time].dt.tz_localize("UTC").dt.tz_convert(zone)
     return frame
+
+
+def forecast_steps(key_columns: list, key_rows: list[tuple], metrics: list[Any],
+                   by: list[str]) -> dict[str, str]:
+    """Each group's time step as its backtest read it from all its times
+    (:func:`.frequency.time_step`), by the encoded key of its ``by``
+    columns: a store's window times alone are too few to tell some steps
+    apart. Stores written before kept none: empty."""
+    from ..inputs.keys import encode_key
+
+    if any(name not in key_columns for name in by):
+        return {}
+    positions = [key_columns.index(name) for name in by]
+    found: dict[str, str] = {}
+    for _, parts, table in _task_windows(key_rows, metrics):
+        rows = table.get("rows")
+        step = rows.get(STEP) if isinstance(rows, dict) else None
+        if step:
+            found.setdefault(encode_key(tuple(parts[p] for p in positions)), step)
+    return found

@@ -31,7 +31,7 @@ from .horizons import horizon_call
 from .splitters import SKIPPED, WINDOWS, Splitter, TooShort, column, row_count
 from .timetext import check_text_times
 from .windowrows import WindowLayout, model_and_metrics
-from .windowtable import DATED, FIELDS, mean_scores
+from .windowtable import DATED, FIELDS, TEXT, mean_scores
 
 #: What each window's row (and a task's averaged scores) holds beside the
 #: metrics: a metric function's score of one of these names is refused.
@@ -187,6 +187,8 @@ class GroupWindows:
                                  "n_train": list(layout.n_train), "n_test": list(layout.sizes)}
         if layout.dated_cutoffs:
             table[DATED] = [True] * len(numbers)
+        elif layout.text_cutoffs:
+            table[TEXT] = [True] * len(numbers)
         vectorised = _metrics.window_score_lists(
             self.vectorised, layout.y, predicted, layout.bounds,
             layout.trains if self.mase else []) if self.vectorised else {}
@@ -352,6 +354,7 @@ def prepare(fit: Callable[..., Any], source: Any, evaluate: Any
     if base.reader is not None and base.reader.columns is not None:
         schema = pa.schema([schema.field(name) for name in base.reader.columns])
     evaluate = evaluate.bound(schema.names, base.by)
+    _check_numeric_target(schema.field(evaluate.target), evaluate.metric_names())
     if evaluate.time is not None:
         _check_sortable(schema.field(evaluate.time))
         if engine_frame is None and base.reader is None:  # the rows are here: look now
@@ -368,6 +371,25 @@ def _check_sortable(field_: Any) -> None:
             or pat.is_string(kind) or pat.is_large_string(kind) or pat.is_decimal(kind)):
         raise ValueError(f"evaluate: time column {field_.name!r} cannot be sorted (its type "
                          f"is {kind}); give a date, time or number column")
+
+
+def _check_numeric_target(field_: Any, metrics: list[str]) -> None:
+    """Refuse, before any work, a target of text scored by a metric that
+    compares numbers (``rmse``, the default): every task failed on
+    "could not convert string to float", naming neither."""
+    import pyarrow.types as pat
+
+    kind = field_.type
+    if pat.is_dictionary(kind):
+        kind = kind.value_type
+    if not (pat.is_string(kind) or pat.is_large_string(kind)):
+        return
+    numeric = [name for name in metrics if name in _metrics.NUMERIC_METRICS]
+    if numeric:
+        raise ValueError(f"evaluate: the target {field_.name!r} holds text ({field_.type}), "
+                         f"which metric {numeric[0]!r} cannot score (it compares numbers): "
+                         "pass metrics= of labels (accuracy, f1, balanced_accuracy, "
+                         "log_loss), or convert the column to numbers")
 
 
 def _check_no_missing(times: Any, name: str) -> None:

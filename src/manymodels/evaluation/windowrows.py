@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 
 from ..engine.execution import split_result
+from .frequency import time_step
 from .splitters import column, plain_time
+
+#: The key of a windows table's ``rows`` under which the group's time step
+#: travels (:func:`.frequency.time_step`).
+STEP = "freq"
 
 
 def window_length(positions: Any, n: int) -> int:
@@ -61,7 +66,7 @@ class WindowLayout:
         self.y = (np.concatenate([group.y[test] for test in tests])
                   if group.vectorised or group.forecasts else None)
         self._trains = [train for train, _, _ in windows]
-        self._packed: tuple[Any, Any] | None = None
+        self._packed: dict[str, Any] | None = None
 
     @cached_property
     def trains(self) -> list[np.ndarray]:
@@ -98,21 +103,38 @@ class WindowLayout:
                         if isinstance(train, slice) and train.stop]
         return len(last_trained) == len(self._trains) and _all_dates(times[last_trained])
 
+    @cached_property
+    def text_cutoffs(self) -> bool:
+        """Whether the windows' cutoffs are a text time column's own values,
+        which look like a datetime column's cutoffs (ISO text as they
+        travel): the windows table marks them,
+        :data:`~manymodels.evaluation.windowtable.TEXT`, so that they come
+        back as the text of the ``time`` column, not as datetimes."""
+        time = getattr(self.group.splitter, "time", None)
+        if time is None:
+            return False
+        times = column(self.group.rows, time)
+        return times.dtype.kind in "OU" and len(times) > 0 and isinstance(times[0], str)
+
     def forecast_rows(self, predicted: Any) -> dict[str, Any] | None:
         """The windows' forecasts row by row, end to end (window ``i``'s at
         ``bounds[i]:bounds[i + 1]``): their times, actuals and forecasts,
         each column packed as :func:`pack_column` does, the times and
-        actuals once for all candidates. None when a row has several
-        outputs."""
+        actuals once for all candidates, and the step of the group's times
+        (``"freq"``, a pandas alias: :func:`.frequency.time_step`) where they
+        are dates. None when a row has several outputs."""
         if predicted is None or len(predicted) != len(self.y):  # several outputs a row
             return None
         if self._packed is None:
-            times = column(self.group.rows, self.group.splitter.time)
-            times = (times[self.tests[0]] if len(self.tests) == 1
-                     else np.concatenate([times[test] for test in self.tests]))
-            self._packed = (pack_column(times), pack_column(self.y))
-        return {"time": self._packed[0], "actual": self._packed[1],
-                "forecast": pack_column(predicted)}
+            every = column(self.group.rows, self.group.splitter.time)
+            times = (every[self.tests[0]] if len(self.tests) == 1
+                     else np.concatenate([every[test] for test in self.tests]))
+            shared = {"time": pack_column(times), "actual": pack_column(self.y)}
+            step = time_step(every)
+            if step is not None:
+                shared[STEP] = step
+            self._packed = shared
+        return {**self._packed, "forecast": pack_column(predicted)}
 
 
 def pack_column(values: np.ndarray) -> Any:

@@ -6,7 +6,8 @@ lists, one entry a window::
 
     {"window": [0, 1, 2], "cutoff": [...], "n_train": [...], "n_test": [...],
      "mae": [...], "rmse": [...],                 # each score (None: not given)
-     "rows": {"time": ..., "actual": ..., "forecast": ...}}   # a backtest's
+     "rows": {"time": ..., "actual": ..., "forecast": ...,    # a backtest's,
+              "freq": "B"}}                   # and its group's time step, if dates
 
 ``rows`` holds every window's test rows end to end (window ``i`` is the
 ``n_test[i]`` rows after the windows before it), each column packed once
@@ -25,13 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from .windowrows import pack_column
+from .windowrows import STEP, pack_column
 
 #: A windows table's mark (True a window) that its cutoffs, ISO text as they
 #: travel, are of a ``datetime.date`` time column, to be read back as dates.
 DATED = "cutoff_dates"
+#: A windows table's mark (True a window) that its cutoffs are a text time
+#: column's values, to be read back as that text (not as datetimes).
+TEXT = "cutoff_text"
 #: The columns of a windows table that are not scores.
-FIELDS = ("window", "cutoff", "n_train", "n_test", "rows", DATED)
+FIELDS = ("window", "cutoff", "n_train", "n_test", "rows", DATED, TEXT)
 #: A backtest's packed columns under ``rows``.
 ROW_COLUMNS = ("time", "actual", "forecast")
 
@@ -82,6 +86,9 @@ def join(tables: list[dict[str, Any]]) -> dict[str, Any]:
     if all("rows" in table for table in tables):
         joined["rows"] = {name: _joined_column([table["rows"][name] for table in tables])
                           for name in ROW_COLUMNS}
+        step = tables[0]["rows"].get(STEP)  # the group's, the same in every table
+        if step is not None:
+            joined["rows"][STEP] = step
     return joined
 
 

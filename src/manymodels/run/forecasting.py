@@ -254,8 +254,10 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
         raise ValueError(f"no group of the history has a model in store {str(store)!r} "
                          f"(run {run_id})")
     last = last.subset(kept)
+    known = None if history is not None or freq is not None else group_models(
+        store._forecast_steps(run_id, by), last.keys)
     try:
-        steps = futurerows.steps(last, freq)
+        steps = futurerows.steps(last, freq, known)
     except ValueError as exc:
         if history is not None:
             raise

@@ -18,10 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: How many of a group's last distinct times its frequency is inferred from:
-#: enough for ``infer_freq`` to tell business days or month ends, few enough
-#: that a gap early in a long history does not stop the inference.
-INFER_FROM = 64
+from ..evaluation.frequency import INFER_FROM, as_index, day_offset, inferred_step
 
 
 @dataclass
@@ -201,26 +198,6 @@ def _consecutive_times(forecasts: pd.DataFrame, by: list[str], time: str) -> pd.
                      ignore_index=True)
 
 
-def _as_index(times: np.ndarray, zone: Any) -> pd.DatetimeIndex:
-    """Datetimes as stored (UTC instants when they have a zone) as an index
-    in their own zone."""
-    index = pd.DatetimeIndex(times)
-    return index.tz_localize("UTC").tz_convert(zone) if zone is not None else index
-
-
-def _inferred_step(times: np.ndarray, zone: Any) -> Any:
-    """A group's offset from its distinct sorted datetimes, or None."""
-    if len(times) < 3:
-        return None
-    try:
-        with warnings.catch_warnings():  # pandas 3 warns it will return an offset
-            warnings.filterwarnings("ignore", message=".*infer_freq")
-            alias = pd.infer_freq(_as_index(times, zone))
-    except (TypeError, ValueError):
-        return None
-    return None if alias is None else pd.tseries.frequencies.to_offset(alias)
-
-
 def _given_step(freq: Any, times: GroupTimes) -> Any:
     if times.dated:
         if isinstance(freq, pd.DateOffset):
@@ -255,29 +232,55 @@ def _even_gaps(times: GroupTimes) -> np.ndarray:
     return np.where(enough & (low == high), high, -1)
 
 
-def _offset(gap: pd.Timedelta) -> Any:
-    """An even gap as an offset: whole days as days (calendar days in a time
-    zone), else the fixed length."""
-    if gap % pd.Timedelta(days=1) == pd.Timedelta(0):
-        return pd.offsets.Day(gap.days)
-    return pd.tseries.frequencies.to_offset(gap)
-
-
-def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
+def steps(times: GroupTimes, freq: Any, known: list[str | None] | None = None
+          ) -> tuple[np.ndarray, list[Any]]:
     """Each group's step, as a code into the distinct steps: ``freq=`` for
-    all, else inferred per group (times evenly spaced by less than 28 days at
-    once; the others, such as month starts or years, by
-    ``pandas.infer_freq``, once per distinct times, else by their even gap)."""
+    all, else ``known`` (per group, a pandas alias or None: what its backtest
+    read from all its times, which the store's few window times cannot tell
+    apart, such as business days from days), else inferred from ``times``."""
     count = len(times.lengths)
     if freq is not None:
         return np.zeros(count, dtype=np.int64), [_given_step(freq, times)]
+    offsets = [_known_offset(alias) for alias in known] if known is not None and \
+        times.dated else [None] * count
+    unknown = [position for position, offset in enumerate(offsets) if offset is None]
+    if len(unknown) == count:
+        return _inferred_steps(times)
+    codes = np.zeros(count, dtype=np.int64)
+    found: list[Any] = []
+    if unknown:
+        codes[unknown], found = _inferred_steps(times.subset(unknown))
+    coded: dict[Any, int] = {}
+    for position, offset in enumerate(offsets):
+        if offset is not None:
+            codes[position] = coded.setdefault(offset, len(found))
+            if coded[offset] == len(found):
+                found.append(offset)
+    return codes, found
+
+
+def _known_offset(alias: str | None) -> Any:
+    """A stored step's alias as an offset; None when absent, or when this
+    pandas does not read it (an alias of another version)."""
+    if not alias:
+        return None
+    try:
+        return pd.tseries.frequencies.to_offset(alias)
+    except ValueError:
+        return None
+
+
+def _inferred_steps(times: GroupTimes) -> tuple[np.ndarray, list[Any]]:
+    """:func:`steps` inferred per group (times evenly spaced by less than 28
+    days at once; the others, such as month starts or years, by
+    ``pandas.infer_freq``, once per distinct times, else by their even gap)."""
     even = _even_gaps(times)
     gaps = even.copy()
     unit = np.datetime_data(times.values.dtype)[0] if times.dated else None
     if times.dated:  # a gap of 28 days or more may be months or years, which days misplace
         gaps[gaps >= np.timedelta64(28, "D") // np.timedelta64(1, unit)] = -1
     distinct, codes = np.unique(gaps, return_inverse=True)
-    found = [None if gap < 0 else _offset(pd.Timedelta(int(gap), unit=unit)) if times.dated
+    found = [None if gap < 0 else day_offset(pd.Timedelta(int(gap), unit=unit)) if times.dated
              else int(gap) for gap in distinct.tolist()]
     uneven = np.flatnonzero(gaps < 0)
     seen: dict[bytes, int] = {}
@@ -285,9 +288,9 @@ def steps(times: GroupTimes, freq: Any) -> tuple[np.ndarray, list[Any]]:
         group = times.group(position)
         signature = group.tobytes()
         if signature not in seen:
-            step = _inferred_step(group, times.zone) if times.dated else None
+            step = inferred_step(group, times.zone) if times.dated else None
             if step is None and even[position] >= 0:  # evenly spaced, no calendar rule
-                step = _offset(pd.Timedelta(int(even[position]), unit=unit))
+                step = day_offset(pd.Timedelta(int(even[position]), unit=unit))
             if step is None:
                 shown = ", ".join(str(plain(t)) for t in group[-4:])
                 raise ValueError(
@@ -319,7 +322,7 @@ def future_rows(times: GroupTimes, codes: np.ndarray, found: list[Any], h: int
             if not times.dated:
                 stamps[rows] = last[rows][:, None] + step * ahead
                 continue
-            start = _as_index(last[rows], times.zone)  # a day is a calendar day there
+            start = as_index(last[rows], times.zone)  # a day is a calendar day there
             for k in ahead.tolist():
                 moved = start + step * k
                 if times.zone is not None:

@@ -197,6 +197,16 @@ class Store(OpenedIndex):
         return forecast_frame(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
                               tasks["metrics"].to_pylist())
 
+    def _forecast_steps(self, run_id: int, by: list[str]) -> dict[str, str]:
+        """Each group's time step its backtest kept (see
+        :func:`~manymodels.evaluation.tables.forecast_steps`)."""
+        from ..evaluation.tables import forecast_steps
+
+        _, key_columns, _ = self._run_row(run_id)
+        tasks = taskblocks.read_run(self._conn, run_id, ["key", "metrics"])
+        return forecast_steps(key_columns, [decode_key(k) for k in tasks["key"].to_pylist()],
+                              tasks["metrics"].to_pylist(), by)
+
     def _task_row(self, key: Hashable, run: int | None, columns: list[str],
                   ended: bool = False) -> dict[str, Any]:
         """The task of ``key`` in ``run`` (``ended``: as :meth:`_run_row`):
