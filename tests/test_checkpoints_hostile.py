@@ -636,3 +636,63 @@ def test_an_unpicklable_state_is_refused_saying_so_and_the_last_save_stays(tmp_p
     with pytest.raises(TypeError, match=r"checkpoint's state \(dict\) cannot be pickled.*lock"):
         checkpoint.save({"step": 2, "lock": threading.Lock()})
     assert Checkpoint(tmp_path, attempt=2).load() == {"step": 1}
+
+
+_GATE, _SAVED = threading.Event(), threading.Event()
+
+
+def _interrupts_then_saves(item, checkpoint):
+    """Stops the driver (a Ctrl-C), then saves once told to, as a fit that
+    a thread still runs goes on after the run has ended."""
+    import _thread
+
+    _thread.interrupt_main()
+    _GATE.wait(60)
+    checkpoint.save({"step": 1})
+    _SAVED.set()
+
+
+@pytest.mark.filterwarnings("ignore:fit reads values that cannot be hashed")
+def test_a_threads_fit_that_outlives_a_ctrl_c_keeps_its_run_held(tmp_path):
+    """A Ctrl-C ends a threads-backend run while its fits go on in their
+    threads (a thread cannot be stopped): the run's lock was released at
+    once, and a next run took the slot a fit was still saving into. The run
+    stays held until its last fit ends."""
+    import manymodels as mm
+    from manymodels.engine.checkpointspace import OWNERS, owner_alive
+
+    root = tmp_path / "store" / "checkpoints"
+    with pytest.raises(KeyboardInterrupt):
+        mm.train(_interrupts_then_saves, mm.items([1]), store=tmp_path / "store",
+                 backend="threads", workers=1, progress=False)
+    tokens = [lock.stem for lock in (root / OWNERS).glob("*.lock")]
+    try:
+        assert len(tokens) == 1 and owner_alive(root, tokens[0])
+    finally:
+        _GATE.set()
+    assert _SAVED.wait(60)
+    for _ in range(6000):  # (the thread releases it once its fit has returned)
+        if not owner_alive(root, tokens[0]):
+            break
+        threading.Event().wait(0.01)
+    assert not owner_alive(root, tokens[0])
+
+
+def _interrupts(item, checkpoint):
+    import _thread
+
+    checkpoint.save({"step": 1})
+    _thread.interrupt_main()
+    threading.Event().wait(60)  # (the Ctrl-C ends this wait, on the driver's main thread)
+
+
+def test_a_serial_run_stopped_by_ctrl_c_is_released_at_once(tmp_path):
+    """A Ctrl-C in a serial fit stops the run from the fit's own frame: the
+    run is no longer held, and the next run resumes its task."""
+    import manymodels as mm
+    from manymodels.engine.checkpointspace import OWNERS
+
+    with pytest.raises(KeyboardInterrupt):
+        mm.train(_interrupts, mm.items([1]), store=tmp_path / "store", backend="serial",
+                 progress=False)
+    assert list((tmp_path / "store" / "checkpoints" / OWNERS).glob("*.lock")) == []

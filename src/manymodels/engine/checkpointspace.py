@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -126,9 +127,19 @@ class CheckpointSpace:
     #: outlives the run); with a store, the driver drops it once committed.
     drop_when_ok: bool = False
     _lock: int | None = field(default=None, repr=False, compare=False)
+    #: Tasks of this process that opened their checkpoint and have not
+    #: finished (a threads-backend driver's), and the release they put off:
+    #: None, or whether it removes the root (see :meth:`release`).
+    _running: int = field(default=0, repr=False, compare=False)
+    _ending: bool | None = field(default=None, repr=False, compare=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_lock": None}  # the driver's lock stays with it
+        # the driver's lock and its count of running tasks stay with it
+        return {**self.__dict__, "_lock": None, "_running": 0, "_ending": None, "_guard": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _guard=threading.Lock())
 
     # -- the driver ------------------------------------------------------------
 
@@ -140,11 +151,25 @@ class CheckpointSpace:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         _HELD_LOCKS.add(self._lock)
 
-    def release(self) -> None:
-        """End :meth:`hold`. The owners' folder stays, empty or not: removed, it
-        went from under another driver's :meth:`hold` between its ``mkdir``
-        and its ``open`` (a run starting as another ended failed with
-        FileNotFoundError)."""
+    def release(self, remove: bool = False) -> None:
+        """End :meth:`hold` (and remove the whole space when ``remove``: a run
+        without a store). A task of this process still running puts it off
+        until the last one finishes: a threads-backend fit goes on in its
+        thread after a Ctrl-C ends the run (a thread cannot be stopped), and
+        a run released at once let the next run take the slot that fit was
+        still saving into. The owners' folder stays, empty or not: removed,
+        it went from under another driver's :meth:`hold` between its
+        ``mkdir`` and its ``open`` (a run starting as another ended failed
+        with FileNotFoundError)."""
+        with self._guard:
+            if self._running:
+                self._ending = remove
+                return
+        self._release_now(remove)
+
+    def _release_now(self, remove: bool) -> None:
+        if remove:
+            shutil.rmtree(self.root, ignore_errors=True)
         if self._lock is not None:
             (Path(self.root) / OWNERS / f"{self.token}.lock").unlink(missing_ok=True)
             _HELD_LOCKS.discard(self._lock)
@@ -182,6 +207,8 @@ class CheckpointSpace:
     def open(self, index: int) -> Checkpoint:
         """Task ``index``'s checkpoint: this run's slot, else the newest slot
         of a run no longer running, claimed; else a new one."""
+        with self._guard:  # (finished() counts it out, whether this raises or not)
+            self._running += 1
         base = self._task_dir(index)
         own = base / self.token
         for last_try in (False, False, True):
@@ -202,8 +229,16 @@ class CheckpointSpace:
                                           self.token))
 
     def finished(self, index: int, ok: bool) -> None:
+        """Task ``index``, whose :meth:`open` was called, has ended; the last
+        to end after the run's :meth:`release` releases it."""
         if ok and self.drop_when_ok:
             self.drop([index])
+        with self._guard:
+            self._running -= 1
+            ending = self._ending if self._running == 0 else None
+            self._ending = None if ending is not None else self._ending
+        if ending is not None:
+            self._release_now(ending)
 
     def _task_dir(self, index: int) -> Path:
         name = self.names[index] if self.names is not None else f"task-{index}"
