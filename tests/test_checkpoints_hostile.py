@@ -176,7 +176,8 @@ def test_a_checkpoint_the_rows_or_a_partial_would_take_is_refused_before_work():
 def test_a_killed_drivers_temporary_checkpoints_go_with_the_next_run(tmp_path, monkeypatch):
     """Without a store, a run's checkpoints live in a temporary folder its
     end removes; a SIGKILLed driver left it for good. The next run without a
-    store removes such folders once their driver is gone."""
+    store removes such folders once their driver is gone, one whose driver
+    died before it took its lock too."""
     import os
     import subprocess
     import sys
@@ -200,6 +201,9 @@ def test_a_killed_drivers_temporary_checkpoints_go_with_the_next_run(tmp_path, m
         left = list(tmp_path.glob("manymodels-checkpoints-*"))
         assert len(left) == 1
         os.utime(left[0], (0, 0))  # (a minute old at least)
+        before_hold = tmp_path / "manymodels-checkpoints-diedbeforehold"
+        before_hold.mkdir()  # a driver killed between making its folder and locking it
+        os.utime(before_hold, (0, 0))
 
         def fit(df, checkpoint):
             return len(df)
@@ -696,3 +700,17 @@ def test_a_serial_run_stopped_by_ctrl_c_is_released_at_once(tmp_path):
         mm.train(_interrupts, mm.items([1]), store=tmp_path / "store", backend="serial",
                  progress=False)
     assert list((tmp_path / "store" / "checkpoints" / OWNERS).glob("*.lock")) == []
+
+
+def test_a_journal_that_cannot_be_written_does_not_stop_a_load(tmp_path):
+    """load() wrote the run's record of the resume first, and failed with it
+    (a full disk): reading a checkpoint needs no write. The record is left out."""
+    from manymodels.engine.checkpointspace import JOURNAL, CheckpointSpace
+
+    first = CheckpointSpace(str(tmp_path), ["ab" * 32])
+    first.open(0).save({"step": 3})
+    second = CheckpointSpace(str(tmp_path), ["ab" * 32])
+    (tmp_path / JOURNAL).write_text("")  # (no folder can be made there: as a full disk)
+    checkpoint = second.open(0)
+    assert checkpoint.load() == {"step": 3} and checkpoint.resumed
+    assert second.journal() == {} and list(tmp_path.glob(f"{JOURNAL}*")) == [tmp_path / JOURNAL]

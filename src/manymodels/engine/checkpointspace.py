@@ -193,7 +193,7 @@ class CheckpointSpace:
         try:
             files = sorted((f for f in folder.iterdir() if not f.name.startswith(".")),
                            key=lambda f: int(f.name.split(".")[1]))
-        except FileNotFoundError:
+        except OSError:  # none written (or none could be): the run's results stand
             return events
         for file in files:
             with contextlib.suppress(OSError, ValueError):
@@ -287,16 +287,22 @@ def _count_start(slot: Path) -> int:
 
 class _Journal:
     """Writes a task's resume or refusal where the driver reads it at the end
-    of the run (one small file per event: no message to the driver)."""
+    of the run (one small file per event: no message to the driver). A
+    record that cannot be written (a full disk) is left out: it only says
+    what the task resumed from, and ``load()`` failed for want of it."""
 
     def __init__(self, folder: Path, index: int, token: str) -> None:
         self.folder, self.index, self.token = folder, index, token
 
     def __call__(self, kind: str, details: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
         event = {"task": self.index, "kind": kind, "at": time.time(), **details,
                  "same_run": details.get("token") == self.token}
         name = f"{self.index}.{time.time_ns()}.{os.getpid()}.json"
         temporary = self.folder / f".tmp-{name}"
-        temporary.write_text(json.dumps(event))
-        os.replace(temporary, self.folder / name)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(event))
+            os.replace(temporary, self.folder / name)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)

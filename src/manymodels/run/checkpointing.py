@@ -72,8 +72,9 @@ def _check_checkpoint_parameter(fit: Any, takes_data: bool = True) -> None:
 def _remove_dead_temporary_spaces(min_age_s: float = 60.0) -> None:
     """Remove the temporary checkpoint folders of runs without a store whose
     driver is gone (killed: its own clean-up never ran), so that they do not
-    pile up: one whose owner lock no process holds, a minute old at least
-    (a driver that has just made its folder takes the lock at once)."""
+    pile up: one whose owner lock no process holds, or that has none (its
+    driver died before taking it), a minute old at least (a driver that has
+    just made its folder takes the lock at once)."""
     import time
 
     from ..engine.checkpointspace import OWNERS, owner_alive
@@ -83,7 +84,7 @@ def _remove_dead_temporary_spaces(min_age_s: float = 60.0) -> None:
             if time.time() - folder.stat().st_mtime < min_age_s:
                 continue
             tokens = [lock.stem for lock in (folder / OWNERS).glob("*.lock")]
-            if tokens and not any(owner_alive(folder, token) for token in tokens):
+            if not any(owner_alive(folder, token) for token in tokens):
                 shutil.rmtree(folder, ignore_errors=True)
         except OSError:  # another user's, or gone meanwhile
             continue
