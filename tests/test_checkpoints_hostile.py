@@ -714,3 +714,28 @@ def test_a_journal_that_cannot_be_written_does_not_stop_a_load(tmp_path):
     checkpoint = second.open(0)
     assert checkpoint.load() == {"step": 3} and checkpoint.resumed
     assert second.journal() == {} and list(tmp_path.glob(f"{JOURNAL}*")) == [tmp_path / JOURNAL]
+
+
+def test_the_slots_of_two_stopped_runs_go_once_the_task_is_committed(tmp_path, monkeypatch):
+    """A run claims the newest slot of a stopped run; an older one (here of a
+    run before a reuse=False run) was never resumed nor removed with the
+    task's: it stayed until a Store.gc."""
+    import manymodels as mm
+
+    store = tmp_path / "store"
+
+    def run(fail_at: str | None, **options):
+        if fail_at is None:
+            monkeypatch.delenv("MM_CK_FAIL_AT", raising=False)
+        else:
+            monkeypatch.setenv("MM_CK_FAIL_AT", fail_at)
+        return mm.train(_fails_where_told, mm.items([7]), store=store, backend="serial",
+                        progress=False, **options).results.iloc[0]
+
+    assert run("3")["status"] == "failed"
+    assert run("1", reuse=False)["status"] == "failed"
+    slots = [p for p in (store / "checkpoints").glob("*/*/*") if p.is_dir()]
+    assert len(slots) == 2
+    last = run(None)
+    assert last["status"] == "ok" and last["resumed_from"].startswith("attempt 1 of run 2")
+    assert [p for p in (store / "checkpoints").glob("*/*/*") if p.is_dir()] == []

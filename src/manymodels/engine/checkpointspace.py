@@ -41,6 +41,8 @@ from .checkpoints import ATTEMPTS, MANIFEST, Checkpoint
 OWNERS, JOURNAL = ".owners", ".journal"
 #: In a slot claimed from a run no longer running: the claiming run's id.
 CLAIMED = "claimed"
+#: The start of the name a stopped run's slot takes while it is removed.
+_DROPPED = ".dropped-"
 
 #: The owner locks this process holds (:meth:`CheckpointSpace.hold`): a
 #: process forked from it (a ``fit`` that forks a helper outliving it) closes
@@ -177,13 +179,37 @@ class CheckpointSpace:
             self._lock = None
 
     def drop(self, indices: Any) -> None:
-        """Remove these tasks' slots of this run (their models are kept)."""
+        """Remove these tasks' slots of this run (their models are kept), and
+        those of runs no longer running that this run did not claim (the
+        older of two stopped runs, one with ``reuse=False``): the task's
+        model is committed, so no run resumes them, and they stayed until a
+        ``Store.gc``."""
         for index in indices:
             base = self._task_dir(int(index))
             shutil.rmtree(base / self.token, ignore_errors=True)
+            self._drop_stopped_runs_slots(base)
             with contextlib.suppress(OSError):
                 base.rmdir()  # when no other run's slot is left in it
                 base.parent.rmdir()
+
+    def _drop_stopped_runs_slots(self, base: Path) -> None:
+        """Remove the slots in ``base`` of runs no longer running, each first
+        renamed out of reach (a running run's ``_claim`` may rename it to its
+        own at the same moment: of the two renames one wins, and the loser
+        leaves it alone)."""
+        try:
+            slots = [slot for slot in base.iterdir() if _claimable(slot, self.token)]
+        except OSError:
+            return
+        for slot in slots:
+            if owner_alive(Path(self.root), slot.name):
+                continue
+            doomed = base / f"{_DROPPED}{self.token}-{slot.name}"
+            try:
+                os.rename(slot, doomed)
+            except OSError:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def journal(self) -> dict[int, list[dict]]:
         """What each task of this run resumed from, or refused, in order,
@@ -249,7 +275,7 @@ class CheckpointSpace:
         root = Path(self.root)
         candidates = []
         for slot in base.iterdir():
-            if slot.name == self.token or not slot.is_dir() or owner_alive(root, slot.name):
+            if not _claimable(slot, self.token) or owner_alive(root, slot.name):
                 continue
             try:
                 saved = (slot / MANIFEST).stat().st_mtime
@@ -270,6 +296,11 @@ class CheckpointSpace:
                 temporary.write_text(json.dumps({"run_id": self.run_id, "token": self.token}))
                 os.replace(temporary, own / CLAIMED)
             return
+
+
+def _claimable(slot: Path, token: str) -> bool:
+    """Whether ``slot`` is another run's slot (not one being removed)."""
+    return slot.name != token and not slot.name.startswith(".") and slot.is_dir()
 
 
 def _count_start(slot: Path) -> int:
