@@ -654,6 +654,17 @@ def test_a_ray_dataset_is_grouped_by_ray_data_and_trained_on_ray(local_ray, tabl
 
 
 @pytest.mark.ray
+def test_an_empty_ray_dataset_is_refused_as_the_pandas_path_refuses_an_empty_frame(
+        local_ray, table):
+    """A Dataset whose filter kept no row failed inside Ray's shuffle
+    (ArrowInvalid: no key column to sort by): it is refused by name."""
+    empty = _ray_dataset(local_ray, table).filter(lambda row: False)
+    with pytest.raises(ValueError, match="the Ray Dataset is empty: there are no groups"):
+        mm.train(first_and_last, mm.groups(empty, by="store"), backend="serial",
+                 progress=False)
+
+
+@pytest.mark.ray
 def test_store_predict_of_a_ray_dataset_is_a_ray_dataset(local_ray, table, tmp_path):
     mm.train(fit_sklearn_linear, mm.groups(table, by="store"), store=tmp_path / "store",
              backend="serial", progress=False)
