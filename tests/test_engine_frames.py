@@ -214,6 +214,8 @@ def test_bad_arguments_fail_before_any_work(engine, table, tmp_path):
         mm.groups(frame, by="store", read_on_workers=True)
     with pytest.raises(ValueError, match="staging="):
         mm.groups(table, by="store", staging=str(tmp_path))
+    with pytest.raises(TypeError, match="staging= must be a directory's path.* got True"):
+        mm.groups(frame, by="store", staging=True)
     twice = _engine_frame(engine, table.set_axis(["store", "item", "day", "x", "x"], axis=1))
     with pytest.raises(ValueError, match="has two columns named 'x'.* rename or drop one"):
         mm.groups(twice, by="store")

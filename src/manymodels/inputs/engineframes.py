@@ -13,6 +13,7 @@ imported to ask.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +109,10 @@ class EngineFrame:
             table = (table.select(*spark_columns(table, keep)) if engine == "spark" else
                      table.select_columns(keep) if engine == "ray" else table[keep])
         if staging is not None and not isinstance(staging, str):
-            staging = str(staging)
+            if not isinstance(staging, os.PathLike):  # (str(True) made a folder "True" here)
+                raise TypeError("staging= must be a directory's path or an object store's "
+                                f"location, got {staging!r}")
+            staging = os.fspath(staging)
         if is_remote(staging):
             check_location(staging, "staging")
         return cls(table, engine, staging)
