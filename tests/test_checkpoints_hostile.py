@@ -176,7 +176,8 @@ def test_a_checkpoint_the_rows_or_a_partial_would_take_is_refused_before_work():
 def test_a_killed_drivers_temporary_checkpoints_go_with_the_next_run(tmp_path, monkeypatch):
     """Without a store, a run's checkpoints live in a temporary folder its
     end removes; a SIGKILLed driver left it for good. The next run without a
-    store removes such folders once their driver is gone."""
+    store removes such folders once their driver is gone, one whose driver
+    died before it took its lock too."""
     import os
     import subprocess
     import sys
@@ -200,6 +201,9 @@ def test_a_killed_drivers_temporary_checkpoints_go_with_the_next_run(tmp_path, m
         left = list(tmp_path.glob("manymodels-checkpoints-*"))
         assert len(left) == 1
         os.utime(left[0], (0, 0))  # (a minute old at least)
+        before_hold = tmp_path / "manymodels-checkpoints-diedbeforehold"
+        before_hold.mkdir()  # a driver killed between making its folder and locking it
+        os.utime(before_hold, (0, 0))
 
         def fit(df, checkpoint):
             return len(df)
@@ -636,3 +640,102 @@ def test_an_unpicklable_state_is_refused_saying_so_and_the_last_save_stays(tmp_p
     with pytest.raises(TypeError, match=r"checkpoint's state \(dict\) cannot be pickled.*lock"):
         checkpoint.save({"step": 2, "lock": threading.Lock()})
     assert Checkpoint(tmp_path, attempt=2).load() == {"step": 1}
+
+
+_GATE, _SAVED = threading.Event(), threading.Event()
+
+
+def _interrupts_then_saves(item, checkpoint):
+    """Stops the driver (a Ctrl-C), then saves once told to, as a fit that
+    a thread still runs goes on after the run has ended."""
+    import _thread
+
+    _thread.interrupt_main()
+    _GATE.wait(60)
+    checkpoint.save({"step": 1})
+    _SAVED.set()
+
+
+@pytest.mark.filterwarnings("ignore:fit reads values that cannot be hashed")
+def test_a_threads_fit_that_outlives_a_ctrl_c_keeps_its_run_held(tmp_path):
+    """A Ctrl-C ends a threads-backend run while its fits go on in their
+    threads (a thread cannot be stopped): the run's lock was released at
+    once, and a next run took the slot a fit was still saving into. The run
+    stays held until its last fit ends."""
+    import manymodels as mm
+    from manymodels.engine.checkpointspace import OWNERS, owner_alive
+
+    root = tmp_path / "store" / "checkpoints"
+    with pytest.raises(KeyboardInterrupt):
+        mm.train(_interrupts_then_saves, mm.items([1]), store=tmp_path / "store",
+                 backend="threads", workers=1, progress=False)
+    tokens = [lock.stem for lock in (root / OWNERS).glob("*.lock")]
+    try:
+        assert len(tokens) == 1 and owner_alive(root, tokens[0])
+    finally:
+        _GATE.set()
+    assert _SAVED.wait(60)
+    for _ in range(6000):  # (the thread releases it once its fit has returned)
+        if not owner_alive(root, tokens[0]):
+            break
+        threading.Event().wait(0.01)
+    assert not owner_alive(root, tokens[0])
+
+
+def _interrupts(item, checkpoint):
+    import _thread
+
+    checkpoint.save({"step": 1})
+    _thread.interrupt_main()
+    threading.Event().wait(60)  # (the Ctrl-C ends this wait, on the driver's main thread)
+
+
+def test_a_serial_run_stopped_by_ctrl_c_is_released_at_once(tmp_path):
+    """A Ctrl-C in a serial fit stops the run from the fit's own frame: the
+    run is no longer held, and the next run resumes its task."""
+    import manymodels as mm
+    from manymodels.engine.checkpointspace import OWNERS
+
+    with pytest.raises(KeyboardInterrupt):
+        mm.train(_interrupts, mm.items([1]), store=tmp_path / "store", backend="serial",
+                 progress=False)
+    assert list((tmp_path / "store" / "checkpoints" / OWNERS).glob("*.lock")) == []
+
+
+def test_a_journal_that_cannot_be_written_does_not_stop_a_load(tmp_path):
+    """load() wrote the run's record of the resume first, and failed with it
+    (a full disk): reading a checkpoint needs no write. The record is left out."""
+    from manymodels.engine.checkpointspace import JOURNAL, CheckpointSpace
+
+    first = CheckpointSpace(str(tmp_path), ["ab" * 32])
+    first.open(0).save({"step": 3})
+    second = CheckpointSpace(str(tmp_path), ["ab" * 32])
+    (tmp_path / JOURNAL).write_text("")  # (no folder can be made there: as a full disk)
+    checkpoint = second.open(0)
+    assert checkpoint.load() == {"step": 3} and checkpoint.resumed
+    assert second.journal() == {} and list(tmp_path.glob(f"{JOURNAL}*")) == [tmp_path / JOURNAL]
+
+
+def test_the_slots_of_two_stopped_runs_go_once_the_task_is_committed(tmp_path, monkeypatch):
+    """A run claims the newest slot of a stopped run; an older one (here of a
+    run before a reuse=False run) was never resumed nor removed with the
+    task's: it stayed until a Store.gc."""
+    import manymodels as mm
+
+    store = tmp_path / "store"
+
+    def run(fail_at: str | None, **options):
+        if fail_at is None:
+            monkeypatch.delenv("MM_CK_FAIL_AT", raising=False)
+        else:
+            monkeypatch.setenv("MM_CK_FAIL_AT", fail_at)
+        return mm.train(_fails_where_told, mm.items([7]), store=store, backend="serial",
+                        progress=False, **options).results.iloc[0]
+
+    assert run("3")["status"] == "failed"
+    assert run("1", reuse=False)["status"] == "failed"
+    slots = [p for p in (store / "checkpoints").glob("*/*/*") if p.is_dir()]
+    assert len(slots) == 2
+    last = run(None)
+    assert last["status"] == "ok" and last["resumed_from"].startswith("attempt 1 of run 2")
+    assert [p for p in (store / "checkpoints").glob("*/*/*") if p.is_dir()] == []

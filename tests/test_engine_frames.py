@@ -214,6 +214,12 @@ def test_bad_arguments_fail_before_any_work(engine, table, tmp_path):
         mm.groups(frame, by="store", read_on_workers=True)
     with pytest.raises(ValueError, match="staging="):
         mm.groups(table, by="store", staging=str(tmp_path))
+    with pytest.raises(TypeError, match="staging= must be a directory's path.* got True"):
+        mm.groups(frame, by="store", staging=True)
+    twice = _engine_frame(engine, table.set_axis(["store", "item", "day", "x", "x"], axis=1))
+    with pytest.raises(ValueError, match="has two columns named 'x'.* rename or drop one"):
+        mm.groups(twice, by="store")
+    assert mm.groups(twice, by="store", columns=["day"]).engine_frame.columns == ["store", "day"]
     source = mm.groups(frame, by="store", columns=["x"], staging=str(tmp_path / "stage"))
     run = mm.train(lambda df: {"columns": ",".join(df.columns)}, source, backend="serial",
                    progress=False)
@@ -651,6 +657,17 @@ def test_a_ray_dataset_is_grouped_by_ray_data_and_trained_on_ray(local_ray, tabl
             mm.groups(nested, by=["k", name])
         with pytest.raises(ValueError, match=re.escape(refused)):
             mm.map_groups(centred, nested, by=name)
+
+
+@pytest.mark.ray
+def test_an_empty_ray_dataset_is_refused_as_the_pandas_path_refuses_an_empty_frame(
+        local_ray, table):
+    """A Dataset whose filter kept no row failed inside Ray's shuffle
+    (ArrowInvalid: no key column to sort by): it is refused by name."""
+    empty = _ray_dataset(local_ray, table).filter(lambda row: False)
+    with pytest.raises(ValueError, match="the Ray Dataset is empty: there are no groups"):
+        mm.train(first_and_last, mm.groups(empty, by="store"), backend="serial",
+                 progress=False)
 
 
 @pytest.mark.ray

@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from .checkpoints import ATTEMPTS, MANIFEST, Checkpoint
 OWNERS, JOURNAL = ".owners", ".journal"
 #: In a slot claimed from a run no longer running: the claiming run's id.
 CLAIMED = "claimed"
+#: The start of the name a stopped run's slot takes while it is removed.
+_DROPPED = ".dropped-"
 
 #: The owner locks this process holds (:meth:`CheckpointSpace.hold`): a
 #: process forked from it (a ``fit`` that forks a helper outliving it) closes
@@ -126,9 +129,19 @@ class CheckpointSpace:
     #: outlives the run); with a store, the driver drops it once committed.
     drop_when_ok: bool = False
     _lock: int | None = field(default=None, repr=False, compare=False)
+    #: Tasks of this process that opened their checkpoint and have not
+    #: finished (a threads-backend driver's), and the release they put off:
+    #: None, or whether it removes the root (see :meth:`release`).
+    _running: int = field(default=0, repr=False, compare=False)
+    _ending: bool | None = field(default=None, repr=False, compare=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_lock": None}  # the driver's lock stays with it
+        # the driver's lock and its count of running tasks stay with it
+        return {**self.__dict__, "_lock": None, "_running": 0, "_ending": None, "_guard": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _guard=threading.Lock())
 
     # -- the driver ------------------------------------------------------------
 
@@ -140,11 +153,25 @@ class CheckpointSpace:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         _HELD_LOCKS.add(self._lock)
 
-    def release(self) -> None:
-        """End :meth:`hold`. The owners' folder stays, empty or not: removed, it
-        went from under another driver's :meth:`hold` between its ``mkdir``
-        and its ``open`` (a run starting as another ended failed with
-        FileNotFoundError)."""
+    def release(self, remove: bool = False) -> None:
+        """End :meth:`hold` (and remove the whole space when ``remove``: a run
+        without a store). A task of this process still running puts it off
+        until the last one finishes: a threads-backend fit goes on in its
+        thread after a Ctrl-C ends the run (a thread cannot be stopped), and
+        a run released at once let the next run take the slot that fit was
+        still saving into. The owners' folder stays, empty or not: removed,
+        it went from under another driver's :meth:`hold` between its
+        ``mkdir`` and its ``open`` (a run starting as another ended failed
+        with FileNotFoundError)."""
+        with self._guard:
+            if self._running:
+                self._ending = remove
+                return
+        self._release_now(remove)
+
+    def _release_now(self, remove: bool) -> None:
+        if remove:
+            shutil.rmtree(self.root, ignore_errors=True)
         if self._lock is not None:
             (Path(self.root) / OWNERS / f"{self.token}.lock").unlink(missing_ok=True)
             _HELD_LOCKS.discard(self._lock)
@@ -152,13 +179,37 @@ class CheckpointSpace:
             self._lock = None
 
     def drop(self, indices: Any) -> None:
-        """Remove these tasks' slots of this run (their models are kept)."""
+        """Remove these tasks' slots of this run (their models are kept), and
+        those of runs no longer running that this run did not claim (the
+        older of two stopped runs, one with ``reuse=False``): the task's
+        model is committed, so no run resumes them, and they stayed until a
+        ``Store.gc``."""
         for index in indices:
             base = self._task_dir(int(index))
             shutil.rmtree(base / self.token, ignore_errors=True)
+            self._drop_stopped_runs_slots(base)
             with contextlib.suppress(OSError):
                 base.rmdir()  # when no other run's slot is left in it
                 base.parent.rmdir()
+
+    def _drop_stopped_runs_slots(self, base: Path) -> None:
+        """Remove the slots in ``base`` of runs no longer running, each first
+        renamed out of reach (a running run's ``_claim`` may rename it to its
+        own at the same moment: of the two renames one wins, and the loser
+        leaves it alone)."""
+        try:
+            slots = [slot for slot in base.iterdir() if _claimable(slot, self.token)]
+        except OSError:
+            return
+        for slot in slots:
+            if owner_alive(Path(self.root), slot.name):
+                continue
+            doomed = base / f"{_DROPPED}{self.token}-{slot.name}"
+            try:
+                os.rename(slot, doomed)
+            except OSError:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def journal(self) -> dict[int, list[dict]]:
         """What each task of this run resumed from, or refused, in order,
@@ -168,7 +219,7 @@ class CheckpointSpace:
         try:
             files = sorted((f for f in folder.iterdir() if not f.name.startswith(".")),
                            key=lambda f: int(f.name.split(".")[1]))
-        except FileNotFoundError:
+        except OSError:  # none written (or none could be): the run's results stand
             return events
         for file in files:
             with contextlib.suppress(OSError, ValueError):
@@ -182,6 +233,8 @@ class CheckpointSpace:
     def open(self, index: int) -> Checkpoint:
         """Task ``index``'s checkpoint: this run's slot, else the newest slot
         of a run no longer running, claimed; else a new one."""
+        with self._guard:  # (finished() counts it out, whether this raises or not)
+            self._running += 1
         base = self._task_dir(index)
         own = base / self.token
         for last_try in (False, False, True):
@@ -202,8 +255,16 @@ class CheckpointSpace:
                                           self.token))
 
     def finished(self, index: int, ok: bool) -> None:
+        """Task ``index``, whose :meth:`open` was called, has ended; the last
+        to end after the run's :meth:`release` releases it."""
         if ok and self.drop_when_ok:
             self.drop([index])
+        with self._guard:
+            self._running -= 1
+            ending = self._ending if self._running == 0 else None
+            self._ending = None if ending is not None else self._ending
+        if ending is not None:
+            self._release_now(ending)
 
     def _task_dir(self, index: int) -> Path:
         name = self.names[index] if self.names is not None else f"task-{index}"
@@ -214,7 +275,7 @@ class CheckpointSpace:
         root = Path(self.root)
         candidates = []
         for slot in base.iterdir():
-            if slot.name == self.token or not slot.is_dir() or owner_alive(root, slot.name):
+            if not _claimable(slot, self.token) or owner_alive(root, slot.name):
                 continue
             try:
                 saved = (slot / MANIFEST).stat().st_mtime
@@ -237,6 +298,11 @@ class CheckpointSpace:
             return
 
 
+def _claimable(slot: Path, token: str) -> bool:
+    """Whether ``slot`` is another run's slot (not one being removed)."""
+    return slot.name != token and not slot.name.startswith(".") and slot.is_dir()
+
+
 def _count_start(slot: Path) -> int:
     """This start's number in the slot (1, 2, ...), kept in its ``attempts`` file."""
     counter = slot / ATTEMPTS
@@ -252,16 +318,22 @@ def _count_start(slot: Path) -> int:
 
 class _Journal:
     """Writes a task's resume or refusal where the driver reads it at the end
-    of the run (one small file per event: no message to the driver)."""
+    of the run (one small file per event: no message to the driver). A
+    record that cannot be written (a full disk) is left out: it only says
+    what the task resumed from, and ``load()`` failed for want of it."""
 
     def __init__(self, folder: Path, index: int, token: str) -> None:
         self.folder, self.index, self.token = folder, index, token
 
     def __call__(self, kind: str, details: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
         event = {"task": self.index, "kind": kind, "at": time.time(), **details,
                  "same_run": details.get("token") == self.token}
         name = f"{self.index}.{time.time_ns()}.{os.getpid()}.json"
         temporary = self.folder / f".tmp-{name}"
-        temporary.write_text(json.dumps(event))
-        os.replace(temporary, self.folder / name)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(event))
+            os.replace(temporary, self.folder / name)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)

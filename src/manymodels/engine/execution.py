@@ -192,6 +192,8 @@ class Executor:
             model, metrics = split_result(value)
         except BaseException as exc:  # a fit's own BaseException subclass too: its task alone
             if isinstance(exc, KeyboardInterrupt) and self._in_drivers_main_thread():
+                if self.checkpoints is not None:  # (else its run stayed held)
+                    self.checkpoints.finished(index, ok=False)
                 raise  # a real Ctrl-C or SIGTERM (serial backend): it stops the run
             failed = self._failed(index, exc, start, started_at)
         else:

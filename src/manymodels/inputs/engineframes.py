@@ -13,6 +13,7 @@ imported to ask.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,16 +101,33 @@ class EngineFrame:
             if name not in present:
                 raise ValueError(f"column {name!r} is not in the {TABLE_NAMES[engine]}; "
                                  f"its columns are {present}")
+        kept = present if wanted is None else [name for name in present if name in set(wanted)]
+        _refuse_names_twice(kept, engine)
         refuse_nested_keys(table, engine, keys)
         if wanted is not None:
-            keep = [name for name in present if name in set(wanted)]
+            keep = kept
             table = (table.select(*spark_columns(table, keep)) if engine == "spark" else
                      table.select_columns(keep) if engine == "ray" else table[keep])
         if staging is not None and not isinstance(staging, str):
-            staging = str(staging)
+            if not isinstance(staging, os.PathLike):  # (str(True) made a folder "True" here)
+                raise TypeError("staging= must be a directory's path or an object store's "
+                                f"location, got {staging!r}")
+            staging = os.fspath(staging)
         if is_remote(staging):
             check_location(staging, "staging")
         return cls(table, engine, staging)
+
+
+def _refuse_names_twice(names: list[str], engine: str) -> None:
+    """Refuse a table with two columns of one name (a Spark join's): Spark
+    handed ``fit`` both, where ``df[name]`` is a frame, not a column, and
+    Dask failed once its job had run; the pandas path refuses such a frame."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"the {TABLE_NAMES[engine]} has two columns named {name!r} (a "
+                             "join's?): rename or drop one, or leave it out with columns=")
+        seen.add(name)
 
 
 def nested_key_error(name: str, kind: Any) -> ValueError:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..inputs.engineframes import STAGED_INDEX_COLUMNS, EngineFrame, stand_ins
+from ..inputs.engineframes import STAGED_INDEX_COLUMNS, TABLE_NAMES, EngineFrame, stand_ins
 from ..inputs.objectstores import (
     child,
     is_remote,
@@ -234,7 +234,7 @@ def stage(engine_frame: EngineFrame, by: list[str], order_by: list[str]) -> Stag
     try:
         run = {"spark": _stage_spark, "dask": _stage_dask, "ray": _stage_ray}[engine_frame.engine]
         index = run(engine_frame.frame, by, order_by, directory)
-        staged = _index_to_groups(index, by, directory)
+        staged = _index_to_groups(index, by, directory, TABLE_NAMES[engine_frame.engine])
     except BaseException:
         remove_directory(directory)
         raise
@@ -257,10 +257,11 @@ def cleanup_with(owner: Any, directory: str) -> weakref.finalize:
     return finalizer
 
 
-def _index_to_groups(index: pa.Table, by: list[str], directory: str) -> StagedGroups:
+def _index_to_groups(index: pa.Table, by: list[str], directory: str,
+                     table_name: str = "DataFrame") -> StagedGroups:
     """The groups' rows from the workers, in the key order of the pandas path."""
     if index.num_rows == 0:
-        raise ValueError("the DataFrame is empty: there are no groups to train")
+        raise ValueError(f"the {table_name} is empty: there are no groups to train")
     index = index.combine_chunks()
     codes = exact_pandas(index.select(by)).groupby(by, sort=True, dropna=False,
                                                    observed=True).ngroup()
@@ -380,7 +381,23 @@ def _stage_ray(dataset: Any, by: list[str], order_by: list[str], directory: str)
     job = functools.partial(stage_ray_block, by=by, order_by=order_by, directory=directory)
     index = shuffled.map_batches(job, batch_size=None, batch_format="pyarrow",
                                  zero_copy_batch=True)
-    tables = [table for table in ray.get(index.to_arrow_refs()) if table.num_rows]
-    if not tables:
-        return pa.schema([(name, pa.int64()) for name in by + list(INDEX_COLUMNS)]).empty_table()
-    return pa.concat_tables(tables)
+    empty = pa.schema([(name, pa.int64()) for name in by + list(INDEX_COLUMNS)]).empty_table()
+    try:
+        tables = [table for table in ray.get(index.to_arrow_refs()) if table.num_rows]
+    except Exception:
+        # Ray's hash shuffle fails on a Dataset whose blocks are all empty (a
+        # filter that kept no row leaves blocks without columns): sorting
+        # them, it finds no key column. Such a Dataset is refused as empty.
+        if _ray_dataset_is_empty(dataset):
+            return empty
+        raise
+    return pa.concat_tables(tables) if tables else empty
+
+
+def _ray_dataset_is_empty(dataset: Any) -> bool:
+    """Whether ``dataset`` has no row (it runs again to count them: asked
+    only once its shuffle has failed)."""
+    try:
+        return dataset.count() == 0
+    except Exception:
+        return False

@@ -72,9 +72,9 @@ def _check_checkpoint_parameter(fit: Any, takes_data: bool = True) -> None:
 def _remove_dead_temporary_spaces(min_age_s: float = 60.0) -> None:
     """Remove the temporary checkpoint folders of runs without a store whose
     driver is gone (killed: its own clean-up never ran), so that they do not
-    pile up: one whose owner lock no process holds, a minute old at least
-    (a driver that has just made its folder takes the lock at once)."""
-    import shutil
+    pile up: one whose owner lock no process holds, or that has none (its
+    driver died before taking it), a minute old at least (a driver that has
+    just made its folder takes the lock at once)."""
     import time
 
     from ..engine.checkpointspace import OWNERS, owner_alive
@@ -84,7 +84,7 @@ def _remove_dead_temporary_spaces(min_age_s: float = 60.0) -> None:
             if time.time() - folder.stat().st_mtime < min_age_s:
                 continue
             tokens = [lock.stem for lock in (folder / OWNERS).glob("*.lock")]
-            if tokens and not any(owner_alive(folder, token) for token in tokens):
+            if not any(owner_alive(folder, token) for token in tokens):
                 shutil.rmtree(folder, ignore_errors=True)
         except OSError:  # another user's, or gone meanwhile
             continue
@@ -121,12 +121,11 @@ def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool
 
 def close(space: CheckpointSpace | None, store: Any) -> None:
     """The run has ended: it is no longer running (its slots can be resumed
-    by the next run); without a store, its checkpoints go with it."""
+    by the next run) once no fit of it runs on in this process; without a
+    store, its checkpoints go with it."""
     if space is None:
         return
-    space.release()
-    if store is None:
-        shutil.rmtree(space.root, ignore_errors=True)
+    space.release(remove=store is None)
 
 
 def run_maker(make_run: Callable[..., Any], space: CheckpointSpace, store: Any
