@@ -28,6 +28,7 @@ from ..inputs.objectstores import is_remote
 from .callbacks import Callback, Progress, RunInfo
 from .mlflow_terms import (
     check_answers,
+    check_store_accepted,
     describe,
     metric_name,
     param_text,
@@ -53,7 +54,9 @@ class MLflow(Callback):
 
     * ``experiment``: the MLflow experiment's name (created if missing).
     * ``tracking_uri``: where MLflow keeps runs (default: MLflow's own
-      setting, ``MLFLOW_TRACKING_URI``), e.g. ``"sqlite:///mlflow.db"``.
+      setting, ``MLFLOW_TRACKING_URI``), e.g. ``"sqlite:///mlflow.db"``. MLflow's
+      file store (``"file:..."``, a path), which MLflow 3 refuses unless
+      ``MLFLOW_ALLOW_FILE_STORE=true``, is refused here, before any work.
     * ``run_name``: the MLflow run's name (default: MLflow's).
     * ``log_models``: how many of the best models to log as MLflow models
       (default 0); ``metric`` ranks them: a name whose direction manymodels
@@ -81,7 +84,8 @@ class MLflow(Callback):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         self.metric, self.greater_is_better = ranking(log_models, metric, greater_is_better)
-        _mlflow()  # refuse now, not after an hour of training
+        # refuse now, not after an hour of training: no MLflow, or a store it refuses
+        check_store_accepted(tracking_uri or _mlflow().get_tracking_uri(), _mlflow())
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
         self.log_models, self.tags, self.timeout = log_models, dict(tags or {}), timeout
         #: The latest run's MLflow state: each run has its own, so that a
