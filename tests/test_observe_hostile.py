@@ -273,3 +273,41 @@ def test_mlflows_file_store_is_refused_before_any_work(tmp_path, monkeypatch):
     assert not (tmp_path / "mlruns").exists() and not (tmp_path / "s").exists()
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # asked for: taken
     assert mm.MLflow(experiment="files").tracking_uri is None
+
+
+def _failing_past(limit: int):
+    """Writes past ``limit`` bytes fail in this process (EFBIG), as on a full disk."""
+    import contextlib
+    import resource
+
+    @contextlib.contextmanager
+    def limited():
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, previous)
+
+    return limited()
+
+
+def test_a_report_cut_short_by_a_full_disk_leaves_the_earlier_report_whole(tmp_path):
+    """run.report and a stored run's report wrote in place: a disk that
+    filled mid-write left part of the new report over the good one."""
+    from manymodels.observe.report import store_report
+
+    run = mm.train(near_equal, mm.groups(_three_groups(), by="k"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    for write in (run.report, lambda path: store_report(mm.Store(tmp_path / "s"), None, path)):
+        path = tmp_path / "r.html"
+        path.write_text("the good report")
+        with _failing_past(1024), pytest.raises(OSError):
+            write(path)
+        assert path.read_text() == "the good report"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "s"]
+        assert "score" in write(path).read_text()
+    with pytest.raises(FileNotFoundError, match="no-such-folder"):
+        run.report(tmp_path / "no-such-folder" / "r.html")
