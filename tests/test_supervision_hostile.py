@@ -378,3 +378,23 @@ def test_an_item_whose_unpickling_kills_the_worker_is_charged_alone(tmp_path, mo
     assert results.loc[99, "status"] == "crashed"
     assert "died unpickling this task's item" in results.loc[99, "error"]
     assert "exited with code 5" in results.loc[99, "error"]
+
+
+def _exit_cleanly_on_2(item):
+    if item == 2:
+        import os
+
+        os._exit(0)
+    return {"n": item}
+
+
+def test_a_task_that_ends_its_worker_with_code_0_is_told_why_it_has_no_result():
+    """os._exit(0) in a fit read "worker process exited with code 0": an
+    exit that looks like success, for a task that returned nothing."""
+    run = mm.train(_exit_cleanly_on_2, mm.items(range(4)), backend="processes", workers=1,
+                   start_method="fork", progress=False)
+    results = run.results.set_index("item")
+    assert results["status"].tolist() == ["ok", "ok", "crashed", "ok"]
+    error = results.loc[2, "error"]
+    assert "exited with code 0 without returning this task's result" in error
+    assert "os._exit" in error
