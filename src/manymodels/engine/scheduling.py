@@ -334,7 +334,11 @@ class Scheduler:
                     self.recorder.abandon(self.records)
                 raise
             finally:
-                interrupts.stopping = True
+                try:
+                    interrupts.stopping = True
+                except KeyboardInterrupt as exc:  # came as the loop ended: the stop goes on
+                    interrupts.stopping = True
+                    stopped_by = stopped_by or exc
                 clean = (stopped_by is None and store_error is None and workers_gone is None
                          and not self._over_budget())
                 try:
