@@ -455,3 +455,20 @@ def test_a_run_whose_workers_cannot_start_still_ends_its_callbacks_and_mlflow_ru
     assert len(ends.runs) == 1
     assert (ends.runs[0].results["status"] == "cancelled").all()
     assert mlflow.MlflowClient(uri).get_run(tracker.run_id).info.status == "KILLED"
+
+
+def test_an_mlflow_timeout_of_inf_waits_for_the_summary(tracking, monkeypatch):
+    """timeout=math.inf overflowed the thread's join: the end was warned
+    about as the tracker's failure and not waited for; NaN was taken."""
+    import mlflow
+
+    root, uri = tracking
+    monkeypatch.chdir(root)
+    with pytest.raises(ValueError, match="math.inf: no limit"):
+        mm.MLflow(tracking_uri=uri, timeout=math.nan)
+    tracker = mm.MLflow(experiment="no-limit", tracking_uri=uri, timeout=math.inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        mm.train(fit_line, mm.items([1.0, 2.0]), backend="serial", progress=False,
+                 track=tracker)
+    assert mlflow.MlflowClient(uri).get_run(tracker.run_id).info.status == "FINISHED"
