@@ -244,3 +244,70 @@ def test_the_bar_shows_a_rate_below_one_model_a_second():
     assert _RateColumn().render(task).plain == "0.25 models/s"
     task.finished_speed = 1234.4
     assert _RateColumn().render(task).plain == "1,234 models/s"
+
+
+def test_mlflows_file_store_is_refused_before_any_work(tmp_path, monkeypatch):
+    """MLflow 3 refuses its file store only at the run's first MLflow call:
+    the run trained, then warned that it was logged nowhere."""
+    mlflow = pytest.importorskip("mlflow")
+    if getattr(mlflow.environment_variables, "MLFLOW_ALLOW_FILE_STORE", None) is None:
+        pytest.skip("this MLflow takes its file store")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in (f"file://{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
+        with pytest.raises(ValueError, match="MLflow's file store") as refused:
+            mm.MLflow(experiment="files", tracking_uri=uri)
+        assert repr(uri) in str(refused.value) and "sqlite:///" in str(refused.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))
+    with pytest.raises(ValueError, match="MLFLOW_ALLOW_FILE_STORE=true"):
+        mm.MLflow(experiment="files")  # MLflow's own setting, read as the tracker is made
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    _three_groups().to_csv(tmp_path / "t.csv", index=False)
+    result = CliRunner(env={"COLUMNS": "400"}).invoke(app, [
+        "train", str(tmp_path / "t.csv"), "--by", "k", "--target", "y", "--model",
+        "sklearn.linear_model.Ridge", "--mlflow", "files", "--backend", "serial",
+        "--store", str(tmp_path / "s")])
+    assert result.exit_code == 2 and "--mlflow" in result.output, result.output
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "s").exists()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # asked for: taken
+    assert mm.MLflow(experiment="files").tracking_uri is None
+
+
+def _failing_past(limit: int):
+    """Writes past ``limit`` bytes fail in this process (EFBIG), as on a full disk."""
+    import contextlib
+    import resource
+
+    @contextlib.contextmanager
+    def limited():
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, previous)
+
+    return limited()
+
+
+def test_a_report_cut_short_by_a_full_disk_leaves_the_earlier_report_whole(tmp_path):
+    """run.report and a stored run's report wrote in place: a disk that
+    filled mid-write left part of the new report over the good one."""
+    from manymodels.observe.report import store_report
+
+    run = mm.train(near_equal, mm.groups(_three_groups(), by="k"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    for write in (run.report, lambda path: store_report(mm.Store(tmp_path / "s"), None, path)):
+        path = tmp_path / "r.html"
+        path.write_text("the good report")
+        with _failing_past(1024), pytest.raises(OSError):
+            write(path)
+        assert path.read_text() == "the good report"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "s"]
+        assert "score" in write(path).read_text()
+    with pytest.raises(FileNotFoundError, match="no-such-folder"):
+        run.report(tmp_path / "no-such-folder" / "r.html")

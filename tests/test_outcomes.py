@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import numpy as np
@@ -136,3 +137,39 @@ def test_a_part_whose_values_do_not_unpickle_fails_only_their_tasks(monkeypatch)
     assert "rebuilding test_outcomes._RefusesItsState raised RuntimeError: no state" in loaded[1][6]
     assert "rebuilding test_outcomes._Vanishing raised AttributeError" in loaded[2][6]
     assert loaded[3] == outcomes[3]  # a failure of its own, kept as it was
+
+
+_DRIVER = os.getpid()
+
+
+class _ExitsInTheDriver:
+    """Unpickles in a worker; in the driver its ``__setstate__`` raises
+    what it is given (``SystemExit``, as a library that gives up does)."""
+
+    def __init__(self, raises: type[BaseException]) -> None:
+        self.raises = raises
+
+    def __setstate__(self, state: dict) -> None:
+        if os.getpid() == _DRIVER:
+            raise state["raises"]("rebuilt in the driver")
+        self.__dict__.update(state)
+
+
+def _fit_with_a_metric_that_exits_in_the_driver(item):
+    return None, {"n": item, **({"odd": _ExitsInTheDriver(SystemExit)} if item == 2 else {})}
+
+
+def test_a_value_whose_unpickling_raises_system_exit_fails_its_task_not_the_driver():
+    """Outcomes were unpickled catching Exception only: the SystemExit left
+    the driver's loop, and the program ended with no result and no word."""
+    run = mm.train(_fit_with_a_metric_that_exits_in_the_driver, mm.items(range(4)),
+                   backend="processes", workers=1, progress=False)
+    results = run.results.set_index("item")
+    assert results["status"].tolist() == ["ok", "ok", "failed", "ok"]
+    assert "raised SystemExit: rebuilt in the driver" in results.loc[2, "error"]
+    from manymodels.engine.outcomeloads import load_outcomes
+
+    interrupted = pickle.dumps([(0, "ok", None, {"m": _ExitsInTheDriver(KeyboardInterrupt)},
+                                 0.1, 1e9, None, False)])
+    with pytest.raises(KeyboardInterrupt):  # (in the driver, a Ctrl-C: it stops the run)
+        load_outcomes(interrupted)

@@ -378,3 +378,70 @@ def test_an_item_whose_unpickling_kills_the_worker_is_charged_alone(tmp_path, mo
     assert results.loc[99, "status"] == "crashed"
     assert "died unpickling this task's item" in results.loc[99, "error"]
     assert "exited with code 5" in results.loc[99, "error"]
+
+
+def _exit_cleanly_on_2(item):
+    if item == 2:
+        import os
+
+        os._exit(0)
+    return {"n": item}
+
+
+def test_a_task_that_ends_its_worker_with_code_0_is_told_why_it_has_no_result():
+    """os._exit(0) in a fit read "worker process exited with code 0": an
+    exit that looks like success, for a task that returned nothing."""
+    run = mm.train(_exit_cleanly_on_2, mm.items(range(4)), backend="processes", workers=1,
+                   start_method="fork", progress=False)
+    results = run.results.set_index("item")
+    assert results["status"].tolist() == ["ok", "ok", "crashed", "ok"]
+    error = results.loc[2, "error"]
+    assert "exited with code 0 without returning this task's result" in error
+    assert "os._exit" in error
+
+
+def test_a_sigint_as_the_scheduler_loop_ends_still_stops_the_workers():
+    """A SIGINT handled as the stop began, before it marked the run
+    stopping, raised KeyboardInterrupt out of the stop itself: no
+    backend.stop (workers left running) and no RunInterrupted. Delivered
+    here at that point by a tracer that raises the signal there."""
+    import linecache
+    import signal as signals
+    import sys
+
+    import psutil
+
+    from manymodels.engine.scheduling import Scheduler
+
+    state = {"loop_ended": False, "sent": False}
+
+    def in_loop(frame, event, arg):
+        if event == "return":
+            state["loop_ended"] = True
+        return in_loop
+
+    def in_run(frame, event, arg):
+        if event == "line" and state["loop_ended"] and not state["sent"] and linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno).strip() == "interrupts.stopping = True":
+            state["sent"] = True
+            signals.raise_signal(signals.SIGINT)  # (handled here, as the stop begins)
+        return in_run
+
+    def tracer(frame, event, arg):
+        if frame.f_code is Scheduler._loop.__code__:
+            return in_loop
+        return in_run if frame.f_code is Scheduler.run.__code__ else None
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(_pause, mm.items(range(3)) * mm.grid(tag=[0]), backend="processes",
+                     workers=1, start_method="fork", progress=False)
+    finally:
+        sys.settrace(None)
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        for process in left:
+            process.kill()
+    assert state["sent"] and not left, left
+    assert (stopped.value.run.results["status"] == "ok").all()

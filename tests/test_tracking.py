@@ -421,3 +421,54 @@ def test_a_run_whose_every_task_failed_is_logged_whole(tracking, tmp_path, monke
                  track=tracker)
     got = client.get_run(tracker.run_id)
     assert got.info.status == "FAILED" and got.data.metrics["ok"] == 3
+
+
+def _fit_with_a_resource(item, resource):
+    return {"n": item}
+
+
+def _setup_that_fails():
+    raise RuntimeError("no licence server")
+
+
+def test_a_run_whose_workers_cannot_start_still_ends_its_callbacks_and_mlflow_run(
+        tracking, monkeypatch):
+    """The scheduler re-raised the backend's error before telling the
+    callbacks: on_run_end never came, and the MLflow run stayed RUNNING."""
+    import mlflow
+
+    root, uri = tracking
+    monkeypatch.chdir(root)  # MLflow's default artifact root is ./mlruns
+
+    class Ends(mm.Callback):
+        def __init__(self):
+            self.runs = []
+
+        def on_run_end(self, run):
+            self.runs.append(run)
+
+    ends, tracker = Ends(), mm.MLflow(experiment="broken", tracking_uri=uri)
+    with pytest.raises(mm.WorkerStartupError, match="no licence server"):
+        mm.train(_fit_with_a_resource, mm.items(range(3)), backend="processes", workers=1,
+                 start_method="fork", setup=_setup_that_fails, progress=False,
+                 callbacks=[ends], track=tracker)
+    assert len(ends.runs) == 1
+    assert (ends.runs[0].results["status"] == "cancelled").all()
+    assert mlflow.MlflowClient(uri).get_run(tracker.run_id).info.status == "KILLED"
+
+
+def test_an_mlflow_timeout_of_inf_waits_for_the_summary(tracking, monkeypatch):
+    """timeout=math.inf overflowed the thread's join: the end was warned
+    about as the tracker's failure and not waited for; NaN was taken."""
+    import mlflow
+
+    root, uri = tracking
+    monkeypatch.chdir(root)
+    with pytest.raises(ValueError, match="math.inf: no limit"):
+        mm.MLflow(tracking_uri=uri, timeout=math.nan)
+    tracker = mm.MLflow(experiment="no-limit", tracking_uri=uri, timeout=math.inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        mm.train(fit_line, mm.items([1.0, 2.0]), backend="serial", progress=False,
+                 track=tracker)
+    assert mlflow.MlflowClient(uri).get_run(tracker.run_id).info.status == "FINISHED"

@@ -94,7 +94,10 @@ def train(
         if mlflow:
             from ..observe.tracking import MLflow
 
-            track = MLflow(experiment=mlflow)
+            try:  # (MLflow's file store, which MLflow refuses: before the data is read)
+                track = MLflow(experiment=mlflow)
+            except ValueError as exc:
+                fail(str(exc), "--mlflow")
         trained = train_table(data, split_list(by), target, model, store=store,
                               features=split_list(features) if features else None,
                               params=params, grid=grid_values, metrics=split_list(metrics),

@@ -86,7 +86,8 @@ class TolerantUnpickler(_Base):
     def find_class(self, module: str, name: str) -> Any:
         try:
             return super().find_class(module, name)
-        except Exception as exc:
+        except BaseException as exc:  # a loader's SystemExit too (not a Ctrl-C)
+            _interrupt_passes(exc)
             return Unloadable(f"{module}.{name}", exc)
 
     def _load_reduce(self) -> None:
@@ -95,7 +96,8 @@ class TolerantUnpickler(_Base):
         maker = stack[-1]
         try:
             stack[-1] = maker(*args)
-        except Exception as exc:
+        except BaseException as exc:  # a loader's SystemExit too (not a Ctrl-C)
+            _interrupt_passes(exc)
             stack[-1] = _passed_on(args) or Unloadable(_named(maker), exc)
 
     def _load_newobj(self) -> None:
@@ -115,20 +117,31 @@ class TolerantUnpickler(_Base):
             return cls
         try:
             return cls.__new__(cls, *args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # a loader's SystemExit too (not a Ctrl-C)
+            _interrupt_passes(exc)
             return _passed_on(args) or Unloadable(_named(cls), exc)
 
     def _load_build(self) -> None:
         built = self.stack[-2]
         try:
             _Base.dispatch[pickle.BUILD[0]](self)
-        except Exception as exc:  # (the state was taken off: the object is on top)
+        except BaseException as exc:  # (the state was taken off: the object is on top)
+            _interrupt_passes(exc)
             self.stack[-1] = Unloadable(_named(type(built)), exc)
 
     dispatch[pickle.REDUCE[0]] = _load_reduce
     dispatch[pickle.NEWOBJ[0]] = _load_newobj
     dispatch[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
     dispatch[pickle.BUILD[0]] = _load_build
+
+
+def _interrupt_passes(exc: BaseException) -> None:
+    """Raise ``exc`` again where it is a ``KeyboardInterrupt``: in the driver
+    that is most likely the user's Ctrl-C, which stops the run; any other
+    exception a loader raises (``SystemExit`` from a ``__setstate__``, a
+    module's ``sys.exit`` as it is imported) is that value's failure."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
 
 
 def _passed_on(args: Any) -> Unloadable | None:
@@ -166,8 +179,8 @@ def unloadable_in(value: Any) -> list[Unloadable]:
     finder = _Finder()
     try:
         finder.dump(value)
-    except Exception:
-        pass
+    except BaseException as exc:  # (what it found until then is still the answer)
+        _interrupt_passes(exc)
     return finder.found
 
 
@@ -185,7 +198,9 @@ def load_outcomes(body: Any, *, buffers: Any = None) -> Any:
     (see the module's docstring) and the others are as they were."""
     try:
         return pickle.loads(body, buffers=buffers)
-    except Exception:
+    except KeyboardInterrupt:  # Ctrl-C: the run stops, its results kept
+        raise
+    except BaseException:  # a __setstate__'s SystemExit too: its task fails, not the driver
         loader = TolerantUnpickler(io.BytesIO(body), buffers=buffers)
         outcomes = loader.load()
     if isinstance(outcomes, Unloadable) or not isinstance(outcomes, (list, OkOutcomes)):

@@ -308,6 +308,7 @@ class Scheduler:
         stopped_by: BaseException | None = None
         store_error: RecordingError | None = None
         workers_gone: WorkerStartupError | None = None  # (mid-run, after tasks finished)
+        broken: BaseException | None = None  # the backend cannot go on: raised, once stopped
         with _Interrupts() as interrupts:
             started = False
             try:
@@ -325,24 +326,32 @@ class Scheduler:
                 store_error = exc
             except WorkerStartupError as exc:
                 if not self._done:
+                    broken = exc
                     if self.recorder is not None:
                         self.recorder.abandon(self.records)
-                    raise
-                workers_gone = exc  # a replacement could not start: stop, keep the results
-            except BaseException:  # the backend cannot go on: keep what finished
+                else:
+                    workers_gone = exc  # a replacement could not start: stop, keep the results
+            except BaseException as exc:  # the backend cannot go on: keep what finished
+                broken = exc
                 if self.recorder is not None:
                     self.recorder.abandon(self.records)
-                raise
             finally:
-                interrupts.stopping = True
+                try:
+                    interrupts.stopping = True
+                except KeyboardInterrupt as exc:  # came as the loop ended: the stop goes on
+                    interrupts.stopping = True
+                    stopped_by = stopped_by or exc
                 clean = (stopped_by is None and store_error is None and workers_gone is None
-                         and not self._over_budget())
+                         and broken is None and not self._over_budget())
                 try:
                     if started:
                         self.backend.stop(force=not clean)
                 finally:
                     if self.progress is not None:
                         self.progress.close()
+            if broken is not None:
+                self._end_broken(interrupts, start, started_at)
+                raise broken
             self._keep_last_attempts()
             codes = self.records.status_code
             codes[codes == UNSET] = CANCELLED_CODE
@@ -381,6 +390,29 @@ class Scheduler:
         if self._over_budget():
             raise TooManyFailures(self._budget_message(run), run)
         return run
+
+    def _end_broken(self, interrupts: _Interrupts, start: float, started_at: float) -> None:
+        """Tell the callbacks that a run the backend could not go on with
+        (its workers could not start, say) ended, with what it got done, the
+        rest ``cancelled``: a tracker's run would otherwise be left open (an
+        MLflow run RUNNING for ever). Whatever fails here gives way to the
+        error that stopped the run, which is raised next."""
+        if self.callbacks is None:
+            return
+        try:
+            self._keep_last_attempts()
+            codes = self.records.status_code
+            codes[codes == UNSET] = CANCELLED_CODE
+            run = self._build_run(time.perf_counter() - start, started_at)
+        except Exception:
+            return
+        interrupts.stopping = False  # (the callbacks' code can be interrupted)
+        try:
+            self.callbacks.run_end(run)
+        except KeyboardInterrupt:  # the run is ending with its error anyway
+            pass
+        finally:
+            interrupts.stopping = True
 
     def _loop(self) -> None:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys

@@ -5,7 +5,9 @@
     on_run_start(info)        once, before the first batch is sent
     on_task_finished(task)    per finished task (only if the callback defines it)
     on_batch(progress)        after each round of results (every ~50 ms or less)
-    on_run_end(run)           once, with the Run, also when the run stopped early
+    on_run_end(run)           once, with the Run, also when the run stopped early,
+                              or could not go on (its workers could not start: the
+                              error is raised after)
 
 The driver handles results by batches; building a per-task object costs a
 microsecond or two, so it is done only when some callback overrides

@@ -97,6 +97,25 @@ def check_answers(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
                               f"({exc})") from None
 
 
+def check_store_accepted(uri: str, mlflow: Any) -> None:
+    """Refuse, before any work, a tracking URI naming MLflow's file store (a
+    ``file:`` URI or a plain path) where this MLflow refuses that store (its
+    ``MLFLOW_ALLOW_FILE_STORE`` is off): MLflow itself refuses it only once
+    the run has made its first MLflow call, when all the run could do is
+    warn and go on unlogged."""
+    scheme = urllib.parse.urlsplit(uri).scheme
+    if scheme not in ("", "file") and len(scheme) != 1:  # (one letter: a Windows drive)
+        return
+    allowed = getattr(getattr(mlflow, "environment_variables", None),
+                      "MLFLOW_ALLOW_FILE_STORE", None)
+    if allowed is None or allowed.get():  # an MLflow that takes it, or told to
+        return
+    raise ValueError(f"mm.MLflow: the tracking URI {uri!r} is MLflow's file store, which "
+                     f"MLflow {getattr(mlflow, '__version__', '')} refuses; give a database, "
+                     "e.g. tracking_uri='sqlite:///mlflow.db', or set "
+                     "MLFLOW_ALLOW_FILE_STORE=true to keep the file store")
+
+
 def describe(name: str, values: Any) -> dict[str, float]:
     """A metric's summary over its finite values (one infinite value made
     the mean, std, p95 and max infinite or NaN, which MLflow cannot take),

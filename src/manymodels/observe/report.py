@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import shutil
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -290,7 +293,27 @@ def store_report(store: Any, run: int | None, path: str | Path) -> Path:
                         workers=int(info["workers"] or 1), backend=str(info["backend"]),
                         planned=int(info["tasks"]) if pd.notna(info["tasks"]) else None),
     }
+    return write_whole(path, render_report(results, summary, f"manymodels run {run_id}",
+                                           key_columns, metric_columns))  # (no GPUs kept)
+
+
+def write_whole(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed
+    over it once whole (with the old file's permissions): a write cut short
+    (a full disk, a kill) leaves an earlier report as it was, and no part of
+    a new one. A link is followed: the file it names is replaced."""
     path = Path(path)
-    path.write_text(render_report(results, summary, f"manymodels run {run_id}", key_columns,
-                                  metric_columns), encoding="utf-8")  # a store keeps no GPUs
+    target = path.resolve() if path.is_symlink() else path
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {str(path)!r}: its folder "
+                                f"{str(target.parent)!r} does not exist")
+    temporary = target.with_name(f".{target.name}.{os.getpid()}-{threading.get_ident()}.partial")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        if target.is_file():
+            shutil.copymode(target, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return path

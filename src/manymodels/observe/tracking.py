@@ -28,6 +28,7 @@ from ..inputs.objectstores import is_remote
 from .callbacks import Callback, Progress, RunInfo
 from .mlflow_terms import (
     check_answers,
+    check_store_accepted,
     describe,
     metric_name,
     param_text,
@@ -53,7 +54,9 @@ class MLflow(Callback):
 
     * ``experiment``: the MLflow experiment's name (created if missing).
     * ``tracking_uri``: where MLflow keeps runs (default: MLflow's own
-      setting, ``MLFLOW_TRACKING_URI``), e.g. ``"sqlite:///mlflow.db"``.
+      setting, ``MLFLOW_TRACKING_URI``), e.g. ``"sqlite:///mlflow.db"``. MLflow's
+      file store (``"file:..."``, a path), which MLflow 3 refuses unless
+      ``MLFLOW_ALLOW_FILE_STORE=true``, is refused here, before any work.
     * ``run_name``: the MLflow run's name (default: MLflow's).
     * ``log_models``: how many of the best models to log as MLflow models
       (default 0); ``metric`` ranks them: a name whose direction manymodels
@@ -63,7 +66,8 @@ class MLflow(Callback):
     * ``tags``: more tags for the MLflow run.
     * ``timeout``: how long, in seconds, the end of ``train`` waits for MLflow
       to take the run's summary (default 60); past it, the logging goes on in
-      the background and a warning says so.
+      the background and a warning says so; ``math.inf`` waits for as long as
+      it takes.
 
     MLflow is never waited on while the models train: every MLflow call runs on
     a background thread, in order, and a tracking server that does not answer
@@ -78,10 +82,13 @@ class MLflow(Callback):
                  timeout: float = 60.0) -> None:
         if not isinstance(log_models, int) or isinstance(log_models, bool) or log_models < 0:
             raise ValueError(f"log_models must be a count >= 0, got {log_models!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+                timeout >= 0):  # (NaN too)
+            raise ValueError(f"timeout must be a number of seconds >= 0 (math.inf: no "
+                             f"limit), got {timeout!r}")
         self.metric, self.greater_is_better = ranking(log_models, metric, greater_is_better)
-        _mlflow()  # refuse now, not after an hour of training
+        # refuse now, not after an hour of training: no MLflow, or a store it refuses
+        check_store_accepted(tracking_uri or _mlflow().get_tracking_uri(), _mlflow())
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
         self.log_models, self.tags, self.timeout = log_models, dict(tags or {}), timeout
         #: The latest run's MLflow state: each run has its own, so that a
@@ -145,7 +152,8 @@ class MLflow(Callback):
             session.jobs.put(_Job(work.cleanup, always=True))
         finally:
             session.jobs.put(None)
-        session.thread.join(self.timeout)
+        # (math.inf waits for ever: a join of it overflowed, warned as a failure)
+        session.thread.join(None if math.isinf(self.timeout) else self.timeout)
         if session.thread.is_alive():
             warnings.warn(f"mm.MLflow: MLflow has not taken the run's summary in "
                           f"{self.timeout:g} s; it goes on in the background (lost if Python "

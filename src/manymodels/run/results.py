@@ -327,7 +327,7 @@ class Run:
 
     def report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (see :mod:`manymodels.observe.report`)."""
-        from ..observe.report import render_report, summary_facts
+        from ..observe.report import render_report, summary_facts, write_whole
 
         results = self.results
         facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
@@ -338,10 +338,9 @@ class Run:
         # their names (rows, size, gpu on a run without GPUs)
         own = {*self._plan.key_columns, *_RESERVED, *(["gpu"] if self.worker_gpus else [])}
         metrics = [c for c in results.columns if c not in own]
-        path = Path(path)
-        path.write_text(render_report(results, facts, "manymodels run", self._plan.key_columns,
-                                      metrics, gpus=bool(self.worker_gpus)), encoding="utf-8")
-        return path
+        return write_whole(path, render_report(results, facts, "manymodels run",
+                                               self._plan.key_columns, metrics,
+                                               gpus=bool(self.worker_gpus)))
 
     def why_not_reused(self, key: Hashable) -> str:
         """Why the task ``key`` was trained rather than reused from the store."""

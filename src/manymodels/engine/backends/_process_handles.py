@@ -180,14 +180,21 @@ def wait_for_pipes_to_close(workers: list[Worker], deadline: float) -> None:
             del open_pipes[conn]
 
 
-def describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None, *, in_task: bool = False) -> str:
+    """Why a worker process that ended unasked is gone, from its exit code
+    (a signal's, negated); ``in_task``: it was running a task, which ended
+    it (a worker exits of itself only when told to stop)."""
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         return f"worker process was killed by {name} (signal {-code})"
-    return f"worker process exited with code {code}"
+    if not in_task:
+        return f"worker process exited with code {code}"
+    return (f"worker process exited with code {code} without returning this task's result: "
+            "fit, or a library it called, ended the process (os._exit, or C's exit(); "
+            "sys.exit raises SystemExit, which fails its task alone)")
 
 
 def format_bytes(size: float) -> str:

@@ -231,7 +231,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         if status is None:
             status = Status.CRASHED.value
             message = (PIPES_CLOSED if pipes_closed or still_running
-                       else describe_exit(worker.process.returncode))
+                       else describe_exit(worker.process.returncode, in_task=index >= 0))
         unreported = [i for batch in worker.batches for i in batch.pending]
         loading = None
         if retiring:
