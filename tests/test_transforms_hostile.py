@@ -314,3 +314,17 @@ def test_one_value_per_group_is_a_series_under_the_keys_as_pandas_makes_it():
     counted = mm.map_groups(lambda rows: None if rows["g"].iloc[0] == "a" else len(rows),
                             mm.groups(frame, by="g"), **SERIAL)
     assert counted.to_dict() == {"b": 2}
+
+
+def _values_under_labels(rows: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"v": [10, 20]}, index=[1, 2])
+
+
+def test_an_index_of_values_is_one_column_for_every_group_whatever_their_row_labels():
+    """Labels 1 and 2 are among group a's rows (0 to 3) and not group b's
+    (4 to 7): judged group by group, a's index was dropped as a filter's and
+    b's a column, NaN in a's rows. One judgement for both: a column of each."""
+    frame = pd.DataFrame({"g": ["a"] * 4 + ["b"] * 4, "x": range(8)})
+    ours = mm.map_groups(_values_under_labels, mm.groups(frame, by="g"), **SERIAL)
+    assert list(ours.columns) == ["g", "index", "v"]
+    assert ours["index"].tolist() == [1, 2, 1, 2]

@@ -106,7 +106,8 @@ def map_groups(
     * any other DataFrame (an aggregation, a filter): the outputs in key
       order, under a fresh index 0, 1, ...; an output's index that holds
       values (``groupby("day").sum()``, ``set_index``, ``describe()``) as
-      columns after the keys, one of row labels (a filter's) dropped;
+      columns after the keys, one of row labels (a filter's) dropped, judged
+      once for all outputs whose index has the same level names;
     * a Series of the same labels from every group (``df[["x", "y"]].mean()``;
       in any order, as a dict built by group may order them): one row per
       group, in key order, each value in its label's column;
