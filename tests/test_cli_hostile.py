@@ -711,3 +711,30 @@ def test_train_refuses_a_bad_backend_timeout_or_store_before_reading_data(tmp_pa
         assert f"Invalid value for {option}:" in result.output and said in result.output, \
             result.output
     assert not (tmp_path / "st").exists()
+
+
+def _total(item):
+    return float(len(str(item)))
+
+
+def test_a_negative_run_id_or_key_is_an_argument_not_an_unknown_option(tmp_path):
+    """`show STORE -1` and `why STORE -1` said "No such option: -1": a key
+    -1 could be named only after `--`. An option's value stays its own."""
+    mm.train(_total, mm.items([-1, 2]), store=tmp_path / "s", backend="serial", progress=False)
+    shown = _invoke("show", tmp_path / "s", "-1")
+    assert shown.exit_code == 2 and "has no run -1" in shown.output, shown.output
+    why = _invoke("why", tmp_path / "s", "-1", "--run", "1")
+    assert why.exit_code == 0 and "-1 was trained" in why.output, why.output
+    limited = _invoke("show", tmp_path / "s", "--limit", "-1")
+    assert limited.exit_code == 2 and "--limit" in limited.output
+    unknown = _invoke("show", tmp_path / "s", "-1", "--limt", "3")
+    assert unknown.exit_code == 2 and "No such option: --limt" in unknown.output
+
+
+def test_why_tells_a_key_1_from_a_key_1_as_text_as_python_writes_them(tmp_path):
+    """Both print 1: `why STORE 1` said "could be any of 1, 1: give it as shown"."""
+    mm.train(_total, mm.items([1, "1"]), store=tmp_path / "s", backend="serial", progress=False)
+    number = _invoke("why", tmp_path / "s", "1")
+    assert number.exit_code == 0 and number.output.startswith("1 was trained"), number.output
+    text = _invoke("why", tmp_path / "s", "'1'")
+    assert text.exit_code == 0 and text.output.startswith("'1' was trained"), text.output

@@ -522,3 +522,31 @@ def test_a_frame_column_of_integers_past_64_bits_is_refused_by_name():
     run = mm.train(len, mm.groups(frame.astype({"id": "uint64"}), by="id"),
                    backend="serial", progress=False)
     assert run.models[2**63] == 1
+
+
+def test_a_pandas_frame_naming_a_column_twice_is_refused_by_name_before_any_work():
+    """Arrow's message listed every column; with columns= the first of the
+    two was taken and the other dropped silently."""
+    frame = pd.DataFrame([["a", 1, 2]], columns=["g", "x", "x"])
+    with pytest.raises(ValueError, match="has two columns named 'x'"):
+        mm.groups(frame, by="g")
+    with pytest.raises(ValueError, match="has two columns named 'x'"):
+        mm.groups(frame, by="g", columns=["x"])
+    assert mm.groups(frame.set_axis(["g", "x", "y"], axis=1), by="g", columns=["x"])
+
+
+@pytest.mark.parametrize("column", ["g", "x"])
+def test_a_column_of_numbers_beside_texts_is_refused_naming_it_and_its_types(column):
+    """Arrow's message said only that "1" could not be made an int64."""
+    frame = pd.DataFrame({"g": [1, 2, 2], "x": [1, 2, 3]}).astype(object)
+    frame.loc[1, column] = "1"
+    with pytest.raises(ValueError, match=f"column '{column}' holds values of types int, str"):
+        mm.groups(frame, by="g")
+
+
+def test_a_glob_pattern_is_named_as_a_pattern_that_is_not_expanded(tmp_path):
+    pd.DataFrame({"g": ["a"], "x": [1]}).to_parquet(tmp_path / "a.parquet")
+    pattern = str(tmp_path / "*.parquet")
+    for options in ({}, {"read_on_workers": True}):
+        with pytest.raises(ValueError, match="a glob pattern is not expanded"):
+            mm.groups(pattern, by="g", **options)

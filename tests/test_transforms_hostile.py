@@ -314,3 +314,32 @@ def test_one_value_per_group_is_a_series_under_the_keys_as_pandas_makes_it():
     counted = mm.map_groups(lambda rows: None if rows["g"].iloc[0] == "a" else len(rows),
                             mm.groups(frame, by="g"), **SERIAL)
     assert counted.to_dict() == {"b": 2}
+
+
+def _values_under_labels(rows: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"v": [10, 20]}, index=[1, 2])
+
+
+def test_an_index_of_values_is_one_column_for_every_group_whatever_their_row_labels():
+    """Labels 1 and 2 are among group a's rows (0 to 3) and not group b's
+    (4 to 7): judged group by group, a's index was dropped as a filter's and
+    b's a column, NaN in a's rows. One judgement for both: a column of each."""
+    frame = pd.DataFrame({"g": ["a"] * 4 + ["b"] * 4, "x": range(8)})
+    ours = mm.map_groups(_values_under_labels, mm.groups(frame, by="g"), **SERIAL)
+    assert list(ours.columns) == ["g", "index", "v"]
+    assert ours["index"].tolist() == [1, 2, 1, 2]
+
+
+def _one_for_the_first_partition(part: pd.DataFrame) -> object:
+    return 1 if part.index[0] == 0 else part
+
+
+def test_a_split_and_a_mixed_output_are_worded_as_they_are():
+    """An empty table asked for 3 partitions said "split into 1 partitions,
+    as the call asked"; a number beside a table was "a int"."""
+    ours = mm.map_partitions(lambda part: part, pd.DataFrame({"x": []}), 3, **SERIAL)
+    assert ours.attrs["summary"].split == (
+        "split into 1 partition: the call asked for 3, and the table has 0 rows")
+    with pytest.raises(TypeError, match="returned an int and pandas"):
+        mm.map_partitions(_one_for_the_first_partition, pd.DataFrame({"x": range(4)}), 2,
+                          **SERIAL)

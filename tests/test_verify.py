@@ -206,3 +206,29 @@ def test_cli_verify_exits_1_naming_the_corrupt_key(tmp_path):
         after.output)] == [(1, 3, True)]
     told = runner.invoke(app, ["verify", str(store)])
     assert told.exit_code == 0 and "1 of them trained again by a later run" in told.output
+
+
+def test_verify_that_could_not_mark_says_so_not_that_the_next_run_retrains(tmp_path):
+    """Another process held the write lock: nothing was marked, and the next
+    run reuses the corrupt model unchecked, but the command said "the next
+    run trains the others again"."""
+    from manymodels.cli.verify import corrupt_line
+
+    store = tmp_path / "store"
+    train(fit_small, store)
+    flip_packed(store, 3)
+    opened = mm.Store(store)
+    opened._conn.execute("PRAGMA busy_timeout=0")  # (not the 60 s wait for the lock)
+    holder = sqlite3.connect(store / "index.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, taken after the store opened
+    try:
+        report = opened.verify()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert report.attrs["marked"] is False and len(report) == 1
+    line = corrupt_line(str(store), report, read_only=False)
+    assert "not marked: another process held the store's write lock" in line
+    assert "next run" not in line
+    opened.close()
+    assert mm.Store(store).verify().attrs["marked"] is True

@@ -106,7 +106,8 @@ def map_groups(
     * any other DataFrame (an aggregation, a filter): the outputs in key
       order, under a fresh index 0, 1, ...; an output's index that holds
       values (``groupby("day").sum()``, ``set_index``, ``describe()``) as
-      columns after the keys, one of row labels (a filter's) dropped;
+      columns after the keys, one of row labels (a filter's) dropped, judged
+      once for all outputs whose index has the same level names;
     * a Series of the same labels from every group (``df[["x", "y"]].mean()``;
       in any order, as a dict built by group may order them): one row per
       group, in key order, each value in its label's column;
@@ -178,6 +179,17 @@ def map_groups(
                            fell_back)
 
 
+def _asked_split(source: PartitionSource, asked: int | None) -> str:
+    """The summary's ``split`` line for a split the call asked for: as many
+    partitions as it asked, or as many as the table has rows (one, at least)."""
+    made, rows = source.partitions, source.num_rows
+    split = f"split into {made} partition{'' if made == 1 else 's'}"
+    if asked is None or made == asked:
+        return f"{split}, as the call asked"
+    return f"{split}: the call asked for {asked}, and the table has {rows} row" + (
+        "" if rows == 1 else "s")
+
+
 def map_partitions(
     fn: Callable[..., Any],
     table: Any,
@@ -232,8 +244,7 @@ def map_partitions(
     result = concat_outputs([output for _, output in ok], "map_partitions",
                             keep_index=isinstance(source.table, pd.DataFrame),
                             format=source.format)
-    reason = decision.reason if decision is not None else (
-        f"split into {source.partitions} partitions, as the call asked")
+    reason = decision.reason if decision is not None else _asked_split(source, partitions)
     result = attach_summary(result, with_split(run.summary(), reason), table)
     failed = failures(run, key_columns) if errors == "skip" else {}
     return report_failures(result, failed, None, "map_partitions", "partition")

@@ -4,6 +4,7 @@ naming the option at fault, exit status 2 (click's usage error)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -21,11 +22,7 @@ def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | No
     meant to repeat (``multiple``, as ``--param`` and ``--grid``) are not
     counted, nor a flag given twice the same way; what follows ``--`` is not
     an option."""
-    options: dict[str, Any] = {}
-    for param in getattr(command, "params", []):
-        for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
-            if name.startswith("-"):
-                options[name] = param
+    options = _options_of(command)
     seen: dict[str, list[str]] = {}
     flags: dict[str, dict[bool, str]] = {}  # a flag's forms given: primary (True) or --no-
     index = 0
@@ -60,6 +57,54 @@ def given_twice(command: Any, args: Sequence[str]) -> tuple[Any, list[str]] | No
     return None
 
 
+def _options_of(command: Any) -> dict[str, Any]:
+    """Each option name of ``command`` (``--by``, ``-o``, ``--no-fallback``) -> its param."""
+    options: dict[str, Any] = {}
+    for param in getattr(command, "params", []):
+        for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if name.startswith("-"):
+                options[name] = param
+    return options
+
+
+_NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def negatives_as_arguments(command: Any, args: list[str]) -> list[str]:
+    """``args`` with its options first, then ``--`` and its arguments in
+    their order, where an argument is a negative number (a run id ``-1``, a
+    key ``-5``): click reads a token that starts with ``-`` as an option,
+    and refused ``show STORE -1`` with "No such option: -1" (a key -1 could
+    not be named without ``--``). An option's value (``--limit -1``) stays
+    its option's; ``args`` as they are where no argument is negative."""
+    options = _options_of(command)
+    before: list[str] = []
+    arguments: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if token == "--":
+            arguments += args[index:]
+            break
+        param = options.get(token.partition("=")[0] if token.startswith("--") else token[:2])
+        if param is None and _NEGATIVE_NUMBER.fullmatch(token):
+            arguments.append(token)
+            continue
+        if param is None or not token.startswith("-") or len(token) < 2:
+            (before if token.startswith("-") and len(token) > 1 else arguments).append(token)
+            continue
+        before.append(token)
+        attached = "=" in token if token.startswith("--") else len(token) > 2
+        if not (getattr(param, "is_flag", False) or getattr(param, "count", False)
+                or attached):  # its value follows (and may start with '-')
+            before += args[index:index + param.nargs]
+            index += param.nargs
+    if not any(_NEGATIVE_NUMBER.fullmatch(token) for token in arguments):
+        return args
+    return [*before, "--", *arguments]
+
+
 class OneValueGroup(TyperGroup):
     """The app's group: a command whose option taking one value is given
     twice, or whose flag is given both ways (``--x ... --no-x``), is refused
@@ -68,6 +113,8 @@ class OneValueGroup(TyperGroup):
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            rest = negatives_as_arguments(command, rest)
         twice = given_twice(command, rest) if command is not None else None
         if twice is not None:
             param, given = twice

@@ -149,20 +149,23 @@ def report(
 
 def key_value(column: str, values: list, text: str) -> Any:
     """The value of the key column ``column`` (of ``values``) that ``text``
-    gives: the one it spells as Python prints it, else the one it reads as
+    gives: the one it spells as Python prints it (or, where two print
+    alike, ``1`` and ``"1"``, as Python writes it: ``1`` or ``'1'``), else the one it reads as
     (a time as ``show -f csv`` and ``-f json`` print it, ``2024-01-01`` or
     ``2024-01-01T00:00:00``; a whole number ``1`` for ``1.0``; ``nan`` or
     nothing for a missing value), so that a key copied from the command
     line's own outputs is found. Refused naming KEY when none is, or when
     it reads as several."""
     spelled = [v for v in values if str(v) == text]
+    if len(spelled) != 1:  # 1 and "1" print alike: Python's own spelling tells them apart
+        spelled = [v for v in values if repr(v) == text] or spelled
     found = spelled or [v for v in values if _reads_as(v, text)]
     if len(found) == 1:
         return found[0]
     if found:
         raise typer.BadParameter(f"{column}={text!r} could be any of "
-                                 f"{', '.join(map(str, found[:5]))}: give it as shown "
-                                 "there", param_hint="KEY")
+                                 f"{', '.join(map(repr, found[:5]))}: give it as Python "
+                                 "writes it there (a text in quotes)", param_hint="KEY")
     shown = ", ".join(repr(str(v)) for v in values[:5]) + (" ..." if len(values) > 5 else "")
     raise typer.BadParameter(f"no task has {column}={text!r} (its values include {shown})",
                              param_hint="KEY")

@@ -3,6 +3,7 @@ against its SHA-256, like ``git fsck`` (see :meth:`manymodels.Store.verify`)."""
 
 from __future__ import annotations
 
+import pandas as pd
 import typer
 
 from .app import app
@@ -33,14 +34,25 @@ def verify(
     elif report.empty:
         typer.echo(f"{store}: {checked} artifact(s) checked, each matches its SHA-256")
     else:
-        superseded = int(report["superseded"].sum())
-        typer.echo(f"{store}: {checked} artifact(s) checked, {report['artifact'].nunique()} "
-                   f"corrupt, held by {len(report)} task(s) or attachment(s)"
-                   + ("" if not opened.read_only else " (read-only store: not marked)")
-                   + (f"; {superseded} of them trained again by a later run (superseded: "
-                      "only that run's own models still name them)" if superseded else "")
-                   + ("; the next run trains the others again" if superseded < len(report)
-                      else ""))
+        typer.echo(corrupt_line(store, report, opened.read_only))
         print_frame(report, "corrupt artifacts")
     if not report.empty and not report["superseded"].all():
         raise typer.Exit(1)
+
+
+def corrupt_line(store: str, report: pd.DataFrame, read_only: bool) -> str:
+    """The line that sums up a report of corrupt artifacts. "The next run
+    trains the others again" only where they were marked: a read-only
+    store, or one whose write lock another process held past the wait, is
+    not, and its next run reuses them unchecked."""
+    superseded = int(report["superseded"].sum())
+    marked = report.attrs.get("marked", not read_only)
+    unmarked = "read-only store" if read_only else (
+        "another process held the store's write lock: run verify again once it is done")
+    return (f"{store}: {report.attrs.get('artifacts_checked', 0)} artifact(s) checked, "
+            f"{report['artifact'].nunique()} corrupt, held by {len(report)} task(s) or "
+            "attachment(s)" + ("" if marked else f" (not marked: {unmarked})")
+            + (f"; {superseded} of them trained again by a later run (superseded: only that "
+               "run's own models still name them)" if superseded else "")
+            + ("; the next run trains the others again" if marked and superseded < len(report)
+               else ""))

@@ -80,9 +80,35 @@ def index_as_columns(output: pd.DataFrame, received: Any = None) -> pd.DataFrame
     (``received``; None: positions, unnamed), labels among those (a filter).
     A level named like one of the output's columns is dropped too
     (``set_index("x", drop=False)``: the column holds it)."""
-    index = output.index
-    if _row_labels(index, received):
+    if _row_labels(output.index, received):
         return output
+    return _values_as_columns(output)
+
+
+def indexes_as_columns(outputs: list[pd.DataFrame], received: Any = None) -> list[pd.DataFrame]:
+    """The outputs as :func:`index_as_columns` makes each, but with one
+    judgement for all the outputs whose index has the same level names:
+    row labels only where every such index holds labels of its own group's
+    rows. Judged output by output, an unnamed index of values that happen
+    to be among one group's row labels (``index=[1, 2]`` where that group
+    holds rows 0 to 3) and not another's was dropped for the first and a
+    column ``index`` for the second, empty (NaN) in the first's rows.
+    ``received[i]``: the labels output ``i``'s group was handed (None:
+    positions)."""
+    labels: dict[tuple, bool] = {}
+    for i, output in enumerate(outputs):
+        if not is_fresh_index(output.index):
+            names = tuple(output.index.names)
+            labels[names] = labels.get(names, True) and _row_labels(
+                output.index, None if received is None else received[i])
+    return [output if is_fresh_index(output.index) or labels[tuple(output.index.names)]
+            else _values_as_columns(output) for output in outputs]
+
+
+def _values_as_columns(output: pd.DataFrame) -> pd.DataFrame:
+    """``output``'s index levels as columns in front of its own, as
+    ``reset_index()`` makes them, but for a level named like a column."""
+    index = output.index
     names = [name if name is not None else ("index" if index.nlevels == 1 else f"level_{i}")
              for i, name in enumerate(index.names)]
     columns = set(output.columns)

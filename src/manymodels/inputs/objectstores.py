@@ -178,6 +178,17 @@ def resolve_all(uris: list[str]) -> tuple[Any, list[str]]:
     return filesystem, [resolve(uri)[1] for uri in uris]
 
 
+def missing_path(path: str) -> ValueError:
+    """The error for a table path that names nothing (``path`` as shown). A
+    glob pattern (``data/*.parquet``) is a path too, never expanded: the
+    error says so, where "does not exist" alone reads as a missing folder."""
+    if any(wildcard in path for wildcard in "*?["):
+        return ValueError(f"table path {path!r} does not exist (a glob pattern is not "
+                          "expanded: give the folder that holds the files, or read them "
+                          "first and give the table)")
+    return ValueError(f"table path {path!r} does not exist")
+
+
 def hidden(parts: Sequence[str]) -> bool:
     """Whether a file under a table's directory (its path's ``parts`` there)
     is one that readers of a directory leave out, as pyarrow's datasets and
@@ -203,7 +214,7 @@ def parquet_objects(location: str, suffixes: set[str]) -> list[str]:
         if info.type == fs.FileType.File:
             return [location]
         if info.type == fs.FileType.NotFound:
-            raise ValueError(f"table path {shown(location)!r} does not exist")
+            raise missing_path(shown(location))
         found = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
     except OSError as exc:
         raise ValueError(f"cannot list {shown(location)!r}: {redacted(exc, location)}"

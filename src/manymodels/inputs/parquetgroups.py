@@ -30,6 +30,7 @@ from .filetables import (
 )
 from .objectstores import (
     is_remote,
+    missing_path,
     object_path,
     object_versions,
     parquet_objects,
@@ -58,7 +59,7 @@ def parquet_files(table: Any) -> list[str]:
         return objects
     path = Path(table)
     if not path.exists():
-        raise ValueError(f"table path {str(path)!r} does not exist")
+        raise missing_path(str(path))
     files = [path] if path.is_file() else table_files(path)
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet files")

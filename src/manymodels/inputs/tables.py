@@ -24,7 +24,7 @@ from .filetables import (
     text_where_any_is_text,
     unsigned_where_any_is,
 )
-from .objectstores import is_remote
+from .objectstores import is_remote, missing_path
 from .partitions import add_partition_columns, partition_table
 from .tablefiles import CSV_SUFFIXES, PARQUET_SUFFIXES, READ_FORMATS, table_files
 
@@ -233,6 +233,24 @@ def _overflowing_column(frame: Any) -> Any:
     return None
 
 
+def _unconvertible_column(frame: Any) -> str | None:
+    """What is wrong with the first column of ``frame`` that Arrow cannot
+    convert, naming it (Arrow's own message names it only sometimes, and
+    for values of mixed types, ``1`` beside ``"1"``, says only that one
+    could not be made the other); None where each converts alone."""
+    for name, column in frame.items():
+        try:
+            pa.array(column, from_pandas=True)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            kinds = sorted({type(value).__name__ for value in column.dropna()})
+            if len(kinds) > 1:
+                return (f"column {name!r} holds values of types {', '.join(kinds)}, which "
+                        "no one Arrow type holds: convert it to one first (.astype(str) "
+                        "for text)")
+            return f"column {name!r}: {exc}"
+    return None
+
+
 def _refuse_naive_beside_aware(frame: Any, converted: pa.Table) -> None:
     """Refuse a pandas column of objects that holds datetimes with a time
     zone and without one: Arrow gives them all the first one's (a naive
@@ -269,6 +287,10 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
     with ``columns``, only those columns (a file's others are never read), in
     the table's order; a column the table lacks is named in the error."""
+    if is_pandas_frame(table):  # before the conversion, whose error names no column
+        names = [str(c) for c in table.columns]
+        _refuse_a_name_twice(names if columns is None else [
+            name for name in names if name in set(map(str, columns))], "given")
     if columns is not None and not isinstance(table, (str, Path)):
         names = ([str(c) for c in table.columns] if is_pandas_frame(table)
                  else list(table.columns) if _is_polars_frame(table) else table.column_names)
@@ -291,7 +313,7 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
                              "pandas.read_parquet), or give it to mm.groups, which does")
         path = Path(table).expanduser()
         if not path.exists():
-            raise ValueError(f"table path {str(path)!r} does not exist")
+            raise missing_path(str(path))
         read = _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
         _refuse_a_name_twice(read.column_names, repr(str(path)))
         return read
@@ -325,7 +347,8 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
                              "value fits one (.astype('uint64')), else to text "
                              "(.astype(str))") from exc
         except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise ValueError(f"cannot convert the pandas DataFrame to Arrow: {exc}") from exc
+            raise ValueError(f"cannot convert the pandas DataFrame to Arrow: "
+                             f"{_unconvertible_column(table) or exc}") from exc
         _refuse_naive_beside_aware(table, converted)
         return converted
     refuse_engine_frame(table, "the table", "this call reads its rows on the driver",

@@ -17,9 +17,8 @@ import pyarrow as pa
 
 from ..inputs.grouplabels import (
     group_labels,
-    index_as_columns,
+    indexes_as_columns,
     input_positions,
-    is_fresh_index,
     is_transform,
 )
 from ..inputs.keys import key_frame
@@ -327,8 +326,7 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
         return _series_under_keys(outputs, keys)
     if all(isinstance(out, pd.DataFrame) for out in outputs):
         if transform is None:  # under a fresh index: the values an index holds as columns
-            outputs = [out if is_fresh_index(out.index) else index_as_columns(
-                out, None if received is None else received[i]) for i, out in enumerate(outputs)]
+            outputs = indexes_as_columns(outputs, received)
         result = _frames_with_keys(outputs, keys)
     else:
         result = concat_outputs([_with_keys(out, keys, group)

@@ -133,7 +133,8 @@ def _kind(output: Any) -> str:
         return f"{'an Arrow' if module == 'pyarrow' else 'a polars'} {type(output).__name__}"
     if isinstance(output, (pd.DataFrame, pd.Series)):
         return "pandas"
-    return f"a {type(output).__name__}"
+    name = type(output).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def check_table(output: Any, what: str) -> Any:

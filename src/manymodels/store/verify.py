@@ -139,7 +139,9 @@ def verify_store(conn: sqlite3.Connection, root: Path) -> pd.DataFrame:
     :data:`REPORT_COLUMNS` (``key`` None for an attachment, ``attachment``
     None for a task's model; ``superseded`` true where a later run holds a
     whole model for the key, which ``Store.predict`` uses instead).
-    ``attrs["artifacts_checked"]``: how many distinct artifacts were read."""
+    ``attrs["artifacts_checked"]``: how many distinct artifacts were read;
+    ``attrs["marked"]``: whether the findings were recorded (not where the
+    store is read-only, or another process held its write lock too long)."""
     with database.read_snapshot(conn):
         runs = [run_id for (run_id,) in conn.execute("SELECT run_id FROM runs ORDER BY run_id")]
         models = {run_id: _run_models(conn, run_id) for run_id in runs}
@@ -150,7 +152,7 @@ def verify_store(conn: sqlite3.Connection, root: Path) -> pd.DataFrame:
             names.update(pc.unique(table["artifact"]).to_pylist())
         problems = check_artifacts(conn, root, names)
         marked = {name for (name,) in conn.execute("SELECT sha256 FROM corrupt_artifacts")}
-    record(conn, problems, (marked & names) - set(problems))
+    recorded = record(conn, problems, (marked & names) - set(problems))
     rows: list[tuple[Any, ...]] = []
     if problems:
         bad = pa.array(list(problems), pa.string())
@@ -166,6 +168,7 @@ def verify_store(conn: sqlite3.Connection, root: Path) -> pd.DataFrame:
                  for run_id, name, artifact in attached if artifact in problems]
     frame = pd.DataFrame(rows, columns=REPORT_COLUMNS)
     frame.attrs["artifacts_checked"] = len(names)
+    frame.attrs["marked"] = recorded
     return frame
 
 
