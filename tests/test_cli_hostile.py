@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import time
 
 import numpy as np
@@ -738,3 +739,23 @@ def test_why_tells_a_key_1_from_a_key_1_as_text_as_python_writes_them(tmp_path):
     assert number.exit_code == 0 and number.output.startswith("1 was trained"), number.output
     text = _invoke("why", tmp_path / "s", "'1'")
     assert text.exit_code == 0 and text.output.startswith("'1' was trained"), text.output
+
+
+def test_train_without_scikit_learn_names_model_not_mlflow(tmp_path, trained, monkeypatch):
+    """scikit-learn is no dependency of the package: without it, `manymodels
+    train` said "Invalid value for --mlflow: No module named 'sklearn'", an
+    option the command was not given. It says what is missing, blaming
+    --model, before any work."""
+    _, _, table = trained
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    for name in [name for name in sys.modules if name.split(".")[0] == "sklearn"]:
+        monkeypatch.setitem(sys.modules, name, None)  # (import raises ImportError)
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st",
+                     "--backend", "serial")
+    assert result.exit_code == 2, result.output
+    assert "--mlflow" not in result.output and "Invalid value for --model" in result.output
+    assert "needs scikit-learn" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "st").exists()

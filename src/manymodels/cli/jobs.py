@@ -94,17 +94,15 @@ def train(
         if mlflow:
             from ..observe.tracking import MLflow
 
-            try:  # (MLflow's file store, which MLflow refuses: before the data is read)
-                track = MLflow(experiment=mlflow)
-            except ValueError as exc:
+            try:  # (MLflow missing, or its file store, which MLflow refuses: before the
+                track = MLflow(experiment=mlflow)  # data is read)
+            except (ValueError, ImportError) as exc:
                 fail(str(exc), "--mlflow")
         trained = train_table(data, split_list(by), target, model, store=store,
                               features=split_list(features) if features else None,
                               params=params, grid=grid_values, metrics=split_list(metrics),
                               test_size=test_size, cv=cv, fallback=fallback, backend=backend,
                               workers=workers, timeout=timeout, track=track)
-    except ImportError as exc:
-        fail(str(exc), "--mlflow")
     except ArgumentError as exc:
         fail(str(exc), exc.option)
     except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1

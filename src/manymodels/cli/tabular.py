@@ -345,6 +345,20 @@ def _run_option(exc: Exception) -> str:
     return "--backend/--workers/--timeout/--store"
 
 
+def _estimator_kinds() -> tuple[Any, Any]:
+    """scikit-learn's ``is_classifier`` and ``is_regressor``, which tell the
+    metrics and the splits to use. scikit-learn is no dependency of the
+    package itself, so where it is missing this is an :class:`ArgumentError`
+    saying how to install it, before any work, rather than an ImportError
+    that the command line could only blame on some option."""
+    try:
+        from sklearn.base import is_classifier, is_regressor
+    except ImportError as exc:
+        raise ArgumentError(f"manymodels train needs scikit-learn, which cannot be imported "
+                            f"({exc}): pip install 'manymodels[sklearn]'", "--model") from exc
+    return is_classifier, is_regressor
+
+
 def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                 store: str | os.PathLike[str], features: Sequence[str] | None = None,
                 params: Mapping[str, Any] | None = None,
@@ -368,7 +382,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     global model, fitted on all rows, is attached to the run for groups that
     have none; if that fit fails the run is kept and ``fallback_error`` says why.
     """
-    from sklearn.base import is_classifier, is_regressor
+    is_classifier, is_regressor = _estimator_kinds()
 
     import manymodels as mm
 
