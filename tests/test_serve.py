@@ -4,6 +4,9 @@ loopback), a real store of scikit-learn models; every answer equal to
 
 from __future__ import annotations
 
+import json
+import sqlite3
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -141,6 +144,10 @@ def test_a_group_model_is_described(server, trained):
     assert body["run_id"] == 1 and body["source"] == "group" and body["key"] == [3]
     assert body["duration_s"] == pytest.approx(row["duration_s"])
     assert body["identity"]["data_hash"]
+    # the code's hash too, which the run keeps for all its tasks (it was null)
+    with sqlite3.connect(f"file:{trained[0] / 'index.sqlite'}?mode=ro", uri=True) as index:
+        (detail,) = index.execute("SELECT code_detail FROM runs WHERE run_id = 1").fetchone()
+    assert body["identity"]["code_hash"] == json.loads(detail)["code_hash"] is not None
     assert call(server.url + "/v1/models/13").json()["source"] == "fallback"
 
 

@@ -110,8 +110,7 @@ class Catalog:
                     "metrics": metrics_dict(task["metrics"], row) or {},
                     "duration_s": task["duration_s"], "started_at": task["started_at"],
                     "reused_from": task["reused_from"],
-                    "identity": {name: task[name] for name in (
-                        "code_hash", "params_hash", "data_hash", "shared_hash")}}
+                    "identity": _identity(task, _run_identity(store, run_id))}
         return {"source": source, "artifact": digest, "run_id": None}
 
     def _tasks(self, store: Any, run_id: int) -> Any:
@@ -139,6 +138,23 @@ class Catalog:
         metrics = {name: plain(value) for name, value in result.metrics.iloc[row].items()}
         return {"source": "group", "run_id": self.run_id, "linear": True,
                 "metrics": metrics, "coefficients": plain(result.coef[row])}
+
+
+def _run_identity(store: Any, run_id: int) -> dict[str, Any]:
+    """The code and shared-object hashes of ``run_id``: the same for every
+    task of a run, so the run keeps them (in its ``code_detail``) and its
+    task rows hold none of their own."""
+    row = store._conn.execute("SELECT code_detail FROM runs WHERE run_id = ?",
+                              (run_id,)).fetchone()
+    detail = json.loads(row[0]) if row is not None and row[0] else {}
+    return {name: detail.get(name) for name in ("code_hash", "shared_hash")}
+
+
+def _identity(task: dict[str, Any], run_level: dict[str, Any]) -> dict[str, Any]:
+    """A task's identity hashes, the run's where the task row has none (a
+    store written before the run kept them holds them per task)."""
+    return {name: task[name] or run_level.get(name)
+            for name in ("code_hash", "params_hash", "data_hash", "shared_hash")}
 
 
 def _index_of(column: Any, value: str) -> int | None:
