@@ -73,7 +73,7 @@ def test_linear_refuses_a_by_column_named_like_a_result_column(name):
 
 def test_a_function_returning_a_dict_is_refused_by_name():
     frame = pd.DataFrame({"s": list("aabbc"), "v": [1.0, 2, 3, 4, 5]})
-    with pytest.raises(TypeError, match="map_groups's function returned a dict for 'a', "
+    with pytest.raises(TypeError, match="the function given to map_groups returned a dict for 'a', "
                                         "not a table"):
         mm.map_groups(lambda rows: {"total": rows["v"].sum()}, mm.groups(frame, by="s"),
                       backend="serial")

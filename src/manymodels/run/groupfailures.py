@@ -90,15 +90,16 @@ def refuse_dict_outputs(run: Run, what: str) -> None:
         parts = key_rows[index]
         named = metrics_dict(rec.metrics[index], index)
         if named and set(named) - {_FALLBACK}:
-            raise TypeError(f"{what}'s function returned a dict for {_key_of(tuple(parts))!r}, "
-                            "not a table: return a DataFrame (pd.DataFrame([row]) for one "
-                            "row), a Series, or an Arrow or polars table")
+            raise TypeError(f"the function given to {what} returned a dict for "
+                            f"{_key_of(tuple(parts))!r}, not a table: return a DataFrame "
+                            "(pd.DataFrame([row]) for one row), a Series, or an Arrow or "
+                            "polars table")
     if any(rec.metrics):  # (table, dict): train reads it as a model and its metrics
         for index, metrics in enumerate(rec.metrics):
             if metrics and ok[index] and rec.model[index] is not None and (
                     set(metrics_dict(metrics, index) or ()) - {_FALLBACK}):
                 raise TypeError(
-                    f"{what}'s function returned a table and a dict for "
+                    f"the function given to {what} returned a table and a dict for "
                     f"{_key_of(tuple(key_rows[index]))!r}: return the table alone (the dict "
                     "would be dropped)")
 

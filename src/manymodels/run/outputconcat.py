@@ -36,8 +36,8 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
         return empty_table(format)
     kinds = dict.fromkeys(_kind(part) for part in parts)
     if len(kinds) > 1:
-        raise TypeError(f"{what}'s function returned {' and '.join(kinds)} for different "
-                        "groups or partitions: return one kind of table")
+        raise TypeError(f"the function given to {what} returned {' and '.join(kinds)} for "
+                        "different groups or partitions: return one kind of table")
     first = parts[0]
     module = type(first).__module__
     if module.startswith("pyarrow"):
@@ -69,7 +69,7 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
             part = part.to_frame()
         elif not isinstance(part, pd.DataFrame):
             if not hasattr(part, "to_pandas"):
-                raise TypeError(f"{what}'s function must return a table, got "
+                raise TypeError(f"the function given to {what} must return a table, got "
                                 f"{type(part).__name__}")
             part = part.to_pandas()
         frames.append(part)
@@ -146,4 +146,4 @@ def check_table(output: Any, what: str) -> Any:
         return output
     got = "a dict (read as a task's metrics, not as a table)" if isinstance(
         output, dict) else type(output).__name__
-    raise TypeError(f"{what}'s function must return a table, got {got}")
+    raise TypeError(f"the function given to {what} must return a table, got {got}")
