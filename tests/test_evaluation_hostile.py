@@ -806,3 +806,27 @@ def test_halving_breaks_a_tie_by_the_grids_order_as_select_does():
                    select=mm.halving("mae", eta=2), backend="serial", progress=False)
     assert run.results["best_v"].tolist() == ["A"]
     assert run.results["mae"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("clash", ["parameter", "by"])
+def test_select_naming_a_key_column_is_refused_before_any_work(tmp_path, clash):
+    """A grid parameter named rmse with select="rmse": run.results kept the
+    parameter under "rmse" and the score as metric_rmse, and the winners
+    were chosen by the parameter's values (or none, for text ones, with a
+    warning that no candidate had a score). Refused before any work."""
+    frame = _series(12).rename(columns={"sku": "g", "sales": "y"})
+    fitted = []
+
+    def fit(rows, rmse):
+        fitted.append(rmse)
+        return Const(rmse)
+
+    if clash == "parameter":
+        source = mm.groups(frame, by="g") * mm.grid(rmse=[0.0, 100.0])
+    else:
+        source = mm.groups(frame.rename(columns={"g": "rmse"}), by="rmse") * mm.grid(c=[1.0])
+        fit = lambda rows, c: Const(c)  # noqa: E731
+    with pytest.raises(ValueError, match=r"select='rmse' names a key column too"):
+        mm.train(fit, source, evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y"),
+                 select="rmse", store=tmp_path / "s", backend="serial", progress=False)
+    assert fitted == [] and not (tmp_path / "s").exists()

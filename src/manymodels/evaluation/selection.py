@@ -56,6 +56,20 @@ class Selection:
         return cls(metric, _direction(metric, direction, example.format(metric)))
 
 
+def refuse_a_key_named_like(selection: Selection, key_columns: list[str]) -> None:
+    """Refuse, before any work, ``select=`` naming a key column (a grid
+    parameter, a ``by`` column): ``run.results`` keeps the key under that
+    name and the metric as ``metric_<name>``, so the winners were chosen by
+    the key's values (a parameter ``rmse=[0.1, 10]`` won at 0.1, whatever
+    its score)."""
+    if selection.metric in key_columns:
+        raise ValueError(
+            f"select={selection.metric!r} names a key column too (a grid parameter or a by "
+            f"column, {selection.metric!r}), whose values run.results keeps under that "
+            f"name (the metric is metric_{selection.metric} there): the winners could not "
+            "be chosen by the metric; rename the grid parameter or the column")
+
+
 def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Selection
               ) -> pd.DataFrame:
     """One row per group (in key order): its best task's row of ``results``. A

@@ -22,7 +22,12 @@ from ..engine.execution import RunContext
 from ..engine.modelfiles import ModelFiles
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
-from ..evaluation.selection import Halving, HalvingSearch, Selection
+from ..evaluation.selection import (
+    Halving,
+    HalvingSearch,
+    Selection,
+    refuse_a_key_named_like,
+)
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
@@ -225,6 +230,8 @@ def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any
         identity_extra["__halving__"] = (select, run_fit.settings)
         return source, run_fit, identity_extra, select.selection
     selection = None if select is None else Selection.parse(select, splitter)
+    if selection is not None:
+        refuse_a_key_named_like(selection, source.key_columns)
     return source, run_fit, identity_extra, selection
 
 
