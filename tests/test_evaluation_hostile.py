@@ -830,3 +830,29 @@ def test_select_naming_a_key_column_is_refused_before_any_work(tmp_path, clash):
         mm.train(fit, source, evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y"),
                  select="rmse", store=tmp_path / "s", backend="serial", progress=False)
     assert fitted == [] and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_halving_retries_a_candidates_transient_error_as_retry_on_says(eta):
+    """retries= with retry_on=ConnectionError: under halving, the best
+    candidate's one passing ConnectionError dropped it from the race (a
+    candidate's failure), and the worse one won, never retried. The
+    group's task is retried, as select="mae"'s task is."""
+    calls: list[float] = []
+
+    def flaky_best(rows, c):
+        calls.append(c)
+        if c == 9.0 and calls.count(c) == 1:
+            raise ConnectionError("a passing fault")
+        return Const(c)
+
+    frame = _series(12).rename(columns={"sku": "g", "sales": "y"})
+    frame["y"] = 9.0
+    run = mm.train(flaky_best, mm.groups(frame, by="g") * mm.grid(c=[0.0, 9.0]),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y",
+                                        metrics=["mae"]),
+                   select=mm.halving("mae", eta=eta), retries=1, retry_on=ConnectionError,
+                   backend="serial", progress=False)
+    assert run.results["best_c"].tolist() == [9.0]
+    assert run.results["attempts"].tolist() == [2]
+    assert "candidates_failed" not in run.results

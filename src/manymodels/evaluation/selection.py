@@ -181,8 +181,11 @@ class HalvingSearch:
     """The task of one group under :func:`halving` (runs on its worker)."""
 
     def __init__(self, fit: Any, splitter: Any, settings: list[dict[str, Any]],
-                 halving: Halving) -> None:
+                 halving: Halving, retry_on: tuple[type[BaseException], ...] = ()) -> None:
         self.fit, self.splitter, self.settings, self.halving = fit, splitter, settings, halving
+        #: errors the run retries (``retry_on=``, with ``retries=``): raised
+        #: again, not a candidate's failure (see :meth:`_left_race`)
+        self.retry_on = retry_on
 
     def __call__(self, rows: Any, **shared: Any) -> tuple[Any, dict[str, Any]]:
         from ..engine.execution import split_result
@@ -245,7 +248,7 @@ class HalvingSearch:
                     group.train_rows(number), **self.settings[i], **shared))
                 predicted, scores = group.predict(model, number)
             except Exception as exc:
-                failed[i] = f"{type(exc).__name__}: {exc}"
+                failed[i] = self._left_race(exc)
                 return
             self._refuse_own_columns(fit_metrics, "fit")  # (the group's error, at once)
             self._refuse_own_columns(scores, "a metric function")
@@ -301,7 +304,7 @@ class HalvingSearch:
             try:
                 _, fit_metrics, table = evaluate_group(counted, group, {**setting, **shared})
             except Exception as exc:
-                failed[i] = f"{type(exc).__name__}: {exc}"
+                failed[i] = self._left_race(exc)
                 continue
             self._refuse_own_columns(fit_metrics, "fit")
             self._refuse_own_columns(table, "a metric function")
@@ -339,8 +342,17 @@ class HalvingSearch:
             try:
                 return (*split_result(self.fit(rows, **setting, **shared)), i)
             except Exception as exc:
-                failed[i] = f"{type(exc).__name__}: {exc}"
+                failed[i] = self._left_race(exc)
         raise self._all_failed(failed)
+
+    def _left_race(self, exc: Exception) -> str:
+        """What a candidate that raised ``exc`` leaves the race with. An error
+        of ``retry_on=`` is raised again: the group's task is retried, as any
+        task's is; dropping the candidate let a worse one win on a passing
+        fault (the best candidate's ConnectionError in one window)."""
+        if isinstance(exc, self.retry_on):
+            raise exc
+        return f"{type(exc).__name__}: {exc}"
 
     def _all_failed(self, failed: dict[int, str]) -> RuntimeError:
         """The error of a group every candidate of which raised: the first one's."""
@@ -366,7 +378,7 @@ class HalvingSearch:
                 try:
                     model, own_metrics[i] = split_result(self.fit(rows, **setting, **shared))
                 except Exception as exc:
-                    failed[i] = f"{type(exc).__name__}: {exc}"
+                    failed[i] = self._left_race(exc)
             models.append(model)
         if len(failed) == len(self.settings):
             raise self._all_failed(failed)
@@ -393,8 +405,10 @@ class HalvingSearch:
         return -value if self.halving.selection.higher else value
 
     @staticmethod
-    def prepare(fit: Any, source: Any, splitter: Any, halving: Halving) -> tuple:
-        """``(source, fit)`` to run: one task per group of ``groups * grid``."""
+    def prepare(fit: Any, source: Any, splitter: Any, halving: Halving,
+                retry_on: tuple[type[BaseException], ...] = ()) -> tuple:
+        """``(source, fit)`` to run: one task per group of ``groups * grid``;
+        ``retry_on``: the errors the run retries (none without ``retries=``)."""
         from ..inputs.grids import ProductSource
 
         if splitter is None:
@@ -406,4 +420,5 @@ class HalvingSearch:
         if metric not in named and len(named) == len(splitter.metrics):
             raise ValueError(f"select={metric!r} names a metric that evaluate= does not "
                              f"compute; it computes {', '.join(named)}")
-        return source.base, HalvingSearch(fit, splitter, source.grid.combinations(), halving)
+        return source.base, HalvingSearch(fit, splitter, source.grid.combinations(), halving,
+                                          retry_on)

@@ -95,7 +95,8 @@ def train(
         progress=progress, reuse=reuse, setup=setup, start_method=start_method,
         gpu_memory_limit=gpu_memory_limit)
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
-    source, run_fit, identity_extra, selection = _evaluation(fit, source, evaluate, select)
+    source, run_fit, identity_extra, selection = _evaluation(
+        fit, source, evaluate, select, options.retry_on if options.retries else ())
     checkpointed = checkpointing.wanted(fit, run_fit, {
         *(options.shared or {}), *source.key_columns,
         *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints,
@@ -218,15 +219,17 @@ def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify:
         raise ValueError("verify=True needs store=: it checks the models reused from the store")
 
 
-def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any
+def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any,
+                retry_on: tuple[type[BaseException], ...] = ()
                 ) -> tuple[Source, Any, dict[str, Any], Selection | None]:
     """What ``evaluate=`` and ``select=`` make of the job: the source (one task
     per group under halving), the function the workers call, what the tasks'
-    identities add (the splitter, the halving search), and the selection."""
+    identities add (the splitter, the halving search), and the selection;
+    ``retry_on``: the errors the run retries, which a halving raises again."""
     run_fit, splitter = prepare_evaluation(fit, source, evaluate)
     identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
     if isinstance(select, Halving):  # one task per group, its candidates inside
-        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
+        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select, retry_on)
         identity_extra["__halving__"] = (select, run_fit.settings)
         return source, run_fit, identity_extra, select.selection
     selection = None if select is None else Selection.parse(select, splitter)
