@@ -159,6 +159,28 @@ def require_distinct_texts(source: Source) -> None:
             seen[text] = position
 
 
+def require_picklable_values(source: Source, needed_by: str) -> None:
+    """Refuse, before any work, a grid value that cannot be pickled, naming
+    its parameter: a store hashes each setting's pickle (its identity), and
+    a backend of worker processes sends it pickled. The store's hashing
+    raised the pickler's bare error (``cannot pickle '_thread.lock'
+    object``), naming no parameter; without a store every task of that
+    setting failed, each after the run had started."""
+    import cloudpickle
+
+    grid = source.grid if isinstance(source, ProductSource) else source
+    for name, options in (grid.values.items() if isinstance(grid, GridSource) else ()):
+        for position, value in enumerate(options):
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                raise TypeError(
+                    f"value {position} of grid parameter {name!r} ({str(value)[:60]!r}) "
+                    f"cannot be pickled ({type(exc).__name__}: {exc}), which {needed_by} "
+                    "needs: make it picklable, or make the grid's values names and build "
+                    "each one in fit") from exc
+
+
 def _checked_cost(cost: Callable, setting: dict[str, Any]) -> float:
     """``cost`` of ``setting`` (given a copy), or the error naming the setting
     (a setting's cost is at least 0: two grids' costs are multiplied)."""

@@ -31,7 +31,7 @@ from ..evaluation.selection import (
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
-from ..inputs.grids import GridSource, require_distinct_texts
+from ..inputs.grids import GridSource, require_distinct_texts, require_picklable_values
 from ..inputs.sources import Source
 from ..machine import collector_paused
 from ..observe.callbacks import Callbacks, RunInfo
@@ -95,6 +95,9 @@ def train(
         progress=progress, reuse=reuse, setup=setup, start_method=start_method,
         gpu_memory_limit=gpu_memory_limit)
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
+    if store is not None or backend_type.requires_pickling:
+        require_picklable_values(source, "a store (each setting's identity is its pickle's "
+                                 "hash)" if store is not None else f"the {name} backend")
     source, run_fit, identity_extra, selection = _evaluation(
         fit, source, evaluate, select, options.retry_on if options.retries else ())
     checkpointed = checkpointing.wanted(fit, run_fit, {
