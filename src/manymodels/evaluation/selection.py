@@ -188,7 +188,6 @@ class HalvingSearch:
         self.retry_on = retry_on
 
     def __call__(self, rows: Any, **shared: Any) -> tuple[Any, dict[str, Any]]:
-        from ..engine.execution import split_result
         from .splitters import WINDOWS, TooShort
         from .windowed import GroupWindows, skipped_metrics
         from .windowtable import join, mean_scores
@@ -209,11 +208,10 @@ class HalvingSearch:
         rows = splitter.prepare(rows) if group is None else group.rows
         if self.halving.keep == "all":
             model, fit_metrics, winner = self._fit_all(rows, shared, records, failed, alive[0])
-        elif group is None:  # too short to race: the first candidate that fits
-            model, fit_metrics, winner = self._first_that_fits(rows, shared, failed)
-        else:
-            winner = alive[0]
-            model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
+        else:  # too short to race: the first candidate that fits; else the best
+            order = (range(len(self.settings)) if group is None
+                     else self._best_first(records, failed, alive[0]))
+            model, fit_metrics, winner = self._first_that_fits(rows, shared, failed, order)
         self._refuse_own_columns(fit_metrics, "fit")
         windows = join(records[winner])
         metrics: dict[str, Any] = {**fit_metrics, **mean_scores(windows)}
@@ -331,16 +329,25 @@ class HalvingSearch:
                              "winner's setting, best_<name>; window_fits; "
                              "candidates_failed; candidate_error): name it otherwise")
 
-    def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str]
-                         ) -> tuple[Any, dict[str, Any], int]:
-        """A group too short to race: the first candidate whose fit on all
-        rows does not raise (one that does leaves, as in a race; the group
-        fails only when every candidate has)."""
+    def _best_first(self, records: dict[int, list], failed: dict[int, str],
+                    winner: int) -> list[int]:
+        """The race's winner, then the others that did not raise, best mean
+        first (ties: the grid's order): who is fitted on all rows in turn."""
+        rest = [i for i in range(len(self.settings)) if i != winner and i not in failed]
+        return [winner, *sorted(rest, key=lambda i: (
+            self._rank(records[i]) if records.get(i) else np.inf, i))]
+
+    def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str],
+                         order: Any) -> tuple[Any, dict[str, Any], int]:
+        """The first candidate of ``order`` whose fit on all rows does not
+        raise (one that does leaves, as in a race; the group fails only when
+        every candidate has): the winner's where it fits, else the next
+        best's (the group failed, though others had raced without raising)."""
         from ..engine.execution import split_result
 
-        for i, setting in enumerate(self.settings):
+        for i in order:
             try:
-                return (*split_result(self.fit(rows, **setting, **shared)), i)
+                return (*split_result(self.fit(rows, **self.settings[i], **shared)), i)
             except Exception as exc:
                 failed[i] = self._left_race(exc)
         raise self._all_failed(failed)
