@@ -153,13 +153,16 @@ def test_halving_drops_a_candidate_that_fails_on_all_rows_not_the_group():
         run = mm.train(winner_fails_on_all_rows, mm.groups(long, by="g") * mm.grid(c=[100, 9]),
                        evaluate=evaluate, select=mm.halving("mae", eta=2, keep=keep),
                        backend="serial", progress=False)
-        if keep == "best":  # the winner's own refit failing fails the group, as any fit
-            assert run.results["status"].tolist() == ["failed"]
-        else:  # a candidate failing on all rows leaves; the best one left wins
-            assert run.results["status"].tolist() == ["ok"]
-            model = run.models["long"]
+        # a candidate failing on all rows leaves, the winner too (its failing
+        # failed the group under keep="best"): the best one left wins
+        assert run.results["status"].tolist() == ["ok"]
+        assert run.results["best_c"].tolist() == [100]
+        assert run.results["candidates_failed"].tolist() == [1]
+        model = run.models["long"]
+        if keep == "best":
+            assert model.c == 100
+        else:
             assert model.models[1] is None and model.best.c == 100
-            assert run.results["candidates_failed"].tolist() == [1]
 
 
 def test_r2_of_one_row_is_undefined(tmp_path):
@@ -806,3 +809,53 @@ def test_halving_breaks_a_tie_by_the_grids_order_as_select_does():
                    select=mm.halving("mae", eta=2), backend="serial", progress=False)
     assert run.results["best_v"].tolist() == ["A"]
     assert run.results["mae"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("clash", ["parameter", "by"])
+def test_select_naming_a_key_column_is_refused_before_any_work(tmp_path, clash):
+    """A grid parameter named rmse with select="rmse": run.results kept the
+    parameter under "rmse" and the score as metric_rmse, and the winners
+    were chosen by the parameter's values (or none, for text ones, with a
+    warning that no candidate had a score). Refused before any work."""
+    frame = _series(12).rename(columns={"sku": "g", "sales": "y"})
+    fitted = []
+
+    def fit(rows, rmse):
+        fitted.append(rmse)
+        return Const(rmse)
+
+    if clash == "parameter":
+        source = mm.groups(frame, by="g") * mm.grid(rmse=[0.0, 100.0])
+    else:
+        source = mm.groups(frame.rename(columns={"g": "rmse"}), by="rmse") * mm.grid(c=[1.0])
+        fit = lambda rows, c: Const(c)  # noqa: E731
+    with pytest.raises(ValueError, match=r"select='rmse' names a key column too"):
+        mm.train(fit, source, evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y"),
+                 select="rmse", store=tmp_path / "s", backend="serial", progress=False)
+    assert fitted == [] and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_halving_retries_a_candidates_transient_error_as_retry_on_says(eta):
+    """retries= with retry_on=ConnectionError: under halving, the best
+    candidate's one passing ConnectionError dropped it from the race (a
+    candidate's failure), and the worse one won, never retried. The
+    group's task is retried, as select="mae"'s task is."""
+    calls: list[float] = []
+
+    def flaky_best(rows, c):
+        calls.append(c)
+        if c == 9.0 and calls.count(c) == 1:
+            raise ConnectionError("a passing fault")
+        return Const(c)
+
+    frame = _series(12).rename(columns={"sku": "g", "sales": "y"})
+    frame["y"] = 9.0
+    run = mm.train(flaky_best, mm.groups(frame, by="g") * mm.grid(c=[0.0, 9.0]),
+                   evaluate=mm.backtest(time="day", horizon=2, windows=2, target="y",
+                                        metrics=["mae"]),
+                   select=mm.halving("mae", eta=eta), retries=1, retry_on=ConnectionError,
+                   backend="serial", progress=False)
+    assert run.results["best_c"].tolist() == [9.0]
+    assert run.results["attempts"].tolist() == [2]
+    assert "candidates_failed" not in run.results

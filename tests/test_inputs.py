@@ -575,3 +575,25 @@ def test_a_grids_none_and_nan_stay_two_values_in_the_results():
     plain = mm.train(_setting_text, mm.grid(a=[float("nan"), 1.0]), backend="serial",
                      progress=False)
     assert plain.results["a"].dtype == "float64"
+
+
+def _apply(f):
+    return ("model", f(2))
+
+
+def test_a_grid_value_that_cannot_be_pickled_is_named_before_any_work(tmp_path):
+    """A lock among a grid's values: with a store, the identities' hashing
+    raised the pickler's bare "cannot pickle '_thread.lock' object", naming
+    no parameter; on worker processes each of its tasks failed after the run
+    had started. A lambda, which cloudpickle sends (as it sends fit and
+    shared=), failed every task of its setting on worker processes."""
+    lock = threading.Lock()
+    said = r"value 1 of grid parameter 'f' .* cannot be pickled \(TypeError: cannot pickle"
+    with pytest.raises(TypeError, match=said + ".*a store"):
+        mm.train(_apply, mm.grid(f=[abs, lock]), store=tmp_path / "s", backend="serial",
+                 progress=False)
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(TypeError, match=said + ".*the processes backend"):
+        mm.train(_apply, mm.grid(f=[abs, lock]), workers=1, progress=False)
+    run = mm.train(_apply, mm.grid(f=[abs, lambda x: x * 10]), workers=1, progress=False)
+    assert run.failed.empty and sorted(model[1] for model in run.models.values()) == [2, 20]

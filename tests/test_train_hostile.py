@@ -85,6 +85,30 @@ def test_costs_are_functions_of_finite_numbers():
         assert run.failed.empty
 
 
+def test_a_cost_function_that_raises_is_named_with_its_source_and_task():
+    """grid(cost=lambda s: s["n_estimators"]) of a grid without that
+    parameter said a bare KeyError: 'n_estimators' (not that cost= raised
+    it, nor for which setting); items' and groups' said neither the task."""
+    def missing(_):
+        return {}["n_estimators"]
+
+    for source, said in ((lambda cost: mm.grid(a=[1, 2], cost=cost),
+                          r"grid\(cost=...\) raised KeyError: 'n_estimators' for the setting "
+                          r"\{'a': 1\}"),
+                         (lambda cost: mm.grid(a=[1], cost=cost) * mm.grid(b=[2]),
+                          r"^grid\(cost=...\) raised KeyError: 'n_estimators' for the "
+                          r"setting \{'a': 1\}$"),
+                         (lambda cost: mm.items(["x", "y"], cost=cost),
+                          r"items\(cost=...\) raised KeyError: 'n_estimators' for the item "
+                          r"of key 'x'"),
+                         (lambda cost: mm.groups(_table(), by="g", cost=cost),
+                          r"groups\(cost=...\) raised KeyError: 'n_estimators' for a group "
+                          r"of \d+ rows")):
+        with pytest.raises(ValueError, match=said):
+            mm.train(lambda *args, **kwargs: None, source(missing), backend="serial",
+                     progress=False)
+
+
 def test_the_retry_wait_is_bounded(monkeypatch):
     import time
 

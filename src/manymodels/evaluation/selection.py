@@ -56,6 +56,20 @@ class Selection:
         return cls(metric, _direction(metric, direction, example.format(metric)))
 
 
+def refuse_a_key_named_like(selection: Selection, key_columns: list[str]) -> None:
+    """Refuse, before any work, ``select=`` naming a key column (a grid
+    parameter, a ``by`` column): ``run.results`` keeps the key under that
+    name and the metric as ``metric_<name>``, so the winners were chosen by
+    the key's values (a parameter ``rmse=[0.1, 10]`` won at 0.1, whatever
+    its score)."""
+    if selection.metric in key_columns:
+        raise ValueError(
+            f"select={selection.metric!r} names a key column too (a grid parameter or a by "
+            f"column, {selection.metric!r}), whose values run.results keeps under that "
+            f"name (the metric is metric_{selection.metric} there): the winners could not "
+            "be chosen by the metric; rename the grid parameter or the column")
+
+
 def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Selection
               ) -> pd.DataFrame:
     """One row per group (in key order): its best task's row of ``results``. A
@@ -167,11 +181,13 @@ class HalvingSearch:
     """The task of one group under :func:`halving` (runs on its worker)."""
 
     def __init__(self, fit: Any, splitter: Any, settings: list[dict[str, Any]],
-                 halving: Halving) -> None:
+                 halving: Halving, retry_on: tuple[type[BaseException], ...] = ()) -> None:
         self.fit, self.splitter, self.settings, self.halving = fit, splitter, settings, halving
+        #: errors the run retries (``retry_on=``, with ``retries=``): raised
+        #: again, not a candidate's failure (see :meth:`_left_race`)
+        self.retry_on = retry_on
 
     def __call__(self, rows: Any, **shared: Any) -> tuple[Any, dict[str, Any]]:
-        from ..engine.execution import split_result
         from .splitters import WINDOWS, TooShort
         from .windowed import GroupWindows, skipped_metrics
         from .windowtable import join, mean_scores
@@ -192,11 +208,10 @@ class HalvingSearch:
         rows = splitter.prepare(rows) if group is None else group.rows
         if self.halving.keep == "all":
             model, fit_metrics, winner = self._fit_all(rows, shared, records, failed, alive[0])
-        elif group is None:  # too short to race: the first candidate that fits
-            model, fit_metrics, winner = self._first_that_fits(rows, shared, failed)
-        else:
-            winner = alive[0]
-            model, fit_metrics = split_result(self.fit(rows, **self.settings[winner], **shared))
+        else:  # too short to race: the first candidate that fits; else the best
+            order = (range(len(self.settings)) if group is None
+                     else self._best_first(records, failed, alive[0]))
+            model, fit_metrics, winner = self._first_that_fits(rows, shared, failed, order)
         self._refuse_own_columns(fit_metrics, "fit")
         windows = join(records[winner])
         metrics: dict[str, Any] = {**fit_metrics, **mean_scores(windows)}
@@ -231,7 +246,7 @@ class HalvingSearch:
                     group.train_rows(number), **self.settings[i], **shared))
                 predicted, scores = group.predict(model, number)
             except Exception as exc:
-                failed[i] = f"{type(exc).__name__}: {exc}"
+                failed[i] = self._left_race(exc)
                 return
             self._refuse_own_columns(fit_metrics, "fit")  # (the group's error, at once)
             self._refuse_own_columns(scores, "a metric function")
@@ -287,7 +302,7 @@ class HalvingSearch:
             try:
                 _, fit_metrics, table = evaluate_group(counted, group, {**setting, **shared})
             except Exception as exc:
-                failed[i] = f"{type(exc).__name__}: {exc}"
+                failed[i] = self._left_race(exc)
                 continue
             self._refuse_own_columns(fit_metrics, "fit")
             self._refuse_own_columns(table, "a metric function")
@@ -314,19 +329,37 @@ class HalvingSearch:
                              "winner's setting, best_<name>; window_fits; "
                              "candidates_failed; candidate_error): name it otherwise")
 
-    def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str]
-                         ) -> tuple[Any, dict[str, Any], int]:
-        """A group too short to race: the first candidate whose fit on all
-        rows does not raise (one that does leaves, as in a race; the group
-        fails only when every candidate has)."""
+    def _best_first(self, records: dict[int, list], failed: dict[int, str],
+                    winner: int) -> list[int]:
+        """The race's winner, then the others that did not raise, best mean
+        first (ties: the grid's order): who is fitted on all rows in turn."""
+        rest = [i for i in range(len(self.settings)) if i != winner and i not in failed]
+        return [winner, *sorted(rest, key=lambda i: (
+            self._rank(records[i]) if records.get(i) else np.inf, i))]
+
+    def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str],
+                         order: Any) -> tuple[Any, dict[str, Any], int]:
+        """The first candidate of ``order`` whose fit on all rows does not
+        raise (one that does leaves, as in a race; the group fails only when
+        every candidate has): the winner's where it fits, else the next
+        best's (the group failed, though others had raced without raising)."""
         from ..engine.execution import split_result
 
-        for i, setting in enumerate(self.settings):
+        for i in order:
             try:
-                return (*split_result(self.fit(rows, **setting, **shared)), i)
+                return (*split_result(self.fit(rows, **self.settings[i], **shared)), i)
             except Exception as exc:
-                failed[i] = f"{type(exc).__name__}: {exc}"
+                failed[i] = self._left_race(exc)
         raise self._all_failed(failed)
+
+    def _left_race(self, exc: Exception) -> str:
+        """What a candidate that raised ``exc`` leaves the race with. An error
+        of ``retry_on=`` is raised again: the group's task is retried, as any
+        task's is; dropping the candidate let a worse one win on a passing
+        fault (the best candidate's ConnectionError in one window)."""
+        if isinstance(exc, self.retry_on):
+            raise exc
+        return f"{type(exc).__name__}: {exc}"
 
     def _all_failed(self, failed: dict[int, str]) -> RuntimeError:
         """The error of a group every candidate of which raised: the first one's."""
@@ -352,7 +385,7 @@ class HalvingSearch:
                 try:
                     model, own_metrics[i] = split_result(self.fit(rows, **setting, **shared))
                 except Exception as exc:
-                    failed[i] = f"{type(exc).__name__}: {exc}"
+                    failed[i] = self._left_race(exc)
             models.append(model)
         if len(failed) == len(self.settings):
             raise self._all_failed(failed)
@@ -379,8 +412,10 @@ class HalvingSearch:
         return -value if self.halving.selection.higher else value
 
     @staticmethod
-    def prepare(fit: Any, source: Any, splitter: Any, halving: Halving) -> tuple:
-        """``(source, fit)`` to run: one task per group of ``groups * grid``."""
+    def prepare(fit: Any, source: Any, splitter: Any, halving: Halving,
+                retry_on: tuple[type[BaseException], ...] = ()) -> tuple:
+        """``(source, fit)`` to run: one task per group of ``groups * grid``;
+        ``retry_on``: the errors the run retries (none without ``retries=``)."""
         from ..inputs.grids import ProductSource
 
         if splitter is None:
@@ -392,4 +427,5 @@ class HalvingSearch:
         if metric not in named and len(named) == len(splitter.metrics):
             raise ValueError(f"select={metric!r} names a metric that evaluate= does not "
                              f"compute; it computes {', '.join(named)}")
-        return source.base, HalvingSearch(fit, splitter, source.grid.combinations(), halving)
+        return source.base, HalvingSearch(fit, splitter, source.grid.combinations(), halving,
+                                          retry_on)

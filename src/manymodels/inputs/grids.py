@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .itemsource import ItemSource
-from .sourcechecks import require_unique, task_cost
+from .sourcechecks import called_cost, require_unique
 from .sources import GroupSource, Source
 
 #: The most settings one grid may make (a billion were built one by one, as
@@ -78,7 +78,7 @@ class GridSource(_Combining):
         here, on the driver, before any task runs."""
         if self.cost is None:
             return None
-        return [_checked_cost(self.cost(dict(setting)), setting) for setting in settings]
+        return [_checked_cost(self.cost, setting) for setting in settings]
 
     def __len__(self) -> int:
         n = 1
@@ -159,28 +159,64 @@ def require_distinct_texts(source: Source) -> None:
             seen[text] = position
 
 
-def _checked_cost(value: Any, setting: dict[str, Any]) -> float:
-    """``value`` as a cost, or the error naming the setting that returned it
+def require_picklable_values(source: Source, needed_by: str) -> None:
+    """Refuse, before any work, a grid value that cannot be pickled, naming
+    its parameter: a store hashes each setting's pickle (its identity), and
+    a backend of worker processes sends it pickled. The store's hashing
+    raised the pickler's bare error (``cannot pickle '_thread.lock'
+    object``), naming no parameter; without a store every task of that
+    setting failed, each after the run had started."""
+    import cloudpickle
+
+    grid = source.grid if isinstance(source, ProductSource) else source
+    for name, options in (grid.values.items() if isinstance(grid, GridSource) else ()):
+        for position, value in enumerate(options):
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                raise TypeError(
+                    f"value {position} of grid parameter {name!r} ({str(value)[:60]!r}) "
+                    f"cannot be pickled ({type(exc).__name__}: {exc}), which {needed_by} "
+                    "needs: make it picklable, or make the grid's values names and build "
+                    "each one in fit") from exc
+
+
+def _checked_cost(cost: Callable, setting: dict[str, Any]) -> float:
+    """``cost`` of ``setting`` (given a copy), or the error naming the setting
     (a setting's cost is at least 0: two grids' costs are multiplied)."""
-    number = task_cost(value, f"the setting {setting!r}")
+    if isinstance(cost, _ProductCost):  # (each grid's part checked, and named, there)
+        return cost(dict(setting))
+    number = called_cost(cost, dict(setting), "grid", f"the setting {setting!r}")
     if number < 0:
         raise ValueError(f"grid(cost=...) must return a number of at least 0; for the "
-                         f"setting {setting!r} it returned {value!r}")
+                         f"setting {setting!r} it returned {number!r}")
     return number
+
+
+class _ProductCost:
+    """The cost of a setting of two grids multiplied: the product of each
+    one's, each given its own grid's values and checked (its errors name
+    that grid's part of the setting)."""
+
+    def __init__(self, left: Callable | None, right: Callable | None,
+                 left_names: list[str]) -> None:
+        self.left, self.right, self.left_names = left, right, left_names
+
+    def _own(self, cost: Callable | None, setting: dict[str, Any], mine: bool) -> float:
+        part = {name: value for name, value in setting.items()
+                if (name in self.left_names) == mine}
+        return 1.0 if cost is None else _checked_cost(cost, part)
+
+    def __call__(self, setting: dict[str, Any]) -> float:
+        return self._own(self.left, setting, True) * self._own(self.right, setting, False)
 
 
 def _product_cost(left: Callable | None, right: Callable | None,
                   left_names: list[str]) -> Callable | None:
-    """The cost of a setting of two grids multiplied: the product of each
-    one's, each given its own grid's values and checked."""
-    def own(cost: Callable | None, setting: dict[str, Any], mine: bool) -> float:
-        part = {name: value for name, value in setting.items()
-                if (name in left_names) == mine}
-        return 1.0 if cost is None else _checked_cost(cost(part), part)
-
+    """The cost of two grids' settings multiplied (None where neither has one)."""
     if left is None and right is None:
         return None
-    return lambda setting: own(left, setting, True) * own(right, setting, False)
+    return _ProductCost(left, right, left_names)
 
 
 def grid(values: Mapping[str, Iterable[Any]] | None = None, /, *,

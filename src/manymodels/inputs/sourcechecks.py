@@ -27,6 +27,22 @@ def task_cost(value: Any, whose: str) -> float:
     return number
 
 
+class CostError(ValueError):
+    """A ``cost=`` function raised: the error names its source and task."""
+
+
+def called_cost(cost: Any, argument: Any, source: str, whose: str) -> float:
+    """``cost(argument)``, ``whose`` task's cost, checked (:func:`task_cost`).
+    An error it raises names the source and the task: a bare ``KeyError:
+    'n_estimators'`` said neither that ``cost=`` raised it nor for what."""
+    try:
+        value = cost(argument)
+    except Exception as exc:
+        raise CostError(f"{source}(cost=...) raised {type(exc).__name__}: {exc} for "
+                         f"{whose}") from exc
+    return task_cost(value, whose)
+
+
 def check_cost(cost: Any, source: str, argument: str) -> None:
     """Refuse a ``cost=`` that is no function, naming the source it was given to."""
     if cost is not None and not callable(cost):

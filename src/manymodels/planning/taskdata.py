@@ -42,7 +42,7 @@ from ..inputs.datareaders import (
     StagedFiles,
 )
 from ..inputs.parquetgroups import ParquetGroups
-from ..inputs.sourcechecks import task_cost
+from ..inputs.sourcechecks import called_cost
 from ..inputs.tables import is_pandas_frame
 
 #: ``(key parts, data reference, cost)`` of a task before a grid multiplies it.
@@ -119,13 +119,13 @@ class SettingsOnly(TaskData):
 def group_costs(cost: Any, lengths: Any) -> Any:
     """Each group's cost: its row count (``cost`` is ``float``, the default:
     the lengths themselves, a million groups), else ``cost`` of it, checked
-    (:func:`~manymodels.inputs.sourcechecks.task_cost`)."""
+    (:func:`~manymodels.inputs.sourcechecks.called_cost`)."""
     import numpy as np
 
     if cost is float:
         return lengths
-    return np.array([task_cost(cost(n), f"a group of {n} rows") for n in lengths.tolist()],
-                    dtype=np.float64)
+    return np.array([called_cost(cost, n, "groups", f"a group of {n} rows")
+                     for n in lengths.tolist()], dtype=np.float64)
 
 
 class Items(TaskData):
@@ -144,7 +144,7 @@ class Items(TaskData):
     def _cost_of(self, key: Any, item: Any) -> float:
         if self._cost is None:
             return 1.0
-        return task_cost(self._cost(item), f"the item of key {key!r}")
+        return called_cost(self._cost, item, "items", f"the item of key {key!r}")
 
     def hashes(self, refs: list[Any]) -> list[str]:
         from ..identity.hashing import item_hash
@@ -263,7 +263,8 @@ class ParquetReads(TaskData):
         file_numbers = layout.table.column("__file__").to_numpy()
         self._entries = [
             (key, (key, tuple(np.unique(file_numbers[off:off + n]).tolist())),
-             float(n) if cost is float else task_cost(cost(int(n)), f"a group of {n} rows"))
+             float(n) if cost is float else called_cost(cost, int(n), "groups",
+                                                        f"a group of {n} rows"))
             for key, off, n in zip(layout.keys, layout.offsets, layout.lengths)]
 
     def entries(self) -> list[Entry]:

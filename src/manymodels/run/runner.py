@@ -22,11 +22,16 @@ from ..engine.execution import RunContext
 from ..engine.modelfiles import ModelFiles
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
-from ..evaluation.selection import Halving, HalvingSearch, Selection
+from ..evaluation.selection import (
+    Halving,
+    HalvingSearch,
+    Selection,
+    refuse_a_key_named_like,
+)
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import task_identities
-from ..inputs.grids import GridSource, require_distinct_texts
+from ..inputs.grids import GridSource, require_distinct_texts, require_picklable_values
 from ..inputs.sources import Source
 from ..machine import collector_paused
 from ..observe.callbacks import Callbacks, RunInfo
@@ -90,7 +95,11 @@ def train(
         progress=progress, reuse=reuse, setup=setup, start_method=start_method,
         gpu_memory_limit=gpu_memory_limit)
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
-    source, run_fit, identity_extra, selection = _evaluation(fit, source, evaluate, select)
+    if store is not None or backend_type.requires_pickling:
+        require_picklable_values(source, "a store (each setting's identity is its pickle's "
+                                 "hash)" if store is not None else f"the {name} backend")
+    source, run_fit, identity_extra, selection = _evaluation(
+        fit, source, evaluate, select, options.retry_on if options.retries else ())
     checkpointed = checkpointing.wanted(fit, run_fit, {
         *(options.shared or {}), *source.key_columns,
         *(options.setup if isinstance(options.setup, Mapping) else ())}, keep_checkpoints,
@@ -213,18 +222,22 @@ def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify:
         raise ValueError("verify=True needs store=: it checks the models reused from the store")
 
 
-def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any
+def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any,
+                retry_on: tuple[type[BaseException], ...] = ()
                 ) -> tuple[Source, Any, dict[str, Any], Selection | None]:
     """What ``evaluate=`` and ``select=`` make of the job: the source (one task
     per group under halving), the function the workers call, what the tasks'
-    identities add (the splitter, the halving search), and the selection."""
+    identities add (the splitter, the halving search), and the selection;
+    ``retry_on``: the errors the run retries, which a halving raises again."""
     run_fit, splitter = prepare_evaluation(fit, source, evaluate)
     identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
     if isinstance(select, Halving):  # one task per group, its candidates inside
-        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select)
+        source, run_fit = HalvingSearch.prepare(fit, source, splitter, select, retry_on)
         identity_extra["__halving__"] = (select, run_fit.settings)
         return source, run_fit, identity_extra, select.selection
     selection = None if select is None else Selection.parse(select, splitter)
+    if selection is not None:
+        refuse_a_key_named_like(selection, source.key_columns)
     return source, run_fit, identity_extra, selection
 
 

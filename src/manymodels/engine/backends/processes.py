@@ -272,10 +272,12 @@ class ProcessesBackend(WorkerStarter, Backend):
 
     def submit(self, batch_id: int, tasks: Sequence[TaskRef]) -> None:
         worker = min((w for w in self._workers if w.ready), key=lambda w: len(w.batches))
-        # an item or a setting that cannot travel: its task fails alone
+        # an item or a setting that cannot travel: its task fails alone; one
+        # that holds a lambda travels by cloudpickle, as shared= and fit do
+        # (every task of a grid's lambda setting failed)
         tasks, payload, lost = dump_sendable(
-            tasks, lambda some: pickle.dumps((Msg.BATCH, batch_id, some), protocol=5),
-            functools.partial(pickle.dumps, protocol=5))
+            tasks, lambda some: dataplane.pickle_any((Msg.BATCH, batch_id, some)),
+            dataplane.pickle_any)
         self._unsent.extend(lost)
         if payload is None:
             return
