@@ -739,3 +739,51 @@ def test_the_slots_of_two_stopped_runs_go_once_the_task_is_committed(tmp_path, m
     last = run(None)
     assert last["status"] == "ok" and last["resumed_from"].startswith("attempt 1 of run 2")
     assert [p for p in (store / "checkpoints").glob("*/*/*") if p.is_dir()] == []
+
+
+def test_a_commit_keeps_empty_folders_and_links_as_they_are(tmp_path):
+    """What checkpoint.path holds is what a resumed task finds: an empty
+    folder was dropped, a link to a folder dropped, a link to a file made a
+    copy of it (another file, no longer following the latest round)."""
+    import os
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    work = first.path
+    (work / "round-2").mkdir()
+    (work / "round-2" / "model.txt").write_text("2 rounds")
+    (work / "logs" / "events").mkdir(parents=True)
+    os.symlink("round-2", work / "latest")
+    os.symlink("round-2/model.txt", work / "model.txt")
+    os.symlink(tmp_path / "nowhere", work / "dangling")
+    first.commit({"rounds": 2})
+    retry = Checkpoint(slot, attempt=2)
+    assert retry.load() == {"rounds": 2}
+    found = retry.path
+    assert (found / "logs" / "events").is_dir() and not any((found / "logs" / "events").iterdir())
+    assert os.readlink(found / "latest") == "round-2"
+    assert os.readlink(found / "model.txt") == "round-2/model.txt"
+    assert os.readlink(found / "dangling") == str(tmp_path / "nowhere")
+    assert (found / "latest" / "model.txt").read_text() == "2 rounds"
+    assert not (found / "round-2" / "model.txt").is_symlink()
+
+
+def test_a_manifest_naming_a_path_under_a_link_is_refused(tmp_path):
+    """A manifest edited to put a link to another folder and a name under it
+    would have the resume write there: it is refused, the task starts afresh."""
+    import json
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    (first.path / "model.txt").write_text("1 round")
+    first.commit()  # files only: the manifest is all there is to read
+    manifest = json.loads((slot / "manifest.json").read_text())
+    manifest["files"]["links"] = {"out": str(tmp_path / "outside")}
+    manifest["files"]["links"]["out/made"] = "x"
+    (slot / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "outside").mkdir()
+    retry = Checkpoint(slot, attempt=2)
+    assert list(retry.path.iterdir()) == [] and not retry.resumed
+    assert list((tmp_path / "outside").iterdir()) == []

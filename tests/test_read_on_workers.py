@@ -276,6 +276,10 @@ def test_a_staging_that_is_a_file_unwritable_or_under_home_is_taken_as_meant(
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ValueError, match=r"staging='.*a-file' is a file"):
         mm.groups(tmp_path, by="g", read_on_workers=True, staging=tmp_path / "a-file")
+    # staging=True made a folder named "True" in the working directory
+    for wrong in (True, 1):
+        with pytest.raises(TypeError, match=r"staging= must be a directory's path"):
+            mm.groups(tmp_path, by="g", read_on_workers=True, staging=wrong)
     (tmp_path / "locked").mkdir(mode=0o500)
     source = mm.groups(tmp_path, by="g", read_on_workers=True,
                        staging=tmp_path / "locked" / "stage")

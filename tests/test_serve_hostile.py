@@ -722,3 +722,88 @@ def test_a_prediction_json_has_no_type_for_is_its_text_not_a_500(tmp_path):
         {"store": 1, "price": 0.5}]})
     assert answer.status_code == 200, answer.text
     assert answer.json()["predictions"] == ["2024-01-31T08:00:00"]
+
+
+def _deleted_index_files(folder) -> list[str]:
+    """This process's open files that are an index removed from ``folder``."""
+    import os
+
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own)
+            continue
+        if target.startswith(f"{folder}/index.sqlite") and target.endswith("(deleted)"):
+            found.append(target)
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/fd"), reason="reads /proc")
+def test_a_store_replaced_at_its_path_has_its_old_index_closed(tmp_path):
+    """Each store replaced at the served path kept its index, removed, open
+    (its connections sit in reference cycles): a long-running server held
+    one more removed index on disk each time, until a full collection."""
+    import gc
+    import shutil
+
+    from manymodels.serve.state import ServedStore
+
+    for name in ("a", "b"):
+        mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+                 store=tmp_path / name, backend="serial", progress=False)
+    served_path = tmp_path / "m"
+    shutil.copytree(tmp_path / "a", served_path)
+    served = ServedStore(served_path, None, 10, 1 << 20, poll=None)
+    gc.disable()  # what a collection would close by chance is not counted
+    try:
+        for source in ("b", "a"):
+            shutil.rmtree(served_path)
+            shutil.copytree(tmp_path / source, served_path)
+            assert served.reload()
+            assert _deleted_index_files(served_path) == []
+    finally:
+        gc.enable()
+
+
+def test_polling_starts_again_when_the_apps_lifespan_runs_again(tmp_path):
+    """stop() left its poller set: a second lifespan (a test client opened
+    again) never polled, and served the first run for ever."""
+    from starlette.testclient import TestClient
+
+    mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    application = mm.serve_app(tmp_path / "m", poll=0.05)
+    served = application.state.served
+    for _ in range(2):
+        with TestClient(application) as client:
+            assert client.get("/healthz").status_code == 200
+            assert served.poller is not None and served.poller.is_alive()
+        assert served.poller is None
+
+
+def test_the_ray_deployments_unreadable_key_header_is_a_400(tmp_path):
+    """A header key that cannot be read as its columns hold keys raised out
+    of the multiplexed load: a 500. No header: the rows answered all the
+    same (Ray Serve refuses an empty model id)."""
+    import asyncio
+
+    from manymodels.serve.ray import StoreModels
+
+    frame = _sales(stores=2, rows=40).assign(region=1)
+    mm.train(fit_frame, mm.groups(frame, by=["store", "region"]), store=tmp_path / "m",
+             backend="serial", progress=False)
+    models = StoreModels(str(tmp_path / "m"), poll=None)
+    rows = [{"store": 1, "region": 1, "price": 0.5, "promo": 1}]
+
+    def answered(model_id: str) -> tuple[int, dict]:
+        response = asyncio.run(models.respond(_Body(rows), model_id, models.load))
+        return response.status_code, json.loads(response.body)
+
+    status, body = answered("1")
+    assert status == 400 and "serve_multiplexed_model_id" in body["error"], body
+    assert "JSON list of 2 values" in body["error"]
+    want = mm.Store(tmp_path / "m").predict(pd.DataFrame(rows), by=["store", "region"])
+    for model_id in ("[1, 1]", ""):
+        status, body = answered(model_id)
+        assert status == 200 and body["predictions"] == want.tolist(), body

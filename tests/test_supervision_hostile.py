@@ -445,3 +445,39 @@ def test_a_sigint_as_the_scheduler_loop_ends_still_stops_the_workers():
             process.kill()
     assert state["sent"] and not left, left
     assert (stopped.value.run.results["status"] == "ok").all()
+
+
+_READS_SLOWED: list[int] = []
+
+
+def test_a_slow_read_of_a_batchs_rows_is_not_charged_to_its_first_task(tmp_path, monkeypatch):
+    """The first task's timeout clock started before its batch's rows were
+    read: a read longer than timeout= (a slow file system) timed out every
+    task whose fit takes microseconds. The read is slowed in the (forked)
+    worker, each worker's first read only; a fit that hangs still times out."""
+    import numpy as np
+    import pandas as pd
+
+    from manymodels.inputs import datareaders
+
+    pd.DataFrame({"g": np.repeat(list("abcd"), 3), "x": np.arange(12.0)}).to_parquet(
+        tmp_path / "part.parquet", index=False)
+    read = datareaders.ParquetBatches.begin_batch
+
+    def slowly(self, refs):
+        if not _READS_SLOWED:  # (a forked worker's own list)
+            _READS_SLOWED.append(1)
+            time.sleep(2.5)  # a file system 2.5 timeouts slow
+        return read(self, refs)
+
+    monkeypatch.setattr(datareaders.ParquetBatches, "begin_batch", slowly)
+
+    def fit(df):
+        if df["g"].iloc[0] == "d":
+            time.sleep(3600)
+        return len(df)
+
+    run = mm.train(fit, mm.groups(tmp_path, by="g", read_on_workers=True), timeout=1,
+                   workers=1, backend="processes", start_method="fork", progress=False)
+    status = dict(zip(run.results["g"], run.results["status"]))
+    assert status == {"a": "ok", "b": "ok", "c": "ok", "d": "timeout"}, run.results

@@ -255,16 +255,49 @@ def _checked(manifest: Any) -> dict:
         if not isinstance(entries, dict):
             raise TypeError(f"files.entries is not a mapping: {entries!r:.200}")
         for name, entry in entries.items():
-            parts = PurePosixPath(name).parts
-            # (a backslash is a name's own character on POSIX, a separator on Windows)
-            if not name or name.startswith("/") or ".." in parts or (
-                    os.sep == "\\" and "\\" in name):
-                raise ValueError(f"files.entries names a path outside its folder: {name!r}")
+            _inside(name, "files.entries")
             if not isinstance(entry, list) or len(entry) != 2:
                 raise TypeError(f"files.entries[{name!r}] is not [sha256, size]: {entry!r}")
             _digest(entry[0], f"files.entries[{name!r}]")
             integer(entry[1], f"files.entries[{name!r}] size")
+        folders, links = files.get("folders", []), files.get("links", {})
+        if not isinstance(folders, list) or not isinstance(links, dict):
+            raise TypeError(f"files.folders is not a list, or files.links not a mapping: "
+                            f"{folders!r:.100}, {links!r:.100}")
+        for name in folders:
+            _inside(name, "files.folders")
+        for name, points_to in links.items():
+            _inside(name, "files.links")
+            if not isinstance(points_to, str) or not points_to or "\0" in points_to:
+                raise TypeError(f"files.links[{name!r}] is not a link's target: "
+                                f"{points_to!r:.200}")
+        _refuse_names_under_links([*entries, *folders, *links], links)
     return manifest
+
+
+def _refuse_names_under_links(names: list[str], links: dict) -> None:
+    """A commit never goes into a linked folder: a name under a link's (a
+    manifest edited by hand) would be made wherever the link points."""
+    if len(set(names)) != len(names):
+        raise ValueError("files names one path twice (a file, a folder or a link)")
+    for name in names:
+        parts = PurePosixPath(name).parts
+        for depth in range(1, len(parts)):
+            link = PurePosixPath(*parts[:depth]).as_posix()
+            if link in links:
+                raise ValueError(f"files names {name!r} under the link {link!r}")
+
+
+def _inside(name: Any, field: str) -> None:
+    """Refuse a name in a manifest that leads out of its folder (a manifest
+    edited by hand: nothing outside the task's folder is written)."""
+    if not isinstance(name, str):
+        raise TypeError(f"{field} names a path that is not text: {name!r:.200}")
+    parts = PurePosixPath(name).parts
+    # (a backslash is a name's own character on POSIX, a separator on Windows)
+    if not name or name.startswith("/") or ".." in parts or "\0" in name or (
+            os.sep == "\\" and "\\" in name):
+        raise ValueError(f"{field} names a path outside its folder: {name!r}")
 
 
 def _digest(value: Any, field: str) -> None:

@@ -130,12 +130,22 @@ class Checkpoint:
             work.mkdir(parents=True)
             files = (self._manifest or {}).get("files")
             if files:
-                for name in files["entries"]:
-                    target = work / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(self._slot / files["dir"] / name, target)
+                self._restore(files, work)
             self._work_ready = True
         return work
+
+    def _restore(self, files: dict, work: Path) -> None:
+        """The committed files into ``work``: each file copied, each empty
+        folder and each symbolic link made again as it was."""
+        for name in files["entries"]:
+            target = work / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self._slot / files["dir"] / name, target)
+        for name in files.get("folders", []):
+            (work / name).mkdir(parents=True, exist_ok=True)
+        for name, points_to in files.get("links", {}).items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(points_to, work / name)
 
     def _check(self, resuming: bool = True) -> None:
         """Read and verify the slot's manifest and everything it names, once;
@@ -213,18 +223,13 @@ class Checkpoint:
         target = self._slot / f"files-{generation}"
         temporary = self._slot / f".tmp-files-{generation}-{os.getpid()}"
         self._clear_leftovers()
-        entries: dict[str, list] = {}
         try:
-            for file in sorted(p for p in work.rglob("*") if p.is_file()):
-                name = file.relative_to(work).as_posix()
-                (temporary / name).parent.mkdir(parents=True, exist_ok=True)
-                entries[name] = list(copy_hashing(file, temporary / name))
-            temporary.mkdir(exist_ok=True)
+            files = _copy_committed(work, temporary)
             os.replace(temporary, target)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
-        files = {"dir": target.name, "entries": entries}
+        files["dir"] = target.name
         kept_state = (self._manifest or {}).get("state")
         if parts is not None:
             parts, kept_state = parts
@@ -298,3 +303,32 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self._slot)!r}, attempt={self.attempt})"
+
+
+def _copy_committed(work: Path, temporary: Path) -> dict[str, Any]:
+    """Copy what ``work`` holds into ``temporary``, and say it as a manifest's
+    ``files``: ``entries`` (each file's SHA-256 and size), and, where there
+    are any, ``folders`` (the empty ones) and ``links`` (each symbolic link's
+    target, as it reads: a link is committed as a link, never as a copy of
+    what it points to, a folder of another checkpoint or a file outside).
+    Libraries expect both again on resume (a ``latest`` link to the last
+    round's folder, a ``logs/`` folder made up front)."""
+    entries: dict[str, list] = {}
+    folders: list[str] = []
+    links: dict[str, str] = {}
+    temporary.mkdir(exist_ok=True)
+    for item in sorted(work.rglob("*")):  # (never into a linked folder)
+        name = item.relative_to(work).as_posix()
+        if item.is_symlink():
+            links[name] = os.readlink(item)
+        elif item.is_file():
+            (temporary / name).parent.mkdir(parents=True, exist_ok=True)
+            entries[name] = list(copy_hashing(item, temporary / name))
+        elif item.is_dir() and not any(item.iterdir()):
+            folders.append(name)
+    files: dict[str, Any] = {"entries": entries}
+    if folders:
+        files["folders"] = folders
+    if links:
+        files["links"] = links
+    return files

@@ -108,14 +108,21 @@ class EngineFrame:
             keep = kept
             table = (table.select(*spark_columns(table, keep)) if engine == "spark" else
                      table.select_columns(keep) if engine == "ray" else table[keep])
-        if staging is not None and not isinstance(staging, str):
-            if not isinstance(staging, os.PathLike):  # (str(True) made a folder "True" here)
-                raise TypeError("staging= must be a directory's path or an object store's "
-                                f"location, got {staging!r}")
-            staging = os.fspath(staging)
-        if is_remote(staging):
-            check_location(staging, "staging")
-        return cls(table, engine, staging)
+        return cls(table, engine, staging_location(staging))
+
+
+def staging_location(staging: Any) -> str | None:
+    """``staging=`` as a path's text or an object store's location (checked),
+    or None; anything else refused by name before any row is read
+    (``str(True)`` made a folder named "True")."""
+    if staging is not None and not isinstance(staging, str):
+        if not isinstance(staging, os.PathLike):
+            raise TypeError("staging= must be a directory's path or an object store's "
+                            f"location, got {staging!r}")
+        staging = os.fspath(staging)
+    if is_remote(staging):
+        check_location(staging, "staging")
+    return staging
 
 
 def _refuse_names_twice(names: list[str], engine: str) -> None:

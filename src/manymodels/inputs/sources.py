@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .engineframes import EngineFrame, engine_of
-from .objectstores import check_location, is_remote
+from .engineframes import EngineFrame, engine_of, staging_location
+from .objectstores import is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
 from .sourcechecks import check_cost
 from .tables import is_pandas_frame, named_twice, plain_scalar, read_table
@@ -95,10 +95,9 @@ class GroupSource(Source):
                              "read_on_workers' sorted rows, are written; this table is "
                              "neither: leave staging out")
         #: Where read_on_workers sorts files not in key order (None: a temporary directory)
-        self.staging = None if staging is None else str(staging)
-        if is_remote(self.staging):
-            check_location(self.staging, "staging")
-        elif self.staging is not None and Path(self.staging).expanduser().is_file():
+        self.staging = staging_location(staging)
+        if not is_remote(self.staging) and self.staging is not None and Path(
+                self.staging).expanduser().is_file():
             raise ValueError(f"staging={self.staging!r} is a file; it names the directory "
                              "read_on_workers writes its sorted rows under")
         #: A pandas frame's column labels when some are not strings (Arrow

@@ -11,6 +11,7 @@ coming from Ray Serve's multiplexed cache. Needs ``pip install "ray[serve]"``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..store import StoreIntegrityError
@@ -19,6 +20,9 @@ from .catalog import key_parts
 from .predictor import RequestError, predict_rows
 from .requests import json_answer, json_columns
 from .state import ServedStore
+
+#: The header naming a request's group key (Ray Serve's multiplexed model id).
+MODEL_ID_HEADER = "serve_multiplexed_model_id"
 
 
 class _Multiplexed:
@@ -49,12 +53,36 @@ class StoreModels:
 
     async def load(self, model_id: str) -> tuple[str | None, Any]:
         """(digest, model) of the group ``model_id`` names (wrapped in
-        ``@serve.multiplexed`` by :func:`deployment`)."""
+        ``@serve.multiplexed`` by :func:`deployment`). A key that cannot be
+        read as its column holds keys is the request's fault (400, as
+        ``GET /v1/models/{key}`` answers it), not the server's."""
         catalog = self.served.catalog
-        digest, source = catalog.find(key_parts(catalog, model_id))
+        try:
+            parts = key_parts(catalog, model_id)
+        except ValueError as exc:  # (KeyTextError too)
+            raise RequestError(400, f"header {MODEL_ID_HEADER}: {exc}") from exc
+        digest, source = catalog.find(parts)
         if digest is None:
             return None, None
         return digest, self.served.cache.get(catalog.store, digest, f"key {model_id}")
+
+    async def respond(self, request: Any, model_id: str,
+                      get_model: Callable[[str], Awaitable[tuple[str | None, Any]]]) -> Any:
+        """The answer to ``request``, whose header named ``model_id``, the
+        model coming from ``get_model`` (Ray Serve's multiplexed
+        :meth:`load`). Without the header, its rows are answered from the
+        replica's own cache (Ray Serve refuses an empty id, a 500)."""
+        from starlette.responses import JSONResponse
+
+        loaded: tuple[str | None, Any] = (None, None)
+        if model_id:
+            try:
+                loaded = await get_model(model_id)
+            except RequestError as exc:
+                return JSONResponse({"error": str(exc)}, exc.status)
+            except StoreIntegrityError as exc:
+                return JSONResponse({"error": str(exc)}, 500)
+        return await self.answer(request, loaded)
 
     async def answer(self, request: Any, loaded: tuple[str | None, Any]) -> Any:
         from starlette.responses import JSONResponse, Response
@@ -89,7 +117,7 @@ def deployment(store: str, *, run: int | None = None, max_models_per_replica: in
             return await self.load(model_id)
 
         async def __call__(self, request: Any) -> Any:
-            loaded = await self.get_model(serve.get_multiplexed_model_id())
-            return await self.answer(request, loaded)
+            return await self.respond(request, serve.get_multiplexed_model_id(),
+                                      self.get_model)
 
     return ManyModels

@@ -8,6 +8,7 @@ import ctypes
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
@@ -48,7 +49,7 @@ def open_served_store(store: Any) -> Any:
         raise TypeError(f"store must be a path or a manymodels.Store, got {store!r}")
     if is_remote(store):  # a store on an object store, as published
         try:
-            return Store(str(store), read_only=True)
+            return _closed_when_dropped(Store(str(store), read_only=True))
         except StoreError as exc:
             raise ValueError(str(exc)) from exc
     path = Path(store).expanduser()
@@ -58,9 +59,24 @@ def open_served_store(store: Any) -> Any:
     if not (path / "index.sqlite").is_file():
         raise ValueError(f"{str(store)!r} is not a manymodels store (it has no index.sqlite)")
     try:
-        return Store(path, read_only=True)
+        return _closed_when_dropped(Store(path, read_only=True))
     except StoreError as exc:
         raise ValueError(str(exc)) from exc
+
+
+def _closed_when_dropped(store: Any) -> Any:
+    """``store``, whose index connections are closed once nothing holds it
+    (no catalog, no request in flight). A connection sits in a reference
+    cycle (its statement cache) and so outlived its store until a full
+    garbage collection: each store replaced at the served path kept its
+    index, removed, open on disk, a long-running server one more each time."""
+    weakref.finalize(store, _close_connections, store._connections)
+    return store
+
+
+def _close_connections(connections: list) -> None:
+    for connection in list(connections):
+        connection.close()
 
 
 def index_identity(store: Any) -> tuple[int, int] | None:
@@ -124,7 +140,7 @@ class ServedStore:
             self.catalog: Catalog = build_catalog(opened, run)  # refuses an unknown run
         self._reloading = threading.Lock()
         self._failing: str | None = None  # the last reload's failure, while it lasts
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the running poller's (a new one each start)
         self.poller: threading.Thread | None = None
         log.info("serving run %d of %s: %d group model(s)%s", self.catalog.run_id,
                  self.store, self.catalog.models,
@@ -197,19 +213,24 @@ class ServedStore:
         """Poll the store every ``poll`` seconds (not for a fixed run)."""
         if self.poll is None or self.run is not None or self.poller is not None:
             return
-        self.poller = threading.current_thread()  # claimed: started once only
-        self._stop.clear()
-        poller = threading.Thread(target=self._poll_loop, name="manymodels-serve-poll",
-                                  daemon=True)
+        self.poller = threading.current_thread()  # claimed: one poller at a time
+        # its own event: a poller stopped but still in a reload ends there,
+        # whatever a later start does
+        self._stop = stop = threading.Event()
+        poller = threading.Thread(target=self._poll_loop, args=(stop,),
+                                  name="manymodels-serve-poll", daemon=True)
         poller.start()
         self.poller = poller
 
-    def _poll_loop(self) -> None:
-        while not self._stop.wait(self.poll):
+    def _poll_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.poll):
             self.reload()  # (a failed read is said, counted and tried again)
 
     def stop(self) -> None:
+        """Stop polling; a later :meth:`start` polls again (an app's lifespan
+        run once more: a test client opened twice, a server restarted in
+        the same process)."""
         self._stop.set()
-        poller = self.poller
+        poller, self.poller = self.poller, None
         if poller is not None and poller is not threading.current_thread():
             poller.join(timeout=10)

@@ -61,7 +61,7 @@ from ...machine import end_tree, worker_niceness
 from ..dataplane import dump_outcomes
 from ..execution import FLUSH_EVERY_S
 from ..messages import OkOutcomes
-from ._protocol import LOADING, SLOT, Msg, mark_pipes_closed
+from ._protocol import LOADING, READ_TIMEOUTS, SLOT, Msg, mark_pipes_closed
 
 
 def lower_priority() -> None:
@@ -272,7 +272,9 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
     check, repair, pack_into, now = streams.check, streams.repair, SLOT.pack_into, time.time
     pipes_open, pipes_intact = pipes.check, pipes.intact
 
-    def mark(index: int) -> None:  # as each task starts, and with -1 as a batch ends
+    def mark(index: int, allowance: int = 1) -> None:
+        # as each task starts, with -1 as a batch ends, and with the batch's
+        # first task and its task count while the batch's rows are read
         if index < 0:
             repair()
             if not pipes_intact():
@@ -281,7 +283,7 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
             check()
             if not pipes_open():  # the task before closed them: the slot names it still
                 raise closed()
-        pack_into(slots, slot_offset, index, now())
+        pack_into(slots, slot_offset, index, now(), allowance)
 
     tx.send((Msg.READY, os.getpid()))
 
@@ -292,17 +294,21 @@ def _loop(rx: Any, tx: Any, slots: mmap.mmap, slot_offset: int, load: Callable[[
             return 0
         # a death while unpickling is the batch's (an item whose loading kills
         # the process): the driver finds which task's by sending them one a batch
-        pack_into(slots, slot_offset, LOADING, now())
+        pack_into(slots, slot_offset, LOADING, now(), 1)
         try:
             message = pickle.loads(data)
         except BaseException as exc:  # an item of a class this process cannot import, say
-            pack_into(slots, slot_offset, -1, now())
+            pack_into(slots, slot_offset, -1, now(), 1)
             tx.send((Msg.UNREADABLE, f"{type(exc).__name__}: {exc}"))
             continue
         if message[0] == Msg.STOP:
             return 0
         _, batch_id, tasks = message
-        mark(tasks[0][0])  # a death while preparing the batch is blamed on its first task
+        # a death while the batch's rows are read is blamed on its first task;
+        # the read is no task's own time (a slow file system, an object store):
+        # it may take READ_TIMEOUTS timeouts, or its tasks' together, and the
+        # first task's own clock starts after it
+        mark(tasks[0][0], max(READ_TIMEOUTS, len(tasks)))
         for part in executor.run_in_parts(tasks, on_start=mark, flush_every_s=FLUSH_EVERY_S):
             if part.last or executor.broken is not None:
                 mark(-1)

@@ -6,32 +6,44 @@ strings on the wire). Each processes worker owns one slot of a small shared
 file: the index of the task it is running (-1 when none, :data:`LOADING`
 while it unpickles its next batch) and the wall-clock time it started it,
 negated once the worker found its pipes to the driver closed
-(:func:`mark_pipes_closed`). The driver reads the slots to blame the right
-task when a worker dies and to enforce timeouts.
+(:func:`mark_pipes_closed`), and how many ``timeout=`` it may take: 1 for
+a task, :data:`READ_TIMEOUTS` or the batch's task count while the batch's
+rows are read (the read is no task's own time, and a hung one still ends). The driver reads the
+slots to blame the right task when a worker dies and to enforce timeouts.
 """
 
 import struct
 from typing import Any
 
-SLOT = struct.Struct("qd")
+SLOT = struct.Struct("qdq")
 #: A slot's index while its worker unpickles its next batch: a death then is
 #: that batch's doing (an item whose unpickling kills the process).
 LOADING = -2
+#: The timeouts a batch's read of its rows may take at least (a slow file
+#: system, an object store): a first batch holds one task, whose own
+#: ``timeout=`` is for its fit.
+READ_TIMEOUTS = 10
 
 
 def mark_pipes_closed(slots: Any, offset: int) -> None:
     """Mark the slot at ``offset``: its worker found its pipes to the driver
     closed (by the task the slot names) and ends. The start time is kept,
     negated, so that the task's time is still known."""
-    index, started = SLOT.unpack_from(slots, offset)
-    SLOT.pack_into(slots, offset, index, -abs(started))
+    index, started, allowance = SLOT.unpack_from(slots, offset)
+    SLOT.pack_into(slots, offset, index, -abs(started), allowance)
 
 
 def read_slot(slots: Any, offset: int) -> tuple[int, float, bool]:
     """The slot's task index, its start time, and whether its worker found
     its pipes to the driver closed."""
-    index, started = SLOT.unpack_from(slots, offset)
+    index, started, _ = SLOT.unpack_from(slots, offset)
     return index, abs(started), started < 0
+
+
+def slot_allowance(slots: Any, offset: int) -> int:
+    """How many ``timeout=`` the slot's mark may run: more than 1 while its
+    worker reads a batch's rows."""
+    return max(1, SLOT.unpack_from(slots, offset)[2])
 
 
 class Msg:

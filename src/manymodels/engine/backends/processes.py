@@ -63,7 +63,7 @@ from ..options import START_METHODS
 from ..outcomeloads import load_outcomes
 from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
 from ._process_start import WorkerStarter
-from ._protocol import LOADING, SLOT, Msg, read_slot
+from ._protocol import LOADING, SLOT, Msg, read_slot, slot_allowance
 from ._undertaker import Undertaker
 from .base import (
     DEATHS_OUTSIDE_TASKS,
@@ -138,7 +138,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             with open(self._slots_path, "r+b") as handle:
                 self._slots = mmap.mmap(handle.fileno(), 0)
             for slot in range(self.workers):
-                SLOT.pack_into(self._slots, slot * SLOT.size, -1, 0.0)
+                SLOT.pack_into(self._slots, slot * SLOT.size, -1, 0.0, 1)
             self._limits = thread_limit_environment(self.cpus_per_task)
             self._env = {**os.environ, **self._limits}
             self._start_gate = os.pipe() if self.start_method == "fork" else None
@@ -203,7 +203,7 @@ class ProcessesBackend(WorkerStarter, Backend):
         worker.sender.join(timeout=5)
         if not worker.sender.is_alive():  # else it is stuck on a pipe that a process
             worker.tx.close()             # the worker started still holds: left open
-        SLOT.pack_into(self._slots, worker.slot * SLOT.size, -1, 0.0)
+        SLOT.pack_into(self._slots, worker.slot * SLOT.size, -1, 0.0, 1)
 
     def _replace(self, worker: Worker, status: str | None, message: str | None, *,
                  retiring: bool = False) -> list[Event]:
@@ -389,16 +389,10 @@ class ProcessesBackend(WorkerStarter, Backend):
                         events.extend(self._replace(worker, None, None))
                 continue
             if self.timeout is not None:
-                index, started, pipes_closed = read_slot(self._slots,
-                                                         worker.slot * SLOT.size)
-                if index >= 0 and not pipes_closed and wall_now - started > self.timeout:
-                    again, _ = SLOT.unpack_from(self._slots, worker.slot * SLOT.size)
-                    if again == index:
-                        events.extend(self._replace(
-                            worker, Status.TIMEOUT.value,
-                            f"task ran longer than timeout={self.timeout:g}s; its worker "
-                            "was killed"))
-                        continue
+                overdue = self._overdue(worker, wall_now)
+                if overdue is not None:
+                    events.extend(self._replace(worker, Status.TIMEOUT.value, overdue))
+                    continue
             if worker.memory is not None:
                 held = worker.memory.check(now, table)
                 if held is not None:
@@ -408,6 +402,25 @@ class ProcessesBackend(WorkerStarter, Backend):
                         f"started, over memory_limit={format_bytes(self.memory_limit)}; "
                         "it was killed"))
         return events
+
+    def _overdue(self, worker: Worker, wall_now: float) -> str | None:
+        """Why ``worker`` is past ``timeout=``, or None: its task ran longer,
+        or the rows of its batch took longer to read than its tasks'
+        timeouts together. The slot is read twice, and taken only when both
+        reads agree (a worker marking its next task meanwhile is not late)."""
+        offset = worker.slot * SLOT.size
+        index, started, pipes_closed = read_slot(self._slots, offset)
+        allowance = slot_allowance(self._slots, offset)
+        if index < 0 or pipes_closed or wall_now - started <= self.timeout * allowance:
+            return None
+        if read_slot(self._slots, offset) != (index, started, pipes_closed) or (
+                slot_allowance(self._slots, offset) != allowance):
+            return None
+        if allowance > 1:
+            return (f"reading the rows of its batch took longer than {allowance} x "
+                    f"timeout={self.timeout:g}s (a read is allowed that many timeouts, "
+                    "its fit one); its worker was killed")
+        return f"task ran longer than timeout={self.timeout:g}s; its worker was killed"
 
     def stop(self, *, force: bool = False) -> None:
         if getattr(self, "_first_pids", None):  # the mean start of the first workers
