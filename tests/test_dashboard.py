@@ -406,3 +406,26 @@ def test_a_page_of_many_failures_says_it_lists_the_first(tmp_path):
         dom = dump_dom(server.url, tmp_path)  # its only run
     assert text_of(dom, "failures-count") == "(72)"
     assert text_of(dom, "failures-note") == note
+
+
+def fail_old(item):
+    if item.startswith("old"):
+        raise ValueError(f"bad item {item}")
+    return {"score": 1.0}
+
+
+def test_a_store_made_again_at_its_path_is_shown_as_it_is_now(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fail_old, mm.items(["old1", "old2", "x"]), backend="serial", progress=False,
+             store=store)
+    with DashboardServer(store) as server:
+        for search in ("", "old"):  # kept answers, and kept tasks (a search is not kept)
+            assert get(at(server, f"api/page?q={search}"))[1]["run"]["summary"]["tasks"] == 3
+        shutil.rmtree(store)  # rm -rf, and a new run 1 there, while the dashboard serves
+        mm.train(fail_old, mm.items(["new1", "new2", "new3", "new4", "old5"]),
+                 backend="serial", progress=False, store=store)
+        for search in ("", "old"):
+            page = get(at(server, f"api/page?q={search}"))[1]
+            assert page["runs"][0]["tasks"] == page["run"]["summary"]["tasks"] == 5
+            assert page["run"]["summary"]["counts"] == {"failed": 1, "ok": 4}
+            assert [item["key"] for item in page["run"]["failures"]["items"]] == ["old5"]
