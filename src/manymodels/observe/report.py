@@ -71,10 +71,13 @@ def _histogram(values: np.ndarray, title: str, color: str = "#4c78a8",
     low, high = float(values.min()), float(values.max())
     if high == low:
         high = low + (abs(low) or 1.0) * 1e-6 + 1e-12
+    # a range too narrow (a rounding apart), or too wide for finite bins (wider
+    # than a float's: numpy warned of its overflow): one bar
     try:
-        counts, edges = np.histogram(values, bins=min(30, max(5, int(math.sqrt(len(values))))),
-                                     range=(low, high))
-    except ValueError:  # a range too narrow (a rounding apart) or too wide for finite bins
+        with np.errstate(over="raise", invalid="raise"):
+            counts, edges = np.histogram(
+                values, bins=min(30, max(5, int(math.sqrt(len(values))))), range=(low, high))
+    except (ValueError, FloatingPointError):
         counts, edges = np.array([len(values)]), np.array([low, high])
     left, bottom, plot_w, plot_h = 50, 30, width - 60, height - 60
     top = counts.max()

@@ -43,18 +43,30 @@ def finite(value: Any) -> float | None:
 
 
 def histogram(values: list[float], bins: int = BINS) -> dict[str, Any]:
+    """``values`` counted in ``bins`` buckets from their least to their
+    greatest. Distances are taken in halves: finite values a float's range
+    apart (-1e308 and 1e308) have a difference that overflows to infinity,
+    and the bucket of inf / inf (NaN) failed the whole page's answer."""
     if not values:
         return {"low": None, "high": None, "counts": []}
     low, high = min(values), max(values)
-    width = (high - low) / bins or 1.0
+    half_width = (high / 2 - low / 2) / bins or 1.0
     counts = [0] * bins
     for value in values:
-        counts[min(int((value - low) / width), bins - 1)] += 1
+        counts[min(int((value / 2 - low / 2) / half_width), bins - 1)] += 1
     return {"low": low, "high": high, "counts": counts}
 
 
+def mean(values: list[float]) -> float:
+    """The mean of finite ``values``, finite too: their sum can overflow."""
+    return sum(value / len(values) for value in values)
+
+
 def quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of ``ordered``, between its two nearest values as a
+    weighted sum (their difference can overflow: see :func:`histogram`)."""
     position = q * (len(ordered) - 1)
     below = int(position)
     above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+    share = position - below
+    return ordered[below] * (1 - share) + ordered[above] * share

@@ -30,7 +30,7 @@ from ...engine.messages import FAILURE_STATUSES, Status
 from ...store import checkpoints, database, drivers
 from ...store.database import read_snapshot
 from ..report import clipped_error
-from .charts import BINS, finite, histogram, key_label, quantile
+from .charts import BINS, finite, histogram, key_label, mean, quantile
 from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
@@ -351,7 +351,7 @@ class Queries:
         charts = []
         for name, found in values.items():
             ordered = sorted(found)
-            charts.append({"name": name, "n": len(found), "mean": sum(found) / len(found),
+            charts.append({"name": name, "n": len(found), "mean": mean(found),
                            **{f"p{round(q * 100):02d}": quantile(ordered, q)
                               for q in (0.05, 0.5, 0.95)},
                            **histogram(found)})
