@@ -429,3 +429,25 @@ def test_a_store_made_again_at_its_path_is_shown_as_it_is_now(tmp_path):
             assert page["runs"][0]["tasks"] == page["run"]["summary"]["tasks"] == 5
             assert page["run"]["summary"]["counts"] == {"failed": 1, "ok": 4}
             assert [item["key"] for item in page["run"]["failures"]["items"]] == ["old5"]
+
+
+def fail_on_the_second_day(rows):
+    if rows["day"].iloc[0].day == 2:
+        raise ValueError("no model for day 2")
+    return {"score": 1.0}
+
+
+def test_keys_of_dates_and_missing_values_read_as_the_report_writes_them(tmp_path):
+    import pandas as pd
+
+    from manymodels.observe.dashboard.queries import Queries
+
+    days = pd.to_datetime(["2024-01-01", "2024-01-02"]).repeat(2)
+    table = pd.DataFrame({"day": days, "shop": ["a", None] * 2, "y": range(4)})
+    mm.train(fail_on_the_second_day, mm.groups(table, by=["day", "shop"]),
+             backend="serial", progress=False, store=tmp_path / "store")
+    found = Queries(tmp_path / "store").page(search="2024-01-02 00:00:00, A")["run"]
+    assert [item["key"] for item in found["failures"]["items"]] == ["2024-01-02 00:00:00, a"]
+    assert sorted(key for key in found["timeline"]["keys"]) == [
+        "2024-01-01 00:00:00, None", "2024-01-01 00:00:00, a",
+        "2024-01-02 00:00:00, None", "2024-01-02 00:00:00, a"]

@@ -4,9 +4,10 @@ functions of lists: the queries (:mod:`.queries`) read the store."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
+
+from ...inputs.keys import decode_key
 
 BINS = 30
 
@@ -17,15 +18,16 @@ KEY_CHARACTERS = 200
 
 
 def key_label(text: str, whole: bool = False) -> str:
-    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``, cut to
+    """A stored key (JSON list) as the dashboard shows it: ``s1, i7``, a time
+    ``2024-01-31 00:00:00`` (not its stored tag, ``{"$datetime": ...}``), cut to
     :data:`KEY_CHARACTERS` with its length said, unless ``whole`` (what a
     search matches)."""
     try:
-        parts = json.loads(text)
-    except ValueError:
+        parts = decode_key(text)
+    except (ValueError, TypeError, KeyError):  # no key manymodels wrote: shown as stored
         label = text
-    else:
-        label = ", ".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+    else:  # as Python prints each value, as the report and the command line do
+        label = ", ".join(map(str, parts))
     if whole or len(label) <= KEY_CHARACTERS:
         return label
     return f"{label[:KEY_CHARACTERS]}... ({len(label):,} characters)"
