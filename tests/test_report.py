@@ -165,3 +165,7 @@ def test_a_metric_of_numbers_and_text_is_charted_from_its_numbers(tmp_path):
                  store_report(mm.Store(tmp_path / "store"), 1, tmp_path / "s.html").read_text()):
         assert chart_titles(text)[1:] == ["rmse", "combos"]
         assert ">0.2 to " in text and "1e+20" in text  # their numbers: 0.2 the least rmse
+    every_one_ok = mm.train(fit_with_metrics_of_mixed_types, mm.items([3, 4]),
+                            backend="serial", progress=False)  # converged: a bool column
+    assert chart_titles(every_one_ok.report(tmp_path / "ok.html").read_text())[1:] == [
+        "rmse", "combos"]

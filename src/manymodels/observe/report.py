@@ -153,6 +153,8 @@ def _metric_values(column: pd.Series) -> np.ndarray | None:
     for most tasks and text for some (``"n/a"``), or a whole number past
     64 bits for one, is a column of objects: it is drawn from its numbers, as
     the dashboard draws it, not left out."""
+    if pd.api.types.is_bool_dtype(column):  # (numeric to pandas; not to the dashboard)
+        return None
     if pd.api.types.is_numeric_dtype(column):
         return column.to_numpy(dtype=float, na_value=np.nan)
     values = np.fromiter(map(_number, column), dtype=float, count=len(column))
