@@ -451,3 +451,19 @@ def test_keys_of_dates_and_missing_values_read_as_the_report_writes_them(tmp_pat
     assert sorted(key for key in found["timeline"]["keys"]) == [
         "2024-01-01 00:00:00, None", "2024-01-01 00:00:00, a",
         "2024-01-02 00:00:00, None", "2024-01-02 00:00:00, a"]
+
+
+def test_a_port_in_use_is_named_with_a_way_out(finished_store):
+    import socket
+
+    from conftest import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("dashboard", finished_store, "--port", port)
+    assert done.returncode == 2
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert f"cannot serve on 127.0.0.1 port {port}: Address already in use" in said
+    assert "--port 0 picks a free one" in said
