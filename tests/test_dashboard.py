@@ -406,3 +406,64 @@ def test_a_page_of_many_failures_says_it_lists_the_first(tmp_path):
         dom = dump_dom(server.url, tmp_path)  # its only run
     assert text_of(dom, "failures-count") == "(72)"
     assert text_of(dom, "failures-note") == note
+
+
+def fail_old(item):
+    if item.startswith("old"):
+        raise ValueError(f"bad item {item}")
+    return {"score": 1.0}
+
+
+def test_a_store_made_again_at_its_path_is_shown_as_it_is_now(tmp_path):
+    store = tmp_path / "store"
+    mm.train(fail_old, mm.items(["old1", "old2", "x"]), backend="serial", progress=False,
+             store=store)
+    with DashboardServer(store) as server:
+        for search in ("", "old"):  # kept answers, and kept tasks (a search is not kept)
+            assert get(at(server, f"api/page?q={search}"))[1]["run"]["summary"]["tasks"] == 3
+        shutil.rmtree(store)  # rm -rf, and a new run 1 there, while the dashboard serves
+        mm.train(fail_old, mm.items(["new1", "new2", "new3", "new4", "old5"]),
+                 backend="serial", progress=False, store=store)
+        for search in ("", "old"):
+            page = get(at(server, f"api/page?q={search}"))[1]
+            assert page["runs"][0]["tasks"] == page["run"]["summary"]["tasks"] == 5
+            assert page["run"]["summary"]["counts"] == {"failed": 1, "ok": 4}
+            assert [item["key"] for item in page["run"]["failures"]["items"]] == ["old5"]
+
+
+def fail_on_the_second_day(rows):
+    if rows["day"].iloc[0].day == 2:
+        raise ValueError("no model for day 2")
+    return {"score": 1.0}
+
+
+def test_keys_of_dates_and_missing_values_read_as_the_report_writes_them(tmp_path):
+    import pandas as pd
+
+    from manymodels.observe.dashboard.queries import Queries
+
+    days = pd.to_datetime(["2024-01-01", "2024-01-02"]).repeat(2)
+    table = pd.DataFrame({"day": days, "shop": ["a", None] * 2, "y": range(4)})
+    mm.train(fail_on_the_second_day, mm.groups(table, by=["day", "shop"]),
+             backend="serial", progress=False, store=tmp_path / "store")
+    found = Queries(tmp_path / "store").page(search="2024-01-02 00:00:00, A")["run"]
+    assert [item["key"] for item in found["failures"]["items"]] == ["2024-01-02 00:00:00, a"]
+    assert sorted(key for key in found["timeline"]["keys"]) == [
+        "2024-01-01 00:00:00, None", "2024-01-01 00:00:00, a",
+        "2024-01-02 00:00:00, None", "2024-01-02 00:00:00, a"]
+
+
+def test_a_port_in_use_is_named_with_a_way_out(finished_store):
+    import socket
+
+    from conftest import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("dashboard", finished_store, "--port", port)
+    assert done.returncode == 2
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert f"cannot serve on 127.0.0.1 port {port}: Address already in use" in said
+    assert "--port 0 picks a free one" in said

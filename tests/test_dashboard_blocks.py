@@ -17,6 +17,7 @@ import pytest
 
 from manymodels.observe.dashboard import queries as dashboard
 from manymodels.observe.dashboard.queries import SECTIONS, Queries
+from manymodels.observe.dashboard.runtasks import RunTasks
 from manymodels.store import database, taskblocks
 
 STATUSES = np.array(["ok"] * 12 + ["failed", "timeout", "crashed", "cancelled"])
@@ -98,6 +99,12 @@ def ran(conn: sqlite3.Connection, run_id: int) -> int:
     """A run's done tasks in the old ``tasks`` table: those not cancelled."""
     return conn.execute("SELECT count(*) FROM tasks WHERE run_id = ? AND status != 'cancelled'",
                         (run_id,)).fetchone()[0]
+
+
+def kept(queries: Queries, run_id: int) -> RunTasks:
+    """The tasks ``queries`` keeps of run ``run_id``."""
+    (tasks,) = [tasks for (kept_id, _), tasks in queries._cache.items() if kept_id == run_id]
+    return tasks
 
 
 def without_clock(answer: dict) -> dict:
@@ -211,9 +218,9 @@ def test_answers_from_blocks_are_the_old_sqls(twin_stores):
     assert 0 < everything["metrics"]["sampled"] <= 150
     assert [c["name"] for c in everything["metrics"]["charts"]] == ["rmse", "r2"]
     assert everything["failures"]["matching"] < everything["failures"]["total"]
-    assert from_blocks._cache[run_id].blocks_read == 3  # each decoded once, then kept
+    assert kept(from_blocks, run_id).blocks_read == 3  # each decoded once, then kept
     answer(from_blocks, run_id)
-    assert from_blocks._cache[run_id].blocks_read == 3
+    assert kept(from_blocks, run_id).blocks_read == 3
 
 
 def test_a_live_run_polled_picks_up_the_new_blocks(tmp_path):
@@ -233,7 +240,7 @@ def test_a_live_run_polled_picks_up_the_new_blocks(tmp_path):
         assert without_clock(answer(live, run_id, "bad 1")) == without_clock(
             answer(Queries(tmp_path / "blocks"), run_id, "bad 1"))  # as asked afresh
         assert_as_old_sql(live, run_id, old, 4000)
-        polls.append((run["done"], live._cache[run_id].blocks_read))
+        polls.append((run["done"], kept(live, run_id).blocks_read))
         write_blocks(conn, run_id, *more)
         write_old_rows(old, old_run, *more)
     assert [blocks for _, blocks in polls] == [2, 3, 5]  # only the new blocks decoded

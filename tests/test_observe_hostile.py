@@ -311,3 +311,22 @@ def test_a_report_cut_short_by_a_full_disk_leaves_the_earlier_report_whole(tmp_p
         assert "score" in write(path).read_text()
     with pytest.raises(FileNotFoundError, match="no-such-folder"):
         run.report(tmp_path / "no-such-folder" / "r.html")
+
+
+def metrics_a_floats_range_apart(rows):
+    return {"loss": 1e308 if rows["y"].iloc[0] > 1 else -1e308}
+
+
+def test_metrics_a_floats_range_apart_are_charted_by_the_dashboard_and_report(tmp_path):
+    from manymodels.observe.report import store_report
+
+    mm.train(metrics_a_floats_range_apart, mm.groups(_three_groups(), by="k"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    (chart,) = Queries(tmp_path / "s").page()["run"]["metrics"]["charts"]
+    assert (chart["low"], chart["high"], sum(chart["counts"])) == (-1e308, 1e308, 3)
+    assert (chart["counts"][0], chart["counts"][-1]) == (1, 2)
+    assert -1e308 <= chart["p05"] <= chart["mean"] <= chart["p95"] <= 1e308
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warnings are no user's business
+        text = store_report(mm.Store(tmp_path / "s"), 1, tmp_path / "r.html").read_text()
+    assert ">-1e+308 to 1e+308: 3<" in text

@@ -146,3 +146,26 @@ def test_a_run_given_gpus_names_them_on_its_timeline_beside_a_gpu_metric(tmp_pat
     text = run.report(tmp_path / "run.html").read_text()
     assert "w0 \u00b7 GPU 0" in text
     assert "metric_gpu" in chart_titles(text)
+
+
+def fit_with_metrics_of_mixed_types(item):
+    if item == 0:
+        raise ValueError("no model")
+    return {"rmse": "n/a" if item == 1 else item / 10, "combos": 10**20 if item == 2 else item,
+            "converged": True}
+
+
+def test_a_metric_of_numbers_and_text_is_charted_from_its_numbers(tmp_path):
+    """A metric that is text for one task ("n/a"), or a number past 64 bits
+    for one, is a column of objects: the report left it out (the dashboard
+    draws it); a metric of booleans alone is no distribution."""
+    run = mm.train(fit_with_metrics_of_mixed_types, mm.items(list(range(12))),
+                   backend="serial", progress=False, store=tmp_path / "store")
+    for text in (run.report(tmp_path / "run.html").read_text(),
+                 store_report(mm.Store(tmp_path / "store"), 1, tmp_path / "s.html").read_text()):
+        assert chart_titles(text)[1:] == ["rmse", "combos"]
+        assert ">0.2 to " in text and "1e+20" in text  # their numbers: 0.2 the least rmse
+    every_one_ok = mm.train(fit_with_metrics_of_mixed_types, mm.items([3, 4]),
+                            backend="serial", progress=False)  # converged: a bool column
+    assert chart_titles(every_one_ok.report(tmp_path / "ok.html").read_text())[1:] == [
+        "rmse", "combos"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,13 @@ def dashboard(
                                      allow_remote=allow_remote)
     except FileNotFoundError as exc:
         fail(str(exc), "STORE")
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:
         fail(str(exc), "--host/--port/--token")
+    except OSError as exc:  # "[Errno 98] Address already in use" named neither
+        fail(f"cannot serve on {host} port {port}: {exc.strerror or exc}"
+             + (" (another program listens there; --port 0 picks a free one)"
+                if exc.errno == errno.EADDRINUSE else ""),
+             "--host/--port")
     for warning in warned:
         typer.echo(f"warning: {warning.message}", err=True)
     typer.echo(f"manymodels dashboard of {store}: {server.url}  (Ctrl-C stops it)")

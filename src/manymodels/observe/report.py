@@ -71,10 +71,13 @@ def _histogram(values: np.ndarray, title: str, color: str = "#4c78a8",
     low, high = float(values.min()), float(values.max())
     if high == low:
         high = low + (abs(low) or 1.0) * 1e-6 + 1e-12
+    # a range too narrow (a rounding apart), or too wide for finite bins (wider
+    # than a float's: numpy warned of its overflow): one bar
     try:
-        counts, edges = np.histogram(values, bins=min(30, max(5, int(math.sqrt(len(values))))),
-                                     range=(low, high))
-    except ValueError:  # a range too narrow (a rounding apart) or too wide for finite bins
+        with np.errstate(over="raise", invalid="raise"):
+            counts, edges = np.histogram(
+                values, bins=min(30, max(5, int(math.sqrt(len(values))))), range=(low, high))
+    except (ValueError, FloatingPointError):
         counts, edges = np.array([len(values)]), np.array([low, high])
     left, bottom, plot_w, plot_h = 50, 30, width - 60, height - 60
     top = counts.max()
@@ -144,6 +147,30 @@ def _timeline(results: pd.DataFrame, gpus: bool = False, width: int = 1060) -> s
             f'<div class="legend">{legend}</div>')
 
 
+def _metric_values(column: pd.Series) -> np.ndarray | None:
+    """A metric's values as floats (NaN where a task has none, or no number);
+    ``None`` for a metric that has no number at all. A metric that is a number
+    for most tasks and text for some (``"n/a"``), or a whole number past
+    64 bits for one, is a column of objects: it is drawn from its numbers, as
+    the dashboard draws it, not left out."""
+    if pd.api.types.is_bool_dtype(column):  # (numeric to pandas; not to the dashboard)
+        return None
+    if pd.api.types.is_numeric_dtype(column):
+        return column.to_numpy(dtype=float, na_value=np.nan)
+    values = np.fromiter(map(_number, column), dtype=float, count=len(column))
+    return values if np.isfinite(values).any() else None
+
+
+def _number(value: Any) -> float:
+    """``value`` as a float where it is a number (not a bool), else NaN."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:  # a whole number past a float's range
+        return math.nan
+
+
 def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
                   key_columns: list[str], metric_columns: list[str],
                   gpus: bool = False) -> str:
@@ -159,12 +186,12 @@ def render_report(results: pd.DataFrame, summary: dict[str, Any], title: str,
     parts += ["<h2>Worker timeline</h2>", _timeline(results, gpus)]
     parts += ["<h2>Task durations</h2>",
               _histogram(ran["duration_s"].to_numpy(dtype=float), "duration (s)")]
-    metric_columns = [c for c in metric_columns if pd.api.types.is_numeric_dtype(results[c])]
-    if metric_columns:
+    charted = [(c, values) for c in metric_columns
+               if (values := _metric_values(results[c])) is not None][:8]
+    if charted:
         parts.append("<h2>Metrics</h2><div class='charts'>")
-        for column in metric_columns[:8]:
-            parts.append(_histogram(results[column].to_numpy(dtype=float), column,
-                                    color="#54a24b"))
+        for column, values in charted:
+            parts.append(_histogram(values, column, color="#54a24b"))
         parts.append("</div>")
     slowest = ran.nlargest(20, "duration_s")
     parts += ["<h2>Slowest tasks</h2>", _table(

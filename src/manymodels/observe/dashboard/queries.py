@@ -30,7 +30,7 @@ from ...engine.messages import FAILURE_STATUSES, Status
 from ...store import checkpoints, database, drivers
 from ...store.database import read_snapshot
 from ..report import clipped_error
-from .charts import BINS, finite, histogram, key_label, quantile
+from .charts import BINS, finite, histogram, key_label, mean, quantile
 from .runtasks import RunTasks, Snapshot
 
 SAMPLE = 4000  #: tasks drawn at most, per run, in the timeline and metric charts
@@ -71,6 +71,15 @@ def _alive(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+def _identity(run: dict[str, Any]) -> tuple[int, float]:
+    """What tells a run apart from every other the store's path has held: its
+    id and when it started. A store deleted and made again at the same path
+    (``rm -rf models/`` and a new run, while the dashboard serves) numbers its
+    runs from 1 again; keyed by id alone, the kept answers and tasks of the
+    deleted store's run 1 were shown as the new run 1's."""
+    return run["run_id"], run["started_at"]
+
+
 def _ended_at(run: dict[str, Any], tasks: Any) -> float:
     """When a run ended: its recorded end; now, while it runs; for a run
     whose driver died (no end recorded), its last task's end, so that its
@@ -97,9 +106,10 @@ class Queries:
                                     f"no {database.INDEX_NAME}")
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._finished: dict[tuple, Any] = {}  # (run_id, section) of finished runs
+        self._finished: dict[tuple, Any] = {}  # (run identity, section) of finished runs
         self._recent: dict[tuple, tuple[float, Any]] = {}  # key -> (keep until, answer)
-        self._cache: dict[int, RunTasks] = {}  # run_id -> its tasks, least recently used first
+        #: run identity (:func:`_identity`) -> its tasks, least recently used first
+        self._cache: dict[tuple, RunTasks] = {}
 
     def _throttled(self, key: tuple, compute: Any) -> Any:
         """``compute()``, or its last answer while that is fresh enough (see
@@ -177,12 +187,12 @@ class Queries:
             elif run["ok"] is not None:  # recorded when it ended
                 done = run["ok"] + (run["failed"] or 0)
             else:  # its driver died: count what it committed (once: it cannot change)
-                done = self._finished.get((run["run_id"], "done"))
+                done = self._finished.get((*_identity(run), "done"))
                 if done is None:
                     tasks = self._tasks(run, memos.get(run["run_id"]))
-                    done = self._finished[(run["run_id"], "done")] = tasks.done
-                    self._finished[(run["run_id"], "ended")] = _ended_at(run, tasks)
-                run["ended_at"] = self._finished.get((run["run_id"], "ended"))
+                    done = self._finished[(*_identity(run), "done")] = tasks.done
+                    self._finished[(*_identity(run), "ended")] = _ended_at(run, tasks)
+                run["ended_at"] = self._finished.get((*_identity(run), "ended"))
             run["done"] = done
             run.update(self._pace(run, tasks if run["status"] == "running" else None))
         return runs
@@ -239,12 +249,13 @@ class Queries:
         memo = {} if memo is None else memo
         run = memo.get("run") or memo.setdefault("run", self.run_row(run_id))
         cacheable = run["status"] != "running" and not search
-        if cacheable and (run_id, name) in self._finished:
-            return self._finished[(run_id, name)]
+        kept = (*_identity(run), name)
+        if cacheable and kept in self._finished:
+            return self._finished[kept]
         method = getattr(self, f"_{name}")
         value = method(run, memo, search) if name == "failures" else method(run, memo)
         if cacheable:
-            self._finished[(run_id, name)] = value
+            self._finished[kept] = value
         return value
 
     def run(self, run_id: int, search: str = "") -> dict[str, Any]:
@@ -261,9 +272,9 @@ class Queries:
         if memo is not None and "tasks" in memo:
             return memo["tasks"]
         with self._lock:
-            tasks = (self._cache.pop(run["run_id"], None)
+            tasks = (self._cache.pop(_identity(run), None)
                      or RunTasks(run["run_id"], run["tasks"] or 0))
-            self._cache[run["run_id"]] = tasks  # most recently used last
+            self._cache[_identity(run)] = tasks  # most recently used last
             while len(self._cache) > RUNS_KEPT:
                 self._cache.pop(next(iter(self._cache)))
         snapshot = tasks.refresh(self._conn(), live=run["status"] == "running")
@@ -340,7 +351,7 @@ class Queries:
         charts = []
         for name, found in values.items():
             ordered = sorted(found)
-            charts.append({"name": name, "n": len(found), "mean": sum(found) / len(found),
+            charts.append({"name": name, "n": len(found), "mean": mean(found),
                            **{f"p{round(q * 100):02d}": quantile(ordered, q)
                               for q in (0.05, 0.5, 0.95)},
                            **histogram(found)})

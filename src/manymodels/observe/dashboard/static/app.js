@@ -103,7 +103,9 @@ function histogram(target, hist, title, color) {
     label(chart, width / 2, height / 2, "no values yet", "middle");
   } else {
     const top = Math.max(...hist.counts), barW = plotW / hist.counts.length;
-    const edge = i => hist.low + (hist.high - hist.low) * i / hist.counts.length;
+    // a weighted sum: the difference of values a float's range apart is Infinity
+    const edge = i => hist.low * (1 - i / hist.counts.length)
+                      + hist.high * (i / hist.counts.length);
     hist.counts.forEach((count, i) => {
       const h = top ? plotH * count / top : 0;
       const rect = svg("rect", {x: (left + i * barW).toFixed(1), y: (height - bottom - h).toFixed(1),
