@@ -467,3 +467,21 @@ def test_a_port_in_use_is_named_with_a_way_out(finished_store):
     said = " ".join(done.stderr.replace("│", " ").split())
     assert f"cannot serve on 127.0.0.1 port {port}: Address already in use" in said
     assert "--port 0 picks a free one" in said
+
+
+def test_an_ended_runs_report_is_made_once_for_every_click(finished_store, monkeypatch):
+    """A report of a million tasks takes seconds and most of a gigabyte to
+    make: the dashboard makes an ended run's once and answers each click
+    with it (the real report, its making counted)."""
+    from manymodels.observe import report
+
+    made = []
+    real = report.store_report
+    monkeypatch.setattr(report, "store_report", lambda *args: made.append(1) or real(*args))
+    with DashboardServer(finished_store) as server:
+        bodies = []
+        for _ in range(3):
+            with urllib.request.urlopen(at(server, "report/1"), timeout=60) as answer:
+                bodies.append(answer.read())
+    assert len(made) == 1 and bodies[0] == bodies[1] == bodies[2]
+    assert b"Worker timeline" in bodies[0]

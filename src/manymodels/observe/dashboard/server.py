@@ -90,6 +90,35 @@ def _run_id(text: str) -> bool:
     return re.fullmatch(r"[0-9]{1,18}", text) is not None
 
 
+class _Reports:
+    """The HTML reports the dashboard has made, by run (its id and start:
+    a store made again at its path numbers its runs from 1 again), made
+    one at a time. A report of a million tasks takes seconds and most of a
+    gigabyte to make: each click made it again, and clicks at once made it
+    at once. An ended run's report is kept (the last :data:`KEPT`, about
+    1.3 MB each at a million tasks); a running run's is made each time."""
+
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple[int, float], bytes] = {}
+
+    def get(self, run: dict[str, Any], make: Any) -> bytes:
+        """``run``'s report (a row of :meth:`.Queries.run_row`), from ``make()``
+        where it is not kept."""
+        which = (run["run_id"], run["started_at"])
+        with self._lock:
+            body = self._kept.get(which)
+            if body is None:
+                body = make()
+                if run["status"] not in ("running", "interrupted"):
+                    self._kept[which] = body
+                    while len(self._kept) > self.KEPT:
+                        del self._kept[next(iter(self._kept))]
+            return body
+
+
 class _IPv6Server(ThreadingHTTPServer):
     """The dashboard's server on an IPv6 address (``::1``)."""
 
@@ -136,6 +165,7 @@ class DashboardServer:
         self.token = secrets.token_urlsafe(18) if token is None else token
         self.timeout = float(timeout)
         self.queries = Queries(store)
+        self.reports = _Reports()
         self.host, self.loopback = host, loopback
         server = _IPv6Server if ":" in host else ThreadingHTTPServer
         self.httpd = server((host, port), _Handler)
@@ -278,14 +308,17 @@ class _Handler(BaseHTTPRequestHandler):
         from ...store import Store
         from ..report import store_report
 
-        self.board.queries.run_row(run_id)  # KeyError: no such run
-        store = Store(self.board.queries.root, read_only=True)
-        try:
-            with tempfile.TemporaryDirectory(prefix="manymodels-report-") as tmp:
-                body = store_report(store, run_id, f"{tmp}/report.html").read_bytes()
-        finally:
-            store.close()
-        self._send(200, body, _TYPES[".html"], _REPORT_CSP)
+        run = self.board.queries.run_row(run_id)  # KeyError: no such run
+
+        def make() -> bytes:
+            store = Store(self.board.queries.root, read_only=True)
+            try:
+                with tempfile.TemporaryDirectory(prefix="manymodels-report-") as tmp:
+                    return store_report(store, run_id, f"{tmp}/report.html").read_bytes()
+            finally:
+                store.close()
+
+        self._send(200, self.board.reports.get(run, make), _TYPES[".html"], _REPORT_CSP)
 
     def _api(self, path: str, query: dict[str, list[str]]) -> None:
         queries = self.board.queries
