@@ -197,7 +197,7 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
     if not artifacts and fallback is None:
         raise ValueError(f"store {str(store)!r} has no model to predict with and no "
                          "fallback model")
-    task = EngineGroupPredictor(store.location, predictor, artifacts, with_source,
+    task = EngineGroupPredictor(store.reopened_as, predictor, artifacts, with_source,
                                 store_version(store))
     models = {} if fn is not None else _first_models(store, artifacts, fallback)
     for named, model in models.values():  # a feature column the table lacks, a method

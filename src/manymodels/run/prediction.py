@@ -288,7 +288,7 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     width = workers or os.cpu_count() or 1
     if backend is not None and backend != "serial":  # asked for: no probe
         return backend, max(1, -(-groups // (width * CHUNKS_PER_WORKER * 4)))
-    resource = _open_store(store.location)
+    resource = _open_store(store.reopened_as)
     try:
         each = measure(stored, layout.table, layout.offsets, layout.lengths, as_rows,
                        resource, PROBE_GROUPS)
@@ -337,7 +337,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
 
     answers = run_chunks(layout.table, layout.lengths, stored, fmt=fmt, per_chunk=per_chunk,
                          labels=labels, backend=backend, workers=workers,
-                         setup=functools.partial(_open_store, store.location),
+                         setup=functools.partial(_open_store, store.reopened_as),
                          progress=progress, describe=describe)
     failures = [a for a in answers if isinstance(a, GroupFailure)]
     corrupt = [f for f in failures if f.corrupt]
