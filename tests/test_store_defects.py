@@ -1186,3 +1186,24 @@ def test_a_linear_model_given_a_date_for_a_number_is_refused_not_answered(tmp_pa
     dated = frame.drop(columns="sales").assign(price=pd.Timestamp("2020-01-01"))
     with pytest.raises(RuntimeError, match="DateTime64DType"):
         mm.Store(tmp_path / "s").predict(dated, by="store", backend="serial")
+
+
+def test_an_export_cut_short_by_a_full_disk_leaves_no_half_file(tmp_path, small_disk):
+    """Store.export wrote its Parquet file in place: a full disk left a
+    half file (8 KB of a 14 KB export, unreadable) at the path, and one cut
+    short over an earlier export destroyed it."""
+    mount, _ = small_disk
+    frame = pd.DataFrame({"g": np.repeat(np.arange(300), 2), "x": np.arange(600.0)})
+    mm.train(lambda rows: (None, {"m": float(rows["x"].sum())}), mm.groups(frame, by="g"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    earlier = store.export(mount / "results.parquet")
+    size = earlier.stat().st_size
+    import shutil
+
+    (mount / "fill").write_bytes(b"\0" * (shutil.disk_usage(mount).free - size // 2))
+    for name in ("new.parquet", "results.parquet"):
+        with pytest.raises(OSError, match=f"cannot write the export '.*{name}'"):
+            store.export(mount / name)
+    assert sorted(p.name for p in mount.iterdir()) == ["fill", "results.parquet"]
+    assert len(pd.read_parquet(earlier)) == 300
