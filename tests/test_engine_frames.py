@@ -306,6 +306,9 @@ def test_store_predict_of_an_engine_frame_is_the_engines_frame(engine, table, tm
 
     with pytest.raises(ValueError, match="column 'price' is not in the"):
         store.predict(_engine_frame(engine, rows), by="store", features=["price"])
+    with pytest.raises(ValueError, match="column 'x' is not in the table to predict: the "
+                       "model of group .* was fitted with it"):  # its feature_names_in_
+        store.predict(_engine_frame(engine, rows.drop(columns="x")), by="store")
     labelled = table.assign(up=np.where(table["y"] > 0, "up", "down"))
     mm.train(fit_classifier, mm.groups(labelled, by="store"), store=tmp_path / "labels",
              backend="serial", progress=False)

@@ -888,3 +888,35 @@ def test_reading_the_copys_fingerprint_keeps_this_processs_sqlite_locks(tmp_path
     conn.commit()
     assert _fingerprint_of(tmp_path) != first  # each commit still changes it
     conn.close()
+
+
+def _first_value(model, rows):
+    return np.full(len(rows), float(model[0]))
+
+
+def test_a_moved_copy_predicts_on_workers_from_its_own_runs(s3, machine, tmp_path):
+    """The copy a refused open tells to move away opens by its path, for
+    reading: its workers opened the store by its URI instead, whose
+    published index (another machine's runs) lacks the copy's models."""
+    import shutil
+
+    uri, _ = s3
+    location = uri("moved")
+    _killed_driver(location)  # on machine a: 5 tasks in its copy, not published
+    copy = machine("a")
+    machine("b")
+    mm.train(lambda df: np.zeros(4) - 1.0, mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    machine("a")
+    with pytest.raises(StoreError, match="written from another machine") as error:
+        mm.Store(location)
+    held = str(error.value).split("(")[1].split(")")[0].strip("'")
+    assert held.startswith(copy)
+    moved = shutil.move(held, tmp_path / "moved-copy")
+    store = mm.Store(moved)
+    rows = pd.DataFrame({"g": [0, 1, 2], "x": [1.0, 2.0, 3.0]})
+    expected = store.predict(rows, by="g", fn=_first_value, backend="serial", run=1)
+    assert expected.tolist() == [3.0, 3.0, 3.0]
+    on_workers = store.predict(rows, by="g", fn=_first_value, backend="processes", workers=2,
+                               run=1)  # (its driver was killed: still "running" here)
+    assert on_workers.tolist() == expected.tolist()

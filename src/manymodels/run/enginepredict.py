@@ -25,6 +25,7 @@ group's key in the message.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..inputs.engineframes import engine_of, refuse_nested_keys, stand_ins
-from ..inputs.keys import TypedKeys
+from ..inputs.keys import TypedKeys, decode_key
 from ..inputs.tables import plain_scalar
 from ..store.database import INDEX_NAME, StoreIntegrityError
 
@@ -133,28 +134,40 @@ class EngineGroupPredictor:
         return answer
 
 
-def output_kind(store: Any, artifacts: dict[str, str], fallback: str | None,
-                method: str, fn: Callable | None) -> str:
+def _first_models(store: Any, artifacts: dict[str, str], fallback: str | None
+                  ) -> dict[str, tuple[str, Any]]:
+    """One group's stored model and the fallback, loaded (digest -> what it
+    is the model of, the model): what the driver reads of the models to
+    check them and type the answer, never more."""
+    from ..store.lazymodels import StoredModel
+
+    wanted = []
+    for key, digest in itertools.islice(artifacts.items(), 1):
+        parts = decode_key(key)
+        wanted.append((digest, f"group {parts[0] if len(parts) == 1 else parts!r}"))
+    if fallback is not None:
+        wanted.append((fallback, "the fallback"))
+    return {digest: (named, StoredModel(store, digest, named).load())
+            for digest, named in wanted}
+
+
+def output_kind(models: list[Any], method: str, fn: Callable | None) -> str:
     """What one prediction is: ``"float"``, ``"int"``, ``"str"`` or
     ``"vector"`` (a row of class probabilities or scores): an engine needs the
     answer's type before it runs. A classifier's ``predict`` gives its
-    classes' type (one group's stored model and the fallback are read to
-    know; where they disagree, text if either is text, else a float),
+    classes' type (``models``: one group's stored model and the fallback,
+    read to know; where they disagree, text if either is text, else a float),
     ``predict_proba`` and ``decision_function`` a vector, anything else a
     number."""
     if fn is not None:
         return "float"
     if method in ("predict_proba", "predict_log_proba", "decision_function"):
         return "vector"
-    digests = {d for d in (next(iter(artifacts.values()), None), fallback) if d is not None}
-    if not digests or method != "predict":
+    if not models or method != "predict":
         return "float"
-    from ..store.lazymodels import StoredModel
-
     kinds = set()
-    for digest in digests:
-        classes = getattr(StoredModel(store, digest, "a model of the run").load(), "classes_",
-                          None)
+    for model in models:
+        classes = getattr(model, "classes_", None)
         kind = "float" if classes is None else np.asarray(classes).dtype.kind
         kinds.add("int" if kind in "iub" else "str" if kind in "USO" else "float")
     return kinds.pop() if len(kinds) == 1 else "str" if "str" in kinds else "float"
@@ -184,9 +197,12 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
     if not artifacts and fallback is None:
         raise ValueError(f"store {str(store)!r} has no model to predict with and no "
                          "fallback model")
-    task = EngineGroupPredictor(store.location, predictor, artifacts, with_source,
+    task = EngineGroupPredictor(store.reopened_as, predictor, artifacts, with_source,
                                 store_version(store))
-    kind = output_kind(store, artifacts, fallback, method, fn)
+    models = {} if fn is not None else _first_models(store, artifacts, fallback)
+    for named, model in models.values():  # a feature column the table lacks, a method
+        predictor.check_model(model, columns, named)  # the models lack: said here
+    kind = output_kind([model for _, model in models.values()], method, fn)
     return {"spark": _on_spark, "dask": _on_dask, "ray": _on_ray}[engine](table, by, task, kind)
 
 

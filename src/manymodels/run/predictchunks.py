@@ -137,6 +137,14 @@ def _linear_predict(model: Any) -> bool:
             and isinstance(getattr(model, "coef_", None), np.ndarray))
 
 
+def _has_times(columns: Any, names: list[str]) -> bool:
+    """Whether a column of ``names`` holds datetimes or durations, which a
+    cast to float would make numbers (a date, its microseconds since 1970)
+    where scikit-learn refuses them."""
+    return any(getattr(columns[c], "dtype", None) is not None and columns[c].dtype.kind in "Mm"
+               for c in names)
+
+
 def call_model(model: Any, method: str, columns: dict[str, np.ndarray], names: list[str]
                ) -> Any:
     """``model.<method>`` of a group's feature columns. A model fitted on a
@@ -149,7 +157,8 @@ def call_model(model: Any, method: str, columns: dict[str, np.ndarray], names: l
 
     named = hasattr(model, "feature_names_in_")
     if method == "predict" and _linear_predict(model) and (
-            not named or list(model.feature_names_in_) == names):
+            not named or list(model.feature_names_in_) == names) and not _has_times(
+            columns, names):
         # scikit-learn's LinearModel.predict, the same product, minus ~50 us
         # of validation per call (a group of 5 rows costs ~5 us)
         X = stacked(columns, names, float)

@@ -104,6 +104,30 @@ class GroupPredictor:
             return {"source": CORRUPT, "error": str(exc)}
         return self.values(model, rows, key), {"source": origin}
 
+    def feature_names(self, model: Any, columns: Any) -> list[str]:
+        """The columns ``model`` is given: ``features``, else the model's
+        ``feature_names_in_``, else every column of ``columns`` but the keys."""
+        return self.features or list(getattr(model, "feature_names_in_", [])) or [
+            c for c in columns if c not in self.by]
+
+    def check_model(self, model: Any, columns: Any, named: str) -> list[str]:
+        """The columns ``model`` (the model of ``named``) is given
+        (:meth:`feature_names`). Refuses, naming the column or the method,
+        what it cannot predict: a feature it was fitted on that is not among
+        ``columns``, or a ``method`` it lacks. Checked on one model before
+        any group runs, and on each group's own model, so that the error
+        says what is wrong rather than the model's ``KeyError`` deep in a
+        traceback."""
+        if not callable(getattr(model, self.method, None)):
+            raise ValueError(f"method={self.method!r}, but the model of {named} "
+                             f"({type(model).__name__}) has no method {self.method!r}")
+        names = self.feature_names(model, columns)
+        missing = [c for c in names if c not in columns]
+        if missing:
+            raise ValueError(f"column {missing[0]!r} is not in the table to predict: the "
+                             f"model of {named} was fitted with it (its features: {names!r})")
+        return names
+
     def values(self, model: Any, rows: Any, key: Any) -> np.ndarray:
         """``model``'s predictions of one group's ``rows`` (``key``: its key
         parts, for the message when their number is wrong)."""
@@ -111,8 +135,7 @@ class GroupPredictor:
         if self.fn is not None:
             values = self.fn(model, rows)
         else:
-            names = self.features or list(getattr(model, "feature_names_in_", [])) or [
-                c for c in rows if c not in self.by]
+            names = self.check_model(model, rows, f"group {key[0] if len(key) == 1 else key!r}")
             values = call_model(model, self.method, rows, names)
         values = _row_values(values, rows)
         if values.ndim == 0:
@@ -198,7 +221,8 @@ class StoredGroups:
         named = parts[0] if len(parts) == 1 else parts  # "key 'a'": as a task's key is named
         try:
             if digest is not None:  # read once: a worker keeps only the fallback
-                model = StoredModel(resource, digest, f"key {named!r}").load()
+                model = self.predictor._models.get(digest) or StoredModel(
+                    resource, digest, f"key {named!r}").load()
             else:
                 model = self.predictor._model(resource, self.fallback,
                                               f"the fallback model (asked for key {named!r})")
@@ -223,6 +247,31 @@ def _digests_by_group(layout: Any, artifacts: dict[str, str]) -> list[str | None
             for digest, parts in zip(found, layout.keys)]
 
 
+def _check_first_model(store: Any, stored: StoredGroups, columns: Any) -> None:
+    """Refuse before any group runs what the first group's model (or the
+    fallback, when no group has one) cannot predict from ``columns``: a
+    feature column it was fitted with that the table lacks, or a ``method``
+    it does not have (:meth:`GroupPredictor.check_model`), rather than
+    every group failing on it with the model's own error. The model stays
+    loaded for the probe of :func:`_chunking`."""
+    predictor = stored.predictor
+    if predictor.fn is not None:
+        return
+    digests = stored._lists()[0]
+    group = next((i for i, digest in enumerate(digests) if digest is not None), None)
+    digest = stored.fallback if group is None else digests[group]
+    if digest is None:  # no row has a model: said once the groups ran
+        return
+    parts = stored.key(0 if group is None else group)
+    named = repr(parts[0] if len(parts) == 1 else parts)
+    named = f"group {named}" if group is not None else f"the fallback (asked for {named})"
+    try:
+        model = predictor._model(store, digest, named)
+    except StoreIntegrityError as exc:
+        raise StoreIntegrityError(f"predicting {named}: {exc}") from exc
+    predictor.check_model(model, columns, named)
+
+
 def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], store: Any,
               backend: str | None, workers: int | None) -> tuple[str, int]:
     """The backend (``backend``, else ``"serial"`` or ``"processes"`` from
@@ -239,7 +288,7 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     width = workers or os.cpu_count() or 1
     if backend is not None and backend != "serial":  # asked for: no probe
         return backend, max(1, -(-groups // (width * CHUNKS_PER_WORKER * 4)))
-    resource = _open_store(store.location)
+    resource = _open_store(store.reopened_as)
     try:
         each = measure(stored, layout.table, layout.offsets, layout.lengths, as_rows,
                        resource, PROBE_GROUPS)
@@ -269,6 +318,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     digests = _digests_by_group(layout, artifacts)
     stored = StoredGroups(GroupPredictor(by, features, method, fn, fallback), digests,
                           fallback, layout.key_table)
+    _check_first_model(store, stored, frame.columns)
     labels = source.column_labels
 
     def as_rows(table: Any, first: int, last: int) -> Any:  # groups first..last-1
@@ -287,7 +337,7 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
 
     answers = run_chunks(layout.table, layout.lengths, stored, fmt=fmt, per_chunk=per_chunk,
                          labels=labels, backend=backend, workers=workers,
-                         setup=functools.partial(_open_store, store.location),
+                         setup=functools.partial(_open_store, store.reopened_as),
                          progress=progress, describe=describe)
     failures = [a for a in answers if isinstance(a, GroupFailure)]
     corrupt = [f for f in failures if f.corrupt]
@@ -311,6 +361,15 @@ def _column_names(names: str | list[str] | None) -> list[str] | None:
     return None if names is None else [names] if isinstance(names, str) else list(names)
 
 
+def _check_columns_argument(argument: str, names: Any) -> None:
+    """Refuse ``by=`` or ``features=`` that is not a column name or a list
+    of them (a set, a number: read as other columns, or letter by letter)."""
+    if names is not None and not (isinstance(names, str) or (
+            isinstance(names, (list, tuple)) and names and all(isinstance(c, str)
+                                                               for c in names))):
+        raise TypeError(f"{argument} must be a column name or a list of them, got {names!r}")
+
+
 def predict_from_store(store: Any, table: Any, by: str | list[str] | None, method: str,
                        features: list[str] | None, run: int | None, fallback: bool,
                        with_source: bool, *, fn: Callable[[Any, Any], Any] | None,
@@ -324,9 +383,11 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
 
     check_switch("with_source", with_source)
     check_switch("fallback", fallback)
-    if by is not None and not (isinstance(by, str) or (
-            isinstance(by, (list, tuple)) and by and all(isinstance(c, str) for c in by))):
-        raise TypeError(f"by must be a column name or a list of them, got {by!r}")
+    _check_columns_argument("by", by)
+    _check_columns_argument("features", features)
+    if not isinstance(method, str):
+        raise TypeError(f"method must be the name of the models' method, such as "
+                        f"'predict', got {method!r}")
     run_id, run_keys, _ = store._run_row(run, ended=True)
     linear = store._linear_run(run_id)
     if linear is not None:  # (refused before any work, as the engine's table is)
@@ -353,7 +414,7 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
 
         return predict_frame(store, linear, table, method, with_source,
                              features=_column_names(features), fn=fn)
-    features = features or config.get("features")
+    features = _column_names(features) or config.get("features")
     if fn is not None and not callable(fn):
         raise TypeError(f"fn must be a function of (model, rows), got {fn!r}")
     artifacts = chosen["artifacts"] if chosen else store._model_artifacts(run)

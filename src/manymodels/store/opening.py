@@ -100,6 +100,15 @@ class OpenedIndex:
         return str(self.root)
 
     @property
+    def reopened_as(self) -> str:
+        """What a worker opens to read this store as it was opened here: its
+        URI on an object store, else its index's folder. This machine's copy
+        of a store's index opened by its path (a copy moved away too) is
+        that copy, not the store's URI, whose published index may hold
+        other runs, and other packs under the same numbers."""
+        return self.location if self._remote is not None else str(self.path)
+
+    @property
     def _version(self) -> str | None:
         """A store on an object store: the published index its copy was
         last synced with; None otherwise."""

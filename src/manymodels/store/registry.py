@@ -371,7 +371,7 @@ class Store(OpenedIndex):
                     frame[column] = frame[column].map(
                         lambda v: None if v is None else str(v))
         path = Path(path)
-        frame.to_parquet(path, index=False)
+        _write_whole(frame, path)
         return path
 
     # -- housekeeping --------------------------------------------------------------
@@ -454,6 +454,27 @@ class Store(OpenedIndex):
         from .explain import why_not_reused
 
         return why_not_reused(self, key, run)
+
+
+def _write_whole(frame: pd.DataFrame, path: Path) -> None:
+    """``frame`` as the Parquet file ``path``, whole or not at all: written
+    beside it under a temporary name, then renamed over it, so that a write
+    cut short (a full disk) leaves no half file, and an earlier export at
+    ``path`` stays as it was. The error names the file."""
+    import os
+    import uuid
+
+    # (a name of its own, made by the write: the file gets the umask's mode)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        frame.to_parquet(temporary, index=False)
+        os.replace(temporary, path)
+    except BaseException as exc:
+        temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            said = f"cannot write the export {str(path)!r}: {exc.strerror or exc}"
+            raise (OSError(said) if exc.errno is None else OSError(exc.errno, said)) from exc
+        raise
 
 
 def _with_models(tasks: pa.Table) -> pa.Table:
