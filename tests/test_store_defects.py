@@ -1207,3 +1207,30 @@ def test_an_export_cut_short_by_a_full_disk_leaves_no_half_file(tmp_path, small_
             store.export(mount / name)
     assert sorted(p.name for p in mount.iterdir()) == ["fill", "results.parquet"]
     assert len(pd.read_parquet(earlier)) == 300
+
+
+def test_a_closed_store_is_refused_by_name_in_every_thread(tmp_path):
+    """A store used after ``close()`` raised sqlite3's 'Cannot operate on a
+    closed database' in the thread that closed it, and in another thread
+    opened a new connection as if it had never been closed. ``with`` closes
+    it at the block's end."""
+    mm.train(lambda item: {"score": float(item)}, mm.items([1, 2]), backend="serial",
+             store=tmp_path / "store", progress=False)
+    with mm.Store(tmp_path / "store") as store:
+        assert len(store.runs()) == 1
+    with pytest.raises(mm.StoreError, match="was closed: open it again"):
+        store.runs()
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_error_of(store.runs)))
+    thread.start()
+    thread.join()
+    assert "was closed" in errors[0]
+    store.close()  # again: nothing to do
+
+
+def _error_of(call) -> str:
+    try:
+        call()
+    except Exception as exc:
+        return str(exc)
+    return "no error"

@@ -92,7 +92,14 @@ class OpenedIndex:
         self._connections = [first]
         self._local.conn = self._connections[0]
         self._connecting = threading.Lock()
+        self._closed = False
         self._publish()  # the runs of a driver here that stopped before publishing
+
+    def __enter__(self) -> OpenedIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def location(self) -> str:
@@ -188,6 +195,9 @@ class OpenedIndex:
     @property
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection to the index (opened on first use)."""
+        if self._closed:
+            raise database.StoreError(f"the store {str(self)!r} was closed: open it again "
+                                      "(mm.Store(...)) to use it")
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = database.connect(self.path, read_only=self.read_only, opened=True)
@@ -197,8 +207,14 @@ class OpenedIndex:
         return conn
 
     def close(self) -> None:
+        """Close the store's connections to its index (publishing its copy
+        first, on an object store). Using it afterwards is refused, naming
+        it; closing it again does nothing."""
+        if self._closed:
+            return
         self._publish(held=False)
         with self._connecting:
+            self._closed = True
             connections, self._connections = self._connections, []
         for conn in connections:
             conn.close()
