@@ -188,6 +188,10 @@ class OpenedIndex:
         return conn
 
     def close(self) -> None:
+        """Close this process's connections to the index; a store on an
+        object store first publishes the writes its copy holds, so that
+        other machines see them. A store is usable until closed; each call
+        that writes commits (and publishes) on its own."""
         self._publish(held=False)
         with self._connecting:
             connections, self._connections = self._connections, []
