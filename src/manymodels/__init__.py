@@ -7,15 +7,16 @@
 The package's folders are its data flow, bottom to top; each imports only the
 ones below it (``lint-imports`` checks it, see ``pyproject.toml``)::
 
-    inputs ──► identity ──► planning ──► engine ──► evaluation ──► store
-    (sources,   (code, data,  (tasks: key,  (scheduler,  (scores inside  (SQLite index,
-     tables,     params        data ref,     data plane,  the task,       model blobs,
-     keys)       hashes)       cost)         backends)    selection)      reuse)
-                                                                             │
-        cli ◄── api, transforms, sklearn ◄── run ◄── models, observe ◄───────┘
-                                          (train's     (mm.linear; progress,
-                                           wiring,      report, dashboard,
-                                           Run, Store)  MLflow)
+    machine ──► inputs ──► identity ──► planning ──► engine ──► evaluation ──► store
+    (cores,     (sources,   (code, data,  (tasks: key,  (scheduler,  (scores inside  (SQLite
+     memory,     tables,     params        data ref,     data plane,  the task,       index,
+     processes)  keys)       hashes)       cost)         backends)    selection)      blobs,
+                                                                                      reuse)
+                                                                                        │
+      cli ◄── sklearn, transforms, serve ◄── api ◄── run ◄── models, observe ◄──────────┘
+                                          (train)   (train's    (mm.linear; progress,
+                                                     wiring,     report, dashboard,
+                                                     Run, Store) MLflow)
 
 * ``machine``: what this machine offers (usable cores, memory, processes).
 * ``inputs``: task sources, the tables they read, and group keys.
@@ -27,7 +28,8 @@ ones below it (``lint-imports`` checks it, see ``pyproject.toml``)::
 * ``models``: model families fitted by manymodels itself (``mm.linear``).
 * ``observe``: progress, callbacks, MLflow, the report and the dashboard.
 * ``run``: what ``train`` wires, the ``Run``, prediction, ``mm.Store``.
-* ``api``, ``transforms``, ``sklearn``, ``cli``: the faces users call.
+* ``api``, ``transforms``, ``sklearn``, ``serve``, ``cli``: the faces users
+  call (``transforms`` and ``sklearn`` built on ``api``'s ``train``).
 
 The names below load on first use (PEP 562), so that a worker importing one
 module of the package (a Ray worker, a spawned process) does not import all

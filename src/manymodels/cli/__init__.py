@@ -1,4 +1,5 @@
-"""The command line: `manymodels train|runs|show|why|predict|report|dashboard|demo`."""
+"""The command line: `manymodels
+train|predict|serve|runs|show|export|why|verify|report|dashboard|demo`."""
 
 # each module registers its commands on the one typer app
 from . import dashboard, inspection, jobs  # noqa: F401

@@ -1,7 +1,9 @@
 """The scheduler: which task runs when, in batches of what size, and what
 happens when one fails.
 
-Data flow (everything here runs in the driver's main thread)::
+Data flow (everything here runs in the driver, in the thread that called
+``train``: the main thread, where Ctrl-C is heard, unless the caller chose
+another)::
 
     Plan.tasks ──sorted by cost, longest first──► pending
                (equal costs: by where the data lies)

@@ -3,5 +3,6 @@
 Hashes of a task's code (the user's ``fit`` and what it reads, followed
 through their modules), its parameters, and its data (a group's rows, a
 file's content, the shared objects). The store compares them to reuse a
-finished model; they depend only on :mod:`manymodels.inputs`.
+finished model; they depend only on :mod:`manymodels.machine` (the
+hashing of a table's rows runs on its usable cores).
 """

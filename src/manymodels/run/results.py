@@ -73,25 +73,37 @@ class Summary:
     what the workers could have done in the wall time (1.0 is the physical limit)."""
 
     tasks: int
+    """Every task of the run, reused ones included."""
     ok: int
+    """Tasks that ended ``ok``, reused ones included."""
     failed: int
+    """Tasks that failed: an exception, a crash, a timeout, a memory limit."""
     statuses: dict[str, int]
+    """Tasks per status, the statuses with none left out."""
     wall_s: float
+    """Seconds from the call to its end: planning, hashing and starting the
+    workers included."""
     task_time_s: float
+    """The sum of the tasks' fit times, in seconds."""
     workers: int
+    """How many workers ran the tasks."""
     backend: str
+    """The backend's name."""
     utilization: float
+    """``task_time_s / (wall_s x workers)``: 1.0 is the physical limit."""
     reused: int = 0
+    """Tasks whose model the store already held (not trained again)."""
     batches: int = 0
-    #: Seconds a worker took to start, on average over the first ones (they
-    #: start in parallel: interpreter, imports, loading the run, a CUDA
-    #: context), before its first task: inside ``wall_s``, not ``task_time_s``.
+    """How many batches the scheduler sent to the workers."""
     worker_start_s: float = 0.0
-    #: Why the workers were spawned, not forked (a module imported that is
-    #: not fork-safe, a memory limit...): see ``start_method`` of ``train``.
+    """Seconds a worker took to start, on average over the first ones (they
+    start in parallel: interpreter, imports, loading the run, a CUDA
+    context), before its first task: inside ``wall_s``, not ``task_time_s``."""
     spawn_reason: str | None = None
-    #: Tasks were given GPUs: a worker's start includes a CUDA context.
+    """Why the workers were spawned, not forked (a module imported that is
+    not fork-safe, a memory limit...): see ``start_method`` of ``train``."""
     gpus: bool = False
+    """Tasks were given GPUs: a worker's start includes a CUDA context."""
 
     @property
     def utilization_after_start(self) -> float:
@@ -349,6 +361,9 @@ class Run:
         return self.store.why_not_reused(key, run=self.run_id)
 
     def summary(self) -> Summary:
+        """The run's counts and timings (what its end prints): tasks by
+        status, wall and task time, and ``utilization`` against the physical
+        limit (the sum of fit times over the workers' wall time)."""
         rec = self._records
         # each status code counted at once; the first count: tasks not ended
         counts = np.bincount(rec.status_code + 1, minlength=len(STATUS_NAMES) + 1).tolist()

@@ -66,49 +66,67 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
 
     Parameters
     ----------
-    estimator : a scikit-learn estimator, cloned for every group.
-    by : the column(s) naming a row's group: names for a DataFrame, positions
+    estimator : scikit-learn estimator
+        Cloned for every group.
+    by : str, int or a sequence of them
+        The column(s) naming a row's group: names for a DataFrame, positions
         for an array. They are not passed to the per-group models; X may hold
         them alone (one baseline per group, e.g. ``DummyRegressor()``).
-    fallback : ``"global"`` (a clone of ``estimator`` fitted on all rows), an
+    fallback : "global", an estimator, or "error"
+        ``"global"`` (a clone of ``estimator`` fitted on all rows), an
         estimator (fitted on all rows), or ``"error"`` (predicting an unseen
         group raises). Used for unseen groups, groups smaller than
         ``min_group_size`` and groups whose fit failed (scikit-lego's
         ``use_global_model=False`` is ``fallback="error"``).
-    min_group_size : groups with fewer rows use the fallback (or a parent).
-    backend, workers : where the groups fit and predict (:func:`manymodels.train`'s).
+    min_group_size : int
+        Groups with fewer rows use the fallback (or a parent).
+    backend : str or None
+        Where the groups fit and predict (as :func:`manymodels.train`'s).
         ``None``: fit on worker processes; predict as ``Store.predict`` does, in
         the caller unless the measured cost of a few groups says workers pay.
-    hierarchical : with several ``by`` columns, also fit a model per prefix
+    workers : int or None
+        How many workers (as :func:`manymodels.train`'s).
+    hierarchical : bool
+        With several ``by`` columns, also fit a model per prefix
         (``by=["country", "city"]``: per country, then per (country, city)), and
         send a row whose group has no model to its nearest parent that has
         one, then to the fallback.
-    shrinkage : None, ``"constant"``, ``"relative"``, ``"min_n_obs"``,
-        ``"equal"`` or a function of the levels' sizes (see
+    shrinkage : None, str or callable
+        ``"constant"``, ``"relative"``, ``"min_n_obs"``, ``"equal"`` or a
+        function of the levels' sizes (see
         :mod:`manymodels.sklearn._shrinkage`): blend the chain of models from
         the global one (unless ``fallback="error"``) down to the group's own.
         A regressor predicts the chain's weighted sum of predictions; a
-        classifier (it needs ``predict_proba``) the weighted sum of the chain's
-        class probabilities, a class a model never saw counting 0, and
-        ``predict`` gives the most probable class (scikit-lego's
-        ``HierarchicalClassifier``; ``decision_function`` is then not offered,
-        as the levels' scores do not add up). Implies ``hierarchical``; needs
-        two levels or more (several ``by`` columns, or the global model).
-    shrinkage_kwargs : the shrinkage's keywords: ``{"alpha": 0.1}`` for
-        ``"constant"``, ``{"min_n_obs": 50}`` for ``"min_n_obs"``.
+        classifier (it needs ``predict_proba``) the weighted sum of the
+        chain's class probabilities, a class a model never saw counting 0,
+        and ``predict`` gives the most probable class (scikit-lego's
+        ``HierarchicalClassifier``; ``decision_function`` is then not
+        offered, as the levels' scores do not add up). Implies
+        ``hierarchical``; needs two levels or more (several ``by`` columns, or
+        the global model).
+    shrinkage_kwargs : dict or None
+        The shrinkage's keywords: ``{"alpha": 0.1}`` for ``"constant"``,
+        ``{"min_n_obs": 50}`` for ``"min_n_obs"``.
 
     Attributes
     ----------
-    models_ : dict of group key -> fitted estimator (a scalar key for one
-        ``by`` column, a tuple for several).
-    parent_models_ : dict of key prefix (a tuple) -> fitted estimator, with
-        ``hierarchical`` or ``shrinkage``.
-    fallback_ : the fitted fallback, or None.
-    group_sizes_ : dict of group key -> rows seen in ``fit``.
-    shrinkage_factors_ : dict of group key -> weights of its chain of models,
-        root first, with ``shrinkage``.
-    failed_ : DataFrame of the groups whose fit failed (key, error).
-    classes_ : for classifiers, every class seen in ``fit``.
+    models_ : dict
+        Group key -> fitted estimator (a scalar key for one ``by`` column, a
+        tuple for several).
+    parent_models_ : dict
+        Key prefix (a tuple) -> fitted estimator, with ``hierarchical`` or
+        ``shrinkage``.
+    fallback_ : estimator or None
+        The fitted fallback, or None.
+    group_sizes_ : dict
+        Group key -> rows seen in ``fit``.
+    shrinkage_factors_ : dict
+        Group key -> weights of its chain of models, root first, with
+        ``shrinkage``.
+    failed_ : DataFrame
+        The groups whose fit failed (key, error).
+    classes_ : array
+        For classifiers, every class seen in ``fit``.
     """
 
     def __init__(

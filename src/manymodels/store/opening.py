@@ -207,9 +207,12 @@ class OpenedIndex:
         return conn
 
     def close(self) -> None:
-        """Close the store's connections to its index (publishing its copy
-        first, on an object store). Using it afterwards is refused, naming
-        it; closing it again does nothing."""
+        """Close this process's connections to the index; a store on an
+        object store first publishes the writes its copy holds, so that
+        other machines see them. Each call that writes commits (and
+        publishes) on its own. Using the store afterwards is refused, naming
+        it; closing it again does nothing (``with mm.Store(...) as store:``
+        closes it at the block's end)."""
         if self._closed:
             return
         self._publish(held=False)

@@ -31,7 +31,7 @@ def __getattr__(name: str) -> type[Backend]:
 
 def register_backend(name: str, backend: type[Backend]) -> None:
     """Make ``mm.train(..., backend=name)`` run on ``backend``, a :class:`Backend`
-    subclass (its contract is in :mod:`manymodels.engine.backends.base`)."""
+    subclass (its contract is :class:`Backend`'s docstring)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a backend's name must be a non-empty string, got {name!r}")
     if not (isinstance(backend, type) and issubclass(backend, Backend)):

@@ -1,64 +1,7 @@
-"""The contract between the scheduler and an execution engine.
-
-A backend runs batches of tasks on its workers and reports what happened. It
-knows nothing of ordering, batching, retries, error budgets or progress: the
-scheduler (:mod:`manymodels.engine.scheduling`) owns those, so that every backend
-behaves the same and a new engine is one file.
-
-Life cycle, always driven by the scheduler from the driver's main thread::
-
-    backend = SomeBackend()             # or an instance the user built
-    backend.configure(options)          # the run's validated BackendOptions
-    backend.start(context)              # once: start workers, ship the RunContext
-    while work remains:
-        for _ in range(backend.free_slots(per_worker)):
-            backend.submit(batch_id, tasks)   # tasks: a sequence of (index, data_ref, params)
-        for event in backend.poll(timeout=0.05):
-            ...                               # Finished / Lost / Requeued
-    backend.stop(force=False)           # always, in a ``finally``
-
-Rules every backend keeps:
-
-* ``submit`` never blocks on a busy worker; ``free_slots(per_worker)`` says how
-  many more batches it accepts now with at most ``per_worker`` unfinished on
-  any one worker. The scheduler asks for two while tasks are measured short,
-  so that a worker has its next batch at hand when it finishes one, and for
-  one when they are long or not yet measured: a long batch queued behind its
-  worker's current one would wait there while another worker idles. A
-  backend whose queued batches go to whichever worker frees first says so
-  (``shares_one_queue``), and is asked for two once tasks are measured.
-* Each task submitted is reported exactly once, as an outcome inside a
-  :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
-  past ``timeout`` or past ``memory_limit``), or handed back unrun in a
-  :class:`Requeued` event (it was queued on a worker that died).
-* ``poll`` returns within about ``timeout`` seconds, with an empty list if
-  nothing happened; it may return outcomes of a batch in several parts.
-* A batch and a part's outcomes are sequences, not always lists: a table's
-  groups without parameters come as a :class:`~manymodels.engine.messages.SliceBatch`
-  and a worker may send a part of successes as
-  :class:`~manymodels.engine.messages.OkOutcomes` (``OkOutcomes.of(outcomes)``),
-  each read as the tuples it stands for and pickled as arrays. Take a
-  batch's or a part's task indices with
-  :func:`~manymodels.engine.messages.task_indices`.
-* Exceptions raised by ``fit`` are outcomes, never exceptions of ``poll``.
-  ``poll`` raises only when the backend itself cannot go on
-  (:class:`WorkerStartupError`).
-* ``stop`` leaves no worker process and no shared-memory file behind; with
-  ``force=True`` it kills at once instead of letting workers finish.
-
-Capability flags tell :func:`manymodels.train` which keywords a backend can
-honour, so that a request it cannot keep fails before work starts.
-
-A new backend is one file: subclass :class:`Backend`, set ``name`` and the
-capability flags it honours, implement the five abstract methods ``start``,
-``free_slots``, ``submit``, ``poll`` and ``stop`` (a worker runs a batch with
-:meth:`manymodels.engine.execution.Executor.run_in_parts`, so that every backend
-runs ``fit`` alike), override :meth:`Backend.default_workers` if it sizes
-itself, and make it reachable by name with ``mm.register_backend(name, cls)``.
-It must pass ``tests/test_backend_contract.py`` (add its name to
-``CONTRACT_BACKENDS``) and, if it isolates crashes, the fault tests of
-``tests/test_failures.py``. Where a worker dies mid-batch, blame only the
-task it was running and hand the rest back (:func:`blame_lost_batch`).
+"""The contract between the scheduler and an execution engine: the
+:class:`Backend` base class, whose docstring states it (the API reference
+shows it there, as ``mm.Backend``), and the helpers backends share
+(:func:`blame_lost_batch`, :class:`DeathCount`, :func:`sendable_tasks`).
 """
 
 from __future__ import annotations
@@ -162,30 +105,105 @@ def wall_time(monotonic: float) -> float:
 
 
 class Backend(ABC):
-    """Base class of execution engines; see the module docstring for the contract."""
+    """Base class of execution engines, and their contract with the scheduler.
+
+    A backend runs batches of tasks on its workers and reports what happened.
+    It knows nothing of ordering, batching, retries, error budgets or
+    progress: the scheduler (:mod:`manymodels.engine.scheduling`) owns those,
+    so that every backend behaves the same and a new engine is one file.
+
+    Life cycle, always driven by the scheduler, in the thread that called
+    ``train`` (the main thread, where Ctrl-C is heard, unless the caller ran it
+    in another)::
+
+        backend = SomeBackend()             # or an instance the user built
+        backend.configure(options)          # the run's validated BackendOptions
+        backend.start(context)              # once: start workers, ship the RunContext
+        while work remains:
+            for _ in range(backend.free_slots(per_worker)):
+                backend.submit(batch_id, tasks)   # tasks: a sequence of (index, data_ref, params)
+            for event in backend.poll(timeout=0.05):
+                ...                               # Finished / Lost / Requeued
+        backend.stop(force=False)           # always, in a ``finally``
+
+    Rules every backend keeps:
+
+    * ``submit`` never blocks on a busy worker; ``free_slots(per_worker)`` says how
+      many more batches it accepts now with at most ``per_worker`` unfinished on
+      any one worker. The scheduler asks for two while tasks are measured short,
+      so that a worker has its next batch at hand when it finishes one, and for
+      one when they are long or not yet measured: a long batch queued behind its
+      worker's current one would wait there while another worker idles. A
+      backend whose queued batches go to whichever worker frees first says so
+      (``shares_one_queue``), and is asked for two once tasks are measured.
+    * Each task submitted is reported exactly once, as an outcome inside a
+      :class:`Finished` event, or as a :class:`Lost` task (its worker died, ran
+      past ``timeout`` or past ``memory_limit``), or handed back unrun in a
+      :class:`Requeued` event (it was queued on a worker that died).
+    * ``poll`` returns within about ``timeout`` seconds, with an empty list if
+      nothing happened; it may return outcomes of a batch in several parts.
+    * A batch and a part's outcomes are sequences, not always lists: a table's
+      groups without parameters come as a :class:`~manymodels.engine.messages.SliceBatch`
+      and a worker may send a part of successes as
+      :class:`~manymodels.engine.messages.OkOutcomes` (``OkOutcomes.of(outcomes)``),
+      each read as the tuples it stands for and pickled as arrays. Take a
+      batch's or a part's task indices with
+      :func:`~manymodels.engine.messages.task_indices`.
+    * Exceptions raised by ``fit`` are outcomes, never exceptions of ``poll``.
+      ``poll`` raises only when the backend itself cannot go on
+      (:class:`WorkerStartupError`).
+    * ``stop`` leaves no worker process and no shared-memory file behind; with
+      ``force=True`` it kills at once instead of letting workers finish.
+
+    Capability flags (the class attributes below) tell
+    :func:`manymodels.train` which keywords a backend can honour, so that a
+    request it cannot keep fails before work starts.
+
+    A new backend is one file: subclass :class:`Backend`, set ``name`` and
+    the capability flags it honours, implement the five abstract methods
+    ``start``, ``free_slots``, ``submit``, ``poll`` and ``stop`` (a worker
+    runs a batch with
+    :meth:`manymodels.engine.execution.Executor.run_in_parts`, so that every
+    backend runs ``fit`` alike), override :meth:`Backend.default_workers` if
+    it sizes itself, and make it reachable by name with
+    ``mm.register_backend(name, cls)``. It must pass
+    ``tests/test_backend_contract.py`` (add its name to
+    ``CONTRACT_BACKENDS``) and, if it isolates crashes
+    (:attr:`isolates_crashes`), the fault tests of ``tests/test_failures.py``.
+    Where a worker dies mid-batch, blame only the task it was running and
+    hand the rest back (:func:`blame_lost_batch`).
+    """
 
     name: ClassVar[str] = "base"
-    #: ``fit``, ``shared`` and models cross a process boundary (must pickle).
+    """The name ``train(backend=...)`` and the run's results give it."""
     requires_pickling: ClassVar[bool] = False
-    #: ``timeout=`` can stop a task that runs too long.
+    """``fit``, ``shared`` and models cross a process boundary (must pickle):
+    ``train`` checks they pickle before any work."""
+    isolates_crashes: ClassVar[bool] = False
+    """A ``fit`` that crashes its worker (a segfault, ``os._exit``) fails its
+    own task, not the run: workers are processes apart from the driver."""
     enforces_timeout: ClassVar[bool] = False
-    #: ``memory_limit=`` can stop a worker that grows too large.
+    """``timeout=`` can stop a task that runs too long (else it is refused)."""
     enforces_memory_limit: ClassVar[bool] = False
-    #: ``gpus_per_task=`` can give each running task GPUs of its own.
+    """``memory_limit=`` can stop a worker that grows too large (else it is
+    refused)."""
     isolates_gpus: ClassVar[bool] = False
-    #: ``gpu_memory_limit=`` caps each worker process's PyTorch allocator.
+    """``gpus_per_task=`` can give each running task GPUs of its own (else it
+    is refused)."""
     caps_gpu_memory: ClassVar[bool] = False
-    #: Seconds a worker took to start, on average over the first ones (in
-    #: parallel: interpreter, imports, loading the run, a CUDA context), where
-    #: the backend measures it (processes).
+    """``gpu_memory_limit=`` caps each worker process's PyTorch allocator
+    (else it is refused: it would cap the driver's own)."""
     worker_start_s: float = 0.0
-    #: Why the workers were spawned rather than forked, in words ("polars is
-    #: imported (it is not fork-safe)"), where the backend chooses (processes);
-    #: the run's summary gives it beside ``worker_start_s``.
+    """Seconds a worker took to start, on average over the first ones (in
+    parallel: interpreter, imports, loading the run, a CUDA context), where
+    the backend measures it (processes)."""
     spawn_reason: str | None = None
-    #: A queued batch goes to whichever worker frees up first, not to one
-    #: worker: a long batch never waits behind another while a worker idles.
+    """Why the workers were spawned rather than forked, in words ("polars is
+    imported (it is not fork-safe)"), where the backend chooses (processes);
+    the run's summary gives it beside ``worker_start_s``."""
     shares_one_queue: ClassVar[bool] = False
+    """A queued batch goes to whichever worker frees up first, not to one
+    worker: a long batch never waits behind another while a worker idles."""
 
     def __init__(
         self,

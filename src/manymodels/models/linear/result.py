@@ -34,17 +34,28 @@ class LinearResult:
     """
 
     family: str
+    """``"ols"``, ``"wls"``, ``"ridge"`` or ``"logistic"``."""
     by: list[str]
+    """The key columns."""
     features: list[str]
+    """The feature columns, in the order of ``coef``'s columns."""
     target: str
+    """The target column."""
     fit_intercept: bool
+    """Whether the models have an intercept."""
     keys: pd.DataFrame
-    coef: np.ndarray          # (groups, features)
-    intercept: np.ndarray     # (groups,)
+    """One row per group, its key columns: the groups' order in ``coef``."""
+    coef: np.ndarray
+    """The coefficients, an array of (groups, features)."""
+    intercept: np.ndarray
+    """The intercepts, an array of (groups,) (zeros without ``fit_intercept``)."""
     metrics: pd.DataFrame
+    """One row per group: see the class's docstring."""
     timings: dict[str, float] = field(default_factory=dict)
-    #: the store's run that saved it (``mm.linear(..., store=)``), else None
+    """Seconds per step: ``prepare_s`` and ``fit_s``; with a store also
+    ``hash_s``, ``load_s`` (the reused groups) and ``save_s``."""
     run_id: int | None = None
+    """The store's run that saved it (``mm.linear(..., store=)``), else None."""
     _index: Any = field(default=None, repr=False)
     _why: Any = field(default=None, repr=False)  # (reason per group, text, source run)
     _typed: Any = field(default=None, repr=False)  # TypedKeys: encoded key -> group number
@@ -93,6 +104,9 @@ class LinearResult:
 
     @property
     def coefficients(self) -> pd.DataFrame:
+        """One row per group: its key columns, one column per feature (named
+        as the feature) and ``intercept``; a table to read, where ``coef`` is
+        the array the predictions use."""
         frame = self.keys.copy()
         for position, name in enumerate(self.features):
             frame[name] = self.coef[:, position]
