@@ -28,7 +28,7 @@ import pyarrow as pa
 
 import _common as c  # the bench directory is on sys.path: this script's own
 from manymodels.observe.dashboard.queries import SECTIONS, Queries
-from manymodels.store import database, taskblocks
+from manymodels.store import database, newstore, taskblocks
 
 
 def block(first: int, last: int) -> pa.Table:
@@ -50,7 +50,7 @@ def block(first: int, last: int) -> pa.Table:
 
 
 def make_store(path: Path, tasks: int, blocks: int, old: bool = False) -> None:
-    database.prepare_directory(path)
+    newstore.prepare_directory(path)
     conn = database.connect(path)
     conn.execute("BEGIN IMMEDIATE")
     run_id = database.insert_run(conn, backend="processes", workers=16, source="groups(...)",

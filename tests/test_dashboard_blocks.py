@@ -18,7 +18,7 @@ import pytest
 from manymodels.observe.dashboard import queries as dashboard
 from manymodels.observe.dashboard.queries import SECTIONS, Queries
 from manymodels.observe.dashboard.runtasks import RunTasks
-from manymodels.store import database, taskblocks
+from manymodels.store import database, newstore, taskblocks
 
 STATUSES = np.array(["ok"] * 12 + ["failed", "timeout", "crashed", "cancelled"])
 SEARCHES = ("", "s3", "ÏTEM1", "ïtem", "bad 1", "BAD", "ValueError: bad 17\n", "nowhere")
@@ -56,7 +56,7 @@ def task_rows(indices, seed: int = 0) -> pa.Table:
 def make_store(path: Path, tasks: int, status: str = "finished") -> tuple[sqlite3.Connection,
                                                                           int]:
     """A store with one run of ``tasks`` tasks (its row only)."""
-    database.prepare_directory(path)
+    newstore.prepare_directory(path)
     conn = database.connect(path)
     conn.execute("BEGIN IMMEDIATE")
     run_id = database.insert_run(conn, backend="threads", workers=5, source="items(...)",

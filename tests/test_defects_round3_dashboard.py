@@ -22,7 +22,7 @@ import pytest
 import manymodels as mm
 from manymodels.observe.dashboard import DashboardServer
 from manymodels.observe.dashboard.queries import Queries
-from manymodels.store import database, taskblocks
+from manymodels.store import database, newstore, taskblocks
 
 
 def request(url: str, **headers: str) -> tuple[int, dict, str]:
@@ -139,7 +139,7 @@ def test_a_silent_connection_is_closed_while_others_are_answered(store):
 
 def running_run(path, tasks: int, workers: int, started_at: float) -> int:
     """A store with one running run (of this process) and no task yet."""
-    database.prepare_directory(path)
+    newstore.prepare_directory(path)
     conn = database.connect(path)
     conn.execute("BEGIN IMMEDIATE")
     run_id = database.insert_run(conn, backend="processes", workers=workers,

@@ -240,7 +240,8 @@ def test_two_runs_write_one_store_at_once(tmp_path):
 
 
 def _open_and_write(path: str, barrier, errors) -> None:
-    from manymodels.store.database import connect, prepare_directory
+    from manymodels.store.database import connect
+    from manymodels.store.newstore import prepare_directory
 
     barrier.wait()
     try:

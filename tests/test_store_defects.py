@@ -1234,3 +1234,10 @@ def _error_of(call) -> str:
     except Exception as exc:
         return str(exc)
     return "no error"
+
+
+def test_a_store_opened_for_reading_where_there_is_none_is_said_not_to_exist(tmp_path):
+    """It said the index 'cannot be read', as of a file without permission."""
+    with pytest.raises(mm.StoreError, match="does not exist: there is no store to read"):
+        mm.Store(tmp_path / "typo", read_only=True)
+    assert not (tmp_path / "typo").exists()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath
 
 from ..inputs.objectstores import is_remote, shown
-from . import database, remote
+from . import database, newstore, remote
 from .localcopy import copied_from
 from .remote import RemoteIndex
 
@@ -34,7 +34,7 @@ def store_to_make(store: object) -> bool:
     was, not an empty store."""
     if not isinstance(store, (str, PurePath)) or is_remote(str(store)):
         return False
-    return database.NewStore.before(Path(store).expanduser()) is not None
+    return newstore.NewStore.before(Path(store).expanduser()) is not None
 
 
 class OpenedIndex:
@@ -69,11 +69,11 @@ class OpenedIndex:
         # what this call makes, where it makes a new store: removed again
         # if it is refused (a full disk), so that nothing half-made is left
         made = (None if self._remote is not None or read_only is True
-                else database.NewStore.before(self.path))
+                else newstore.NewStore.before(self.path))
         try:
             #: True when the store was opened for reading only (asked for, or the
             #: files are not writable by this user): it can be read, not trained into.
-            self.read_only = not database.prepare_directory(self.path, read_only)
+            self.read_only = not newstore.prepare_directory(self.path, read_only)
             if made is not None and not self.read_only:
                 made.claim_index()
             # a connection per thread: SQLite's transactions are a connection's,
