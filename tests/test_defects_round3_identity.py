@@ -245,7 +245,7 @@ def test_an_objects_set_of_texts_hashes_alike_whatever_its_order(make):
     was hashed in its iteration order: that order changes with the hash
     seed, so each process gave it another identity and its models were
     never reused. Equal sets hash alike; another set, otherwise."""
-    from manymodels.identity.hashing import value_hash
+    from manymodels.identity.valuehash import value_hash
 
     first, second = _two_orders(make)
     assert value_hash(_Columns(first)) == value_hash(_Columns(second))

@@ -274,7 +274,7 @@ def test_a_folder_holding_the_store_is_hashed_without_reading_the_store(tmp_path
     (another process opening the store then removed its write-ahead log,
     and the run's rows with it); the store's files also made the identity
     change with every run."""
-    from manymodels.identity.hashing import file_hash
+    from manymodels.identity.valuehash import file_hash
 
     project = tmp_path / "project"
     (project / "inputs").mkdir(parents=True)
@@ -300,7 +300,7 @@ def test_a_folder_holding_the_store_is_hashed_without_reading_the_store(tmp_path
 def test_an_edit_under_a_linked_folder_changes_the_folders_hash(tmp_path):
     """A folder item whose data sits under a link to another folder: an edit
     there left its hash, and its model was reused, stale."""
-    from manymodels.identity.hashing import file_hash
+    from manymodels.identity.valuehash import file_hash
 
     data = tmp_path / "shared-data"
     data.mkdir()

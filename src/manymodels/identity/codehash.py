@@ -82,7 +82,7 @@ class _CodeWalker:
     """Collects the code a function depends on: user sources and package versions."""
 
     def __init__(self, value_hash: Callable[[Any], str]) -> None:
-        self._value_hash = value_hash  # (hashing.value_hash, which calls user_code back)
+        self._value_hash = value_hash  # (valuehash.value_hash, which calls user_code back)
         self.sources: dict[str, str] = {}  # label -> hash of source text
         self.versions: set[str] = set()
         self._seen: set[int] = set()

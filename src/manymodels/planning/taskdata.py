@@ -147,7 +147,7 @@ class Items(TaskData):
         return called_cost(self._cost, item, "items", f"the item of key {key!r}")
 
     def hashes(self, refs: list[Any]) -> list[str]:
-        from ..identity.hashing import item_hash
+        from ..identity.valuehash import item_hash
 
         return [item_hash(item) for item in refs]
 
@@ -273,7 +273,7 @@ class ParquetReads(TaskData):
     def hashes(self, refs: list[tuple[tuple, tuple[int, ...]]]) -> list[str]:
         """A group's data is the content of the files that hold its rows (and,
         when given, the columns read and the order of its rows)."""
-        from ..identity.hashing import digest, file_hash
+        from ..identity.valuehash import digest, file_hash
 
         file_hashes = self.reader.file_identities(file_hash)
         reader = self.reader

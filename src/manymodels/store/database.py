@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..engine.records import RecordingError
-from ..identity.hashing import STORE_INDEX
+from ..identity.valuehash import STORE_INDEX
 from .drivers import driver_label, mark_dead_runs_interrupted
 
 INDEX_NAME = STORE_INDEX  # (identity hashes a store's folder by its path: it knows the name)
