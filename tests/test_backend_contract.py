@@ -276,3 +276,27 @@ def test_every_capability_flag_a_backend_sets_is_declared_by_the_contract(name):
              if isinstance(value, bool) and not attribute.startswith("_")}
     assert flags <= set(vars(Backend)), flags - set(vars(Backend))
     assert "Each task submitted is reported exactly once" in Backend.__doc__
+
+
+def test_a_processes_backend_registered_under_its_own_name_takes_start_method():
+    """start_method= was refused for any backend not named "processes",
+    a subclass of it registered under another name among them."""
+    from manymodels.engine.backends.processes import ProcessesBackend
+
+    class Spawning(ProcessesBackend):
+        pass
+
+    mm.register_backend("spawning-processes", Spawning)
+    try:
+        run = mm.train(_square, mm.items([1, 2, 3]), backend="spawning-processes",
+                       workers=1, start_method="spawn", progress=False)
+    finally:
+        BACKENDS.pop("spawning-processes")
+    assert sorted(run.models.values()) == [1, 4, 9]
+    with pytest.raises(ValueError, match="start_method applies to backend='processes'"):
+        mm.train(_square, mm.items([1]), backend="threads", start_method="spawn",
+                 progress=False)
+
+
+def _square(item):
+    return item * item

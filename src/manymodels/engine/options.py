@@ -73,10 +73,10 @@ class RunOptions:
             raise TypeError(f"fit must be callable, got {type(fit).__name__}")
         if instance is not None and start_method == "auto":
             start_method = instance.built_options.start_method  # as the user built it
-        if start_method != "auto" and backend_name != "processes":
-            raise ValueError(f"start_method applies to backend='processes', not "
-                             f"{backend_name!r}")
-        if backend_name == "processes":
+        if start_method != "auto" and not backend_type.starts_local_processes:
+            raise ValueError(f"start_method applies to backend='processes' (a backend "
+                             f"that starts local processes), not {backend_name!r}")
+        if backend_type.starts_local_processes:
             worker_niceness()  # MANYMODELS_WORKER_NICENESS, refused by name when wrong
         if start_method not in START_METHODS:
             raise ValueError(f"unknown start_method {start_method!r}; choose one of "

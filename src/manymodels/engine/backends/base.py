@@ -201,6 +201,10 @@ class Backend(ABC):
     """Why the workers were spawned rather than forked, in words ("polars is
     imported (it is not fork-safe)"), where the backend chooses (processes);
     the run's summary gives it beside ``worker_start_s``."""
+    starts_local_processes: ClassVar[bool] = False
+    """Its workers are processes of this machine that it starts itself, by
+    ``start_method=`` (fork, forkserver, spawn; else that keyword is
+    refused), at ``MANYMODELS_WORKER_NICENESS``."""
     shares_one_queue: ClassVar[bool] = False
     """A queued batch goes to whichever worker frees up first, not to one
     worker: a long batch never waits behind another while a worker idles."""

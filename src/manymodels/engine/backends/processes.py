@@ -99,6 +99,7 @@ class ProcessesBackend(WorkerStarter, Backend):
     enforces_memory_limit = True
     isolates_gpus = True
     caps_gpu_memory = True
+    starts_local_processes = True
 
     def __init__(self, *args, start_method: str = "auto", **kwargs) -> None:
         if start_method not in START_METHODS:
