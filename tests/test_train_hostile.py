@@ -224,3 +224,11 @@ def test_a_fit_parameter_no_task_gives_is_refused_before_any_work():
              mm.train(lambda rows, alpha=1: {}, mm.groups(frame, by="g"), **serial)]
     for run in given:
         assert run.results["status"].tolist() == ["ok"] * len(run.results)
+
+
+def test_a_grid_parameter_named_as_a_results_column_is_named_as_a_parameter():
+    """It was called a key column, with 'rename that column of the table'."""
+    with pytest.raises(ValueError, match="the grid parameter 'status' has the name of a "
+                                         "column that run.results adds.*rename that "
+                                         "parameter"):
+        mm.train(lambda status: 1, mm.grid(status=[1, 2]), backend="serial", progress=False)

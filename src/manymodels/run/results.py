@@ -31,15 +31,18 @@ _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused"
 RESULT_COLUMNS = frozenset({*_RESERVED, "gpu", "run_id"})
 
 
-def check_key_names(names: list[Any]) -> None:
-    """Refuse key columns (``by=``, a grid's parameters) named as a column the
-    results add: the results would show one where the other belongs."""
+def check_key_names(names: list[Any], params: list[Any] = ()) -> None:
+    """Refuse key columns (``by=``, a grid's parameters: ``params``) named as
+    a column the results add: the results would show one where the other
+    belongs."""
     clash = [name for name in names if name in RESULT_COLUMNS]
     if clash:
+        what = (f"the grid parameter {clash[0]!r}" if clash[0] in params
+                else f"the key column {clash[0]!r}")
         raise ValueError(
-            f"the key column {clash[0]!r} has the name of a column that run.results adds "
-            f"({', '.join(sorted(RESULT_COLUMNS))}): rename that column of the table, or "
-            "that grid parameter")
+            f"{what} has the name of a column that run.results adds "
+            f"({', '.join(sorted(RESULT_COLUMNS))}): rename "
+            f"{'that parameter' if clash[0] in params else 'that column of the table'}")
 
 
 def _in_store(model: Any) -> bool:
