@@ -232,3 +232,17 @@ def test_a_grid_parameter_named_as_a_results_column_is_named_as_a_parameter():
                                          "column that run.results adds.*rename that "
                                          "parameter"):
         mm.train(lambda status: 1, mm.grid(status=[1, 2]), backend="serial", progress=False)
+
+
+def test_a_key_not_among_the_models_is_shown_beside_one_that_is():
+    """run.models[("a", {"alpha": 0.1})] raised a bare KeyError: a grid's
+    key ends with each setting's value, which the error now shows."""
+    frame = pd.DataFrame({"s": ["a", "a", "b", "b"], "x": [1.0, 2, 3, 4]})
+    run = mm.train(lambda rows, alpha: alpha, mm.groups(frame, by="s") * mm.grid(
+        alpha=[0.1, 1.0]), backend="serial", progress=False)
+    assert run.models[("a", 0.1)] == 0.1
+    for wrong in [("a", {"alpha": 0.1}), ("c", 0.1)]:
+        with pytest.raises(KeyError, match=r"is not a key of these models; a key looks like "
+                                           r"\('a', 0.1\)"):
+            run.models[wrong]
+        assert wrong not in run.models

@@ -103,14 +103,29 @@ class ModelMap(Mapping):
         try:
             value = self._items[key]
         except TypeError:  # unhashable: as the map holds it
+            if KeyByText(key) not in self._items:
+                raise self._not_found(key) from None
             key = KeyByText(key)
             value = self._items[key]
         except KeyError:  # a whole number typed otherwise ("2" for 2), as the store finds it
-            key = self._typed_otherwise(key)
-            value = self._items[key]
+            found = self._typed_otherwise(key)
+            if found not in self._items:
+                raise self._not_found(key) from None
+            key, value = found, self._items[found]
         if isinstance(value, (StoredModel, Pickled, PackedModel, ModelFile)):  # loaded if asked
             value = self._items[key] = value.load()
         return value
+
+    def _not_found(self, key: Any) -> KeyError:
+        """The error for ``key``, with a key the map holds to show what one
+        looks like: a grid's key ends with each setting's value, not a dict
+        of the settings (``("s1", 0.1)``, not ``("s1", {"alpha": 0.1})``)."""
+        example = next(iter(self._items), None)
+        if example is None:
+            return KeyError(key)
+        return KeyError(f"{key!r} is not a key of these models; a key looks like "
+                        f"{example!r} (its values in order: the group's key, then "
+                        "any grid parameter's value)")
 
     def _typed_otherwise(self, key: Any) -> Any:
         """The key the map holds for ``key`` typed otherwise; ``key`` where none."""
