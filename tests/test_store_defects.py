@@ -1241,3 +1241,20 @@ def test_a_store_opened_for_reading_where_there_is_none_is_said_not_to_exist(tmp
     with pytest.raises(mm.StoreError, match="does not exist: there is no store to read"):
         mm.Store(tmp_path / "typo", read_only=True)
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("path, refused", [
+    ("results.csv", "export writes Parquet, not '.csv'"),
+    ("s3://bucket/results.parquet", "export writes a file on this machine"),
+])
+def test_an_export_to_a_csv_name_or_an_object_store_is_refused_before_any_read(
+        tmp_path, path, refused):
+    """A .csv name got Parquet's bytes; an s3:// URI failed as a missing
+    local folder."""
+    mm.train(lambda item: {"m": float(item)}, mm.items([1, 2]), store=tmp_path / "s",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        store.export(path if "://" in path else tmp_path / path)
+    assert not (tmp_path / "results.csv").exists()
+    assert len(pd.read_parquet(store.export(tmp_path / "results.parquet"))) == 2

@@ -89,7 +89,7 @@ def export(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     with written(out) as path:
-        opened.export(path, run)
+        opened._export_to(path, run)
     said(f"wrote {out_name(out)}", out)
 
 

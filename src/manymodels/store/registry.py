@@ -6,7 +6,7 @@ import functools
 import json
 import pickle
 from collections.abc import Hashable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -362,7 +362,15 @@ class Store(OpenedIndex):
         return None if row is None else row[0]
 
     def export(self, path: str | Path, run: int | None = None) -> Path:
-        """Write a run's results (metrics as columns) to a Parquet file."""
+        """Write a run's results (metrics as columns) to a Parquet file on
+        this machine (``.parquet``, ``.pq`` or no suffix: another, a CSV's,
+        is refused rather than given Parquet's bytes)."""
+        _check_export_path(path)
+        return self._export_to(Path(path), run)
+
+    def _export_to(self, path: Path, run: int | None = None) -> Path:
+        """:meth:`export` to ``path`` whatever its name (the command line's
+        temporary file for ``-o``, whose suffix it has checked)."""
         frame = self.results(run)
         for column in frame.columns:
             if frame[column].dtype == object:
@@ -370,7 +378,6 @@ class Store(OpenedIndex):
                 if len(values) and not values.map(lambda v: isinstance(v, str)).all():
                     frame[column] = frame[column].map(
                         lambda v: None if v is None else str(v))
-        path = Path(path)
         _write_whole(frame, path)
         return path
 
@@ -454,6 +461,23 @@ class Store(OpenedIndex):
         from .explain import why_not_reused
 
         return why_not_reused(self, key, run)
+
+
+def _check_export_path(path: str | Path) -> None:
+    """Refuse, before anything is read, an export path that is not a local
+    Parquet file's: an object store's URI (read as a local folder that does
+    not exist) or another format's suffix (written as Parquet)."""
+    from ..inputs.objectstores import is_remote
+
+    if not isinstance(path, (str, PurePath)):
+        raise TypeError(f"export's path must be a file path, got {type(path).__name__}")
+    if is_remote(str(path)):
+        raise ValueError(f"export writes a file on this machine, not {str(path)!r}: export "
+                         "to a local file, then upload it")
+    if Path(path).suffix.lower() not in ("", ".parquet", ".pq"):
+        raise ValueError(f"export writes Parquet, not {Path(path).suffix!r} "
+                         f"({str(path)!r}): name it .parquet (store.results().to_csv writes a "
+                         "CSV)")
 
 
 def _write_whole(frame: pd.DataFrame, path: Path) -> None:
