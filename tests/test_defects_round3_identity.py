@@ -289,3 +289,34 @@ def test_two_lambdas_written_on_one_line_have_identities_of_their_own(tmp_path):
                        backend="serial", progress=False)
         assert run.summary().reused == 0
         assert [run.models[key] for key in ("a", "b")] == [[factor], [2 * factor]]
+
+
+def _lookup_total(item, lookup):
+    return float(lookup["x"].sum()) + item
+
+
+def test_a_shared_frame_is_hashed_by_its_content_and_what_a_model_can_read_of_it(tmp_path):
+    """A pandas DataFrame or Series among the shared objects was refused with a
+    store ('cannot be hashed': the hash read a frame's ``dtype``, a series'
+    ``dtypes``): it hashes by its rows, its columns' names and types, its
+    index's names and its categories' order, so an equal one is reused and
+    another is not."""
+    import pandas as pd
+
+    from manymodels.identity.valuehash import value_hash
+
+    frame = pd.DataFrame({"x": [1.0, 2.0], "c": pd.Categorical(["a", "b"])})
+    store = tmp_path / "store"
+
+    def run(lookup):
+        return mm.train(_lookup_total, mm.items([1, 2]), shared={"lookup": lookup},
+                        store=store, backend="serial", progress=False)
+
+    assert not run(frame).results["reused"].any()
+    assert run(frame.copy()).results["reused"].all()
+    assert not run(frame.assign(x=[1.0, 3.0])).results["reused"].any()
+    named = frame.rename_axis("day")
+    reordered = frame.assign(c=frame["c"].cat.reorder_categories(["b", "a"]))
+    hashes = {value_hash(value) for value in (frame, named, reordered, frame["x"],
+                                              frame["x"].rename("y"), frame.astype({"x": int}))}
+    assert len(hashes) == 6

@@ -40,10 +40,7 @@ def value_hash(value: Any) -> str:
         import pandas as pd
 
         if isinstance(value, (pd.DataFrame, pd.Series)):
-            rows = pd.util.hash_pandas_object(value, index=True).to_numpy()
-            columns = list(value.columns) if isinstance(value, pd.DataFrame) else [value.name]
-            dtypes = [str(d) for d in getattr(value, "dtypes", [value.dtype])]
-            return digest(repr(columns), repr(dtypes), rows.tobytes())
+            return _frame_hash(value)
     if module.startswith("pyarrow") and hasattr(value, "to_pandas"):
         return value_hash(value.to_pandas())
     if isinstance(value, PurePath):
@@ -62,6 +59,25 @@ def value_hash(value: Any) -> str:
         return digest(cloudpickle.dumps(value))
     code = codehash.user_code(named, value_hash)
     return digest(data, code) if code else digest(data)
+
+
+def _frame_hash(frame: Any) -> str:
+    """A pandas frame's or series' hash: its rows' values (pandas' own
+    hashes of them, index included), its columns' names and types, and
+    what those leave out that a model can read: the index's names, and
+    the order of a categorical's categories (its codes)."""
+    import pandas as pd
+
+    rows = pd.util.hash_pandas_object(frame, index=True).to_numpy()
+    columns = (list(frame.items()) if isinstance(frame, pd.DataFrame)
+               else [(frame.name, frame)])
+    labels = [f"index names {list(frame.index.names)!r}"]
+    for name, column in [*columns, ("the index", frame.index)]:
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            labels.append(f"categories of {name!r}: {list(column.dtype.categories)!r}, "
+                          f"ordered {column.dtype.ordered}")
+    return digest(type(frame).__name__, repr([name for name, _ in columns]),
+                  repr([str(column.dtype) for _, column in columns]), rows.tobytes(), *labels)
 
 
 class _NamingPickler(pickle.Pickler):
