@@ -320,3 +320,6 @@ def test_a_shared_frame_is_hashed_by_its_content_and_what_a_model_can_read_of_it
     hashes = {value_hash(value) for value in (frame, named, reordered, frame["x"],
                                               frame["x"].rename("y"), frame.astype({"x": int}))}
     assert len(hashes) == 6
+    lists = pd.DataFrame({0: [[1, 2], [3]]})  # values pandas cannot hash: each by its own
+    assert value_hash(lists) == value_hash(lists.copy())
+    assert value_hash(lists) != value_hash(pd.DataFrame({0: [[1, 2], [4]]}))

@@ -68,7 +68,10 @@ def _frame_hash(frame: Any) -> str:
     the order of a categorical's categories (its codes)."""
     import pandas as pd
 
-    rows = pd.util.hash_pandas_object(frame, index=True).to_numpy()
+    try:
+        rows = pd.util.hash_pandas_object(frame, index=True).to_numpy()
+    except TypeError:  # values pandas cannot hash (lists, dicts): each by its own hash
+        rows = pd.util.hash_pandas_object(_values_hashed(frame), index=True).to_numpy()
     columns = (list(frame.items()) if isinstance(frame, pd.DataFrame)
                else [(frame.name, frame)])
     labels = [f"index names {list(frame.index.names)!r}"]
@@ -78,6 +81,20 @@ def _frame_hash(frame: Any) -> str:
                           f"ordered {column.dtype.ordered}")
     return digest(type(frame).__name__, repr([name for name, _ in columns]),
                   repr([str(column.dtype) for _, column in columns]), rows.tobytes(), *labels)
+
+
+def _values_hashed(frame: Any) -> Any:
+    """``frame`` with each value of its object columns as its
+    :func:`value_hash` (a list, a dict), which pandas can hash."""
+    import pandas as pd
+
+    if isinstance(frame, pd.Series):
+        return frame.map(value_hash) if frame.dtype == object else frame
+    hashed = frame.copy(deep=False)
+    for position, kind in enumerate(frame.dtypes):
+        if kind.kind == "O":
+            hashed.isetitem(position, frame.iloc[:, position].map(value_hash))
+    return hashed
 
 
 class _NamingPickler(pickle.Pickler):
