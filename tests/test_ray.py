@@ -386,3 +386,40 @@ def test_a_run_whose_tasks_cannot_start_says_what_ray_lacks(monkeypatch):
         run = mm.train(_one, mm.items(range(4)), backend="ray", workers=2, progress=False)
     assert run.summary().statuses == {"ok": 4}  # it ran once the CPUs were free
     ray.get(holder)
+
+
+def test_settings_that_the_ray_instance_in_use_was_not_made_with_are_refused():
+    """A RayBackend's address= or ray_init_options went unheeded where this
+    process was already connected to Ray: a run meant for a cluster trained
+    on the local instance, and a runtime_env= never applied. They are refused
+    by name before any work; the instance's own address is taken."""
+    items = mm.items(range(2))
+    with pytest.raises(ValueError, match=r"RayBackend\(address='ray://nowhere:1'\): this "
+                                         "process is already connected to Ray"):
+        mm.train(_one, items, backend=mm.RayBackend(address="ray://nowhere:1"), progress=False)
+    with pytest.raises(ValueError, match=r"RayBackend\(runtime_env=\).*ray\.shutdown\(\)"):
+        mm.train(_one, items, backend=mm.RayBackend(runtime_env={"env_vars": {"A": "1"}}),
+                 progress=False)
+    port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
+    run = mm.train(_one, items, backend=mm.RayBackend(address=f"127.0.0.1:{port}"),
+                   workers=1, progress=False)
+    assert run.summary().statuses == {"ok": 2} and ray.is_initialized()
+
+
+def count_rows(df):
+    return {"n": len(df)}
+
+
+def test_results_frame_keeps_the_types_of_the_results():
+    """Ray's from_pandas could not type a timezone-aware key (its schema
+    said None, and it logged an error) nor an error column of no value."""
+    import pyarrow as pa
+
+    frame = pd.DataFrame({"when": pd.to_datetime([0, 0, 1], unit="D").tz_localize("Europe/Paris"),
+                          "x": [1.0, 2.0, 3.0]})
+    run = mm.train(count_rows, mm.groups(frame, by="when"), backend="ray", workers=1,
+                   progress=False)
+    schema = run.results_frame().schema()
+    types = dict(zip(schema.names, schema.types))
+    assert types["when"] == pa.timestamp(frame["when"].dt.unit, tz="Europe/Paris")
+    assert types["error"] == pa.string() and types["n"] == pa.int64()
