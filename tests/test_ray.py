@@ -423,3 +423,12 @@ def test_results_frame_keeps_the_types_of_the_results():
     types = dict(zip(schema.names, schema.types))
     assert types["when"] == pa.timestamp(frame["when"].dt.unit, tz="Europe/Paris")
     assert types["error"] == pa.string() and types["n"] == pa.int64()
+
+
+def test_a_task_no_node_of_the_users_own_local_ray_can_run_fails_before_any_work():
+    """The user's ray.init() of 2 CPUs, and cpus_per_task=4: it only warned
+    that an autoscaler might add nodes, and waited for ever (there is none)."""
+    with pytest.raises(WorkerStartupError, match=r"each task needs 4 CPU\(s\), but the Ray "
+                                                 r"cluster has 2 CPU\(s\)"):
+        mm.train(_one, mm.items(range(2)), backend="ray", cpus_per_task=4, progress=False)
+    assert ray.is_initialized()  # left as found

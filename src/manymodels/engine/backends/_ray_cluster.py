@@ -126,9 +126,23 @@ def _same_place(ray: Any, address: str, current: str) -> bool:
     return host == here or resolved(host) == resolved(here)
 
 
+def started_in_this_process() -> bool:
+    """Whether the Ray instance this process is connected to was started by
+    it (a bare ``ray.init()``, the user's or ours): one node, no autoscaler,
+    so a task that fits no node never runs."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        return bool(node is not None and node.head
+                    and node._ray_params.autoscaling_config is None)
+    except Exception:  # (Ray's internals moved: taken as a cluster, warned about)
+        return False
+
+
 def check_resources(resources: dict[str, float], cpus_per_task: int, gpus_per_task: float,
                     *, fatal: bool) -> None:
-    """Fail (``fatal``: an instance we started, which will not grow) or warn
+    """Fail (``fatal``: a local instance started in this process, which will not grow) or warn
     (a cluster, which an autoscaler may grow) when no node can run a task."""
     missing = []
     if resources.get("CPU", 0) < cpus_per_task:
