@@ -406,25 +406,6 @@ def test_settings_that_the_ray_instance_in_use_was_not_made_with_are_refused():
     assert run.summary().statuses == {"ok": 2} and ray.is_initialized()
 
 
-def count_rows(df):
-    return {"n": len(df)}
-
-
-def test_results_frame_keeps_the_types_of_the_results():
-    """Ray's from_pandas could not type a timezone-aware key (its schema
-    said None, and it logged an error) nor an error column of no value."""
-    import pyarrow as pa
-
-    frame = pd.DataFrame({"when": pd.to_datetime([0, 0, 1], unit="D").tz_localize("Europe/Paris"),
-                          "x": [1.0, 2.0, 3.0]})
-    run = mm.train(count_rows, mm.groups(frame, by="when"), backend="ray", workers=1,
-                   progress=False)
-    schema = run.results_frame().schema()
-    types = dict(zip(schema.names, schema.types))
-    assert types["when"] == pa.timestamp(frame["when"].dt.unit, tz="Europe/Paris")
-    assert types["error"] == pa.string() and types["n"] == pa.int64()
-
-
 def test_a_task_no_node_of_the_users_own_local_ray_can_run_fails_before_any_work():
     """The user's ray.init() of 2 CPUs, and cpus_per_task=4: it only warned
     that an autoscaler might add nodes, and waited for ever (there is none)."""

@@ -299,26 +299,14 @@ def results_as_engine_frame(results: Any, backend: str, session: Any = None) -> 
                            "first, or use run.results")
     import ray.data
 
-    # through Arrow: Ray's own from_pandas could not type a column of
-    # timezone-aware times (logged an error, its schema said None) nor one of
-    # no value at all (error, in a run without failures)
-    return ray.data.from_arrow(_arrow_results(results))
-
-
-def _arrow_results(results: Any) -> pa.Table:
-    """The results as an Arrow table; a column with no value at all (``error``
-    in a run without failures) typed as a string."""
-    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
-    for position, column in enumerate(table.schema):
-        if pa.types.is_null(column.type):
-            table = table.set_column(position, column.name,
-                                     table.column(position).cast(pa.string()))
-    return table
+    return ray.data.from_pandas(results)
 
 
 def _spark_frame(results: Any, session: Any) -> Any:
     """The results as a Spark DataFrame: through Arrow, a column with no value
     at all (``error`` in a run without failures) typed as a string."""
+    import pyarrow as pa
+
     if session is None:
         from pyspark.sql import SparkSession
 
@@ -327,7 +315,11 @@ def _spark_frame(results: Any, session: Any) -> Any:
         raise RuntimeError("results_frame: no Spark session is active (the run's own "
                            "local session stopped at its end): pass session=spark, or "
                            "use run.results")
-    table = _arrow_results(results)
+    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
+    for position, column in enumerate(table.schema):
+        if pa.types.is_null(column.type):
+            table = table.set_column(position, column.name,
+                                     table.column(position).cast(pa.string()))
     import pyspark
 
     if int(pyspark.__version__.split(".")[0]) >= 4:  # Arrow tables are taken as they are
