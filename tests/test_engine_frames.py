@@ -673,6 +673,44 @@ def test_an_empty_ray_dataset_is_refused_as_the_pandas_path_refuses_an_empty_fra
                  progress=False)
 
 
+def key_and_count(df):
+    return {"n": len(df), "key_dtype": str(df["k"].dtype)}
+
+
+@pytest.mark.ray
+def test_a_ray_datasets_categorical_or_float_key_is_one_group_a_key(local_ray, tmp_path):
+    """A categorical key failed inside Ray's shuffle (it cannot sort a
+    dictionary), in mm.groups and Store.predict; a float key's NaN and null
+    (and -0.0 and 0.0), one group to pandas, were hashed apart by Ray's
+    shuffle, and the group split over two partitions on a cluster of more
+    than two CPUs: the shuffle keys hold one value a key, and the key
+    columns keep their own types."""
+    frame = pd.DataFrame({"k": pd.Categorical(list("abcab") * 4, categories=["c", "b", "a"]),
+                          "x": np.arange(20.0)})
+    frame["y"] = 2 * frame["x"]
+    dataset = local_ray.data.from_pandas([frame.iloc[:7], frame.iloc[7:]])
+    run = mm.train(key_and_count, mm.groups(dataset, by="k"), backend="serial", progress=False)
+    local = mm.train(key_and_count, mm.groups(frame, by="k"), backend="serial", progress=False)
+    pd.testing.assert_frame_equal(run.results.drop(columns=_TIMING),
+                                  local.results.drop(columns=_TIMING))
+    mm.train(fit_sklearn_linear, mm.groups(frame, by="k"), store=tmp_path / "store",
+             backend="serial", progress=False)
+    answer = mm.Store(tmp_path / "store").predict(dataset, by="k", features=["x"]).to_pandas()
+    assert list(answer.columns) == ["k", "x", "y", "prediction"]
+    np.testing.assert_allclose(answer["prediction"], answer["y"], atol=1e-9)
+
+    import pyarrow as pa
+
+    from manymodels.planning.staging import ray_shuffle_keys, shuffle_key_values
+
+    values = pa.array([0.0, -0.0, float("nan"), None, 1.5], type=pa.float64())
+    floats = local_ray.data.from_arrow(pa.table({"k": values, "x": np.arange(5.0)}))
+    assert ray_shuffle_keys(floats, ["k"])[1:] == (["__manymodels_key_0__"],
+                                                  ("__manymodels_key_0__",))
+    shuffled = shuffle_key_values(pa.chunked_array([values])).to_pylist()
+    assert [str(value) for value in shuffled] == ["0.0", "0.0", "None", "None", "1.5"]
+
+
 @pytest.mark.ray
 def test_store_predict_of_a_ray_dataset_is_a_ray_dataset(local_ray, table, tmp_path):
     mm.train(fit_sklearn_linear, mm.groups(table, by="store"), store=tmp_path / "store",

@@ -386,3 +386,30 @@ def test_a_run_whose_tasks_cannot_start_says_what_ray_lacks(monkeypatch):
         run = mm.train(_one, mm.items(range(4)), backend="ray", workers=2, progress=False)
     assert run.summary().statuses == {"ok": 4}  # it ran once the CPUs were free
     ray.get(holder)
+
+
+def test_settings_that_the_ray_instance_in_use_was_not_made_with_are_refused():
+    """A RayBackend's address= or ray_init_options went unheeded where this
+    process was already connected to Ray: a run meant for a cluster trained
+    on the local instance, and a runtime_env= never applied. They are refused
+    by name before any work; the instance's own address is taken."""
+    items = mm.items(range(2))
+    with pytest.raises(ValueError, match=r"RayBackend\(address='ray://nowhere:1'\): this "
+                                         "process is already connected to Ray"):
+        mm.train(_one, items, backend=mm.RayBackend(address="ray://nowhere:1"), progress=False)
+    with pytest.raises(ValueError, match=r"RayBackend\(runtime_env=\).*ray\.shutdown\(\)"):
+        mm.train(_one, items, backend=mm.RayBackend(runtime_env={"env_vars": {"A": "1"}}),
+                 progress=False)
+    port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
+    run = mm.train(_one, items, backend=mm.RayBackend(address=f"127.0.0.1:{port}"),
+                   workers=1, progress=False)
+    assert run.summary().statuses == {"ok": 2} and ray.is_initialized()
+
+
+def test_a_task_no_node_of_the_users_own_local_ray_can_run_fails_before_any_work():
+    """The user's ray.init() of 2 CPUs, and cpus_per_task=4: it only warned
+    that an autoscaler might add nodes, and waited for ever (there is none)."""
+    with pytest.raises(WorkerStartupError, match=r"each task needs 4 CPU\(s\), but the Ray "
+                                                 r"cluster has 2 CPU\(s\)"):
+        mm.train(_one, mm.items(range(2)), backend="ray", cpus_per_task=4, progress=False)
+    assert ray.is_initialized()  # left as found

@@ -354,15 +354,75 @@ def _stage_dask(frame: Any, by: list[str], order_by: list[str], directory: str) 
 
 
 def stage_ray_block(block: pa.Table, by: list[str], order_by: list[str],
-                    directory: str) -> pa.Table:
+                    directory: str, added: tuple[str, ...] = ()) -> pa.Table:
     """Ray Data's ``map_batches`` function: one whole block in, its groups' rows out
-    (an empty table of the same columns for an empty block: Ray wants a table)."""
+    (an empty table of the same columns for an empty block: Ray wants a table).
+    ``added``: the shuffle's own key columns (:func:`ray_shuffle_keys`), dropped."""
+    block = block.drop_columns([name for name in added if name in block.column_names])
     index = stage_rows(block, by, order_by, directory)
     if index is not None:
         return index
     fields = [block.schema.field(name) for name in by]
     fields += [pa.field(name, pa.int64()) for name in INDEX_COLUMNS]
     return pa.schema(fields).empty_table()
+
+
+def ray_shuffle_keys(dataset: Any, by: list[str]) -> tuple[Any, list[str], tuple[str, ...]]:
+    """What a Ray Dataset is shuffled (and Ray Data's ``groupby``) by: its key
+    columns, but for a float or categorical key a column of its own
+    (:func:`shuffle_key_values`), added here. Ray's hash shuffle hashes a
+    NaN and a null apart, and -0.0 and 0.0 by their bits, where pandas groups
+    each pair as one key: the group went to two partitions ("the engine
+    split a group over two partitions", on a cluster of more than two
+    CPUs), and a sort may cut between them; and it cannot sort a dictionary
+    (a pandas categorical): it failed deep in Ray. The key columns
+    themselves travel as they are, so ``fit`` and the results get their
+    own types. Returns the dataset, its shuffle keys (in ``by``'s order)
+    and the names of the columns added."""
+    from ..inputs.engineframes import _ray_schema
+
+    schema = _ray_schema(dataset)
+    taken = set(schema.names)
+    added: dict[str, str] = {}
+    for position, name in enumerate(by):
+        kind = schema.field(name).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        # (a null type: one Ray could not name, as a pandas categorical's)
+        if pa.types.is_floating(kind) or pa.types.is_null(kind) or (
+                kind != schema.field(name).type):
+            alias = f"__manymodels_key_{position}__"
+            while alias in taken:
+                alias = f"_{alias}"
+            added[name] = alias
+    if not added:
+        return dataset, list(by), ()
+    job = functools.partial(add_shuffle_keys, keys=added)
+    dataset = dataset.map_batches(job, batch_size=None, batch_format="pyarrow",
+                                  zero_copy_batch=True)
+    return dataset, [added.get(name, name) for name in by], tuple(added.values())
+
+
+def add_shuffle_keys(block: pa.Table, keys: dict[str, str]) -> pa.Table:
+    """Ray Data's ``map_batches`` function: ``block`` with each key column's
+    shuffle key (``keys``: key column -> the added column's name)."""
+    for name, alias in keys.items():
+        if name in block.column_names:  # (a block of no rows may have no columns)
+            block = block.append_column(alias, shuffle_key_values(block.column(name)))
+    return block
+
+
+def shuffle_key_values(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A key column's values as one value a key: a categorical's values, a
+    float's NaN as null and -0.0 as 0.0 (one group each, as pandas groups them)."""
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if pa.types.is_floating(column.type):
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+        column = pc.if_else(pc.equal(column, 0), pa.scalar(0, column.type), column)
+    return column
 
 
 def _stage_ray(dataset: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:
@@ -372,16 +432,18 @@ def _stage_ray(dataset: Any, by: list[str], order_by: list[str], directory: str)
     :func:`stage_rows` on each whole block; only the groups' rows are fetched."""
     import ray
 
+    empty = pa.schema([(name, pa.int64()) for name in by + list(INDEX_COLUMNS)]).empty_table()
+    keyed, keys, added = ray_shuffle_keys(dataset, by)
     hashed = {"hash_shuffle", "shuffle_v2", "gpu_shuffle"}
     if str(getattr(dataset.context.shuffle_strategy, "value", "")) in hashed:
         partitions = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        shuffled = dataset.repartition(partitions, keys=by, sort=True)
+        shuffled = keyed.repartition(partitions, keys=keys, sort=True)
     else:
-        shuffled = dataset.sort(by)
-    job = functools.partial(stage_ray_block, by=by, order_by=order_by, directory=directory)
+        shuffled = keyed.sort(keys)
+    job = functools.partial(stage_ray_block, by=by, order_by=order_by, directory=directory,
+                            added=added)
     index = shuffled.map_batches(job, batch_size=None, batch_format="pyarrow",
                                  zero_copy_batch=True)
-    empty = pa.schema([(name, pa.int64()) for name in by + list(INDEX_COLUMNS)]).empty_table()
     try:
         tables = [table for table in ray.get(index.to_arrow_refs()) if table.num_rows]
     except Exception:

@@ -282,8 +282,16 @@ def _on_dask(frame: Any, by: list[str], task: EngineGroupPredictor, kind: str) -
 
 
 def _on_ray(dataset: Any, by: list[str], task: EngineGroupPredictor, kind: str) -> Any:
-    def predict_group(rows: Any) -> Any:  # Ray Data names its stages by the function
-        return task(rows)
+    """Ray Data's ``groupby().map_groups``, by the shuffle keys of the
+    training's staging (a float key's NaN and null one group, a categorical
+    key grouped by its values: ``ray_shuffle_keys``), which the group's rows
+    lose before the model sees them."""
+    from ..planning.staging import ray_shuffle_keys
 
-    return dataset.groupby(by if len(by) > 1 else by[0]).map_groups(
+    keyed, keys, added = ray_shuffle_keys(dataset, by)
+
+    def predict_group(rows: Any) -> Any:  # Ray Data names its stages by the function
+        return task(rows.drop(columns=list(added)))
+
+    return keyed.groupby(keys if len(keys) > 1 else keys[0]).map_groups(
         predict_group, batch_format="pandas")

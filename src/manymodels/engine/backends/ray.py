@@ -69,7 +69,14 @@ from ..options import BackendOptions
 from ..outcomeloads import load_outcomes
 from ._protocol import Msg
 from ._ray_calls import Call, CallSupervision
-from ._ray_cluster import check_resources, check_version, cluster_workers, connect, import_ray
+from ._ray_cluster import (
+    check_resources,
+    check_version,
+    cluster_workers,
+    connect,
+    import_ray,
+    started_in_this_process,
+)
 from ._ray_worker import remote_function
 from .base import (
     DEATHS_OUTSIDE_TASKS,
@@ -183,7 +190,7 @@ class RayBackend(CallSupervision, Backend):
                 self.workers = cluster_workers(self.cpus_per_task) or self.workers
             resources = ray.cluster_resources()
             check_resources(resources, self.cpus_per_task, self.gpus_per_task,
-                            fatal=self.started_ray)
+                            fatal=self.started_ray or started_in_this_process())
             # Queue batches ahead only where Ray itself keeps to `workers` at once.
             capped = self.workers * self.cpus_per_task >= resources.get("CPU", 0) or (
                 self.gpus_per_task
