@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -208,3 +209,11 @@ def run_cli(*args: object, cwd: object = None) -> subprocess.CompletedProcess:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))  # as Python prints it
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite's Spark session, shared by the modules that use one (see
+    test_engines._start_spark), is stopped once, at the end."""
+    engines = sys.modules.get("test_engines")
+    if engines is not None:
+        engines.stop_spark()

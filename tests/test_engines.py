@@ -32,6 +32,10 @@ _TIMING = ["duration_s", "worker", "started_s"]
 
 
 def _start_spark():
+    """The suite's one local[2] Spark session, as a user's, started on first
+    use and kept for every module that asks for it (a start and a stop each
+    module cost 10-20 s); :func:`stop_spark`, at the session's end, stops
+    it. ``close`` leaves it up."""
     pytest.importorskip("pyspark")
     import shutil
 
@@ -49,14 +53,21 @@ def _start_spark():
              .config("spark.driver.bindAddress", "127.0.0.1")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    _SPARK[:] = [spark]
+    return spark, lambda: None, lambda: spark.range(3).count() == 3
 
-    def close():
+
+#: The suite's Spark session, once one has started.
+_SPARK: list = []
+
+
+def stop_spark() -> None:
+    """Stop the suite's Spark session and its JVM, where one started."""
+    if _SPARK:
         from manymodels.engine.backends.spark import _shutdown_gateway
 
-        spark.stop()
-        _shutdown_gateway()  # no JVM left for the rest of the suite
-
-    return spark, close, lambda: spark.range(3).count() == 3
+        _SPARK.pop().stop()
+        _shutdown_gateway()
 
 
 def _start_dask():
