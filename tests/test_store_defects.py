@@ -494,7 +494,8 @@ def test_a_key_named_as_a_results_column_is_refused_before_any_work(tmp_path, ma
     as that column's values: refused by name before the store is made."""
     frame = pd.DataFrame({"g": ["a", "b"], "x": [1.0, 2.0]})
     store = tmp_path / "store"
-    with pytest.raises(ValueError, match="key column '(status|error|run_id)' has the name"):
+    with pytest.raises(ValueError, match="(key column|grid parameter) '(status|error|run_id)' "
+                                         "has the name"):
         mm.train(lambda *args, **kwargs: 1, make(frame), store=store, progress=False)
     assert not store.exists()
 
