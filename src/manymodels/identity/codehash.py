@@ -348,7 +348,15 @@ def _lambdas_on_first_line(text: str) -> int:
 
 
 def _code_text(code: types.CodeType) -> str:
-    parts = [code.co_code.hex(), repr(code.co_names)]
+    """Code without its source, as text: its bytecode, the names it reads,
+    its constants, and its arguments' and locals' names and counts (the
+    bytecode reads a local by its position: ``def fit(df, a=1, b=2): return
+    a - b`` and ``def fit(df, b=1, a=2): return b - a`` compile alike, and a
+    grid's ``a=5`` gives each another result)."""
+    parts = [code.co_code.hex(), repr(code.co_names), repr(code.co_varnames),
+             repr(code.co_freevars), repr(code.co_cellvars),
+             repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+                   code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)))]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             parts.append(_code_text(const))
