@@ -8,6 +8,7 @@ module name (as a re-run of a script imports it), from its own folder."""
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import sys
 import textwrap
@@ -487,3 +488,48 @@ def test_code_without_source_counts_its_arguments_names():
     exec("def fit(df, a=1, b=2):\n    return a - b\n", first)
     exec("def fit(df, b=1, a=2):\n    return b - a\n", second)
     assert code_identity(first["fit"])[0] != code_identity(second["fit"])[0]
+
+
+def test_a_notebooks_class_and_the_global_its_property_reads_count(monkeypatch):
+    """A ``__main__`` class's methods were followed to the globals they
+    read, its properties' getters were not: ``K = 2`` edited to ``K = 3``
+    kept the identity of a ``fit`` reading ``S.k``, and reused its models.
+    A class without source (a notebook's) was hashed by its pickle, its
+    name alone: an edited class attribute (``SCALE = 1`` to ``5``) too."""
+    import types
+
+    from manymodels.identity.hashing import code_identity
+
+    def fit_reading(k, scale=1):
+        main = types.ModuleType("__main__")  # a notebook's: its code has no file
+        monkeypatch.setitem(sys.modules, "__main__", main)
+        main.K = k
+        exec(f"class Scaler:\n    SCALE = {scale}\n    @property\n    def k(self):\n"
+             "        return K * self.SCALE\nS = Scaler()\ndef fit(df):\n    return S.k\n",
+             vars(main))
+        return code_identity(main.fit)[0]
+
+    assert fit_reading(2) == fit_reading(2)
+    assert fit_reading(2) != fit_reading(3)
+    assert fit_reading(2) != fit_reading(2, scale=5)
+
+
+def test_a_global_set_by_the_script_that_a_helper_called_by_module_reads_counts(
+        tmp_path, monkeypatch):
+    """``helpers.ALPHA`` read by ``fit`` counted by its value, but a
+    function called as ``helpers.f()`` was left to its module's file: a
+    script's ``helpers.ALPHA = 2``, which ``f`` reads, reused the models
+    trained with ``helpers.ALPHA = 1``."""
+    from manymodels.identity.hashing import code_identity
+
+    (tmp_path / "mm_user_helpers.py").write_text("ALPHA = 0\n\ndef f():\n    return ALPHA\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mm_user_helpers", raising=False)
+    helpers = importlib.import_module("mm_user_helpers")
+    namespace = {"__name__": "__main__", "helpers": helpers}
+    exec("def fit(df):\n    return helpers.f()\n", namespace)
+    hashes = []
+    for alpha in (1, 1, 2):
+        monkeypatch.setattr(helpers, "ALPHA", alpha)
+        hashes.append(code_identity(namespace["fit"])[0])
+    assert hashes[0] == hashes[1] != hashes[2]
