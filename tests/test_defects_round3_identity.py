@@ -8,6 +8,7 @@ module name (as a re-run of a script imports it), from its own folder."""
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import sys
 import textwrap
@@ -323,3 +324,212 @@ def test_a_shared_frame_is_hashed_by_its_content_and_what_a_model_can_read_of_it
     lists = pd.DataFrame({0: [[1, 2], [3]]})  # values pandas cannot hash: each by its own
     assert value_hash(lists) == value_hash(lists.copy())
     assert value_hash(lists) != value_hash(pd.DataFrame({0: [[1, 2], [4]]}))
+
+
+# -- values a model tells apart, hashed apart; equal ones alike ------------------------
+def _frame_of(*values):
+    return pd.DataFrame({"v": pd.Series(list(values), dtype=object)})
+
+
+@pytest.mark.parametrize("first, second", [
+    ((1, "x"), ("1", "x")),                      # a number beside texts, and its text
+    ((b"a",), ("a",)),                           # bytes and the text they spell
+    ((__import__("decimal").Decimal("1.0"),), ("1.0",)),
+    (((1, 2),), ("(1, 2)",)),
+    ((None, "a"), ("None", "a")),
+], ids=["mixed", "bytes", "decimal", "tuple", "none"])
+def test_an_object_column_is_hashed_by_what_its_values_are_not_their_text(first, second):
+    """pandas hashes an object column's values by their text: a column of
+    ``1`` and ``"x"`` hashed as one of ``"1"`` and ``"x"`` (so bytes as their
+    text, a decimal or a tuple as its printout), and a shared frame whose
+    values changed so reused the old models. Each value counts as what it is."""
+    from manymodels.identity.valuehash import value_hash
+
+    assert value_hash(_frame_of(*first)) != value_hash(_frame_of(*second))
+    assert value_hash(_frame_of(*first)) == value_hash(_frame_of(*first).copy())
+    indexed = pd.Series([1, 2], index=pd.Index(list(first) * 2, dtype=object)[:2])
+    assert value_hash(indexed) != value_hash(indexed.set_axis(
+        pd.Index(list(second) * 2, dtype=object)[:2]))
+
+
+def test_a_column_pandas_cannot_hash_is_hashed_value_by_value():
+    """A series of Arrow lists made pandas' hash raise (``unhashable type``):
+    it could not be shared with a store. Each value counts by its own hash."""
+    import pyarrow as pa
+
+    from manymodels.identity.valuehash import value_hash
+
+    kind = pd.ArrowDtype(pa.list_(pa.int64()))
+    lists = pd.DataFrame({"v": pd.Series([[1, 2], [3]], dtype=kind)})
+    assert value_hash(lists) == value_hash(lists.copy())
+    assert value_hash(lists) != value_hash(pd.DataFrame({"v": pd.Series([[1, 2], [4]],
+                                                                     dtype=kind)}))
+    assert value_hash(lists["v"]) == value_hash(lists["v"].copy())
+    assert value_hash(lists["v"]) != value_hash(pd.Series([[1, 2], [4]], dtype=kind, name="v"))
+
+
+def test_a_changed_value_of_a_shared_frame_retrains_and_says_so(tmp_path):
+    """End to end: a shared frame whose ``1`` became ``"1"`` was reused."""
+    store = tmp_path / "store"
+
+    def run(lookup):
+        return mm.train(_count_ints, mm.items([1, 2]), shared={"lookup": lookup},
+                        store=store, backend="serial", progress=False)
+
+    assert run(_frame_of(1, "x")).models[1] == 1
+    assert run(_frame_of(1, "x")).results["reused"].all()
+    changed = run(_frame_of("1", "x"))
+    assert not changed.results["reused"].any() and changed.models[1] == 0
+    assert "the shared object 'lookup' changed" in changed.why_not_reused(1)
+
+
+def _count_ints(item, lookup):
+    return sum(isinstance(value, int) for value in lookup["v"])
+
+
+def test_arrow_values_hash_their_types():
+    """An Arrow array or table was hashed as pandas converts it: ``int64``
+    with a null and ``double`` with a NaN, the same there, hashed alike."""
+    import pyarrow as pa
+
+    from manymodels.identity.valuehash import value_hash
+
+    assert value_hash(pa.array([1, None])) != value_hash(pa.array([1.0, float("nan")]))
+    assert value_hash(pa.table({"a": [1, None]})) != value_hash(
+        pa.table({"a": [1.0, float("nan")]}))
+    assert value_hash(pa.table({"a": [1, None]})) == value_hash(pa.table({"a": [1, None]}))
+
+
+def test_an_arrays_mask_and_shape_count():
+    """A masked array hashed by its bytes alone (a changed mask reused the
+    old model), and a 0-d array as the 1-d array of its one value."""
+    import numpy as np
+
+    from manymodels.identity.valuehash import value_hash
+
+    masked = np.ma.array([1, 2, 3], mask=[0, 1, 0])
+    assert value_hash(masked) == value_hash(masked.copy())
+    assert value_hash(masked) != value_hash(np.ma.array([1, 2, 3], mask=[0, 0, 0]))
+    assert value_hash(masked) != value_hash(masked.data)
+    assert value_hash(np.array(5)) != value_hash(np.array([5]))
+
+
+def test_a_tensor_or_module_hashes_by_its_content():
+    """A PyTorch tensor's pickle names its storage by its address: each copy,
+    and each process, hashed another, so a ``fit`` reading a tensor or a
+    module was never reused. Equal ones hash alike, others apart."""
+    import copy
+
+    torch = pytest.importorskip("torch")
+    from manymodels.identity.valuehash import value_hash
+
+    tensor = torch.arange(6.0).reshape(2, 3)
+    assert value_hash(tensor) == value_hash(tensor.clone())
+    assert value_hash(tensor) != value_hash(tensor.T)
+    assert value_hash(tensor) != value_hash(tensor.double())
+    module = torch.nn.Linear(2, 1)
+    assert value_hash(module) == value_hash(copy.deepcopy(module))
+    changed = copy.deepcopy(module)
+    with torch.no_grad():
+        changed.weight += 1
+    assert value_hash(module) != value_hash(changed)
+
+
+def test_a_container_that_holds_itself_hashes():
+    """A list or dict that holds itself failed with Python's bare
+    ``RecursionError`` (a shared object refused, an item crashing the run)."""
+    from manymodels.identity.valuehash import value_hash
+
+    def looped(tail):
+        made = [1, tail]
+        made.append(made)
+        return made
+
+    assert value_hash(looped(2)) == value_hash(looped(2))
+    assert value_hash(looped(2)) != value_hash(looped(3))
+    found = {"a": 1}
+    found["self"] = found
+    assert value_hash(found) == value_hash(found)
+
+
+def test_what_a_dict_gives_for_a_missing_key_and_its_unordered_keys_count():
+    """A defaultdict hashed as the dict of its items (``int``'s and
+    ``list``'s alike), and a dict keyed by a frozenset of texts by the
+    key's repr, whose order changes with the hash seed."""
+    import collections
+
+    from manymodels.identity.valuehash import value_hash
+
+    assert value_hash(collections.defaultdict(int, a=1)) != value_hash(
+        collections.defaultdict(list, a=1))
+    first, second = _two_orders(frozenset)
+    assert value_hash({first: 1}) == value_hash({second: 1})
+    assert value_hash({first: 1}) != value_hash({frozenset(["column_0"]): 1})
+
+
+def test_an_item_that_cannot_be_hashed_is_named_with_its_key(tmp_path):
+    """An item a store cannot hash failed with pickle's own words alone,
+    naming neither the item nor its key."""
+    import threading
+
+    with pytest.raises(TypeError, match=r"the item of key 1 \(lock\) cannot be hashed"):
+        mm.train(lambda item: 1, mm.items(["a", threading.Lock()]),
+                 store=tmp_path / "s", backend="serial", progress=False)
+
+
+def test_code_without_source_counts_its_arguments_names():
+    """Code without source (``exec``, a notebook's cell gone) was hashed by
+    its bytecode, which reads locals by position: swapping two arguments'
+    names (``a``, ``b``) kept the identity, and a grid's ``a=5`` reused
+    results computed as ``b=5``."""
+    from manymodels.identity.hashing import code_identity
+
+    first, second = {}, {}
+    exec("def fit(df, a=1, b=2):\n    return a - b\n", first)
+    exec("def fit(df, b=1, a=2):\n    return b - a\n", second)
+    assert code_identity(first["fit"])[0] != code_identity(second["fit"])[0]
+
+
+def test_a_notebooks_class_and_the_global_its_property_reads_count(monkeypatch):
+    """A ``__main__`` class's methods were followed to the globals they
+    read, its properties' getters were not: ``K = 2`` edited to ``K = 3``
+    kept the identity of a ``fit`` reading ``S.k``, and reused its models.
+    A class without source (a notebook's) was hashed by its pickle, its
+    name alone: an edited class attribute (``SCALE = 1`` to ``5``) too."""
+    import types
+
+    from manymodels.identity.hashing import code_identity
+
+    def fit_reading(k, scale=1):
+        main = types.ModuleType("__main__")  # a notebook's: its code has no file
+        monkeypatch.setitem(sys.modules, "__main__", main)
+        main.K = k
+        exec(f"class Scaler:\n    SCALE = {scale}\n    @property\n    def k(self):\n"
+             "        return K * self.SCALE\nS = Scaler()\ndef fit(df):\n    return S.k\n",
+             vars(main))
+        return code_identity(main.fit)[0]
+
+    assert fit_reading(2) == fit_reading(2)
+    assert fit_reading(2) != fit_reading(3)
+    assert fit_reading(2) != fit_reading(2, scale=5)
+
+
+def test_a_global_set_by_the_script_that_a_helper_called_by_module_reads_counts(
+        tmp_path, monkeypatch):
+    """``helpers.ALPHA`` read by ``fit`` counted by its value, but a
+    function called as ``helpers.f()`` was left to its module's file: a
+    script's ``helpers.ALPHA = 2``, which ``f`` reads, reused the models
+    trained with ``helpers.ALPHA = 1``."""
+    from manymodels.identity.hashing import code_identity
+
+    (tmp_path / "mm_user_helpers.py").write_text("ALPHA = 0\n\ndef f():\n    return ALPHA\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mm_user_helpers", raising=False)
+    helpers = importlib.import_module("mm_user_helpers")
+    namespace = {"__name__": "__main__", "helpers": helpers}
+    exec("def fit(df):\n    return helpers.f()\n", namespace)
+    hashes = []
+    for alpha in (1, 1, 2):
+        monkeypatch.setattr(helpers, "ALPHA", alpha)
+        hashes.append(code_identity(namespace["fit"])[0])
+    assert hashes[0] == hashes[1] != hashes[2]

@@ -166,12 +166,11 @@ class _CodeWalker:
         if module.__name__ == "__main__":
             try:
                 self.sources[f"class:__main__.{obj.__qualname__}"] = digest(inspect.getsource(obj))
-            except (OSError, TypeError):
-                self.value(f"class:__main__.{obj.__qualname__}", obj)
+            except (OSError, TypeError):  # (a notebook's class: its methods' code is below)
+                self.value(f"class:__main__.{obj.__qualname__}", _class_outline(obj))
             for member in vars(obj).values():  # its methods read globals too
-                member = getattr(member, "__func__", member)
-                if isinstance(member, types.FunctionType):
-                    self.visit(member)
+                for function in _member_functions(member):
+                    self.visit(function)
         else:
             self._visit_module(module)  # a user class: its whole module file
 
@@ -226,7 +225,8 @@ class _CodeWalker:
                 self.visit(sys.modules[name])
         # Values it reads from a module of the user's own (helpers.ALPHA): the
         # module's file covers what is written there, not what a script set
-        # since (helpers.ALPHA = 50)
+        # since (helpers.ALPHA = 50); and the functions it calls there
+        # (helpers.f()), with the globals they read, which a script may set too
         for chain in sorted(_attribute_chains(fn.__code__)):
             value = fn.__globals__.get(chain[0])
             for depth, attribute in enumerate(chain[1:], start=1):
@@ -234,9 +234,40 @@ class _CodeWalker:
                     break
                 owner, value = value, getattr(value, attribute, None)
                 if not isinstance(value, types.ModuleType):
-                    if not callable(value) and _is_user_file(getattr(owner, "__file__", None)):
-                        self.value(f"{label}:global:{'.'.join(chain[:depth + 1])}", value)
+                    if _is_user_file(getattr(owner, "__file__", None)):
+                        name = f"{label}:global:{'.'.join(chain[:depth + 1])}"
+                        if callable(value):
+                            self.visit(value, name)
+                        else:
+                            self.value(name, value)
                     break
+
+
+#: A class's attributes that are Python's own, not the user's.
+_OWN_ATTRIBUTES = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__"})
+
+
+def _class_outline(cls: type) -> tuple:
+    """A class without source (a notebook's), as its hash takes it: its
+    name, its bases, and its attributes, each function by its name (the walk
+    hashes its code). Hashed whole, its pickle was cloudpickle's, which
+    names a class by an id made anew for each class: each run, and each
+    process, hashed it anew, and its models were never reused."""
+    bases = [f"{base.__module__}.{base.__qualname__}" for base in cls.__bases__]
+    members = [(name, "function" if _member_functions(member) else member)
+               for name, member in sorted(vars(cls).items()) if name not in _OWN_ATTRIBUTES]
+    return cls.__qualname__, bases, members
+
+
+def _member_functions(member: Any) -> list[types.FunctionType]:
+    """The functions of a class attribute: a method's, a static or class
+    method's, and a property's getter, setter and deleter (a property that
+    reads a global, ``K = 2`` edited to ``K = 3``, reused the old models)."""
+    if isinstance(member, property):
+        candidates = [member.fget, member.fset, member.fdel]
+    else:
+        candidates = [getattr(member, "__func__", member)]
+    return [f for f in candidates if isinstance(f, types.FunctionType)]
 
 
 #: What :func:`_cell_contents` gives for a closure cell not yet assigned.
@@ -287,7 +318,7 @@ def _attribute_chains(code: types.CodeType) -> set[tuple[str, ...]]:
             if len(chain) > 1:
                 chains.add(tuple(chain))
             chain = [instruction.argval]
-        elif instruction.opname == "LOAD_ATTR" and chain:
+        elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain:  # (3.11: a call)
             chain.append(instruction.argval)
         else:
             if len(chain) > 1:
@@ -348,7 +379,15 @@ def _lambdas_on_first_line(text: str) -> int:
 
 
 def _code_text(code: types.CodeType) -> str:
-    parts = [code.co_code.hex(), repr(code.co_names)]
+    """Code without its source, as text: its bytecode, the names it reads,
+    its constants, and its arguments' and locals' names and counts (the
+    bytecode reads a local by its position: ``def fit(df, a=1, b=2): return
+    a - b`` and ``def fit(df, b=1, a=2): return b - a`` compile alike, and a
+    grid's ``a=5`` gives each another result)."""
+    parts = [code.co_code.hex(), repr(code.co_names), repr(code.co_varnames),
+             repr(code.co_freevars), repr(code.co_cellvars),
+             repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+                   code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)))]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             parts.append(_code_text(const))

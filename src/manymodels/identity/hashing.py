@@ -3,7 +3,7 @@
 A re-run with a store reuses every finished model whose identity is
 unchanged, so the identity must change whenever the model could:
 
-* **code**: ``fit``'s source (or bytecode, constants and closure values when
+* **code**: ``fit``'s source (or bytecode, names, constants and closure values when
   the source is not available), that of every decorator wrapped around it
   and of what they wrap, and, followed transitively, the source files of
   the user's own modules that it uses: a helper module edited means every

@@ -12,9 +12,12 @@ that a pickle names (:func:`.codehash.user_code`).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import pickle
+import sys
+import threading
 import types
 from pathlib import Path, PurePath
 from typing import Any
@@ -30,11 +33,7 @@ def value_hash(value: Any) -> str:
     """A content hash of a value: arrays and frames by their data, paths to files
     by the file's content, anything else by its pickle."""
     if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
-        if array.dtype.hasobject:
-            return digest(cloudpickle.dumps(array.tolist()))
-        raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
-        return digest(str(array.dtype), str(array.shape), raw)
+        return _array_hash(value)
     module = type(value).__module__
     if module.startswith("pandas"):
         import pandas as pd
@@ -42,15 +41,11 @@ def value_hash(value: Any) -> str:
         if isinstance(value, (pd.DataFrame, pd.Series)):
             return _frame_hash(value)
     if module.startswith("pyarrow") and hasattr(value, "to_pandas"):
-        return value_hash(value.to_pandas())
+        return digest("arrow", _arrow_type_text(value), value_hash(value.to_pandas()))
     if isinstance(value, PurePath):
         return file_hash(value)
-    if isinstance(value, (list, tuple)):
-        return digest(type(value).__name__, *(value_hash(v) for v in value))
-    if isinstance(value, dict):
-        return digest("dict", *(f"{k!r}={value_hash(v)}" for k, v in value.items()))
-    if isinstance(value, (set, frozenset)):  # a set pickles in hash-seed order
-        return digest(type(value).__name__, *sorted(value_hash(v) for v in value))
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return _container_hash(value)
     if value is None or type(value) in (bool, int, float, str, bytes):
         return digest(pickle.dumps(value, protocol=5))
     try:
@@ -61,40 +56,159 @@ def value_hash(value: Any) -> str:
     return digest(data, code) if code else digest(data)
 
 
+def _array_hash(value: np.ndarray) -> str:
+    """A NumPy array's hash: its type, shape and bytes (an object array's, its
+    values'). A subclass's own state counts too: a masked array's mask, a
+    unit an array of quantities carries (its bytes alone hashed an array
+    whose mask or unit changed as the old one). The shape is the array's
+    own: a 0-d array is not the array of its one value."""
+    array = np.ascontiguousarray(value)
+    if array.dtype.hasobject:
+        hashed = digest(cloudpickle.dumps(array.tolist()))
+    else:
+        raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
+        hashed = digest(str(array.dtype), str(value.shape), raw)
+    if type(value) is np.ndarray:
+        return hashed
+    kind = type(value)
+    return digest(f"{kind.__module__}.{kind.__qualname__}", hashed,
+                  value_hash(getattr(value, "__dict__", None)))
+
+
+def _arrow_type_text(value: Any) -> str:
+    """An Arrow table's schema (without its metadata: a pandas writer's
+    version) or an array's type: converted to pandas, ``int64`` with a null
+    and ``double`` with a NaN read alike, as do a text and a dictionary."""
+    schema = getattr(value, "schema", None)
+    if schema is not None:
+        return str(schema.remove_metadata())
+    return str(getattr(value, "type", ""))
+
+
+#: Per thread, the containers :func:`value_hash` is inside, outermost first.
+_ENTERED = threading.local()
+
+
+def _container_hash(value: list | tuple | dict | set | frozenset) -> str:
+    """A list's, tuple's, dict's or set's hash, from its elements'. One that
+    holds itself (``a.append(a)``) hashes that element as a reference to
+    the container it is (by how far out it is), not by recursing until
+    Python's stack runs out."""
+    inside = _ENTERED.__dict__.setdefault("ids", [])
+    if id(value) in inside:
+        return digest("itself", str(len(inside) - inside.index(id(value))))
+    inside.append(id(value))
+    try:
+        return _elements_hash(value)
+    finally:
+        inside.pop()
+
+
+def _elements_hash(value: list | tuple | dict | set | frozenset) -> str:
+    if isinstance(value, (list, tuple)):
+        return digest(type(value).__name__, *(value_hash(v) for v in value))
+    if isinstance(value, dict):
+        parts = [f"{_key_text(k)}={value_hash(v)}" for k, v in value.items()]
+        if isinstance(value, collections.defaultdict):  # what it gives for a missing key
+            parts.append(f"default_factory={value_hash(value.default_factory)}")
+        return digest("dict", *parts)
+    # a set pickles in hash-seed order
+    return digest(type(value).__name__, *sorted(value_hash(v) for v in value))
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as its hash takes it: its repr where that is the same in
+    every process (texts, numbers, None, tuples of them), else its
+    :func:`value_hash` (a frozenset's repr follows the hash seed, an
+    object's may hold its address: such a dict hashed anew in each process)."""
+    if _repr_is_stable(key):
+        return repr(key)
+    return f"<key {value_hash(key)}>"
+
+
+def _repr_is_stable(key: Any) -> bool:
+    if type(key) is tuple:
+        return all(map(_repr_is_stable, key))
+    return type(key) in (str, bytes, int, float, bool, complex, type(None))
+
+
 def _frame_hash(frame: Any) -> str:
-    """A pandas frame's or series' hash: its rows' values (pandas' own
-    hashes of them, index included), its columns' names and types, and
-    what those leave out that a model can read: the index's names, and
-    the order of a categorical's categories (its codes)."""
+    """A pandas frame's or series' hash: each column's and each index
+    level's values row by row (see :func:`_column_hashes`), its columns'
+    names and types, and what those leave out that a model can read: the
+    index's names and types, and the order of a categorical's categories
+    (its codes)."""
     import pandas as pd
 
-    try:
-        rows = pd.util.hash_pandas_object(frame, index=True).to_numpy()
-    except TypeError:  # values pandas cannot hash (lists, dicts): each by its own hash
-        rows = pd.util.hash_pandas_object(_values_hashed(frame), index=True).to_numpy()
     columns = (list(frame.items()) if isinstance(frame, pd.DataFrame)
                else [(frame.name, frame)])
-    labels = [f"index names {list(frame.index.names)!r}"]
-    for name, column in [*columns, ("the index", frame.index)]:
+    index = frame.index
+    levels = [(f"index level {level}", index.get_level_values(level))
+              for level in range(index.nlevels)]
+    labels = [f"index names {list(index.names)!r}",
+              f"index types {[str(values.dtype) for _, values in levels]!r}"]
+    rows = [_column_hashes(values, name, labels) for name, values in [*columns, *levels]]
+    for name, column in [*columns, ("the index", index)]:
         if isinstance(column.dtype, pd.CategoricalDtype):
             labels.append(f"categories of {name!r}: {list(column.dtype.categories)!r}, "
                           f"ordered {column.dtype.ordered}")
     return digest(type(frame).__name__, repr([name for name, _ in columns]),
-                  repr([str(column.dtype) for _, column in columns]), rows.tobytes(), *labels)
+                  repr([str(column.dtype) for _, column in columns]),
+                  *(hashes.tobytes() for hashes in rows), *labels)
 
 
-def _values_hashed(frame: Any) -> Any:
-    """``frame`` with each value of its object columns as its
-    :func:`value_hash` (a list, a dict), which pandas can hash."""
+#: What pandas hashes an object column of by its values' text alone, and
+#: tells apart within it: a column of one of these kinds (missing values
+#: aside) is hashed by pandas. In any other (``1`` beside ``"x"``, bytes
+#: beside text, decimals, tuples), pandas hashed ``1`` as ``"1"``, ``b"a"``
+#: as ``"a"`` and ``Decimal("1.0")`` as ``"1.0"``: a changed value reused the
+#: old model.
+_KINDS_PANDAS_TELLS_APART = frozenset({"empty", "string", "bytes", "integer", "floating",
+                                       "boolean"})
+
+
+def _column_hashes(values: Any, name: Any, labels: list[str]) -> Any:
+    """A column's (or an index level's) hash of each row, as uint64. An
+    object column notes its values' kind in ``labels`` (a column of texts
+    and one of the bytes they spell hash alike in pandas), and one of
+    values pandas hashes by their text (see :data:`_KINDS_PANDAS_TELLS_APART`)
+    or cannot hash (lists, dicts, Arrow lists) is hashed value by value."""
     import pandas as pd
 
-    if isinstance(frame, pd.Series):
-        return frame.map(value_hash) if frame.dtype == object else frame
-    hashed = frame.copy(deep=False)
-    for position, kind in enumerate(frame.dtypes):
-        if kind.kind == "O":
-            hashed.isetitem(position, frame.iloc[:, position].map(value_hash))
-    return hashed
+    if values.dtype == object:
+        kind = pd.api.types.infer_dtype(values, skipna=True)
+        labels.append(f"values of {name!r}: {kind}")
+        if kind not in _KINDS_PANDAS_TELLS_APART:
+            return _each_value_hashed(values)
+    try:
+        return pd.util.hash_pandas_object(values, index=False).to_numpy()
+    except TypeError:  # values pandas cannot hash (an Arrow list column's)
+        labels.append(f"values of {name!r} each by its own hash")
+        return _each_value_hashed(values)
+
+
+def _each_value_hashed(values: Any) -> Any:
+    """Each of ``values`` hashed by :func:`value_hash`, as uint64 per row; a
+    text, number or bytes that repeats hashed once (a million rows of a few
+    labels and numbers took 1.5 s, each value pickled)."""
+    import pandas as pd
+
+    known: dict[tuple[type, Any], str] = {}
+    texts = np.empty(len(values), dtype=object)
+    for position, value in enumerate(values):
+        plain = type(value) in _EQUAL_IS_SAME
+        hashed = known.get((type(value), value)) if plain else None
+        if hashed is None:
+            hashed = value_hash(value)
+            if plain:
+                known[type(value), value] = hashed
+        texts[position] = hashed
+    return pd.util.hash_array(texts, categorize=False)
+
+
+#: Types whose equal values are the same value (not ``0.0`` and ``-0.0``,
+#: nor ``Decimal("1.0")`` and ``Decimal("1.00")``).
+_EQUAL_IS_SAME = frozenset({str, int, bool, bytes, type(None)})
 
 
 class _NamingPickler(pickle.Pickler):
@@ -110,7 +224,28 @@ class _NamingPickler(pickle.Pickler):
             self.named.setdefault(id(obj), obj)
         else:
             self.named.setdefault(id(type(obj)), type(obj))
-        return NotImplemented  # pickled as it would be
+        return _tensor_by_content(obj)  # else NotImplemented: pickled as it would be
+
+
+def _tensor_by_content(obj: Any) -> Any:
+    """What a PyTorch tensor (a module's parameter too) is pickled as for its
+    hash: its class, type, shape, whether it takes gradients, and its bytes'
+    hash. Its own pickle names its storage by the storage's address in
+    memory: each process, and each copy, hashed another, and a run whose
+    ``fit`` read a tensor or a module (a global, a shared object) was never
+    reused. NotImplemented for anything else, and for a tensor whose bytes
+    cannot be read as such (sparse, quantized): pickled as it would be."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return NotImplemented
+    try:
+        flat = obj.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        raw = flat.view(torch.uint8).numpy().data
+    except Exception:
+        return NotImplemented
+    kind = type(obj)
+    return tuple, ((f"{kind.__module__}.{kind.__qualname__}", str(obj.dtype),
+                    tuple(obj.shape), bool(obj.requires_grad), digest(raw)),)
 
 
 #: manymodels' modules by the names they had when the first stores were
@@ -220,7 +355,7 @@ class _PinnedNamePickler(pickle._Pickler):  # the Python pickler: its save_globa
                 map(_seed_free, obj)):
             self.reordered = True
             return _canonical_set(obj)
-        return NotImplemented
+        return _tensor_by_content(obj)
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
         pinned = PINNED_MODULES.get(getattr(obj, "__module__", None) or "")

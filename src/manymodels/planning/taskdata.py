@@ -149,7 +149,18 @@ class Items(TaskData):
     def hashes(self, refs: list[Any]) -> list[str]:
         from ..identity.valuehash import item_hash
 
-        return [item_hash(item) for item in refs]
+        keys = {id(item): key for key, item in zip(self._keys, self._items)}
+        hashes = []
+        for item in refs:
+            try:
+                hashes.append(item_hash(item))
+            except Exception as error:  # pickle's own error names neither item nor key
+                raise TypeError(
+                    f"the item of key {keys.get(id(item), '?')!r} ({type(item).__name__}) cannot "
+                    f"be hashed ({type(error).__name__}: {error}), and a store needs its hash "
+                    "to know when its model can be reused: pass what names it (a path, a "
+                    "name) as the item and build it in fit, or train without store=") from error
+        return hashes
 
 
 class SliceRefs(Sequence):
