@@ -393,3 +393,28 @@ def test_cuda_on_a_pytorch_built_without_cuda_says_so():
         with pytest.raises(ValueError, match=rf"device '{device}': this PyTorch \(.*\) is "
                                              "built without CUDA"):
             mm.linear(frame, "g", ["x"], "y", device=device)
+
+
+def test_the_device_checks_linear_step_on_the_cpu_compares_pytorch_with_numpy(tmp_path):
+    """``bench/device_check.py linear --device cpu`` (the smoke run's) keyed
+    both fits by device name, "cpu": PyTorch's result replaced NumPy's and was
+    compared with itself (walls equal, difference 0). Here, where PyTorch is
+    loaded already: in test_device_check.py it would make later workers spawn."""
+    pytest.importorskip("torch")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "device_check.py"
+    spec = importlib.util.spec_from_file_location("device_check_under_test", script)
+    device_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(device_check)
+    out = tmp_path / "linear.json"
+    assert device_check.main(["linear", "--groups", "50", "--device", "cpu",
+                              "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["family"] for row in rows] == ["ols", "logistic"]
+    for row in rows:  # two fits, each timed on its own
+        assert row["reference"] == "numpy" and row["engine"] == "torch"
+        assert row["cpu_s"] != row["device_s"]
+        assert row["max_rel_diff"] < 1e-6 and row["compared_groups"] == 50
