@@ -163,6 +163,13 @@ def test_declaring_more_gpus_than_cuda_visible_devices_lets_the_process_use_is_r
         mm.train(_devices, mm.items(range(2)), gpus=2, gpus_per_task=1)
 
 
+@pytest.mark.parametrize("gpus", [[-1], [0, "foo"], [0, "GPU-"]])
+def test_declared_gpu_ids_cuda_cannot_read_are_refused(gpus):
+    """gpus=[-1] became a worker's CUDA_VISIBLE_DEVICES=-1: its tasks saw no GPU."""
+    with pytest.raises(ValueError, match=r"gpus=.*: '.*' is no GPU id CUDA reads"):
+        mm.train(_devices, mm.items(range(2)), gpus=gpus, gpus_per_task=1)
+
+
 @pytest.mark.parametrize("gpus", [2, [0, 1]])
 def test_gpus_without_gpus_per_task_is_refused(gpus):
     """gpus= alone was taken and ignored: every task ran without a GPU."""

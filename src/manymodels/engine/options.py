@@ -21,7 +21,13 @@ from typing import Any
 
 import cloudpickle
 
-from ..machine import detect_gpus, parse_bytes, visible_gpus, worker_niceness
+from ..machine import (
+    cuda_visible_ids,
+    detect_gpus,
+    parse_bytes,
+    visible_gpus,
+    worker_niceness,
+)
 from .gpus import check_gpus_per_task, check_memory_fraction, declared_gpus, place_gpus
 
 #: How the processes backend may start its workers.
@@ -210,6 +216,7 @@ def _gpu_sets(per_task: float, gpus: Any, backend_type: type, backend: str
         raise ValueError(f"the {backend} backend cannot give each task its own GPUs; "
                          "use backend='processes'")
     if isinstance(declared, list):
+        _check_declared_ids(declared, gpus)
         return place_gpus(per_task, declared)
     detected = detect_gpus(ask_nvidia_smi=declared is None)
     if declared is None:
@@ -220,6 +227,17 @@ def _gpu_sets(per_task: float, gpus: Any, backend_type: type, backend: str
             f"{len(detected.ids)} GPU(s) ({', '.join(detected.ids)}): declare gpus="
             f"{len(detected.ids)} or fewer, or name the GPUs with gpus=[ids]")
     return place_gpus(per_task, visible_gpus(declared))
+
+
+def _check_declared_ids(ids: list[str], given: Any) -> None:
+    """Refuse a declared id CUDA cannot read (-1, "foo"): as a worker's
+    ``CUDA_VISIBLE_DEVICES`` it would hide every GPU from the tasks, which
+    would run on no GPU without a word."""
+    readable = cuda_visible_ids(",".join(ids))
+    if readable != ids:
+        bad = ids[len(readable)]
+        raise ValueError(f"gpus={given!r}: {bad!r} is no GPU id CUDA reads (a GPU number >= 0, "
+                         "or a GPU-/MIG- UUID as nvidia-smi -L prints them)")
 
 
 def _check_gpu_memory_limit(value: Any, per_task: float, per_gpu: int, backend_type: type,
