@@ -269,7 +269,9 @@ def _gpu_targets(data: dict | None, tests: dict | None, linear_data: dict | None
     best = min(ours, key=lambda r: r["wall_s"]) if ours else None
     name = best["tool"].split()[-1] if best else ""
     vs_pool = best["wall_s"] / pool["wall_s"] if best and pool else None
-    out = [_target("GPU: 32 networks, best manymodels wall / 8-process Pool <= 1", vs_pool,
+    tasks, processes = (data or {}).get("tasks", 32), (data or {}).get("pool", 8)  # as run
+    out = [_target(f"GPU: {tasks} networks, best manymodels wall / {processes}-process Pool <= 1",
+                   vs_pool,
                    1.0, "max", f"{vs_pool:.2f} ({name})" if vs_pool else "", why),
            _target("GPU: best manymodels x serial >= 5", best and best["ratio_to_serial"], 5.0,
                    "min", f"{best['ratio_to_serial']:.1f}x ({name})" if best else "", why)]
@@ -283,8 +285,8 @@ def _gpu_targets(data: dict | None, tests: dict | None, linear_data: dict | None
                  if r.get("max_rel_diff") is not None), default=None)
     on_cuda = (linear_data or {}).get("device", "").startswith("cuda")
     out.append(_target("mm.linear(device='cuda') equal to the CPU to 1e-6",
-                       worst if on_cuda else None, 1e-6, "max", f"{worst:.1e}" if worst else "",
-                       why))
+                       worst if on_cuda else None, 1e-6, "max",
+                       f"{worst:.1e}" if worst is not None else "", why))
     return out
 
 
@@ -338,6 +340,11 @@ def table(args: argparse.Namespace) -> int:
         for line, step in zip(targets[-4:], ("gpu", "gpu", "gpu-tests", "linear")):
             if line["value"] is None:
                 line["status"] = why(step)
+        counts = _junit_counts(folder / "gpu-tests.xml")
+        if counts and counts["tests"] and counts["skipped"] == counts["tests"]:
+            # (a GPU nvidia-smi lists, which the tests' PyTorch cannot use)
+            targets[-2]["status"] = (f"step gpu-tests: all {counts['tests']} tests skipped "
+                                     "(see device-check.log)")
     summary = {"smoke": args.smoke, "gpu": gpu, "machine": c.machine_info(),
                "steps": steps, "targets": targets}
     c.write_json(folder / "device-check.json", summary)
