@@ -18,8 +18,8 @@
 #                (MANYMODELS_WORKER_NICENESS=5, not the default)
 #   files-sweep  one model per file and the RandomForest sweep against a Pool
 # --smoke runs the same steps at small sizes (at most 2 minutes on 2 cores); without
-# a GPU the GPU tests skip, gpu_bench.py exits saying so, mm.linear runs PyTorch on
-# the CPU (checked against NumPy), and the table says "skipped: no GPU".
+# a GPU the GPU tests skip, the gpu step is skipped (gpu_bench.py is not run),
+# mm.linear runs PyTorch on the CPU against NumPy, and the table says "skipped: no GPU".
 # PYTHON picks the interpreter (default: .venv/bin/python if present, else python3);
 # DEVICE_CHECK_BUDGET_S the time budget of all steps (default 540 s; smoke 120 s).
 set -u

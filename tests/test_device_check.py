@@ -98,3 +98,43 @@ def test_smoke_run_writes_the_json_and_the_table_and_nothing_else(tmp_path):
         assert line["target"] in printed and line["status"] in printed
     log = (out / "device-check.log").read_text().splitlines()
     assert [line.split()[1] for line in log if line.startswith("== ")] == STEPS
+
+
+def test_the_table_names_the_gpu_run_as_run_and_says_when_every_gpu_test_skipped(
+        tmp_path, monkeypatch):
+    """With a GPU (an ``nvidia-smi`` that lists one), the table titled the GPU
+    line "32 networks ... 8-process Pool" whatever gpu_bench.py ran (a smoke
+    run: 4 and 2); a linear difference of exactly 0 showed no figure; and
+    tests/test_gpu.py all skipped (a PyTorch without CUDA) read "step
+    gpu-tests: ok"."""
+    import importlib.util
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0aa)'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [{"tool": "spawn Pool(2)", "wall_s": 2.0, "losses_match": True, "ratio_to_serial": 1},
+            {"tool": "manymodels gpus_per_task=0.5", "wall_s": 1.0, "losses_match": True,
+             "ratio_to_serial": 2.0}]
+    (out / "gpu.json").write_text(json.dumps({"tasks": 4, "pool": 2, "rows": rows}))
+    (out / "linear.json").write_text(json.dumps({"device": "cuda", "rows": [
+        {"family": "ols", "max_rel_diff": 0.0}]}))
+    (out / "gpu-tests.xml").write_text('<testsuites><testsuite tests="6" failures="0" '
+                                       'errors="0" skipped="6"/></testsuites>')
+    steps = tmp_path / "steps.tsv"
+    steps.write_text("gpu-tests\tok\t1\ngpu\tok\t9\nlinear\tok\t3\n")
+    spec = importlib.util.spec_from_file_location("device_check_table",
+                                                  REPO / "bench" / "device_check.py")
+    device_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(device_check)
+    assert device_check.main(["table", str(out), "--steps", str(steps), "--smoke"]) == 0
+    targets = json.loads((out / "device-check.json").read_text())["targets"]
+    lines = {line["target"]: line for line in targets}
+    line = lines["GPU: 4 networks, best manymodels wall / 2-process Pool <= 1"]
+    assert line["value"] == 0.5 and line["status"] == "met"
+    assert lines["mm.linear(device='cuda') equal to the CPU to 1e-6"]["shown"] == "0.0e+00"
+    tests = lines["GPU tests (tests/test_gpu.py): failed <= 0"]
+    assert tests["value"] is None and "all 6 tests skipped" in tests["status"]

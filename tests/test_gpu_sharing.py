@@ -23,7 +23,7 @@ import pytest
 import manymodels as mm
 from conftest import wait_for_workers
 from manymodels.engine.gpus import check_gpus_per_task, gpu_failure, place_gpus
-from manymodels.machine import usable_cores
+from manymodels.machine import cuda_visible_ids, detect_gpus, usable_cores
 
 
 class OutOfMemoryError(RuntimeError):
@@ -111,6 +111,73 @@ def test_refused_before_work_with_what_would_fit(tmp_path):
         run = mm.train(_devices, mm.items(range(2)), gpus=1, gpus_per_task=0.25,
                        gpu_memory_limit=0.5, workers=1, progress=False)
     assert run.summary().ok == 2  # a warning, not a refusal: the run went on
+
+
+def _nvidia_smi_listing(folder: Path, gpus: int) -> str:
+    """A PATH whose only ``nvidia-smi`` lists ``gpus`` GPUs, as the real one does."""
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i}aa)'\n" for i in range(gpus))
+    script.write_text("#!/bin/sh\n" + lines)
+    script.chmod(0o755)
+    return str(folder)
+
+
+@pytest.mark.parametrize("listed", ["", "-1", "none", "foo", " , "])
+def test_cuda_visible_devices_hiding_every_gpu_is_refused_saying_so(monkeypatch, tmp_path,
+                                                                    listed):
+    """CUDA_VISIBLE_DEVICES="" (or "-1") fell through to nvidia-smi, whose GPUs
+    the tasks were given although CUDA would show them none; "foo" was taken
+    as a GPU id, the tasks run on no GPU without a word."""
+    monkeypatch.setenv("PATH", _nvidia_smi_listing(tmp_path / "bin", 2))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    with pytest.raises(ValueError, match=r"gpus_per_task=1 but 0 GPU\(s\) are available "
+                                         rf"\(CUDA_VISIBLE_DEVICES={listed!r} hides every GPU"):
+        mm.train(_devices, mm.items(range(2)), gpus_per_task=1)
+
+
+def test_gpus_are_read_from_cuda_visible_devices_as_cuda_reads_them(monkeypatch, tmp_path):
+    assert cuda_visible_ids("0,-1,2") == ["0"]  # CUDA stops at the first bad entry
+    assert cuda_visible_ids(" 3, 5") == ["3", "5"]
+    assert cuda_visible_ids("GPU-3f1c-aa,MIG-GPU-3f1c/1/0") == ["GPU-3f1c-aa",
+                                                                 "MIG-GPU-3f1c/1/0"]
+    assert cuda_visible_ids("1,1") == ["1"]
+    monkeypatch.setenv("PATH", _nvidia_smi_listing(tmp_path / "bin", 2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert detect_gpus().ids == ["0", "1"]
+    monkeypatch.setenv("PATH", _nvidia_smi_listing(tmp_path / "none", 0))
+    assert detect_gpus().found == "nvidia-smi -L lists no GPU"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match=r"0 GPU\(s\) are available \(no NVIDIA driver: "
+                                         "nvidia-smi is not installed"):
+        mm.train(_devices, mm.items(range(2)), gpus_per_task=0.25)
+
+
+def test_declaring_more_gpus_than_cuda_visible_devices_lets_the_process_use_is_refused(
+        monkeypatch):
+    """gpus=2 under CUDA_VISIBLE_DEVICES=3 (a GPU a job scheduler gave) put the
+    tasks on GPUs 0 and 1, which this process was not given."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(ValueError, match=r"gpus=2 but CUDA_VISIBLE_DEVICES='3' lets this "
+                                         r"process use 1 GPU\(s\) \(3\): declare gpus=1"):
+        mm.train(_devices, mm.items(range(2)), gpus=2, gpus_per_task=1)
+
+
+@pytest.mark.parametrize("gpus", [[-1], [0, "foo"], [0, "GPU-"]])
+def test_declared_gpu_ids_cuda_cannot_read_are_refused(gpus):
+    """gpus=[-1] became a worker's CUDA_VISIBLE_DEVICES=-1: its tasks saw no GPU."""
+    with pytest.raises(ValueError, match=r"gpus=.*: '.*' is no GPU id CUDA reads"):
+        mm.train(_devices, mm.items(range(2)), gpus=gpus, gpus_per_task=1)
+
+
+@pytest.mark.parametrize("gpus", [2, [0, 1]])
+def test_gpus_without_gpus_per_task_is_refused(gpus):
+    """gpus= alone was taken and ignored: every task ran without a GPU."""
+    with pytest.raises(ValueError, match=r"gpus=.* declares the GPUs that gpus_per_task= "
+                                         "hands out, but gpus_per_task is 0"):
+        mm.train(_devices, mm.items(range(2)), gpus=gpus)
+    assert mm.train(_devices, mm.items(range(1)), gpus=0, backend="serial",
+                    progress=False).summary().ok == 1  # none declared: nothing lost
 
 
 def test_fractional_gpus_share_each_gpu_between_workers(no_leftovers, monkeypatch, tmp_path):

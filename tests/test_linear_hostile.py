@@ -360,3 +360,61 @@ def test_an_unknown_device_is_refused_before_the_store_is_opened(tmp_path):
     with pytest.raises(ValueError, match="unknown device 'nowhere'"):
         mm.linear(frame, "g", ["x"], "y", store=tmp_path / "s", name="m", device="nowhere")
     assert _index_descriptors(tmp_path / "s") == before
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu"])
+def test_a_device_the_kernels_cannot_run_on_is_refused_before_a_store_is_made(tmp_path,
+                                                                                device):
+    """device='meta' (or 'mps', 'xpu') was accepted, failed in the fit with
+    PyTorch's own error ("Cannot copy out of meta tensor"), after the store
+    was made and a run begun in it."""
+    pytest.importorskip("torch")
+    frame = pd.DataFrame({"g": [1, 1, 1], "x": [1.0, 2.0, 3.0], "y": [2.0, 4.0, 6.5]})
+    with pytest.raises(ValueError, match=f"device '{device}': mm.linear runs on 'cpu' or "
+                                         f"'cuda'"):
+        mm.linear(frame, "g", ["x"], "y", store=tmp_path / "s", device=device)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("device", [0, True, 1.5])
+def test_a_device_that_is_no_name_is_refused_naming_the_argument(device):
+    pytest.importorskip("torch")
+    frame = pd.DataFrame({"g": [1, 1, 1], "x": [1.0, 2.0, 3.0], "y": [2.0, 4.0, 6.5]})
+    with pytest.raises(TypeError, match="device must be a name such as 'cuda'"):
+        mm.linear(frame, "g", ["x"], "y", device=device)
+
+
+def test_cuda_on_a_pytorch_built_without_cuda_says_so():
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
+        pytest.skip("this PyTorch is built with CUDA")
+    frame = pd.DataFrame({"g": [1, 1, 1], "x": [1.0, 2.0, 3.0], "y": [2.0, 4.0, 6.5]})
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError, match=rf"device '{device}': this PyTorch \(.*\) is "
+                                             "built without CUDA"):
+            mm.linear(frame, "g", ["x"], "y", device=device)
+
+
+def test_the_device_checks_linear_step_on_the_cpu_compares_pytorch_with_numpy(tmp_path):
+    """``bench/device_check.py linear --device cpu`` (the smoke run's) keyed
+    both fits by device name, "cpu": PyTorch's result replaced NumPy's and was
+    compared with itself (walls equal, difference 0). Here, where PyTorch is
+    loaded already: in test_device_check.py it would make later workers spawn."""
+    pytest.importorskip("torch")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "device_check.py"
+    spec = importlib.util.spec_from_file_location("device_check_under_test", script)
+    device_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(device_check)
+    out = tmp_path / "linear.json"
+    assert device_check.main(["linear", "--groups", "50", "--device", "cpu",
+                              "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["family"] for row in rows] == ["ols", "logistic"]
+    for row in rows:  # two fits, each timed on its own
+        assert row["reference"] == "numpy" and row["engine"] == "torch"
+        assert row["cpu_s"] != row["device_s"]
+        assert row["max_rel_diff"] < 1e-6 and row["compared_groups"] == 50

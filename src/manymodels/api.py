@@ -65,7 +65,8 @@ def train(
       ``CUDA_VISIBLE_DEVICES``; at most ``gpus // gpus_per_task`` tasks run at
       once. A fraction ``1/k`` (0.5, 0.25, ...) lets ``k`` tasks share a GPU;
       workers then default to GPUs x ``k``, at most one per usable core.
-      ``gpus`` declares the GPU count or ids (default: detected).
+      ``gpus`` declares the GPU count or ids (default: detected from
+      ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``); it needs ``gpus_per_task``.
       ``gpu_memory_limit``: a fraction of its GPU's memory each task's PyTorch
       may allocate (see :mod:`manymodels.engine.gpus`).
     * ``retries``: how often a task whose worker crashed, timed out or ran out

@@ -97,13 +97,15 @@ def declared_gpus(gpus: Any) -> int | list[str] | None:
     return ids
 
 
-def place_gpus(per_task: float, ids: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+def place_gpus(per_task: float, ids: Sequence[str], why_none: str = ""
+               ) -> tuple[tuple[str, ...], ...]:
     """Per worker slot, the GPU ids it may use (see the module docstring).
-    Raises, saying what would fit, when there are too few GPUs."""
+    Raises, saying what would fit, when there are too few GPUs; ``why_none``
+    says why none were found (detection's reason), for that error."""
     ids = [str(gpu) for gpu in ids]
     whole = per_task >= 1
     if not ids or (whole and len(ids) < per_task):
-        listed = f" ({', '.join(ids)})" if ids else ""
+        listed = f" ({', '.join(ids)})" if ids else f" ({why_none})" if why_none else ""
         fits = (f"use gpus_per_task={len(ids)} at most, or a fraction such as 0.5 to share "
                 "them; " if ids and whole else "")
         raise ValueError(

@@ -21,7 +21,13 @@ from typing import Any
 
 import cloudpickle
 
-from ..machine import parse_bytes, visible_gpus, worker_niceness
+from ..machine import (
+    cuda_visible_ids,
+    detect_gpus,
+    parse_bytes,
+    visible_gpus,
+    worker_niceness,
+)
 from .gpus import check_gpus_per_task, check_memory_fraction, declared_gpus, place_gpus
 
 #: How the processes backend may start its workers.
@@ -201,12 +207,37 @@ def _gpu_sets(per_task: float, gpus: Any, backend_type: type, backend: str
     ``gpus_per_task``, or ``1/gpus_per_task`` slots on each GPU."""
     declared = declared_gpus(gpus)
     if per_task == 0:
+        if declared:  # (gpus=0 or [] declares none: nothing to hand out, nothing lost)
+            raise ValueError(f"gpus={gpus!r} declares the GPUs that gpus_per_task= hands "
+                             "out, but gpus_per_task is 0: no task would get a GPU; give "
+                             "gpus_per_task (e.g. gpus_per_task=1)")
         return None
     if not backend_type.isolates_gpus:
         raise ValueError(f"the {backend} backend cannot give each task its own GPUs; "
                          "use backend='processes'")
-    ids = declared if isinstance(declared, list) else visible_gpus(declared)
-    return place_gpus(per_task, ids)
+    if isinstance(declared, list):
+        _check_declared_ids(declared, gpus)
+        return place_gpus(per_task, declared)
+    detected = detect_gpus(ask_nvidia_smi=declared is None)
+    if declared is None:
+        return place_gpus(per_task, detected.ids, why_none=detected.found)
+    if detected.limited_by_environment and declared > len(detected.ids):
+        raise ValueError(
+            f"gpus={declared} but {detected.found} lets this process use "
+            f"{len(detected.ids)} GPU(s) ({', '.join(detected.ids)}): declare gpus="
+            f"{len(detected.ids)} or fewer, or name the GPUs with gpus=[ids]")
+    return place_gpus(per_task, visible_gpus(declared))
+
+
+def _check_declared_ids(ids: list[str], given: Any) -> None:
+    """Refuse a declared id CUDA cannot read (-1, "foo"): as a worker's
+    ``CUDA_VISIBLE_DEVICES`` it would hide every GPU from the tasks, which
+    would run on no GPU without a word."""
+    readable = cuda_visible_ids(",".join(ids))
+    if readable != ids:
+        bad = ids[len(readable)]
+        raise ValueError(f"gpus={given!r}: {bad!r} is no GPU id CUDA reads (a GPU number >= 0, "
+                         "or a GPU-/MIG- UUID as nvidia-smi -L prints them)")
 
 
 def _check_gpu_memory_limit(value: Any, per_task: float, per_gpu: int, backend_type: type,

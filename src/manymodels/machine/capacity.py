@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 #: Environment variables read by BLAS and OpenMP runtimes at import time.
@@ -172,23 +174,64 @@ def parse_bytes(value: int | float | str) -> int:
     return int(size)
 
 
-def visible_gpus(declared: int | None = None) -> list[str]:
-    """The GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else
-    what ``nvidia-smi -L`` lists; ``declared`` (``gpus=``) overrides the count,
-    so that GPU scheduling can be planned (and tested) on any machine."""
+#: An entry of ``CUDA_VISIBLE_DEVICES`` that CUDA reads as a GPU: an index, or a
+#: GPU's or MIG instance's UUID (as ``nvidia-smi -L`` prints them).
+_CUDA_DEVICE_ID = re.compile(r"\d+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+")
+
+
+@dataclass(frozen=True)
+class DetectedGpus:
+    """The GPUs this process may use, and where they were read or, where there
+    are none, why (``found``: for an error that says what is missing)."""
+
+    ids: list[str]
+    found: str
+    limited_by_environment: bool = False  # CUDA_VISIBLE_DEVICES names them
+
+
+def cuda_visible_ids(listed: str) -> list[str]:
+    """The GPU ids in a ``CUDA_VISIBLE_DEVICES`` value, as CUDA reads it: its
+    entries up to the first that is no GPU id ("0,-1,2" is GPU 0; "", "-1"
+    and "none" hide every GPU, and so does "foo")."""
+    ids = []
+    for part in listed.split(","):
+        entry = part.strip()
+        if not _CUDA_DEVICE_ID.fullmatch(entry) or entry in ids:
+            break
+        ids.append(entry)
+    return ids
+
+
+def detect_gpus(ask_nvidia_smi: bool = True) -> DetectedGpus:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` lets this process use when it is set
+    (an entry CUDA cannot read ends the list there, as in CUDA), else what
+    ``nvidia-smi -L`` lists."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None and listed.strip() not in ("", "-1", "NoDevFiles"):
-        ids = [part.strip() for part in listed.split(",") if part.strip()]
-    else:
-        ids = []
-        if declared is None and shutil.which("nvidia-smi"):
-            try:
-                out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                     timeout=10).stdout
-                ids = [str(i) for i, line in enumerate(out.splitlines())
-                       if line.startswith("GPU ")]
-            except (OSError, subprocess.SubprocessError):
-                ids = []
+    if listed is not None:
+        ids = cuda_visible_ids(listed)
+        if ids:
+            return DetectedGpus(ids, f"CUDA_VISIBLE_DEVICES={listed!r}", True)
+        return DetectedGpus([], f"CUDA_VISIBLE_DEVICES={listed!r} hides every GPU; CUDA "
+                                "reads GPU numbers or GPU-/MIG- UUIDs, comma-separated")
+    if not ask_nvidia_smi:
+        return DetectedGpus([], "CUDA_VISIBLE_DEVICES is not set")
+    if not shutil.which("nvidia-smi"):
+        return DetectedGpus([], "no NVIDIA driver: nvidia-smi is not installed and "
+                                "CUDA_VISIBLE_DEVICES is not set")
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return DetectedGpus([], f"nvidia-smi -L failed ({exc})")
+    ids = [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    return DetectedGpus(ids, "nvidia-smi -L" if ids else "nvidia-smi -L lists no GPU")
+
+
+def visible_gpus(declared: int | None = None) -> list[str]:
+    """The GPU ids this process may use (:func:`detect_gpus`); ``declared``
+    (``gpus=``) overrides the count, so that GPU scheduling can be planned
+    (and tested) on any machine."""
+    ids = detect_gpus(ask_nvidia_smi=declared is None).ids
     if declared is not None:
         ids = ids[:declared] if len(ids) >= declared else [str(i) for i in range(declared)]
     return ids

@@ -10,6 +10,7 @@ same answers to rounding. PyTorch is optional: imported only when asked for.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -25,16 +26,44 @@ def _torch() -> Any:
     return torch
 
 
-def check_device(device: str) -> Any:
-    """The ``torch.device`` for ``device``, refusing one that is not there."""
+#: The devices the kernels run on: float64 throughout (MPS has none) and a copy
+#: back to NumPy at the end (a "meta" tensor holds no data).
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def check_device(device: Any) -> Any:
+    """The ``torch.device`` for ``device``, refusing before any work one that
+    the kernels cannot run on or that is not there, saying what is missing."""
     torch = _torch()
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a name such as 'cuda', 'cuda:1' or 'cpu', "
+                        f"got {device!r}")
     try:
         chosen = torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"unknown device {device!r}: {exc}") from exc
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: PyTorch sees no CUDA GPU here")
+    if chosen.type not in DEVICE_TYPES:
+        raise ValueError(f"device {device!r}: mm.linear runs on 'cpu' or 'cuda' (or "
+                         f"'cuda:N'), not on {chosen.type!r}")
+    if chosen.type == "cuda":
+        _check_cuda(torch, device, chosen.index)
     return chosen
+
+
+def _check_cuda(torch: Any, device: Any, index: int | None) -> None:
+    """Refuse a CUDA device that is not there: PyTorch built without CUDA, no
+    GPU this process may use, or an index past the GPUs it sees."""
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        raise ValueError(f"device {device!r}: this PyTorch ({torch.__version__}) is built "
+                         "without CUDA; install a CUDA build of PyTorch, or use device='cpu'")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: PyTorch sees no CUDA GPU here (is there a GPU "
+                         "and its driver? CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(not set)')})")
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ValueError(f"device {device!r}: PyTorch sees {count} CUDA GPU(s) here, "
+                         f"cuda:0 to cuda:{count - 1}")
 
 
 def _solve(torch: Any, A: Any, b: Any, floor: Any = None) -> tuple[Any, Any]:
