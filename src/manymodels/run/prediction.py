@@ -263,10 +263,11 @@ def _check_first_model(store: Any, stored: StoredGroups, columns: Any) -> None:
     if digest is None:  # no row has a model: said once the groups ran
         return
     parts = stored.key(0 if group is None else group)
-    named = repr(parts[0] if len(parts) == 1 else parts)
-    named = f"group {named}" if group is not None else f"the fallback (asked for {named})"
-    try:
-        model = predictor._model(store, digest, named)
+    key = parts[0] if len(parts) == 1 else parts
+    named = f"group {key!r}" if group is not None else f"the fallback (asked for {key!r})"
+    try:  # (the model named as each group's prediction names it)
+        model = predictor._model(store, digest, f"key {key!r}" if group is not None
+                                 else f"the fallback model (asked for key {key!r})")
     except StoreIntegrityError as exc:
         raise StoreIntegrityError(f"predicting {named}: {exc}") from exc
     predictor.check_model(model, columns, named)
