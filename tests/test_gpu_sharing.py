@@ -352,3 +352,37 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tmp_path):
         done = subprocess.run([sys.executable, str(bench), "--out", str(out)],
                               capture_output=True, text=True, timeout=240, env=env)
         assert done.returncode == 2 and "no CUDA GPU is visible to PyTorch" in done.stderr
+
+
+def _ray_gpu(item):
+    import ray
+
+    return {"gpus": ",".join(map(str, ray.get_gpu_ids()))}
+
+
+@pytest.mark.ray
+def test_on_the_users_ray_gpus_per_task_is_asked_of_ray_not_of_the_driver(monkeypatch):
+    """A driver without a GPU, on a Ray instance whose nodes have GPUs (here
+    the user's own, made with two): gpus_per_task was refused for the
+    driver's lack of one, though Ray places each task on its nodes' GPUs.
+    Ray pins each task to one of them; a task no node can run is refused
+    before any work."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.skip("a Ray instance is already running in this process")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("this driver has GPUs of its own")
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    try:
+        run = mm.train(_ray_gpu, mm.items(range(4)), backend="ray", gpus_per_task=1,
+                       progress=False)
+        assert run.summary().ok == 4
+        assert set(run.results["gpus"]) <= {"0", "1"} and len(set(run.results["gpus"])) >= 1
+        with pytest.raises(mm.WorkerStartupError, match="each task needs 3 GPU"):
+            mm.train(_ray_gpu, mm.items(range(2)), backend="ray", gpus_per_task=3,
+                     progress=False)
+    finally:
+        ray.shutdown()

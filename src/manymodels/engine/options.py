@@ -219,6 +219,8 @@ def _gpu_sets(per_task: float, gpus: Any, backend_type: type, backend: str
         _check_declared_ids(declared, gpus)
         return place_gpus(per_task, declared)
     detected = detect_gpus(ask_nvidia_smi=declared is None)
+    if declared is None and backend_type.schedules_gpus and not detected.ids:
+        return None  # the engine's nodes' GPUs: it places each task (and refuses one none can run)
     if declared is None:
         return place_gpus(per_task, detected.ids, why_none=detected.found)
     if detected.limited_by_environment and declared > len(detected.ids):

@@ -201,6 +201,11 @@ class Backend(ABC):
     """Why the workers were spawned rather than forked, in words ("polars is
     imported (it is not fork-safe)"), where the backend chooses (processes);
     the run's summary gives it beside ``worker_start_s``."""
+    schedules_gpus: ClassVar[bool] = False
+    """Its engine gives each task its GPUs from its own nodes' (Ray's
+    ``num_gpus``): ``gpus_per_task=`` is asked of the engine, and not
+    refused where the driver's machine has no GPU (a cluster's GPU nodes
+    are not the driver's); the engine refuses a task no node can run."""
     starts_local_processes: ClassVar[bool] = False
     """Its workers are processes of this machine that it starts itself, by
     ``start_method=`` (fork, forkserver, spawn; else that keyword is

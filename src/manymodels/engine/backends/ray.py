@@ -125,6 +125,7 @@ class RayBackend(CallSupervision, Backend):
     enforces_timeout = True
     enforces_memory_limit = False
     isolates_gpus = True
+    schedules_gpus = True
     caps_gpu_memory = True
     # Ray keeps a queued Ray task at the driver (its owner), not on a worker:
     # the first worker to free up, or to be granted on a node just joining,
@@ -176,7 +177,7 @@ class RayBackend(CallSupervision, Backend):
     @property
     def gpus_per_task(self) -> float:
         """Ray's ``num_gpus`` per task: whole GPUs, or a share such as 0.25."""
-        return self.options.gpus_per_task if self.gpu_sets else 0
+        return self.options.gpus_per_task
 
     # -- life cycle -------------------------------------------------------------
 
