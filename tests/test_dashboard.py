@@ -485,3 +485,14 @@ def test_an_ended_runs_report_is_made_once_for_every_click(finished_store, monke
                 bodies.append(answer.read())
     assert len(made) == 1 and bodies[0] == bodies[1] == bodies[2]
     assert b"Worker timeline" in bodies[0]
+
+
+def test_the_page_says_how_many_runs_the_store_holds_beyond_those_listed(tmp_path):
+    """The runs table lists the newest runs (100) and said nothing of the others."""
+    from manymodels.observe.dashboard.queries import Queries
+
+    for _ in range(3):
+        mm.train(fit_small, mm.items(["k001"]), backend="serial", progress=False,
+                 store=tmp_path / "store", reuse=False)
+    page = Queries(tmp_path / "store").page(limit=2)
+    assert [run["run_id"] for run in page["runs"]] == [3, 2] and page["runs_total"] == 3

@@ -149,8 +149,9 @@ class Queries:
     def page(self, run_id: int | None = None, search: str = "",
              limit: int = 100) -> dict[str, Any]:
         """What one poll of the page shows, in one answer: ``runs`` (as
-        :meth:`runs`) and ``run``, every section of run ``run_id`` (the newest
-        when ``None``; ``None`` in a store with no run), read in one read
+        :meth:`runs`; ``runs_total``: how many the store holds) and ``run``,
+        every section of run ``run_id`` (the newest when ``None``; ``None``
+        in a store with no run), read in one read
         transaction, the run's line in ``runs`` from the same tasks as its
         sections. Asked apart, the two answers were read (and kept, see
         :meth:`_throttled`) at different moments, and one page showed two
@@ -163,7 +164,9 @@ class Queries:
                 memo: dict[str, Any] = {}
                 run = None if chosen is None else {
                     name: self.section(chosen, name, search, memo) for name in SECTIONS}
-                return {"runs": self._runs(limit, {chosen: memo}), "run": run}
+                total = self._rows("SELECT count(*) FROM runs")[0][0]
+                return {"runs": self._runs(limit, {chosen: memo}), "runs_total": total,
+                        "run": run}
 
         return self._throttled(("page", run_id, search, limit), compute)
 

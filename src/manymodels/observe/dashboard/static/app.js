@@ -247,6 +247,10 @@ async function poll() {
     const page = await api("/api/page", selected === null ? {} : {run: selected});
     if (selected === null && page.run) selected = page.run.summary.run_id;
     renderRuns(page.runs);
+    const cut = document.getElementById("runs-cut");
+    cut.hidden = !(page.runs_total > page.runs.length);
+    cut.textContent = cut.hidden ? "" : "the newest " + fmt(page.runs.length) + " of " +
+      fmt(page.runs_total) + " runs; open another as #run=ID";
     if (page.run) renderRun(page.run);
     polls += 1;
     document.body.dataset.polls = polls;
