@@ -344,6 +344,8 @@ def test_a_host_name_that_resolves_to_loopback_is_refused_all_the_same(finished_
         assert get(at(server, "api/runs"), Host=f"rebind.example:{port}")[0] == 403
         assert get(at(server, "api/runs"), Host=f"localhost:{port}")[0] == 200
         assert get(at(server, "api/runs"), Host=f"127.0.0.1:{port}")[0] == 200
+        for host in (f"[::1]:{port}", "[::1]"):  # (without a port: it was refused)
+            assert get(at(server, "api/runs"), Host=host)[0] == 200
 
 
 LIVE_DRIVER = """

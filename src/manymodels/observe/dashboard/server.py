@@ -90,6 +90,17 @@ def _run_id(text: str) -> bool:
     return re.fullmatch(r"[0-9]{1,18}", text) is not None
 
 
+def _host_name(header: str) -> str:
+    """A ``Host`` header's name without its port: ``[::1]:8080`` and
+    ``[::1]`` are ``::1`` (an IPv6 address without a port lost its last
+    group to a cut at the last colon, and was refused), ``localhost:8080``
+    is ``localhost``."""
+    header = header.strip()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
 class _Reports:
     """The HTML reports the dashboard has made, by run (its id and start:
     a store made again at its path numbers its runs from 1 again), made
@@ -249,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _allowed(self, query: dict[str, list[str]]) -> bool:
         board = self.board
         if board.loopback:  # DNS rebinding: a page elsewhere naming our port
-            host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
+            host = _host_name(self.headers.get("Host") or "")
             if host and not is_loopback(host, resolve=False):
                 self._error(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this machine")
                 return False
