@@ -571,6 +571,40 @@ def test_a_long_run_is_published_while_it_runs(s3, machine, monkeypatch, tmp_pat
     assert run.results.set_index("g").loc[5, "seen_ok"] >= 3
 
 
+def test_a_publication_whose_answer_was_lost_is_not_taken_for_another_machines(
+        s3, machine, monkeypatch):
+    """index.current pointed at this copy's index, but the answer lost (the
+    network failed right after): the run's later writes are published, not
+    refused as if another machine had published since."""
+    import threading
+
+    from manymodels.store import remote
+
+    monkeypatch.setattr(remote, "PUBLISH_EVERY_S", 0.05)
+    uri, _ = s3
+    location = uri("lost-answer")
+    lost = threading.Event()
+
+    def upload_losing_the_first_answer(where, data):
+        remote_upload(where, data)
+        if where.split("?")[0].endswith("/" + remote.POINTER) and not lost.is_set():
+            lost.set()
+            raise OSError("connection reset by peer")
+
+    def fit(df):
+        assert lost.wait(30)  # a publication while the run runs lost its answer
+        return len(df)
+
+    remote_upload = remote.upload
+    monkeypatch.setattr(remote, "upload", upload_losing_the_first_answer)
+    run = mm.train(fit, mm.groups(table(3), by="g"), store=location, backend="threads",
+                   workers=1, progress=False)
+    assert (run.results["status"] == "ok").all()
+    machine("b")
+    runs = mm.Store(location).runs()
+    assert runs["status"].tolist() == ["finished"] and runs["ok"].tolist() == [3]
+
+
 def test_a_write_made_while_another_publishes_is_published_next(s3, machine, monkeypatch):
     """Two writers of one machine share its copy: a commit that lands while
     the other uploads is not in that upload, and the next publication
