@@ -193,6 +193,19 @@ def test_hive_partition_folders_are_columns(tmp_path, lazy):
     assert seen.models["a"] == ["region", "store", "x", "year"]
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_partition_folders_under_a_folder_named_with_a_question_mark_are_columns(
+        tmp_path, lazy):
+    """A local folder's '?' or '%' is part of its name, not a URI's query or
+    escape: read on the workers, its partition columns were dropped."""
+    folder = tmp_path / "da?ta%41"
+    pq.write_to_dataset(pa.table({"store": ["a", "b"], "year": [2020, 2021], "x": [1.0, 2.0]}),
+                        folder, partition_cols=["year"])
+    run = mm.train(sorted_x, mm.groups(folder, by=["store", "year"], read_on_workers=lazy),
+                   backend="serial", progress=False)
+    assert dict(run.models) == {("a", 2020): [1.0], ("b", 2021): [2.0]}
+
+
 def test_files_partitioned_differently_are_refused_by_name(tmp_path):
     (tmp_path / "year=2020").mkdir()
     pq.write_table(pa.table({"x": [1.0]}), tmp_path / "year=2020" / "a.parquet")
@@ -534,6 +547,24 @@ def test_object_store_locations_are_checked_and_their_keys_never_shown(s3, tmp_p
         assert "the staged rows of this group" in run.results["error"].iloc[0]
     del source, run
     gc.collect()
+
+
+def test_errors_about_the_objects_under_a_location_never_show_its_keys(s3):
+    """Objects that do not share their columns or types, or whose folders
+    name a column they hold, are refused naming them with the URI's
+    secret as ***, read here or on the workers."""
+    for folder, tables in {"unlike": [{"g": [1], "x": [1.0]}, {"g": [1], "y": [1.0]}],
+                           "untyped": [{"g": [1], "x": [1.0]}, {"g": [1], "x": [[1.0]]}],
+                           "hive/g=1": [{"g": [1], "x": [1.0]}]}.items():
+        for number, columns in enumerate(tables):
+            pq.write_table(pa.table(columns), f"bucket/{folder}/{number}.parquet",
+                           filesystem=s3)
+        for lazy in (True, False):
+            with pytest.raises(ValueError) as refused:
+                mm.groups(f"s3://AKIA:wJalr@bucket/{folder.split('/')[0]}", by="g",
+                          read_on_workers=lazy)
+            assert "wJalr" not in str(refused.value), str(refused.value)
+            assert "AKIA:***@bucket" in str(refused.value)
 
 
 def fs_selector(path: str):

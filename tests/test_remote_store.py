@@ -452,6 +452,34 @@ def test_bad_locations_are_refused_before_any_work(s3, machine, tmp_path):
         mm.Store(copy, read_only=False)
 
 
+def test_a_write_that_fails_names_the_store_by_its_uri(s3, machine):
+    """A model that cannot be uploaded (its bucket removed mid-run) ends
+    the run with an error that names the store as the user gave it, its
+    key as ***: not this machine's copy of its index, a folder the user
+    never named."""
+    from pyarrow import fs
+
+    from manymodels.store.localcopy import copy_folder
+
+    uri, filesystem = s3
+    filesystem.create_dir("doomed")
+    location = uri("models", bucket="doomed")
+    owner = fs.S3FileSystem(access_key="testing", secret_key="testing", scheme="http",
+                            endpoint_override=location.split("endpoint_override=")[1]
+                            .split("&")[0], region="us-east-1", allow_bucket_deletion=True)
+
+    def fit(df):
+        if int(df["g"].iloc[0]) == 1:
+            owner.delete_dir("doomed")
+        return Scaled(1.0, 200_000)  # a model file, uploaded
+
+    with pytest.raises(StoreError) as refused:
+        mm.train(fit, mm.groups(table(3), by="g"), store=location, backend="serial",
+                 progress=False)
+    assert "cannot write to the store 's3://testing:***@doomed/models?" in str(refused.value)
+    assert str(copy_folder(location)) not in str(refused.value)
+
+
 def test_mm_linear_saves_into_and_reuses_from_an_object_store(s3, machine):
     """mm.linear(store=URI): its result is published; another machine's
     unchanged re-run fits nothing and equals it."""
@@ -541,6 +569,40 @@ def test_a_long_run_is_published_while_it_runs(s3, machine, monkeypatch, tmp_pat
         location=[location], cache=[str(tmp_path / "cache-other")]),
         store=location, backend="threads", workers=1, progress=False)
     assert run.results.set_index("g").loc[5, "seen_ok"] >= 3
+
+
+def test_a_publication_whose_answer_was_lost_is_not_taken_for_another_machines(
+        s3, machine, monkeypatch):
+    """index.current pointed at this copy's index, but the answer lost (the
+    network failed right after): the run's later writes are published, not
+    refused as if another machine had published since."""
+    import threading
+
+    from manymodels.store import remote
+
+    monkeypatch.setattr(remote, "PUBLISH_EVERY_S", 0.05)
+    uri, _ = s3
+    location = uri("lost-answer")
+    lost = threading.Event()
+
+    def upload_losing_the_first_answer(where, data):
+        remote_upload(where, data)
+        if where.split("?")[0].endswith("/" + remote.POINTER) and not lost.is_set():
+            lost.set()
+            raise OSError("connection reset by peer")
+
+    def fit(df):
+        assert lost.wait(30)  # a publication while the run runs lost its answer
+        return len(df)
+
+    remote_upload = remote.upload
+    monkeypatch.setattr(remote, "upload", upload_losing_the_first_answer)
+    run = mm.train(fit, mm.groups(table(3), by="g"), store=location, backend="threads",
+                   workers=1, progress=False)
+    assert (run.results["status"] == "ok").all()
+    machine("b")
+    runs = mm.Store(location).runs()
+    assert runs["status"].tolist() == ["finished"] and runs["ok"].tolist() == [3]
 
 
 def test_a_write_made_while_another_publishes_is_published_next(s3, machine, monkeypatch):

@@ -12,11 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .objectstores import shown
+
 
 def refuse_unlike_columns(files: list[str], names: list[list[str]], what: str) -> None:
     """Refuse files (``what``: where they are) whose columns differ from the
     first file's: merged, the missing ones would be all null."""
     first = set(names[0])
+    files = [shown(file) for file in files]  # (an object's URI: its keys as ***)
     for file, own in zip(files[1:], names[1:]):
         if set(own) != first:
             lacks, extra = sorted(first - set(own)), sorted(set(own) - first)
@@ -137,5 +140,5 @@ def first_misfit(files: list[Any], schemas: list[pa.Schema]) -> str:
         try:
             unified = pa.unify_schemas([unified, schema], promote_options="permissive")
         except pa.ArrowException:
-            return f"{str(file)!r} does not fit the files before it: "
+            return f"{shown(file)!r} does not fit the files before it: "
     return ""

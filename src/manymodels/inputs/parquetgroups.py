@@ -37,6 +37,7 @@ from .objectstores import (
     resolve,
     resolve_all,
     shown,
+    without_secrets,
 )
 from .partitions import partition_table, partitioning
 from .tablefiles import PARQUET_SUFFIXES, table_files
@@ -120,8 +121,7 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
     ``columns``, only those (a missing one named)."""
     files = parquet_files(location)
     root = parquet_root(location)
-    partitions = None if root is None else partition_table(
-        Path(object_path(root)), [Path(object_path(f)) for f in files])
+    partitions = None if root is None else partition_table(*_folder_paths(root, files))
     schema, schemas = files_schema(files, partitions, root)
     refuse_unlike_columns(files, [s.names for s in schemas],
                           f"the objects under {shown(location)!r}")
@@ -129,6 +129,18 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
         columns = present_columns(columns, schema.names, location)
     rows = read_rows(files, columns, partitions=partitions, root=root, schema=schema)
     return dictionaries_that_hold_all([rows])[0]
+
+
+def _folder_paths(root: str, files: list[str]) -> tuple[Path, list[Path]]:
+    """The objects' paths under ``root`` whose folders name their partition
+    columns, as :func:`partition_table` reads them: without the URIs'
+    keys, which its errors would show (an access key and secret in
+    ``s3://KEY:SECRET@bucket``, keys in the query). A local path is taken
+    as it is: a ``?`` or ``%`` in a folder's name is part of it."""
+    if not is_remote(root):
+        return Path(root), [Path(file) for file in files]
+    return (Path(object_path(without_secrets(root))),
+            [Path(object_path(without_secrets(file))) for file in files])
 
 
 def files_schema(files: list[str], partitions: pa.Table | None, root: str | None
@@ -150,7 +162,7 @@ def files_schema(files: list[str], partitions: pa.Table | None, root: str | None
     try:
         schema = pa.unify_schemas(mixed, promote_options="permissive")
     except pa.ArrowException as exc:
-        raise ValueError(f"the Parquet files under {files[0]!r}... do not share one "
+        raise ValueError(f"the Parquet files under {shown(files[0])!r}... do not share one "
                          f"schema: {first_misfit(files, mixed)}{exc}") from exc
     return _with_partitions(schema, partitions, root), schemas
 
@@ -161,7 +173,7 @@ def _with_partitions(schema: pa.Schema, partitions: pa.Table | None,
     for field in () if partitions is None else partitions.schema:
         if field.name in schema.names:
             raise ValueError(f"column {field.name!r} is both in the Parquet files under "
-                             f"{root!r} and in the names of their folders: rename one")
+                             f"{shown(root)!r} and in the names of their folders: rename one")
         schema = schema.append(field)
     return schema
 
@@ -215,8 +227,7 @@ class ParquetGroups:
         ``root``: the directory the files are under (its ``name=value``
         folders are columns, :mod:`manymodels.inputs.partitions`)."""
 
-        partitions = None if root is None else partition_table(
-            Path(object_path(root)), [Path(object_path(f)) for f in files])
+        partitions = None if root is None else partition_table(*_folder_paths(root, files))
         schema, own_schemas = files_schema(files, partitions, root)
         refuse_unlike_columns([shown(f) for f in files], [own.names for own in own_schemas],
                               f"the files under {shown(root or files[0])!r}")

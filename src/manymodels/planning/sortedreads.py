@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..inputs.filetables import codes_into, index_type_for
-from ..inputs.objectstores import is_remote, path_in, write_arrow_file
+from ..inputs.objectstores import is_remote, path_in, shown, write_arrow_file
 from ..inputs.parquetgroups import ParquetGroups, read_rows
 from ..inputs.tables import sort_order
 from .staging import StagedGroups, cleanup_with, new_directory, remove_directory
@@ -157,7 +157,7 @@ def _sort_into_buckets(layout: Any, reader: ParquetGroups, directory: str,
             rows = read_rows([file], columns=columns, schema=reader.schema,
                              partitions=reader.partitions, root=reader.root)
             if rows.num_rows != rows_per_file[number]:
-                raise ValueError(f"the Parquet file {file!r} changed while it was read: "
+                raise ValueError(f"the Parquet file {shown(file)!r} changed while it was read: "
                                  f"{rows.num_rows} rows, {rows_per_file[number]} before")
             rows = dictionaries.as_codes(rows)
             if buckets is None:  # sized by the first file's bytes a row

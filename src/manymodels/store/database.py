@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 from ..engine.records import RecordingError
 from ..identity.valuehash import STORE_INDEX
+from ..inputs.objectstores import shown
 from .drivers import driver_label, mark_dead_runs_interrupted
 
 INDEX_NAME = STORE_INDEX  # (identity hashes a store's folder by its path: it knows the name)
@@ -392,11 +393,14 @@ def is_disk_full(exc: BaseException) -> bool:
         "disk is full" in str(exc))
 
 
-def write_error(root: Path, exc: BaseException, what: str) -> StoreError:
-    """The :class:`StoreError` for a failed write, naming the store and the cause."""
+def write_error(root: Path | str, exc: BaseException, what: str) -> StoreError:
+    """The :class:`StoreError` for a failed write, naming the store and the
+    cause. ``root``: the store as the user named it, its folder or its
+    object store's URI (shown without its secret), not this machine's copy
+    of its index, a folder the user never named."""
     cause = "the disk is full" if is_disk_full(exc) else f"{type(exc).__name__}: {exc}"
     return StoreError(
-        f"cannot write to the store {str(root)!r}: {cause} ({exc}); {what}. What was "
+        f"cannot write to the store {shown(str(root))!r}: {cause} ({exc}); {what}. What was "
         "committed before stays usable, and a re-run with the same store reuses it")
 
 

@@ -282,7 +282,7 @@ class RunRecorder:
                 (time.time(), status, summary.ok, summary.failed, summary.reused, run.wall_s,
                  self.run_id))
         except sqlite3.Error as exc:
-            raise database.write_error(self.store.path, exc,
+            raise database.write_error(self.store.root, exc,
                                        "the run's end could not be recorded") from exc
 
     def abandon(self, records: Any = None) -> None:

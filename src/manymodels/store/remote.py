@@ -38,7 +38,10 @@ it as it is; see :func:`~manymodels.inputs.objectstores.store_identity`)
   publishing is refused, the copy kept (the error names it). That check and
   the upload are two requests, not one atomic one: two machines publishing
   in the same moment can lose one's runs. Two drivers of one machine share
-  its copy, and SQLite's locks, as for a local store.
+  its copy, and SQLite's locks, as for a local store. A publication whose
+  answer was lost (the network failed once ``index.current`` was written)
+  is recorded before it is sent, and known for this machine's own when
+  it is read back.
 """
 
 from __future__ import annotations
@@ -167,15 +170,38 @@ class RemoteIndex:
         except (OSError, ValueError):
             return {}
 
-    def _save(self, published: str | None, snapshot: str | None, fingerprint: list) -> None:
+    def _save(self, published: str | None, snapshot: str | None, fingerprint: list,
+              pending: dict | None = None) -> None:
         """Record what the copy was synced with: the published index, the
         copy's snapshot digest then, and its files' ``fingerprint`` taken
-        *before* that snapshot (a write that lands after it changes them)."""
+        *before* that snapshot (a write that lands after it changes them);
+        ``pending``: the index a publication under way points
+        ``index.current`` at, and its fingerprint (:meth:`_settled`)."""
         state = {"location": without_secrets(self.location), "published": published,
                  "snapshot": snapshot, "fingerprint": fingerprint}
+        if pending is not None:
+            state["pending"] = pending
         temporary = self.copy / f".{SYNCED}.tmp"
         temporary.write_text(json.dumps(state))
         os.replace(temporary, self.copy / SYNCED)
+
+    def _settled(self, published: str | None) -> dict:
+        """The sync record, where ``published`` is the index a publication
+        from here pointed ``index.current`` at without recording it (the
+        network failed after the request was carried out, or the process
+        ended): recorded as synced with it, the index it replaced removed.
+        Else the writes made here since would read as another machine's
+        publication, and be refused, never published."""
+        synced = self._synced()
+        pending = synced.get("pending") or {}
+        if published is None or published != pending.get("index") or (
+                published == synced.get("published")):
+            return synced
+        replaced = synced.get("published")
+        self._save(published, published, pending.get("fingerprint"))
+        if replaced is not None:
+            remove_object(self._uri(f"{INDEXES}/{replaced}.sqlite"))
+        return self._synced()
 
     def _fingerprint(self) -> list:
         """What changes whenever the copy is written (:func:`_fingerprint_of`)."""
@@ -221,7 +247,8 @@ class RemoteIndex:
         ``read_only``: nothing published there yet is an error."""
         with self._locked(), tempfile.TemporaryDirectory(dir=self.copy) as scratch:
             for attempt in range(3):
-                published, synced = self.published(), self._synced()
+                published = self.published()
+                synced = self._settled(published)
                 if published is None and read_only:
                     raise StoreError(f"store {shown(self.location)!r} does not exist: "
                                      "nothing was published there")
@@ -338,11 +365,17 @@ class RemoteIndex:
             if self._unchanged(current, synced):
                 self._save(before, synced.get("snapshot") or current, fingerprint)
                 return  # nothing new to publish
-            if self.published() != before:
-                raise StoreError(
-                    f"store {shown(self.location)!r} was written from another machine since "
-                    "this machine's copy of its index was synced: this copy's runs are not "
-                    f"published, and stay in {str(self.copy)!r}")
+            published = self.published()
+            if published != before:
+                synced = self._settled(published)
+                if synced.get("published") != published:
+                    raise StoreError(
+                        f"store {shown(self.location)!r} was written from another machine "
+                        "since this machine's copy of its index was synced: this copy's runs "
+                        f"are not published, and stay in {str(self.copy)!r}")
+                before = published  # (a publication from here whose end was not recorded)
+                if self._unchanged(current, synced):
+                    return
             snapshot = Path(scratch, "index")
             if not snapshot.exists():  # (current came from the record: take it now)
                 current = self._snapshot(snapshot)
@@ -351,6 +384,8 @@ class RemoteIndex:
                 with filesystem.open_output_stream(path) as out, open(snapshot, "rb") as file:
                     while chunk := file.read(1 << 22):
                         out.write(chunk)
+                self._save(before, synced.get("snapshot"), synced.get("fingerprint"),
+                           pending={"index": current, "fingerprint": fingerprint})
                 upload(self._uri(POINTER), current.encode())
             except (OSError, ValueError) as exc:
                 raise self._fail("cannot publish its index (the runs are kept in "

@@ -140,7 +140,7 @@ class RunStart:
         except BaseException as exc:
             database.rollback_quietly(conn)
             if isinstance(exc, sqlite3.Error):
-                raise database.write_error(self.store.path, exc, "the run could not start") \
+                raise database.write_error(self.store.root, exc, "the run could not start") \
                     from exc
             raise
 

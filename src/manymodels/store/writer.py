@@ -31,6 +31,7 @@ from ..engine.metricpacks import MetricsPack
 from ..engine.modelfiles import ModelFile
 from ..engine.partpacks import ModelPack, distinct_objects
 from ..identity.hashing import TaskIdentities
+from ..inputs.objectstores import shown
 from . import artifacts, database, packs, taskblocks
 
 #: Finished tasks as the recorder hands them over: columns by name, each a
@@ -106,7 +107,7 @@ class StoreWriter:
                 conn = database.connect(self.folder)
         except Exception as exc:  # the store cannot even be opened again
             self.error = exc if isinstance(exc, database.StoreError) else database.write_error(
-                self.folder, exc, "the store's writer could not open it")
+                self.files, exc, "the store's writer could not open it")
         while True:
             handover = self._queue.get()
             try:
@@ -122,11 +123,11 @@ class StoreWriter:
                     with WRITING:
                         database.rollback_quietly(conn)
                 error = database.write_error(
-                    self.folder, exc,
+                    self.files, exc,
                     f"{len(handover['task_index'])} finished task(s) could not be recorded")
                 if conn is not None and self._run_deleted(conn):
                     error = database.StoreError(
-                        f"run {self.run_id} was deleted from the store {str(self.folder)!r} "
+                        f"run {self.run_id} was deleted from the store {shown(str(self.files))!r} "
                         "while it ran (Store.delete(..., force=True)): its finished tasks "
                         "cannot be recorded, and nothing of it is kept")
                 error.__cause__ = exc

@@ -266,7 +266,7 @@ def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, opti
         return run_id
     except sqlite3.Error as exc:
         database.rollback_quietly(conn)
-        raise database.write_error(store.path, exc, "the run could not start") from exc
+        raise database.write_error(store.root, exc, "the run could not start") from exc
 
 
 def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
@@ -287,7 +287,7 @@ def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
         conn.execute("COMMIT")
     except (sqlite3.Error, OSError) as exc:
         database.rollback_quietly(conn)
-        raise database.write_error(store.path, exc, "the mm.linear result was not saved") \
+        raise database.write_error(store.root, exc, "the mm.linear result was not saved") \
             from exc
     store._publish()  # a store on an object store: its index, published
 
