@@ -182,10 +182,11 @@ def least_squares_in_range(solve: Any, Z: np.ndarray, w: np.ndarray | None,
     if not redo.any():
         return out
     at, exponents = suspect[redo], exponents[redo]
-    scales = np.exp2(exponents)
     penalty = ridge_penalty(alpha, g, p)[at]
-    scaled_alpha: np.ndarray | float = (penalty / (scales[:, :p] ** 2) if penalty.any()
-                                        else 0.0)
+    scaled_alpha: np.ndarray | float = 0.0
+    if penalty.any():
+        scaled_alpha = _scaled_penalty(penalty, exponents[:, :p])
+    scales = np.exp2(exponents)
     again = solve(Z[at] / scales[:, None, :], None if w is None else w[at], scaled_alpha,
                   fit_intercept, **on)
     y_scale = scales[:, p]
@@ -195,6 +196,23 @@ def least_squares_in_range(solve: Any, Z: np.ndarray, w: np.ndarray | None,
         out[name][at] = values
     out["y_scale"][at] = y_scale
     return out
+
+
+def _scaled_penalty(penalty: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    """Ridge's penalty on the coefficients of columns scaled by ``2 **
+    exponents`` (``penalty / scale ** 2``, exact in powers of two), the
+    exponents of a column whose scaled penalty would leave float64's range
+    set to 0 in place: that column is solved as it is. Its penalty dwarfs
+    its own sum of squares (a feature about 1e-170 beside ``alpha`` 1: 1e-340
+    against 1), which unscaled is lost to rounding without changing the
+    answer; scaled, the penalty was infinite and the solve failed (NumPy's
+    SVD 'did not converge', every group of the call lost). A huge column's
+    scaled penalty is a negligible 0, as it should be, without a warning."""
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = np.ldexp(penalty, (-2 * exponents).astype(np.int32))
+    unscaled = ~np.isfinite(scaled)
+    exponents[unscaled] = 0.0
+    return np.where(unscaled, penalty, scaled)
 
 
 def flat_target(sst: Any, tss: Any, sse: Any, sw: Any, ym: Any, fit_intercept: bool,
