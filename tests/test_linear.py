@@ -245,6 +245,7 @@ def test_sorted_integer_keys_and_zero_weight_groups():
     ({"weights": "neg", "family": "wls"}, "weights column 'neg' has negative"),
     ({"family": "ridge", "alpha": -1.0}, "alpha must be >= 0"),
     ({"family": "ridge", "alpha": "a"}, "alpha column 'a' differs within a group"),
+    ({"weights": ""}, "weights column '' is not in the table"),
 ])
 def test_bad_input_is_refused_with_the_column_named(change, message):
     frame = sales(groups=10)
@@ -254,6 +255,22 @@ def test_bad_input_is_refused_with_the_column_named(change, message):
     arguments = {"by": ["store", "item"], "features": FEATURES, "target": "y", **change}
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         mm.linear(frame, **arguments)
+
+
+def test_integer_features_and_targets_past_2_53_are_read_as_scikit_learn_reads_them():
+    """Epoch nanoseconds as a feature, ids as a target: Arrow's safe cast
+    refused an integer past 2**53 with its own error, naming no column."""
+    rng = np.random.default_rng(0)
+    stamps = 1_700_000_000_000_000_000 + rng.integers(0, 10**12, size=12)
+    frame = pd.DataFrame({"g": np.repeat([1, 2], 6), "t": stamps,
+                          "y": rng.normal(size=12), "id": stamps + 7})
+    for feature, target in (("t", "y"), ("y", "id")):
+        fitted = mm.linear(frame, "g", feature, target)
+        for i, (_, rows) in enumerate(frame.groupby("g")):
+            model = LinearRegression().fit(rows[[feature]].astype(float), rows[target])
+            assert close(fitted.coef[i], model.coef_, 1e-6)
+            assert close(fitted.predict(rows), model.predict(rows[[feature]].astype(float)),
+                         1e-9)
 
 
 @pytest.mark.parametrize("family", ["ols", "wls", "ridge", "logistic"])

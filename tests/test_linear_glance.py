@@ -142,6 +142,28 @@ def test_ridge_counts_the_rank_of_its_design_and_its_statistics_are_mm_glance_s(
             assert batched.loc[g, name] == pytest.approx(single[name], rel=1e-8), (g, name)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_ridge_counts_a_feature_of_small_units_beside_one_of_large_units(device):
+    """A rate about 0.05 beside an income about 5e4: their Gram matrix's
+    eigenvalues lie 1e11 apart, and the rate counted for nothing (df 1)."""
+    from sklearn.linear_model import Ridge
+
+    if device is not None:
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"g": 0, "income": rng.normal(5e4, 2e4, 30),
+                         "rate": rng.normal(0.05, 0.01, 30)})
+    rows["y"] = rows["income"] * 1e-3 + rows["rate"] * 100 + rng.normal(size=30)
+    features = ["income", "rate"]
+    batched = mm.linear(rows, by="g", features=features, target="y", family="ridge",
+                        alpha=1e-3, device=device).metrics.iloc[0]
+    single = mm.glance(Ridge(alpha=1e-3).fit(rows[features], rows["y"]), rows[features],
+                       rows["y"])
+    assert batched["df"] == single["df"] == 2
+    for name in ("df_residual", "sigma", "statistic", "p_value", "aic"):
+        assert batched[name] == pytest.approx(single[name], rel=1e-8), name
+
+
 def test_the_f_tail_equals_scipy_far_into_the_tail():
     from scipy import stats
 

@@ -164,6 +164,49 @@ def test_values_whose_squares_leave_float64s_range_fit_as_scikit_learn(device, f
             assert np.isfinite(metrics["log_lik"])
 
 
+def _exact_ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> list[float]:
+    """Ridge with an intercept on rows ``x`` (n, 2), in exact rationals."""
+    from fractions import Fraction
+
+    columns = [[Fraction(v) for v in x[:, j]] for j in range(2)] + [[Fraction(v) for v in y]]
+    centred = [[v - sum(c) / len(c) for v in c] for c in columns]
+
+    def dot(i: int, j: int) -> Fraction:
+        return sum((a * b for a, b in zip(centred[i], centred[j])), Fraction(0))
+
+    a11, a12, a22 = dot(0, 0) + Fraction(alpha), dot(0, 1), dot(1, 1) + Fraction(alpha)
+    b1, b2 = dot(0, 2), dot(1, 2)
+    det = a11 * a22 - a12 * a12
+    return [float((b1 * a22 - a12 * b2) / det), float((a11 * b2 - a12 * b1) / det)]
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("scales", [(1e200, 1e-200), (1e300, 1.0)])
+def test_ridge_on_a_feature_far_out_of_range_beside_another_is_exact(device, scales):
+    """A feature about 1e-200 in a group rescaled for another's 1e200: its
+    penalty, scaled, was alpha / 2**-1328, infinite, and NumPy's SVD 'did not
+    converge', losing every group of the call; a huge column's scaled
+    penalty leaked an overflow warning, and PyTorch one about a read-only
+    array. Each equals ridge solved exactly."""
+    if device:
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(15, 2))
+    y = x @ [1.0, -2.0] + rng.normal(size=15)
+    x = x * scales
+    frame = pd.concat([pd.DataFrame({"g": g, "a": x[:, 0], "b": x[:, 1], "y": y})
+                       for g in (0, 1)])
+    frame.loc[frame["g"] == 1, "a"] = rng.normal(size=15)  # a plain group beside it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = mm.linear(frame, "g", ["a", "b"], "y", family="ridge", alpha=1.0,
+                           device=device)
+    assert (result.metrics["status"] == "ok").all()
+    for g, rows in frame.groupby("g"):
+        want = _exact_ridge(rows[["a", "b"]].to_numpy(), rows["y"].to_numpy(), 1.0)
+        np.testing.assert_allclose(result.coef[g], want, rtol=1e-9)
+
+
 @pytest.mark.parametrize("device", [None, "cpu"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_a_feature_constant_in_its_group_is_rank_deficient_as_scikit_learn(device, weighted):

@@ -95,7 +95,8 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     penalty = ridge_penalty(alpha, g, p)
     gram_trace = uncentred_trace(M[:, :p, :p], sw, means[:, :p], fit_intercept)
     A[:, np.arange(p), np.arange(p)] += penalty
-    coef, ok = cholesky_solve(A, b, pivot_floor(gram_trace, m, p))
+    floor = pivot_floor(gram_trace, m, p)
+    coef, ok = cholesky_solve(A, b, floor)
     ok &= sw > 0
     rank = np.full(g, p, dtype=np.int64)  # of the features' columns (centred, if so fitted)
     redo = np.flatnonzero(~ok)
@@ -107,7 +108,7 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     rank_deficient = rank < p  # the least-norm solution was taken (never for ridge)
     penalised = np.flatnonzero((penalty > 0).any(axis=1))
     if len(penalised):  # ridge is always solvable; glance's rank is its design's, unpenalised
-        rank[penalised] = design_rank(M[penalised, :p, :p])
+        rank[penalised] = design_rank(M[penalised, :p, :p], floor[penalised])
     xm, ym = means[:, :p], means[:, p]
     intercept = ym - np.einsum("gp,gp->g", xm, coef) if fit_intercept else np.zeros(g)
     if fit_intercept:
@@ -181,10 +182,11 @@ def least_squares_in_range(solve: Any, Z: np.ndarray, w: np.ndarray | None,
     if not redo.any():
         return out
     at, exponents = suspect[redo], exponents[redo]
-    scales = np.exp2(exponents)
     penalty = ridge_penalty(alpha, g, p)[at]
-    scaled_alpha: np.ndarray | float = (penalty / (scales[:, :p] ** 2) if penalty.any()
-                                        else 0.0)
+    scaled_alpha: np.ndarray | float = 0.0
+    if penalty.any():
+        scaled_alpha = _scaled_penalty(penalty, exponents[:, :p])
+    scales = np.exp2(exponents)
     again = solve(Z[at] / scales[:, None, :], None if w is None else w[at], scaled_alpha,
                   fit_intercept, **on)
     y_scale = scales[:, p]
@@ -194,6 +196,23 @@ def least_squares_in_range(solve: Any, Z: np.ndarray, w: np.ndarray | None,
         out[name][at] = values
     out["y_scale"][at] = y_scale
     return out
+
+
+def _scaled_penalty(penalty: np.ndarray, exponents: np.ndarray) -> np.ndarray:
+    """Ridge's penalty on the coefficients of columns scaled by ``2 **
+    exponents`` (``penalty / scale ** 2``, exact in powers of two), the
+    exponents of a column whose scaled penalty would leave float64's range
+    set to 0 in place: that column is solved as it is. Its penalty dwarfs
+    its own sum of squares (a feature about 1e-170 beside ``alpha`` 1: 1e-340
+    against 1), which unscaled is lost to rounding without changing the
+    answer; scaled, the penalty was infinite and the solve failed (NumPy's
+    SVD 'did not converge', every group of the call lost). A huge column's
+    scaled penalty is a negligible 0, as it should be, without a warning."""
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = np.ldexp(penalty, (-2 * exponents).astype(np.int32))
+    unscaled = ~np.isfinite(scaled)
+    exponents[unscaled] = 0.0
+    return np.where(unscaled, penalty, scaled)
 
 
 def flat_target(sst: Any, tss: Any, sse: Any, sw: Any, ym: Any, fit_intercept: bool,
@@ -225,13 +244,22 @@ def _row_counts(w: np.ndarray | None, g: int, m: int) -> dict[str, np.ndarray]:
     return {"n": n, "log_w": np.log(np.where(positive, w, 1.0)).sum(axis=1)}
 
 
-def design_rank(gram: np.ndarray) -> np.ndarray:
+def design_rank(gram: np.ndarray, floor: np.ndarray) -> np.ndarray:
     """The rank of each group's design from its ``X'WX`` (g, p, p): the
-    eigenvalues above :data:`PIVOT_TOLERANCE` of the largest (the
-    Cholesky's rule for a pivot)."""
+    eigenvalues of its correlation form (each column scaled to unit length)
+    above :data:`PIVOT_TOLERANCE` of the largest, as the Cholesky's rule
+    judges a pivot against its own diagonal. Scaled, the rank does not
+    depend on the features' units: unscaled, a rate about 0.05 beside an
+    income about 5e4 (eigenvalues 1e11 apart) counted for nothing, and
+    ridge's ``df``, ``sigma`` and F were those of a model without it. A
+    column whose diagonal is below ``floor`` (:func:`pivot_floor`: constant
+    in its group, centred to rounding noise) counts for nothing."""
     if gram.shape[1] == 0:
         return np.zeros(gram.shape[0], dtype=np.int64)
-    eig = np.linalg.eigvalsh(gram)
+    diagonal = gram.diagonal(0, 1, 2)
+    kept = diagonal > np.asarray(floor)[:, None]
+    scale = np.where(kept, 1.0 / np.sqrt(np.where(kept, diagonal, 1.0)), 0.0)
+    eig = np.linalg.eigvalsh(gram * scale[:, :, None] * scale[:, None, :])
     top = eig[:, -1:]
     return ((eig > PIVOT_TOLERANCE * top) & (top > 0)).sum(axis=1)
 

@@ -51,7 +51,9 @@ def _column(table: pa.Table, name: str, role: str) -> np.ndarray:
     if column.null_count:
         raise ValueError(f"{role} column {name!r} has {column.null_count} missing values; "
                          "drop or fill them first")
-    values = np.asarray(column.cast(pa.float64()).to_numpy(), dtype=np.float64)
+    # rounded to the nearest float64, as scikit-learn reads it: a safe cast
+    # refuses an integer past 2**53 (epoch nanoseconds, an id), naming no column
+    values = np.asarray(column.cast(pa.float64(), safe=False).to_numpy(), dtype=np.float64)
     bad = ~np.isfinite(values)
     if bad.any():
         raise ValueError(f"{role} column {name!r} has {int(bad.sum())} NaN or infinite "
@@ -113,7 +115,10 @@ def check(table: Any, by: Any, features: Any, target: str, family: str,
         raise ValueError(f"features= names a column twice: {feature_columns}")
     table = read_table(table)
     roles = [("by", c) for c in by_columns] + [("feature", c) for c in feature_columns]
-    roles += [("target", target)] + ([("weights", weights)] if weights else [])
+    if weights is not None and not isinstance(weights, str):
+        raise TypeError(f"weights= must name a column as a string, got {weights!r}")
+    # (weights='' too: a falsy name skipped this check and failed in Arrow, unnamed)
+    roles += [("target", target)] + ([("weights", weights)] if weights is not None else [])
     roles += [("alpha", alpha)] if isinstance(alpha, str) else []
     for role, name in roles:
         if name not in table.column_names:

@@ -113,9 +113,11 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     M = torch.bmm(Zw.transpose(1, 2), Zc)
     A, b = M[:, :p, :p].clone(), M[:, :p, p].clone()
     penalty = kernels.ridge_penalty(alpha, g, p)
-    A = A + torch.diag_embed(torch.as_tensor(np.ascontiguousarray(penalty), device=device))
+    # (a copy: ridge_penalty broadcasts, a read-only view that PyTorch warns about)
+    A = A + torch.diag_embed(torch.as_tensor(np.array(penalty), device=device))
     gram_trace = kernels.uncentred_trace(M[:, :p, :p], sw, means[:, :p], fit_intercept)
-    coef, ok = _solve(torch, A, b, kernels.pivot_floor(gram_trace, m, p))
+    floor = kernels.pivot_floor(gram_trace, m, p)
+    coef, ok = _solve(torch, A, b, floor)
     ok = ok & (sw > 0)
     rank = np.full(g, p, dtype=np.int64)
     redo = np.flatnonzero(~ok.cpu().numpy())
@@ -145,8 +147,9 @@ def least_squares(Z: np.ndarray, w: np.ndarray | None, alpha: np.ndarray | float
     result["rank_deficient"] = rank < p
     penalised = np.flatnonzero((penalty > 0).any(axis=1))
     if len(penalised):
-        rank[penalised] = kernels.design_rank(M[torch.as_tensor(penalised, device=device),
-                                                :p, :p].cpu().numpy())
+        at = torch.as_tensor(penalised, device=device)
+        rank[penalised] = kernels.design_rank(M[at, :p, :p].cpu().numpy(),
+                                              floor[at].cpu().numpy())
     result["rank"] = rank
     result.update(kernels._row_counts(w, g, m))
     return result
