@@ -982,3 +982,22 @@ def test_a_moved_copy_predicts_on_workers_from_its_own_runs(s3, machine, tmp_pat
     on_workers = store.predict(rows, by="g", fn=_first_value, backend="processes", workers=2,
                                run=1)  # (its driver was killed: still "running" here)
     assert on_workers.tolist() == expected.tolist()
+
+
+def test_a_store_whose_pointer_was_removed_keeps_this_machines_copy_aside(s3, machine):
+    """``index.current`` gone from the object store (the store removed, or
+    the pointer deleted by mistake): the next open here deleted this
+    machine's copy of the index, perhaps the last record of its runs. It is
+    moved aside, readable by its path, and a new store starts."""
+    from pathlib import Path
+
+    uri, filesystem = s3
+    location = uri("pointerless")
+    mm.train(lambda df: float(df["x"].sum()), mm.groups(table(), by="g"), store=location,
+             backend="serial", progress=False)
+    copy = Path(os.environ["MANYMODELS_CACHE_DIR"])
+    filesystem.delete_file("bucket/pointerless/index.current")
+    assert mm.Store(location).runs().empty  # a new store
+    kept = list(copy.rglob("removed-*/index.sqlite"))
+    assert len(kept) == 1
+    assert list(mm.Store(kept[0].parent).runs()["run_id"]) == [1]

@@ -50,6 +50,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -73,6 +74,8 @@ from ..inputs.objectstores import (
 )
 from .database import INDEX_NAME, StoreError
 from .localcopy import SYNCED, adopt_older_copy, copy_folder
+
+log = logging.getLogger("manymodels.store")
 
 #: The object that names the published index, and the folder of indexes.
 POINTER, INDEXES = "index.current", "indexes"
@@ -203,6 +206,26 @@ class RemoteIndex:
             remove_object(self._uri(f"{INDEXES}/{replaced}.sqlite"))
         return self._synced()
 
+    def _keep_aside(self) -> None:
+        """Move this machine's copy of an index whose store was removed from
+        the object store (``index.current`` gone) aside, into a folder
+        ``removed-<time>`` beside it, rather than delete it: it may be the
+        last record of those runs (a pointer deleted by mistake), and a new
+        store starts where it was. Logged, naming the folder."""
+        names = [name for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm")
+                 if (self.copy / name).exists()]
+        if not names or not (self.copy / INDEX_NAME).exists():
+            for name in names:
+                (self.copy / name).unlink(missing_ok=True)
+            return
+        aside = self.copy / f"removed-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        aside.mkdir(mode=0o700)
+        for name in names:
+            os.replace(self.copy / name, aside / name)
+        log.warning("the store %s was removed from its object store (no index.current): "
+                    "this machine's copy of its index is kept at %s, and a new store "
+                    "starts there", shown(self.location), aside)
+
     def _fingerprint(self) -> list:
         """What changes whenever the copy is written (:func:`_fingerprint_of`)."""
         return _fingerprint_of(self.copy)
@@ -277,8 +300,7 @@ class RemoteIndex:
                         "moved copy by its path, for reading)")
                 if published is None:  # a new store (or one removed from the object store)
                     self._check_bucket()
-                    for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm"):
-                        (self.copy / name).unlink(missing_ok=True)
+                    self._keep_aside()
                     self._save(None, None, self._fingerprint())
                     return
                 downloaded = Path(scratch, "downloaded", INDEX_NAME)
