@@ -535,3 +535,48 @@ def test_a_ctrl_c_while_the_driver_forks_a_worker_stops_the_run(fork, capfd):
     assert "Exception ignored" not in capfd.readouterr().err
     if fork == 1:  # (stopped as the first worker started: nothing ran)
         assert (stopped.value.run.results["status"] == "cancelled").all()
+
+
+def _listed(n):
+    return [n]
+
+
+def test_a_ctrl_c_while_the_driver_records_a_part_keeps_it_whole(tmp_path):
+    """A SIGINT handled while the driver recorded a finished part (here
+    after its statuses were set, before its models) left those tasks ``ok``
+    in the run's results without their models, out of the store, and out of
+    the count the error gave. A round's events are now recorded whole
+    first: the run, its error and the store agree."""
+    import linecache
+    import signal as signals
+    import sys
+
+    from manymodels.engine.records import TaskRecords
+
+    state = {"sent": False}
+    models_next = "self.worker[indices] = worker"
+
+    def in_mark_ok(frame, event, arg):
+        if event == "line" and not state["sent"] and linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno).strip() == models_next:
+            state["sent"] = True
+            signals.raise_signal(signals.SIGINT)  # (handled here, statuses set, models not)
+        return in_mark_ok
+
+    def tracer(frame, event, arg):
+        return in_mark_ok if frame.f_code is TaskRecords.mark_ok.__code__ else None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(_listed, mm.items(range(20)), backend="processes", workers=1,
+                     start_method="fork", progress=False, store=tmp_path / "s")
+    finally:
+        sys.settrace(None)
+    run = stopped.value.run
+    ok = run.results.loc[run.results["status"] == "ok", "item"].tolist()
+    assert state["sent"] and ok
+    assert f"interrupted after {len(ok)} of 20 tasks" in str(stopped.value)
+    assert sorted(run.models) == ok and [run.models[item] for item in ok] == [[i] for i in ok]
+    stored = mm.Store(tmp_path / "s").results()
+    assert stored.loc[stored["status"] == "ok", "item"].tolist() == ok
