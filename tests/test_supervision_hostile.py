@@ -481,3 +481,102 @@ def test_a_slow_read_of_a_batchs_rows_is_not_charged_to_its_first_task(tmp_path,
                    workers=1, backend="processes", start_method="fork", progress=False)
     status = dict(zip(run.results["g"], run.results["status"]))
     assert status == {"a": "ok", "b": "ok", "c": "ok", "d": "timeout"}, run.results
+
+
+#: The fork (counted from 1) before which :func:`_ctrl_c_before_a_fork` sends
+#: SIGINT, as a Ctrl-C that comes while the driver forks; 0: none.
+_INTERRUPTED_FORK = {"at": 0, "forks": 0}
+
+
+def _ctrl_c_before_a_fork() -> None:
+    if _INTERRUPTED_FORK["at"]:
+        _INTERRUPTED_FORK["forks"] += 1
+        if _INTERRUPTED_FORK["forks"] == _INTERRUPTED_FORK["at"]:
+            import signal
+
+            signal.raise_signal(signal.SIGINT)
+
+
+def _dies_on_1(n):
+    if n == 1:
+        import os
+
+        os._exit(3)
+    return {"n": n}
+
+
+@pytest.mark.parametrize("fork", [1, 2], ids=["first-worker", "replacement"])
+def test_a_ctrl_c_while_the_driver_forks_a_worker_stops_the_run(fork, capfd):
+    """Python runs a signal's handler at its next line of Python code, which
+    after a fork is an at-fork hook's (logging's, the store writer's): the
+    KeyboardInterrupt was printed as "Exception ignored" and dropped, and the
+    run went on to its end. The signal is now held while a worker starts and
+    stops the run once the worker is in its place (ended by the stop)."""
+    import os
+
+    import psutil
+
+    if not _INTERRUPTED_FORK.get("registered"):
+        os.register_at_fork(before=_ctrl_c_before_a_fork)  # (inert once disarmed)
+        _INTERRUPTED_FORK["registered"] = True
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    _INTERRUPTED_FORK.update(at=fork, forks=0)
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(_dies_on_1, mm.items(range(3)), backend="processes", workers=1,
+                     start_method="fork", progress=False)
+    finally:
+        _INTERRUPTED_FORK["at"] = 0
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        _, alive = psutil.wait_procs(left, timeout=5)
+        for process in alive:
+            process.kill()
+    assert _INTERRUPTED_FORK["forks"] == fork and not alive, alive
+    assert "Exception ignored" not in capfd.readouterr().err
+    if fork == 1:  # (stopped as the first worker started: nothing ran)
+        assert (stopped.value.run.results["status"] == "cancelled").all()
+
+
+def _listed(n):
+    return [n]
+
+
+def test_a_ctrl_c_while_the_driver_records_a_part_keeps_it_whole(tmp_path):
+    """A SIGINT handled while the driver recorded a finished part (here
+    after its statuses were set, before its models) left those tasks ``ok``
+    in the run's results without their models, out of the store, and out of
+    the count the error gave. A round's events are now recorded whole
+    first: the run, its error and the store agree."""
+    import linecache
+    import signal as signals
+    import sys
+
+    from manymodels.engine.records import TaskRecords
+
+    state = {"sent": False}
+    models_next = "self.worker[indices] = worker"
+
+    def in_mark_ok(frame, event, arg):
+        if event == "line" and not state["sent"] and linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno).strip() == models_next:
+            state["sent"] = True
+            signals.raise_signal(signals.SIGINT)  # (handled here, statuses set, models not)
+        return in_mark_ok
+
+    def tracer(frame, event, arg):
+        return in_mark_ok if frame.f_code is TaskRecords.mark_ok.__code__ else None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(_listed, mm.items(range(20)), backend="processes", workers=1,
+                     start_method="fork", progress=False, store=tmp_path / "s")
+    finally:
+        sys.settrace(None)
+    run = stopped.value.run
+    ok = run.results.loc[run.results["status"] == "ok", "item"].tolist()
+    assert state["sent"] and ok
+    assert f"interrupted after {len(ok)} of 20 tasks" in str(stopped.value)
+    assert sorted(run.models) == ok and [run.models[item] for item in ok] == [[i] for i in ok]
+    stored = mm.Store(tmp_path / "s").results()
+    assert stored.loc[stored["status"] == "ok", "item"].tolist() == ok

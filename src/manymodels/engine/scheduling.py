@@ -29,6 +29,7 @@ backend orders, retries and counts the same way.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import signal
 import threading
@@ -88,12 +89,15 @@ class _Interrupts:
     the stop short, which would leave workers running and lose the results
     (a second Ctrl-C a few milliseconds after the first did). The first to
     come then is kept as :attr:`late`: it ends a run that was stopping for
-    no interrupt with one. Handlers are set in the main thread only (the
-    only one a signal interrupts)."""
+    no interrupt with one. While the results of a round are recorded
+    (:meth:`held`) they wait for its end. Handlers are set in the main
+    thread only (the only one a signal interrupts)."""
 
     def __init__(self) -> None:
         self.stopping = False
         self.late: KeyboardInterrupt | None = None
+        self._holding = False
+        self._held: KeyboardInterrupt | None = None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Interrupts:
@@ -110,10 +114,28 @@ class _Interrupts:
     def _interrupt(self, signum: int, frame: Any) -> None:
         interrupt = (KeyboardInterrupt() if signum == signal.SIGINT
                      else KeyboardInterrupt(f"received {signal.Signals(signum).name}"))
-        if not self.stopping:
+        if self.stopping:
+            if self.late is None:
+                self.late = interrupt
+        elif self._holding:
+            self._held = self._held or interrupt
+        else:
             raise interrupt
-        if self.late is None:
-            self.late = interrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Ctrl-C and SIGTERM wait until the block is done, then raise. A
+        round's events are recorded whole: raised halfway through a part,
+        an interrupt left its tasks ``ok`` in the run without their models,
+        and out of the store (the recorder was never told of them)."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        interrupt, self._held = self._held, None
+        if interrupt is not None:
+            raise interrupt
 
 
 def _ended(events: list) -> Iterator[int]:
@@ -321,7 +343,7 @@ class Scheduler:
                     self.backend.start(context)
                     if self._make_progress is not None:
                         self.progress = self._make_progress()
-                    self._loop()
+                    self._loop(interrupts)
             except KeyboardInterrupt as exc:
                 stopped_by = exc
             except RecordingError as exc:  # the store cannot take more: stop, keep the results
@@ -416,7 +438,7 @@ class Scheduler:
         finally:
             interrupts.stopping = True
 
-    def _loop(self) -> None:
+    def _loop(self, interrupts: _Interrupts) -> None:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
         # longest first, and how far it is taken (a deque of a million Python
         # ints held 36 MB through the run)
@@ -453,33 +475,34 @@ class Scheduler:
             if retry_later and in_flight <= 0:
                 wait = max(0.0, min(wait, retry_later[0][0] - now))
             events = backend.poll(wait)
-            if per_task:
-                events = list(events)
-            for event in events:
-                if isinstance(event, Finished):
-                    self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
-                    in_flight -= len(event.outcomes)
-                    for index in self._record_all(event.outcomes, event.worker):
-                        attempt = int(self.records.attempts[index])
-                        due = time.monotonic() + min(
-                            _RETRY_BACKOFF_S * 2 ** min(attempt - 1, 30), _RETRY_BACKOFF_MAX_S)
-                        heapq.heappush(retry_later, (due, index))
-                elif isinstance(event, Lost):
-                    in_flight -= 1
-                    self.records.attempts[event.index] += 1
-                    self.records.duration_s[event.index] = event.duration_s
-                    self.records.started_at[event.index] = event.started_at
-                    # (a task that could not be sent, "failed", fails the same way again)
-                    if (self.records.attempts[event.index] <= self.retries
-                            and event.status != Status.FAILED):
-                        retry_now.append(event.index)
-                        self._last_attempt[event.index] = (event.status, event.message,
-                                                           event.worker)
-                    else:
-                        self._finish(event.index, event.status, event.worker, event.message)
-                elif isinstance(event, Requeued):
-                    in_flight -= len(event.indices)
-                    retry_now.extendleft(reversed(event.indices))
+            with interrupts.held():  # (the round's events recorded whole)
+                if per_task:
+                    events = list(events)
+                for event in events:
+                    if isinstance(event, Finished):
+                        self.sizer.observe(event.busy_s, len(event.outcomes), event.prepare_s)
+                        in_flight -= len(event.outcomes)
+                        for index in self._record_all(event.outcomes, event.worker):
+                            attempt = int(self.records.attempts[index])
+                            due = time.monotonic() + min(
+                                _RETRY_BACKOFF_S * 2 ** min(attempt - 1, 30), _RETRY_BACKOFF_MAX_S)
+                            heapq.heappush(retry_later, (due, index))
+                    elif isinstance(event, Lost):
+                        in_flight -= 1
+                        self.records.attempts[event.index] += 1
+                        self.records.duration_s[event.index] = event.duration_s
+                        self.records.started_at[event.index] = event.started_at
+                        # (a task that could not be sent, "failed", fails the same way again)
+                        if (self.records.attempts[event.index] <= self.retries
+                                and event.status != Status.FAILED):
+                            retry_now.append(event.index)
+                            self._last_attempt[event.index] = (event.status, event.message,
+                                                               event.worker)
+                        else:
+                            self._finish(event.index, event.status, event.worker, event.message)
+                    elif isinstance(event, Requeued):
+                        in_flight -= len(event.indices)
+                        retry_now.extendleft(reversed(event.indices))
             if self.progress is not None:
                 self.progress.update(self._done, self._ok, self._failed)
             if self.recorder is not None:

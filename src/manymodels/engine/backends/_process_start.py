@@ -19,10 +19,12 @@ import ctypes
 import gc
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -144,6 +146,42 @@ def _widen_pipe(fd: int) -> None:
             continue
 
 
+#: The signals that stop a run (the scheduler's ``_Interrupts``).
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def stopping_signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a worker starts, and hand each to its
+    handler once the block is done (in the main thread; elsewhere no
+    handler of Python's runs).
+
+    Python runs a signal's handler at the next line of Python code, and the
+    first after a fork is an at-fork hook's (logging's, the store writer's),
+    whose exception Python prints as "Exception ignored" and drops: a Ctrl-C
+    that came while the driver forked a worker was lost (the run went on to
+    its end), and one that came while the store writer's hook waited for its
+    lock left that lock to the writer's next commit, which then failed.
+    Raised later in the block, it would leave a worker started and not yet
+    in its place, which the stop does not end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+    try:
+        for signum in STOPPING_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):  # (one ignored, or the default, is left as it is)
+                previous[signum] = signal.signal(signum, lambda got, _: held.append(got))
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            previous[signum](signum, None)
+
+
 class WorkerStarter:
     """Starts one worker of the processes backend in a given slot: chooses
     how (forked or spawned), and readies the driver's thread pools for a
@@ -229,6 +267,18 @@ class WorkerStarter:
             self._driver_limits = controller.limit(limits=self.cpus_per_task)
             self._gomp_releasers = gomp_pool_releasers(controller) or []
 
+    def _start_worker(self, slot: int) -> Worker:
+        """Start the worker of ``slot`` and put it in its place in
+        ``_workers``, with the signals that stop a run held meanwhile
+        (:func:`stopping_signals_held`)."""
+        with stopping_signals_held():
+            worker = self._spawn(slot)
+            if slot < len(self._workers):
+                self._workers[slot] = worker
+            else:
+                self._workers.append(worker)
+        return worker
+
     def _spawn(self, slot: int) -> Worker:
         env = dict(self._limits)
         if self.gpu_sets:
@@ -301,6 +351,9 @@ class WorkerStarter:
             return ForkedProcess(pid)
         code = 1
         try:
+            # the driver's handlers (or stopping_signals_held's) are not the worker's
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             # The objects inherited from the driver are never walked by this
             # worker's collector: a full pass would write to each one's header
             # and copy every page of the driver's heap into the worker.

@@ -147,7 +147,7 @@ class ProcessesBackend(WorkerStarter, Backend):
                 self._limit_driver_threads()
                 self._release_openmp()
                 for slot in range(self.workers):
-                    self._workers.append(self._spawn(slot))
+                    self._start_worker(slot)
                 self._first_pids = [w.process.pid for w in self._workers]
                 if self.start_method == "fork":  # each waits at the gate: what it holds
                     for worker in self._workers:  # is its share of the driver's pages
@@ -243,7 +243,7 @@ class ProcessesBackend(WorkerStarter, Backend):
             events = blame_lost_batch(index, unreported, status, message, worker.slot,
                                       self._deaths, started)
         self._release_openmp()  # in case the driver ran OpenMP since the last fork
-        self._workers[worker.slot] = fresh = self._spawn(worker.slot)
+        fresh = self._start_worker(worker.slot)
         if loading is not None:  # its tasks one a batch, first on the fresh worker
             self._send_one_by_one(fresh, loading)
         return events
