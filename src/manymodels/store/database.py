@@ -398,9 +398,10 @@ def write_error(root: Path | str, exc: BaseException, what: str) -> StoreError:
     cause. ``root``: the store as the user named it, its folder or its
     object store's URI (shown without its secret), not this machine's copy
     of its index, a folder the user never named."""
-    cause = "the disk is full" if is_disk_full(exc) else f"{type(exc).__name__}: {exc}"
+    cause = (f"the disk is full ({exc})" if is_disk_full(exc)
+             else f"{type(exc).__name__}: {exc}")  # (the error's text once)
     return StoreError(
-        f"cannot write to the store {shown(str(root))!r}: {cause} ({exc}); {what}. What was "
+        f"cannot write to the store {shown(str(root))!r}: {cause}; {what}. What was "
         "committed before stays usable, and a re-run with the same store reuses it")
 
 
