@@ -759,3 +759,16 @@ def test_train_without_scikit_learn_names_model_not_mlflow(tmp_path, trained, mo
     assert "--mlflow" not in result.output and "Invalid value for --model" in result.output
     assert "needs scikit-learn" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "st").exists()
+
+
+def test_demo_json_to_standard_output_is_json_alone(tmp_path):
+    """`demo --json -` printed the summary table on standard output before
+    the JSON, so `demo --json - | jq` could not read it; the table goes to
+    standard error then."""
+    import json
+
+    done = _manymodels("demo", "--stores", "1", "--items", "2", "--workers", "1",
+                       "--no-serial", "--json", "-", cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"] == 2
+    assert b"models ok / failed" in done.stderr
