@@ -772,3 +772,20 @@ def test_demo_json_to_standard_output_is_json_alone(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["groups"] == 2
     assert b"models ok / failed" in done.stderr
+
+
+def test_sigterm_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
+    """SIGTERM (a scheduler's kill) while a command wrote its output killed
+    it outright, its temporary file (`.out.csv.PID.tmp`) left beside the
+    output; the signal ends it as an exit, status 143, the file removed."""
+    import subprocess
+
+    script = ("import os, signal\n"
+              "from manymodels.cli.outputs import written\n"
+              "with written('out.csv') as path:\n"
+              "    path.write_text('half')\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    path.write_text('whole')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert done.returncode == 143
