@@ -789,3 +789,20 @@ def test_sigterm_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     assert done.returncode == 143
+
+
+def test_show_prints_each_key_whole_and_why_takes_it_so(tmp_path):
+    """show's table printed keys at 4 significant digits (0.12345 and
+    0.12346 both as 0.1235, 1234567.8 as 1.235e+06), a line break in a key
+    as a space and a tab as it is, and `why` refused each key as the table
+    printed it. Keys print whole, a line break and a tab as their escapes,
+    and `why` takes them as printed."""
+    keys = [0.12345, 0.12346, 1234567.8, "c\nd", "e\tf"]
+    mm.train(_total, mm.items(keys), store=tmp_path / "s", backend="serial", progress=False)
+    shown = _invoke("show", tmp_path / "s")
+    assert shown.exit_code == 0, shown.output
+    printed = [line.split()[0] for line in shown.output.splitlines()[2:]]
+    assert sorted(printed) == sorted(["0.12345", "0.12346", "1234567.8", "c\\nd", "e\\tf"])
+    for key in printed:
+        why = _invoke("why", tmp_path / "s", key)
+        assert why.exit_code == 0 and "was trained" in why.output, (key, why.output)
