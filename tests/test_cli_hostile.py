@@ -806,3 +806,18 @@ def test_show_prints_each_key_whole_and_why_takes_it_so(tmp_path):
     for key in printed:
         why = _invoke("why", tmp_path / "s", key)
         assert why.exit_code == 0 and "was trained" in why.output, (key, why.output)
+
+
+@pytest.mark.parametrize("name", ["artifact", "size", "started_at", "reused_from"])
+def test_a_key_column_named_as_a_store_column_is_refused_with_a_store(tmp_path, name):
+    """A key column named `size` (or `artifact`, ...) was replaced in
+    Store.results, `show` and `export` by the store's column of that name:
+    its values lost there. With a store it is refused, before any work;
+    without one (whose results add no such column) it is a key as any."""
+    table = pd.DataFrame({name: [1, 1, 2, 2], "x": [1.0, 2.0, 3.0, 4.0]})
+    with pytest.raises(ValueError, match=f"key column '{name}'.*store.results adds"):
+        mm.train(_total, mm.groups(table, by=name), store=tmp_path / "s",
+                 backend="serial", progress=False)
+    assert not (tmp_path / "s").exists()
+    run = mm.train(_total, mm.groups(table, by=name), backend="serial", progress=False)
+    assert run.results[name].tolist() == [1, 2]
