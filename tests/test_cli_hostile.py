@@ -821,3 +821,22 @@ def test_a_key_column_named_as_a_store_column_is_refused_with_a_store(tmp_path, 
     assert not (tmp_path / "s").exists()
     run = mm.train(_total, mm.groups(table, by=name), backend="serial", progress=False)
     assert run.results[name].tolist() == [1, 2]
+
+
+def test_an_output_that_would_replace_a_file_of_the_store_is_refused(tmp_path, trained):
+    """`export models/ -o models/index.sqlite` replaced the store's index
+    with a Parquet file: the store was lost. An output that names the
+    store's index or a file in its folders is refused before any work; one
+    beside the index is written."""
+    store, rows, _ = trained
+    index = store / "index.sqlite"
+    before = index.read_bytes()
+    artifact = store / "artifacts" / "packed"  # (a folder of the store's)
+    for command in (["export", store], ["report", store], ["predict", store, rows]):
+        for out in (index, store / "index.sqlite-wal", artifact):
+            result = _invoke(*command, "-o", out)
+            assert result.exit_code == 2, (command, out, result.output)
+            assert "is a file of the store" in result.output and "--out" in result.output
+    assert index.read_bytes() == before
+    assert _invoke("report", store, "-o", store / "report.html").exit_code == 0
+    assert _invoke("runs", store).exit_code == 0

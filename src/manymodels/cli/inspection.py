@@ -8,7 +8,7 @@ import typer
 
 from .app import app
 from .arguments import FORMAT_HELP, fail, open_store
-from .outputs import check_out, out_name, said, written
+from .outputs import check_out, check_out_of_store, out_name, said, written
 from .tables import OutputFormat, cell, error_line, iso_times, local_time, print_frame
 
 
@@ -83,6 +83,7 @@ def export(
     Example: manymodels export models/ -o results.parquet
     """
     check_out(out, (".parquet", ".pq"))
+    check_out_of_store(out, store)
     opened = open_store(store)
     try:
         opened._run_row(run)
@@ -137,6 +138,7 @@ def report(
     from ..observe.report import store_report
 
     check_out(out, (".html", ".htm"))
+    check_out_of_store(out, store)
     opened = open_store(store)
     try:
         opened._run_row(run)

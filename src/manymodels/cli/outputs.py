@@ -46,6 +46,26 @@ def check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") -
         fail(f"{out!r} cannot be written here (permissions)", option)
 
 
+def check_out_of_store(out: str, store: str, option: str = "--out") -> None:
+    """Refuse an output that would replace a file of the store the command
+    reads (``export models/ -o models/index.sqlite``, a slip of the
+    keyboard): its index, or anything in its folders (``artifacts/``),
+    whose loss is the store's. A file beside the index
+    (``models/report.html``) is the user's to write."""
+    from ..inputs.objectstores import is_remote
+    from ..store.database import INDEX_NAME
+
+    if is_device(out) or is_remote(store):
+        return
+    root, target = Path(store).resolve(), Path(out).resolve()
+    if root not in target.parents:
+        return
+    inside = target.relative_to(root)
+    if len(inside.parts) > 1 or inside.name.startswith(INDEX_NAME):
+        fail(f"{out!r} is a file of the store {store!r}, which writing it would "
+             "damage: name a file outside the store's index and folders", option)
+
+
 @contextlib.contextmanager
 def written(out: str, option: str = "--out") -> Iterator[Path]:
     """The path to write ``out``'s content to: a temporary file beside it,
