@@ -169,8 +169,8 @@ def test_why_finds_a_key_as_show_prints_it(tmp_path):
     (2024-01-01T00:00:00), a whole-number float typed 2, a missing value
     typed nan: each names its task, as Python's own spelling does."""
     table = pd.DataFrame({"day": pd.to_datetime(["2024-01-01", "2024-01-02", None]),
-                          "size": [1.5, 2.0, float("nan")], "v": [1.0, 2.0, 3.0]})
-    mm.train(lambda rows: float(rows["v"].sum()), mm.groups(table, by=["day", "size"]),
+                          "width": [1.5, 2.0, float("nan")], "v": [1.0, 2.0, 3.0]})
+    mm.train(lambda rows: float(rows["v"].sum()), mm.groups(table, by=["day", "width"]),
              store=tmp_path / "s", backend="serial", progress=False)
     for day, size in (("2024-01-01", "1.5"), ("2024-01-02T00:00:00", "2"),
                       ("2024-01-02 00:00:00", "2.0"), ("", "nan")):
@@ -759,3 +759,83 @@ def test_train_without_scikit_learn_names_model_not_mlflow(tmp_path, trained, mo
     assert "--mlflow" not in result.output and "Invalid value for --model" in result.output
     assert "needs scikit-learn" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "st").exists()
+
+
+def test_demo_json_to_standard_output_is_json_alone(tmp_path):
+    """`demo --json -` printed the summary table on standard output before
+    the JSON, so `demo --json - | jq` could not read it; the table goes to
+    standard error then."""
+    import json
+
+    done = _manymodels("demo", "--stores", "1", "--items", "2", "--workers", "1",
+                       "--no-serial", "--json", "-", cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"] == 2
+    assert b"models ok / failed" in done.stderr
+
+
+def test_sigterm_while_an_output_is_written_leaves_no_temporary_file(tmp_path):
+    """SIGTERM (a scheduler's kill) while a command wrote its output killed
+    it outright, its temporary file (`.out.csv.PID.tmp`) left beside the
+    output; the signal ends it as an exit, status 143, the file removed."""
+    import subprocess
+
+    script = ("import os, signal\n"
+              "from manymodels.cli.outputs import written\n"
+              "with written('out.csv') as path:\n"
+              "    path.write_text('half')\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    path.write_text('whole')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert done.returncode == 143
+
+
+def test_show_prints_each_key_whole_and_why_takes_it_so(tmp_path):
+    """show's table printed keys at 4 significant digits (0.12345 and
+    0.12346 both as 0.1235, 1234567.8 as 1.235e+06), a line break in a key
+    as a space and a tab as it is, and `why` refused each key as the table
+    printed it. Keys print whole, a line break and a tab as their escapes,
+    and `why` takes them as printed."""
+    keys = [0.12345, 0.12346, 1234567.8, "c\nd", "e\tf"]
+    mm.train(_total, mm.items(keys), store=tmp_path / "s", backend="serial", progress=False)
+    shown = _invoke("show", tmp_path / "s")
+    assert shown.exit_code == 0, shown.output
+    printed = [line.split()[0] for line in shown.output.splitlines()[2:]]
+    assert sorted(printed) == sorted(["0.12345", "0.12346", "1234567.8", "c\\nd", "e\\tf"])
+    for key in printed:
+        why = _invoke("why", tmp_path / "s", key)
+        assert why.exit_code == 0 and "was trained" in why.output, (key, why.output)
+
+
+@pytest.mark.parametrize("name", ["artifact", "size", "started_at", "reused_from"])
+def test_a_key_column_named_as_a_store_column_is_refused_with_a_store(tmp_path, name):
+    """A key column named `size` (or `artifact`, ...) was replaced in
+    Store.results, `show` and `export` by the store's column of that name:
+    its values lost there. With a store it is refused, before any work;
+    without one (whose results add no such column) it is a key as any."""
+    table = pd.DataFrame({name: [1, 1, 2, 2], "x": [1.0, 2.0, 3.0, 4.0]})
+    with pytest.raises(ValueError, match=f"key column '{name}'.*store.results adds"):
+        mm.train(_total, mm.groups(table, by=name), store=tmp_path / "s",
+                 backend="serial", progress=False)
+    assert not (tmp_path / "s").exists()
+    run = mm.train(_total, mm.groups(table, by=name), backend="serial", progress=False)
+    assert run.results[name].tolist() == [1, 2]
+
+
+def test_an_output_that_would_replace_a_file_of_the_store_is_refused(tmp_path, trained):
+    """`export models/ -o models/index.sqlite` replaced the store's index
+    with a Parquet file: the store was lost. An output that names the
+    store's index or a file in its folders is refused before any work; one
+    beside the index is written."""
+    store, rows, _ = trained
+    index = store / "index.sqlite"
+    before = mm.Store(store).results()[["store", "artifact"]]
+    artifact = store / "artifacts" / "packed"  # (a folder of the store's)
+    for command in (["export", store], ["report", store], ["predict", store, rows]):
+        for out in (index, store / "index.sqlite-wal", artifact):
+            result = _invoke(*command, "-o", out)
+            assert result.exit_code == 2, (command, out, result.output)
+            assert "is a file of the store" in result.output and "--out" in result.output
+    assert _invoke("report", store, "-o", store / "report.html").exit_code == 0
+    assert mm.Store(store).results()[["store", "artifact"]].equals(before)

@@ -10,7 +10,7 @@ import typer
 
 from .._version import __version__
 from .arguments import OneValueGroup
-from .outputs import check_out, written
+from .outputs import check_out, is_device, written
 
 app = typer.Typer(
     cls=OneValueGroup,
@@ -47,7 +47,8 @@ def demo(
     workers: int = typer.Option(None, min=1, help="Worker processes (default: usable cores)."),
     serial: bool = typer.Option(True, help="Also run the same tasks serially to compare."),
     json_out: str = typer.Option(None, "--json", help="Also write the numbers to this "
-                                  "file (- for standard output)."),
+                                  "file (- for standard output; the table then goes to "
+                                  "standard error)."),
 ) -> None:
     """Train a tuned Ridge per store x item of a generated sales table.
 
@@ -57,7 +58,8 @@ def demo(
 
     if json_out:
         check_out(json_out, (".json",), "--json")
-    numbers = run_demo(stores, items, workers=workers, compare_serial=serial)
+    numbers = run_demo(stores, items, workers=workers, compare_serial=serial,
+                       to_stderr=bool(json_out) and is_device(json_out))
     if json_out:
         with written(json_out, "--json") as path:
             path.write_text(json.dumps(numbers, indent=2) + "\n")

@@ -82,14 +82,18 @@ def fit_store_item(df: pd.DataFrame) -> tuple[object, dict[str, float]]:
 
 
 def run_demo(stores: int = 48, items: int = 50, workers: int | None = None,
-             compare_serial: bool = True, progress: bool = True) -> dict[str, float]:
-    """Train the demo, print a summary table, and return its numbers."""
+             compare_serial: bool = True, progress: bool = True,
+             to_stderr: bool = False) -> dict[str, float]:
+    """Train the demo, print a summary table, and return its numbers. The
+    table goes to standard error ``to_stderr``: where the numbers go to
+    standard output as JSON (``--json -``), which a table before them would
+    leave unreadable to ``jq`` or ``json.load``."""
     from rich.console import Console
     from rich.table import Table
 
     import manymodels as mm
 
-    console = Console()
+    console = Console(stderr=to_stderr)
     table = make_sales(stores, items)
     source = mm.groups(table, by=["store", "item"])
     console.print(f"[bold]manymodels demo[/]: {len(table):,} rows, "

@@ -8,8 +8,8 @@ import typer
 
 from .app import app
 from .arguments import FORMAT_HELP, fail, open_store
-from .outputs import check_out, out_name, said, written
-from .tables import OutputFormat, error_line, iso_times, local_time, print_frame
+from .outputs import check_out, check_out_of_store, out_name, said, written
+from .tables import OutputFormat, cell, error_line, iso_times, local_time, print_frame
 
 
 @app.command()
@@ -83,6 +83,7 @@ def export(
     Example: manymodels export models/ -o results.parquet
     """
     check_out(out, (".parquet", ".pq"))
+    check_out_of_store(out, store)
     opened = open_store(store)
     try:
         opened._run_row(run)
@@ -137,6 +138,7 @@ def report(
     from ..observe.report import store_report
 
     check_out(out, (".html", ".htm"))
+    check_out_of_store(out, store)
     opened = open_store(store)
     try:
         opened._run_row(run)
@@ -150,7 +152,8 @@ def report(
 def key_value(column: str, values: list, text: str) -> Any:
     """The value of the key column ``column`` (of ``values``) that ``text``
     gives: the one it spells as Python prints it (or, where two print
-    alike, ``1`` and ``"1"``, as Python writes it: ``1`` or ``'1'``), else the one it reads as
+    alike, ``1`` and ``"1"``, as Python writes it: ``1`` or ``'1'``), or as
+    ``show``'s table prints it (a line break as ``\\n``), else the one it reads as
     (a time as ``show -f csv`` and ``-f json`` print it, ``2024-01-01`` or
     ``2024-01-01T00:00:00``; a whole number ``1`` for ``1.0``; ``nan`` or
     nothing for a missing value), so that a key copied from the command
@@ -159,7 +162,8 @@ def key_value(column: str, values: list, text: str) -> Any:
     spelled = [v for v in values if str(v) == text]
     if len(spelled) != 1:  # 1 and "1" print alike: Python's own spelling tells them apart
         spelled = [v for v in values if repr(v) == text] or spelled
-    found = spelled or [v for v in values if _reads_as(v, text)]
+    found = (spelled or [v for v in values if cell(v, exact=True) == text]
+             or [v for v in values if _reads_as(v, text)])
     if len(found) == 1:
         return found[0]
     if found:

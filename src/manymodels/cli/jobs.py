@@ -9,7 +9,7 @@ from ..engine.scheduling import RunInterrupted
 from ..inputs.tables import named_twice
 from .app import app
 from .arguments import fail, open_store, split_list
-from .outputs import check_out, out_name, said, written
+from .outputs import check_out, check_out_of_store, out_name, said, written
 
 
 def _parse_settings(param: list[str], grid: list[str]) -> tuple[dict, dict]:
@@ -165,6 +165,7 @@ def predict(
     from ..store import StoreIntegrityError
 
     check_out(out, (".csv", ".txt", ".parquet", ".pq"))
+    check_out_of_store(out, store)
     if workers is not None and workers < 1:
         fail(f"workers must be at least 1, got {workers}", "--workers")
     if backend is not None:

@@ -46,6 +46,26 @@ def check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") -
         fail(f"{out!r} cannot be written here (permissions)", option)
 
 
+def check_out_of_store(out: str, store: str, option: str = "--out") -> None:
+    """Refuse an output that would replace a file of the store the command
+    reads (``export models/ -o models/index.sqlite``, a slip of the
+    keyboard): its index, or anything in its folders (``artifacts/``),
+    whose loss is the store's. A file beside the index
+    (``models/report.html``) is the user's to write."""
+    from ..inputs.objectstores import is_remote
+    from ..store.database import INDEX_NAME
+
+    if is_device(out) or is_remote(store):
+        return
+    root, target = Path(store).resolve(), Path(out).resolve()
+    if root not in target.parents:
+        return
+    inside = target.relative_to(root)
+    if len(inside.parts) > 1 or inside.name.startswith(INDEX_NAME):
+        fail(f"{out!r} is a file of the store {store!r}, which writing it would "
+             "damage: name a file outside the store's index and folders", option)
+
+
 @contextlib.contextmanager
 def written(out: str, option: str = "--out") -> Iterator[Path]:
     """The path to write ``out``'s content to: a temporary file beside it,
@@ -57,7 +77,8 @@ def written(out: str, option: str = "--out") -> Iterator[Path]:
     import tempfile
 
     if is_device(out):  # made whole in a temporary file, then its bytes sent on
-        with tempfile.TemporaryDirectory(prefix="manymodels-out-") as folder:
+        with tempfile.TemporaryDirectory(prefix="manymodels-out-") as folder, \
+                terminated_as_exit():
             temporary = Path(folder, "out")
             try:
                 yield temporary
@@ -75,7 +96,8 @@ def written(out: str, option: str = "--out") -> Iterator[Path]:
     in_place = target.exists() and not target.is_file()
     temporary = target if in_place else target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        yield temporary
+        with terminated_as_exit():
+            yield temporary
         if not in_place:
             if target.exists():  # the new file keeps the old one's permissions
                 os.chmod(temporary, target.stat().st_mode & 0o7777)
@@ -85,6 +107,30 @@ def written(out: str, option: str = "--out") -> Iterator[Path]:
     finally:
         if not in_place:
             temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's timeout) as an exit, status 143
+    (128 + SIGTERM, what the shell reports of a process it killed), so that
+    the ``finally`` clauses run: killed outright, a command writing a large
+    output left its temporary file (``.out.csv.1234.tmp``) beside the
+    output. As it was outside the main thread, where no handler can be set."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(number: int, frame: object) -> NoReturn:
+        raise SystemExit(128 + number)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def inherited_descriptor(out: str) -> int | None:

@@ -22,19 +22,27 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
-def cell(value: Any) -> str:
+def cell(value: Any, exact: bool = False) -> str:
     """``value`` as one short line: 4 significant digits, empty for missing;
     a control character (a terminal's escape sequence in a key or an error)
-    shown as its escape, never sent to the terminal."""
+    shown as its escape, never sent to the terminal. ``exact`` (a key
+    column's value, what ``manymodels why`` is given): a number whole
+    (``0.12345`` and ``0.12346`` are two keys, not ``0.1235`` twice) and a
+    line break or a tab as its escape, ``\\n`` or ``\\t`` (not a space,
+    which another key may hold), so that each key prints as itself alone."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return repr(float(value)) if exact else f"{value:.4g}"
+    if exact:
+        return _KEY_CONTROL.sub(_escaped, str(value))
     return _CONTROL.sub(_escaped, " ".join(str(value).splitlines()))
 
 
 #: Control characters (C0, DEL, C1): what a terminal reads as commands.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: Those, line breaks too: a key's value printed on one line.
+_KEY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _escaped(match: re.Match) -> str:
@@ -137,7 +145,7 @@ def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, 
     """Print ``frame`` as csv, json, or a table. A table is never squeezed (no
     ``0.…``): piped or redirected it is plain aligned text; on a terminal too
     narrow for it, its columns are split over several tables, each repeating
-    the first ``keys`` columns."""
+    the first ``keys`` columns, printed whole (see :func:`cell`)."""
     if fmt == OutputFormat.csv:
         typer.echo(frame.to_csv(index=False), nl=False)
         return
@@ -155,7 +163,8 @@ def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, 
 
     console = console or Console()
     headers = [str(c) for c in frame.columns]
-    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    rows = [[cell(v, exact=i < keys) for i, v in enumerate(row)]
+            for row in frame.itertuples(index=False, name=None)]
     right = [pd.api.types.is_numeric_dtype(kind) and not pd.api.types.is_bool_dtype(kind)
              for kind in frame.dtypes]
     widths = [max([cell_len(h)] + [cell_len(r[i]) for r in rows]) for i, h in enumerate(headers)]

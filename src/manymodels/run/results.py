@@ -21,6 +21,7 @@ from ..inputs.keys import key_frame
 from ..planning.plan import Plan
 from ..store.database import StoreError
 from ..store.lazymodels import IN_STORE, ModelMap, StoredModel, hashable_key
+from ..store.registry import STORE_RESULT_COLUMNS
 from .checkpointing import resumed_column
 
 OK, CANCELLED = Status.OK, Status.CANCELLED
@@ -31,17 +32,22 @@ _RESERVED = {"status", "attempts", "duration_s", "worker", "started_s", "reused"
 RESULT_COLUMNS = frozenset({*_RESERVED, "gpu", "run_id"})
 
 
-def check_key_names(names: list[Any], params: list[Any] = ()) -> None:
+def check_key_names(names: list[Any], params: list[Any] = (), stored: bool = False) -> None:
     """Refuse key columns (``by=``, a grid's parameters: ``params``) named as
     a column the results add: the results would show one where the other
-    belongs."""
-    clash = [name for name in names if name in RESULT_COLUMNS]
+    belongs. Of a run kept in a store (``stored``), those the store's
+    results add too (``artifact``, ``size``, ``started_at``...): a key
+    column so named was replaced in ``Store.results``, ``manymodels show``
+    and ``export`` by the store's column, its values lost there."""
+    taken = RESULT_COLUMNS | STORE_RESULT_COLUMNS if stored else RESULT_COLUMNS
+    clash = [name for name in names if name in taken]
     if clash:
         what = (f"the grid parameter {clash[0]!r}" if clash[0] in params
                 else f"the key column {clash[0]!r}")
         raise ValueError(
-            f"{what} has the name of a column that run.results adds "
-            f"({', '.join(sorted(RESULT_COLUMNS))}): rename "
+            f"{what} has the name of a column that "
+            f"{'the store' if clash[0] not in RESULT_COLUMNS else 'run'}.results adds "
+            f"({', '.join(sorted(taken))}): rename "
             f"{'that parameter' if clash[0] in params else 'that column of the table'}")
 
 

@@ -211,7 +211,7 @@ def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify:
             "source must be made by mm.groups(), mm.items(), mm.grid() or their product, "
             f"got {type(source).__name__}"
         )
-    check_key_names(source.key_columns, source.param_columns)
+    check_key_names(source.key_columns, source.param_columns, stored=store is not None)
     if not isinstance(dashboard, bool):
         raise TypeError(f"dashboard must be True or False, got {dashboard!r}")
     if dashboard and store is None:
