@@ -391,3 +391,22 @@ def test_a_cluster_with_no_worker_is_refused_saying_so(monkeypatch):
     finally:
         client.close()
         cluster.close()
+
+
+@pytest.mark.spark
+def test_a_ctrl_c_where_pyspark_set_its_sigint_handler_still_keeps_a_part_whole(tmp_path):
+    """A SparkContext sets a SIGINT handler of its own (cancel its jobs, then
+    raise) and leaves it for the process's life: the run left it as a
+    user's, so none of its Ctrl-C protections held (a part recorded half
+    when the interrupt came). It takes PySpark's over, calling it first."""
+    import signal
+
+    from test_supervision_hostile import (
+        test_a_ctrl_c_while_the_driver_records_a_part_keeps_it_whole as records_a_part,
+    )
+
+    _start_spark()
+    handler = signal.getsignal(signal.SIGINT)
+    assert handler.__module__.startswith("pyspark"), handler
+    records_a_part(tmp_path)
+    assert signal.getsignal(signal.SIGINT) is handler  # (given back as it was)

@@ -103,7 +103,7 @@ class _Interrupts:
     def __enter__(self) -> _Interrupts:
         if threading.current_thread() is threading.main_thread():
             self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._interrupt)
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            if _raises_keyboard_interrupt(signal.getsignal(signal.SIGINT)):
                 self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
         return self
 
@@ -114,6 +114,12 @@ class _Interrupts:
     def _interrupt(self, signum: int, frame: Any) -> None:
         interrupt = (KeyboardInterrupt() if signum == signal.SIGINT
                      else KeyboardInterrupt(f"received {signal.Signals(signum).name}"))
+        previous = self._previous.get(signum)
+        if signum == signal.SIGINT and previous is not signal.default_int_handler:
+            try:  # PySpark's: it cancels its jobs, then raises as Python's does
+                previous(signum, frame)
+            except KeyboardInterrupt:
+                pass
         if self.stopping:
             if self.late is None:
                 self.late = interrupt
@@ -136,6 +142,16 @@ class _Interrupts:
         interrupt, self._held = self._held, None
         if interrupt is not None:
             raise interrupt
+
+
+def _raises_keyboard_interrupt(handler: Any) -> bool:
+    """Whether a SIGINT handler is Python's own, or PySpark's (a SparkContext
+    sets one in the main thread that cancels its jobs, then raises
+    KeyboardInterrupt, and leaves it set for the process's life): the run
+    takes it over, and calls PySpark's first. Any other handler is the
+    user's, and is left as it is."""
+    return handler is signal.default_int_handler or (
+        callable(handler) and (getattr(handler, "__module__", None) or "").startswith("pyspark"))
 
 
 def _ended(events: list) -> Iterator[int]:
