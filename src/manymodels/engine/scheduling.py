@@ -29,10 +29,7 @@ backend orders, retries and counts the same way.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -44,6 +41,7 @@ from ..planning.plan import Plan
 from .backends.base import Backend, WorkerStartupError
 from .batchsizing import BatchSizer
 from .execution import RunContext
+from .interrupts import RunInterrupts
 from .messages import (
     FAILURE_STATUSES,
     Finished,
@@ -79,79 +77,6 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, run: Any) -> None:
         super().__init__(message)
         self.run = run
-
-
-class _Interrupts:
-    """During a run, Ctrl-C and SIGTERM stop it: workers stopped, results kept.
-
-    Both raise ``KeyboardInterrupt`` (Ctrl-C where its handler is Python's
-    own) until the run is :attr:`stopping`; from then on they do not cut
-    the stop short, which would leave workers running and lose the results
-    (a second Ctrl-C a few milliseconds after the first did). The first to
-    come then is kept as :attr:`late`: it ends a run that was stopping for
-    no interrupt with one. While the results of a round are recorded
-    (:meth:`held`) they wait for its end. Handlers are set in the main
-    thread only (the only one a signal interrupts)."""
-
-    def __init__(self) -> None:
-        self.stopping = False
-        self.late: KeyboardInterrupt | None = None
-        self._holding = False
-        self._held: KeyboardInterrupt | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._interrupt)
-            if _raises_keyboard_interrupt(signal.getsignal(signal.SIGINT)):
-                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _interrupt(self, signum: int, frame: Any) -> None:
-        interrupt = (KeyboardInterrupt() if signum == signal.SIGINT
-                     else KeyboardInterrupt(f"received {signal.Signals(signum).name}"))
-        previous = self._previous.get(signum)
-        if signum == signal.SIGINT and previous is not signal.default_int_handler:
-            try:  # PySpark's: it cancels its jobs, then raises as Python's does
-                previous(signum, frame)
-            except KeyboardInterrupt:
-                pass
-        if self.stopping:
-            if self.late is None:
-                self.late = interrupt
-        elif self._holding:
-            self._held = self._held or interrupt
-        else:
-            raise interrupt
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Ctrl-C and SIGTERM wait until the block is done, then raise. A
-        round's events are recorded whole: raised halfway through a part,
-        an interrupt left its tasks ``ok`` in the run without their models,
-        and out of the store (the recorder was never told of them)."""
-        self._holding = True
-        try:
-            yield
-        finally:
-            self._holding = False
-        interrupt, self._held = self._held, None
-        if interrupt is not None:
-            raise interrupt
-
-
-def _raises_keyboard_interrupt(handler: Any) -> bool:
-    """Whether a SIGINT handler is Python's own, or PySpark's (a SparkContext
-    sets one in the main thread that cancels its jobs, then raises
-    KeyboardInterrupt, and leaves it set for the process's life): the run
-    takes it over, and calls PySpark's first. Any other handler is the
-    user's, and is left as it is."""
-    return handler is signal.default_int_handler or (
-        callable(handler) and (getattr(handler, "__module__", None) or "").startswith("pyspark"))
 
 
 def _ended(events: list) -> Iterator[int]:
@@ -349,7 +274,7 @@ class Scheduler:
         store_error: RecordingError | None = None
         workers_gone: WorkerStartupError | None = None  # (mid-run, after tasks finished)
         broken: BaseException | None = None  # the backend cannot go on: raised, once stopped
-        with _Interrupts() as interrupts:
+        with RunInterrupts() as interrupts:
             started = False
             try:
                 if self.callbacks is not None:
@@ -431,7 +356,7 @@ class Scheduler:
             raise TooManyFailures(self._budget_message(run), run)
         return run
 
-    def _end_broken(self, interrupts: _Interrupts, start: float, started_at: float) -> None:
+    def _end_broken(self, interrupts: RunInterrupts, start: float, started_at: float) -> None:
         """Tell the callbacks that a run the backend could not go on with
         (its workers could not start, say) ended, with what it got done, the
         rest ``cancelled``: a tracker's run would otherwise be left open (an
@@ -454,7 +379,7 @@ class Scheduler:
         finally:
             interrupts.stopping = True
 
-    def _loop(self, interrupts: _Interrupts) -> None:
+    def _loop(self, interrupts: RunInterrupts) -> None:
         tasks, backend, fit_keys = self.plan.tasks, self.backend, self.plan.fit_keys
         # longest first, and how far it is taken (a deque of a million Python
         # ints held 36 MB through the run)

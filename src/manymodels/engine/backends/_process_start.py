@@ -146,7 +146,7 @@ def _widen_pipe(fd: int) -> None:
             continue
 
 
-#: The signals that stop a run (the scheduler's ``_Interrupts``).
+#: The signals that stop a run (the scheduler's ``RunInterrupts``).
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
