@@ -859,3 +859,16 @@ def test_halving_retries_a_candidates_transient_error_as_retry_on_says(eta):
     assert run.results["best_c"].tolist() == [9.0]
     assert run.results["attempts"].tolist() == [2]
     assert "candidates_failed" not in run.results
+
+
+@pytest.mark.parametrize("splitter", [
+    lambda **kw: mm.holdout(0.25, **kw), lambda **kw: mm.kfold(3, **kw),
+    lambda **kw: mm.backtest("t", horizon=1, windows=2, **kw)])
+def test_features_naming_a_column_twice_or_the_target_are_refused_when_made(splitter):
+    """Both were accepted: a column twice went to the model twice, and the
+    target among the features gave the model the answer it was scored on
+    (a perfect score, no word)."""
+    with pytest.raises(ValueError, match="features names the column 'x' twice"):
+        splitter(target="y", features=["x", "x"])
+    with pytest.raises(ValueError, match="features names the target 'y'"):
+        splitter(target="y", features=["x", "y"])

@@ -179,6 +179,12 @@ def _check_common(target: Any, features: Any, metrics: Any) -> tuple:
         features = tuple(features)  # (a generator is read once)
         if not all(isinstance(f, str) for f in features):
             raise TypeError(f"features must be a list of column names, got {given!r}")
+        twice = next((f for i, f in enumerate(features) if f in features[:i]), None)
+        if twice is not None:
+            raise ValueError(f"features names the column {twice!r} twice: name it once")
+        if target in features:
+            raise ValueError(f"features names the target {target!r}: the model would be "
+                             "given the answer it is scored on; leave it out of features")
     if metrics is None:
         raise TypeError("metrics must name the metrics to compute (or be functions), got None")
     if isinstance(metrics, str) or callable(metrics):
