@@ -490,14 +490,19 @@ class LoadWatched(Ridge):
     """A Ridge that notes, as it is unpickled, whether on an event loop."""
 
     def __setstate__(self, state):
-        import asyncio
-
-        try:
-            asyncio.get_running_loop()
-            LOADED_ON_THE_EVENT_LOOP.append(True)
-        except RuntimeError:
-            LOADED_ON_THE_EVENT_LOOP.append(False)
+        LOADED_ON_THE_EVENT_LOOP.append(_on_an_event_loop())
         super().__setstate__(state)
+
+
+def _on_an_event_loop() -> bool:
+    """Whether the calling thread is running an asyncio event loop."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def test_a_cold_model_is_loaded_off_the_event_loop(tmp_path):
@@ -594,14 +599,9 @@ class SlowToPredict(Ridge):
     noting whether each was made on an event loop."""
 
     def predict(self, X):
-        import asyncio
         import time
 
-        try:
-            asyncio.get_running_loop()
-            PREDICTED_ON_THE_EVENT_LOOP.append(True)
-        except RuntimeError:
-            PREDICTED_ON_THE_EVENT_LOOP.append(False)
+        PREDICTED_ON_THE_EVENT_LOOP.append(_on_an_event_loop())
         time.sleep(0.02)
         return super().predict(X)
 

@@ -222,10 +222,10 @@ class StoredGroups:
         try:
             if digest is not None:  # read once: a worker keeps only the fallback
                 model = self.predictor._models.get(digest) or StoredModel(
-                    resource, digest, f"key {named!r}").load()
+                    resource, digest, _model_label(named)).load()
             else:
                 model = self.predictor._model(resource, self.fallback,
-                                              f"the fallback model (asked for key {named!r})")
+                                              _model_label(named, fallback=True))
         except StoreIntegrityError as exc:  # told by its type in the driver, not as text
             return GroupFailure(group, str(exc), corrupt=True)
         return self.predictor.values(model, rows, parts)
@@ -247,6 +247,12 @@ def _digests_by_group(layout: Any, artifacts: dict[str, str]) -> list[str | None
             for digest, parts in zip(found, layout.keys)]
 
 
+def _model_label(key: Any, fallback: bool = False) -> str:
+    """How an error names the model a group's prediction loads: its key's,
+    or the fallback asked for in its place (an integrity error, say)."""
+    return f"the fallback model (asked for key {key!r})" if fallback else f"key {key!r}"
+
+
 def _check_first_model(store: Any, stored: StoredGroups, columns: Any) -> None:
     """Refuse before any group runs what the first group's model (or the
     fallback, when no group has one) cannot predict from ``columns``: a
@@ -265,9 +271,8 @@ def _check_first_model(store: Any, stored: StoredGroups, columns: Any) -> None:
     parts = stored.key(0 if group is None else group)
     key = parts[0] if len(parts) == 1 else parts
     named = f"group {key!r}" if group is not None else f"the fallback (asked for {key!r})"
-    try:  # (the model named as each group's prediction names it)
-        model = predictor._model(store, digest, f"key {key!r}" if group is not None
-                                 else f"the fallback model (asked for key {key!r})")
+    try:
+        model = predictor._model(store, digest, _model_label(key, fallback=group is None))
     except StoreIntegrityError as exc:
         raise StoreIntegrityError(f"predicting {named}: {exc}") from exc
     predictor.check_model(model, columns, named)
