@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -533,3 +535,153 @@ def test_a_global_set_by_the_script_that_a_helper_called_by_module_reads_counts(
         monkeypatch.setattr(helpers, "ALPHA", alpha)
         hashes.append(code_identity(namespace["fit"])[0])
     assert hashes[0] == hashes[1] != hashes[2]
+
+
+#: Values whose cloudpickle differs in each process: a class made in a
+#: function (cloudpickle names it by a random id), a set of texts in an
+#: object array or a closure (in the hash seed's order), a class of the
+#: script's own in an object array (pickled by value, by that random id)
+SEEDED_SCRIPT = """
+import subprocess
+import sys
+import numpy as np
+from manymodels.identity.valuehash import value_hash
+
+def made_in_a_function(size):
+    class Local:
+        def __init__(self):
+            self.size = size
+    return Local
+
+class Script:
+    def __init__(self):
+        self.names = {"alpha", "beta", "gamma", "delta"}
+
+def closing_over(names):
+    return lambda df: len(names)
+
+size = int(sys.argv[1])
+words = {f"column_{i}" for i in range(size)}
+values = [made_in_a_function(size), made_in_a_function(size)(),
+          np.array([words, {"x", "y"}], dtype=object), np.array([Script()], dtype=object),
+          closing_over(words)]
+print(" ".join(value_hash(value) for value in values))
+"""
+
+
+def test_values_only_cloudpickle_pickles_hash_alike_in_every_process(tmp_path):
+    """A class made in a function, a set of texts inside an object array or
+    a lambda's closure, and a script's class inside an object array were
+    hashed by cloudpickle's pickle, which names such a class by an id made
+    anew in each process and writes a set in the hash seed's order: their
+    models were never reused by a later run. Equal values hash alike in
+    every process; a changed one apart."""
+    script = tmp_path / "hashes.py"
+    script.write_text(SEEDED_SCRIPT)
+
+    def hashes(seed, size):
+        done = subprocess.run([sys.executable, str(script), str(size)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    first, second = hashes("1", 8), hashes("2", 8)
+    assert first == second
+    changed = hashes("1", 9)
+    assert [a != b for a, b in zip(first, changed)] == [True, True, True, False, True]
+
+
+def test_an_object_array_of_plain_values_hashes_as_it_did():
+    """An object array whose pickle is the same in every process keeps
+    cloudpickle's pickle as its hash: its identities did not change."""
+    import cloudpickle
+    import numpy as np
+
+    from manymodels.identity.codehash import digest
+    from manymodels.identity.valuehash import value_hash
+
+    values = [1, "a", 2.5, None, (1, "b"), {3, 1}]
+    assert value_hash(np.array(values, dtype=object)) == digest(cloudpickle.dumps(values))
+
+
+@pytest.mark.parametrize("first, second", [
+    (("x", None), ("x", float("nan"))),
+    (("x", None), ("x", pd.NA)),
+    (("x", None, float("nan")), ("x", float("nan"), None)),
+], ids=["none-nan", "none-na", "order"])
+def test_an_object_columns_missing_values_count_by_what_they_are(first, second):
+    """pandas hashes None, ``pd.NA`` and NaN in an object column alike: a
+    shared frame whose None became NaN (which ``x is None`` tells apart)
+    reused the old models. A NaN keeps pandas' hash (a column of texts with
+    NaNs hashes as it did)."""
+    import numpy as np
+
+    from manymodels.identity.valuehash import _column_hashes, value_hash
+
+    assert value_hash(_frame_of(*first)) != value_hash(_frame_of(*second))
+    assert value_hash(_frame_of(*first)) == value_hash(_frame_of(*first).copy())
+    with_nan = _frame_of("x", float("nan"))["v"]
+    assert np.array_equal(_column_hashes(with_nan, "v", []),
+                          pd.util.hash_pandas_object(with_nan, index=False).to_numpy())
+
+
+def test_a_frames_attrs_and_column_level_names_count():
+    """``attrs`` and the columns' level names, which a ``fit`` can read, were
+    left out of a shared frame's hash: a changed one reused the old models."""
+    from manymodels.identity.valuehash import value_hash
+
+    frame = pd.DataFrame({"a": [1, 2]})
+    with_attrs = frame.copy()
+    with_attrs.attrs["unit"] = "kg"
+    assert value_hash(frame) != value_hash(with_attrs)
+    other = with_attrs.copy()
+    other.attrs["unit"] = "g"
+    assert value_hash(with_attrs) != value_hash(other)
+    assert value_hash(frame) != value_hash(frame.rename_axis(columns="measure"))
+    assert value_hash(frame["a"]) != value_hash(with_attrs["a"])
+
+
+def _value_kinds(df):
+    return pd.DataFrame({"kind": [type(value).__name__ for value in df["v"]]})
+
+
+@pytest.mark.parametrize("first, second", [
+    ((1, "x", 2.5), ("1", "x", 2.5)),
+    ((b"x", b"y"), ("x", "y")),
+    ((None, "x", 2.5), (float("nan"), "x", 2.5)),
+], ids=["mixed", "bytes", "none"])
+def test_a_changed_object_column_of_map_partitions_runs_again(tmp_path, first, second):
+    """``map_partitions`` over a pandas frame hashed its rows by pandas'
+    ``hash_pandas_object``: ``1`` as ``"1"``, bytes as their text, None as
+    NaN. A re-run with such a change reused the old output (its kinds were
+    the old values')."""
+    def run(values):
+        return mm.map_partitions(_value_kinds, _frame_of(*values), partitions=1,
+                                 store=tmp_path / "s", backend="serial")
+
+    assert run(first).attrs["summary"].reused == 0
+    assert run(first).attrs["summary"].reused == 1
+    changed = run(second)
+    assert changed.attrs["summary"].reused == 0
+    assert changed["kind"].tolist() == [type(value).__name__ for value in second]
+
+
+def test_map_partitions_row_hashes_are_pandas_own_where_it_tells_values_apart():
+    """A frame whose object columns hold texts and NaNs hashes as pandas does
+    (its partitions' identities did not change)."""
+    import numpy as np
+
+    from manymodels.identity.valuehash import pandas_row_hashes
+
+    frames = [
+        pd.DataFrame({"a": [1, 2, 3], "t": pd.Series(["x", np.nan, "z"], dtype=object),
+                      "c": pd.Categorical(["p", "q", "p"])}, index=[5, 6, 7]),
+        pd.DataFrame({"a": [1, 2]}, index=pd.MultiIndex.from_arrays(
+            [pd.Index(["a", "b"], dtype=object), [1, 2]])),
+        pd.DataFrame([[1, 2]], columns=["a", "a"]),
+        pd.DataFrame({"a": []}),
+    ]
+    for frame in frames:
+        rows, noted = pandas_row_hashes(frame)
+        assert np.array_equal(rows, pd.util.hash_pandas_object(frame, index=True).to_numpy())
+        assert noted == ""

@@ -50,8 +50,8 @@ def value_hash(value: Any) -> str:
         return digest(pickle.dumps(value, protocol=5))
     try:
         data, named = _pickled_naming(value)
-    except Exception:
-        return digest(cloudpickle.dumps(value))
+    except Exception:  # a lambda, a class made in a function: by value
+        return digest(_cloudpickled(value))
     code = codehash.user_code(named, value_hash)
     return digest(data, code) if code else digest(data)
 
@@ -64,7 +64,7 @@ def _array_hash(value: np.ndarray) -> str:
     own: a 0-d array is not the array of its one value."""
     array = np.ascontiguousarray(value)
     if array.dtype.hasobject:
-        hashed = digest(cloudpickle.dumps(array.tolist()))
+        hashed = digest(_cloudpickled(array.tolist()))
     else:
         raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
         hashed = digest(str(array.dtype), str(value.shape), raw)
@@ -152,9 +152,78 @@ def _frame_hash(frame: Any) -> str:
         if isinstance(column.dtype, pd.CategoricalDtype):
             labels.append(f"categories of {name!r}: {list(column.dtype.categories)!r}, "
                           f"ordered {column.dtype.ordered}")
+    labels.extend(_read_beside_the_values(frame))
     return digest(type(frame).__name__, repr([name for name, _ in columns]),
                   repr([str(column.dtype) for _, column in columns]),
                   *(hashes.tobytes() for hashes in rows), *labels)
+
+
+def _read_beside_the_values(frame: Any) -> list[str]:
+    """What a model can read of a frame beside its values, its columns' and
+    its index's names and types: its ``attrs`` (a unit, a source a ``fit``
+    reads from them) and the names of its columns' levels. Each is noted
+    only where there is one, so that a frame without stays hashed as it was."""
+    noted = []
+    if frame.attrs:
+        noted.append(f"attrs {value_hash(dict(frame.attrs))}")
+    names = list(getattr(frame, "columns", None) is not None and frame.columns.names or [])
+    if any(name is not None for name in names):
+        noted.append(f"column level names {names!r}")
+    return noted
+
+
+def pandas_row_hashes(frame: Any) -> tuple[np.ndarray, str]:
+    """Each row's hash of a pandas frame, its index in (the data hash of
+    ``map_partitions``' partitions, which keep the index), and a note of
+    its object columns' kinds for its schema's text (``""`` where there is
+    nothing to note). pandas' ``hash_pandas_object(frame, index=True)``
+    hashes ``1`` as ``"1"``, bytes as the text they spell and None as NaN
+    in an object column: a partition so changed reused the old output.
+    Each column and index level is hashed here as a shared frame's is
+    (:func:`_column_hashes`), and combined as pandas combines them: a frame
+    whose object columns hold texts and NaNs hashes as it did."""
+    import pandas as pd
+
+    labels: list[str] = []
+    hashes = [_column_hashes(frame.iloc[:, position], frame.columns[position], labels)
+              for position in range(frame.shape[1])]
+    hashes.append(_index_hashes(frame.index, labels))
+    noted = [label for label in labels if label.rsplit(": ", 1)[-1] not in ("string", "empty")]
+    if not len(frame):
+        return pd.util.hash_pandas_object(frame, index=True).to_numpy(), ""
+    return _combined_as_pandas(hashes), "".join(f"|{label}" for label in noted)
+
+
+def _index_hashes(index: Any, labels: list[str]) -> np.ndarray:
+    """An index's hash of each row: pandas' own, but for an index level of
+    object values hashed as :func:`_column_hashes` hashes them."""
+    import pandas as pd
+
+    if index.nlevels == 1:
+        return _column_hashes(index, "the index", labels)
+    own = pd.util.hash_pandas_object(index, index=False).to_numpy()
+    levels = [index.get_level_values(level) for level in range(index.nlevels)]
+    hashed = [_column_hashes(values, f"index level {level}", labels)
+              for level, values in enumerate(levels)]
+    if all(np.array_equal(found, pd.util.hash_pandas_object(values, index=False).to_numpy())
+           for found, values in zip(hashed, levels)):
+        return own
+    return _combined_as_pandas(hashed)
+
+
+def _combined_as_pandas(arrays: list[np.ndarray]) -> np.ndarray:
+    """Row hashes of several columns combined as pandas' private
+    ``combine_hash_arrays`` combines them (its constants, in its order)."""
+    out = np.full(len(arrays[0]), 0x345678, dtype=np.uint64)
+    multiplier = np.uint64(1000003)
+    with np.errstate(over="ignore"):
+        for position, array in enumerate(arrays):
+            inverse = len(arrays) - position
+            out ^= array.astype(np.uint64, copy=False)
+            out *= multiplier
+            multiplier += np.uint64(82520 + inverse + inverse)
+        out += np.uint64(97531)
+    return out
 
 
 #: What pandas hashes an object column of by its values' text alone, and
@@ -181,10 +250,34 @@ def _column_hashes(values: Any, name: Any, labels: list[str]) -> Any:
         if kind not in _KINDS_PANDAS_TELLS_APART:
             return _each_value_hashed(values)
     try:
-        return pd.util.hash_pandas_object(values, index=False).to_numpy()
+        hashes = pd.util.hash_pandas_object(values, index=False).to_numpy()
     except TypeError:  # values pandas cannot hash (an Arrow list column's)
         labels.append(f"values of {name!r} each by its own hash")
         return _each_value_hashed(values)
+    return _missing_told_apart(values, hashes) if values.dtype == object else hashes
+
+
+def _missing_told_apart(values: Any, hashes: np.ndarray) -> np.ndarray:
+    """``hashes`` (pandas' of an object column) with each missing value that
+    is not a float NaN (None, ``pd.NA``) hashed by :func:`value_hash`:
+    pandas hashes them all as NaN, and a column whose None became NaN (a
+    ``fit`` that tells them apart: ``x is None``) reused the old model. A
+    NaN keeps pandas' hash, so that a column of texts with NaNs, pandas'
+    own missing text, stays hashed as it was."""
+    import pandas as pd
+
+    array = np.asarray(values, dtype=object)
+    missing = np.flatnonzero(pd.isna(array))
+    odd = [row for row in missing.tolist() if not _is_float_nan(array[row])]
+    if not odd:
+        return hashes
+    hashes = np.array(hashes, dtype=np.uint64)
+    hashes[odd] = _each_value_hashed(array[odd])
+    return hashes
+
+
+def _is_float_nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
 
 
 def _each_value_hashed(values: Any) -> Any:
@@ -366,6 +459,97 @@ class _PinnedNamePickler(pickle._Pickler):  # the Python pickler: its save_globa
         self.save(name or getattr(obj, "__qualname__", None) or obj.__name__)
         self.write(pickle.STACK_GLOBAL)
         self.memoize(obj)
+
+
+class _NoticingCloudPickler(cloudpickle.Pickler):
+    """cloudpickle's pickler (its pickle is cloudpickle's own) that notes
+    whether it wrote what differs between processes: a class pickled by
+    value (cloudpickle names it by an id made anew in each process) or a
+    tensor (by the address of its storage)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=5)
+        self.varies = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = super().reducer_override(obj)
+        if isinstance(obj, type) and _made_by_value(reduced) or _is_tensor(obj):
+            self.varies = True
+        return reduced
+
+
+def _is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _made_by_value(reduced: Any) -> bool:
+    """Whether ``reduced`` (cloudpickle's reduction of a class) makes the class anew."""
+    from cloudpickle import cloudpickle as implementation
+
+    return isinstance(reduced, tuple) and reduced[0] in (
+        implementation._make_skeleton_class, implementation._make_skeleton_enum)
+
+
+class _StableCloudPickler(_PinnedNamePickler):
+    """cloudpickle's pickle written the same in every process, for a hash
+    only (never unpickled): a class pickled by value named by a fixed text
+    in place of cloudpickle's id for it (made anew in each process), each
+    set in one order, a tensor by its content."""
+
+    dispatch_table = cloudpickle.Pickler.dispatch_table
+    # cloudpickle's reducers of functions, which read these two attributes
+    _function_reduce = cloudpickle.Pickler._function_reduce
+    _dynamic_function_reduce = cloudpickle.Pickler._dynamic_function_reduce
+    _function_getnewargs = cloudpickle.Pickler._function_getnewargs
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=5)
+        self.globals_ref: dict[int, dict] = {}
+        self.proto = 5
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = super().reducer_override(obj)  # a set in order, a tensor
+        if reduced is not NotImplemented:
+            return reduced
+        if isinstance(obj, type):
+            return _with_fixed_tracker(obj, cloudpickle.cloudpickle._class_reduce(obj))
+        if isinstance(obj, types.FunctionType):
+            return self._function_reduce(obj)
+        return NotImplemented
+
+
+def _with_fixed_tracker(cls: type, reduced: Any) -> Any:
+    """cloudpickle's reduction of ``cls``, its tracker id (a random id)
+    replaced by the class's qualified name."""
+    if not _made_by_value(reduced):
+        return reduced
+    tracker = cloudpickle.cloudpickle._get_or_create_tracker_id(cls)
+    fixed = f"{cls.__module__}.{cls.__qualname__}"
+    arguments = tuple(fixed if part == tracker else part for part in reduced[1])
+    return (reduced[0], arguments, *reduced[2:])
+
+
+def _cloudpickled(value: Any) -> bytes:
+    """cloudpickle's pickle of ``value`` where it is the same in every
+    process, else the one :class:`_StableCloudPickler` writes: a class made
+    in a function, a set of texts, a tensor made cloudpickle's pickle of an
+    object array (and of a value the plain pickler refuses) differ in each
+    process, and its models were never reused."""
+    import io
+
+    buffer = io.BytesIO()
+    noticing = _NoticingCloudPickler(buffer)
+    noticing.dump(value)
+    data = buffer.getvalue()
+    if not noticing.varies and not _may_hold_a_set(data, []):
+        return data
+    stable = io.BytesIO()
+    rewritten = _StableCloudPickler(stable)
+    rewritten.dump(value)
+    if noticing.varies or rewritten.reordered:
+        return stable.getvalue()
+    return data
 
 
 def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:

@@ -227,15 +227,15 @@ class TableSlices(TaskData):
         combined per group by NumPy (:func:`~.rowhash.group_lanes`): a million
         groups without a Python call each."""
         import numpy as np
-        import pandas as pd
 
         from ..identity.hashing import digest
         from ..identity.rowhash import RowHashes, group_lanes, lanes_of, schema_text
+        from ..identity.valuehash import pandas_row_hashes
 
         table, layout = self.table, self.layout
         if is_pandas_frame(table):  # map_partitions keeps the index
-            rows = pd.util.hash_pandas_object(table, index=True).to_numpy()
-            schema = f"{table.dtypes.to_dict()}|{list(table.columns)}"
+            rows, noted = pandas_row_hashes(table)
+            schema = f"{table.dtypes.to_dict()}|{list(table.columns)}{noted}"
         else:
             rows = RowHashes(table)  # each block's made as group_lanes comes to it
             schema = schema_text(table.schema)
