@@ -41,7 +41,8 @@ def value_hash(value: Any) -> str:
         if isinstance(value, (pd.DataFrame, pd.Series)):
             return _frame_hash(value)
     if module.startswith("pyarrow") and hasattr(value, "to_pandas"):
-        return digest("arrow", _arrow_type_text(value), value_hash(value.to_pandas()))
+        return digest("arrow", _arrow_type_text(value), value_hash(value.to_pandas()),
+                      *_float_nulls(value))
     if isinstance(value, PurePath):
         return file_hash(value)
     if isinstance(value, (list, tuple, dict, set, frozenset)):
@@ -83,6 +84,25 @@ def _arrow_type_text(value: Any) -> str:
     if schema is not None:
         return str(schema.remove_metadata())
     return str(getattr(value, "type", ""))
+
+
+def _float_nulls(value: Any) -> list[str]:
+    """Where an Arrow table's or array's float columns hold nulls: pandas
+    reads a null and a NaN there alike, which Arrow tells apart (a sum skips
+    a null, a NaN it gives back), and a null that became NaN reused the old
+    models. Nothing where there is no such null, so that such a value
+    hashes as it did."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = (list(zip(value.column_names, value.columns)) if hasattr(value, "column_names")
+               else [("", value)])
+    noted = []
+    for name, column in columns:
+        if pa.types.is_floating(column.type) and column.null_count:
+            rows = np.flatnonzero(np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False)))
+            noted.append(f"nulls of {name!r}: {digest(rows.astype(np.int64).tobytes())}")
+    return noted
 
 
 #: Per thread, the containers :func:`value_hash` is inside, outermost first.
