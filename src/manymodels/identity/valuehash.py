@@ -5,7 +5,7 @@ a task's identity together from them).
 Arrays and frames hash by their data, paths by the content of their files,
 anything else by its pickle, written so that the hash is the same in every
 process and across manymodels' own module moves: classes named by their
-pinned module names (:data:`PINNED_MODULES`), sets whose order changes
+pinned module names (:data:`.pickles.PINNED_MODULES`), sets whose order changes
 with the hash seed in one order, and the source of the user's own classes
 that a pickle names (:func:`.codehash.user_code`).
 """
@@ -16,16 +16,13 @@ import collections
 import hashlib
 import os
 import pickle
-import sys
 import threading
-import types
 from pathlib import Path, PurePath
 from typing import Any
 
-import cloudpickle
 import numpy as np
 
-from . import codehash
+from . import codehash, pickles
 from .codehash import digest
 
 
@@ -50,9 +47,9 @@ def value_hash(value: Any) -> str:
     if value is None or type(value) in (bool, int, float, str, bytes):
         return digest(pickle.dumps(value, protocol=5))
     try:
-        data, named = _pickled_naming(value)
+        data, named = pickles.pickled_naming(value, value_hash)
     except Exception:  # a lambda, a class made in a function: by value
-        return digest(_cloudpickled(value))
+        return digest(pickles.cloudpickled(value, value_hash))
     code = codehash.user_code(named, value_hash)
     return digest(data, code) if code else digest(data)
 
@@ -65,7 +62,7 @@ def _array_hash(value: np.ndarray) -> str:
     own: a 0-d array is not the array of its one value."""
     array = np.ascontiguousarray(value)
     if array.dtype.hasobject:
-        hashed = digest(_cloudpickled(array.tolist()))
+        hashed = digest(pickles.cloudpickled(array.tolist(), value_hash))
     else:
         raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
         hashed = digest(str(array.dtype), str(value.shape), raw)
@@ -322,306 +319,6 @@ def _each_value_hashed(values: Any) -> Any:
 #: Types whose equal values are the same value (not ``0.0`` and ``-0.0``,
 #: nor ``Decimal("1.0")`` and ``Decimal("1.00")``).
 _EQUAL_IS_SAME = frozenset({str, int, bool, bytes, type(None)})
-
-
-class _NamingPickler(pickle.Pickler):
-    """A pickler that notes the classes of the objects it pickles and the
-    classes and functions it pickles by name: its pickle is the plain one."""
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, protocol=5)
-        self.named: dict[int, Any] = {}
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (type, types.FunctionType)):
-            self.named.setdefault(id(obj), obj)
-        else:
-            self.named.setdefault(id(type(obj)), type(obj))
-        return _tensor_by_content(obj)  # else NotImplemented: pickled as it would be
-
-
-def _tensor_by_content(obj: Any) -> Any:
-    """What a PyTorch tensor (a module's parameter too) is pickled as for its
-    hash: its class, type, shape, whether it takes gradients, and its bytes'
-    hash. Its own pickle names its storage by the storage's address in
-    memory: each process, and each copy, hashed another, and a run whose
-    ``fit`` read a tensor or a module (a global, a shared object) was never
-    reused. NotImplemented for anything else, and for a tensor whose bytes
-    cannot be read as such (sparse, quantized): pickled as it would be."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(obj, torch.Tensor):
-        return NotImplemented
-    try:
-        flat = obj.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
-        raw = flat.view(torch.uint8).numpy().data
-    except Exception:
-        return NotImplemented
-    kind = type(obj)
-    return tuple, ((f"{kind.__module__}.{kind.__qualname__}", str(obj.dtype),
-                    tuple(obj.shape), bool(obj.requires_grad), digest(raw)),)
-
-
-#: manymodels' modules by the names they had when the first stores were
-#: written, before they moved into subpackages. A task's identity hashes the
-#: pickles of its parameters and shared objects (an ``evaluate=`` splitter, a
-#: ``select=`` search), and a pickle names each class's module: identities
-#: hash the old names, so a store written before the move reuses its models
-#: (``tests/test_premove_store.py``). A module that moves again is added here.
-PINNED_MODULES = {
-    "manymodels.cli.app": "manymodels.cli",
-    "manymodels.cli.demo": "manymodels.demo",
-    "manymodels.cli.tables": "manymodels._cli_tables",
-    "manymodels.cli.tabular": "manymodels.tabular",
-    "manymodels.engine.backends": "manymodels.backends",
-    "manymodels.engine.backends._batch_messages": "manymodels.backends._batch_messages",
-    "manymodels.engine.backends._process_handles": "manymodels.backends._process_handles",
-    "manymodels.engine.backends._process_start": "manymodels.backends._process_start",
-    "manymodels.engine.backends._process_worker": "manymodels.backends._process_worker",
-    "manymodels.engine.backends._protocol": "manymodels.backends._protocol",
-    "manymodels.engine.backends._ray_calls": "manymodels.backends._ray_calls",
-    "manymodels.engine.backends._ray_cluster": "manymodels.backends._ray_cluster",
-    "manymodels.engine.backends._ray_worker": "manymodels.backends._ray_worker",
-    "manymodels.engine.backends._remote_slots": "manymodels.backends._remote_slots",
-    "manymodels.engine.backends._remote_worker": "manymodels.backends._remote_worker",
-    "manymodels.engine.backends._spawn_main": "manymodels.backends._spawn_main",
-    "manymodels.engine.backends._undertaker": "manymodels.backends._undertaker",
-    "manymodels.engine.backends.base": "manymodels.backends.base",
-    "manymodels.engine.backends.dask": "manymodels.backends.dask",
-    "manymodels.engine.backends.processes": "manymodels.backends.processes",
-    "manymodels.engine.backends.ray": "manymodels.backends.ray",
-    "manymodels.engine.backends.serial": "manymodels.backends.serial",
-    "manymodels.engine.backends.spark": "manymodels.backends.spark",
-    "manymodels.engine.backends.threads": "manymodels.backends.threads",
-    "manymodels.engine.batchsizing": "manymodels.batchsizing",
-    "manymodels.engine.dataplane": "manymodels.dataplane",
-    "manymodels.engine.execution": "manymodels.execution",
-    "manymodels.engine.gpus": "manymodels.gpus",
-    "manymodels.engine.messages": "manymodels.messages",
-    "manymodels.engine.metriccolumns": "manymodels.metriccolumns",
-    "manymodels.engine.metricpacks": "manymodels.metricpacks",
-    "manymodels.engine.options": "manymodels.options",
-    "manymodels.engine.partpacks": "manymodels.partpacks",
-    "manymodels.engine.scheduling": "manymodels.scheduling",
-    "manymodels.evaluation.fitstats": "manymodels.fitstats",
-    "manymodels.evaluation.metrics": "manymodels.metrics",
-    "manymodels.evaluation.selection": "manymodels.selection",
-    "manymodels.evaluation.splitters": "manymodels.evaluation",
-    "manymodels.identity.codehash": "manymodels.codehash",
-    "manymodels.identity.hashing": "manymodels.hashing",
-    "manymodels.identity.valuehash": "manymodels.hashing",
-    "manymodels.identity.nestedvalues": "manymodels.nestedvalues",
-    "manymodels.identity.rowhash": "manymodels.rowhash",
-    "manymodels.inputs.datareaders": "manymodels.datareaders",
-    "manymodels.inputs.grids": "manymodels.grids",
-    "manymodels.inputs.grouplabels": "manymodels.grouplabels",
-    "manymodels.inputs.keys": "manymodels.keys",
-    "manymodels.inputs.parquetgroups": "manymodels.parquetgroups",
-    "manymodels.inputs.partitions": "manymodels.partitions",
-    "manymodels.inputs.sources": "manymodels.sources",
-    "manymodels.inputs.tables": "manymodels.tables",
-    "manymodels.machine": "manymodels._resources",
-    "manymodels.machine.capacity": "manymodels._resources",
-    "manymodels.machine.collector": "manymodels._resources",
-    "manymodels.machine.processtrees": "manymodels._resources",
-    "manymodels.models.linear": "manymodels.linmodels",
-    "manymodels.models.linear.artifact": "manymodels.linmodels.artifact",
-    "manymodels.models.linear.fastpath": "manymodels.linmodels.fastpath",
-    "manymodels.models.linear.fitting": "manymodels.linmodels.fitting",
-    "manymodels.models.linear.identities": "manymodels.linmodels.identities",
-    "manymodels.models.linear.kernels": "manymodels.linmodels.kernels",
-    "manymodels.models.linear.prepare": "manymodels.linmodels.prepare",
-    "manymodels.models.linear.result": "manymodels.linmodels.result",
-    "manymodels.models.linear.stored": "manymodels.linmodels.stored",
-    "manymodels.models.linear.torch_kernels": "manymodels.linmodels.torch_kernels",
-    "manymodels.observe.callbacks": "manymodels.callbacks",
-    "manymodels.observe.dashboard": "manymodels.dashboard",
-    "manymodels.observe.dashboard.queries": "manymodels.dashboard.queries",
-    "manymodels.observe.dashboard.runtasks": "manymodels.dashboard.runtasks",
-    "manymodels.observe.dashboard.server": "manymodels.dashboard.server",
-    "manymodels.observe.progress": "manymodels.progress",
-    "manymodels.observe.report": "manymodels.report",
-    "manymodels.observe.tracking": "manymodels.tracking",
-    "manymodels.planning.plan": "manymodels.planning",
-    "manymodels.planning.taskdata": "manymodels.taskdata",
-    "manymodels.run.groupfailures": "manymodels.transforms",
-    "manymodels.run.prediction": "manymodels.prediction",
-    "manymodels.run.results": "manymodels.results",
-    "manymodels.sklearn._routing": "manymodels.routing",
-}
-
-
-class _PinnedNamePickler(pickle._Pickler):  # the Python pickler: its save_global can be changed
-    """Pickles as the C pickler does, but names manymodels' classes and
-    functions by their :data:`PINNED_MODULES` names, and writes each set
-    whose order changes with the hash seed in one order (see
-    :func:`_canonical_set`): a frozenset of texts inside a config object
-    pickles in a new order in each process, and its ``fit`` was never reused.
-    (The C pickler does not ask ``reducer_override`` about a set.)"""
-
-    def __init__(self, file: Any, protocol: int = 5) -> None:
-        super().__init__(file, protocol=protocol)
-        #: whether a set was written in another order than it iterates in
-        self.reordered = False
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (set, frozenset)) and len(obj) > 1 and not all(
-                map(_seed_free, obj)):
-            self.reordered = True
-            return _canonical_set(obj)
-        return _tensor_by_content(obj)
-
-    def save_global(self, obj: Any, name: str | None = None) -> None:
-        pinned = PINNED_MODULES.get(getattr(obj, "__module__", None) or "")
-        if pinned is None:
-            super().save_global(obj, name)
-            return
-        self.save(pinned)
-        self.save(name or getattr(obj, "__qualname__", None) or obj.__name__)
-        self.write(pickle.STACK_GLOBAL)
-        self.memoize(obj)
-
-
-class _NoticingCloudPickler(cloudpickle.Pickler):
-    """cloudpickle's pickler (its pickle is cloudpickle's own) that notes
-    whether it wrote what differs between processes: a class pickled by
-    value (cloudpickle names it by an id made anew in each process) or a
-    tensor (by the address of its storage)."""
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, protocol=5)
-        self.varies = False
-
-    def reducer_override(self, obj: Any) -> Any:
-        reduced = super().reducer_override(obj)
-        if isinstance(obj, type) and _made_by_value(reduced) or _is_tensor(obj):
-            self.varies = True
-        return reduced
-
-
-def _is_tensor(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
-def _made_by_value(reduced: Any) -> bool:
-    """Whether ``reduced`` (cloudpickle's reduction of a class) makes the class anew."""
-    from cloudpickle import cloudpickle as implementation
-
-    return isinstance(reduced, tuple) and reduced[0] in (
-        implementation._make_skeleton_class, implementation._make_skeleton_enum)
-
-
-class _StableCloudPickler(_PinnedNamePickler):
-    """cloudpickle's pickle written the same in every process, for a hash
-    only (never unpickled): a class pickled by value named by a fixed text
-    in place of cloudpickle's id for it (made anew in each process), each
-    set in one order, a tensor by its content."""
-
-    dispatch_table = cloudpickle.Pickler.dispatch_table
-    # cloudpickle's reducers of functions, which read these two attributes
-    _function_reduce = cloudpickle.Pickler._function_reduce
-    _dynamic_function_reduce = cloudpickle.Pickler._dynamic_function_reduce
-    _function_getnewargs = cloudpickle.Pickler._function_getnewargs
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, protocol=5)
-        self.globals_ref: dict[int, dict] = {}
-        self.proto = 5
-
-    def reducer_override(self, obj: Any) -> Any:
-        reduced = super().reducer_override(obj)  # a set in order, a tensor
-        if reduced is not NotImplemented:
-            return reduced
-        if isinstance(obj, type):
-            return _with_fixed_tracker(obj, cloudpickle.cloudpickle._class_reduce(obj))
-        if isinstance(obj, types.FunctionType):
-            return self._function_reduce(obj)
-        return NotImplemented
-
-
-def _with_fixed_tracker(cls: type, reduced: Any) -> Any:
-    """cloudpickle's reduction of ``cls``, its tracker id (a random id)
-    replaced by the class's qualified name."""
-    if not _made_by_value(reduced):
-        return reduced
-    tracker = cloudpickle.cloudpickle._get_or_create_tracker_id(cls)
-    fixed = f"{cls.__module__}.{cls.__qualname__}"
-    arguments = tuple(fixed if part == tracker else part for part in reduced[1])
-    return (reduced[0], arguments, *reduced[2:])
-
-
-def _cloudpickled(value: Any) -> bytes:
-    """cloudpickle's pickle of ``value`` where it is the same in every
-    process, else the one :class:`_StableCloudPickler` writes: a class made
-    in a function, a set of texts, a tensor made cloudpickle's pickle of an
-    object array (and of a value the plain pickler refuses) differ in each
-    process, and its models were never reused."""
-    import io
-
-    buffer = io.BytesIO()
-    noticing = _NoticingCloudPickler(buffer)
-    noticing.dump(value)
-    data = buffer.getvalue()
-    if not noticing.varies and not _may_hold_a_set(data, []):
-        return data
-    stable = io.BytesIO()
-    rewritten = _StableCloudPickler(stable)
-    rewritten.dump(value)
-    if noticing.varies or rewritten.reordered:
-        return stable.getvalue()
-    return data
-
-
-def _pickled_naming(value: Any) -> tuple[bytes, list[Any]]:
-    import io
-
-    buffer = io.BytesIO()
-    pickler = _NamingPickler(buffer)
-    pickler.dump(value)
-    named = list(pickler.named.values())
-    data = buffer.getvalue()
-    pinned = any(getattr(obj, "__module__", None) in PINNED_MODULES for obj in named)
-    if pinned or _may_hold_a_set(data, named):
-        canonical = io.BytesIO()
-        rewritten = _PinnedNamePickler(canonical, protocol=5)
-        rewritten.dump(value)
-        if pinned or rewritten.reordered:  # (else the C pickler's bytes: the same hash as ever)
-            return canonical.getvalue(), named
-    return data, named
-
-
-def _may_hold_a_set(data: bytes, named: list[Any]) -> bool:
-    """Whether a pickle may hold a set: it has a set's opcode, or it names a
-    class made from set or frozenset. The opcodes' bytes are looked for
-    first, then the opcodes read where they are (a model's arrays hold those
-    bytes as data: pickling it again in Python to find no set cost a fitted
-    forest 47 ms, reading its opcodes 3 ms)."""
-    import pickletools
-
-    if any(isinstance(obj, type) and issubclass(obj, (set, frozenset)) for obj in named):
-        return True
-    if pickle.EMPTY_SET not in data and pickle.FROZENSET not in data:
-        return False
-    return any(opcode.name in ("EMPTY_SET", "FROZENSET")
-               for opcode, _, _ in pickletools.genops(data))
-
-
-def _seed_free(value: Any) -> bool:
-    """Whether ``value``'s hash, so its place in a set, is the same in every
-    process: numbers, None, and tuples of them (a text's, bytes', a date's
-    change with ``PYTHONHASHSEED``). A set of those keeps the order it
-    pickled in before, so that the identities of its tasks stay what they were."""
-    if type(value) is tuple:
-        return all(map(_seed_free, value))
-    return type(value) in (int, float, bool, complex, type(None))
-
-
-def _canonical_set(value: set | frozenset) -> tuple:
-    """What a set is pickled as, for its hash: its class and its elements
-    ordered by their own hashes (the state of a subclass too). Never unpickled."""
-    elements = sorted(value, key=value_hash)
-    state = getattr(value, "__dict__", None) or None
-    return type(value), (elements,), state
 
 
 #: The index file of a manymodels store (``store.database.INDEX_NAME``). A
