@@ -794,21 +794,61 @@ def test_a_gap_in_the_training_target_leaves_mase_its_other_steps():
     assert mase([1.0], [2.0], [1.0, np.nan, 2.0, 4.0]) == 0.5
 
 
-def test_halving_breaks_a_tie_by_the_grids_order_as_select_does():
-    """The last window's tie went to the candidate ranked first at the cut
-    before (B, better on the first window), not to the grid's first (A)."""
+@pytest.mark.parametrize("order", [["A", "B", "C"], ["C", "B", "A"]])
+def test_halving_breaks_a_tie_by_a_fixed_order_of_the_settings_not_the_grids(order):
+    """A tie went to the grid's first setting, so the same grid reordered
+    chose another winner (and a store retrained every group). It goes to
+    the setting whose values sort first, not to the one ranked first at the
+    cut before (B, better on the first window)."""
     errors = {"A": (2.0, 0.0), "B": (1.0, 1.0), "C": (3.0, 3.0)}  # A and B: a mean of 1
 
     def fit(rows, v):
         return Const(10.0 + errors[v][0 if len(rows) == 8 else 1])
 
     frame = _series(12).assign(sales=10.0)
-    run = mm.train(fit, mm.groups(frame, by="sku") * mm.grid(v=["A", "B", "C"]),
+    run = mm.train(fit, mm.groups(frame, by="sku") * mm.grid(v=order),
                    evaluate=mm.backtest(time="day", horizon=2, windows=2, target="sales",
                                         metrics=["mae"]),
                    select=mm.halving("mae", eta=2), backend="serial", progress=False)
-    assert run.results["best_v"].tolist() == ["A"]
+    assert run.results["best_v"].tolist() == ["A"]  # (its values sort first)
     assert run.results["mae"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("values", [["A", "B", "C"], [0.5, 2, float("nan")],
+                                    [("x", 1), None, Lasso(alpha=2.0)]])
+def test_halving_of_a_reordered_grid_reuses_every_group(tmp_path, values):
+    """The search's identity hashed its settings in the grid's order: the
+    same grid reordered retrained every group (and could choose another
+    winner in a tie). Now it reuses them, with the same winners."""
+    calls: list[str] = []
+
+    def fit(rows, v):
+        calls.append(v)
+        return Const(10.0)
+
+    frame = _series(12).assign(sales=10.0)
+    evaluate = mm.backtest(time="day", horizon=2, windows=2, target="sales", metrics=["mae"])
+    winners = []
+    for order in (values, values[::-1]):
+        calls.clear()
+        run = mm.train(fit, mm.groups(frame, by="sku") * mm.grid(v=order), evaluate=evaluate,
+                       select=mm.halving("mae", eta=2), store=tmp_path / "s",
+                       backend="serial", progress=False)
+        winners.append([str(v) for v in run.results["best_v"]])  # (reused: its text)
+    assert calls == [] and run.results["reused"].tolist() == [True]
+    assert winners[0] == winners[1]
+
+
+def test_a_grid_cost_under_halving_is_refused_naming_it():
+    """grid(cost=) was silently ignored (even one that raises): a halving
+    runs a group's candidates in one task, which no setting's cost orders."""
+    fitted = []
+    with pytest.raises(ValueError, match=r"grid\(cost=...\) .* select=mm.halving"):
+        mm.train(lambda rows, v: fitted.append(v) or Const(v),
+                 mm.groups(_series(12), by="sku") * mm.grid(v=[1.0, 2.0], cost=lambda s: 1 / 0),
+                 evaluate=mm.backtest(time="day", horizon=2, windows=2, target="sales"),
+                 select=mm.halving("mae"), backend="serial", progress=False)
+    assert fitted == []
 
 
 @pytest.mark.parametrize("clash", ["parameter", "by"])
@@ -872,3 +912,41 @@ def test_features_naming_a_column_twice_or_the_target_are_refused_when_made(spli
         splitter(target="y", features=["x", "x"])
     with pytest.raises(ValueError, match="features names the target 'y'"):
         splitter(target="y", features=["x", "y"])
+
+
+def test_features_naming_a_key_column_is_refused_before_any_work():
+    """features= naming a by column was accepted (the splitter is made before
+    it knows the groups): one value a group, which no model learns from."""
+    frame = _series(12).assign(region="n", x=1.0)
+    fitted = []
+    with pytest.raises(ValueError, match=r"features names 'region', a key column of the "
+                                         r"groups \(by=\['sku', 'region'\]\)"):
+        mm.train(lambda rows: fitted.append(1) or Const(1.0),
+                 mm.groups(frame, by=["sku", "region"]),
+                 evaluate=mm.holdout(0.25, target="sales", features=["x", "region"]),
+                 backend="serial", progress=False)
+    assert fitted == []
+
+
+@pytest.mark.parametrize("fmt", ["pandas", "numpy"])
+def test_a_model_that_needs_features_given_none_says_features(fmt):
+    """features=[] with a model fitted on a column: each task failed with
+    scikit-learn's "at least one array or dtype is required", naming
+    neither features= nor the way out. A model that predicts from no
+    column (a constant) still scores."""
+    frame = _series(12).assign(x=np.arange(12.0))
+
+    def fit(rows):
+        return LinearRegression().fit(np.column_stack([rows["x"]]), rows["sales"])
+
+    for splitter in (mm.holdout(0.25, target="sales", features=[]),
+                     mm.backtest("day", horizon=2, windows=2, target="sales", features=[])):
+        run = mm.train(fit, mm.groups(frame, by="sku", format=fmt), evaluate=splitter,
+                       backend="serial", progress=False)
+        assert run.results["status"].tolist() == ["failed"]
+        assert "given no feature column: evaluate= has none (features=[])" in \
+            run.results["error"].iloc[0]
+    run = mm.train(lambda rows: Const(5.0), mm.groups(frame, by="sku", format=fmt),
+                   evaluate=mm.holdout(0.25, target="sales", features=[]), backend="serial",
+                   progress=False)
+    assert run.results["status"].tolist() == ["ok"]

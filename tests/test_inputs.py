@@ -79,6 +79,14 @@ def test_a_grid_too_large_to_plan_or_with_a_value_twice_is_refused():
     memory ran out; a list given twice as a grid value was not noticed."""
     with pytest.raises(ValueError, match="makes 10,000,000,000 combinations"):
         mm.grid(a=range(100_000), b=range(100_000))
+    # a hundred million settings ran out of memory before any task (a
+    # million: 290 MB and a second): a grid's run plans ten million at most
+    with pytest.raises(ValueError, match=r"makes 16,000,000 combinations .* \(10,000,000"):
+        mm.grid(a=range(4_000), b=range(4_000))
+    groups = mm.groups(pd.DataFrame({"g": range(5), "y": 1.0}), by="g")
+    with pytest.raises(ValueError, match=r"5 groups or items times 2,500,000 grid settings"):
+        mm.train(lambda rows, a, b: None, groups * mm.grid(a=range(2_500), b=range(1_000)),
+                 backend="serial", progress=False)
     with pytest.raises(ValueError, match=r"duplicate value of grid parameter 'a': \[1, 2\]"):
         mm.grid(a=[[1, 2], [3], [1, 2]])
     assert len(mm.grid(a=[[1, 2], [2, 1]], b=[{"x": 1}, {"x": 2}])) == 4
@@ -575,6 +583,40 @@ def test_a_grids_none_and_nan_stay_two_values_in_the_results():
     plain = mm.train(_setting_text, mm.grid(a=[float("nan"), 1.0]), backend="serial",
                      progress=False)
     assert plain.results["a"].dtype == "float64"
+
+
+def _constant(rows, c):
+    return ("model", c)
+
+
+def test_numpy_scalars_in_a_grid_are_the_same_tasks_as_pythons_equal_values(tmp_path, sales):
+    """np.int64(3) and 3, np.float64(0.5) and 0.5 pickle apart, so a grid of
+    NumPy values (np.arange, np.linspace) and one of the same Python values
+    had other identities: a re-run with the other kind retrained every task.
+    np.float32 stays apart (fit computes in its precision)."""
+    source = mm.groups(sales, by="store")
+    numpy_grid = mm.grid(c=[np.float64(0.5), np.int64(3), np.bool_(True), np.str_("x")])
+    first = mm.train(_constant, source * numpy_grid, store=tmp_path / "s", backend="serial",
+                     progress=False)
+    again = mm.train(_constant, source * mm.grid(c=[0.5, 3, True, "x"]), store=tmp_path / "s",
+                     backend="serial", progress=False)
+    assert not first.results["reused"].any() and again.results["reused"].all()
+    single = mm.train(_constant, source * mm.grid(c=[np.float32(0.5)]), store=tmp_path / "s",
+                      backend="serial", progress=False)
+    assert not single.results["reused"].any()
+
+
+def test_a_bare_grids_tuple_of_one_value_is_found_by_itself(tmp_path):
+    """Store.load((3,)) read the key as the value 3 and found no task of a
+    grid whose values are tuples; (4, 5) was found. Both are now."""
+    mm.train(lambda shape: ("model", shape), mm.grid(shape=[(3,), (4, 5)]),
+             store=tmp_path / "s", backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    assert store.load((3,)) == ("model", (3,))
+    assert store.load(((3,),)) == ("model", (3,))
+    assert store.load((4, 5)) == ("model", (4, 5))
+    with pytest.raises(KeyError, match=r"no task with key \(6,\)"):
+        store.load((6,))
 
 
 def _apply(f):

@@ -19,7 +19,8 @@ _OWN = frozenset({"settings", "models", "scores", "winner", "metric"})
 
 
 class Candidates:
-    """One group's candidates, each fitted on all its rows, in the grid's order.
+    """One group's candidates, each fitted on all its rows, in the grid's order
+    (of the run that trained them: a re-run of the grid reordered reuses them).
 
     ``settings[i]`` is candidate ``i``'s setting, ``models[i]`` its model
     (None where the candidate raised and left the race), ``scores[i]`` its

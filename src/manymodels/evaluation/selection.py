@@ -183,6 +183,9 @@ class HalvingSearch:
     def __init__(self, fit: Any, splitter: Any, settings: list[dict[str, Any]],
                  halving: Halving, retry_on: tuple[type[BaseException], ...] = ()) -> None:
         self.fit, self.splitter, self.settings, self.halving = fit, splitter, settings, halving
+        #: each setting's place in :func:`stable_order`: ties go to the first
+        #: there, whatever the grid's order
+        self._tie = stable_ranks(settings)
         #: errors the run retries (``retry_on=``, with ``retries=``): raised
         #: again, not a candidate's failure (see :meth:`_left_race`)
         self.retry_on = retry_on
@@ -209,7 +212,8 @@ class HalvingSearch:
         if self.halving.keep == "all":
             model, fit_metrics, winner = self._fit_all(rows, shared, records, failed, alive[0])
         else:  # too short to race: the first candidate that fits; else the best
-            order = (range(len(self.settings)) if group is None
+            order = (sorted(range(len(self.settings)), key=self._tie.__getitem__)
+                     if group is None
                      else self._best_first(records, failed, alive[0]))
             model, fit_metrics, winner = self._first_that_fits(rows, shared, failed, order)
         self._refuse_own_columns(fit_metrics, "fit")
@@ -221,7 +225,7 @@ class HalvingSearch:
         metrics["window_fits"] = fits
         if failed:  # how many candidates raised, and the first one's error
             metrics["candidates_failed"] = len(failed)
-            first = min(failed)
+            first = self._first(failed)
             metrics["candidate_error"] = f"{self.settings[first]}: {failed[first]}"[:500]
         metrics[WINDOWS] = windows
         return model, metrics
@@ -266,7 +270,7 @@ class HalvingSearch:
                 alive = [i for i in range(len(self.settings))
                          if i not in failed and len(records[i]) == number + 1]
             if not alive:
-                first = min(failed)
+                first = self._first(failed)
                 raise RuntimeError(
                     f"every candidate failed by window {number}, e.g. "
                     f"{self.settings[first]}: {failed[first]}")
@@ -274,9 +278,9 @@ class HalvingSearch:
             if number < windows - 1 and all(rank == np.inf for rank in ranks.values()):
                 continue  # no candidate has a score yet (mase of a flat start): none is cut
             keep = max(1, -(-len(alive) // self.halving.eta)) if number < windows - 1 else 1
-            # ties go to the first setting of the grid, as select= breaks them (alive
-            # is in the order of the last cut, best first, not the grid's)
-            ranked = sorted(alive, key=lambda i: (ranks[i], i))
+            # ties go to the first setting in stable_order's (alive is in the
+            # order of the last cut, best first, not that one)
+            ranked = sorted(alive, key=lambda i: (ranks[i], self._tie[i]))
             alive = ranked[:keep]
             if ranked[keep:]:
                 benched.append(ranked[keep:])
@@ -309,7 +313,7 @@ class HalvingSearch:
             records[i] = [table]
         if not records:
             raise self._all_failed(failed)
-        alive = sorted(records, key=lambda i: self._rank(records[i]))[:1]
+        alive = sorted(records, key=lambda i: (self._rank(records[i]), self._tie[i]))[:1]
         return alive, records, failed, fits
 
     def own_columns(self) -> set[str]:
@@ -332,10 +336,10 @@ class HalvingSearch:
     def _best_first(self, records: dict[int, list], failed: dict[int, str],
                     winner: int) -> list[int]:
         """The race's winner, then the others that did not raise, best mean
-        first (ties: the grid's order): who is fitted on all rows in turn."""
+        first (ties: :func:`stable_order`'s): who is fitted on all rows in turn."""
         rest = [i for i in range(len(self.settings)) if i != winner and i not in failed]
         return [winner, *sorted(rest, key=lambda i: (
-            self._rank(records[i]) if records.get(i) else np.inf, i))]
+            self._rank(records[i]) if records.get(i) else np.inf, self._tie[i]))]
 
     def _first_that_fits(self, rows: Any, shared: dict[str, Any], failed: dict[int, str],
                          order: Any) -> tuple[Any, dict[str, Any], int]:
@@ -352,6 +356,11 @@ class HalvingSearch:
                 failed[i] = self._left_race(exc)
         raise self._all_failed(failed)
 
+    def _first(self, failed: dict[int, str]) -> int:
+        """The candidate of ``failed`` whose error is shown: the first in
+        :func:`stable_order` (the same whatever the grid's order)."""
+        return min(failed, key=self._tie.__getitem__)
+
     def _left_race(self, exc: Exception) -> str:
         """What a candidate that raised ``exc`` leaves the race with. An error
         of ``retry_on=`` is raised again: the group's task is retried, as any
@@ -363,7 +372,7 @@ class HalvingSearch:
 
     def _all_failed(self, failed: dict[int, str]) -> RuntimeError:
         """The error of a group every candidate of which raised: the first one's."""
-        first = min(failed)
+        first = self._first(failed)
         return RuntimeError(f"every candidate failed, e.g. {self.settings[first]}: "
                             f"{failed[first]}")
 
@@ -391,8 +400,8 @@ class HalvingSearch:
             raise self._all_failed(failed)
         if winner in failed:
             left = [i for i in range(len(self.settings)) if i not in failed]
-            winner = min(left, key=lambda i: self._rank(records[i]) if records.get(i)
-                         else np.inf)
+            winner = min(left, key=lambda i: (self._rank(records[i]) if records.get(i)
+                                              else np.inf, self._tie[i]))
         fit_metrics = own_metrics[winner]
         metric = self.halving.selection.metric
         from .windowtable import score_column
@@ -427,5 +436,67 @@ class HalvingSearch:
         if metric not in named and len(named) == len(splitter.metrics):
             raise ValueError(f"select={metric!r} names a metric that evaluate= does not "
                              f"compute; it computes {', '.join(named)}")
+        if source.grid.cost is not None:  # (one task a group: its candidates, all of them)
+            raise ValueError(
+                "grid(cost=...) orders a run's tasks by their settings' cost, but under "
+                "select=mm.halving(...) every group's candidates run in one task, so no "
+                "setting's cost can order anything: leave out grid's cost= (give groups' "
+                "cost= to order the groups)")
         return source.base, HalvingSearch(fit, splitter, source.grid.combinations(), halving,
                                           retry_on)
+
+
+def stable_ranks(settings: list[dict[str, Any]]) -> list[int]:
+    """Each setting's place in :func:`stable_order`."""
+    order = stable_order(list(range(len(settings))), settings)
+    ranks = [0] * len(settings)
+    for place, position in enumerate(order):
+        ranks[position] = place
+    return ranks
+
+
+def stable_order(items: list[Any], settings: list[dict[str, Any]]) -> list[Any]:
+    """``items`` (one a setting) in an order of the settings that does not
+    depend on the grid's: by their values, parameter by parameter in the
+    grid's order of parameters (see :func:`_value_keys`). Halving breaks ties
+    by this order, and a task's identity hashes its settings in it, so that
+    the same grid given in another order (built from a set, a dict's keys)
+    chooses the same winners and reuses the stored models rather than
+    retraining every group. A grid whose values are given in ascending
+    order is already in this order (its identity is what it was before)."""
+    if not settings:
+        return list(items)
+    keys = {name: _value_keys([setting[name] for setting in settings])
+            for name in settings[0]}
+    return [items[i] for i in sorted(range(len(settings)),
+                                     key=lambda i: tuple(keys[name][i] for name in keys))]
+
+
+def _value_keys(values: list[Any]) -> list[tuple]:
+    """Each of one parameter's values (one a setting) as it sorts: by number
+    where every value is a real number (NaN last), by text where every one
+    is text, else by its hash (:func:`~manymodels.identity.valuehash.value_hash`:
+    an estimator, a tuple, None beside numbers); a value that cannot be
+    hashed (not picklable: a run without a store) by its first place in the
+    grid."""
+    import numbers
+
+    from ..identity.hashing import plain_setting
+    from ..identity.valuehash import value_hash
+
+    if all(isinstance(v, numbers.Real) for v in values):
+        return [(1, 0.0) if v != v else (0, float(v)) for v in values]
+    if all(isinstance(v, str) for v in values):
+        return [(0, str(v)) for v in values]
+    hashes: dict[int, tuple] = {}  # (the settings share their values' objects)
+    keys = []
+    for position, value in enumerate(values):
+        key = hashes.get(id(value))
+        if key is None:
+            try:
+                key = (0, value_hash(plain_setting({"v": value})["v"]))
+            except Exception:
+                key = (1, str(position).zfill(12))
+            hashes[id(value)] = key
+        keys.append(key)
+    return keys

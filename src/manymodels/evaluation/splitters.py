@@ -119,6 +119,11 @@ class Splitter:
                 raise ValueError(f"evaluate: {argument}={name!r} is a key column of the "
                                  f"groups (by={list(key_columns)}), one value a group: name "
                                  f"{wanted}")
+        keyed = next((name for name in self.features or () if name in key_columns), None)
+        if keyed is not None:  # (the splitter is made before it knows the groups)
+            raise ValueError(f"evaluate: features names {keyed!r}, a key column of the "
+                             f"groups (by={list(key_columns)}): it holds one value a group, "
+                             "which no model learns from; leave it out of features")
         return replace(self, exclude=tuple(key_columns))
 
     def feature_columns(self, rows: Any) -> list[str]:

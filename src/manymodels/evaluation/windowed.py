@@ -103,16 +103,38 @@ class GroupWindows:
             if forecast is not None:
                 predicted = self._forecast(forecast, test)
             else:
-                predicted = _one_per_row(model.predict(self._features(test)), model,
+                predicted = _one_per_row(self._asked(model.predict, test, number), model,
                                          self.y[test].shape[0], number)
         if self.log_loss:
             scores["log_loss"] = _metrics.log_loss(
-                self.y[test], model.predict_proba(self._features(test)), model.classes_)
+                self.y[test], self._asked(model.predict_proba, test, number), model.classes_)
         if self.callables:
             rows = self.part(test)
             for metric in self.callables:
                 scores.update(self._own_scores(metric, metric(model, rows)))
         return predicted, scores
+
+    def _asked(self, method: Callable[[Any], Any], test: Any, number: int) -> Any:
+        """``method`` (``predict``, ``predict_proba``) of the test rows'
+        features. With no feature columns it is given rows of no columns,
+        which a model fitted on features refuses in its own words
+        ("at least one array or dtype is required"): that error names
+        ``features=`` too, and the way out."""
+        if self.features:
+            return method(self._features(test))
+        try:
+            return method(self._features(test))
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # (not retry_on's)
+            owner = type(getattr(method, "__self__", method)).__name__
+            given = ("features=[]" if self.splitter.features is not None else
+                     "no column but the key, time and target columns")
+            raise ValueError(
+                f"{owner}.{getattr(method, '__name__', 'predict')} raised "
+                f"{type(exc).__name__} ({exc}) on window {number}'s test rows, given no "
+                f"feature column: evaluate= has none ({given}); name the columns the "
+                "model predicts from in features="
+                + (", or return a forecaster from fit (forecast(h))"
+                   if self.splitter.time else "")) from exc
 
     def _own_scores(self, metric: Callable[..., Any], answer: Any) -> dict[str, float]:
         """A metric function's answer as ``{name: float}`` (None: undefined there);

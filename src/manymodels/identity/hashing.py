@@ -38,6 +38,31 @@ def code_identity(fn: Any, setup: Any = None) -> tuple[str, dict[str, Any]]:
     return codehash.code_identity(fn, setup, value_hash)
 
 
+def plain_setting(setting: dict[str, Any]) -> dict[str, Any]:
+    """A grid setting as its identity hashes it: each NumPy scalar that
+    Python's own type holds exactly (``np.int64(3)``, ``np.float64(0.5)``,
+    ``np.bool_``, ``np.str_``) as that Python value, so that a grid of
+    ``np.arange(1, 4)`` and one of ``[1, 2, 3]`` give the same tasks and a
+    re-run with either reuses the other's models (each pickled otherwise, and
+    hashed apart). ``np.float32`` and other narrower floats stay apart: ``fit``
+    computes in their precision. Values of other kinds are left as they are."""
+    if not any(isinstance(value, np.generic) for value in setting.values()):
+        return setting
+    return {name: _plain_scalar(value) for name, value in setting.items()}
+
+
+def _plain_scalar(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.bool_, np.str_, np.bytes_)) or type(
+            value) is np.float64:
+        return value.item()
+    return value
+
+
+def setting_hash(setting: dict[str, Any]) -> str:
+    """The hash of a grid setting (a task's parameters): see :func:`plain_setting`."""
+    return value_hash(sorted(plain_setting(setting).items()))
+
+
 
 # -- hashes of a million tasks at once ---------------------------------------------
 class TaskIdentities:
@@ -140,7 +165,7 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
         for position, task_params in enumerate(tasks.params):
             found = params_of.get(id(task_params))
             if found is None:
-                params = value_hash(sorted(task_params.items())) if task_params else "-"
+                params = setting_hash(task_params) if task_params else "-"
                 found = params_of[id(task_params)] = (params, len(prefixes))
                 prefixes.append(lanes_of(digest(code, params, shared_part)))
             params_parts.append(found[0])

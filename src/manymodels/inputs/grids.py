@@ -11,9 +11,12 @@ from .itemsource import ItemSource
 from .sourcechecks import called_cost, require_unique
 from .sources import GroupSource, Source
 
-#: The most settings one grid may make (a billion were built one by one, as
-#: dicts, before anything else ran, until the memory ran out).
-MOST_SETTINGS = 100_000_000
+#: The most settings one grid may make, and the most tasks a grid times
+#: groups or items may make: each task's setting and key are Python objects
+#: while the run is planned, about 300 bytes a task (a million settings:
+#: 290 MB and a second before the first task starts), so ten million are
+#: 3 GB; a hundred million ran out of memory before any task ran.
+MOST_SETTINGS = 10_000_000
 
 
 class _Combining(Source):
@@ -58,8 +61,8 @@ class GridSource(_Combining):
         if len(self) > MOST_SETTINGS:  # each one is a dict held while the run is planned
             raise ValueError(
                 f"grid() makes {len(self):,} combinations of its {len(self.values)} "
-                f"parameters, more than a run plans ({MOST_SETTINGS:,}): narrow the grid, "
-                "or run it in parts")
+                f"parameters, more than a run of a grid plans ({MOST_SETTINGS:,}, each a "
+                "dict held while the run is planned): narrow the grid, or run it in parts")
 
     @property
     def key_columns(self) -> list[str]:

@@ -32,6 +32,11 @@ from .sortedreads import sort_once
 from .staging import stage
 from .taskdata import Items, ParquetReads, SettingsOnly, StagedSlices, TableSlices, TaskData
 
+#: The most tasks a run without a grid plans (its keys are Arrow columns
+#: where they can be; a grid's tasks are held as Python objects: see
+#: :data:`~manymodels.inputs.grids.MOST_SETTINGS`).
+MOST_TASKS = 100_000_000
+
 
 @dataclass(slots=True)
 class Task:
@@ -306,6 +311,22 @@ def _scalar_key(parts: tuple) -> Hashable:
     return parts[0] if len(parts) == 1 else parts
 
 
+def _check_task_count(entries: int, grid_source: GridSource | None) -> None:
+    """Refuse, before the settings are made, more tasks than a run plans:
+    :data:`~manymodels.inputs.grids.MOST_SETTINGS` where a grid makes them
+    (each task's setting and key are Python objects, about 300 bytes a
+    task while planned), :data:`MOST_TASKS` without one."""
+    if grid_source is None:
+        if entries > MOST_TASKS:
+            raise ValueError(f"{entries:,} groups or items make more tasks than a run "
+                             f"plans ({MOST_TASKS:,}): run them in parts")
+        return
+    if entries * len(grid_source) > MOST_SETTINGS:
+        raise ValueError(f"{entries:,} groups or items times {len(grid_source):,} grid "
+                         f"settings make more tasks than a run of a grid plans "
+                         f"({MOST_SETTINGS:,}): narrow the grid, or run it in parts")
+
+
 def plan(source: Source) -> Plan:
     """Turn ``source`` into tasks, numbered in source order."""
     base, grid_source = source, None
@@ -313,9 +334,6 @@ def plan(source: Source) -> Plan:
         base, grid_source = source.base, source.grid
     elif isinstance(source, GridSource):
         base, grid_source = None, source
-    settings: list[dict[str, Any] | None] = (
-        grid_source.combinations() if grid_source is not None else [None]
-    )
     param_columns = grid_source.param_columns if grid_source is not None else []
 
     data: TaskData
@@ -345,10 +363,10 @@ def plan(source: Source) -> Plan:
             raise
         raise ValueError(f"cost= (each task's expected cost, a number) failed: "
                          f"{exc}") from exc
-    if len(key_rows) * len(settings) > MOST_SETTINGS:  # (each a row held while planned)
-        raise ValueError(f"{len(key_rows):,} groups or items times {len(settings):,} grid "
-                         f"settings make more tasks than a run plans ({MOST_SETTINGS:,}): "
-                         "narrow the grid, or run it in parts")
+    _check_task_count(len(key_rows), grid_source)
+    settings: list[dict[str, Any] | None] = (  # (once their number is known to fit)
+        grid_source.combinations() if grid_source is not None else [None]
+    )
     if settings == [None]:  # one task per entry, as columns (a million of them)
         tasks = TaskList(key_rows, refs, None, costs)
         layout = getattr(data, "layout", None)

@@ -27,10 +27,11 @@ from ..evaluation.selection import (
     HalvingSearch,
     Selection,
     refuse_a_key_named_like,
+    stable_order,
 )
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
-from ..identity.hashing import task_identities
+from ..identity.hashing import plain_setting, task_identities
 from ..inputs.grids import GridSource, require_distinct_texts, require_picklable_values
 from ..inputs.sources import Source
 from ..machine import collector_paused
@@ -233,7 +234,9 @@ def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any,
     identity_extra: dict[str, Any] = {} if splitter is None else {"__evaluate__": splitter}
     if isinstance(select, Halving):  # one task per group, its candidates inside
         source, run_fit = HalvingSearch.prepare(fit, source, splitter, select, retry_on)
-        identity_extra["__halving__"] = (select, run_fit.settings)
+        # (its settings in an order of their own: a grid reordered is the same search)
+        identity_extra["__halving__"] = (select, stable_order(
+            [plain_setting(setting) for setting in run_fit.settings], run_fit.settings))
         return source, run_fit, identity_extra, select.selection
     selection = None if select is None else Selection.parse(select, splitter)
     if selection is not None:

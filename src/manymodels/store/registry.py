@@ -229,19 +229,11 @@ class Store(OpenedIndex):
         parts = key_parts(key)
         if len(key_columns) == 1 and len(parts) != 1:  # one column whose values are tuples
             parts = (key,)
-        row = lookup.find(encode_key(parts))
-        for text in () if row is not None else stored_object_texts(parts):
-            row = lookup.find(text)
-            if row is not None:
-                break
-        instant = None if row is not None else instant_text([canonical(v) for v in parts])
-        if instant is not None:  # a time of a zone, given in another
-            row = lookup.find_instant(instant)
-        if row is None and len(parts) <= 8:  # a whole number typed otherwise (2.0, "2")
-            for variant in typed_otherwise(parts):
-                row = lookup.find(encode_key(variant))
-                if row is not None:
-                    break
+        row = _find_row(lookup, parts)
+        if row is None and len(key_columns) == 1 and isinstance(key, tuple) and len(key) == 1:
+            # a one-column key whose value is a tuple of one, (3,): read first
+            # as the value 3, given as a tuple; else as the value (3,)
+            row = _find_row(lookup, (key,))
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return {name: lookup.tasks[name][row].as_py() for name in columns}
@@ -499,6 +491,26 @@ def _write_whole(frame: pd.DataFrame, path: Path) -> None:
             said = f"cannot write the export {str(path)!r}: {exc.strerror or exc}"
             raise (OSError(said) if exc.errno is None else OSError(exc.errno, said)) from exc
         raise
+
+
+def _find_row(lookup: taskblocks.KeyLookup, parts: tuple) -> int | None:
+    """The row of ``lookup`` whose key is ``parts``, as stored or as the
+    same values typed otherwise (an object's stored text, a time of a zone
+    given in another, a whole number given as 2.0 or "2"); None if none."""
+    row = lookup.find(encode_key(parts))
+    for text in () if row is not None else stored_object_texts(parts):
+        row = lookup.find(text)
+        if row is not None:
+            return row
+    instant = None if row is not None else instant_text([canonical(v) for v in parts])
+    if instant is not None:  # a time of a zone, given in another
+        row = lookup.find_instant(instant)
+    if row is None and len(parts) <= 8:  # a whole number typed otherwise (2.0, "2")
+        for variant in typed_otherwise(parts):
+            row = lookup.find(encode_key(variant))
+            if row is not None:
+                break
+    return row
 
 
 def _with_models(tasks: pa.Table) -> pa.Table:
