@@ -787,3 +787,32 @@ def test_a_manifest_naming_a_path_under_a_link_is_refused(tmp_path):
     retry = Checkpoint(slot, attempt=2)
     assert list(retry.path.iterdir()) == [] and not retry.resumed
     assert list((tmp_path / "outside").iterdir()) == []
+
+
+@pytest.mark.parametrize("store", [True, False], ids=["store", "no-store"])
+def test_a_fit_still_running_after_its_run_ended_writes_no_checkpoint(tmp_path, store):
+    """A fit that its engine could not stop at once (a forced cancel on
+    Ray, Spark or Dask ends its process a moment later) went on saving
+    after the run had released its space: into a slot the next run could
+    claim, or, without a store, into folders it made again where the run
+    had removed its space. Each write now checks that the run still holds
+    the space."""
+    import pickle
+
+    from manymodels.engine.checkpoints import CheckpointSuperseded
+    from manymodels.engine.checkpointspace import CheckpointSpace
+
+    root = tmp_path / "space"
+    space = CheckpointSpace(str(root), ["ab" + "0" * 30])
+    space.hold()
+    checkpoint = pickle.loads(pickle.dumps(space)).open(0)  # a worker's copy, as sent
+    checkpoint.save({"step": 1})
+    space.release(remove=not store)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(CheckpointSuperseded, match="has ended"):
+        checkpoint.save({"step": 2})
+    with pytest.raises(CheckpointSuperseded, match="has ended"):
+        checkpoint.path  # noqa: B018
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    if store:
+        assert CheckpointSpace(str(root), ["ab" + "0" * 30]).open(0).load() == {"step": 1}

@@ -330,3 +330,50 @@ def test_metrics_a_floats_range_apart_are_charted_by_the_dashboard_and_report(tm
         warnings.simplefilter("error")  # numpy's overflow warnings are no user's business
         text = store_report(mm.Store(tmp_path / "s"), 1, tmp_path / "r.html").read_text()
     assert ">-1e+308 to 1e+308: 3<" in text
+
+
+class _ExitsIn(mm.Callback):
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+
+    def on_task_finished(self, task):
+        if self.hook == "on_task_finished":
+            sys.exit("the callback ends the program")
+
+    def on_run_end(self, run):
+        if self.hook == "on_run_end":
+            sys.exit("the callback ends the program")
+
+
+class _Hears(mm.Callback):
+    def __init__(self) -> None:
+        self.tasks, self.ends = 0, []
+
+    def on_task_finished(self, task):
+        self.tasks += 1
+
+    def on_run_end(self, run):
+        self.ends.append(run.summary().ok)
+
+
+@pytest.mark.parametrize("hook", ["on_task_finished", "on_run_end"])
+def test_a_callback_that_calls_sys_exit_ends_the_run_and_the_others_hear_its_end(
+        tmp_path, hook):
+    """A callback's SystemExit (sys.exit in a hook) went past the callbacks
+    after it: from on_run_end, they never heard the run's end (a tracker's
+    run left RUNNING); from on_task_finished, they missed that task. The
+    others now hear the hook out, then the run ends with the SystemExit,
+    what finished committed and the run's end recorded."""
+    hears = _Hears()
+    with pytest.raises(SystemExit, match="ends the program"):
+        mm.train(_one, mm.items(range(6)), backend="serial", progress=False,
+                 store=tmp_path / "s", callbacks=[_ExitsIn(hook), hears])
+    runs = mm.Store(tmp_path / "s").runs()
+    assert runs["status"].tolist() == ["finished" if hook == "on_run_end" else "failed"]
+    assert len(hears.ends) == 1 and hears.tasks == hears.ends[0] >= 1
+    stored = mm.Store(tmp_path / "s").results()
+    assert (stored["status"] == "ok").sum() == hears.ends[0]
+
+
+def _one(item):
+    return {"item": item}

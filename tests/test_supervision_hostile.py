@@ -580,3 +580,71 @@ def test_a_ctrl_c_while_the_driver_records_a_part_keeps_it_whole(tmp_path):
     assert sorted(run.models) == ok and [run.models[item] for item in ok] == [[i] for i in ok]
     stored = mm.Store(tmp_path / "s").results()
     assert stored.loc[stored["status"] == "ok", "item"].tolist() == ok
+
+
+def test_a_ctrl_c_while_the_backend_reads_its_workers_keeps_what_it_read(tmp_path):
+    """A SIGINT handled inside the backend's ``poll``, after it had read a
+    finished part from a worker and before it returned, lost that part: its
+    tasks were ``cancelled`` in the run and out of the store (the next run
+    trained them again). A poll is now read and recorded whole."""
+    import signal as signals
+    import sys
+
+    from manymodels.engine.backends.processes import ProcessesBackend
+
+    state = {"sent": False}
+
+    def in_handle(frame, event, arg):
+        if event == "return" and not state["sent"] and arg:  # a Finished part, read
+            state["sent"] = True
+            signals.raise_signal(signals.SIGINT)  # (handled here, inside poll)
+        return in_handle
+
+    def tracer(frame, event, arg):
+        return in_handle if frame.f_code is ProcessesBackend._handle.__code__ else None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(_listed, mm.items(range(20)), backend="processes", workers=1,
+                     start_method="fork", progress=False, store=tmp_path / "s")
+    finally:
+        sys.settrace(None)
+    run = stopped.value.run
+    ok = run.results.loc[run.results["status"] == "ok", "item"].tolist()
+    assert state["sent"] and ok
+    assert sorted(run.models) == ok
+    stored = mm.Store(tmp_path / "s").results()
+    assert stored.loc[stored["status"] == "ok", "item"].tolist() == ok
+
+
+def test_a_ctrl_c_before_the_scheduler_starts_does_not_leave_the_run_running(tmp_path):
+    """A SIGINT handled between the store recording the run's start and the
+    scheduler taking the run over (here as the scheduler is made) left the
+    run ``running`` in the store for as long as the process lived (a
+    notebook's kernel): the run's end is now recorded, ``interrupted``."""
+    import signal as signals
+    import sys
+
+    from manymodels.engine.scheduling import Scheduler
+
+    state = {"sent": False}
+
+    def tracer(frame, event, arg):
+        if frame.f_code is Scheduler.__init__.__code__ and not state["sent"]:
+            state["sent"] = True
+            signals.raise_signal(signals.SIGINT)
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mm.train(_listed, mm.items(range(4)), backend="threads", workers=1,
+                     progress=False, store=tmp_path / "s")
+    finally:
+        sys.settrace(None)
+    assert state["sent"]
+    runs = mm.Store(tmp_path / "s").runs()
+    assert runs["status"].tolist() == ["interrupted"]
+    assert mm.train(_listed, mm.items(range(4)), backend="threads", workers=1,
+                    progress=False, store=tmp_path / "s").summary().ok == 4

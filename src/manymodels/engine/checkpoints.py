@@ -72,8 +72,11 @@ class Checkpoint:
     and a resumed task finds the last committed files there again."""
 
     def __init__(self, slot: Path, *, attempt: int = 1, owner: dict | None = None,
-                 report: Callable[[str, dict], None] | None = None) -> None:
+                 report: Callable[[str, dict], None] | None = None,
+                 run_alive: Callable[[], bool] | None = None) -> None:
         self._slot = slot
+        #: Whether the run this attempt belongs to still holds its space.
+        self._run_alive = run_alive
         #: How many times this run has started this task (1 the first time; a
         #: run that resumes an earlier run's checkpoint starts at 1 again).
         self.attempt = attempt
@@ -242,9 +245,11 @@ class Checkpoint:
         self._publish(self._manifest_for(generation, kept_state, files), durable=True)
 
     def _require_latest(self) -> None:
-        """Refuse to write where a later attempt of the task has started
-        (:class:`CheckpointSuperseded`). A slot without an attempts counter
-        (made by hand) has no later attempt."""
+        """Refuse to write where a later attempt of the task has started, or
+        once this attempt's run has ended (:class:`CheckpointSuperseded`).
+        A slot without an attempts counter (made by hand) has no later
+        attempt."""
+        self._require_running_run()
         try:
             latest = int((self._slot / ATTEMPTS).read_text())
         except (OSError, ValueError):
@@ -254,6 +259,24 @@ class Checkpoint:
                 f"checkpoint {str(self._slot)!r}: attempt {latest} of this task has started "
                 f"since this one (attempt {self.attempt}) did, and writes there now: this "
                 "attempt may no longer use it (its run gave up on it)")
+
+    def _require_running_run(self) -> None:
+        """Refuse to write once the run has ended: a fit that an engine could
+        not stop at once (a forced cancel on Ray, Spark or Dask ends its
+        process a moment later) saved into a slot the next run may have
+        claimed, or made again the folders of a run without a store that
+        had been removed. A lock this file system cannot tell of is taken
+        for held."""
+        if self._run_alive is None:
+            return
+        try:
+            alive = self._run_alive()
+        except OSError:
+            return
+        if not alive:
+            raise CheckpointSuperseded(
+                f"checkpoint {str(self._slot)!r}: the run of this attempt ({self.attempt}) "
+                "has ended (stopped, or its driver is gone): it may no longer write there")
 
     def _clear_leftovers(self) -> None:
         """Remove the committed-files folders no manifest names: an attempt

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -129,6 +130,9 @@ class CheckpointSpace:
     #: outlives the run); with a store, the driver drops it once committed.
     drop_when_ok: bool = False
     _lock: int | None = field(default=None, repr=False, compare=False)
+    #: The driver holds the space (:meth:`hold`): a task's writes stop
+    #: once it no longer does (kept in the copies the workers get).
+    held: bool = field(default=False, repr=False, compare=False)
     #: Tasks of this process that opened their checkpoint and have not
     #: finished (a threads-backend driver's), and the release they put off:
     #: None, or whether it removes the root (see :meth:`release`).
@@ -152,6 +156,7 @@ class CheckpointSpace:
         self._lock = os.open(owners / f"{self.token}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         _HELD_LOCKS.add(self._lock)
+        self.held = True
 
     def release(self, remove: bool = False) -> None:
         """End :meth:`hold` (and remove the whole space when ``remove``: a run
@@ -251,6 +256,8 @@ class CheckpointSpace:
         attempt = _count_start(own)
         return Checkpoint(own, attempt=attempt,
                           owner={"token": self.token, "run_id": self.run_id},
+                          run_alive=functools.partial(owner_alive, Path(self.root), self.token)
+                          if self.held else None,
                           report=_Journal(Path(self.root) / JOURNAL / self.token, index,
                                           self.token))
 

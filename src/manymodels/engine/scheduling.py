@@ -394,6 +394,7 @@ class Scheduler:
         batch_id = 0
         callbacks = self.callbacks
         per_task = callbacks is not None and callbacks.wants_tasks
+        polls_fits = getattr(backend, "runs_fit_in_poll", False)
         while self._done < len(tasks) and not self._over_budget():
             now = time.monotonic()
             while retry_later and retry_later[0][0] <= now:
@@ -415,8 +416,12 @@ class Scheduler:
             wait = 0.05
             if retry_later and in_flight <= 0:
                 wait = max(0.0, min(wait, retry_later[0][0] - now))
-            events = backend.poll(wait)
-            with interrupts.held():  # (the round's events recorded whole)
+            # the round's events read and recorded whole: a Ctrl-C waits for
+            # the end of the block (serial's poll runs fit, which it may cut)
+            events = backend.poll(wait) if polls_fits else []
+            with interrupts.held():
+                if not polls_fits:
+                    events = backend.poll(wait)
                 if per_task:
                     events = list(events)
                 for event in events:

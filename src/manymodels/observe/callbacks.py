@@ -201,12 +201,20 @@ class Callbacks:
             not isinstance(c, Callback) and hasattr(c, "on_task_finished")) for c in self._all)
 
     def _call(self, name: str, *args: Any) -> None:
+        """Call hook ``name`` of each callback. A ``SystemExit`` (``sys.exit``
+        in a hook) ends the run, as the callback asked, once the other
+        callbacks have heard the hook out: one after it never heard the
+        run's end (a tracker's run left RUNNING). A KeyboardInterrupt is
+        Ctrl-C's: raised at once."""
+        exiting: BaseException | None = None
         for callback in list(self._all):
             method = getattr(callback, name, None)
             if method is None:
                 continue
             try:
                 method(*args)
+            except KeyboardInterrupt:
+                raise
             except Exception as exc:  # never the run's problem
                 self._all.remove(callback)
                 raised = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -218,6 +226,11 @@ class Callbacks:
                     warnings.warn(message, RuntimeWarning, stacklevel=2)
                 else:  # shown at the line that raised, not at this module
                     warnings.warn_explicit(message, RuntimeWarning, where[0], where[1])
+            except BaseException as exc:  # SystemExit: raised once the others are called
+                self._all.remove(callback)
+                exiting = exiting or exc
+        if exiting is not None:
+            raise exiting
 
     def run_start(self, reused: int) -> None:
         self._start = time.perf_counter()

@@ -151,37 +151,16 @@ def train(
                     backend=name,
                     workers=options.sized_for(backend_type, len(plan.tasks)).workers)
                 to_do -= recorder.begin(reuse=options.reuse, verify=verify)
-            engine = _engine(instance, backend_type, options, to_do, recorder)
-            if checkpointed:  # held from here: released in the finally below
-                try:
-                    context.checkpoints = checkpointing.open_space(
-                        plan, store, recorder, options.reuse, keep_checkpoints)
-                except BaseException:  # (a checkpoints folder that cannot be written)
-                    if recorder is not None:
-                        recorder.abandon()  # the run does not stay "running"
-                    raise
-            scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
-                                  checkpointing.run_maker(Run, context.checkpoints, store),
-                                  retries=options.retries,
-                                  max_failures=options.max_failures,
-                                  progress=functools.partial(ProgressBar, len(plan.tasks),
-                                                             options.progress),
-                                  recorder=recorder, callbacks=Callbacks(
-                                      hooks, plan, RunInfo.describe(
-                                          plan, fit, source, engine, options, store, recorder))
-                                  if hooks else None)
-            if store is not None:  # workers that see the store write their large models there
-                with contextlib.suppress(OSError):  # (else they send them, as they would)
-                    context.model_files = ModelFiles.open(store.root, recorder.run_id)
             try:
-                with store._publishing() if store is not None else contextlib.nullcontext():
-                    run = scheduler.run(context, began)
-            finally:
-                checkpointing.close(context.checkpoints, store)
-                if context.model_files is not None:
-                    context.model_files.close()
-                if live is not None:
-                    live.close()
+                run = _schedule(plan, context, recorder, store, hooks, live, began, fit=fit,
+                                source=source, instance=instance, backend_type=backend_type,
+                                options=options, to_do=to_do, checkpointed=checkpointed,
+                                keep_checkpoints=keep_checkpoints)
+            except BaseException as exc:  # before the scheduler took the run over (a
+                if recorder is not None:  # Ctrl-C, say): it does not stay "running"
+                    recorder.abandon(status="interrupted" if isinstance(
+                        exc, KeyboardInterrupt) else "failed")
+                raise
         if selection is not None:
             if selection.metric in run.results.columns:
                 run.select(selection, source)
@@ -253,18 +232,43 @@ def _identities(plan: Any, fit: Any, options: RunOptions,
         else options.shared, options.setup)
 
 
-def _engine(instance: Backend | None, backend_type: type[Backend], options: RunOptions,
-            to_do: int, recorder: RunRecorder | None) -> Backend:
-    """The backend, sized for the tasks left to do; a failure here abandons
-    the store's run (nothing half-written is left)."""
+def _schedule(plan: Any, context: RunContext, recorder: RunRecorder | None, store: Any,
+              hooks: list[Any], live: Any, began: tuple[float, float], *, fit: Any,
+              source: Any, instance: Backend | None, backend_type: type[Backend],
+              options: RunOptions, to_do: int, checkpointed: bool, keep_checkpoints: bool
+              ) -> Any:
+    """Run the plan: the backend sized for the tasks left to do, the
+    checkpoint space held, the scheduler made and run; the space, the
+    model files and the dashboard are closed however it ends. An error (or
+    a Ctrl-C) before the scheduler takes the run over is the caller's to
+    record."""
     try:
         engine = instance if instance is not None else backend_type()
         engine.configure(options.sized_for(backend_type, to_do))
-    except BaseException:
-        if recorder is not None:
-            recorder.abandon()
-        raise
-    return engine
+        if checkpointed:  # held from here: released in the finally below
+            context.checkpoints = checkpointing.open_space(
+                plan, store, recorder, options.reuse, keep_checkpoints)
+        scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
+                              checkpointing.run_maker(Run, context.checkpoints, store),
+                              retries=options.retries,
+                              max_failures=options.max_failures,
+                              progress=functools.partial(ProgressBar, len(plan.tasks),
+                                                         options.progress),
+                              recorder=recorder, callbacks=Callbacks(
+                                  hooks, plan, RunInfo.describe(
+                                      plan, fit, source, engine, options, store, recorder))
+                              if hooks else None)
+        if store is not None:  # workers that see the store write their large models there
+            with contextlib.suppress(OSError):  # (else they send them, as they would)
+                context.model_files = ModelFiles.open(store.root, recorder.run_id)
+        with store._publishing() if store is not None else contextlib.nullcontext():
+            return scheduler.run(context, began)
+    finally:
+        checkpointing.close(context.checkpoints, store)
+        if context.model_files is not None:
+            context.model_files.close()
+        if live is not None:
+            live.close()
 
 
 def _open_store(store: Any, store_type: type[Store]) -> Store | None:

@@ -132,6 +132,7 @@ class RunRecorder:
         self._last_commit = self._last_returned = time.monotonic()
         self._writer: StoreWriter | None = None
         self._records: Any = None
+        self._ended = False  # the run's end is recorded (finish, abandon)
         #: The run's CheckpointSpace, when its tasks' checkpoints go once
         #: their models are committed (set by the run layer).
         self.checkpoints: Any = None
@@ -284,11 +285,17 @@ class RunRecorder:
         except sqlite3.Error as exc:
             raise database.write_error(self.store.root, exc,
                                        "the run's end could not be recorded") from exc
+        self._ended = True
 
-    def abandon(self, records: Any = None) -> None:
-        """After an error that ends the run (the store's own, or a backend's):
-        commit what finished if the store still can, and mark the run
-        ``failed`` (what was committed before stays usable)."""
+    def abandon(self, records: Any = None, status: str = "failed") -> None:
+        """After an error that ends the run (the store's own, or a backend's,
+        or a Ctrl-C before the scheduler started): commit what finished if
+        the store still can, and mark the run ``status`` (what was committed
+        before stays usable). A run whose end is recorded already (by
+        :meth:`finish`, or an earlier abandon) is left as it is."""
+        if self._ended:
+            return
+        self._ended = True
         if self._writer is not None:
             if records is not None and self._writer.error is None:
                 try:
@@ -298,8 +305,8 @@ class RunRecorder:
             self._writer.close()
             self._writer = None
         try:
-            self.conn.execute("UPDATE runs SET finished_at=?, status='failed' WHERE run_id=?",
-                              (time.time(), self.run_id))
+            self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?",
+                              (time.time(), status, self.run_id))
         except sqlite3.Error:
             pass
 

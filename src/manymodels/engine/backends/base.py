@@ -213,6 +213,12 @@ class Backend(ABC):
     shares_one_queue: ClassVar[bool] = False
     """A queued batch goes to whichever worker frees up first, not to one
     worker: a long batch never waits behind another while a worker idles."""
+    runs_fit_in_poll: ClassVar[bool] = False
+    """``poll`` runs ``fit`` itself, in the driver (serial): a Ctrl-C must
+    cut into it. Any other backend's ``poll`` only reads what its workers
+    sent (within about its ``timeout``), and a Ctrl-C waits until what it
+    read is recorded: raised halfway through, it lost those results (their
+    tasks were trained again by the next run)."""
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from .base import Backend, Event, Finished, WorkerStartupError
 class SerialBackend(Backend):
     name = "serial"
     isolates_gpus = True  # one task at a time
+    runs_fit_in_poll = True
 
     @classmethod
     def default_workers(cls, cpus_per_task: int) -> int:
