@@ -238,6 +238,23 @@ def test_register_backend_refuses_what_is_not_a_backend():
     assert BACKENDS["inline"] is InlineBackend
 
 
+@pytest.mark.parametrize("name", ["processes", "serial", "spark"])
+def test_register_backend_replaces_a_built_in_only_when_told(name):
+    """``register_backend("processes", X)`` replaced the built-in for every
+    run (the CLI's too) and said nothing."""
+    before = dict(BACKENDS)
+    with pytest.raises(ValueError, match=f"backend '{name}' is a built-in one.*replace=True"):
+        mm.register_backend(name, InlineBackend)
+    assert before == BACKENDS
+    try:
+        mm.register_backend(name, InlineBackend, replace=True)
+        assert backend_class(name) is InlineBackend
+    finally:
+        BACKENDS.clear()
+        BACKENDS.update(before)
+    mm.register_backend("inline", InlineBackend)  # a name of the user's: registered again
+
+
 def test_a_backends_worker_side_does_not_import_the_whole_package():
     import subprocess
     import sys
