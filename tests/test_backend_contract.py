@@ -238,6 +238,23 @@ def test_register_backend_refuses_what_is_not_a_backend():
     assert BACKENDS["inline"] is InlineBackend
 
 
+@pytest.mark.parametrize("name", ["processes", "serial", "spark"])
+def test_register_backend_replaces_a_built_in_only_when_told(name):
+    """``register_backend("processes", X)`` replaced the built-in for every
+    run (the CLI's too) and said nothing."""
+    before = dict(BACKENDS)
+    with pytest.raises(ValueError, match=f"backend '{name}' is a built-in one.*replace=True"):
+        mm.register_backend(name, InlineBackend)
+    assert before == BACKENDS
+    try:
+        mm.register_backend(name, InlineBackend, replace=True)
+        assert backend_class(name) is InlineBackend
+    finally:
+        BACKENDS.clear()
+        BACKENDS.update(before)
+    mm.register_backend("inline", InlineBackend)  # a name of the user's: registered again
+
+
 def test_a_backends_worker_side_does_not_import_the_whole_package():
     import subprocess
     import sys
@@ -250,6 +267,26 @@ def test_a_backends_worker_side_does_not_import_the_whole_package():
                           check=True)
     assert done.stdout.strip() == "[]"
     assert mm.train is __import__("manymodels.api", fromlist=["train"]).train  # still there
+
+
+def test_no_module_reaches_the_package_through_its_top_level():
+    """``import manymodels as mm`` inside the package (the CLI's train, the
+    estimator's fit) reached ``train`` around the layer contract, which
+    lint-imports cannot see: each module imports from the one that defines
+    what it uses."""
+    import ast
+    from pathlib import Path
+
+    package = Path(mm.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     and node.level == 0 else [])
+            if "manymodels" in names:
+                found.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert found == []
 
 
 def test_the_engines_load_only_when_asked_for():

@@ -329,8 +329,9 @@ def test_a_group_without_weight_has_no_scores_and_bad_arguments_are_named():
     assert metrics.loc["a", "status"] == "no_weight"
     assert np.isnan(metrics.loc["a", "r2"]) and np.isnan(metrics.loc["a", "rmse"])  # r2 was 1
     for arguments, message in (({"by": ["g", "g"]}, "by= names a column twice"),
-                               ({"family": "ridge", "alpha": None}, "alpha must be"),
-                               ({"max_iter": None}, "max_iter must be a whole number"),
+                               ({"family": "ridge", "alpha": [1.0]}, "alpha must be"),
+                               ({"family": "logistic", "max_iter": 2.5},
+                                "max_iter must be a whole number"),
                                ({"workers": 0}, "workers must be a whole number")):
         options = {"by": "g", **arguments}
         with pytest.raises(ValueError, match=message):

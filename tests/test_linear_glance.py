@@ -195,3 +195,15 @@ def test_a_deviance_past_float64_s_range_is_infinite_without_a_warning():
         warnings.simplefilter("error")
         row = mm.linear(frame, by="g", features=["x"], target="y").metrics.iloc[0]
     assert np.isinf(row["deviance"]) and np.isfinite(row["sigma"]) and row["status"] == "ok"
+
+
+def test_the_f_tail_keeps_its_digits_past_a_million_residual_degrees_of_freedom():
+    """A group of 1e6 rows or more: ``1 - x`` taken from a rounded ``x``
+    near 1, and ``a log x`` beside ``lgamma(a)`` of a large ``a``, cost the
+    p-value some 1e-8 relative where 1e-9 is documented."""
+    from scipy import stats
+
+    f = np.tile([0.5, 1.0, 1.3, 2.0, 5.0, 10.0, 30.0, 100.0], 6)
+    d1 = np.repeat([1.0, 2.0, 3.0], 16)
+    d2 = np.tile(np.repeat([1e6 + 3, 1.2e7], 8), 3)
+    np.testing.assert_allclose(f_upper_tail(f, d1, d2), stats.f.sf(f, d1, d2), rtol=1e-9)

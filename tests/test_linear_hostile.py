@@ -461,3 +461,21 @@ def test_the_device_checks_linear_step_on_the_cpu_compares_pytorch_with_numpy(tm
         assert row["reference"] == "numpy" and row["engine"] == "torch"
         assert row["cpu_s"] != row["device_s"]
         assert row["max_rel_diff"] < 1e-6 and row["compared_groups"] == 50
+
+
+@pytest.mark.parametrize("family, argument", [("ols", {"alpha": 1.0}), ("wls", {"C": 0.5}),
+                                              ("ridge", {"max_iter": 5}),
+                                              ("logistic", {"alpha": "a"}),
+                                              ("ols", {"tol": 1e-3})])
+def test_an_argument_the_family_does_not_use_is_refused_by_name(family, argument, tmp_path):
+    """``family="ols", alpha=1.0`` fitted an unpenalised model and said
+    nothing: an argument a family does not read is refused before any work
+    (no store is made), naming it and the family."""
+    frame = pd.DataFrame({"g": "a", "x": np.arange(6.0), "y": [0, 1] * 3, "w": 1.0,
+                          "a": 1.0})
+    (name,) = argument
+    with pytest.raises(ValueError, match=rf"^{name}= applies to family=.* "
+                                         rf"family='{family}' does not use it"):
+        mm.linear(frame, "g", ["x"], "y", family=family, weights="w",
+                  store=tmp_path / "models", **argument)
+    assert not (tmp_path / "models").exists()

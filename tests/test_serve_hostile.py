@@ -185,6 +185,23 @@ def _keyed(path, keys, values):
     return _app(path)
 
 
+def test_a_decimal_or_bytes_key_is_named_in_the_store_s_tagged_form(tmp_path):
+    """``GET /v1/models/{key}`` read a key as text, a number or a bool: a
+    group of decimals or bytes had no URL that named it (404 for every
+    one). The store's tagged form names it; a malformed one is a 400."""
+    import decimal
+
+    for name, keys, tagged in (("dec", [decimal.Decimal("1.5"), decimal.Decimal("2")],
+                                '{"$decimal": "1.5"}'),
+                               ("raw", [b"ab", b"\x00z"], '{"$bytes": "6162"}')):
+        client = _keyed(tmp_path / name, keys, [1.0, 2.0])
+        answer = client.get("/v1/models/" + tagged)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["task_key"] == [json.loads(tagged)]
+        bad = client.get("/v1/models/" + tagged.replace('": "', '": "zz'))
+        assert bad.status_code == 400 and "as the store writes it" in bad.json()["error"]
+
+
 def test_integer_keys_past_2_53_stay_exact_whatever_the_other_rows_hold(tmp_path):
     ids = [10**17 + 1, 2**53, 2**53 + 1]
     client = _keyed(tmp_path / "big", np.array(ids, dtype=np.int64), [1.0, 3.0, 4.0])

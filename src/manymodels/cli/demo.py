@@ -91,14 +91,15 @@ def run_demo(stores: int = 48, items: int = 50, workers: int | None = None,
     from rich.console import Console
     from rich.table import Table
 
-    import manymodels as mm
+    from ..api import train  # (not `import manymodels`: the layer contract sees these)
+    from ..inputs.sources import groups
 
     console = Console(stderr=to_stderr)
     table = make_sales(stores, items)
-    source = mm.groups(table, by=["store", "item"])
+    source = groups(table, by=["store", "item"])
     console.print(f"[bold]manymodels demo[/]: {len(table):,} rows, "
                   f"{stores * items:,} store x item groups, a tuned Ridge each")
-    run = mm.train(fit_store_item, source, workers=workers, progress=progress)
+    run = train(fit_store_item, source, workers=workers, progress=progress)
     summary = run.summary()
     if summary.ok == 0:
         raise RuntimeError("every demo group failed; the first error:\n"
@@ -108,7 +109,7 @@ def run_demo(stores: int = 48, items: int = 50, workers: int | None = None,
                "workers": summary.workers, "utilization": summary.utilization}
     if compare_serial:
         begin = time.perf_counter()
-        mm.train(fit_store_item, source, backend="serial", progress=progress)
+        train(fit_store_item, source, backend="serial", progress=progress)
         numbers["serial_wall_s"] = time.perf_counter() - begin
         numbers["speedup"] = numbers["serial_wall_s"] / summary.wall_s
 

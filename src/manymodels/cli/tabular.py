@@ -384,7 +384,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     """
     is_classifier, is_regressor = _estimator_kinds()
 
-    import manymodels as mm
+    from ..api import train  # (not `import manymodels`: the layer contract sees these)
+    from ..inputs.sources import groups
 
     params, grid = dict(params or {}), {k: list(v) for k, v in (grid or {}).items()}
     both = [name for name in grid if name in params]
@@ -402,7 +403,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     _check_run_options(backend, timeout, store)
     by_columns = [by] if isinstance(by, str) else list(by)
     try:
-        table = mm.groups(data, by=by_columns).table
+        table = groups(data, by=by_columns).table
     except (ValueError, TypeError) as exc:  # a --by column's fault, or the data's
         raise ArgumentError(str(exc), "--by" if str(exc).startswith("by column")
                             else "DATA") from exc
@@ -424,7 +425,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
 
     path_note = try_fast(task, table, by_columns)
     try:
-        run = mm.train(task, mm.groups(table, by=by_columns), store=store, backend=backend,
+        run = train(task, groups(table, by=by_columns), store=store, backend=backend,
                        workers=workers, timeout=timeout, track=track)
     except (ValueError, TypeError) as exc:
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)

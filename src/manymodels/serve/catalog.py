@@ -29,7 +29,7 @@ from typing import Any
 
 from ..engine.execution import metrics_dict
 from ..engine.messages import Status
-from ..inputs.keys import canonical
+from ..inputs.keys import canonical, decode_key
 from ..store import taskblocks
 from .keytable import TEMPORAL, KeyTable, value_kind
 
@@ -274,7 +274,8 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
             raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "
                              f"({', '.join(catalog.by)}), got {text!r}")
         return tuple(temporal_key(v, column, name) if isinstance(v, str) and temporal(column)
-                     else v for v, column, name in zip(value, kinds, catalog.by))
+                     else tagged_value(v) if is_tagged(v) else v
+                     for v, column, name in zip(value, kinds, catalog.by))
     if temporal(kinds[0]):
         return (temporal_key(text, kinds[0], catalog.by[0]),)
     if "text" in kinds[0]:
@@ -285,10 +286,35 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
         return (text,)
     if isinstance(value, float) and not math.isfinite(value):
         return (text,)  # NaN, Infinity: no key is a number JSON cannot say
+    if is_tagged(value):
+        return (tagged_value(value),)
     kind = value_kind(value)
     if kind in ("number", "bool", "null") and (kind in kinds[0] or not kinds[0]):
         return (value,)
     return (text,)
+
+
+#: The tags of the store's text of a key part JSON has no type for
+#: (:func:`manymodels.inputs.keys.canonical`).
+_TAGS = frozenset({"$decimal", "$bytes", "$timedelta", "$time", "$date", "$datetime",
+                   "$tuple", "$str"})
+
+
+def is_tagged(value: Any) -> bool:
+    """Whether a key part read as JSON is in the store's tagged form,
+    ``{"$decimal": "1.5"}``, ``{"$bytes": "6162"}``: the only way a URL
+    names a key of a type JSON has not (a decimal, bytes, a time)."""
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _TAGS
+
+
+def tagged_value(value: dict) -> Any:
+    """The key part a tagged form stands for; a malformed one (bytes not in
+    hexadecimal, a decimal that is no number) refused, naming it."""
+    try:
+        return decode_key(json.dumps([value]))[0]
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise ValueError(f"the key part {json.dumps(value)} is not a {next(iter(value))[1:]} "
+                         f"as the store writes it ({type(exc).__name__}: {exc})") from exc
 
 
 class KeyTextError(ValueError):

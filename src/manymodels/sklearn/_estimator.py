@@ -199,7 +199,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         """Fit a model per group, and the fallback; ``sample_weight`` (one per
         row) goes to each group's fit with its rows' weights, and to the
         fallback's."""
-        import manymodels as mm
+        from ..api import train  # (not `import manymodels`: the layer contract sees these)
+        from ..inputs.sources import groups
 
         shrink = self._check_params()
         for stale in ("feature_names_in_", "shrinkage_factors_", "classes_"):  # a refit's, where
@@ -233,8 +234,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                          self.min_group_size)
         self.models_, self.parent_models_, failures = {}, {}, []
         if len(stacked):
-            run = mm.train(
-                fit_group, mm.groups(stacked, by=GROUP),
+            run = train(
+                fit_group, groups(stacked, by=GROUP),
                 shared={"estimator": self.estimator, "features": feature_columns,
                         "as_frame": self._as_frame, "weighted": sample_weight is not None},
                 backend=self.backend or "processes", workers=self.workers, progress=False)

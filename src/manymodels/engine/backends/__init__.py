@@ -18,6 +18,7 @@ BACKENDS: dict[str, type[Backend]] = {
 #: Backends whose engines load only when asked for: importing manymodels must
 #: not import pyspark or dask. name -> (module, class)
 _LAZY = {"spark": (".spark", "SparkBackend"), "dask": (".dask", "DaskBackend")}
+_BUILT_IN = frozenset(BACKENDS) | frozenset(_LAZY)
 
 
 def __getattr__(name: str) -> type[Backend]:
@@ -29,13 +30,22 @@ def __getattr__(name: str) -> type[Backend]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def register_backend(name: str, backend: type[Backend]) -> None:
+def register_backend(name: str, backend: type[Backend], *, replace: bool = False) -> None:
     """Make ``mm.train(..., backend=name)`` run on ``backend``, a :class:`Backend`
-    subclass (its contract is :class:`Backend`'s docstring)."""
+    subclass (its contract is :class:`Backend`'s docstring).
+
+    A built-in name (``"processes"``, ``"threads"``, ``"serial"``, ``"ray"``,
+    ``"spark"``, ``"dask"``) is refused unless ``replace=True``: replacing
+    one changes every run that names it, the CLI's too, unsaid. A name
+    registered before is replaced (a notebook's cell run again)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a backend's name must be a non-empty string, got {name!r}")
     if not (isinstance(backend, type) and issubclass(backend, Backend)):
         raise TypeError(f"backend must be a subclass of manymodels.Backend, got {backend!r}")
+    if name in _BUILT_IN and not replace:
+        raise ValueError(f"backend {name!r} is a built-in one; register {backend.__name__} "
+                         f"under another name, or pass replace=True to run every "
+                         f"backend={name!r} on it")
     BACKENDS[name] = backend
 
 

@@ -20,15 +20,21 @@ import pandas as pd
 from ...inputs.engineframes import refuse_engine_frame
 from . import kernels
 from .fitting import STATUSES, Fitted, blank_integers, fit_groups
-from .prepare import BLOCK_ROWS, Prepared, check, prepare
+from .prepare import BLOCK_ROWS, FAMILIES, Prepared, check, prepare
 from .result import LinearResult
 
 __all__ = ["LinearResult", "linear"]
 
+#: The arguments that one family alone reads, with their default there.
+FAMILY_ARGUMENTS: dict[str, tuple[str, Any]] = {
+    "alpha": ("ridge", 1.0), "C": ("logistic", 1.0), "max_iter": ("logistic", 100),
+    "tol": ("logistic", 1e-8)}
+
 
 def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], target: str,
            family: str = "ols", *, fit_intercept: bool = True, weights: str | None = None,
-           alpha: float | str = 1.0, C: float = 1.0, max_iter: int = 100, tol: float = 1e-8,
+           alpha: float | str | None = None, C: float | None = None,
+           max_iter: int | None = None, tol: float | None = None,
            workers: int = 1, block_rows: int = BLOCK_ROWS,
            device: str | None = None, store: Any = None,
            name: str | None = None) -> LinearResult:
@@ -37,13 +43,17 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
 
     ``family``: ``"ols"`` (scikit-learn's ``LinearRegression``), ``"wls"``
     (the same with row ``weights``, a column name), ``"ridge"`` (``Ridge``:
-    ``alpha`` a number, or the name of a column constant within each group;
-    the intercept is not penalised) or ``"logistic"`` (``LogisticRegression``
-    with its L2 penalty ``C``, a positive number, Python's or NumPy's, not a
-    bool; the intercept not penalised; the target holds
-    0 and 1; Newton's method, at most ``max_iter`` iterations, converged when
-    a step is below ``tol`` relative to the coefficients). ``weights`` also
-    applies to ridge and logistic (``sample_weight``).
+    ``alpha`` a number, or the name of a column constant within each group,
+    default 1.0; the intercept is not penalised) or ``"logistic"``
+    (``LogisticRegression`` with its L2 penalty ``C``, a positive number,
+    Python's or NumPy's, not a bool, default 1.0; the intercept not
+    penalised; the target holds 0 and 1; Newton's method, at most
+    ``max_iter`` iterations (default 100), converged when a step is below
+    ``tol`` (default 1e-8) relative to the coefficients). ``weights`` also
+    applies to ridge and logistic (``sample_weight``). ``alpha`` given to a
+    family other than ridge, or ``C``, ``max_iter`` or ``tol`` to one other
+    than logistic, is refused, naming the argument and the family: it would
+    change nothing, and a call that reads as penalised would not be.
 
     The work runs over blocks of at most ``block_rows`` (padded) rows, so its
     memory is bounded at any number of groups; ``workers`` threads fit
@@ -67,6 +77,8 @@ def linear(table: Any, by: str | Sequence[str], features: str | Sequence[str], t
                         "squares from the table's columns on this machine")
     if not isinstance(fit_intercept, bool):
         raise TypeError(f"fit_intercept must be True or False, got {fit_intercept!r}")
+    alpha, C, max_iter, tol = _family_arguments(
+        family, {"alpha": alpha, "C": C, "max_iter": max_iter, "tol": tol})
     # (NumPy's numbers too, as for alpha; a bool is no penalty: True was read as 1)
     if family == "logistic" and not (_is_number(C) and 0 < C < np.inf):
         raise ValueError(f"C must be a positive number, got {C!r}")
@@ -140,6 +152,22 @@ def assemble(family: str, by: list[str], features: list[str], target: str,
         metrics["reused_from"] = reused_from
     return LinearResult(family, by, features, target, fit_intercept, data.keys, fitted.coef,
                         fitted.intercept, metrics, timings)
+
+
+def _family_arguments(family: str, given: dict[str, Any]) -> list[Any]:
+    """``given``'s values in order, each absent one (None) its family's
+    default; one given to a family that does not read it is refused, so that
+    ``family="ols", alpha=1.0`` does not fit an unpenalised model unsaid."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+    values = []
+    for argument, value in given.items():
+        owner, default = FAMILY_ARGUMENTS[argument]
+        if value is not None and family != owner:
+            raise ValueError(f"{argument}= applies to family={owner!r} alone; "
+                             f"family={family!r} does not use it: leave it out")
+        values.append(default if value is None else value)
+    return values
 
 
 def _is_number(value: Any) -> bool:
