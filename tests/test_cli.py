@@ -214,8 +214,9 @@ def test_runs_and_show_are_readable_piped_at_80_columns(trained_store):
                 assert f"{task['r2']:.4g}" in cells and f"{task['mae']:.4g}" in cells
 
 
-def _on_a_terminal(*args, columns: int) -> str:
-    """What the command line shows on a terminal ``columns`` wide (a pseudo-terminal)."""
+def _on_a_terminal(*args, columns: int, status: int = 0) -> str:
+    """What the command line shows on a terminal ``columns`` wide (a
+    pseudo-terminal), exiting with ``status``."""
     import os
     import pty
     import re
@@ -237,7 +238,7 @@ def _on_a_terminal(*args, columns: int) -> str:
             chunks.append(chunk)
     finally:
         os.close(master)
-        assert process.wait(timeout=120) == 0, b"".join(chunks)
+        assert process.wait(timeout=120) == status, b"".join(chunks)
     text = b"".join(chunks).decode().replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # styles (bold) out
 
@@ -252,6 +253,17 @@ def test_show_on_a_narrow_terminal_splits_columns_not_values(trained_store):
     assert text.count("│ s001  │ i002 │") >= 2  # the key is repeated beside each part
     text = _on_a_terminal("runs", trained_store, columns=60)
     assert "…" not in text and "finished" in text, text
+
+
+def test_export_to_a_terminal_is_refused_before_any_work(trained_store):
+    """`export -o -` on a terminal sent Parquet's bytes to it (commands to
+    the terminal, nothing saved): refused naming --out; piped, it writes."""
+    text = _on_a_terminal("export", trained_store, "-o", "-", columns=200, status=2)
+    assert "Invalid value for --out" in text and "is a terminal" in text, text
+    assert "PAR1" not in text
+    piped = subprocess.run([sys.executable, "-m", "manymodels.cli", "export",
+                            str(trained_store), "-o", "-"], capture_output=True, timeout=120)
+    assert piped.returncode == 0 and piped.stdout[:4] == b"PAR1", piped.stderr
 
 
 @pytest.mark.parametrize("command", ["runs", "show"])
@@ -348,7 +360,7 @@ def test_output_places_and_options_are_checked_before_any_work(tmp_path, sales_f
         assert result.exit_code == 2 and hint in said and message in said, (args, said)
     assert not (tmp_path / "p.csv").exists()
     empty = tmp_path / "empty"
-    mm.Store(empty).close()
+    mm.Store(empty, read_only=False).close()  # (open to write: an empty store made)
     result = CliRunner().invoke(app, ["why", str(empty), "s000"])
     assert result.exit_code == 2 and "holds no runs yet" in _said(result.output)
 

@@ -741,6 +741,18 @@ def test_why_tells_a_key_1_from_a_key_1_as_text_as_python_writes_them(tmp_path):
     assert text.exit_code == 0 and text.output.startswith("'1' was trained"), text.output
 
 
+def test_show_tells_a_key_1_from_a_key_1_as_text(tmp_path):
+    """`show`'s table printed the keys 1 and "1" alike, two rows of 1: where
+    a text prints as a value of another type does, the column's texts are
+    shown as Python writes them, as `why` takes them."""
+    mm.train(_total, mm.items([1, "1", 2.5]), store=tmp_path / "s", backend="serial",
+             progress=False)
+    shown = _invoke("show", tmp_path / "s")
+    assert shown.exit_code == 0, shown.output
+    keys = [line.split()[0] for line in shown.output.splitlines()[2:]]
+    assert keys == ["1", "'1'", "2.5"]
+
+
 def test_train_without_scikit_learn_names_model_not_mlflow(tmp_path, trained, monkeypatch):
     """scikit-learn is no dependency of the package: without it, `manymodels
     train` said "Invalid value for --mlflow: No module named 'sklearn'", an
@@ -839,3 +851,31 @@ def test_an_output_that_would_replace_a_file_of_the_store_is_refused(tmp_path, t
             assert "is a file of the store" in result.output and "--out" in result.output
     assert _invoke("report", store, "-o", store / "report.html").exit_code == 0
     assert mm.Store(store).results()[["store", "artifact"]].equals(before)
+
+
+def test_predict_by_names_a_column_holding_a_comma(tmp_path):
+    """`predict --by 'store,region'` was split at its comma: a column so
+    named could not be given. The text names it whole where the table has
+    it; `a\\,b` names it where the table has a, b and 'a,b'; `train --by`
+    takes `\\,` too."""
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"store,region": np.repeat(["s0", "s1"], 20),
+                          "price": rng.uniform(1, 9, 40)})
+    table["sales"] = 3 * table["price"]
+    data = tmp_path / "sales.csv"
+    table.to_csv(data, index=False)
+    trained = _invoke("train", data, "--by", "store\\,region", "--target", "sales", "--model",
+                      "sklearn.linear_model.LinearRegression", "--store", tmp_path / "s",
+                      "--backend", "serial", "--no-fallback")
+    assert trained.exit_code == 0, trained.output
+    rows = tmp_path / "rows.csv"
+    table.drop(columns="sales").to_csv(rows, index=False)
+    out = tmp_path / "out.csv"
+    predicted = _invoke("predict", tmp_path / "s", rows, "--by", "store,region", "-o", out)
+    assert predicted.exit_code == 0, predicted.output
+    assert (pd.read_csv(out)["source"] == "group").all()
+    table.assign(store=1, region=2).drop(columns="sales").to_csv(rows, index=False)
+    both = _invoke("predict", tmp_path / "s", rows, "--by", "store,region", "-o", out)
+    assert both.exit_code == 2 and "write 'store\\,region' for the one column" in both.output
+    escaped = _invoke("predict", tmp_path / "s", rows, "--by", "store\\,region", "-o", out)
+    assert escaped.exit_code == 0, escaped.output

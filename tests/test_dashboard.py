@@ -498,3 +498,44 @@ def test_the_page_says_how_many_runs_the_store_holds_beyond_those_listed(tmp_pat
                  store=tmp_path / "store", reuse=False)
     page = Queries(tmp_path / "store").page(limit=2)
     assert [run["run_id"] for run in page["runs"]] == [3, 2] and page["runs_total"] == 3
+
+
+def test_a_store_held_locked_is_said_busy_never_read_stale(finished_store, monkeypatch):
+    """A read-only open that found the index locked fell back to SQLite's
+    ``immutable``, which reads the index file alone: the writes in the WAL
+    were not seen, nor any made later, for as long as the dashboard ran.
+    Where the store's folder can be written, it says the store is busy,
+    and the next poll reads it as it is."""
+    import gc
+    import sqlite3
+
+    from manymodels.observe.dashboard.queries import Queries
+    from manymodels.store import database
+
+    monkeypatch.setattr(database, "READ_BUSY_S", 0.1, raising=False)
+    gc.collect()  # (the fixture's run's own connections, in a reference cycle)
+    writer = sqlite3.connect(finished_store / "index.sqlite", isolation_level=None)
+    writer.execute("PRAGMA locking_mode=EXCLUSIVE")
+    writer.execute("UPDATE runs SET fit = 'written while locked'")
+    queries = Queries(finished_store)
+    with pytest.raises(mm.StoreError, match="index.sqlite' could not be read .*locked"):
+        queries.runs()
+    writer.close()
+    assert queries.runs()[0]["fit"] == "written while locked"
+
+
+def test_the_answers_kept_of_ended_runs_are_bounded(tmp_path, monkeypatch):
+    """Each ended run's answers were kept for as long as the dashboard ran:
+    a store of thousands of runs, clicked through, grew it without bound.
+    The answers of the last ENDED_RUNS_KEPT runs asked about are kept."""
+    from manymodels.observe.dashboard import queries as dashboard_queries
+
+    monkeypatch.setattr(dashboard_queries, "ENDED_RUNS_KEPT", 2, raising=False)
+    store = tmp_path / "store"
+    for _ in range(3):
+        mm.train(fit_small, mm.items(["k001", "k002"]), backend="serial", progress=False,
+                 store=store, reuse=False)
+    queries = dashboard_queries.Queries(store)
+    for run_id in (1, 2, 3):
+        assert queries.run(run_id)["summary"]["tasks"] == 2
+    assert {kept[0] for kept in queries._finished} == {2, 3}

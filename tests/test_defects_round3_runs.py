@@ -46,7 +46,7 @@ def test_store_runs_gives_utc_timestamps_and_the_command_line_the_same_instants(
 
 
 def test_a_store_with_no_runs_still_has_timestamp_columns(tmp_path):
-    mm.Store(tmp_path / "empty")
+    mm.Store(tmp_path / "empty", read_only=False)  # (open to write: an empty store made)
     runs = mm.Store(tmp_path / "empty").runs()
     assert runs.empty and isinstance(runs["started_at"].dtype, pd.DatetimeTZDtype)
 

@@ -172,6 +172,11 @@ def test_bad_starts_are_refused_by_name(trained, tmp_path):
     assert done.exit_code == 2 and "--token" in done.output
     done = runner.invoke(app, ["serve", str(trained[0]), "--token", " x "])
     assert done.exit_code == 2 and "Invalid value for --token" in done.output
+    # a host no resolver knows: said of --host (exit 1, "cannot listen", before)
+    done = runner.invoke(app, ["serve", str(trained[0]), "--host", "nosuchhost.invalid",
+                               "--token", "t"], env={"COLUMNS": "400"})
+    assert done.exit_code == 2 and "Invalid value for --host: 'nosuchhost.invalid'" in \
+        done.output, done.output
     with pytest.raises(ValueError, match="has no run 7"):
         mm.serve_app(trained[0], run=7)
     for size in ("lots", "0.5", "-1MB", True):

@@ -564,6 +564,44 @@ def test_the_readers_of_models_leave_out_a_run_still_being_written(tmp_path):
     assert mm.Store(store).predict(rows, by="g").tolist() == [2.0, 2.0]
 
 
+class _Width:
+    """A model that answers how many feature columns it was given."""
+
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), float(X.shape[1]))
+
+
+def test_predict_takes_its_recorded_features_from_the_run_whose_models_it_reads(tmp_path):
+    """Store.predict with no run= reads the models of the runs that have
+    ended; the features and by= the command line recorded come from those
+    runs too, not from a run still being written (which has none yet: the
+    model was given every column but the key)."""
+    import threading
+
+    store = tmp_path / "store"
+    frame = pd.DataFrame({"g": [0, 0, 1, 1], "x": [1.0, 2, 3, 4], "z": [0.0] * 4})
+    mm.train(lambda rows: _Width(), mm.groups(frame, by="g"), store=store,
+             backend="serial", progress=False)
+    mm.Store(store).attach(1, "train_config", {"by": ["g"], "features": ["x"]})
+    release, reached = threading.Event(), threading.Event()
+
+    def slow(rows):
+        reached.set()
+        release.wait(30)
+        return _Width()
+
+    second = threading.Thread(target=mm.train, args=(slow, mm.groups(frame, by="g")),
+                              kwargs={"store": store, "backend": "serial",
+                                      "progress": False})
+    second.start()
+    try:
+        assert reached.wait(30)
+        assert mm.Store(store).predict(frame).tolist() == [1.0] * 4
+    finally:
+        release.set()
+        second.join(60)
+
+
 def test_a_run_deleted_while_it_runs_says_so(tmp_path):
     """Store.delete(run, force=True) of a run that is still running made its
     driver fail with "FOREIGN KEY constraint failed ... What was committed

@@ -260,6 +260,27 @@ def test_a_running_run_of_a_live_driver_stays_running(tmp_path):
     assert mm.Store(store).runs()["status"].tolist() == ["finished"]
 
 
+def test_a_store_that_does_not_exist_is_refused_by_its_readers_and_made_by_a_run(tmp_path):
+    """mm.Store of a path with no store (a typo) made an empty store there,
+    and its readers answered "no runs": they say the store does not exist,
+    naming the path, and nothing is made; a run given that Store makes it."""
+    path = tmp_path / "typo"
+    store = mm.Store(path)
+    frame = pd.DataFrame({"g": [1, 1, 2], "x": [1.0, 2.0, 3.0]})
+    for read in (store.runs, store.results, lambda: store.load(1), store.models, store.gc,
+                 store.verify, store.linear, lambda: store.why_not_reused(1),
+                 lambda: store.export(path.with_suffix(".parquet")),
+                 lambda: store.predict(frame, by="g")):
+        with pytest.raises(mm.StoreError, match=f"the store '{re.escape(str(path))}' does "
+                                                "not exist"):
+            read()
+    assert not path.exists()
+    run = mm.train(lambda rows: len(rows), mm.groups(frame, by="g"), store=store,
+                   backend="serial", progress=False)
+    assert run.failed.empty and store.runs()["status"].tolist() == ["finished"]
+    assert store.load(2) == 1
+
+
 def test_read_only_store_can_be_read_not_trained_into(tmp_path):
     store = tmp_path / "store"
     mm.train(fit_big, mm.items(range(3)), store=store, backend="serial", progress=False)
@@ -480,7 +501,7 @@ def test_a_column_no_value_of_which_can_be_told_apart_is_refused_by_name(tmp_pat
     with pytest.raises(TypeError, match="column 'payload' holds values that cannot be hashed"):
         mm.train(_rows_per_list, mm.groups(table, by="g"), store=tmp_path / "store",
                  backend="threads", workers=1, progress=False)
-    assert mm.Store(tmp_path / "store").runs().empty
+    assert not (tmp_path / "store").exists()  # refused before the store was made
 
 
 @pytest.mark.parametrize("make", [
@@ -755,7 +776,7 @@ def test_a_store_inside_another_stores_artifacts_is_refused_and_left_alone_by_gc
 def test_a_store_path_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    store = mm.Store("~/models")
+    store = mm.Store("~/models", read_only=False)  # (open to write: made at once)
     assert store.path == tmp_path / "home" / "models"
     assert (tmp_path / "home" / "models" / "index.sqlite").is_file()
     assert not (tmp_path / "~").exists()

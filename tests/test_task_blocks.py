@@ -698,7 +698,7 @@ def test_a_store_of_a_later_layout_is_refused_by_name(tmp_path):
     from manymodels.store import StoreError, database
 
     store = tmp_path / "store"
-    mm.Store(store).close()
+    mm.Store(store, read_only=False).close()  # (open to write: an empty store made)
     with sqlite3.connect(store / "index.sqlite") as conn:
         conn.execute(f"PRAGMA user_version = {database.FORMAT + 1}")
     for read_only in (False, True):

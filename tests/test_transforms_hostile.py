@@ -343,3 +343,21 @@ def test_a_split_and_a_mixed_output_are_worded_as_they_are():
     with pytest.raises(TypeError, match="returned an int and pandas"):
         mm.map_partitions(_one_for_the_first_partition, pd.DataFrame({"x": range(4)}), 2,
                           **SERIAL)
+
+
+def _key_kind(rows, key):
+    return pd.DataFrame({"kind": [type(key).__name__], "same": [key == rows["d"].iloc[0]]})
+
+
+def test_a_time_key_reaches_fn_as_a_timestamp_whatever_its_precision():
+    """A time key reached ``fn`` as a datetime, and as a Timestamp where it
+    had nanoseconds (Arrow's choice, value by value): it is a Timestamp, as
+    run.models holds it, and in every group, for train and map_groups."""
+    frame = pd.DataFrame({"d": pd.to_datetime(["2024-01-01", "2024-01-01 00:00:00.000000002",
+                                               "2024-01-02"], format="ISO8601").tz_localize(
+        "Europe/Paris"), "w": pd.to_timedelta([1, 2, 3], unit="s")})
+    out = mm.map_groups(_key_kind, mm.groups(frame, by="d"), backend="serial")
+    assert out["kind"].tolist() == ["Timestamp"] * 3 and out["same"].all()
+    run = mm.train(lambda rows, key: {"kind": type(key[1]).__name__},
+                   mm.groups(frame, by=["d", "w"]), backend="serial", progress=False)
+    assert run.results["kind"].tolist() == ["Timedelta"] * 3

@@ -138,7 +138,26 @@ FORMAT_HELP = ("table (aligned; plain text when piped), csv or json (every colum
 
 
 def split_list(text: str | None) -> list[str]:
-    return [part.strip() for part in (text or "").split(",") if part.strip()]
+    """A comma-separated list's names; ``\\,`` is a comma inside a name
+    (a column ``"a,b"``: ``--by 'a\\,b'``)."""
+    import re
+
+    parts = re.split(r"(?<!\\),", text or "")
+    return [part.strip().replace("\\,", ",") for part in parts if part.strip()]
+
+
+def column_list(text: str, columns: list[str], option: str) -> list[str]:
+    """The columns of a table (of ``columns``) that ``option``'s ``text``
+    names: its comma-separated names, or the one column it spells whole
+    (a name holding a comma); refused where it could be either."""
+    names, whole = split_list(text), text.strip()
+    if len(names) < 2 or whole not in columns or "\\," in text:
+        return names
+    if all(name in columns for name in names):
+        escaped = whole.replace(",", "\\,")
+        fail(f"{text!r} names the column {whole!r} and the columns {names}: write "
+             f"'{escaped}' for the one column", option)
+    return [whole]
 
 
 def fail(message: str, hint: str) -> NoReturn:

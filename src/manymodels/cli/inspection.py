@@ -8,8 +8,16 @@ import typer
 
 from .app import app
 from .arguments import FORMAT_HELP, fail, open_store
-from .outputs import check_out, check_out_of_store, out_name, said, written
-from .tables import OutputFormat, cell, error_line, iso_times, local_time, print_frame
+from .outputs import check_binary_out, check_out, check_out_of_store, out_name, said, written
+from .tables import (
+    OutputFormat,
+    cell,
+    error_line,
+    iso_times,
+    local_time,
+    print_frame,
+    texts_quoted_beside_others,
+)
 
 
 @app.command()
@@ -65,7 +73,7 @@ def show(
     frame = frame.drop(columns=["artifact", "run_id", "started_at"])
     frame["error"] = frame["error"].map(lambda e: error_line(e)[:80])
     shown = 20 if limit is None else limit
-    print_frame(frame.head(shown), "results", keys=keys)
+    print_frame(texts_quoted_beside_others(frame.head(shown), keys), "results", keys=keys)
     if len(frame) > shown:  # (the first line counts every task: say these are not all)
         typer.echo(f"... {len(frame) - shown} more task(s) not shown (--limit N shows N; "
                    "-f csv or -f json, all)")
@@ -83,6 +91,7 @@ def export(
     Example: manymodels export models/ -o results.parquet
     """
     check_out(out, (".parquet", ".pq"))
+    check_binary_out(out, "Parquet")
     check_out_of_store(out, store)
     opened = open_store(store)
     try:

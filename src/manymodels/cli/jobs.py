@@ -8,7 +8,7 @@ import typer
 from ..engine.scheduling import RunInterrupted
 from ..inputs.tables import named_twice
 from .app import app
-from .arguments import fail, open_store, split_list
+from .arguments import column_list, fail, open_store, split_list
 from .outputs import check_out, check_out_of_store, out_name, said, written
 
 
@@ -184,11 +184,12 @@ def predict(
         if taken:  # (the output would replace it)
             fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
                   "rename it", "DATA")
-        absent = [name for name in split_list(by) if name not in frame.columns]
+        by_columns = column_list(by or "", list(frame.columns), "--by")
+        absent = [name for name in by_columns if name not in frame.columns]
         if absent:
             fail(f"column {absent[0]!r} is not in DATA; its columns are "
                   f"{[str(c) for c in frame.columns]}", "--by")
-        predicted = opened.predict(frame, by=split_list(by) or None, run=run,
+        predicted = opened.predict(frame, by=by_columns or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)
     except (ValueError, TypeError) as exc:  # --by other than the run's keys: its fault

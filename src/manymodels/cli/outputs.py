@@ -46,6 +46,24 @@ def check_out(out: str, suffixes: tuple[str, ...] = (), option: str = "--out") -
         fail(f"{out!r} cannot be written here (permissions)", option)
 
 
+def check_binary_out(out: str, what: str, option: str = "--out") -> None:
+    """Refuse, before any work, to write ``what`` (a binary format: Parquet)
+    to a terminal (``-o -`` not redirected): its bytes would be sent to the
+    terminal as commands, never saved."""
+    import os
+
+    descriptor = inherited_descriptor(out)
+    try:
+        terminal = (os.isatty(descriptor) if descriptor is not None else is_device(out)
+                    and os.path.realpath(out).startswith(("/dev/tty", "/dev/pts/",
+                                                          "/dev/console")))
+    except OSError:  # (a descriptor that is not open: said when written)
+        terminal = False
+    if terminal:
+        fail(f"{out!r} is a terminal, and {what} is binary: redirect it to a file "
+             f"(> results.parquet) or a pipe, or name a file", option)
+
+
 def check_out_of_store(out: str, store: str, option: str = "--out") -> None:
     """Refuse an output that would replace a file of the store the command
     reads (``export models/ -o models/index.sqlite``, a slip of the

@@ -60,6 +60,7 @@ def serve(
     if not _loopback(host) and not token:
         raise _refuse(f"{host!r} is not loopback: give --token (or MANYMODELS_SERVE_TOKEN), "
                       "which every request must then carry", "--host")
+    family = _address_family(host, port)  # (before the store is read)
     options = {"run": run, "cache_models": cache_models, "cache_bytes": cache_bytes,
                "max_body": max_body, "token": token or None, "poll": poll or None}
     held = _hold_logs()  # written once the port is had: a port in use is then one line
@@ -72,7 +73,8 @@ def serve(
                 else "--token" if text.startswith("token ") else "STORE")
         _release_logs(held)
         raise _refuse(text, hint) from exc
-    listening = _listen(host, port, held)  # the URL is said once its port is ours (--port 0)
+    # the URL is said once its port is ours (--port 0)
+    listening = _listen(host, port, family, held)
     _release_logs(held)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address, in a URL: [::1]
     typer.echo(f"manymodels serve {store}: http://{shown}:{listening.getsockname()[1]}"
@@ -131,12 +133,25 @@ def _release_logs(held: logging.handlers.MemoryHandler | None, drop: bool = Fals
     held.close()  # (flushes what it holds)
 
 
-def _listen(host: str, port: int, held: logging.handlers.MemoryHandler | None
-            ) -> socket.socket:
-    """A socket listening on ``host``:``port``, handed to uvicorn (and its
-    workers); a port that cannot be had is refused in one line, exit status 1
-    (the log lines ``held`` dropped)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+def _address_family(host: str, port: int) -> socket.AddressFamily:
+    """The family of the address ``host`` names (IPv4 or IPv6); one that
+    names none (a typo, a name no resolver knows) is refused naming --host,
+    before the store is read, not told as a port that cannot be had."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise _refuse(f"{host!r} is not an address this machine can listen on: "
+                      f"{getattr(exc, 'strerror', None) or exc}", "--host") from exc
+    return found[0][0]
+
+
+def _listen(host: str, port: int, family: socket.AddressFamily,
+            held: logging.handlers.MemoryHandler | None) -> socket.socket:
+    """A socket listening on ``host``:``port`` (an address of ``family``),
+    handed to uvicorn (and its workers); a port that cannot be had is
+    refused in one line, exit status 1 (the log lines ``held`` dropped)."""
+    sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

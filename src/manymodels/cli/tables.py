@@ -49,6 +49,30 @@ def _escaped(match: re.Match) -> str:
     return match.group().encode("unicode_escape").decode("ascii")
 
 
+def texts_quoted_beside_others(frame: Any, columns: int) -> Any:
+    """``frame`` whose first ``columns`` columns (keys), where a text among
+    one's values prints as a value of another type does (``"1"`` beside
+    ``1``), show each text of that column as Python writes it, ``'1'``
+    (which ``why`` takes)."""
+    frame = frame.copy()
+    for name in frame.columns[:columns]:
+        printed: dict[bool, set[str]] = {True: set(), False: set()}
+        for value in frame[name]:
+            if not _missing(value):
+                printed[isinstance(value, str)].add(cell(value, exact=True))
+        if printed[True] & printed[False]:
+            frame[name] = frame[name].map(lambda v: repr(v) if isinstance(v, str) else v)
+    return frame
+
+
+def _missing(value: Any) -> bool:
+    """A missing key value (None, NaN, NaT, NA): neither text nor another type."""
+    import pandas as pd
+
+    return value is None or value is pd.NA or value is pd.NaT or (
+        isinstance(value, float) and math.isnan(value))
+
+
 def json_value(value: Any) -> Any:
     """``value`` as JSON can hold it: a plain Python scalar; None for NaN (a
     missing value); the strings ``"Infinity"`` and ``"-Infinity"`` for an

@@ -58,6 +58,33 @@ def canonical(value: Any) -> Any:
     return {"$str": str(value)}  # a path, an enum: kept readable, matched by its text
 
 
+def as_run_keys(rows: list[tuple]) -> list[tuple]:
+    """Key rows with each time and duration as the store and ``run.models``
+    give it back (``decode_key``): a ``pandas.Timestamp`` or ``Timedelta``.
+    Arrow gives a datetime where the value has no nanoseconds and a
+    ``Timestamp`` where it has, so that ``fit``'s ``key=`` changed type from
+    one group to the next, and was not the key the run kept its model under."""
+    import pandas as pd
+
+    kinds = set(map(type, (value for parts in rows for value in parts)))
+    if not any(issubclass(kind, (_dt.datetime, _dt.timedelta, np.datetime64, np.timedelta64))
+               and kind not in (pd.Timestamp, pd.Timedelta) for kind in kinds):
+        return rows
+    return [tuple(map(_as_run_key, parts)) for parts in rows]
+
+
+def _as_run_key(value: Any) -> Any:
+    import pandas as pd
+
+    if isinstance(value, (_dt.datetime, np.datetime64)) and not (
+            isinstance(value, np.datetime64) and np.isnat(value)):
+        return pd.Timestamp(value)
+    if isinstance(value, (_dt.timedelta, np.timedelta64)) and not (
+            isinstance(value, np.timedelta64) and np.isnat(value)):
+        return pd.Timedelta(value)
+    return value
+
+
 def _restore(value: Any) -> Any:
     if not isinstance(value, dict):
         return value

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..inputs.engineframes import nested_key_error
 from ..inputs.grids import MOST_SETTINGS, GridSource, ProductSource
 from ..inputs.itemsource import ItemSource
+from ..inputs.keys import as_run_keys
 from ..inputs.sources import GroupSource, PartitionSource, Source
 from ..inputs.tables import exact_pandas, presorted_group_lengths, sort_order
 from .sortedreads import sort_once
@@ -416,7 +417,8 @@ def add_fit_keys(plan: Plan, fit: Any, passed: set[str]) -> None:
     if "key" in plan.param_columns or "key" in passed:
         return
     width = len(plan.key_columns) - len(plan.param_columns)
+    rows = as_run_keys(plan.key_rows)  # (a time as a Timestamp, whatever Arrow gave)
     if width == 1:
-        plan.fit_keys = [parts[0] for parts in plan.key_rows]
+        plan.fit_keys = [parts[0] for parts in rows]
     else:
-        plan.fit_keys = [parts[:width] for parts in plan.key_rows]
+        plan.fit_keys = [parts[:width] for parts in rows]

@@ -399,8 +399,10 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if linear is not None:  # (refused before any work, as the engine's table is)
         refuse_engine_frame(table, "predict's table", "an mm.linear run predicts its rows "
                             "on the driver, vectorised")
-    # an mm.linear run records no train_config nor selection: its by is its key columns
-    config = {} if linear is not None else store.attached("train_config", run,
+    # an mm.linear run records no train_config nor selection: its by is its key columns;
+    # else run_id's (with no run=, the latest run that has ended, whose models are
+    # read: a run still being written has no train_config yet)
+    config = {} if linear is not None else store.attached("train_config", run_id,
                                                           default={}) or {}
     chosen = None if linear is not None else store._selection(run)
     asked = _column_names(by)

@@ -279,6 +279,7 @@ def _open_store(store: Any, store_type: type[Store]) -> Store | None:
         if not isinstance(store, (str, Path)):
             raise TypeError(f"store must be a directory path or a Store, got {store!r}")
         store = store_type(store)
+    store._make()  # (where it was opened with no store there yet)
     if store.read_only:
         raise StoreError(f"store {str(store)!r} is open for reading only (its files are "
                          "not writable here): it can be read, not trained into")

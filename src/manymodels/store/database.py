@@ -163,6 +163,9 @@ class StoreIntegrityError(RuntimeError):
 
 #: The page size of a new store's index (an existing one keeps its own).
 PAGE_SIZE = 1 << 16
+#: Seconds a read-only connection waits for a writer that holds the index
+#: locked, before it says the store is busy (SQLite's own default).
+READ_BUSY_S = 5.0
 
 
 def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sqlite3.Connection:
@@ -230,9 +233,15 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
         raise StoreError(f"store index {str(index)!r} does not exist")
     uri = f"file:{quote(str(index.resolve()))}?mode=ro"
     try:
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
+                               timeout=READ_BUSY_S)
         conn.execute("SELECT count(*) FROM runs").fetchone()
-    except sqlite3.OperationalError:
+    except sqlite3.OperationalError as exc:
+        if _writable_beside(index):  # a live store: immutable would read it stale, forever
+            busy = (f": another process held it locked for {READ_BUSY_S:g} s; try again"
+                    if "locked" in str(exc) else "")
+            raise StoreError(f"store index {str(index)!r} could not be read ({exc}){busy}"
+                             ) from exc
         conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
                                isolation_level=None)
         conn.execute("SELECT count(*) FROM runs").fetchone()
@@ -245,6 +254,16 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
                      "INTEGER, tasks INTEGER, trained INTEGER, data BLOB, "
                      "trained_identities BLOB, same_as INTEGER, written_packs BLOB)")
     return conn
+
+
+def _writable_beside(index: Path) -> bool:
+    """Whether SQLite could keep its WAL's shared memory beside ``index``
+    (its folder writable, and that file, where it is there): a store a
+    writer may be writing. Only where it could not is the index opened as
+    immutable, whose reads never see a write made after it was opened."""
+    shared = index.with_name(INDEX_NAME + "-shm")
+    return os.access(index.parent, os.W_OK | os.X_OK) and (
+        not shared.exists() or os.access(shared, os.R_OK | os.W_OK))
 
 
 def _has_content(path: Path) -> bool:

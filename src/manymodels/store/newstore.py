@@ -31,7 +31,7 @@ def prepare_directory(path: Path, read_only: bool | None = None) -> bool:
             raise StoreError(f"store index {str(index)!r} cannot be read")
         return False
     if not index.exists():
-        _refuse_inside_artifacts(path)
+        refuse_inside_artifacts(path)
     else:  # read only, before this process writes anything here
         check_existing_index(index)
     try:
@@ -98,7 +98,7 @@ class NewStore:
                     folder.rmdir()
 
 
-def _refuse_inside_artifacts(path: Path) -> None:
+def refuse_inside_artifacts(path: Path) -> None:
     """Refuse a new store inside another store's ``artifacts`` folder, whose
     :meth:`~manymodels.Store.gc` would remove its files as strays."""
     for parent in path.resolve().parents:

@@ -32,6 +32,8 @@ def store_to_make(store: object) -> bool:
     missing, an empty folder or one of other files). A run makes it only
     once its input is checked, so that a refused input leaves the path as it
     was, not an empty store."""
+    if isinstance(store, OpenedIndex):  # opened where there was none: made by the run
+        return store._missing
     if not isinstance(store, (str, PurePath)) or is_remote(str(store)):
         return False
     return newstore.NewStore.before(Path(store).expanduser()) is not None
@@ -66,13 +68,34 @@ class OpenedIndex:
                         f"{copied!r}: it opens for reading only; open that store by its URI "
                         "to write to it")
                 read_only, self.root = True, copied
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connecting = threading.Lock()
+        self._making = threading.Lock()
+        self._closed = False
+        #: True where no store was at the local path when opened (and
+        #: ``read_only=False``, open to write, was not asked): nothing is made
+        #: until a run writes to it (:meth:`_make`), and reading it is refused,
+        #: naming the path (a typo would read as an empty store)
+        self._missing = (self._remote is None and read_only is None
+                         and newstore.NewStore.before(self.path) is not None)
+        if self._missing:
+            newstore.refuse_inside_artifacts(self.path)  # (at once: not only when a run makes it)
+            #: True when the store was opened for reading only (asked for, or the
+            #: files are not writable by this user): it can be read, not trained into.
+            self.read_only = False
+        else:
+            self._open_index(read_only)
+        self._publish()  # the runs of a driver here that stopped before publishing
+
+    def _open_index(self, read_only: bool | None) -> None:
+        """Open the index (making the store where there is none yet): its
+        first connection, this thread's."""
         # what this call makes, where it makes a new store: removed again
         # if it is refused (a full disk), so that nothing half-made is left
         made = (None if self._remote is not None or read_only is True
                 else newstore.NewStore.before(self.path))
         try:
-            #: True when the store was opened for reading only (asked for, or the
-            #: files are not writable by this user): it can be read, not trained into.
             self.read_only = not newstore.prepare_directory(self.path, read_only)
             if made is not None and not self.read_only:
                 made.claim_index()
@@ -88,12 +111,27 @@ class OpenedIndex:
                 raise database.StoreError(f"the store {str(self.path)!r} could not be made, "
                                           f"and nothing of it is left: {exc}") from exc
             raise
-        self._local = threading.local()
-        self._connections = [first]
-        self._local.conn = self._connections[0]
-        self._connecting = threading.Lock()
-        self._closed = False
-        self._publish()  # the runs of a driver here that stopped before publishing
+        with self._connecting:
+            self._connections.append(first)
+        self._local.conn = first
+
+    def _make(self) -> None:
+        """Make the store where none was when it was opened (a run about to
+        write to it); nothing otherwise."""
+        with self._making:
+            if self._missing and not self._closed:  # (a closed one is refused on use)
+                self._open_index(None)
+                self._missing = False
+
+    def _refuse_missing(self) -> None:
+        """Refuse to read a store that does not exist (one made since by
+        another process is opened now): where each public reader (and gc,
+        delete, attach) starts. The index's connection itself makes it, for
+        the writers below a run."""
+        if self._missing and not (self.path / database.INDEX_NAME).exists():
+            raise database.StoreError(
+                f"the store {str(self.path)!r} does not exist (no index.sqlite there): "
+                "name an existing store to read it; mm.train(..., store=) makes a new one")
 
     def __enter__(self) -> OpenedIndex:
         return self
@@ -198,6 +236,8 @@ class OpenedIndex:
         if self._closed:
             raise database.StoreError(f"the store {str(self)!r} was closed: open it again "
                                       "(mm.Store(...)) to use it")
+        if self._missing:  # (a write below a run's: readers refused it already)
+            self._make()
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = database.connect(self.path, read_only=self.read_only, opened=True)
@@ -231,6 +271,7 @@ class OpenedIndex:
     def _require_writable(self, what: str) -> None:
         """Refuse ``what`` on a store open for reading only; on an object
         store, bring the copy to what was published first (:meth:`_refresh`)."""
+        self._refuse_missing()
         if self.read_only:
             raise database.StoreError(
                 f"store {str(self)!r} is open for reading only (asked for, or its "

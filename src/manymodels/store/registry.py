@@ -64,7 +64,10 @@ class Store(OpenedIndex):
     ``mm.train(..., store="models/")`` records every task there; a re-run with
     the same store reuses each finished model whose identity (code, parameters,
     data) is unchanged and trains only what changed. A store this user may
-    only read (or ``read_only=True``) opens for reading.
+    only read (or ``read_only=True``) opens for reading. A path where there
+    is no store makes nothing: reading it raises :class:`StoreError` naming
+    the path, and a run given it makes the store (``read_only=False``: made
+    at once).
 
     ``store="s3://bucket/models"`` (any location pyarrow's filesystems open)
     keeps the model files there, uploaded by the workers, and the index in a
@@ -88,6 +91,7 @@ class Store(OpenedIndex):
         ``.dt.tz_convert(zone)`` gives them in another zone,
         ``.dt.tz_localize(None)`` as naive UTC times.
         """
+        self._refuse_missing()
         frame = pd.read_sql_query(
             "SELECT run_id, started_at, finished_at, status, backend, workers, source, fit, "
             "tasks, ok, failed, reused, wall_s FROM runs ORDER BY run_id", self._conn)
@@ -125,6 +129,7 @@ class Store(OpenedIndex):
         run's, or with ``ended`` the latest that has ended (what the readers
         of models take: a run still being written holds some groups' models
         and not yet others', as ``serve`` leaves it out)."""
+        self._refuse_missing()
         if run is not None:
             run = run_number(run)
         if run is None:
@@ -432,6 +437,7 @@ class Store(OpenedIndex):
         :mod:`.verify`). A store open for reading only is checked, not marked."""
         from .verify import verify_store
 
+        self._refuse_missing()
         if not self.read_only:
             self._refresh()
         found = verify_store(self._conn, self.root)
@@ -440,6 +446,7 @@ class Store(OpenedIndex):
 
     def integrity_check(self) -> str:
         """SQLite's own ``PRAGMA integrity_check`` ("ok" when sound)."""
+        self._refuse_missing()
         return self._conn.execute("PRAGMA integrity_check").fetchone()[0]
 
     # -- explaining reuse ------------------------------------------------------------

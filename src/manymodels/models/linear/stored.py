@@ -65,6 +65,7 @@ def open_store(store: Any, name: str) -> Opened:
         opened = Opened(Store(store), name, True)
     else:
         raise TypeError(f"store= must be a path or a manymodels.Store, got {store!r}")
+    opened.store._make()  # (where it was opened with no store there yet)
     if opened.store.read_only:
         if opened.owned:
             opened.store.close()

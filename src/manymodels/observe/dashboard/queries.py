@@ -46,6 +46,11 @@ _FAILED = tuple(str(getattr(s, "value", s)) for s in FAILURE_STATUSES)
 #: of numpy columns), and several live runs polled in turn must not evict
 #: each other (each would be decoded whole again at every poll).
 RUNS_KEPT = 4
+#: Ended runs whose answers (one per section) are kept, the most recently
+#: asked about: a dashboard left open on a store of thousands of runs, each
+#: clicked in turn, kept every one's answers (their slowest tasks, failures
+#: and timelines) for as long as it ran.
+ENDED_RUNS_KEPT = 64
 #: A running run's answer is kept for this many times what it cost (at least
 #: a second), so that the dashboard takes at most a fifth of a core from the
 #: training it watches; at a million tasks a poll costs about 0.1 s (the new
@@ -190,12 +195,14 @@ class Queries:
             elif run["ok"] is not None:  # recorded when it ended
                 done = run["ok"] + (run["failed"] or 0)
             else:  # its driver died: count what it committed (once: it cannot change)
-                done = self._finished.get((*_identity(run), "done"))
-                if done is None:
+                done, ended = (self._finished.get((*_identity(run), name))
+                               for name in ("done", "ended"))
+                if done is None or ended is None:
                     tasks = self._tasks(run, memos.get(run["run_id"]))
-                    done = self._finished[(*_identity(run), "done")] = tasks.done
-                    self._finished[(*_identity(run), "ended")] = _ended_at(run, tasks)
-                run["ended_at"] = self._finished.get((*_identity(run), "ended"))
+                    done, ended = tasks.done, _ended_at(run, tasks)
+                    self._keep_ended((*_identity(run), "done"), done)
+                    self._keep_ended((*_identity(run), "ended"), ended)
+                run["ended_at"] = ended
             run["done"] = done
             run.update(self._pace(run, tasks if run["status"] == "running" else None))
         return runs
@@ -253,13 +260,24 @@ class Queries:
         run = memo.get("run") or memo.setdefault("run", self.run_row(run_id))
         cacheable = run["status"] != "running" and not search
         kept = (*_identity(run), name)
-        if cacheable and kept in self._finished:
-            return self._finished[kept]
+        if cacheable:
+            with self._lock:
+                if kept in self._finished:  # most recently used last
+                    self._finished[kept] = value = self._finished.pop(kept)
+                    return value
         method = getattr(self, f"_{name}")
         value = method(run, memo, search) if name == "failures" else method(run, memo)
         if cacheable:
-            self._finished[kept] = value
+            self._keep_ended(kept, value)
         return value
+
+    def _keep_ended(self, kept: tuple, value: Any) -> None:
+        """Keep an ended run's section's answer; past :data:`ENDED_RUNS_KEPT`
+        runs' answers, the least recently asked for go."""
+        with self._lock:
+            self._finished[kept] = value
+            while len(self._finished) > ENDED_RUNS_KEPT * len(SECTIONS):
+                self._finished.pop(next(iter(self._finished)))
 
     def run(self, run_id: int, search: str = "") -> dict[str, Any]:
         """Every section of a run's page, in one answer."""
