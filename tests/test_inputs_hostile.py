@@ -550,3 +550,37 @@ def test_a_glob_pattern_is_named_as_a_pattern_that_is_not_expanded(tmp_path):
     for options in ({}, {"read_on_workers": True}):
         with pytest.raises(ValueError, match="a glob pattern is not expanded"):
             mm.groups(pattern, by="g", **options)
+
+
+def _ids_and_rows(rows):
+    return None, {"x": ",".join(map(str, rows["x"])), "id": ",".join(map(str, rows["id"]))}
+
+
+@pytest.mark.parametrize("negative", [False, True])
+@pytest.mark.parametrize("in_key_order", [True, False])
+def test_ids_unsigned_in_one_parquet_file_and_signed_in_another_read_on_workers_as_eagerly(
+        tmp_path, negative, in_key_order):
+    """A column ``uint64`` in one file and int64 in another is ``uint64``
+    (text where a signed file holds a negative value) read on the workers
+    too, as an eager read makes it. Arrow's unification made it int64 there:
+    a worker's read failed on the first id past int64's range ("Integer
+    value ... not in range", naming no column)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    signed = [-1, -1, 1] if negative else [1, 1, 2]
+    unsigned = [2**64 - 1, 2**63, 2**63 + 1] if in_key_order else [2**64 - 1, 1, 2**63]
+    pq.write_table(pa.table({"g": pa.array(signed, pa.int64()), "x": [0, 1, 2],
+                             "id": pa.array([7, 8, 9], pa.int64())}), folder / "a.parquet")
+    pq.write_table(pa.table({"g": pa.array(unsigned, pa.uint64()), "x": [3, 4, 5],
+                             "id": pa.array([2**64 - 1, 5, 6], pa.uint64())}),
+                   folder / "b.parquet")
+    eager, on_workers = (mm.train(_ids_and_rows, mm.groups(folder, by="g",
+                                                           read_on_workers=read_on_workers),
+                                  backend="serial", progress=False)
+                         for read_on_workers in (False, True))
+    assert on_workers.failed.empty
+    assert on_workers.results["g"].dtype == eager.results["g"].dtype
+    assert negative or eager.results["g"].dtype == np.uint64
+    columns = ["g", "x", "id"]
+    assert on_workers.results[columns].values.tolist() == eager.results[columns].values.tolist()
+    assert str(2**64 - 1) in on_workers.results["id"].tolist()
