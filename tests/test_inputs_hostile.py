@@ -584,3 +584,25 @@ def test_ids_unsigned_in_one_parquet_file_and_signed_in_another_read_on_workers_
     columns = ["g", "x", "id"]
     assert on_workers.results[columns].values.tolist() == eager.results[columns].values.tolist()
     assert str(2**64 - 1) in on_workers.results["id"].tolist()
+
+
+def _nested_value_types(rows):
+    first_list, first_struct = rows["scores"][0], rows["info"][0]
+    return None, {"list": str(first_list.dtype), "struct": type(first_struct["n"]).__name__}
+
+
+@pytest.mark.parametrize("format", ["pandas", "numpy"])
+def test_integers_inside_lists_and_structs_stay_integers_whatever_its_batch_holds(format):
+    """A list or struct column whose integers miss a value in one group:
+    converted in one go, every group of the batch got floats inside its
+    lists and dicts, and which groups did changed with workers= (a batch's
+    size)."""
+    n = 200
+    scores = [[i, None] if i % 50 == 0 else [i, i + 1] for i in range(n)]
+    info = [{"n": None if i % 50 == 0 else i} for i in range(n)]
+    table = pa.table({"g": np.arange(n), "scores": pa.array(scores), "info": pa.array(info)})
+    run = mm.train(_nested_value_types, mm.groups(table, by="g", format=format),
+                   backend="serial", progress=False)
+    clean = run.results[run.results["g"] % 50 != 0]
+    assert set(clean["list"]) == {"int64"}
+    assert set(clean["struct"]) == {"int"}
