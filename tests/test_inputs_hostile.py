@@ -411,6 +411,8 @@ def test_tables_that_are_no_table_or_keys_that_cannot_be_grouped_are_named(tmp_p
         mm.groups(pl.Series("k", [1, 2]), by="k")
     with pytest.raises(TypeError, match="not a Series .*to_frame"):
         mm.groups(pd.Series([1, 2], name="k"), by="k")
+    with pytest.raises(TypeError, match=r"LazyFrame .*\.collect\(\)"):
+        mm.groups(pl.DataFrame({"k": [1, 2]}).lazy(), by="k")
     with pytest.raises(ValueError, match="by column 'k' holds half-precision floats"):
         mm.train(lambda rows: len(rows), mm.groups(pa.table(
             {"k": pa.array(np.array([1, 2], np.float16)), "v": [1, 2]}), by="k"),
