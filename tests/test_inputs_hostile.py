@@ -411,6 +411,8 @@ def test_tables_that_are_no_table_or_keys_that_cannot_be_grouped_are_named(tmp_p
         mm.groups(pl.Series("k", [1, 2]), by="k")
     with pytest.raises(TypeError, match="not a Series .*to_frame"):
         mm.groups(pd.Series([1, 2], name="k"), by="k")
+    with pytest.raises(TypeError, match=r"LazyFrame .*\.collect\(\)"):
+        mm.groups(pl.DataFrame({"k": [1, 2]}).lazy(), by="k")
     with pytest.raises(ValueError, match="by column 'k' holds half-precision floats"):
         mm.train(lambda rows: len(rows), mm.groups(pa.table(
             {"k": pa.array(np.array([1, 2], np.float16)), "v": [1, 2]}), by="k"),
@@ -550,3 +552,59 @@ def test_a_glob_pattern_is_named_as_a_pattern_that_is_not_expanded(tmp_path):
     for options in ({}, {"read_on_workers": True}):
         with pytest.raises(ValueError, match="a glob pattern is not expanded"):
             mm.groups(pattern, by="g", **options)
+
+
+def _ids_and_rows(rows):
+    return None, {"x": ",".join(map(str, rows["x"])), "id": ",".join(map(str, rows["id"]))}
+
+
+@pytest.mark.parametrize("negative", [False, True])
+@pytest.mark.parametrize("in_key_order", [True, False])
+def test_ids_unsigned_in_one_parquet_file_and_signed_in_another_read_on_workers_as_eagerly(
+        tmp_path, negative, in_key_order):
+    """A column ``uint64`` in one file and int64 in another is ``uint64``
+    (text where a signed file holds a negative value) read on the workers
+    too, as an eager read makes it. Arrow's unification made it int64 there:
+    a worker's read failed on the first id past int64's range ("Integer
+    value ... not in range", naming no column)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    signed = [-1, -1, 1] if negative else [1, 1, 2]
+    unsigned = [2**64 - 1, 2**63, 2**63 + 1] if in_key_order else [2**64 - 1, 1, 2**63]
+    pq.write_table(pa.table({"g": pa.array(signed, pa.int64()), "x": [0, 1, 2],
+                             "id": pa.array([7, 8, 9], pa.int64())}), folder / "a.parquet")
+    pq.write_table(pa.table({"g": pa.array(unsigned, pa.uint64()), "x": [3, 4, 5],
+                             "id": pa.array([2**64 - 1, 5, 6], pa.uint64())}),
+                   folder / "b.parquet")
+    eager, on_workers = (mm.train(_ids_and_rows, mm.groups(folder, by="g",
+                                                           read_on_workers=read_on_workers),
+                                  backend="serial", progress=False)
+                         for read_on_workers in (False, True))
+    assert on_workers.failed.empty
+    assert on_workers.results["g"].dtype == eager.results["g"].dtype
+    assert negative or eager.results["g"].dtype == np.uint64
+    columns = ["g", "x", "id"]
+    assert on_workers.results[columns].values.tolist() == eager.results[columns].values.tolist()
+    assert str(2**64 - 1) in on_workers.results["id"].tolist()
+
+
+def _nested_value_types(rows):
+    first_list, first_struct = rows["scores"][0], rows["info"][0]
+    return None, {"list": str(first_list.dtype), "struct": type(first_struct["n"]).__name__}
+
+
+@pytest.mark.parametrize("format", ["pandas", "numpy"])
+def test_integers_inside_lists_and_structs_stay_integers_whatever_its_batch_holds(format):
+    """A list or struct column whose integers miss a value in one group:
+    converted in one go, every group of the batch got floats inside its
+    lists and dicts, and which groups did changed with workers= (a batch's
+    size)."""
+    n = 200
+    scores = [[i, None] if i % 50 == 0 else [i, i + 1] for i in range(n)]
+    info = [{"n": None if i % 50 == 0 else i} for i in range(n)]
+    table = pa.table({"g": np.arange(n), "scores": pa.array(scores), "info": pa.array(info)})
+    run = mm.train(_nested_value_types, mm.groups(table, by="g", format=format),
+                   backend="serial", progress=False)
+    clean = run.results[run.results["g"] % 50 != 0]
+    assert set(clean["list"]) == {"int64"}
+    assert set(clean["struct"]) == {"int"}

@@ -74,6 +74,39 @@ def _integers_made_floats(table: Any, converted: Any) -> bool:
     return False
 
 
+def _nested_integers_missing(table: Any) -> bool:
+    """Whether a nested column of ``table`` (lists, structs, maps) holds
+    integers or booleans one of which is missing, at any depth: Arrow
+    converts a nested column's values at once, so in one go every group of
+    the batch got floats inside its lists and dicts (``[1.0, 2.0]``, ``{"a":
+    3.0}``), those without a missing value too, and what a group got changed
+    with ``workers=``. Such a batch is converted a group at a time (as
+    :func:`_integers_made_floats`), decided on the Arrow side: pandas holds
+    the converted values as objects either way."""
+    import pyarrow as pa
+
+    return any(_missing_integers_within(chunk) for column in table.columns
+               if pa.types.is_nested(column.type) for chunk in column.chunks)
+
+
+def _missing_integers_within(array: Any) -> bool:
+    """Whether ``array`` (a nested one's values, at any depth) holds an
+    integer or boolean value that is missing."""
+    import pyarrow as pa
+
+    kind = array.type
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        return array.null_count > 0
+    if pa.types.is_struct(kind):  # (its fields with the struct's own nulls applied)
+        return any(_missing_integers_within(field) for field in array.flatten())
+    if pa.types.is_map(kind):
+        return _missing_integers_within(array.keys) or _missing_integers_within(array.items)
+    if isinstance(kind, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)) or (
+            pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind)):
+        return _missing_integers_within(array.flatten())
+    return False
+
+
 def _as_numpy(column: Any) -> Any:
     """A column of a batch as ``format="numpy"`` gives it. Text becomes
     Python strings, one object a row, which costs more than the rest of a
@@ -172,6 +205,8 @@ class ArrowSlices(DataReader):
             rows = sum(length for _, length in unique)
         if end - first <= 2 * rows:
             span = self.table.slice(first, end - first)
+            if _nested_integers_missing(span):
+                return  # (each group converted alone: see _nested_integers_missing)
             converted = _arrow_as(span, self.format, self.labels)
             if _integers_made_floats(span, converted):
                 return  # (each group converted alone: see _integers_made_floats)
@@ -184,6 +219,8 @@ class ArrowSlices(DataReader):
             starts[ref] = position
             position += ref[1]
         pieces = pa.concat_tables([self.table.slice(offset, length) for offset, length in starts])
+        if _nested_integers_missing(pieces):
+            return
         converted = _arrow_as(pieces, self.format, self.labels)
         if not _integers_made_floats(pieces, converted):
             self._span = (first, end, starts, _locked(converted))

@@ -84,7 +84,7 @@ def text_where_any_is_text(tables: list[pa.Table]) -> list[pa.Table]:
     """The files' tables with a column that is text in one file and of
     another type in another (CSV's inference reads "7" as a number in a file
     that has no "A", a writer dictionary-encodes some files) as text in all."""
-    mixed = [name for name, types in _types_by_column(tables).items()
+    mixed = [name for name, types in _types_by_column([t.schema for t in tables]).items()
              if len(types) > 1 and any(is_text(kind) for kind in types)]
     return _cast_columns(tables, dict.fromkeys(mixed, pa.string()))
 
@@ -95,24 +95,35 @@ def unsigned_where_any_is(tables: list[pa.Table]) -> list[pa.Table]:
     ``uint64`` in all where no value is negative, else as text in all (no
     integer type holds both): Arrow's concatenation refused them, naming no
     file."""
-    mixed = [name for name, types in _types_by_column(tables).items()
-             if pa.uint64() in types and any(pa.types.is_signed_integer(kind) for kind in types)
-             and all(pa.types.is_integer(kind) for kind in types)]
     targets = {}
-    for name in mixed:
-        lowest = [pc.min(table.column(name)).as_py() for table in tables
-                  if name in table.column_names
-                  and pa.types.is_signed_integer(table.schema.field(name).type)]
-        targets[name] = pa.string() if any(v is not None and v < 0 for v in lowest) \
-            else pa.uint64()
+    for name in unsigned_beside_signed([table.schema for table in tables]):
+        targets[name] = unsigned_or_text([pc.min(table.column(name)).as_py() for table in tables
+                                          if name in table.column_names and
+                                          pa.types.is_signed_integer(table.schema.field(name).type)])
     return _cast_columns(tables, targets)
 
 
-def _types_by_column(tables: list[pa.Table]) -> dict[str, set[pa.DataType]]:
-    """Each column's types across the files' tables."""
+def unsigned_beside_signed(schemas: list[pa.Schema]) -> list[str]:
+    """The integer columns that are ``uint64`` in one schema and signed in
+    another (Arrow's permissive unification makes them int64, where the
+    unsigned file's ids past int64's range do not fit)."""
+    return [name for name, types in _types_by_column(schemas).items()
+            if pa.uint64() in types and any(pa.types.is_signed_integer(kind) for kind in types)
+            and all(pa.types.is_integer(kind) for kind in types)]
+
+
+def unsigned_or_text(lowest: list[Any]) -> pa.DataType:
+    """The one type of a column ``uint64`` in some files, given the lowest
+    value of each file where it is signed: ``uint64`` where none is
+    negative, else text (no integer type holds both)."""
+    return pa.string() if any(v is not None and v < 0 for v in lowest) else pa.uint64()
+
+
+def _types_by_column(schemas: list[pa.Schema]) -> dict[str, set[pa.DataType]]:
+    """Each column's types across the files' schemas."""
     kinds: dict[str, set[pa.DataType]] = {}
-    for table in tables:
-        for field in table.schema:
+    for schema in schemas:
+        for field in schema:
             kinds.setdefault(field.name, set()).add(field.type)
     return kinds
 

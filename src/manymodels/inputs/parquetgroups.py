@@ -27,6 +27,8 @@ from .filetables import (
     is_text,
     refuse_unlike_columns,
     text_where_any_is_text,
+    unsigned_beside_signed,
+    unsigned_or_text,
 )
 from .objectstores import (
     is_remote,
@@ -157,14 +159,48 @@ def files_schema(files: list[str], partitions: pa.Table | None, root: str | None
             schemas.append(pq.read_schema(path, filesystem=filesystem))
         except (OSError, pa.ArrowException) as exc:
             raise ValueError(f"cannot read table file {shown(file)!r}: {exc}") from exc
+    widened = _unsigned_where_any_is(paths, schemas, filesystem)
     mixed = [table.schema for table in text_where_any_is_text(
-        [schema.empty_table() for schema in schemas])]  # a column text anywhere: everywhere
+        [schema.empty_table() for schema in widened])]  # a column text anywhere: everywhere
     try:
         schema = pa.unify_schemas(mixed, promote_options="permissive")
     except pa.ArrowException as exc:
         raise ValueError(f"the Parquet files under {shown(files[0])!r}... do not share one "
                          f"schema: {first_misfit(files, mixed)}{exc}") from exc
     return _with_partitions(schema, partitions, root), schemas
+
+
+def _unsigned_where_any_is(paths: list[Any], schemas: list[pa.Schema], filesystem: Any
+                           ) -> list[pa.Schema]:
+    """The files' schemas with an integer column that is ``uint64`` in one
+    file and signed in another as an eager read makes it
+    (:func:`~.filetables.unsigned_where_any_is`): ``uint64`` where no signed
+    file holds a negative value, else text. Arrow's own unification made it
+    int64, so a worker's read failed on the first id past int64's range
+    ("Integer value ... not in range", naming no column), and the key was
+    int64 where an eager read's is uint64. The signed files' column is read
+    to know (such files are few: ids written by two writers)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    targets = {}
+    for name in unsigned_beside_signed(schemas):
+        lowest = [pc.min(pq.read_table(path, columns=[name], filesystem=filesystem)
+                         .column(0)).as_py()
+                  for path, schema in zip(paths, schemas)
+                  if name in schema.names and pa.types.is_signed_integer(
+                      schema.field(name).type)]
+        targets[name] = unsigned_or_text(lowest)
+    return [_retyped(schema, targets) for schema in schemas]
+
+
+def _retyped(schema: pa.Schema, targets: dict[str, pa.DataType]) -> pa.Schema:
+    """``schema`` with each column named in ``targets`` of that type."""
+    for name, kind in targets.items():
+        position = schema.get_field_index(name)
+        if position >= 0:
+            schema = schema.set(position, schema.field(position).with_type(kind))
+    return schema
 
 
 def _with_partitions(schema: pa.Schema, partitions: pa.Table | None,

@@ -325,6 +325,10 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             kinds = dict(zip(table.columns, map(str, table.dtypes)))
             raise ValueError(f"cannot convert the polars DataFrame to Arrow: {exc}; its "
                              f"columns' types are {kinds}") from exc
+    if type(table).__module__.startswith("polars") and hasattr(table, "collect"):
+        raise TypeError("a polars LazyFrame is a query, not yet a table: give its rows, "
+                        "lazy_frame.collect() (or a Parquet file's path, which "
+                        "read_on_workers=True reads on the workers)")
     import pandas as pd
 
     if isinstance(table, (pd.Series, pd.Index)) or type(table).__module__.startswith(
