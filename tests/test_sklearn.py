@@ -307,3 +307,5 @@ def test_by_given_as_an_array_or_index_and_positions_that_are_no_integers(groupe
             GroupedEstimator(Ridge(), by=by, backend="serial").fit(array, y)
     with pytest.raises(ValueError, match="hierarchical must be True or False, got 'no'"):
         GroupedEstimator(Ridge(), by="store", hierarchical="no").fit(X, y)
+    with pytest.raises(ValueError, match="min_group_size must be an integer >= 1, got True"):
+        GroupedEstimator(Ridge(), by="store", min_group_size=True).fit(X, y)

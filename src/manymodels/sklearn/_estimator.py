@@ -180,7 +180,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             raise TypeError(f"estimator must be a scikit-learn estimator{hint}, "
                             f"got {self.estimator!r}")
         self._check_kind()
-        if not isinstance(self.min_group_size, (int, np.integer)) or self.min_group_size < 1:
+        if (not isinstance(self.min_group_size, (int, np.integer))
+                or isinstance(self.min_group_size, (bool, np.bool_)) or self.min_group_size < 1):
             raise ValueError(f"min_group_size must be an integer >= 1, "
                              f"got {self.min_group_size!r}")
         if not (self.fallback in ("global", "error") or (
