@@ -309,3 +309,16 @@ def test_by_given_as_an_array_or_index_and_positions_that_are_no_integers(groupe
         GroupedEstimator(Ridge(), by="store", hierarchical="no").fit(X, y)
     with pytest.raises(ValueError, match="min_group_size must be an integer >= 1, got True"):
         GroupedEstimator(Ridge(), by="store", min_group_size=True).fit(X, y)
+
+
+@pytest.mark.skipif(not hasattr(Exception, "add_note"), reason="exception notes: Python 3.11")
+def test_a_group_whose_predict_raises_in_the_caller_is_named(grouped):
+    """Predicted in the caller, a group's failing model raised its own error
+    with no word of which group's rows it was given."""
+    X, y = grouped
+    broken = X.assign(x1=np.where(X["store"] == "c", np.nan, X["x1"]))
+    for backend in ("serial", None):  # None: a few groups are timed in the caller first
+        model = GroupedEstimator(Ridge(), by="store", backend=backend).fit(X, y)
+        with pytest.raises(ValueError, match="contains NaN") as raised:
+            model.predict(broken)
+        assert "(predicting the rows of group 'c')" in raised.value.__notes__
