@@ -236,3 +236,89 @@ def test_an_estimator_that_is_not_one_is_refused_by_name(estimator):
     frame = pd.DataFrame({"g": [0, 0, 1, 1], "p": [1.0, 2, 3, 4]})
     with pytest.raises(TypeError, match="estimator must be a scikit-learn estimator"):
         GroupedRegressor(estimator, by="g", backend="serial").fit(frame, np.arange(4.0))
+
+
+def test_predict_names_the_columns_reordered_missing_or_unseen(grouped):
+    """A model that reads an array (a pipeline whose first step drops the
+    names) took reordered columns as they came: wrong predictions, no error;
+    a missing column was refused by count, not by name."""
+    X, y = grouped
+    reads_an_array = make_pipeline(FunctionTransformer(lambda frame: np.asarray(frame, float)),
+                                   Ridge())
+    model = GroupedEstimator(reads_an_array, by="store", backend="serial").fit(X, y)
+    with pytest.raises(ValueError, match="must be in the same order"):
+        model.predict(X[["x2", "store", "x1"]])
+    with pytest.raises(ValueError, match="seen at fit time, yet now missing:\n- x2"):
+        model.predict(X[["store", "x1"]])
+    with pytest.raises(ValueError, match="unseen at fit time:\n- z"):
+        model.predict(X.rename(columns={"x2": "z"}))
+
+
+def test_a_fallback_of_the_other_kind_is_refused_and_one_without_a_method_hides_it(grouped):
+    """A regressor as a classifier's fallback gave its numbers as the classes
+    of unseen groups' rows; a fallback without predict_proba let
+    predict_proba fail only once a row reached it."""
+    from sklearn.svm import LinearSVC
+
+    X, y = grouped
+    labels = y > 0
+    with pytest.raises(ValueError, match="fallback Ridge is a regressor, and estimator "
+                                         "LogisticRegression is not"):
+        GroupedEstimator(LogisticRegression(), by="store", fallback=Ridge()).fit(X, labels)
+    with pytest.raises(ValueError, match="fallback LogisticRegression is a classifier"):
+        GroupedEstimator(Ridge(), by="store", fallback=LogisticRegression()).fit(X, y)
+    model = GroupedEstimator(LogisticRegression(), by="store", fallback=LinearSVC(),
+                             backend="serial").fit(X, labels)
+    assert not hasattr(model, "predict_proba") and hasattr(model, "decision_function")
+    unseen = X.head(2).assign(store="zz")
+    assert model.predict(unseen).dtype == bool
+
+
+def test_a_fit_that_raises_leaves_the_estimator_unfitted(grouped):
+    """A fit that raised kept the attributes it had set (models_) and those
+    of the fit before (fallback_): predict then answered from a stale
+    fallback, or failed on a missing attribute."""
+    from sklearn.exceptions import NotFittedError
+
+    X, y = grouped
+    model = GroupedEstimator(LinearRegression(), by="store", backend="serial").fit(X, y)
+    with pytest.raises(ValueError, match="no group could be fitted"):
+        model.set_params(min_group_size=10_000, fallback="error").fit(X, y)
+    with pytest.raises(NotFittedError):
+        model.predict(X)
+    assert not [name for name in vars(model) if name.endswith("_")]
+    one_class_each = np.where(X["store"] < "c", 0, 1)  # every group's fit fails
+    classifier = GroupedEstimator(LogisticRegression(), by="store", backend="serial")
+    with pytest.raises(RuntimeError, match="every group's fit failed"):
+        classifier.fit(X, one_class_each)
+    with pytest.raises(NotFittedError):
+        classifier.predict(X)
+
+
+def test_by_given_as_an_array_or_index_and_positions_that_are_no_integers(grouped):
+    X, y = grouped
+    as_list = GroupedEstimator(Ridge(), by=["store"], backend="serial").fit(X, y).predict(X)
+    for by in (np.array(["store"]), pd.Index(["store"])):
+        model = GroupedEstimator(Ridge(), by=by, backend="serial").fit(X, y)
+        np.testing.assert_allclose(model.predict(X), as_list)
+    array = X.to_numpy(dtype=object)
+    for by in (True, 0.0):
+        with pytest.raises(ValueError, match=f"by column {by!r} is not a column position"):
+            GroupedEstimator(Ridge(), by=by, backend="serial").fit(array, y)
+    with pytest.raises(ValueError, match="hierarchical must be True or False, got 'no'"):
+        GroupedEstimator(Ridge(), by="store", hierarchical="no").fit(X, y)
+    with pytest.raises(ValueError, match="min_group_size must be an integer >= 1, got True"):
+        GroupedEstimator(Ridge(), by="store", min_group_size=True).fit(X, y)
+
+
+@pytest.mark.skipif(not hasattr(Exception, "add_note"), reason="exception notes: Python 3.11")
+def test_a_group_whose_predict_raises_in_the_caller_is_named(grouped):
+    """Predicted in the caller, a group's failing model raised its own error
+    with no word of which group's rows it was given."""
+    X, y = grouped
+    broken = X.assign(x1=np.where(X["store"] == "c", np.nan, X["x1"]))
+    for backend in ("serial", None):  # None: a few groups are timed in the caller first
+        model = GroupedEstimator(Ridge(), by="store", backend=backend).fit(X, y)
+        with pytest.raises(ValueError, match="contains NaN") as raised:
+            model.predict(broken)
+        assert "(predicting the rows of group 'c')" in raised.value.__notes__

@@ -51,8 +51,20 @@ from ._routing import (
 from ._shrinkage import check_chains, shrinkage_function, whose_chain
 
 
+def _models_offer(owner: GroupedEstimator, method: str) -> bool:
+    """Whether every model a row may reach has ``method``: the estimator's
+    clones and a given fallback (which answers rows of unseen groups)."""
+    fallback = owner.fallback if hasattr(owner.fallback, "fit") else None
+    return all(hasattr(model, method) for model in (owner.estimator, fallback)
+               if model is not None)
+
+
+def _offers_predict_proba(owner: GroupedEstimator) -> bool:
+    return _models_offer(owner, "predict_proba")
+
+
 def _offers_decision_function(owner: GroupedEstimator) -> bool:
-    if not hasattr(owner.estimator, "decision_function"):
+    if not _models_offer(owner, "decision_function"):
         return False
     if owner.shrinkage is not None:  # the reason, as the AttributeError's __cause__
         raise AttributeError("decision_function is not offered with shrinkage: the levels' "
@@ -69,13 +81,15 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
     estimator : scikit-learn estimator
         Cloned for every group.
     by : str, int or a sequence of them
-        The column(s) naming a row's group: names for a DataFrame, positions
-        for an array. They are not passed to the per-group models; X may hold
-        them alone (one baseline per group, e.g. ``DummyRegressor()``).
+        The column(s) naming a row's group: names for a DataFrame, integer
+        positions for an array; several as a list, tuple, array or Index.
+        They are not passed to the per-group models; X may hold them alone
+        (one baseline per group, e.g. ``DummyRegressor()``).
     fallback : "global", an estimator, or "error"
         ``"global"`` (a clone of ``estimator`` fitted on all rows), an
-        estimator (fitted on all rows), or ``"error"`` (predicting an unseen
-        group raises). Used for unseen groups, groups smaller than
+        estimator of the same kind (fitted on all rows; a regressor for a
+        classifier, or the reverse, is refused), or ``"error"`` (predicting
+        an unseen group raises). Used for unseen groups, groups smaller than
         ``min_group_size`` and groups whose fit failed (scikit-lego's
         ``use_global_model=False`` is ``fallback="error"``).
     min_group_size : int
@@ -166,7 +180,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             raise TypeError(f"estimator must be a scikit-learn estimator{hint}, "
                             f"got {self.estimator!r}")
         self._check_kind()
-        if not isinstance(self.min_group_size, (int, np.integer)) or self.min_group_size < 1:
+        if (not isinstance(self.min_group_size, (int, np.integer))
+                or isinstance(self.min_group_size, (bool, np.bool_)) or self.min_group_size < 1):
             raise ValueError(f"min_group_size must be an integer >= 1, "
                              f"got {self.min_group_size!r}")
         if not (self.fallback in ("global", "error") or (
@@ -175,6 +190,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                     if isinstance(self.fallback, type) else "")
             raise ValueError(f"fallback must be 'global', 'error' or an estimator{hint}, "
                              f"got {self.fallback!r}")
+        self._check_fallback_kind()
+        if not (isinstance(self.hierarchical, (bool, np.bool_, int, np.integer))
+                and self.hierarchical in (0, 1)):
+            raise ValueError(f"hierarchical must be True or False, got {self.hierarchical!r}")
         if self.shrinkage is None:
             return None
         if self.fallback == "error" and len(by_list(self.by)) == 1:
@@ -195,16 +214,43 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                              f"{type(self.estimator).__name__} is neither")
         return shrinkage_function(self.shrinkage, self.shrinkage_kwargs)
 
+    def _check_fallback_kind(self) -> None:
+        """A classifier's fallback must give classes, a regressor's numbers:
+        a regressor answering a classifier's unseen groups would put its
+        numbers among the predicted classes."""
+        if not hasattr(self.fallback, "fit"):
+            return
+        for kind, other in ((is_classifier, is_regressor), (is_regressor, is_classifier)):
+            if kind(self.estimator) and other(self.fallback):
+                raise ValueError(
+                    f"fallback {type(self.fallback).__name__} is a "
+                    f"{'regressor' if other is is_regressor else 'classifier'}, and estimator "
+                    f"{type(self.estimator).__name__} is not: the fallback answers the rows "
+                    "of unseen groups, so it must be an estimator of the same kind")
+
+    def _forget_fit(self) -> None:
+        """Drop every fitted attribute (scikit-learn's trailing underscore), so
+        that a refit keeps none of the fit before, and a fit that raises
+        leaves the estimator unfitted rather than half fitted."""
+        for name in [n for n in vars(self) if n.endswith("_") and not n.startswith("__")]:
+            del self.__dict__[name]
+
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GroupedEstimator:
         """Fit a model per group, and the fallback; ``sample_weight`` (one per
         row) goes to each group's fit with its rows' weights, and to the
-        fallback's."""
+        fallback's. A fit that raises leaves the estimator unfitted."""
+        self._forget_fit()
+        try:
+            return self._fit(X, y, sample_weight)
+        except BaseException:
+            self._forget_fit()
+            raise
+
+    def _fit(self, X: Any, y: Any, sample_weight: Any) -> GroupedEstimator:
         from ..api import train  # (not `import manymodels`: the layer contract sees these)
         from ..inputs.sources import groups
 
         shrink = self._check_params()
-        for stale in ("feature_names_in_", "shrinkage_factors_", "classes_"):  # a refit's, where
-            self.__dict__.pop(stale, None)  # this fit has none (scikit-learn's convention)
         keys, features, y, sample_weight = self._checked_data(X, y, sample_weight)
         if is_classifier(self.estimator):
             from sklearn.utils.multiclass import check_classification_targets
@@ -391,7 +437,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             return self.classes_[np.argmax(self._route(X, "predict_proba"), axis=1)]
         return self._route(X, "predict")
 
-    @available_if(lambda self: hasattr(self.estimator, "predict_proba"))
+    @available_if(_offers_predict_proba)
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``."""
         return self._route(X, "predict_proba")

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.utils.validation import _get_feature_names, check_array
+from sklearn.utils.validation import _check_feature_names, _get_feature_names, check_array
 
 from ..inputs.engineframes import refuse_engine_frame
 from ..inputs.tables import named_twice, plain_scalar
@@ -32,7 +32,11 @@ def as_pandas_if_table(X: Any) -> Any:
 
 
 def by_list(by: Any) -> list:
-    return list(by) if isinstance(by, (list, tuple)) else [by]
+    """``by`` as a list of columns: a sequence of them (a list, a tuple, a
+    NumPy array or a pandas Index of names), or one column."""
+    if isinstance(by, (list, tuple, np.ndarray, pd.Index, pd.Series)):
+        return list(by)
+    return [by]
 
 
 def allow_nan(estimator: Any) -> bool:
@@ -67,6 +71,7 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
         if named:  # checked first: its string keys would read as features that are no numbers
             raise ValueError(f"by column {named[0]!r} is a name, and X is an array without "
                              "column names: pass a DataFrame (or by= column positions)")
+        _check_positions(by)
         array = None if hasattr(X, "toarray") else np.asarray(X)
         if array is None or array.ndim != 2:
             # scikit-learn's own message for 1-D, 0-D and sparse input
@@ -99,6 +104,9 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
                                     f"a string or a number, got {type(bad).__name__}")
             frame[position] = column
         frame = frame[list(range(array.shape[1]))]
+    if not fitting:  # scikit-learn's check and message, naming each column unseen or
+        _check_feature_names(owner, X, reset=False)  # missing; models that read an
+        # array (a pipeline's first step) would otherwise take reordered columns as they come
     if not fitting and frame.shape[1] != owner.n_features_in_:
         raise ValueError(f"X has {frame.shape[1]} features, but {type(owner).__name__} is "
                          f"expecting {owner.n_features_in_} features as input")
@@ -118,6 +126,15 @@ def split_X(owner: Any, X: Any, fitting: bool) -> tuple[pd.DataFrame, pd.DataFra
         if names is not None:
             owner.feature_names_in_ = names
     return frame[by], frame[features]
+
+
+def _check_positions(by: list) -> None:
+    """An array's by columns are integer positions: refuse, naming it, any
+    other (a bool, a float) before X's columns are read as numbers."""
+    for b in by:
+        if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+            raise ValueError(f"by column {b!r} is not a column position of X, an array: "
+                             "give an integer (or pass a DataFrame to name columns)")
 
 
 def _check_frame_columns(frame: pd.DataFrame, by: list) -> None:

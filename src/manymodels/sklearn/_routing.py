@@ -52,7 +52,11 @@ def route_rows(positions: dict[Hashable, np.ndarray], rows: int, model_of: Model
             unseen.append(key)
             continue
         model, origin = found_here
-        values = np.asarray(call(model, where))
+        try:
+            values = np.asarray(call(model, where))
+        except Exception as exc:
+            _name_the_group(exc, key)
+            raise
         if out is None:
             out = np.empty((rows, *values.shape[1:]), dtype=values.dtype)
         elif out.dtype != values.dtype and out.dtype.kind != "O":
@@ -66,6 +70,13 @@ def route_rows(positions: dict[Hashable, np.ndarray], rows: int, model_of: Model
             out = out.astype(object)
         out[source == "none"] = np.nan
     return Routed(out, source, unseen)
+
+
+def _name_the_group(exc: Exception, key: Hashable) -> None:
+    """Say which group's model raised (as the engine's error does), keeping
+    the model's own exception and type (Python 3.11's notes; 3.10 has none)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"(predicting the rows of group {key!r})")
 
 
 def predict_backend(backend: str | None, workers: int | None,
@@ -85,11 +96,16 @@ def predict_backend(backend: str | None, workers: int | None,
         return "serial", None
     if backend is not None:
         return backend, None
-    probed = list(zip(positions.values(), found))[:1 + PROBE_GROUPS]
-    call(probed[0][1][0], probed[0][0])  # warms imports and caches
+    probed = list(zip(positions.items(), found))[:1 + PROBE_GROUPS]
     begin = time.perf_counter()
-    for rows, (model, _) in probed[1:]:
-        call(model, rows)
+    for index, ((key, rows), (model, _)) in enumerate(probed):
+        try:
+            call(model, rows)
+        except Exception as exc:
+            _name_the_group(exc, key)
+            raise
+        if index == 0:  # the first warms imports and caches: it is not timed
+            begin = time.perf_counter()
     each = (time.perf_counter() - begin) / max(1, len(probed) - 1)
     return ("processes" if each * len(positions) > PARALLEL_ABOVE_S else "serial"), each
 
