@@ -11,6 +11,7 @@ coming from Ray Serve's multiplexed cache. Needs ``pip install "ray[serve]"``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from .cache import ModelCache
 from .catalog import key_parts
 from .predictor import RequestError, predict_rows
 from .requests import json_answer, json_columns
-from .state import ServedStore
+from .state import ServedStore, log
 
 #: The header naming a request's group key (Ray Serve's multiplexed model id).
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -55,7 +56,13 @@ class StoreModels:
         """(digest, model) of the group ``model_id`` names (wrapped in
         ``@serve.multiplexed`` by :func:`deployment`). A key that cannot be
         read as its column holds keys is the request's fault (400, as
-        ``GET /v1/models/{key}`` answers it), not the server's."""
+        ``GET /v1/models/{key}`` answers it), not the server's. Read in a
+        thread: a cold model's read and unpickling (seconds for a large
+        one), and the catalog's key kinds, would hold up every other request
+        of the replica on its event loop."""
+        return await asyncio.to_thread(self._load, model_id)
+
+    def _load(self, model_id: str) -> tuple[str | None, Any]:
         catalog = self.served.catalog
         try:
             parts = key_parts(catalog, model_id)
@@ -85,18 +92,29 @@ class StoreModels:
         return await self.answer(request, loaded)
 
     async def answer(self, request: Any, loaded: tuple[str | None, Any]) -> Any:
+        """The rows of ``request`` answered in a thread, as the Starlette
+        server answers a request that needs a load or a slow model: a model
+        of another group loaded meanwhile, or any model's prediction, would
+        hold up the replica's event loop."""
         from starlette.responses import JSONResponse, Response
 
+        body = await request.body()
         try:
-            catalog = self.served.catalog  # (and its store: one state of the store)
-            columns, n = json_columns(await request.body(), catalog.by)
-            result = predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
-                                  columns, n, ordered=False)  # JSON rows
+            result = await asyncio.to_thread(self._predict, body, loaded)
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
         except StoreIntegrityError as exc:
             return JSONResponse({"error": str(exc)}, 500)
+        except Exception as exc:  # a model's own failure: said, and answered as serve's
+            log.exception("a Ray Serve request failed")
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
         return Response(json_answer(result), media_type="application/json")
+
+    def _predict(self, body: bytes, loaded: tuple[str | None, Any]) -> Any:
+        catalog = self.served.catalog  # (and its store: one state of the store)
+        columns, n = json_columns(body, catalog.by)
+        return predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
+                            columns, n, ordered=False)  # JSON rows
 
 
 def deployment(store: str, *, run: int | None = None, max_models_per_replica: int = 3,
