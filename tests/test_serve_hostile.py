@@ -872,3 +872,26 @@ def test_the_ray_deployment_loads_and_predicts_off_the_event_loop(tmp_path):
     assert response.status_code == 500
     assert "RuntimeError: this model refuses a negative price" in json.loads(
         response.body)["error"]
+
+
+def test_the_ray_deployment_refuses_what_its_replicas_would_before_ray_serve_starts(
+        tmp_path, monkeypatch):
+    """deployment() checked nothing: a missing store, an unknown run or a bad
+    poll failed each replica's constructor once Ray Serve had started it.
+    A relative path was opened in the replica's working directory (Ray's)."""
+    pytest.importorskip("ray.serve")
+    from manymodels.serve.ray import deployment
+
+    mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    with pytest.raises(ValueError, match="store .*nothing' does not exist"):
+        deployment(str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match="has no run 9"):
+        deployment(str(tmp_path / "m"), run=9)
+    with pytest.raises(ValueError, match="poll must be a positive number of seconds"):
+        deployment(str(tmp_path / "m"), poll=0)
+    monkeypatch.chdir(tmp_path)
+    made = deployment("m", poll=None)
+    monkeypatch.chdir(tmp_path / "m")  # elsewhere, as a replica is
+    replica = made.func_or_class()
+    assert replica.served.catalog.models == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path, PurePath
 from typing import Any
 
 from ..store import StoreIntegrityError
@@ -20,7 +21,7 @@ from .cache import ModelCache
 from .catalog import key_parts
 from .predictor import RequestError, predict_rows
 from .requests import json_answer, json_columns
-from .state import ServedStore, log
+from .state import ServedStore, check_run_and_poll, log, open_served_store
 
 #: The header naming a request's group key (Ray Serve's multiplexed model id).
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -125,10 +126,12 @@ def deployment(store: str, *, run: int | None = None, max_models_per_replica: in
     go to ``@serve.deployment``."""
     from ray import serve
 
+    store = _served_location(store, run, poll)
+
     @serve.deployment(num_replicas=num_replicas, **options)
     class ManyModels(StoreModels):
         def __init__(self) -> None:
-            super().__init__(str(store), run, poll)
+            super().__init__(store, run, poll)
 
         @serve.multiplexed(max_num_models_per_replica=max_models_per_replica)
         async def get_model(self, model_id: str) -> tuple[str | None, Any]:
@@ -139,3 +142,24 @@ def deployment(store: str, *, run: int | None = None, max_models_per_replica: in
                                       self.get_model)
 
     return ManyModels
+
+
+def _served_location(store: Any, run: int | None, poll: float | None) -> str:
+    """``store`` as each replica opens it, checked here first: a store that
+    is not one, an unknown ``run``, no run ended, a bad ``poll`` are refused
+    by name now, not by each replica's constructor once Ray Serve has
+    started them (an error wrapped in Ray's, after its retries). A local
+    path is made absolute: a replica's working directory is Ray's, not this
+    process's."""
+    from ..inputs.objectstores import is_remote
+    from .catalog import ended_runs
+
+    check_run_and_poll(run, poll)
+    opened = open_served_store(store)
+    if run is not None:
+        opened._run_row(run)  # "has no run N"
+    elif not ended_runs(opened):
+        raise ValueError(f"store {str(opened)!r} holds no run that has ended yet")
+    if isinstance(store, (str, PurePath)) and not is_remote(store):
+        return str(Path(store).expanduser().absolute())
+    return str(opened.root)
