@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -386,3 +387,21 @@ def test_on_the_users_ray_gpus_per_task_is_asked_of_ray_not_of_the_driver(monkey
                      progress=False)
     finally:
         ray.shutdown()
+
+
+def test_the_serial_backend_warns_where_cuda_started_before_its_gpus(monkeypatch):
+    """The serial backend pins a task's GPUs through CUDA_VISIBLE_DEVICES in
+    the driver, which CUDA reads once, when it starts: once PyTorch's CUDA is
+    initialised there, gpus= was ignored without a word. (A CPU build of
+    PyTorch never initialises CUDA: its flag stands in for it.)"""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not started: no word
+        mm.train(_devices, mm.items(range(1)), gpus=[1], gpus_per_task=1, backend="serial",
+                 progress=False)
+    monkeypatch.setattr(torch.cuda, "_initialized", True)
+    with pytest.warns(RuntimeWarning, match=r"gpus=\['1'\] \(gpus_per_task=\) is not "
+                                            "applied: .* initialised already"):
+        mm.train(_devices, mm.items(range(1)), gpus=[1], gpus_per_task=1, backend="serial",
+                 progress=False)

@@ -413,3 +413,27 @@ def test_a_task_no_node_of_the_users_own_local_ray_can_run_fails_before_any_work
                                                  r"cluster has 2 CPU\(s\)"):
         mm.train(_one, mm.items(range(2)), backend="ray", cpus_per_task=4, progress=False)
     assert ray.is_initialized()  # left as found
+
+
+def test_results_frame_types_a_timezone_aware_key_as_the_results_do():
+    """run.results_frame() of a Ray run was Ray Data's Dataset of the pandas
+    frame, whose schema had no type for a timezone-aware key (None, and an
+    error logged): the key's type is Arrow's timestamp in its zone, and the
+    rows are run.results' rows."""
+    import pyarrow as pa
+
+    days = pd.date_range("2024-03-30", periods=2, freq="D", tz="Europe/Paris")
+    frame = pd.DataFrame({"day": np.repeat(days, 3), "x": np.arange(6.0), "y": np.arange(6.0)})
+    run = mm.train(fit_linear_xy, mm.groups(frame, by="day"), backend="ray", workers=2,
+                   progress=False)
+    dataset = run.results_frame()
+    schema = dataset.schema()
+    day = schema.types[schema.names.index("day")]
+    assert pa.types.is_timestamp(day) and day.tz == "Europe/Paris", day
+    assert schema.types[schema.names.index("error")] == pa.string()
+    got = dataset.to_pandas()
+    assert got["day"].tolist() == run.results["day"].tolist() == list(days)
+
+
+def fit_linear_xy(df):
+    return {"slope": float(np.polyfit(df["x"], df["y"], 1)[0])}

@@ -409,6 +409,19 @@ def test_unsorted_parquet_on_an_object_store_is_sorted_once_and_read(s3, tmp_pat
     assert counts[0].sum() == len(sales)
 
 
+def test_objects_partitioned_unlike_are_named_by_their_uris(s3):
+    """Folders of other columns under one prefix were refused naming
+    's3:/bucket/...' (a Path of the URI folds its '//')."""
+    table = pa.table({"store": [1], "y": [1.0]})
+    for folder in ("region=a", "store=b"):
+        pq.write_table(table, f"bucket/folders/{folder}/part-0.parquet", filesystem=s3)
+    for lazy in (False, True):
+        with pytest.raises(ValueError, match="are not partitioned alike") as refused:
+            mm.groups("s3://bucket/folders", by="y", read_on_workers=lazy)
+        assert "'s3://bucket/folders/store=b/part-0.parquet'" in str(refused.value)
+        assert "s3:/bucket" not in str(refused.value)
+
+
 def test_objects_in_key_order_are_read_by_the_workers_and_reused_until_one_changes(
         s3, tmp_path, sales):
     """Objects written group by group are scanned by the workers (nothing

@@ -804,6 +804,47 @@ def test_gc_that_cannot_publish_removes_no_object(s3, machine, monkeypatch):
     assert objects(filesystem, "gc-offline") == before
 
 
+class _ListingRefused:
+    """A pyarrow filesystem whose listings the object store refuses (a
+    credential without ListBucket), its other calls as they are."""
+
+    def __init__(self, filesystem) -> None:
+        self.filesystem = filesystem
+
+    def get_file_info(self, what):
+        from pyarrow import fs
+
+        if isinstance(what, fs.FileSelector):
+            raise OSError("AWS Error ACCESS_DENIED during ListObjectsV2 operation: "
+                          "Access Denied")
+        return self.filesystem.get_file_info(what)
+
+    def __getattr__(self, name):
+        return getattr(self.filesystem, name)
+
+
+def test_gc_whose_listing_is_refused_names_the_store(s3, machine, monkeypatch):
+    """A listing the object store refused came out of gc as the SDK's bare
+    OSError, naming neither the store nor what gc was doing."""
+    from manymodels.engine import modelfiles
+    from manymodels.store import remote
+
+    uri, _ = s3
+    location = uri("gc-unlisted")
+    mm.train(fit_scaled, mm.groups(table(), by="g"), store=location, backend="serial",
+             progress=False)
+    store = mm.Store(location)
+    for module in (modelfiles, remote):
+        monkeypatch.setattr(module, "resolve", lambda uri, resolve=module.resolve: (
+            _ListingRefused(resolve(uri)[0]), resolve(uri)[1]))
+    with pytest.raises(StoreError, match=r"store 's3://testing:\*\*\*@bucket/gc-unlisted.*"
+                                         r"cannot list its model files: .*Access Denied"):
+        store.gc()
+    monkeypatch.setattr(modelfiles, "resolve", modelfiles.resolve.__defaults__[0])
+    with pytest.raises(StoreError, match=r"gc-unlisted.*cannot list its published indexes"):
+        store.gc()
+
+
 def test_a_train_with_select_and_evaluate_publishes_the_index_once(s3, machine, monkeypatch):
     """The run, its selection and its evaluation's record are written one
     after the other: the index is uploaded once, at the end, with all three."""

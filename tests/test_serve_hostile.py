@@ -824,3 +824,74 @@ def test_the_ray_deployments_unreadable_key_header_is_a_400(tmp_path):
     for model_id in ("[1, 1]", ""):
         status, body = answered(model_id)
         assert status == 200 and body["predictions"] == want.tolist(), body
+
+
+#: Per unpickling or prediction of a :class:`RecordsItsThread` model: whether
+#: it ran on an event loop.
+ON_THE_LOOP: list[tuple[str, bool]] = []
+
+
+class RecordsItsThread:
+    """A model that notes whether its unpickling and its predictions ran on
+    an event loop (a large model's unpickling takes seconds)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __setstate__(self, state: dict) -> None:
+        ON_THE_LOOP.append(("load", _on_event_loop()))
+        self.__dict__.update(state)
+
+    def predict(self, rows):
+        ON_THE_LOOP.append(("predict", _on_event_loop()))
+        if (np.asarray(rows, dtype=float) < 0).any():
+            raise RuntimeError("this model refuses a negative price")
+        return np.full(len(rows), self.value)
+
+
+def test_the_ray_deployment_loads_and_predicts_off_the_event_loop(tmp_path):
+    """A cold model was unpickled, and every model predicted, on the
+    replica's event loop: each held up every other request of the replica.
+    A model's own failure is a JSON 500 naming it, as serve_app answers it."""
+    import asyncio
+
+    from manymodels.serve.ray import StoreModels
+
+    mm.train(lambda df: RecordsItsThread(float(df["store"].iloc[0])),
+             mm.groups(_sales(stores=2, rows=40), by="store"), store=tmp_path / "m",
+             backend="serial", progress=False)
+    models = StoreModels(str(tmp_path / "m"), poll=None)
+    rows = [{"store": 0, "price": 0.5}, {"store": 1, "price": 0.5}]
+    ON_THE_LOOP.clear()
+    response = asyncio.run(models.respond(_Body(rows), "1", models.load))
+    assert response.status_code == 200 and json.loads(response.body)["predictions"] == [0, 1]
+    assert sorted(ON_THE_LOOP) == [("load", False), ("load", False),
+                                   ("predict", False), ("predict", False)]
+    response = asyncio.run(models.respond(_Body([{"store": 1, "price": -1.0}]), "1",
+                                          models.load))
+    assert response.status_code == 500
+    assert "RuntimeError: this model refuses a negative price" in json.loads(
+        response.body)["error"]
+
+
+def test_the_ray_deployment_refuses_what_its_replicas_would_before_ray_serve_starts(
+        tmp_path, monkeypatch):
+    """deployment() checked nothing: a missing store, an unknown run or a bad
+    poll failed each replica's constructor once Ray Serve had started it.
+    A relative path was opened in the replica's working directory (Ray's)."""
+    pytest.importorskip("ray.serve")
+    from manymodels.serve.ray import deployment
+
+    mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    with pytest.raises(ValueError, match="store .*nothing' does not exist"):
+        deployment(str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match="has no run 9"):
+        deployment(str(tmp_path / "m"), run=9)
+    with pytest.raises(ValueError, match="poll must be a positive number of seconds"):
+        deployment(str(tmp_path / "m"), poll=0)
+    monkeypatch.chdir(tmp_path)
+    made = deployment("m", poll=None)
+    monkeypatch.chdir(tmp_path / "m")  # elsewhere, as a replica is
+    replica = made.func_or_class()
+    assert replica.served.catalog.models == 2

@@ -36,6 +36,7 @@ from .objectstores import (
     object_path,
     object_versions,
     parquet_objects,
+    redacted,
     resolve,
     resolve_all,
     shown,
@@ -103,17 +104,19 @@ def read_rows(files: list[str], columns: list[str] | None = None, filter: Any = 
     names of their folders under ``root``."""
     import pyarrow.dataset as ds
 
-    filesystem = None
+    filesystem, paths = None, files
     if is_remote(files[0]):
-        filesystem, files = resolve_all(files)
+        filesystem, paths = resolve_all(files)
         root = None if root is None else resolve(root)[1]
     try:
-        dataset = ds.dataset(files, format="parquet", schema=schema, filesystem=filesystem,
+        dataset = ds.dataset(paths, format="parquet", schema=schema, filesystem=filesystem,
                              partitioning=partitioning(partitions),
                              partition_base_dir=root if partitions is not None else None)
         return dataset.to_table(columns=columns, filter=filter, use_threads=use_threads)
     except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"cannot read the Parquet files {files[:3]}...: {exc}") from exc
+        raise ValueError(f"cannot read the Parquet files {[shown(f) for f in files[:3]]}"
+                         f"{'...' if len(files) > 3 else ''}: {redacted(exc, files[0])}"
+                         ) from exc
 
 
 def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
@@ -133,16 +136,17 @@ def read_objects(location: str, columns: list[str] | None = None) -> pa.Table:
     return dictionaries_that_hold_all([rows])[0]
 
 
-def _folder_paths(root: str, files: list[str]) -> tuple[Path, list[Path]]:
+def _folder_paths(root: str, files: list[str]) -> tuple[str, list[str]]:
     """The objects' paths under ``root`` whose folders name their partition
     columns, as :func:`partition_table` reads them: without the URIs'
     keys, which its errors would show (an access key and secret in
-    ``s3://KEY:SECRET@bucket``, keys in the query). A local path is taken
-    as it is: a ``?`` or ``%`` in a folder's name is part of it."""
+    ``s3://KEY:SECRET@bucket``, keys in the query), and as text (a
+    ``Path`` shows ``s3://bucket`` as ``s3:/bucket``). A local path is
+    taken as it is: a ``?`` or ``%`` in a folder's name is part of it."""
     if not is_remote(root):
-        return Path(root), [Path(file) for file in files]
-    return (Path(object_path(without_secrets(root))),
-            [Path(object_path(without_secrets(file))) for file in files])
+        return root, files
+    return (object_path(without_secrets(root)),
+            [object_path(without_secrets(file)) for file in files])
 
 
 def files_schema(files: list[str], partitions: pa.Table | None, root: str | None

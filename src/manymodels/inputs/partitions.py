@@ -22,16 +22,19 @@ NULL_FOLDER = "__HIVE_DEFAULT_PARTITION__"
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-def _segments(root: Path, file: Path) -> list[tuple[str, str]]:
-    return [tuple(part.split("=", 1)) for part in file.relative_to(root).parent.parts
+def _segments(root: str | Path, file: str | Path) -> list[tuple[str, str]]:
+    # (parts only: a path made of a URI, s3://b/t, reads as "s3:/b/t", which
+    # no error shows; both sides read alike)
+    return [tuple(part.split("=", 1)) for part in Path(file).relative_to(root).parent.parts
             if "=" in part]
 
 
-def partition_table(root: Path, files: list[Path]) -> pa.Table | None:
-    """A row per file of ``files`` (under ``root``) with its partition
-    columns, or None when no file lies in a ``name=value`` folder. Files
-    whose folders name other columns are refused by name."""
-    rows = [_segments(root, Path(file)) for file in files]
+def partition_table(root: str | Path, files: list[str] | list[Path]) -> pa.Table | None:
+    """A row per file of ``files`` (under ``root``: local paths, or object
+    stores' URIs as errors may show them) with its partition columns, or
+    None when no file lies in a ``name=value`` folder. Files whose folders
+    name other columns are refused by name, as given."""
+    rows = [_segments(root, file) for file in files]
     if not any(rows):
         return None
     names = [name for name, _ in rows[0]]

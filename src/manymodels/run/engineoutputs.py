@@ -299,14 +299,27 @@ def results_as_engine_frame(results: Any, backend: str, session: Any = None) -> 
                            "first, or use run.results")
     import ray.data
 
-    return ray.data.from_pandas(results)
+    return ray.data.from_arrow(_arrow_results(results))
+
+
+def _arrow_results(results: Any) -> Any:
+    """The results as an Arrow table, as a cluster engine's table holds
+    them: a column with no value at all (``error`` in a run without
+    failures) typed as a string. Ray Data given the pandas frame keeps its
+    blocks in pandas, and has no type for a timezone-aware key there (its
+    schema says None, an error logged)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
+    for position, column in enumerate(table.schema):
+        if pa.types.is_null(column.type):
+            table = table.set_column(position, column.name,
+                                     table.column(position).cast(pa.string()))
+    return table
 
 
 def _spark_frame(results: Any, session: Any) -> Any:
-    """The results as a Spark DataFrame: through Arrow, a column with no value
-    at all (``error`` in a run without failures) typed as a string."""
-    import pyarrow as pa
-
+    """The results as a Spark DataFrame: through Arrow (:func:`_arrow_results`)."""
     if session is None:
         from pyspark.sql import SparkSession
 
@@ -315,11 +328,7 @@ def _spark_frame(results: Any, session: Any) -> Any:
         raise RuntimeError("results_frame: no Spark session is active (the run's own "
                            "local session stopped at its end): pass session=spark, or "
                            "use run.results")
-    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
-    for position, column in enumerate(table.schema):
-        if pa.types.is_null(column.type):
-            table = table.set_column(position, column.name,
-                                     table.column(position).cast(pa.string()))
+    table = _arrow_results(results)
     import pyspark
 
     if int(pyspark.__version__.split(".")[0]) >= 4:  # Arrow tables are taken as they are

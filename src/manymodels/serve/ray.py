@@ -11,7 +11,9 @@ coming from Ray Serve's multiplexed cache. Needs ``pip install "ray[serve]"``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path, PurePath
 from typing import Any
 
 from ..store import StoreIntegrityError
@@ -19,7 +21,7 @@ from .cache import ModelCache
 from .catalog import key_parts
 from .predictor import RequestError, predict_rows
 from .requests import json_answer, json_columns
-from .state import ServedStore
+from .state import ServedStore, check_run_and_poll, log, open_served_store
 
 #: The header naming a request's group key (Ray Serve's multiplexed model id).
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -55,7 +57,13 @@ class StoreModels:
         """(digest, model) of the group ``model_id`` names (wrapped in
         ``@serve.multiplexed`` by :func:`deployment`). A key that cannot be
         read as its column holds keys is the request's fault (400, as
-        ``GET /v1/models/{key}`` answers it), not the server's."""
+        ``GET /v1/models/{key}`` answers it), not the server's. Read in a
+        thread: a cold model's read and unpickling (seconds for a large
+        one), and the catalog's key kinds, would hold up every other request
+        of the replica on its event loop."""
+        return await asyncio.to_thread(self._load, model_id)
+
+    def _load(self, model_id: str) -> tuple[str | None, Any]:
         catalog = self.served.catalog
         try:
             parts = key_parts(catalog, model_id)
@@ -85,18 +93,29 @@ class StoreModels:
         return await self.answer(request, loaded)
 
     async def answer(self, request: Any, loaded: tuple[str | None, Any]) -> Any:
+        """The rows of ``request`` answered in a thread, as the Starlette
+        server answers a request that needs a load or a slow model: a model
+        of another group loaded meanwhile, or any model's prediction, would
+        hold up the replica's event loop."""
         from starlette.responses import JSONResponse, Response
 
+        body = await request.body()
         try:
-            catalog = self.served.catalog  # (and its store: one state of the store)
-            columns, n = json_columns(await request.body(), catalog.by)
-            result = predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
-                                  columns, n, ordered=False)  # JSON rows
+            result = await asyncio.to_thread(self._predict, body, loaded)
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
         except StoreIntegrityError as exc:
             return JSONResponse({"error": str(exc)}, 500)
+        except Exception as exc:  # a model's own failure: said, and answered as serve's
+            log.exception("a Ray Serve request failed")
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, 500)
         return Response(json_answer(result), media_type="application/json")
+
+    def _predict(self, body: bytes, loaded: tuple[str | None, Any]) -> Any:
+        catalog = self.served.catalog  # (and its store: one state of the store)
+        columns, n = json_columns(body, catalog.by)
+        return predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
+                            columns, n, ordered=False)  # JSON rows
 
 
 def deployment(store: str, *, run: int | None = None, max_models_per_replica: int = 3,
@@ -107,10 +126,12 @@ def deployment(store: str, *, run: int | None = None, max_models_per_replica: in
     go to ``@serve.deployment``."""
     from ray import serve
 
+    store = _served_location(store, run, poll)
+
     @serve.deployment(num_replicas=num_replicas, **options)
     class ManyModels(StoreModels):
         def __init__(self) -> None:
-            super().__init__(str(store), run, poll)
+            super().__init__(store, run, poll)
 
         @serve.multiplexed(max_num_models_per_replica=max_models_per_replica)
         async def get_model(self, model_id: str) -> tuple[str | None, Any]:
@@ -121,3 +142,24 @@ def deployment(store: str, *, run: int | None = None, max_models_per_replica: in
                                       self.get_model)
 
     return ManyModels
+
+
+def _served_location(store: Any, run: int | None, poll: float | None) -> str:
+    """``store`` as each replica opens it, checked here first: a store that
+    is not one, an unknown ``run``, no run ended, a bad ``poll`` are refused
+    by name now, not by each replica's constructor once Ray Serve has
+    started them (an error wrapped in Ray's, after its retries). A local
+    path is made absolute: a replica's working directory is Ray's, not this
+    process's."""
+    from ..inputs.objectstores import is_remote
+    from .catalog import ended_runs
+
+    check_run_and_poll(run, poll)
+    opened = open_served_store(store)
+    if run is not None:
+        opened._run_row(run)  # "has no run N"
+    elif not ended_runs(opened):
+        raise ValueError(f"store {str(opened)!r} holds no run that has ended yet")
+    if isinstance(store, (str, PurePath)) and not is_remote(store):
+        return str(Path(store).expanduser().absolute())
+    return str(opened.root)

@@ -36,6 +36,16 @@ def parse_size(value: int | str, name: str) -> int:
     return number
 
 
+def check_run_and_poll(run: Any, poll: Any) -> None:
+    """Refuse, by name, a ``run`` that is not a run id or a ``poll`` that is
+    not a positive number of seconds (or None)."""
+    if run is not None and (isinstance(run, bool) or not isinstance(run, int)):
+        raise TypeError(f"run must be a run id (an int), got {run!r}")
+    if poll is not None and (isinstance(poll, bool) or not (
+            isinstance(poll, (int, float)) and poll > 0)):
+        raise ValueError(f"poll must be a positive number of seconds or None, got {poll!r}")
+
+
 def open_served_store(store: Any) -> Any:
     """``store`` (a path or a :class:`manymodels.Store`) opened for reading;
     refused by name when it is not a manymodels store."""
@@ -126,10 +136,7 @@ class ServedStore:
 
     def __init__(self, store: Any, run: int | None, cache_models: int, cache_bytes: int,
                  poll: float | None) -> None:
-        if run is not None and (isinstance(run, bool) or not isinstance(run, int)):
-            raise TypeError(f"run must be a run id (an int), got {run!r}")
-        if poll is not None and not (isinstance(poll, (int, float)) and poll > 0):
-            raise ValueError(f"poll must be a positive number of seconds or None, got {poll!r}")
+        check_run_and_poll(run, poll)
         opened = open_served_store(store)
         self.run, self.poll = run, poll
         self.metrics = Metrics()

@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from ..engine.modelfiles import FOLDER, marker_run, model_objects, remove_object
-from ..inputs.objectstores import child, is_remote
+from ..inputs.objectstores import child, is_remote, redacted, shown
 from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
-from .database import INDEX_NAME
+from .database import INDEX_NAME, StoreError
 
 #: How old a file no row names must be before it is collected: a run's
 #: worker may have written it, its row on its way (a second, usually; longer
@@ -111,7 +111,7 @@ def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], b
     it. A local store's files of another store nested in its folder are not
     its own, and are left out."""
     if is_remote(root):
-        for name, _, modified in model_objects(str(root)):
+        for name, _, modified in _listed_objects(str(root)):
             yield name, modified, functools.partial(remove_object, child(str(root), name))
         return
     root = Path(root)
@@ -124,6 +124,21 @@ def _files(root: Path | str) -> Iterator[tuple[str, float | None, Callable[[], b
         except OSError:  # gone meanwhile
             modified = None
         yield file.relative_to(root).as_posix(), modified, functools.partial(_unlink, file)
+
+
+def _listed_objects(root: str) -> list[tuple[str, int, float | None]]:
+    """The model objects of the store at ``root`` (an object store's URI);
+    a listing the object store refuses (no permission, the network) is a
+    :class:`StoreError` naming the store, not the SDK's bare error. The
+    index no longer names what gc dropped by then: their files are strays
+    the next gc removes."""
+    try:
+        return model_objects(root)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"store {shown(root)!r}: gc cannot list its model files: "
+                         f"{redacted(exc, root)} (the models it dropped from the index "
+                         "are gone from it; their files are removed by the next gc)"
+                         ) from None
 
 
 def _unlink(file: Path) -> bool:

@@ -426,9 +426,14 @@ class RemoteIndex:
         from pyarrow import fs
 
         current = self.published()
-        filesystem, base = resolve(self._uri(INDEXES))
+        try:
+            filesystem, base = resolve(self._uri(INDEXES))
+            listed = filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True))
+        except (OSError, ValueError) as exc:
+            raise self._fail(f"gc cannot list its published indexes ({INDEXES}/)",
+                             exc) from None
         removed = 0
-        for entry in filesystem.get_file_info(fs.FileSelector(base, allow_not_found=True)):
+        for entry in listed:
             name = entry.path.rsplit("/", 1)[-1]
             if (entry.type == fs.FileType.File and name != f"{current}.sqlite"
                     and _INDEX_NAMES.fullmatch(name)

@@ -4,6 +4,8 @@ and breakpoints work) and as the reference the other backends must match."""
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -33,6 +35,7 @@ class SerialBackend(Backend):
         self._queue: deque[list[TaskRef]] = deque()
         if self.gpu_sets:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_sets[0])
+            _warn_if_cuda_started(self.gpu_sets[0])
         self._limits = threadpool_limits(limits=self.cpus_per_task)
         self._environment = thread_limits_in_environment(self.cpus_per_task)
         self._environment.__enter__()
@@ -68,3 +71,22 @@ class SerialBackend(Backend):
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = self._saved_cuda
+
+
+def _warn_if_cuda_started(gpus: tuple[str, ...]) -> None:
+    """Say that the task's GPUs cannot be pinned where this process's CUDA
+    was initialised already (by PyTorch: an earlier run's fit, the user's
+    own code): CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when it starts, so
+    the tasks see the GPUs it saw then, not ``gpus``."""
+    torch = sys.modules.get("torch")
+    try:
+        started = torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # a torch without CUDA's module, or broken: nothing to say
+        started = False
+    if started:
+        warnings.warn(
+            f"gpus={list(gpus)} (gpus_per_task=) is not applied: the serial backend pins "
+            "a task's GPUs through CUDA_VISIBLE_DEVICES in this process, whose CUDA "
+            "(PyTorch) was initialised already, and CUDA reads it once, at its start; "
+            "the tasks see the GPUs this process saw then. Use backend='processes', "
+            "whose workers start with their own GPUs", RuntimeWarning, stacklevel=2)
