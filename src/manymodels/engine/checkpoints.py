@@ -265,8 +265,9 @@ class Checkpoint:
         not stop at once (a forced cancel on Ray, Spark or Dask ends its
         process a moment later) saved into a slot the next run may have
         claimed, or made again the folders of a run without a store that
-        had been removed. A lock this file system cannot tell of is taken
-        for held."""
+        had been removed. The run has ended once its driver released the
+        space (see :func:`.checkpointspace.still_held`); a file system that
+        cannot answer is taken for held."""
         if self._run_alive is None:
             return
         try:

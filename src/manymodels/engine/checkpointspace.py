@@ -96,6 +96,15 @@ def identity_of(name: str) -> str:
     return name.partition("-")[0]
 
 
+def still_held(root: Path, token: str) -> bool:
+    """Whether the driver of run ``token`` has not released its space yet
+    (:meth:`CheckpointSpace.release` removes its lock file): what a task's
+    writes check. The file's lock is not asked: a worker on another machine
+    may not see it (a shared file system whose locks are each machine's
+    own), and every save of a running run would read as superseded."""
+    return (root / OWNERS / f"{token}.lock").exists()
+
+
 def owner_alive(root: Path, token: str) -> bool:
     """Whether the run ``token`` is still running: its driver holds the lock
     of ``.owners/<token>.lock`` (the lock goes with the driver, killed or not)."""
@@ -256,7 +265,7 @@ class CheckpointSpace:
         attempt = _count_start(own)
         return Checkpoint(own, attempt=attempt,
                           owner={"token": self.token, "run_id": self.run_id},
-                          run_alive=functools.partial(owner_alive, Path(self.root), self.token)
+                          run_alive=functools.partial(still_held, Path(self.root), self.token)
                           if self.held else None,
                           report=_Journal(Path(self.root) / JOURNAL / self.token, index,
                                           self.token))
