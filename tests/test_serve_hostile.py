@@ -164,6 +164,15 @@ def test_a_store_path_that_is_a_file_is_said_to_be_one(tmp_path):
     assert done.exit_code == 2 and "is a file" in done.output
 
 
+def test_a_store_object_of_a_path_with_no_store_is_said_to_be_missing(tmp_path):
+    # (it said "has no index now (removed?)", as of a store removed while served)
+    missing = tmp_path / "typo"
+    with pytest.raises(ValueError, match="does not exist") as raised:
+        mm.serve_app(mm.Store(missing), poll=None)
+    assert str(missing) in str(raised.value) and "removed" not in str(raised.value)
+    assert not missing.exists()
+
+
 # -- the keys of a request, read as they were stored -------------------------------
 
 

@@ -54,6 +54,10 @@ def open_served_store(store: Any) -> Any:
     from ..store import StoreError
 
     if isinstance(store, Store):
+        try:  # one opened where there is no store: said so, not "its index removed"
+            store._refuse_missing()
+        except StoreError as exc:
+            raise ValueError(str(exc)) from exc
         return store
     if not isinstance(store, (str, PurePath)):
         raise TypeError(f"store must be a path or a manymodels.Store, got {store!r}")
