@@ -593,7 +593,7 @@ def test_numpy_scalars_in_a_grid_are_the_same_tasks_as_pythons_equal_values(tmp_
     """np.int64(3) and 3, np.float64(0.5) and 0.5 pickle apart, so a grid of
     NumPy values (np.arange, np.linspace) and one of the same Python values
     had other identities: a re-run with the other kind retrained every task.
-    np.float32 stays apart (fit computes in its precision)."""
+    np.float32 and np.int8 stay apart (fit computes in their precision)."""
     source = mm.groups(sales, by="store")
     numpy_grid = mm.grid(c=[np.float64(0.5), np.int64(3), np.bool_(True), np.str_("x")])
     first = mm.train(_constant, source * numpy_grid, store=tmp_path / "s", backend="serial",
@@ -601,9 +601,10 @@ def test_numpy_scalars_in_a_grid_are_the_same_tasks_as_pythons_equal_values(tmp_
     again = mm.train(_constant, source * mm.grid(c=[0.5, 3, True, "x"]), store=tmp_path / "s",
                      backend="serial", progress=False)
     assert not first.results["reused"].any() and again.results["reused"].all()
-    single = mm.train(_constant, source * mm.grid(c=[np.float32(0.5)]), store=tmp_path / "s",
-                      backend="serial", progress=False)
-    assert not single.results["reused"].any()
+    for narrow in (np.float32(0.5), np.int8(3)):  # fit computes (and wraps) in their range
+        single = mm.train(_constant, source * mm.grid(c=[narrow]), store=tmp_path / "s",
+                          backend="serial", progress=False)
+        assert not single.results["reused"].any()
 
 
 def test_a_bare_grids_tuple_of_one_value_is_found_by_itself(tmp_path):

@@ -44,16 +44,23 @@ def plain_setting(setting: dict[str, Any]) -> dict[str, Any]:
     ``np.bool_``, ``np.str_``) as that Python value, so that a grid of
     ``np.arange(1, 4)`` and one of ``[1, 2, 3]`` give the same tasks and a
     re-run with either reuses the other's models (each pickled otherwise, and
-    hashed apart). ``np.float32`` and other narrower floats stay apart: ``fit``
-    computes in their precision. Values of other kinds are left as they are."""
+    hashed apart). ``np.float32``, ``np.int8`` and other narrower numbers
+    stay apart: ``fit`` computes in their precision, and wraps around at
+    their range (``np.int8(100) * 2`` is -56). Values of other kinds are
+    left as they are."""
     if not any(isinstance(value, np.generic) for value in setting.values()):
         return setting
     return {name: _plain_scalar(value) for name, value in setting.items()}
 
 
+#: The NumPy scalars a setting is hashed as Python's value of: those that
+#: compute as Python's numbers do in NumPy (``np.arange``'s and
+#: ``np.linspace``'s, and the types a Python number becomes in an array).
+_AS_PYTHON = frozenset({np.int64, np.uint64, np.float64, np.bool_, np.str_, np.bytes_})
+
+
 def _plain_scalar(value: Any) -> Any:
-    if isinstance(value, (np.integer, np.bool_, np.str_, np.bytes_)) or type(
-            value) is np.float64:
+    if type(value) in _AS_PYTHON:
         return value.item()
     return value
 
