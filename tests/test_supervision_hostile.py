@@ -541,6 +541,35 @@ def _listed(n):
     return [n]
 
 
+def _interrupted_inside(code, sends, tmp_path):
+    """A run of 20 tasks into a store, a SIGINT raised (once) inside
+    ``code`` where ``sends(frame, event, arg)`` says: the run it stopped,
+    and whether the signal was sent."""
+    import signal as signals
+    import sys
+
+    state = {"sent": False}
+
+    def inside(frame, event, arg):
+        if not state["sent"] and sends(frame, event, arg):
+            state["sent"] = True
+            signals.raise_signal(signals.SIGINT)  # (handled there)
+        return inside
+
+    sys.settrace(lambda frame, event, arg: inside if frame.f_code is code else None)
+    try:
+        with pytest.raises(mm.RunInterrupted) as stopped:
+            mm.train(_listed, mm.items(range(20)), backend="processes", workers=1,
+                     start_method="fork", progress=False, store=tmp_path / "s")
+    finally:
+        sys.settrace(None)
+    return stopped.value, state["sent"]
+
+
+def _ok_items(results):
+    return results.loc[results["status"] == "ok", "item"].tolist()
+
+
 def test_a_ctrl_c_while_the_driver_records_a_part_keeps_it_whole(tmp_path):
     """A SIGINT handled while the driver recorded a finished part (here
     after its statuses were set, before its models) left those tasks ``ok``
@@ -548,38 +577,23 @@ def test_a_ctrl_c_while_the_driver_records_a_part_keeps_it_whole(tmp_path):
     the count the error gave. A round's events are now recorded whole
     first: the run, its error and the store agree."""
     import linecache
-    import signal as signals
-    import sys
 
     from manymodels.engine.records import TaskRecords
 
-    state = {"sent": False}
     models_next = "self.worker[indices] = worker"
 
-    def in_mark_ok(frame, event, arg):
-        if event == "line" and not state["sent"] and linecache.getline(
-                frame.f_code.co_filename, frame.f_lineno).strip() == models_next:
-            state["sent"] = True
-            signals.raise_signal(signals.SIGINT)  # (handled here, statuses set, models not)
-        return in_mark_ok
+    def before_the_models(frame, event, arg):  # statuses set, models not
+        return event == "line" and linecache.getline(
+            frame.f_code.co_filename, frame.f_lineno).strip() == models_next
 
-    def tracer(frame, event, arg):
-        return in_mark_ok if frame.f_code is TaskRecords.mark_ok.__code__ else None
-
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(mm.RunInterrupted) as stopped:
-            mm.train(_listed, mm.items(range(20)), backend="processes", workers=1,
-                     start_method="fork", progress=False, store=tmp_path / "s")
-    finally:
-        sys.settrace(None)
-    run = stopped.value.run
-    ok = run.results.loc[run.results["status"] == "ok", "item"].tolist()
-    assert state["sent"] and ok
-    assert f"interrupted after {len(ok)} of 20 tasks" in str(stopped.value)
+    stopped, sent = _interrupted_inside(TaskRecords.mark_ok.__code__, before_the_models,
+                                        tmp_path)
+    run = stopped.run
+    ok = _ok_items(run.results)
+    assert sent and ok
+    assert f"interrupted after {len(ok)} of 20 tasks" in str(stopped)
     assert sorted(run.models) == ok and [run.models[item] for item in ok] == [[i] for i in ok]
-    stored = mm.Store(tmp_path / "s").results()
-    assert stored.loc[stored["status"] == "ok", "item"].tolist() == ok
+    assert _ok_items(mm.Store(tmp_path / "s").results()) == ok
 
 
 def test_a_ctrl_c_while_the_backend_reads_its_workers_keeps_what_it_read(tmp_path):
@@ -587,35 +601,17 @@ def test_a_ctrl_c_while_the_backend_reads_its_workers_keeps_what_it_read(tmp_pat
     finished part from a worker and before it returned, lost that part: its
     tasks were ``cancelled`` in the run and out of the store (the next run
     trained them again). A poll is now read and recorded whole."""
-    import signal as signals
-    import sys
-
     from manymodels.engine.backends.processes import ProcessesBackend
 
-    state = {"sent": False}
+    def a_part_read(frame, event, arg):  # _handle returned a Finished part
+        return event == "return" and bool(arg)
 
-    def in_handle(frame, event, arg):
-        if event == "return" and not state["sent"] and arg:  # a Finished part, read
-            state["sent"] = True
-            signals.raise_signal(signals.SIGINT)  # (handled here, inside poll)
-        return in_handle
-
-    def tracer(frame, event, arg):
-        return in_handle if frame.f_code is ProcessesBackend._handle.__code__ else None
-
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(mm.RunInterrupted) as stopped:
-            mm.train(_listed, mm.items(range(20)), backend="processes", workers=1,
-                     start_method="fork", progress=False, store=tmp_path / "s")
-    finally:
-        sys.settrace(None)
-    run = stopped.value.run
-    ok = run.results.loc[run.results["status"] == "ok", "item"].tolist()
-    assert state["sent"] and ok
-    assert sorted(run.models) == ok
-    stored = mm.Store(tmp_path / "s").results()
-    assert stored.loc[stored["status"] == "ok", "item"].tolist() == ok
+    stopped, sent = _interrupted_inside(ProcessesBackend._handle.__code__, a_part_read,
+                                        tmp_path)
+    ok = _ok_items(stopped.run.results)
+    assert sent and ok
+    assert sorted(stopped.run.models) == ok
+    assert _ok_items(mm.Store(tmp_path / "s").results()) == ok
 
 
 def test_a_ctrl_c_before_the_scheduler_starts_does_not_leave_the_run_running(tmp_path):
