@@ -41,6 +41,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import manymodels as mm
@@ -249,3 +250,29 @@ def public_members() -> list[str]:
             names |= {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
         members += [f"{cls.__module__}.{cls.__qualname__}.{name}" for name in sorted(names)]
     return members
+
+
+def test_the_answer_serve_quotes_is_what_its_example_gets(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """docs/serve.md quotes the answer of its curl request to the store its
+    python block trains: the predictions are ``Store.predict``'s of the same
+    rows (bit for bit, the page says), so the quoted digits are checked
+    against those, without starting a server."""
+    import json
+
+    page = DOCS / "serve.md"
+    store_block = next(block for block in blocks(page) if block.lang == "python")
+    request = next(block for block in blocks(page) if "/v1/predict" in block.code
+                   and block.lang == "bash")
+    rows = json.loads(re.search(r"-d '(.*?)'", request.code, re.S).group(1))["rows"]
+    answer = next(block for block in blocks(page) if block.lang == "text").code
+    quoted = re.search(r'"predictions": \[(.*?)\], "source": (\[.*?\])', answer)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(store_block.code.replace("progress=False", "progress=False, "
+                                          "backend='serial'"), str(page), "exec"), {})
+    got = mm.Store("models/").predict(pd.DataFrame(rows), by="store", with_source=True)
+    digits = [text.strip().rstrip(".") for text in quoted.group(1).split(",")]
+    assert len(digits) == len(got)
+    for value, text in zip(got["prediction"], digits):
+        assert repr(value).startswith(text), (value, text)
+    assert list(got["source"]) == json.loads(quoted.group(2))

@@ -28,6 +28,25 @@ def test_quick_start_runs_as_written(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "sales.parquet").exists()  # it made its own data
     assert re.search(r"\b0 failed\b", result.stdout), result.stdout  # every group trained
+    served_rows_are_answered_by_their_groups(tmp_path)
+
+
+def served_rows_are_answered_by_their_groups(folder: Path) -> None:
+    """The quick start's serving example (not run: it needs a running server)
+    serves the store the quick start wrote, and each row of its request has
+    its group's model there."""
+    import json
+
+    import pandas as pd
+
+    import manymodels as mm
+
+    section = re.search(r"^## Quick start\n(.*?)(?=^## )", README.read_text(), re.S | re.M)
+    serve = re.search(r"^```bash\n(.*?)^```", section.group(1), re.S | re.M).group(1)
+    store = re.search(r"manymodels serve (\S+)", serve).group(1)
+    rows = json.loads(re.search(r"-d '(.*?)'", serve, re.S).group(1))["rows"]
+    answer = mm.Store(folder / store).predict(pd.DataFrame(rows), with_source=True)
+    assert list(answer["source"]) == ["group"] * len(rows), answer
 
 
 def test_quick_start_names_are_all_defined():
