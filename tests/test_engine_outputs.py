@@ -398,3 +398,26 @@ def test_key_columns_keep_the_input_types(engine, tmp_path):
         got = _collected(name, result).reset_index(drop=True)
         assert result.dtypes[key] == got.dtypes[key] == expected.dtypes[key], key
         pd.testing.assert_frame_equal(got, expected, check_index_type=False)
+
+
+def _empty_dict_for_store_1(df):
+    return {} if int(df["store"].iloc[0]) == 1 else _count(df)
+
+
+def _a_dict(df):
+    return {"n": len(df)}
+
+
+def test_a_dict_is_refused_naming_its_group_and_an_empty_one_left_out(engine, table, tmp_path):
+    """The workers' writer called a dict no table: every group failed, each
+    with a traceback, where the pandas path refuses a dict naming its group
+    and leaves out a group whose ``fn`` returned ``{}`` (no rows, as None)."""
+    name = engine[0]
+    source = _engine_frame(engine, table)
+    got = _collected(name, mm.map_groups(_empty_dict_for_store_1, source, by="store",
+                                         staging=str(tmp_path / "stage"), backend="serial"))
+    assert sorted(got["store"]) == [0, 2, 3, 4]
+    with pytest.raises(TypeError, match="returned a dict for 0, not a table"):
+        mm.map_groups(_a_dict, source, by="store", staging=str(tmp_path / "refused"),
+                      backend="serial")
+    assert not _outputs_directories(tmp_path / "refused")
