@@ -340,3 +340,84 @@ def test_a_part_a_group_on_ray_appends_to_a_few_files(local_ray, tmp_path,
     assert len(outputs) == 300 and len({out.name for _, out in outputs}) <= 4
     got = result.to_pandas().sort_values("g")
     assert got["g"].tolist() == list(range(300)) and (got["n"] == 2).all()
+
+
+def _index_of_values(df):
+    """One row under the group's largest ``h``: 2 is a position among store
+    1's rows (0 to 2), 70 none of store 2's."""
+    return pd.DataFrame({"v": [df["x"].sum()]}, index=[df["h"].max()])
+
+
+def _filtered_series(df):
+    return df["x"][df["x"] > 3]
+
+
+def test_an_index_is_judged_once_for_every_group_not_output_by_output(engine, tmp_path):
+    """Each worker judged its own output's index: store 1's ``[2]`` was
+    dropped as a position among its rows, store 2's ``[70]`` a column
+    ``index``, NaN in store 1's row (and the column after ``v``). Judged
+    once, as the pandas path judges it: a column for both. A filter's
+    Series, whose labels are its rows' positions, keeps none of them
+    (a group that kept every row has no labels to add)."""
+    name = engine[0]
+    frame = pd.DataFrame({"store": [1, 1, 1, 2, 2, 2, 2], "h": [0, 1, 2, 50, 60, 70, 5],
+                          "x": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]})
+    source = _engine_frame(engine, frame)
+    got = _collected(name, mm.map_groups(_index_of_values, source, by="store",
+                                         staging=str(tmp_path / "stage"), backend="serial"))
+    expected = mm.map_groups(_index_of_values, mm.groups(frame, by="store"), backend="serial")
+    assert list(got.columns) == list(expected.columns) == ["store", "index", "v"]
+    assert got["index"].tolist() == expected["index"].tolist() == [2, 70]
+    kept = _collected(name, mm.map_groups(_filtered_series, source, by="store",
+                                          staging=str(tmp_path / "stage"), backend="serial"))
+    assert list(kept.columns) == ["store", "x"]
+    assert kept["x"].tolist() == [4.0, 5.0, 6.0]
+
+
+def _count(df):
+    return pd.DataFrame({"n": [len(df)]})
+
+
+def test_key_columns_keep_the_input_types(engine, tmp_path):
+    """The workers add a group's key as Python values: a nullable ``Int64``
+    key came back float64 (1.0, NaN), a ``uint8`` one int64 and a categorical
+    one text (or failed Dask's concat of ordered categoricals made per
+    partition). They are of the input's types, as the pandas path gives them."""
+    name = engine[0]
+    if name != "dask":
+        pytest.skip("a Dask result's pandas types (Spark has none of these)")
+    frame = pd.DataFrame({
+        "k": pd.array([1, 1, None, None, 3, 3, 3, 1], dtype="Int64"),
+        "u": np.array([1, 1, 2, 2, 3, 3, 3, 1], dtype="uint8"),
+        "c": pd.Categorical(list("bbzzaaab"), categories=["b", "a", "z"], ordered=True),
+        "x": np.arange(8.0)})
+    for key in ("k", "u", "c"):
+        expected = mm.map_groups(_count, mm.groups(frame, by=key), backend="serial")
+        result = mm.map_groups(_count, _engine_frame(engine, frame), by=key,
+                               staging=str(tmp_path / "stage"), backend="serial")
+        got = _collected(name, result).reset_index(drop=True)
+        assert result.dtypes[key] == got.dtypes[key] == expected.dtypes[key], key
+        pd.testing.assert_frame_equal(got, expected, check_index_type=False)
+
+
+def _empty_dict_for_store_1(df):
+    return {} if int(df["store"].iloc[0]) == 1 else _count(df)
+
+
+def _a_dict(df):
+    return {"n": len(df)}
+
+
+def test_a_dict_is_refused_naming_its_group_and_an_empty_one_left_out(engine, table, tmp_path):
+    """The workers' writer called a dict no table: every group failed, each
+    with a traceback, where the pandas path refuses a dict naming its group
+    and leaves out a group whose ``fn`` returned ``{}`` (no rows, as None)."""
+    name = engine[0]
+    source = _engine_frame(engine, table)
+    got = _collected(name, mm.map_groups(_empty_dict_for_store_1, source, by="store",
+                                         staging=str(tmp_path / "stage"), backend="serial"))
+    assert sorted(got["store"]) == [0, 2, 3, 4]
+    with pytest.raises(TypeError, match="returned a dict for 0, not a table"):
+        mm.map_groups(_a_dict, source, by="store", staging=str(tmp_path / "refused"),
+                      backend="serial")
+    assert not _outputs_directories(tmp_path / "refused")

@@ -476,14 +476,16 @@ def test_a_part_of_small_and_large_categorical_outputs_reads_back(tmp_path, monk
 
 
 def test_a_frames_index_that_holds_values_is_written_as_columns(tmp_path):
-    """As the pandas path makes it: an aggregation's days kept, a filter's row labels not."""
+    """As the pandas path makes it: an aggregation's days kept, a filter's row
+    labels not (written as a column marked so, which the driver's schema drops)."""
     rows = pd.DataFrame({"x": [1.0, 2.0, 4.0], "day": [7, 7, 9]})  # as a worker has them
     for fn, columns in ((lambda df: df.groupby("day")[["x"]].sum(), ["store", "day", "x"]),
                         (lambda df: df[df["x"] > 1], ["store", "x", "day"])):
         writer = _writer(tmp_path, fn)
         written = writer(rows, key="s1")
         writer.seal_part()
-        table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
+        schema = engineoutputs._unified_schema(str(tmp_path), [written], "dask")
+        table = read_files(str(tmp_path), [written.ref], schema)
         assert table.column_names == columns
     assert table.column("x").to_pylist() == [2.0, 4.0]
 
@@ -494,3 +496,23 @@ def test_one_value_is_a_row_of_its_groups_key(tmp_path):
     writer.seal_part()
     table = read_files(str(tmp_path), [written.ref], _schema_of(tmp_path / written.name))
     assert table.to_pylist() == [{"store": "s1", "value": 3.0}]
+
+
+def _under_the_largest_h(df):
+    return pd.DataFrame({"v": [df["x"].sum()]}, index=[df["h"].max()])
+
+
+def test_an_index_is_judged_once_for_all_the_outputs_whichever_worker_wrote_them(tmp_path):
+    """Two workers, a group each: ``[2]`` is a position among the first's
+    rows (0 to 2), ``[70]`` none of the second's. Judged by each worker, the
+    first's was dropped and the second's a column ``index``, null in the
+    first's row; the driver judges both: a column ``index`` of 2 and 70."""
+    first, second = (_writer(tmp_path, _under_the_largest_h).worker_copy() for _ in range(2))
+    one = first(pd.DataFrame({"x": [1.0, 2.0, 3.0], "h": [0, 1, 2]}), key="s1")
+    two = second(pd.DataFrame({"x": [4.0, 5.0], "h": [50, 70]}), key="s2")
+    first.seal_part()
+    second.seal_part()
+    schema = engineoutputs._unified_schema(str(tmp_path), [one, two], "dask")
+    table = read_files(str(tmp_path), [one.ref, two.ref], schema)
+    assert table.to_pylist() == [{"store": "s1", "index": 2, "v": 6.0},
+                                 {"store": "s2", "index": 70, "v": 9.0}]

@@ -170,7 +170,7 @@ def map_groups(
         fell_back = fallen_back(run) if fallback is not None else None
         if written is not None:  # written by the workers, read by the engine's
             try:
-                frame = written.frame([out for _, out in ok])
+                frame = written.frame([out for _, out in ok if out is not None])
             except ValueError:  # no output at all: say first which groups failed
                 report_failures(None, failed, fell_back)
                 raise

@@ -70,25 +70,17 @@ def is_transform(output: Any, labels: Any) -> bool:
     return len(output) == len(labels) and output.index.equals(labels)
 
 
-def index_as_columns(output: pd.DataFrame, received: Any = None) -> pd.DataFrame:
-    """A DataFrame output that is no transform, with the index levels that
+def indexes_as_columns(outputs: list[pd.DataFrame], received: Any = None) -> list[pd.DataFrame]:
+    """Each DataFrame output that is no transform, with the index levels that
     hold values (``groupby("day").sum()``, ``set_index("x")``,
     ``resample(...)``, ``describe()``) as columns in front of its own, as
     ``reset_index()`` makes them: the outputs are concatenated under a fresh
     index, which would drop them. An index of row labels is dropped: the
-    default ``0, 1, ...`` or, under the names of the labels ``fn`` received
-    (``received``; None: positions, unnamed), labels among those (a filter).
-    A level named like one of the output's columns is dropped too
-    (``set_index("x", drop=False)``: the column holds it)."""
-    if _row_labels(output.index, received):
-        return output
-    return _values_as_columns(output)
-
-
-def indexes_as_columns(outputs: list[pd.DataFrame], received: Any = None) -> list[pd.DataFrame]:
-    """The outputs as :func:`index_as_columns` makes each, but with one
-    judgement for all the outputs whose index has the same level names:
-    row labels only where every such index holds labels of its own group's
+    default ``0, 1, ...`` or, under the names of the labels ``fn`` received,
+    labels among those (a filter's). A level named like one of the output's
+    columns is dropped too (``set_index("x", drop=False)``: the column holds
+    it). Which it is is judged once for all the outputs whose index has the
+    same level names: row labels only where every such index holds labels of its own group's
     rows. Judged output by output, an unnamed index of values that happen
     to be among one group's row labels (``index=[1, 2]`` where that group
     holds rows 0 to 3) and not another's was dropped for the first and a
@@ -99,13 +91,13 @@ def indexes_as_columns(outputs: list[pd.DataFrame], received: Any = None) -> lis
     for i, output in enumerate(outputs):
         if not is_fresh_index(output.index):
             names = tuple(output.index.names)
-            labels[names] = labels.get(names, True) and _row_labels(
+            labels[names] = labels.get(names, True) and holds_row_labels(
                 output.index, None if received is None else received[i])
     return [output if is_fresh_index(output.index) or labels[tuple(output.index.names)]
-            else _values_as_columns(output) for output in outputs]
+            else values_as_columns(output) for output in outputs]
 
 
-def _values_as_columns(output: pd.DataFrame) -> pd.DataFrame:
+def values_as_columns(output: pd.DataFrame) -> pd.DataFrame:
     """``output``'s index levels as columns in front of its own, as
     ``reset_index()`` makes them, but for a level named like a column."""
     index = output.index
@@ -119,9 +111,10 @@ def _values_as_columns(output: pd.DataFrame) -> pd.DataFrame:
     return frame.reset_index(level=kept, drop=False)
 
 
-def _row_labels(index: pd.Index, received: Any) -> bool:
+def holds_row_labels(index: pd.Index, received: Any) -> bool:
     """Whether ``index`` labels rows rather than holding values (see
-    :func:`index_as_columns`)."""
+    :func:`indexes_as_columns`): the default ``0, 1, ...``, or labels among
+    ``received`` under its level names (None: positions, unnamed)."""
     if is_fresh_index(index):
         return True
     if received is None:  # positions 0, 1, ... of a group handed under a fresh index

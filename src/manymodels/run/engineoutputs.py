@@ -36,10 +36,22 @@ or timed out are never read (only the rows of the outcomes the driver
 received are), and go with the directory.
 
 An engine's DataFrame has no row order to put a transform's rows back in,
-nor row labels: the outputs come in key order (a group's rows in the order
-``fn`` gave them), a DataFrame's index dropped. A Series ``fn`` returns is
-one row (its labels as columns) where its labels are column-like
-(``df[["x", "y"]].mean()``), a column of values where they are integers.
+nor row labels: ``fn`` gets a group's rows under their positions 0, 1, ...,
+and the outputs come in key order (a group's rows in the order ``fn`` gave
+them) under a fresh index. An output's index is judged as the pandas path
+judges it (:func:`manymodels.inputs.grouplabels.indexes_as_columns`): its
+levels are columns after the keys (``groupby("day").sum()``,
+``describe()``, an unnamed ``index=[...]`` of values) unless every output
+whose index has the same levels holds positions of its own group's rows
+(a filter's, a sort's), which are dropped. The workers cannot judge that
+alone (one group's positions are another's values), so each writes its
+index as columns marked with what it held, and the driver drops the
+columns of an index that held positions in every output
+(:func:`manymodels.run.outputtables.label_columns`): every backend gives
+one table. A Series ``fn`` returns is one row (its labels as columns)
+where its labels are column-like text (``df[["x", "y"]].mean()``), a
+column of values under 0, 1, ..., and any other Series (``value_counts()``,
+a filter's) a frame of one column whose index is judged as a DataFrame's.
 """
 
 from __future__ import annotations
@@ -68,7 +80,7 @@ from .outputreads import (
     read_files,
     read_spark_chunks,
 )
-from .outputtables import NULLABLE, nullable_columns
+from .outputtables import NULLABLE, label_columns, nullable_columns
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")
@@ -125,13 +137,15 @@ class EngineOutputs:
     def frame(self, outputs: list[WrittenOutput]) -> Any:
         """The outputs (in key order) as the engine's table, read by its workers."""
         try:
-            schema = _unified_schema(self.directory, outputs, self.engine_frame.engine)
+            schema = _unified_schema(self.directory, outputs, self.engine_frame.engine,
+                                     _key_types(self.engine_frame, self.fn.key_columns))
             files = [(out.ref, out.rows) for out in outputs if out.name and out.rows]
             engine = self.engine_frame.engine
             if engine == "spark":
                 result = _spark_frame_of(self.engine_frame.frame, self.directory, files, schema)
             elif engine == "dask":
-                result = _dask_frame_of(self.engine_frame.frame, self.directory, files, schema)
+                result = _dask_frame_of(self.engine_frame.frame, self.directory, files, schema,
+                                        self.fn.key_columns)
             else:
                 result = _ray_dataset_of(self.directory, files, schema)
         except BaseException:
@@ -144,10 +158,56 @@ class EngineOutputs:
         return result
 
 
-def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -> pa.Schema:
+def _key_types(engine_frame: EngineFrame, names: list[str]) -> dict[str, tuple[pa.DataType, bool]]:
+    """The input's Arrow type of each key column whose values a worker adds
+    as Python values (an integer, a boolean, a category: an ``int64``, a
+    ``bool`` or a text there, and a missing key a null of no type), and
+    whether the Dask frame holds it as pandas' nullable type (``Int64``,
+    ``boolean``). From the engine's schema: no job runs."""
+    schema = engine_frame.schema
+    types = {}
+    for name in names:
+        if name not in schema.names:  # a grid's setting
+            continue
+        kind = schema.field(name).type
+        if pa.types.is_dictionary(kind):  # categories a chunk: more than an int8 holds
+            kind = pa.dictionary(pa.int32(), kind.value_type, kind.ordered)
+        elif not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
+            continue
+        extension = engine_frame.engine == "dask" and not isinstance(
+            engine_frame.frame._meta[name].dtype, np.dtype)
+        types[name] = (kind, extension)
+    return types
+
+
+def _typed_keys(schema: pa.Schema, schemas: list[pa.Schema],
+                key_types: dict[str, tuple[pa.DataType, bool]]) -> tuple[pa.Schema, set[str]]:
+    """``schema`` with its key columns in the input's types (``key_types``),
+    and the integer and boolean keys to give pandas' nullable type: those
+    the input holds so, or whose key is missing in some group (a column of
+    nulls there), which a Dask partition would make floats and another ints."""
+    nullable = set()
+    for name, (kind, extension) in key_types.items():
+        position = schema.get_field_index(name)
+        if position < 0:
+            continue
+        if schema.field(name).type != kind:
+            schema = schema.set(position, pa.field(name, kind))
+        missing = any(name in one.names and pa.types.is_null(one.field(name).type)
+                      for one in schemas)
+        if not pa.types.is_dictionary(kind) and (extension or missing):
+            nullable.add(name)
+    return schema, nullable
+
+
+def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str,
+                    key_types: dict[str, tuple[pa.DataType, bool]] | None = None) -> pa.Schema:
     """One schema for every group's output: each distinct schema read once,
     from the header of the first file written with it, unified as pandas'
-    ``concat`` would (an integer column that some groups lack: floats)."""
+    ``concat`` would (an integer column that some groups lack: floats),
+    without the columns of an index that held row labels in every output
+    (:func:`label_columns`: judged once, as the pandas path judges it), its
+    key columns of the input's types (:func:`_typed_keys`)."""
     schemas: dict[str, pa.Schema] = {}
     for out in outputs:
         if out.name is not None and out.schema_digest not in schemas:
@@ -156,6 +216,11 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     if not schemas:
         raise ValueError("map_groups: fn returned None for every group, and a "
                          f"{TABLE_NAMES[engine]} needs columns")
+    key_types = key_types or {}
+    dropped = label_columns(list(schemas.values()), list(key_types))
+    if dropped:
+        schemas = {digest: pa.schema([field for field in one if field.name not in dropped])
+                   for digest, one in schemas.items()}
     try:
         schema = pa.unify_schemas(list(schemas.values()), promote_options="permissive")
     except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
@@ -164,11 +229,12 @@ def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str) -
     if not len(schema):
         raise ValueError("map_groups: fn returned no columns for any group, and a "
                          f"{TABLE_NAMES[engine]} needs some")
+    schema, nullable = _typed_keys(schema, list(schemas.values()), key_types)
     # an integer column some groups lack is missing values there: floats, as
     # pandas' concat makes it (and every partition of a Dask result the same)
-    nullable = {name for one in schemas.values() for name in nullable_columns(one)}
+    nullable |= {name for one in schemas.values() for name in nullable_columns(one)}
     for position, field in enumerate(schema):
-        if pa.types.is_integer(field.type) and any(
+        if pa.types.is_integer(field.type) and field.name not in key_types and any(
                 field.name not in one.names for one in schemas.values()):
             schema = schema.set(position, pa.field(field.name, pa.float64()))
         else:  # pandas' nullable type in every partition of a Dask result alike (an
@@ -245,7 +311,8 @@ def _spark_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) 
     return names.mapInArrow(read, spark_schema)
 
 
-def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) -> Any:
+def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema,
+                   keys: list[str] = ()) -> Any:
     """A Dask DataFrame of one partition per run of files, read on the workers."""
     import dask.dataframe as dd
 
@@ -254,10 +321,27 @@ def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema) -
     divisions = None
     if total:
         divisions = tuple(start for _, start in chunks) + (total - 1,)
-    meta = pandas_frame_of(schema.empty_table(), schema)
+    categories = _key_categories(frame, keys)
+    meta = pandas_frame_of(schema.empty_table(), schema, categories)
     return dd.from_map(read_dask_chunk, chunks, meta=meta,
                        divisions=divisions, label="manymodels-outputs",
-                       directory=directory, schema=schema)
+                       directory=directory, schema=schema, categories=categories)
+
+
+def _key_categories(frame: Any, keys: list[str]) -> dict[str, Any]:
+    """The categorical dtype of each key column the Dask frame knows the
+    categories of: every partition of the result takes it (each would hold
+    only its own groups' keys as categories otherwise, and Dask cannot
+    concatenate ordered categoricals of different categories)."""
+    import pandas as pd
+    from dask.dataframe.utils import UNKNOWN_CATEGORIES
+
+    categories = {}
+    for name in keys:
+        kind = frame._meta[name].dtype if name in frame._meta.columns else None
+        if isinstance(kind, pd.CategoricalDtype) and UNKNOWN_CATEGORIES not in kind.categories:
+            categories[name] = kind
+    return categories
 
 
 def _ray_dataset_of(directory: str, files: list, schema: pa.Schema) -> Any:

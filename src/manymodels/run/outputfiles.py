@@ -124,6 +124,8 @@ class WriteOutputs:
     def __call__(self, rows: Any, key: Any = None, **kwargs: Any) -> Any:
         value = self.fn(rows, key=key, **kwargs) if self.passes_key else self.fn(rows, **kwargs)
         metrics = None
+        if isinstance(value, dict):  # read by train as metrics, with no model, and
+            return value  # refused or left out (``{}``) as the pandas path does
         if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
             value, metrics = value  # a fallback's output, marked with fn's error
         width = len(self.key_columns) - len(self.param_columns)

@@ -130,23 +130,29 @@ NULLABLE_TYPES = {"int8": "Int8", "int16": "Int16", "int32": "Int32", "int64": "
                   "double": "Float64"}
 
 
-def pandas_frame_of(table: pa.Table, schema: pa.Schema) -> Any:
+def pandas_frame_of(table: pa.Table, schema: pa.Schema,
+                    categories: dict[str, Any] | None = None) -> Any:
     """``table`` as pandas, the integer and boolean columns ``schema`` marks
     nullable in pandas' nullable types: a partition with a missing value and
-    one without (and the Dask result's meta) get the same type."""
+    one without (and the Dask result's meta) get the same type; the columns
+    of ``categories`` (a key column's categorical dtype) in that dtype."""
     frame = table.to_pandas()
     for name in nullable_columns(schema):
         field = schema.field(name)
         frame[name] = table.column(name).to_pandas().astype(NULLABLE_TYPES[str(field.type)])
+    for name, kind in (categories or {}).items():
+        if name in frame.columns:
+            frame[name] = frame[name].astype(object).astype(kind)
     return frame
 
 
-def read_dask_chunk(chunk: tuple[list[str], int], directory: str, schema: pa.Schema) -> Any:
+def read_dask_chunk(chunk: tuple[list[str], int], directory: str, schema: pa.Schema,
+                    categories: dict[str, Any] | None = None) -> Any:
     """Dask's ``from_map`` function: one partition's files as a pandas frame,
     its index the rows' positions in the whole result."""
     import pandas as pd
 
     names, start = chunk
-    frame = pandas_frame_of(read_files(directory, names, schema), schema)
+    frame = pandas_frame_of(read_files(directory, names, schema), schema, categories)
     frame.index = pd.RangeIndex(start, start + len(frame))
     return frame

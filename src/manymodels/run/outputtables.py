@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..inputs.grouplabels import index_as_columns
+from ..inputs.grouplabels import holds_row_labels, is_fresh_index, values_as_columns
 
 
 def is_value(output: Any) -> bool:
@@ -22,14 +22,16 @@ def is_value(output: Any) -> bool:
 def output_table(value: Any, parts: tuple, key_columns: list[str],
                  received: Any = None) -> pa.Table | None:
     """``fn``'s output for one group as an Arrow table, the key columns it
-    lacks in front: a DataFrame's rows, an index that holds values as
-    columns, one of row labels (``received``: the rows' index ``fn`` was
-    handed) dropped, as the pandas path concatenates them; a Series of
-    column-like text labels (``df.mean()``) as one row, under 0, 1, ... (a
-    column of values) as a column, of other labels (``value_counts()``,
-    dates) as two columns, its labels and its values; an Arrow or polars
-    table as it is; one value (a number, a text) as a row, in column
-    ``value``. None for None (no rows)."""
+    lacks in front: a DataFrame's rows, the levels of an index other than
+    pandas' default as columns (marked :data:`INDEX_MARK`: the driver drops
+    them where every output's index of those levels held row labels,
+    :func:`label_columns`); a Series of column-like text labels
+    (``df.mean()``) as one row, under 0, 1, ... (a column of values) as a
+    column, of other labels (``value_counts()``, dates, a filter's) as a
+    DataFrame of one column; an Arrow or polars table as it is; one value
+    (a number, a text) as a row, in column ``value``. ``received``: the
+    labels of the rows ``fn`` was handed (None: positions). None for None
+    (no rows)."""
     import pandas as pd
 
     if value is None:
@@ -44,10 +46,15 @@ def output_table(value: Any, parts: tuple, key_columns: list[str],
             value = value.reset_index(drop=True).to_frame(name=name)  # a column of values
         elif index.inferred_type == "string":  # column-like labels (df.mean()): one row
             value = pd.DataFrame([value]).reset_index(drop=True)
-        else:  # labels that are values (value_counts, a date index): kept as a column
-            value = value.to_frame(name=name).reset_index()
-    elif isinstance(value, pd.DataFrame):
-        value = index_as_columns(value, received)
+        else:  # labels (value_counts, a date index, a filter's): judged as a frame's index
+            value = value.to_frame(name=name)
+    index_columns: list[str] = []
+    labels = True
+    if isinstance(value, pd.DataFrame) and not is_fresh_index(value.index):
+        labels = holds_row_labels(value.index, received)
+        width = value.shape[1]
+        value = values_as_columns(value)
+        index_columns = [str(name) for name in value.columns[:value.shape[1] - width]]
     if isinstance(value, pd.DataFrame):
         names = value.columns.tolist()  # (iterating pandas 3's text index costs more)
         if not all(isinstance(name, str) for name in names):
@@ -71,12 +78,59 @@ def output_table(value: Any, parts: tuple, key_columns: list[str],
         raise TypeError(f"map_groups' function must return a table, got {type(value).__name__}")
     if not isinstance(value, pd.DataFrame):
         table = _marked_nullable(table)
-    table = table.replace_schema_metadata(None)
+    table = _marked_index(table.replace_schema_metadata(None), index_columns, labels)
     for position, name in enumerate(key_columns):
         if str(name) not in table.column_names:
             values = pa.repeat(pa.scalar(parts[position]), table.num_rows)
             table = table.add_column(min(position, table.num_columns), str(name), values)
     return table
+
+
+#: Field metadata of a column made of an output's index: ``labels`` where
+#: that index held labels of the rows ``fn`` was handed (a filter's, a
+#: sort's), ``values`` otherwise (``groupby("day").sum()``, ``describe()``).
+INDEX_MARK = b"manymodels.index"
+
+
+def _marked_index(table: pa.Table, names: list[str], labels: bool) -> pa.Table:
+    """``table`` with its columns ``names`` (an index's levels) marked
+    :data:`INDEX_MARK`, their other marks kept."""
+    if not names:
+        return table
+    schema = table.schema
+    for name in names:
+        position = schema.get_field_index(name)
+        field = schema.field(position)
+        mark = {**(field.metadata or {}), INDEX_MARK: b"labels" if labels else b"values"}
+        schema = schema.set(position, field.with_metadata(mark))
+    return table.cast(schema)
+
+
+def label_columns(schemas: list[pa.Schema], keys: list[str]) -> set[str]:
+    """The columns of the outputs' ``schemas`` to drop: those made of an
+    index whose every output (of those whose index made the same columns)
+    held row labels, as the pandas path judges them once for all outputs
+    (:func:`manymodels.inputs.grouplabels.indexes_as_columns`), so that
+    every backend, whichever worker wrote which output, gives one table.
+    A column some output holds of its own, and a key column, are kept."""
+    verdict: dict[tuple[str, ...], bool] = {}
+    for schema in schemas:
+        made = _index_columns(schema)
+        if made:
+            labelled = all(schema.field(name).metadata[INDEX_MARK] == b"labels"
+                           for name in made)
+            verdict[made] = verdict.get(made, True) and labelled
+    dropped = {name for made, labelled in verdict.items() if labelled for name in made}
+    for schema in schemas:
+        made = _index_columns(schema)
+        own = set(schema.names) - (set(made) if verdict.get(made) else set())
+        dropped -= own
+    return dropped - set(keys)
+
+
+def _index_columns(schema: pa.Schema) -> tuple[str, ...]:
+    return tuple(field.name for field in schema
+                 if field.metadata and INDEX_MARK in field.metadata)
 
 
 #: Field metadata of an integer or boolean column that holds missing values
@@ -106,7 +160,8 @@ def _marked_nullable(table: pa.Table, frame: Any = None) -> pa.Table:
         extension = (frame is not None and position < frame.shape[1]
                      and isinstance(frame.dtypes.iloc[position], pd.api.extensions.ExtensionDtype))
         if extension or table.column(position).null_count:
-            marked = marked.set(position, field.with_metadata(NULLABLE))
+            marked = marked.set(position, field.with_metadata({**(field.metadata or {}),
+                                                               **NULLABLE}))
     # (compared with the schema read once: table.schema is a new object each read)
     return table if marked is schema else table.cast(marked)
 
