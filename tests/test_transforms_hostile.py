@@ -361,3 +361,76 @@ def test_a_time_key_reaches_fn_as_a_timestamp_whatever_its_precision():
     run = mm.train(lambda rows, key: {"kind": type(key[1]).__name__},
                    mm.groups(frame, by=["d", "w"]), backend="serial", progress=False)
     assert run.results["kind"].tolist() == ["Timedelta"] * 3
+
+
+def _fails_on_the_third_row(part: pd.DataFrame) -> pd.DataFrame:
+    if 2 in part.index:
+        raise ValueError("third row")
+    return part
+
+
+def test_a_failing_partition_or_group_is_named_by_its_plain_number():
+    """The error named partition 2 ``np.int64(2)`` (and group 2 ``np.int64(2)``)."""
+    frame = pd.DataFrame({"g": [1, 1, 2, 2], "x": range(4)})
+    with pytest.raises(RuntimeError, match=r"the first, 2, with"):
+        mm.map_partitions(_fails_on_the_third_row, frame, 4, **SERIAL)
+    with pytest.raises(RuntimeError, match=r"the first, \(2, 'a'\), with"):
+        mm.map_groups(_fails_on_the_third_row, mm.groups(frame.assign(h="a"), by=["g", "h"]),
+                      **SERIAL)
+
+
+def test_partitions_is_any_integer_and_nothing_else():
+    """A NumPy integer (``np.int64(2)``, from a computation) was refused as
+    "partitions must be an integer"; a float or a bool still is."""
+    frame = pd.DataFrame({"x": range(6)})
+    ours = mm.map_partitions(lambda part: part, frame, np.int64(2), **SERIAL)
+    assert ours.attrs["summary"].split == "split into 2 partitions, as the call asked"
+    for bad in (2.0, True, 0, "2"):
+        with pytest.raises(ValueError, match=f"partitions must be an integer >= 1, got {bad!r}"):
+            mm.map_partitions(lambda part: part, frame, bad, **SERIAL)
+
+
+def test_a_split_the_call_did_not_ask_for_names_the_keywords_that_made_it(tmp_path):
+    """Without ``partitions=``, a ``store=`` or ``backend=`` splits the table
+    untimed; the summary said "as the call asked", which it had not."""
+    frame = pd.DataFrame({"x": range(6)})
+    ours = mm.map_partitions(lambda part: part, frame, store=tmp_path / "store", workers=1,
+                             **SERIAL)
+    assert ours.attrs["summary"].split == (
+        "split into 4 partitions (four per worker, at most one per row), not timed: the call "
+        "gave backend=, store=, which only a split run takes")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        skipped = mm.map_partitions(lambda part: part, frame, errors="skip", workers=1,
+                                    progress=False)
+    assert skipped.attrs["summary"].split.endswith("the call gave errors='skip', which only "
+                                                   "a split run takes")
+
+
+def test_bad_keywords_of_a_run_in_process_are_refused_before_fn_runs():
+    """A run left to the cost model never reaches train, which checks its
+    keywords: an unknown ``start_method`` or a ``progress="yes"`` was
+    accepted, silently, where the table was not split."""
+    called = []
+    frame = pd.DataFrame({"x": range(10)})
+    with pytest.raises(ValueError, match="unknown start_method 'Fork'"):
+        mm.map_partitions(called.append, frame, start_method="Fork")
+    with pytest.raises(TypeError, match="progress must be True or False, got 'yes'"):
+        mm.map_partitions(called.append, frame, progress="yes")
+    assert called == []
+
+
+def _writes_in_place(part: pd.DataFrame) -> pd.DataFrame:
+    part.iloc[0, 0] = -1
+    return part
+
+
+@pytest.mark.skipif(int(pd.__version__.split(".")[0]) >= 3,
+                    reason="copy-on-write: pandas 3 copies a view on its first write")
+def test_fn_writing_into_its_partition_leaves_the_callers_frame_as_it_was():
+    """Without copy-on-write, the run on the whole table (and each trial)
+    handed ``fn`` a view of the caller's frame: a write in place changed it,
+    where a split run's partitions are copies."""
+    frame = pd.DataFrame({"x": np.arange(10)})
+    mm.map_partitions(_writes_in_place, frame, progress=False)
+    assert frame["x"].tolist() == list(range(10))

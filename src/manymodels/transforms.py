@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .api import train
 from .engine.checkpointspace import asks_for_checkpoint
-from .engine.options import positive_int
+from .engine.options import START_METHODS, check_switch, positive_int
 from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
 from .inputs.grouplabels import (
@@ -42,12 +43,18 @@ def _ok_outputs(run: Run, errors: str, what: str) -> tuple[list[str], list[tuple
     failed = run.failed
     if errors == "raise" and len(failed):
         row = failed.iloc[0]
-        key = tuple(row[c] for c in key_columns)
+        key = tuple(_plain(row[c]) for c in key_columns)
+        named = key[0] if len(key) == 1 else key
         raise RuntimeError(
-            f"{what}: {len(failed)} task(s) failed; the first, "
-            f"{key[0] if len(key) == 1 else key!r}, with:\n{row['error']}"
+            f"{what}: {len(failed)} task(s) failed; the first, {named!r}, with:\n{row['error']}"
         )
     return key_columns, outputs
+
+
+def _plain(value: Any) -> Any:
+    """A key value as Python holds it: a NumPy number's repr
+    (``np.int64(2)``) would name partition 2 or group 2 in NumPy's words."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_arguments(fn: Any, errors: str, options: dict[str, Any]) -> None:
@@ -179,15 +186,38 @@ def map_groups(
                            fell_back)
 
 
-def _asked_split(source: PartitionSource, asked: int | None) -> str:
-    """The summary's ``split`` line for a split the call asked for: as many
-    partitions as it asked, or as many as the table has rows (one, at least)."""
+def _asked_split(source: PartitionSource, asked: int | None, errors: str,
+                 options: dict[str, Any]) -> str:
+    """The summary's ``split`` line for a split the call chose: as many
+    partitions as it asked, or as many as the table has rows (one, at least);
+    or, where it asked for none but gave a keyword that only a split run
+    takes (``backend=``, ``store=``, ``errors="skip"``...), the default
+    number, untimed, naming those keywords (they, not the call's partitions,
+    made it split)."""
     made, rows = source.partitions, source.num_rows
     split = f"split into {made} partition{'' if made == 1 else 's'}"
-    if asked is None or made == asked:
+    if asked is None:
+        given = [f"{name}=" for name in sorted(set(options) - LEFT_TO_US)]
+        if errors != "raise":
+            given.append(f"errors={errors!r}")
+        return (f"{split} (four per worker, at most one per row), not timed: the call "
+                f"gave {', '.join(given)}, which only a split run takes")
+    if made == asked:
         return f"{split}, as the call asked"
     return f"{split}: the call asked for {asked}, and the table has {rows} row" + (
         "" if rows == 1 else "s")
+
+
+def _check_left_options(options: dict[str, Any]) -> None:
+    """Refuse, before ``fn`` is timed or run in this process, a bad value of
+    the keywords that leave the split to the cost model: ``train``, which
+    checks them, is not called where the table is not split."""
+    if "progress" in options:
+        check_switch("progress", options["progress"])
+    method = options.get("start_method", "auto")
+    if method not in START_METHODS:
+        raise ValueError(f"unknown start_method {method!r}; choose one of "
+                         f"{', '.join(START_METHODS)}")
 
 
 def map_partitions(
@@ -214,8 +244,9 @@ def map_partitions(
     :func:`train`.
 
     Never slower than ``fn(table)`` by more than its trials: unless the call
-    says how to split (``partitions``, ``backend``, ``start_method``... or
-    ``errors="skip"``), ``fn`` is first timed on one row and on a slice of
+    says how to split (``partitions``, ``backend``, ``errors="skip"``, or
+    any keyword but ``workers``, ``shared``, ``progress`` and
+    ``start_method``: ``store``...), ``fn`` is first timed on one row and on a slice of
     about 1% of the rows (each repeated, or the slice doubled, only while it
     is too quick to time), and where splitting cannot pay
     (a fast function, a small table) it runs once, in this process, on the
@@ -230,6 +261,9 @@ def map_partitions(
     began = time.perf_counter()
     workers = usable_cores() if options.get("workers") is None else positive_int(
         "workers", options["workers"])
+    if partitions is not None:  # (a NumPy integer is an integer too)
+        partitions = positive_int("partitions", partitions)
+    _check_left_options(options)
     left_to_us = partitions is None and errors == "raise" and set(options) <= LEFT_TO_US
     source = PartitionSource(table, 4 * workers if partitions is None else partitions,
                              format=format)
@@ -244,7 +278,8 @@ def map_partitions(
     result = concat_outputs([output for _, output in ok], "map_partitions",
                             keep_index=isinstance(source.table, pd.DataFrame),
                             format=source.format)
-    reason = decision.reason if decision is not None else _asked_split(source, partitions)
+    reason = decision.reason if decision is not None else _asked_split(
+        source, partitions, errors, options)
     result = attach_summary(result, with_split(run.summary(), reason), table)
     failed = failures(run, key_columns) if errors == "skip" else {}
     return report_failures(result, failed, None, "map_partitions", "partition")

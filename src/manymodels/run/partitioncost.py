@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..engine.backends._process_start import FORK_UNSAFE_MODULES
-from ..inputs.datareaders import _arrow_as, _locked
+from ..inputs.datareaders import FrameSlices, _arrow_as, _locked
 from ..inputs.sources import PartitionSource
 from ..machine import usable_cores
 from .results import OK, Summary
@@ -90,10 +90,14 @@ class Trial:
 
 
 def _rows(source: PartitionSource, offset: int, length: int) -> Any:
-    """Rows ``offset`` .. ``offset + length`` as ``fn`` receives them."""
+    """Rows ``offset`` .. ``offset + length`` as ``fn`` receives them: of a
+    pandas frame, as a worker's partition is (a view under copy-on-write, a
+    copy without it: ``fn`` writing in place into a view of pandas < 3 would
+    write into the caller's frame, in a trial or in the run on the whole
+    table)."""
     table = source.table
     if source.format == "pandas" and not hasattr(table, "schema"):
-        return table.iloc[offset:offset + length]  # a view, as a worker's partition is
+        return FrameSlices(table).rows((offset, length))
     return _locked(_arrow_as(table.slice(offset, length), source.format))
 
 
