@@ -434,3 +434,26 @@ def test_fn_writing_into_its_partition_leaves_the_callers_frame_as_it_was():
     frame = pd.DataFrame({"x": np.arange(10)})
     mm.map_partitions(_writes_in_place, frame, progress=False)
     assert frame["x"].tolist() == list(range(10))
+
+
+def _multiples_of_three(part: pd.DataFrame) -> pd.DataFrame:
+    return part[part["x"] % 3 == 0]
+
+
+@pytest.mark.parametrize("kind", ["arrow", "polars"])
+def test_partitions_of_an_arrow_or_polars_table_are_labelled_by_position(kind):
+    """Each partition came to a pandas ``fn`` under 0, 1, ... and the outputs
+    were renumbered, so a filter's rows were labelled 0..3 split and 0, 3, 6,
+    9 (their positions) where the table ran in this process: the result hung
+    on the cost model. Both are ``fn(table.to_pandas())`` now."""
+    table = pa.table({"x": np.arange(10)})
+    if kind == "polars":
+        table = pytest.importorskip("polars").from_arrow(table)
+    expected = _multiples_of_three(table.to_pandas())
+    whole = mm.map_partitions(_multiples_of_three, table, progress=False)
+    assert whole.attrs["summary"].split.startswith("in-process")
+    pd.testing.assert_frame_equal(whole, expected)
+    pd.testing.assert_frame_equal(mm.map_partitions(_multiples_of_three, table, 3, **SERIAL),
+                                  expected)
+    assert mm.map_partitions(lambda part: part.index.to_series(), table, 3,
+                             **SERIAL).tolist() == list(range(10))

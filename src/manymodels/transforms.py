@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from .api import train
 from .engine.checkpointspace import asks_for_checkpoint
@@ -237,7 +236,9 @@ def map_partitions(
     ``"arrow"``, ``"polars"`` or ``"numpy"``). A pandas table handed to a
     pandas ``fn`` stays pandas: each partition is a view of its rows (index
     included; ``fn`` must not modify it in place), and the result keeps the
-    row labels ``fn`` returns. ``partitions`` defaults to four per worker.
+    row labels ``fn`` returns; an Arrow or polars table's partitions come to
+    a pandas ``fn`` under their rows' positions, so that the result is
+    ``fn(table.to_pandas())``'s, split or not. ``partitions`` defaults to four per worker.
     ``fn`` may return a pandas, polars or Arrow table (or a Series); the
     result is of the same kind (with ``errors="skip"``, every partition
     failed: an empty table of ``format``'s kind). Other keywords go to
@@ -276,7 +277,7 @@ def map_partitions(
     refuse_dict_outputs(run, "map_partitions")
     key_columns, ok = _ok_outputs(run, errors, "map_partitions")
     result = concat_outputs([output for _, output in ok], "map_partitions",
-                            keep_index=isinstance(source.table, pd.DataFrame),
+                            keep_index=source.format == "pandas",
                             format=source.format)
     reason = decision.reason if decision is not None else _asked_split(
         source, partitions, errors, options)

@@ -172,8 +172,13 @@ def _locked(converted: Any) -> Any:
 class ArrowSlices(DataReader):
     """Slices of the sorted Arrow table (mapped from shared memory)."""
 
-    def __init__(self, table: Any, format: str, labels: list | None) -> None:
+    def __init__(self, table: Any, format: str, labels: list | None,
+                 positions: bool = False) -> None:
         self.table, self.format, self.labels = table, format, labels
+        #: a pandas partition under its rows' positions in the table (rows
+        #: 100..199: labels 100..199), as ``fn`` on the whole table in one
+        #: process labels them (``map_partitions``); a group under 0, 1, ...
+        self.positions = positions
         # this batch's rows converted at once: (first, end, starts, converted);
         # converted holds the table's rows first..end, or, where ``starts`` is
         # not None, the batch's groups gathered, each at starts[(offset, length)]
@@ -239,11 +244,21 @@ class ArrowSlices(DataReader):
                 if self.format == "numpy":  # views of the batch's read-only arrays
                     return {name: array[start:stop] for name, array in converted.items()}
                 group = converted.iloc[start:stop]
-                group.index = _range_index(length)
+                group.index = self._index(offset, length)
                 return group
         # a batch of one task, or a task not in its batch's span: rows of its own,
         # read-only too, so a fit sees the same whichever batch it lands in
-        return _locked(_arrow_as(self.table.slice(offset, length), self.format, self.labels))
+        rows = _locked(_arrow_as(self.table.slice(offset, length), self.format, self.labels))
+        if self.positions and self.format == "pandas":
+            rows.index = self._index(offset, length)
+        return rows
+
+    def _index(self, offset: int, length: int) -> Any:
+        """A pandas task's row labels: its positions, or 0, 1, ..."""
+        import pandas as pd
+
+        return pd.RangeIndex(offset, offset + length) if self.positions else _range_index(
+            length)
 
 
 class ParquetBatches(DataReader):

@@ -345,7 +345,7 @@ def plan(source: Source) -> Plan:
     elif isinstance(base, GroupSource):
         data = TableSlices(group_layout(base), base.cost, base.format, base.column_labels)
     elif isinstance(base, PartitionSource):
-        data = TableSlices(partition_layout(base), None, base.format)
+        data = TableSlices(partition_layout(base), None, base.format, positions=True)
     elif isinstance(base, ItemSource):
         data = Items(base.keys, base.items, base.cost)
     elif base is None:

@@ -205,11 +205,12 @@ class TableSlices(TaskData):
     _driver_only = ("layout", "table")
 
     def __init__(self, layout: Any, cost: Callable[[int], float] | None, format: str,
-                 labels: list | None = None) -> None:
+                 labels: list | None = None, positions: bool = False) -> None:
         self.layout = layout
         self.table = layout.table
         self.format = format
         self.labels = labels  # a pandas frame's column labels, when not all strings
+        self.positions = positions  # partitions under their rows' positions
         self._cost = cost or float
 
     def task_columns(self) -> tuple[list[tuple], Sequence, Any]:
@@ -252,7 +253,7 @@ class TableSlices(TaskData):
     def open(self, table: Any) -> DataReader:
         if is_pandas_frame(table):
             return FrameSlices(table)
-        return ArrowSlices(table, self.format, self.labels)
+        return ArrowSlices(table, self.format, self.labels, self.positions)
 
 
 class ParquetReads(TaskData):
