@@ -1280,3 +1280,101 @@ def test_an_export_to_a_csv_name_or_an_object_store_is_refused_before_any_read(
         store.export(path if "://" in path else tmp_path / path)
     assert not (tmp_path / "results.csv").exists()
     assert len(pd.read_parquet(store.export(tmp_path / "results.parquet"))) == 2
+
+
+#: Holds a store's index's write lock until its standard input closes (another
+#: driver committing, another gc): a process of its own.
+_LOCK_HOLDER = textwrap.dedent("""
+    import sqlite3, sys
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    print("held", flush=True)
+    sys.stdin.read()
+    conn.execute("COMMIT")
+""")
+
+
+def _train_twice(store: Path) -> mm.Store:
+    for base in (0, 1):
+        mm.train(lambda item, base: item + base, mm.items(range(3)), store=store,
+                 backend="serial", progress=False, shared={"base": base})
+    return mm.Store(store)
+
+
+def test_gc_delete_and_attach_beside_a_held_lock_name_the_store(tmp_path):
+    """A write another process keeps waiting past the busy timeout raised
+    SQLite's bare "database is locked" (gc, delete, attach), naming no store;
+    it is a StoreError naming the store, and the store is as it was."""
+    store = tmp_path / "store"
+    opened = _train_twice(store)
+    opened._conn.execute("PRAGMA busy_timeout=20")  # (a minute, as opened)
+    holder = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(store / "index.sqlite")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for what, call in (("gc", opened.gc), ("deleting run 1", lambda: opened.delete(1)),
+                           ("attaching 'x' to run 1", lambda: opened.attach(1, "x", 1))):
+            with pytest.raises(mm.StoreError, match=re.escape(f"the store {str(store)!r} is "
+                                                              "busy")) as caught:
+                call()
+            assert what in str(caught.value) and not opened._conn.in_transaction
+    finally:
+        holder.communicate("")
+    assert list(opened.runs()["run_id"]) == [1, 2] and opened.attached("x", 1) is None
+    opened.delete(1)
+    assert opened.gc() == 3
+
+
+def test_a_run_deleted_by_another_process_meanwhile_is_refused_by_name(tmp_path, monkeypatch):
+    """Another process deleting the run between a call's look-up of it and
+    its write transaction (two deleting one run at once): delete failed with
+    a TypeError (unpacking None), attach on SQLite's foreign key. Both say
+    the store has no such run, and change nothing."""
+    store = tmp_path / "store"
+    first = _train_twice(store)
+    other = mm.Store(store)
+    looked_up = first._run_row
+
+    def deleted_after_the_look_up(run, *args):
+        found = looked_up(run, *args)
+        other.delete(run)  # (its own connection: the index as another process sees it)
+        return found
+
+    monkeypatch.setattr(first, "_run_row", deleted_after_the_look_up)
+    for run, call in ((1, lambda: first.delete(1)), (2, lambda: first.attach(2, "x", 1))):
+        with pytest.raises(ValueError, match=rf"has no run {run} \(deleted meanwhile"):
+            call()
+    assert other.runs().empty and first.gc() == 6
+
+
+def _gc_beside_own_run(item, store):
+    """A fit that collects the store's garbage while its own run (threads:
+    this driver's) is being written; its metrics: what it removed, and the
+    index's free pages after."""
+    if item == 0:
+        with mm.Store(store) as opened:
+            removed = opened.gc()
+            (free,) = opened._conn.execute("PRAGMA freelist_count").fetchone()
+        return np.zeros(1), {"removed": removed, "free": free}
+    return np.full(20_000, float(item)), {}
+
+
+def test_gc_beside_a_running_run_leaves_the_index_uncompacted(tmp_path):
+    """gc compacted the index (VACUUM) while another driver's run was being
+    written: VACUUM holds the write lock while it copies the whole index,
+    and that run's writer waits a minute at most for its commit before the
+    run fails. Beside a run, the freed pages stay for the index's next
+    writes; a gc with no run running hands them back."""
+    store = tmp_path / "store"
+    old = mm.train(lambda item: np.full(20_000, float(item)), mm.items(range(20)), store=store,
+                   backend="serial", progress=False)
+    mm.Store(store).delete(old.run_id)
+    run = mm.train(_gc_beside_own_run, mm.items(range(3)), shared={"store": str(store)},
+                   store=store, backend="threads", progress=False)
+    assert run.summary().ok == 3
+    beside = run.results.set_index("item").loc[0]
+    assert beside["removed"] == 20 and beside["free"] > 0
+    with mm.Store(store) as opened:
+        assert opened.gc() == 0
+        assert opened._conn.execute("PRAGMA freelist_count").fetchone() == (0,)
+        assert float(opened.load(2)[0]) == 2.0

@@ -20,7 +20,7 @@ from ..engine.modelfiles import FOLDER, marker_run, model_objects, remove_object
 from ..inputs.objectstores import child, is_remote, redacted, shown
 from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
-from .database import INDEX_NAME, StoreError
+from .database import INDEX_NAME, StoreError, write_error, write_transaction
 
 #: How old a file no row names must be before it is collected: a run's
 #: worker may have written it, its row on its way (a second, usually; longer
@@ -51,8 +51,7 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
     that run's worker may have just written it again."""
     began = time.time()
     named, read = referenced_artifacts(conn)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with write_transaction(conn, root, "gc"):
         named |= referenced_artifacts(conn, seen=read)[0]
         named.update(a for (a,) in conn.execute(
             "SELECT DISTINCT artifact FROM tasks WHERE artifact IS NOT NULL"))
@@ -68,14 +67,10 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
         conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
         running = {run_id for (run_id,) in conn.execute(
             "SELECT run_id FROM runs WHERE status = 'running'")}
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     # a model in a file counts once its file is removed (one that could not
     # be, or must wait, is a stray the next gc removes, and counts then)
     removed = sum(1 for _, path in dead if not path) + sum(models for _, models in dead_packs)
-    conn.execute("VACUUM")
+    _compact(conn, root, running)
     if before_removing is not None:
         before_removing()
     dead_paths = {path for _, path in dead if path}
@@ -96,6 +91,25 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
             removed += 1
     removed += len(dead_paths - listed)  # their files gone already: they went with their rows
     return removed + collect_checkpoints(conn, folder)
+
+
+def _compact(conn: sqlite3.Connection, root: Path | str, running: set[int]) -> None:
+    """Hand the pages the deleted rows held back to the disk (``VACUUM``),
+    only where no run was running: ``VACUUM`` holds the index's write lock
+    while it copies the whole index (minutes, for an index of many GB), and
+    a run's writer waits a minute for its commit before its run fails. Beside
+    a run, the freed pages are reused by the index's next writes instead. A
+    ``VACUUM`` another process's lock keeps out is left to the next gc: what
+    this one removed from the index is committed already."""
+    if running:
+        return
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.Error as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return
+        raise write_error(root, exc, "gc could not compact the index (what it removed from "
+                          "it is removed)") from exc
 
 
 #: The names the store gives the files it writes under ``artifacts/``: a

@@ -424,6 +424,39 @@ def write_error(root: Path | str, exc: BaseException, what: str) -> StoreError:
         "committed before stays usable, and a re-run with the same store reuses it")
 
 
+def busy_or_write_error(root: Path | str, exc: BaseException, what: str) -> StoreError:
+    """:func:`write_error`, or where another process held the index's write
+    lock past the busy timeout (a run's commit, another gc), a
+    :class:`StoreError` that says so, naming the store: not SQLite's bare
+    "database is locked", which names neither."""
+    if isinstance(exc, sqlite3.OperationalError) and (
+            "locked" in str(exc) or "busy" in str(exc)):
+        return StoreError(f"the store {shown(str(root))!r} is busy: another process held its "
+                          f"index's write lock for a minute ({exc}); {what}: try again when "
+                          "it is done")
+    return write_error(root, exc, what)
+
+
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection, root: Path | str, what: str
+                      ) -> Iterator[None]:
+    """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), rolled back
+    whole where the block fails; an SQLite error is a :class:`StoreError`
+    naming the store (``root``) and saying that ``what`` was not done."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        raise busy_or_write_error(root, exc, f"{what} was not done") from exc
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        rollback_quietly(conn)  # (SQLite rolled back by itself already on some errors)
+        if isinstance(exc, sqlite3.Error):
+            raise busy_or_write_error(root, exc, f"{what} was not done") from exc
+        raise
+
+
 @contextlib.contextmanager
 def read_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
     """Reads that must see the index as of one moment (a run's blocks and

@@ -281,16 +281,13 @@ class Store(OpenedIndex):
         """Keep a run-level object (a fallback model, a configuration) with a run."""
         self._require_writable("attach")
         run_id, _, _ = self._run_row(run)
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            digest, _ = artifacts.write_artifact(self._conn, self.root,
-                                                pickle.dumps(obj, protocol=5))
+        data = pickle.dumps(obj, protocol=5)  # (before the lock: another driver's commits wait)
+        with database.write_transaction(self._conn, self.root,
+                                        f"attaching {name!r} to run {run_id}"):
+            self._run_now(run_id)
+            digest, _ = artifacts.write_artifact(self._conn, self.root, data)
             self._conn.execute("INSERT OR REPLACE INTO attachments VALUES (?, ?, ?)",
                                (run_id, name, digest))
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
         self._publish()
 
     def attached(self, name: str, run: int | None = None, default: Any = None) -> Any:
@@ -396,10 +393,8 @@ class Store(OpenedIndex):
                             "None would be the latest run")
         run_id, _, _ = self._run_row(run)
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            status, driver = conn.execute("SELECT status, driver FROM runs WHERE run_id = ?",
-                                          (run_id,)).fetchone()
+        with database.write_transaction(conn, self.root, f"deleting run {run_id}"):
+            status, driver = self._run_now(run_id)
             if status == "running" and not force and drivers.driver_alive(driver):
                 raise database.StoreError(
                     f"run {run_id} of the store {str(self)!r} is still being written by "
@@ -407,11 +402,18 @@ class Store(OpenedIndex):
                     "driver first (Store.delete(run, force=True) for a driver on another "
                     "machine that is gone)")
             delete_run(conn, run_id)  # what later runs reuse of it stays reusable
-            conn.execute("COMMIT")
-        except BaseException:
-            database.rollback_quietly(conn)
-            raise
         self._publish()
+
+    def _run_now(self, run_id: int) -> tuple[str, str | None]:
+        """``run_id``'s status and driver, read inside the caller's write
+        transaction: a run another process deleted since it was looked up
+        is refused as one the store has not."""
+        row = self._conn.execute("SELECT status, driver FROM runs WHERE run_id = ?",
+                                 (run_id,)).fetchone()
+        if row is None:
+            raise ValueError(f"store {str(self)!r} has no run {run_id!r} (deleted meanwhile "
+                             "by another process)")
+        return row
 
     def gc(self) -> int:
         """Remove artifacts and packs no run references, and stray files; return
