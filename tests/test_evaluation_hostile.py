@@ -950,3 +950,37 @@ def test_a_model_that_needs_features_given_none_says_features(fmt):
                    evaluate=mm.holdout(0.25, target="sales", features=[]), backend="serial",
                    progress=False)
     assert run.results["status"].tolist() == ["ok"]
+
+
+class Labels:
+    """A classifier of a fixed probability of class 1, whatever the rows."""
+
+    classes_ = np.array([0.0, 1.0])
+
+    def predict(self, X) -> np.ndarray:
+        return np.ones(len(X))
+
+    def predict_proba(self, X) -> np.ndarray:
+        return np.tile([0.2, 0.8], (len(X), 1))
+
+
+def test_log_loss_leaves_out_a_test_row_whose_actual_is_missing():
+    """A missing actual matched none of the model's classes: it was scored as
+    probability 1e-15, a loss of 34.5 in the window's mean (14 for 2 of 5
+    rows), where every other metric leaves the row out."""
+    frame = pd.DataFrame({"g": "a", "t": np.arange(12), "x": 0.0,
+                          "y": [0.0, 1.0] * 4 + [1.0, np.nan, 0.0, np.nan]})
+    run = mm.train(lambda rows: Labels(), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        metrics=["log_loss", "accuracy"]),
+                   backend="serial", progress=False)
+    # window 0 tests days 8-9 (actuals 1, missing), window 1 days 10-11 (0, missing)
+    assert run.evaluation["log_loss"].tolist() == pytest.approx([-np.log(0.8), -np.log(0.2)])
+    assert run.evaluation["accuracy"].tolist() == [1.0, 0.0]
+    assert run.results["log_loss"].iloc[0] == pytest.approx(-(np.log(0.8) + np.log(0.2)) / 2)
+    frame["y"] = [0.0, 1.0] * 4 + [np.nan] * 4  # no actual at all: undefined, left out
+    run = mm.train(lambda rows: Labels(), mm.groups(frame, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
+                                        metrics=["log_loss"]),
+                   backend="serial", progress=False)
+    assert run.evaluation["log_loss"].isna().all() and np.isnan(run.results["log_loss"].iloc[0])

@@ -255,7 +255,7 @@ def window_score_lists(names: list[str], y: np.ndarray, predicted: np.ndarray,
     average away: a candidate that forecast NaN on its worst window would
     otherwise have it left out and win."""
     windows = len(bounds) - 1
-    known = _known(y)
+    known = known_actuals(y)
     if known is not None:
         kept = np.add.reduceat(known.astype(np.int64), bounds[:-1]) if len(y) else np.zeros(0)
         kept = np.where(np.diff(bounds) > 0, kept, 0)
@@ -281,7 +281,7 @@ def window_score_lists(names: list[str], y: np.ndarray, predicted: np.ndarray,
     return lists
 
 
-def _known(y: np.ndarray) -> np.ndarray | None:
+def known_actuals(y: np.ndarray) -> np.ndarray | None:
     """Which test rows have an actual (None: all of them, the usual case)."""
     if y.dtype.kind == "f":
         missing = np.isnan(y)

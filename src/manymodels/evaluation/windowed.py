@@ -106,13 +106,26 @@ class GroupWindows:
                 predicted = _one_per_row(self._asked(model.predict, test, number), model,
                                          self.y[test].shape[0], number)
         if self.log_loss:
-            scores["log_loss"] = _metrics.log_loss(
-                self.y[test], self._asked(model.predict_proba, test, number), model.classes_)
+            scores["log_loss"] = self._log_loss(model, test, number)
         if self.callables:
             rows = self.part(test)
             for metric in self.callables:
                 scores.update(self._own_scores(metric, metric(model, rows)))
         return predicted, scores
+
+    def _log_loss(self, model: Any, test: Any, number: int) -> float | None:
+        """``log_loss`` of window ``number`` on its test rows whose actual is
+        known, as every other metric is scored (None: no actual). A missing
+        actual matched none of the model's classes, so each one added a row
+        of loss 34.5 (probability 1e-15) to the window's mean."""
+        proba = self._asked(model.predict_proba, test, number)
+        actual = self.y[test]
+        known = _metrics.known_actuals(actual)
+        if known is None:
+            return _metrics.log_loss(actual, proba, model.classes_)
+        if not known.any():
+            return None
+        return _metrics.log_loss(actual[known], np.asarray(proba)[known], model.classes_)
 
     def _asked(self, method: Callable[[Any], Any], test: Any, number: int) -> Any:
         """``method`` (``predict``, ``predict_proba``) of the test rows'
