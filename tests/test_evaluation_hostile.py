@@ -289,6 +289,17 @@ def test_splitter_arguments_are_read_as_given():
         mm.backtest(time="t", horizon=2.0, target="y")
 
 
+@pytest.mark.parametrize("make", [lambda shuffle: mm.holdout(0.2, target="y", shuffle=shuffle),
+                                  lambda shuffle: mm.kfold(3, target="y", shuffle=shuffle)])
+def test_shuffle_is_a_flag_not_a_truthy_value(make):
+    """shuffle="False" (from a config file) was bool("False"), True: a time
+    series was shuffled and scored on rows mixed with its training rows."""
+    for wrong in ("False", None, 0):
+        with pytest.raises(TypeError, match=r"shuffle must be True or False, got"):
+            make(wrong)
+    assert make(np.False_).shuffle is False and make(True).shuffle is True
+
+
 def test_a_select_metric_no_task_reported_keeps_the_run(tmp_path):
     """A metric function's names are known only once tasks ran: a typo in
     select= warns and returns the run unselected, its work kept."""

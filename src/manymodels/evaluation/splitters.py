@@ -174,6 +174,16 @@ def _final_model(final_model: str | None, refit: bool | None) -> bool:
     return final_model == "all_rows"
 
 
+def _flag(splitter: str, name: str, value: Any) -> bool:
+    """``value`` as a flag, True or False (NumPy's too). Anything else is
+    refused, naming the argument: ``bool("False")`` is True, so a
+    ``shuffle="False"`` read from a config file shuffled a time series and
+    scored its model on rows mixed with those it trained on."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{splitter}'s {name} must be True or False, got {value!r}")
+
+
 def _check_common(target: Any, features: Any, metrics: Any) -> tuple:
     if not isinstance(target, str) or not target:
         raise TypeError(f"target must name the column to predict, got {target!r}")
@@ -399,7 +409,7 @@ def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | No
         raise ValueError(f"test_size must lie in [0, 1), got {test_size!r}")
     return Holdout(target=target, features=features, metrics=metrics,
                    refit=_final_model(final_model, refit),
-                   test_size=float(test_size), shuffle=bool(shuffle),
+                   test_size=float(test_size), shuffle=_flag("holdout", "shuffle", shuffle),
                    seed=positive_int("seed", seed, 0))
 
 
@@ -411,7 +421,7 @@ def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
     k = positive_int("kfold's k (folds)", k, 2)
     return KFold(target=target, features=features, metrics=metrics,
                  refit=_final_model(final_model, refit), k=k,
-                 shuffle=bool(shuffle), seed=positive_int("seed", seed, 0))
+                 shuffle=_flag("kfold", "shuffle", shuffle), seed=positive_int("seed", seed, 0))
 
 
 #: The store attachment under which ``train`` keeps a backtest's time column,
