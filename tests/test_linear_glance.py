@@ -207,3 +207,19 @@ def test_the_f_tail_keeps_its_digits_past_a_million_residual_degrees_of_freedom(
     d1 = np.repeat([1.0, 2.0, 3.0], 16)
     d2 = np.tile(np.repeat([1e6 + 3, 1.2e7], 8), 3)
     np.testing.assert_allclose(f_upper_tail(f, d1, d2), stats.f.sf(f, d1, d2), rtol=1e-9)
+
+
+def test_weighted_rmse_is_scikit_learns_weighted_one():
+    """The weighted rmse is the weighted RSS over the sum of the weights
+    (mean_squared_error's sample_weight), as docs/guide/linear.md says."""
+    from sklearn.linear_model import LinearRegression
+    from sklearn.metrics import mean_squared_error
+
+    table = random_groups(seed=3, groups=3)
+    fitted = mm.linear(table, by="g", features=["x1", "x2"], target="y", family="wls",
+                       weights="w").metrics.set_index("g")
+    for g, rows in table.groupby("g"):
+        model = LinearRegression().fit(rows[["x1", "x2"]], rows["y"], sample_weight=rows["w"])
+        expected = mean_squared_error(rows["y"], model.predict(rows[["x1", "x2"]]),
+                                      sample_weight=rows["w"]) ** 0.5
+        assert fitted.loc[g, "rmse"] == pytest.approx(expected, rel=1e-9)
