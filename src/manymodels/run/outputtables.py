@@ -82,8 +82,17 @@ def output_table(value: Any, parts: tuple, key_columns: list[str],
     for position, name in enumerate(key_columns):
         if str(name) not in table.column_names:
             values = pa.repeat(pa.scalar(parts[position]), table.num_rows)
-            table = table.add_column(min(position, table.num_columns), str(name), values)
+            field = pa.field(str(name), values.type, metadata=ADDED_KEY)
+            table = table.add_column(min(position, table.num_columns), field, values)
     return table
+
+
+#: Field metadata of a key column a worker added to an output that lacked
+#: it, of the group's key as a Python value (an ``int64``, a ``bool``, a
+#: category's text): the driver gives it the input's type. A key column
+#: ``fn`` returned itself holds what ``fn`` put there, of its type.
+KEY_MARK = b"manymodels.key"
+ADDED_KEY = {KEY_MARK: b"added"}
 
 
 #: Field metadata of a column made of an output's index: ``labels`` where
