@@ -405,17 +405,26 @@ def results_as_engine_frame(results: Any, backend: str, session: Any = None) -> 
 def _arrow_results(results: Any) -> Any:
     """The results as an Arrow table, as a cluster engine's table holds
     them: a column with no value at all (``error`` in a run without
-    failures) typed as a string. Ray Data given the pandas frame keeps its
-    blocks in pandas, and has no type for a timezone-aware key there (its
-    schema says None, an error logged)."""
+    failures) typed as a string, and a column of values Arrow has no type
+    for (a grid's estimators, ``Ridge()``) as their text, as the results
+    print them: Arrow refused the whole table for it. Ray Data given the
+    pandas frame keeps its blocks in pandas, and has no type for a
+    timezone-aware key there (its schema says None, an error logged)."""
     import pyarrow as pa
 
-    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
-    for position, column in enumerate(table.schema):
-        if pa.types.is_null(column.type):
-            table = table.set_column(position, column.name,
-                                     table.column(position).cast(pa.string()))
-    return table
+    return pa.table({str(name): _arrow_column(results[name]) for name in results.columns})
+
+
+def _arrow_column(column: Any) -> Any:
+    """One column of the results as :func:`_arrow_results` holds it."""
+    import pyarrow as pa
+
+    try:
+        array = pa.Array.from_pandas(column)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return pa.array([None if value is None else str(value) for value in column],
+                        type=pa.string())
+    return array.cast(pa.string()) if pa.types.is_null(array.type) else array
 
 
 def _spark_frame(results: Any, session: Any) -> Any:
