@@ -435,5 +435,24 @@ def test_results_frame_types_a_timezone_aware_key_as_the_results_do():
     assert got["day"].tolist() == run.results["day"].tolist() == list(days)
 
 
+def _fit_estimator(df, model):
+    return model.fit(df[["x"]], df["y"])
+
+
+def test_results_frame_of_a_grid_of_estimators_holds_their_text():
+    """run.results_frame() of a Ray run over a grid of estimators failed with
+    Arrow's bare 'Could not convert Ridge()' (the results went to Ray
+    through Arrow, which has no type for them): that column holds each
+    value's text, as the results print it."""
+    from sklearn.linear_model import Lasso, Ridge
+
+    frame = pd.DataFrame({"g": [1, 1, 1, 2, 2, 2], "x": np.arange(6.0), "y": np.arange(6.0)})
+    run = mm.train(_fit_estimator, mm.groups(frame, by="g") * mm.grid(model=[Ridge(), Lasso()]),
+                   backend="ray", workers=2, progress=False)
+    got = run.results_frame().to_pandas()
+    assert sorted(got["model"]) == sorted(str(m) for m in run.results["model"])
+    assert sorted(got["g"]) == sorted(run.results["g"])
+
+
 def fit_linear_xy(df):
     return {"slope": float(np.polyfit(df["x"], df["y"], 1)[0])}

@@ -80,7 +80,7 @@ from .outputreads import (
     read_files,
     read_spark_chunks,
 )
-from .outputtables import NULLABLE, label_columns, nullable_columns
+from .outputtables import ADDED_KEY, KEY_MARK, NULLABLE, label_columns, nullable_columns
 
 #: The keywords of ``mm.groups`` that ``map_groups(fn, engine_df, ...)`` takes.
 GROUP_OPTIONS = ("by", "order_by", "columns", "format", "staging", "cost")
@@ -189,8 +189,8 @@ def _typed_keys(schema: pa.Schema, schemas: list[pa.Schema],
     nullable = set()
     for name, (kind, extension) in key_types.items():
         position = schema.get_field_index(name)
-        if position < 0:
-            continue
+        if position < 0 or not all(_input_key(one, name, kind) for one in schemas):
+            continue  # fn's own values there (a relabelled key): of their own type
         if schema.field(name).type != kind:
             schema = schema.set(position, pa.field(name, kind))
         missing = any(name in one.names and pa.types.is_null(one.field(name).type)
@@ -198,6 +198,20 @@ def _typed_keys(schema: pa.Schema, schemas: list[pa.Schema],
         if not pa.types.is_dictionary(kind) and (extension or missing):
             nullable.add(name)
     return schema, nullable
+
+
+def _input_key(schema: pa.Schema, name: str, kind: pa.DataType) -> bool:
+    """Whether ``schema``'s key column ``name``, if it has one, holds the
+    input's keys: a worker added it (:data:`ADDED_KEY`), or ``fn`` returned
+    the input's column as it came (a filter's rows: of the input's type)."""
+    if name not in schema.names:
+        return True
+    field = schema.field(name)
+    if field.metadata and field.metadata.get(KEY_MARK) == ADDED_KEY[KEY_MARK]:
+        return True
+    if pa.types.is_dictionary(kind) and pa.types.is_dictionary(field.type):
+        return field.type.value_type == kind.value_type
+    return field.type == kind
 
 
 def _unified_schema(directory: str, outputs: list[WrittenOutput], engine: str,
@@ -321,7 +335,9 @@ def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema,
     divisions = None
     if total:
         divisions = tuple(start for _, start in chunks) + (total - 1,)
-    categories = _key_categories(frame, keys)
+    # (a key fn returned of its own, relabelled, is not the input's: left as it is)
+    categories = _key_categories(frame, [name for name in keys if name in schema.names
+                                         and pa.types.is_dictionary(schema.field(name).type)])
     meta = pandas_frame_of(schema.empty_table(), schema, categories)
     return dd.from_map(read_dask_chunk, chunks, meta=meta,
                        divisions=divisions, label="manymodels-outputs",
@@ -389,17 +405,26 @@ def results_as_engine_frame(results: Any, backend: str, session: Any = None) -> 
 def _arrow_results(results: Any) -> Any:
     """The results as an Arrow table, as a cluster engine's table holds
     them: a column with no value at all (``error`` in a run without
-    failures) typed as a string. Ray Data given the pandas frame keeps its
-    blocks in pandas, and has no type for a timezone-aware key there (its
-    schema says None, an error logged)."""
+    failures) typed as a string, and a column of values Arrow has no type
+    for (a grid's estimators, ``Ridge()``) as their text, as the results
+    print them: Arrow refused the whole table for it. Ray Data given the
+    pandas frame keeps its blocks in pandas, and has no type for a
+    timezone-aware key there (its schema says None, an error logged)."""
     import pyarrow as pa
 
-    table = pa.Table.from_pandas(results, preserve_index=False).replace_schema_metadata(None)
-    for position, column in enumerate(table.schema):
-        if pa.types.is_null(column.type):
-            table = table.set_column(position, column.name,
-                                     table.column(position).cast(pa.string()))
-    return table
+    return pa.table({str(name): _arrow_column(results[name]) for name in results.columns})
+
+
+def _arrow_column(column: Any) -> Any:
+    """One column of the results as :func:`_arrow_results` holds it."""
+    import pyarrow as pa
+
+    try:
+        array = pa.Array.from_pandas(column)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return pa.array([None if value is None else str(value) for value in column],
+                        type=pa.string())
+    return array.cast(pa.string()) if pa.types.is_null(array.type) else array
 
 
 def _spark_frame(results: Any, session: Any) -> Any:
