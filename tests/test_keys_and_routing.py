@@ -556,3 +556,26 @@ def test_predict_proba_of_groups_that_saw_different_classes_is_each_rows_own(tmp
         expected = store.load(key).predict_proba(rows.iloc[[position]][["x"]])[0]
         assert np.array_equal(got.iloc[position], expected)
     assert np.isnan(got.iloc[2]).all()
+
+
+def _fit_on_arrays(rows):
+    return LinearRegression().fit(np.column_stack([rows["x1"], rows["x2"]]), rows["y"])
+
+
+def test_a_model_fitted_on_arrays_is_refused_more_columns_than_it_read(tmp_path):
+    """A model with n_features_in_ but no names reads columns by position:
+    the target left in the table made every group fail on a matrix product
+    (the linear shortcut) deep in a traceback. It is refused before any
+    group runs, naming the columns; features= picks the model's own."""
+    frame = pd.DataFrame({"g": ["a", "b"] * 4, "x1": np.arange(8.0), "x2": np.arange(8.0) ** 2,
+                          "y": np.arange(8.0) * 3})
+    mm.train(_fit_on_arrays, mm.groups(frame, by="g", format="numpy"), store=tmp_path / "s",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    with pytest.raises(ValueError, match=r"group 'a' was fitted on 2 unnamed feature column"
+                                         r".*gives 3: \['x1', 'x2', 'y'\]"):
+        store.predict(frame, by="g")
+    got = store.predict(frame, by="g", features=["x1", "x2"])
+    expected = [store.load(g).predict(frame.loc[[i], ["x1", "x2"]].to_numpy())[0]
+                for i, g in frame["g"].items()]
+    np.testing.assert_allclose(got.to_numpy(), expected, rtol=0, atol=1e-9)
