@@ -530,3 +530,52 @@ def test_a_grid_of_none_and_nan_finds_each_ones_model():
     grouped = mm.train(lambda rows: len(rows), mm.groups(pd.DataFrame(
         {"g": [1.0, np.nan, np.nan]}), by="g"), backend="serial", progress=False)
     assert grouped.models[float("nan")] == 2  # a missing group key, held as None: found
+
+
+def _fit_classes(rows):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression().fit(rows[["x"]], rows["label"])
+
+
+def test_predict_proba_of_groups_that_saw_different_classes_is_each_rows_own(tmp_path):
+    """Group 'a' saw 3 classes and 'b' 2: their predict_proba rows are 3 and
+    2 wide. Joining them as one matrix raised NumPy's concatenation error
+    after every group had run; each row gets its own model's probabilities."""
+    frame = pd.DataFrame({"g": ["a"] * 6 + ["b"] * 4, "x": np.arange(10.0),
+                          "label": [0, 0, 1, 1, 2, 2, 0, 0, 1, 1]})
+    mm.train(_fit_classes, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    rows = pd.DataFrame({"g": ["b", "a", "zz", "a"], "x": [1.0, 3.0, 2.0, 5.0]},
+                        index=[4, 4, 9, 0])
+    with pytest.warns(RuntimeWarning, match="zz"):
+        got = store.predict(rows, by="g", method="predict_proba")
+    assert list(got.index) == [4, 4, 9, 0]
+    for position, key in [(0, "b"), (1, "a"), (3, "a")]:
+        expected = store.load(key).predict_proba(rows.iloc[[position]][["x"]])[0]
+        assert np.array_equal(got.iloc[position], expected)
+    assert np.isnan(got.iloc[2]).all()
+
+
+def _fit_on_arrays(rows):
+    return LinearRegression().fit(np.column_stack([rows["x1"], rows["x2"]]), rows["y"])
+
+
+def test_a_model_fitted_on_arrays_is_refused_more_columns_than_it_read(tmp_path):
+    """A model with n_features_in_ but no names reads columns by position:
+    the target left in the table made every group fail on a matrix product
+    (the linear shortcut) deep in a traceback. It is refused before any
+    group runs, naming the columns; features= picks the model's own."""
+    frame = pd.DataFrame({"g": ["a", "b"] * 4, "x1": np.arange(8.0), "x2": np.arange(8.0) ** 2,
+                          "y": np.arange(8.0) * 3})
+    mm.train(_fit_on_arrays, mm.groups(frame, by="g", format="numpy"), store=tmp_path / "s",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    with pytest.raises(ValueError, match=r"group 'a' was fitted on 2 unnamed feature column"
+                                         r".*gives 3: \['x1', 'x2', 'y'\]"):
+        store.predict(frame, by="g")
+    got = store.predict(frame, by="g", features=["x1", "x2"])
+    expected = [store.load(g).predict(frame.loc[[i], ["x1", "x2"]].to_numpy())[0]
+                for i, g in frame["g"].items()]
+    np.testing.assert_allclose(got.to_numpy(), expected, rtol=0, atol=1e-9)

@@ -75,6 +75,8 @@ def joined(pieces: Sequence[np.ndarray]) -> np.ndarray:
     fit in (object when they do not share one, as labels and numbers)."""
     if len(pieces) == 1:
         return pieces[0]
+    if len({p.shape[1:] for p in pieces}) > 1:
+        return _rows_as_objects(pieces)
     families = {_FAMILIES.get(p.dtype.kind, p.dtype.kind) for p in pieces}
     try:  # (NumPy 2 makes numbers and text text, and True and 7 numbers: not one type)
         kind = np.result_type(*[p.dtype for p in pieces]) if len(families) == 1 else (
@@ -86,6 +88,19 @@ def joined(pieces: Sequence[np.ndarray]) -> np.ndarray:
     if kind.kind == "O":
         return np.concatenate([p.astype(object) for p in pieces])
     return np.concatenate(pieces).astype(kind, copy=False)
+
+
+def _rows_as_objects(pieces: Sequence[np.ndarray]) -> np.ndarray:
+    """Pieces of unlike widths (``predict_proba`` of groups that saw 2 and
+    3 classes) as one object array, a row's answer each: NumPy cannot join
+    them as a matrix."""
+    rows = np.empty(sum(len(p) for p in pieces), dtype=object)
+    at = 0
+    for piece in pieces:
+        for row in piece:
+            rows[at] = row
+            at += 1
+    return rows
 
 
 class GroupColumns(dict):

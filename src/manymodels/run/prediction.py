@@ -126,6 +126,7 @@ class GroupPredictor:
         if missing:
             raise ValueError(f"column {missing[0]!r} is not in the table to predict: the "
                              f"model of {named} was fitted with it (its features: {names!r})")
+        _check_unnamed_count(model, names, named)
         return names
 
     def values(self, model: Any, rows: Any, key: Any) -> np.ndarray:
@@ -147,6 +148,22 @@ class GroupPredictor:
         if values.ndim == 2 and values.shape[1] == 1 and self.method == "predict":
             values = values[:, 0]  # a column (a model fitted on a one-column frame's y)
         return values
+
+
+def _check_unnamed_count(model: Any, names: list[str], named: str) -> None:
+    """Refuse columns ``names`` for a model fitted on arrays (``n_features_in_``
+    without ``feature_names_in_``) when their number is not its: it reads
+    them by position, so an extra column (the target left in the table)
+    failed deep in a matrix product, or in its own check, in every group."""
+    count = getattr(model, "n_features_in_", None)
+    if (not isinstance(count, (int, np.integer)) or len(names) == count
+            or getattr(model, "feature_names_in_", None) is not None):
+        return
+    raise ValueError(f"the model of {named} was fitted on {count} unnamed feature column(s) "
+                     f"(arrays, no feature_names_in_), but the table to predict gives "
+                     f"{len(names)}: {names!r}; give it just its {count}, in the order it was "
+                     "fitted on (it reads them by position; Store.predict's features= "
+                     "names them)")
 
 
 def _row_values(values: Any, rows: Any) -> np.ndarray:
