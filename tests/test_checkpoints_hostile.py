@@ -816,3 +816,42 @@ def test_a_fit_still_running_after_its_run_ended_writes_no_checkpoint(tmp_path, 
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     if store:
         assert CheckpointSpace(str(root), ["ab" + "0" * 30]).open(0).load() == {"step": 1}
+
+
+_HOLDS_A_SPACE = """
+import pickle, sys, time
+from manymodels.engine.checkpointspace import CheckpointSpace
+space = CheckpointSpace(sys.argv[1], ["cd" + "0" * 30, "ce" + "0" * 30])
+space.hold()
+print(pickle.dumps(space).hex(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_task_of_a_killed_driver_stops_saving_on_its_machine_alone(tmp_path):
+    """A driver killed (SIGKILL) leaves its space's lock file, not its lock:
+    a task of its run still going on this machine stops saving, as it does
+    once a run is released; a task on another machine, which may not see
+    this machine's locks on a shared file system, goes by the file alone
+    (asking the lock there superseded every save of a running run)."""
+    import dataclasses
+    import pickle
+    import subprocess
+
+    from manymodels.engine.checkpoints import CheckpointSuperseded
+
+    root = tmp_path / "space"
+    driver = subprocess.Popen([sys.executable, "-c", _HOLDS_A_SPACE, str(root)],
+                              stdout=subprocess.PIPE)
+    try:
+        space = pickle.loads(bytes.fromhex(driver.stdout.readline().decode()))
+        here = space.open(0)
+        elsewhere = dataclasses.replace(space, host="another-machine").open(1)
+        here.save({"step": 1})  # the driver holds it: saved
+        elsewhere.save({"step": 1})
+    finally:
+        driver.kill()
+        driver.wait()
+    with pytest.raises(CheckpointSuperseded, match="has ended"):
+        here.save({"step": 2})
+    elsewhere.save({"step": 2})  # its lock file is there: taken for held

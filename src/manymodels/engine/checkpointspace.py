@@ -30,6 +30,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -96,12 +97,16 @@ def identity_of(name: str) -> str:
     return name.partition("-")[0]
 
 
-def still_held(root: Path, token: str) -> bool:
-    """Whether the driver of run ``token`` has not released its space yet
-    (:meth:`CheckpointSpace.release` removes its lock file): what a task's
-    writes check. The file's lock is not asked: a worker on another machine
-    may not see it (a shared file system whose locks are each machine's
-    own), and every save of a running run would read as superseded."""
+def still_held(root: Path, token: str, host: str) -> bool:
+    """Whether the driver of run ``token``, on machine ``host``, still holds
+    its space: what a task's writes check. Released, its lock file is gone
+    (:meth:`CheckpointSpace.release` removes it). On the driver's own
+    machine the file's lock is asked too (a killed driver's lock goes with
+    it, its file stays); on another machine it is not: a shared file system
+    may keep each machine's locks apart, and every save of a running run
+    would have read as superseded there."""
+    if socket.gethostname() == host:
+        return owner_alive(root, token)
     return (root / OWNERS / f"{token}.lock").exists()
 
 
@@ -132,6 +137,8 @@ class CheckpointSpace:
     root: str
     names: list[str] | None  # per task index; None: "task-<index>"
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: The driver's machine (see :func:`still_held`).
+    host: str = field(default_factory=socket.gethostname)
     run_id: int | None = None
     #: reuse=False: slots of other runs are not resumed.
     fresh: bool = False
@@ -265,7 +272,8 @@ class CheckpointSpace:
         attempt = _count_start(own)
         return Checkpoint(own, attempt=attempt,
                           owner={"token": self.token, "run_id": self.run_id},
-                          run_alive=functools.partial(still_held, Path(self.root), self.token)
+                          run_alive=functools.partial(still_held, Path(self.root), self.token,
+                                                      self.host)
                           if self.held else None,
                           report=_Journal(Path(self.root) / JOURNAL / self.token, index,
                                           self.token))
