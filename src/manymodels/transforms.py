@@ -83,6 +83,16 @@ def _needs_checkpoint(fn: Any) -> bool:
     return parameter.default is inspect.Parameter.empty
 
 
+def _facts_pay(options: dict[str, Any]) -> bool:
+    """Whether the outputs should travel as
+    :class:`~manymodels.inputs.grouplabels.FrameFacts`: they save
+    the driver unpickling a frame per group, so only for a backend whose
+    outputs cross a process boundary (elsewhere judging them costs more than
+    it saves), and not into a store, which keeps each as ``fn`` returned it."""
+    return options.get("store") is None and options.get("backend", "processes") not in (
+        "serial", "threads")
+
+
 def map_groups(
     fn: Callable[..., Any],
     source: GroupSource | ProductSource,
@@ -165,7 +175,7 @@ def map_groups(
     if labelled:  # each group under its rows' labels
         options["shared"] = {**(options.get("shared") or {}),
                              **shared_labels(group_layout(base), base.row_index)}
-        fn = WithLabels(fn, asks_for_key(fn))
+        fn = WithLabels(fn, asks_for_key(fn), facts=_facts_pay(options))
     written = None if in_engine is None else EngineOutputs(
         in_engine, source, fn, options.get("shared"), options.get("setup"))
     with written or contextlib.nullcontext():  # a failed run leaves no outputs behind

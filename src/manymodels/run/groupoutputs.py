@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..inputs.grouplabels import (
+    FrameFacts,
     group_labels,
     indexes_as_columns,
     input_positions,
@@ -132,11 +133,20 @@ def _as_transform(base: GroupSource, run: Run, outputs: list[Any]) -> tuple | No
     if not kept or not all(is_transform(outputs[i], labels[offsets[done[i]]:offsets[done[i]]
                                                           + lengths[done[i]]]) for i in kept):
         return None
+    return _transform_positions(base, run, kept), kept
+
+
+def _transform_positions(base: GroupSource, run: Run, kept: list[int]) -> np.ndarray:
+    """The input position of each row of outputs ``kept`` (a transform's,
+    of the tasks that succeeded), concatenated."""
+    layout = group_layout(base)
     order = input_positions(layout)
-    if len(kept) == len(lengths):  # every group, in layout order
-        return order, kept
-    groups = [done[i] for i in kept]
-    return np.concatenate([order[offsets[g]:offsets[g] + lengths[g]] for g in groups]), kept
+    if len(kept) == len(layout.lengths):  # every group, in layout order
+        return order
+    done = np.flatnonzero(run._records.ok_mask())
+    offsets, lengths = layout.offsets, layout.lengths
+    return np.concatenate([order[offsets[g]:offsets[g] + lengths[g]]
+                           for g in done[np.asarray(kept, dtype=np.int64)].tolist()])
 
 
 def _in_input_order(result: Any, positions: np.ndarray, base: GroupSource) -> Any:
@@ -167,6 +177,13 @@ def _frames_with_keys(frames: list[pd.DataFrame], keys: GroupKeys) -> pd.DataFra
     if not added:
         return result
     lengths = [len(frame) for frame in frames]
+    return _add_keys(result, frames, has, added, lengths, keys)
+
+
+def _add_keys(result: pd.DataFrame, frames: list[Any], has: list[set], added: list[int],
+              lengths: list[int], keys: GroupKeys) -> pd.DataFrame:
+    """``result`` (the frames concatenated) with key columns ``added`` (by
+    position) put in front where some frames lack them."""
     typed = keys.frame(lengths)
     for position in added:
         name = keys.columns[position]
@@ -290,12 +307,63 @@ class _ReceivedLabels:
         return self.labels[self.offsets[task]:self.offsets[task] + self.lengths[task]]
 
 
+def _facts_table(run: Run, base: GroupSource, outputs: list[Any], keys: GroupKeys,
+                 received: _ReceivedLabels | None) -> pd.DataFrame | None:
+    """The table of outputs that are all :class:`FrameFacts` of the same
+    columns and dtypes, a transform or each under row labels (the index
+    dropped), their columns concatenated as NumPy arrays: what pandas'
+    concat of the frames makes, without a frame made per output. None for
+    any other outputs (they are then loaded, and judged one by one)."""
+    if received is None or not outputs or not all(type(out) is FrameFacts for out in outputs):
+        return None
+    signature = outputs[0].signature
+    if not all(out.signature == signature for out in outputs):
+        return None
+    kept = [i for i, out in enumerate(outputs) if out.rows]
+    transform = bool(kept) and all(outputs[i].transform for i in kept)
+    if not transform and not all(out.row_labels for out in outputs):
+        return None  # an index of values: columns of some outputs only
+    chosen = kept if transform else list(range(len(outputs)))
+    result = _concatenated([outputs[i] for i in chosen], outputs[0].frame)
+    if result is None:
+        return None
+    first = outputs[0].frame
+    columns = set(first.columns)
+    added = [i for i, name in enumerate(keys.columns) if name not in columns]
+    if added:
+        if transform:
+            keys = keys.subset(kept)
+        lengths = [outputs[i].rows for i in chosen]
+        result = _add_keys(result, [], [columns], added, lengths, keys)
+    if transform:
+        return _in_input_order(result, _transform_positions(base, run, kept), base)
+    return result
+
+
+def _concatenated(outputs: list[FrameFacts], first: pd.DataFrame) -> pd.DataFrame | None:
+    """Outputs of ``first``'s columns and dtypes concatenated under a fresh
+    index: by pandas where their frames are at hand (the serial and thread
+    backends), else column by column from their arrays; None where the
+    arrays would not make ``first``'s dtypes."""
+    if all(out.local for out in outputs):
+        return pd.concat([out.frame for out in outputs], ignore_index=True)
+    arrays = {position: np.concatenate([out.columns()[position] for out in outputs])
+              for position in range(len(first.columns))}
+    result = pd.DataFrame(arrays, copy=False)
+    result.columns = first.columns  # as pandas made them
+    return result if result.dtypes.tolist() == first.dtypes.tolist() else None
+
+
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
              ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
     keys = GroupKeys.of_run(run, key_columns, [key for key, _ in ok])
     received = (_ReceivedLabels.of_run(run, base, len(ok)) if source is base and labelled
                 else None)
+    table = _facts_table(run, base, [output for _, output in ok], keys, received)
+    if table is not None:
+        return table
+    ok = [(key, output.frame if type(output) is FrameFacts else output) for key, output in ok]
     present = [i for i, (_, output) in enumerate(ok) if output is not None]
     if not present and (not ok or base.format in ("arrow", "polars")):
         return empty_table(base.format)
