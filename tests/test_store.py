@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -528,24 +529,20 @@ class _Constant:
         return np.full(len(X), self.value)
 
 
-def test_the_readers_of_models_leave_out_a_run_still_being_written(tmp_path):
-    """Store.predict, load and models with no run= read the latest run,
-    though it was still being written: predictions mixed its groups with
-    an earlier run's, load(key) of a group it had not reached raised
-    KeyError. They read the latest run that has ended, as serve does."""
+@contextlib.contextmanager
+def _a_run_held_midway(store, frame, model, on_group=None):
+    """A second run into ``store`` on a thread, held in ``fit`` (of group
+    ``on_group``, or the first it reaches) until the block ends: the block
+    sees the store while that run is still being written."""
     import threading
 
-    store = tmp_path / "store"
-    frame = pd.DataFrame({"g": np.repeat(np.arange(4), 2), "x": np.arange(8.0)})
-    mm.train(lambda rows: _Constant(1.0), mm.groups(frame, by="g"), store=store,
-             backend="serial", progress=False)
     release, reached = threading.Event(), threading.Event()
 
     def slow(rows):
-        if rows["g"].iloc[0] == 1:
+        if on_group is None or rows["g"].iloc[0] == on_group:
             reached.set()
             release.wait(30)
-        return _Constant(2.0)
+        return model
 
     second = threading.Thread(target=mm.train, args=(slow, mm.groups(frame, by="g")),
                               kwargs={"store": store, "backend": "serial",
@@ -553,14 +550,27 @@ def test_the_readers_of_models_leave_out_a_run_still_being_written(tmp_path):
     second.start()
     try:
         assert reached.wait(30)
-        opened = mm.Store(store)
-        assert opened.runs()["status"].tolist() == ["finished", "running"]
-        rows = pd.DataFrame({"g": [0, 3], "x": [0.0, 0.0]})
-        assert opened.predict(rows, by="g").tolist() == [1.0, 1.0]
-        assert opened.load(3).value == 1.0 and opened.models()[0].value == 1.0
+        yield
     finally:
         release.set()
         second.join(60)
+
+
+def test_the_readers_of_models_leave_out_a_run_still_being_written(tmp_path):
+    """Store.predict, load and models with no run= read the latest run,
+    though it was still being written: predictions mixed its groups with
+    an earlier run's, load(key) of a group it had not reached raised
+    KeyError. They read the latest run that has ended, as serve does."""
+    store = tmp_path / "store"
+    frame = pd.DataFrame({"g": np.repeat(np.arange(4), 2), "x": np.arange(8.0)})
+    mm.train(lambda rows: _Constant(1.0), mm.groups(frame, by="g"), store=store,
+             backend="serial", progress=False)
+    rows = pd.DataFrame({"g": [0, 3], "x": [0.0, 0.0]})
+    with _a_run_held_midway(store, frame, _Constant(2.0), on_group=1):
+        opened = mm.Store(store)
+        assert opened.runs()["status"].tolist() == ["finished", "running"]
+        assert opened.predict(rows, by="g").tolist() == [1.0, 1.0]
+        assert opened.load(3).value == 1.0 and opened.models()[0].value == 1.0
     assert mm.Store(store).predict(rows, by="g").tolist() == [2.0, 2.0]
 
 
@@ -576,30 +586,13 @@ def test_predict_takes_its_recorded_features_from_the_run_whose_models_it_reads(
     ended; the features and by= the command line recorded come from those
     runs too, not from a run still being written (which has none yet: the
     model was given every column but the key)."""
-    import threading
-
     store = tmp_path / "store"
     frame = pd.DataFrame({"g": [0, 0, 1, 1], "x": [1.0, 2, 3, 4], "z": [0.0] * 4})
     mm.train(lambda rows: _Width(), mm.groups(frame, by="g"), store=store,
              backend="serial", progress=False)
     mm.Store(store).attach(1, "train_config", {"by": ["g"], "features": ["x"]})
-    release, reached = threading.Event(), threading.Event()
-
-    def slow(rows):
-        reached.set()
-        release.wait(30)
-        return _Width()
-
-    second = threading.Thread(target=mm.train, args=(slow, mm.groups(frame, by="g")),
-                              kwargs={"store": store, "backend": "serial",
-                                      "progress": False})
-    second.start()
-    try:
-        assert reached.wait(30)
+    with _a_run_held_midway(store, frame, _Width()):
         assert mm.Store(store).predict(frame).tolist() == [1.0] * 4
-    finally:
-        release.set()
-        second.join(60)
 
 
 def test_a_run_deleted_while_it_runs_says_so(tmp_path):
