@@ -13,7 +13,7 @@ import numpy as np
 
 from .api import train
 from .engine.checkpointspace import asks_for_checkpoint
-from .engine.options import START_METHODS, check_switch, positive_int
+from .engine.options import check_start_method, check_switch, positive_int
 from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
 from .inputs.grouplabels import (
@@ -223,10 +223,7 @@ def _check_left_options(options: dict[str, Any]) -> None:
     checks them, is not called where the table is not split."""
     if "progress" in options:
         check_switch("progress", options["progress"])
-    method = options.get("start_method", "auto")
-    if method not in START_METHODS:
-        raise ValueError(f"unknown start_method {method!r}; choose one of "
-                         f"{', '.join(START_METHODS)}")
+    check_start_method(options.get("start_method", "auto"))
 
 
 def map_partitions(

@@ -84,9 +84,7 @@ class RunOptions:
                              f"that starts local processes), not {backend_name!r}")
         if backend_type.starts_local_processes:
             worker_niceness()  # MANYMODELS_WORKER_NICENESS, refused by name when wrong
-        if start_method not in START_METHODS:
-            raise ValueError(f"unknown start_method {start_method!r}; choose one of "
-                             f"{', '.join(START_METHODS)}")
+        check_start_method(start_method)
         cpus = positive_int("cpus_per_task", cpus_per_task)
         if workers is not None:
             workers = positive_int("workers", workers)
@@ -175,6 +173,13 @@ def _check_max_failures(value: Any) -> int | float | None:
     if not 0 < value < 1:
         raise ValueError(f"max_failures as a fraction must lie in (0, 1), got {value!r}")
     return float(value)
+
+
+def check_start_method(start_method: Any) -> None:
+    """Refuse a ``start_method=`` that is none of :data:`START_METHODS`."""
+    if start_method not in START_METHODS:
+        raise ValueError(f"unknown start_method {start_method!r}; choose one of "
+                         f"{', '.join(START_METHODS)}")
 
 
 def check_switch(name: str, value: Any) -> bool:

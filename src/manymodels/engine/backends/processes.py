@@ -59,7 +59,7 @@ from .. import dataplane
 from ..execution import RunContext, TaskRef
 from ..gpus import GpuSetup
 from ..messages import Status, task_indices
-from ..options import START_METHODS
+from ..options import check_start_method
 from ..outcomeloads import load_outcomes
 from ._process_handles import Batch, Worker, describe_exit, format_bytes, wait_for_pipes_to_close
 from ._process_start import WorkerStarter
@@ -102,9 +102,7 @@ class ProcessesBackend(WorkerStarter, Backend):
     starts_local_processes = True
 
     def __init__(self, *args, start_method: str = "auto", **kwargs) -> None:
-        if start_method not in START_METHODS:
-            raise ValueError(f"unknown start_method {start_method!r}; choose one of "
-                             f"{', '.join(START_METHODS)}")
+        check_start_method(start_method)
         super().__init__(*args, **kwargs)
         self.built_options = replace(self.built_options, start_method=start_method)
         self.configure(self.built_options)
