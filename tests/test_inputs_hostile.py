@@ -608,3 +608,13 @@ def test_integers_inside_lists_and_structs_stay_integers_whatever_its_batch_hold
     clean = run.results[run.results["g"] % 50 != 0]
     assert set(clean["list"]) == {"int64"}
     assert set(clean["struct"]) == {"int"}
+
+
+@pytest.mark.parametrize("given", ["path", "text"])
+def test_a_folder_given_to_items_is_refused_with_how_to_list_its_files(tmp_path, given):
+    """``mm.items(Path("data"))``: a path is iterable to no one (and a text
+    is its characters): the error says how to have a task per file."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with pytest.raises(TypeError, match=r"one path, not items.*glob\('\*'\)"):
+        mm.items(folder if given == "path" else str(folder))

@@ -75,6 +75,15 @@ def _plain(value: Any, inside: bool = False) -> bool:
     return kind is tuple and all(_plain(part, inside=True) for part in value)
 
 
+def _path_hint(value: Any) -> str:
+    """For a path (or a path's text) given where items are wanted: how to
+    have one task per file instead."""
+    if isinstance(value, PurePath) or (isinstance(value, str) and ("/" in value or "." in value)):
+        return (f" ({str(value)!r} is one path, not items: for one task per file in it, "
+                f"pass mm.items(sorted(Path({str(value)!r}).glob('*'))))")
+    return ""
+
+
 class ItemSource(Source):
     """One task per element of an iterable; ``fit`` receives the element."""
 
@@ -85,8 +94,9 @@ class ItemSource(Source):
         key: Callable[[Any], Hashable] | None = None,
         cost: Callable[[Any], float] | None = None,
     ) -> None:
-        if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
-            raise TypeError(f"items() needs an iterable of items, got {type(iterable).__name__}")
+        if isinstance(iterable, (str, bytes, PurePath)) or not isinstance(iterable, Iterable):
+            raise TypeError(f"items() needs an iterable of items, got {type(iterable).__name__}"
+                            + _path_hint(iterable))
         self.items = list(iterable)
         if not self.items:
             raise ValueError("items() got an empty iterable: there is nothing to train")
