@@ -81,6 +81,7 @@ def test_one_level_with_the_global_model(places):
     (lambda sizes: sizes, {}, "must return an np.ndarray of shape"),
     (lambda sizes: np.ones(len(sizes) + 1), {}, "must return an np.ndarray of shape"),
     (lambda sizes: {}["bad"], {}, "raised while checking it.*KeyError"),
+    (None, {"alpha": 0.3}, "given without shrinkage="),
 ])
 def test_bad_shrinkage_is_refused_before_any_fit(places, shrinkage, kwargs, message):
     X, y = places

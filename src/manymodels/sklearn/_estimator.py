@@ -120,7 +120,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         the global model).
     shrinkage_kwargs : dict or None
         The shrinkage's keywords: ``{"alpha": 0.1}`` for ``"constant"``,
-        ``{"min_n_obs": 50}`` for ``"min_n_obs"``.
+        ``{"min_n_obs": 50}`` for ``"min_n_obs"``; refused without ``shrinkage``.
 
     Attributes
     ----------
@@ -195,6 +195,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                 and self.hierarchical in (0, 1)):
             raise ValueError(f"hierarchical must be True or False, got {self.hierarchical!r}")
         if self.shrinkage is None:
+            if self.shrinkage_kwargs:  # else they would be ignored without a word
+                raise ValueError(f"shrinkage_kwargs={self.shrinkage_kwargs!r} is given without "
+                                 "shrinkage=: name the shrinkage they are for "
+                                 "(shrinkage='constant', 'min_n_obs', ...)")
             return None
         if self.fallback == "error" and len(by_list(self.by)) == 1:
             raise ValueError(
