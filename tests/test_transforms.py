@@ -224,6 +224,29 @@ def test_map_partitions_in_process_failure_raises_as_a_split_one():
         mm.map_partitions(fails_on_the_whole, table, workers=2)
 
 
+def test_map_partitions_checks_fn_as_train_does_and_gives_its_key_in_process():
+    """A fast fn run in this process: a parameter no call gives is refused
+    before fn is called (as train refuses it), and ``key`` is the one
+    partition's, 0, as a split run gives each partition its number."""
+    table = pd.DataFrame({"c0": np.arange(10_000.0)})
+    calls = []
+
+    def needs_extra(df, extra):
+        calls.append(len(df))
+        return df
+
+    with pytest.raises(TypeError, match="parameter 'extra' has no default"):
+        mm.map_partitions(needs_extra, table, workers=2)
+    assert calls == []  # not even timed
+
+    def with_key(df, key):
+        return df.assign(part=key)
+
+    out = mm.map_partitions(with_key, table, workers=2)
+    assert out.attrs["summary"].split.startswith("in-process, not split")
+    assert set(out["part"]) == {0}
+
+
 def drop_negative(df):
     return df[df["c0"] > 0]
 

@@ -13,7 +13,12 @@ import numpy as np
 
 from .api import train
 from .engine.checkpointspace import asks_for_checkpoint
-from .engine.options import check_start_method, check_switch, positive_int
+from .engine.options import (
+    check_fit_takes_shared,
+    check_start_method,
+    check_switch,
+    positive_int,
+)
 from .inputs.engineframes import refuse_engine_frame
 from .inputs.grids import ProductSource
 from .inputs.grouplabels import (
@@ -276,6 +281,8 @@ def map_partitions(
     source = PartitionSource(table, 4 * workers if partitions is None else partitions,
                              format=format)
     options.setdefault("progress", False)
+    if left_to_us:  # before fn is timed, or called in this process: train's check
+        check_fit_takes_shared(fn, source, options.get("shared"))
     decision = decide(fn, source, workers, options) if left_to_us else None
     if decision is not None and not decision.split:
         output, summary = run_in_process(fn, source, options, decision, began)

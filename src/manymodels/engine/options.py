@@ -273,6 +273,14 @@ def check_timeout(timeout: Any, backend_type: type, backend_name: str) -> None:
                          "enforce timeout=; use backend='processes'")
 
 
+def check_fit_takes_shared(fit: Callable[..., Any], source: Any, shared: Any) -> None:
+    """:func:`_check_fit_takes` for a ``fit`` given ``shared`` (a dict, or
+    None) alone: what ``map_partitions`` checks before it decides to call
+    its ``fn`` in this process, where ``train``'s checks do not run."""
+    names = dict.fromkeys(shared, "shared name") if isinstance(shared, Mapping) else {}
+    _check_fit_takes(fit, source, names)
+
+
 def _check_fit_takes(fit: Callable[..., Any], source: Any, names: dict[str, str]) -> None:
     """Refuse, before any work, keywords ``fit`` cannot take (``names``:
     each -> what gave it): one named like its first parameter, which gets a

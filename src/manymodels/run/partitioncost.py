@@ -34,6 +34,7 @@ from ..engine.backends._process_start import FORK_UNSAFE_MODULES
 from ..inputs.datareaders import FrameSlices, _arrow_as, _locked
 from ..inputs.sources import PartitionSource
 from ..machine import usable_cores
+from ..planning.plan import asks_for_key
 from .results import OK, Summary
 
 #: Split only where the workers are estimated to take at most this share of
@@ -208,7 +209,7 @@ def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
     if 100 * first > rows:
         return SplitDecision(False, f"in-process, not split: the table has only {rows} rows")
     try:
-        per_call, trial = _trials(fn, source, first, options.get("shared") or {})
+        per_call, trial = _trials(fn, source, first, _keywords(fn, options))
     except Exception:
         return SplitDecision(True, "split: the function failed on a trial slice")
     scale = rows / trial.rows
@@ -236,6 +237,16 @@ def decide(fn: Callable[..., Any], source: PartitionSource, workers: int,
     return SplitDecision(False, f"in-process, not split: splitting cannot pay ({estimate})")
 
 
+def _keywords(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """What ``fn`` is called with besides the rows, as ``train`` would call
+    it on the one partition that the whole table is: the shared objects, and
+    ``key=0`` when it asks for its key (unless a shared object is so named)."""
+    shared = options.get("shared") or {}
+    if "key" in shared or not asks_for_key(fn):
+        return shared
+    return {**shared, "key": 0}
+
+
 def run_in_process(fn: Callable[..., Any], source: PartitionSource,
                    options: dict[str, Any], decision: SplitDecision,
                    began: float) -> tuple[Any, PartitionSummary]:
@@ -244,7 +255,7 @@ def run_in_process(fn: Callable[..., Any], source: PartitionSource,
     data = _rows(source, 0, source.num_rows)
     start = time.perf_counter()
     try:
-        output = fn(data, **(options.get("shared") or {}))
+        output = fn(data, **_keywords(fn, options))
     except Exception as exc:
         import traceback
 
