@@ -464,6 +464,12 @@ def test_what_a_dict_gives_for_a_missing_key_and_its_unordered_keys_count():
 
     assert value_hash(collections.defaultdict(int, a=1)) != value_hash(
         collections.defaultdict(list, a=1))
+    # a Counter gives 0 for a missing key where a dict raises; an OrderedDict
+    # compares its order: neither is the dict of its items
+    plain = value_hash({"a": 1})
+    assert value_hash(collections.Counter(a=1)) != plain
+    assert value_hash(collections.OrderedDict(a=1)) != plain
+    assert value_hash(collections.Counter(a=1)) == value_hash(collections.Counter(a=1))
     first, second = _two_orders(frozenset)
     assert value_hash({first: 1}) == value_hash({second: 1})
     assert value_hash({first: 1}) != value_hash({frozenset(["column_0"]): 1})

@@ -128,6 +128,11 @@ def _elements_hash(value: list | tuple | dict | set | frozenset) -> str:
         parts = [f"{_key_text(k)}={value_hash(v)}" for k, v in value.items()]
         if isinstance(value, collections.defaultdict):  # what it gives for a missing key
             parts.append(f"default_factory={value_hash(value.default_factory)}")
+        elif type(value) is not dict:  # a Counter gives 0 for a missing key, a dict raises
+            kind = type(value)
+            parts.append(f"type={kind.__module__}.{kind.__qualname__}")
+            if getattr(value, "__dict__", None):  # a subclass's own state
+                parts.append(f"state={value_hash(value.__dict__)}")
         return digest("dict", *parts)
     # a set pickles in hash-seed order
     return digest(type(value).__name__, *sorted(value_hash(v) for v in value))
