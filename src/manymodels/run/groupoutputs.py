@@ -195,6 +195,18 @@ def _add_keys(result: pd.DataFrame, frames: list[Any], has: list[set], added: li
     return result
 
 
+def _keys_in_front(result: pd.DataFrame, keys: GroupKeys, added: list[int],
+                   lengths: list[int]) -> pd.DataFrame:
+    """``result`` (outputs of ``lengths`` rows each, concatenated, none of
+    which has the key columns ``added``) with those columns put in front at
+    their positions, each row its group's key."""
+    typed = keys.frame(lengths)
+    for position in added:
+        name = keys.columns[position]
+        result.insert(position, name, typed[name].array)
+    return result
+
+
 def _partly_given(frames: list[pd.DataFrame], name: Any, keys: pd.Series,
                   lengths: list[int]) -> pd.Series:
     """Key column ``name`` of the frames' concatenation: a frame's own values
@@ -333,8 +345,7 @@ def _facts_table(run: Run, base: GroupSource, outputs: list[Any], keys: GroupKey
     if added:
         if transform:
             keys = keys.subset(kept)
-        lengths = [outputs[i].rows for i in chosen]
-        result = _add_keys(result, [], [columns], added, lengths, keys)
+        result = _keys_in_front(result, keys, added, [outputs[i].rows for i in chosen])
     if transform:
         return _in_input_order(result, _transform_positions(base, run, kept), base)
     return result
