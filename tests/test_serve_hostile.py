@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from sklearn.linear_model import LinearRegression, Ridge
+from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 import manymodels as mm
@@ -207,6 +208,7 @@ def test_a_decimal_or_bytes_key_is_named_in_the_store_s_tagged_form(tmp_path):
         answer = client.get("/v1/models/" + tagged)
         assert answer.status_code == 200, answer.text
         assert answer.json()["task_key"] == [json.loads(tagged)]
+        assert answer.json()["key"] == [json.loads(tagged)]  # as asked, not b'ab'
         bad = client.get("/v1/models/" + tagged.replace('": "', '": "zz'))
         assert bad.status_code == 400 and "as the store writes it" in bad.json()["error"]
 
@@ -904,3 +906,67 @@ def test_the_ray_deployment_refuses_what_its_replicas_would_before_ray_serve_sta
     monkeypatch.chdir(tmp_path / "m")  # elsewhere, as a replica is
     replica = made.func_or_class()
     assert replica.served.catalog.models == 2
+
+
+def test_a_json_body_is_held_to_its_objects_and_read_into_columns(tmp_path):
+    """64 MiB of tiny JSON rows made 20-30 times that in dicts (a server's
+    memory): the rows are read into columns as parsed, and a body of more
+    objects than one per 32 bytes of --max-body is a 413. A value nested in
+    a row is refused by column and row; an object beside "rows" is ignored."""
+    mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    client = TestClient(mm.serve_app(tmp_path / "m", poll=None, max_body=3200))
+    many = client.post("/v1/predict", content=b'{"rows": [' + b",".join([b"{}"] * 200) + b"]}")
+    assert many.status_code == 413 and "more than 100 objects" in many.json()["error"]
+    rows = [{"store": 1, "price": 0.5, "promo": 1}, {"store": 0, "promo": 0, "price": 0.2},
+            {"store": 1, "promo": 1, "price": 0.9, "unused": "x"}]
+    answer = client.post("/v1/predict", json={"rows": rows, "meta": {"store": 9, "price": 1}})
+    want = mm.Store(tmp_path / "m").predict(pd.DataFrame(rows), by="store")
+    assert answer.status_code == 200 and answer.json()["predictions"] == want.tolist()
+    rows[1]["price"] = {"nested": 1}
+    nested = client.post("/v1/predict", json={"rows": rows})
+    assert nested.status_code == 400
+    assert nested.json()["error"].startswith("column 'price' of row 1 holds a dict")
+
+
+#: Whether a :class:`LoadsOnlyWhenAllowed` model may be unpickled.
+LOADS_ALLOWED = [True]
+
+
+class LoadsOnlyWhenAllowed:
+    """A model that stands for one whose class's module is gone where it is
+    served: its unpickling fails unless allowed."""
+
+    def __init__(self) -> None:
+        self.value = 0.0  # (a state: pickle calls __setstate__ only with one)
+
+    def __setstate__(self, state: dict) -> None:
+        if not LOADS_ALLOWED[0]:
+            raise ModuleNotFoundError("No module named 'gone'")
+        self.__dict__.update(state)
+
+    def predict(self, rows):
+        return np.zeros(len(rows))
+
+
+def test_the_ray_deployments_model_that_does_not_unpickle_is_named(tmp_path):
+    """A model that failed to unpickle in the multiplexed load gave Ray
+    Serve's bare 500: it is a 500 naming the key and why."""
+    import asyncio
+
+    from manymodels.serve.ray import StoreModels
+
+    mm.train(lambda df: LoadsOnlyWhenAllowed(), mm.groups(_sales(stores=2, rows=40),
+                                                           by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    models = StoreModels(str(tmp_path / "m"), poll=None)
+    LOADS_ALLOWED[0] = False
+    try:
+        response = asyncio.run(models.respond(_Body([{"store": 1, "price": 0.5}]), "1",
+                                              models.load))
+    finally:
+        LOADS_ALLOWED[0] = True
+    error = json.loads(response.body)["error"]
+    assert response.status_code == 500 and "of key 1 does not unpickle" in error
+    assert "ModuleNotFoundError: No module named 'gone'" in error
+

@@ -25,12 +25,12 @@ from starlette.routing import Route
 
 from ..store import StoreIntegrityError
 from . import requests as bodies
-from .catalog import Catalog, KeyTextError, key_parts, plain
+from .catalog import Catalog, KeyTextError, echoed, key_parts
 from .fastpath import ROUTE, PredictFirst, authorized
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
 
-MAX_BODY = 64 << 20
+MAX_BODY = bodies.MAX_BODY
 
 
 def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
@@ -96,7 +96,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
     def read(body: bytes, arrow: bool) -> Read:
         catalog = served.catalog  # this request's, whatever a reload swaps in meanwhile
         columns, n = (bodies.arrow_columns(body, catalog.by, limit) if arrow
-                      else bodies.json_columns(body, catalog.by))
+                      else bodies.json_columns(body, catalog.by, limit))
         return Read(catalog, columns, n, arrow)
 
     def answer(body: bytes, arrow: bool, done: Read | None = None,
@@ -140,7 +140,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)
-        return JSONResponse({"key": [plain(part) for part in parts], "by": catalog.by,
+        return JSONResponse({"key": [echoed(part) for part in parts], "by": catalog.by,
                              **described})
 
     async def reload(request: Request) -> Response:

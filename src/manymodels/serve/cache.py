@@ -39,6 +39,20 @@ class NotHeld(LookupError):
     up no other request (a thread)."""
 
 
+class ModelLoadError(Exception):
+    """A model whose bytes are sound but that does not unpickle here (its
+    class's module missing or changed): the model's fault, answered 500
+    naming its key and why, where Ray Serve's multiplexing gave a bare 500."""
+
+
+def _unpickled(data: bytes, digest: str, what: str) -> Any:
+    try:
+        return pickle.loads(data)
+    except Exception as exc:
+        raise ModelLoadError(f"artifact {digest} of {what} does not unpickle here: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+
 class ModelCache:
     """Digest -> model, least recently used first out. Keyed by the model's
     content (its SHA-256 or pack locator): a new run that reuses a model
@@ -101,7 +115,7 @@ class ModelCache:
         data = self._read_packed(store._conn, digest) if packs.is_locator(digest) else None
         if data is None:
             data = artifacts.read_artifact(store._conn, store.root, digest, what)
-        model = pickle.loads(data)  # checked against its SHA-256 above
+        model = _unpickled(data, digest, what)  # checked against its SHA-256 above
         if self._on_load is not None:
             self._on_load(time.perf_counter() - started)
         self._keep(digest, model, len(data))

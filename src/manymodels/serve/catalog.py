@@ -20,6 +20,7 @@ is that run's models alone.
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import json
 import math
 import re
@@ -181,6 +182,27 @@ def plain(value: Any) -> Any:
     if pd.isna(value):  # pd.NA, NaT
         return None
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+#: Key parts of types JSON has not, that a request names in the store's
+#: tagged form (:func:`is_tagged`); dates and datetimes it names in ISO-8601.
+_TAGGED_TYPES = (bytes, decimal.Decimal, _dt.time, _dt.timedelta, tuple)
+
+
+def echoed(part: Any) -> Any:
+    """A key part as a request names it, for an answer to echo: a type JSON
+    has not in the store's tagged form (``{"$bytes": "6162"}``, not Python's
+    ``b'ab'``), a date or datetime as ISO-8601 text, any other as
+    :func:`plain` gives it."""
+    return canonical(part) if isinstance(part, _TAGGED_TYPES) else plain(part)
+
+
+def shown_key(parts: tuple) -> str:
+    """A group's key in an error message, as a request names it
+    (:func:`echoed`): one part alone, several as a JSON list."""
+    if len(parts) == 1:
+        return json.dumps(echoed(parts[0]))
+    return json.dumps([echoed(part) for part in parts])
 
 
 # -- reading a catalog from the store ----------------------------------------------

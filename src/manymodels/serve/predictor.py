@@ -23,7 +23,7 @@ from ..inputs.keys import encode_key
 from ..run.prediction import CORRUPT, GroupPredictor, PredictionShapeError
 from ..store import StoreIntegrityError
 from .cache import ModelCache, NotHeld
-from .catalog import Catalog, KeyTextError, temporal, temporal_key
+from .catalog import Catalog, KeyTextError, shown_key, temporal, temporal_key
 
 #: Rows grouped in a Python loop below this; pandas' groupby above it.
 _LOOP_BELOW = 256
@@ -89,7 +89,7 @@ def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any]
     for parts, rows, digest, source in groups:
         lacking = _lacking(partial, rows)
         if digest is not None:
-            named = f"key {parts[0] if len(parts) == 1 else parts!r}"
+            named = f"key {shown_key(parts)}"
             what = named if source != "fallback" else f"the fallback model (asked for {named})"
             model = predictor._model(store, digest, what)
             _check_features(predictor, model, columns, ordered, rows, lacking)
@@ -135,7 +135,7 @@ def _run_plan(catalog: Catalog, predictor: _ServedPredictor, store: Any,
         except PredictionShapeError:  # the model's fault: a 500, said and counted
             raise
         except (ValueError, TypeError, OverflowError) as exc:  # the rows' values, refused
-            raise RequestError(400, f"the model of group {key!r} refused its rows: "
+            raise RequestError(400, f"the model of group {shown_key(parts)} refused its rows: "
                                     f"{exc}") from exc
         if isinstance(done, dict) and done.get("source") == CORRUPT:
             raise StoreIntegrityError(done["error"])

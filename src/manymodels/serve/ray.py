@@ -17,10 +17,10 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ..store import StoreIntegrityError
-from .cache import ModelCache
+from .cache import ModelCache, ModelLoadError
 from .catalog import key_parts
 from .predictor import RequestError, predict_rows
-from .requests import json_answer, json_columns
+from .requests import MAX_BODY, json_answer, json_columns
 from .state import ServedStore, check_run_and_poll, log, open_served_store
 
 #: The header naming a request's group key (Ray Serve's multiplexed model id).
@@ -88,7 +88,7 @@ class StoreModels:
                 loaded = await get_model(model_id)
             except RequestError as exc:
                 return JSONResponse({"error": str(exc)}, exc.status)
-            except StoreIntegrityError as exc:
+            except (StoreIntegrityError, ModelLoadError) as exc:  # named: key and why
                 return JSONResponse({"error": str(exc)}, 500)
         return await self.answer(request, loaded)
 
@@ -113,7 +113,7 @@ class StoreModels:
 
     def _predict(self, body: bytes, loaded: tuple[str | None, Any]) -> Any:
         catalog = self.served.catalog  # (and its store: one state of the store)
-        columns, n = json_columns(body, catalog.by)
+        columns, n = json_columns(body, catalog.by, MAX_BODY)
         return predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
                             columns, n, ordered=False)  # JSON rows
 
@@ -156,10 +156,15 @@ def _served_location(store: Any, run: int | None, poll: float | None) -> str:
 
     check_run_and_poll(run, poll)
     opened = open_served_store(store)
-    if run is not None:
-        opened._run_row(run)  # "has no run N"
-    elif not ended_runs(opened):
-        raise ValueError(f"store {str(opened)!r} holds no run that has ended yet")
+    try:
+        if run is not None:
+            opened._run_row(run)  # "has no run N"
+        elif not ended_runs(opened):
+            raise ValueError(f"store {str(opened)!r} holds no run that has ended yet")
+        root = str(opened.root)
+    finally:
+        if opened is not store:  # opened here, closed here: not left to a finaliser
+            opened.close()
     if isinstance(store, (str, PurePath)) and not is_remote(store):
         return str(Path(store).expanduser().absolute())
-    return str(opened.root)
+    return root

@@ -5,8 +5,10 @@ for large batches. What a request got wrong is a :class:`RequestError`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from array import array
 from collections.abc import Collection
 from typing import Any
 
@@ -17,62 +19,153 @@ from .ipcsize import batch_sizes
 from .predictor import Answer, RequestError
 
 ARROW = "application/vnd.apache.arrow.stream"
-_SCALARS = (str, int, float, bool, type(None))
+#: The default limit of a request's body (``--max-body``).
+MAX_BODY = 64 << 20
+
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
-def json_columns(body: bytes, keys: Collection[str] = ()) -> tuple[dict[str, Any], int]:
+#: A JSON body may hold at most one object per this many bytes of the
+#: limit (--max-body): an object costs about 50 bytes parsed, however
+#: few it is on the wire (``{}`` is 2), and 64 MiB of empty objects made
+#: a server's memory grow by 1.4 GB. The default limit allows 2,097,152.
+BYTES_PER_OBJECT = 32
+
+
+def json_columns(body: bytes, keys: Collection[str] = (),
+                 limit: int | None = None) -> tuple[dict[str, Any], int]:
     """The rows of a JSON body as columns (name -> NumPy array, in the order
     the columns first appear) and their number. ``keys``: the group columns,
-    whose values are kept as they came (:func:`_key_array`)."""
+    whose values are kept as they came (:func:`_key_array`). ``limit``: the
+    body's (--max-body); a body of more than ``limit //``
+    :data:`BYTES_PER_OBJECT` objects is refused (413) as it is parsed.
+
+    The rows are read into columns as they are parsed (:class:`_Objects`),
+    never a dict per row: 64 MiB of small rows made 30 times that in dicts."""
+    objects = _Objects(None if limit is None else max(limit // BYTES_PER_OBJECT, 1))
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, object_pairs_hook=objects)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"the body is not JSON: {exc}") from exc
     except RecursionError as exc:
         raise RequestError(400, "the body is JSON nested too deeply") from exc
-    if not isinstance(payload, dict) or "rows" not in payload:
+    if not isinstance(payload, _Row):
         raise RequestError(400, 'the body must be a JSON object {"rows": [{...}, ...]}')
-    rows = payload["rows"]
+    top = objects.take_last()
+    if "rows" not in top:
+        raise RequestError(400, 'the body must be a JSON object {"rows": [{...}, ...]}')
+    rows = top["rows"]
     if not isinstance(rows, list) or not rows:
         raise RequestError(400, '"rows" must be a non-empty list of objects')
-    if len(rows) == 1 and isinstance(rows[0], dict):  # the common request: one row
-        row = rows[0]
-        for name, value in row.items():
-            if not isinstance(value, _SCALARS):
-                raise RequestError(400, f"column {name!r} of row 0 holds a "
-                                        f"{type(value).__name__}: a value must be a number, "
-                                        "text, true/false or null")
-        return {name: (_key_array if name in keys else _array)([value])
-                for name, value in row.items()}, 1
-    names: dict[str, None] = {}
     for position, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise RequestError(400, f"row {position} is a {type(row).__name__}, not an object "
+        if type(row) is not _Row:
+            raise RequestError(400, f"row {position} is a {_json_type(row)}, not an object "
                                     "of column: value")
-        names.update(dict.fromkeys(row))
-    columns = JsonColumns()
-    for name in names:
-        values, lacking = [], []
-        for position, row in enumerate(rows):
-            if name not in row:  # refused only where the row's model reads it (predict_rows)
-                lacking.append(position)
+    return objects.columns_of(rows, keys), len(rows)
+
+
+class _Row(int):
+    """A JSON object as :class:`_Objects` returns it: its number, in the
+    order the parser closed them (its values are in the columns)."""
+
+
+def _json_type(value: Any) -> str:
+    return "dict" if type(value) is _Row else type(value).__name__
+
+
+class _Objects:
+    """``json.loads``'s ``object_pairs_hook``: each object's values appended
+    to columns by name, with the object's number, and the object given back
+    as a :class:`_Row` of that number. Which objects are rows (and which
+    are a value nested in one, refused, or stray) is told once the whole
+    body is parsed (:meth:`columns_of`). ``most``: the objects allowed."""
+
+    def __init__(self, most: int | None) -> None:
+        self.count = 0
+        self.most = most
+        self.found: dict[str, tuple[array, list]] = {}  # name -> (object numbers, values)
+        self.last: list[tuple[str, Any]] = []
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> _Row:
+        number = self.count
+        if self.most is not None and number >= self.most:
+            raise RequestError(413, f"the JSON body holds more than {self.most} objects (rows), "
+                                    f"over the limit of one per {BYTES_PER_OBJECT} bytes of "
+                                    "--max-body: send a large batch as Arrow IPC")
+        self.count = number + 1
+        self.last = pairs
+        found = self.found
+        for name, value in pairs:
+            column = found.get(name)
+            if column is None:
+                column = found[name] = (array("q"), [])
+            numbers, values = column
+            if numbers and numbers[-1] == number:  # a name given twice: its last value
+                values[-1] = value
+            else:
+                numbers.append(number)
+                values.append(value)
+        return _Row(number)
+
+    def take_last(self) -> dict[str, Any]:
+        """The last object closed (the body's own), its values taken out of
+        the columns."""
+        for name in dict(self.last):
+            numbers, values = self.found[name]
+            numbers.pop()
+            values.pop()
+            if not numbers:
+                del self.found[name]
+        return dict(self.last)
+
+    def columns_of(self, rows: list[_Row], keys: Collection[str]) -> JsonColumns:
+        """The columns of the objects ``rows`` (in that order); a value that
+        is not a number, text, true/false or null refused by column and row."""
+        n = len(rows)
+        if n == 1 and self.count == 2:  # the common request: one row, no other object
+            return self._one_row(keys)
+        position = np.full(self.count, -1, dtype=np.int64)
+        position[np.fromiter(rows, dtype=np.int64, count=n)] = np.arange(n)
+        columns = JsonColumns()
+        for name, (numbers, values) in self.found.items():
+            where = position[np.frombuffer(numbers, dtype=np.int64)]
+            in_rows = where >= 0
+            if not in_rows.all():  # values of objects that are not rows
+                values = list(itertools.compress(values, in_rows.tolist()))
+                where = where[in_rows]
+            if not values:
                 continue
-            value = row[name]
-            if not isinstance(value, _SCALARS):
-                raise RequestError(400, f"column {name!r} of row {position} holds a "
-                                        f"{type(value).__name__}: a value must be a number, "
-                                        "text, true/false or null")
-            values.append(value)
-        typed = (_key_array if name in keys else _array)(values)
-        if lacking:
-            columns.partial[name] = mask = np.zeros(len(rows), dtype=bool)
-            mask[lacking] = True
-            full = np.zeros(len(rows), dtype=typed.dtype) if typed.dtype != object else (
-                np.full(len(rows), None, dtype=object))
-            full[~mask] = typed
-            typed = full
-        columns[name] = typed
-    return columns, len(rows)
+            _check_scalars(name, values, where)
+            typed = (_key_array if name in keys else _array)(values)
+            if len(values) < n:  # refused only where the row's model reads it (predict_rows)
+                columns.partial[name] = lacking = np.ones(n, dtype=bool)
+                lacking[where] = False
+                full = np.zeros(n, dtype=typed.dtype) if typed.dtype != object else (
+                    np.full(n, None, dtype=object))
+                full[where] = typed
+                typed = full
+            columns[name] = typed
+        return columns
+
+
+    def _one_row(self, keys: Collection[str]) -> JsonColumns:
+        columns = JsonColumns()
+        for name, (_, values) in self.found.items():
+            _check_scalars(name, values, np.zeros(1, dtype=np.int64))
+            columns[name] = (_key_array if name in keys else _array)(values)
+        return columns
+
+
+def _check_scalars(name: str, values: list, rows: np.ndarray) -> None:
+    """Refuse (400) a value of column ``name`` that is a list or an object,
+    naming its row (``rows``: each value's)."""
+    if set(map(type, values)) <= _SCALAR_TYPES:
+        return
+    for value, row in zip(values, rows.tolist()):
+        if type(value) not in _SCALAR_TYPES:
+            raise RequestError(400, f"column {name!r} of row {row} holds a "
+                                    f"{_json_type(value)}: a value must be a number, "
+                                    "text, true/false or null")
 
 
 class JsonColumns(dict):
