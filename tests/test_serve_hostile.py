@@ -927,6 +927,11 @@ def test_a_json_body_is_held_to_its_objects_and_read_into_columns(tmp_path):
     nested = client.post("/v1/predict", json={"rows": rows})
     assert nested.status_code == 400
     assert nested.json()["error"].startswith("column 'price' of row 1 holds a dict")
+    # 60 rows, each naming a column of its own (1.3 KB): 3,600 cells, each
+    # column made whole, over 3,200
+    sparse = [{"store": 1, f"c{i}": 1} for i in range(60)]
+    wide = client.post("/v1/predict", json={"rows": sparse})
+    assert wide.status_code == 413 and "61 distinct columns" in wide.json()["error"]
 
 
 #: Whether a :class:`LoadsOnlyWhenAllowed` model may be unpickled.

@@ -42,7 +42,7 @@ def json_columns(body: bytes, keys: Collection[str] = (),
 
     The rows are read into columns as they are parsed (:class:`_Objects`),
     never a dict per row: 64 MiB of small rows made 30 times that in dicts."""
-    objects = _Objects(None if limit is None else max(limit // BYTES_PER_OBJECT, 1))
+    objects = _Objects(None if limit is None else max(limit // BYTES_PER_OBJECT, 1), limit)
     try:
         payload = json.loads(body, object_pairs_hook=objects)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -80,9 +80,9 @@ class _Objects:
     are a value nested in one, refused, or stray) is told once the whole
     body is parsed (:meth:`columns_of`). ``most``: the objects allowed."""
 
-    def __init__(self, most: int | None) -> None:
+    def __init__(self, most: int | None, cells: int | None = None) -> None:
         self.count = 0
-        self.most = most
+        self.most, self.cells = most, cells
         self.found: dict[str, tuple[array, list]] = {}  # name -> (object numbers, values)
         self.last: list[tuple[str, Any]] = []
 
@@ -124,6 +124,12 @@ class _Objects:
         n = len(rows)
         if n == 1 and self.count == 2:  # the common request: one row, no other object
             return self._one_row(keys)
+        if self.cells is not None and n * len(self.found) > self.cells:
+            # each column is made whole, a cell a row: a small body of rows
+            # that each name columns of their own made gigabytes of them
+            raise RequestError(413, f"the JSON body's {n} rows of {len(self.found)} distinct "
+                                    f"columns are {n * len(self.found)} cells, over the limit "
+                                    f"of {self.cells} (--max-body: a cell a byte at least)")
         position = np.full(self.count, -1, dtype=np.int64)
         position[np.fromiter(rows, dtype=np.int64, count=n)] = np.arange(n)
         columns = JsonColumns()
@@ -146,7 +152,6 @@ class _Objects:
                 typed = full
             columns[name] = typed
         return columns
-
 
     def _one_row(self, keys: Collection[str]) -> JsonColumns:
         columns = JsonColumns()
