@@ -700,14 +700,21 @@ def test_the_catalogs_key_kinds_are_read_off_the_event_loop(tmp_path, monkeypatc
     assert read_on_the_loop == [False, False]
 
 
-class _Body:
-    """A request as the Ray deployment reads it: its body."""
+def _Body(rows: list[dict], *, declared: bool = True, chunk: int = 1 << 20) -> object:
+    """A request as Ray Serve hands it to the deployment (a Starlette
+    ``Request``) of ``rows``, its body streamed in chunks of ``chunk`` bytes,
+    its size ``declared`` in a Content-Length or not."""
+    from starlette.requests import Request
 
-    def __init__(self, rows: list[dict]) -> None:
-        self.rows = rows
+    body = json.dumps({"rows": rows}).encode()
+    pieces = [body[start:start + chunk] for start in range(0, len(body), chunk)] or [b""]
+    headers = [(b"content-length", str(len(body)).encode())] if declared else []
 
-    async def body(self) -> bytes:
-        return json.dumps({"rows": self.rows}).encode()
+    async def receive() -> dict:
+        piece = pieces.pop(0)
+        return {"type": "http.request", "body": piece, "more_body": bool(pieces)}
+
+    return Request({"type": "http", "method": "POST", "headers": headers}, receive)
 
 
 def test_the_ray_deployments_body_answers_its_groups_rows(served):
@@ -952,6 +959,28 @@ class LoadsOnlyWhenAllowed:
 
     def predict(self, rows):
         return np.zeros(len(rows))
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_the_ray_deployment_holds_a_body_to_its_limit(tmp_path, declared):
+    """The deployment read a request's body whole, of any size, before a
+    row of it was looked at: past ``max_body`` it is a 413, by its
+    Content-Length or as it streams in."""
+    import asyncio
+
+    from manymodels.serve.ray import StoreModels
+
+    mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    models = StoreModels(str(tmp_path / "m"), poll=None, max_body=2000)
+    rows = [{"store": 1, "price": 0.5, "promo": 1}] * 100  # 3.4 KB
+    response = asyncio.run(models.answer(_Body(rows, declared=declared, chunk=500),
+                                         (None, None)))
+    assert response.status_code == 413
+    assert "over the limit of 2000" in json.loads(response.body)["error"]
+    small = asyncio.run(models.answer(_Body(rows[:10], declared=declared, chunk=100),
+                                      (None, None)))
+    assert small.status_code == 200 and len(json.loads(small.body)["predictions"]) == 10
 
 
 def test_the_ray_deployments_model_that_does_not_unpickle_is_named(tmp_path):

@@ -21,7 +21,7 @@ from .cache import ModelCache, ModelLoadError
 from .catalog import key_parts
 from .predictor import RequestError, predict_rows
 from .requests import MAX_BODY, json_answer, json_columns
-from .state import ServedStore, check_run_and_poll, log, open_served_store
+from .state import ServedStore, check_run_and_poll, log, open_served_store, parse_size
 
 #: The header naming a request's group key (Ray Serve's multiplexed model id).
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -49,8 +49,10 @@ class _Multiplexed:
 class StoreModels:
     """The body of the deployment (see :func:`deployment`): one per replica."""
 
-    def __init__(self, store: str, run: int | None = None, poll: float | None = 2.0) -> None:
+    def __init__(self, store: str, run: int | None = None, poll: float | None = 2.0,
+                 max_body: int = MAX_BODY) -> None:
         self.served = ServedStore(store, run, cache_models=4, cache_bytes=1 << 30, poll=poll)
+        self.max_body = max_body
         self.served.start()
 
     async def load(self, model_id: str) -> tuple[str | None, Any]:
@@ -99,8 +101,8 @@ class StoreModels:
         hold up the replica's event loop."""
         from starlette.responses import JSONResponse, Response
 
-        body = await request.body()
         try:
+            body = await _limited_body(request, self.max_body)
             result = await asyncio.to_thread(self._predict, body, loaded)
         except RequestError as exc:
             return JSONResponse({"error": str(exc)}, exc.status)
@@ -113,25 +115,46 @@ class StoreModels:
 
     def _predict(self, body: bytes, loaded: tuple[str | None, Any]) -> Any:
         catalog = self.served.catalog  # (and its store: one state of the store)
-        columns, n = json_columns(body, catalog.by, MAX_BODY)
+        columns, n = json_columns(body, catalog.by, self.max_body)
         return predict_rows(catalog, _Multiplexed(*loaded, self.served.cache),
                             columns, n, ordered=False)  # JSON rows
 
 
+async def _limited_body(request: Any, limit: int) -> bytes:
+    """A request's body, refused (413) once it passes ``limit`` bytes, by its
+    Content-Length or as it streams in (``manymodels serve``'s rule): read
+    whole, any size was held before a row of it was looked at."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of "
+                                f"{limit} (max_body)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is over the limit of {limit} bytes (max_body)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def deployment(store: str, *, run: int | None = None, max_models_per_replica: int = 3,
-               num_replicas: int = 1, poll: float | None = 2.0, **options: Any) -> Any:
+               num_replicas: int = 1, poll: float | None = 2.0,
+               max_body: int | str = MAX_BODY, **options: Any) -> Any:
     """A Ray Serve deployment of ``store``'s models: bind it and run it
     (``serve.run(deployment("models/").bind())``). ``max_models_per_replica``
-    is ``@serve.multiplexed``'s ``max_num_models_per_replica``; ``options``
-    go to ``@serve.deployment``."""
+    is ``@serve.multiplexed``'s ``max_num_models_per_replica``; ``max_body``
+    (bytes, or text like ``"64MiB"``) bounds a request's body as
+    ``manymodels serve --max-body`` does; ``options`` go to
+    ``@serve.deployment``."""
     from ray import serve
 
+    limit = parse_size(max_body, "max_body")
     store = _served_location(store, run, poll)
 
     @serve.deployment(num_replicas=num_replicas, **options)
     class ManyModels(StoreModels):
         def __init__(self) -> None:
-            super().__init__(store, run, poll)
+            super().__init__(store, run, poll, limit)
 
         @serve.multiplexed(max_num_models_per_replica=max_models_per_replica)
         async def get_model(self, model_id: str) -> tuple[str | None, Any]:
