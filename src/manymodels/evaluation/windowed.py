@@ -15,7 +15,7 @@ times, actuals and forecasts of all its windows, which make
 see :mod:`.horizons`) is scored on its ``h`` steps for the window's ``h``
 time steps instead of ``predict`` of
 the test rows' features. Successive halving
-(:mod:`manymodels.evaluation.selection`) runs on the same windows.
+(:mod:`manymodels.evaluation.halving`) runs on the same windows.
 """
 
 from __future__ import annotations
