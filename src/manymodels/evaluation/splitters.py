@@ -210,7 +210,24 @@ def _check_common(target: Any, features: Any, metrics: Any) -> tuple:
     for metric in metrics:
         if not callable(metric):
             _metrics.check_names([metric])
+    _refuse_a_metric_twice(metrics)
     return features, metrics
+
+
+def _refuse_a_metric_twice(metrics: tuple[Any, ...]) -> None:
+    """Refuse, naming it, a metric given twice (``["mae", "mae"]``, one
+    function twice): its column would be computed twice and kept once, and
+    a select= or a report counting metrics would count it twice. (Two
+    functions answering the same score name are refused where they answer,
+    :meth:`.windowed.GroupWindows.predict`: their names are known only then.)"""
+    seen: list[Any] = []
+    for metric in metrics:
+        if any(metric is other or (isinstance(metric, str) and metric == other)
+               for other in seen):
+            name = metric if isinstance(metric, str) else getattr(
+                metric, "__name__", type(metric).__name__)
+            raise ValueError(f"metrics= names the metric {name!r} twice: name it once")
+        seen.append(metric)
 
 
 @dataclass(frozen=True)
