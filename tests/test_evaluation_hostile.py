@@ -1039,3 +1039,20 @@ def test_mase_is_refused_where_the_training_rows_are_no_series():
             make()
     assert mm.holdout(0.2, target="y", metrics=["mase"], shuffle=False).metrics == ("mase",)
     assert mm.holdout(0, target="y", metrics=["mase"]).metrics == ("mase",)
+
+
+class _NoAnswer:
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), np.nan)
+
+
+def test_a_nan_prediction_scores_nan_by_f1_as_by_every_metric():
+    """f1 and balanced_accuracy (scikit-learn's) raised "Input y_pred contains
+    NaN": the group failed, where rmse or accuracy score the window."""
+    table = pd.DataFrame({"g": "a", "x": np.arange(12.0), "y": np.arange(12) % 2})
+    run = mm.train(lambda rows: _NoAnswer(), mm.groups(table, by="g"),
+                   evaluate=mm.kfold(3, target="y", metrics=["f1", "balanced_accuracy",
+                                                            "accuracy"]),
+                   backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok"]
+    assert run.evaluation[["f1", "balanced_accuracy"]].isna().all().all()
