@@ -273,6 +273,37 @@ def test_metric_functions_answer_numbers_named_apart_or_are_named():
     assert "returned a score named 'mae', which metrics= computes itself" in error
 
 
+def _pinball(q: float):
+    def score(model, rows):  # (every pinball loss is a function named score)
+        return {"pinball": q}
+    return score
+
+
+@pytest.mark.parametrize("make", [mm.holdout, mm.kfold,
+                                  lambda **kw: mm.backtest(time="t", horizon=1, **kw)])
+def test_a_metric_given_twice_is_refused_before_any_work_naming_it(make):
+    """metrics=["mae", "mae"] (one function twice) was taken: its column
+    computed twice and kept once."""
+    with pytest.raises(ValueError, match="metrics= names the metric 'mae' twice"):
+        make(target="y", metrics=["mae", "rmse", "mae"])
+    one = _pinball(0.5)
+    with pytest.raises(ValueError, match="metrics= names the metric 'score' twice"):
+        make(target="y", metrics=[one, one])
+    assert len(make(target="y", metrics=[_pinball(0.1), _pinball(0.9)]).metrics) == 2
+
+
+def test_two_metric_functions_answering_one_score_name_fail_naming_both():
+    """Two functions (one factory's, of one __name__) answering "pinball":
+    the second's score replaced the first's, silently."""
+    table = pd.DataFrame({"g": "a", "t": np.arange(12), "y": np.arange(12.0)})
+    evaluate = mm.backtest(time="t", horizon=2, windows=2, target="y",
+                           metrics=[_pinball(0.1), _pinball(0.9)])
+    run = mm.train(lambda rows: Const(0.0), mm.groups(table, by="g"), evaluate=evaluate,
+                   backend="serial", progress=False)
+    assert "metric functions score and score both returned a score named 'pinball'" in \
+        run.results["error"][0]
+
+
 def test_splitter_arguments_are_read_as_given():
     assert mm.holdout(0.2, target="y", features=(c for c in ["x"])).features == ("x",)
     assert mm.backtest(time="t", horizon=np.int64(7), windows=np.int32(2), step=np.int8(1),
@@ -995,3 +1026,33 @@ def test_log_loss_leaves_out_a_test_row_whose_actual_is_missing():
                                         metrics=["log_loss"]),
                    backend="serial", progress=False)
     assert run.evaluation["log_loss"].isna().all() and np.isnan(run.results["log_loss"].iloc[0])
+
+
+def test_mase_is_refused_where_the_training_rows_are_no_series():
+    """k folds and a shuffled holdout train on rows with test rows cut out:
+    mase's naive "one-step" differences spanned the gaps (or any two rows),
+    and was scored as a MASE, silently."""
+    for make in (lambda: mm.kfold(3, target="y", metrics=["mae", "mase"]),
+                 lambda: mm.kfold(3, target="y", metrics=["mase"], shuffle=False),
+                 lambda: mm.holdout(0.2, target="y", metrics=["mase"])):
+        with pytest.raises(ValueError, match="metrics= names 'mase', which .* cannot score"):
+            make()
+    assert mm.holdout(0.2, target="y", metrics=["mase"], shuffle=False).metrics == ("mase",)
+    assert mm.holdout(0, target="y", metrics=["mase"]).metrics == ("mase",)
+
+
+class _NoAnswer:
+    def predict(self, X) -> np.ndarray:
+        return np.full(len(X), np.nan)
+
+
+def test_a_nan_prediction_scores_nan_by_f1_as_by_every_metric():
+    """f1 and balanced_accuracy (scikit-learn's) raised "Input y_pred contains
+    NaN": the group failed, where rmse or accuracy score the window."""
+    table = pd.DataFrame({"g": "a", "x": np.arange(12.0), "y": np.arange(12) % 2})
+    run = mm.train(lambda rows: _NoAnswer(), mm.groups(table, by="g"),
+                   evaluate=mm.kfold(3, target="y", metrics=["f1", "balanced_accuracy",
+                                                            "accuracy"]),
+                   backend="serial", progress=False)
+    assert run.results["status"].tolist() == ["ok"]
+    assert run.evaluation[["f1", "balanced_accuracy"]].isna().all().all()

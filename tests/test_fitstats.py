@@ -151,3 +151,30 @@ def test_a_constant_target_has_no_r_squared_as_in_mm_linear():
     for name in ("r_squared", "adj_r_squared", "statistic", "p_value", "log_lik", "aic"):
         assert np.isnan(row[name]) and np.isnan(batched[name]), name
     assert row["deviance"] == batched["deviance"] == 0.0
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+def test_glance_of_a_weighted_fit_is_weighted_as_r_s_lm_and_mm_linear(intercept):
+    """A fit with sample_weight was glanced unweighted (r_squared, sigma, F,
+    log_lik of another model than the one fitted): given its weights, the
+    row is mm.linear's family="wls" row, rows of weight 0 left out as R's
+    lm leaves them."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 2))
+    y = X @ [1.0, -2.0] + rng.normal(size=40)
+    w = rng.uniform(0.2, 3.0, size=40)
+    w[:3] = 0.0
+    model = LinearRegression(fit_intercept=intercept).fit(X, y, sample_weight=w)
+    got = mm.glance(model, X, y, sample_weight=w)
+    frame = pd.DataFrame({"g": 0, "x1": X[:, 0], "x2": X[:, 1], "y": y, "w": w})
+    expected = mm.linear(frame, by="g", features=["x1", "x2"], target="y", family="wls",
+                         weights="w", fit_intercept=intercept).metrics.iloc[0]
+    assert got["nobs"] == 37 and got["df_residual"] == 37 - 2 - int(intercept)
+    for name, value in got.items():
+        assert value == pytest.approx(expected[name], rel=1e-8), name
+    unweighted = mm.glance(model, X, y)
+    assert unweighted["nobs"] == 40 and unweighted["sigma"] != pytest.approx(got["sigma"])
+    with pytest.raises(ValueError, match="sample_weight has 39 values but y has 40 rows"):
+        mm.glance(model, X, y, sample_weight=w[1:])
+    with pytest.raises(ValueError, match="sample_weight must be finite and >= 0"):
+        mm.glance(model, X, y, sample_weight=-w)

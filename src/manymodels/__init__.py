@@ -48,7 +48,7 @@ _EXPORTS = {
     "holdout": ".evaluation.splitters",
     "kfold": ".evaluation.splitters",
     "backtest": ".evaluation.splitters",
-    "halving": ".evaluation.selection",
+    "halving": ".evaluation.halving",
     "Checkpoint": ".engine.checkpoints",
     "Backend": ".engine.backends",
     "DaskBackend": ".engine.backends",
@@ -122,7 +122,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the names as they are
     from .engine.checkpoints import Checkpoint
     from .engine.scheduling import RunInterrupted, TooManyFailures
     from .evaluation.fitstats import glance
-    from .evaluation.selection import halving
+    from .evaluation.halving import halving
     from .evaluation.splitters import backtest, holdout, kfold
     from .inputs.grids import grid
     from .inputs.itemsource import items

@@ -41,6 +41,11 @@ no residual degrees of freedom, penalised or not (unpenalised, an
 interpolating fit, whose RSS is rounding: its log-likelihood would be
 noise), as :func:`manymodels.linear` gives them.
 
+Given ``sample_weight`` (the fit's weights: a model does not keep them),
+the statistics are those of R's ``lm(..., weights=)``: weighted sums of
+squares, ``log_lik`` plus half the sum of the weights' logarithms, ``n``
+the rows of weight above 0; without it they are unweighted.
+
 For a penalised model (ridge, lasso) they are the same formulas at its
 coefficients, as ``glance`` of a ``glmnet`` fit would not give: read them as
 descriptive. (statsmodels' ``OLS`` AIC and BIC leave sigma out of the count:
@@ -96,44 +101,84 @@ def _rank(X: Any, coef: np.ndarray, intercept: bool, penalised: bool) -> int:
     return int(intercept) + (int(np.linalg.matrix_rank(active)) if active.size else 0)
 
 
-def _flat_target(rss: float, tss: float, spread: float, n: int, mean: float,
+def _flat_target(rss: float, tss: float, spread: float, n: float, mean: float,
                  intercept: bool) -> tuple[float, float]:
     """A constant target's sums of squares as the zeros they are, by
-    :func:`manymodels.linear`'s rule: its spread about its mean is the mean's
-    rounding (0.1 seven times: 1e-33), which made ``r_squared`` 0, the
-    p-value 1 and the log-likelihood +262 where they have no value."""
+    :func:`manymodels.linear`'s rule (``n``: the rows' total weight): its
+    spread about its mean is the mean's rounding (0.1 seven times: 1e-33),
+    which made ``r_squared`` 0, the p-value 1 and the log-likelihood +262
+    where they have no value."""
     rounding = n * (64 * np.finfo(np.float64).eps * mean) ** 2
     if spread > rounding:
         return rss, tss
     return (0.0 if rss <= rounding else rss), (0.0 if intercept else tss)
 
 
-def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
+def _weights(sample_weight: Any, n: int) -> np.ndarray | None:
+    """``sample_weight`` checked (one finite weight >= 0 a row, not all 0),
+    naming the argument; None for none."""
+    if sample_weight is None:
+        return None
+    weights = np.asarray(sample_weight, dtype=float).ravel()
+    if len(weights) != n:
+        raise ValueError(f"glance: sample_weight has {len(weights)} values but y has {n} rows")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("glance: sample_weight must be finite and >= 0 (the weights the "
+                         "model was fitted with)")
+    if not np.any(weights > 0):
+        raise ValueError("glance: every sample_weight is 0: no row weighs anything")
+    return weights
+
+
+def _weighed_rows(X: Any, weights: np.ndarray | None) -> Any:
+    """``X``'s rows that weigh something, as the rank counts them (R's ``lm``
+    drops a row of weight 0)."""
+    if weights is None or np.all(weights > 0):
+        return X
+    import scipy.sparse
+
+    kept = weights > 0
+    return X[kept] if scipy.sparse.issparse(X) else np.asarray(X, dtype=float)[kept]
+
+
+def glance(model: Any, X: Any, y: Any, sample_weight: Any = None) -> dict[str, float]:
     """broom's ``glance`` of a fitted linear regression on the rows ``X, y`` it
     was fitted on: a dict of plain floats (``nobs``, ``df``, ``df_residual``
-    ints), ready to be ``fit``'s metrics. See the module's table."""
+    ints), ready to be ``fit``'s metrics. See the module's table.
+
+    ``sample_weight``: the weights the model was fitted with (a model does
+    not keep them): the statistics are then R's ``lm(..., weights=)`` ones
+    (weighted sums of squares, the weights' log-likelihood term, rows of
+    weight 0 left out of ``nobs``). Without it they are unweighted, whatever
+    the fit was."""
     from scipy import stats
 
     coef, intercept = _coefficients(model)
     y = np.asarray(y, dtype=float).ravel()
-    n = len(y)
-    if n == 0:
+    if len(y) == 0:
         raise ValueError("glance needs at least one row")
     unusable = int(np.count_nonzero(~np.isfinite(y)))
     if unusable:  # (every statistic came back NaN, beside nobs and df counting those rows)
         raise ValueError(f"glance: y has {unusable} missing or infinite value(s): pass the "
                          "rows the model was fitted on")
+    weights = _weights(sample_weight, len(y))
     fitted = np.asarray(model.predict(X), dtype=float).ravel()
-    if len(fitted) != n:
-        raise ValueError(f"X has {len(fitted)} rows but y has {n}")
+    if len(fitted) != len(y):
+        raise ValueError(f"X has {len(fitted)} rows but y has {len(y)}")
     penalised = any(hasattr(model, name) for name in ("alpha", "alpha_", "C", "l1_ratio",
                                                       "n_nonzero_coefs"))
-    p = _rank(X, coef, intercept, penalised)
+    p = _rank(_weighed_rows(X, weights), coef, intercept, penalised)
+    if weights is not None:  # (a row of weight 0 is no observation: R's nobs)
+        kept = weights > 0
+        y, fitted, weights = y[kept], fitted[kept], weights[kept]
+    w = np.ones(len(y)) if weights is None else weights
+    n = len(y)
     i = int(intercept)
-    rss = float(np.sum((y - fitted) ** 2))
-    spread = float(np.sum((y - y.mean()) ** 2))
-    tss = spread if intercept else float(np.sum(y ** 2))
-    rss, tss = _flat_target(rss, tss, spread, n, float(y.mean()), intercept)
+    mean = float(np.sum(w * y) / np.sum(w))
+    rss = float(np.sum(w * (y - fitted) ** 2))
+    spread = float(np.sum(w * (y - mean) ** 2))
+    tss = spread if intercept else float(np.sum(w * y ** 2))
+    rss, tss = _flat_target(rss, tss, spread, float(np.sum(w)), mean, intercept)
     df_residual = n - p
     r2 = 1.0 - rss / tss if tss > 0 else math.nan
     nan = math.nan
@@ -147,7 +192,9 @@ def glance(model: Any, X: Any, y: Any) -> dict[str, float]:
         statistic = p_value = nan
     # no residual degrees of freedom: a perfect fit by construction whose RSS is
     # rounding (1e-31: a log-likelihood of +67 from noise), as mm.linear has it
+    # (R's logLik.lm: the weights add half their logarithms' sum)
     log_lik = (-0.5 * n * (math.log(2 * math.pi) + math.log(rss / n) + 1)
+               + 0.5 * float(np.sum(np.log(w)))
                if rss > 0 and df_residual > 0 else nan)
     return {"r_squared": r2, "adj_r_squared": adj, "sigma": sigma, "statistic": statistic,
             "p_value": p_value, "df": df_model, "log_lik": log_lik,

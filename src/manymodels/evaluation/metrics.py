@@ -239,8 +239,18 @@ def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds
             out[name] = reduce(same.astype(float), starts) / counts
         else:
             fn = METRICS[name][0]
-            out[name] = np.array([fn(y[a:b], predicted[a:b]) for a, b in zip(starts, bounds[1:])])
+            out[name] = np.array([_label_score(fn, y[a:b], predicted[a:b])
+                                  for a, b in zip(starts, bounds[1:])])
     return {name: out[name] for name in names}
+
+
+def _label_score(fn: Callable[..., float], y: np.ndarray, predicted: np.ndarray) -> float:
+    """scikit-learn's ``fn`` of one window; NaN where a prediction is missing
+    (a failed forecast), as every other metric scores it: scikit-learn
+    raised "Input y_pred contains NaN", failing the whole group."""
+    if known_actuals(np.asarray(predicted)) is not None:
+        return float("nan")
+    return fn(y, predicted)
 
 
 def window_score_lists(names: list[str], y: np.ndarray, predicted: np.ndarray,

@@ -15,7 +15,7 @@ times, actuals and forecasts of all its windows, which make
 see :mod:`.horizons`) is scored on its ``h`` steps for the window's ``h``
 time steps instead of ``predict`` of
 the test rows' features. Successive halving
-(:mod:`manymodels.evaluation.selection`) runs on the same windows.
+(:mod:`manymodels.evaluation.halving`) runs on the same windows.
 """
 
 from __future__ import annotations
@@ -109,8 +109,11 @@ class GroupWindows:
             scores["log_loss"] = self._log_loss(model, test, number)
         if self.callables:
             rows = self.part(test)
+            answered: dict[str, Callable[..., Any]] = {}  # score name -> its function
             for metric in self.callables:
-                scores.update(self._own_scores(metric, metric(model, rows)))
+                own = self._own_scores(metric, metric(model, rows))
+                _refuse_a_score_twice(own, answered, metric)
+                scores.update(own)
         return predicted, scores
 
     def _log_loss(self, model: Any, test: Any, number: int) -> float | None:
@@ -239,6 +242,25 @@ class GroupWindows:
             if rows is not None:
                 table["rows"] = rows
         return table
+
+
+def _refuse_a_score_twice(own: dict[str, Any], answered: dict[str, Callable[..., Any]],
+                          metric: Callable[..., Any]) -> None:
+    """Refuse a score name that two metric functions answer (two of one
+    ``__name__``, made by one factory, say): the later one's score replaced
+    the earlier's, silently. ``answered`` maps each name so far to its
+    function; ``metric``'s names are added."""
+    for key in own:
+        earlier = answered.get(key)
+        if earlier is not None:
+            raise ValueError(f"metric functions {_function_name(earlier)} and "
+                             f"{_function_name(metric)} both returned a score named {key!r}: "
+                             "one would replace the other; name them apart")
+        answered[key] = metric
+
+
+def _function_name(metric: Callable[..., Any]) -> str:
+    return getattr(metric, "__name__", type(metric).__name__)
 
 
 def _one_per_row(predicted: Any, model: Any, rows: int, number: int) -> np.ndarray:

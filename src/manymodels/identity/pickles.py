@@ -104,6 +104,7 @@ PINNED_MODULES = {
     "manymodels.engine.partpacks": "manymodels.partpacks",
     "manymodels.engine.scheduling": "manymodels.scheduling",
     "manymodels.evaluation.fitstats": "manymodels.fitstats",
+    "manymodels.evaluation.halving": "manymodels.selection",
     "manymodels.evaluation.metrics": "manymodels.metrics",
     "manymodels.evaluation.selection": "manymodels.selection",
     "manymodels.evaluation.splitters": "manymodels.evaluation",

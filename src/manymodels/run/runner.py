@@ -22,13 +22,8 @@ from ..engine.execution import RunContext
 from ..engine.modelfiles import ModelFiles
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
-from ..evaluation.selection import (
-    Halving,
-    HalvingSearch,
-    Selection,
-    refuse_a_key_named_like,
-    stable_order,
-)
+from ..evaluation.halving import Halving, HalvingSearch, stable_order
+from ..evaluation.selection import Selection, refuse_a_key_named_like
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import plain_setting, task_identities
