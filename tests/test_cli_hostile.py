@@ -603,21 +603,6 @@ def test_the_metrics_help_and_error_list_every_regression_metric(tmp_path, train
     assert "use rmse, mse, mae, mape, smape, mase or r2" in " ".join(result.output.split())
 
 
-def test_mase_with_a_shuffled_holdout_or_folds_is_refused_before_any_work(tmp_path, trained):
-    """Each task built its splitter, which refuses mase there: every group
-    failed, one traceback each, where the option was at fault."""
-    _, _, table = trained
-    data = tmp_path / "sales.csv"
-    table.to_csv(data, index=False)
-    for split in ((), ("--cv", "3")):
-        result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
-                         "sklearn.linear_model.Ridge", "--store", tmp_path / "st",
-                         "--metrics", "mase", *split)
-        assert result.exit_code == 2, result.output
-        assert "use --test-size 0" in " ".join(result.output.split())
-    assert not (tmp_path / "st").exists()
-
-
 def test_train_says_which_features_it_chose_and_which_it_left_out(tmp_path):
     """One '?' in a price column read it as text: the price was dropped from
     every model, silently (the r2 fell from 0.96 to -0.45)."""

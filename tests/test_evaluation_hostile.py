@@ -1028,19 +1028,6 @@ def test_log_loss_leaves_out_a_test_row_whose_actual_is_missing():
     assert run.evaluation["log_loss"].isna().all() and np.isnan(run.results["log_loss"].iloc[0])
 
 
-def test_mase_is_refused_where_the_training_rows_are_no_series():
-    """k folds and a shuffled holdout train on rows with test rows cut out:
-    mase's naive "one-step" differences spanned the gaps (or any two rows),
-    and was scored as a MASE, silently."""
-    for make in (lambda: mm.kfold(3, target="y", metrics=["mae", "mase"]),
-                 lambda: mm.kfold(3, target="y", metrics=["mase"], shuffle=False),
-                 lambda: mm.holdout(0.2, target="y", metrics=["mase"])):
-        with pytest.raises(ValueError, match="metrics= names 'mase', which .* cannot score"):
-            make()
-    assert mm.holdout(0.2, target="y", metrics=["mase"], shuffle=False).metrics == ("mase",)
-    assert mm.holdout(0, target="y", metrics=["mase"]).metrics == ("mase",)
-
-
 class _NoAnswer:
     def predict(self, X) -> np.ndarray:
         return np.full(len(X), np.nan)

@@ -55,9 +55,7 @@ def train(
     metrics: str = typer.Option(None, help="Comma-separated: r2, mae, mse, rmse, mape, "
                                 "smape, mase (regression; default r2,mae), accuracy, f1, "
                                 "balanced_accuracy, log_loss (classification; default accuracy). "
-                                "The first one picks the best grid setting. mase needs "
-                                "--test-size 0: a shuffled holdout and --cv folds are no "
-                                "series to scale by."),
+                                "The first one picks the best grid setting."),
     test_size: float = typer.Option(None, help="Fraction of each group held out "
                                     "(default 0.2; 0 scores the fit on its own rows)."),
     cv: int = typer.Option(None, help="Cross-validate with this many folds instead."),

@@ -249,18 +249,6 @@ def _check_metrics(names: list[str], estimator: Any, model: str) -> None:
                             "--metrics")
 
 
-def _check_mase(names: list[str], test_size: float | None) -> None:
-    """Refuse ``mase`` with a shuffled holdout or ``--cv`` folds, before any
-    work (each task builds its splitter, which refuses it: every group
-    failed): its scale is the naive forecast of the training rows as a
-    series, and these cut test rows out of them."""
-    if "mase" in names and test_size != 0:
-        raise ArgumentError("metric 'mase' scales by the naive forecast of the training rows "
-                            "as a series, which a shuffled holdout and --cv folds cut test rows "
-                            "out of: use --test-size 0 (the fit's own rows) or another metric "
-                            "(mae)", "--metrics")
-
-
 def _check_split(test_size: float | None, cv: int | None) -> float | None:
     """The holdout fraction to use (0.2 unless given, None with ``cv``)."""
     if test_size is not None and cv is not None:
@@ -412,7 +400,6 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     metric_names = list(metrics or []) or (["accuracy"] if classifier else ["r2", "mae"])
     _check_metrics(metric_names, estimator, model)
     test_size = _check_split(test_size, cv)
-    _check_mase(metric_names, test_size)
     _check_run_options(backend, timeout, store)
     by_columns = [by] if isinstance(by, str) else list(by)
     try:

@@ -214,23 +214,6 @@ def _check_common(target: Any, features: Any, metrics: Any) -> tuple:
     return features, metrics
 
 
-def _refuse_mase_out_of_order(metrics: tuple[Any, ...], splitter: str) -> None:
-    """Refuse ``mase`` where the training rows are no series: its scale is
-    the naive one-step forecast's error over the training target in time
-    order (Hyndman & Koehler; statsforecast and sktime take it from the
-    training series), but k folds (shuffled or not) and a shuffled holdout
-    train on rows with the test rows cut out of them, so the "one-step"
-    differences spanned the gaps (or, in rows of no time order, any two
-    rows) and the score was no MASE. A backtest, an unshuffled holdout (the
-    last rows tested) and ``test_size=0`` (the fit's own rows) keep it."""
-    if "mase" in metrics:
-        raise ValueError(f"metrics= names 'mase', which {splitter} cannot score: its scale is "
-                         "the naive forecast of the training rows as a series, and these "
-                         "train on rows with test rows cut out of them; use mm.backtest("
-                         "time=...) or mm.holdout(shuffle=False) (the last rows tested), or "
-                         "another metric (mae)")
-
-
 def _refuse_a_metric_twice(metrics: tuple[Any, ...]) -> None:
     """Refuse, naming it, a metric given twice (``["mae", "mae"]``, one
     function twice): its column would be computed twice and kept once, and
@@ -441,12 +424,9 @@ def holdout(test_size: float = 0.2, *, target: str, features: Sequence[str] | No
     if isinstance(test_size, bool) or not isinstance(test_size, (int, float)) or not (
             0 <= test_size < 1):
         raise ValueError(f"test_size must lie in [0, 1), got {test_size!r}")
-    shuffle = _flag("holdout", "shuffle", shuffle)
-    if shuffle and test_size:
-        _refuse_mase_out_of_order(metrics, "a shuffled holdout")
     return Holdout(target=target, features=features, metrics=metrics,
                    refit=_final_model(final_model, refit),
-                   test_size=float(test_size), shuffle=shuffle,
+                   test_size=float(test_size), shuffle=_flag("holdout", "shuffle", shuffle),
                    seed=positive_int("seed", seed, 0))
 
 
@@ -456,7 +436,6 @@ def kfold(k: int = 5, *, target: str, features: Sequence[str] | None = None,
     """``k``-fold cross-validation within each group (shuffled by ``seed``)."""
     features, metrics = _check_common(target, features, metrics)
     k = positive_int("kfold's k (folds)", k, 2)
-    _refuse_mase_out_of_order(metrics, "k-fold cross-validation")
     return KFold(target=target, features=features, metrics=metrics,
                  refit=_final_model(final_model, refit), k=k,
                  shuffle=_flag("kfold", "shuffle", shuffle), seed=positive_int("seed", seed, 0))
