@@ -76,7 +76,7 @@ class Store(OpenedIndex):
 
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
         super().__init__(path, read_only)
-        self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
+        self._lookups = taskblocks.KeyLookups(kept=2)  # run_id -> its keys, sorted
         #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
         self._counts: dict[int, tuple[tuple, list[int]]] = {}
 
@@ -223,14 +223,8 @@ class Store(OpenedIndex):
         version = (run_id, *self._conn.execute(
             "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
             (run_id,)).fetchone())
-        lookup = self._lookups.pop(run_id, None)
-        if lookup is None or lookup.version != version:
-            lookup = None  # the old one is freed before the new one is read
-            lookup = taskblocks.KeyLookup(version, taskblocks.read_run(
-                self._conn, run_id, _LOOKUP_COLUMNS))
-        self._lookups[run_id] = lookup  # the latest last
-        while len(self._lookups) > 2:
-            self._lookups.pop(next(iter(self._lookups)))
+        lookup = self._lookups.get(run_id, version, lambda: taskblocks.read_run(
+            self._conn, run_id, _LOOKUP_COLUMNS))
         parts = key_parts(key)
         if len(key_columns) == 1 and len(parts) != 1:  # one column whose values are tuples
             parts = (key,)
