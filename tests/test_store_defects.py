@@ -249,6 +249,29 @@ def test_a_killed_run_is_marked_interrupted_when_the_store_is_next_opened(tmp_pa
     assert runs["status"].tolist() == ["interrupted"]
 
 
+def _large_packed(item):
+    return np.random.default_rng(item).random(20_000)  # 160 KB: packed, not compressible
+
+
+def test_gc_marks_a_run_whose_driver_died_since_the_store_was_opened_and_compacts(tmp_path):
+    """gc skipped compacting the index beside a run that read ``running``,
+    and one whose driver was killed after the Store was opened read so for
+    good: gc marks it ``interrupted``, as opening the store does, and
+    compacts."""
+    path = tmp_path / "store"
+    mm.train(_large_packed, mm.items(range(30)), store=path, backend="serial",
+             progress=False)
+    store = mm.Store(path)  # (a long-lived Store: a server's, a notebook's)
+    script = tmp_path / "driver.py"
+    script.write_text(KILLED_DRIVER)
+    assert subprocess.run([sys.executable, str(script), str(path)]).returncode == -9
+    store.delete(1)
+    store.gc()
+    assert store.runs()["status"].tolist() == ["interrupted"]
+    assert store._conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+    store.close()
+
+
 def test_a_running_run_of_a_live_driver_stays_running(tmp_path):
     store = tmp_path / "store"
     seen = []
