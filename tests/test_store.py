@@ -498,6 +498,62 @@ def test_one_store_used_from_several_threads(tmp_path):
     store.close()
 
 
+def _identity(item):
+    return item
+
+
+def test_threads_loading_from_one_store_share_its_key_lookups_safely(tmp_path, monkeypatch):
+    """The sorted keys a Store keeps of the runs last asked about are shared
+    by its threads under one lock: threads asking about a run at once read
+    its keys once (each read them, a million keys each), and keeping only
+    two runs' never races (an eviction raised KeyError, or "dictionary
+    changed size during iteration")."""
+    import threading
+
+    path = tmp_path / "store"
+    for _ in range(3):
+        mm.train(_identity, mm.items(range(1000)), store=path, backend="serial",
+                 reuse=False, progress=False)
+    store = mm.Store(path)
+    made: list[int] = []
+    real = taskblocks.KeyLookup
+
+    class CountedLookup(real):
+        def __init__(self, version, tasks):
+            made.append(version[0])
+            super().__init__(version, tasks)
+
+    monkeypatch.setattr(taskblocks, "KeyLookup", CountedLookup)
+    threads, errors, first = 8, [], []
+    together = threading.Barrier(threads)
+    then = threading.Barrier(threads, action=lambda: first.extend(made))
+
+    def load(seed: int) -> None:
+        try:
+            together.wait()
+            assert store.load(seed, run=1) == seed  # all at once: run 1 read once
+            then.wait()
+            for turn in range(60):  # three runs through a cache of two
+                run = (seed + turn) % 3 + 1
+                assert store.load(turn, run=run) == turn
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes
+    try:
+        workers = [threading.Thread(target=load, args=(seed,)) for seed in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors
+    assert first == [1]
+    store.close()
+
+
 def test_why_not_reused_names_a_model_found_corrupt_that_training_made_whole_again(tmp_path):
     """A model found corrupt is trained again; when the fit is deterministic
     its bytes are the same, the artifact whole once more, and why_not_reused

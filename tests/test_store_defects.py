@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
+from conftest import run_cli
 from manymodels.store import taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -247,6 +249,29 @@ def test_a_killed_run_is_marked_interrupted_when_the_store_is_next_opened(tmp_pa
     assert runs["status"].tolist() == ["interrupted"]
 
 
+def _large_packed(item):
+    return np.random.default_rng(item).random(20_000)  # 160 KB: packed, not compressible
+
+
+def test_gc_marks_a_run_whose_driver_died_since_the_store_was_opened_and_compacts(tmp_path):
+    """gc skipped compacting the index beside a run that read ``running``,
+    and one whose driver was killed after the Store was opened read so for
+    good: gc marks it ``interrupted``, as opening the store does, and
+    compacts."""
+    path = tmp_path / "store"
+    mm.train(_large_packed, mm.items(range(30)), store=path, backend="serial",
+             progress=False)
+    store = mm.Store(path)  # (a long-lived Store: a server's, a notebook's)
+    script = tmp_path / "driver.py"
+    script.write_text(KILLED_DRIVER)
+    assert subprocess.run([sys.executable, str(script), str(path)]).returncode == -9
+    store.delete(1)
+    store.gc()
+    assert store.runs()["status"].tolist() == ["interrupted"]
+    assert store._conn.execute("PRAGMA freelist_count").fetchone()[0] == 0
+    store.close()
+
+
 def test_a_running_run_of_a_live_driver_stays_running(tmp_path):
     store = tmp_path / "store"
     seen = []
@@ -270,7 +295,10 @@ def test_a_store_that_does_not_exist_is_refused_by_its_readers_and_made_by_a_run
     for read in (store.runs, store.results, lambda: store.load(1), store.models, store.gc,
                  store.verify, store.linear, lambda: store.why_not_reused(1),
                  lambda: store.export(path.with_suffix(".parquet")),
-                 lambda: store.predict(frame, by="g")):
+                 lambda: store.predict(frame, by="g"), store.evaluation, store.forecasts,
+                 store.integrity_check, lambda: store.attached("fallback"),
+                 lambda: store.attach(1, "fallback", 0), lambda: store.delete(1),
+                 lambda: store._conn):  # (the index's connection: what every reader uses)
         with pytest.raises(mm.StoreError, match=f"the store '{re.escape(str(path))}' does "
                                                 "not exist"):
             read()
@@ -1280,6 +1308,49 @@ def test_an_export_to_a_csv_name_or_an_object_store_is_refused_before_any_read(
         store.export(path if "://" in path else tmp_path / path)
     assert not (tmp_path / "results.csv").exists()
     assert len(pd.read_parquet(store.export(tmp_path / "results.parquet"))) == 2
+
+
+#: An export killed (SIGKILL) once its temporary file is written, before
+#: it is renamed into place.
+_KILLED_EXPORT = textwrap.dedent("""
+    import os, signal, sys
+    import pandas as pd
+    import manymodels as mm
+
+    write = pd.DataFrame.to_parquet
+    def write_then_die(frame, path, **options):
+        write(frame, path, **options)
+        os.kill(os.getpid(), signal.SIGKILL)
+    pd.DataFrame.to_parquet = write_then_die
+    mm.Store(sys.argv[1]).export(sys.argv[2])
+""")
+
+
+def test_a_temporary_file_a_killed_export_left_is_removed_by_the_next_export(tmp_path):
+    """A SIGKILL during export left its ``.NAME.xxxx.tmp`` beside the output
+    for good: the next export (the command line's too) removes one whose
+    process is gone and that no one wrote to for a minute; a live
+    process's, or a fresh one, stays."""
+    mm.train(lambda item: {"m": float(item)}, mm.items([1, 2]), store=tmp_path / "s",
+             backend="serial", progress=False)
+    out = tmp_path / "results.parquet"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(tmp_path / "s"),
+                             str(out)], capture_output=True)
+    assert killed.returncode == -9, killed.stderr
+    (left,) = tmp_path.glob(".results.parquet.*.tmp")
+    fresh = tmp_path / f".results.parquet.{killed.returncode + 2**22 + 7}.tmp"  # (no such pid)
+    live = tmp_path / f".results.parquet.{os.getppid()}.tmp"  # (a process that runs)
+    for file in (fresh, live):
+        file.write_bytes(b"part")
+    an_hour_ago = time.time() - 3600
+    for file in (left, live):
+        os.utime(file, (an_hour_ago, an_hour_ago))
+    assert len(pd.read_parquet(mm.Store(tmp_path / "s").export(out))) == 2
+    assert not left.exists() and fresh.exists() and live.exists()
+    os.utime(fresh, (an_hour_ago, an_hour_ago))
+    done = run_cli("export", tmp_path / "s", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert sorted(tmp_path.glob(".results.parquet.*")) == [live]
 
 
 #: Holds a store's index's write lock until its standard input closes (another

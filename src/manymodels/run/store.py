@@ -74,7 +74,6 @@ class Store(_Store):
         """The result ``mm.linear(..., store=, name=)`` saved (default: the
         latest of any name; ``run``: that run's), as a ``LinearResult``
         whose ``.predict`` works; checked against its SHA-256 first."""
-        self._refuse_missing()
         return linear_runs.load(self, name, run)
 
     def predict(self, table: Any, by: str | list[str] | None = None, method: str = "predict",

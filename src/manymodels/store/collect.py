@@ -21,6 +21,7 @@ from ..inputs.objectstores import child, is_remote, redacted, shown
 from . import packs, taskblocks
 from .checkpoints import collect_checkpoints
 from .database import INDEX_NAME, StoreError, write_error, write_transaction
+from .drivers import mark_dead_runs_interrupted
 
 #: How old a file no row names must be before it is collected: a run's
 #: worker may have written it, its row on its way (a second, usually; longer
@@ -65,6 +66,11 @@ def collect(conn: sqlite3.Connection, root: Path | str, folder: Path,
         dead_packs = [(p, n) for p, n in conn.execute("SELECT pack_id, models FROM packs")
                       if p not in referenced]
         conn.executemany("DELETE FROM packs WHERE pack_id = ?", [(p,) for p, _ in dead_packs])
+        # a run whose driver was killed since the store was opened reads
+        # running until it is marked: it is, as opening the store marks it,
+        # so that its files wait no longer than a stray's and the index is
+        # compacted (another machine's driver cannot be told, and stays running)
+        mark_dead_runs_interrupted(conn)
         running = {run_id for (run_id,) in conn.execute(
             "SELECT run_id FROM runs WHERE status = 'running'")}
     # a model in a file counts once its file is removed (one that could not

@@ -124,10 +124,10 @@ class OpenedIndex:
                 self._missing = False
 
     def _refuse_missing(self) -> None:
-        """Refuse to read a store that does not exist (one made since by
-        another process is opened now): where each public reader (and gc,
-        delete, attach) starts. The index's connection itself makes it, for
-        the writers below a run."""
+        """Refuse to use a store that does not exist: :attr:`_conn` does it
+        before anything reads the index (or gc, delete, attach write to it),
+        so that no reader can forget it. A run makes the store first
+        (:meth:`_make`); one made since by another process is opened."""
         if self._missing and not (self.path / database.INDEX_NAME).exists():
             raise database.StoreError(
                 f"the store {str(self.path)!r} does not exist (no index.sqlite there): "
@@ -236,8 +236,9 @@ class OpenedIndex:
         if self._closed:
             raise database.StoreError(f"the store {str(self)!r} was closed: open it again "
                                       "(mm.Store(...)) to use it")
-        if self._missing:  # (a write below a run's: readers refused it already)
-            self._make()
+        if self._missing:  # (a run makes it first: see _make)
+            self._refuse_missing()
+            self._make()  # made since by another process: opened as it is
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = database.connect(self.path, read_only=self.read_only, opened=True)
@@ -270,8 +271,8 @@ class OpenedIndex:
 
     def _require_writable(self, what: str) -> None:
         """Refuse ``what`` on a store open for reading only; on an object
-        store, bring the copy to what was published first (:meth:`_refresh`)."""
-        self._refuse_missing()
+        store, bring the copy to what was published first (:meth:`_refresh`).
+        A store that does not exist is refused by the first use of :attr:`_conn`."""
         if self.read_only:
             raise database.StoreError(
                 f"store {str(self)!r} is open for reading only (asked for, or its "

@@ -76,7 +76,7 @@ class Store(OpenedIndex):
 
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
         super().__init__(path, read_only)
-        self._lookups: dict[int, taskblocks.KeyLookup] = {}  # run_id -> its keys, sorted
+        self._lookups = taskblocks.KeyLookups(kept=2)  # run_id -> its keys, sorted
         #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
         self._counts: dict[int, tuple[tuple, list[int]]] = {}
 
@@ -91,7 +91,6 @@ class Store(OpenedIndex):
         ``.dt.tz_convert(zone)`` gives them in another zone,
         ``.dt.tz_localize(None)`` as naive UTC times.
         """
-        self._refuse_missing()
         frame = pd.read_sql_query(
             "SELECT run_id, started_at, finished_at, status, backend, workers, source, fit, "
             "tasks, ok, failed, reused, wall_s FROM runs ORDER BY run_id", self._conn)
@@ -129,7 +128,6 @@ class Store(OpenedIndex):
         run's, or with ``ended`` the latest that has ended (what the readers
         of models take: a run still being written holds some groups' models
         and not yet others', as ``serve`` leaves it out)."""
-        self._refuse_missing()
         if run is not None:
             run = run_number(run)
         if run is None:
@@ -223,14 +221,8 @@ class Store(OpenedIndex):
         version = (run_id, *self._conn.execute(
             "SELECT count(*), max(block_id) FROM task_blocks WHERE run_id = ?",
             (run_id,)).fetchone())
-        lookup = self._lookups.pop(run_id, None)
-        if lookup is None or lookup.version != version:
-            lookup = None  # the old one is freed before the new one is read
-            lookup = taskblocks.KeyLookup(version, taskblocks.read_run(
-                self._conn, run_id, _LOOKUP_COLUMNS))
-        self._lookups[run_id] = lookup  # the latest last
-        while len(self._lookups) > 2:
-            self._lookups.pop(next(iter(self._lookups)))
+        lookup = self._lookups.get(run_id, version, lambda: taskblocks.read_run(
+            self._conn, run_id, _LOOKUP_COLUMNS))
         parts = key_parts(key)
         if len(key_columns) == 1 and len(parts) != 1:  # one column whose values are tuples
             parts = (key,)
@@ -439,7 +431,6 @@ class Store(OpenedIndex):
         :mod:`.verify`). A store open for reading only is checked, not marked."""
         from .verify import verify_store
 
-        self._refuse_missing()
         if not self.read_only:
             self._refresh()
         found = verify_store(self._conn, self.root)
@@ -448,7 +439,6 @@ class Store(OpenedIndex):
 
     def integrity_check(self) -> str:
         """SQLite's own ``PRAGMA integrity_check`` ("ok" when sound)."""
-        self._refuse_missing()
         return self._conn.execute("PRAGMA integrity_check").fetchone()[0]
 
     # -- explaining reuse ------------------------------------------------------------
@@ -485,12 +475,15 @@ def _write_whole(frame: pd.DataFrame, path: Path) -> None:
     """``frame`` as the Parquet file ``path``, whole or not at all: written
     beside it under a temporary name, then renamed over it, so that a write
     cut short (a full disk) leaves no half file, and an earlier export at
-    ``path`` stays as it was. The error names the file."""
+    ``path`` stays as it was. The error names the file. The temporary
+    name holds the writer's process id: one a killed export left is
+    removed by the next export to ``path`` (:func:`remove_stale_temporaries`)."""
     import os
     import uuid
 
+    remove_stale_temporaries(path)
     # (a name of its own, made by the write: the file gets the umask's mode)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         frame.to_parquet(temporary, index=False)
         os.replace(temporary, path)
@@ -500,6 +493,42 @@ def _write_whole(frame: pd.DataFrame, path: Path) -> None:
             said = f"cannot write the export {str(path)!r}: {exc.strerror or exc}"
             raise (OSError(said) if exc.errno is None else OSError(exc.errno, said)) from exc
         raise
+
+
+#: How long a temporary file of an export whose process is gone is left:
+#: a process of another machine writing beside it (a shared folder) has an
+#: id this machine does not know, and its file is written to as it goes.
+STALE_TEMPORARY_S = 60.0
+
+
+def remove_stale_temporaries(path: Path) -> int:
+    """Remove the temporary files of earlier writes of ``path`` that were
+    killed before they could (``.NAME.PID.tmp``, the command line's,
+    ``.NAME.PID.HEX.tmp``, :func:`_write_whole`'s): those whose process
+    is not running on this machine and that no one wrote to for
+    :data:`STALE_TEMPORARY_S`. How many were removed."""
+    import re
+    import time
+
+    import psutil
+
+    own = re.compile(rf"\.{re.escape(path.name)}\.(\d+)(?:\.[0-9a-f]{{12}})?\.tmp")
+    removed = 0
+    try:
+        beside = list(path.parent.iterdir())
+    except OSError:  # (a folder that is not there is said by the write itself)
+        return 0
+    for file in beside:
+        found = own.fullmatch(file.name)
+        if found is None or psutil.pid_exists(int(found[1])):
+            continue
+        try:
+            if time.time() - file.lstat().st_mtime > STALE_TEMPORARY_S:
+                file.unlink()
+                removed += 1
+        except OSError:  # gone meanwhile, or not this user's to remove
+            continue
+    return removed
 
 
 def _find_row(lookup: taskblocks.KeyLookup, parts: tuple) -> int | None:

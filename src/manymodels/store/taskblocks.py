@@ -20,7 +20,7 @@ reusable without a migration.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -487,7 +487,9 @@ class KeyLookup:
         from ..inputs.keys import instant_text
 
         if self._instants is None:
-            self._instants = {}
+            # filled aside, then kept: a lookup is shared by a Store's threads,
+            # and another one finding it half filled would miss the key
+            instants: dict[str, int] = {}
             for row, text in enumerate(self.tasks["key"].to_pylist()):
                 if "$datetime" in text:
                     try:
@@ -495,7 +497,38 @@ class KeyLookup:
                     except ValueError:
                         continue
                     if found is not None:
-                        self._instants[found] = row  # (the last in task order)
+                        instants[found] = row  # (the last in task order)
+            self._instants = instants
         return self._instants.get(instant)
+
+
+class KeyLookups:
+    """The :class:`KeyLookup` of the runs last asked about (``kept`` of them),
+    each until its run gains a block, shared by the threads of one Store
+    (a server's, a user's pool calling ``load``). One lock guards them and
+    the read of a run's keys: two threads asking about a run not kept read
+    it once, not once each (a million keys each), and the eviction of one
+    never races another's (it raised ``KeyError`` or "dictionary changed
+    size during iteration")."""
+
+    def __init__(self, kept: int = 2) -> None:
+        import threading
+
+        self._kept = kept
+        self._lookups: dict[int, KeyLookup] = {}  # run_id -> its lookup, the latest last
+        self._lock = threading.Lock()
+
+    def get(self, run_id: int, version: tuple, read: Callable[[], pa.Table]) -> KeyLookup:
+        """``run_id``'s lookup at ``version`` (its block count and last block),
+        made from ``read()`` where the one kept is older or there is none."""
+        with self._lock:
+            lookup = self._lookups.pop(run_id, None)
+            if lookup is None or lookup.version != version:
+                lookup = None  # the old one is freed before the new one is read
+                lookup = KeyLookup(version, read())
+            self._lookups[run_id] = lookup
+            while len(self._lookups) > self._kept:
+                self._lookups.pop(next(iter(self._lookups)))
+            return lookup
 
 
