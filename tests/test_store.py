@@ -20,7 +20,7 @@ import pytest
 
 import manymodels as mm
 from conftest import fit_linear, run_cli
-from manymodels.store import taskblocks
+from manymodels.store import keylookups, taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -516,14 +516,14 @@ def test_threads_loading_from_one_store_share_its_key_lookups_safely(tmp_path, m
                  reuse=False, progress=False)
     store = mm.Store(path)
     made: list[int] = []
-    real = taskblocks.KeyLookup
+    real = keylookups.KeyLookup
 
     class CountedLookup(real):
         def __init__(self, version, tasks):
             made.append(version[0])
             super().__init__(version, tasks)
 
-    monkeypatch.setattr(taskblocks, "KeyLookup", CountedLookup)
+    monkeypatch.setattr(keylookups, "KeyLookup", CountedLookup)
     threads, errors, first = 8, [], []
     together = threading.Barrier(threads)
     then = threading.Barrier(threads, action=lambda: first.extend(made))

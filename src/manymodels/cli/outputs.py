@@ -113,7 +113,7 @@ def written(out: str, option: str = "--out") -> Iterator[Path]:
     target = Path(out).resolve()  # (a link: the file it names is replaced, not the link)
     in_place = target.exists() and not target.is_file()
     if not in_place:  # those a killed command (kill -9) left beside it
-        from ..store.registry import remove_stale_temporaries
+        from ..store.wholefiles import remove_stale_temporaries
 
         remove_stale_temporaries(target)
     temporary = target if in_place else target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -16,21 +16,18 @@ import pyarrow.compute as pc
 
 from ..engine.messages import FAILURE_STATUSES, Status
 from ..inputs.keys import (
-    canonical,
     decode_key,
     decode_keys,
-    encode_key,
-    instant_text,
     key_column,
     key_parts,
     latest_per_group,
-    stored_object_texts,
-    typed_otherwise,
 )
 from . import artifacts, database, drivers, taskblocks
 from .deletion import delete_run
+from .keylookups import KeyLookups, find_row
 from .lazymodels import ModelMap, StoredModel
 from .opening import OpenedIndex
+from .wholefiles import write_whole
 
 _TASK_COLUMNS = ["status", "attempts", "duration_s", "started_at", "worker", "reused_from",
                  "error", "artifact", "size"]
@@ -76,7 +73,7 @@ class Store(OpenedIndex):
 
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
         super().__init__(path, read_only)
-        self._lookups = taskblocks.KeyLookups(kept=2)  # run_id -> its keys, sorted
+        self._lookups = KeyLookups(kept=2)  # run_id -> its keys, sorted
         #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
         self._counts: dict[int, tuple[tuple, list[int]]] = {}
 
@@ -226,11 +223,11 @@ class Store(OpenedIndex):
         parts = key_parts(key)
         if len(key_columns) == 1 and len(parts) != 1:  # one column whose values are tuples
             parts = (key,)
-        row = _find_row(lookup, parts)
+        row = find_row(lookup, parts)
         if row is None and len(key_columns) == 1 and isinstance(key, tuple) and len(key) == 1:
             # a one-column key whose value is a tuple of one, (3,): read first
             # as the value 3, given as a tuple; else as the value (3,)
-            row = _find_row(lookup, (key,))
+            row = find_row(lookup, (key,))
         if row is None:
             raise KeyError(f"run {run_id} has no task with key {key!r}")
         return {name: lookup.tasks[name][row].as_py() for name in columns}
@@ -364,7 +361,7 @@ class Store(OpenedIndex):
                 if len(values) and not values.map(lambda v: isinstance(v, str)).all():
                     frame[column] = frame[column].map(
                         lambda v: None if v is None else str(v))
-        _write_whole(frame, path)
+        write_whole(frame, path)
         return path
 
     # -- housekeeping --------------------------------------------------------------
@@ -469,86 +466,6 @@ def _check_export_path(path: str | Path) -> None:
         raise ValueError(f"export writes Parquet, not {Path(path).suffix!r} "
                          f"({str(path)!r}): name it .parquet (store.results().to_csv writes a "
                          "CSV)")
-
-
-def _write_whole(frame: pd.DataFrame, path: Path) -> None:
-    """``frame`` as the Parquet file ``path``, whole or not at all: written
-    beside it under a temporary name, then renamed over it, so that a write
-    cut short (a full disk) leaves no half file, and an earlier export at
-    ``path`` stays as it was. The error names the file. The temporary
-    name holds the writer's process id: one a killed export left is
-    removed by the next export to ``path`` (:func:`remove_stale_temporaries`)."""
-    import os
-    import uuid
-
-    remove_stale_temporaries(path)
-    # (a name of its own, made by the write: the file gets the umask's mode)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        frame.to_parquet(temporary, index=False)
-        os.replace(temporary, path)
-    except BaseException as exc:
-        temporary.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            said = f"cannot write the export {str(path)!r}: {exc.strerror or exc}"
-            raise (OSError(said) if exc.errno is None else OSError(exc.errno, said)) from exc
-        raise
-
-
-#: How long a temporary file of an export whose process is gone is left:
-#: a process of another machine writing beside it (a shared folder) has an
-#: id this machine does not know, and its file is written to as it goes.
-STALE_TEMPORARY_S = 60.0
-
-
-def remove_stale_temporaries(path: Path) -> int:
-    """Remove the temporary files of earlier writes of ``path`` that were
-    killed before they could (``.NAME.PID.tmp``, the command line's,
-    ``.NAME.PID.HEX.tmp``, :func:`_write_whole`'s): those whose process
-    is not running on this machine and that no one wrote to for
-    :data:`STALE_TEMPORARY_S`. How many were removed."""
-    import re
-    import time
-
-    import psutil
-
-    own = re.compile(rf"\.{re.escape(path.name)}\.(\d+)(?:\.[0-9a-f]{{12}})?\.tmp")
-    removed = 0
-    try:
-        beside = list(path.parent.iterdir())
-    except OSError:  # (a folder that is not there is said by the write itself)
-        return 0
-    for file in beside:
-        found = own.fullmatch(file.name)
-        if found is None or psutil.pid_exists(int(found[1])):
-            continue
-        try:
-            if time.time() - file.lstat().st_mtime > STALE_TEMPORARY_S:
-                file.unlink()
-                removed += 1
-        except OSError:  # gone meanwhile, or not this user's to remove
-            continue
-    return removed
-
-
-def _find_row(lookup: taskblocks.KeyLookup, parts: tuple) -> int | None:
-    """The row of ``lookup`` whose key is ``parts``, as stored or as the
-    same values typed otherwise (an object's stored text, a time of a zone
-    given in another, a whole number given as 2.0 or "2"); None if none."""
-    row = lookup.find(encode_key(parts))
-    for text in () if row is not None else stored_object_texts(parts):
-        row = lookup.find(text)
-        if row is not None:
-            return row
-    instant = None if row is not None else instant_text([canonical(v) for v in parts])
-    if instant is not None:  # a time of a zone, given in another
-        row = lookup.find_instant(instant)
-    if row is None and len(parts) <= 8:  # a whole number typed otherwise (2.0, "2")
-        for variant in typed_otherwise(parts):
-            row = lookup.find(encode_key(variant))
-            if row is not None:
-                break
-    return row
 
 
 def _with_models(tasks: pa.Table) -> pa.Table:

@@ -20,7 +20,7 @@ reusable without a migration.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -449,86 +449,3 @@ def insert_same_as(conn: sqlite3.Connection, run_id: int, source: int, tasks: in
     conn.execute("INSERT INTO task_blocks(run_id, tasks, trained, data, same_as) "
                  "VALUES (?, ?, 0, ?, ?)", (run_id, tasks, encode(table({"task_index": []})),
                                            source))
-
-
-class KeyLookup:
-    """A run's tasks with their keys sorted once: a task found by its encoded
-    key in a binary search (Arrow sorts strings by their UTF-8 bytes, which is
-    the order of Python's ``<`` on them)."""
-
-    def __init__(self, version: tuple, tasks: pa.Table) -> None:
-        self.version, self.tasks = version, tasks
-        self._order = pc.sort_indices(tasks["key"]).to_numpy()
-        self._sorted = tasks["key"].take(pa.array(self._order))
-        self._instants: dict[str, int] | None = None
-
-    def find(self, key: str) -> int | None:
-        """The row of the task with ``key`` (the last in task order if two
-        have it), or None."""
-        keys, low, high = self._sorted, 0, len(self._sorted)
-        while low < high:
-            middle = (low + high) // 2
-            if keys[middle].as_py() < key:
-                low = middle + 1
-            else:
-                high = middle
-        rows = []
-        while low < len(keys) and keys[low].as_py() == key:
-            rows.append(int(self._order[low]))
-            low += 1
-        return max(rows) if rows else None
-
-    def find_instant(self, instant: str) -> int | None:
-        """The row of the task whose key, its zone-aware times as UTC
-        instants, is ``instant`` (:func:`~manymodels.inputs.keys.instant_text`):
-        a time of a zone given in another. Indexed at the first such lookup."""
-        import json
-
-        from ..inputs.keys import instant_text
-
-        if self._instants is None:
-            # filled aside, then kept: a lookup is shared by a Store's threads,
-            # and another one finding it half filled would miss the key
-            instants: dict[str, int] = {}
-            for row, text in enumerate(self.tasks["key"].to_pylist()):
-                if "$datetime" in text:
-                    try:
-                        found = instant_text(json.loads(text))
-                    except ValueError:
-                        continue
-                    if found is not None:
-                        instants[found] = row  # (the last in task order)
-            self._instants = instants
-        return self._instants.get(instant)
-
-
-class KeyLookups:
-    """The :class:`KeyLookup` of the runs last asked about (``kept`` of them),
-    each until its run gains a block, shared by the threads of one Store
-    (a server's, a user's pool calling ``load``). One lock guards them and
-    the read of a run's keys: two threads asking about a run not kept read
-    it once, not once each (a million keys each), and the eviction of one
-    never races another's (it raised ``KeyError`` or "dictionary changed
-    size during iteration")."""
-
-    def __init__(self, kept: int = 2) -> None:
-        import threading
-
-        self._kept = kept
-        self._lookups: dict[int, KeyLookup] = {}  # run_id -> its lookup, the latest last
-        self._lock = threading.Lock()
-
-    def get(self, run_id: int, version: tuple, read: Callable[[], pa.Table]) -> KeyLookup:
-        """``run_id``'s lookup at ``version`` (its block count and last block),
-        made from ``read()`` where the one kept is older or there is none."""
-        with self._lock:
-            lookup = self._lookups.pop(run_id, None)
-            if lookup is None or lookup.version != version:
-                lookup = None  # the old one is freed before the new one is read
-                lookup = KeyLookup(version, read())
-            self._lookups[run_id] = lookup
-            while len(self._lookups) > self._kept:
-                self._lookups.pop(next(iter(self._lookups)))
-            return lookup
-
-
