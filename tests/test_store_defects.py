@@ -1206,7 +1206,8 @@ def test_a_linear_model_given_a_date_for_a_number_is_refused_not_answered(tmp_pa
     mm.train(_ridge_of_price_and_promo, mm.groups(frame, by="store"), store=tmp_path / "s",
              backend="serial", progress=False)
     dated = frame.drop(columns="sales").assign(price=pd.Timestamp("2020-01-01"))
-    with pytest.raises(RuntimeError, match="DateTime64DType"):
+    with pytest.raises(ValueError, match=r"(?s)^predicting group 's0': column 'price' holds "
+                                         "datetimes.*DateTime64DType"):
         mm.Store(tmp_path / "s").predict(dated, by="store", backend="serial")
 
 
@@ -1412,3 +1413,26 @@ def test_a_value_the_model_refuses_is_said_naming_its_column_and_group(tmp_path)
                                            r"the moon is in the wrong phase\n") as caught:
         picky.store.predict(frame, by="g", features=["x"])
     assert "Traceback" in str(caught.value)  # after the message, for the model's author
+
+
+def _ridge_of_two(rows):
+    from sklearn.linear_model import Ridge
+
+    return Ridge().fit(rows[["x", "z"]], rows["y"])
+
+
+def test_features_other_than_the_models_are_refused_naming_both(tmp_path):
+    """features= in another order, a subset, or with the key in it, failed in
+    every group with scikit-learn's message about feature names (a wall of
+    traceback), not naming features=."""
+    frame = pd.DataFrame({"g": ["a"] * 5 + ["b"] * 5, "x": np.arange(10.0),
+                          "z": np.ones(10), "y": np.arange(10.0)})
+    mm.train(_ridge_of_two, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    for features, why in [(["z", "x"], "in another order, or repeated"), (["x"], "it lacks 'z'"),
+                          (["g", "x", "z"], "'g' is not one of them")]:
+        said = f"features={features!r}, but the model of group 'a' (Ridge) was fitted on " \
+               f"['x', 'z'] ({why})"
+        with pytest.raises(ValueError, match="^" + re.escape(said)):
+            store.predict(frame, by="g", features=features)

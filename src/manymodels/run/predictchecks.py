@@ -58,8 +58,8 @@ def _numbers_refused(column: np.ndarray, said: str) -> str | None:
 def refused_value(rows: Any, names: Sequence[str], exc: Exception) -> str | None:
     """``column 'x' holds ...``: the first feature column of a group's
     ``rows`` that holds a value its model refused with ``exc`` (text that is
-    no number, a NaN or an infinity its message speaks of), or None when no
-    column explains it."""
+    no number, datetimes, a NaN or an infinity its message speaks of), or
+    None when no column explains it."""
     if not isinstance(exc, (ValueError, TypeError)):
         return None
     said = str(exc).lower()
@@ -74,6 +74,8 @@ def refused_value(rows: Any, names: Sequence[str], exc: Exception) -> str | None
             if what is None and column.dtype.kind == "O" and "nan" in said:
                 missing = [v for v in column if v is None or v != v]
                 what = f"a missing value ({missing[0]!r})" if missing else None
+        elif column.dtype.kind in "Mm" and len(column):
+            what = f"{'datetimes' if column.dtype.kind == 'M' else 'durations'} ({column[0]!r})"
         else:
             what = _numbers_refused(column, said)
         if what is not None:
@@ -176,3 +178,24 @@ def check_key_types(by: Sequence[str], planned: Sequence[tuple], unseen: Sequenc
 def _kind_text(kinds: set[str]) -> str:
     names = sorted(kinds - {"number"} if kinds > {"number"} and "text" in kinds else kinds)
     return " and ".join(f"{k}s" if not k.endswith("s") else k for k in names)
+
+
+def check_feature_order(model: Any, features: Sequence[str] | None, named: str) -> None:
+    """Refuse ``features=`` other than the columns a scikit-learn ``model``
+    (the model of ``named``) was fitted on, in their order
+    (``feature_names_in_``): scikit-learn refuses them in every group, in a
+    message about feature names, not ``features=``."""
+    fitted = getattr(model, "feature_names_in_", None)
+    if (features is None or fitted is None
+            or not type(model).__module__.startswith("sklearn.")):
+        return
+    fitted = [str(name) for name in fitted]
+    if list(features) == fitted:
+        return
+    missing = [name for name in fitted if name not in features]
+    why = (f"it lacks {missing[0]!r}" if missing else
+           f"{[n for n in features if n not in fitted][0]!r} is not one of them"
+           if set(features) - set(fitted) else "in another order, or repeated")
+    raise ValueError(f"features={list(features)!r}, but the model of {named} "
+                     f"({type(model).__name__}) was fitted on {fitted!r} ({why}): give "
+                     "those, in that order, or leave features= out")

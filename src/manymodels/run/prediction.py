@@ -24,7 +24,12 @@ import pyarrow as pa
 from ..inputs.keys import TypedKeys, encode_key, encode_keys
 from ..store.database import StoreIntegrityError
 from ..store.lazymodels import StoredModel
-from .predictchecks import check_key_types, refusal, refuse_text_features
+from .predictchecks import (
+    check_feature_order,
+    check_key_types,
+    refusal,
+    refuse_text_features,
+)
 from .predictchunks import (
     CHUNK,
     CHUNKS_PER_WORKER,
@@ -116,14 +121,17 @@ class GroupPredictor:
         """The columns ``model`` (the model of ``named``) is given
         (:meth:`feature_names`). Refuses, naming the column or the method,
         what it cannot predict: a feature it was fitted on that is not among
-        ``columns``, or a ``method`` it lacks. Checked on one model before
-        any group runs, and on each group's own model, so that the error
+        ``columns``, ``features`` other than a scikit-learn model's
+        ``feature_names_in_`` (in their order), or a ``method`` it lacks.
+        Checked on one model before any group runs, and on each group's own
+        model, so that the error
         says what is wrong rather than the model's ``KeyError`` deep in a
         traceback."""
         if not callable(getattr(model, self.method, None)):
             raise ValueError(f"method={self.method!r}, but the model of {named} "
                              f"({type(model).__name__}) has no method {self.method!r}")
         names = self.feature_names(model, columns)
+        check_feature_order(model, self.features, named)
         missing = [c for c in names if c not in columns]
         if missing:
             raise ValueError(f"column {missing[0]!r} is not in the table to predict: the "
@@ -314,8 +322,9 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     would take more than :data:`PARALLEL_ABOVE_S`, they go to worker
     processes. The number of groups alone misleads both ways: a forecaster
     whose ``predict`` takes 50 ms a group is worth workers at 20 groups, a
-    linear model is not at 5,000. A probe that fails leaves the error to the
-    run itself, which names the group."""
+    linear model is not at 5,000. A group of the probe that fails
+    (:class:`.predictchunks.FailedProbe`) is raised at once, as the run
+    would raise it once its workers had started."""
     import os
 
     groups = len(layout.lengths)
@@ -326,10 +335,8 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     try:
         each = measure(stored, layout.table, layout.offsets, layout.lengths, as_rows,
                        resource, PROBE_GROUPS)
-    except FailedProbe as exc:
-        if exc.failure.refused:  # the table's value: the run would refuse it the same way
-            raise
-        return backend or "processes", max(1, -(-groups // (width * CHUNKS_PER_WORKER)))
+    except FailedProbe:  # the run would fail on that group the same way, after starting workers
+        raise
     except Exception:
         return backend or "processes", max(1, -(-groups // (width * CHUNKS_PER_WORKER)))
     finally:
