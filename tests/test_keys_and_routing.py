@@ -579,3 +579,23 @@ def test_a_model_fitted_on_arrays_is_refused_more_columns_than_it_read(tmp_path)
     expected = [store.load(g).predict(frame.loc[[i], ["x1", "x2"]].to_numpy())[0]
                 for i, g in frame["g"].items()]
     np.testing.assert_allclose(got.to_numpy(), expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("retyped", ["zone-aware", "date", "text"])
+def test_a_key_column_typed_otherwise_than_the_stored_keys_is_refused_naming_both(
+        tmp_path, retyped):
+    """Naive datetime keys asked for as zone-aware ones, dates or text match
+    no stored key: every row came back NaN (or went to the fallback model,
+    silently). The error names the key column and both types."""
+    frame = _table(KEY_COLUMNS["datetime"])
+    run = mm.train(fit_lr, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+                   progress=False)
+    store = mm.Store(tmp_path / "s")
+    store.attach(run.run_id, "fallback", LinearRegression().fit(frame[["x"]], frame["y"]))
+    keys = {"zone-aware": frame["k"].dt.tz_localize("UTC"), "date": frame["k"].dt.date,
+            "text": frame["k"].astype(str)}[retyped]
+    said = {"zone-aware": "zone-aware datetimes", "date": "dates", "text": "texts"}[retyped]
+    with pytest.raises(ValueError, match=f"key column 'k' of the table to predict holds "
+                                         f"{said}.*stored under keys of naive datetimes"):
+        store.predict(frame.assign(k=keys), by="k", features=["x"])
+    assert store.predict(frame, by="k", features=["x"]).notna().all()  # as trained: found

@@ -1144,8 +1144,8 @@ def test_a_linear_models_row_with_a_missing_feature_is_refused_as_scikit_learn_d
                          backend="serial")
     assert np.isfinite(fine).all()
     for bad in (np.nan, np.inf):
-        with pytest.raises(RuntimeError, match=r"(?s)predicting group 'a' failed.*Input X "
-                                               "contains (NaN|infinity)"):
+        with pytest.raises(ValueError, match=r"(?s)predicting group 'a': column 'x' holds "
+                                             r"(NaN|infinity).*Input X contains (NaN|infinity)"):
             store.predict(pd.DataFrame({"g": ["a", "b"], "x": [bad, 2.0]}), by="g",
                           backend="serial")
 
@@ -1234,7 +1234,8 @@ def test_a_linear_model_given_a_date_for_a_number_is_refused_not_answered(tmp_pa
     mm.train(_ridge_of_price_and_promo, mm.groups(frame, by="store"), store=tmp_path / "s",
              backend="serial", progress=False)
     dated = frame.drop(columns="sales").assign(price=pd.Timestamp("2020-01-01"))
-    with pytest.raises(RuntimeError, match="DateTime64DType"):
+    with pytest.raises(ValueError, match=r"(?s)^predicting group 's0': column 'price' holds "
+                                         "datetimes.*DateTime64DType"):
         mm.Store(tmp_path / "s").predict(dated, by="store", backend="serial")
 
 
@@ -1449,3 +1450,60 @@ def test_gc_beside_a_running_run_leaves_the_index_uncompacted(tmp_path):
         assert opened.gc() == 0
         assert opened._conn.execute("PRAGMA freelist_count").fetchone() == (0,)
         assert float(opened.load(2)[0]) == 2.0
+
+
+class _Picky:
+    """A model that refuses a row for a reason no column explains."""
+
+    def predict(self, X):
+        raise ArithmeticError("the moon is in the wrong phase")
+
+
+def test_a_value_the_model_refuses_is_said_naming_its_column_and_group(tmp_path):
+    """Text in a numeric feature (refused before any group runs), a NaN
+    (said with the group, the column and the model's own message, as a
+    ValueError: the table's fault), and any other error of a model (its
+    message first, not the worker's traceback)."""
+    frame = pd.DataFrame({"g": ["a"] * 5 + ["b"] * 5, "x": np.arange(10.0), "y": np.arange(10.0)})
+    mm.train(_ridge_of_group, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    text = pd.DataFrame({"g": ["a", "b"], "x": ["2.5", "hello"]})
+    for backend in (None, "threads"):
+        with pytest.raises(ValueError, match=r"^column 'x' of the table to predict holds text "
+                                             r"\('hello'\), but the model of group 'a' \(Ridge\)"):
+            store.predict(text, by="g", backend=backend)
+        with pytest.raises(ValueError, match=r"^predicting group 'b': column 'x' holds NaN "
+                                             r"\(1 of its 1 row\(s\)\), which its model \(Ridge\) "
+                                             r"refuses: ValueError: Input X contains NaN"):
+            store.predict(pd.DataFrame({"g": ["a", "b"], "x": [1.0, np.nan]}), by="g",
+                          backend=backend, workers=2)
+    picky = mm.train(lambda rows: _Picky(), mm.groups(frame, by="g"), store=tmp_path / "p",
+                     backend="serial", progress=False)
+    with pytest.raises(RuntimeError, match=r"^predicting group 'a' failed: ArithmeticError: "
+                                           r"the moon is in the wrong phase\n") as caught:
+        picky.store.predict(frame, by="g", features=["x"])
+    assert "Traceback" in str(caught.value)  # after the message, for the model's author
+
+
+def _ridge_of_two(rows):
+    from sklearn.linear_model import Ridge
+
+    return Ridge().fit(rows[["x", "z"]], rows["y"])
+
+
+def test_features_other_than_the_models_are_refused_naming_both(tmp_path):
+    """features= in another order, a subset, or with the key in it, failed in
+    every group with scikit-learn's message about feature names (a wall of
+    traceback), not naming features=."""
+    frame = pd.DataFrame({"g": ["a"] * 5 + ["b"] * 5, "x": np.arange(10.0),
+                          "z": np.ones(10), "y": np.arange(10.0)})
+    mm.train(_ridge_of_two, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    for features, why in [(["z", "x"], "in another order, or repeated"), (["x"], "it lacks 'z'"),
+                          (["g", "x", "z"], "'g' is not one of them")]:
+        said = f"features={features!r}, but the model of group 'a' (Ridge) was fitted on " \
+               f"['x', 'z'] ({why})"
+        with pytest.raises(ValueError, match="^" + re.escape(said)):
+            store.predict(frame, by="g", features=features)

@@ -47,21 +47,38 @@ class Groups(Protocol):
         None when it has no model, or a :class:`GroupFailure`."""
 
 
+class RefusedValueError(ValueError):
+    """A value of a group's rows that its model refuses (text in a numeric
+    feature, a NaN), its message naming the column: the table's fault, so
+    the driver raises a ``ValueError`` of it (a server answers it 400)."""
+
+
 class GroupFailure:
     """A group whose prediction failed, returned (not raised) by its chunk:
-    the driver names the group as it planned it, and a corrupt model stays a
-    :class:`~manymodels.StoreIntegrityError`, not text."""
+    the driver names the group as it planned it, a corrupt model stays a
+    :class:`~manymodels.StoreIntegrityError`, not text, and a value the
+    model refuses (``refused``: a :class:`RefusedValueError`) a ``ValueError``."""
 
-    __slots__ = ("corrupt", "error", "group")
+    __slots__ = ("corrupt", "error", "group", "refused")
 
-    def __init__(self, group: int, error: str, corrupt: bool = False) -> None:
-        self.group, self.error, self.corrupt = group, error, corrupt
+    def __init__(self, group: int, error: str, corrupt: bool = False,
+                 refused: bool = False) -> None:
+        self.group, self.error, self.corrupt, self.refused = group, error, corrupt, refused
 
     def __getstate__(self) -> tuple:
-        return self.group, self.error, self.corrupt
+        return self.group, self.error, self.corrupt, self.refused
 
     def __setstate__(self, state: tuple) -> None:
-        self.group, self.error, self.corrupt = state
+        self.group, self.error, self.corrupt, self.refused = state
+
+
+def failure_of(group: int, exc: Exception) -> GroupFailure:
+    """Group ``group``'s failure by ``exc``: the error's own message first,
+    which is what a reader needs (the worker's traceback follows it, for a
+    model or ``fn`` whose fault it is; a refused value's message says all)."""
+    if isinstance(exc, RefusedValueError):
+        return GroupFailure(group, str(exc), refused=True)
+    return GroupFailure(group, f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
 
 
 #: NumPy kinds of one family: groups whose predictions are all of one join
@@ -214,8 +231,8 @@ class ChunkPredictor:
                 part = rows.iloc[start:end].reset_index(drop=True)
             try:
                 values = groups.predict(group, part, resource)
-            except Exception:
-                return GroupFailure(group, traceback.format_exc())
+            except Exception as exc:
+                return failure_of(group, exc)
             if values is None:
                 continue
             if isinstance(values, GroupFailure):
@@ -253,8 +270,17 @@ def measure(groups: Groups, table: pa.Table, offsets: np.ndarray, lengths: np.nd
         done = task(rows, groups, resource)
         timings.append((time.perf_counter() - begin) / (last - first))
         if isinstance(done, GroupFailure):
-            raise RuntimeError(done.error)
+            raise FailedProbe(done)
     return timings[0] if len(timings) == 1 else min(timings[1:])
+
+
+class FailedProbe(RuntimeError):
+    """A group of :func:`measure`'s probe failed (``failure``, as the run
+    would return it)."""
+
+    def __init__(self, failure: GroupFailure) -> None:
+        super().__init__(failure.error)
+        self.failure = failure
 
 
 def numbered(table: Any, lengths: np.ndarray, per_chunk: int) -> Any:

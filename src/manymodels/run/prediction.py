@@ -24,6 +24,12 @@ import pyarrow as pa
 from ..inputs.keys import TypedKeys, encode_key, encode_keys
 from ..store.database import StoreIntegrityError
 from ..store.lazymodels import StoredModel
+from .predictchecks import (
+    check_feature_order,
+    check_key_types,
+    refusal,
+    refuse_text_features,
+)
 from .predictchunks import (
     CHUNK,
     CHUNKS_PER_WORKER,
@@ -32,6 +38,7 @@ from .predictchunks import (
     NONE,
     OWN,
     SOURCES,
+    FailedProbe,
     GroupFailure,
     call_model,
     chunk_size,
@@ -114,14 +121,17 @@ class GroupPredictor:
         """The columns ``model`` (the model of ``named``) is given
         (:meth:`feature_names`). Refuses, naming the column or the method,
         what it cannot predict: a feature it was fitted on that is not among
-        ``columns``, or a ``method`` it lacks. Checked on one model before
-        any group runs, and on each group's own model, so that the error
+        ``columns``, ``features`` other than a scikit-learn model's
+        ``feature_names_in_`` (in their order), or a ``method`` it lacks.
+        Checked on one model before any group runs, and on each group's own
+        model, so that the error
         says what is wrong rather than the model's ``KeyError`` deep in a
         traceback."""
         if not callable(getattr(model, self.method, None)):
             raise ValueError(f"method={self.method!r}, but the model of {named} "
                              f"({type(model).__name__}) has no method {self.method!r}")
         names = self.feature_names(model, columns)
+        check_feature_order(model, self.features, named)
         missing = [c for c in names if c not in columns]
         if missing:
             raise ValueError(f"column {missing[0]!r} is not in the table to predict: the "
@@ -136,8 +146,15 @@ class GroupPredictor:
         if self.fn is not None:
             values = self.fn(model, rows)
         else:
-            names = self.check_model(model, rows, f"group {key[0] if len(key) == 1 else key!r}")
-            values = call_model(model, self.method, rows, names)
+            named = f"group {key[0] if len(key) == 1 else key!r}"
+            names = self.check_model(model, rows, named)
+            try:
+                values = call_model(model, self.method, rows, names)
+            except Exception as exc:  # a value it refuses: said naming its column
+                refused = refusal(exc, rows, names, model, named)
+                if refused is None:
+                    raise
+                raise refused from exc
         values = _row_values(values, rows)
         if values.ndim == 0:
             raise PredictionShapeError(f"the prediction of group {key!r} is one value "
@@ -270,11 +287,12 @@ def _model_label(key: Any, fallback: bool = False) -> str:
     return f"the fallback model (asked for key {key!r})" if fallback else f"key {key!r}"
 
 
-def _check_first_model(store: Any, stored: StoredGroups, columns: Any) -> None:
+def _check_first_model(store: Any, stored: StoredGroups, frame: Any) -> None:
     """Refuse before any group runs what the first group's model (or the
-    fallback, when no group has one) cannot predict from ``columns``: a
+    fallback, when no group has one) cannot predict from ``frame``: a
     feature column it was fitted with that the table lacks, or a ``method``
-    it does not have (:meth:`GroupPredictor.check_model`), rather than
+    it does not have (:meth:`GroupPredictor.check_model`), or text in a
+    feature column of a scikit-learn model that reads numbers, rather than
     every group failing on it with the model's own error. The model stays
     loaded for the probe of :func:`_chunking`."""
     predictor = stored.predictor
@@ -292,7 +310,8 @@ def _check_first_model(store: Any, stored: StoredGroups, columns: Any) -> None:
         model = predictor._model(store, digest, _model_label(key, fallback=group is None))
     except StoreIntegrityError as exc:
         raise StoreIntegrityError(f"predicting {named}: {exc}") from exc
-    predictor.check_model(model, columns, named)
+    names = predictor.check_model(model, frame.columns, named)
+    refuse_text_features(model, frame, names, named)
 
 
 def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], store: Any,
@@ -303,8 +322,9 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     would take more than :data:`PARALLEL_ABOVE_S`, they go to worker
     processes. The number of groups alone misleads both ways: a forecaster
     whose ``predict`` takes 50 ms a group is worth workers at 20 groups, a
-    linear model is not at 5,000. A probe that fails leaves the error to the
-    run itself, which names the group."""
+    linear model is not at 5,000. A group of the probe that fails
+    (:class:`.predictchunks.FailedProbe`) is raised at once, as the run
+    would raise it once its workers had started."""
     import os
 
     groups = len(layout.lengths)
@@ -315,6 +335,8 @@ def _chunking(stored: StoredGroups, layout: Any, as_rows: Callable[..., Any], st
     try:
         each = measure(stored, layout.table, layout.offsets, layout.lengths, as_rows,
                        resource, PROBE_GROUPS)
+    except FailedProbe:  # the run would fail on that group the same way, after starting workers
+        raise
     except Exception:
         return backend or "processes", max(1, -(-groups // (width * CHUNKS_PER_WORKER)))
     finally:
@@ -341,7 +363,9 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     digests = _digests_by_group(layout, artifacts)
     stored = StoredGroups(GroupPredictor(by, features, method, fn, fallback), digests,
                           fallback, layout.key_table)
-    _check_first_model(store, stored, frame.columns)
+    check_key_types(by, layout.keys, [i for i, digest in enumerate(digests) if digest is None],
+                    artifacts, f"store {str(store)!r}")
+    _check_first_model(store, stored, frame)
     labels = source.column_labels
 
     def as_rows(table: Any, first: int, last: int) -> Any:  # groups first..last-1
@@ -350,27 +374,22 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
             CHUNK, pa.array(np.zeros(len(numbers), dtype=np.int64)))
         return _arrow_as(table, fmt, [*labels, GROUP, CHUNK] if labels is not None else None)
 
-    if workers == 1:
-        backend = "serial"
-    backend, per_chunk = _chunking(stored, layout, as_rows, store, backend, workers)
-
     def describe(group: int) -> str:
         parts = stored.key(group)
         return repr(parts[0] if len(by) == 1 else parts)
+
+    if workers == 1:
+        backend = "serial"
+    try:
+        backend, per_chunk = _chunking(stored, layout, as_rows, store, backend, workers)
+    except FailedProbe as exc:
+        _raise_failures([exc.failure], describe)
 
     answers = run_chunks(layout.table, layout.lengths, stored, fmt=fmt, per_chunk=per_chunk,
                          labels=labels, backend=backend, workers=workers,
                          setup=functools.partial(_open_store, store.reopened_as),
                          progress=progress, describe=describe)
-    failures = [a for a in answers if isinstance(a, GroupFailure)]
-    corrupt = [f for f in failures if f.corrupt]
-    if corrupt:
-        others = f" (and {len(corrupt) - 1} other group(s))" if len(corrupt) > 1 else ""
-        raise StoreIntegrityError(f"predicting group {describe(corrupt[0].group)}{others}: "
-                                  + corrupt[0].error)
-    if failures:
-        raise RuntimeError(f"predicting group {describe(failures[0].group)} failed: "
-                           f"{failures[0].error}")
+    _raise_failures([a for a in answers if isinstance(a, GroupFailure)], describe)
     origin = np.array([NONE if d is None else OWN for d in digests], dtype=np.int8)
     if fallback is not None:
         origin[origin == NONE] = FALLBACK
@@ -378,6 +397,23 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
               for i in np.flatnonzero(origin == NONE).tolist()]
     values, rows_origin = in_row_order(answers, origin, layout.lengths, layout.input_rows)
     return Predicted(values, rows_origin, unseen)
+
+
+def _raise_failures(failures: list[GroupFailure], describe: Callable[[int], str]) -> None:
+    """Raise for the groups whose prediction failed: a corrupt model as a
+    :class:`~manymodels.StoreIntegrityError`, a value a model refused as a
+    ``ValueError`` naming its column, any other failure as a
+    ``RuntimeError`` (the error's message first, then the worker's traceback)."""
+    corrupt = [f for f in failures if f.corrupt]
+    if corrupt:
+        others = f" (and {len(corrupt) - 1} other group(s))" if len(corrupt) > 1 else ""
+        raise StoreIntegrityError(f"predicting group {describe(corrupt[0].group)}{others}: "
+                                  + corrupt[0].error)
+    if failures and failures[0].refused:
+        raise ValueError(f"predicting group {describe(failures[0].group)}: {failures[0].error}")
+    if failures:
+        raise RuntimeError(f"predicting group {describe(failures[0].group)} failed: "
+                           f"{failures[0].error}")
 
 
 def _column_names(names: str | list[str] | None) -> list[str] | None:

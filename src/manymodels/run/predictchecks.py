@@ -1,0 +1,201 @@
+"""What ``Store.predict`` checks of the rows to predict, so that an error
+names the column at fault: a feature value a group's model refuses (text
+in a numeric column, a NaN), said with the model's own message; and a key
+column typed otherwise than the keys the models were stored under (a
+zone-aware datetime for a naive one, a date for a datetime), which no
+stored key would match."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import itertools
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..inputs.keys import decode_key
+from .predictchunks import RefusedValueError
+
+#: scikit-learn's modules whose estimators read their features as numbers
+#: (checked up front: text in a feature column is refused by each group).
+NUMERIC_ESTIMATORS = tuple(f"sklearn.{name}" for name in (
+    "linear_model", "tree", "svm", "neighbors", "naive_bayes", "neural_network",
+    "kernel_ridge", "gaussian_process", "discriminant_analysis", "cross_decomposition",
+    "ensemble._forest", "ensemble._gb", "ensemble._hist_gradient_boosting",
+    "ensemble._weight_boosting"))
+#: How many stored keys and planned keys are typed to compare them.
+KEYS_COMPARED = 200
+
+
+def _text_that_is_no_number(column: Any) -> Any:
+    """The first value of ``column`` (a pandas or NumPy column of text or
+    objects) that is text and not a number, or None."""
+    import pandas as pd
+
+    values = pd.Series(np.asarray(column, dtype=object)).dropna()
+    texts = values[values.map(lambda v: isinstance(v, (str, bytes)))]
+    if texts.empty:
+        return None
+    bad = texts[pd.to_numeric(texts, errors="coerce").isna()]
+    return None if bad.empty else bad.iloc[0]
+
+
+def _numbers_refused(column: np.ndarray, said: str) -> str | None:
+    """What a numeric ``column`` holds that a model says (``said``) it
+    refuses: NaN or infinity."""
+    if column.dtype.kind not in "fc":
+        return None
+    if "nan" in said and np.isnan(column).any():
+        return f"NaN ({int(np.isnan(column).sum())} of its {len(column)} row(s))"
+    if "inf" in said and np.isinf(column).any():
+        return f"infinity ({int(np.isinf(column).sum())} of its {len(column)} row(s))"
+    return None
+
+
+def refused_value(rows: Any, names: Sequence[str], exc: Exception) -> str | None:
+    """``column 'x' holds ...``: the first feature column of a group's
+    ``rows`` that holds a value its model refused with ``exc`` (text that is
+    no number, datetimes, a NaN or an infinity its message speaks of), or
+    None when no column explains it."""
+    if not isinstance(exc, (ValueError, TypeError)):
+        return None
+    said = str(exc).lower()
+    for name in names:
+        if name not in rows:
+            continue
+        column = np.asarray(rows[name])
+        what = None
+        if column.dtype.kind in "OUS":
+            text = _text_that_is_no_number(column)
+            what = None if text is None else f"text ({text!r})"
+            if what is None and column.dtype.kind == "O" and "nan" in said:
+                missing = [v for v in column if v is None or v != v]
+                what = f"a missing value ({missing[0]!r})" if missing else None
+        elif column.dtype.kind in "Mm" and len(column):
+            what = f"{'datetimes' if column.dtype.kind == 'M' else 'durations'} ({column[0]!r})"
+        else:
+            what = _numbers_refused(column, said)
+        if what is not None:
+            return f"column {name!r} holds {what}"
+    return None
+
+
+def refusal(exc: Exception, rows: Any, names: Sequence[str], model: Any,
+            named: str) -> RefusedValueError | None:
+    """``exc`` of ``model`` (the model of ``named``) as the error that names
+    the column of ``rows`` at fault, or None when none does."""
+    column = refused_value(rows, names, exc)
+    if column is None:
+        return None
+    return RefusedValueError(f"{column}, which its model "
+                             f"({type(model).__name__}) refuses: {type(exc).__name__}: {exc}")
+
+
+def refuse_text_features(model: Any, frame: Any, names: Sequence[str], named: str) -> None:
+    """Refuse before any group runs a feature column of ``frame`` holding
+    text that is no number when ``model`` (the model of ``named``) is a
+    scikit-learn estimator that reads numbers (:data:`NUMERIC_ESTIMATORS`):
+    each group would fail on it."""
+    if not type(model).__module__.startswith(NUMERIC_ESTIMATORS):
+        return
+    for name in names:
+        column = frame[name]
+        if getattr(column, "dtype", None) is None or column.dtype.kind not in "OUS":
+            continue
+        text = _text_that_is_no_number(column)
+        if text is not None:
+            raise ValueError(f"column {name!r} of the table to predict holds text ({text!r}), "
+                             f"but the model of {named} ({type(model).__name__}) reads its "
+                             "features as numbers: convert the column, or give the features "
+                             "it was fitted on")
+
+
+def key_type(value: Any) -> set[str]:
+    """The kinds of key a value matches as a stored key (a whole number and
+    its text match, as :class:`~manymodels.inputs.keys.TypedKeys` finds
+    them); empty for a missing value."""
+    if value is None or (isinstance(value, float) and value != value):
+        return set()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (bool, int, float)):
+        return {"number"}
+    if isinstance(value, str):
+        return {"text", "number"} if value.strip().lstrip("-").isdigit() else {"text"}
+    if isinstance(value, dt.datetime):
+        if value != value:  # NaT
+            return set()
+        return {"naive datetime" if value.tzinfo is None else "zone-aware datetime"}
+    if isinstance(value, dt.date):
+        return {"date"}
+    if isinstance(value, decimal.Decimal):
+        return {"decimal"}
+    return {type(value).__name__}
+
+
+def _kinds(keys: Iterable[tuple], width: int) -> list[tuple[set[str], Any]]:
+    """Per key column: the kinds its values match, and one value (for the message)."""
+    kinds: list[tuple[set[str], Any]] = [(set(), None) for _ in range(width)]
+    for parts in keys:
+        for i, value in enumerate(parts[:width]):
+            found = key_type(value)
+            if found and not kinds[i][0]:
+                kinds[i] = (kinds[i][0], value)
+            kinds[i][0].update(found)
+    return kinds
+
+
+def check_key_types(by: Sequence[str], planned: Sequence[tuple], unseen: Sequence[int],
+                    artifacts: dict[str, str], where: str) -> None:
+    """Refuse (when no planned group found its model) or warn (when some
+    did) of a key column of the table to predict whose values are of
+    another kind than the stored keys' (``artifacts``: encoded key ->
+    model): a zone-aware datetime for a naive one, a date for a datetime,
+    text for a date. Such keys match no stored key: their rows got NaN, or
+    the fallback model, silently. ``planned``: each planned group's key
+    parts; ``unseen``: the numbers of those that found no model."""
+    if not unseen or not artifacts:
+        return
+    stored = _kinds((decode_key(text) for text in itertools.islice(artifacts, KEYS_COMPARED)),
+                    len(by))
+    asked = _kinds((planned[i] for i in unseen[:KEYS_COMPARED]), len(by))
+    for name, (theirs, trained), (ours, given) in zip(by, stored, asked):
+        if not theirs or not ours or theirs & ours:
+            continue
+        said = (f"key column {name!r} of the table to predict holds {_kind_text(ours)} "
+                f"(e.g. {given!r}), but the models in {where} were stored under keys of "
+                f"{_kind_text(theirs)} (e.g. {trained!r}): those rows match no stored key; "
+                f"convert the column to the type the models were trained on")
+        if len(unseen) == len(planned):
+            raise ValueError(said)
+        warnings.warn(said, RuntimeWarning, stacklevel=4)
+        return
+
+
+def _kind_text(kinds: set[str]) -> str:
+    names = sorted(kinds - {"number"} if kinds > {"number"} and "text" in kinds else kinds)
+    return " and ".join(f"{k}s" if not k.endswith("s") else k for k in names)
+
+
+def check_feature_order(model: Any, features: Sequence[str] | None, named: str) -> None:
+    """Refuse ``features=`` other than the columns a scikit-learn ``model``
+    (the model of ``named``) was fitted on, in their order
+    (``feature_names_in_``): scikit-learn refuses them in every group, in a
+    message about feature names, not ``features=``."""
+    fitted = getattr(model, "feature_names_in_", None)
+    if (features is None or fitted is None
+            or not type(model).__module__.startswith("sklearn.")):
+        return
+    fitted = [str(name) for name in fitted]
+    if list(features) == fitted:
+        return
+    missing = [name for name in fitted if name not in features]
+    why = (f"it lacks {missing[0]!r}" if missing else
+           f"{[n for n in features if n not in fitted][0]!r} is not one of them"
+           if set(features) - set(fitted) else "in another order, or repeated")
+    raise ValueError(f"features={list(features)!r}, but the model of {named} "
+                     f"({type(model).__name__}) was fitted on {fitted!r} ({why}): give "
+                     "those, in that order, or leave features= out")
