@@ -614,20 +614,24 @@ def test_a_ctrl_c_while_the_backend_reads_its_workers_keeps_what_it_read(tmp_pat
     assert _ok_items(mm.Store(tmp_path / "s").results()) == ok
 
 
-def test_a_ctrl_c_before_the_scheduler_starts_does_not_leave_the_run_running(tmp_path):
+@pytest.mark.parametrize("where", ["the writer is made", "the scheduler is made"])
+def test_a_ctrl_c_before_the_scheduler_starts_does_not_leave_the_run_running(tmp_path, where):
     """A SIGINT handled between the store recording the run's start and the
-    scheduler taking the run over (here as the scheduler is made) left the
-    run ``running`` in the store for as long as the process lived (a
-    notebook's kernel): the run's end is now recorded, ``interrupted``."""
+    scheduler taking the run over (here as the run's store writer is made,
+    right after the run's row is committed, or as the scheduler is made)
+    left the run ``running`` in the store for as long as the process lived
+    (a notebook's kernel): the run's end is now recorded, ``interrupted``."""
     import signal as signals
     import sys
 
     from manymodels.engine.scheduling import Scheduler
+    from manymodels.store.writer import StoreWriter
 
+    code = (StoreWriter if where == "the writer is made" else Scheduler).__init__.__code__
     state = {"sent": False}
 
     def tracer(frame, event, arg):
-        if frame.f_code is Scheduler.__init__.__code__ and not state["sent"]:
+        if frame.f_code is code and not state["sent"]:
             state["sent"] = True
             signals.raise_signal(signals.SIGINT)
         return None

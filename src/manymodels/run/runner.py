@@ -145,8 +145,9 @@ def train(
                     store, plan, *identities, fit_name=_callable_name(fit), source=repr(source),
                     backend=name,
                     workers=options.sized_for(backend_type, len(plan.tasks)).workers)
-                to_do -= recorder.begin(reuse=options.reuse, verify=verify)
             try:
+                if recorder is not None:  # (its start committed, a Ctrl-C is recorded below)
+                    to_do -= recorder.begin(reuse=options.reuse, verify=verify)
                 run = _schedule(plan, context, recorder, store, hooks, live, began, fit=fit,
                                 source=source, instance=instance, backend_type=backend_type,
                                 options=options, to_do=to_do, checkpointed=checkpointed,
