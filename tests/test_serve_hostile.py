@@ -983,6 +983,42 @@ def test_the_ray_deployment_holds_a_body_to_its_limit(tmp_path, declared):
     assert small.status_code == 200 and len(json.loads(small.body)["predictions"]) == 10
 
 
+def test_the_ray_deployment_refuses_a_declared_oversize_body_before_loading(tmp_path):
+    """A body whose Content-Length passes max_body was refused only after
+    the model its header names was loaded (seconds for a cold one): it is
+    a 413 with no model loaded."""
+    import asyncio
+
+    from manymodels.serve.ray import StoreModels
+
+    mm.train(fit_frame, mm.groups(_sales(stores=2, rows=40), by="store"),
+             store=tmp_path / "m", backend="serial", progress=False)
+    models = StoreModels(str(tmp_path / "m"), poll=None, max_body=2000)
+    asked: list[str] = []
+
+    async def load(model_id: str) -> tuple:
+        asked.append(model_id)
+        return await models.load(model_id)
+
+    rows = [{"store": 1, "price": 0.5, "promo": 1}] * 100  # 3.4 KB
+    response = asyncio.run(models.respond(_Body(rows), "1", load))
+    assert response.status_code == 413 and asked == []
+
+
+@pytest.mark.parametrize("value", [1.5, 7, -(1 << 63), 1 << 63, 10 ** 30, True, None, "x",
+                                   float("inf")])
+def test_a_one_row_json_body_types_its_values_as_many_rows_do(value):
+    """The one-row request's own path types each value as the path of many
+    rows does (int64, float64, bool, or as it came)."""
+    from manymodels.serve.requests import json_columns
+
+    for keys in ((), ("v",)):  # a feature, and a group column
+        one, _ = json_columns(json.dumps({"rows": [{"v": value}]}).encode(), keys)
+        two, _ = json_columns(json.dumps({"rows": [{"v": value}, {"v": value}]}).encode(), keys)
+        assert one["v"].dtype == two["v"].dtype
+        assert one["v"].tolist() == two["v"].tolist()[:1]
+
+
 def test_the_ray_deployments_model_that_does_not_unpickle_is_named(tmp_path):
     """A model that failed to unpickle in the multiplexed load gave Ray
     Serve's bare 500: it is a 500 naming the key and why."""

@@ -87,6 +87,7 @@ class StoreModels:
         loaded: tuple[str | None, Any] = (None, None)
         if model_id:
             try:
+                _refuse_declared_size(request, self.max_body)  # before the model's load
                 loaded = await get_model(model_id)
             except RequestError as exc:
                 return JSONResponse({"error": str(exc)}, exc.status)
@@ -124,10 +125,7 @@ async def _limited_body(request: Any, limit: int) -> bytes:
     """A request's body, refused (413) once it passes ``limit`` bytes, by its
     Content-Length or as it streams in (``manymodels serve``'s rule): read
     whole, any size was held before a row of it was looked at."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of "
-                                f"{limit} (max_body)")
+    _refuse_declared_size(request, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -135,6 +133,16 @@ async def _limited_body(request: Any, limit: int) -> bytes:
             raise RequestError(413, f"the body is over the limit of {limit} bytes (max_body)")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _refuse_declared_size(request: Any, limit: int) -> None:
+    """Refuse (413) a request whose Content-Length passes ``limit``: said
+    before the model its header names is loaded (seconds for a cold one),
+    not after."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of "
+                                f"{limit} (max_body)")
 
 
 def deployment(store: str, *, run: int | None = None, max_models_per_replica: int = 3,
