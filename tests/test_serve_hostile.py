@@ -939,6 +939,19 @@ def test_a_json_body_is_held_to_its_objects_and_read_into_columns(tmp_path):
     sparse = [{"store": 1, f"c{i}": 1} for i in range(60)]
     wide = client.post("/v1/predict", json={"rows": sparse})
     assert wide.status_code == 413 and "61 distinct columns" in wide.json()["error"]
+    # names only an object beside "rows" holds are no cells of the rows
+    meta = {f"m{i}": i for i in range(60)}
+    beside = client.post("/v1/predict", json={"meta": meta, "rows": rows[:1] * 60})
+    assert beside.status_code == 200 and len(beside.json()["predictions"]) == 60
+
+
+def test_a_json_bodys_columns_are_in_the_order_its_rows_name_them():
+    """An object beside "rows", read first, named its columns first."""
+    from manymodels.serve.requests import json_columns
+
+    body = b'{"meta": {"c": 0, "b": 0}, "rows": [{"a": 1}, {"b": 2, "a": 0, "c": 3}]}'
+    columns, n = json_columns(body, (), 1 << 20)
+    assert n == 2 and list(columns) == ["a", "b", "c"]
 
 
 #: Whether a :class:`LoadsOnlyWhenAllowed` model may be unpickled.

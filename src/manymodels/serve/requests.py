@@ -83,7 +83,8 @@ class _Objects:
     def __init__(self, most: int | None, cells: int | None = None) -> None:
         self.count = 0
         self.most, self.cells = most, cells
-        self.found: dict[str, tuple[array, list]] = {}  # name -> (object numbers, values)
+        #: name -> (each value's object number, the values, each one's place in its object)
+        self.found: dict[str, tuple[array, list, array]] = {}
         self.last: list[tuple[str, Any]] = []
 
     def __call__(self, pairs: list[tuple[str, Any]]) -> _Row:
@@ -95,25 +96,27 @@ class _Objects:
         self.count = number + 1
         self.last = pairs
         found = self.found
-        for name, value in pairs:
+        for place, (name, value) in enumerate(pairs):
             column = found.get(name)
             if column is None:
-                column = found[name] = (array("q"), [])
-            numbers, values = column
+                column = found[name] = (array("q"), [], array("l"))
+            numbers, values, places = column
             if numbers and numbers[-1] == number:  # a name given twice: its last value
                 values[-1] = value
             else:
                 numbers.append(number)
                 values.append(value)
+                places.append(place)
         return _Row(number)
 
     def take_last(self) -> dict[str, Any]:
         """The last object closed (the body's own), its values taken out of
         the columns."""
         for name in dict(self.last):
-            numbers, values = self.found[name]
+            numbers, values, places = self.found[name]
             numbers.pop()
             values.pop()
+            places.pop()
             if not numbers:
                 del self.found[name]
         return dict(self.last)
@@ -124,23 +127,30 @@ class _Objects:
         n = len(rows)
         if n == 1 and self.count == 2:  # the common request: one row, no other object
             return self._one_row(keys)
-        if self.cells is not None and n * len(self.found) > self.cells:
-            # each column is made whole, a cell a row: a small body of rows
-            # that each name columns of their own made gigabytes of them
-            raise RequestError(413, f"the JSON body's {n} rows of {len(self.found)} distinct "
-                                    f"columns are {n * len(self.found)} cells, over the limit "
-                                    f"of {self.cells} (--max-body: a cell a byte at least)")
         position = np.full(self.count, -1, dtype=np.int64)
         position[np.fromiter(rows, dtype=np.int64, count=n)] = np.arange(n)
-        columns = JsonColumns()
-        for name, (numbers, values) in self.found.items():
+        found: list[tuple[tuple[int, int], str, np.ndarray, list]] = []  # the rows' columns
+        for name, (numbers, values, places) in self.found.items():
             where = position[np.frombuffer(numbers, dtype=np.int64)]
             in_rows = where >= 0
+            first = 0
             if not in_rows.all():  # values of objects that are not rows
+                first = int(np.argmax(in_rows))
                 values = list(itertools.compress(values, in_rows.tolist()))
                 where = where[in_rows]
-            if not values:
-                continue
+            if values:  # where the rows first name it: (row, place in the row)
+                found.append(((int(where[0]), places[first]), name, where, values))
+        if self.cells is not None and n * len(found) > self.cells:
+            # each column is made whole, a cell a row: a small body of rows
+            # that each name columns of their own made gigabytes of them
+            raise RequestError(413, f"the JSON body's {n} rows of {len(found)} distinct "
+                                    f"columns are {n * len(found)} cells, over the limit "
+                                    f"of {self.cells} (--max-body: a cell a byte at least)")
+        # in the order the rows name them (an object beside "rows" read
+        # first named its own first): rows close in their order
+        found.sort(key=lambda column: column[0])
+        columns = JsonColumns()
+        for _, name, where, values in found:
             _check_scalars(name, values, where)
             typed = (_key_array if name in keys else _array)(values)
             if len(values) < n:  # refused only where the row's model reads it (predict_rows)
@@ -158,7 +168,7 @@ class _Objects:
         without :func:`_check_scalars`' sets and arrays (the one-row request
         is the server's hot path: they doubled its parsing)."""
         columns = JsonColumns()
-        for name, (_, values) in self.found.items():
+        for name, (_, values, _) in self.found.items():
             value = values[0]
             if type(value) not in _SCALAR_TYPES:
                 raise RequestError(400, f"column {name!r} of row 0 holds a "
