@@ -566,22 +566,37 @@ class Script:
 def closing_over(names):
     return lambda df: len(names)
 
+def dataclass_made_in_a_function(names):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        columns: frozenset = frozenset(names)
+    return Config()
+
+def typevar_made_in_a_function(size):
+    import typing
+    return typing.TypeVar(f"T{size}")
+
 size = int(sys.argv[1])
 words = {f"column_{i}" for i in range(size)}
 values = [made_in_a_function(size), made_in_a_function(size)(),
           np.array([words, {"x", "y"}], dtype=object), np.array([Script()], dtype=object),
-          closing_over(words)]
+          closing_over(words), dataclass_made_in_a_function(words),
+          [typevar_made_in_a_function(size)]]
 print(" ".join(value_hash(value) for value in values))
 """
 
 
 def test_values_only_cloudpickle_pickles_hash_alike_in_every_process(tmp_path):
     """A class made in a function, a set of texts inside an object array or
-    a lambda's closure, and a script's class inside an object array were
-    hashed by cloudpickle's pickle, which names such a class by an id made
-    anew in each process and writes a set in the hash seed's order: their
-    models were never reused by a later run. Equal values hash alike in
-    every process; a changed one apart."""
+    a lambda's closure, a script's class inside an object array, a
+    dataclass made in a function (its made ``__doc__`` holds its defaults'
+    reprs: a frozenset of texts in the hash seed's order) and a TypeVar made
+    in a function were hashed by cloudpickle's pickle, which names such a
+    class or TypeVar by an id made anew in each process and writes a set in
+    the hash seed's order: their models were never reused by a later run.
+    Equal values hash alike in every process; a changed one apart."""
     script = tmp_path / "hashes.py"
     script.write_text(SEEDED_SCRIPT)
 
@@ -594,7 +609,8 @@ def test_values_only_cloudpickle_pickles_hash_alike_in_every_process(tmp_path):
     first, second = hashes("1", 8), hashes("2", 8)
     assert first == second
     changed = hashes("1", 9)
-    assert [a != b for a, b in zip(first, changed)] == [True, True, True, False, True]
+    assert [a != b for a, b in zip(first, changed)] == [True, True, True, False, True,
+                                                         True, True]
 
 
 def test_an_object_array_of_plain_values_hashes_as_it_did():
@@ -710,3 +726,51 @@ def test_an_arrow_float_null_and_nan_hash_apart():
                                                                                       [None]]))
     plain = pa.table({"a": [1.0, nan]})
     assert value_hash(plain) == digest("arrow", str(plain.schema), value_hash(plain.to_pandas()))
+
+
+#: A module of the user's whose lambda and local class call a helper it
+#: names by reference: ``{factor}`` is the edit of the helper's body
+LAMBDA_MODULE = """
+def scale(x):
+    return x * {factor}
+
+by_lambda = lambda x: scale(x)
+
+def _made():
+    class Local:
+        def __call__(self, x):
+            return scale(x)
+    return Local()
+
+by_local_class = _made()
+"""
+
+
+def _apply(item, transform):
+    return transform(item)
+
+
+@pytest.mark.parametrize("name", ["by_lambda", "by_local_class"])
+def test_editing_a_helper_that_a_lambda_calls_retrains(tmp_path, monkeypatch, name):
+    """A value only cloudpickle pickles (a lambda, a local class's
+    instance) holds its own code but names a helper of the user's module
+    without its code: editing the helper's body left the shared object's
+    hash as it was, and the old models were reused."""
+    store = tmp_path / "store"
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+
+    def train(factor: int) -> mm.Run:  # (one file: a lambda's pickle holds its file's name)
+        path = tmp_path / "mm_user_lambda.py"
+        path.write_text(LAMBDA_MODULE.format(factor=factor))
+        spec = importlib.util.spec_from_file_location("mm_user_lambda", path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "mm_user_lambda", module)
+        spec.loader.exec_module(module)
+        return mm.train(_apply, mm.items([1, 2]), shared={"transform": getattr(module, name)},
+                        store=store, backend="serial", progress=False)
+
+    assert train(1).models[2] == 2
+    assert train(1).results["reused"].all()
+    edited = train(3)
+    assert not edited.results["reused"].any() and edited.models[2] == 6

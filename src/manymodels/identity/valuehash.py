@@ -49,7 +49,22 @@ def value_hash(value: Any) -> str:
     try:
         data, named = pickles.pickled_naming(value, value_hash)
     except Exception:  # a lambda, a class made in a function: by value
-        return digest(pickles.cloudpickled(value, value_hash))
+        return _cloudpickle_hash(value)
+    return _with_user_code(data, named)
+
+
+def _cloudpickle_hash(value: Any) -> str:
+    """The hash of a value only cloudpickle pickles (a lambda, an object
+    array): its pickle, and the user's code it names without holding it
+    (a helper of the user's package a lambda calls)."""
+    data, named = pickles.cloudpickled(value, value_hash)
+    return _with_user_code(data, named)
+
+
+def _with_user_code(data: bytes, named: list[Any]) -> str:
+    """A pickle's hash with the code of the user's classes, functions and
+    modules it names (:func:`.codehash.user_code`); the pickle's alone
+    where it names none, so that such a value hashes as it did."""
     code = codehash.user_code(named, value_hash)
     return digest(data, code) if code else digest(data)
 
@@ -62,7 +77,7 @@ def _array_hash(value: np.ndarray) -> str:
     own: a 0-d array is not the array of its one value."""
     array = np.ascontiguousarray(value)
     if array.dtype.hasobject:
-        hashed = digest(pickles.cloudpickled(array.tolist(), value_hash))
+        hashed = _cloudpickle_hash(array.tolist())
     else:
         raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
         hashed = digest(str(array.dtype), str(value.shape), raw)
