@@ -774,3 +774,48 @@ def test_editing_a_helper_that_a_lambda_calls_retrains(tmp_path, monkeypatch, na
     assert train(1).results["reused"].all()
     edited = train(3)
     assert not edited.results["reused"].any() and edited.models[2] == 6
+
+
+def _column_type(df):
+    return str(df["n"].dtype)
+
+
+@pytest.mark.parametrize("first, second", [("int64", "Int64"), ("float64", "Float64")])
+def test_a_group_column_made_a_nullable_type_of_the_same_name_length_retrains(
+        tmp_path, first, second):
+    """A group's data hash read pandas' note of the column types as the
+    Arrow schema prints it, cut short: past its first 70 characters only
+    its length counted, and ``int64`` made ``Int64`` (which ``fit`` gets)
+    reused the model made from the other type."""
+    store = tmp_path / "store"
+
+    def run(kind):
+        table = pd.DataFrame({"g": ["a", "a", "b"], "n": pd.Series([1, 2, 3], dtype=kind)})
+        return mm.train(_column_type, mm.groups(table, by="g"), store=store,
+                        backend="serial", progress=False)
+
+    assert run(first).models["a"] == first
+    assert run(first).results["reused"].all()
+    changed = run(second)
+    assert not changed.results["reused"].any() and changed.models["a"] == second
+
+
+def test_text_columns_storage_counts_in_a_shared_frame_as_in_a_tables_groups():
+    """``string[python]`` and ``string[pyarrow]`` print alike: a table's
+    groups hashed them apart (Arrow's ``string`` and ``large_string``),
+    a shared frame alike. Both tell them apart; Arrow's storage hashes as
+    it did."""
+    import pyarrow as pa
+
+    from manymodels.identity.rowhash import schema_text
+    from manymodels.identity.valuehash import value_hash
+
+    def frame(kind):
+        return pd.DataFrame({"v": pd.Series(["x", None], dtype=kind)})
+
+    python, arrow = frame("string[python]"), frame("string[pyarrow]")
+    assert value_hash(python) != value_hash(arrow)
+    assert value_hash(arrow) == value_hash(frame("string[pyarrow]"))
+    schemas = [schema_text(pa.Table.from_pandas(f, preserve_index=False).schema)
+               for f in (python, arrow)]
+    assert schemas[0] != schemas[1]

@@ -189,10 +189,25 @@ def _frame_hash(frame: Any) -> str:
         if isinstance(column.dtype, pd.CategoricalDtype):
             labels.append(f"categories of {name!r}: {list(column.dtype.categories)!r}, "
                           f"ordered {column.dtype.ordered}")
+        labels.extend(_string_storage(name, column.dtype))
     labels.extend(_read_beside_the_values(frame))
     return digest(type(frame).__name__, repr([name for name, _ in columns]),
                   repr([str(column.dtype) for _, column in columns]),
                   *(hashes.tobytes() for hashes in rows), *labels)
+
+
+def _string_storage(name: Any, dtype: Any) -> list[str]:
+    """A text column's storage where it is not Arrow's: ``string[python]``
+    and ``string[pyarrow]`` print alike, and a table's groups hash them
+    apart (Arrow holds them as ``string`` and ``large_string``); a shared
+    frame's columns hash as its groups' would. Nothing for Arrow's, so that
+    such a frame stays hashed as it was."""
+    import pandas as pd
+
+    storage = getattr(dtype, "storage", None)
+    if not isinstance(dtype, pd.StringDtype) or storage in (None, "pyarrow"):
+        return []
+    return [f"storage of {name!r}: {storage}"]
 
 
 def _read_beside_the_values(frame: Any) -> list[str]:
