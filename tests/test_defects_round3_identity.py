@@ -819,3 +819,25 @@ def test_text_columns_storage_counts_in_a_shared_frame_as_in_a_tables_groups():
     schemas = [schema_text(pa.Table.from_pandas(f, preserve_index=False).schema)
                for f in (python, arrow)]
     assert schemas[0] != schemas[1]
+
+
+class _Settings:
+    def __init__(self, path):
+        self.path = path
+
+
+def test_a_path_inside_an_object_counts_by_its_files_content(tmp_path):
+    """A path is hashed by its file's content; inside an object (a config
+    that names the file ``fit`` reads), by its pickle, its text alone: an
+    edited file reused the old models."""
+    from pathlib import Path
+
+    from manymodels.identity.valuehash import value_hash
+
+    path = tmp_path / "lookup.csv"
+    path.write_text("a,1\n")
+    values = [_Settings(path), _Settings(Path(path)), [lambda: path]]
+    before = [value_hash(value) for value in values]
+    assert before == [value_hash(value) for value in values]
+    path.write_text("a,2\n")
+    assert all(a != b for a, b in zip(before, [value_hash(value) for value in values]))

@@ -19,6 +19,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 import cloudpickle
@@ -35,7 +36,7 @@ class NamingPickler(pickle.Pickler):
         self.named: dict[int, Any] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (type, types.FunctionType)):
+        if isinstance(obj, (type, types.FunctionType, PurePath)):  # a path: its file counts
             self.named.setdefault(id(obj), obj)
         else:
             self.named.setdefault(id(type(obj)), type(obj))
@@ -212,7 +213,7 @@ class _NoticingCloudPickler(cloudpickle.Pickler):
         ``helpers``). A lambda's pickle holds its own code, not that of a
         helper of the user's package it calls: an edited helper left its
         hash as it was, and the old models were reused."""
-        if isinstance(obj, types.ModuleType) or (
+        if isinstance(obj, (types.ModuleType, PurePath)) or (
                 isinstance(obj, (type, types.FunctionType)) and reduced is NotImplemented):
             self.named.setdefault(id(obj), obj)
 

@@ -63,10 +63,14 @@ def _cloudpickle_hash(value: Any) -> str:
 
 def _with_user_code(data: bytes, named: list[Any]) -> str:
     """A pickle's hash with the code of the user's classes, functions and
-    modules it names (:func:`.codehash.user_code`); the pickle's alone
-    where it names none, so that such a value hashes as it did."""
-    code = codehash.user_code(named, value_hash)
-    return digest(data, code) if code else digest(data)
+    modules it names (:func:`.codehash.user_code`) and the content of the
+    files its paths name (a config object's path to a file ``fit`` reads:
+    an edited file reused the old models); the pickle's alone where it
+    names none, so that such a value hashes as it did."""
+    code = codehash.user_code([obj for obj in named if not isinstance(obj, PurePath)],
+                              value_hash)
+    files = [f"{obj}={file_hash(obj)}" for obj in named if isinstance(obj, PurePath)]
+    return digest(data, code, *files) if code or files else digest(data)
 
 
 def _array_hash(value: np.ndarray) -> str:
