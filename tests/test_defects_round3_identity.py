@@ -566,22 +566,37 @@ class Script:
 def closing_over(names):
     return lambda df: len(names)
 
+def dataclass_made_in_a_function(names):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        columns: frozenset = frozenset(names)
+    return Config()
+
+def typevar_made_in_a_function(size):
+    import typing
+    return typing.TypeVar(f"T{size}")
+
 size = int(sys.argv[1])
 words = {f"column_{i}" for i in range(size)}
 values = [made_in_a_function(size), made_in_a_function(size)(),
           np.array([words, {"x", "y"}], dtype=object), np.array([Script()], dtype=object),
-          closing_over(words)]
+          closing_over(words), dataclass_made_in_a_function(words),
+          [typevar_made_in_a_function(size)]]
 print(" ".join(value_hash(value) for value in values))
 """
 
 
 def test_values_only_cloudpickle_pickles_hash_alike_in_every_process(tmp_path):
     """A class made in a function, a set of texts inside an object array or
-    a lambda's closure, and a script's class inside an object array were
-    hashed by cloudpickle's pickle, which names such a class by an id made
-    anew in each process and writes a set in the hash seed's order: their
-    models were never reused by a later run. Equal values hash alike in
-    every process; a changed one apart."""
+    a lambda's closure, a script's class inside an object array, a
+    dataclass made in a function (its made ``__doc__`` holds its defaults'
+    reprs: a frozenset of texts in the hash seed's order) and a TypeVar made
+    in a function were hashed by cloudpickle's pickle, which names such a
+    class or TypeVar by an id made anew in each process and writes a set in
+    the hash seed's order: their models were never reused by a later run.
+    Equal values hash alike in every process; a changed one apart."""
     script = tmp_path / "hashes.py"
     script.write_text(SEEDED_SCRIPT)
 
@@ -594,7 +609,8 @@ def test_values_only_cloudpickle_pickles_hash_alike_in_every_process(tmp_path):
     first, second = hashes("1", 8), hashes("2", 8)
     assert first == second
     changed = hashes("1", 9)
-    assert [a != b for a, b in zip(first, changed)] == [True, True, True, False, True]
+    assert [a != b for a, b in zip(first, changed)] == [True, True, True, False, True,
+                                                         True, True]
 
 
 def test_an_object_array_of_plain_values_hashes_as_it_did():
@@ -710,3 +726,118 @@ def test_an_arrow_float_null_and_nan_hash_apart():
                                                                                       [None]]))
     plain = pa.table({"a": [1.0, nan]})
     assert value_hash(plain) == digest("arrow", str(plain.schema), value_hash(plain.to_pandas()))
+
+
+#: A module of the user's whose lambda and local class call a helper it
+#: names by reference: ``{factor}`` is the edit of the helper's body
+LAMBDA_MODULE = """
+def scale(x):
+    return x * {factor}
+
+by_lambda = lambda x: scale(x)
+
+def _made():
+    class Local:
+        def __call__(self, x):
+            return scale(x)
+    return Local()
+
+by_local_class = _made()
+"""
+
+
+def _apply(item, transform):
+    return transform(item)
+
+
+@pytest.mark.parametrize("name", ["by_lambda", "by_local_class"])
+def test_editing_a_helper_that_a_lambda_calls_retrains(tmp_path, monkeypatch, name):
+    """A value only cloudpickle pickles (a lambda, a local class's
+    instance) holds its own code but names a helper of the user's module
+    without its code: editing the helper's body left the shared object's
+    hash as it was, and the old models were reused."""
+    store = tmp_path / "store"
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+
+    def train(factor: int) -> mm.Run:  # (one file: a lambda's pickle holds its file's name)
+        path = tmp_path / "mm_user_lambda.py"
+        path.write_text(LAMBDA_MODULE.format(factor=factor))
+        spec = importlib.util.spec_from_file_location("mm_user_lambda", path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "mm_user_lambda", module)
+        spec.loader.exec_module(module)
+        return mm.train(_apply, mm.items([1, 2]), shared={"transform": getattr(module, name)},
+                        store=store, backend="serial", progress=False)
+
+    assert train(1).models[2] == 2
+    assert train(1).results["reused"].all()
+    edited = train(3)
+    assert not edited.results["reused"].any() and edited.models[2] == 6
+
+
+def _column_type(df):
+    return str(df["n"].dtype)
+
+
+@pytest.mark.parametrize("first, second", [("int64", "Int64"), ("float64", "Float64")])
+def test_a_group_column_made_a_nullable_type_of_the_same_name_length_retrains(
+        tmp_path, first, second):
+    """A group's data hash read pandas' note of the column types as the
+    Arrow schema prints it, cut short: past its first 70 characters only
+    its length counted, and ``int64`` made ``Int64`` (which ``fit`` gets)
+    reused the model made from the other type."""
+    store = tmp_path / "store"
+
+    def run(kind):
+        table = pd.DataFrame({"g": ["a", "a", "b"], "n": pd.Series([1, 2, 3], dtype=kind)})
+        return mm.train(_column_type, mm.groups(table, by="g"), store=store,
+                        backend="serial", progress=False)
+
+    assert run(first).models["a"] == first
+    assert run(first).results["reused"].all()
+    changed = run(second)
+    assert not changed.results["reused"].any() and changed.models["a"] == second
+
+
+def test_text_columns_storage_counts_in_a_shared_frame_as_in_a_tables_groups():
+    """``string[python]`` and ``string[pyarrow]`` print alike: a table's
+    groups hashed them apart (Arrow's ``string`` and ``large_string``),
+    a shared frame alike. Both tell them apart; Arrow's storage hashes as
+    it did."""
+    import pyarrow as pa
+
+    from manymodels.identity.rowhash import schema_text
+    from manymodels.identity.valuehash import value_hash
+
+    def frame(kind):
+        return pd.DataFrame({"v": pd.Series(["x", None], dtype=kind)})
+
+    python, arrow = frame("string[python]"), frame("string[pyarrow]")
+    assert value_hash(python) != value_hash(arrow)
+    assert value_hash(arrow) == value_hash(frame("string[pyarrow]"))
+    schemas = [schema_text(pa.Table.from_pandas(f, preserve_index=False).schema)
+               for f in (python, arrow)]
+    assert schemas[0] != schemas[1]
+
+
+class _Settings:
+    def __init__(self, path):
+        self.path = path
+
+
+def test_a_path_inside_an_object_counts_by_its_files_content(tmp_path):
+    """A path is hashed by its file's content; inside an object (a config
+    that names the file ``fit`` reads), by its pickle, its text alone: an
+    edited file reused the old models."""
+    from pathlib import Path
+
+    from manymodels.identity.valuehash import value_hash
+
+    path = tmp_path / "lookup.csv"
+    path.write_text("a,1\n")
+    values = [_Settings(path), _Settings(Path(path)), [lambda: path]]
+    before = [value_hash(value) for value in values]
+    assert before == [value_hash(value) for value in values]
+    path.write_text("a,2\n")
+    assert all(a != b for a, b in zip(before, [value_hash(value) for value in values]))

@@ -428,15 +428,16 @@ def code_identity(fn: Any, setup: Any, value_hash: Callable[[Any], str]
 
 
 def user_code(named: list[Any], value_hash: Callable[[Any], str]) -> str:
-    """The hash of the user's own code among ``named`` (classes and
-    functions a pickle names; see :class:`_CodeWalker`), or "" when there is
+    """The hash of the user's own code among ``named`` (classes, functions
+    and modules a pickle names; see :class:`_CodeWalker`), or "" when there is
     none: a pickle names a class or a function, it does not hold its code,
     so an edited method would otherwise leave an instance's hash as it was.
     Installed code is left to its version, as the pickle's names are."""
     walker = _CodeWalker(value_hash)
     visiting = _VISITING.__dict__.setdefault("ids", set())
     for obj in named:
-        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        module = obj if isinstance(obj, types.ModuleType) else sys.modules.get(
+            getattr(obj, "__module__", None) or "")
         if id(obj) not in visiting and module is not None and (
                 module.__name__ == "__main__" or _is_user_file(getattr(module, "__file__", None))):
             visiting.add(id(obj))  # a class without source is hashed by value: not again

@@ -17,7 +17,9 @@ from __future__ import annotations
 import pickle
 import sys
 import types
+import typing
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 import cloudpickle
@@ -34,7 +36,7 @@ class NamingPickler(pickle.Pickler):
         self.named: dict[int, Any] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (type, types.FunctionType)):
+        if isinstance(obj, (type, types.FunctionType, PurePath)):  # a path: its file counts
             self.named.setdefault(id(obj), obj)
         else:
             self.named.setdefault(id(type(obj)), type(obj))
@@ -188,22 +190,49 @@ class _NoticingCloudPickler(cloudpickle.Pickler):
     """cloudpickle's pickler (its pickle is cloudpickle's own) that notes
     whether it wrote what differs between processes: a class pickled by
     value (cloudpickle names it by an id made anew in each process) or a
-    tensor (by the address of its storage)."""
+    tensor (by the address of its storage); and the classes, functions and
+    modules it names without their code (see :meth:`_note_named`)."""
 
     def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=5)
         self.varies = False
+        self.named: dict[int, Any] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         reduced = super().reducer_override(obj)
-        if isinstance(obj, type) and _made_by_value(reduced) or _is_tensor(obj):
+        if (isinstance(obj, type) and _made_by_value(reduced) or _is_tensor(obj)
+                or _typevar_by_value(obj) is not None):
             self.varies = True
+        self._note_named(obj, reduced)
         return reduced
+
+    def _note_named(self, obj: Any, reduced: Any) -> None:
+        """Note ``obj`` where cloudpickle names it rather than writing its
+        code: a class or function of an importable module (by reference)
+        and a module (a lambda reading ``helpers.scale`` holds the module
+        ``helpers``). A lambda's pickle holds its own code, not that of a
+        helper of the user's package it calls: an edited helper left its
+        hash as it was, and the old models were reused."""
+        if isinstance(obj, (types.ModuleType, PurePath)) or (
+                isinstance(obj, (type, types.FunctionType)) and reduced is NotImplemented):
+            self.named.setdefault(id(obj), obj)
 
 
 def _is_tensor(obj: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _typevar_by_value(obj: Any) -> Any:
+    """cloudpickle's reduction of ``obj`` where it is a TypeVar it makes
+    anew (one made in a function, or the script's: named by an id made anew
+    in each process), else None."""
+    if not isinstance(obj, typing.TypeVar):
+        return None
+    from cloudpickle import cloudpickle as implementation
+
+    reduced = implementation._typevar_reduce(obj)
+    return reduced if reduced[0] is implementation._make_typevar else None
 
 
 def _made_by_value(reduced: Any) -> bool:
@@ -239,6 +268,9 @@ class _StableCloudPickler(PinnedNamePickler):
             return _with_fixed_tracker(obj, cloudpickle.cloudpickle._class_reduce(obj))
         if isinstance(obj, types.FunctionType):
             return self._function_reduce(obj)
+        typevar = _typevar_by_value(obj)
+        if typevar is not None:  # its tracker id (the last argument) by its name
+            return typevar[0], (*typevar[1][:-1], f"typevar:{obj.__name__}")
         return NotImplemented
 
 
@@ -250,29 +282,51 @@ def _with_fixed_tracker(cls: type, reduced: Any) -> Any:
     tracker = cloudpickle.cloudpickle._get_or_create_tracker_id(cls)
     fixed = f"{cls.__module__}.{cls.__qualname__}"
     arguments = tuple(fixed if part == tracker else part for part in reduced[1])
-    return (reduced[0], arguments, *reduced[2:])
+    return (reduced[0], arguments, _without_made_doc(cls, reduced[2]), *reduced[3:])
 
 
-def cloudpickled(value: Any, set_order: Callable[[Any], str]) -> bytes:
+def _without_made_doc(cls: type, state: Any) -> Any:
+    """A class's pickled state, the ``__doc__`` a dataclass writes for
+    itself (its signature, defaults' reprs in: a frozenset of texts in the
+    hash seed's order) replaced by a fixed text; its fields and their
+    defaults count where they are kept (``__dataclass_fields__``)."""
+    import dataclasses
+    import inspect
+
+    if not (dataclasses.is_dataclass(cls) and isinstance(state, tuple) and state
+            and isinstance(state[0], dict) and "__doc__" in state[0]):
+        return state
+    try:
+        made = cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
+    except (TypeError, ValueError):
+        return state
+    if state[0]["__doc__"] != made:
+        return state
+    return ({**state[0], "__doc__": "<a dataclass's signature>"}, *state[1:])
+
+
+def cloudpickled(value: Any, set_order: Callable[[Any], str]) -> tuple[bytes, list[Any]]:
     """cloudpickle's pickle of ``value`` where it is the same in every
     process, else the one :class:`_StableCloudPickler` writes: a class made
     in a function, a set of texts, a tensor made cloudpickle's pickle of an
     object array (and of a value the plain pickler refuses) differ in each
-    process, and its models were never reused."""
+    process, and its models were never reused. With it, the classes,
+    functions and modules the pickle names without their code."""
     import io
 
     buffer = io.BytesIO()
     noticing = _NoticingCloudPickler(buffer)
     noticing.dump(value)
     data = buffer.getvalue()
+    named = list(noticing.named.values())
     if not noticing.varies and not _may_hold_a_set(data, []):
-        return data
+        return data, named
     stable = io.BytesIO()
     rewritten = _StableCloudPickler(stable, set_order)
     rewritten.dump(value)
     if noticing.varies or rewritten.reordered:
-        return stable.getvalue()
-    return data
+        return stable.getvalue(), named
+    return data, named
 
 
 def pickled_naming(value: Any, set_order: Callable[[Any], str]) -> tuple[bytes, list[Any]]:

@@ -100,6 +100,7 @@ def schema_text(schema: Any) -> str:
     did, so the identities of the groups of such tables stay what they were."""
     metadata = schema.metadata or {}
     noted = metadata.get(b"pandas")
+    dtypes = _pandas_dtypes_note(schema.serialize().to_pybytes()) if noted else ""
     if noted and b'"range"' in noted:
         import json
 
@@ -109,9 +110,33 @@ def schema_text(schema: Any) -> str:
                 {"kind": "range"} if isinstance(column, dict) and column.get("kind") == "range"
                 else column for column in info.get("index_columns", [])]
         except (ValueError, AttributeError, TypeError):  # not pandas' own note: as it is
-            return str(schema)
+            return str(schema) + dtypes
         schema = schema.with_metadata({**metadata, b"pandas": json.dumps(info).encode()})
-    return str(schema)
+    return str(schema) + dtypes
+
+
+@functools.lru_cache(maxsize=64)  # (by its bytes: equal schemas compare without metadata)
+def _pandas_dtypes_note(serialized: bytes) -> str:
+    """The pandas types ``fit`` gets for the columns where pandas' note in
+    ``schema`` gives another than Arrow's type alone would (``Int64``,
+    ``Float64``, ``string``, ``boolean``): ``""`` where there is none. A
+    schema prints the note cut short, its length alone counting past its
+    first 70 characters: a column made ``Int64`` from ``int64``, the same
+    length, reused models that ``fit`` had computed from the other type.
+    Kept per schema: each staged partition's is asked for (2 ms each)."""
+    import pyarrow as pa
+
+    schema = pa.ipc.read_schema(pa.py_buffer(serialized))
+    try:
+        noted = schema.empty_table().to_pandas().dtypes
+        plain = schema.remove_metadata().empty_table().to_pandas().dtypes
+    except Exception:  # a note pandas cannot read: the schema's text alone
+        return ""
+    if list(noted.index) != list(plain.index):
+        return ""
+    changed = [f"{name!r}: {kind}" for (name, kind), other in zip(noted.items(), plain)
+               if str(kind) != str(other)]
+    return f"\n-- pandas types --\n{', '.join(changed)}" if changed else ""
 
 
 def group_lanes(row_hashes: np.ndarray | RowHashes, offsets: np.ndarray, lengths: np.ndarray,

@@ -49,9 +49,28 @@ def value_hash(value: Any) -> str:
     try:
         data, named = pickles.pickled_naming(value, value_hash)
     except Exception:  # a lambda, a class made in a function: by value
-        return digest(pickles.cloudpickled(value, value_hash))
-    code = codehash.user_code(named, value_hash)
-    return digest(data, code) if code else digest(data)
+        return _cloudpickle_hash(value)
+    return _with_user_code(data, named)
+
+
+def _cloudpickle_hash(value: Any) -> str:
+    """The hash of a value only cloudpickle pickles (a lambda, an object
+    array): its pickle, and the user's code it names without holding it
+    (a helper of the user's package a lambda calls)."""
+    data, named = pickles.cloudpickled(value, value_hash)
+    return _with_user_code(data, named)
+
+
+def _with_user_code(data: bytes, named: list[Any]) -> str:
+    """A pickle's hash with the code of the user's classes, functions and
+    modules it names (:func:`.codehash.user_code`) and the content of the
+    files its paths name (a config object's path to a file ``fit`` reads:
+    an edited file reused the old models); the pickle's alone where it
+    names none, so that such a value hashes as it did."""
+    code = codehash.user_code([obj for obj in named if not isinstance(obj, PurePath)],
+                              value_hash)
+    files = [f"{obj}={file_hash(obj)}" for obj in named if isinstance(obj, PurePath)]
+    return digest(data, code, *files) if code or files else digest(data)
 
 
 def _array_hash(value: np.ndarray) -> str:
@@ -62,7 +81,7 @@ def _array_hash(value: np.ndarray) -> str:
     own: a 0-d array is not the array of its one value."""
     array = np.ascontiguousarray(value)
     if array.dtype.hasobject:
-        hashed = digest(pickles.cloudpickled(array.tolist(), value_hash))
+        hashed = _cloudpickle_hash(array.tolist())
     else:
         raw = array.view(np.uint8).reshape(-1).data  # its bytes, not a copy of them
         hashed = digest(str(array.dtype), str(value.shape), raw)
@@ -174,10 +193,25 @@ def _frame_hash(frame: Any) -> str:
         if isinstance(column.dtype, pd.CategoricalDtype):
             labels.append(f"categories of {name!r}: {list(column.dtype.categories)!r}, "
                           f"ordered {column.dtype.ordered}")
+        labels.extend(_string_storage(name, column.dtype))
     labels.extend(_read_beside_the_values(frame))
     return digest(type(frame).__name__, repr([name for name, _ in columns]),
                   repr([str(column.dtype) for _, column in columns]),
                   *(hashes.tobytes() for hashes in rows), *labels)
+
+
+def _string_storage(name: Any, dtype: Any) -> list[str]:
+    """A text column's storage where it is not Arrow's: ``string[python]``
+    and ``string[pyarrow]`` print alike, and a table's groups hash them
+    apart (Arrow holds them as ``string`` and ``large_string``); a shared
+    frame's columns hash as its groups' would. Nothing for Arrow's, so that
+    such a frame stays hashed as it was."""
+    import pandas as pd
+
+    storage = getattr(dtype, "storage", None)
+    if not isinstance(dtype, pd.StringDtype) or storage in (None, "pyarrow"):
+        return []
+    return [f"storage of {name!r}: {storage}"]
 
 
 def _read_beside_the_values(frame: Any) -> list[str]:
