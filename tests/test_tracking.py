@@ -472,3 +472,28 @@ def test_an_mlflow_timeout_of_inf_waits_for_the_summary(tracking, monkeypatch):
         mm.train(fit_line, mm.items([1.0, 2.0]), backend="serial", progress=False,
                  track=tracker)
     assert mlflow.MlflowClient(uri).get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_an_mlflow_run_goes_where_the_callers_mlflow_points_and_nests_in_its_run(
+        tracking, monkeypatch):
+    """Without experiment=, the run went to MLflow's Default experiment
+    whatever the caller had set (mlflow.set_experiment, MLFLOW_EXPERIMENT_NAME),
+    and beside, not in, the run the caller had started around train."""
+    import mlflow
+
+    root, uri = tracking
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "the-callers")
+    client = mlflow.MlflowClient(uri)
+    tracker = mm.MLflow(tracking_uri=uri)
+    mm.train(fit_line, mm.items([1.0, 2.0]), backend="serial", progress=False, track=tracker)
+    logged = client.get_run(tracker.run_id)
+    assert client.get_experiment(logged.info.experiment_id).name == "the-callers"
+    with mlflow.start_run() as outer:
+        mm.train(fit_line, mm.items([1.0, 2.0]), backend="serial", progress=False,
+                 track=tracker)
+    nested = client.get_run(tracker.run_id)
+    assert nested.data.tags["mlflow.parentRunId"] == outer.info.run_id
+    assert nested.info.experiment_id == outer.info.experiment_id
+    assert nested.info.status == "FINISHED"

@@ -118,11 +118,29 @@ class MLflow(Callback):
 
     def on_run_start(self, info: RunInfo) -> None:
         # (its first round is logged at once)
-        session = self._session = self._sessions.session = _Session(info=info)
+        session = self._session = self._sessions.session = _Session(
+            info=info, caller=self._callers_mlflow())
         session.thread = threading.Thread(target=self._work, args=(session,),
                                           name="manymodels-mlflow", daemon=True)
         session.thread.start()
         session.jobs.put(_Job(lambda: self._start(session, info)))
+
+    def _callers_mlflow(self) -> _Caller:
+        """What the caller's MLflow says, read on the caller's thread (its active
+        run is that thread's) and without a call to any server: the run active
+        around ``train`` and the experiment its own MLflow calls would use
+        (``mlflow.set_experiment``, ``MLFLOW_EXPERIMENT_NAME`` or ``_ID``). Each
+        counts only where it is of this tracker's tracking server."""
+        mlflow = _mlflow()
+        if self.tracking_uri is not None and self.tracking_uri != mlflow.get_tracking_uri():
+            return _Caller()
+        active = mlflow.active_run()
+        variables = mlflow.environment_variables
+        return _Caller(parent_run_id=None if active is None else active.info.run_id,
+                       parent_experiment_id=None if active is None
+                       else active.info.experiment_id,
+                       experiment_name=variables.MLFLOW_EXPERIMENT_NAME.get(),
+                       experiment_id=variables.MLFLOW_EXPERIMENT_ID.get())
 
     def on_batch(self, progress: Progress) -> None:
         session = self._current()
@@ -185,10 +203,11 @@ class MLflow(Callback):
         mlflow = _mlflow()
         check_answers(self.tracking_uri or mlflow.get_tracking_uri())
         client = session.client = mlflow.MlflowClient(self.tracking_uri)
-        experiment_id = "0"
-        if self.experiment:
-            experiment_id = _experiment_id(client, self.experiment)
+        caller = session.caller
+        experiment_id = _experiment_id(client, self.experiment, caller)
         tags = {"manymodels.fit": info.fit, "manymodels.backend": info.backend, **self.tags}
+        if caller.parent_run_id is not None:  # nested in the caller's run, as MLflow nests
+            tags.setdefault("mlflow.parentRunId", caller.parent_run_id)
         if info.store is not None:
             tags["manymodels.store"] = (str(info.store) if is_remote(info.store.location)
                                         else str(Path(info.store.path).resolve()))
@@ -352,7 +371,22 @@ class _End:
     status: str
 
 
-def _experiment_id(client: Any, name: str) -> str:
+def _experiment_id(client: Any, name: str | None, caller: _Caller) -> str:
+    """The id of the MLflow experiment ``name``; without one, the caller's:
+    that of the run active around ``train``, else the one the caller's MLflow
+    is set to, else MLflow's ``Default`` (``"0"``): a caller who named an
+    experiment through MLflow (``mlflow.set_experiment``,
+    ``MLFLOW_EXPERIMENT_NAME``), or started a run, looks for the run there."""
+    if not name:
+        if caller.parent_experiment_id is not None:
+            return caller.parent_experiment_id
+        if caller.experiment_name is None:
+            return caller.experiment_id or "0"
+        name = caller.experiment_name
+    return _named_experiment_id(client, name)
+
+
+def _named_experiment_id(client: Any, name: str) -> str:
     """The id of the MLflow experiment ``name``, made where there is none
     (two runs starting at once may both find none: the second to make it is
     refused, and reads the first's)."""
@@ -369,6 +403,17 @@ def _experiment_id(client: Any, name: str) -> str:
 
 
 @dataclass
+class _Caller:
+    """The caller's MLflow state where ``train`` was called (see
+    :meth:`MLflow._callers_mlflow`)."""
+
+    parent_run_id: str | None = None
+    parent_experiment_id: str | None = None
+    experiment_name: str | None = None
+    experiment_id: str | None = None
+
+
+@dataclass
 class _Session:
     """One manymodels run's MLflow state: its jobs' queue and the thread that
     runs them, the client and the MLflow run id (set on that thread), and the
@@ -381,6 +426,7 @@ class _Session:
     failure: BaseException | None = None
     warned: bool = False
     info: RunInfo | None = None  # the manymodels run's
+    caller: _Caller = field(default_factory=_Caller)
     last_progress: float = 0.0  # when its progress was last logged (monotonic)
 
 
