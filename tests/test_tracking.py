@@ -497,3 +497,16 @@ def test_an_mlflow_run_goes_where_the_callers_mlflow_points_and_nests_in_its_run
     assert nested.data.tags["mlflow.parentRunId"] == outer.info.run_id
     assert nested.info.experiment_id == outer.info.experiment_id
     assert nested.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("given, named", [
+    ({"experiment": 5}, "experiment="), ({"run_name": ["a"]}, "run_name="),
+    ({"tags": [("team", "a")]}, "tags="), ({"tags": {"team": {"a": 1}}}, "tag 'team'"),
+    ({"tags": {1: "a"}}, "tag's name")])
+def test_mlflow_names_and_tags_mlflow_refuses_are_refused_when_the_tracker_is_made(
+        tracking, given, named):
+    """They were taken, the models trained, and the run was logged nowhere,
+    with a warning of MLflow's database that named no argument."""
+    with pytest.raises(TypeError, match=re.escape(named)):
+        mm.MLflow(tracking_uri=tracking[1], **given)
+    assert mm.MLflow(tracking_uri=tracking[1], tags={"n": 1}).tags == {"n": "1"}

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,10 +87,14 @@ class MLflow(Callback):
             raise ValueError(f"timeout must be a number of seconds >= 0 (math.inf: no "
                              f"limit), got {timeout!r}")
         self.metric, self.greater_is_better = ranking(log_models, metric, greater_is_better)
+        for name, value in (("experiment", experiment), ("run_name", run_name)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"MLflow({name}=) must be a name (text), got {value!r}")
+        tags = _tag_texts(tags)
         # refuse now, not after an hour of training: no MLflow, or a store it refuses
         check_store_accepted(tracking_uri or _mlflow().get_tracking_uri(), _mlflow())
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
-        self.log_models, self.tags, self.timeout = log_models, dict(tags or {}), timeout
+        self.log_models, self.tags, self.timeout = log_models, tags, timeout
         #: The latest run's MLflow state: each run has its own, so that a
         #: tracker used for a second run while the first one's logging goes on
         #: in the background keeps the two apart; and each thread's (runs that
@@ -358,6 +362,27 @@ class MLflow(Callback):
                                                metric: float(row[metric])})
             saved.append((target, f"{key!r}: {metric}={row[metric]:.6g}"))
         return saved
+
+
+def _tag_texts(tags: Any) -> dict[str, str]:
+    """``tags=`` as MLflow takes them, text to text (a number or a bool as its
+    text), checked when the tracker is made: MLflow refuses another value only
+    when the run is made, once the models have trained, with an error of its
+    database's that names no tag, and the run is logged nowhere."""
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise TypeError(f"MLflow(tags=) must be a dict of tag names to values, got "
+                        f"{type(tags).__name__} {tags!r:.80}")
+    texts = {}
+    for name, value in tags.items():
+        if not isinstance(name, str):
+            raise TypeError(f"MLflow(tags=): a tag's name must be text, got {name!r}")
+        if not isinstance(value, (str, int, float)):  # (a bool is an int)
+            raise TypeError(f"MLflow(tags=): tag {name!r} must be text or a number, got "
+                            f"{type(value).__name__} {value!r:.80}")
+        texts[name] = str(value)
+    return texts
 
 
 @dataclass
