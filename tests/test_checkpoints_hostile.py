@@ -855,3 +855,29 @@ def test_a_task_of_a_killed_driver_stops_saving_on_its_machine_alone(tmp_path):
     with pytest.raises(CheckpointSuperseded, match="has ended"):
         here.save({"step": 2})
     elsewhere.save({"step": 2})  # its lock file is there: taken for held
+
+
+def test_a_link_made_by_its_absolute_path_into_the_folder_leads_there_on_resume(tmp_path):
+    """``(path / "latest").symlink_to(path / "round-2")`` names the attempt's
+    own folder by its absolute path; the retry resumes in a folder of its
+    own, where that link dangled. Committed relative, it leads to the
+    round the retry has. A link out of the folder is committed as it reads."""
+    import os
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    work = first.path
+    (work / "round-2").mkdir()
+    (work / "round-2" / "model.txt").write_text("2 rounds")
+    (work / "latest").symlink_to(work / "round-2")
+    (work / "round-2" / "top").symlink_to(work)
+    (work / "outside").symlink_to(tmp_path / "elsewhere")
+    first.commit({"rounds": 2})
+    retry = Checkpoint(slot, attempt=2)
+    found = retry.path
+    assert found != work and not work.exists()
+    assert os.readlink(found / "latest") == "round-2"
+    assert (found / "latest" / "model.txt").read_text() == "2 rounds"
+    assert (found / "round-2" / "top" / "round-2").samefile(found / "round-2")
+    assert os.readlink(found / "outside") == str(tmp_path / "elsewhere")

@@ -344,7 +344,7 @@ def _copy_committed(work: Path, temporary: Path) -> dict[str, Any]:
     for item in sorted(work.rglob("*")):  # (never into a linked folder)
         name = item.relative_to(work).as_posix()
         if item.is_symlink():
-            links[name] = os.readlink(item)
+            links[name] = _link_target(item, work)
         elif item.is_file():
             (temporary / name).parent.mkdir(parents=True, exist_ok=True)
             entries[name] = list(copy_hashing(item, temporary / name))
@@ -356,3 +356,22 @@ def _copy_committed(work: Path, temporary: Path) -> dict[str, Any]:
     if links:
         files["links"] = links
     return files
+
+
+def _link_target(link: Path, work: Path) -> str:
+    """The target of ``link`` (in ``work``) as committed: as it reads, but
+    for an absolute one that leads into ``work`` itself (``latest`` made by
+    ``(path / "latest").symlink_to(path / "round-5")``), made relative to the
+    link. Each attempt and each run resumes in a folder of its own
+    (``work-<attempt>`` of the run's slot), so an absolute target into the
+    old folder dangled once the task resumed; relative, it leads to the
+    same file in the new one."""
+    target = os.readlink(link)
+    if not os.path.isabs(target):
+        return target
+    normal = os.path.normpath(target)
+    for root in {str(work), os.path.realpath(work)}:
+        if normal == root or normal.startswith(root + os.sep):
+            return os.path.relpath(os.path.join(work, os.path.relpath(normal, root)),
+                                   link.parent)
+    return target
