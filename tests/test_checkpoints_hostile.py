@@ -881,3 +881,33 @@ def test_a_link_made_by_its_absolute_path_into_the_folder_leads_there_on_resume(
     assert (found / "latest" / "model.txt").read_text() == "2 rounds"
     assert (found / "round-2" / "top" / "round-2").samefile(found / "round-2")
     assert os.readlink(found / "outside") == str(tmp_path / "elsewhere")
+
+
+def test_a_save_or_commit_the_disk_refuses_names_the_file_and_keeps_the_last(tmp_path):
+    """A full disk (here a file-size limit: the same error at the same
+    write) failed ``save`` with ``[Errno 27] File too large`` alone; the
+    error names the checkpoint's file, and the last checkpoint stays."""
+    import resource
+    import signal
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    checkpoint = Checkpoint(slot)
+    checkpoint.save({"values": np.ones(10)})
+    (checkpoint.path / "model.bin").write_bytes(b"x" * 300_000)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, limits[1]))
+    try:
+        with pytest.raises(OSError, match="state-b.pkl") as save:
+            checkpoint.save({"values": np.ones(100_000)})
+        with pytest.raises(OSError, match="model.bin") as commit:
+            checkpoint.commit()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert "previous one is kept" in str(save.value) and commit.value.errno == save.value.errno
+    resumed = Checkpoint(slot, attempt=2)
+    assert resumed.load()["values"].tolist() == [1.0] * 10
+    assert list(resumed.path.iterdir()) == []
+    assert sorted(p.name for p in slot.iterdir() if p.name.startswith(("files", ".tmp"))) == []

@@ -21,11 +21,13 @@ commit waited for.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
 import re
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -153,22 +155,37 @@ def write_manifest(path: Path, manifest: dict) -> None:
 def _write_in_place(path: Path, parts: list[Any], flush: bool) -> None:
     """Write ``parts`` from the start of ``path`` (made if missing), cut what
     is left beyond them, and flush the data when asked."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    with os.fdopen(descriptor, "wb") as out:
-        for part in parts:
-            out.write(part)
-        end = out.tell()
-        out.flush()
-        if os.fstat(descriptor).st_size > end:
-            os.ftruncate(descriptor, end)
-        if flush:
-            _flush(descriptor)
+    with _naming(path):
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        with os.fdopen(descriptor, "wb") as out:
+            for part in parts:
+                out.write(part)
+            end = out.tell()
+            out.flush()
+            if os.fstat(descriptor).st_size > end:
+                os.ftruncate(descriptor, end)
+            if flush:
+                _flush(descriptor)
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Name ``path`` in an error of the write (a full disk, a file-size
+    limit: ``[Errno 28] No space left on device``, which named no file, was
+    all a failed ``save`` said)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, f"{exc.strerror} (writing a checkpoint: the previous "
+                                 "one is kept)", str(path)) from exc
 
 
 def copy_hashing(source: Path, target: Path) -> tuple[str, int]:
     """Copy a file, hashing it on the way: (SHA-256, size)."""
     digest, size = hashlib.sha256(), 0
-    with open(source, "rb") as inp, open(target, "wb") as out:
+    with _naming(target), open(source, "rb") as inp, open(target, "wb") as out:
         while chunk := inp.read(_CHUNK):
             digest.update(chunk)
             out.write(chunk)
