@@ -911,3 +911,23 @@ def test_a_save_or_commit_the_disk_refuses_names_the_file_and_keeps_the_last(tmp
     assert resumed.load()["values"].tolist() == [1.0] * 10
     assert list(resumed.path.iterdir()) == []
     assert sorted(p.name for p in slot.iterdir() if p.name.startswith(("files", ".tmp"))) == []
+
+
+def test_a_commit_of_a_path_the_fit_removed_is_refused_and_the_last_one_kept(tmp_path):
+    """A library that clears its folder to write it again, failing before it
+    did: committing the folder that was gone replaced the committed files
+    with none, silently, and the state committed with them named files the
+    resumed task did not find."""
+    import shutil
+
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    checkpoint = Checkpoint(slot)
+    (checkpoint.path / "model.txt").write_text("5 rounds")
+    checkpoint.commit(5)
+    shutil.rmtree(checkpoint.path)
+    with pytest.raises(FileNotFoundError, match="work-1.*no longer a folder"):
+        checkpoint.commit(6)
+    resumed = Checkpoint(slot, attempt=2)
+    assert resumed.load() == 5
+    assert (resumed.path / "model.txt").read_text() == "5 rounds"

@@ -221,6 +221,7 @@ class Checkpoint:
         task's checkpoint, atomically."""
         work = self.path
         self._require_latest()
+        _require_folder(work)
         parts = None if state is None else pickled(state)  # (refused before any file moves)
         generation = self._generation() + 1
         target = self._slot / f"files-{generation}"
@@ -327,6 +328,18 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self._slot)!r}, attempt={self.attempt})"
+
+
+def _require_folder(work: Path) -> None:
+    """Refuse to commit a ``path`` the fit removed (a library that clears its
+    folder to write it again, failing before it did): committed, the empty
+    set of files replaced the last ones, and the state committed with them
+    (how many rounds they hold) named files that were gone."""
+    if not work.is_dir() or work.is_symlink():
+        raise FileNotFoundError(
+            f"checkpoint.commit: checkpoint.path {str(work)!r} is no longer a folder (removed "
+            "or replaced since): nothing was committed, the last checkpoint is kept; write "
+            "the files into that folder (make it again if it was removed)")
 
 
 def _copy_committed(work: Path, temporary: Path) -> dict[str, Any]:
