@@ -221,6 +221,21 @@ def test_the_next_run_resumes_a_failed_task_and_keep_checkpoints(tmp_path, log):
     assert not list((store / "checkpoints").rglob("manifest.json"))
 
 
+def test_keep_checkpoints_without_a_store_is_refused_before_any_work():
+    """Without a store a run's checkpoints are in a temporary folder that
+    goes with the run: keep_checkpoints=True kept nothing, without a word."""
+    calls = []
+
+    def fit(item, checkpoint):
+        calls.append(item)
+        return {"n": item}
+
+    with pytest.raises(ValueError, match="keep_checkpoints=True needs store="):
+        mm.train(fit, mm.items([1, 2]), backend="serial", progress=False,
+                 keep_checkpoints=True)
+    assert calls == []
+
+
 def test_gc_keeps_a_checkpoint_whose_manifest_a_crash_tore(tmp_path, log):
     store = tmp_path / "store"
     train(log, items=[6], shared={"fault": "raise:20"}, store=store, backend="serial")

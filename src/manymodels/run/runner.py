@@ -79,7 +79,7 @@ def train(
     ``store_type`` is the class a store given as a path opens as (the public
     ``mm.Store`` for ``train``, which this layer does not import)."""
     began = (time.time(), time.perf_counter())
-    _check_arguments(fit, source, store, dashboard, verify)
+    _check_arguments(fit, source, store, dashboard, verify, keep_checkpoints)
     instance = backend if isinstance(backend, Backend) else None
     backend_type = type(instance) if instance is not None else backend_class(backend)
     name = instance.name if instance is not None else backend
@@ -178,7 +178,8 @@ def train(
         return run
 
 
-def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify: Any) -> None:
+def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify: Any,
+                     keep_checkpoints: Any = False) -> None:
     """Refuse, before anything is read, what no later check would name."""
     if not callable(fit):
         raise TypeError(f"fit must be callable, got {type(fit).__name__}")
@@ -196,6 +197,9 @@ def _check_arguments(fit: Any, source: Any, store: Any, dashboard: bool, verify:
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if verify and store is None:
         raise ValueError("verify=True needs store=: it checks the models reused from the store")
+    if keep_checkpoints is True and store is None:
+        raise ValueError("keep_checkpoints=True needs store=: without a store a run's "
+                         "checkpoints are in a temporary folder that goes with the run")
 
 
 def _evaluation(fit: Any, source: Source, evaluate: Any, select: Any,
