@@ -44,7 +44,7 @@ OWNERS, JOURNAL = ".owners", ".journal"
 #: In a slot claimed from a run no longer running: the claiming run's id.
 CLAIMED = "claimed"
 #: The start of the name a stopped run's slot takes while it is removed.
-_DROPPED = ".dropped-"
+DROPPED = ".dropped-"
 
 #: The owner locks this process holds (:meth:`CheckpointSpace.hold`): a
 #: process forked from it (a ``fit`` that forks a helper outliving it) closes
@@ -225,7 +225,7 @@ class CheckpointSpace:
         for slot in slots:
             if owner_alive(Path(self.root), slot.name):
                 continue
-            doomed = base / f"{_DROPPED}{self.token}-{slot.name}"
+            doomed = base / f"{DROPPED}{self.token}-{slot.name}"
             try:
                 os.rename(slot, doomed)
             except OSError:
