@@ -879,3 +879,54 @@ def test_predict_by_names_a_column_holding_a_comma(tmp_path):
     assert both.exit_code == 2 and "write 'store\\,region' for the one column" in both.output
     escaped = _invoke("predict", tmp_path / "s", rows, "--by", "store\\,region", "-o", out)
     assert escaped.exit_code == 0, escaped.output
+
+
+def _sales_csv(path, rows=40):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"store": np.repeat(["s0", "s1"], rows // 2),
+                          "price": rng.uniform(1, 9, rows), "promo": rng.integers(0, 2, rows)})
+    frame["sales"] = 3 * frame["price"] + frame["promo"] + rng.normal(size=rows)
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_a_csv_naming_a_column_twice_is_refused_naming_it(tmp_path):
+    """A header naming `price` twice ended train in a KeyError traceback of
+    pyarrow ('Field "price" exists 2 times in schema')."""
+    lines = _sales_csv(tmp_path / "ok.csv").read_text().splitlines()
+    (tmp_path / "dup.csv").write_text("\n".join(
+        [lines[0] + ",price"] + [f"{line},{line.split(',')[1]}" for line in lines[1:]]) + "\n")
+    result = _invoke("train", tmp_path / "dup.csv", "--by", "store", "--target", "sales",
+                     "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "has two columns named 'price'" in result.output
+    assert not (tmp_path / "st").exists()
+
+
+@pytest.mark.parametrize("grid", ["None,3", "None"])
+def test_the_fallback_takes_a_grid_value_as_given(tmp_path, grid):
+    """With ``--grid max_depth=None,3`` the results column holds NaN and
+    3.0: the fallback was fitted with max_depth=3.0, which the tree refuses,
+    or, every group choosing None, failed on a mode of nothing
+    (IndexError); either way the run had no fallback."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.tree.DecisionTreeRegressor", "--param", "random_state=0",
+                     "--grid", f"max_depth={grid}", "--backend", "serial",
+                     "--store", tmp_path / "st")
+    assert result.exit_code == 0, result.output
+    assert "no fallback model" not in result.output
+    fallback = mm.Store(tmp_path / "st").attached("fallback", run=1)
+    assert fallback.max_depth in (None, 3) and type(fallback.max_depth) is not float
+
+
+def test_a_by_column_as_a_feature_is_refused(tmp_path):
+    """``--by promo --features promo,price`` trained each group on a column
+    of one value, silently."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    result = _invoke("train", data, "--by", "promo", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--features", "promo,price",
+                     "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "--features" in result.output and "'promo' is also a --by column" in result.output
+    assert not (tmp_path / "st").exists()

@@ -287,6 +287,11 @@ def _check_columns(table: Any, where: str, by: list[str], target: str,
                             f"are {columns}", "--features")
     if target in chosen:
         raise ArgumentError(f"--target {target!r} is also a feature column", "--features")
+    keys = [c for c in chosen if c in by]
+    if keys:  # one value within each group: it tells the group's model nothing
+        raise ArgumentError(f"feature column {keys[0]!r} is also a --by column, which has "
+                            "one value within each group: leave it out of --features",
+                            "--features")
     text = [c for c in chosen if not _is_numeric(types[c])]
     if text:
         raise ArgumentError(f"feature column {text[0]!r} is not numeric (its type is "
@@ -298,9 +303,40 @@ def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     """One model on every row, with the grid setting most groups chose: the
     prediction for a group that has no model of its own."""
     frame = table.select(task.features + [task.target]).to_pandas()
-    best = run.results[[c for c in run.results if c.startswith("best_")]]
-    setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
+    setting = {name: _most_chosen(values, run.results.get(f"best_{name}"))
+               for name, values in task.grid.items()}
     return task.fit(frame, **setting)
+
+
+def _most_chosen(values: list[Any], chosen: pd.Series | None) -> Any:
+    """The one of a grid's ``values`` that most groups chose (the first on a
+    tie), as given, not as the results column holds it: there ``None``
+    beside numbers is NaN and ``3`` a float ``3.0``, which an estimator
+    taking ``None`` or an int refuses (``max_depth=None,3`` left the run
+    without a fallback), and a column of ``None`` alone has no mode."""
+    if chosen is None:
+        return values[0]
+    picks = chosen.dropna().tolist()
+    missing = len(chosen) - len(picks)
+
+    def times(value: Any) -> int:
+        if value is None:
+            return missing
+        return sum(1 for pick in picks if _same_value(value, pick))
+
+    return max(values, key=times)
+
+
+def _same_value(given: Any, pick: Any) -> bool:
+    """Whether a results cell ``pick`` holds the grid value ``given`` (``3`` in ``3.0``)."""
+    import numpy as np
+
+    if isinstance(given, bool) != isinstance(pick, (bool, np.bool_)):  # True is not 1
+        return False
+    try:
+        return bool(given == pick)
+    except Exception:  # values that do not compare (arrays)
+        return False
 
 
 def _check_run_options(backend: str, timeout: float | None,

@@ -137,9 +137,11 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
     it), else text (longer ids, or negative ones beside them)."""
     import pyarrow.csv as pcsv
 
+    if named_twice(table.column_names):  # (refused by read_table, naming the column;
+        return table  # table.column(name) of such a name raised a KeyError here)
     numbers = [field.name for field in table.schema if pa.types.is_integer(field.type)
                or pa.types.is_floating(field.type) and _whole(table.column(field.name))]
-    if not numbers or named_twice(table.column_names):  # (refused by read_table)
+    if not numbers:
         return table
     texts = pcsv.read_csv(path, parse_options=parse, convert_options=pcsv.ConvertOptions(
         include_columns=numbers, column_types=dict.fromkeys(numbers, pa.string()),
