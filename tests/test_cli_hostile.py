@@ -930,3 +930,47 @@ def test_a_by_column_as_a_feature_is_refused(tmp_path):
     assert result.exit_code == 2, result.output
     assert "--features" in result.output and "'promo' is also a --by column" in result.output
     assert not (tmp_path / "st").exists()
+
+
+_SLOW_FALLBACK = '''
+import time
+from pathlib import Path
+from sklearn.linear_model import LinearRegression
+
+class SlowOnAll(LinearRegression):
+    def fit(self, X, y, sample_weight=None):
+        if len(X) > 20:  # every row: the fallback
+            Path(__file__).with_name("fallback").touch()
+            time.sleep(60)
+        return super().fit(X, y, sample_weight)
+'''
+
+
+def test_a_stop_while_the_fallback_is_fitted_says_what_is_kept(tmp_path):
+    """SIGTERM while the fallback model was fitted (after the run) killed
+    train (status 143), Ctrl-C ended it with no line at all: as though
+    nothing was kept, though every group's model was. (Both stop it alike,
+    by the run's own handlers: SIGTERM is the one tested, one process.)"""
+    import signal
+    import subprocess
+
+    (tmp_path / "slowfallback.py").write_text(_SLOW_FALLBACK)
+    data = _sales_csv(tmp_path / "sales.csv")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "manymodels", "train", str(data), "--by", "store", "--target",
+         "sales", "--model", "slowfallback.SlowOnAll", "--store", str(tmp_path / "st"),
+         "--backend", "serial"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "fallback").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert f"2 model(s) kept in {tmp_path / 'st'}, no fallback model fitted" in err
+    assert mm.Store(tmp_path / "st").runs()["status"].tolist() == ["finished"]

@@ -110,9 +110,12 @@ def train(
         raise typer.Exit(1) from exc
     except RunInterrupted as exc:  # Ctrl-C, SIGTERM: what finished is in the store
         counts = exc.run.summary().statuses if exc.run is not None else {}
+        untrained = counts.get("cancelled", 0)
         typer.echo(f"interrupted: {counts.get('ok', 0)} model(s) kept in {store}, "
-                   f"{counts.get('cancelled', 0)} group(s) not trained; the same command "
-                   "trains them and reuses the rest", err=True)
+                   + (f"{untrained} group(s) not trained; the same command trains them "
+                      "and reuses the rest" if untrained or not fallback else
+                      "no fallback model fitted; the same command fits it and reuses "
+                      "the models"), err=True)
         raise typer.Exit(130) from exc
     run = trained.run
     if not features:  # chosen here: said, so that a column read as text is seen missing

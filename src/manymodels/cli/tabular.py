@@ -308,6 +308,24 @@ def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     return task.fit(frame, **setting)
 
 
+def _fallback_or_error(task: GroupModelTask, table: Any, run: Run) -> tuple[Any, str | None]:
+    """The fallback model, or why it could not be fitted. Ctrl-C or SIGTERM
+    while it is fitted (on every row: it may take longer than any group's)
+    is a :class:`RunInterrupted` holding the run, whose models are kept, as
+    during the run: it ended the command with no line at all (SIGTERM,
+    killed with status 143), as though nothing was kept."""
+    from ..engine.interrupts import RunInterrupts
+    from ..engine.scheduling import RunInterrupted
+
+    try:
+        with RunInterrupts():  # (SIGTERM raises as Ctrl-C does)
+            return _fit_fallback(task, table, run), None
+    except KeyboardInterrupt as exc:
+        raise RunInterrupted("interrupted while fitting the fallback model", run) from exc
+    except Exception as exc:  # e.g. the rows of a failed group poison the whole table
+        return None, f"fitting it on all rows failed: {exc!r}"
+
+
 def _most_chosen(values: list[Any], chosen: pd.Series | None) -> Any:
     """The one of a grid's ``values`` that most groups chose (the first on a
     tie), as given, not as the results column holds it: there ``None``
@@ -473,11 +491,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
             "params": params, "grid": grid, "metrics": metric_names})
         fallback_error = None
         if fallback:
-            try:
-                global_model = _fit_fallback(task, table, run)
-            except Exception as exc:  # e.g. the rows of a failed group poison the whole table
-                fallback_error = f"fitting it on all rows failed: {exc!r}"
-            else:
+            global_model, fallback_error = _fallback_or_error(task, table, run)
+            if fallback_error is None:
                 run.store.attach(run.run_id, "fallback", global_model)
     means = {m: run.results[m].mean() for m in metric_names if m in run.results}
     left_out = tuple(c for c in table.column_names
