@@ -974,3 +974,19 @@ def test_a_stop_while_the_fallback_is_fitted_says_what_is_kept(tmp_path):
     assert process.returncode == 130, err
     assert f"2 model(s) kept in {tmp_path / 'st'}, no fallback model fitted" in err
     assert mm.Store(tmp_path / "st").runs()["status"].tolist() == ["finished"]
+
+
+def test_a_fallback_that_cannot_be_fitted_is_said_in_one_line(tmp_path):
+    """Its reason was the exception's repr: scikit-learn's paragraph of
+    advice about NaN, with its line breaks as ``\\n``, on one line."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    frame = pd.read_csv(data)
+    frame.loc[frame["store"] == "s1", "price"] = np.nan
+    frame.to_csv(data, index=False)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st",
+                     "--backend", "serial", "--allow-failures")
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "no fallback model" in line]
+    assert said == ["no fallback model: fitting it on all rows failed: ValueError: Input X "
+                    "contains NaN."], result.output
