@@ -990,3 +990,19 @@ def test_a_fallback_that_cannot_be_fitted_is_said_in_one_line(tmp_path):
     said = [line for line in result.output.splitlines() if "no fallback model" in line]
     assert said == ["no fallback model: fitting it on all rows failed: ValueError: Input X "
                     "contains NaN."], result.output
+
+
+def test_a_csv_separated_by_semicolons_is_said_so(tmp_path, trained):
+    """A ';'-separated CSV (a European spreadsheet's) reads as one column
+    named 'store;price;...': train and predict said a column was missing,
+    with no word of why."""
+    models, rows, table = trained
+    semi = tmp_path / "semi.csv"
+    table.to_csv(semi, index=False, sep=";")
+    for command in (["train", semi, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st"],
+                    ["predict", models, semi, "-o", tmp_path / "out.csv"],
+                    ["predict", models, semi, "--by", "store", "-o", tmp_path / "out.csv"]):
+        result = _invoke(*command)
+        assert result.exit_code == 2, result.output
+        assert "the file looks separated by ';'" in result.output, result.output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from ..engine.scheduling import RunInterrupted
-from ..inputs.tables import named_twice
+from ..inputs.tables import named_twice, separator_hint
 from .app import app
 from .arguments import column_list, fail, open_store, split_list
 from .outputs import check_out, check_out_of_store, out_name, said, written
@@ -191,7 +191,8 @@ def predict(
         absent = [name for name in by_columns if name not in frame.columns]
         if absent:
             fail(f"column {absent[0]!r} is not in DATA; its columns are "
-                  f"{[str(c) for c in frame.columns]}", "--by")
+                  f"{[str(c) for c in frame.columns]}" + separator_hint(list(frame.columns)),
+                 "--by")
         predicted = opened.predict(frame, by=by_columns or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)

@@ -177,7 +177,7 @@ def present_columns(columns: list[str], names: list[str], where: Any) -> list[st
     missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"column {missing[0]!r} is not in {str(where)!r}; "
-                         f"its columns are {names}")
+                         f"its columns are {names}" + separator_hint(names))
     wanted = set(columns)
     return [name for name in names if name in wanted]
 
@@ -202,6 +202,22 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     except pa.ArrowException as exc:
         raise ValueError(f"the files under {str(path)!r} do not share one schema: "
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
+
+
+def separator_hint(names: list[Any]) -> str:
+    """Where a table's one column is named like several joined by ``;``,
+    ``|`` or a tab (a CSV written with another separator: a European
+    spreadsheet's ``;``), a note saying so, to follow the message that a
+    column is not in it; else ``""``."""
+    if len(names) != 1 or not isinstance(names[0], str):
+        return ""
+    for separator in (";", "|", "\t"):
+        if separator in names[0]:
+            return (f" (one column: the file looks separated by {separator!r}, and a CSV "
+                    "is read comma-separated, a .tsv tab-separated: save it with commas, "
+                    f"or read it with pandas.read_csv(path, sep={separator!r}) and give "
+                    "the frame)")
+    return ""
 
 
 def named_twice(names: list[Any]) -> Any:
