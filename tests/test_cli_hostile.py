@@ -903,6 +903,22 @@ def test_a_csv_naming_a_column_twice_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "st").exists()
 
 
+def test_a_parquet_file_naming_a_column_twice_is_refused_naming_it(tmp_path):
+    """pyarrow's read of it failed with a page of its schema ('Multiple
+    matches for FieldRef.Name(x) in g: string ... __filename: string')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table([["a", "a", "b", "b"], [1.0, 2, 3, 4], [1.0, 2, 3, 5],
+                             [1.0, 2, 3, 4]], names=["g", "x", "x", "y"]),
+                   tmp_path / "dup.parquet")
+    result = _invoke("train", tmp_path / "dup.parquet", "--by", "g", "--target", "y",
+                     "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "the table " in result.output and "has two columns named 'x'" in result.output
+    assert "FieldRef" not in result.output
+
+
 @pytest.mark.parametrize("grid", ["None,3", "None"])
 def test_the_fallback_takes_a_grid_value_as_given(tmp_path, grid):
     """With ``--grid max_depth=None,3`` the results column holds NaN and

@@ -84,8 +84,10 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
         if suffix in PARQUET_SUFFIXES:
             import pyarrow.parquet as pq
 
+            names = pq.read_schema(path).names  # (a name twice: pyarrow's read fails on
+            _refuse_a_name_twice(names, repr(str(path)))  # it with a page of its schema)
             if columns is not None:
-                columns = present_columns(columns, pq.read_schema(path).names, path)
+                columns = present_columns(columns, names, path)
             return pq.read_table(path, columns=columns)
         if suffix in CSV_SUFFIXES:
             import pyarrow.csv as pcsv
