@@ -1022,3 +1022,17 @@ def test_a_csv_separated_by_semicolons_is_said_so(tmp_path, trained):
         result = _invoke(*command)
         assert result.exit_code == 2, result.output
         assert "the file looks separated by ';'" in result.output, result.output
+
+
+def test_train_refuses_a_column_predict_could_not_read(tmp_path):
+    """A feature named `source` (or a key named `prediction`) was trained on,
+    and then `manymodels predict` refused every DATA holding it: models no
+    row could be predicted with, found out after the training."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    pd.read_csv(data).rename(columns={"promo": "source"}).to_csv(data, index=False)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "--features" in result.output
+    assert "'source' is a column manymodels predict" in result.output
+    assert not (tmp_path / "st").exists()

@@ -166,6 +166,7 @@ def predict(
     from ..engine.backends import backend_class
     from ..inputs.tables import exact_pandas, read_table
     from ..store import StoreIntegrityError
+    from .tabular import PREDICTION_COLUMNS
 
     check_out(out, (".csv", ".txt", ".parquet", ".pq"))
     check_out_of_store(out, store)
@@ -183,7 +184,7 @@ def predict(
         fail(str(exc).replace("give run=", "give --run"), "--run")
     try:
         frame = exact_pandas(read_table(data))
-        taken = [name for name in ("prediction", "source") if name in frame.columns]
+        taken = [name for name in PREDICTION_COLUMNS if name in frame.columns]
         if taken:  # (the output would replace it)
             fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
                   "rename it", "DATA")

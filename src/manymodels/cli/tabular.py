@@ -299,6 +299,23 @@ def _check_columns(table: Any, where: str, by: list[str], target: str,
     return chosen
 
 
+#: The columns ``manymodels predict`` adds to its DATA's (a DATA holding one is refused).
+PREDICTION_COLUMNS = ("prediction", "source")
+
+
+def _check_predictable(by: list[str], features: list[str]) -> None:
+    """Refuse a key or feature column that ``manymodels predict`` could never
+    be given: one named as a column its output adds, which it refuses in
+    its DATA (the models were trained, and no row could be predicted)."""
+    for option, names in (("--by", by), ("--features", features)):
+        taken = [name for name in names if name in PREDICTION_COLUMNS]
+        if taken:
+            raise ArgumentError(f"column {taken[0]!r} is a column manymodels predict adds to "
+                                "its output, so it could not read it from its DATA: rename "
+                                "it" + (", or leave it out of --features"
+                                        if option == "--features" else ""), option)
+
+
 def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     """One model on every row, with the grid setting most groups chose: the
     prediction for a group that has no model of its own."""
@@ -471,6 +488,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                             else "DATA") from exc
     where = repr(data) if isinstance(data, (str, os.PathLike)) else "the table"
     feature_columns = _check_columns(table, where, by_columns, target, features)
+    _check_predictable(by_columns, feature_columns)
     target_type = table.schema.field(target).type
     if is_regressor(estimator) and not _is_numeric(target_type):
         raise ArgumentError(f"target column {target!r} is not numeric (its type is "
