@@ -702,6 +702,7 @@ def test_train_refuses_a_bad_backend_timeout_or_store_before_reading_data(tmp_pa
             "--model", "sklearn.linear_model.Ridge"]
     for extra, option, said in (
             (["--store", tmp_path / "a-file"], "--store", "is a file"),
+            (["--store", tmp_path / "a-file" / "models"], "--store", "a file, not a directory"),
             (["--store", tmp_path / "st", "--timeout", "-5"], "--timeout", "positive"),
             (["--store", tmp_path / "st", "--backend", "bogus"], "--backend",
              "unknown backend"),

@@ -403,8 +403,20 @@ def _check_run_options(backend: str, timeout: float | None,
         text = str(exc).replace("timeout=", "--timeout").replace(
             "backend='processes'", "--backend processes")
         raise ArgumentError(text, _run_option(exc)) from exc
-    if not is_remote(str(store)) and Path(store).is_file():
+    if not is_remote(str(store)):
+        _check_store_path(Path(store))
+
+
+def _check_store_path(store: Path) -> None:
+    """Refuse a store path that is a file, or under one (``afile/models``):
+    the latter was found only when the store was made, after the data was
+    read and, for a linear model, fitted."""
+    if store.is_file():
         raise ArgumentError(f"store path {str(store)!r} is a file, not a directory", "--store")
+    above = next((folder for folder in store.absolute().parents if folder.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ArgumentError(f"store path {str(store)!r} is under {str(above)!r}, a file, not "
+                            "a directory", "--store")
 
 
 def _run_option(exc: Exception) -> str:
