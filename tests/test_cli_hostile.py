@@ -131,7 +131,8 @@ def test_outputs_are_checked_before_work_and_written_whole(tmp_path, trained):
     text_price = tmp_path / "text.csv"
     pd.read_csv(rows).assign(price="abc").to_csv(text_price, index=False)
     result = _invoke("predict", models, text_price, "--by", "store", "-o", kept)
-    assert result.exit_code == 2 and "could not convert string to float" in result.output
+    assert result.exit_code == 2 and "column 'price' of the table to predict holds text" \
+        in result.output, result.output
     assert "Traceback" not in result.output
     assert kept.read_text() == "an earlier file\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
