@@ -296,7 +296,7 @@ def test_runs_and_show_write_csv_and_json(trained_store, command):
     (["--param", "alpha=-1"], ["'alpha'", "Ridge"]),
     (["--grid", "solver=auto,nope"], ["'solver'", "'nope'"]),
     (["--param", "alpha=1", "--grid", "alpha=1,2"], ["'alpha'", "--param", "--grid"]),
-    (["--features", "price,store"], ["'store'", "not numeric"]),
+    (["--features", "price,store"], ["'store'", "also a --by column"]),
     (["--features", "price,sales"], ["'sales'", "feature"]),
     (["--metrics", "accuracy"], ["'accuracy'", "regressor"]),
 ])

@@ -131,7 +131,8 @@ def test_outputs_are_checked_before_work_and_written_whole(tmp_path, trained):
     text_price = tmp_path / "text.csv"
     pd.read_csv(rows).assign(price="abc").to_csv(text_price, index=False)
     result = _invoke("predict", models, text_price, "--by", "store", "-o", kept)
-    assert result.exit_code == 2 and "could not convert string to float" in result.output
+    assert result.exit_code == 2 and "column 'price' of the table to predict holds text" \
+        in result.output, result.output
     assert "Traceback" not in result.output
     assert kept.read_text() == "an earlier file\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
@@ -702,6 +703,7 @@ def test_train_refuses_a_bad_backend_timeout_or_store_before_reading_data(tmp_pa
             "--model", "sklearn.linear_model.Ridge"]
     for extra, option, said in (
             (["--store", tmp_path / "a-file"], "--store", "is a file"),
+            (["--store", tmp_path / "a-file" / "models"], "--store", "a file, not a directory"),
             (["--store", tmp_path / "st", "--timeout", "-5"], "--timeout", "positive"),
             (["--store", tmp_path / "st", "--backend", "bogus"], "--backend",
              "unknown backend"),
@@ -879,3 +881,160 @@ def test_predict_by_names_a_column_holding_a_comma(tmp_path):
     assert both.exit_code == 2 and "write 'store\\,region' for the one column" in both.output
     escaped = _invoke("predict", tmp_path / "s", rows, "--by", "store\\,region", "-o", out)
     assert escaped.exit_code == 0, escaped.output
+
+
+def _sales_csv(path, rows=40):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"store": np.repeat(["s0", "s1"], rows // 2),
+                          "price": rng.uniform(1, 9, rows), "promo": rng.integers(0, 2, rows)})
+    frame["sales"] = 3 * frame["price"] + frame["promo"] + rng.normal(size=rows)
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_a_csv_naming_a_column_twice_is_refused_naming_it(tmp_path):
+    """A header naming `price` twice ended train in a KeyError traceback of
+    pyarrow ('Field "price" exists 2 times in schema')."""
+    lines = _sales_csv(tmp_path / "ok.csv").read_text().splitlines()
+    (tmp_path / "dup.csv").write_text("\n".join(
+        [lines[0] + ",price"] + [f"{line},{line.split(',')[1]}" for line in lines[1:]]) + "\n")
+    result = _invoke("train", tmp_path / "dup.csv", "--by", "store", "--target", "sales",
+                     "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "has two columns named 'price'" in result.output
+    assert not (tmp_path / "st").exists()
+
+
+def test_a_parquet_file_naming_a_column_twice_is_refused_naming_it(tmp_path):
+    """pyarrow's read of it failed with a page of its schema ('Multiple
+    matches for FieldRef.Name(x) in g: string ... __filename: string')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table([["a", "a", "b", "b"], [1.0, 2, 3, 4], [1.0, 2, 3, 5],
+                             [1.0, 2, 3, 4]], names=["g", "x", "x", "y"]),
+                   tmp_path / "dup.parquet")
+    result = _invoke("train", tmp_path / "dup.parquet", "--by", "g", "--target", "y",
+                     "--model", "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "the table " in result.output and "has two columns named 'x'" in result.output
+    assert "FieldRef" not in result.output
+
+
+@pytest.mark.parametrize("grid", ["None,3", "None"])
+def test_the_fallback_takes_a_grid_value_as_given(tmp_path, grid):
+    """With ``--grid max_depth=None,3`` the results column holds NaN and
+    3.0: the fallback was fitted with max_depth=3.0, which the tree refuses,
+    or, every group choosing None, failed on a mode of nothing
+    (IndexError); either way the run had no fallback."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.tree.DecisionTreeRegressor", "--param", "random_state=0",
+                     "--grid", f"max_depth={grid}", "--backend", "serial",
+                     "--store", tmp_path / "st")
+    assert result.exit_code == 0, result.output
+    assert "no fallback model" not in result.output
+    fallback = mm.Store(tmp_path / "st").attached("fallback", run=1)
+    assert fallback.max_depth in (None, 3) and type(fallback.max_depth) is not float
+
+
+def test_a_by_column_as_a_feature_is_refused(tmp_path):
+    """``--by promo --features promo,price`` trained each group on a column
+    of one value, silently."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    result = _invoke("train", data, "--by", "promo", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--features", "promo,price",
+                     "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "--features" in result.output and "'promo' is also a --by column" in result.output
+    assert not (tmp_path / "st").exists()
+
+
+_SLOW_FALLBACK = '''
+import time
+from pathlib import Path
+from sklearn.linear_model import LinearRegression
+
+class SlowOnAll(LinearRegression):
+    def fit(self, X, y, sample_weight=None):
+        if len(X) > 20:  # every row: the fallback
+            Path(__file__).with_name("fallback").touch()
+            time.sleep(60)
+        return super().fit(X, y, sample_weight)
+'''
+
+
+def test_a_stop_while_the_fallback_is_fitted_says_what_is_kept(tmp_path):
+    """SIGTERM while the fallback model was fitted (after the run) killed
+    train (status 143), Ctrl-C ended it with no line at all: as though
+    nothing was kept, though every group's model was. (Both stop it alike,
+    by the run's own handlers: SIGTERM is the one tested, one process.)"""
+    import signal
+    import subprocess
+
+    (tmp_path / "slowfallback.py").write_text(_SLOW_FALLBACK)
+    data = _sales_csv(tmp_path / "sales.csv")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "manymodels", "train", str(data), "--by", "store", "--target",
+         "sales", "--model", "slowfallback.SlowOnAll", "--store", str(tmp_path / "st"),
+         "--backend", "serial"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "fallback").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert f"2 model(s) kept in {tmp_path / 'st'}, no fallback model fitted" in err
+    assert mm.Store(tmp_path / "st").runs()["status"].tolist() == ["finished"]
+
+
+def test_a_fallback_that_cannot_be_fitted_is_said_in_one_line(tmp_path):
+    """Its reason was the exception's repr: scikit-learn's paragraph of
+    advice about NaN, with its line breaks as ``\\n``, on one line."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    frame = pd.read_csv(data)
+    frame.loc[frame["store"] == "s1", "price"] = np.nan
+    frame.to_csv(data, index=False)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st",
+                     "--backend", "serial", "--allow-failures")
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "no fallback model" in line]
+    assert said == ["no fallback model: fitting it on all rows failed: ValueError: Input X "
+                    "contains NaN."], result.output
+
+
+def test_a_csv_separated_by_semicolons_is_said_so(tmp_path, trained):
+    """A ';'-separated CSV (a European spreadsheet's) reads as one column
+    named 'store;price;...': train and predict said a column was missing,
+    with no word of why."""
+    models, rows, table = trained
+    semi = tmp_path / "semi.csv"
+    table.to_csv(semi, index=False, sep=";")
+    for command in (["train", semi, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st"],
+                    ["predict", models, semi, "-o", tmp_path / "out.csv"],
+                    ["predict", models, semi, "--by", "store", "-o", tmp_path / "out.csv"]):
+        result = _invoke(*command)
+        assert result.exit_code == 2, result.output
+        assert "the file looks separated by ';'" in result.output, result.output
+
+
+def test_train_refuses_a_column_predict_could_not_read(tmp_path):
+    """A feature named `source` (or a key named `prediction`) was trained on,
+    and then `manymodels predict` refused every DATA holding it: models no
+    row could be predicted with, found out after the training."""
+    data = _sales_csv(tmp_path / "sales.csv")
+    pd.read_csv(data).rename(columns={"promo": "source"}).to_csv(data, index=False)
+    result = _invoke("train", data, "--by", "store", "--target", "sales", "--model",
+                     "sklearn.linear_model.Ridge", "--store", tmp_path / "st")
+    assert result.exit_code == 2, result.output
+    assert "--features" in result.output
+    assert "'source' is a column manymodels predict" in result.output
+    assert not (tmp_path / "st").exists()

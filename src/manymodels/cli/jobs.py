@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from ..engine.scheduling import RunInterrupted
-from ..inputs.tables import named_twice
+from ..inputs.tables import named_twice, separator_hint
 from .app import app
 from .arguments import column_list, fail, open_store, split_list
 from .outputs import check_out, check_out_of_store, out_name, said, written
@@ -110,9 +110,12 @@ def train(
         raise typer.Exit(1) from exc
     except RunInterrupted as exc:  # Ctrl-C, SIGTERM: what finished is in the store
         counts = exc.run.summary().statuses if exc.run is not None else {}
+        untrained = counts.get("cancelled", 0)
         typer.echo(f"interrupted: {counts.get('ok', 0)} model(s) kept in {store}, "
-                   f"{counts.get('cancelled', 0)} group(s) not trained; the same command "
-                   "trains them and reuses the rest", err=True)
+                   + (f"{untrained} group(s) not trained; the same command trains them "
+                      "and reuses the rest" if untrained or not fallback else
+                      "no fallback model fitted; the same command fits it and reuses "
+                      "the models"), err=True)
         raise typer.Exit(130) from exc
     run = trained.run
     if not features:  # chosen here: said, so that a column read as text is seen missing
@@ -163,6 +166,7 @@ def predict(
     from ..engine.backends import backend_class
     from ..inputs.tables import exact_pandas, read_table
     from ..store import StoreIntegrityError
+    from .tabular import PREDICTION_COLUMNS
 
     check_out(out, (".csv", ".txt", ".parquet", ".pq"))
     check_out_of_store(out, store)
@@ -180,7 +184,7 @@ def predict(
         fail(str(exc).replace("give run=", "give --run"), "--run")
     try:
         frame = exact_pandas(read_table(data))
-        taken = [name for name in ("prediction", "source") if name in frame.columns]
+        taken = [name for name in PREDICTION_COLUMNS if name in frame.columns]
         if taken:  # (the output would replace it)
             fail(f"DATA has a column named {taken[0]!r}, a column the output adds: "
                   "rename it", "DATA")
@@ -188,7 +192,8 @@ def predict(
         absent = [name for name in by_columns if name not in frame.columns]
         if absent:
             fail(f"column {absent[0]!r} is not in DATA; its columns are "
-                  f"{[str(c) for c in frame.columns]}", "--by")
+                  f"{[str(c) for c in frame.columns]}" + separator_hint(list(frame.columns)),
+                 "--by")
         predicted = opened.predict(frame, by=by_columns or None, run=run,
                                    with_source=True, workers=workers, backend=backend,
                                    progress=True)

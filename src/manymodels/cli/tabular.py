@@ -287,6 +287,11 @@ def _check_columns(table: Any, where: str, by: list[str], target: str,
                             f"are {columns}", "--features")
     if target in chosen:
         raise ArgumentError(f"--target {target!r} is also a feature column", "--features")
+    keys = [c for c in chosen if c in by]
+    if keys:  # one value within each group: it tells the group's model nothing
+        raise ArgumentError(f"feature column {keys[0]!r} is also a --by column, which has "
+                            "one value within each group: leave it out of --features",
+                            "--features")
     text = [c for c in chosen if not _is_numeric(types[c])]
     if text:
         raise ArgumentError(f"feature column {text[0]!r} is not numeric (its type is "
@@ -294,13 +299,87 @@ def _check_columns(table: Any, where: str, by: list[str], target: str,
     return chosen
 
 
+#: The columns ``manymodels predict`` adds to its DATA's (a DATA holding one is refused).
+PREDICTION_COLUMNS = ("prediction", "source")
+
+
+def _check_predictable(by: list[str], features: list[str]) -> None:
+    """Refuse a key or feature column that ``manymodels predict`` could never
+    be given: one named as a column its output adds, which it refuses in
+    its DATA (the models were trained, and no row could be predicted)."""
+    for option, names in (("--by", by), ("--features", features)):
+        taken = [name for name in names if name in PREDICTION_COLUMNS]
+        if taken:
+            raise ArgumentError(f"column {taken[0]!r} is a column manymodels predict adds to "
+                                "its output, so it could not read it from its DATA: rename "
+                                "it" + (", or leave it out of --features"
+                                        if option == "--features" else ""), option)
+
+
 def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     """One model on every row, with the grid setting most groups chose: the
     prediction for a group that has no model of its own."""
     frame = table.select(task.features + [task.target]).to_pandas()
-    best = run.results[[c for c in run.results if c.startswith("best_")]]
-    setting = {c[5:]: best[c].mode().iloc[0] for c in best} if len(best.columns) else {}
+    setting = {name: _most_chosen(values, run.results.get(f"best_{name}"))
+               for name, values in task.grid.items()}
     return task.fit(frame, **setting)
+
+
+def _fallback_or_error(task: GroupModelTask, table: Any, run: Run) -> tuple[Any, str | None]:
+    """The fallback model, or why it could not be fitted. Ctrl-C or SIGTERM
+    while it is fitted (on every row: it may take longer than any group's)
+    is a :class:`RunInterrupted` holding the run, whose models are kept, as
+    during the run: it ended the command with no line at all (SIGTERM,
+    killed with status 143), as though nothing was kept."""
+    from ..engine.interrupts import RunInterrupts
+    from ..engine.scheduling import RunInterrupted
+
+    try:
+        with RunInterrupts():  # (SIGTERM raises as Ctrl-C does)
+            return _fit_fallback(task, table, run), None
+    except KeyboardInterrupt as exc:
+        raise RunInterrupted("interrupted while fitting the fallback model", run) from exc
+    except Exception as exc:  # e.g. the rows of a failed group poison the whole table
+        return None, f"fitting it on all rows failed: {_first_line(exc)}"
+
+
+def _first_line(exc: Exception) -> str:
+    """``ValueError: Input X contains NaN.``: the exception's type and the
+    first line of its message, as ``show`` prints a group's error (its repr
+    put scikit-learn's paragraph of advice on one line, ``\\n`` and all)."""
+    said = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
+def _most_chosen(values: list[Any], chosen: pd.Series | None) -> Any:
+    """The one of a grid's ``values`` that most groups chose (the first on a
+    tie), as given, not as the results column holds it: there ``None``
+    beside numbers is NaN and ``3`` a float ``3.0``, which an estimator
+    taking ``None`` or an int refuses (``max_depth=None,3`` left the run
+    without a fallback), and a column of ``None`` alone has no mode."""
+    if chosen is None:
+        return values[0]
+    picks = chosen.dropna().tolist()
+    missing = len(chosen) - len(picks)
+
+    def times(value: Any) -> int:
+        if value is None:
+            return missing
+        return sum(1 for pick in picks if _same_value(value, pick))
+
+    return max(values, key=times)
+
+
+def _same_value(given: Any, pick: Any) -> bool:
+    """Whether a results cell ``pick`` holds the grid value ``given`` (``3`` in ``3.0``)."""
+    import numpy as np
+
+    if isinstance(given, bool) != isinstance(pick, (bool, np.bool_)):  # True is not 1
+        return False
+    try:
+        return bool(given == pick)
+    except Exception:  # values that do not compare (arrays)
+        return False
 
 
 def _check_run_options(backend: str, timeout: float | None,
@@ -324,8 +403,20 @@ def _check_run_options(backend: str, timeout: float | None,
         text = str(exc).replace("timeout=", "--timeout").replace(
             "backend='processes'", "--backend processes")
         raise ArgumentError(text, _run_option(exc)) from exc
-    if not is_remote(str(store)) and Path(store).is_file():
+    if not is_remote(str(store)):
+        _check_store_path(Path(store))
+
+
+def _check_store_path(store: Path) -> None:
+    """Refuse a store path that is a file, or under one (``afile/models``):
+    the latter was found only when the store was made, after the data was
+    read and, for a linear model, fitted."""
+    if store.is_file():
         raise ArgumentError(f"store path {str(store)!r} is a file, not a directory", "--store")
+    above = next((folder for folder in store.absolute().parents if folder.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ArgumentError(f"store path {str(store)!r} is under {str(above)!r}, a file, not "
+                            "a directory", "--store")
 
 
 def _run_option(exc: Exception) -> str:
@@ -409,6 +500,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                             else "DATA") from exc
     where = repr(data) if isinstance(data, (str, os.PathLike)) else "the table"
     feature_columns = _check_columns(table, where, by_columns, target, features)
+    _check_predictable(by_columns, feature_columns)
     target_type = table.schema.field(target).type
     if is_regressor(estimator) and not _is_numeric(target_type):
         raise ArgumentError(f"target column {target!r} is not numeric (its type is "
@@ -437,11 +529,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
             "params": params, "grid": grid, "metrics": metric_names})
         fallback_error = None
         if fallback:
-            try:
-                global_model = _fit_fallback(task, table, run)
-            except Exception as exc:  # e.g. the rows of a failed group poison the whole table
-                fallback_error = f"fitting it on all rows failed: {exc!r}"
-            else:
+            global_model, fallback_error = _fallback_or_error(task, table, run)
+            if fallback_error is None:
                 run.store.attach(run.run_id, "fallback", global_model)
     means = {m: run.results[m].mean() for m in metric_names if m in run.results}
     left_out = tuple(c for c in table.column_names

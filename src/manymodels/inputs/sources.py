@@ -24,7 +24,7 @@ from .engineframes import EngineFrame, engine_of, staging_location
 from .objectstores import is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
 from .sourcechecks import check_cost
-from .tables import is_pandas_frame, named_twice, plain_scalar, read_table
+from .tables import is_pandas_frame, named_twice, plain_scalar, read_table, separator_hint
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")
@@ -133,7 +133,8 @@ class GroupSource(Source):
                 raise ValueError(
                     f"{what} column {missing[0]!r} is not in the table; "
                     f"its columns are {self.table.column_names}"
-                    + _index_hint(self.row_index, missing[0]))
+                    + _index_hint(self.row_index, missing[0])
+                    + separator_hint(self.table.column_names))
         if self.table.num_rows == 0:
             raise ValueError("the table is empty: there are no groups to train")
         self.by = by_columns

@@ -84,8 +84,10 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
         if suffix in PARQUET_SUFFIXES:
             import pyarrow.parquet as pq
 
+            names = pq.read_schema(path).names  # (a name twice: pyarrow's read fails on
+            _refuse_a_name_twice(names, repr(str(path)))  # it with a page of its schema)
             if columns is not None:
-                columns = present_columns(columns, pq.read_schema(path).names, path)
+                columns = present_columns(columns, names, path)
             return pq.read_table(path, columns=columns)
         if suffix in CSV_SUFFIXES:
             import pyarrow.csv as pcsv
@@ -137,9 +139,11 @@ def _codes_kept_as_text(path: Path, parse: Any, table: pa.Table) -> pa.Table:
     it), else text (longer ids, or negative ones beside them)."""
     import pyarrow.csv as pcsv
 
+    if named_twice(table.column_names):  # (refused by read_table, naming the column;
+        return table  # table.column(name) of such a name raised a KeyError here)
     numbers = [field.name for field in table.schema if pa.types.is_integer(field.type)
                or pa.types.is_floating(field.type) and _whole(table.column(field.name))]
-    if not numbers or named_twice(table.column_names):  # (refused by read_table)
+    if not numbers:
         return table
     texts = pcsv.read_csv(path, parse_options=parse, convert_options=pcsv.ConvertOptions(
         include_columns=numbers, column_types=dict.fromkeys(numbers, pa.string()),
@@ -175,7 +179,7 @@ def present_columns(columns: list[str], names: list[str], where: Any) -> list[st
     missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"column {missing[0]!r} is not in {str(where)!r}; "
-                         f"its columns are {names}")
+                         f"its columns are {names}" + separator_hint(names))
     wanted = set(columns)
     return [name for name in names if name in wanted]
 
@@ -200,6 +204,22 @@ def _read_directory(path: Path, columns: list[str] | None = None) -> pa.Table:
     except pa.ArrowException as exc:
         raise ValueError(f"the files under {str(path)!r} do not share one schema: "
                          f"{first_misfit(files, [t.schema for t in tables])}{exc}") from exc
+
+
+def separator_hint(names: list[Any]) -> str:
+    """Where a table's one column is named like several joined by ``;``,
+    ``|`` or a tab (a CSV written with another separator: a European
+    spreadsheet's ``;``), a note saying so, to follow the message that a
+    column is not in it; else ``""``."""
+    if len(names) != 1 or not isinstance(names[0], str):
+        return ""
+    for separator in (";", "|", "\t"):
+        if separator in names[0]:
+            return (f" (one column: the file looks separated by {separator!r}, and a CSV "
+                    "is read comma-separated, a .tsv tab-separated: save it with commas, "
+                    f"or read it with pandas.read_csv(path, sep={separator!r}) and give "
+                    "the frame)")
+    return ""
 
 
 def named_twice(names: list[Any]) -> Any:

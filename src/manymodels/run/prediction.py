@@ -438,7 +438,7 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
 
     from ..engine.options import check_switch
     from ..inputs.engineframes import engine_of, refuse_engine_frame
-    from ..inputs.tables import exact_pandas, read_table
+    from ..inputs.tables import exact_pandas, read_table, separator_hint
 
     check_switch("with_source", with_source)
     check_switch("fallback", fallback)
@@ -490,7 +490,9 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
         raise ValueError("the table to predict has no rows")
     missing = [c for c in by_columns + list(features or []) if c not in frame.columns]
     if missing:
-        raise ValueError(f"column {missing[0]!r} is not in the table to predict")
+        raise ValueError(f"column {missing[0]!r} is not in the table to predict; its columns "
+                         f"are {[str(c) for c in frame.columns]}"
+                         + separator_hint(list(frame.columns)))
     routed = predict_groups(store, frame, by_columns, artifacts, backup, features=features,
                             method=method, fn=fn, backend=backend, workers=workers,
                             progress=progress)
