@@ -241,6 +241,7 @@ def _million_store(path: Path, tasks: int) -> None:
     from manymodels.store.writer import StoreWriter
 
     store = mm.Store(path)
+    store._make()  # a new store, written to through its internals
     start = time.time() - 3600
     run_id = store._conn.execute(
         "INSERT INTO runs(started_at, finished_at, status, backend, workers, source, fit, "

@@ -103,6 +103,7 @@ def test_every_row_naming_a_model_gets_its_artifact(tmp_path):
     from manymodels.store.writer import StoreWriter
 
     store = mm.Store(tmp_path / "s")
+    store._make()  # a new store, written to through its internals
     conn = store._conn
     small, large = Pickled(b"s" * 20), Pickled(b"L" * (artifacts.SMALL_ARTIFACT + 5))
     pack = ModelPack().seal([7, 8], [b"seven", b"eight!"])
@@ -157,6 +158,7 @@ def test_packed_large_and_absent_models_are_each_stored_under_their_task(tmp_pat
     expected = {item: fit_mixed(item)[0] for item in range(60) if item % 7 != 3}
     assert sorted(run.models) == sorted(expected)
     store = mm.Store(tmp_path / "s")
+    store._make()  # a new store, written to through its internals
     for item, model in expected.items():
         np.testing.assert_array_equal(run.models[item], model)
         np.testing.assert_array_equal(store.load(item), model)
@@ -423,6 +425,7 @@ def test_a_backend_that_breaks_down_leaves_the_run_failed_and_what_finished_kept
                  store=tmp_path / "s", progress=False)
     assert not [t for t in threading.enumerate() if "store-writer" in t.name]
     store = mm.Store(tmp_path / "s")
+    store._make()  # a new store, written to through its internals
     assert store.runs()["status"].tolist() == ["failed"]
     ok = store.results().query("status == 'ok'")
     assert len(ok) >= 3  # the first three batches, committed

@@ -131,6 +131,7 @@ def _run_of_blocks(store: mm.Store, blocks: list[tuple[str, list[int]]]) -> int:
 
 def test_a_task_written_twice_reads_as_its_latest_row(tmp_path):
     store = mm.Store(tmp_path / "store")
+    store._make()  # a new store, written to through its internals
     run_id = _run_of_blocks(store, [("failed", [0, 1, 2]), ("ok", [1])])
     tasks = taskblocks.read_run(store._conn, run_id, ["status"])
     assert tasks["task_index"].to_pylist() == [0, 1, 2]
@@ -141,6 +142,7 @@ def test_a_task_written_twice_reads_as_its_latest_row(tmp_path):
 
 def test_blocks_out_of_task_order_read_in_order_or_as_they_are(tmp_path):
     store = mm.Store(tmp_path / "store")
+    store._make()  # a new store, written to through its internals
     # batches finish out of order
     run_id = _run_of_blocks(store, [("ok", [3, 4, 5]), ("ok", [0, 2]), ("ok", [1])])
     in_order = taskblocks.read_run(store._conn, run_id, ["key"])
@@ -155,6 +157,7 @@ def test_blocks_decoded_ahead_on_threads_come_in_order(tmp_path, monkeypatch, ah
     ahead of the one it takes: they come in the order written, each whole,
     and a damaged one is refused by name, as one at a time."""
     store = mm.Store(tmp_path / "store")
+    store._make()  # a new store, written to through its internals
     monkeypatch.setattr(taskblocks, "DECODE_AHEAD", ahead)
     written = [("ok", [3, 4]), ("failed", [0]), ("ok", [5, 1]), ("ok", [2]), ("ok", [1])]
     run_id = _run_of_blocks(store, written)
@@ -177,6 +180,7 @@ def test_the_blocks_before_one_that_cannot_be_read_still_come(tmp_path, monkeypa
     """Decoding ahead must not hide the blocks before one refused on the
     reading thread (the dashboard shows what it read before the error)."""
     store = mm.Store(tmp_path / "store")
+    store._make()  # a new store, written to through its internals
     monkeypatch.setattr(taskblocks, "DECODE_AHEAD", 4)
     run_id = _run_of_blocks(store, [("ok", [i]) for i in range(6)])
     conn = store._conn
@@ -590,6 +594,7 @@ def test_loadable_mask_equals_the_set_check(tmp_path):
     from manymodels.store import artifacts, packs
 
     store = mm.Store(tmp_path / "store")
+    store._make()  # a new store, written to through its internals
     conn = store._conn
     conn.execute("BEGIN IMMEDIATE")
     small = [bytes([i]) * 10 for i in range(4)]
