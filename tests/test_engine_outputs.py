@@ -240,6 +240,22 @@ def test_map_groups_of_a_ray_dataset_reads_the_outputs_on_ray(local_ray, table, 
     _same(result.to_pandas(), expected)
 
 
+
+@pytest.mark.ray
+def test_a_ray_datasets_categorical_key_comes_back_categorical(local_ray, tmp_path):
+    """Ray's own schema has no type for a pandas block's categorical (an
+    error and its traceback logged at each look): the key's type read as
+    none, and a categorical key came back as text. Typed from the blocks'
+    dtypes, it comes back with its categories, as the pandas path gives it."""
+    frame = pd.DataFrame({"c": pd.Categorical(list("abab"), categories=["b", "a"]),
+                          "x": np.arange(4.0)})
+    expected = mm.map_groups(_count, mm.groups(frame, by="c"), backend="serial")
+    result = mm.map_groups(_count, local_ray.data.from_pandas(frame), by="c",
+                           staging=str(tmp_path / "stage"), backend="serial", progress=False)
+    got = result.to_pandas()
+    assert isinstance(got["c"].dtype, pd.CategoricalDtype)
+    assert got["c"].astype(str).tolist() == expected["c"].astype(str).tolist() == ["b", "a"]
+
 def _nullable_ints(df):
     """Store 2's group holds a missing count and flag (pandas' ``Int64`` and
     ``boolean``), the others none."""

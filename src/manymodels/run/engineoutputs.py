@@ -147,7 +147,8 @@ class EngineOutputs:
                 result = _dask_frame_of(self.engine_frame.frame, self.directory, files, schema,
                                         self.fn.key_columns)
             else:
-                result = _ray_dataset_of(self.directory, files, schema)
+                result = _ray_dataset_of(self.directory, files, schema, _ray_key_categories(
+                    self.engine_frame.frame, _dictionary_keys(schema, self.fn.key_columns)))
         except BaseException:
             self.discard()
             raise
@@ -335,13 +336,31 @@ def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema,
     divisions = None
     if total:
         divisions = tuple(start for _, start in chunks) + (total - 1,)
-    # (a key fn returned of its own, relabelled, is not the input's: left as it is)
-    categories = _key_categories(frame, [name for name in keys if name in schema.names
-                                         and pa.types.is_dictionary(schema.field(name).type)])
+    categories = _key_categories(frame, _dictionary_keys(schema, keys))
     meta = pandas_frame_of(schema.empty_table(), schema, categories)
     return dd.from_map(read_dask_chunk, chunks, meta=meta,
                        divisions=divisions, label="manymodels-outputs",
                        directory=directory, schema=schema, categories=categories)
+
+
+def _dictionary_keys(schema: pa.Schema, keys: list[str]) -> list[str]:
+    """The key columns the unified ``schema`` holds as dictionaries: the
+    input's categorical keys (a key ``fn`` returned of its own, relabelled,
+    is not the input's, and is left as it is)."""
+    return [name for name in keys
+            if name in schema.names and pa.types.is_dictionary(schema.field(name).type)]
+
+
+def _ray_key_categories(dataset: Any, keys: list[str]) -> dict[str, Any]:
+    """The categorical dtype of each key column of a Ray Dataset of pandas
+    blocks: every block of the result takes its categories (a block of
+    each group's own ones made Ray's ``to_pandas`` give the key as text)."""
+    import pandas as pd
+
+    base = getattr(dataset.schema(), "base_schema", None)
+    dtypes = dict(zip(base.names, base.types)) if hasattr(base, "types") else {}
+    return {name: dtypes[name] for name in keys
+            if isinstance(dtypes.get(name), pd.CategoricalDtype)}
 
 
 def _key_categories(frame: Any, keys: list[str]) -> dict[str, Any]:
@@ -360,8 +379,10 @@ def _key_categories(frame: Any, keys: list[str]) -> dict[str, Any]:
     return categories
 
 
-def _ray_dataset_of(directory: str, files: list, schema: pa.Schema) -> Any:
-    """A Ray Dataset whose blocks, in key order, Ray tasks read into the object store."""
+def _ray_dataset_of(directory: str, files: list, schema: pa.Schema,
+                    categories: dict[str, Any] | None = None) -> Any:
+    """A Ray Dataset whose blocks, in key order, Ray tasks read into the object
+    store, each categorical key (``categories``) of the input's categories."""
     import ray
     import ray.data
 
@@ -369,7 +390,8 @@ def _ray_dataset_of(directory: str, files: list, schema: pa.Schema) -> Any:
         return ray.data.from_arrow(schema.empty_table())
     read = ray.remote(read_files)
     cores = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    blocks = [read.remote(directory, names, schema) for names, _ in _chunks(files, cores)]
+    blocks = [read.remote(directory, names, schema, categories)
+              for names, _ in _chunks(files, cores)]
     ray.wait(blocks, num_returns=len(blocks), fetch_local=False)
     return ray.data.from_arrow_refs(blocks)
 
