@@ -416,6 +416,29 @@ def test_key_columns_keep_the_input_types(engine, tmp_path):
         pd.testing.assert_frame_equal(got, expected, check_index_type=False)
 
 
+
+def _rows_and_type(df):
+    return df.assign(seen=str(df["v"].dtype))
+
+
+def test_a_nullable_column_reaches_fn_and_comes_back_as_the_dask_frame_holds_it(engine,
+                                                                                tmp_path):
+    """A Dask ``Int64`` column other than a key reached ``fn`` as ``float64``
+    in a group with a missing value (``int64`` in the others), and came back
+    so, where the pandas path hands ``fn`` and gives back ``Int64``."""
+    name = engine[0]
+    if name != "dask":
+        pytest.skip("a Dask frame's pandas types (Spark has none)")
+    frame = pd.DataFrame({"k": [1, 1, 2, 2], "v": pd.array([1, None, 2, 3], dtype="Int64"),
+                          "b": pd.array([True, None, False, True], dtype="boolean")})
+    expected = mm.map_groups(_rows_and_type, mm.groups(frame, by="k"), backend="serial")
+    result = mm.map_groups(_rows_and_type, _engine_frame(engine, frame), by="k",
+                           staging=str(tmp_path / "stage"), backend="serial")
+    got = _collected(name, result).reset_index(drop=True)
+    assert got["seen"].tolist() == ["Int64"] * 4
+    assert got.dtypes[["v", "b"]].equals(expected.dtypes[["v", "b"]])
+    assert result.dtypes[["v", "b"]].equals(expected.dtypes[["v", "b"]])
+
 def _relabelled(df):
     """The group's rows with the key column replaced by fn's own text."""
     return df.assign(**{df.columns[0]: "group " + df.iloc[:, 0].astype(str)})
