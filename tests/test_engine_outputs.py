@@ -406,8 +406,10 @@ def test_key_columns_keep_the_input_types(engine, tmp_path):
         "k": pd.array([1, 1, None, None, 3, 3, 3, 1], dtype="Int64"),
         "u": np.array([1, 1, 2, 2, 3, 3, 3, 1], dtype="uint8"),
         "c": pd.Categorical(list("bbzzaaab"), categories=["b", "a", "z"], ordered=True),
+        "f": np.array([1, 1, 2, 2, 3, 3, 3, 1], dtype="float32") / 2,  # float64 came back,
+        "t": pd.to_datetime(np.array([1, 1, 2, 2, 3, 3, 3, 1]), unit="D").as_unit("s"),  # [us]
         "x": np.arange(8.0)})
-    for key in ("k", "u", "c"):
+    for key in ("k", "u", "c", "f", "t"):
         expected = mm.map_groups(_count, mm.groups(frame, by=key), backend="serial")
         result = mm.map_groups(_count, _engine_frame(engine, frame), by=key,
                                staging=str(tmp_path / "stage"), backend="serial")

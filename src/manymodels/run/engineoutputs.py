@@ -161,22 +161,28 @@ class EngineOutputs:
 
 def _key_types(engine_frame: EngineFrame, names: list[str]) -> dict[str, tuple[pa.DataType, bool]]:
     """The input's Arrow type of each key column whose values a worker adds
-    as Python values (an integer, a boolean, a category: an ``int64``, a
-    ``bool`` or a text there, and a missing key a null of no type), and
+    as Python values (an integer, a boolean, a category, a float32, a
+    datetime of seconds: an ``int64``, a ``bool``, a text, a ``double``, a
+    ``timestamp[us]`` there, and a missing key a null of no type), and
     whether the Dask frame holds it as pandas' nullable type (``Int64``,
-    ``boolean``). From the engine's schema: no job runs."""
+    ``boolean``). A Dask column of Python objects is left out: its schema
+    (a sample's) does not know its values' type. From the engine's schema:
+    no job runs."""
     schema = engine_frame.schema
+    dask = engine_frame.engine == "dask"
     types = {}
     for name in names:
         if name not in schema.names:  # a grid's setting
             continue
         kind = schema.field(name).type
+        dtype = engine_frame.frame._meta[name].dtype if dask else None
         if pa.types.is_dictionary(kind):  # categories a chunk: more than an int8 holds
             kind = pa.dictionary(pa.int32(), kind.value_type, kind.ordered)
-        elif not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
+        elif pa.types.is_nested(kind) or pa.types.is_null(kind) or (
+                isinstance(dtype, np.dtype) and dtype.kind == "O"):
             continue
-        extension = engine_frame.engine == "dask" and not isinstance(
-            engine_frame.frame._meta[name].dtype, np.dtype)
+        extension = dask and not isinstance(dtype, np.dtype) and (
+            pa.types.is_integer(kind) or pa.types.is_boolean(kind))
         types[name] = (kind, extension)
     return types
 
@@ -196,7 +202,7 @@ def _typed_keys(schema: pa.Schema, schemas: list[pa.Schema],
             schema = schema.set(position, pa.field(name, kind))
         missing = any(name in one.names and pa.types.is_null(one.field(name).type)
                       for one in schemas)
-        if not pa.types.is_dictionary(kind) and (extension or missing):
+        if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and (extension or missing):
             nullable.add(name)
     return schema, nullable
 
