@@ -315,6 +315,10 @@ def test_store_predict_of_an_engine_frame_is_the_engines_frame(engine, table, tm
 
     with pytest.raises(ValueError, match="column 'price' is not in the"):
         store.predict(_engine_frame(engine, rows), by="store", features=["price"])
+    dated = rows.assign(store=pd.Timestamp("2024-01-01") + pd.to_timedelta(rows["store"], "D"))
+    with pytest.raises(ValueError, match="key column 'store' of the table to predict holds "
+                       ".*datetimes .*stored under keys of numbers"):  # every row null, unsaid
+        store.predict(_engine_frame(engine, dated), by="store", features=["x"])
     with pytest.raises(ValueError, match="column 'x' is not in the table to predict: the "
                        "model of group .* was fitted with it"):  # its feature_names_in_
         store.predict(_engine_frame(engine, rows.drop(columns="x")), by="store")

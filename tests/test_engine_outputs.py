@@ -240,6 +240,22 @@ def test_map_groups_of_a_ray_dataset_reads_the_outputs_on_ray(local_ray, table, 
     _same(result.to_pandas(), expected)
 
 
+
+@pytest.mark.ray
+def test_a_ray_datasets_categorical_key_comes_back_categorical(local_ray, tmp_path):
+    """Ray's own schema has no type for a pandas block's categorical (an
+    error and its traceback logged at each look): the key's type read as
+    none, and a categorical key came back as text. Typed from the blocks'
+    dtypes, it comes back with its categories, as the pandas path gives it."""
+    frame = pd.DataFrame({"c": pd.Categorical(list("abab"), categories=["b", "a"]),
+                          "x": np.arange(4.0)})
+    expected = mm.map_groups(_count, mm.groups(frame, by="c"), backend="serial")
+    result = mm.map_groups(_count, local_ray.data.from_pandas(frame), by="c",
+                           staging=str(tmp_path / "stage"), backend="serial", progress=False)
+    got = result.to_pandas()
+    assert isinstance(got["c"].dtype, pd.CategoricalDtype)
+    assert got["c"].astype(str).tolist() == expected["c"].astype(str).tolist() == ["b", "a"]
+
 def _nullable_ints(df):
     """Store 2's group holds a missing count and flag (pandas' ``Int64`` and
     ``boolean``), the others none."""
@@ -390,8 +406,10 @@ def test_key_columns_keep_the_input_types(engine, tmp_path):
         "k": pd.array([1, 1, None, None, 3, 3, 3, 1], dtype="Int64"),
         "u": np.array([1, 1, 2, 2, 3, 3, 3, 1], dtype="uint8"),
         "c": pd.Categorical(list("bbzzaaab"), categories=["b", "a", "z"], ordered=True),
+        "f": np.array([1, 1, 2, 2, 3, 3, 3, 1], dtype="float32") / 2,  # float64 came back,
+        "t": pd.to_datetime(np.array([1, 1, 2, 2, 3, 3, 3, 1]), unit="D").as_unit("s"),  # [us]
         "x": np.arange(8.0)})
-    for key in ("k", "u", "c"):
+    for key in ("k", "u", "c", "f", "t"):
         expected = mm.map_groups(_count, mm.groups(frame, by=key), backend="serial")
         result = mm.map_groups(_count, _engine_frame(engine, frame), by=key,
                                staging=str(tmp_path / "stage"), backend="serial")
@@ -399,6 +417,29 @@ def test_key_columns_keep_the_input_types(engine, tmp_path):
         assert result.dtypes[key] == got.dtypes[key] == expected.dtypes[key], key
         pd.testing.assert_frame_equal(got, expected, check_index_type=False)
 
+
+
+def _rows_and_type(df):
+    return df.assign(seen=str(df["v"].dtype))
+
+
+def test_a_nullable_column_reaches_fn_and_comes_back_as_the_dask_frame_holds_it(engine,
+                                                                                tmp_path):
+    """A Dask ``Int64`` column other than a key reached ``fn`` as ``float64``
+    in a group with a missing value (``int64`` in the others), and came back
+    so, where the pandas path hands ``fn`` and gives back ``Int64``."""
+    name = engine[0]
+    if name != "dask":
+        pytest.skip("a Dask frame's pandas types (Spark has none)")
+    frame = pd.DataFrame({"k": [1, 1, 2, 2], "v": pd.array([1, None, 2, 3], dtype="Int64"),
+                          "b": pd.array([True, None, False, True], dtype="boolean")})
+    expected = mm.map_groups(_rows_and_type, mm.groups(frame, by="k"), backend="serial")
+    result = mm.map_groups(_rows_and_type, _engine_frame(engine, frame), by="k",
+                           staging=str(tmp_path / "stage"), backend="serial")
+    got = _collected(name, result).reset_index(drop=True)
+    assert got["seen"].tolist() == ["Int64"] * 4
+    assert got.dtypes[["v", "b"]].equals(expected.dtypes[["v", "b"]])
+    assert result.dtypes[["v", "b"]].equals(expected.dtypes[["v", "b"]])
 
 def _relabelled(df):
     """The group's rows with the key column replaced by fn's own text."""

@@ -194,10 +194,35 @@ def _column_names(table: Any, engine: str) -> list[str]:
 
 
 def _ray_schema(dataset: Any) -> Any:
-    """A Ray Dataset's schema in Arrow types (Ray's own conversion of pandas
-    blocks' dtypes); a column Arrow has no type for reads as null."""
+    """A Ray Dataset's schema in Arrow types; a column Arrow has no type for
+    reads as null. A Dataset of pandas blocks is typed from their dtypes as
+    Arrow types them (:func:`_pandas_block_schema`): Ray's own conversion
+    has no type for a categorical or a zone-aware datetime (logging an error
+    with its traceback at each call), so a categorical key came back as text."""
     import pyarrow as pa
 
     schema = dataset.schema()
+    base = getattr(schema, "base_schema", None)
+    if isinstance(base, pa.Schema):
+        return base
+    if base is not None and hasattr(base, "types"):
+        return _pandas_block_schema(base.names, base.types)
     return pa.schema([(name, kind if isinstance(kind, pa.DataType) else pa.null())
                       for name, kind in zip(schema.names, schema.types)])
+
+
+def _pandas_block_schema(names: Sequence[str], dtypes: Sequence[Any]) -> Any:
+    """The Arrow schema of pandas columns of ``dtypes``, as ``Table.from_pandas``
+    types them (a categorical a dictionary, ``Int64`` an ``int64``); a column
+    of Python objects, whose values alone tell, is of the null type."""
+    import pandas as pd
+    import pyarrow as pa
+
+    fields = []
+    for name, dtype in zip(names, dtypes):
+        try:
+            kind = pa.Array.from_pandas(pd.Series([], dtype=dtype)).type
+        except (TypeError, ValueError, pa.ArrowException):
+            kind = pa.null()
+        fields.append(pa.field(str(name), kind))
+    return pa.schema(fields)

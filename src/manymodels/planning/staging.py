@@ -71,6 +71,7 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
 
     if table.num_rows == 0:
         return None
+    types = _pandas_types(table.schema)
     table = table.replace_schema_metadata(None)
     codes = exact_pandas(table.select(by)).groupby(by, sort=True, dropna=False,
                                                    observed=True).ngroup()
@@ -85,12 +86,13 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     np.cumsum(lengths[:-1], out=offsets[1:])
     number = int.from_bytes(os.urandom(8), "little") >> 1  # an id no other worker draws
     path = path_in(directory, file_name(number))
+    written = rows if types is None else rows.replace_schema_metadata(types)
     if is_remote(directory):
-        write_arrow_file(path, rows)
+        write_arrow_file(path, written)
     else:
         with pa.OSFile(path + ".partial", "wb") as sink, \
-                pa.ipc.new_file(sink, rows.schema) as out:
-            out.write_table(rows)
+                pa.ipc.new_file(sink, written.schema) as out:
+            out.write_table(written)
         os.replace(path + ".partial", path)  # a file is whole, or absent
     hashes = arrow_row_hashes(rows)
     # each group's row hashes in order of value: the same lanes whatever order
@@ -104,6 +106,19 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     for name, values in zip(INDEX_COLUMNS, columns):
         index = index.append_column(name, pa.array(values, type=pa.int64()))
     return index
+
+
+def _pandas_types(schema: pa.Schema) -> dict[bytes, bytes] | None:
+    """The pandas types of a partition that came from pandas (a Dask
+    partition, a Ray Dataset's pandas block), as ``Table.from_pandas`` notes
+    them: the staged file keeps them, so that ``fit`` gets a nullable
+    ``Int64`` or ``boolean`` column as such, as the pandas path hands it the
+    frame's own types (Arrow's ``to_pandas`` made it floats or objects in a
+    group with a missing value, and ``map_groups`` gave it back so). The
+    rows' data hash leaves them out: the same rows staged from Arrow (a
+    Spark DataFrame) or from another pandas are the same data."""
+    kept = (schema.metadata or {}).get(b"pandas")
+    return None if kept is None else {b"pandas": kept}
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

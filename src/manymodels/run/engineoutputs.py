@@ -147,7 +147,8 @@ class EngineOutputs:
                 result = _dask_frame_of(self.engine_frame.frame, self.directory, files, schema,
                                         self.fn.key_columns)
             else:
-                result = _ray_dataset_of(self.directory, files, schema)
+                result = _ray_dataset_of(self.directory, files, schema, _ray_key_categories(
+                    self.engine_frame.frame, _dictionary_keys(schema, self.fn.key_columns)))
         except BaseException:
             self.discard()
             raise
@@ -160,22 +161,28 @@ class EngineOutputs:
 
 def _key_types(engine_frame: EngineFrame, names: list[str]) -> dict[str, tuple[pa.DataType, bool]]:
     """The input's Arrow type of each key column whose values a worker adds
-    as Python values (an integer, a boolean, a category: an ``int64``, a
-    ``bool`` or a text there, and a missing key a null of no type), and
+    as Python values (an integer, a boolean, a category, a float32, a
+    datetime of seconds: an ``int64``, a ``bool``, a text, a ``double``, a
+    ``timestamp[us]`` there, and a missing key a null of no type), and
     whether the Dask frame holds it as pandas' nullable type (``Int64``,
-    ``boolean``). From the engine's schema: no job runs."""
+    ``boolean``). A Dask column of Python objects is left out: its schema
+    (a sample's) does not know its values' type. From the engine's schema:
+    no job runs."""
     schema = engine_frame.schema
+    dask = engine_frame.engine == "dask"
     types = {}
     for name in names:
         if name not in schema.names:  # a grid's setting
             continue
         kind = schema.field(name).type
+        dtype = engine_frame.frame._meta[name].dtype if dask else None
         if pa.types.is_dictionary(kind):  # categories a chunk: more than an int8 holds
             kind = pa.dictionary(pa.int32(), kind.value_type, kind.ordered)
-        elif not (pa.types.is_integer(kind) or pa.types.is_boolean(kind)):
+        elif pa.types.is_nested(kind) or pa.types.is_null(kind) or (
+                isinstance(dtype, np.dtype) and dtype.kind == "O"):
             continue
-        extension = engine_frame.engine == "dask" and not isinstance(
-            engine_frame.frame._meta[name].dtype, np.dtype)
+        extension = dask and not isinstance(dtype, np.dtype) and (
+            pa.types.is_integer(kind) or pa.types.is_boolean(kind))
         types[name] = (kind, extension)
     return types
 
@@ -195,7 +202,7 @@ def _typed_keys(schema: pa.Schema, schemas: list[pa.Schema],
             schema = schema.set(position, pa.field(name, kind))
         missing = any(name in one.names and pa.types.is_null(one.field(name).type)
                       for one in schemas)
-        if not pa.types.is_dictionary(kind) and (extension or missing):
+        if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and (extension or missing):
             nullable.add(name)
     return schema, nullable
 
@@ -335,13 +342,31 @@ def _dask_frame_of(frame: Any, directory: str, files: list, schema: pa.Schema,
     divisions = None
     if total:
         divisions = tuple(start for _, start in chunks) + (total - 1,)
-    # (a key fn returned of its own, relabelled, is not the input's: left as it is)
-    categories = _key_categories(frame, [name for name in keys if name in schema.names
-                                         and pa.types.is_dictionary(schema.field(name).type)])
+    categories = _key_categories(frame, _dictionary_keys(schema, keys))
     meta = pandas_frame_of(schema.empty_table(), schema, categories)
     return dd.from_map(read_dask_chunk, chunks, meta=meta,
                        divisions=divisions, label="manymodels-outputs",
                        directory=directory, schema=schema, categories=categories)
+
+
+def _dictionary_keys(schema: pa.Schema, keys: list[str]) -> list[str]:
+    """The key columns the unified ``schema`` holds as dictionaries: the
+    input's categorical keys (a key ``fn`` returned of its own, relabelled,
+    is not the input's, and is left as it is)."""
+    return [name for name in keys
+            if name in schema.names and pa.types.is_dictionary(schema.field(name).type)]
+
+
+def _ray_key_categories(dataset: Any, keys: list[str]) -> dict[str, Any]:
+    """The categorical dtype of each key column of a Ray Dataset of pandas
+    blocks: every block of the result takes its categories (a block of
+    each group's own ones made Ray's ``to_pandas`` give the key as text)."""
+    import pandas as pd
+
+    base = getattr(dataset.schema(), "base_schema", None)
+    dtypes = dict(zip(base.names, base.types)) if hasattr(base, "types") else {}
+    return {name: dtypes[name] for name in keys
+            if isinstance(dtypes.get(name), pd.CategoricalDtype)}
 
 
 def _key_categories(frame: Any, keys: list[str]) -> dict[str, Any]:
@@ -360,8 +385,10 @@ def _key_categories(frame: Any, keys: list[str]) -> dict[str, Any]:
     return categories
 
 
-def _ray_dataset_of(directory: str, files: list, schema: pa.Schema) -> Any:
-    """A Ray Dataset whose blocks, in key order, Ray tasks read into the object store."""
+def _ray_dataset_of(directory: str, files: list, schema: pa.Schema,
+                    categories: dict[str, Any] | None = None) -> Any:
+    """A Ray Dataset whose blocks, in key order, Ray tasks read into the object
+    store, each categorical key (``categories``) of the input's categories."""
     import ray
     import ray.data
 
@@ -369,7 +396,8 @@ def _ray_dataset_of(directory: str, files: list, schema: pa.Schema) -> Any:
         return ray.data.from_arrow(schema.empty_table())
     read = ray.remote(read_files)
     cores = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    blocks = [read.remote(directory, names, schema) for names, _ in _chunks(files, cores)]
+    blocks = [read.remote(directory, names, schema, categories)
+              for names, _ in _chunks(files, cores)]
     ray.wait(blocks, num_returns=len(blocks), fetch_local=False)
     return ray.data.from_arrow_refs(blocks)
 

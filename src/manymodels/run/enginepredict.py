@@ -33,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs.engineframes import engine_of, refuse_nested_keys, stand_ins
+from ..inputs.engineframes import EngineFrame, engine_of, refuse_nested_keys, stand_ins
 from ..inputs.keys import TypedKeys, decode_key
 from ..inputs.tables import plain_scalar
 from ..store.database import INDEX_NAME, StoreIntegrityError
+from .predictchecks import check_schema_key_types
 
 #: A Python worker of the engine keeps this many loaded models (a group's
 #: model is used once per shuffle, the fallback model by many groups).
@@ -197,6 +198,8 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
     if not artifacts and fallback is None:
         raise ValueError(f"store {str(store)!r} has no model to predict with and no "
                          "fallback model")
+    check_schema_key_types(by, EngineFrame(table, engine).schema, artifacts,
+                           f"store {str(store)!r}")
     task = EngineGroupPredictor(store.reopened_as, predictor, artifacts, with_source,
                                 store_version(store))
     models = {} if fn is not None else _first_models(store, artifacts, fallback)

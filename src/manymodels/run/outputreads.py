@@ -31,10 +31,39 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def read_files(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
+def read_files(directory: str, refs: list[str], schema: pa.Schema,
+               categories: dict[str, Any] | None = None) -> pa.Table:
     """On an engine's worker: the rows ``refs`` name (:attr:`WrittenOutput.ref`,
     or a file's name for all of it) under ``directory``, in order, as one
-    table of ``schema``. Each file is mapped once and its rows taken at once
+    table of ``schema``, the dictionary columns of ``categories`` (a
+    categorical dtype each) of those categories, in every block alike."""
+    table = _read_refs(directory, refs, schema)
+    for name, kind in (categories or {}).items():
+        column = in_categories(table.column(name), kind)
+        position = table.schema.get_field_index(name)
+        table = table.set_column(position, table.schema.field(position).with_type(column.type),
+                                 column)
+    return table
+
+
+def in_categories(column: pa.ChunkedArray, kind: Any) -> pa.ChunkedArray:
+    """A dictionary ``column`` re-encoded on the categories of ``kind`` (a
+    pandas categorical dtype), in their order: each block of its own groups'
+    values alone would hold other dictionaries, which Ray's ``to_pandas``
+    gives as text, not a categorical."""
+    import pyarrow.compute as pc
+
+    values = pa.array(list(kind.categories), type=column.type.value_type)
+    indices = pc.index_in(column.cast(column.type.value_type), value_set=values)
+    return pa.chunked_array([pa.DictionaryArray.from_arrays(
+        indices.combine_chunks().cast(column.type.index_type), values,
+        ordered=bool(kind.ordered))], type=pa.dictionary(column.type.index_type,
+                                                         column.type.value_type, kind.ordered))
+
+
+def _read_refs(directory: str, refs: list[str], schema: pa.Schema) -> pa.Table:
+    """:func:`read_files`' rows, as the files hold them (conformed to
+    ``schema``). Each file is mapped once and its rows taken at once
     (neighbours in key order may lie in different files: the workers ran
     batches side by side, and a retried group's rows lie in another
     worker's file), read up to the last row wanted."""

@@ -175,6 +175,51 @@ def check_key_types(by: Sequence[str], planned: Sequence[tuple], unseen: Sequenc
         return
 
 
+def check_schema_key_types(by: Sequence[str], schema: Any, artifacts: dict[str, str],
+                           where: str) -> None:
+    """Refuse a key column of an engine's table to predict whose type (its
+    Arrow ``schema``: no job runs) holds no value of the kind the stored
+    keys are (``artifacts``: encoded key -> model), as :func:`check_key_types`
+    refuses a pandas table none of whose keys found a model: every row of
+    it would get a null prediction (or the fallback model's), silently. A
+    text column is not refused (its digits may name numbers), nor a column
+    of a type that does not tell (Python objects)."""
+    if not artifacts:
+        return
+    stored = _kinds((decode_key(text) for text in itertools.islice(artifacts, KEYS_COMPARED)),
+                    len(by))
+    for name, (theirs, trained) in zip(by, stored):
+        kind = schema.field(name).type if name in schema.names else None
+        ours = arrow_key_kinds(kind) if kind is not None else set()
+        if theirs and ours and not theirs & ours:
+            raise ValueError(
+                f"key column {name!r} of the table to predict holds {_kind_text(ours)} "
+                f"({kind}), but the models in {where} were stored under keys of "
+                f"{_kind_text(theirs)} (e.g. {trained!r}): no row would match a stored key; "
+                "convert the column to the type the models were trained on")
+
+
+def arrow_key_kinds(kind: Any) -> set[str]:
+    """The kinds of key (:func:`key_type`) a column of Arrow type ``kind``
+    holds; empty where its type does not tell."""
+    import pyarrow as pa
+
+    types = pa.types
+    if types.is_dictionary(kind):
+        kind = kind.value_type
+    if types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind):
+        return {"number"}
+    if types.is_string(kind) or types.is_large_string(kind):
+        return {"text", "number"}
+    if types.is_timestamp(kind):
+        return {"naive datetime" if kind.tz is None else "zone-aware datetime"}
+    if types.is_date(kind):
+        return {"date"}
+    if types.is_decimal(kind):
+        return {"decimal"}
+    return set()
+
+
 def _kind_text(kinds: set[str]) -> str:
     names = sorted(kinds - {"number"} if kinds > {"number"} and "text" in kinds else kinds)
     return " and ".join(f"{k}s" if not k.endswith("s") else k for k in names)
