@@ -687,3 +687,12 @@ def test_a_run_deleted_while_it_runs_says_so(tmp_path):
     assert len(raised) == 1 and isinstance(raised[0], mm.StoreError)
     assert "run 1 was deleted from the store" in str(raised[0])
     assert "reuses it" not in str(raised[0])
+
+
+def test_a_serial_run_records_the_one_worker_it_runs_whatever_workers_says(tmp_path):
+    """``backend="serial", workers=4`` ran one worker (the driver) but the
+    store recorded as many as tasks allowed (3 of 3 tasks)."""
+    run = mm.train(_identity, mm.items(range(3)), backend="serial", workers=4,
+                   store=tmp_path / "s", progress=False)
+    assert run.summary().workers == 1
+    assert mm.Store(tmp_path / "s").runs()["workers"].tolist() == [1]

@@ -151,6 +151,8 @@ class RunOptions:
         if workers is not None:
             if options.gpu_sets is not None:
                 workers = min(workers, len(options.gpu_sets))
+            if backend_type.max_workers is not None:
+                workers = min(workers, backend_type.max_workers)
             workers = max(1, min(workers, tasks))
         return replace(options, workers=workers)
 

@@ -213,6 +213,10 @@ class Backend(ABC):
     shares_one_queue: ClassVar[bool] = False
     """A queued batch goes to whichever worker frees up first, not to one
     worker: a long batch never waits behind another while a worker idles."""
+    max_workers: ClassVar[int | None] = None
+    """The most workers it runs, whatever ``workers=`` asks (serial: 1, the
+    driver itself); None for no bound of its own. The run is sized, and
+    recorded in the store, with at most this many."""
     runs_fit_in_poll: ClassVar[bool] = False
     """``poll`` runs ``fit`` itself, in the driver (serial): a Ctrl-C must
     cut into it. Any other backend's ``poll`` only reads what its workers

@@ -21,6 +21,7 @@ from .base import Backend, Event, Finished, WorkerStartupError
 class SerialBackend(Backend):
     name = "serial"
     isolates_gpus = True  # one task at a time
+    max_workers = 1  # the driver itself
     runs_fit_in_poll = True
 
     @classmethod
