@@ -104,6 +104,20 @@ def test_the_command_says_which_path_it_took(tmp_path):
     assert len(mm.Store(tmp_path / "a").results()) == 32
 
 
+def test_an_unchanged_rerun_says_its_models_were_reused_not_fitted(tmp_path):
+    """The batched fit runs before the store says what it holds: an unchanged
+    re-run printed "fast path: mm.linear fitted and scored 32 of 32" beside
+    32 reused models."""
+    kwargs = {"by": ["shop", "sku"], "target": "sales",
+              "model": "sklearn.linear_model.Ridge", "backend": "serial",
+              "store": tmp_path / "s", "fallback": False}
+    first = train_table(table(), **kwargs)
+    assert first.path_note.startswith("fast path: mm.linear fitted and scored 32 of 32")
+    again = train_table(table(), **kwargs)
+    assert again.run.summary().reused == 32
+    assert again.path_note == "every group's model reused from the store: none fitted"
+
+
 @pytest.mark.parametrize("second", ["near_copy", "tiny_scale"])
 def test_an_ill_conditioned_group_is_left_to_scikit_learn(tmp_path, second):
     """LinearRegression drops singular values below tol=1e-6 of the largest:

@@ -523,6 +523,9 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
             raise
         raise ArgumentError(str(exc), _run_option(exc)) from exc
+    if path_note is not None and run.summary().reused == len(run.results):
+        # (the batched fit ran before the store said every model was there)
+        path_note = "every group's model reused from the store: none fitted"
     with run.store._one_publication():  # an object store's index: uploaded once for both
         run.store.attach(run.run_id, "train_config", {
             "by": by_columns, "target": target, "features": feature_columns, "model": model,
