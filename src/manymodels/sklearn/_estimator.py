@@ -446,6 +446,14 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         """Class probabilities, columns in the order of ``classes_``."""
         return self._route(X, "predict_proba")
 
+    @available_if(_offers_predict_proba)
+    def predict_log_proba(self, X: Any) -> np.ndarray:
+        """The log of :meth:`predict_proba` (-inf for a class the row's model
+        gives no probability), as scikit-learn's meta-estimators offer it:
+        ``cross_val_score(scoring="neg_log_loss")`` and stacking call it."""
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
+
     @available_if(_offers_decision_function)
     def decision_function(self, X: Any) -> np.ndarray:
         """Each row's decision scores from its group's model: one column for two
