@@ -197,3 +197,27 @@ def test_shrinkage_and_missing_keys_on_the_engine_equal_the_serial_path():
     serial = model.predict(new)
     np.testing.assert_array_equal(
         model.set_params(backend="processes", workers=2).predict(new), serial)
+
+
+class FitPidRegressor(RegressorMixin, BaseEstimator):
+    """The mean of y; remembers the process that fitted it."""
+
+    def fit(self, X, y):
+        self.pid_, self.mean_ = os.getpid(), float(np.mean(y))
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+
+def test_inside_a_joblib_worker_the_groups_take_the_cores_joblib_left_it(monkeypatch):
+    """cross_validate(n_jobs=2) on 2 cores leaves each worker one core (its
+    OMP_NUM_THREADS): the groups fit in that worker, not in workers of its own."""
+    from sklearn.model_selection import cross_validate
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    X, y = _rows(groups=4, per_group=10, seed=3)
+    folds = cross_validate(GroupedEstimator(FitPidRegressor(), by="g"), X, y, cv=2,
+                           n_jobs=2, return_estimator=True)
+    for fitted in folds["estimator"]:
+        assert {model.pid_ for model in fitted.models_.values()} == {fitted.fallback_.pid_}

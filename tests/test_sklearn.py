@@ -322,3 +322,26 @@ def test_a_group_whose_predict_raises_in_the_caller_is_named(grouped):
         with pytest.raises(ValueError, match="contains NaN") as raised:
             model.predict(broken)
         assert "(predicting the rows of group 'c')" in raised.value.__notes__
+
+
+def test_predict_log_proba_is_offered_with_predict_proba():
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame({"g": np.repeat(["p", "q"], 50), "x": rng.normal(size=100)})
+    y = np.where(X["g"] == "p", (X["x"] > 0).astype(int), 2 * (X["x"] > 0).astype(int))
+    estimator = GroupedEstimator(LogisticRegression(), by="g", backend="serial").fit(X, y)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(estimator.predict_log_proba(X),
+                                   np.log(estimator.predict_proba(X)))
+    assert np.isneginf(estimator.predict_log_proba(X)[X["g"] == "p", 2]).all()
+    assert not hasattr(GroupedEstimator(Ridge(), by="g"), "predict_log_proba")
+
+
+def test_groups_fitted_on_forked_workers_draw_different_random_numbers():
+    """random_state=None draws from NumPy's global state: each worker has its own."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    X = pd.DataFrame({"g": np.repeat(np.arange(8), 5), "x": np.arange(40.0)})
+    estimator = GroupedEstimator(RandomForestRegressor(n_estimators=1), by="g", workers=2,
+                                 backend="processes").fit(X, np.arange(40.0))
+    seeds = [model.estimators_[0].random_state for model in estimator.models_.values()]
+    assert len(set(seeds)) == len(seeds)

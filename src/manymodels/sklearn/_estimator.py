@@ -73,6 +73,21 @@ def _offers_decision_function(owner: GroupedEstimator) -> bool:
     return True
 
 
+def joblib_worker_cores() -> int | None:
+    """The cores a joblib (loky) worker may use, or None outside one: joblib
+    sets its ``OMP_NUM_THREADS`` to ``cpu_count // n_jobs`` (or keeps the
+    user's), which is how scikit-learn's estimators size what they nest."""
+    import multiprocessing
+    import os
+
+    if not multiprocessing.current_process().name.startswith("LokyProcess"):
+        return None
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
 class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
     """One clone of ``estimator`` per group of rows, with a fallback model.
 
@@ -99,7 +114,9 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         ``None``: fit on worker processes; predict as ``Store.predict`` does, in
         the caller unless the measured cost of a few groups says workers pay.
     workers : int or None
-        How many workers (as :func:`manymodels.train`'s).
+        How many workers (as :func:`manymodels.train`'s). ``None`` inside a
+        joblib worker (``GridSearchCV(n_jobs=k)``): the cores joblib left it;
+        one core runs the groups in that worker.
     hierarchical : bool
         With several ``by`` columns, also fit a model per prefix
         (``by=["country", "city"]``: per country, then per (country, city)), and
@@ -283,12 +300,14 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             check_chains(shrink, key_of, self.level_sizes_, self.n_rows_, self.fallback,
                          self.min_group_size)
         self.models_, self.parent_models_, failures = {}, {}, []
+        backend, workers = self._engine()
         if len(stacked):
+            backend = backend or ("serial" if workers == 1 else "processes")
             run = train(
                 fit_group, groups(stacked, by=GROUP),
                 shared={"estimator": self.estimator, "features": feature_columns,
                         "as_frame": self._as_frame, "weighted": sample_weight is not None},
-                backend=self.backend or "processes", workers=self.workers, progress=False)
+                backend=backend, workers=workers, progress=False)
             for code, model in run.models.items():
                 prefix = key_of[code]
                 if len(prefix) == depth:
@@ -360,6 +379,15 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             return clone(prototype).fit(X_all, y, sample_weight=sample_weight)
         return clone(prototype).fit(X_all, y)
 
+    def _engine(self) -> tuple[str | None, int | None]:
+        """``backend`` and ``workers`` as the groups run on: with ``workers``
+        not given inside a joblib worker, the cores joblib left that worker,
+        so that ``GridSearchCV(n_jobs=k)`` does not start k times a worker
+        per core (nested in its own, as scikit-learn's estimators nest)."""
+        if self.workers is not None:
+            return self.backend, self.workers
+        return self.backend, joblib_worker_cores()
+
     # -- predict -------------------------------------------------------------------
 
     def _chain(self, key: tuple) -> tuple[list, np.ndarray]:
@@ -425,12 +453,13 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         unseen = [key for key, model in zip(positions, found) if model is None]
         if unseen:  # before any prediction
             raise ValueError(f"no model for group(s) {unseen[:5]!r} and fallback='error'")
-        backend, seconds = predict_backend(self.backend, self.workers, positions, found, call)
+        backend, workers = self._engine()
+        backend, seconds = predict_backend(backend, workers, positions, found, call)
         if backend == "serial":
             return route_rows(positions, len(keys), model_of, call, found).values
         groups = EstimatorGroups([], method, getattr(self, "classes_", None), self._as_frame)
         return route_on_engine(positions, found, X_feat, groups, backend=backend,
-                               workers=self.workers, seconds_per_group=seconds).values
+                               workers=workers, seconds_per_group=seconds).values
 
     def predict(self, X: Any) -> np.ndarray:
         """Each row predicted by its group's model (or a parent's, or the
@@ -445,6 +474,14 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``."""
         return self._route(X, "predict_proba")
+
+    @available_if(_offers_predict_proba)
+    def predict_log_proba(self, X: Any) -> np.ndarray:
+        """The log of :meth:`predict_proba` (-inf for a class the row's model
+        gives no probability), as scikit-learn's meta-estimators offer it:
+        ``cross_val_score(scoring="neg_log_loss")`` and stacking call it."""
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
 
     @available_if(_offers_decision_function)
     def decision_function(self, X: Any) -> np.ndarray:

@@ -355,6 +355,17 @@ def main(argv: list[str]) -> int:
     return _serve(rx, tx, slots, int(argv[4]), load, spill_prefix=argv[6])
 
 
+def fresh_random_state() -> None:
+    """Give a forked worker NumPy global random state of its own, from fresh
+    entropy, as a spawned worker has: forked, every worker would draw what
+    the others draw, so that models with ``random_state=None`` (a random
+    forest's bootstraps) fitted on different workers got the same random
+    numbers. (Python's ``random`` reseeds itself after a fork.)"""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
 def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
                 environment: dict[str, str], spill_prefix: str) -> int:
     """A forked worker: it shares the driver's memory (the table and the shared
@@ -366,6 +377,7 @@ def forked_main(rx: Any, tx: Any, slots: mmap.mmap, slot: int, context: Any,
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler
     os.environ.update(environment)
+    fresh_random_state()
 
     def load() -> Any:
         from ..execution import Executor
