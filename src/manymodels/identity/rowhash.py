@@ -115,6 +115,38 @@ def schema_text(schema: Any) -> str:
     return str(schema) + dtypes
 
 
+def pandas_types_note(schema: Any) -> str:
+    """:func:`_pandas_dtypes_note` of ``schema``: the pandas types its note
+    gives ``fit`` beside Arrow's own (``Int64`` for ``int64``), ``""`` where
+    it has no note or none differs."""
+    if not (schema.metadata or {}).get(b"pandas"):
+        return ""
+    return _pandas_dtypes_note(schema.serialize().to_pybytes())
+
+
+def categories_note(table: Any) -> str:
+    """The categories of each dictionary (categorical) column of ``table``,
+    in their order: ``fit`` gets a group's rows with all of them (its
+    ``cat.categories``, ``cat.codes``, a one-hot encoding's width), while the
+    rows hash by their values alone, so that reordered categories, or one
+    added that the group does not hold, reused models fitted on the others.
+    ``""`` where no column is one (such a table hashes as it did)."""
+    import pyarrow as pa
+
+    noted = []
+    for name, column in zip(table.column_names, table.columns):
+        if not pa.types.is_dictionary(column.type):
+            continue
+        distinct: list[Any] = []
+        for chunk in column.chunks:  # chunks mostly share one dictionary: listed once
+            if not distinct or not chunk.dictionary.equals(distinct[-1]):
+                distinct.append(chunk.dictionary)
+        values = dict.fromkeys(value for dictionary in distinct
+                               for value in dictionary.to_pylist())
+        noted.append(f"categories of {name!r}: {list(values)!r}")
+    return "\n-- categories --\n" + "\n".join(noted) if noted else ""
+
+
 @functools.lru_cache(maxsize=64)  # (by its bytes: equal schemas compare without metadata)
 def _pandas_dtypes_note(serialized: bytes) -> str:
     """The pandas types ``fit`` gets for the columns where pandas' note in
