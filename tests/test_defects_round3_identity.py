@@ -841,3 +841,56 @@ def test_a_path_inside_an_object_counts_by_its_files_content(tmp_path):
     assert before == [value_hash(value) for value in values]
     path.write_text("a,2\n")
     assert all(a != b for a, b in zip(before, [value_hash(value) for value in values]))
+
+
+def _fit_sees_types(df):
+    """A model of the types and categories ``fit`` got."""
+    seen = {name: str(df[name].dtype) for name in df.columns}
+    seen.update({f"{name} categories": list(df[name].cat.categories)
+                 for name in df.columns if isinstance(df[name].dtype, pd.CategoricalDtype)})
+    return seen, {"seen": repr(seen)}
+
+
+def test_a_group_is_not_reused_when_its_columns_categories_change(tmp_path):
+    """``fit`` gets a categorical column with all its categories, in their
+    order (its codes, a one-hot width): the rows hashed by their values
+    alone, so reordered categories, or one more that the group does not
+    hold, reused models fitted on the others."""
+    store = tmp_path / "store"
+    frame = pd.DataFrame({"g": [1, 1, 2], "c": pd.Categorical(["a", "b", "a"]),
+                          "y": [1.0, 2.0, 3.0]})
+
+    def train(table):
+        return mm.train(_fit_sees_types, mm.groups(table, by="g"), backend="serial",
+                        store=store, progress=False).results
+
+    assert not train(frame)["reused"].any()
+    assert train(frame.copy())["reused"].all()  # unchanged: reused
+    reordered = frame.assign(c=frame["c"].cat.reorder_categories(["b", "a"]))
+    results = train(reordered)
+    assert not results["reused"].any()
+    assert "['b', 'a']" in results["seen"].iloc[0]
+    wider = frame.assign(c=frame["c"].cat.add_categories(["z"]))
+    assert not train(wider)["reused"].any()
+
+
+def test_an_engine_frames_group_is_not_reused_when_fit_gets_another_pandas_type(tmp_path):
+    """A Dask partition's staged rows reach ``fit`` with pandas' types
+    (``Int64``, not ``int64``), but the group's data hash left them out:
+    an ``int64`` column made ``Int64`` reused the models fitted on
+    ``int64``. An unchanged frame is still reused."""
+    dd = pytest.importorskip("dask.dataframe")
+    store = tmp_path / "store"
+    frame = pd.DataFrame({"g": [1, 1, 2, 2], "i": [1, 2, 3, 4], "y": [1.0, 2.0, 3.0, 4.0]})
+
+    def train(table):
+        return mm.train(_fit_sees_types, mm.groups(dd.from_pandas(table, npartitions=2),
+                                                   by="g"),
+                        backend="serial", store=store, progress=False).results
+
+    assert not train(frame)["reused"].any()
+    assert train(frame.copy())["reused"].all()
+    results = train(frame.astype({"i": "Int64"}))
+    assert not results["reused"].any()
+    assert "'i': 'Int64'" in results["seen"].iloc[0]
+    assert train(frame.astype({"i": "Int64"}))["reused"].all()

@@ -599,3 +599,27 @@ def test_a_key_column_typed_otherwise_than_the_stored_keys_is_refused_naming_bot
                                          f"{said}.*stored under keys of naive datetimes"):
         store.predict(frame.assign(k=keys), by="k", features=["x"])
     assert store.predict(frame, by="k", features=["x"]).notna().all()  # as trained: found
+
+
+@pytest.mark.parametrize("kind", ["durations", "datetimes"])
+def test_new_groups_of_the_stored_keys_kind_go_to_the_fallback(tmp_path, kind):
+    """Keys of the stored keys' own kind that no group was trained on go to
+    the fallback model: durations were said to be of another kind than the
+    stored ``Timedelta`` keys (Arrow gives ``datetime.timedelta``), and
+    refused; NumPy's nanosecond datetimes and durations read as numbers."""
+    keys = (pd.to_timedelta([1, 2, 3], unit="D") if kind == "durations"
+            else pd.to_datetime(["2024-01-01", "2024-02-01", "2024-03-01"]))
+    frame = _table(keys)
+    run = mm.train(fit_lr, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+                   progress=False)
+    store = mm.Store(tmp_path / "s")
+    store.attach(run.run_id, "fallback", LinearRegression().fit(frame[["x"]], frame["y"]))
+    new = frame.assign(k=frame["k"] + pd.Timedelta("100D"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        predicted = store.predict(new, by="k", features=["x"])
+    assert predicted.notna().all()
+    from manymodels.run.predictchecks import key_type
+
+    assert key_type(np.asarray(new["k"].astype(f"{new['k'].dtype.kind}8[ns]"))[0]) == key_type(
+        decode_key(encode_key((frame["k"].iloc[0],)))[0])  # (.item() of ns: an int)

@@ -1507,3 +1507,33 @@ def test_features_other_than_the_models_are_refused_naming_both(tmp_path):
                f"['x', 'z'] ({why})"
         with pytest.raises(ValueError, match="^" + re.escape(said)):
             store.predict(frame, by="g", features=features)
+
+
+def _boosting_of_categories(rows):
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(max_iter=3, min_samples_leaf=1,
+                                         categorical_features=["c"]).fit(rows[["x", "c"]],
+                                                                         rows["y"])
+
+
+def _tree_of_floats(rows):
+    from sklearn.tree import DecisionTreeRegressor
+
+    return DecisionTreeRegressor().fit(rows[["x"]].astype(float), rows["y"])
+
+
+def test_text_a_numeric_model_reads_is_not_refused_before_it_runs(tmp_path):
+    """Boosting's categorical features take text (a categorical column, or
+    one named in ``categorical_features``), and a tree reads ``"nan"`` as a
+    missing value: predict refused them up front as text that is no number."""
+    frame = pd.DataFrame({"g": ["a"] * 4 + ["b"] * 4, "x": np.arange(8.0),
+                          "c": ["u", "v"] * 4, "y": np.arange(8.0)})
+    for fit, table in ((_boosting_of_categories, frame),
+                       (_boosting_of_categories, frame.astype({"c": "category"})),
+                       (_tree_of_floats, frame.assign(x=["1", "nan"] * 4))):
+        run = mm.train(fit, mm.groups(frame, by="g"), backend="serial", progress=False,
+                       store=tmp_path / fit.__name__)
+        assert len(run.store.predict(table, by="g")) == len(table)
+    with pytest.raises(ValueError, match=r"holds text \('hello'\)"):  # still refused
+        run.store.predict(frame.assign(x=["1", "hello"] * 4), by="g")

@@ -115,6 +115,58 @@ def schema_text(schema: Any) -> str:
     return str(schema) + dtypes
 
 
+def pandas_types_note(schema: Any) -> str:
+    """:func:`_pandas_dtypes_note` of ``schema``: the pandas types its note
+    gives ``fit`` beside Arrow's own (``Int64`` for ``int64``), ``""`` where
+    it has no note or none differs."""
+    if not (schema.metadata or {}).get(b"pandas"):
+        return ""
+    return _pandas_dtypes_note(schema.serialize().to_pybytes())
+
+
+def categories_note(table: Any, schema: Any = None) -> str:
+    """The categories of each column of ``table`` that was a pandas
+    categorical (pandas' note in ``schema``, else in the table's own), in
+    their order: ``fit`` gets a group's rows with all of them (its
+    ``cat.categories``, ``cat.codes``, a one-hot encoding's width), while the
+    rows hash by their values alone, so that reordered categories, or one
+    added that the group does not hold, reused models fitted on the others.
+    ``""`` where no column is one (such a table hashes as it did). An Arrow
+    dictionary of another origin (a Parquet file's encoding) is left out:
+    its dictionary follows the values, and a changed value would retrain
+    every group."""
+    import pyarrow as pa
+
+    categorical = _pandas_categoricals((schema or table.schema).metadata or {})
+    noted = []
+    for name, column in zip(table.column_names, table.columns):
+        if name not in categorical or not pa.types.is_dictionary(column.type):
+            continue
+        distinct: list[Any] = []
+        for chunk in column.chunks:  # chunks mostly share one dictionary: listed once
+            if not distinct or not chunk.dictionary.equals(distinct[-1]):
+                distinct.append(chunk.dictionary)
+        values = dict.fromkeys(value for dictionary in distinct
+                               for value in dictionary.to_pylist())
+        noted.append(f"categories of {name!r}: {list(values)!r}")
+    return "\n-- categories --\n" + "\n".join(noted) if noted else ""
+
+
+def _pandas_categoricals(metadata: dict) -> set[str]:
+    """The columns pandas' note (``metadata``) says were categoricals."""
+    import json
+
+    noted = metadata.get(b"pandas")
+    if not noted or b"categorical" not in noted:
+        return set()
+    try:
+        columns = json.loads(noted).get("columns", [])
+        return {str(column.get("name")) for column in columns
+                if isinstance(column, dict) and column.get("pandas_type") == "categorical"}
+    except (ValueError, AttributeError, TypeError):  # not pandas' own note
+        return set()
+
+
 @functools.lru_cache(maxsize=64)  # (by its bytes: equal schemas compare without metadata)
 def _pandas_dtypes_note(serialized: bytes) -> str:
     """The pandas types ``fit`` gets for the columns where pandas' note in

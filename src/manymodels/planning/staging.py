@@ -67,7 +67,14 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     by ``order_by``), write them to one Arrow IPC file under ``directory`` and
     return one row per group (see the module docstring); None for no rows."""
     from ..identity.hashing import digest
-    from ..identity.rowhash import arrow_row_hashes, group_lanes, lanes_of, schema_text
+    from ..identity.rowhash import (
+        arrow_row_hashes,
+        categories_note,
+        group_lanes,
+        lanes_of,
+        pandas_types_note,
+        schema_text,
+    )
 
     if table.num_rows == 0:
         return None
@@ -98,8 +105,9 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     # each group's row hashes in order of value: the same lanes whatever order
     # the shuffle delivered its rows in
     hashes = hashes[np.lexsort((hashes, codes[order]))]
-    lanes = group_lanes(hashes, offsets, lengths,
-                        lanes_of(digest(schema_text(_nullable(rows.schema)))))
+    lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(
+        schema_text(_nullable(rows.schema)) + pandas_types_note(written.schema)
+        + categories_note(rows, written.schema))))
     index = rows.select(by).take(pa.array(offsets))
     columns = (np.full(len(offsets), number, dtype=np.int64), offsets, lengths,
                lanes[:, 0].view(np.int64), lanes[:, 1].view(np.int64))
@@ -115,8 +123,10 @@ def _pandas_types(schema: pa.Schema) -> dict[bytes, bytes] | None:
     ``Int64`` or ``boolean`` column as such, as the pandas path hands it the
     frame's own types (Arrow's ``to_pandas`` made it floats or objects in a
     group with a missing value, and ``map_groups`` gave it back so). The
-    rows' data hash leaves them out: the same rows staged from Arrow (a
-    Spark DataFrame) or from another pandas are the same data."""
+    rows' data hash counts only the types ``fit`` gets otherwise than from
+    Arrow's (:func:`~manymodels.identity.rowhash.pandas_types_note`): an
+    ``Int64`` column that was ``int64`` is another input to ``fit``, while
+    the rest of the note (its index, each partition's own) is not data."""
     kept = (schema.metadata or {}).get(b"pandas")
     return None if kept is None else {b"pandas": kept}
 

@@ -230,7 +230,13 @@ class TableSlices(TaskData):
         import numpy as np
 
         from ..identity.hashing import digest
-        from ..identity.rowhash import RowHashes, group_lanes, lanes_of, schema_text
+        from ..identity.rowhash import (
+            RowHashes,
+            categories_note,
+            group_lanes,
+            lanes_of,
+            schema_text,
+        )
         from ..identity.valuehash import pandas_row_hashes
 
         table, layout = self.table, self.layout
@@ -239,7 +245,7 @@ class TableSlices(TaskData):
             schema = f"{table.dtypes.to_dict()}|{list(table.columns)}{noted}"
         else:
             rows = RowHashes(table)  # each block's made as group_lanes comes to it
-            schema = schema_text(table.schema)
+            schema = schema_text(table.schema) + categories_note(table)
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)
         per_group = group_lanes(rows, offsets, lengths, lanes_of(digest(schema)))

@@ -39,8 +39,19 @@ def _text_that_is_no_number(column: Any) -> Any:
     texts = values[values.map(lambda v: isinstance(v, (str, bytes)))]
     if texts.empty:
         return None
-    bad = texts[pd.to_numeric(texts, errors="coerce").isna()]
+    unread = texts[pd.to_numeric(texts, errors="coerce").isna()]
+    bad = unread[~unread.map(_reads_as_float)]  # "nan", "inf": NumPy reads them
     return None if bad.empty else bad.iloc[0]
+
+
+def _reads_as_float(text: str | bytes) -> bool:
+    """Whether NumPy reads ``text`` as a float, as a model's check does
+    (``"nan"``: a tree takes it as a missing value)."""
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _numbers_refused(column: np.ndarray, said: str) -> str | None:
@@ -101,10 +112,16 @@ def refuse_text_features(model: Any, frame: Any, names: Sequence[str], named: st
     each group would fail on it."""
     if not type(model).__module__.startswith(NUMERIC_ESTIMATORS):
         return
+    import pandas as pd
+
+    categorical = _categorical_features(model)
     for name in names:
         column = frame[name]
-        if getattr(column, "dtype", None) is None or column.dtype.kind not in "OUS":
+        if name in categorical:
             continue
+        if (getattr(column, "dtype", None) is None or column.dtype.kind not in "OUS"
+                or isinstance(column.dtype, pd.CategoricalDtype)):
+            continue  # (a categorical's text: boosting reads it as its categories)
         text = _text_that_is_no_number(column)
         if text is not None:
             raise ValueError(f"column {name!r} of the table to predict holds text ({text!r}), "
@@ -113,13 +130,29 @@ def refuse_text_features(model: Any, frame: Any, names: Sequence[str], named: st
                              "it was fitted on")
 
 
+def _categorical_features(model: Any) -> set[str]:
+    """The features ``model`` reads as categories, whose text it takes
+    (histogram boosting's ``categorical_features``: ``is_categorical_``)."""
+    flags = getattr(model, "is_categorical_", None)
+    fitted = getattr(model, "feature_names_in_", None)
+    if flags is None or fitted is None or len(flags) != len(fitted):
+        return set()
+    return {str(name) for name, flag in zip(fitted, flags) if flag}
+
+
 def key_type(value: Any) -> set[str]:
     """The kinds of key a value matches as a stored key (a whole number and
     its text match, as :class:`~manymodels.inputs.keys.TypedKeys` finds
     them); empty for a missing value."""
     if value is None or (isinstance(value, float) and value != value):
         return set()
-    if isinstance(value, np.generic):
+    if isinstance(value, (np.datetime64, np.timedelta64)):
+        if np.isnat(value):
+            return set()
+        import pandas as pd  # (.item() of nanoseconds is an int: no number of a key)
+
+        value = pd.Timestamp(value) if isinstance(value, np.datetime64) else pd.Timedelta(value)
+    elif isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, (bool, int, float)):
         return {"number"}
@@ -131,6 +164,10 @@ def key_type(value: Any) -> set[str]:
         return {"naive datetime" if value.tzinfo is None else "zone-aware datetime"}
     if isinstance(value, dt.date):
         return {"date"}
+    if isinstance(value, dt.timedelta):  # pandas' Timedelta too: the stored keys' own
+        return set() if value != value else {"duration"}
+    if isinstance(value, dt.time):
+        return {"time"}
     if isinstance(value, decimal.Decimal):
         return {"decimal"}
     return {type(value).__name__}
@@ -217,6 +254,10 @@ def arrow_key_kinds(kind: Any) -> set[str]:
         return {"date"}
     if types.is_decimal(kind):
         return {"decimal"}
+    if types.is_duration(kind):
+        return {"duration"}
+    if types.is_time(kind):
+        return {"time"}
     return set()
 
 
