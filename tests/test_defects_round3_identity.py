@@ -872,6 +872,13 @@ def test_a_group_is_not_reused_when_its_columns_categories_change(tmp_path):
     assert "['b', 'a']" in results["seen"].iloc[0]
     wider = frame.assign(c=frame["c"].cat.add_categories(["z"]))
     assert not train(wider)["reused"].any()
+    # a categorical key: a new group's category added leaves the others reused
+    keyed = frame.assign(g=pd.Categorical(["s1", "s1", "s2"]))
+    assert not train(keyed)["reused"].any()
+    grown = pd.concat([keyed, pd.DataFrame({"g": ["s3"], "c": ["a"], "y": [4.0]})])
+    grown = grown.astype({"g": pd.CategoricalDtype(["s1", "s2", "s3"]),
+                          "c": frame["c"].dtype})
+    assert train(grown)["reused"].tolist() == [True, True, False]
 
 
 def test_an_engine_frames_group_is_not_reused_when_fit_gets_another_pandas_type(tmp_path):

@@ -124,7 +124,7 @@ def pandas_types_note(schema: Any) -> str:
     return _pandas_dtypes_note(schema.serialize().to_pybytes())
 
 
-def categories_note(table: Any, schema: Any = None) -> str:
+def categories_note(table: Any, schema: Any = None, keys: Any = ()) -> str:
     """The categories of each column of ``table`` that was a pandas
     categorical (pandas' note in ``schema``, else in the table's own), in
     their order: ``fit`` gets a group's rows with all of them (its
@@ -134,10 +134,12 @@ def categories_note(table: Any, schema: Any = None) -> str:
     ``""`` where no column is one (such a table hashes as it did). An Arrow
     dictionary of another origin (a Parquet file's encoding) is left out:
     its dictionary follows the values, and a changed value would retrain
-    every group."""
+    every group. The ``keys`` columns (``by``'s) are left out: a group's key
+    is one value, and a new group's category added to them retrained every
+    other group (an incremental run's new stores, say)."""
     import pyarrow as pa
 
-    categorical = _pandas_categoricals((schema or table.schema).metadata or {})
+    categorical = _pandas_categoricals((schema or table.schema).metadata or {}) - set(keys)
     noted = []
     for name, column in zip(table.column_names, table.columns):
         if name not in categorical or not pa.types.is_dictionary(column.type):

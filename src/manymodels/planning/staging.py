@@ -107,7 +107,7 @@ def stage_rows(table: pa.Table, by: list[str], order_by: list[str], directory: s
     hashes = hashes[np.lexsort((hashes, codes[order]))]
     lanes = group_lanes(hashes, offsets, lengths, lanes_of(digest(
         schema_text(_nullable(rows.schema)) + pandas_types_note(written.schema)
-        + categories_note(rows, written.schema))))
+        + categories_note(rows, written.schema, keys=by))))
     index = rows.select(by).take(pa.array(offsets))
     columns = (np.full(len(offsets), number, dtype=np.int64), offsets, lengths,
                lanes[:, 0].view(np.int64), lanes[:, 1].view(np.int64))

@@ -245,7 +245,8 @@ class TableSlices(TaskData):
             schema = f"{table.dtypes.to_dict()}|{list(table.columns)}{noted}"
         else:
             rows = RowHashes(table)  # each block's made as group_lanes comes to it
-            schema = schema_text(table.schema) + categories_note(table)
+            by = [] if layout.key_table is None else layout.key_table.column_names
+            schema = schema_text(table.schema) + categories_note(table, keys=by)
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)
         per_group = group_lanes(rows, offsets, lengths, lanes_of(digest(schema)))
