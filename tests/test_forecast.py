@@ -520,3 +520,38 @@ def test_x_future_of_naive_times_for_zoned_groups_is_named(tmp_path):
                                          r"groups' times \(datetime64\[.*, UTC\]: give it "
                                          "that zone"):
         run.forecast(2, X_future=future.assign(t=future["t"].dt.tz_localize(None)))
+
+
+def test_whole_numbers_written_as_text_are_forecast_as_numbers(tmp_path):
+    """Text time steps "001" to "014", which a backtest sorts as numbers, are
+    numbers to forecast too: read as dates they were the year 1 ("001") and
+    the future times days of it."""
+    df = pd.DataFrame({"g": "a", "t": [f"{i:03d}" for i in range(1, 15)],
+                       "y": np.arange(14.0)})
+    run = mm.train(last_value, mm.groups(df, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    for future in (run.forecast(3), mm.Store(tmp_path / "s").forecast(3)):
+        assert list(future["t"]) == [15, 16, 17]
+        assert list(future["yhat"]) == [13.0, 13.0, 13.0]
+
+
+def test_store_forecast_refuses_another_by_time_or_freq_by_its_own_name(tmp_path):
+    """A by= or time= of other columns than the run's is refused naming it
+    (they read the backtest's forecasts by the wrong columns: "kept no
+    backtest forecasts", or the backtest's times given back under time='s
+    name); a freq= refused says so alone, not that inference failed."""
+    df = daily_sales(groups=2, days=21)
+    mm.train(seasonal_fit, mm.groups(df, by="sku"),
+             evaluate=mm.backtest(time="date", horizon=7, windows=2, target="sales"),
+             store=tmp_path / "s", backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    with pytest.raises(ValueError, match=r"by=\['shop'\], but the run's models are keyed by "
+                                         r"\['sku'\]"):
+        store.forecast(2, by="shop")
+    with pytest.raises(ValueError, match="time='day', but run 1's backtest.*'date'"):
+        store.forecast(2, time="day")
+    with pytest.raises(ValueError, match=r"^freq='fortnightly' is not a pandas offset alias "
+                                         r"\('D', 'W', 'MS', 'h', \.\.\.\)$"):
+        store.forecast(2, freq="fortnightly")
+    assert len(store.forecast(2, by="sku", time="date")) == 4

@@ -69,9 +69,13 @@ def _datetimes(times: np.ndarray) -> tuple[np.ndarray | None, Any]:
     if times.dtype.kind not in "OU" or not len(times):
         return None, None
     first = times[0]
+    if isinstance(first, str) and all(isinstance(t, str) and t.isdigit() for t in times):
+        return None, None  # whole numbers as text ("001"): time steps, not dates
     if isinstance(first, (datetime.date, str)):
         try:
-            index = pd.DatetimeIndex(pd.to_datetime(list(times)))
+            with warnings.catch_warnings():  # ("could not infer format": it reads them)
+                warnings.simplefilter("ignore", UserWarning)
+                index = pd.DatetimeIndex(pd.to_datetime(list(times)))
         except (ValueError, TypeError, OverflowError):
             return None, None
         if index.tz is not None:

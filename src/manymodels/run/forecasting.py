@@ -157,10 +157,14 @@ def time_column(source_text: str | None, time: str | None, run_id: int) -> str:
 def group_columns(asked: list[str] | None, trained: list[str] | None,
                   run_keys: list[str], params: list[str]) -> list[str]:
     """The columns that name a group: ``by=`` (checked against the run's),
-    else the run's group columns (its key columns but a grid's)."""
-    if asked is not None and trained is not None and asked != trained:
-        raise ValueError(f"by={asked!r}, but the run's models are keyed by {trained!r}")
-    by = asked or trained or [c for c in run_keys if c not in params]
+    else the run's group columns (its key columns but a grid's). A ``by=``
+    of other columns is refused naming them (checked against the run's key
+    columns where it recorded no ``by``: a store's run without one read its
+    backtest forecasts by the wrong columns, and said it kept none)."""
+    keyed = trained or [c for c in run_keys if c not in params]
+    if asked is not None and keyed and sorted(asked) != sorted(keyed):
+        raise ValueError(f"by={asked!r}, but the run's models are keyed by {keyed!r}")
+    by = keyed or asked  # (the run's order: its models' keys are made in it)
     if not by:
         raise ValueError("forecast needs by= (the group columns)")
     return by
@@ -205,6 +209,18 @@ def without_times(artifacts: dict[str, str], keys: list[tuple], run_id: int) -> 
                       "columns) to forecast them", RuntimeWarning, stacklevel=4)
 
 
+def _check_backtest_time(time: str, backtest_time: str | None, run_id: int) -> None:
+    """Refuse a ``time=`` other than the backtest's where the last times are
+    read from its forecasts (no ``history=``): their ``time`` column holds
+    the backtest's times, which were given back as ``time=``'s, silently."""
+    if backtest_time is not None and time != backtest_time:
+        raise ValueError(
+            f"time={time!r}, but run {run_id}'s backtest, whose forecasts hold each "
+            f"group's last time when no history= is given, ran on the time column "
+            f"{backtest_time!r}: leave time= out, or pass history= (a table with the "
+            f"key columns and {time!r})")
+
+
 def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: Any,
                         run: int | None, *, time: str | None, history: Any, X_future: Any,
                         backend: str | None, workers: int | None, progress: bool) -> Any:
@@ -232,6 +248,8 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
             "default) to forecast")
     if time is None:  # the time column of the run's backtest, where it had one
         time = backtest.get("time")
+    elif history is None:
+        _check_backtest_time(time, backtest.get("time"), run_id)
     time = time_column(source_text.iloc[0] if len(source_text) else None, time, run_id)
     chosen = store._selection(run)
     # (run_id: with run None, the latest run that has ended, not one being written)
@@ -259,7 +277,7 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     try:
         steps = futurerows.steps(last, freq, known)
     except ValueError as exc:
-        if history is not None:
+        if history is not None or freq is not None:  # (a freq= refused is no inference's)
             raise
         raise ValueError(f"{exc} or history= (the backtest's forecasts hold only its "
                          "windows' times, too few, or too far apart, to tell it)") from None

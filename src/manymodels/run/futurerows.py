@@ -1,7 +1,8 @@
 """The future rows of a forecast: each group's ``h`` time stamps after its last.
 
 Times are datetimes (the steps a pandas offset: ``"D"``, ``"MS"``, ``"h"``...)
-or whole numbers (the step a number). A group's step is ``freq=`` when given,
+or whole numbers (the step a number; text of digits, ``"001"``, is read as
+its numbers, as a backtest sorts it). A group's step is ``freq=`` when given,
 else inferred from its own times (``pandas.infer_freq`` on its last distinct
 times; for numbers, the one difference between them), and a group whose
 step cannot be inferred is named in the error before any model is loaded.
@@ -82,16 +83,37 @@ def _arrow_times(table: pa.Table, time: str, what: str) -> tuple[pa.Table, bool]
         return table, True
     if pa.types.is_integer(kind):
         return table, False
-    if pa.types.is_date(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
+    index = table.schema.get_field_index(time)
+    if _digit_text(column):
+        return table.set_column(index, time, pc.cast(column, pa.int64())), False
+    if pa.types.is_date(kind) or _is_text(kind):
         try:
-            parsed = pd.to_datetime(column.to_pandas())
+            with warnings.catch_warnings():  # ("could not infer format": it reads them)
+                warnings.simplefilter("ignore", UserWarning)
+                parsed = pd.to_datetime(column.to_pandas())
         except (ValueError, TypeError):
             parsed = None
         if parsed is not None:
-            index = table.schema.get_field_index(time)
             return table.set_column(index, time, pa.array(parsed)), True
-    raise ValueError(f"the time column {time!r} of {what} holds {kind} values: "
+    held = (f"text that is not dates (such as {pc.drop_null(column)[0].as_py()!r})"
+            if _is_text(kind) and pc.drop_null(column).length() else f"{kind} values")
+    raise ValueError(f"the time column {time!r} of {what} holds {held}: "
                      "forecast needs datetimes or whole numbers")
+
+
+def _is_text(kind: Any) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _digit_text(column: Any) -> bool:
+    """Whether a text time column holds whole numbers written as text
+    ("001" to "120", which a backtest sorts as time steps): read as dates,
+    "001" was the year 1 and "2024" a first of January, and the future
+    times were days of the year 1."""
+    if not _is_text(column.type):
+        return False
+    given = pc.drop_null(column)
+    return len(given) > 0 and bool(pc.all(pc.utf8_is_digit(given)).as_py())
 
 
 def _key_changes(table: pa.Table, by: list[str]) -> np.ndarray:
@@ -349,6 +371,13 @@ def with_features(future: pd.DataFrame, X_future: Any, by: list[str], time: str
         raise ValueError(f"column {missing[0]!r} is not in X_future (it needs the key "
                          f"columns {by} and the time column {time!r})")
     table = table.copy()
+    if pd.api.types.is_integer_dtype(future[time]) and not pd.api.types.is_numeric_dtype(
+            table[time]):  # whole numbers written as text, as the history's were
+        try:
+            table[time] = pd.to_numeric(table[time]).astype(future[time].dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"X_future's time column {time!r} cannot be read as the "
+                             f"groups' whole-number times: {exc}") from None
     if pd.api.types.is_datetime64_any_dtype(future[time]):
         wanted = future[time].dtype
         try:
