@@ -36,8 +36,10 @@ and with ``run.forecasts`` made after it (statsforecast's
 
 statsforecast pins pandas below 3, which the project uses, so it runs in an
 environment of its own: ``bench/.venv-statsforecast`` (git-ignored), made
-on first use with ``pip install statsforecast`` and this checkout. ``make
-bench`` runs this script.
+on first use with ``pip install statsforecast`` and this checkout. Where it
+cannot be made (no statsforecast to install) or ``--no-statsforecast`` is
+given, the naive job times manymodels alone and says so: nothing is
+compared. ``make bench`` runs this script.
 
 Usage: python bench/backtest_bench.py [--series 1000] [--days 365] [--formats numpy,pandas]
                                       [--model naive|autoets] [--repeat 3]
@@ -124,22 +126,33 @@ def make_series(series: int, days: int) -> pd.DataFrame:
         "y": level + 3 * weekly + rng.normal(size=n)})
 
 
-def statsforecast_environment() -> Path:
+def statsforecast_environment() -> Path | None:
     """The Python of ``bench/.venv-statsforecast``, made on first use, with
-    statsforecast and this checkout of manymodels (editable)."""
+    statsforecast and this checkout of manymodels (editable); None, said,
+    where it cannot be made (no statsforecast to install: offline, say)."""
     python = ENVIRONMENT / "bin" / "python"
-    if not python.exists():
-        print(f"making {ENVIRONMENT} with statsforecast (first use only)...", flush=True)
-        base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", str(ENVIRONMENT)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "statsforecast"],
-                       check=True)
-    has_manymodels = subprocess.run([str(python), "-c", "import manymodels"],
-                                    capture_output=True, env=_child_environment()).returncode
-    if has_manymodels != 0:
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e",
-                        str(BENCH.parent)], check=True)
+    try:
+        if not _has(python, "statsforecast"):
+            print(f"making {ENVIRONMENT} with statsforecast (first use only)...", flush=True)
+            base = getattr(sys, "_base_executable", sys.executable)
+            subprocess.run([base, "-m", "venv", str(ENVIRONMENT)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", "statsforecast"],
+                           check=True)
+        if not _has(python, "manymodels"):
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e",
+                            str(BENCH.parent)], check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"statsforecast is not installed and {ENVIRONMENT} could not be made with it "
+              f"({exc})", flush=True)
+        return None
     return python
+
+
+def _has(python: Path, module: str) -> bool:
+    """Whether ``python`` exists and imports ``module``."""
+    return python.exists() and subprocess.run(
+        [str(python), "-c", f"import {module}"], capture_output=True,
+        env=_child_environment()).returncode == 0
 
 
 def _child_environment(source: Path | None = None) -> dict[str, str]:
@@ -300,8 +313,14 @@ def _line(label: str, summary: dict[str, Any], against: dict[str, Any] | None) -
 def compare(args: argparse.Namespace, cores: int) -> dict[str, Any]:
     """Both tools, alternated ``args.repeat`` times, and their results compared."""
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    sf_python = None if args.no_statsforecast else statsforecast_environment()
+    if sf_python is None:
+        if args.model == "autoets":  # (its fit is statsforecast's AutoETS)
+            raise SystemExit("--model autoets needs statsforecast (its AutoETS is fitted "
+                             "inside manymodels' fit too); run --model naive without it")
+        print("statsforecast is left out: manymodels runs alone, its results compared "
+              "with nothing", flush=True)
     frame = make_series(args.series, args.days)
-    sf_python = statsforecast_environment()
     mm_python = sf_python if args.model == "autoets" else Path(sys.executable)
     names = model_names(args.model)
     load = [os.getloadavg()]
@@ -313,16 +332,19 @@ def compare(args: argparse.Namespace, cores: int) -> dict[str, Any]:
         del frame
         outs = {f: Path(folder) / f"mm-{f}.parquet" for f in formats}
         for _ in range(args.repeat):
-            runs["statsforecast"].append(_child(sf_python, "statsforecast", data, cv_out,
-                                                cores, args.model))
+            if sf_python is not None:
+                runs["statsforecast"].append(_child(sf_python, "statsforecast", data, cv_out,
+                                                    cores, args.model))
             for format in formats:
                 runs[format].append(_child(mm_python, "manymodels", data, outs[format], cores,
                                            args.model, format, args.manymodels_src,
                                            args.final_model))
         load.append(os.getloadavg())
-        cv = pd.read_parquet(cv_out)
-        checks = {}
-        for format in formats:
+        checks: dict[str, dict[str, float | None]] = {
+            f: {"max_metric_difference": None, "max_forecast_difference": None}
+            for f in formats}
+        cv = pd.read_parquet(cv_out) if sf_python is not None else None
+        for format in (formats if cv is not None else []):
             forecast_file = outs[format].with_suffix(".forecasts.parquet")
             forecasts = pd.read_parquet(forecast_file) if forecast_file.exists() else None
             metric, forecast = differences(pd.read_parquet(outs[format]), forecasts, cv,
@@ -333,43 +355,58 @@ def compare(args: argparse.Namespace, cores: int) -> dict[str, Any]:
                                      f"{worst}")
             checks[format] = {"max_metric_difference": metric,
                               "max_forecast_difference": forecast}
-    sf = _summary(runs["statsforecast"])
+    sf = _summary(runs["statsforecast"]) if sf_python is not None else None
     out = {"statsforecast": sf, "manymodels": {}, "load_average": load}
     print(f"{args.series:,} series x {args.days} days, {WINDOWS} windows of {HORIZON}, "
           f"{' and '.join(names)}, final_model={args.final_model!r}, "
           f"{cores} workers (start-up included), {args.repeat} runs "
           f"alternated; load average {load[0][0]:.2f} -> {load[-1][0]:.2f}")
     print(f"{'':34} {'min':>7} {'median':>7}")
-    print(_line("statsforecast cross_validation", sf, None))
+    if sf is not None:
+        print(_line("statsforecast cross_validation", sf, None))
     for format in formats:
         mine = _summary(runs[format])
         out["manymodels"][format] = {**mine, **checks[format]}
         print(_line(f"manymodels format={format}", mine, sf))
+        metric = checks[format]["max_metric_difference"]
         forecast = checks[format]["max_forecast_difference"]
-        print(f"{'':34} + run.forecasts {mine['tables_s_median']:.2f} s; metrics within "
-              f"{checks[format]['max_metric_difference']:.1e}, forecasts "
-              + (f"within {forecast:.1e}" if forecast is not None else "not compared"))
+        print(f"{'':34} + run.forecasts {mine['tables_s_median']:.2f} s; "
+              + ("not compared (no statsforecast)" if metric is None else
+                 f"metrics within {metric:.1e}, forecasts "
+                 + (f"within {forecast:.1e}" if forecast is not None else "not compared")))
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--series", type=int, default=1000)
-    parser.add_argument("--days", type=int, default=365)
+    first = __doc__.split("\n\n")[0].replace("\n", " ").replace("``", "").rstrip(".")
+    parser = argparse.ArgumentParser(description=(
+        f"{first}: {WINDOWS} windows of horizon {HORIZON}. statsforecast runs in "
+        f"{ENVIRONMENT.relative_to(BENCH.parent)}, made on first use where it can be; "
+        "without it (or with --no-statsforecast) manymodels runs alone, compared with "
+        "nothing."))
+    parser.add_argument("--series", type=int, default=1000, help="how many daily series")
+    parser.add_argument("--days", type=int, default=365, help="days in each series")
     parser.add_argument("--formats", default="numpy,pandas",
                         help="the group formats manymodels runs: numpy, pandas or both")
     parser.add_argument("--model", choices=["naive", "autoets"], default="naive")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each tool, alternated")
+    parser.add_argument("--no-statsforecast", action="store_true",
+                        help="time manymodels alone (naive job): neither make nor run "
+                             "statsforecast's environment")
     parser.add_argument("--final-model", choices=["last_window", "all_rows"],
                         default="last_window",
                         help="manymodels' final_model= (all_rows: one more fit per series)")
     parser.add_argument("--child", nargs=3, metavar=("TOOL", "DATA", "OUT"),
                         help=argparse.SUPPRESS)  # one measured run, in a process of its own
-    parser.add_argument("--cores", type=int, default=None)
+    parser.add_argument("--cores", type=int, default=None,
+                        help="workers of each tool (default: the machine's cores)")
     parser.add_argument("--manymodels-src", type=Path, default=None,
                         help="run manymodels from this src folder (e.g. an older commit's, "
                              "from git archive) instead of the installed one")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the JSON results file (default: bench/results/"
+                             "backtest_bench-MODEL-SERIES.json)")
     args = parser.parse_args()
     if args.child:
         tool, data, out = args.child

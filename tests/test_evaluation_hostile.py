@@ -1043,3 +1043,26 @@ def test_a_nan_prediction_scores_nan_by_f1_as_by_every_metric():
                    backend="serial", progress=False)
     assert run.results["status"].tolist() == ["ok"]
     assert run.evaluation[["f1", "balanced_accuracy"]].isna().all().all()
+
+
+def test_the_backtest_bench_times_manymodels_alone_without_statsforecast(tmp_path):
+    """``bench/backtest_bench.py`` without statsforecast (``--no-statsforecast``,
+    or an environment that cannot be made: offline) runs manymodels alone and
+    says so; it stopped on a pip traceback, with nothing timed."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(root / "bench" / "backtest_bench.py"), "--no-statsforecast",
+         "--series", "2", "--days", "90", "--repeat", "1", "--cores", "1",
+         "--formats", "numpy", "--manymodels-src", str(root / "src"), "--out", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "not compared (no statsforecast)" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["statsforecast"] is None
+    assert results["manymodels"]["numpy"]["max_metric_difference"] is None
