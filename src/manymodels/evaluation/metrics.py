@@ -237,6 +237,9 @@ def window_scores(names: list[str], y: np.ndarray, predicted: np.ndarray, bounds
         elif name == "accuracy":
             same = np.asarray(y).reshape(-1) == np.asarray(predicted).reshape(-1)
             out[name] = reduce(same.astype(float), starts) / counts
+            known = known_actuals(np.asarray(predicted).reshape(-1))
+            if known is not None:  # a missing prediction: NaN, as every metric scores it
+                out[name][reduce((~known).astype(np.int64), starts) > 0] = np.nan
         else:
             fn = METRICS[name][0]
             out[name] = np.array([_label_score(fn, y[a:b], predicted[a:b])
