@@ -1486,6 +1486,31 @@ def test_a_value_the_model_refuses_is_said_naming_its_column_and_group(tmp_path)
     assert "Traceback" in str(caught.value)  # after the message, for the model's author
 
 
+def _encoded_ridge(rows):
+    from sklearn.compose import make_column_transformer
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    encode = make_column_transformer((OneHotEncoder(handle_unknown="error"), ["a", "b"]))
+    return make_pipeline(encode, Ridge()).fit(rows[["a", "b"]], rows["y"])
+
+
+def test_a_pipelines_refusal_does_not_blame_the_text_it_encodes(tmp_path):
+    """A pipeline that one-hot encodes text refusing an unknown category of
+    column b was said as "column 'a' holds text" (the first column of text,
+    which it reads): the model's own message is said first instead."""
+    frame = pd.DataFrame({"g": ["k"] * 4, "a": ["p", "q", "p", "q"], "b": ["u", "v", "v", "u"],
+                          "y": np.arange(4.0)})
+    mm.train(_encoded_ridge, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    unknown = pd.DataFrame({"g": ["k"], "a": ["p"], "b": ["zzz"]})
+    with pytest.raises(RuntimeError, match=r"^predicting group 'k' failed: ValueError: Found "
+                                           r"unknown categories") as caught:
+        mm.Store(tmp_path / "s").predict(unknown, by="g", backend="serial")
+    assert "column 'a'" not in str(caught.value).split("Traceback")[0]
+
+
 def _ridge_of_two(rows):
     from sklearn.linear_model import Ridge
 

@@ -66,21 +66,26 @@ def _numbers_refused(column: np.ndarray, said: str) -> str | None:
     return None
 
 
-def refused_value(rows: Any, names: Sequence[str], exc: Exception) -> str | None:
+def refused_value(rows: Any, names: Sequence[str], exc: Exception,
+                  reads_text: bool = False) -> str | None:
     """``column 'x' holds ...``: the first feature column of a group's
     ``rows`` that holds a value its model refused with ``exc`` (text that is
     no number, datetimes, a NaN or an infinity its message speaks of), or
-    None when no column explains it."""
+    None when no column explains it. A column the message names is looked
+    at first; text is not blamed where the model may read it (``reads_text``:
+    a pipeline that encodes it, whose refusal is of another value)."""
     if not isinstance(exc, (ValueError, TypeError)):
         return None
-    said = str(exc).lower()
-    for name in names:
+    message = str(exc)
+    said = message.lower()
+    named = [n for n in names if f"'{n}'" in message or f'"{n}"' in message]
+    for name in [*named, *(n for n in names if n not in named)]:
         if name not in rows:
             continue
         column = np.asarray(rows[name])
         what = None
         if column.dtype.kind in "OUS":
-            text = _text_that_is_no_number(column)
+            text = None if reads_text else _text_that_is_no_number(column)
             what = None if text is None else f"text ({text!r})"
             if what is None and column.dtype.kind == "O" and "nan" in said:
                 missing = [v for v in column if v is None or v != v]
@@ -98,7 +103,8 @@ def refusal(exc: Exception, rows: Any, names: Sequence[str], model: Any,
             named: str) -> RefusedValueError | None:
     """``exc`` of ``model`` (the model of ``named``) as the error that names
     the column of ``rows`` at fault, or None when none does."""
-    column = refused_value(rows, names, exc)
+    reads_text = not type(model).__module__.startswith(NUMERIC_ESTIMATORS)
+    column = refused_value(rows, names, exc, reads_text)
     if column is None:
         return None
     return RefusedValueError(f"{column}, which its model "
