@@ -623,3 +623,16 @@ def test_new_groups_of_the_stored_keys_kind_go_to_the_fallback(tmp_path, kind):
 
     assert key_type(np.asarray(new["k"].astype(f"{new['k'].dtype.kind}8[ns]"))[0]) == key_type(
         decode_key(encode_key((frame["k"].iloc[0],)))[0])  # (.item() of ns: an int)
+
+
+def test_a_key_with_no_model_but_for_its_spaces_is_said(tmp_path):
+    """``"b "`` (a CSV's padding) matched no stored key, silently but for the
+    usual no-model warning: it names the stored key it is but for spaces."""
+    frame = pd.DataFrame({"k": ["a"] * 5 + ["b"] * 5, "x": np.arange(10.0),
+                          "y": np.arange(10.0)})
+    mm.train(fit_lr, mm.groups(frame, by="k"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    asked = pd.DataFrame({"k": ["a", "b "], "x": [1.0, 2.0]})
+    with pytest.warns(RuntimeWarning, match=r"'b ' has no model, and 'b', which it is but "
+                                            r"for spaces, has"):
+        mm.Store(tmp_path / "s").predict(asked, by="k", features=["x"])

@@ -416,6 +416,23 @@ def _raise_failures(failures: list[GroupFailure], describe: Callable[[int], str]
                            f"{failures[0].error}")
 
 
+def _near_keys(unseen: list[Any], artifacts: dict[str, str], width: int) -> str:
+    """A note naming a key with no model that a stored key equals but for
+    the spaces around its texts (``"s1 "`` for ``"s1"``: a CSV's padding),
+    ``""`` where none of the first :data:`~.predictchecks.KEYS_COMPARED` is
+    such a key."""
+    from .predictchecks import KEYS_COMPARED
+
+    for key in unseen[:KEYS_COMPARED]:
+        parts = (key,) if width == 1 else tuple(key)
+        trimmed = tuple(part.strip() if isinstance(part, str) else part for part in parts)
+        if trimmed != parts and encode_key(trimmed) in artifacts:
+            shown = trimmed[0] if width == 1 else trimmed
+            return (f" ({key!r} has no model, and {shown!r}, which it is but for spaces, "
+                    "has: strip the key column's text)")
+    return ""
+
+
 def _column_names(names: str | list[str] | None) -> list[str] | None:
     return None if names is None else [names] if isinstance(names, str) else list(names)
 
@@ -506,7 +523,8 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
         warnings.warn(
             f"{int((routed.origin == NONE).sum())} row(s) of {len(routed.unseen)} "
             f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
-            f"{str(store)!r}{where} and no fallback: their prediction is NaN",
+            f"{str(store)!r}{where} and no fallback: their prediction is NaN"
+            + _near_keys(routed.unseen, artifacts, len(by_columns)),
             RuntimeWarning, stacklevel=2)
     values = routed.values
     prediction = pd.Series(list(values) if values.ndim > 1 else values, index=frame.index)
