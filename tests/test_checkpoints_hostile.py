@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -741,24 +742,29 @@ def test_the_slots_of_two_stopped_runs_go_once_the_task_is_committed(tmp_path, m
     assert [p for p in (store / "checkpoints").glob("*/*/*") if p.is_dir()] == []
 
 
+def _a_task_at_round_2(tmp_path: Path) -> tuple[Checkpoint, Path]:
+    """A task's first checkpoint, its ``path`` holding ``round-2/model.txt``."""
+    slot = tmp_path / "slot"
+    slot.mkdir()
+    first = Checkpoint(slot)
+    (first.path / "round-2").mkdir()
+    (first.path / "round-2" / "model.txt").write_text("2 rounds")
+    return first, first.path
+
+
 def test_a_commit_keeps_empty_folders_and_links_as_they_are(tmp_path):
     """What checkpoint.path holds is what a resumed task finds: an empty
     folder was dropped, a link to a folder dropped, a link to a file made a
     copy of it (another file, no longer following the latest round)."""
     import os
 
-    slot = tmp_path / "slot"
-    slot.mkdir()
-    first = Checkpoint(slot)
-    work = first.path
-    (work / "round-2").mkdir()
-    (work / "round-2" / "model.txt").write_text("2 rounds")
+    first, work = _a_task_at_round_2(tmp_path)
     (work / "logs" / "events").mkdir(parents=True)
     os.symlink("round-2", work / "latest")
     os.symlink("round-2/model.txt", work / "model.txt")
     os.symlink(tmp_path / "nowhere", work / "dangling")
     first.commit({"rounds": 2})
-    retry = Checkpoint(slot, attempt=2)
+    retry = Checkpoint(tmp_path / "slot", attempt=2)
     assert retry.load() == {"rounds": 2}
     found = retry.path
     assert (found / "logs" / "events").is_dir() and not any((found / "logs" / "events").iterdir())
@@ -864,17 +870,12 @@ def test_a_link_made_by_its_absolute_path_into_the_folder_leads_there_on_resume(
     round the retry has. A link out of the folder is committed as it reads."""
     import os
 
-    slot = tmp_path / "slot"
-    slot.mkdir()
-    first = Checkpoint(slot)
-    work = first.path
-    (work / "round-2").mkdir()
-    (work / "round-2" / "model.txt").write_text("2 rounds")
+    first, work = _a_task_at_round_2(tmp_path)
     (work / "latest").symlink_to(work / "round-2")
     (work / "round-2" / "top").symlink_to(work)
     (work / "outside").symlink_to(tmp_path / "elsewhere")
     first.commit({"rounds": 2})
-    retry = Checkpoint(slot, attempt=2)
+    retry = Checkpoint(tmp_path / "slot", attempt=2)
     found = retry.path
     assert found != work and not work.exists()
     assert os.readlink(found / "latest") == "round-2"
