@@ -320,9 +320,18 @@ def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     """One model on every row, with the grid setting most groups chose: the
     prediction for a group that has no model of its own."""
     frame = table.select(task.features + [task.target]).to_pandas()
-    setting = {name: _most_chosen(values, run.results.get(f"best_{name}"))
+    fitted = _fitted_results(run)
+    setting = {name: _most_chosen(values, fitted.get(f"best_{name}"))
                for name, values in task.grid.items()}
     return task.fit(frame, **setting)
+
+
+def _fitted_results(run: Run) -> pd.DataFrame:
+    """The results of the groups that have a model: a failed group chose no
+    setting, and its empty ``best_`` cell read as a choice of ``None`` (three
+    failed groups outvoted two that chose ``class_weight=balanced``)."""
+    results = run.results
+    return results[results["status"] == "ok"] if "status" in results else results
 
 
 def _fallback_or_error(task: GroupModelTask, table: Any, run: Run) -> tuple[Any, str | None]:
