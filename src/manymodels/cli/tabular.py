@@ -352,6 +352,17 @@ def _fallback_or_error(task: GroupModelTask, table: Any, run: Run) -> tuple[Any,
         return None, f"fitting it on all rows failed: {_first_line(exc)}"
 
 
+def _with_reuse(path_note: str, reused: int, groups: int) -> str:
+    """The fast path's note, saying which models the store gave: the batched
+    fit runs before the store says what it holds, so that its "fitted and
+    scored 8 of 8 groups" stood beside 7 models reused from the store."""
+    if reused and reused == groups:
+        return "every group's model reused from the store: none fitted"
+    if reused and path_note.startswith("fast path:"):
+        return f"{path_note}; the store's models kept for {reused:,} unchanged groups"
+    return path_note
+
+
 def _first_line(exc: Exception) -> str:
     """``ValueError: Input X contains NaN.``: the exception's type and the
     first line of its message, as ``show`` prints a group's error (its repr
@@ -532,9 +543,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
             raise
         raise ArgumentError(str(exc), _run_option(exc)) from exc
-    if path_note is not None and run.summary().reused == len(run.results):
-        # (the batched fit ran before the store said every model was there)
-        path_note = "every group's model reused from the store: none fitted"
+    if path_note is not None:
+        path_note = _with_reuse(path_note, run.summary().reused, len(run.results))
     with run.store._one_publication():  # an object store's index: uploaded once for both
         run.store.attach(run.run_id, "train_config", {
             "by": by_columns, "target": target, "features": feature_columns, "model": model,
