@@ -1038,3 +1038,22 @@ def test_train_refuses_a_column_predict_could_not_read(tmp_path):
     assert "--features" in result.output
     assert "'source' is a column manymodels predict" in result.output
     assert not (tmp_path / "st").exists()
+
+
+def test_the_fallback_takes_the_setting_of_the_groups_that_were_fitted(tmp_path):
+    """A failed group chose no setting: its empty ``best_`` cell counted as a
+    choice of None, so three groups of one class (which LogisticRegression
+    refuses) outvoted the two that chose ``class_weight=balanced``."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=100)
+    frame = pd.DataFrame({"g": np.repeat(list("abcde"), 20), "x": x,
+                          "y": np.where((x > 0) | (np.arange(100) >= 40), "yes", "no")})
+    frame.to_csv(tmp_path / "classes.csv", index=False)
+    result = _invoke("train", tmp_path / "classes.csv", "--by", "g", "--target", "y",
+                     "--model", "sklearn.linear_model.LogisticRegression", "--grid",
+                     "class_weight=balanced,None", "--backend", "serial", "--allow-failures",
+                     "--store", tmp_path / "st")
+    assert result.exit_code == 0, result.output
+    store = mm.Store(tmp_path / "st")
+    assert list(store.results(run=1)["status"]) == ["ok"] * 2 + ["failed"] * 3
+    assert store.attached("fallback", run=1).class_weight == "balanced"

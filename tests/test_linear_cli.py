@@ -116,6 +116,12 @@ def test_an_unchanged_rerun_says_its_models_were_reused_not_fitted(tmp_path):
     again = train_table(table(), **kwargs)
     assert again.run.summary().reused == 32
     assert again.path_note == "every group's model reused from the store: none fitted"
+    changed = table()
+    changed.loc[0, "sales"] += 1  # one group's rows: the other 31 reused
+    third = train_table(changed, **kwargs)
+    assert third.run.summary().reused == 31
+    assert third.path_note.startswith("fast path: mm.linear fitted and scored 32 of 32")
+    assert third.path_note.endswith("; the store's models kept for 31 unchanged groups")
 
 
 @pytest.mark.parametrize("second", ["near_copy", "tiny_scale"])

@@ -1562,3 +1562,7 @@ def test_text_a_numeric_model_reads_is_not_refused_before_it_runs(tmp_path):
         assert len(run.store.predict(table, by="g")) == len(table)
     with pytest.raises(ValueError, match=r"holds text \('hello'\)"):  # still refused
         run.store.predict(frame.assign(x=["1", "hello"] * 4), by="g")
+    # a categorical of text that the model does not read as categories: refused
+    # before any group runs, as the same text is, not by each group's predict
+    with pytest.raises(ValueError, match=r"^column 'x' of the table to predict holds text"):
+        run.store.predict(frame.assign(x=pd.Categorical(["1", "hello"] * 4)), by="g")

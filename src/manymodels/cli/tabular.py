@@ -320,9 +320,18 @@ def _fit_fallback(task: GroupModelTask, table: Any, run: Run) -> Any:
     """One model on every row, with the grid setting most groups chose: the
     prediction for a group that has no model of its own."""
     frame = table.select(task.features + [task.target]).to_pandas()
-    setting = {name: _most_chosen(values, run.results.get(f"best_{name}"))
+    fitted = _fitted_results(run)
+    setting = {name: _most_chosen(values, fitted.get(f"best_{name}"))
                for name, values in task.grid.items()}
     return task.fit(frame, **setting)
+
+
+def _fitted_results(run: Run) -> pd.DataFrame:
+    """The results of the groups that have a model: a failed group chose no
+    setting, and its empty ``best_`` cell read as a choice of ``None`` (three
+    failed groups outvoted two that chose ``class_weight=balanced``)."""
+    results = run.results
+    return results[results["status"] == "ok"] if "status" in results else results
 
 
 def _fallback_or_error(task: GroupModelTask, table: Any, run: Run) -> tuple[Any, str | None]:
@@ -341,6 +350,17 @@ def _fallback_or_error(task: GroupModelTask, table: Any, run: Run) -> tuple[Any,
         raise RunInterrupted("interrupted while fitting the fallback model", run) from exc
     except Exception as exc:  # e.g. the rows of a failed group poison the whole table
         return None, f"fitting it on all rows failed: {_first_line(exc)}"
+
+
+def _with_reuse(path_note: str, reused: int, groups: int) -> str:
+    """The fast path's note, saying which models the store gave: the batched
+    fit runs before the store says what it holds, so that its "fitted and
+    scored 8 of 8 groups" stood beside 7 models reused from the store."""
+    if reused and reused == groups:
+        return "every group's model reused from the store: none fitted"
+    if reused and path_note.startswith("fast path:"):
+        return f"{path_note}; the store's models kept for {reused:,} unchanged groups"
+    return path_note
 
 
 def _first_line(exc: Exception) -> str:
@@ -523,9 +543,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
         if getattr(exc, "run", None) is not None:  # the store failed mid-run (a full disk)
             raise
         raise ArgumentError(str(exc), _run_option(exc)) from exc
-    if path_note is not None and run.summary().reused == len(run.results):
-        # (the batched fit ran before the store said every model was there)
-        path_note = "every group's model reused from the store: none fitted"
+    if path_note is not None:
+        path_note = _with_reuse(path_note, run.summary().reused, len(run.results))
     with run.store._one_publication():  # an object store's index: uploaded once for both
         run.store.attach(run.run_id, "train_config", {
             "by": by_columns, "target": target, "features": feature_columns, "model": model,

@@ -25,10 +25,19 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     columns = []
     for field in schema:
         if field.name in table.column_names:
-            columns.append(table.column(field.name).cast(field.type))
+            columns.append(cast_column(table.column(field.name), field.type))
         else:
             columns.append(pa.nulls(table.num_rows, field.type))
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def cast_column(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    """``column`` cast to ``kind``; a plain column to a dictionary type by
+    encoding its values first: Arrow casts text to a dictionary but not
+    numbers (a categorical key of int categories crashed the read)."""
+    if pa.types.is_dictionary(kind) and not pa.types.is_dictionary(column.type):
+        column = column.cast(kind.value_type).dictionary_encode()
+    return column.cast(kind)
 
 
 def read_files(directory: str, refs: list[str], schema: pa.Schema,

@@ -118,16 +118,13 @@ def refuse_text_features(model: Any, frame: Any, names: Sequence[str], named: st
     each group would fail on it."""
     if not type(model).__module__.startswith(NUMERIC_ESTIMATORS):
         return
-    import pandas as pd
-
-    categorical = _categorical_features(model)
+    categorical = _categorical_features(model)  # (boosting reads their text as categories)
     for name in names:
         column = frame[name]
         if name in categorical:
             continue
-        if (getattr(column, "dtype", None) is None or column.dtype.kind not in "OUS"
-                or isinstance(column.dtype, pd.CategoricalDtype)):
-            continue  # (a categorical's text: boosting reads it as its categories)
+        if getattr(column, "dtype", None) is None or column.dtype.kind not in "OUS":
+            continue  # (a pandas categorical's kind is "O": its text is checked too)
         text = _text_that_is_no_number(column)
         if text is not None:
             raise ValueError(f"column {name!r} of the table to predict holds text ({text!r}), "
