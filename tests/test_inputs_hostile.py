@@ -618,3 +618,15 @@ def test_a_folder_given_to_items_is_refused_with_how_to_list_its_files(tmp_path,
     folder.mkdir()
     with pytest.raises(TypeError, match=r"one path, not items.*glob\('\*'\)"):
         mm.items(folder if given == "path" else str(folder))
+
+
+def test_a_home_relative_path_or_file_uri_is_read_on_workers_as_eagerly(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / "sales data"
+    folder.mkdir()
+    pd.DataFrame({"g": ["a", "b", "a"], "x": [1.0, 2.0, 3.0]}).to_parquet(folder / "a b.parquet")
+    for given in ("~/sales data", "file://" + str(folder).replace(" ", "%20")):
+        source = mm.groups(given, by="g", read_on_workers=True)
+        run = mm.train(lambda rows: (None, {"n": len(rows)}), source, progress=False,
+                       backend="serial")
+        assert run.results.set_index("g")["n"].to_dict() == {"a": 2, "b": 1}, given

@@ -303,6 +303,21 @@ def _refuse_polars_objects(frame: Any) -> None:
                              "a struct), or leave it out with columns=")
 
 
+def local_path(table: Any) -> Any:
+    """A table's path as the file system names it: a ``file://`` URI as its
+    (decoded) path, ``~`` expanded. Done once, where a source is given its
+    path, so that every way of reading it (``read_on_workers=True`` too,
+    whose files were said not to exist) reads the same files. Anything else
+    (a frame, an object store's URI) is returned as it is."""
+    if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
+        from urllib.parse import unquote, urlparse
+
+        return unquote(urlparse(table).path)
+    if isinstance(table, Path) or isinstance(table, str) and not is_remote(table):
+        return Path(table).expanduser() if str(table).startswith("~") else table
+    return table
+
+
 def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
     with ``columns``, only those columns (a file's others are never read), in
@@ -323,15 +338,12 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         _refuse_a_name_twice(table.column_names, "given")  # (Arrow allows two)
         return table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
     if isinstance(table, (str, Path)):
-        if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
-            from urllib.parse import unquote, urlparse
-
-            table = unquote(urlparse(table).path)
+        table = local_path(table)
         if is_remote(table):  # Path() would make s3://b/t "s3:/b/t"
             raise ValueError(f"{table!r} is on an object store, which this call does not "
                              "read: read it first (pyarrow.parquet.read_table, "
                              "pandas.read_parquet), or give it to mm.groups, which does")
-        path = Path(table).expanduser()
+        path = Path(table)
         if not path.exists():
             raise missing_path(str(path))
         read = _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
