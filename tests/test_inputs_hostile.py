@@ -630,3 +630,11 @@ def test_a_home_relative_path_or_file_uri_is_read_on_workers_as_eagerly(tmp_path
         run = mm.train(lambda rows: (None, {"n": len(rows)}), source, progress=False,
                        backend="serial")
         assert run.results.set_index("g")["n"].to_dict() == {"a": 2, "b": 1}, given
+
+
+def test_an_order_by_column_that_cannot_be_sorted_is_refused_by_name(tmp_path):
+    table = pa.table({"g": [1, 1, 2], "k": [[2], [1], [3]], "x": [1.0, 2.0, 3.0]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    for given, options in ((table, {}), (tmp_path / "a.parquet", {"read_on_workers": True})):
+        with pytest.raises(ValueError, match="order_by column 'k' holds list<"):
+            mm.groups(given, by="g", order_by="k", **options)

@@ -30,6 +30,7 @@ from .tables import (
     named_twice,
     plain_scalar,
     read_table,
+    refuse_unsortable,
     separator_hint,
 )
 
@@ -143,6 +144,8 @@ class GroupSource(Source):
                     f"its columns are {self.table.column_names}"
                     + _index_hint(self.row_index, missing[0])
                     + separator_hint(self.table.column_names))
+        refuse_unsortable(self.reader.schema if self.reader else self.table.schema,
+                          order_columns)
         if self.table.num_rows == 0:
             raise ValueError("the table is empty: there are no groups to train")
         self.by = by_columns

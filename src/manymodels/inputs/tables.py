@@ -395,6 +395,25 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     )
 
 
+def refuse_unsortable(schema: pa.Schema, columns: list[str]) -> None:
+    """Refuse an ``order_by`` column whose type Arrow cannot sort (lists,
+    maps, half floats, a struct holding a list), naming it: the sort failed
+    when the run planned its tasks (or on each worker, reading on workers)
+    with Arrow's "Unsupported type for RecordBatch sorting", naming no
+    column. Asked of Arrow itself, on two missing values of the type (a
+    dictionary is sorted by its codes: :func:`sort_order`)."""
+    for name in columns:
+        kind = schema.field(name).type
+        if pa.types.is_dictionary(kind):
+            continue
+        try:
+            pc.sort_indices(pa.table({"probe": pa.nulls(2, kind)}),
+                            sort_keys=[("probe", "ascending")])
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ValueError(f"order_by column {name!r} holds {kind} values, which cannot "
+                             "be sorted: order by a column of numbers, times or text") from exc
+
+
 def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:
     """The stable sort of ``table``'s rows by ``columns`` (ascending, missing
     values last), after ``codes`` (a group number per row) when given."""
