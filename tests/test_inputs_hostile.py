@@ -638,3 +638,12 @@ def test_an_order_by_column_that_cannot_be_sorted_is_refused_by_name(tmp_path):
     for given, options in ((table, {}), (tmp_path / "a.parquet", {"read_on_workers": True})):
         with pytest.raises(ValueError, match="order_by column 'k' holds list<"):
             mm.groups(given, by="g", order_by="k", **options)
+
+
+@pytest.mark.skipif(not hasattr(pa, "string_view"), reason="pyarrow < 16 has no view types")
+def test_string_and_binary_view_columns_are_grouped_as_text_and_bytes():
+    table = pa.table({"g": pa.array(["b", "a", "b"]).cast(pa.string_view()),
+                      "raw": pa.array([b"x", b"y", b"z"]).cast(pa.binary_view())})
+    run = mm.train(lambda rows: (None, {"raw": b"".join(rows["raw"]).decode()}),
+                   mm.groups(table, by="g"), progress=False, backend="serial")
+    assert run.results.set_index("g")["raw"].to_dict() == {"a": "y", "b": "xz"}

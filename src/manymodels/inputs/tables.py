@@ -303,6 +303,24 @@ def _refuse_polars_objects(frame: Any) -> None:
                              "a struct), or leave it out with columns=")
 
 
+#: Arrow's view types and the type each is read as: Arrow's ``take`` (each
+#: group's rows) has no kernel for them, so a table holding one (polars'
+#: ``to_arrow(compat_level=pl.CompatLevel.newest())``, DuckDB's) failed when
+#: its groups were taken ("Function 'array_take' has no kernel"), naming no column.
+_VIEWS = ({pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}
+          if hasattr(pa, "string_view") else {})  # (pyarrow 16 and later)
+
+
+def without_views(table: pa.Table) -> pa.Table:
+    """``table`` with each string or binary view column as large text or
+    bytes (the same values)."""
+    for position, field in enumerate(table.schema):
+        plain = _VIEWS.get(field.type)
+        if plain is not None:
+            table = table.set_column(position, field.name, table.column(position).cast(plain))
+    return table
+
+
 def local_path(table: Any) -> Any:
     """A table's path as the file system names it: a ``file://`` URI as its
     (decoded) path, ``~`` expanded. Done once, where a source is given its
@@ -336,7 +354,8 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             table = table.select(columns)
     if isinstance(table, (pa.Table, pa.RecordBatch)):
         _refuse_a_name_twice(table.column_names, "given")  # (Arrow allows two)
-        return table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+        return without_views(table if isinstance(table, pa.Table)
+                             else pa.Table.from_batches([table]))
     if isinstance(table, (str, Path)):
         table = local_path(table)
         if is_remote(table):  # Path() would make s3://b/t "s3:/b/t"
@@ -352,7 +371,7 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     if _is_polars_frame(table):
         _refuse_polars_objects(table)
         try:
-            return table.to_arrow()
+            return without_views(table.to_arrow())
         except (pa.ArrowException, TypeError, ValueError) as exc:  # (Int128: no Arrow type)
             kinds = dict(zip(table.columns, map(str, table.dtypes)))
             raise ValueError(f"cannot convert the polars DataFrame to Arrow: {exc}; its "
