@@ -618,3 +618,32 @@ def test_a_folder_given_to_items_is_refused_with_how_to_list_its_files(tmp_path,
     folder.mkdir()
     with pytest.raises(TypeError, match=r"one path, not items.*glob\('\*'\)"):
         mm.items(folder if given == "path" else str(folder))
+
+
+def test_a_home_relative_path_or_file_uri_is_read_on_workers_as_eagerly(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / "sales data"
+    folder.mkdir()
+    pd.DataFrame({"g": ["a", "b", "a"], "x": [1.0, 2.0, 3.0]}).to_parquet(folder / "a b.parquet")
+    for given in ("~/sales data", "file://" + str(folder).replace(" ", "%20")):
+        source = mm.groups(given, by="g", read_on_workers=True)
+        run = mm.train(lambda rows: (None, {"n": len(rows)}), source, progress=False,
+                       backend="serial")
+        assert run.results.set_index("g")["n"].to_dict() == {"a": 2, "b": 1}, given
+
+
+def test_an_order_by_column_that_cannot_be_sorted_is_refused_by_name(tmp_path):
+    table = pa.table({"g": [1, 1, 2], "k": [[2], [1], [3]], "x": [1.0, 2.0, 3.0]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    for given, options in ((table, {}), (tmp_path / "a.parquet", {"read_on_workers": True})):
+        with pytest.raises(ValueError, match="order_by column 'k' holds list<"):
+            mm.groups(given, by="g", order_by="k", **options)
+
+
+@pytest.mark.skipif(not hasattr(pa, "string_view"), reason="pyarrow < 16 has no view types")
+def test_string_and_binary_view_columns_are_grouped_as_text_and_bytes():
+    table = pa.table({"g": pa.array(["b", "a", "b"]).cast(pa.string_view()),
+                      "raw": pa.array([b"x", b"y", b"z"]).cast(pa.binary_view())})
+    run = mm.train(lambda rows: (None, {"raw": b"".join(rows["raw"]).decode()}),
+                   mm.groups(table, by="g"), progress=False, backend="serial")
+    assert run.results.set_index("g")["raw"].to_dict() == {"a": "y", "b": "xz"}

@@ -24,7 +24,15 @@ from .engineframes import EngineFrame, engine_of, staging_location
 from .objectstores import is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
 from .sourcechecks import check_cost
-from .tables import is_pandas_frame, named_twice, plain_scalar, read_table, separator_hint
+from .tables import (
+    is_pandas_frame,
+    local_path,
+    named_twice,
+    plain_scalar,
+    read_table,
+    refuse_unsortable,
+    separator_hint,
+)
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")
@@ -81,6 +89,7 @@ class GroupSource(Source):
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
         check_cost(cost, "groups", "its row count")
+        table = local_path(table)  # (~, file://: read_on_workers reads the same files)
         by_columns, order_columns, table, wanted = _named_columns(table, by, order_by, columns)
         #: The engine's DataFrame (Spark, Dask) that its engine groups, or None
         self.engine_frame: EngineFrame | None = None
@@ -135,6 +144,8 @@ class GroupSource(Source):
                     f"its columns are {self.table.column_names}"
                     + _index_hint(self.row_index, missing[0])
                     + separator_hint(self.table.column_names))
+        refuse_unsortable(self.reader.schema if self.reader else self.table.schema,
+                          order_columns)
         if self.table.num_rows == 0:
             raise ValueError("the table is empty: there are no groups to train")
         self.by = by_columns

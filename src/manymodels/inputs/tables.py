@@ -303,6 +303,39 @@ def _refuse_polars_objects(frame: Any) -> None:
                              "a struct), or leave it out with columns=")
 
 
+#: Arrow's view types and the type each is read as: Arrow's ``take`` (each
+#: group's rows) has no kernel for them, so a table holding one (polars'
+#: ``to_arrow(compat_level=pl.CompatLevel.newest())``, DuckDB's) failed when
+#: its groups were taken ("Function 'array_take' has no kernel"), naming no column.
+_VIEWS = ({pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}
+          if hasattr(pa, "string_view") else {})  # (pyarrow 16 and later)
+
+
+def without_views(table: pa.Table) -> pa.Table:
+    """``table`` with each string or binary view column as large text or
+    bytes (the same values)."""
+    for position, field in enumerate(table.schema):
+        plain = _VIEWS.get(field.type)
+        if plain is not None:
+            table = table.set_column(position, field.name, table.column(position).cast(plain))
+    return table
+
+
+def local_path(table: Any) -> Any:
+    """A table's path as the file system names it: a ``file://`` URI as its
+    (decoded) path, ``~`` expanded. Done once, where a source is given its
+    path, so that every way of reading it (``read_on_workers=True`` too,
+    whose files were said not to exist) reads the same files. Anything else
+    (a frame, an object store's URI) is returned as it is."""
+    if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
+        from urllib.parse import unquote, urlparse
+
+        return unquote(urlparse(table).path)
+    if isinstance(table, Path) or isinstance(table, str) and not is_remote(table):
+        return Path(table).expanduser() if str(table).startswith("~") else table
+    return table
+
+
 def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     """Read ``table`` (a frame, an Arrow table or a path) as a ``pyarrow.Table``;
     with ``columns``, only those columns (a file's others are never read), in
@@ -321,17 +354,15 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
             table = table.select(columns)
     if isinstance(table, (pa.Table, pa.RecordBatch)):
         _refuse_a_name_twice(table.column_names, "given")  # (Arrow allows two)
-        return table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+        return without_views(table if isinstance(table, pa.Table)
+                             else pa.Table.from_batches([table]))
     if isinstance(table, (str, Path)):
-        if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
-            from urllib.parse import unquote, urlparse
-
-            table = unquote(urlparse(table).path)
+        table = local_path(table)
         if is_remote(table):  # Path() would make s3://b/t "s3:/b/t"
             raise ValueError(f"{table!r} is on an object store, which this call does not "
                              "read: read it first (pyarrow.parquet.read_table, "
                              "pandas.read_parquet), or give it to mm.groups, which does")
-        path = Path(table).expanduser()
+        path = Path(table)
         if not path.exists():
             raise missing_path(str(path))
         read = _read_directory(path, columns) if path.is_dir() else _read_file(path, columns)
@@ -340,7 +371,7 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
     if _is_polars_frame(table):
         _refuse_polars_objects(table)
         try:
-            return table.to_arrow()
+            return without_views(table.to_arrow())
         except (pa.ArrowException, TypeError, ValueError) as exc:  # (Int128: no Arrow type)
             kinds = dict(zip(table.columns, map(str, table.dtypes)))
             raise ValueError(f"cannot convert the polars DataFrame to Arrow: {exc}; its "
@@ -381,6 +412,25 @@ def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
         "a table must be a pandas or polars DataFrame, a pyarrow Table, or a path "
         f"to a Parquet/CSV file or directory; got {type(table).__name__}"
     )
+
+
+def refuse_unsortable(schema: pa.Schema, columns: list[str]) -> None:
+    """Refuse an ``order_by`` column whose type Arrow cannot sort (lists,
+    maps, half floats, a struct holding a list), naming it: the sort failed
+    when the run planned its tasks (or on each worker, reading on workers)
+    with Arrow's "Unsupported type for RecordBatch sorting", naming no
+    column. Asked of Arrow itself, on two missing values of the type (a
+    dictionary is sorted by its codes: :func:`sort_order`)."""
+    for name in columns:
+        kind = schema.field(name).type
+        if pa.types.is_dictionary(kind):
+            continue
+        try:
+            pc.sort_indices(pa.table({"probe": pa.nulls(2, kind)}),
+                            sort_keys=[("probe", "ascending")])
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ValueError(f"order_by column {name!r} holds {kind} values, which cannot "
+                             "be sorted: order by a column of numbers, times or text") from exc
 
 
 def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:
