@@ -370,6 +370,18 @@ def test_keys_with_missing_values_and_float_keys_are_reused(tmp_path):
     assert "fitted in run 1" in mm.Store(tmp_path).linear(run=1).why_not_reused(("s1", 1))
 
 
+def test_a_boolean_key_beside_a_missing_one_is_reused(tmp_path):
+    """Fitted, the missing key was NaN in an object column; saved, <NA> in a
+    nullable boolean one: neither found the other, and its group was fitted
+    again on every re-run (why_not_reused: the earlier run had no group)."""
+    frame = pd.DataFrame({"k": [True] * 3 + [False] * 3 + [None] * 3,
+                          "x": [0.0, 1, 2] * 3, "y": [0.0, 1, 3, 1, 0, 2, 5, 1, 0]})
+    first = mm.linear(frame, by="k", features=["x"], target="y", store=tmp_path)
+    again = mm.linear(frame, by="k", features=["x"], target="y", store=tmp_path)
+    assert again.reused == len(first) == 3
+    np.testing.assert_array_equal(again.coef, first.coef)
+
+
 def test_a_run_that_fails_is_marked_and_the_saved_result_stays(tmp_path, monkeypatch):
     from manymodels.models.linear import stored
 

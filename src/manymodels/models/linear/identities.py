@@ -115,6 +115,17 @@ def match_keys(new: pd.DataFrame, old: pd.DataFrame) -> np.ndarray:
     """Each new group's position in ``old``, -1 where it has none."""
     if len(new) == len(old) and list(new.dtypes) == list(old.dtypes) and new.equals(old):
         return np.arange(len(new))
+    position = _positions(new, old)
+    if (position < 0).any() and new.isna().to_numpy().any():
+        # a missing key reads as NaN in a fresh fit's object column (booleans
+        # beside a missing one) but <NA> in the saved result's nullable
+        # column, and pandas finds neither by the other: that group was
+        # fitted again on every re-run
+        position = _positions(_missing_as_none(new), _missing_as_none(old))
+    return position
+
+
+def _positions(new: pd.DataFrame, old: pd.DataFrame) -> np.ndarray:
     try:
         if new.shape[1] == 1:
             return pd.Index(old.iloc[:, 0]).get_indexer(new.iloc[:, 0])
@@ -122,3 +133,8 @@ def match_keys(new: pd.DataFrame, old: pd.DataFrame) -> np.ndarray:
     except (TypeError, ValueError, pd.errors.InvalidIndexError):  # keys of other types
         # (or not unique, in a result saved before its keys were read back exactly)
         return np.full(len(new), -1)
+
+
+def _missing_as_none(keys: pd.DataFrame) -> pd.DataFrame:
+    """``keys`` as Python objects, every missing value (NaN, ``<NA>``, None) as None."""
+    return keys.astype(object).where(keys.notna(), None)
