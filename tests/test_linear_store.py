@@ -234,6 +234,9 @@ def test_load_and_models_of_a_linear_run_point_to_its_result(tmp_path):
         with pytest.raises(ValueError, match=r"mm.linear run.*Store.linear\('sales', run=1\)"):
             asked()
     assert store.linear("sales", run=1).predict(frame) == pytest.approx([0.0, 1, 2])
+    for name, run in ((5, None), ("sales", "1"), ("sales", 1.7), ("sales", True)):
+        with pytest.raises(TypeError, match="name= must be|run must be a run id"):
+            store.linear(name, run=run)  # read as run 1, or failed naming nothing
 
 
 def test_identities_do_not_depend_on_chunks_or_where_the_rows_sit(monkeypatch):

@@ -32,6 +32,7 @@ import pandas as pd
 
 from ...identity.hashing import digest
 from ...store import Store, StoreError, StoreIntegrityError, artifacts, database
+from ...store.registry import run_number
 from .artifact import Saved, from_artifact, to_artifact
 from .fitting import STATUSES, empty, fit_groups, plain_values
 from .identities import describe_options, group_identities, match_keys
@@ -98,8 +99,14 @@ def _linear_runs(store: Store, name: str | None = None) -> list[tuple]:
 
 def load(store: Store, name: str | None = None, run: int | None = None) -> LinearResult:
     """The result saved by ``mm.linear(..., store=, name=)`` (default: the
-    latest of any name), or the one of ``run``; checked against its SHA-256."""
-    found = [row for row in _linear_runs(store, name) if run is None or row[0] == int(run)]
+    latest of any name), or the one of ``run``; checked against its SHA-256.
+    ``name`` and ``run`` are checked first: ``int(run)`` read ``1.7`` and
+    ``True`` as run 1, and a name not a string failed in a concatenation."""
+    if name is not None:
+        check_name(name)
+    if run is not None:
+        run = run_number(run)
+    found = [row for row in _linear_runs(store, name) if run is None or row[0] == run]
     if not found:
         names = sorted({d.get("linear") for _, d, _ in _linear_runs(store)})
         which = f"named {name!r}" if name is not None else "at all"
