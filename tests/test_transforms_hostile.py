@@ -73,6 +73,20 @@ def test_polars_outputs_of_a_number_and_a_text_are_refused_as_arrow_ones_are():
         mm.map_partitions(by_partition, frame, partitions=2, format="polars", **SERIAL)
 
 
+def test_a_polars_lazyframe_output_is_refused_as_a_lazyframe_input_is():
+    """A LazyFrame output was taken for a table: the result was a lazy union
+    of every group's query, without the key columns, run by no worker."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b"], "y": [1, 2]})
+    with pytest.raises(TypeError, match="map_groups returned a polars LazyFrame.*collect"):
+        mm.map_groups(lambda rows: rows.lazy(), mm.groups(frame, by="g", format="polars"),
+                      **SERIAL)
+    for partitions in (None, 2):  # in this process, or split
+        with pytest.raises(TypeError, match="map_partitions returned a polars LazyFrame"):
+            mm.map_partitions(lambda part: part.lazy(), frame, partitions, format="polars",
+                              progress=False)
+
+
 def test_polars_outputs_still_widen_numbers_and_fill_missing_columns():
     pl = pytest.importorskip("polars")
     frame = pl.DataFrame({"g": ["a", "b", "c"], "y": [1, 2, 3]})
