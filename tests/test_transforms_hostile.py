@@ -73,6 +73,20 @@ def test_polars_outputs_of_a_number_and_a_text_are_refused_as_arrow_ones_are():
         mm.map_partitions(by_partition, frame, partitions=2, format="polars", **SERIAL)
 
 
+def test_a_polars_lazyframe_output_is_refused_as_a_lazyframe_input_is():
+    """A LazyFrame output was taken for a table: the result was a lazy union
+    of every group's query, without the key columns, run by no worker."""
+    pl = pytest.importorskip("polars")
+    frame = pl.DataFrame({"g": ["a", "b"], "y": [1, 2]})
+    with pytest.raises(TypeError, match="map_groups returned a polars LazyFrame.*collect"):
+        mm.map_groups(lambda rows: rows.lazy(), mm.groups(frame, by="g", format="polars"),
+                      **SERIAL)
+    for partitions in (None, 2):  # in this process, or split
+        with pytest.raises(TypeError, match="map_partitions returned a polars LazyFrame"):
+            mm.map_partitions(lambda part: part.lazy(), frame, partitions, format="polars",
+                              progress=False)
+
+
 def test_polars_outputs_still_widen_numbers_and_fill_missing_columns():
     pl = pytest.importorskip("polars")
     frame = pl.DataFrame({"g": ["a", "b", "c"], "y": [1, 2, 3]})
@@ -418,6 +432,40 @@ def test_bad_keywords_of_a_run_in_process_are_refused_before_fn_runs():
     with pytest.raises(TypeError, match="progress must be True or False, got 'yes'"):
         mm.map_partitions(called.append, frame, progress="yes")
     assert called == []
+
+
+def test_a_function_every_group_would_fail_to_call_is_refused_before_any_runs():
+    """``map_groups`` hands ``train`` its ``fn`` wrapped in a function of any
+    keywords, whose signature ``train`` checks: a ``fn`` (or ``fallback``)
+    missing a keyword, a ``shared=`` that is no dict and a ``fn`` taking no
+    rows ran every group, each failing alike (a list ``shared`` was "'list'
+    object is not a mapping"); ``map_partitions`` ran such a ``fn`` too."""
+    called = []
+    frame = pd.DataFrame({"g": ["a", "b", "a"], "x": [1.0, 2.0, 3.0]})
+    source = mm.groups(frame, by="g")
+
+    def needs_m(rows, m):
+        called.append(m)
+        return rows
+
+    with pytest.raises(TypeError, match="map_groups' fn: fit's parameter 'm' has no default"):
+        mm.map_groups(needs_m, source, **SERIAL)
+    with pytest.raises(TypeError, match="map_groups' fallback: fit's parameter 'm'"):
+        mm.map_groups(lambda rows: rows, source, fallback=needs_m, **SERIAL)
+    with pytest.raises(TypeError, match="map_groups' fn: fit has no parameter 'm' for the "
+                                        "shared name 'm'"):
+        mm.map_groups(lambda rows: rows, source, shared={"m": 1}, **SERIAL)
+    for run in (lambda **kw: mm.map_groups(needs_m, source, **kw, **SERIAL),
+                lambda **kw: mm.map_partitions(needs_m, frame, **kw, progress=False)):
+        with pytest.raises(TypeError, match="shared must be a dict of name -> object.*got list"):
+            run(shared=[1])
+    with pytest.raises(TypeError, match="fn takes no parameter for its rows"):
+        mm.map_groups(lambda: called.append(1), source, **SERIAL)
+    with pytest.raises(TypeError, match="fn takes no parameter for its rows"):
+        mm.map_partitions(lambda: called.append(1), frame, progress=False)
+    assert called == []
+    # given what it needs, it runs
+    assert mm.map_groups(needs_m, source, shared={"m": 2}, **SERIAL)["x"].tolist() == [1, 2, 3]
 
 
 def _writes_in_place(part: pd.DataFrame) -> pd.DataFrame:

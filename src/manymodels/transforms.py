@@ -28,7 +28,7 @@ from .inputs.grouplabels import (
 from .inputs.sources import GroupSource, PartitionSource
 from .machine import usable_cores
 from .planning.plan import asks_for_key, group_layout
-from .run.engineoutputs import EngineOutputs, engine_source
+from .run.engineoutputs import EngineOutputs, engine_source, refuse_named_key
 from .run.groupfailures import (
     WithFallback,
     failures,
@@ -62,12 +62,15 @@ def _plain(value: Any) -> Any:
 
 
 def _check_arguments(fn: Any, errors: str, options: dict[str, Any]) -> None:
-    """Refuse, before any work, a ``fn`` that cannot be called, or one that
-    needs a ``checkpoint`` (wrapped, it would have been called on every
-    group, each failing), and an unknown ``errors``."""
+    """Refuse, before any work, a ``fn`` that cannot be called, one that
+    takes no rows, or one that needs a ``checkpoint`` (wrapped, it would
+    have been called on every group, each failing), and an unknown ``errors``."""
     if not callable(fn):
         raise TypeError(f"fn must be a function of a group's (or partition's) rows, got "
                         f"{type(fn).__name__}")
+    if _takes_no_rows(fn):
+        raise TypeError("fn takes no parameter for its rows: every group (or partition) "
+                        "would fail; give it one, fn(rows)")
     setup = options.get("setup")
     given = {*(options.get("shared") or {}), *(setup if isinstance(setup, dict) else ())}
     if _needs_checkpoint(fn) and "checkpoint" not in given:
@@ -76,6 +79,36 @@ def _check_arguments(fn: Any, errors: str, options: dict[str, Any]) -> None:
                         "parameter a default, or train with mm.train, which gives one")
     if errors not in ("raise", "skip"):
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
+
+
+def _check_takes_keywords(source: Any, options: dict[str, Any], **functions: Any) -> None:
+    """Refuse, before any group runs, a function that lacks a keyword every
+    group would hand it (a ``shared`` name) or needs one no group gives:
+    ``train`` cannot tell, as it is handed ``fn`` wrapped in a function of
+    any keywords (:class:`WithLabels`, :class:`WithFallback`), and every
+    group failed with the same ``TypeError``. The error names the function."""
+    for name, function in functions.items():
+        if function is None:
+            continue
+        try:
+            check_fit_takes_shared(function, source, options.get("shared"),
+                                   options.get("setup"))
+        except (TypeError, ValueError) as error:
+            if str(error).startswith("shared must be"):
+                raise
+            raise type(error)(f"map_groups' {name}: {error}") from None
+
+
+def _takes_no_rows(fn: Any) -> bool:
+    """Whether ``fn`` has no parameter the rows can be handed to (positionally)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a signature that cannot be read: not judged
+        return False
+    return not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+                   for p in parameters)
 
 
 def _needs_checkpoint(fn: Any) -> bool:
@@ -169,10 +202,13 @@ def map_groups(
     base = source.base if isinstance(source, ProductSource) else source
     if not isinstance(base, GroupSource):
         raise TypeError("map_groups needs a source made by mm.groups(...)")
+    if fallback is not None and not callable(fallback):
+        raise TypeError("fallback must be a function of a group's rows, got "
+                        f"{type(fallback).__name__}")
+    if in_engine is not None:  # (its own word on a keyword named key)
+        refuse_named_key(source, options.get("shared"), options.get("setup"))
+    _check_takes_keywords(source, options, fn=fn, fallback=fallback)
     if fallback is not None:
-        if not callable(fallback):
-            raise TypeError("fallback must be a function of a group's rows, got "
-                            f"{type(fallback).__name__}")
         fn = WithFallback(fn, fallback)
     options.setdefault("progress", False)
     labelled = in_engine is None and source is base and base.format == "pandas" and (

@@ -109,9 +109,7 @@ class RunOptions:
                 raise ValueError(f"the {backend_name} backend cannot enforce memory_limit=; "
                                  "use backend='processes'")
         if shared is not None:
-            if not isinstance(shared, Mapping) or not all(isinstance(k, str) for k in shared):
-                raise TypeError("shared must be a dict of name -> object, passed to fit as "
-                                "keywords")
+            check_shared(shared)
             clash = set(shared) & set(source.param_columns)
             if clash:
                 raise ValueError(f"shared name {sorted(clash)[0]!r} is also a grid parameter")
@@ -275,11 +273,26 @@ def check_timeout(timeout: Any, backend_type: type, backend_name: str) -> None:
                          "enforce timeout=; use backend='processes'")
 
 
-def check_fit_takes_shared(fit: Callable[..., Any], source: Any, shared: Any) -> None:
+def check_shared(shared: Any) -> None:
+    """Refuse a ``shared=`` that is not a dict of names (it is passed as keywords)."""
+    if not isinstance(shared, Mapping) or not all(isinstance(k, str) for k in shared):
+        raise TypeError("shared must be a dict of name -> object, passed to fit as keywords, "
+                        f"got {type(shared).__name__}")
+
+
+def check_fit_takes_shared(fit: Callable[..., Any], source: Any, shared: Any,
+                           setup: Any = None) -> None:
     """:func:`_check_fit_takes` for a ``fit`` given ``shared`` (a dict, or
-    None) alone: what ``map_partitions`` checks before it decides to call
-    its ``fn`` in this process, where ``train``'s checks do not run."""
-    names = dict.fromkeys(shared, "shared name") if isinstance(shared, Mapping) else {}
+    None), ``setup``'s resources and ``source``'s grid parameters: what
+    ``map_partitions`` checks before it decides to call its ``fn`` in this
+    process, where ``train``'s checks do not run, and what ``map_groups``
+    checks of its ``fn`` (and ``fallback``) before it wraps them in a
+    function of any keywords, which ``train``'s check lets by."""
+    if shared is not None:
+        check_shared(shared)
+    names = {**dict.fromkeys(getattr(source, "param_columns", ()), "grid parameter"),
+             **dict.fromkeys(shared or {}, "shared name"),
+             **dict.fromkeys(_check_setup(setup), "setup name")}
     _check_fit_takes(fit, source, names)
 
 

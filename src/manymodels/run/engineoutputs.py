@@ -101,6 +101,20 @@ def engine_source(source: Any, options: dict[str, Any]) -> tuple[Any, EngineFram
     return source, in_engine
 
 
+def refuse_named_key(source: Any, shared: dict | None, setup: Any) -> None:
+    """Refuse a grid setting, shared object or setup resource named ``key``:
+    the worker that writes a group's output is handed the group's key as
+    ``key=``."""
+    params = list(getattr(source, "param_columns", []) or [])
+    resources = setup if isinstance(setup, Mapping) else {}
+    named = ("grid setting" if "key" in params else "shared object" if "key" in (
+        shared or {}) else "setup resource" if "key" in resources else None)
+    if named is not None:
+        raise ValueError("map_groups of an engine's DataFrame passes each group's key "
+                         "to the worker that writes its output as key=: rename the "
+                         f"{named} 'key'")
+
+
 class EngineOutputs:
     """The output directory of one ``map_groups`` run on an engine's frame:
     ``fn`` wrapped to write there (:attr:`fn`), the engine's table of what
@@ -109,14 +123,8 @@ class EngineOutputs:
 
     def __init__(self, engine_frame: EngineFrame, source: Any, fn: Any,
                  shared: dict | None, setup: Any = None) -> None:
+        refuse_named_key(source, shared, setup)
         params = list(getattr(source, "param_columns", []) or [])
-        resources = setup if isinstance(setup, Mapping) else {}
-        named = ("grid setting" if "key" in params else "shared object" if "key" in (
-            shared or {}) else "setup resource" if "key" in resources else None)
-        if named is not None:
-            raise ValueError("map_groups of an engine's DataFrame passes each group's key "
-                             "to the worker that writes its output as key=: rename the "
-                             f"{named} 'key'")
         self.engine_frame = engine_frame
         self.directory = new_directory(engine_frame.staging, "manymodels-outputs-")
         if not is_remote(self.directory):

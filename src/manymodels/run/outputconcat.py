@@ -34,6 +34,8 @@ def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
     no outputs at all is an empty table of the kind ``format`` suggests."""
     if not parts:
         return empty_table(format)
+    for part in parts:
+        _refuse_query(part, what)
     kinds = dict.fromkeys(_kind(part) for part in parts)
     if len(kinds) > 1:
         raise TypeError(f"the function given to {what} returned {' and '.join(kinds)} for "
@@ -137,9 +139,19 @@ def _kind(output: Any) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
+def _refuse_query(output: Any, what: str) -> None:
+    """Refuse a polars LazyFrame: a query, not yet a table (as an input is
+    refused), whose concatenation was a lazy union of every output's query,
+    run by no worker and given no key columns."""
+    if type(output).__name__ == "LazyFrame" and type(output).__module__.startswith("polars"):
+        raise TypeError(f"the function given to {what} returned a polars LazyFrame, a query "
+                        "not yet a table: return lazy_frame.collect(), run in the worker")
+
+
 def check_table(output: Any, what: str) -> Any:
     """``output`` if it is a table (or a column) of pandas, Arrow or polars,
     else a TypeError naming what it is, as a split run's outputs are checked."""
+    _refuse_query(output, what)
     module = type(output).__module__.split(".")[0]
     if isinstance(output, (pd.DataFrame, pd.Series)) or module in ("pyarrow", "polars") or (
             hasattr(output, "to_pandas")):
