@@ -3,7 +3,8 @@
 
 Each command refuses bad options before any work, naming the option at
 fault (:mod:`.arguments`), and calls the library: the jobs ``train`` and
-``predict`` (:mod:`.jobs`; the no-code estimator per group, :mod:`.tabular`),
+``predict`` (:mod:`.jobs`; the no-code estimator per group, :mod:`.tabular`,
+and its fallback model, :mod:`.fallback`),
 the store's readers (:mod:`.inspection`, printed by :mod:`.tables`, written
 by :mod:`.outputs`), serving and the dashboard. Nothing below imports it."""
 
