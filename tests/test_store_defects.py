@@ -1505,10 +1505,32 @@ def test_a_pipelines_refusal_does_not_blame_the_text_it_encodes(tmp_path):
     mm.train(_encoded_ridge, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
              progress=False)
     unknown = pd.DataFrame({"g": ["k"], "a": ["p"], "b": ["zzz"]})
-    with pytest.raises(RuntimeError, match=r"^predicting group 'k' failed: ValueError: Found "
-                                           r"unknown categories") as caught:
+    with pytest.raises(ValueError, match=r"^predicting group 'k': column 'b' holds text "
+                                         r"\('zzz'\).*Found unknown categories") as caught:
         mm.Store(tmp_path / "s").predict(unknown, by="g", backend="serial")
     assert "column 'a'" not in str(caught.value).split("Traceback")[0]
+
+
+def _scaled_ridge(rows):
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), Ridge()).fit(rows[["a", "b"]], rows["y"])
+
+
+def test_a_pipelines_refusal_of_text_it_quotes_names_the_column(tmp_path):
+    """A pipeline that reads numbers (a scaler) refusing text, its message
+    quoting the text, names the column that holds it: not blaming text a
+    pipeline may read had dropped the column from every pipeline's refusal."""
+    frame = pd.DataFrame({"g": ["k"] * 4, "a": np.arange(4.0), "b": np.arange(4.0),
+                          "y": np.arange(4.0)})
+    mm.train(_scaled_ridge, mm.groups(frame, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    text = pd.DataFrame({"g": ["k"], "a": [1.0], "b": ["abc"]})
+    with pytest.raises(ValueError, match=r"^predicting group 'k': column 'b' holds text "
+                                         r"\('abc'\), which its model \(Pipeline\) refuses"):
+        mm.Store(tmp_path / "s").predict(text, by="g", backend="serial")
 
 
 def _ridge_of_two(rows):

@@ -30,9 +30,10 @@ NUMERIC_ESTIMATORS = tuple(f"sklearn.{name}" for name in (
 KEYS_COMPARED = 200
 
 
-def _text_that_is_no_number(column: Any) -> Any:
+def _text_that_is_no_number(column: Any, quoted_in: str | None = None) -> Any:
     """The first value of ``column`` (a pandas or NumPy column of text or
-    objects) that is text and not a number, or None."""
+    objects) that is text and not a number, or None; with ``quoted_in`` (a
+    message), the first such value that the message quotes."""
     import pandas as pd
 
     values = pd.Series(np.asarray(column, dtype=object)).dropna()
@@ -41,7 +42,15 @@ def _text_that_is_no_number(column: Any) -> Any:
         return None
     unread = texts[pd.to_numeric(texts, errors="coerce").isna()]
     bad = unread[~unread.map(_reads_as_float)]  # "nan", "inf": NumPy reads them
+    if quoted_in is not None:
+        bad = bad[bad.map(lambda text: _quotes(quoted_in, text))]
     return None if bad.empty else bad.iloc[0]
+
+
+def _quotes(message: str, text: str | bytes) -> bool:
+    """Whether ``message`` quotes ``text`` (as ``'text'`` or ``"text"``)."""
+    shown = text.decode(errors="replace") if isinstance(text, bytes) else text
+    return f"'{shown}'" in message or f'"{shown}"' in message
 
 
 def _reads_as_float(text: str | bytes) -> bool:
@@ -72,8 +81,11 @@ def refused_value(rows: Any, names: Sequence[str], exc: Exception,
     ``rows`` that holds a value its model refused with ``exc`` (text that is
     no number, datetimes, a NaN or an infinity its message speaks of), or
     None when no column explains it. A column the message names is looked
-    at first; text is not blamed where the model may read it (``reads_text``:
-    a pipeline that encodes it, whose refusal is of another value)."""
+    at first. Where the model may read text (``reads_text``: a pipeline that
+    encodes it), a column's text is blamed only when the message quotes it
+    (a scaler's "could not convert string to float: 'abc'", an encoder's
+    unknown category): a text column it reads is no fault, and one it
+    refuses still names its column."""
     if not isinstance(exc, (ValueError, TypeError)):
         return None
     message = str(exc)
@@ -85,7 +97,7 @@ def refused_value(rows: Any, names: Sequence[str], exc: Exception,
         column = np.asarray(rows[name])
         what = None
         if column.dtype.kind in "OUS":
-            text = None if reads_text else _text_that_is_no_number(column)
+            text = _text_that_is_no_number(column, message if reads_text else None)
             what = None if text is None else f"text ({text!r})"
             if what is None and column.dtype.kind == "O" and "nan" in said:
                 missing = [v for v in column if v is None or v != v]
