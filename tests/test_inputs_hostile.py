@@ -647,3 +647,14 @@ def test_string_and_binary_view_columns_are_grouped_as_text_and_bytes():
     run = mm.train(lambda rows: (None, {"raw": b"".join(rows["raw"]).decode()}),
                    mm.groups(table, by="g"), progress=False, backend="serial")
     assert run.results.set_index("g")["raw"].to_dict() == {"a": "y", "b": "xz"}
+
+
+def test_a_file_uri_naming_a_host_or_a_path_of_no_user_is_refused_by_name(tmp_path):
+    """``file://data/t.parquet`` (a relative path as a URI) read ``/t.parquet``,
+    its "host" dropped, and ``~nosuchuser/t`` failed with Python's "Could not
+    determine home directory", naming no path."""
+    with pytest.raises(ValueError, match=r"'file://data/t.parquet' names the host 'data'"):
+        mm.groups("file://data/t.parquet", by="g")
+    for options in ({}, {"read_on_workers": True}):
+        with pytest.raises(ValueError, match=r"'~no-such-user-r6/t.parquet' does not exist"):
+            mm.groups("~no-such-user-r6/t.parquet", by="g", **options)

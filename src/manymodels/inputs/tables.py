@@ -328,12 +328,34 @@ def local_path(table: Any) -> Any:
     whose files were said not to exist) reads the same files. Anything else
     (a frame, an object store's URI) is returned as it is."""
     if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
-        from urllib.parse import unquote, urlparse
-
-        return unquote(urlparse(table).path)
+        return _file_uri_path(table)
     if isinstance(table, Path) or isinstance(table, str) and not is_remote(table):
-        return Path(table).expanduser() if str(table).startswith("~") else table
+        return _home_expanded(table) if str(table).startswith("~") else table
     return table
+
+
+def _file_uri_path(uri: str) -> str:
+    """The local path of a ``file://`` URI. One naming a host
+    (``file://data/t.parquet``, a relative path written as a URI) is
+    refused, naming it: the host was dropped, reading ``/t.parquet``."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"table path {uri!r} names the host {parsed.netloc!r}: a local "
+                         "file's URI is file:// and its absolute path (file:///data/t.parquet)"
+                         ", or give the path itself")
+    return unquote(parsed.path)
+
+
+def _home_expanded(path: str | Path) -> str | Path:
+    """``path`` with its ``~`` or ``~user`` expanded; as it is where there is
+    no such user (Python's "Could not determine home directory" named no
+    path), so that the path is said not to exist."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return path
 
 
 def read_table(table: Any, columns: list[str] | None = None) -> pa.Table:
