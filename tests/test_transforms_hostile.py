@@ -448,11 +448,11 @@ def test_a_function_every_group_would_fail_to_call_is_refused_before_any_runs():
         called.append(m)
         return rows
 
-    with pytest.raises(TypeError, match="map_groups' fn: fit's parameter 'm' has no default"):
+    with pytest.raises(TypeError, match="map_groups: fn's parameter 'm' has no default"):
         mm.map_groups(needs_m, source, **SERIAL)
-    with pytest.raises(TypeError, match="map_groups' fallback: fit's parameter 'm'"):
+    with pytest.raises(TypeError, match="map_groups: fallback's parameter 'm'"):
         mm.map_groups(lambda rows: rows, source, fallback=needs_m, **SERIAL)
-    with pytest.raises(TypeError, match="map_groups' fn: fit has no parameter 'm' for the "
+    with pytest.raises(TypeError, match="map_groups: fn has no parameter 'm' for the "
                                         "shared name 'm'"):
         mm.map_groups(lambda rows: rows, source, shared={"m": 1}, **SERIAL)
     for run in (lambda **kw: mm.map_groups(needs_m, source, **kw, **SERIAL),
@@ -463,6 +463,8 @@ def test_a_function_every_group_would_fail_to_call_is_refused_before_any_runs():
         mm.map_groups(lambda: called.append(1), source, **SERIAL)
     with pytest.raises(TypeError, match="fn takes no parameter for its rows"):
         mm.map_partitions(lambda: called.append(1), frame, progress=False)
+    with pytest.raises(TypeError, match=r"^fn's parameter 'm' has no default"):
+        mm.map_partitions(needs_m, frame, progress=False)
     assert called == []
     # given what it needs, it runs
     assert mm.map_groups(needs_m, source, shared={"m": 2}, **SERIAL)["x"].tolist() == [1, 2, 3]

@@ -96,7 +96,16 @@ def _check_takes_keywords(source: Any, options: dict[str, Any], **functions: Any
         except (TypeError, ValueError) as error:
             if str(error).startswith("shared must be"):
                 raise
-            raise type(error)(f"map_groups' {name}: {error}") from None
+            raise _naming(error, name, "map_groups: ") from None
+
+
+def _naming(error: Exception, name: str, what: str = "") -> Exception:
+    """``error`` of ``train``'s check of its ``fit``, saying ``name`` (the
+    argument the user gave: ``fn``, ``fallback``) where it said ``fit``,
+    a name the call never used."""
+    import re
+
+    return type(error)(what + re.sub(r"\bfit\b", name, str(error)))
 
 
 def _takes_no_rows(fn: Any) -> bool:
@@ -318,7 +327,10 @@ def map_partitions(
                              format=format)
     options.setdefault("progress", False)
     if left_to_us:  # before fn is timed, or called in this process: train's check
-        check_fit_takes_shared(fn, source, options.get("shared"))
+        try:
+            check_fit_takes_shared(fn, source, options.get("shared"))
+        except (TypeError, ValueError) as error:
+            raise _naming(error, "fn") from None
     decision = decide(fn, source, workers, options) if left_to_us else None
     if decision is not None and not decision.split:
         output, summary = run_in_process(fn, source, options, decision, began)
