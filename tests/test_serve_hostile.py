@@ -422,6 +422,37 @@ def test_an_arrow_datetime_key_never_reaches_an_integer_or_date_key(tmp_path):
             [1.0, 2.0])
 
 
+
+def fit_x_nan_metric(df):
+    return LinearRegression().fit(df[["x"]], df["y"]), {"r2": float("nan"), "ok": 1.0}
+
+
+def test_a_model_path_finds_infinite_and_nan_keys_and_says_nan_metrics_as_null(tmp_path):
+    """``/v1/models/Infinity`` was a 404 on a store holding the group (which
+    POST /v1/predict answered), ``/v1/models/NaN`` missed the null group
+    NaN routes to, and a NaN metric (or an infinite key) made the answer a
+    500: Starlette's JSONResponse refuses numbers JSON has not."""
+    frame = pd.DataFrame({"k": np.repeat([1.5, np.nan, np.inf, -np.inf], 5),
+                          "x": np.arange(20.0), "y": np.repeat([1.0, 2.0, 3.0, 4.0], 5)})
+    mm.train(fit_x_nan_metric, mm.groups(frame, by="k"), store=tmp_path / "f",
+             backend="serial", progress=False)
+    client = _app(tmp_path / "f")
+    for text, value in [("Infinity", 3.0), ("-Infinity", 4.0), ("NaN", 2.0), ("null", 2.0),
+                        ("1.5", 1.0)]:
+        answer = client.get("/v1/models/" + text)
+        assert answer.status_code == 200, (text, answer.text)
+        assert answer.json()["metrics"] == {"r2": None, "ok": 1.0}
+        body = f'{{"rows": [{{"k": {text}, "x": 0.0}}]}}'
+        predicted = client.post("/v1/predict", content=body,
+                                headers={"content-type": "application/json"}).json()
+        assert predicted["predictions"] == pytest.approx([value]), text
+        by_model = mm.Store(tmp_path / "f").predict(
+            pd.DataFrame({"k": [json.loads(text) if text != "null" else None], "x": [0.0]}),
+            by="k").tolist()
+        assert by_model == pytest.approx([value])
+    assert client.get("/v1/models/Infinity").json()["key"] == [None]  # JSON has no infinity
+
+
 # -- true beside 1 in one request ---------------------------------------------------
 
 

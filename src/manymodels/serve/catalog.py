@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import json
-import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -283,7 +282,9 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
     (:attr:`Catalog.key_kinds`): a column of text takes the text as it is
     (``1.0``, ``true``, ``null`` are text there); any other reads it as
     JSON where that gives a value of a kind the column holds (``7`` where
-    it holds numbers, ``true`` where bools), else as the text. Several key
+    it holds numbers, ``true`` where bools; ``Infinity``, ``-Infinity`` a
+    float's, ``NaN`` the missing key's, as a JSON body's rows route them),
+    else as the text. Several key
     columns: a JSON list of their values, ``["s1", 7]``. A column of
     datetimes or dates reads ISO-8601 text (:func:`temporal_key`)."""
     kinds = catalog.key_kinds
@@ -306,8 +307,9 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
         value = json.loads(text)
     except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
         return (text,)
-    if isinstance(value, float) and not math.isfinite(value):
-        return (text,)  # NaN, Infinity: no key is a number JSON cannot say
+    if isinstance(value, float) and value != value:
+        # NaN: a missing key, stored as null (canonical), as POST /v1/predict routes it
+        value = None
     if is_tagged(value):
         return (tagged_value(value),)
     kind = value_kind(value)

@@ -234,8 +234,10 @@ class _Artifacts:
 #: The kinds of key value a lookup tells apart when it reads a key's text.
 TEMPORAL = frozenset({"datetime", "zoned", "date"})
 
-#: Each kind of one-column key, by the text :func:`encode_key` gives it.
-_KIND_PATTERNS = {"text": r'^\["', "number": r"^\[-?[0-9]", "bool": r"^\[(true|false)\]$",
+#: Each kind of one-column key, by the text :func:`encode_key` gives it (an
+#: infinite float's is ``[Infinity]``, a number's).
+_KIND_PATTERNS = {"text": r'^\["', "number": r"^\[-?([0-9]|Infinity\])",
+                  "bool": r"^\[(true|false)\]$",
                   "null": r"^\[null\]$", "date": r'^\[\{"\$date": ',
                   "datetime": r'^\[\{"\$datetime": "[0-9-]+T[0-9:.]+"\}\]$',
                   "zoned": r'^\[\{"\$datetime": "[^"]*(Z|[+-][0-9][0-9]:[0-9][0-9])"\}\]$'}

@@ -357,15 +357,20 @@ def json_answer(answer: Answer) -> bytes:
     try:
         return json.dumps(payload, allow_nan=False, default=plain).encode()
     except ValueError:  # rare: checked per value only then
-        payload["predictions"] = [_finite(v) for v in answer.predictions]
+        payload["predictions"] = [finite(v) for v in answer.predictions]
         return json.dumps(payload, allow_nan=False, default=plain).encode()
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
+    """``value`` (JSON-able: lists, dicts, scalars) with each NaN and infinite
+    float made null, which JSON has for them: Starlette's JSONResponse
+    refuses them, and a NaN metric made ``GET /v1/models/{key}`` a 500."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
+    if isinstance(value, dict):
+        return {name: finite(v) for name, v in value.items()}
     return value
 
 
