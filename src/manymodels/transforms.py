@@ -15,6 +15,7 @@ from .api import train
 from .engine.checkpointspace import asks_for_checkpoint
 from .engine.options import (
     check_fit_takes_shared,
+    check_shared,
     check_start_method,
     check_switch,
     positive_int,
@@ -81,25 +82,27 @@ def _check_arguments(fn: Any, errors: str, options: dict[str, Any]) -> None:
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
 
 
-def _check_takes_keywords(source: Any, options: dict[str, Any], **functions: Any) -> None:
+def _check_takes_keywords(source: Any, options: dict[str, Any], what: str,
+                          **functions: Any) -> None:
     """Refuse, before any group runs, a function that lacks a keyword every
     group would hand it (a ``shared`` name) or needs one no group gives:
     ``train`` cannot tell, as it is handed ``fn`` wrapped in a function of
     any keywords (:class:`WithLabels`, :class:`WithFallback`), and every
-    group failed with the same ``TypeError``. The error names the function."""
+    group failed with the same ``TypeError``; nor where ``map_partitions``
+    calls ``fn`` itself. The error, after ``what``, names the function."""
+    shared = options.get("shared")
+    if shared is not None:
+        check_shared(shared)
     for name, function in functions.items():
         if function is None:
             continue
         try:
-            check_fit_takes_shared(function, source, options.get("shared"),
-                                   options.get("setup"))
+            check_fit_takes_shared(function, source, shared, options.get("setup"))
         except (TypeError, ValueError) as error:
-            if str(error).startswith("shared must be"):
-                raise
-            raise _naming(error, name, "map_groups: ") from None
+            raise _naming(error, name, what) from None
 
 
-def _naming(error: Exception, name: str, what: str = "") -> Exception:
+def _naming(error: Exception, name: str, what: str) -> Exception:
     """``error`` of ``train``'s check of its ``fit``, saying ``name`` (the
     argument the user gave: ``fn``, ``fallback``) where it said ``fit``,
     a name the call never used."""
@@ -216,7 +219,7 @@ def map_groups(
                         f"{type(fallback).__name__}")
     if in_engine is not None:  # (its own word on a keyword named key)
         refuse_named_key(source, options.get("shared"), options.get("setup"))
-    _check_takes_keywords(source, options, fn=fn, fallback=fallback)
+    _check_takes_keywords(source, options, "map_groups: ", fn=fn, fallback=fallback)
     if fallback is not None:
         fn = WithFallback(fn, fallback)
     options.setdefault("progress", False)
@@ -327,10 +330,7 @@ def map_partitions(
                              format=format)
     options.setdefault("progress", False)
     if left_to_us:  # before fn is timed, or called in this process: train's check
-        try:
-            check_fit_takes_shared(fn, source, options.get("shared"))
-        except (TypeError, ValueError) as error:
-            raise _naming(error, "fn") from None
+        _check_takes_keywords(source, options, "", fn=fn)
     decision = decide(fn, source, workers, options) if left_to_us else None
     if decision is not None and not decision.split:
         output, summary = run_in_process(fn, source, options, decision, began)

@@ -100,7 +100,7 @@ def schema_text(schema: Any) -> str:
     did, so the identities of the groups of such tables stay what they were."""
     metadata = schema.metadata or {}
     noted = metadata.get(b"pandas")
-    dtypes = _pandas_dtypes_note(schema.serialize().to_pybytes()) if noted else ""
+    dtypes = pandas_types_note(schema)
     if noted and b'"range"' in noted:
         import json
 

@@ -111,12 +111,11 @@ def refused_value(rows: Any, names: Sequence[str], exc: Exception,
     return None
 
 
-def refusal(exc: Exception, rows: Any, names: Sequence[str], model: Any,
-            named: str) -> RefusedValueError | None:
-    """``exc`` of ``model`` (the model of ``named``) as the error that names
-    the column of ``rows`` at fault, or None when none does."""
-    reads_text = not type(model).__module__.startswith(NUMERIC_ESTIMATORS)
-    column = refused_value(rows, names, exc, reads_text)
+def refusal(exc: Exception, rows: Any, names: Sequence[str],
+            model: Any) -> RefusedValueError | None:
+    """``exc`` of ``model`` as the error that names the column of ``rows``
+    at fault, or None when none does (the group is named by the driver)."""
+    column = refused_value(rows, names, exc, reads_text=not _reads_numbers(model))
     if column is None:
         return None
     return RefusedValueError(f"{column}, which its model "
@@ -128,7 +127,7 @@ def refuse_text_features(model: Any, frame: Any, names: Sequence[str], named: st
     text that is no number when ``model`` (the model of ``named``) is a
     scikit-learn estimator that reads numbers (:data:`NUMERIC_ESTIMATORS`):
     each group would fail on it."""
-    if not type(model).__module__.startswith(NUMERIC_ESTIMATORS):
+    if not _reads_numbers(model):
         return
     categorical = _categorical_features(model)  # (boosting reads their text as categories)
     for name in names:
@@ -143,6 +142,12 @@ def refuse_text_features(model: Any, frame: Any, names: Sequence[str], named: st
                              f"but the model of {named} ({type(model).__name__}) reads its "
                              "features as numbers: convert the column, or give the features "
                              "it was fitted on")
+
+
+def _reads_numbers(model: Any) -> bool:
+    """Whether ``model`` is one of scikit-learn's estimators that read their
+    features as numbers (:data:`NUMERIC_ESTIMATORS`)."""
+    return type(model).__module__.startswith(NUMERIC_ESTIMATORS)
 
 
 def _categorical_features(model: Any) -> set[str]:
@@ -200,6 +205,13 @@ def _kinds(keys: Iterable[tuple], width: int) -> list[tuple[set[str], Any]]:
     return kinds
 
 
+def _stored_kinds(artifacts: dict[str, str], width: int) -> list[tuple[set[str], Any]]:
+    """:func:`_kinds` of the first :data:`KEYS_COMPARED` stored keys
+    (``artifacts``: encoded key -> model)."""
+    return _kinds((decode_key(text) for text in itertools.islice(artifacts, KEYS_COMPARED)),
+                  width)
+
+
 def check_key_types(by: Sequence[str], planned: Sequence[tuple], unseen: Sequence[int],
                     artifacts: dict[str, str], where: str) -> None:
     """Refuse (when no planned group found its model) or warn (when some
@@ -211,8 +223,7 @@ def check_key_types(by: Sequence[str], planned: Sequence[tuple], unseen: Sequenc
     parts; ``unseen``: the numbers of those that found no model."""
     if not unseen or not artifacts:
         return
-    stored = _kinds((decode_key(text) for text in itertools.islice(artifacts, KEYS_COMPARED)),
-                    len(by))
+    stored = _stored_kinds(artifacts, len(by))
     asked = _kinds((planned[i] for i in unseen[:KEYS_COMPARED]), len(by))
     for name, (theirs, trained), (ours, given) in zip(by, stored, asked):
         if not theirs or not ours or theirs & ours:
@@ -238,9 +249,7 @@ def check_schema_key_types(by: Sequence[str], schema: Any, artifacts: dict[str, 
     of a type that does not tell (Python objects)."""
     if not artifacts:
         return
-    stored = _kinds((decode_key(text) for text in itertools.islice(artifacts, KEYS_COMPARED)),
-                    len(by))
-    for name, (theirs, trained) in zip(by, stored):
+    for name, (theirs, trained) in zip(by, _stored_kinds(artifacts, len(by))):
         kind = schema.field(name).type if name in schema.names else None
         ours = arrow_key_kinds(kind) if kind is not None else set()
         if theirs and ours and not theirs & ours:

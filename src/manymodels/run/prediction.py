@@ -151,7 +151,7 @@ class GroupPredictor:
             try:
                 values = call_model(model, self.method, rows, names)
             except Exception as exc:  # a value it refuses: said naming its column
-                refused = refusal(exc, rows, names, model, named)
+                refused = refusal(exc, rows, names, model)
                 if refused is None:
                     raise
                 raise refused from exc
