@@ -6,7 +6,8 @@ from __future__ import annotations
 import typer
 
 from ..engine.scheduling import RunInterrupted
-from ..inputs.tables import named_twice, separator_hint
+from ..inputs.filereads import separator_hint
+from ..inputs.sourcechecks import named_twice
 from .app import app
 from .arguments import column_list, fail, open_store, split_list
 from .outputs import check_out, check_out_of_store, out_name, said, written

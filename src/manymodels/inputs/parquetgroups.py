@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .filereads import present_columns
 from .filetables import (
     codes_into,
     dictionaries_that_hold_all,
@@ -44,7 +45,7 @@ from .objectstores import (
 )
 from .partitions import partition_table, partitioning
 from .tablefiles import PARQUET_SUFFIXES, table_files
-from .tables import exact_pandas, plain_scalar, present_columns, sort_order
+from .tables import exact_pandas, plain_scalar, sort_order
 
 
 def parquet_files(table: Any) -> list[str]:

@@ -101,3 +101,19 @@ def _equal(left: Any, right: Any) -> bool:
         return False
 
 
+def named_twice(names: list[Any]) -> Any:
+    """The first of ``names`` found a second time (in one pass), or None."""
+    seen: set[Any] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
+def refuse_a_name_twice(names: list[str], what: str) -> None:
+    """A table whose columns name one twice (a CSV's header may): which is
+    meant cannot be told, and a later step failed on it."""
+    twice = named_twice(names)
+    if twice is not None:
+        raise ValueError(f"the table {what} has two columns named {twice!r}: rename one")

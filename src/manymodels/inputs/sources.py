@@ -21,18 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .engineframes import EngineFrame, engine_of, staging_location
+from .filereads import local_path, separator_hint
 from .objectstores import is_remote
 from .parquetgroups import ParquetGroups, parquet_files, parquet_root, read_objects
-from .sourcechecks import check_cost
-from .tables import (
-    is_pandas_frame,
-    local_path,
-    named_twice,
-    plain_scalar,
-    read_table,
-    refuse_unsortable,
-    separator_hint,
-)
+from .sourcechecks import check_cost, named_twice
+from .tables import is_pandas_frame, plain_scalar, read_table, refuse_unsortable
 
 #: How ``fit`` may receive a group's rows.
 FORMATS = ("pandas", "arrow", "polars", "numpy")

@@ -455,7 +455,8 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
 
     from ..engine.options import check_switch
     from ..inputs.engineframes import engine_of, refuse_engine_frame
-    from ..inputs.tables import exact_pandas, read_table, separator_hint
+    from ..inputs.filereads import separator_hint
+    from ..inputs.tables import exact_pandas, read_table
 
     check_switch("with_source", with_source)
     check_switch("fallback", fallback)

@@ -11,7 +11,8 @@ import pandas as pd
 from sklearn.utils.validation import _check_feature_names, _get_feature_names, check_array
 
 from ..inputs.engineframes import refuse_engine_frame
-from ..inputs.tables import named_twice, plain_scalar
+from ..inputs.sourcechecks import named_twice
+from ..inputs.tables import plain_scalar
 from ._levels import GROUP, W, Y
 
 
