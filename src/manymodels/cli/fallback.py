@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from .tables import exception_line
+
 if TYPE_CHECKING:
     from ..run.results import Run
 
@@ -49,15 +51,7 @@ def fallback_or_error(task: Any, table: Any, run: Run) -> tuple[Any, str | None]
     except KeyboardInterrupt as exc:
         raise RunInterrupted("interrupted while fitting the fallback model", run) from exc
     except Exception as exc:  # e.g. the rows of a failed group poison the whole table
-        return None, f"fitting it on all rows failed: {_first_line(exc)}"
-
-
-def _first_line(exc: Exception) -> str:
-    """``ValueError: Input X contains NaN.``: the exception's type and the
-    first line of its message, as ``show`` prints a group's error (its repr
-    put scikit-learn's paragraph of advice on one line, ``\\n`` and all)."""
-    said = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+        return None, f"fitting it on all rows failed: {exception_line(exc)}"
 
 
 def _most_chosen(values: list[Any], chosen: pd.Series | None) -> Any:

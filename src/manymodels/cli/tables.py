@@ -102,6 +102,15 @@ def json_value(value: Any) -> Any:
     return value
 
 
+def exception_line(exc: BaseException) -> str:
+    """``ValueError: Input X contains NaN.``: an exception's type and the
+    first line of its message, as :func:`error_line` says a task's error
+    (its repr put scikit-learn's paragraph of advice on one line, ``\n``
+    and all)."""
+    said = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
 def error_line(error: Any) -> str:
     """The line that says what went wrong in a task's ``error``: of a Python
     traceback, its exception's line (type and the message's first line), not

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 from ..evaluation.metrics import CLASSIFICATION_METRICS, METRICS
 from .fallback import fallback_or_error
+from .tables import exception_line
 
 
 class ArgumentError(ValueError):
@@ -48,10 +49,8 @@ def import_estimator(dotted: str) -> type:
     except ImportError as exc:
         raise ValueError(f"cannot import module {module_name!r} for --model: {exc}") from exc
     except Exception as exc:  # its code raised (or does not parse): its first line
-        said = (str(exc).strip().splitlines() or [""])[0]
         raise ValueError(f"cannot import module {module_name!r} for --model: importing it "
-                         f"raised {type(exc).__name__}" + (f": {said}" if said else "")) \
-            from exc
+                         f"raised {exception_line(exc)}") from exc
     cls = getattr(module, class_name, None)
     if cls is None:
         raise ValueError(f"module {module_name!r} has no {class_name!r} (--model)")
