@@ -44,7 +44,7 @@ OWNERS, JOURNAL = ".owners", ".journal"
 #: In a slot claimed from a run no longer running: the claiming run's id.
 CLAIMED = "claimed"
 #: The start of the name a stopped run's slot takes while it is removed.
-DROPPED = ".dropped-"
+_DROPPED = ".dropped-"
 
 #: The owner locks this process holds (:meth:`CheckpointSpace.hold`): a
 #: process forked from it (a ``fit`` that forks a helper outliving it) closes
@@ -95,6 +95,20 @@ def slot_names(identities: list[str]) -> list[str]:
 def identity_of(name: str) -> str:
     """The task identity a directory of :func:`slot_names` is named by."""
     return name.partition("-")[0]
+
+
+def drop_slot(slot: Path, by: str) -> bool:
+    """Remove a checkpoint slot, renamed out of reach first (by ``by``'s
+    name): a running run's task may claim (rename) the slot at the same
+    moment, and of the two renames one wins; removed in place, it emptied
+    the slot the task had just claimed. False where the other rename won."""
+    doomed = slot.with_name(f"{_DROPPED}{by}-{slot.name}")
+    try:
+        os.rename(slot, doomed)
+    except OSError:
+        return False
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True
 
 
 def still_held(root: Path, token: str, host: str) -> bool:
@@ -225,12 +239,7 @@ class CheckpointSpace:
         for slot in slots:
             if owner_alive(Path(self.root), slot.name):
                 continue
-            doomed = base / f"{DROPPED}{self.token}-{slot.name}"
-            try:
-                os.rename(slot, doomed)
-            except OSError:
-                continue
-            shutil.rmtree(doomed, ignore_errors=True)
+            drop_slot(slot, self.token)
 
     def journal(self) -> dict[int, list[dict]]:
         """What each task of this run resumed from, or refused, in order,

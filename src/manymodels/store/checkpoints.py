@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pickle
 import shutil
 import sqlite3
@@ -24,9 +23,9 @@ import pyarrow.compute as pc
 from ..engine.checkpointfiles import slot_manifest
 from ..engine.checkpointspace import (
     CLAIMED,
-    DROPPED,
     JOURNAL,
     OWNERS,
+    drop_slot,
     identity_of,
     owner_alive,
 )
@@ -70,15 +69,8 @@ def collect_checkpoints(conn: sqlite3.Connection, root: Path) -> int:
     removed = 0
     for slot in slots:
         if identity_of(slot.parent.name) in finished or _useless(slot, runs, began):
-            # renamed out of reach first: a new run's task may claim (rename)
-            # the slot at this moment, and one of the two renames wins; removed
-            # in place, it emptied the slot the task had just claimed
-            doomed = slot.with_name(f"{DROPPED}gc-{slot.name}")
-            try:
-                os.rename(slot, doomed)
-            except OSError:  # claimed meanwhile
+            if not drop_slot(slot, "gc"):  # claimed meanwhile
                 continue
-            shutil.rmtree(doomed, ignore_errors=True)
             removed += 1
             with contextlib.suppress(OSError):
                 slot.parent.rmdir()
