@@ -560,6 +560,21 @@ def test_keys_encoded_at_once_equal_one_at_a_time(rows):
     assert encode_keys(rows).to_pylist() == [encode_key(parts) for parts in rows]
 
 
+def test_keys_encoded_from_a_key_table_equal_one_at_a_time():
+    """A plan's int key column (chunked, negative, 64-bit extremes) encoded
+    at once in Arrow, as one array, reads as each key encoded alone."""
+    import pyarrow as pa
+
+    from manymodels.inputs.keys import encode_keys
+
+    chunks = [np.array([0, -1, 9, 10, -10]), np.array([2**63 - 1, -2**63, 10**18])]
+    table = pa.table({"g": pa.chunked_array(chunks)})
+    rows = [(int(v),) for chunk in chunks for v in chunk]
+    encoded = encode_keys(rows, table)
+    assert isinstance(encoded, pa.Array)
+    assert encoded.to_pylist() == [encode_key(parts) for parts in rows]
+
+
 @pytest.mark.parametrize("metrics", [
     {"rss": 0.1}, {"rss": np.float64(0.123456789)}, {"rss": float("nan")},
     {"rss": float("-inf")}, {"a": 1, "b": 2.0}, {"a%": 1.5, "b": 2.5e-7}, {"x": True},
