@@ -658,3 +658,16 @@ def test_a_file_uri_naming_a_host_or_a_path_of_no_user_is_refused_by_name(tmp_pa
     for options in ({}, {"read_on_workers": True}):
         with pytest.raises(ValueError, match=r"'~no-such-user-r6/t.parquet' does not exist"):
             mm.groups("~no-such-user-r6/t.parquet", by="g", **options)
+
+
+@pytest.mark.parametrize("scheme", ["file://", "FILE://"])
+def test_a_file_uri_in_any_case_keeps_a_hash_in_its_path(tmp_path, scheme):
+    """``FILE:///...`` was taken for an object store's URI (a scheme is
+    case-insensitive), and a ``#`` in a ``file://`` path was dropped as a
+    URL fragment (``.../run#2/t.parquet`` read ``.../run``); fsspec keeps it."""
+    folder = tmp_path / "run#2"
+    folder.mkdir()
+    pq.write_table(pa.table({"g": ["a", "b", "a"]}), folder / "t.parquet")
+    run = mm.train(len, mm.groups(scheme + str(folder / "t.parquet"), by="g"),
+                   backend="serial", progress=False)
+    assert run.models == {"a": 2, "b": 1}

@@ -194,7 +194,7 @@ def local_path(table: Any) -> Any:
     path, so that every way of reading it (``read_on_workers=True`` too,
     whose files were said not to exist) reads the same files. Anything else
     (a frame, an object store's URI) is returned as it is."""
-    if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
+    if isinstance(table, str) and table[:7].lower() == "file://":  # a local file's URI
         return _file_uri_path(table)
     if isinstance(table, Path) or isinstance(table, str) and not is_remote(table):
         return _home_expanded(table) if str(table).startswith("~") else table
@@ -202,17 +202,20 @@ def local_path(table: Any) -> Any:
 
 
 def _file_uri_path(uri: str) -> str:
-    """The local path of a ``file://`` URI. One naming a host
-    (``file://data/t.parquet``, a relative path written as a URI) is
-    refused, naming it: the host was dropped, reading ``/t.parquet``."""
-    from urllib.parse import unquote, urlparse
+    """The local path of a ``file://`` URI (RFC 8089: ``file://host/path``),
+    %-escapes decoded. One naming a host (``file://data/t.parquet``, a
+    relative path written as a URI) is refused, naming it: the host was
+    dropped, reading ``/t.parquet``. A ``#`` or ``?`` is part of the path,
+    as fsspec reads it (a local path may hold them), not a fragment or a
+    query that would be dropped."""
+    from urllib.parse import unquote
 
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost"):
-        raise ValueError(f"table path {uri!r} names the host {parsed.netloc!r}: a local "
+    host, slash, path = uri[7:].partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise ValueError(f"table path {uri!r} names the host {host!r}: a local "
                          "file's URI is file:// and its absolute path (file:///data/t.parquet)"
-                         ", or give the path itself")
-    return unquote(parsed.path)
+                         f", or give the path itself ({unquote(host + slash + path)!r})")
+    return unquote(slash + path)
 
 
 def _home_expanded(path: str | Path) -> str | Path:
