@@ -671,3 +671,19 @@ def test_a_file_uri_in_any_case_keeps_a_hash_in_its_path(tmp_path, scheme):
     run = mm.train(len, mm.groups(scheme + str(folder / "t.parquet"), by="g"),
                    backend="serial", progress=False)
     assert run.models == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("column", ["period", "interval"])
+def test_an_order_by_period_or_interval_column_sorts_as_pandas_sorts_it(column):
+    """Both were refused as "cannot be sorted" (Arrow sorts neither pandas
+    type): a Period sorts by its ordinal, an Interval by (left, right), a
+    missing one last."""
+    frame = pd.DataFrame({
+        "g": [1, 1, 1, 1],
+        "period": pd.PeriodIndex(["2024-03", None, "2023-12", "2024-01"], freq="M"),
+        "interval": pd.IntervalIndex.from_tuples([(2, 3), None, (0, 5), (0, 1)]),
+        "x": [0, 1, 2, 3]})
+    run = mm.train(lambda rows: list(rows["x"]), mm.groups(frame, by="g", order_by=column),
+                   backend="serial", progress=False)
+    assert run.models[1] == frame.sort_values(column)["x"].tolist() == (
+        [2, 3, 0, 1] if column == "period" else [3, 2, 0, 1])
