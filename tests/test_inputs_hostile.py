@@ -687,3 +687,16 @@ def test_an_order_by_period_or_interval_column_sorts_as_pandas_sorts_it(column):
                    backend="serial", progress=False)
     assert run.models[1] == frame.sort_values(column)["x"].tolist() == (
         [2, 3, 0, 1] if column == "period" else [3, 2, 0, 1])
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_a_parquet_file_named_without_a_suffix_is_read_as_pyarrow_reads_it(tmp_path,
+                                                                           read_on_workers):
+    """Hive's and Impala's ``000000_0`` beside ``a.parquet`` was left out,
+    its rows missing unsaid; pyarrow.dataset reads it. A README stays out."""
+    pq.write_table(pa.table({"g": ["a", "b"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"g": ["a"]}), tmp_path / "000000_0")
+    (tmp_path / "README").write_text("not a table")
+    run = mm.train(len, mm.groups(tmp_path, by="g", read_on_workers=read_on_workers),
+                   backend="serial", progress=False)
+    assert run.models == {"a": 2, "b": 1}

@@ -23,7 +23,7 @@ from .filetables import (
 from .objectstores import is_remote, missing_path
 from .partitions import add_partition_columns, partition_table
 from .sourcechecks import named_twice, refuse_a_name_twice
-from .tablefiles import CSV_SUFFIXES, PARQUET_SUFFIXES, READ_FORMATS, table_files
+from .tablefiles import CSV_SUFFIXES, READ_FORMATS, is_parquet, table_files
 
 
 def read_path(table: str | Path, columns: list[str] | None = None) -> pa.Table:
@@ -47,7 +47,7 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
     file's own column names first, so that a missing one is named)."""
     suffix = path.suffix.lower()
     try:
-        if suffix in PARQUET_SUFFIXES:
+        if is_parquet(path):  # (.parquet, or Hive's 000000_0)
             import pyarrow.parquet as pq
 
             names = pq.read_schema(path).names  # (a name twice: pyarrow's read fails on
