@@ -658,3 +658,45 @@ def test_a_file_uri_naming_a_host_or_a_path_of_no_user_is_refused_by_name(tmp_pa
     for options in ({}, {"read_on_workers": True}):
         with pytest.raises(ValueError, match=r"'~no-such-user-r6/t.parquet' does not exist"):
             mm.groups("~no-such-user-r6/t.parquet", by="g", **options)
+
+
+@pytest.mark.parametrize("scheme", ["file://", "FILE://"])
+def test_a_file_uri_in_any_case_keeps_a_hash_in_its_path(tmp_path, scheme):
+    """``FILE:///...`` was taken for an object store's URI (a scheme is
+    case-insensitive), and a ``#`` in a ``file://`` path was dropped as a
+    URL fragment (``.../run#2/t.parquet`` read ``.../run``); fsspec keeps it."""
+    folder = tmp_path / "run#2"
+    folder.mkdir()
+    pq.write_table(pa.table({"g": ["a", "b", "a"]}), folder / "t.parquet")
+    run = mm.train(len, mm.groups(scheme + str(folder / "t.parquet"), by="g"),
+                   backend="serial", progress=False)
+    assert run.models == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("column", ["period", "interval"])
+def test_an_order_by_period_or_interval_column_sorts_as_pandas_sorts_it(column):
+    """Both were refused as "cannot be sorted" (Arrow sorts neither pandas
+    type): a Period sorts by its ordinal, an Interval by (left, right), a
+    missing one last."""
+    frame = pd.DataFrame({
+        "g": [1, 1, 1, 1],
+        "period": pd.PeriodIndex(["2024-03", None, "2023-12", "2024-01"], freq="M"),
+        "interval": pd.IntervalIndex.from_tuples([(2, 3), None, (0, 5), (0, 1)]),
+        "x": [0, 1, 2, 3]})
+    run = mm.train(lambda rows: list(rows["x"]), mm.groups(frame, by="g", order_by=column),
+                   backend="serial", progress=False)
+    assert run.models[1] == frame.sort_values(column)["x"].tolist() == (
+        [2, 3, 0, 1] if column == "period" else [3, 2, 0, 1])
+
+
+@pytest.mark.parametrize("read_on_workers", [False, True])
+def test_a_parquet_file_named_without_a_suffix_is_read_as_pyarrow_reads_it(tmp_path,
+                                                                           read_on_workers):
+    """Hive's and Impala's ``000000_0`` beside ``a.parquet`` was left out,
+    its rows missing unsaid; pyarrow.dataset reads it. A README stays out."""
+    pq.write_table(pa.table({"g": ["a", "b"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"g": ["a"]}), tmp_path / "000000_0")
+    (tmp_path / "README").write_text("not a table")
+    run = mm.train(len, mm.groups(tmp_path, by="g", read_on_workers=read_on_workers),
+                   backend="serial", progress=False)
+    assert run.models == {"a": 2, "b": 1}

@@ -156,6 +156,11 @@ def test_groups_keep_a_frames_column_labels():
     arrays = mm.train(lambda d: {"n": len(d[1])}, mm.groups(frame, by=0, format="numpy"),
                       backend="serial", progress=False)
     assert arrays.results["n"].tolist() == [2, 2]
+    # Arrow's (and polars') column names are strings: the labels' text (docs/guide/sources.md)
+    tables = mm.train(lambda t: t.column_names, mm.groups(frame, by=0, format="arrow"),
+                      backend="serial", progress=False)
+    assert tables.models[1] == ["0", "1", "name"]
+    assert tables.results[0].tolist() == [1, 2]  # (the key column keeps its label)
 
 
 def _grouped_arrays(seed=0):

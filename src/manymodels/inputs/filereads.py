@@ -23,7 +23,7 @@ from .filetables import (
 from .objectstores import is_remote, missing_path
 from .partitions import add_partition_columns, partition_table
 from .sourcechecks import named_twice, refuse_a_name_twice
-from .tablefiles import CSV_SUFFIXES, PARQUET_SUFFIXES, READ_FORMATS, table_files
+from .tablefiles import CSV_SUFFIXES, READ_FORMATS, is_parquet, table_files
 
 
 def read_path(table: str | Path, columns: list[str] | None = None) -> pa.Table:
@@ -47,7 +47,7 @@ def _read_file(path: Path, columns: list[str] | None = None) -> pa.Table:
     file's own column names first, so that a missing one is named)."""
     suffix = path.suffix.lower()
     try:
-        if suffix in PARQUET_SUFFIXES:
+        if is_parquet(path):  # (.parquet, or Hive's 000000_0)
             import pyarrow.parquet as pq
 
             names = pq.read_schema(path).names  # (a name twice: pyarrow's read fails on
@@ -194,7 +194,7 @@ def local_path(table: Any) -> Any:
     path, so that every way of reading it (``read_on_workers=True`` too,
     whose files were said not to exist) reads the same files. Anything else
     (a frame, an object store's URI) is returned as it is."""
-    if isinstance(table, str) and table.startswith("file://"):  # a local file's URI
+    if isinstance(table, str) and table[:7].lower() == "file://":  # a local file's URI
         return _file_uri_path(table)
     if isinstance(table, Path) or isinstance(table, str) and not is_remote(table):
         return _home_expanded(table) if str(table).startswith("~") else table
@@ -202,17 +202,20 @@ def local_path(table: Any) -> Any:
 
 
 def _file_uri_path(uri: str) -> str:
-    """The local path of a ``file://`` URI. One naming a host
-    (``file://data/t.parquet``, a relative path written as a URI) is
-    refused, naming it: the host was dropped, reading ``/t.parquet``."""
-    from urllib.parse import unquote, urlparse
+    """The local path of a ``file://`` URI (RFC 8089: ``file://host/path``),
+    %-escapes decoded. One naming a host (``file://data/t.parquet``, a
+    relative path written as a URI) is refused, naming it: the host was
+    dropped, reading ``/t.parquet``. A ``#`` or ``?`` is part of the path,
+    as fsspec reads it (a local path may hold them), not a fragment or a
+    query that would be dropped."""
+    from urllib.parse import unquote
 
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost"):
-        raise ValueError(f"table path {uri!r} names the host {parsed.netloc!r}: a local "
+    host, slash, path = uri[7:].partition("/")
+    if host.lower() not in ("", "localhost"):
+        raise ValueError(f"table path {uri!r} names the host {host!r}: a local "
                          "file's URI is file:// and its absolute path (file:///data/t.parquet)"
-                         ", or give the path itself")
-    return unquote(parsed.path)
+                         f", or give the path itself ({unquote(host + slash + path)!r})")
+    return unquote(slash + path)
 
 
 def _home_expanded(path: str | Path) -> str | Path:

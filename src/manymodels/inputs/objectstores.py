@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-#: A URI of a filesystem other than this machine's (``file://`` is a local path).
-_REMOTE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://")
+#: A URI of a filesystem other than this machine's (``file://`` is a local path;
+#: a scheme is case-insensitive, so ``FILE://`` is one too).
+_REMOTE = re.compile(r"^(?!file://)[A-Za-z][A-Za-z0-9+.-]*://", re.IGNORECASE)
 
 
 def is_remote(path: Any) -> bool:
@@ -69,7 +70,7 @@ def without_secrets(uri: str) -> str:
     user, at, host = parts.netloc.rpartition("@")
     if not at:
         netloc = parts.netloc
-    elif parts.scheme == "s3":
+    elif parts.scheme.lower() == "s3":
         netloc = host
     else:
         netloc = user.split(":", 1)[0] + "@" + host

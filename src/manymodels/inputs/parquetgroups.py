@@ -44,7 +44,7 @@ from .objectstores import (
     without_secrets,
 )
 from .partitions import partition_table, partitioning
-from .tablefiles import PARQUET_SUFFIXES, table_files
+from .tablefiles import PARQUET_SUFFIXES, is_parquet, table_files
 from .tables import exact_pandas, plain_scalar, sort_order
 
 
@@ -69,7 +69,7 @@ def parquet_files(table: Any) -> list[str]:
     if not files:
         raise ValueError(f"directory {str(path)!r} holds no .parquet files")
     for file in files:
-        if file.suffix.lower() not in PARQUET_SUFFIXES:
+        if not is_parquet(file):
             raise ValueError(f"read_on_workers=True reads Parquet only; {str(file)!r} is not "
                              "a .parquet file")
     return [str(file.absolute()) for file in files]  # fit may change the directory

@@ -28,12 +28,14 @@ def table_files(path: Path) -> list[Path]:
     those :func:`~.objectstores.hidden` there. A file named as a table in
     a format not read (``notes.txt``, ``more.tsv.gz``, ``rows.json``) is
     refused, naming it: read as CSV it was read wrongly, left out its rows
-    would be missing unsaid. Other files (``README.md``) are left out.
+    would be missing unsaid. A Parquet file named otherwise (Hive's and
+    Impala's ``000000_0``: :func:`is_parquet`) is read, as pyarrow's
+    datasets read it. Other files (``README.md``) are left out.
     Links to folders are followed, as pyarrow's datasets follow them; see
     :func:`_files_under` for the links that are refused."""
     files = []
     for file in _files_under(path):  # (hidden ones not among them)
-        if file.suffix.lower() in PARQUET_SUFFIXES | CSV_SUFFIXES:
+        if file.suffix.lower() in PARQUET_SUFFIXES | CSV_SUFFIXES or is_parquet(file):
             files.append(file)
         elif _named_as_a_table(file):
             raise ValueError(f"directory {str(path)!r} holds {str(file.relative_to(path))!r}, "
@@ -73,6 +75,23 @@ def _files_under(path: Path) -> list[Path]:
                 raise ValueError(f"directory {str(path)!r} holds {str(entry.relative_to(path))!r}"
                                  f", a link to {os.readlink(entry)!r}, which does not exist")
     return sorted(files)
+
+
+def is_parquet(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file: named so (``.parquet``, ``.pq``,
+    ``.parq``), or named as no table (``000000_0``, as Hive and Impala
+    write them; ``part-0.snappy``) and starting with Parquet's magic
+    bytes. pyarrow's datasets read every file of a folder as Parquet, and
+    such a file's rows were left out unsaid."""
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        return True
+    if _named_as_a_table(path):
+        return False
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"PAR1"
+    except OSError:
+        return False
 
 
 def _named_as_a_table(path: Path) -> bool:

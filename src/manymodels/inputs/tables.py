@@ -223,10 +223,11 @@ def refuse_unsortable(schema: pa.Schema, columns: list[str]) -> None:
     when the run planned its tasks (or on each worker, reading on workers)
     with Arrow's "Unsupported type for RecordBatch sorting", naming no
     column. Asked of Arrow itself, on two missing values of the type (a
-    dictionary is sorted by its codes: :func:`sort_order`)."""
+    dictionary is sorted by its codes, a pandas Period or Interval by
+    its storage: :func:`sort_order`)."""
     for name in columns:
         kind = schema.field(name).type
-        if pa.types.is_dictionary(kind):
+        if pa.types.is_dictionary(kind) or _pandas_extension(kind):
             continue
         try:
             pc.sort_indices(pa.table({"probe": pa.nulls(2, kind)}),
@@ -236,10 +237,36 @@ def refuse_unsortable(schema: pa.Schema, columns: list[str]) -> None:
                              "be sorted: order by a column of numbers, times or text") from exc
 
 
+#: pandas' Arrow types that sort by their storage: a Period by its ordinal
+#: (its frequency is the type's, one per column), an Interval by (left,
+#: right), as pandas sorts them (its ``closed`` side is the type's too).
+_SORTED_BY_STORAGE = ("pandas.period", "pandas.interval")
+
+
+def _pandas_extension(kind: pa.DataType) -> bool:
+    return getattr(kind, "extension_name", None) in _SORTED_BY_STORAGE
+
+
+def _sort_keys(column: pa.ChunkedArray) -> list[pa.ChunkedArray]:
+    """The columns Arrow sorts ``column`` by: a pandas Period's ordinals, an
+    Interval's left then right ends (Arrow sorts neither type itself, nor
+    a struct before pyarrow 16); a float's NaN as null, as pandas sorts
+    them together (Arrow puts NaN before null); else ``column``."""
+    if _pandas_extension(column.type):
+        storage = pa.chunked_array([chunk.storage for chunk in column.chunks],
+                                   column.type.storage_type)
+        if not pa.types.is_struct(storage.type):
+            return _sort_keys(storage)
+        return [key for index in range(storage.type.num_fields)  # (a missing interval's
+                for key in _sort_keys(pc.struct_field(storage, [index]))]  # ends are null)
+    if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+        return [pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)]
+    return [column]
+
+
 def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Array:
     """The stable sort of ``table``'s rows by ``columns`` (ascending, missing
     values last), after ``codes`` (a group number per row) when given."""
-    keys = [(c, "ascending") for c in columns]
     sortable = table.select(columns)
     if any(pa.types.is_dictionary(kind) for kind in sortable.schema.types):
         # Arrow sorts no dictionary column: a categorical sorts by its
@@ -250,20 +277,11 @@ def sort_order(table: pa.Table, columns: list[str], codes: Any = None) -> pa.Arr
             if pa.types.is_dictionary(column.type):
                 sortable = sortable.set_column(position, name, pa.chunked_array(
                     [chunk.indices for chunk in column.chunks], column.type.index_type))
-    for position, name in enumerate(columns):
-        column = sortable.column(position)
-        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
-            # Arrow sorts NaN before null; to pandas both are missing, sorted
-            # together (last, in row order)
-            sortable = sortable.set_column(position, name, pc.if_else(
-                pc.is_nan(column), pa.scalar(None, column.type), column))
-    if codes is not None:
-        name = "__group__"
-        while name in sortable.column_names:  # a column of the user's own has that name
-            name += "_"
-        sortable = sortable.append_column(name, pa.array(codes))
-        keys = [(name, "ascending"), *keys]
-    return pc.sort_indices(sortable, sort_keys=keys)  # nulls last
+    keys = ([pa.chunked_array([pa.array(codes)])] if codes is not None else []) + [
+        key for column in sortable.columns for key in _sort_keys(column)]
+    names = [f"k{position}" for position in range(len(keys))]  # (the user's may repeat)
+    return pc.sort_indices(pa.table(keys, names=names),  # nulls last
+                           sort_keys=[(name, "ascending") for name in names])
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
