@@ -363,6 +363,37 @@ def test_a_run_that_starts_as_another_ends_holds_its_checkpoints(tmp_path):
     assert failed == [0, 0]
 
 
+def _count_starts(slot: str, threads: int, times: int) -> list[int]:
+    """Attempt numbers taken in ``slot`` by ``threads`` threads at once."""
+    from manymodels.engine.checkpointspace import _count_start
+
+    taken: list[int] = []
+    start = threading.Barrier(threads)
+
+    def take() -> None:
+        start.wait()
+        taken.extend(_count_start(Path(slot)) for _ in range(times))
+
+    workers = [threading.Thread(target=take) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return taken
+
+
+def test_attempts_opening_one_slot_at_once_get_numbers_of_their_own(tmp_path):
+    """Two attempts of a task opening its slot at one instant read the same
+    count and took the same number (neither then refused as superseded:
+    both wrote there), or one failed on the other's temporary file. Threads
+    and processes each take a number of their own."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        taken = pool.starmap(_count_starts, [(str(tmp_path), 3, 100)] * 2)
+    assert sorted(taken[0] + taken[1]) == list(range(1, 601))
+
+
 def test_a_superseded_attempt_that_reads_again_leaves_the_retrys_checkpoint(tmp_path):
     """The attempt given up on read its slot again after the retry had saved
     over the state file its manifest named: its check failed, and it emptied
@@ -633,6 +664,24 @@ def test_a_task_that_saves_without_loading_is_not_reported_resumed(tmp_path):
     assert resuming.load() == {"step": 1} and resuming.resumed and events == ["resumed"]
     resuming.save({"step": 2})  # after its load: it resumed, once
     assert resuming.resumed and events == ["resumed"]
+
+
+def test_a_save_that_read_nothing_does_not_read_the_state_it_replaces(tmp_path):
+    """A fit's first save read and hashed the whole previous state (a GB
+    state: a GB read) that it was about to replace, and refused it when it
+    did not match. The manifest tells the save where to write; a load
+    checks the state it reads."""
+    Checkpoint(tmp_path).save({"step": 1})
+    with open(tmp_path / "state-a.pkl", "r+b") as state:  # its last byte changed
+        state.seek(-1, 2)
+        last = state.read(1)
+        state.seek(-1, 2)
+        state.write(bytes([last[0] ^ 1]))
+    events = []
+    fresh = Checkpoint(tmp_path, attempt=2, report=lambda kind, _: events.append(kind))
+    fresh.save({"step": 2})
+    assert events == [] and fresh._manifest["generation"] == 2
+    assert Checkpoint(tmp_path, attempt=3).load() == {"step": 2}
 
 
 def test_an_unpicklable_state_is_refused_saying_so_and_the_last_save_stays(tmp_path):

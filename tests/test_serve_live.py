@@ -172,10 +172,15 @@ def test_each_worker_logs_its_reloads(tmp_path):
             served.close()
 
 
-def test_a_model_removed_under_the_catalog_is_answered_from_the_store_as_it_is_now(tmp_path):
+@pytest.mark.parametrize("asked", ["predict", "described", "described unread"])
+def test_a_model_removed_under_the_catalog_is_answered_from_the_store_as_it_is_now(tmp_path,
+                                                                                  asked):
     """The run that trained store 5's model deleted and its pack collected
     while serving: its requests were 500s until the next poll (here never:
-    poll=None). The store changed, so it is read again at once."""
+    poll=None), and ``GET /v1/models/5`` described the deleted run's model
+    until a prediction read the store again. The store changed, so it is
+    read again at once, whichever asks first (a description of a run whose
+    tasks were read before it was deleted, or not)."""
     from starlette.testclient import TestClient
 
     path = tmp_path / "m"
@@ -186,12 +191,19 @@ def test_a_model_removed_under_the_catalog_is_answered_from_the_store_as_it_is_n
     with TestClient(mm.serve_app(path, poll=None)) as client:
         first = client.post("/v1/predict", json={"rows": ROWS[:2]})
         assert first.status_code == 200 and first.json()["source"] == ["group", "group"]
+        if asked == "described":  # run 1's tasks read
+            assert client.get("/v1/models/5").json()["run_id"] == 1
         store = mm.Store(path)
         store.delete(1)
         assert store.gc() > 0
+        if asked.startswith("described"):
+            described = client.get("/v1/models/5")
+            assert described.status_code == 404, described.text
+            assert "no model answers key '5' in run 2" in described.text
         answer = client.post("/v1/predict", json={"rows": [ROWS[5], ROWS[0]]})
         assert answer.status_code == 200, answer.text
         assert answer.json()["source"] == ["none", "group"]  # store 5: no model left
+        assert client.get("/v1/models/5").status_code == 404
 
 
 def test_a_store_removed_then_trained_again_at_its_path_is_served_from_the_new_one(tmp_path,

@@ -1279,6 +1279,59 @@ def test_a_closed_store_is_refused_by_name_in_every_thread(tmp_path):
     store.close()  # again: nothing to do
 
 
+def test_a_close_while_another_thread_opens_its_connection_leaves_nothing_open(
+        tmp_path, monkeypatch):
+    """A thread's first use opened its connection outside the lock ``close``
+    takes: a close at that moment closed the others, and the new one was
+    kept, the store usable in that thread after close. It is closed and the
+    use refused by name."""
+    from manymodels.store import database
+
+    mm.train(lambda item: {"score": float(item)}, mm.items([1]), backend="serial",
+             store=tmp_path / "store", progress=False)
+    store = mm.Store(tmp_path / "store")
+    opened, connect = [], database.connect
+
+    def connect_then_close(*args, **kwargs):  # another thread's close, at that instant
+        opened.append(connect(*args, **kwargs))
+        closer = threading.Thread(target=store.close)
+        closer.start()
+        closer.join()
+        return opened[-1]
+
+    monkeypatch.setattr(database, "connect", connect_then_close)
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_error_of(store.runs)))
+    thread.start()
+    thread.join()
+    assert "was closed" in errors[0]
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        opened[0].execute("SELECT 1")
+
+
+def test_the_counts_of_runs_deleted_or_ended_are_not_kept(tmp_path):
+    """``Store.runs`` kept each unfinished run's counts forever: a server's
+    store whose runs were deleted and collected grew by every run it had
+    counted. Only the runs unfinished at the last read are kept."""
+    path = tmp_path / "store"
+    for _ in range(3):
+        mm.train(lambda item: {"score": float(item)}, mm.items([1, 2]), backend="serial",
+                 store=path, progress=False)
+    with sqlite3.connect(path / "index.sqlite") as conn:  # their drivers died
+        conn.execute("UPDATE runs SET status = 'interrupted', ok = NULL, failed = NULL, "
+                     "reused = NULL")
+    with mm.Store(path) as store:
+        assert store.runs()["ok"].tolist() == [2, 2, 2]
+        assert sorted(store._counts) == [1, 2, 3]
+        store.delete(1)
+        store.delete(2)
+        store.gc()
+        with sqlite3.connect(path / "index.sqlite") as conn:  # ended since (as counted)
+            conn.execute("UPDATE runs SET ok = 0, failed = 0, reused = 2")
+        assert store.runs()["run_id"].tolist() == [3]
+        assert store._counts == {}
+
+
 def _error_of(call) -> str:
     try:
         call()

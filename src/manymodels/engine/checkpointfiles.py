@@ -224,6 +224,24 @@ def newest_whole(slot: Path) -> tuple[dict | None, memoryview | None]:
     return None, None
 
 
+def newest_named(slot: Path) -> dict | None:
+    """The slot's manifest where a save that read nothing may go by it
+    without reading and hashing the state it names (which the save
+    replaces, never keeps): the manifest readable and of the shapes
+    written, no state file's header newer (a save whose manifest was lost,
+    or one cut short: which is whole only its hash tells), and naming no
+    committed files (those a save keeps: checked). None otherwise:
+    :func:`newest_whole` decides."""
+    try:
+        manifest = _checked(json.loads((slot / MANIFEST).read_bytes()))
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    if manifest.get("files") or any(header["generation"] > manifest["generation"]
+                                    for header in _headers(slot)):
+        return None
+    return manifest
+
+
 def slot_manifest(slot: Path) -> dict | None:
     """The slot's manifest, or (lost or torn) that of its newest state
     file's header, unverified: who saved it, for :meth:`Store.gc`."""

@@ -35,6 +35,7 @@ from .checkpointfiles import (
     MANIFEST,
     CheckpointRefused,
     copy_hashing,
+    newest_named,
     newest_whole,
     next_state_file,
     pickled,
@@ -45,12 +46,15 @@ from .checkpointfiles import (
     write_state,
 )
 
-__all__ = ["ATTEMPTS", "MANIFEST", "WORK", "Checkpoint", "CheckpointRefused",
+__all__ = ["ATTEMPTS", "ATTEMPTS_LOCK", "MANIFEST", "WORK", "Checkpoint", "CheckpointRefused",
            "CheckpointSuperseded"]
 
 WORK = "work"
 #: In a slot: the number of the latest attempt started with it.
 ATTEMPTS = "attempts"
+#: In a slot: the file locked while an attempt takes its number (two taking
+#: one at the same instant each read the same count).
+ATTEMPTS_LOCK = "attempts.lock"
 
 
 class CheckpointSuperseded(RuntimeError):
@@ -154,7 +158,15 @@ class Checkpoint:
         """Read and verify the slot's manifest and everything it names, once;
         when ``resuming`` (a load, a first use of :attr:`path`), the task
         resumes what was found, if it has not saved over it first: a fit
-        that only saves resumes nothing, and is not reported resumed."""
+        that only saves resumes nothing, and is not reported resumed. A
+        save's check (not ``resuming``) reads the state's bytes only where
+        the manifest alone cannot be gone by (see :func:`newest_named`):
+        the save replaces that state, and a later load checks it."""
+        if not self._checked and not resuming:
+            named = newest_named(self._slot)
+            if named is not None:
+                self._checked = True
+                self._manifest, self._found = named, named
         if not self._checked:
             self._checked = True
             try:
@@ -183,7 +195,7 @@ class Checkpoint:
         self._manifest, self._state_bytes, self.resumed = None, None, False
         self._found = None
         for entry in list(self._slot.iterdir()):
-            if entry.name != ATTEMPTS:
+            if entry.name not in (ATTEMPTS, ATTEMPTS_LOCK):
                 (shutil.rmtree if entry.is_dir() else os.unlink)(entry)
         if self._work_ready:
             self._work.mkdir()

@@ -34,11 +34,12 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import ATTEMPTS, MANIFEST, Checkpoint
+from .checkpoints import ATTEMPTS, ATTEMPTS_LOCK, MANIFEST, Checkpoint
 
 OWNERS, JOURNAL = ".owners", ".journal"
 #: In a slot claimed from a run no longer running: the claiming run's id.
@@ -321,7 +322,8 @@ class CheckpointSpace:
             except OSError:  # another worker claimed it first
                 continue
             # this run's attempts count from 1 (resumed_from names "attempt 1 of run 2")
-            (own / ATTEMPTS).unlink(missing_ok=True)
+            with _counting(own):
+                (own / ATTEMPTS).unlink(missing_ok=True)
             # the slot is this run's now (gc keeps it while this run is in the
             # store, whichever run saved what it holds)
             if self.run_id is not None:
@@ -336,16 +338,40 @@ def _claimable(slot: Path, token: str) -> bool:
     return slot.name != token and not slot.name.startswith(".") and slot.is_dir()
 
 
+#: Held while this process takes an attempt number (a file lock may not keep
+#: its threads apart: on NFS it is a process's POSIX lock).
+_COUNTING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _counting(slot: Path) -> Iterator[None]:
+    """Hold the slot's attempt counter: this process's threads, and (a lock
+    on :data:`ATTEMPTS_LOCK`) other processes. A file system without locks
+    counts unlocked, as before."""
+    with _COUNTING:
+        descriptor = os.open(slot / ATTEMPTS_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with contextlib.suppress(OSError):  # (ENOLCK: no locks there)
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)  # (releases the lock)
+
+
 def _count_start(slot: Path) -> int:
-    """This start's number in the slot (1, 2, ...), kept in its ``attempts`` file."""
+    """This start's number in the slot (1, 2, ...), kept in its ``attempts``
+    file: read and raised under :func:`_counting`, so that two attempts
+    opening the slot at once get two numbers (they got one, and neither
+    was refused as superseded)."""
     counter = slot / ATTEMPTS
-    try:
-        count = int(counter.read_text()) + 1
-    except (OSError, ValueError):
-        count = 1
-    temporary = slot / f".tmp-attempts-{os.getpid()}"
-    temporary.write_text(str(count))
-    os.replace(temporary, counter)
+    with _counting(slot):
+        try:
+            count = int(counter.read_text()) + 1
+        except (OSError, ValueError):
+            count = 1
+        temporary = slot / f".tmp-attempts-{os.getpid()}-{threading.get_ident()}"
+        temporary.write_text(str(count))
+        os.replace(temporary, counter)
     return count
 
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from ..store import StoreIntegrityError
 from . import requests as bodies
-from .catalog import Catalog, KeyTextError, echoed, key_parts
+from .catalog import Catalog, KeyTextError, RunGone, echoed, key_parts
 from .fastpath import ROUTE, PredictFirst, authorized
 from .predictor import RequestError, predict_rows
 from .state import ServedStore, log, parse_size
@@ -122,21 +122,30 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
             return bodies.arrow_answer(result), bodies.ARROW
         return bodies.json_answer(result), "application/json"
 
-    def describe(catalog: Catalog, text: str) -> tuple[tuple, dict[str, Any] | None]:
+    def describe(text: str, again: bool = True
+                 ) -> tuple[Catalog, tuple, dict[str, Any] | None]:
         # in a thread: the key's kinds are read once a catalog (seconds for a
         # million keys of dates), and its run's tasks once a run
+        catalog = served.catalog
         try:
             parts = key_parts(catalog, text)
         except KeyTextError as exc:
             raise RequestError(422, str(exc)) from exc
         except ValueError as exc:
             raise RequestError(400, str(exc)) from exc
-        return parts, catalog.describe(catalog.store, parts)
+        try:
+            return catalog, parts, catalog.describe(catalog.store, parts)
+        except RunGone as exc:
+            # the run deleted under the catalog: the store is read again now,
+            # as a predict whose model is gone does, not at the next poll
+            served.reload()
+            if again and served.catalog is not catalog:
+                return describe(text, again=False)
+            raise RequestError(404, str(exc)) from exc
 
     async def model(request: Request) -> Response:
-        catalog = served.catalog
-        parts, described = await run_in_threadpool(describe, catalog,
-                                                   request.path_params["key"])
+        catalog, parts, described = await run_in_threadpool(describe,
+                                                            request.path_params["key"])
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)

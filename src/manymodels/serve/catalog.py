@@ -38,6 +38,12 @@ _DESCRIBED = ["key", "status", "artifact", "size", "metrics", "duration_s", "sta
               "code_hash", "params_hash", "data_hash", "shared_hash", "reused_from"]
 
 
+class RunGone(LookupError):
+    """A run the catalog serves was deleted from the store since the catalog
+    was read: the store is read again (as a predict whose model is gone
+    does), and the question asked of the new catalog."""
+
+
 @dataclass
 class Catalog:
     """The models one state of the store serves (see the module)."""
@@ -105,12 +111,20 @@ class Catalog:
             if row is None:
                 continue
             task = {name: tasks[name][row].as_py() for name in _DESCRIBED}
+            run_level = _run_identity(store, run_id)  # (the one query a description makes)
+            if run_level is None:  # its tasks read before the run was deleted
+                raise RunGone(f"run {run_id} was deleted from the store {str(store)!r} "
+                              "since it was served")
             return {"source": source, "run_id": run_id, "artifact": digest,
                     "task_key": json.loads(task["key"]), "size": task["size"],
                     "metrics": metrics_dict(task["metrics"], row) or {},
                     "duration_s": task["duration_s"], "started_at": task["started_at"],
                     "reused_from": task["reused_from"],
-                    "identity": _identity(task, _run_identity(store, run_id))}
+                    "identity": _identity(task, run_level)}
+        gone = _gone(store, self.runs)  # (read only here: no query on the common path)
+        if gone:  # the run that held it deleted before its tasks were read
+            raise RunGone(f"run {gone[0]} was deleted from the store {str(store)!r} since "
+                          "it was served")
         return {"source": source, "artifact": digest, "run_id": None}
 
     def _tasks(self, store: Any, run_id: int) -> Any:
@@ -140,14 +154,22 @@ class Catalog:
                 "metrics": metrics, "coefficients": plain(result.coef[row])}
 
 
-def _run_identity(store: Any, run_id: int) -> dict[str, Any]:
+def _run_identity(store: Any, run_id: int) -> dict[str, Any] | None:
     """The code and shared-object hashes of ``run_id``: the same for every
     task of a run, so the run keeps them (in its ``code_detail``) and its
-    task rows hold none of their own."""
+    task rows hold none of their own. None where the run is gone (deleted)."""
     row = store._conn.execute("SELECT code_detail FROM runs WHERE run_id = ?",
                               (run_id,)).fetchone()
-    detail = json.loads(row[0]) if row is not None and row[0] else {}
+    if row is None:
+        return None
+    detail = json.loads(row[0]) if row[0] else {}
     return {name: detail.get(name) for name in ("code_hash", "shared_hash")}
+
+
+def _gone(store: Any, runs: list[int]) -> list[int]:
+    """Those of ``runs`` the store no longer holds."""
+    held = {run_id for (run_id,) in store._conn.execute("SELECT run_id FROM runs")}
+    return [run_id for run_id in runs if run_id not in held]
 
 
 def _identity(task: dict[str, Any], run_level: dict[str, Any]) -> dict[str, Any]:

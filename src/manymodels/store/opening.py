@@ -111,9 +111,25 @@ class OpenedIndex:
                 raise database.StoreError(f"the store {str(self.path)!r} could not be made, "
                                           f"and nothing of it is left: {exc}") from exc
             raise
+        self._keep(first)
+
+    def _keep(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """``conn``, just opened, as this thread's connection, unless the
+        store was closed meanwhile (another thread's :meth:`close` while it
+        was opened): then it is closed too, and the use refused. Checked and
+        kept under the lock :meth:`close` takes, so no connection opened
+        after a close outlives it."""
         with self._connecting:
-            self._connections.append(first)
-        self._local.conn = first
+            if not self._closed:
+                self._connections.append(conn)
+                self._local.conn = conn
+                return conn
+        conn.close()
+        raise self._closed_error()
+
+    def _closed_error(self) -> database.StoreError:
+        return database.StoreError(f"the store {str(self)!r} was closed: open it again "
+                                   "(mm.Store(...)) to use it")
 
     def _make(self) -> None:
         """Make the store where none was when it was opened (a run about to
@@ -234,17 +250,14 @@ class OpenedIndex:
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection to the index (opened on first use)."""
         if self._closed:
-            raise database.StoreError(f"the store {str(self)!r} was closed: open it again "
-                                      "(mm.Store(...)) to use it")
+            raise self._closed_error()
         if self._missing:  # (a run makes it first: see _make)
             self._refuse_missing()
             self._make()  # made since by another process: opened as it is
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = database.connect(self.path, read_only=self.read_only, opened=True)
-            with self._connecting:
-                self._connections.append(conn)
-            self._local.conn = conn
+            conn = self._keep(database.connect(self.path, read_only=self.read_only,
+                                               opened=True))
         return conn
 
     def close(self) -> None:

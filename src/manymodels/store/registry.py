@@ -74,7 +74,8 @@ class Store(OpenedIndex):
     def __init__(self, path: str | Path, read_only: bool | None = None) -> None:
         super().__init__(path, read_only)
         self._lookups = KeyLookups(kept=2)  # run_id -> its keys, sorted
-        #: run_id -> (its blocks when counted, [ok, failed, reused]) of unfinished runs
+        #: run_id -> (its blocks when counted, [ok, failed, reused]) of the runs
+        #: unfinished when :meth:`runs` last read them (the others pruned there)
         self._counts: dict[int, tuple[tuple, list[int]]] = {}
 
     # -- runs ------------------------------------------------------------------
@@ -95,8 +96,14 @@ class Store(OpenedIndex):
             frame[column] = pd.to_datetime(frame[column].astype(float), unit="s",
                                            utc=True).dt.round("us")
         counts = ["ok", "failed", "reused"]
+        unfinished = set()
         for row in frame.index[frame["ok"].isna()]:  # running, or its driver died
-            frame.loc[row, counts] = self._committed_counts(int(frame.at[row, "run_id"]))
+            run_id = int(frame.at[row, "run_id"])
+            frame.loc[row, counts] = self._committed_counts(run_id)
+            unfinished.add(run_id)
+        for run_id in list(self._counts):  # ended since, or deleted: forgotten (a
+            if run_id not in unfinished:  # long-lived server's store loses many runs)
+                self._counts.pop(run_id, None)
         # whole numbers, whatever a running run's NULLs made of the columns
         # (floats beside ended runs, objects alone: 58.0 in csv, text in a table)
         if frame[counts].notna().all().all():
