@@ -536,3 +536,28 @@ def test_map_partitions_of_an_empty_table_is_the_functions_output_on_it(how):
     shown = result if fmt == "pandas" else result.to_pandas()
     assert list(shown.columns) == ["g", "x", "z"] and len(shown) == 0
     assert str(shown["z"].dtype) == "float64"
+
+
+@pytest.mark.parametrize("change", ["a group appended", "a group relabelled"])
+def test_a_store_runs_again_only_the_groups_whose_rows_or_labels_changed(tmp_path, change):
+    """The rows' labels travelled as one shared object of the whole table,
+    part of every group's identity: any change ran every group again."""
+    ran = []
+
+    def demean(rows, key):
+        ran.append(key)
+        return rows.assign(z=rows["x"] - rows["x"].mean())
+
+    frame = pd.DataFrame({"g": ["a", "a", "b", "b"], "x": [1.0, 2.0, 3.0, 5.0]},
+                         index=[10, 11, 12, 13])
+    options = {"store": tmp_path / "store", "backend": "serial", "progress": False}
+    mm.map_groups(demean, mm.groups(frame, by="g"), **options)
+    if change == "a group appended":
+        frame = pd.concat([frame, pd.DataFrame({"g": ["c"], "x": [7.0]}, index=[14])])
+    else:
+        frame.index = [20, 21, 12, 13]
+    ran.clear()
+    ours = mm.map_groups(demean, mm.groups(frame, by="g"), **options)
+    assert ran == ["c" if change == "a group appended" else "a"]
+    assert ours.index.equals(frame.index)
+    assert ours["z"].tolist() == (frame["x"] - frame.groupby("g")["x"].transform("mean")).tolist()

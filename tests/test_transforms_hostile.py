@@ -348,15 +348,39 @@ def _one_for_the_first_partition(part: pd.DataFrame) -> object:
     return 1 if part.index[0] == 0 else part
 
 
+def _a_value_but_for_a(rows: pd.DataFrame) -> object:
+    return rows if rows["g"].iloc[0] == "a" else rows["x"].sum()
+
+
 def test_a_split_and_a_mixed_output_are_worded_as_they_are():
     """An empty table asked for 3 partitions said "split into 1 partitions,
-    as the call asked"; a number beside a table was "a int"."""
+    as the call asked"; a number beside a table was "a int"; outputs of two
+    kinds named no group (or partition) of either."""
     ours = mm.map_partitions(lambda part: part, pd.DataFrame({"x": []}), 3, **SERIAL)
     assert ours.attrs["summary"].split == (
         "split into 1 partition: the call asked for 3, and the table has 0 rows")
-    with pytest.raises(TypeError, match="returned an int and pandas"):
+    with pytest.raises(TypeError, match="returned an int for partition 0 and pandas for "
+                                        "partition 1 "):
         mm.map_partitions(_one_for_the_first_partition, pd.DataFrame({"x": range(4)}), 2,
                           **SERIAL)
+    frame = pd.DataFrame({"g": ["a", "b", "c"], "x": [1, 2, 3]})
+    with pytest.raises(TypeError, match="returned pandas for group 'a' and an int64 for "
+                                        "group 'b' "):
+        mm.map_groups(_a_value_but_for_a, mm.groups(frame, by="g"), **SERIAL)
+
+
+@pytest.mark.parametrize(("call", "said"), [
+    (lambda frame: mm.map_partitions(len, frame, fallback=len),
+     r"map_partitions\(\) got an unexpected keyword argument 'fallback' \(map_groups "),
+    (lambda frame: mm.map_groups(len, mm.groups(frame, by="g"), format="arrow"),
+     r"map_groups\(\) got an unexpected keyword argument 'format' \(mm.groups"),
+    (lambda frame: mm.map_groups(len, mm.groups(frame, by="g"), wokers=2),
+     r"map_groups\(\) got an unexpected keyword argument 'wokers'$"),
+])
+def test_a_keyword_neither_takes_is_refused_in_the_callers_name(call, said):
+    """train() refused it, in its own name, after the table was grouped."""
+    with pytest.raises(TypeError, match=said):
+        call(pd.DataFrame({"g": ["a"], "x": [1]}))
 
 
 def _key_kind(rows, key):

@@ -5,6 +5,7 @@ parallel and return one concatenated table."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from .inputs.grouplabels import (
     WithLabels,
     shared_labels,
 )
-from .inputs.sources import GroupSource, PartitionSource
+from .inputs.sources import GroupSource, PartitionSource, groups
 from .machine import usable_cores
 from .planning.plan import asks_for_key, group_layout
 from .run.engineoutputs import EngineOutputs, engine_source, refuse_named_key
@@ -82,6 +83,28 @@ def _check_arguments(fn: Any, errors: str, options: dict[str, Any]) -> None:
         raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
 
 
+#: The keywords ``train`` takes, which the transforms hand it, and those of ``mm.groups``.
+_TRAIN_TAKES = frozenset(name for name, parameter in inspect.signature(train).parameters.items()
+                         if parameter.kind is parameter.KEYWORD_ONLY)
+_GROUPS_TAKES = frozenset(inspect.signature(groups).parameters)
+
+
+def _refuse_unknown_keywords(options: dict[str, Any], what: str) -> None:
+    """Refuse, as Python would for ``what`` (the function the user called), a
+    keyword that neither it nor :func:`train` takes: ``train`` refused it
+    once the table was grouped, in its own name. A keyword of ``mm.groups``
+    or of the other transform is pointed there."""
+    for name in options:
+        if name in _TRAIN_TAKES:
+            continue
+        where = ("map_groups" if name == "fallback" and what == "map_partitions" else
+                 "map_partitions" if name == "partitions" and what == "map_groups" else
+                 "mm.groups(...)" if name in _GROUPS_TAKES and (
+                     what == "map_groups") else None)
+        hint = "" if where is None else f" ({where} takes it)"
+        raise TypeError(f"{what}() got an unexpected keyword argument {name!r}{hint}")
+
+
 def _check_takes_keywords(source: Any, options: dict[str, Any], what: str,
                           **functions: Any) -> None:
     """Refuse, before any group runs, a function that lacks a keyword every
@@ -113,8 +136,6 @@ def _naming(error: Exception, name: str, what: str) -> Exception:
 
 def _takes_no_rows(fn: Any) -> bool:
     """Whether ``fn`` has no parameter the rows can be handed to (positionally)."""
-    import inspect
-
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a signature that cannot be read: not judged
@@ -125,8 +146,6 @@ def _takes_no_rows(fn: Any) -> bool:
 
 def _needs_checkpoint(fn: Any) -> bool:
     """Whether ``fn`` has a ``checkpoint`` parameter without a default."""
-    import inspect
-
     if not asks_for_checkpoint(fn):
         return False
     parameter = inspect.signature(fn).parameters["checkpoint"]
@@ -211,6 +230,7 @@ def map_groups(
     """
     _check_arguments(fn, errors, options)
     source, in_engine = engine_source(source, options)
+    _refuse_unknown_keywords(options, "map_groups")
     base = source.base if isinstance(source, ProductSource) else source
     if not isinstance(base, GroupSource):
         raise TypeError("map_groups needs a source made by mm.groups(...)")
@@ -316,6 +336,7 @@ def map_partitions(
     ``attrs["summary"]`` is the run's summary, which says which and why.
     """
     _check_arguments(fn, errors, options)
+    _refuse_unknown_keywords(options, "map_partitions")
     refuse_engine_frame(table, "map_partitions' table", "map_partitions splits a table "
                         "that this process holds", "or use the engine's own map over "
                         "partitions (Spark's mapInPandas, Dask's map_partitions)")
@@ -340,7 +361,8 @@ def map_partitions(
     key_columns, ok = _ok_outputs(run, errors, "map_partitions")
     result = concat_outputs([output for _, output in ok], "map_partitions",
                             keep_index=source.format == "pandas",
-                            format=source.format)
+                            format=source.format,
+                            names=[f"partition {_plain(key[0])}" for key, _ in ok])
     reason = decision.reason if decision is not None else _asked_split(
         source, partitions, errors, options)
     result = attach_summary(result, with_split(run.summary(), reason), table)

@@ -14,7 +14,9 @@ unchanged, so the identity must change whenever the model could:
 * **data**: the content of the group's rows (and the table's schema); an
   item's value, or the content of the file (or folder) when the item is a
   path; the content of the ``shared`` objects (and the code of the user's own
-  classes their pickles name).
+  classes their pickles name). A group's row labels, which ``map_groups``
+  hands ``fn`` (:class:`~manymodels.inputs.grouplabels.GroupLabels`), count
+  in its data: its own labels, not the whole table's.
 
 Each part is kept apart so that a store can say which one changed.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..inputs.grouplabels import GroupLabels
 from . import codehash
 from .codehash import digest
 from .rowhash import combine_lanes, lanes_bytes, lanes_hex_array, lanes_of
@@ -157,9 +160,14 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
     import pyarrow as pa
 
     code, detail = code_identity(fit, setup)
-    shared_part, shared_parts = _shared_hash(shared or {})
+    shared = shared or {}
+    labelled = {name: value for name, value in shared.items() if isinstance(value, GroupLabels)}
+    shared_part, shared_parts = _shared_hash(
+        {name: value for name, value in shared.items() if name not in labelled})
     tasks = plan.tasks
     data_lanes = plan.data.hash_lanes(tasks.refs)
+    for labels in labelled.values():  # each group's own labels, in its data
+        data_lanes = combine_lanes(data_lanes, _labels_lanes(labels, tasks.refs))
     # the parts that vary per setting, not per group: hashed once per setting
     params_of: dict[int, tuple[str, int]] = {}
     prefixes: list[tuple[int, int]] = []
@@ -189,3 +197,30 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
     identities = TaskIdentities(identity_lanes, params_column, data_lanes, identity_lanes[:, 0])
     return identities, {**detail, "code_hash": code, "shared_hash": shared_part,
                         "shared_parts": shared_parts}
+
+
+def _labels_lanes(labels: GroupLabels, refs: Any) -> np.ndarray:
+    """The lanes of each task's group's row labels (``refs``: its slice of
+    the sorted table), hashed once for the table as pandas hashes an Index
+    and combined per group as its rows are (:func:`.rowhash.group_lanes`),
+    the labels' type and names salted in."""
+    import pandas as pd
+
+    from .rowhash import group_lanes
+
+    index = labels.labels
+    kind = ("row labels", str(index.dtype), repr(list(index.names)))
+    try:
+        rows = pd.util.hash_pandas_object(index, index=False).to_numpy()
+    except (TypeError, ValueError):  # labels pandas cannot hash: each group's by value
+        per_group = np.array([lanes_of(digest(*kind, value_hash(index[offset:offset + length])))
+                              for offset, length in zip(labels.offsets.tolist(),
+                                                        labels.lengths.tolist())],
+                             dtype=np.uint64).reshape(-1, 2)
+    else:
+        per_group = group_lanes(rows, labels.offsets, labels.lengths, lanes_of(digest(*kind)))
+    starts = (refs.offsets if hasattr(refs, "offsets") else
+              np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
+    if len(starts) == len(labels.offsets) and np.array_equal(starts, labels.offsets):
+        return per_group  # a task per group, in the table's order
+    return per_group[np.searchsorted(labels.offsets, starts)]

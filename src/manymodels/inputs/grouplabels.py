@@ -48,12 +48,33 @@ def group_labels(layout: Any, row_index: Any) -> tuple[Any, np.ndarray, np.ndarr
 
 
 def shared_labels(layout: Any, row_index: Any) -> dict[str, Any]:
-    """What :class:`WithLabels` reads: the labels, and where each group's are
-    (by its encoded key: a key that travelled no longer is the same object)."""
+    """What :class:`WithLabels` reads, as the one shared object it travels
+    in: :class:`GroupLabels`."""
     labels, offsets, lengths = group_labels(layout, row_index)
-    spans = {encode_key(tuple(parts)): (int(offset), int(length))
-             for parts, offset, length in zip(layout.keys, offsets, lengths)}
-    return {SHARED_NAME: (labels, spans)}
+    return {SHARED_NAME: GroupLabels(labels, layout.keys, offsets, lengths)}
+
+
+class GroupLabels:
+    """The sorted rows' labels and where each group's are (by its encoded
+    key: a key that travelled no longer is the same object). A store's task
+    identity counts a group's own labels alone, folded into its data hash
+    (:func:`manymodels.identity.hashing.task_identities`), not the whole
+    table's as a shared object's: a group appended, or another group's rows
+    relabelled, ran every group again."""
+
+    __slots__ = ("labels", "spans", "offsets", "lengths")
+
+    def __init__(self, labels: Any, keys: Any, offsets: Any, lengths: Any) -> None:
+        self.labels = labels
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.spans = {encode_key(tuple(parts)): (int(offset), int(length))
+                      for parts, offset, length in zip(keys, self.offsets, self.lengths)}
+
+    def of(self, key: Any) -> Any:
+        """The labels of the group of ``key`` (as ``fit`` is handed it)."""
+        offset, length = self.spans[encode_key(key if isinstance(key, tuple) else (key,))]
+        return self.labels[offset:offset + length]
 
 
 class WithLabels:
@@ -63,11 +84,10 @@ class WithLabels:
         self.fn, self.passes_key, self.facts = fn, passes_key, facts
 
     def __call__(self, rows: Any, key: Any, **kwargs: Any) -> Any:
-        labels, spans = kwargs.pop(SHARED_NAME)
+        labels = kwargs.pop(SHARED_NAME)
         received = None
         if isinstance(rows, pd.DataFrame):
-            offset, length = spans[encode_key(key if isinstance(key, tuple) else (key,))]
-            rows.index = received = labels[offset:offset + length]
+            rows.index = received = labels.of(key)
         output = self.fn(rows, key=key, **kwargs) if self.passes_key else self.fn(rows, **kwargs)
         if self.facts and received is not None:
             return FrameFacts.of(output, received)

@@ -365,6 +365,13 @@ def _concatenated(outputs: list[FrameFacts], first: pd.DataFrame) -> pd.DataFram
     return result if result.dtypes.tolist() == first.dtypes.tolist() else None
 
 
+def _named(key: tuple) -> Any:
+    """A group's key as an error names it: one value for one key column, as
+    Python holds it (not NumPy's ``np.int64(2)``)."""
+    parts = tuple(part.item() if isinstance(part, np.generic) else part for part in key)
+    return parts[0] if len(parts) == 1 else parts
+
+
 def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
              ok: list[tuple[tuple, Any]], labelled: bool = True) -> Any:
     """The outputs of the groups that succeeded as one table (see map_groups)."""
@@ -409,5 +416,6 @@ def assemble(run: Run, base: GroupSource, source: Any, key_columns: list,
         result = _frames_with_keys(outputs, keys)
     else:
         result = concat_outputs([_with_keys(out, keys, group)
-                                 for group, out in enumerate(outputs)], "map_groups")
+                                 for group, out in enumerate(outputs)], "map_groups",
+                                names=[f"group {_named(key)!r}" for key, _ in ok])
     return _in_input_order(result, positions, base) if transform is not None else result

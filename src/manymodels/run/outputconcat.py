@@ -7,7 +7,7 @@ and what :mod:`.groupoutputs` builds ``map_groups``' result from."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -28,18 +28,25 @@ def empty_table(format: str) -> Any:
 
 
 def concat_outputs(parts: list[Any], what: str, keep_index: bool = False,
-                   format: str = "pandas") -> Any:
+                   format: str = "pandas", names: Sequence[str] | None = None) -> Any:
     """Concatenate the outputs in order, keeping their kind of table or column
     (a Series stays a Series) and, with ``keep_index``, pandas' row labels;
-    no outputs at all is an empty table of the kind ``format`` suggests."""
+    no outputs at all is an empty table of the kind ``format`` suggests.
+    ``names``: each part's task as an error names it (``group 'a'``)."""
     if not parts:
         return empty_table(format)
     for part in parts:
         _refuse_query(part, what)
-    kinds = dict.fromkeys(_kind(part) for part in parts)
+    kinds: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        kinds.setdefault(_kind(part), i)
     if len(kinds) > 1:
-        raise TypeError(f"the function given to {what} returned {' and '.join(kinds)} for "
-                        "different groups or partitions: return one kind of table")
+        if names is None:
+            raise TypeError(f"the function given to {what} returned {' and '.join(kinds)} "
+                            "for different groups or partitions: return one kind of table")
+        said = [f"{kind} for {names[i]}" for kind, i in kinds.items()]
+        raise TypeError(f"the function given to {what} returned {' and '.join(said)} (the "
+                        "first of each kind): return one kind of table")
     first = parts[0]
     module = type(first).__module__
     if module.startswith("pyarrow"):
