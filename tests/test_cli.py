@@ -402,3 +402,37 @@ def test_show_tells_infinite_metrics_from_missing_and_names_the_exception(tmp_pa
     assert table.returncode == 0, table.stderr
     assert "ValueError: no model for item 3" in table.stdout
     assert "see the second line" not in table.stdout
+
+
+def fit_with_a_count_and_a_failure(item):
+    if item == 1:
+        raise ValueError("boom")
+    return {"rows": 123456 + item, "score": 0.5}
+
+
+def test_show_keeps_integer_columns_integers_beside_failed_tasks(tmp_path):
+    """A failed task's missing values made an integer metric (and ``size``)
+    floats: ``show -f csv`` printed ``123456.0``, a table ``1.235e+05``."""
+    store = tmp_path / "store"
+    mm.train(fit_with_a_count_and_a_failure, mm.items(range(3)), backend="serial",
+             progress=False, store=store)
+    as_csv = run_cli("show", store, "-f", "csv").stdout
+    assert "123456," in as_csv and "123456.0" not in as_csv and ",0.5" in as_csv
+    assert [row["rows"] for row in json.loads(run_cli("show", store, "-f", "json").stdout)] \
+        == [123456, None, 123458]
+    assert "123458" in run_cli("show", store).stdout
+
+
+@pytest.mark.parametrize("column, said", [("none", "missing in every row"),
+                                          ("row", "a different value in every row")])
+def test_train_warns_of_a_by_column_missing_or_unique_per_row(tmp_path, column, said):
+    import pandas as pd
+
+    data = tmp_path / "t.csv"
+    pd.DataFrame({"none": [None] * 4, "row": range(4), "x": [1.0, 2, 3, 4],
+                  "y": [1.0, 2, 3, 5]}).to_csv(data, index=False)
+    done = run_cli("train", data, "--by", column, "--target", "y", "--features", "x",
+                   "--model", "sklearn.linear_model.LinearRegression", "--backend", "serial",
+                   "--no-fallback", "--store", tmp_path / "store")
+    assert done.returncode == 0, done.stderr
+    assert f"warning: --by column {column!r}" in done.stderr and said in done.stderr

@@ -641,3 +641,25 @@ def test_a_key_with_no_model_but_for_its_spaces_is_said(tmp_path):
     with pytest.warns(RuntimeWarning, match=r"'b ' has no model, and 'b', which it is but "
                                             r"for spaces, has"):
         mm.Store(tmp_path / "s").predict(asked, by="k", features=["x"])
+
+
+@pytest.mark.parametrize("convert, said", [
+    (lambda days: days.tz_localize("UTC"), "zone-aware datetimes"),
+    (lambda days: [day.date() for day in days], "dates")])
+def test_grouped_estimator_refuses_keys_typed_otherwise_than_fitted(convert, said):
+    """GroupedEstimator.predict sent a zone-aware datetime or a date key,
+    fitted on naive datetimes, to the fallback without a word (Store.predict
+    refuses it): refused when no key has its model, warned of when some do."""
+    from manymodels.sklearn import GroupedRegressor
+
+    days = pd.to_datetime(["2024-01-01", "2024-01-02"])
+    fitted = GroupedRegressor(LinearRegression(), by="day", backend="serial").fit(
+        pd.DataFrame({"day": np.repeat(days, 3), "x": np.arange(6.0)}), np.arange(6.0))
+    other = list(convert(days))
+    with pytest.raises(ValueError, match=f"key column 'day' .* holds {said}"):
+        fitted.predict(pd.DataFrame({"day": other, "x": [1.0, 2.0]}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fitted.predict(pd.DataFrame({"day": [days[0], other[1]], "x": [1.0, 2.0]}))
+    assert any(said in str(w.message) and "naive datetimes" in str(w.message)
+               for w in caught)

@@ -696,3 +696,32 @@ def test_a_serial_run_records_the_one_worker_it_runs_whatever_workers_says(tmp_p
                    store=tmp_path / "s", progress=False)
     assert run.summary().workers == 1
     assert mm.Store(tmp_path / "s").runs()["workers"].tolist() == [1]
+
+
+def fit_failing_b(rows):
+    from sklearn.linear_model import LinearRegression
+
+    if rows["g"].iloc[0] == "b":
+        raise ValueError("boom")
+    return LinearRegression().fit(rows[["x"]], rows["y"])
+
+
+def test_predict_says_which_groups_failed_in_training_and_which_were_never_trained(tmp_path):
+    """Rows of groups with no model came back NaN with one warning for both a
+    group whose fit failed and a key no task of the run had."""
+    import warnings
+
+    import pandas as pd
+
+    df = pd.DataFrame({"g": list("aabb"), "x": [0.0, 1, 2, 3], "y": [0.0, 1, 2, 3]})
+    mm.train(fit_failing_b, mm.groups(df, by="g"), store=tmp_path / "s", backend="serial",
+             progress=False)
+    store = mm.Store(tmp_path / "s")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store.predict(pd.DataFrame({"g": list("abzy"), "x": [1.0] * 4}), workers=1)
+    said = " ".join(str(w.message) for w in caught)
+    assert "1 failed in training (e.g. ['b'], status failed" in said
+    assert "2 were never trained" in said and "['y', 'z']" in said
+    with pytest.raises(ValueError, match=r"1 failed in training .* 1 was never trained"):
+        store.predict(pd.DataFrame({"g": ["b", "z"], "x": [1.0, 1.0]}), workers=1)

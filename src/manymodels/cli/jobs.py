@@ -103,7 +103,8 @@ def train(
                               features=split_list(features) if features else None,
                               params=params, grid=grid_values, metrics=split_list(metrics),
                               test_size=test_size, cv=cv, fallback=fallback, backend=backend,
-                              workers=workers, timeout=timeout, track=track)
+                              workers=workers, timeout=timeout, track=track,
+                              warn=lambda line: typer.echo(f"warning: {line}", err=True))
     except ArgumentError as exc:
         fail(str(exc), exc.option)
     except StoreError as exc:  # mid-run: what was committed is kept; say so, exit 1

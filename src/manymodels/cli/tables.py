@@ -30,7 +30,8 @@ def cell(value: Any, exact: bool = False) -> str:
     (``0.12345`` and ``0.12346`` are two keys, not ``0.1235`` twice) and a
     line break or a tab as its escape, ``\\n`` or ``\\t`` (not a space,
     which another key may hold), so that each key prints as itself alone."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, float) and math.isnan(value)) or (
+            type(value).__name__ == "NAType"):  # (pandas' NA: an Int64's missing value)
         return ""
     if isinstance(value, float):
         return repr(float(value)) if exact else f"{value:.4g}"
@@ -65,6 +66,30 @@ def texts_quoted_beside_others(frame: Any, columns: int) -> Any:
     return frame
 
 
+def whole_numbers_as_ints(frame: Any) -> Any:
+    """``frame`` whose float columns that hold missing values beside whole
+    numbers alone are nullable integers (``Int64``): integers that a
+    missing value (a failed task's) made floats in pandas, printed as
+    ``3``, not ``3.0`` (nor ``1.235e+05`` in a table)."""
+    import numpy as np
+
+    converted = {}
+    for index in range(frame.shape[1]):
+        column = frame.iloc[:, index]
+        if column.dtype.kind != "f" or not column.isna().any():
+            continue
+        values = column.dropna().to_numpy()
+        if len(values) and np.isfinite(values).all() and (values == np.round(values)).all() \
+                and (np.abs(values) < 2**53).all():
+            converted[index] = column.astype("Int64")
+    if not converted:
+        return frame
+    frame = frame.copy()
+    for index, column in converted.items():
+        frame.isetitem(index, column)
+    return frame
+
+
 def _missing(value: Any) -> bool:
     """A missing key value (None, NaN, NaT, NA): neither text nor another type."""
     import pandas as pd
@@ -91,7 +116,7 @@ def json_value(value: Any) -> Any:
         return {str(name): json_value(each) for name, each in value.items()}
     if isinstance(value, (datetime.date, datetime.time)):  # (a pandas Timestamp too)
         return None if pd.isna(value) else value.isoformat()
-    if value is pd.NaT:  # a missing time or duration: missing, not the text "NaT"
+    if value is pd.NaT or value is pd.NA:  # a missing time, duration or Int64: missing
         return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a NumPy scalar
         value = value.item()
@@ -178,7 +203,10 @@ def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, 
     """Print ``frame`` as csv, json, or a table. A table is never squeezed (no
     ``0.…``): piped or redirected it is plain aligned text; on a terminal too
     narrow for it, its columns are split over several tables, each repeating
-    the first ``keys`` columns, printed whole (see :func:`cell`)."""
+    the first ``keys`` columns, printed whole (see :func:`cell`). A column
+    of whole numbers with missing values (an integer metric or ``size``,
+    missing for failed tasks) prints its numbers as integers, not ``3.0``."""
+    frame = whole_numbers_as_ints(frame)
     if fmt == OutputFormat.csv:
         typer.echo(frame.to_csv(index=False), nl=False)
         return

@@ -10,7 +10,8 @@ import importlib
 import inspect
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 from ..evaluation.metrics import CLASSIFICATION_METRICS, METRICS
 from .fallback import fallback_or_error
+from .keychecks import by_column_warnings
 from .tables import exception_line
 
 
@@ -402,7 +404,7 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                 metrics: Sequence[str] | None = None, test_size: float | None = None,
                 cv: int | None = None, fallback: bool = True, backend: str = "processes",
                 workers: int | None = None, timeout: float | None = None,
-                track: Any = None) -> TableRun:
+                track: Any = None, warn: Callable[[str], None] | None = None) -> TableRun:
     """Train one ``model`` (an estimator class by dotted name) per ``by`` group
     of ``data`` (a CSV/Parquet path or a table) to predict ``target``, score it
     on a holdout (``test_size``, default 0.2) or by ``cv`` folds, keep each
@@ -417,6 +419,8 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
     classifier, the first one picking the best setting. With ``fallback`` a
     global model, fitted on all rows, is attached to the run for groups that
     have none; if that fit fails the run is kept and ``fallback_error`` says why.
+    A ``by`` column that is all missing, or keys unique per row, is said
+    before any work (``warn``, default a ``UserWarning``), not refused.
     """
     is_classifier, is_regressor = _estimator_kinds()
 
@@ -445,6 +449,11 @@ def train_table(data: Any, by: str | Sequence[str], target: str, model: str, *,
                             else "DATA") from exc
     where = repr(data) if isinstance(data, (str, os.PathLike)) else "the table"
     feature_columns = _check_columns(table, where, by_columns, target, features)
+    for line in by_column_warnings(table, by_columns):
+        if warn is None:
+            warnings.warn(line, UserWarning, stacklevel=2)
+        else:
+            warn(line)
     _check_predictable(by_columns, feature_columns)
     target_type = table.schema.field(target).type
     if is_regressor(estimator) and not _is_numeric(target_type):

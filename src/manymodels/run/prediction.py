@@ -24,6 +24,7 @@ import pyarrow as pa
 from ..inputs.keys import TypedKeys, encode_key, encode_keys
 from ..store.database import StoreIntegrityError
 from ..store.lazymodels import StoredModel
+from .nomodel import without_model
 from .predictchecks import (
     check_feature_order,
     check_key_types,
@@ -515,16 +516,19 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
                             method=method, fn=fn, backend=backend, workers=workers,
                             progress=progress)
     where = "" if run is None else f" of run {run}"
+    why = "" if not routed.unseen else without_model(store, run, by_columns, list(run_keys),
+                                                     routed.unseen)
     if routed.values is None:
         raise ValueError(
             f"no row of the table has a model in store {str(store)!r}{where}: none "
             f"of its {len(routed.unseen)} group(s) by {by_columns} (e.g. "
-            f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model")
+            f"{routed.unseen[:3]!r}) was trained ok, and there is no fallback model"
+            + (f"; {why}" if why else ""))
     if routed.unseen:
         warnings.warn(
             f"{int((routed.origin == NONE).sum())} row(s) of {len(routed.unseen)} "
-            f"group(s) (e.g. {routed.unseen[:3]!r}) have no model in store "
-            f"{str(store)!r}{where} and no fallback: their prediction is NaN"
+            f"group(s) have no model in store {str(store)!r}{where} and no fallback: "
+            "their prediction is NaN; " + (why or f"e.g. {routed.unseen[:3]!r}")
             + _near_keys(routed.unseen, artifacts, len(by_columns)),
             RuntimeWarning, stacklevel=2)
     values = routed.values

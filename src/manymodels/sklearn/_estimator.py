@@ -38,6 +38,7 @@ from sklearn.utils.validation import (
 
 from ..inputs.keys import TypedKeys, encode_key, find_typed, key_parts
 from ..inputs.tables import plain_scalar
+from ..run.predictchecks import check_key_types
 from ._inputs import by_list, feature_input, split_X
 from ._levels import GROUP, Blend, fit_group, stack_levels
 from ._routing import (
@@ -415,7 +416,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             raise ValueError(f"Found array with 0 sample(s) (shape={np.shape(X)}) while a "
                              f"minimum of 1 is required by {type(self).__name__}.")
         X_feat = feature_input(features, self._as_frame)
-        by_code = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
+        own = {encode_key(key_parts(k)): m for k, m in self.models_.items()}
+        by_code = dict(own)
         by_code.update((encode_key(k), m) for k, m in self.parent_models_.items())
         by_code = TypedKeys(by_code)  # indexed once: each lookup linear in the columns
         shrinking = (self.shrinkage_function_ is not None
@@ -449,6 +451,14 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                           getattr(self, "classes_", None))
 
         positions = group_positions(keys)
+        # a key typed otherwise than the fitted keys (a zone-aware datetime for
+        # a naive one, a date for a datetime) finds no model of its own: its
+        # rows would go to a parent or the fallback silently (as Store.predict)
+        planned = [key_parts(key) for key in positions]
+        own = TypedKeys(own)
+        check_key_types(by_list(self.by), planned,
+                        [i for i, parts in enumerate(planned) if own.find(parts) is None],
+                        own, f"this fitted {type(self).__name__}")
         found = [model_of(key) for key in positions]
         unseen = [key for key, model in zip(positions, found) if model is None]
         if unseen:  # before any prediction

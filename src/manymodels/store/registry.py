@@ -301,19 +301,32 @@ class Store(OpenedIndex):
         the latest run's key columns (its key typed otherwise in a later run
         included): a re-run in which a group failed leaves that group its
         earlier model."""
-        if run is not None:
-            run_ids = [self._run_row(run)[0]]
-        else:
-            _, key_columns, _ = self._run_row(None, ended=True)
-            run_ids = [run_id for (run_id,) in self._conn.execute(
-                "SELECT run_id FROM runs WHERE key_columns = ? AND status != 'running' "
-                "ORDER BY run_id", (json.dumps(key_columns),))]
         layers = []
-        for run_id in run_ids:  # the latest run's last
+        for run_id in self._model_runs(run):  # the latest run's last
             tasks = _with_models(taskblocks.read_run(self._conn, run_id,
                                                      ["key", "status", "artifact"]))
             layers.append(dict(zip(tasks["key"].to_pylist(), tasks["artifact"].to_pylist())))
         return layers[0] if len(layers) == 1 else latest_per_group(layers)
+
+    def _model_runs(self, run: int | None) -> list[int]:
+        """The runs whose models :meth:`_model_artifacts` reads, oldest first."""
+        if run is not None:
+            return [self._run_row(run)[0]]
+        _, key_columns, _ = self._run_row(None, ended=True)
+        return [run_id for (run_id,) in self._conn.execute(
+            "SELECT run_id FROM runs WHERE key_columns = ? AND status != 'running' "
+            "ORDER BY run_id", (json.dumps(key_columns),))]
+
+    def _keys_without_model(self, run: int | None) -> dict[str, str]:
+        """Encoded key -> status of the tasks of those runs that kept no
+        model (failed, crashed..., or ended ok with metrics alone)."""
+        statuses: dict[str, str] = {}
+        for run_id in self._model_runs(run):
+            tasks = taskblocks.read_run(self._conn, run_id, ["key", "status", "artifact"])
+            tasks = tasks.filter(pc.invert(pc.and_(pc.equal(tasks["status"], Status.OK.value),
+                                                    pc.is_valid(tasks["artifact"]))))
+            statuses.update(zip(tasks["key"].to_pylist(), tasks["status"].to_pylist()))
+        return statuses
 
     def _selection(self, run: int | None) -> dict | None:
         """The winners recorded by ``train(select=...)`` in ``run``, or None;
