@@ -200,6 +200,66 @@ def test_progress_bar_renders_on_a_terminal(tmp_path):
     assert "models/s" in text
 
 
+def _fail_every_tenth(item):
+    if item % 10 == 0:
+        raise ValueError(item)
+    return item
+
+
+@pytest.mark.parametrize("progress, interval, shown", [
+    (True, "0", True), (False, "0", False),
+    (True, None, False),  # the default 30 s: a quick run leaves no line
+])
+def test_progress_where_stderr_is_not_a_terminal(capfd, monkeypatch, progress, interval, shown):
+    """In a CI log or a pipe the bar was off: an hour-long run showed nothing."""
+    import re
+
+    if interval is None:
+        monkeypatch.delenv("MANYMODELS_PROGRESS_INTERVAL", raising=False)
+    else:
+        monkeypatch.setenv("MANYMODELS_PROGRESS_INTERVAL", interval)
+    mm.train(_fail_every_tenth, mm.items(range(30)), backend="serial", progress=progress)
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("manymodels:")]
+    if not shown:
+        assert lines == []
+        return
+    assert "\r" not in err and "\x1b" not in err
+    assert all(re.fullmatch(r"manymodels: training [\d,]+/30 models \(\d+%\), \d+ ok, \d+ "
+                            r"failed, .* models/s, 0:00:00 elapsed(, eta 0:00:\d\d)?", line)
+               for line in lines), lines
+    assert lines[-1].startswith("manymodels: training 30/30 models (100%), 27 ok, 3 failed, ")
+    assert "eta" not in lines[-1]
+
+
+def test_a_wrong_progress_interval_is_refused_by_name_before_any_work(monkeypatch):
+    monkeypatch.setenv("MANYMODELS_PROGRESS_INTERVAL", "soon")
+    with pytest.raises(ValueError, match="MANYMODELS_PROGRESS_INTERVAL='soon'"):
+        mm.train(_never_called, mm.items(range(3)), backend="serial")
+    assert mm.train(abs, mm.items([-1]), backend="serial", progress=False).summary().ok == 1
+
+
+def _never_called(item):
+    raise AssertionError("trained before the refusal")
+
+
+def test_the_live_bar_shows_in_jupyter_with_ipywidgets(monkeypatch):
+    """rich draws its bar in a notebook (stderr not a terminal) through ipywidgets."""
+    import builtins
+    import io
+
+    from manymodels.observe import progress
+
+    class ZMQInteractiveShell:  # ipykernel's shell, as rich's Console detects it
+        pass
+
+    assert not progress.live_bar_fits(io.StringIO())
+    monkeypatch.setattr(builtins, "get_ipython", ZMQInteractiveShell, raising=False)
+    for widgets in (True, False):
+        monkeypatch.setattr(progress, "_has_ipywidgets", lambda widgets=widgets: widgets)
+        assert progress.live_bar_fits(io.StringIO()) is widgets
+
+
 # -- the plan as columns ------------------------------------------------------------
 
 

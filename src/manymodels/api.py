@@ -78,7 +78,8 @@ def train(
       backend; the others refuse them before any work.
     * ``max_failures``: an error budget, a count or a fraction of the tasks;
       past it the run stops and raises :class:`TooManyFailures`.
-    * ``progress``: a progress bar on a terminal.
+    * ``progress``: a progress bar on a terminal; where stderr is not one, a
+      plain line every 30 s (``MANYMODELS_PROGRESS_INTERVAL``) and at the end.
     * ``setup``: a function run once in each worker (load a large resource
       once, not per task); its result reaches ``fit`` as ``resource=``. A dict
       of name -> function passes each result under its name.

@@ -31,7 +31,7 @@ from ..inputs.grids import GridSource, require_distinct_texts, require_picklable
 from ..inputs.sources import Source
 from ..machine import collector_paused
 from ..observe.callbacks import Callbacks, RunInfo
-from ..observe.progress import ProgressBar
+from ..observe.progress import ProgressBar, progress_interval
 from ..planning.plan import add_fit_keys
 from ..planning.plan import plan as make_plan
 from ..store import RunRecorder, Store, StoreError
@@ -90,6 +90,8 @@ def train(
         timeout=timeout, memory_limit=memory_limit, max_failures=max_failures,
         progress=progress, reuse=reuse, setup=setup, start_method=start_method,
         gpu_memory_limit=gpu_memory_limit)
+    if options.progress:
+        progress_interval()  # MANYMODELS_PROGRESS_INTERVAL, refused by name when wrong
     hooks = Callbacks.validate(callbacks) + Callbacks.validate(track)
     if store is not None or backend_type.requires_pickling:
         require_picklable_values(source, "a store (each setting's identity is its pickle's "
