@@ -30,6 +30,7 @@ import numpy as np
 from ..inputs.grouplabels import GroupLabels
 from . import codehash
 from .codehash import digest
+from .inputdigest import add_array
 from .rowhash import combine_lanes, lanes_bytes, lanes_hex_array, lanes_of
 from .valuehash import value_hash
 
@@ -84,27 +85,64 @@ class TaskIdentities:
     ``identity`` and ``data`` may be given as their ``(tasks, 2)`` uint64
     lanes: their text is then made when first asked for (an unchanged re-run
     that names the run it reuses compares the identities' bytes, and writes
-    neither)."""
+    neither). Or they may be deferred (:meth:`deferred`): made when first
+    asked for at all, which an unchanged re-run whose :attr:`input_digest`
+    an earlier run recorded never does."""
 
-    __slots__ = ("_identity", "params", "_data", "prefixes")
+    __slots__ = ("_identity", "params", "_data", "_prefixes", "_count", "_make", "_making",
+                 "input_digest")
 
     def __init__(self, identity: Any, params: Any, data: Any,
-                 prefixes: np.ndarray | None) -> None:
+                 prefixes: np.ndarray | None, input_digest: str | None = None) -> None:
         self._identity = identity
         #: the hash of each task's parameters; null without a grid
         self.params = params
         self._data = data
-        #: The identity's first 64 bits (uint64): what a store's blocks keep, sorted,
-        #: of the tasks they trained, so that reuse skips the runs that cannot match.
-        #: None: not kept (a block then cannot be skipped).
-        self.prefixes = prefixes
+        self._prefixes = prefixes
+        self._count = len(identity)
+        self._make: Any = None
+        self._making: Any = None
+        #: The digest of all these identities are made from
+        #: (:mod:`.inputdigest`), or None: what lets a re-run of the same
+        #: input know them as an earlier run's without making them.
+        self.input_digest = input_digest
+
+    @classmethod
+    def deferred(cls, count: int, params: Any, make: Any, input_digest: str | None
+                 ) -> TaskIdentities:
+        """Identities of ``count`` tasks that ``make()`` makes, as its
+        ``(identity, data, prefixes)``, when first asked for (once, whichever
+        thread asks: the store's writer, or the driver)."""
+        import threading
+
+        identities = cls(np.empty((0, 2), dtype=np.uint64), params, None, None, input_digest)
+        identities._count, identities._make = count, make
+        identities._making = threading.Lock()
+        return identities
+
+    def _made(self) -> None:
+        if self._make is None:
+            return
+        with self._making:
+            if self._make is not None:
+                self._identity, self._data, self._prefixes = self._make()
+                self._make = None
 
     def __len__(self) -> int:
-        return len(self._identity)
+        return self._count
+
+    @property
+    def prefixes(self) -> np.ndarray | None:
+        """The identity's first 64 bits (uint64): what a store's blocks keep,
+        sorted, of the tasks they trained, so that reuse skips the runs that
+        cannot match. None: not kept (a block then cannot be skipped)."""
+        self._made()
+        return self._prefixes
 
     @property
     def identity(self) -> Any:
         """Each task's identity, 32 hex digits (what the store keeps)."""
+        self._made()
         if isinstance(self._identity, np.ndarray):
             self._identity = lanes_hex_array(self._identity)
         return self._identity
@@ -112,6 +150,7 @@ class TaskIdentities:
     def identity_bytes(self) -> np.ndarray | None:
         """Each task's identity as the 16 bytes its hex digits spell, a
         ``(tasks, 16)`` uint8 array; None once (or when) held as text only."""
+        self._made()
         if not isinstance(self._identity, np.ndarray):
             return None
         return lanes_bytes(self._identity)
@@ -119,6 +158,7 @@ class TaskIdentities:
     @property
     def data(self) -> Any:
         """The hash of each task's data (its group's rows, or its item)."""
+        self._made()
         if isinstance(self._data, np.ndarray):
             self._data = lanes_hex_array(self._data)
         return self._data
@@ -128,6 +168,7 @@ class TaskIdentities:
         numbers), made from their lanes alone while the whole columns are
         not held as text: a store's writer writes each hand-over's, and a
         run of ten million would otherwise keep 720 MB of hex digits."""
+        self._made()
         identity = lanes_hex_array(self._identity[rows]) if isinstance(
             self._identity, np.ndarray) else self._identity.take(rows)
         data = lanes_hex_array(self._data[rows]) if isinstance(
@@ -155,8 +196,11 @@ def _shared_hash(shared: dict) -> tuple[str, dict[str, str]]:
 def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
                     ) -> tuple[TaskIdentities, dict]:
     """Every task's identity (see :class:`TaskIdentities`), and the code
-    description, with the run's ``code_hash`` and ``shared_hash``. Group rows
-    are hashed once for the whole table."""
+    description, with the run's ``code_hash``, ``shared_hash`` and, where
+    the input has one, ``input_digest`` (:mod:`.inputdigest`). Group rows
+    are hashed once for the whole table, and only when first needed: an
+    unchanged re-run that names an earlier run by its input's digest never
+    hashes them."""
     import pyarrow as pa
 
     code, detail = code_identity(fit, setup)
@@ -165,9 +209,6 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
     shared_part, shared_parts = _shared_hash(
         {name: value for name, value in shared.items() if name not in labelled})
     tasks = plan.tasks
-    data_lanes = plan.data.hash_lanes(tasks.refs)
-    for labels in labelled.values():  # each group's own labels, in its data
-        data_lanes = combine_lanes(data_lanes, _labels_lanes(labels, tasks.refs))
     # the parts that vary per setting, not per group: hashed once per setting
     params_of: dict[int, tuple[str, int]] = {}
     prefixes: list[tuple[int, int]] = []
@@ -186,17 +227,33 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
             params_parts.append(found[0])
             which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
-    identity_lanes = combine_lanes(data_lanes, prefix_lanes)
     if tasks.params is None or (len(params_of) == 1 and params_parts[0] == "-"):
         params_column = pa.nulls(len(tasks), pa.string())  # no grid: no parameters
     else:
         params_column = pa.array([None if params == "-" else params
                                   for params in params_parts], pa.string())
-    # the prefixes: a view of the identities' first lane, not a copy of it
-    # (8 bytes a task held through the run, 80 MB at ten million)
-    identities = TaskIdentities(identity_lanes, params_column, data_lanes, identity_lanes[:, 0])
-    return identities, {**detail, "code_hash": code, "shared_hash": shared_part,
-                        "shared_parts": shared_parts}
+
+    def make() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        data_lanes = plan.data.hash_lanes(tasks.refs)
+        for labels in labelled.values():  # each group's own labels, in its data
+            data_lanes = combine_lanes(data_lanes, _labels_lanes(labels, tasks.refs))
+        identity_lanes = combine_lanes(data_lanes, prefix_lanes)
+        # the prefixes: a view of the identities' first lane, not a copy of it
+        # (8 bytes a task held through the run, 80 MB at ten million)
+        return identity_lanes, data_lanes, identity_lanes[:, 0]
+
+    whole = None if labelled or not len(tasks) else plan.data.input_digest(tasks.refs)
+    if whole is not None:  # (with each task's code, parameters and shared objects)
+        add_array(whole, prefix_lanes)
+        whole = whole.hexdigest()
+    identities = TaskIdentities.deferred(len(tasks), params_column, make, whole)
+    if whole is None:  # nothing to name an earlier run by: made now, as errors are raised
+        identities._made()
+    described = {**detail, "code_hash": code, "shared_hash": shared_part,
+                 "shared_parts": shared_parts}
+    if whole is not None:
+        described["input_digest"] = whole
+    return identities, described
 
 
 def _labels_lanes(labels: GroupLabels, refs: Any) -> np.ndarray:

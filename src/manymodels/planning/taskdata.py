@@ -86,6 +86,12 @@ class TaskData:
         """The content hash of each reference's data (a :func:`~.hashing.digest`)."""
         raise NotImplementedError
 
+    def input_digest(self, refs: list[Any]) -> Any:
+        """A digest under way (:mod:`manymodels.identity.inputdigest`) of
+        all that :meth:`hash_lanes` of ``refs`` is made from, or None (the
+        kind has no such digest, or its data cannot vouch for its values)."""
+        return None
+
     def hash_lanes(self, refs: list[Any]) -> Any:
         """The same hashes as an ``(n, 2)`` uint64 array (see
         :mod:`manymodels.identity.hashing`); a kind with many tasks computes it at once."""
@@ -230,13 +236,7 @@ class TableSlices(TaskData):
         import numpy as np
 
         from ..identity.hashing import digest
-        from ..identity.rowhash import (
-            RowHashes,
-            categories_note,
-            group_lanes,
-            lanes_of,
-            schema_text,
-        )
+        from ..identity.rowhash import RowHashes, group_lanes, lanes_of
         from ..identity.valuehash import pandas_row_hashes
 
         table, layout = self.table, self.layout
@@ -245,22 +245,55 @@ class TableSlices(TaskData):
             schema = f"{table.dtypes.to_dict()}|{list(table.columns)}{noted}"
         else:
             rows = RowHashes(table)  # each block's made as group_lanes comes to it
-            by = [] if layout.key_table is None else layout.key_table.column_names
-            schema = schema_text(table.schema) + categories_note(table, keys=by)
+            schema = self._schema_text()
         offsets = np.asarray(layout.offsets, dtype=np.int64)
         lengths = np.asarray(layout.lengths, dtype=np.int64)
         per_group = group_lanes(rows, offsets, lengths, lanes_of(digest(schema)))
-        starts = (refs.offsets if hasattr(refs, "offsets") else
-                  np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
+        starts = _starts(refs)
         if len(starts) == len(offsets) and np.array_equal(starts, offsets):
             return per_group  # a task per group, in the table's order
         found = np.searchsorted(offsets, starts)
         return per_group[found]
 
+    def _schema_text(self) -> str:
+        """The Arrow table's schema as its groups' data hashes take it."""
+        from ..identity.rowhash import categories_note, schema_text
+
+        by = [] if self.layout.key_table is None else self.layout.key_table.column_names
+        return schema_text(self.table.schema) + categories_note(self.table, keys=by)
+
+    def input_digest(self, refs: list[Any]) -> Any:
+        """The table's bytes, its schema as :meth:`hash_lanes` reads it, and
+        where each group and each task's rows are; None for a pandas frame
+        (``map_partitions``) and for columns whose bytes cannot vouch for
+        their values (see :mod:`manymodels.identity.inputdigest`)."""
+        import numpy as np
+
+        from ..identity.inputdigest import add_array, add_table, new_digest
+
+        if is_pandas_frame(self.table):
+            return None
+        digest = new_digest()
+        if not add_table(digest, self.table):
+            return None
+        digest.update(self._schema_text().encode())
+        for part in (self.layout.offsets, self.layout.lengths, _starts(refs)):
+            add_array(digest, np.asarray(part, dtype=np.int64))
+        return digest
+
     def open(self, table: Any) -> DataReader:
         if is_pandas_frame(table):
             return FrameSlices(table)
         return ArrowSlices(table, self.format, self.labels, self.positions)
+
+
+def _starts(refs: Any) -> Any:
+    """Where each task's rows start (``refs``: its ``(offset, length)``
+    slices of the table, or their columns)."""
+    import numpy as np
+
+    return (refs.offsets if hasattr(refs, "offsets") else
+            np.fromiter((ref[0] for ref in refs), dtype=np.int64, count=len(refs)))
 
 
 class ParquetReads(TaskData):

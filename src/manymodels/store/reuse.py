@@ -13,6 +13,7 @@ then looked up per identity, in the old ``tasks`` table.
 from __future__ import annotations
 
 import binascii
+import json
 import sqlite3
 from pathlib import Path
 
@@ -81,6 +82,14 @@ def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray
     rest = prefixes[1024:]
     return bool(kept and rest.size) and any_known(
         np.sort(np.concatenate(kept), kind="stable"), rest)
+
+
+def _input_digest(conn: sqlite3.Connection, run_id: int) -> str | None:
+    """The input digest ``run_id`` recorded in its code description, if any."""
+    row = conn.execute("SELECT code_detail FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None or not row[0]:
+        return None
+    return json.loads(row[0]).get("input_digest")
 
 
 def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
@@ -179,10 +188,15 @@ class ReuseSearch:
 
     def _find(self) -> pa.Table | None:
         self.same_as, self.metric_texts = [], {}
+        runs = _runs_that_trained(self.conn)
+        if runs and self.identities.input_digest is not None:
+            named = self._same_input(runs[0])
+            if named is not None:
+                return named
         identities, prefixes = self.identities, self.identities.prefixes
         left = np.arange(len(identities))
         found: list[pa.Table] = []
-        for run_id in _runs_that_trained(self.conn):
+        for run_id in runs:
             if left.size == 0:
                 break
             if not may_have_trained(self.conn, run_id, prefixes[left]):
@@ -252,6 +266,39 @@ class ReuseSearch:
         if len(found) > 1:  # in task order, as the results are filled fastest
             reused = reused.take(pc.sort_indices(reused["task_index"]))
         return reused
+
+    def _same_input(self, run_id: int) -> pa.Table | None:
+        """Every task reused from ``run_id`` by reference, found without
+        making or comparing an identity, where that run (the latest that
+        trained anything: the one the search reads first) recorded this
+        run's input digest (:mod:`manymodels.identity.inputdigest`: its
+        identities are then this run's, task by task), trained each of this
+        run's tasks once, and may be named
+        (:meth:`_names_every_trained_row`); None otherwise, and the search
+        goes on as it always does. What it finds is what that search would."""
+        if _input_digest(self.conn, run_id) != self.identities.input_digest:
+            return None
+        count = len(self.identities)
+        held = taskblocks.held_count(self.conn, run_id)  # before its rows are read
+        trained = taskblocks.read_run(self.conn, run_id, _MATCH_COLUMNS[1:],
+                                      trained_only=True, ordered=False)
+        positions = taskblocks.trained_rows(self.conn, trained)
+        if positions.size != count or count == 0:
+            return None
+        numbers = trained["task_index"].to_numpy()
+        numbers = numbers if positions.size == len(numbers) else numbers[positions]
+        if numbers.min() < 0 or numbers.max() >= count or np.bincount(numbers).max() != 1:
+            return None  # not each task once
+        at = np.empty(count, dtype=np.int64)
+        at[numbers] = np.arange(count)
+        packs_whole = _trained_packs_whole(self.conn, run_id)
+        sure = packs_whole and self._all_in_packs(trained, positions)
+        if not sure:
+            trained = self._with_copy_columns(run_id, trained)
+        if not self._names_every_trained_row(run_id, trained, positions, packs_whole, sure):
+            return None
+        return self._reused_by_reference(run_id, trained, positions, pa.array(at),
+                                         held).combine_chunks()
 
     def _with_copy_columns(self, run_id: int, trained: pa.Table) -> pa.Table:
         """``trained`` (``run_id``'s rows as :func:`.taskblocks.read_run` read
