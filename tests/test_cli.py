@@ -436,3 +436,19 @@ def test_train_warns_of_a_by_column_missing_or_unique_per_row(tmp_path, column, 
                    "--no-fallback", "--store", tmp_path / "store")
     assert done.returncode == 0, done.stderr
     assert f"warning: --by column {column!r}" in done.stderr and said in done.stderr
+
+
+@pytest.mark.parametrize("fmt, key, size", [("csv", "\n0.0,", ",1\n"),
+                                            ("json", '"k": 0.0', '"size": 1\n'),
+                                            ("table", "0.0", "  1\n")])
+def test_whole_numbers_as_ints_leaves_key_columns_as_they_are(capsys, fmt, key, size):
+    """A float key column with a missing key printed ``0.0`` as ``0``: the
+    key's own value (and type) changed by the integer columns' printing."""
+    import pandas as pd
+
+    from manymodels.cli.tables import OutputFormat, print_frame
+
+    frame = pd.DataFrame({"k": [0.0, float("nan")], "run_id": [1, 1], "size": [1.0, None]})
+    print_frame(frame, "results", OutputFormat(fmt), keys=1)
+    printed = capsys.readouterr().out
+    assert key in printed and size in printed and "1.0" not in printed

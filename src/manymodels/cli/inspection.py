@@ -59,7 +59,8 @@ def show(
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     if fmt != OutputFormat.table:  # every column, the whole traceback
         frame = iso_times(frame, ["started_at"])
-        print_frame(frame if limit is None else frame.head(limit), "results", fmt)
+        print_frame(frame if limit is None else frame.head(limit), "results", fmt,
+                    keys=frame.columns.get_loc("run_id"))
         return
     counts = frame["status"].value_counts().to_dict()
     run_id = int(frame["run_id"].iloc[0]) if len(frame) else opened._run_row(run)[0]

@@ -66,15 +66,17 @@ def texts_quoted_beside_others(frame: Any, columns: int) -> Any:
     return frame
 
 
-def whole_numbers_as_ints(frame: Any) -> Any:
+def whole_numbers_as_ints(frame: Any, keys: int = 0) -> Any:
     """``frame`` whose float columns that hold missing values beside whole
     numbers alone are nullable integers (``Int64``): integers that a
     missing value (a failed task's) made floats in pandas, printed as
-    ``3``, not ``3.0`` (nor ``1.235e+05`` in a table)."""
+    ``3``, not ``3.0`` (nor ``1.235e+05`` in a table). The first ``keys``
+    columns (the keys) are left as they are: a float key prints as itself
+    (``0.0``, not ``0``), whatever another key is missing."""
     import numpy as np
 
     converted = {}
-    for index in range(frame.shape[1]):
+    for index in range(keys, frame.shape[1]):
         column = frame.iloc[:, index]
         if column.dtype.kind != "f" or not column.isna().any():
             continue
@@ -205,8 +207,9 @@ def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, 
     narrow for it, its columns are split over several tables, each repeating
     the first ``keys`` columns, printed whole (see :func:`cell`). A column
     of whole numbers with missing values (an integer metric or ``size``,
-    missing for failed tasks) prints its numbers as integers, not ``3.0``."""
-    frame = whole_numbers_as_ints(frame)
+    missing for failed tasks) prints its numbers as integers, not ``3.0``
+    (the key columns as they are)."""
+    frame = whole_numbers_as_ints(frame, keys)
     if fmt == OutputFormat.csv:
         typer.echo(frame.to_csv(index=False), nl=False)
         return
