@@ -1,0 +1,138 @@
+"""An unchanged re-run knows its input by one digest (identity/inputdigest):
+it names the earlier run without hashing a row, and any change to what the
+identities are made from takes the long way, retraining exactly what it did."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import manymodels as mm
+from manymodels.identity.inputdigest import add_table, new_digest
+from manymodels.planning.taskdata import TableSlices
+
+
+def _digest(table: pa.Table) -> str | None:
+    digest = new_digest()
+    return digest.hexdigest() if add_table(digest, table) else None
+
+
+def _frame(groups: int = 30) -> pd.DataFrame:
+    rng = np.random.default_rng(3)
+    return pd.DataFrame({"g": np.repeat(np.arange(groups), 4),
+                         "name": np.repeat([f"s{i}" for i in range(groups)], 4),
+                         "x": rng.normal(size=4 * groups), "y": rng.normal(size=4 * groups)})
+
+
+def _fit(rows, k=0):
+    return float(rows["y"].mean()), {"n": len(rows)}
+
+
+@pytest.fixture
+def row_hashes(monkeypatch):
+    """How many times a run hashed its table's rows (made its identities)."""
+    calls = []
+    hash_lanes = TableSlices.hash_lanes
+
+    def counted(self, refs):
+        calls.append(len(refs))
+        return hash_lanes(self, refs)
+
+    monkeypatch.setattr(TableSlices, "hash_lanes", counted)
+    return calls
+
+
+def _train(frame, store, **kwargs):
+    return mm.train(_fit, mm.groups(frame, by="g"), store=store, backend="threads",
+                    workers=2, progress=False, **kwargs)
+
+
+def test_an_unchanged_rerun_names_the_earlier_run_without_hashing_a_row(tmp_path, row_hashes):
+    frame = _frame()
+    first = _train(frame, tmp_path)
+    assert row_hashes == [30]
+    again = _train(frame, tmp_path)
+    assert row_hashes == [30]  # not hashed again
+    assert again.summary().reused == 30
+    pd.testing.assert_frame_equal(again.results[["g", "n"]],
+                                  first.results[["g", "n"]])
+    assert again.models[7] == first.models[7]
+    # what the long way names: the same
+    assert (mm.Store(tmp_path).results(run=again.run_id)["reused_from"] == first.run_id).all()
+
+
+@pytest.mark.parametrize("change", ["value", "row order", "new group", "column type",
+                                    "code", "shared"])
+def test_any_change_takes_the_long_way_and_retrains_what_changed(tmp_path, row_hashes, change):
+    frame = _frame()
+    _train(frame, tmp_path, shared={"k": 1})
+    changed, shared, retrained = frame.copy(), {"k": 1}, 1
+    if change == "value":
+        changed.loc[9, "y"] += 1.0  # group 2
+    elif change == "row order":
+        changed.iloc[[8, 9]] = changed.iloc[[9, 8]].to_numpy()  # within group 2
+    elif change == "new group":
+        changed = pd.concat([changed, changed.tail(4).assign(g=99)], ignore_index=True)
+    elif change == "column type":
+        changed["x"] = changed["x"].astype("float32")
+        retrained = 30
+    elif change == "shared":
+        shared, retrained = {"k": 2}, 30
+    run = (mm.train(lambda rows, k=0: (float(rows["y"].mean()) + 0, {"n": len(rows)}),
+                    mm.groups(changed, by="g"), store=tmp_path, backend="threads", workers=2,
+                    progress=False, shared=shared) if change == "code"
+           else _train(changed, tmp_path, shared=shared))
+    if change == "code":
+        retrained = 30
+    assert len(row_hashes) == 2  # the long way
+    assert run.summary().tasks - run.summary().reused == retrained
+
+
+def test_a_later_run_of_other_input_is_not_skipped_over(tmp_path, row_hashes):
+    """Only the latest run that trained anything is named by its digest:
+    a run of the same input before it is not (the long way finds the
+    latest model of each identity, as it always has)."""
+    frame = _frame()
+    _train(frame, tmp_path)
+    changed = frame.copy()
+    changed.loc[0, "y"] += 1.0  # group 0 retrained: the latest run that trained
+    _train(changed, tmp_path)
+    again = _train(frame, tmp_path)  # run 1's input: group 0 from run 1, by the long way
+    assert len(row_hashes) == 3
+    assert again.summary().reused == 30
+
+
+@pytest.mark.parametrize("kind", ["int", "float with null", "bool", "text",
+                                  "timestamp tz", "decimal"])
+def test_equal_values_digest_alike_and_any_difference_apart(kind):
+    values = {
+        "int": ([1, 2, 3, 4], pa.int64()),
+        "float with null": ([1.5, None, 3.0, 4.0], pa.float64()),
+        "bool": ([True, False, None, True, False, True, True, False, True, None],
+                        pa.bool_()),
+        "text": (["a", "bb", None, "", "ccc", "d"], pa.string()),
+        "timestamp tz": ([0, 10**9, None, 3], pa.timestamp("ns", tz="UTC")),
+        "decimal": ([1, 2, None, 4], pa.decimal128(10, 2)),
+    }[kind]
+    array = pa.array(*values)
+    for start in (1, 2, 3, 8):  # a slice: no digest (nulls off a byte's start), or its values'
+        sliced = _digest(pa.table({"c": array.slice(start)}))
+        fresh = _digest(pa.table({"c": pa.array(array.slice(start).to_pylist(), array.type)}))
+        assert sliced is None or sliced == fresh
+    base = _digest(pa.table({"c": array}))
+    assert base is not None
+    assert _digest(pa.table({"c": pa.array(array.to_pylist(), array.type)})) == base
+    assert _digest(pa.table({"d": array})) != base  # the name
+    changed = array.to_pylist()
+    changed[-1] = changed[0] if changed[-1] != changed[0] else changed[1]
+    assert _digest(pa.table({"c": pa.array(changed, array.type)})) != base
+    nulled = [None] + array.to_pylist()[1:]
+    if nulled != array.to_pylist():
+        assert _digest(pa.table({"c": pa.array(nulled, array.type)})) != base
+
+
+def test_columns_whose_bytes_cannot_vouch_for_their_values_have_no_digest():
+    assert _digest(pa.table({"c": pa.array(["a", "b", "a"]).dictionary_encode()})) is None
+    assert _digest(pa.table({"c": pa.array([[1], [2, 3]])})) is None
