@@ -243,8 +243,9 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
         return identity_lanes, data_lanes, identity_lanes[:, 0]
 
     whole = None if labelled or not len(tasks) else plan.data.input_digest(tasks.refs)
-    if whole is not None:  # (with each task's code, parameters and shared objects)
-        add_array(whole, prefix_lanes)
+    if whole is not None:  # with each task's code, parameters and shared objects, and
+        add_array(whole, prefix_lanes)  # the key columns' names (the keys stored, as text)
+        whole.update(f"|keys {list(plan.key_columns)!r}|".encode())
         whole = whole.hexdigest()
     identities = TaskIdentities.deferred(len(tasks), params_column, make, whole)
     if whole is None:  # nothing to name an earlier run by: made now, as errors are raised

@@ -13,8 +13,9 @@ The digest covers, with xxHash's 128-bit XXH3 (a tenth of the row hashes'
 time): the bytes of every column of the table as Arrow lays them out, its
 schema as the identities read it, where each group's rows are, each task's
 hash of its code, parameters and shared objects (the identities' other
-half), the versions of the libraries the row hashes come from, and
-:data:`VERSION`. A digest is made only where equal bytes surely mean equal
+half), the key columns' names, the versions of the libraries the row
+hashes come from, and :data:`VERSION`. Equal digests then mean equal
+identities and equal keys, task by task. A digest is made only where equal bytes surely mean equal
 values: columns of numbers, booleans, times and text, a chunk whose null
 bits start on a byte. Anything else (a dictionary, a list, a pandas
 extension type) gives no digest: the run makes its identities as it always
@@ -28,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-#: Part of every digest: raised whenever the identities of equal inputs
-#: change (how rows are hashed or combined, :mod:`.rowhash`), so that a
-#: digest an earlier version recorded no longer vouches for identities this
-#: version would make otherwise.
+#: Part of every digest: raised whenever the identities or the stored keys
+#: of equal inputs change (how rows are hashed or combined, :mod:`.rowhash`;
+#: how keys are encoded, :mod:`manymodels.inputs.keys`), so that a digest an
+#: earlier version recorded no longer vouches for what this version would
+#: make otherwise.
 VERSION = b"manymodels input digest 1"
 
 

@@ -276,7 +276,9 @@ class TableSlices(TaskData):
         digest = new_digest()
         if not add_table(digest, self.table):
             return None
-        digest.update(self._schema_text().encode())
+        by = [] if self.layout.key_table is None else self.layout.key_table.column_names
+        # (the key columns too: the keys a run stores are then the same text)
+        digest.update(f"{self._schema_text()}|keys {by!r}|".encode())
         for part in (self.layout.offsets, self.layout.lengths, _starts(refs)):
             add_array(digest, np.asarray(part, dtype=np.int64))
         return digest

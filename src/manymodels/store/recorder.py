@@ -146,7 +146,7 @@ class RunRecorder:
         reused = self._start.begin(reuse, verify)
         self.run_id = self._start.run_id
         self._writer = StoreWriter(self.store.path, self.store.root, self.run_id,
-                                   self._start.keys, self.identities,
+                                   lambda: self._start.keys, self.identities,
                                    on_committed=self._forget_models)
         return reused
 

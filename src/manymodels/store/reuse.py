@@ -15,6 +15,7 @@ from __future__ import annotations
 import binascii
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -160,9 +161,9 @@ class ReuseSearch:
     encoded ``keys``, looked up in the store at ``root`` on ``conn``."""
 
     def __init__(self, conn: sqlite3.Connection, root: Path, identities: TaskIdentities,
-                 keys: pa.Array) -> None:
+                 keys: pa.Array | Callable[[], pa.Array]) -> None:
         self.conn, self.root = conn, root
-        self.identities, self.keys = identities, keys
+        self.identities, self._keys = identities, keys
         #: (run, tasks, its held count) of each run every row of which that
         #: trained is reused (the count as :func:`.taskblocks.held_count`
         #: gave it before the run's rows were read)
@@ -170,6 +171,14 @@ class ReuseSearch:
         #: The metrics of the tasks reused from each run in ``same_as``, by run
         #: (their rows in :meth:`find`'s table have none: see :class:`MetricTexts`)
         self.metric_texts: dict[int, MetricTexts] = {}
+
+    @property
+    def keys(self) -> pa.Array:
+        """The run's encoded keys (given as an array, or as the function that
+        makes them: a search that names a run by its input's digest needs none)."""
+        if callable(self._keys):
+            self._keys = self._keys()
+        return self._keys
 
     def find(self) -> pa.Table | None:
         """For each task, the latest task that trained its identity, if its
@@ -295,7 +304,8 @@ class ReuseSearch:
         sure = packs_whole and self._all_in_packs(trained, positions)
         if not sure:
             trained = self._with_copy_columns(run_id, trained)
-        if not self._names_every_trained_row(run_id, trained, positions, packs_whole, sure):
+        if not self._names_every_trained_row(run_id, trained, positions, packs_whole, sure,
+                                             keys_known=True):
             return None
         return self._reused_by_reference(run_id, trained, positions, pa.array(at),
                                          held).combine_chunks()
@@ -325,21 +335,24 @@ class ReuseSearch:
 
     def _names_every_trained_row(self, run_id: int, trained: pa.Table,
                                  positions: np.ndarray, packs_whole: bool,
-                                 sure: bool = False) -> bool:
+                                 sure: bool = False, keys_known: bool = False) -> bool:
         """Whether this run may name ``run_id``'s trained rows instead of
         copying them (:func:`.taskblocks.insert_same_as`): each of them is
         one of this run's tasks at its own number (as :func:`_same_tasks`
         found) with its own key, every one's model can be loaded (``sure``:
         known so, see :meth:`_all_in_packs`), and that run has ended (no row
-        of it will change)."""
+        of it will change). ``keys_known``: the keys are known equal (that
+        run's input digest, which covers the key columns and their values,
+        is this run's: :meth:`_same_input`), not compared."""
         if not taskblocks.run_has_ended(self.conn, run_id):
             return False
         rows = trained.select(["key", "size" if sure else "artifact", "metrics"])
         if positions.size != trained.num_rows:
             rows = rows.take(pa.array(positions))
-        numbers = trained["task_index"].to_numpy()[positions]
-        if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), rows["key"])).as_py():
-            return False
+        if not keys_known:
+            numbers = trained["task_index"].to_numpy()[positions]
+            if not pc.all(pc.equal(self.keys.take(pa.array(numbers)), rows["key"])).as_py():
+                return False
         if sure:  # a model in a whole pack, or none (fit returned metrics alone, or None)
             return True
         return bool(self._loadable_mask(rows, packs_whole).all())

@@ -34,13 +34,21 @@ class RunStart:
         self.fit_name, self.source = fit_name, source
         self.backend, self.workers = backend, workers
         self.run_id: int | None = None
-        #: the run's keys, encoded as the store keeps them
-        self.keys: pa.Array = encode_keys(plan.key_rows, plan.key_table)
+        self._keys: pa.Array | None = None
         self.reused: pa.Table | None = None
         #: (run, tasks, held) of each run every trained row of which is reused
         #: here (see ReuseSearch.same_as), and the metrics of those tasks by run
         self.same_as: list[tuple[int, int, int]] = []
         self.metric_texts: dict[int, MetricTexts] = {}
+
+    @property
+    def keys(self) -> pa.Array:
+        """The run's keys, encoded as the store keeps them: made when first
+        asked for (an unchanged re-run named by its input's digest compares
+        and writes none: a million keys were a fifth of its time)."""
+        if self._keys is None:  # (two threads asking at once make it twice, alike)
+            self._keys = encode_keys(self.plan.key_rows, self.plan.key_table)
+        return self._keys
 
     def begin(self, reuse: bool, verify: bool = False) -> int:
         """Create the run's row and record the tasks whose models are reused
@@ -58,7 +66,8 @@ class RunStart:
     def _find_reusable(self, reuse: bool, verify: bool = False) -> pa.Table | None:
         self.same_as, self.reused, self.metric_texts = [], None, {}
         if reuse and self.plan.tasks:
-            search = ReuseSearch(self.conn, self.store.root, self.identities, self.keys)
+            search = ReuseSearch(self.conn, self.store.root, self.identities,
+                                 lambda: self.keys)
             self.reused = search.find()
             if verify:
                 self.reused = self._verified(search, self.reused)

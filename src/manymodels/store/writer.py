@@ -64,11 +64,13 @@ class StoreWriter:
     """Commits the tasks of one run, in the order handed over, on a thread.
 
     ``keys`` and ``identities``: every task's encoded key and identity
-    columns, made once for the run; a hand-over's rows take theirs by task
-    index (see :func:`.taskblocks.task_columns`)."""
+    columns, made once for the run (the keys may be given as the function
+    that makes them: a run whose every task is reused never does); a
+    hand-over's rows take theirs by task index (see
+    :func:`.taskblocks.task_columns`)."""
 
-    def __init__(self, folder: Path, files: Path | str, run_id: int, keys: pa.Array,
-                 identities: TaskIdentities,
+    def __init__(self, folder: Path, files: Path | str, run_id: int,
+                 keys: pa.Array | Callable[[], pa.Array], identities: TaskIdentities,
                  on_committed: Callable[[list[ModelPack], list[int]], None] | None = None
                  ) -> None:
         #: the index's folder, and where the model files go (the same folder,
@@ -77,7 +79,7 @@ class StoreWriter:
         #: Told what a transaction committed: the packs whose every task it
         #: holds, and the task indices of its other rows with a model.
         self.on_committed = on_committed
-        self.keys, self.identities = keys, identities
+        self._keys, self.identities = keys, identities
         #: The first write that failed, as the error the driver raises.
         self.error: database.StoreError | None = None
         # Two hand-overs at most wait: when the writer falls behind, the driver
@@ -146,6 +148,12 @@ class StoreWriter:
                                     (self.run_id,)).fetchone() is None
         except sqlite3.Error:
             return False
+
+    @property
+    def keys(self) -> pa.Array:
+        if callable(self._keys):
+            self._keys = self._keys()
+        return self._keys
 
     def _commit(self, conn: sqlite3.Connection, handover: Handover
                 ) -> tuple[list[ModelPack], list[int]]:
