@@ -136,3 +136,13 @@ def test_equal_values_digest_alike_and_any_difference_apart(kind):
 def test_columns_whose_bytes_cannot_vouch_for_their_values_have_no_digest():
     assert _digest(pa.table({"c": pa.array(["a", "b", "a"]).dictionary_encode()})) is None
     assert _digest(pa.table({"c": pa.array([[1], [2, 3]])})) is None
+
+
+def test_columns_of_missing_values_alone_digest_by_their_type_and_length():
+    """A CSV column with no value (Arrow's null type) or an int column of
+    nulls (no value buffer) digests, alike for alike and apart otherwise."""
+    for column in (pa.nulls(3), pa.array([None, None, None], pa.int64())):
+        assert _digest(pa.table({"c": column})) == _digest(pa.table({"c": column.slice(0)}))
+        assert _digest(pa.table({"c": column})) != _digest(pa.table({"c": column.slice(1)}))
+    assert _digest(pa.table({"c": pa.nulls(3)})) != _digest(
+        pa.table({"c": pa.array([None, None, None], pa.int64())}))
