@@ -146,6 +146,36 @@ def engine(request):
     close()
 
 
+#: The suite's local Ray, once one has started: its node id.
+_RAY: list[str] = []
+
+
+def shared_ray():
+    """The suite's one local Ray (two CPUs), as a user's, started on first
+    use and kept while the modules that run next name it in their
+    ``SHARED_ENGINES`` (a start and a shutdown cost 10-20 s on a loaded
+    2-core machine); returns ``ray``. Where a test shut it down, or started
+    another, the next call starts a fresh one."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        if _RAY and ray.get_runtime_context().get_node_id() == _RAY[0]:
+            return ray
+        ray.shutdown()
+    _RAY.clear()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    _RAY.append(ray.get_runtime_context().get_node_id())
+    return ray
+
+
+def stop_shared_ray() -> None:
+    """Shut the suite's local Ray down, where it is the one connected."""
+    ray = sys.modules.get("ray")
+    if _RAY and ray is not None and ray.is_initialized() \
+            and ray.get_runtime_context().get_node_id() == _RAY[0]:
+        ray.shutdown()
+    _RAY.clear()
+
+
 def collected_until(condition, limit_s: float = 15.0) -> bool:
     """Whether ``condition()`` holds once garbage is collected, within
     ``limit_s``: a worker's thread may let go of a run's objects a moment
@@ -211,9 +241,31 @@ def run_cli(*args: object, cwd: object = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """At a module's end, once its fixtures are torn down, the suite's local
+    Ray (:func:`shared_ray`) and Dask LocalCluster (test_engines._start_dask)
+    are stopped unless the next module names them in its ``SHARED_ENGINES``:
+    adjacent modules share one start, and no other module runs beside an
+    idle engine (a Ray initialised in the driver is a reason to spawn, not
+    fork, workers)."""
+    yield
+    if nextitem is not None and nextitem.module is item.module:
+        return
+    wanted = getattr(nextitem.module, "SHARED_ENGINES", ()) if nextitem is not None else ()
+    if "ray" not in wanted:
+        stop_shared_ray()
+    engines = sys.modules.get("test_engines")
+    if "dask" not in wanted and engines is not None:
+        engines.stop_dask()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The suite's Spark session, shared by the modules that use one (see
-    test_engines._start_spark), is stopped once, at the end."""
+    test_engines._start_spark), its Dask LocalCluster (_start_dask) and its
+    local Ray (:func:`shared_ray`) are stopped once, at the end."""
+    stop_shared_ray()
     engines = sys.modules.get("test_engines")
     if engines is not None:
         engines.stop_spark()
+        engines.stop_dask()

@@ -15,6 +15,7 @@ from collections import deque
 import pytest
 
 import manymodels as mm
+from conftest import shared_ray
 from manymodels.engine.backends import BACKENDS, Backend, backend_class
 from manymodels.engine.execution import Executor, RunContext
 from manymodels.engine.messages import Finished, Lost, Requeued, Status
@@ -22,6 +23,9 @@ from manymodels.engine.options import BackendOptions
 from manymodels.planning.taskdata import Items
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("ray",)
 
 
 class InlineBackend(Backend):
@@ -65,18 +69,13 @@ CONTRACT_BACKENDS = [
 def name(request: pytest.FixtureRequest):
     """A backend's name, for the tests that run it (``indirect``): Ray's and
     Spark's engines are started once for the module, before each test's
-    count of its processes, and the backends join them as they join a
-    user's (one started for each test cost 4-6 s); what a backend does when
-    it starts its engine itself is tests/test_ray_cluster.py's and
-    test_engines.py's."""
+    count of its processes (Ray's is the suite's, conftest.shared_ray), and
+    the backends join them as they join a user's (one started for each test
+    cost 4-6 s); what a backend does when it starts its engine itself is
+    tests/test_ray_cluster.py's and test_engines.py's."""
     close = None
     if request.param == "ray":
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                     logging_level="ERROR")
-            close = ray.shutdown
+        shared_ray()  # the suite's, kept for the next module (conftest)
     elif request.param == "spark":
         from test_engines import _start_spark
 

@@ -20,8 +20,12 @@ import numpy as np
 import pytest
 
 import manymodels as mm
+from conftest import shared_ray
 from manymodels.engine.checkpoints import Checkpoint
 from manymodels.engine.checkpointspace import OWNERS, owner_alive
+
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("ray",)
 
 STEPS = 40
 
@@ -496,15 +500,9 @@ def test_on_spark_a_killed_workers_task_resumes(tmp_path, log):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_on_ray_a_killed_workers_task_resumes(tmp_path, log):
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        run = train(log, items=[5], shared={"fault": "kill:20"}, backend="ray", retries=1,
-                    store=tmp_path / "store")
-    finally:
-        ray.shutdown()
+    shared_ray()  # a local Ray of two CPUs, as a user's
+    run = train(log, items=[5], shared={"fault": "kill:20"}, backend="ray", retries=1,
+                store=tmp_path / "store")
     row = run.results.iloc[0]
     assert row["status"] == "ok" and row["resumed"], run.results.to_dict("records")
     assert starts(log, 5) == [0, 21] and row["final"] == final_value(5)

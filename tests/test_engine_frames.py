@@ -22,9 +22,12 @@ import pandas as pd
 import pytest
 
 import manymodels as mm
-from conftest import collected_until, fit_linear, s3_server
+from conftest import collected_until, fit_linear, s3_server, shared_ray
 
 pytestmark = pytest.mark.slow
+
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("ray", "dask")
 
 _TIMING = ["duration_s", "worker", "started_s", "error"]
 
@@ -626,13 +629,8 @@ def test_staging_on_an_object_store(engine, table, object_store, tmp_path):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A local Ray of two CPUs, started once for the Ray tests as a user would."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
+    """The suite's local Ray of two CPUs, started as a user would (conftest.shared_ray)."""
+    return shared_ray()
 
 
 def _ray_dataset(ray, frame: pd.DataFrame):

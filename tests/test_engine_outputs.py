@@ -21,9 +21,13 @@ import pytest
 
 import manymodels as mm
 import manymodels.transforms as transforms
+from conftest import shared_ray
 from manymodels.run.outputfiles import WrittenOutput
 
 pytestmark = pytest.mark.slow
+
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("ray", "dask")
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +219,7 @@ def test_every_group_failing_with_errors_skip_names_them_before_the_error(engine
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
+    return shared_ray()
 
 
 @pytest.mark.ray

@@ -1,7 +1,8 @@
 """The Spark and Dask backends on real engines (no mocks): a local Spark session
 (``local[2]``, a real JVM and Python workers) and a real ``distributed``
-LocalCluster of two worker processes. Each engine is started once for the
-module by the user's way (an active session, a current client), so the
+LocalCluster of two worker processes. Each engine is started once (Spark's
+for the suite, Dask's for the modules next to each other that use it) by the
+user's way (an active session, a current client), so the
 backends connect to it and must leave it running; the contract tests
 (tests/test_backend_contract.py) cover a backend that starts and stops its own.
 
@@ -27,6 +28,9 @@ import manymodels as mm
 from conftest import assert_only_timed_out, count_parts_as_columns, fit_linear
 
 pytestmark = pytest.mark.slow
+
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("dask",)
 
 _TIMING = ["duration_s", "worker", "started_s"]
 
@@ -71,21 +75,40 @@ def stop_spark() -> None:
 
 
 def _start_dask():
+    """The suite's one LocalCluster of two worker processes and its client,
+    as a user's (the current client), started on first use and kept for
+    the modules next to each other that ask for it (a start and a close
+    each module cost 5-10 s); :func:`stop_dask` closes it, where the next
+    module does not name it in its ``SHARED_ENGINES`` (conftest). A client
+    a test makes is the current one until it closes; then this one is
+    again. ``close`` leaves it up."""
     distributed = pytest.importorskip("distributed")
     import logging
 
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0", silence_logs=logging.ERROR)
-    client = distributed.Client(cluster)
+    if _DASK and _DASK[0].status != "running":
+        stop_dask()
+    if not _DASK:
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0", silence_logs=logging.ERROR)
+        _DASK[:] = [distributed.Client(cluster), cluster]
+    client = _DASK[0]
+    return client, lambda: None, lambda: client.submit(len, [1, 2, 3]).result(timeout=60) == 3
 
-    def close():
+
+#: The suite's Dask client and LocalCluster, once started.
+_DASK: list = []
+
+
+def stop_dask() -> None:
+    """Close the suite's Dask client and LocalCluster, where they started."""
+    if _DASK:
+        client, cluster = _DASK
+        _DASK.clear()
         client.close()
         try:
             cluster.close()
         except KeyError:  # distributed's own race on close: a worker's removal told
             pass          # twice (dask/distributed#5407); the cluster is closed
-
-    return client, close, lambda: client.submit(len, [1, 2, 3]).result(timeout=60) == 3
 
 
 @pytest.fixture(scope="module", params=[

@@ -2,7 +2,8 @@
 the processes backend, data put into the object store once, setup= once per
 Ray worker process, crashes and timeouts pinned on exactly one task.
 
-Every test shares one local Ray instance started by the module fixture, so the
+Every test shares one local Ray instance, the suite's (conftest.shared_ray,
+started once for the modules next to each other that use it), so the
 backend connects to it (and leaves it running) instead of starting its own;
 tests/test_ray_cluster.py covers a backend that starts Ray itself and a
 two-node cluster.
@@ -27,6 +28,7 @@ from conftest import (
     assert_only_timed_out,
     count_parts_as_columns,
     fit_linear,
+    shared_ray,
 )
 from manymodels.engine.backends import WorkerStartupError
 from manymodels.engine.backends.base import Finished
@@ -37,18 +39,16 @@ ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("ray",)
+
 #: Columns that depend on timing or on which worker ran a task.
 _TIMING = ["duration_s", "worker", "started_s"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
-    yield
-    ray.shutdown()
+    shared_ray()
 
 
 def _same_results(ray_run, local_run) -> None:

@@ -24,6 +24,9 @@ from serve_helpers import Server, call
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
+#: The suite's engines this module uses, kept up from the module before (conftest).
+SHARED_ENGINES = ("dask",)
+
 
 @pytest.fixture(scope="module")
 def s3():
