@@ -16,7 +16,7 @@ hash of its code, parameters and shared objects (the identities' other
 half), the versions of the libraries the row hashes come from, and
 :data:`VERSION`. A digest is made only where equal bytes surely mean equal
 values: columns of numbers, booleans, times and text, a chunk whose null
-bits start on a byte. Anything else (a dictionary, a list, a pandas
+bits start on a byte, a column of nulls alone. Anything else (a dictionary, a list, a pandas
 extension type) gives no digest: the run makes its identities as it always
 does. Equal inputs laid out otherwise (chunked apart, different bytes under
 a null) digest apart: such a re-run takes the long way, never a wrong one.
@@ -98,9 +98,12 @@ def _add_chunk(digest: Any, chunk: Any) -> bool:
     digest.update(f"{kind}|{count}|{chunk.null_count}|".encode())
     if count == 0:
         return True
+    if pa.types.is_null(kind):  # no buffers: every value null, as its count says
+        return True
     buffers = chunk.buffers()
-    if chunk.null_count and not _bits(digest, buffers[0], offset, count):
-        return False
+    if chunk.null_count and (buffers[0] is None or not _bits(digest, buffers[0], offset,
+                                                             count)):
+        return False  # (nulls without a validity bitmap: a union's, say)
     if pa.types.is_boolean(kind):
         return _bits(digest, buffers[1], offset, count)
     if _fixed_width(kind) and not isinstance(kind, pa.ExtensionType):
