@@ -53,7 +53,7 @@ def _fit_checkpointed(rows, checkpoint=None):
     return _fit(rows)
 
 
-@pytest.mark.parametrize("variant", ["plain", "a column of nulls"])
+@pytest.mark.parametrize("variant", ["plain", "a column of nulls", "a checkpointed fit"])
 def test_an_unchanged_rerun_names_the_earlier_run_without_hashing_a_row(tmp_path, row_hashes,
                                                                         variant):
     frame = _frame()
@@ -62,6 +62,7 @@ def test_an_unchanged_rerun_names_the_earlier_run_without_hashing_a_row(tmp_path
     fit = _fit_checkpointed if variant == "a checkpointed fit" else _fit
     first = _train(frame, tmp_path, fit=fit)
     assert row_hashes == [30]
+    # (a checkpointed fit's slots were named by the identities: made for no task to run)
     again = _train(frame, tmp_path, fit=fit)
     assert row_hashes == [30]  # not hashed again
     assert again.summary().reused == 30
