@@ -17,7 +17,7 @@ half), the key columns' names, the versions of the libraries the row
 hashes come from, and :data:`VERSION`. Equal digests then mean equal
 identities and equal keys, task by task. A digest is made only where equal bytes surely mean equal
 values: columns of numbers, booleans, times and text, a chunk whose null
-bits start on a byte. Anything else (a dictionary, a list, a pandas
+bits start on a byte, a column of nulls alone. Anything else (a dictionary, a list, a pandas
 extension type) gives no digest: the run makes its identities as it always
 does. Equal inputs laid out otherwise (chunked apart, different bytes under
 a null) digest apart: such a re-run takes the long way, never a wrong one.
@@ -104,8 +104,9 @@ def _add_chunk(digest: Any, chunk: Any) -> bool:
     if count == 0 or pa.types.is_null(kind):  # (a column of no values, all missing)
         return True
     buffers = chunk.buffers()
-    if chunk.null_count and not _bits(digest, buffers[0], offset, count):
-        return False
+    if chunk.null_count and (buffers[0] is None or not _bits(digest, buffers[0], offset,
+                                                             count)):
+        return False  # (nulls without a validity bitmap: a union's, say)
     if len(buffers) < 2 or buffers[1] is None:  # no values: all missing (bits hashed)
         return chunk.null_count == count and len(buffers) <= 2
     if pa.types.is_boolean(kind):

@@ -100,16 +100,21 @@ def check_folder(store: Any) -> None:
                              "checkpoints there; move it out of the way")
 
 
-def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool
-               ) -> CheckpointSpace:
-    """The run's checkpoint space, held (marked running) until :func:`close`."""
+def open_space(plan: Any, store: Any, recorder: Any, reuse: bool, keep: bool,
+               to_do: int = 1) -> CheckpointSpace:
+    """The run's checkpoint space, held (marked running) until :func:`close`.
+    ``to_do``: how many tasks will run; with none (every model reused) no
+    slot is ever named, and the task identities are not asked for (an
+    unchanged re-run named by its input's digest never makes them)."""
     if store is None:
         _remove_dead_temporary_spaces()
         root = tempfile.mkdtemp(prefix="manymodels-checkpoints-")
         space = CheckpointSpace(root, None, fresh=True, drop_when_ok=True)
     else:
-        names = recorder.identities.identity
-        names = names.to_pylist() if hasattr(names, "to_pylist") else list(names)
+        names: list[str] = []  # (a slot asked for then: an IndexError, not another's slot)
+        if to_do:
+            names = recorder.identities.identity
+            names = names.to_pylist() if hasattr(names, "to_pylist") else list(names)
         space = CheckpointSpace(str(Path(store.path) / FOLDER), slot_names(names),
                                 run_id=recorder.run_id,
                                 fresh=not reuse)

@@ -249,7 +249,7 @@ def _schedule(plan: Any, context: RunContext, recorder: RunRecorder | None, stor
         engine.configure(options.sized_for(backend_type, to_do))
         if checkpointed:  # held from here: released in the finally below
             context.checkpoints = checkpointing.open_space(
-                plan, store, recorder, options.reuse, keep_checkpoints)
+                plan, store, recorder, options.reuse, keep_checkpoints, to_do)
         scheduler = Scheduler(plan, engine, make_run=Run if not checkpointed else
                               checkpointing.run_maker(Run, context.checkpoints, store),
                               retries=options.retries,
