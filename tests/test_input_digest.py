@@ -156,3 +156,32 @@ def test_columns_of_missing_values_alone_digest_by_their_type_and_length():
         assert _digest(pa.table({"c": column})) != _digest(pa.table({"c": column.slice(1)}))
     assert _digest(pa.table({"c": pa.nulls(3)})) != _digest(
         pa.table({"c": pa.array([None, None, None], pa.int64())}))
+
+
+def test_a_rerun_after_one_that_named_an_earlier_run_whole_is_fast_too(tmp_path, row_hashes):
+    """Runs 3 and 4 go back to run 1's shared object after run 2 trained
+    another: run 3 finds run 1 by the long way and names it whole; run 4,
+    of run 3's digest, names run 1 without hashing a row. So does the
+    second re-run of a store whose runs recorded no digest (made before)."""
+    import json
+    import sqlite3
+
+    frame = _frame()
+    first = _train(frame, tmp_path, shared={"k": 1})
+    _train(frame, tmp_path, shared={"k": 2})
+    third = _train(frame, tmp_path, shared={"k": 1})
+    assert len(row_hashes) == 3 and third.summary().reused == 30
+    fourth = _train(frame, tmp_path, shared={"k": 1})
+    assert len(row_hashes) == 3 and fourth.summary().reused == 30
+    assert (mm.Store(tmp_path).results(run=fourth.run_id)["reused_from"] == first.run_id).all()
+
+    older = tmp_path / "older"
+    _train(frame, older)
+    with sqlite3.connect(older / "index.sqlite") as conn:  # as a store made before digests
+        detail = json.loads(conn.execute("SELECT code_detail FROM runs").fetchone()[0])
+        del detail["input_digest"]
+        conn.execute("UPDATE runs SET code_detail = ?", (json.dumps(detail),))
+    row_hashes.clear()
+    _train(frame, older)
+    assert len(row_hashes) == 1  # the long way, once
+    assert _train(frame, older).summary().reused == 30 and len(row_hashes) == 1

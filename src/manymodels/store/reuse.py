@@ -85,14 +85,6 @@ def may_have_trained(conn: sqlite3.Connection, run_id: int, prefixes: np.ndarray
         np.sort(np.concatenate(kept), kind="stable"), rest)
 
 
-def _input_digest(conn: sqlite3.Connection, run_id: int) -> str | None:
-    """The input digest ``run_id`` recorded in its code description, if any."""
-    row = conn.execute("SELECT code_detail FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    if row is None or not row[0]:
-        return None
-    return json.loads(row[0]).get("input_digest")
-
-
 def _has_legacy_rows(conn: sqlite3.Connection) -> bool:
     return conn.execute("SELECT 1 FROM tasks LIMIT 1").fetchone() is not None
 
@@ -199,7 +191,8 @@ class ReuseSearch:
         self.same_as, self.metric_texts = [], {}
         runs = _runs_that_trained(self.conn)
         if runs and self.identities.input_digest is not None:
-            named = self._same_input(runs[0])
+            same = self._run_of_same_input(runs)
+            named = None if same is None else self._same_input(same)
             if named is not None:
                 return named
         identities, prefixes = self.identities, self.identities.prefixes
@@ -276,17 +269,43 @@ class ReuseSearch:
             reused = reused.take(pc.sort_indices(reused["task_index"]))
         return reused
 
+    def _run_of_same_input(self, runs: list[int]) -> int | None:
+        """The run whose trained rows this run's input trained, known by the
+        input's digest (:mod:`manymodels.identity.inputdigest`) without an
+        identity made: the latest run that trained anything (``runs[0]``;
+        ``runs``: those runs, latest first) where it recorded this digest;
+        else the run that the latest run of this digest named whole, where
+        that run came after every run that trained anything had ended (the
+        runs since trained nothing: the search would name the same run
+        again; a store's first run after an upgrade, say, named the run
+        before it by the long way). None otherwise."""
+        conn, digest = self.conn, self.identities.input_digest
+        for run_id, started, detail in conn.execute(
+                "SELECT run_id, started_at, code_detail FROM runs WHERE run_id >= ? "
+                "ORDER BY run_id DESC", (runs[0],)).fetchall():
+            if not detail or json.loads(detail).get("input_digest") != digest:
+                continue
+            if run_id == runs[0]:
+                return run_id
+            blocks = conn.execute("SELECT same_as, tasks FROM task_blocks WHERE run_id = ?",
+                                  (run_id,)).fetchall()
+            if len(blocks) != 1 or blocks[0][0] is None or blocks[0][1] != len(
+                    self.identities) or not taskblocks.run_has_ended(conn, run_id):
+                return None
+            (late,) = conn.execute(  # a run that trained on after this one began
+                "SELECT COUNT(*) FROM runs WHERE run_id IN (SELECT run_id FROM task_blocks "
+                "WHERE trained > 0) AND (status = 'running' OR finished_at IS NULL "
+                "OR finished_at > ?)", (started,)).fetchone()
+            return int(blocks[0][0]) if late == 0 else None
+        return None
+
     def _same_input(self, run_id: int) -> pa.Table | None:
         """Every task reused from ``run_id`` by reference, found without
-        making or comparing an identity, where that run (the latest that
-        trained anything: the one the search reads first) recorded this
-        run's input digest (:mod:`manymodels.identity.inputdigest`: its
-        identities are then this run's, task by task), trained each of this
-        run's tasks once, and may be named
+        making or comparing an identity, where that run's identities are
+        this run's, task by task (:meth:`_run_of_same_input`), it trained
+        each of this run's tasks once, and it may be named
         (:meth:`_names_every_trained_row`); None otherwise, and the search
         goes on as it always does. What it finds is what that search would."""
-        if _input_digest(self.conn, run_id) != self.identities.input_digest:
-            return None
         count = len(self.identities)
         held = taskblocks.held_count(self.conn, run_id)  # before its rows are read
         trained = taskblocks.read_run(self.conn, run_id, _MATCH_COLUMNS[1:],
