@@ -169,10 +169,13 @@ class TaskIdentities:
         not held as text: a store's writer writes each hand-over's, and a
         run of ten million would otherwise keep 720 MB of hex digits."""
         self._made()
-        identity = lanes_hex_array(self._identity[rows]) if isinstance(
-            self._identity, np.ndarray) else self._identity.take(rows)
-        data = lanes_hex_array(self._data[rows]) if isinstance(
-            self._data, np.ndarray) else self._data.take(rows)
+        # each column read once: the driver's thread may turn it into text
+        # meanwhile (the writer's thread calls this)
+        held_identity, held_data = self._identity, self._data
+        identity = lanes_hex_array(held_identity[rows]) if isinstance(
+            held_identity, np.ndarray) else held_identity.take(rows)
+        data = lanes_hex_array(held_data[rows]) if isinstance(
+            held_data, np.ndarray) else held_data.take(rows)
         return identity, data
 
 
