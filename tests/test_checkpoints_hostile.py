@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -392,6 +393,41 @@ def test_attempts_opening_one_slot_at_once_get_numbers_of_their_own(tmp_path):
     with multiprocessing.get_context("fork").Pool(2) as pool:
         taken = pool.starmap(_count_starts, [(str(tmp_path), 3, 100)] * 2)
     assert sorted(taken[0] + taken[1]) == list(range(1, 601))
+
+
+def test_a_process_forked_while_a_thread_takes_a_number_neither_hangs_nor_blocks(tmp_path):
+    """A fork while another thread held the attempt counter left the child
+    its lock held (its next count hung) and its copy of the slot's file
+    lock (every other process's count in that slot waited for the child)."""
+    import multiprocessing
+
+    from manymodels.engine.checkpointspace import _count_start, _counting
+
+    slot, other = tmp_path / "slot", tmp_path / "other"
+    slot.mkdir()
+    other.mkdir()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _counting(slot):
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(10)
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: (_count_start(other), time.sleep(1.2)))
+    child.start()  # forked while the counter is held
+    release.set()
+    holder.join()
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:  # another process, now
+            assert pool.apply_async(_count_start, (slot,)).get(timeout=1) == 1
+        child.join(5)
+        assert child.exitcode == 0  # its own count did not hang
+    finally:
+        child.kill()
 
 
 def test_a_superseded_attempt_that_reads_again_leaves_the_retrys_checkpoint(tmp_path):

@@ -339,8 +339,18 @@ def _claimable(slot: Path, token: str) -> bool:
 
 
 #: Held while this process takes an attempt number (a file lock may not keep
-#: its threads apart: on NFS it is a process's POSIX lock).
+#: its threads apart: on NFS it is a process's POSIX lock); made anew in a
+#: forked child, which a fork while another thread held it left held.
 _COUNTING = threading.Lock()
+
+
+def _counting_after_fork() -> None:
+    global _COUNTING
+    _COUNTING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_counting_after_fork)
 
 
 @contextlib.contextmanager
@@ -350,11 +360,13 @@ def _counting(slot: Path) -> Iterator[None]:
     counts unlocked, as before."""
     with _COUNTING:
         descriptor = os.open(slot / ATTEMPTS_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        _HELD_LOCKS.add(descriptor)  # (a child forked meanwhile closes its copy)
         try:
             with contextlib.suppress(OSError):  # (ENOLCK: no locks there)
                 fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
         finally:
+            _HELD_LOCKS.discard(descriptor)
             os.close(descriptor)  # (releases the lock)
 
 
