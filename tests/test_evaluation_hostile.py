@@ -340,7 +340,8 @@ def test_a_select_metric_no_task_reported_keeps_the_run(tmp_path):
     def score(model, rows):
         return {"wmape": float(np.abs(rows["y"] - model.c).sum() / rows["y"].abs().sum())}
 
-    with pytest.warns(UserWarning, match="select='wmap': no task reported that metric"):
+    with pytest.warns(UserWarning, match="select='wmap': no task reported that metric"), \
+            pytest.warns(UserWarning, match="the first task that trained"):
         run = mm.train(lambda rows, c: Const(c), mm.groups(table, by="g") * mm.grid(c=[1.0, 2.0]),
                        select=("wmap", "min"), store=tmp_path / "s", backend="serial",
                        evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y",
@@ -351,6 +352,41 @@ def test_a_select_metric_no_task_reported_keeps_the_run(tmp_path):
     with pytest.raises(ValueError, match=r"no task reported select='wmap'; the results' "
                                          r"columns are \[.*'wmape'"):
         run.best()
+
+
+@pytest.mark.parametrize("case", ["fit", "score", "too short"])
+def test_a_select_metric_the_first_task_lacks_warns_before_the_next_runs(case):
+    """select= naming a metric no task reports warned only once every task
+    had run (a long sweep's hours later): the first task that trains without
+    it warns, once, and the run goes on; a group too short to evaluate (no
+    metric function ran on it) says nothing yet."""
+    n = 3 if case == "too short" else 10
+    table = pd.DataFrame({"g": "a", "t": np.arange(n), "y": np.arange(n, dtype=float)})
+    evaluate = None if case == "fit" else mm.backtest(
+        time="t", horizon=2, windows=2, target="y",
+        metrics=[lambda model, rows: {"wmape": 0.5}])
+    early = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def fit(rows, c):
+            early.append(sum("the first task that trained" in str(w.message) for w in caught))
+            return (Const(c), {"loss": 1.0}) if case == "fit" else Const(c)
+
+        run = mm.train(fit, mm.groups(table, by="g") * mm.grid(c=[1.0, 2.0, 3.0]),
+                       select=("wmap", "min"), evaluate=evaluate, backend="serial",
+                       progress=False)
+    messages = [str(w.message) for w in caught]
+    assert run.summary().statuses == {"ok": 3}
+    assert any("no task reported that metric" in m for m in messages)  # as before
+    if case == "too short":
+        assert max(early) == 0
+    else:  # warned before the second task ran, once
+        calls = len(early) // 3  # (a backtest calls fit once a window)
+        assert early == [0] * calls + [1] * (2 * calls)
+        assert sum("the first task that trained" in m for m in messages) == 1
+        assert ("it reported ['loss']" if case == "fit" else "it reported ['wmape']") in "".join(
+            messages)
 
 
 @pytest.mark.parametrize("argument", ["time", "target"])

@@ -40,7 +40,7 @@ import numpy as np
 from ..planning.plan import Plan
 from .backends.base import Backend, WorkerStartupError
 from .batchsizing import BatchSizer
-from .execution import RunContext
+from .execution import RunContext, metrics_dict
 from .interrupts import RunInterrupts
 from .messages import (
     FAILURE_STATUSES,
@@ -52,7 +52,7 @@ from .messages import (
     Status,
     task_indices,
 )
-from .records import CANCELLED_CODE, STATUS_CODES, UNSET, RecordingError, TaskRecords
+from .records import CANCELLED_CODE, OK_CODE, STATUS_CODES, UNSET, RecordingError, TaskRecords
 
 _RETRY_BACKOFF_S = 0.1
 #: The longest wait before a retry: doubling from 0.1 s reaches a minute by
@@ -124,7 +124,9 @@ class Scheduler:
     ``progress`` makes the progress display once the workers are up (an
     object with ``update(done, ok, failed)`` and ``close()``), or is None;
     ``recorder`` (a store's) takes finished tasks and may raise
-    :class:`RecordingError`; ``callbacks`` hears of the run's start and end.
+    :class:`RecordingError`; ``callbacks`` hears of the run's start and end;
+    ``watch_ok(key, metrics)`` is called with each task that ends ok, until
+    it returns True (``select=``'s check that its metric is reported).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class Scheduler:
         progress: Callable[[], Any] | None = None,
         recorder: Any = None,
         callbacks: Any = None,
+        watch_ok: Callable[[Any, Any], bool] | None = None,
     ) -> None:
         self.plan = plan
         self.backend = backend
@@ -151,6 +154,7 @@ class Scheduler:
         self.sizer = BatchSizer(backend.workers)
         self.recorder = recorder
         self.callbacks = callbacks  # a callbacks.Callbacks, or None
+        self.watch_ok = watch_ok
         self._done = self._ok = self._failed = self._batches = 0
         #: Task -> (status, error, worker) of its last attempt, while it waits
         #: for a retry or runs it: what it ended with if the run stops first
@@ -218,6 +222,8 @@ class Scheduler:
         self._failed += failed
         if self.recorder is not None:
             self.recorder.tasks_finished(finished)
+        if ok and self.watch_ok is not None:
+            self._watch(finished)
         return retry
 
     def _record_ok(self, outcomes: OkOutcomes, worker: int) -> list[int]:
@@ -233,7 +239,17 @@ class Scheduler:
         self._ok += len(finished)
         if self.recorder is not None:
             self.recorder.tasks_finished(finished)
+        if self.watch_ok is not None:
+            self._watch(finished)
         return []
+
+    def _watch(self, finished: list[int]) -> None:
+        records, tasks = self.records, self.plan.tasks
+        for index in finished:
+            if records.status_code[index] == OK_CODE and self.watch_ok(
+                    tasks[index].key, metrics_dict(records.metrics[index], index)):
+                self.watch_ok = None
+                return
 
     def _forget_last_attempts(self, finished: list[int]) -> None:
         pop = self._last_attempt.pop

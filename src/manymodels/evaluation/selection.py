@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..engine.messages import Status
 from .metrics import direction as _direction
+from .splitters import SKIPPED
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,47 @@ def refuse_a_key_named_like(selection: Selection, key_columns: list[str]) -> Non
             f"column, {selection.metric!r}), whose values run.results keeps under that "
             f"name (the metric is metric_{selection.metric} there): the winners could not "
             "be chosen by the metric; rename the grid parameter or the column")
+
+
+class FirstReport:
+    """The run's watch of ``select``'s metric (the scheduler's ``watch_ok``):
+    handed each task that ends ok, with its metrics, until one reports the
+    metric, or one (its evaluation not skipped: a group too short reports
+    only the splitter's named metrics) does not; then it warns, once, that
+    the metric may be misnamed. The run goes on: a later task may report it,
+    and the run's end still selects, or says that no task reported it."""
+
+    def __init__(self, selection: Selection) -> None:
+        self.metric = selection.metric
+
+    def __call__(self, key: Any, metrics: Any) -> bool:
+        """Whether the watch is over (the task said whether it reports the metric)."""
+        metrics = metrics if isinstance(metrics, dict) else {}
+        if self.metric in metrics:
+            return True
+        if SKIPPED in metrics:  # no metric function ran: it says nothing yet
+            return False
+        import warnings
+
+        reported = sorted(name for name in metrics if not name.startswith("__"))
+        warnings.warn(f"select={self.metric!r}: the first task that trained ({key!r}) reported "
+                      f"no {self.metric!r} metric (it reported {reported or 'none'}); the run "
+                      "goes on, but unless a later task reports it no winner is chosen",
+                      UserWarning, stacklevel=_outside_the_package())
+        return True
+
+
+def _outside_the_package() -> int:
+    """The ``stacklevel`` of a warning given by this module's caller that
+    points at the first frame outside manymodels (the user's ``mm.train``)."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def best_rows(results: pd.DataFrame, group_columns: list[str], selection: Selection

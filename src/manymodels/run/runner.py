@@ -23,7 +23,7 @@ from ..engine.modelfiles import ModelFiles
 from ..engine.options import RunOptions
 from ..engine.scheduling import Scheduler
 from ..evaluation.halving import Halving, HalvingSearch, stable_order
-from ..evaluation.selection import Selection, refuse_a_key_named_like
+from ..evaluation.selection import FirstReport, Selection, refuse_a_key_named_like
 from ..evaluation.splitters import EVALUATION_ATTACHMENT
 from ..evaluation.windowed import prepare as prepare_evaluation
 from ..identity.hashing import plain_setting, task_identities
@@ -153,7 +153,8 @@ def train(
                 run = _schedule(plan, context, recorder, store, hooks, live, began, fit=fit,
                                 source=source, instance=instance, backend_type=backend_type,
                                 options=options, to_do=to_do, checkpointed=checkpointed,
-                                keep_checkpoints=keep_checkpoints)
+                                keep_checkpoints=keep_checkpoints,
+                                watch_ok=None if selection is None else FirstReport(selection))
             except BaseException as exc:  # before the scheduler took the run over (a
                 if recorder is not None:  # Ctrl-C, say): it does not stay "running"
                     recorder.abandon(status="interrupted" if isinstance(
@@ -163,7 +164,7 @@ def train(
             if selection.metric in run.results.columns:
                 run.select(selection, source)
             elif (run.results["status"] == "ok").any():  # a metric function's name is known
-                # only now: keep the work, and say so
+                # only now (the first task that trained warned already): keep the work, say so
                 import warnings
 
                 run._selection = (selection, None)  # asked for, and nothing to choose by
@@ -237,8 +238,8 @@ def _identities(plan: Any, fit: Any, options: RunOptions,
 def _schedule(plan: Any, context: RunContext, recorder: RunRecorder | None, store: Any,
               hooks: list[Any], live: Any, began: tuple[float, float], *, fit: Any,
               source: Any, instance: Backend | None, backend_type: type[Backend],
-              options: RunOptions, to_do: int, checkpointed: bool, keep_checkpoints: bool
-              ) -> Any:
+              options: RunOptions, to_do: int, checkpointed: bool, keep_checkpoints: bool,
+              watch_ok: Any = None) -> Any:
     """Run the plan: the backend sized for the tasks left to do, the
     checkpoint space held, the scheduler made and run; the space, the
     model files and the dashboard are closed however it ends. An error (or
@@ -256,7 +257,7 @@ def _schedule(plan: Any, context: RunContext, recorder: RunRecorder | None, stor
                               max_failures=options.max_failures,
                               progress=functools.partial(ProgressBar, len(plan.tasks),
                                                          options.progress),
-                              recorder=recorder, callbacks=Callbacks(
+                              recorder=recorder, watch_ok=watch_ok, callbacks=Callbacks(
                                   hooks, plan, RunInfo.describe(
                                       plan, fit, source, engine, options, store, recorder))
                               if hooks else None)
