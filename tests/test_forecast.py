@@ -536,6 +536,29 @@ def test_whole_numbers_written_as_text_are_forecast_as_numbers(tmp_path):
         assert list(future["yhat"]) == [13.0, 13.0, 13.0]
 
 
+@pytest.mark.parametrize("times, freq, expected", [
+    # tenths, not sums of floats (1.2 + 0.1 is 1.3000000000000003)
+    (np.round(np.arange(3, 17) / 10, 1), None, [1.7, 1.8, 1.9]),
+    (np.round(np.arange(3, 17) / 10, 1), 0.2, [1.8, 2.0, 2.2]),
+    # ISO weeks, over a year of 53 of them, written back as weeks
+    ([f"2020-W{w:02d}" for w in range(40, 54)], None, ["2021-W01", "2021-W02", "2021-W03"]),
+    ([f"2020-W{w:02d}" for w in range(40, 54)], "W", ["2021-W01", "2021-W02", "2021-W03"]),
+    ([f"2024-W0{4 + i // 7}-{i % 7 + 1}" for i in range(14)], None,
+     ["2024-W06-1", "2024-W06-2", "2024-W06-3"]),
+])
+def test_decimal_and_iso_week_times_that_backtest_are_forecast(tmp_path, times, freq, expected):
+    """A time column of decimals or ISO week text passed the backtest, and
+    then run.forecast and Store.forecast refused it: the future times are
+    the next decimals (exactly) and the next weeks, written as the history's."""
+    df = pd.DataFrame({"g": "a", "t": times, "y": np.arange(14.0)})
+    run = mm.train(last_value, mm.groups(df, by="g"),
+                   evaluate=mm.backtest(time="t", horizon=2, windows=2, target="y"),
+                   store=tmp_path / "s", backend="serial", progress=False)
+    for future in (run.forecast(3, freq=freq), mm.Store(tmp_path / "s").forecast(3, freq=freq)):
+        assert future["t"].tolist() == expected
+        assert list(future["yhat"]) == [13.0, 13.0, 13.0]
+
+
 def test_store_forecast_refuses_another_by_time_or_freq_by_its_own_name(tmp_path):
     """A by= or time= of other columns than the run's is refused naming it
     (they read the backtest's forecasts by the wrong columns: "kept no

@@ -2,7 +2,11 @@
 
 Times are datetimes (the steps a pandas offset: ``"D"``, ``"MS"``, ``"h"``...)
 or whole numbers (the step a number; text of digits, ``"001"``, is read as
-its numbers, as a backtest sorts it). A group's step is ``freq=`` when given,
+its numbers, as a backtest sorts it). ISO week text (``"2024-W05"``, or
+``"2024-W05-3"`` with the day) is read as the weeks' days and written back
+as week text; decimals (``0.5``, ``2024.25``) as whole numbers of their
+finest decimal place, so that the future times are the decimals, exactly,
+not sums of floats. A group's step is ``freq=`` when given,
 else inferred from its own times (``pandas.infer_freq`` on its last distinct
 times; for numbers, the one difference between them), and a group whose
 step cannot be inferred is named in the error before any model is loaded.
@@ -11,7 +15,7 @@ step cannot be inferred is named in the error before any model is loaded.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +39,8 @@ class GroupTimes:
     lengths: np.ndarray
     dated: bool  # datetimes, else whole numbers
     zone: Any = None
+    written: str | None = None  # ISO week text's layout (strftime's), to write it back
+    places: int | None = None  # decimals: their places (the values: in units of the last)
 
     @property
     def keys(self) -> list[tuple]:
@@ -54,10 +60,12 @@ class GroupTimes:
         owner = np.repeat(np.arange(len(self.lengths)), self.lengths)
         kept = np.zeros(len(self.lengths), dtype=bool)
         kept[positions] = True
-        return GroupTimes(self.by, self.time,
-                          self.key_frame.iloc[positions].reset_index(drop=True),
-                          self.values[kept[owner]], self.lengths[positions], self.dated,
-                          self.zone)
+        return replace(self, key_frame=self.key_frame.iloc[positions].reset_index(drop=True),
+                       values=self.values[kept[owner]], lengths=self.lengths[positions])
+
+    def shown(self, value: Any) -> Any:
+        """A time of :attr:`values` as the column holds it (a decimal's)."""
+        return plain(value if self.places is None else value / 10.0 ** self.places)
 
     def named(self, position: int) -> Any:
         key = tuple(plain(part) for part in self.key_frame.iloc[position])
@@ -74,18 +82,37 @@ def plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _arrow_times(table: pa.Table, time: str, what: str) -> tuple[pa.Table, bool]:
+def _arrow_times(table: pa.Table, time: str, what: str
+                 ) -> tuple[pa.Table, bool, str | None, int | None]:
     """``table`` with its time column as Arrow timestamps or whole numbers
-    (dates and text dates converted); True for timestamps."""
+    (dates, text dates and ISO weeks converted; decimals in units of their
+    last place); True for timestamps, ISO week text's layout, decimals' places."""
     column = table[time]
     kind = column.type
     if pa.types.is_timestamp(kind):
-        return table, True
+        return table, True, None, None
     if pa.types.is_integer(kind):
-        return table, False
+        return table, False, None, None
     index = table.schema.get_field_index(time)
+    if pa.types.is_floating(kind):
+        values = column.to_numpy().astype(np.float64)  # (a null: NaN)
+        known = np.isfinite(values)
+        places = _decimal_places(values[known], time, what)
+        ticks = np.round(np.where(known, values, 0) * 10.0 ** places).astype(np.int64)
+        return (table.set_column(index, time, pa.array(ticks, mask=~known)), False, None,
+                places)
     if _digit_text(column):
-        return table.set_column(index, time, pc.cast(column, pa.int64())), False
+        return table.set_column(index, time, pc.cast(column, pa.int64())), False, None, None
+    written = _week_layout(column)
+    if written is not None:
+        text = column.to_pandas()
+        try:
+            weeks = pd.to_datetime(text + "-1" if written == "%G-W%V" else text,
+                                   format="%G-W%V-%u")
+        except ValueError:  # a week 54
+            weeks = None
+        if weeks is not None:
+            return table.set_column(index, time, pa.array(weeks)), True, written, None
     if pa.types.is_date(kind) or _is_text(kind):
         try:
             with warnings.catch_warnings():  # ("could not infer format": it reads them)
@@ -94,11 +121,46 @@ def _arrow_times(table: pa.Table, time: str, what: str) -> tuple[pa.Table, bool]
         except (ValueError, TypeError):
             parsed = None
         if parsed is not None:
-            return table.set_column(index, time, pa.array(parsed)), True
+            return table.set_column(index, time, pa.array(parsed)), True, None, None
     held = (f"text that is not dates (such as {pc.drop_null(column)[0].as_py()!r})"
             if _is_text(kind) and pc.drop_null(column).length() else f"{kind} values")
     raise ValueError(f"the time column {time!r} of {what} holds {held}: "
-                     "forecast needs datetimes or whole numbers")
+                     "forecast needs datetimes, whole numbers or decimals")
+
+
+#: The most decimal places a time column of decimals is read to.
+_MOST_PLACES = 9
+
+
+def _decimal_places(values: np.ndarray, time: str, what: str) -> int:
+    """The fewest decimal places that write each of ``values`` (finite
+    floats) exactly, as the nearest float to its decimal (``0.1``, not a
+    sum of tenths): the future times are those decimals, nothing more."""
+    for places in range(_MOST_PLACES + 1):
+        scale = 10.0 ** places
+        scaled = np.round(values * scale)
+        if (scaled / scale == values).all() and (np.abs(scaled) < 2.0 ** 53).all():
+            return places
+    wrong = values[np.round(values * 10.0 ** _MOST_PLACES) / 10.0 ** _MOST_PLACES != values]
+    shown = wrong[0].item() if len(wrong) else values[0].item()
+    raise ValueError(f"the time column {time!r} of {what} holds numbers that are no decimals of "
+                     f"at most {_MOST_PLACES} places (such as {shown!r}): forecast needs "
+                     "datetimes, whole numbers or decimals")
+
+
+def _week_layout(column: Any) -> str | None:
+    """``strftime``'s layout of a text column of ISO weeks (``"2024-W05"``, or
+    ``"2024-W05-3"`` with the day), else None."""
+    if not _is_text(column.type):
+        return None
+    given = pc.drop_null(column)
+    if len(given) == 0:
+        return None
+    for pattern, layout in ((r"^[0-9]{4}-W[0-9]{2}$", "%G-W%V"),
+                            (r"^[0-9]{4}-W[0-9]{2}-[1-7]$", "%G-W%V-%u")):
+        if pc.all(pc.match_substring_regex(given, pattern)).as_py():
+            return layout
+    return None
 
 
 def _is_text(kind: Any) -> bool:
@@ -138,7 +200,7 @@ def group_times(table: pa.Table, by: list[str], time: str, what: str) -> GroupTi
     columns: one sort in Arrow, then NumPy (no Python step per group)."""
     from ..inputs.tables import exact_pandas
 
-    table, dated = _arrow_times(table.select([*by, time]), time, what)
+    table, dated, written, places = _arrow_times(table.select([*by, time]), time, what)
     table = table.filter(pc.is_valid(table[time]))
     if table.num_rows == 0:
         raise ValueError(f"{what} has no rows with a {time!r} time")
@@ -163,7 +225,7 @@ def group_times(table: pa.Table, by: list[str], time: str, what: str) -> GroupTi
     tail = ends[owner] - np.arange(len(values)) <= INFER_FROM
     lengths = np.minimum(ends - starts, INFER_FROM)
     keys = exact_pandas(table.select(by).take(pa.array(starts)))
-    return GroupTimes(by, time, keys, values[tail], lengths, dated, zone)
+    return GroupTimes(by, time, keys, values[tail], lengths, dated, zone, written, places)
 
 
 def last_times_of_table(table: Any, by: list[str], time: str, what: str) -> GroupTimes:
@@ -222,18 +284,27 @@ def _consecutive_times(forecasts: pd.DataFrame, by: list[str], time: str) -> pd.
 
 def _given_step(freq: Any, times: GroupTimes) -> Any:
     if times.dated:
-        if isinstance(freq, pd.DateOffset):
-            return freq
         if isinstance(freq, str):
             try:
-                return pd.tseries.frequencies.to_offset(freq)
+                freq = pd.tseries.frequencies.to_offset(freq)
             except ValueError:
                 raise ValueError(f"freq={freq!r} is not a pandas offset alias "
                                  "('D', 'W', 'MS', 'h', ...)") from None
+        if isinstance(freq, pd.offsets.Week) and times.written == "%G-W%V":
+            return pd.offsets.Week(freq.n, weekday=0)  # ISO weeks: from Monday to Monday
+        if isinstance(freq, pd.DateOffset):
+            return freq
         raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds datetimes, "
                          "so freq= is a pandas offset alias ('D', 'W', 'MS', 'h', ...)")
     if isinstance(freq, (int, np.integer)) and not isinstance(freq, bool) and freq > 0:
-        return int(freq)
+        return int(freq) * 10 ** (times.places or 0)
+    if times.places is not None and isinstance(freq, (float, np.floating)) and freq > 0:
+        ticks = round(float(freq) * 10.0 ** times.places)
+        if ticks >= 1 and ticks / 10.0 ** times.places == freq:
+            return ticks
+        raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds decimals of "
+                         f"{times.places} place(s), so freq= is a positive number of at most "
+                         f"{times.places} place(s)")
     raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds whole numbers, "
                      "so freq= is the positive number between two time steps")
 
@@ -314,7 +385,7 @@ def _inferred_steps(times: GroupTimes) -> tuple[np.ndarray, list[Any]]:
             if step is None and even[position] >= 0:  # evenly spaced, no calendar rule
                 step = day_offset(pd.Timedelta(int(even[position]), unit=unit))
             if step is None:
-                shown = ", ".join(str(plain(t)) for t in group[-4:])
+                shown = ", ".join(str(times.shown(t)) for t in group[-4:])
                 raise ValueError(
                     f"cannot infer the frequency of group {times.named(position)!r} from "
                     f"its {len(group)} distinct time(s) in {times.time!r} (the last: "
@@ -354,6 +425,10 @@ def future_rows(times: GroupTimes, codes: np.ndarray, found: list[Any], h: int
     column = pd.Series(stamps.reshape(-1))
     if times.zone is not None:
         column = column.dt.tz_localize("UTC").dt.tz_convert(times.zone)
+    if times.written is not None:  # ISO weeks, written as the history's were
+        column = column.dt.strftime(times.written)
+    if times.places is not None:  # (the nearest float to each decimal)
+        column = column / 10.0 ** times.places
     frame[times.time] = column
     return frame
 
