@@ -557,6 +557,9 @@ def test_decimal_and_iso_week_times_that_backtest_are_forecast(tmp_path, times, 
     for future in (run.forecast(3, freq=freq), mm.Store(tmp_path / "s").forecast(3, freq=freq)):
         assert future["t"].tolist() == expected
         assert list(future["yhat"]) == [13.0, 13.0, 13.0]
+    if freq == "W":  # a day later is the same week
+        with pytest.raises(ValueError, match="holds ISO weeks .* so freq= is weekly"):
+            run.forecast(3, freq="D")
 
 
 def test_store_forecast_refuses_another_by_time_or_freq_by_its_own_name(tmp_path):

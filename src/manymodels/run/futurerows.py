@@ -290,8 +290,11 @@ def _given_step(freq: Any, times: GroupTimes) -> Any:
             except ValueError:
                 raise ValueError(f"freq={freq!r} is not a pandas offset alias "
                                  "('D', 'W', 'MS', 'h', ...)") from None
-        if isinstance(freq, pd.offsets.Week) and times.written == "%G-W%V":
-            return pd.offsets.Week(freq.n, weekday=0)  # ISO weeks: from Monday to Monday
+        if times.written == "%G-W%V":  # ISO weeks: from Monday to Monday
+            if isinstance(freq, pd.offsets.Week):
+                return pd.offsets.Week(freq.n, weekday=0)
+            raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds ISO weeks "
+                             "('2024-W05'), so freq= is weekly ('W', '2W')")
         if isinstance(freq, pd.DateOffset):
             return freq
         raise ValueError(f"freq={freq!r}: the time column {times.time!r} holds datetimes, "
