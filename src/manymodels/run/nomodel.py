@@ -2,7 +2,9 @@
 (its task is in the run, and kept no model) or it was never trained (no
 task of the run has its key). ``Store.predict`` says which of its groups
 are which, with counts and a few keys of each, so that a NaN is traced to
-a failure to look into or to a group the run never saw."""
+a failure to look into or to a group the run never saw; and which of the
+groups a fallback model answered had failed in training (a group never
+trained going to the fallback is what a fallback is for: not said)."""
 
 from __future__ import annotations
 
@@ -14,16 +16,17 @@ from ..inputs.keys import TypedKeys, decode_key, encode_key
 SHOWN = 3
 
 
-def without_model(store: Any, run: int | None, by: list[str], run_keys: list[str],
-                  unseen: list[Any]) -> str:
-    """``"2 failed in training (e.g. ['b'], status failed) and 1 was never
-    trained (e.g. ['z'])"`` for the keys ``unseen`` (one value each for one
-    ``by`` column, else tuples) of the run(s) ``store`` predicts with
-    (``run``); ``""`` where the run's keys are other columns than ``by``."""
+def failed_or_never(store: Any, run: int | None, by: list[str], run_keys: list[str],
+                    unseen: list[Any]) -> tuple[list[tuple[Any, str]], list[Any]] | None:
+    """The keys ``unseen`` (one value each for one ``by`` column, else
+    tuples) with no model of the run(s) ``store`` predicts with (``run``),
+    parted into those that failed in training, each with its task's status,
+    and those never trained; None where the run's keys are other columns
+    than ``by``. Reads the run's task blocks: call it only with keys."""
     statuses = store._keys_without_model(run)
     if list(by) != list(run_keys):  # a selection's groups: the run's keys projected
         if not set(by) <= set(run_keys):
-            return ""
+            return None
         where = [run_keys.index(name) for name in by]
         statuses = {encode_key(tuple(decode_key(text)[i] for i in where)): status
                     for text, status in statuses.items()}
@@ -36,13 +39,66 @@ def without_model(store: Any, run: int | None, by: list[str], run_keys: list[str
             never.append(key)
         else:
             failed.append((key, status))
+    return failed, never
+
+
+def said_failed(failed: list[tuple[Any, str]]) -> str:
+    """``"e.g. ['b'], status failed: see Store.results()"``."""
+    kinds = sorted({status for _, status in failed})
+    return (f"e.g. {[key for key, _ in failed[:SHOWN]]!r}, status {', '.join(kinds)}: "
+            "see Store.results()")
+
+
+def said_without_model(failed: list[tuple[Any, str]], never: list[Any]) -> str:
+    """``"2 failed in training (e.g. ['b'], status failed: see
+    Store.results()) and 1 was never trained, its key in no task of the run
+    (e.g. ['z'])"``; ``""`` for no keys."""
     said = []
     if failed:
-        kinds = sorted({status for _, status in failed})
-        said.append(f"{len(failed)} failed in training (e.g. "
-                    f"{[key for key, _ in failed[:SHOWN]]!r}, status {', '.join(kinds)}: "
-                    "see Store.results())")
+        said.append(f"{len(failed)} failed in training ({said_failed(failed)})")
     if never:
         said.append(f"{len(never)} {'was' if len(never) == 1 else 'were'} never trained, "
                     f"their keys in no task of the run (e.g. {never[:SHOWN]!r})")
     return " and ".join(said)
+
+
+def without_model(store: Any, run: int | None, by: list[str], run_keys: list[str],
+                  unseen: list[Any]) -> str:
+    """``"2 failed in training (e.g. ['b'], status failed) and 1 was never
+    trained (e.g. ['z'])"`` for the keys ``unseen`` (:func:`failed_or_never`);
+    ``""`` where the run's keys are other columns than ``by``."""
+    parted = failed_or_never(store, run, by, run_keys, unseen)
+    return "" if parted is None else said_without_model(*parted)
+
+
+def answered_by_fallback(store: Any, run: int | None, by: list[str], run_keys: list[str],
+                         fallen: list[Any]) -> str:
+    """``"3 groups failed in training and are answered by the fallback
+    model: e.g. ['b', 'c', 'd'], status failed: see Store.results()"`` for
+    those of the keys ``fallen`` (the groups whose rows the fallback model
+    predicted) that failed in training, ``""`` where none did (a group never
+    trained going to the fallback is what a fallback is for)."""
+    parted = failed_or_never(store, run, by, run_keys, fallen) if fallen else None
+    if not parted or not parted[0]:
+        return ""
+    failed = parted[0]
+    one = len(failed) == 1
+    return (f"{len(failed)} group{'' if one else 's'} failed in training and "
+            f"{'is' if one else 'are'} answered by the fallback model: {said_failed(failed)}")
+
+
+def near_keys(unseen: list[Any], artifacts: dict[str, str], width: int) -> str:
+    """A note naming a key with no model that a stored key equals but for
+    the spaces around its texts (``"s1 "`` for ``"s1"``: a CSV's padding),
+    ``""`` where none of the first :data:`~.predictchecks.KEYS_COMPARED` is
+    such a key."""
+    from .predictchecks import KEYS_COMPARED
+
+    for key in unseen[:KEYS_COMPARED]:
+        parts = (key,) if width == 1 else tuple(key)
+        trimmed = tuple(part.strip() if isinstance(part, str) else part for part in parts)
+        if trimmed != parts and encode_key(trimmed) in artifacts:
+            shown = trimmed[0] if width == 1 else trimmed
+            return (f" ({key!r} has no model, and {shown!r}, which it is but for spaces, "
+                    "has: strip the key column's text)")
+    return ""
