@@ -24,10 +24,11 @@ import pyarrow as pa
 from ..inputs.keys import TypedKeys, encode_key, encode_keys
 from ..store.database import StoreIntegrityError
 from ..store.lazymodels import StoredModel
-from .nomodel import answered_by_fallback, near_keys, without_model
+from ..store.nomodel import answered_by_fallback, without_model
 from .predictchecks import (
     check_feature_order,
     check_key_types,
+    near_keys,
     refusal,
     refuse_text_features,
 )

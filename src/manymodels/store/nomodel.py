@@ -1,10 +1,11 @@
 """Why a group of the table to predict has no model: it failed in training
 (its task is in the run, and kept no model) or it was never trained (no
-task of the run has its key). ``Store.predict`` says which of its groups
-are which, with counts and a few keys of each, so that a NaN is traced to
-a failure to look into or to a group the run never saw; and which of the
-groups a fallback model answered had failed in training (a group never
-trained going to the fallback is what a fallback is for: not said)."""
+task of the run has its key). ``Store.predict`` (``Store.forecast``, an
+mm.linear run's predict alike) says which of its groups are which, with
+counts and a few keys of each, so that a NaN is traced to a failure to
+look into or to a group the run never saw; and which of the groups a
+fallback model answered had failed in training (a group never trained
+going to the fallback is what a fallback is for: not said)."""
 
 from __future__ import annotations
 
@@ -86,19 +87,3 @@ def answered_by_fallback(store: Any, run: int | None, by: list[str], run_keys: l
     return (f"{len(failed)} group{'' if one else 's'} failed in training and "
             f"{'is' if one else 'are'} answered by the fallback model: {said_failed(failed)}")
 
-
-def near_keys(unseen: list[Any], artifacts: dict[str, str], width: int) -> str:
-    """A note naming a key with no model that a stored key equals but for
-    the spaces around its texts (``"s1 "`` for ``"s1"``: a CSV's padding),
-    ``""`` where none of the first :data:`~.predictchecks.KEYS_COMPARED` is
-    such a key."""
-    from .predictchecks import KEYS_COMPARED
-
-    for key in unseen[:KEYS_COMPARED]:
-        parts = (key,) if width == 1 else tuple(key)
-        trimmed = tuple(part.strip() if isinstance(part, str) else part for part in parts)
-        if trimmed != parts and encode_key(trimmed) in artifacts:
-            shown = trimmed[0] if width == 1 else trimmed
-            return (f" ({key!r} has no model, and {shown!r}, which it is but for spaces, "
-                    "has: strip the key column's text)")
-    return ""
