@@ -384,7 +384,8 @@ def test_groups_without_a_model_are_named_and_left_out(tmp_path):
     df = daily_sales()
     run = mm.train(fit_or_fail, mm.groups(df, by="sku", order_by="date"),
                    store=tmp_path / "s", backend="serial", progress=False)
-    with pytest.warns(RuntimeWarning, match=r"1 group\(s\) \(e.g. \['s1'\]\) have no model"):
+    with pytest.warns(RuntimeWarning, match=r"1 group\(s\) have no model .*: they are not "
+                      r"forecast; 1 failed in training \(e.g. \['s1'\], status failed"):
         got = run.forecast(2)
     assert list(got["sku"]) == ["s0", "s0", "s2", "s2"]
     grid = mm.train(seasonal_fit, mm.groups(df, by="sku", order_by="date")

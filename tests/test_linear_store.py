@@ -296,7 +296,8 @@ def test_store_predict_uses_the_saved_linear_result(tmp_path):
     np.testing.assert_array_equal(predicted.to_numpy(), fitted.predict(frame))
     assert predicted.index.equals(frame.index)
     unseen = frame.head(3).assign(item=-1)
-    with pytest.warns(RuntimeWarning, match="3 row"):
+    with pytest.warns(RuntimeWarning, match=r"3 row\(s\) of 2 group\(s\) have no model .* 2 "
+                      r"were never trained, their keys in no task of the run \(e.g. \[\("):
         sourced = store.predict(pd.concat([frame.head(2), unseen]), with_source=True)
     assert sourced["source"].tolist() == ["group"] * 2 + ["none"] * 3
     assert sourced["prediction"].iloc[2:].isna().all()

@@ -450,7 +450,9 @@ def test_a_model_path_finds_infinite_and_nan_keys_and_says_nan_metrics_as_null(t
             pd.DataFrame({"k": [json.loads(text) if text != "null" else None], "x": [0.0]}),
             by="k").tolist()
         assert by_model == pytest.approx([value])
-    assert client.get("/v1/models/Infinity").json()["key"] == [None]  # JSON has no infinity
+    # JSON has no infinity: its text, as the request gave it (null is the missing key's)
+    assert client.get("/v1/models/-Infinity").json()["key"] == ["-Infinity"]
+    assert client.get("/v1/models/NaN").json()["key"] == [None]
 
 
 # -- true beside 1 in one request ---------------------------------------------------
@@ -1061,6 +1063,21 @@ def test_a_one_row_json_body_types_its_values_as_many_rows_do(value):
         two, _ = json_columns(json.dumps({"rows": [{"v": value}, {"v": value}]}).encode(), keys)
         assert one["v"].dtype == two["v"].dtype
         assert one["v"].tolist() == two["v"].tolist()[:1]
+
+
+@pytest.mark.parametrize("rows", ['{"store": 1, "price": BIG}',  # the one-row path
+                                  '{"store": 1, "price": 0.5}, {"store": 2, "price": BIG}'])
+def test_a_whole_number_past_pythons_digits_limit_is_refused_by_column_and_row(rows):
+    """An integer of more than 4,300 digits was Python's int-conversion
+    error, a 400 naming no column."""
+    from manymodels.serve.predictor import RequestError
+    from manymodels.serve.requests import json_columns
+
+    body = '{"rows": [' + rows.replace("BIG", "-" + "9" * 5000) + "]}"
+    with pytest.raises(RequestError, match=r"column 'price' of row \d holds a whole number "
+                                           r"of 5000 digits, past the 4300") as raised:
+        json_columns(body.encode(), ("store",), 1 << 20)
+    assert raised.value.status == 400 and f"row {rows.count('{') - 1}" in str(raised.value)
 
 
 def test_the_ray_deployments_model_that_does_not_unpickle_is_named(tmp_path):

@@ -725,3 +725,36 @@ def test_predict_says_which_groups_failed_in_training_and_which_were_never_train
     assert "2 were never trained" in said and "['y', 'z']" in said
     with pytest.raises(ValueError, match=r"1 failed in training .* 1 was never trained"):
         store.predict(pd.DataFrame({"g": ["b", "z"], "x": [1.0, 1.0]}), workers=1)
+
+
+def test_predict_warns_once_of_failed_groups_the_fallback_answered(tmp_path):
+    """Rows of a group whose fit failed went to the fallback model silently,
+    as those of a group never trained (what a fallback is for) do; the CLI
+    printed Python's warning with its file and line, if any."""
+    import warnings
+
+    import pandas as pd
+    from sklearn.linear_model import LinearRegression
+    from typer.testing import CliRunner
+
+    from manymodels.cli import app
+
+    df = pd.DataFrame({"g": list("aabb"), "x": [0.0, 1, 2, 3], "y": [0.0, 1, 2, 3]})
+    run = mm.train(fit_failing_b, mm.groups(df, by="g"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    store.attach(run.run_id, "fallback", LinearRegression().fit(df[["x"]], df["y"]))
+    new = pd.DataFrame({"g": list("abbz"), "x": [1.0] * 4})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert store.predict(new, workers=1, with_source=True)["source"].tolist() == [
+            "group", "fallback", "fallback", "fallback"]
+        store.predict(new[new["g"] != "b"], workers=1)  # never trained: not said
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "1 group failed in training and is answered by the fallback " \
+        "model: e.g. ['b'], status failed" in said[0] and "'z'" not in said[0], said
+    new.to_csv(tmp_path / "new.csv", index=False)
+    done = CliRunner().invoke(app, ["predict", str(tmp_path / "s"), str(tmp_path / "new.csv"),
+                                    "--out", str(tmp_path / "out.csv"), "--workers", "1"])
+    assert done.exit_code == 0, done.output
+    assert f"warning: {said[0]}\n" in done.stderr

@@ -163,6 +163,7 @@ def predict(
 
     Example: manymodels predict models/ new.csv --out predictions.parquet
     """
+    import warnings
     from pathlib import Path
 
     from ..engine.backends import backend_class
@@ -196,9 +197,15 @@ def predict(
             fail(f"column {absent[0]!r} is not in DATA; its columns are "
                   f"{[str(c) for c in frame.columns]}" + separator_hint(list(frame.columns)),
                  "--by")
-        predicted = opened.predict(frame, by=by_columns or None, run=run,
-                                   with_source=True, workers=workers, backend=backend,
-                                   progress=True)
+        with warnings.catch_warnings(record=True) as warned:  # said as the other commands do
+            warnings.simplefilter("always")
+            try:
+                predicted = opened.predict(frame, by=by_columns or None, run=run,
+                                           with_source=True, workers=workers,
+                                           backend=backend, progress=True)
+            finally:  # (a group's rows with no model, failed ones the fallback answered)
+                for line in dict.fromkeys(str(warning.message) for warning in warned):
+                    typer.echo(f"warning: {line}", err=True)
     except (ValueError, TypeError) as exc:  # --by other than the run's keys: its fault
         fail(str(exc), "--by" if by and str(exc).startswith("by=") else "DATA")
     except StoreIntegrityError as exc:  # a tampered model: refused, said in one line

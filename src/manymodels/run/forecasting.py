@@ -178,14 +178,20 @@ def group_models(artifacts: dict[str, str], keys: list[tuple]) -> list[str | Non
     return [typed.find(parts) for parts in keys]
 
 
-def without_models(times: Any, digests: list[str | None], where: str) -> list[int]:
-    """The positions of the groups that have a model; a warning names the others."""
+def without_models(times: Any, digests: list[str | None], store: Any, run: int | None,
+                   by: list[str], run_keys: list[str]) -> list[int]:
+    """The positions of the groups that have a model; a warning names the
+    others, those that failed in training apart from those never trained
+    (:func:`~manymodels.store.nomodel.without_model`, as ``Store.predict`` says them)."""
+    from ..store.nomodel import without_model
+
     kept = [i for i, digest in enumerate(digests) if digest is not None]
     if len(kept) < len(digests):
-        missing = [i for i, digest in enumerate(digests) if digest is None]
-        shown = [times.named(i) for i in missing[:3]]
-        warnings.warn(f"{len(missing)} group(s) (e.g. {shown!r}) have no model in {where}: "
-                      "they are not forecast", RuntimeWarning, stacklevel=4)
+        missing = [parts[0] if len(by) == 1 else parts  # as the store keys them
+                   for parts, digest in zip(times.keys, digests) if digest is None]
+        why = without_model(store, run, by, run_keys, missing) or f"e.g. {missing[:3]!r}"
+        warnings.warn(f"{len(missing)} group(s) have no model in store {str(store)!r}: they "
+                      f"are not forecast; {why}", RuntimeWarning, stacklevel=4)
     return kept
 
 
@@ -267,7 +273,7 @@ def forecast_from_store(store: Any, h: int, by: str | list[str] | None, freq: An
     digests = group_models(artifacts, last.keys)
     if history is None:
         without_times(artifacts, last.keys, run_id)
-    kept = without_models(last, digests, f"store {str(store)!r}")
+    kept = without_models(last, digests, store, run, by, list(run_keys))
     if not kept:
         raise ValueError(f"no group of the history has a model in store {str(store)!r} "
                          f"(run {run_id})")

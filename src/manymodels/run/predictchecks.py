@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs.keys import decode_key
+from ..inputs.keys import decode_key, encode_key
 from .predictchunks import RefusedValueError
 
 #: scikit-learn's modules whose estimators read their features as numbers
@@ -309,3 +309,18 @@ def check_feature_order(model: Any, features: Sequence[str] | None, named: str) 
     raise ValueError(f"features={list(features)!r}, but the model of {named} "
                      f"({type(model).__name__}) was fitted on {fitted!r} ({why}): give "
                      "those, in that order, or leave features= out")
+
+
+def near_keys(unseen: list[Any], artifacts: dict[str, str], width: int) -> str:
+    """A note naming a key with no model that a stored key equals but for
+    the spaces around its texts (``"s1 "`` for ``"s1"``: a CSV's padding),
+    ``""`` where none of the first :data:`KEYS_COMPARED` is
+    such a key."""
+    for key in unseen[:KEYS_COMPARED]:
+        parts = (key,) if width == 1 else tuple(key)
+        trimmed = tuple(part.strip() if isinstance(part, str) else part for part in parts)
+        if trimmed != parts and encode_key(trimmed) in artifacts:
+            shown = trimmed[0] if width == 1 else trimmed
+            return (f" ({key!r} has no model, and {shown!r}, which it is but for spaces, "
+                    "has: strip the key column's text)")
+    return ""

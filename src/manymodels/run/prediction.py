@@ -24,10 +24,11 @@ import pyarrow as pa
 from ..inputs.keys import TypedKeys, encode_key, encode_keys
 from ..store.database import StoreIntegrityError
 from ..store.lazymodels import StoredModel
-from .nomodel import without_model
+from ..store.nomodel import answered_by_fallback, without_model
 from .predictchecks import (
     check_feature_order,
     check_key_types,
+    near_keys,
     refusal,
     refuse_text_features,
 )
@@ -204,11 +205,12 @@ def _row_values(values: Any, rows: Any) -> np.ndarray:
 class Predicted:
     """Per input row: the prediction (None when no row had a model) and
     where it came from (:data:`.predictchunks.NONE`, ``OWN`` or ``FALLBACK``);
-    the group keys that had no model."""
+    the group keys that had no model, and those the fallback answered."""
 
     values: np.ndarray | None
     origin: np.ndarray
     unseen: list[Any]
+    fallen: list[Any]  # the group keys the fallback model answered
 
     @property
     def source(self) -> np.ndarray:
@@ -394,10 +396,11 @@ def predict_groups(store: Any, frame: Any, by: list[str], artifacts: dict[str, s
     origin = np.array([NONE if d is None else OWN for d in digests], dtype=np.int8)
     if fallback is not None:
         origin[origin == NONE] = FALLBACK
-    unseen = [layout.keys[i][0] if len(by) == 1 else layout.keys[i]
-              for i in np.flatnonzero(origin == NONE).tolist()]
+    unseen, fallen = ([layout.keys[i][0] if len(by) == 1 else layout.keys[i]
+                       for i in np.flatnonzero(origin == kind).tolist()]
+                      for kind in (NONE, FALLBACK))
     values, rows_origin = in_row_order(answers, origin, layout.lengths, layout.input_rows)
-    return Predicted(values, rows_origin, unseen)
+    return Predicted(values, rows_origin, unseen, fallen)
 
 
 def _raise_failures(failures: list[GroupFailure], describe: Callable[[int], str]) -> None:
@@ -415,23 +418,6 @@ def _raise_failures(failures: list[GroupFailure], describe: Callable[[int], str]
     if failures:
         raise RuntimeError(f"predicting group {describe(failures[0].group)} failed: "
                            f"{failures[0].error}")
-
-
-def _near_keys(unseen: list[Any], artifacts: dict[str, str], width: int) -> str:
-    """A note naming a key with no model that a stored key equals but for
-    the spaces around its texts (``"s1 "`` for ``"s1"``: a CSV's padding),
-    ``""`` where none of the first :data:`~.predictchecks.KEYS_COMPARED` is
-    such a key."""
-    from .predictchecks import KEYS_COMPARED
-
-    for key in unseen[:KEYS_COMPARED]:
-        parts = (key,) if width == 1 else tuple(key)
-        trimmed = tuple(part.strip() if isinstance(part, str) else part for part in parts)
-        if trimmed != parts and encode_key(trimmed) in artifacts:
-            shown = trimmed[0] if width == 1 else trimmed
-            return (f" ({key!r} has no model, and {shown!r}, which it is but for spaces, "
-                    "has: strip the key column's text)")
-    return ""
 
 
 def _column_names(names: str | list[str] | None) -> list[str] | None:
@@ -529,8 +515,11 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
             f"{int((routed.origin == NONE).sum())} row(s) of {len(routed.unseen)} "
             f"group(s) have no model in store {str(store)!r}{where} and no fallback: "
             "their prediction is NaN; " + (why or f"e.g. {routed.unseen[:3]!r}")
-            + _near_keys(routed.unseen, artifacts, len(by_columns)),
+            + near_keys(routed.unseen, artifacts, len(by_columns)),
             RuntimeWarning, stacklevel=2)
+    fell = answered_by_fallback(store, run, by_columns, list(run_keys), routed.fallen)
+    if fell:  # (a group never trained going to the fallback: what it is for, not said)
+        warnings.warn(f"store {str(store)!r}{where}: {fell}", RuntimeWarning, stacklevel=2)
     values = routed.values
     prediction = pd.Series(list(values) if values.ndim > 1 else values, index=frame.index)
     if prediction.dtype == object:

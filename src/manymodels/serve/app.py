@@ -149,7 +149,7 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         if described is None:
             return JSONResponse({"error": f"no model answers key {request.path_params['key']!r}"
                                           f" in run {catalog.run_id}"}, 404)
-        # a NaN metric (r2 of a constant target) or an infinite key part: null
+        # a NaN metric (r2 of a constant target): null; an infinite key part: its text
         return JSONResponse(bodies.finite({"key": [echoed(part) for part in parts],
                                            "by": catalog.by, **described}))
 

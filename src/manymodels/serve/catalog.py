@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import json
+import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -210,20 +211,31 @@ def plain(value: Any) -> Any:
 _TAGGED_TYPES = (bytes, decimal.Decimal, _dt.time, _dt.timedelta, tuple)
 
 
-def echoed(part: Any) -> Any:
-    """A key part as a request names it, for an answer to echo: a type JSON
-    has not in the store's tagged form (``{"$bytes": "6162"}``, not Python's
-    ``b'ab'``), a date or datetime as ISO-8601 text, any other as
-    :func:`plain` gives it."""
+def named(part: Any) -> Any:
+    """A key part as a request names it: a type JSON has not in the store's
+    tagged form (``{"$bytes": "6162"}``, not Python's ``b'ab'``), a date or
+    datetime as ISO-8601 text, any other as :func:`plain` gives it (an
+    infinite float as itself: ``Infinity`` in Python's JSON)."""
     return canonical(part) if isinstance(part, _TAGGED_TYPES) else plain(part)
+
+
+def echoed(part: Any) -> Any:
+    """A key part as an answer (strict JSON) echoes it: as :func:`named`,
+    and an infinite float as the text the request gave, ``"Infinity"`` or
+    ``"-Infinity"``: JSON has no infinity, and ``null`` is the missing
+    key's echo (another group)."""
+    value = named(part)
+    if isinstance(value, float) and value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
 
 
 def shown_key(parts: tuple) -> str:
     """A group's key in an error message, as a request names it
-    (:func:`echoed`): one part alone, several as a JSON list."""
+    (:func:`named`): one part alone, several as a JSON list."""
     if len(parts) == 1:
-        return json.dumps(echoed(parts[0]))
-    return json.dumps([echoed(part) for part in parts])
+        return json.dumps(named(parts[0]))
+    return json.dumps([named(part) for part in parts])
 
 
 # -- reading a catalog from the store ----------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from array import array
 from collections.abc import Collection
 from typing import Any
@@ -42,9 +43,18 @@ def json_columns(body: bytes, keys: Collection[str] = (),
 
     The rows are read into columns as they are parsed (:class:`_Objects`),
     never a dict per row: 64 MiB of small rows made 30 times that in dicts."""
-    objects = _Objects(None if limit is None else max(limit // BYTES_PER_OBJECT, 1), limit)
+    most = None if limit is None else max(limit // BYTES_PER_OBJECT, 1)
+    objects = _Objects(most, limit)
     try:
-        payload = json.loads(body, object_pairs_hook=objects)
+        try:
+            payload = json.loads(body, object_pairs_hook=objects)
+        except ValueError as exc:
+            if "integer string conversion" not in str(exc):
+                raise
+            # a whole number past Python's digits limit: read again, each
+            # number kept as its text, to name its column and row
+            objects = _Objects(most, limit)
+            payload = json.loads(body, object_pairs_hook=objects, parse_int=_whole_number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"the body is not JSON: {exc}") from exc
     except RecursionError as exc:
@@ -64,13 +74,36 @@ def json_columns(body: bytes, keys: Collection[str] = (),
     return objects.columns_of(rows, keys), len(rows)
 
 
+class _LongNumber(str):
+    """A whole number of the body past Python's limit of digits for
+    converting text to an int (``sys.get_int_max_str_digits``), as its text."""
+
+
+def _whole_number(text: str) -> int | _LongNumber:
+    try:
+        return int(text)
+    except ValueError:
+        return _LongNumber(text)
+
+
+def _refused(name: str, row: int, value: Any) -> RequestError:
+    """The 400 for ``value`` of column ``name`` of row ``row``, not a scalar."""
+    if type(value) is _LongNumber:
+        return RequestError(400, f"column {name!r} of row {row} holds a whole number of "
+                                 f"{len(value.lstrip('-'))} digits, past the "
+                                 f"{sys.get_int_max_str_digits()} Python reads")
+    return RequestError(400, f"column {name!r} of row {row} holds a {_json_type(value)}: "
+                             "a value must be a number, text, true/false or null")
+
+
 class _Row(int):
     """A JSON object as :class:`_Objects` returns it: its number, in the
     order the parser closed them (its values are in the columns)."""
 
 
 def _json_type(value: Any) -> str:
-    return "dict" if type(value) is _Row else type(value).__name__
+    kind = type(value)
+    return "dict" if kind is _Row else "int" if kind is _LongNumber else kind.__name__
 
 
 class _Objects:
@@ -171,9 +204,7 @@ class _Objects:
         for name, (_, values, _) in self.found.items():
             value = values[0]
             if type(value) not in _SCALAR_TYPES:
-                raise RequestError(400, f"column {name!r} of row 0 holds a "
-                                        f"{_json_type(value)}: a value must be a number, "
-                                        "text, true/false or null")
+                raise _refused(name, 0, value)
             columns[name] = _key_array(values) if name in keys else _one_value(value)
         return columns
 
@@ -185,9 +216,7 @@ def _check_scalars(name: str, values: list, rows: np.ndarray) -> None:
         return
     for value, row in zip(values, rows.tolist()):
         if type(value) not in _SCALAR_TYPES:
-            raise RequestError(400, f"column {name!r} of row {row} holds a "
-                                    f"{_json_type(value)}: a value must be a number, "
-                                    "text, true/false or null")
+            raise _refused(name, row, value)
 
 
 class JsonColumns(dict):

@@ -18,6 +18,7 @@ engine's workers as finished results (to be written). The layers above
 - Reading: :class:`Store` (:mod:`.registry`), a task found by its key
   (:mod:`.keylookups`), models loaded when first asked for
   (:mod:`.lazymodels`), why a task was not reused (:mod:`.explain`),
+  why a group has no model, failed or never trained (:mod:`.nomodel`),
   exports written whole (:mod:`.wholefiles`).
 - Upkeep: checking artifacts (:mod:`.verify`), deleting runs
   (:mod:`.deletion`) and collecting what no run names (:mod:`.collect`).

@@ -222,14 +222,28 @@ def predict_frame(store: Store, found: tuple[int, dict, str], table: Any, method
         raise ValueError(f"no row of the table has a model in store {str(store)!r}: "
                          f"none of its groups by {result.by} is in run {found[0]}")
     if not seen.all():
-        warnings.warn(f"{int((~seen).sum())} row(s) have no model in run {found[0]} of store "
-                      f"{str(store)!r}: their prediction is NaN", RuntimeWarning,
+        warnings.warn(_unseen_rows(frame, seen, result.by, found[0], store), RuntimeWarning,
                       stacklevel=3)
     prediction = pd.Series(values, index=frame.index)
     if with_source:
         return pd.DataFrame({"prediction": prediction,
                              "source": np.where(seen, "group", "none")}, index=frame.index)
     return prediction
+
+
+def _unseen_rows(frame: pd.DataFrame, seen: np.ndarray, by: list[str], run_id: int,
+                 store: Store) -> str:
+    """The warning for the rows of ``frame`` of no group of the run: never
+    trained, as ``Store.predict`` says an mm.train run's groups (an mm.linear
+    run keeps every group it was given; none fails)."""
+    from ...store.nomodel import said_without_model
+
+    keys = frame.loc[~seen, by].drop_duplicates()
+    never = keys[by[0]].tolist() if len(by) == 1 else list(keys.itertuples(index=False,
+                                                                            name=None))
+    return (f"{int((~seen).sum())} row(s) of {len(never)} group(s) have no model in run "
+            f"{run_id} of store {str(store)!r}: their prediction is NaN; "
+            + said_without_model([], never))
 
 
 def explain(store: Store, found: tuple[int, dict, str], key: Any) -> str:
