@@ -23,11 +23,13 @@ Each part is kept apart so that a store can say which one changed.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
 from ..inputs.grouplabels import GroupLabels
+from ..inputs.keys import canonical
 from . import codehash
 from .codehash import digest
 from .inputdigest import add_array
@@ -216,6 +218,7 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
     params_of: dict[int, tuple[str, int]] = {}
     prefixes: list[tuple[int, int]] = []
     params_parts: list[str] = []
+    settings: list[dict] = []  # each distinct setting (by object), in prefix order
     if tasks.params is None:  # no grid: one prefix for every task
         prefixes.append(lanes_of(digest(code, "-", shared_part)))
         which = np.zeros(len(tasks), dtype=np.int64)
@@ -227,6 +230,7 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
                 params = setting_hash(task_params) if task_params else "-"
                 found = params_of[id(task_params)] = (params, len(prefixes))
                 prefixes.append(lanes_of(digest(code, params, shared_part)))
+                settings.append(task_params)
             params_parts.append(found[0])
             which[position] = found[1]
     prefix_lanes = np.array(prefixes, dtype=np.uint64).reshape(-1, 2)[which]
@@ -249,6 +253,10 @@ def task_identities(plan: Any, fit: Any, shared: dict | None, setup: Any = None
     if whole is not None:  # with each task's code, parameters and shared objects, and
         add_array(whole, prefix_lanes)  # the key columns' names (the keys stored, as text)
         whole.update(f"|keys {list(plan.key_columns)!r}|".encode())
+        if tasks.params is not None:  # and the grid values' key text, which their hash
+            add_array(whole, which)  # does not fix (an object's repr holds its address)
+            whole.update(json.dumps([[canonical(value) for value in setting.values()]
+                                     if setting else [] for setting in settings]).encode())
         whole = whole.hexdigest()
     identities = TaskIdentities.deferred(len(tasks), params_column, make, whole)
     if whole is None:  # nothing to name an earlier run by: made now, as errors are raised

@@ -13,7 +13,8 @@ The digest covers, with xxHash's 128-bit XXH3 (a tenth of the row hashes'
 time): the bytes of every column of the table as Arrow lays them out, its
 schema as the identities read it, where each group's rows are, each task's
 hash of its code, parameters and shared objects (the identities' other
-half), the key columns' names, the versions of the libraries the row
+half), the key columns' names, a grid's values as the stored keys write
+them (an object's text may differ where its hash does not), the versions of the libraries the row
 hashes come from, and :data:`VERSION`. Equal digests then mean equal
 identities and equal keys, task by task. A digest is made only where equal bytes surely mean equal
 values: columns of numbers, booleans, times and text, a chunk whose null
