@@ -185,3 +185,57 @@ def test_a_rerun_after_one_that_named_an_earlier_run_whole_is_fast_too(tmp_path,
     _train(frame, older)
     assert len(row_hashes) == 1  # the long way, once
     assert _train(frame, older).summary().reused == 30 and len(row_hashes) == 1
+
+
+class _Setting:
+    """A grid value whose key text (its default repr, with its address)
+    differs between equal copies, which hash alike."""
+
+    def __init__(self, a):
+        self.a = a
+
+
+def _fit_setting(rows, setting):
+    return float(rows["y"].mean()) * setting.a, {"n": len(rows)}
+
+
+def test_a_rerun_whose_grid_values_key_apart_stores_its_own_keys(tmp_path, row_hashes):
+    """The digest covers the grid values' key text, not their hashes alone:
+    a re-run with an equal copy of an object (hashed alike, its text apart)
+    named the first run, whose rows hold the first object's key, where the
+    long way copies them under this run's keys."""
+    def run():
+        source = mm.groups(_frame(3), by="g") * mm.grid(setting=[_Setting(1)])
+        return mm.train(_fit_setting, source, store=tmp_path, backend="serial",
+                        progress=False)
+
+    run()
+    again = run()
+    assert again.summary().reused == 3 and len(row_hashes) == 2  # the long way
+    stored = mm.Store(tmp_path).results(run=again.run_id)["setting"]
+    assert list(stored) == [repr(value) for value in again.results["setting"]]
+
+
+def test_a_run_that_trained_while_the_namer_searched_is_not_skipped(tmp_path, monkeypatch):
+    """Run 4 named run 1 whole, but run 3 trained the same input between
+    run 4's search and its start (another driver): a re-run names run 3,
+    as the long way does, not run 1."""
+    from manymodels.store.reuse import ReuseSearch
+
+    frame, find = _frame(3), ReuseSearch.find
+    _train(frame, tmp_path, shared={"k": 1})
+    _train(frame, tmp_path, shared={"k": 2})
+    meanwhile = []
+
+    def find_then_train(self):
+        found = find(self)
+        if not meanwhile:  # once: the run that trains meanwhile searches as always
+            meanwhile.append(_train(frame, tmp_path, shared={"k": 1}, reuse=False))
+        return found
+
+    monkeypatch.setattr(ReuseSearch, "find", find_then_train)
+    namer = _train(frame, tmp_path, shared={"k": 1})
+    monkeypatch.setattr(ReuseSearch, "find", find)
+    assert (namer.run_id, meanwhile[0].run_id) == (4, 3)
+    again = _train(frame, tmp_path, shared={"k": 1})
+    assert set(mm.Store(tmp_path).results(run=again.run_id)["reused_from"]) == {3}

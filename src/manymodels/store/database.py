@@ -394,15 +394,16 @@ def raise_layout(conn: sqlite3.Connection, layout: int) -> None:
 
 def insert_run(conn: sqlite3.Connection, *, backend: str, workers: int, source: str,
                fit: str, tasks: int, key_columns: list, param_columns: list,
-               code_detail: dict) -> int:
+               code_detail: dict, started_at: float | None = None) -> int:
     """A new run's row, ``running`` and owned by this driver (inside the
-    caller's transaction); its ``run_id``."""
+    caller's transaction); its ``run_id``. ``started_at``: when it began
+    (``time.time()``), now if not given."""
     return int(conn.execute(
         "INSERT INTO runs(started_at, status, backend, workers, source, fit, tasks, "
         "key_columns, param_columns, code_detail, driver) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (time.time(), "running", backend, workers, source, fit, tasks,
-         json.dumps(key_columns), json.dumps(param_columns), json.dumps(code_detail),
-         driver_label())).lastrowid)
+        (time.time() if started_at is None else started_at, "running", backend, workers,
+         source, fit, tasks, json.dumps(key_columns), json.dumps(param_columns),
+         json.dumps(code_detail), driver_label())).lastrowid)
 
 
 def is_disk_full(exc: BaseException) -> bool:

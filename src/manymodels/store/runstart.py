@@ -6,6 +6,7 @@ transaction. The recorder then records the tasks it trains
 from __future__ import annotations
 
 import sqlite3
+import time
 import warnings
 from typing import Any
 
@@ -34,6 +35,7 @@ class RunStart:
         self.fit_name, self.source = fit_name, source
         self.backend, self.workers = backend, workers
         self.run_id: int | None = None
+        self._began: float | None = None  # when begin() began (the run's started_at)
         self._keys: pa.Array | None = None
         self.reused: pa.Table | None = None
         #: (run, tasks, held) of each run every trained row of which is reused
@@ -57,6 +59,10 @@ class RunStart:
         are checked against its SHA-256 first (see :mod:`.verify`)."""
         if not reuse:  # kept with the run: why_not_reused says so, not a guess
             self.code_detail = {**self.code_detail, "reuse": False}
+        # the run's start is its search's, not its row's: a run that trained
+        # on after the search began then ended after this one started, as the
+        # search of a later re-run by digest asks (ReuseSearch._run_of_same_input)
+        self._began = time.time()
         for last_try in (False, True):
             reused = self._find_reusable(reuse, verify)
             if self._start_run(reused, last_try):
@@ -139,7 +145,7 @@ class RunStart:
                 conn, backend=self.backend, workers=self.workers, source=self.source,
                 fit=self.fit_name, tasks=len(self.plan.tasks),
                 key_columns=self.plan.key_columns, param_columns=self.plan.param_columns,
-                code_detail=self.code_detail)
+                code_detail=self.code_detail, started_at=self._began)
             for source, tasks, _ in self.same_as:
                 taskblocks.insert_same_as(conn, self.run_id, source, tasks)
             if reused is not None and reused.num_rows:
