@@ -980,7 +980,7 @@ def test_reading_the_copys_fingerprint_keeps_this_processs_sqlite_locks(tmp_path
     it mid-run, its run left 'running' with no task)."""
     import sqlite3
 
-    from manymodels.store.remote import _fingerprint_of
+    from manymodels.store.indexfiles import fingerprint_of
 
     conn = sqlite3.connect(tmp_path / "index.sqlite")
     conn.execute("PRAGMA journal_mode=WAL")
@@ -988,11 +988,11 @@ def test_reading_the_copys_fingerprint_keeps_this_processs_sqlite_locks(tmp_path
     conn.execute("INSERT INTO t VALUES (1)")
     conn.commit()
     assert not _others_may_lock(tmp_path / "index.sqlite-shm")  # the connection's lock
-    first = _fingerprint_of(tmp_path)
+    first = fingerprint_of(tmp_path)
     assert not _others_may_lock(tmp_path / "index.sqlite-shm")  # kept
     conn.execute("INSERT INTO t VALUES (2)")
     conn.commit()
-    assert _fingerprint_of(tmp_path) != first  # each commit still changes it
+    assert fingerprint_of(tmp_path) != first  # each commit still changes it
     conn.close()
 
 

@@ -148,6 +148,7 @@ PINNED_MODULES = {
     "manymodels.planning.plan": "manymodels.planning",
     "manymodels.planning.taskdata": "manymodels.taskdata",
     "manymodels.run.groupfailures": "manymodels.transforms",
+    "manymodels.run.grouppredictor": "manymodels.prediction",
     "manymodels.run.prediction": "manymodels.prediction",
     "manymodels.run.results": "manymodels.results",
     "manymodels.sklearn._routing": "manymodels.routing",

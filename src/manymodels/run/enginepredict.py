@@ -67,7 +67,7 @@ class EngineGroupPredictor:
 
     def __init__(self, store_path: str, predictor: Any, artifacts: dict[str, str],
                  with_source: bool, version: str | None = None) -> None:
-        # predictor: prediction.GroupPredictor, whose model cache and call of
+        # predictor: grouppredictor.GroupPredictor, whose model cache and call of
         # the model this shares with Store.predict of a table on the driver;
         # version: store_version of the store the driver read (an executor's
         # copy of an older published index is brought to it; a local store
@@ -177,7 +177,7 @@ def output_kind(models: list[Any], method: str, fn: Callable | None) -> str:
 def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict[str, str],
                          with_source: bool) -> Any:
     """The engine's DataFrame of ``table``'s rows with their predictions by
-    ``predictor`` (a ``prediction.GroupPredictor``; see the module): checked
+    ``predictor`` (a ``grouppredictor.GroupPredictor``; see the module): checked
     here, run lazily by the engine."""
     from ..inputs.engineframes import _column_names
 

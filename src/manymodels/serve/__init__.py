@@ -2,7 +2,8 @@
 
 It sits at the top of the flow, beside ``api``, ``transforms`` and
 ``sklearn``, above ``run``: it reads the store as ``Store.predict`` does
-(:mod:`manymodels.run.prediction` routes each row and calls each model),
+(:mod:`manymodels.run.prediction` routes each row,
+:mod:`manymodels.run.grouppredictor` calls each model),
 and answers requests side by side: a quick one inline on the event loop, the
 others in Starlette's thread pool, each pinning the models it was checked
 against. ``catalog`` says which model answers each key, read from the store

@@ -1,7 +1,7 @@
 """One request's rows through their groups' models, as ``Store.predict``
 predicts them: the same routing (each row to its group's model, else the
 fallback, else none) and the same call of each model
-(:class:`manymodels.run.prediction.GroupPredictor`, whose loads come from the
+(:class:`manymodels.run.grouppredictor.GroupPredictor`, whose loads come from the
 server's bounded cache instead of a per-worker dict).
 
 A request is checked whole before any model runs: every group's model is
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..inputs.keys import encode_key
-from ..run.prediction import CORRUPT, GroupPredictor, PredictionShapeError
+from ..run.grouppredictor import CORRUPT, GroupPredictor, PredictionShapeError
 from ..store import StoreIntegrityError
 from .cache import ModelCache, NotHeld
 from .catalog import Catalog, KeyTextError, shown_key, temporal, temporal_key

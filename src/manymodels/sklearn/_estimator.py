@@ -28,17 +28,12 @@ from sklearn.base import (
 )
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import (
-    _check_sample_weight,
-    check_array,
-    check_is_fitted,
-    column_or_1d,
-    has_fit_parameter,
-)
+from sklearn.utils.validation import check_is_fitted
 
 from ..inputs.keys import TypedKeys, encode_key, find_typed, key_parts
 from ..inputs.tables import plain_scalar
 from ..run.predictchecks import check_key_types
+from ._checks import check_fits_without_features, checked_data, checked_params
 from ._inputs import by_list, feature_input, split_X
 from ._levels import GROUP, Blend, fit_group, stack_levels
 from ._routing import (
@@ -49,7 +44,7 @@ from ._routing import (
     route_on_engine,
     route_rows,
 )
-from ._shrinkage import check_chains, shrinkage_function, whose_chain
+from ._shrinkage import check_chains, whose_chain
 
 
 def _models_offer(owner: GroupedEstimator, method: str) -> bool:
@@ -184,71 +179,10 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         self.shrinkage_kwargs = shrinkage_kwargs
 
     def _check_kind(self) -> None:
-        """Subclasses refuse the wrong kind of estimator."""
+        """Subclasses refuse the wrong kind of estimator (called among the
+        parameters' checks, :func:`._checks.checked_params`)."""
 
     # -- fit -----------------------------------------------------------------------
-
-    def _check_params(self) -> Any:
-        if self.estimator is None:
-            raise ValueError(f"{type(self).__name__} needs an estimator, e.g. "
-                             f"{type(self).__name__}(Ridge(), by='store')")
-        if isinstance(self.estimator, type) or not hasattr(self.estimator, "fit"):
-            hint = (f" (an instance: {self.estimator.__name__}())"
-                    if isinstance(self.estimator, type) else "")
-            raise TypeError(f"estimator must be a scikit-learn estimator{hint}, "
-                            f"got {self.estimator!r}")
-        self._check_kind()
-        if (not isinstance(self.min_group_size, (int, np.integer))
-                or isinstance(self.min_group_size, (bool, np.bool_)) or self.min_group_size < 1):
-            raise ValueError(f"min_group_size must be an integer >= 1, "
-                             f"got {self.min_group_size!r}")
-        if not (self.fallback in ("global", "error") or (
-                hasattr(self.fallback, "fit") and not isinstance(self.fallback, type))):
-            hint = (f" (an instance: {self.fallback.__name__}())"
-                    if isinstance(self.fallback, type) else "")
-            raise ValueError(f"fallback must be 'global', 'error' or an estimator{hint}, "
-                             f"got {self.fallback!r}")
-        self._check_fallback_kind()
-        if not (isinstance(self.hierarchical, (bool, np.bool_, int, np.integer))
-                and self.hierarchical in (0, 1)):
-            raise ValueError(f"hierarchical must be True or False, got {self.hierarchical!r}")
-        if self.shrinkage is None:
-            if self.shrinkage_kwargs:  # else they would be ignored without a word
-                raise ValueError(f"shrinkage_kwargs={self.shrinkage_kwargs!r} is given without "
-                                 "shrinkage=: name the shrinkage they are for "
-                                 "(shrinkage='constant', 'min_n_obs', ...)")
-            return None
-        if self.fallback == "error" and len(by_list(self.by)) == 1:
-            raise ValueError(
-                f"shrinkage={self.shrinkage!r} blends each group's model with its parents', "
-                f"but by={self.by!r} with fallback='error' gives one level only: add a parent "
-                "by column (by=['country', 'city']) or keep the global model as the root "
-                "(fallback='global')")
-        if is_classifier(self.estimator):
-            for role, estimator in (("estimator", self.estimator), ("fallback", self.fallback)):
-                if hasattr(estimator, "fit") and not hasattr(estimator, "predict_proba"):
-                    raise ValueError(
-                        "shrinkage blends the class probabilities of a group's models, so the "
-                        f"{role} needs predict_proba, which {type(estimator).__name__} has not")
-        elif not is_regressor(self.estimator):
-            raise ValueError("shrinkage blends the predictions of a group's models, so it "
-                             "needs a regressor or a classifier with predict_proba; "
-                             f"{type(self.estimator).__name__} is neither")
-        return shrinkage_function(self.shrinkage, self.shrinkage_kwargs)
-
-    def _check_fallback_kind(self) -> None:
-        """A classifier's fallback must give classes, a regressor's numbers:
-        a regressor answering a classifier's unseen groups would put its
-        numbers among the predicted classes."""
-        if not hasattr(self.fallback, "fit"):
-            return
-        for kind, other in ((is_classifier, is_regressor), (is_regressor, is_classifier)):
-            if kind(self.estimator) and other(self.fallback):
-                raise ValueError(
-                    f"fallback {type(self.fallback).__name__} is a "
-                    f"{'regressor' if other is is_regressor else 'classifier'}, and estimator "
-                    f"{type(self.estimator).__name__} is not: the fallback answers the rows "
-                    "of unseen groups, so it must be an estimator of the same kind")
 
     def _forget_fit(self) -> None:
         """Drop every fitted attribute (scikit-learn's trailing underscore), so
@@ -272,8 +206,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         from ..api import train  # (not `import manymodels`: the layer contract sees these)
         from ..inputs.sources import groups
 
-        shrink = self._check_params()
-        keys, features, y, sample_weight = self._checked_data(X, y, sample_weight)
+        shrink = checked_params(self)
+        keys, features, y, sample_weight = checked_data(self, X, y, sample_weight)
         if is_classifier(self.estimator):
             from sklearn.utils.multiclass import check_classification_targets
 
@@ -281,7 +215,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             self.classes_ = np.unique(y)
         X_all = feature_input(features, self._as_frame)
         if X_all.shape[1] == 0:
-            self._check_fits_without_features(X_all, y, keys.shape[1])
+            check_fits_without_features(self.estimator, X_all, y, keys.shape[1])
 
         depth = keys.shape[1]
         hierarchical = bool(self.hierarchical) or shrink is not None
@@ -338,38 +272,6 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             self.shrinkage_factors_ = {public(k): w for k, w in weights.items()
                                        if len(k) == depth}
         return self
-
-    def _checked_data(self, X: Any, y: Any, sample_weight: Any) -> tuple:
-        """The key columns, the features, ``y`` and the weights, each checked
-        as scikit-learn checks them, before any model is fitted."""
-        if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target "
-                             "y is None")
-        keys, features = split_X(self, X, fitting=True)
-        y = column_or_1d(y, warn=True)
-        if y.dtype.kind in "fc":  # scikit-learn's message for NaN or inf in y
-            check_array(y, ensure_2d=False, dtype=None, input_name="y")
-        if len(y) != len(features):
-            raise ValueError(f"X has {len(features)} rows but y has {len(y)}")
-        if len(y) == 0:
-            raise ValueError("cannot fit on 0 samples")
-        if sample_weight is not None:
-            for estimator in (self.estimator, self.fallback):
-                if hasattr(estimator, "fit") and not has_fit_parameter(estimator,
-                                                                       "sample_weight"):
-                    raise TypeError(f"{type(estimator).__name__}.fit takes no sample_weight")
-            sample_weight = _check_sample_weight(sample_weight, features)
-        return keys, features, y, sample_weight
-
-    def _check_fits_without_features(self, X_all: Any, y: np.ndarray, depth: int) -> None:
-        """With the key columns alone as X, make sure the estimator fits on no
-        feature at all, before any group is fitted, with scikit-learn's message."""
-        try:
-            clone(self.estimator).fit(X_all, y)
-        except ValueError as exc:
-            raise ValueError(f"X has {depth} feature(s), all of them by columns, and "
-                             f"{type(self.estimator).__name__} cannot fit without a "
-                             f"feature: {exc}") from exc
 
     def _fit_global(self, X_all: Any, y: np.ndarray, sample_weight: Any = None) -> Any:
         """The fallback fitted on all rows (None with ``fallback="error"``)."""

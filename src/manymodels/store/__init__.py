@@ -9,7 +9,8 @@ engine's workers as finished results (to be written). The layers above
 - Files: the SQLite index in WAL mode (:mod:`.database`, :mod:`.newstore`,
   :mod:`.opening`) beside the models' artifacts (:mod:`.artifacts`) and
   packs of many small ones (:mod:`.packs`); a store on an object store
-  works on a local copy (:mod:`.remote`, :mod:`.localcopy`).
+  works on a local copy (:mod:`.remote`, :mod:`.localcopy`; the copy read as
+  files, :mod:`.indexfiles`).
 - Writing a run: its start with what it reuses (:mod:`.runstart`,
   :mod:`.reuse`), its tasks recorded in batched transactions
   (:mod:`.recorder`) by a thread of their own (:mod:`.writer`) as

@@ -55,7 +55,6 @@ import os
 import re
 import sqlite3
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +72,7 @@ from ..inputs.objectstores import (
     without_secrets,
 )
 from .database import INDEX_NAME, StoreError
+from .indexfiles import file_digest, fingerprint_of, has_runs
 from .localcopy import SYNCED, adopt_older_copy, copy_folder
 
 log = logging.getLogger("manymodels.store")
@@ -227,8 +227,8 @@ class RemoteIndex:
                     "starts there", shown(self.location), aside)
 
     def _fingerprint(self) -> list:
-        """What changes whenever the copy is written (:func:`_fingerprint_of`)."""
-        return _fingerprint_of(self.copy)
+        """What changes whenever the copy is written (:func:`.indexfiles.fingerprint_of`)."""
+        return fingerprint_of(self.copy)
 
     def _snapshot(self, into: Path, source: Path | None = None) -> str:
         """A consistent copy of the copy's index (or of ``source``) at
@@ -241,7 +241,7 @@ class RemoteIndex:
         finally:
             target.close()
             source_conn.close()
-        return _file_digest(into)
+        return file_digest(into)
 
     def _current(self, synced: dict, scratch: Path) -> tuple[str | None, list, bool]:
         """The copy's digest now (a snapshot in ``scratch``, taken only where
@@ -253,7 +253,7 @@ class RemoteIndex:
             return None, fingerprint, True
         if synced.get("fingerprint") == fingerprint and synced.get("snapshot"):
             return synced["snapshot"], fingerprint, False
-        return self._snapshot(scratch / "index"), fingerprint, not _has_runs(index)
+        return self._snapshot(scratch / "index"), fingerprint, not has_runs(index)
 
     @staticmethod
     def _unchanged(current: str | None, synced: dict) -> bool:
@@ -441,73 +441,3 @@ class RemoteIndex:
                     and entry.mtime.timestamp() < time.time() - STRAY_AGE_S):
                 removed += remove_object(self._uri(f"{INDEXES}/{name}"))
         return removed
-
-
-def _fingerprint_of(copy: Path) -> list:
-    """What changes whenever the index in ``copy`` is written: its files'
-    sizes and times, and the head of SQLite's shared-memory index of the
-    log, whose change counter and last frame move with every commit (a time
-    alone is as coarse as the file system's clock)."""
-    marks: list = []
-    for name in (INDEX_NAME, INDEX_NAME + "-wal"):
-        try:
-            info = os.stat(copy / name)
-            marks.append([info.st_size, info.st_mtime_ns])
-        except OSError:
-            marks.append(None)
-    head = _shared_memory_head(copy / (INDEX_NAME + "-shm"))
-    marks.append(None if head is None else head.hex())
-    return marks
-
-
-#: Per ``-shm`` file: the descriptor this process reads its head through,
-#: and the file's inode then.
-_SHARED_MEMORY_READERS: dict[str, tuple[int, int]] = {}
-_SHARED_MEMORY_LOCK = threading.Lock()
-
-
-def _shared_memory_head(path: Path) -> bytes | None:
-    """The first 48 bytes of SQLite's shared-memory file ``path`` (None
-    where there is none), read through a descriptor this process keeps
-    open: closing a descriptor of a file (any one) drops every POSIX lock
-    the process holds on it, its SQLite connections' too, and the next
-    process to open the index then takes the shared memory for unused and
-    truncates it under them (a bus error killed a driver of this machine).
-    A descriptor is closed only once the file is another (SQLite removed
-    it and made it again): no connection of this process uses the old one."""
-    try:
-        inode = os.stat(path).st_ino
-    except OSError:
-        return None
-    with _SHARED_MEMORY_LOCK:
-        held = _SHARED_MEMORY_READERS.get(str(path))
-        if held is None or held[1] != inode:
-            try:
-                descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return None
-            if held is not None:
-                os.close(held[0])
-            held = _SHARED_MEMORY_READERS[str(path)] = (descriptor, os.fstat(descriptor).st_ino)
-        try:
-            return os.pread(held[0], 48, 0)
-        except OSError:
-            return None
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _has_runs(index: Path) -> bool:
-    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
-    try:
-        return conn.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
-    except sqlite3.Error:
-        return False
-    finally:
-        conn.close()
