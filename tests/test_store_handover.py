@@ -24,6 +24,7 @@ from manymodels.store.recorder import _runs, _taken
 
 def _scheduler(tasks: int) -> Scheduler:
     scheduler = Scheduler.__new__(Scheduler)  # the bookkeeping alone, no backend
+    scheduler.watch_ok = None
     scheduler.records, scheduler.recorder = TaskRecords(tasks), None
     scheduler._done = scheduler._ok = scheduler._failed = 0
     scheduler._last_attempt = {}

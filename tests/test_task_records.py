@@ -18,6 +18,7 @@ from manymodels.engine.scheduling import Scheduler
 
 def _scheduler(tasks: int, retries: int = 0) -> Scheduler:
     scheduler = Scheduler.__new__(Scheduler)  # the bookkeeping alone, no backend
+    scheduler.watch_ok = None
     scheduler.records, scheduler.recorder = TaskRecords(tasks, retries), None
     scheduler.retries = retries
     scheduler._done = scheduler._ok = scheduler._failed = 0
