@@ -95,8 +95,8 @@ def test_map_partitions_checks_its_outputs_on_either_path():
                 mm.map_partitions(fn, frame, **split)
     pl = pytest.importorskip("polars")
     labelled = pd.DataFrame({"v": np.arange(9.0)}, index=np.arange(9) * 10)
-    with pytest.raises(TypeError, match="returned pandas for partition 0 and a polars DataFrame for "
-                                        "partition 1"):
+    with pytest.raises(TypeError, match="returned pandas for partition 0 and a polars "
+                                        "DataFrame for partition 1"):
         mm.map_partitions(lambda part: part if part.index[0] == 0 else pl.from_pandas(part),
                           labelled, partitions=3, backend="serial")
 
