@@ -235,11 +235,15 @@ class _Names(frozenset):
 
 def _two_orders(make):
     """Two equal sets of texts that iterate in different orders (a set's
-    order follows the order its elements went in, where they collide)."""
-    words = [f"column_{i}" for i in range(40)]
-    first, second = make(words), make(reversed(words))
-    assert first == second and list(first) != list(second)
-    return first, second
+    order follows the order its elements went in, where they collide: with
+    some hash seeds forty texts do not, so more are taken until they do)."""
+    for count in (40, 200, 1000, 5000):
+        words = [f"column_{i}" for i in range(count)]
+        first, second = make(words), make(reversed(words))
+        assert first == second
+        if list(first) != list(second):
+            return first, second
+    raise AssertionError("no two orders of 5,000 texts made sets that iterate apart")
 
 
 @pytest.mark.parametrize("make", [set, frozenset, _Names], ids=["set", "frozenset", "subclass"])
