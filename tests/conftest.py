@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +15,8 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
+
+from manymodels.engine.backends._process_start import FORK_UNSAFE_MODULES
 
 BACKENDS = ["serial", "threads", "processes"]
 
@@ -36,6 +41,80 @@ os.environ["MANYMODELS_CACHE_DIR"] = _CACHE.name
 # 130). Handled here, it is the default again in the processes started.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# -- the suite forks its workers ----------------------------------------------
+#
+# ``start_method="auto"`` (what users get) forks a run's workers unless the
+# driver holds something a fork does not survive: once polars, torch (or
+# mlflow, which imports polars) is imported, every later run spawns, which
+# costs about a second a run and leaves the fork path, the default on Linux,
+# untested by most of the suite. So the test modules import those libraries
+# only where a test uses them (:data:`lazy_polars`), the tests that do run
+# after all the others (:func:`pytest_collection_modifyitems`), and the
+# summary names the first test that imported one (:func:`pytest_terminal_summary`)
+# so that one which escaped the ordering is seen.
+
+_NAMES_FORK_UNSAFE = re.compile(r"polars|\bpl\.|torch|mlflow|track=|tensorflow|\bjax|cupy")
+_first_fork_unsafe_import: list[str] = []
+
+
+class LazyModule:
+    """A module imported on its first public attribute read, not at
+    collection (which looks for ``__test__`` and the like on everything a
+    test module holds)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_") or attribute.startswith("pytest"):
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self._name), attribute)
+
+
+lazy_polars = LazyModule("polars")
+
+
+def _imports_fork_unsafe(item) -> bool:
+    """Whether the test names a library a fork does not survive: in its
+    name or parameters (``[polars]``), its fixtures, or its own source."""
+    text = " ".join([item.name, *getattr(item, "fixturenames", ())])
+    function = getattr(item, "function", None)
+    if function is not None:
+        try:
+            text += inspect.getsource(function)
+        except (OSError, TypeError):
+            pass
+    return bool(_NAMES_FORK_UNSAFE.search(text))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that import a fork-unsafe library run last, each group in
+    its collected order (modules stay together)."""
+    loaded = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+    if loaded:
+        _first_fork_unsafe_import.append(f"the collection imported {loaded[0]}")
+    late = [item for item in items if _imports_fork_unsafe(item)]
+    if late:
+        late_ids = {id(item) for item in late}
+        items[:] = [item for item in items if id(item) not in late_ids] + late
+
+
+@pytest.fixture(autouse=True)
+def _note_fork_unsafe_imports(request):
+    yield
+    if not _first_fork_unsafe_import:
+        loaded = [name for name in FORK_UNSAFE_MODULES if name in sys.modules]
+        if loaded:
+            _first_fork_unsafe_import.append(f"{request.node.nodeid} imported {loaded[0]}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _first_fork_unsafe_import:
+        terminalreporter.write_line(
+            "workers spawn, not fork, from the first test that imported a fork-unsafe "
+            f"library on: {_first_fork_unsafe_import[0]}")
 
 
 def shm_files() -> set[str]:

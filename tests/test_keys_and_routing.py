@@ -9,12 +9,12 @@ from decimal import Decimal
 
 import numpy as np
 import pandas as pd
-import polars as pl
 import pyarrow as pa
 import pytest
 from sklearn.linear_model import LinearRegression, Ridge
 
 import manymodels as mm
+from conftest import lazy_polars as pl
 from conftest import run_cli
 from manymodels.inputs.keys import decode_key, encode_key
 from manymodels.sklearn import GroupedEstimator

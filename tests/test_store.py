@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import polars as pl
 import pytest
 
 import manymodels as mm
 from conftest import fit_linear, run_cli
+from conftest import lazy_polars as pl
 from manymodels.store import keylookups, taskblocks
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")

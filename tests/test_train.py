@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import polars as pl
 import pyarrow as pa
 import pytest
 
 import manymodels as mm
 from conftest import BACKENDS, fit_linear, wait_for_workers
+from conftest import lazy_polars as pl
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
