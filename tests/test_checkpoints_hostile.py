@@ -430,6 +430,42 @@ def test_a_process_forked_while_a_thread_takes_a_number_neither_hangs_nor_blocks
         child.kill()
 
 
+def test_a_start_during_a_claim_counts_after_it(tmp_path, monkeypatch):
+    """A claim renamed a stopped run's slot to its own, then reset its
+    attempt counter: another start of the task (a retry) that found the slot
+    between the two counted on the old counter (4), which the claim then
+    reset, and the claim counted 1: the attempt the run gave up on was
+    never refused as superseded. The rename, the reset and the claim's own
+    count are one hold of the slot's lock: the retry counts 2 after them."""
+    import os
+
+    from manymodels.engine.checkpoints import CheckpointSuperseded
+    from manymodels.engine.checkpointspace import CheckpointSpace
+
+    stopped = CheckpointSpace(str(tmp_path), ["ab" * 32])
+    for _ in range(3):
+        stopped.open(0)
+    stopped.open(0).save({"step": 1})
+    space = CheckpointSpace(str(tmp_path), ["ab" * 32])
+    rename, retries = os.rename, []
+
+    def rename_then_retry(source, target):  # the retry starts right after the rename
+        rename(source, target)
+        if not retries:
+            retry = threading.Thread(target=lambda: retries.append(space.open(0)))
+            retries.append(retry)
+            retry.start()
+            retry.join(timeout=0.2)  # (returns at once where it does not wait for the claim)
+
+    monkeypatch.setattr(os, "rename", rename_then_retry)
+    first = space.open(0)
+    retries[0].join()
+    assert (first.attempt, retries[1].attempt) == (1, 2)
+    with pytest.raises(CheckpointSuperseded):
+        first.save({"step": 2})
+    retries[1].save({"step": 2})
+
+
 def test_a_superseded_attempt_that_reads_again_leaves_the_retrys_checkpoint(tmp_path):
     """The attempt given up on read its slot again after the retry had saved
     over the state file its manifest named: its check failed, and it emptied

@@ -1309,6 +1309,59 @@ def test_a_close_while_another_thread_opens_its_connection_leaves_nothing_open(
         opened[0].execute("SELECT 1")
 
 
+@pytest.mark.parametrize("call", ["fetch", "blob", "write"])
+def test_a_close_by_another_thread_mid_call_is_refused_by_name(tmp_path, call):
+    """A thread in the middle of a call on the store (a cursor being read,
+    a block's blob, a write's transaction) when another thread closed it got
+    sqlite3's own error ("Cannot operate on a closed database", "bad
+    parameter or other API misuse"), or the process crashed. It gets the
+    store's error that it was closed, and what the write began is rolled
+    back whole."""
+    from manymodels.store import database
+
+    path = tmp_path / "store"
+    mm.train(lambda item: [item], mm.items(range(3)), backend="serial", store=path,
+             progress=False)
+    store = mm.Store(path)
+    midway, closed, errors = threading.Event(), threading.Event(), []
+
+    def use() -> None:
+        conn = store._conn
+        try:
+            if call == "fetch":
+                rows = conn.execute("SELECT run_id FROM runs")
+                midway.set()
+                closed.wait()
+                rows.fetchall()
+            elif call == "blob":
+                (block,) = conn.execute("SELECT min(block_id) FROM task_blocks").fetchone()
+                with conn.blobopen("task_blocks", "data", block, readonly=True) as blob:
+                    midway.set()
+                    closed.wait()
+                    blob.read()
+            else:
+                with database.write_transaction(conn, path, "the test's write"):
+                    conn.execute("INSERT INTO attachments VALUES (1, 'half', 'x')")
+                    midway.set()
+                    closed.wait()
+                    conn.execute("INSERT INTO attachments VALUES (1, 'rest', 'x')")
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            midway.set()
+
+    thread = threading.Thread(target=use)
+    thread.start()
+    midway.wait()
+    store.close()
+    closed.set()
+    thread.join()
+    assert [type(e) for e in errors] == [mm.StoreError], errors
+    assert "was closed: open it again" in str(errors[0])
+    with sqlite3.connect(path / "index.sqlite") as conn:
+        assert conn.execute("SELECT count(*) FROM attachments").fetchone() == (0,)
+
+
 def test_the_counts_of_runs_deleted_or_ended_are_not_kept(tmp_path):
     """``Store.runs`` kept each unfinished run's counts forever: a server's
     store whose runs were deleted and collected grew by every run it had

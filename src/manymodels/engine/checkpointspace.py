@@ -268,18 +268,20 @@ class CheckpointSpace:
             self._running += 1
         base = self._task_dir(index)
         own = base / self.token
+        attempt = None  # (a claim takes its number with the slot)
         for last_try in (False, False, True):
             try:
                 if not own.is_dir():
                     base.mkdir(parents=True, exist_ok=True)
                     if not self.fresh:
-                        self._claim(base, own)
+                        attempt = self._claim(base, own)
                     own.mkdir(exist_ok=True)
                 break
             except FileNotFoundError:  # another task's drop removed the folder they share
                 if last_try:
                     raise
-        attempt = _count_start(own)
+        if attempt is None:
+            attempt = _count_start(own)
         return Checkpoint(own, attempt=attempt,
                           owner={"token": self.token, "run_id": self.run_id},
                           run_alive=functools.partial(still_held, Path(self.root), self.token,
@@ -304,8 +306,14 @@ class CheckpointSpace:
         name = self.names[index] if self.names is not None else f"task-{index}"
         return Path(self.root) / name[:2] / name
 
-    def _claim(self, base: Path, own: Path) -> None:
-        """Rename the newest slot of a run no longer running to ``own``."""
+    def _claim(self, base: Path, own: Path) -> int | None:
+        """Rename the newest slot of a run no longer running to ``own``; this
+        start's number there (1), or None where none was claimed. The rename,
+        the counter's reset and this start's count are one hold of the
+        slot's counter lock (its file moves with the slot): another start
+        of the task that finds ``own`` counts after them, never between
+        (its count was reset, and neither start was then refused as
+        superseded)."""
         root = Path(self.root)
         candidates = []
         for slot in base.iterdir():
@@ -318,19 +326,25 @@ class CheckpointSpace:
             candidates.append((saved, slot))
         for _, slot in sorted(candidates, reverse=True):
             try:
-                os.rename(slot, own)  # atomic: of two claimants, one wins
-            except OSError:  # another worker claimed it first
+                with _counting(slot):
+                    try:
+                        os.rename(slot, own)  # atomic: of two claimants, one wins
+                    except OSError:  # another worker claimed it first
+                        continue
+                    # this run's attempts count from 1 (resumed_from names
+                    # "attempt 1 of run 2")
+                    (own / ATTEMPTS).unlink(missing_ok=True)
+                    attempt = _raise_count(own)
+            except FileNotFoundError:  # (its lock's file: removed meanwhile, by gc)
                 continue
-            # this run's attempts count from 1 (resumed_from names "attempt 1 of run 2")
-            with _counting(own):
-                (own / ATTEMPTS).unlink(missing_ok=True)
             # the slot is this run's now (gc keeps it while this run is in the
             # store, whichever run saved what it holds)
             if self.run_id is not None:
                 temporary = own / f".tmp-{CLAIMED}-{os.getpid()}"
                 temporary.write_text(json.dumps({"run_id": self.run_id, "token": self.token}))
                 os.replace(temporary, own / CLAIMED)
-            return
+            return attempt
+        return None
 
 
 def _claimable(slot: Path, token: str) -> bool:
@@ -375,15 +389,20 @@ def _count_start(slot: Path) -> int:
     file: read and raised under :func:`_counting`, so that two attempts
     opening the slot at once get two numbers (they got one, and neither
     was refused as superseded)."""
-    counter = slot / ATTEMPTS
     with _counting(slot):
-        try:
-            count = int(counter.read_text()) + 1
-        except (OSError, ValueError):
-            count = 1
-        temporary = slot / f".tmp-attempts-{os.getpid()}-{threading.get_ident()}"
-        temporary.write_text(str(count))
-        os.replace(temporary, counter)
+        return _raise_count(slot)
+
+
+def _raise_count(slot: Path) -> int:
+    """Raise the slot's counter by one (held by :func:`_counting`); the new count."""
+    counter = slot / ATTEMPTS
+    try:
+        count = int(counter.read_text()) + 1
+    except (OSError, ValueError):
+        count = 1
+    temporary = slot / f".tmp-attempts-{os.getpid()}-{threading.get_ident()}"
+    temporary.write_text(str(count))
+    os.replace(temporary, counter)
     return count
 
 

@@ -36,6 +36,7 @@ from urllib.parse import quote
 from ..engine.records import RecordingError
 from ..identity.valuehash import STORE_INDEX
 from ..inputs.objectstores import shown
+from .connections import IndexConnection
 from .drivers import driver_label, mark_dead_runs_interrupted
 
 INDEX_NAME = STORE_INDEX  # (identity hashes a store's folder by its path: it knows the name)
@@ -182,7 +183,7 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
         fresh = not existed or (index.stat().st_size == 0 and not _has_content(
             index.with_name(INDEX_NAME + "-wal")))
         conn = sqlite3.connect(index, timeout=60, isolation_level=None,
-                               check_same_thread=False)
+                               check_same_thread=False, factory=IndexConnection)
         if opened:
             _configure(conn)
             _check_format(conn, index)
@@ -234,7 +235,7 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
     uri = f"file:{quote(str(index.resolve()))}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
-                               timeout=READ_BUSY_S)
+                               timeout=READ_BUSY_S, factory=IndexConnection)
         conn.execute("SELECT count(*) FROM runs").fetchone()
     except sqlite3.OperationalError as exc:
         if _writable_beside(index):  # a live store: immutable would read it stale, forever
@@ -243,7 +244,7 @@ def _connect_read_only(index: Path) -> sqlite3.Connection:
             raise StoreError(f"store index {str(index)!r} could not be read ({exc}){busy}"
                              ) from exc
         conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
-                               isolation_level=None)
+                               isolation_level=None, factory=IndexConnection)
         conn.execute("SELECT count(*) FROM runs").fetchone()
     _check_is_store(conn, index)
     _check_format(conn, index)

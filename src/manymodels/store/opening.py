@@ -273,8 +273,8 @@ class OpenedIndex:
         with self._connecting:
             self._closed = True
             connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
+        for conn in connections:  # (each once a call under way on it has ended)
+            conn.close_refusing(self._closed_error)
 
     def __str__(self) -> str:
         return shown(self.location)

@@ -89,9 +89,13 @@ class Store(OpenedIndex):
         ``.dt.tz_convert(zone)`` gives them in another zone,
         ``.dt.tz_localize(None)`` as naive UTC times.
         """
-        frame = pd.read_sql_query(
+        # (not pandas' read_sql_query, which made the store's error that it was
+        # closed by another thread meanwhile a pandas DatabaseError)
+        cursor = self._conn.execute(
             "SELECT run_id, started_at, finished_at, status, backend, workers, source, fit, "
-            "tasks, ok, failed, reused, wall_s FROM runs ORDER BY run_id", self._conn)
+            "tasks, ok, failed, reused, wall_s FROM runs ORDER BY run_id")
+        frame = pd.DataFrame.from_records(cursor.fetchall(), coerce_float=True, columns=[
+            column[0] for column in cursor.description])
         for column in ("started_at", "finished_at"):  # kept as epoch seconds
             frame[column] = pd.to_datetime(frame[column].astype(float), unit="s",
                                            utc=True).dt.round("us")
