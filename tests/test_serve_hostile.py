@@ -453,6 +453,15 @@ def test_a_model_path_finds_infinite_and_nan_keys_and_says_nan_metrics_as_null(t
     # JSON has no infinity: its text, as the request gave it (null is the missing key's)
     assert client.get("/v1/models/-Infinity").json()["key"] == ["-Infinity"]
     assert client.get("/v1/models/NaN").json()["key"] == [None]
+    # a part of a key of several columns alike: ["s1", "Infinity"] was read as text
+    mm.train(fit_x_nan_metric, mm.groups(frame.assign(s="s1"), by=["s", "k"]),
+             store=tmp_path / "two", backend="serial", progress=False)
+    client = _app(tmp_path / "two")
+    for text in ("Infinity", "-Infinity", "NaN", "1.5"):
+        answer = client.get(f'/v1/models/["s1", "{text}"]')
+        assert answer.status_code == 200, (text, answer.text)
+        assert answer.json()["key"] == ["s1", None if text == "NaN" else json.loads(text)
+                                        if text == "1.5" else text]
 
 
 # -- true beside 1 in one request ---------------------------------------------------

@@ -330,26 +330,34 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
         if not isinstance(value, list) or len(value) != len(catalog.by):
             raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "
                              f"({', '.join(catalog.by)}), got {text!r}")
-        return tuple(temporal_key(v, column, name) if isinstance(v, str) and temporal(column)
+        # a part given as text is read as one key column's text is (["s1", "Infinity"]:
+        # a float where the column holds numbers)
+        return tuple(part_from_text(v, column, name) if isinstance(v, str)
                      else tagged_value(v) if is_tagged(v) else v
                      for v, column, name in zip(value, kinds, catalog.by))
-    if temporal(kinds[0]):
-        return (temporal_key(text, kinds[0], catalog.by[0]),)
-    if "text" in kinds[0]:
-        return (text,)
+    return (part_from_text(text, kinds[0], catalog.by[0]),)
+
+
+def part_from_text(text: str, kinds: frozenset[str], column: str) -> Any:
+    """One key part given as ``text``, as :func:`key_parts` reads it for the
+    key column ``column``, which holds ``kinds``."""
+    if temporal(kinds):
+        return temporal_key(text, kinds, column)
+    if "text" in kinds:
+        return text
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
-        return (text,)
+        return text
     if isinstance(value, float) and value != value:
         # NaN: a missing key, stored as null (canonical), as POST /v1/predict routes it
         value = None
     if is_tagged(value):
-        return (tagged_value(value),)
+        return tagged_value(value)
     kind = value_kind(value)
-    if kind in ("number", "bool", "null") and (kind in kinds[0] or not kinds[0]):
-        return (value,)
-    return (text,)
+    if kind in ("number", "bool", "null") and (kind in kinds or not kinds):
+        return value
+    return text
 
 
 #: The tags of the store's text of a key part JSON has no type for
