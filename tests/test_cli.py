@@ -407,20 +407,24 @@ def test_show_tells_infinite_metrics_from_missing_and_names_the_exception(tmp_pa
 def fit_with_a_count_and_a_failure(item):
     if item == 1:
         raise ValueError("boom")
-    return {"rows": 123456 + item, "score": 0.5}
+    return {"rows": 123456 + item, "score": 0.5, "r2": 1.0}
 
 
 def test_show_keeps_integer_columns_integers_beside_failed_tasks(tmp_path):
     """A failed task's missing values made an integer metric (and ``size``)
-    floats: ``show -f csv`` printed ``123456.0``, a table ``1.235e+05``."""
+    floats: ``show -f csv`` printed ``123456.0``, a table ``1.235e+05``. A
+    float metric whole in every row (an ``r2`` of 1.0) stays a float: it
+    was printed ``1``."""
     store = tmp_path / "store"
     mm.train(fit_with_a_count_and_a_failure, mm.items(range(3)), backend="serial",
              progress=False, store=store)
     as_csv = run_cli("show", store, "-f", "csv").stdout
-    assert "123456," in as_csv and "123456.0" not in as_csv and ",0.5" in as_csv
-    assert [row["rows"] for row in json.loads(run_cli("show", store, "-f", "json").stdout)] \
-        == [123456, None, 123458]
-    assert "123458" in run_cli("show", store).stdout
+    assert "123456," in as_csv and "123456.0" not in as_csv and ",0.5,1.0" in as_csv
+    shown = json.loads(run_cli("show", store, "-f", "json").stdout)
+    assert [row["rows"] for row in shown] == [123456, None, 123458]
+    assert [repr(row["r2"]) for row in shown] == ["1.0", "None", "1.0"]
+    table = run_cli("show", store).stdout
+    assert "123458" in table and table.split("\n")[-2].rstrip().endswith("0.5  1.0")
 
 
 @pytest.mark.parametrize("column, said", [("none", "missing in every row"),

@@ -289,12 +289,14 @@ def test_calls_that_need_the_rows_here_refuse_an_engine_frame_first(engine, tabl
 def test_store_predict_of_an_engine_frame_is_the_engines_frame(engine, table, tmp_path):
     """The engine groups the new rows and its workers predict them from the
     store: the same numbers as Store.predict of the pandas table, a group
-    with no model gets the fallback (or null and "none"), nothing collected."""
+    with no model gets the fallback (or null and "none"), nothing collected;
+    the groups that failed in training and go to the fallback are said, as
+    the pandas path says them (silent, before)."""
     from sklearn.linear_model import LinearRegression
 
     name = engine[0]
     seen = table[table["store"] != 9]
-    mm.train(fit_sklearn_linear, mm.groups(seen, by="store"), store=tmp_path / "store",
+    mm.train(fit_linear_but_store_8, mm.groups(seen, by="store"), store=tmp_path / "store",
              backend="serial", progress=False)
     store = mm.Store(tmp_path / "store")
     rows = table.assign(row=np.arange(len(table)))
@@ -311,8 +313,13 @@ def test_store_predict_of_an_engine_frame_is_the_engines_frame(engine, table, tm
 
     store.attach(store.runs()["run_id"].max(), "fallback", LinearRegression().fit(
         table[["x"]], table["y"]))
-    with_fallback = _collected(name, store.predict(_engine_frame(engine, rows), by="store",
-                                                   features=["x"], with_source=True))
+    fell = r"1 group failed in training and is answered by the fallback model.*\[8\]"
+    with pytest.warns(RuntimeWarning, match=fell):
+        store.predict(rows, by="store", features=["x"])
+    with pytest.warns(RuntimeWarning, match=fell):  # on the driver, once, nothing run yet
+        answer = store.predict(_engine_frame(engine, rows), by="store", features=["x"],
+                               with_source=True)
+    with_fallback = _collected(name, answer)
     assert set(with_fallback.loc[with_fallback["store"] == 9, "source"]) == {"fallback"}
     assert with_fallback["prediction"].notna().all()
 
@@ -337,6 +344,12 @@ def fit_sklearn_linear(df):
     from sklearn.linear_model import LinearRegression
 
     return LinearRegression().fit(df[["x"]], df["y"])
+
+
+def fit_linear_but_store_8(df):
+    if df["store"].iloc[0] == 8:
+        raise ValueError("store 8 is bad")
+    return fit_sklearn_linear(df)
 
 
 def fit_classifier(df):

@@ -453,6 +453,15 @@ def test_a_model_path_finds_infinite_and_nan_keys_and_says_nan_metrics_as_null(t
     # JSON has no infinity: its text, as the request gave it (null is the missing key's)
     assert client.get("/v1/models/-Infinity").json()["key"] == ["-Infinity"]
     assert client.get("/v1/models/NaN").json()["key"] == [None]
+    # a part of a key of several columns alike: ["s1", "Infinity"] was read as text
+    mm.train(fit_x_nan_metric, mm.groups(frame.assign(s="s1"), by=["s", "k"]),
+             store=tmp_path / "two", backend="serial", progress=False)
+    client = _app(tmp_path / "two")
+    for text in ("Infinity", "-Infinity", "NaN", "1.5"):
+        answer = client.get(f'/v1/models/["s1", "{text}"]')
+        assert answer.status_code == 200, (text, answer.text)
+        assert answer.json()["key"] == ["s1", None if text == "NaN" else json.loads(text)
+                                        if text == "1.5" else text]
 
 
 # -- true beside 1 in one request ---------------------------------------------------
@@ -1101,3 +1110,31 @@ def test_the_ray_deployments_model_that_does_not_unpickle_is_named(tmp_path):
     assert response.status_code == 500 and "of key 1 does not unpickle" in error
     assert "ModuleNotFoundError: No module named 'gone'" in error
 
+
+
+def fit_x_but_k_2(df):
+    if df["k"].iloc[0] == 2:
+        raise ValueError("k 2 is bad")
+    return fit_x(df)
+
+
+def test_a_group_that_failed_in_training_answered_by_the_fallback_is_logged_once(
+        tmp_path, caplog):
+    """Store.predict warns of a group that failed in training and is answered
+    by the fallback; the server said nothing. Now a warning in its log, once
+    per group and run, not per request (a group never trained: not said)."""
+    frame = pd.DataFrame({"k": np.repeat([1, 2], 5), "x": np.arange(10.0),
+                          "y": np.repeat([1.0, 2.0], 5)})
+    run = mm.train(fit_x_but_k_2, mm.groups(frame, by="k"), store=tmp_path / "s",
+                   backend="serial", progress=False)
+    mm.Store(tmp_path / "s").attach(run.run_id, "fallback", fit_x(frame))
+    client = _app(tmp_path / "s")
+    rows = {"rows": [{"k": k, "x": 0.0} for k in (2, 1, 3, 2)]}
+    with caplog.at_level("WARNING", logger="manymodels.serve"):
+        for _ in range(3):
+            assert client.post("/v1/predict", json=rows).json()["source"] == [
+                "fallback", "group", "fallback", "fallback"]
+    said = [r.getMessage() for r in caplog.records if "failed in training" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("run 1: 1 group failed in training and is answered by the "
+                              "fallback model: e.g. [2], status failed")

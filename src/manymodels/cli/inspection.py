@@ -54,13 +54,13 @@ def show(
     """
     opened = open_store(store)
     try:
-        frame = opened.results(run)
+        frame, floats = opened._shown_results(run)  # (an r2 of 1.0 printed as 1.0)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="RUN") from exc
     if fmt != OutputFormat.table:  # every column, the whole traceback
         frame = iso_times(frame, ["started_at"])
         print_frame(frame if limit is None else frame.head(limit), "results", fmt,
-                    keys=frame.columns.get_loc("run_id"))
+                    keys=frame.columns.get_loc("run_id"), floats=floats)
         return
     counts = frame["status"].value_counts().to_dict()
     run_id = int(frame["run_id"].iloc[0]) if len(frame) else opened._run_row(run)[0]
@@ -74,7 +74,8 @@ def show(
     frame = frame.drop(columns=["artifact", "run_id", "started_at"])
     frame["error"] = frame["error"].map(lambda e: error_line(e)[:80])
     shown = 20 if limit is None else limit
-    print_frame(texts_quoted_beside_others(frame.head(shown), keys), "results", keys=keys)
+    print_frame(texts_quoted_beside_others(frame.head(shown), keys), "results", keys=keys,
+                floats=floats)
     if len(frame) > shown:  # (the first line counts every task: say these are not all)
         typer.echo(f"... {len(frame) - shown} more task(s) not shown (--limit N shows N; "
                    "-f csv or -f json, all)")

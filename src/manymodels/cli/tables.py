@@ -23,7 +23,7 @@ class OutputFormat(str, Enum):
 
 
 def cell(value: Any, exact: bool = False) -> str:
-    """``value`` as one short line: 4 significant digits, empty for missing;
+    """``value`` as one short line: 4 significant digits (a whole float ``1.0``), empty for missing;
     a control character (a terminal's escape sequence in a key or an error)
     shown as its escape, never sent to the terminal. ``exact`` (a key
     column's value, what ``manymodels why`` is given): a number whole
@@ -34,7 +34,10 @@ def cell(value: Any, exact: bool = False) -> str:
             type(value).__name__ == "NAType"):  # (pandas' NA: an Int64's missing value)
         return ""
     if isinstance(value, float):
-        return repr(float(value)) if exact else f"{value:.4g}"
+        if exact:
+            return repr(float(value))
+        short = f"{value:.4g}"  # a whole float as a float (an r2 of 1.0: "1.0", not "1")
+        return short + ".0" if short.lstrip("-").isdigit() else short
     if exact:
         return _KEY_CONTROL.sub(_escaped, str(value))
     return _CONTROL.sub(_escaped, " ".join(str(value).splitlines()))
@@ -66,19 +69,20 @@ def texts_quoted_beside_others(frame: Any, columns: int) -> Any:
     return frame
 
 
-def whole_numbers_as_ints(frame: Any, keys: int = 0) -> Any:
+def whole_numbers_as_ints(frame: Any, keys: int = 0, floats: Any = ()) -> Any:
     """``frame`` whose float columns that hold missing values beside whole
     numbers alone are nullable integers (``Int64``): integers that a
     missing value (a failed task's) made floats in pandas, printed as
     ``3``, not ``3.0`` (nor ``1.235e+05`` in a table). The first ``keys``
     columns (the keys) are left as they are: a float key prints as itself
-    (``0.0``, not ``0``), whatever another key is missing."""
+    (``0.0``, not ``0``), whatever another key is missing; so are the
+    columns named in ``floats`` (a metric of floats: an ``r2`` of 1.0)."""
     import numpy as np
 
     converted = {}
     for index in range(keys, frame.shape[1]):
         column = frame.iloc[:, index]
-        if column.dtype.kind != "f" or not column.isna().any():
+        if column.dtype.kind != "f" or not column.isna().any() or column.name in floats:
             continue
         values = column.dropna().to_numpy()
         if len(values) and np.isfinite(values).all() and (values == np.round(values)).all() \
@@ -201,15 +205,15 @@ MIN_TABLE_WIDTH = 20
 
 
 def print_frame(frame: Any, title: str, fmt: OutputFormat = OutputFormat.table, keys: int = 1,
-                console: Any = None) -> None:
+                console: Any = None, floats: Any = ()) -> None:
     """Print ``frame`` as csv, json, or a table. A table is never squeezed (no
     ``0.…``): piped or redirected it is plain aligned text; on a terminal too
     narrow for it, its columns are split over several tables, each repeating
     the first ``keys`` columns, printed whole (see :func:`cell`). A column
     of whole numbers with missing values (an integer metric or ``size``,
     missing for failed tasks) prints its numbers as integers, not ``3.0``
-    (the key columns as they are)."""
-    frame = whole_numbers_as_ints(frame, keys)
+    (the key columns and those named in ``floats`` as they are)."""
+    frame = whole_numbers_as_ints(frame, keys, floats)
     if fmt == OutputFormat.csv:
         typer.echo(frame.to_csv(index=False), nl=False)
         return

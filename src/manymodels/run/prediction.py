@@ -25,7 +25,7 @@ import pyarrow as pa
 from ..inputs.keys import TypedKeys, encode_keys
 from ..store.database import StoreIntegrityError
 from ..store.lazymodels import StoredModel
-from ..store.nomodel import answered_by_fallback, without_model
+from ..store.nomodel import answered_by_fallback, failed_to_fallback, without_model
 from .grouppredictor import GroupPredictor
 from .predictchecks import check_key_types, near_keys, refuse_text_features
 from .predictchunks import (
@@ -346,8 +346,16 @@ def predict_from_store(store: Any, table: Any, by: str | list[str] | None, metho
     if engine_of(table) is not None:  # its engine groups and predicts: nothing collected
         from .enginepredict import predict_engine_frame
 
-        return predict_engine_frame(store, table, GroupPredictor(
+        predicted = predict_engine_frame(store, table, GroupPredictor(
             by_columns, features, method, fn, backup), artifacts, with_source)
+        # which groups the table holds is not known here (its engine predicts them
+        # later): the run's failed groups the fallback would answer, said once
+        fell = "" if backup is None else failed_to_fallback(store, run, by_columns,
+                                                            list(run_keys), artifacts)
+        if fell:
+            warnings.warn(f"store {str(store)!r}{'' if run is None else f' of run {run}'}: "
+                          f"{fell}", RuntimeWarning, stacklevel=2)
+        return predicted
     frame = table if isinstance(table, pd.DataFrame) else exact_pandas(read_table(table))
     if frame.empty:
         raise ValueError("the table to predict has no rows")

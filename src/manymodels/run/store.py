@@ -34,6 +34,15 @@ class Store(_Store):
             return linear_runs.results_frame(self, linear)
         return with_resumed(self, super().results(run))
 
+    def _shown_results(self, run: int | None) -> tuple[pd.DataFrame, list[str]]:
+        """:meth:`results` and its metric columns of floats, for ``manymodels
+        show`` to print as floats (``1.0``) whatever task failed."""
+        linear = self._linear_run(self._run_row(run)[0])
+        if linear is not None:
+            return linear_runs.results_frame(self, linear), []
+        frame, floats = self._results_and_floats(run)
+        return with_resumed(self, frame), floats
+
     def load(self, key: Hashable, run: int | None = None) -> Any:
         """The model of ``key`` in ``run`` (default: the latest run that has
         ended). An mm.linear run keeps no model per group, but one result

@@ -61,6 +61,9 @@ class Catalog:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _described: dict[int, Any] = field(default_factory=dict, repr=False)
     _kinds: tuple[frozenset[str], ...] | None = field(default=None, repr=False)
+    key_columns: list[str] | None = None  # the served run's own key columns
+    _failed: Any = field(default=None, repr=False)  # TypedKeys: key -> status, read once
+    _said: set = field(default_factory=set, repr=False)  # the failed groups said so far
 
     @property
     def key_kinds(self) -> tuple[frozenset[str], ...]:
@@ -96,6 +99,32 @@ class Catalog:
         if self.fallback is not None:
             return self.fallback, "fallback"
         return None, "none"
+
+    @property
+    def failures_known(self) -> bool:
+        """Whether the groups that failed in training have been read
+        (:meth:`fallback_for_failed`; a read of the run's tasks, never on the
+        event loop)."""
+        return self._failed is not None
+
+    def fallback_for_failed(self, parts: tuple) -> str | None:
+        """What to say, once per group of this catalog, of the group ``parts``
+        the fallback answers where it failed in training (as ``Store.predict``
+        warns of it): None where it was never trained, or was said before."""
+        from ..inputs.keys import TypedKeys
+        from ..store.nomodel import failed_statuses, said_by_fallback
+
+        with self._lock:
+            if self._failed is None:
+                statuses = failed_statuses(self.store, self.run_id if len(self.runs) == 1
+                                           else None, self.by, self.key_columns or self.by)
+                self._failed = TypedKeys(statuses or {})
+            status = self._failed.find(parts)
+            if status is None or parts in self._said:
+                return None
+            self._said.add(parts)
+        return f"run {self.run_id}: " + said_by_fallback(
+            [(parts[0] if len(parts) == 1 else parts, status)])
 
     def describe(self, store: Any, parts: tuple) -> dict[str, Any] | None:
         """The run, metrics, training time and identity of the model that
@@ -296,7 +325,8 @@ def build_catalog(store: Any, run: int | None = None) -> Catalog:
         if fallback is not None:
             break
     return Catalog(run_id, by, config.get("features"), runs, keys=KeyTable.joined(parts),
-                   selected=chosen is not None, fallback=fallback, store=store)
+                   selected=chosen is not None, fallback=fallback, store=store,
+                   key_columns=list(key_columns))
 
 
 def _models_of(store: Any, run_id: int) -> tuple[Any, Any]:
@@ -330,26 +360,34 @@ def key_parts(catalog: Catalog, text: str) -> tuple:
         if not isinstance(value, list) or len(value) != len(catalog.by):
             raise ValueError(f"the key must be a JSON list of {len(catalog.by)} values "
                              f"({', '.join(catalog.by)}), got {text!r}")
-        return tuple(temporal_key(v, column, name) if isinstance(v, str) and temporal(column)
+        # a part given as text is read as one key column's text is (["s1", "Infinity"]:
+        # a float where the column holds numbers)
+        return tuple(part_from_text(v, column, name) if isinstance(v, str)
                      else tagged_value(v) if is_tagged(v) else v
                      for v, column, name in zip(value, kinds, catalog.by))
-    if temporal(kinds[0]):
-        return (temporal_key(text, kinds[0], catalog.by[0]),)
-    if "text" in kinds[0]:
-        return (text,)
+    return (part_from_text(text, kinds[0], catalog.by[0]),)
+
+
+def part_from_text(text: str, kinds: frozenset[str], column: str) -> Any:
+    """One key part given as ``text``, as :func:`key_parts` reads it for the
+    key column ``column``, which holds ``kinds``."""
+    if temporal(kinds):
+        return temporal_key(text, kinds, column)
+    if "text" in kinds:
+        return text
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):  # (a digit string past Python's int limit too)
-        return (text,)
+        return text
     if isinstance(value, float) and value != value:
         # NaN: a missing key, stored as null (canonical), as POST /v1/predict routes it
         value = None
     if is_tagged(value):
-        return (tagged_value(value),)
+        return tagged_value(value)
     kind = value_kind(value)
-    if kind in ("number", "bool", "null") and (kind in kinds[0] or not kinds[0]):
-        return (value,)
-    return (text,)
+    if kind in ("number", "bool", "null") and (kind in kinds or not kinds):
+        return value
+    return text
 
 
 #: The tags of the store's text of a key part JSON has no type for

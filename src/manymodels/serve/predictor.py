@@ -24,6 +24,7 @@ from ..run.grouppredictor import CORRUPT, GroupPredictor, PredictionShapeError
 from ..store import StoreIntegrityError
 from .cache import ModelCache, NotHeld
 from .catalog import Catalog, KeyTextError, shown_key, temporal, temporal_key
+from .state import log
 
 #: Rows grouped in a Python loop below this; pandas' groupby above it.
 _LOOP_BELOW = 256
@@ -83,6 +84,13 @@ def predict_rows(catalog: Catalog, cache: ModelCache, columns: Mapping[str, Any]
               for parts, rows in _group_rows(_key_values(catalog, columns, held_only), n)]
     if held_only and not cache.quick([digest for *_, digest, _ in groups if digest]):
         raise NotHeld("a model of the request is not loaded yet, or is slow to predict")
+    fell = [parts for parts, _, _, source in groups if source == "fallback"]
+    if fell and held_only and not catalog.failures_known:
+        raise NotHeld("the groups that failed in training are not read yet")
+    for parts in fell:  # a group that failed in training: logged once a group and run
+        said = catalog.fallback_for_failed(parts)
+        if said:
+            log.warning("%s (of %s)", said, catalog.store)
     predictor = _ServedPredictor(catalog, cache)
     store = catalog.store
     plan = []

@@ -17,13 +17,11 @@ from ..inputs.keys import TypedKeys, decode_key, encode_key
 SHOWN = 3
 
 
-def failed_or_never(store: Any, run: int | None, by: list[str], run_keys: list[str],
-                    unseen: list[Any]) -> tuple[list[tuple[Any, str]], list[Any]] | None:
-    """The keys ``unseen`` (one value each for one ``by`` column, else
-    tuples) with no model of the run(s) ``store`` predicts with (``run``),
-    parted into those that failed in training, each with its task's status,
-    and those never trained; None where the run's keys are other columns
-    than ``by``. Reads the run's task blocks: call it only with keys."""
+def failed_statuses(store: Any, run: int | None, by: list[str], run_keys: list[str]
+                    ) -> dict[str, str] | None:
+    """Encoded key (of the ``by`` columns) -> status of the groups of the
+    run(s) ``store`` predicts with (``run``) whose task kept no model; None
+    where the run's keys are other columns than ``by``."""
     statuses = store._keys_without_model(run)
     if list(by) != list(run_keys):  # a selection's groups: the run's keys projected
         if not set(by) <= set(run_keys):
@@ -31,6 +29,19 @@ def failed_or_never(store: Any, run: int | None, by: list[str], run_keys: list[s
         where = [run_keys.index(name) for name in by]
         statuses = {encode_key(tuple(decode_key(text)[i] for i in where)): status
                     for text, status in statuses.items()}
+    return statuses
+
+
+def failed_or_never(store: Any, run: int | None, by: list[str], run_keys: list[str],
+                    unseen: list[Any]) -> tuple[list[tuple[Any, str]], list[Any]] | None:
+    """The keys ``unseen`` (one value each for one ``by`` column, else
+    tuples) with no model of the run(s) ``store`` predicts with (``run``),
+    parted into those that failed in training, each with its task's status,
+    and those never trained; None where the run's keys are other columns
+    than ``by``. Reads the run's task blocks: call it only with keys."""
+    statuses = failed_statuses(store, run, by, run_keys)
+    if statuses is None:
+        return None
     typed = TypedKeys(statuses)
     failed: list[tuple[Any, str]] = []
     never: list[Any] = []
@@ -82,8 +93,35 @@ def answered_by_fallback(store: Any, run: int | None, by: list[str], run_keys: l
     parted = failed_or_never(store, run, by, run_keys, fallen) if fallen else None
     if not parted or not parted[0]:
         return ""
-    failed = parted[0]
+    return said_by_fallback(parted[0])
+
+
+def said_by_fallback(failed: list[tuple[Any, str]], where: str = "") -> str:
+    """``"3 groups failed in training and are answered by the fallback
+    model: e.g. [...], status failed: see Store.results()"`` (``where``: a
+    condition said after "answered", ``" where the table has rows of
+    theirs"``)."""
     one = len(failed) == 1
     return (f"{len(failed)} group{'' if one else 's'} failed in training and "
-            f"{'is' if one else 'are'} answered by the fallback model: {said_failed(failed)}")
+            f"{'is' if one else 'are'} answered by the fallback model{where}: "
+            f"{said_failed(failed)}")
+
+
+def failed_to_fallback(store: Any, run: int | None, by: list[str], run_keys: list[str],
+                       artifacts: dict[str, str]) -> str:
+    """:func:`answered_by_fallback` for a table whose groups are not known
+    before it is predicted (an engine's, run lazily): each group of the run
+    that failed in training and has no model in ``artifacts`` (encoded key
+    -> digest), said as answered where the table has rows of it; ``""``
+    where none."""
+    statuses = failed_statuses(store, run, by, run_keys)
+    if not statuses:
+        return ""
+    modelled = TypedKeys(artifacts)
+    failed = []
+    for text, status in statuses.items():
+        parts = decode_key(text)
+        if modelled.find(parts) is None:
+            failed.append((parts[0] if len(parts) == 1 else parts, status))
+    return said_by_fallback(failed, " where the table has rows of theirs") if failed else ""
 

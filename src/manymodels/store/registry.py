@@ -159,6 +159,12 @@ class Store(OpenedIndex):
 
     def results(self, run: int | None = None) -> pd.DataFrame:
         """The results of a run (default: the latest), like ``Run.results``."""
+        return self._results_and_floats(run)[0]
+
+    def _results_and_floats(self, run: int | None) -> tuple[pd.DataFrame, list[str]]:
+        """:meth:`results`, and its metric columns of floats (``1.0`` in any
+        row): pandas holds an integer metric beside a failed task's NaN as
+        floats too, which ``manymodels show`` prints as integers."""
         run_id, key_columns, _ = self._run_row(run)
         from ..engine.metriccolumns import metric_column_names, text_columns
         from ..evaluation.splitters import WINDOWS
@@ -175,7 +181,8 @@ class Store(OpenedIndex):
         for name, values in metrics.items():
             frame[names[name]] = values
         frame.insert(len(key_columns), "run_id", run_id)
-        return frame
+        return frame, [names[name] for name, values in metrics.items()
+                       if any(type(value) is float for value in values)]
 
     def _key_frame(self, run: int | None = None) -> pd.DataFrame:
         """The key columns of a run's tasks (what naming one task needs: the
