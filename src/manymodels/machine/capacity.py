@@ -17,9 +17,10 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: Environment variables read by BLAS and OpenMP runtimes at import time.
 THREAD_LIMIT_VARIABLES = (
@@ -82,22 +83,31 @@ WORKER_NICENESS = 0
 NICENESS_VARIABLE = "MANYMODELS_WORKER_NICENESS"
 
 
+def number_from_environment(variable: str, read: Callable[[str], Any],
+                            valid: Callable[[Any], bool], default: Any, wanted: str) -> Any:
+    """The number the environment variable ``variable`` sets (``read`` from
+    its text, ``valid`` by its bounds), or ``default`` where it is unset or
+    blank; a ValueError naming it, and saying ``wanted`` and the default,
+    where its text is no such number. Settings read before any work starts."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = read(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise ValueError(f"{variable}={text!r}: give {wanted}; the default is {default:g}")
+    return value
+
+
 def worker_niceness() -> int:
     """How much nicer than the driver a worker runs: :data:`NICENESS_VARIABLE`
     when set (a whole number from 0 to 19, else a ValueError naming it),
     else :data:`WORKER_NICENESS`. The driver reads it before any worker starts."""
-    text = os.environ.get(NICENESS_VARIABLE, "").strip()
-    if not text:
-        return WORKER_NICENESS
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 19:
-        raise ValueError(f"{NICENESS_VARIABLE}={text!r}: give a whole number from 0 (the "
-                         f"driver's priority) to 19 (the lowest); the default is "
-                         f"{WORKER_NICENESS}")
-    return value
+    return number_from_environment(
+        NICENESS_VARIABLE, int, lambda value: 0 <= value <= 19, WORKER_NICENESS,
+        "a whole number from 0 (the driver's priority) to 19 (the lowest)")
 
 
 def thread_limit_environment(threads: int) -> dict[str, str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import math
-import os
 import sys
 import time
 from typing import Any, TextIO
@@ -34,6 +33,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ..machine import number_from_environment
+
 #: Seconds between two plain progress lines where stderr is not a terminal.
 PLAIN_INTERVAL_S = 30.0
 #: The environment variable that sets those seconds (a number >= 0).
@@ -44,18 +45,10 @@ def progress_interval() -> float:
     """Seconds between plain progress lines: :data:`INTERVAL_VARIABLE` when
     set (a number of seconds >= 0, else a ValueError naming it), else
     :data:`PLAIN_INTERVAL_S`. The run reads it before any work starts."""
-    text = os.environ.get(INTERVAL_VARIABLE, "").strip()
-    if not text:
-        return PLAIN_INTERVAL_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{INTERVAL_VARIABLE}={text!r}: give the seconds between two "
-                         f"progress lines where stderr is not a terminal, a number >= 0; "
-                         f"the default is {PLAIN_INTERVAL_S:g}")
-    return value
+    return number_from_environment(
+        INTERVAL_VARIABLE, float, lambda value: math.isfinite(value) and value >= 0,
+        PLAIN_INTERVAL_S, "the seconds between two progress lines where stderr is not a "
+        "terminal, a number >= 0")
 
 
 def rate_text(speed: float | None) -> str:
