@@ -282,3 +282,30 @@ def test_a_request_on_the_old_catalog_while_another_thread_reloads_is_answered_w
         assert answered[0].json()["run_id"] == 2
         assert answered[0].json()["predictions"] == store.predict(
             pd.DataFrame(ROWS[:2]), by="store").tolist()
+
+
+@pytest.mark.parametrize("kind", ["fallback", "linear"])
+def test_a_fallback_or_linear_description_notices_its_run_deleted(tmp_path, kind):
+    """``GET /v1/models/{key}`` of the fallback model, or of an mm.linear
+    run's group, went on describing the latest run's after ``Store.delete``
+    of it, until a reload (a group's model noticed at once). It reads the
+    store again, as a group's does, and describes the run served now."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    frame = sales(3, rows=300)
+    for seed in (1, 2):
+        if kind == "linear":
+            mm.linear(sales(3, rows=300, seed=seed), by="store", features=["price", "promo"],
+                      target="sales", store=path, name="sales")
+        else:
+            run = mm.train(fit, mm.groups(frame, by="store"), store=path, backend="serial",
+                           progress=False)
+            mm.Store(path).attach(run.run_id, "fallback", fit(frame))
+    key = "1" if kind == "linear" else "99"  # (99: no group's, the fallback answers it)
+    with TestClient(mm.serve_app(path, poll=None)) as client:
+        assert client.get(f"/v1/models/{key}").json()["run_id"] == 2
+        mm.Store(path).delete(2)
+        described = client.get(f"/v1/models/{key}")
+        assert described.status_code == 200, described.text
+        assert described.json()["run_id"] == 1
