@@ -427,6 +427,25 @@ def test_show_keeps_integer_columns_integers_beside_failed_tasks(tmp_path):
     assert "123458" in table and table.split("\n")[-2].rstrip().endswith("0.5  1.0")
 
 
+def test_show_of_an_mm_linear_run_keeps_a_whole_float_metric_a_float(tmp_path):
+    """An mm.linear run's r2 of 1.0 in every group that fitted, beside a
+    no_weight group's blank, was printed ``1`` (the plain run's path printed
+    ``1.0``)."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame({"g": np.repeat([3, 5, 9], 4), "a": np.tile([0.0, 1, 2, 3], 3),
+                          "w": np.r_[np.ones(8), np.zeros(4)]})
+    frame["y"] = 2 * frame["a"] + 1
+    store = tmp_path / "store"
+    mm.linear(frame, by="g", features=["a"], target="y", weights="w", family="wls",
+              store=store, name="exact")
+    shown = json.loads(run_cli("show", store, "-f", "json").stdout)
+    assert [row["status"] for row in shown] == ["ok", "ok", "no_weight"]
+    assert [repr(row["r2"]) for row in shown] == ["1.0", "1.0", "None"]
+    assert [row["nobs"] for row in shown] == [4, 4, 0]  # an integer metric stays one
+
+
 @pytest.mark.parametrize("column, said", [("none", "missing in every row"),
                                           ("row", "a different value in every row")])
 def test_train_warns_of_a_by_column_missing_or_unique_per_row(tmp_path, column, said):

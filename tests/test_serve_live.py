@@ -239,3 +239,73 @@ def test_a_store_removed_then_trained_again_at_its_path_is_served_from_the_new_o
         after = client.post("/v1/predict", json=body).json()["predictions"]
         assert after == mm.Store(path).predict(pd.DataFrame(ROWS[:3]), by="store").tolist()
         assert after != before
+
+
+def test_a_request_on_the_old_catalog_while_another_thread_reloads_is_answered_whole(tmp_path):
+    """A request read against run 1's catalog, whose model was deleted (and
+    collected) under it, while another thread (here ``POST /v1/reload``; the
+    poller alike) swapped in run 2's: the request's own reload found nothing
+    new (the other had read it) and the request was a 500. It is answered
+    from the catalog now served, whole."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    frame = sales(3, rows=300)
+    mm.train(fit, mm.groups(frame, by="store"), store=path, backend="serial", progress=False)
+    app = mm.serve_app(path, poll=None)
+    served = app.state.served
+    reached, go = threading.Event(), threading.Event()
+    get = served.cache.get
+
+    def held(store, digest, what):  # the request, in its thread, before its model's read
+        reached.set()
+        assert go.wait(30)
+        return get(store, digest, what)
+
+    served.cache.get = held
+    with TestClient(app) as client:
+        mm.train(fit_again, mm.groups(frame[frame["store"] != 2], by="store"), store=path,
+                 backend="serial", progress=False)
+        store = mm.Store(path)
+        store.delete(1)
+        assert store.gc() > 0
+        answered: list = []
+        request = threading.Thread(target=lambda: answered.append(
+            client.post("/v1/predict", json={"rows": ROWS[:2]})))
+        request.start()
+        assert reached.wait(30)
+        served.cache.get = get  # the reload's own reads (a fallback's) not held
+        assert client.post("/v1/reload").json()["reloaded"] is True
+        go.set()
+        request.join(30)
+        assert answered[0].status_code == 200, answered[0].text
+        assert answered[0].json()["run_id"] == 2
+        assert answered[0].json()["predictions"] == store.predict(
+            pd.DataFrame(ROWS[:2]), by="store").tolist()
+
+
+@pytest.mark.parametrize("kind", ["fallback", "linear"])
+def test_a_fallback_or_linear_description_notices_its_run_deleted(tmp_path, kind):
+    """``GET /v1/models/{key}`` of the fallback model, or of an mm.linear
+    run's group, went on describing the latest run's after ``Store.delete``
+    of it, until a reload (a group's model noticed at once). It reads the
+    store again, as a group's does, and describes the run served now."""
+    from starlette.testclient import TestClient
+
+    path = tmp_path / "m"
+    frame = sales(3, rows=300)
+    for seed in (1, 2):
+        if kind == "linear":
+            mm.linear(sales(3, rows=300, seed=seed), by="store", features=["price", "promo"],
+                      target="sales", store=path, name="sales")
+        else:
+            run = mm.train(fit, mm.groups(frame, by="store"), store=path, backend="serial",
+                           progress=False)
+            mm.Store(path).attach(run.run_id, "fallback", fit(frame))
+    key = "1" if kind == "linear" else "99"  # (99: no group's, the fallback answers it)
+    with TestClient(mm.serve_app(path, poll=None)) as client:
+        assert client.get(f"/v1/models/{key}").json()["run_id"] == 2
+        mm.Store(path).delete(2)
+        described = client.get(f"/v1/models/{key}")
+        assert described.status_code == 200, described.text
+        assert described.json()["run_id"] == 1

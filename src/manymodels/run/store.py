@@ -39,7 +39,7 @@ class Store(_Store):
         show`` to print as floats (``1.0``) whatever task failed."""
         linear = self._linear_run(self._run_row(run)[0])
         if linear is not None:
-            return linear_runs.results_frame(self, linear), []
+            return linear_runs.results_and_floats(self, linear)
         frame, floats = self._results_and_floats(run)
         return with_resumed(self, frame), floats
 

@@ -110,8 +110,12 @@ def serve_app(store: Any, *, run: int | None = None, cache_models: int = 1000,
         except StoreIntegrityError:
             # a model gone from under the catalog (its run deleted, then gc):
             # the store changed, so its current state is read now, not at the
-            # next poll, and the request answered once more from that
-            if served.reload():
+            # next poll, and the request answered once more, whole, from the
+            # catalog served then: this reload's, or one another thread (the
+            # poller, another request) swapped in since this request read its
+            # own (this reload then finds nothing new)
+            served.reload()
+            if served.catalog is not done.catalog:
                 return answer_from(read(body, arrow))
             raise
 

@@ -130,11 +130,16 @@ class Catalog:
         """The run, metrics, training time and identity of the model that
         answers ``parts``, or None when no model does."""
         if self.linear is not None:
-            return self._describe_linear(parts)
+            described = self._describe_linear(parts)
+            if described is not None:
+                _refuse_gone(store, self.runs)  # (the one query it makes, as a group's)
+            return described
         digest, source = self.find(parts)
         if digest is None or source == "fallback":
-            return None if digest is None else {"source": source, "artifact": digest,
-                                                "run_id": self.run_id}
+            if digest is None:
+                return None
+            _refuse_gone(store, self.runs)  # (the one query it makes, as a group's)
+            return {"source": source, "artifact": digest, "run_id": self.run_id}
         for run_id in reversed(self.runs):  # the latest run that holds this model
             tasks = self._tasks(store, run_id)
             row = _index_of(tasks["artifact"], digest)
@@ -151,10 +156,9 @@ class Catalog:
                     "duration_s": task["duration_s"], "started_at": task["started_at"],
                     "reused_from": task["reused_from"],
                     "identity": _identity(task, run_level)}
-        gone = _gone(store, self.runs)  # (read only here: no query on the common path)
-        if gone:  # the run that held it deleted before its tasks were read
-            raise RunGone(f"run {gone[0]} was deleted from the store {str(store)!r} since "
-                          "it was served")
+        # (read only here: no query on the common path) the run that held it
+        # deleted before its tasks were read
+        _refuse_gone(store, self.runs)
         return {"source": source, "artifact": digest, "run_id": None}
 
     def _tasks(self, store: Any, run_id: int) -> Any:
@@ -196,10 +200,16 @@ def _run_identity(store: Any, run_id: int) -> dict[str, Any] | None:
     return {name: detail.get(name) for name in ("code_hash", "shared_hash")}
 
 
-def _gone(store: Any, runs: list[int]) -> list[int]:
-    """Those of ``runs`` the store no longer holds."""
+def _refuse_gone(store: Any, runs: list[int]) -> None:
+    """Raise :class:`RunGone` where the store no longer holds one of ``runs``
+    (one query): a model described from the catalog alone (a fallback, an
+    mm.linear run's coefficients) would be described after its run was
+    deleted, until a reload."""
     held = {run_id for (run_id,) in store._conn.execute("SELECT run_id FROM runs")}
-    return [run_id for run_id in runs if run_id not in held]
+    gone = [run_id for run_id in runs if run_id not in held]
+    if gone:
+        raise RunGone(f"run {gone[0]} was deleted from the store {str(store)!r} since "
+                      "it was served")
 
 
 def _identity(task: dict[str, Any], run_level: dict[str, Any]) -> dict[str, Any]:

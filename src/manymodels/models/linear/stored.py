@@ -172,6 +172,14 @@ def _read(store: Store, found: tuple[int, dict, str]) -> Saved:
 def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
     """An mm.linear run as ``Store.results`` shows a run: a row per group (its
     status and metrics; its coefficients are in ``Store.linear``)."""
+    return results_and_floats(store, found)[0]
+
+
+def results_and_floats(store: Store, found: tuple[int, dict, str]
+                       ) -> tuple[pd.DataFrame, list[str]]:
+    """:func:`results_frame`, and its metric columns of floats (an ``r2`` of
+    1.0 in every row), for ``manymodels show`` to print as floats: beside a
+    failed group's blank it printed them as integers."""
     result = _read(store, found).result
     frame = result.keys.copy()
     frame["run_id"] = found[0]
@@ -181,10 +189,13 @@ def results_frame(store: Store, found: tuple[int, dict, str]) -> pd.DataFrame:
     frame["worker"] = None
     frame["reused_from"] = result.metrics["reused_from"].to_numpy()
     frame["error"], frame["artifact"], frame["size"] = None, found[2], None
+    floats = []
     for column in result.metrics.columns:
         if column not in frame.columns:
             frame[column] = result.metrics[column].to_numpy()
-    return frame
+            if pd.api.types.is_float_dtype(result.metrics[column].dtype):
+                floats.append(column)
+    return frame, floats
 
 
 def predict_frame(store: Store, found: tuple[int, dict, str], table: Any, method: str,
