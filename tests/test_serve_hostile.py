@@ -1138,3 +1138,28 @@ def test_a_group_that_failed_in_training_answered_by_the_fallback_is_logged_once
     assert len(said) == 1, said
     assert said[0].startswith("run 1: 1 group failed in training and is answered by the "
                               "fallback model: e.g. [2], status failed")
+
+
+def test_the_failed_groups_said_are_those_of_the_catalogs_runs_not_of_a_later_run(
+        tmp_path, caplog):
+    """A catalog over several runs read the failed groups of the store's
+    runs at its first fallback: a run ended since (not served yet, poll
+    off) had its failed group said as one of the served runs'."""
+    frame = pd.DataFrame({"k": np.repeat([1, 2], 5), "x": np.arange(10.0),
+                          "y": np.repeat([1.0, 2.0], 5)})
+    store = tmp_path / "s"
+    first = mm.train(fit_x_but_k_2, mm.groups(frame, by="k"), store=store, backend="serial",
+                     progress=False)
+    mm.Store(store).attach(first.run_id, "fallback", fit_x(frame))
+    mm.train(fit_x, mm.groups(frame[frame["k"] == 1], by="k"), store=store,
+             backend="serial", progress=False)
+    client = _app(store)  # serves runs 1 and 2
+    broken = frame[frame["k"] == 1].assign(k=3, x=np.nan)  # a group 3 that fails, in run 3
+    mm.train(fit_x, mm.groups(broken, by="k"), store=store, backend="serial", progress=False)
+    assert mm.Store(store).results(3)["status"].tolist() == ["failed"]
+    with caplog.at_level("WARNING", logger="manymodels.serve"):
+        answer = client.post("/v1/predict", json={"rows": [{"k": 3, "x": 0.0},
+                                                            {"k": 2, "x": 0.0}]}).json()
+    assert answer["source"] == ["fallback", "fallback"]  # the catalog of runs 1 and 2
+    said = [r.getMessage() for r in caplog.records if "failed in training" in r.getMessage()]
+    assert len(said) == 1 and "e.g. [2]" in said[0], said  # group 3: never trained there

@@ -116,9 +116,15 @@ class Catalog:
 
         with self._lock:
             if self._failed is None:
-                statuses = failed_statuses(self.store, self.run_id if len(self.runs) == 1
-                                           else None, self.by, self.key_columns or self.by)
-                self._failed = TypedKeys(statuses or {})
+                statuses: dict[str, str] = {}
+                for run_id in self.runs:  # this catalog's, not the store's runs now
+                    try:
+                        found = failed_statuses(self.store, run_id, self.by,
+                                                self.key_columns or self.by)
+                    except ValueError:  # deleted since the catalog was read
+                        continue
+                    statuses.update(found or {})
+                self._failed = TypedKeys(statuses)
             status = self._failed.find(parts)
             if status is None or parts in self._said:
                 return None
