@@ -1057,3 +1057,24 @@ def test_the_fallback_takes_the_setting_of_the_groups_that_were_fitted(tmp_path)
     store = mm.Store(tmp_path / "st")
     assert list(store.results(run=1)["status"]) == ["ok"] * 2 + ["failed"] * 3
     assert store.attached("fallback", run=1).class_weight == "balanced"
+
+
+def _alpha(alpha):
+    return alpha
+
+
+def test_a_store_given_as_a_file_uri_is_the_local_store_at_its_path(tmp_path, monkeypatch):
+    """``store="file:///tmp/s"`` (mm.train, mm.Store, the CLI's STORE) was a
+    new store in a folder named ``file:`` under the current directory, not
+    the one at ``/tmp/s``: nothing of a run to ``/tmp/s`` was reused."""
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "my store"
+    runs = [mm.train(_alpha, mm.grid(alpha=[1, 2]), store=given, backend="serial",
+                     progress=False) for given in (str(store), store.as_uri())]
+    assert runs[1].summary().reused == 2
+    assert len(mm.Store("file:" + store.as_uri()[7:]).runs()) == 2
+    code = _invoke("runs", store.as_uri())
+    assert code.exit_code == 0 and code.output.count("finished") == 2, code.output
+    code = _invoke("runs", "file:models")
+    assert code.exit_code == 2 and "store 'file:models' names no absolute" in code.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my store"]  # no "file:" folder

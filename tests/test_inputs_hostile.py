@@ -700,3 +700,36 @@ def test_a_parquet_file_named_without_a_suffix_is_read_as_pyarrow_reads_it(tmp_p
     run = mm.train(len, mm.groups(tmp_path, by="g", read_on_workers=read_on_workers),
                    backend="serial", progress=False)
     assert run.models == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("uri", [lambda p: p.as_uri(),  # file:///.../sales%20100%25.parquet
+                                 lambda p: "File:" + p.as_uri()[7:]],  # file:/..., no //
+                         ids=["file:///", "File:/"])
+def test_a_file_uri_with_one_slash_or_escapes_is_the_local_file_it_names(tmp_path, uri):
+    """``file:/abs/t`` was read as a relative path under a folder named
+    ``file:``, where urllib, pyarrow and fsspec read ``/abs/t``; a name with
+    a space and a ``%`` is read through the escapes ``Path.as_uri`` writes."""
+    path = tmp_path / "sales 100%.parquet"
+    pq.write_table(pa.table({"g": ["a", "b", "a"]}), path)
+    for options in ({}, {"read_on_workers": True}):
+        run = mm.train(len, mm.groups(uri(path), by="g", **options), backend="serial",
+                       progress=False)
+        assert run.models == {"a": 2, "b": 1}, options
+
+
+def test_a_file_uri_that_names_no_absolute_path_is_refused_naming_the_argument(tmp_path):
+    """``file:t.parquet`` (fsspec: from the current directory; pyarrow:
+    refused) and a store or staging folder given so were read as paths under
+    a folder named ``file:``; an escape that reads another name than the one
+    that exists is said so."""
+    (tmp_path / "a%20b.csv").write_text("g\na\n")
+    with pytest.raises(ValueError, match=r"table path 'file:t.parquet' names no absolute"):
+        mm.groups("file:t.parquet", by="g")
+    with pytest.raises(ValueError, match=r"staging= 'file:stage' names no absolute path"):
+        mm.groups(tmp_path / "a%20b.csv", by="g", read_on_workers=True, staging="file:stage")
+    with pytest.raises(ValueError, match=r"store 'file:models' names no absolute path"):
+        mm.Store("file:models")
+    with pytest.raises(ValueError, match=r"does not exist, where '.*a%20b.csv' does: write "
+                                         r"its '%' as '%25'"):
+        mm.groups("file://" + str(tmp_path / "a%20b.csv"), by="g")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a%20b.csv"]

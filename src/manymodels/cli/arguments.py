@@ -164,6 +164,19 @@ def fail(message: str, hint: str) -> NoReturn:
     raise typer.BadParameter(message, param_hint=hint)
 
 
+def store_path(path: str | None) -> str | None:
+    """A STORE argument (or ``--store``) given as a ``file:`` URI, as the path
+    it names, so that ``file:///tmp/s`` is the store ``/tmp/s`` and not a
+    folder named ``file:``; refused where it names no absolute path. The
+    typer callback of every command's store."""
+    from ..inputs.fileuris import local_location
+
+    try:
+        return local_location(path, "store")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 def open_store(path: str, writes: bool = False):
     """The store at ``path``, or a refusal naming STORE: a missing directory, or
     an index that is not a manymodels store's (random bytes, text, another

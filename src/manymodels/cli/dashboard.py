@@ -10,12 +10,12 @@ from typing import Any
 import typer
 
 from .app import app
-from .arguments import check_store_index, fail
+from .arguments import check_store_index, fail, store_path
 
 
 @app.command()
 def dashboard(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     port: int = typer.Option(0, min=0, max=65535, help="Port (default: a free one)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; another than loopback "
                              "needs --allow-remote."),

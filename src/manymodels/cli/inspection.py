@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from .app import app
-from .arguments import FORMAT_HELP, fail, open_store
+from .arguments import FORMAT_HELP, fail, open_store, store_path
 from .outputs import check_binary_out, check_out, check_out_of_store, out_name, said, written
 from .tables import (
     OutputFormat,
@@ -22,7 +22,7 @@ from .tables import (
 
 @app.command()
 def runs(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
                                      case_sensitive=False, help=FORMAT_HELP),
 ) -> None:
@@ -41,7 +41,7 @@ def runs(
 
 @app.command()
 def show(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
     limit: int = typer.Option(None, min=0, help="Rows to show (default: 20 in a table, "
                               "all in csv or json)."),
@@ -83,7 +83,7 @@ def show(
 
 @app.command()
 def export(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
     out: str = typer.Option(..., "--out", "-o", help="Parquet file to write (- for "
                             "standard output)."),
@@ -107,7 +107,7 @@ def export(
 
 @app.command()
 def why(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     key: list[str] = typer.Argument(..., help="The task's key (one value per key column)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
 ) -> None:
@@ -136,7 +136,7 @@ def why(
 
 @app.command()
 def report(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
     out: str = typer.Option("report.html", "--out", "-o", help="HTML file to write (- for "
                             "standard output)."),

@@ -9,7 +9,7 @@ from ..engine.scheduling import RunInterrupted
 from ..inputs.filereads import separator_hint
 from ..inputs.sourcechecks import named_twice
 from .app import app
-from .arguments import column_list, fail, open_store, split_list
+from .arguments import column_list, fail, open_store, split_list, store_path
 from .outputs import check_out, check_out_of_store, out_name, said, written
 
 
@@ -46,7 +46,8 @@ def train(
     target: str = typer.Option(..., help="The column to predict."),
     model: str = typer.Option(..., help="Estimator class by dotted name, e.g. "
                               "sklearn.linear_model.Ridge or lightgbm.LGBMRegressor."),
-    store: str = typer.Option(..., help="Store directory for the runs and models."),
+    store: str = typer.Option(
+        ..., callback=store_path, help="Store directory for the runs and models."),
     features: str = typer.Option(None, help="Feature columns, comma-separated (default: "
                                  "every numeric column but --by and --target)."),
     param: list[str] = typer.Option([], help="A fixed estimator parameter, name=value; "
@@ -146,7 +147,8 @@ def train(
 
 @app.command()
 def predict(
-    store: str = typer.Argument(..., help="Store directory written by manymodels train."),
+    store: str = typer.Argument(
+        ..., callback=store_path, help="Store directory written by manymodels train."),
     data: str = typer.Argument(..., help="CSV, TSV or Parquet file of rows to predict "
                               "(or a directory of them)."),
     out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet; - "

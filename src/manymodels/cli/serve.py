@@ -13,6 +13,7 @@ import socket
 import typer
 
 from .app import app
+from .arguments import store_path
 
 
 def _loopback(host: str) -> bool:
@@ -30,7 +31,8 @@ def _refuse(message: str, hint: str) -> typer.BadParameter:
 
 @app.command()
 def serve(
-    store: str = typer.Argument(..., help="Store directory written by manymodels train."),
+    store: str = typer.Argument(
+        ..., callback=store_path, help="Store directory written by manymodels train."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; any other than loopback "
                              "needs --token."),
     port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),

@@ -7,13 +7,13 @@ import pandas as pd
 import typer
 
 from .app import app
-from .arguments import FORMAT_HELP, open_store
+from .arguments import FORMAT_HELP, open_store, store_path
 from .tables import OutputFormat, print_frame
 
 
 @app.command()
 def verify(
-    store: str = typer.Argument(..., help="Store directory."),
+    store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
                                      case_sensitive=False, help=FORMAT_HELP),
 ) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .fileuris import local_location
 from .objectstores import check_location, is_remote
 
 #: The engines whose tables ``mm.groups`` takes, by the top of their module
@@ -120,6 +121,7 @@ def staging_location(staging: Any) -> str | None:
             raise TypeError("staging= must be a directory's path or an object store's "
                             f"location, got {staging!r}")
         staging = os.fspath(staging)
+    staging = local_location(staging, "staging=")  # (file:///tmp/s: a folder, not "file:")
     if is_remote(staging):
         check_location(staging, "staging")
     return staging

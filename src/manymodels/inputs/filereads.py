@@ -1,7 +1,7 @@
 """Reading a table from a local path: a Parquet or CSV file, or a folder of
 them (which of its files: :mod:`.tablefiles`; their tables made one:
 :mod:`.filetables`; ``name=value`` folders as columns: :mod:`.partitions`),
-a ``file://`` URI or a ``~`` path made the path it names. What
+a ``file:`` URI or a ``~`` path made the path it names. What
 :func:`.tables.read_table` reads for a path, each file's problem (a name
 given twice, text that is not UTF-8, another separator) named with its file."""
 
@@ -20,6 +20,7 @@ from .filetables import (
     text_where_any_is_text,
     unsigned_where_any_is,
 )
+from .fileuris import local_location
 from .objectstores import is_remote, missing_path
 from .partitions import add_partition_columns, partition_table
 from .sourcechecks import named_twice, refuse_a_name_twice
@@ -189,33 +190,15 @@ def separator_hint(names: list[Any]) -> str:
 
 
 def local_path(table: Any) -> Any:
-    """A table's path as the file system names it: a ``file://`` URI as its
-    (decoded) path, ``~`` expanded. Done once, where a source is given its
-    path, so that every way of reading it (``read_on_workers=True`` too,
-    whose files were said not to exist) reads the same files. Anything else
-    (a frame, an object store's URI) is returned as it is."""
-    if isinstance(table, str) and table[:7].lower() == "file://":  # a local file's URI
-        return _file_uri_path(table)
+    """A table's path as the file system names it: a ``file:`` URI as its
+    path (:mod:`.fileuris`), ``~`` expanded. Done once, where a source is
+    given its path, so that every way of reading it (``read_on_workers=True``
+    too, whose files were said not to exist) reads the same files. Anything
+    else (a frame, an object store's URI) is returned as it is."""
+    table = local_location(table, "table path")
     if isinstance(table, Path) or isinstance(table, str) and not is_remote(table):
         return _home_expanded(table) if str(table).startswith("~") else table
     return table
-
-
-def _file_uri_path(uri: str) -> str:
-    """The local path of a ``file://`` URI (RFC 8089: ``file://host/path``),
-    %-escapes decoded. One naming a host (``file://data/t.parquet``, a
-    relative path written as a URI) is refused, naming it: the host was
-    dropped, reading ``/t.parquet``. A ``#`` or ``?`` is part of the path,
-    as fsspec reads it (a local path may hold them), not a fragment or a
-    query that would be dropped."""
-    from urllib.parse import unquote
-
-    host, slash, path = uri[7:].partition("/")
-    if host.lower() not in ("", "localhost"):
-        raise ValueError(f"table path {uri!r} names the host {host!r}: a local "
-                         "file's URI is file:// and its absolute path (file:///data/t.parquet)"
-                         f", or give the path itself ({unquote(host + slash + path)!r})")
-    return unquote(slash + path)
 
 
 def _home_expanded(path: str | Path) -> str | Path:

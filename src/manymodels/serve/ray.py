@@ -182,6 +182,7 @@ def _served_location(store: Any, run: int | None, poll: float | None) -> str:
     started them (an error wrapped in Ray's, after its retries). A local
     path is made absolute: a replica's working directory is Ray's, not this
     process's."""
+    from ..inputs.fileuris import local_location
     from ..inputs.objectstores import is_remote
     from .catalog import ended_runs
 
@@ -196,6 +197,7 @@ def _served_location(store: Any, run: int | None, poll: float | None) -> str:
     finally:
         if opened is not store:  # opened here, closed here: not left to a finaliser
             opened.close()
+    store = local_location(store, "store")  # (checked by open_served_store)
     if isinstance(store, (str, PurePath)) and not is_remote(store):
         return str(Path(store).expanduser().absolute())
     return root

@@ -49,6 +49,7 @@ def check_run_and_poll(run: Any, poll: Any) -> None:
 def open_served_store(store: Any) -> Any:
     """``store`` (a path or a :class:`manymodels.Store`) opened for reading;
     refused by name when it is not a manymodels store."""
+    from ..inputs.fileuris import local_location
     from ..inputs.objectstores import is_remote
     from ..run.store import Store
     from ..store import StoreError
@@ -61,6 +62,7 @@ def open_served_store(store: Any) -> Any:
         return store
     if not isinstance(store, (str, PurePath)):
         raise TypeError(f"store must be a path or a manymodels.Store, got {store!r}")
+    store = local_location(store, "store")  # (file:///tmp/s: the folder /tmp/s)
     if is_remote(store):  # a store on an object store, as published
         try:
             return _closed_when_dropped(Store(str(store), read_only=True))

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 
+from ..inputs.fileuris import local_location
 from ..inputs.objectstores import is_remote, shown
 from . import database, newstore, remote
 from .localcopy import copied_from
@@ -36,6 +37,7 @@ def store_to_make(store: object) -> bool:
         return store._missing
     if not isinstance(store, (str, PurePath)) or is_remote(str(store)):
         return False
+    store = local_location(store, "store")  # (file:///tmp/s: the folder /tmp/s)
     return newstore.NewStore.before(Path(store).expanduser()) is not None
 
 
@@ -47,6 +49,7 @@ class OpenedIndex:
         if isinstance(path, str) and not path.strip():
             raise database.StoreError("the store path is empty: name a directory (an empty "
                                       "path would make the current directory a store)")
+        path = local_location(path, "store")  # (file:///tmp/s: the folder, not "file:")
         self._remote: RemoteIndex | None = None
         if is_remote(path):
             self._remote = RemoteIndex(str(path))
