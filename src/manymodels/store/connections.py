@@ -53,26 +53,23 @@ class IndexConnection(sqlite3.Connection):
             self._check()
             return super().cursor(factory or IndexCursor)
 
-    def execute(self, *args: Any) -> sqlite3.Cursor:  # (SQLite's opens a plain cursor)
+    def _on_own_cursor(self, run: Callable[..., Any], args: tuple) -> sqlite3.Cursor:
+        """``run`` (a cursor's execute) on a new :class:`IndexCursor`: SQLite's
+        own ``Connection.execute`` opens a plain cursor."""
         with self.calling:
             self._check()
             cursor = _CURSOR(self, IndexCursor)
-            _EXECUTE(cursor, *args)
+            run(cursor, *args)
             return cursor
 
-    def executemany(self, *args: Any) -> sqlite3.Cursor:  # (SQLite's opens a plain cursor)
-        with self.calling:
-            self._check()
-            cursor = _CURSOR(self, IndexCursor)
-            _EXECUTEMANY(cursor, *args)
-            return cursor
+    def execute(self, *args: Any) -> sqlite3.Cursor:
+        return self._on_own_cursor(_EXECUTE, args)
 
-    def executescript(self, *args: Any) -> sqlite3.Cursor:  # (SQLite's opens a plain cursor)
-        with self.calling:
-            self._check()
-            cursor = _CURSOR(self, IndexCursor)
-            _EXECUTESCRIPT(cursor, *args)
-            return cursor
+    def executemany(self, *args: Any) -> sqlite3.Cursor:
+        return self._on_own_cursor(_EXECUTEMANY, args)
+
+    def executescript(self, *args: Any) -> sqlite3.Cursor:
+        return self._on_own_cursor(_EXECUTESCRIPT, args)
 
     def commit(self) -> None:
         with self.calling:
@@ -99,45 +96,33 @@ class IndexCursor(sqlite3.Cursor):
     """A cursor of an :class:`IndexConnection`: its fetches hold the
     connection's lock, and are refused once the store closed it."""
 
-    def _calling(self) -> IndexConnection:
-        conn = self.connection
-        conn._check()  # (before the lock too: cheap, and the common refusal)
-        return conn
+    def _locked(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``method`` (sqlite3.Cursor's own) under the connection's lock,
+        refused once the store closed it."""
+        with self.connection.calling:
+            self.connection._check()
+            return method(self, *args, **kwargs)
 
     def execute(self, *args: Any) -> sqlite3.Cursor:
-        with self.connection.calling:
-            self._calling()
-            return super().execute(*args)
+        return self._locked(_EXECUTE, *args)
 
     def executemany(self, *args: Any) -> sqlite3.Cursor:
-        with self.connection.calling:
-            self._calling()
-            return super().executemany(*args)
+        return self._locked(_EXECUTEMANY, *args)
 
     def executescript(self, *args: Any) -> sqlite3.Cursor:
-        with self.connection.calling:
-            self._calling()
-            return super().executescript(*args)
+        return self._locked(_EXECUTESCRIPT, *args)
 
     def fetchone(self) -> Any:
-        with self.connection.calling:
-            self._calling()
-            return super().fetchone()
+        return self._locked(sqlite3.Cursor.fetchone)
 
     def fetchmany(self, *args: Any, **kwargs: Any) -> list:
-        with self.connection.calling:
-            self._calling()
-            return super().fetchmany(*args, **kwargs)
+        return self._locked(sqlite3.Cursor.fetchmany, *args, **kwargs)
 
     def fetchall(self) -> list:
-        with self.connection.calling:
-            self._calling()
-            return super().fetchall()
+        return self._locked(sqlite3.Cursor.fetchall)
 
     def __next__(self) -> Any:
-        with self.connection.calling:
-            self._calling()
-            return super().__next__()
+        return self._locked(sqlite3.Cursor.__next__)
 
     def __iter__(self) -> Iterator[Any]:
         """The rows, read a thousand at a time (a lock per row tripled the
