@@ -1078,3 +1078,22 @@ def test_a_store_given_as_a_file_uri_is_the_local_store_at_its_path(tmp_path, mo
     code = _invoke("runs", "file:models")
     assert code.exit_code == 2 and "store 'file:models' names no absolute" in code.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my store"]  # no "file:" folder
+
+
+@pytest.mark.parametrize("opening", [
+    lambda: mm.Store("file:models"),
+    lambda: mm.train(_alpha, mm.grid(alpha=[1]), store="file:models", backend="serial",
+                     progress=False),
+    lambda: mm.train(_alpha, mm.grid(alpha=[1]), store="file://host/models",
+                     backend="serial", progress=False),
+    lambda: mm.linear(pd.DataFrame({"g": ["a"], "x": [1.0], "y": [2.0]}), by="g",
+                      target="y", features=["x"], store="file:models")],
+    ids=["Store", "train", "train-host", "linear"])
+def test_a_bad_file_uri_store_is_a_store_error(tmp_path, monkeypatch, opening):
+    """A ``file:`` store naming no absolute path or a host raised a plain
+    ValueError, where any other bad store location raises ``mm.StoreError``."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(mm.StoreError, match=r"store 'file:(//host/)?models' names (no "
+                                            r"absolute path|the host 'host')"):
+        opening()
+    assert os.listdir(tmp_path) == []
