@@ -1078,3 +1078,61 @@ def test_a_store_given_as_a_file_uri_is_the_local_store_at_its_path(tmp_path, mo
     code = _invoke("runs", "file:models")
     assert code.exit_code == 2 and "store 'file:models' names no absolute" in code.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my store"]  # no "file:" folder
+
+
+_WRITERS = {  # how each way of writing a file is given its path
+    "Store.export": lambda store, rows, out: mm.Store(store).export(out),
+    "Run.report": lambda store, rows, out: mm.train(
+        _alpha, mm.grid(alpha=[1]), backend="serial", progress=False).report(out),
+    "predict -o": lambda store, rows, out: _invoke("predict", store, rows, "-o", out),
+    "export -o": lambda store, rows, out: _invoke("export", store, "-o", out),
+    "report -o": lambda store, rows, out: _invoke("report", store, "-o", out),
+}
+
+
+@pytest.mark.parametrize("writer, name, refused", [
+    ("Store.export", "r.parquet", "export's path"), ("Run.report", "r.html", "report's path"),
+    ("predict -o", "p.csv", "output"), ("export -o", "r.pq", "output"),
+    ("report -o", "r.html", "output")])
+def test_an_output_given_as_a_file_uri_is_written_at_its_path(trained, tmp_path, monkeypatch,
+                                                              writer, name, refused):
+    """``-o file:///tmp/x.parquet``, ``Store.export`` and ``Run.report`` given
+    one wrote under a folder named ``file:`` in the current directory (or
+    said that folder did not exist); now the file at the path it names, and
+    one naming no absolute path is refused naming the argument, nothing
+    written."""
+    store, rows, _ = trained
+    (tmp_path / "out dir").mkdir()
+    monkeypatch.chdir(tmp_path / "out dir")
+    target = tmp_path / "out dir" / name
+    done = _WRITERS[writer](store, rows, target.as_uri())  # file:///.../out%20dir/r.parquet
+    assert getattr(done, "exit_code", 0) == 0, done.output
+    assert target.is_file() and target.stat().st_size > 0
+    target.unlink()
+    if writer.endswith("-o"):
+        code = _WRITERS[writer](store, rows, "file:" + name)
+        assert code.exit_code == 2 and f"{refused} 'file:{name}' names no absolute" in \
+            code.output, code.output
+    else:
+        with pytest.raises(ValueError, match=f"{refused} 'file:{name}' names no absolute"):
+            _WRITERS[writer](store, rows, "file:" + name)
+    assert os.listdir(tmp_path / "out dir") == []  # no "file:" folder, no file
+
+
+@pytest.mark.parametrize("opening", [
+    lambda: mm.Store("file:models"),
+    lambda: mm.train(_alpha, mm.grid(alpha=[1]), store="file:models", backend="serial",
+                     progress=False),
+    lambda: mm.train(_alpha, mm.grid(alpha=[1]), store="file://host/models",
+                     backend="serial", progress=False),
+    lambda: mm.linear(pd.DataFrame({"g": ["a"], "x": [1.0], "y": [2.0]}), by="g",
+                      target="y", features=["x"], store="file:models")],
+    ids=["Store", "train", "train-host", "linear"])
+def test_a_bad_file_uri_store_is_a_store_error(tmp_path, monkeypatch, opening):
+    """A ``file:`` store naming no absolute path or a host raised a plain
+    ValueError, where any other bad store location raises ``mm.StoreError``."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(mm.StoreError, match=r"store 'file:(//host/)?models' names (no "
+                                            r"absolute path|the host 'host')"):
+        opening()
+    assert os.listdir(tmp_path) == []

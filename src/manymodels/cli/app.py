@@ -9,7 +9,7 @@ import json
 import typer
 
 from .._version import __version__
-from .arguments import OneValueGroup
+from .arguments import OneValueGroup, out_path
 from .outputs import check_out, is_device, written
 
 app = typer.Typer(
@@ -46,9 +46,9 @@ def demo(
     items: int = typer.Option(50, min=1, help="Items per store."),
     workers: int = typer.Option(None, min=1, help="Worker processes (default: usable cores)."),
     serial: bool = typer.Option(True, help="Also run the same tasks serially to compare."),
-    json_out: str = typer.Option(None, "--json", help="Also write the numbers to this "
-                                  "file (- for standard output; the table then goes to "
-                                  "standard error)."),
+    json_out: str = typer.Option(None, "--json", callback=out_path,
+                                 help="Also write the numbers to this file (- for standard "
+                                 "output; the table then goes to standard error)."),
 ) -> None:
     """Train a tuned Ridge per store x item of a generated sales table.
 

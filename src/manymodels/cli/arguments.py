@@ -169,10 +169,22 @@ def store_path(path: str | None) -> str | None:
     it names, so that ``file:///tmp/s`` is the store ``/tmp/s`` and not a
     folder named ``file:``; refused where it names no absolute path. The
     typer callback of every command's store."""
+    return _local_path(path, "store")
+
+
+def out_path(path: str | None) -> str | None:
+    """An output file (``--out``, ``--json``) given as a ``file:`` URI, as the
+    path it names, so that ``-o file:///tmp/p.csv`` writes ``/tmp/p.csv`` and
+    not a file under a folder named ``file:``; ``-`` and ``/dev/stdout`` as
+    they are. The typer callback of every command's output file."""
+    return _local_path(path, "output")
+
+
+def _local_path(path: str | None, argument: str) -> str | None:
     from ..inputs.fileuris import local_location
 
     try:
-        return local_location(path, "store")
+        return local_location(path, argument)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
 

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from .app import app
-from .arguments import FORMAT_HELP, fail, open_store, store_path
+from .arguments import FORMAT_HELP, fail, open_store, out_path, store_path
 from .outputs import check_binary_out, check_out, check_out_of_store, out_name, said, written
 from .tables import (
     OutputFormat,
@@ -85,8 +85,8 @@ def show(
 def export(
     store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
-    out: str = typer.Option(..., "--out", "-o", help="Parquet file to write (- for "
-                            "standard output)."),
+    out: str = typer.Option(..., "--out", "-o", callback=out_path,
+                            help="Parquet file to write (- for standard output)."),
 ) -> None:
     """Write a run's results, metrics as columns, to a Parquet file.
 
@@ -138,8 +138,8 @@ def why(
 def report(
     store: str = typer.Argument(..., callback=store_path, help="Store directory."),
     run: int = typer.Argument(None, help="Run id (default: the latest)."),
-    out: str = typer.Option("report.html", "--out", "-o", help="HTML file to write (- for "
-                            "standard output)."),
+    out: str = typer.Option("report.html", "--out", "-o", callback=out_path,
+                            help="HTML file to write (- for standard output)."),
 ) -> None:
     """Write a self-contained HTML report of a run: summary, worker timeline,
     durations, metrics, slowest tasks and failures.

@@ -9,7 +9,7 @@ from ..engine.scheduling import RunInterrupted
 from ..inputs.filereads import separator_hint
 from ..inputs.sourcechecks import named_twice
 from .app import app
-from .arguments import column_list, fail, open_store, split_list, store_path
+from .arguments import column_list, fail, open_store, out_path, split_list, store_path
 from .outputs import check_out, check_out_of_store, out_name, said, written
 
 
@@ -151,8 +151,9 @@ def predict(
         ..., callback=store_path, help="Store directory written by manymodels train."),
     data: str = typer.Argument(..., help="CSV, TSV or Parquet file of rows to predict "
                               "(or a directory of them)."),
-    out: str = typer.Option(..., "--out", "-o", help="Output file (.csv or .parquet; - "
-                            "for standard output, as CSV)."),
+    out: str = typer.Option(..., "--out", "-o", callback=out_path,
+                            help="Output file (.csv or .parquet; - for standard output, "
+                            "as CSV)."),
     run: int = typer.Option(None, help="Run id (default: the latest)."),
     by: str = typer.Option(None, help="Group column(s) (default: as trained)."),
     workers: int = typer.Option(None, help="Worker processes (default: the usable cores)."),

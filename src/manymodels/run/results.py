@@ -348,8 +348,10 @@ class Run:
 
     def report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (see :mod:`manymodels.observe.report`)."""
+        from ..inputs.fileuris import local_location
         from ..observe.report import render_report, summary_facts, write_whole
 
+        path = local_location(path, "report's path")  # (file:///tmp/r.html: /tmp/r.html)
         results = self.results
         facts = summary_facts(results, results["reused"], wall_s=self.wall_s,
                               workers=self.workers, backend=self.backend, batches=self.batches,

@@ -37,8 +37,19 @@ def store_to_make(store: object) -> bool:
         return store._missing
     if not isinstance(store, (str, PurePath)) or is_remote(str(store)):
         return False
-    store = local_location(store, "store")  # (file:///tmp/s: the folder /tmp/s)
+    store = store_location(store)
     return newstore.NewStore.before(Path(store).expanduser()) is not None
+
+
+def store_location(store: object) -> object:
+    """``store`` as the local path it names where it is a ``file:`` URI
+    (``file:///tmp/s``: the folder ``/tmp/s``, not one named ``file:``), as
+    it is otherwise; one naming no absolute path or a host is refused with
+    :class:`StoreError`, as any other bad store location is."""
+    try:
+        return local_location(store, "store")
+    except ValueError as exc:
+        raise database.StoreError(str(exc)) from None
 
 
 class OpenedIndex:
@@ -49,7 +60,7 @@ class OpenedIndex:
         if isinstance(path, str) and not path.strip():
             raise database.StoreError("the store path is empty: name a directory (an empty "
                                       "path would make the current directory a store)")
-        path = local_location(path, "store")  # (file:///tmp/s: the folder, not "file:")
+        path = store_location(path)
         self._remote: RemoteIndex | None = None
         if is_remote(path):
             self._remote = RemoteIndex(str(path))

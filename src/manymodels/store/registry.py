@@ -379,8 +379,7 @@ class Store(OpenedIndex):
         """Write a run's results (metrics as columns) to a Parquet file on
         this machine (``.parquet``, ``.pq`` or no suffix: another, a CSV's,
         is refused rather than given Parquet's bytes)."""
-        _check_export_path(path)
-        return self._export_to(Path(path), run)
+        return self._export_to(Path(_export_path(path)), run)
 
     def _export_to(self, path: Path, run: int | None = None) -> Path:
         """:meth:`export` to ``path`` whatever its name (the command line's
@@ -482,14 +481,17 @@ class Store(OpenedIndex):
         return why_not_reused(self, key, run)
 
 
-def _check_export_path(path: str | Path) -> None:
-    """Refuse, before anything is read, an export path that is not a local
-    Parquet file's: an object store's URI (read as a local folder that does
-    not exist) or another format's suffix (written as Parquet)."""
+def _export_path(path: str | Path) -> str | Path:
+    """An export's path (a ``file:`` URI: the path it names), refused before
+    anything is read where it is not a local Parquet file's: an object
+    store's URI (read as a local folder that does not exist) or another
+    format's suffix (written as Parquet)."""
+    from ..inputs.fileuris import local_location
     from ..inputs.objectstores import is_remote
 
     if not isinstance(path, (str, PurePath)):
         raise TypeError(f"export's path must be a file path, got {type(path).__name__}")
+    path = local_location(path, "export's path")
     if is_remote(str(path)):
         raise ValueError(f"export writes a file on this machine, not {str(path)!r}: export "
                          "to a local file, then upload it")
@@ -497,6 +499,7 @@ def _check_export_path(path: str | Path) -> None:
         raise ValueError(f"export writes Parquet, not {Path(path).suffix!r} "
                          f"({str(path)!r}): name it .parquet (store.results().to_csv writes a "
                          "CSV)")
+    return path
 
 
 def _with_models(tasks: pa.Table) -> pa.Table:
