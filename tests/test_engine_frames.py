@@ -873,6 +873,35 @@ def test_dask_keeps_its_columns_types_through_the_shuffle(engine, tmp_path):
     assert computed["prediction"].tolist()[:2] == [1, 2] and computed["prediction"].isna().iloc[2]
 
 
+def _n_rows(df):
+    return {"n": len(df)}
+
+
+def test_dask_boolean_keys_and_labels_not_text_as_the_pandas_path(engine, tmp_path):
+    """A Dask ``boolean`` key with a missing value came back in run.results
+    as objects (the pandas path: ``boolean``); a column labelled ``1`` (not
+    text) failed in Dask's shuffle with its own traceback once the job had
+    started, in mm.groups and in Store.predict: refused first, by name."""
+    if engine[0] != "dask":
+        pytest.skip("Dask's pandas types and column labels")
+    import dask.dataframe as dd
+
+    frame = pd.DataFrame({"k": pd.array([True, None, False] * 4, dtype="boolean"),
+                          "x": np.arange(12.0)})
+    local = mm.train(_n_rows, mm.groups(frame, by="k"), backend="serial", progress=False)
+    run = mm.train(_n_rows, mm.groups(dd.from_pandas(frame, npartitions=3), by="k"),
+                   backend="serial", progress=False)
+    pd.testing.assert_frame_equal(run.results[["k", "n"]], local.results[["k", "n"]])
+    labelled = dd.from_pandas(frame.assign(**{"k": frame["k"].fillna(True)}).rename(
+        columns={"x": 1}), npartitions=2)
+    with pytest.raises(ValueError, match=r"column 1 of the Dask DataFrame .*rename"):
+        mm.groups(labelled, by="k")
+    mm.train(_n_rows, mm.groups(frame, by="k"), store=tmp_path, backend="serial",
+             progress=False)
+    with pytest.raises(ValueError, match=r"column 1 of the Dask DataFrame .*rename"):
+        mm.Store(tmp_path).predict(labelled, by="k")
+
+
 def test_a_spark_frame_of_many_partitions_is_staged_in_as_few_as_its_rows_need(engine):
     """A frame of many small partitions (24 here; 200, read from 200 files,
     ran 200 Python tasks for 5 groups: 20-40 s on 2 cores) is shuffled into

@@ -104,6 +104,7 @@ class EngineFrame:
                                  f"its columns are {present}")
         kept = present if wanted is None else [name for name in present if name in set(wanted)]
         _refuse_names_twice(kept, engine)
+        refuse_labels_not_text(table, engine, kept)
         refuse_nested_keys(table, engine, keys)
         if wanted is not None:
             keep = kept
@@ -125,6 +126,22 @@ def staging_location(staging: Any) -> str | None:
     if is_remote(staging):
         check_location(staging, "staging")
     return staging
+
+
+def refuse_labels_not_text(table: Any, engine: str, kept: Sequence[str] | None = None
+                           ) -> None:
+    """Refuse a Dask DataFrame with a column label that is not text (``0``,
+    ``1.5``) among its columns (those named in ``kept``, as text, when
+    given): Dask's shuffle failed on it with its own traceback once the job
+    had started (the pandas path keeps such labels)."""
+    if engine != "dask":
+        return  # (Spark's and Ray's columns are named by text)
+    for name in table.columns:
+        if not isinstance(name, str) and (kept is None or str(name) in set(kept)):
+            raise ValueError(f"column {name!r} of the {TABLE_NAMES[engine]} is labelled by a "
+                             f"{type(name).__name__}, not a string, which the engine's shuffle "
+                             "refuses: rename the columns (.rename(columns=str))"
+                             + (", or leave it out with columns=" if kept is not None else ""))
 
 
 def _refuse_names_twice(names: list[str], engine: str) -> None:

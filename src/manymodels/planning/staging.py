@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -298,13 +299,32 @@ def _index_to_groups(index: pa.Table, by: list[str], directory: str,
     unique_ids, numbers = np.unique(ids, return_inverse=True)
     lanes = np.stack([index.column(LANE_A).to_numpy().view(np.uint64),
                       index.column(LANE_B).to_numpy().view(np.uint64)], axis=1)
-    # the keys as Arrow types them, as fit's rows get them: not as the pandas
-    # metadata of an engine's partitions would (Dask's strings: string[pyarrow])
-    keys = index.select(by).replace_schema_metadata(None)
+    keys = _key_types(index.select(by))
     return StagedGroups(directory, [file_name(int(i)) for i in unique_ids],
                         keys, numbers.astype(np.int64),
                         index.column(OFFSET).to_numpy(), index.column(LENGTH).to_numpy(),
                         lanes)
+
+
+def _key_types(keys: pa.Table) -> pa.Table:
+    """The key columns with the pandas metadata of an engine's partitions for
+    all but text: a Dask ``boolean`` key with a missing value stays
+    ``boolean`` (Arrow alone makes it objects), as the pandas path keeps it;
+    a text key is typed as Arrow holds it, ``str`` (Dask makes every text
+    column ``string[pyarrow]``, where the pandas path gives ``str``)."""
+    raw = (keys.schema.metadata or {}).get(b"pandas")
+    keys = keys.replace_schema_metadata(None)
+    if raw is None:
+        return keys
+    pandas = json.loads(raw)
+    kept = [column for column in pandas.get("columns", ())
+            if column.get("name") in keys.column_names
+            and not pa.types.is_string(keys.schema.field(column["name"]).type)
+            and not pa.types.is_large_string(keys.schema.field(column["name"]).type)]
+    if not kept:
+        return keys
+    pandas.update(columns=kept, index_columns=[], column_indexes=[])
+    return keys.replace_schema_metadata({b"pandas": json.dumps(pandas).encode()})
 
 
 def _stage_spark(frame: Any, by: list[str], order_by: list[str], directory: str) -> pa.Table:

@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from ..inputs.engineframes import EngineFrame, engine_of, refuse_nested_keys, stand_ins
+from ..inputs.engineframes import (
+    EngineFrame,
+    engine_of,
+    refuse_labels_not_text,
+    refuse_nested_keys,
+    stand_ins,
+)
 from ..inputs.keys import TypedKeys, decode_key
 from ..inputs.tables import plain_scalar
 from ..store.database import INDEX_NAME, StoreIntegrityError
@@ -194,6 +200,7 @@ def predict_engine_frame(store: Any, table: Any, predictor: Any, artifacts: dict
     if taken:
         raise ValueError(f"the {engine} table to predict has a column {taken[0]!r}, which "
                          "the answer adds: rename it")
+    refuse_labels_not_text(table, engine)
     refuse_nested_keys(table, engine, by)
     if not artifacts and fallback is None:
         raise ValueError(f"store {str(store)!r} has no model to predict with and no "
