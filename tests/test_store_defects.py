@@ -337,6 +337,10 @@ def test_store_on_a_read_only_file_system_opens_for_reading(tmp_path):
         assert len(opened.results()) == 3
         assert np.array_equal(opened.load(1), fit_big(1)[0])
         opened.close()
+        # the command line reads it too (its check of the index was refused
+        # as "unable to open database file": not a store, or damaged)
+        listed = run_cli("runs", view)
+        assert listed.returncode == 0 and "finished" in listed.stdout, listed.stderr
         with pytest.raises(mm.StoreError, match="reading only"):
             mm.train(fit_big, mm.items(range(3)), store=view, backend="serial",
                      progress=False)

@@ -326,6 +326,12 @@ def check_existing_index(index: Path) -> None:
             _check_format(conn, index)
             return
         except sqlite3.DatabaseError as exc:
+            if not last_try and isinstance(exc, sqlite3.OperationalError) and (
+                    not _writable_beside(index)) and "immutable" not in uri:
+                # a store on a read-only file system, its WAL's shared memory
+                # not beside it: read as _connect_read_only reads it
+                uri += "&immutable=1"
+                continue
             if last_try or not _rolled_back(index, exc):
                 raise _index_error(index, exc) from exc
         finally:
