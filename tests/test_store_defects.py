@@ -47,6 +47,37 @@ def fit_big(item):
     return np.random.default_rng(item).random(50_000), {"item": item}
 
 
+def test_a_store_on_a_full_disk_with_a_dead_drivers_run_still_opens(small_disk):
+    """A run stopped by a disk full to the last byte left its row running
+    (its end could not be written either); opening the store then tried to
+    mark it interrupted, and mm.Store and every command refused the store:
+    "the disk is full; the index could not be opened"."""
+    import shutil
+    import socket
+
+    mount, grow = small_disk
+    store = mount / "store"
+    mm.train(lambda item: [item], mm.items(range(3)), store=store, backend="serial",
+             progress=False)
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute("UPDATE runs SET status = 'running', driver = ?",  # (its driver gone)
+                 (f"{socket.gethostname()}:999999999:1.00",))
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    fill = os.open(mount / "fill", os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(OSError, match="No space"):  # to the last byte
+        os.write(fill, b"\0" * shutil.disk_usage(mount).free)
+        while True:
+            os.write(fill, b"\0" * 4096)
+    os.close(fill)
+    assert len(mm.Store(store).results()) == 3
+    listed = run_cli("runs", store)
+    assert listed.returncode == 0 and "running" in listed.stdout, listed.stderr
+    grow()
+    assert mm.Store(store).runs()["status"].tolist() == ["interrupted"]
+
+
 @pytest.mark.parametrize("backend", ["serial", "processes"])
 def test_full_disk_raises_store_error_keeps_results_and_never_records_a_missing_model(
         small_disk, backend):

@@ -210,7 +210,13 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
         except BaseException:
             rollback_quietly(conn)
             raise
-        mark_dead_runs_interrupted(conn)
+        try:
+            mark_dead_runs_interrupted(conn)
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+            # a full disk (a run it stopped left its row running): the store
+            # is still read; an open with room marks those runs
         return conn
     except sqlite3.DatabaseError as exc:
         raise _index_error(index, exc) from exc
