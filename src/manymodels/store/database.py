@@ -210,13 +210,11 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
         except BaseException:
             rollback_quietly(conn)
             raise
-        try:
+        try:  # (a full disk: they read running until an open with room)
             mark_dead_runs_interrupted(conn)
         except sqlite3.OperationalError as exc:
             if not is_disk_full(exc):
                 raise
-            # a full disk (a run it stopped left its row running): the store
-            # is still read; an open with room marks those runs
         return conn
     except sqlite3.DatabaseError as exc:
         raise _index_error(index, exc) from exc
@@ -332,11 +330,8 @@ def check_existing_index(index: Path) -> None:
             _check_format(conn, index)
             return
         except sqlite3.DatabaseError as exc:
-            if not last_try and isinstance(exc, sqlite3.OperationalError) and (
-                    not _writable_beside(index)) and "immutable" not in uri:
-                # a store on a read-only file system, its WAL's shared memory
-                # not beside it: read as _connect_read_only reads it
-                uri += "&immutable=1"
+            if not last_try and not _writable_beside(index):  # a read-only file system:
+                uri += "&immutable=1"  # read as _connect_read_only reads it
                 continue
             if last_try or not _rolled_back(index, exc):
                 raise _index_error(index, exc) from exc
