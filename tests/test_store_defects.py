@@ -1295,6 +1295,20 @@ def test_an_export_cut_short_by_a_full_disk_leaves_no_half_file(tmp_path, small_
     assert len(pd.read_parquet(earlier)) == 300
 
 
+def test_a_store_removed_while_open_is_said_to_be_gone_not_damaged(tmp_path):
+    """A Store opened, its folder then removed (rm -rf by another hand): a
+    run into it was refused as "not a manymodels store index, or damaged"."""
+    import shutil
+
+    mm.train(lambda item: [item], mm.items(range(2)), store=tmp_path / "s",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    shutil.rmtree(tmp_path / "s")
+    with pytest.raises(mm.StoreError, match="'.*s' is gone: its folder was removed"):
+        mm.train(lambda item: [item], mm.items(range(2)), store=store, backend="serial",
+                 progress=False)
+
+
 def test_a_closed_store_is_refused_by_name_in_every_thread(tmp_path):
     """A store used after ``close()`` raised sqlite3's 'Cannot operate on a
     closed database' in the thread that closed it, and in another thread

@@ -371,6 +371,9 @@ def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
     if "locked" in str(exc) or "busy" in str(exc):
         return StoreError(f"store index {str(index)!r} is busy: another process has held "
                           f"its write lock for a minute ({exc}); try again when it is done")
+    if not index.parent.is_dir():  # (a Store opened before: its new thread's connection)
+        return StoreError(f"the store {str(index.parent)!r} is gone: its folder was removed or "
+                          f"moved since it was opened ({exc}); open it where it is now")
     return StoreError(f"store index {str(index)!r} cannot be read: {exc}. It is not a "
                       "manymodels store index, or it is damaged (truncated or overwritten)")
 
