@@ -1530,8 +1530,9 @@ def _train_twice(store: Path) -> mm.Store:
 
 def test_gc_delete_and_attach_beside_a_held_lock_name_the_store(tmp_path):
     """A write another process keeps waiting past the busy timeout raised
-    SQLite's bare "database is locked" (gc, delete, attach), naming no store;
-    it is a StoreError naming the store, and the store is as it was."""
+    SQLite's bare "database is locked" (gc, delete, attach, a run's start),
+    naming no store; it is a StoreError naming the store, and the store is
+    as it was."""
     store = tmp_path / "store"
     opened = _train_twice(store)
     opened._conn.execute("PRAGMA busy_timeout=20")  # (a minute, as opened)
@@ -1540,7 +1541,10 @@ def test_gc_delete_and_attach_beside_a_held_lock_name_the_store(tmp_path):
     try:
         assert holder.stdout.readline() == "held\n"
         for what, call in (("gc", opened.gc), ("deleting run 1", lambda: opened.delete(1)),
-                           ("attaching 'x' to run 1", lambda: opened.attach(1, "x", 1))):
+                           ("attaching 'x' to run 1", lambda: opened.attach(1, "x", 1)),
+                           ("the run could not start", lambda: mm.train(
+                               lambda item: [item], mm.items(range(2)), store=opened,
+                               backend="serial", progress=False))):
             with pytest.raises(mm.StoreError, match=re.escape(f"the store {str(store)!r} is "
                                                               "busy")) as caught:
                 call()
