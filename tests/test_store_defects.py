@@ -47,6 +47,37 @@ def fit_big(item):
     return np.random.default_rng(item).random(50_000), {"item": item}
 
 
+def test_a_store_on_a_full_disk_with_a_dead_drivers_run_still_opens(small_disk):
+    """A run stopped by a disk full to the last byte left its row running
+    (its end could not be written either); opening the store then tried to
+    mark it interrupted, and mm.Store and every command refused the store:
+    "the disk is full; the index could not be opened"."""
+    import shutil
+    import socket
+
+    mount, grow = small_disk
+    store = mount / "store"
+    mm.train(lambda item: [item], mm.items(range(3)), store=store, backend="serial",
+             progress=False)
+    conn = sqlite3.connect(store / "index.sqlite")
+    conn.execute("UPDATE runs SET status = 'running', driver = ?",  # (its driver gone)
+                 (f"{socket.gethostname()}:999999999:1.00",))
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    fill = os.open(mount / "fill", os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(OSError, match="No space"):  # to the last byte
+        os.write(fill, b"\0" * shutil.disk_usage(mount).free)
+        while True:
+            os.write(fill, b"\0" * 4096)
+    os.close(fill)
+    assert len(mm.Store(store).results()) == 3
+    listed = run_cli("runs", store)
+    assert listed.returncode == 0 and "running" in listed.stdout, listed.stderr
+    grow()
+    assert mm.Store(store).runs()["status"].tolist() == ["interrupted"]
+
+
 @pytest.mark.parametrize("backend", ["serial", "processes"])
 def test_full_disk_raises_store_error_keeps_results_and_never_records_a_missing_model(
         small_disk, backend):
@@ -337,6 +368,10 @@ def test_store_on_a_read_only_file_system_opens_for_reading(tmp_path):
         assert len(opened.results()) == 3
         assert np.array_equal(opened.load(1), fit_big(1)[0])
         opened.close()
+        # the command line reads it too (its check of the index was refused
+        # as "unable to open database file": not a store, or damaged)
+        listed = run_cli("runs", view)
+        assert listed.returncode == 0 and "finished" in listed.stdout, listed.stderr
         with pytest.raises(mm.StoreError, match="reading only"):
             mm.train(fit_big, mm.items(range(3)), store=view, backend="serial",
                      progress=False)
@@ -1260,6 +1295,20 @@ def test_an_export_cut_short_by_a_full_disk_leaves_no_half_file(tmp_path, small_
     assert len(pd.read_parquet(earlier)) == 300
 
 
+def test_a_store_removed_while_open_is_said_to_be_gone_not_damaged(tmp_path):
+    """A Store opened, its folder then removed (rm -rf by another hand): a
+    run into it was refused as "not a manymodels store index, or damaged"."""
+    import shutil
+
+    mm.train(lambda item: [item], mm.items(range(2)), store=tmp_path / "s",
+             backend="serial", progress=False)
+    store = mm.Store(tmp_path / "s")
+    shutil.rmtree(tmp_path / "s")
+    with pytest.raises(mm.StoreError, match="'.*s' is gone: its folder was removed"):
+        mm.train(lambda item: [item], mm.items(range(2)), store=store, backend="serial",
+                 progress=False)
+
+
 def test_a_closed_store_is_refused_by_name_in_every_thread(tmp_path):
     """A store used after ``close()`` raised sqlite3's 'Cannot operate on a
     closed database' in the thread that closed it, and in another thread
@@ -1481,8 +1530,9 @@ def _train_twice(store: Path) -> mm.Store:
 
 def test_gc_delete_and_attach_beside_a_held_lock_name_the_store(tmp_path):
     """A write another process keeps waiting past the busy timeout raised
-    SQLite's bare "database is locked" (gc, delete, attach), naming no store;
-    it is a StoreError naming the store, and the store is as it was."""
+    SQLite's bare "database is locked" (gc, delete, attach, a run's start),
+    naming no store; it is a StoreError naming the store, and the store is
+    as it was."""
     store = tmp_path / "store"
     opened = _train_twice(store)
     opened._conn.execute("PRAGMA busy_timeout=20")  # (a minute, as opened)
@@ -1491,7 +1541,10 @@ def test_gc_delete_and_attach_beside_a_held_lock_name_the_store(tmp_path):
     try:
         assert holder.stdout.readline() == "held\n"
         for what, call in (("gc", opened.gc), ("deleting run 1", lambda: opened.delete(1)),
-                           ("attaching 'x' to run 1", lambda: opened.attach(1, "x", 1))):
+                           ("attaching 'x' to run 1", lambda: opened.attach(1, "x", 1)),
+                           ("the run could not start", lambda: mm.train(
+                               lambda item: [item], mm.items(range(2)), store=opened,
+                               backend="serial", progress=False))):
             with pytest.raises(mm.StoreError, match=re.escape(f"the store {str(store)!r} is "
                                                               "busy")) as caught:
                 call()

@@ -210,7 +210,11 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
         except BaseException:
             rollback_quietly(conn)
             raise
-        mark_dead_runs_interrupted(conn)
+        try:  # (a full disk: they read running until an open with room)
+            mark_dead_runs_interrupted(conn)
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
         return conn
     except sqlite3.DatabaseError as exc:
         raise _index_error(index, exc) from exc
@@ -326,6 +330,9 @@ def check_existing_index(index: Path) -> None:
             _check_format(conn, index)
             return
         except sqlite3.DatabaseError as exc:
+            if not last_try and not _writable_beside(index):  # a read-only file system:
+                uri += "&immutable=1"  # read as _connect_read_only reads it
+                continue
             if last_try or not _rolled_back(index, exc):
                 raise _index_error(index, exc) from exc
         finally:
@@ -364,6 +371,9 @@ def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
     if "locked" in str(exc) or "busy" in str(exc):
         return StoreError(f"store index {str(index)!r} is busy: another process has held "
                           f"its write lock for a minute ({exc}); try again when it is done")
+    if not index.parent.is_dir():  # (a Store opened before: its new thread's connection)
+        return StoreError(f"the store {str(index.parent)!r} is gone: its folder was removed or "
+                          f"moved since it was opened ({exc}); open it where it is now")
     return StoreError(f"store index {str(index)!r} cannot be read: {exc}. It is not a "
                       "manymodels store index, or it is damaged (truncated or overwritten)")
 

@@ -121,7 +121,11 @@ class RunStart:
         (nothing written) when the run to be named was deleted since it was
         found, to search again (on the last try, it is an error)."""
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
+        try:  # (another process's lock held past the busy timeout: a long gc)
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise database.busy_or_write_error(self.store.root, exc,
+                                               "the run could not start") from exc
         try:
             # checked again where no other driver can delete those runs meanwhile:
             # a run named must be as it was found (a delete adds to what a run
