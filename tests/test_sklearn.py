@@ -82,6 +82,26 @@ def test_classifier_probabilities_cover_every_class():
     assert estimator.score(X, y) > 0.9
 
 
+@pytest.mark.parametrize("labels", [["p", "q"], ["p", "q", "r"]])
+def test_a_group_of_one_class_gives_it_all_whatever_its_models_columns(labels):
+    # HistGradientBoosting fits one class as a binary model: two probability
+    # columns for its one class (a shape error), and a decision score whose
+    # sign says the other class (a wrong answer, roc_auc ranked it wrong)
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    X = pd.DataFrame({"g": np.repeat(["a", "b"], 30), "x": np.tile(np.arange(30.0), 2)})
+    y = np.array(labels * (30 // len(labels)) + ["q"] * 30)
+    model = GroupedEstimator(HistGradientBoostingClassifier(max_iter=2), by="g",
+                             backend="serial").fit(X, y)
+    one = X["g"] == "b"
+    proba = model.predict_proba(X)
+    np.testing.assert_array_equal(proba[one], np.eye(len(labels))[[1] * 30])
+    decision = model.decision_function(X)[one]
+    assert (decision == np.inf).all() if len(labels) == 2 else (
+        (decision[:, 1] == np.inf).all() and (decision[:, [0, 2]] == -np.inf).all())
+    assert (model.predict(X)[one] == "q").all()
+
+
 def test_clone_pipeline_and_grid_search(grouped):
     X, y = grouped
     estimator = GroupedEstimator(Ridge(), by="store", backend="threads")

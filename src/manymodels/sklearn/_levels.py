@@ -51,8 +51,12 @@ def _one_nan(value: Any) -> Any:
 def aligned(classes: np.ndarray, model: Any, scores: np.ndarray, missing: float) -> np.ndarray:
     """A model's class columns placed among ``classes`` (a group may have seen
     fewer classes; the others get ``missing``); a binary decision as two
-    columns, -s and s."""
-    if scores.ndim == 1:
+    columns, -s and s. A model that saw one class gives it all: probability
+    1 (``missing`` 0), or a decision of +inf (``missing`` -inf), whatever
+    its own columns (HistGradientBoosting's are two, of a binary fit)."""
+    if len(model.classes_) == 1:
+        scores = np.full((len(scores), 1), 1.0 if missing == 0 else np.inf)
+    elif scores.ndim == 1:
         scores = np.column_stack([-scores, scores])
     full = np.full((len(scores), len(classes)), missing)
     full[:, np.searchsorted(classes, model.classes_)] = scores

@@ -140,6 +140,9 @@ def answer(model: Any, method: str, part: Any, classes: np.ndarray | None) -> np
         return aligned(classes, model, values, 0.0)
     if method == "decision_function" and len(classes) > 2:
         return aligned(classes, model, values, -np.inf)
+    if method == "decision_function" and len(model.classes_) == 1 < len(classes):  # its scores mean
+        # nothing: the side of the class it saw, as predict says
+        return np.where(model.classes_[0] == classes[1], np.inf, -np.inf) * np.ones(len(values))
     return values
 
 
