@@ -249,13 +249,18 @@ def test_feature_names_are_kept_only_when_every_column_name_is_text():
     with pytest.raises(TypeError, match="only supported if all input features have string"):
         model.fit(named.rename(columns={"p": 1}), y)
 
-@pytest.mark.parametrize("estimator", [Ridge, 3], ids=["a class", "a number"])
-def test_an_estimator_that_is_not_one_is_refused_by_name(estimator):
-    from manymodels.sklearn import GroupedRegressor
-
+@pytest.mark.parametrize(("estimator", "fallback", "match"), [
+    (Ridge, "global", "estimator must be a scikit-learn estimator"),
+    (3, "global", "estimator must be a scikit-learn estimator"),
+    # a transformer fitted every group, then predict raised a bare AttributeError
+    (FunctionTransformer(), "global", "estimator FunctionTransformer has no predict"),
+    (Ridge(), FunctionTransformer(), "fallback FunctionTransformer has no predict")],
+    ids=["a class", "a number", "a transformer", "a transformer as fallback"])
+def test_an_estimator_that_is_not_one_is_refused_by_name(estimator, fallback, match):
     frame = pd.DataFrame({"g": [0, 0, 1, 1], "p": [1.0, 2, 3, 4]})
-    with pytest.raises(TypeError, match="estimator must be a scikit-learn estimator"):
-        GroupedRegressor(estimator, by="g", backend="serial").fit(frame, np.arange(4.0))
+    with pytest.raises(TypeError, match=match):
+        GroupedEstimator(estimator, by="g", fallback=fallback,
+                         backend="serial").fit(frame, np.arange(4.0))
 
 
 def test_predict_names_the_columns_reordered_missing_or_unseen(grouped):

@@ -36,6 +36,11 @@ def checked_params(owner: Any) -> Any:
                 if isinstance(owner.estimator, type) else "")
         raise TypeError(f"estimator must be a scikit-learn estimator{hint}, "
                         f"got {owner.estimator!r}")
+    for role, model in (("estimator", owner.estimator), ("fallback", owner.fallback)):
+        if hasattr(model, "fit") and not hasattr(model, "predict"):
+            raise TypeError(f"{role} {type(model).__name__} has no predict (a transformer?): "
+                            f"{type(owner).__name__} predicts with a model per group; "
+                            "per-group transforms are not offered")
     owner._check_kind()
     if (not isinstance(owner.min_group_size, (int, np.integer))
             or isinstance(owner.min_group_size, (bool, np.bool_)) or owner.min_group_size < 1):
