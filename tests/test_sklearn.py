@@ -370,3 +370,54 @@ def test_groups_fitted_on_forked_workers_draw_different_random_numbers():
                                  backend="processes").fit(X, np.arange(40.0))
     seeds = [model.estimators_[0].random_state for model in estimator.models_.values()]
     assert len(set(seeds)) == len(seeds)
+
+
+class _Records(LinearRegression):
+    """Records the fit parameters each clone got."""
+
+    def fit(self, X, y, sample_weight=None, offset=None, tag=None):
+        self.got_ = {"sample_weight": sample_weight, "offset": offset, "tag": tag}
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+@pytest.mark.parametrize("requested", [False, True])
+def test_metadata_routing_honours_the_inner_fit_request(requested):
+    """With routing on, the weights reached every group whatever the inner
+    estimator's set_fit_request said, and a Pipeline was refused them. Not
+    requested by the groups' estimator, they reach a fallback that asks."""
+    import sklearn
+    from sklearn.exceptions import UnsetMetadataPassedError
+
+    frame = pd.DataFrame({"g": ["a"] * 4 + ["b"] * 4, "x": [0.0, 1, 2, 3] * 2})
+    y = np.array([0.0, 1, 2, 30, 0, 2, 4, 6])
+    weight = np.array([1.0, 1, 1, 0, 1, 1, 1, 1])
+    offset = np.arange(8.0)
+    with sklearn.config_context(enable_metadata_routing=True):
+        inner = _Records().set_fit_request(sample_weight=requested, offset=True, tag=True)
+        fallback = "global" if requested else _Records().set_fit_request(
+            sample_weight=True, offset=True, tag=True)
+        model = GroupedEstimator(inner, by="g", backend="serial", fallback=fallback).fit(
+            frame, y, sample_weight=weight, offset=offset, tag="t")
+        for key, rows in (("a", slice(0, 4)), ("b", slice(4, 8))):
+            got = model.models_[key].got_
+            np.testing.assert_array_equal(got["offset"], offset[rows])  # its own rows'
+            assert got["tag"] == "t"
+            if requested:
+                np.testing.assert_array_equal(got["sample_weight"], weight[rows])
+            else:
+                assert got["sample_weight"] is None
+        np.testing.assert_array_equal(model.fallback_.got_["offset"], offset)
+        np.testing.assert_array_equal(model.fallback_.got_["sample_weight"], weight)
+        piped = GroupedEstimator(make_pipeline(FunctionTransformer(), LinearRegression()
+                                               .set_fit_request(sample_weight=requested)),
+                                 by="g", backend="serial")
+        if requested:
+            piped.fit(frame, y, sample_weight=weight)
+            np.testing.assert_allclose(piped.models_["a"][-1].coef_, [1.0], atol=1e-9)
+        else:  # requested by none: scikit-learn's refusal, as its meta-estimators'
+            with pytest.raises(TypeError, match="not routed to any object"):
+                piped.fit(frame, y, sample_weight=weight)
+        with pytest.raises(UnsetMetadataPassedError, match="offset"):
+            GroupedEstimator(_Records(), by="g", backend="serial").fit(frame, y, offset=offset)
+    with pytest.raises(ValueError, match="enable_metadata_routing=True.*offset"):
+        GroupedEstimator(_Records(), by="g", backend="serial").fit(frame, y, offset=offset)

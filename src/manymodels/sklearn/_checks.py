@@ -96,9 +96,11 @@ def check_fallback_kind(estimator: Any, fallback: Any) -> None:
                 "of unseen groups, so it must be an estimator of the same kind")
 
 
-def checked_data(owner: Any, X: Any, y: Any, sample_weight: Any) -> tuple:
+def checked_data(owner: Any, X: Any, y: Any, sample_weight: Any, routing: bool = False) -> tuple:
     """The key columns, the features, ``y`` and the weights, each checked
-    as scikit-learn checks them, before any model is fitted."""
+    as scikit-learn checks them, before any model is fitted. With metadata
+    ``routing``, whether the models take the weights is theirs to say
+    (``set_fit_request``), not their signature's."""
     if y is None:
         raise ValueError(f"{type(owner).__name__} requires y to be passed, but the target "
                          "y is None")
@@ -111,7 +113,7 @@ def checked_data(owner: Any, X: Any, y: Any, sample_weight: Any) -> tuple:
     if len(y) == 0:
         raise ValueError("cannot fit on 0 samples")
     if sample_weight is not None:
-        for estimator in (owner.estimator, owner.fallback):
+        for estimator in () if routing else (owner.estimator, owner.fallback):
             if hasattr(estimator, "fit") and not has_fit_parameter(estimator,
                                                                    "sample_weight"):
                 raise TypeError(f"{type(estimator).__name__}.fit takes no sample_weight")

@@ -34,6 +34,7 @@ from ..inputs.keys import TypedKeys, encode_key, find_typed, key_parts
 from ..inputs.tables import plain_scalar
 from ..run.predictchecks import check_key_types
 from ._checks import check_fits_without_features, checked_data, checked_params
+from ._fitparams import metadata_router, routed_fit_params, split_per_row
 from ._inputs import by_list, feature_input, split_X
 from ._levels import GROUP, Blend, fit_group, stack_levels
 from ._routing import (
@@ -191,23 +192,44 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         for name in [n for n in vars(self) if n.endswith("_") and not n.startswith("__")]:
             del self.__dict__[name]
 
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> GroupedEstimator:
+    def fit(self, X: Any, y: Any, sample_weight: Any = None,
+            **fit_params: Any) -> GroupedEstimator:
         """Fit a model per group, and the fallback; ``sample_weight`` (one per
         row) goes to each group's fit with its rows' weights, and to the
-        fallback's. A fit that raises leaves the estimator unfitted."""
+        fallback's. With ``sklearn.set_config(enable_metadata_routing=True)``,
+        it and ``fit_params`` go where the models' ``set_fit_request`` asks
+        (:mod:`._fitparams`), a parameter with one value per row sliced per
+        group. A fit that raises leaves the estimator unfitted."""
         self._forget_fit()
         try:
-            return self._fit(X, y, sample_weight)
+            return self._fit(X, y, sample_weight, fit_params)
         except BaseException:
             self._forget_fit()
             raise
 
-    def _fit(self, X: Any, y: Any, sample_weight: Any) -> GroupedEstimator:
+    def get_metadata_routing(self) -> Any:
+        """scikit-learn's metadata routing: ``fit`` to the estimator's ``fit``,
+        and to a given fallback's."""
+        return metadata_router(self)
+
+    def _fit(self, X: Any, y: Any, sample_weight: Any, fit_params: dict) -> GroupedEstimator:
         from ..api import train  # (not `import manymodels`: the layer contract sees these)
         from ..inputs.sources import groups
 
         shrink = checked_params(self)
-        keys, features, y, sample_weight = checked_data(self, X, y, sample_weight)
+        routed = routed_fit_params(self, sample_weight, fit_params)
+        keys, features, y, sample_weight = checked_data(self, X, y, sample_weight,
+                                                        routing=routed is not None)
+        if routed is None:  # as without routing: the weights alone, to every fit
+            own = {} if sample_weight is None else {"sample_weight": sample_weight}
+            global_params = own
+        else:
+            own, global_params = routed
+            if "sample_weight" in own:  # as checked above
+                own["sample_weight"] = sample_weight
+            if "sample_weight" in global_params:
+                global_params = {**global_params, "sample_weight": sample_weight}
+        carried, per_row, constant = split_per_row(own, len(y))
         if is_classifier(self.estimator):
             from sklearn.utils.multiclass import check_classification_targets
 
@@ -220,7 +242,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
         depth = keys.shape[1]
         hierarchical = bool(self.hierarchical) or shrink is not None
         stacked, feature_columns, key_of, sizes = stack_levels(
-            keys, features, y, sample_weight, as_frame=self._as_frame,
+            keys, features, y, carried, as_frame=self._as_frame,
             levels=range(1, depth + 1) if hierarchical else [depth],
             min_group_size=self.min_group_size)
 
@@ -241,7 +263,8 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
             run = train(
                 fit_group, groups(stacked, by=GROUP),
                 shared={"estimator": self.estimator, "features": feature_columns,
-                        "as_frame": self._as_frame, "weighted": sample_weight is not None},
+                        "as_frame": self._as_frame, "per_row": per_row,
+                        "constant": constant},
                 backend=backend, workers=workers, progress=False)
             for code, model in run.models.items():
                 prefix = key_of[code]
@@ -263,7 +286,7 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                           "fallback; see failed_", RuntimeWarning, stacklevel=2)
         # after the groups: a model fitted here first (LightGBM's OpenMP pool)
         # could deadlock the forked workers
-        self.fallback_ = self._fit_global(X_all, y, sample_weight)
+        self.fallback_ = self._fit_global(X_all, y, global_params)
         if self.fallback_ is None and not (self.models_ or self.parent_models_):
             raise ValueError("no group could be fitted and fallback='error'")
         self.shrinkage_function_ = shrink
@@ -273,14 +296,13 @@ class GroupedEstimator(MetaEstimatorMixin, BaseEstimator):
                                        if len(k) == depth}
         return self
 
-    def _fit_global(self, X_all: Any, y: np.ndarray, sample_weight: Any = None) -> Any:
-        """The fallback fitted on all rows (None with ``fallback="error"``)."""
+    def _fit_global(self, X_all: Any, y: np.ndarray, params: dict) -> Any:
+        """The fallback fitted on all rows with its fit ``params`` (None with
+        ``fallback="error"``)."""
         if self.fallback == "error":
             return None
         prototype = self.estimator if self.fallback == "global" else self.fallback
-        if sample_weight is not None:
-            return clone(prototype).fit(X_all, y, sample_weight=sample_weight)
-        return clone(prototype).fit(X_all, y)
+        return clone(prototype).fit(X_all, y, **params)
 
     def _engine(self) -> tuple[str | None, int | None]:
         """``backend`` and ``workers`` as the groups run on: with ``workers``

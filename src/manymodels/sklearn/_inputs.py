@@ -13,7 +13,7 @@ from sklearn.utils.validation import _check_feature_names, _get_feature_names, c
 from ..inputs.engineframes import refuse_engine_frame
 from ..inputs.sourcechecks import named_twice
 from ..inputs.tables import plain_scalar
-from ._levels import GROUP, W, Y
+from ._levels import GROUP, PARAM, W, Y
 
 
 def plain_key(key: Any) -> Hashable:
@@ -154,7 +154,8 @@ def _check_frame_columns(frame: pd.DataFrame, by: list) -> None:
                 bad = next(v for v in column if not _hashable(v))
                 raise TypeError(f"by column {name!r}: a group key must be a string or a "
                                 f"number, got {type(bad).__name__}") from None
-    reserved = [c for c in frame.columns if c in (Y, GROUP, W)]
+    reserved = [c for c in frame.columns if c in (Y, GROUP, W)
+                or (isinstance(c, str) and c.startswith(PARAM))]
     if reserved:
         raise ValueError(f"X has a column named {reserved[0]!r}, a name the grouped "
                          "estimator gives its own columns while it fits: rename it")

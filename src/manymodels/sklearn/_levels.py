@@ -16,14 +16,23 @@ from ..inputs.tables import plain_scalar
 Y = "__manymodels_target__"
 GROUP = "__manymodels_group__"
 W = "__manymodels_weight__"
+#: The start of the reserved column of a routed fit parameter with a value
+#: per row (:mod:`._fitparams`); the weights keep ``W``.
+PARAM = "__manymodels_param_"
 
 
 def fit_group(df: pd.DataFrame, estimator: Any, features: list, as_frame: bool,
-               weighted: bool = False) -> Any:
+              per_row: dict | None = None, constant: dict | None = None) -> Any:
+    """A clone of ``estimator`` fitted on a group's rows, with each fit
+    parameter of ``per_row`` (name -> (column, stacked): the weights in
+    ``W``, a routed one in its ``PARAM`` column) as its rows' values and
+    each of ``constant`` as it is."""
     X = df[features] if as_frame else df[features].to_numpy()
-    if weighted:
-        return clone(estimator).fit(X, df[Y].to_numpy(), sample_weight=df[W].to_numpy())
-    return clone(estimator).fit(X, df[Y].to_numpy())
+    kwargs = dict(constant or {})
+    for name, (column, stacked) in (per_row or {}).items():
+        values = df[column].to_numpy()
+        kwargs[name] = np.stack(values) if stacked else values
+    return clone(estimator).fit(X, df[Y].to_numpy(), **kwargs)
 
 
 def level_codes(keys: pd.DataFrame, depth: int) -> tuple[np.ndarray, list[tuple]]:
@@ -83,18 +92,19 @@ class Blend:
 
 
 def stack_levels(keys: pd.DataFrame, features: pd.DataFrame, y: np.ndarray,
-                 sample_weight: np.ndarray | None, *, as_frame: bool, levels: Iterable[int],
+                 carried: dict[str, np.ndarray], *, as_frame: bool, levels: Iterable[int],
                  min_group_size: int) -> tuple[pd.DataFrame, list, list[tuple], list[int]]:
     """Every level's groups of at least ``min_group_size`` rows in one table,
-    each group numbered in ``GROUP``; the feature columns' names; each group
-    number's prefix; and each prefix's row count."""
+    each group numbered in ``GROUP``, with the ``carried`` columns (the
+    weights', a routed parameter's: one value per row); the feature columns'
+    names; each group number's prefix; and each prefix's row count."""
     table = features.copy()
     if not as_frame:
         table.columns = list(range(features.shape[1]))
     feature_columns = list(table.columns)
     table[Y] = y
-    if sample_weight is not None:
-        table[W] = sample_weight
+    for column, values in carried.items():
+        table[column] = values
     parts, key_of, sizes = [], [], []
     for level in levels:
         codes, prefixes = level_codes(keys, level)
