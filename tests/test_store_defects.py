@@ -1121,8 +1121,8 @@ def test_a_store_whose_making_was_killed_opens_after_its_journal_is_rolled_back(
 
 def test_a_packed_model_gone_with_its_run_or_cut_short_is_said_to_be(tmp_path):
     """Models listed before their run was deleted and collected were each
-    called "missing" (and recorded corrupt); a pack cut short was "missing"
-    too, where verify says truncated."""
+    called "missing" (and recorded corrupt), naming no store; a pack cut
+    short was "missing" too, where verify says truncated."""
     frame = pd.DataFrame({"g": [1, 2, 3], "x": [1.0, 2.0, 3.0]})
     for changed in (0.0, 1.0):  # run 2 retrains every group: run 1's models are its own
         mm.train(lambda rows: [float(rows["x"].sum())], mm.groups(frame.assign(
@@ -1132,7 +1132,9 @@ def test_a_packed_model_gone_with_its_run_or_cut_short_is_said_to_be(tmp_path):
     other = mm.Store(tmp_path / "s")
     other.delete(1)
     other.gc()
-    with pytest.raises(mm.StoreIntegrityError, match="its pack is gone .its run was deleted"):
+    with pytest.raises(mm.StoreIntegrityError, match=r"of key 1 \(pack \d+, bytes [-\d]+\) is "
+                       f"missing from the store {re.escape(repr(str(tmp_path / 's')))}: its "
+                       r"pack is gone \(its run was deleted"):
         held[1]
     with sqlite3.connect(tmp_path / "s" / "index.sqlite") as conn:
         assert conn.execute("SELECT count(*) FROM corrupt_artifacts").fetchone()[0] == 0
