@@ -1121,8 +1121,8 @@ def test_a_store_whose_making_was_killed_opens_after_its_journal_is_rolled_back(
 
 def test_a_packed_model_gone_with_its_run_or_cut_short_is_said_to_be(tmp_path):
     """Models listed before their run was deleted and collected were each
-    called "missing" (and recorded corrupt); a pack cut short was "missing"
-    too, where verify says truncated."""
+    called "missing" (and recorded corrupt), naming no store; a pack cut
+    short was "missing" too, where verify says truncated."""
     frame = pd.DataFrame({"g": [1, 2, 3], "x": [1.0, 2.0, 3.0]})
     for changed in (0.0, 1.0):  # run 2 retrains every group: run 1's models are its own
         mm.train(lambda rows: [float(rows["x"].sum())], mm.groups(frame.assign(
@@ -1132,7 +1132,9 @@ def test_a_packed_model_gone_with_its_run_or_cut_short_is_said_to_be(tmp_path):
     other = mm.Store(tmp_path / "s")
     other.delete(1)
     other.gc()
-    with pytest.raises(mm.StoreIntegrityError, match="its pack is gone .its run was deleted"):
+    with pytest.raises(mm.StoreIntegrityError, match=r"of key 1 \(pack \d+, bytes [-\d]+\) is "
+                       f"missing from the store {re.escape(repr(str(tmp_path / 's')))}: its "
+                       r"pack is gone \(its run was deleted"):
         held[1]
     with sqlite3.connect(tmp_path / "s" / "index.sqlite") as conn:
         assert conn.execute("SELECT count(*) FROM corrupt_artifacts").fetchone()[0] == 0
@@ -1295,18 +1297,53 @@ def test_an_export_cut_short_by_a_full_disk_leaves_no_half_file(tmp_path, small_
     assert len(pd.read_parquet(earlier)) == 300
 
 
-def test_a_store_removed_while_open_is_said_to_be_gone_not_damaged(tmp_path):
-    """A Store opened, its folder then removed (rm -rf by another hand): a
-    run into it was refused as "not a manymodels store index, or damaged"."""
+def _remove_on_second_item(item, folder):
     import shutil
 
-    mm.train(lambda item: [item], mm.items(range(2)), store=tmp_path / "s",
-             backend="serial", progress=False)
-    store = mm.Store(tmp_path / "s")
-    shutil.rmtree(tmp_path / "s")
-    with pytest.raises(mm.StoreError, match="'.*s' is gone: its folder was removed"):
-        mm.train(lambda item: [item], mm.items(range(2)), store=store, backend="serial",
-                 progress=False)
+    if item == 1:  # (the first item's task committed: COMMIT_EVERY_S is 0)
+        shutil.rmtree(folder)
+    return [item]
+
+
+_GONE_WRITES = {
+    "gc": lambda store, folder: store.gc(),
+    "delete": lambda store, folder: store.delete(1),
+    "attach": lambda store, folder: store.attach(1, "x", 1),
+    "verify": lambda store, folder: store.verify(),
+    "train": lambda store, folder: mm.train(lambda item: [item], mm.items(range(2)),
+                                            store=store, backend="serial", progress=False),
+    "linear": lambda store, folder: mm.linear(
+        pd.DataFrame({"g": [0, 0, 1, 1], "x": [0.0, 1, 0, 1], "y": [1.0, 2, 3, 5]}), by="g",
+        features=["x"], target="y", store=store),
+    "train, removed mid-run": lambda store, folder: mm.train(
+        _remove_on_second_item, mm.items(range(3)), store=store, backend="serial",
+        progress=False, shared={"folder": folder}),
+}
+
+
+@pytest.mark.parametrize("write", list(_GONE_WRITES))
+def test_a_write_to_a_store_removed_while_open_says_it_is_gone(tmp_path, monkeypatch, write):
+    """A Store opened, its folder then removed (rm -rf by another hand): a
+    run into it was refused as "not a manymodels store index, or damaged",
+    and gc, delete, attach, verify, mm.linear and a run in the Store's own
+    thread "succeeded" into the removed files, lost without a word. Each
+    says the store is gone, naming it, and writes nothing (the folder is not
+    made again)."""
+    import shutil
+
+    from manymodels.store import recorder
+
+    monkeypatch.setattr(recorder, "COMMIT_EVERY_S", 0.0)  # (mid-run: a commit per task)
+    folder = tmp_path / "s"
+    mm.train(lambda item: [item], mm.items(range(2)), store=folder, backend="serial",
+             progress=False)
+    store = mm.Store(folder)
+    if write != "train, removed mid-run":
+        shutil.rmtree(folder)
+    with pytest.raises(mm.StoreError, match=f"{re.escape(repr(str(folder)))} is gone: its "
+                                            "folder was removed"):
+        _GONE_WRITES[write](store, folder)
+    assert not folder.exists()
 
 
 def test_a_closed_store_is_refused_by_name_in_every_thread(tmp_path):
@@ -1554,6 +1591,42 @@ def test_gc_delete_and_attach_beside_a_held_lock_name_the_store(tmp_path):
     assert list(opened.runs()["run_id"]) == [1, 2] and opened.attached("x", 1) is None
     opened.delete(1)
     assert opened.gc() == 3
+
+
+def test_a_run_whose_commit_waits_past_the_busy_timeout_names_the_store(tmp_path,
+                                                                        monkeypatch):
+    """Another connection holding the write lock past the busy timeout (a
+    long gc) while a run's writer commits: the run ended on SQLite's bare
+    "OperationalError: database is locked". It says the store is busy,
+    naming it; what was committed before stays, and a re-run reuses it."""
+    from manymodels.store import database, recorder, writer
+
+    monkeypatch.setattr(database, "BUSY_S", 0.05)
+    monkeypatch.setattr(recorder, "COMMIT_EVERY_S", 0.0)  # (a commit per task)
+    store, held, commits = tmp_path / "store", [], []
+    commit = writer.StoreWriter._commit
+
+    def locked_before_the_second(self, conn, handover):
+        commits.append(handover["task_index"])
+        if len(commits) == 2:  # the first task's committed: another connection takes the lock
+            held.append(sqlite3.connect(store / "index.sqlite", isolation_level=None,
+                                        check_same_thread=False))
+            held[0].execute("BEGIN IMMEDIATE")
+        return commit(self, conn, handover)
+
+    monkeypatch.setattr(writer.StoreWriter, "_commit", locked_before_the_second)
+    fit = lambda item: [item]  # noqa: E731  (the same code in both runs)
+    try:
+        with pytest.raises(mm.StoreError, match=re.escape(
+                f"the store {str(store)!r} is busy: another process held")) as caught:
+            mm.train(fit, mm.items(range(3)), store=store, backend="serial", progress=False)
+        assert "finished task(s) could not be recorded" in str(caught.value)
+    finally:
+        for conn in held:
+            conn.execute("COMMIT")
+            conn.close()
+    again = mm.train(fit, mm.items(range(3)), store=store, backend="serial", progress=False)
+    assert again.summary().reused == 1 and again.summary().ok == 3
 
 
 def test_a_run_deleted_by_another_process_meanwhile_is_refused_by_name(tmp_path, monkeypatch):

@@ -174,7 +174,8 @@ def loadable_mask(conn: sqlite3.Connection, root: Path | str, artifacts: Any,
     return mask
 
 
-def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
+def _read_packed(conn: sqlite3.Connection, root: Path | str, locator: str, what: str
+                 ) -> bytes:
     """A packed model's bytes, checked against its SHA-256 (see :mod:`.packs`)."""
     data, whole = packs.read_model(conn, locator)
     if not whole:  # read again as the pack is now: a held copy may be what failed
@@ -183,19 +184,20 @@ def _read_packed(conn: sqlite3.Connection, locator: str, what: str) -> bytes:
         return data
     digest, pack, offset, size = packs.parse_locator(locator)
     place = f"packed artifact {digest} of {what} (pack {pack}, bytes {offset}-{offset + size})"
+    store = f"the store {shown(str(root))!r}"
     if data is None:
         row = conn.execute("SELECT length(blob) FROM packs WHERE pack_id = ?",
                            (pack,)).fetchone()
         if row is None:  # (not marked corrupt: there is nothing left to be)
             raise StoreIntegrityError(
-                f"{place} is missing from the store: its pack is gone (its run was deleted "
+                f"{place} is missing from {store}: its pack is gone (its run was deleted "
                 "and collected since the model was listed, or the index was damaged)")
         _mark_corrupt(conn, locator)
-        raise StoreIntegrityError(f"{place} is missing from the store: its pack holds "
+        raise StoreIntegrityError(f"{place} is missing from {store}: its pack holds "
                                   f"{row[0]} bytes, cut short of the model's end")
     _mark_corrupt(conn, locator)
     raise StoreIntegrityError(
-        f"{place} does not match its recorded SHA-256: the pack was modified or "
+        f"{place} in {store} does not match its recorded SHA-256: the pack was modified or "
         "truncated, so it is not loaded")
 
 
@@ -214,7 +216,7 @@ def read_artifact(conn: sqlite3.Connection, root: Path | str, digest: str, what:
     """The bytes of an artifact (a SHA-256 or a pack locator), checked against
     its SHA-256."""
     if packs.is_locator(digest):
-        return _read_packed(conn, digest, what)
+        return _read_packed(conn, root, digest, what)
     read = read_unpacked(conn, root, digest)
     if read.problem is None:
         return read.data
@@ -225,7 +227,8 @@ def read_artifact(conn: sqlite3.Connection, root: Path | str, digest: str, what:
             f"artifact file {read.relative} of {what} cannot be read: {read.error}"
         ) from read.error
     if read.size is None:
-        raise StoreIntegrityError(f"artifact {digest} of {what} is missing from the store")
+        raise StoreIntegrityError(f"artifact {digest} of {what} is missing from the store "
+                                  f"{shown(str(root))!r}")
     raise StoreIntegrityError(
         f"artifact {read.relative or digest} of {what} does not match its recorded "
         f"SHA-256 ({read.length} bytes, {read.size} recorded): it was modified or truncated, "

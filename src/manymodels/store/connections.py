@@ -14,6 +14,7 @@ transaction the close cuts short is rolled back by SQLite, whole.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -36,6 +37,14 @@ class IndexConnection(sqlite3.Connection):
         self.calling = threading.RLock()
         #: Makes the error a call gets once the store closed the connection.
         self.refusal: Callable[[], Exception] | None = None
+        #: The file opened, as :func:`_file_of` names it (see :meth:`still_at`).
+        self.file = _file_of(args[0] if args else kwargs.get("database"))
+
+    def still_at(self, path: Any) -> bool:
+        """Whether ``path`` is still the file this connection opened (one stat):
+        not once its folder was removed (its file stays open here, unlinked),
+        moved or made anew, where a write through it would be lost."""
+        return self.file is not None and _file_of(path) == self.file
 
     def close_refusing(self, refusal: Callable[[], Exception]) -> None:
         """Close once no call is under way; every later call raises
@@ -170,3 +179,12 @@ class _GuardedBlob:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _file_of(path: Any) -> tuple[int, int] | None:
+    """The file at ``path`` (its device and inode), or None where there is none."""
+    try:
+        info = os.stat(path)
+    except (OSError, TypeError, ValueError):  # (a read-only connection's URI: none)
+        return None
+    return info.st_dev, info.st_ino

@@ -167,6 +167,9 @@ PAGE_SIZE = 1 << 16
 #: Seconds a read-only connection waits for a writer that holds the index
 #: locked, before it says the store is busy (SQLite's own default).
 READ_BUSY_S = 5.0
+#: Seconds a write waits for another process's write lock (a long gc) before
+#: it fails, saying the store is busy.
+BUSY_S = 60.0
 
 
 def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sqlite3.Connection:
@@ -182,7 +185,7 @@ def connect(path: Path, read_only: bool = False, *, opened: bool = False) -> sql
         # (check_existing_index refused one beside models): made as a new one
         fresh = not existed or (index.stat().st_size == 0 and not _has_content(
             index.with_name(INDEX_NAME + "-wal")))
-        conn = sqlite3.connect(index, timeout=60, isolation_level=None,
+        conn = sqlite3.connect(index, timeout=BUSY_S, isolation_level=None,
                                check_same_thread=False, factory=IndexConnection)
         if opened:
             _configure(conn)
@@ -224,7 +227,7 @@ def _configure(conn: sqlite3.Connection) -> None:
     """A writing connection's settings (the write-ahead log is the file's)."""
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA busy_timeout=60000")
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_S * 1000)}")
     # a page cache of 16 MiB (not SQLite's 2): a second's task block and
     # packs fit in it; a larger one was held for the whole run
     conn.execute("PRAGMA cache_size=-16384")
@@ -372,10 +375,21 @@ def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
         return StoreError(f"store index {str(index)!r} is busy: another process has held "
                           f"its write lock for a minute ({exc}); try again when it is done")
     if not index.parent.is_dir():  # (a Store opened before: its new thread's connection)
-        return StoreError(f"the store {str(index.parent)!r} is gone: its folder was removed or "
-                          f"moved since it was opened ({exc}); open it where it is now")
+        return gone_error(index.parent, f" ({exc})")
     return StoreError(f"store index {str(index)!r} cannot be read: {exc}. It is not a "
                       "manymodels store index, or it is damaged (truncated or overwritten)")
+
+
+def gone_error(folder: Path, cause: str = "") -> StoreError:
+    return StoreError(f"the store {str(folder)!r} is gone: its folder was removed or moved "
+                      f"since it was opened{cause}; open it where it is now")
+
+
+def refuse_gone(conn: IndexConnection, folder: Path) -> None:
+    """Refuse a write through ``conn`` where the store's folder was removed or
+    moved since it opened the index (one stat: :meth:`IndexConnection.still_at`)."""
+    if not conn.still_at(Path(folder) / INDEX_NAME):
+        raise gone_error(folder)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

@@ -297,12 +297,22 @@ class OpenedIndex:
         return f"Store({str(self)!r})"
 
     def _require_writable(self, what: str) -> None:
-        """Refuse ``what`` on a store open for reading only; on an object
-        store, bring the copy to what was published first (:meth:`_refresh`).
-        A store that does not exist is refused by the first use of :attr:`_conn`."""
+        """Refuse ``what`` on a store open for reading only, or whose folder is
+        gone (:meth:`_refuse_gone`); on an object store, bring the copy to
+        what was published first (:meth:`_refresh`). A store that does not
+        exist is refused by the first use of :attr:`_conn`."""
         if self.read_only:
             raise database.StoreError(
                 f"store {str(self)!r} is open for reading only (asked for, or its "
                 f"files are not writable here): {what} writes to it")
+        self._refuse_gone()
         self._refresh()
+
+    def _refuse_gone(self) -> None:
+        """Refuse a write where the store's folder was removed or moved since
+        it was opened: its connections still have the removed index open
+        (reads go on from it), and a write would be lost with it. One stat,
+        at the start of each write (a run's: before its first)."""
+        if self._remote is None:  # (an object store's copy is this machine's own)
+            database.refuse_gone(self._conn, self.path)
 

@@ -283,8 +283,8 @@ class RunRecorder:
                 (time.time(), status, summary.ok, summary.failed, summary.reused, run.wall_s,
                  self.run_id))
         except sqlite3.Error as exc:
-            raise database.write_error(self.store.root, exc,
-                                       "the run's end could not be recorded") from exc
+            raise database.busy_or_write_error(self.store.root, exc,
+                                               "the run's end could not be recorded") from exc
         self._ended = True
 
     def abandon(self, records: Any = None, status: str = "failed") -> None:

@@ -459,7 +459,7 @@ class Store(OpenedIndex):
         from .verify import verify_store
 
         if not self.read_only:
-            self._refresh()
+            self._require_writable("verify")
         found = verify_store(self._conn, self.root)
         self._publish()  # the marks, on an object store
         return found

@@ -57,6 +57,7 @@ class RunStart:
         (their rows as blocks, or one block naming the run whose trained rows
         they all are); return how many. ``verify``: each reused model's bytes
         are checked against its SHA-256 first (see :mod:`.verify`)."""
+        self.store._refuse_gone()  # (before its first write: a verify's marks)
         if not reuse:  # kept with the run: why_not_reused says so, not a guess
             self.code_detail = {**self.code_detail, "reuse": False}
         # the run's start is its search's, not its row's: a run that trained

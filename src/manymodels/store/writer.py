@@ -124,7 +124,10 @@ class StoreWriter:
                 if conn is not None:
                     with WRITING:
                         database.rollback_quietly(conn)
-                error = database.write_error(
+                if isinstance(exc, database.StoreError):  # (its folder gone: _commit)
+                    self.error = exc
+                    continue
+                error = database.busy_or_write_error(  # (busy: another process's long gc)
                     self.files, exc,
                     f"{len(handover['task_index'])} finished task(s) could not be recorded")
                 if conn is not None and self._run_deleted(conn):
@@ -160,6 +163,8 @@ class StoreWriter:
         """Write a hand-over in one transaction; return what it committed:
         the packs all of whose tasks it holds, and the task indices of the
         other rows that have a model."""
+        if self.files == self.folder:  # (a local store: its folder removed meanwhile?)
+            database.refuse_gone(conn, self.folder)
         conn.execute("BEGIN IMMEDIATE")
         tasks = np.asarray(handover["task_index"], dtype=np.int64)  # once: 100,000 ints
         artifact, size, written, located, whole = self._write_models(conn, tasks,

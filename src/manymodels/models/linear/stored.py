@@ -288,6 +288,7 @@ def _begin(store: Store, name: str, table: Any, by: list[str], groups: int, opti
            options_hash: str, workers: int, engine: str) -> int:
     source = f"groups({str(table) if isinstance(table, (str, PurePath)) else type(table).__name__}"
     detail = {"linear": name, "options": options, "options_hash": options_hash}
+    store._refuse_gone()  # (its folder removed since it was opened)
     conn = store._conn
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -306,6 +307,7 @@ def _finish(store: Store, run_id: int, name: str, artifact: memoryview | str,
             result: LinearResult,
             reused: int, wall_s: float) -> None:
     """The artifact, its attachment and the run's end: one transaction."""
+    store._refuse_gone()  # (its folder removed since it was opened)
     conn = store._conn
     has_model = int(np.isfinite(result.intercept).sum()) if len(result) else 0
     try:
