@@ -138,13 +138,13 @@ class Catalog:
         if self.linear is not None:
             described = self._describe_linear(parts)
             if described is not None:
-                _refuse_gone(store, self.runs)  # (the one query it makes, as a group's)
+                _refuse_runs_gone(store, self.runs)  # (the one query it makes, as a group's)
             return described
         digest, source = self.find(parts)
         if digest is None or source == "fallback":
             if digest is None:
                 return None
-            _refuse_gone(store, self.runs)  # (the one query it makes, as a group's)
+            _refuse_runs_gone(store, self.runs)  # (the one query it makes, as a group's)
             return {"source": source, "artifact": digest, "run_id": self.run_id}
         for run_id in reversed(self.runs):  # the latest run that holds this model
             tasks = self._tasks(store, run_id)
@@ -164,7 +164,7 @@ class Catalog:
                     "identity": _identity(task, run_level)}
         # (read only here: no query on the common path) the run that held it
         # deleted before its tasks were read
-        _refuse_gone(store, self.runs)
+        _refuse_runs_gone(store, self.runs)
         return {"source": source, "artifact": digest, "run_id": None}
 
     def _tasks(self, store: Any, run_id: int) -> Any:
@@ -206,7 +206,7 @@ def _run_identity(store: Any, run_id: int) -> dict[str, Any] | None:
     return {name: detail.get(name) for name in ("code_hash", "shared_hash")}
 
 
-def _refuse_gone(store: Any, runs: list[int]) -> None:
+def _refuse_runs_gone(store: Any, runs: list[int]) -> None:
     """Raise :class:`RunGone` where the store no longer holds one of ``runs``
     (one query): a model described from the catalog alone (a fallback, an
     mm.linear run's coefficients) would be described after its run was
