@@ -7,7 +7,9 @@ engine's workers as finished results (to be written). The layers above
 (evaluation, models, observe, run) may use it; it imports none of them.
 
 - Files: the SQLite index in WAL mode (:mod:`.database`, :mod:`.newstore`,
-  :mod:`.opening`) beside the models' artifacts (:mod:`.artifacts`) and
+  :mod:`.opening`; its connections, safe to close from another thread,
+  :mod:`.connections`; the store's errors, :mod:`.storeerrors`) beside
+  the models' artifacts (:mod:`.artifacts`) and
   packs of many small ones (:mod:`.packs`); a store on an object store
   works on a local copy (:mod:`.remote`, :mod:`.localcopy`; the copy read as
   files, :mod:`.indexfiles`).

@@ -24,7 +24,6 @@ Only the driver writes; concurrent drivers serialise on SQLite's lock.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import sqlite3
@@ -33,11 +32,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from ..engine.records import RecordingError
 from ..identity.valuehash import STORE_INDEX
-from ..inputs.objectstores import shown
 from .connections import IndexConnection
 from .drivers import driver_label, mark_dead_runs_interrupted
+from .storeerrors import (  # noqa: F401 (offered here too: callers name database.StoreError)
+    StoreError,
+    StoreIntegrityError,
+    busy_or_write_error,
+    gone_error,
+    is_disk_full,
+    write_error,
+)
 
 INDEX_NAME = STORE_INDEX  # (identity hashes a store's folder by its path: it knows the name)
 #: The index's layout (SQLite's ``user_version``): 2 since tasks are kept as
@@ -144,22 +149,6 @@ CREATE TABLE IF NOT EXISTS packs (        -- small models, many per BLOB (see lo
     tail    BLOB                          -- starts and ends with (blob: the rest, joined)
 );
 """
-
-
-class StoreError(RecordingError, ValueError):
-    """The store cannot be used: its path is a file or not writable, its index
-    is damaged, or a write failed (a full disk). When a write fails during a
-    run, ``.run`` holds every result finished before it (the ones recorded
-    stay usable in the store)."""
-
-    def __init__(self, message: str, run: object = None) -> None:
-        super().__init__(message)
-        self.run = run
-
-
-class StoreIntegrityError(RuntimeError):
-    """An artifact's content does not match its recorded SHA-256 (tampered,
-    truncated or missing); it is refused, never unpickled."""
 
 
 #: The page size of a new store's index (an existing one keeps its own).
@@ -380,11 +369,6 @@ def _index_error(index: Path, exc: sqlite3.Error) -> StoreError:
                       "manymodels store index, or it is damaged (truncated or overwritten)")
 
 
-def gone_error(folder: Path, cause: str = "") -> StoreError:
-    return StoreError(f"the store {str(folder)!r} is gone: its folder was removed or moved "
-                      f"since it was opened{cause}; open it where it is now")
-
-
 def refuse_gone(conn: IndexConnection, folder: Path) -> None:
     """Refuse a write through ``conn`` where the store's folder was removed or
     moved since it opened the index (one stat: :meth:`IndexConnection.still_at`)."""
@@ -429,38 +413,6 @@ def insert_run(conn: sqlite3.Connection, *, backend: str, workers: int, source: 
         (time.time() if started_at is None else started_at, "running", backend, workers,
          source, fit, tasks, json.dumps(key_columns), json.dumps(param_columns),
          json.dumps(code_detail), driver_label())).lastrowid)
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or (
-        "disk is full" in str(exc))
-
-
-def write_error(root: Path | str, exc: BaseException, what: str) -> StoreError:
-    """The :class:`StoreError` for a failed write, naming the store and the
-    cause. ``root``: the store as the user named it, its folder or its
-    object store's URI (shown without its secret), not this machine's copy
-    of its index, a folder the user never named."""
-    cause = (f"the disk is full ({exc})" if is_disk_full(exc)
-             else f"{type(exc).__name__}: {exc}")  # (the error's text once)
-    return StoreError(
-        f"cannot write to the store {shown(str(root))!r}: {cause}; {what}. What was "
-        "committed before stays usable, and a re-run with the same store reuses it")
-
-
-def busy_or_write_error(root: Path | str, exc: BaseException, what: str) -> StoreError:
-    """:func:`write_error`, or where another process held the index's write
-    lock past the busy timeout (a run's commit, another gc), a
-    :class:`StoreError` that says so, naming the store: not SQLite's bare
-    "database is locked", which names neither."""
-    if isinstance(exc, sqlite3.OperationalError) and (
-            "locked" in str(exc) or "busy" in str(exc)):
-        return StoreError(f"the store {shown(str(root))!r} is busy: another process held its "
-                          f"index's write lock for a minute ({exc}); {what}: try again when "
-                          "it is done")
-    return write_error(root, exc, what)
 
 
 @contextlib.contextmanager
